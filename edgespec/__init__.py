@@ -1,0 +1,27 @@
+"""edgespec: fast, lossless speculative decoding for quantized LLMs on small machines.
+
+The runtime needs onnxruntime, numpy, tokenizers, click and jinja2 -- never torch. Heavy modules
+load lazily: ``import edgespec`` is cheap.
+"""
+from __future__ import annotations
+
+from .errors import (BudgetError, BundleError, ConfigError, ContextOverflowError, EdgespecError, ManifestError,
+                     ProfileError, ProviderError, TokenizerMismatchError)
+
+__version__ = "0.1.0"
+
+__all__ = ["load", "Engine", "Result", "GenerationConfig", "EdgespecError", "BundleError", "ManifestError",
+           "TokenizerMismatchError", "ContextOverflowError", "BudgetError", "ProfileError", "ProviderError",
+           "ConfigError", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("load", "Engine", "Result", "ChatSession"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "GenerationConfig":
+        from .engine import GenerationConfig
+
+        return GenerationConfig
+    raise AttributeError(f"module 'edgespec' has no attribute {name!r}")

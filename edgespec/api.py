@@ -1,0 +1,233 @@
+"""The embedded Python API: ``edgespec.load(bundle) -> Engine``.
+
+    import edgespec
+    engine = edgespec.load("bundles/smollm2")
+    print(engine.generate("Write a haiku about the sea.", max_new_tokens=40).text)
+    for delta in engine.stream("Count to five."):
+        print(delta, end="", flush=True)
+    chat = engine.chat(system="You are terse.")
+    print(chat.send("What is 2+2?").text)
+
+One generation runs at a time per engine; calls from several threads are serialized by a lock,
+so sharing an engine between threads is safe (they take turns).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .drafters import ModelDrafter, PromptLookupDrafter
+from .engine import Decoder, GenerationConfig, Stats
+from .errors import ConfigError, ContextOverflowError
+from .manifest import Manifest, load_manifest
+from .onnx_lm import OnnxLM
+from .providers import choose
+from .tokenizer import Tokenizer
+
+_GEN_KEYS = {f for f in GenerationConfig.__dataclass_fields__}
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: dict
+    finish_reason: str | None = None
+
+
+def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
+         threads: int | None = None, use_drafter: bool = True, verify: bool = False) -> "Engine":
+    """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
+
+    ``profile`` is a profile name, a path to a TOML file, or a ``Profile``; ``provider`` (cpu, cuda,
+    tensorrt) overrides the profile's list and is an error if it cannot run. ``verify`` hashes
+    every weight file against the manifest.
+    """
+    from .profiles import plan as make_plan, resolve_profile
+
+    manifest = load_manifest(bundle, deep=verify)
+    prof = resolve_profile(profile)
+    the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter)
+    requested = [provider] if provider else list(prof.providers)
+    choice = choose(requested, prof.provider_options, explicit=bool(provider))
+    n_threads = threads if threads is not None else prof.threads
+    target = OnnxLM(manifest.target, the_plan.context, choice, threads=n_threads,
+                    prefill_chunk=the_plan.prefill_chunk)
+    drafter = None
+    if the_plan.drafter == "model" and manifest.drafter is not None:
+        dlm = OnnxLM(manifest.drafter, the_plan.context, choice, threads=n_threads,
+                     prefill_chunk=the_plan.prefill_chunk)
+        drafter = ModelDrafter(dlm, manifest.target.vocab_size)
+    decoder = Decoder(target, manifest.eos_token_ids, model_drafter=drafter,
+                      prompt_lookup=PromptLookupDrafter(max_draft=prof.max_draft_tokens))
+    tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
+                    eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
+    return Engine(manifest, tok, decoder, the_plan, prof, choice)
+
+
+class Engine:
+    """Text in, text out, over a speculative ``Decoder``. Made by ``edgespec.load``."""
+
+    def __init__(self, manifest: Manifest, tokenizer: Tokenizer, decoder: Decoder, plan, profile, providers):
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.decoder = decoder
+        self.plan = plan
+        self.profile = profile
+        self.providers = providers
+        self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
+                                         draft_tokens=profile.draft_tokens)
+        self._lock = threading.RLock()
+
+    @property
+    def max_context(self) -> int:
+        return self.decoder.target.max_context
+
+    @property
+    def last_stats(self) -> Stats | None:
+        return self.decoder.last_stats
+
+    def config(self, **kw) -> GenerationConfig:
+        unknown = set(kw) - _GEN_KEYS - {"stop"}
+        if unknown:
+            raise ConfigError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+        kw.pop("stop", None)
+        vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
+        vals.update({k: v for k, v in kw.items() if v is not None})
+        return GenerationConfig(**vals)
+
+    def encode(self, prompt_or_messages: str | Sequence[dict]) -> list[int]:
+        if isinstance(prompt_or_messages, str):
+            return self.tokenizer.encode(prompt_or_messages)
+        return self.tokenizer.encode_chat(prompt_or_messages)
+
+    # -- generation ----------------------------------------------------------------------------
+    def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:
+        """Yield (text delta, new token ids, live stats) per round; applies stop strings."""
+        cfg = self.config(**kw)
+        if len(ids) >= self.max_context:
+            raise ContextOverflowError(
+                f"the prompt has {len(ids)} tokens; the context holds {self.max_context} "
+                f"(prompt plus at least one new token)")
+        stats = Stats()
+        dec = self.tokenizer.stream_decoder()
+        text = ""
+        stops = [s for s in stop if s]
+        hold = max((len(s) for s in stops), default=1) - 1
+        pending = ""
+        with self._lock:
+            gen = self.decoder.generate(ids, cfg, stats)
+            try:
+                for step in gen:
+                    pending += dec.push(step.tokens)
+                    if step.finish_reason:
+                        pending += dec.flush()
+                    if stops:
+                        hit = _find_stop(text + pending, stops, len(text))
+                        if hit is not None:
+                            stats.finish_reason = "stop"
+                            yield (text + pending)[len(text):hit], step.tokens, stats
+                            return
+                        # hold back a tail that may be the start of a stop string
+                        emit = pending[: max(0, len(pending) - hold)] if not step.finish_reason else pending
+                    else:
+                        emit = pending
+                    pending = pending[len(emit):]
+                    text += emit
+                    yield emit, step.tokens, stats
+            finally:
+                gen.close()
+
+    def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Result:
+        """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
+        drafter (model|prompt-lookup|auto|none), draft_tokens, max_draft_tokens, stop (strings)."""
+        ids = self.encode(prompt_or_messages)
+        return self._collect(self.stream_ids(ids, stop=stop, **kw))
+
+    def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Iterator[str]:
+        """Like ``generate`` but yields text deltas as they are decoded."""
+        ids = self.encode(prompt_or_messages)
+        for delta, _, _ in self.stream_ids(ids, stop=stop, **kw):
+            if delta:
+                yield delta
+
+    def _collect(self, it) -> Result:
+        parts, ids, stats = [], [], None
+        for delta, toks, st in it:
+            parts.append(delta)
+            ids.extend(toks)
+            stats = st
+        d = stats.to_dict() if stats else {}
+        return Result("".join(parts), ids, d, stats.finish_reason if stats else None)
+
+    def chat(self, system: str | None = None) -> "ChatSession":
+        return ChatSession(self, system)
+
+
+@dataclass
+class ChatSession:
+    """A multi-turn conversation. The KV cache of the conversation so far is reused between turns:
+    only the new turn's tokens are prefilled. The oldest turns are dropped when the history no
+    longer fits the context (``dropped`` counts them)."""
+
+    engine: Engine
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    dropped: int = 0
+    reserve: int = 256  # tokens kept free for the reply
+
+    def __post_init__(self):
+        if self.system:
+            self.messages.append({"role": "system", "content": self.system})
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.dropped = 0
+
+    def _fit(self, max_new: int) -> list[int]:
+        reserve = min(max_new, self.reserve, self.engine.max_context // 2)
+        while True:
+            ids = self.engine.encode(self.messages)
+            if len(ids) + reserve <= self.engine.max_context:
+                return ids
+            first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+            if len(self.messages) - first <= 1:
+                raise ContextOverflowError(
+                    f"this message alone needs {len(ids)} tokens; the context holds {self.engine.max_context}")
+            del self.messages[first: first + 2]  # the oldest user/assistant pair
+            self.dropped += 1
+
+    def stream(self, text: str, stop: Sequence[str] = (), **kw) -> Iterator[str]:
+        self.messages.append({"role": "user", "content": text})
+        try:
+            ids = self._fit(kw.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
+        except ContextOverflowError:
+            self.messages.pop()
+            raise
+        reply = []
+        try:
+            for delta, _, _ in self.engine.stream_ids(ids, stop=stop, **kw):
+                reply.append(delta)
+                if delta:
+                    yield delta
+        finally:
+            # an interrupted reply is kept as far as it got, so the history stays coherent
+            self.messages.append({"role": "assistant", "content": "".join(reply)})
+
+    def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
+        parts = list(self.stream(text, stop=stop, **kw))
+        st = self.engine.last_stats
+        return Result("".join(parts), [], st.to_dict() if st else {}, st.finish_reason if st else None)
+
+
+def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    best = None
+    lo = max(0, start - max(len(s) for s in stops))
+    for s in stops:
+        i = text.find(s, lo)
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best

@@ -1,0 +1,159 @@
+"""The ``edgespec`` command line. Library errors become one-line messages and exit codes here only."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from .errors import EdgespecError
+
+MiB = 1 << 20
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgespecError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(e.exit_code)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="edgespec")
+def main():
+    """edgespec: fast, lossless speculative decoding for quantized LLMs on small machines."""
+
+
+# -- export ---------------------------------------------------------------------------------
+@main.command()
+@click.argument("target")
+@click.option("--drafter", "drafter", default=None, help="Drafter model: HF directory, .gguf file or hub id.")
+@click.option("-o", "--output", "output", required=True, type=click.Path(), help="Bundle directory to write.")
+@click.option("--target-precision", type=click.Choice(["fp32", "fp16", "int4", "int8", "fp8"]), default="int4",
+              show_default=True)
+@click.option("--drafter-precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32",
+              show_default=True)
+@click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
+@click.option("--block-size", type=int, default=32, show_default=True, help="INT4/INT8 quantization block size.")
+@click.option("--asymmetric", is_flag=True, help="INT4/INT8 with zero points (default symmetric).")
+@click.option("--accuracy-level", type=int, default=4, show_default=True,
+              help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
+@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant"]), default="rtn", show_default=True)
+@click.option("--no-quantize-lm-head", is_flag=True, help="Keep the lm_head in float.")
+@click.option("--quantize-embeddings", is_flag=True, help="Quantize the embedding table too.")
+@click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
+@click.option("--force", is_flag=True, help="Replace an existing bundle.")
+def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size, asymmetric,
+           accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, no_quality, force):
+    """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
+    try:
+        from edgespec_export import export_bundle
+        from edgespec_export.build import QuantOptions
+    except ImportError as e:
+        raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
+    q = QuantOptions(block_size=block_size, symmetric=not asymmetric, accuracy_level=accuracy_level,
+                     algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
+                     quantize_embeddings=quantize_embeddings)
+    out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
+                        drafter_precision=drafter_precision, max_context=max_context, quant=q,
+                        force=force, quality=not no_quality)
+    click.echo(str(out))
+
+
+# -- generate -------------------------------------------------------------------------------
+def _engine(bundle, profile, provider, max_context, threads, use_drafter=True):
+    from .api import load
+
+    return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
+                use_drafter=use_drafter)
+
+
+_profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE",
+                            help="Memory profile name or .toml path (env EDGESPEC_PROFILE).")
+_provider_opt = click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default=None,
+                             help="Execution provider (overrides the profile; an error if it cannot run).")
+
+
+@main.command()
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
+@click.option("--chat/--raw", "as_chat", default=False, help="Wrap the prompt in the chat template.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--top-k", type=int, default=0)
+@click.option("--top-p", type=float, default=1.0)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--drafter", type=click.Choice(["model", "prompt-lookup", "auto", "none"]), default=None,
+              help="Drafting policy (default: the profile's, auto).")
+@click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive).")
+@click.option("--max-context", type=int, default=None)
+@click.option("--threads", type=int, default=None)
+@_profile_opt
+@_provider_opt
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
+def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
+             max_context, threads, profile, provider, as_json):
+    """Generate a continuation of PROMPT with the model in BUNDLE."""
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup"))
+    src = [{"role": "user", "content": prompt}] if as_chat else prompt
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+              drafter=drafter, draft_tokens=draft_tokens)
+    if as_json:
+        r = eng.generate(src, stop=stop, **kw)
+        click.echo(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                               "stats": r.stats}, ensure_ascii=False))
+        return
+    for delta in eng.stream(src, stop=stop, **kw):
+        click.echo(delta, nl=False)
+    click.echo()
+    st = eng.last_stats
+    if st:
+        click.echo(f"[{st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms, "
+                   f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]", err=True)
+
+
+# -- info -----------------------------------------------------------------------------------
+@main.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--verify", is_flag=True, help="Hash every file against the manifest.")
+@click.option("--json", "as_json", is_flag=True)
+def info(bundle, verify, as_json):
+    """Describe a bundle: models, precisions, sizes, validation and quality figures."""
+    from .manifest import load_manifest
+
+    m = load_manifest(bundle, deep=verify)
+    if as_json:
+        click.echo(json.dumps(m.raw, indent=1, ensure_ascii=False))
+        return
+    click.echo(f"bundle {m.root}  (schema {m.raw['schema_version']}, {'sha256 verified' if verify else 'sizes checked'})")
+    click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {'yes' if m.chat_template else 'no'}")
+    for spec in (m.target, m.drafter):
+        if spec is None:
+            continue
+        click.echo(f"  {spec.role}: {spec.architecture} {spec.precision} {spec.quant or ''}")
+        click.echo(f"    {spec.num_layers} layers, {spec.num_kv_heads} KV heads x {spec.head_dim}, vocab {spec.vocab_size}, "
+                   f"max context {spec.max_context}, KV {spec.kv_dtype} ({spec.kv_bytes_per_token / 1024:.1f} KiB/token)")
+        click.echo(f"    {spec.bytes_on_disk / MiB:.1f} MiB on disk, ~{spec.resident_bytes / MiB:.1f} MiB resident")
+        if spec.precision == "fp8":
+            click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
+        v = spec.validation
+        if v:
+            click.echo(f"    validation vs torch: {'✓' if v.get('passed') else '✗'} max |Δlogit| "
+                       f"{max(v['max_abs_logit_diff'].values()):.3g}, top-1 {v['top1_agreement']:.3f}")
+        q = spec.quality
+        if q.get("perplexity"):
+            click.echo(f"    quality: perplexity {q['perplexity_torch']} -> {q['perplexity']} "
+                       f"(Δ {q['perplexity_delta']:+}), top-1 {q['top1_agreement']}, KL {q['mean_kl']}, "
+                       f"greedy match {q['greedy_match_tokens']}/{q['greedy_match_of']}")
+        if "greedy_agreement_with_target" in q:
+            click.echo(f"    predicted greedy acceptance (agreement with target): {q['greedy_agreement_with_target']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Typed errors. The library raises these; only the CLI turns them into messages and exit codes."""
+from __future__ import annotations
+
+
+class EdgespecError(Exception):
+    """Base class of every error edgespec raises on purpose."""
+
+    exit_code = 1
+
+
+class BundleError(EdgespecError):
+    """A bundle directory is missing, incomplete, corrupt or inconsistent."""
+
+    exit_code = 2
+
+
+class ManifestError(BundleError):
+    """edgespec.json is unreadable or does not follow the schema."""
+
+
+class TokenizerMismatchError(BundleError):
+    """Target and drafter do not share a tokenizer."""
+
+
+class ContextOverflowError(EdgespecError):
+    """The prompt (plus what must be generated) does not fit the context window."""
+
+    exit_code = 3
+
+
+class BudgetError(EdgespecError):
+    """The memory budget cannot hold what was asked for."""
+
+    exit_code = 4
+
+
+class ProfileError(EdgespecError):
+    """A memory profile is unknown, unreadable or has bad values."""
+
+    exit_code = 2
+
+
+class ProviderError(EdgespecError):
+    """An execution provider that was explicitly asked for cannot run."""
+
+    exit_code = 5
+
+
+class ConfigError(EdgespecError):
+    """Bad generation or engine options."""
+
+    exit_code = 2
+
+
+class BusyError(EdgespecError):
+    """The engine is already generating (one generation at a time per engine)."""
+
+
+class ExportError(EdgespecError):
+    """The export stage could not convert, quantize or validate a model."""
+
+    exit_code = 6

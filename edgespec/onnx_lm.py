@@ -1,0 +1,150 @@
+"""One ONNX causal LM with a KV cache allocated once and updated in place.
+
+The graph (onnxruntime GroupQueryAttention, as onnxruntime-genai's builder emits it) takes
+``past_key_values.N.*`` and writes ``present.N.*``. Binding one ``[1, kv_heads, max_len, head_dim]``
+buffer as both makes the update in place; the attention mask's length tells the graph how many
+positions are valid, so rolling back is a shorter mask: ``rewind`` is O(1) and copies nothing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ContextOverflowError, EdgespecError
+from .manifest import ModelSpec
+from .providers import ProviderChoice
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class OnnxLM:
+    """``forward(ids) -> logits`` over a static KV buffer; ``rewind(n)`` in O(1).
+
+    The model keeps the token ids whose keys/values sit in its cache (``tokens``); ``sync``
+    reuses the longest common prefix with a new sequence, which is how chat turns and the
+    drafter's catch-up avoid re-prefilling.
+    """
+
+    def __init__(self, spec: ModelSpec, max_context: int, providers: ProviderChoice, *,
+                 threads: int = 0, prefill_chunk: int = 256, session_options: dict | None = None):
+        import onnxruntime as ort
+
+        if max_context > spec.max_context:
+            raise ContextOverflowError(
+                f"{spec.role}: a context of {max_context} exceeds the exported maximum {spec.max_context}")
+        self.spec = spec
+        self.max_context = int(max_context)
+        self.prefill_chunk = max(1, int(prefill_chunk))
+        so = ort.SessionOptions()
+        if threads:
+            so.intra_op_num_threads = int(threads)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        for k, v in (session_options or {}).items():
+            so.add_session_config_entry(k, str(v))
+        prov_names = [p for p, _ in providers.providers]
+        prov_opts = [o for _, o in providers.providers]
+        try:
+            self.session = ort.InferenceSession(str(spec.path), so, providers=prov_names, provider_options=prov_opts)
+        except Exception as e:  # onnxruntime raises its own untyped exceptions
+            raise EdgespecError(f"cannot open {spec.role} model {spec.path.name}: {str(e).splitlines()[0]}") from None
+        self.device = providers.device
+        inputs = {i.name for i in self.session.get_inputs()}
+        io = spec.io
+        self._has_pos = bool(io.position_ids) and io.position_ids in inputs
+        dtype = _NP_DTYPES.get(spec.kv_dtype)
+        if dtype is None:
+            raise EdgespecError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime")
+        shape = (1, spec.num_kv_heads, self.max_context, spec.head_dim)
+        self._kv = []
+        for layer in range(spec.num_layers):
+            for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
+                if self.device == "cuda":
+                    buf = __import__("onnxruntime").OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                else:
+                    buf = __import__("onnxruntime").OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
+                self._kv.append((past % layer, present % layer, buf))
+        self._mask = np.ones((1, self.max_context), dtype=np.int64)
+        self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
+        self._binding = self.session.io_binding()
+        for past, present, buf in self._kv:
+            self._binding.bind_ortvalue_input(past, buf)
+            self._binding.bind_ortvalue_output(present, buf)
+        self.tokens: list[int] = []
+        self.calls = 0
+        self.run_seconds = 0.0  # time inside session.run
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.spec.kv_bytes(self.max_context)
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` positions. O(1): the stale entries are overwritten by later writes."""
+        if n < 0 or n > len(self.tokens):
+            raise ValueError(f"cannot rewind {n} of {len(self.tokens)} positions")
+        if n:
+            del self.tokens[len(self.tokens) - n:]
+
+    def reset(self) -> None:
+        self.tokens.clear()
+
+    # -- compute -----------------------------------------------------------------------------
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the cache and return float32 logits ``[len(ids), vocab]``."""
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+        past = len(self.tokens)
+        if past + n > self.max_context:
+            raise ContextOverflowError(
+                f"{self.spec.role}: {past} + {n} tokens exceed the context of {self.max_context}")
+        b = self._binding
+        b.bind_cpu_input(self.spec.io.input_ids, np.asarray(ids, dtype=np.int64).reshape(1, n))
+        b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
+        if self._has_pos:
+            b.bind_cpu_input(self.spec.io.position_ids, self._positions[:, past: past + n])
+        b.bind_output(self.spec.io.logits, "cpu")
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(b)
+        self.run_seconds += time.perf_counter() - t0
+        self.calls += 1
+        out = b.get_outputs()
+        logits = out[len(self._kv)].numpy() if len(out) > len(self._kv) else out[0].numpy()
+        self.tokens.extend(int(t) for t in ids)
+        logits = logits.reshape(n, -1)
+        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    def sync(self, ids: Sequence[int]) -> np.ndarray:
+        """Make the cache hold exactly ``ids``, reusing the common prefix; return the last position's logits.
+
+        Long new spans are fed in chunks of ``prefill_chunk`` tokens, so the transient logits
+        buffer stays ``prefill_chunk x vocab`` whatever the prompt's length.
+        """
+        if not ids:
+            raise ValueError("sync() needs at least one token")
+        if len(ids) > self.max_context:
+            raise ContextOverflowError(
+                f"{len(ids)} tokens do not fit the context of {self.max_context}")
+        common = _common_prefix(self.tokens, ids)
+        common = min(common, len(ids) - 1)  # always feed at least one token to get logits
+        self.rewind(len(self.tokens) - common)
+        logits = None
+        for start in range(common, len(ids), self.prefill_chunk):
+            logits = self.forward(ids[start: start + self.prefill_chunk])
+        return logits[-1]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n

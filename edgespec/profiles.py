@@ -1,0 +1,233 @@
+"""Memory-budget profiles (TOML) and the memory planner.
+
+A profile says how much memory edgespec may use on a device, which execution providers to try,
+and the drafting policy. ``plan(manifest, profile)`` spends that budget: weights of target and
+drafter, both KV caches at the chosen context, working memory; it cuts the context first, then
+the model drafter (in favour of prompt lookup), or refuses with ``BudgetError`` naming the numbers.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .errors import BudgetError, ProfileError
+from .manifest import Manifest
+
+MiB = 1 << 20
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+_PACKAGED = Path(__file__).resolve().parent / "profiles"
+
+# Fixed runtime cost measured on CPU with onnxruntime 1.31: the interpreter, numpy, onnxruntime,
+# tokenizers and a session's arena before any model weight (see tests/test_planner.py).
+RUNTIME_BASE_BYTES = 150 * MiB
+MIN_CONTEXT = 512
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    memory_budget_mb: int  # 0: three quarters of this machine's RAM
+    description: str = ""
+    source: str = ""
+    providers: tuple[str, ...] = ("cpu",)
+    provider_options: dict = field(default_factory=dict)
+    kv_dtype: str = "auto"
+    max_context: int = 4096
+    min_context: int = MIN_CONTEXT
+    drafter: str = "auto"  # auto | model | prompt-lookup | none
+    draft_tokens: int | None = None  # fixed k, or None for adaptive
+    max_draft_tokens: int = 8
+    threads: int = 0  # 0: onnxruntime's default
+    prefill_chunk: int = 256
+
+    @property
+    def budget_bytes(self) -> int:
+        if self.memory_budget_mb:
+            return self.memory_budget_mb * MiB
+        return int(_physical_memory() * 0.75)
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this machine, CPU, 3/4 of its RAM")
+
+_TYPES = {f.name: f.type for f in fields(Profile)}
+
+
+def _check(name: str, data: dict, where: str) -> Profile:
+    known = {f.name for f in fields(Profile)} - {"name"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    if "memory_budget_mb" not in data:
+        raise ProfileError(f"{where}: memory_budget_mb is required")
+    vals = dict(data)
+
+    def need(key, ok, what):
+        if key in vals and not ok(vals[key]):
+            raise ProfileError(f"{where}: {key} = {vals[key]!r} is not {what}")
+
+    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    need("memory_budget_mb", lambda v: is_int(v) and v >= 0, "a non-negative integer")
+    for k in ("max_context", "min_context", "max_draft_tokens", "prefill_chunk"):
+        need(k, lambda v: is_int(v) and v > 0, "a positive integer")
+    need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
+    need("draft_tokens", lambda v: is_int(v) and 0 <= v <= 64, "an integer in 0..64")
+    need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
+    need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "none"), "auto, model, prompt-lookup or none")
+    need("providers", lambda v: isinstance(v, list) and v and all(p in ("cpu", "cuda", "tensorrt") for p in v),
+         "a non-empty list of cpu, cuda, tensorrt")
+    need("provider_options", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
+         "a table of tables")
+    for k in ("description", "source"):
+        need(k, lambda v: isinstance(v, str), "a string")
+    if "providers" in vals:
+        vals["providers"] = tuple(vals["providers"])
+    if vals.get("min_context", MIN_CONTEXT) > vals.get("max_context", 4096):
+        raise ProfileError(f"{where}: min_context is larger than max_context")
+    return Profile(name=name, **vals)
+
+
+def load_profile(path: str | os.PathLike) -> Profile:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(f"no such profile file: {p}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{p}: not valid TOML ({e})") from None
+    return _check(p.stem, data, str(p))
+
+
+def profile_dirs() -> list[Path]:
+    return [d for d in (PROFILES_DIR, _PACKAGED) if d.is_dir()]
+
+
+def list_profiles() -> list[Profile]:
+    seen: dict[str, Profile] = {}
+    for d in profile_dirs():
+        for f in sorted(d.glob("*.toml")):
+            seen.setdefault(f.stem, load_profile(f))
+    return list(seen.values())
+
+
+def resolve_profile(profile: "Profile | str | os.PathLike | None") -> Profile:
+    if profile is None:
+        return DEFAULT_PROFILE
+    if isinstance(profile, Profile):
+        return profile
+    s = str(profile)
+    if s.endswith(".toml") or os.sep in s:
+        return load_profile(s)
+    for d in profile_dirs():
+        f = d / f"{s}.toml"
+        if f.is_file():
+            return load_profile(f)
+    names = ", ".join(p.name for p in list_profiles())
+    raise ProfileError(f"unknown profile {s!r}; known: {names or 'none'} (or give a .toml path)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int
+    context: int
+    drafter: str  # 'model' when the model drafter is loaded, else 'none'
+    default_drafter: str  # what generation uses by default
+    prefill_chunk: int
+    weights: dict[str, int]
+    kv: dict[str, int]
+    working: int
+    runtime: int
+    cuts: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return sum(self.weights.values()) + sum(self.kv.values()) + self.working + self.runtime
+
+    def rows(self) -> list[tuple[str, int]]:
+        r = [(f"weights {k}", v) for k, v in self.weights.items()]
+        r += [(f"KV cache {k} ({self.context} tokens)", v) for k, v in self.kv.items()]
+        r += [("working memory (logits, activations)", self.working), ("runtime (onnxruntime, python)", self.runtime)]
+        return r
+
+    def to_dict(self) -> dict:
+        return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
+                "default_drafter": self.default_drafter, "weights": self.weights, "kv": self.kv,
+                "working": self.working, "runtime": self.runtime, "total": self.total,
+                "cuts": list(self.cuts), "warnings": list(self.warnings)}
+
+
+def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
+    """Transient memory of one call: logits (onnxruntime's output and our float32 view) and
+    activations of a prefill chunk (hidden states and MLP intermediates, about 16 x hidden)."""
+    specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
+    biggest = 0
+    for s in specs:
+        logits = chunk * s.vocab_size * 4 * 2
+        act = chunk * s.hidden_size * 4 * 16
+        biggest = max(biggest, logits + act)
+    return biggest
+
+
+def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True) -> Plan:
+    budget = profile.budget_bytes
+    want_ctx = min(max_context or profile.max_context, manifest.target.max_context)
+    if manifest.drafter is not None:
+        want_ctx = min(want_ctx, manifest.drafter.max_context)
+    floor = min(profile.min_context, want_ctx)
+    warnings = []
+    if profile.kv_dtype != "auto" and profile.kv_dtype != manifest.target.kv_dtype:
+        warnings.append(f"profile asks for a {profile.kv_dtype} KV cache; this bundle's graphs use "
+                        f"{manifest.target.kv_dtype}")
+    want_drafter = use_drafter and manifest.drafter is not None and profile.drafter in ("auto", "model")
+    cuts: list[str] = []
+    chunk = profile.prefill_chunk
+
+    def build(ctx: int, with_drafter: bool) -> Plan:
+        weights = {"target": manifest.target.resident_bytes}
+        kv = {"target": manifest.target.kv_bytes(ctx)}
+        if with_drafter:
+            weights["drafter"] = manifest.drafter.resident_bytes
+            kv["drafter"] = manifest.drafter.kv_bytes(ctx)
+        default = profile.drafter
+        if not with_drafter and default in ("auto", "model"):
+            default = "auto" if default == "auto" else "prompt-lookup"
+        return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
+                    working_bytes(manifest, chunk, with_drafter), RUNTIME_BASE_BYTES, tuple(cuts), tuple(warnings))
+
+    def fit_context(with_drafter: bool) -> int | None:
+        p = build(want_ctx, with_drafter)
+        if p.total <= budget:
+            return want_ctx
+        per_tok = sum(p.kv.values()) / want_ctx
+        fixed = p.total - sum(p.kv.values())
+        ctx = int((budget - fixed) // per_tok) if budget > fixed else 0
+        ctx = ctx // 64 * 64
+        return ctx if ctx >= floor else None
+
+    ctx = fit_context(want_drafter)
+    if ctx is not None:
+        if ctx < want_ctx:
+            cuts.append(f"context {want_ctx} -> {ctx} tokens")
+        return build(ctx, want_drafter)
+    if want_drafter:
+        ctx = fit_context(False)
+        if ctx is not None:
+            cuts.append("model drafter dropped (prompt lookup instead)")
+            if ctx < want_ctx:
+                cuts.insert(0, f"context {want_ctx} -> {ctx} tokens")
+            return build(ctx, False)
+    smallest = build(floor, False)
+    raise BudgetError(
+        f"the budget of {budget / MiB:.0f} MiB ({profile.name}) cannot hold this bundle: at the minimum context "
+        f"of {floor} tokens without a drafter it needs {smallest.total / MiB:.0f} MiB "
+        f"(weights {sum(smallest.weights.values()) / MiB:.0f} MiB, KV {sum(smallest.kv.values()) / MiB:.0f} MiB, "
+        f"working {smallest.working / MiB:.0f} MiB, runtime {smallest.runtime / MiB:.0f} MiB)")

@@ -1,0 +1,275 @@
+"""Write a bundle: convert, build, validate, describe, and move into place atomically."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from edgespec.errors import ExportError
+from edgespec.manifest import MANIFEST_NAME, SCHEMA_VERSION, _model_spec, check_pair, sha256_file
+
+from .build import DRAFTER_PRECISIONS, TARGET_PRECISIONS, QuantOptions, run_builder
+from .source import Source, load_model, load_tokenizer, resolve
+from .validate import validate
+
+
+class Progress:
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.i, self.t0, self.stream = total, 0, time.perf_counter(), stream
+
+    def step(self, what: str) -> None:
+        self.i += 1
+        print(f"[{self.i}/{self.total} {time.perf_counter() - self.t0:6.1f}s] {what}", file=self.stream, flush=True)
+
+    def log(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+
+def _versions() -> dict:
+    out = {}
+    for mod in ("edgespec", "torch", "transformers", "onnx", "onnxruntime", "onnxruntime_genai", "gguf"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except (ImportError, AttributeError):
+            pass
+    return out
+
+
+def _kv_dtype(model_path: Path) -> str:
+    import onnx
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    for i in m.graph.input:
+        if i.name.startswith("past_key_values"):
+            return {1: "float32", 10: "float16", 16: "bfloat16"}[i.type.tensor_type.elem_type]
+    raise ExportError(f"{model_path} has no past_key_values inputs: not a KV-cache graph")
+
+
+def _ops(model_path: Path) -> dict[str, int]:
+    import onnx
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    counts: dict[str, int] = {}
+    for n in m.graph.node:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
+
+
+def _model_entry(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
+                 fingerprint: str, max_context: int) -> dict:
+    dec = build.genai_config["model"]["decoder"]
+    files = {}
+    mdir = build.model_dir
+    for f in sorted(mdir.iterdir()):
+        if f.name.startswith("model.onnx"):
+            rel = f"{role}/{f.name}"
+            files[rel] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+    if not files:
+        raise ExportError(f"no model files in {mdir}")
+    ins, outs = dec["inputs"], dec["outputs"]
+    model_file = mdir / dec.get("filename", "model.onnx")
+    ops = _ops(model_file)
+    params = sum(int(p.numel()) for p in config["_params"])
+    return {
+        "path": f"{role}/{model_file.name}",
+        "architecture": config["model_type"],
+        "precision": precision,
+        "quant": quant.to_dict() if quant and precision in ("int4", "int8") else {},
+        "num_layers": int(dec["num_hidden_layers"]),
+        "num_kv_heads": int(dec["num_key_value_heads"]),
+        "head_dim": int(dec["head_size"]),
+        "hidden_size": int(dec["hidden_size"]),
+        "num_attention_heads": int(dec["num_attention_heads"]),
+        "vocab_size": int(build.genai_config["model"]["vocab_size"]),
+        "max_context": int(max_context),
+        "kv_dtype": _kv_dtype(model_file),
+        "io": {
+            "input_ids": ins["input_ids"], "attention_mask": ins["attention_mask"],
+            "position_ids": ins.get("position_ids"),
+            "past_key": ins["past_key_names"], "past_value": ins["past_value_names"],
+            "present_key": outs["present_key_names"], "present_value": outs["present_value_names"],
+            "logits": outs["logits"],
+        },
+        "tokenizer_sha256": fingerprint,
+        "files": files,
+        "resident_bytes": sum(v["bytes"] for v in files.values()),
+        "params": params,
+        "operators": {k: v for k, v in sorted(ops.items()) if k in (
+            "MatMulNBits", "GroupQueryAttention", "MatMul", "DequantizeLinear", "GatherBlockQuantized", "Gather")},
+    }
+
+
+def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
+                max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None) -> dict:
+    import torch  # noqa: F401  (export-time only)
+
+    hf_dir = stage / f"_hf_{role}"
+    progress.step(f"{role}: loading {src.display} into torch (float32)")
+    model = load_model(src)
+    cfg = model.config
+    model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+    ctx = min(max_context, model_ctx) if max_context else model_ctx
+    if src.kind == "hf-dir" and not any(src.path.glob("*.gguf")):
+        build_input = src.path
+    else:
+        progress.step(f"{role}: writing a float32 Hugging Face copy for the builder")
+        model.save_pretrained(hf_dir, safe_serialization=True)
+        tok.save_pretrained(hf_dir)
+        build_input = hf_dir
+    params = list(model.parameters())
+    config = {"model_type": cfg.model_type, "_params": params}
+    progress.step(f"{role}: building the {precision} ONNX graph (onnxruntime-genai model builder)")
+    del model
+    gc.collect()
+    build = run_builder(build_input, stage / role, stage / "_cache", precision, quant, log=progress.log)
+    entry = _model_entry(stage, role, build, config, precision, quant, fingerprint, ctx)
+    del params, config
+    # keep only the graph, its data and genai_config.json (for side-by-side runs with onnxruntime-genai)
+    for f in (stage / role).iterdir():
+        if not (f.name.startswith("model.onnx") or f.name == "genai_config.json"):
+            f.unlink() if f.is_file() else shutil.rmtree(f)
+    progress.step(f"{role}: validating the graph against torch through edgespec's runtime")
+    model = load_model(Source(str(build_input), "hf-dir", build_input)) if build_input != src.path else load_model(src)
+    spec = _model_spec(stage, role, entry)
+    entry["validation"] = validate(model, tok, spec, precision, progress.log)
+    if quality_fn is not None:
+        entry["quality"] = quality_fn(role, model, spec, progress)
+    del model
+    gc.collect()
+    if not entry["validation"]["passed"]:
+        raise ExportError(f"{role}: the ONNX graph does not match torch (see the ✗ lines above)")
+    if hf_dir.exists():
+        shutil.rmtree(hf_dir)
+    return entry
+
+
+def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = None,
+                  target_precision: str = "int4", drafter_precision: str = "fp32",
+                  max_context: int | None = None, quant: QuantOptions | None = None,
+                  drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
+                  stream=sys.stderr) -> Path:
+    """Export TARGET (and DRAFTER) into a bundle directory at ``out``. Atomic: on any failure
+    nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds)."""
+    if target_precision not in TARGET_PRECISIONS:
+        raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
+    if drafter_precision not in DRAFTER_PRECISIONS:
+        raise ExportError(f"--drafter-precision must be one of {', '.join(DRAFTER_PRECISIONS)}")
+    if max_context is not None and max_context < 16:
+        raise ExportError(f"--max-context must be at least 16, got {max_context}")
+    out = Path(out).expanduser().resolve()
+    if out.exists() and not force:
+        raise ExportError(f"{out} exists; pass --force to replace it")
+    quant = quant or QuantOptions()
+    drafter_quant = drafter_quant or QuantOptions(accuracy_level=quant.accuracy_level)
+    tsrc = resolve(target)
+    dsrc = resolve(drafter) if drafter else None
+    if target_precision == "fp8":
+        from .fp8 import export_fp8  # noqa: F401  (raises a clear error where unsupported)
+    steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0)
+    progress = Progress(steps, stream)
+    progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
+    ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
+    if dsrc:
+        dtok, ddata, (dfp, dvocab) = load_tokenizer(dsrc)
+        if dfp != tfp:
+            raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        quality_fn = None
+        if quality:
+            from .quality import QualityRun
+
+            quality_fn = QualityRun(ttok, target_precision)
+        models = {"target": _export_one("target", tsrc, ttok, stage, target_precision, quant, max_context, tfp,
+                                        progress, quality_fn)}
+        if dsrc:
+            models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
+                                            max_context, dfp, progress, quality_fn)
+            if quality_fn is not None:
+                models["drafter"]["quality"].update(quality_fn.drafter_agreement(stage, models, progress))
+        progress.step("writing tokenizer and manifest")
+        tdir = stage / "tokenizer"
+        tdir.mkdir()
+        (tdir / "tokenizer.json").write_text(json.dumps(tdata, ensure_ascii=False), encoding="utf-8")
+        eos = _eos_ids(ttok, tsrc)
+        chat_template = getattr(ttok, "chat_template", None)
+        (tdir / "tokenizer_config.json").write_text(json.dumps({
+            "bos_token": ttok.bos_token, "eos_token": ttok.eos_token, "add_bos_token": _add_bos(ttok),
+            "chat_template": chat_template}, indent=1, ensure_ascii=False), encoding="utf-8")
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "name": out.name,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "sources": {"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {})},
+            "tool_versions": _versions(),
+            "eos_token_ids": eos,
+            "bos_token_id": ttok.bos_token_id,
+            "add_bos": _add_bos(ttok),
+            "chat_template": chat_template,
+            "tokenizer": {"dir": "tokenizer", "sha256": tfp, "vocab_size": tvocab},
+            "models": models,
+        }
+        if dsrc:
+            check_pair(_model_spec(stage, "target", models["target"]), _model_spec(stage, "drafter", models["drafter"]))
+        for junk in stage.glob("_*"):
+            shutil.rmtree(junk, ignore_errors=True)
+        (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+            stage.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    progress.log(f"bundle written: {out}")
+    return out
+
+
+def _add_bos(tok) -> bool:
+    return bool(getattr(tok, "add_bos_token", False)) and tok.bos_token_id is not None
+
+
+def _eos_ids(tok, src: Source) -> list[int]:
+    ids = set()
+    if tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    try:
+        from transformers import GenerationConfig
+
+        name, kw = src.from_pretrained_args()
+        gc_ = GenerationConfig.from_pretrained(name, **kw)
+        e = gc_.eos_token_id
+        ids.update([e] if isinstance(e, int) else list(e or []))
+    except Exception:  # noqa: BLE001 - a missing generation config is normal
+        pass
+    for special in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        i = tok.convert_tokens_to_ids(special)
+        if isinstance(i, int) and i != tok.unk_token_id and special == tok.eos_token:
+            ids.add(i)
+    return sorted(ids)
+
+
+def _tokenizer_diff(a: dict, b: dict, an: str, bn: str) -> str:
+    va, vb = (a.get("model") or {}).get("vocab") or {}, (b.get("model") or {}).get("vocab") or {}
+    if len(va) != len(vb):
+        what = f"vocabulary sizes {len(va)} vs {len(vb)}"
+    else:
+        diff = [t for t in va if vb.get(t) != va[t]]
+        if diff:
+            what = f"{len(diff)} tokens map to other ids (e.g. {diff[0]!r})"
+        elif (a.get("model") or {}).get("merges") != (b.get("model") or {}).get("merges"):
+            what = "the BPE merges differ"
+        else:
+            what = "special tokens or normalization differ"
+    return f"the drafter's tokenizer differs from the target's ({an} vs {bn}): {what}"

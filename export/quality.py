@@ -1,0 +1,101 @@
+"""Quality report at export: the exported graph against the original torch model on a small
+text set written for this project (export/data/quality.txt)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.manifest import _model_spec
+from edgespec.onnx_lm import OnnxLM
+from edgespec.providers import choose
+
+TEXTS = [t.strip() for t in (Path(__file__).parent / "data" / "quality.txt").read_text().split("===") if t.strip()]
+MAX_TOKENS = 160
+CONT_PROMPTS = ("def quicksort(arr):\n", "The three most important things to know about the ocean are")
+CONT_TOKENS = 24
+AGREE_TOKENS = 48
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+class QualityRun:
+    def __init__(self, tokenizer, precision: str):
+        self.tok = tokenizer
+        self.precision = precision
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"][:MAX_TOKENS]
+
+    def __call__(self, role: str, model, spec, progress) -> dict:
+        import torch
+
+        lm = OnnxLM(spec, min(spec.max_context, 512), choose(["cpu"]))
+        nll_t = nll_o = 0.0
+        n = agree = 0
+        kl = 0.0
+        for text in TEXTS:
+            ids = self._ids(text)
+            with torch.no_grad():
+                ref = model(torch.tensor([ids])).logits[0].float().numpy()[:, : spec.vocab_size]
+            lm.reset()
+            got = lm.forward(ids)[:, : spec.vocab_size]
+            lr, lg = _log_softmax(ref[:-1]), _log_softmax(got[:-1])
+            tgt = np.array(ids[1:])
+            nll_t -= lr[np.arange(len(tgt)), tgt].sum()
+            nll_o -= lg[np.arange(len(tgt)), tgt].sum()
+            kl += (np.exp(lr) * (lr - lg)).sum()
+            agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
+            n += len(tgt)
+        ppl_t, ppl_o = float(np.exp(nll_t / n)), float(np.exp(nll_o / n))
+        matches = []
+        for prompt in CONT_PROMPTS:
+            ids = self._ids(prompt)
+            with torch.no_grad():
+                ref = model.generate(torch.tensor([ids]), max_new_tokens=CONT_TOKENS, do_sample=False,
+                                     pad_token_id=self.tok.eos_token_id or 0)[0, len(ids):].tolist()
+            lm.reset()
+            out, logits = [], lm.forward(ids)[-1]
+            for _ in range(len(ref)):
+                t = int(np.argmax(logits))
+                out.append(t)
+                logits = lm.forward([t])[-1]
+            m = 0
+            while m < min(len(ref), len(out)) and ref[m] == out[m]:
+                m += 1
+            matches.append(m)
+        q = {"perplexity_torch": round(ppl_t, 4), "perplexity": round(ppl_o, 4),
+             "perplexity_delta": round(ppl_o - ppl_t, 4), "top1_agreement": round(agree / (n + len(TEXTS)), 4),
+             "mean_kl": round(float(kl / n), 6), "greedy_match_tokens": matches, "greedy_match_of": CONT_TOKENS,
+             "tokens": n}
+        progress.log(f"    quality: perplexity {ppl_t:.3f} (torch) -> {ppl_o:.3f} (onnx, Δ {ppl_o - ppl_t:+.3f}), "
+                     f"top-1 {q['top1_agreement']:.3f}, KL {q['mean_kl']:.4f}, greedy match {matches}/{CONT_TOKENS}")
+        return q
+
+    def drafter_agreement(self, stage, models: dict, progress) -> dict:
+        """Teacher-forced greedy agreement of the drafter with the exported target: the fraction of
+        target greedy tokens the drafter predicts. It is what greedy speculative acceptance will be."""
+        ts, ds = _model_spec(stage, "target", models["target"]), _model_spec(stage, "drafter", models["drafter"])
+        ctx = min(512, ts.max_context, ds.max_context)
+        t, d = OnnxLM(ts, ctx, choose(["cpu"])), OnnxLM(ds, ctx, choose(["cpu"]))
+        hits = total = 0
+        for text in TEXTS[:4]:
+            ids = self._ids(text)[:32]
+            t.reset()
+            logits = t.forward(ids)[-1]
+            cont = []
+            for _ in range(AGREE_TOKENS):
+                tok = int(np.argmax(logits))
+                cont.append(tok)
+                logits = t.forward([tok])[-1]
+            d.reset()
+            dl = d.forward(ids + cont[:-1])[len(ids) - 1:]
+            hits += int((dl.argmax(-1)[: len(cont)] == np.array(cont)).sum())
+            total += len(cont)
+        rate = hits / total
+        progress.log(f"    drafter agrees with the exported target on {hits}/{total} greedy tokens ({rate:.2f})")
+        return {"greedy_agreement_with_target": round(rate, 4), "agreement_tokens": total}

@@ -1,0 +1,109 @@
+"""Resolve and load a model source: a local HF directory, a .gguf file, or a hub id."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import ExportError
+from edgespec.tokenizer import tokenizer_fingerprint
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Source:
+    spec: str
+    kind: str  # 'hf-dir' | 'gguf' | 'hub'
+    path: Path | None
+
+    @property
+    def display(self) -> str:
+        return str(self.path) if self.path else self.spec
+
+    def from_pretrained_args(self) -> tuple[str, dict]:
+        if self.kind == "gguf":
+            return str(self.path.parent), {"gguf_file": self.path.name}
+        if self.kind == "hf-dir":
+            return str(self.path), {}
+        return self.spec, {}
+
+
+def resolve(spec: str) -> Source:
+    p = Path(spec).expanduser()
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise ExportError(f"{p} is a file but not a .gguf model; give a .gguf file or a model directory")
+        with open(p, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ExportError(f"{p} is not a GGUF file (bad magic)")
+        return Source(spec, "gguf", p.resolve())
+    if p.is_dir():
+        cfg = p / "config.json"
+        if not cfg.is_file():
+            ggufs = sorted(p.glob("*.gguf"))
+            hint = f" (it holds {ggufs[0].name}: pass that file)" if ggufs else ""
+            raise ExportError(f"{p} is not a Hugging Face model directory: no config.json{hint}")
+        try:
+            json.loads(cfg.read_text())
+        except json.JSONDecodeError as e:
+            raise ExportError(f"{cfg} is not valid JSON: {e}") from None
+        return Source(spec, "hf-dir", p.resolve())
+    if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+        return Source(spec, "hub", None)
+    raise ExportError(f"no such model: {spec} (not a file, a directory, or a hub id like org/name)")
+
+
+def _hub_error(src: Source, e: Exception) -> ExportError:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ExportError(f"cannot fetch {src.spec} from the Hugging Face hub (no network here?): {msg[:200]}")
+
+
+def load_tokenizer(src: Source):
+    """The HF fast tokenizer of a source, and its (sha256, vocab size) fingerprint."""
+    from transformers import AutoTokenizer
+
+    name, kw = src.from_pretrained_args()
+    try:
+        tok = AutoTokenizer.from_pretrained(name, **kw)
+    except OSError as e:
+        if src.kind == "hub":
+            raise _hub_error(src, e) from None
+        raise ExportError(f"cannot load the tokenizer of {src.display}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # transformers raises many types for unreadable inputs
+        if src.kind == "hub":
+            raise _hub_error(src, e) from None
+        raise ExportError(f"cannot load the tokenizer of {src.display}: {type(e).__name__}: {e}"[:300]) from None
+    if not getattr(tok, "is_fast", False):
+        raise ExportError(f"{src.display}: only fast (tokenizers) tokenizers are supported")
+    data = json.loads(tok.backend_tokenizer.to_str())
+    return tok, data, tokenizer_fingerprint(data)
+
+
+def load_model(src: Source, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    name, kw = src.from_pretrained_args()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype), **kw)
+    except OSError as e:
+        if src.kind == "hub":
+            raise _hub_error(src, e) from None
+        raise ExportError(f"cannot load {src.display}: {str(e).splitlines()[0]}") from None
+    except (ValueError, KeyError, RuntimeError) as e:
+        if src.kind == "hub":
+            raise _hub_error(src, e) from None
+        raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {e}"[:300]) from None
+    model.eval()
+    # A GGUF-loaded model is dequantized already; let it be saved as plain safetensors.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        try:
+            del model.config.quantization_config
+        except AttributeError:
+            pass
+    model.is_quantized = False if hasattr(model, "is_quantized") else None
+    return model

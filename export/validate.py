@@ -1,0 +1,62 @@
+"""Validate an exported graph against the torch model through edgespec's own runtime path."""
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.manifest import ModelSpec
+from edgespec.onnx_lm import OnnxLM
+from edgespec.providers import choose
+
+VALIDATION_TEXTS = (
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n",
+    "The quick brown fox jumps over the lazy dog. Then it runs back into the forest, where",
+    "Question: What is the capital of France?\nAnswer: The capital of France is Paris, which",
+)
+
+# Max |logit difference| allowed per precision (None: quantized, judged by top-1 agreement).
+TOLERANCE = {"fp32": 1e-2, "fp16": 0.5}
+MIN_TOP1 = 0.6
+
+
+def torch_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> dict:
+    """Prefill, one-token decode, a 5-token verify with a past, and rewind-then-decode, each
+    against torch's logits for the same positions. Returns the figures; ``passed`` says if they
+    are within the tolerance of the precision."""
+    lm = OnnxLM(spec, min(spec.max_context, 512), choose(["cpu"]))
+    diffs = {"prefill": 0.0, "decode": 0.0, "verify": 0.0, "rewind": 0.0}
+    agree = total = 0
+    for text in VALIDATION_TEXTS:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:48]
+        if len(ids) < 10:
+            ids = (ids * 10)[:12]
+        n = len(ids)
+        ref = torch_logits(model, ids)[:, : spec.vocab_size]
+        lm.reset()
+        got = {
+            "prefill": (lm.forward(ids[: n - 6]), ref[: n - 6]),
+            "decode": (lm.forward(ids[n - 6: n - 5]), ref[n - 6: n - 5]),
+            "verify": (lm.forward(ids[n - 5:]), ref[n - 5:]),
+        }
+        lm.rewind(3)
+        got["rewind"] = (lm.forward(ids[n - 3:]), ref[n - 3:])
+        for phase, (a, b) in got.items():
+            diffs[phase] = max(diffs[phase], float(np.abs(a[:, : b.shape[1]] - b).max()))
+            agree += int((a[:, : b.shape[1]].argmax(-1) == b.argmax(-1)).sum())
+            total += a.shape[0]
+    top1 = agree / total
+    tol = TOLERANCE.get(precision)
+    max_diff = max(diffs.values())
+    passed = (max_diff <= tol and top1 >= 0.99) if tol is not None else top1 >= MIN_TOP1
+    for phase, d in diffs.items():
+        log(f"    {'✓' if (tol is None or d <= tol) else '✗'} {phase:8s} max |Δlogit| = {d:.3g}")
+    log(f"    {'✓' if passed else '✗'} top-1 agreement with torch = {top1:.3f} over {total} positions"
+        + (f" (tolerance {tol})" if tol is not None else f" (needs >= {MIN_TOP1})"))
+    return {"max_abs_logit_diff": {k: round(v, 6) for k, v in diffs.items()}, "top1_agreement": round(top1, 4),
+            "positions": total, "tolerance": tol, "passed": passed}
