@@ -124,8 +124,9 @@ class Decoder:
 
     def __init__(self, target: OnnxLM, eos_token_ids: Sequence[int] = (), *,
                  model_drafter: ModelDrafter | None = None,
-                 prompt_lookup: PromptLookupDrafter | None = None):
+                 prompt_lookup: PromptLookupDrafter | None = None, clock=time.perf_counter):
         self.target = target
+        self.clock = clock  # the cost model's time source (tests pass a simulated clock)
         self.eos = frozenset(int(e) for e in eos_token_ids)
         self.drafters: dict[str, Drafter] = {"prompt-lookup": prompt_lookup or PromptLookupDrafter()}
         if model_drafter is not None:
@@ -208,7 +209,7 @@ class Decoder:
         rng = np.random.default_rng(cfg.seed)
         stop = self.eos | frozenset(cfg.stop_token_ids)
         target = self.target
-        t_start = time.perf_counter()
+        t_start = self.clock()
         st.prompt_tokens = len(prompt)
         before = target.calls
         st.reused_prompt_tokens = min(_common(target.tokens, prompt), len(prompt) - 1)
@@ -217,7 +218,7 @@ class Decoder:
         st.target_s += target.run_seconds - t_run0
         st.target_calls += target.calls - before
         first = int(np.argmax(last)) if sp.greedy else sample(probs(last[None, :], sp)[0], rng)
-        st.prefill_ms = (time.perf_counter() - t_start) * 1000
+        st.prefill_ms = (self.clock() - t_start) * 1000
         st.ttft_ms = st.prefill_ms
         for d in self.drafters.values():
             d.begin(prompt)
@@ -226,22 +227,22 @@ class Decoder:
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
         if reason is None and len(context) >= target.max_context:
             reason = "context"
-        st.total_s = time.perf_counter() - t_start
+        st.total_s = self.clock() - t_start
         yield Step([first], reason)
         idle = 0
         while reason is None:
             remaining = cfg.max_new_tokens - st.new_tokens
             # the target holds context[:-1]; feeding context[-1] and k drafts must fit the window
             kcap = min(remaining - 1, target.max_context - len(context))
-            t0 = time.perf_counter()
+            t0 = self.clock()
             name, draft = self._plan_round(cfg, context, kcap, idle, sp, rng)
-            st.draft_s += time.perf_counter() - t0
+            st.draft_s += self.clock() - t0
             k = len(draft.tokens)
             if name == "model":
-                self.cost.observe_draft(k, time.perf_counter() - t0)
-            t1 = time.perf_counter()
+                self.cost.observe_draft(k, self.clock() - t0)
+            t1 = self.clock()
             logits = target.forward([context[-1]] + draft.tokens)
-            dt = time.perf_counter() - t1
+            dt = self.clock() - t1
             st.target_s += dt
             st.target_calls += 1
             self.cost.observe_target(k + 1, dt)
@@ -276,14 +277,16 @@ class Decoder:
             if len(new) >= remaining:
                 new = new[:remaining]
                 reason = reason or "length"
+            room = target.max_context - len(context)  # the context never grows past the window
+            if len(new) >= room:
+                new = new[:room]
+                reason = reason or "context"
             context.extend(new)
             st.new_tokens += len(new)
-            if reason is None and len(context) >= target.max_context:
-                reason = "context"
-            st.total_s = time.perf_counter() - t_start
+            st.total_s = self.clock() - t_start
             yield Step(new, reason)
         st.finish_reason = reason
-        st.total_s = time.perf_counter() - t_start
+        st.total_s = self.clock() - t_start
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = Path(os.environ.get("EDGESPEC_MODELS", Path.home() / ".cache" / "edgespec" / "models"))
+SMOL_GGUF = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN_T = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_D = MODELS / "qwen2.5-coder-0.5b-instruct.gguf"
+# Bundles made by scripts (README) are reused when present; tests otherwise export their own.
+BUNDLES = Path(os.environ.get("EDGESPEC_BUNDLES", ROOT / "bundles"))
+
+
+def need(path: Path, what: str):
+    if not path.exists():
+        pytest.skip(f"{what} not found at {path}: run `python scripts/fetch_models.py` first")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Tiny random HF models: a qwen2 target, a perturbed drafter, a llama, and a model with another tokenizer."""
+    from tiny import make_model, make_tokenizer
+
+    root = tmp_path_factory.mktemp("hf")
+    tok = make_tokenizer()
+    d = {
+        "qwen2": make_model(root / "qwen2", "qwen2", seed=1, tokenizer=tok),
+        "llama": make_model(root / "llama", "llama", seed=2, tokenizer=tok, layers=3, heads=2, kv_heads=1),
+    }
+    d["drafter"] = make_model(root / "drafter", "qwen2", seed=3, tokenizer=tok, perturb_from=d["qwen2"], noise=0.25)
+    other = make_tokenizer(vocab_size=330, seed_text=["completely different text for another vocabulary"] * 30)
+    d["other"] = make_model(root / "other", "qwen2", seed=4, tokenizer=other)
+    return d
+
+
+def _export(tmp_path_factory, name, target, **kw):
+    from edgespec_export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / name
+    return export_bundle(str(target), out, quality=kw.pop("quality", False), **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, tiny_dirs):
+    """fp32 qwen2 target with the perturbed drafter."""
+    return _export(tmp_path_factory, "tiny-fp32", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                   target_precision="fp32", drafter_precision="fp32", quality=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_bundle(tmp_path_factory, tiny_dirs):
+    return _export(tmp_path_factory, "tiny-llama", tiny_dirs["llama"], target_precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_int4_bundle(tmp_path_factory, tiny_dirs):
+    return _export(tmp_path_factory, "tiny-int4", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                   target_precision="int4", drafter_precision="fp32")
+
+
+def _smol(tmp_path_factory, precision):
+    need(SMOL_GGUF, "SmolLM2-135M")
+    pre = BUNDLES / f"smollm2-{precision}"
+    if (pre / "edgespec.json").is_file():
+        return pre
+    return _export(tmp_path_factory, f"smollm2-{precision}", SMOL_GGUF, target_precision=precision,
+                   max_context=2048)
+
+
+@pytest.fixture(scope="session")
+def smol_fp32(tmp_path_factory):
+    return _smol(tmp_path_factory, "fp32")
+
+
+@pytest.fixture(scope="session")
+def smol_int4(tmp_path_factory):
+    return _smol(tmp_path_factory, "int4")
+
+
+@pytest.fixture
+def copy_bundle(tmp_path):
+    def _copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy

@@ -1,0 +1,243 @@
+"""The speculative loop on scripted fake models: exactness under greedy, distribution under sampling."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from edgespec import verify as verify_mod
+from edgespec.drafters import CostModel, ModelDrafter, PromptLookupDrafter
+from edgespec.engine import Decoder, GenerationConfig
+from edgespec.sampling import SamplingParams, probs
+from tiny import FakeLM, SimClock
+
+
+def run(decoder, prompt, **kw):
+    out, reasons = [], []
+    for step in decoder.generate(prompt, GenerationConfig(**kw)):
+        out.extend(step.tokens)
+        reasons.append(step.finish_reason)
+    return out, reasons[-1]
+
+
+def make(vocab=8, seed=0, drafter_noise=0.5, max_context=512, eos=()):
+    target = FakeLM(vocab, max_context, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    dtable = target.table + drafter_noise * rng.normal(size=target.table.shape)
+    draft_lm = FakeLM(vocab, max_context, table=dtable)
+    return Decoder(target, eos, model_drafter=ModelDrafter(draft_lm, vocab), prompt_lookup=PromptLookupDrafter())
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "auto"])
+@pytest.mark.parametrize("k", [None, 1, 3, 6])
+def test_greedy_speculative_equals_autoregressive(drafter, k):
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, 8, size=int(rng.integers(1, 20))).tolist()
+        max_new = int(rng.integers(1, 60))
+        eos = (int(rng.integers(0, 8)),) if seed % 3 == 0 else ()
+        ref, ref_reason = run(make(seed=seed, eos=eos), prompt, max_new_tokens=max_new, drafter="none")
+        got, reason = run(make(seed=seed, eos=eos), prompt, max_new_tokens=max_new, drafter=drafter, draft_tokens=k)
+        assert got == ref and reason == ref_reason, (seed, drafter, k)
+        assert len(got) <= max_new
+
+
+def test_eos_and_max_tokens_inside_a_draft():
+    # the target repeats a cycle; prompt lookup drafts long spans that run past eos and max tokens
+    hits = {"eos": 0, "length": 0}
+    for seed in range(30):
+        d = make(seed=seed, eos=(3,))
+        ref, rr = run(make(seed=seed, eos=(3,)), [1, 2], max_new_tokens=25, drafter="none")
+        got, r = run(d, [1, 2], max_new_tokens=25, drafter="prompt-lookup", draft_tokens=8)
+        assert (got, r) == (ref, rr)
+        hits[r] += 1
+        st = d.last_stats
+        assert st.new_tokens == len(got)
+    assert hits["eos"] and hits["length"]
+
+
+def test_context_limit_inside_a_draft():
+    for seed in range(10):
+        prompt = [1, 2, 3, 4, 5]
+        ref, rr = run(make(seed=seed, max_context=40), prompt, max_new_tokens=100, drafter="none")
+        got, r = run(make(seed=seed, max_context=40), prompt, max_new_tokens=100, drafter="model", draft_tokens=7)
+        assert (got, r) == (ref, rr)
+        if rr == "context":
+            assert len(prompt) + len(got) == 40
+
+
+def test_both_caches_end_at_accepted_length():
+    d = make(seed=5)
+    out, _ = run(d, [1, 2, 3], max_new_tokens=30, drafter="model", draft_tokens=4)
+    context = [1, 2, 3] + out
+    assert d.target.tokens == context[:-1]
+    drafter_tokens = d.drafters["model"].lm.tokens
+    common = next((i for i, (a, b) in enumerate(zip(drafter_tokens, context)) if a != b), len(drafter_tokens))
+    assert common >= len(context) - 6  # at most one draft's worth of stale positions, rolled back on next sync
+
+
+def test_stats_are_consistent():
+    d = make(seed=2)
+    out, _ = run(d, [1, 2, 3], max_new_tokens=50, drafter="model", draft_tokens=3)
+    st = d.last_stats
+    assert st.new_tokens == len(out)
+    assert st.accepted == sum(st.accepted_by_position) and st.drafted == sum(st.drafted_by_position)
+    assert 0 <= st.acceptance_rate <= 1 and st.tokens_per_target_call >= 1
+    assert st.target_calls == 1 + (st.new_tokens - 1 - st.accepted)  # prefill + one call per emitted-token round
+    assert st.to_dict()["acceptance_by_position"][0] is not None
+
+
+# -- verification rules ---------------------------------------------------------------------
+
+def test_greedy_accept_rule():
+    logits = np.eye(5)[[1, 2, 3, 4]]  # argmaxes 1,2,3,4
+    assert verify_mod.greedy_accept([1, 2, 0], logits) == (2, 3)
+    assert verify_mod.greedy_accept([1, 2, 3], logits) == (3, 4)
+    assert verify_mod.greedy_accept([], logits[:1]) == (0, 1)
+
+
+def _exact_sequence_probs(target: FakeLM, prompt, n, sp):
+    v = target.vocab
+    out = {}
+    for seq in itertools.product(range(v), repeat=n):
+        p, ctx = 1.0, list(prompt)
+        for t in seq:
+            p *= probs(target.logits_for(ctx)[None], sp)[0][t]
+            ctx.append(t)
+        out[seq] = p
+    return out
+
+
+def _chi2(counts: dict, exact: dict, n: int) -> tuple[float, int]:
+    stat, cells, other_o, other_e = 0.0, 0, 0, 0.0
+    for seq, p in exact.items():
+        e = p * n
+        if e < 5:  # pool rare cells
+            other_o += counts.get(seq, 0)
+            other_e += e
+            continue
+        stat += (counts.get(seq, 0) - e) ** 2 / e
+        cells += 1
+    if other_e >= 5:
+        stat += (other_o - other_e) ** 2 / other_e
+        cells += 1
+    return stat, cells - 1
+
+
+# 99.99th percentile of chi-square with df degrees of freedom (Wilson-Hilferty), no scipy needed.
+def _chi2_crit(df: int, z: float = 3.719) -> float:
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k):
+    counts: dict = {}
+    dec = decoder_factory()
+    for i in range(runs):
+        out, _ = run(dec, prompt, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
+                     top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k)
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("drafter, sp", [
+    ("model", SamplingParams(1.0)),
+    ("model", SamplingParams(0.7, top_k=3)),
+    ("model", SamplingParams(1.3, top_p=0.8)),
+    ("prompt-lookup", SamplingParams(1.0)),
+])
+def test_sampled_speculative_follows_target_distribution(drafter, sp):
+    vocab, n_tokens, runs = 4, 3, 6000
+    prompt = [1, 2, 1, 2, 1]  # prompt lookup finds drafts here
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+
+    def factory():
+        target = FakeLM(vocab, seed=7, sharpness=1.0)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
+        return Decoder(target, (), model_drafter=ModelDrafter(dl, vocab), prompt_lookup=PromptLookupDrafter())
+
+    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, drafter, 2)
+    stat, df = _chi2(counts, exact, runs)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+def test_statistical_test_catches_missing_residual(monkeypatch):
+    """Plant the classic bug (resample from p instead of max(p - q, 0)): the same test must fail."""
+    vocab, n_tokens, runs = 4, 3, 6000
+    sp = SamplingParams(1.0)
+    prompt = [1, 2, 1, 2, 1]
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+    real = verify_mod.rejection_sample
+
+    def buggy(draft, draft_probs, target_logits, sp_, rng, target_probs=None):
+        n, tok = real(draft, draft_probs, target_logits, sp_, rng, target_probs)
+        if n < len(draft):
+            tok = int(rng.choice(len(target_logits[n]), p=probs(target_logits[n][None], sp_)[0]))
+        return n, tok
+
+    monkeypatch.setattr("edgespec.engine.rejection_sample", buggy)
+
+    def factory():
+        target = FakeLM(vocab, seed=7, sharpness=1.0)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
+        return Decoder(target, (), model_drafter=ModelDrafter(dl, vocab))
+
+    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, "model", 2)
+    stat, df = _chi2(counts, exact, runs)
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+def test_sampling_transform_top_k_top_p():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    p = probs(logits, SamplingParams(1.0, top_k=2))[0]
+    np.testing.assert_allclose(p, [0.625, 0.375, 0, 0])
+    p = probs(logits, SamplingParams(1.0, top_p=0.7))[0]
+    np.testing.assert_allclose(p, [0.625, 0.375, 0, 0])
+    p = probs(logits, SamplingParams(1.0, top_p=0.81))[0]
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+# -- drafters and cost model ----------------------------------------------------------------
+
+def test_prompt_lookup_finds_latest_match():
+    pl = PromptLookupDrafter(min_ngram=1, max_ngram=3)
+    ctx = [5, 6, 7, 8, 9, 1, 5, 6, 7, 2, 3, 5, 6, 7]
+    assert pl.lookup(ctx, 3) == [2, 3, 5]  # latest earlier "5 6 7" is followed by 2 3 5
+    assert pl.lookup([1, 2, 3, 4], 3) == []
+    assert pl.lookup([4, 4], 5) == [4]
+
+
+def test_cost_model_prefers_no_draft_when_acceptance_is_low():
+    cm = CostModel()
+    for w, t in ((1, 0.055), (2, 0.062), (3, 0.076), (5, 0.1), (9, 0.156)):
+        cm.observe_target(w, t)
+    cm.observe_draft(1, 0.39 * 0.055)
+    assert cm.best_k(0.1, 8, draft_cost=True)[0] == 0
+    k, rate = cm.best_k(0.9, 8, draft_cost=True)
+    assert k >= 2 and rate > 1.15 / 0.055  # (1-a^3)/(1-a) = 2.71 tokens for 0.076 + 2 x 0.021 s
+    assert cm.best_k(0.5, 8, draft_cost=False)[0] >= 1  # free drafting pays earlier
+
+
+def test_auto_drops_a_drafter_that_never_agrees():
+    # the model drafter always disagrees; the target cycles, so prompt lookup pays: auto picks it
+    target = FakeLM(8, seed=1)
+    bad = FakeLM(8, table=-target.table)
+    d = Decoder(target, (), model_drafter=ModelDrafter(bad, 8))
+    for w, t in ((1, 1.0), (2, 1.12), (3, 1.39)):
+        d.cost.observe_target(w, t)
+    run(d, [1, 2, 3], max_new_tokens=120, drafter="auto")
+    st = d.last_stats
+    assert st.rounds_by_drafter.get("model", 0) <= 5
+    assert st.rounds_by_drafter.get("prompt-lookup", 0) > 0.5 * st.rounds
+
+
+def test_adaptive_model_drafter_stops_drafting_when_it_does_not_pay():
+    # target: 4 ms a call + 0.5 ms a token; drafter step 40% of a target call; acceptance 0
+    clock = SimClock()
+    target = FakeLM(8, seed=1, order=3, delay=(0.004, 0.0005), clock=clock)
+    bad = FakeLM(8, table=-target.table, order=3, delay=(0.0018, 0.0), clock=clock)
+    d = Decoder(target, (), model_drafter=ModelDrafter(bad, 8), clock=clock)
+    run(d, [1, 2, 3], max_new_tokens=120, drafter="model")
+    st = d.last_stats
+    # k = 0 rounds, with a one-token probe every 16 idle rounds to keep the estimate alive
+    assert st.rounds_by_drafter.get("none", 0) > 0.75 * (st.target_calls - 1)

@@ -1,0 +1,116 @@
+"""Every bad input gives a typed error in the library and a one-line message + non-zero exit in the CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import edgespec
+from edgespec.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_line_error(r, code=None):
+    assert r.exit_code != 0
+    if code is not None:
+        assert r.exit_code == code, r.output
+    lines = [l for l in r.output.strip().splitlines() if l]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def test_missing_bundle(tmp_path):
+    with pytest.raises(edgespec.BundleError, match="no such bundle"):
+        edgespec.load(tmp_path / "nope")
+    msg = one_line_error(run("generate", tmp_path / "nope", "-p", "hi"), 2)
+    assert "no such bundle" in msg
+
+
+def test_directory_that_is_no_bundle(tmp_path):
+    with pytest.raises(edgespec.BundleError, match="not an edgespec bundle"):
+        edgespec.load(tmp_path)
+    one_line_error(run("info", tmp_path), 2)
+
+
+def test_corrupt_manifest(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    (b / "edgespec.json").write_text("{ not json")
+    with pytest.raises(edgespec.ManifestError, match="corrupt"):
+        edgespec.load(b)
+    assert "corrupt" in one_line_error(run("info", b), 2)
+
+
+def test_manifest_with_wrong_schema(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    del m["models"]["target"]["num_layers"]
+    (b / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(edgespec.ManifestError, match="num_layers"):
+        edgespec.load(b)
+
+
+def test_missing_model_file(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    (b / "target" / "model.onnx.data").unlink()
+    with pytest.raises(edgespec.BundleError, match="missing file target/model.onnx.data"):
+        edgespec.load(b)
+    one_line_error(run("generate", b, "-p", "hi"), 2)
+
+
+def test_tampered_model_file(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    p = b / "target" / "model.onnx"
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0xFF
+    p.write_bytes(bytes(data))
+    with pytest.raises(edgespec.BundleError, match="sha256"):
+        edgespec.load(b)
+
+
+def test_external_data_outside_bundle(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    m["models"]["target"]["path"] = "../elsewhere/model.onnx"
+    (b / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(edgespec.BundleError, match="outside the bundle"):
+        edgespec.load(b)
+
+
+def test_mismatched_tokenizers_in_manifest(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    m["models"]["drafter"]["tokenizer_sha256"] = "0" * 64
+    (b / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(edgespec.TokenizerMismatchError):
+        edgespec.load(b)
+    assert "tokenizers differ" in one_line_error(run("info", b), 2)
+
+
+def test_prompt_longer_than_context(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, max_context=32)
+    with pytest.raises(edgespec.ContextOverflowError, match="context holds 32"):
+        eng.generate("hello world " * 40)
+    msg = one_line_error(run("generate", tiny_bundle, "-p", "hello world " * 40, "--max-context", "32"), 3)
+    assert "context" in msg
+
+
+def test_bad_generation_options(tiny_bundle):
+    eng = edgespec.load(tiny_bundle)
+    with pytest.raises(edgespec.ConfigError):
+        eng.generate("hi", top_p=0)
+    with pytest.raises(edgespec.ConfigError):
+        eng.generate("hi", temperature=-1)
+    with pytest.raises(edgespec.ConfigError, match="unknown generation option"):
+        eng.generate("hi", tempreature=1)
+    one_line_error(run("generate", tiny_bundle, "-p", "hi", "--top-p", "1.5"), 2)
+
+
+def test_model_drafter_without_drafter(tiny_llama_bundle):
+    eng = edgespec.load(tiny_llama_bundle)
+    with pytest.raises(edgespec.ConfigError, match="no drafter model"):
+        eng.generate("hi", drafter="model", max_new_tokens=4)

@@ -1,0 +1,155 @@
+"""OnnxLM against torch, rewind, greedy generation against transformers, torch-free runtime."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.manifest import load_manifest
+from edgespec.onnx_lm import OnnxLM
+from edgespec.providers import choose
+
+FP32_TOL = 1e-4  # max |logit difference| ONNX vs torch for fp32 graphs
+
+
+def _torch_model(hf_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+
+def _ref_logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("which", ["qwen2", "llama"])
+def test_logits_match_torch_prefill_decode_verify(which, tiny_dirs, tiny_bundle, tiny_llama_bundle):
+    bundle = tiny_bundle if which == "qwen2" else tiny_llama_bundle
+    m = load_manifest(bundle)
+    lm = OnnxLM(m.target, 128, choose(["cpu"]))
+    model = _torch_model(tiny_dirs[which])
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, m.target.vocab_size, size=30).tolist()
+    ref = _ref_logits(model, ids)
+    pre = lm.forward(ids[:20])
+    dec = lm.forward(ids[20:21])
+    ver = lm.forward(ids[21:26])
+    assert np.abs(pre - ref[:20]).max() < FP32_TOL
+    assert np.abs(dec - ref[20:21]).max() < FP32_TOL
+    assert np.abs(ver - ref[21:26]).max() < FP32_TOL
+    assert lm.length == 26
+
+
+def test_rewind_then_decode_equals_decoding_without_rejected(tiny_bundle):
+    m = load_manifest(tiny_bundle)
+    a = OnnxLM(m.target, 64, choose(["cpu"]))
+    b = OnnxLM(m.target, 64, choose(["cpu"]))
+    prefix, rejected, good = [5, 9, 17, 33, 40], [7, 8, 9, 10], [11, 12]
+    a.forward(prefix)
+    a.forward(rejected)
+    a.rewind(len(rejected))
+    out_a = a.forward(good)
+    b.forward(prefix)
+    out_b = b.forward(good)
+    np.testing.assert_allclose(out_a, out_b, atol=1e-5)
+    assert a.tokens == b.tokens == prefix + good
+
+
+def test_sync_reuses_common_prefix(tiny_bundle):
+    m = load_manifest(tiny_bundle)
+    lm = OnnxLM(m.target, 64, choose(["cpu"]))
+    lm.sync([5, 6, 7, 8])
+    calls = lm.calls
+    last = lm.sync([5, 6, 7, 8, 9])
+    assert lm.calls == calls + 1 and lm.tokens == [5, 6, 7, 8, 9]
+    fresh = OnnxLM(m.target, 64, choose(["cpu"]))
+    np.testing.assert_allclose(last, fresh.sync([5, 6, 7, 8, 9]), atol=1e-5)
+
+
+def test_forward_past_context_is_typed_error(tiny_bundle):
+    m = load_manifest(tiny_bundle)
+    lm = OnnxLM(m.target, 16, choose(["cpu"]))
+    lm.forward(list(range(3, 15)))
+    with pytest.raises(edgespec.ContextOverflowError):
+        lm.forward([3, 4, 5, 6, 7])
+
+
+def _hf_greedy(model, ids, n, eos):
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                             pad_token_id=eos, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("which", ["qwen2", "llama"])
+def test_greedy_generate_equals_transformers(which, tiny_dirs, tiny_bundle, tiny_llama_bundle):
+    bundle = tiny_bundle if which == "qwen2" else tiny_llama_bundle
+    eng = edgespec.load(bundle, max_context=256)
+    model = _torch_model(tiny_dirs[which])
+    rng = np.random.default_rng(1)
+    for trial in range(4):
+        ids = rng.integers(3, eng.manifest.target.vocab_size, size=int(rng.integers(3, 12))).tolist()
+        ref = _hf_greedy(model, ids, 40, eng.manifest.eos_token_ids[0])
+        got = []
+        for step in eng.decoder.generate(ids, eng.config(max_new_tokens=40, drafter="none")):
+            got.extend(step.tokens)
+        assert got == ref, f"trial {trial}"
+
+
+@pytest.mark.real
+def test_smollm2_greedy_equals_transformers(smol_fp32, tmp_path):
+    from conftest import SMOL_GGUF
+    from edgespec_export.source import load_model, resolve
+
+    eng = edgespec.load(smol_fp32, max_context=512)
+    model = load_model(resolve(str(SMOL_GGUF)))
+    for prompt in ("The capital of France is", "def add(a, b):"):
+        ids = eng.tokenizer.encode(prompt)
+        ref = _hf_greedy(model, ids, 32, eng.manifest.eos_token_ids[0])
+        r = eng.generate(prompt, max_new_tokens=32, drafter="none")
+        assert r.token_ids == ref[: len(r.token_ids)] and len(r.token_ids) == len(ref)
+
+
+def test_runtime_never_imports_torch(tiny_bundle):
+    code = (f"import sys, edgespec; e = edgespec.load({str(tiny_bundle)!r}); "
+            "e.generate('hello', max_new_tokens=5); "
+            "bad = [m for m in ('torch', 'transformers', 'edgespec_export') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import edgespec, sys; sys.exit('onnxruntime' in sys.modules)"])
+    assert r.returncode == 0, "import edgespec should stay light (onnxruntime loads lazily)"
+
+
+def test_stream_decoder_holds_split_multibyte(tiny_bundle):
+    eng = edgespec.load(tiny_bundle)
+    tok = eng.tokenizer
+    text = "naïve café → ok"
+    ids = tok.encode(text)
+    dec = tok.stream_decoder()
+    parts = [dec.push([i]) for i in ids] + [dec.flush()]
+    assert "".join(parts) == tok.decode(ids)
+    assert all("\ufffd" not in p for p in parts)
+
+
+def test_generate_json_cli(tiny_bundle):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", "def hello", "--max-new-tokens", "12", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert set(out) >= {"text", "token_ids", "stats"}
+    assert {"new_tokens", "tokens_per_second", "prefill_ms", "acceptance_rate"} <= set(out["stats"])
+    assert out["stats"]["new_tokens"] == len(out["token_ids"]) <= 12

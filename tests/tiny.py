@@ -1,0 +1,135 @@
+"""Tiny random Hugging Face models built from configs, and a scripted fake LM for engine tests."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CORPUS = [
+    "def hello(world):\n    return world + 1\n",
+    "The quick brown fox jumps over the lazy dog. The dog sleeps.",
+    "Question: what is two plus two? Answer: four. Question: and three plus three? Answer: six.",
+    "import numpy as np\nx = np.zeros(3)\nprint(x)\n",
+] * 20
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def make_tokenizer(vocab_size: int = 400, seed_text: list[str] | None = None):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(seed_text or CORPUS, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                 pad_token="<|endoftext|>")
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: int = 2, hidden: int = 64,
+               heads: int = 4, kv_heads: int = 2, max_pos: int = 256, tokenizer=None, perturb_from: Path | None = None,
+               noise: float = 0.0) -> Path:
+    """Save a tiny random model (and tokenizer) to ``directory``. With ``perturb_from``, copy that
+    model's weights and add Gaussian noise: a drafter that mostly agrees with its target."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    tokenizer = tokenizer or make_tokenizer()
+    vocab = len(tokenizer)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    cfg = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
+    torch.manual_seed(seed)
+    if perturb_from is not None:
+        model = AutoModelForCausalLM.from_pretrained(perturb_from, dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(noise * torch.randn_like(p) * p.std().clamp_min(1e-3))
+    else:
+        model = AutoModelForCausalLM.from_config(cfg)
+        with torch.no_grad():  # sharper distributions than the default init: repetition and clear argmaxes
+            model.lm_head.weight.mul_(8.0)
+    model.eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return Path(directory)
+
+
+class SimClock:
+    """A simulated clock for policy tests: only the fake models' simulated costs advance it."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeSpec:
+    def __init__(self, vocab: int, max_context: int):
+        self.vocab_size = vocab
+        self.max_context = max_context
+        self.role = "fake"
+
+
+class FakeLM:
+    """A scripted LM with OnnxLM's interface: logits are a fixed function of the context
+    (a hash of the last ``order`` tokens), so results are exact and cheap."""
+
+    def __init__(self, vocab: int = 6, max_context: int = 512, seed: int = 0, order: int = 2, sharpness: float = 2.0,
+                 table: np.ndarray | None = None, delay: tuple[float, float] = (0.0, 0.0), clock=None):
+        self.spec = FakeSpec(vocab, max_context)
+        self.max_context = max_context
+        self.vocab = vocab
+        self.order = order
+        rng = np.random.default_rng(seed)
+        self.table = table if table is not None else rng.normal(0, sharpness, size=(vocab ** order, vocab))
+        self.delay = delay  # simulated seconds per call and per token, added to ``clock``
+        self.clock = clock
+        self.tokens: list[int] = []
+        self.calls = 0
+        self.run_seconds = 0.0
+
+    @property
+    def length(self):
+        return len(self.tokens)
+
+    def logits_for(self, context) -> np.ndarray:
+        key = 0
+        for t in context[-self.order:]:
+            key = key * self.vocab + int(t)
+        return self.table[key % self.table.shape[0]].astype(np.float32)
+
+    def forward(self, ids):
+        from edgespec.errors import ContextOverflowError
+
+        if len(self.tokens) + len(ids) > self.max_context:
+            raise ContextOverflowError("fake context overflow")
+        if self.clock is not None:
+            self.clock.t += self.delay[0] + self.delay[1] * len(ids)
+        out = []
+        for t in ids:
+            self.tokens.append(int(t))
+            out.append(self.logits_for(self.tokens))
+        self.calls += 1
+        return np.stack(out)
+
+    def rewind(self, n):
+        if n:
+            del self.tokens[len(self.tokens) - n:]
+
+    def reset(self):
+        self.tokens.clear()
+
+    def sync(self, ids):
+        from edgespec.onnx_lm import _common_prefix
+
+        c = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        self.rewind(len(self.tokens) - c)
+        return self.forward(ids[c:])[-1]
