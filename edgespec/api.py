@@ -21,10 +21,10 @@ from typing import Iterator, Sequence
 
 from .drafters import ModelDrafter, PromptLookupDrafter
 from .engine import Decoder, GenerationConfig, Stats
-from .errors import ConfigError, ContextOverflowError
+from .errors import ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
-from .providers import choose
+from .providers import choose, with_load_options
 from .tokenizer import Tokenizer
 
 _GEN_KEYS = {f for f in GenerationConfig.__dataclass_fields__}
@@ -50,15 +50,23 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
 
     manifest = load_manifest(bundle, deep=verify)
     prof = resolve_profile(profile)
-    the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter)
     requested = [provider] if provider else list(prof.providers)
+    the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested)
     choice = choose(requested, prof.provider_options, explicit=bool(provider))
+
+    def options_for(role: str):
+        # a session's CUDA arena may grow to what the plan leaves after the KV caches, the runtime
+        # and the other model's weights; TensorRT caches its engines beside the bundle
+        others = sum(v for k, v in the_plan.weights.items() if k != role)
+        room = the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - others
+        return with_load_options(choice, bundle_root=manifest.root, gpu_mem_limit=room)
+
     n_threads = threads if threads is not None else prof.threads
-    target = OnnxLM(manifest.target, the_plan.context, choice, threads=n_threads,
+    target = OnnxLM(manifest.target, the_plan.context, options_for("target"), threads=n_threads,
                     prefill_chunk=the_plan.prefill_chunk)
     drafter = None
     if the_plan.drafter == "model" and manifest.drafter is not None:
-        dlm = OnnxLM(manifest.drafter, the_plan.context, choice, threads=n_threads,
+        dlm = OnnxLM(manifest.drafter, the_plan.context, options_for("drafter"), threads=n_threads,
                      prefill_chunk=the_plan.prefill_chunk)
         drafter = ModelDrafter(dlm, manifest.target.vocab_size)
     decoder = Decoder(target, manifest.eos_token_ids, model_drafter=drafter,
@@ -85,6 +93,14 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.decoder.target.max_context
+
+    def reset(self) -> None:
+        """Forget the cached conversation (the next prompt is prefilled from scratch)."""
+        with self._lock:
+            self.decoder.target.reset()
+            drafter = self.decoder.drafters.get("model")
+            if drafter is not None:
+                drafter.lm.reset()
 
     @property
     def last_stats(self) -> Stats | None:
@@ -200,27 +216,43 @@ class ChatSession:
             del self.messages[first: first + 2]  # the oldest user/assistant pair
             self.dropped += 1
 
-    def stream(self, text: str, stop: Sequence[str] = (), **kw) -> Iterator[str]:
+    def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[tuple[str, list[int], Stats]]:
+        """One exchange: add the user's message, yield (delta, token ids, stats), record the reply."""
         self.messages.append({"role": "user", "content": text})
         try:
             ids = self._fit(kw.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
-        except ContextOverflowError:
+        except BaseException:  # ContextOverflowError, or Ctrl-C while encoding: the turn never happened
             self.messages.pop()
             raise
-        reply = []
+        reply: list[str] = []
+        failed = False
         try:
-            for delta, _, _ in self.engine.stream_ids(ids, stop=stop, **kw):
+            for delta, toks, st in self.engine.stream_ids(ids, stop=stop, **kw):
                 reply.append(delta)
+                yield delta, toks, st
+        except EdgespecError:
+            failed = True
+            raise
+        finally:
+            if failed:
+                self.messages.pop()  # a turn that failed leaves no trace in the history
+            else:
+                # a finished or interrupted reply is kept as far as it got, so the history stays coherent
+                self.messages.append({"role": "assistant", "content": "".join(reply)})
+
+    def stream(self, text: str, stop: Sequence[str] = (), **kw) -> Iterator[str]:
+        """Send ``text`` and yield the reply's text deltas. Closing the generator early keeps the
+        partial reply in the history and leaves the engine ready for the next turn."""
+        turn = self._turn(text, stop, kw)
+        try:
+            for delta, _, _ in turn:
                 if delta:
                     yield delta
         finally:
-            # an interrupted reply is kept as far as it got, so the history stays coherent
-            self.messages.append({"role": "assistant", "content": "".join(reply)})
+            turn.close()
 
     def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
-        parts = list(self.stream(text, stop=stop, **kw))
-        st = self.engine.last_stats
-        return Result("".join(parts), [], st.to_dict() if st else {}, st.finish_reason if st else None)
+        return self.engine._collect(self._turn(text, stop, kw))
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

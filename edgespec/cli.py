@@ -118,6 +118,123 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
                    f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]", err=True)
 
 
+# -- chat -----------------------------------------------------------------------------------
+@main.command()
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.option("--system", default=None, help="System prompt.")
+@click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--top-k", type=int, default=0)
+@click.option("--top-p", type=float, default=1.0)
+@click.option("--seed", type=int, default=None)
+@click.option("--drafter", type=click.Choice(["model", "prompt-lookup", "auto", "none"]), default=None,
+              help="Drafting policy (default: the profile's, auto).")
+@click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive).")
+@click.option("--max-context", type=int, default=None)
+@click.option("--threads", type=int, default=None)
+@_profile_opt
+@_provider_opt
+@click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
+@click.pass_context
+def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, drafter, draft_tokens, max_context,
+         threads, profile, provider, show_stats):
+    """Chat with the model in BUNDLE (its chat template; /help lists the commands, Ctrl-D leaves).
+
+    Replies stream as they are decoded; Ctrl-C stops a reply and keeps the conversation. The
+    conversation's KV cache is reused between turns. Piped input is read line by line.
+    """
+    from .chat import run_chat
+
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup"))
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   drafter=drafter, draft_tokens=draft_tokens)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?'
+    ctx.exit(run_chat(eng, system=system, options=options, show_stats=show_stats))
+
+
+# -- profiles and plan ----------------------------------------------------------------------
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for r in [header, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def profiles(as_json):
+    """List the memory profiles: budget, providers, context and drafting policy."""
+    from .profiles import list_profiles
+
+    profs = list_profiles()
+    if as_json:
+        click.echo(json.dumps([{"name": p.name, "memory_budget_mb": p.memory_budget_mb, "providers": list(p.providers),
+                                "max_context": p.max_context, "drafter": p.drafter, "description": p.description,
+                                "source": p.source} for p in profs], indent=1, ensure_ascii=False))
+        return
+    _table(("name", "budget", "providers", "max context", "drafter", "description"),
+           [(p.name, f"{p.memory_budget_mb} MiB" if p.memory_budget_mb else "3/4 of RAM", ",".join(p.providers),
+             str(p.max_context), p.drafter, p.description) for p in profs])
+    click.echo("without --profile: this machine, CPU, 3/4 of its RAM. Budgets are estimates: "
+               "check one with 'edgespec plan BUNDLE --profile NAME --measure'.", err=True)
+
+
+@main.command("plan")
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@_profile_opt
+@click.option("--max-context", type=int, default=None, help="Context to plan for (default: the profile's).")
+@_provider_opt
+@click.option("--no-drafter", is_flag=True, help="Plan without the drafter model.")
+@click.option("--measure", is_flag=True,
+              help="Also load the engine, prefill ~200 tokens, decode 32 and print the measured peak memory.")
+@click.option("--json", "as_json", is_flag=True)
+def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, as_json):
+    """Show how a profile's memory budget is spent on BUNDLE, or why it does not fit."""
+    from .manifest import load_manifest
+    from .profiles import plan, resolve_profile
+
+    prof = resolve_profile(profile)
+    m = load_manifest(bundle)
+    p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=[provider] if provider else None)
+    samples = None
+    if measure:
+        from .measure import measure as measure_engine
+
+        click.echo("measuring: loading, prefilling ~200 tokens, decoding 32 ...", err=True)
+        _, samples = measure_engine(bundle, profile=prof, provider=provider, max_context=max_context,
+                                    use_drafter=not no_drafter)
+    if as_json:
+        out = {"bundle": str(m.root), "profile": prof.name, "plan": p.to_dict()}
+        if samples is not None:
+            out["measured"] = [s.to_dict() for s in samples]
+        click.echo(json.dumps(out, indent=1))
+        return
+    click.echo(f"plan for {m.root} with profile {prof.name} (budget {p.budget / MiB:.0f} MiB)")
+    for label, n in p.rows():
+        click.echo(f"  {label:<52} {n / MiB:>9.1f} MiB")
+    click.echo(f"  {'total':<52} {p.total / MiB:>9.1f} MiB  of {p.budget / MiB:.0f} MiB "
+               f"({100 * p.total / p.budget:.0f}%)")
+    loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
+    click.echo(f"context {p.context} tokens; drafter model {loaded}; default drafting {p.default_drafter}; "
+               f"prefill chunk {p.prefill_chunk} tokens")
+    click.echo("cut: " + ("; ".join(p.cuts) if p.cuts else "nothing"))
+    for w in p.warnings:
+        click.echo(f"warning: {w}")
+    if samples:
+        def mib(x):
+            return f"{x / MiB:.1f} MiB" if x is not None else "-"
+
+        click.echo("measured (this process; peak figures are high-water marks):")
+        _table(("  stage", "peak RSS", "VmHWM", "RSS now", "GPU"),
+               [(f"  {s.stage}", mib(s.peak_rss), mib(s.vm_hwm), mib(s.rss),
+                 mib(s.gpu) + (f" ({s.gpu_scope})" if s.gpu_scope else "")) for s in samples])
+        peak = max(s.vm_hwm or s.peak_rss for s in samples)
+        click.echo(f"planned total {p.total / MiB:.1f} MiB; measured peak resident {peak / MiB:.1f} MiB "
+                   f"({100 * peak / p.total:.0f}% of the plan)")
+        if any(s.gpu is not None for s in samples):
+            click.echo("note: on a discrete GPU the weights and KV caches sit in GPU memory, not in the resident set")
+
+
 # -- info -----------------------------------------------------------------------------------
 @main.command()
 @click.argument("bundle", type=click.Path())
@@ -153,6 +270,42 @@ def info(bundle, verify, as_json):
                        f"greedy match {q['greedy_match_tokens']}/{q['greedy_match_of']}")
         if "greedy_agreement_with_target" in q:
             click.echo(f"    predicted greedy acceptance (agreement with target): {q['greedy_agreement_with_target']}")
+
+
+# -- bench ----------------------------------------------------------------------------------
+@main.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--prompts", "prompts_file", type=click.Path(), default=None,
+              help="Spec-Bench question.jsonl (question_id, category, turns); default: the shipped set.")
+@click.option("--drafters", default="model,prompt-lookup,auto,none", show_default=True,
+              help="Comma-separated drafters to compare (none is always run as the baseline).")
+@click.option("--categories", default=None, help="Comma-separated categories to keep.")
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--draft-tokens", type=int, default=None, help="Fixed k (default adaptive).")
+@click.option("--max-context", type=int, default=None)
+@click.option("--threads", type=int, default=None)
+@_profile_opt
+@_provider_opt
+@click.option("--out", "out_dir", type=click.Path(), default="reports/bench", show_default=True)
+@click.option("--no-plots", is_flag=True)
+def bench(bundle, prompts_file, drafters, categories, limit, max_new_tokens, draft_tokens, max_context, threads,
+          profile, provider, out_dir, no_plots):
+    """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
+    from .bench import read_prompts, run_bench, write_report
+
+    names = [d.strip() for d in drafters.split(",") if d.strip()]
+    prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None)
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter="model" in names or "auto" in names)
+    if "model" in names and eng.decoder.drafters.get("model") is None:
+        click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
+        names = [n for n in names if n != "model"]
+    click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
+               f"{max_new_tokens} new tokens each", err=True)
+    rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
+    files = write_report(rep, out_dir, plots=not no_plots)
+    click.echo(rep.markdown())
+    click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,12 @@ class Decoder:
                 best_name, best_k, best_rate = name, k, r
         if best_k == 0 and fixed is None and idle >= self._probe_every and "model" in want:
             best_name, best_k = "model", 1  # probe: keep the acceptance estimate alive
+        if best_k == 0 and getattr(self.target, "min_width", 1) > 1:
+            # the target computes at least two positions per call anyway (exactness policy):
+            # fill the second with a free prompt-lookup guess instead of padding
+            lookup_tokens = lookup_tokens or self.drafters["prompt-lookup"].lookup(context, 1)
+            if lookup_tokens:
+                best_name, best_k = "prompt-lookup", 1
         if best_k == 0:
             return "none", Draft([])
         if best_name == "prompt-lookup":

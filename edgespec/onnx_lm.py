@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, EdgespecError
+from .errors import ContextOverflowError, EdgespecError, ProviderError
 from .manifest import ModelSpec
-from .providers import ProviderChoice
+from .providers import GPU_PROVIDERS, ProviderChoice, log
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -28,7 +28,8 @@ class OnnxLM:
     """
 
     def __init__(self, spec: ModelSpec, max_context: int, providers: ProviderChoice, *,
-                 threads: int = 0, prefill_chunk: int = 256, session_options: dict | None = None):
+                 threads: int = 0, prefill_chunk: int = 256, session_options: dict | None = None,
+                 min_width: int | None = None):
         import onnxruntime as ort
 
         if max_context > spec.max_context:
@@ -36,6 +37,11 @@ class OnnxLM:
                 f"{spec.role}: a context of {max_context} exceeds the exported maximum {spec.max_context}")
         self.spec = spec
         self.max_context = int(max_context)
+        # Exactness policy (see README, "Exactness"): where a kernel computes a 1-token call with
+        # other arithmetic than a wider call (onnxruntime's CPU MatMulNBits at accuracy level 4),
+        # every call carries at least ``min_width`` tokens, padding a 1-token call and rolling the
+        # pad back. Every position is then computed the same way whatever the draft length.
+        self.min_width = min_width if min_width is not None else width_policy(spec, providers)
         self.prefill_chunk = max(1, int(prefill_chunk))
         so = ort.SessionOptions()
         if threads:
@@ -49,7 +55,7 @@ class OnnxLM:
             self.session = ort.InferenceSession(str(spec.path), so, providers=prov_names, provider_options=prov_opts)
         except Exception as e:  # onnxruntime raises its own untyped exceptions
             raise EdgespecError(f"cannot open {spec.role} model {spec.path.name}: {str(e).splitlines()[0]}") from None
-        self.device = providers.device
+        self.device = _check_running(self.session.get_providers(), providers, spec.role)
         inputs = {i.name for i in self.session.get_inputs()}
         io = spec.io
         self._has_pos = bool(io.position_ids) and io.position_ids in inputs
@@ -104,6 +110,17 @@ class OnnxLM:
         if past + n > self.max_context:
             raise ContextOverflowError(
                 f"{self.spec.role}: {past} + {n} tokens exceed the context of {self.max_context}")
+        pad = self.min_width - n if n < self.min_width and past + self.min_width <= self.max_context else 0
+        if pad:
+            logits = self._run(list(ids) + [int(ids[-1])] * pad, past)[:n]
+            self.tokens.extend(int(t) for t in ids)
+            return logits
+        logits = self._run(ids, past)
+        self.tokens.extend(int(t) for t in ids)
+        return logits
+
+    def _run(self, ids: Sequence[int], past: int) -> np.ndarray:
+        n = len(ids)
         b = self._binding
         b.bind_cpu_input(self.spec.io.input_ids, np.asarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
@@ -116,7 +133,6 @@ class OnnxLM:
         self.calls += 1
         out = b.get_outputs()
         logits = out[len(self._kv)].numpy() if len(out) > len(self._kv) else out[0].numpy()
-        self.tokens.extend(int(t) for t in ids)
         logits = logits.reshape(n, -1)
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
@@ -140,6 +156,19 @@ class OnnxLM:
         return logits[-1]
 
 
+def width_policy(spec: ModelSpec, providers: ProviderChoice) -> int:
+    """Minimum tokens per call that makes this graph's arithmetic independent of the call width.
+
+    Measured (tests/test_exactness.py): on the CPU EP, MatMulNBits with accuracy level 4 (int8
+    activations) computes M = 1 on a different path than M >= 2; rows of every call with M >= 2
+    are bitwise equal to each other. Float graphs and lower accuracy levels differ by float
+    rounding only (< 1e-4), and are run as they are.
+    """
+    if providers.device == "cpu" and spec.quant.get("accuracy_level") == 4 and spec.precision in ("int4", "int8"):
+        return 2
+    return 1
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if n == 0:
@@ -148,3 +177,16 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     y = np.asarray(b[:n], dtype=np.int64)
     diff = np.flatnonzero(x != y)
     return int(diff[0]) if diff.size else n
+
+
+def _check_running(running: list[str], choice: ProviderChoice, role: str) -> str:
+    """onnxruntime falls back to the CPU by itself when a GPU provider cannot start (missing CUDA or
+    cuDNN libraries): say so, or refuse when the provider was named explicitly. Returns where the
+    KV cache must live."""
+    if choice.primary not in running:
+        msg = (f"{role}: {choice.primary} is in this onnxruntime build but could not start "
+               f"(see onnxruntime's log above); {running[0] if running else 'nothing'} runs")
+        if choice.explicit:
+            raise ProviderError(msg)
+        log.warning(msg)
+    return "cuda" if running and running[0] in GPU_PROVIDERS else "cpu"

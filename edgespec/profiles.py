@@ -11,9 +11,11 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Sequence
 
 from .errors import BudgetError, ProfileError
 from .manifest import Manifest
+from .providers import PROVIDER_NAMES, is_gpu
 
 MiB = 1 << 20
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -22,6 +24,9 @@ _PACKAGED = Path(__file__).resolve().parent / "profiles"
 # Fixed runtime cost measured on CPU with onnxruntime 1.31: the interpreter, numpy, onnxruntime,
 # tokenizers and a session's arena before any model weight (see tests/test_planner.py).
 RUNTIME_BASE_BYTES = 150 * MiB
+# Added when the first provider is CUDA or TensorRT: the CUDA context, cuBLAS/cuDNN handles and their
+# workspaces. An estimate (typically 300-600 MiB on recent NVIDIA GPUs), not measured in this project.
+GPU_RUNTIME_BYTES = 512 * MiB
 MIN_CONTEXT = 512
 
 
@@ -58,8 +63,6 @@ def _physical_memory() -> int:
 
 DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this machine, CPU, 3/4 of its RAM")
 
-_TYPES = {f.name: f.type for f in fields(Profile)}
-
 
 def _check(name: str, data: dict, where: str) -> Profile:
     known = {f.name for f in fields(Profile)} - {"name"}
@@ -86,12 +89,21 @@ def _check(name: str, data: dict, where: str) -> Profile:
          "a non-empty list of cpu, cuda, tensorrt")
     need("provider_options", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
          "a table of tables")
+    for prov, opts in vals.get("provider_options", {}).items():
+        if prov not in PROVIDER_NAMES:
+            raise ProfileError(f"{where}: provider_options.{prov} is not a provider (cpu, cuda, tensorrt)")
+        for k, v in opts.items():
+            if not isinstance(v, (str, int, float, bool)):
+                raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a string, number or boolean")
     for k in ("description", "source"):
         need(k, lambda v: isinstance(v, str), "a string")
     if "providers" in vals:
         vals["providers"] = tuple(vals["providers"])
+    if "min_context" not in vals and "max_context" in vals:
+        vals["min_context"] = min(MIN_CONTEXT, vals["max_context"])
     if vals.get("min_context", MIN_CONTEXT) > vals.get("max_context", 4096):
-        raise ProfileError(f"{where}: min_context is larger than max_context")
+        raise ProfileError(f"{where}: min_context ({vals['min_context']}) is larger than max_context "
+                           f"({vals.get('max_context', 4096)})")
     return Profile(name=name, **vals)
 
 
@@ -147,6 +159,7 @@ class Plan:
     runtime: int
     cuts: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    gpu: bool = False  # the runtime row includes the CUDA allowance (GPU_RUNTIME_BYTES)
 
     @property
     def total(self) -> int:
@@ -155,14 +168,15 @@ class Plan:
     def rows(self) -> list[tuple[str, int]]:
         r = [(f"weights {k}", v) for k, v in self.weights.items()]
         r += [(f"KV cache {k} ({self.context} tokens)", v) for k, v in self.kv.items()]
-        r += [("working memory (logits, activations)", self.working), ("runtime (onnxruntime, python)", self.runtime)]
+        runtime = "runtime (onnxruntime, python, CUDA context)" if self.gpu else "runtime (onnxruntime, python)"
+        r += [("working memory (logits, activations)", self.working), (runtime, self.runtime)]
         return r
 
     def to_dict(self) -> dict:
         return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
-                "default_drafter": self.default_drafter, "weights": self.weights, "kv": self.kv,
-                "working": self.working, "runtime": self.runtime, "total": self.total,
-                "cuts": list(self.cuts), "warnings": list(self.warnings)}
+                "default_drafter": self.default_drafter, "prefill_chunk": self.prefill_chunk,
+                "weights": self.weights, "kv": self.kv, "working": self.working, "runtime": self.runtime,
+                "gpu": self.gpu, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
 
 
 def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
@@ -177,13 +191,21 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
     return biggest
 
 
-def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True) -> Plan:
+def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,
+         providers: Sequence[str] | None = None) -> Plan:
+    """Spend ``profile``'s budget on ``manifest``'s models; ``providers`` (default: the profile's)
+    decides whether the CUDA runtime allowance is counted."""
     budget = profile.budget_bytes
-    want_ctx = min(max_context or profile.max_context, manifest.target.max_context)
+    limit = manifest.target.max_context
     if manifest.drafter is not None:
-        want_ctx = min(want_ctx, manifest.drafter.max_context)
+        limit = min(limit, manifest.drafter.max_context)
+    want_ctx = min(max_context or profile.max_context, limit)
     floor = min(profile.min_context, want_ctx)
     warnings = []
+    if max_context and max_context > limit:
+        warnings.append(f"asked for a context of {max_context} tokens; this bundle allows {limit}")
+    gpu = is_gpu((list(providers) if providers else list(profile.providers))[0])
+    runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES if gpu else 0)
     if profile.kv_dtype != "auto" and profile.kv_dtype != manifest.target.kv_dtype:
         warnings.append(f"profile asks for a {profile.kv_dtype} KV cache; this bundle's graphs use "
                         f"{manifest.target.kv_dtype}")
@@ -201,7 +223,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
-                    working_bytes(manifest, chunk, with_drafter), RUNTIME_BASE_BYTES, tuple(cuts), tuple(warnings))
+                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), gpu)
 
     def fit_context(with_drafter: bool) -> int | None:
         p = build(want_ctx, with_drafter)
@@ -210,8 +232,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         per_tok = sum(p.kv.values()) / want_ctx
         fixed = p.total - sum(p.kv.values())
         ctx = int((budget - fixed) // per_tok) if budget > fixed else 0
-        ctx = ctx // 64 * 64
-        return ctx if ctx >= floor else None
+        if ctx < floor:
+            return None
+        return max(floor, ctx // 64 * 64)  # a multiple of 64, but never below the floor that fits
 
     ctx = fit_context(want_drafter)
     if ctx is not None:

@@ -2,18 +2,32 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import ProviderError
 
 log = logging.getLogger("edgespec")
 
-ALIASES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "trt": "TensorrtExecutionProvider",
-}
+CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
+PROVIDER_NAMES = ("cpu", "cuda", "tensorrt")  # the short names profiles and the CLI use
+_SHORT = {CPU: "cpu", CUDA: "cuda", TENSORRT: "tensorrt"}
+GPU_PROVIDERS = (CUDA, TENSORRT)
+TRT_CACHE_DIR = ".trt_cache"
+
+
+def canonical(name: str) -> str:
+    """onnxruntime's name for a short or full provider name; ``ProviderError`` if unknown."""
+    full = ALIASES.get(name.lower(), name)
+    if full not in _SHORT:
+        raise ProviderError(f"unknown execution provider {name!r}; choose from {', '.join(PROVIDER_NAMES)}")
+    return full
+
+
+def is_gpu(name: str) -> bool:
+    return ALIASES.get(name.lower(), name) in GPU_PROVIDERS
 
 
 def available_providers() -> list[str]:
@@ -27,6 +41,7 @@ class ProviderChoice:
     providers: list[tuple[str, dict]]  # what runs, in order, with options
     requested: list[str]
     warnings: list[str] = field(default_factory=list)
+    explicit: bool = False  # the user named the provider: falling back is an error, not a warning
 
     @property
     def primary(self) -> str:
@@ -35,38 +50,76 @@ class ProviderChoice:
     @property
     def device(self) -> str:
         """Where the KV cache lives: 'cuda' for CUDA/TensorRT, else 'cpu'."""
-        return "cuda" if self.primary in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
+        return "cuda" if self.primary in GPU_PROVIDERS else "cpu"
+
+    def options(self, name: str) -> dict | None:
+        for n, o in self.providers:
+            if n == canonical(name):
+                return o
+        return None
 
 
 def choose(requested: list[str], options: dict[str, dict] | None = None, *, explicit: bool = False,
            available: list[str] | None = None) -> ProviderChoice:
     """Pick the execution providers to run with.
 
-    ``requested`` is an ordered preference (short names or onnxruntime names). Providers this
-    build lacks are skipped with a warning; with ``explicit`` (the user named one on the command
-    line) a missing provider is an error. The CPU provider always closes the list.
+    ``requested`` is an ordered preference (short names or onnxruntime names); ``options`` are keyed
+    by short name (as in a profile's ``[provider_options.cuda]``). Providers this build lacks are
+    skipped with one warning saying what was asked and what runs; with ``explicit`` (the user named
+    one on the command line) a missing provider is an error. The CPU provider always closes the list.
     """
     options = options or {}
+    requested = list(requested) or ["cpu"]
+    names = list(dict.fromkeys(canonical(r) for r in requested))  # validated, duplicates dropped
     have = available if available is not None else available_providers()
-    names = [ALIASES.get(r.lower(), r) for r in requested] or ["CPUExecutionProvider"]
-    for n, r in zip(names, requested or ["cpu"]):
-        if n not in ALIASES.values():
-            raise ProviderError(f"unknown execution provider {r!r}; choose from cpu, cuda, tensorrt")
     runs: list[tuple[str, dict]] = []
-    warnings: list[str] = []
-    for short, name in zip(requested or ["cpu"], names):
+    missing: list[str] = []
+    for name in names:
+        short = _SHORT[name]
         if name in have:
-            runs.append((name, dict(options.get(short.lower(), options.get(name, {})))))
+            runs.append((name, dict(options.get(short, options.get(name, {})))))
         elif explicit:
             raise ProviderError(
                 f"execution provider {short!r} was asked for but this onnxruntime build has only "
-                f"{', '.join(have)}" + ("; install onnxruntime-gpu (see README)" if name != "CPUExecutionProvider" else ""))
+                f"{', '.join(have)}" + ("; install onnxruntime-gpu (see README)" if name != CPU else ""))
         else:
-            warnings.append(f"{short} is not available in this onnxruntime ({', '.join(have)}); skipping it")
-    if not any(n == "CPUExecutionProvider" for n, _ in runs):
-        runs.append(("CPUExecutionProvider", {}))
-    if runs[0][0] != names[0]:
-        warnings.append(f"asked for {requested[0] if requested else 'cpu'}, running on {runs[0][0]}")
+            missing.append(short)
+    if not any(n == CPU for n, _ in runs):
+        runs.append((CPU, dict(options.get("cpu", {}))))
+    warnings: list[str] = []
+    if missing:
+        warnings.append(
+            f"asked for {', '.join(_SHORT[n] for n in names)}; this onnxruntime build lacks {', '.join(missing)} "
+            f"(it has {', '.join(have)}), so {_SHORT[runs[0][0]]} runs"
+            + ("; install onnxruntime-gpu for cuda/tensorrt" if any(m != "cpu" for m in missing) else ""))
     for w in warnings:
         log.warning(w)
-    return ProviderChoice(runs, list(requested), warnings)
+    return ProviderChoice(runs, requested, warnings, explicit)
+
+
+def trt_cache_dir(bundle_root: Path) -> Path:
+    """``<bundle>/.trt_cache``, created; a per-user cache directory when the bundle is read-only."""
+    d = Path(bundle_root) / TRT_CACHE_DIR
+    try:
+        d.mkdir(exist_ok=True)
+        return d
+    except OSError as e:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        alt = base / "edgespec" / "trt" / Path(bundle_root).resolve().name
+        log.warning(f"cannot create {d} ({e.strerror}); TensorRT engines are cached in {alt}")
+        alt.mkdir(parents=True, exist_ok=True)
+        return alt
+
+
+def with_load_options(choice: ProviderChoice, *, bundle_root: Path, gpu_mem_limit: int | None) -> ProviderChoice:
+    """Fill in the options that depend on the bundle and the memory plan, unless the profile set them:
+    TensorRT's engine cache beside the bundle, and the CUDA arena's ``gpu_mem_limit`` (bytes)."""
+    runs = []
+    for name, opts in choice.providers:
+        opts = dict(opts)
+        if name == TENSORRT and "trt_engine_cache_path" not in opts:
+            opts["trt_engine_cache_path"] = str(trt_cache_dir(bundle_root))
+        if name == CUDA and "gpu_mem_limit" not in opts and gpu_mem_limit and gpu_mem_limit > 0:
+            opts["gpu_mem_limit"] = int(gpu_mem_limit)
+        runs.append((name, opts))
+    return ProviderChoice(runs, choice.requested, choice.warnings, choice.explicit)

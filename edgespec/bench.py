@@ -1,0 +1,347 @@
+"""``edgespec bench``: the memory/latency profiling report.
+
+Every prompt runs once per drafter, interleaved (prompt by prompt, drafter by drafter), with the
+caches reset before each run, so autoregressive and speculative figures come from the same
+minutes of the same machine. Greedy runs are checked token for token against the
+autoregressive run (``exact``). Writes report.json, report.md and PNG plots (with matplotlib).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .errors import ConfigError
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+
+
+def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None,
+                 categories: Sequence[str] | None = None) -> list[dict]:
+    """Read Spec-Bench's question.jsonl format: question_id, category, turns (list of strings)."""
+    p = Path(path) if path else DEFAULT_PROMPTS
+    if not p.is_file():
+        raise ConfigError(f"no such prompt file: {p}")
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            q = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}:{n}: not JSON ({e})") from None
+        if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"]:
+            raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
+        q.setdefault("category", "default")
+        q.setdefault("question_id", str(n))
+        if categories and q["category"] not in categories:
+            continue
+        out.append(q)
+    if limit:
+        out = out[:limit]
+    if not out:
+        raise ConfigError(f"{p}: no prompts")
+    return out
+
+
+class MemorySampler:
+    """Samples this process's resident memory every ``interval`` seconds in a thread."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    @staticmethod
+    def peak() -> int:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter() - self._t0, self.rss()))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Run:
+    question_id: str
+    category: str
+    turn: int
+    drafter: str
+    new_tokens: int
+    ttft_ms: float
+    decode_s: float
+    tokens_per_second: float
+    tpot_ms: float
+    drafted: int
+    accepted: int
+    rounds: int
+    target_calls: int
+    draft_s: float
+    target_s: float
+    other_s: float
+    accepted_by_position: list[int]
+    drafted_by_position: list[int]
+    exact: bool | None
+
+
+@dataclass
+class Report:
+    bundle: str
+    device: dict
+    settings: dict
+    runs: list[Run] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """Per category and drafter: tokens/s (total tokens / total decode time), speedup against
+        'none' in the same run, acceptance rate, mean accepted length, TTFT, TPOT, exactness."""
+        out: dict[str, dict[str, dict]] = {}
+        cats = sorted({r.category for r in self.runs}) + ["all"]
+        drafters = list(dict.fromkeys(r.drafter for r in self.runs))
+        for c in cats:
+            rows = [r for r in self.runs if c == "all" or r.category == c]
+            out[c] = {}
+            for d in drafters:
+                rs = [r for r in rows if r.drafter == d]
+                if not rs:
+                    continue
+                toks = sum(max(r.new_tokens - 1, 0) for r in rs)
+                secs = sum(r.decode_s for r in rs)
+                drafted, acc, rounds = (sum(r.drafted for r in rs), sum(r.accepted for r in rs),
+                                        sum(r.rounds for r in rs))
+                out[c][d] = {
+                    "tokens_per_second": round(toks / secs, 3) if secs else 0.0,
+                    "acceptance_rate": round(acc / drafted, 4) if drafted else None,
+                    "mean_accepted_length": round(acc / rounds, 3) if rounds else None,
+                    "tokens_per_target_call": round(sum(r.new_tokens for r in rs) / max(1, sum(r.target_calls for r in rs)), 3),
+                    "ttft_ms": round(sum(r.ttft_ms for r in rs) / len(rs), 2),
+                    "tpot_ms": round(1000 * secs / toks, 2) if toks else None,
+                    "draft_s": round(sum(r.draft_s for r in rs), 4), "target_s": round(sum(r.target_s for r in rs), 4),
+                    "other_s": round(sum(r.other_s for r in rs), 4),
+                    "exact": all(r.exact is not False for r in rs),
+                    "runs": len(rs),
+                }
+            base = out[c].get("none", {}).get("tokens_per_second")
+            for d, v in out[c].items():
+                v["speedup"] = round(v["tokens_per_second"] / base, 3) if base else None
+        return out
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return {"bundle": self.bundle, "device": self.device, "settings": self.settings, "plan": self.plan,
+                "summary": self.summary(), "memory": self.memory, "runs": [asdict(r) for r in self.runs]}
+
+    def markdown(self) -> str:
+        s = self.summary()
+        drafters = list(dict.fromkeys(r.drafter for r in self.runs))
+        lines = [f"# edgespec bench: {self.bundle}", "",
+                 f"{self.device.get('cpu', '')} · {self.device.get('providers', '')} · "
+                 f"max_new_tokens {self.settings['max_new_tokens']} · greedy · {len(self.runs)} runs", "",
+                 "| category | drafter | tok/s | speedup | acceptance | accepted/round | tokens/call | TTFT ms | TPOT ms | exact |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
+        for c, per in s.items():
+            for d in drafters:
+                v = per.get(d)
+                if not v:
+                    continue
+                f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
+                lines.append(f"| {c} | {d} | {f(v['tokens_per_second'], 1)} | {f(v['speedup'])}× | "
+                             f"{f(v['acceptance_rate'])} | {f(v['mean_accepted_length'])} | "
+                             f"{f(v['tokens_per_target_call'])} | {f(v['ttft_ms'], 0)} | {f(v['tpot_ms'], 1)} | "
+                             f"{'✓' if v['exact'] else '✗'} |")
+        m = self.memory
+        if m:
+            lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB; plan {m['planned_bytes'] / 2**20:.0f} MiB; "
+                          f"budget {m['budget_bytes'] / 2**20:.0f} MiB."]
+        return "\n".join(lines) + "\n"
+
+
+def _device(engine) -> dict:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "providers": engine.providers.primary}
+
+
+def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
+              draft_tokens: int | None = None, log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+    for d in drafters:
+        if d not in ("model", "prompt-lookup", "auto", "none"):
+            raise ConfigError(f"unknown drafter {d!r} in --drafters")
+    order = ["none"] + [d for d in drafters if d != "none"]
+    rep = Report(str(engine.manifest.root), _device(engine),
+                 {"max_new_tokens": max_new_tokens, "drafters": order, "draft_tokens": draft_tokens,
+                  "prompts": len(prompts)}, plan=engine.plan.to_dict())
+    tok = engine.tokenizer
+    has_template = bool(engine.manifest.chat_template)
+    # warm-up: first calls of a session allocate and pick kernels
+    engine.reset()
+    list(engine.stream_ids(tok.encode("Hello"), max_new_tokens=8, drafter="none"))
+    with MemorySampler() as mem:
+        for qi, q in enumerate(prompts):
+            history: list[dict] = []
+            for ti, turn in enumerate(q["turns"]):
+                history.append({"role": "user", "content": turn})
+                ids = tok.encode_chat(history) if has_template else tok.encode(turn)
+                ref = None
+                reply_ids: list[int] = []
+                for d in order:
+                    engine.reset()
+                    out: list[int] = []
+                    st = None
+                    for _, toks, st in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=0.0,
+                                                         drafter=d, draft_tokens=None if d == "none" else draft_tokens):
+                        out.extend(toks)
+                    if d == "none":
+                        ref, reply_ids = out, out
+                    exact = None if d == "none" else out == ref
+                    rep.runs.append(Run(q["question_id"], q["category"], ti, d, st.new_tokens, st.ttft_ms, st.decode_s,
+                                        st.tokens_per_second,
+                                        1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,
+                                        st.rounds, st.target_calls, st.draft_s, st.target_s, st.other_s,
+                                        list(st.accepted_by_position), list(st.drafted_by_position), exact))
+                    log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
+                        f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
+                        + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))
+                history.append({"role": "assistant", "content": tok.decode(reply_ids)})
+    rep.memory = {"peak_bytes": MemorySampler.peak(), "planned_bytes": engine.plan.total,
+                  "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}
+    return rep
+
+
+def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "report.json", out / "report.md"]
+    files[0].write_text(json.dumps(rep.to_json(), indent=1), encoding="utf-8")
+    files[1].write_text(rep.markdown(), encoding="utf-8")
+    if plots:
+        files += _plots(rep, out)
+    return files
+
+
+def _plots(rep: Report, out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed; no plots (pip install matplotlib)", file=sys.stderr)
+        return []
+    s = rep.summary()
+    cats = [c for c in s if c != "all"]
+    drafters = list(dict.fromkeys(r.drafter for r in rep.runs))
+    files = []
+    fig, ax = plt.subplots(figsize=(9, 4))
+    w = 0.8 / max(1, len(drafters))
+    for i, d in enumerate(drafters):
+        ax.bar([x + i * w for x in range(len(cats))], [s[c].get(d, {}).get("tokens_per_second", 0) for c in cats],
+               w, label=d)
+    ax.set_xticks([x + w * (len(drafters) - 1) / 2 for x in range(len(cats))], cats, rotation=20)
+    ax.set_ylabel("tokens/s")
+    ax.set_title("Decode speed by category and drafter")
+    ax.legend()
+    fig.tight_layout()
+    files.append(out / "tokens_per_second.png")
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d in drafters:
+        acc = [0] * 64
+        dr = [0] * 64
+        for r in rep.runs:
+            if r.drafter == d:
+                for i, (a, n) in enumerate(zip(r.accepted_by_position, r.drafted_by_position)):
+                    acc[i] += a
+                    dr[i] += n
+        pts = [(i + 1, acc[i] / dr[i]) for i in range(64) if dr[i]]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=d)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Acceptance by draft position")
+    ax.legend()
+    fig.tight_layout()
+    files.append(out / "acceptance_by_position.png")
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    parts = ("draft_s", "target_s", "other_s")
+    bottoms = [0.0] * len(drafters)
+    for p in parts:
+        vals = [s["all"].get(d, {}).get(p, 0) for d in drafters]
+        ax.bar(drafters, vals, bottom=bottoms, label=p.replace("_s", ""))
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_ylabel("seconds (all prompts)")
+    ax.set_title("Time split: drafter / target / other")
+    ax.legend()
+    fig.tight_layout()
+    files.append(out / "time_split.png")
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    m = rep.memory
+    if m.get("samples"):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        t, b = zip(*m["samples"])
+        ax.plot(t, [x / 2**20 for x in b], label="resident memory")
+        ax.axhline(m["planned_bytes"] / 2**20, color="tab:orange", ls="--", label="plan")
+        ax.axhline(m["budget_bytes"] / 2**20, color="tab:red", ls=":", label="budget")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("MiB")
+        ax.set_title("Memory over time")
+        ax.legend()
+        fig.tight_layout()
+        files.append(out / "memory.png")
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+    return files

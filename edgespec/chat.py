@@ -1,0 +1,279 @@
+"""``edgespec chat``: a multi-turn conversation in the terminal over ``api.ChatSession``.
+
+Typed lines go to the model through its chat template; lines that start with ``/`` are commands
+(``/help`` lists them). Replies are streamed to stdout as they are decoded. The conversation's KV
+cache is reused between turns, so a turn only prefills its new tokens; the oldest turns are
+dropped (with a notice) when the history outgrows the context.
+
+Ctrl-C stops the reply being written and keeps the conversation (the partial reply stays in the
+history); Ctrl-D or ``/exit`` leaves. Notices go to stderr; statistics go to stderr after each
+reply with ``--stats``, or to stdout on ``/stats``. Piped (non-tty) input works too: each line is
+one message or command, until end of input.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Callable, TextIO
+
+from .engine import DRAFTER_CHOICES, Stats
+from .errors import ConfigError, EdgespecError
+
+PROMPT = "you> "
+
+HELP = """\
+commands:
+  /help              this list
+  /reset             start a new conversation (the system prompt is kept)
+  /stats             statistics of the last reply: speed, acceptance, time split
+  /set               show the generation settings
+  /set NAME VALUE    change one: temperature, top_p, top_k, max_new_tokens, seed (a number or none),
+                     draft_tokens (a number, or auto), drafter (model, prompt-lookup, auto, none)
+  /save FILE         write the conversation's messages to FILE as JSON
+  /exit              leave (so does Ctrl-D)
+Ctrl-C stops the reply being written; the conversation goes on."""
+
+
+# -- /set values -------------------------------------------------------------------------------
+def _number(kind: type) -> Callable[[str], float | int]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{text!r} is not a finite number")
+        return value
+
+    return parse
+
+
+def _optional_int(none_word: str) -> Callable[[str], int | None]:
+    def parse(text: str):
+        return None if text.lower() == none_word else _number(int)(text)
+
+    return parse
+
+
+def _drafter(text: str) -> str:
+    if text not in DRAFTER_CHOICES:
+        raise ConfigError(f"{text!r} is not one of {', '.join(DRAFTER_CHOICES)}")
+    return text
+
+
+SETTINGS: dict[str, Callable[[str], object]] = {
+    "temperature": _number(float),
+    "top_p": _number(float),
+    "top_k": _number(int),
+    "max_new_tokens": _number(int),
+    "seed": _optional_int("none"),
+    "draft_tokens": _optional_int("auto"),
+    "drafter": _drafter,
+}
+
+
+# -- the loop ----------------------------------------------------------------------------------
+class ChatRepl:
+    """The read-reply loop. ``options`` are generation keywords (temperature, drafter, ...)."""
+
+    def __init__(self, engine, *, system: str | None = None, options: dict | None = None,
+                 show_stats: bool = False, stdin: TextIO | None = None, stdout: TextIO | None = None,
+                 stderr: TextIO | None = None):
+        self.engine = engine
+        self.options = self._checked({k: v for k, v in (options or {}).items() if v is not None})
+        self.session = engine.chat(system=system)
+        self.show_stats = show_stats
+        self.stdin = stdin or sys.stdin
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        # input() gives line editing and a prompt only on the process's own terminal
+        self.interactive = self.stdin is sys.stdin and self.stdin.isatty()
+
+    # -- output --------------------------------------------------------------------------------
+    def _out(self, text: str) -> None:
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def _note(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    # -- input ---------------------------------------------------------------------------------
+    def _read(self) -> str | None:
+        """The next line, or None at end of input (Ctrl-D)."""
+        if not self.interactive:
+            line = self.stdin.readline()
+            return line if line else None
+        while True:
+            try:
+                return input(PROMPT)
+            except EOFError:
+                self._out("\n")
+                return None
+            except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line, like a shell
+                self._out("\n")
+
+    def run(self) -> int:
+        if self.interactive:
+            _enable_line_editing()
+            name = self.engine.manifest.raw.get("name") or self.engine.manifest.root.name
+            self._note(f"edgespec chat: {name}, {self.engine.max_context} tokens of context. "
+                       f"/help lists commands; Ctrl-D leaves.")
+        while True:
+            try:
+                line = self._read()
+            except KeyboardInterrupt:  # Ctrl-C while piped input is read: leave quietly
+                return 130
+            if line is None:
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not self.command(line):
+                    return 0
+                continue
+            self.reply(line)
+
+    # -- a turn --------------------------------------------------------------------------------
+    def reply(self, text: str) -> None:
+        dropped = self.session.dropped
+        stream = self.session.stream(text, **self.options)
+        parts: list[str] = []
+        stopped = False
+        try:
+            for delta in stream:
+                if not parts:
+                    self._notice_dropped(dropped)  # before the reply, where it is read
+                parts.append(delta)
+                self._out(delta)
+        except KeyboardInterrupt:
+            stopped = True
+        except EdgespecError as e:
+            if parts:
+                self._out("\n")
+            self._note(f"error: {e}")
+            return
+        finally:
+            stream.close()  # releases the engine; the partial reply stays in the history
+        self._out("\n")
+        if not parts:
+            self._notice_dropped(dropped)
+        if stopped:
+            self._repair_history(parts)
+            self._note("[stopped]")
+        if self.show_stats and self.engine.last_stats is not None:
+            self._note(summary(self.engine.last_stats))
+
+    def _notice_dropped(self, before: int) -> None:
+        n = self.session.dropped - before
+        if n > 0:
+            self._note(f"[dropped the {n} oldest exchange(s) to fit the context of {self.engine.max_context} tokens]")
+
+    def _repair_history(self, parts: list[str]) -> None:
+        """Ctrl-C can land between recording the question and recording the reply; keep the
+        history alternating (user, assistant) so the chat template accepts it."""
+        msgs = self.session.messages
+        if msgs and msgs[-1]["role"] == "user":
+            msgs.append({"role": "assistant", "content": "".join(parts)})
+
+    # -- commands ------------------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Run a slash command; False means leave."""
+        name, _, arg = line[1:].partition(" ")
+        arg = arg.strip()
+        if name in ("exit", "quit"):
+            return False
+        if name == "help":
+            self._out(HELP + "\n")
+        elif name == "reset":
+            self.session.reset()
+            self._out("[new conversation]\n")
+        elif name == "stats":
+            st = self.engine.last_stats
+            self._out((report(st) if st is not None else "no reply yet") + "\n")
+        elif name == "set":
+            self._set(arg)
+        elif name == "save":
+            self._save(arg)
+        else:
+            self._note(f"unknown command /{name}; /help lists the commands")
+        return True
+
+    def _checked(self, options: dict) -> dict:
+        self.engine.config(**options)  # raises ConfigError on a bad value
+        if options.get("drafter") == "model" and "model" not in self.engine.decoder.drafters:
+            raise ConfigError("drafter model: no drafter model is loaded (the bundle has none, "
+                              "or the memory plan left it out)")
+        return options
+
+    def _set(self, arg: str) -> None:
+        if not arg:
+            cfg = self.engine.config(**self.options)
+            shown = ", ".join(f"{k}={getattr(cfg, k)}" for k in SETTINGS)
+            self._out(shown.replace("draft_tokens=None", "draft_tokens=auto") + "\n")
+            return
+        key, _, value = arg.partition(" ")
+        value = value.strip()
+        if key not in SETTINGS:
+            self._note(f"error: /set knows {', '.join(SETTINGS)}; not {key!r}")
+            return
+        if not value:
+            self._note(f"error: /set {key} needs a value")
+            return
+        try:
+            parsed = SETTINGS[key](value)
+            self.options = self._checked({**self.options, key: parsed})
+        except ConfigError as e:
+            message = str(e)
+            self._note(f"error: {message if message.startswith(key) else f'{key}: {message}'}")
+            return
+        self._out(f"{key} = {'auto' if parsed is None and key == 'draft_tokens' else parsed}\n")
+
+    def _save(self, path: str) -> None:
+        if not path:
+            self._note("error: /save needs a file name")
+            return
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(self.session.messages, f, indent=2, ensure_ascii=False)
+                f.write("\n")
+        except OSError as e:
+            self._note(f"error: cannot write {path}: {e.strerror or e}")
+            return
+        self._out(f"[saved {len(self.session.messages)} messages to {path}]\n")
+
+
+# -- statistics --------------------------------------------------------------------------------
+def summary(st: Stats) -> str:
+    """One line for stderr after a reply."""
+    return (f"[{st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms "
+            f"({st.prompt_tokens - st.reused_prompt_tokens} new prompt tokens, {st.reused_prompt_tokens} reused), "
+            f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]")
+
+
+def report(st: Stats) -> str:
+    """The last reply's statistics for ``/stats``."""
+    drafters = ", ".join(f"{k} {v}" for k, v in sorted(st.rounds_by_drafter.items())) or "-"
+    return "\n".join([
+        f"last reply: {st.new_tokens} tokens in {st.total_s:.2f} s, {st.tokens_per_second:.1f} tok/s, "
+        f"finish: {st.finish_reason or 'stopped'}",
+        f"prompt: {st.prompt_tokens} tokens, {st.reused_prompt_tokens} reused from the cached conversation, "
+        f"prefill {st.prefill_ms:.0f} ms",
+        f"drafting: acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.drafted} drafted tokens), "
+        f"{st.tokens_per_target_call:.2f} tokens per target call, rounds by drafter: {drafters}",
+        f"time: draft {st.draft_s:.3f} s, target {st.target_s:.3f} s, other {st.other_s:.3f} s",
+    ])
+
+
+def _enable_line_editing() -> None:
+    """Importing ``readline`` gives ``input()`` line editing and a history of typed lines."""
+    try:
+        import readline  # noqa: F401
+    except ImportError:  # not on every platform (Windows); plain input() still works
+        pass
+
+
+def run_chat(engine, **kw) -> int:
+    return ChatRepl(engine, **kw).run()

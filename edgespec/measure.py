@@ -1,0 +1,119 @@
+"""Measured memory of a loaded engine, to hold against the plan (``edgespec plan --measure``).
+
+Host memory is this process's peak resident set: ``getrusage(RUSAGE_SELF).ru_maxrss`` and, on
+Linux, ``VmHWM`` from ``/proc/self/status``. Both are high-water marks, so each stage's figure
+includes every earlier stage. GPU memory is read through NVML (``nvidia-ml-py``) when it is
+installed and finds a GPU; on Jetson, where CPU and GPU share memory, NVML is absent and CUDA
+allocations do not all show in the resident set either: compare with ``tegrastats`` there.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+_FILLER = ("The harbour was quiet in the early morning. Fishing boats rocked at their moorings while gulls "
+           "circled above the market, where traders laid out nets, baskets and crates of ice. ")
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    stage: str
+    peak_rss: int  # bytes, from ru_maxrss
+    vm_hwm: int | None  # bytes, VmHWM (Linux only)
+    rss: int | None  # bytes, VmRSS now (Linux only)
+    gpu: int | None  # bytes of GPU memory (NVML), None when unavailable
+    gpu_scope: str | None = None  # 'process' or 'device' (all processes, when NVML cannot see ours)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def peak_rss() -> int:
+    """Peak resident set of this process in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) if sys.platform == "darwin" else int(r) * 1024
+
+
+def proc_status(path: Path = Path("/proc/self/status")) -> dict[str, int]:
+    """``VmHWM`` and ``VmRSS`` in bytes, from /proc (empty where there is no /proc)."""
+    out: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * 1024  # the kernel reports kB
+    return out
+
+
+def gpu_used() -> tuple[int | None, str | None]:
+    """GPU memory held by this process (or, failing that, by the whole device 0), via NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None, None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory), "process"
+        # in a container NVML reports host pids: fall back to what the whole device uses
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used), "device"
+    except pynvml.NVMLError:
+        return None, None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def sample(stage: str, gpu: bool = False) -> MemorySample:
+    st = proc_status()
+    used, scope = gpu_used() if gpu else (None, None)
+    return MemorySample(stage, peak_rss(), st.get("VmHWM"), st.get("VmRSS"), used, scope)
+
+
+def measure(bundle, *, prompt_tokens: int = 200, new_tokens: int = 32, **load_kw):
+    """Load ``bundle`` with ``edgespec.load(**load_kw)``, prefill a prompt of about ``prompt_tokens``
+    tokens and decode ``new_tokens`` greedily (end-of-sequence ignored, so all of them are decoded),
+    sampling memory after each stage. Returns ``(engine, samples)``."""
+    from .api import load
+
+    samples = [sample("before load")]
+    engine = load(bundle, **load_kw)
+    gpu = engine.providers.device == "cuda"
+    samples.append(sample("after load", gpu))
+    n = max(1, min(prompt_tokens, engine.max_context - new_tokens - 1))
+    reps = 1
+    ids = engine.encode(_FILLER)
+    while len(ids) < n and reps < 1024:  # grow the text until it is long enough
+        reps *= 2
+        ids = engine.encode(_FILLER * reps)
+    ids = ids[:n]
+    engine.decoder.target.sync(ids)
+    drafter = engine.decoder.drafters.get("model")
+    if drafter is not None:
+        drafter.lm.sync(ids)
+    samples.append(sample(f"after prefill ({len(ids)} tokens)", gpu))
+    eos = engine.decoder.eos
+    engine.decoder.eos = frozenset()  # decode exactly new_tokens tokens
+    try:
+        decoded = 0
+        for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0):
+            decoded += len(toks)
+    finally:
+        engine.decoder.eos = eos
+    samples.append(sample(f"after decoding {decoded} tokens", gpu))
+    return engine, samples
