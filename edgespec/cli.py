@@ -215,8 +215,8 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, as_jso
     click.echo(f"  {'total':<52} {p.total / MiB:>9.1f} MiB  of {p.budget / MiB:.0f} MiB "
                f"({100 * p.total / p.budget:.0f}%)")
     loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
-    click.echo(f"context {p.context} tokens; drafter model {loaded}; default drafting {p.default_drafter}; "
-               f"prefill chunk {p.prefill_chunk} tokens")
+    click.echo(f"context {p.context} tokens; drafter model: {loaded}; default drafting: {p.default_drafter}; "
+               f"prefill chunk: {p.prefill_chunk} tokens")
     click.echo("cut: " + ("; ".join(p.cuts) if p.cuts else "nothing"))
     for w in p.warnings:
         click.echo(f"warning: {w}")

@@ -298,12 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         diff = _first_diff(ids, ar)
         same = "== autoregressive" if diff is None else f"differs from autoregressive at new token {diff}"
+        hits = f", ngram hits/misses {st['ngram_lookup_hits']}/{st['ngram_lookup_misses']}" if name == "ngram" else ""
         print(f"{name:17s}: {len(ids)} tokens, decode {dec_s:6.3f} s {_rate(len(ids), dec_s)}; {same}\n"
               f"  rounds {st['rounds']}, proposed {st['draft_tokens_proposed']}, accepted "
               f"{st['draft_tokens_accepted']} (rate {st['acceptance_rate']:.2f}), target passes "
               f"{st['target_forward_passes']}, draft passes {st['draft_forward_passes']}, "
-              f"draft ms {st['total_draft_ms']:.1f}, target ms {st['total_target_ms']:.1f}"
-              + (f", ngram hits/misses {st['ngram_lookup_hits']}/{st['ngram_lookup_misses']}" if name == "ngram" else ""))
+              f"draft ms {st['total_draft_ms']:.1f}, target ms {st['total_target_ms']:.1f}{hits}")
         if diff is not None:
             print(f"  ids {ids}")
 

@@ -191,3 +191,13 @@ def test_piped_errors_keep_the_session(tiny_bundle, tmp_path):
 def test_bad_option_is_a_one_line_error(tiny_bundle):
     r = _piped(tiny_bundle, "hello\n", "--temperature", "-1")
     assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_never_imports_torch(tiny_bundle):
+    code = ("import sys; from edgespec.cli import main; "
+            "rc = main(['chat', sys.argv[1], '--max-new-tokens', '4'], standalone_mode=False); "
+            "bad = [m for m in ('torch', 'transformers', 'edgespec_export') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(tiny_bundle)], input="hello\n", capture_output=True,
+                       text=True, timeout=START_S, env=_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stderr

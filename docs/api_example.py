@@ -1,0 +1,36 @@
+"""edgespec's Python API (the README shows this file; tests/test_api.py runs it).
+
+    python docs/api_example.py [BUNDLE]     # default: bundles/smollm2-int4
+"""
+import sys
+
+import edgespec
+
+bundle = sys.argv[1] if len(sys.argv) > 1 else "bundles/smollm2-int4"
+engine = edgespec.load(bundle)  # checks the bundle, plans memory, opens the ONNX sessions
+
+# A whole reply: its text, token ids, why it ended and statistics. A string is a plain prompt;
+# a list of messages goes through the model's chat template.
+result = engine.generate("The three primary colours are", max_new_tokens=24)
+print(result.text)
+result = engine.generate([{"role": "user", "content": "Write a haiku about the sea."}], max_new_tokens=40)
+print(result.text)
+print(f"[{result.finish_reason}: {len(result.token_ids)} tokens, {result.stats['tokens_per_second']:.1f} tok/s, "
+      f"acceptance {result.stats['acceptance_rate']:.2f}]")
+
+# A streamed reply: text deltas as they are decoded. Options: temperature, top_k, top_p, seed,
+# drafter ("model", "prompt-lookup", "auto", "none"), draft_tokens, stop (strings).
+for delta in engine.stream("1, 2, 3,", max_new_tokens=30, stop=[" 8"]):
+    print(delta, end="", flush=True)
+print()
+
+# A conversation through the model's chat template; the KV cache is reused between turns.
+chat = engine.chat(system="You are terse.")
+print(chat.send("What is 2+2?", max_new_tokens=20).text)
+print(chat.send("And times three?", max_new_tokens=20).text)
+
+# Errors are typed: every one is an edgespec.EdgespecError.
+try:
+    engine.generate("Hello", temperature=-1)
+except edgespec.ConfigError as e:
+    print(f"error: {e}")

@@ -1,0 +1,182 @@
+"""The Python API: the README's example, messages, stop strings, threads, typed errors, chat sessions."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import edgespec
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "docs" / "api_example.py"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_bundle):
+    return edgespec.load(tiny_bundle)
+
+
+def test_readme_example_runs_without_torch(tiny_bundle):
+    # run the example as a script, then check that nothing heavy was imported on the way
+    code = ("import runpy, sys; sys.argv = [sys.argv[1], sys.argv[2]]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+            "bad = [m for m in ('torch', 'transformers', 'edgespec_export') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code, str(EXAMPLE), str(tiny_bundle)], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "tok/s" in r.stdout and "error: temperature must be >= 0" in r.stdout
+
+
+def _greedy(engine, ids, n):
+    out = []
+    for step in engine.decoder.generate(ids, engine.config(max_new_tokens=n, drafter="none")):
+        out.extend(step.tokens)
+    return out
+
+
+def test_generate_with_messages_uses_the_chat_template(engine):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello there"}]
+    r = engine.generate(messages, max_new_tokens=16)
+    ids = engine.tokenizer.encode_chat(messages)
+    assert engine.tokenizer.decode(ids).endswith("assistant\n")  # the template's generation prompt
+    assert r.token_ids == _greedy(engine, ids, 16)
+    assert r.text == engine.tokenizer.decode(r.token_ids)
+    assert r.stats["prompt_tokens"] == len(ids)
+
+
+def _printable_window(text: str, start: int, n: int = 3) -> str:
+    for i in range(start, len(text) - n):
+        s = text[i: i + n]
+        if s.isascii() and s.isprintable():
+            return s
+    pytest.skip("the tiny model's text has no printable window to stop at")
+
+
+def test_stop_strings_truncate_before_the_stop(engine):
+    prompt = "def hello(world):"
+    full = engine.generate(prompt, max_new_tokens=40)
+    assert len(full.text) > 10 and full.finish_reason in ("length", "eos")
+    late = _printable_window(full.text, len(full.text) * 2 // 3)
+    early = _printable_window(full.text, len(full.text) // 3)
+    cut = min(full.text.find(early), full.text.find(late))
+
+    r = engine.generate(prompt, stop=[late, early], max_new_tokens=40)  # the earliest match wins
+    assert r.text == full.text[:cut]
+    assert r.finish_reason == "stop" and r.stats["finish_reason"] == "stop"
+    assert "".join(engine.stream(prompt, stop=[late, early], max_new_tokens=40)) == full.text[:cut]
+
+    missing = engine.generate(prompt, stop=["no such text in it"], max_new_tokens=40)
+    assert missing.text == full.text and missing.finish_reason == full.finish_reason
+
+
+def test_threads_share_an_engine(engine):
+    prompts = ["The quick brown fox", "import numpy as np\n", "Question: what is two plus two?"]
+    expected = [engine.generate(p, max_new_tokens=24, drafter="auto") for p in prompts]
+    results: dict[tuple[int, int], edgespec.Result] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker(w: int):
+        try:
+            barrier.wait(timeout=30)
+            for rep in range(3):
+                i = (w + rep) % len(prompts)
+                results[w, rep] = (i, engine.generate(prompts[i], max_new_tokens=24, drafter="auto"))
+        except BaseException as e:  # collected and re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a generation thread hung"
+    assert not errors, errors
+    assert len(results) == 6
+    for i, r in results.values():
+        assert (r.text, r.token_ids) == (expected[i].text, expected[i].token_ids)
+
+
+def test_typed_errors_propagate_and_leave_the_engine_usable(engine, tiny_bundle):
+    before = engine.generate("hello", max_new_tokens=8)
+    with pytest.raises(edgespec.ConfigError, match="temperature"):
+        engine.generate("hello", temperature=-1)
+    with pytest.raises(edgespec.ConfigError, match="unknown generation option"):
+        engine.generate("hello", temprature=0.5)
+    with pytest.raises(edgespec.ConfigError, match="drafter"):
+        list(engine.stream("hello", drafter="sometimes"))
+    too_long = "the quick brown fox " * 200
+    assert len(engine.encode(too_long)) > engine.max_context
+    with pytest.raises(edgespec.ContextOverflowError):
+        engine.generate(too_long)
+    chat = engine.chat(system="You are terse.")
+    with pytest.raises(edgespec.ContextOverflowError):
+        chat.send(too_long)
+    with pytest.raises(edgespec.ConfigError):
+        chat.send("hello", top_p=2.0)
+    assert chat.messages == [{"role": "system", "content": "You are terse."}]  # failed turns leave no trace
+    with pytest.raises(edgespec.BundleError):
+        edgespec.load(tiny_bundle / "no-such-bundle")
+    assert issubclass(edgespec.ContextOverflowError, edgespec.EdgespecError)
+    # the engine is not left locked or in a bad state by any of these
+    assert engine.generate("hello", max_new_tokens=8).token_ids == before.token_ids
+
+
+def test_model_drafter_missing_is_a_config_error(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, use_drafter=False)
+    with pytest.raises(edgespec.ConfigError, match="no drafter model"):
+        eng.generate("the quick brown fox", drafter="model", max_new_tokens=8)
+    assert eng.generate("the quick brown fox", drafter="auto", max_new_tokens=8).token_ids
+
+
+def test_chat_send_returns_ids_and_reuses_the_cache(engine):
+    chat = engine.chat(system="You are terse.")
+    first = chat.send("hello there", max_new_tokens=12)
+    assert first.token_ids and len(first.token_ids) == first.stats["new_tokens"]
+    assert engine.tokenizer.decode(first.token_ids) == first.text
+    assert chat.messages[-1] == {"role": "assistant", "content": first.text}
+    second = chat.send("the quick brown fox", max_new_tokens=12)
+    # the second turn's prompt starts with the whole first one: only the new turn is prefilled
+    assert second.stats["reused_prompt_tokens"] >= first.stats["prompt_tokens"]
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
+    chat.reset()
+    assert chat.messages == [{"role": "system", "content": "You are terse."}]
+
+
+def test_chat_drops_oldest_turns_to_fit(engine):
+    chat = engine.chat(system="You are terse.")
+    chat.reserve = 64
+    for _ in range(8):
+        chat.send("the quick brown fox jumps over the lazy dog " * 2, max_new_tokens=16)
+    assert chat.dropped > 0
+    assert chat.messages[0]["role"] == "system"
+    assert len(engine.encode(chat.messages)) <= engine.max_context
+
+
+def test_abandoned_streams_release_the_engine(engine):
+    expected = engine.generate("The quick brown fox", max_new_tokens=20)
+    # closed after the first delta
+    it = engine.stream("The quick brown fox", max_new_tokens=20)
+    next(it)
+    it.close()
+    # Ctrl-C landing inside the generator
+    it = engine.stream("The quick brown fox", max_new_tokens=20)
+    next(it)
+    with pytest.raises(KeyboardInterrupt):
+        it.throw(KeyboardInterrupt)
+    # a chat reply stopped part way is kept as far as it got
+    chat = engine.chat()
+    reply = chat.stream("hello there", max_new_tokens=30)
+    got = next(reply)
+    reply.close()
+    assert chat.messages[-1] == {"role": "assistant", "content": got}
+    # and a generation from another thread is not blocked by any of it
+    out: list[edgespec.Result] = []
+    t = threading.Thread(target=lambda: out.append(engine.generate("The quick brown fox", max_new_tokens=20)))
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the engine stayed locked"
+    assert out[0].token_ids == expected.token_ids

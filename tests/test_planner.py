@@ -1,0 +1,457 @@
+"""Memory profiles, the memory planner, execution-provider selection, and the plan/profiles CLI.
+
+Planner figures are checked against numbers worked out by hand for the real models' dimensions:
+KV bytes = 2 (K and V) x layers x KV heads x head dim x 4 bytes (float32) x context tokens;
+working memory = chunk x vocab x 4 bytes x 2 (logits, twice) + chunk x hidden x 4 bytes x 16;
+runtime = 150 MiB (+ 512 MiB for the CUDA context when a GPU provider comes first).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.cli import main
+from edgespec.errors import BudgetError, ProfileError, ProviderError
+from edgespec.manifest import Manifest, ModelIO, ModelSpec, load_manifest
+from edgespec.onnx_lm import _check_running
+from edgespec.profiles import (DEFAULT_PROFILE, MiB, Profile, list_profiles, load_profile, plan, resolve_profile,
+                               working_bytes)
+from edgespec.providers import (CPU, CUDA, TENSORRT, ProviderChoice, choose, trt_cache_dir, with_load_options)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "jetson-agx-thor-128gb",
+           "rtx4060-laptop-8gb", "rtx4090-24gb", "cpu-8gb", "cpu-16gb"}
+RUNTIME = 150 * 1048576  # 157,286,400
+GPU_RUNTIME = RUNTIME + 512 * 1048576  # 694,157,312
+
+# -- synthetic manifests with the real models' dimensions ---------------------------------------
+_IO = ModelIO("input_ids", "attention_mask", "past_key_values.%d.key", "past_key_values.%d.value",
+              "present.%d.key", "present.%d.value", "logits")
+
+
+def _spec(role, layers, kv_heads, head_dim, hidden, vocab, resident, max_context, kv_dtype="float32"):
+    return ModelSpec(role=role, path=Path(f"/nonexistent/{role}/model.onnx"), architecture="synthetic",
+                     precision="int4", num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
+                     hidden_size=hidden, vocab_size=vocab, max_context=max_context, kv_dtype=kv_dtype, io=_IO,
+                     tokenizer_sha256="0" * 64, files={}, bytes_on_disk=resident, resident_bytes=resident)
+
+
+def _manifest(target, drafter=None):
+    return Manifest(root=Path("/nonexistent"), name="synthetic", target=target, drafter=drafter,
+                    eos_token_ids=(0,), bos_token_id=None, add_bos=False, chat_template=None,
+                    tokenizer_dir=Path("/nonexistent/tokenizer"), tool_versions={}, raw={})
+
+
+def smollm2(resident=540_000_000, max_context=8192):
+    return _spec("target", 30, 3, 64, 576, 49152, resident, max_context)
+
+
+def qwen_pair(max_context=32768, kv_dtype="float32"):
+    target = _spec("target", 28, 2, 128, 1536, 151936, 1_000_000_000, max_context, kv_dtype)  # 1.5B INT4
+    drafter = _spec("drafter", 24, 2, 64, 896, 151936, 500_000_000, max_context, kv_dtype)  # 0.5B INT8
+    return _manifest(target, drafter)
+
+
+def cpu_profile(budget_mb, **kw):
+    return Profile(name="test", memory_budget_mb=budget_mb, providers=("cpu",), **kw)
+
+
+# -- KV and working memory by hand ---------------------------------------------------------------
+# per token: SmolLM2 2*30*3*64*4 = 46,080; Qwen 1.5B 2*28*2*128*4 = 57,344; Qwen 0.5B 2*24*2*64*4 = 24,576
+SMOL_KV = {512: 23_592_960, 2048: 94_371_840, 8192: 377_487_360}
+QWEN_T_KV = {512: 29_360_128, 4096: 234_881_024, 32768: 1_879_048_192}
+QWEN_D_KV = {512: 12_582_912, 4096: 100_663_296, 32768: 805_306_368}
+# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184;
+# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824 (bigger than the 0.5B's 325,844,992)
+SMOL_WORK_256 = 110_100_480
+QWEN_WORK_256 = 336_330_752
+QWEN_WORK_128 = 168_165_376  # 155,582,464 + 12,582,912
+
+
+def test_hand_figures_follow_the_formula():
+    for ctx, v in SMOL_KV.items():
+        assert v == 2 * 30 * 3 * 64 * 4 * ctx
+    for ctx in QWEN_T_KV:
+        assert QWEN_T_KV[ctx] == 2 * 28 * 2 * 128 * 4 * ctx
+        assert QWEN_D_KV[ctx] == 2 * 24 * 2 * 64 * 4 * ctx
+    assert SMOL_WORK_256 == 256 * 49152 * 4 * 2 + 256 * 576 * 4 * 16
+    assert QWEN_WORK_256 == 256 * 151936 * 4 * 2 + 256 * 1536 * 4 * 16
+    assert QWEN_WORK_128 == 128 * 151936 * 4 * 2 + 128 * 1536 * 4 * 16
+
+
+@pytest.mark.parametrize("ctx", [512, 2048, 8192])
+def test_smollm2_plan_fits(ctx):
+    m = _manifest(smollm2())
+    p = plan(m, cpu_profile(2048, max_context=8192), max_context=ctx)
+    assert p.context == ctx
+    assert p.weights == {"target": 540_000_000}
+    assert p.kv == {"target": SMOL_KV[ctx]}
+    assert p.working == SMOL_WORK_256
+    assert p.runtime == RUNTIME
+    assert p.total == 540_000_000 + SMOL_KV[ctx] + SMOL_WORK_256 + RUNTIME
+    assert p.drafter == "none" and p.cuts == () and p.warnings == ()
+
+
+def test_working_memory_by_chunk():
+    m = qwen_pair()
+    assert working_bytes(m, 256, with_drafter=True) == QWEN_WORK_256
+    assert working_bytes(m, 256, with_drafter=False) == QWEN_WORK_256
+    assert working_bytes(m, 128, with_drafter=True) == QWEN_WORK_128
+    assert working_bytes(_manifest(smollm2()), 256, with_drafter=False) == SMOL_WORK_256
+
+
+@pytest.mark.parametrize("ctx", [512, 4096])
+def test_qwen_pair_fits_with_drafter(ctx):
+    p = plan(qwen_pair(), cpu_profile(4096, max_context=ctx))
+    assert p.context == ctx and p.drafter == "model" and p.default_drafter == "auto"
+    assert p.weights == {"target": 1_000_000_000, "drafter": 500_000_000}
+    assert p.kv == {"target": QWEN_T_KV[ctx], "drafter": QWEN_D_KV[ctx]}
+    assert p.total == 1_500_000_000 + QWEN_T_KV[ctx] + QWEN_D_KV[ctx] + QWEN_WORK_256 + RUNTIME
+    assert p.total <= p.budget == 4096 * MiB
+    assert p.cuts == ()
+
+
+def test_fp16_kv_is_half():
+    p = plan(qwen_pair(kv_dtype="float16"), cpu_profile(4096, max_context=4096))
+    assert p.kv == {"target": QWEN_T_KV[4096] // 2, "drafter": QWEN_D_KV[4096] // 2}
+
+
+def test_context_is_cut_first():
+    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 336,330,752 + 157,286,400 = 4,677,971,712 > 4 GiB.
+    # Room for KV: 4,294,967,296 - 1,993,617,152 = 2,301,350,144 bytes / 81,920 per token = 28,092 -> 28,032.
+    p = plan(qwen_pair(), cpu_profile(4096, max_context=32768))
+    assert 1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_WORK_256 + RUNTIME == 4_677_971_712
+    assert (4096 * MiB - (1_500_000_000 + QWEN_WORK_256 + RUNTIME)) // 81_920 == 28_092
+    assert p.context == 28_032
+    assert p.drafter == "model"
+    assert p.kv == {"target": 57_344 * 28_032, "drafter": 24_576 * 28_032}
+    assert p.cuts == ("context 32768 -> 28032 tokens",)
+    assert p.total <= p.budget
+
+
+def test_drafter_dropped_after_context():
+    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 336,330,752 + 157,286,400 = 2,035,560,192 > 1800 MiB.
+    # Without: fixed 1,493,617,152; room 1,887,436,800 - 1,493,617,152 = 393,819,648 / 57,344 = 6,867 -> 6,848.
+    budget = 1800 * MiB
+    assert budget == 1_887_436_800
+    p = plan(qwen_pair(), cpu_profile(1800, max_context=32768))
+    assert p.drafter == "none" and p.default_drafter == "auto"
+    assert p.context == 6_848
+    assert p.weights == {"target": 1_000_000_000}
+    assert p.kv == {"target": 57_344 * 6_848}
+    assert p.cuts == ("context 32768 -> 6848 tokens", "model drafter dropped (prompt lookup instead)")
+    # a profile that insists on the model drafter falls back to prompt lookup by default
+    p = plan(qwen_pair(), cpu_profile(1800, max_context=32768, drafter="model"))
+    assert p.drafter == "none" and p.default_drafter == "prompt-lookup"
+
+
+def test_drafter_dropped_without_context_cut():
+    # 512 tokens, no drafter: 1e9 + 29,360,128 + 336,330,752 + 157,286,400 = 1,522,977,280 (1452.4 MiB) fits 1500 MiB;
+    # with the drafter 2,035,560,192 does not.
+    p = plan(qwen_pair(), cpu_profile(1500, max_context=512))
+    assert p.context == 512 and p.drafter == "none"
+    assert p.total == 1_522_977_280
+    assert p.cuts == ("model drafter dropped (prompt lookup instead)",)
+
+
+def test_budget_too_small_names_the_numbers():
+    # needs 1,522,977,280 bytes = 1452 MiB at 512 tokens without the drafter
+    with pytest.raises(BudgetError) as e:
+        plan(qwen_pair(), Profile(name="tight", memory_budget_mb=1200, max_context=32768))
+    msg = str(e.value)
+    for part in ("1200 MiB", "tight", "512 tokens", "needs 1452 MiB", "weights 954 MiB", "KV 28 MiB",
+                 "working 321 MiB", "runtime 150 MiB"):
+        assert part in msg, (part, msg)
+
+
+def test_context_floor_is_kept_when_not_a_multiple_of_64():
+    # room for exactly 120 tokens; min_context 100: the plan takes 100, not 64
+    resident = 1024 * MiB - SMOL_WORK_256 - RUNTIME - 120 * 46_080
+    p = plan(_manifest(smollm2(resident=resident)), cpu_profile(1024, max_context=8192, min_context=100))
+    assert p.context == 100
+    assert p.total <= p.budget
+    with pytest.raises(BudgetError):
+        plan(_manifest(smollm2(resident=resident)), cpu_profile(1024, max_context=8192, min_context=128))
+
+
+def test_gpu_runtime_allowance():
+    gpu = Profile(name="gpu", memory_budget_mb=4096, providers=("cuda", "cpu"), max_context=4096)
+    p = plan(qwen_pair(), gpu)
+    assert p.gpu and p.runtime == GPU_RUNTIME
+    assert any("CUDA context" in label for label, _ in p.rows())
+    assert plan(qwen_pair(), gpu, providers=["cpu"]).runtime == RUNTIME
+
+
+def test_context_limits_and_warnings():
+    m = _manifest(smollm2(max_context=2048))
+    p = plan(m, cpu_profile(4096, max_context=8192))
+    assert p.context == 2048 and p.cuts == () and p.warnings == ()
+    p = plan(m, cpu_profile(4096), max_context=100_000)
+    assert p.context == 2048 and "this bundle allows 2048" in p.warnings[0]
+    p = plan(m, cpu_profile(4096, kv_dtype="float16"))
+    assert "float16" in p.warnings[0] and "float32" in p.warnings[0]
+
+
+def test_drafting_policies_without_model_drafter():
+    p = plan(qwen_pair(), cpu_profile(8192, max_context=4096, drafter="prompt-lookup"))
+    assert p.drafter == "none" and p.default_drafter == "prompt-lookup" and "drafter" not in p.kv
+    p = plan(qwen_pair(), cpu_profile(8192, max_context=4096), use_drafter=False)
+    assert p.drafter == "none" and p.default_drafter == "auto" and p.cuts == ()
+
+
+def test_plan_to_dict_adds_up():
+    d = plan(qwen_pair(), cpu_profile(4096, max_context=4096)).to_dict()
+    assert d["total"] == sum(d["weights"].values()) + sum(d["kv"].values()) + d["working"] + d["runtime"]
+    json.dumps(d)
+
+
+# -- profiles --------------------------------------------------------------------------------------
+def _write(tmp_path, text, name="p.toml"):
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+def test_all_shipped_profiles_load():
+    profs = {p.name: p for p in list_profiles()}
+    assert SHIPPED <= set(profs)
+    for name in SHIPPED:
+        p = profs[name]
+        ram_gb = int(re.search(r"(\d+)gb$", name).group(1))
+        assert 0 < p.memory_budget_mb < ram_gb * 1024, name  # a budget is below the device's memory
+        assert p.description and "estimate" in p.source, name
+        assert p.draft_tokens is None  # adaptive
+        if p.providers[0] != "cpu":
+            assert p.providers == ("tensorrt", "cuda", "cpu")
+            trt = p.provider_options["tensorrt"]
+            assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] is True
+            choice = choose(list(p.providers), p.provider_options, available=[TENSORRT, CUDA, CPU])
+            assert choice.options("tensorrt")["trt_fp16_enable"] is True
+            assert choice.options("cuda") == p.provider_options["cuda"]
+    assert resolve_profile("jetson-orin-nano-8gb").memory_budget_mb == 5120
+    assert resolve_profile(ROOT / "profiles" / "cpu-8gb.toml").name == "cpu-8gb"
+
+
+def test_profile_from_path_and_default(tmp_path):
+    f = _write(tmp_path, 'memory_budget_mb = 300\nproviders = ["cuda", "cpu"]\nmax_context = 256\n', "small.toml")
+    p = resolve_profile(str(f))
+    assert (p.name, p.budget_bytes, p.providers) == ("small", 300 * MiB, ("cuda", "cpu"))
+    assert p.min_context == 256  # the default floor (512) follows a smaller max_context
+    assert resolve_profile(None) is DEFAULT_PROFILE
+    assert 0 < DEFAULT_PROFILE.budget_bytes
+    assert resolve_profile(p) is p
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ProfileError, match="max_contxt"):
+        load_profile(_write(tmp_path, "memory_budget_mb = 100\nmax_contxt = 10\n"))
+    with pytest.raises(ProfileError, match="unknown key.*name"):
+        load_profile(_write(tmp_path, 'memory_budget_mb = 100\nname = "x"\n'))
+
+
+@pytest.mark.parametrize("line, key", [
+    ("memory_budget_mb = -1", "memory_budget_mb"),
+    ('memory_budget_mb = "5GB"', "memory_budget_mb"),
+    ("max_context = 0", "max_context"),
+    ('max_context = "big"', "max_context"),
+    ("min_context = 1.5", "min_context"),
+    ("threads = -2", "threads"),
+    ("draft_tokens = 65", "draft_tokens"),
+    ("max_draft_tokens = 0", "max_draft_tokens"),
+    ("prefill_chunk = true", "prefill_chunk"),
+    ('kv_dtype = "int8"', "kv_dtype"),
+    ('drafter = "bigger"', "drafter"),
+    ('providers = ["gpu"]', "providers"),
+    ("providers = []", "providers"),
+    ('providers = "cuda"', "providers"),
+    ("provider_options = { cuda = 3 }", "provider_options"),
+    ("provider_options = { rocm = { x = 1 } }", "provider_options.rocm"),
+    ("provider_options = { cuda = { gpu_mem_limit = [1] } }", "provider_options.cuda.gpu_mem_limit"),
+    ("description = 3", "description"),
+    ("source = false", "source"),
+])
+def test_bad_values_name_the_key(tmp_path, line, key):
+    text = line + "\n" if line.startswith("memory_budget_mb") else f"memory_budget_mb = 100\n{line}\n"
+    with pytest.raises(ProfileError) as e:
+        load_profile(_write(tmp_path, text))
+    assert key in str(e.value) and "p.toml" in str(e.value)
+
+
+def test_profile_file_errors(tmp_path):
+    with pytest.raises(ProfileError, match="memory_budget_mb is required"):
+        load_profile(_write(tmp_path, "max_context = 100\n"))
+    with pytest.raises(ProfileError, match=r"min_context \(600\) is larger than max_context \(512\)"):
+        load_profile(_write(tmp_path, "memory_budget_mb = 1\nmax_context = 512\nmin_context = 600\n"))
+    with pytest.raises(ProfileError, match="no such profile file"):
+        load_profile(tmp_path / "absent.toml")
+    with pytest.raises(ProfileError, match="not valid TOML"):
+        load_profile(_write(tmp_path, "memory_budget_mb = = 3\n"))
+    with pytest.raises(ProfileError) as e:
+        resolve_profile("jetson-nano-2gb")
+    assert "unknown profile 'jetson-nano-2gb'" in str(e.value) and "cpu-8gb" in str(e.value)
+
+
+# -- providers -------------------------------------------------------------------------------------
+def test_missing_cuda_falls_back_to_cpu_with_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="edgespec"):
+        c = choose(["cuda", "cpu"], {"cuda": {"gpu_mem_limit": 1}}, available=[CPU])
+    assert c.providers == [(CPU, {})] and c.device == "cpu" and not c.explicit
+    assert len(c.warnings) == 1
+    w = c.warnings[0]
+    assert "asked for cuda, cpu" in w and "lacks cuda" in w and "so cpu runs" in w and "onnxruntime-gpu" in w
+    assert w in caplog.text
+
+
+def test_tensorrt_missing_falls_back_to_cuda():
+    c = choose(["tensorrt", "cuda", "cpu"], {"cuda": {"arena_extend_strategy": "kSameAsRequested"}},
+               available=[CUDA, CPU])
+    assert [n for n, _ in c.providers] == [CUDA, CPU] and c.device == "cuda"
+    assert c.options("cuda") == {"arena_extend_strategy": "kSameAsRequested"}
+    assert "lacks tensorrt" in c.warnings[0] and "so cuda runs" in c.warnings[0]
+
+
+def test_all_available_no_warning_and_cpu_closes_the_list():
+    c = choose(["cuda"], available=[TENSORRT, CUDA, CPU])
+    assert [n for n, _ in c.providers] == [CUDA, CPU] and c.warnings == []
+
+
+def test_explicit_provider_that_cannot_run_is_an_error():
+    with pytest.raises(ProviderError) as e:
+        choose(["cuda"], explicit=True, available=["AzureExecutionProvider", CPU])
+    assert "'cuda' was asked for" in str(e.value) and CPU in str(e.value) and "onnxruntime-gpu" in str(e.value)
+    with pytest.raises(ProviderError, match="unknown execution provider 'rocm'"):
+        choose(["rocm"], available=[CPU])
+
+
+def test_aliases_share_options_and_duplicates_drop():
+    c = choose(["trt", "tensorrt", "cpu"], {"tensorrt": {"trt_fp16_enable": True}}, available=[TENSORRT, CPU])
+    assert c.providers == [(TENSORRT, {"trt_fp16_enable": True}), (CPU, {})]
+    c = choose(["TensorrtExecutionProvider"], {"tensorrt": {"trt_fp16_enable": True}}, available=[TENSORRT, CPU])
+    assert c.options("trt") == {"trt_fp16_enable": True}
+
+
+def test_load_options_trt_cache_and_gpu_mem_limit(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_engine_cache_enable": True}}, available=[TENSORRT, CUDA, CPU])
+    out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=3 * 1 << 30)
+    assert out.options("tensorrt")["trt_engine_cache_path"] == str(bundle / ".trt_cache")
+    assert (bundle / ".trt_cache").is_dir()
+    assert out.options("cuda") == {"gpu_mem_limit": 3 * 1 << 30}
+    assert out.options("cpu") == {}
+    assert c.options("cuda") == {}  # the choice it came from is left as it was
+    # what the profile set wins
+    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_engine_cache_path": "/elsewhere"}, "cuda": {"gpu_mem_limit": 5}},
+               available=[TENSORRT, CUDA, CPU])
+    out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=99)
+    assert out.options("tensorrt")["trt_engine_cache_path"] == "/elsewhere"
+    assert out.options("cuda")["gpu_mem_limit"] == 5
+    # CPU only: nothing is added, no cache directory
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    out = with_load_options(choose(["cpu"], available=[CPU]), bundle_root=plain, gpu_mem_limit=99)
+    assert out.providers == [(CPU, {})] and not (plain / ".trt_cache").exists()
+
+
+def test_trt_cache_falls_back_when_bundle_is_not_writable(tmp_path, monkeypatch):
+    not_a_dir = tmp_path / "file-bundle"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    d = trt_cache_dir(not_a_dir)
+    assert d == tmp_path / "cache" / "edgespec" / "trt" / "file-bundle" and d.is_dir()
+
+
+def test_session_that_fell_back_is_reported():
+    asked = ProviderChoice([(CUDA, {}), (CPU, {})], ["cuda"])
+    assert _check_running([CUDA, CPU], asked, "target") == "cuda"
+    assert _check_running([CPU], asked, "target") == "cpu"  # warned, KV cache goes to the CPU
+    explicit = ProviderChoice([(CUDA, {}), (CPU, {})], ["cuda"], explicit=True)
+    with pytest.raises(ProviderError, match="could not start"):
+        _check_running([CPU], explicit, "target")
+
+
+def test_load_with_explicit_unavailable_provider(tiny_bundle):
+    import onnxruntime as ort
+
+    import edgespec
+
+    if CUDA in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    with pytest.raises(ProviderError, match="'cuda' was asked for"):
+        edgespec.load(tiny_bundle, provider="cuda")
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+def _cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_profiles():
+    r = _cli("profiles")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["name", "budget", "providers"]
+    for name in SHIPPED:
+        assert any(line.startswith(name + " ") for line in lines), name
+    assert "5120 MiB" in r.stdout and "tensorrt,cuda,cpu" in r.stdout
+    data = json.loads(_cli("profiles", "--json").stdout)
+    assert SHIPPED <= {p["name"] for p in data}
+
+
+def test_cli_plan(tiny_bundle):
+    m = load_manifest(tiny_bundle)
+    ctx = min(4096, m.target.max_context, m.drafter.max_context)  # cpu-8gb asks for 4096
+    r = _cli("plan", tiny_bundle, "--profile", "cpu-8gb")
+    assert r.exit_code == 0, r.output
+    for part in ("weights target", "weights drafter", f"KV cache target ({ctx} tokens)",
+                 f"KV cache drafter ({ctx} tokens)", "working memory", "runtime (onnxruntime, python)",
+                 "of 5120 MiB", "cut: nothing", "drafter model: loaded"):
+        assert part in r.stdout, part
+    d = json.loads(_cli("plan", tiny_bundle, "--profile", "cpu-8gb", "--json").stdout)["plan"]
+    t = m.target
+    assert d["context"] == ctx
+    assert d["kv"]["target"] == 2 * t.num_layers * t.num_kv_heads * t.head_dim * 4 * ctx
+    assert d["budget"] == 5120 * MiB and d["runtime"] == RUNTIME
+    r = _cli("plan", tiny_bundle, "--profile", "cpu-8gb", "--max-context", "64", "--no-drafter", "--json")
+    d = json.loads(r.stdout)["plan"]
+    assert d["context"] == 64 and "drafter" not in d["kv"]
+
+
+def test_cli_plan_refusals(tiny_bundle, tmp_path):
+    tiny = _write(tmp_path, "memory_budget_mb = 100\n", "tiny-budget.toml")
+    r = _cli("plan", tiny_bundle, "--profile", tiny)
+    assert r.exit_code == 4
+    assert r.stderr.startswith("error: the budget of 100 MiB (tiny-budget) cannot hold this bundle")
+    assert "runtime 150 MiB" in r.stderr
+    r = _cli("plan", tiny_bundle, "--profile", "no-such-profile")
+    assert r.exit_code == 2 and "error: unknown profile 'no-such-profile'" in r.stderr
+    r = _cli("plan", tmp_path / "absent", "--profile", "cpu-8gb")
+    assert r.exit_code == 2 and "error: no such bundle" in r.stderr
+
+
+def test_cli_plan_measure(tiny_bundle, tmp_path):
+    """A fresh process (no torch) loads the tiny bundle, prefills ~200 tokens and decodes 32: its
+    measured peak resident memory must stay inside the plan, which checks RUNTIME_BASE_BYTES."""
+    prof = _write(tmp_path, "memory_budget_mb = 1024\nmax_context = 256\n", "measure.toml")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(tiny_bundle), "--profile", str(prof),
+                          "--measure", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    stages = [s["stage"] for s in data["measured"]]
+    assert stages[0] == "before load" and stages[1] == "after load"
+    assert stages[2] == "after prefill (200 tokens)" and stages[3] == "after decoding 32 tokens"
+    peak = max(s["vm_hwm"] or s["peak_rss"] for s in data["measured"])
+    assert 0 < peak <= data["plan"]["total"], (peak / MiB, data["plan"]["total"] / MiB)
+    # and the human-readable form
+    out = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(tiny_bundle), "--profile", str(prof),
+                          "--measure"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "measured peak resident" in out.stdout and "after decoding 32 tokens" in out.stdout
