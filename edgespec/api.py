@@ -166,9 +166,13 @@ class Engine:
     def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Iterator[str]:
         """Like ``generate`` but yields text deltas as they are decoded."""
         ids = self.encode(prompt_or_messages)
-        for delta, _, _ in self.stream_ids(ids, stop=stop, **kw):
-            if delta:
-                yield delta
+        inner = self.stream_ids(ids, stop=stop, **kw)
+        try:
+            for delta, _, _ in inner:
+                if delta:
+                    yield delta
+        finally:
+            inner.close()  # an abandoned stream releases the engine at once, not at garbage collection
 
     def _collect(self, it) -> Result:
         parts, ids, stats = [], [], None

@@ -41,7 +41,6 @@ class OnnxLM:
         # other arithmetic than a wider call (onnxruntime's CPU MatMulNBits at accuracy level 4),
         # every call carries at least ``min_width`` tokens, padding a 1-token call and rolling the
         # pad back. Every position is then computed the same way whatever the draft length.
-        self.min_width = min_width if min_width is not None else width_policy(spec, providers)
         self.prefill_chunk = max(1, int(prefill_chunk))
         so = ort.SessionOptions()
         if threads:
@@ -56,6 +55,8 @@ class OnnxLM:
         except Exception as e:  # onnxruntime raises its own untyped exceptions
             raise EdgespecError(f"cannot open {spec.role} model {spec.path.name}: {str(e).splitlines()[0]}") from None
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
+        # decided on the provider that actually runs (a GPU provider may have fallen back to CPU)
+        self.min_width = min_width if min_width is not None else width_policy(spec, self.device)
         inputs = {i.name for i in self.session.get_inputs()}
         io = spec.io
         self._has_pos = bool(io.position_ids) and io.position_ids in inputs
@@ -156,7 +157,7 @@ class OnnxLM:
         return logits[-1]
 
 
-def width_policy(spec: ModelSpec, providers: ProviderChoice) -> int:
+def width_policy(spec: ModelSpec, device: str) -> int:
     """Minimum tokens per call that makes this graph's arithmetic independent of the call width.
 
     Measured (tests/test_exactness.py): on the CPU EP, MatMulNBits with accuracy level 4 (int8
@@ -164,7 +165,7 @@ def width_policy(spec: ModelSpec, providers: ProviderChoice) -> int:
     are bitwise equal to each other. Float graphs and lower accuracy levels differ by float
     rounding only (< 1e-4), and are run as they are.
     """
-    if providers.device == "cpu" and spec.quant.get("accuracy_level") == 4 and spec.precision in ("int4", "int8"):
+    if device == "cpu" and spec.quant.get("accuracy_level") == 4 and spec.precision in ("int4", "int8"):
         return 2
     return 1
 

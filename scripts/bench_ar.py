@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Autoregressive decoding, side by side in one run: edgespec vs onnxruntime-genai's own generator
+on the same graph, plus edgespec's time per token spent outside ``session.run``.
+
+    python scripts/bench_ar.py bundles/smollm2-int4 [bundles/qwen-int4 ...] --tokens 128 --reps 3
+
+Runs are interleaved (edgespec, genai, edgespec, ...) with the same prompt ids; the median of
+``--reps`` runs is reported. For INT4 accuracy-level-4 graphs edgespec's exact mode runs every
+target call with two tokens (README, "Exactness"); ``1-token`` is the same loop with that policy
+off (the arithmetic the kernel uses for one token), shown to price the policy.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import edgespec  # noqa: E402
+from genai_baseline import genai_autoregressive  # noqa: E402
+
+PROMPT = "Write a Python function that parses a CSV line into a list of fields, handling quoted fields."
+
+
+def edgespec_run(eng, ids, n, min_width=None):
+    """One greedy autoregressive run; returns (tokens, stats, seconds in session.run after prefill)."""
+    target = eng.decoder.target
+    saved = target.min_width
+    if min_width is not None:
+        target.min_width = min_width
+    try:
+        eng.reset()
+        out, st, after_prefill = [], None, None
+        for _, toks, st in eng.stream_ids(ids, max_new_tokens=n, drafter="none"):
+            if after_prefill is None:
+                after_prefill = target.run_seconds
+            out.extend(toks)
+        return out, st, target.run_seconds - after_prefill
+    finally:
+        target.min_width = saved
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundles", nargs="+")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    print("| bundle | edgespec exact tok/s | edgespec 1-token tok/s | genai tok/s | edgespec/genai | "
+          "overhead outside session.run | same tokens as genai |")
+    print("|---|---|---|---|---|---|---|")
+    for b in args.bundles:
+        eng = edgespec.load(b, use_drafter=False, threads=args.threads)
+        ids = eng.encode([{"role": "user", "content": PROMPT}]) if eng.manifest.chat_template else eng.encode(PROMPT)
+        # warm-up both
+        edgespec_run(eng, ids, 8)
+        genai_autoregressive(b, ids, 8, threads=args.threads)
+        ex, one, ga, over = [], [], [], []
+        same = True
+        for _ in range(args.reps):
+            out, st, _ = edgespec_run(eng, ids, args.tokens)
+            ex.append(st.tokens_per_second)
+            out1, st1, in_run = edgespec_run(eng, ids, args.tokens, min_width=1)
+            over.append(max(st1.decode_s - in_run, 0) / st1.decode_s)
+            one.append(st1.tokens_per_second)
+            gids, gdec, _ = genai_autoregressive(b, ids, args.tokens, threads=args.threads)
+            ga.append((len(gids) - 1) / gdec if gdec else 0)
+            same &= gids[: len(out1)] == out1
+        med = statistics.median
+        print(f"| {Path(b).name} | {med(ex):.1f} | {med(one):.1f} | {med(ga):.1f} | {med(one) / med(ga):.2f} | "
+              f"{100 * med(over):.1f}% | {'yes' if same else 'no'} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
