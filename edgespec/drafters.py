@@ -190,6 +190,7 @@ class CostModel:
     prior_slope: float = 0.15  # extra cost per extra verified token, as a fraction of a 1-token call
     target: dict[int, float] = field(default_factory=dict)
     draft_step: float | None = None
+    min_width: int = 1  # a target that always computes >= min_width positions costs that much at k = 0
 
     def observe_target(self, width: int, seconds: float) -> None:
         old = self.target.get(width)
@@ -202,6 +203,7 @@ class CostModel:
         self.draft_step = per if self.draft_step is None else (1 - self.ema) * self.draft_step + self.ema * per
 
     def target_cost(self, width: int) -> float:
+        width = max(width, self.min_width)
         if width in self.target:
             return self.target[width]
         if not self.target:

@@ -138,7 +138,7 @@ class Decoder:
         }
         self.last_stats: Stats | None = None
         self._lock = threading.Lock()
-        self._probe_every = 16
+        self._probe_every = 64
 
     @property
     def vocab(self) -> int:
@@ -175,8 +175,8 @@ class Decoder:
                 k, r = self.cost.best_k(alpha, cap, d.has_cost)
             if k > 0 and (r > best_rate or (fixed is not None and best_k == 0)):
                 best_name, best_k, best_rate = name, k, r
-        if best_k == 0 and fixed is None and idle >= self._probe_every and "model" in want:
-            best_name, best_k = "model", 1  # probe: keep the acceptance estimate alive
+        if best_name != "model" and fixed is None and idle >= self._probe_every and "model" in want:
+            best_name, best_k = "model", 1  # probe: keep the model's acceptance estimate alive
         if best_k == 0 and getattr(self.target, "min_width", 1) > 1:
             # the target computes at least two positions per call anyway (exactness policy):
             # fill the second with a free prompt-lookup guess instead of padding
@@ -220,6 +220,7 @@ class Decoder:
         before = target.calls
         st.reused_prompt_tokens = min(_common(target.tokens, prompt), len(prompt) - 1)
         t_run0 = target.run_seconds
+        self.cost.min_width = getattr(target, "min_width", 1)
         last = target.sync(prompt)
         st.target_s += target.run_seconds - t_run0
         st.target_calls += target.calls - before
@@ -257,8 +258,8 @@ class Decoder:
             else:
                 n, nxt = rejection_sample(draft.tokens, draft.probs, logits[:, : self.vocab], sp, rng)
             target.rewind(k - n)
+            idle = 0 if name == "model" else idle + 1  # rounds since the model drafter last drafted
             if k:
-                idle = 0
                 self.acceptance[name].update(n, k)
                 self.drafters[name].accept(n)
                 st.rounds += 1
@@ -272,7 +273,6 @@ class Decoder:
                     st.drafted_by_position[i] += 1
                     st.accepted_by_position[i] += 1 if i < n else 0
             else:
-                idle += 1
                 st.rounds_by_drafter["none"] = st.rounds_by_drafter.get("none", 0) + 1
             new = draft.tokens[:n] + [nxt]
             for j, t in enumerate(new):

@@ -169,7 +169,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     tsrc = resolve(target)
     dsrc = resolve(drafter) if drafter else None
     if target_precision == "fp8":
-        from .fp8 import export_fp8  # noqa: F401  (raises a clear error where unsupported)
+        raise ExportError("--target-precision fp8 is not implemented yet (E4M3 DequantizeLinear graphs "
+                          "for TensorRT); use int4, int8, fp16 or fp32")
     steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0)
     progress = Progress(steps, stream)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")

@@ -227,7 +227,7 @@ def test_auto_drops_a_drafter_that_never_agrees():
         d.cost.observe_target(w, t)
     run(d, [1, 2, 3], max_new_tokens=120, drafter="auto")
     st = d.last_stats
-    assert st.rounds_by_drafter.get("model", 0) <= 5
+    assert st.rounds_by_drafter.get("model", 0) <= 3 + st.rounds // 64  # a few tries, then rare probes
     assert st.rounds_by_drafter.get("prompt-lookup", 0) > 0.5 * st.rounds
 
 
@@ -239,5 +239,5 @@ def test_adaptive_model_drafter_stops_drafting_when_it_does_not_pay():
     d = Decoder(target, (), model_drafter=ModelDrafter(bad, 8), clock=clock)
     run(d, [1, 2, 3], max_new_tokens=120, drafter="model")
     st = d.last_stats
-    # k = 0 rounds, with a one-token probe every 16 idle rounds to keep the estimate alive
+    # k = 0 rounds, with a one-token probe every 64 rounds to keep the estimate alive
     assert st.rounds_by_drafter.get("none", 0) > 0.75 * (st.target_calls - 1)

@@ -99,3 +99,10 @@ def test_info_cli(tiny_bundle):
     assert r.exit_code == 0 and "validation vs torch: ✓" in r.output and "sha256 verified" in r.output
     r = CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"])
     assert json.loads(r.output)["schema_version"] == 1
+
+
+def test_fp8_is_refused_clearly(tiny_dirs, tmp_path):
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"),
+                                  "--target-precision", "fp8"])
+    assert r.exit_code == 6 and "fp8 is not implemented" in r.output
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,24 @@
+"""The Qwen2.5-Coder pair (1.5B INT4 target, 0.5B INT8 drafter), when its bundle has been exported
+(README, "Real models"). Too heavy for CI's budget; run by hand and by the benchmarks."""
+from __future__ import annotations
+
+import pytest
+
+import edgespec
+from conftest import BUNDLES
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_pair_greedy_speculative_equals_autoregressive():
+    bundle = BUNDLES / "qwen-coder"
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    eng = edgespec.load(bundle, max_context=1024)
+    for prompt in ("def quicksort(arr):", "Explain what a hash map is in two sentences."):
+        msgs = [{"role": "user", "content": prompt}]
+        eng.reset()
+        ref = eng.generate(msgs, max_new_tokens=48, drafter="none").token_ids
+        for d, k in (("model", None), ("model", 4), ("prompt-lookup", None), ("auto", None)):
+            eng.reset()
+            assert eng.generate(msgs, max_new_tokens=48, drafter=d, draft_tokens=k).token_ids == ref, (prompt, d, k)
