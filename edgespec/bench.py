@@ -287,10 +287,7 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_ylabel("tokens/s")
     ax.set_title("Decode speed by category and drafter")
     ax.legend()
-    fig.tight_layout()
-    files.append(out / "tokens_per_second.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, out / "tokens_per_second.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for d in drafters:
@@ -309,10 +306,7 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_ylim(0, 1.05)
     ax.set_title("Acceptance by draft position")
     ax.legend()
-    fig.tight_layout()
-    files.append(out / "acceptance_by_position.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, out / "acceptance_by_position.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     parts = ("draft_s", "target_s", "other_s")
@@ -324,10 +318,7 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_ylabel("seconds (all prompts)")
     ax.set_title("Time split: drafter / target / other")
     ax.legend()
-    fig.tight_layout()
-    files.append(out / "time_split.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, out / "time_split.png"))
 
     m = rep.memory
     if m.get("samples"):
@@ -340,8 +331,14 @@ def _plots(rep: Report, out: Path) -> list[Path]:
         ax.set_ylabel("MiB")
         ax.set_title("Memory over time")
         ax.legend()
-        fig.tight_layout()
-        files.append(out / "memory.png")
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+        files.append(_save(fig, out / "memory.png"))
     return files
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

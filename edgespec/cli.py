@@ -76,24 +76,42 @@ _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE"
 _provider_opt = click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default=None,
                              help="Execution provider (overrides the profile; an error if it cannot run).")
 
+def _sampling_opts(f):
+    """--temperature --top-k --top-p --seed, shared by generate and chat."""
+    for opt in reversed((
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy."),
+        click.option("--top-k", type=int, default=0),
+        click.option("--top-p", type=float, default=1.0),
+        click.option("--seed", type=int, default=None),
+    )):
+        f = opt(f)
+    return f
+
+
+def _engine_opts(f):
+    """--drafter --draft-tokens --max-context --threads --profile --provider, shared by generate and chat."""
+    for opt in reversed((
+        click.option("--drafter", type=click.Choice(["model", "prompt-lookup", "auto", "none"]), default=None,
+                     help="Drafting policy (default: the profile's, auto)."),
+        click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive)."),
+        click.option("--max-context", type=int, default=None),
+        click.option("--threads", type=int, default=None),
+        _profile_opt,
+        _provider_opt,
+    )):
+        f = opt(f)
+    return f
+
+
 
 @main.command()
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
 @click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
 @click.option("--chat/--raw", "as_chat", default=False, help="Wrap the prompt in the chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-k", type=int, default=0)
-@click.option("--top-p", type=float, default=1.0)
-@click.option("--seed", type=int, default=None)
+@_sampling_opts
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--drafter", type=click.Choice(["model", "prompt-lookup", "auto", "none"]), default=None,
-              help="Drafting policy (default: the profile's, auto).")
-@click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive).")
-@click.option("--max-context", type=int, default=None)
-@click.option("--threads", type=int, default=None)
-@_profile_opt
-@_provider_opt
+@_engine_opts
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json):
@@ -123,17 +141,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-k", type=int, default=0)
-@click.option("--top-p", type=float, default=1.0)
-@click.option("--seed", type=int, default=None)
-@click.option("--drafter", type=click.Choice(["model", "prompt-lookup", "auto", "none"]), default=None,
-              help="Drafting policy (default: the profile's, auto).")
-@click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive).")
-@click.option("--max-context", type=int, default=None)
-@click.option("--threads", type=int, default=None)
-@_profile_opt
-@_provider_opt
+@_sampling_opts
+@_engine_opts
 @click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
 @click.pass_context
 def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, drafter, draft_tokens, max_context,

@@ -10,7 +10,7 @@ import numpy as np
 
 from .drafters import Acceptance, CostModel, Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from .errors import ConfigError, ContextOverflowError
-from .onnx_lm import OnnxLM
+from .onnx_lm import OnnxLM, _common_prefix
 from .sampling import SamplingParams, probs, sample
 from .verify import greedy_accept, rejection_sample
 
@@ -218,7 +218,7 @@ class Decoder:
         t_start = self.clock()
         st.prompt_tokens = len(prompt)
         before = target.calls
-        st.reused_prompt_tokens = min(_common(target.tokens, prompt), len(prompt) - 1)
+        st.reused_prompt_tokens = min(_common_prefix(target.tokens, prompt), len(prompt) - 1)
         t_run0 = target.run_seconds
         self.cost.min_width = getattr(target, "min_width", 1)
         last = target.sync(prompt)
@@ -294,8 +294,3 @@ class Decoder:
         st.finish_reason = reason
         st.total_s = self.clock() - t_start
 
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    from .onnx_lm import _common_prefix
-
-    return _common_prefix(a, b)

@@ -255,10 +255,6 @@ def _eos_ids(tok, src: Source) -> list[int]:
         ids.update([e] if isinstance(e, int) else list(e or []))
     except Exception:  # noqa: BLE001 - a missing generation config is normal
         pass
-    for special in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        i = tok.convert_tokens_to_ids(special)
-        if isinstance(i, int) and i != tok.unk_token_id and special == tok.eos_token:
-            ids.add(i)
     return sorted(ids)
 
 
