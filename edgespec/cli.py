@@ -37,7 +37,10 @@ def main():
 @click.option("--drafter-precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32",
               show_default=True)
 @click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
-@click.option("--block-size", type=int, default=32, show_default=True, help="INT4/INT8 quantization block size.")
+@click.option("--block-size", type=int, default=32, show_default=True,
+              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block).")
+@click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
+              help="FP8 weight scales: per output channel (TensorRT's layout) or per block.")
 @click.option("--asymmetric", is_flag=True, help="INT4/INT8 with zero points (default symmetric).")
 @click.option("--accuracy-level", type=int, default=4, show_default=True,
               help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
@@ -46,8 +49,8 @@ def main():
 @click.option("--quantize-embeddings", is_flag=True, help="Quantize the embedding table too.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
-def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size, asymmetric,
-           accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, no_quality, force):
+def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size, fp8_scheme,
+           asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, no_quality, force):
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
     try:
         from edgespec_export import export_bundle
@@ -56,7 +59,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
     q = QuantOptions(block_size=block_size, symmetric=not asymmetric, accuracy_level=accuracy_level,
                      algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
-                     quantize_embeddings=quantize_embeddings)
+                     quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q,
                         force=force, quality=not no_quality)

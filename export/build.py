@@ -23,6 +23,7 @@ class QuantOptions:
     quantize_lm_head: bool = True
     quantize_embeddings: bool = False
     algorithm: str = "rtn"  # rtn | k_quant
+    fp8_scheme: str = "channel"  # channel | block (FP8 scales; block uses block_size)
 
     def __post_init__(self):
         if self.block_size not in (16, 32, 64, 128, 256):
@@ -31,6 +32,8 @@ class QuantOptions:
             raise ExportError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
         if self.algorithm not in ("rtn", "k_quant"):
             raise ExportError(f"--quant-algo must be rtn or k_quant, got {self.algorithm!r}")
+        if self.fp8_scheme not in ("channel", "block"):
+            raise ExportError(f"--fp8-scheme must be channel or block, got {self.fp8_scheme!r}")
 
     def to_dict(self) -> dict:
         return {"block_size": self.block_size, "symmetric": self.symmetric, "accuracy_level": self.accuracy_level,
@@ -58,7 +61,7 @@ def builder_args(precision: str, quant: QuantOptions) -> tuple[str, str, dict]:
         if not quant.quantize_lm_head:
             extra["nodes_to_exclude"] = "/lm_head/MatMul"
         return precision, "cpu", extra
-    if precision == "fp32":
+    if precision in ("fp32", "fp8"):  # fp8: the float32 graph, rewritten by export/fp8.py
         return "fp32", "cpu", extra
     if precision == "fp16":
         # FP16 graphs are built for CUDA (the builder's only FP16 layout); onnxruntime's CPU EP runs them too.

@@ -126,7 +126,16 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     del model
     gc.collect()
     build = run_builder(build_input, stage / role, stage / "_cache", precision, quant, log=progress.log)
+    fp8 = None
+    if precision == "fp8":
+        from .fp8 import convert_model_dir
+
+        progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
+        fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
+                                log=progress.log)
     entry = _model_entry(stage, role, build, config, precision, quant, fingerprint, ctx)
+    if fp8 is not None:
+        entry["quant"] = fp8
     del params, config
     # keep only the graph, its data and genai_config.json (for side-by-side runs with onnxruntime-genai)
     for f in (stage / role).iterdir():
@@ -145,6 +154,24 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
     return entry
+
+
+def _check_combination(precision: str, quant: QuantOptions) -> None:
+    """Options that do nothing for the chosen target precision are errors, not silently ignored."""
+    default = QuantOptions()
+    if precision not in ("int4", "int8"):
+        for flag, differs in (("--asymmetric", not quant.symmetric), ("--quant-algo", quant.algorithm != "rtn"),
+                              ("--quantize-embeddings", quant.quantize_embeddings),
+                              ("--no-quantize-lm-head", not quant.quantize_lm_head and precision != "fp8"),
+                              ("--accuracy-level", quant.accuracy_level != default.accuracy_level)):
+            if differs:
+                raise ExportError(f"{flag} applies to int4/int8 targets, not {precision}")
+    if precision != "fp8" and quant.fp8_scheme != default.fp8_scheme:
+        raise ExportError(f"--fp8-scheme applies to fp8 targets, not {precision}")
+    if precision not in ("int4", "int8", "fp8") and quant.block_size != default.block_size:
+        raise ExportError(f"--block-size applies to int4/int8/fp8 targets, not {precision}")
+    if precision == "fp8" and quant.block_size != default.block_size and quant.fp8_scheme != "block":
+        raise ExportError("--block-size with fp8 needs --fp8-scheme block (channel scales have no blocks)")
 
 
 def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = None,
@@ -168,9 +195,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     drafter_quant = drafter_quant or QuantOptions(accuracy_level=4)
     tsrc = resolve(target)
     dsrc = resolve(drafter) if drafter else None
-    if target_precision == "fp8":
-        raise ExportError("--target-precision fp8 is not implemented yet (E4M3 DequantizeLinear graphs "
-                          "for TensorRT); use int4, int8, fp16 or fp32")
+    _check_combination(target_precision, quant)
     steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0)
     progress = Progress(steps, stream)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")

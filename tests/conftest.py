@@ -62,6 +62,13 @@ def tiny_int4_bundle(tmp_path_factory, tiny_dirs):
                    target_precision="int4", drafter_precision="fp32")
 
 
+@pytest.fixture(scope="session")
+def tiny_fp8_bundle(tmp_path_factory, tiny_dirs):
+    """FP8 (E4M3, per-channel scales) target with an INT8 drafter, quality report included."""
+    return _export(tmp_path_factory, "tiny-fp8", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                   target_precision="fp8", drafter_precision="int8", quality=True)
+
+
 def _smol(tmp_path_factory, precision):
     need(SMOL_GGUF, "SmolLM2-135M")
     pre = BUNDLES / f"smollm2-{precision}"

@@ -101,8 +101,79 @@ def test_info_cli(tiny_bundle):
     assert json.loads(r.output)["schema_version"] == 1
 
 
-def test_fp8_is_refused_clearly(tiny_dirs, tmp_path):
-    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"),
-                                  "--target-precision", "fp8"])
-    assert r.exit_code == 6 and "fp8 is not implemented" in r.output
+def _ops(bundle, role="target") -> dict:
+    import onnx
+
+    m = onnx.load(str(bundle / role / "model.onnx"), load_external_data=False)
+    ops: dict = {}
+    for n in m.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    fp8 = sum(1 for t in m.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN)
+    return {**ops, "fp8_initializers": fp8}
+
+
+def test_fp8_round_trip(tiny_fp8_bundle):
+    m = load_manifest(tiny_fp8_bundle, deep=True)
+    ops = _ops(tiny_fp8_bundle)
+    # every MatMul (q/k/v or qkv, o, gate, up, down per layer, and the lm_head) reads an FP8 weight
+    assert ops["DequantizeLinear"] == ops["fp8_initializers"] == ops["MatMul"] >= 4 * m.target.num_layers + 1
+    assert "MatMulNBits" not in ops
+    assert m.target.quant["format"] == "float8e4m3fn" and m.target.quant["scheme"] == "channel"
+    assert m.target.quant["relative_weight_error"] < 0.05  # E4M3 keeps ~3 significant bits
+    v, q = m.target.validation, m.target.quality
+    assert v["passed"] and v["top1_agreement"] >= 0.9
+    assert abs(q["perplexity_delta"]) / q["perplexity_torch"] < 0.02 and q["top1_agreement"] >= 0.9
+    # the drafter asked for int8 is MatMulNBits with 8 bits
+    assert m.drafter.precision == "int8" and _ops(tiny_fp8_bundle, "drafter").get("MatMulNBits", 0) >= 4
+    r = CliRunner().invoke(main, ["info", str(tiny_fp8_bundle)])
+    assert r.exit_code == 0 and "runs them slowly" in r.output
+
+
+def test_fp8_greedy_speculation_is_exact(tiny_fp8_bundle):
+    from edgespec import load
+
+    eng = load(tiny_fp8_bundle)
+    for prompt in ("hello world", "the quick brown fox jumps"):
+        ar = eng.generate(prompt, max_new_tokens=24, drafter="none").token_ids
+        for drafter in ("model", "prompt-lookup"):
+            assert eng.generate(prompt, max_new_tokens=24, drafter=drafter, draft_tokens=3).token_ids == ar, drafter
+
+
+@pytest.mark.parametrize("target, drafter, extra", [
+    ("fp8", None, ["--fp8-scheme", "block", "--block-size", "16"]),
+    ("int8", "int4", ["--block-size", "16", "--asymmetric"]),
+    ("fp16", "fp16", []),
+])
+def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
+    out = tmp_path / "b"
+    args = ["export", str(tiny_dirs["qwen2"]), "-o", str(out), "--target-precision", target, "--no-quality", *extra]
+    if drafter:
+        args += ["--drafter", str(tiny_dirs["drafter"]), "--drafter-precision", drafter]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    m = load_manifest(out, deep=True)
+    assert m.target.precision == target and m.target.validation["passed"], m.target.validation
+    ops = _ops(out)
+    if target == "fp8":
+        assert ops["DequantizeLinear"] == ops["fp8_initializers"] > 0 and m.target.quant["block_size"] == 16
+    elif target == "int8":
+        assert ops["MatMulNBits"] > 0 and m.target.quant["block_size"] == 16 and not m.target.quant["symmetric"]
+    else:
+        assert m.target.kv_dtype == "float16" and "MatMulNBits" not in ops
+    if drafter:
+        assert m.drafter.precision == drafter
+    from edgespec import load
+
+    assert len(load(out).generate("hello", max_new_tokens=4, drafter="auto").token_ids) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-precision", "fp32", "--asymmetric"], "--asymmetric applies to int4/int8"),
+    (["--target-precision", "fp8", "--block-size", "64"], "needs --fp8-scheme block"),
+    (["--target-precision", "int4", "--fp8-scheme", "block"], "--fp8-scheme applies to fp8"),
+    (["--target-precision", "fp16", "--quant-algo", "k_quant"], "--quant-algo applies to int4/int8"),
+])
+def test_options_that_do_nothing_are_refused(tiny_dirs, tmp_path, args, message):
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), *args])
+    assert r.exit_code == 6 and message in r.output, r.output
     assert not (tmp_path / "b").exists()
