@@ -79,6 +79,7 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     tail: list[str] = []
     buf = b""
+    quantized = 0
     assert proc.stdout is not None
     while True:
         chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
@@ -91,6 +92,12 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
             if not line:
                 continue
             tail = (tail + [line])[-20:]
+            if "matmul_nbits_quantizer" in line:  # one INFO line per node: condense to a count
+                if "complete quantization" in line:
+                    quantized += 1
+                    if quantized % 25 == 1:
+                        log(f"    builder: quantized {quantized} MatMuls ...")
+                continue
             if line.startswith(("Reading layer", "Saving ONNX", "Quantizing", "Reading embedding", "Reading LM head",
                                 "Saving GenAI")) or "it/s]" not in line and len(line) < 160:
                 log(f"    builder: {line}")
