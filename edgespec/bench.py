@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .errors import ConfigError
 
@@ -22,8 +22,9 @@ DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
 
 def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None,
-                 categories: Sequence[str] | None = None) -> list[dict]:
-    """Read Spec-Bench's question.jsonl format: question_id, category, turns (list of strings)."""
+                 categories: Sequence[str] | None = None, per_category: int | None = None) -> list[dict]:
+    """Read Spec-Bench's question.jsonl format: question_id, category, turns (list of strings).
+    ``per_category`` keeps the first N prompts of each category, ``limit`` the first N in all."""
     p = Path(path) if path else DEFAULT_PROMPTS
     if not p.is_file():
         raise ConfigError(f"no such prompt file: {p}")
@@ -40,6 +41,8 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
         q.setdefault("category", "default")
         q.setdefault("question_id", str(n))
         if categories and q["category"] not in categories:
+            continue
+        if per_category and sum(1 for o in out if o["category"] == q["category"]) >= per_category:
             continue
         out.append(q)
     if limit:
@@ -186,6 +189,8 @@ class Report:
                              f"{f(v['acceptance_rate'])} | {f(v['mean_accepted_length'])} | "
                              f"{f(v['tokens_per_target_call'])} | {f(v['ttft_ms'], 0)} | {f(v['tpot_ms'], 1)} | "
                              f"{'✓' if v['exact'] else '✗'} |")
+        lines += ["", "tok/s: new tokens after the first over decode time; speedup: against `none` (edgespec's exact "
+                      "autoregressive decoding) in this run; exact: the same tokens as `none`."]
         m = self.memory
         if m:
             lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB; plan {m['planned_bytes'] / 2**20:.0f} MiB; "
@@ -208,14 +213,27 @@ def _device(engine) -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "providers": engine.providers.primary}
 
 
+External = Callable[[list[int], int], dict]
+"""Another generator run beside edgespec's in the same bench (e.g. onnxruntime-genai, see
+scripts/bench_spec.py): called with (prompt ids, max_new_tokens), it returns a dict with
+``token_ids``, ``decode_s``, ``ttft_ms`` and optionally ``drafted``, ``accepted``, ``rounds``,
+``target_calls``."""
+
+
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
-              draft_tokens: int | None = None, log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
-    for d in drafters:
-        if d not in ("model", "prompt-lookup", "auto", "none"):
-            raise ConfigError(f"unknown drafter {d!r} in --drafters")
+              draft_tokens: int | None = None, external: dict[str, External] | None = None,
+              log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+    fixed_k: dict[str, int | None] = {}
+    for d in drafters:  # "model" (k from --draft-tokens or adaptive) or "model:4" (k fixed at 4)
+        name, _, k = d.partition(":")
+        if name not in ("model", "prompt-lookup", "auto", "none") or (k and (not k.isdigit() or name == "none")):
+            raise ConfigError(f"unknown drafter {d!r} in --drafters (model, prompt-lookup, auto, none; "
+                              f"a fixed draft length as model:4)")
+        fixed_k[d] = int(k) if k else draft_tokens
+    external = dict(external or {})
     order = ["none"] + [d for d in drafters if d != "none"]
     rep = Report(str(engine.manifest.root), _device(engine),
-                 {"max_new_tokens": max_new_tokens, "drafters": order, "draft_tokens": draft_tokens,
+                 {"max_new_tokens": max_new_tokens, "drafters": order + list(external), "draft_tokens": draft_tokens,
                   "prompts": len(prompts)}, plan=engine.plan.to_dict())
     tok = engine.tokenizer
     has_template = bool(engine.manifest.chat_template)
@@ -235,7 +253,8 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     out: list[int] = []
                     st = None
                     for _, toks, st in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=0.0,
-                                                         drafter=d, draft_tokens=None if d == "none" else draft_tokens):
+                                                         drafter=d.partition(":")[0],
+                                                         draft_tokens=None if d == "none" else fixed_k[d]):
                         out.extend(toks)
                     if d == "none":
                         ref, reply_ids = out, out
@@ -248,6 +267,19 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
                         f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
                         + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))
+                for name, fn in external.items():
+                    x = fn(list(ids), max_new_tokens)
+                    out, secs = list(x["token_ids"]), float(x["decode_s"])
+                    n = len(out)
+                    exact = out == ref
+                    tps = (n - 1) / secs if secs > 0 and n > 1 else 0.0
+                    rep.runs.append(Run(q["question_id"], q["category"], ti, name, n, float(x.get("ttft_ms", 0.0)),
+                                        secs, tps, 1000 * secs / max(1, n - 1), int(x.get("drafted", 0)),
+                                        int(x.get("accepted", 0)), int(x.get("rounds", 0)),
+                                        int(x.get("target_calls", n)), 0.0, secs, 0.0, [], [], exact))
+                    acc = x.get("accepted", 0) / x["drafted"] if x.get("drafted") else 0.0
+                    log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {name:13s} "
+                        f"{tps:6.1f} tok/s  acc {acc:.2f}" + ("" if exact else "  differs from edgespec's greedy"))
                 history.append({"role": "assistant", "content": tok.decode(reply_ids)})
     rep.memory = {"peak_bytes": MemorySampler.peak(), "planned_bytes": engine.plan.total,
                   "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}

@@ -198,9 +198,12 @@ def profiles(as_json):
 @_provider_opt
 @click.option("--no-drafter", is_flag=True, help="Plan without the drafter model.")
 @click.option("--measure", is_flag=True,
-              help="Also load the engine, prefill ~200 tokens, decode 32 and print the measured peak memory.")
+              help="Also load the engine, fill the planned context (prefill, then decode 32) and print the "
+                   "measured peak memory against the plan.")
+@click.option("--measure-tokens", type=int, default=None,
+              help="With --measure: prefill this many tokens instead of filling the context.")
 @click.option("--json", "as_json", is_flag=True)
-def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, as_json):
+def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measure_tokens, as_json):
     """Show how a profile's memory budget is spent on BUNDLE, or why it does not fit."""
     from .manifest import load_manifest
     from .profiles import plan, resolve_profile
@@ -212,9 +215,10 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, as_jso
     if measure:
         from .measure import measure as measure_engine
 
-        click.echo("measuring: loading, prefilling ~200 tokens, decoding 32 ...", err=True)
-        _, samples = measure_engine(bundle, profile=prof, provider=provider, max_context=max_context,
-                                    use_drafter=not no_drafter)
+        what = f"~{measure_tokens} tokens" if measure_tokens else f"the context ({p.context} tokens)"
+        click.echo(f"measuring: loading, filling {what}, decoding 32 ...", err=True)
+        _, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,
+                                    max_context=max_context, use_drafter=not no_drafter)
     if as_json:
         out = {"bundle": str(m.root), "profile": prof.name, "plan": p.to_dict()}
         if samples is not None:
@@ -290,9 +294,11 @@ def info(bundle, verify, as_json):
 @click.option("--prompts", "prompts_file", type=click.Path(), default=None,
               help="Spec-Bench question.jsonl (question_id, category, turns); default: the shipped set.")
 @click.option("--drafters", default="model,prompt-lookup,auto,none", show_default=True,
-              help="Comma-separated drafters to compare (none is always run as the baseline).")
+              help="Comma-separated drafters to compare (none is always run as the baseline); "
+                   "model:4 fixes the model drafter's k at 4.")
 @click.option("--categories", default=None, help="Comma-separated categories to keep.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--per-category", type=int, default=None, help="Use only the first N prompts of each category.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--draft-tokens", type=int, default=None, help="Fixed k (default adaptive).")
 @click.option("--max-context", type=int, default=None)
@@ -301,17 +307,18 @@ def info(bundle, verify, as_json):
 @_provider_opt
 @click.option("--out", "out_dir", type=click.Path(), default="reports/bench", show_default=True)
 @click.option("--no-plots", is_flag=True)
-def bench(bundle, prompts_file, drafters, categories, limit, max_new_tokens, draft_tokens, max_context, threads,
-          profile, provider, out_dir, no_plots):
+def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_new_tokens, draft_tokens, max_context,
+          threads, profile, provider, out_dir, no_plots):
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
     from .bench import read_prompts, run_bench, write_report
 
     names = [d.strip() for d in drafters.split(",") if d.strip()]
-    prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None)
-    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter="model" in names or "auto" in names)
-    if "model" in names and eng.decoder.drafters.get("model") is None:
+    prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
+    wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model)
+    if eng.decoder.drafters.get("model") is None and any(n.startswith("model") for n in names):
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
-        names = [n for n in names if n != "model"]
+        names = [n for n in names if not n.startswith("model")]
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)

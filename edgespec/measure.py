@@ -85,17 +85,20 @@ def sample(stage: str, gpu: bool = False) -> MemorySample:
     return MemorySample(stage, peak_rss(), st.get("VmHWM"), st.get("VmRSS"), used, scope)
 
 
-def measure(bundle, *, prompt_tokens: int = 200, new_tokens: int = 32, **load_kw):
-    """Load ``bundle`` with ``edgespec.load(**load_kw)``, prefill a prompt of about ``prompt_tokens``
-    tokens and decode ``new_tokens`` greedily (end-of-sequence ignored, so all of them are decoded),
-    sampling memory after each stage. Returns ``(engine, samples)``."""
+def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, **load_kw):
+    """Load ``bundle`` with ``edgespec.load(**load_kw)``, prefill a prompt of ``prompt_tokens``
+    tokens (default: enough to fill the context with the decoded tokens, the case the plan budgets
+    for: KV pages become resident only when written) and decode ``new_tokens`` greedily
+    (end-of-sequence ignored, so all of them are decoded), sampling memory after each stage.
+    Returns ``(engine, samples)``."""
     from .api import load
 
     samples = [sample("before load")]
     engine = load(bundle, **load_kw)
     gpu = engine.providers.device == "cuda"
     samples.append(sample("after load", gpu))
-    n = max(1, min(prompt_tokens, engine.max_context - new_tokens - 1))
+    room = engine.max_context - new_tokens - 1
+    n = max(1, min(prompt_tokens, room) if prompt_tokens else room)
     reps = 1
     ids = engine.encode(_FILLER)
     while len(ids) < n and reps < 1024:  # grow the text until it is long enough

@@ -437,8 +437,8 @@ def test_cli_plan_refusals(tiny_bundle, tmp_path):
 
 
 def test_cli_plan_measure(tiny_bundle, tmp_path):
-    """A fresh process (no torch) loads the tiny bundle, prefills ~200 tokens and decodes 32: its
-    measured peak resident memory must stay inside the plan, which checks RUNTIME_BASE_BYTES."""
+    """A fresh process (no torch) loads the tiny bundle, fills its 256-token context (prefill, then
+    32 decoded): its measured peak resident memory must stay inside the plan."""
     prof = _write(tmp_path, "memory_budget_mb = 1024\nmax_context = 256\n", "measure.toml")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(tiny_bundle), "--profile", str(prof),
@@ -447,7 +447,7 @@ def test_cli_plan_measure(tiny_bundle, tmp_path):
     data = json.loads(out.stdout)
     stages = [s["stage"] for s in data["measured"]]
     assert stages[0] == "before load" and stages[1] == "after load"
-    assert stages[2] == "after prefill (200 tokens)" and stages[3] == "after decoding 32 tokens"
+    assert stages[2] == "after prefill (223 tokens)" and stages[3] == "after decoding 32 tokens"
     peak = max(s["vm_hwm"] or s["peak_rss"] for s in data["measured"])
     assert 0 < peak <= data["plan"]["total"], (peak / MiB, data["plan"]["total"] / MiB)
     # and the human-readable form
@@ -455,3 +455,19 @@ def test_cli_plan_measure(tiny_bundle, tmp_path):
                           "--measure"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "measured peak resident" in out.stdout and "after decoding 32 tokens" in out.stdout
+
+
+@pytest.mark.real
+def test_plan_matches_measured_memory_on_smollm2(smol_int4):
+    """The plan is the memory of a full context: measured in a fresh process that fills the
+    context, the peak resident set must be within 15% of the planned total."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(smol_int4), "--profile", "cpu-8gb",
+                          "--max-context", "2048", "--measure", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    peak = max(s["vm_hwm"] or s["peak_rss"] for s in data["measured"])
+    planned = data["plan"]["total"]
+    assert data["plan"]["context"] == 2048
+    assert abs(peak / planned - 1) <= 0.15, f"measured {peak / MiB:.0f} MiB vs planned {planned / MiB:.0f} MiB"

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Speculative decoding per category, side by side in one run: edgespec's drafters against
+edgespec's own autoregressive decoding and against onnxruntime-genai (autoregressive, draft-model
+speculation, n-gram speculation) on the same bundle graphs.
+
+    python scripts/bench_spec.py bundles/qwen-coder --per-category 1 --max-new-tokens 64 \\
+        --out reports/spec-qwen
+
+For every prompt (and chat turn) each runner generates greedily from the same prompt ids, one
+after the other, so every figure comes from the same machine state. ``speedup`` is against
+edgespec's ``none`` (exact autoregressive) in the same run; ``exact`` says whether a runner's tokens
+equal that reference. genai rows: ``genai-ar`` (its generator, no speculation), ``genai-draft:K``
+(the bundle's drafter graph as genai's draft model, K tokens per round), ``genai-ngram:K``
+(prompt lookup with ngram size N, up to K tokens). Writes report.json / report.md / plots like
+``edgespec bench``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import edgespec  # noqa: E402
+from edgespec.bench import read_prompts, run_bench, write_report  # noqa: E402
+from genai_baseline import genai_autoregressive, genai_speculative  # noqa: E402
+
+
+def genai_runners(bundle: Path, k: int, ngram_size: int, with_draft: bool, threads: int | None) -> dict:
+    target = bundle / "target"
+
+    def ar(ids, n):
+        out, dec, pre = genai_autoregressive(target, ids, n, threads=threads)
+        return {"token_ids": out, "decode_s": dec, "ttft_ms": 1000 * pre, "target_calls": len(out)}
+
+    def spec(drafter_dir):
+        def run(ids, n):
+            out, dec, st = genai_speculative(target, ids, n, k, drafter_dir, ngram_size=ngram_size, threads=threads)
+            return {"token_ids": out, "decode_s": dec, "ttft_ms": 1000 * st["prefill_seconds"],
+                    "drafted": st.get("draft_tokens_proposed", 0), "accepted": st.get("draft_tokens_accepted", 0),
+                    "rounds": st.get("rounds", 0), "target_calls": st.get("target_forward_passes", len(out))}
+        return run
+
+    runners = {"genai-ar": ar}
+    if with_draft:
+        runners[f"genai-draft:{k}"] = spec(bundle / "drafter")
+    runners[f"genai-ngram:{k}"] = spec(None)
+    return runners
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle")
+    ap.add_argument("--drafters", default="model,model:4,prompt-lookup,auto",
+                    help="edgespec drafters (none always runs as the baseline); model:4 fixes k")
+    ap.add_argument("--genai-k", type=int, default=4, help="draft tokens per round for genai's speculation")
+    ap.add_argument("--ngram-size", type=int, default=4, help="genai n-gram size (matches the last N-1 tokens)")
+    ap.add_argument("--no-genai", action="store_true")
+    ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--categories", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="reports/spec")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+
+    bundle = Path(args.bundle).resolve()
+    names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    eng = edgespec.load(bundle, threads=args.threads)
+    has_model = eng.decoder.drafters.get("model") is not None
+    if not has_model:
+        names = [n for n in names if not n.startswith("model")]
+    prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
+                           per_category=args.per_category)
+    external = {} if args.no_genai else genai_runners(bundle, args.genai_k, args.ngram_size, has_model, args.threads)
+    if external:  # first calls of genai's sessions pick kernels: keep them out of the figures
+        warm = eng.tokenizer.encode("Hello")
+        for fn in external.values():
+            fn(warm, 8)
+    print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + names}, "
+          f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
+    rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external)
+    files = write_report(rep, args.out, plots=not args.no_plots)
+    print(rep.markdown())
+    print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+    return 0 if all(r.exact is not False for r in rep.runs if not r.drafter.startswith("genai")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
