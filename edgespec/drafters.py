@@ -51,9 +51,12 @@ class ModelDrafter:
     name = "model"
     has_cost = True
 
-    def __init__(self, lm: OnnxLM, target_vocab: int):
+    def __init__(self, lm: OnnxLM, target_vocab: int, min_confidence: float = 0.0):
         self.lm = lm
         self.target_vocab = target_vocab
+        # stop a draft early once the drafter's own top probability falls below this: an unsure
+        # drafter is mostly rejected, and every step saved is a drafter call saved (0 = never stop)
+        self.min_confidence = min_confidence
         self.stats = DrafterStats()
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -72,14 +75,17 @@ class ModelDrafter:
         tokens: list[int] = []
         rows = []
         for i in range(k):
+            row = logits[: self.target_vocab]
             if sp.greedy:
-                tok = int(np.argmax(logits[: self.target_vocab]))
+                tok = int(np.argmax(row))
             else:
-                q = probs(logits[: self.target_vocab], sp)
+                q = probs(row, sp)
                 tok = sample(q, rng)
                 rows.append(q)
             tokens.append(tok)
             if i < k - 1:
+                if self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
+                    break  # the decision uses only the drafter's state: any stopping rule keeps exactness
                 logits = self.lm.forward([tok])[-1]
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += self.lm.calls - calls0
@@ -89,6 +95,12 @@ class ModelDrafter:
 
     def accept(self, n_accepted: int) -> None:
         self.stats.accepted += n_accepted
+
+
+def _top_prob(logits: np.ndarray) -> float:
+    """The largest softmax probability of a row of logits."""
+    m = float(logits.max())
+    return 1.0 / float(np.exp(logits - m, dtype=np.float32).sum())
 
 
 class PromptLookupDrafter:
@@ -124,9 +136,14 @@ class PromptLookupDrafter:
         return self._buf[:n]
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
+        return self.lookup_match(context, k)[0]
+
+    def lookup_match(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(proposed tokens, length of the n-gram that matched); ([], 0) without a match. A longer
+        match predicts a higher acceptance, so the decoder keeps one estimate per match length."""
         k = min(k, self.max_draft)
         if k <= 0:
-            return []
+            return [], 0
         arr = self._sync(context)
         n = arr.shape[0]
         for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
@@ -139,8 +156,8 @@ class PromptLookupDrafter:
             hits = hits[hits + size < n]  # exclude the suffix itself
             if hits.size:
                 start = int(hits[-1]) + size
-                return [int(t) for t in arr[start: start + k]]
-        return []
+                return [int(t) for t in arr[start: start + k]], size
+        return [], 0
 
     def propose(self, context, k, sp, rng) -> Draft:
         t0 = time.perf_counter()

@@ -132,13 +132,15 @@ class Decoder:
         if model_drafter is not None:
             self.drafters["model"] = model_drafter
         self.cost = CostModel()
-        self.acceptance: dict[str, Acceptance] = {
-            "model": Acceptance(prior_accept=1.5, prior_reject=0.5),
-            "prompt-lookup": Acceptance(prior_accept=1.0, prior_reject=1.0),
-        }
+        # acceptance estimates: the model drafter's, and prompt lookup's per matched n-gram length
+        # ("prompt-lookup/3" for a 3-token match), since a longer match is a better predictor
+        self.acceptance: dict[str, Acceptance] = {"model": Acceptance(prior_accept=1.5, prior_reject=0.5)}
+        for size in range(1, self.drafters["prompt-lookup"].max_ngram + 1):
+            self.acceptance[f"prompt-lookup/{size}"] = Acceptance(prior_accept=0.5 + 0.5 * size, prior_reject=1.0)
         self.last_stats: Stats | None = None
         self._lock = threading.Lock()
         self._probe_every = 64
+        self._lookup_key = "prompt-lookup/1"  # the estimate the current lookup draft is judged by
 
     @property
     def vocab(self) -> int:
@@ -161,13 +163,15 @@ class Decoder:
         lookup_tokens: list[int] = []
         for name in want:
             d = self.drafters[name]
-            alpha = self.acceptance[name].alpha
             if name == "prompt-lookup":
-                lookup_tokens = d.lookup(context, kmax)
+                lookup_tokens, size = d.lookup_match(context, kmax)
                 if not lookup_tokens:
                     continue
+                self._lookup_key = f"prompt-lookup/{size}"
+                alpha = self.acceptance[self._lookup_key].alpha
                 cap = len(lookup_tokens)
             else:
+                alpha = self.acceptance[name].alpha
                 cap = kmax
             if fixed is not None:
                 k, r = cap, self.cost.rate(alpha, cap, d.has_cost)
@@ -180,7 +184,9 @@ class Decoder:
         if best_k == 0 and getattr(self.target, "min_width", 1) > 1:
             # the target computes at least two positions per call anyway (exactness policy):
             # fill the second with a free prompt-lookup guess instead of padding
-            lookup_tokens = lookup_tokens or self.drafters["prompt-lookup"].lookup(context, 1)
+            if not lookup_tokens:
+                lookup_tokens, size = self.drafters["prompt-lookup"].lookup_match(context, 1)
+                self._lookup_key = f"prompt-lookup/{size}"
             if lookup_tokens:
                 best_name, best_k = "prompt-lookup", 1
         if best_k == 0:
@@ -260,7 +266,7 @@ class Decoder:
             target.rewind(k - n)
             idle = 0 if name == "model" else idle + 1  # rounds since the model drafter last drafted
             if k:
-                self.acceptance[name].update(n, k)
+                self.acceptance[self._lookup_key if name == "prompt-lookup" else name].update(n, k)
                 self.drafters[name].accept(n)
                 st.rounds += 1
                 st.drafted += k
