@@ -38,6 +38,11 @@ class Result:
     finish_reason: str | None = None
 
 
+# A model draft stops once the drafter's top probability drops below this. Measured on the Qwen
+# pair, k=4: chat 18.2 -> 24.4 tok/s, summarization 16.2 -> 18.7, code unchanged (README).
+DRAFT_MIN_CONFIDENCE = 0.5
+
+
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
          threads: int | None = None, use_drafter: bool = True, verify: bool = False) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
@@ -62,13 +67,14 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         return with_load_options(choice, bundle_root=manifest.root, gpu_mem_limit=room)
 
     n_threads = threads if threads is not None else prof.threads
+    # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)
     target = OnnxLM(manifest.target, the_plan.context, options_for("target"), threads=n_threads,
                     prefill_chunk=the_plan.prefill_chunk)
     drafter = None
     if the_plan.drafter == "model" and manifest.drafter is not None:
         dlm = OnnxLM(manifest.drafter, the_plan.context, options_for("drafter"), threads=n_threads,
                      prefill_chunk=the_plan.prefill_chunk)
-        drafter = ModelDrafter(dlm, manifest.target.vocab_size)
+        drafter = ModelDrafter(dlm, manifest.target.vocab_size, min_confidence=DRAFT_MIN_CONFIDENCE)
     decoder = Decoder(target, manifest.eos_token_ids, model_drafter=drafter,
                       prompt_lookup=PromptLookupDrafter(max_draft=prof.max_draft_tokens))
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
