@@ -190,7 +190,7 @@ class Report:
                              f"{f(v['tokens_per_target_call'])} | {f(v['ttft_ms'], 0)} | {f(v['tpot_ms'], 1)} | "
                              f"{'✓' if v['exact'] else '✗'} |")
         lines += ["", "tok/s: new tokens after the first over decode time; speedup: against `none` (edgespec's exact "
-                      "autoregressive decoding) in this run; exact: the same tokens as `none`."]
+                      "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's speculative rows: as `genai-ar`)."]
         m = self.memory
         if m:
             lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB; plan {m['planned_bytes'] / 2**20:.0f} MiB; "
@@ -217,7 +217,8 @@ External = Callable[[list[int], int], dict]
 """Another generator run beside edgespec's in the same bench (e.g. onnxruntime-genai, see
 scripts/bench_spec.py): called with (prompt ids, max_new_tokens), it returns a dict with
 ``token_ids``, ``decode_s``, ``ttft_ms`` and optionally ``drafted``, ``accepted``, ``rounds``,
-``target_calls``."""
+``target_calls`` and ``reference`` (the runner, run before it, whose tokens it must equal to be
+exact; default edgespec's ``none``)."""
 
 
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
@@ -267,11 +268,13 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
                         f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
                         + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))
+                outputs = {"none": ref}
                 for name, fn in external.items():
                     x = fn(list(ids), max_new_tokens)
                     out, secs = list(x["token_ids"]), float(x["decode_s"])
+                    outputs[name] = out
                     n = len(out)
-                    exact = out == ref
+                    exact = out == outputs.get(x.get("reference", "none"), ref)
                     tps = (n - 1) / secs if secs > 0 and n > 1 else 0.0
                     rep.runs.append(Run(q["question_id"], q["category"], ti, name, n, float(x.get("ttft_ms", 0.0)),
                                         secs, tps, 1000 * secs / max(1, n - 1), int(x.get("drafted", 0)),

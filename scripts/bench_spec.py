@@ -9,7 +9,7 @@ speculation, n-gram speculation) on the same bundle graphs.
 For every prompt (and chat turn) each runner generates greedily from the same prompt ids, one
 after the other, so every figure comes from the same machine state. ``speedup`` is against
 edgespec's ``none`` (exact autoregressive) in the same run; ``exact`` says whether a runner's tokens
-equal that reference. genai rows: ``genai-ar`` (its generator, no speculation), ``genai-draft:K``
+equal that reference (for genai's speculative rows: genai's own autoregressive tokens). genai rows: ``genai-ar`` (its generator, no speculation), ``genai-draft:K``
 (the bundle's drafter graph as genai's draft model, K tokens per round), ``genai-ngram:K``
 (prompt lookup with ngram size N, up to K tokens). Writes report.json / report.md / plots like
 ``edgespec bench``.
@@ -39,7 +39,8 @@ def genai_runners(bundle: Path, k: int, ngram_size: int, with_draft: bool, threa
             out, dec, st = genai_speculative(target, ids, n, k, drafter_dir, ngram_size=ngram_size, threads=threads)
             return {"token_ids": out, "decode_s": dec, "ttft_ms": 1000 * st["prefill_seconds"],
                     "drafted": st.get("draft_tokens_proposed", 0), "accepted": st.get("draft_tokens_accepted", 0),
-                    "rounds": st.get("rounds", 0), "target_calls": st.get("target_forward_passes", len(out))}
+                    "rounds": st.get("rounds", 0), "reference": "genai-ar",
+                    "target_calls": st.get("target_forward_passes", 0) + st.get("standard_fallback_steps", 0)}
         return run
 
     runners = {"genai-ar": ar}
