@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .onnx_lm import OnnxLM
+from .onnx_lm import OnnxLM, _common_prefix
 from .sampling import SamplingParams, probs, sample
 
 
@@ -57,7 +57,14 @@ class ModelDrafter:
         # stop a draft early once the drafter's own top probability falls below this: an unsure
         # drafter is mostly rejected, and every step saved is a drafter call saved (0 = never stop)
         self.min_confidence = min_confidence
+        self.last_step_s: float | None = None  # seconds per drafter step in the last propose()
+        self.clock = time.perf_counter  # the decoder sets its own (tests simulate time)
         self.stats = DrafterStats()
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Bring the cache to the prompt (all but its last token, which the first draft feeds)."""
+        if len(prompt) > 1:
+            self.lm.sync(prompt[:-1])
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass  # the cache is synced on the first propose; a shared prefix from an earlier turn is kept
@@ -69,9 +76,14 @@ class ModelDrafter:
         k = min(k, self.room(len(context)) + 1)
         if k <= 0:
             return Draft([])
-        t0 = time.perf_counter()
+        t0 = self.clock()
         calls0 = self.lm.calls
+        behind = len(context) - _common_prefix(self.lm.tokens, context)
         logits = self.lm.sync(context)
+        t_sync = self.clock() - t0
+        # the step cost the decoder's cost model learns: one-token steps, and the catch-up call only
+        # when it is the usual one or two tokens (a long catch-up is a prefill, not a step)
+        step_time, steps = (t_sync, 1) if behind <= 2 else (0.0, 0)
         tokens: list[int] = []
         rows = []
         for i in range(k):
@@ -86,8 +98,12 @@ class ModelDrafter:
             if i < k - 1:
                 if self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
                     break  # the decision uses only the drafter's state: any stopping rule keeps exactness
+                t1 = self.clock()
                 logits = self.lm.forward([tok])[-1]
-        self.stats.seconds += time.perf_counter() - t0
+                step_time += self.clock() - t1
+                steps += 1
+        self.last_step_s = step_time / steps if steps else None
+        self.stats.seconds += self.clock() - t0
         self.stats.calls += self.lm.calls - calls0
         self.stats.rounds += 1
         self.stats.drafted += len(tokens)

@@ -131,6 +131,8 @@ class Decoder:
         self.drafters: dict[str, Drafter] = {"prompt-lookup": prompt_lookup or PromptLookupDrafter()}
         if model_drafter is not None:
             self.drafters["model"] = model_drafter
+            if hasattr(model_drafter, "clock"):
+                model_drafter.clock = clock
         self.cost = CostModel()
         # acceptance estimates: the model drafter's, and prompt lookup's per matched n-gram length
         # ("prompt-lookup/3" for a 3-token match), since a longer match is a better predictor
@@ -231,6 +233,13 @@ class Decoder:
         st.target_s += target.run_seconds - t_run0
         st.target_calls += target.calls - before
         first = int(np.argmax(last)) if sp.greedy else sample(probs(last[None, :], sp)[0], rng)
+        model = self.drafters.get("model")
+        if model is not None and cfg.drafter in ("model", "auto") and hasattr(model, "prefill"):
+            # the drafter reads the prompt now (part of the time to first token), so that drafting
+            # rounds cost drafter steps, not a prompt's prefill
+            t_d = self.clock()
+            model.prefill(prompt)
+            st.draft_s += self.clock() - t_d
         st.prefill_ms = (self.clock() - t_start) * 1000
         st.ttft_ms = st.prefill_ms
         for d in self.drafters.values():
@@ -252,7 +261,9 @@ class Decoder:
             st.draft_s += self.clock() - t0
             k = len(draft.tokens)
             if name == "model":
-                self.cost.observe_draft(k, self.clock() - t0)
+                step = getattr(self.drafters["model"], "last_step_s", None)
+                if step is not None:
+                    self.cost.observe_draft(1, step)
             t1 = self.clock()
             logits = target.forward([context[-1]] + draft.tokens)
             dt = self.clock() - t1
