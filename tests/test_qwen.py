@@ -1,5 +1,5 @@
-"""The Qwen2.5-Coder pair (1.5B INT4 target, 0.5B INT8 drafter), when its bundle has been exported
-(README, "Real models"). Too heavy for CI's budget; run by hand and by the benchmarks."""
+"""The Qwen2.5-Coder pair (1.5B INT4 target, 0.5B INT8 or INT4 drafter), when its bundles have been
+exported (README, "Real models"). Too heavy for CI's budget; run by hand and by the benchmarks."""
 from __future__ import annotations
 
 import pytest
@@ -10,8 +10,9 @@ from conftest import BUNDLES
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_qwen_pair_greedy_speculative_equals_autoregressive():
-    bundle = BUNDLES / "qwen-coder"
+@pytest.mark.parametrize("name", ["qwen-coder", "qwen-coder-d4"])
+def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
+    bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
         pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
     eng = edgespec.load(bundle, max_context=1024)
