@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .onnx_lm import OnnxLM, _common_prefix
+from .onnx_lm import OnnxLM
 from .sampling import SamplingParams, probs, sample
 
 
@@ -78,12 +78,11 @@ class ModelDrafter:
             return Draft([])
         t0 = self.clock()
         calls0 = self.lm.calls
-        behind = len(context) - _common_prefix(self.lm.tokens, context)
         logits = self.lm.sync(context)
         t_sync = self.clock() - t0
         # the step cost the decoder's cost model learns: one-token steps, and the catch-up call only
         # when it is the usual one or two tokens (a long catch-up is a prefill, not a step)
-        step_time, steps = (t_sync, 1) if behind <= 2 else (0.0, 0)
+        step_time, steps = (t_sync, 1) if self.lm.last_fed <= 2 else (0.0, 0)
         tokens: list[int] = []
         rows = []
         for i in range(k):

@@ -131,8 +131,7 @@ class Decoder:
         self.drafters: dict[str, Drafter] = {"prompt-lookup": prompt_lookup or PromptLookupDrafter()}
         if model_drafter is not None:
             self.drafters["model"] = model_drafter
-            if hasattr(model_drafter, "clock"):
-                model_drafter.clock = clock
+            model_drafter.clock = clock
         self.cost = CostModel()
         # acceptance estimates: the model drafter's, and prompt lookup's per matched n-gram length
         # ("prompt-lookup/3" for a 3-token match), since a longer match is a better predictor
@@ -142,7 +141,6 @@ class Decoder:
         self.last_stats: Stats | None = None
         self._lock = threading.Lock()
         self._probe_every = 64
-        self._lookup_key = "prompt-lookup/1"  # the estimate the current lookup draft is judged by
 
     @property
     def vocab(self) -> int:
@@ -150,27 +148,30 @@ class Decoder:
 
     # -- policy --------------------------------------------------------------------------------
     def _plan_round(self, cfg: GenerationConfig, context: list[int], kcap: int, idle: int,
-                    sp: SamplingParams, rng: np.random.Generator) -> tuple[str, Draft]:
-        """Choose a drafter and a draft for this round (an empty draft means k = 0)."""
+                    sp: SamplingParams, rng: np.random.Generator) -> tuple[str, Draft, str]:
+        """Choose a drafter and a draft for this round (an empty draft means k = 0). Returns the
+        drafter's name, the draft, and the acceptance estimate that judges it ("model", or
+        "prompt-lookup/N" for an N-token n-gram match)."""
         if kcap <= 0 or cfg.drafter == "none":
-            return "none", Draft([])
+            return "none", Draft([]), "none"
         fixed = cfg.draft_tokens
         if cfg.drafter == "model" and "model" not in self.drafters:
             raise ConfigError("this bundle has no drafter model; use --drafter prompt-lookup, auto or none")
         want = [cfg.drafter] if cfg.drafter != "auto" else ["prompt-lookup"] + (["model"] if "model" in self.drafters else [])
         kmax = min(kcap, fixed if fixed is not None else cfg.max_draft_tokens)
         if kmax <= 0:
-            return "none", Draft([])
+            return "none", Draft([]), "none"
         best_name, best_k, best_rate = "none", 0, self.cost.rate(0.0, 0, False)
         lookup_tokens: list[int] = []
+        lookup_key = "prompt-lookup/1"
         for name in want:
             d = self.drafters[name]
             if name == "prompt-lookup":
                 lookup_tokens, size = d.lookup_match(context, kmax)
                 if not lookup_tokens:
                     continue
-                self._lookup_key = f"prompt-lookup/{size}"
-                alpha = self.acceptance[self._lookup_key].alpha
+                lookup_key = f"prompt-lookup/{size}"
+                alpha = self.acceptance[lookup_key].alpha
                 cap = len(lookup_tokens)
             else:
                 alpha = self.acceptance[name].alpha
@@ -188,11 +189,11 @@ class Decoder:
             # fill the second with a free prompt-lookup guess instead of padding
             if not lookup_tokens:
                 lookup_tokens, size = self.drafters["prompt-lookup"].lookup_match(context, 1)
-                self._lookup_key = f"prompt-lookup/{size}"
+                lookup_key = f"prompt-lookup/{size}"
             if lookup_tokens:
                 best_name, best_k = "prompt-lookup", 1
         if best_k == 0:
-            return "none", Draft([])
+            return "none", Draft([]), "none"
         if best_name == "prompt-lookup":
             t0 = time.perf_counter()
             d = self.drafters[best_name]
@@ -200,8 +201,8 @@ class Decoder:
             d.stats.rounds += 1
             d.stats.drafted += len(draft.tokens)
             d.stats.seconds += time.perf_counter() - t0
-            return best_name, draft
-        return best_name, self.drafters[best_name].propose(context, best_k, sp, rng)
+            return best_name, draft, lookup_key
+        return best_name, self.drafters[best_name].propose(context, best_k, sp, rng), best_name
 
     # -- the loop ------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], cfg: GenerationConfig | None = None,
@@ -234,7 +235,7 @@ class Decoder:
         st.target_calls += target.calls - before
         first = int(np.argmax(last)) if sp.greedy else sample(probs(last[None, :], sp)[0], rng)
         model = self.drafters.get("model")
-        if model is not None and cfg.drafter in ("model", "auto") and hasattr(model, "prefill"):
+        if model is not None and cfg.drafter in ("model", "auto"):
             # the drafter reads the prompt now (part of the time to first token), so that drafting
             # rounds cost drafter steps, not a prompt's prefill
             t_d = self.clock()
@@ -257,11 +258,11 @@ class Decoder:
             # the target holds context[:-1]; feeding context[-1] and k drafts must fit the window
             kcap = min(remaining - 1, target.max_context - len(context))
             t0 = self.clock()
-            name, draft = self._plan_round(cfg, context, kcap, idle, sp, rng)
+            name, draft, estimate = self._plan_round(cfg, context, kcap, idle, sp, rng)
             st.draft_s += self.clock() - t0
             k = len(draft.tokens)
             if name == "model":
-                step = getattr(self.drafters["model"], "last_step_s", None)
+                step = self.drafters["model"].last_step_s
                 if step is not None:
                     self.cost.observe_draft(1, step)
             t1 = self.clock()
@@ -277,7 +278,7 @@ class Decoder:
             target.rewind(k - n)
             idle = 0 if name == "model" else idle + 1  # rounds since the model drafter last drafted
             if k:
-                self.acceptance[self._lookup_key if name == "prompt-lookup" else name].update(n, k)
+                self.acceptance[estimate].update(n, k)
                 self.drafters[name].accept(n)
                 st.rounds += 1
                 st.drafted += k

@@ -83,6 +83,7 @@ class OnnxLM:
             self._binding.bind_ortvalue_input(past, buf)
             self._binding.bind_ortvalue_output(present, buf)
         self.tokens: list[int] = []
+        self.last_fed = 0  # tokens the last sync() fed (the rest of its ids were cached)
         self.calls = 0
         self.run_seconds = 0.0  # time inside session.run
 
@@ -155,6 +156,7 @@ class OnnxLM:
         common = _common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # always feed at least one token to get logits
         self.rewind(len(self.tokens) - common)
+        self.last_fed = len(ids) - common
         logits = None
         for start in range(common, len(ids), self.prefill_chunk):
             logits = self.forward(ids[start: start + self.prefill_chunk])

@@ -132,4 +132,5 @@ class FakeLM:
 
         c = min(_common_prefix(self.tokens, ids), len(ids) - 1)
         self.rewind(len(self.tokens) - c)
+        self.last_fed = len(ids) - c
         return self.forward(ids[c:])[-1]
