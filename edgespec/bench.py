@@ -221,16 +221,23 @@ scripts/bench_spec.py): called with (prompt ids, max_new_tokens), it returns a d
 exact; default edgespec's ``none``)."""
 
 
-def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
-              draft_tokens: int | None = None, external: dict[str, External] | None = None,
-              log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+def parse_drafters(drafters: Sequence[str], draft_tokens: int | None = None) -> dict[str, int | None]:
+    """Each --drafters entry and its draft length: "model" (k from ``draft_tokens``, or adaptive)
+    or "model:4" (k fixed at 4). Raises ConfigError naming the first entry that is neither."""
     fixed_k: dict[str, int | None] = {}
-    for d in drafters:  # "model" (k from --draft-tokens or adaptive) or "model:4" (k fixed at 4)
+    for d in drafters:
         name, _, k = d.partition(":")
         if name not in ("model", "prompt-lookup", "auto", "none") or (k and (not k.isdigit() or name == "none")):
             raise ConfigError(f"unknown drafter {d!r} in --drafters (model, prompt-lookup, auto, none; "
                               f"a fixed draft length as model:4)")
         fixed_k[d] = int(k) if k else draft_tokens
+    return fixed_k
+
+
+def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
+              draft_tokens: int | None = None, external: dict[str, External] | None = None,
+              log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+    fixed_k = parse_drafters(drafters, draft_tokens)
     external = dict(external or {})
     order = ["none"] + [d for d in drafters if d != "none"]
     rep = Report(str(engine.manifest.root), _device(engine),

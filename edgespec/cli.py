@@ -310,9 +310,10 @@ def info(bundle, verify, as_json):
 def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_new_tokens, draft_tokens, max_context,
           threads, profile, provider, out_dir, no_plots):
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
-    from .bench import read_prompts, run_bench, write_report
+    from .bench import parse_drafters, read_prompts, run_bench, write_report
 
     names = [d.strip() for d in drafters.split(",") if d.strip()]
+    parse_drafters(names)  # a bad entry is refused before any model is loaded
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
     wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model)

@@ -46,3 +46,47 @@ def test_read_prompts_spec_bench_format(tmp_path):
         read_prompts(tmp_path / "missing.jsonl")
     assert {q["category"] for q in read_prompts()} >= {"code", "chat", "summarization", "qa", "math",
                                                         "extraction", "translation"}
+
+
+def test_read_prompts_per_category():
+    qs = read_prompts(per_category=1)
+    cats = [q["category"] for q in qs]
+    assert len(cats) == len(set(cats)) == 7
+
+
+@pytest.mark.parametrize("spec", ["model:abc", "none:3", "nosuch"])
+def test_bad_drafter_spec_is_one_line(tiny_bundle, tmp_path, spec):
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "4",
+                                  "--drafters", spec, "--no-plots", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and f"unknown drafter {spec!r}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_external_runners_are_checked_against_their_reference(tiny_bundle):
+    """A runner beside edgespec's (scripts/bench_spec.py puts onnxruntime-genai there) is judged
+    exact against edgespec's `none`, or against the runner it names as its reference."""
+    from edgespec import load
+    from edgespec.bench import run_bench
+
+    eng = load(tiny_bundle)
+    seen: dict[str, list[int]] = {}
+
+    def same(ids, n):  # replays edgespec's own autoregressive tokens
+        eng.reset()
+        out = [t for _, toks, _ in eng.stream_ids(ids, max_new_tokens=n, drafter="none") for t in toks]
+        seen["same"] = out
+        return {"token_ids": out, "decode_s": 0.01}
+
+    def other(ids, n):  # differs from edgespec, but equals the "same" runner it names
+        return {"token_ids": seen["same"], "decode_s": 0.01, "reference": "same"}
+
+    def wrong(ids, n):
+        return {"token_ids": [t + 1 for t in seen["same"]], "decode_s": 0.01, "drafted": 4, "accepted": 1}
+
+    rep = run_bench(eng, read_prompts(limit=1), ["prompt-lookup"], max_new_tokens=6,
+                    external={"same": same, "other": other, "wrong": wrong}, log=lambda s: None)
+    exact = {r.drafter: r.exact for r in rep.runs}
+    assert exact == {"none": None, "prompt-lookup": True, "same": True, "other": True, "wrong": False}
+    s = rep.summary()["all"]
+    assert s["wrong"]["acceptance_rate"] == 0.25 and not s["wrong"]["exact"]

@@ -177,3 +177,33 @@ def test_options_that_do_nothing_are_refused(tiny_dirs, tmp_path, args, message)
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), *args])
     assert r.exit_code == 6 and message in r.output, r.output
     assert not (tmp_path / "b").exists()
+
+
+def test_fp8_rewrite_refuses_graphs_it_cannot_convert(tmp_path):
+    """export/fp8.py on its own: an opset before 21 has no FP8 DequantizeLinear, and a graph
+    without float MatMul weights has nothing to convert; both are ExportErrors that say so."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.fp8 import convert_model_dir
+
+    def write(name, opset, with_weight):
+        d = tmp_path / name
+        d.mkdir()
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+        inits = [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")] if with_weight else []
+        inputs = [x] if with_weight else [x, helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 4])]
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", inputs, [y], inits)
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(d / "model.onnx"))
+        return d
+
+    with pytest.raises(ExportError, match="opset >= 21"):
+        convert_model_dir(write("old", 17, True))
+    with pytest.raises(ExportError, match="no float MatMul weights"):
+        convert_model_dir(write("none", 21, False))
+    with pytest.raises(ExportError, match="scheme"):
+        convert_model_dir(write("scheme", 21, True), scheme="tensor")
+    info = convert_model_dir(write("ok", 21, True))  # and the good case converts the one weight exactly
+    assert info["matmuls"] == 1 and info["relative_weight_error"] == 0.0
