@@ -233,6 +233,7 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
     click.echo(f"context {p.context} tokens; drafter model: {loaded}; default drafting: {p.default_drafter}; "
                f"prefill chunk: {p.prefill_chunk} tokens")
+    click.echo(f"weights: {p.weights_basis}")
     click.echo("cut: " + ("; ".join(p.cuts) if p.cuts else "nothing"))
     for w in p.warnings:
         click.echo(f"warning: {w}")
@@ -272,7 +273,10 @@ def info(bundle, verify, as_json):
         click.echo(f"  {spec.role}: {spec.architecture} {spec.precision} {spec.quant or ''}")
         click.echo(f"    {spec.num_layers} layers, {spec.num_kv_heads} KV heads x {spec.head_dim}, vocab {spec.vocab_size}, "
                    f"max context {spec.max_context}, KV {spec.kv_dtype} ({spec.kv_bytes_per_token / 1024:.1f} KiB/token)")
-        click.echo(f"    {spec.bytes_on_disk / MiB:.1f} MiB on disk, ~{spec.resident_bytes / MiB:.1f} MiB resident")
+        cpu = (f", {spec.cpu_resident_bytes / MiB:.1f} MiB resident once opened on the CPU EP (measured at export"
+               + (f"; embedding tables of {spec.embedding_bytes / MiB:.1f} MiB stay mapped until read)"
+                  if spec.embedding_bytes else ")")) if spec.cpu_resident_bytes is not None else ""
+        click.echo(f"    {spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
         v = spec.validation

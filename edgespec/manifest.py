@@ -15,6 +15,7 @@ MANIFEST_NAME = "edgespec.json"
 # Files at most this big are hashed on every load; bigger ones (weights) on verify only.
 _HASH_ON_LOAD_LIMIT = 16 << 20
 KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
 
 
 def sha256_file(path: Path) -> str:
@@ -78,6 +79,22 @@ class ModelSpec:
     validation: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
     params: int = 0
+    # resident bytes once opened on the CPU EP, measured at export in a fresh process (None in
+    # bundles exported before it was recorded); float tables read only by Gather (embeddings),
+    # which the CPU EP leaves mapped from the file: a row becomes resident when a token reads it
+    cpu_resident_bytes: int | None = None
+    embedding_bytes: int = 0
+    embedding_row_bytes: int = 0
+
+    def weight_bytes(self, gpu: bool, context: int) -> int:
+        """Memory the weights take at ``context`` tokens: on a GPU provider every initializer is
+        copied to the device (the bytes on disk, ``resident_bytes``); on the CPU EP the footprint
+        measured at export plus the embedding rows ``context`` distinct tokens can read (a row
+        plus one page, as a row rarely starts on a page boundary)."""
+        if gpu or self.cpu_resident_bytes is None:
+            return self.resident_bytes
+        rows = min(context, self.vocab_size) * (self.embedding_row_bytes + PAGE) if self.embedding_row_bytes else 0
+        return self.cpu_resident_bytes + min(rows, self.embedding_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -104,6 +121,15 @@ class Manifest:
     @property
     def max_context(self) -> int:
         return self.target.max_context
+
+
+def _opt_count(d: dict, key: str, where: str) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ManifestError(f"manifest: {where}.{key} must be a non-negative integer, got {v!r}")
+    return v
 
 
 def _inside(root: Path, rel: str, where: str) -> Path:
@@ -147,6 +173,9 @@ def _model_spec(root: Path, role: str, d: Any) -> ModelSpec:
         validation=dict(d.get("validation") or {}),
         quality=dict(d.get("quality") or {}),
         params=int(d.get("params", 0)),
+        cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
+        embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
+        embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0,
         **ints,
     )
 

@@ -120,3 +120,64 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
         engine.decoder.eos = eos
     samples.append(sample(f"after decoding {decoded} tokens", gpu))
     return engine, samples
+
+
+
+def _footprint_here(root: str, role: str, entry_file: str) -> int:
+    """In this (fresh) process: resident bytes that opening the model of manifest entry
+    ``entry_file`` (a JSON object, paths relative to ``root``) on the CPU EP adds, as
+    ``edgespec.load`` opens it, and running it once on two tokens (which reads every weight the
+    graph uses in place, such as FP8 weights behind DequantizeLinear). Counts the copies
+    onnxruntime makes (prepacked MatMulNBits weights, constant-folded tensors) and the pages of the
+    external-data file it has read; rows of a mapped embedding table that no token has read are
+    not resident and are not counted."""
+    import json
+
+    import numpy  # noqa: F401  (imported by the runtime before any session opens)
+    import onnxruntime  # noqa: F401
+
+    from .manifest import _model_spec
+    from .onnx_lm import OnnxLM
+    from .providers import choose
+
+    spec = _model_spec(Path(root), role, json.loads(Path(entry_file).read_text(encoding="utf-8")))
+    before = proc_status().get("VmRSS")
+    if before is None:
+        raise OSError("no /proc/self/status here: cannot read the resident set")
+    lm = OnnxLM(spec, min(64, spec.max_context), choose(["cpu"]))
+    lm.forward([1, 2])
+    after = proc_status()["VmRSS"]
+    del lm
+    return max(0, after - before)
+
+
+def load_footprint(root, role: str, entry: dict, timeout: float = 900) -> int | None:
+    """Resident bytes of the model described by manifest ``entry`` once opened on the CPU EP and
+    run once, measured in a fresh Python process (so nothing this process holds is counted); None
+    where it cannot be measured (no /proc, or the child failed). The export stage stores it in the
+    manifest for the planner."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as f:
+        json.dump(entry, f)
+    cmd = [sys.executable, "-m", "edgespec.measure", "footprint", str(root), role, f.name]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    finally:
+        os.unlink(f.name)
+    if r.returncode != 0:
+        return None
+    try:
+        return int(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+if __name__ == "__main__":  # python -m edgespec.measure footprint ROOT ROLE ENTRY.json
+    if len(sys.argv) != 5 or sys.argv[1] != "footprint":
+        sys.exit("usage: python -m edgespec.measure footprint ROOT ROLE ENTRY.json")
+    print(_footprint_here(*sys.argv[2:]))

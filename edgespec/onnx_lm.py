@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -43,21 +44,8 @@ class OnnxLM:
         # every call carries at least ``min_width`` tokens, padding a 1-token call and rolling the
         # pad back. Every position is then computed the same way whatever the draft length.
         self.prefill_chunk = max(1, int(prefill_chunk))
-        so = ort.SessionOptions()
-        pool = shared_thread_pool(threads)
-        so.use_per_session_threads = False  # every session runs on the process-wide pool
-        if threads and pool not in (threads, -1):
-            warnings.warn(f"onnxruntime's thread pool in this process already has {pool or 'default'} threads; "
-                          f"threads={threads} is not applied", stacklevel=2)
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        for k, v in (session_options or {}).items():
-            so.add_session_config_entry(k, str(v))
-        prov_names = [p for p, _ in providers.providers]
-        prov_opts = [o for _, o in providers.providers]
-        try:
-            self.session = ort.InferenceSession(str(spec.path), so, providers=prov_names, provider_options=prov_opts)
-        except Exception as e:  # onnxruntime raises its own untyped exceptions
-            raise EdgespecError(f"cannot open {spec.role} model {spec.path.name}: {str(e).splitlines()[0]}") from None
+        self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
+                                    role=spec.role)
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
         # decided on the provider that actually runs (a GPU provider may have fallen back to CPU)
         self.min_width = min_width if min_width is not None else width_policy(spec, self.device)
@@ -72,9 +60,9 @@ class OnnxLM:
         for layer in range(spec.num_layers):
             for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
                 if self.device == "cuda":
-                    buf = __import__("onnxruntime").OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                    buf = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
                 else:
-                    buf = __import__("onnxruntime").OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
+                    buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
                 self._kv.append((past % layer, present % layer, buf))
         self._mask = np.ones((1, self.max_context), dtype=np.int64)
         self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
@@ -161,6 +149,30 @@ class OnnxLM:
         for start in range(common, len(ids), self.prefill_chunk):
             logits = self.forward(ids[start: start + self.prefill_chunk])
         return logits[-1]
+
+
+def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_options: dict | None = None,
+                 role: str = "model"):
+    """An onnxruntime session as every edgespec model is opened: the process-wide thread pool,
+    all graph optimizations, the profile's session config entries. Also used at export time to
+    measure a graph's resident memory once loaded (``edgespec.measure.load_footprint``)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    pool = shared_thread_pool(threads)
+    so.use_per_session_threads = False  # every session runs on the process-wide pool
+    if threads and pool not in (threads, -1):
+        warnings.warn(f"onnxruntime's thread pool in this process already has {pool or 'default'} threads; "
+                      f"threads={threads} is not applied", stacklevel=3)
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    for k, v in (session_options or {}).items():
+        so.add_session_config_entry(k, str(v))
+    prov_names = [p for p, _ in providers.providers]
+    prov_opts = [o for _, o in providers.providers]
+    try:
+        return ort.InferenceSession(str(path), so, providers=prov_names, provider_options=prov_opts)
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
+        raise EdgespecError(f"cannot open {role} model {Path(path).name}: {str(e).splitlines()[0]}") from None
 
 
 _shared_pool: int | None = None  # threads of the process-wide intra-op pool, once made

@@ -160,6 +160,7 @@ class Plan:
     cuts: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     gpu: bool = False  # the runtime row includes the CUDA allowance (GPU_RUNTIME_BYTES)
+    weights_basis: str = ""  # where the weight figures come from
 
     @property
     def total(self) -> int:
@@ -176,7 +177,7 @@ class Plan:
         return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
                 "default_drafter": self.default_drafter, "prefill_chunk": self.prefill_chunk,
                 "weights": self.weights, "kv": self.kv, "working": self.working, "runtime": self.runtime,
-                "gpu": self.gpu, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
+                "gpu": self.gpu, "weights_basis": self.weights_basis, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
 
 
 def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
@@ -212,18 +213,26 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     want_drafter = use_drafter and manifest.drafter is not None and profile.drafter in ("auto", "model")
     cuts: list[str] = []
     chunk = profile.prefill_chunk
+    specs = [manifest.target] + ([manifest.drafter] if manifest.drafter is not None else [])
+    if gpu:
+        basis = "bytes on disk (a GPU provider copies every initializer to the device)"
+    elif all(s.cpu_resident_bytes is not None for s in specs):
+        basis = "resident on the CPU EP as measured at export, plus the embedding rows the context can read"
+    else:
+        basis = "bytes on disk (this bundle records no CPU measurement: an upper bound, re-export to refine)"
 
     def build(ctx: int, with_drafter: bool) -> Plan:
-        weights = {"target": manifest.target.resident_bytes}
+        weights = {"target": manifest.target.weight_bytes(gpu, ctx)}
         kv = {"target": manifest.target.kv_bytes(ctx)}
         if with_drafter:
-            weights["drafter"] = manifest.drafter.resident_bytes
+            weights["drafter"] = manifest.drafter.weight_bytes(gpu, ctx)
             kv["drafter"] = manifest.drafter.kv_bytes(ctx)
         default = profile.drafter
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
-                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), gpu)
+                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), gpu,
+                    basis)
 
     def fit_context(with_drafter: bool) -> int | None:
         p = build(want_ctx, with_drafter)

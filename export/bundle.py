@@ -59,6 +59,47 @@ def _ops(model_path: Path) -> dict[str, int]:
     return counts
 
 
+def embedding_tables(model_path: Path) -> tuple[int, int]:
+    """Float initializers read only as a Gather's data (embedding tables): their total bytes and
+    the bytes of one row of each, summed (the bytes one token id reads)."""
+    import numpy as np
+    import onnx
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for n in m.graph.node:
+        for k, name in enumerate(n.input):
+            uses.setdefault(name, []).append((n.op_type, k))
+    total = row = 0
+    for t in m.graph.initializer:
+        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+            continue
+        u = uses.get(t.name, [])
+        if len(t.dims) != 2 or not u or any(use != ("Gather", 0) for use in u):
+            continue
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type != onnx.TensorProto.BFLOAT16 else 2
+        total += int(np.prod(t.dims)) * item
+        row += int(t.dims[1]) * item
+    return total, row
+
+
+def measured_sizes(root: Path, role: str, entry: dict, log=None) -> dict:
+    """Manifest fields the memory planner reads besides the file sizes, for the model of manifest
+    ``entry`` under ``root``: its resident bytes once opened on the CPU EP and run once (measured
+    in a fresh process; absent if it cannot be) and its embedding tables, which that EP leaves
+    mapped until a token reads a row."""
+    from edgespec.measure import load_footprint
+
+    emb, row = embedding_tables(root / entry["path"])
+    out = {"embedding_bytes": emb, "embedding_row_bytes": row}
+    cpu = load_footprint(root, role, entry)
+    if cpu is not None:
+        out["cpu_resident_bytes"] = cpu
+    elif log:
+        log(f"    could not measure the {role}'s resident memory on the CPU EP; the plan will use file sizes")
+    return out
+
+
 def _model_entry(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
                  fingerprint: str, max_context: int) -> dict:
     dec = build.genai_config["model"]["decoder"]
@@ -136,6 +177,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     entry = _model_entry(stage, role, build, config, precision, quant, fingerprint, ctx)
     if fp8 is not None:
         entry["quant"] = fp8
+    progress.log(f"    {role}: measuring the graph's resident memory once opened on the CPU EP")
+    entry.update(measured_sizes(stage, role, entry, log=progress.log))
     del params, config
     # keep only the graph, its data and genai_config.json (for side-by-side runs with onnxruntime-genai)
     for f in (stage / role).iterdir():

@@ -54,6 +54,16 @@ def test_manifest_with_wrong_schema(tiny_bundle, copy_bundle):
         edgespec.load(b)
 
 
+@pytest.mark.parametrize("value", [-1, "big", 1.5, True])
+def test_manifest_with_bad_measured_size(tiny_bundle, copy_bundle, value):
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    m["models"]["drafter"]["cpu_resident_bytes"] = value
+    (b / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(edgespec.ManifestError, match=r"models\.drafter\.cpu_resident_bytes"):
+        edgespec.load(b)
+
+
 def test_missing_model_file(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     (b / "target" / "model.onnx.data").unlink()

@@ -39,6 +39,44 @@ def test_int4_has_matmulnbits(tiny_int4_bundle):
     assert m.drafter.precision == "fp32"  # the drafter stays at higher precision
 
 
+def test_manifest_records_measured_sizes(tiny_int4_bundle):
+    """The planner's CPU figures: the footprint measured at export, and the embedding table the
+    CPU EP leaves mapped (the tiny qwen2 model's untied table stays float32 behind a Gather)."""
+    m = load_manifest(tiny_int4_bundle)
+    for spec in (m.target, m.drafter):
+        assert 0 < spec.cpu_resident_bytes < 64 << 20
+        assert spec.embedding_bytes == spec.vocab_size * spec.hidden_size * 4
+        assert spec.embedding_row_bytes == spec.hidden_size * 4
+
+
+def test_refresh_sizes_script_restores_them(tiny_int4_bundle, copy_bundle):
+    """A bundle exported before the sizes were recorded plans on file sizes until
+    scripts/refresh_sizes.py measures it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from edgespec.profiles import Profile, plan
+
+    b = copy_bundle(tiny_int4_bundle)
+    raw = json.loads((b / "edgespec.json").read_text())
+    keys = ("cpu_resident_bytes", "embedding_bytes", "embedding_row_bytes")
+    for entry in raw["models"].values():
+        for k in keys:
+            del entry[k]
+    (b / "edgespec.json").write_text(json.dumps(raw))
+    prof = Profile(name="t", memory_budget_mb=1024, providers=("cpu",), max_context=128)
+    old = load_manifest(b)
+    assert old.target.cpu_resident_bytes is None
+    assert "bytes on disk" in plan(old, prof).weights_basis
+    script = Path(__file__).resolve().parent.parent / "scripts" / "refresh_sizes.py"
+    r = subprocess.run([sys.executable, str(script), str(b)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    new = load_manifest(b, deep=True)
+    assert new.target.cpu_resident_bytes > 0 and new.drafter.embedding_bytes > 0
+    assert "measured at export" in plan(new, prof).weights_basis
+
+
 def test_mismatched_tokenizers_refused(tiny_dirs, tmp_path):
     from edgespec_export import export_bundle
 

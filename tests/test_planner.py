@@ -118,6 +118,41 @@ def test_qwen_pair_fits_with_drafter(ctx):
     assert p.cuts == ()
 
 
+# CPU weights: the footprint measured at export plus the embedding rows a context can read, a row
+# and a page each (151936 x 1536 x 4 = 933,429,248 bytes of table; a row 6,144 + 4,096 bytes)
+QWEN_T_CPU = 1_397_000_000
+QWEN_T_EMB = 933_429_248
+
+
+def _measured(spec, cpu, emb, row):
+    from dataclasses import replace
+
+    return replace(spec, cpu_resident_bytes=cpu, embedding_bytes=emb, embedding_row_bytes=row)
+
+
+def test_cpu_weights_count_embedding_rows_as_read():
+    t = _measured(qwen_pair().target, QWEN_T_CPU, QWEN_T_EMB, 6144)
+    assert t.weight_bytes(gpu=False, context=4096) == QWEN_T_CPU + 4096 * 10240  # 41,943,040
+    assert t.weight_bytes(gpu=False, context=32768) == QWEN_T_CPU + 335_544_320
+    assert t.weight_bytes(gpu=True, context=4096) == 1_000_000_000  # a GPU holds every byte on disk
+    small = _measured(_spec("target", 2, 1, 16, 32, 1000, 10_000_000, 8192), 5_000_000, 128_000, 128)
+    assert small.weight_bytes(gpu=False, context=8192) == 5_000_000 + 128_000  # never more than the table
+    assert qwen_pair().target.weight_bytes(gpu=False, context=4096) == 1_000_000_000  # nothing measured
+
+
+def test_plan_uses_the_cpu_footprint_and_says_so():
+    m = qwen_pair()
+    m = _manifest(_measured(m.target, QWEN_T_CPU, QWEN_T_EMB, 6144),
+                  _measured(m.drafter, 470_000_000, 151936 * 896 * 4, 3584))
+    p = plan(m, cpu_profile(4096, max_context=4096))
+    assert p.weights == {"target": QWEN_T_CPU + 41_943_040, "drafter": 470_000_000 + 4096 * 7680}
+    assert "measured at export" in p.weights_basis
+    g = plan(m, Profile(name="gpu", memory_budget_mb=8192, providers=("cuda",), max_context=4096),
+             providers=["CUDAExecutionProvider"])
+    assert g.weights == {"target": 1_000_000_000, "drafter": 500_000_000} and "GPU" in g.weights_basis
+    assert "bytes on disk" in plan(qwen_pair(), cpu_profile(4096, max_context=4096)).weights_basis
+
+
 def test_fp16_kv_is_half():
     p = plan(qwen_pair(kv_dtype="float16"), cpu_profile(4096, max_context=4096))
     assert p.kv == {"target": QWEN_T_KV[4096] // 2, "drafter": QWEN_D_KV[4096] // 2}
