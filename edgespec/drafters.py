@@ -228,10 +228,9 @@ class CostModel:
         old = self.target.get(width)
         self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
-    def observe_draft(self, steps: int, seconds: float) -> None:
-        if steps <= 0:
-            return
-        per = seconds / steps
+    def observe_draft(self, step_seconds: float) -> None:
+        """One drafter step (a one-token call) took ``step_seconds``."""
+        per = step_seconds
         self.draft_step = per if self.draft_step is None else (1 - self.ema) * self.draft_step + self.ema * per
 
     def target_cost(self, width: int) -> float:

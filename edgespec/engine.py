@@ -264,7 +264,7 @@ class Decoder:
             if name == "model":
                 step = self.drafters["model"].last_step_s
                 if step is not None:
-                    self.cost.observe_draft(1, step)
+                    self.cost.observe_draft(step)
             t1 = self.clock()
             logits = target.forward([context[-1]] + draft.tokens)
             dt = self.clock() - t1

@@ -211,7 +211,7 @@ def test_cost_model_prefers_no_draft_when_acceptance_is_low():
     cm = CostModel()
     for w, t in ((1, 0.055), (2, 0.062), (3, 0.076), (5, 0.1), (9, 0.156)):
         cm.observe_target(w, t)
-    cm.observe_draft(1, 0.39 * 0.055)
+    cm.observe_draft(0.39 * 0.055)
     assert cm.best_k(0.1, 8, draft_cost=True)[0] == 0
     k, rate = cm.best_k(0.9, 8, draft_cost=True)
     assert k >= 2 and rate > 1.15 / 0.055  # (1-a^3)/(1-a) = 2.71 tokens for 0.076 + 2 x 0.021 s

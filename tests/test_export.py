@@ -245,3 +245,25 @@ def test_fp8_rewrite_refuses_graphs_it_cannot_convert(tmp_path):
         convert_model_dir(write("scheme", 21, True), scheme="tensor")
     info = convert_model_dir(write("ok", 21, True))  # and the good case converts the one weight exactly
     assert info["matmuls"] == 1 and info["relative_weight_error"] == 0.0
+
+
+def test_compare_int4_script(tiny_bundle, tmp_path):
+    """scripts/compare_int4.py quantizes the fp32 target with onnxruntime's algorithms (each in a
+    child process) and measures them against the float32 graph; an unknown algorithm is refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compare_int4.py"
+    out = tmp_path / "table.md"
+    r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--only", "RTN sym (edgespec default)",
+                        "k_quant", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [ln for ln in out.read_text().splitlines() if ln.startswith("| ") and "algorithm" not in ln]
+    assert [ln.split(" | ")[0] for ln in rows] == ["| float32 (reference)", "| RTN sym (edgespec default)", "| k_quant"]
+    for ln in rows[1:]:
+        cells = ln.split(" | ")
+        assert 0 < float(cells[1].split()[0]) < 1e4 and 0 <= float(cells[2]) <= 1, ln
+    bad = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--only", "AWQ"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "AWQ" in bad.stderr
