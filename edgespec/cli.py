@@ -41,7 +41,8 @@ def main():
               help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block).")
 @click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
               help="FP8 weight scales: per output channel (TensorRT's layout) or per block.")
-@click.option("--asymmetric", is_flag=True, help="INT4/INT8 with zero points (default symmetric).")
+@click.option("--asymmetric/--symmetric", default=None,
+              help="INT4/INT8 with zero points (the default: better quality at the same speed) or without.")
 @click.option("--accuracy-level", type=int, default=4, show_default=True,
               help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
 @click.option("--quant-algo", type=click.Choice(["rtn", "k_quant"]), default="rtn", show_default=True)
@@ -57,7 +58,11 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         from edgespec_export.build import QuantOptions
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
-    q = QuantOptions(block_size=block_size, symmetric=not asymmetric, accuracy_level=accuracy_level,
+    if asymmetric is not None and target_precision not in ("int4", "int8"):
+        from .errors import ExportError
+
+        raise ExportError(f"--{'a' if asymmetric else ''}symmetric applies to int4/int8 targets, not {target_precision}")
+    q = QuantOptions(block_size=block_size, symmetric=asymmetric is False, accuracy_level=accuracy_level,
                      algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,

@@ -123,9 +123,10 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
 
 
 
-def _footprint_here(root: str, role: str, entry_file: str) -> int:
-    """In this (fresh) process: resident bytes that opening the model of manifest entry
-    ``entry_file`` (a JSON object, paths relative to ``root``) on the CPU EP adds, as
+
+def _footprint_here(root: str, role: str) -> int:
+    """In this (fresh) process: resident bytes that opening the model of the manifest entry read
+    from standard input (a JSON object, paths relative to ``root``) on the CPU EP adds, as
     ``edgespec.load`` opens it, and running it once on two tokens (which reads every weight the
     graph uses in place, such as FP8 weights behind DequantizeLinear). Counts the copies
     onnxruntime makes (prepacked MatMulNBits weights, constant-folded tensors) and the pages of the
@@ -140,7 +141,7 @@ def _footprint_here(root: str, role: str, entry_file: str) -> int:
     from .onnx_lm import OnnxLM
     from .providers import choose
 
-    spec = _model_spec(Path(root), role, json.loads(Path(entry_file).read_text(encoding="utf-8")))
+    spec = _model_spec(Path(root), role, json.loads(sys.stdin.read()))
     before = proc_status().get("VmRSS")
     if before is None:
         raise OSError("no /proc/self/status here: cannot read the resident set")
@@ -151,33 +152,31 @@ def _footprint_here(root: str, role: str, entry_file: str) -> int:
     return max(0, after - before)
 
 
-def load_footprint(root, role: str, entry: dict, timeout: float = 900) -> int | None:
+def load_footprint(root, role: str, entry: dict, timeout: float = 900) -> int:
     """Resident bytes of the model described by manifest ``entry`` once opened on the CPU EP and
-    run once, measured in a fresh Python process (so nothing this process holds is counted); None
-    where it cannot be measured (no /proc, or the child failed). The export stage stores it in the
-    manifest for the planner."""
+    run once, measured in a fresh Python process (so nothing this process holds is counted). The
+    export stage stores it in the manifest for the planner. Raises OSError saying why where it
+    cannot be measured (no /proc, or the child failed)."""
     import json
     import subprocess
-    import tempfile
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as f:
-        json.dump(entry, f)
-    cmd = [sys.executable, "-m", "edgespec.measure", "footprint", str(root), role, f.name]
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "edgespec.measure", "footprint", str(root), role]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    finally:
-        os.unlink(f.name)
+        r = subprocess.run(cmd, input=json.dumps(entry), capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise OSError(f"measuring the {role} took over {timeout:.0f} s") from None
     if r.returncode != 0:
-        return None
+        last = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        raise OSError(last[-1] if last else f"the measuring process exited with {r.returncode}")
     try:
         return int(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return None
+        raise OSError(f"the measuring process printed no byte count: {r.stdout[-200:]!r}") from None
 
 
-if __name__ == "__main__":  # python -m edgespec.measure footprint ROOT ROLE ENTRY.json
-    if len(sys.argv) != 5 or sys.argv[1] != "footprint":
-        sys.exit("usage: python -m edgespec.measure footprint ROOT ROLE ENTRY.json")
-    print(_footprint_here(*sys.argv[2:]))
+if __name__ == "__main__":  # python -m edgespec.measure footprint ROOT ROLE < ENTRY.json
+    if len(sys.argv) != 4 or sys.argv[1] != "footprint":
+        sys.exit("usage: python -m edgespec.measure footprint ROOT ROLE < ENTRY.json")
+    print(_footprint_here(sys.argv[2], sys.argv[3]))

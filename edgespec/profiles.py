@@ -213,13 +213,19 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     want_drafter = use_drafter and manifest.drafter is not None and profile.drafter in ("auto", "model")
     cuts: list[str] = []
     chunk = profile.prefill_chunk
-    specs = [manifest.target] + ([manifest.drafter] if manifest.drafter is not None else [])
-    if gpu:
-        basis = "bytes on disk (a GPU provider copies every initializer to the device)"
-    elif all(s.cpu_resident_bytes is not None for s in specs):
-        basis = "resident on the CPU EP as measured at export, plus the embedding rows the context can read"
-    else:
-        basis = "bytes on disk (this bundle records no CPU measurement: an upper bound, re-export to refine)"
+
+    def weights_basis(with_drafter: bool) -> str:
+        if gpu:
+            return "bytes on disk (a GPU provider copies every initializer to the device)"
+        used = [manifest.target] + ([manifest.drafter] if with_drafter else [])
+        measured = [s.role for s in used if s.cpu_resident_bytes is not None]
+        if len(measured) == len(used):
+            return "resident on the CPU EP as measured at export, plus the embedding rows the context can read"
+        if not measured:
+            return ("bytes on disk (this bundle records no CPU measurement; scripts/refresh_sizes.py "
+                    "measures it)")
+        return (f"{', '.join(measured)} as measured on the CPU EP at export; "
+                f"{', '.join(s.role for s in used if s.role not in measured)} as bytes on disk")
 
     def build(ctx: int, with_drafter: bool) -> Plan:
         weights = {"target": manifest.target.weight_bytes(gpu, ctx)}
@@ -232,18 +238,29 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
             default = "auto" if default == "auto" else "prompt-lookup"
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
                     working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), gpu,
-                    basis)
+                    weights_basis(with_drafter))
 
     def fit_context(with_drafter: bool) -> int | None:
-        p = build(want_ctx, with_drafter)
-        if p.total <= budget:
+        """The largest context that fits: the one asked for, else the largest multiple of 64 above
+        the floor, else the floor itself; None when not even the floor fits. A plan's total never
+        falls as the context grows (KV, and on the CPU the embedding rows read), so a binary search
+        finds it."""
+        def fits(ctx: int) -> bool:
+            return build(ctx, with_drafter).total <= budget
+
+        if fits(want_ctx):
             return want_ctx
-        per_tok = sum(p.kv.values()) / want_ctx
-        fixed = p.total - sum(p.kv.values())
-        ctx = int((budget - fixed) // per_tok) if budget > fixed else 0
-        if ctx < floor:
+        if not fits(floor):
             return None
-        return max(floor, ctx // 64 * 64)  # a multiple of 64, but never below the floor that fits
+        lo, hi = -(-floor // 64), (want_ctx - 1) // 64  # multiples of 64 in [floor, want_ctx)
+        best = floor
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(mid * 64):
+                best, lo = mid * 64, mid + 1
+            else:
+                hi = mid - 1
+        return best
 
     ctx = fit_context(want_drafter)
     if ctx is not None:

@@ -92,11 +92,12 @@ def measured_sizes(root: Path, role: str, entry: dict, log=None) -> dict:
 
     emb, row = embedding_tables(root / entry["path"])
     out = {"embedding_bytes": emb, "embedding_row_bytes": row}
-    cpu = load_footprint(root, role, entry)
-    if cpu is not None:
-        out["cpu_resident_bytes"] = cpu
-    elif log:
-        log(f"    could not measure the {role}'s resident memory on the CPU EP; the plan will use file sizes")
+    try:
+        out["cpu_resident_bytes"] = load_footprint(root, role, entry)
+    except OSError as e:
+        if log:
+            log(f"    could not measure the {role}'s resident memory on the CPU EP ({e}); "
+                "the plan will use file sizes")
     return out
 
 
@@ -177,9 +178,10 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     entry = _model_entry(stage, role, build, config, precision, quant, fingerprint, ctx)
     if fp8 is not None:
         entry["quant"] = fp8
+    del params, config
+    gc.collect()
     progress.log(f"    {role}: measuring the graph's resident memory once opened on the CPU EP")
     entry.update(measured_sizes(stage, role, entry, log=progress.log))
-    del params, config
     # keep only the graph, its data and genai_config.json (for side-by-side runs with onnxruntime-genai)
     for f in (stage / role).iterdir():
         if not (f.name.startswith("model.onnx") or f.name == "genai_config.json"):
@@ -203,7 +205,7 @@ def _check_combination(precision: str, quant: QuantOptions) -> None:
     """Options that do nothing for the chosen target precision are errors, not silently ignored."""
     default = QuantOptions()
     if precision not in ("int4", "int8"):
-        for flag, differs in (("--asymmetric", not quant.symmetric), ("--quant-algo", quant.algorithm != "rtn"),
+        for flag, differs in (("--symmetric", quant.symmetric != default.symmetric), ("--quant-algo", quant.algorithm != "rtn"),
                               ("--quantize-embeddings", quant.quantize_embeddings),
                               ("--no-quantize-lm-head", not quant.quantize_lm_head and precision != "fp8"),
                               ("--accuracy-level", quant.accuracy_level != default.accuracy_level)):

@@ -107,6 +107,9 @@ def _quantize(src: Path, dst: Path, block: int, cfg: dict) -> None:
                               algo_config=cfg["algo_config"])
     qz.process()
     out = qz.model.model if hasattr(qz.model, "model") else qz.model
+    for node in out.graph.node:  # HQQ's quantizer writes no accuracy_level: give every node the same one
+        if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
     onnx.save_model(out, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)
 

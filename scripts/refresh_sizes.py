@@ -20,24 +20,32 @@ from edgespec.manifest import MANIFEST_NAME, load_manifest  # noqa: E402
 from export.bundle import measured_sizes  # noqa: E402
 
 
-def refresh(bundle: Path) -> None:
-    load_manifest(bundle)  # refuses a bundle that is not one
+def refresh(bundle: Path) -> list[str]:
+    """Measure ``bundle`` in place; returns the roles whose CPU footprint could not be measured."""
+    m = load_manifest(bundle)  # refuses a bundle that is not one
     path = bundle / MANIFEST_NAME
     raw = json.loads(path.read_text(encoding="utf-8"))
+    failed = []
     for role, entry in raw["models"].items():
+        for key in ("cpu_resident_bytes", "embedding_bytes", "embedding_row_bytes"):
+            entry.pop(key, None)  # nothing stale survives a failed measurement
         sizes = measured_sizes(bundle, role, entry, log=print)
         entry.update(sizes)
         cpu = sizes.get("cpu_resident_bytes")
-        print(f"{bundle.name} {role}: {sum(f['bytes'] for f in entry['files'].values()) / 2**20:.1f} MiB on disk, "
+        if cpu is None:
+            failed.append(role)
+        print(f"{bundle.name} {role}: {getattr(m, role).bytes_on_disk / 2**20:.1f} MiB on disk, "
               + (f"{cpu / 2**20:.1f} MiB resident on the CPU EP, " if cpu is not None else "")
               + f"embedding tables {sizes['embedding_bytes'] / 2**20:.1f} MiB")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(raw, indent=1, ensure_ascii=False), encoding="utf-8")
     tmp.replace(path)
+    return failed
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    for b in sys.argv[1:]:
-        refresh(Path(b))
+    failed = [f"{b} {role}" for b in sys.argv[1:] for role in refresh(Path(b))]
+    if failed:
+        sys.exit(f"not measured (the plan uses file sizes for these): {', '.join(failed)}")

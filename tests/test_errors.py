@@ -54,13 +54,14 @@ def test_manifest_with_wrong_schema(tiny_bundle, copy_bundle):
         edgespec.load(b)
 
 
-@pytest.mark.parametrize("value", [-1, "big", 1.5, True])
-def test_manifest_with_bad_measured_size(tiny_bundle, copy_bundle, value):
+@pytest.mark.parametrize("key, value", [("cpu_resident_bytes", -1), ("cpu_resident_bytes", "big"),
+                                        ("embedding_bytes", 1.5), ("embedding_row_bytes", True)])
+def test_manifest_with_bad_measured_size(tiny_bundle, copy_bundle, key, value):
     b = copy_bundle(tiny_bundle)
     m = json.loads((b / "edgespec.json").read_text())
-    m["models"]["drafter"]["cpu_resident_bytes"] = value
+    m["models"]["drafter"][key] = value
     (b / "edgespec.json").write_text(json.dumps(m))
-    with pytest.raises(edgespec.ManifestError, match=r"models\.drafter\.cpu_resident_bytes"):
+    with pytest.raises(edgespec.ManifestError, match=rf"models\.drafter\.{key}"):
         edgespec.load(b)
 
 

@@ -49,6 +49,21 @@ def test_manifest_records_measured_sizes(tiny_int4_bundle):
         assert spec.embedding_row_bytes == spec.hidden_size * 4
 
 
+def test_a_failed_measurement_is_said_and_leaves_file_sizes(tiny_int4_bundle):
+    """When the measuring child fails, export says why in one line and the manifest keeps no CPU
+    figure (the planner then uses the bytes on disk)."""
+    from edgespec.measure import load_footprint
+    from edgespec_export.bundle import measured_sizes
+
+    entry = dict(json.loads((tiny_int4_bundle / "edgespec.json").read_text())["models"]["target"], kv_dtype="int3")
+    with pytest.raises(OSError, match="kv_dtype"):
+        load_footprint(tiny_int4_bundle, "target", entry)
+    said = []
+    out = measured_sizes(tiny_int4_bundle, "target", entry, log=said.append)
+    assert "cpu_resident_bytes" not in out and out["embedding_bytes"] > 0
+    assert len(said) == 1 and "could not measure the target" in said[0] and "kv_dtype" in said[0]
+
+
 def test_refresh_sizes_script_restores_them(tiny_int4_bundle, copy_bundle):
     """A bundle exported before the sizes were recorded plans on file sizes until
     scripts/refresh_sizes.py measures it."""
@@ -179,7 +194,7 @@ def test_fp8_greedy_speculation_is_exact(tiny_fp8_bundle):
 
 @pytest.mark.parametrize("target, drafter, extra", [
     ("fp8", None, ["--fp8-scheme", "block", "--block-size", "16"]),
-    ("int8", "int4", ["--block-size", "16", "--asymmetric"]),
+    ("int8", "int4", ["--block-size", "16", "--symmetric"]),
     ("fp16", "fp16", []),
 ])
 def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
@@ -195,7 +210,7 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     if target == "fp8":
         assert ops["DequantizeLinear"] == ops["fp8_initializers"] > 0 and m.target.quant["block_size"] == 16
     elif target == "int8":
-        assert ops["MatMulNBits"] > 0 and m.target.quant["block_size"] == 16 and not m.target.quant["symmetric"]
+        assert ops["MatMulNBits"] > 0 and m.target.quant["block_size"] == 16 and m.target.quant["symmetric"]
     else:
         assert m.target.kv_dtype == "float16" and "MatMulNBits" not in ops
     if drafter:
@@ -207,6 +222,7 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
 
 @pytest.mark.parametrize("args, message", [
     (["--target-precision", "fp32", "--asymmetric"], "--asymmetric applies to int4/int8"),
+    (["--target-precision", "fp16", "--symmetric"], "--symmetric applies to int4/int8"),
     (["--target-precision", "fp8", "--block-size", "64"], "needs --fp8-scheme block"),
     (["--target-precision", "int4", "--fp8-scheme", "block"], "--fp8-scheme applies to fp8"),
     (["--target-precision", "fp16", "--quant-algo", "k_quant"], "--quant-algo applies to int4/int8"),

@@ -141,9 +141,7 @@ def test_cpu_weights_count_embedding_rows_as_read():
 
 
 def test_plan_uses_the_cpu_footprint_and_says_so():
-    m = qwen_pair()
-    m = _manifest(_measured(m.target, QWEN_T_CPU, QWEN_T_EMB, 6144),
-                  _measured(m.drafter, 470_000_000, 151936 * 896 * 4, 3584))
+    m = _measured_qwen_pair()
     p = plan(m, cpu_profile(4096, max_context=4096))
     assert p.weights == {"target": QWEN_T_CPU + 41_943_040, "drafter": 470_000_000 + 4096 * 7680}
     assert "measured at export" in p.weights_basis
@@ -151,6 +149,28 @@ def test_plan_uses_the_cpu_footprint_and_says_so():
              providers=["CUDAExecutionProvider"])
     assert g.weights == {"target": 1_000_000_000, "drafter": 500_000_000} and "GPU" in g.weights_basis
     assert "bytes on disk" in plan(qwen_pair(), cpu_profile(4096, max_context=4096)).weights_basis
+    mixed = _manifest(m.target, qwen_pair().drafter)  # the drafter was never measured
+    assert plan(mixed, cpu_profile(4096, max_context=4096)).weights_basis.startswith("target as measured")
+    assert "measured at export" in plan(mixed, cpu_profile(4096, max_context=4096), use_drafter=False).weights_basis
+
+
+def _measured_qwen_pair():
+    m = qwen_pair()
+    return _manifest(_measured(m.target, QWEN_T_CPU, QWEN_T_EMB, 6144),
+                     _measured(m.drafter, 470_000_000, 151936 * 896 * 4, 3584))
+
+
+@pytest.mark.parametrize("budget_mb, drafter", [(2100, "none"), (2800, "model"), (3200, "model")])
+def test_context_cut_counts_embedding_rows_at_the_cut_context(budget_mb, drafter):
+    """On the CPU the weights grow with the context (embedding rows), so the cut is searched, not
+    extrapolated from the full context: the largest multiple of 64 that fits, the drafter kept
+    whenever it fits at all."""
+    m = _measured_qwen_pair()
+    prof = cpu_profile(budget_mb, max_context=32768)
+    p = plan(m, prof)
+    assert p.drafter == drafter and p.total <= p.budget and p.context % 64 == 0 and p.context < 32768
+    again = plan(m, prof, max_context=p.context + 64)  # 64 more tokens do not fit
+    assert again.context == p.context and again.cuts
 
 
 def test_fp16_kv_is_half():
@@ -505,4 +525,5 @@ def test_plan_matches_measured_memory_on_smollm2(smol_int4):
     peak = max(s["vm_hwm"] or s["peak_rss"] for s in data["measured"])
     planned = data["plan"]["total"]
     assert data["plan"]["context"] == 2048
+    assert "measured at export" in data["plan"]["weights_basis"]
     assert abs(peak / planned - 1) <= 0.15, f"measured {peak / MiB:.0f} MiB vs planned {planned / MiB:.0f} MiB"
