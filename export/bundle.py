@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from edgespec.errors import ExportError
@@ -162,6 +163,14 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         model.save_pretrained(hf_dir, safe_serialization=True)
         tok.save_pretrained(hf_dir)
         build_input = hf_dir
+    if (precision in ("int4", "int8") and not quant.symmetric and quant.quantize_lm_head
+            and getattr(cfg, "tie_word_embeddings", False)):
+        # onnxruntime-genai's builder shares one quantized table between a tied embedding and the
+        # lm_head; with zero points it writes a graph onnxruntime refuses (a uint8 Reshape where
+        # float is expected, seen with SmolLM2 and builder 0.18): such models stay symmetric
+        quant = replace(quant, symmetric=True)
+        progress.log(f"    {role}: tied embeddings and lm_head: quantized symmetric (the builder's shared "
+                     "table does not take zero points)")
     params = list(model.parameters())
     config = {"model_type": cfg.model_type, "_params": params}
     progress.step(f"{role}: building the {precision} ONNX graph (onnxruntime-genai model builder)")
