@@ -58,11 +58,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         from edgespec_export.build import QuantOptions
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
-    if asymmetric is not None and target_precision not in ("int4", "int8"):
-        from .errors import ExportError
-
-        raise ExportError(f"--{'a' if asymmetric else ''}symmetric applies to int4/int8 targets, not {target_precision}")
-    q = QuantOptions(block_size=block_size, symmetric=asymmetric is False, accuracy_level=accuracy_level,
+    q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
                      algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,

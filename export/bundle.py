@@ -163,7 +163,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         model.save_pretrained(hf_dir, safe_serialization=True)
         tok.save_pretrained(hf_dir)
         build_input = hf_dir
-    if (precision in ("int4", "int8") and not quant.symmetric and quant.quantize_lm_head
+    if (precision in ("int4", "int8") and not quant.is_symmetric and quant.quantize_lm_head
             and getattr(cfg, "tie_word_embeddings", False)):
         # onnxruntime-genai's builder shares one quantized table between a tied embedding and the
         # lm_head; with zero points it writes a graph onnxruntime refuses (a uint8 Reshape where
@@ -214,7 +214,8 @@ def _check_combination(precision: str, quant: QuantOptions) -> None:
     """Options that do nothing for the chosen target precision are errors, not silently ignored."""
     default = QuantOptions()
     if precision not in ("int4", "int8"):
-        for flag, differs in (("--symmetric", quant.symmetric != default.symmetric), ("--quant-algo", quant.algorithm != "rtn"),
+        symmetry = "--symmetric" if quant.symmetric else "--asymmetric"
+        for flag, differs in ((symmetry, quant.symmetric is not None), ("--quant-algo", quant.algorithm != "rtn"),
                               ("--quantize-embeddings", quant.quantize_embeddings),
                               ("--no-quantize-lm-head", not quant.quantize_lm_head and precision != "fp8"),
                               ("--accuracy-level", quant.accuracy_level != default.accuracy_level)):

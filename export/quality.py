@@ -23,6 +23,25 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
+def score(pairs) -> dict:
+    """Teacher-forced comparison of two models on token sequences: ``pairs`` yields ``(ids,
+    reference logits, logits)``, each logits ``[len(ids), vocab]``. Returns both perplexities, the
+    top-1 agreement over every position, the mean KL(reference || other) and the tokens scored."""
+    nll_r = nll_g = kl = 0.0
+    n = agree = positions = 0
+    for ids, ref, got in pairs:
+        lr, lg = _log_softmax(ref[:-1]), _log_softmax(got[:-1])
+        tgt = np.array(ids[1:])
+        nll_r -= lr[np.arange(len(tgt)), tgt].sum()
+        nll_g -= lg[np.arange(len(tgt)), tgt].sum()
+        kl += (np.exp(lr) * (lr - lg)).sum()
+        agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
+        n += len(tgt)
+        positions += len(ids)
+    return {"perplexity_ref": float(np.exp(nll_r / n)), "perplexity": float(np.exp(nll_g / n)),
+            "top1": agree / positions, "kl": float(kl / n), "tokens": n}
+
+
 class QualityRun:
     def __init__(self, tokenizer, precision: str):
         self.tok = tokenizer
@@ -35,23 +54,17 @@ class QualityRun:
         import torch
 
         lm = OnnxLM(spec, min(spec.max_context, 512), choose(["cpu"]))
-        nll_t = nll_o = 0.0
-        n = agree = 0
-        kl = 0.0
-        for text in TEXTS:
-            ids = self._ids(text)
-            with torch.no_grad():
-                ref = model(torch.tensor([ids])).logits[0].float().numpy()[:, : spec.vocab_size]
-            lm.reset()
-            got = lm.forward(ids)[:, : spec.vocab_size]
-            lr, lg = _log_softmax(ref[:-1]), _log_softmax(got[:-1])
-            tgt = np.array(ids[1:])
-            nll_t -= lr[np.arange(len(tgt)), tgt].sum()
-            nll_o -= lg[np.arange(len(tgt)), tgt].sum()
-            kl += (np.exp(lr) * (lr - lg)).sum()
-            agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
-            n += len(tgt)
-        ppl_t, ppl_o = float(np.exp(nll_t / n)), float(np.exp(nll_o / n))
+
+        def pairs():
+            for text in TEXTS:
+                ids = self._ids(text)
+                with torch.no_grad():
+                    ref = model(torch.tensor([ids])).logits[0].float().numpy()[:, : spec.vocab_size]
+                lm.reset()
+                yield ids, ref, lm.forward(ids)[:, : spec.vocab_size]
+
+        s = score(pairs())
+        ppl_t, ppl_o = s["perplexity_ref"], s["perplexity"]
         matches = []
         for prompt in CONT_PROMPTS:
             ids = self._ids(prompt)
@@ -69,9 +82,9 @@ class QualityRun:
                 m += 1
             matches.append(m)
         q = {"perplexity_torch": round(ppl_t, 4), "perplexity": round(ppl_o, 4),
-             "perplexity_delta": round(ppl_o - ppl_t, 4), "top1_agreement": round(agree / (n + len(TEXTS)), 4),
-             "mean_kl": round(float(kl / n), 6), "greedy_match_tokens": matches, "greedy_match_of": CONT_TOKENS,
-             "tokens": n}
+             "perplexity_delta": round(ppl_o - ppl_t, 4), "top1_agreement": round(s["top1"], 4),
+             "mean_kl": round(s["kl"], 6), "greedy_match_tokens": matches, "greedy_match_of": CONT_TOKENS,
+             "tokens": s["tokens"]}
         progress.log(f"    quality: perplexity {ppl_t:.3f} (torch) -> {ppl_o:.3f} (onnx, Δ {ppl_o - ppl_t:+.3f}), "
                      f"top-1 {q['top1_agreement']:.3f}, KL {q['mean_kl']:.4f}, greedy match {matches}/{CONT_TOKENS}")
         return q

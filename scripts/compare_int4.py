@@ -35,7 +35,7 @@ from edgespec.manifest import load_manifest  # noqa: E402
 from edgespec.onnx_lm import OnnxLM  # noqa: E402
 from edgespec.providers import choose  # noqa: E402
 from edgespec.tokenizer import Tokenizer  # noqa: E402
-from export.quality import MAX_TOKENS, TEXTS, _log_softmax  # noqa: E402
+from export.quality import MAX_TOKENS, TEXTS, score  # noqa: E402
 
 STEPS = 32
 
@@ -132,17 +132,8 @@ def _step_ms(lm: OnnxLM, ids: list[int]) -> float:
 
 def evaluate(spec, ref: list[np.ndarray], texts: list[list[int]], long_ids: list[int]) -> dict:
     lm = OnnxLM(spec, min(512, spec.max_context), choose(["cpu"]))
-    nll = kl = 0.0
-    n = agree = 0
-    for ids, r in zip(texts, ref):
-        got = _logits(lm, ids)
-        lr, lg = _log_softmax(r[:-1]), _log_softmax(got[:-1])
-        tgt = np.array(ids[1:])
-        nll -= lg[np.arange(len(tgt)), tgt].sum()
-        kl += (np.exp(lr) * (lr - lg)).sum()
-        agree += int((r.argmax(-1) == got.argmax(-1)).sum())
-        n += len(tgt)
-    return {"perplexity": float(np.exp(nll / n)), "top1": agree / (n + len(texts)), "kl": float(kl / n),
+    s = score((ids, r, _logits(lm, ids)) for ids, r in zip(texts, ref))
+    return {"perplexity": s["perplexity"], "top1": s["top1"], "kl": s["kl"],
             "step_ms": _step_ms(lm, long_ids), "min_width": lm.min_width}
 
 
@@ -169,9 +160,8 @@ def main() -> int:
     long_ids = [i for t in texts for i in t][: 64 + STEPS]
     fp32 = OnnxLM(spec, min(512, spec.max_context), choose(["cpu"]))
     ref = [_logits(fp32, ids) for ids in texts]
-    lr = [_log_softmax(r[:-1]) for r in ref]
-    nll = -sum(x[np.arange(len(ids) - 1), np.array(ids[1:])].sum() for x, ids in zip(lr, texts))
-    rows = [("float32 (reference)", {"perplexity": float(np.exp(nll / sum(len(t) - 1 for t in texts))), "top1": 1.0,
+    fp32_score = score((ids, r, r) for ids, r in zip(texts, ref))
+    rows = [("float32 (reference)", {"perplexity": fp32_score["perplexity"], "top1": 1.0,
                                      "kl": 0.0, "step_ms": _step_ms(fp32, long_ids), "min_width": 1}, "")]
     del fp32
     print(f"float32: perplexity {rows[0][1]['perplexity']:.3f}, step {rows[0][1]['step_ms']:.2f} ms", flush=True)

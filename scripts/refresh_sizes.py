@@ -24,7 +24,7 @@ def refresh(bundle: Path) -> list[str]:
     """Measure ``bundle`` in place; returns the roles whose CPU footprint could not be measured."""
     m = load_manifest(bundle)  # refuses a bundle that is not one
     path = bundle / MANIFEST_NAME
-    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw = m.raw  # the manifest as parsed, rewritten below with the new figures
     failed = []
     for role, entry in raw["models"].items():
         for key in ("cpu_resident_bytes", "embedding_bytes", "embedding_row_bytes"):
