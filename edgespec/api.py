@@ -61,10 +61,11 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
 
     def options_for(role: str):
         # a session's CUDA arena may grow to what the plan leaves after the KV caches, the runtime
-        # and the other model's weights; TensorRT caches its engines beside the bundle
+        # and the other model's weights; TensorRT's scratch workspace to that less its own weights
         others = sum(v for k, v in the_plan.weights.items() if k != role)
         room = the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - others
-        return with_load_options(choice, bundle_root=manifest.root, gpu_mem_limit=room)
+        return with_load_options(choice, bundle_root=manifest.root, gpu_mem_limit=room,
+                                 trt_workspace=room - the_plan.weights.get(role, 0))
 
     n_threads = threads if threads is not None else prof.threads
     # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)

@@ -111,15 +111,33 @@ def trt_cache_dir(bundle_root: Path) -> Path:
         return alt
 
 
-def with_load_options(choice: ProviderChoice, *, bundle_root: Path, gpu_mem_limit: int | None) -> ProviderChoice:
-    """Fill in the options that depend on the bundle and the memory plan, unless the profile set them:
-    TensorRT's engine cache beside the bundle, and the CUDA arena's ``gpu_mem_limit`` (bytes)."""
+def with_load_options(choice: ProviderChoice, *, bundle_root: Path, gpu_mem_limit: int | None = None,
+                      trt_workspace: int | None = None) -> ProviderChoice:
+    """Fill in the options that depend on the bundle and the memory plan, unless the profile set them.
+
+    ``gpu_mem_limit`` (bytes) is what the plan leaves a session's CUDA arena, its weights included;
+    ``trt_workspace`` what it leaves TensorRT for scratch beyond the weights. TensorRT's
+    ``trt_max_workspace_size`` defaults to it, and a profile's own workspace larger than it is cut
+    to it. TensorRT's engines are cached beside the bundle (``<bundle>/.trt_cache``, caching on
+    unless the profile turns it off)."""
+    room = int(gpu_mem_limit) if gpu_mem_limit and gpu_mem_limit > 0 else None
+    scratch = int(trt_workspace) if trt_workspace and trt_workspace > 0 else None
     runs = []
     for name, opts in choice.providers:
         opts = dict(opts)
-        if name == TENSORRT and "trt_engine_cache_path" not in opts:
-            opts["trt_engine_cache_path"] = str(trt_cache_dir(bundle_root))
-        if name == CUDA and "gpu_mem_limit" not in opts and gpu_mem_limit and gpu_mem_limit > 0:
-            opts["gpu_mem_limit"] = int(gpu_mem_limit)
+        if name == TENSORRT:
+            opts.setdefault("trt_engine_cache_enable", True)
+            if "trt_engine_cache_path" not in opts:
+                opts["trt_engine_cache_path"] = str(trt_cache_dir(bundle_root))
+            if scratch is not None:
+                asked = opts.get("trt_max_workspace_size")
+                if asked is None:
+                    opts["trt_max_workspace_size"] = scratch
+                elif int(asked) > scratch:
+                    log.warning(f"TensorRT workspace cut from {int(asked) >> 20} MiB (profile) to {scratch >> 20} MiB, "
+                                f"what the memory plan leaves")
+                    opts["trt_max_workspace_size"] = scratch
+        if name == CUDA and "gpu_mem_limit" not in opts and room is not None:
+            opts["gpu_mem_limit"] = room
         runs.append((name, opts))
     return ProviderChoice(runs, choice.requested, choice.warnings, choice.explicit)

@@ -392,22 +392,35 @@ def test_aliases_share_options_and_duplicates_drop():
     assert c.options("trt") == {"trt_fp16_enable": True}
 
 
-def test_load_options_trt_cache_and_gpu_mem_limit(tmp_path):
+def test_load_options_trt_cache_workspace_and_gpu_mem_limit(tmp_path, caplog):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_engine_cache_enable": True}}, available=[TENSORRT, CUDA, CPU])
-    out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=3 * 1 << 30)
-    assert out.options("tensorrt")["trt_engine_cache_path"] == str(bundle / ".trt_cache")
+    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_fp16_enable": True}}, available=[TENSORRT, CUDA, CPU])
+    out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=3 << 30, trt_workspace=1 << 30)
+    assert out.options("tensorrt") == {"trt_fp16_enable": True, "trt_engine_cache_enable": True,
+                                       "trt_engine_cache_path": str(bundle / ".trt_cache"),
+                                       "trt_max_workspace_size": 1 << 30}
     assert (bundle / ".trt_cache").is_dir()
-    assert out.options("cuda") == {"gpu_mem_limit": 3 * 1 << 30}
+    assert out.options("cuda") == {"gpu_mem_limit": 3 << 30}
     assert out.options("cpu") == {}
     assert c.options("cuda") == {}  # the choice it came from is left as it was
-    # what the profile set wins
-    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_engine_cache_path": "/elsewhere"}, "cuda": {"gpu_mem_limit": 5}},
+    # what the profile set wins, except a workspace larger than the plan leaves, which is cut (and said)
+    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_engine_cache_path": "/elsewhere", "trt_engine_cache_enable": False,
+                                                   "trt_max_workspace_size": 2 << 30},
+                                      "cuda": {"gpu_mem_limit": 5}},
                available=[TENSORRT, CUDA, CPU])
-    out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=99)
-    assert out.options("tensorrt")["trt_engine_cache_path"] == "/elsewhere"
+    with caplog.at_level("WARNING", logger="edgespec"):
+        out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=99 << 20, trt_workspace=512 << 20)
+    trt = out.options("tensorrt")
+    assert trt["trt_engine_cache_path"] == "/elsewhere" and trt["trt_engine_cache_enable"] is False
+    assert trt["trt_max_workspace_size"] == 512 << 20
+    assert "TensorRT workspace cut from 2048 MiB (profile) to 512 MiB" in caplog.text
     assert out.options("cuda")["gpu_mem_limit"] == 5
+    # a profile's workspace inside the room stays; no room known: nothing is added
+    out = with_load_options(c, bundle_root=bundle, trt_workspace=4 << 30)
+    assert out.options("tensorrt")["trt_max_workspace_size"] == 2 << 30
+    out = with_load_options(choose(["tensorrt"], available=[TENSORRT, CPU]), bundle_root=bundle)
+    assert "trt_max_workspace_size" not in out.options("tensorrt")
     # CPU only: nothing is added, no cache directory
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -441,6 +454,42 @@ def test_load_with_explicit_unavailable_provider(tiny_bundle):
         pytest.skip("this onnxruntime has CUDA")
     with pytest.raises(ProviderError, match="'cuda' was asked for"):
         edgespec.load(tiny_bundle, provider="cuda")
+
+
+def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, monkeypatch):
+    """load() with TensorRT and CUDA present (faked): each model's session gets the arena limit and the
+    TensorRT workspace the plan leaves it, the engine cache beside the bundle."""
+    import edgespec.api as api
+    from edgespec import providers
+
+    monkeypatch.setattr(providers, "available_providers", lambda: [TENSORRT, CUDA, CPU])
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_lm(spec, context, choice, **kw):
+        seen["drafter" if spec is manifest.drafter else "target"] = choice
+        if len(seen) == 2:
+            raise Stop
+        return object()
+
+    manifest = load_manifest(tiny_bundle)
+    monkeypatch.setattr(api, "load_manifest", lambda *a, **k: manifest)
+    monkeypatch.setattr(api, "OnnxLM", fake_lm)
+    monkeypatch.setattr(api, "ModelDrafter", lambda *a, **k: object())
+    prof = resolve_profile("jetson-agx-orin-64gb")  # sets no TensorRT workspace of its own
+    assert "trt_max_workspace_size" not in prof.provider_options["tensorrt"]
+    with pytest.raises(Stop):
+        api.load(tiny_bundle, profile=prof, use_drafter=True)
+    p = plan(manifest, prof, use_drafter=True, providers=list(prof.providers))
+    assert p.drafter == "model"
+    for role, other in (("target", "drafter"), ("drafter", "target")):
+        room = p.budget - sum(p.kv.values()) - p.runtime - p.weights[other]
+        trt, cuda = seen[role].options("tensorrt"), seen[role].options("cuda")
+        assert cuda["gpu_mem_limit"] == room
+        assert trt["trt_max_workspace_size"] == room - p.weights[role]
+        assert trt["trt_engine_cache_path"] == str(Path(tiny_bundle) / ".trt_cache")
 
 
 # -- CLI -------------------------------------------------------------------------------------------
