@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from edgespec.errors import EdgespecError  # noqa: E402
 from edgespec.manifest import MANIFEST_NAME, load_manifest  # noqa: E402
 from export.bundle import measured_sizes  # noqa: E402
 
@@ -46,6 +47,9 @@ def refresh(bundle: Path) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    failed = [f"{b} {role}" for b in sys.argv[1:] for role in refresh(Path(b))]
+    try:
+        failed = [f"{b} {role}" for b in sys.argv[1:] for role in refresh(Path(b))]
+    except (EdgespecError, OSError) as e:
+        sys.exit(f"error: {e}")
     if failed:
         sys.exit(f"not measured (the plan uses file sizes for these): {', '.join(failed)}")

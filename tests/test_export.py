@@ -92,6 +92,39 @@ def test_refresh_sizes_script_restores_them(tiny_int4_bundle, copy_bundle):
     assert "measured at export" in plan(new, prof).weights_basis
 
 
+def test_refresh_sizes_failures(tiny_int4_bundle, copy_bundle, tmp_path, monkeypatch):
+    """A path that is no bundle: one line, exit 1. A model whose footprint cannot be measured: its
+    stale figures are dropped (the plan falls back to file sizes), the role is reported, exit 1."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import edgespec.measure
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "refresh_sizes.py"
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "nowhere")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+    spec = importlib.util.spec_from_file_location("refresh_sizes", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    b = copy_bundle(tiny_int4_bundle)
+    assert load_manifest(b).drafter.cpu_resident_bytes > 0
+
+    def fail(root, role, entry):
+        if role == "drafter":
+            raise OSError("the child process died")
+        return 12345
+
+    monkeypatch.setattr(edgespec.measure, "load_footprint", fail)
+    assert mod.refresh(b) == ["drafter"]
+    m = load_manifest(b)
+    assert m.target.cpu_resident_bytes == 12345 and m.drafter.cpu_resident_bytes is None
+    assert m.drafter.embedding_bytes > 0
+
+
 def test_mismatched_tokenizers_refused(tiny_dirs, tmp_path):
     from edgespec_export import export_bundle
 
