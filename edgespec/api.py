@@ -73,8 +73,11 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                     prefill_chunk=the_plan.prefill_chunk)
     drafter = None
     if the_plan.drafter == "model" and manifest.drafter is not None:
+        # the exactness policy is the target's: a draft is only a guess the target checks, so the
+        # drafter runs its one-token steps on the kernel's one-token path (~12% cheaper for the
+        # 0.5B INT4 drafter: 15.0 against 17.1 ms a step)
         dlm = OnnxLM(manifest.drafter, the_plan.context, options_for("drafter"), threads=n_threads,
-                     prefill_chunk=the_plan.prefill_chunk)
+                     prefill_chunk=the_plan.prefill_chunk, min_width=1)
         drafter = ModelDrafter(dlm, manifest.target.vocab_size, min_confidence=DRAFT_MIN_CONFIDENCE)
     decoder = Decoder(target, manifest.eos_token_ids, model_drafter=drafter,
                       prompt_lookup=PromptLookupDrafter(max_draft=prof.max_draft_tokens))

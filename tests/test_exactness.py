@@ -62,6 +62,18 @@ def test_tiny_models_all_drafters_exact(bundle, request):
         _assert_all_equal(_greedy_all(eng, p, 40), p)
 
 
+def test_drafter_runs_one_token_steps_and_stays_exact(tiny_fp8_bundle):
+    """The width policy is the target's alone: an INT8 drafter at accuracy level 4 (whose graph the
+    policy would pad) runs one-token steps, and every drafter still equals autoregressive output."""
+    from edgespec.onnx_lm import width_policy
+
+    eng = edgespec.load(tiny_fp8_bundle, max_context=256)
+    dlm = eng.decoder.drafters["model"].lm
+    assert width_policy(dlm.spec, "cpu") == 2 and dlm.min_width == 1
+    for p in PROMPTS:
+        _assert_all_equal(_greedy_all(eng, p, 40), p)
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_smollm2_prompt_lookup_exact(precision, request):
