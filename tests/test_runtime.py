@@ -74,6 +74,28 @@ def test_sync_reuses_common_prefix(tiny_bundle):
     np.testing.assert_allclose(last, fresh.sync([5, 6, 7, 8, 9]), atol=1e-5)
 
 
+def test_short_calls_write_logits_to_own_buffers_without_aliasing(tiny_bundle, monkeypatch):
+    """Calls of up to OWN_LOGITS_MAX_WIDTH tokens bind a buffer kept per width: the logits equal
+    those onnxruntime allocates itself, and a returned array survives the next call of that width."""
+    import edgespec.onnx_lm as onnx_lm
+
+    m = load_manifest(tiny_bundle)
+    ids = list(range(5, 45))
+    lm = OnnxLM(m.target, 128, choose(["cpu"]))
+    assert lm._logits_type is not None
+    lm.forward(ids[:30])  # 30 tokens: onnxruntime's own output
+    a = lm.forward(ids[30:32])
+    kept = a.copy()
+    b = lm.forward(ids[32:34])  # same width: the same buffer is written again
+    assert np.array_equal(a, kept) and not np.shares_memory(a, b)
+    assert set(lm._logits_out) == {2}
+    monkeypatch.setattr(onnx_lm, "OWN_LOGITS_MAX_WIDTH", 0)
+    ref = OnnxLM(m.target, 128, choose(["cpu"]))
+    ref.forward(ids[:30])
+    assert np.array_equal(ref.forward(ids[30:32]), a) and np.array_equal(ref.forward(ids[32:34]), b)
+    assert not ref._logits_out
+
+
 def test_forward_past_context_is_typed_error(tiny_bundle):
     m = load_manifest(tiny_bundle)
     lm = OnnxLM(m.target, 16, choose(["cpu"]))
