@@ -20,8 +20,9 @@ from .providers import GPU_PROVIDERS, ProviderChoice, log
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-# calls up to this many tokens (decode, verify) write their logits straight into a buffer kept per
-# width: IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2
+# calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
+# the model (16 x vocab: 9.3 MiB for Qwen's 152k vocabulary, within the planner's working memory):
+# IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2
 OWN_LOGITS_MAX_WIDTH = 16
 
 
@@ -74,7 +75,8 @@ class OnnxLM:
         for past, present, buf in self._kv:
             self._binding.bind_ortvalue_input(past, buf)
             self._binding.bind_ortvalue_output(present, buf)
-        self._logits_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (buffer, its OrtValue)
+        self._logits_buf: np.ndarray | None = None  # [1, OWN_LOGITS_MAX_WIDTH, vocab], made on first use
+        self._logits_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (view of it, its OrtValue)
         self._logits_type = None  # (dtype, vocab) when the graph's logits have a static vocab axis
         for o in self.session.get_outputs():
             if o.name == io.logits and o.type in _ORT_FLOATS and isinstance(o.shape[-1], int):
@@ -155,9 +157,11 @@ class OnnxLM:
         if own is None:
             import onnxruntime as ort
 
-            dtype, vocab = self._logits_type
-            buf = np.empty((1, n, vocab), dtype=dtype)
-            own = self._logits_out[n] = (buf, ort.OrtValue.ortvalue_from_numpy(buf))
+            if self._logits_buf is None:  # one buffer; each width binds a view of its first rows
+                dtype, vocab = self._logits_type
+                self._logits_buf = np.empty((1, OWN_LOGITS_MAX_WIDTH, vocab), dtype=dtype)
+            view = self._logits_buf[:, :n]  # contiguous: the leading axis has one element
+            own = self._logits_out[n] = (view, ort.OrtValue.ortvalue_from_numpy(view))
         return own
 
     def sync(self, ids: Sequence[int]) -> np.ndarray:

@@ -181,15 +181,18 @@ class Plan:
 
 
 def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
-    """Transient memory of one call: logits (onnxruntime's output and our float32 view) and
-    activations of a prefill chunk (hidden states and MLP intermediates, about 16 x hidden)."""
+    """Transient memory of the biggest call: logits (onnxruntime's output and our float32 view) and
+    activations of a prefill chunk (hidden states and MLP intermediates, about 16 x hidden); plus
+    each model's logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept)."""
+    from .onnx_lm import OWN_LOGITS_MAX_WIDTH
+
     specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
     biggest = 0
     for s in specs:
         logits = chunk * s.vocab_size * 4 * 2
         act = chunk * s.hidden_size * 4 * 16
         biggest = max(biggest, logits + act)
-    return biggest
+    return biggest + sum(OWN_LOGITS_MAX_WIDTH * s.vocab_size * 4 for s in specs)
 
 
 def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,

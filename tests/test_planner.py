@@ -2,7 +2,8 @@
 
 Planner figures are checked against numbers worked out by hand for the real models' dimensions:
 KV bytes = 2 (K and V) x layers x KV heads x head dim x 4 bytes (float32) x context tokens;
-working memory = chunk x vocab x 4 bytes x 2 (logits, twice) + chunk x hidden x 4 bytes x 16;
+working memory = chunk x vocab x 4 bytes x 2 (logits, twice) + chunk x hidden x 4 bytes x 16 (the
+biggest model's), plus 16 x vocab x 4 bytes per loaded model (the logits buffer of short calls);
 runtime = 150 MiB (+ 512 MiB for the CUDA context when a GPU provider comes first).
 """
 from __future__ import annotations
@@ -68,11 +69,13 @@ def cpu_profile(budget_mb, **kw):
 SMOL_KV = {512: 23_592_960, 2048: 94_371_840, 8192: 377_487_360}
 QWEN_T_KV = {512: 29_360_128, 4096: 234_881_024, 32768: 1_879_048_192}
 QWEN_D_KV = {512: 12_582_912, 4096: 100_663_296, 32768: 805_306_368}
-# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184;
-# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824 (bigger than the 0.5B's 325,844,992)
-SMOL_WORK_256 = 110_100_480
-QWEN_WORK_256 = 336_330_752
-QWEN_WORK_128 = 168_165_376  # 155,582,464 + 12,582,912
+# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184 (+ 16*49152*4 = 3,145,728);
+# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824 (bigger than the 0.5B's 325,844,992),
+# + 16*151936*4 = 9,723,904 for each loaded model (both have Qwen's vocabulary)
+SMOL_WORK_256 = 113_246_208
+QWEN_WORK_256 = 346_054_656  # the target alone
+QWEN_PAIR_WORK_256 = 355_778_560  # target and drafter
+QWEN_PAIR_WORK_128 = 187_613_184  # 155,582,464 + 12,582,912 + 2 * 9,723,904
 
 
 def test_hand_figures_follow_the_formula():
@@ -81,9 +84,10 @@ def test_hand_figures_follow_the_formula():
     for ctx in QWEN_T_KV:
         assert QWEN_T_KV[ctx] == 2 * 28 * 2 * 128 * 4 * ctx
         assert QWEN_D_KV[ctx] == 2 * 24 * 2 * 64 * 4 * ctx
-    assert SMOL_WORK_256 == 256 * 49152 * 4 * 2 + 256 * 576 * 4 * 16
-    assert QWEN_WORK_256 == 256 * 151936 * 4 * 2 + 256 * 1536 * 4 * 16
-    assert QWEN_WORK_128 == 128 * 151936 * 4 * 2 + 128 * 1536 * 4 * 16
+    assert SMOL_WORK_256 == 256 * 49152 * 4 * 2 + 256 * 576 * 4 * 16 + 16 * 49152 * 4
+    assert QWEN_WORK_256 == 256 * 151936 * 4 * 2 + 256 * 1536 * 4 * 16 + 16 * 151936 * 4
+    assert QWEN_PAIR_WORK_256 == QWEN_WORK_256 + 16 * 151936 * 4
+    assert QWEN_PAIR_WORK_128 == 128 * 151936 * 4 * 2 + 128 * 1536 * 4 * 16 + 2 * 16 * 151936 * 4
 
 
 @pytest.mark.parametrize("ctx", [512, 2048, 8192])
@@ -101,9 +105,9 @@ def test_smollm2_plan_fits(ctx):
 
 def test_working_memory_by_chunk():
     m = qwen_pair()
-    assert working_bytes(m, 256, with_drafter=True) == QWEN_WORK_256
+    assert working_bytes(m, 256, with_drafter=True) == QWEN_PAIR_WORK_256
     assert working_bytes(m, 256, with_drafter=False) == QWEN_WORK_256
-    assert working_bytes(m, 128, with_drafter=True) == QWEN_WORK_128
+    assert working_bytes(m, 128, with_drafter=True) == QWEN_PAIR_WORK_128
     assert working_bytes(_manifest(smollm2()), 256, with_drafter=False) == SMOL_WORK_256
 
 
@@ -113,7 +117,7 @@ def test_qwen_pair_fits_with_drafter(ctx):
     assert p.context == ctx and p.drafter == "model" and p.default_drafter == "auto"
     assert p.weights == {"target": 1_000_000_000, "drafter": 500_000_000}
     assert p.kv == {"target": QWEN_T_KV[ctx], "drafter": QWEN_D_KV[ctx]}
-    assert p.total == 1_500_000_000 + QWEN_T_KV[ctx] + QWEN_D_KV[ctx] + QWEN_WORK_256 + RUNTIME
+    assert p.total == 1_500_000_000 + QWEN_T_KV[ctx] + QWEN_D_KV[ctx] + QWEN_PAIR_WORK_256 + RUNTIME
     assert p.total <= p.budget == 4096 * MiB
     assert p.cuts == ()
 
@@ -179,50 +183,51 @@ def test_fp16_kv_is_half():
 
 
 def test_context_is_cut_first():
-    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 336,330,752 + 157,286,400 = 4,677,971,712 > 4 GiB.
-    # Room for KV: 4,294,967,296 - 1,993,617,152 = 2,301,350,144 bytes / 81,920 per token = 28,092 -> 28,032.
+    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 355,778,560 + 157,286,400 = 4,697,419,520 > 4 GiB.
+    # Room for KV: 4,294,967,296 - 2,013,064,960 = 2,281,902,336 bytes / 81,920 per token = 27,855 -> 27,840.
     p = plan(qwen_pair(), cpu_profile(4096, max_context=32768))
-    assert 1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_WORK_256 + RUNTIME == 4_677_971_712
-    assert (4096 * MiB - (1_500_000_000 + QWEN_WORK_256 + RUNTIME)) // 81_920 == 28_092
-    assert p.context == 28_032
+    assert 1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_PAIR_WORK_256 + RUNTIME == 4_697_419_520
+    assert (4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME)) // 81_920 == 27_855
+    assert p.context == 27_840
     assert p.drafter == "model"
-    assert p.kv == {"target": 57_344 * 28_032, "drafter": 24_576 * 28_032}
-    assert p.cuts == ("context 32768 -> 28032 tokens",)
+    assert p.kv == {"target": 57_344 * 27_840, "drafter": 24_576 * 27_840}
+    assert p.cuts == ("context 32768 -> 27840 tokens",)
     assert p.total <= p.budget
 
 
 def test_drafter_dropped_after_context():
-    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 336,330,752 + 157,286,400 = 2,035,560,192 > 1800 MiB.
-    # Without: fixed 1,493,617,152; room 1,887,436,800 - 1,493,617,152 = 393,819,648 / 57,344 = 6,867 -> 6,848.
+    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 355,778,560 + 157,286,400 = 2,055,008,000 > 1800 MiB.
+    # Without: fixed 1e9 + 346,054,656 + 157,286,400 = 1,503,341,056; room 1,887,436,800 - 1,503,341,056
+    # = 384,095,744 / 57,344 = 6,698 -> 6,656.
     budget = 1800 * MiB
     assert budget == 1_887_436_800
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768))
     assert p.drafter == "none" and p.default_drafter == "auto"
-    assert p.context == 6_848
+    assert p.context == 6_656
     assert p.weights == {"target": 1_000_000_000}
-    assert p.kv == {"target": 57_344 * 6_848}
-    assert p.cuts == ("context 32768 -> 6848 tokens", "model drafter dropped (prompt lookup instead)")
+    assert p.kv == {"target": 57_344 * 6_656}
+    assert p.cuts == ("context 32768 -> 6656 tokens", "model drafter dropped (prompt lookup instead)")
     # a profile that insists on the model drafter falls back to prompt lookup by default
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768, drafter="model"))
     assert p.drafter == "none" and p.default_drafter == "prompt-lookup"
 
 
 def test_drafter_dropped_without_context_cut():
-    # 512 tokens, no drafter: 1e9 + 29,360,128 + 336,330,752 + 157,286,400 = 1,522,977,280 (1452.4 MiB) fits 1500 MiB;
-    # with the drafter 2,035,560,192 does not.
+    # 512 tokens, no drafter: 1e9 + 29,360,128 + 346,054,656 + 157,286,400 = 1,532,701,184 (1461.7 MiB) fits 1500 MiB;
+    # with the drafter 2,055,008,000 does not.
     p = plan(qwen_pair(), cpu_profile(1500, max_context=512))
     assert p.context == 512 and p.drafter == "none"
-    assert p.total == 1_522_977_280
+    assert p.total == 1_532_701_184
     assert p.cuts == ("model drafter dropped (prompt lookup instead)",)
 
 
 def test_budget_too_small_names_the_numbers():
-    # needs 1,522,977,280 bytes = 1452 MiB at 512 tokens without the drafter
+    # needs 1,532,701,184 bytes = 1462 MiB at 512 tokens without the drafter
     with pytest.raises(BudgetError) as e:
         plan(qwen_pair(), Profile(name="tight", memory_budget_mb=1200, max_context=32768))
     msg = str(e.value)
-    for part in ("1200 MiB", "tight", "512 tokens", "needs 1452 MiB", "weights 954 MiB", "KV 28 MiB",
-                 "working 321 MiB", "runtime 150 MiB"):
+    for part in ("1200 MiB", "tight", "512 tokens", "needs 1462 MiB", "weights 954 MiB", "KV 28 MiB",
+                 "working 330 MiB", "runtime 150 MiB"):
         assert part in msg, (part, msg)
 
 
