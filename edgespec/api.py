@@ -14,7 +14,6 @@ so sharing an engine between threads is safe (they take turns).
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -98,15 +97,15 @@ class Engine:
         self.providers = providers
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
                                          draft_tokens=profile.draft_tokens)
-        self._lock = threading.RLock()
 
     @property
     def max_context(self) -> int:
         return self.decoder.target.max_context
 
     def reset(self) -> None:
-        """Forget the cached conversation (the next prompt is prefilled from scratch)."""
-        with self._lock:
+        """Forget the cached conversation (the next prompt is prefilled from scratch). Waits for a
+        generation in another thread; refused (``BusyError``) inside one's own unfinished stream."""
+        with self.decoder.lock.hold("reset the engine"):
             self.decoder.target.reset()
             drafter = self.decoder.drafters.get("model")
             if drafter is not None:
@@ -144,28 +143,38 @@ class Engine:
         stops = [s for s in stop if s]
         hold = max((len(s) for s in stops), default=1) - 1
         pending = ""
-        with self._lock:
-            gen = self.decoder.generate(ids, cfg, stats)
-            try:
-                for step in gen:
-                    pending += dec.push(step.tokens)
-                    if step.finish_reason:
-                        pending += dec.flush()
-                    if stops:
-                        hit = _find_stop(text + pending, stops, len(text))
-                        if hit is not None:
-                            stats.finish_reason = "stop"
-                            yield (text + pending)[len(text):hit], step.tokens, stats
-                            return
-                        # hold back a tail that may be the start of a stop string
-                        emit = pending[: max(0, len(pending) - hold)] if not step.finish_reason else pending
-                    else:
-                        emit = pending
-                    pending = pending[len(emit):]
-                    text += emit
-                    yield emit, step.tokens, stats
-            finally:
-                gen.close()
+        # the decoder's lock serializes generations (and refuses one nested in its own stream)
+        gen = self.decoder.generate(ids, cfg, stats)
+        try:
+            for step in gen:
+                pending += dec.push(step.tokens)
+                if step.finish_reason:
+                    pending += dec.flush()
+                if stops:
+                    hit = _find_stop(text + pending, stops, len(text))
+                    if hit is not None:
+                        stats.finish_reason = "stop"
+                        yield (text + pending)[len(text):hit], self._ids_up_to(dec.ids, step.tokens, hit), stats
+                        return
+                    # hold back a tail that may be the start of a stop string
+                    emit = pending[: max(0, len(pending) - hold)] if not step.finish_reason else pending
+                else:
+                    emit = pending
+                pending = pending[len(emit):]
+                text += emit
+                yield emit, step.tokens, stats
+        finally:
+            gen.close()
+
+    def _ids_up_to(self, ids: list[int], step: list[int], end: int) -> list[int]:
+        """The head of ``step`` (the last tokens of ``ids``) whose text reaches character ``end`` of
+        the reply: a stop string's tokens and what the same round produced after it are left out
+        of the ids, as they are of the text (``stats`` still counts them: they were computed)."""
+        base = len(ids) - len(step)
+        for j in range(len(step) + 1):
+            if len(self.tokenizer.decode(ids[:base + j])) >= end:
+                return list(step[:j])
+        return list(step)
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .drafters import Acceptance, CostModel, Draft, Drafter, ModelDrafter, PromptLookupDrafter
-from .errors import ConfigError, ContextOverflowError
+from .errors import BusyError, ConfigError, ContextOverflowError
 from .onnx_lm import OnnxLM, _common_prefix
 from .sampling import SamplingParams, probs, sample
 from .verify import greedy_accept, rejection_sample
@@ -114,6 +115,29 @@ class Stats:
         return d
 
 
+class GenerationLock:
+    """One generation at a time. Callers from other threads wait their turn; a call from the thread
+    that holds it (a generate() inside a loop over a stream) would wait for itself forever, so it
+    is refused with ``BusyError`` instead."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @contextmanager
+    def hold(self, what: str = "generate"):
+        me = threading.get_ident()
+        if self._owner == me:
+            raise BusyError(f"cannot {what} while a generation is running in this thread: finish or close "
+                            f"its stream first")
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+
+
 class Decoder:
     """Speculative generation over a target ``OnnxLM`` and optional drafters.
 
@@ -139,7 +163,7 @@ class Decoder:
         for size in range(1, self.drafters["prompt-lookup"].max_ngram + 1):
             self.acceptance[f"prompt-lookup/{size}"] = Acceptance(prior_accept=0.5 + 0.5 * size, prior_reject=1.0)
         self.last_stats: Stats | None = None
-        self._lock = threading.Lock()
+        self.lock = GenerationLock()
         self._probe_every = 64
 
     @property
@@ -215,7 +239,7 @@ class Decoder:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens; the context holds {self.target.max_context} "
                 f"(prompt plus at least one new token)")
-        with self._lock:
+        with self.lock.hold():
             yield from self._generate(prompt, cfg, stats if stats is not None else Stats())
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats) -> Iterator[Step]:

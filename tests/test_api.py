@@ -66,6 +66,11 @@ def test_stop_strings_truncate_before_the_stop(engine):
     r = engine.generate(prompt, stop=[late, early], max_new_tokens=40)  # the earliest match wins
     assert r.text == full.text[:cut]
     assert r.finish_reason == "stop" and r.stats["finish_reason"] == "stop"
+    # the ids end with the token that completes the text: nothing of the stop string's round beyond it
+    n = len(r.token_ids)
+    assert r.token_ids == full.token_ids[:n]
+    dec = engine.tokenizer.decode
+    assert dec(r.token_ids).startswith(r.text) and len(dec(r.token_ids[:-1])) < cut if n else cut == 0
     assert "".join(engine.stream(prompt, stop=[late, early], max_new_tokens=40)) == full.text[:cut]
 
     missing = engine.generate(prompt, stop=["no such text in it"], max_new_tokens=40)
@@ -98,6 +103,25 @@ def test_threads_share_an_engine(engine):
     assert len(results) == 6
     for i, r in results.values():
         assert (r.text, r.token_ids) == (expected[i].text, expected[i].token_ids)
+
+
+def test_nested_generation_in_the_same_thread_is_refused_not_a_hang(engine):
+    """A generate() or reset() inside a loop over a stream would wait for its own lock forever:
+    it is a BusyError, and the stream goes on as if nothing happened."""
+    expected = engine.generate("The quick brown fox", max_new_tokens=16)
+    got = []
+    stream = engine.stream("The quick brown fox", max_new_tokens=16)
+    got.append(next(stream))
+    with pytest.raises(edgespec.BusyError, match="while a generation is running"):
+        engine.generate("another prompt", max_new_tokens=4)
+    with pytest.raises(edgespec.BusyError, match="reset the engine"):
+        engine.reset()
+    with pytest.raises(edgespec.BusyError):
+        engine.chat().send("hi", max_new_tokens=4)
+    got.extend(stream)
+    assert "".join(got) == expected.text
+    engine.reset()  # free again once the stream is finished
+    assert engine.generate("The quick brown fox", max_new_tokens=16).text == expected.text
 
 
 def test_typed_errors_propagate_and_leave_the_engine_usable(engine, tiny_bundle):
