@@ -180,6 +180,19 @@ def test_chat_drops_oldest_turns_to_fit(engine):
     assert len(engine.encode(chat.messages)) <= engine.max_context
 
 
+def test_a_message_too_long_alone_loses_nothing(engine):
+    chat = engine.chat(system="You are terse.")
+    chat.reserve = 64
+    chat.send("the quick brown fox", max_new_tokens=8)
+    chat.send("jumps over the lazy dog", max_new_tokens=8)
+    before = [dict(m) for m in chat.messages]
+    with pytest.raises(edgespec.ContextOverflowError, match="this message alone needs"):
+        chat.send("word " * engine.max_context, max_new_tokens=8)
+    assert chat.messages == before and chat.dropped == 0  # the history is as it was
+    chat.send("and then?", max_new_tokens=8)
+    assert [m["role"] for m in chat.messages][-2:] == ["user", "assistant"] and len(chat.messages) == 7
+
+
 def test_abandoned_streams_release_the_engine(engine):
     expected = engine.generate("The quick brown fox", max_new_tokens=20)
     # closed after the first delta
