@@ -33,6 +33,8 @@ class GenerationConfig:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in 0..2**63-1, got {self.seed}")
         if self.drafter not in DRAFTER_CHOICES:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter!r}")
         if self.draft_tokens is not None and not 0 <= self.draft_tokens <= 64:

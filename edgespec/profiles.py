@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
-from .errors import BudgetError, ProfileError
+from .errors import BudgetError, ConfigError, ProfileError
 from .manifest import Manifest
 from .providers import PROVIDER_NAMES, is_gpu
 
@@ -64,6 +64,10 @@ def _physical_memory() -> int:
 DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this machine, CPU, 3/4 of its RAM")
 
 
+# provider options edgespec itself reads (to fill in or cap from the memory plan): sizes in bytes
+_BYTE_OPTIONS = ("gpu_mem_limit", "trt_max_workspace_size")
+
+
 def _check(name: str, data: dict, where: str) -> Profile:
     known = {f.name for f in fields(Profile)} - {"name"}
     unknown = sorted(set(data) - known)
@@ -95,6 +99,8 @@ def _check(name: str, data: dict, where: str) -> Profile:
         for k, v in opts.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a string, number or boolean")
+            if k in _BYTE_OPTIONS and not (is_int(v) and v > 0):
+                raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a positive integer (bytes)")
     for k in ("description", "source"):
         need(k, lambda v: isinstance(v, str), "a string")
     if "providers" in vals:
@@ -113,6 +119,10 @@ def load_profile(path: str | os.PathLike) -> Profile:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ProfileError(f"no such profile file: {p}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{p}: not a text (UTF-8) file") from None
+    except OSError as e:  # a directory, no permission, ...
+        raise ProfileError(f"cannot read profile {p}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"{p}: not valid TOML ({e})") from None
     return _check(p.stem, data, str(p))
@@ -199,6 +209,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
          providers: Sequence[str] | None = None) -> Plan:
     """Spend ``profile``'s budget on ``manifest``'s models; ``providers`` (default: the profile's)
     decides whether the CUDA runtime allowance is counted."""
+    if max_context is not None and max_context < 1:
+        raise ConfigError(f"max_context must be a positive number of tokens, got {max_context}")
     budget = profile.budget_bytes
     limit = manifest.target.max_context
     if manifest.drafter is not None:

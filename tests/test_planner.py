@@ -334,6 +334,11 @@ def test_unknown_key_is_named(tmp_path):
     ("provider_options = { cuda = 3 }", "provider_options"),
     ("provider_options = { rocm = { x = 1 } }", "provider_options.rocm"),
     ("provider_options = { cuda = { gpu_mem_limit = [1] } }", "provider_options.cuda.gpu_mem_limit"),
+    ('provider_options = { cuda = { gpu_mem_limit = "2GB" } }', "provider_options.cuda.gpu_mem_limit"),
+    ('provider_options = { tensorrt = { trt_max_workspace_size = "abc" } }',
+     "provider_options.tensorrt.trt_max_workspace_size"),
+    ("provider_options = { tensorrt = { trt_max_workspace_size = 0 } }",
+     "provider_options.tensorrt.trt_max_workspace_size"),
     ("description = 3", "description"),
     ("source = false", "source"),
 ])
@@ -342,6 +347,25 @@ def test_bad_values_name_the_key(tmp_path, line, key):
     with pytest.raises(ProfileError) as e:
         load_profile(_write(tmp_path, text))
     assert key in str(e.value) and "p.toml" in str(e.value)
+
+
+def test_unreadable_profile_files_are_one_line_errors(tmp_path):
+    d = tmp_path / "adir.toml"
+    d.mkdir()
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        load_profile(d)
+    b = tmp_path / "binary.toml"
+    b.write_bytes(b"memory_budget_mb = 1\n\xff\xfe\n")
+    with pytest.raises(ProfileError, match="not a text"):
+        load_profile(b)
+
+
+def test_max_context_must_be_positive():
+    from edgespec.errors import ConfigError
+
+    for bad in (-5, 0):
+        with pytest.raises(ConfigError, match="max_context must be a positive"):
+            plan(_manifest(smollm2()), cpu_profile(2048), max_context=bad)
 
 
 def test_profile_file_errors(tmp_path):
