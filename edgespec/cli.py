@@ -280,17 +280,30 @@ def info(bundle, verify, as_json):
         click.echo(f"    {spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
-        v = spec.validation
+        for line in _report_lines(spec.validation, spec.quality):
+            click.echo(f"    {line}")
+
+
+def _report_lines(v: dict, q: dict) -> list[str]:
+    """``info``'s validation and quality lines; a report with missing or odd fields (an older or
+    hand-edited manifest) is shown as such instead of failing."""
+    lines = []
+    try:
         if v:
-            click.echo(f"    validation vs torch: {'✓' if v.get('passed') else '✗'} max |Δlogit| "
-                       f"{max(v['max_abs_logit_diff'].values()):.3g}, top-1 {v['top1_agreement']:.3f}")
-        q = spec.quality
+            lines.append(f"validation vs torch: {'✓' if v.get('passed') else '✗'} max |Δlogit| "
+                         f"{max(v['max_abs_logit_diff'].values()):.3g}, top-1 {v['top1_agreement']:.3f}")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        lines.append(f"validation vs torch: {'✓' if v.get('passed') else '✗'} (details missing from the manifest)")
+    try:
         if q.get("perplexity"):
-            click.echo(f"    quality: perplexity {q['perplexity_torch']} -> {q['perplexity']} "
-                       f"(Δ {q['perplexity_delta']:+}), top-1 {q['top1_agreement']}, KL {q['mean_kl']}, "
-                       f"greedy match {q['greedy_match_tokens']}/{q['greedy_match_of']}")
-        if "greedy_agreement_with_target" in q:
-            click.echo(f"    predicted greedy acceptance (agreement with target): {q['greedy_agreement_with_target']}")
+            lines.append(f"quality: perplexity {q['perplexity_torch']} -> {q['perplexity']} "
+                         f"(Δ {q['perplexity_delta']:+}), top-1 {q['top1_agreement']}, KL {q['mean_kl']}, "
+                         f"greedy match {q['greedy_match_tokens']}/{q['greedy_match_of']}")
+    except (KeyError, TypeError, ValueError):
+        lines.append("quality: (report incomplete in the manifest)")
+    if "greedy_agreement_with_target" in q:
+        lines.append(f"predicted greedy acceptance (agreement with target): {q['greedy_agreement_with_target']}")
+    return lines
 
 
 # -- bench ----------------------------------------------------------------------------------

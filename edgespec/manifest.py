@@ -132,6 +132,15 @@ def _opt_count(d: dict, key: str, where: str) -> int | None:
     return v
 
 
+def _opt_obj(d: dict, key: str, where: str) -> dict:
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ManifestError(f"manifest: {where}.{key} must be an object, got {v!r}")
+    return dict(v)
+
+
 def _inside(root: Path, rel: str, where: str) -> Path:
     p = (root / rel).resolve()
     if os.path.commonpath([str(p), str(root.resolve())]) != str(root.resolve()):
@@ -168,11 +177,11 @@ def _model_spec(root: Path, role: str, d: Any) -> ModelSpec:
         tokenizer_sha256=_req(d, "tokenizer_sha256", str, where),
         files=files,
         bytes_on_disk=sum(m["bytes"] for m in files.values()),
-        resident_bytes=int(d.get("resident_bytes", sum(m["bytes"] for m in files.values()))),
-        quant=dict(d.get("quant") or {}),
-        validation=dict(d.get("validation") or {}),
-        quality=dict(d.get("quality") or {}),
-        params=int(d.get("params", 0)),
+        resident_bytes=_opt_count(d, "resident_bytes", where) or sum(m["bytes"] for m in files.values()),
+        quant=_opt_obj(d, "quant", where),
+        validation=_opt_obj(d, "validation", where),
+        quality=_opt_obj(d, "quality", where),
+        params=_opt_count(d, "params", where) or 0,
         cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
         embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
         embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0,

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, EdgespecError, ProviderError
+from .errors import BundleError, ContextOverflowError, EdgespecError, ProviderError
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 
@@ -56,6 +56,7 @@ class OnnxLM:
         self.min_width = min_width if min_width is not None else width_policy(spec, self.device)
         inputs = {i.name for i in self.session.get_inputs()}
         io = spec.io
+        _check_graph_names(spec, inputs, {o.name for o in self.session.get_outputs()})
         self._has_pos = bool(io.position_ids) and io.position_ids in inputs
         dtype = _NP_DTYPES.get(spec.kv_dtype)
         if dtype is None:
@@ -137,7 +138,11 @@ class OnnxLM:
         else:
             b.bind_output(self.spec.io.logits, "cpu")
         t0 = time.perf_counter()
-        self.session.run_with_iobinding(b)
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as e:  # onnxruntime's own untyped errors: the graph disagrees with the manifest
+            raise BundleError(f"the {self.spec.role} model failed to run ({str(e).splitlines()[0][:300]}); "
+                              f"its graph does not match the bundle's manifest") from None
         self.run_seconds += time.perf_counter() - t0
         self.calls += 1
         if own is not None:
@@ -232,6 +237,24 @@ def shared_thread_pool(threads: int | None) -> int:
         except Exception:  # made before, outside edgespec
             _shared_pool = -1
     return _shared_pool
+
+
+def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> None:
+    """The manifest's IO names and layer count must be the graph's: binding a name the graph lacks
+    fails deep inside onnxruntime."""
+    io = spec.io
+    want_in = [io.input_ids, io.attention_mask] + [n % layer for layer in range(spec.num_layers)
+                                                   for n in (io.past_key, io.past_value)]
+    want_out = [io.logits] + [n % layer for layer in range(spec.num_layers) for n in (io.present_key, io.present_value)]
+    missing = [n for n in want_in if n not in inputs] + [n for n in want_out if n not in outputs]
+    if missing:
+        raise BundleError(f"the {spec.role} graph has no {missing[0]!r}"
+                          + (f" (and {len(missing) - 1} more names)" if len(missing) > 1 else "")
+                          + f" that the manifest names ({spec.num_layers} layers); the bundle is inconsistent")
+    extra = sorted(n for n in inputs if n.startswith(io.past_key.split("%")[0]) and n not in want_in)
+    if extra:
+        raise BundleError(f"the {spec.role} graph has {len(extra)} cache inputs the manifest does not count "
+                          f"(e.g. {extra[0]!r}; manifest: {spec.num_layers} layers); the bundle is inconsistent")
 
 
 def width_policy(spec: ModelSpec, device: str) -> int:

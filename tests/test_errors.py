@@ -65,6 +65,63 @@ def test_manifest_with_bad_measured_size(tiny_bundle, copy_bundle, key, value):
         edgespec.load(b)
 
 
+def _edit_manifest(b, role, **changes):
+    m = json.loads((b / "edgespec.json").read_text())
+    m["models"][role].update(changes)
+    (b / "edgespec.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("key, value", [("quant", "int4"), ("validation", [1]), ("quality", 3), ("params", "x"),
+                                        ("resident_bytes", None), ("resident_bytes", "big")])
+def test_manifest_with_bad_optional_fields(tiny_bundle, copy_bundle, key, value):
+    b = copy_bundle(tiny_bundle)
+    _edit_manifest(b, "target", **{key: value})
+    if value is None:  # null means "not recorded": the file sizes stand in
+        assert edgespec.load(b).manifest.target.resident_bytes > 0
+        return
+    with pytest.raises(edgespec.ManifestError, match=rf"models\.target\.{key}"):
+        edgespec.load(b)
+    one_line_error(run("info", b), 2)
+
+
+def test_info_shows_a_thin_validation_report(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    _edit_manifest(b, "target", validation={"passed": True}, quality={"perplexity": 3.0})
+    r = run("info", b)
+    assert r.exit_code == 0, r.output
+    assert "validation vs torch: ✓ (details missing from the manifest)" in r.output
+    assert "quality: (report incomplete in the manifest)" in r.output
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"num_layers": 3}, "graph has no 'past_key_values.2.key'"),
+    ({"num_layers": 1}, "cache inputs the manifest does not count"),
+    ({"io": {"input_ids": "ids", "attention_mask": "attention_mask", "past_key": "past_key_values.%d.key",
+             "past_value": "past_key_values.%d.value", "present_key": "present.%d.key",
+             "present_value": "present.%d.value", "logits": "logits"}}, "graph has no 'ids'"),
+])
+def test_manifest_that_disagrees_with_its_graph(tiny_bundle, copy_bundle, change, match):
+    b = copy_bundle(tiny_bundle)
+    assert load_layers(b) == 2
+    _edit_manifest(b, "drafter", **change)
+    with pytest.raises(edgespec.BundleError, match=match):
+        edgespec.load(b)
+    assert match.split("'")[0] in one_line_error(run("generate", b, "-p", "hi"), 2)
+
+
+def test_manifest_with_wrong_cache_shape_fails_at_run_with_one_line(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    _edit_manifest(b, "target", head_dim=m["models"]["target"]["head_dim"] * 2)
+    with pytest.raises(edgespec.BundleError, match="target model failed to run"):
+        edgespec.load(b).generate("hi", max_new_tokens=2)
+    assert "failed to run" in one_line_error(run("generate", b, "-p", "hi", "--max-new-tokens", "2"), 2)
+
+
+def load_layers(b):
+    return json.loads((b / "edgespec.json").read_text())["models"]["drafter"]["num_layers"]
+
+
 def test_missing_model_file(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     (b / "target" / "model.onnx.data").unlink()
