@@ -122,7 +122,18 @@ class Engine:
         kw.pop("stop", None)
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
-        return GenerationConfig(**vals)
+        cfg = GenerationConfig(**vals)
+        if cfg.drafter == "model" and "model" not in self.decoder.drafters:
+            # refused before any prefill, saying why the model is missing
+            if self.manifest.drafter is None:
+                why = "this bundle has no drafter model"
+            elif any("drafter" in c for c in self.plan.cuts):
+                why = f"no drafter model is loaded: the memory plan left it out ({'; '.join(self.plan.cuts)})"
+            else:
+                why = ("no drafter model is loaded: the engine was opened without it (use_drafter=False, or "
+                       "--drafter none/prompt-lookup, or the profile's drafter policy)")
+            raise ConfigError(f"{why}; use --drafter prompt-lookup, auto or none")
+        return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict]) -> list[int]:
         if isinstance(prompt_or_messages, str):

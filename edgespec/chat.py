@@ -202,10 +202,7 @@ class ChatRepl:
         return True
 
     def _checked(self, options: dict) -> dict:
-        self.engine.config(**options)  # raises ConfigError on a bad value
-        if options.get("drafter") == "model" and "model" not in self.engine.decoder.drafters:
-            raise ConfigError("drafter model: no drafter model is loaded (the bundle has none, "
-                              "or the memory plan left it out)")
+        self.engine.config(**options)  # raises ConfigError on a bad value (or a drafter model not loaded)
         return options
 
     def _set(self, arg: str) -> None:

@@ -151,8 +151,12 @@ def test_typed_errors_propagate_and_leave_the_engine_usable(engine, tiny_bundle)
 
 def test_model_drafter_missing_is_a_config_error(tiny_bundle):
     eng = edgespec.load(tiny_bundle, use_drafter=False)
-    with pytest.raises(edgespec.ConfigError, match="no drafter model"):
+    with pytest.raises(edgespec.ConfigError, match="no drafter model is loaded: the engine was opened without it"):
         eng.generate("the quick brown fox", drafter="model", max_new_tokens=8)
+    calls = eng.decoder.target.calls
+    with pytest.raises(edgespec.ConfigError, match="no drafter model"):  # refused before any prefill
+        eng.generate("the quick brown fox", drafter="model", max_new_tokens=1)
+    assert eng.decoder.target.calls == calls
     assert eng.generate("the quick brown fox", drafter="auto", max_new_tokens=8).token_ids
 
 
