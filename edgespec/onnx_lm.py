@@ -24,6 +24,8 @@ _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # the model (16 x vocab: 9.3 MiB for Qwen's 152k vocabulary, within the planner's working memory):
 # IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2
 OWN_LOGITS_MAX_WIDTH = 16
+# call widths the exactness probe compares: one token, and verify calls up to 8 draft tokens
+PROBE_WIDTHS = (1, 2, 3, 5, 9)
 
 
 class OnnxLM:
@@ -52,8 +54,7 @@ class OnnxLM:
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
                                     role=spec.role)
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
-        # decided on the provider that actually runs (a GPU provider may have fallen back to CPU)
-        self.min_width = min_width if min_width is not None else width_policy(spec, self.device)
+        self.min_width = 1 if min_width is None else int(min_width)  # None: measured below
         inputs = {i.name for i in self.session.get_inputs()}
         io = spec.io
         _check_graph_names(spec, inputs, {o.name for o in self.session.get_outputs()})
@@ -86,6 +87,9 @@ class OnnxLM:
         self.last_fed = 0  # tokens the last sync() fed (the rest of its ids were cached)
         self.calls = 0
         self.run_seconds = 0.0  # time inside session.run
+        if min_width is None:
+            # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
+            self.min_width = self._measure_min_width()
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -168,6 +172,41 @@ class OnnxLM:
             view = self._logits_buf[:, :n]  # contiguous: the leading axis has one element
             own = self._logits_out[n] = (view, ort.OrtValue.ortvalue_from_numpy(view))
         return own
+
+    def _measure_min_width(self, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) -> int:
+        """The exactness policy's call width, measured on this session: after the same ``prefix``
+        tokens, calls of each width in ``widths`` compute the positions they share; the result is
+        the smallest width from which every wider probed call computes them bitwise the same. A
+        call of 2 tokens made twice must also agree with itself, or no width can help (warned)."""
+        need = prefix + max(widths)
+        if self.max_context < need:
+            return width_policy(self.spec, self.device)  # too small to probe: the rule measured on CPU
+        vocab = min(self.spec.vocab_size, 32000)
+        ids = [(7919 * i + 13) % vocab for i in range(need)]  # fixed, spread over the vocabulary
+        rows = {}
+        saved, self.min_width = self.min_width, 1
+        try:
+            self.reset()
+            self.forward(ids[:prefix])
+            for w in widths:
+                self.rewind(self.length - prefix)
+                rows[w] = self.forward(ids[prefix: prefix + w])
+            self.rewind(self.length - prefix)
+            again = self.forward(ids[prefix: prefix + 2])
+        finally:
+            self.reset()
+            self.min_width = saved
+            self.calls, self.run_seconds = 0, 0.0
+        if not np.array_equal(again, rows[2]):
+            log.warning(f"{self.spec.role}: the same call computed twice gives different logits on {self.device}; "
+                        f"greedy speculative output may differ from autoregressive output here")
+            return width_policy(self.spec, self.device)
+        ws = sorted(widths)
+        for w0 in ws:
+            group = [w for w in ws if w >= w0]
+            if all(np.array_equal(rows[a], rows[b][:a]) for i, a in enumerate(group) for b in group[i + 1:]):
+                return w0
+        return ws[-1]
 
     def sync(self, ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly ``ids``, reusing the common prefix; return the last position's logits.
@@ -258,16 +297,14 @@ def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> 
 
 
 def width_policy(spec: ModelSpec, device: str) -> int:
-    """Minimum tokens per call that makes this graph's arithmetic independent of the call width.
-
-    Measured (tests/test_exactness.py): on the CPU EP, MatMulNBits with accuracy level 4 (int8
-    activations) computes M = 1 on a different path than M >= 2; rows of every call with M >= 2
-    are bitwise equal to each other. Float graphs and lower accuracy levels differ by float
-    rounding only (< 1e-4), and are run as they are.
+    """The exactness policy's call width where it cannot be measured (a context too small for the
+    probe, or arithmetic that does not reproduce): what ``OnnxLM._measure_min_width`` found on the
+    CPU EP for every graph measured (fp32, fp8, int4 and int8 at accuracy level 4): a one-token call
+    takes another path than wider calls (MatMulNBits' int8-activation GEMV, MLAS' SGEMV; up to
+    ~0.7 and ~2e-5 apart in logits), and calls of 2 to 9 tokens compute their rows bitwise the
+    same. GPU kernels are not measured here: 1, and the probe decides at load.
     """
-    if device == "cpu" and spec.quant.get("accuracy_level") == 4 and spec.precision in ("int4", "int8"):
-        return 2
-    return 1
+    return 2 if device == "cpu" else 1
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

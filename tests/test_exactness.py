@@ -1,9 +1,10 @@
 """Greedy speculative output equals target-only greedy output, token for token, on real graphs.
 
-INT4 policy under test: onnxruntime's CPU MatMulNBits at accuracy level 4 computes a 1-token call
-on another path than a wider one, so edgespec runs every target call with >= 2 tokens
-(OnnxLM.min_width). The premise (rows of calls of any width >= 2 are bitwise equal) is tested
-here too, so an onnxruntime upgrade that breaks it fails loudly.
+Policy under test: where a kernel computes a 1-token call on another path than a wider one
+(onnxruntime's CPU MatMulNBits at accuracy level 4, MLAS' float GEMV), every target call carries
+at least OnnxLM.min_width tokens, a width measured when the session opens. The premise (rows of
+calls of any width >= 2 are bitwise equal) is tested here too, so an onnxruntime upgrade that
+breaks it fails loudly.
 """
 from __future__ import annotations
 
@@ -53,6 +54,64 @@ def test_rows_of_wide_calls_are_bitwise_equal(tiny_int4_bundle):
     for w in (3, 5, 9):
         assert np.array_equal(first[w][:2], first[2][:2]), w
     assert lm.min_width == 1 and OnnxLM(m.target, 64, choose(["cpu"])).min_width == 2
+
+
+class _FakeKernel:
+    """Stands in for an OnnxLM in the width probe: a call of width w computes its rows on
+    ``path(w)``; ``noisy`` makes a repeated call differ (non-reproducible arithmetic)."""
+
+    def __init__(self, path, noisy=False):
+        self.path, self.noisy, self.tokens, self.runs = path, noisy, [], 0
+        self.max_context, self.min_width = 256, 1
+        self.spec = type("S", (), {"vocab_size": 1000, "role": "target"})()
+        self.device = "cuda"
+        self.calls = self.run_seconds = 0
+
+    @property
+    def length(self):
+        return len(self.tokens)
+
+    def reset(self):
+        self.tokens = []
+
+    def rewind(self, n):
+        del self.tokens[len(self.tokens) - n:]
+
+    def forward(self, ids):
+        assert len(ids) >= self.min_width
+        past = len(self.tokens)
+        self.tokens += list(ids)
+        self.runs += 1
+        noise = self.runs * 1e-3 if self.noisy else 0.0
+        return np.array([[past + i + self.path(len(ids)) + noise] * 4 for i in range(len(ids))])
+
+
+@pytest.mark.parametrize("path, want", [
+    (lambda w: 0.0, 1),  # every width the same arithmetic
+    (lambda w: 0.5 if w == 1 else 0.0, 2),  # the CPU EP's case
+    (lambda w: 0.0 if w <= 4 else 0.5, 5),  # a small-M kernel up to 4 rows: widths 1..4 disagree with 5..9
+    (lambda w: float(w), 9),  # every width its own: only the widest probed call agrees with itself
+])
+def test_width_probe_picks_the_smallest_width_all_wider_calls_agree_with(path, want):
+    k = _FakeKernel(path)
+    assert OnnxLM._measure_min_width(k) == want
+    assert k.tokens == [] and k.calls == 0 and k.min_width == 1  # left as it was found
+
+
+def test_width_probe_falls_back_and_warns_when_arithmetic_does_not_reproduce(caplog):
+    with caplog.at_level("WARNING", logger="edgespec"):
+        assert OnnxLM._measure_min_width(_FakeKernel(lambda w: 0.0, noisy=True)) == 1  # the GPU rule
+    assert "computed twice gives different logits" in caplog.text
+
+
+@pytest.mark.parametrize("bundle", ["tiny_bundle", "tiny_int4_bundle"])
+def test_width_is_measured_at_load_on_the_cpu(bundle, request):
+    """fp32 and INT4 graphs alike: one-token calls differ from wider ones on the CPU EP, so the
+    target runs two tokens a call; the drafter is not held to it."""
+    eng = edgespec.load(request.getfixturevalue(bundle), max_context=256)
+    assert eng.decoder.target.min_width == 2
+    assert eng.decoder.drafters["model"].lm.min_width == 1
+    assert OnnxLM(load_manifest(request.getfixturevalue(bundle)).target, 20, choose(["cpu"])).min_width == 2  # rule
 
 
 @pytest.mark.parametrize("bundle", ["tiny_bundle", "tiny_int4_bundle"])

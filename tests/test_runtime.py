@@ -81,7 +81,7 @@ def test_short_calls_write_logits_to_own_buffers_without_aliasing(tiny_bundle, m
 
     m = load_manifest(tiny_bundle)
     ids = list(range(5, 45))
-    lm = OnnxLM(m.target, 128, choose(["cpu"]))
+    lm = OnnxLM(m.target, 128, choose(["cpu"]), min_width=1)  # no width probe: only this test's calls
     assert lm._logits_type is not None
     lm.forward(ids[:30])  # 30 tokens: onnxruntime's own output
     a = lm.forward(ids[30:32])
@@ -90,7 +90,7 @@ def test_short_calls_write_logits_to_own_buffers_without_aliasing(tiny_bundle, m
     assert np.array_equal(a, kept) and not np.shares_memory(a, b)
     assert set(lm._logits_out) == {2}
     monkeypatch.setattr(onnx_lm, "OWN_LOGITS_MAX_WIDTH", 0)
-    ref = OnnxLM(m.target, 128, choose(["cpu"]))
+    ref = OnnxLM(m.target, 128, choose(["cpu"]), min_width=1)
     ref.forward(ids[:30])
     assert np.array_equal(ref.forward(ids[30:32]), a) and np.array_equal(ref.forward(ids[32:34]), b)
     assert not ref._logits_out
