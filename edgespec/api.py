@@ -58,13 +58,15 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested)
     choice = choose(requested, prof.provider_options, explicit=bool(provider))
 
+    # what the budget leaves after the KV caches, the runtime and every model's weights is split
+    # evenly between the sessions: a session's CUDA arena may hold its weights and its share, and
+    # its TensorRT workspace is its share, so the limits of all sessions add up to the budget
+    spare = the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - sum(the_plan.weights.values())
+    share = max(0, spare) // max(1, len(the_plan.weights))
+
     def options_for(role: str):
-        # a session's CUDA arena may grow to what the plan leaves after the KV caches, the runtime
-        # and the other model's weights; TensorRT's scratch workspace to that less its own weights
-        others = sum(v for k, v in the_plan.weights.items() if k != role)
-        room = the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - others
-        return with_load_options(choice, bundle_root=manifest.root, gpu_mem_limit=room,
-                                 trt_workspace=room - the_plan.weights.get(role, 0))
+        return with_load_options(choice, bundle_root=manifest.root,
+                                 gpu_mem_limit=the_plan.weights.get(role, 0) + share, trt_workspace=share)
 
     n_threads = threads if threads is not None else prof.threads
     # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)
@@ -165,7 +167,8 @@ class Engine:
                     hit = _find_stop(text + pending, stops, len(text))
                     if hit is not None:
                         stats.finish_reason = "stop"
-                        yield (text + pending)[len(text):hit], self._ids_up_to(dec.ids, step.tokens, hit), stats
+                        kept = self._ids_up_to(dec.ids, hit)  # held-back text's ids may be out already
+                        yield (text + pending)[len(text):hit], kept[len(dec.ids) - len(step.tokens):], stats
                         return
                     # hold back a tail that may be the start of a stop string
                     emit = pending[: max(0, len(pending) - hold)] if not step.finish_reason else pending
@@ -177,15 +180,14 @@ class Engine:
         finally:
             gen.close()
 
-    def _ids_up_to(self, ids: list[int], step: list[int], end: int) -> list[int]:
-        """The head of ``step`` (the last tokens of ``ids``) whose text reaches character ``end`` of
-        the reply: a stop string's tokens and what the same round produced after it are left out
-        of the ids, as they are of the text (``stats`` still counts them: they were computed)."""
-        base = len(ids) - len(step)
-        for j in range(len(step) + 1):
-            if len(self.tokenizer.decode(ids[:base + j])) >= end:
-                return list(step[:j])
-        return list(step)
+    def _ids_up_to(self, ids: Sequence[int], end: int) -> list[int]:
+        """The shortest head of the reply's ``ids`` whose text reaches character ``end``: a stop
+        string's tokens (and what the same round produced after it) are left out of the ids as they
+        are of the text. ``stats`` still counts them: they were computed."""
+        for j in range(len(ids) + 1):
+            if len(self.tokenizer.decode(ids[:j])) >= end:
+                return list(ids[:j])
+        return list(ids)
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
@@ -210,6 +212,9 @@ class Engine:
             parts.append(delta)
             ids.extend(toks)
             stats = st
+        if stats is not None and stats.finish_reason == "stop":
+            # a stop string that began in an earlier round: its first tokens were yielded with it
+            ids = self._ids_up_to(ids, len("".join(parts)))
         d = stats.to_dict() if stats else {}
         return Result("".join(parts), ids, d, stats.finish_reason if stats else None)
 
@@ -259,11 +264,12 @@ class ChatSession:
 
     def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[tuple[str, list[int], Stats]]:
         """One exchange: add the user's message, yield (delta, token ids, stats), record the reply."""
+        before, dropped_before = list(self.messages), self.dropped
         self.messages.append({"role": "user", "content": text})
         try:
             ids = self._fit(kw.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
         except BaseException:  # ContextOverflowError, or Ctrl-C while encoding: the turn never happened
-            self.messages.pop()
+            self.messages[:], self.dropped = before, dropped_before
             raise
         reply: list[str] = []
         failed = False
@@ -275,8 +281,8 @@ class ChatSession:
             failed = True
             raise
         finally:
-            if failed:
-                self.messages.pop()  # a turn that failed leaves no trace in the history
+            if failed:  # a turn that failed leaves no trace, not even the exchanges dropped to fit it
+                self.messages[:], self.dropped = before, dropped_before
             else:
                 # a finished or interrupted reply is kept as far as it got, so the history stays coherent
                 self.messages.append({"role": "assistant", "content": "".join(reply)})

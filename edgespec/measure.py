@@ -145,7 +145,9 @@ def _footprint_here(root: str, role: str) -> int:
     before = proc_status().get("VmRSS")
     if before is None:
         raise OSError("no /proc/self/status here: cannot read the resident set")
-    lm = OnnxLM(spec, min(64, spec.max_context), choose(["cpu"]))
+    # no width probe: it would touch more of the short-call logits buffer, which the planner counts
+    # in working memory (two tokens touch two of its rows)
+    lm = OnnxLM(spec, min(64, spec.max_context), choose(["cpu"]), min_width=2)
     lm.forward([1, 2])
     after = proc_status()["VmRSS"]
     del lm

@@ -144,9 +144,9 @@ class OnnxLM:
         t0 = time.perf_counter()
         try:
             self.session.run_with_iobinding(b)
-        except Exception as e:  # onnxruntime's own untyped errors: the graph disagrees with the manifest
-            raise BundleError(f"the {self.spec.role} model failed to run ({str(e).splitlines()[0][:300]}); "
-                              f"its graph does not match the bundle's manifest") from None
+        except Exception as e:  # onnxruntime's own untyped errors, kept in the message
+            raise BundleError(f"the {self.spec.role} model failed to run: {str(e).splitlines()[0][:300]} "
+                              f"(a manifest that disagrees with its graph, or the device out of memory)") from e
         self.run_seconds += time.perf_counter() - t0
         self.calls += 1
         if own is not None:

@@ -77,6 +77,25 @@ def test_stop_strings_truncate_before_the_stop(engine):
     assert missing.text == full.text and missing.finish_reason == full.finish_reason
 
 
+def test_stop_string_spanning_rounds_leaves_none_of_its_ids(engine):
+    """One token a round (drafter none): a stop string of three tokens is held back as text over
+    several rounds while its ids went out; the Result's ids still end where its text ends."""
+    prompt = "def hello(world):"
+    full = engine.generate(prompt, max_new_tokens=40, drafter="none")
+    dec = engine.tokenizer.decode
+    for i in range(len(full.token_ids) // 3, len(full.token_ids) - 3):
+        head, stop = dec(full.token_ids[:i]), dec(full.token_ids[:i + 3])[len(dec(full.token_ids[:i])):]
+        if (len(stop) >= 3 and stop.isascii() and stop.isprintable() and full.text.find(stop) == len(head)
+                and dec(full.token_ids[:i + 3]).startswith(head)):
+            break
+    else:
+        pytest.skip("no printable three-token window in the tiny model's text")
+    r = engine.generate(prompt, stop=[stop], max_new_tokens=40, drafter="none")
+    assert r.text == head and r.finish_reason == "stop"
+    want = next(full.token_ids[:j] for j in range(i + 1) if len(dec(full.token_ids[:j])) >= len(head))
+    assert r.token_ids == want
+
+
 def test_threads_share_an_engine(engine):
     prompts = ["The quick brown fox", "import numpy as np\n", "Question: what is two plus two?"]
     expected = [engine.generate(p, max_new_tokens=24, drafter="auto") for p in prompts]
@@ -195,6 +214,26 @@ def test_a_message_too_long_alone_loses_nothing(engine):
     assert chat.messages == before and chat.dropped == 0  # the history is as it was
     chat.send("and then?", max_new_tokens=8)
     assert [m["role"] for m in chat.messages][-2:] == ["user", "assistant"] and len(chat.messages) == 7
+
+
+def test_a_failed_turn_keeps_the_exchanges_dropped_to_fit_it(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, max_context=128)
+    chat = eng.chat(system="You are terse.")
+    chat.reserve = 16
+    msg = "the quick brown fox jumps"
+    # _fit keeps min(max_new_tokens, reserve) = 8 tokens free for the reply
+    while len(eng.encode(chat.messages + [{"role": "user", "content": msg}])) + 8 <= 128:
+        chat.send(msg, max_new_tokens=8)
+    assert chat.dropped == 0
+    before = [dict(m) for m in chat.messages]
+    stream = eng.stream("hello", max_new_tokens=8)
+    next(stream)  # the engine is busy in this thread: the turn fails after _fit dropped an exchange
+    with pytest.raises(edgespec.BusyError):
+        chat.send(msg, max_new_tokens=8)
+    stream.close()
+    assert chat.messages == before and chat.dropped == 0
+    chat.send(msg, max_new_tokens=8)  # now it goes through, dropping what it must
+    assert chat.dropped >= 1
 
 
 def test_abandoned_streams_release_the_engine(engine):

@@ -82,6 +82,8 @@ class _FakeKernel:
         past = len(self.tokens)
         self.tokens += list(ids)
         self.runs += 1
+        self.calls += 1
+        self.run_seconds += 0.01
         noise = self.runs * 1e-3 if self.noisy else 0.0
         return np.array([[past + i + self.path(len(ids)) + noise] * 4 for i in range(len(ids))])
 
@@ -124,11 +126,11 @@ def test_tiny_models_all_drafters_exact(bundle, request):
 def test_drafter_runs_one_token_steps_and_stays_exact(tiny_fp8_bundle):
     """The width policy is the target's alone: an INT8 drafter at accuracy level 4 (whose graph the
     policy would pad) runs one-token steps, and every drafter still equals autoregressive output."""
-    from edgespec.onnx_lm import width_policy
-
     eng = edgespec.load(tiny_fp8_bundle, max_context=256)
     dlm = eng.decoder.drafters["model"].lm
-    assert width_policy(dlm.spec, "cpu") == 2 and dlm.min_width == 1
+    assert eng.decoder.target.min_width == 2 and dlm.min_width == 1
+    probe = OnnxLM(dlm.spec, 256, choose(["cpu"]))  # the same graph, measured as a target would be
+    assert probe.min_width == 2
     for p in PROMPTS:
         _assert_all_equal(_greedy_all(eng, p, 40), p)
 

@@ -486,8 +486,9 @@ def test_load_with_explicit_unavailable_provider(tiny_bundle):
 
 
 def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, monkeypatch):
-    """load() with TensorRT and CUDA present (faked): each model's session gets the arena limit and the
-    TensorRT workspace the plan leaves it, the engine cache beside the bundle."""
+    """load() with TensorRT and CUDA present (faked): each model's session gets its weights plus an
+    even share of what the plan leaves as its arena limit, that share as its TensorRT workspace,
+    and the engine cache beside the bundle."""
     import edgespec.api as api
     from edgespec import providers
 
@@ -513,12 +514,16 @@ def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, mon
         api.load(tiny_bundle, profile=prof, use_drafter=True)
     p = plan(manifest, prof, use_drafter=True, providers=list(prof.providers))
     assert p.drafter == "model"
-    for role, other in (("target", "drafter"), ("drafter", "target")):
-        room = p.budget - sum(p.kv.values()) - p.runtime - p.weights[other]
+    share = (p.budget - sum(p.kv.values()) - p.runtime - sum(p.weights.values())) // 2
+    limits = 0
+    for role in ("target", "drafter"):
         trt, cuda = seen[role].options("tensorrt"), seen[role].options("cuda")
-        assert cuda["gpu_mem_limit"] == room
-        assert trt["trt_max_workspace_size"] == room - p.weights[role]
+        assert cuda["gpu_mem_limit"] == p.weights[role] + share
+        assert trt["trt_max_workspace_size"] == share
         assert trt["trt_engine_cache_path"] == str(Path(tiny_bundle) / ".trt_cache")
+        limits += cuda["gpu_mem_limit"]
+    # the arenas' limits add up to the budget less the KV caches and the runtime, never more
+    assert p.budget - sum(p.kv.values()) - p.runtime - limits in (0, 1)
 
 
 # -- CLI -------------------------------------------------------------------------------------------
