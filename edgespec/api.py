@@ -243,24 +243,20 @@ class ChatSession:
         self.dropped = 0
 
     def _fit(self, max_new: int) -> list[int]:
-        """The prompt ids of the history, dropping the oldest exchanges until they fit. The history
-        is changed only once they fit: a message too long on its own loses nothing else."""
+        """The prompt ids of the history, dropping the oldest exchanges until they fit. On a refusal
+        (a message too long on its own) ``_turn`` puts back the history as it was."""
         reserve = min(max_new, self.reserve, self.engine.max_context // 2)
-        messages = list(self.messages)
-        first = 1 if messages and messages[0]["role"] == "system" else 0
-        dropped = 0
+        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         while True:
-            ids = self.engine.encode(messages)
+            ids = self.engine.encode(self.messages)
             if len(ids) + reserve <= self.engine.max_context:
-                self.messages[:] = messages
-                self.dropped += dropped
                 return ids
-            if len(messages) - first <= 1:
-                raise ContextOverflowError(  # messages is down to the system prompt and this message
+            if len(self.messages) - first <= 1:
+                raise ContextOverflowError(  # down to the system prompt and this message
                     f"this message alone needs {len(ids)} tokens and {reserve} more for the reply; "
                     f"the context holds {self.engine.max_context}")
-            del messages[first: first + 2]  # the oldest user/assistant pair
-            dropped += 1
+            del self.messages[first: first + 2]  # the oldest user/assistant pair
+            self.dropped += 1
 
     def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[tuple[str, list[int], Stats]]:
         """One exchange: add the user's message, yield (delta, token ids, stats), record the reply."""

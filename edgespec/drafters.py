@@ -230,8 +230,8 @@ class CostModel:
 
     def observe_draft(self, step_seconds: float) -> None:
         """One drafter step (a one-token call) took ``step_seconds``."""
-        per = step_seconds
-        self.draft_step = per if self.draft_step is None else (1 - self.ema) * self.draft_step + self.ema * per
+        old = self.draft_step
+        self.draft_step = step_seconds if old is None else (1 - self.ema) * old + self.ema * step_seconds
 
     def target_cost(self, width: int) -> float:
         width = max(width, self.min_width)

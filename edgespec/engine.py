@@ -181,8 +181,6 @@ class Decoder:
         if kcap <= 0 or cfg.drafter == "none":
             return "none", Draft([]), "none"
         fixed = cfg.draft_tokens
-        if cfg.drafter == "model" and "model" not in self.drafters:
-            raise ConfigError("this bundle has no drafter model; use --drafter prompt-lookup, auto or none")
         want = [cfg.drafter] if cfg.drafter != "auto" else ["prompt-lookup"] + (["model"] if "model" in self.drafters else [])
         kmax = min(kcap, fixed if fixed is not None else cfg.max_draft_tokens)
         if kmax <= 0:
@@ -237,6 +235,8 @@ class Decoder:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ConfigError("the prompt is empty")
+        if cfg.drafter == "model" and "model" not in self.drafters:
+            raise ConfigError("this bundle has no drafter model; use --drafter prompt-lookup, auto or none")
         if len(prompt) >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens; the context holds {self.target.max_context} "
