@@ -178,6 +178,22 @@ def test_bad_generation_options(tiny_bundle):
     one_line_error(run("generate", tiny_bundle, "-p", "hi", "--top-p", "1.5"), 2)
 
 
+@pytest.mark.parametrize("args, match", [
+    (("--seed", "-1"), "seed must be in"),
+    (("--temperature", "nan"), "temperature must be a finite number"),
+    (("--temperature", "inf"), "temperature must be a finite number"),
+    (("--max-context", "-5"), "max_context must be a positive"),
+])
+def test_bad_numbers_on_the_command_line(tiny_bundle, args, match):
+    assert match in one_line_error(run("generate", tiny_bundle, "-p", "hi", *args), 2)
+
+
+def test_profile_path_that_is_a_directory(tiny_bundle, tmp_path):
+    d = tmp_path / "myprofile.toml"
+    d.mkdir()
+    assert "cannot read profile" in one_line_error(run("generate", tiny_bundle, "-p", "hi", "--profile", d))
+
+
 def test_model_drafter_without_drafter(tiny_llama_bundle):
     eng = edgespec.load(tiny_llama_bundle)
     with pytest.raises(edgespec.ConfigError, match="no drafter model"):
