@@ -166,6 +166,51 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     ctx.exit(run_chat(eng, system=system, options=options, show_stats=show_stats))
 
 
+# -- serve ----------------------------------------------------------------------------------
+class _OneLineUsage(click.Command):
+    """Usage errors (a bad number, an unknown option) as one ``error:`` line, like every other error."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        from .errors import ConfigError
+
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:
+            raise ConfigError(f"{e.format_message()} (see 'edgespec {info_name} --help')") from None
+
+
+@main.command(cls=_OneLineUsage)
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; any other than 127.0.0.1/::1 exposes the server beyond this machine.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port (0 picks a free one; the address is printed once the server listens).")
+@click.option("--queue", "queue_size", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one generates; more are refused with 429.")
+@_engine_opts
+def serve(bundle, host, port, queue_size, drafter, draft_tokens, max_context, threads, profile, provider):
+    """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+    /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
+    --drafter and --draft-tokens are the defaults a request's "edgespec" object can override."""
+    from pathlib import Path
+
+    try:
+        from .server import bind, create_app, run
+    except ImportError as e:
+        raise EdgespecError(f"the server is not installed ({e.name} is missing): pip install 'edgespec[serve]'")
+    sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
+    try:
+        eng = _engine(bundle, profile, provider, max_context, threads,
+                      use_drafter=drafter not in ("none", "prompt-lookup"))
+        eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
+        model_id = Path(bundle).resolve().name
+        app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens)
+        run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
+                              f"time, up to {queue_size} waiting)")
+    finally:
+        sock.close()
+
+
 # -- profiles and plan ----------------------------------------------------------------------
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up edgespec in ./.venv: the runtime, the export stage, test tools, and the small test model.
+# Set up edgespec in ./.venv: the runtime, the export stage, the HTTP server, test tools (the openai
+# client among them), and the small test model.
 # torch is pinned to the CPU build first: an unpinned torch pulls several GB of CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,5 +8,5 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e '.[export,dev]'
+.venv/bin/python -m pip install -q -e '.[export,serve,dev]'
 .venv/bin/python scripts/fetch_models.py smollm2

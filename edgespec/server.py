@@ -1,0 +1,426 @@
+"""``edgespec serve``: an OpenAI-compatible HTTP server over one ``Engine`` (starlette + uvicorn).
+
+One engine, one generation at a time: on one small device a second concurrent generation would only
+share the same memory bandwidth and cores (and a second KV cache), so requests wait their turn in a
+bounded FIFO queue; past ``queue_size`` waiting requests the answer is 429 with ``Retry-After``.
+
+Each generation runs on its own worker thread, which starts ``Engine.stream_ids``, consumes it
+to the end and closes it (a stream belongs to the thread that started it); its text deltas reach
+the event loop through an asyncio queue. A client that disconnects (streamed or not) sets the
+generation's cancel flag: the worker stops after the round in progress and closes the stream,
+which frees the engine for the next request. The engine reuses the KV cache of the previous
+prompt when a new prompt extends it (the next turn of the same conversation), so only new tokens
+are prefilled; ``usage.prompt_tokens_details.cached_tokens`` counts the reused ones.
+
+Needs the ``serve`` extra (``pip install 'edgespec[serve]'``); nothing here is imported by
+``import edgespec``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+import threading
+import time
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import server_protocol as P
+from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
+from .server_metrics import Metrics, RequestCounter
+
+log = logging.getLogger("edgespec.server")
+
+
+def stats_summary(st) -> dict:
+    """The per-request speculative statistics, read by name from the engine's live ``Stats``."""
+    def g(name, default=0):
+        return getattr(st, name, default) if st is not None else default
+
+    return {"prompt_tokens": g("prompt_tokens"), "reused_prompt_tokens": g("reused_prompt_tokens"),
+            "new_tokens": g("new_tokens"), "drafted_tokens": g("drafted"), "accepted_tokens": g("accepted"),
+            "target_calls": g("target_calls"), "acceptance_rate": round(float(g("acceptance_rate", 0.0)), 4),
+            "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
+            "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
+            "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None)}
+
+
+class Scheduler:
+    """One generation at a time, at most ``queue_size`` waiting behind it (FIFO)."""
+
+    def __init__(self, engine, queue_size: int, metrics: Metrics):
+        self.engine, self.queue_size, self.metrics = engine, queue_size, metrics
+        self.lock = asyncio.Lock()
+        self.waiting = 0
+        self.busy = False
+
+    def admit(self) -> None:
+        if self.waiting < self.queue_size or (not self.busy and self.waiting == 0 and not self.lock.locked()):
+            return
+        self.metrics.rejected += 1
+        raise P.APIError(429, f"the server is busy: one generation runs and {self.waiting} wait (the queue holds "
+                         f"{self.queue_size}); retry later", type="rate_limit_error", code="queue_full",
+                         headers={"Retry-After": "1"})
+
+
+class Generation:
+    """One request's generation: ``events()`` yields ("delta", text)... then ("done", stats) or
+    ("error", exception). ``cancel()`` is always safe and is called when the client is gone."""
+
+    def __init__(self, sched: Scheduler, ids: list[int], stop: list[str], kw: dict):
+        self.sched, self.ids, self.stop, self.kw = sched, ids, stop, kw
+        self._cancel = threading.Event()
+        self._queued = True  # counted in sched.waiting until it has the engine or gives up
+        self.queue_ms = 0.0
+        sched.waiting += 1
+
+    def _unqueue(self) -> None:
+        if self._queued:
+            self._queued = False
+            self.sched.waiting -= 1
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        self._unqueue()
+
+    async def events(self):
+        if self._cancel.is_set():
+            return
+        sched, t0 = self.sched, time.perf_counter()
+        try:
+            await sched.lock.acquire()
+        finally:
+            self._unqueue()
+        if self._cancel.is_set():
+            sched.lock.release()
+            return
+        sched.busy = True
+        self.queue_ms = (time.perf_counter() - t0) * 1000
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+        try:
+            threading.Thread(target=self._work, args=(loop, q), name="edgespec-generation", daemon=True).start()
+        except BaseException:
+            self._finished(q, None, RuntimeError("cannot start a worker thread"), False)
+            raise
+        while True:
+            item = await q.get()
+            if item[0] == "delta":  # deltas that piled up while the client was slow go out as one
+                parts = [item[1]]
+                while not q.empty() and q._queue[0][0] == "delta":  # noqa: SLF001 (peek)
+                    parts.append(q.get_nowait()[1])
+                item = ("delta", "".join(parts))
+            yield item
+            if item[0] != "delta":
+                return
+
+    def _work(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> None:
+        """The worker thread: starts, consumes and closes the engine's stream."""
+        last, gen, err = None, None, None
+        try:
+            gen = self.sched.engine.stream_ids(self.ids, stop=self.stop, **self.kw)
+            for delta, _toks, st in gen:
+                last = st
+                if self._cancel.is_set():
+                    break
+                if delta:
+                    loop.call_soon_threadsafe(q.put_nowait, ("delta", delta))
+        except EdgespecError as e:
+            err = e
+        except Exception as e:  # noqa: BLE001 -- reported to the client as a 500, logged here
+            log.exception("generation failed")
+            err = e
+        finally:
+            if gen is not None:
+                try:
+                    gen.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing the generation failed")
+            summary = stats_summary(last) if last is not None else None
+            try:
+                loop.call_soon_threadsafe(self._finished, q, summary, err, self._cancel.is_set())
+            except RuntimeError:  # the loop is gone: the server is shutting down
+                pass
+
+    def _finished(self, q: asyncio.Queue, summary: dict | None, err: BaseException | None, cancelled: bool) -> None:
+        """On the event loop, once the worker is done: free the engine, count, tell the consumer."""
+        self.sched.busy = False
+        self.sched.lock.release()
+        self.sched.metrics.generation(summary, self.queue_ms, cancelled=cancelled, failed=err is not None)
+        q.put_nowait(("error", err) if err is not None else ("done", summary or stats_summary(None)))
+
+
+def _api_error(e: BaseException) -> P.APIError:
+    """An engine error met during a generation, as the client sees it (one line, no traceback)."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if isinstance(e, ContextOverflowError):
+        return P.APIError(400, msg, code="context_length_exceeded")
+    if isinstance(e, ConfigError):
+        return P.APIError(400, msg, code="invalid_value")
+    if isinstance(e, BusyError):
+        return P.APIError(503, msg, type="server_error", code="busy")
+    if isinstance(e, EdgespecError):
+        return P.APIError(500, msg, type="server_error", code=type(e).__name__)
+    return P.APIError(500, f"the generation failed ({type(e).__name__}: {msg}); see the server log",
+                      type="server_error", code="internal_error")
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events from an async iterator of bytes; a client disconnect (seen on the
+    receive channel or as a failed send) cancels the iterator and calls ``on_close``."""
+
+    def __init__(self, chunks, on_close):
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.chunks, self.on_close = chunks, on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def pump():
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for c in self.chunks:
+                await send({"type": "http.response.body", "body": c, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(_wait_disconnect(receive))]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.on_close()
+            for t in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(t, Exception) and not isinstance(t, OSError):
+                    log.error("stream failed: %s", t)
+
+
+async def _until_disconnect(request: Request, coro):
+    """Await ``coro``; cancel it if the client disconnects first (then return None)."""
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait([work, watch], return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        return None
+    finally:
+        for t in (work, watch):
+            t.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+
+
+class Server:
+    """The routes' state: the engine, its scheduler and the metrics."""
+
+    def __init__(self, engine, model_id: str, queue_size: int = 16, defaults: dict | None = None):
+        self.engine, self.model_id = engine, model_id
+        self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
+        self.metrics = Metrics(self._gauges)
+        self.sched = Scheduler(engine, queue_size, self.metrics)
+        self.created = P.now()
+
+    def _gauges(self) -> dict:
+        return {"queue_depth": self.sched.waiting, "queue_capacity": self.sched.queue_size,
+                "generation_running": int(self.sched.busy), "max_context": self.engine.max_context}
+
+    # -- the small endpoints -----------------------------------------------------------------
+    def _model(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgespec",
+                "max_context": self.engine.max_context}
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != self.model_id:
+            raise P.APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_id}'",
+                             param="model", code="model_not_found")
+        return JSONResponse(self._model())
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.model_id, "busy": self.sched.busy,
+                             "queued": self.sched.waiting, "queue_capacity": self.sched.queue_size,
+                             "max_context": self.engine.max_context})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- generation --------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, P.parse_chat(P.parse_body(await _read_body(request)), self.model_id))
+
+    async def completions(self, request: Request) -> Response:
+        body = P.parse_body(await _read_body(request))
+        return await self._generate(request, P.parse_completion(body, self.model_id))
+
+    async def _generate(self, request: Request, req: P.GenRequest) -> Response:
+        source = req.messages if req.kind == "chat" else req.prompt
+        param = "messages" if req.kind == "chat" else "prompt"
+        try:
+            ids = await run_in_threadpool(self.engine.encode, source)
+        except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
+            raise P.bad(str(e).splitlines()[0], param) from None
+        n, ctx = len(ids), self.engine.max_context
+        room = ctx - n
+        if room < 1:
+            raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx} (prompt plus at least one "
+                             f"new token), so at most {ctx - 1} prompt tokens", param=param,
+                             code="context_length_exceeded")
+        max_new = room if req.max_tokens is None else min(req.max_tokens, room)
+        kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
+        try:
+            self.engine.config(**kw)  # refuses before queueing: drafter model missing, draft length, ...
+        except EdgespecError as e:
+            raise P.bad(str(e).splitlines()[0], "edgespec" if "draft" in str(e) else None) from None
+        self.sched.admit()
+        gen = Generation(self.sched, ids, req.stop, kw)
+        rid, created = P.new_id(req.kind), P.now()
+        ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
+               "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
+        if req.stream:
+            return EventStream(self._sse(gen, req, rid, created, ext), gen.cancel)
+        try:
+            out = await _until_disconnect(request, self._collect(gen))
+        finally:
+            gen.cancel()
+        if out is None:  # the client is gone: nobody reads this
+            return Response(status_code=499)
+        text, s = out
+        ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
+        use = P.usage(s["prompt_tokens"] or n, s["new_tokens"], s["reused_prompt_tokens"])
+        make = P.chat_response if req.kind == "chat" else P.completion_response
+        return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
+
+    async def _collect(self, gen: Generation):
+        parts = []
+        async for kind, val in gen.events():
+            if kind == "delta":
+                parts.append(val)
+            elif kind == "done":
+                return "".join(parts), val
+            else:
+                raise _api_error(val)
+        return None
+
+    async def _sse(self, gen: Generation, req: P.GenRequest, rid: str, created: int, ext: dict):
+        k, model = req.kind, self.model_id
+        try:
+            if k == "chat":
+                yield P.sse(P.chunk(k, rid, model, created, role=True, text=""))
+            async for kind, val in gen.events():
+                if kind == "delta":
+                    yield P.sse(P.chunk(k, rid, model, created, text=val))
+                elif kind == "done":
+                    e = {**ext, **val, "queue_ms": round(gen.queue_ms, 3)}
+                    yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
+                                        text=None if k == "chat" else ""))
+                    if req.include_usage:
+                        use = P.usage(val["prompt_tokens"], val["new_tokens"], val["reused_prompt_tokens"])
+                        yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
+                else:
+                    yield P.sse(_api_error(val).body())
+            yield P.SSE_DONE
+        finally:
+            gen.cancel()
+
+
+async def _read_body(request: Request) -> bytes:
+    try:
+        declared = int(request.headers.get("content-length") or 0)
+    except ValueError:
+        declared = 0
+    if declared > P.MAX_BODY:
+        raise P.APIError(413, f"the request body is {declared} bytes; at most {P.MAX_BODY}", code="body_too_large")
+    parts, size = [], 0
+    async for c in request.stream():
+        size += len(c)
+        if size > P.MAX_BODY:
+            raise P.APIError(413, f"the request body is over {P.MAX_BODY} bytes", code="body_too_large")
+        parts.append(c)
+    return b"".join(parts)
+
+
+async def _on_api_error(request: Request, e: P.APIError) -> Response:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _on_http_error(request: Request, e: HTTPException) -> Response:
+    what = {404: f"no such endpoint: {request.method} {request.url.path}",
+            405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+    return JSONResponse(P.error_body(what, code=code), status_code=e.status_code, headers=e.headers)
+
+
+async def _on_crash(request: Request, e: Exception) -> Response:
+    log.error("internal error on %s: %s: %s", request.url.path, type(e).__name__, e)
+    return JSONResponse(P.error_body(f"internal server error ({type(e).__name__}); see the server log",
+                                     type="server_error", code="internal_error"), status_code=500)
+
+
+def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | None = None,
+               draft_tokens: int | None = None) -> Starlette:
+    """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens`` are the
+    server's defaults; a request's ``edgespec`` object overrides them."""
+    srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens})
+    routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
+              Route("/v1/completions", srv.completions, methods=["POST"]),
+              Route("/v1/models", srv.models, methods=["GET"]),
+              Route("/v1/models/{name:path}", srv.model, methods=["GET"]),
+              Route("/health", srv.health, methods=["GET"]),
+              Route("/metrics", srv.metrics_text, methods=["GET"])]
+    app = Starlette(routes=routes, middleware=[Middleware(RequestCounter, metrics=srv.metrics)],
+                    exception_handlers={P.APIError: _on_api_error, HTTPException: _on_http_error,
+                                        Exception: _on_crash})
+    app.state.server = srv
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on host:port (port 0 picks a free one); a one-line error otherwise."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str = "info") -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (uvicorn; open streams get 5 s to finish)."""
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"edgespec: serving on {url}/v1 {banner}".rstrip(), file=sys.stderr, flush=True)
+
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
+                            server_header=False)
+    try:
+        _Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl-C it caught
+        pass
+    print("edgespec: stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,326 @@
+"""The OpenAI wire format for ``edgespec serve``: request validation, response and chunk shapes, errors.
+
+Pure functions over dicts: no HTTP stack, no engine. ``server.py`` does the serving.
+
+Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, param, code}}`` body
+with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, logprobs, tools,
+penalties, ...) are refused, not silently ignored; fields that change nothing (``user``,
+``metadata``, ``store``, ...) are accepted and ignored.
+
+``max_tokens`` (or ``max_completion_tokens``): an integer >= 1; absent means "until the context
+is full". A value larger than the room the prompt leaves in the context is clamped to that room
+(the reply then ends with ``finish_reason: "length"`` at the latest when the context is full);
+the response's ``edgespec.max_tokens`` is the value used and ``edgespec.max_tokens_clamped`` says
+whether it was cut. A prompt that leaves no room at all is a 400 ``context_length_exceeded``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+DRAFTERS = ("model", "prompt-lookup", "auto", "none")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOP = 16
+MAX_BODY = 8 << 20  # bytes; a prompt can never be longer than the context anyway
+
+
+class APIError(Exception):
+    """An error answered to the client as OpenAI does: status plus ``{"error": {...}}``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# -- request parsing ----------------------------------------------------------------------------
+@dataclass
+class GenRequest:
+    """A validated chat or completion request."""
+
+    kind: str  # "chat" | "completion"
+    model: str
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    options: dict = field(default_factory=dict)  # engine keywords: temperature, top_p, top_k, seed, drafter, ...
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad("the request body is not UTF-8 text", code="invalid_json") from None
+    except json.JSONDecodeError as e:
+        raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    return body
+
+
+def _kind(v) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(f"'{key}' must be an integer, got {_kind(v)}", key)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise bad(f"'{key}' must be {rng}, got {v}", key)
+    return v
+
+
+def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(f"'{key}' must be a number, got {_kind(v)}", key)
+    if not math.isfinite(v) or v > hi or (v <= lo if lo_open else v < lo):
+        raise bad(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}", key)
+    return float(v)
+
+
+def _bool(body: dict, key: str) -> bool:
+    v = body.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise bad(f"'{key}' must be a boolean, got {_kind(v)}", key)
+    return v
+
+
+# parameters edgespec cannot honour, with the values that ask for nothing (those pass)
+_HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+             "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "parallel_tool_calls": (False, True),
+             "best_of": (1,), "suffix": ("",), "echo": (False,), "prediction": (), "audio": (),
+             "modalities": (["text"],)}
+
+
+def _common(body: dict, kind: str, model_id: str) -> GenRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {_kind(model)}", "model")
+    if model is not None and model != model_id:
+        raise APIError(404, f"the model '{model}' does not exist; this server serves '{model_id}' (GET /v1/models)",
+                       param="model", code="model_not_found")
+    req = GenRequest(kind=kind, model=model_id, stream=_bool(body, "stream"))
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad(f"'stream_options' must be an object, got {_kind(so)}", "stream_options")
+        if not req.stream:
+            raise bad("'stream_options' is only allowed with 'stream': true", "stream_options")
+        req.include_usage = _bool(so, "include_usage")
+
+    # one length limit, under either of OpenAI's names
+    mt = _int(body, "max_tokens", 1)
+    mct = _int(body, "max_completion_tokens", 1)
+    if mt is not None and mct is not None and mt != mct:
+        raise bad("'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens")
+    req.max_tokens = mct if mct is not None else mt
+
+    req.stop = _stop(body.get("stop"))
+    opts = req.options
+    for key, value in (("temperature", _number(body, "temperature", 0.0, 2.0)),
+                       ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
+                       ("top_k", _int(body, "top_k", 0)),
+                       ("seed", _int(body, "seed", 0, 2**63 - 1))):
+        if value is not None:
+            opts[key] = value
+
+    n = _int(body, "n", 1)
+    if n not in (None, 1):
+        raise bad("'n' must be 1: edgespec generates one choice per request", "n", "unsupported_value")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if _number(body, key, -2.0, 2.0):
+            raise bad(f"'{key}' is not supported by edgespec (it would change the target's distribution)", key,
+                      "unsupported_parameter")
+    if body.get("repetition_penalty") not in (None, 1, 1.0):
+        raise bad("'repetition_penalty' is not supported by edgespec", "repetition_penalty", "unsupported_parameter")
+    for key, allowed in _HARMLESS.items():
+        v = body.get(key)
+        if v is not None and not any(type(v) is type(a) and v == a for a in allowed):
+            raise bad(f"'{key}' is not supported by edgespec", key, "unsupported_parameter")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise bad("'response_format' other than {\"type\": \"text\"} is not supported by edgespec", "response_format",
+                  "unsupported_parameter")
+
+    ext = body.get("edgespec")
+    if ext is not None:
+        if not isinstance(ext, dict):
+            raise bad(f"'edgespec' must be an object, got {_kind(ext)}", "edgespec")
+        unknown = set(ext) - {"drafter", "draft_tokens", "max_draft_tokens"}
+        if unknown:
+            raise bad(f"unknown 'edgespec' option(s): {', '.join(sorted(unknown))} "
+                      "(known: drafter, draft_tokens, max_draft_tokens)", "edgespec")
+        d = ext.get("drafter")
+        if d is not None:
+            if d not in DRAFTERS:
+                raise bad(f"'edgespec.drafter' must be one of {', '.join(DRAFTERS)}, got {d!r}", "edgespec.drafter")
+            opts["drafter"] = d
+        for key in ("draft_tokens", "max_draft_tokens"):
+            v = _int(ext, key, 0 if key == "draft_tokens" else 1, 64)
+            if v is not None:
+                opts[key] = v
+    return req
+
+
+def _stop(v) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("'stop' must be a string or an array of strings", "stop")
+    if len(v) > MAX_STOP:
+        raise bad(f"'stop' holds at most {MAX_STOP} strings, got {len(v)}", "stop")
+    return [s for s in v if s]
+
+
+def parse_chat(body: dict, model_id: str) -> GenRequest:
+    req = _common(body, "chat", model_id)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("'messages' must be a non-empty array of {role, content} objects"
+                  + ("" if msgs is not None else " (it is missing)"), "messages",
+                  "missing_required_parameter" if msgs is None else "invalid_type")
+    req.messages = [_message(m, i) for i, m in enumerate(msgs)]
+    return req
+
+
+def _message(m, i: int) -> dict:
+    """A clean ``{role, content}`` with content as plain text: only these two keys reach the
+    template, and content is a value to it, never template source."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad(f"{where} must be an object with 'role' and 'content', got {_kind(m)}", where, "invalid_type")
+    role = m.get("role")
+    if role not in ROLES:
+        if role in ("tool", "function"):
+            raise bad(f"{where}: role '{role}' is not supported by edgespec (no tool calls)", f"{where}.role",
+                      "unsupported_value")
+        raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                what = p.get("type") if isinstance(p, dict) else _kind(p)
+                raise bad(f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                          f"supported, got {what!r}", f"{where}.content")
+            parts.append(p["text"])
+        content = "\n".join(parts)
+    if not isinstance(content, str):
+        raise bad(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
+                  f"{where}.content", "invalid_type")
+    return {"role": ROLES[role], "content": content}
+
+
+def parse_completion(body: dict, model_id: str) -> GenRequest:
+    req = _common(body, "completion", model_id)
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if not isinstance(p, str):
+        missing = p is None
+        raise bad("'prompt' must be a string (one prompt per request)" + (" (it is missing)" if missing else ""),
+                  "prompt", "missing_required_parameter" if missing else "invalid_type")
+    req.prompt = p
+    return req
+
+
+# -- responses ----------------------------------------------------------------------------------
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def finish_reason(engine_reason: str | None) -> str | None:
+    """OpenAI's finish reasons: 'stop' (end of sequence or a stop string), 'length' (max_tokens or
+    a full context). The engine's own reason is kept in ``edgespec.finish_reason``."""
+    if engine_reason is None:
+        return None
+    return "stop" if engine_reason in ("eos", "stop") else "length"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def chat_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict, ext: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                         "logprobs": None, "finish_reason": finish_reason(reason)}],
+            "usage": use, "edgespec": ext}
+
+
+def completion_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict,
+                        ext: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "system_fingerprint": None,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}],
+            "usage": use, "edgespec": ext}
+
+
+def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = None, role: bool = False,
+          reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False) -> dict:
+    """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage."""
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    out = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
+    if empty:
+        out["choices"] = []
+    elif kind == "chat":
+        delta = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}]
+    else:
+        out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason(reason)}]
+    if use is not None:
+        out["usage"] = use
+    if ext is not None:
+        out["edgespec"] = ext
+    return out
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def now() -> int:
+    return int(time.time())

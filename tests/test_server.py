@@ -1,0 +1,436 @@
+"""``edgespec serve`` through the real ``openai`` client, on SmolLM2 INT4, on 127.0.0.1 only.
+
+The server under test is the CLI (``edgespec serve BUNDLE --port 0``) in a subprocess; its greedy
+replies are checked against ``Engine.generate`` in this process and against ``edgespec generate``.
+The 429 test serves an in-process engine with a queue of one (``create_app`` + uvicorn in a thread).
+Every network wait is bounded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from http.client import HTTPConnection
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+import edgespec  # noqa: E402
+from edgespec.cli import main  # noqa: E402
+
+CONTEXT = 512  # small, so that over-long prompts are cheap to prefill
+EDGESPEC = [sys.executable, "-m", "edgespec.cli"]
+SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
+
+
+def _start_server(bundle, log: Path, *extra) -> tuple[subprocess.Popen, str]:
+    f = open(log, "w")
+    proc = subprocess.Popen([*EDGESPEC, "serve", str(bundle), "--port", "0", "--max-context", str(CONTEXT), *extra],
+                            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    f.close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = re.search(r"serving on (http://127\.0\.0\.1:\d+)/v1", log.read_text())
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the server did not start:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def server(smol_int4, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    proc, url = _start_server(smol_int4, log)
+    yield url
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly
+    try:
+        rc = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        pytest.fail(f"the server did not stop on SIGINT:\n{log.read_text()[-3000:]}")
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+@pytest.fixture(scope="module")
+def engine(smol_int4):
+    return edgespec.load(smol_int4, max_context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def model_id(smol_int4):
+    return Path(smol_int4).resolve().name
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def http(url: str, body=None, method: str | None = None, timeout: float = 30) -> tuple[int, dict | str]:
+    """A raw request (stdlib): (status, parsed JSON or text)."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def metric(url: str, name: str, **labels) -> float:
+    _, text = http(url + "/metrics")
+    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    m = re.search(rf"^edgespec_{name}{re.escape('{' + lab + '}') if lab else ''} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def wait_until(cond, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+# -- the happy paths -------------------------------------------------------------------------------
+def test_models_health_and_metrics(server, client, model_id):
+    assert [m.id for m in client.models.list().data] == [model_id]
+    assert client.models.retrieve(model_id).id == model_id
+    status, body = http(server + "/health")
+    assert status == 200 and body["status"] == "ok" and body["max_context"] == CONTEXT
+    _, text = http(server + "/metrics")
+    for name in ("requests_total", "generations_total", "new_tokens_total", "acceptance_rate", "queue_depth",
+                 "resident_memory_bytes", "peak_resident_memory_bytes"):
+        assert f"# TYPE edgespec_{name} " in text
+    assert metric(server, "queue_depth") == 0 and metric(server, "resident_memory_bytes") > 10e6
+
+
+def test_chat_equals_the_python_api(client, engine, model_id):
+    messages = [SYSTEM, {"role": "user", "content": "Name three colours of the rainbow."}]
+    r = client.chat.completions.create(model=model_id, messages=messages, max_tokens=24, temperature=0)
+    ref = engine.generate(messages, max_new_tokens=24)
+    assert r.choices[0].message.content == ref.text and r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == ("length" if ref.finish_reason == "length" else "stop")
+    assert r.object == "chat.completion" and r.model == model_id and r.id.startswith("chatcmpl-")
+    assert r.usage.prompt_tokens == len(engine.encode(messages))
+    assert r.usage.completion_tokens == ref.stats["new_tokens"]
+    ext = r.model_extra["edgespec"]
+    for key in ("acceptance_rate", "tokens_per_target_call", "rounds_by_drafter", "ttft_ms", "tokens_per_second",
+                "reused_prompt_tokens", "max_tokens"):
+        assert key in ext
+    assert ext["max_tokens"] == 24 and not ext["max_tokens_clamped"] and ext["finish_reason"] == ref.finish_reason
+
+
+def test_streamed_chat_equals_non_streamed(client, model_id):
+    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
+    plain = client.chat.completions.create(model=model_id, messages=messages, max_tokens=20)
+    chunks = list(client.chat.completions.create(model=model_id, messages=messages, max_tokens=20, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content and len(chunks) > 3
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert finals[0].model_extra["edgespec"]["new_tokens"] == plain.usage.completion_tokens
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+
+def test_chat_equals_edgespec_generate(client, smol_int4, model_id):
+    prompt = "What is the capital of France?"
+    r = subprocess.run([*EDGESPEC, "generate", str(smol_int4), "--chat", "-p", prompt, "--max-new-tokens", "16",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cli = json.loads(r.stdout)
+    got = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": prompt}],
+                                         max_tokens=16, temperature=0)
+    assert got.choices[0].message.content == cli["text"]
+
+
+def test_completions_plain_streamed_and_stop(client, engine, model_id):
+    prompt = "1, 2, 3, 4,"
+    ref = engine.generate(prompt, max_new_tokens=16, stop=[" 9"])
+    r = client.completions.create(model=model_id, prompt=prompt, max_tokens=16, stop=[" 9"])
+    assert r.choices[0].text == ref.text and r.object == "text_completion"
+    assert r.choices[0].finish_reason == ("stop" if ref.finish_reason in ("stop", "eos") else "length")
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model_id, prompt=prompt, max_tokens=16, stop=[" 9"], stream=True))
+    assert streamed == ref.text
+
+
+def test_message_content_is_text(client, server, model_id):
+    """Only role and content reach the template; content parts are joined; template syntax in
+    content stays text."""
+    base = [{"role": "user", "content": "{{ 7 * 7 }} {% if true %}x{% endif %}\nok"}]
+    a = client.chat.completions.create(model=model_id, messages=base, max_tokens=1)
+    extra = [{**base[0], "name": "mallory", "tool_calls": None}]
+    b = client.chat.completions.create(model=model_id, messages=extra, max_tokens=1)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "{{ 7 * 7 }} {% if true %}x{% endif %}"},
+                                          {"type": "text", "text": "ok"}]}]
+    c = client.chat.completions.create(model=model_id, messages=parts, max_tokens=1)
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens == c.usage.prompt_tokens
+
+
+def test_second_turn_reuses_the_first_turns_cache(client, model_id):
+    turn1 = [SYSTEM, {"role": "user", "content": "Give me a word that rhymes with cat."}]
+    r1 = client.chat.completions.create(model=model_id, messages=turn1, max_tokens=12)
+    turn2 = turn1 + [{"role": "assistant", "content": r1.choices[0].message.content},
+                     {"role": "user", "content": "And one that rhymes with dog?"}]
+    r2 = client.chat.completions.create(model=model_id, messages=turn2, max_tokens=12)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached == r2.model_extra["edgespec"]["reused_prompt_tokens"]
+    assert cached >= r1.usage.prompt_tokens  # at least the whole first prompt was not prefilled again
+
+
+def test_eight_concurrent_clients(server, engine, model_id):
+    prompts = [f"Count from {i} to {i + 5}." for i in range(8)]
+    expected = [engine.generate([{"role": "user", "content": p}], max_new_tokens=12).text for p in prompts]
+    queued_before = metric(server, "queue_seconds_total")
+
+    def ask(i):
+        c = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+        msgs = [{"role": "user", "content": prompts[i]}]
+        if i % 2:  # half of them stream
+            return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+                model=model_id, messages=msgs, max_tokens=12, stream=True) if ch.choices)
+        return c.chat.completions.create(model=model_id, messages=msgs, max_tokens=12).choices[0].message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, range(8), timeout=180))
+    assert got == expected
+    assert metric(server, "queue_seconds_total") > queued_before  # they did wait their turn
+    assert metric(server, "queue_depth") == 0 and metric(server, "generation_running") == 0
+
+
+def test_disconnect_mid_stream_frees_the_engine(client, server, model_id):
+    cancelled = metric(server, "generations_total", reason="cancelled")
+    stream = client.completions.create(model=model_id, prompt="1, 2, 3, 4,", max_tokens=400, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()  # the client goes away mid-stream
+    wait_until(lambda: metric(server, "generations_total", reason="cancelled") == cancelled + 1, 30,
+               "the streamed generation to be cancelled")
+    assert http(server + "/health")[1]["busy"] is False
+    # a non-streamed request whose client gives up is stopped too
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=1.0).completions.create(model=model_id, prompt="1, 2, 3, 4,", max_tokens=400)
+    wait_until(lambda: metric(server, "generations_total", reason="cancelled") == cancelled + 2, 30,
+               "the non-streamed generation to be cancelled")
+    r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Say hi."}],
+                                       max_tokens=8)
+    assert r.choices[0].message.content and r.usage.completion_tokens >= 1
+
+
+# -- the bad inputs --------------------------------------------------------------------------------
+LONG = "word " * 600  # > CONTEXT tokens
+
+BAD = [  # (endpoint, body, status, param or None, code or None)
+    ("chat", b"{not json", 400, None, "invalid_json"),
+    ("chat", b"\xff\xfe", 400, None, "invalid_json"),
+    ("chat", [1, 2], 400, None, "invalid_json"),
+    ("chat", {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
+    ("chat", {"model": 7, "messages": [{"role": "user", "content": "hi"}]}, 400, "model", None),
+    ("chat", {}, 400, "messages", "missing_required_parameter"),
+    ("chat", {"messages": []}, 400, "messages", None),
+    ("chat", {"messages": "hi"}, 400, "messages", None),
+    ("chat", {"messages": ["hi"]}, 400, "messages[0]", None),
+    ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", None),
+    ("chat", {"messages": [{"role": "tool", "content": "hi"}]}, 400, "messages[0].role", "unsupported_value"),
+    ("chat", {"messages": [{"role": "user"}]}, 400, "messages[0].content", None),
+    ("chat", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", None),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages[0].content", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": 2.5}, 400, "temperature", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": -0.1}, 400, "temperature", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": -1}, 400, "top_k", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "seed": -3}, 400, "seed", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, 400, "max_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": True}, 400,
+     "max_completion_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stop": 5}, 400, "stop", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", "unsupported_value"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"drafter": "magic"}}, 400,
+     "edgespec.drafter", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"draft_tokens": 99}}, 400,
+     "draft_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"speed": "max"}}, 400, "edgespec", None),
+    ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages", "context_length_exceeded"),
+    ("completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
+    ("completions", {}, 400, "prompt", "missing_required_parameter"),
+    ("completions", {"prompt": ["one", "two"]}, 400, "prompt", None),
+    ("completions", {"prompt": "hi", "echo": True}, 400, "echo", None),
+]
+
+
+@pytest.mark.parametrize("endpoint, body, status, param, code", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_input_gets_an_openai_error(server, endpoint, body, status, param, code):
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    got, err = http(server + path, body)
+    assert got == status, err
+    assert isinstance(err, dict) and set(err) == {"error"}, err
+    e = err["error"]
+    assert set(e) == {"message", "type", "param", "code"} and e["message"] and "Traceback" not in e["message"]
+    assert e["type"] == "invalid_request_error" and e["param"] == param
+    if code:
+        assert e["code"] == code
+    if code == "context_length_exceeded":  # the numbers
+        assert str(CONTEXT) in e["message"] and re.search(r"prompt has \d+ tokens", e["message"])
+
+
+def test_bad_input_through_the_openai_client(client, model_id):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}], temperature=9)
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}], top_p=2,
+                                       stream=True)
+
+
+def test_other_http_errors_and_a_huge_body(server):
+    assert http(server + "/v1/nothing-here")[0] == 404
+    status, err = http(server + "/v1/chat/completions", method="GET")
+    assert status == 405 and err["error"]["code"] == "method_not_allowed"
+    # a body declared larger than the limit is refused before it is read
+    host, port = server.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(9 << 20))
+        conn.endheaders()
+        r = conn.getresponse()
+        assert r.status == 413 and json.loads(r.read())["error"]["code"] == "body_too_large"
+    finally:
+        conn.close()
+    assert http(server + "/health")[0] == 200  # still alive
+
+
+def test_over_long_max_tokens_is_clamped(client, engine, model_id):
+    messages = [{"role": "user", "content": "word " * 480}]
+    n = len(engine.encode(messages))
+    assert n < CONTEXT
+    r = client.chat.completions.create(model=model_id, messages=messages, max_tokens=100_000)
+    ext = r.model_extra["edgespec"]
+    assert ext["max_tokens"] == CONTEXT - n and ext["max_tokens_clamped"] is True
+    assert r.usage.completion_tokens <= CONTEXT - n
+    plain = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=3)
+    assert plain.model_extra["edgespec"]["max_tokens_clamped"] is False
+
+
+def test_edgespec_extension_picks_the_drafter(client, model_id):
+    msgs = [{"role": "user", "content": "List the numbers 1, 2, 3, 4, 5, 6 twice."}]
+    base = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24,
+                                          extra_body={"edgespec": {"drafter": "none"}})
+    assert set(base.model_extra["edgespec"]["rounds_by_drafter"]) <= {"none"}
+    pl = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24,
+                                        extra_body={"edgespec": {"drafter": "prompt-lookup", "draft_tokens": 3},
+                                                    "top_k": 0})
+    assert pl.choices[0].message.content == base.choices[0].message.content  # lossless
+    assert pl.model_extra["edgespec"]["drafter_policy"] == "prompt-lookup"
+    assert pl.model_extra["edgespec"]["draft_tokens"] == 3
+
+
+# -- the bounded queue -----------------------------------------------------------------------------
+def test_full_queue_gets_429(engine, model_id):
+    import uvicorn
+
+    from edgespec.server import bind, create_app
+
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    srv = uvicorn.Server(uvicorn.Config(create_app(engine, model_id, queue_size=1), log_level="warning",
+                                        lifespan="off"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: srv.started, 20, "the in-process server")
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        running = c.completions.create(model=model_id, prompt="1, 2, 3, 4,", max_tokens=400, stream=True)
+        next(iter(running))  # it holds the engine
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(c.completions.create, model=model_id, prompt="a, b, c,", max_tokens=4)
+            wait_until(lambda: http(url + "/health")[1]["queued"] == 1, 20, "the second request to queue")
+            with pytest.raises(openai.RateLimitError) as e:
+                c.completions.create(model=model_id, prompt="x", max_tokens=2)
+            assert e.value.status_code == 429 and e.value.body["code"] == "queue_full"
+            assert e.value.response.headers.get("retry-after") == "1"
+            running.close()
+            assert waiting.result(timeout=60).choices[0].text  # the queued one is answered
+        assert metric(url, "rejected_requests_total") == 1
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+    assert not thread.is_alive()
+
+
+# -- the command line ------------------------------------------------------------------------------
+def _one_line_error(args) -> str:
+    from click.testing import CliRunner
+
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    lines = [ln for ln in r.output.strip().splitlines() if ln]
+    assert r.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: "), r.output
+    return lines[0]
+
+
+def test_serve_cli_errors(smol_int4, tmp_path):
+    assert "--port" in _one_line_error(["serve", smol_int4, "--port", "70000"])
+    assert "--port" in _one_line_error(["serve", smol_int4, "--port", "eighty"])
+    assert "--queue" in _one_line_error(["serve", smol_int4, "--queue", "-1"])
+    assert "--drafter" in _one_line_error(["serve", smol_int4, "--drafter", "magic"])
+    assert "no such option" in _one_line_error(["serve", smol_int4, "--bogus"]).lower()
+    assert "BUNDLE" in _one_line_error(["serve"])
+    assert "no such bundle" in _one_line_error(["serve", tmp_path / "nope", "--port", "0"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        msg = _one_line_error(["serve", smol_int4, "--port", taken.getsockname()[1]])
+        assert "cannot listen on 127.0.0.1" in msg
+    assert "cannot listen on" in _one_line_error(["serve", smol_int4, "--host", "no-such-host.invalid"])
+    assert "draft_tokens" in _one_line_error(["serve", smol_int4, "--port", "0", "--draft-tokens", "99"])
+
+
+def test_runtime_import_pulls_no_server_stack():
+    code = ("import sys, edgespec, edgespec.api, edgespec.cli; "
+            "bad = [m for m in ('starlette', 'uvicorn', 'openai', 'torch') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr + r.stdout
