@@ -21,7 +21,7 @@ def __getattr__(name):
 
         return getattr(api, name)
     if name == "GenerationConfig":
-        from .engine import GenerationConfig
+        from .decoder import GenerationConfig
 
         return GenerationConfig
     raise AttributeError(f"module 'edgespec' has no attribute {name!r}")

@@ -17,7 +17,8 @@ import math
 import sys
 from typing import Callable, TextIO
 
-from .engine import DRAFTER_CHOICES, Stats
+from .decoder import Stats
+from .drafters import drafter_choices
 from .errors import ConfigError, EdgespecError
 
 PROMPT = "you> "
@@ -57,8 +58,8 @@ def _optional_int(none_word: str) -> Callable[[str], int | None]:
 
 
 def _drafter(text: str) -> str:
-    if text not in DRAFTER_CHOICES:
-        raise ConfigError(f"{text!r} is not one of {', '.join(DRAFTER_CHOICES)}")
+    if text not in drafter_choices():
+        raise ConfigError(f"{text!r} is not one of {', '.join(drafter_choices())}")
     return text
 
 
@@ -117,7 +118,7 @@ class ChatRepl:
     def run(self) -> int:
         if self.interactive:
             _enable_line_editing()
-            name = self.engine.manifest.raw.get("name") or self.engine.manifest.root.name
+            name = self.engine.manifest.name
             self._note(f"edgespec chat: {name}, {self.engine.max_context} tokens of context. "
                        f"/help lists commands; Ctrl-D leaves.")
         while True:

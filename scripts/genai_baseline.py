@@ -308,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  ids {ids}")
 
     if engine is not None:
-        from edgespec.engine import Stats
+        from edgespec.decoder import Stats
 
         cfg = engine.config(max_new_tokens=n, drafter="none")
         for _ in engine.decoder.generate(prompt, engine.config(max_new_tokens=4, drafter="none")):

@@ -38,7 +38,7 @@ def test_kv_cache_lives_on_the_gpu(tiny_bundle):
     eng = edgespec.load(tiny_bundle, provider="cuda", max_context=128)
     for lm in (eng.decoder.target, eng.decoder.drafters["model"].lm):
         assert lm.device == "cuda" and CUDA in lm.session.get_providers()[0]
-        assert {buf.device_name().lower() for _, _, buf in lm._kv} == {"cuda"}
+        assert {buf.device_name().lower() for _, _, buf in lm.cache.buffers} == {"cuda"}
     r = eng.generate(PROMPTS[0], max_new_tokens=8, drafter="none")
     assert len(r.token_ids) > 0
 

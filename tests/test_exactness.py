@@ -14,6 +14,7 @@ import pytest
 import edgespec
 from edgespec.manifest import load_manifest
 from edgespec.onnx_lm import OnnxLM
+from edgespec.width import measure_min_width
 from edgespec.providers import choose
 
 PROMPTS = [
@@ -96,13 +97,13 @@ class _FakeKernel:
 ])
 def test_width_probe_picks_the_smallest_width_all_wider_calls_agree_with(path, want):
     k = _FakeKernel(path)
-    assert OnnxLM._measure_min_width(k) == want
+    assert measure_min_width(k) == want
     assert k.tokens == [] and k.calls == 0 and k.min_width == 1  # left as it was found
 
 
 def test_width_probe_falls_back_and_warns_when_arithmetic_does_not_reproduce(caplog):
     with caplog.at_level("WARNING", logger="edgespec"):
-        assert OnnxLM._measure_min_width(_FakeKernel(lambda w: 0.0, noisy=True)) == 1  # the GPU rule
+        assert measure_min_width(_FakeKernel(lambda w: 0.0, noisy=True)) == 1  # the GPU rule
     assert "computed twice gives different logits" in caplog.text
 
 

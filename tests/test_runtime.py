@@ -63,15 +63,15 @@ def test_rewind_then_decode_equals_decoding_without_rejected(tiny_bundle):
     assert a.tokens == b.tokens == prefix + good
 
 
-def test_sync_reuses_common_prefix(tiny_bundle):
+def test_prefill_reuses_common_prefix(tiny_bundle):
     m = load_manifest(tiny_bundle)
     lm = OnnxLM(m.target, 64, choose(["cpu"]))
-    lm.sync([5, 6, 7, 8])
+    lm.prefill([5, 6, 7, 8])
     calls = lm.calls
-    last = lm.sync([5, 6, 7, 8, 9])
+    last = lm.prefill([5, 6, 7, 8, 9])
     assert lm.calls == calls + 1 and lm.tokens == [5, 6, 7, 8, 9]
     fresh = OnnxLM(m.target, 64, choose(["cpu"]))
-    np.testing.assert_allclose(last, fresh.sync([5, 6, 7, 8, 9]), atol=1e-5)
+    np.testing.assert_allclose(last, fresh.prefill([5, 6, 7, 8, 9]), atol=1e-5)
 
 
 def test_short_calls_write_logits_to_own_buffers_without_aliasing(tiny_bundle, monkeypatch):

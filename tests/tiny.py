@@ -5,6 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.kv import TokenCache
+from edgespec.lm import CausalLM
+
 CORPUS = [
     "def hello(world):\n    return world + 1\n",
     "The quick brown fox jumps over the lazy dog. The dog sleeps.",
@@ -78,27 +81,25 @@ class FakeSpec:
         self.role = "fake"
 
 
-class FakeLM:
-    """A scripted LM with OnnxLM's interface: logits are a fixed function of the context
-    (a hash of the last ``order`` tokens), so results are exact and cheap."""
+class FakeLM(CausalLM):
+    """A scripted LM on the real LM protocol (``edgespec.lm.CausalLM``: its padding to
+    ``min_width``, prefill, rewind and cache are the runtime's own): logits are a fixed function of
+    the context (a hash of the last ``order`` tokens), so results are exact and cheap."""
 
     def __init__(self, vocab: int = 6, max_context: int = 512, seed: int = 0, order: int = 2, sharpness: float = 2.0,
-                 table: np.ndarray | None = None, delay: tuple[float, float] = (0.0, 0.0), clock=None):
+                 table: np.ndarray | None = None, delay: tuple[float, float] = (0.0, 0.0), clock=None,
+                 min_width: int = 1):
         self.spec = FakeSpec(vocab, max_context)
         self.max_context = max_context
+        self.cache = TokenCache(max_context)
+        self.min_width = min_width
         self.vocab = vocab
         self.order = order
         rng = np.random.default_rng(seed)
         self.table = table if table is not None else rng.normal(0, sharpness, size=(vocab ** order, vocab))
-        self.delay = delay  # simulated seconds per call and per token, added to ``clock``
+        self.delay = delay  # simulated seconds per call and per token computed, added to ``clock``
         self.clock = clock
-        self.tokens: list[int] = []
-        self.calls = 0
-        self.run_seconds = 0.0
-
-    @property
-    def length(self):
-        return len(self.tokens)
+        self._init_counters()
 
     def logits_for(self, context) -> np.ndarray:
         key = 0
@@ -106,31 +107,8 @@ class FakeLM:
             key = key * self.vocab + int(t)
         return self.table[key % self.table.shape[0]].astype(np.float32)
 
-    def forward(self, ids):
-        from edgespec.errors import ContextOverflowError
-
-        if len(self.tokens) + len(ids) > self.max_context:
-            raise ContextOverflowError("fake context overflow")
+    def _run(self, ids, past):
         if self.clock is not None:
             self.clock.t += self.delay[0] + self.delay[1] * len(ids)
-        out = []
-        for t in ids:
-            self.tokens.append(int(t))
-            out.append(self.logits_for(self.tokens))
-        self.calls += 1
-        return np.stack(out)
-
-    def rewind(self, n):
-        if n:
-            del self.tokens[len(self.tokens) - n:]
-
-    def reset(self):
-        self.tokens.clear()
-
-    def sync(self, ids):
-        from edgespec.onnx_lm import _common_prefix
-
-        c = min(_common_prefix(self.tokens, ids), len(ids) - 1)
-        self.rewind(len(self.tokens) - c)
-        self.last_fed = len(ids) - c
-        return self.forward(ids[c:])[-1]
+        context = self.cache.ids[:past] + [int(t) for t in ids]
+        return np.stack([self.logits_for(context[: past + i + 1]) for i in range(len(ids))])

@@ -7,38 +7,42 @@ import numpy as np
 import pytest
 
 from edgespec import verify as verify_mod
-from edgespec.drafters import CostModel, ModelDrafter, PromptLookupDrafter
-from edgespec.engine import Decoder, GenerationConfig
+from edgespec.decoder import Decoder, GenerationConfig, Stats
+from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.policy import CostModel
 from edgespec.sampling import SamplingParams, probs
 from tiny import FakeLM, SimClock
 
 
-def run(decoder, prompt, **kw):
+def run(decoder, prompt, stats=None, **kw):
     out, reasons = [], []
-    for step in decoder.generate(prompt, GenerationConfig(**kw)):
+    for step in decoder.generate(prompt, GenerationConfig(**kw), stats):
         out.extend(step.tokens)
         reasons.append(step.finish_reason)
     return out, reasons[-1]
 
 
-def make(vocab=8, seed=0, drafter_noise=0.5, max_context=512, eos=()):
-    target = FakeLM(vocab, max_context, seed=seed)
+def make(vocab=8, seed=0, drafter_noise=0.5, max_context=512, eos=(), min_width=1):
+    target = FakeLM(vocab, max_context, seed=seed, min_width=min_width)
     rng = np.random.default_rng(seed + 100)
     dtable = target.table + drafter_noise * rng.normal(size=target.table.shape)
     draft_lm = FakeLM(vocab, max_context, table=dtable)
-    return Decoder(target, eos, model_drafter=ModelDrafter(draft_lm, vocab), prompt_lookup=PromptLookupDrafter())
+    return Decoder(target, eos, drafters=[ModelDrafter(draft_lm, vocab), PromptLookupDrafter()])
 
 
+@pytest.mark.parametrize("min_width", [1, 2])
 @pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "auto"])
 @pytest.mark.parametrize("k", [None, 1, 3, 6])
-def test_greedy_speculative_equals_autoregressive(drafter, k):
+def test_greedy_speculative_equals_autoregressive(drafter, k, min_width):
     for seed in range(12):
         rng = np.random.default_rng(seed)
         prompt = rng.integers(0, 8, size=int(rng.integers(1, 20))).tolist()
         max_new = int(rng.integers(1, 60))
         eos = (int(rng.integers(0, 8)),) if seed % 3 == 0 else ()
-        ref, ref_reason = run(make(seed=seed, eos=eos), prompt, max_new_tokens=max_new, drafter="none")
-        got, reason = run(make(seed=seed, eos=eos), prompt, max_new_tokens=max_new, drafter=drafter, draft_tokens=k)
+        ref, ref_reason = run(make(seed=seed, eos=eos, min_width=min_width), prompt, max_new_tokens=max_new,
+                              drafter="none")
+        got, reason = run(make(seed=seed, eos=eos, min_width=min_width), prompt, max_new_tokens=max_new,
+                          drafter=drafter, draft_tokens=k)
         assert got == ref and reason == ref_reason, (seed, drafter, k)
         assert len(got) <= max_new
 
@@ -49,10 +53,10 @@ def test_eos_and_max_tokens_inside_a_draft():
     for seed in range(30):
         d = make(seed=seed, eos=(3,))
         ref, rr = run(make(seed=seed, eos=(3,)), [1, 2], max_new_tokens=25, drafter="none")
-        got, r = run(d, [1, 2], max_new_tokens=25, drafter="prompt-lookup", draft_tokens=8)
+        st = Stats()
+        got, r = run(d, [1, 2], st, max_new_tokens=25, drafter="prompt-lookup", draft_tokens=8)
         assert (got, r) == (ref, rr)
         hits[r] += 1
-        st = d.last_stats
         assert st.new_tokens == len(got)
     assert hits["eos"] and hits["length"]
 
@@ -79,8 +83,8 @@ def test_both_caches_end_at_accepted_length():
 
 def test_stats_are_consistent():
     d = make(seed=2)
-    out, _ = run(d, [1, 2, 3], max_new_tokens=50, drafter="model", draft_tokens=3)
-    st = d.last_stats
+    st = Stats()
+    out, _ = run(d, [1, 2, 3], st, max_new_tokens=50, drafter="model", draft_tokens=3)
     assert st.new_tokens == len(out)
     assert st.accepted == sum(st.accepted_by_position) and st.drafted == sum(st.drafted_by_position)
     assert 0 <= st.acceptance_rate <= 1 and st.tokens_per_target_call >= 1
@@ -154,7 +158,7 @@ def test_sampled_speculative_follows_target_distribution(drafter, sp):
     def factory():
         target = FakeLM(vocab, seed=7, sharpness=1.0)
         dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
-        return Decoder(target, (), model_drafter=ModelDrafter(dl, vocab), prompt_lookup=PromptLookupDrafter())
+        return Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter()])
 
     counts = _sample_runs(factory, prompt, n_tokens, sp, runs, drafter, 2)
     stat, df = _chi2(counts, exact, runs)
@@ -175,12 +179,12 @@ def test_statistical_test_catches_missing_residual(monkeypatch):
             tok = int(rng.choice(len(target_logits[n]), p=probs(target_logits[n][None], sp_)[0]))
         return n, tok
 
-    monkeypatch.setattr("edgespec.engine.rejection_sample", buggy)
+    monkeypatch.setattr("edgespec.decoder.rejection_sample", buggy)
 
     def factory():
         target = FakeLM(vocab, seed=7, sharpness=1.0)
         dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
-        return Decoder(target, (), model_drafter=ModelDrafter(dl, vocab))
+        return Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
 
     counts = _sample_runs(factory, prompt, n_tokens, sp, runs, "model", 2)
     stat, df = _chi2(counts, exact, runs)
@@ -222,11 +226,11 @@ def test_auto_drops_a_drafter_that_never_agrees():
     # the model drafter always disagrees; the target cycles, so prompt lookup pays: auto picks it
     target = FakeLM(8, seed=1)
     bad = FakeLM(8, table=-target.table)
-    d = Decoder(target, (), model_drafter=ModelDrafter(bad, 8))
+    d = Decoder(target, (), drafters=[ModelDrafter(bad, 8), PromptLookupDrafter()])
     for w, t in ((1, 1.0), (2, 1.12), (3, 1.39)):
-        d.cost.observe_target(w, t)
-    run(d, [1, 2, 3], max_new_tokens=120, drafter="auto")
-    st = d.last_stats
+        d.policy.cost.observe_target(w, t)
+    st = Stats()
+    run(d, [1, 2, 3], st, max_new_tokens=120, drafter="auto")
     assert st.rounds_by_drafter.get("model", 0) <= 3 + st.rounds // 64  # a few tries, then rare probes
     assert st.rounds_by_drafter.get("prompt-lookup", 0) > 0.5 * st.rounds
 
@@ -236,8 +240,8 @@ def test_adaptive_model_drafter_stops_drafting_when_it_does_not_pay():
     clock = SimClock()
     target = FakeLM(8, seed=1, order=3, delay=(0.004, 0.0005), clock=clock)
     bad = FakeLM(8, table=-target.table, order=3, delay=(0.0018, 0.0), clock=clock)
-    d = Decoder(target, (), model_drafter=ModelDrafter(bad, 8), clock=clock)
-    run(d, [1, 2, 3], max_new_tokens=120, drafter="model")
-    st = d.last_stats
+    d = Decoder(target, (), drafters=[ModelDrafter(bad, 8, clock=clock), PromptLookupDrafter()], clock=clock)
+    st = Stats()
+    run(d, [1, 2, 3], st, max_new_tokens=120, drafter="model")
     # k = 0 rounds, with a one-token probe every 64 rounds to keep the estimate alive
     assert st.rounds_by_drafter.get("none", 0) > 0.75 * (st.target_calls - 1)

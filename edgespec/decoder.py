@@ -1,0 +1,294 @@
+"""The draft -> verify -> accept loop. Knows nothing about text: token ids in, token ids out.
+
+One round: the round policy picks a drafter and k (policy.py), the drafter drafts (drafters.py),
+the target verifies the last token and the draft in one call, the acceptance rule keeps the
+target's output (verify.py), and the target's cache and the drafter roll back what was rejected.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .drafters import DRAFTERS, EMPTY, Drafter, drafter_choices
+from .errors import BusyError, ConfigError, ContextOverflowError
+from .kv import TokenBuffer
+from .lm import CausalLM
+from .policy import RoundPolicy
+from .sampling import SamplingParams, probs, sample
+from .verify import greedy_accept, rejection_sample
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    drafter: str = "auto"
+    draft_tokens: int | None = None  # fixed k; None = adaptive
+    max_draft_tokens: int = 8  # bound for the adaptive choice
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # decode max_new_tokens whatever the model says (benchmarks, memory measures)
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in 0..2**63-1, got {self.seed}")
+        if self.drafter not in drafter_choices():
+            raise ConfigError(f"drafter must be one of {', '.join(drafter_choices())}, got {self.drafter!r}")
+        if self.draft_tokens is not None and not 0 <= self.draft_tokens <= 64:
+            raise ConfigError(f"draft_tokens must be in 0..64, got {self.draft_tokens}")
+        if not 1 <= self.max_draft_tokens <= 64:
+            raise ConfigError(f"max_draft_tokens must be in 1..64, got {self.max_draft_tokens}")
+        SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+@dataclass
+class Step:
+    tokens: list[int]
+    finish_reason: str | None = None  # 'eos' | 'length' | 'context' | None
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    drafted_by_position: list[int] = field(default_factory=list)
+    rounds_by_drafter: dict[str, int] = field(default_factory=dict)
+    drafted_by_drafter: dict[str, int] = field(default_factory=dict)
+    accepted_by_drafter: dict[str, int] = field(default_factory=dict)
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    target_run_s: float = 0.0  # of target_s after prefill: inside the target's session.run
+    total_s: float = 0.0
+    finish_reason: str | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted draft tokens per verify round (plus one emitted token makes the round's yield)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.total_s - self.prefill_ms / 1000.0, 1e-9)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode speed: tokens after the first over the time after prefill."""
+        return max(self.new_tokens - 1, 0) / self.decode_s if self.new_tokens > 1 else 0.0
+
+    @property
+    def other_s(self) -> float:
+        return max(self.total_s - self.draft_s - self.target_s, 0.0)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=round(self.acceptance_rate, 4),
+            tokens_per_target_call=round(self.tokens_per_target_call, 4),
+            mean_accepted_length=round(self.mean_accepted_length, 4),
+            tokens_per_second=round(self.tokens_per_second, 3),
+            other_s=round(self.other_s, 6),
+            acceptance_by_position=[round(a / d_, 4) if d_ else None for a, d_ in
+                                    zip(self.accepted_by_position, self.drafted_by_position)],
+        )
+        for k in ("prefill_ms", "ttft_ms"):
+            d[k] = round(d[k], 3)
+        for k in ("draft_s", "target_s", "target_run_s", "total_s"):
+            d[k] = round(d[k], 6)
+        return d
+
+
+class GenerationLock:
+    """One generation at a time. Callers from other threads wait their turn; a call from the thread
+    that holds it (a generate() inside a loop over a stream) would wait for itself forever, so it
+    is refused with ``BusyError`` instead."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @contextmanager
+    def hold(self, what: str = "generate"):
+        me = threading.get_ident()
+        if self._owner == me:
+            raise BusyError(f"cannot {what} while a generation is running in this thread: finish or close "
+                            f"its stream first")
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+
+
+class Decoder:
+    """Speculative generation over a target LM (``lm.CausalLM``) and drafters (``drafters.Drafter``).
+
+    ``generate`` is a generator of ``Step``s; one generation runs at a time (a lock serializes
+    callers from several threads). The target's cache is kept between generations, so a prompt
+    that extends the previous one (a chat turn) only prefills the new tokens.
+    """
+
+    def __init__(self, target: CausalLM, eos_token_ids: Sequence[int] = (), *,
+                 drafters: Sequence[Drafter] = (), clock=time.perf_counter):
+        self.target = target
+        self.clock = clock  # the cost model's time source (tests pass a simulated clock)
+        self.eos = frozenset(int(e) for e in eos_token_ids)
+        # in the registry's order, the order ``auto`` considers them in
+        given = {d.name: d for d in drafters}
+        self.drafters: dict[str, Drafter] = {n: given.pop(n) for n in list(DRAFTERS) if n in given}
+        self.drafters.update(given)
+        self.policy = RoundPolicy()
+        self.lock = GenerationLock()
+
+    @property
+    def vocab(self) -> int:
+        return self.target.spec.vocab_size
+
+    def reset(self) -> None:
+        """Forget every cached token (target and drafters). Waits for a generation in another
+        thread; refused (``BusyError``) inside one's own unfinished stream."""
+        with self.lock.hold("reset the engine"):
+            self.target.reset()
+            for d in self.drafters.values():
+                d.reset()
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Read ``prompt`` into the target and every drafter, as a generation would."""
+        with self.lock.hold("prefill"):
+            self.target.prefill(prompt)
+            for d in self.drafters.values():
+                d.begin(prompt)
+
+    def check(self, prompt_len: int, cfg: GenerationConfig) -> None:
+        """Refuse what generate() would refuse, before anything runs."""
+        if prompt_len == 0:
+            raise ConfigError("the prompt is empty")
+        if cfg.drafter not in ("auto", "none") and cfg.drafter not in self.drafters:
+            raise ConfigError(f"no {cfg.drafter} drafter is loaded; use --drafter prompt-lookup, auto or none")
+        if prompt_len >= self.target.max_context:
+            raise ContextOverflowError(
+                f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "
+                f"(prompt plus at least one new token)")
+
+    def generate(self, prompt_ids: Sequence[int], cfg: GenerationConfig | None = None,
+                 stats: Stats | None = None) -> Iterator[Step]:
+        cfg = cfg or GenerationConfig()
+        prompt = [int(t) for t in prompt_ids]
+        self.check(len(prompt), cfg)
+        with self.lock.hold():
+            yield from self._generate(prompt, cfg, stats if stats is not None else Stats())
+
+    def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats) -> Iterator[Step]:
+        sp, target, clock, policy = cfg.sampling, self.target, self.clock, self.policy
+        rng = np.random.default_rng(cfg.seed)
+        stop = (frozenset() if cfg.ignore_eos else self.eos) | frozenset(cfg.stop_token_ids)
+        t_start = clock()
+        st.prompt_tokens = len(prompt)
+        st.reused_prompt_tokens = min(target.cache.ids.common_prefix(prompt), len(prompt) - 1)
+        calls0 = target.calls
+        last = target.prefill(prompt)
+        st.target_s += clock() - t_start
+        st.target_calls += target.calls - calls0
+        first = int(np.argmax(last)) if sp.greedy else sample(probs(last[None, :], sp)[0], rng)
+        t_d = clock()
+        for d in policy.begin(cfg.drafter, self.drafters, target.min_width):
+            d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
+        st.draft_s += clock() - t_d
+        st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
+        ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
+        st.new_tokens = 1
+        reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
+        if reason is None and len(ctx) >= target.max_context:
+            reason = "context"
+        st.total_s = clock() - t_start
+        yield Step([first], reason)
+        run0 = target.run_seconds
+        while reason is None:
+            remaining = cfg.max_new_tokens - st.new_tokens
+            # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window
+            kcap = min(remaining - 1, target.max_context - len(ctx))
+            t0 = clock()
+            choice = policy.choose(ctx, kcap, cfg.draft_tokens, cfg.max_draft_tokens)
+            draft = choice.drafter.draft(ctx, choice.k, sp, rng) if choice.drafter is not None else EMPTY
+            t1 = clock()
+            logits = target.forward([ctx[-1]] + draft.tokens)
+            dt = clock() - t1
+            k = len(draft.tokens)
+            if sp.greedy:
+                n, nxt = greedy_accept(draft.tokens, logits)
+            else:
+                n, nxt = rejection_sample(draft.tokens, draft.probs, logits[:, : self.vocab], sp, rng)
+            target.rewind(k - n)
+            policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt)
+            if choice.drafter is not None:
+                choice.drafter.accept(n, nxt)
+            _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)
+            new = draft.tokens[:n] + [nxt]
+            for j, t in enumerate(new):
+                if t in stop:
+                    new = new[: j + 1]
+                    reason = "eos"
+                    break
+            if len(new) >= remaining:
+                new = new[:remaining]
+                reason = reason or "length"
+            room = target.max_context - len(ctx)  # the context never grows past the window
+            if len(new) >= room:
+                new = new[:room]
+                reason = reason or "context"
+            ctx.extend(new)
+            st.new_tokens += len(new)
+            st.target_run_s = target.run_seconds - run0
+            st.total_s = clock() - t_start
+            yield Step(new, reason)
+        st.finish_reason = reason
+        st.total_s = clock() - t_start
+
+
+def _count_round(st: Stats, name: str, k: int, n: int, draft_s: float, target_s: float) -> None:
+    st.draft_s += draft_s
+    st.target_s += target_s
+    st.target_calls += 1
+    st.rounds_by_drafter[name] = st.rounds_by_drafter.get(name, 0) + 1
+    if not k:
+        return
+    st.rounds += 1
+    st.drafted += k
+    st.accepted += n
+    st.drafted_by_drafter[name] = st.drafted_by_drafter.get(name, 0) + k
+    st.accepted_by_drafter[name] = st.accepted_by_drafter.get(name, 0) + n
+    while len(st.drafted_by_position) < k:
+        st.drafted_by_position.append(0)
+        st.accepted_by_position.append(0)
+    for i in range(k):
+        st.drafted_by_position[i] += 1
+        st.accepted_by_position[i] += 1 if i < n else 0

@@ -1,0 +1,124 @@
+"""Token ids and the KV cache they index: the one record of what a model has computed.
+
+``TokenCache`` holds the ids whose keys/values sit in a model's cache in an int64 array with a
+length: appending is amortized O(1), rolling back is O(1) (a shorter length; the stale entries are
+overwritten by later writes), and the common prefix with a new prompt is one vectorized compare.
+``KVCache`` adds onnxruntime's buffers: one static ``[1, kv_heads, max_len, head_dim]`` buffer per
+layer and key/value, bound as both ``past_key_values.N.*`` and ``present.N.*`` so that the graph
+(GroupQueryAttention) updates it in place; the attention mask's length says how much is valid.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class TokenBuffer:
+    """A growable sequence of token ids over one int64 array (no per-token Python objects)."""
+
+    __slots__ = ("_a", "_n")
+
+    def __init__(self, ids: Sequence[int] = (), capacity: int = 256):
+        self._a = np.zeros(max(capacity, len(ids), 1), dtype=np.int64)
+        self._n = 0
+        if len(ids):
+            self.extend(ids)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self._a[: self._n][i].tolist()
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return int(self._a[i])
+
+    def view(self) -> np.ndarray:
+        """The ids as a read-only view (valid until the next extend)."""
+        v = self._a[: self._n]
+        v.flags.writeable = False
+        return v
+
+    def tolist(self) -> list[int]:
+        return self._a[: self._n].tolist()
+
+    def extend(self, ids: Sequence[int]) -> None:
+        n = len(ids)
+        if self._n + n > self._a.shape[0]:
+            grown = np.zeros(max(self._n + n, 2 * self._a.shape[0]), dtype=np.int64)
+            grown[: self._n] = self._a[: self._n]
+            self._a = grown
+        self._a[self._n: self._n + n] = ids
+        self._n += n
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` ids."""
+        if not 0 <= n <= self._n:
+            raise ValueError(f"cannot truncate {self._n} ids to {n}")
+        self._n = n
+
+    def common_prefix(self, ids: Sequence[int]) -> int:
+        """Length of the longest common prefix with ``ids``."""
+        n = min(self._n, len(ids))
+        if n == 0:
+            return 0
+        diff = np.flatnonzero(self._a[:n] != np.asarray(ids[:n], dtype=np.int64))
+        return int(diff[0]) if diff.size else n
+
+
+class TokenCache:
+    """What a model's cache holds: ``ids`` (a ``TokenBuffer``) up to ``max_len`` positions."""
+
+    def __init__(self, max_len: int):
+        self.max_len = int(max_len)
+        self.ids = TokenBuffer(capacity=self.max_len)
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` positions. O(1): nothing is copied."""
+        if n < 0 or n > len(self.ids):
+            raise ValueError(f"cannot rewind {n} of {len(self.ids)} positions")
+        self.ids.truncate(len(self.ids) - n)
+
+    def reset(self) -> None:
+        self.ids.truncate(0)
+
+
+class KVCache(TokenCache):
+    """A ``TokenCache`` with onnxruntime buffers, allocated once, on the CPU or the CUDA device."""
+
+    def __init__(self, spec, max_len: int, device: str):
+        import onnxruntime as ort
+
+        super().__init__(max_len)
+        dtype = _NP_DTYPES.get(spec.kv_dtype)
+        if dtype is None:
+            from .errors import EdgespecError
+
+            raise EdgespecError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime")
+        shape = (1, spec.num_kv_heads, self.max_len, spec.head_dim)
+        io = spec.io
+        self.buffers = []  # (past input name, present output name, OrtValue)
+        for layer in range(spec.num_layers):
+            for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
+                if device == "cuda":
+                    buf = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                else:
+                    buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
+                self.buffers.append((past % layer, present % layer, buf))
+        self.nbytes = spec.kv_bytes(self.max_len)
+
+    def bind(self, binding) -> None:
+        """Bind every buffer as its layer's past input and present output (the in-place update)."""
+        for past, present, buf in self.buffers:
+            binding.bind_ortvalue_input(past, buf)
+            binding.bind_ortvalue_output(present, buf)

@@ -1,0 +1,91 @@
+"""The causal LM protocol every model in the decoding loop follows, real (``OnnxLM``) or simulated.
+
+A model owns a cache (``TokenCache``: the ids whose keys/values it holds) and computes logits for
+new tokens appended to it. ``forward`` is the only place that applies the exactness width policy
+(README, "Exactness"): where a kernel computes a one-token call with other arithmetic than a wider
+call (onnxruntime's CPU MatMulNBits at accuracy level 4, MLAS' float GEMV), every call carries at
+least ``min_width`` tokens: a narrower call is padded and the pad rolled back, so every position is
+computed the same way whatever the draft length. ``last_width`` is the width the last call really
+ran, which is what the round policy's cost model learns from.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ContextOverflowError
+from .kv import TokenCache
+
+
+class CausalLM:
+    """Subclasses set ``spec`` (role, vocab_size), ``max_context`` and ``cache`` and implement
+    ``_run(ids, past) -> float32 logits [len(ids), vocab]`` (computing positions past.. over the
+    cache's first ``past`` ids and writing their keys/values after them)."""
+
+    spec: object
+    max_context: int
+    cache: TokenCache
+    min_width: int = 1
+    prefill_chunk: int = 256
+
+    def _init_counters(self) -> None:
+        self.calls = 0
+        self.run_seconds = 0.0  # time inside the model's own run (session.run), kept by _run
+        self.last_width = 0  # tokens the last call computed, padding included
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    @property
+    def tokens(self) -> list[int]:
+        """The cached ids as a list (a copy: for tests and reports, not the hot path)."""
+        return self.cache.ids.tolist()
+
+    def rewind(self, n: int) -> None:
+        self.cache.rewind(n)
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    # -- compute -----------------------------------------------------------------------------
+    def _run(self, ids: Sequence[int], past: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the cache and return float32 logits ``[len(ids), vocab]``."""
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+        past = self.cache.length
+        if past + n > self.max_context:
+            raise ContextOverflowError(
+                f"{self.spec.role}: {past} + {n} tokens exceed the context of {self.max_context}")
+        pad = self.min_width - n if n < self.min_width and past + self.min_width <= self.max_context else 0
+        run = list(ids) + [int(ids[-1])] * pad if pad else ids
+        logits = self._run(run, past)
+        self.calls += 1
+        self.last_width = len(run)
+        self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
+        return logits[:n] if pad else logits
+
+    def feed(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` in calls of at most ``prefill_chunk`` tokens (the transient logits stay
+        ``prefill_chunk x vocab`` whatever the length); return the last position's logits."""
+        logits = None
+        for start in range(0, len(ids), self.prefill_chunk):
+            logits = self.forward(ids[start: start + self.prefill_chunk])
+        return logits[-1]
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Make the cache hold exactly ``ids``, keeping the prefix it shares with them (a chat
+        turn extends the last one); return the last position's logits."""
+        if not len(ids):
+            raise ValueError("prefill() needs at least one token")
+        if len(ids) > self.max_context:
+            raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.max_context}")
+        common = min(self.cache.ids.common_prefix(ids), len(ids) - 1)  # feed >= 1 token to get logits
+        self.cache.rewind(self.cache.length - common)
+        return self.feed(ids[common:])

@@ -1,0 +1,191 @@
+"""The round policy: which drafter drafts this round, and how many tokens, from measured costs.
+
+Every round, each drafter of the generation makes an ``Offer`` (up to how many tokens, under which
+acceptance estimate); the policy prices each with the cost model (expected tokens per second of a
+round with k draft tokens) and keeps the best, k = 0 (no speculation) included. Two rules keep it
+honest: a costly drafter unused for ``probe_every`` rounds drafts one token (its estimate would
+otherwise never recover), and where the target computes at least ``min_width`` positions a call
+anyway (the exactness width, see lm.py), a round that would draft nothing takes a free drafter's
+one-token guess for the spare position instead of padding it. The cost model learns from the
+widths the target really ran.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .drafters import Drafter, Offer
+from .kv import TokenBuffer
+
+
+@dataclass
+class Acceptance:
+    """Online estimate of the per-token acceptance rate (geometric model), with forgetting."""
+
+    prior_accept: float = 1.2
+    prior_reject: float = 0.8
+    decay: float = 0.95
+    accepted: float = 0.0
+    rejected: float = 0.0
+    samples: int = 0
+
+    def update(self, n_accepted: int, k: int) -> None:
+        self.accepted = self.decay * self.accepted + n_accepted
+        self.rejected = self.decay * self.rejected + (1 if n_accepted < k else 0)
+        self.samples += 1
+
+    @property
+    def alpha(self) -> float:
+        a = self.accepted + self.prior_accept
+        return min(0.99, a / (a + self.rejected + self.prior_reject))
+
+
+@dataclass
+class CostModel:
+    """Measured costs on this device: target call by width, a drafter's step, and the choice of k.
+
+    Expected tokens from a round with k draft tokens and acceptance rate a is
+    (1 - a^(k+1)) / (1 - a); its cost is k drafter steps plus one target call of width k+1 (at
+    least ``min_width``). ``best_k`` maximizes tokens per second, k = 0 (no speculation) included.
+    """
+
+    ema: float = 0.3
+    prior_slope: float = 0.15  # extra cost per extra verified token, as a fraction of a 1-token call
+    target: dict[int, float] = field(default_factory=dict)
+    draft_steps: dict[str, float] = field(default_factory=dict)  # drafter name -> seconds a step
+    min_width: int = 1  # a target that always computes >= min_width positions costs that much at k = 0
+
+    def observe_target(self, width: int, seconds: float) -> None:
+        """A target call of ``width`` tokens (padding included) took ``seconds``."""
+        old = self.target.get(width)
+        self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def observe_draft(self, step_seconds: float, drafter: str = "model") -> None:
+        """One step of ``drafter`` (a one-token call) took ``step_seconds``."""
+        old = self.draft_steps.get(drafter)
+        self.draft_steps[drafter] = step_seconds if old is None else (1 - self.ema) * old + self.ema * step_seconds
+
+    def target_cost(self, width: int) -> float:
+        width = max(width, self.min_width)
+        if width in self.target:
+            return self.target[width]
+        if not self.target:
+            return 1.0 + self.prior_slope * (width - 1)
+        widths = np.array(sorted(self.target), dtype=float)
+        costs = np.array([self.target[int(w)] for w in widths])
+        if len(widths) >= 2:
+            slope, icpt = np.polyfit(widths, costs, 1)
+            slope = max(slope, 0.0)
+            return max(icpt + slope * width, costs.min())
+        w0, c0 = widths[0], costs[0]
+        base = c0 / (1 + self.prior_slope * (w0 - 1))
+        return base * (1 + self.prior_slope * (width - 1))
+
+    @staticmethod
+    def expected_tokens(alpha: float, k: int) -> float:
+        if alpha >= 1.0:
+            return k + 1.0
+        return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+    def rate(self, alpha: float, k: int, draft_cost: bool, drafter: str = "model") -> float:
+        step = 0.0
+        if draft_cost:
+            step = self.draft_steps.get(drafter)
+            step = 0.4 * self.target_cost(1) if step is None else step
+        return self.expected_tokens(alpha, k) / (self.target_cost(k + 1) + k * step)
+
+    def best_k(self, alpha: float, kmax: int, draft_cost: bool, drafter: str = "model") -> tuple[int, float]:
+        best = (0, self.rate(alpha, 0, draft_cost, drafter))
+        for k in range(1, kmax + 1):
+            r = self.rate(alpha, k, draft_cost, drafter)
+            if r > best[1]:
+                best = (k, r)
+        return best
+
+
+@dataclass(frozen=True)
+class Choice:
+    drafter: Drafter | None  # None: no draft this round
+    k: int = 0
+    key: str = "none"
+
+
+NO_DRAFT = Choice(None)
+
+
+class RoundPolicy:
+    """Chooses each round's drafter and draft length; learns costs and acceptance across
+    generations (they describe the device and the models, not one prompt)."""
+
+    def __init__(self, probe_every: int = 64):
+        self.cost = CostModel()
+        self.acceptance: dict[str, Acceptance] = {}
+        self.probe_every = probe_every
+        self._want: list[Drafter] = []  # the drafters the generation asked for, in order
+        self._free: list[Drafter] = []  # free drafters that may fill a wide call's spare position
+        self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
+
+    def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int) -> list[Drafter]:
+        """Start a generation with ``drafter`` (a name, ``auto`` or ``none``); returns the drafters
+        it may use, to be begun."""
+        if drafter == "none":
+            self._want = []
+        else:
+            self._want = list(drafters.values()) if drafter == "auto" else [drafters[drafter]]
+        self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
+        self._idle = {d.name: 0 for d in self._want if d.has_cost}
+        self.cost.min_width = min_width
+        return self._want + [d for d in self._free if d not in self._want]
+
+    def estimate(self, offer: Offer) -> Acceptance:
+        est = self.acceptance.get(offer.key)
+        if est is None:
+            est = self.acceptance[offer.key] = Acceptance(*offer.prior)
+        return est
+
+    def choose(self, ctx: TokenBuffer, kcap: int, fixed: int | None, max_draft: int) -> Choice:
+        """The drafter and k for the next round: at most ``kcap`` tokens fit; ``fixed`` is a fixed
+        draft length (None: adaptive, up to ``max_draft``)."""
+        kmax = min(kcap, fixed if fixed is not None else max_draft)
+        if kmax <= 0 or not self._want:
+            return NO_DRAFT
+        best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
+        for d in self._want:
+            offer = d.offer(ctx, kmax)
+            if offer is None:
+                continue
+            alpha = self.estimate(offer).alpha
+            if fixed is not None:
+                k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name)
+            else:
+                k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name)
+            if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
+                best, best_rate = Choice(d, k, offer.key), r
+        if fixed is None:
+            for d in self._want:  # probe a costly drafter left unused too long
+                if d is not best.drafter and self._idle.get(d.name, 0) >= self.probe_every:
+                    offer = d.offer(ctx, 1)
+                    if offer is not None:
+                        self.estimate(offer)
+                        return Choice(d, 1, offer.key)
+        if best.k == 0 and self.cost.min_width > 1:
+            for d in self._free:  # the target computes a second position anyway: fill it
+                offer = d.offer(ctx, 1)
+                if offer is not None:
+                    self.estimate(offer)
+                    return Choice(d, 1, offer.key)
+        return best
+
+    def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
+                width: int, seconds: float) -> None:
+        """A round ran: the chosen drafter drafted ``tokens`` (a step took ``step_s``), the target
+        kept ``n_accepted`` of them in a call of ``width`` tokens that took ``seconds``."""
+        self.cost.observe_target(width, seconds)
+        if tokens:
+            self.acceptance[choice.key].update(n_accepted, len(tokens))
+        if choice.drafter is not None and step_s is not None:
+            self.cost.observe_draft(step_s, choice.drafter.name)
+        for name in self._idle:
+            self._idle[name] = 0 if choice.drafter is not None and choice.drafter.name == name else self._idle[name] + 1
