@@ -33,23 +33,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from . import server_protocol as P
-from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
+from .errors import ConfigError, EdgespecError
 from .server_metrics import Metrics, RequestCounter
 
 log = logging.getLogger("edgespec.server")
-
-
-def stats_summary(st) -> dict:
-    """The per-request speculative statistics, read by name from the engine's live ``Stats``."""
-    def g(name, default=0):
-        return getattr(st, name, default) if st is not None else default
-
-    return {"prompt_tokens": g("prompt_tokens"), "reused_prompt_tokens": g("reused_prompt_tokens"),
-            "new_tokens": g("new_tokens"), "drafted_tokens": g("drafted"), "accepted_tokens": g("accepted"),
-            "target_calls": g("target_calls"), "acceptance_rate": round(float(g("acceptance_rate", 0.0)), 4),
-            "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
-            "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
-            "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None)}
 
 
 class Scheduler:
@@ -142,7 +129,7 @@ class Generation:
                     gen.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing the generation failed")
-            summary = stats_summary(last) if last is not None else None
+            summary = P.stats_summary(last) if last is not None else None
             try:
                 loop.call_soon_threadsafe(self._finished, q, summary, err, self._cancel.is_set())
             except RuntimeError:  # the loop is gone: the server is shutting down
@@ -153,22 +140,7 @@ class Generation:
         self.sched.busy = False
         self.sched.lock.release()
         self.sched.metrics.generation(summary, self.queue_ms, cancelled=cancelled, failed=err is not None)
-        q.put_nowait(("error", err) if err is not None else ("done", summary or stats_summary(None)))
-
-
-def _api_error(e: BaseException) -> P.APIError:
-    """An engine error met during a generation, as the client sees it (one line, no traceback)."""
-    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-    if isinstance(e, ContextOverflowError):
-        return P.APIError(400, msg, code="context_length_exceeded")
-    if isinstance(e, ConfigError):
-        return P.APIError(400, msg, code="invalid_value")
-    if isinstance(e, BusyError):
-        return P.APIError(503, msg, type="server_error", code="busy")
-    if isinstance(e, EdgespecError):
-        return P.APIError(500, msg, type="server_error", code=type(e).__name__)
-    return P.APIError(500, f"the generation failed ({type(e).__name__}: {msg}); see the server log",
-                      type="server_error", code="internal_error")
+        q.put_nowait(("error", err) if err is not None else ("done", summary or P.stats_summary(None)))
 
 
 async def _wait_disconnect(receive) -> None:
@@ -310,7 +282,7 @@ class Server:
             elif kind == "done":
                 return "".join(parts), val
             else:
-                raise _api_error(val)
+                raise P.engine_error(val)
         return None
 
     async def _sse(self, gen: Generation, req: P.GenRequest, rid: str, created: int, ext: dict):
@@ -329,7 +301,7 @@ class Server:
                         use = P.usage(val["prompt_tokens"], val["new_tokens"], val["reused_prompt_tokens"])
                         yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
                 else:
-                    yield P.sse(_api_error(val).body())
+                    yield P.sse(P.engine_error(val).body())
             yield P.SSE_DONE
         finally:
             gen.cancel()

@@ -1,6 +1,7 @@
 """The OpenAI wire format for ``edgespec serve``: request validation, response and chunk shapes, errors.
 
-Pure functions over dicts: no HTTP stack, no engine. ``server.py`` does the serving.
+Pure functions over dicts: no HTTP stack, no engine (its ``Stats`` and errors are read by name and
+type). ``server.py`` does the serving.
 
 Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, param, code}}`` body
 with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, logprobs, tools,
@@ -20,6 +21,8 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
 
 DRAFTERS = ("model", "prompt-lookup", "auto", "none")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -260,6 +263,34 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
 
 
 # -- responses ----------------------------------------------------------------------------------
+def stats_summary(st) -> dict:
+    """The per-request speculative statistics, read by name from the engine's live ``Stats``."""
+    def g(name, default=0):
+        return getattr(st, name, default) if st is not None else default
+
+    return {"prompt_tokens": g("prompt_tokens"), "reused_prompt_tokens": g("reused_prompt_tokens"),
+            "new_tokens": g("new_tokens"), "drafted_tokens": g("drafted"), "accepted_tokens": g("accepted"),
+            "target_calls": g("target_calls"), "acceptance_rate": round(float(g("acceptance_rate", 0.0)), 4),
+            "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
+            "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
+            "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None)}
+
+
+def engine_error(e: BaseException) -> APIError:
+    """An engine error met during a generation, as the client sees it (one line, no traceback)."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if isinstance(e, ContextOverflowError):
+        return APIError(400, msg, code="context_length_exceeded")
+    if isinstance(e, ConfigError):
+        return APIError(400, msg, code="invalid_value")
+    if isinstance(e, BusyError):
+        return APIError(503, msg, type="server_error", code="busy")
+    if isinstance(e, EdgespecError):
+        return APIError(500, msg, type="server_error", code=type(e).__name__)
+    return APIError(500, f"the generation failed ({type(e).__name__}: {msg}); see the server log",
+                    type="server_error", code="internal_error")
+
+
 def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
