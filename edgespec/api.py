@@ -50,7 +50,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     tensorrt) overrides the profile's list and is an error if it cannot run. ``verify`` hashes
     every weight file against the manifest.
     """
-    from .profiles import plan as make_plan, resolve_profile
+    from .planner import plan as make_plan
+    from .profiles import resolve_profile
 
     manifest = load_manifest(bundle, deep=verify)
     prof = resolve_profile(profile)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import ConfigError
+from .measure import high_water_rss, rss_now
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
@@ -62,32 +63,9 @@ class MemorySampler:
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def rss() -> int:
-        try:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            import resource
-
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    @staticmethod
-    def peak() -> int:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
     def _run(self):
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self._t0, self.rss()))
+            self.samples.append((time.perf_counter() - self._t0, rss_now()))
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -291,7 +269,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {name:13s} "
                         f"{tps:6.1f} tok/s  acc {acc:.2f}" + ("" if exact else "  differs from edgespec's greedy"))
                 history.append({"role": "assistant", "content": tok.decode(reply_ids)})
-    rep.memory = {"peak_bytes": MemorySampler.peak(), "planned_bytes": engine.plan.total,
+    rep.memory = {"peak_bytes": high_water_rss(), "planned_bytes": engine.plan.total,
                   "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}
     return rep
 

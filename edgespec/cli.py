@@ -8,6 +8,8 @@ import sys
 import click
 
 from .errors import EdgespecError
+from .manifest import DRAFTER_PRECISIONS, TARGET_PRECISIONS, Quality, Validation
+from .providers import PROVIDER_NAMES
 
 MiB = 1 << 20
 
@@ -32,9 +34,9 @@ def main():
 @click.argument("target")
 @click.option("--drafter", "drafter", default=None, help="Drafter model: HF directory, .gguf file or hub id.")
 @click.option("-o", "--output", "output", required=True, type=click.Path(), help="Bundle directory to write.")
-@click.option("--target-precision", type=click.Choice(["fp32", "fp16", "int4", "int8", "fp8"]), default="int4",
+@click.option("--target-precision", type=click.Choice(TARGET_PRECISIONS), default="int4",
               show_default=True)
-@click.option("--drafter-precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32",
+@click.option("--drafter-precision", type=click.Choice(DRAFTER_PRECISIONS), default="fp32",
               show_default=True)
 @click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
 @click.option("--block-size", type=int, default=32, show_default=True,
@@ -77,7 +79,7 @@ def _engine(bundle, profile, provider, max_context, threads, use_drafter=True):
 
 _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE",
                             help="Memory profile name or .toml path (env EDGESPEC_PROFILE).")
-_provider_opt = click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default=None,
+_provider_opt = click.option("--provider", type=click.Choice(PROVIDER_NAMES), default=None,
                              help="Execution provider (overrides the profile; an error if it cannot run).")
 
 def _sampling_opts(f):
@@ -252,7 +254,8 @@ def profiles(as_json):
 def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measure_tokens, as_json):
     """Show how a profile's memory budget is spent on BUNDLE, or why it does not fit."""
     from .manifest import load_manifest
-    from .profiles import plan, resolve_profile
+    from .planner import plan
+    from .profiles import resolve_profile
 
     prof = resolve_profile(profile)
     m = load_manifest(bundle)
@@ -305,49 +308,66 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
 @click.option("--json", "as_json", is_flag=True)
 def info(bundle, verify, as_json):
     """Describe a bundle: models, precisions, sizes, validation and quality figures."""
-    from .manifest import load_manifest
+    from .manifest import SCHEMA_VERSION, load_manifest
 
     m = load_manifest(bundle, deep=verify)
     if as_json:
-        click.echo(json.dumps(m.raw, indent=1, ensure_ascii=False))
+        click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
         return
-    click.echo(f"bundle {m.root}  (schema {m.raw['schema_version']}, {'sha256 verified' if verify else 'sizes checked'})")
-    click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {'yes' if m.chat_template else 'no'}")
+    click.echo(f"bundle {m.root}  (schema {SCHEMA_VERSION}, {'sha256 verified' if verify else 'sizes checked'})")
+    if m.created or m.sources:
+        click.echo(f"  exported {m.created or '(time not recorded)'} from "
+                   + ", ".join(f"{role} {src}" for role, src in m.sources.items()))
+    if m.tool_versions:
+        click.echo("  with " + ", ".join(f"{mod} {v}" for mod, v in m.tool_versions.items()))
+    vocab = f"  tokenizer vocab {m.tokenizer_vocab_size}" if m.tokenizer_vocab_size is not None else ""
+    click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {'yes' if m.chat_template else 'no'}"
+               + vocab)
     for spec in (m.target, m.drafter):
         if spec is None:
             continue
-        click.echo(f"  {spec.role}: {spec.architecture} {spec.precision} {spec.quant or ''}")
-        click.echo(f"    {spec.num_layers} layers, {spec.num_kv_heads} KV heads x {spec.head_dim}, vocab {spec.vocab_size}, "
-                   f"max context {spec.max_context}, KV {spec.kv_dtype} ({spec.kv_bytes_per_token / 1024:.1f} KiB/token)")
+        click.echo(f"  {spec.role}: {spec.architecture} {spec.precision} {spec.quant.to_dict() or ''}")
+        heads = f"{spec.num_attention_heads} attention heads, " if spec.num_attention_heads else ""
+        click.echo(f"    {spec.num_layers} layers, {heads}{spec.num_kv_heads} KV heads x {spec.head_dim}, "
+                   f"vocab {spec.vocab_size}, max context {spec.max_context}, "
+                   f"KV {spec.kv_dtype} ({spec.kv_bytes_per_token / 1024:.1f} KiB/token)")
         cpu = (f", {spec.cpu_resident_bytes / MiB:.1f} MiB resident once opened on the CPU EP (measured at export"
                + (f"; embedding tables of {spec.embedding_bytes / MiB:.1f} MiB stay mapped until read)"
                   if spec.embedding_bytes else ")")) if spec.cpu_resident_bytes is not None else ""
-        click.echo(f"    {spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
+        params = f"{spec.params / 1e6:.1f}M parameters, " if spec.params else ""
+        click.echo(f"    {params}{spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
+        if spec.operators:
+            click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
         for line in _report_lines(spec.validation, spec.quality):
             click.echo(f"    {line}")
 
 
-def _report_lines(v: dict, q: dict) -> list[str]:
-    """``info``'s validation and quality lines; a report with missing or odd fields (an older or
-    hand-edited manifest) is shown as such instead of failing."""
+def _report_lines(v: Validation, q: Quality) -> list[str]:
+    """``info``'s validation and quality lines; a report with missing fields (an older or
+    hand-edited manifest) is shown as such."""
     lines = []
-    try:
-        if v:
-            lines.append(f"validation vs torch: {'✓' if v.get('passed') else '✗'} max |Δlogit| "
-                         f"{max(v['max_abs_logit_diff'].values()):.3g}, top-1 {v['top1_agreement']:.3f}")
-    except (KeyError, TypeError, ValueError, AttributeError):
-        lines.append(f"validation vs torch: {'✓' if v.get('passed') else '✗'} (details missing from the manifest)")
-    try:
-        if q.get("perplexity"):
-            lines.append(f"quality: perplexity {q['perplexity_torch']} -> {q['perplexity']} "
-                         f"(Δ {q['perplexity_delta']:+}), top-1 {q['top1_agreement']}, KL {q['mean_kl']}, "
-                         f"greedy match {q['greedy_match_tokens']}/{q['greedy_match_of']}")
-    except (KeyError, TypeError, ValueError):
-        lines.append("quality: (report incomplete in the manifest)")
-    if "greedy_agreement_with_target" in q:
-        lines.append(f"predicted greedy acceptance (agreement with target): {q['greedy_agreement_with_target']}")
+    mark = "✓" if v.passed else "✗"
+    if v.max_abs_logit_diff and v.top1_agreement is not None:
+        tol = f" (tolerance {v.tolerance})" if v.tolerance is not None else ""
+        over = f" over {v.positions} positions" if v.positions else ""
+        lines.append(f"validation vs torch: {mark} max |Δlogit| {max(v.max_abs_logit_diff.values()):.3g}{tol}, "
+                     f"top-1 {v.top1_agreement:.3f}{over}")
+    elif v:
+        lines.append(f"validation vs torch: {mark} (details missing from the manifest)")
+    if q.perplexity:
+        if None in (q.perplexity_torch, q.perplexity_delta, q.top1_agreement, q.mean_kl, q.greedy_match_tokens,
+                    q.greedy_match_of):
+            lines.append("quality: (report incomplete in the manifest)")
+        else:
+            lines.append(f"quality: perplexity {q.perplexity_torch} -> {q.perplexity} "
+                         f"(Δ {q.perplexity_delta:+}), top-1 {q.top1_agreement}, KL {q.mean_kl}, "
+                         f"greedy match {list(q.greedy_match_tokens)}/{q.greedy_match_of}"
+                         + (f" ({q.tokens} tokens scored)" if q.tokens else ""))
+    if q.greedy_agreement_with_target is not None:
+        lines.append(f"predicted greedy acceptance (agreement with target): {q.greedy_agreement_with_target}"
+                     + (f" over {q.agreement_tokens} tokens" if q.agreement_tokens else ""))
     return lines
 
 

@@ -1,10 +1,16 @@
-"""The bundle manifest (``edgespec.json``): the only contract between export and runtime."""
+"""The bundle manifest (``edgespec.json``): the only contract between export and runtime.
+
+This module is its schema. The export stage builds these records and writes ``Manifest.to_dict()``
+(``write_manifest``); the runtime reads ``Manifest.from_dict()`` (``load_manifest``). Fields that
+bundles of earlier versions lack are optional, and the key those bundles used for
+``gpu_weight_bytes``, ``resident_bytes``, is still read.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +22,9 @@ MANIFEST_NAME = "edgespec.json"
 _HASH_ON_LOAD_LIMIT = 16 << 20
 KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
+# the weight precisions of a bundle's models, in the order the export CLI offers them
+TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
+DRAFTER_PRECISIONS = ("fp32", "fp16", "int8", "int4")
 
 
 def sha256_file(path: Path) -> str:
@@ -26,13 +35,123 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _req(d: dict, key: str, typ: type | tuple[type, ...], where: str) -> Any:
+def _is(v: Any, kind: Any) -> bool:
+    """``v`` is of ``kind``: a type (bool is no int, an int is a float), 'ints' (a list of
+    integers), 'floats' (an object of numbers) or 'counts' (an object of integers)."""
+    if kind == "ints":
+        return isinstance(v, (list, tuple)) and all(_is(x, int) for x in v)
+    if kind in ("floats", "counts"):
+        item = float if kind == "floats" else int
+        return isinstance(v, dict) and all(isinstance(k, str) and _is(x, item) for k, x in v.items())
+    if kind in (int, float) and isinstance(v, bool):
+        return False
+    return isinstance(v, (int, float) if kind is float else kind)
+
+
+def _req(d: dict, key: str, kind: Any, where: str) -> Any:
     if key not in d:
         raise ManifestError(f"manifest: {where} lacks '{key}'")
-    v = d[key]
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        raise ManifestError(f"manifest: {where}.{key} has the wrong type ({type(v).__name__})")
+    if not _is(d[key], kind):
+        raise ManifestError(f"manifest: {where}.{key} has the wrong type ({type(d[key]).__name__})")
+    return d[key]
+
+
+def _opt_count(d: dict, key: str, where: str) -> int | None:
+    v = d.get(key)
+    if v is not None and (not _is(v, int) or v < 0):
+        raise ManifestError(f"manifest: {where}.{key} must be a non-negative integer, got {v!r}")
     return v
+
+
+def _opt(kind: Any, where: str, d: dict, key: str) -> Any:
+    """``d[key]`` checked against ``kind``; None when absent or null."""
+    return None if d.get(key) is None else _req(d, key, kind, where)
+
+
+def _inside(root: Path, rel: str, where: str) -> Path:
+    p = (root / rel).resolve()
+    if os.path.commonpath([str(p), str(root.resolve())]) != str(root.resolve()):
+        raise BundleError(f"{where}: {rel!r} points outside the bundle directory")
+    return p
+
+
+def _rel(root: Path, path: Path) -> str:
+    return Path(os.path.relpath(path, Path(root).resolve())).as_posix()
+
+
+def _report(kind: Any):
+    """A field of a report record: None where the manifest does not say."""
+    return field(default=None, metadata={"kind": kind})
+
+
+class _Report:
+    """A record of optional fields (older bundles and skipped reports lack some or all): read with
+    their kinds checked, written without the absent ones; false when empty."""
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str):
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise ManifestError(f"manifest: {where} must be an object, got {d!r}")
+        vals = {f.name: _opt(f.metadata["kind"], where, d, f.name) for f in fields(cls)}
+        vals = {k: tuple(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+                for k, v in vals.items() if v is not None}
+        return cls(**vals)
+
+    def to_dict(self) -> dict:
+        vals = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
+                for k, v in vals.items() if v is not None}
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+
+@dataclass(frozen=True)
+class Quantization(_Report):
+    """How the weights were quantized: MatMulNBits' options (int4, int8) or FP8's format, scales
+    and measured error (fp8); empty for float models."""
+
+    block_size: int | None = _report(int)
+    symmetric: bool | None = _report(bool)  # int4/int8: without zero points
+    accuracy_level: int | None = _report(int)  # MatMulNBits compute type
+    quantize_lm_head: bool | None = _report(bool)
+    quantize_embeddings: bool | None = _report(bool)
+    algorithm: str | None = _report(str)  # rtn | k_quant
+    format: str | None = _report(str)  # fp8: the weights' element type
+    scheme: str | None = _report(str)  # fp8: channel | block scales
+    matmuls: int | None = _report(int)  # fp8: MatMul weights converted
+    lm_head: bool | None = _report(bool)  # fp8: the lm_head converted too
+    weight_bytes: int | None = _report(int)  # fp8: bytes of the converted weights and scales
+    relative_weight_error: float | None = _report(float)  # fp8: ||dequantized - w|| / ||w||
+
+
+@dataclass(frozen=True)
+class Validation(_Report):
+    """The exported graph against torch through edgespec's runtime, at export."""
+
+    max_abs_logit_diff: dict | None = _report("floats")  # phase -> largest |logit difference|
+    top1_agreement: float | None = _report(float)
+    positions: int | None = _report(int)
+    tolerance: float | None = _report(float)  # the precision's |Δlogit| bound; None: judged by top-1
+    passed: bool | None = _report(bool)
+
+
+@dataclass(frozen=True)
+class Quality(_Report):
+    """The quality report at export (export/quality.py); the drafter's adds its agreement with the target."""
+
+    perplexity_torch: float | None = _report(float)
+    perplexity: float | None = _report(float)
+    perplexity_delta: float | None = _report(float)
+    top1_agreement: float | None = _report(float)
+    mean_kl: float | None = _report(float)
+    greedy_match_tokens: tuple[int, ...] | None = _report("ints")  # per continuation prompt
+    greedy_match_of: int | None = _report(int)
+    tokens: int | None = _report(int)  # tokens scored
+    greedy_agreement_with_target: float | None = _report(float)
+    agreement_tokens: int | None = _report(int)
 
 
 @dataclass(frozen=True)
@@ -57,6 +176,9 @@ class ModelIO:
         return cls(position_ids=pos if isinstance(pos, str) else None, **names)
 
 
+_DIMS = ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     role: str
@@ -72,13 +194,17 @@ class ModelSpec:
     kv_dtype: str
     io: ModelIO
     tokenizer_sha256: str
-    files: dict[str, dict]
+    files: dict[str, dict]  # path relative to the bundle -> {"bytes": int, "sha256": str}
     bytes_on_disk: int
-    resident_bytes: int
-    quant: dict = field(default_factory=dict)
-    validation: dict = field(default_factory=dict)
-    quality: dict = field(default_factory=dict)
+    # what the weights take on a GPU provider, which copies every initializer to the device: the
+    # bytes on disk (written as 'resident_bytes' before this name)
+    gpu_weight_bytes: int
+    quant: Quantization = field(default_factory=Quantization)
+    validation: Validation = field(default_factory=Validation)
+    quality: Quality = field(default_factory=Quality)
     params: int = 0
+    num_attention_heads: int | None = None
+    operators: dict[str, int] = field(default_factory=dict)  # counts of the operators export reports
     # resident bytes once opened on the CPU EP, measured at export in a fresh process (None in
     # bundles exported before it was recorded); float tables read only by Gather (embeddings),
     # which the CPU EP leaves mapped from the file: a row becomes resident when a token reads it
@@ -87,12 +213,12 @@ class ModelSpec:
     embedding_row_bytes: int = 0
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
-        """Memory the weights take at ``context`` tokens: on a GPU provider every initializer is
-        copied to the device (the bytes on disk, ``resident_bytes``); on the CPU EP the footprint
-        measured at export plus the embedding rows ``context`` distinct tokens can read (a row
-        plus one page, as a row rarely starts on a page boundary)."""
+        """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
+        (every initializer copied to the device); on the CPU EP the footprint measured at export
+        plus the embedding rows ``context`` distinct tokens can read (a row plus one page, as a row
+        rarely starts on a page boundary)."""
         if gpu or self.cpu_resident_bytes is None:
-            return self.resident_bytes
+            return self.gpu_weight_bytes
         rows = min(context, self.vocab_size) * (self.embedding_row_bytes + PAGE) if self.embedding_row_bytes else 0
         return self.cpu_resident_bytes + min(rows, self.embedding_bytes)
 
@@ -102,6 +228,64 @@ class ModelSpec:
 
     def kv_bytes(self, context: int) -> int:
         return self.kv_bytes_per_token * context
+
+    @classmethod
+    def from_dict(cls, d: Any, root: str | os.PathLike, role: str) -> "ModelSpec":
+        """The model of manifest entry ``models.<role>``, its paths relative to the bundle directory ``root``."""
+        root, where = Path(root), f"models.{role}"
+        if not isinstance(d, dict):
+            raise ManifestError(f"manifest: {where} must be an object")
+        path = _inside(root, _req(d, "path", str, where), f"manifest {where}.path")
+        files = _req(d, "files", dict, where)
+        for frel, meta in files.items():
+            _inside(root, frel, f"manifest {where}.files")
+            if not isinstance(meta, dict) or not _is(meta.get("bytes"), int):
+                raise ManifestError(f"manifest: {where}.files[{frel!r}] needs 'bytes'")
+            if not isinstance(meta.get("sha256", ""), str):
+                raise ManifestError(f"manifest: {where}.files[{frel!r}].sha256 must be a string")
+        kv_dtype = _req(d, "kv_dtype", str, where)
+        if kv_dtype not in KV_DTYPES:
+            raise ManifestError(f"manifest: {where}.kv_dtype {kv_dtype!r} is not one of {sorted(KV_DTYPES)}")
+        precision = _req(d, "precision", str, where)
+        if precision not in TARGET_PRECISIONS:  # every precision there is
+            raise ManifestError(f"manifest: {where}.precision {precision!r} is not one of "
+                                f"{', '.join(TARGET_PRECISIONS)}")
+        dims = {k: _req(d, k, int, where) for k in _DIMS}
+        for k, v in dims.items():
+            if v <= 0:
+                raise ManifestError(f"manifest: {where}.{k} must be positive, got {v}")
+        on_disk = sum(m["bytes"] for m in files.values())
+        gpu = _opt_count(d, "gpu_weight_bytes", where)
+        old = _opt_count(d, "resident_bytes", where)  # the same figure, as bundles before 'gpu_weight_bytes' name it
+        return cls(
+            role=role, path=path, architecture=_req(d, "architecture", str, where), precision=precision,
+            kv_dtype=kv_dtype, io=ModelIO.from_dict(_req(d, "io", dict, where), f"{where}.io"),
+            tokenizer_sha256=_req(d, "tokenizer_sha256", str, where), files={k: dict(v) for k, v in files.items()},
+            bytes_on_disk=on_disk, gpu_weight_bytes=gpu if gpu is not None else old if old is not None else on_disk,
+            quant=Quantization.from_dict(d.get("quant"), f"{where}.quant"),
+            validation=Validation.from_dict(d.get("validation"), f"{where}.validation"),
+            quality=Quality.from_dict(d.get("quality"), f"{where}.quality"),
+            params=_opt_count(d, "params", where) or 0,
+            num_attention_heads=_opt_count(d, "num_attention_heads", where),
+            operators=dict(_opt("counts", where, d, "operators") or {}),
+            cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
+            embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
+            embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, **dims,
+        )
+
+    def to_dict(self, root: str | os.PathLike) -> dict:
+        """This model's manifest entry, its paths relative to the bundle directory ``root``."""
+        return {
+            "path": _rel(root, self.path), "architecture": self.architecture, "precision": self.precision,
+            "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
+            "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,
+            "io": asdict(self.io), "tokenizer_sha256": self.tokenizer_sha256,
+            "files": {k: dict(v) for k, v in self.files.items()}, "gpu_weight_bytes": self.gpu_weight_bytes,
+            "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
+            "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,
+            "validation": self.validation.to_dict(), "quality": self.quality.to_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -115,78 +299,57 @@ class Manifest:
     add_bos: bool
     chat_template: str | None
     tokenizer_dir: Path
-    tool_versions: dict
-    raw: dict
+    tool_versions: dict[str, str] = field(default_factory=dict)  # module -> version, at export
+    created: str | None = None  # UTC time of the export, ISO 8601
+    sources: dict[str, str] = field(default_factory=dict)  # role -> the model exported, as given
+    tokenizer_vocab_size: int | None = None  # the tokenizer's own (a model's vocab_size may be padded)
 
     @property
     def max_context(self) -> int:
         return self.target.max_context
 
+    @classmethod
+    def from_dict(cls, raw: Any, root: str | os.PathLike) -> "Manifest":
+        """The manifest ``raw`` (parsed JSON) of the bundle directory ``root``; checks the schema
+        and that target and drafter share a tokenizer, not the files (``check_files``)."""
+        root = Path(root)
+        mpath = root / MANIFEST_NAME
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{mpath}: top level must be an object")
+        version = _req(raw, "schema_version", int, "manifest")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(f"{mpath}: schema_version {version} is not supported (this edgespec reads {SCHEMA_VERSION})")
+        models = _req(raw, "models", dict, "manifest")
+        if "target" not in models:
+            raise ManifestError(f"{mpath}: no target model")
+        target = ModelSpec.from_dict(models["target"], root, "target")
+        drafter = ModelSpec.from_dict(models["drafter"], root, "drafter") if models.get("drafter") else None
+        eos = raw.get("eos_token_ids") or []
+        if not _is(eos, "ints"):
+            raise ManifestError(f"{mpath}: eos_token_ids must be a list of integers")
+        tok = _req(raw, "tokenizer", dict, "manifest")
+        for key, kind in (("name", str), ("bos_token_id", int), ("chat_template", str), ("created", str),
+                          ("tool_versions", dict), ("sources", dict)):
+            _opt(kind, "manifest", raw, key)
+        m = cls(root=root, name=raw.get("name") or root.name, target=target, drafter=drafter,
+                eos_token_ids=tuple(eos), bos_token_id=raw.get("bos_token_id"), add_bos=bool(raw.get("add_bos", False)),
+                chat_template=raw.get("chat_template"),
+                tokenizer_dir=_inside(root, _req(tok, "dir", str, "manifest.tokenizer"), "manifest tokenizer.dir"),
+                tool_versions={str(k): str(v) for k, v in (raw.get("tool_versions") or {}).items()},
+                created=raw.get("created"), sources={str(k): str(v) for k, v in (raw.get("sources") or {}).items()},
+                tokenizer_vocab_size=_opt_count(tok, "vocab_size", "manifest.tokenizer"))
+        if drafter is not None:
+            check_pair(target, drafter)
+        return m
 
-def _opt_count(d: dict, key: str, where: str) -> int | None:
-    v = d.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ManifestError(f"manifest: {where}.{key} must be a non-negative integer, got {v!r}")
-    return v
-
-
-def _opt_obj(d: dict, key: str, where: str) -> dict:
-    v = d.get(key)
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ManifestError(f"manifest: {where}.{key} must be an object, got {v!r}")
-    return dict(v)
-
-
-def _inside(root: Path, rel: str, where: str) -> Path:
-    p = (root / rel).resolve()
-    if os.path.commonpath([str(p), str(root.resolve())]) != str(root.resolve()):
-        raise BundleError(f"{where}: {rel!r} points outside the bundle directory")
-    return p
-
-
-def _model_spec(root: Path, role: str, d: Any) -> ModelSpec:
-    where = f"models.{role}"
-    if not isinstance(d, dict):
-        raise ManifestError(f"manifest: {where} must be an object")
-    rel = _req(d, "path", str, where)
-    path = _inside(root, rel, f"manifest {where}.path")
-    files = _req(d, "files", dict, where)
-    for frel, meta in files.items():
-        _inside(root, frel, f"manifest {where}.files")
-        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int):
-            raise ManifestError(f"manifest: {where}.files[{frel!r}] needs 'bytes'")
-    kv_dtype = _req(d, "kv_dtype", str, where)
-    if kv_dtype not in KV_DTYPES:
-        raise ManifestError(f"manifest: {where}.kv_dtype {kv_dtype!r} is not one of {sorted(KV_DTYPES)}")
-    ints = {k: _req(d, k, int, where) for k in
-            ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context")}
-    for k, v in ints.items():
-        if v <= 0:
-            raise ManifestError(f"manifest: {where}.{k} must be positive, got {v}")
-    return ModelSpec(
-        role=role,
-        path=path,
-        architecture=_req(d, "architecture", str, where),
-        precision=_req(d, "precision", str, where),
-        kv_dtype=kv_dtype,
-        io=ModelIO.from_dict(_req(d, "io", dict, where), f"{where}.io"),
-        tokenizer_sha256=_req(d, "tokenizer_sha256", str, where),
-        files=files,
-        bytes_on_disk=sum(m["bytes"] for m in files.values()),
-        resident_bytes=_opt_count(d, "resident_bytes", where) or sum(m["bytes"] for m in files.values()),
-        quant=_opt_obj(d, "quant", where),
-        validation=_opt_obj(d, "validation", where),
-        quality=_opt_obj(d, "quality", where),
-        params=_opt_count(d, "params", where) or 0,
-        cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
-        embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
-        embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0,
-        **ints,
-    )
+    def to_dict(self) -> dict:
+        """The manifest as written to ``edgespec.json``, paths relative to ``root``."""
+        return {"schema_version": SCHEMA_VERSION, "name": self.name, "created": self.created,
+                "sources": dict(self.sources), "tool_versions": dict(self.tool_versions),
+                "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id, "add_bos": self.add_bos,
+                "chat_template": self.chat_template,
+                "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size},
+                "models": {s.role: s.to_dict(self.root) for s in (self.target, self.drafter) if s is not None}}
 
 
 def check_files(m: Manifest, deep: bool = False) -> None:
@@ -221,38 +384,19 @@ def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = Fa
         raw = json.loads(mpath.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{mpath} is corrupt: {e}") from None
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{mpath}: top level must be an object")
-    version = _req(raw, "schema_version", int, "manifest")
-    if version != SCHEMA_VERSION:
-        raise ManifestError(f"{mpath}: schema_version {version} is not supported (this edgespec reads {SCHEMA_VERSION})")
-    models = _req(raw, "models", dict, "manifest")
-    if "target" not in models:
-        raise ManifestError(f"{mpath}: no target model")
-    target = _model_spec(root, "target", models["target"])
-    drafter = _model_spec(root, "drafter", models["drafter"]) if models.get("drafter") else None
-    eos = raw.get("eos_token_ids") or []
-    if not isinstance(eos, list) or not all(isinstance(x, int) for x in eos):
-        raise ManifestError(f"{mpath}: eos_token_ids must be a list of integers")
-    tok = _req(raw, "tokenizer", dict, "manifest")
-    m = Manifest(
-        root=root,
-        name=str(raw.get("name", root.name)),
-        target=target,
-        drafter=drafter,
-        eos_token_ids=tuple(eos),
-        bos_token_id=raw.get("bos_token_id"),
-        add_bos=bool(raw.get("add_bos", False)),
-        chat_template=raw.get("chat_template"),
-        tokenizer_dir=_inside(root, _req(tok, "dir", str, "manifest.tokenizer"), "manifest tokenizer.dir"),
-        tool_versions=dict(raw.get("tool_versions") or {}),
-        raw=raw,
-    )
-    if drafter is not None:
-        check_pair(target, drafter)
+    m = Manifest.from_dict(raw, root)
     if check:
         check_files(m, deep=deep)
     return m
+
+
+def write_manifest(m: Manifest) -> Path:
+    """Write ``m.to_dict()`` to ``m.root/edgespec.json``, replacing it atomically."""
+    path = m.root / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(m.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 def check_pair(target: ModelSpec, drafter: ModelSpec) -> None:

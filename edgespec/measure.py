@@ -31,10 +31,26 @@ class MemorySample:
         return asdict(self)
 
 
+# -- this process's resident memory: edgespec's one reader of it (bench samples it too) --------
 def peak_rss() -> int:
     """Peak resident set of this process in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r) if sys.platform == "darwin" else int(r) * 1024
+
+
+def rss_now() -> int:
+    """Resident set of this process now, in bytes: ``/proc/self/statm`` (cheap enough to sample
+    every few milliseconds), or the peak (``peak_rss``) where there is no /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_rss()
+
+
+def high_water_rss() -> int:
+    """Peak resident set in bytes: ``VmHWM`` from /proc, or ``peak_rss`` where there is no /proc."""
+    return proc_status().get("VmHWM") or peak_rss()
 
 
 def proc_status(path: Path = Path("/proc/self/status")) -> dict[str, int]:
@@ -137,11 +153,11 @@ def _footprint_here(root: str, role: str) -> int:
     import numpy  # noqa: F401  (imported by the runtime before any session opens)
     import onnxruntime  # noqa: F401
 
-    from .manifest import _model_spec
+    from .manifest import ModelSpec
     from .onnx_lm import OnnxLM
     from .providers import choose
 
-    spec = _model_spec(Path(root), role, json.loads(sys.stdin.read()))
+    spec = ModelSpec.from_dict(json.loads(sys.stdin.read()), root, role)
     before = proc_status().get("VmRSS")
     if before is None:
         raise OSError("no /proc/self/status here: cannot read the resident set")

@@ -1,9 +1,7 @@
-"""Memory-budget profiles (TOML) and the memory planner.
+"""Memory-budget profiles (TOML): loading, checking, listing and resolving them.
 
 A profile says how much memory edgespec may use on a device, which execution providers to try,
-and the drafting policy. ``plan(manifest, profile)`` spends that budget: weights of target and
-drafter, both KV caches at the chosen context, working memory; it cuts the context first, then
-the model drafter (in favour of prompt lookup), or refuses with ``BudgetError`` naming the numbers.
+and the drafting policy; ``edgespec.planner.plan`` spends its budget on a bundle.
 """
 from __future__ import annotations
 
@@ -11,22 +9,13 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Sequence
 
-from .errors import BudgetError, ConfigError, ProfileError
-from .manifest import Manifest
-from .providers import PROVIDER_NAMES, is_gpu
+from .errors import ProfileError
+from .providers import PROVIDER_NAMES
 
 MiB = 1 << 20
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 _PACKAGED = Path(__file__).resolve().parent / "profiles"
-
-# Fixed runtime cost measured on CPU with onnxruntime 1.31: the interpreter, numpy, onnxruntime,
-# tokenizers and a session's arena before any model weight (see tests/test_planner.py).
-RUNTIME_BASE_BYTES = 150 * MiB
-# Added when the first provider is CUDA or TensorRT: the CUDA context, cuBLAS/cuDNN handles and their
-# workspaces. An estimate (typically 300-600 MiB on recent NVIDIA GPUs), not measured in this project.
-GPU_RUNTIME_BYTES = 512 * MiB
 MIN_CONTEXT = 512
 
 
@@ -89,13 +78,13 @@ def _check(name: str, data: dict, where: str) -> Profile:
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= 64, "an integer in 0..64")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
     need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "none"), "auto, model, prompt-lookup or none")
-    need("providers", lambda v: isinstance(v, list) and v and all(p in ("cpu", "cuda", "tensorrt") for p in v),
-         "a non-empty list of cpu, cuda, tensorrt")
+    need("providers", lambda v: isinstance(v, list) and v and all(p in PROVIDER_NAMES for p in v),
+         f"a non-empty list of {', '.join(PROVIDER_NAMES)}")
     need("provider_options", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
          "a table of tables")
     for prov, opts in vals.get("provider_options", {}).items():
         if prov not in PROVIDER_NAMES:
-            raise ProfileError(f"{where}: provider_options.{prov} is not a provider (cpu, cuda, tensorrt)")
+            raise ProfileError(f"{where}: provider_options.{prov} is not a provider ({', '.join(PROVIDER_NAMES)})")
         for k, v in opts.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a string, number or boolean")
@@ -154,144 +143,3 @@ def resolve_profile(profile: "Profile | str | os.PathLike | None") -> Profile:
             return load_profile(f)
     names = ", ".join(p.name for p in list_profiles())
     raise ProfileError(f"unknown profile {s!r}; known: {names or 'none'} (or give a .toml path)")
-
-
-@dataclass(frozen=True)
-class Plan:
-    budget: int
-    context: int
-    drafter: str  # 'model' when the model drafter is loaded, else 'none'
-    default_drafter: str  # what generation uses by default
-    prefill_chunk: int
-    weights: dict[str, int]
-    kv: dict[str, int]
-    working: int
-    runtime: int
-    cuts: tuple[str, ...]
-    warnings: tuple[str, ...] = ()
-    gpu: bool = False  # the runtime row includes the CUDA allowance (GPU_RUNTIME_BYTES)
-    weights_basis: str = ""  # where the weight figures come from
-
-    @property
-    def total(self) -> int:
-        return sum(self.weights.values()) + sum(self.kv.values()) + self.working + self.runtime
-
-    def rows(self) -> list[tuple[str, int]]:
-        r = [(f"weights {k}", v) for k, v in self.weights.items()]
-        r += [(f"KV cache {k} ({self.context} tokens)", v) for k, v in self.kv.items()]
-        runtime = "runtime (onnxruntime, python, CUDA context)" if self.gpu else "runtime (onnxruntime, python)"
-        r += [("working memory (logits, activations)", self.working), (runtime, self.runtime)]
-        return r
-
-    def to_dict(self) -> dict:
-        return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
-                "default_drafter": self.default_drafter, "prefill_chunk": self.prefill_chunk,
-                "weights": self.weights, "kv": self.kv, "working": self.working, "runtime": self.runtime,
-                "gpu": self.gpu, "weights_basis": self.weights_basis, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
-
-
-def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
-    """Transient memory of the biggest call: logits (onnxruntime's output and our float32 view) and
-    activations of a prefill chunk (hidden states and MLP intermediates, about 16 x hidden); plus
-    each model's logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept)."""
-    from .onnx_lm import OWN_LOGITS_MAX_WIDTH
-
-    specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
-    biggest = 0
-    for s in specs:
-        logits = chunk * s.vocab_size * 4 * 2
-        act = chunk * s.hidden_size * 4 * 16
-        biggest = max(biggest, logits + act)
-    return biggest + sum(OWN_LOGITS_MAX_WIDTH * s.vocab_size * 4 for s in specs)
-
-
-def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,
-         providers: Sequence[str] | None = None) -> Plan:
-    """Spend ``profile``'s budget on ``manifest``'s models; ``providers`` (default: the profile's)
-    decides whether the CUDA runtime allowance is counted."""
-    if max_context is not None and max_context < 1:
-        raise ConfigError(f"max_context must be a positive number of tokens, got {max_context}")
-    budget = profile.budget_bytes
-    limit = manifest.target.max_context
-    if manifest.drafter is not None:
-        limit = min(limit, manifest.drafter.max_context)
-    want_ctx = min(max_context or profile.max_context, limit)
-    floor = min(profile.min_context, want_ctx)
-    warnings = []
-    if max_context and max_context > limit:
-        warnings.append(f"asked for a context of {max_context} tokens; this bundle allows {limit}")
-    gpu = is_gpu((list(providers) if providers else list(profile.providers))[0])
-    runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES if gpu else 0)
-    if profile.kv_dtype != "auto" and profile.kv_dtype != manifest.target.kv_dtype:
-        warnings.append(f"profile asks for a {profile.kv_dtype} KV cache; this bundle's graphs use "
-                        f"{manifest.target.kv_dtype}")
-    want_drafter = use_drafter and manifest.drafter is not None and profile.drafter in ("auto", "model")
-    cuts: list[str] = []
-    chunk = profile.prefill_chunk
-
-    def weights_basis(with_drafter: bool) -> str:
-        if gpu:
-            return "bytes on disk (a GPU provider copies every initializer to the device)"
-        used = [manifest.target] + ([manifest.drafter] if with_drafter else [])
-        measured = [s.role for s in used if s.cpu_resident_bytes is not None]
-        if len(measured) == len(used):
-            return "resident on the CPU EP as measured at export, plus the embedding rows the context can read"
-        if not measured:
-            return ("bytes on disk (this bundle records no CPU measurement; scripts/refresh_sizes.py "
-                    "measures it)")
-        return (f"{', '.join(measured)} as measured on the CPU EP at export; "
-                f"{', '.join(s.role for s in used if s.role not in measured)} as bytes on disk")
-
-    def build(ctx: int, with_drafter: bool) -> Plan:
-        weights = {"target": manifest.target.weight_bytes(gpu, ctx)}
-        kv = {"target": manifest.target.kv_bytes(ctx)}
-        if with_drafter:
-            weights["drafter"] = manifest.drafter.weight_bytes(gpu, ctx)
-            kv["drafter"] = manifest.drafter.kv_bytes(ctx)
-        default = profile.drafter
-        if not with_drafter and default in ("auto", "model"):
-            default = "auto" if default == "auto" else "prompt-lookup"
-        return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
-                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), gpu,
-                    weights_basis(with_drafter))
-
-    def fit_context(with_drafter: bool) -> int | None:
-        """The largest context that fits: the one asked for, else the largest multiple of 64 above
-        the floor, else the floor itself; None when not even the floor fits. A plan's total never
-        falls as the context grows (KV, and on the CPU the embedding rows read), so a binary search
-        finds it."""
-        def fits(ctx: int) -> bool:
-            return build(ctx, with_drafter).total <= budget
-
-        if fits(want_ctx):
-            return want_ctx
-        if not fits(floor):
-            return None
-        lo, hi = -(-floor // 64), (want_ctx - 1) // 64  # multiples of 64 in [floor, want_ctx)
-        best = floor
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if fits(mid * 64):
-                best, lo = mid * 64, mid + 1
-            else:
-                hi = mid - 1
-        return best
-
-    ctx = fit_context(want_drafter)
-    if ctx is not None:
-        if ctx < want_ctx:
-            cuts.append(f"context {want_ctx} -> {ctx} tokens")
-        return build(ctx, want_drafter)
-    if want_drafter:
-        ctx = fit_context(False)
-        if ctx is not None:
-            cuts.append("model drafter dropped (prompt lookup instead)")
-            if ctx < want_ctx:
-                cuts.insert(0, f"context {want_ctx} -> {ctx} tokens")
-            return build(ctx, False)
-    smallest = build(floor, False)
-    raise BudgetError(
-        f"the budget of {budget / MiB:.0f} MiB ({profile.name}) cannot hold this bundle: at the minimum context "
-        f"of {floor} tokens without a drafter it needs {smallest.total / MiB:.0f} MiB "
-        f"(weights {sum(smallest.weights.values()) / MiB:.0f} MiB, KV {sum(smallest.kv.values()) / MiB:.0f} MiB, "
-        f"working {smallest.working / MiB:.0f} MiB, runtime {smallest.runtime / MiB:.0f} MiB)")

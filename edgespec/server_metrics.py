@@ -10,29 +10,16 @@ import threading
 from collections import Counter
 from typing import Callable
 
+from .measure import peak_rss, proc_status
+
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
 def _memory() -> dict:
-    """Resident and peak resident bytes of this process (Linux /proc; elsewhere peak only)."""
-    out = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(rest.split()[0]) * 1024
-    except OSError:
-        pass
-    if "VmHWM" not in out:
-        try:
-            import resource
-            import sys
-
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            out["VmHWM"] = peak if sys.platform == "darwin" else peak * 1024
-        except (ImportError, OSError):
-            pass
+    """Resident (``VmRSS``, Linux only) and peak resident (``VmHWM``, or ``ru_maxrss`` where there
+    is no /proc) bytes of this process, read by ``edgespec.measure``."""
+    out = proc_status()
+    out.setdefault("VmHWM", peak_rss())
     return out
 
 

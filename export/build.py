@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgespec.errors import ExportError
-
-TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
-DRAFTER_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+from edgespec.manifest import Quantization
 
 
 @dataclass(frozen=True)
@@ -41,10 +39,11 @@ class QuantOptions:
     def is_symmetric(self) -> bool:
         return bool(self.symmetric)
 
-    def to_dict(self) -> dict:
-        return {"block_size": self.block_size, "symmetric": self.is_symmetric, "accuracy_level": self.accuracy_level,
-                "quantize_lm_head": self.quantize_lm_head, "quantize_embeddings": self.quantize_embeddings,
-                "algorithm": self.algorithm}
+    def record(self) -> Quantization:
+        """The manifest's record of an int4/int8 quantization with these options."""
+        return Quantization(block_size=self.block_size, symmetric=self.is_symmetric,
+                            accuracy_level=self.accuracy_level, quantize_lm_head=self.quantize_lm_head,
+                            quantize_embeddings=self.quantize_embeddings, algorithm=self.algorithm)
 
 
 @dataclass

@@ -11,9 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from edgespec.errors import ExportError
-from edgespec.manifest import MANIFEST_NAME, SCHEMA_VERSION, _model_spec, check_pair, sha256_file
+from edgespec.manifest import (DRAFTER_PRECISIONS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec, Quantization,
+                               sha256_file, write_manifest)
 
-from .build import DRAFTER_PRECISIONS, TARGET_PRECISIONS, QuantOptions, run_builder
+from .build import QuantOptions, run_builder
 from .source import Source, load_model, load_tokenizer, resolve
 from .validate import validate
 
@@ -102,8 +103,9 @@ def measured_sizes(root: Path, role: str, entry: dict, log=None) -> dict:
     return out
 
 
-def _model_entry(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
-                 fingerprint: str, max_context: int) -> dict:
+def _describe(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
+              fingerprint: str, max_context: int) -> ModelSpec:
+    """The manifest's record of the graph the builder wrote for ``role`` under ``root``."""
     dec = build.genai_config["model"]["decoder"]
     files = {}
     mdir = build.model_dir
@@ -117,37 +119,38 @@ def _model_entry(root: Path, role: str, build, config, precision: str, quant: Qu
     model_file = mdir / dec.get("filename", "model.onnx")
     ops = _ops(model_file)
     params = sum(int(p.numel()) for p in config["_params"])
-    return {
-        "path": f"{role}/{model_file.name}",
-        "architecture": config["model_type"],
-        "precision": precision,
-        "quant": quant.to_dict() if quant and precision in ("int4", "int8") else {},
-        "num_layers": int(dec["num_hidden_layers"]),
-        "num_kv_heads": int(dec["num_key_value_heads"]),
-        "head_dim": int(dec["head_size"]),
-        "hidden_size": int(dec["hidden_size"]),
-        "num_attention_heads": int(dec["num_attention_heads"]),
-        "vocab_size": int(build.genai_config["model"]["vocab_size"]),
-        "max_context": int(max_context),
-        "kv_dtype": _kv_dtype(model_file),
-        "io": {
-            "input_ids": ins["input_ids"], "attention_mask": ins["attention_mask"],
-            "position_ids": ins.get("position_ids"),
-            "past_key": ins["past_key_names"], "past_value": ins["past_value_names"],
-            "present_key": outs["present_key_names"], "present_value": outs["present_value_names"],
-            "logits": outs["logits"],
-        },
-        "tokenizer_sha256": fingerprint,
-        "files": files,
-        "resident_bytes": sum(v["bytes"] for v in files.values()),
-        "params": params,
-        "operators": {k: v for k, v in sorted(ops.items()) if k in (
+    on_disk = sum(v["bytes"] for v in files.values())
+    return ModelSpec(
+        role=role,
+        path=(root / role / model_file.name).resolve(),
+        architecture=config["model_type"],
+        precision=precision,
+        quant=quant.record() if quant and precision in ("int4", "int8") else Quantization(),
+        num_layers=int(dec["num_hidden_layers"]),
+        num_kv_heads=int(dec["num_key_value_heads"]),
+        head_dim=int(dec["head_size"]),
+        hidden_size=int(dec["hidden_size"]),
+        num_attention_heads=int(dec["num_attention_heads"]),
+        vocab_size=int(build.genai_config["model"]["vocab_size"]),
+        max_context=int(max_context),
+        kv_dtype=_kv_dtype(model_file),
+        io=ModelIO(
+            input_ids=ins["input_ids"], attention_mask=ins["attention_mask"], position_ids=ins.get("position_ids"),
+            past_key=ins["past_key_names"], past_value=ins["past_value_names"],
+            present_key=outs["present_key_names"], present_value=outs["present_value_names"], logits=outs["logits"],
+        ),
+        tokenizer_sha256=fingerprint,
+        files=files,
+        bytes_on_disk=on_disk,
+        gpu_weight_bytes=on_disk,
+        params=params,
+        operators={k: v for k, v in sorted(ops.items()) if k in (
             "MatMulNBits", "GroupQueryAttention", "MatMul", "DequantizeLinear", "GatherBlockQuantized", "Gather")},
-    }
+    )
 
 
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
-                max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None) -> dict:
+                max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None) -> ModelSpec:
     import torch  # noqa: F401  (export-time only)
 
     hf_dir = stage / f"_hf_{role}"
@@ -184,30 +187,29 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
         fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
                                 log=progress.log)
-    entry = _model_entry(stage, role, build, config, precision, quant, fingerprint, ctx)
+    spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx)
     if fp8 is not None:
-        entry["quant"] = fp8
+        spec = replace(spec, quant=fp8)
     del params, config
     gc.collect()
     progress.log(f"    {role}: measuring the graph's resident memory once opened on the CPU EP")
-    entry.update(measured_sizes(stage, role, entry, log=progress.log))
+    spec = replace(spec, **measured_sizes(stage, role, spec.to_dict(stage), log=progress.log))
     # keep only the graph, its data and genai_config.json (for side-by-side runs with onnxruntime-genai)
     for f in (stage / role).iterdir():
         if not (f.name.startswith("model.onnx") or f.name == "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
     progress.step(f"{role}: validating the graph against torch through edgespec's runtime")
     model = load_model(Source(str(build_input), "hf-dir", build_input)) if build_input != src.path else load_model(src)
-    spec = _model_spec(stage, role, entry)
-    entry["validation"] = validate(model, tok, spec, precision, progress.log)
+    spec = replace(spec, validation=validate(model, tok, spec, precision, progress.log))
     if quality_fn is not None:
-        entry["quality"] = quality_fn(role, model, spec, progress)
+        spec = replace(spec, quality=quality_fn(role, model, spec, progress))
     del model
     gc.collect()
-    if not entry["validation"]["passed"]:
+    if not spec.validation.passed:
         raise ExportError(f"{role}: the ONNX graph does not match torch (see the ✗ lines above)")
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
-    return entry
+    return spec
 
 
 def _check_combination(precision: str, quant: QuantOptions) -> None:
@@ -276,7 +278,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
                                             max_context, dfp, progress, quality_fn)
             if quality_fn is not None:
-                models["drafter"]["quality"].update(quality_fn.drafter_agreement(stage, models, progress))
+                models["drafter"] = replace(models["drafter"], quality=quality_fn.drafter_agreement(
+                    models["target"], models["drafter"], progress))
         progress.step("writing tokenizer and manifest")
         tdir = stage / "tokenizer"
         tdir.mkdir()
@@ -286,24 +289,26 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         (tdir / "tokenizer_config.json").write_text(json.dumps({
             "bos_token": ttok.bos_token, "eos_token": ttok.eos_token, "add_bos_token": _add_bos(ttok),
             "chat_template": chat_template}, indent=1, ensure_ascii=False), encoding="utf-8")
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "name": out.name,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "sources": {"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {})},
-            "tool_versions": _versions(),
-            "eos_token_ids": eos,
-            "bos_token_id": ttok.bos_token_id,
-            "add_bos": _add_bos(ttok),
-            "chat_template": chat_template,
-            "tokenizer": {"dir": "tokenizer", "sha256": tfp, "vocab_size": tvocab},
-            "models": models,
-        }
-        if dsrc:
-            check_pair(_model_spec(stage, "target", models["target"]), _model_spec(stage, "drafter", models["drafter"]))
+        manifest = Manifest(
+            root=stage,
+            name=out.name,
+            target=models["target"],
+            drafter=models.get("drafter"),
+            eos_token_ids=tuple(eos),
+            bos_token_id=ttok.bos_token_id,
+            add_bos=_add_bos(ttok),
+            chat_template=chat_template,
+            tokenizer_dir=tdir.resolve(),
+            tool_versions=_versions(),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            sources={"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {})},
+            tokenizer_vocab_size=tvocab,
+        )
+        # what is written reads back (the schema's checks, and target and drafter share a tokenizer)
+        Manifest.from_dict(manifest.to_dict(), stage)
         for junk in stage.glob("_*"):
             shutil.rmtree(junk, ignore_errors=True)
-        (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_manifest(manifest)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
+from edgespec.manifest import Quantization
 
 E4M3_MAX = 448.0
 SCHEMES = ("channel", "block")
@@ -64,9 +65,9 @@ def dequantize_weight(q: np.ndarray, scale: np.ndarray, scheme: str = "channel",
 
 
 def convert_model_dir(model_dir: Path, scheme: str = "channel", block_size: int = 128, lm_head: bool = True,
-                      log=lambda s: None) -> dict:
+                      log=lambda s: None) -> Quantization:
     """Rewrite ``model_dir/model.onnx`` (float32, external data) in place to FP8 weights. Returns
-    figures for the manifest: how many MatMuls were converted and the weights' mean relative error."""
+    the manifest's record of it: how many MatMuls were converted and the weights' relative error."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -126,5 +127,5 @@ def convert_model_dir(model_dir: Path, scheme: str = "channel", block_size: int 
     rel = (err_num / err_den) ** 0.5 if err_den else 0.0
     log(f"    FP8 E4M3 ({scheme}{f', block {block_size}' if scheme == 'block' else ''}): {converted} MatMul "
         f"weights, relative weight error {rel:.4f}")
-    return {"format": "float8e4m3fn", "scheme": scheme, **({"block_size": block_size} if scheme == "block" else {}),
-            "matmuls": converted, "lm_head": lm_head, "weight_bytes": n_bytes, "relative_weight_error": round(rel, 6)}
+    return Quantization(format="float8e4m3fn", scheme=scheme, block_size=block_size if scheme == "block" else None,
+                        matmuls=converted, lm_head=lm_head, weight_bytes=n_bytes, relative_weight_error=round(rel, 6))

@@ -2,11 +2,12 @@
 text set written for this project (export/data/quality.txt)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from edgespec.manifest import _model_spec
+from edgespec.manifest import ModelSpec, Quality
 from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
 
@@ -50,7 +51,7 @@ class QualityRun:
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"][:MAX_TOKENS]
 
-    def __call__(self, role: str, model, spec, progress) -> dict:
+    def __call__(self, role: str, model, spec: ModelSpec, progress) -> Quality:
         import torch
 
         lm = OnnxLM(spec, min(spec.max_context, 512), choose(["cpu"]))
@@ -81,18 +82,18 @@ class QualityRun:
             while m < min(len(ref), len(out)) and ref[m] == out[m]:
                 m += 1
             matches.append(m)
-        q = {"perplexity_torch": round(ppl_t, 4), "perplexity": round(ppl_o, 4),
-             "perplexity_delta": round(ppl_o - ppl_t, 4), "top1_agreement": round(s["top1"], 4),
-             "mean_kl": round(s["kl"], 6), "greedy_match_tokens": matches, "greedy_match_of": CONT_TOKENS,
-             "tokens": s["tokens"]}
+        q = Quality(perplexity_torch=round(ppl_t, 4), perplexity=round(ppl_o, 4),
+                    perplexity_delta=round(ppl_o - ppl_t, 4), top1_agreement=round(s["top1"], 4),
+                    mean_kl=round(s["kl"], 6), greedy_match_tokens=tuple(matches), greedy_match_of=CONT_TOKENS,
+                    tokens=s["tokens"])
         progress.log(f"    quality: perplexity {ppl_t:.3f} (torch) -> {ppl_o:.3f} (onnx, Δ {ppl_o - ppl_t:+.3f}), "
-                     f"top-1 {q['top1_agreement']:.3f}, KL {q['mean_kl']:.4f}, greedy match {matches}/{CONT_TOKENS}")
+                     f"top-1 {q.top1_agreement:.3f}, KL {q.mean_kl:.4f}, greedy match {matches}/{CONT_TOKENS}")
         return q
 
-    def drafter_agreement(self, stage, models: dict, progress) -> dict:
-        """Teacher-forced greedy agreement of the drafter with the exported target: the fraction of
-        target greedy tokens the drafter predicts. It is what greedy speculative acceptance will be."""
-        ts, ds = _model_spec(stage, "target", models["target"]), _model_spec(stage, "drafter", models["drafter"])
+    def drafter_agreement(self, ts: ModelSpec, ds: ModelSpec, progress) -> Quality:
+        """Teacher-forced greedy agreement of the drafter ``ds`` with the exported target ``ts``:
+        the fraction of target greedy tokens the drafter predicts. It is what greedy speculative
+        acceptance will be. Returns the drafter's quality record with it added."""
         ctx = min(512, ts.max_context, ds.max_context)
         # the drafter only makes wide calls here: no width probe (min_width 1, as the runtime runs it)
         t, d = OnnxLM(ts, ctx, choose(["cpu"])), OnnxLM(ds, ctx, choose(["cpu"]), min_width=1)
@@ -112,4 +113,4 @@ class QualityRun:
             total += len(cont)
         rate = hits / total
         progress.log(f"    drafter agrees with the exported target on {hits}/{total} greedy tokens ({rate:.2f})")
-        return {"greedy_agreement_with_target": round(rate, 4), "agreement_tokens": total}
+        return replace(ds.quality, greedy_agreement_with_target=round(rate, 4), agreement_tokens=total)

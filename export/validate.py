@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.manifest import ModelSpec
+from edgespec.manifest import ModelSpec, Validation
 from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
 
@@ -25,7 +25,7 @@ def torch_logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
-def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> dict:
+def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validation:
     """Prefill, one-token decode, a 5-token verify with a past, and rewind-then-decode, each
     against torch's logits for the same positions. Returns the figures; ``passed`` says if they
     are within the tolerance of the precision."""
@@ -58,5 +58,5 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> dict:
         log(f"    {'✓' if (tol is None or d <= tol) else '✗'} {phase:8s} max |Δlogit| = {d:.3g}")
     log(f"    {'✓' if passed else '✗'} top-1 agreement with torch = {top1:.3f} over {total} positions"
         + (f" (tolerance {tol})" if tol is not None else f" (needs >= {MIN_TOP1})"))
-    return {"max_abs_logit_diff": {k: round(v, 6) for k, v in diffs.items()}, "top1_agreement": round(top1, 4),
-            "positions": total, "tolerance": tol, "passed": passed}
+    return Validation(max_abs_logit_diff={k: round(v, 6) for k, v in diffs.items()}, top1_agreement=round(top1, 4),
+                      positions=total, tolerance=tol, passed=passed)

@@ -31,11 +31,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgespec.manifest import load_manifest  # noqa: E402
+from edgespec.manifest import Quantization, load_manifest  # noqa: E402
 from edgespec.onnx_lm import OnnxLM  # noqa: E402
 from edgespec.providers import choose  # noqa: E402
 from edgespec.tokenizer import Tokenizer  # noqa: E402
-from export.quality import MAX_TOKENS, TEXTS, score  # noqa: E402
+from edgespec_export.quality import MAX_TOKENS, TEXTS, score  # noqa: E402
 
 STEPS = 32
 
@@ -188,7 +188,7 @@ def main() -> int:
                 continue
             size = sum(f.stat().st_size for f in dst.parent.iterdir())
             qspec = replace(spec, path=dst, precision="int4",
-                            quant={"block_size": a.block_size, "accuracy_level": 4})
+                            quant=Quantization(block_size=a.block_size, accuracy_level=4))
             r = evaluate(qspec, ref, texts, long_ids)
             r["mib"] = size / 2**20
             note = f"quantized in {took:.0f} s"

@@ -9,38 +9,36 @@ as ``edgespec export`` does now, and rewrites ``edgespec.json`` in place. Needs 
 dependencies (onnx)."""
 from __future__ import annotations
 
-import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgespec.errors import EdgespecError  # noqa: E402
-from edgespec.manifest import MANIFEST_NAME, load_manifest  # noqa: E402
-from export.bundle import measured_sizes  # noqa: E402
+from edgespec.manifest import load_manifest, write_manifest  # noqa: E402
+from edgespec_export.bundle import measured_sizes  # noqa: E402
 
 
 def refresh(bundle: Path) -> list[str]:
     """Measure ``bundle`` in place; returns the roles whose CPU footprint could not be measured."""
     m = load_manifest(bundle)  # refuses a bundle that is not one
-    path = bundle / MANIFEST_NAME
-    raw = m.raw  # the manifest as parsed, rewritten below with the new figures
     failed = []
-    for role, entry in raw["models"].items():
-        for key in ("cpu_resident_bytes", "embedding_bytes", "embedding_row_bytes"):
-            entry.pop(key, None)  # nothing stale survives a failed measurement
-        sizes = measured_sizes(bundle, role, entry, log=print)
-        entry.update(sizes)
+    for spec in (m.target, m.drafter):
+        if spec is None:
+            continue
+        # nothing stale survives a failed measurement
+        spec = replace(spec, cpu_resident_bytes=None, embedding_bytes=0, embedding_row_bytes=0)
+        sizes = measured_sizes(bundle, spec.role, spec.to_dict(bundle), log=print)
+        m = replace(m, **{spec.role: replace(spec, **sizes)})
         cpu = sizes.get("cpu_resident_bytes")
         if cpu is None:
-            failed.append(role)
-        print(f"{bundle.name} {role}: {getattr(m, role).bytes_on_disk / 2**20:.1f} MiB on disk, "
+            failed.append(spec.role)
+        print(f"{bundle.name} {spec.role}: {spec.bytes_on_disk / 2**20:.1f} MiB on disk, "
               + (f"{cpu / 2**20:.1f} MiB resident on the CPU EP, " if cpu is not None else "")
               + f"embedding tables {sizes['embedding_bytes'] / 2**20:.1f} MiB")
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(raw, indent=1, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
+    write_manifest(m)
     return failed
 
 

@@ -14,15 +14,14 @@ from edgespec.manifest import load_manifest
 def test_round_trip_manifest(tiny_bundle):
     m = load_manifest(tiny_bundle, deep=True)
     assert m.target.architecture == "qwen2" and m.drafter is not None
-    assert m.target.validation["passed"] and m.target.validation["top1_agreement"] == 1.0
-    assert max(m.target.validation["max_abs_logit_diff"].values()) < 1e-3
+    assert m.target.validation.passed and m.target.validation.top1_agreement == 1.0
+    assert max(m.target.validation.max_abs_logit_diff.values()) < 1e-3
     assert m.target.tokenizer_sha256 == m.drafter.tokenizer_sha256
     assert m.eos_token_ids and m.chat_template
-    raw = m.raw["models"]["target"]
-    assert raw["operators"]["GroupQueryAttention"] == m.target.num_layers
+    assert m.target.operators["GroupQueryAttention"] == m.target.num_layers
     q = m.target.quality
-    assert q["perplexity_delta"] == pytest.approx(0, abs=1e-2) and q["top1_agreement"] > 0.99
-    assert 0 < m.drafter.quality["greedy_agreement_with_target"] <= 1
+    assert q.perplexity_delta == pytest.approx(0, abs=1e-2) and q.top1_agreement > 0.99
+    assert 0 < m.drafter.quality.greedy_agreement_with_target <= 1
 
 
 def test_llama_round_trip(tiny_llama_bundle):
@@ -32,10 +31,10 @@ def test_llama_round_trip(tiny_llama_bundle):
 
 def test_int4_has_matmulnbits(tiny_int4_bundle):
     m = load_manifest(tiny_int4_bundle)
-    ops = m.raw["models"]["target"]["operators"]
+    ops = m.target.operators
     assert ops.get("MatMulNBits", 0) >= 4 * m.target.num_layers
-    assert m.target.quant["block_size"] == 32 and m.target.quant["accuracy_level"] == 4
-    assert m.target.validation["top1_agreement"] >= 0.6
+    assert m.target.quant.block_size == 32 and m.target.quant.accuracy_level == 4
+    assert m.target.validation.top1_agreement >= 0.6
     assert m.drafter.precision == "fp32"  # the drafter stays at higher precision
 
 
@@ -71,7 +70,8 @@ def test_refresh_sizes_script_restores_them(tiny_int4_bundle, copy_bundle):
     import sys
     from pathlib import Path
 
-    from edgespec.profiles import Profile, plan
+    from edgespec.planner import plan
+    from edgespec.profiles import Profile
 
     b = copy_bundle(tiny_int4_bundle)
     raw = json.loads((b / "edgespec.json").read_text())
@@ -204,11 +204,11 @@ def test_fp8_round_trip(tiny_fp8_bundle):
     # every MatMul (q/k/v or qkv, o, gate, up, down per layer, and the lm_head) reads an FP8 weight
     assert ops["DequantizeLinear"] == ops["fp8_initializers"] == ops["MatMul"] >= 4 * m.target.num_layers + 1
     assert "MatMulNBits" not in ops
-    assert m.target.quant["format"] == "float8e4m3fn" and m.target.quant["scheme"] == "channel"
-    assert m.target.quant["relative_weight_error"] < 0.05  # E4M3 keeps ~3 significant bits
+    assert m.target.quant.format == "float8e4m3fn" and m.target.quant.scheme == "channel"
+    assert m.target.quant.relative_weight_error < 0.05  # E4M3 keeps ~3 significant bits
     v, q = m.target.validation, m.target.quality
-    assert v["passed"] and v["top1_agreement"] >= 0.9
-    assert abs(q["perplexity_delta"]) / q["perplexity_torch"] < 0.02 and q["top1_agreement"] >= 0.9
+    assert v.passed and v.top1_agreement >= 0.9
+    assert abs(q.perplexity_delta) / q.perplexity_torch < 0.02 and q.top1_agreement >= 0.9
     # the drafter asked for int8 is MatMulNBits with 8 bits
     assert m.drafter.precision == "int8" and _ops(tiny_fp8_bundle, "drafter").get("MatMulNBits", 0) >= 4
     r = CliRunner().invoke(main, ["info", str(tiny_fp8_bundle)])
@@ -238,12 +238,12 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     m = load_manifest(out, deep=True)
-    assert m.target.precision == target and m.target.validation["passed"], m.target.validation
+    assert m.target.precision == target and m.target.validation.passed, m.target.validation
     ops = _ops(out)
     if target == "fp8":
-        assert ops["DequantizeLinear"] == ops["fp8_initializers"] > 0 and m.target.quant["block_size"] == 16
+        assert ops["DequantizeLinear"] == ops["fp8_initializers"] > 0 and m.target.quant.block_size == 16
     elif target == "int8":
-        assert ops["MatMulNBits"] > 0 and m.target.quant["block_size"] == 16 and m.target.quant["symmetric"]
+        assert ops["MatMulNBits"] > 0 and m.target.quant.block_size == 16 and m.target.quant.symmetric
     else:
         assert m.target.kv_dtype == "float16" and "MatMulNBits" not in ops
     if drafter:
@@ -293,7 +293,7 @@ def test_fp8_rewrite_refuses_graphs_it_cannot_convert(tmp_path):
     with pytest.raises(ExportError, match="scheme"):
         convert_model_dir(write("scheme", 21, True), scheme="tensor")
     info = convert_model_dir(write("ok", 21, True))  # and the good case converts the one weight exactly
-    assert info["matmuls"] == 1 and info["relative_weight_error"] == 0.0
+    assert info.matmuls == 1 and info.relative_weight_error == 0.0
 
 
 def test_compare_int4_script(tiny_bundle, tmp_path):

@@ -22,8 +22,8 @@ from edgespec.cli import main
 from edgespec.errors import BudgetError, ProfileError, ProviderError
 from edgespec.manifest import Manifest, ModelIO, ModelSpec, load_manifest
 from edgespec.onnx_lm import _check_running
-from edgespec.profiles import (DEFAULT_PROFILE, MiB, Profile, list_profiles, load_profile, plan, resolve_profile,
-                               working_bytes)
+from edgespec.planner import plan, working_bytes
+from edgespec.profiles import DEFAULT_PROFILE, MiB, Profile, list_profiles, load_profile, resolve_profile
 from edgespec.providers import (CPU, CUDA, TENSORRT, ProviderChoice, choose, trt_cache_dir, with_load_options)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,13 +41,13 @@ def _spec(role, layers, kv_heads, head_dim, hidden, vocab, resident, max_context
     return ModelSpec(role=role, path=Path(f"/nonexistent/{role}/model.onnx"), architecture="synthetic",
                      precision="int4", num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
                      hidden_size=hidden, vocab_size=vocab, max_context=max_context, kv_dtype=kv_dtype, io=_IO,
-                     tokenizer_sha256="0" * 64, files={}, bytes_on_disk=resident, resident_bytes=resident)
+                     tokenizer_sha256="0" * 64, files={}, bytes_on_disk=resident, gpu_weight_bytes=resident)
 
 
 def _manifest(target, drafter=None):
     return Manifest(root=Path("/nonexistent"), name="synthetic", target=target, drafter=drafter,
                     eos_token_ids=(0,), bos_token_id=None, add_bos=False, chat_template=None,
-                    tokenizer_dir=Path("/nonexistent/tokenizer"), tool_versions={}, raw={})
+                    tokenizer_dir=Path("/nonexistent/tokenizer"), tool_versions={})
 
 
 def smollm2(resident=540_000_000, max_context=8192):

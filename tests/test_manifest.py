@@ -1,0 +1,182 @@
+"""The manifest schema (edgespec/manifest.py): what the exporter writes (``to_dict``) is what the
+runtime reads (``from_dict``), bundles written before the schema was typed still load, and every
+bad field is a ``ManifestError`` that names it."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.cli import main
+from edgespec.errors import ManifestError, TokenizerMismatchError
+from edgespec.manifest import (Manifest, ModelIO, ModelSpec, Quality, Quantization, Validation, load_manifest,
+                               write_manifest)
+
+_IO = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": None,
+       "past_key": "past_key_values.%d.key", "past_value": "past_key_values.%d.value",
+       "present_key": "present.%d.key", "present_value": "present.%d.value", "logits": "logits"}
+
+
+def _old_entry(role: str, precision: str, quant: dict, validation: dict, quality: dict) -> dict:
+    """A model entry exactly as export/bundle.py wrote it before the schema was typed (no CPU
+    measurement, the GPU copy size under 'resident_bytes')."""
+    return {
+        "path": f"{role}/model.onnx", "architecture": "qwen2", "precision": precision, "quant": quant,
+        "num_layers": 2, "num_kv_heads": 1, "head_dim": 16, "hidden_size": 32, "num_attention_heads": 2,
+        "vocab_size": 300, "max_context": 512, "kv_dtype": "float32", "io": dict(_IO), "tokenizer_sha256": "ab" * 32,
+        "files": {f"{role}/model.onnx": {"bytes": 1000, "sha256": "cd" * 32},
+                  f"{role}/model.onnx.data": {"bytes": 9000, "sha256": "ef" * 32}},
+        "resident_bytes": 11000, "params": 12345,
+        "operators": {"GroupQueryAttention": 2, "MatMulNBits": 14} if precision == "int4" else {"MatMul": 15},
+        "validation": validation, "quality": quality,
+    }
+
+
+OLD = {
+    "schema_version": 1, "name": "old-bundle", "created": "2025-01-02T03:04:05Z",
+    "sources": {"target": "some/target", "drafter": "some/drafter"},
+    "tool_versions": {"edgespec": "0.1.0", "onnxruntime": "1.31.0"},
+    "eos_token_ids": [2, 7], "bos_token_id": 1, "add_bos": False, "chat_template": "{{ messages }}",
+    "tokenizer": {"dir": "tokenizer", "sha256": "ab" * 32, "vocab_size": 290},
+    "models": {
+        "target": _old_entry(
+            "target", "int4",
+            # QuantOptions.to_dict of that version; 'symmetric' was null for a while
+            {"block_size": 32, "symmetric": None, "accuracy_level": 4, "quantize_lm_head": True,
+             "quantize_embeddings": False, "algorithm": "rtn"},
+            {"max_abs_logit_diff": {"prefill": 0.5, "decode": 0.25, "verify": 0.5, "rewind": 0.125},
+             "top1_agreement": 0.95, "positions": 120, "tolerance": None, "passed": True},
+            {"perplexity_torch": 3.5, "perplexity": 3.75, "perplexity_delta": 0.25, "top1_agreement": 0.9,
+             "mean_kl": 0.01, "greedy_match_tokens": [24, 12], "greedy_match_of": 24, "tokens": 600}),
+        "drafter": _old_entry(
+            "drafter", "fp32", {},
+            {"max_abs_logit_diff": {"prefill": 1e-5}, "top1_agreement": 1.0, "positions": 120, "tolerance": 0.01,
+             "passed": True},
+            {"perplexity_torch": 5.0, "perplexity": 5.0, "perplexity_delta": 0.0, "top1_agreement": 1.0,
+             "mean_kl": 0.0, "greedy_match_tokens": [24, 24], "greedy_match_of": 24, "tokens": 600,
+             "greedy_agreement_with_target": 0.75, "agreement_tokens": 192}),
+    },
+}
+
+
+def test_a_manifest_of_the_previous_version_loads(tmp_path):
+    m = Manifest.from_dict(copy.deepcopy(OLD), tmp_path)
+    t, d = m.target, m.drafter
+    assert (m.name, m.eos_token_ids, m.bos_token_id, m.chat_template) == ("old-bundle", (2, 7), 1, "{{ messages }}")
+    assert m.tokenizer_dir == (tmp_path / "tokenizer").resolve() and m.tokenizer_vocab_size == 290
+    assert m.created == "2025-01-02T03:04:05Z" and m.sources["drafter"] == "some/drafter"
+    assert m.tool_versions == {"edgespec": "0.1.0", "onnxruntime": "1.31.0"}
+    assert t.path == (tmp_path / "target" / "model.onnx").resolve() and t.io == ModelIO(**_IO)
+    assert t.bytes_on_disk == 10000 and t.gpu_weight_bytes == 11000  # read from 'resident_bytes'
+    assert t.cpu_resident_bytes is None and t.embedding_bytes == 0 and t.weight_bytes(False, 512) == 11000
+    assert t.num_attention_heads == 2 and t.params == 12345 and t.operators["MatMulNBits"] == 14
+    assert t.quant == Quantization(block_size=32, accuracy_level=4, quantize_lm_head=True,
+                                   quantize_embeddings=False, algorithm="rtn")
+    assert t.validation.passed and t.validation.tolerance is None and t.validation.max_abs_logit_diff["verify"] == 0.5
+    assert t.quality.greedy_match_tokens == (24, 12) and t.quality.greedy_agreement_with_target is None
+    assert not d.quant and d.validation.tolerance == 0.01 and d.quality.agreement_tokens == 192
+    # and it reads back unchanged once written in the current shape
+    assert Manifest.from_dict(m.to_dict(), tmp_path) == m
+
+
+def test_gpu_weight_bytes_fall_back_to_the_file_sizes(tmp_path):
+    old = copy.deepcopy(OLD)
+    del old["models"]["target"]["resident_bytes"]
+    assert Manifest.from_dict(old, tmp_path).target.gpu_weight_bytes == 10000
+    old["models"]["target"]["gpu_weight_bytes"] = 4000  # the new key wins over the file sizes
+    assert Manifest.from_dict(old, tmp_path).target.gpu_weight_bytes == 4000
+
+
+def test_round_trip_with_every_field(tmp_path):
+    spec = ModelSpec(
+        role="target", path=(tmp_path / "target" / "model.onnx").resolve(), architecture="llama", precision="fp8",
+        num_layers=3, num_kv_heads=1, head_dim=8, hidden_size=16, vocab_size=100, max_context=64,
+        kv_dtype="float16", io=ModelIO(**dict(_IO, position_ids="position_ids")), tokenizer_sha256="01" * 32,
+        files={"target/model.onnx": {"bytes": 10, "sha256": "23" * 32}}, bytes_on_disk=10, gpu_weight_bytes=12,
+        quant=Quantization(format="float8e4m3fn", scheme="block", block_size=16, matmuls=7, lm_head=True,
+                           weight_bytes=900, relative_weight_error=0.03),
+        validation=Validation(max_abs_logit_diff={"prefill": 0.1}, top1_agreement=0.97, positions=90,
+                              tolerance=None, passed=True),
+        quality=Quality(perplexity_torch=2.0, perplexity=2.1, perplexity_delta=0.1, top1_agreement=0.95,
+                        mean_kl=0.002, greedy_match_tokens=(3, 24), greedy_match_of=24, tokens=300),
+        params=777, num_attention_heads=4, operators={"DequantizeLinear": 7, "MatMul": 7},
+        cpu_resident_bytes=5000, embedding_bytes=6400, embedding_row_bytes=64)
+    assert ModelSpec.from_dict(spec.to_dict(tmp_path), tmp_path, "target") == spec
+    drafter = ModelSpec.from_dict(dict(spec.to_dict(tmp_path), path="drafter/model.onnx"), tmp_path, "drafter")
+    m = Manifest(root=tmp_path, name="all", target=spec, drafter=drafter, eos_token_ids=(5,), bos_token_id=None,
+                 add_bos=True, chat_template=None, tokenizer_dir=(tmp_path / "tok").resolve(),
+                 tool_versions={"onnx": "1.17"}, created="2026-01-01T00:00:00Z", sources={"target": "t"},
+                 tokenizer_vocab_size=99)
+    d = m.to_dict()
+    assert json.loads(json.dumps(d)) == d  # plain JSON
+    assert Manifest.from_dict(d, tmp_path) == m
+    write_manifest(m)
+    assert Manifest.from_dict(json.loads((tmp_path / "edgespec.json").read_text()), tmp_path) == m
+
+
+def test_what_export_writes_is_to_dict(tiny_bundle):
+    """The exporter writes the schema's to_dict: the file on disk is the typed manifest, key for key."""
+    m = load_manifest(tiny_bundle)
+    on_disk = json.loads((tiny_bundle / "edgespec.json").read_text())
+    assert on_disk == m.to_dict()
+    assert Manifest.from_dict(on_disk, tiny_bundle) == m
+    assert "resident_bytes" not in on_disk["models"]["target"]
+    assert on_disk["models"]["target"]["gpu_weight_bytes"] == m.target.bytes_on_disk
+
+
+def test_info_reads_what_export_records(tiny_bundle):
+    r = CliRunner().invoke(main, ["info", str(tiny_bundle)])
+    assert r.exit_code == 0, r.output
+    m = load_manifest(tiny_bundle)
+    assert f"from target {m.sources['target']}, drafter {m.sources['drafter']}" in r.output
+    assert f"onnxruntime {m.tool_versions['onnxruntime']}" in r.output
+    assert f"{m.target.num_attention_heads} attention heads" in r.output
+    assert f"GroupQueryAttention {m.target.num_layers}" in r.output
+    assert f"over {m.target.validation.positions} positions" in r.output
+    assert f"over {m.drafter.quality.agreement_tokens} tokens" in r.output
+    assert json.loads(CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"]).output) == m.to_dict()
+
+
+@pytest.mark.parametrize("path, value, match", [
+    (("models", "target", "quant", "block_size"), "32", r"models\.target\.quant\.block_size"),
+    (("models", "target", "quant", "symmetric"), 1, r"models\.target\.quant\.symmetric"),
+    (("models", "target", "validation", "passed"), "yes", r"models\.target\.validation\.passed"),
+    (("models", "target", "validation", "max_abs_logit_diff"), [0.5], r"models\.target\.validation\.max_abs_logit"),
+    (("models", "drafter", "quality", "greedy_match_tokens"), [1, "2"], r"models\.drafter\.quality\.greedy_match"),
+    (("models", "drafter", "quality", "mean_kl"), True, r"models\.drafter\.quality\.mean_kl"),
+    (("models", "target", "operators"), {"MatMul": 1.5}, r"models\.target\.operators"),
+    (("models", "target", "gpu_weight_bytes"), -1, r"models\.target\.gpu_weight_bytes"),
+    (("models", "target", "num_attention_heads"), "2", r"models\.target\.num_attention_heads"),
+    (("models", "target", "precision"), "int3", r"models\.target\.precision 'int3'"),
+    (("models", "target", "files", "target/model.onnx", "sha256"), 5, r"models\.target\.files"),
+    (("tokenizer", "vocab_size"), "many", r"manifest\.tokenizer\.vocab_size"),
+    (("sources",), ["t"], r"manifest\.sources"),
+    (("bos_token_id",), "1", r"manifest\.bos_token_id"),
+    (("name",), 3, r"manifest\.name"),
+])
+def test_bad_fields_are_named(tmp_path, path, value, match):
+    raw = copy.deepcopy(OLD)
+    d = raw
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = value
+    with pytest.raises(ManifestError, match=match):
+        Manifest.from_dict(raw, tmp_path)
+
+
+def test_missing_report_fields_are_none(tmp_path):
+    raw = copy.deepcopy(OLD)
+    raw["models"]["target"].update(validation={"passed": False}, quality=None)
+    del raw["models"]["target"]["quant"]
+    t = Manifest.from_dict(raw, tmp_path).target
+    assert t.validation == Validation(passed=False) and t.validation and not t.quality and not t.quant
+    assert t.validation.to_dict() == {"passed": False} and t.quality.to_dict() == {}
+
+
+def test_a_pair_with_two_tokenizers_is_refused(tmp_path):
+    raw = copy.deepcopy(OLD)
+    raw["models"]["drafter"]["tokenizer_sha256"] = "99" * 32
+    with pytest.raises(TokenizerMismatchError):
+        Manifest.from_dict(raw, tmp_path)
