@@ -14,12 +14,12 @@ so sharing an engine between threads is safe (they take turns).
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Sequence
 
-from .drafters import ModelDrafter, PromptLookupDrafter
-from .engine import Decoder, GenerationConfig, Stats
+from .decoder import Decoder, GenerationConfig, Stats
+from .drafters import DRAFTERS, LoadEnv
 from .errors import ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
@@ -37,18 +37,15 @@ class Result:
     finish_reason: str | None = None
 
 
-# A model draft stops once the drafter's top probability drops below this. Measured on the Qwen
-# pair, k=4: chat 18.2 -> 24.4 tok/s, summarization 16.2 -> 18.7, code unchanged (README).
-DRAFT_MIN_CONFIDENCE = 0.5
-
-
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
-         threads: int | None = None, use_drafter: bool = True, verify: bool = False) -> "Engine":
+         threads: int | None = None, use_drafter: bool = True, verify: bool = False,
+         min_width: int | None = None) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
 
     ``profile`` is a profile name, a path to a TOML file, or a ``Profile``; ``provider`` (cpu, cuda,
     tensorrt) overrides the profile's list and is an error if it cannot run. ``verify`` hashes
-    every weight file against the manifest.
+    every weight file against the manifest. ``min_width`` overrides the target's exactness width
+    measured at load (benchmarks: 1 prices the policy; anything else may break exactness).
     """
     from .planner import plan as make_plan
     from .profiles import resolve_profile
@@ -70,19 +67,17 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                                  gpu_mem_limit=the_plan.weights.get(role, 0) + share, trt_workspace=share)
 
     n_threads = threads if threads is not None else prof.threads
-    # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)
-    target = OnnxLM(manifest.target, the_plan.context, options_for("target"), threads=n_threads,
-                    prefill_chunk=the_plan.prefill_chunk)
-    drafter = None
-    if the_plan.drafter == "model" and manifest.drafter is not None:
-        # the exactness policy is the target's: a draft is only a guess the target checks, so the
-        # drafter runs its one-token steps on the kernel's one-token path (~12% cheaper for the
-        # 0.5B INT4 drafter: 15.0 against 17.1 ms a step)
-        dlm = OnnxLM(manifest.drafter, the_plan.context, options_for("drafter"), threads=n_threads,
-                     prefill_chunk=the_plan.prefill_chunk, min_width=1)
-        drafter = ModelDrafter(dlm, manifest.target.vocab_size, min_confidence=DRAFT_MIN_CONFIDENCE)
-    decoder = Decoder(target, manifest.eos_token_ids, model_drafter=drafter,
-                      prompt_lookup=PromptLookupDrafter(max_draft=prof.max_draft_tokens))
+
+    def open_model(role: str, min_width: int | None = None) -> OnnxLM:
+        # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)
+        spec = manifest.target if role == "target" else manifest.drafter
+        return OnnxLM(spec, the_plan.context, options_for(role), threads=n_threads,
+                      prefill_chunk=the_plan.prefill_chunk, min_width=min_width)
+
+    target = open_model("target", min_width)
+    env = LoadEnv(manifest, the_plan, prof, open_model)
+    drafters = [d for d in (cls.build(env) for cls in DRAFTERS.values()) if d is not None]
+    decoder = Decoder(target, manifest.eos_token_ids, drafters=drafters)
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
                     eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
     return Engine(manifest, tok, decoder, the_plan, prof, choice)
@@ -100,6 +95,16 @@ class Engine:
         self.providers = providers
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
                                          draft_tokens=profile.draft_tokens)
+        self._local = threading.local()  # each thread's last generation's stats
+        if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
+            if manifest.drafter is None:
+                why = "this bundle has no drafter model"
+            elif any("drafter" in c for c in plan.cuts):
+                why = f"no drafter model is loaded: the memory plan left it out ({'; '.join(plan.cuts)})"
+            else:
+                why = ("no drafter model is loaded: the engine was opened without it (use_drafter=False, or "
+                       "--drafter none/prompt-lookup, or the profile's drafter policy)")
+            decoder.unavailable["model"] = why
 
     @property
     def max_context(self) -> int:
@@ -108,15 +113,13 @@ class Engine:
     def reset(self) -> None:
         """Forget the cached conversation (the next prompt is prefilled from scratch). Waits for a
         generation in another thread; refused (``BusyError``) inside one's own unfinished stream."""
-        with self.decoder.lock.hold("reset the engine"):
-            self.decoder.target.reset()
-            drafter = self.decoder.drafters.get("model")
-            if drafter is not None:
-                drafter.lm.reset()
+        self.decoder.reset()
 
     @property
     def last_stats(self) -> Stats | None:
-        return self.decoder.last_stats
+        """The stats of the last generation this thread ran (threads sharing an engine each see
+        their own)."""
+        return getattr(self._local, "stats", None)
 
     def config(self, **kw) -> GenerationConfig:
         unknown = set(kw) - _GEN_KEYS - {"stop"}
@@ -125,18 +128,7 @@ class Engine:
         kw.pop("stop", None)
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
-        cfg = GenerationConfig(**vals)
-        if cfg.drafter == "model" and "model" not in self.decoder.drafters:
-            # refused before any prefill, saying why the model is missing
-            if self.manifest.drafter is None:
-                why = "this bundle has no drafter model"
-            elif any("drafter" in c for c in self.plan.cuts):
-                why = f"no drafter model is loaded: the memory plan left it out ({'; '.join(self.plan.cuts)})"
-            else:
-                why = ("no drafter model is loaded: the engine was opened without it (use_drafter=False, or "
-                       "--drafter none/prompt-lookup, or the profile's drafter policy)")
-            raise ConfigError(f"{why}; use --drafter prompt-lookup, auto or none")
-        return cfg
+        return GenerationConfig(**vals)
 
     def encode(self, prompt_or_messages: str | Sequence[dict]) -> list[int]:
         if isinstance(prompt_or_messages, str):
@@ -147,11 +139,7 @@ class Engine:
     def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:
         """Yield (text delta, new token ids, live stats) per round; applies stop strings."""
         cfg = self.config(**kw)
-        if len(ids) >= self.max_context:
-            raise ContextOverflowError(
-                f"the prompt has {len(ids)} tokens; the context holds {self.max_context} "
-                f"(prompt plus at least one new token)")
-        stats = Stats()
+        stats = self._local.stats = Stats()
         dec = self.tokenizer.stream_decoder()
         text = ""
         stops = [s for s in stop if s]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .drafters import drafter_choices
 from .errors import ConfigError
 from .measure import high_water_rss, rss_now
 
@@ -205,8 +206,8 @@ def parse_drafters(drafters: Sequence[str], draft_tokens: int | None = None) -> 
     fixed_k: dict[str, int | None] = {}
     for d in drafters:
         name, _, k = d.partition(":")
-        if name not in ("model", "prompt-lookup", "auto", "none") or (k and (not k.isdigit() or name == "none")):
-            raise ConfigError(f"unknown drafter {d!r} in --drafters (model, prompt-lookup, auto, none; "
+        if name not in drafter_choices() or (k and (not k.isdigit() or name == "none")):
+            raise ConfigError(f"unknown drafter {d!r} in --drafters ({', '.join(drafter_choices())}; "
                               f"a fixed draft length as model:4)")
         fixed_k[d] = int(k) if k else draft_tokens
     return fixed_k

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from .drafters import drafter_choices
 from .errors import EdgespecError
 from .manifest import DRAFTER_PRECISIONS, TARGET_PRECISIONS, Quality, Validation
 from .providers import PROVIDER_NAMES
@@ -97,7 +98,7 @@ def _sampling_opts(f):
 def _engine_opts(f):
     """--drafter --draft-tokens --max-context --threads --profile --provider, shared by generate and chat."""
     for opt in reversed((
-        click.option("--drafter", type=click.Choice(["model", "prompt-lookup", "auto", "none"]), default=None,
+        click.option("--drafter", type=click.Choice(drafter_choices()), default=None,
                      help="Drafting policy (default: the profile's, auto)."),
         click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive)."),
         click.option("--max-context", type=int, default=None),

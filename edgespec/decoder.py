@@ -168,6 +168,7 @@ class Decoder:
         self.drafters.update(given)
         self.policy = RoundPolicy()
         self.lock = GenerationLock()
+        self.unavailable: dict[str, str] = {}  # drafter name -> why it is not loaded (for the refusal)
 
     @property
     def vocab(self) -> int:
@@ -188,12 +189,14 @@ class Decoder:
             for d in self.drafters.values():
                 d.begin(prompt)
 
-    def check(self, prompt_len: int, cfg: GenerationConfig) -> None:
-        """Refuse what generate() would refuse, before anything runs."""
+    def _check(self, prompt_len: int, cfg: GenerationConfig) -> None:
+        """What generate() refuses before anything runs."""
         if prompt_len == 0:
             raise ConfigError("the prompt is empty")
         if cfg.drafter not in ("auto", "none") and cfg.drafter not in self.drafters:
-            raise ConfigError(f"no {cfg.drafter} drafter is loaded; use --drafter prompt-lookup, auto or none")
+            why = self.unavailable.get(cfg.drafter, f"no {cfg.drafter} drafter is loaded")
+            usable = ", ".join([*self.drafters, "auto", "none"])
+            raise ConfigError(f"{why}; use --drafter {usable}")
         if prompt_len >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "
@@ -203,7 +206,7 @@ class Decoder:
                  stats: Stats | None = None) -> Iterator[Step]:
         cfg = cfg or GenerationConfig()
         prompt = [int(t) for t in prompt_ids]
-        self.check(len(prompt), cfg)
+        self._check(len(prompt), cfg)
         with self.lock.hold():
             yield from self._generate(prompt, cfg, stats if stats is not None else Stats())
 

@@ -121,19 +121,11 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
         reps *= 2
         ids = engine.encode(_FILLER * reps)
     ids = ids[:n]
-    engine.decoder.target.sync(ids)
-    drafter = engine.decoder.drafters.get("model")
-    if drafter is not None:
-        drafter.lm.sync(ids)
+    engine.decoder.prefill(ids)
     samples.append(sample(f"after prefill ({len(ids)} tokens)", gpu))
-    eos = engine.decoder.eos
-    engine.decoder.eos = frozenset()  # decode exactly new_tokens tokens
-    try:
-        decoded = 0
-        for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0):
-            decoded += len(toks)
-    finally:
-        engine.decoder.eos = eos
+    decoded = 0
+    for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True):
+        decoded += len(toks)
     samples.append(sample(f"after decoding {decoded} tokens", gpu))
     return engine, samples
 

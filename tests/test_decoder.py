@@ -245,3 +245,67 @@ def test_adaptive_model_drafter_stops_drafting_when_it_does_not_pay():
     run(d, [1, 2, 3], st, max_new_tokens=120, drafter="model")
     # k = 0 rounds, with a one-token probe every 64 rounds to keep the estimate alive
     assert st.rounds_by_drafter.get("none", 0) > 0.75 * (st.target_calls - 1)
+
+
+# -- a new drafter is one class and a registration ------------------------------------------
+
+class RepeatDrafter:
+    """Drafts the last token again k times: free, often wrong, and enough to show the protocol."""
+
+    name = "repeat"
+    has_cost = False
+
+    @classmethod
+    def build(cls, env):
+        return cls()
+
+    def begin(self, prompt):
+        self.rounds = 0
+
+    def reset(self):
+        pass
+
+    def offer(self, ctx, kmax):
+        from edgespec.drafters import Offer
+
+        return Offer(self.name, kmax)
+
+    def draft(self, ctx, k, sp, rng):
+        from edgespec.drafters import Draft
+
+        self.rounds += 1
+        return Draft([ctx[-1]] * k, key=self.name)
+
+    def accept(self, n, bonus):
+        pass
+
+
+def test_a_registered_drafter_is_used_by_name_and_by_auto(monkeypatch):
+    from edgespec.drafters import DRAFTERS, drafter_choices
+
+    monkeypatch.setitem(DRAFTERS, "repeat", RepeatDrafter)
+    assert "repeat" in drafter_choices()
+    for min_width in (1, 2):
+        for drafter, k in (("repeat", None), ("repeat", 3), ("auto", None)):
+            for seed in range(6):
+                target = FakeLM(8, seed=seed, min_width=min_width)
+                rep = RepeatDrafter()
+                d = Decoder(target, (), drafters=[rep, PromptLookupDrafter()])
+                ref, _ = run(make(seed=seed, min_width=min_width), [1, 2, 3], max_new_tokens=40, drafter="none")
+                st = Stats()
+                got, _ = run(d, [1, 2, 3], st, max_new_tokens=40, drafter=drafter, draft_tokens=k)
+                assert got == ref, (drafter, k, seed)
+                if drafter == "repeat" and k:
+                    assert st.rounds_by_drafter.get("repeat", 0) == rep.rounds > 0
+
+
+def test_a_registered_drafter_is_built_by_load(monkeypatch, tiny_bundle):
+    import edgespec
+    from edgespec.drafters import DRAFTERS
+
+    monkeypatch.setitem(DRAFTERS, "repeat", RepeatDrafter)
+    eng = edgespec.load(tiny_bundle, max_context=256)
+    assert isinstance(eng.decoder.drafters["repeat"], RepeatDrafter)
+    ref = eng.generate("def hello(world):", max_new_tokens=24, drafter="none")
+    got = eng.generate("def hello(world):", max_new_tokens=24, drafter="repeat", draft_tokens=2)
+    assert got.token_ids == ref.token_ids and got.stats["rounds_by_drafter"].get("repeat")
