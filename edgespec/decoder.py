@@ -19,7 +19,7 @@ from .errors import BusyError, ConfigError, ContextOverflowError
 from .kv import TokenBuffer
 from .lm import CausalLM
 from .policy import RoundPolicy
-from .sampling import SamplingParams, probs, sample
+from .sampling import SamplingParams, distribution
 from .verify import greedy_accept, rejection_sample
 
 
@@ -221,7 +221,7 @@ class Decoder:
         last = target.prefill(prompt)
         st.target_s += clock() - t_start
         st.target_calls += target.calls - calls0
-        first = int(np.argmax(last)) if sp.greedy else sample(probs(last[None, :], sp)[0], rng)
+        first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         t_d = clock()
         for d in policy.begin(cfg.drafter, self.drafters, target.min_width):
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token

@@ -26,7 +26,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .kv import TokenBuffer
-from .sampling import SamplingParams, probs, sample
+from .sampling import Dist, SamplingParams, distribution
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Offer:
 @dataclass
 class Draft:
     tokens: list[int]
-    probs: np.ndarray | None = None  # [len(tokens), vocab] processed q, or None (deterministic)
+    probs: list[Dist] | None = None  # q of each position (processed with the sampling settings), or None (deterministic)
     key: str = ""
     step_s: float | None = None  # seconds per drafter step measured while drafting (costly drafters)
 
@@ -224,8 +224,8 @@ class ModelDrafter:
             if sp.greedy:
                 tok = int(np.argmax(row))
             else:
-                q = probs(row, sp)
-                tok = sample(q, rng)
+                q = distribution(row, sp)
+                tok = q.sample(rng)
                 rows.append(q)
             tokens.append(tok)
             if i < k - 1:
@@ -236,7 +236,7 @@ class ModelDrafter:
                 step_time += self.clock() - t1
                 steps += 1
         self._fed_drafts = len(tokens) - 1
-        return Draft(tokens, np.stack(rows) if rows else None, key=self.name,
+        return Draft(tokens, rows or None, key=self.name,
                      step_s=step_time / steps if steps else None)
 
     def accept(self, n: int, bonus: int) -> None:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import SamplingParams, probs, sample
+from .sampling import Dist, SamplingParams, distribution
 
 
 def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
@@ -26,36 +26,22 @@ def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int,
     return n, int(choice[n])
 
 
-def rejection_sample(draft: Sequence[int], draft_probs: np.ndarray | None, target_logits: np.ndarray,
-                     sp: SamplingParams, rng: np.random.Generator,
-                     target_probs: np.ndarray | None = None) -> tuple[int, int]:
+def rejection_sample(draft: Sequence[int], draft_dists: Sequence[Dist] | None, target_logits: np.ndarray,
+                     sp: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
     """Return (accepted count, next token) for sampled speculative decoding.
 
-    ``draft_probs`` holds q for each draft position (already processed with ``sp``), or None for a
-    deterministic drafter (point-mass q). ``target_logits`` has len(draft)+1 rows.
+    ``draft_dists`` holds q for each draft position (processed with ``sp``), or None for a
+    deterministic drafter (point-mass q). ``target_logits`` has len(draft)+1 rows; a row is
+    turned into p only when the rule reaches it (a rejection at position i leaves the rest alone).
     """
-    p = target_probs if target_probs is not None else probs(target_logits, sp)
     for i, x in enumerate(draft):
-        px = p[i, x]
-        qx = 1.0 if draft_probs is None else draft_probs[i, x]
+        p = distribution(target_logits[i], sp)
+        px = p.prob(x)
+        qx = 1.0 if draft_dists is None else draft_dists[i].prob(x)
         if qx > 0 and rng.random() * qx < px:  # u < p/q without dividing
             continue
-        if draft_probs is None:
-            residual = p[i].copy()
-            residual[x] = 0.0
-        else:
-            q = draft_probs[i]
-            if q.shape[0] != p.shape[1]:
-                q = _fit(q, p.shape[1])
-            residual = np.maximum(p[i] - q, 0.0)
-        total = residual.sum()
-        if total <= 0:  # p == q up to rounding: any sample of p is exact
-            return i, sample(p[i], rng)
-        return i, sample(residual / total, rng)
-    return len(draft), sample(p[len(draft)], rng)
-
-
-def _fit(q: np.ndarray, n: int) -> np.ndarray:
-    if q.shape[0] >= n:
-        return q[:n]
-    return np.concatenate([q, np.zeros(n - q.shape[0], dtype=q.dtype)])
+        residual = p.without(x) if draft_dists is None else p.minus(draft_dists[i])
+        if residual is None:  # p == q up to rounding: any sample of p is exact
+            return i, p.sample(rng)
+        return i, residual.sample(rng)
+    return len(draft), distribution(target_logits[len(draft)], sp).sample(rng)

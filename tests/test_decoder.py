@@ -173,8 +173,8 @@ def test_statistical_test_catches_missing_residual(monkeypatch):
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     real = verify_mod.rejection_sample
 
-    def buggy(draft, draft_probs, target_logits, sp_, rng, target_probs=None):
-        n, tok = real(draft, draft_probs, target_logits, sp_, rng, target_probs)
+    def buggy(draft, draft_probs, target_logits, sp_, rng):
+        n, tok = real(draft, draft_probs, target_logits, sp_, rng)
         if n < len(draft):
             tok = int(rng.choice(len(target_logits[n]), p=probs(target_logits[n][None], sp_)[0]))
         return n, tok
@@ -199,6 +199,82 @@ def test_sampling_transform_top_k_top_p():
     np.testing.assert_allclose(p, [0.625, 0.375, 0, 0])
     p = probs(logits, SamplingParams(1.0, top_p=0.81))[0]
     np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+def _reference_probs(row, sp):
+    """The transform as a full float64 sort would compute it (the runtime's before it went sparse)."""
+    x = np.asarray(row, dtype=np.float64) / sp.temperature
+    if sp.top_k and sp.top_k < x.shape[-1]:
+        kth = np.partition(x, -sp.top_k)[-sp.top_k]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if sp.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        sp_ = p[order]
+        drop = np.zeros_like(p, dtype=bool)
+        drop[order] = (np.cumsum(sp_) - sp_) >= sp.top_p
+        p = np.where(drop, 0.0, p)
+        p /= p.sum()
+    return p
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(0.7), SamplingParams(0.7, top_p=0.8), SamplingParams(1.0, top_k=40),
+                                SamplingParams(0.5, top_k=7, top_p=0.5), SamplingParams(1.3, top_p=0.99),
+                                SamplingParams(2.0, top_p=0.3)])
+def test_sparse_distribution_equals_the_full_sort(sp):
+    """distribution() never sorts the vocabulary; it must keep the same tokens with the same
+    probabilities as the full float64 sort, on flat and peaked rows of a Qwen-sized vocabulary."""
+    from edgespec.sampling import distribution
+
+    rng = np.random.default_rng(5)
+    for scale, peak in ((0.5, 0.0), (2.5, 12.0), (4.0, 30.0), (0.01, 0.0)):
+        row = (rng.standard_normal(151936) * scale).astype(np.float32)
+        row[rng.integers(0, 151936, size=5)] += peak
+        ref = _reference_probs(row, sp)
+        d = distribution(row, sp)
+        got = d.dense()
+        assert np.array_equal(got > 0, ref > 0), (scale, peak)
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-12)
+        if sp.top_k or sp.top_p < 1:
+            assert d.idx is not None and d.idx.shape[0] == np.count_nonzero(ref)
+
+
+def test_dense_sampler_follows_the_distribution_across_blocks():
+    """Sampling a dense distribution goes through block sums (1024 tokens a block): every block
+    and the ragged last one must be drawn as often as their mass says."""
+    from edgespec.sampling import Dist
+
+    n = 3 * 1024 + 300
+    w = np.zeros(n, dtype=np.float32)
+    cells = [5, 1023, 1024, 2047, 2500, n - 1]
+    w[cells] = [1, 2, 3, 4, 5, 6]
+    d = Dist(n, None, w)
+    rng = np.random.default_rng(0)
+    draws = [d.sample(rng) for _ in range(21000)]
+    counts = {c: draws.count(c) for c in cells}
+    assert sum(counts.values()) == len(draws)
+    expected = {c: len(draws) * w[c] / w.sum() for c in cells}
+    chi2 = sum((counts[c] - expected[c]) ** 2 / expected[c] for c in cells)
+    assert chi2 < _chi2_crit(len(cells) - 1), counts
+
+
+def test_residuals_sparse_and_dense_agree():
+    from edgespec.sampling import distribution
+
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        a, b = (rng.standard_normal(3000) * 3).astype(np.float32), (rng.standard_normal(3000) * 3).astype(np.float32)
+        for sp in (SamplingParams(0.8, top_p=0.9), SamplingParams(1.0, top_k=50), SamplingParams(1.0)):
+            p, q = distribution(a, sp), distribution(b, sp)
+            want = np.maximum(p.dense() - q.dense(), 0)
+            r = p.minus(q)
+            np.testing.assert_allclose(r.dense(), want / want.sum(), rtol=1e-5, atol=1e-12)
+            x = int(np.argmax(p.dense()))
+            wo = p.dense()
+            wo[x] = 0
+            np.testing.assert_allclose(p.without(x).dense(), wo / wo.sum(), rtol=1e-5, atol=1e-12)
+            assert p.prob(x) == pytest.approx(p.dense()[x], rel=1e-6)
 
 
 # -- drafters and cost model ----------------------------------------------------------------

@@ -507,7 +507,6 @@ def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, mon
     manifest = load_manifest(tiny_bundle)
     monkeypatch.setattr(api, "load_manifest", lambda *a, **k: manifest)
     monkeypatch.setattr(api, "OnnxLM", fake_lm)
-    monkeypatch.setattr(api, "ModelDrafter", lambda *a, **k: object())
     prof = resolve_profile("jetson-agx-orin-64gb")  # sets no TensorRT workspace of its own
     assert "trt_max_workspace_size" not in prof.provider_options["tensorrt"]
     with pytest.raises(Stop):
