@@ -120,16 +120,27 @@ class RoundPolicy:
     generations (they describe the device and the models, not one prompt)."""
 
     def __init__(self, probe_every: int = 64):
-        self.cost = CostModel()
-        self.acceptance: dict[str, Acceptance] = {}
+        self.measured = CostModel()  # what this device's calls took, across generations
+        self.learned: dict[str, Acceptance] = {}  # acceptance estimates, across generations
+        self.cost, self.acceptance = self.measured, self.learned  # what the current generation uses
+        self._timed = True
         self.probe_every = probe_every
         self._want: list[Drafter] = []  # the drafters the generation asked for, in order
         self._free: list[Drafter] = []  # free drafters that may fill a wide call's spare position
         self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
 
-    def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int) -> list[Drafter]:
+    def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
+              reproducible: bool = False) -> list[Drafter]:
         """Start a generation with ``drafter`` (a name, ``auto`` or ``none``); returns the drafters
-        it may use, to be begun."""
+        it may use, to be begun. ``reproducible``: the choices may depend only on this generation's
+        tokens, never on timings or earlier generations (a seeded sampled generation must give the
+        same output every time: its random draws follow the rounds), so the generation starts from
+        the priors (costs and acceptance) and learns acceptance from its own rounds only."""
+        self._timed = not reproducible
+        if reproducible:
+            self.cost, self.acceptance = CostModel(), {}
+        else:
+            self.cost, self.acceptance = self.measured, self.learned
         if drafter == "none":
             self._want = []
         else:
@@ -182,10 +193,11 @@ class RoundPolicy:
                 width: int, seconds: float) -> None:
         """A round ran: the chosen drafter drafted ``tokens`` (a step took ``step_s``), the target
         kept ``n_accepted`` of them in a call of ``width`` tokens that took ``seconds``."""
-        self.cost.observe_target(width, seconds)
+        if self._timed:
+            self.cost.observe_target(width, seconds)
         if tokens:
             self.acceptance[choice.key].update(n_accepted, len(tokens))
-        if choice.drafter is not None and step_s is not None:
+        if self._timed and choice.drafter is not None and step_s is not None:
             self.cost.observe_draft(step_s, choice.drafter.name)
         for name in self._idle:
             self._idle[name] = 0 if choice.drafter is not None and choice.drafter.name == name else self._idle[name] + 1

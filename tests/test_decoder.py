@@ -385,3 +385,58 @@ def test_a_registered_drafter_is_built_by_load(monkeypatch, tiny_bundle):
     ref = eng.generate("def hello(world):", max_new_tokens=24, drafter="none")
     got = eng.generate("def hello(world):", max_new_tokens=24, drafter="repeat", draft_tokens=2)
     assert got.token_ids == ref.token_ids and got.stats["rounds_by_drafter"].get("repeat")
+
+
+# -- a seed reproduces a sampled generation ----------------------------------------------------
+
+class JitterClock(SimClock):
+    """Simulated time with noise on every reading: measured call times differ run to run."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self) -> float:
+        self.t += float(self.rng.exponential(0.002))
+        return self.t
+
+
+def _jittery_decoder(jitter_seed, min_width=2):
+    clock = JitterClock(jitter_seed)
+    target = FakeLM(8, seed=4, sharpness=1.5, delay=(0.004, 0.0005), clock=clock, min_width=min_width)
+    dl = FakeLM(8, table=target.table + np.random.default_rng(9).normal(0, 0.7, target.table.shape),
+                delay=(0.0015, 0.0), clock=clock)
+    return Decoder(target, (), drafters=[ModelDrafter(dl, 8, clock=clock), PromptLookupDrafter()], clock=clock)
+
+
+def test_seeded_sampling_does_not_depend_on_timings_or_earlier_generations():
+    """Issue: the policy read the wall clock, so one seed gave several outputs. With a seed, a
+    sampled generation's drafting choices depend on its own tokens only."""
+    for drafter in ("auto", "model", "prompt-lookup"):
+        kw = dict(max_new_tokens=60, temperature=0.9, top_p=0.9, seed=42, drafter=drafter)
+        outs = set()
+        shared = _jittery_decoder(0)
+        for j in range(4):
+            outs.add(tuple(run(_jittery_decoder(j + 1), [1, 2, 3, 1, 2], **kw)[0]))  # fresh, other timings
+            outs.add(tuple(run(shared, [1, 2, 3, 1, 2], **kw)[0]))  # one decoder, its history growing
+        assert len(outs) == 1, (drafter, len(outs))
+    # the premise: unseeded timings do steer the choices (else the test above could not fail)
+    rounds = set()
+    for j in range(4):
+        st = Stats()
+        run(_jittery_decoder(j + 1), [1, 2, 3, 1, 2], st, max_new_tokens=60, drafter="auto")
+        rounds.add(tuple(sorted(st.rounds_by_drafter.items())))
+    assert len(rounds) > 1
+
+
+def test_seed_reproduces_on_a_real_bundle(tiny_bundle):
+    import edgespec
+
+    outs = {}
+    for attempt in range(2):
+        eng = edgespec.load(tiny_bundle, max_context=256)
+        for drafter in ("auto", "prompt-lookup", "model", "none"):
+            for _ in range(3):
+                r = eng.generate("The quick brown fox", max_new_tokens=30, temperature=0.8, seed=42, drafter=drafter)
+                outs.setdefault(drafter, set()).add(tuple(r.token_ids))
+    assert all(len(v) == 1 for v in outs.values()), {k: len(v) for k, v in outs.items()}
