@@ -155,7 +155,7 @@ class Report:
         drafters = list(dict.fromkeys(r.drafter for r in self.runs))
         lines = [f"# edgespec bench: {self.bundle}", "",
                  f"{self.device.get('cpu', '')} · {self.device.get('providers', '')} · "
-                 f"max_new_tokens {self.settings['max_new_tokens']} · greedy · {len(self.runs)} runs", "",
+                 f"max_new_tokens {self.settings['max_new_tokens']} · {_mode(self.settings)} · {len(self.runs)} runs", "",
                  "| category | drafter | tok/s | speedup | acceptance | accepted/round | tokens/call | TTFT ms | TPOT ms | exact |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
         for c, per in s.items():
@@ -167,7 +167,7 @@ class Report:
                 lines.append(f"| {c} | {d} | {f(v['tokens_per_second'], 1)} | {f(v['speedup'])}× | "
                              f"{f(v['acceptance_rate'])} | {f(v['mean_accepted_length'])} | "
                              f"{f(v['tokens_per_target_call'])} | {f(v['ttft_ms'], 0)} | {f(v['tpot_ms'], 1)} | "
-                             f"{'✓' if v['exact'] else '✗'} |")
+                             f"{'–' if self.settings.get('temperature') else '✓' if v['exact'] else '✗'} |")
         lines += ["", "tok/s: new tokens after the first over decode time; speedup: against `none` (edgespec's exact "
                       "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's speculative rows: as `genai-ar`)."]
         m = self.memory
@@ -175,6 +175,11 @@ class Report:
             lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB; plan {m['planned_bytes'] / 2**20:.0f} MiB; "
                           f"budget {m['budget_bytes'] / 2**20:.0f} MiB."]
         return "\n".join(lines) + "\n"
+
+
+def _mode(settings: dict) -> str:
+    t = settings.get("temperature") or 0.0
+    return "greedy" if not t else f"sampled (temperature {t}, top-p {settings.get('top_p', 1.0)}: exactness not checked)"
 
 
 def _device(engine) -> dict:
@@ -214,13 +219,15 @@ def parse_drafters(drafters: Sequence[str], draft_tokens: int | None = None) -> 
 
 
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
+              temperature: float = 0.0, top_p: float = 1.0,
               draft_tokens: int | None = None, external: dict[str, External] | None = None,
               log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
     fixed_k = parse_drafters(drafters, draft_tokens)
     external = dict(external or {})
     order = ["none"] + [d for d in drafters if d != "none"]
     rep = Report(str(engine.manifest.root), _device(engine),
-                 {"max_new_tokens": max_new_tokens, "drafters": order + list(external), "draft_tokens": draft_tokens,
+                 {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                  "drafters": order + list(external), "draft_tokens": draft_tokens,
                   "prompts": len(prompts)}, plan=engine.plan.to_dict())
     tok = engine.tokenizer
     has_template = bool(engine.manifest.chat_template)
@@ -239,13 +246,14 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     engine.reset()
                     out: list[int] = []
                     st = None
-                    for _, toks, st in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=0.0,
+                    for _, toks, st in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                         top_p=top_p,
                                                          drafter=d.partition(":")[0],
                                                          draft_tokens=None if d == "none" else fixed_k[d]):
                         out.extend(toks)
                     if d == "none":
                         ref, reply_ids = out, out
-                    exact = None if d == "none" else out == ref
+                    exact = None if d == "none" or temperature else out == ref
                     rep.runs.append(Run(q["question_id"], q["category"], ti, d, st.new_tokens, st.ttft_ms, st.decode_s,
                                         st.tokens_per_second,
                                         1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,

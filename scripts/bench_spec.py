@@ -17,6 +17,7 @@ equal that reference (for genai's speculative rows: genai's own autoregressive t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import edgespec  # noqa: E402
 from edgespec.bench import read_prompts, run_bench, write_report  # noqa: E402
 from genai_baseline import genai_autoregressive, genai_speculative  # noqa: E402
+from llamacpp_baseline import llamacpp_runners  # noqa: E402
 
 
 def genai_runners(bundle: Path, k: int, ngram_size: int, with_draft: bool, threads: int | None) -> dict:
@@ -50,6 +52,11 @@ def genai_runners(bundle: Path, k: int, ngram_size: int, with_draft: bool, threa
     return runners
 
 
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
@@ -58,6 +65,14 @@ def main(argv=None) -> int:
     ap.add_argument("--genai-k", type=int, default=4, help="draft tokens per round for genai's speculation")
     ap.add_argument("--ngram-size", type=int, default=4, help="genai n-gram size (matches the last N-1 tokens)")
     ap.add_argument("--no-genai", action="store_true")
+    ap.add_argument("--llamacpp", action="store_true",
+                    help="also run llama.cpp (scripts/build_llamacpp.sh) on the GGUFs the bundle was exported from: "
+                         "autoregressive, draft model, n-gram")
+    ap.add_argument("--llamacpp-draft-k", default="4,8", help="draft lengths for llama.cpp's draft-model runs")
+    ap.add_argument("--llamacpp-target", default=None, help="target GGUF (default: the manifest's source)")
+    ap.add_argument("--llamacpp-drafter", default=None, help="drafter GGUF (default: the manifest's source)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs (no exactness check, no anchors)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", default=None)
@@ -75,14 +90,32 @@ def main(argv=None) -> int:
         names = [n for n in names if not n.startswith("model")]
     prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
                            per_category=args.per_category)
-    external = {} if args.no_genai else genai_runners(bundle, args.genai_k, args.ngram_size, has_model, args.threads)
+    sampled = args.temperature > 0
+    external = {} if args.no_genai or sampled else genai_runners(bundle, args.genai_k, args.ngram_size, has_model,
+                                                                  args.threads)
+    close_llama = None
+    if args.llamacpp and not sampled:
+        tgt = args.llamacpp_target or eng.manifest.sources.get("target")
+        dft = args.llamacpp_drafter or eng.manifest.sources.get("drafter")
+        if not tgt or not str(tgt).endswith(".gguf"):
+            ap.error("--llamacpp needs the target GGUF (--llamacpp-target): the bundle was not exported from one")
+        ks = tuple(int(k) for k in args.llamacpp_draft_k.split(",") if k.strip())
+        runners, close_llama = llamacpp_runners(tgt, dft if dft and str(dft).endswith(".gguf") else None,
+                                                threads=args.threads or os.cpu_count() or 2, ctx=eng.max_context,
+                                                draft_ks=ks, logs=_mkdir(Path(args.out)))
+        external.update(runners)
     if external:  # first calls of genai's sessions pick kernels: keep them out of the figures
         warm = eng.tokenizer.encode("Hello")
         for fn in external.values():
             fn(warm, 8)
     print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + names}, "
           f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
-    rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external)
+    try:
+        rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
+                        temperature=args.temperature, top_p=args.top_p)
+    finally:
+        if close_llama:
+            close_llama()
     files = write_report(rep, args.out, plots=not args.no_plots)
     print(rep.markdown())
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-server from a pinned source release for the side-by-side benchmarks
+# (scripts/bench_spec.py --llamacpp). The source is the copy of llama.cpp vendored in the
+# llama-cpp-python sdist on PyPI, checked against its sha256. Not part of CI or the install:
+# it takes ~10 minutes on 2 cores. Output: .llamacpp/bin/llama-server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=0.3.36
+SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+OUT=.llamacpp
+mkdir -p "$OUT/src"
+SDIST="$OUT/src/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$SDIST" ]; then
+  .venv/bin/python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$OUT/src"
+fi
+echo "$SHA256  $SDIST" | sha256sum -c - >/dev/null || { echo "sha256 mismatch for $SDIST" >&2; exit 1; }
+SRC="$OUT/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
+[ -d "$SRC" ] || tar xzf "$SDIST" -C "$OUT/src"
+cmake -S "$SRC" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build "$OUT/build" --target llama-server -j "$(nproc)"
+mkdir -p "$OUT/bin"
+cp "$OUT/build/bin/llama-server" "$OUT/bin/"
+"$OUT/bin/llama-server" --version 2>&1 | head -2
