@@ -39,8 +39,13 @@ class Result:
 
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
          threads: int | None = None, use_drafter: bool = True, verify: bool = False,
-         min_width: int | None = None) -> "Engine":
+         min_width: int | None = None, memory: bool | str | os.PathLike = True,
+         documents: Sequence[str | os.PathLike] = ()) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
+
+    ``memory``: the suffix drafter's store of earlier outputs (True: this bundle's store under
+    ~/.cache/edgespec/memory; a path: that store file; False: nothing read or stored).
+    ``documents``: text files the suffix drafter drafts from (see ``Engine.add_documents``).
 
     ``profile`` is a profile name, a path to a TOML file, or a ``Profile``; ``provider`` (cpu, cuda,
     tensorrt) overrides the profile's list and is an error if it cannot run. ``verify`` hashes
@@ -49,6 +54,9 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     """
     from .planner import plan as make_plan
     from .profiles import resolve_profile
+    from .suffix import read_document
+
+    doc_texts = [read_document(p) for p in ([documents] if isinstance(documents, (str, os.PathLike)) else documents)]
 
     manifest = load_manifest(bundle, deep=verify)
     prof = resolve_profile(profile)
@@ -75,12 +83,15 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                       prefill_chunk=the_plan.prefill_chunk, min_width=min_width)
 
     target = open_model("target", min_width)
-    env = LoadEnv(manifest, the_plan, prof, open_model)
+    env = LoadEnv(manifest, the_plan, prof, open_model, options={"memory": memory})
     drafters = [d for d in (cls.build(env) for cls in DRAFTERS.values()) if d is not None]
     decoder = Decoder(target, manifest.eos_token_ids, drafters=drafters)
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
                     eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
-    return Engine(manifest, tok, decoder, the_plan, prof, choice)
+    engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
+    if doc_texts:
+        engine.add_documents(texts=doc_texts)
+    return engine
 
 
 class Engine:
@@ -109,6 +120,27 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.decoder.target.max_context
+
+    def add_documents(self, paths: Sequence[str | os.PathLike] = (), *, texts: Sequence[str] = ()) -> int:
+        """Index text files (``paths``) and strings (``texts``) for the suffix drafter, which then
+        drafts quotes of them. Tokenized once; returns the tokens added. ``DocumentError`` for a
+        file that is missing, binary, not UTF-8 or too large (nothing is indexed then)."""
+        from .suffix import add_documents
+
+        return add_documents(self, paths, texts)
+
+    def memory_stats(self) -> dict:
+        """The suffix drafter's store and documents: sequences, tokens, bytes, path."""
+        from .suffix import suffix_drafter
+
+        return suffix_drafter(self).stats()
+
+    def clear_memory(self) -> None:
+        """Forget (and delete on disk) the earlier outputs the suffix drafter remembers."""
+        from .suffix import suffix_drafter
+
+        with self.decoder.lock.hold("clear the memory"):
+            suffix_drafter(self).clear_memory()
 
     def reset(self) -> None:
         """Forget the cached conversation (the next prompt is prefilled from scratch). Waits for a

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from .cli_memory import engine_options, memory, memory_opts
 from .drafters import drafter_choices
 from .errors import EdgespecError
 from .manifest import DRAFTER_PRECISIONS, TARGET_PRECISIONS, Quality, Validation
@@ -74,7 +75,7 @@ def _engine(bundle, profile, provider, max_context, threads, use_drafter=True):
     from .api import load
 
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
-                use_drafter=use_drafter)
+                use_drafter=use_drafter, **engine_options())  # --documents, --no-memory
 
 
 _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE",
@@ -118,13 +119,14 @@ def _engine_opts(f):
 @_sampling_opts
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @_engine_opts
+@memory_opts()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json):
     """Generate a continuation of PROMPT with the model in BUNDLE."""
     if prompt == "-":
         prompt = sys.stdin.read()
-    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup"))
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
               drafter=drafter, draft_tokens=draft_tokens)
@@ -149,6 +151,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
 @_sampling_opts
 @_engine_opts
+@memory_opts()
 @click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
 @click.pass_context
 def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, drafter, draft_tokens, max_context,
@@ -160,7 +163,7 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     """
     from .chat import run_chat
 
-    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup"))
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    drafter=drafter, draft_tokens=draft_tokens)
     if hasattr(sys.stdout, "reconfigure"):
@@ -190,6 +193,7 @@ class _OneLineUsage(click.Command):
 @click.option("--queue", "queue_size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait while one generates; more are refused with 429.")
 @_engine_opts
+@memory_opts()
 def serve(bundle, host, port, queue_size, drafter, draft_tokens, max_context, threads, profile, provider):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
@@ -203,7 +207,7 @@ def serve(bundle, host, port, queue_size, drafter, draft_tokens, max_context, th
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
     try:
         eng = _engine(bundle, profile, provider, max_context, threads,
-                      use_drafter=drafter not in ("none", "prompt-lookup"))
+                      use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens)
@@ -390,6 +394,7 @@ def _report_lines(v: Validation, q: Quality) -> list[str]:
 @_provider_opt
 @click.option("--out", "out_dir", type=click.Path(), default="reports/bench", show_default=True)
 @click.option("--no-plots", is_flag=True)
+@memory_opts(default_memory=False)
 def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_new_tokens, draft_tokens, max_context,
           threads, profile, provider, out_dir, no_plots):
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
@@ -410,6 +415,8 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     click.echo(rep.markdown())
     click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
+
+main.add_command(memory)
 
 if __name__ == "__main__":
     main()

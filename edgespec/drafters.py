@@ -20,7 +20,7 @@ model calls) and a ``build(env)`` classmethod, and decorate it with ``@register`
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -69,12 +69,14 @@ class Drafter(Protocol):
 @dataclass
 class LoadEnv:
     """What ``edgespec.load`` hands a drafter's ``build``: the manifest, the memory plan, the
-    profile, and ``open_model(role, min_width)`` that opens a bundle model as the plan allows."""
+    profile, ``open_model(role, min_width)`` that opens a bundle model as the plan allows, and the
+    drafters' load options (``memory``: True, False or a store path, see suffix.py)."""
 
     manifest: object
     plan: object
     profile: object
     open_model: Callable
+    options: dict = field(default_factory=dict)
 
 
 DRAFTERS: dict[str, type] = {}  # name -> class, in the order ``auto`` considers them
@@ -157,6 +159,11 @@ class PromptLookupDrafter:
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
         tokens, size = self._lookup_cached(ctx, k)
         return Draft(tokens, key=f"{self.name}/{size}")
+
+    def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
+        tokens, size = self._lookup_cached(ctx, k)
+        return tokens, f"{self.name}/{size}"
 
     def accept(self, n: int, bonus: int) -> None:
         pass  # stateless: the next lookup reads the context as it is
@@ -249,3 +256,6 @@ def _top_prob(logits: np.ndarray) -> float:
     """The largest softmax probability of a row of logits."""
     m = float(logits.max())
     return 1.0 / float(np.exp(logits - m, dtype=np.float32).sum())
+
+
+from . import suffix as _suffix  # noqa: E402,F401  (registers the suffix drafter after these)

@@ -60,3 +60,11 @@ class ExportError(EdgespecError):
     """The export stage could not convert, quantize or validate a model."""
 
     exit_code = 6
+
+
+class StoreError(EdgespecError):
+    """A drafting memory store file is corrupt, foreign (made for another bundle) or unwritable."""
+
+
+class DocumentError(ConfigError):
+    """A documents file for retrieval drafting is missing, binary, not UTF-8 text or too large."""

@@ -128,6 +128,7 @@ class RoundPolicy:
         self._want: list[Drafter] = []  # the drafters the generation asked for, in order
         self._free: list[Drafter] = []  # free drafters that may fill a wide call's spare position
         self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
+        self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False) -> list[Drafter]:
@@ -147,7 +148,11 @@ class RoundPolicy:
             self._want = list(drafters.values()) if drafter == "auto" else [drafters[drafter]]
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
+        self._shadow = []
         self.cost.min_width = min_width
+        for d in drafters.values():
+            if hasattr(d, "history"):  # a drafter with memory of earlier generations (suffix.py)
+                d.history = not reproducible
         return self._want + [d for d in self._free if d not in self._want]
 
     def estimate(self, offer: Offer) -> Acceptance:
@@ -160,13 +165,16 @@ class RoundPolicy:
         """The drafter and k for the next round: at most ``kcap`` tokens fit; ``fixed`` is a fixed
         draft length (None: adaptive, up to ``max_draft``)."""
         kmax = min(kcap, fixed if fixed is not None else max_draft)
+        self._score_shadows(ctx)
         if kmax <= 0 or not self._want:
             return NO_DRAFT
         best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
+        offered: list[Drafter] = []
         for d in self._want:
             offer = d.offer(ctx, kmax)
             if offer is None:
                 continue
+            offered.append(d)
             alpha = self.estimate(offer).alpha
             if fixed is not None:
                 k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name)
@@ -174,6 +182,11 @@ class RoundPolicy:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name)
             if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
                 best, best_rate = Choice(d, k, offer.key), r
+        for d in offered:  # the free drafters not chosen are scored on what the target emits
+            if not d.has_cost and d is not best.drafter and hasattr(d, "peek"):
+                tokens, key = d.peek(ctx, kmax)
+                if tokens and key in self.acceptance:
+                    self._shadow.append((key, tokens, len(ctx)))
         if fixed is None:
             for d in self._want:  # probe a costly drafter left unused too long
                 if d is not best.drafter and self._idle.get(d.name, 0) >= self.probe_every:
@@ -182,12 +195,27 @@ class RoundPolicy:
                         self.estimate(offer)
                         return Choice(d, 1, offer.key)
         if best.k == 0 and self.cost.min_width > 1:
+            fill, fill_alpha = NO_DRAFT, -1.0
             for d in self._free:  # the target computes a second position anyway: fill it
                 offer = d.offer(ctx, 1)
-                if offer is not None:
-                    self.estimate(offer)
-                    return Choice(d, 1, offer.key)
+                if offer is not None and self.estimate(offer).alpha > fill_alpha:
+                    fill, fill_alpha = Choice(d, 1, offer.key), self.estimate(offer).alpha
+            if fill.drafter is not None:
+                return fill
         return best
+
+    def _score_shadows(self, ctx: TokenBuffer) -> None:
+        """Free drafters' guesses that were not drafted, scored now that the context holds what
+        the target emitted after them: the matched prefix is what they would have had accepted (a
+        point-mass draft token is accepted with the probability the target emits it)."""
+        for key, tokens, at in self._shadow:
+            emitted = len(ctx) - at
+            if emitted > 0:
+                k = min(len(tokens), emitted)
+                got = ctx[at: at + k]
+                n = next((i for i in range(k) if got[i] != tokens[i]), k)
+                self.acceptance[key].update(n, k)
+        self._shadow = []
 
     def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
                 width: int, seconds: float) -> None:

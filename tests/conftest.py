@@ -15,6 +15,18 @@ QWEN_D = MODELS / "qwen2.5-coder-0.5b-instruct.gguf"
 BUNDLES = Path(os.environ.get("EDGESPEC_BUNDLES", ROOT / "bundles"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _memory_dir(tmp_path_factory):
+    """Engines loaded by tests keep their drafting memory in a temporary directory, not ~/.cache."""
+    old = os.environ.get("EDGESPEC_MEMORY_DIR")
+    os.environ["EDGESPEC_MEMORY_DIR"] = str(tmp_path_factory.mktemp("memory"))
+    yield
+    if old is None:
+        os.environ.pop("EDGESPEC_MEMORY_DIR", None)
+    else:
+        os.environ["EDGESPEC_MEMORY_DIR"] = old
+
+
 def need(path: Path, what: str):
     if not path.exists():
         pytest.skip(f"{what} not found at {path}: run `python scripts/fetch_models.py` first")

@@ -9,6 +9,8 @@ import pytest
 from edgespec import verify as verify_mod
 from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.memory import MemoryStore
+from edgespec.suffix import SuffixDrafter
 from edgespec.policy import CostModel
 from edgespec.sampling import SamplingParams, probs
 from tiny import FakeLM, SimClock
@@ -27,11 +29,23 @@ def make(vocab=8, seed=0, drafter_noise=0.5, max_context=512, eos=(), min_width=
     rng = np.random.default_rng(seed + 100)
     dtable = target.table + drafter_noise * rng.normal(size=target.table.shape)
     draft_lm = FakeLM(vocab, max_context, table=dtable)
-    return Decoder(target, eos, drafters=[ModelDrafter(draft_lm, vocab), PromptLookupDrafter()])
+    return Decoder(target, eos, drafters=[ModelDrafter(draft_lm, vocab), PromptLookupDrafter(),
+                                          suffix_drafter(vocab, seed)])
+
+
+def suffix_drafter(vocab, seed, cls=SuffixDrafter):
+    """A suffix drafter whose memory and documents hold random sequences (they match often in a
+    small vocabulary, so drafts come from every source)."""
+    rng = np.random.default_rng(seed + 200)
+    d = cls(MemoryStore(None, "test", vocab, cap_tokens=200))
+    for _ in range(4):
+        d.memory.add(rng.integers(0, vocab, size=60))
+    d.add_documents([rng.integers(0, vocab, size=80)])
+    return d
 
 
 @pytest.mark.parametrize("min_width", [1, 2])
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "auto"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "suffix", "auto"])
 @pytest.mark.parametrize("k", [None, 1, 3, 6])
 def test_greedy_speculative_equals_autoregressive(drafter, k, min_width):
     for seed in range(12):
@@ -149,6 +163,9 @@ def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k):
     ("model", SamplingParams(0.7, top_k=3)),
     ("model", SamplingParams(1.3, top_p=0.8)),
     ("prompt-lookup", SamplingParams(1.0)),
+    ("suffix", SamplingParams(1.0)),
+    ("suffix", SamplingParams(0.7, top_k=3)),
+    ("auto", SamplingParams(1.3, top_p=0.8)),
 ])
 def test_sampled_speculative_follows_target_distribution(drafter, sp):
     vocab, n_tokens, runs = 4, 3, 6000
@@ -158,11 +175,20 @@ def test_sampled_speculative_follows_target_distribution(drafter, sp):
     def factory():
         target = FakeLM(vocab, seed=7, sharpness=1.0)
         dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
-        return Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter()])
+        return Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(),
+                                             suffix_drafter(vocab, 7, RememberingSuffix)])
 
     counts = _sample_runs(factory, prompt, n_tokens, sp, runs, drafter, 2)
     stat, df = _chi2(counts, exact, runs)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+class RememberingSuffix(SuffixDrafter):
+    """Drafts from its memory in seeded runs too (the engine turns memory off there, for
+    reproducibility): the memory grows with every run, and the distribution must hold whatever it
+    holds."""
+
+    history = property(lambda self: True, lambda self, value: None)
 
 
 def test_statistical_test_catches_missing_residual(monkeypatch):

@@ -1,0 +1,90 @@
+"""The CLI's suffix-drafter options (--documents, --no-memory) and the ``edgespec memory`` commands."""
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+MiB = 1 << 20
+
+
+def memory_opts(default_memory: bool = True):
+    """Adds --documents FILE (repeatable) and --no-memory (or --memory, where the default is off)
+    to a command; ``engine_options()`` reads them back for ``load``."""
+
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kw):
+            kw.pop("documents", None)
+            kw.pop("use_memory", None)
+            return f(*args, **kw)
+
+        wrapper = click.option("--documents", multiple=True, type=click.Path(),
+                               help="A text file the suffix drafter drafts quotes from (repeatable).")(wrapper)
+        flag = "--memory/--no-memory"
+        help_ = ("Keep earlier outputs of this bundle to draft from (--no-memory: nothing is read or stored)."
+                 if default_memory else "Draft from (and add to) this bundle's memory of earlier outputs "
+                                        "(off by default here: results would depend on earlier runs).")
+        return click.option(flag, "use_memory", default=default_memory, show_default=True, help=help_)(wrapper)
+
+    return deco
+
+
+def engine_options() -> dict:
+    """``load`` keywords from the running command's --documents / --memory options."""
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx is not None else {}
+    out = {}
+    if "use_memory" in params:
+        out["memory"] = bool(params["use_memory"])
+    if params.get("documents"):
+        out["documents"] = list(params["documents"])
+    return out
+
+
+@click.group("memory")
+def memory():
+    """The suffix drafter's memory of earlier outputs, per bundle."""
+
+
+@memory.command("show")
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.option("--json", "as_json", is_flag=True)
+def show(bundle, as_json):
+    """Where BUNDLE's memory is kept and what it holds."""
+    from .errors import StoreError
+    from .manifest import load_manifest
+    from .memory import bundle_fingerprint, read_store, store_path
+
+    m = load_manifest(bundle, check=False)
+    path = store_path(m)
+    info = {"path": str(path), "exists": path.exists(), "sequences": 0, "tokens": 0, "file_bytes": 0, "error": None}
+    if path.exists():
+        info["file_bytes"] = path.stat().st_size
+        try:
+            seqs = read_store(path, bundle_fingerprint(m), m.target.vocab_size)
+            info.update(sequences=len(seqs), tokens=int(sum(len(s) for s in seqs)))
+        except StoreError as e:
+            info["error"] = str(e)
+    if as_json:
+        click.echo(json.dumps(info, indent=1))
+        return
+    click.echo(f"memory of {m.root}: {path}")
+    if not info["exists"]:
+        click.echo("  empty (no store file)")
+    elif info["error"]:
+        click.echo(f"  unreadable: {info['error']} (the next load sets it aside)")
+    else:
+        click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, {info['file_bytes'] / 1024:.1f} KiB on disk")
+
+
+@memory.command("clear")
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+def clear(bundle):
+    """Delete BUNDLE's memory of earlier outputs (and any store set aside as corrupt)."""
+    from .manifest import load_manifest
+    from .memory import clear_store
+
+    gone = clear_store(load_manifest(bundle, check=False))
+    click.echo(f"deleted {len(gone)} file(s)" + "".join(f"\n  {p}" for p in gone))

@@ -1,0 +1,217 @@
+"""The suffix drafter's memory: earlier outputs of one bundle, bounded, on disk between processes.
+
+Where: ``$EDGESPEC_MEMORY_DIR/<fingerprint>/store.npz`` (default ``~/.cache/edgespec/memory``),
+never inside the bundle: a bundle may be read-only or shared by several users, and what a user
+generated is theirs. The fingerprint hashes the target's tokenizer and weight files, so a store is
+only ever read by the model whose token ids it holds.
+
+The store keeps whole sequences (the last prompt tokens and an output) oldest first, up to
+``cap_tokens`` tokens; adding past the cap evicts the oldest (FIFO), and the n-gram table loses their
+counts. Saving writes a temporary file beside the store, fsyncs it and renames it over the old one,
+so a crash leaves the old store or the new one, never half of one. A file that does not read back
+(corrupt, truncated, another format, another bundle's) raises ``StoreError``; ``open_store`` sets
+it aside as ``store.npz.bad-<time>`` and starts empty.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+import warnings
+import zipfile
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import StoreError
+from .ngram import MAX_TOKEN, NgramTable
+
+FORMAT = "edgespec-memory"
+VERSION = 1
+DEFAULT_CAP_TOKENS = 65536
+STORE_FILE = "store.npz"
+
+
+def memory_root() -> Path:
+    env = os.environ.get("EDGESPEC_MEMORY_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "edgespec" / "memory"
+
+
+def bundle_fingerprint(manifest) -> str:
+    """Names a bundle's token ids and outputs: the target's tokenizer and weight hashes."""
+    t = manifest.target
+    h = hashlib.sha256(t.tokenizer_sha256.encode())
+    h.update(str(t.vocab_size).encode())
+    for rel in sorted(t.files):
+        h.update(rel.encode())
+        h.update(str(t.files[rel].get("sha256") or t.files[rel].get("bytes")).encode())
+    return h.hexdigest()[:20]
+
+
+def store_path(manifest) -> Path:
+    return memory_root() / bundle_fingerprint(manifest) / STORE_FILE
+
+
+class MemoryStore:
+    """Earlier outputs as token sequences and their n-gram table, at most ``cap_tokens`` tokens."""
+
+    def __init__(self, path: str | os.PathLike | None, fingerprint: str, vocab_size: int,
+                 cap_tokens: int = DEFAULT_CAP_TOKENS):
+        if cap_tokens < 1:
+            raise StoreError(f"memory cap must be >= 1 token, got {cap_tokens}")
+        self.path = Path(path) if path is not None else None
+        self.fingerprint = fingerprint
+        self.vocab_size = vocab_size
+        self.cap_tokens = cap_tokens
+        self.seqs: deque[np.ndarray] = deque()
+        self.tokens = 0
+        self.table = NgramTable()
+        self.evicted = 0
+        self.dirty = False
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def nbytes(self) -> int:
+        """What the store holds in memory: its sequences and its n-gram table."""
+        return 4 * self.tokens + self.table.nbytes
+
+    def add(self, seq: Sequence[int]) -> None:
+        a = np.asarray(seq, dtype=np.int64)
+        if a.shape[0] < 2:
+            return
+        a = a[-self.cap_tokens:].astype(np.int32)
+        evict = []
+        while self.seqs and self.tokens + a.shape[0] > self.cap_tokens:
+            old = self.seqs.popleft()
+            self.tokens -= old.shape[0]
+            evict.append(old)
+        if evict:
+            self.table.add(evict, sign=-1)
+            self.evicted += len(evict)
+        self.seqs.append(a)
+        self.tokens += a.shape[0]
+        self.table.add([a])
+        self.dirty = True
+
+    def clear(self) -> None:
+        self.seqs.clear()
+        self.tokens = 0
+        self.table.clear()
+        self.dirty = True
+
+    def best(self, keys):
+        return self.table.best(keys)
+
+    # -- disk ----------------------------------------------------------------------------------
+    def save(self) -> None:
+        """Write the store atomically (temporary file, fsync, rename). OSError on failure."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
+                           "vocab_size": self.vocab_size, "saved": time.time()}).encode()
+        toks = np.concatenate(list(self.seqs)) if self.seqs else np.zeros(0, np.int32)
+        lengths = np.array([s.shape[0] for s in self.seqs], dtype=np.int64)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, meta=np.frombuffer(meta, dtype=np.uint8), tokens=toks, lengths=lengths)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        self.dirty = False
+
+    def load(self) -> None:
+        """Read the store from ``path`` (a missing file is an empty store). ``StoreError`` when the
+        file is corrupt or foreign; the store is then left empty."""
+        if self.path is None or not self.path.exists():
+            return
+        seqs = read_store(self.path, self.fingerprint, self.vocab_size)
+        self.clear()
+        keep: list[np.ndarray] = []
+        total = 0
+        for s in reversed(seqs):  # the newest that fit the cap
+            if total + s.shape[0] > self.cap_tokens:
+                break
+            keep.append(s)
+            total += s.shape[0]
+        self.seqs = deque(reversed(keep))
+        self.tokens = total
+        self.table.add(list(self.seqs))
+        self.dirty = False
+
+
+def read_store(path: Path, fingerprint: str | None, vocab_size: int | None) -> list[np.ndarray]:
+    """The sequences of a store file; ``StoreError`` naming what is wrong with it."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise StoreError(f"cannot read the memory store {path}: {e.strerror or e}") from None
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            toks, lengths = z["tokens"], z["lengths"]
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise StoreError(f"the memory store {path} is corrupt ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise StoreError(f"{path} is not an edgespec memory store")
+    if meta.get("version") != VERSION:
+        raise StoreError(f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads {VERSION}")
+    if fingerprint is not None and meta.get("fingerprint") != fingerprint:
+        raise StoreError(f"the memory store {path} belongs to another bundle (fingerprint "
+                         f"{meta.get('fingerprint')!r}, this bundle {fingerprint!r})")
+    if (toks.ndim != 1 or lengths.ndim != 1 or toks.dtype.kind not in "iu" or lengths.dtype.kind not in "iu"
+            or (lengths < 0).any() or int(lengths.sum()) != toks.shape[0]):
+        raise StoreError(f"the memory store {path} is corrupt (token and length arrays disagree)")
+    limit = min(vocab_size or MAX_TOKEN, MAX_TOKEN)
+    if toks.shape[0] and (toks.min() < 0 or toks.max() >= limit):
+        raise StoreError(f"the memory store {path} holds token ids outside this vocabulary (0..{limit - 1})")
+    toks = toks.astype(np.int32)
+    ends = np.cumsum(lengths)
+    return [toks[e - n: e] for n, e in zip(lengths.tolist(), ends.tolist())]
+
+
+def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = DEFAULT_CAP_TOKENS) -> MemoryStore:
+    """A store read from ``path``; a corrupt or foreign file is set aside (renamed ``*.bad-<time>``,
+    with a warning) and the store starts empty, so a bad file never stops a generation."""
+    store = MemoryStore(path, fingerprint, vocab_size, cap_tokens)
+    try:
+        store.load()
+    except StoreError as e:
+        aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.replace(path, aside)
+            where = f"set aside as {aside.name}"
+        except OSError as e2:
+            where = f"could not be set aside ({e2.strerror or e2})"
+            store.path = None  # never overwrite what could not be moved
+        warnings.warn(f"{e}; {where}, starting with an empty memory", stacklevel=2)
+    return store
+
+
+def clear_store(manifest) -> list[Path]:
+    """Delete the bundle's memory store (and set-aside files); returns what was deleted."""
+    d = store_path(manifest).parent
+    gone = []
+    if d.is_dir():
+        for p in sorted(d.iterdir()):
+            if p.name.startswith(STORE_FILE) or p.name.startswith(f".{STORE_FILE}"):
+                p.unlink()
+                gone.append(p)
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    return gone

@@ -1,0 +1,263 @@
+"""Suffix drafting: the most frequent continuation of the longest match, from three sources.
+
+- ``ctx``: the generation's own prompt and output (what prompt lookup reads), indexed as it grows;
+- ``doc``: the user's documents (``--documents``, ``engine.add_documents``), tokenized once;
+- ``mem``: earlier outputs of this bundle (memory.py), kept across requests and processes.
+
+Each drafted token looks up the last 1..8 tokens (ngram.py) in every source and follows the most
+frequent continuation of the longest context found (ties: ctx, then doc, then mem); a draft stops
+where no context of at least ``min(first order, 2)`` tokens matches. The draft's acceptance
+estimate is keyed by the first token's source and match length (``suffix/mem/5``), so the cost
+model learns what a 5-token match in memory is worth on this traffic and picks the draft length
+from it. Drafting is free (no model call) and deterministic: the draft is a point mass.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .drafters import Draft, LoadEnv, Offer, register
+from .errors import ConfigError, DocumentError
+from .kv import TokenBuffer
+from .memory import DEFAULT_CAP_TOKENS, MemoryStore, bundle_fingerprint, open_store, store_path
+from .ngram import MAX_TOKEN, ORDERS, LiveIndex, NgramTable, context_keys
+
+MAX_DOCUMENT_BYTES = 16 << 20  # one documents file
+MAX_DOCUMENT_TOKENS = 1 << 20  # all documents of an engine (12 bytes a token and order in the table)
+
+
+@register
+class SuffixDrafter:
+    name = "suffix"
+    has_cost = False
+
+    def __init__(self, memory: MemoryStore | None = None, max_draft: int = 16, orders: int = ORDERS,
+                 max_document_tokens: int = MAX_DOCUMENT_TOKENS):
+        self.memory = memory  # None: nothing is read or stored (--no-memory)
+        self.max_draft = max_draft
+        self.orders = orders
+        self.live = LiveIndex(orders)
+        self.docs = NgramTable(orders)
+        self.document_tokens = 0
+        self.max_document_tokens = max_document_tokens
+        # False while a generation must not depend on earlier ones (a seeded sampled generation:
+        # the round policy sets it); the memory is then neither read nor changed by it
+        self.history = True
+        self._rec = _Recorder(memory, orders)
+        self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
+        if memory is not None:  # the last generation is recorded when the drafter goes, or at exit
+            weakref.finalize(self, self._rec.flush)
+
+    @classmethod
+    def build(cls, env: LoadEnv) -> "SuffixDrafter | None":
+        vocab = env.manifest.target.vocab_size
+        if vocab > MAX_TOKEN:
+            return None
+        opt = getattr(env, "options", None) or {}
+        mem = opt.get("memory", True)
+        store = None
+        if mem is not False and mem is not None:
+            path = store_path(env.manifest) if mem is True else Path(mem)
+            if path.is_dir():
+                path = path / "store.npz"
+            store = open_store(path, bundle_fingerprint(env.manifest), vocab,
+                               int(opt.get("memory_cap_tokens") or DEFAULT_CAP_TOKENS))
+        return cls(store, max_draft=env.profile.max_draft_tokens)
+
+    # -- protocol ------------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._rec.commit()
+        live = self.live
+        n = len(live)
+        if n and (len(prompt) < n or TokenBuffer(live.tokens).common_prefix(prompt) < n):
+            live.clear()  # not a continuation of what is indexed (a chat turn usually is)
+        live.extend(prompt[len(live):])
+        self._rec.prompt_len = len(prompt)
+        self._cache = None
+
+    def reset(self) -> None:
+        self._rec.commit()
+        self.live.clear()
+        self._cache = None
+
+    def offer(self, ctx: TokenBuffer, kmax: int) -> Offer | None:
+        tokens, key = self._lookup(ctx, kmax)
+        if not tokens:
+            return None
+        n = int(key.rsplit("/", 1)[1])
+        return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0))
+
+    def draft(self, ctx: TokenBuffer, k: int, sp, rng: np.random.Generator) -> Draft:
+        tokens, key = self._lookup(ctx, k)
+        return Draft(tokens[:k], key=key)
+
+    def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
+        tokens, key = self._lookup(ctx, k)
+        return tokens[:k], key
+
+    def accept(self, n: int, bonus: int) -> None:
+        pass  # the next lookup indexes the tokens the context gained
+
+    # -- lookup --------------------------------------------------------------------------------
+    def _sync(self, ctx: TokenBuffer) -> None:
+        self._rec.ctx = ctx
+        if len(ctx) > len(self.live):
+            self.live.extend(ctx.view()[len(self.live):].tolist())
+
+    def _best(self, keys: list[int]) -> tuple[int, int, str] | None:
+        best = None
+        for src, index in (("ctx", self.live), ("doc", self.docs),
+                           ("mem", self.memory if self.history else None)):
+            if index is None:
+                continue
+            m = index.best(keys)
+            if m is not None and (best is None or m[0] > best[0]):
+                best = (m[0], m[1], src)
+        return best
+
+    def _lookup(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        k = min(k, self.max_draft)
+        c = self._cache
+        if c is not None and c[0] == len(ctx) and c[1] >= k:
+            return c[2][:k], c[3]
+        self._sync(ctx)
+        window = self.live.tokens[-self.orders:]
+        tokens: list[int] = []
+        key, first = "", 0
+        for i in range(k):
+            m = self._best(context_keys(window, self.orders))
+            if m is None:
+                break
+            n, tok, src = m
+            if i == 0:
+                key, first = f"{self.name}/{src}/{n}", n
+            elif n < min(first, 2):
+                break
+            tokens.append(tok)
+            window = window[1:] + [tok] if len(window) >= self.orders else window + [tok]
+        self._cache = (len(ctx), k, tokens, key)
+        return tokens, key
+
+    # -- memory and documents ------------------------------------------------------------------
+    def flush(self) -> None:
+        """Record the last generation and write the store."""
+        self._rec.flush()
+
+    def clear_memory(self) -> None:
+        self._rec.ctx = None  # the generation that ran last is forgotten too
+        if self.memory is not None:
+            self.memory.clear()
+            self._rec.save()
+
+    def add_documents(self, docs: Sequence[Sequence[int]]) -> int:
+        """Index token sequences as documents; returns the tokens added."""
+        seqs = [np.asarray(d, dtype=np.int64) for d in docs]
+        n = sum(s.shape[0] for s in seqs)
+        if self.document_tokens + n > self.max_document_tokens:
+            raise DocumentError(f"the documents come to {self.document_tokens + n} tokens; at most "
+                                f"{self.max_document_tokens} are indexed")
+        self.docs.add(seqs)
+        self.document_tokens += n
+        self._cache = None
+        return n
+
+    def clear_documents(self) -> None:
+        self.docs.clear()
+        self.document_tokens = 0
+        self._cache = None
+
+    def stats(self) -> dict:
+        m = self.memory
+        return {"memory": m is not None, "memory_path": str(m.path) if m is not None and m.path else None,
+                "memory_sequences": len(m) if m is not None else 0, "memory_tokens": m.tokens if m is not None else 0,
+                "memory_cap_tokens": m.cap_tokens if m is not None else 0,
+                "memory_evicted": m.evicted if m is not None else 0, "memory_bytes": m.nbytes if m is not None else 0,
+                "document_tokens": self.document_tokens, "document_bytes": self.docs.nbytes,
+                "context_index_bytes": self.live.nbytes}
+
+
+class _Recorder:
+    """Adds each finished generation to the memory store and saves it; apart from the drafter, so
+    that a finalizer can record the last generation when the engine goes (or at exit)."""
+
+    def __init__(self, memory: MemoryStore | None, orders: int):
+        self.memory = memory
+        self.orders = orders
+        self.ctx: TokenBuffer | None = None  # the running generation's context, recorded at its end
+        self.prompt_len = 0
+        self.save_failed = False
+
+    def commit(self) -> None:
+        """Record the generation that ran (the prompt's last tokens as context, and the output)."""
+        ctx, self.ctx = self.ctx, None
+        if ctx is None or self.memory is None or len(ctx) - self.prompt_len < 2:
+            return
+        self.memory.add(ctx.view()[max(0, self.prompt_len - self.orders):])
+        self.save()
+
+    def save(self) -> None:
+        if self.memory is None or not self.memory.dirty:
+            return
+        try:
+            self.memory.save()
+        except OSError as e:  # a full disk or a read-only cache: keep drafting from memory in RAM
+            if not self.save_failed:
+                warnings.warn(f"cannot save the drafting memory to {self.memory.path}: {e.strerror or e}; "
+                              f"it is kept in memory only", stacklevel=2)
+            self.save_failed = True
+
+    def flush(self) -> None:
+        self.commit()
+        self.save()
+
+
+def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """A documents file's text; ``DocumentError`` if it is missing, a directory, too large,
+    binary or not UTF-8."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise DocumentError(f"no such documents file: {p}") from None
+    except OSError as e:
+        raise DocumentError(f"cannot read the documents file {p}: {e.strerror or e}") from None
+    if p.is_dir():
+        raise DocumentError(f"{p} is a directory; pass the documents files")
+    if size > max_bytes:
+        raise DocumentError(f"{p} has {size / 2**20:.1f} MiB; a documents file may have at most "
+                            f"{max_bytes / 2**20:.0f} MiB")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise DocumentError(f"cannot read the documents file {p}: {e.strerror or e}") from None
+    if b"\x00" in data:
+        raise DocumentError(f"{p} is binary (it holds NUL bytes); documents must be text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DocumentError(f"{p} is not UTF-8 text (byte {e.start})") from None
+
+
+def suffix_drafter(engine) -> SuffixDrafter:
+    d = engine.decoder.drafters.get("suffix")
+    if d is None:
+        raise ConfigError("this engine has no suffix drafter (its vocabulary is too large for the n-gram index)")
+    return d
+
+
+def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequence[str] = ()) -> int:
+    """Read, tokenize and index documents for the engine's suffix drafter (all or none: every file
+    is checked before any is indexed). Returns the tokens added."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    d = suffix_drafter(engine)
+    all_texts = [read_document(p) for p in paths] + [str(t) for t in texts]
+    seqs = [engine.tokenizer.encode(t, add_special=False) for t in all_texts]
+    with engine.decoder.lock.hold("add documents"):
+        return d.add_documents(seqs)

@@ -1,0 +1,307 @@
+"""The suffix drafter: n-gram indexes, the memory store on disk, documents, and real tiny bundles."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+from edgespec.decoder import Decoder, Stats
+from edgespec.drafters import PromptLookupDrafter
+from edgespec.errors import DocumentError, StoreError
+from edgespec.kv import TokenBuffer
+from edgespec.memory import MemoryStore, open_store, read_store
+from edgespec.ngram import LiveIndex, NgramTable, context_keys
+from edgespec.sampling import SamplingParams
+from edgespec.suffix import SuffixDrafter, read_document
+from test_decoder import run
+from tiny import FakeLM
+
+GREEDY = SamplingParams(0.0)
+RNG = np.random.default_rng(0)
+
+
+def draft(d, ids, k=8):
+    ctx = TokenBuffer(ids)
+    return d.draft(ctx, k, GREEDY, RNG)
+
+
+# -- indexes --------------------------------------------------------------------------------
+
+def test_live_index_and_table_agree_on_the_longest_match():
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, 30, size=200) for _ in range(4)]
+    table, live = NgramTable(), LiveIndex()
+    table.add(seqs)
+    for s in seqs:
+        live.extend(s.tolist())
+    for _ in range(300):
+        s = seqs[int(rng.integers(4))]
+        keys = context_keys(s[: int(rng.integers(1, 200))].tolist())
+        a, b = table.best(keys), live.best(keys)
+        assert a[0] == b[0] and a[2] == b[2]  # same order, same top count (ties may pick another token)
+
+
+def test_most_frequent_continuation_of_the_longest_match():
+    d = SuffixDrafter()
+    # after "1 2 3": 4 twice, 5 once (most frequent wins); after "9 1 2 3": 7 (the longer match wins)
+    d.begin([1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 3, 4, 0, 9, 1, 2, 3, 7, 8, 0])
+    assert draft(d, [1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 3, 4, 0, 9, 1, 2, 3, 7, 8, 0, 6, 1, 2, 3], 1).tokens == [4]
+    d.begin([1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 3, 4, 0, 9, 1, 2, 3, 7, 8, 0])
+    got = draft(d, [1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 3, 4, 0, 9, 1, 2, 3, 7, 8, 0, 9, 1, 2, 3], 3)
+    assert got.tokens == [7, 8, 0] and got.key == "suffix/ctx/5"  # "0 9 1 2 3"
+
+
+def test_sources_memory_and_documents_and_their_keys():
+    store = MemoryStore(None, "t", 100)
+    store.add([50, 51, 52, 53, 54, 55])
+    d = SuffixDrafter(store)
+    d.add_documents([[60, 61, 62, 63, 64]])
+    d.begin([1, 50, 51])
+    got = draft(d, [1, 50, 51, 52])
+    assert got.tokens == [53, 54, 55] and got.key == "suffix/mem/3"
+    d.begin([2, 60, 61])
+    got = draft(d, [2, 60, 61, 62])
+    assert got.tokens == [63, 64] and got.key == "suffix/doc/3"
+    d.history = False  # a seeded sampled generation: the memory is not read
+    d.begin([1, 50, 51])
+    assert draft(d, [1, 50, 51, 52]).tokens == []
+
+
+def test_memory_records_each_generation_and_no_memory_stores_nothing():
+    for store in (MemoryStore(None, "t", 8, cap_tokens=1000), None):
+        target = FakeLM(8, seed=3)
+        d = Decoder(target, (), drafters=[SuffixDrafter(store)])
+        first, _ = run(d, [1, 2, 3], max_new_tokens=40, drafter="suffix")
+        st = Stats()
+        again, _ = run(d, [1, 2, 3], st, max_new_tokens=40, drafter="suffix")
+        assert again == first
+        if store is not None:
+            assert len(store) == 1 and st.accepted_by_drafter.get("suffix", 0) >= 30  # drafts its own last answer
+        else:
+            assert d.drafters["suffix"].stats()["memory_tokens"] == 0
+
+
+# -- the store: cap, eviction, atomic save, reload, corrupt and foreign files -------------------
+
+def test_store_cap_evicts_the_oldest_and_counts_follow():
+    rng = np.random.default_rng(2)
+    store = MemoryStore(None, "t", 50, cap_tokens=300)
+    seqs = [rng.integers(0, 50, size=int(rng.integers(20, 90))) for _ in range(30)]
+    for s in seqs:
+        store.add(s)
+        assert store.tokens <= 300
+    kept = list(store.seqs)
+    assert store.evicted > 0 and [list(s) for s in kept] == [list(s) for s in seqs[-len(kept):]]
+    fresh = NgramTable()
+    fresh.add(kept)
+    assert np.array_equal(store.table.keys, fresh.keys) and np.array_equal(store.table.counts, fresh.counts)
+    store.add(rng.integers(0, 50, size=1000))  # longer than the cap: its newest 300 tokens
+    assert store.tokens == 300 and len(store) == 1
+
+
+def test_store_saves_atomically_and_reloads(tmp_path, monkeypatch):
+    path = tmp_path / "m" / "store.npz"
+    store = MemoryStore(path, "fp", 100)
+    store.add([1, 2, 3, 4, 5])
+    store.add([6, 7, 8])
+    store.save()
+    again = MemoryStore(path, "fp", 100)
+    again.load()
+    assert [s.tolist() for s in again.seqs] == [[1, 2, 3, 4, 5], [6, 7, 8]]
+    assert np.array_equal(again.table.keys, store.table.keys)
+    smaller = MemoryStore(path, "fp", 100, cap_tokens=4)  # a smaller cap keeps the newest that fit
+    smaller.load()
+    assert [s.tolist() for s in smaller.seqs] == [[6, 7, 8]]
+
+    # a save that fails half way leaves the old store whole and no temporary file
+    before = path.read_bytes()
+    store.add([9, 9, 9])
+
+    def broken(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(OSError):
+        store.save()
+    assert path.read_bytes() == before and sorted(os.listdir(path.parent)) == ["store.npz"]
+
+
+@pytest.mark.parametrize("content, what", [
+    (b"", "corrupt"), (b"not a zip at all", "corrupt"), (b"PK\x03\x04 truncated", "corrupt"),
+])
+def test_corrupt_store_is_a_store_error_and_is_set_aside(tmp_path, content, what):
+    path = tmp_path / "store.npz"
+    path.write_bytes(content)
+    with pytest.raises(StoreError, match=what):
+        read_store(path, "fp", 100)
+    with pytest.warns(UserWarning, match="set aside"):
+        store = open_store(path, "fp", 100)
+    assert len(store) == 0 and not path.exists()
+    assert [p.name.startswith("store.npz.bad-") for p in tmp_path.iterdir()] == [True]
+    store.add([1, 2, 3])
+    store.save()  # rebuilt
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[1, 2, 3]]
+
+
+def test_foreign_and_inconsistent_stores_are_refused(tmp_path):
+    path = tmp_path / "store.npz"
+    s = MemoryStore(path, "other-bundle", 100)
+    s.add([1, 2, 3])
+    s.save()
+    with pytest.raises(StoreError, match="another bundle"):
+        read_store(path, "fp", 100)
+    with pytest.raises(StoreError, match="outside this vocabulary"):
+        read_store(path, "other-bundle", 3)
+    np.savez(path, meta=np.frombuffer(b'{"format": "edgespec-memory", "version": 1, "fingerprint": "fp"}',
+                                      dtype=np.uint8), tokens=np.arange(5, dtype=np.int32), lengths=np.array([9]))
+    with pytest.raises(StoreError, match="disagree"):
+        read_store(path, "fp", 100)
+    np.savez(path, something=np.zeros(3))
+    with pytest.raises(StoreError, match="corrupt"):
+        read_store(path, "fp", 100)
+    np.savez(path, meta=np.frombuffer(b'{"format": "other"}', dtype=np.uint8), tokens=np.zeros(0), lengths=np.zeros(0))
+    with pytest.raises(StoreError, match="not an edgespec memory store"):
+        read_store(path, "fp", 100)
+
+
+# -- documents ------------------------------------------------------------------------------
+
+def test_bad_documents_are_document_errors(tmp_path):
+    with pytest.raises(DocumentError, match="no such documents file"):
+        read_document(tmp_path / "missing.txt")
+    with pytest.raises(DocumentError, match="directory"):
+        read_document(tmp_path)
+    (tmp_path / "bin").write_bytes(b"\x7fELF\x00\x01\x02")
+    with pytest.raises(DocumentError, match="binary"):
+        read_document(tmp_path / "bin")
+    (tmp_path / "latin1").write_bytes("caf\u00e9".encode("latin-1"))
+    with pytest.raises(DocumentError, match="not UTF-8"):
+        read_document(tmp_path / "latin1")
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(17 << 20)  # sparse: 17 MiB without writing them
+    with pytest.raises(DocumentError, match="at most 16 MiB"):
+        read_document(huge)
+    d = SuffixDrafter(max_document_tokens=100)
+    d.add_documents([list(range(60))])
+    with pytest.raises(DocumentError, match="at most 100"):
+        d.add_documents([list(range(60))])
+    assert d.document_tokens == 60
+
+
+# -- real tiny bundles ----------------------------------------------------------------------
+
+PROMPTS = ["def hello(world):", "The quick brown fox", "Question: what is two plus two? Answer:",
+           "import numpy as np\nx = np.zeros(3)\n"]
+
+
+@pytest.mark.parametrize("min_width", [1, 2])
+def test_greedy_exact_on_a_real_bundle_with_memory_and_documents(tiny_bundle, tmp_path, min_width):
+    import edgespec
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("def hello(world):\n    return world + 1\n" * 3 + "The quick brown fox jumps over the lazy dog.")
+    eng = edgespec.load(tiny_bundle, max_context=256, min_width=min_width, memory=tmp_path / "mem.npz",
+                        documents=[doc])
+    assert eng.memory_stats()["document_tokens"] > 20
+    for rep in range(2):  # the second pass drafts from the memory of the first
+        for p in PROMPTS:
+            ref = eng.generate(p, max_new_tokens=30, drafter="none")
+            for drafter in ("suffix", "auto"):
+                got = eng.generate(p, max_new_tokens=30, drafter=drafter)
+                assert got.token_ids == ref.token_ids, (rep, p, drafter)
+    st = eng.memory_stats()
+    assert st["memory_sequences"] > 0 and st["memory_bytes"] > 0
+    got = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="suffix")
+    assert got.stats["accepted_by_drafter"].get("suffix", 0) > 0
+
+
+def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundle, tmp_path):
+    import edgespec
+    from edgespec.memory import store_path
+
+    os.environ["EDGESPEC_MEMORY_DIR"] = str(tmp_path / "cache")  # the conftest fixture restores it
+    try:
+        eng = edgespec.load(tiny_bundle, max_context=256)
+        path = store_path(eng.manifest)
+        ref = eng.generate(PROMPTS[1], max_new_tokens=20, drafter="suffix")
+        eng.generate(PROMPTS[2], max_new_tokens=20, drafter="suffix")  # records the first
+        assert len(read_store(path, None, None)) == 1
+        del eng
+        assert len(read_store(path, None, None)) == 2  # the last one is recorded when the engine goes
+
+        path.write_bytes(b"garbage")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            eng = edgespec.load(tiny_bundle, max_context=256)
+        assert any("set aside" in str(x.message) for x in w)
+        assert eng.generate(PROMPTS[1], max_new_tokens=20, drafter="suffix").token_ids == ref.token_ids
+        eng.generate(PROMPTS[0], max_new_tokens=5, drafter="auto")
+        assert len(read_store(path, None, None)) == 1  # rebuilt
+        eng.clear_memory()
+        assert eng.memory_stats()["memory_tokens"] == 0 and len(read_store(path, None, None)) == 0
+
+        off = edgespec.load(tiny_bundle, max_context=256, memory=False)
+        off.generate(PROMPTS[1], max_new_tokens=20, drafter="suffix")
+        off.generate(PROMPTS[2], max_new_tokens=20, drafter="suffix")
+        del off
+        assert len(read_store(path, None, None)) == 0
+    finally:
+        os.environ.pop("EDGESPEC_MEMORY_DIR")
+
+
+def test_seeded_sampling_reproduces_with_memory(tiny_bundle, tmp_path):
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, max_context=256, memory=tmp_path / "mem.npz")
+    outs = {tuple(eng.generate(PROMPTS[0], max_new_tokens=30, temperature=0.9, seed=11, drafter=d).token_ids)
+            for d in ("suffix", "suffix", "auto", "suffix")}
+    assert len(outs) <= 2  # suffix runs agree although the memory grew between them
+    a = eng.generate(PROMPTS[0], max_new_tokens=30, temperature=0.9, seed=11, drafter="suffix").token_ids
+    b = eng.generate(PROMPTS[0], max_new_tokens=30, temperature=0.9, seed=11, drafter="suffix").token_ids
+    assert a == b
+
+
+def test_cli_documents_and_memory_commands(tiny_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", "hi", "--documents", str(tmp_path / "nope.txt")])
+    assert r.exit_code == 2 and "no such documents file" in r.output
+    doc = tmp_path / "d.txt"
+    doc.write_text("def hello(world):\n    return world + 1\n")
+    os.environ["EDGESPEC_MEMORY_DIR"] = str(tmp_path / "cache")
+    try:
+        r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", "def hello(world):", "--max-new-tokens", "8",
+                                      "--drafter", "suffix", "--documents", str(doc), "--max-context", "256"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle), "--json"])
+        assert r.exit_code == 0 and '"sequences": 1' in r.output, r.output
+        r = CliRunner().invoke(main, ["memory", "clear", str(tiny_bundle)])
+        assert r.exit_code == 0 and "deleted 1 file" in r.output
+        r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", "def hello(world):", "--max-new-tokens", "8",
+                                      "--drafter", "suffix", "--no-memory", "--max-context", "256"])
+        assert r.exit_code == 0 and not (tmp_path / "cache").joinpath("x").exists()
+        r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])
+        assert "empty" in r.output
+    finally:
+        os.environ.pop("EDGESPEC_MEMORY_DIR")
+
+
+def test_auto_scores_the_free_drafters_it_does_not_choose():
+    """Two free drafters: the one not chosen in a round is still scored on what the target
+    emitted, so its estimate follows the traffic (it was frozen at its prior before)."""
+    target = FakeLM(8, seed=1)
+    d = Decoder(target, (), drafters=[PromptLookupDrafter(), SuffixDrafter()])
+    st = Stats()
+    run(d, [1, 2, 3], st, max_new_tokens=150, drafter="auto")
+    est = d.policy.acceptance
+    pl = [k for k in est if k.startswith("prompt-lookup/")]
+    sx = [k for k in est if k.startswith("suffix/")]
+    assert pl and sx
+    assert all(est[k].samples > 0 for k in pl + sx)
+    assert sum(est[k].samples for k in pl + sx) > st.rounds  # more scored than drafted
