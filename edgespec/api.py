@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 
 from .decoder import Decoder, GenerationConfig, Stats
 from .drafters import DRAFTERS, LoadEnv
-from .errors import ConfigError, ContextOverflowError, EdgespecError
+from .errors import BundleError, ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
 from .providers import choose, with_load_options
@@ -58,6 +58,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
 
     doc_texts = [read_document(p) for p in ([documents] if isinstance(documents, (str, os.PathLike)) else documents)]
 
+    n_threads = _threads(threads)
     manifest = load_manifest(bundle, deep=verify)
     prof = resolve_profile(profile)
     requested = [provider] if provider else list(prof.providers)
@@ -74,7 +75,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         return with_load_options(choice, bundle_root=manifest.root,
                                  gpu_mem_limit=the_plan.weights.get(role, 0) + share, trt_workspace=share)
 
-    n_threads = threads if threads is not None else prof.threads
+    if threads is None:  # a profile's count, written for its device, is bounded by this machine's cores
+        n_threads = min(prof.threads, _cores())
 
     def open_model(role: str, min_width: int | None = None) -> OnnxLM:
         # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)
@@ -88,10 +90,30 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     decoder = Decoder(target, manifest.eos_token_ids, drafters=drafters)
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
                     eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
+    if tok.vocab_size > manifest.target.vocab_size:
+        raise BundleError(f"bundle {manifest.root}: the tokenizer has {tok.vocab_size} ids but the target graph's "
+                          f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
     engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
     if doc_texts:
         engine.add_documents(texts=doc_texts)
     return engine
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _threads(threads) -> int | None:
+    """``threads``: None (the profile's), 0 (onnxruntime's default) or 1..this machine's cores."""
+    if threads is None:
+        return None
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= _cores():
+        raise ConfigError(f"threads must be an integer in 0..{_cores()} (0: onnxruntime's default, one per "
+                          f"core; this machine has {_cores()} cores), got {threads!r}"[:200])
+    return threads
 
 
 class Engine:
@@ -157,20 +179,31 @@ class Engine:
         unknown = set(kw) - _GEN_KEYS - {"stop"}
         if unknown:
             raise ConfigError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
-        kw.pop("stop", None)
+        _stops(kw.pop("stop", None))
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
         return GenerationConfig(**vals)
 
-    def encode(self, prompt_or_messages: str | Sequence[dict]) -> list[int]:
+    def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True) -> list[int]:
+        """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
+        ``parse_special`` is False; messages' content is always text. A prompt too long for the
+        context by its size alone is refused before it is tokenized."""
+        texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
+            m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
+        ] if isinstance(prompt_or_messages, (list, tuple)) else []
+        least = sum(self.tokenizer.min_tokens(t) for t in texts)
+        if least > self.max_context:
+            raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
+                                       f"characters); the context holds {self.max_context}")
         if isinstance(prompt_or_messages, str):
-            return self.tokenizer.encode(prompt_or_messages)
+            return self.tokenizer.encode(prompt_or_messages, parse_special=parse_special)
         return self.tokenizer.encode_chat(prompt_or_messages)
 
     # -- generation ----------------------------------------------------------------------------
     def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:
         """Yield (text delta, new token ids, live stats) per round; applies stop strings."""
         cfg = self.config(**kw)
+        stop = _stops(stop)
         stats = self._local.stats = Stats()
         dec = self.tokenizer.stream_decoder()
         text = ""
@@ -210,15 +243,18 @@ class Engine:
                 return list(ids[:j])
         return list(ids)
 
-    def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Result:
+    def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
+                 parse_special: bool = True, **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
-        drafter (model|prompt-lookup|auto|none), draft_tokens, max_draft_tokens, stop (strings)."""
-        ids = self.encode(prompt_or_messages)
+        drafter (model|prompt-lookup|auto|none), draft_tokens, max_draft_tokens, stop (strings),
+        parse_special (a plain prompt's special-token text is that token; see ``encode``)."""
+        ids = self.encode(prompt_or_messages, parse_special)
         return self._collect(self.stream_ids(ids, stop=stop, **kw))
 
-    def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), **kw) -> Iterator[str]:
+    def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
+               parse_special: bool = True, **kw) -> Iterator[str]:
         """Like ``generate`` but yields text deltas as they are decoded."""
-        ids = self.encode(prompt_or_messages)
+        ids = self.encode(prompt_or_messages, parse_special)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:
             for delta, _, _ in inner:
@@ -269,9 +305,14 @@ class ChatSession:
         reserve = min(max_new, self.reserve, self.engine.max_context // 2)
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         while True:
-            ids = self.engine.encode(self.messages)
-            if len(ids) + reserve <= self.engine.max_context:
+            least = sum(self.engine.tokenizer.min_tokens(m["content"]) for m in self.messages
+                        if isinstance(m.get("content"), str))
+            ids = self.engine.encode(self.messages) if least + reserve <= self.engine.max_context else None
+            if ids is not None and len(ids) + reserve <= self.engine.max_context:
                 return ids
+            if ids is None and len(self.messages) - first <= 1:
+                raise ContextOverflowError(f"this message alone has at least {least} tokens; the context "
+                                           f"holds {self.engine.max_context}")
             if len(self.messages) - first <= 1:
                 raise ContextOverflowError(  # down to the system prompt and this message
                     f"this message alone needs {len(ids)} tokens and {reserve} more for the reply; "
@@ -317,6 +358,17 @@ class ChatSession:
 
     def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
         return self.engine._collect(self._turn(text, stop, kw))
+
+
+def _stops(stop) -> list[str]:
+    """Stop strings: one string or a list of them."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}"[:200])
+    return list(stop)
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

@@ -31,7 +31,14 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
     if not p.is_file():
         raise ConfigError(f"no such prompt file: {p}")
     out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}): "
+                          "a JSON lines file is expected") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {p}: {e.strerror or e}") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -9,7 +10,8 @@ import click
 from .cli_memory import engine_options, memory, memory_opts
 from .drafters import drafter_choices
 from .errors import EdgespecError
-from .manifest import DRAFTER_PRECISIONS, TARGET_PRECISIONS, Quality, Validation
+from .cli_info import report_lines
+from .manifest import DRAFTER_PRECISIONS, TARGET_PRECISIONS
 from .providers import PROVIDER_NAMES
 
 MiB = 1 << 20
@@ -121,15 +123,17 @@ def _engine_opts(f):
 @_engine_opts
 @memory_opts()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
+@click.option("--no-parse-special", is_flag=True,
+              help="Read special-token text in a raw prompt (<|im_end|>) as text, not as the token (--chat always does).")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
-             max_context, threads, profile, provider, as_json):
+             max_context, threads, profile, provider, as_json, no_parse_special):
     """Generate a continuation of PROMPT with the model in BUNDLE."""
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-              drafter=drafter, draft_tokens=draft_tokens)
+              drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special)
     if as_json:
         r = eng.generate(src, stop=stop, **kw)
         click.echo(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
@@ -142,6 +146,23 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     if st:
         click.echo(f"[{st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms, "
                    f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]", err=True)
+
+
+STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin
+
+
+def _read_stdin() -> str:
+    """The prompt piped in: UTF-8 text of at most STDIN_LIMIT bytes."""
+    from .errors import ConfigError, ContextOverflowError
+
+    data = sys.stdin.buffer.read(STDIN_LIMIT + 1)
+    if len(data) > STDIN_LIMIT:
+        raise ContextOverflowError(f"the prompt on stdin is larger than {STDIN_LIMIT >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the prompt on stdin is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") \
+            from None
 
 
 # -- chat -----------------------------------------------------------------------------------
@@ -168,6 +189,8 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
                    drafter=drafter, draft_tokens=draft_tokens)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?'
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 is refused, not fatal
     ctx.exit(run_chat(eng, system=system, options=options, show_stats=show_stats))
 
 
@@ -243,7 +266,7 @@ def profiles(as_json):
                "check one with 'edgespec plan BUNDLE --profile NAME --measure'.", err=True)
 
 
-@main.command("plan")
+@main.command("plan", cls=_OneLineUsage)
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
 @_profile_opt
 @click.option("--max-context", type=int, default=None, help="Context to plan for (default: the profile's).")
@@ -252,7 +275,7 @@ def profiles(as_json):
 @click.option("--measure", is_flag=True,
               help="Also load the engine, fill the planned context (prefill, then decode 32) and print the "
                    "measured peak memory against the plan.")
-@click.option("--measure-tokens", type=int, default=None,
+@click.option("--measure-tokens", type=click.IntRange(min=1), default=None,
               help="With --measure: prefill this many tokens instead of filling the context.")
 @click.option("--json", "as_json", is_flag=True)
 def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measure_tokens, as_json):
@@ -318,7 +341,11 @@ def info(bundle, verify, as_json):
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
         return
-    click.echo(f"bundle {m.root}  (schema {SCHEMA_VERSION}, {'sha256 verified' if verify else 'sizes checked'})")
+    checked = "every file's sha256 verified" if verify else "sizes checked; weights hashed when changed since last verified"
+    click.echo(f"bundle {m.root}  (schema {SCHEMA_VERSION}, {checked})")
+    if not m.tokenizer_files:
+        click.echo("  tokenizer files: not hashed in this manifest (an older export); checked against the models' "
+                   "tokenizer fingerprint instead")
     if m.created or m.sources:
         click.echo(f"  exported {m.created or '(time not recorded)'} from "
                    + ", ".join(f"{role} {src}" for role, src in m.sources.items()))
@@ -344,35 +371,20 @@ def info(bundle, verify, as_json):
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
-        for line in _report_lines(spec.validation, spec.quality):
+        for line in report_lines(spec.validation, spec.quality):
             click.echo(f"    {line}")
 
 
-def _report_lines(v: Validation, q: Quality) -> list[str]:
-    """``info``'s validation and quality lines; a report with missing fields (an older or
-    hand-edited manifest) is shown as such."""
-    lines = []
-    mark = "✓" if v.passed else "✗"
-    if v.max_abs_logit_diff and v.top1_agreement is not None:
-        tol = f" (tolerance {v.tolerance})" if v.tolerance is not None else ""
-        over = f" over {v.positions} positions" if v.positions else ""
-        lines.append(f"validation vs torch: {mark} max |Δlogit| {max(v.max_abs_logit_diff.values()):.3g}{tol}, "
-                     f"top-1 {v.top1_agreement:.3f}{over}")
-    elif v:
-        lines.append(f"validation vs torch: {mark} (details missing from the manifest)")
-    if q.perplexity:
-        if None in (q.perplexity_torch, q.perplexity_delta, q.top1_agreement, q.mean_kl, q.greedy_match_tokens,
-                    q.greedy_match_of):
-            lines.append("quality: (report incomplete in the manifest)")
-        else:
-            lines.append(f"quality: perplexity {q.perplexity_torch} -> {q.perplexity} "
-                         f"(Δ {q.perplexity_delta:+}), top-1 {q.top1_agreement}, KL {q.mean_kl}, "
-                         f"greedy match {list(q.greedy_match_tokens)}/{q.greedy_match_of}"
-                         + (f" ({q.tokens} tokens scored)" if q.tokens else ""))
-    if q.greedy_agreement_with_target is not None:
-        lines.append(f"predicted greedy acceptance (agreement with target): {q.greedy_agreement_with_target}"
-                     + (f" over {q.agreement_tokens} tokens" if q.agreement_tokens else ""))
-    return lines
+def _check_writable(out_dir) -> None:
+    import tempfile
+
+    from .errors import ConfigError
+
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as e:
+        raise ConfigError(f"cannot write the report to {out_dir}: {e.strerror or e}") from None
 
 
 # -- bench ----------------------------------------------------------------------------------
@@ -402,6 +414,7 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
 
     names = [d.strip() for d in drafters.split(",") if d.strip()]
     parse_drafters(names)  # a bad entry is refused before any model is loaded
+    _check_writable(out_dir)  # before the bench runs, not after
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
     wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model)

@@ -10,6 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from numbers import Integral, Real
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -21,6 +22,12 @@ from .lm import CausalLM
 from .policy import RoundPolicy
 from .sampling import SamplingParams, distribution
 from .verify import greedy_accept, rejection_sample
+
+
+_TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "seed": Integral,
+          "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral}
+_OPTIONAL = ("seed", "draft_tokens")
+_KIND_NAMES = {Integral: "an integer", Real: "a number", str: "a string"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,10 @@ class GenerationConfig:
     ignore_eos: bool = False  # decode max_new_tokens whatever the model says (benchmarks, memory measures)
 
     def __post_init__(self):
+        for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
+            v = getattr(self, name)
+            if not (isinstance(v, kinds) and not isinstance(v, bool) or v is None and name in _OPTIONAL):
+                raise ConfigError(f"{name} must be {_KIND_NAMES[kinds]}, got {v!r}"[:200])
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**63:

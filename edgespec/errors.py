@@ -62,6 +62,10 @@ class ExportError(EdgespecError):
     exit_code = 6
 
 
+class ChatTemplateError(ConfigError):
+    """The chat template failed to render or went over its limits (time, size, nesting)."""
+
+
 class StoreError(EdgespecError):
     """A drafting memory store file is corrupt, foreign (made for another bundle) or unwritable."""
 

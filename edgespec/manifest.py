@@ -7,7 +7,6 @@ bundles of earlier versions lack are optional, and the key those bundles used fo
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -15,24 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, ManifestError, TokenizerMismatchError
+from .integrity import check_files, sha256_file  # noqa: F401  (the file checks, re-exported)
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "edgespec.json"
-# Files at most this big are hashed on every load; bigger ones (weights) on verify only.
-_HASH_ON_LOAD_LIMIT = 16 << 20
+_MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is a few KiB
 KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
 # the weight precisions of a bundle's models, in the order the export CLI offers them
 TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
 DRAFTER_PRECISIONS = ("fp32", "fp16", "int8", "int4")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _is(v: Any, kind: Any) -> bool:
@@ -73,6 +64,17 @@ def _inside(root: Path, rel: str, where: str) -> Path:
     if os.path.commonpath([str(p), str(root.resolve())]) != str(root.resolve()):
         raise BundleError(f"{where}: {rel!r} points outside the bundle directory")
     return p
+
+
+def _files(root: Path, files: dict, where: str) -> dict:
+    """A ``files`` table: path relative to the bundle -> {"bytes": int, "sha256": str}."""
+    for frel, meta in files.items():
+        _inside(root, frel, f"manifest {where}.files")
+        if not isinstance(meta, dict) or not _is(meta.get("bytes"), int):
+            raise ManifestError(f"manifest: {where}.files[{frel!r}] needs 'bytes'")
+        if not isinstance(meta.get("sha256", ""), str):
+            raise ManifestError(f"manifest: {where}.files[{frel!r}].sha256 must be a string")
+    return files
 
 
 def _rel(root: Path, path: Path) -> str:
@@ -170,8 +172,13 @@ class ModelIO:
         names = {k: _req(d, k, str, where) for k in
                  ("input_ids", "attention_mask", "past_key", "past_value", "present_key", "present_value", "logits")}
         for k in ("past_key", "past_value", "present_key", "present_value"):
-            if "%d" not in names[k]:
-                raise ManifestError(f"manifest: {where}.{k} must contain %d for the layer index")
+            try:
+                ok = "%d" in names[k] and names[k] % 0 != names[k] % 1
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index (and no "
+                                    f"other % format), got {names[k]!r}"[:300])
         pos = d.get("position_ids")
         return cls(position_ids=pos if isinstance(pos, str) else None, **names)
 
@@ -236,13 +243,7 @@ class ModelSpec:
         if not isinstance(d, dict):
             raise ManifestError(f"manifest: {where} must be an object")
         path = _inside(root, _req(d, "path", str, where), f"manifest {where}.path")
-        files = _req(d, "files", dict, where)
-        for frel, meta in files.items():
-            _inside(root, frel, f"manifest {where}.files")
-            if not isinstance(meta, dict) or not _is(meta.get("bytes"), int):
-                raise ManifestError(f"manifest: {where}.files[{frel!r}] needs 'bytes'")
-            if not isinstance(meta.get("sha256", ""), str):
-                raise ManifestError(f"manifest: {where}.files[{frel!r}].sha256 must be a string")
+        files = _files(root, _req(d, "files", dict, where), where)
         kv_dtype = _req(d, "kv_dtype", str, where)
         if kv_dtype not in KV_DTYPES:
             raise ManifestError(f"manifest: {where}.kv_dtype {kv_dtype!r} is not one of {sorted(KV_DTYPES)}")
@@ -303,6 +304,7 @@ class Manifest:
     created: str | None = None  # UTC time of the export, ISO 8601
     sources: dict[str, str] = field(default_factory=dict)  # role -> the model exported, as given
     tokenizer_vocab_size: int | None = None  # the tokenizer's own (a model's vocab_size may be padded)
+    tokenizer_files: dict[str, dict] = field(default_factory=dict)  # as ModelSpec.files; {} before they were hashed
 
     @property
     def max_context(self) -> int:
@@ -337,7 +339,9 @@ class Manifest:
                 tokenizer_dir=_inside(root, _req(tok, "dir", str, "manifest.tokenizer"), "manifest tokenizer.dir"),
                 tool_versions={str(k): str(v) for k, v in (raw.get("tool_versions") or {}).items()},
                 created=raw.get("created"), sources={str(k): str(v) for k, v in (raw.get("sources") or {}).items()},
-                tokenizer_vocab_size=_opt_count(tok, "vocab_size", "manifest.tokenizer"))
+                tokenizer_vocab_size=_opt_count(tok, "vocab_size", "manifest.tokenizer"),
+                tokenizer_files={k: dict(v) for k, v in _files(root, _opt(dict, "manifest.tokenizer", tok, "files")
+                                                                or {}, "tokenizer").items()})
         if drafter is not None:
             check_pair(target, drafter)
         return m
@@ -348,27 +352,9 @@ class Manifest:
                 "sources": dict(self.sources), "tool_versions": dict(self.tool_versions),
                 "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id, "add_bos": self.add_bos,
                 "chat_template": self.chat_template,
-                "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size},
+                "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size,
+                              **({"files": dict(self.tokenizer_files)} if self.tokenizer_files else {})},
                 "models": {s.role: s.to_dict(self.root) for s in (self.target, self.drafter) if s is not None}}
-
-
-def check_files(m: Manifest, deep: bool = False) -> None:
-    """Check every file the manifest lists: present, right size, and sha256 (small files always, all when deep)."""
-    for spec in (m.target, m.drafter):
-        if spec is None:
-            continue
-        for rel, meta in spec.files.items():
-            p = m.root / rel
-            if not p.is_file():
-                raise BundleError(f"bundle {m.root}: missing file {rel}")
-            size = p.stat().st_size
-            if size != meta["bytes"]:
-                raise BundleError(f"bundle {m.root}: {rel} has {size} bytes, manifest says {meta['bytes']}")
-            if "sha256" in meta and (deep or size <= _HASH_ON_LOAD_LIMIT):
-                if sha256_file(p) != meta["sha256"]:
-                    raise BundleError(f"bundle {m.root}: {rel} does not match its sha256 in the manifest")
-    if not (m.tokenizer_dir / "tokenizer.json").is_file():
-        raise BundleError(f"bundle {m.root}: missing tokenizer/tokenizer.json")
 
 
 def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = False) -> Manifest:
@@ -381,9 +367,17 @@ def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = Fa
     if not mpath.is_file():
         raise BundleError(f"{root} is not an edgespec bundle (no {MANIFEST_NAME}); make one with 'edgespec export'")
     try:
-        raw = json.loads(mpath.read_text(encoding="utf-8"))
+        with open(mpath, "rb") as f:
+            data = f.read(_MANIFEST_LIMIT + 1)
+        if len(data) > _MANIFEST_LIMIT:
+            raise ManifestError(f"{mpath} is larger than {_MANIFEST_LIMIT >> 20} MiB: not a manifest")
+        raw = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{mpath} is corrupt: {e}") from None
+    except RecursionError:
+        raise ManifestError(f"{mpath} is corrupt: nested too deeply") from None
+    except OSError as e:
+        raise ManifestError(f"cannot read {mpath}: {e.strerror or e}") from None
     m = Manifest.from_dict(raw, root)
     if check:
         check_files(m, deep=deep)

@@ -17,6 +17,7 @@ MiB = 1 << 20
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 _PACKAGED = Path(__file__).resolve().parent / "profiles"
 MIN_CONTEXT = 512
+_PROFILE_LIMIT = 1 << 20  # bytes
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ def _check(name: str, data: dict, where: str) -> Profile:
 
     is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     need("memory_budget_mb", lambda v: is_int(v) and v >= 0, "a non-negative integer")
-    for k in ("max_context", "min_context", "max_draft_tokens", "prefill_chunk"):
+    for k in ("max_context", "min_context", "prefill_chunk"):
         need(k, lambda v: is_int(v) and v > 0, "a positive integer")
+    need("max_draft_tokens", lambda v: is_int(v) and 1 <= v <= 64, "an integer in 1..64")
     need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= 64, "an integer in 0..64")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
@@ -85,6 +87,9 @@ def _check(name: str, data: dict, where: str) -> Profile:
     for prov, opts in vals.get("provider_options", {}).items():
         if prov not in PROVIDER_NAMES:
             raise ProfileError(f"{where}: provider_options.{prov} is not a provider ({', '.join(PROVIDER_NAMES)})")
+        if prov == "cpu" and opts:  # onnxruntime's CPU provider would ignore them silently
+            raise ProfileError(f"{where}: provider_options.cpu.{sorted(opts)[0]}: the CPU provider takes no options "
+                               "(its thread count is the profile's 'threads')")
         for k, v in opts.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a string, number or boolean")
@@ -105,7 +110,13 @@ def _check(name: str, data: dict, where: str) -> Profile:
 def load_profile(path: str | os.PathLike) -> Profile:
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as f:  # bounded: a path to /dev/zero or a huge file is no profile
+            raw = f.read(_PROFILE_LIMIT + 1)
+        if len(raw) > _PROFILE_LIMIT:
+            raise ProfileError(f"{p}: larger than {_PROFILE_LIMIT >> 10} KiB, not a profile")
+        data = tomllib.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ProfileError(f"{p}: not valid TOML (nested too deeply)") from None
     except FileNotFoundError:
         raise ProfileError(f"no such profile file: {p}") from None
     except UnicodeDecodeError:

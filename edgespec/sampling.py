@@ -30,8 +30,8 @@ class SamplingParams:
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k < 2**31:
+            raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {self.top_k}")
         if not 0 < self.top_p <= 1:  # also refuses nan
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 

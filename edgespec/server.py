@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from . import server_protocol as P
-from .errors import ConfigError, EdgespecError
+from .errors import ConfigError, ContextOverflowError, EdgespecError
 from .server_metrics import Metrics, RequestCounter
 
 log = logging.getLogger("edgespec.server")
@@ -241,6 +241,8 @@ class Server:
         param = "messages" if req.kind == "chat" else "prompt"
         try:
             ids = await run_in_threadpool(self.engine.encode, source)
+        except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
+            raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
             raise P.bad(str(e).splitlines()[0], param) from None
         n, ctx = len(ids), self.engine.max_context

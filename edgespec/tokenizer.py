@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import threading
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -53,6 +55,10 @@ class Tokenizer:
         self.eos_token_ids = tuple(eos_token_ids)
         self.chat_template = chat_template
         self._template = None
+        self._text_tok = None
+        self._specials: tuple[str, ...] | None = None
+        self._max_token_bytes: int | None = None
+        self._lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -64,53 +70,111 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; with ``parse_special`` False the text of a special token
+        (``<|im_end|>``) is encoded as the characters it is, not as that token."""
+        _check_text(text, "the prompt")
+        tok = self._tok if parse_special else self._text_tokenizer()
+        ids = tok.encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids
         return ids
+
+    def _text_tokenizer(self):
+        """A second ``tokenizers.Tokenizer`` that reads special tokens' text as text (a flag that
+        is not toggled on the shared one, so threads encoding at once never see it flip)."""
+        with self._lock:
+            if self._text_tok is None:
+                from tokenizers import Tokenizer as HFTokenizer
+
+                t = HFTokenizer.from_str(self._tok.to_str())
+                t.encode_special_tokens = True
+                self._text_tok = t
+            return self._text_tok
+
+    @property
+    def special_texts(self) -> tuple[str, ...]:
+        if self._specials is None:
+            self._specials = tuple(t.content for t in self._tok.get_added_tokens_decoder().values()
+                                   if t.special and t.content)
+        return self._specials
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound of the tokens ``text`` encodes to, without tokenizing it: its UTF-8 bytes
+        over the longest token's bytes."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max((len(t.encode("utf-8", "replace")) for t in self._tok.get_vocab()), default=1)
+        return len(text.encode("utf-8", "surrogatepass")) // max(1, self._max_token_bytes)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
 
     # -- chat -------------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render messages through the model's chat template in a sandboxed jinja2 environment."""
+        """Render messages through the model's chat template (sandboxed, with limits: template.py)."""
         if not self.chat_template:
             raise ConfigError("this bundle has no chat template; use a plain prompt")
         if self._template is None:
-            from jinja2.exceptions import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            from .template import ChatTemplate
 
-            def raise_exception(msg):
-                raise TemplateError(msg)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = raise_exception
-            env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-                x, indent=indent, ensure_ascii=ensure_ascii)
-            try:
-                self._template = env.from_string(self.chat_template)
-            except TemplateError as e:
-                raise BundleError(f"the bundle's chat template does not parse: {e}") from None
-        from jinja2.exceptions import TemplateError
-
+            self._template = ChatTemplate(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
-        try:
-            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos or "", eos_token=eos or "")
-        except TemplateError as e:
-            raise ConfigError(f"chat template: {e}") from None
+        return self._template.render(messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
+                                     bos_token=bos or "", eos_token=eos or "")
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt)
-        # The template writes bos itself where the model wants it.
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """The ids of ``messages`` through the chat template. Message content is text: a special
+        token's text typed into it stays text; only the template's own markup yields special tokens."""
+        messages = check_messages(messages)
+        specials = self.special_texts
+        if not any(s in m["content"] for m in messages for s in specials):
+            # the template writes bos itself where the model wants it
+            return self._tok.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False).ids
+        # render with placeholders for the contents, then encode the template's text with special
+        # tokens and each content with none
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        text = self.render_chat([{**m, "content": k} for m, k in zip(messages, marks)], add_generation_prompt)
+        ids: list[int] = []
+        pattern = re.compile("(" + "|".join(re.escape(k) for k in marks) + ")")
+        for j, piece in enumerate(pattern.split(text)):
+            if not piece:
+                continue
+            if j % 2:  # a placeholder
+                ids += self._text_tokenizer().encode(messages[marks.index(piece)]["content"],
+                                                     add_special_tokens=False).ids
+            else:
+                ids += self._tok.encode(piece, add_special_tokens=False).ids
+        return ids
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
+
+
+def _check_text(text, what: str) -> None:
+    if not isinstance(text, str):
+        raise ConfigError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"{what} is not valid UTF-8 text (undecodable byte at character {e.start})") from None
+
+
+def check_messages(messages) -> list[dict]:
+    """Chat messages as the template gets them: a list of objects with a string 'role' (a name)
+    and string 'content' (text); ``ConfigError`` otherwise."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ConfigError(f"messages must be a list of {{role, content}} objects, got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ConfigError(f"message {i} must be an object with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role")
+        if not isinstance(role, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,31}", role):
+            raise ConfigError(f"message {i}: role must be a name (letters, digits, _ or -), got {role!r}"[:200])
+        _check_text(m.get("content"), f"message {i}'s content")
+        out.append(m)
+    return out
 
 
 class StreamDecoder:

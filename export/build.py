@@ -10,6 +10,8 @@ from pathlib import Path
 from edgespec.errors import ExportError
 from edgespec.manifest import Quantization
 
+RUNNING: set = set()  # the model builder's processes now running
+
 
 @dataclass(frozen=True)
 class QuantOptions:
@@ -82,6 +84,7 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
     if extra:
         cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    RUNNING.add(proc)  # killed on SIGTERM (export/output.py)
     tail: list[str] = []
     buf = b""
     quantized = 0
@@ -107,6 +110,7 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
                                 "Saving GenAI")) or "it/s]" not in line and len(line) < 160:
                 log(f"    builder: {line}")
     rc = proc.wait()
+    RUNNING.discard(proc)
     if rc != 0:
         raise ExportError(f"onnxruntime-genai's model builder failed (exit {rc}): {tail[-1] if tail else ''}")
     cfg_path = out_dir / "genai_config.json"

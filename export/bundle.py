@@ -14,6 +14,7 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec, Quantization,
                                sha256_file, write_manifest)
 
+from .output import check_output, prepare_stage, terminate_cleanly
 from .build import QuantOptions, run_builder
 from .source import Source, load_model, load_tokenizer, resolve
 from .validate import validate
@@ -244,9 +245,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         raise ExportError(f"--drafter-precision must be one of {', '.join(DRAFTER_PRECISIONS)}")
     if max_context is not None and max_context < 16:
         raise ExportError(f"--max-context must be at least 16, got {max_context}")
-    out = Path(out).expanduser().resolve()
-    if out.exists() and not force:
-        raise ExportError(f"{out} exists; pass --force to replace it")
+    out = check_output(out, force, [target, drafter])
     quant = quant or QuantOptions()
     # the drafter's arithmetic never changes the output (the target verifies), so it takes the fast int8 path
     drafter_quant = drafter_quant or QuantOptions(accuracy_level=4)
@@ -261,11 +260,10 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         dtok, ddata, (dfp, dvocab) = load_tokenizer(dsrc)
         if dfp != tfp:
             raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir()
+    stage = prepare_stage(out)
+    old = None
+    guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
+    guard.__enter__()
     try:
         quality_fn = None
         if quality:
@@ -289,6 +287,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         (tdir / "tokenizer_config.json").write_text(json.dumps({
             "bos_token": ttok.bos_token, "eos_token": ttok.eos_token, "add_bos_token": _add_bos(ttok),
             "chat_template": chat_template}, indent=1, ensure_ascii=False), encoding="utf-8")
+        tok_files = {f"tokenizer/{f.name}": {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+                     for f in sorted(tdir.iterdir())}
         manifest = Manifest(
             root=stage,
             name=out.name,
@@ -303,6 +303,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             sources={"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {})},
             tokenizer_vocab_size=tvocab,
+            tokenizer_files=tok_files,
         )
         # what is written reads back (the schema's checks, and target and drafter share a tokenizer)
         Manifest.from_dict(manifest.to_dict(), stage)
@@ -318,7 +319,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             stage.rename(out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        if old is not None and old.exists() and not out.exists():  # stopped between the two renames
+            old.rename(out)
         raise
+    finally:
+        guard.__exit__(None, None, None)
     progress.log(f"bundle written: {out}")
     return out
 

@@ -1,0 +1,198 @@
+"""The chat template: jinja2's immutable sandbox with limits on time, size and nesting.
+
+A bundle's chat template is code from whoever made the bundle. It runs in jinja2's
+``ImmutableSandboxedEnvironment`` (no attribute access to internals, no mutation of the values it
+gets) and, on top of that, within limits: ``TIME_LIMIT_S`` seconds per rendering (checked on every
+line the template executes), strings and lists of at most ``SIZE_LIMIT`` characters/items built by
+``*``, ``+``, ``%`` or the width/replace/join filters and methods, ``SIZE_LIMIT`` characters of
+output, ``range()`` of at most ``SIZE_LIMIT`` items, and ``DEPTH_LIMIT`` nested macro calls.
+Every failure is a ``ChatTemplateError`` (a parse failure, a ``BundleError``).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+from .errors import BundleError, ChatTemplateError
+
+TIME_LIMIT_S = 2.0
+SIZE_LIMIT = 1 << 20  # characters of output, of a string built, items of a range or list
+DEPTH_LIMIT = 64  # nested template calls (macros, recursion)
+_WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+_FORMAT_WIDTH = re.compile(r"\d{7,}")
+
+
+class _Limits:
+    def __init__(self):
+        self.deadline = time.perf_counter() + TIME_LIMIT_S
+        self.depth = 0
+
+    def tick(self):
+        if time.perf_counter() > self.deadline:
+            raise ChatTemplateError(f"chat template: rendering took longer than {TIME_LIMIT_S:g} s")
+
+
+def _size(v) -> int:
+    return len(v) if isinstance(v, (str, bytes, list, tuple)) else 0
+
+
+def _check_size(n: int, what: str) -> None:
+    if n > SIZE_LIMIT:
+        raise ChatTemplateError(f"chat template: {what} of {n} exceeds the limit of {SIZE_LIMIT}")
+
+
+def _bounded_range(*args):
+    r = range(*args)
+    _check_size(len(r), "range()")
+    return r
+
+
+def _checked_call(f, args, kwargs):
+    """Refuse calls whose result would be huge before making them."""
+    name = getattr(f, "__name__", "")
+    owner = getattr(f, "__self__", None)
+    if isinstance(owner, str):
+        if name in _WIDTH_METHODS:
+            for a in list(args) + list(kwargs.values()):
+                if isinstance(a, int):
+                    _check_size(a, f"str.{name} width")
+        elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+            count = owner.count(args[0]) if args[0] else len(owner) + 1
+            _check_size(len(owner) + count * max(0, len(args[1]) - len(args[0])), "str.replace result")
+        elif name == "join":
+            items = list(args[0]) if args else []
+            _check_size(sum(_size(x) for x in items) + len(owner) * len(items), "str.join result")
+            args = (items,) + tuple(args[1:])
+        elif name in ("format", "format_map") and _FORMAT_WIDTH.search(owner):
+            raise ChatTemplateError("chat template: a format width over the size limit")
+    return args
+
+
+def _environment():
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class LimitedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if _size(seq) and isinstance(n, int):
+                        _check_size(len(seq) * n, "a repeated string or list")
+            elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+                raise ChatTemplateError("chat template: an exponent over 64")
+            elif operator == "+":
+                _check_size(_size(left) + _size(right), "a concatenation")
+            elif operator == "%" and isinstance(left, str) and _FORMAT_WIDTH.search(left):
+                raise ChatTemplateError("chat template: a format width over the size limit")
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
+            args = _checked_call(__obj, args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+    def raise_exception(msg):
+        raise TemplateError(msg)
+
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["range"] = _bounded_range
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii)
+    for name in ("center", "indent", "replace", "join", "format", "wordwrap", "truncate"):
+        env.filters[name] = _guarded_filter(env.filters[name], name)
+    return env
+
+
+def _guarded_filter(f, name):
+    passes = hasattr(f, "jinja_pass_arg")  # its first argument is jinja2's context or environment
+
+    def guarded(*args, **kwargs):
+        vals = list(args[1:] if passes else args) + list(kwargs.values())
+        if name in ("center", "indent", "wordwrap", "truncate"):
+            for a in vals[1:]:
+                if isinstance(a, int):
+                    _check_size(a, f"the {name} filter's width")
+        elif name == "replace" and len(vals) >= 3 and all(isinstance(v, str) for v in vals[:3]):
+            s, old, new = vals[:3]
+            count = s.count(old) if old else len(s) + 1
+            _check_size(len(s) + count * max(0, len(new) - len(old)), "the replace filter's result")
+        elif name == "join" and vals and not isinstance(vals[0], str):
+            items = list(vals[0])
+            sep = vals[1] if len(vals) > 1 and isinstance(vals[1], str) else ""
+            _check_size(sum(_size(x) for x in items) + len(sep) * len(items), "the join filter's result")
+        elif name == "format" and vals and isinstance(vals[0], str) and _FORMAT_WIDTH.search(vals[0]):
+            raise ChatTemplateError("chat template: a format width over the size limit")
+        return f(*args, **kwargs)
+
+    for attr in ("jinja_pass_arg",):
+        if hasattr(f, attr):
+            setattr(guarded, attr, getattr(f, attr))
+    return guarded
+
+
+class ChatTemplate:
+    """A compiled chat template; ``render(**values)`` within the limits above."""
+
+    def __init__(self, source):
+        from jinja2.exceptions import TemplateError
+
+        if not isinstance(source, str):
+            raise BundleError(f"the bundle's chat template is not a string ({type(source).__name__})")
+        env = _environment()
+        try:
+            self._template = env.from_string(source)
+        except (TemplateError, RecursionError, MemoryError, ValueError) as e:
+            raise BundleError(f"the bundle's chat template does not parse: {_first_line(e)}") from None
+
+    def render(self, **values) -> str:
+        from jinja2.exceptions import TemplateError
+
+        limits = _Limits()
+        code = self._template.root_render_func.__code__.co_filename
+
+        def local(frame, event, arg):
+            if event == "line":
+                limits.tick()
+            elif event == "return":
+                limits.depth -= 1
+            return local
+
+        def tracer(frame, event, arg):
+            if frame.f_code.co_filename != code:
+                return None
+            limits.depth += 1
+            if limits.depth > DEPTH_LIMIT:
+                raise ChatTemplateError(f"chat template: more than {DEPTH_LIMIT} nested calls")
+            limits.tick()
+            return local
+
+        previous = sys.gettrace()
+        parts, size = [], 0
+        sys.settrace(tracer)
+        try:
+            for chunk in self._template.generate(**values):
+                size += len(chunk)
+                _check_size(size, "output")
+                parts.append(chunk)
+        except ChatTemplateError:
+            raise
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat template: {_first_line(e)}") from None
+        except RecursionError:
+            raise ChatTemplateError("chat template: recursion too deep") from None
+        except MemoryError:
+            raise ChatTemplateError("chat template: out of memory") from None
+        except Exception as e:  # noqa: BLE001 - the template is foreign code: any failure is its own
+            raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {_first_line(e)}") from None
+        finally:
+            sys.settrace(previous)
+        return "".join(parts)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]

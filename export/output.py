@@ -1,0 +1,114 @@
+"""Where an export may write: what ``--force`` may replace, stale partial bundles, SIGTERM."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from edgespec.errors import ExportError
+from edgespec.manifest import MANIFEST_NAME
+
+
+def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) -> Path:
+    """The bundle directory to write, resolved. An existing path is replaced only with ``force``
+    and only if it is a bundle (a directory with an edgespec manifest) that is not a symlink, not
+    the current directory or one above it, and holds none of the export's inputs."""
+    given = Path(out).expanduser()
+    resolved = given.resolve()
+    if not (given.exists() or given.is_symlink()):
+        _probe(resolved)
+        return resolved
+    if not force:
+        raise ExportError(f"{resolved} exists; pass --force to replace it (an existing bundle only)")
+    if given.is_symlink():
+        raise ExportError(f"{given} is a symlink; --force does not replace what a link points to "
+                          "(give the bundle directory itself)")
+    if not resolved.is_dir() or not (resolved / MANIFEST_NAME).is_file():
+        what = "a directory" if resolved.is_dir() else "a file"
+        raise ExportError(f"{resolved} is {what} but not an edgespec bundle; --force replaces only a bundle")
+    cwd = Path.cwd().resolve()
+    if cwd == resolved or resolved in cwd.parents:
+        raise ExportError(f"{resolved} is the current directory or contains it; --force will not replace it")
+    for src in inputs:
+        if src and Path(src).expanduser().exists():
+            p = Path(src).expanduser().resolve()
+            if p == resolved or resolved in p.parents:
+                raise ExportError(f"{resolved} holds the export's input {src}; --force will not replace it")
+    return resolved
+
+
+def _probe(out: Path) -> None:
+    """Refuse a place where the bundle cannot be written before anything is read."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+    except OSError as e:
+        raise ExportError(f"cannot write the bundle at {out}: {e.strerror or e}") from None
+
+
+def prepare_stage(out: Path) -> Path:
+    """Make ``.<name>.partial-<pid>`` beside ``out`` (removing the partial bundles that exports
+    killed before they could clean up left there)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(out.parent, out.name)
+        stage = out.parent / f".{out.name}.partial-{os.getpid()}"
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.mkdir()
+    except OSError as e:
+        raise ExportError(f"cannot write the bundle at {out}: {e.strerror or e}") from None
+    return stage
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale(parent: Path, name: str) -> list[Path]:
+    """Remove ``.<name>.partial-<pid>`` and ``.<name>.old-<pid>`` of processes no longer running."""
+    removed = []
+    pattern = re.compile(rf"\.{re.escape(name)}\.(partial|old)-(\d+)")
+    for p in parent.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))) and p.is_dir() \
+                and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+class Terminated(SystemExit):
+    """SIGTERM during an export: unwinds like Ctrl-C, so the partial bundle is removed."""
+
+
+@contextmanager
+def terminate_cleanly():
+    """SIGTERM raises ``Terminated`` (exit status 143) in the main thread while the export runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        from .build import RUNNING
+
+        for proc in list(RUNNING):  # the model builder, a process of its own, stops too
+            proc.kill()
+        raise Terminated(128 + signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
