@@ -108,8 +108,8 @@ class MemoryStore:
         self.table.clear()
         self.dirty = True
 
-    def best(self, keys):
-        return self.table.best(keys)
+    def best(self, keys, min_order: int = 1):
+        return self.table.best(keys, min_order)
 
     # -- disk ----------------------------------------------------------------------------------
     def save(self) -> None:

@@ -26,7 +26,6 @@ SEED = 0x243F6A8885A308D3
 MASK = (1 << 64) - 1
 NEXT_BITS = 24  # token ids below 2**24 (Qwen: 151,936)
 MAX_TOKEN = 1 << NEXT_BITS
-_LOW = np.int64(MAX_TOKEN - 1)
 
 
 def context_keys(tail: Sequence[int], orders: int = ORDERS) -> list[int]:
@@ -70,10 +69,11 @@ class LiveIndex:
                         e[0], e[1] = t, c
             toks.append(t)
 
-    def best(self, keys: Sequence[int]) -> tuple[int, int, int] | None:
-        """(order, token, count) of the longest context in ``keys`` this index holds, or None."""
+    def best(self, keys: Sequence[int], min_order: int = 1) -> tuple[int, int, int] | None:
+        """(order, token, count) of the longest context in ``keys`` this index holds (of at least
+        ``min_order`` tokens), or None."""
         table = self._next
-        for n in range(len(keys), 0, -1):
+        for n in range(len(keys), min_order - 1, -1):
             e = table.get(keys[n - 1])
             if e is not None:
                 return n, e[0], e[1]
@@ -149,18 +149,17 @@ class NgramTable:
             if not keep.all():
                 self.keys, self.counts = self.keys[keep], self.counts[keep]
 
-    def best(self, keys: Sequence[int]) -> tuple[int, int, int] | None:
-        """(order, token, count) of the longest context in ``keys`` this table holds, or None."""
-        m = len(keys)
-        if not m or not self.keys.shape[0]:
+    def best(self, keys: Sequence[int], min_order: int = 1) -> tuple[int, int, int] | None:
+        """(order, token, count) of the longest context in ``keys`` this table holds (of at least
+        ``min_order`` tokens), or None."""
+        m = len(keys) - min_order + 1
+        if m <= 0 or not self.keys.shape[0]:
             return None
-        q = np.array(keys, dtype=np.int64) << NEXT_BITS
-        b = np.searchsorted(self.keys, np.concatenate([q, q + MAX_TOKEN]))
-        lo, hi = b[:m], b[m:]
-        hit = np.flatnonzero(hi > lo)
-        if not hit.shape[0]:
-            return None
-        n = int(hit[-1])
-        a, z = int(lo[n]), int(hi[n])
-        j = a + int(np.argmax(self.counts[a:z]))
-        return n + 1, int(self.keys[j] & _LOW), int(self.counts[j])
+        q = np.array(keys[min_order - 1:], dtype=np.int64) << NEXT_BITS
+        b = np.searchsorted(self.keys, np.concatenate([q, q + MAX_TOKEN])).tolist()
+        for i in range(m - 1, -1, -1):
+            a, z = b[i], b[m + i]
+            if z > a:
+                j = a + int(self.counts[a:z].argmax()) if z - a > 1 else a
+                return i + min_order, int(self.keys[j]) & (MAX_TOKEN - 1), int(self.counts[j])
+        return None

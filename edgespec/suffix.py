@@ -110,15 +110,18 @@ class SuffixDrafter:
         if len(ctx) > len(self.live):
             self.live.extend(ctx.view()[len(self.live):].tolist())
 
-    def _best(self, keys: list[int]) -> tuple[int, int, str] | None:
+    def _best(self, keys: list[int]):
+        """(order, token, source name, source) of the longest match over the sources, or None."""
         best = None
         for src, index in (("ctx", self.live), ("doc", self.docs),
                            ("mem", self.memory if self.history else None)):
             if index is None:
                 continue
-            m = index.best(keys)
-            if m is not None and (best is None or m[0] > best[0]):
-                best = (m[0], m[1], src)
+            m = index.best(keys, best[0] + 1 if best else 1)  # only a longer match can win
+            if m is not None:
+                best = (m[0], m[1], src, index)
+                if m[0] == len(keys):
+                    break
         return best
 
     def _lookup(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
@@ -130,15 +133,20 @@ class SuffixDrafter:
         window = self.live.tokens[-self.orders:]
         tokens: list[int] = []
         key, first = "", 0
+        index = None
         for i in range(k):
-            m = self._best(context_keys(window, self.orders))
-            if m is None:
-                break
-            n, tok, src = m
-            if i == 0:
+            keys = context_keys(window, self.orders)
+            if index is None:
+                m = self._best(keys)
+                if m is None:
+                    break
+                n, tok, src, index = m
                 key, first = f"{self.name}/{src}/{n}", n
-            elif n < min(first, 2):
-                break
+            else:  # the draft goes on in the source it started from
+                m = index.best(keys, min(first, 2))
+                if m is None:
+                    break
+                tok = m[1]
             tokens.append(tok)
             window = window[1:] + [tok] if len(window) >= self.orders else window + [tok]
         self._cache = (len(ctx), k, tokens, key)
@@ -148,6 +156,23 @@ class SuffixDrafter:
     def flush(self) -> None:
         """Record the last generation and write the store."""
         self._rec.flush()
+
+    @property
+    def recording(self) -> bool:
+        """Whether finished generations are added to the memory (benchmarks turn it off and add
+        one reference output per request with ``remember``, so every drafter sees the same memory)."""
+        return self._rec.enabled
+
+    @recording.setter
+    def recording(self, on: bool) -> None:
+        self._rec.ctx = None
+        self._rec.enabled = bool(on)
+
+    def remember(self, ids: Sequence[int]) -> None:
+        """Add a token sequence to the memory as a recorded generation would be."""
+        if self.memory is not None:
+            self.memory.add(ids)
+            self._rec.save()
 
     def clear_memory(self) -> None:
         self._rec.ctx = None  # the generation that ran last is forgotten too
@@ -192,11 +217,12 @@ class _Recorder:
         self.ctx: TokenBuffer | None = None  # the running generation's context, recorded at its end
         self.prompt_len = 0
         self.save_failed = False
+        self.enabled = True
 
     def commit(self) -> None:
         """Record the generation that ran (the prompt's last tokens as context, and the output)."""
         ctx, self.ctx = self.ctx, None
-        if ctx is None or self.memory is None or len(ctx) - self.prompt_len < 2:
+        if ctx is None or self.memory is None or not self.enabled or len(ctx) - self.prompt_len < 2:
             return
         self.memory.add(ctx.view()[max(0, self.prompt_len - self.orders):])
         self.save()
