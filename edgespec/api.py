@@ -184,14 +184,15 @@ class Engine:
         vals.update({k: v for k, v in kw.items() if v is not None})
         return GenerationConfig(**vals)
 
-    def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True) -> list[int]:
+    def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
+               fit: bool = False) -> list[int]:
         """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
-        ``parse_special`` is False; messages' content is always text. A prompt too long for the
-        context by its size alone is refused before it is tokenized."""
+        ``parse_special`` is False; messages' content is always text. With ``fit`` a prompt too long
+        for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized."""
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
             m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []
-        least = sum(self.tokenizer.min_tokens(t) for t in texts)
+        least = sum(self.tokenizer.min_tokens(t) for t in texts) if fit else 0
         if least > self.max_context:
             raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
                                        f"characters); the context holds {self.max_context}")
@@ -248,13 +249,13 @@ class Engine:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
         drafter (model|prompt-lookup|auto|none), draft_tokens, max_draft_tokens, stop (strings),
         parse_special (a plain prompt's special-token text is that token; see ``encode``)."""
-        ids = self.encode(prompt_or_messages, parse_special)
+        ids = self.encode(prompt_or_messages, parse_special, fit=True)
         return self._collect(self.stream_ids(ids, stop=stop, **kw))
 
     def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                parse_special: bool = True, **kw) -> Iterator[str]:
         """Like ``generate`` but yields text deltas as they are decoded."""
-        ids = self.encode(prompt_or_messages, parse_special)
+        ids = self.encode(prompt_or_messages, parse_special, fit=True)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:
             for delta, _, _ in inner:

@@ -240,7 +240,7 @@ class Server:
         source = req.messages if req.kind == "chat" else req.prompt
         param = "messages" if req.kind == "chat" else "prompt"
         try:
-            ids = await run_in_threadpool(self.engine.encode, source)
+            ids = await run_in_threadpool(self.engine.encode, source, fit=True)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles

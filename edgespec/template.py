@@ -145,7 +145,8 @@ class ChatTemplate:
         env = _environment()
         try:
             self._template = env.from_string(source)
-        except (TemplateError, RecursionError, MemoryError, ValueError) as e:
+        except (TemplateError, RecursionError, MemoryError, ValueError, SyntaxError) as e:
+            # SyntaxError: jinja2 compiles some invalid templates ({% break %} outside a loop) to invalid Python
             raise BundleError(f"the bundle's chat template does not parse: {_first_line(e)}") from None
 
     def render(self, **values) -> str:

@@ -1,0 +1,158 @@
+"""Fuzzing the parsers of untrusted input (issue 15): a manifest, a profile and a chat template end in
+a typed error (an ``EdgespecError``) or a result, never in anything else. Bounded: a fixed number of
+examples per parser and the template's time limit cut to 0.2 s."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from edgespec.errors import EdgespecError  # noqa: E402
+from edgespec.manifest import Manifest, load_manifest  # noqa: E402
+from edgespec.profiles import _check, load_profile  # noqa: E402
+
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+pytestmark = pytest.mark.timeout(300)
+
+IO = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+      "past_key": "past_key_values.%d.key", "past_value": "past_key_values.%d.value",
+      "present_key": "present.%d.key", "present_value": "present.%d.value", "logits": "logits"}
+MODEL = {"path": "target/model.onnx", "architecture": "qwen2", "precision": "int4", "layout": "cpu",
+         "quant": {"block_size": 32, "symmetric": False}, "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+         "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 400, "max_context": 256, "kv_dtype": "float32",
+         "io": IO, "tokenizer_sha256": "ab" * 32,
+         "files": {"target/model.onnx": {"bytes": 10, "sha256": "cd" * 32}}, "gpu_weight_bytes": 10,
+         "params": 1000, "operators": {"MatMulNBits": 14}, "cpu_resident_bytes": 100, "embedding_bytes": 0,
+         "embedding_row_bytes": 0, "validation": {"passed": True, "max_abs_logit_diff": {"prefill": 0.1}},
+         "quality": {"perplexity": 3.0, "greedy_match_tokens": [1, 2]}}
+MANIFEST = {"schema_version": 1, "name": "fuzz", "created": "2026-01-01T00:00:00Z", "sources": {"target": "x"},
+            "tool_versions": {"edgespec": "0"}, "eos_token_ids": [2], "bos_token_id": 0, "add_bos": False,
+            "chat_template": "{{ messages }}",
+            "tokenizer": {"dir": "tokenizer", "vocab_size": 400,
+                          "files": {"tokenizer/tokenizer.json": {"bytes": 5, "sha256": "ef" * 32}}},
+            "models": {"target": MODEL, "drafter": {**MODEL, "path": "drafter/model.onnx",
+                                                    "files": {"drafter/model.onnx": {"bytes": 3}}}}}
+PROFILE = {"memory_budget_mb": 4096, "description": "fuzz", "providers": ["cuda", "cpu"],
+           "provider_options": {"cuda": {"gpu_mem_limit": 1 << 30, "arena_extend_strategy": "kSameAsRequested"}},
+           "kv_dtype": "auto", "max_context": 4096, "min_context": 512, "drafter": "auto", "draft_tokens": 4,
+           "max_draft_tokens": 8, "threads": 2, "prefill_chunk": 256}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=12)
+    | st.sampled_from(["%d", "%s%d", "../x", "/etc/passwd", "target/model.onnx", "int4", "float16", "cuda"]),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=10)
+
+
+def _paths(d, prefix=()):
+    """Every key path of a nested dict/list."""
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else []
+    for k, v in items:
+        yield prefix + (k,)
+        yield from _paths(v, prefix + (k,))
+
+
+def mutated(base):
+    paths = list(_paths(base))
+
+    @st.composite
+    def strategy(draw):
+        d = copy.deepcopy(base)
+        for _ in range(draw(st.integers(1, 3))):
+            path = draw(st.sampled_from(paths))
+            parent = d
+            try:
+                for k in path[:-1]:
+                    parent = parent[k]
+                if draw(st.booleans()) and isinstance(parent, dict):
+                    parent.pop(path[-1], None)
+                else:
+                    parent[path[-1]] = draw(json_values)
+            except (KeyError, IndexError, TypeError):
+                pass
+        return d
+
+    return strategy()
+
+
+def typed(fn, *args, **kw):
+    """``fn`` succeeds or raises an EdgespecError; anything else fails the test."""
+    try:
+        return fn(*args, **kw)
+    except EdgespecError:
+        return None
+
+
+def test_the_bases_are_valid(tmp_path):
+    assert Manifest.from_dict(copy.deepcopy(MANIFEST), tmp_path).drafter is not None
+    assert _check("fuzz", dict(PROFILE), "fuzz").threads == 2
+
+
+@FUZZ
+@given(mutated(MANIFEST))
+def test_manifest_schema(tmp_path, raw):
+    m = typed(Manifest.from_dict, raw, tmp_path)
+    if m is not None:  # what reads also writes and reads back
+        Manifest.from_dict(json.loads(json.dumps(m.to_dict())), tmp_path)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), mutated(MANIFEST).map(lambda d: json.dumps(d).encode()),
+                 st.integers(1, 200_000).map(lambda n: b"[" * n), st.text(max_size=200).map(str.encode)))
+def test_manifest_file(tmp_path, data):
+    (tmp_path / "edgespec.json").write_bytes(data)
+    typed(load_manifest, tmp_path)
+
+
+@FUZZ
+@given(mutated(PROFILE))
+def test_profile_schema(raw):
+    typed(_check, "fuzz", raw, "fuzz.toml")
+
+
+TOML_BITS = ["memory_budget_mb = 4096\n", "threads = ", "max_context = ", "[provider_options.cuda]\n",
+             "[provider_options.cpu]\n", "providers = [\"cpu\"]\n", "drafter = ", "\"auto\"", "-1", "1e400", "[[x]]\n",
+             "[", "]", "{", "}", "= ", "\n", "gpu_mem_limit = ", "inf", "nan", "\"\\u0000\"", "true", "a.b.c = 1\n"]
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=200), st.lists(st.sampled_from(TOML_BITS) | st.text(max_size=6), max_size=20)
+                 .map(lambda parts: "".join(parts).encode("utf-8", "surrogatepass"))))
+def test_profile_file(tmp_path, data):
+    p = tmp_path / "fuzz.toml"
+    p.write_bytes(data)
+    typed(load_profile, p)
+
+
+JINJA_BITS = ["{{ ", " }}", "{% for m in messages %}", "{% endfor %}", "{% if ", " %}", "{% else %}", "{% endif %}",
+              "m['content']", "m.role", "m", "messages", "range(", ")", "(", "*", "+", "%", "**", "'x'", "100000",
+              "10**9", "|join", "|length", "|upper", "|tojson", "|center(", "|replace('x', 'yy')", "|indent(",
+              "{% macro f(n) %}", "{% endmacro %}", "f(", "loop.index", "raise_exception('e')", "{% set x = ",
+              "namespace(a=1)", ".__class__", ".mro()", "x", ",", "[", "]", "{% break %}", "{% continue %}",
+              "add_generation_prompt", "bos_token", "eos_token", "'%10000000d'", ".ljust(", ".format(", "{#", "#}"]
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(JINJA_BITS) | st.text(max_size=5), max_size=25).map("".join))
+def test_chat_template(monkeypatch, source):
+    from edgespec import template
+
+    monkeypatch.setattr(template, "TIME_LIMIT_S", 0.2)
+    t = typed(template.ChatTemplate, source)
+    if t is not None:
+        out = typed(t.render, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                    add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
+        assert out is None or isinstance(out, str) and len(out) <= template.SIZE_LIMIT
+
+
+def test_non_string_template():
+    from edgespec import template
+
+    for source in (None, 5, b"{{ x }}", ["{{ x }}"], {"a": 1}):
+        typed(template.ChatTemplate, source)
