@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .cli_memory import engine_options, memory, memory_opts
+from .cli_memory import engine_options, memory, memory_opts, model_wanted
 from .drafters import drafter_choices
 from .errors import EdgespecError
 from .cli_info import report_lines
@@ -130,7 +130,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     """Generate a continuation of PROMPT with the model in BUNDLE."""
     if prompt == "-":
         prompt = _read_stdin()
-    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
               drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special)
@@ -184,7 +184,7 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     """
     from .chat import run_chat
 
-    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    drafter=drafter, draft_tokens=draft_tokens)
     if hasattr(sys.stdout, "reconfigure"):
@@ -230,7 +230,7 @@ def serve(bundle, host, port, queue_size, drafter, draft_tokens, max_context, th
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
     try:
         eng = _engine(bundle, profile, provider, max_context, threads,
-                      use_drafter=drafter not in ("none", "prompt-lookup", "suffix"))
+                      use_drafter=model_wanted(drafter))
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens)

@@ -31,6 +31,11 @@ def memory_opts(default_memory: bool = True):
     return deco
 
 
+def model_wanted(drafter: str | None) -> bool:
+    """Whether ``--drafter`` may use the bundle's drafter model (only model and auto, the default, do)."""
+    return drafter not in ("none", "prompt-lookup", "suffix")
+
+
 def engine_options() -> dict:
     """``load`` keywords from the running command's --documents / --memory options."""
     ctx = click.get_current_context(silent=True)
@@ -76,7 +81,8 @@ def show(bundle, as_json):
     elif info["error"]:
         click.echo(f"  unreadable: {info['error']} (the next load sets it aside)")
     else:
-        click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, {info['file_bytes'] / 1024:.1f} KiB on disk")
+        click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, "
+                   f"{info['file_bytes'] / 1024:.1f} KiB on disk")
 
 
 @memory.command("clear")

@@ -1,6 +1,7 @@
 """The suffix drafter's memory: earlier outputs of one bundle, bounded, on disk between processes.
 
-Where: ``$EDGESPEC_MEMORY_DIR/<fingerprint>/store.npz`` (default ``~/.cache/edgespec/memory``),
+Where: ``<root>/<fingerprint>/store.npz``, root ``$EDGESPEC_MEMORY_DIR`` or ``$EDGESPEC_CACHE_DIR/memory``
+(default ``~/.cache/edgespec/memory``),
 never inside the bundle: a bundle may be read-only or shared by several users, and what a user
 generated is theirs. The fingerprint hashes the target's tokenizer and weight files, so a store is
 only ever read by the model whose token ids it holds.
@@ -37,11 +38,11 @@ STORE_FILE = "store.npz"
 
 
 def memory_root() -> Path:
+    """``$EDGESPEC_MEMORY_DIR``, else ``$EDGESPEC_CACHE_DIR/memory`` (default ``~/.cache/edgespec``)."""
     env = os.environ.get("EDGESPEC_MEMORY_DIR")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "edgespec" / "memory"
+    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec") / "memory"
 
 
 def bundle_fingerprint(manifest) -> str:
@@ -116,14 +117,14 @@ class MemoryStore:
         """Write the store atomically (temporary file, fsync, rename). OSError on failure."""
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what a user generated is theirs
         meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
                            "vocab_size": self.vocab_size, "saved": time.time()}).encode()
         toks = np.concatenate(list(self.seqs)) if self.seqs else np.zeros(0, np.int32)
         lengths = np.array([s.shape[0] for s in self.seqs], dtype=np.int64)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
                 np.savez(f, meta=np.frombuffer(meta, dtype=np.uint8), tokens=toks, lengths=lengths)
                 f.flush()
                 os.fsync(f.fileno())
