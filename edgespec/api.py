@@ -40,7 +40,7 @@ class Result:
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
          threads: int | None = None, use_drafter: bool = True, verify: bool = False,
          min_width: int | None = None, memory: bool | str | os.PathLike = True,
-         documents: Sequence[str | os.PathLike] = ()) -> "Engine":
+         documents: Sequence[str | os.PathLike] = (), drafter_provider: str | None = None) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
 
     ``memory``: the suffix drafter's store of earlier outputs (True: this bundle's store under
@@ -51,7 +51,11 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     tensorrt) overrides the profile's list and is an error if it cannot run. ``verify`` hashes
     every weight file against the manifest. ``min_width`` overrides the target's exactness width
     measured at load (benchmarks: 1 prices the policy; anything else may break exactness).
+    ``drafter_provider`` places the drafter model on another provider than the target (e.g. cpu
+    while the target runs on cuda; default: the profile's ``drafter_provider``, else the target's):
+    only token ids cross between them, and a placement the budget cannot hold is a ``BudgetError``.
     """
+    from .placement import requested_providers
     from .planner import plan as make_plan
     from .profiles import resolve_profile
     from .suffix import read_document
@@ -61,9 +65,11 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     n_threads = _threads(threads)
     manifest = load_manifest(bundle, deep=verify)
     prof = resolve_profile(profile)
-    requested = [provider] if provider else list(prof.providers)
-    the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested)
+    requested, d_requested, d_named = requested_providers(manifest, prof, provider, drafter_provider, use_drafter)
+    the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested,
+                         drafter_providers=d_requested, keep_drafter=bool(drafter_provider))
     choice = choose(requested, prof.provider_options, explicit=bool(provider))
+    d_choice = choice if d_requested == requested else choose(d_requested, prof.provider_options, explicit=d_named)
 
     # what the budget leaves after the KV caches, the runtime and every model's weights is split
     # evenly between the sessions: a session's CUDA arena may hold its weights and its share, and
@@ -72,7 +78,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     share = max(0, spare) // max(1, len(the_plan.weights))
 
     def options_for(role: str):
-        return with_load_options(choice, bundle_root=manifest.root,
+        return with_load_options(d_choice if role == "drafter" else choice, bundle_root=manifest.root,
                                  gpu_mem_limit=the_plan.weights.get(role, 0) + share, trt_workspace=share)
 
     if threads is None:  # a profile's count, written for its device, is bounded by this machine's cores
@@ -82,7 +88,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         # target and drafter take turns on one process-wide thread pool (onnx_lm.shared_thread_pool)
         spec = manifest.target if role == "target" else manifest.drafter
         return OnnxLM(spec, the_plan.context, options_for(role), threads=n_threads,
-                      prefill_chunk=the_plan.prefill_chunk, min_width=min_width)
+                      prefill_chunk=the_plan.prefill_chunk, min_width=min_width,
+                      allow_cpu_fallback=prof.allow_cpu_fallback)
 
     target = open_model("target", min_width)
     env = LoadEnv(manifest, the_plan, prof, open_model, options={"memory": memory})

@@ -8,10 +8,10 @@ import sys
 import click
 
 from .cli_memory import engine_options, memory, memory_opts, model_wanted
+from .cli_placement import drafter_provider_opt, placement_options
 from .drafters import drafter_choices
 from .errors import EdgespecError
 from .cli_info import report_lines
-from .manifest import DRAFTER_PRECISIONS, TARGET_PRECISIONS
 from .providers import PROVIDER_NAMES
 
 MiB = 1 << 20
@@ -32,52 +32,13 @@ def main():
     """edgespec: fast, lossless speculative decoding for quantized LLMs on small machines."""
 
 
-# -- export ---------------------------------------------------------------------------------
-@main.command()
-@click.argument("target")
-@click.option("--drafter", "drafter", default=None, help="Drafter model: HF directory, .gguf file or hub id.")
-@click.option("-o", "--output", "output", required=True, type=click.Path(), help="Bundle directory to write.")
-@click.option("--target-precision", type=click.Choice(TARGET_PRECISIONS), default="int4",
-              show_default=True)
-@click.option("--drafter-precision", type=click.Choice(DRAFTER_PRECISIONS), default="fp32",
-              show_default=True)
-@click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
-@click.option("--block-size", type=int, default=32, show_default=True,
-              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block).")
-@click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
-              help="FP8 weight scales: per output channel (TensorRT's layout) or per block.")
-@click.option("--asymmetric/--symmetric", default=None,
-              help="INT4/INT8 with zero points (the default: better quality at the same speed) or without.")
-@click.option("--accuracy-level", type=int, default=4, show_default=True,
-              help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
-@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant"]), default="rtn", show_default=True)
-@click.option("--no-quantize-lm-head", is_flag=True, help="Keep the lm_head in float.")
-@click.option("--quantize-embeddings", is_flag=True, help="Quantize the embedding table too.")
-@click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
-@click.option("--force", is_flag=True, help="Replace an existing bundle.")
-def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size, fp8_scheme,
-           asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, no_quality, force):
-    """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
-    try:
-        from edgespec_export import export_bundle
-        from edgespec_export.build import QuantOptions
-    except ImportError as e:
-        raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
-    q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
-                     algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
-                     quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
-    out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
-                        drafter_precision=drafter_precision, max_context=max_context, quant=q,
-                        force=force, quality=not no_quality)
-    click.echo(str(out))
-
-
 # -- generate -------------------------------------------------------------------------------
 def _engine(bundle, profile, provider, max_context, threads, use_drafter=True):
     from .api import load
 
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
-                use_drafter=use_drafter, **engine_options())  # --documents, --no-memory
+                use_drafter=use_drafter, **engine_options(),  # --documents, --no-memory
+                **placement_options())  # --drafter-provider
 
 
 _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE",
@@ -107,6 +68,7 @@ def _engine_opts(f):
         click.option("--threads", type=int, default=None),
         _profile_opt,
         _provider_opt,
+        drafter_provider_opt,
     )):
         f = opt(f)
     return f
@@ -278,6 +240,7 @@ def profiles(as_json):
 @click.option("--measure-tokens", type=click.IntRange(min=1), default=None,
               help="With --measure: prefill this many tokens instead of filling the context.")
 @click.option("--json", "as_json", is_flag=True)
+@drafter_provider_opt
 def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measure_tokens, as_json):
     """Show how a profile's memory budget is spent on BUNDLE, or why it does not fit."""
     from .manifest import load_manifest
@@ -286,7 +249,12 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
 
     prof = resolve_profile(profile)
     m = load_manifest(bundle)
-    p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=[provider] if provider else None)
+    from .placement import requested_providers
+
+    dprov = placement_options().get("drafter_provider")
+    tprov, dprovs, _ = requested_providers(m, prof, provider, dprov, use_drafter=not no_drafter)
+    p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=tprov, drafter_providers=dprovs,
+             keep_drafter=bool(dprov) and not no_drafter)
     samples = None
     if measure:
         from .measure import measure as measure_engine
@@ -310,6 +278,8 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     click.echo(f"context {p.context} tokens; drafter model: {loaded}; default drafting: {p.default_drafter}; "
                f"prefill chunk: {p.prefill_chunk} tokens")
     click.echo(f"weights: {p.weights_basis}")
+    if len(set(p.devices.values())) > 1:
+        click.echo("placement: " + ", ".join(f"{role} on the {dev.upper()}" for role, dev in p.devices.items()))
     click.echo("cut: " + ("; ".join(p.cuts) if p.cuts else "nothing"))
     for w in p.warnings:
         click.echo(f"warning: {w}")
@@ -357,7 +327,8 @@ def info(bundle, verify, as_json):
     for spec in (m.target, m.drafter):
         if spec is None:
             continue
-        click.echo(f"  {spec.role}: {spec.architecture} {spec.precision} {spec.quant.to_dict() or ''}")
+        click.echo(f"  {spec.role}: {spec.architecture} {spec.precision}, {spec.layout} layout "
+                   f"{spec.quant.to_dict() or ''}")
         heads = f"{spec.num_attention_heads} attention heads, " if spec.num_attention_heads else ""
         click.echo(f"    {spec.num_layers} layers, {heads}{spec.num_kv_heads} KV heads x {spec.head_dim}, "
                    f"vocab {spec.vocab_size}, max context {spec.max_context}, "
@@ -404,6 +375,7 @@ def _check_writable(out_dir) -> None:
 @click.option("--threads", type=int, default=None)
 @_profile_opt
 @_provider_opt
+@drafter_provider_opt
 @click.option("--out", "out_dir", type=click.Path(), default="reports/bench", show_default=True)
 @click.option("--no-plots", is_flag=True)
 @memory_opts(default_memory=False)
@@ -428,6 +400,10 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     click.echo(rep.markdown())
     click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
+
+from .cli_export import export  # noqa: E402  (the export command, in its own module)
+
+main.add_command(export)
 
 main.add_command(memory)
 

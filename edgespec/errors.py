@@ -46,6 +46,10 @@ class ProviderError(EdgespecError):
     exit_code = 5
 
 
+class CpuFallbackError(ProviderError):
+    """A GPU provider does not take some of a graph's nodes, which onnxruntime would run on the CPU."""
+
+
 class ConfigError(EdgespecError):
     """Bad generation or engine options."""
 

@@ -24,6 +24,9 @@ PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
 # the weight precisions of a bundle's models, in the order the export CLI offers them
 TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
 DRAFTER_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+# a graph's device layout (export --device): cpu, float32 activations and KV cache; cuda, the model
+# builder's CUDA layout, float16 activations and KV cache (what CUDA's GroupQueryAttention takes)
+LAYOUTS = ("cpu", "cuda")
 
 
 def _is(v: Any, kind: Any) -> bool:
@@ -218,6 +221,7 @@ class ModelSpec:
     cpu_resident_bytes: int | None = None
     embedding_bytes: int = 0
     embedding_row_bytes: int = 0
+    layout: str = "cpu"  # LAYOUTS; absent in older bundles: cuda where the KV cache is float16, else cpu
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -247,6 +251,9 @@ class ModelSpec:
         kv_dtype = _req(d, "kv_dtype", str, where)
         if kv_dtype not in KV_DTYPES:
             raise ManifestError(f"manifest: {where}.kv_dtype {kv_dtype!r} is not one of {sorted(KV_DTYPES)}")
+        layout = _opt(str, where, d, "layout") or ("cuda" if kv_dtype == "float16" else "cpu")
+        if layout not in LAYOUTS:
+            raise ManifestError(f"manifest: {where}.layout {layout!r} is not one of {', '.join(LAYOUTS)}")
         precision = _req(d, "precision", str, where)
         if precision not in TARGET_PRECISIONS:  # every precision there is
             raise ManifestError(f"manifest: {where}.precision {precision!r} is not one of "
@@ -271,13 +278,14 @@ class ModelSpec:
             operators=dict(_opt("counts", where, d, "operators") or {}),
             cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
-            embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, **dims,
+            embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout, **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
         """This model's manifest entry, its paths relative to the bundle directory ``root``."""
         return {
             "path": _rel(root, self.path), "architecture": self.architecture, "precision": self.precision,
+            "layout": self.layout,
             "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
             "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,

@@ -19,6 +19,7 @@ from .kv import KVCache
 from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
+from .placement import open_on_gpu, warn_if_slow
 from .width import measure_min_width
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -35,7 +36,7 @@ class OnnxLM(CausalLM):
 
     def __init__(self, spec: ModelSpec, max_context: int, providers: ProviderChoice, *,
                  threads: int = 0, prefill_chunk: int = 256, session_options: dict | None = None,
-                 min_width: int | None = None):
+                 min_width: int | None = None, allow_cpu_fallback: bool = False):
         if max_context > spec.max_context:
             raise ContextOverflowError(
                 f"{spec.role}: a context of {max_context} exceeds the exported maximum {spec.max_context}")
@@ -43,8 +44,9 @@ class OnnxLM(CausalLM):
         self.max_context = int(max_context)
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
-                                    role=spec.role)
+                                    role=spec.role, allow_cpu_fallback=allow_cpu_fallback)
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
+        self.layout_warning = warn_if_slow(spec, self.device)
         self.min_width = 1 if min_width is None else int(min_width)  # None: measured below
         io = spec.io
         inputs = {i.name for i in self.session.get_inputs()}
@@ -116,25 +118,35 @@ class OnnxLM(CausalLM):
 
 
 def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_options: dict | None = None,
-                 role: str = "model"):
+                 role: str = "model", allow_cpu_fallback: bool = False):
     """An onnxruntime session as every edgespec model is opened: the process-wide thread pool,
     all graph optimizations, the profile's session config entries. Also used at export time to
-    measure a graph's resident memory once loaded (``edgespec.measure.load_footprint``)."""
+    measure a graph's resident memory once loaded (``edgespec.measure.load_footprint``). On a GPU
+    provider nothing falls to the CPU silently (``placement.open_on_gpu``) unless
+    ``allow_cpu_fallback``."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
     pool = shared_thread_pool(threads)
-    so.use_per_session_threads = False  # every session runs on the process-wide pool
     if threads and pool not in (threads, -1):
         warnings.warn(f"onnxruntime's thread pool in this process already has {pool or 'default'} threads; "
                       f"threads={threads} is not applied", stacklevel=3)
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    for k, v in (session_options or {}).items():
-        so.add_session_config_entry(k, str(v))
+
+    def options():
+        so = ort.SessionOptions()
+        so.use_per_session_threads = False  # every session runs on the process-wide pool
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        for k, v in (session_options or {}).items():
+            so.add_session_config_entry(k, str(v))
+        return so
+
     prov_names = [p for p, _ in providers.providers]
     prov_opts = [o for _, o in providers.providers]
     try:
-        return ort.InferenceSession(str(path), so, providers=prov_names, provider_options=prov_opts)
+        if providers.primary in GPU_PROVIDERS:
+            return open_on_gpu(path, options, providers.providers, role, allow_fallback=allow_cpu_fallback)
+        return ort.InferenceSession(str(path), options(), providers=prov_names, provider_options=prov_opts)
+    except EdgespecError:
+        raise
     except Exception as e:  # onnxruntime raises its own untyped exceptions
         raise EdgespecError(f"cannot open {role} model {Path(path).name}: {str(e).splitlines()[0]}") from None
 

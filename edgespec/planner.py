@@ -6,7 +6,7 @@ refuses with ``BudgetError`` naming the numbers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from .errors import BudgetError, ConfigError
@@ -37,6 +37,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     gpu: bool = False  # the runtime row includes the CUDA allowance (GPU_RUNTIME_BYTES)
     weights_basis: str = ""  # where the weight figures come from
+    devices: dict[str, str] = field(default_factory=dict)  # role -> 'gpu' or 'cpu': where it is planned to run
 
     @property
     def total(self) -> int:
@@ -53,7 +54,7 @@ class Plan:
         return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
                 "default_drafter": self.default_drafter, "prefill_chunk": self.prefill_chunk,
                 "weights": self.weights, "kv": self.kv, "working": self.working, "runtime": self.runtime,
-                "gpu": self.gpu, "weights_basis": self.weights_basis, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
+                "gpu": self.gpu, "weights_basis": self.weights_basis, "devices": dict(self.devices), "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
 
 
 def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
@@ -72,9 +73,13 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
 
 
 def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,
-         providers: Sequence[str] | None = None) -> Plan:
-    """Spend ``profile``'s budget on ``manifest``'s models; ``providers`` (default: the profile's)
-    decides whether the CUDA runtime allowance is counted."""
+         providers: Sequence[str] | None = None, drafter_providers: Sequence[str] | None = None,
+         keep_drafter: bool = False) -> Plan:
+    """Spend ``profile``'s budget on ``manifest``'s models. ``providers`` (default: the profile's)
+    and ``drafter_providers`` (default: the profile's drafter_provider, else ``providers``) decide
+    where each model runs, so how its weights are counted and whether the CUDA runtime allowance
+    is; each KV cache is counted in its graph's dtype. ``keep_drafter``: a plan without the model
+    drafter is a ``BudgetError`` (a placement asked for explicitly must fit)."""
     if max_context is not None and max_context < 1:
         raise ConfigError(f"max_context must be a positive number of tokens, got {max_context}")
     budget = profile.budget_bytes
@@ -86,8 +91,10 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     warnings = []
     if max_context and max_context > limit:
         warnings.append(f"asked for a context of {max_context} tokens; this bundle allows {limit}")
-    gpu = is_gpu((list(providers) if providers else list(profile.providers))[0])
-    runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES if gpu else 0)
+    target_prov = (list(providers) if providers else list(profile.providers))[0]
+    drafter_prov = (list(drafter_providers) if drafter_providers else
+                    [profile.drafter_provider] if profile.drafter_provider else [target_prov])[0]
+    gpu, drafter_gpu = is_gpu(target_prov), is_gpu(drafter_prov)
     if profile.kv_dtype != "auto" and profile.kv_dtype != manifest.target.kv_dtype:
         warnings.append(f"profile asks for a {profile.kv_dtype} KV cache; this bundle's graphs use "
                         f"{manifest.target.kv_dtype}")
@@ -96,6 +103,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     chunk = profile.prefill_chunk
 
     def weights_basis(with_drafter: bool) -> str:
+        if with_drafter and gpu != drafter_gpu:
+            on = lambda g: "as stored (a GPU provider copies every initializer)" if g else "as resident on the CPU"  # noqa: E731
+            return f"target on {target_prov}, {on(gpu)}; drafter on {drafter_prov}, {on(drafter_gpu)}"
         if gpu:
             return "bytes on disk (a GPU provider copies every initializer to the device)"
         used = [manifest.target] + ([manifest.drafter] if with_drafter else [])
@@ -111,15 +121,19 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     def build(ctx: int, with_drafter: bool) -> Plan:
         weights = {"target": manifest.target.weight_bytes(gpu, ctx)}
         kv = {"target": manifest.target.kv_bytes(ctx)}
+        devices = {"target": "gpu" if gpu else "cpu"}
         if with_drafter:
-            weights["drafter"] = manifest.drafter.weight_bytes(gpu, ctx)
+            weights["drafter"] = manifest.drafter.weight_bytes(drafter_gpu, ctx)
             kv["drafter"] = manifest.drafter.kv_bytes(ctx)
+            devices["drafter"] = "gpu" if drafter_gpu else "cpu"
+        any_gpu = gpu or (with_drafter and drafter_gpu)
+        runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES if any_gpu else 0)
         default = profile.drafter
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
-                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), gpu,
-                    weights_basis(with_drafter))
+                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), any_gpu,
+                    weights_basis(with_drafter), devices)
 
     def fit_context(with_drafter: bool) -> int | None:
         """The largest context that fits: the one asked for, else the largest multiple of 64 above
@@ -148,6 +162,12 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         if ctx < want_ctx:
             cuts.append(f"context {want_ctx} -> {ctx} tokens")
         return build(ctx, want_drafter)
+    if want_drafter and keep_drafter:
+        least = build(floor, True)
+        raise BudgetError(
+            f"the drafter placed on {drafter_prov} does not fit the budget of {budget / MiB:.0f} MiB ({profile.name}): "
+            f"target and drafter at the minimum context of {floor} tokens need {least.total / MiB:.0f} MiB "
+            f"(weights {sum(least.weights.values()) / MiB:.0f} MiB, KV {sum(least.kv.values()) / MiB:.0f} MiB)")
     if want_drafter:
         ctx = fit_context(False)
         if ctx is not None:

@@ -36,6 +36,8 @@ class Profile:
     max_draft_tokens: int = 8
     threads: int = 0  # 0: onnxruntime's default
     prefill_chunk: int = 256
+    drafter_provider: str | None = None  # where the drafter model runs (default: the target's providers)
+    allow_cpu_fallback: bool = False  # a GPU session may run nodes its provider does not take on the CPU
 
     @property
     def budget_bytes(self) -> int:
@@ -97,6 +99,8 @@ def _check(name: str, data: dict, where: str) -> Profile:
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a positive integer (bytes)")
     for k in ("description", "source"):
         need(k, lambda v: isinstance(v, str), "a string")
+    need("drafter_provider", lambda v: v in PROVIDER_NAMES, f"one of {', '.join(PROVIDER_NAMES)}")
+    need("allow_cpu_fallback", lambda v: isinstance(v, bool), "true or false")
     if "providers" in vals:
         vals["providers"] = tuple(vals["providers"])
     if "min_context" not in vals and "max_context" in vals:

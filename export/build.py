@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgespec.errors import ExportError
-from edgespec.manifest import Quantization
+from edgespec.manifest import LAYOUTS, Quantization
 
 RUNNING: set = set()  # the model builder's processes now running
 
@@ -23,7 +23,10 @@ class QuantOptions:
     symmetric: bool | None = None  # None: not asked for, the default (asymmetric)
     accuracy_level: int = 4
     quantize_lm_head: bool = True
-    quantize_embeddings: bool = False
+    # None: the layout's default, int4 tables in the cuda layout (measured on SmolLM2 within the
+    # quality report's noise of float16 tables at a quarter of their size: README, GPU), the
+    # builder's own choice in the cpu layout (float32, or a tied model's shared int4 table)
+    quantize_embeddings: bool | None = None
     algorithm: str = "rtn"  # rtn | k_quant
     fp8_scheme: str = "channel"  # channel | block (FP8 scales; block uses block_size)
 
@@ -45,7 +48,13 @@ class QuantOptions:
         """The manifest's record of an int4/int8 quantization with these options."""
         return Quantization(block_size=self.block_size, symmetric=self.is_symmetric,
                             accuracy_level=self.accuracy_level, quantize_lm_head=self.quantize_lm_head,
-                            quantize_embeddings=self.quantize_embeddings, algorithm=self.algorithm)
+                            quantize_embeddings=bool(self.quantize_embeddings), algorithm=self.algorithm)
+
+    def for_layout(self, precision: str, device: str) -> "QuantOptions":
+        """These options with the layout's default for what was not asked for."""
+        if self.quantize_embeddings is not None:
+            return self
+        return replace(self, quantize_embeddings=True) if precision == "int4" and device == "cuda" else self
 
 
 @dataclass
@@ -53,12 +62,20 @@ class BuildResult:
     model_dir: Path
     genai_config: dict
     extra_options: dict = field(default_factory=dict)
+    layout: str = "cpu"  # the builder's execution-provider layout: cpu or cuda
 
 
-def builder_args(precision: str, quant: QuantOptions) -> tuple[str, str, dict]:
-    """Map an edgespec precision to the builder's (precision, execution provider, extra options)."""
+def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tuple[str, str, dict]:
+    """Map an edgespec precision and device layout to the builder's (precision, execution provider,
+    extra options). The builder only writes graphs: ``-e cuda`` needs no GPU. Its CUDA layout has
+    float16 activations, logits and KV cache (CUDA's GroupQueryAttention takes float16/bfloat16 only)
+    and stores every float initializer, embedding table included, in float16."""
+    if device not in LAYOUTS:
+        raise ExportError(f"--device must be one of {', '.join(LAYOUTS)}, got {device!r}")
     extra: dict[str, str] = {}
     if precision in ("int4", "int8"):
+        if quant.quantize_embeddings and precision == "int8":
+            raise ExportError("--quantize-embeddings needs int4 (the builder's GatherBlockQuantized is 4-bit only)")
         extra.update(block_size=str(quant.block_size), is_symmetric=str(quant.is_symmetric).lower(),
                      accuracy_level=str(quant.accuracy_level))
         if quant.algorithm != "rtn":
@@ -67,18 +84,26 @@ def builder_args(precision: str, quant: QuantOptions) -> tuple[str, str, dict]:
         extra["op_types_to_quantize"] = "/".join(ops)
         if not quant.quantize_lm_head:
             extra["nodes_to_exclude"] = "/lm_head/MatMul"
-        return precision, "cpu", extra
-    if precision in ("fp32", "fp8"):  # fp8: the float32 graph, rewritten by export/fp8.py
+        if quant.quantize_embeddings is False:  # asked for: a float table even where the model ties it to the lm_head
+            extra["shared_embeddings"] = "false"
+        return precision, device, extra
+    if precision == "fp32":
+        if device == "cuda":
+            raise ExportError("fp32 has no cuda layout (the builder's CUDA layout is float16): use "
+                              "--target-precision fp16 or fp8, or int4/int8, with --device cuda")
         return "fp32", "cpu", extra
+    if precision == "fp8":  # the float graph of the layout, rewritten by export/fp8.py
+        return ("fp16", "cuda", extra) if device == "cuda" else ("fp32", "cpu", extra)
     if precision == "fp16":
-        # FP16 graphs are built for CUDA (the builder's only FP16 layout); onnxruntime's CPU EP runs them too.
+        # the builder's only FP16 layout is its CUDA one (recorded as such even with --device cpu);
+        # onnxruntime's CPU EP runs it, slowly
         return "fp16", "cuda", extra
     raise ExportError(f"precision {precision!r} is not built by the model builder")
 
 
 def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, quant: QuantOptions,
-                log=lambda s: print(s, file=sys.stderr, flush=True)) -> BuildResult:
-    prec, ep, extra = builder_args(precision, quant)
+                log=lambda s: print(s, file=sys.stderr, flush=True), device: str = "cpu") -> BuildResult:
+    prec, ep, extra = builder_args(precision, quant, device)
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out_dir),
            "-p", prec, "-e", ep, "-c", str(cache_dir)]
     if extra:
@@ -116,4 +141,4 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
     cfg_path = out_dir / "genai_config.json"
     if not cfg_path.is_file() or not (out_dir / "model.onnx").is_file():
         raise ExportError(f"the model builder wrote no model.onnx/genai_config.json in {out_dir}")
-    return BuildResult(out_dir, json.loads(cfg_path.read_text()), extra)
+    return BuildResult(out_dir, json.loads(cfg_path.read_text()), extra, ep)

@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from edgespec.errors import ExportError
-from edgespec.manifest import (DRAFTER_PRECISIONS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec, Quantization,
-                               sha256_file, write_manifest)
+from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
+                               Quantization, sha256_file, write_manifest)
 
 from .output import check_output, prepare_stage, terminate_cleanly
-from .build import QuantOptions, run_builder
+from .build import QuantOptions, builder_args, run_builder
 from .source import Source, load_model, load_tokenizer, resolve
 from .validate import validate
 
@@ -141,6 +141,7 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
             present_key=outs["present_key_names"], present_value=outs["present_value_names"], logits=outs["logits"],
         ),
         tokenizer_sha256=fingerprint,
+        layout=build.layout,
         files=files,
         bytes_on_disk=on_disk,
         gpu_weight_bytes=on_disk,
@@ -151,7 +152,8 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
 
 
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
-                max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None) -> ModelSpec:
+                max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
+                device: str = "cpu") -> ModelSpec:
     import torch  # noqa: F401  (export-time only)
 
     hf_dir = stage / f"_hf_{role}"
@@ -177,10 +179,15 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
                      "table does not take zero points)")
     params = list(model.parameters())
     config = {"model_type": cfg.model_type, "_params": params}
-    progress.step(f"{role}: building the {precision} ONNX graph (onnxruntime-genai model builder)")
+    progress.step(f"{role}: building the {precision} ONNX graph, {device} layout (onnxruntime-genai model builder)")
     del model
     gc.collect()
-    build = run_builder(build_input, stage / role, stage / "_cache", precision, quant, log=progress.log)
+    quant = quant.for_layout(precision, device)
+    build = run_builder(build_input, stage / role, stage / "_cache", precision, quant, log=progress.log,
+                        device=device)
+    if build.layout != device:
+        progress.log(f"    {role}: {precision} has only the builder's {build.layout} layout (float16 activations "
+                     f"and KV cache); recorded as {build.layout}")
     fp8 = None
     if precision == "fp8":
         from .fp8 import convert_model_dir
@@ -236,13 +243,21 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
                   target_precision: str = "int4", drafter_precision: str = "fp32",
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
-                  stream=sys.stderr) -> Path:
+                  device: str = "cpu", drafter_device: str | None = None, stream=sys.stderr) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out``. Atomic: on any failure
     nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds)."""
     if target_precision not in TARGET_PRECISIONS:
         raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
     if drafter_precision not in DRAFTER_PRECISIONS:
         raise ExportError(f"--drafter-precision must be one of {', '.join(DRAFTER_PRECISIONS)}")
+    drafter_device = drafter_device or device
+    for flag, d in (("--device", device), ("--drafter-device", drafter_device)):
+        if d not in LAYOUTS:
+            raise ExportError(f"{flag} must be one of {', '.join(LAYOUTS)}, got {d!r}")
+    # what the build cannot make is refused before anything is read or written
+    builder_args(target_precision, quant or QuantOptions(), device)
+    if drafter:
+        builder_args(drafter_precision, drafter_quant or QuantOptions(accuracy_level=4), drafter_device)
     if max_context is not None and max_context < 16:
         raise ExportError(f"--max-context must be at least 16, got {max_context}")
     out = check_output(out, force, [target, drafter])
@@ -271,10 +286,10 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
 
             quality_fn = QualityRun(ttok, target_precision)
         models = {"target": _export_one("target", tsrc, ttok, stage, target_precision, quant, max_context, tfp,
-                                        progress, quality_fn)}
+                                        progress, quality_fn, device)}
         if dsrc:
             models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
-                                            max_context, dfp, progress, quality_fn)
+                                            max_context, dfp, progress, quality_fn, drafter_device)
             if quality_fn is not None:
                 models["drafter"] = replace(models["drafter"], quality=quality_fn.drafter_agreement(
                     models["target"], models["drafter"], progress))
@@ -324,8 +339,19 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         raise
     finally:
         guard.__exit__(None, None, None)
+    for spec in (manifest.target, manifest.drafter):
+        if spec is not None:
+            progress.log(device_memory_line(spec))
     progress.log(f"bundle written: {out}")
     return out
+
+
+def device_memory_line(spec: ModelSpec) -> str:
+    """The figure a memory plan on a GPU provider uses for ``spec``: its weights as stored (a GPU
+    provider copies every initializer to the device) and its KV cache per token in the graph's type."""
+    return (f"{spec.role} ({spec.layout} layout): {spec.gpu_weight_bytes / (1 << 20):.1f} MiB of weights on a GPU "
+            f"provider's device + KV {spec.kv_dtype} {spec.kv_bytes_per_token / 1024:.1f} KiB/token "
+            f"({spec.kv_bytes(4096) / (1 << 20):.1f} MiB at 4096 tokens); 'edgespec plan' adds the runtime")
 
 
 def _add_bos(tok) -> bool:

@@ -1,8 +1,9 @@
-"""FP8 (E4M3) weight-only quantization of a builder's float32 graph.
+"""FP8 (E4M3) weight-only quantization of a builder's float graph.
 
-The model builder has no FP8 mode, so edgespec builds the float32 graph and rewrites it: every
-``MatMul`` whose weight is a 2-D float initializer gets an ``float8e4m3fn`` weight and a float32
-scale, dequantized by a ``DequantizeLinear`` (opset 21 or later) in front of the MatMul:
+The model builder has no FP8 mode, so edgespec builds the float32 graph (float16 for the cuda
+layout) and rewrites it: every ``MatMul`` whose weight is a 2-D float initializer gets an
+``float8e4m3fn`` weight and a scale of the graph's float type, dequantized by a
+``DequantizeLinear`` (opset 21 or later) in front of the MatMul:
 
 * ``channel`` (default): one scale per output channel (``axis=1`` of the ``[in, out]`` weight).
   This is the layout TensorRT's explicit-quantization path expects for weights on SM89+ GPUs and
@@ -87,17 +88,22 @@ def convert_model_dir(model_dir: Path, scheme: str = "channel", block_size: int 
     for node in g.node:
         wname = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
         t = inits.get(wname) if wname else None
-        if t is None or wname in renamed or t.data_type != TensorProto.FLOAT or len(t.dims) != 2:
+        if (t is None or wname in renamed or t.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16)
+                or len(t.dims) != 2):
             continue
         if not lm_head and node.name.startswith("/lm_head/"):
             continue
         w = numpy_helper.to_array(t)
         q, scale = quantize_weight(w, scheme, block_size)
+        # the scale's type is DequantizeLinear's output type: the graph's (float16 in the cuda layout)
+        scale = scale.astype(w.dtype).astype(np.float32) if w.dtype != np.float32 else scale
+        w = w.astype(np.float32)
         deq = dequantize_weight(q, scale, scheme, block_size)
         err_num += float(np.square(deq - w).sum())
         err_den += float(np.square(w).sum())
         qt = helper.make_tensor(wname + "_fp8", TensorProto.FLOAT8E4M3FN, list(w.shape), q.tobytes(), raw=True)
-        st = numpy_helper.from_array(scale, wname + "_fp8_scale")
+        st = numpy_helper.from_array(scale.astype(np.float16 if t.data_type == TensorProto.FLOAT16 else np.float32),
+                                     wname + "_fp8_scale")
         g.initializer.extend([qt, st])
         attrs = {"axis": 1} if scheme == "channel" else {"axis": 0, "block_size": block_size}
         renamed[wname] = wname + "_fp8_dq"

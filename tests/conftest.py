@@ -108,3 +108,21 @@ def copy_bundle(tmp_path):
         return dst
 
     return _copy
+
+
+@pytest.fixture(scope="session")
+def tiny_cuda_bundle(tmp_path_factory, tiny_dirs):
+    """INT4 qwen2 target and INT4 drafter in the cuda layout (float16 activations and KV cache)."""
+    return _export(tmp_path_factory, "tiny-int4-cuda", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                   target_precision="int4", drafter_precision="int4", device="cuda")
+
+
+@pytest.fixture(scope="session")
+def smol_cuda(tmp_path_factory):
+    """SmolLM2 INT4 in the cuda layout, with its quality report."""
+    need(SMOL_GGUF, "SmolLM2-135M")
+    pre = BUNDLES / "smollm2-int4-cuda"
+    if (pre / "edgespec.json").is_file():
+        return pre
+    return _export(tmp_path_factory, "smollm2-int4-cuda", SMOL_GGUF, target_precision="int4", max_context=2048,
+                   device="cuda", quality=True)

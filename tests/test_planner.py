@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -504,7 +505,8 @@ def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, mon
             raise Stop
         return object()
 
-    manifest = load_manifest(tiny_bundle)
+    m = load_manifest(tiny_bundle)  # as if exported --device cuda: a cpu-layout graph is not served on a GPU
+    manifest = replace(m, target=replace(m.target, layout="cuda"), drafter=replace(m.drafter, layout="cuda"))
     monkeypatch.setattr(api, "load_manifest", lambda *a, **k: manifest)
     monkeypatch.setattr(api, "OnnxLM", fake_lm)
     prof = resolve_profile("jetson-agx-orin-64gb")  # sets no TensorRT workspace of its own

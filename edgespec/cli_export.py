@@ -1,0 +1,53 @@
+"""``edgespec export``: the build stage's command (its code is the ``edgespec_export`` package)."""
+from __future__ import annotations
+
+import click
+
+from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
+
+
+@click.command()
+@click.argument("target")
+@click.option("--drafter", "drafter", default=None, help="Drafter model: HF directory, .gguf file or hub id.")
+@click.option("-o", "--output", "output", required=True, type=click.Path(), help="Bundle directory to write.")
+@click.option("--target-precision", type=click.Choice(TARGET_PRECISIONS), default="int4",
+              show_default=True)
+@click.option("--drafter-precision", type=click.Choice(DRAFTER_PRECISIONS), default="fp32",
+              show_default=True)
+@click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
+@click.option("--block-size", type=int, default=32, show_default=True,
+              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block).")
+@click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
+              help="FP8 weight scales: per output channel (TensorRT's layout) or per block.")
+@click.option("--asymmetric/--symmetric", default=None,
+              help="INT4/INT8 with zero points (the default: better quality at the same speed) or without.")
+@click.option("--accuracy-level", type=int, default=4, show_default=True,
+              help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
+@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant"]), default="rtn", show_default=True)
+@click.option("--no-quantize-lm-head", is_flag=True, help="Keep the lm_head in float.")
+@click.option("--quantize-embeddings/--float-embeddings", default=None,
+              help="INT4 embedding table (GatherBlockQuantized) or a float one; default: int4 targets and drafters "
+                   "in the cuda layout quantize it, the cpu layout keeps the builder's choice.")
+@click.option("--device", type=click.Choice(LAYOUTS), default="cpu", show_default=True,
+              help="Graph layout: cpu (float32 activations and KV cache) or cuda (float16, for the CUDA and "
+                   "TensorRT providers; builds without a GPU).")
+@click.option("--drafter-device", type=click.Choice(LAYOUTS), default=None,
+              help="The drafter's layout (default: --device), e.g. cpu for a drafter placed on the CPU.")
+@click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
+@click.option("--force", is_flag=True, help="Replace an existing bundle.")
+def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size, fp8_scheme,
+           asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, device, drafter_device,
+           no_quality, force):
+    """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
+    try:
+        from edgespec_export import export_bundle
+        from edgespec_export.build import QuantOptions
+    except ImportError as e:
+        raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
+    q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
+                     algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
+                     quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
+    out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
+                        drafter_precision=drafter_precision, max_context=max_context, quant=q,
+                        force=force, quality=not no_quality, device=device, drafter_device=drafter_device)
+    click.echo(str(out))

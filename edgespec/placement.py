@@ -1,0 +1,171 @@
+"""Where a model runs: its graph's layout against the provider, and nothing silently on the CPU.
+
+A bundle's graphs have a device layout (``ModelSpec.layout``, chosen at export with ``--device``):
+``cpu`` graphs compute in float32, ``cuda`` graphs in float16 (the model builder's CUDA layout).
+onnxruntime's CUDA ``GroupQueryAttention`` kernel is registered for float16 and bfloat16 only, so a
+cpu-layout graph on a GPU provider would run its attention on the CPU. GPU sessions are opened with
+``session.disable_cpu_ep_fallback``: a node onnxruntime would hand to the CPU refuses the session,
+and ``CpuFallbackError`` names its op types. The only CPU nodes accepted are those of the builder's
+attention-mask subgraph (``/model/attn_mask_reformat/``: int64 scalars that onnxruntime's CUDA EP
+places on the CPU by design, GetCpuPreferredNodes), unless a profile sets ``allow_cpu_fallback``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from typing import Sequence
+
+from .errors import CpuFallbackError, ProviderError
+from .providers import CPU, GPU_PROVIDERS, canonical, choose, log
+
+NO_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
+# nodes of the builder's attention-mask subgraph (total and past lengths from the mask: int64
+# scalars); onnxruntime's CUDA EP keeps small shape computations on the CPU on purpose
+SHAPE_SUBGRAPH = "/model/attn_mask_reformat/"
+_REFUSED = "fallback to CPU EP has been explicitly disabled"
+
+
+def serve_layout(spec, requested: Sequence[str], explicit: bool) -> list[str]:
+    """The providers ``spec`` may run on, of ``requested`` (short or full names, in order).
+
+    A cpu-layout graph cannot run on CUDA or TensorRT (its float32 attention has no CUDA kernel):
+    refused with ``ProviderError`` when the provider was named explicitly, else those providers are
+    dropped with a warning and the CPU runs it. A cuda-layout graph on the CPU is served with a
+    warning (``OnnxLM`` warns once the session runs there)."""
+    names = [canonical(r) for r in requested] or [CPU]
+    gpu = [n for n in names if n in GPU_PROVIDERS]
+    if spec.layout != "cpu" or not gpu:
+        return list(requested) or ["cpu"]
+    why = (f"the {spec.role} graph has the cpu layout (float32 activations and KV cache; onnxruntime's CUDA "
+           f"GroupQueryAttention takes float16/bfloat16 only, so its attention would run on the CPU)")
+    fix = "re-export the bundle with --device cuda" + (" (or --drafter-device cuda)" if spec.role == "drafter" else "")
+    if explicit:
+        raise ProviderError(f"{why}: {fix}, or run it with --provider cpu")
+    log.warning(f"{why}; it runs on the CPU instead ({fix} for the GPU)")
+    return ["cpu"]
+
+
+def warn_if_slow(spec, device: str) -> str | None:
+    """The warning for a cuda-layout (float16) graph on the CPU EP, or None."""
+    if spec.layout == "cuda" and device == "cpu":
+        msg = (f"the {spec.role} graph has the cuda layout (float16 activations and KV cache) and runs on the CPU "
+               f"EP, which runs float16 graphs slower than float32 ones (README: GPU); export with --device cpu "
+               f"for the CPU")
+        log.warning(msg)
+        return msg
+    return None
+
+
+def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str, allow_fallback: bool = False):
+    """An ``InferenceSession`` on ``providers`` (a GPU provider first) with no silent CPU fallback.
+
+    ``make_options()`` returns fresh ``SessionOptions``. The CPU EP is left out of the list (onnxruntime
+    refuses the no-fallback option next to an explicit CPU EP) and the session is opened with
+    ``session.disable_cpu_ep_fallback``. When onnxruntime refuses it, the graph is opened once more
+    with the fallback allowed and onnxruntime's node placements logged, to name the nodes: the
+    builder's mask subgraph alone is accepted (that session is returned), anything else raises
+    ``CpuFallbackError``."""
+    import onnxruntime as ort
+
+    gpu = [(n, o) for n, o in providers if n != CPU]
+    if allow_fallback:
+        return ort.InferenceSession(str(path), make_options(), providers=[n for n, _ in providers],
+                                    provider_options=[o for _, o in providers])
+    so = make_options()
+    so.add_session_config_entry(NO_CPU_FALLBACK, "1")
+    try:
+        return ort.InferenceSession(str(path), so, providers=[n for n, _ in gpu],
+                                    provider_options=[o for _, o in gpu])
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own untyped errors
+        if _REFUSED not in str(e):
+            raise
+    session, placements = _placements(path, make_options, gpu + [(CPU, {})])
+    if gpu and gpu[0][0] not in session.get_providers():
+        return session  # the provider could not start at all: OnnxLM says so (or refuses, when named)
+    on_cpu = placements.get(CPU, [])
+    heavy = None if on_cpu is None else [(op, name) for op, name in on_cpu if not name.startswith(SHAPE_SUBGRAPH)]
+    if on_cpu and not heavy:
+        log.info(f"{role}: {len(on_cpu)} int64 mask nodes run on the CPU, as onnxruntime places them by design")
+        return session
+    raise CpuFallbackError(fallback_message(role, heavy, gpu[0][0] if gpu else "no GPU provider", CPU in placements))
+
+
+def fallback_message(role: str, nodes: list[tuple[str, str]] | None, provider: str, known: bool = True) -> str:
+    """The refusal of a session with ``nodes`` (None: every node) on the CPU."""
+    fix = ("export the bundle with --device cuda (float16 graphs), or set allow_cpu_fallback = true in the "
+           "profile to run them on the CPU anyway (slow)")
+    if not known or nodes == []:
+        return (f"the {role} model has nodes that {provider} does not take and onnxruntime would run on the CPU "
+                f"(which ones, onnxruntime's log did not say): {fix}")
+    if nodes is None:
+        return f"{provider} takes none of the {role} model's nodes; onnxruntime would run all of them on the CPU: {fix}"
+    counts: dict[str, int] = {}
+    for op, _ in nodes:
+        counts[op] = counts.get(op, 0) + 1
+    ops = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return (f"the {role} model has {len(nodes)} nodes that {provider} does not take and onnxruntime would run on "
+            f"the CPU ({ops}; e.g. {nodes[0][1]!r}): {fix}")
+
+
+_PLACED = re.compile(r"(Node\(s\)|All nodes) placed on \[(\w+)\]")
+_NODE = re.compile(r"(\w+) \(([^()]*)\)")
+
+
+def parse_placements(text: str) -> dict[str, list[tuple[str, str]] | None]:
+    """onnxruntime's verbose 'Node placements' log -> provider -> [(op type, node name)]; None
+    for a provider that took every node ('All nodes placed on [X]', which lists none)."""
+    out: dict[str, list[tuple[str, str]] | None] = {}
+    current = None
+    for line in text.splitlines():
+        if "VerifyEachNodeIsAssignedToAnEp" not in line:
+            continue
+        m = _PLACED.search(line)
+        if m:
+            current = m.group(2)
+            out[current] = None if m.group(1) == "All nodes" else []
+            current = current if m.group(1) != "All nodes" else None
+        elif current and "Some nodes were not assigned" not in line:
+            out[current].extend(_NODE.findall(line.split("VerifyEachNodeIsAssignedToAnEp", 1)[1]))
+    return out
+
+
+def _placements(path, make_options, providers: list[tuple[str, dict]]):
+    """Open ``path`` with the CPU fallback allowed and onnxruntime's verbose log captured: (the
+    session, its node placements)."""
+    import onnxruntime as ort
+
+    so = make_options()
+    so.log_severity_level = 0  # verbose: onnxruntime logs where each node runs
+    fd, name = tempfile.mkstemp(prefix="edgespec-ort-", suffix=".log")
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)  # onnxruntime logs to the process's stderr
+        session = ort.InferenceSession(str(path), so, providers=[n for n, _ in providers],
+                                       provider_options=[o for _, o in providers])
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+    with open(name, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    os.unlink(name)
+    return session, parse_placements(text)
+
+
+def requested_providers(manifest, profile, provider: str | None = None, drafter_provider: str | None = None,
+                        use_drafter: bool = True) -> tuple[list[str], list[str], bool]:
+    """(the target's providers, the drafter's, whether the drafter's were named) as load() and the
+    planner use them: ``provider`` (explicit) or the profile's list for the target; ``drafter_provider``
+    (explicit), else the profile's ``drafter_provider``, else the target's list for the drafter;
+    each checked against its graph's layout (``serve_layout``)."""
+    for asked in (provider, drafter_provider):
+        if asked:  # one this onnxruntime lacks is that error first (install onnxruntime-gpu)
+            choose([asked], explicit=True)
+    target = [provider] if provider else list(profile.providers)
+    named = drafter_provider or profile.drafter_provider
+    drafter = [named] if named else list(target)
+    target = serve_layout(manifest.target, target, explicit=bool(provider))
+    if manifest.drafter is not None and use_drafter:
+        drafter = serve_layout(manifest.drafter, drafter, explicit=bool(named) or (bool(provider) and not named))
+    return target, drafter, bool(named)

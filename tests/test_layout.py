@@ -1,0 +1,406 @@
+"""Device layouts (export --device), nothing silently on the CPU, heterogeneous placement.
+
+Everything here runs on the CPU: cuda-layout graphs are built without a GPU and run on the CPU
+EP; GPU providers are faked where the runtime's decisions depend on them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import edgespec
+from edgespec import placement
+from edgespec.cli import main
+from edgespec.errors import BudgetError, CpuFallbackError, ProviderError
+from edgespec.manifest import load_manifest
+from edgespec.planner import plan
+from edgespec.profiles import MiB, Profile, resolve_profile
+from edgespec.providers import CPU, CUDA, TENSORRT, ProviderChoice
+
+PROMPTS = ["def fibonacci(n):", "the quick brown fox jumps", "Question: what is two plus two?"]
+FLOATS = {1: "float32", 10: "float16", 16: "bfloat16"}
+
+
+def _typed_graph(model_path: Path, tmp_path: Path):
+    """The graph as onnxruntime resolved it (every value typed, contrib ops included): onnxruntime
+    saves it with no optimization applied."""
+    import onnx
+    import onnxruntime as ort
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.use_per_session_threads = False  # the process-wide pool edgespec made
+    so.optimized_model_filepath = str(tmp_path / "typed.onnx")
+    ort.InferenceSession(str(model_path), so, providers=[CPU])
+    return onnx.load(str(tmp_path / "typed.onnx"), load_external_data=False)
+
+
+def check_cuda_graph(model_path: Path, tmp_path: Path) -> dict[str, int]:
+    """Every float input of every GroupQueryAttention and MatMulNBits node is float16, the KV
+    cache and logits are float16, and no float32 initializer is over 1 MiB. Returns node counts."""
+    import onnx
+
+    g = _typed_graph(model_path, tmp_path).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.input) + list(g.output) + list(g.value_info)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    counts = {"GroupQueryAttention": 0, "MatMulNBits": 0}
+    for n in g.node:
+        if n.op_type not in counts:
+            continue
+        counts[n.op_type] += 1
+        floats = {name: FLOATS[types[name]] for name in n.input if name and types.get(name) in FLOATS}
+        assert floats and set(floats.values()) == {"float16"}, (n.name, floats)
+        assert FLOATS.get(types.get(n.input[0])) == "float16", n.name  # the activations themselves
+    for v in list(g.input) + list(g.output):
+        if v.name.startswith(("past_key_values", "present")) or v.name == "logits":
+            assert v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16, v.name
+    big = [(t.name, list(t.dims)) for t in g.initializer
+           if t.data_type == onnx.TensorProto.FLOAT and int(np.prod(t.dims)) * 4 > 1 << 20]
+    assert not big, big
+    return counts
+
+
+def greedy_is_exact(eng, prompts=PROMPTS, drafters=("prompt-lookup", "model", "auto"), n=24):
+    for prompt in prompts:
+        eng.reset()
+        ar = eng.generate(prompt, max_new_tokens=n, drafter="none").token_ids
+        assert len(ar) > 0
+        for d in drafters:
+            for k in (None, 1, 4):
+                eng.reset()
+                assert eng.generate(prompt, max_new_tokens=n, drafter=d, draft_tokens=k).token_ids == ar, (d, k)
+
+
+# -- the cuda layout, built and run on the CPU ---------------------------------------------------------
+def test_tiny_cuda_bundle_graphs_and_manifest(tiny_cuda_bundle, tmp_path):
+    m = load_manifest(tiny_cuda_bundle, deep=True)
+    for spec in (m.target, m.drafter):
+        assert spec.layout == "cuda" and spec.kv_dtype == "float16" and spec.precision == "int4"
+        assert spec.validation.passed
+        counts = check_cuda_graph(spec.path, tmp_path / spec.role)
+        assert counts["GroupQueryAttention"] == spec.num_layers and counts["MatMulNBits"] > 0
+    assert json.loads((Path(tiny_cuda_bundle) / "edgespec.json").read_text())["models"]["target"]["layout"] == "cuda"
+    r = CliRunner().invoke(main, ["info", str(tiny_cuda_bundle)])
+    assert r.exit_code == 0 and "int4, cuda layout" in r.stdout and "KV float16" in r.stdout
+
+
+def test_tiny_cuda_bundle_is_exact_on_the_cpu_ep(tiny_cuda_bundle):
+    """Loads and generates on the CPU EP (with the float16 warning); greedy speculative output of
+    every drafter equals autoregressive output, at the width the probe measures."""
+    eng = edgespec.load(tiny_cuda_bundle, max_context=256)
+    target, drafter = eng.decoder.target, eng.decoder.drafters["model"].lm
+    assert target.device == drafter.device == "cpu" and target.cache.buffers[0][2].data_type() == "tensor(float16)"
+    assert target.layout_warning and "cuda layout" in target.layout_warning and target.min_width >= 1
+    greedy_is_exact(eng)
+
+
+def test_fp8_and_int8_in_the_cuda_layout(tiny_dirs, tmp_path):
+    """FP8 target (float16 scales, DequantizeLinear to float16) and INT8 drafter, both cuda layout;
+    fp32 has no cuda layout: a one-line error before anything is written."""
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(out), "--target-precision", "fp8",
+                                  "--drafter", str(tiny_dirs["drafter"]), "--drafter-precision", "int8",
+                                  "--device", "cuda", "--no-quality"])
+    assert r.exit_code == 0, r.output
+    m = load_manifest(out, deep=True)
+    assert (m.target.layout, m.drafter.layout) == ("cuda", "cuda") and m.target.validation.passed
+    import onnx
+
+    g = onnx.load(str(m.target.path), load_external_data=False).graph
+    scales = {t.name: t.data_type for t in g.initializer if t.name.endswith("_fp8_scale")}
+    assert scales and set(scales.values()) == {onnx.TensorProto.FLOAT16}
+    check_cuda_graph(m.drafter.path, tmp_path / "d")
+    greedy_is_exact(edgespec.load(out, max_context=128), PROMPTS[:1], ("model",), n=12)
+    bad = tmp_path / "bad"
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(bad), "--target-precision", "fp32",
+                                  "--device", "cuda"])
+    assert r.exit_code == 6 and r.stderr.count("\n") == 1 and "fp32 has no cuda layout" in r.stderr
+    assert not bad.exists() and not list(tmp_path.glob(".bad*"))
+
+
+def test_mixed_layouts_per_role(tiny_dirs, tmp_path):
+    out = tmp_path / "mixed"
+    from edgespec_export import export_bundle
+
+    import io
+
+    log = io.StringIO()
+    export_bundle(str(tiny_dirs["qwen2"]), out, drafter=str(tiny_dirs["drafter"]), target_precision="int4",
+                  drafter_precision="int4", device="cuda", drafter_device="cpu", quality=False, stream=log)
+    m = load_manifest(out)
+    # export prints the figure a GPU plan uses, per model
+    assert f"target (cuda layout): {m.target.gpu_weight_bytes / MiB:.1f} MiB of weights on a GPU provider's " \
+           f"device + KV float16" in log.getvalue() and "drafter (cpu layout)" in log.getvalue()
+    assert (m.target.layout, m.target.kv_dtype, m.drafter.layout, m.drafter.kv_dtype) == \
+        ("cuda", "float16", "cpu", "float32")
+    greedy_is_exact(edgespec.load(out, max_context=128, drafter_provider="cpu"), PROMPTS[:1], ("model",), n=12)
+
+
+@pytest.mark.real
+def test_smollm2_cuda_layout(smol_cuda, smol_int4, tmp_path):
+    """SmolLM2 INT4 in the cuda layout: float16 graph, no float32 table over 1 MiB, exact on the
+    CPU EP, and its quality the cpu layout's within noise."""
+    m = load_manifest(smol_cuda)
+    cpu = load_manifest(smol_int4)
+    assert m.target.layout == "cuda" and cpu.target.layout == "cpu"
+    counts = check_cuda_graph(m.target.path, tmp_path)
+    assert counts["GroupQueryAttention"] == m.target.num_layers == 30
+    assert m.target.gpu_weight_bytes < cpu.target.gpu_weight_bytes  # float16 tables, nothing float32
+    eng = edgespec.load(smol_cuda, max_context=512)
+    greedy_is_exact(eng, PROMPTS[:2], ("prompt-lookup",), n=32)
+    q = m.target.quality
+    assert q.perplexity and q.perplexity_torch and q.top1_agreement
+    # the same text scored through edgespec's runtime on both layouts: float16 activations change
+    # the perplexity by well under the INT4 quantization's own effect (README: GPU)
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+    from edgespec.tokenizer import Tokenizer
+
+    tok = Tokenizer(m.tokenizer_dir)
+    text = ("The river flows through the old town, past the market and the church, and on to the sea. "
+            "In the spring the fishermen mend their nets while the children play by the water. ") * 3
+    ids = tok.encode(text)
+    ppl = {}
+    for name, man in (("cuda", m), ("cpu", cpu)):
+        lm = OnnxLM(man.target, 512, choose(["cpu"]), min_width=1)
+        logits = lm.forward(ids)
+        logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        ppl[name] = float(np.exp(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]])))
+    assert abs(ppl["cuda"] / ppl["cpu"] - 1) < 0.03, ppl
+    if cpu.target.quality.perplexity:  # a cpu-layout bundle exported with its report
+        assert abs(q.perplexity / cpu.target.quality.perplexity - 1) < 0.03
+        assert abs(q.top1_agreement - cpu.target.quality.top1_agreement) < 0.03
+
+
+# -- nothing silently on the CPU ------------------------------------------------------------------------
+def test_no_cpu_fallback_is_refused_for_real_by_onnxruntime(tiny_cuda_bundle):
+    """The real onnxruntime refusal, on this CPU-only machine: no GPU provider, so every node would
+    fall to the CPU; the session is refused and the error names what runs where."""
+    import onnxruntime as ort
+
+    def options():
+        so = ort.SessionOptions()
+        so.use_per_session_threads = False  # the process-wide pool edgespec made
+        return so
+
+    path = load_manifest(tiny_cuda_bundle).target.path
+    with pytest.raises(CpuFallbackError) as e:
+        placement.open_on_gpu(path, options, [(CPU, {})], "target")
+    assert "onnxruntime would run all of them on the CPU" in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, ProviderError) and e.value.exit_code == 5
+
+
+def test_placement_log_is_parsed():
+    log = "\n".join([
+        "2026 [V:onnxruntime:, session_state.cc:1598 VerifyEachNodeIsAssignedToAnEp] Node placements",
+        "2026 [V:onnxruntime:, session_state.cc:1601 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on "
+        "[CUDAExecutionProvider]. Number of nodes: 3",
+        "2026 [V:onnxruntime:, session_state.cc:1605 VerifyEachNodeIsAssignedToAnEp]   MatMulNBits "
+        "(/model/layers.0/attn/qkv_proj/MatMulNBits), MemcpyToHost (Memcpy)",
+        "2026 [V:onnxruntime:, session_state.cc:1601 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on "
+        "[CPUExecutionProvider]. Number of nodes: 2",
+        "2026 [V:onnxruntime:, session_state.cc:1605 VerifyEachNodeIsAssignedToAnEp]   GroupQueryAttention "
+        "(/model/layers.0/attn/GroupQueryAttention)",
+        "2026 [V:onnxruntime:, session_state.cc:1605 VerifyEachNodeIsAssignedToAnEp]   Gather "
+        "(/model/attn_mask_reformat/attn_mask_subgraph/Gather)",
+        "2026 [W:onnxruntime:, session_state.cc:1610 VerifyEachNodeIsAssignedToAnEp] Some nodes were not assigned",
+    ])
+    p = placement.parse_placements(log)
+    assert p[CUDA] == [("MatMulNBits", "/model/layers.0/attn/qkv_proj/MatMulNBits"), ("MemcpyToHost", "Memcpy")]
+    assert [op for op, _ in p[CPU]] == ["GroupQueryAttention", "Gather"]
+    assert placement.parse_placements("x [V:onnxruntime:, s.cc:1 VerifyEachNodeIsAssignedToAnEp]  All nodes placed "
+                                      "on [CPUExecutionProvider]. Number of nodes: 37") == {CPU: None}
+
+
+class _FakeOrt:
+    """onnxruntime's InferenceSession, faked: a CUDA provider that does not take the nodes in
+    ``refused`` (onnxruntime refuses the no-fallback session then)."""
+
+    def __init__(self, refused):
+        self.refused, self.calls = refused, []
+
+    def session(self, path, so, providers=(), provider_options=()):
+        try:
+            flag = so.get_session_config_entry(placement.NO_CPU_FALLBACK)
+        except RuntimeError:  # not set
+            flag = ""
+        self.calls.append((list(providers), flag))
+        if flag == "1" and CPU in providers:
+            raise RuntimeError("Conflicting session configuration: explicitly added the CPU EP")
+        if flag == "1" and self.refused:
+            raise RuntimeError("This session contains graph nodes that are assigned to the default CPU EP, but "
+                               "fallback to CPU EP has been explicitly disabled by the user.")
+        return type("S", (), {"get_providers": lambda s: list(providers)})()
+
+
+@pytest.mark.parametrize("refused, ok", [
+    ([], True),
+    ([("Gather", "/model/attn_mask_reformat/attn_mask_subgraph/Gather"),
+      ("Cast", "/model/attn_mask_reformat/attn_mask_subgraph/Gather/Cast")], True),  # by design, accepted
+    ([("GroupQueryAttention", f"/model/layers.{i}/attn/GroupQueryAttention") for i in range(2)]
+     + [("Gather", "/model/attn_mask_reformat/attn_mask_subgraph/Gather")], False),
+])
+def test_gpu_sessions_refuse_cpu_fallback(monkeypatch, refused, ok):
+    import onnxruntime as ort
+
+    from edgespec.onnx_lm import open_session
+
+    fake = _FakeOrt(refused)
+    monkeypatch.setattr(ort, "InferenceSession", fake.session)
+    monkeypatch.setattr(placement, "_placements",
+                        lambda path, mk, provs: (fake.session(path, mk(), [n for n, _ in provs]),
+                                                 {CUDA: [("MatMulNBits", "m")], CPU: list(refused)}))
+    choice = ProviderChoice([(CUDA, {"gpu_mem_limit": 1}), (CPU, {})], ["cuda"], explicit=True)
+    if ok:
+        open_session("model.onnx", choice, role="target")
+    else:
+        with pytest.raises(CpuFallbackError) as e:
+            open_session("model.onnx", choice, role="target")
+        msg = str(e.value)
+        assert "GroupQueryAttention x2" in msg and "--device cuda" in msg and "allow_cpu_fallback" in msg
+        assert "Gather" not in msg.split("(")[1]  # the mask nodes are not blamed
+    # the first try: the GPU provider alone (no explicit CPU EP), with the fallback disabled
+    assert fake.calls[0] == ([CUDA], "1")
+    fake.calls.clear()
+    open_session("model.onnx", choice, role="target", allow_cpu_fallback=True)  # the profile's escape hatch
+    assert fake.calls == [([CUDA, CPU], "")]
+    fake.calls.clear()
+    open_session("model.onnx", ProviderChoice([(CPU, {})], ["cpu"]), role="target")
+    assert fake.calls == [([CPU], "")]  # the CPU EP: nothing changes
+
+
+def test_layout_against_provider(tiny_bundle, caplog, monkeypatch):
+    """A cpu-layout graph on a GPU provider: refused when named, diverted to the CPU (warning) when
+    it came from a profile; cuda-layout graphs are served on either."""
+    m = load_manifest(tiny_bundle)
+    with pytest.raises(ProviderError, match="cpu layout.*re-export the bundle with --device cuda"):
+        placement.serve_layout(m.target, ["cuda"], explicit=True)
+    assert placement.serve_layout(m.target, ["tensorrt", "cuda", "cpu"], explicit=False) == ["cpu"]
+    assert "runs on the CPU instead" in caplog.text
+    cuda_spec = replace(m.target, layout="cuda")
+    assert placement.serve_layout(cuda_spec, ["cuda"], explicit=True) == ["cuda"]
+    from edgespec import providers
+
+    monkeypatch.setattr(providers, "available_providers", lambda: [CUDA, CPU])  # an onnxruntime with CUDA
+    r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", "hi", "--provider", "cuda"])
+    assert r.exit_code == 5 and r.stderr.startswith("error: the target graph has the cpu layout")
+    assert r.stderr.count("\n") == 1
+
+
+def test_old_manifests_default_their_layout(tiny_bundle, copy_bundle):
+    b = copy_bundle(Path(tiny_bundle))
+    raw = json.loads((b / "edgespec.json").read_text())
+    for entry in raw["models"].values():
+        entry.pop("layout")
+    raw["models"]["drafter"]["kv_dtype"] = "float16"  # only the builder's CUDA layout has a float16 cache
+    (b / "edgespec.json").write_text(json.dumps(raw))
+    m = load_manifest(b)
+    assert (m.target.layout, m.drafter.layout) == ("cpu", "cuda")
+    raw["models"]["target"]["layout"] = "tpu"
+    (b / "edgespec.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(main, ["info", str(b)])
+    assert r.exit_code == 2 and "layout 'tpu' is not one of cpu, cuda" in r.stderr
+
+
+# -- the planner and placement ------------------------------------------------------------------------
+def _cuda_pair(m):
+    """The manifest with both models in the cuda layout (float16 KV)."""
+    return replace(m, target=replace(m.target, layout="cuda", kv_dtype="float16"),
+                   drafter=replace(m.drafter, layout="cuda", kv_dtype="float16"))
+
+
+def test_plan_per_role_devices(tiny_bundle):
+    m = _cuda_pair(load_manifest(tiny_bundle))
+    prof = Profile(name="gpu", memory_budget_mb=4096, providers=("cuda", "cpu"), max_context=256)
+    both = plan(m, prof)
+    split = plan(m, prof, drafter_providers=["cpu"])
+    assert both.devices == {"target": "gpu", "drafter": "gpu"} and split.devices == {"target": "gpu", "drafter": "cpu"}
+    assert both.kv["target"] == m.target.kv_bytes(256) == load_manifest(tiny_bundle).target.kv_bytes(256) // 2
+    assert split.weights["drafter"] == m.drafter.weight_bytes(False, 256) != both.weights["drafter"]
+    assert split.gpu and split.runtime == both.runtime and "drafter on cpu" in split.weights_basis
+    p = plan(m, replace(prof, drafter_provider="cpu"))  # the profile key
+    assert p.devices["drafter"] == "cpu"
+    cpu_only = plan(m, prof, providers=["cpu"], drafter_providers=["cpu"])
+    assert not cpu_only.gpu and cpu_only.devices == {"target": "cpu", "drafter": "cpu"}
+    # a placement asked for explicitly must fit: no silent drop of the drafter
+    small = replace(prof, memory_budget_mb=int((plan(m, prof, use_drafter=False).total + 1 * MiB) / MiB))
+    assert plan(m, small, drafter_providers=["cpu"]).drafter == "none"
+    with pytest.raises(BudgetError, match="the drafter placed on cpu does not fit"):
+        plan(m, small, drafter_providers=["cpu"], keep_drafter=True)
+
+
+def test_load_places_the_drafter_on_its_own_provider(tiny_cuda_bundle, monkeypatch):
+    """With CUDA present (faked), --drafter-provider cpu gives the drafter a CPU-only choice and
+    the target the CUDA one, each with its own memory limits."""
+    import edgespec.api as api
+    from edgespec import providers
+
+    monkeypatch.setattr(providers, "available_providers", lambda: [TENSORRT, CUDA, CPU])
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_lm(spec, context, choice, **kw):
+        seen[spec.role] = (choice, kw.get("allow_cpu_fallback"))
+        if len(seen) == 2:
+            raise Stop
+        return object()
+
+    monkeypatch.setattr(api, "OnnxLM", fake_lm)
+    with pytest.raises(Stop):
+        api.load(tiny_cuda_bundle, profile="rtx4060-laptop-8gb", drafter_provider="cpu")
+    assert seen["target"][0].primary == TENSORRT and seen["drafter"][0].primary == CPU
+    assert seen["drafter"][0].providers == [(CPU, {})] and seen["target"][1] is False
+
+
+def test_heterogeneous_placement_is_exact_on_the_cpu(tiny_cuda_bundle, tmp_path):
+    """Drafter and target on separately chosen providers (both the CPU EP here): the output is
+    plain greedy's; the plan and the CLI say where each runs."""
+    eng = edgespec.load(tiny_cuda_bundle, max_context=256, drafter_provider="cpu")
+    assert eng.plan.devices == {"target": "cpu", "drafter": "cpu"}
+    greedy_is_exact(eng, PROMPTS[:2], ("model", "auto"))
+    r = CliRunner().invoke(main, ["generate", str(tiny_cuda_bundle), "-p", PROMPTS[0], "--max-new-tokens", "8",
+                                  "--drafter", "model", "--drafter-provider", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    ar = CliRunner().invoke(main, ["generate", str(tiny_cuda_bundle), "-p", PROMPTS[0], "--max-new-tokens", "8",
+                                   "--drafter", "none", "--json"])
+    assert json.loads(r.stdout)["token_ids"] == json.loads(ar.stdout)["token_ids"]
+    r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4060-laptop-8gb",
+                                  "--drafter-provider", "cpu"])
+    assert r.exit_code == 0 and "placement: target on the GPU, drafter on the CPU" in r.stdout
+    r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", str(_budget_profile(tmp_path,
+                                  tiny_cuda_bundle)), "--drafter-provider", "cpu"])
+    assert r.exit_code == 4 and r.stderr.startswith("error: the drafter placed on cpu does not fit")
+
+
+def _budget_profile(where: Path, bundle) -> Path:
+    """A profile whose budget holds the bundle's target but not target and drafter."""
+    m = load_manifest(bundle)
+    need = plan(m, Profile(name="x", memory_budget_mb=4096, max_context=256), use_drafter=False).total
+    f = where / "tight.toml"
+    f.write_text(f"memory_budget_mb = {need // MiB + 1}\nmax_context = 256\nmin_context = 256\n")
+    return f
+
+
+def test_profile_placement_keys(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text('memory_budget_mb = 1024\nproviders = ["cuda", "cpu"]\ndrafter_provider = "cpu"\n'
+                 "allow_cpu_fallback = true\n")
+    p = resolve_profile(f)
+    assert p.drafter_provider == "cpu" and p.allow_cpu_fallback is True
+    from edgespec.errors import ProfileError
+
+    f.write_text('memory_budget_mb = 1024\ndrafter_provider = "gpu"\n')
+    with pytest.raises(ProfileError, match="drafter_provider"):
+        resolve_profile(f)
+    f.write_text('memory_budget_mb = 1024\nallow_cpu_fallback = "yes"\n')
+    with pytest.raises(ProfileError, match="allow_cpu_fallback"):
+        resolve_profile(f)
