@@ -8,6 +8,7 @@ Workload, in order (chat template, greedy, every request run by each drafter one
 
 - ``repeat-first``: the shipped prompts (edgespec/data/prompts.jsonl, first turns), asked once;
 - ``repeat-again``: the same prompts asked again with light paraphrase ("Please ...", "... Thanks!");
+- ``repeat-same``: and a third time word for word (a kiosk's frequent questions);
 - ``code-edit``: one multi-turn session editing a small module (the history carries each reply);
 - ``rag``: questions over one document set (scripts/data/kiosk_manual.md: the retrieved section
   in the prompt, the whole manual given to the engine as ``documents``), each asked twice.
@@ -98,6 +99,7 @@ def workload(limit: int | None) -> list[tuple[str, str, list[dict] | None]]:
     items = [("repeat-first", q["question_id"], [{"role": "user", "content": q["turns"][0]}]) for q in prompts]
     items += [("repeat-again", q["question_id"], [{"role": "user", "content": paraphrase(q["turns"][0], i)}])
               for i, q in enumerate(prompts)]
+    items += [("repeat-same", q["question_id"], [{"role": "user", "content": q["turns"][0]}]) for q in prompts]
     items += [("code-edit", f"turn-{i + 1}", None) for i in range(len(CODE_TURNS))]
     manual = MANUAL.read_text(encoding="utf-8")
     for phrasing in (1, 2):
