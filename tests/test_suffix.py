@@ -1,6 +1,7 @@
 """The suffix drafter: n-gram indexes, the memory store on disk, documents, and real tiny bundles."""
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 
@@ -231,6 +232,7 @@ def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundl
         eng.generate(PROMPTS[2], max_new_tokens=20, drafter="suffix")  # records the first
         assert len(read_store(path, None, None)) == 1
         del eng
+        gc.collect()
         assert len(read_store(path, None, None)) == 2  # the last one is recorded when the engine goes
 
         path.write_bytes(b"garbage")
@@ -248,6 +250,7 @@ def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundl
         off.generate(PROMPTS[1], max_new_tokens=20, drafter="suffix")
         off.generate(PROMPTS[2], max_new_tokens=20, drafter="suffix")
         del off
+        gc.collect()
         assert len(read_store(path, None, None)) == 0
     finally:
         os.environ.pop("EDGESPEC_MEMORY_DIR")
