@@ -86,8 +86,10 @@ def llamacpp_runners(target_gguf: str, drafter_gguf: str | None, *, threads: int
 
     start("llama-ar", target_gguf)
     for k in draft_ks if drafter_gguf else ():
-        start(f"llama-draft:{k}", target_gguf, ["-md", str(drafter_gguf), "--draft-max", str(k), "--draft-min", "0",
-                                                "-ngld", "0", "-cd", str(ctx)])
+        start(f"llama-draft:{k}", target_gguf, ["-md", str(drafter_gguf), "--spec-type", "draft-simple",
+                                                "--spec-draft-n-max", str(k),
+                                                "--spec-draft-n-min", "0", "-td", str(threads), "-tbd", str(threads),
+                                                "--poll-draft", "0"])
     if ngram:
         start("llama-ngram", target_gguf, ["--spec-type", "ngram-simple"])
 
@@ -102,8 +104,9 @@ def llamacpp_runners(target_gguf: str, drafter_gguf: str | None, *, threads: int
             # predicted_ms covers the tokens after the first (which prefill produced): decode time
             out = {"token_ids": [int(x) for x in toks], "decode_s": float(t.get("predicted_ms", 0.0)) / 1000.0,
                    "ttft_ms": float(t.get("prompt_ms", 0.0)), "target_calls": pred_n}
+            out["reference"] = "llama-ar"  # its own quantization: exact against its own greedy output
             if name != "llama-ar":
-                out.update(reference="llama-ar", drafted=int(t.get("draft_n", 0)),
+                out.update( drafted=int(t.get("draft_n", 0)),
                            accepted=int(t.get("draft_n_accepted", 0)))
             return out
         return run
