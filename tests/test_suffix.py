@@ -17,7 +17,7 @@ from edgespec.ngram import LiveIndex, NgramTable, context_keys
 from edgespec.sampling import SamplingParams
 from edgespec.suffix import SuffixDrafter, read_document
 from test_decoder import run
-from tiny import FakeLM
+from tiny import FakeLM, SimClock
 
 GREEDY = SamplingParams(0.0)
 RNG = np.random.default_rng(0)
@@ -72,8 +72,9 @@ def test_sources_memory_and_documents_and_their_keys():
 
 def test_memory_records_each_generation_and_no_memory_stores_nothing():
     for store in (MemoryStore(None, "t", 8, cap_tokens=1000), None):
-        target = FakeLM(8, seed=3)
-        d = Decoder(target, (), drafters=[SuffixDrafter(store)])
+        clock = SimClock()  # simulated costs: the draft lengths the policy picks do not follow wall-clock noise
+        target = FakeLM(8, seed=3, delay=(0.004, 0.0005), clock=clock)
+        d = Decoder(target, (), drafters=[SuffixDrafter(store)], clock=clock)
         first, _ = run(d, [1, 2, 3], max_new_tokens=40, drafter="suffix")
         st = Stats()
         again, _ = run(d, [1, 2, 3], st, max_new_tokens=40, drafter="suffix")
