@@ -235,7 +235,8 @@ class Decoder:
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         t_d = clock()
         for d in policy.begin(cfg.drafter, self.drafters, target.min_width,
-                              reproducible=cfg.seed is not None and not sp.greedy):
+                              reproducible=cfg.seed is not None and not sp.greedy,
+                              width_multiple=target.width_multiple):
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000

@@ -4,8 +4,9 @@ A model owns a cache (``TokenCache``: the ids whose keys/values it holds) and co
 new tokens appended to it. ``forward`` is the only place that applies the exactness width policy
 (README, "Exactness"): where a kernel computes a one-token call with other arithmetic than a wider
 call (onnxruntime's CPU MatMulNBits at accuracy level 4, MLAS' float GEMV), every call carries at
-least ``min_width`` tokens: a narrower call is padded and the pad rolled back, so every position is
-computed the same way whatever the draft length. ``last_width`` is the width the last call really
+least ``min_width`` tokens, rounded up to a multiple of ``width_multiple`` (a kernel that computes
+rows in pairs): a narrower call is padded and the pad rolled back, so every position is computed
+the same way whatever the draft length. ``last_width`` is the width the last call really
 ran, which is what the round policy's cost model learns from.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from .errors import ContextOverflowError
 from .kv import TokenCache
+from .width import padded_width
 
 
 class CausalLM:
@@ -27,6 +29,7 @@ class CausalLM:
     max_context: int
     cache: TokenCache
     min_width: int = 1
+    width_multiple: int = 1
     prefill_chunk: int = 256
 
     def _init_counters(self) -> None:
@@ -63,7 +66,8 @@ class CausalLM:
         if past + n > self.max_context:
             raise ContextOverflowError(
                 f"{self.spec.role}: {past} + {n} tokens exceed the context of {self.max_context}")
-        pad = self.min_width - n if n < self.min_width and past + self.min_width <= self.max_context else 0
+        width = padded_width(n, self.min_width, self.width_multiple)
+        pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
         logits = self._run(run, past)
         self.calls += 1

@@ -20,7 +20,7 @@ from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_slow
-from .width import measure_min_width
+from .width import measure_width
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
@@ -66,7 +66,7 @@ class OnnxLM(CausalLM):
         self._init_counters()
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
-            self.min_width = measure_min_width(self)
+            self.min_width, self.width_multiple = measure_width(self)
 
     @property
     def kv_bytes(self) -> int:

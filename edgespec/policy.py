@@ -5,7 +5,7 @@ acceptance estimate); the policy prices each with the cost model (expected token
 round with k draft tokens) and keeps the best, k = 0 (no speculation) included. Two rules keep it
 honest: a costly drafter unused for ``probe_every`` rounds drafts one token (its estimate would
 otherwise never recover), and where the target computes at least ``min_width`` positions a call
-anyway (the exactness width, see lm.py), a round that would draft nothing takes a free drafter's
+anyway (the exactness width policy, see lm.py and width.py), a round that would draft nothing takes a free drafter's
 one-token guess for the spare position instead of padding it. The cost model learns from the
 widths the target really ran.
 """
@@ -18,6 +18,7 @@ import numpy as np
 
 from .drafters import Drafter, Offer
 from .kv import TokenBuffer
+from .width import padded_width
 
 
 @dataclass
@@ -56,6 +57,7 @@ class CostModel:
     target: dict[int, float] = field(default_factory=dict)
     draft_steps: dict[str, float] = field(default_factory=dict)  # drafter name -> seconds a step
     min_width: int = 1  # a target that always computes >= min_width positions costs that much at k = 0
+    width_multiple: int = 1  # ... and a multiple of this many (a kernel computing rows in pairs: 2)
 
     def observe_target(self, width: int, seconds: float) -> None:
         """A target call of ``width`` tokens (padding included) took ``seconds``."""
@@ -67,8 +69,12 @@ class CostModel:
         old = self.draft_steps.get(drafter)
         self.draft_steps[drafter] = step_seconds if old is None else (1 - self.ema) * old + self.ema * step_seconds
 
+    def padded(self, width: int) -> float:
+        """The width a call of ``width`` tokens really runs under the target's width policy."""
+        return padded_width(width, self.min_width, self.width_multiple)
+
     def target_cost(self, width: int) -> float:
-        width = max(width, self.min_width)
+        width = self.padded(width)
         if width in self.target:
             return self.target[width]
         if not self.target:
@@ -131,7 +137,7 @@ class RoundPolicy:
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
-              reproducible: bool = False) -> list[Drafter]:
+              reproducible: bool = False, width_multiple: int = 1) -> list[Drafter]:
         """Start a generation with ``drafter`` (a name, ``auto`` or ``none``); returns the drafters
         it may use, to be begun. ``reproducible``: the choices may depend only on this generation's
         tokens, never on timings or earlier generations (a seeded sampled generation must give the
@@ -149,7 +155,7 @@ class RoundPolicy:
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
         self._shadow = []
-        self.cost.min_width = min_width
+        self.cost.min_width, self.cost.width_multiple = min_width, width_multiple
         for d in drafters.values():
             if hasattr(d, "history"):  # a drafter with memory of earlier generations (suffix.py)
                 d.history = not reproducible
@@ -194,7 +200,7 @@ class RoundPolicy:
                     if offer is not None:
                         self.estimate(offer)
                         return Choice(d, 1, offer.key)
-        if best.k == 0 and self.cost.min_width > 1:
+        if best.k == 0 and self.cost.padded(1) > 1:
             fill, fill_alpha = NO_DRAFT, -1.0
             for d in self._free:  # the target computes a second position anyway: fill it
                 offer = d.offer(ctx, 1)

@@ -9,14 +9,34 @@ import numpy as np
 from .providers import log
 
 # call widths the probe compares: one token, and verify calls up to 8 draft tokens
-PROBE_WIDTHS = (1, 2, 3, 5, 9)
+PROBE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 9)
 
 
-def measure_min_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) -> int:
-    """The width policy's call width, measured on ``lm`` (a ``CausalLM``): after the same ``prefix``
-    tokens, calls of each width in ``widths`` compute the positions they share; the result is the
-    smallest width from which every wider probed call computes them bitwise the same. A call of 2
-    tokens made twice must also agree with itself, or no width can help (warned). ``lm`` is left
+def padded_width(n: int, min_width: int = 1, multiple: int = 1) -> int:
+    """The width a call of ``n`` tokens runs under the policy (``min_width``, ``multiple``): at least
+    ``min_width`` tokens, rounded up to a multiple of ``multiple``."""
+    w = max(int(n), int(min_width))
+    return -(-w // int(multiple)) * int(multiple)
+
+
+def _candidates(widths: Sequence[int]) -> list[tuple[int, int]]:
+    """Policies the probe can confirm, cheapest first: by the width a one-token call pays, then by
+    the padding over every probed width. (1, 1) is no policy; (2, 1) is "at least two tokens"
+    (MatMulNBits' one-token GEMV path); (2, 2) is "an even number of tokens" (a kernel that
+    computes rows in pairs and an odd last row on the one-row path: MatMulNBits at block 64 and
+    128 with int8 activations on AVX-512, measured); (w, 1) for a small-M path up to w - 1 rows."""
+    top = max(widths)
+    cands = {(w, 1) for w in widths} | {(2, 2), (4, 2), (4, 4)}
+    return sorted(cands, key=lambda c: (padded_width(1, *c), sum(padded_width(n, *c) for n in range(1, top + 1)),
+                                        c))
+
+
+def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) -> tuple[int, int]:
+    """The width policy, ``(min_width, multiple)``, measured on ``lm`` (a ``CausalLM``): after the
+    same ``prefix`` tokens, calls of each width in ``widths`` compute the positions they share; the
+    result is the cheapest policy under which every pair of calls it allows (widths of at least
+    ``min_width`` tokens, multiples of ``multiple``) computes them bitwise the same. A call of 2
+    tokens made twice must also agree with itself, or no policy can help (warned). ``lm`` is left
     as it was found: empty cache, no calls counted."""
     need = prefix + max(widths)
     if lm.max_context < need:
@@ -24,7 +44,8 @@ def measure_min_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS
     vocab = min(lm.spec.vocab_size, 32000)
     ids = [(7919 * i + 13) % vocab for i in range(need)]  # fixed, spread over the vocabulary
     rows = {}
-    saved, lm.min_width = lm.min_width, 1
+    saved = lm.min_width, lm.width_multiple
+    lm.min_width, lm.width_multiple = 1, 1
     try:
         lm.reset()
         lm.forward(ids[:prefix])
@@ -35,25 +56,27 @@ def measure_min_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS
         again = lm.forward(ids[prefix: prefix + 2])
     finally:
         lm.reset()
-        lm.min_width = saved
+        lm.min_width, lm.width_multiple = saved
         lm.calls, lm.run_seconds = 0, 0.0
     if not np.array_equal(again, rows[2]):
         log.warning(f"{lm.spec.role}: the same call computed twice gives different logits on {lm.device}; "
                     f"greedy speculative output may differ from autoregressive output here")
         return width_policy(lm.device)
     ws = sorted(widths)
-    for w0 in ws:
-        group = [w for w in ws if w >= w0]
-        if all(np.array_equal(rows[a], rows[b][:a]) for i, a in enumerate(group) for b in group[i + 1:]):
-            return w0
-    return ws[-1]
+    for min_width, multiple in _candidates(ws):
+        group = [w for w in ws if w >= min_width and w % multiple == 0]
+        if len(group) >= 2 and all(np.array_equal(rows[a], rows[b][:a])
+                                   for i, a in enumerate(group) for b in group[i + 1:]):
+            return min_width, multiple
+    return ws[-1], 1
 
 
-def width_policy(device: str) -> int:
-    """The width where it cannot be measured (a context too small for the probe, or arithmetic that
-    does not reproduce): what ``measure_min_width`` found on the CPU EP for every graph measured
-    (fp32, fp8, int4 and int8 at accuracy level 4): a one-token call takes another path than wider
-    calls (MatMulNBits' int8-activation GEMV, MLAS' SGEMV; up to ~0.7 and ~2e-5 apart in logits),
-    and calls of 2 to 9 tokens compute their rows bitwise the same. GPU kernels are not measured
-    here: 1, and the probe decides at load."""
-    return 2 if device == "cpu" else 1
+def width_policy(device: str) -> tuple[int, int]:
+    """The policy where it cannot be measured (a context too small for the probe, or arithmetic that
+    does not reproduce): what ``measure_width`` found on the CPU EP for most graphs measured (fp32,
+    fp8, int4 and int8 at accuracy level 4): a one-token call takes another path than wider calls
+    (MatMulNBits' int8-activation GEMV, MLAS' SGEMV; up to ~0.7 and ~2e-5 apart in logits), and
+    calls of 2 to 9 tokens compute their rows bitwise the same. INT4 at block 64/128 on AVX-512
+    needs even widths, which the probe finds; this fallback does not know it. GPU kernels are not
+    measured here: (1, 1), and the probe decides at load."""
+    return (2, 1) if device == "cpu" else (1, 1)

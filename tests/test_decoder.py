@@ -61,6 +61,33 @@ def test_greedy_speculative_equals_autoregressive(drafter, k, min_width):
         assert len(got) <= max_new
 
 
+def _pair_kernel_decoder(seed, policy):
+    target = FakeLM(8, seed=seed, min_width=policy[0], width_multiple=policy[1], odd_row_noise=3.0)
+    dtable = target.table + 0.5 * np.random.default_rng(seed + 100).normal(size=target.table.shape)
+    return Decoder(target, (), drafters=[ModelDrafter(FakeLM(8, table=dtable), 8), PromptLookupDrafter(),
+                                         suffix_drafter(8, seed)])
+
+
+def test_a_kernel_computing_rows_in_pairs_needs_even_widths():
+    """The odd last row of a call takes another path (MatMulNBits at block 128 on AVX-512): under
+    "at least two tokens" speculative output drifts from autoregressive output; under "an even
+    number of tokens" (width_multiple 2) it equals it, every drafter, fixed and adaptive k."""
+    drift = 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, 8, size=int(rng.integers(1, 20))).tolist()
+        for drafter, k in (("model", 2), ("prompt-lookup", 3), ("auto", None), ("model", None)):
+            ref, _ = run(_pair_kernel_decoder(seed, (2, 2)), prompt, max_new_tokens=40, drafter="none")
+            got, _ = run(_pair_kernel_decoder(seed, (2, 2)), prompt, max_new_tokens=40, drafter=drafter,
+                         draft_tokens=k)
+            assert got == ref, (seed, drafter, k)
+            ref1, _ = run(_pair_kernel_decoder(seed, (2, 1)), prompt, max_new_tokens=40, drafter="none")
+            got1, _ = run(_pair_kernel_decoder(seed, (2, 1)), prompt, max_new_tokens=40, drafter=drafter,
+                          draft_tokens=k)
+            drift += got1 != ref1
+    assert drift >= 4  # the fake kernel's odd rows do matter: the wrong policy is caught
+
+
 def test_eos_and_max_tokens_inside_a_draft():
     # the target repeats a cycle; prompt lookup drafts long spans that run past eos and max tokens
     hits = {"eos": 0, "length": 0}

@@ -14,7 +14,7 @@ import pytest
 import edgespec
 from edgespec.manifest import load_manifest
 from edgespec.onnx_lm import OnnxLM
-from edgespec.width import measure_min_width
+from edgespec.width import measure_width, padded_width
 from edgespec.providers import choose
 
 PROMPTS = [
@@ -58,12 +58,12 @@ def test_rows_of_wide_calls_are_bitwise_equal(tiny_int4_bundle):
 
 
 class _FakeKernel:
-    """Stands in for an OnnxLM in the width probe: a call of width w computes its rows on
-    ``path(w)``; ``noisy`` makes a repeated call differ (non-reproducible arithmetic)."""
+    """Stands in for an OnnxLM in the width probe: row ``i`` of a call of width ``w`` is computed on
+    ``path(w, i)``; ``noisy`` makes a repeated call differ (non-reproducible arithmetic)."""
 
     def __init__(self, path, noisy=False):
         self.path, self.noisy, self.tokens, self.runs = path, noisy, [], 0
-        self.max_context, self.min_width = 256, 1
+        self.max_context, self.min_width, self.width_multiple = 256, 1, 1
         self.spec = type("S", (), {"vocab_size": 1000, "role": "target"})()
         self.device = "cuda"
         self.calls = self.run_seconds = 0
@@ -79,31 +79,40 @@ class _FakeKernel:
         del self.tokens[len(self.tokens) - n:]
 
     def forward(self, ids):
-        assert len(ids) >= self.min_width
+        assert len(ids) == padded_width(len(ids), self.min_width, self.width_multiple)
         past = len(self.tokens)
         self.tokens += list(ids)
         self.runs += 1
         self.calls += 1
         self.run_seconds += 0.01
         noise = self.runs * 1e-3 if self.noisy else 0.0
-        return np.array([[past + i + self.path(len(ids)) + noise] * 4 for i in range(len(ids))])
+        return np.array([[past + i + self.path(len(ids), i) + noise] * 4 for i in range(len(ids))])
 
 
 @pytest.mark.parametrize("path, want", [
-    (lambda w: 0.0, 1),  # every width the same arithmetic
-    (lambda w: 0.5 if w == 1 else 0.0, 2),  # the CPU EP's case
-    (lambda w: 0.0 if w <= 4 else 0.5, 5),  # a small-M kernel up to 4 rows: widths 1..4 disagree with 5..9
-    (lambda w: float(w), 9),  # every width its own: only the widest probed call agrees with itself
+    (lambda w, i: 0.0, (1, 1)),  # every width the same arithmetic
+    (lambda w, i: 0.5 if w == 1 else 0.0, (2, 1)),  # the CPU EP's usual case: a one-token GEMV path
+    # rows in pairs, an odd last row on the one-row path (MatMulNBits block 64/128, int8 activations,
+    # AVX-512): widths 3 and 4 disagree on row 2, so no minimum width helps; even widths do
+    (lambda w, i: 0.5 if (w % 2 and i == w - 1) else 0.0, (2, 2)),
+    (lambda w, i: 0.0 if w <= 4 else 0.5, (5, 1)),  # a small-M kernel up to 4 rows: 1..4 disagree with 5..9
+    (lambda w, i: float(w), (9, 1)),  # every width its own: only the widest probed call agrees with itself
 ])
-def test_width_probe_picks_the_smallest_width_all_wider_calls_agree_with(path, want):
+def test_width_probe_picks_the_cheapest_policy_all_allowed_calls_agree_under(path, want):
     k = _FakeKernel(path)
-    assert measure_min_width(k) == want
-    assert k.tokens == [] and k.calls == 0 and k.min_width == 1  # left as it was found
+    assert measure_width(k) == want
+    assert k.tokens == [] and k.calls == 0 and (k.min_width, k.width_multiple) == (1, 1)  # left as it was found
+
+
+@pytest.mark.parametrize("n, policy, want", [(1, (1, 1), 1), (1, (2, 1), 2), (3, (2, 1), 3), (1, (2, 2), 2),
+                                             (3, (2, 2), 4), (4, (2, 2), 4), (5, (4, 4), 8)])
+def test_padded_width(n, policy, want):
+    assert padded_width(n, *policy) == want
 
 
 def test_width_probe_falls_back_and_warns_when_arithmetic_does_not_reproduce(caplog):
     with caplog.at_level("WARNING", logger="edgespec"):
-        assert measure_min_width(_FakeKernel(lambda w: 0.0, noisy=True)) == 1  # the GPU rule
+        assert measure_width(_FakeKernel(lambda w, i: 0.0, noisy=True)) == (1, 1)  # the GPU rule
     assert "computed twice gives different logits" in caplog.text
 
 

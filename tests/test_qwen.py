@@ -1,5 +1,5 @@
-"""The Qwen2.5-Coder pair (1.5B INT4 target with a 0.5B INT8 or INT4 drafter; both in fp32), when
-its bundles have been exported (README, "Real models"). Too heavy for CI's budget: run by hand."""
+"""The Qwen2.5-Coder pair (1.5B INT4 target at block 32 or 128 with a 0.5B INT8 or INT4 drafter; both
+in fp32), when its bundles have been exported (README, "Real models"). Too heavy for CI's budget: run by hand."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,8 @@ from conftest import BUNDLES
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen-coder", "qwen-coder-d4", "qwen-coder-d4a", "qwen-coder-fp32"])
+@pytest.mark.parametrize("name", ["qwen-coder", "qwen-coder-d4", "qwen-coder-d4a", "qwen-coder-fp32",
+                                  "qwen-coder-b128"])
 def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
     bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
@@ -20,6 +21,6 @@ def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
         msgs = [{"role": "user", "content": prompt}]
         eng.reset()
         ref = eng.generate(msgs, max_new_tokens=48, drafter="none").token_ids
-        for d, k in (("model", None), ("model", 4), ("prompt-lookup", None), ("auto", None)):
+        for d, k in (("model", None), ("model", 2), ("model", 4), ("prompt-lookup", None), ("auto", None)):
             eng.reset()
             assert eng.generate(msgs, max_new_tokens=48, drafter=d, draft_tokens=k).token_ids == ref, (prompt, d, k)

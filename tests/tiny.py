@@ -88,11 +88,14 @@ class FakeLM(CausalLM):
 
     def __init__(self, vocab: int = 6, max_context: int = 512, seed: int = 0, order: int = 2, sharpness: float = 2.0,
                  table: np.ndarray | None = None, delay: tuple[float, float] = (0.0, 0.0), clock=None,
-                 min_width: int = 1):
+                 min_width: int = 1, width_multiple: int = 1, odd_row_noise: float = 0.0):
         self.spec = FakeSpec(vocab, max_context)
         self.max_context = max_context
         self.cache = TokenCache(max_context)
-        self.min_width = min_width
+        self.min_width, self.width_multiple = min_width, width_multiple
+        # a kernel that computes rows in pairs and the odd last row of a call on another path (as
+        # MatMulNBits at block 128 on AVX-512): that row's logits move by this much noise
+        self.odd_row_noise = odd_row_noise
         self.vocab = vocab
         self.order = order
         rng = np.random.default_rng(seed)
@@ -111,4 +114,8 @@ class FakeLM(CausalLM):
         if self.clock is not None:
             self.clock.t += self.delay[0] + self.delay[1] * len(ids)
         context = self.cache.ids[:past] + [int(t) for t in ids]
-        return np.stack([self.logits_for(context[: past + i + 1]) for i in range(len(ids))])
+        rows = np.stack([self.logits_for(context[: past + i + 1]) for i in range(len(ids))])
+        if self.odd_row_noise and len(ids) % 2:
+            key = sum(int(t) * 31 ** j for j, t in enumerate(context[-3:]))
+            rows[-1] += np.random.default_rng(key).normal(0, self.odd_row_noise, self.vocab).astype(np.float32)
+        return rows
