@@ -16,7 +16,10 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               show_default=True)
 @click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
 @click.option("--block-size", type=int, default=32, show_default=True,
-              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block).")
+              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block). 128 decodes 1.45x "
+                   "faster on an AVX-512 CPU at some quality cost (README, Export quality).")
+@click.option("--drafter-block-size", type=int, default=32, show_default=True,
+              help="The drafter's INT4/INT8 block size (its quality moves only the acceptance rate).")
 @click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
               help="FP8 weight scales: per output channel (TensorRT's layout) or per block.")
 @click.option("--asymmetric/--symmetric", default=None,
@@ -35,7 +38,8 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               help="The drafter's layout (default: --device), e.g. cpu for a drafter placed on the CPU.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
-def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size, fp8_scheme,
+def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
+           drafter_block_size, fp8_scheme,
            asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, device, drafter_device,
            no_quality, force):
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
@@ -47,7 +51,10 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
                      algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
+    if drafter_block_size != 32 and not (drafter and drafter_precision in ("int4", "int8")):
+        raise click.UsageError("--drafter-block-size applies to an int4/int8 --drafter")
+    dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
-                        drafter_precision=drafter_precision, max_context=max_context, quant=q,
+                        drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device)
     click.echo(str(out))

@@ -168,3 +168,31 @@ def test_smollm2_int4_single_token_path_differs_and_policy_restores_exactness(sm
     pol = OnnxLM(m.target, 512, choose(["cpu"]))
     pol.forward(ids[:50])
     assert np.array_equal(pol.forward(ids[50:51]), wide)
+
+
+def test_int4_block_128_target_and_drafter_exact(tmp_path_factory, tiny_dirs):
+    """INT4 at block 128, target and drafter (``--block-size 128 --drafter-block-size 128``): on an
+    AVX-512 CPU its kernel computes rows in pairs, where the probe must find even widths (on other
+    CPUs whatever it finds); every drafter still equals autoregressive output, and the probe's policy
+    is one under which calls it allows agree."""
+    from conftest import _export
+    from edgespec_export.build import QuantOptions
+
+    b = _export(tmp_path_factory, "tiny-int4-b128", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                target_precision="int4", drafter_precision="int4", quant=QuantOptions(block_size=128),
+                drafter_quant=QuantOptions(block_size=128))
+    m = load_manifest(b)
+    assert m.target.quant.block_size == 128 and m.drafter.quant.block_size == 128
+    eng = edgespec.load(b, max_context=256)
+    t = eng.decoder.target
+    raw = OnnxLM(m.target, 256, choose(["cpu"]), min_width=1)
+    ids = [(7919 * i + 13) % 200 for i in range(40)]
+    raw.forward(ids[:20])
+    rows = {}
+    for w in (2, 3, 4, 5, 6):
+        raw.rewind(raw.length - 20)
+        rows[w] = raw.forward(ids[20:20 + w])
+    allowed = [w for w in rows if w == padded_width(w, t.min_width, t.width_multiple)]
+    assert all(np.array_equal(rows[a], rows[b][:a]) for a in allowed for b in allowed if a < b)
+    for p in PROMPTS:
+        _assert_all_equal(_greedy_all(eng, p, 40), p)

@@ -316,3 +316,13 @@ def test_compare_int4_script(tiny_bundle, tmp_path):
     bad = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--only", "AWQ"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "AWQ" in bad.stderr
+
+
+def test_drafter_block_size_needs_a_quantized_drafter(tiny_dirs, tmp_path):
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"),
+                                  "--drafter-block-size", "128"])
+    assert r.exit_code != 0 and "--drafter-block-size" in r.output and not (tmp_path / "b").exists()
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), "--drafter",
+                                  str(tiny_dirs["drafter"]), "--drafter-precision", "int4",
+                                  "--drafter-block-size", "48"])
+    assert r.exit_code == 6 and "block-size" in r.output and not (tmp_path / "b").exists()
