@@ -338,6 +338,9 @@ def info(bundle, verify, as_json):
                   if spec.embedding_bytes else ")")) if spec.cpu_resident_bytes is not None else ""
         params = f"{spec.params / 1e6:.1f}M parameters, " if spec.params else ""
         click.echo(f"    {params}{spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
+        if spec.head_size:
+            click.echo(f"    reduced draft vocabulary: the lm_head computes {spec.head_size} of {spec.vocab_size} "
+                       f"tokens ({os.path.relpath(spec.head_ids, m.root)})")
         if spec.operators:
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.precision == "fp8":
@@ -401,9 +404,10 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
 
-from .cli_export import export  # noqa: E402  (the export command, in its own module)
+from .cli_export import drafter_vocab, export  # noqa: E402  (the export commands, in their own module)
 
 main.add_command(export)
+main.add_command(drafter_vocab)
 
 main.add_command(memory)
 

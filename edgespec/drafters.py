@@ -25,6 +25,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .errors import BundleError
 from .kv import TokenBuffer
 from .sampling import Dist, SamplingParams, distribution
 
@@ -174,14 +175,24 @@ class ModelDrafter:
     """A small LM with its own KV cache, which always holds a prefix of the context. Drafting k
     tokens feeds the tokens the cache lacks (usually the last round's one or two) and k - 1 draft
     tokens one at a time; ``accept`` rolls back the rejected ones in O(1), and what the target
-    emitted is fed with the next draft."""
+    emitted is fed with the next draft.
+
+    A reduced draft vocabulary (``head_ids``: export --drafter-vocab N) gives logits for those N
+    token ids only: the argmax maps back through them, and under sampling q is the reduced head's
+    distribution over them (zero elsewhere), which is what the draft is sampled from, so the
+    rejection rule stays exact. The confidence stop then reads the reduced softmax."""
 
     name = "model"
     has_cost = True
 
-    def __init__(self, lm, target_vocab: int, min_confidence: float = 0.0, clock=time.perf_counter):
+    def __init__(self, lm, target_vocab: int, min_confidence: float = 0.0, clock=time.perf_counter,
+                 head_ids: np.ndarray | None = None):
         self.lm = lm
         self.target_vocab = target_vocab
+        self.head_ids = None if head_ids is None else np.asarray(head_ids, dtype=np.int64)
+        if self.head_ids is not None and self.head_ids.shape[0] and int(self.head_ids[-1]) >= target_vocab:
+            raise BundleError(f"the drafter's head ids reach {int(self.head_ids[-1])}, outside the target's "
+                              f"vocabulary of {target_vocab}")
         # stop a draft early once the drafter's own top probability falls below this: an unsure
         # drafter is mostly rejected, and every step saved is a drafter call saved (0 = never stop)
         self.min_confidence = min_confidence
@@ -195,8 +206,14 @@ class ModelDrafter:
         # the exactness policy is the target's: a draft is only a guess the target checks, so the
         # drafter runs its one-token steps on the kernel's one-token path (~12% cheaper for the
         # 0.5B INT4 drafter: 15.0 against 17.1 ms a step)
-        return cls(env.open_model("drafter", min_width=1), env.manifest.target.vocab_size,
-                   min_confidence=DRAFT_MIN_CONFIDENCE)
+        spec, vocab = env.manifest.drafter, env.manifest.target.vocab_size
+        head = spec.load_head_ids(vocab)
+        lm = env.open_model("drafter", min_width=1)
+        width = getattr(lm, "logits_width", None)
+        if head is not None and width is not None and width != head.shape[0]:
+            raise BundleError(f"the drafter graph's logits have {width} columns but its head ids list "
+                              f"{head.shape[0]} tokens; the bundle is inconsistent")
+        return cls(lm, vocab, min_confidence=DRAFT_MIN_CONFIDENCE, head_ids=head)
 
     def begin(self, prompt: Sequence[int]) -> None:
         """Bring the cache to the prompt but its last token (the first draft feeds it with the
@@ -226,12 +243,18 @@ class ModelDrafter:
         step_time, steps = (self.clock() - t0, 1) if behind <= 2 else (0.0, 0)
         tokens: list[int] = []
         rows = []
+        head = self.head_ids
+        if head is not None and logits.shape[-1] != head.shape[0]:
+            raise BundleError(f"the drafter's logits have {logits.shape[-1]} columns but its head ids list "
+                              f"{head.shape[0]} tokens; the bundle is inconsistent")
         for i in range(k):
-            row = logits[: self.target_vocab]
+            row = logits[: self.target_vocab] if head is None else logits
             if sp.greedy:
-                tok = int(np.argmax(row))
+                tok = int(np.argmax(row)) if head is None else int(head[np.argmax(row)])
             else:
                 q = distribution(row, sp)
+                if head is not None:  # over the kept token ids, zero elsewhere
+                    q = Dist(self.target_vocab, head if q.idx is None else head[q.idx], q.w, q.total)
                 tok = q.sample(rng)
                 rows.append(q)
             tokens.append(tok)

@@ -222,6 +222,10 @@ class ModelSpec:
     embedding_bytes: int = 0
     embedding_row_bytes: int = 0
     layout: str = "cpu"  # LAYOUTS; absent in older bundles: cuda where the KV cache is float16, else cpu
+    # a reduced draft vocabulary (export --drafter-vocab): the graph's logits are for these
+    # ``head_size`` token ids only (an int32 .npy, sorted, listed in ``files``); None: the full head
+    head_ids: Path | None = None
+    head_size: int | None = None
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -263,6 +267,7 @@ class ModelSpec:
             if v <= 0:
                 raise ManifestError(f"manifest: {where}.{k} must be positive, got {v}")
         on_disk = sum(m["bytes"] for m in files.values())
+        head_ids, head_size = _head(root, d, files, dims, where)
         gpu = _opt_count(d, "gpu_weight_bytes", where)
         old = _opt_count(d, "resident_bytes", where)  # the same figure, as bundles before 'gpu_weight_bytes' name it
         return cls(
@@ -278,7 +283,8 @@ class ModelSpec:
             operators=dict(_opt("counts", where, d, "operators") or {}),
             cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
-            embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout, **dims,
+            embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
+            head_ids=head_ids, head_size=head_size, **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -294,7 +300,42 @@ class ModelSpec:
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,
             "validation": self.validation.to_dict(), "quality": self.quality.to_dict(),
+            **({"head_ids": _rel(root, self.head_ids), "head_size": self.head_size} if self.head_ids else {}),
         }
+
+    def load_head_ids(self, vocab: int) -> "np.ndarray | None":
+        """The token ids of a reduced head's logits (int64, sorted, each below ``vocab``), or None
+        for a full head. The file's size and hash are checked with the bundle's other files."""
+        if self.head_ids is None:
+            return None
+        import numpy as np
+
+        try:
+            with open(self.head_ids, "rb") as f:
+                ids = np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise BundleError(f"the {self.role}'s head ids {self.head_ids.name} are unreadable ({e})"[:300]) from None
+        if (ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.shape[0] != self.head_size
+                or (ids.shape[0] and (int(ids.min()) < 0 or int(ids.max()) >= vocab))
+                or (np.diff(ids.astype(np.int64)) <= 0).any()):
+            raise BundleError(f"the {self.role}'s head ids {self.head_ids.name} are not {self.head_size} sorted, "
+                              f"unique token ids below {vocab}")
+        return ids.astype(np.int64)
+
+
+def _head(root: Path, d: dict, files: dict, dims: dict, where: str) -> tuple[Path | None, int | None]:
+    """A reduced head's (ids file, size), checked: the file is one the manifest hashes."""
+    rel = _opt(str, where, d, "head_ids")
+    if rel is None:
+        if d.get("head_size") is not None:
+            raise ManifestError(f"manifest: {where}.head_size without head_ids")
+        return None, None
+    size = _req(d, "head_size", int, where)
+    if not 0 < size < dims["vocab_size"]:
+        raise ManifestError(f"manifest: {where}.head_size must be in 1..{dims['vocab_size'] - 1}, got {size}")
+    if rel not in files:
+        raise ManifestError(f"manifest: {where}.head_ids {rel!r} is not one of its files (unchecked)")
+    return _inside(root, rel, f"manifest {where}.head_ids"), size
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,11 @@ class OnnxLM(CausalLM):
             self.min_width, self.width_multiple = measure_width(self)
 
     @property
+    def logits_width(self) -> int | None:
+        """The graph's logits width when its output shape states it (a reduced head's N)."""
+        return self._logits_type[1] if self._logits_type is not None else None
+
+    @property
     def kv_bytes(self) -> int:
         return self.cache.nbytes
 

@@ -243,9 +243,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
                   target_precision: str = "int4", drafter_precision: str = "fp32",
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
-                  device: str = "cpu", drafter_device: str | None = None, stream=sys.stderr) -> Path:
+                  device: str = "cpu", drafter_device: str | None = None, drafter_vocab: int = 0,
+                  stream=sys.stderr) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out``. Atomic: on any failure
-    nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds)."""
+    nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds).
+    ``drafter_vocab`` N > 0 cuts the drafter's lm_head to N tokens (export/head.py)."""
     if target_precision not in TARGET_PRECISIONS:
         raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
     if drafter_precision not in DRAFTER_PRECISIONS:
@@ -258,6 +260,10 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     builder_args(target_precision, quant or QuantOptions(), device)
     if drafter:
         builder_args(drafter_precision, drafter_quant or QuantOptions(accuracy_level=4), drafter_device)
+    if isinstance(drafter_vocab, bool) or not isinstance(drafter_vocab, int) or drafter_vocab < 0:
+        raise ExportError(f"--drafter-vocab must be a number of tokens >= 0 (0: the full head), got {drafter_vocab!r}")
+    if drafter_vocab and not drafter:
+        raise ExportError("--drafter-vocab applies to a bundle with a --drafter")
     if max_context is not None and max_context < 16:
         raise ExportError(f"--max-context must be at least 16, got {max_context}")
     out = check_output(out, force, [target, drafter])
@@ -267,7 +273,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     tsrc = resolve(target)
     dsrc = resolve(drafter) if drafter else None
     _check_combination(target_precision, quant)
-    steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0)
+    steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
     progress = Progress(steps, stream)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
     ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
@@ -275,6 +281,12 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         dtok, ddata, (dfp, dvocab) = load_tokenizer(dsrc)
         if dfp != tfp:
             raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
+    head_ids = None
+    if drafter_vocab:  # a bad N is refused before the long part
+        from .head import select_head_ids
+
+        head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc), bos_id=ttok.bos_token_id,
+                                   vocab_size=tvocab)
     stage = prepare_stage(out)
     old = None
     guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
@@ -320,6 +332,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             tokenizer_vocab_size=tvocab,
             tokenizer_files=tok_files,
         )
+        if head_ids is not None:
+            from .head import reduce_in_stage
+
+            progress.step(f"drafter: cutting the lm_head to {len(head_ids)} tokens (--drafter-vocab)")
+            manifest = reduce_in_stage(stage, manifest, head_ids, log=progress.log)
         # what is written reads back (the schema's checks, and target and drafter share a tokenizer)
         Manifest.from_dict(manifest.to_dict(), stage)
         for junk in stage.glob("_*"):

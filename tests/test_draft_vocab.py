@@ -1,0 +1,279 @@
+"""A reduced draft vocabulary (export --drafter-vocab N, ``edgespec drafter-vocab``): the drafter's
+lm_head cut to N tokens. The graph's logits are the full head's at the kept ids, greedy and sampled
+speculative output stay exact, the kept ids are part of the checked bundle, bad N are refused."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import edgespec
+from conftest import BUNDLES
+from edgespec.cli import main as cli
+from edgespec.decoder import Decoder
+from edgespec.drafters import ModelDrafter
+from edgespec.errors import BundleError, ExportError, ManifestError
+from edgespec.manifest import MANIFEST_NAME, Manifest, load_manifest, sha256_file
+from edgespec.onnx_lm import OnnxLM
+from edgespec.providers import choose
+from edgespec.sampling import SamplingParams, distribution
+from test_decoder import _chi2, _chi2_crit, _exact_sequence_probs, _sample_runs
+from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
+from tiny import FakeLM
+
+N = 300  # of the tiny tokenizer's 372
+
+
+def _reduce(bundle, tmp_path, n=N, name="reduced"):
+    from edgespec_export.head import apply_to_bundle
+
+    return apply_to_bundle(bundle, n, tmp_path / name)
+
+
+def _drafter_logits(bundle, ids):
+    m = load_manifest(bundle)
+    lm = OnnxLM(m.drafter, 64, choose(["cpu"]), min_width=1)
+    return lm, np.concatenate([lm.forward(ids[:20]), lm.forward(ids[20:21]), lm.forward(ids[21:25])])
+
+
+@pytest.mark.parametrize("bundle", ["tiny_bundle", "tiny_fp8_bundle"])  # fp32 MatMul head; int8 MatMulNBits head
+def test_reduced_head_computes_the_full_heads_logits_at_the_kept_ids(bundle, request, tmp_path):
+    src = request.getfixturevalue(bundle)
+    out = _reduce(src, tmp_path)
+    m = load_manifest(out, deep=True)
+    ids = m.drafter.load_head_ids(m.target.vocab_size)
+    assert m.drafter.head_size == N and ids.shape == (N,) and (np.diff(ids) > 0).all()
+    assert f"drafter/{m.drafter.head_ids.name}" in m.drafter.files
+    assert not (out / "drafter" / "genai_config.json").exists()  # genai would read column indices as ids
+    seq = [(37 * i + 11) % 360 for i in range(25)]
+    lm_full, full = _drafter_logits(src, seq)
+    lm_red, red = _drafter_logits(out, seq)
+    assert red.shape == (25, N) and lm_red.logits_width == N and lm_full.logits_width == m.drafter.vocab_size
+    np.testing.assert_allclose(red, full[:, ids], rtol=1e-4, atol=1e-4)
+    # the special tokens are kept, the rest follows id order; the source bundle is untouched
+    tj = json.loads((m.tokenizer_dir / "tokenizer.json").read_text())
+    assert {t["id"] for t in tj["added_tokens"]} <= set(ids.tolist()) and set(m.eos_token_ids) <= set(ids.tolist())
+    load_manifest(src, deep=True)
+    assert load_manifest(src).drafter.head_ids is None
+
+
+@pytest.fixture(scope="module")
+def tiny_reduced_int4(tmp_path_factory, tiny_dirs):
+    """INT4 target and INT4 drafter exported with ``drafter_vocab=N`` (the export path)."""
+    from conftest import _export
+
+    return _export(tmp_path_factory, "tiny-int4-v300", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                   target_precision="int4", drafter_precision="int4", drafter_vocab=N)
+
+
+def test_export_with_drafter_vocab_is_exact_and_drafts(tiny_reduced_int4):
+    m = load_manifest(tiny_reduced_int4, deep=True)
+    assert m.drafter.head_size == N and m.drafter.precision == "int4"
+    assert m.drafter.cpu_resident_bytes  # measured again after the cut
+    eng = edgespec.load(tiny_reduced_int4, max_context=256)
+    d = eng.decoder.drafters["model"]
+    assert d.head_ids is not None and d.head_ids.shape == (N,) and d.lm.logits_width == N
+    accepted = 0
+    for p in PROMPTS:
+        _assert_all_equal(_greedy_all(eng, p, 40), p)
+        eng.reset()
+        accepted += eng.generate(p, max_new_tokens=40, drafter="model", draft_tokens=3).stats["accepted"]
+    assert accepted > 20  # the reduced drafter's mapped tokens are accepted: the ids map back right
+
+
+def test_sampled_generation_with_a_reduced_head_runs_and_proposes_kept_tokens(tiny_reduced_int4):
+    eng = edgespec.load(tiny_reduced_int4, max_context=256)
+    d = eng.decoder.drafters["model"]
+    kept = set(d.head_ids.tolist())
+    seen = []
+    real = d.draft
+
+    def spy(ctx, k, sp, rng):
+        out = real(ctx, k, sp, rng)
+        seen.extend(out.tokens)
+        assert out.probs is not None and all(q.idx is not None and set(q.idx.tolist()) <= kept for q in out.probs)
+        return out
+
+    d.draft = spy
+    r = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="model", temperature=0.8, top_p=0.95, seed=3)
+    assert len(r.token_ids) == 30 and seen and set(seen) <= kept
+
+
+# -- sampling stays exact: q is the reduced head's distribution, zero outside the kept set ---------
+VOCAB, KEPT = 4, np.array([0, 2, 3])
+
+
+def _reduced_factory(cls=ModelDrafter):
+    def factory():
+        target = FakeLM(VOCAB, seed=7, sharpness=1.0)
+        table = target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape)
+        full = FakeLM(VOCAB, table=table)
+        red = FakeLM(VOCAB, table=table[:, KEPT])  # logits for the kept ids only
+        d = cls(red, VOCAB, head_ids=KEPT)
+        d.full = full
+        return Decoder(target, (), drafters=[d])
+    return factory
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, top_k=2)])
+def test_sampled_speculative_with_reduced_head_follows_target_distribution(sp):
+    vocab, n_tokens, runs, prompt = VOCAB, 3, 6000, [1, 2, 1, 2, 1]
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+    counts = _sample_runs(_reduced_factory(), prompt, n_tokens, sp, runs, "model", 2)
+    assert any(1 in seq for seq in counts)  # the target still emits the token the head cannot propose
+    stat, df = _chi2(counts, exact, runs)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+class _FullQ(ModelDrafter):
+    """The planted bug: drafts sampled from the reduced head, but q taken from the full head."""
+
+    def draft(self, ctx, k, sp, rng):
+        out = super().draft(ctx, k, sp, rng)
+        if out.probs is not None:
+            c = list(ctx.view()) if hasattr(ctx, "view") else list(ctx)
+            out.probs = [distribution(self.full.logits_for(c + out.tokens[:i]), sp) for i in range(len(out.tokens))]
+        return out
+
+
+def test_statistical_test_catches_q_from_the_full_head():
+    vocab, n_tokens, runs, prompt = VOCAB, 3, 6000, [1, 2, 1, 2, 1]
+    sp = SamplingParams(1.0)
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+    counts = _sample_runs(_reduced_factory(_FullQ), prompt, n_tokens, sp, runs, "model", 2)
+    stat, df = _chi2(counts, exact, runs)
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+# -- the manifest and the bundle's checks ------------------------------------------------------
+def test_manifest_round_trip_and_schema(tiny_bundle, tmp_path):
+    out = _reduce(tiny_bundle, tmp_path)
+    m = load_manifest(out)
+    again = Manifest.from_dict(m.to_dict(), out)
+    assert again.drafter.head_ids == m.drafter.head_ids and again.drafter.head_size == N
+    assert again.to_dict() == m.to_dict()
+    assert "head_ids" not in load_manifest(tiny_bundle).to_dict()["models"]["drafter"]
+    raw = m.to_dict()
+    for change, msg in ((lambda d: d.pop("head_ids"), "head_size without head_ids"),
+                        (lambda d: d.update(head_size=d["vocab_size"]), "head_size must be in"),
+                        (lambda d: d.update(head_size=0), "head_size must be in"),
+                        (lambda d: d["files"].pop(d["head_ids"]), "is not one of its files"),
+                        (lambda d: d.update(head_ids="../x.npy"), "is not one of its files")):
+        bad = json.loads(json.dumps(raw))
+        change(bad["models"]["drafter"])
+        with pytest.raises(ManifestError, match=msg):
+            Manifest.from_dict(bad, out)
+
+
+def test_integrity_check_catches_tampered_head_ids(tiny_bundle, tmp_path):
+    out = _reduce(tiny_bundle, tmp_path)
+    path = out / "drafter" / "head_ids.npy"
+    ids = np.load(path)
+    ids[-1] -= 1  # another token, same size
+    np.save(path, ids)
+    with pytest.raises(BundleError, match="head_ids.npy does not match its sha256"):
+        load_manifest(out)
+    # rehashed by hand, the ids themselves are still checked at load (sorted, unique, in range)
+    ids[-1] = ids[0]
+    np.save(path, ids)
+    raw = json.loads((out / MANIFEST_NAME).read_text())
+    raw["models"]["drafter"]["files"]["drafter/head_ids.npy"]["sha256"] = sha256_file(path)
+    (out / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="not 300 sorted, unique token ids"):
+        edgespec.load(out, max_context=128)
+
+
+def test_head_ids_that_disagree_with_the_graph_are_refused(tiny_bundle, tmp_path):
+    out = _reduce(tiny_bundle, tmp_path)
+    path = out / "drafter" / "head_ids.npy"
+    np.save(path, np.load(path)[:-1])
+    raw = json.loads((out / MANIFEST_NAME).read_text())
+    d = raw["models"]["drafter"]
+    d["files"]["drafter/head_ids.npy"] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    d["head_size"] = N - 1
+    (out / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match=f"logits have {N} columns but its head ids list {N - 1}"):
+        edgespec.load(out, max_context=128)
+
+
+def test_in_place_rewrite(tiny_fp8_bundle, copy_bundle):
+    from edgespec_export.head import apply_to_bundle
+
+    b = copy_bundle(tiny_fp8_bundle)
+    assert apply_to_bundle(b, 256) == b.resolve()
+    m = load_manifest(b, deep=True)
+    assert m.drafter.head_size == 256 and m.name == tiny_fp8_bundle.name
+    with pytest.raises(ExportError, match="already reduced to 256 tokens"):
+        apply_to_bundle(b, 128)
+    eng = edgespec.load(b, max_context=256)
+    _assert_all_equal(_greedy_all(eng, PROMPTS[0], 30), PROMPTS[0])
+
+
+@pytest.mark.parametrize("n, msg", [(0, "must be a positive number"), (-5, "must be a positive number"),
+                                    (372, "not smaller than the vocabulary"), (10**6, "not smaller than the vocabulary"),
+                                    (2, "smaller than the 3 special tokens")])
+def test_bad_sizes_are_typed_errors_and_cli_exit_codes(tiny_bundle, tmp_path, n, msg):
+    from edgespec_export.head import apply_to_bundle
+
+    with pytest.raises(ExportError, match=msg):
+        apply_to_bundle(tiny_bundle, n, tmp_path / "x")
+    r = CliRunner().invoke(cli, ["drafter-vocab", "-o", str(tmp_path / "y"), str(tiny_bundle), "--", str(n)])
+    assert r.exit_code == ExportError.exit_code, r.output
+    assert r.output.count("\n") == 1 and r.output.startswith("error: ") and msg in r.output
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_bundle_without_drafter_and_export_options_are_refused(tiny_llama_bundle, tiny_dirs, tmp_path):
+    from edgespec_export import export_bundle
+    from edgespec_export.head import apply_to_bundle
+
+    with pytest.raises(ExportError, match="has no drafter model"):
+        apply_to_bundle(tiny_llama_bundle, 100, tmp_path / "x")
+    r = CliRunner().invoke(cli, ["drafter-vocab", str(tiny_llama_bundle), "100", "-o", str(tmp_path / "y")])
+    assert r.exit_code == ExportError.exit_code and "has no drafter model" in r.output
+    with pytest.raises(ExportError, match="applies to a bundle with a --drafter"):
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "z", drafter_vocab=100, quality=False)
+    with pytest.raises(ExportError, match="number of tokens >= 0"):
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "z", drafter=str(tiny_dirs["drafter"]), drafter_vocab=-1,
+                      quality=False)
+    with pytest.raises(ExportError, match="smaller than the 3 special tokens"):  # before anything is built
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "z", drafter=str(tiny_dirs["drafter"]), drafter_vocab=1,
+                      quality=False)
+    r = CliRunner().invoke(cli, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "w"), "--drafter-vocab", "50"])
+    assert r.exit_code == ExportError.exit_code and "applies to a bundle with a --drafter" in r.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_select_head_ids_order():
+    from edgespec_export.head import select_head_ids
+
+    tj = {"model": {"vocab": {f"t{i}": i for i in range(10)}},
+          "added_tokens": [{"id": 10, "content": "<a>"}, {"id": 11, "content": "<b>"}]}
+    assert select_head_ids(tj, 5).tolist() == [0, 1, 2, 10, 11]
+    assert select_head_ids(tj, 5, ranked=[9, 7, 7, 3]).tolist() == [3, 7, 9, 10, 11]
+    assert select_head_ids(tj, 4, eos_ids=[5]).tolist() == [0, 5, 10, 11]
+    with pytest.raises(ExportError, match="not smaller than the vocabulary"):
+        select_head_ids(tj, 12)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_reduced_head_exact(tmp_path):
+    src = BUNDLES / "qwen-coder-d4a"
+    if not (src / MANIFEST_NAME).is_file():
+        pytest.skip(f"no Qwen bundle at {src}: export it as the README's 'Real models' section says")
+    from edgespec_export.head import apply_to_bundle
+
+    out = apply_to_bundle(src, 32768, tmp_path / "qwen-v32k")
+    eng = edgespec.load(out, max_context=1024)
+    assert eng.decoder.drafters["model"].lm.logits_width == 32768
+    for prompt in ("def quicksort(arr):", "Explain what a hash map is in two sentences."):
+        msgs = [{"role": "user", "content": prompt}]
+        eng.reset()
+        ref = eng.generate(msgs, max_new_tokens=48, drafter="none").token_ids
+        for k in (None, 4):
+            eng.reset()
+            r = eng.generate(msgs, max_new_tokens=48, drafter="model", draft_tokens=k)
+            assert r.token_ids == ref and r.stats["accepted"] > 10, (prompt, k)
