@@ -340,7 +340,7 @@ def info(bundle, verify, as_json):
         click.echo(f"    {params}{spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
         if spec.head_size:
             click.echo(f"    reduced draft vocabulary: the lm_head computes {spec.head_size} of {spec.vocab_size} "
-                       f"tokens ({os.path.relpath(spec.head_ids, m.root)})")
+                       f"tokens ({os.path.relpath(spec.head_ids, m.root)}; {spec.head_source or 'source not recorded'})")
         if spec.operators:
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.precision == "fp8":

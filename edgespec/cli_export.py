@@ -39,12 +39,14 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
 @click.option("--drafter-vocab", type=int, default=0, show_default=True,
               help="Cut the drafter's lm_head to this many tokens (special tokens, then BPE merge order); "
                    "0 keeps the full head. 'edgespec drafter-vocab' applies it to an exported bundle.")
+@click.option("--drafter-vocab-corpus", multiple=True, type=click.Path(),
+              help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
            drafter_block_size, fp8_scheme,
            asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, device, drafter_device,
-           drafter_vocab, no_quality, force):
+           drafter_vocab, drafter_vocab_corpus, no_quality, force):
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
     try:
         from edgespec_export import export_bundle
@@ -60,7 +62,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device,
-                        drafter_vocab=drafter_vocab)
+                        drafter_vocab=drafter_vocab, drafter_vocab_corpus=drafter_vocab_corpus)
     click.echo(str(out))
 
 
@@ -70,8 +72,11 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
 @click.option("-o", "--output", "output", default=None, type=click.Path(),
               help="Write the result as a new bundle here (unchanged files hard-linked where possible); "
                    "default: rewrite BUNDLE in place.")
+@click.option("--corpus", multiple=True, type=click.Path(),
+              help="Rank the kept tokens by their frequency in these text files or directories (repeatable); "
+                   "default: BPE merge order.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --output.")
-def drafter_vocab(bundle, n, output, force):
+def drafter_vocab(bundle, n, output, corpus, force):
     """Cut the drafter lm_head of an exported BUNDLE to N tokens (as export --drafter-vocab N):
     the graph, its data, the kept ids and the manifest's sizes and hashes are rewritten, atomically."""
     import sys
@@ -80,5 +85,5 @@ def drafter_vocab(bundle, n, output, force):
         from edgespec_export.head import apply_to_bundle
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
-    out = apply_to_bundle(bundle, n, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True))
+    out = apply_to_bundle(bundle, n, output, corpus=corpus, force=force, log=lambda line: print(line, file=sys.stderr, flush=True))
     click.echo(str(out))

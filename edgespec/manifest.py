@@ -226,6 +226,7 @@ class ModelSpec:
     # ``head_size`` token ids only (an int32 .npy, sorted, listed in ``files``); None: the full head
     head_ids: Path | None = None
     head_size: int | None = None
+    head_source: str | None = None  # how the kept tokens were chosen (export/head.py)
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -284,7 +285,7 @@ class ModelSpec:
             cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
             embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
-            head_ids=head_ids, head_size=head_size, **dims,
+            head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"), **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -300,7 +301,8 @@ class ModelSpec:
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,
             "validation": self.validation.to_dict(), "quality": self.quality.to_dict(),
-            **({"head_ids": _rel(root, self.head_ids), "head_size": self.head_size} if self.head_ids else {}),
+            **({"head_ids": _rel(root, self.head_ids), "head_size": self.head_size, "head_source": self.head_source}
+               if self.head_ids else {}),
         }
 
     def load_head_ids(self, vocab: int) -> "np.ndarray | None":

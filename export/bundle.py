@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
@@ -244,10 +245,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
                   device: str = "cpu", drafter_device: str | None = None, drafter_vocab: int = 0,
-                  stream=sys.stderr) -> Path:
+                  drafter_vocab_corpus: Sequence[str] = (), stream=sys.stderr) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out``. Atomic: on any failure
     nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds).
-    ``drafter_vocab`` N > 0 cuts the drafter's lm_head to N tokens (export/head.py)."""
+    ``drafter_vocab`` N > 0 cuts the drafter's lm_head to N tokens (export/head.py), ranked by
+    token frequency in ``drafter_vocab_corpus`` (text files or directories) when given."""
     if target_precision not in TARGET_PRECISIONS:
         raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
     if drafter_precision not in DRAFTER_PRECISIONS:
@@ -264,6 +266,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         raise ExportError(f"--drafter-vocab must be a number of tokens >= 0 (0: the full head), got {drafter_vocab!r}")
     if drafter_vocab and not drafter:
         raise ExportError("--drafter-vocab applies to a bundle with a --drafter")
+    if drafter_vocab_corpus and not drafter_vocab:
+        raise ExportError("--drafter-vocab-corpus applies with --drafter-vocab N")
     if max_context is not None and max_context < 16:
         raise ExportError(f"--max-context must be at least 16, got {max_context}")
     out = check_output(out, force, [target, drafter])
@@ -283,10 +287,18 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
     head_ids = None
     if drafter_vocab:  # a bad N is refused before the long part
-        from .head import select_head_ids
+        from .head import corpus_ranking, select_head_ids
 
+        ranked = ()
+        if drafter_vocab_corpus:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                tj = Path(tmp) / "tokenizer.json"
+                tj.write_text(json.dumps(tdata, ensure_ascii=False), encoding="utf-8")
+                ranked = corpus_ranking(tj, drafter_vocab_corpus)
         head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc), bos_id=ttok.bos_token_id,
-                                   vocab_size=tvocab)
+                                   vocab_size=tvocab, ranked=ranked)
     stage = prepare_stage(out)
     old = None
     guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
@@ -333,10 +345,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             tokenizer_files=tok_files,
         )
         if head_ids is not None:
-            from .head import reduce_in_stage
+            from .head import head_source, reduce_in_stage
 
             progress.step(f"drafter: cutting the lm_head to {len(head_ids)} tokens (--drafter-vocab)")
-            manifest = reduce_in_stage(stage, manifest, head_ids, log=progress.log)
+            manifest = reduce_in_stage(stage, manifest, head_ids, log=progress.log,
+                                       source=head_source(drafter_vocab_corpus))
         # what is written reads back (the schema's checks, and target and drafter share a tokenizer)
         Manifest.from_dict(manifest.to_dict(), stage)
         for junk in stage.glob("_*"):

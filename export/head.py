@@ -89,6 +89,55 @@ def select_head_ids(tokenizer_json: dict, n: int, *, eos_ids: Sequence[int] = ()
     return np.array(sorted(keep), dtype=np.int32)
 
 
+CORPUS_SUFFIXES = (".py", ".md", ".rst", ".txt")
+
+
+def corpus_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Text files of ``paths`` (a directory: its .py/.md/.rst/.txt files and READMEs, recursively), sorted."""
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(f for f in p.rglob("*") if f.is_file() and (f.suffix in CORPUS_SUFFIXES
+                                                                    or f.name.startswith("README")))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ExportError(f"corpus: no such file or directory: {p}")
+    return sorted(set(out))
+
+
+def corpus_ranking(tokenizer_json: str | os.PathLike, paths: Sequence[str | os.PathLike],
+                   max_bytes: int = 256 << 20) -> list[int]:
+    """Token ids by their frequency in the text of ``paths`` (most frequent first; ids never seen
+    are left out), tokenized by ``tokenizer_json``; files that are not UTF-8 are skipped, reading
+    stops after ``max_bytes``."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    counts = np.zeros(tok.get_vocab_size(with_added_tokens=True) + 1024, dtype=np.int64)
+    texts, read = [], 0
+    for f in corpus_files(paths):
+        try:
+            t = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        texts.append(t)
+        read += len(t)
+        if len(texts) >= 256 or read >= max_bytes:
+            for e in tok.encode_batch(texts, add_special_tokens=False):
+                ids = np.asarray(e.ids, dtype=np.int64)
+                counts += np.bincount(ids, minlength=counts.shape[0])[: counts.shape[0]]
+            texts = []
+        if read >= max_bytes:
+            break
+    for e in tok.encode_batch(texts, add_special_tokens=False):
+        counts += np.bincount(np.asarray(e.ids, dtype=np.int64), minlength=counts.shape[0])[: counts.shape[0]]
+    if not counts.any():
+        raise ExportError("corpus: no text to count tokens in")
+    seen = np.flatnonzero(counts)
+    return seen[np.argsort(-counts[seen], kind="stable")].tolist()
+
+
 # -- the graph -------------------------------------------------------------------------------
 def _np_dtype(t):
     import onnx
@@ -316,7 +365,15 @@ def head_files(root: Path, spec_files: dict, role: str = "drafter") -> dict:
     return out
 
 
-def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None) -> Manifest:
+def head_source(corpus: Sequence[str | os.PathLike] = ()) -> str:
+    """The manifest's words for how the kept tokens were chosen."""
+    if not corpus:
+        return "special tokens, then BPE merge order (token id)"
+    return ("special tokens, then token frequency in " + ", ".join(str(p) for p in corpus)
+            + ", then BPE merge order")
+
+
+def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, source: str | None = None) -> Manifest:
     """Reduce the drafter of ``manifest`` (whose root is the writable ``stage``) to ``ids`` and
     return the manifest to write (files, sizes and the head recorded)."""
     from .bundle import _ops, measured_sizes
@@ -346,7 +403,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None) 
     on_disk = sum(v["bytes"] for v in files.values())
     ops = _ops(model_path)
     spec = replace(d, path=model_path.resolve(), files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk,
-                   head_ids=ids_path.resolve(), head_size=int(len(ids)),
+                   head_ids=ids_path.resolve(), head_size=int(len(ids)), head_source=source or head_source(),
                    operators={k: v for k, v in sorted(ops.items()) if k in d.operators or k in (
                        "MatMulNBits", "GroupQueryAttention", "MatMul", "DequantizeLinear", "GatherBlockQuantized",
                        "Gather")})
@@ -376,10 +433,12 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | None = None, *,
-                    ranked: Sequence[int] = (), force: bool = False, log=None) -> Path:
-    """Reduce the drafter head of the exported ``bundle`` to ``n`` tokens (``select_head_ids``),
-    in place or into the new bundle directory ``out``; atomic either way (a stage directory beside
-    the result, renamed into place)."""
+                    corpus: Sequence[str | os.PathLike] = (), ranked: Sequence[int] = (), force: bool = False,
+                    log=None) -> Path:
+    """Reduce the drafter head of the exported ``bundle`` to ``n`` tokens (``select_head_ids``,
+    ranked by token frequency in the text files of ``corpus`` or by ``ranked`` if given), in place or into the new
+    bundle directory ``out``; atomic either way (a stage directory beside the result, renamed
+    into place)."""
     from .output import check_output, prepare_stage
 
     src = Path(bundle)
@@ -393,6 +452,10 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
         raise ExportError(f"the drafter's head in {src} is already reduced to {manifest.drafter.head_size} tokens; "
                           "apply --drafter-vocab to a bundle with the full head")
     tj = json.loads((manifest.tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    if corpus and ranked:
+        raise ExportError("give a corpus or a ranking of token ids, not both")
+    if corpus:
+        ranked = corpus_ranking(manifest.tokenizer_dir / "tokenizer.json", corpus)
     ids = select_head_ids(tj, n, eos_ids=manifest.eos_token_ids, bos_id=manifest.bos_token_id,
                           vocab_size=min(manifest.target.vocab_size, manifest.drafter.vocab_size), ranked=ranked)
     in_place = out is None
@@ -401,7 +464,8 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     shutil.rmtree(stage)
     try:
         _link_tree(src.resolve(), stage)
-        m = reduce_in_stage(stage, manifest, ids, log=log)
+        source = head_source(corpus) if not ranked or corpus else "special tokens, then a given ranking, then BPE merge order"
+        m = reduce_in_stage(stage, manifest, ids, log=log, source=source)
         if not in_place:
             m = replace(m, name=dest.name)
         Manifest.from_dict(m.to_dict(), stage)  # what is written reads back

@@ -36,43 +36,76 @@ from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
 
 
-def coverage(bundle: Path, sizes: list[int], per_category: int | None, max_new: int) -> dict:
+def corpus_ranking(tokenizer_dir: Path, paths: list[str]) -> list[int]:
+    from edgespec_export.head import corpus_ranking as rank
+
+    return rank(tokenizer_dir / "tokenizer.json", paths)
+
+
+def coverage(bundle: Path, sizes: list[int], per_category: int | None, max_new: int,
+             corpus: list[str] | None = None) -> dict:
+    """Target outputs and teacher-forced drafter argmaxes on the shipped prompts, scored for every
+    N under each ranking: merge order; a corpus's token frequencies (``corpus``); and the target's
+    own outputs on the other prompts (leave one prompt out: a held-out estimate of what the target's
+    output frequencies buy)."""
+    from collections import Counter
+
     from edgespec_export.head import select_head_ids
 
     eng = edgespec.load(bundle, memory=False)
     m = eng.manifest
     tj = json.loads((m.tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    kept = {n: select_head_ids(tj, n, eos_ids=m.eos_token_ids, bos_id=m.bos_token_id,
-                               vocab_size=m.target.vocab_size) for n in sizes}
+
+    def kept(n, ranked=()):
+        return select_head_ids(tj, n, eos_ids=m.eos_token_ids, bos_id=m.bos_token_id,
+                               vocab_size=m.target.vocab_size, ranked=ranked)
+
     dlm = eng.decoder.drafters["model"].lm
     tok = eng.tokenizer
-    outs, agree_full, agree = [], 0, {n: 0 for n in sizes}
-    for q in read_prompts(None, per_category=per_category):
+    runs = []  # (prompt index, output ids, drafter argmax rows' logits restricted later)
+    for qi, q in enumerate(read_prompts(None, per_category=per_category)):
         history = []
         for turn in q["turns"]:
             history.append({"role": "user", "content": turn})
             ids = tok.encode_chat(history)
             eng.reset()
             out = [t for _, toks, _ in eng.stream_ids(ids, max_new_tokens=max_new, drafter="none") for t in toks]
-            outs.extend(out)
-            # teacher-forced drafter over prompt + output: row i predicts token i + 1
-            seq = list(ids) + out
+            seq = list(ids) + out  # teacher-forced drafter over prompt + output: row i predicts token i + 1
             dlm.reset()
             rows = [dlm.forward(seq[s: s + 128]) for s in range(0, len(seq) - 1, 128)]
             logits = np.concatenate(rows)[len(ids) - 1: len(seq) - 1, : m.target.vocab_size]
-            want = np.asarray(out)
-            agree_full += int((np.argmax(logits, axis=1) == want).sum())
-            for n, k in kept.items():
-                agree[n] += int((k[np.argmax(logits[:, k], axis=1)] == want).sum())
+            runs.append((qi, np.asarray(out), logits))
             history.append({"role": "assistant", "content": tok.decode(out)})
             print(f"  {q['question_id']}: {len(out)} tokens", file=sys.stderr, flush=True)
     dlm.reset()
-    total = len(outs)
-    arr = np.asarray(outs)
-    return {"tokens": total, "distinct": int(np.unique(arr).size), "max_new_tokens": max_new,
-            "agreement_full": agree_full / total,
-            "sizes": {str(n): {"coverage": float(np.isin(arr, kept[n]).mean()), "agreement": agree[n] / total}
-                      for n in sizes}}
+    rankings = {"merge order": lambda qi: ()}
+    if corpus:
+        ranked = corpus_ranking(m.tokenizer_dir, corpus)
+        rankings["corpus"] = lambda qi: ranked
+    counts = {qi: Counter(out.tolist()) for qi, out, _ in runs}
+
+    def held_out(qi):
+        c = Counter()
+        for other, cnt in counts.items():
+            if other != qi:
+                c.update(cnt)
+        return [t for t, _ in c.most_common()]
+    rankings["target outputs (other prompts)"] = held_out
+    allout = np.concatenate([out for _, out, _ in runs])
+    total = int(allout.size)
+    agree_full = sum(int((np.argmax(lg, axis=1) == out).sum()) for _, out, lg in runs)
+    res = {}
+    for name, fn in rankings.items():
+        res[name] = {}
+        for n in sizes:
+            inside = agree = 0
+            for qi, out, lg in runs:
+                k = kept(n, fn(qi))
+                inside += int(np.isin(out, k).sum())
+                agree += int((k[np.argmax(lg[:, k], axis=1)] == out).sum())
+            res[name][str(n)] = {"coverage": inside / total, "agreement": agree / total}
+    return {"tokens": total, "distinct": int(np.unique(allout).size), "max_new_tokens": max_new,
+            "agreement_full": agree_full / total, "corpus": corpus or [], "rankings": res}
 
 
 def step_costs(bundles: list[Path], steps: int, context: int, block: int = 25) -> dict:
@@ -111,10 +144,11 @@ def markdown(rep: dict) -> str:
     if c:
         lines += [f"Target greedy output on the shipped prompts: {c['tokens']} tokens ({c['distinct']} distinct), "
                   f"up to {c['max_new_tokens']} per turn. Drafter greedy agreement with the full head: "
-                  f"{c['agreement_full']:.3f}.", "",
-                  "| N kept | target tokens inside | drafter agreement |", "|---:|---:|---:|"]
-        for n, v in c["sizes"].items():
-            lines.append(f"| {n} | {v['coverage']:.4f} | {v['agreement']:.3f} |")
+                  f"{c['agreement_full']:.3f}." + (f" Corpus: {', '.join(c['corpus'])}." if c["corpus"] else ""), "",
+                  "| ranking | N kept | target tokens inside | drafter agreement |", "|---|---:|---:|---:|"]
+        for name, sizes in c["rankings"].items():
+            for n, v in sizes.items():
+                lines.append(f"| {name} | {n} | {v['coverage']:.4f} | {v['agreement']:.3f} |")
         lines.append("")
     s = rep.get("steps")
     if s:
@@ -135,14 +169,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--no-coverage", action="store_true")
+    ap.add_argument("--no-steps", action="store_true")
+    ap.add_argument("--corpus", nargs="*", default=[], help="text files/directories for the corpus ranking")
     ap.add_argument("--out", default="reports/draft-vocab")
     args = ap.parse_args(argv)
     full = Path(args.bundle)
     rep = {"bundle": str(full), "command": " ".join(sys.argv)}
     if not args.no_coverage:
         rep["coverage"] = coverage(full, [int(x) for x in args.sizes.split(",")], args.per_category,
-                                   args.max_new_tokens)
-    rep["steps"] = step_costs([full] + [Path(b) for b in args.reduced], args.steps, args.context)
+                                   args.max_new_tokens, args.corpus)
+    if not args.no_steps:
+        rep["steps"] = step_costs([full] + [Path(b) for b in args.reduced], args.steps, args.context)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rep, indent=1))

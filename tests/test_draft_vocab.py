@@ -24,12 +24,15 @@ from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
 from tiny import FakeLM
 
 N = 300  # of the tiny tokenizer's 372
+# odd ids first: the kept set is not a prefix of the vocabulary, so a head that kept the first N rows
+# or a drafter that forgot to map its argmax back would be caught
+SCATTERED = list(range(371, 3, -2))
 
 
-def _reduce(bundle, tmp_path, n=N, name="reduced"):
+def _reduce(bundle, tmp_path, n=N, name="reduced", ranked=SCATTERED):
     from edgespec_export.head import apply_to_bundle
 
-    return apply_to_bundle(bundle, n, tmp_path / name)
+    return apply_to_bundle(bundle, n, tmp_path / name, ranked=ranked)
 
 
 def _drafter_logits(bundle, ids):
@@ -44,7 +47,7 @@ def test_reduced_head_computes_the_full_heads_logits_at_the_kept_ids(bundle, req
     out = _reduce(src, tmp_path)
     m = load_manifest(out, deep=True)
     ids = m.drafter.load_head_ids(m.target.vocab_size)
-    assert m.drafter.head_size == N and ids.shape == (N,) and (np.diff(ids) > 0).all()
+    assert m.drafter.head_size == N and ids.shape == (N,) and (np.diff(ids) > 0).all() and ids[-1] == 371
     assert f"drafter/{m.drafter.head_ids.name}" in m.drafter.files
     assert not (out / "drafter" / "genai_config.json").exists()  # genai would read column indices as ids
     seq = [(37 * i + 11) % 360 for i in range(25)]
@@ -61,16 +64,21 @@ def test_reduced_head_computes_the_full_heads_logits_at_the_kept_ids(bundle, req
 
 @pytest.fixture(scope="module")
 def tiny_reduced_int4(tmp_path_factory, tiny_dirs):
-    """INT4 target and INT4 drafter exported with ``drafter_vocab=N`` (the export path)."""
+    """INT4 target and INT4 drafter exported with ``drafter_vocab=N`` (the export path), ranked by
+    a corpus of code only (so the kept set is not the first N ids)."""
     from conftest import _export
 
+    corpus = tmp_path_factory.mktemp("corpus") / "code.py"
+    corpus.write_text("def hello(world):\n    return world + 1\nimport numpy as np\nx = np.zeros(3)\n" * 20)
     return _export(tmp_path_factory, "tiny-int4-v300", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
-                   target_precision="int4", drafter_precision="int4", drafter_vocab=N)
+                   target_precision="int4", drafter_precision="int4", drafter_vocab=N,
+                   drafter_vocab_corpus=[str(corpus)])
 
 
 def test_export_with_drafter_vocab_is_exact_and_drafts(tiny_reduced_int4):
     m = load_manifest(tiny_reduced_int4, deep=True)
-    assert m.drafter.head_size == N and m.drafter.precision == "int4"
+    assert m.drafter.head_size == N and m.drafter.precision == "int4" and "code.py" in m.drafter.head_source
+    assert m.drafter.load_head_ids(m.target.vocab_size)[-1] >= N  # not the first N ids
     assert m.drafter.cpu_resident_bytes  # measured again after the cut
     eng = edgespec.load(tiny_reduced_int4, max_context=256)
     d = eng.decoder.drafters["model"]
@@ -99,6 +107,28 @@ def test_sampled_generation_with_a_reduced_head_runs_and_proposes_kept_tokens(ti
     d.draft = spy
     r = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="model", temperature=0.8, top_p=0.95, seed=3)
     assert len(r.token_ids) == 30 and seen and set(seen) <= kept
+
+
+def test_greedy_draft_maps_back_to_token_ids():
+    """A reduced head proposes what the full head would with every other token masked out."""
+    from edgespec.kv import TokenBuffer
+
+    kept = np.array([1, 4, 5, 9, 11, 12])
+    target = FakeLM(16, seed=2)
+    full_table = target.table + np.random.default_rng(5).normal(0, 0.5, target.table.shape)
+    masked = np.full_like(full_table, -1e9)
+    masked[:, kept] = full_table[:, kept]
+    red = ModelDrafter(FakeLM(16, table=full_table[:, kept]), 16, head_ids=kept)
+    ref = ModelDrafter(FakeLM(16, table=masked), 16)
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        prompt = np.random.default_rng(seed).integers(0, 16, size=6).tolist()
+        for d in (red, ref):
+            d.reset()
+            d.begin(prompt)
+        ctx = TokenBuffer(prompt)
+        a, b = red.draft(ctx, 4, SamplingParams(), rng).tokens, ref.draft(ctx, 4, SamplingParams(), rng).tokens
+        assert a == b and set(a) <= set(kept.tolist())
 
 
 # -- sampling stays exact: q is the reduced head's distribution, zero outside the kept set ---------
@@ -277,3 +307,74 @@ def test_qwen_reduced_head_exact(tmp_path):
             eng.reset()
             r = eng.generate(msgs, max_new_tokens=48, drafter="model", draft_tokens=k)
             assert r.token_ids == ref and r.stats["accepted"] > 10, (prompt, k)
+
+
+def test_corpus_ranking_keeps_the_corpus_tokens(tiny_bundle, tmp_path):
+    from edgespec_export.head import apply_to_bundle, corpus_ranking
+
+    m = load_manifest(tiny_bundle)
+    tj = m.tokenizer_dir / "tokenizer.json"
+    text = "The quick brown fox jumps over the lazy dog. " * 50
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text(text)
+    (tmp_path / "corpus" / "b.bin").write_bytes(b"\xff\xfe" * 100)  # not a corpus suffix: ignored
+    ranked = corpus_ranking(tj, [tmp_path / "corpus"])
+    from tokenizers import Tokenizer
+
+    used = set(Tokenizer.from_file(str(tj)).encode(text, add_special_tokens=False).ids)
+    assert set(ranked) == used
+    n = 3 + 10  # the special tokens and ten more: the corpus's tokens come before merge order
+    out = apply_to_bundle(tiny_bundle, n, tmp_path / "r", corpus=[tmp_path / "corpus"])
+    spec = load_manifest(out).drafter
+    ids = set(spec.load_head_ids(m.target.vocab_size).tolist())
+    assert set(ranked[:10]) <= ids and "token frequency in" in spec.head_source
+    merge = load_manifest(_reduce(tiny_bundle, tmp_path, n=n, name="m", ranked=()))
+    assert "merge order" in merge.drafter.head_source
+    assert merge.drafter.load_head_ids(m.target.vocab_size).tolist() == list(range(n))
+    with pytest.raises(ExportError, match="no such file or directory"):
+        apply_to_bundle(tiny_bundle, 100, tmp_path / "x", corpus=[tmp_path / "missing"])
+    r = CliRunner().invoke(cli, ["export", str(tiny_bundle), "-o", str(tmp_path / "w"), "--drafter-vocab-corpus", "x"])
+    assert r.exit_code == ExportError.exit_code and "applies with --drafter-vocab N" in r.output
+
+
+def test_tied_drafter_shares_its_table_with_the_embedding_and_keeps_it(tmp_path_factory, tiny_dirs):
+    """A tied INT4 drafter: the builder's embedding lookup (GatherBlockQuantized) reads the lm_head's
+    own quantized table. The cut head gets new tables; the embedding keeps reading the full ones."""
+    import onnx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import _export
+    from edgespec_export.head import apply_to_bundle
+
+    d = tmp_path_factory.mktemp("tied") / "drafter"
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["drafter"], dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(d)
+    AutoTokenizer.from_pretrained(tiny_dirs["drafter"]).save_pretrained(d)
+    src = _export(tmp_path_factory, "tiny-tied", tiny_dirs["qwen2"], drafter=str(d), target_precision="int4",
+                  drafter_precision="int4")
+
+    def graph(b):
+        g = onnx.load(str(b / "drafter" / "model.onnx"), load_external_data=False).graph
+        head = next(n for n in g.node if "logits" in n.output)
+        gather = next(n for n in g.node if n.op_type == "GatherBlockQuantized")
+        producers = {o: n for n in g.node for o in n.output}
+        table = {i for i in gather.input} | {i for i in gather.input if i in producers
+                                              for i in producers[i].input}
+        return head, table
+
+    head, table = graph(src)
+    assert head.op_type == "MatMulNBits" and set(head.input[1:3]) <= table  # shared before
+    out = tmp_path_factory.mktemp("tied-out") / "reduced"
+    apply_to_bundle(src, N, out, ranked=SCATTERED)
+    head2, table2 = graph(out)
+    assert table2 == table and not set(head2.input[1:3]) & table2  # the lookup reads the full table
+    ids = load_manifest(out).drafter.load_head_ids(372)
+    seq = [(37 * i + 11) % 360 for i in range(25)]
+    _, full = _drafter_logits(src, seq)
+    _, red = _drafter_logits(out, seq)
+    np.testing.assert_allclose(red, full[:, ids], rtol=1e-4, atol=1e-4)
+    eng = edgespec.load(out, max_context=256)
+    _assert_all_equal(_greedy_all(eng, PROMPTS[0], 30), PROMPTS[0])
