@@ -196,7 +196,7 @@ def reduce_head(model_path: str | os.PathLike, ids: np.ndarray, logits: str = "l
     files and renames them over the old names (a hard-linked bundle copy keeps its original).
     Returns the full vocabulary the head had."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     model_path = Path(model_path)
     base = model_path.parent
@@ -222,17 +222,19 @@ def reduce_head(model_path: str | os.PathLike, ids: np.ndarray, logits: str = "l
 
     if head.op_type == "MatMulNBits":
         full = int(helper.get_attribute_value(attrs["N"]))
-        slots = [1, 2, 3, 5]  # B, scales, zero_points, bias (g_idx, 4, is per input channel)
-        new = {k: sliced(head.input[k], True, full) for k in slots if k < len(head.input) and head.input[k]}
-        attrs["N"].i = n
     else:
         w = inits.get(head.input[1])
         if w is None or len(w.dims) != 2:
             raise ExportError("the drafter's lm_head MatMul has no constant [hidden, vocab] weight: cannot reduce it")
         full = int(w.dims[1])
-        new = {1: sliced(head.input[1], False, full)}
     if ids.ndim != 1 or n == 0 or (np.diff(ids) <= 0).any() or ids[0] < 0 or ids[-1] >= full:
         raise ExportError(f"the kept ids must be sorted, unique and inside the head's {full} tokens")
+    if head.op_type == "MatMulNBits":
+        slots = [1, 2, 3, 5]  # B, scales, zero_points, bias (g_idx, 4, is per input channel)
+        new = {k: sliced(head.input[k], True, full) for k in slots if k < len(head.input) and head.input[k]}
+        attrs["N"].i = n
+    else:
+        new = {1: sliced(head.input[1], False, full)}
     bias_new = None
     if bias_add is not None:
         bname = next(i for i in bias_add.input if i in inits)
@@ -355,7 +357,7 @@ def _write(m, model_path: Path, base: Path) -> None:
 
 
 # -- a bundle --------------------------------------------------------------------------------
-def head_files(root: Path, spec_files: dict, role: str = "drafter") -> dict:
+def head_files(root: Path, role: str = "drafter") -> dict:
     """The drafter's files table after a rewrite: graph, data and the kept ids, sized and hashed."""
     out = {}
     for f in sorted((root / role).iterdir()):
@@ -399,7 +401,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
     gcfg = model_path.parent / "genai_config.json"
     if gcfg.exists():
         gcfg.unlink()
-    files = head_files(stage, d.files, rel_model.parent.as_posix())
+    files = head_files(stage, rel_model.parent.as_posix())
     on_disk = sum(v["bytes"] for v in files.values())
     ops = _ops(model_path)
     spec = replace(d, path=model_path.resolve(), files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk,
