@@ -69,7 +69,7 @@ class CostModel:
         old = self.draft_steps.get(drafter)
         self.draft_steps[drafter] = step_seconds if old is None else (1 - self.ema) * old + self.ema * step_seconds
 
-    def padded(self, width: int) -> float:
+    def padded(self, width: int) -> int:
         """The width a call of ``width`` tokens really runs under the target's width policy."""
         return padded_width(width, self.min_width, self.width_multiple)
 

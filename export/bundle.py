@@ -15,7 +15,7 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, sha256_file, write_manifest)
 
-from .output import check_output, prepare_stage, terminate_cleanly
+from .output import check_output, prepare_stage, publish, terminate_cleanly
 from .build import QuantOptions, builder_args, run_builder
 from .source import Source, load_model, load_tokenizer, resolve
 from .validate import validate
@@ -300,7 +300,6 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc), bos_id=ttok.bos_token_id,
                                    vocab_size=tvocab, ranked=ranked)
     stage = prepare_stage(out)
-    old = None
     guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
     guard.__enter__()
     try:
@@ -355,17 +354,9 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         for junk in stage.glob("_*"):
             shutil.rmtree(junk, ignore_errors=True)
         write_manifest(manifest)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            stage.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            stage.rename(out)
+        publish(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
-        if old is not None and old.exists() and not out.exists():  # stopped between the two renames
-            old.rename(out)
         raise
     finally:
         guard.__exit__(None, None, None)

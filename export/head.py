@@ -441,7 +441,7 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     ranked by token frequency in the text files of ``corpus`` or by ``ranked`` if given), in place or into the new
     bundle directory ``out``; atomic either way (a stage directory beside the result, renamed
     into place)."""
-    from .output import check_output, prepare_stage
+    from .output import check_output, prepare_stage, publish
 
     src = Path(bundle)
     try:
@@ -472,13 +472,7 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
             m = replace(m, name=dest.name)
         Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
         write_manifest(m)
-        old = None
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-            dest.rename(old)
-        stage.rename(dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        publish(stage, dest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -66,6 +66,22 @@ def prepare_stage(out: Path) -> Path:
     return stage
 
 
+def publish(stage: Path, out: Path) -> None:
+    """Rename the finished ``stage`` to ``out``. A bundle already at ``out`` is moved aside first
+    and removed once the new one is in place; stopped between the two renames, it is put back."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}" if out.exists() else None
+    if old is not None:
+        out.rename(old)
+    try:
+        stage.rename(out)
+    except BaseException:
+        if old is not None and old.exists() and not out.exists():
+            old.rename(out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
