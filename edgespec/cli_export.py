@@ -70,7 +70,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
 @click.argument("bundle", type=click.Path())
 @click.argument("n", type=int)
 @click.option("-o", "--output", "output", default=None, type=click.Path(),
-              help="Write the result as a new bundle here (unchanged files hard-linked where possible); "
+              help="Write the result as a new bundle here (the unchanged files copied); "
                    "default: rewrite BUNDLE in place.")
 @click.option("--corpus", multiple=True, type=click.Path(),
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable); "

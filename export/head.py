@@ -422,16 +422,19 @@ def _rerooted(spec, old: Path, new: Path):
     return replace(spec, path=new / os.path.relpath(spec.path, old))
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` with hard links where the filesystem allows (files are only ever
-    replaced, never written in place, so the links never carry a change back)."""
-    def link(s, d):
+def _copy_tree(src: Path, dst: Path, link: bool) -> None:
+    """Copy ``src`` to ``dst``; with ``link``, with hard links where the filesystem allows (files are
+    only ever replaced, never written in place, so the links never carry a change back). Only an
+    in-place rewrite links: its links are gone once the old tree is removed. A bundle that keeps
+    sharing a file with another is one ``onnx.load`` refuses to read ("multiple hard links,
+    indicating a potential hardlink attack"), which breaks the export tools on both."""
+    def copy(s, d):
         try:
             os.link(s, d)
         except OSError:
             shutil.copy2(s, d)
 
-    shutil.copytree(src, dst, copy_function=link, symlinks=False)
+    shutil.copytree(src, dst, copy_function=copy if link else shutil.copy2, symlinks=False)
 
 
 def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | None = None, *,
@@ -465,7 +468,7 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     stage = prepare_stage(dest)
     shutil.rmtree(stage)
     try:
-        _link_tree(src.resolve(), stage)
+        _copy_tree(src.resolve(), stage, link=in_place)
         source = head_source(corpus) if not ranked or corpus else "special tokens, then a given ranking, then BPE merge order"
         m = reduce_in_stage(stage, manifest, ids, log=log, source=source)
         if not in_place:

@@ -4,6 +4,7 @@ speculative output stay exact, the kept ids are part of the checked bundle, bad 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -378,3 +379,18 @@ def test_tied_drafter_shares_its_table_with_the_embedding_and_keeps_it(tmp_path_
     np.testing.assert_allclose(red, full[:, ids], rtol=1e-4, atol=1e-4)
     eng = edgespec.load(out, max_context=256)
     _assert_all_equal(_greedy_all(eng, PROMPTS[0], 30), PROMPTS[0])
+
+
+def test_a_new_bundle_shares_no_file_with_its_source(tiny_bundle, tmp_path):
+    """onnx refuses external data behind several hard links ("potential hardlink attack"): a
+    reduced copy that linked its files would leave both bundles unreadable to the export tools
+    (scripts/compare_int4.py, refresh_sizes, another drafter-vocab run)."""
+    import onnx
+
+    out = _reduce(tiny_bundle, tmp_path)
+    for b in (tiny_bundle, out):
+        for f in Path(b).rglob("*"):
+            if f.is_file():
+                assert f.stat().st_nlink == 1, f
+        m = load_manifest(b)
+        onnx.load(str(m.target.path))  # external data read, as the export tools read it
