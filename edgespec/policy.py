@@ -7,7 +7,9 @@ honest: a costly drafter unused for ``probe_every`` rounds drafts one token (its
 otherwise never recover), and where the target computes at least ``min_width`` positions a call
 anyway (the exactness width policy, see lm.py and width.py), a round that would draft nothing takes a free drafter's
 one-token guess for the spare position instead of padding it. The cost model learns from the
-widths the target really ran.
+widths the target really ran. Acceptance is estimated per generation, each estimate starting from
+what earlier generations learned with the weight of a few rounds (``carry``): a drafter that copied
+the last request's document well is not trusted for twenty rounds of a request it cannot help.
 """
 from __future__ import annotations
 
@@ -125,10 +127,13 @@ class RoundPolicy:
     """Chooses each round's drafter and draft length; learns costs and acceptance across
     generations (they describe the device and the models, not one prompt)."""
 
-    def __init__(self, probe_every: int = 64):
+    def __init__(self, probe_every: int = 64, carry: float = 4.0):
         self.measured = CostModel()  # what this device's calls took, across generations
         self.learned: dict[str, Acceptance] = {}  # acceptance estimates, across generations
-        self.cost, self.acceptance = self.measured, self.learned  # what the current generation uses
+        self.carry = carry  # how many rounds' weight the learned estimate has in a new generation
+        self.cost = self.measured  # what the current generation uses
+        self.acceptance: dict[str, Acceptance] = {}  # this generation's estimates
+        self._carried = self.learned  # where they start from and what they teach (none: reproducible)
         self._timed = True
         self.probe_every = probe_every
         self._want: list[Drafter] = []  # the drafters the generation asked for, in order
@@ -144,10 +149,14 @@ class RoundPolicy:
         same output every time: its random draws follow the rounds), so the generation starts from
         the priors (costs and acceptance) and learns acceptance from its own rounds only."""
         self._timed = not reproducible
+        # acceptance is judged per generation: each estimate starts from what earlier generations
+        # learned (weighed as ``carry`` rounds) and the generation's own rounds soon outweigh it,
+        # so a drafter good on one kind of request is not trusted on the next kind for long
+        self.acceptance = {}
         if reproducible:
-            self.cost, self.acceptance = CostModel(), {}
+            self.cost, self._carried = CostModel(), {}
         else:
-            self.cost, self.acceptance = self.measured, self.learned
+            self.cost, self._carried = self.measured, self.learned
         if drafter == "none":
             self._want = []
         else:
@@ -162,10 +171,29 @@ class RoundPolicy:
         return self._want + [d for d in self._free if d not in self._want]
 
     def estimate(self, offer: Offer) -> Acceptance:
+        """This generation's estimate for ``offer.key``: the offer's prior the first time the key
+        is seen, later what earlier generations learned, scaled to ``carry`` rounds of weight."""
         est = self.acceptance.get(offer.key)
         if est is None:
-            est = self.acceptance[offer.key] = Acceptance(*offer.prior)
+            prior = offer.prior
+            old = self._carried.get(offer.key)
+            if old is not None:
+                a = old.alpha
+                prior = (self.carry * a, self.carry * (1 - a))
+            est = self.acceptance[offer.key] = Acceptance(*prior)
         return est
+
+    def _update(self, key: str, n_accepted: int, k: int) -> None:
+        """A round's outcome (or a free guess scored): into this generation's estimate and the
+        learned one."""
+        est = self.acceptance.get(key)
+        if est is not None:
+            est.update(n_accepted, k)
+        if self._carried is self.learned:
+            old = self.learned.get(key)
+            if old is None:
+                old = self.learned[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
+            old.update(n_accepted, k)
 
     def choose(self, ctx: TokenBuffer, kcap: int, fixed: int | None, max_draft: int) -> Choice:
         """The drafter and k for the next round: at most ``kcap`` tokens fit; ``fixed`` is a fixed
@@ -220,7 +248,7 @@ class RoundPolicy:
                 k = min(len(tokens), emitted)
                 got = ctx[at: at + k]
                 n = next((i for i in range(k) if got[i] != tokens[i]), k)
-                self.acceptance[key].update(n, k)
+                self._update(key, n, k)
         self._shadow = []
 
     def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
@@ -230,7 +258,7 @@ class RoundPolicy:
         if self._timed:
             self.cost.observe_target(width, seconds)
         if tokens:
-            self.acceptance[choice.key].update(n_accepted, len(tokens))
+            self._update(choice.key, n_accepted, len(tokens))
         if self._timed and choice.drafter is not None and step_s is not None:
             self.cost.observe_draft(step_s, choice.drafter.name)
         for name in self._idle:

@@ -11,7 +11,7 @@ from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.memory import MemoryStore
 from edgespec.suffix import SuffixDrafter
-from edgespec.policy import CostModel
+from edgespec.policy import CostModel, RoundPolicy
 from edgespec.sampling import SamplingParams, probs
 from tiny import FakeLM, SimClock
 
@@ -374,6 +374,65 @@ def test_adaptive_model_drafter_stops_drafting_when_it_does_not_pay():
     run(d, [1, 2, 3], st, max_new_tokens=120, drafter="model")
     # k = 0 rounds, with a one-token probe every 64 rounds to keep the estimate alive
     assert st.rounds_by_drafter.get("none", 0) > 0.75 * (st.target_calls - 1)
+
+
+class _Oracle:
+    """A drafter for RoundPolicy alone: proposes the target's next token (``right``) or another one."""
+
+    def __init__(self, name, has_cost, nxt):
+        self.name, self.has_cost, self.nxt, self.right = name, has_cost, nxt, True
+
+    def guess(self, ctx):
+        t = self.nxt(len(ctx))
+        return t if self.right else t + 1
+
+    def offer(self, ctx, kmax):
+        from edgespec.drafters import Offer
+
+        return Offer(self.name, 1, prior=(1.5, 0.5) if self.has_cost else (1.0, 1.0))
+
+    def peek(self, ctx, k):
+        return [self.guess(ctx)], self.name
+
+
+def _policy_rounds(pol, drafters, rounds, model_right):
+    """``rounds`` one-token rounds of ``auto``; the model's draft is right where ``model_right(i)``.
+    Returns the names chosen."""
+    from edgespec.kv import TokenBuffer
+
+    pol.begin("auto", {d.name: d for d in drafters}, 2)
+    ctx = TokenBuffer([1, 2, 3], capacity=4096)
+    nxt = drafters[0].nxt
+    chosen = []
+    for i in range(rounds):
+        c = pol.choose(ctx, 1, None, 1)
+        d = c.drafter
+        chosen.append(d.name if d else "none")
+        tokens = [] if d is None else [d.guess(ctx) if d.has_cost is False or model_right(i) else nxt(len(ctx)) + 1]
+        n = int(bool(tokens) and tokens[0] == nxt(len(ctx)))
+        pol.observe(c, tokens, n, 0.3 if d is not None and d.has_cost else None, 2, 1.12)
+        ctx.extend([nxt(len(ctx))] + ([nxt(len(ctx) + 1)] if n else []))
+    return chosen
+
+
+def test_auto_stops_trusting_a_drafter_within_a_generation_where_it_stops_agreeing():
+    """Acceptance is judged per generation, starting from what earlier generations learned: a free
+    drafter right on every round of one request (a document it copies) and wrong on every round of
+    the next is dropped within a few rounds there, not after the ~20 a running average over all
+    generations needs to forget (the model drafter, right 4 rounds in 5, takes over)."""
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    free, model = _Oracle("copy", False, nxt), _Oracle("model", True, nxt)
+    pol = RoundPolicy()
+    pol.measured.observe_target(2, 1.12)
+    pol.measured.observe_draft(0.3, "model")
+    first = _policy_rounds(pol, [free, model], 60, lambda i: i % 5 != 0)
+    assert first.count("copy") > 50  # free and always right: auto drafts with it
+    assert pol.learned["copy"].alpha > 0.9
+    free.right = False
+    second = _policy_rounds(pol, [free, model], 40, lambda i: i % 5 != 0)
+    assert second[:30].count("copy") <= 8, second
+    assert second[10:].count("model") >= 25
+    assert pol.learned["copy"].alpha < 0.5  # and the learned estimate followed
 
 
 # -- a new drafter is one class and a registration ------------------------------------------
