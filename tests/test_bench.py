@@ -90,3 +90,26 @@ def test_external_runners_are_checked_against_their_reference(tiny_bundle):
     assert exact == {"none": None, "prompt-lookup": True, "same": True, "other": True, "wrong": False}
     s = rep.summary()["all"]
     assert s["wrong"]["acceptance_rate"] == 0.25 and not s["wrong"]["exact"]
+
+
+def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys):
+    """scripts/bench_width.py (the verify-width cost curve, README "Where the time goes") runs on a
+    bundle as the runtime opens it and writes every width it was asked for, raw and under the
+    measured width policy, and the drafter's step."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_width
+
+    out = tmp_path / "w.json"
+    assert bench_width.main([str(tiny_int4_bundle), "--widths", "1-3,5", "--context", "16", "--reps", "2",
+                             "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert sorted(int(w) for w in d["raw_ms"]) == [1, 2, 3, 5] == sorted(int(w) for w in d["policy_ms"])
+    assert all(v > 0 for v in d["raw_ms"].values()) and d["drafter_step_ms"] is not None
+    assert tuple(d["policy"]) != (1, 1)  # the CPU EP's INT4 graph needs at least two positions a call
+    assert "| 5 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_width.main([str(tiny_int4_bundle), "--widths", "0-2"])
