@@ -113,3 +113,21 @@ def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys)
     assert "| 5 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench_width.main([str(tiny_int4_bundle), "--widths", "0-2"])
+
+
+def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bundle, capsys):
+    """scripts/probe_width_ops.py finds the first node whose output for a shared position differs
+    between a one-token call and a wider one (README, Exactness); on the CPU EP's INT4 graph the
+    logits of widths 1 and 2 differ (the policy's premise) and the report names an operator."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_width_ops
+
+    r = probe_width_ops.probe(str(tiny_int4_bundle), widths=(1, 2, 3))
+    assert (1, 2) not in r["logits_agree"] and (2, 3) in r["logits_agree"]
+    first = r["first_differing"][0]
+    assert first["op"] in {"GroupQueryAttention", "MatMulNBits", "MatMul"} and (1, 2) in first["pairs"]
+    assert probe_width_ops.main([str(tiny_int4_bundle), "--widths", "1", "2", "--show", "1"]) == 0
+    assert "differ" in capsys.readouterr().out
