@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""A/B of two bundles of the same target (e.g. a full and a reduced drafter head), in one process,
+the runs of each prompt alternating between them, so that machine drift falls on both:
+
+    python scripts/ab_bundles.py bundles/qwen-coder-b128 bundles/qwen-coder-b128-v64k \\
+        --drafters model,auto --per-category 2 --max-new-tokens 64
+
+For every prompt of the shipped set (first turns, chat template): ``none`` on A (the reference),
+then each drafter on A and on B. Greedy runs are checked against the reference (both bundles must
+hold the same target). Prints tokens/s per category and runner and the B/A ratio per drafter.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--drafters", default="model,auto")
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    import edgespec
+    from edgespec.bench import read_prompts
+    from edgespec.errors import EdgespecError
+
+    try:
+        ea, eb = edgespec.load(args.a, memory=False), edgespec.load(args.b, memory=False)
+    except EdgespecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    drafters = [d for d in args.drafters.split(",") if d and d != "none"]
+    for e in (ea, eb):
+        e.generate("hello", max_new_tokens=8, drafter="auto")
+    runs = [("none", ea, "none")] + [(f"{d}-{x}", e, d) for d in drafters for x, e in (("A", ea), ("B", eb))]
+    res = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
+    mismatches = skipped = 0
+    room = min(ea.max_context, eb.max_context) - args.max_new_tokens
+    for p in read_prompts(per_category=args.per_category):
+        ids = ea.tokenizer.encode_chat([{"role": "user", "content": p["turns"][0]}])
+        if len(ids) > room:
+            skipped += 1
+            continue
+        ref = None
+        for name, e, d in runs:
+            e.reset()
+            out, st = [], None
+            for _, toks, st in e.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d,
+                                            temperature=args.temperature):
+                out.extend(toks)
+            if name == "none":
+                ref = out
+            elif not args.temperature and out != ref:
+                mismatches += 1
+                print(f"MISMATCH: {name} on {p['question_id']}", file=sys.stderr)
+            for c in (p["category"], "all"):
+                r = res[c][name]
+                r[0] += st.new_tokens - 1
+                r[1] += st.decode_s
+    if not res:
+        print(f"error: no prompt fits the context ({room + args.max_new_tokens} tokens) with "
+              f"{args.max_new_tokens} new tokens", file=sys.stderr)
+        return 2
+    if skipped:
+        print(f"({skipped} prompts longer than the context allows were left out)")
+    names = [n for n, _, _ in runs]
+    print(f"A = {args.a}, B = {args.b}; tokens/s")
+    print("| category | " + " | ".join(names) + " | " + " | ".join(f"{d} B/A" for d in drafters) + " |")
+    print("|---" * (1 + len(names) + len(drafters)) + "|")
+    for c in sorted(res, key=lambda c: c == "all"):
+        r = res[c]
+        tps = {k: v[0] / v[1] for k, v in r.items()}
+        print(f"| {c} | " + " | ".join(f"{tps[n]:.1f}" for n in names) + " | "
+              + " | ".join(f"{tps[f'{d}-B'] / tps[f'{d}-A']:.3f}" for d in drafters) + " |")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
