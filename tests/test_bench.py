@@ -153,3 +153,27 @@ def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tin
     assert "MISMATCH" in capsys.readouterr().err
     assert ab_bundles.main([str(tmp_path / "missing"), str(tiny_int4_bundle), *small]) == 2
     assert capsys.readouterr().err.startswith("error:")
+
+
+def test_probe_sampling_cost_times_the_sampler_in_and_out_of_the_loop(tiny_bundle, tmp_path, capsys):
+    """scripts/probe_sampling_cost.py (README, autoregressive decoding: sampling's cost inside the
+    loop) times ``distribution`` on every sampled row of a real decoding run and again on copies of
+    those rows; the run's sampling is restored afterwards, and bad input is a one-line error."""
+    import sys
+    from pathlib import Path
+
+    from edgespec import sampling, verify
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_sampling_cost
+
+    r = probe_sampling_cost.probe(str(tiny_bundle), tokens=6, temperature=0.7, top_p=0.8)
+    assert r["rows"] == 5 and r["in_loop_us"] > 0 and r["tight_loop_us"] > 0
+    assert 0 < r["outside_run_us"] < r["token_us"]
+    assert verify.distribution is sampling.distribution
+    assert probe_sampling_cost.main([str(tiny_bundle), "--tokens", "4"]) == 0
+    assert "tight loop" in capsys.readouterr().out
+    assert probe_sampling_cost.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    with pytest.raises(SystemExit):
+        probe_sampling_cost.main([str(tiny_bundle), "--temperature", "0"])
