@@ -404,10 +404,11 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
 
-from .cli_export import drafter_vocab, export  # noqa: E402  (the export commands, in their own module)
+from .cli_export import drafter_vocab, exact_kernels, export  # noqa: E402  (the export commands, in their own module)
 
 main.add_command(export)
 main.add_command(drafter_vocab)
+main.add_command(exact_kernels)
 
 main.add_command(memory)
 

@@ -87,3 +87,23 @@ def drafter_vocab(bundle, n, output, corpus, force):
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
     out = apply_to_bundle(bundle, n, output, corpus=corpus, force=force, log=lambda line: print(line, file=sys.stderr, flush=True))
     click.echo(str(out))
+
+
+@click.command("exact-kernels")
+@click.argument("bundle", type=click.Path())
+@click.option("-o", "--output", "output", default=None, type=click.Path(),
+              help="Write the result as a new bundle here (the unchanged files copied); "
+                   "default: rewrite BUNDLE in place.")
+@click.option("--force", is_flag=True, help="Replace an existing bundle at --output.")
+def exact_kernels(bundle, output, force):
+    """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernel (edgespec.MatMulQ4) and pad its
+    attention to two query rows, so that one-token calls are exact and plain decoding pays no
+    two-token tax. Needs an AVX-512 VNNI CPU and g++ (the kernel is built on first use)."""
+    import sys
+
+    try:
+        from edgespec_export.kernels import apply_to_bundle
+    except ImportError as e:
+        raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
+    out = apply_to_bundle(bundle, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True))
+    click.echo(str(out))

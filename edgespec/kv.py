@@ -96,7 +96,8 @@ class TokenCache:
 class KVCache(TokenCache):
     """A ``TokenCache`` with onnxruntime buffers, allocated once, on the CPU or the CUDA device."""
 
-    def __init__(self, spec, max_len: int, device: str):
+    def __init__(self, spec, max_len: int, device: str, spare: int = 0):
+        """``spare`` positions past ``max_len`` are allocated for a graph that writes padding there."""
         import onnxruntime as ort
 
         super().__init__(max_len)
@@ -105,7 +106,7 @@ class KVCache(TokenCache):
             from .errors import EdgespecError
 
             raise EdgespecError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime")
-        shape = (1, spec.num_kv_heads, self.max_len, spec.head_dim)
+        shape = (1, spec.num_kv_heads, self.max_len + spare, spec.head_dim)
         io = spec.io
         self.buffers = []  # (past input name, present output name, OrtValue)
         for layer in range(spec.num_layers):

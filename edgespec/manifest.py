@@ -227,6 +227,12 @@ class ModelSpec:
     head_ids: Path | None = None
     head_size: int | None = None
     head_source: str | None = None  # how the kept tokens were chosen (export/head.py)
+    # "edgespec-q4": the graph's INT4 matrix multiplies are edgespec.MatMulQ4 (edgespec/native), which
+    # computes a row the same at every call width; "onnxruntime": the graph uses onnxruntime's ops only
+    kernels: str = "onnxruntime"
+    # rows the graph appends to attention's query (a copy of the last one, written to the KV cache
+    # one position past the call and overwritten later), so that attention never runs one query row
+    attention_pad: int = 0
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -285,7 +291,8 @@ class ModelSpec:
             cpu_resident_bytes=_opt_count(d, "cpu_resident_bytes", where),
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
             embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
-            head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"), **dims,
+            head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
+            kernels=_kernels(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0, **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -303,6 +310,8 @@ class ModelSpec:
             "validation": self.validation.to_dict(), "quality": self.quality.to_dict(),
             **({"head_ids": _rel(root, self.head_ids), "head_size": self.head_size, "head_source": self.head_source}
                if self.head_ids else {}),
+            **({"kernels": self.kernels} if self.kernels != "onnxruntime" else {}),
+            **({"attention_pad": self.attention_pad} if self.attention_pad else {}),
         }
 
     def load_head_ids(self, vocab: int) -> "np.ndarray | None":
@@ -323,6 +332,16 @@ class ModelSpec:
             raise BundleError(f"the {self.role}'s head ids {self.head_ids.name} are not {self.head_size} sorted, "
                               f"unique token ids below {vocab}")
         return ids.astype(np.int64)
+
+
+KERNELS = ("onnxruntime", "edgespec-q4")
+
+
+def _kernels(d: dict, where: str) -> str:
+    k = _opt(str, where, d, "kernels") or "onnxruntime"
+    if k not in KERNELS:
+        raise ManifestError(f"manifest: {where}.kernels {k!r} is not one of {', '.join(KERNELS)}")
+    return k
 
 
 def _head(root: Path, d: dict, files: dict, dims: dict, where: str) -> tuple[Path | None, int | None]:

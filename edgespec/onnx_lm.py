@@ -41,10 +41,12 @@ class OnnxLM(CausalLM):
             raise ContextOverflowError(
                 f"{spec.role}: a context of {max_context} exceeds the exported maximum {spec.max_context}")
         self.spec = spec
-        self.max_context = int(max_context)
+        # a graph that pads attention writes the pad's keys/values one position past the call: the
+        # last exported position stays free for it
+        self.max_context = min(int(max_context), spec.max_context - spec.attention_pad)
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
-                                    role=spec.role, allow_cpu_fallback=allow_cpu_fallback)
+                                    role=spec.role, allow_cpu_fallback=allow_cpu_fallback, kernels=spec.kernels)
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
         self.layout_warning = warn_if_slow(spec, self.device)
         self.min_width = 1 if min_width is None else int(min_width)  # None: measured below
@@ -52,7 +54,7 @@ class OnnxLM(CausalLM):
         inputs = {i.name for i in self.session.get_inputs()}
         _check_graph_names(spec, inputs, {o.name for o in self.session.get_outputs()})
         self._has_pos = bool(io.position_ids) and io.position_ids in inputs
-        self.cache = KVCache(spec, self.max_context, self.device)
+        self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
         self._mask = np.ones((1, self.max_context), dtype=np.int64)
         self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
         self._binding = self.session.io_binding()
@@ -123,7 +125,7 @@ class OnnxLM(CausalLM):
 
 
 def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_options: dict | None = None,
-                 role: str = "model", allow_cpu_fallback: bool = False):
+                 role: str = "model", allow_cpu_fallback: bool = False, kernels: str = "onnxruntime"):
     """An onnxruntime session as every edgespec model is opened: the process-wide thread pool,
     all graph optimizations, the profile's session config entries. Also used at export time to
     measure a graph's resident memory once loaded (``edgespec.measure.load_footprint``). On a GPU
@@ -136,12 +138,23 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
         warnings.warn(f"onnxruntime's thread pool in this process already has {pool or 'default'} threads; "
                       f"threads={threads} is not applied", stacklevel=3)
 
+    library = None
+    if kernels == "edgespec-q4":  # edgespec.MatMulQ4 (edgespec/native): the CPU EP only
+        if providers.primary in GPU_PROVIDERS:
+            raise ProviderError(f"the {role} graph uses edgespec's INT4 CPU kernel (an exact-kernels bundle): open it "
+                                f"on the CPU, or use the bundle it was made from on {providers.primary}")
+        from .native import library_path
+
+        library = library_path()
+
     def options():
         so = ort.SessionOptions()
         so.use_per_session_threads = False  # every session runs on the process-wide pool
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         for k, v in (session_options or {}).items():
             so.add_session_config_entry(k, str(v))
+        if library:
+            so.register_custom_ops_library(library)
         return so
 
     prov_names = [p for p, _ in providers.providers]

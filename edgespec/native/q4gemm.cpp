@@ -1,0 +1,352 @@
+// edgespec's width-invariant INT4 matrix multiply for onnxruntime's CPU execution provider.
+//
+// Y[M, N] = A[M, K] x dequant(B)^T with MatMulNBits' 4-bit quantization (per (column, block of K) a
+// float scale and a 4-bit zero point, 8 when absent), its weights stored in this kernel's layout by
+// `edgespec exact-kernels` (edgespec_export/kernels.py, pack_q4), so nothing is repacked or copied at
+// load: columns in tiles of 16, and per (tile, block)
+//   B:      block/8 groups of 64 bytes, byte 4i+j of group p = w[16t+i][8p+j] | w[16t+i][8p+4+j] << 4
+//   scales: 16 floats, zero points: 16 bytes (one per column; columns past N are zero).
+// Activations are quantized to int8
+// per row and block (symmetric, round to nearest even); each block's dot product is exact int32
+// (AVX-512 VNNI); the float accumulation over blocks runs in block order, one chain per (row, column).
+// So a row's result does not depend on how many rows the call has, nor on how columns are split over
+// threads: a one-token call computes what a wider call computes for the same row, which lets edgespec
+// decode one token at a time and stay token-identical to speculative verification.
+//
+// The ABI below is declared here (the onnxruntime C API is append-only and versioned): only the
+// functions used are named, by their position in OrtApi.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+extern "C" {
+struct OrtStatus;
+struct OrtValue;
+struct OrtKernelInfo;
+struct OrtKernelContext;
+struct OrtSessionOptions;
+struct OrtCustomOpDomain;
+struct OrtTensorTypeAndShapeInfo;
+struct OrtApi {
+  void* fn[300];
+};
+struct OrtApiBase {
+  const OrtApi* (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)();
+};
+struct OrtCustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
+  const char* (*GetName)(const OrtCustomOp*);
+  const char* (*GetExecutionProviderType)(const OrtCustomOp*);
+  int (*GetInputType)(const OrtCustomOp*, size_t);
+  size_t (*GetInputTypeCount)(const OrtCustomOp*);
+  int (*GetOutputType)(const OrtCustomOp*, size_t);
+  size_t (*GetOutputTypeCount)(const OrtCustomOp*);
+  void (*KernelCompute)(void*, OrtKernelContext*);
+  void (*KernelDestroy)(void*);
+  int (*GetInputCharacteristic)(const OrtCustomOp*, size_t);
+  int (*GetOutputCharacteristic)(const OrtCustomOp*, size_t);
+  int (*GetInputMemoryType)(const OrtCustomOp*, size_t);
+  int (*GetVariadicInputMinArity)(const OrtCustomOp*);
+  int (*GetVariadicInputHomogeneity)(const OrtCustomOp*);
+  int (*GetVariadicOutputMinArity)(const OrtCustomOp*);
+  int (*GetVariadicOutputHomogeneity)(const OrtCustomOp*);
+  OrtStatus* (*CreateKernelV2)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**);  // version 16
+  OrtStatus* (*KernelComputeV2)(void*, OrtKernelContext*);
+  void* InferOutputShapeFn;  // version 17
+  int (*GetStartVersion)(const OrtCustomOp*);
+  int (*GetEndVersion)(const OrtCustomOp*);
+};
+OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base);
+}
+
+namespace {
+
+// positions in OrtApi (stable since API version 1, ParallelFor since 17)
+enum : int {
+  kCreateStatus = 0,
+  kCreateCustomOpDomain = 26,
+  kCustomOpDomainAdd = 27,
+  kAddCustomOpDomain = 28,
+  kGetTensorMutableData = 51,
+  kGetDimensionsCount = 61,
+  kGetDimensions = 62,
+  kGetTensorTypeAndShape = 65,
+  kKernelInfoGetAttributeInt64 = 86,
+  kKernelContextGetInputCount = 88,
+  kKernelContextGetInput = 90,
+  kKernelContextGetOutput = 91,
+  kReleaseStatus = 93,
+  kReleaseTensorTypeAndShapeInfo = 99,
+  kKernelContextParallelFor = 274,
+};
+constexpr int kFloat = 1, kUint8 = 2;  // ONNXTensorElementDataType
+constexpr int kRequired = 0, kOptional = 1;
+
+const OrtApi* g_api = nullptr;
+bool g_parallel = false;
+
+template <typename F>
+F api(int i) { return reinterpret_cast<F>(g_api->fn[i]); }
+
+OrtStatus* fail(const char* msg) { return api<OrtStatus* (*)(int, const char*)>(kCreateStatus)(2, msg); }  // ORT_INVALID_ARGUMENT
+
+bool ok(OrtStatus* s) {
+  if (!s) return true;
+  api<void (*)(OrtStatus*)>(kReleaseStatus)(s);
+  return false;
+}
+
+std::vector<int64_t> dims_of(const OrtValue* v) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  std::vector<int64_t> d;
+  if (!ok(api<OrtStatus* (*)(const OrtValue*, OrtTensorTypeAndShapeInfo**)>(kGetTensorTypeAndShape)(v, &info))) return d;
+  size_t n = 0;
+  api<OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*)>(kGetDimensionsCount)(info, &n);
+  d.resize(n);
+  if (n) api<OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t)>(kGetDimensions)(info, d.data(), n);
+  api<void (*)(OrtTensorTypeAndShapeInfo*)>(kReleaseTensorTypeAndShapeInfo)(info);
+  return d;
+}
+
+void* data_of(const OrtValue* v) {
+  void* p = nullptr;
+  ok(api<OrtStatus* (*)(OrtValue*, void**)>(kGetTensorMutableData)(const_cast<OrtValue*>(v), &p));
+  return p;
+}
+
+constexpr int kTile = 16;  // output columns a vector holds
+
+struct Kernel {
+  int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
+};
+
+struct Weights {
+  const uint8_t* w;
+  const float* scale;
+  const uint8_t* zp;  // nullptr: 8
+};
+
+struct Call {
+  const Kernel* k;
+  Weights q;
+  int64_t M;
+  const int8_t* xq;    // [M][K]
+  const float* xd;     // [M][nb]
+  const int32_t* xs;   // [M][nb]
+  float* y;            // [M][N]
+  int64_t chunk;       // tiles per task
+};
+
+// Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
+// into nibbles once for all R rows.
+template <int R>
+void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
+  const Kernel& k = *c.k;
+  const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  for (int64_t t = t0; t < t1; ++t) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* wp = c.q.w + (t * nb + b) * tb;
+      __m512i dot[R];
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+      const int8_t* xb[R];
+      for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
+      for (int64_t p = 0; p < P; ++p) {
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
+        const __m512i lo = _mm512_and_si512(v, lo4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        for (int r = 0; r < R; ++r) {
+          int32_t a, bq;
+          std::memcpy(&a, xb[r] + 8 * p, 4);
+          std::memcpy(&bq, xb[r] + 8 * p + 4, 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(a));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(bq));
+        }
+      }
+      const size_t sb = size_t((t * nb + b) * kTile);
+      const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+                               : _mm512_set1_epi32(8);
+      const __m512 s = _mm512_loadu_ps(c.q.scale + sb);
+      for (int r = 0; r < R; ++r) {
+        const int64_t rb = (r0 + r) * nb + b;
+        const __m512i corr = _mm512_sub_epi32(dot[r], _mm512_mullo_epi32(z, _mm512_set1_epi32(c.xs[rb])));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc[r]);
+      }
+    }
+    const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+    const __mmask16 mask = __mmask16((1u << cols) - 1u);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(c.y + (r0 + r) * k.N + n0, mask, acc[r]);
+  }
+}
+
+void run_tiles(const Call& c, int64_t t0, int64_t t1) {
+  int64_t r = 0;
+  for (; r + 8 <= c.M; r += 8) rows_tiles<8>(c, r, t0, t1);
+  switch (c.M - r) {
+    case 7: rows_tiles<7>(c, r, t0, t1); break;
+    case 6: rows_tiles<6>(c, r, t0, t1); break;
+    case 5: rows_tiles<5>(c, r, t0, t1); break;
+    case 4: rows_tiles<4>(c, r, t0, t1); break;
+    case 3: rows_tiles<3>(c, r, t0, t1); break;
+    case 2: rows_tiles<2>(c, r, t0, t1); break;
+    case 1: rows_tiles<1>(c, r, t0, t1); break;
+    default: break;
+  }
+}
+
+void task(void* data, size_t i) {
+  const Call& c = *static_cast<const Call*>(data);
+  const int64_t t0 = int64_t(i) * c.chunk, t1 = std::min(c.k->tiles, t0 + c.chunk);
+  if (t0 < t1) run_tiles(c, t0, t1);
+}
+
+void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, float* d, int32_t* s) {
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.f;
+    for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < block; ++j) {
+      const int v = int(std::nearbyint(xb[j] * inv));
+      const int c = std::min(127, std::max(-127, v));
+      q[b * block + j] = int8_t(c);
+      sum += c;
+    }
+    d[b] = scale;
+    s[b] = sum;
+  }
+}
+
+OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  auto* k = new Kernel();
+  *out = k;
+  auto get = [&](const char* name, int64_t* v) {
+    return ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, name, v));
+  };
+  int64_t bits = 4;
+  get("bits", &bits);
+  if (!get("K", &k->K) || !get("N", &k->N) || !get("block_size", &k->block))
+    return fail("edgespec.MatMulQ4: attributes K, N and block_size are required");
+  if (bits != 4 || k->K <= 0 || k->N <= 0 || k->block < 8 || k->block % 8 || k->K % k->block)
+    return fail("edgespec.MatMulQ4: needs bits=4, a block_size that is a multiple of 8 and K a multiple of it");
+  k->nb = k->K / k->block;
+  k->tiles = (k->N + kTile - 1) / kTile;
+  return nullptr;
+}
+
+void* create_kernel(const OrtCustomOp* op, const OrtApi* a, const OrtKernelInfo* info) {  // before version 16
+  void* k = nullptr;
+  if (OrtStatus* s = create_kernel_v2(op, a, info, &k)) {
+    ok(s);
+    static_cast<Kernel*>(k)->K = 0;  // compute() refuses
+  }
+  return k;
+}
+
+OrtStatus* compute_v2(void* self, OrtKernelContext* ctx);
+
+void compute(void* self, OrtKernelContext* ctx) {
+  OrtStatus* s = compute_v2(self, ctx);
+  if (s) ok(s);
+}
+
+OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
+  auto* k = static_cast<Kernel*>(self);
+  auto input = [&](size_t i) -> const OrtValue* {
+    size_t count = 0;
+    api<OrtStatus* (*)(const OrtKernelContext*, size_t*)>(kKernelContextGetInputCount)(ctx, &count);
+    if (i >= count) return nullptr;
+    const OrtValue* v = nullptr;
+    if (!ok(api<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(kKernelContextGetInput)(ctx, i, &v)))
+      return nullptr;
+    return v;
+  };
+  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3);
+  std::vector<int64_t> ad = A ? dims_of(A) : std::vector<int64_t>();
+  if (!k->K) return fail("edgespec.MatMulQ4: bad attributes");
+  if (!A || !B || !S) return fail("edgespec.MatMulQ4: inputs A, B and scales are required");
+  if (ad.empty() || ad.back() != k->K) return fail("edgespec.MatMulQ4: A's last dimension is not K");
+  auto numel = [](const std::vector<int64_t>& d) {
+    int64_t n = 1;
+    for (int64_t x : d) n *= x;
+    return d.empty() ? int64_t(0) : n;
+  };
+  const int64_t tile_blocks = k->tiles * k->nb;
+  if (numel(dims_of(B)) != tile_blocks * k->block * kTile / 2 || numel(dims_of(S)) != tile_blocks * kTile)
+    return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
+  if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
+    return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
+  int64_t M = 1;
+  for (size_t i = 0; i + 1 < ad.size(); ++i) M *= ad[i];
+  std::vector<int64_t> yd = ad;
+  yd.back() = k->N;
+  OrtValue* Y = nullptr;
+  if (OrtStatus* s = api<OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)>(kKernelContextGetOutput)(
+          ctx, 0, yd.data(), yd.size(), &Y))
+    return s;
+  if (M == 0) return nullptr;
+  const float* a = static_cast<const float*>(data_of(A));
+  std::vector<int8_t> xq(size_t(M * k->K));
+  std::vector<float> xd(size_t(M * k->nb));
+  std::vector<int32_t> xs(size_t(M * k->nb));
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row(a + m * k->K, k->K, k->block, xq.data() + m * k->K, xd.data() + m * k->nb, xs.data() + m * k->nb);
+  Weights q{static_cast<const uint8_t*>(data_of(B)), static_cast<const float*>(data_of(S)),
+            Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
+  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0};
+  // about 64 KiB of packed weights a task, at least 4 tiles
+  c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
+  const int64_t tasks = (k->tiles + c.chunk - 1) / c.chunk;
+  if (g_parallel && tasks > 1) {
+    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    if (ok(api<PF>(kKernelContextParallelFor)(ctx, task, size_t(tasks), 0, &c))) return nullptr;
+  }
+  run_tiles(c, 0, k->tiles);
+  return nullptr;
+}
+
+void destroy(void* self) { delete static_cast<Kernel*>(self); }
+
+const char* op_name(const OrtCustomOp*) { return "MatMulQ4"; }
+const char* op_ep(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+int in_type(const OrtCustomOp*, size_t i) { return (i == 1 || i == 3) ? kUint8 : kFloat; }
+size_t in_count(const OrtCustomOp*) { return 4; }
+int out_type(const OrtCustomOp*, size_t) { return kFloat; }
+size_t out_count(const OrtCustomOp*) { return 1; }
+int in_char(const OrtCustomOp*, size_t i) { return i == 3 ? kOptional : kRequired; }
+int out_char(const OrtCustomOp*, size_t) { return kRequired; }
+int mem_type(const OrtCustomOp*, size_t) { return 0; }
+int one(const OrtCustomOp*) { return 1; }
+int last(const OrtCustomOp*) { return 1 << 30; }
+
+OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,         out_type,   out_count, compute,
+                 destroy,  in_char,       out_char, mem_type, one,  one,              one,        one,
+                 create_kernel_v2,        compute_v2, nullptr, one, last};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                               const OrtApiBase* base) {
+  g_api = base->GetApi(17);
+  g_parallel = g_api != nullptr;
+  if (!g_api) g_api = base->GetApi(1);
+  if (!g_api) return nullptr;
+  using MkStatus = OrtStatus* (*)(int, const char*);
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw"))
+    return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX-512 VNNI");
+  OrtCustomOpDomain* domain = nullptr;
+  OrtStatus* s = api<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(kCreateCustomOpDomain)("edgespec", &domain);
+  if (s) return s;
+  s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_op);
+  if (s) return s;
+  return api<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(kAddCustomOpDomain)(options, domain);
+}

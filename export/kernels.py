@@ -1,0 +1,259 @@
+"""``edgespec exact-kernels``: rewrite an exported INT4 bundle to edgespec's width-invariant kernels.
+
+Two graph changes, the weights untouched (the external data file is shared with nothing but read
+as it is):
+
+* every ``com.microsoft.MatMulNBits`` (4 bits, K a multiple of the block) becomes
+  ``edgespec.MatMulQ4`` (``edgespec/native/q4gemm.cpp``) with the same inputs: the same layout and
+  int8-activation arithmetic, but a row's result no longer depends on how many rows the call has
+  (onnxruntime's AVX-512 kernel pairs rows at blocks of 64 and 128);
+* in the target, each ``GroupQueryAttention`` gets one more query row (a copy of the call's last
+  row, one position past it; the real rows cannot see it, and the next call overwrites its keys and
+  values), so attention never runs a single query row, which onnxruntime computes on another path
+  (an MLAS GEMV) than two or more.
+
+With both, a one-token call computes what a speculative verify computes for the same position, so
+the width probe picks one-token calls and plain decoding no longer pays the two-token exactness tax.
+The drafter gets the kernel (it is also faster) but no padding: its arithmetic need not match.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import BundleError, ExportError
+from edgespec.manifest import Manifest, load_manifest, sha256_file, write_manifest
+
+DOMAIN = "edgespec"
+OP = "MatMulQ4"
+TILE = 16  # output columns per tile (one AVX-512 vector of int32/float lanes)
+
+
+def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int, N: int, block: int):
+    """MatMulNBits' 4-bit tensors (B ``[N, K/block, block/2]``, scales ``[N * K/block]``, packed 4-bit
+    zero points ``[N * ceil(nb/2)]`` or None) in ``edgespec.MatMulQ4``'s tiled layout (q4gemm.cpp):
+    returns (B ``[tiles, nb, block * 8]`` uint8, scales ``[tiles, nb, 16]`` float32, zero points
+    ``[tiles, nb, 16]`` uint8 or None). Columns past N are zero weights with scale 0."""
+    nb = K // block
+    tiles = -(-N // TILE)
+    pad = tiles * TILE - N
+    q = np.asarray(b, dtype=np.uint8).reshape(N, nb, block // 2)
+    el = np.empty((N, nb, block), dtype=np.uint8)
+    el[..., 0::2] = q & 15
+    el[..., 1::2] = q >> 4
+    if pad:
+        el = np.concatenate([el, np.zeros((pad, nb, block), np.uint8)])
+    # [t, i, b, p, h, j]: column 16t+i, block b, group p of 8 elements, half h (k 8p+4h+j)
+    el = el.reshape(tiles, TILE, nb, block // 8, 2, 4)
+    packed = el[:, :, :, :, 0, :] | (el[:, :, :, :, 1, :] << 4)  # [t, i, b, p, j]
+    packed = np.ascontiguousarray(packed.transpose(0, 2, 3, 1, 4)).reshape(tiles, nb, block * 8)
+    s = np.asarray(scales, dtype=np.float32).reshape(N, nb)
+    if pad:
+        s = np.concatenate([s, np.zeros((pad, nb), np.float32)])
+    s = np.ascontiguousarray(s.reshape(tiles, TILE, nb).transpose(0, 2, 1))
+    z = None
+    if zero_points is not None:
+        zr = np.asarray(zero_points, dtype=np.uint8).reshape(N, -1)
+        zz = np.empty((N, zr.shape[1] * 2), np.uint8)
+        zz[:, 0::2] = zr & 15
+        zz[:, 1::2] = zr >> 4
+        zz = zz[:, :nb]
+        if pad:
+            zz = np.concatenate([zz, np.full((pad, nb), 8, np.uint8)])
+        z = np.ascontiguousarray(zz.reshape(tiles, TILE, nb).transpose(0, 2, 1))
+    return packed, s, z
+
+
+def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
+    """Rewrite the graph file in place (atomically); returns counts of what changed."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from .head import _read, _tensor, _write
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    g = m.graph
+    base = model_path.parent
+    inits = {t.name: t for t in g.initializer}
+    users: dict[str, int] = {}
+    for node in g.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    done = {"matmuls": 0, "kept": 0, "attention": 0}
+    drop: set[str] = set()
+    for node in g.node:
+        if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = list(node.input)
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        if (attrs.get("bits", 4) != 4 or attrs["K"] % attrs["block_size"] or attrs["block_size"] % 8
+                or len(inputs) > 4 or len(inputs) < 3 or any(i not in inits or users[i] != 1 for i in inputs[1:])):
+            done["kept"] += 1  # g_idx, bias, another width or shared weights: onnxruntime's op stays
+            continue
+        K, N, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
+        arrs = [_read(inits[i], base) for i in inputs[1:]]
+        packed = pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block)
+        new_inputs = [inputs[0]]
+        for old, arr in zip(inputs[1:], packed):
+            name = f"{old}_q4t"
+            dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
+            g.initializer.append(_tensor(name, arr, dt))
+            drop.add(old)
+            new_inputs.append(name)
+        node.op_type, node.domain = OP, DOMAIN
+        del node.input[:]
+        node.input.extend(new_inputs)
+        del node.attribute[:]
+        node.attribute.extend([helper.make_attribute(k, int(attrs[k])) for k in ("K", "N", "bits", "block_size")])
+        done["matmuls"] += 1
+    if pad_attention:
+        gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
+        if not gqa:
+            raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
+        extra = []
+        one = helper.make_tensor("edgespec_pad_one", TensorProto.INT32, [], [1])
+        last = helper.make_tensor("edgespec_pad_last", TensorProto.INT64, [1], [-1])
+        end = helper.make_tensor("edgespec_pad_end", TensorProto.INT64, [1], [2 ** 62])
+        zero = helper.make_tensor("edgespec_pad_zero", TensorProto.INT64, [1], [0])
+        axis = helper.make_tensor("edgespec_pad_axis", TensorProto.INT64, [1], [1])
+        g.initializer.extend([one, last, end, zero, axis])
+        shifted = {}
+        for i, n in enumerate(gqa):
+            if n.input[1] or n.input[2]:
+                raise ExportError(f"{model_path.name}: attention with separate key/value inputs is not padded")
+            q = n.input[0]
+            tail, qp = f"edgespec_pad/{i}/tail", f"edgespec_pad/{i}/query"
+            extra.append((n, [helper.make_node("Slice", [q, last.name, end.name, axis.name], [tail]),
+                              helper.make_node("Concat", [q, tail], [qp], axis=1)]))
+            n.input[0] = qp
+            for slot in (5, 6):  # seqlens_k, total_sequence_length: one position more
+                src = n.input[slot]
+                if src not in shifted:
+                    shifted[src] = f"edgespec_pad/{src}+1"
+                    extra.append((n, [helper.make_node("Add", [src, one.name], [shifted[src]])]))
+                n.input[slot] = shifted[src]
+            out = n.output[0]
+            wide = f"edgespec_pad/{i}/out"
+            n.output[0] = wide
+            extra.append((None, [helper.make_node("Slice", [wide, zero.name, last.name, axis.name], [out])]))
+            done["attention"] += 1
+        # each new node next to its attention node: before it, or (the output slice) after it
+        nodes = list(g.node)
+        order = []
+        before: dict[int, list] = {}
+        after: dict[int, list] = {}
+        index = {id(n): k for k, n in enumerate(nodes)}
+        cur = None
+        for n, new in extra:
+            if n is not None:
+                cur = index[id(n)]
+                before.setdefault(cur, []).extend(new)
+            else:
+                after.setdefault(cur, []).extend(new)
+        for k, n in enumerate(nodes):
+            order.extend(before.get(k, []))
+            order.append(n)
+            order.extend(after.get(k, []))
+        del g.node[:]
+        g.node.extend(order)
+    if not done["matmuls"]:
+        raise ExportError(f"{model_path.name} has no 4-bit MatMulNBits: exact-kernels applies to INT4 bundles")
+    if not any(o.domain == DOMAIN for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    kept = [t for t in g.initializer if t.name not in drop]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    _write(m, model_path, base)  # the packed weights in place of the old, one data file, atomically
+    return done
+
+
+def _rerooted(spec, old: Path, new: Path):
+    """``spec`` with its paths (graph, reduced head ids) under ``new`` instead of ``old``."""
+    head = new / os.path.relpath(spec.head_ids, old) if spec.head_ids is not None else None
+    return replace(spec, path=new / os.path.relpath(spec.path, old), head_ids=head)
+
+
+def _rehash(spec, root: Path) -> dict:
+    """``spec``'s files table after its graph and data file were rewritten."""
+    stem = spec.path.name
+    files = {rel: dict(v) for rel, v in spec.files.items() if not Path(rel).name.startswith(stem)}
+    for f in sorted(spec.path.parent.iterdir()):
+        if f.name.startswith(stem):
+            files[f.relative_to(root).as_posix()] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+    return files
+
+
+def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
+                    log=None) -> Path:
+    """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically)."""
+    from .bundle import measured_sizes
+    from .head import _copy_tree
+    from .output import check_output, prepare_stage, publish
+
+    src = Path(bundle)
+    try:
+        manifest = load_manifest(src)
+    except BundleError as e:
+        raise ExportError(str(e)) from None
+    if manifest.target.kernels == "edgespec-q4":
+        raise ExportError(f"{src} already uses edgespec's kernels")
+    if manifest.target.layout != "cpu":
+        raise ExportError(f"{src} is exported in the {manifest.target.layout} layout; edgespec's INT4 kernel is "
+                          "for the CPU layout")
+    in_place = out is None
+    dest = src.resolve() if in_place else check_output(out, force, [str(src)])
+    stage = prepare_stage(dest)
+    shutil.rmtree(stage)
+    try:
+        _copy_tree(src.resolve(), stage, link=in_place)
+        m = replace(manifest, root=stage, tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))
+        for role in ("target", "drafter"):
+            spec = getattr(manifest, role)
+            if spec is None:
+                continue
+            spec = _rerooted(spec, manifest.root, stage)
+            pad = 1 if role == "target" else 0
+            try:
+                counts = rewrite_graph(spec.path, pad_attention=bool(pad))
+            except ExportError:
+                if role == "target":
+                    raise
+                if log:
+                    log("    drafter: no INT4 MatMulNBits, left as it is")
+                m = replace(m, drafter=spec)
+                continue
+            if log:
+                log(f"    {role}: {counts['matmuls']} MatMulNBits -> {DOMAIN}.{OP}"
+                    + (f", {counts['kept']} kept" if counts["kept"] else "")
+                    + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else ""))
+            ops = dict(spec.operators)
+            ops.pop("MatMulNBits", None)
+            if counts["kept"]:
+                ops["MatMulNBits"] = counts["kept"]
+            ops[OP] = counts["matmuls"]
+            gcfg = spec.path.parent / "genai_config.json"
+            if gcfg.exists():  # onnxruntime-genai cannot run edgespec's operator
+                gcfg.unlink()
+            files = _rehash(spec, stage)
+            on_disk = sum(v["bytes"] for v in files.values())
+            spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
+                           attention_pad=pad, operators=ops)
+            if log:
+                log(f"    {role}: measuring its resident memory on the CPU EP")
+            spec = replace(spec, **measured_sizes(stage, role, spec.to_dict(stage), log=log))
+            m = replace(m, **{role: spec})
+        if not in_place:
+            m = replace(m, name=dest.name)
+        Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
+        write_manifest(m)
+        publish(stage, dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return dest

@@ -1,0 +1,203 @@
+"""edgespec's width-invariant INT4 kernel (edgespec/native/q4gemm.cpp, ``edgespec.MatMulQ4``) and the
+``exact-kernels`` rewrite that puts it (with attention padded to two query rows) into a bundle.
+
+The premise of the rewrite, tested here: a row of the kernel's output is bitwise the same whatever
+the call's width, so the width probe picks one-token calls and greedy speculative output still equals
+autoregressive output, with every drafter, on tiny random models and on SmolLM2.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import edgespec
+from edgespec.errors import ProviderError
+from edgespec.native import cpu_supported
+
+pytestmark = pytest.mark.skipif(cpu_supported() is not None, reason=f"{cpu_supported()}")
+
+
+def _graph(K, N, block, op, zero_points=True, seed=0, batch=False):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.kernels import pack_q4
+
+    nb = K // block
+    rng = np.random.default_rng(seed)
+    arrs = [rng.integers(0, 256, size=(N, nb, block // 2), dtype=np.uint8),
+            (rng.random(N * nb) * 0.02 + 0.001).astype(np.float32),
+            rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8) if zero_points else None]
+    if op == "MatMulQ4":  # the kernel reads MatMulNBits' numbers in its own tiled layout
+        arrs = list(pack_q4(*arrs, K, N, block))
+    names = ["B", "S", "Z"]
+    inits = [numpy_helper.from_array(a, n) for a, n in zip(arrs, names) if a is not None]
+    ins = ["A"] + [n for a, n in zip(arrs, names) if a is not None]
+    dom = "com.microsoft" if op == "MatMulNBits" else "edgespec"
+    kw = {"accuracy_level": 4} if op == "MatMulNBits" else {}
+    node = helper.make_node(op, ins, ["Y"], domain=dom, K=K, N=N, bits=4, block_size=block, **kw)
+    shape_in, shape_out = (["b", "M", K], ["b", "M", N]) if batch else (["M", K], ["M", N])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, shape_in)],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape_out)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)])
+
+
+def _session(model):
+    import onnxruntime as ort
+
+    from edgespec.native import library_path
+
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _dequant_reference(model, x):
+    """float64 product with the dequantized weights (what both kernels approximate)."""
+    from onnx import helper, numpy_helper
+
+    n = model.graph.node[0]
+    a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+    K, N, blk = a["K"], a["N"], a["block_size"]
+    nb = K // blk
+    t = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    b = t["B"].reshape(N, nb, blk // 2)
+    q = np.stack([b & 15, b >> 4], axis=-1).reshape(N, nb, blk).astype(np.float64)
+    if "Z" in t:
+        z = np.stack([t["Z"] & 15, t["Z"] >> 4], axis=-1).reshape(N, -1)[:, :nb].astype(np.float64)
+    else:
+        z = np.full((N, nb), 8.0)
+    w = ((q - z[:, :, None]) * t["S"].reshape(N, nb)[:, :, None]).reshape(N, K)
+    return x.astype(np.float64) @ w.T
+
+
+@pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
+                                          (1536, 300, 128, True)])
+def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, block, zp):
+    x = np.random.default_rng(1).normal(size=(9, K)).astype(np.float32)
+    ours = _session(_graph(K, N, block, "MatMulQ4", zp))
+    ref_model = _graph(K, N, block, "MatMulNBits", zp)
+    y = ours.run(None, {"A": x})[0]
+    exact = _dequant_reference(ref_model, x)
+    scale = np.abs(exact).max()
+    # int8 activations per block: the error MatMulNBits at accuracy level 4 has too
+    assert np.abs(y - exact).max() / scale < 0.02
+    theirs = _session(ref_model).run(None, {"A": x})[0]
+    assert np.abs(y - theirs).max() / scale < 0.01
+    for m in range(1, 9):  # the premise of one-token decoding: each row bitwise the same at every width
+        assert np.array_equal(ours.run(None, {"A": x[:m]})[0], y[:m]), m
+    for start in range(1, 5):  # and wherever the row sits in the call
+        assert np.array_equal(ours.run(None, {"A": x[start:start + 3]})[0], y[start:start + 3])
+
+
+def test_kernel_takes_batched_inputs_and_an_empty_call():
+    x = np.random.default_rng(2).normal(size=(1, 5, 64)).astype(np.float32)
+    s = _session(_graph(64, 20, 32, "MatMulQ4", batch=True))
+    y = s.run(None, {"A": x})[0]
+    assert y.shape == (1, 5, 20)
+    assert np.array_equal(s.run(None, {"A": x[:, 2:3]})[0], y[:, 2:3])
+    assert s.run(None, {"A": x[:, :0]})[0].shape == (1, 0, 20)
+
+
+def test_kernel_refuses_bad_attributes_and_shapes_with_an_error():
+    import onnxruntime as ort  # noqa: F401
+
+    bad = _graph(96, 16, 32, "MatMulQ4")
+    for a in bad.graph.node[0].attribute:
+        if a.name == "block_size":
+            a.i = 36  # K is no multiple of it
+    with pytest.raises(Exception, match="MatMulQ4"):
+        _session(bad).run(None, {"A": np.zeros((1, 96), np.float32)})
+    s = _session(_graph(96, 16, 32, "MatMulQ4"))
+    with pytest.raises(Exception, match="MatMulQ4|dimension|shape|Invalid"):
+        s.run(None, {"A": np.zeros((1, 64), np.float32)})
+
+
+def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch):
+    import edgespec.native as native
+
+    monkeypatch.setattr(native, "_cached", None)
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(ProviderError, match="building edgespec's INT4 kernel failed|compiler"):
+        try:
+            native.library_path()
+        except FileNotFoundError as e:  # subprocess cannot start it: must not escape untyped
+            pytest.fail(f"untyped error: {e}")
+    assert not list((tmp_path / "cache").glob("*.so"))
+
+
+@pytest.fixture(scope="module")
+def tiny_xk(tiny_int4_bundle, tmp_path_factory):
+    from edgespec_export.kernels import apply_to_bundle
+
+    return apply_to_bundle(tiny_int4_bundle, tmp_path_factory.mktemp("xk") / "tiny-int4-xk")
+
+
+def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, tiny_int4_bundle):
+    m = json.loads((tiny_xk / "edgespec.json").read_text())["models"]
+    assert m["target"]["kernels"] == "edgespec-q4" and m["target"]["attention_pad"] == 1
+    assert "MatMulNBits" not in m["target"]["operators"] and m["target"]["operators"]["MatMulQ4"] > 0
+    eng = edgespec.load(tiny_xk, verify=True)
+    t = eng.decoder.target
+    assert (t.min_width, t.width_multiple) == (1, 1)  # measured at load: one-token calls agree
+    assert t.max_context == edgespec.load(tiny_int4_bundle).decoder.target.max_context - 1
+    from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
+
+    for p in PROMPTS:
+        r = _greedy_all(eng, p, 24, drafters=("none", "prompt-lookup", "suffix", "auto", "model"))
+        _assert_all_equal(r, p)
+    before = t.calls
+    eng.reset()
+    eng.generate(PROMPTS[0], max_new_tokens=6, drafter="none")
+    assert t.last_width == 1 and t.calls > before
+
+
+def test_exact_kernels_fills_the_whole_context(tiny_xk):
+    """The pad's keys and values go one position past the call: the context is one position shorter
+    than exported, and its last position can still be computed."""
+    from edgespec.errors import ContextOverflowError
+
+    eng = edgespec.load(tiny_xk)
+    lm = eng.decoder.target
+    n = lm.max_context
+    assert n == lm.spec.max_context - 1
+    ids = [int(i) for i in np.random.default_rng(0).integers(5, 200, size=n)]
+    lm.cache.reset()
+    lm.feed(ids[:-1])
+    last = lm.forward(ids[-1:])  # position n-1; the pad goes to n, the exported context's last slot
+    assert lm.cache.length == n and np.isfinite(last).all()
+    with pytest.raises(ContextOverflowError):
+        lm.forward([5])
+    lm.cache.reset()
+    assert np.array_equal(lm.feed(ids), last[-1])  # the same position computed in a prefill chunk
+
+
+def test_exact_kernels_refuses_what_it_cannot_rewrite(tiny_bundle, tiny_xk, tmp_path):
+    from edgespec.cli import main
+
+    r = CliRunner().invoke(main, ["exact-kernels", str(tiny_bundle), "-o", str(tmp_path / "a")])
+    assert r.exit_code != 0 and "INT4" in r.output and not (tmp_path / "a").exists()
+    r = CliRunner().invoke(main, ["exact-kernels", str(tiny_xk), "-o", str(tmp_path / "b")])
+    assert r.exit_code != 0 and "already" in r.output
+    r = CliRunner().invoke(main, ["exact-kernels", str(tmp_path / "missing")])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.real
+def test_smollm2_exact_kernels_one_token_calls_and_exact(smol_int4, tmp_path):
+    from edgespec_export.kernels import apply_to_bundle
+
+    out = apply_to_bundle(smol_int4, tmp_path / "smol-xk")
+    eng = edgespec.load(out)
+    assert (eng.decoder.target.min_width, eng.decoder.target.width_multiple) == (1, 1)
+    for p in ("def fibonacci(n):", "Summarize: the meeting moved to Tuesday at ten, floor three."):
+        msgs = [{"role": "user", "content": p}]
+        eng.reset()
+        ref = eng.generate(msgs, max_new_tokens=40, drafter="none").token_ids
+        for d in ("prompt-lookup", "suffix", "auto"):
+            for k in (None, 1, 3):
+                eng.reset()
+                assert eng.generate(msgs, max_new_tokens=40, drafter=d, draft_tokens=k).token_ids == ref, (p, d, k)
