@@ -343,6 +343,9 @@ def info(bundle, verify, as_json):
                        f"tokens ({os.path.relpath(spec.head_ids, m.root)}; {spec.head_source or 'source not recorded'})")
         if spec.operators:
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
+        if spec.kernels != "onnxruntime":
+            pad = f"; attention padded by {spec.attention_pad} query row" if spec.attention_pad else ""
+            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: CPU EP with AVX-512 VNNI only{pad})")
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
         for line in report_lines(spec.validation, spec.quality):

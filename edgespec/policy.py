@@ -61,10 +61,13 @@ class CostModel:
     min_width: int = 1  # a target that always computes >= min_width positions costs that much at k = 0
     width_multiple: int = 1  # ... and a multiple of this many (a kernel computing rows in pairs: 2)
 
+    _fit: tuple | None = field(default=None, repr=False, compare=False)  # (slope, intercept, floor) of target
+
     def observe_target(self, width: int, seconds: float) -> None:
         """A target call of ``width`` tokens (padding included) took ``seconds``."""
         old = self.target.get(width)
         self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        self._fit = None
 
     def observe_draft(self, step_seconds: float, drafter: str = "model") -> None:
         """One step of ``drafter`` (a one-token call) took ``step_seconds``."""
@@ -81,15 +84,17 @@ class CostModel:
             return self.target[width]
         if not self.target:
             return 1.0 + self.prior_slope * (width - 1)
-        widths = np.array(sorted(self.target), dtype=float)
-        costs = np.array([self.target[int(w)] for w in widths])
-        if len(widths) >= 2:
-            slope, icpt = np.polyfit(widths, costs, 1)
-            slope = max(slope, 0.0)
-            return max(icpt + slope * width, costs.min())
-        w0, c0 = widths[0], costs[0]
-        base = c0 / (1 + self.prior_slope * (w0 - 1))
-        return base * (1 + self.prior_slope * (width - 1))
+        if self._fit is None:  # refitted only when a measurement changed (choose() prices many widths a round)
+            widths = np.array(sorted(self.target), dtype=float)
+            costs = np.array([self.target[int(w)] for w in widths])
+            if len(widths) >= 2:
+                slope, icpt = np.polyfit(widths, costs, 1)
+                self._fit = (max(float(slope), 0.0), float(icpt), float(costs.min()))
+            else:
+                base = float(costs[0]) / (1 + self.prior_slope * (widths[0] - 1))
+                self._fit = (base * self.prior_slope, base * (1 - self.prior_slope), 0.0)
+        slope, icpt, floor = self._fit
+        return max(icpt + slope * width, floor)
 
     @staticmethod
     def expected_tokens(alpha: float, k: int) -> float:

@@ -189,6 +189,29 @@ def _rehash(spec, root: Path) -> dict:
     return files
 
 
+SAMPLE = ("def mean(values):\n    \"\"\"Return the arithmetic mean of a non-empty list.\"\"\"\n"
+          "    return sum(values) / len(values)\n\nThe meeting moved to Tuesday at ten; bring the "
+          "quarterly report and the budget for the new warehouse.")
+
+
+def compare_with_source(source, rewritten, ids: list[int]) -> dict:
+    """Both graphs of a role (``ModelSpec``) run on the same token ``ids`` on the CPU: the largest
+    |logit difference|, its scale, and how often the argmax agrees. Both round activations to int8
+    per block, so they agree but for near-ties (a layout bug agrees almost nowhere)."""
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+
+    tokens = len(ids)
+    out = []
+    for spec in (source, rewritten):
+        lm = OnnxLM(spec, min(spec.max_context - spec.attention_pad, 4 * tokens), choose(["cpu"]), min_width=1)
+        out.append(np.concatenate([lm.forward(ids[:tokens // 2]), lm.forward(ids[tokens // 2:])]))
+        del lm
+    a, b = out
+    return {"max_abs_logit_diff": float(np.abs(a - b).max()), "logit_scale": float(np.abs(a).max()),
+            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "positions": tokens}
+
+
 def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
                     log=None) -> Path:
     """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically)."""
@@ -213,6 +236,10 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     try:
         _copy_tree(src.resolve(), stage, link=in_place)
         m = replace(manifest, root=stage, tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))
+        from edgespec.tokenizer import Tokenizer
+
+        sample_ids = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos,
+                               bos_token_id=manifest.bos_token_id).encode(SAMPLE)[:64]
         for role in ("target", "drafter"):
             spec = getattr(manifest, role)
             if spec is None:
@@ -244,6 +271,14 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             on_disk = sum(v["bytes"] for v in files.values())
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
                            attention_pad=pad, operators=ops)
+            check = compare_with_source(getattr(manifest, role), spec, sample_ids)
+            if log:
+                log(f"    {role}: against the source graph on {check['positions']} positions: max |Δlogit| "
+                    f"{check['max_abs_logit_diff']:.3g} (logits up to {check['logit_scale']:.3g}), top-1 agreement "
+                    f"{check['top1_agreement']:.3f}")
+            if check["top1_agreement"] < 0.75 or not np.isfinite(check["max_abs_logit_diff"]):
+                raise ExportError(f"the rewritten {role} disagrees with its source graph (top-1 agreement "
+                                  f"{check['top1_agreement']:.2f}): not written")
             if log:
                 log(f"    {role}: measuring its resident memory on the CPU EP")
             spec = replace(spec, **measured_sizes(stage, role, spec.to_dict(stage), log=log))

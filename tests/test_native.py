@@ -140,6 +140,10 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
     m = json.loads((tiny_xk / "edgespec.json").read_text())["models"]
     assert m["target"]["kernels"] == "edgespec-q4" and m["target"]["attention_pad"] == 1
     assert "MatMulNBits" not in m["target"]["operators"] and m["target"]["operators"]["MatMulQ4"] > 0
+    from edgespec.cli import main
+
+    info = CliRunner().invoke(main, ["info", str(tiny_xk)])
+    assert info.exit_code == 0 and "kernels: edgespec-q4" in info.output and "MatMulQ4" in info.output
     eng = edgespec.load(tiny_xk, verify=True)
     t = eng.decoder.target
     assert (t.min_width, t.width_multiple) == (1, 1)  # measured at load: one-token calls agree
@@ -201,3 +205,21 @@ def test_smollm2_exact_kernels_one_token_calls_and_exact(smol_int4, tmp_path):
             for k in (None, 1, 3):
                 eng.reset()
                 assert eng.generate(msgs, max_new_tokens=40, drafter=d, draft_tokens=k).token_ids == ref, (p, d, k)
+
+
+def test_exact_kernels_refuses_a_rewrite_that_disagrees_with_its_source(smol_int4, tmp_path, monkeypatch):
+    """The rewrite runs both graphs on a sample text before it publishes: a packing bug (here the
+    weight bytes of each tile reversed) is caught and nothing is written."""
+    import edgespec_export.kernels as kernels
+    from edgespec.errors import ExportError
+
+    real = kernels.pack_q4
+
+    def broken(*args):
+        b, s, z = real(*args)
+        return np.ascontiguousarray(b[:, :, ::-1]), s, z
+
+    monkeypatch.setattr(kernels, "pack_q4", broken)
+    with pytest.raises(ExportError, match="disagrees with its source"):
+        kernels.apply_to_bundle(smol_int4, tmp_path / "broken")
+    assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
