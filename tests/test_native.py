@@ -48,8 +48,11 @@ def _session(model):
     import onnxruntime as ort
 
     from edgespec.native import library_path
+    from edgespec.onnx_lm import shared_thread_pool
 
+    shared_thread_pool(None)  # the process-wide pool every edgespec session runs on (made once)
     so = ort.SessionOptions()
+    so.use_per_session_threads = False
     so.register_custom_ops_library(library_path())
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
