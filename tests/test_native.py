@@ -226,3 +226,17 @@ def test_exact_kernels_refuses_a_rewrite_that_disagrees_with_its_source(smol_int
     with pytest.raises(ExportError, match="disagrees with its source"):
         kernels.apply_to_bundle(smol_int4, tmp_path / "broken")
     assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
+
+
+def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
+    """scripts/bench_ar.py (README, session 8) on a bundle onnxruntime-genai cannot run: edgespec's
+    columns filled, genai's left out rather than failing."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_ar
+
+    assert bench_ar.main([str(tiny_xk), "--tokens", "6", "--reps", "1"]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(f"| {Path(tiny_xk).name} ")]
+    assert len(row) == 1 and "| – | – |" in row[0] and row[0].rstrip().endswith("| – |")
