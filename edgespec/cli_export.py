@@ -41,12 +41,15 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
                    "0 keeps the full head. 'edgespec drafter-vocab' applies it to an exported bundle.")
 @click.option("--drafter-vocab-corpus", multiple=True, type=click.Path(),
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
+@click.option("--exact-kernels", is_flag=True,
+              help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
+                   "exact one-token decoding on CPUs with AVX-512 VNNI, which alone can run it.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
            drafter_block_size, fp8_scheme,
            asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, device, drafter_device,
-           drafter_vocab, drafter_vocab_corpus, no_quality, force):
+           drafter_vocab, drafter_vocab_corpus, exact_kernels, no_quality, force):
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
     try:
         from edgespec_export import export_bundle
@@ -58,11 +61,20 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
     if drafter_block_size != 32 and not (drafter and drafter_precision in ("int4", "int8")):
         raise click.UsageError("--drafter-block-size applies to an int4/int8 --drafter")
+    if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):
+        raise click.UsageError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
     dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device,
                         drafter_vocab=drafter_vocab, drafter_vocab_corpus=drafter_vocab_corpus)
+    if exact_kernels:
+        import sys
+
+        from edgespec_export.kernels import apply_to_bundle
+
+        print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
+        out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True))
     click.echo(str(out))
 
 

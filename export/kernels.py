@@ -226,6 +226,10 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
         raise ExportError(str(e)) from None
     if manifest.target.kernels == "edgespec-q4":
         raise ExportError(f"{src} already uses edgespec's kernels")
+    acc = manifest.target.quant.accuracy_level
+    if acc is not None and acc != 4:
+        raise ExportError(f"{src} is quantized for MatMulNBits accuracy level {acc}; edgespec's INT4 kernel computes "
+                          "as level 4 does (int8 activations): export with --accuracy-level 4")
     if manifest.target.layout != "cpu":
         raise ExportError(f"{src} is exported in the {manifest.target.layout} layout; edgespec's INT4 kernel is "
                           "for the CPU layout")

@@ -240,3 +240,20 @@ def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
     assert bench_ar.main([str(tiny_xk), "--tokens", "6", "--reps", "1"]) == 0
     row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(f"| {Path(tiny_xk).name} ")]
     assert len(row) == 1 and "| – | – |" in row[0] and row[0].rstrip().endswith("| – |")
+
+
+def test_export_exact_kernels_in_one_command(tiny_dirs, tmp_path):
+    from edgespec.cli import main
+
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "--drafter", str(tiny_dirs["drafter"]),
+                                  "--drafter-precision", "int4", "-o", str(out), "--exact-kernels", "--no-quality"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "edgespec.json").read_text())["models"]
+    assert m["target"]["kernels"] == m["drafter"]["kernels"] == "edgespec-q4"
+    eng = edgespec.load(out)
+    assert (eng.decoder.target.min_width, eng.decoder.target.width_multiple) == (1, 1)
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "c"),
+                                  "--target-precision", "fp32", "--exact-kernels"])
+    assert r.exit_code == 2 and "--exact-kernels applies to an int4 target" in r.output
+    assert not (tmp_path / "c").exists()
