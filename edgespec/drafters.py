@@ -198,6 +198,7 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.clock = clock  # times the drafter's steps for the cost model (tests simulate time)
         self._fed_drafts = 0  # draft tokens of the last draft fed to the cache
+        self._stale = True  # the cache may not hold a prefix of the context: the next draft prefills it
 
     @classmethod
     def build(cls, env: LoadEnv) -> "ModelDrafter | None":
@@ -216,17 +217,17 @@ class ModelDrafter:
         return cls(lm, vocab, min_confidence=DRAFT_MIN_CONFIDENCE, head_ids=head)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        """Bring the cache to the prompt but its last token (the first draft feeds it with the
-        first new token), so that drafting rounds cost drafter steps, not a prompt's prefill."""
+        """A new generation: the cache is brought to the context by the first draft, not here, so
+        the drafter's prefill never delays the first token, and a generation in which ``auto``
+        never picks this drafter never pays it (the cache keeps what it holds: the next prefill
+        reuses the prefix it shares with the new context, a chat's earlier turns)."""
         self._fed_drafts = 0
-        if len(prompt) > 1:
-            self.lm.prefill(prompt[:-1])
-        elif self.lm.length:
-            self.lm.reset()
+        self._stale = True
 
     def reset(self) -> None:
         self.lm.reset()
         self._fed_drafts = 0
+        self._stale = True
 
     def offer(self, ctx: TokenBuffer, kmax: int) -> Offer | None:
         # the cache must hold the context and k - 1 draft tokens
@@ -236,8 +237,13 @@ class ModelDrafter:
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
         lm = self.lm
         t0 = self.clock()
-        behind = len(ctx) - lm.length  # >= 1: the cache holds a prefix of the context
-        logits = lm.feed(ctx[lm.length:])
+        if getattr(self, "_stale", False):  # first draft of a generation: the context's prefill
+            behind = len(ctx)
+            logits = lm.prefill(ctx.view())
+            self._stale = False
+        else:
+            behind = len(ctx) - lm.length  # >= 1: the cache holds a prefix of the context
+            logits = lm.feed(ctx[lm.length:])
         # the step cost the cost model learns: one-token steps, and the catch-up call only when it
         # is the usual one or two tokens (a long catch-up is a prefill, not a step)
         step_time, steps = (self.clock() - t0, 1) if behind <= 2 else (0.0, 0)

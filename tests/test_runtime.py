@@ -175,3 +175,22 @@ def test_generate_json_cli(tiny_bundle):
     assert set(out) >= {"text", "token_ids", "stats"}
     assert {"new_tokens", "tokens_per_second", "prefill_ms", "acceptance_rate"} <= set(out["stats"])
     assert out["stats"]["new_tokens"] == len(out["token_ids"]) <= 12
+
+
+def test_model_drafter_prefill_waits_for_its_first_draft(tiny_bundle):
+    """The drafter reads the context at its first draft, not before the first token: a generation
+    that never drafts with it never runs it, and the next one reuses what its cache shares with the
+    new context (a chat's earlier turn)."""
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    lm = eng.decoder.drafters["model"].lm
+    eng.reset()
+    calls = lm.calls
+    eng.generate("The capital of France is", max_new_tokens=1, drafter="model")  # no round: no draft
+    assert lm.calls == calls and lm.length == 0
+    first = eng.generate("The capital of France is", max_new_tokens=8, drafter="model", draft_tokens=2)
+    assert lm.calls > calls and lm.length > 0
+    held = lm.length
+    ref = eng.generate("The capital of France is", max_new_tokens=8, drafter="none")
+    assert first.token_ids == ref.token_ids and lm.length == held  # untouched by a generation without it
