@@ -257,3 +257,16 @@ def test_export_exact_kernels_in_one_command(tiny_dirs, tmp_path):
                                   "--target-precision", "fp32", "--exact-kernels"])
     assert r.exit_code == 2 and "--exact-kernels applies to an int4 target" in r.output
     assert not (tmp_path / "c").exists()
+
+
+def test_exact_kernels_graph_is_refused_on_a_gpu_provider(tiny_xk):
+    """edgespec.MatMulQ4 is a CPU operator: a GPU session would run it on the CPU behind the user's
+    back (and copy every activation across), so opening such a graph on CUDA is a typed error."""
+    from edgespec.manifest import load_manifest
+    from edgespec.onnx_lm import open_session
+    from edgespec.providers import CUDA, ProviderChoice
+
+    spec = load_manifest(tiny_xk).target
+    choice = ProviderChoice(providers=[(CUDA, {})], requested=["cuda"], explicit=True)
+    with pytest.raises(ProviderError, match="exact-kernels"):
+        open_session(spec.path, choice, role="target", kernels=spec.kernels)
