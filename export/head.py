@@ -444,8 +444,6 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     ranked by token frequency in the text files of ``corpus`` or by ``ranked`` if given), in place or into the new
     bundle directory ``out``; atomic either way (a stage directory beside the result, renamed
     into place)."""
-    from .output import check_output, prepare_stage, publish
-
     src = Path(bundle)
     try:
         manifest = load_manifest(src)
@@ -463,14 +461,23 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
         ranked = corpus_ranking(manifest.tokenizer_dir / "tokenizer.json", corpus)
     ids = select_head_ids(tj, n, eos_ids=manifest.eos_token_ids, bos_id=manifest.bos_token_id,
                           vocab_size=min(manifest.target.vocab_size, manifest.drafter.vocab_size), ranked=ranked)
+    source = head_source(corpus) if not ranked or corpus else "special tokens, then a given ranking, then BPE merge order"
+    return staged_rewrite(src, out, force, lambda stage: reduce_in_stage(stage, manifest, ids, log=log, source=source))
+
+
+def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build) -> Path:
+    """Rewrite the bundle ``src`` in place (``out`` None) or into the new bundle ``out``, atomically:
+    a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
+    manifest, which is checked to read back, written, and the stage renamed into place."""
+    from .output import check_output, prepare_stage, publish
+
     in_place = out is None
     dest = src.resolve() if in_place else check_output(out, force, [str(src)])
     stage = prepare_stage(dest)
     shutil.rmtree(stage)
     try:
         _copy_tree(src.resolve(), stage, link=in_place)
-        source = head_source(corpus) if not ranked or corpus else "special tokens, then a given ranking, then BPE merge order"
-        m = reduce_in_stage(stage, manifest, ids, log=log, source=source)
+        m = build(stage)
         if not in_place:
             m = replace(m, name=dest.name)
         Manifest.from_dict(m.to_dict(), stage)  # what is written reads back

@@ -215,9 +215,10 @@ def compare_with_source(source, rewritten, ids: list[int]) -> dict:
 def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
                     log=None) -> Path:
     """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically)."""
+    from edgespec.tokenizer import Tokenizer
+
     from .bundle import measured_sizes
-    from .head import _copy_tree
-    from .output import check_output, prepare_stage, publish
+    from .head import staged_rewrite
 
     src = Path(bundle)
     try:
@@ -233,17 +234,11 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     if manifest.target.layout != "cpu":
         raise ExportError(f"{src} is exported in the {manifest.target.layout} layout; edgespec's INT4 kernel is "
                           "for the CPU layout")
-    in_place = out is None
-    dest = src.resolve() if in_place else check_output(out, force, [str(src)])
-    stage = prepare_stage(dest)
-    shutil.rmtree(stage)
-    try:
-        _copy_tree(src.resolve(), stage, link=in_place)
-        m = replace(manifest, root=stage, tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))
-        from edgespec.tokenizer import Tokenizer
+    sample_ids = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos,
+                           bos_token_id=manifest.bos_token_id).encode(SAMPLE)[:64]
 
-        sample_ids = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos,
-                               bos_token_id=manifest.bos_token_id).encode(SAMPLE)[:64]
+    def build(stage: Path):
+        m = replace(manifest, root=stage, tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))
         for role in ("target", "drafter"):
             spec = getattr(manifest, role)
             if spec is None:
@@ -287,12 +282,6 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 log(f"    {role}: measuring its resident memory on the CPU EP")
             spec = replace(spec, **measured_sizes(stage, role, spec.to_dict(stage), log=log))
             m = replace(m, **{role: spec})
-        if not in_place:
-            m = replace(m, name=dest.name)
-        Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
-        write_manifest(m)
-        publish(stage, dest)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return dest
+        return m
+
+    return staged_rewrite(src, out, force, build)

@@ -5,9 +5,9 @@
 // `edgespec exact-kernels` (edgespec_export/kernels.py, pack_q4), so nothing is repacked or copied at
 // load: columns in tiles of 16, and per (tile, block)
 //   B:      block/8 groups of 64 bytes, byte 4i+j of group p = w[16t+i][8p+j] | w[16t+i][8p+4+j] << 4
-//   scales: 16 floats, zero points: 16 bytes (one per column; columns past N are zero).
-// Activations are quantized to int8
-// per row and block (symmetric, round to nearest even); each block's dot product is exact int32
+//   scales: 16 floats, zero points: 16 bytes (one per column; columns past N have scale 0).
+// Activations are quantized to int8 per row and block (symmetric, round to nearest even; the
+// reductions over a block are a max and an integer sum, exact in any order); each block's dot product is exact int32
 // (AVX-512 VNNI); the float accumulation over blocks runs in block order, one chain per (row, column).
 // So a row's result does not depend on how many rows the call has, nor on how columns are split over
 // threads: a one-token call computes what a wider call computes for the same row, which lets edgespec
