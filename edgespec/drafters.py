@@ -237,7 +237,7 @@ class ModelDrafter:
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
         lm = self.lm
         t0 = self.clock()
-        if getattr(self, "_stale", False):  # first draft of a generation: the context's prefill
+        if self._stale:  # first draft of a generation: the context's prefill
             behind = len(ctx)
             logits = lm.prefill(ctx.view())
             self._stale = False

@@ -358,7 +358,8 @@ def _write(m, model_path: Path, base: Path) -> None:
 
 # -- a bundle --------------------------------------------------------------------------------
 def head_files(root: Path, role: str = "drafter") -> dict:
-    """The drafter's files table after a rewrite: graph, data and the kept ids, sized and hashed."""
+    """A model's files table after a rewrite of its graph: graph, data and (a reduced head's) kept
+    ids under ``root / role``, sized and hashed."""
     out = {}
     for f in sorted((root / role).iterdir()):
         if f.name.startswith("model.onnx") or f.name == HEAD_IDS_NAME:
@@ -419,7 +420,9 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
 
 
 def _rerooted(spec, old: Path, new: Path):
-    return replace(spec, path=new / os.path.relpath(spec.path, old))
+    """``spec`` with its paths (graph, reduced head ids) under ``new`` instead of ``old``."""
+    head = new / os.path.relpath(spec.head_ids, old) if spec.head_ids is not None else None
+    return replace(spec, path=new / os.path.relpath(spec.path, old), head_ids=head)
 
 
 def _copy_tree(src: Path, dst: Path, link: bool) -> None:

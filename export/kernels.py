@@ -19,14 +19,13 @@ The drafter gets the kernel (it is also faster) but no padding: its arithmetic n
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import BundleError, ExportError
-from edgespec.manifest import Manifest, load_manifest, sha256_file, write_manifest
+from edgespec.manifest import load_manifest
 
 DOMAIN = "edgespec"
 OP = "MatMulQ4"
@@ -116,50 +115,37 @@ def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
         gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
         if not gqa:
             raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
-        extra = []
         one = helper.make_tensor("edgespec_pad_one", TensorProto.INT32, [], [1])
         last = helper.make_tensor("edgespec_pad_last", TensorProto.INT64, [1], [-1])
         end = helper.make_tensor("edgespec_pad_end", TensorProto.INT64, [1], [2 ** 62])
         zero = helper.make_tensor("edgespec_pad_zero", TensorProto.INT64, [1], [0])
         axis = helper.make_tensor("edgespec_pad_axis", TensorProto.INT64, [1], [1])
         g.initializer.extend([one, last, end, zero, axis])
+        before: dict[int, list] = {}  # id(attention node) -> new nodes to run before it
+        after: dict[int, list] = {}  # ... and after it
         shifted = {}
         for i, n in enumerate(gqa):
             if n.input[1] or n.input[2]:
                 raise ExportError(f"{model_path.name}: attention with separate key/value inputs is not padded")
             q = n.input[0]
             tail, qp = f"edgespec_pad/{i}/tail", f"edgespec_pad/{i}/query"
-            extra.append((n, [helper.make_node("Slice", [q, last.name, end.name, axis.name], [tail]),
-                              helper.make_node("Concat", [q, tail], [qp], axis=1)]))
+            pre = before.setdefault(id(n), [])
+            pre += [helper.make_node("Slice", [q, last.name, end.name, axis.name], [tail]),
+                    helper.make_node("Concat", [q, tail], [qp], axis=1)]
             n.input[0] = qp
             for slot in (5, 6):  # seqlens_k, total_sequence_length: one position more
                 src = n.input[slot]
                 if src not in shifted:
                     shifted[src] = f"edgespec_pad/{src}+1"
-                    extra.append((n, [helper.make_node("Add", [src, one.name], [shifted[src]])]))
+                    pre.append(helper.make_node("Add", [src, one.name], [shifted[src]]))
                 n.input[slot] = shifted[src]
-            out = n.output[0]
-            wide = f"edgespec_pad/{i}/out"
+            out, wide = n.output[0], f"edgespec_pad/{i}/out"
             n.output[0] = wide
-            extra.append((None, [helper.make_node("Slice", [wide, zero.name, last.name, axis.name], [out])]))
+            after[id(n)] = [helper.make_node("Slice", [wide, zero.name, last.name, axis.name], [out])]
             done["attention"] += 1
-        # each new node next to its attention node: before it, or (the output slice) after it
-        nodes = list(g.node)
         order = []
-        before: dict[int, list] = {}
-        after: dict[int, list] = {}
-        index = {id(n): k for k, n in enumerate(nodes)}
-        cur = None
-        for n, new in extra:
-            if n is not None:
-                cur = index[id(n)]
-                before.setdefault(cur, []).extend(new)
-            else:
-                after.setdefault(cur, []).extend(new)
-        for k, n in enumerate(nodes):
-            order.extend(before.get(k, []))
-            order.append(n)
-            order.extend(after.get(k, []))
+        for n in g.node:
+            order += before.get(id(n), []) + [n] + after.get(id(n), [])
         del g.node[:]
         g.node.extend(order)
     if not done["matmuls"]:
@@ -171,22 +157,6 @@ def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
     g.initializer.extend(kept)
     _write(m, model_path, base)  # the packed weights in place of the old, one data file, atomically
     return done
-
-
-def _rerooted(spec, old: Path, new: Path):
-    """``spec`` with its paths (graph, reduced head ids) under ``new`` instead of ``old``."""
-    head = new / os.path.relpath(spec.head_ids, old) if spec.head_ids is not None else None
-    return replace(spec, path=new / os.path.relpath(spec.path, old), head_ids=head)
-
-
-def _rehash(spec, root: Path) -> dict:
-    """``spec``'s files table after its graph and data file were rewritten."""
-    stem = spec.path.name
-    files = {rel: dict(v) for rel, v in spec.files.items() if not Path(rel).name.startswith(stem)}
-    for f in sorted(spec.path.parent.iterdir()):
-        if f.name.startswith(stem):
-            files[f.relative_to(root).as_posix()] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-    return files
 
 
 SAMPLE = ("def mean(values):\n    \"\"\"Return the arithmetic mean of a non-empty list.\"\"\"\n"
@@ -218,7 +188,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     from edgespec.tokenizer import Tokenizer
 
     from .bundle import measured_sizes
-    from .head import staged_rewrite
+    from .head import _rerooted, head_files, staged_rewrite
 
     src = Path(bundle)
     try:
@@ -266,7 +236,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             gcfg = spec.path.parent / "genai_config.json"
             if gcfg.exists():  # onnxruntime-genai cannot run edgespec's operator
                 gcfg.unlink()
-            files = _rehash(spec, stage)
+            files = head_files(stage, spec.path.parent.relative_to(stage).as_posix())
             on_disk = sum(v["bytes"] for v in files.values())
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
                            attention_pad=pad, operators=ops)
