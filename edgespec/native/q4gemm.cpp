@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -124,6 +125,8 @@ constexpr int kTile = 16;  // output columns a vector holds
 
 struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
+  // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
+  std::atomic<const void*> checked{nullptr};
 };
 
 struct Weights {
@@ -261,9 +264,9 @@ void compute(void* self, OrtKernelContext* ctx) {
 
 OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   auto* k = static_cast<Kernel*>(self);
+  size_t count = 0;
+  api<OrtStatus* (*)(const OrtKernelContext*, size_t*)>(kKernelContextGetInputCount)(ctx, &count);
   auto input = [&](size_t i) -> const OrtValue* {
-    size_t count = 0;
-    api<OrtStatus* (*)(const OrtKernelContext*, size_t*)>(kKernelContextGetInputCount)(ctx, &count);
     if (i >= count) return nullptr;
     const OrtValue* v = nullptr;
     if (!ok(api<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(kKernelContextGetInput)(ctx, i, &v)))
@@ -280,11 +283,15 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     for (int64_t x : d) n *= x;
     return d.empty() ? int64_t(0) : n;
   };
-  const int64_t tile_blocks = k->tiles * k->nb;
-  if (numel(dims_of(B)) != tile_blocks * k->block * kTile / 2 || numel(dims_of(S)) != tile_blocks * kTile)
-    return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
-  if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
-    return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
+  const void* b_data = data_of(B);
+  if (k->checked.load(std::memory_order_relaxed) != b_data) {  // the weights are initializers: their sizes are checked once, not every call
+    const int64_t tile_blocks = k->tiles * k->nb;
+    if (numel(dims_of(B)) != tile_blocks * k->block * kTile / 2 || numel(dims_of(S)) != tile_blocks * kTile)
+      return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
+    if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
+      return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
+    k->checked.store(b_data, std::memory_order_relaxed);
+  }
   int64_t M = 1;
   for (size_t i = 0; i + 1 < ad.size(); ++i) M *= ad[i];
   std::vector<int64_t> yd = ad;
@@ -300,7 +307,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   std::vector<int32_t> xs(size_t(M * k->nb));
   for (int64_t m = 0; m < M; ++m)
     quantize_row(a + m * k->K, k->K, k->block, xq.data() + m * k->K, xd.data() + m * k->nb, xs.data() + m * k->nb);
-  Weights q{static_cast<const uint8_t*>(data_of(B)), static_cast<const float*>(data_of(S)),
+  Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0};
   // about 64 KiB of packed weights a task, at least 4 tiles
