@@ -270,3 +270,32 @@ def test_exact_kernels_graph_is_refused_on_a_gpu_provider(tiny_xk):
     choice = ProviderChoice(providers=[(CUDA, {})], requested=["cuda"], explicit=True)
     with pytest.raises(ProviderError, match="exact-kernels"):
         open_session(spec.path, choice, role="target", kernels=spec.kernels)
+
+
+def test_library_on_a_cpu_without_vnni_is_a_typed_error(monkeypatch):
+    import edgespec.native as native
+
+    monkeypatch.setattr(native, "_cached", None)
+    monkeypatch.setattr(native, "cpu_supported", lambda: "this CPU lacks avx512_vnni")
+    with pytest.raises(ProviderError, match="needs AVX-512 VNNI: this CPU lacks avx512_vnni"):
+        native.library_path()
+
+
+def test_exact_kernels_refuses_another_accuracy_level_or_layout(tiny_int4_bundle, copy_bundle, tmp_path):
+    from edgespec.cli import main
+
+    for key, value, words in (("accuracy_level", 1, "accuracy level 1"), ("layout", "cuda", "cuda layout")):
+        b = copy_bundle(tiny_int4_bundle)
+        mf = b / "edgespec.json"
+        d = json.loads(mf.read_text())
+        if key == "layout":
+            d["models"]["target"]["layout"] = value
+        else:
+            d["models"]["target"]["quant"][key] = value
+        mf.write_text(json.dumps(d))
+        r = CliRunner().invoke(main, ["exact-kernels", str(b), "-o", str(tmp_path / key)])
+        assert r.exit_code != 0 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert not (tmp_path / key).exists()
+        import shutil
+
+        shutil.rmtree(b)
