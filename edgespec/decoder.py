@@ -264,7 +264,7 @@ class Decoder:
             else:
                 n, nxt = rejection_sample(draft.tokens, draft.probs, logits[:, : self.vocab], sp, rng)
             target.rewind(k - n)
-            policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt)
+            policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup)
             if choice.drafter is not None:
                 choice.drafter.accept(n, nxt)
             _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)

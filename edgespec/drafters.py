@@ -35,6 +35,7 @@ class Offer:
     key: str  # the acceptance estimate that judges this draft ("model", "prompt-lookup/3")
     max_tokens: int  # at most this many tokens now
     prior: tuple[float, float] = (1.2, 0.8)  # (accepted, rejected) pseudo-counts for a new estimate
+    upfront: int = 0  # context tokens it must read before drafting (a model drafter catching up), 0: none
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Draft:
     probs: list[Dist] | None = None  # q of each position (processed with the sampling settings), or None (deterministic)
     key: str = ""
     step_s: float | None = None  # seconds per drafter step measured while drafting (costly drafters)
+    catchup: tuple[int, float] | None = None  # (tokens, seconds) of a long catch-up read before drafting
 
 
 EMPTY = Draft([])
@@ -199,6 +201,7 @@ class ModelDrafter:
         self.clock = clock  # times the drafter's steps for the cost model (tests simulate time)
         self._fed_drafts = 0  # draft tokens of the last draft fed to the cache
         self._stale = True  # the cache may not hold a prefix of the context: the next draft prefills it
+        self._reuse: int | None = None  # while stale: the prefix of the context the cache holds
 
     @classmethod
     def build(cls, env: LoadEnv) -> "ModelDrafter | None":
@@ -223,30 +226,46 @@ class ModelDrafter:
         reuses the prefix it shares with the new context, a chat's earlier turns)."""
         self._fed_drafts = 0
         self._stale = True
+        self._reuse = None
 
     def reset(self) -> None:
         self.lm.reset()
         self._fed_drafts = 0
         self._stale = True
+        self._reuse = None
+
+    def behind(self, ctx: TokenBuffer) -> int:
+        """Context tokens the next draft reads before its first draft token: the whole context
+        but the prefix the cache shares with it (stale), else what the target emitted since."""
+        if self._stale:
+            if self._reuse is None:  # once per generation: the cache does not change while stale
+                self._reuse = self.lm.cache.ids.common_prefix(ctx.view())
+            return len(ctx) - min(self._reuse, len(ctx) - 1)
+        return len(ctx) - self.lm.length
 
     def offer(self, ctx: TokenBuffer, kmax: int) -> Offer | None:
         # the cache must hold the context and k - 1 draft tokens
         k = min(kmax, self.lm.max_context - len(ctx) + 1)
-        return Offer(self.name, k, prior=(1.5, 0.5)) if k > 0 else None
+        if k <= 0:
+            return None
+        behind = self.behind(ctx)
+        # the usual one or two tokens are part of a step; a longer read is priced up front
+        return Offer(self.name, k, prior=(1.5, 0.5), upfront=behind if behind > 2 else 0)
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
         lm = self.lm
+        behind = self.behind(ctx)
         t0 = self.clock()
         if self._stale:  # first draft of a generation: the context's prefill
-            behind = len(ctx)
             logits = lm.prefill(ctx.view())
-            self._stale = False
-        else:
-            behind = len(ctx) - lm.length  # >= 1: the cache holds a prefix of the context
+            self._stale, self._reuse = False, None
+        else:  # >= 1 behind: the cache holds a prefix of the context
             logits = lm.feed(ctx[lm.length:])
         # the step cost the cost model learns: one-token steps, and the catch-up call only when it
-        # is the usual one or two tokens (a long catch-up is a prefill, not a step)
-        step_time, steps = (self.clock() - t0, 1) if behind <= 2 else (0.0, 0)
+        # is the usual one or two tokens (a long catch-up is a prefill, priced per token apart)
+        read = self.clock() - t0
+        step_time, steps = (read, 1) if behind <= 2 else (0.0, 0)
+        catchup = (behind, read) if behind > 2 else None
         tokens: list[int] = []
         rows = []
         head = self.head_ids
@@ -273,7 +292,7 @@ class ModelDrafter:
                 steps += 1
         self._fed_drafts = len(tokens) - 1
         return Draft(tokens, rows or None, key=self.name,
-                     step_s=step_time / steps if steps else None)
+                     step_s=step_time / steps if steps else None, catchup=catchup)
 
     def accept(self, n: int, bonus: int) -> None:
         # the cache holds the context and the fed draft tokens; keep those the target accepted

@@ -58,6 +58,10 @@ class CostModel:
     prior_slope: float = 0.15  # extra cost per extra verified token, as a fraction of a 1-token call
     target: dict[int, float] = field(default_factory=dict)
     draft_steps: dict[str, float] = field(default_factory=dict)  # drafter name -> seconds a step
+    # drafter name -> seconds a context token read before drafting (a model drafter's catch-up:
+    # its prefill at its first draft of a generation, or the tokens emitted while it sat idle)
+    catchup: dict[str, float] = field(default_factory=dict)
+    prior_catchup: float = 0.1  # ... before any is measured, as a fraction of a drafter step
     min_width: int = 1  # a target that always computes >= min_width positions costs that much at k = 0
     width_multiple: int = 1  # ... and a multiple of this many (a kernel computing rows in pairs: 2)
 
@@ -73,6 +77,22 @@ class CostModel:
         """One step of ``drafter`` (a one-token call) took ``step_seconds``."""
         old = self.draft_steps.get(drafter)
         self.draft_steps[drafter] = step_seconds if old is None else (1 - self.ema) * old + self.ema * step_seconds
+
+    def observe_catchup(self, tokens: int, seconds: float, drafter: str = "model") -> None:
+        """``drafter`` read ``tokens`` context tokens in ``seconds`` before drafting."""
+        per = seconds / max(1, tokens)
+        old = self.catchup.get(drafter)
+        self.catchup[drafter] = per if old is None else (1 - self.ema) * old + self.ema * per
+
+    def upfront_cost(self, tokens: int, drafter: str = "model") -> float:
+        """Seconds ``drafter`` spends reading ``tokens`` context tokens before it can draft."""
+        if tokens <= 0:
+            return 0.0
+        per = self.catchup.get(drafter)
+        if per is None:
+            step = self.draft_steps.get(drafter)
+            per = self.prior_catchup * (0.4 * self.target_cost(1) if step is None else step)
+        return tokens * per
 
     def padded(self, width: int) -> int:
         """The width a call of ``width`` tokens really runs under the target's width policy."""
@@ -117,6 +137,14 @@ class CostModel:
                 best = (k, r)
         return best
 
+    @staticmethod
+    def amortized(rate: float, upfront_s: float, horizon: float) -> float:
+        """Tokens per second over the next ``horizon`` tokens of a drafter that drafts at ``rate``
+        once it has paid ``upfront_s`` seconds (its catch-up) first."""
+        if upfront_s <= 0 or rate <= 0:
+            return rate
+        return horizon / (upfront_s + horizon / rate)
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -145,6 +173,9 @@ class RoundPolicy:
         self._free: list[Drafter] = []  # free drafters that may fill a wide call's spare position
         self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
+        self.typical_tokens: float | None = None  # tokens a generation's rounds produce, averaged over generations
+        self._produced = 0  # ... in this generation so far
+        self.length_ema = 0.3
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False, width_multiple: int = 1) -> list[Drafter]:
@@ -153,6 +184,10 @@ class RoundPolicy:
         tokens, never on timings or earlier generations (a seeded sampled generation must give the
         same output every time: its random draws follow the rounds), so the generation starts from
         the priors (costs and acceptance) and learns acceptance from its own rounds only."""
+        if self._timed and self._produced:  # the last generation's length, for pricing catch-ups
+            t = self.typical_tokens
+            self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
+        self._produced = 0
         self._timed = not reproducible
         # acceptance is judged per generation: each estimate starts from what earlier generations
         # learned (weighed as ``carry`` rounds) and the generation's own rounds soon outweigh it,
@@ -209,6 +244,7 @@ class RoundPolicy:
             return NO_DRAFT
         best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
         offered: list[Drafter] = []
+        horizon = self.horizon(kcap)
         for d in self._want:
             offer = d.offer(ctx, kmax)
             if offer is None:
@@ -219,6 +255,8 @@ class RoundPolicy:
                 k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name)
             else:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name)
+            if offer.upfront:  # a catch-up first: worth it only if the rest of the generation repays it
+                r = self.cost.amortized(r, self.cost.upfront_cost(offer.upfront, d.name), horizon)
             if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
                 best, best_rate = Choice(d, k, offer.key), r
         for d in offered:  # the free drafters not chosen are scored on what the target emits
@@ -230,7 +268,7 @@ class RoundPolicy:
             for d in self._want:  # probe a costly drafter left unused too long
                 if d is not best.drafter and self._idle.get(d.name, 0) >= self.probe_every:
                     offer = d.offer(ctx, 1)
-                    if offer is not None:
+                    if offer is not None and not offer.upfront:  # a probe is one cheap step, not a prefill
                         self.estimate(offer)
                         return Choice(d, 1, offer.key)
         if best.k == 0 and self.cost.padded(1) > 1:
@@ -242,6 +280,15 @@ class RoundPolicy:
             if fill.drafter is not None:
                 return fill
         return best
+
+    def horizon(self, kcap: int) -> float:
+        """Tokens this generation is expected still to produce: what is left of its budget
+        (``kcap`` + 1), at most what generations typically produce beyond this point (learned from
+        earlier ones, never in a reproducible generation), and at least 16 more."""
+        left = float(kcap + 1)
+        if self._timed and self.typical_tokens is not None:
+            left = min(left, max(self.typical_tokens - self._produced, 16.0))
+        return left
 
     def _score_shadows(self, ctx: TokenBuffer) -> None:
         """Free drafters' guesses that were not drafted, scored now that the context holds what
@@ -257,11 +304,15 @@ class RoundPolicy:
         self._shadow = []
 
     def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
-                width: int, seconds: float) -> None:
-        """A round ran: the chosen drafter drafted ``tokens`` (a step took ``step_s``), the target
-        kept ``n_accepted`` of them in a call of ``width`` tokens that took ``seconds``."""
+                width: int, seconds: float, catchup: tuple[int, float] | None = None) -> None:
+        """A round ran: the chosen drafter drafted ``tokens`` (a step took ``step_s``, after reading
+        ``catchup`` = (tokens, seconds) of context first), the target kept ``n_accepted`` of them in
+        a call of ``width`` tokens that took ``seconds``."""
+        self._produced += n_accepted + 1
         if self._timed:
             self.cost.observe_target(width, seconds)
+            if catchup is not None and choice.drafter is not None:
+                self.cost.observe_catchup(catchup[0], catchup[1], choice.drafter.name)
         if tokens:
             self._update(choice.key, n_accepted, len(tokens))
         if self._timed and choice.drafter is not None and step_s is not None:

@@ -11,7 +11,7 @@ from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.memory import MemoryStore
 from edgespec.suffix import SuffixDrafter
-from edgespec.policy import CostModel, RoundPolicy
+from edgespec.policy import NO_DRAFT, CostModel, RoundPolicy
 from edgespec.sampling import SamplingParams, probs
 from tiny import FakeLM, SimClock
 
@@ -374,6 +374,90 @@ def test_adaptive_model_drafter_stops_drafting_when_it_does_not_pay():
     run(d, [1, 2, 3], st, max_new_tokens=120, drafter="model")
     # k = 0 rounds, with a one-token probe every 64 rounds to keep the estimate alive
     assert st.rounds_by_drafter.get("none", 0) > 0.75 * (st.target_calls - 1)
+
+
+def _catchup_decoder(drafter_step=0.0004):
+    """Simulated time: target 4 ms a call + 0.5 ms a token; a drafter that agrees with the target on
+    every token at ``drafter_step`` a call + 0.5 ms a token, so reading a 400-token prompt costs it
+    about 0.2 s, forty-five target steps."""
+    clock = SimClock()
+    target = FakeLM(8, seed=3, order=3, delay=(0.004, 0.0005), clock=clock, max_context=2048)
+    good = FakeLM(8, table=target.table, order=3, delay=(drafter_step, 0.0005), clock=clock, max_context=2048)
+    return Decoder(target, (), drafters=[ModelDrafter(good, 8, clock=clock)], clock=clock), clock
+
+
+def test_model_drafter_catch_up_is_priced_against_the_rest_of_the_generation():
+    """Issue #14: the model drafter reads the context at its first draft of a generation; on a short
+    answer after a long prompt that read costs more than drafting saves, so auto must not start it."""
+    rng = np.random.default_rng(5)
+    d, clock = _catchup_decoder()
+    st = Stats()
+    run(d, rng.integers(0, 8, 400).tolist(), st, max_new_tokens=300, drafter="auto")
+    assert st.rounds_by_drafter.get("model", 0) > 0.8 * st.rounds_by_drafter.get("none", 0) + 10  # repays it
+    per = d.policy.measured.catchup["model"]
+    assert 0.0005 <= per <= 0.0006  # 400 tokens in two chunks of <= 256: 2 x 0.4 ms + 400 x 0.5 ms
+    short = rng.integers(0, 8, 400).tolist()
+    times = {}
+    for drafter in ("auto", "none"):
+        st = Stats()
+        run(d, short, st, max_new_tokens=6, drafter=drafter)
+        times[drafter] = st.total_s - st.ttft_ms / 1000  # decode time (the second run reuses the prompt)
+        assert st.rounds_by_drafter.get("model", 0) == 0, (drafter, st.rounds_by_drafter)
+    assert times["auto"] == pytest.approx(times["none"])
+    # the premise: without pricing the read, auto starts the drafter on the short answer too
+    d2, _ = _catchup_decoder()
+    d2.policy.measured.prior_catchup = 0.0
+    d2.policy.measured.observe_catchup(1, 0.0)
+    st = Stats()
+    run(d2, short, st, max_new_tokens=6, drafter="auto")
+    assert st.rounds_by_drafter.get("model", 0) > 0
+
+
+def test_model_drafter_offer_counts_the_tokens_it_must_read_first():
+    from edgespec.kv import TokenBuffer
+
+    lm = FakeLM(8, seed=1)
+    md = ModelDrafter(lm, 8)
+    sp = SamplingParams()
+    ctx = TokenBuffer([1, 2, 3, 4, 5, 6], capacity=64)
+    md.begin(ctx.tolist())
+    assert md.offer(ctx, 4).upfront == 6  # stale: the whole context
+    dr = md.draft(ctx, 2, sp, np.random.default_rng(0))
+    assert dr.catchup[0] == 6 and dr.step_s is not None
+    md.accept(0, 7)
+    ctx.extend([7])
+    assert md.offer(ctx, 4).upfront == 0  # one behind: part of a step
+    assert md.draft(ctx, 1, sp, np.random.default_rng(0)).catchup is None
+    md.accept(1, 2)
+    ctx.extend([3, 2, 1, 0, 5])  # rounds drafted by others: five to read
+    assert md.offer(ctx, 4).upfront == 5
+    # a new chat turn extending this one: only the new part is read
+    turn = ctx.tolist() + [4, 4]
+    md.begin(turn)
+    md.accept(0, 0)
+    assert md.offer(TokenBuffer(turn, capacity=64), 4).upfront == len(turn) - lm.length
+    assert md.draft(TokenBuffer(turn, capacity=64), 1, sp, np.random.default_rng(0)).catchup[0] < len(turn)
+
+
+def test_the_horizon_follows_how_long_generations_run():
+    from edgespec.kv import TokenBuffer
+
+    pol = RoundPolicy()
+    drafters = {"copy": _Oracle("copy", False, lambda i: i % 5)}
+    assert pol.horizon(99) == 100  # nothing learned: the budget
+    for _ in range(3):
+        pol.begin("auto", drafters, 1)
+        ctx = TokenBuffer([1, 2], capacity=64)
+        for _ in range(10):  # ten rounds of two tokens
+            c = pol.choose(ctx, 50, None, 1)
+            pol.observe(c, [0], 1, None, 2, 0.01)
+    pol.begin("auto", drafters, 1)
+    assert pol.typical_tokens == pytest.approx(20)
+    assert pol.horizon(99) == 20 and pol.horizon(5) == 6
+    pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    assert pol.horizon(99) == 19
+    pol.begin("auto", drafters, 1, reproducible=True)  # never what earlier generations did
+    assert pol.horizon(99) == 100
 
 
 class _Oracle:
