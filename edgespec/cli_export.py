@@ -43,7 +43,7 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
 @click.option("--exact-kernels", is_flag=True,
               help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
-                   "exact one-token decoding on CPUs with AVX-512 VNNI, which alone can run it.")
+                   "exact one-token decoding; the bundle then runs on x86-64 CPUs with AVX2 and FMA only.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
@@ -110,7 +110,8 @@ def drafter_vocab(bundle, n, output, corpus, force):
 def exact_kernels(bundle, output, force):
     """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernel (edgespec.MatMulQ4) and pad its
     attention to two query rows, so that one-token calls are exact and plain decoding pays no
-    two-token tax. Needs an AVX-512 VNNI CPU and g++ (the kernel is built on first use)."""
+    two-token tax. Needs an x86-64 CPU with AVX2 and FMA (AVX-512 VNNI is used where present, with the
+    same results bitwise) and g++ (the kernel is built on first use)."""
     import sys
 
     try:

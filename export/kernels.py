@@ -1,12 +1,14 @@
 """``edgespec exact-kernels``: rewrite an exported INT4 bundle to edgespec's width-invariant kernels.
 
-Two graph changes, the weights untouched (the external data file is shared with nothing but read
-as it is):
+Two graph changes:
 
 * every ``com.microsoft.MatMulNBits`` (4 bits, K a multiple of the block) becomes
-  ``edgespec.MatMulQ4`` (``edgespec/native/q4gemm.cpp``) with the same inputs: the same layout and
-  int8-activation arithmetic, but a row's result no longer depends on how many rows the call has
-  (onnxruntime's AVX-512 kernel pairs rows at blocks of 64 and 128);
+  ``edgespec.MatMulQ4`` (``edgespec/native/q4gemm.cpp``) with the same numbers in the kernel's tiled
+  layout: the same int8-activation arithmetic, but a row's result no longer depends on how many rows
+  the call has (onnxruntime's AVX-512 kernel pairs rows at blocks of 64 and 128; its AVX2 kernel
+  computes one row on another path than two, at block 32 too). Weights another op shares (a tied
+  lm_head's, read by the embedding's GatherBlockQuantized) stay for that op and the kernel gets a
+  packed copy: one MatMulNBits left would bring the width dependence back;
 * in the target, each ``GroupQueryAttention`` gets one more query row (a copy of the call's last
   row, one position past it; the real rows cannot see it, and the next call overwrites its keys and
   values), so attention never runs a single query row, which onnxruntime computes on another path
@@ -82,8 +84,9 @@ def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
-    done = {"matmuls": 0, "kept": 0, "attention": 0}
+    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0}
     drop: set[str] = set()
+    packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     for node in g.node:
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             continue
@@ -92,19 +95,28 @@ def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
         while inputs and not inputs[-1]:
             inputs.pop()
         if (attrs.get("bits", 4) != 4 or attrs["K"] % attrs["block_size"] or attrs["block_size"] % 8
-                or len(inputs) > 4 or len(inputs) < 3 or any(i not in inits or users[i] != 1 for i in inputs[1:])):
-            done["kept"] += 1  # g_idx, bias, another width or shared weights: onnxruntime's op stays
+                or len(inputs) > 4 or len(inputs) < 3 or any(i not in inits for i in inputs[1:])):
+            done["kept"] += 1  # g_idx, bias, another width or computed weights: onnxruntime's op stays
             continue
         K, N, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
-        arrs = [_read(inits[i], base) for i in inputs[1:]]
-        packed = pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block)
         new_inputs = [inputs[0]]
-        for old, arr in zip(inputs[1:], packed):
-            name = f"{old}_q4t"
-            dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
-            g.initializer.append(_tensor(name, arr, dt))
-            drop.add(old)
-            new_inputs.append(name)
+        if tuple(inputs[1:]) in packed_as:  # the same weights as an earlier node: its packed copy
+            new_inputs += packed_as[tuple(inputs[1:])]
+        else:
+            arrs = [_read(inits[i], base) for i in inputs[1:]]
+            packed = pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block)
+            for old, arr in zip(inputs[1:], packed):
+                name = f"{old}_q4t"
+                dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
+                g.initializer.append(_tensor(name, arr, dt))
+                new_inputs.append(name)
+            packed_as[tuple(inputs[1:])] = new_inputs[1:]
+        for old in inputs[1:]:
+            users[old] -= 1
+            if users[old] == 0:
+                drop.add(old)
+        if any(users[old] for old in inputs[1:]):  # shared with another op (a tied embedding's gather):
+            done["copied"] += 1                     # the originals stay for it, the kernel reads a copy
         node.op_type, node.domain = OP, DOMAIN
         del node.input[:]
         node.input.extend(new_inputs)
@@ -227,6 +239,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if log:
                 log(f"    {role}: {counts['matmuls']} MatMulNBits -> {DOMAIN}.{OP}"
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
+                    + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)

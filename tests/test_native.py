@@ -272,13 +272,72 @@ def test_exact_kernels_graph_is_refused_on_a_gpu_provider(tiny_xk):
         open_session(spec.path, choice, role="target", kernels=spec.kernels)
 
 
-def test_library_on_a_cpu_without_vnni_is_a_typed_error(monkeypatch):
+def test_library_on_a_cpu_without_avx2_is_a_typed_error(monkeypatch):
     import edgespec.native as native
 
     monkeypatch.setattr(native, "_cached", None)
-    monkeypatch.setattr(native, "cpu_supported", lambda: "this CPU lacks avx512_vnni")
-    with pytest.raises(ProviderError, match="needs AVX-512 VNNI: this CPU lacks avx512_vnni"):
+    monkeypatch.setattr(native, "cpu_supported", lambda: "this CPU lacks avx2, fma")
+    with pytest.raises(ProviderError, match="needs an x86-64 CPU with AVX2 and FMA: this CPU lacks avx2, fma"):
         native.library_path()
+    monkeypatch.undo()
+    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")  # a Jetson's CPU
+    assert "aarch64" in native.cpu_supported()
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx"})
+    assert native.cpu_supported() == "this CPU lacks avx2, fma"
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+    assert native.isa() == "avx512-vnni"
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    assert native.isa() == "avx2"
+
+
+def test_kernel_int16_partial_sums_do_not_saturate():
+    """The AVX2 path sums u8 x s8 products in int16 over four 8-byte groups before widening: with
+    every weight 15, zero point 0 and every activation at +-127 (the largest partial sums there are),
+    the result must still be the exact block dot (an overflow or saturation would be off by far more)."""
+    from onnx import numpy_helper
+
+    K, N, block = 256, 32, 128
+    model = _graph(K, N, block, "MatMulQ4", zero_points=True)
+    inits = {i.name: i for i in model.graph.initializer}
+    for name, fill in (("B", 0xFF), ("Z", 0x00)):
+        arr = numpy_helper.to_array(inits[name]).copy()
+        arr[...] = fill
+        inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+    x = np.ones((3, K), np.float32)
+    x[1] = -1.0
+    x[2, ::2] = -1.0  # alternating signs: the partial sums cancel
+    y = _session(model).run(None, {"A": x})[0]
+    s = numpy_helper.to_array(inits["S"]).reshape(-1, 2, 16).transpose(0, 2, 1).reshape(-1, 2)[:N]  # [N, nb]
+    want = (s.astype(np.float64) * 15 * block).sum(1)
+    np.testing.assert_allclose(y[0], want, rtol=1e-5)
+    np.testing.assert_allclose(y[1], -want, rtol=1e-5)
+    np.testing.assert_allclose(y[2], 0.0, atol=1e-6)
+
+
+def test_kernel_block_of_five_groups_matches_the_reference():
+    """A block of 40 (five 8-byte groups: one batch of four and a batch of one on the AVX2 path)."""
+    K, N, block = 120, 21, 40
+    model = _graph(K, N, block, "MatMulQ4", zero_points=True, seed=3)
+    x = np.random.default_rng(4).normal(size=(5, K)).astype(np.float32)
+    y = _session(model).run(None, {"A": x})[0]
+    ref = _graph(K, N, block, "MatMulNBits", zero_points=True, seed=3)
+    exact = _dequant_reference(ref, x)
+    assert np.abs(y - exact).max() / np.abs(exact).max() < 0.02
+    for m in range(1, 5):
+        assert np.array_equal(_session(model).run(None, {"A": x[:m]})[0], y[:m])
+
+
+@pytest.mark.skipif(__import__("edgespec.native", fromlist=["isa"]).isa() != "avx512-vnni",
+                    reason="compares the AVX-512 VNNI path with the AVX2 path: this CPU has only the latter")
+def test_avx2_and_avx512_paths_compute_the_same_bits(monkeypatch):
+    for K, N, block, zp in ((256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False), (1536, 300, 128, True)):
+        x = np.random.default_rng(5).normal(size=(9, K)).astype(np.float32)
+        monkeypatch.delenv("EDGESPEC_Q4_ISA", raising=False)
+        wide = _session(_graph(K, N, block, "MatMulQ4", zp)).run(None, {"A": x})[0]
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+        narrow = _session(_graph(K, N, block, "MatMulQ4", zp)).run(None, {"A": x})[0]
+        assert np.array_equal(wide, narrow), (K, N, block)
 
 
 def test_exact_kernels_refuses_another_accuracy_level_or_layout(tiny_int4_bundle, copy_bundle, tmp_path):

@@ -4,13 +4,15 @@
 (int8 activations per block, int32 block dot products), computed so that a row's result does not
 depend on how many rows the call has (README, "Exactness"). A bundle rewritten by
 ``edgespec exact-kernels`` uses it in place of ``com.microsoft.MatMulNBits``; its graphs open only
-with this library registered (``library_path()``), which needs a C++ compiler (g++) once and a CPU
-with AVX-512 VNNI.
+with this library registered (``library_path()``), which needs a C++ compiler (g++) once and an
+x86-64 CPU with AVX2 and FMA; it takes its AVX-512 VNNI path where the CPU has one (the same numbers,
+bitwise, on both paths).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -19,8 +21,8 @@ from pathlib import Path
 from ..errors import ProviderError
 
 SOURCE = Path(__file__).with_name("q4gemm.cpp")
-FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-mavx512f", "-mavx512bw",
-         "-mavx512vl", "-mavx512vnni", "-mfma", "-ffp-contract=off"]
+# no -m flags: each path carries its own target attribute and is picked at run time
+FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
 _cached: str | None = None
 
 
@@ -28,14 +30,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EDGESPEC_NATIVE_DIR") or Path.home() / ".cache" / "edgespec" / "native")
 
 
+def _cpu_flags() -> set[str] | None:
+    try:
+        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        return None
+    return set(line.partition(":")[2].split())
+
+
 def cpu_supported() -> str | None:
     """None where this CPU runs the kernel, else why not."""
-    try:
-        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        return "cannot read /proc/cpuinfo to check for AVX-512 VNNI"
-    missing = [f for f in ("avx512f", "avx512bw", "avx512_vnni") if f not in flags.split()]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"this CPU is {platform.machine() or 'not x86-64'} (the kernel has x86-64 AVX2 and AVX-512 paths only)"
+    flags = _cpu_flags()
+    if flags is None:
+        return "cannot read /proc/cpuinfo to check for AVX2"
+    missing = [f for f in ("avx2", "fma") if f not in flags]
     return f"this CPU lacks {', '.join(missing)}" if missing else None
+
+
+def isa() -> str:
+    """The kernel path this CPU takes: 'avx512-vnni' or 'avx2' (EDGESPEC_Q4_ISA=avx2 forces the latter)."""
+    flags = _cpu_flags() or set()
+    if os.environ.get("EDGESPEC_Q4_ISA") != "avx2" and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        return "avx512-vnni"
+    return "avx2"
 
 
 def library_path() -> str:
@@ -45,7 +64,7 @@ def library_path() -> str:
         return _cached
     why = cpu_supported()
     if why:
-        raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) needs AVX-512 VNNI: {why}")
+        raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) needs an x86-64 CPU with AVX2 and FMA: {why}")
     src = SOURCE.read_bytes()
     tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
     out = cache_dir() / f"libedgespec_q4-{tag}.so"

@@ -8,10 +8,16 @@
 //   scales: 16 floats, zero points: 16 bytes (one per column; columns past N have scale 0).
 // Activations are quantized to int8 per row and block (symmetric, round to nearest even; the
 // reductions over a block are a max and an integer sum, exact in any order); each block's dot product is exact int32
-// (AVX-512 VNNI); the float accumulation over blocks runs in block order, one chain per (row, column).
+// (AVX-512 VNNI, or AVX2's u8 x s8 pair products, exact in int16 for up to four 8-byte groups, widened to
+// int32); the float accumulation over blocks runs in block order, one chain per (row, column), with the
+// same operations per lane on both paths (convert, multiply, fused multiply-add).
 // So a row's result does not depend on how many rows the call has, nor on how columns are split over
-// threads: a one-token call computes what a wider call computes for the same row, which lets edgespec
-// decode one token at a time and stay token-identical to speculative verification.
+// threads, nor on which of the two instruction sets computed it: a one-token call computes what a wider
+// call computes for the same row, which lets edgespec decode one token at a time and stay
+// token-identical to speculative verification.
+//
+// The path is chosen when the library is registered: AVX-512 VNNI where the CPU has it, else AVX2 + FMA;
+// EDGESPEC_Q4_ISA=avx2 forces the AVX2 path (to compare the two on one machine).
 //
 // The ABI below is declared here (the onnxruntime C API is append-only and versioned): only the
 // functions used are named, by their position in OrtApi.
@@ -21,6 +27,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -91,6 +98,10 @@ constexpr int kRequired = 0, kOptional = 1;
 
 const OrtApi* g_api = nullptr;
 bool g_parallel = false;
+bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
+
+#define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+#define ES_AVX2 __attribute__((target("avx2,fma")))
 
 template <typename F>
 F api(int i) { return reinterpret_cast<F>(g_api->fn[i]); }
@@ -125,6 +136,7 @@ constexpr int kTile = 16;  // output columns a vector holds
 
 struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
+  bool avx512 = false;
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
 };
@@ -149,7 +161,7 @@ struct Call {
 // Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
 // into nibbles once for all R rows.
 template <int R>
-void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
+ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
@@ -190,17 +202,92 @@ void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   }
 }
 
+// AVX2: rows r0..r0+R-1 (R <= 4) of tiles [t0, t1), each tile as two halves of 8 columns (one vector
+// of int32/float lanes); a 32-byte half group holds 4 weights of k = 8p..8p+3 (low nibbles) and
+// 8p+4..8p+7 (high nibbles) per column. _mm256_maddubs_epi16 multiplies the unsigned nibbles by the
+// int8 activations and adds pairs into int16 (|pair| <= 2*15*127, no saturation); four groups sum to at
+// most 16*15*127 = 30480 in int16, then _mm256_madd_epi16 widens to int32: the block's dot is exact.
+template <int R>
+ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
+  const Kernel& k = *c.k;
+  const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n0 = t * kTile + h * 8, cols = std::min<int64_t>(8, k.N - n0);
+      if (cols <= 0) break;
+      __m256 acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* wp = c.q.w + (t * nb + b) * tb + h * 32;
+        const int8_t* xb[R];
+        for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
+        __m256i dot[R];
+        for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+        for (int64_t p0 = 0; p0 < P; p0 += 4) {
+          __m256i s16[R];
+          for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+          const int64_t p1 = std::min<int64_t>(P, p0 + 4);
+          for (int64_t p = p0; p < p1; ++p) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + p * 64));
+            const __m256i lo = _mm256_and_si256(v, lo4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            for (int r = 0; r < R; ++r) {
+              int32_t a, bq;
+              std::memcpy(&a, xb[r] + 8 * p, 4);
+              std::memcpy(&bq, xb[r] + 8 * p + 4, 4);
+              const __m256i pa = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a));
+              const __m256i pb = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(bq));
+              s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(pa, pb));
+            }
+          }
+          for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(s16[r], ones));
+        }
+        const size_t sb = size_t((t * nb + b) * kTile + h * 8);
+        const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+                                 : _mm256_set1_epi32(8);
+        const __m256 s = _mm256_loadu_ps(c.q.scale + sb);
+        for (int r = 0; r < R; ++r) {
+          const int64_t rb = (r0 + r) * nb + b;
+          const __m256i corr = _mm256_sub_epi32(dot[r], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        float* y = c.y + (r0 + r) * k.N + n0;
+        if (cols == 8) {
+          _mm256_storeu_ps(y, acc[r]);
+        } else {
+          alignas(32) float tmp[8];
+          _mm256_store_ps(tmp, acc[r]);
+          std::memcpy(y, tmp, size_t(cols) * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
 void run_tiles(const Call& c, int64_t t0, int64_t t1) {
   int64_t r = 0;
-  for (; r + 8 <= c.M; r += 8) rows_tiles<8>(c, r, t0, t1);
+  if (c.k->avx512) {
+    for (; r + 8 <= c.M; r += 8) rows_tiles<8>(c, r, t0, t1);
+    switch (c.M - r) {
+      case 7: rows_tiles<7>(c, r, t0, t1); break;
+      case 6: rows_tiles<6>(c, r, t0, t1); break;
+      case 5: rows_tiles<5>(c, r, t0, t1); break;
+      case 4: rows_tiles<4>(c, r, t0, t1); break;
+      case 3: rows_tiles<3>(c, r, t0, t1); break;
+      case 2: rows_tiles<2>(c, r, t0, t1); break;
+      case 1: rows_tiles<1>(c, r, t0, t1); break;
+      default: break;
+    }
+    return;
+  }
+  for (; r + 4 <= c.M; r += 4) rows_tiles2<4>(c, r, t0, t1);
   switch (c.M - r) {
-    case 7: rows_tiles<7>(c, r, t0, t1); break;
-    case 6: rows_tiles<6>(c, r, t0, t1); break;
-    case 5: rows_tiles<5>(c, r, t0, t1); break;
-    case 4: rows_tiles<4>(c, r, t0, t1); break;
-    case 3: rows_tiles<3>(c, r, t0, t1); break;
-    case 2: rows_tiles<2>(c, r, t0, t1); break;
-    case 1: rows_tiles<1>(c, r, t0, t1); break;
+    case 3: rows_tiles2<3>(c, r, t0, t1); break;
+    case 2: rows_tiles2<2>(c, r, t0, t1); break;
+    case 1: rows_tiles2<1>(c, r, t0, t1); break;
     default: break;
   }
 }
@@ -211,21 +298,35 @@ void task(void* data, size_t i) {
   if (t0 < t1) run_tiles(c, t0, t1);
 }
 
-void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, float* d, int32_t* s) {
+// int8 per block, symmetric, round to nearest even (the default rounding of _mm256_cvtps_epi32, as
+// std::nearbyint's), the same numbers on both paths; block is a multiple of 8
+ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, float* d, int32_t* s) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   for (int64_t b = 0; b < K / block; ++b) {
     const float* xb = x + b * block;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t j = 0; j < block; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + j), absmask));
+    alignas(32) float mv[8];
+    _mm256_store_ps(mv, m);
     float amax = 0.f;
-    for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    for (float v : mv) amax = std::max(amax, v);
     const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < block; ++j) {
-      const int v = int(std::nearbyint(xb[j] * inv));
-      const int c = std::min(127, std::max(-127, v));
-      q[b * block + j] = int8_t(c);
-      sum += c;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t j = 0; j < block; j += 8) {
+      __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), vinv));
+      v = _mm256_min_epi32(_mm256_max_epi32(v, nlim), lim);
+      sum = _mm256_add_epi32(sum, v);
+      const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + b * block + j), _mm_packs_epi16(p16, p16));
     }
+    alignas(32) int32_t sv[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sv), sum);
+    int32_t total = 0;
+    for (int32_t v : sv) total += v;
     d[b] = scale;
-    s[b] = sum;
+    s[b] = total;
   }
 }
 
@@ -242,6 +343,7 @@ OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelIn
   if (bits != 4 || k->K <= 0 || k->N <= 0 || k->block < 8 || k->block % 8 || k->K % k->block)
     return fail("edgespec.MatMulQ4: needs bits=4, a block_size that is a multiple of 8 and K a multiple of it");
   k->nb = k->K / k->block;
+  k->avx512 = g_avx512;
   k->tiles = (k->N + kTile - 1) / kTile;
   return nullptr;
 }
@@ -348,8 +450,11 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   if (!g_api) g_api = base->GetApi(1);
   if (!g_api) return nullptr;
   using MkStatus = OrtStatus* (*)(int, const char*);
-  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw"))
-    return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX-512 VNNI");
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX2 and FMA");
+  const char* isa = std::getenv("EDGESPEC_Q4_ISA");
+  g_avx512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && !(isa && std::strcmp(isa, "avx2") == 0);
   OrtCustomOpDomain* domain = nullptr;
   OrtStatus* s = api<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(kCreateCustomOpDomain)("edgespec", &domain);
   if (s) return s;
