@@ -345,7 +345,11 @@ def info(bundle, verify, as_json):
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.kernels != "onnxruntime":
             pad = f"; attention padded by {spec.attention_pad} query row" if spec.attention_pad else ""
-            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: CPU EP on x86-64 with AVX2 and FMA; AVX-512 VNNI used where present{pad})")
+            from .native import cpu_supported, isa
+
+            here = cpu_supported() or f"this CPU takes its {isa()} path"
+            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2 and FMA; "
+                       f"{here}{pad})")
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
         for line in report_lines(spec.validation, spec.quality):

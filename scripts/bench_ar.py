@@ -45,6 +45,11 @@ def main(argv=None) -> int:
     ap.add_argument("--top-p", type=float, default=0.8, help="for the sampled column")
     args = ap.parse_args(argv)
     sampled = {"temperature": args.temperature, "top_p": args.top_p}
+    import onnxruntime
+
+    from edgespec.native import cpu_supported, isa
+    print(f"onnxruntime {onnxruntime.__version__}; edgespec's INT4 kernel (exact-kernels bundles): "
+          f"{cpu_supported() or isa() + ' path'}")
     print(f"| bundle | edgespec exact tok/s | edgespec 1-token tok/s | genai tok/s | edgespec/genai | "
           f"outside session.run (greedy) | sampled T={args.temperature} top-p={args.top_p} tok/s | "
           f"outside session.run (sampled) | same tokens as genai |")

@@ -242,6 +242,25 @@ def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
     assert len(row) == 1 and "| – | – |" in row[0] and row[0].rstrip().endswith("| – |")
 
 
+def test_info_and_bench_ar_name_the_kernel_path_this_cpu_takes(tiny_xk, capsys, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from edgespec.cli import main
+    from edgespec.native import isa
+
+    r = CliRunner().invoke(main, ["info", str(tiny_xk)])
+    assert r.exit_code == 0 and f"this CPU takes its {isa()} path" in r.output, r.output
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    r = CliRunner().invoke(main, ["info", str(tiny_xk)])
+    assert "this CPU takes its avx2 path" in r.output
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_ar
+
+    assert bench_ar.main([str(tiny_xk), "--tokens", "2", "--reps", "1"]) == 0
+    assert "edgespec's INT4 kernel (exact-kernels bundles): avx2 path" in capsys.readouterr().out
+
+
 def test_export_exact_kernels_in_one_command(tiny_dirs, tmp_path):
     from edgespec.cli import main
 
