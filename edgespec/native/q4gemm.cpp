@@ -202,66 +202,83 @@ ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   }
 }
 
-// AVX2: rows r0..r0+R-1 (R <= 4) of tiles [t0, t1), each tile as two halves of 8 columns (one vector
-// of int32/float lanes); a 32-byte half group holds 4 weights of k = 8p..8p+3 (low nibbles) and
-// 8p+4..8p+7 (high nibbles) per column. _mm256_maddubs_epi16 multiplies the unsigned nibbles by the
-// int8 activations and adds pairs into int16 (|pair| <= 2*15*127, no saturation); four groups sum to at
-// most 16*15*127 = 30480 in int16, then _mm256_madd_epi16 widens to int32: the block's dot is exact.
+// AVX2: rows r0..r0+R-1 (R <= 3) of tiles [t0, t1). A tile's 16 columns are two vectors of 8 int32/
+// float lanes, one per 32-byte half of each 64-byte group (4 weights of k = 8p..8p+3 in the low nibbles
+// and 8p+4..8p+7 in the high ones, per column); both halves are computed in one pass, sharing the
+// activation broadcasts. _mm256_maddubs_epi16 multiplies the unsigned nibbles by the int8 activations
+// and adds pairs into int16 (|pair| <= 2*15*127, no saturation); four groups sum to at most
+// 16*15*127 = 30480 in int16, then _mm256_madd_epi16 widens to int32: the block's dot is exact.
+template <int R>
+ES_AVX2 inline void group2(const uint8_t* g, const int8_t* const* xb, int64_t p, __m256i lo4, __m256i (*s16)[2]) {
+  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
+  const __m256i lo0 = _mm256_and_si256(v0, lo4), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4);
+  const __m256i lo1 = _mm256_and_si256(v1, lo4), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4);
+  for (int r = 0; r < R; ++r) {
+    int32_t a, bq;
+    std::memcpy(&a, xb[r] + 8 * p, 4);
+    std::memcpy(&bq, xb[r] + 8 * p + 4, 4);
+    const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(bq);
+    s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, va), _mm256_maddubs_epi16(hi0, vb)));
+    s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, va), _mm256_maddubs_epi16(hi1, vb)));
+  }
+}
+
 template <int R>
 ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
   const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t t = t0; t < t1; ++t) {
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n0 = t * kTile + h * 8, cols = std::min<int64_t>(8, k.N - n0);
-      if (cols <= 0) break;
-      __m256 acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* wp = c.q.w + (t * nb + b) * tb + h * 32;
-        const int8_t* xb[R];
-        for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
-        __m256i dot[R];
-        for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
-        for (int64_t p0 = 0; p0 < P; p0 += 4) {
-          __m256i s16[R];
-          for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
-          const int64_t p1 = std::min<int64_t>(P, p0 + 4);
-          for (int64_t p = p0; p < p1; ++p) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + p * 64));
-            const __m256i lo = _mm256_and_si256(v, lo4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            for (int r = 0; r < R; ++r) {
-              int32_t a, bq;
-              std::memcpy(&a, xb[r] + 8 * p, 4);
-              std::memcpy(&bq, xb[r] + 8 * p + 4, 4);
-              const __m256i pa = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a));
-              const __m256i pb = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(bq));
-              s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(pa, pb));
-            }
-          }
-          for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(s16[r], ones));
-        }
-        const size_t sb = size_t((t * nb + b) * kTile + h * 8);
-        const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* wp = c.q.w + (t * nb + b) * tb;
+      const int8_t* xb[R];
+      for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
+      __m256i dot[R][2];
+      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+      int64_t p = 0;
+      for (; p + 4 <= P; p += 4) {  // four groups a batch, unrolled
+        __m256i s16[R][2];
+        for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+        group2<R>(wp + p * 64, xb, p, lo4, s16);
+        group2<R>(wp + (p + 1) * 64, xb, p + 1, lo4, s16);
+        group2<R>(wp + (p + 2) * 64, xb, p + 2, lo4, s16);
+        group2<R>(wp + (p + 3) * 64, xb, p + 3, lo4, s16);
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
+      }
+      if (p < P) {  // a block of 8 * (4n + 1..3)
+        __m256i s16[R][2];
+        for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+        for (; p < P; ++p) group2<R>(wp + p * 64, xb, p, lo4, s16);
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
+      }
+      const size_t sb = size_t((t * nb + b) * kTile);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
                                  : _mm256_set1_epi32(8);
-        const __m256 s = _mm256_loadu_ps(c.q.scale + sb);
+        const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
         for (int r = 0; r < R; ++r) {
           const int64_t rb = (r0 + r) * nb + b;
-          const __m256i corr = _mm256_sub_epi32(dot[r], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r]);
+          const __m256i corr = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
         }
       }
-      for (int r = 0; r < R; ++r) {
-        float* y = c.y + (r0 + r) * k.N + n0;
-        if (cols == 8) {
-          _mm256_storeu_ps(y, acc[r]);
-        } else {
-          alignas(32) float tmp[8];
-          _mm256_store_ps(tmp, acc[r]);
-          std::memcpy(y, tmp, size_t(cols) * sizeof(float));
-        }
+    }
+    const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+    for (int r = 0; r < R; ++r) {
+      float* y = c.y + (r0 + r) * k.N + n0;
+      if (cols == kTile) {
+        _mm256_storeu_ps(y, acc[r][0]);
+        _mm256_storeu_ps(y + 8, acc[r][1]);
+      } else {
+        alignas(32) float tmp[kTile];
+        _mm256_store_ps(tmp, acc[r][0]);
+        _mm256_store_ps(tmp + 8, acc[r][1]);
+        std::memcpy(y, tmp, size_t(cols) * sizeof(float));
       }
     }
   }
@@ -283,9 +300,8 @@ void run_tiles(const Call& c, int64_t t0, int64_t t1) {
     }
     return;
   }
-  for (; r + 4 <= c.M; r += 4) rows_tiles2<4>(c, r, t0, t1);
+  for (; r + 3 <= c.M; r += 3) rows_tiles2<3>(c, r, t0, t1);
   switch (c.M - r) {
-    case 3: rows_tiles2<3>(c, r, t0, t1); break;
     case 2: rows_tiles2<2>(c, r, t0, t1); break;
     case 1: rows_tiles2<1>(c, r, t0, t1); break;
     default: break;
