@@ -350,6 +350,11 @@ def info(bundle, verify, as_json):
             here = cpu_supported() or f"this CPU takes its {isa()} path"
             click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2 and FMA; "
                        f"{here}{pad})")
+            if spec.kernels_check:
+                c = spec.kernels_check
+                click.echo(f"    rewrite checked against the source graph: top-1 agreement {c['top1_agreement']:.3f} over "
+                           f"{c['positions']} positions, max |Δlogit| {c['max_abs_logit_diff']:.3g} (logits up to "
+                           f"{c['logit_scale']:.3g})")
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
         for line in report_lines(spec.validation, spec.quality):

@@ -8,6 +8,7 @@ bundles of earlier versions lack are optional, and the key those bundles used fo
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -233,6 +234,10 @@ class ModelSpec:
     # rows the graph appends to attention's query (a copy of the last one, written to the KV cache
     # one position past the call and overwritten later), so that attention never runs one query row
     attention_pad: int = 0
+    # what ``edgespec exact-kernels`` measured when it rewrote the graph: both graphs on a sample text
+    # (``max_abs_logit_diff``, ``logit_scale``, ``top1_agreement``, ``positions``); None: not rewritten,
+    # or rewritten before this was recorded. The validation and quality records stay the source graph's.
+    kernels_check: dict | None = None
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -292,7 +297,8 @@ class ModelSpec:
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
             embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
             head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
-            kernels=_kernels(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0, **dims,
+            kernels=_kernels(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
+            kernels_check=_kernels_check(d, where), **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -312,6 +318,7 @@ class ModelSpec:
                if self.head_ids else {}),
             **({"kernels": self.kernels} if self.kernels != "onnxruntime" else {}),
             **({"attention_pad": self.attention_pad} if self.attention_pad else {}),
+            **({"kernels_check": dict(self.kernels_check)} if self.kernels_check else {}),
         }
 
     def load_head_ids(self, vocab: int) -> "np.ndarray | None":
@@ -342,6 +349,22 @@ def _kernels(d: dict, where: str) -> str:
     if k not in KERNELS:
         raise ManifestError(f"manifest: {where}.kernels {k!r} is not one of {', '.join(KERNELS)}")
     return k
+
+
+KERNELS_CHECK = ("max_abs_logit_diff", "logit_scale", "top1_agreement", "positions")
+
+
+def _kernels_check(d: dict, where: str) -> dict | None:
+    c = _opt(dict, where, d, "kernels_check")
+    if c is None:
+        return None
+    out = {}
+    for k in KERNELS_CHECK:
+        v = c.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ManifestError(f"manifest: {where}.kernels_check.{k} must be a finite number >= 0, got {v!r}")
+        out[k] = int(v) if k == "positions" else float(v)
+    return out
 
 
 def _head(root: Path, d: dict, files: dict, dims: dict, where: str) -> tuple[Path | None, int | None]:

@@ -261,6 +261,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if check["top1_agreement"] < 0.75 or not np.isfinite(check["max_abs_logit_diff"]):
                 raise ExportError(f"the rewritten {role} disagrees with its source graph (top-1 agreement "
                                   f"{check['top1_agreement']:.2f}): not written")
+            spec = replace(spec, kernels_check=check)
             if log:
                 log(f"    {role}: measuring its resident memory on the CPU EP")
             spec = replace(spec, **measured_sizes(stage, role, spec.to_dict(stage), log=log))

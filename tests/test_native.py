@@ -242,6 +242,25 @@ def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
     assert len(row) == 1 and "| – | – |" in row[0] and row[0].rstrip().endswith("| – |")
 
 
+def test_the_rewrite_records_its_check_and_a_bad_record_is_refused(tiny_xk, copy_bundle):
+    from edgespec.cli import main
+    from edgespec.errors import ManifestError
+    from edgespec.manifest import load_manifest
+
+    c = load_manifest(tiny_xk).target.kernels_check
+    assert c is not None and c["top1_agreement"] >= 0.75 and c["positions"] > 0 and c["logit_scale"] > 0
+    r = CliRunner().invoke(main, ["info", str(tiny_xk)])
+    assert f"top-1 agreement {c['top1_agreement']:.3f} over {c['positions']} positions" in r.output, r.output
+    b = copy_bundle(tiny_xk)
+    d = json.loads((b / "edgespec.json").read_text())
+    d["models"]["target"]["kernels_check"]["top1_agreement"] = "high"
+    (b / "edgespec.json").write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="kernels_check.top1_agreement must be a finite number"):
+        load_manifest(b)
+    r = CliRunner().invoke(main, ["info", str(b)])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, r.output
+
+
 def test_info_and_bench_ar_name_the_kernel_path_this_cpu_takes(tiny_xk, capsys, monkeypatch):
     import sys
     from pathlib import Path
