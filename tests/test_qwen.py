@@ -11,7 +11,8 @@ from conftest import BUNDLES
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen-coder", "qwen-coder-d4", "qwen-coder-d4a", "qwen-coder-fp32",
-                                  "qwen-coder-b128", "qwen-coder-b128-xk"])
+                                  "qwen-coder-b128", "qwen-coder-b128-xk", "qwen-coder-b128-v64k",
+                                  "qwen-coder-b128-v64k-xk"])
 def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
     bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
