@@ -178,6 +178,8 @@ class Decoder:
         self.drafters: dict[str, Drafter] = {n: given.pop(n) for n in list(DRAFTERS) if n in given}
         self.drafters.update(given)
         self.policy = RoundPolicy()
+        for w, seconds in sorted((target.width_seconds or {}).items()):  # the width probe's calls, timed
+            self.policy.measured.observe_target(w, seconds)
         self.lock = GenerationLock()
         self.unavailable: dict[str, str] = {}  # drafter name -> why it is not loaded (for the refusal)
 

@@ -31,6 +31,9 @@ class CausalLM:
     min_width: int = 1
     width_multiple: int = 1
     prefill_chunk: int = 256
+    # seconds a call of each width took when the exactness width was measured (width.measure_width);
+    # None where it was not: the round policy then starts from its priors
+    width_seconds: dict | None = None
 
     def _init_counters(self) -> None:
         self.calls = 0

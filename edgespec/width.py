@@ -2,6 +2,7 @@
 output equals autoregressive output (README, "Exactness"), measured when a session opens."""
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -37,13 +38,15 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
     result is the cheapest policy under which every pair of calls it allows (widths of at least
     ``min_width`` tokens, multiples of ``multiple``) computes them bitwise the same. A call of 2
     tokens made twice must also agree with itself, or no policy can help (warned). ``lm`` is left
-    as it was found: empty cache, no calls counted."""
+    as it was found: empty cache, no calls counted. What each call took is kept as
+    ``lm.width_seconds`` (width -> seconds; the repeated 2-token call keeps the faster of its two):
+    the round policy starts from these instead of a guessed verify-width slope."""
     need = prefix + max(widths)
     if lm.max_context < need:
         return width_policy(lm.device)  # too small to probe: the rule measured on the CPU
     vocab = min(lm.spec.vocab_size, 32000)
     ids = [(7919 * i + 13) % vocab for i in range(need)]  # fixed, spread over the vocabulary
-    rows = {}
+    rows, took = {}, {}
     saved = lm.min_width, lm.width_multiple
     lm.min_width, lm.width_multiple = 1, 1
     try:
@@ -51,9 +54,14 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
         lm.forward(ids[:prefix])
         for w in widths:
             lm.rewind(lm.length - prefix)
+            t = time.perf_counter()
             rows[w] = lm.forward(ids[prefix: prefix + w])
+            took[w] = time.perf_counter() - t
         lm.rewind(lm.length - prefix)
+        t = time.perf_counter()
         again = lm.forward(ids[prefix: prefix + 2])
+        took[2] = min(took.get(2, np.inf), time.perf_counter() - t)
+        lm.width_seconds = took
     finally:
         lm.reset()
         lm.min_width, lm.width_multiple = saved

@@ -413,6 +413,19 @@ def test_model_drafter_catch_up_is_priced_against_the_rest_of_the_generation():
     assert st.rounds_by_drafter.get("model", 0) > 0
 
 
+def test_the_width_probe_timings_seed_the_round_policy():
+    """A CPU where the INT4 products are compute-bound (session 9's Zen 1: a 2-token call costs 1.4x
+    a 1-token one): from the probe's timings the policy knows at once that a free drafter right 35
+    times in 100 does not pay, where the prior slope (0.15 a token) would have it draft."""
+    lm = FakeLM(8, seed=1)
+    lm.width_seconds = {1: 0.050, 2: 0.070, 3: 0.103, 4: 0.137}
+    d = Decoder(lm, ())
+    assert d.policy.measured.target == lm.width_seconds
+    assert d.policy.measured.best_k(0.35, 4, False)[0] == 0
+    assert CostModel().best_k(0.35, 4, False)[0] >= 1
+    assert Decoder(FakeLM(8, seed=1), ()).policy.measured.target == {}  # no probe: the priors
+
+
 def test_model_drafter_offer_counts_the_tokens_it_must_read_first():
     from edgespec.kv import TokenBuffer
 

@@ -124,6 +124,13 @@ def test_width_is_measured_at_load_on_the_cpu(bundle, request):
     assert eng.decoder.target.min_width == 2
     assert eng.decoder.drafters["model"].lm.min_width == 1
     assert OnnxLM(load_manifest(request.getfixturevalue(bundle)).target, 20, choose(["cpu"])).min_width == 2  # rule
+    # the probe's calls are timed and seed the round policy's verify-width costs
+    from edgespec.width import PROBE_WIDTHS
+
+    took = eng.decoder.target.width_seconds
+    assert set(took) == set(PROBE_WIDTHS) and all(t > 0 for t in took.values())
+    assert eng.decoder.policy.measured.target == took
+    assert edgespec.load(request.getfixturevalue(bundle), max_context=256, min_width=2).decoder.policy.measured.target == {}
 
 
 @pytest.mark.parametrize("bundle", ["tiny_bundle", "tiny_int4_bundle"])
