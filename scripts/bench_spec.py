@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         warm = eng.tokenizer.encode("Hello")
         for fn in external.values():
             fn(warm, 8)
-    print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + names}, "
+    print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + [n for n in names if n != 'none']}, "
           f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
     try:
         rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
