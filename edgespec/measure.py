@@ -105,7 +105,8 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     """Load ``bundle`` with ``edgespec.load(**load_kw)``, prefill a prompt of ``prompt_tokens``
     tokens (default: enough to fill the context with the decoded tokens, the case the plan budgets
     for: KV pages become resident only when written) and decode ``new_tokens`` greedily
-    (end-of-sequence ignored, so all of them are decoded), sampling memory after each stage.
+    (end-of-sequence ignored, so all of them are decoded; with the model drafter, when loaded, so
+    that it reads the whole context too), sampling memory after each stage.
     Returns ``(engine, samples)``."""
     from .api import load
 
@@ -124,7 +125,11 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     engine.decoder.prefill(ids)
     samples.append(sample(f"after prefill ({len(ids)} tokens)", gpu))
     decoded = 0
-    for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True):
+    # the drafter at full context too, as the plan budgets it: a model drafter reads the context at
+    # its first draft, and in a few tokens `auto` may never start it (its KV pages never written)
+    drafting = {"drafter": "model", "draft_tokens": 2} if "model" in engine.decoder.drafters else {}
+    for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                                        **drafting):
         decoded += len(toks)
     samples.append(sample(f"after decoding {decoded} tokens", gpu))
     return engine, samples

@@ -596,6 +596,16 @@ def test_cli_plan_measure(tiny_bundle, tmp_path):
     assert "measured peak resident" in out.stdout and "after decoding 32 tokens" in out.stdout
 
 
+def test_measure_fills_the_model_drafters_context_too(tiny_bundle):
+    """The plan budgets the drafter's KV cache at full context; the model drafter reads the context
+    only at its first draft, so the measurement drafts with it rather than leave that to auto."""
+    from edgespec.measure import measure
+
+    engine, samples = measure(tiny_bundle, new_tokens=8, max_context=256)
+    assert samples[-1].stage == "after decoding 8 tokens"
+    assert engine.decoder.drafters["model"].lm.length >= 256 - 8 - 1
+
+
 @pytest.mark.real
 def test_plan_matches_measured_memory_on_smollm2(smol_int4):
     """The plan is the memory of a full context: measured in a fresh process that fills the
