@@ -85,14 +85,27 @@ class CostModel:
         self.catchup[drafter] = per if old is None else (1 - self.ema) * old + self.ema * per
 
     def upfront_cost(self, tokens: int, drafter: str = "model") -> float:
-        """Seconds ``drafter`` spends reading ``tokens`` context tokens before it can draft."""
+        """Seconds ``drafter`` spends reading ``tokens`` context tokens before it can draft. Before
+        a catch-up is measured: a drafter step times what one more token in a call costs the target,
+        relative to its one-token call (the drafter's arithmetic scales as the target's: on a
+        compute-bound CPU a token read costs most of a step, not a tenth), at least
+        ``prior_catchup``."""
         if tokens <= 0:
             return 0.0
         per = self.catchup.get(drafter)
         if per is None:
             step = self.draft_steps.get(drafter)
-            per = self.prior_catchup * (0.4 * self.target_cost(1) if step is None else step)
+            step = 0.4 * self.target_cost(1) if step is None else step
+            per = max(self.prior_catchup, self.marginal()) * step
         return tokens * per
+
+    def marginal(self) -> float:
+        """One more token in a target call, as a fraction of a one-token call, from the measured
+        widths (0 until two widths are measured)."""
+        if len(self.target) < 2:
+            return 0.0
+        slope, _, _ = self._line()
+        return slope / max(self.target_cost(1), 1e-9)
 
     def padded(self, width: int) -> int:
         """The width a call of ``width`` tokens really runs under the target's width policy."""
@@ -104,7 +117,13 @@ class CostModel:
             return self.target[width]
         if not self.target:
             return 1.0 + self.prior_slope * (width - 1)
-        if self._fit is None:  # refitted only when a measurement changed (choose() prices many widths a round)
+        slope, icpt, floor = self._line()
+        return max(icpt + slope * width, floor)
+
+    def _line(self) -> tuple[float, float, float]:
+        """(slope, intercept, floor) of the target's cost by width, fitted to what was measured;
+        refitted only when a measurement changed (choose() prices many widths a round)."""
+        if self._fit is None:
             widths = np.array(sorted(self.target), dtype=float)
             costs = np.array([self.target[int(w)] for w in widths])
             if len(widths) >= 2:
@@ -113,8 +132,7 @@ class CostModel:
             else:
                 base = float(costs[0]) / (1 + self.prior_slope * (widths[0] - 1))
                 self._fit = (base * self.prior_slope, base * (1 - self.prior_slope), 0.0)
-        slope, icpt, floor = self._fit
-        return max(icpt + slope * width, floor)
+        return self._fit
 
     @staticmethod
     def expected_tokens(alpha: float, k: int) -> float:

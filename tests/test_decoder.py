@@ -426,6 +426,26 @@ def test_the_width_probe_timings_seed_the_round_policy():
     assert Decoder(FakeLM(8, seed=1), ()).policy.measured.target == {}  # no probe: the priors
 
 
+def test_a_catch_up_is_priced_from_the_targets_width_curve_until_measured():
+    """Before the drafter's catch-up is measured, a context token costs it what one more token in a
+    call costs the target (relative to a one-token call): on session 9's compute-bound CPU about 0.6
+    of a step, six times the fixed prior of 0.1, which made a prompt's read look cheap."""
+    cm = CostModel()
+    cm.observe_draft(0.0167)
+    assert cm.upfront_cost(100) == pytest.approx(100 * 0.1 * 0.0167)  # no widths measured: the prior
+    for w, t in {1: 0.050, 2: 0.070, 3: 0.103, 4: 0.137}.items():
+        cm.observe_target(w, t)
+    assert cm.marginal() == pytest.approx(0.0291 / 0.050, rel=0.05)
+    assert cm.upfront_cost(100) == pytest.approx(100 * cm.marginal() * 0.0167)
+    flat = CostModel()  # a memory-bound target: the prior stays the floor
+    flat.observe_draft(0.0167)
+    for w, t in {1: 0.050, 2: 0.051, 4: 0.053}.items():
+        flat.observe_target(w, t)
+    assert flat.upfront_cost(100) == pytest.approx(100 * 0.1 * 0.0167)
+    cm.observe_catchup(100, 0.5)  # once measured, the measurement
+    assert cm.upfront_cost(100) == pytest.approx(0.5)
+
+
 def test_model_drafter_offer_counts_the_tokens_it_must_read_first():
     from edgespec.kv import TokenBuffer
 
