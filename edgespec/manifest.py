@@ -361,7 +361,7 @@ def _kernels_check(d: dict, where: str) -> dict | None:
     out = {}
     for k in KERNELS_CHECK:
         v = c.get(k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if not _is(v, float) or not math.isfinite(v) or v < 0:
             raise ManifestError(f"manifest: {where}.kernels_check.{k} must be a finite number >= 0, got {v!r}")
         out[k] = int(v) if k == "positions" else float(v)
     return out

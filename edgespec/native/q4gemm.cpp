@@ -224,11 +224,22 @@ ES_AVX2 inline void group2(const uint8_t* g, const int8_t* const* xb, int64_t p,
   }
 }
 
+// the int16 sums of up to four groups, widened into the block's int32 dots and cleared
+template <int R>
+ES_AVX2 inline void widen2(__m256i (*s16)[2], __m256i (*dot)[2]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
+      s16[r][h] = _mm256_setzero_si256();
+    }
+}
+
 template <int R>
 ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
-  const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i lo4 = _mm256_set1_epi8(0x0F);
   for (int64_t t = t0; t < t1; ++t) {
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -236,25 +247,19 @@ ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
       const uint8_t* wp = c.q.w + (t * nb + b) * tb;
       const int8_t* xb[R];
       for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
-      __m256i dot[R][2];
-      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+      __m256i dot[R][2], s16[R][2];
+      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = s16[r][0] = s16[r][1] = _mm256_setzero_si256();
       int64_t p = 0;
       for (; p + 4 <= P; p += 4) {  // four groups a batch, unrolled
-        __m256i s16[R][2];
-        for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
         group2<R>(wp + p * 64, xb, p, lo4, s16);
         group2<R>(wp + (p + 1) * 64, xb, p + 1, lo4, s16);
         group2<R>(wp + (p + 2) * 64, xb, p + 2, lo4, s16);
         group2<R>(wp + (p + 3) * 64, xb, p + 3, lo4, s16);
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
+        widen2<R>(s16, dot);
       }
       if (p < P) {  // a block of 8 * (4n + 1..3)
-        __m256i s16[R][2];
-        for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
         for (; p < P; ++p) group2<R>(wp + p * 64, xb, p, lo4, s16);
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
+        widen2<R>(s16, dot);
       }
       const size_t sb = size_t((t * nb + b) * kTile);
       for (int h = 0; h < 2; ++h) {
