@@ -258,7 +258,7 @@ class Decoder:
             choice = policy.choose(ctx, kcap, cfg.draft_tokens, cfg.max_draft_tokens)
             draft = choice.drafter.draft(ctx, choice.k, sp, rng) if choice.drafter is not None else EMPTY
             t1 = clock()
-            logits = target.forward([ctx[-1]] + draft.tokens)
+            logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
             dt = clock() - t1
             k = len(draft.tokens)
             if sp.greedy:

@@ -287,7 +287,7 @@ class ModelDrafter:
                 if self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
                     break  # the decision uses only the drafter's state: any stopping rule keeps exactness
                 t1 = self.clock()
-                logits = lm.forward([tok])[-1]
+                logits = lm.forward([tok], copy=False)[-1]  # read before the next call
                 step_time += self.clock() - t1
                 steps += 1
         self._fed_drafts = len(tokens) - 1

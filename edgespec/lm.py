@@ -23,7 +23,8 @@ from .width import padded_width
 class CausalLM:
     """Subclasses set ``spec`` (role, vocab_size), ``max_context`` and ``cache`` and implement
     ``_run(ids, past) -> float32 logits [len(ids), vocab]`` (computing positions past.. over the
-    cache's first ``past`` ids and writing their keys/values after them)."""
+    cache's first ``past`` ids and writing their keys/values after them). A subclass whose logits
+    are a view of a buffer its next call writes again sets ``returns_views``."""
 
     spec: object
     max_context: int
@@ -34,6 +35,7 @@ class CausalLM:
     # seconds a call of each width took when the exactness width was measured (width.measure_width);
     # None where it was not: the round policy then starts from its priors
     width_seconds: dict | None = None
+    returns_views: bool = False
 
     def _init_counters(self) -> None:
         self.calls = 0
@@ -60,8 +62,10 @@ class CausalLM:
     def _run(self, ids: Sequence[int], past: int) -> np.ndarray:
         raise NotImplementedError
 
-    def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """Append ``ids`` to the cache and return float32 logits ``[len(ids), vocab]``."""
+    def forward(self, ids: Sequence[int], *, copy: bool = True) -> np.ndarray:
+        """Append ``ids`` to the cache and return float32 logits ``[len(ids), vocab]``. ``copy=False``
+        (the decoding loop, read before the next call): they may be a view that this model's next
+        call overwrites; a copy of ~0.6 MB a token less on Qwen's vocabulary."""
         n = len(ids)
         if n == 0:
             raise ValueError("forward() needs at least one token")
@@ -73,6 +77,8 @@ class CausalLM:
         pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
         logits = self._run(run, past)
+        if copy and self.returns_views:
+            logits = logits.copy()
         self.calls += 1
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later

@@ -11,14 +11,22 @@ reports).
 """
 from __future__ import annotations
 
+import bisect
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import native
 from .errors import ConfigError
 
 _BLOCK = 1024  # tokens per block when sampling from a dense distribution
+_TAIL_EPS = (1e-3, 1e-7)  # top-p: the most the tokens left out may weigh together (the maximum weighs 1)
+_NATIVE_CAP = 8192  # kept tokens the native top-p returns at most (more: numpy's path)
+_SMALL = 64  # kept tokens up to which a sample is drawn in plain Python (cold numpy calls cost more)
+_out = threading.local()  # the native top-p's output buffers
+_NEAR_MAX = 16384  # more tokens near the maximum than this (a flat row): the exact pass over every token
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,13 @@ class Dist:
 
     def sample(self, rng: np.random.Generator) -> int:
         if self.idx is not None:
+            if self.w.shape[0] <= _SMALL:  # a few kept tokens: the same sums without numpy's calls
+                w = self.w.tolist()
+                c, cum = [], 0.0
+                for v in w:
+                    cum += v
+                    c.append(cum)
+                return int(self.idx[min(bisect.bisect_right(c, rng.random() * cum), len(w) - 1)])
             return int(self.idx[_inverse_cdf(self.w, rng)])
         w = self.w
         full = w.shape[0] - w.shape[0] % _BLOCK
@@ -106,34 +121,123 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
     """One row of logits -> its distribution after temperature, top-k and top-p."""
     x = np.asarray(row)
     n = x.shape[0]
-    inv_t = 1.0 / sp.temperature
+    if sp.top_p < 1.0 and not (sp.top_k and sp.top_k < n):
+        return _top_p(x, sp)
     m = x.max()
-    idx = None
     if sp.top_k and sp.top_k < n:
-        kth = np.partition(x, n - sp.top_k)[n - sp.top_k]
-        idx = np.flatnonzero(x >= kth)  # ties at the k-th value are all kept
-    elif sp.top_p < 1.0:
-        # candidates: tokens within a logit threshold of the maximum, widened until they hold top_p
-        # of the mass (the tokens a top-p cut keeps are the most likely, so they are all inside)
-        e = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(inv_t))
+        idx = _top_k(x, m, sp.top_k)
+        w = np.exp((x[idx].astype(np.float64) - float(m)) * (1.0 / sp.temperature))
+        if sp.top_p < 1.0:  # then top-p over the k tokens' own mass
+            idx, w = _cut(idx, w, sp.top_p, w.sum())
+        return Dist(n, idx, w)
+    w = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(1.0 / sp.temperature))
+    return Dist(n, None, w)
+
+
+def _top_k(x: np.ndarray, m, k: int) -> np.ndarray:
+    """The tokens at or above the k-th largest logit (ties at it all kept), found by a partial
+    selection among the tokens near the maximum: those within a widening logit gap of it, until
+    they are at least k (every token at or above the k-th value is then among them)."""
+    n = x.shape[0]
+    near = None
+    for gap in (4.0, 16.0, 64.0):
+        cand = np.flatnonzero(x >= m - gap)
+        if cand.shape[0] >= k:
+            near = cand
+            break
+    vals = x if near is None else x[near]
+    kth = np.partition(vals, vals.shape[0] - k)[vals.shape[0] - k]
+    return np.flatnonzero(x >= kth) if near is None else near[vals >= kth]
+
+
+def _cut(idx: np.ndarray, w: np.ndarray, top_p: float, total: float) -> tuple[np.ndarray, np.ndarray]:
+    """Top-p over candidate tokens ``idx`` (vocabulary order) of weights ``w``, out of ``total``."""
+    order = np.argsort(-w, kind="stable")  # ties keep vocabulary order, as a stable full sort would
+    sel = np.sort(order[:_keep(w[order], top_p, total)])
+    return idx[sel], w[sel]
+
+
+def _keep(sw: np.ndarray, top_p: float, total: float) -> int:
+    """How many of the descending weights ``sw`` a top-p cut keeps: those with less than top_p of
+    ``total`` before them (the token crossing top_p is kept)."""
+    return max(int(np.count_nonzero(np.cumsum(sw) - sw < top_p * total)), 1)
+
+
+def _top_p(x: np.ndarray, sp: SamplingParams) -> Dist:
+    """Top-p alone: native (``edgespec/native/topp.cpp``, one call) or numpy (``_top_p_near``), the
+    same cut and weights; where neither decides it near the cut, the exact pass over every token."""
+    n = x.shape[0]
+    fn = native.top_p_kernel() if x.dtype == np.float32 and x.flags.c_contiguous else None
+    if fn is not None:
+        out = getattr(_out, "bufs", None)
+        if out is None:  # kept per thread (no fresh pages a token), with their addresses
+            idx, w = np.empty(_NATIVE_CAP, dtype=np.int64), np.empty(_NATIVE_CAP, dtype=np.float64)
+            out = _out.bufs = (idx, w, idx.ctypes.data, w.ctypes.data)
+        idx, w, idx_p, w_p = out
+        eps = np.asarray(_TAIL_EPS, dtype=np.float64)
+        k = fn(x.ctypes.data, n, sp.temperature, sp.top_p, eps.ctypes.data, eps.shape[0], _NEAR_MAX, idx_p, w_p,
+               _NATIVE_CAP)
+        if k > 0:
+            return Dist(n, idx[:k].copy(), w[:k].copy())
+        if k == 0:
+            return _top_p_full(x, x.max(), sp)
+    m = x.max()
+    d = _top_p_near(x, m, sp)
+    return d if d is not None else _top_p_full(x, m, sp)
+
+
+def _top_p_near(x: np.ndarray, m, sp: SamplingParams) -> Dist | None:
+    """Top-p without a pass of exp over the vocabulary. Only the tokens whose weight (the
+    maximum's is 1) is at least eps/n get one, so all the others together weigh under eps; a
+    float32 exp sizes the near tokens, a float64 one weighs the likeliest, as the full pass does.
+    The cut depends on what is not computed exactly only through the total; when the cut is the
+    same at both ends of the total's range, it is the exact cut. The range is widened once
+    (eps 1e-3, then 1e-7, ``_TAIL_EPS``); None: still undecided (the caller takes the full pass)."""
+    n = x.shape[0]
+    inv_t = 1.0 / sp.temperature
+    for eps in _TAIL_EPS:
+        thr = np.float32(float(m) - math.log(n / eps) * sp.temperature)
+        near = np.flatnonzero(x >= thr)
+        if near.shape[0] > _NEAR_MAX:
+            return None
+        e = np.exp((x[near].astype(np.float32) - np.float32(m)) * np.float32(inv_t))
+        # each left-out token is below thr, so weighs under exp((thr - m) / T)
+        tail = (n - near.shape[0]) * math.exp((float(thr) - float(m)) * inv_t) * (1 + 1e-9)
         z = float(e.sum(dtype=np.float64))
-        for gap in (7.0, 14.0, 28.0, 56.0, math.inf):  # e >= exp(-gap) in weight
-            idx = np.flatnonzero(e >= math.exp(-gap)) if gap < math.inf else np.arange(n)
-            if float(e[idx].sum(dtype=np.float64)) >= sp.top_p * z or gap == math.inf:
-                break
-    if idx is None:
-        w = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(inv_t))
-        return Dist(n, None, w)
+        # the likeliest first, widened while a token outside them could be inside the cut or the cut
+        # is not the same at both ends of the total's range (the float32 weights outside them)
+        for gap in (7.0, 14.0, 28.0, math.inf):
+            sub = np.flatnonzero(e >= math.exp(-gap)) if gap < math.inf else np.arange(e.shape[0])
+            w = np.exp((x[near[sub]].astype(np.float64) - float(m)) * inv_t)
+            ws = w.sum()
+            rest = max(z - float(e[sub].sum(dtype=np.float64)), 0.0)  # float32 weights: within 1e-4
+            lo, hi = ws + rest * (1 - 1e-4), ws + rest * (1 + 1e-4) + tail
+            if ws < sp.top_p * hi:
+                continue
+            order = np.argsort(-w, kind="stable")  # ties keep vocabulary order, as a stable full sort would
+            keep = _keep(w[order], sp.top_p, lo)
+            if _keep(w[order], sp.top_p, hi) == keep:
+                sel = np.sort(order[:keep])
+                return Dist(n, near[sub][sel], w[sel])
+    return None
+
+
+def _top_p_full(x: np.ndarray, m, sp: SamplingParams) -> Dist:
+    """Top-p with the tail's mass from one float32 exp pass over every token."""
+    n = x.shape[0]
+    inv_t = 1.0 / sp.temperature
+    # candidates: tokens within a logit threshold of the maximum, widened until they hold top_p
+    # of the mass (the tokens a top-p cut keeps are the most likely, so they are all inside)
+    e = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(inv_t))
+    z = float(e.sum(dtype=np.float64))
+    for gap in (7.0, 14.0, 28.0, 56.0, math.inf):  # e >= exp(-gap) in weight
+        idx = np.flatnonzero(e >= math.exp(-gap)) if gap < math.inf else np.arange(n)
+        if float(e[idx].sum(dtype=np.float64)) >= sp.top_p * z or gap == math.inf:
+            break
     w = np.exp((x[idx].astype(np.float64) - float(m)) * inv_t)
-    if sp.top_p < 1.0:
-        # the mass outside the candidates (top-p alone) from the float32 pass; inside, float64
-        total = w.sum() if sp.top_k else w.sum() + max(z - float(e[idx].sum(dtype=np.float64)), 0.0)
-        order = np.argsort(-w, kind="stable")  # ties keep vocabulary order, as a stable full sort would
-        sw = w[order]
-        cum = np.cumsum(sw) / total
-        keep = int(np.count_nonzero((cum - sw / total) < sp.top_p))  # the token crossing top_p is kept
-        sel = np.sort(order[:max(keep, 1)])
-        idx, w = idx[sel], w[sel]
+    # the mass outside the candidates from the float32 pass; inside, float64
+    total = w.sum() + max(z - float(e[idx].sum(dtype=np.float64)), 0.0)
+    idx, w = _cut(idx, w, sp.top_p, total)
     return Dist(n, idx, w)
 
 

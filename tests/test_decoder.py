@@ -275,9 +275,10 @@ def _reference_probs(row, sp):
 @pytest.mark.parametrize("sp", [SamplingParams(0.7), SamplingParams(0.7, top_p=0.8), SamplingParams(1.0, top_k=40),
                                 SamplingParams(0.5, top_k=7, top_p=0.5), SamplingParams(1.3, top_p=0.99),
                                 SamplingParams(2.0, top_p=0.3)])
-def test_sparse_distribution_equals_the_full_sort(sp):
+def test_sparse_distribution_equals_the_full_sort(sp, top_p_path):
     """distribution() never sorts the vocabulary; it must keep the same tokens with the same
-    probabilities as the full float64 sort, on flat and peaked rows of a Qwen-sized vocabulary."""
+    probabilities as the full float64 sort, on flat and peaked rows of a Qwen-sized vocabulary
+    (top-p alone: on the native path and on numpy's)."""
     from edgespec.sampling import distribution
 
     rng = np.random.default_rng(5)
@@ -291,6 +292,101 @@ def test_sparse_distribution_equals_the_full_sort(sp):
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-12)
         if sp.top_k or sp.top_p < 1:
             assert d.idx is not None and d.idx.shape[0] == np.count_nonzero(ref)
+
+
+@pytest.fixture(params=["native", "numpy"])
+def top_p_path(request, monkeypatch):
+    """Top-p alone runs in edgespec/native/topp.cpp where it builds, else in numpy: both."""
+    from edgespec import native
+
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "top_p_kernel", lambda: None)
+    elif native.top_p_kernel() is None:
+        pytest.skip("the native top-p could not be built here (no C++ compiler)")
+    return request.param
+
+
+def _top_p_rows(rng, n):
+    """Rows that stress the top-p cut: flat, peaked, a few near-ties, a long band near the max."""
+    for scale, peak in ((0.5, 0.0), (2.5, 12.0), (4.0, 30.0), (0.01, 0.0), (3.0, 5.0)):
+        row = (rng.standard_normal(n) * scale).astype(np.float32)
+        row[rng.integers(0, n, size=5)] += peak
+        yield row
+    row = np.full(n, -20.0, dtype=np.float32)
+    row[rng.integers(0, n, size=50)] = np.float32(1.5)  # ties at the top, kept in vocabulary order
+    row[rng.integers(0, n, size=3000)] = rng.uniform(-6, 1, 3000).astype(np.float32)
+    yield row
+
+
+@pytest.mark.parametrize("n", [5, 1000, 49152, 151936])
+def test_native_top_p_equals_numpys_bitwise(n, monkeypatch):
+    """The native top-p is a speed-up only: the same kept tokens and the same float64 weights as
+    numpy's path, bit for bit, so a seeded generation does not depend on which one ran."""
+    from edgespec import native, sampling
+
+    if native.top_p_kernel() is None:
+        pytest.skip("the native top-p could not be built here (no C++ compiler)")
+    rng = np.random.default_rng(n)
+    for row in _top_p_rows(rng, n):
+        for sp in (SamplingParams(0.7, top_p=0.8), SamplingParams(1.0, top_p=0.95), SamplingParams(0.3, top_p=0.5),
+                   SamplingParams(1.5, top_p=0.99), SamplingParams(0.7, top_p=0.05)):
+            fast = sampling.distribution(row, sp)
+            with monkeypatch.context() as mp:
+                mp.setattr(native, "top_p_kernel", lambda: None)
+                slow = sampling.distribution(row, sp)
+            assert np.array_equal(fast.idx, slow.idx) and np.array_equal(fast.w, slow.w), (n, sp)
+            assert fast.total == slow.total
+
+
+@pytest.mark.parametrize("tail_logit, second_kept", [(-30.0, False), (-8.0, True)])
+def test_top_p_undecided_near_the_cut_takes_the_exact_pass(top_p_path, monkeypatch, tail_logit, second_kept):
+    """With the left-out tokens allowed to weigh up to 0.5 (eps widened from 1e-3), the cut at
+    top-p 0.8 over weights 1 and 0.2 depends on the tail: both paths must decline and the exact
+    pass decide, keeping the second token (and some of the tail) only when the tail is heavy
+    enough (998 tokens at e^-8 weigh 0.33)."""
+    from edgespec import sampling
+
+    n = 1000
+    row = np.full(n, tail_logit, dtype=np.float32)
+    row[0], row[1] = 0.0, np.float32(np.log(0.2))
+    monkeypatch.setattr(sampling, "_TAIL_EPS", (0.5,))
+    full = []
+    real = sampling._top_p_full
+    monkeypatch.setattr(sampling, "_top_p_full", lambda *a: full.append(1) or real(*a))
+    sp = SamplingParams(1.0, top_p=0.8)
+    d = sampling.distribution(row, sp)
+    assert full == [1]
+    assert (d.idx.tolist()[:2] == [0, 1]) == second_kept and (d.idx.shape[0] > 2) == second_kept
+    np.testing.assert_allclose(d.dense(), _reference_probs(row, sp), rtol=1e-6, atol=1e-12)
+
+
+def test_native_top_p_declines_a_row_with_nan():
+    from edgespec import native, sampling
+
+    fn = native.top_p_kernel()
+    if fn is None:
+        pytest.skip("the native top-p could not be built here (no C++ compiler)")
+    row = np.zeros(100, dtype=np.float32)
+    row[37] = np.nan
+    idx, w, eps = np.empty(100, dtype=np.int64), np.empty(100), np.array(sampling._TAIL_EPS)
+    assert fn(row.ctypes.data, 100, 1.0, 0.9, eps.ctypes.data, eps.shape[0], 16384, idx.ctypes.data,
+              w.ctypes.data, 100) == -1
+    row[37] = 0
+    assert fn(row.ctypes.data, 100, 1.0, 0.9, eps.ctypes.data, eps.shape[0], 16384, idx.ctypes.data,
+              w.ctypes.data, 100) == 90  # 100 equal weights: the cut keeps 90
+
+
+def test_small_kept_sets_draw_the_same_tokens_as_numpys_inverse_cdf():
+    """A few kept tokens are drawn in plain Python; the same float64 sums in the same order, so the
+    same token for the same random number as numpy's cumsum and searchsorted."""
+    from edgespec.sampling import _SMALL, Dist, _inverse_cdf
+
+    rng = np.random.default_rng(0)
+    for t in range(3000):
+        k = int(rng.integers(1, _SMALL + 1))
+        w = rng.random(k) ** 6
+        idx = np.sort(rng.choice(10_000, k, replace=False))
+        assert Dist(10_000, idx, w).sample(np.random.default_rng(t)) == int(idx[_inverse_cdf(w, np.random.default_rng(t))])
 
 
 def test_dense_sampler_follows_the_distribution_across_blocks():

@@ -203,3 +203,17 @@ def test_int4_block_128_target_and_drafter_exact(tmp_path_factory, tiny_dirs):
     assert all(np.array_equal(rows[a], rows[b][:a]) for a in allowed for b in allowed if a < b)
     for p in PROMPTS:
         _assert_all_equal(_greedy_all(eng, p, 40), p)
+
+
+def test_forward_copies_its_logits_unless_told_not_to(tiny_int4_bundle):
+    """Calls of up to 16 tokens write one buffer the model keeps: forward() hands out a copy, and
+    the decoding loop's forward(copy=False) a view that the next call overwrites."""
+    lm = OnnxLM(load_manifest(tiny_int4_bundle).target, 64, choose(["cpu"]), min_width=1)
+    kept = lm.forward([11, 12, 13])
+    snapshot = kept.copy()
+    view = lm.forward([14], copy=False)
+    before = view.copy()
+    lm.forward([15, 16, 17])
+    assert np.array_equal(kept, snapshot)  # the copy is untouched by the calls after it
+    assert not np.array_equal(view, before)  # the view now shows the last call's first row
+    assert view.dtype == np.float32 and view.shape == before.shape

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..errors import ProviderError
 
 SOURCE = Path(__file__).with_name("q4gemm.cpp")
+TOPP_SOURCE = Path(__file__).with_name("topp.cpp")
 # no -m flags: each path carries its own target attribute and is picked at run time
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
 _cached: str | None = None
@@ -65,29 +66,61 @@ def library_path() -> str:
     why = cpu_supported()
     if why:
         raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) needs an x86-64 CPU with AVX2 and FMA: {why}")
-    src = SOURCE.read_bytes()
+    _cached = _build(SOURCE, "libedgespec_q4", "edgespec's INT4 kernel (exact-kernels bundles)")
+    return _cached
+
+
+def _build(source: Path, stem: str, what: str) -> str:
+    """``source`` compiled once per source version into ``cache_dir()``; ProviderError if it cannot be."""
+    src = source.read_bytes()
     tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
-    out = cache_dir() / f"libedgespec_q4-{tag}.so"
+    out = cache_dir() / f"{stem}-{tag}.so"
     if not out.exists():
         cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
         if not cxx:
-            raise ProviderError("edgespec's INT4 kernel (exact-kernels bundles) is built from source on first use "
-                                "and needs a C++ compiler: install g++ (or set CXX)")
+            raise ProviderError(f"{what} is built from source on first use and needs a C++ compiler: "
+                                f"install g++ (or set CXX)")
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out.parent)
         os.close(fd)
         try:
             try:
-                r = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                r = subprocess.run([cxx, *FLAGS, "-o", tmp, str(source)], capture_output=True, text=True,
                                    timeout=300)
             except (OSError, subprocess.TimeoutExpired) as e:
-                raise ProviderError(f"building edgespec's INT4 kernel failed: cannot run {cxx} ({e})"[:300]) from None
+                raise ProviderError(f"building {what} failed: cannot run {cxx} ({e})"[:300]) from None
             if r.returncode != 0:
                 last = [ln for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.splitlines() or ["?"]
-                raise ProviderError(f"building edgespec's INT4 kernel failed: {last[0][:200]}")
+                raise ProviderError(f"building {what} failed: {last[0][:200]}")
             os.replace(tmp, out)  # atomic: a concurrent build writes the same bytes
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    _cached = str(out)
-    return _cached
+    return str(out)
+
+
+_top_p: list = []  # [the loaded es_top_p, or None where it cannot be built], once per process
+
+
+def top_p_kernel():
+    """``topp.cpp``'s ``es_top_p`` through ctypes, built on first use; None where it cannot be
+    (no compiler, a failed build, ``EDGESPEC_NATIVE_SAMPLING=0``): sampling then stays in numpy,
+    with the same result."""
+    if not _top_p:
+        fn = None
+        if os.environ.get("EDGESPEC_NATIVE_SAMPLING", "1") != "0":
+            try:
+                import ctypes
+
+                lib = ctypes.CDLL(_build(TOPP_SOURCE, "libedgespec_topp", "edgespec's top-p kernel"))
+                fn = lib.es_top_p
+                fn.restype = ctypes.c_int64
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+            except (ProviderError, OSError, AttributeError) as e:
+                import logging
+
+                logging.getLogger("edgespec").info("top-p sampling stays in numpy: %s", e)
+                fn = None
+        _top_p.append(fn)
+    return _top_p[0]
