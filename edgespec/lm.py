@@ -23,8 +23,8 @@ from .width import padded_width
 class CausalLM:
     """Subclasses set ``spec`` (role, vocab_size), ``max_context`` and ``cache`` and implement
     ``_run(ids, past) -> float32 logits [len(ids), vocab]`` (computing positions past.. over the
-    cache's first ``past`` ids and writing their keys/values after them). A subclass whose logits
-    are a view of a buffer its next call writes again sets ``returns_views``."""
+    cache's first ``past`` ids and writing their keys/values after them). A subclass whose last
+    ``_run`` returned a view of a buffer its next call writes again sets ``_returned_view``."""
 
     spec: object
     max_context: int
@@ -35,7 +35,7 @@ class CausalLM:
     # seconds a call of each width took when the exactness width was measured (width.measure_width);
     # None where it was not: the round policy then starts from its priors
     width_seconds: dict | None = None
-    returns_views: bool = False
+    _returned_view: bool = False
 
     def _init_counters(self) -> None:
         self.calls = 0
@@ -77,7 +77,7 @@ class CausalLM:
         pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
         logits = self._run(run, past)
-        if copy and self.returns_views:
+        if copy and self._returned_view:
             logits = logits.copy()
         self.calls += 1
         self.last_width = len(run)

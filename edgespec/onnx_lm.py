@@ -34,8 +34,6 @@ class OnnxLM(CausalLM):
     ``prefill(ids)`` keeping the prefix the cache shares with ``ids`` (chat turns, the drafter's
     catch-up). ``min_width`` None measures the exactness width on the running provider."""
 
-    returns_views = True  # calls up to OWN_LOGITS_MAX_WIDTH tokens write one kept buffer
-
     def __init__(self, spec: ModelSpec, max_context: int, providers: ProviderChoice, *,
                  threads: int = 0, prefill_chunk: int = 256, session_options: dict | None = None,
                  min_width: int | None = None, allow_cpu_fallback: bool = False):
@@ -100,7 +98,10 @@ class OnnxLM(CausalLM):
             raise BundleError(f"the {self.spec.role} model failed to run: {str(e).splitlines()[0][:300]} "
                               f"(a manifest that disagrees with its graph, or the device out of memory)") from e
         self.run_seconds += time.perf_counter() - t0
-        if own is not None:  # a view: the buffer is written again by the next call (returns_views)
+        # calls up to OWN_LOGITS_MAX_WIDTH tokens write one kept buffer: their float32 logits are a
+        # view of it, which the next call writes again (forward copies unless told not to)
+        self._returned_view = own is not None and own[0].dtype == np.float32
+        if own is not None:
             return own[0].reshape(n, -1).astype(np.float32, copy=False)
         out = b.get_outputs()
         nkv = len(self.cache.buffers)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native
-from .errors import ConfigError
+from .errors import BundleError, ConfigError
 
+MIN_TEMPERATURE = 1e-6  # a positive temperature below this is refused (use 0: greedy)
 _BLOCK = 1024  # tokens per block when sampling from a dense distribution
 _TAIL_EPS = (1e-3, 1e-7)  # top-p: the most the tokens left out may weigh together (the maximum weighs 1)
 _NATIVE_CAP = 8192  # kept tokens the native top-p returns at most (more: numpy's path)
@@ -38,6 +39,8 @@ class SamplingParams:
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # 1/T would overflow float32's range
+            raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
         if not 0 <= self.top_k < 2**31:
             raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {self.top_k}")
         if not 0 < self.top_p <= 1:  # also refuses nan
@@ -123,7 +126,7 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
     n = x.shape[0]
     if sp.top_p < 1.0 and not (sp.top_k and sp.top_k < n):
         return _top_p(x, sp)
-    m = x.max()
+    m = _finite_max(x)
     if sp.top_k and sp.top_k < n:
         idx = _top_k(x, m, sp.top_k)
         w = np.exp((x[idx].astype(np.float64) - float(m)) * (1.0 / sp.temperature))
@@ -132,6 +135,16 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
         return Dist(n, idx, w)
     w = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(1.0 / sp.temperature))
     return Dist(n, None, w)
+
+
+def _finite_max(x: np.ndarray):
+    """The row's maximum; a row with a NaN or +inf (a model that overflowed) has no distribution."""
+    m = x.max()
+    if not np.isfinite(m):
+        raise BundleError(f"the model's logits hold {'NaN' if np.isnan(m) else m} at "
+                          f"token {int(np.argmax(x))}: no distribution to sample (a model that "
+                          f"overflows in its precision, or a broken graph)")
+    return m
 
 
 def _top_k(x: np.ndarray, m, k: int) -> np.ndarray:
@@ -181,7 +194,7 @@ def _top_p(x: np.ndarray, sp: SamplingParams) -> Dist:
             return Dist(n, idx[:k].copy(), w[:k].copy())
         if k == 0:
             return _top_p_full(x, x.max(), sp)
-    m = x.max()
+    m = _finite_max(x)
     d = _top_p_near(x, m, sp)
     return d if d is not None else _top_p_full(x, m, sp)
 

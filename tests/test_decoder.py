@@ -199,9 +199,10 @@ def test_sampled_speculative_follows_target_distribution(drafter, sp):
     prompt = [1, 2, 1, 2, 1]  # prompt lookup finds drafts here
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
 
-    def factory():
-        target = FakeLM(vocab, seed=7, sharpness=1.0)
-        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
+    def factory():  # both models hand out views of one buffer, as OnnxLM does (forward(copy=False))
+        target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                    reuse_buffer=True)
         return Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(),
                                              suffix_drafter(vocab, 7, RememberingSuffix)])
 
@@ -321,7 +322,9 @@ def _top_p_rows(rng, n):
 @pytest.mark.parametrize("n", [5, 1000, 49152, 151936])
 def test_native_top_p_equals_numpys_bitwise(n, monkeypatch):
     """The native top-p is a speed-up only: the same kept tokens and the same float64 weights as
-    numpy's path, bit for bit, so a seeded generation does not depend on which one ran."""
+    numpy's path, bit for bit, on these rows. (Their sums run in other orders and their float32
+    exps differ, so a cut within rounding of a boundary can come out otherwise: both are then
+    within rounding of the exact cut.)"""
     from edgespec import native, sampling
 
     if native.top_p_kernel() is None:
@@ -358,6 +361,47 @@ def test_top_p_undecided_near_the_cut_takes_the_exact_pass(top_p_path, monkeypat
     assert full == [1]
     assert (d.idx.tolist()[:2] == [0, 1]) == second_kept and (d.idx.shape[0] > 2) == second_kept
     np.testing.assert_allclose(d.dense(), _reference_probs(row, sp), rtol=1e-6, atol=1e-12)
+
+
+def test_views_of_one_logits_buffer_keep_greedy_speculation_exact():
+    """The loop reads each call's logits before the model's next call (forward(copy=False)): with
+    models that hand out views of one buffer, speculative output still equals autoregressive."""
+    prompt = [1, 2, 1, 2, 1, 3]
+
+    def run(drafter, reuse):
+        target = FakeLM(9, seed=4, reuse_buffer=reuse)
+        dl = FakeLM(9, table=target.table + np.random.default_rng(2).normal(0, 0.5, target.table.shape),
+                    reuse_buffer=reuse)
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, 9), PromptLookupDrafter()])
+        cfg = GenerationConfig(max_new_tokens=40, drafter=drafter, draft_tokens=3, ignore_eos=True)
+        return [t for step in dec.generate(prompt, cfg) for t in step.tokens]
+
+    ref = run("none", False)
+    for drafter in ("none", "model", "prompt-lookup", "auto"):
+        assert run(drafter, True) == ref, drafter
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(0.7, top_p=0.8), SamplingParams(1.0), SamplingParams(1.0, top_k=3)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_row_with_nan_or_inf_is_a_typed_error(sp, bad, top_p_path):
+    from edgespec.errors import BundleError
+    from edgespec.sampling import distribution
+
+    row = np.zeros(100, dtype=np.float32)
+    row[37] = bad
+    with pytest.raises(BundleError, match="token 37"):
+        distribution(row, sp)
+    row[:] = -np.inf  # every token masked: nothing to sample either
+    with pytest.raises(BundleError):
+        distribution(row, sp)
+
+
+def test_a_temperature_too_small_for_float32_is_refused():
+    from edgespec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least"):
+        SamplingParams(1e-39)
+    assert SamplingParams(1e-6).temperature == 1e-6 and SamplingParams(0.0).greedy
 
 
 def test_native_top_p_declines_a_row_with_nan():

@@ -88,7 +88,8 @@ class FakeLM(CausalLM):
 
     def __init__(self, vocab: int = 6, max_context: int = 512, seed: int = 0, order: int = 2, sharpness: float = 2.0,
                  table: np.ndarray | None = None, delay: tuple[float, float] = (0.0, 0.0), clock=None,
-                 min_width: int = 1, width_multiple: int = 1, odd_row_noise: float = 0.0):
+                 min_width: int = 1, width_multiple: int = 1, odd_row_noise: float = 0.0,
+                 reuse_buffer: bool = False):
         self.spec = FakeSpec(vocab, max_context)
         self.max_context = max_context
         self.cache = TokenCache(max_context)
@@ -102,6 +103,8 @@ class FakeLM(CausalLM):
         self.table = table if table is not None else rng.normal(0, sharpness, size=(vocab ** order, vocab))
         self.delay = delay  # simulated seconds per call and per token computed, added to ``clock``
         self.clock = clock
+        # as OnnxLM: calls up to 16 tokens return a view of one buffer that the next call overwrites
+        self._buf = np.empty((16, vocab), dtype=np.float32) if reuse_buffer else None
         self._init_counters()
 
     def logits_for(self, context) -> np.ndarray:
@@ -118,4 +121,8 @@ class FakeLM(CausalLM):
         if self.odd_row_noise and len(ids) % 2:
             key = sum(int(t) * 31 ** j for j, t in enumerate(context[-3:]))
             rows[-1] += np.random.default_rng(key).normal(0, self.odd_row_noise, self.vocab).astype(np.float32)
+        self._returned_view = self._buf is not None and len(ids) <= self._buf.shape[0]
+        if self._returned_view:
+            self._buf[: len(ids)] = rows
+            return self._buf[: len(ids)]
         return rows

@@ -1,4 +1,5 @@
-// edgespec's top-p cut in one call (edgespec.sampling._top_p_near, the same rule and numbers).
+// edgespec's top-p cut in one call (edgespec.sampling._top_p_near, the same rule and numbers; sums
+// in another order and glibc's float32 exp, so a cut within rounding of a boundary may differ).
 //
 // numpy computes it in ~25 calls over small arrays; right after session.run each call runs with
 // cold caches (README, "Sampling"), so one call here is most of sampling's time saved. Portable
@@ -51,7 +52,7 @@ int64_t keep_count(const std::vector<double>& sw, double top_p, double total) {
 // x: n float32 logits. Returns the number of kept tokens, written in vocabulary order to idx and w
 // (their float64 weights, the maximum's 1); 0: undecided (the caller takes the exact pass over
 // every token; also where more than near_max tokens are near the maximum); -1: the row has a NaN or
-// more than cap tokens are kept (the caller's numpy path).
+// an infinite maximum, or more than cap tokens are kept (the caller's numpy path).
 extern "C" __attribute__((visibility("default"))) int64_t es_top_p(
     const float* x, int64_t n, double temperature, double top_p, const double* eps, int64_t neps,
     int64_t near_max, int64_t* idx, double* w_out, int64_t cap) {
@@ -79,7 +80,7 @@ extern "C" __attribute__((visibility("default"))) int64_t es_top_p(
         m = x[i] > m ? x[i] : m;
         nan |= x[i] != x[i];
     }
-    if (nan) return -1;
+    if (nan || !std::isfinite(m)) return -1;  // numpy's path says what is wrong with the row
     const double inv_t = 1.0 / temperature, fm = static_cast<double>(m);
     const float m32 = m, inv_t32 = static_cast<float>(inv_t);
     static const double gaps[] = {7.0, 14.0, 28.0, INFINITY};
