@@ -10,3 +10,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[export,serve,dev]'
 .venv/bin/python scripts/fetch_models.py smollm2
+# the one-call top-p (edgespec/native/topp.cpp) is built now rather than at the first sampled token;
+# without a C++ compiler sampling stays in numpy
+.venv/bin/python -c "from edgespec import native; native.top_p_kernel()"

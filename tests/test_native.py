@@ -396,3 +396,26 @@ def test_exact_kernels_refuses_another_accuracy_level_or_layout(tiny_int4_bundle
         import shutil
 
         shutil.rmtree(b)
+
+
+def test_top_p_kernel_without_a_compiler_leaves_sampling_in_numpy(monkeypatch, tmp_path):
+    """No C++ compiler (or EDGESPEC_NATIVE_SAMPLING=0): the top-p kernel is None, never an error,
+    and sampling gives the same distribution from numpy."""
+    import numpy as np
+
+    from edgespec import native
+    from edgespec.sampling import SamplingParams, distribution
+
+    row = np.random.default_rng(0).standard_normal(5000).astype(np.float32) * 3
+    sp = SamplingParams(0.7, top_p=0.8)
+    want = distribution(row, sp)
+    monkeypatch.setattr(native, "_top_p", [])
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path))  # nothing built here yet
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert native.top_p_kernel() is None
+    got = distribution(row, sp)
+    assert np.array_equal(got.idx, want.idx) and np.array_equal(got.w, want.w)
+    monkeypatch.setattr(native, "_top_p", [])
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("EDGESPEC_NATIVE_SAMPLING", "0")
+    assert native.top_p_kernel() is None and not list(tmp_path.glob("*.so"))

@@ -16,6 +16,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from ..errors import ProviderError
@@ -100,27 +101,35 @@ def _build(source: Path, stem: str, what: str) -> str:
 
 
 _top_p: list = []  # [the loaded es_top_p, or None where it cannot be built], once per process
+_top_p_lock = threading.Lock()
 
 
 def top_p_kernel():
     """``topp.cpp``'s ``es_top_p`` through ctypes, built on first use; None where it cannot be
     (no compiler, a failed build, ``EDGESPEC_NATIVE_SAMPLING=0``): sampling then stays in numpy,
     with the same result."""
-    if not _top_p:
-        fn = None
-        if os.environ.get("EDGESPEC_NATIVE_SAMPLING", "1") != "0":
-            try:
-                import ctypes
-
-                lib = ctypes.CDLL(_build(TOPP_SOURCE, "libedgespec_topp", "edgespec's top-p kernel"))
-                fn = lib.es_top_p
-                fn.restype = ctypes.c_int64
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_void_p,
-                               ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-            except (ProviderError, OSError, AttributeError) as e:
-                import logging
-
-                logging.getLogger("edgespec").info("top-p sampling stays in numpy: %s", e)
-                fn = None
-        _top_p.append(fn)
+    if _top_p:
+        return _top_p[0]
+    with _top_p_lock:  # the server's threads may ask at once: one build, one load
+        if not _top_p:
+            _top_p.append(_load_top_p())
     return _top_p[0]
+
+
+def _load_top_p():
+    if os.environ.get("EDGESPEC_NATIVE_SAMPLING", "1") == "0":
+        return None
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL(_build(TOPP_SOURCE, "libedgespec_topp", "edgespec's top-p kernel"))
+        fn = lib.es_top_p
+    except (ProviderError, OSError, AttributeError) as e:
+        import logging
+
+        logging.getLogger("edgespec").info("top-p sampling stays in numpy: %s", e)
+        return None
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return fn
