@@ -57,19 +57,28 @@ class Plan:
                 "gpu": self.gpu, "weights_basis": self.weights_basis, "devices": dict(self.devices), "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
 
 
-def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool) -> int:
-    """Transient memory of the biggest call: logits (onnxruntime's output and our float32 view) and
-    activations of a prefill chunk (hidden states and MLP intermediates, about 16 x hidden); plus
-    each model's logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept)."""
+def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: int | None = None,
+                  on_cpu: dict[str, bool] | None = None) -> int:
+    """Transient memory of the calls, as onnxruntime keeps it: every session has its own arena,
+    which keeps its biggest call's buffers, so the sessions' figures add up. Per session: a prefill
+    chunk's logits (its output) and activations (hidden states and MLP intermediates, about
+    16 x hidden), and on the CPU the attention scores of GroupQueryAttention (chunk x heads x the
+    KV buffer's length x 4 bytes, one layer's at a time; CUDA's fused kernels keep none); plus the
+    float32 copy of the biggest logits (freed after each call, so counted once) and each model's
+    logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept). ``on_cpu``:
+    role -> whether that model runs on the CPU (default: all)."""
     from .onnx_lm import OWN_LOGITS_MAX_WIDTH
 
     specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
-    biggest = 0
+    arenas = copy = 0
     for s in specs:
-        logits = chunk * s.vocab_size * 4 * 2
-        act = chunk * s.hidden_size * 4 * 16
-        biggest = max(biggest, logits + act)
-    return biggest + sum(OWN_LOGITS_MAX_WIDTH * s.vocab_size * 4 for s in specs)
+        logits = chunk * (s.head_size or s.vocab_size) * 4  # a drafter's reduced head has head_size columns
+        arenas += logits + chunk * s.hidden_size * 4 * 16
+        if context and (on_cpu or {}).get(s.role, True):
+            heads = s.num_attention_heads or s.hidden_size // s.head_dim
+            arenas += min(chunk, context) * heads * (context + s.attention_pad) * 4
+        copy = max(copy, logits)
+    return arenas + copy + sum(OWN_LOGITS_MAX_WIDTH * (s.head_size or s.vocab_size) * 4 for s in specs)
 
 
 def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,
@@ -132,7 +141,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
-                    working_bytes(manifest, chunk, with_drafter), runtime, tuple(cuts), tuple(warnings), any_gpu,
+                    working_bytes(manifest, chunk, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()}), runtime, tuple(cuts), tuple(warnings), any_gpu,
                     weights_basis(with_drafter), devices)
 
     def fit_context(with_drafter: bool) -> int | None:

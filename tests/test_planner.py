@@ -2,8 +2,10 @@
 
 Planner figures are checked against numbers worked out by hand for the real models' dimensions:
 KV bytes = 2 (K and V) x layers x KV heads x head dim x 4 bytes (float32) x context tokens;
-working memory = chunk x vocab x 4 bytes x 2 (logits, twice) + chunk x hidden x 4 bytes x 16 (the
-biggest model's), plus 16 x vocab x 4 bytes per loaded model (the logits buffer of short calls);
+working memory = per loaded model (each session keeps its own arena) chunk x vocab x 4 bytes (logits)
++ chunk x hidden x 4 bytes x 16 (activations) + on the CPU chunk x heads x context x 4 bytes (the
+attention scores of one layer), plus chunk x vocab x 4 bytes once (the float32 copy of the logits)
+and 16 x vocab x 4 bytes per loaded model (the logits buffer of short calls);
 runtime = 150 MiB (+ 512 MiB for the CUDA context when a GPU provider comes first).
 """
 from __future__ import annotations
@@ -70,13 +72,17 @@ def cpu_profile(budget_mb, **kw):
 SMOL_KV = {512: 23_592_960, 2048: 94_371_840, 8192: 377_487_360}
 QWEN_T_KV = {512: 29_360_128, 4096: 234_881_024, 32768: 1_879_048_192}
 QWEN_D_KV = {512: 12_582_912, 4096: 100_663_296, 32768: 805_306_368}
-# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184 (+ 16*49152*4 = 3,145,728);
-# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824 (bigger than the 0.5B's 325,844,992),
-# + 16*151936*4 = 9,723,904 for each loaded model (both have Qwen's vocabulary)
-SMOL_WORK_256 = 113_246_208
-QWEN_WORK_256 = 346_054_656  # the target alone
-QWEN_PAIR_WORK_256 = 355_778_560  # target and drafter
-QWEN_PAIR_WORK_128 = 187_613_184  # 155,582,464 + 12,582,912 + 2 * 9,723,904
+# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184 (+ 16*49152*4 = 3,145,728),
+# + 256 * 9 heads * 4 = 9,216 a context token of attention scores;
+# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824, + 16*151936*4 = 9,723,904 (its buffer
+# for short calls), + 256 * 12 heads * 4 = 12,288 a context token; with the 0.5B, its own arena adds
+# 256*151936*4 + 256*896*64 = 155,582,464 + 14,680,064, its buffer 9,723,904 and 256 * 14 * 4 = 14,336 a token
+SMOL_WORK_256 = 113_246_208  # + 9,216 a context token
+SMOL_SCORES_256 = 9_216
+QWEN_WORK_256 = 346_054_656  # the target alone, + 12,288 a context token
+QWEN_PAIR_WORK_256 = 526_041_088  # target and drafter, + 26,624 a context token
+QWEN_PAIR_SCORES_256 = 26_624
+QWEN_PAIR_WORK_128 = 272_744_448  # 3 * 77,791,232 + 12,582,912 + 7,340,032 + 2 * 9,723,904, + 13,312 a token
 
 
 def test_hand_figures_follow_the_formula():
@@ -86,9 +92,11 @@ def test_hand_figures_follow_the_formula():
         assert QWEN_T_KV[ctx] == 2 * 28 * 2 * 128 * 4 * ctx
         assert QWEN_D_KV[ctx] == 2 * 24 * 2 * 64 * 4 * ctx
     assert SMOL_WORK_256 == 256 * 49152 * 4 * 2 + 256 * 576 * 4 * 16 + 16 * 49152 * 4
+    assert SMOL_SCORES_256 == 256 * (576 // 64) * 4
     assert QWEN_WORK_256 == 256 * 151936 * 4 * 2 + 256 * 1536 * 4 * 16 + 16 * 151936 * 4
-    assert QWEN_PAIR_WORK_256 == QWEN_WORK_256 + 16 * 151936 * 4
-    assert QWEN_PAIR_WORK_128 == 128 * 151936 * 4 * 2 + 128 * 1536 * 4 * 16 + 2 * 16 * 151936 * 4
+    assert QWEN_PAIR_WORK_256 == QWEN_WORK_256 + 256 * 151936 * 4 + 256 * 896 * 4 * 16 + 16 * 151936 * 4
+    assert QWEN_PAIR_SCORES_256 == 256 * (1536 // 128 + 896 // 64) * 4
+    assert QWEN_PAIR_WORK_128 == (128 * 151936 * 4 * 3 + 128 * (1536 + 896) * 4 * 16 + 2 * 16 * 151936 * 4)
 
 
 @pytest.mark.parametrize("ctx", [512, 2048, 8192])
@@ -98,18 +106,36 @@ def test_smollm2_plan_fits(ctx):
     assert p.context == ctx
     assert p.weights == {"target": 540_000_000}
     assert p.kv == {"target": SMOL_KV[ctx]}
-    assert p.working == SMOL_WORK_256
+    assert p.working == SMOL_WORK_256 + SMOL_SCORES_256 * ctx
     assert p.runtime == RUNTIME
-    assert p.total == 540_000_000 + SMOL_KV[ctx] + SMOL_WORK_256 + RUNTIME
+    assert p.total == 540_000_000 + SMOL_KV[ctx] + SMOL_WORK_256 + SMOL_SCORES_256 * ctx + RUNTIME
     assert p.drafter == "none" and p.cuts == () and p.warnings == ()
 
 
 def test_working_memory_by_chunk():
     m = qwen_pair()
-    assert working_bytes(m, 256, with_drafter=True) == QWEN_PAIR_WORK_256
-    assert working_bytes(m, 256, with_drafter=False) == QWEN_WORK_256
-    assert working_bytes(m, 128, with_drafter=True) == QWEN_PAIR_WORK_128
-    assert working_bytes(_manifest(smollm2()), 256, with_drafter=False) == SMOL_WORK_256
+    assert working_bytes(m, 256, with_drafter=True) == QWEN_PAIR_WORK_256  # no context: no scores
+    assert working_bytes(m, 256, with_drafter=True, context=4096) == QWEN_PAIR_WORK_256 + 4096 * QWEN_PAIR_SCORES_256
+    assert working_bytes(m, 256, with_drafter=False, context=4096) == QWEN_WORK_256 + 4096 * 12_288
+    assert working_bytes(m, 128, with_drafter=True, context=4096) == QWEN_PAIR_WORK_128 + 4096 * 13_312
+    assert working_bytes(_manifest(smollm2()), 256, with_drafter=False, context=2048) == SMOL_WORK_256 + 2048 * 9_216
+    # a model on a GPU keeps no attention scores (fused attention): only the CPU one's count
+    on_gpu = working_bytes(m, 256, with_drafter=True, context=4096, on_cpu={"target": False, "drafter": True})
+    assert on_gpu == QWEN_PAIR_WORK_256 + 4096 * 14_336
+    # a chunk longer than the context computes no more scores than the context has rows
+    assert working_bytes(m, 256, with_drafter=False, context=64) == QWEN_WORK_256 + 64 * 12 * 64 * 4
+
+
+def test_attention_heads_come_from_the_manifest_when_recorded():
+    t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
+    assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4
+
+
+def test_a_reduced_drafter_head_counts_its_own_columns():
+    m = qwen_pair()
+    cut = _manifest(m.target, replace(m.drafter, head_size=65536))  # the v64k bundles' drafter
+    saved = (256 + 16) * (151936 - 65536) * 4  # its chunk's logits and its short-call buffer
+    assert working_bytes(cut, 256, with_drafter=True) == QWEN_PAIR_WORK_256 - saved
 
 
 @pytest.mark.parametrize("ctx", [512, 4096])
@@ -118,7 +144,8 @@ def test_qwen_pair_fits_with_drafter(ctx):
     assert p.context == ctx and p.drafter == "model" and p.default_drafter == "auto"
     assert p.weights == {"target": 1_000_000_000, "drafter": 500_000_000}
     assert p.kv == {"target": QWEN_T_KV[ctx], "drafter": QWEN_D_KV[ctx]}
-    assert p.total == 1_500_000_000 + QWEN_T_KV[ctx] + QWEN_D_KV[ctx] + QWEN_PAIR_WORK_256 + RUNTIME
+    assert p.total == (1_500_000_000 + QWEN_T_KV[ctx] + QWEN_D_KV[ctx] + QWEN_PAIR_WORK_256
+                       + QWEN_PAIR_SCORES_256 * ctx + RUNTIME)
     assert p.total <= p.budget == 4096 * MiB
     assert p.cuts == ()
 
@@ -184,57 +211,60 @@ def test_fp16_kv_is_half():
 
 
 def test_context_is_cut_first():
-    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 355,778,560 + 157,286,400 = 4,697,419,520 > 4 GiB.
-    # Room for KV: 4,294,967,296 - 2,013,064,960 = 2,281,902,336 bytes / 81,920 per token = 27,855 -> 27,840.
+    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 526,041,088 + 32768 * 26,624 scores + 157,286,400
+    # = 5,740,097,280 > 4 GiB. Room: 4,294,967,296 - 2,183,327,488 = 2,111,639,808 bytes / (81,920 KV
+    # + 26,624 scores) per token = 19,454 -> 19,392.
     p = plan(qwen_pair(), cpu_profile(4096, max_context=32768))
-    assert 1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_PAIR_WORK_256 + RUNTIME == 4_697_419_520
-    assert (4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME)) // 81_920 == 27_855
-    assert p.context == 27_840
+    assert (1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_PAIR_WORK_256 + 32768 * QWEN_PAIR_SCORES_256
+            + RUNTIME == 5_740_097_280)
+    assert (4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME)) // (81_920 + QWEN_PAIR_SCORES_256) == 19_454
+    assert p.context == 19_392
     assert p.drafter == "model"
-    assert p.kv == {"target": 57_344 * 27_840, "drafter": 24_576 * 27_840}
-    assert p.cuts == ("context 32768 -> 27840 tokens",)
+    assert p.kv == {"target": 57_344 * 19_392, "drafter": 24_576 * 19_392}
+    assert p.cuts == ("context 32768 -> 19392 tokens",)
     assert p.total <= p.budget
 
 
 def test_drafter_dropped_after_context():
-    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 355,778,560 + 157,286,400 = 2,055,008,000 > 1800 MiB.
-    # Without: fixed 1e9 + 346,054,656 + 157,286,400 = 1,503,341,056; room 1,887,436,800 - 1,503,341,056
-    # = 384,095,744 / 57,344 = 6,698 -> 6,656.
+    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 526,041,088 + 13,631,488 + 157,286,400
+    # = 2,238,902,016 > 1800 MiB. Without: fixed 1e9 + 346,054,656 + 157,286,400 = 1,503,341,056; room
+    # 1,887,436,800 - 1,503,341,056 = 384,095,744 / (57,344 KV + 12,288 scores) = 5,516 -> 5,504.
     budget = 1800 * MiB
     assert budget == 1_887_436_800
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768))
     assert p.drafter == "none" and p.default_drafter == "auto"
-    assert p.context == 6_656
+    assert p.context == 5_504
     assert p.weights == {"target": 1_000_000_000}
-    assert p.kv == {"target": 57_344 * 6_656}
-    assert p.cuts == ("context 32768 -> 6656 tokens", "model drafter dropped (prompt lookup instead)")
+    assert p.kv == {"target": 57_344 * 5_504}
+    assert p.cuts == ("context 32768 -> 5504 tokens", "model drafter dropped (prompt lookup instead)")
     # a profile that insists on the model drafter falls back to prompt lookup by default
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768, drafter="model"))
     assert p.drafter == "none" and p.default_drafter == "prompt-lookup"
 
 
 def test_drafter_dropped_without_context_cut():
-    # 512 tokens, no drafter: 1e9 + 29,360,128 + 346,054,656 + 157,286,400 = 1,532,701,184 (1461.7 MiB) fits 1500 MiB;
-    # with the drafter 2,055,008,000 does not.
+    # 512 tokens, no drafter: 1e9 + 29,360,128 + 346,054,656 + 6,291,456 + 157,286,400 = 1,538,992,640
+    # (1467.7 MiB) fits 1500 MiB; with the drafter 2,238,902,016 does not.
     p = plan(qwen_pair(), cpu_profile(1500, max_context=512))
     assert p.context == 512 and p.drafter == "none"
-    assert p.total == 1_532_701_184
+    assert p.total == 1_538_992_640
     assert p.cuts == ("model drafter dropped (prompt lookup instead)",)
 
 
 def test_budget_too_small_names_the_numbers():
-    # needs 1,532,701,184 bytes = 1462 MiB at 512 tokens without the drafter
+    # needs 1,538,992,640 bytes = 1468 MiB at 512 tokens without the drafter
     with pytest.raises(BudgetError) as e:
         plan(qwen_pair(), Profile(name="tight", memory_budget_mb=1200, max_context=32768))
     msg = str(e.value)
-    for part in ("1200 MiB", "tight", "512 tokens", "needs 1462 MiB", "weights 954 MiB", "KV 28 MiB",
-                 "working 330 MiB", "runtime 150 MiB"):
+    for part in ("1200 MiB", "tight", "512 tokens", "needs 1468 MiB", "weights 954 MiB", "KV 28 MiB",
+                 "working 336 MiB", "runtime 150 MiB"):
         assert part in msg, (part, msg)
 
 
 def test_context_floor_is_kept_when_not_a_multiple_of_64():
     # room for exactly 120 tokens; min_context 100: the plan takes 100, not 64
-    resident = 1024 * MiB - SMOL_WORK_256 - RUNTIME - 120 * 46_080
+    # (at 120 tokens a 256-token chunk has 120 rows of scores: 120 x 9 heads x 120 x 4 bytes)
+    resident = 1024 * MiB - SMOL_WORK_256 - RUNTIME - 120 * 46_080 - 120 * 9 * 120 * 4
     p = plan(_manifest(smollm2(resident=resident)), cpu_profile(1024, max_context=8192, min_context=100))
     assert p.context == 100
     assert p.total <= p.budget
