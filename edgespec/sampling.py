@@ -164,9 +164,17 @@ def _top_k(x: np.ndarray, m, k: int) -> np.ndarray:
 
 
 def _cut(idx: np.ndarray, w: np.ndarray, top_p: float, total: float) -> tuple[np.ndarray, np.ndarray]:
-    """Top-p over candidate tokens ``idx`` (vocabulary order) of weights ``w``, out of ``total``."""
-    order = np.argsort(-w, kind="stable")  # ties keep vocabulary order, as a stable full sort would
-    sel = np.sort(order[:_keep(w[order], top_p, total)])
+    """Top-p over candidate tokens ``idx`` (vocabulary order) of weights ``w``, out of ``total``:
+    the tokens a stable sort by descending weight puts first. The prefix sums depend only on the
+    sorted values, so a plain sort of the values finds the count, and the kept tokens are those
+    heavier than the last kept value plus the first of its ties in vocabulary order (a stable
+    argsort of a flat row's ~100k candidates takes 15 ms here, sorting the values 1.8)."""
+    sw = np.sort(w)[::-1]
+    keep = _keep(sw, top_p, total)
+    last = sw[keep - 1]
+    kept = w > last
+    kept[np.flatnonzero(w == last)[: keep - int(np.count_nonzero(kept))]] = True
+    sel = np.flatnonzero(kept)  # vocabulary order
     return idx[sel], w[sel]
 
 
