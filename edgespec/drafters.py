@@ -279,6 +279,7 @@ class ModelDrafter:
             else:
                 q = distribution(row, sp)
                 if head is not None:  # over the kept token ids, zero elsewhere
+                    q = q.exact()
                     q = Dist(self.target_vocab, head if q.idx is None else head[q.idx], q.w, q.total)
                 tok = q.sample(rng)
                 rows.append(q)
@@ -287,7 +288,8 @@ class ModelDrafter:
                 if self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
                     break  # the decision uses only the drafter's state: any stopping rule keeps exactness
                 t1 = self.clock()
-                logits = lm.forward([tok], copy=False)[-1]  # read before the next call
+                # read before the next call; sampled, q may keep its row (a TailDist): a copy
+                logits = lm.forward([tok], copy=not sp.greedy)[-1]
                 step_time += self.clock() - t1
                 steps += 1
         self._fed_drafts = len(tokens) - 1

@@ -25,6 +25,8 @@ MIN_TEMPERATURE = 1e-6  # a positive temperature below this is refused (use 0: g
 _BLOCK = 1024  # tokens per block when sampling from a dense distribution
 _TAIL_EPS = (1e-3, 1e-7)  # top-p: the most the tokens left out may weigh together (the maximum weighs 1)
 _NATIVE_CAP = 8192  # kept tokens the native top-p returns at most (more: numpy's path)
+_LAZY_MIN = 4096  # temperature alone over at least this many tokens: a TailDist (fewer: one pass)
+_DENSE_EPS = 1e-3  # a TailDist's tokens left out weigh at most this together (the maximum weighs 1)
 _SMALL = 64  # kept tokens up to which a sample is drawn in plain Python (cold numpy calls cost more)
 _out = threading.local()  # the native top-p's output buffers
 _NEAR_MAX = 16384  # more tokens near the maximum than this (a flat row): the exact pass over every token
@@ -62,6 +64,15 @@ class Dist:
         self.idx = idx
         self.w = w
         self.total = float(w.sum(dtype=np.float64)) if total is None else float(total)
+
+    def exact(self) -> "Dist":
+        """This distribution with every weight computed (itself; a ``TailDist`` computes its tail)."""
+        return self
+
+    def prob_bounds(self, token: int) -> tuple[float, float]:
+        """Bounds on p(token) (equal here; a ``TailDist`` knows its total only within a range)."""
+        v = self.prob(token)
+        return v, v
 
     def prob(self, token: int) -> float:
         if self.idx is None:
@@ -108,6 +119,7 @@ class Dist:
 
     def minus(self, q: "Dist") -> "Dist | None":
         """normalize(max(self - q, 0)), the rejection rule's residual (None: p == q)."""
+        q = q.exact()
         if self.idx is not None and q.idx is not None:
             idx = self.idx
             p = self.w / self.total
@@ -118,6 +130,79 @@ class Dist:
             return Dist(self.n, idx, r) if r.sum() > 0 else None
         r = np.maximum(self.dense() - _fit(q.dense(), self.n), 0.0)
         return Dist(self.n, None, r) if r.sum() > 0 else None
+
+
+class TailDist(Dist):
+    """Temperature alone over a large vocabulary without an exp over all of it. ``idx``/``w`` hold
+    the tokens near the maximum and their float32 weights (the maximum's is 1); the others (the
+    tail, less ``excluded``) weigh under ``bound`` together, ``total`` is the near tokens' mass.
+    A sample draws u from [0, total + bound): below ``total`` it is a near token; past it the tail
+    is computed and u lands on a tail token or, past the tail's true mass, the draw starts again
+    from the exact distribution (rejection from an envelope: exact, and the tail is computed with
+    probability under bound / total). ``prob_bounds`` gives p(t) within the total's range;
+    ``exact()`` computes every weight (the near ones kept as they are)."""
+
+    __slots__ = ("row", "m", "inv_t", "bound", "excluded", "_exact")
+
+    def __init__(self, n, idx, w, row, m, inv_t, bound, excluded=()):
+        super().__init__(n, idx, w)
+        self.row, self.m, self.inv_t, self.bound = row, m, inv_t, float(bound)
+        self.excluded = tuple(excluded)
+        self._exact = None
+
+    def exact(self) -> Dist:
+        if self._exact is None:
+            full = np.exp((self.row.astype(np.float32, copy=False) - np.float32(self.m)) * np.float32(self.inv_t))
+            full[self.idx] = self.w
+            if self.excluded:
+                full[list(self.excluded)] = 0
+            self._exact = Dist(self.n, None, full)
+        return self._exact
+
+    def _weight(self, token: int) -> tuple[float, float]:
+        """Bounds on the weight of one token (its exp computed alone may round otherwise than the
+        row's: 1e-6 either way)."""
+        if not 0 <= token < self.n or token in self.excluded:
+            return 0.0, 0.0
+        j = int(np.searchsorted(self.idx, token))
+        if j < self.idx.shape[0] and self.idx[j] == token:
+            v = float(self.w[j])
+            return v, v
+        v = float(np.exp((np.float32(self.row[token]) - np.float32(self.m)) * np.float32(self.inv_t)))
+        return v * (1 - 1e-6), v * (1 + 1e-6)
+
+    def prob_bounds(self, token: int) -> tuple[float, float]:
+        lo, hi = self._weight(token)
+        # the exact total sums in another order: 1e-12 of slack
+        total = (self.total + self.bound) * (1 + 1e-12)
+        return lo / total, (hi / (self.total * (1 - 1e-12)) if self.total > 0 else math.inf)
+
+    def prob(self, token: int) -> float:
+        return self.exact().prob(token)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        u = rng.random() * (self.total + self.bound)
+        if u < self.total:
+            c = np.cumsum(self.w, dtype=np.float64)
+            return int(self.idx[min(int(np.searchsorted(c, u, side="right")), len(c) - 1)])
+        full = self.exact()
+        tail = full.w.astype(np.float64)
+        tail[self.idx] = 0
+        c = np.cumsum(tail)
+        if u - self.total < c[-1]:
+            return int(min(int(np.searchsorted(c, u - self.total, side="right")), self.n - 1))
+        return full.sample(rng)  # past the tail's true mass: a fresh draw from the exact distribution
+
+    def dense(self) -> np.ndarray:
+        return self.exact().dense()
+
+    def without(self, token: int) -> "Dist | None":
+        keep = self.idx != token
+        return TailDist(self.n, self.idx[keep], self.w[keep], self.row, self.m, self.inv_t, self.bound,
+                        self.excluded + (int(token),))
+
+    def minus(self, q: Dist) -> "Dist | None":
+        return self.exact().minus(q)
 
 
 def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
@@ -133,7 +218,16 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
         if sp.top_p < 1.0:  # then top-p over the k tokens' own mass
             idx, w = _cut(idx, w, sp.top_p, w.sum())
         return Dist(n, idx, w)
-    w = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(1.0 / sp.temperature))
+    inv_t = 1.0 / sp.temperature
+    if n >= _LAZY_MIN and x.dtype == np.float32:  # temperature alone: the near tokens and a bound on the rest
+        thr = np.float32(float(m) - math.log(n / _DENSE_EPS) * sp.temperature)
+        near = np.flatnonzero(x >= thr)
+        if near.shape[0] <= n // 4:  # more: the full pass costs about as much
+            w = np.exp((x[near] - np.float32(m)) * np.float32(inv_t))
+            # each token left out is below thr, so weighs under exp((thr - m) / T)
+            bound = (n - near.shape[0]) * math.exp((float(thr) - float(m)) * inv_t) * (1 + 1e-6)
+            return TailDist(n, near, w, x, m, inv_t, bound)
+    w = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(inv_t))
     return Dist(n, None, w)
 
 

@@ -36,12 +36,29 @@ def rejection_sample(draft: Sequence[int], draft_dists: Sequence[Dist] | None, t
     """
     for i, x in enumerate(draft):
         p = distribution(target_logits[i], sp)
-        px = p.prob(x)
-        qx = 1.0 if draft_dists is None else draft_dists[i].prob(x)
-        if qx > 0 and rng.random() * qx < px:  # u < p/q without dividing
+        if _accepts(p, None if draft_dists is None else draft_dists[i], x, rng):
             continue
         residual = p.without(x) if draft_dists is None else p.minus(draft_dists[i])
         if residual is None:  # p == q up to rounding: any sample of p is exact
             return i, p.sample(rng)
         return i, residual.sample(rng)
     return len(draft), distribution(target_logits[len(draft)], sp).sample(rng)
+
+
+def _accepts(p: Dist, q: Dist | None, x: int, rng: np.random.Generator) -> bool:
+    """u < p(x) / q(x) without dividing (q None: a point mass, q(x) = 1), u drawn only when
+    q(x) > 0. A ``TailDist`` knows p(x) within bounds: the test is decided on them, and on the
+    exact probabilities only when u falls between them."""
+    q_lo, q_hi = (1.0, 1.0) if q is None else q.prob_bounds(x)
+    if q_lo <= 0 < q_hi:
+        q = q.exact()
+        q_lo = q_hi = q.prob(x)
+    if q_hi <= 0:
+        return False
+    u = rng.random()
+    p_lo, p_hi = p.prob_bounds(x)
+    if u * q_hi < p_lo:
+        return True
+    if u * q_lo >= p_hi:
+        return False
+    return u * (1.0 if q is None else q.exact().prob(x)) < p.exact().prob(x)

@@ -809,3 +809,125 @@ def test_seed_reproduces_on_a_real_bundle(tiny_bundle):
                 r = eng.generate("The quick brown fox", max_new_tokens=30, temperature=0.8, seed=42, drafter=drafter)
                 outs.setdefault(drafter, set()).add(tuple(r.token_ids))
     assert all(len(v) == 1 for v in outs.values()), {k: len(v) for k, v in outs.items()}
+
+
+# -- temperature alone over a large vocabulary: TailDist ---------------------------------------
+
+def _tail_row(n=5000):
+    """Four likely tokens and a tail of n - 4 at logit -9 (together ~0.62 of weight against 1.55)."""
+    row = np.full(n, -9.0, dtype=np.float32)
+    row[:4] = [0.0, -1.0, -2.0, -3.0]
+    return row
+
+
+def _tail_bins(tokens, n):
+    """Counts over bins: each likely token alone, the tail in two halves."""
+    t = np.asarray(tokens)
+    return np.array([np.count_nonzero(t == i) for i in range(4)]
+                    + [np.count_nonzero((t >= 4) & (t < n // 2)), np.count_nonzero(t >= n // 2)])
+
+
+def _tail_probs(p):
+    n = p.shape[0]
+    return np.concatenate([p[:4], [p[4: n // 2].sum(), p[n // 2:].sum()]])
+
+
+@pytest.fixture
+def wide_tail(monkeypatch):
+    """A bound of ~3 on a tail that weighs 0.62: every branch of TailDist.sample is taken often."""
+    from edgespec import sampling
+
+    monkeypatch.setattr(sampling, "_DENSE_EPS", 3.0)
+
+
+def _chi2_bins(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum()), len(counts) - 1
+
+
+def test_tail_dist_samples_the_exact_distribution(wide_tail):
+    from edgespec.sampling import TailDist, distribution
+
+    sp = SamplingParams(1.0)
+    row = _tail_row()
+    d = distribution(row, sp)
+    assert isinstance(d, TailDist) and d.idx.tolist() == [0, 1, 2, 3] and d.bound > 2.5
+    want = _reference_probs(row, sp)
+    np.testing.assert_allclose(d.dense(), want, rtol=1e-6)
+    for t in (0, 3, 4, 4999):  # the bounds hold the exact probability
+        lo, hi = d.prob_bounds(t)
+        assert lo <= want[t] <= hi and d.prob(t) == pytest.approx(want[t], rel=1e-6)
+    rng = np.random.default_rng(0)
+    counts = _tail_bins([d.sample(rng) for _ in range(20000)], row.shape[0])
+    stat, df = _chi2_bins(counts, _tail_probs(want))
+    assert stat < _chi2_crit(df), (stat, counts)
+
+
+def test_tail_dist_statistical_test_catches_a_naive_restart(wide_tail, monkeypatch):
+    """Plant the tempting bug: past the near tokens, draw afresh from the exact distribution
+    (instead of landing u on the tail first): the near tokens are then overdrawn."""
+    from edgespec.sampling import TailDist, distribution
+
+    def naive(self, rng):
+        u = rng.random() * (self.total + self.bound)
+        if u < self.total:
+            c = np.cumsum(self.w, dtype=np.float64)
+            return int(self.idx[min(int(np.searchsorted(c, u, side="right")), len(c) - 1)])
+        return self.exact().sample(rng)
+
+    monkeypatch.setattr(TailDist, "sample", naive)
+    sp = SamplingParams(1.0)
+    row = _tail_row()
+    d = distribution(row, sp)
+    rng = np.random.default_rng(0)
+    counts = _tail_bins([d.sample(rng) for _ in range(20000)], row.shape[0])
+    stat, df = _chi2_bins(counts, _tail_probs(_reference_probs(row, sp)))
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f})"
+
+
+def _first_tokens(p_row, q_row, sp, runs, seed=0):
+    """The first token of a speculative round drafting one token from q (or, q_row None, proposing
+    token 1 as prompt lookup would), verified against p."""
+    from edgespec.sampling import distribution
+    from edgespec.verify import rejection_sample
+
+    rng = np.random.default_rng(seed)
+    logits = np.stack([p_row, p_row])
+    out = []
+    for _ in range(runs):
+        if q_row is None:
+            n, tok = rejection_sample([1], None, logits, sp, rng)
+            out.append(1 if n else tok)
+        else:
+            q = distribution(q_row, sp)
+            x = q.sample(rng)
+            n, tok = rejection_sample([x], [q], logits, sp, rng)
+            out.append(x if n else tok)
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["model", "point mass"])
+def test_rejection_with_tail_dists_follows_the_target(wide_tail, drafter):
+    sp = SamplingParams(1.0)
+    p_row = _tail_row()
+    q_row = None
+    if drafter == "model":
+        q_row = _tail_row()
+        q_row[:4] = [-1.5, 0.0, -2.5, -1.0]  # another order of the likely tokens
+        q_row[4:2500] = -8.0  # and a heavier first half of the tail
+    counts = _tail_bins(_first_tokens(p_row, q_row, sp, 12000), p_row.shape[0])
+    stat, df = _chi2_bins(counts, _tail_probs(_reference_probs(p_row, sp)))
+    assert stat < _chi2_crit(df), (stat, counts)
+
+
+def test_rejection_with_tail_dists_catches_a_missing_residual(wide_tail, monkeypatch):
+    from edgespec.sampling import TailDist
+
+    monkeypatch.setattr(TailDist, "minus", lambda self, q: self)  # resample from p: the classic bug
+    sp = SamplingParams(1.0)
+    p_row, q_row = _tail_row(), _tail_row()
+    q_row[:4] = [-1.5, 0.0, -2.5, -1.0]
+    q_row[4:2500] = -8.0
+    counts = _tail_bins(_first_tokens(p_row, q_row, sp, 12000), p_row.shape[0])
+    stat, df = _chi2_bins(counts, _tail_probs(_reference_probs(p_row, sp)))
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f})"
