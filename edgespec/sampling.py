@@ -3,11 +3,12 @@
 ``distribution(row, sp)`` is what decoding runs: a ``Dist`` over the vocabulary in as few passes
 over the row as the settings allow. Top-k and top-p keep few tokens, so their probabilities are
 computed on those tokens only (float64: cheap on a handful): the kept set comes from one partial
-selection (top-k) or from the tokens within a logit threshold of the maximum, widened until their
-mass reaches top_p (top-p), then sorted; nothing sorts the whole vocabulary. Temperature alone
-keeps every token: one float32 exp pass, and sampling finds the token through block sums instead
-of a cumulative sum over the vocabulary. ``probs`` is the same transform as dense rows (tests and
-reports).
+selection (top-k) or from the tokens near the maximum, the cut decided at both ends of the range
+the rest's mass can take (top-p; natively in one call where edgespec/native/topp.cpp builds);
+nothing sorts the whole vocabulary. Temperature alone over a large vocabulary is a ``TailDist``:
+the tokens near the maximum and a bound on the rest, sampled exactly by rejection from an envelope;
+over a small one, one float32 exp pass, sampled through block sums. ``probs`` is the same
+transform as dense rows (tests and reports).
 """
 from __future__ import annotations
 
@@ -197,7 +198,11 @@ class TailDist(Dist):
         return self.exact().dense()
 
     def without(self, token: int) -> "Dist | None":
+        if not 0 <= token < self.n:  # not a token of this distribution: nothing to remove
+            return self
         keep = self.idx != token
+        if not keep.any():  # nothing near is left: the exact distribution says whether anything is
+            return self.exact().without(token)
         return TailDist(self.n, self.idx[keep], self.w[keep], self.row, self.m, self.inv_t, self.bound,
                         self.excluded + (int(token),))
 
@@ -224,8 +229,11 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
         near = np.flatnonzero(x >= thr)
         if near.shape[0] <= n // 4:  # more: the full pass costs about as much
             w = np.exp((x[near] - np.float32(m)) * np.float32(inv_t))
-            # each token left out is below thr, so weighs under exp((thr - m) / T)
-            bound = (n - near.shape[0]) * math.exp((float(thr) - float(m)) * inv_t) * (1 + 1e-6)
+            # each token left out is below thr, so weighs under exp((thr - m) / T); its float32
+            # weight rounds three times on the way (x - m, 1/T, the product): up to ~4e-6 above it
+            # where the exponent is ~20, so 1e-5 of slack, and never below thr's own float32 weight
+            at_thr = float(np.exp((thr - np.float32(m)) * np.float32(inv_t)))
+            bound = (n - near.shape[0]) * max(math.exp((float(thr) - float(m)) * inv_t), at_thr) * (1 + 1e-5)
             return TailDist(n, near, w, x, m, inv_t, bound)
     w = np.exp((x.astype(np.float32, copy=False) - np.float32(m)) * np.float32(inv_t))
     return Dist(n, None, w)

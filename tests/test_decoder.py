@@ -854,9 +854,12 @@ def test_tail_dist_samples_the_exact_distribution(wide_tail):
     assert isinstance(d, TailDist) and d.idx.tolist() == [0, 1, 2, 3] and d.bound > 2.5
     want = _reference_probs(row, sp)
     np.testing.assert_allclose(d.dense(), want, rtol=1e-6)
-    for t in (0, 3, 4, 4999):  # the bounds hold the exact probability
+    for t in (0, 3, 4, 4999):  # the bounds hold the exact probability that acceptance relies on
         lo, hi = d.prob_bounds(t)
-        assert lo <= want[t] <= hi and d.prob(t) == pytest.approx(want[t], rel=1e-6)
+        assert lo <= d.exact().prob(t) <= hi and d.prob(t) == pytest.approx(want[t], rel=1e-6)
+    assert d.without(-1) is d and d.without(5000) is d  # not tokens of it: nothing removed
+    rest = d.without(4)  # a tail token: excluded from the exact distribution too
+    assert rest.prob_bounds(4) == (0.0, 0.0) and rest.exact().prob(4) == 0.0 and rest.exact().prob(5) > 0
     rng = np.random.default_rng(0)
     counts = _tail_bins([d.sample(rng) for _ in range(20000)], row.shape[0])
     stat, df = _chi2_bins(counts, _tail_probs(want))
@@ -931,3 +934,82 @@ def test_rejection_with_tail_dists_catches_a_missing_residual(wide_tail, monkeyp
     counts = _tail_bins(_first_tokens(p_row, q_row, sp, 12000), p_row.shape[0])
     stat, df = _chi2_bins(counts, _tail_probs(_reference_probs(p_row, sp)))
     assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f})"
+
+
+def test_tail_bound_holds_where_the_tail_sits_just_below_the_threshold():
+    """float32 rounding can put a tail token's weight ~4e-6 above exp((thr - m) / T): the bound
+    keeps 1e-5 of slack (a row whose whole tail sits one float32 step below the threshold)."""
+    from edgespec import sampling
+
+    n, rng = 151936, np.random.default_rng(1)
+    for _ in range(40):
+        t, m = float(rng.uniform(0.3, 2.0)), np.float32(rng.uniform(-5, 15))
+        thr = np.float32(float(m) - np.log(n / sampling._DENSE_EPS) * t)
+        row = np.full(n, np.nextafter(thr, np.float32(-np.inf)), dtype=np.float32)
+        row[0] = m
+        d = sampling.distribution(row, SamplingParams(t))
+        assert isinstance(d, sampling.TailDist)
+        assert d.exact().total - d.total <= d.bound, (t, m)
+
+
+def test_sampled_decoding_with_tail_dists_and_reused_logits_buffers(wide_tail):
+    """Temperature alone over 5,000 tokens (TailDists, wide tails), both models handing out views of
+    one logits buffer (as onnxruntime's sessions do): the round's second token (the generation's
+    third) follows the target's distribution."""
+    vocab, rows = 5000, 8  # FakeLM's order-2 key of (a, b) is (a * 5000 + b) % 8 = b % 8
+    rng = np.random.default_rng(11)
+    table = rng.normal(0, 1.0, (rows, vocab))
+    table[:, :4] += 7.0  # a few likely tokens, a long tail
+    for r in range(rows):  # each row's tail leans to a block of its own: a tail read from the wrong
+        table[r, 4 + 600 * r: 4 + 600 * (r + 1)] += 3.0  # row moves mass between blocks
+    sp = SamplingParams(1.0)
+    prompt = [1, 2, 3]
+    row_p = [_reference_probs(table[r].astype(np.float32), sp) for r in range(rows)]
+    by_key = lambda p: np.array([p[k::rows].sum() for k in range(rows)])  # noqa: E731
+    # the third token: the first from key 3 % 8, the second from the first's key, the third from the second's
+    key1 = by_key(row_p[3])
+    key2 = sum(key1[a] * by_key(row_p[a]) for a in range(rows))
+    p3 = sum(key2[b] * row_p[b] for b in range(rows))
+    dec = Decoder(FakeLM(vocab, table=table, reuse_buffer=True), (),
+                  drafters=[ModelDrafter(FakeLM(vocab, table=table + np.random.default_rng(3).normal(0, 1.5, table.shape),
+                                                reuse_buffer=True), vocab)])
+    thirds = []
+    for seed in range(3000):
+        cfg = GenerationConfig(max_new_tokens=5, drafter="model", draft_tokens=3, ignore_eos=True, temperature=1.0,
+                               seed=seed)
+        thirds.append([t for step in dec.generate(prompt, cfg) for t in step.tokens][2])
+    edges = [0, 1, 2, 3, 4] + [4 + 600 * r for r in range(1, rows + 1)] + [vocab]
+    got = np.asarray(thirds)
+    counts = np.array([np.count_nonzero((got >= a) & (got < b)) for a, b in zip(edges, edges[1:])])
+    probs = np.array([p3[a:b].sum() for a, b in zip(edges, edges[1:])])
+    stat, df = _chi2_bins(counts, probs)
+    assert stat < _chi2_crit(df), (stat, counts, probs * len(thirds))
+
+
+def test_drafted_distributions_keep_their_own_rows(monkeypatch):
+    """A sampled draft's q may keep its row (a TailDist computes its tail from it when a rejection
+    needs it), and the drafter's model hands out a view that its next call overwrites: each q must
+    still describe the row it was drawn from after the drafter's later calls."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import TailDist, distribution
+
+    from edgespec import sampling
+
+    monkeypatch.setattr(sampling, "_DENSE_EPS", 0.01)  # a tail rarely computed while drafting
+    vocab = 5000
+    table = np.random.default_rng(5).normal(0, 1.0, (8, vocab))
+    table[:, :4] += 14.0  # a few likely tokens: a few hundred near ones, the rest a tail
+    lm = FakeLM(vocab, table=table, reuse_buffer=True)
+    drafter = ModelDrafter(lm, vocab)
+    sp = SamplingParams(1.0)
+    ctx = TokenBuffer([1, 2, 3], capacity=64)
+    drafter.begin(ctx.tolist())
+    draft = drafter.draft(ctx, 6, sp, np.random.default_rng(0))
+    assert len(draft.tokens) == 6 and all(isinstance(q, TailDist) for q in draft.probs)
+    assert any(q._exact is None for q in draft.probs[1:-1])  # tails left to compute from their rows
+    seen = ctx.tolist()
+    ref = FakeLM(vocab, table=table)
+    for q, tok in zip(draft.probs, draft.tokens):
+        want = distribution(ref.logits_for(seen), sp).exact()
+        assert np.array_equal(q.exact().dense(), want.dense())
+        seen.append(tok)
