@@ -70,15 +70,17 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     from .onnx_lm import OWN_LOGITS_MAX_WIDTH
 
     specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
-    arenas = copy = 0
+    arenas = copy = own = 0
     for s in specs:
-        logits = chunk * (s.head_size or s.vocab_size) * 4  # a drafter's reduced head has head_size columns
+        columns = s.head_size or s.vocab_size  # a drafter's reduced head has head_size columns
+        logits = chunk * columns * 4
         arenas += logits + chunk * s.hidden_size * 4 * 16
         if context and (on_cpu or {}).get(s.role, True):
             heads = s.num_attention_heads or s.hidden_size // s.head_dim
             arenas += min(chunk, context) * heads * (context + s.attention_pad) * 4
         copy = max(copy, logits)
-    return arenas + copy + sum(OWN_LOGITS_MAX_WIDTH * (s.head_size or s.vocab_size) * 4 for s in specs)
+        own += OWN_LOGITS_MAX_WIDTH * columns * 4
+    return arenas + copy + own
 
 
 def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,
@@ -140,9 +142,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         default = profile.drafter
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"
-        return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv,
-                    working_bytes(manifest, chunk, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()}), runtime, tuple(cuts), tuple(warnings), any_gpu,
-                    weights_basis(with_drafter), devices)
+        working = working_bytes(manifest, chunk, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()})
+        return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv, working, runtime,
+                    tuple(cuts), tuple(warnings), any_gpu, weights_basis(with_drafter), devices)
 
     def fit_context(with_drafter: bool) -> int | None:
         """The largest context that fits: the one asked for, else the largest multiple of 64 above

@@ -184,14 +184,13 @@ class TailDist(Dist):
     def sample(self, rng: np.random.Generator) -> int:
         u = rng.random() * (self.total + self.bound)
         if u < self.total:
-            c = np.cumsum(self.w, dtype=np.float64)
-            return int(self.idx[min(int(np.searchsorted(c, u, side="right")), len(c) - 1)])
+            return int(self.idx[_locate(np.cumsum(self.w, dtype=np.float64), u)])
         full = self.exact()
         tail = full.w.astype(np.float64)
         tail[self.idx] = 0
         c = np.cumsum(tail)
         if u - self.total < c[-1]:
-            return int(min(int(np.searchsorted(c, u - self.total, side="right")), self.n - 1))
+            return _locate(c, u - self.total)
         return full.sample(rng)  # past the tail's true mass: a fresh draw from the exact distribution
 
     def dense(self) -> np.ndarray:
@@ -272,12 +271,18 @@ def _cut(idx: np.ndarray, w: np.ndarray, top_p: float, total: float) -> tuple[np
     heavier than the last kept value plus the first of its ties in vocabulary order (a stable
     argsort of a flat row's ~100k candidates takes 15 ms here, sorting the values 1.8)."""
     sw = np.sort(w)[::-1]
-    keep = _keep(sw, top_p, total)
+    sel = _first(w, sw, _keep(sw, top_p, total))
+    return idx[sel], w[sel]
+
+
+def _first(w: np.ndarray, sw: np.ndarray, keep: int) -> np.ndarray:
+    """Where the first ``keep`` of a stable sort of ``w`` by descending weight are, in vocabulary
+    order (``sw``: w's values sorted descending): those heavier than the last kept value, then the
+    first of its ties."""
     last = sw[keep - 1]
     kept = w > last
     kept[np.flatnonzero(w == last)[: keep - int(np.count_nonzero(kept))]] = True
-    sel = np.flatnonzero(kept)  # vocabulary order
-    return idx[sel], w[sel]
+    return np.flatnonzero(kept)
 
 
 def _keep(sw: np.ndarray, top_p: float, total: float) -> int:
@@ -337,10 +342,10 @@ def _top_p_near(x: np.ndarray, m, sp: SamplingParams) -> Dist | None:
             lo, hi = ws + rest * (1 - 1e-4), ws + rest * (1 + 1e-4) + tail
             if ws < sp.top_p * hi:
                 continue
-            order = np.argsort(-w, kind="stable")  # ties keep vocabulary order, as a stable full sort would
-            keep = _keep(w[order], sp.top_p, lo)
-            if _keep(w[order], sp.top_p, hi) == keep:
-                sel = np.sort(order[:keep])
+            sw = np.sort(w)[::-1]
+            keep = _keep(sw, sp.top_p, lo)
+            if _keep(sw, sp.top_p, hi) == keep:
+                sel = _first(w, sw, keep)
                 return Dist(n, near[sub][sel], w[sel])
     return None
 
@@ -375,8 +380,13 @@ def probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
 def _inverse_cdf(w: np.ndarray, rng: np.random.Generator) -> int:
     """One index drawn from weights ``w`` (inverse CDF; robust to rounding)."""
     c = np.cumsum(w, dtype=np.float64)
-    u = rng.random() * c[-1]
-    return int(min(np.searchsorted(c, u, side="right"), len(w) - 1))
+    return _locate(c, rng.random() * c[-1])
+
+
+def _locate(c: np.ndarray, u: float) -> int:
+    """The index whose interval of the cumulative weights ``c`` holds ``u`` (the last one where
+    rounding leaves u at or past the end)."""
+    return min(int(np.searchsorted(c, u, side="right")), len(c) - 1)
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:

@@ -135,7 +135,7 @@ extern "C" __attribute__((visibility("default"))) int64_t es_top_p(
             if (ws < top_p * hi) continue;
             order.resize(sub.size());
             std::iota(order.begin(), order.end(), 0);
-            // numpy's argsort(-w, kind="stable"): descending, ties in vocabulary order
+            // a stable sort by descending weight: ties in vocabulary order (sampling._first)
             std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) { return w[p] > w[q]; });
             sw.clear();
             for (int64_t j : order) sw.push_back(w[j]);
