@@ -182,6 +182,7 @@ def test_bad_generation_options(tiny_bundle):
     (("--seed", "-1"), "seed must be in"),
     (("--temperature", "nan"), "temperature must be a finite number"),
     (("--temperature", "inf"), "temperature must be a finite number"),
+    (("--temperature", "1e-9"), "temperature must be 0 (greedy) or at least"),  # 1/T overflows float32
     (("--max-context", "-5"), "max_context must be a positive"),
 ])
 def test_bad_numbers_on_the_command_line(tiny_bundle, args, match):
