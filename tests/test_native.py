@@ -323,8 +323,20 @@ def test_library_on_a_cpu_without_avx2_is_a_typed_error(monkeypatch):
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx"})
     assert native.cpu_supported() == "this CPU lacks avx2, fma"
-    monkeypatch.setattr(native, "_cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
-    assert native.isa() == "avx512-vnni"
+
+
+def test_the_library_names_the_path_it_takes(monkeypatch):
+    """isa() asks the built library, which names its path with the function that picks it at registration;
+    EDGESPEC_Q4_ISA stops at a narrower path (and the name follows)."""
+    import edgespec.native as native
+
+    flags = native._cpu_flags() or set()
+    want = "avx2"
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        want = "avx512-vnni+amx" if {"amx_tile", "amx_int8"} <= flags else "avx512-vnni"
+    assert native.isa() == want  # (a kernel without Linux's AMX permission would say avx512-vnni: not seen here)
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx512")
+    assert native.isa() == ("avx2" if want == "avx2" else "avx512-vnni")
     monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     assert native.isa() == "avx2"
 
@@ -366,12 +378,14 @@ def test_kernel_block_of_five_groups_matches_the_reference():
         assert np.array_equal(_session(model).run(None, {"A": x[:m]})[0], y[:m])
 
 
-@pytest.mark.skipif(__import__("edgespec.native", fromlist=["isa"]).isa() != "avx512-vnni",
-                    reason="compares the AVX-512 VNNI path with the AVX2 path: this CPU has only the latter")
 def test_avx2_and_avx512_paths_compute_the_same_bits(monkeypatch):
+    from edgespec.native import isa
+
+    if isa() == "avx2":
+        pytest.skip("compares the AVX-512 VNNI path with the AVX2 path: this CPU has only the latter")
     for K, N, block, zp in ((256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False), (1536, 300, 128, True)):
         x = np.random.default_rng(5).normal(size=(9, K)).astype(np.float32)
-        monkeypatch.delenv("EDGESPEC_Q4_ISA", raising=False)
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx512")
         wide = _session(_graph(K, N, block, "MatMulQ4", zp)).run(None, {"A": x})[0]
         monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
         narrow = _session(_graph(K, N, block, "MatMulQ4", zp)).run(None, {"A": x})[0]
@@ -419,3 +433,27 @@ def test_top_p_kernel_without_a_compiler_leaves_sampling_in_numpy(monkeypatch, t
     monkeypatch.delenv("CXX")
     monkeypatch.setenv("EDGESPEC_NATIVE_SAMPLING", "0")
     assert native.top_p_kernel() is None and not list(tmp_path.glob("*.so"))
+
+
+@pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
+                                          (120, 21, 40, True), (512, 33, 256, True)])
+def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
+    """The AMX path (calls of 3 rows or more, tile multiplies over chunks of 15 rows, the weights summed by a
+    row of ones) against the AVX-512 VNNI path: the same bits for every row, at widths 1 to 40 (one, two
+    and three chunks, partial ones) and wherever the row sits; blocks of 1, 2 and 4 tile steps and one of
+    40 (steps of 8 bytes)."""
+    from edgespec.native import isa
+
+    if isa() != "avx512-vnni+amx":
+        pytest.skip(f"needs AMX-INT8 and AVX-512 VNNI: this CPU takes its {isa()} path")
+    x = np.random.default_rng(6).normal(size=(40, K)).astype(np.float32)
+    x[7] = 0.0  # a row of zeros (scale 0) among them
+    x[8, : K // 2] *= 1000.0  # and one with blocks of very different scales
+    amx = _session(_graph(K, N, block, "MatMulQ4", zp))
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx512")
+    vnni = _session(_graph(K, N, block, "MatMulQ4", zp))
+    want = np.concatenate([vnni.run(None, {"A": x[i:i + 1]})[0] for i in range(40)])
+    for m in (1, 2, 3, 4, 9, 15, 16, 17, 30, 31, 40):
+        assert np.array_equal(amx.run(None, {"A": x[:m]})[0], want[:m]), m
+    for start in (1, 5, 14, 23):
+        assert np.array_equal(amx.run(None, {"A": x[start:start + 17]})[0], want[start:start + 17]), start

@@ -5,8 +5,9 @@
 depend on how many rows the call has (README, "Exactness"). A bundle rewritten by
 ``edgespec exact-kernels`` uses it in place of ``com.microsoft.MatMulNBits``; its graphs open only
 with this library registered (``library_path()``), which needs a C++ compiler (g++) once and an
-x86-64 CPU with AVX2 and FMA; it takes its AVX-512 VNNI path where the CPU has one (the same numbers,
-bitwise, on both paths).
+x86-64 CPU with AVX2 and FMA; it takes its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile
+multiplies for calls of three rows or more where the CPU has those (the same numbers, bitwise, on every
+path).
 """
 from __future__ import annotations
 
@@ -52,11 +53,15 @@ def cpu_supported() -> str | None:
 
 
 def isa() -> str:
-    """The kernel path this CPU takes: 'avx512-vnni' or 'avx2' (EDGESPEC_Q4_ISA=avx2 forces the latter)."""
-    flags = _cpu_flags() or set()
-    if os.environ.get("EDGESPEC_Q4_ISA") != "avx2" and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
-        return "avx512-vnni"
-    return "avx2"
+    """The kernel path this CPU takes, as the built library reports it (the same function picks the path
+    at registration): 'avx2', 'avx512-vnni', or 'avx512-vnni+amx' (AMX-INT8 tile multiplies for calls of
+    three rows or more). EDGESPEC_Q4_ISA=avx2 or =avx512 stops at that path. Builds the library if needed
+    (ProviderError where it cannot be)."""
+    import ctypes
+
+    fn = ctypes.CDLL(library_path()).edgespec_q4_path
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def library_path() -> str:

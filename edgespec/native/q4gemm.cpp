@@ -17,10 +17,15 @@
 // token-identical to speculative verification.
 //
 // The path is chosen when the library is registered: AVX-512 VNNI where the CPU has it, else AVX2 + FMA;
-// EDGESPEC_Q4_ISA=avx2 forces the AVX2 path (to compare the two on one machine).
+// on a CPU with AMX-INT8 (and the kernel's permission to use its tiles), calls of kAmxMinRows rows or more
+// compute the block dots with AMX tile multiplies instead (TDPBUSD: exact int32 sums as well, then the same
+// float chain per lane), which makes the rows of a verify or prefill call nearly free where VNNI pays for
+// each. EDGESPEC_Q4_ISA=avx2 forces the AVX2 path, =avx512 the AVX-512 VNNI path without AMX (to compare
+// the paths on one machine).
 //
 // The ABI below is declared here (the onnxruntime C API is append-only and versioned): only the
 // functions used are named, by their position in OrtApi.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,6 +35,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 extern "C" {
 struct OrtStatus;
@@ -99,9 +107,11 @@ constexpr int kRequired = 0, kOptional = 1;
 const OrtApi* g_api = nullptr;
 bool g_parallel = false;
 bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
+bool g_amx = false;     // and whether calls of kAmxMinRows rows or more take the AMX one
 
 #define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define ES_AVX2 __attribute__((target("avx2,fma")))
+#define ES_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,amx-tile,amx-int8")))
 
 template <typename F>
 F api(int i) { return reinterpret_cast<F>(g_api->fn[i]); }
@@ -134,8 +144,15 @@ void* data_of(const OrtValue* v) {
 
 constexpr int kTile = 16;  // output columns a vector holds
 
+// AMX: rows a tile multiply takes at once (the A tile's 16th row is all ones: it sums the weights)
+constexpr int kAmxRows = 15;
+// the fewest rows a call has for its block dots to be AMX tile multiplies (measured: at 1 and 2 rows the
+// AVX-512 VNNI path is as fast; the AMX path has to unpack each weight tile into memory first)
+constexpr int64_t kAmxMinRows = 3;
+
 struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
+  int64_t kstep = 0;  // AMX: bytes of K one tile multiply takes (divides block; 0: no AMX path)
   bool avx512 = false;
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
@@ -156,6 +173,8 @@ struct Call {
   const int32_t* xs;   // [M][nb]
   float* y;            // [M][N]
   int64_t chunk;       // tiles per task
+  const uint8_t* xa;   // AMX (else nullptr): [chunks][16][K], rows xq + 128 as u8, row 15 all ones
+  int64_t chunks;      // AMX: ceil(M / kAmxRows)
 };
 
 // Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
@@ -289,8 +308,80 @@ ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   }
 }
 
+// AMX: tiles [t0, t1) of all rows. Per (tile, block), the packed weights are unpacked once into a
+// B tile's layout, which the packing already is per nibble: row 2p of the block's B = the low nibbles of
+// group p (k = 8p..8p+3, 4 bytes per column), row 2p+1 = the high ones (k = 8p+4..8p+7). TDPBUSD takes
+// u8 x s8, so A holds the activations + 128 (u8) and, in its last row, ones: C[r][n] = sum (x + 128) w,
+// C[15][n] = sum w, and C[r][n] - 128 C[15][n] = sum x w, the block's dot exactly as VNNI computes it.
+// Then the same chain per lane as rows_tiles (subtract zero point x sum, convert, multiply, FMA in
+// block order), so the two paths give the same bits.
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
+  const Kernel& k = *c.k;
+  const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2, ks = k.kstep, steps = k.block / ks;
+  TileConfig cfg{};
+  cfg.palette = 1;
+  cfg.rows[0] = 16, cfg.colsb[0] = 64;                  // C: 16 rows x 16 int32
+  cfg.rows[1] = 16, cfg.colsb[1] = uint16_t(ks);        // A: 16 rows x ks bytes
+  cfg.rows[2] = uint8_t(ks / 4), cfg.colsb[2] = 64;     // B: ks/4 rows (k quads) x 16 columns x 4 bytes
+  _tile_loadconfig(&cfg);
+  std::vector<uint8_t> wraw(size_t(k.block) * kTile + 64);
+  uint8_t* wb = wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64);
+  alignas(64) int32_t cb[16 * kTile];
+  std::vector<float> araw(size_t(c.M * kTile) + 16);  // per row, the tile's 16 float sums
+  float* acc = araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  for (int64_t t = t0; t < t1; ++t) {
+    std::fill(acc, acc + c.M * kTile, 0.f);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* wp = c.q.w + (t * nb + b) * tb;
+      for (int64_t p = 0; p < P; ++p) {
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
+        _mm512_store_si512(reinterpret_cast<void*>(wb + p * 128), _mm512_and_si512(v, lo4));
+        _mm512_store_si512(reinterpret_cast<void*>(wb + p * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+      }
+      const size_t sb = size_t((t * nb + b) * kTile);
+      const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+                               : _mm512_set1_epi32(8);
+      const __m512 s = _mm512_loadu_ps(c.q.scale + sb);
+      for (int64_t ch = 0; ch < c.chunks; ++ch) {
+        _tile_zero(0);
+        for (int64_t st = 0; st < steps; ++st) {
+          _tile_loadd(1, c.xa + (ch * 16) * k.K + b * k.block + st * ks, k.K);
+          _tile_loadd(2, wb + st * ks * kTile, 64);
+          _tile_dpbusd(0, 1, 2);
+        }
+        _tile_stored(0, cb, 64);
+        const __m512i wsum = _mm512_slli_epi32(_mm512_load_si512(cb + kAmxRows * kTile), 7);
+        const int64_t r0 = ch * kAmxRows, n = std::min<int64_t>(kAmxRows, c.M - r0);
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t rb = (r0 + r) * nb + b;
+          const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(cb + r * kTile), wsum);
+          const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(z, _mm512_set1_epi32(c.xs[rb])));
+          float* a = acc + (r0 + r) * kTile;
+          _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])),
+                                             _mm512_load_ps(a)));
+        }
+      }
+    }
+    const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+    const __mmask16 mask = __mmask16((1u << cols) - 1u);
+    for (int64_t r = 0; r < c.M; ++r) _mm512_mask_storeu_ps(c.y + r * k.N + n0, mask, _mm512_load_ps(acc + r * kTile));
+  }
+  _tile_release();
+}
+
 void run_tiles(const Call& c, int64_t t0, int64_t t1) {
   int64_t r = 0;
+  if (c.xa) {
+    amx_tiles(c, t0, t1);
+    return;
+  }
   if (c.k->avx512) {
     for (; r + 8 <= c.M; r += 8) rows_tiles<8>(c, r, t0, t1);
     switch (c.M - r) {
@@ -365,6 +456,12 @@ OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelIn
     return fail("edgespec.MatMulQ4: needs bits=4, a block_size that is a multiple of 8 and K a multiple of it");
   k->nb = k->K / k->block;
   k->avx512 = g_avx512;
+  if (g_amx)  // the largest multiple of 4 up to 64 that divides the block (a multiple of 8)
+    for (int64_t ks : {64, 32, 16, 8})
+      if (k->block % ks == 0) {
+        k->kstep = ks;
+        break;
+      }
   k->tiles = (k->N + kTile - 1) / kTile;
   return nullptr;
 }
@@ -432,7 +529,19 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     quantize_row(a + m * k->K, k->K, k->block, xq.data() + m * k->K, xd.data() + m * k->nb, xs.data() + m * k->nb);
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
-  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0};
+  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0};
+  std::vector<uint8_t> xa;
+  if (k->kstep && M >= kAmxMinRows) {  // AMX's A tiles: 16 rows of K bytes per chunk of kAmxRows rows
+    c.chunks = (M + kAmxRows - 1) / kAmxRows;
+    xa.assign(size_t(c.chunks * 16 * k->K), 0);
+    for (int64_t m = 0; m < M; ++m) {
+      const int8_t* src = xq.data() + m * k->K;
+      uint8_t* dst = xa.data() + ((m / kAmxRows) * 16 + m % kAmxRows) * k->K;
+      for (int64_t j = 0; j < k->K; ++j) dst[j] = uint8_t(src[j]) ^ 0x80;  // v + 128
+    }
+    for (int64_t ch = 0; ch < c.chunks; ++ch) std::memset(xa.data() + (ch * 16 + kAmxRows) * k->K, 1, size_t(k->K));
+    c.xa = xa.data();
+  }
   // about 64 KiB of packed weights a task, at least 4 tiles
   c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
   const int64_t tasks = (k->tiles + c.chunk - 1) / c.chunk;
@@ -462,7 +571,34 @@ OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,   
                  destroy,  in_char,       out_char, mem_type, one,  one,              one,        one,
                  create_kernel_v2,        compute_v2, nullptr, one, last};
 
+// AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
+bool amx_permitted() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tile = d & (1u << 24), int8 = d & (1u << 25);
+  if (!tile || !int8) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// the paths kernels take: AVX-512 VNNI where the CPU has it, AMX from kAmxMinRows rows where it has that too
+// and the permission; EDGESPEC_Q4_ISA=avx2 / avx512 stops at that path
+void choose_path(bool* avx512, bool* amx) {
+  const char* isa = std::getenv("EDGESPEC_Q4_ISA");
+  *avx512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && !(isa && std::strcmp(isa, "avx2") == 0);
+  *amx = *avx512 && !(isa && std::strcmp(isa, "avx512") == 0) && amx_permitted();
+}
+
 }  // namespace
+
+// The path a kernel registered now would take (what `edgespec info` and the benchmarks print): decided by the
+// same function as the registration, so the name cannot disagree with the path.
+extern "C" __attribute__((visibility("default"))) const char* edgespec_q4_path() {
+  bool avx512 = false, amx = false;
+  choose_path(&avx512, &amx);
+  return amx ? "avx512-vnni+amx" : avx512 ? "avx512-vnni" : "avx2";
+}
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
                                                                                const OrtApiBase* base) {
@@ -473,9 +609,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   using MkStatus = OrtStatus* (*)(int, const char*);
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
     return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX2 and FMA");
-  const char* isa = std::getenv("EDGESPEC_Q4_ISA");
-  g_avx512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && !(isa && std::strcmp(isa, "avx2") == 0);
+  choose_path(&g_avx512, &g_amx);
   OrtCustomOpDomain* domain = nullptr;
   OrtStatus* s = api<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(kCreateCustomOpDomain)("edgespec", &domain);
   if (s) return s;
