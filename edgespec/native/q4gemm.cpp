@@ -173,8 +173,9 @@ struct Call {
   const int32_t* xs;   // [M][nb]
   float* y;            // [M][N]
   int64_t chunk;       // tiles per task
-  const uint8_t* xa;   // AMX (else nullptr): [chunks][16][K], rows xq + 128 as u8, row 15 all ones
+  const uint8_t* xa;   // AMX (else nullptr): [chunks][rows][K], xq + 128 as u8, the last row all ones
   int64_t chunks;      // AMX: ceil(M / kAmxRows)
+  int64_t rows;        // AMX: rows of a chunk's tiles, min(M, kAmxRows) + 1
 };
 
 // Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
@@ -321,57 +322,93 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
+// Up to four column tiles at a time, so that four independent accumulations (C tiles 0-3) share each A
+// tile load and overlap in the tile unit; B tiles rotate over 5-7.
 ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2, ks = k.kstep, steps = k.block / ks;
+  const int64_t rows = c.rows, wstride = k.block * kTile;  // A/C rows per chunk (ones last); unpacked bytes a tile
   TileConfig cfg{};
   cfg.palette = 1;
-  cfg.rows[0] = 16, cfg.colsb[0] = 64;                  // C: 16 rows x 16 int32
-  cfg.rows[1] = 16, cfg.colsb[1] = uint16_t(ks);        // A: 16 rows x ks bytes
-  cfg.rows[2] = uint8_t(ks / 4), cfg.colsb[2] = 64;     // B: ks/4 rows (k quads) x 16 columns x 4 bytes
+  for (int i = 0; i < 4; ++i) cfg.rows[i] = uint8_t(rows), cfg.colsb[i] = 64;  // C: rows x 16 int32
+  cfg.rows[4] = uint8_t(rows), cfg.colsb[4] = uint16_t(ks);                     // A: rows x ks bytes
+  for (int i = 5; i < 8; ++i) cfg.rows[i] = uint8_t(ks / 4), cfg.colsb[i] = 64;  // B: ks/4 k quads x 16 x 4
   _tile_loadconfig(&cfg);
-  std::vector<uint8_t> wraw(size_t(k.block) * kTile + 64);
+  // this thread's buffers, kept from call to call: the unpacked weights of four tiles, and per row the four
+  // tiles' float sums
+  thread_local std::vector<uint8_t> wraw;
+  thread_local std::vector<float> araw;
+  if (wraw.size() < size_t(4 * wstride) + 64) wraw.resize(size_t(4 * wstride) + 64);
+  if (araw.size() < size_t(c.M * 4 * kTile) + 16) araw.resize(size_t(c.M * 4 * kTile) + 16);
   uint8_t* wb = wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64);
-  alignas(64) int32_t cb[16 * kTile];
-  std::vector<float> araw(size_t(c.M * kTile) + 16);  // per row, the tile's 16 float sums
+  alignas(64) int32_t cb[4 * 16 * kTile];
   float* acc = araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4;
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  for (int64_t t = t0; t < t1; ++t) {
-    std::fill(acc, acc + c.M * kTile, 0.f);
+  for (int64_t t = t0; t < t1; t += 4) {
+    const int64_t G = std::min<int64_t>(4, t1 - t);
+    std::fill(acc, acc + c.M * 4 * kTile, 0.f);
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* wp = c.q.w + (t * nb + b) * tb;
-      for (int64_t p = 0; p < P; ++p) {
-        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
-        _mm512_store_si512(reinterpret_cast<void*>(wb + p * 128), _mm512_and_si512(v, lo4));
-        _mm512_store_si512(reinterpret_cast<void*>(wb + p * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+      for (int64_t j = 0; j < G; ++j) {
+        const uint8_t* wp = c.q.w + ((t + j) * nb + b) * tb;
+        uint8_t* wj = wb + j * wstride;
+        for (int64_t p = 0; p < P; ++p) {
+          const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
+          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128), _mm512_and_si512(v, lo4));
+          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+        }
       }
-      const size_t sb = size_t((t * nb + b) * kTile);
-      const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
-                               : _mm512_set1_epi32(8);
-      const __m512 s = _mm512_loadu_ps(c.q.scale + sb);
       for (int64_t ch = 0; ch < c.chunks; ++ch) {
         _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
         for (int64_t st = 0; st < steps; ++st) {
-          _tile_loadd(1, c.xa + (ch * 16) * k.K + b * k.block + st * ks, k.K);
-          _tile_loadd(2, wb + st * ks * kTile, 64);
-          _tile_dpbusd(0, 1, 2);
+          const uint8_t* ws = wb + st * ks * kTile;
+          _tile_loadd(4, c.xa + (ch * rows) * k.K + b * k.block + st * ks, k.K);
+          _tile_loadd(5, ws, 64);
+          _tile_dpbusd(0, 4, 5);
+          if (G > 1) {
+            _tile_loadd(6, ws + wstride, 64);
+            _tile_dpbusd(1, 4, 6);
+          }
+          if (G > 2) {
+            _tile_loadd(7, ws + 2 * wstride, 64);
+            _tile_dpbusd(2, 4, 7);
+          }
+          if (G > 3) {
+            _tile_loadd(5, ws + 3 * wstride, 64);
+            _tile_dpbusd(3, 4, 5);
+          }
         }
         _tile_stored(0, cb, 64);
-        const __m512i wsum = _mm512_slli_epi32(_mm512_load_si512(cb + kAmxRows * kTile), 7);
-        const int64_t r0 = ch * kAmxRows, n = std::min<int64_t>(kAmxRows, c.M - r0);
-        for (int64_t r = 0; r < n; ++r) {
-          const int64_t rb = (r0 + r) * nb + b;
-          const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(cb + r * kTile), wsum);
-          const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(z, _mm512_set1_epi32(c.xs[rb])));
-          float* a = acc + (r0 + r) * kTile;
-          _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])),
-                                             _mm512_load_ps(a)));
+        if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
+        if (G > 2) _tile_stored(2, cb + 32 * kTile, 64);
+        if (G > 3) _tile_stored(3, cb + 48 * kTile, 64);
+        const int64_t r0 = ch * (rows - 1), n = std::min<int64_t>(rows - 1, c.M - r0);
+        for (int64_t j = 0; j < G; ++j) {
+          const size_t sb = size_t(((t + j) * nb + b) * kTile);
+          const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+                                   : _mm512_set1_epi32(8);
+          const __m512 s = _mm512_loadu_ps(c.q.scale + sb);
+          const int32_t* cj = cb + j * 16 * kTile;
+          const __m512i wsum = _mm512_slli_epi32(_mm512_load_si512(cj + (rows - 1) * kTile), 7);
+          for (int64_t r = 0; r < n; ++r) {
+            const int64_t rb = (r0 + r) * nb + b;
+            const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(cj + r * kTile), wsum);
+            const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(z, _mm512_set1_epi32(c.xs[rb])));
+            float* a = acc + ((r0 + r) * 4 + j) * kTile;
+            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])),
+                                               _mm512_load_ps(a)));
+          }
         }
       }
     }
-    const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
-    const __mmask16 mask = __mmask16((1u << cols) - 1u);
-    for (int64_t r = 0; r < c.M; ++r) _mm512_mask_storeu_ps(c.y + r * k.N + n0, mask, _mm512_load_ps(acc + r * kTile));
+    for (int64_t j = 0; j < G; ++j) {
+      const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+      const __mmask16 mask = __mmask16((1u << cols) - 1u);
+      for (int64_t r = 0; r < c.M; ++r)
+        _mm512_mask_storeu_ps(c.y + r * k.N + n0, mask, _mm512_load_ps(acc + (r * 4 + j) * kTile));
+    }
   }
   _tile_release();
 }
@@ -529,21 +566,25 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     quantize_row(a + m * k->K, k->K, k->block, xq.data() + m * k->K, xd.data() + m * k->nb, xs.data() + m * k->nb);
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
-  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0};
+  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
   std::vector<uint8_t> xa;
-  if (k->kstep && M >= kAmxMinRows) {  // AMX's A tiles: 16 rows of K bytes per chunk of kAmxRows rows
+  if (k->kstep && M >= kAmxMinRows) {  // AMX's A tiles: per chunk of kAmxRows rows, those rows and the ones
     c.chunks = (M + kAmxRows - 1) / kAmxRows;
-    xa.assign(size_t(c.chunks * 16 * k->K), 0);
+    c.rows = std::min<int64_t>(M, kAmxRows) + 1;
+    xa.assign(size_t(c.chunks * c.rows * k->K), 0);
     for (int64_t m = 0; m < M; ++m) {
       const int8_t* src = xq.data() + m * k->K;
-      uint8_t* dst = xa.data() + ((m / kAmxRows) * 16 + m % kAmxRows) * k->K;
+      uint8_t* dst = xa.data() + ((m / kAmxRows) * c.rows + m % kAmxRows) * k->K;
       for (int64_t j = 0; j < k->K; ++j) dst[j] = uint8_t(src[j]) ^ 0x80;  // v + 128
     }
-    for (int64_t ch = 0; ch < c.chunks; ++ch) std::memset(xa.data() + (ch * 16 + kAmxRows) * k->K, 1, size_t(k->K));
+    for (int64_t ch = 0; ch < c.chunks; ++ch)
+      std::memset(xa.data() + (ch * c.rows + c.rows - 1) * k->K, 1, size_t(k->K));
     c.xa = xa.data();
   }
   // about 64 KiB of packed weights a task, at least 4 tiles
   c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
+  if (c.xa)  // each AMX task configures the tiles and sets up its buffers: few tasks (8), whole groups of four tiles
+    c.chunk = std::max<int64_t>(c.chunk, (k->tiles + 31) / 32 * 4);
   const int64_t tasks = (k->tiles + c.chunk - 1) / c.chunk;
   if (g_parallel && tasks > 1) {
     using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
