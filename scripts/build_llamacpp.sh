@@ -16,7 +16,14 @@ fi
 echo "$SHA256  $SDIST" | sha256sum -c - >/dev/null || { echo "sha256 mismatch for $SDIST" >&2; exit 1; }
 SRC="$OUT/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
 [ -d "$SRC" ] || tar xzf "$SDIST" -C "$OUT/src"
+# Without AMX: on an AMX CPU (Sapphire Rapids and later Xeons) this release's AMX backend segfaults in
+# ggml_backend_amx_mul_mat on the first Q4_K_M product (ggml-org/llama.cpp#20824, seen on session 11's Xeon);
+# -march=native would turn it on, so the AMX instruction sets are taken back out. llama.cpp then runs its
+# AVX-512 (VNNI) kernels with weight repacking, its fastest working configuration there.
+NOAMX=""
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
 cmake -S "$SRC" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
 cmake --build "$OUT/build" --target llama-server -j "$(nproc)"
 mkdir -p "$OUT/bin"
