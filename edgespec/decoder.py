@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .drafters import DRAFTERS, EMPTY, Drafter, drafter_choices
+from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
 from .errors import BusyError, ConfigError, ContextOverflowError
 from .kv import TokenBuffer
 from .lm import CausalLM
@@ -54,10 +54,10 @@ class GenerationConfig:
             raise ConfigError(f"seed must be in 0..2**63-1, got {self.seed}")
         if self.drafter not in drafter_choices():
             raise ConfigError(f"drafter must be one of {', '.join(drafter_choices())}, got {self.drafter!r}")
-        if self.draft_tokens is not None and not 0 <= self.draft_tokens <= 64:
-            raise ConfigError(f"draft_tokens must be in 0..64, got {self.draft_tokens}")
-        if not 1 <= self.max_draft_tokens <= 64:
-            raise ConfigError(f"max_draft_tokens must be in 1..64, got {self.max_draft_tokens}")
+        if self.draft_tokens is not None and not 0 <= self.draft_tokens <= MAX_DRAFT:
+            raise ConfigError(f"draft_tokens must be in 0..{MAX_DRAFT}, got {self.draft_tokens}")
+        if not 1 <= self.max_draft_tokens <= MAX_DRAFT:
+            raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {self.max_draft_tokens}")
         SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
 
     @property

@@ -53,6 +53,10 @@ EMPTY = Draft([])
 # pair, k=4: chat 18.2 -> 24.4 tok/s, summarization 16.2 -> 18.7, code unchanged (README).
 DRAFT_MIN_CONFIDENCE = 0.5
 
+# The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
+# max_draft_tokens). Drafters are built with this cap: the request's bound is what applies.
+MAX_DRAFT = 64
+
 
 class Drafter(Protocol):
     name: str
@@ -115,7 +119,7 @@ class PromptLookupDrafter:
 
     @classmethod
     def build(cls, env: LoadEnv) -> "PromptLookupDrafter":
-        return cls(max_draft=env.profile.max_draft_tokens)
+        return cls(max_draft=MAX_DRAFT)  # a request's max_draft_tokens (kmax) is the bound that applies
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._match = None

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import Draft, LoadEnv, Offer, register
+from .drafters import MAX_DRAFT, Draft, LoadEnv, Offer, register
 from .errors import ConfigError, DocumentError
 from .kv import TokenBuffer
 from .memory import DEFAULT_CAP_TOKENS, MemoryStore, bundle_fingerprint, open_store, store_path
@@ -67,7 +67,7 @@ class SuffixDrafter:
                 path = path / "store.npz"
             store = open_store(path, bundle_fingerprint(env.manifest), vocab,
                                int(opt.get("memory_cap_tokens") or DEFAULT_CAP_TOKENS))
-        return cls(store, max_draft=env.profile.max_draft_tokens)
+        return cls(store, max_draft=MAX_DRAFT)  # a request's max_draft_tokens (kmax) is the bound that applies
 
     # -- protocol ------------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int]) -> None:

@@ -309,3 +309,28 @@ def test_auto_scores_the_free_drafters_it_does_not_choose():
     assert pl and sx
     assert all(est[k].samples > 0 for k in pl + sx)
     assert sum(est[k].samples for k in pl + sx) > st.rounds  # more scored than drafted
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "suffix"])
+def test_a_request_max_draft_tokens_above_the_profile_applies_to_the_free_drafters(tiny_bundle, tmp_path, drafter):
+    """The free drafters are built with the request bound's own cap (MAX_DRAFT), not the profile's
+    max_draft_tokens: a request asking for longer drafts gets them (they were cut to the profile's
+    value, silently), and the output stays the target's."""
+    from pathlib import Path
+
+    import edgespec
+    from edgespec.drafters import MAX_DRAFT
+
+    src = (Path(__file__).resolve().parent.parent / "profiles" / "cpu-8gb.toml").read_text()
+    prof = tmp_path / "small-k.toml"
+    prof.write_text("\n".join("max_draft_tokens = 3" if ln.startswith("max_draft_tokens") else ln
+                              for ln in src.splitlines()))
+    eng = edgespec.load(tiny_bundle, profile=prof, max_context=256, memory=False)
+    assert eng.decoder.drafters[drafter].max_draft == MAX_DRAFT
+    prompt = "one two three four five six seven eight nine ten eleven twelve " * 4
+    ref = eng.generate(prompt, max_new_tokens=24, drafter="none", parse_special=False)
+    got = eng.generate(prompt, max_new_tokens=24, drafter=drafter, draft_tokens=9, parse_special=False)
+    assert got.token_ids == ref.token_ids
+    assert len(got.stats["drafted_by_position"]) > 3, got.stats
+    capped = eng.generate(prompt, max_new_tokens=24, drafter=drafter, max_draft_tokens=2, parse_special=False)
+    assert capped.token_ids == ref.token_ids and len(capped.stats["drafted_by_position"]) <= 2
