@@ -238,7 +238,7 @@ class Decoder:
         t_d = clock()
         for d in policy.begin(cfg.drafter, self.drafters, target.min_width,
                               reproducible=cfg.seed is not None and not sp.greedy,
-                              width_multiple=target.width_multiple):
+                              width_multiple=target.width_multiple, sampled=not sp.greedy):
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000

@@ -180,7 +180,11 @@ class RoundPolicy:
 
     def __init__(self, probe_every: int = 64, carry: float = 4.0):
         self.measured = CostModel()  # what this device's calls took, across generations
-        self.learned: dict[str, Acceptance] = {}  # acceptance estimates, across generations
+        # acceptance estimates, across generations: greedy ones and sampled ones apart (a point-mass
+        # draft token is accepted with the target's probability of it when sampling, only where it is
+        # the argmax when greedy: what greedy decoding learned overstates what sampling will accept)
+        self.learned: dict[str, Acceptance] = {}
+        self.learned_sampled: dict[str, Acceptance] = {}
         self.carry = carry  # how many rounds' weight the learned estimate has in a new generation
         self.cost = self.measured  # what the current generation uses
         self.acceptance: dict[str, Acceptance] = {}  # this generation's estimates
@@ -196,12 +200,13 @@ class RoundPolicy:
         self.length_ema = 0.3
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
-              reproducible: bool = False, width_multiple: int = 1) -> list[Drafter]:
+              reproducible: bool = False, width_multiple: int = 1, sampled: bool = False) -> list[Drafter]:
         """Start a generation with ``drafter`` (a name, ``auto`` or ``none``); returns the drafters
         it may use, to be begun. ``reproducible``: the choices may depend only on this generation's
         tokens, never on timings or earlier generations (a seeded sampled generation must give the
         same output every time: its random draws follow the rounds), so the generation starts from
-        the priors (costs and acceptance) and learns acceptance from its own rounds only."""
+        the priors (costs and acceptance) and learns acceptance from its own rounds only. ``sampled``:
+        the generation samples (its acceptance is learned apart from greedy generations')."""
         if self._timed and self._produced:  # the last generation's length, for pricing catch-ups
             t = self.typical_tokens
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
@@ -214,7 +219,7 @@ class RoundPolicy:
         if reproducible:
             self.cost, self._carried = CostModel(), {}
         else:
-            self.cost, self._carried = self.measured, self.learned
+            self.cost, self._carried = self.measured, self.learned_sampled if sampled else self.learned
         if drafter == "none":
             self._want = []
         else:
@@ -247,10 +252,10 @@ class RoundPolicy:
         est = self.acceptance.get(key)
         if est is not None:
             est.update(n_accepted, k)
-        if self._carried is self.learned:
-            old = self.learned.get(key)
+        if self._timed:  # not a reproducible generation: teach the generations to come
+            old = self._carried.get(key)
             if old is None:
-                old = self.learned[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
+                old = self._carried[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
             old.update(n_accepted, k)
 
     def choose(self, ctx: TokenBuffer, kcap: int, fixed: int | None, max_draft: int) -> Choice:

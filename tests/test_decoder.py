@@ -692,6 +692,34 @@ def test_auto_stops_trusting_a_drafter_within_a_generation_where_it_stops_agreei
     assert pol.learned["copy"].alpha < 0.5  # and the learned estimate followed
 
 
+def test_greedy_and_sampled_generations_learn_acceptance_apart():
+    """What greedy generations learned of a drafter does not carry into a sampled one (a point-mass draft
+    is accepted with the target's probability of it there, not whenever it is the argmax), and the other
+    way round; each regime carries its own into its next generation."""
+    from edgespec.kv import TokenBuffer
+
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    free = _Oracle("copy", False, nxt)
+    pol = RoundPolicy()
+    pol.measured.observe_target(2, 1.12)
+    _policy_rounds(pol, [free], 40, lambda i: True)  # greedy: right every round
+    assert pol.learned["copy"].alpha > 0.9 and "copy" not in pol.learned_sampled
+    pol.begin("auto", {"copy": free}, 2, sampled=True)
+    est = pol.estimate(free.offer(TokenBuffer([1, 2, 3], capacity=64), 1))
+    assert est.alpha == pytest.approx(0.5)  # the offer's own prior (1, 1), not greedy's 0.9+
+    free.right = False
+    ctx = TokenBuffer([1, 2, 3], capacity=4096)
+    for _ in range(30):  # sampled: wrong every round it drafts
+        c = pol.choose(ctx, 1, None, 1)
+        tokens = [] if c.drafter is None else [free.guess(ctx)]
+        pol.observe(c, tokens, 0, None, 2, 1.12)
+        ctx.extend([nxt(len(ctx))])
+    assert pol.learned_sampled["copy"].alpha < 0.3
+    assert pol.learned["copy"].alpha > 0.9  # greedy's estimate untouched
+    pol.begin("auto", {"copy": free}, 2)  # a greedy generation starts from greedy's estimate again
+    assert pol.estimate(free.offer(ctx, 1)).alpha > 0.8
+
+
 # -- a new drafter is one class and a registration ------------------------------------------
 
 class RepeatDrafter:
