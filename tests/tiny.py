@@ -126,3 +126,12 @@ class FakeLM(CausalLM):
             self._buf[: len(ids)] = rows
             return self._buf[: len(ids)]
         return rows
+
+
+def numpy_exp_is_libms() -> bool:
+    """Whether numpy's float64 exp gives the C library's bits here (on CPUs with AVX-512 numpy uses its
+    own vectorized exp, which differs from glibc's by an ulp on some inputs)."""
+    import math
+
+    x = np.linspace(-30.0, 0.0, 4001)
+    return all(float(a) == math.exp(float(b)) for a, b in zip(np.exp(x), x))
