@@ -178,7 +178,7 @@ class RoundPolicy:
     """Chooses each round's drafter and draft length; learns costs and acceptance across
     generations (they describe the device and the models, not one prompt)."""
 
-    def __init__(self, probe_every: int = 64, carry: float = 4.0):
+    def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0):
         self.measured = CostModel()  # what this device's calls took, across generations
         # acceptance estimates, across generations: greedy ones and sampled ones apart (a point-mass
         # draft token is accepted with the target's probability of it when sampling, only where it is
@@ -186,6 +186,14 @@ class RoundPolicy:
         self.learned: dict[str, Acceptance] = {}
         self.learned_sampled: dict[str, Acceptance] = {}
         self.carry = carry  # how many rounds' weight the learned estimate has in a new generation
+        # a learned estimate no generation has updated for a while counts for less, by half every
+        # ``stale_half_life`` generations, in favour of the offer's prior: a drafter that must read the
+        # context before drafting (the model drafter) is never probed mid-generation, so without this
+        # one bad request would keep it out of every later one (it was, in session 11's bench)
+        self.stale_half_life = stale_half_life
+        self._generation = 0
+        self._sampled = False
+        self._updated: dict[tuple[bool, str], int] = {}  # (sampled, key) -> generation it was last learned in
         self.cost = self.measured  # what the current generation uses
         self.acceptance: dict[str, Acceptance] = {}  # this generation's estimates
         self._carried = self.learned  # where they start from and what they teach (none: reproducible)
@@ -211,6 +219,8 @@ class RoundPolicy:
             t = self.typical_tokens
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
         self._produced = 0
+        self._generation += 1
+        self._sampled = sampled
         self._timed = not reproducible
         # acceptance is judged per generation: each estimate starts from what earlier generations
         # learned (weighed as ``carry`` rounds) and the generation's own rounds soon outweigh it,
@@ -242,6 +252,11 @@ class RoundPolicy:
             old = self._carried.get(offer.key)
             if old is not None:
                 a = old.alpha
+                last = self._updated.get((self._sampled, offer.key), self._generation - 1)
+                idle = self._generation - 1 - last  # earlier generations that did not learn it
+                if idle > 0:  # back toward the offer's prior
+                    w = 0.5 ** (idle / self.stale_half_life)
+                    a = w * a + (1 - w) * offer.prior[0] / (offer.prior[0] + offer.prior[1])
                 prior = (self.carry * a, self.carry * (1 - a))
             est = self.acceptance[offer.key] = Acceptance(*prior)
         return est
@@ -257,6 +272,7 @@ class RoundPolicy:
             if old is None:
                 old = self._carried[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
             old.update(n_accepted, k)
+            self._updated[(self._sampled, key)] = self._generation
 
     def choose(self, ctx: TokenBuffer, kcap: int, fixed: int | None, max_draft: int) -> Choice:
         """The drafter and k for the next round: at most ``kcap`` tokens fit; ``fixed`` is a fixed

@@ -725,6 +725,69 @@ def test_greedy_and_sampled_generations_learn_acceptance_apart():
     assert pol.estimate(free.offer(ctx, 1)).alpha > 0.8
 
 
+class _CatchUp:
+    """A costly drafter that must read the context before its first draft of a generation (as the
+    model drafter does), right or wrong as told."""
+
+    name, has_cost = "model", True
+
+    def __init__(self):
+        self.started = False
+
+    def offer(self, ctx, kmax):
+        from edgespec.drafters import Offer
+
+        return Offer(self.name, 1, prior=(1.5, 0.5), upfront=0 if self.started else 50)
+
+
+def _catch_up_generation(pol, d, right, rounds=40):
+    """One generation of ``auto`` with only ``d`` (right every round, or every other one: ``right``
+    0.5): returns the rounds it drafted."""
+    from edgespec.kv import TokenBuffer
+
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    pol.begin("auto", {d.name: d}, 1)
+    d.started = False
+    ctx, used = TokenBuffer([1, 2, 3], capacity=4096), 0
+    for _ in range(rounds):
+        c = pol.choose(ctx, 60, None, 1)
+        tokens = []
+        if c.drafter is not None:
+            ok = right is True or used % 2 == 0
+            d.started, used = True, used + 1
+            tokens = [nxt(len(ctx)) if ok else nxt(len(ctx)) + 1]
+        n = int(bool(tokens) and tokens[0] == nxt(len(ctx)))
+        pol.observe(c, tokens, n, 0.3 if tokens else None, len(tokens) + 1, 1.0 + 0.12 * len(tokens))
+        ctx.extend([nxt(len(ctx))] + ([nxt(len(ctx) + 1)] if n else []))
+    return used
+
+
+@pytest.mark.parametrize("half_life", [2.0, float("inf")])
+def test_a_drafter_with_a_catch_up_is_tried_again_after_a_bad_request(half_life):
+    """A drafter that reads the context before drafting is never probed mid-generation (a probe is a
+    step, not a prefill), so once one request taught a low acceptance, nothing would ever re-measure
+    it: the learned estimate relaxes toward the offer's prior over the generations that do not update
+    it, and the drafter is tried again a few requests later (with no relaxation, an infinite half-life,
+    it stays out for good: the lock-out seen in session 11's bench)."""
+    pol = RoundPolicy(stale_half_life=half_life)
+    pol.measured.observe_target(1, 1.0)
+    pol.measured.observe_target(2, 1.12)
+    pol.measured.observe_draft(0.3, "model")
+    pol.measured.observe_catchup(50, 6.0, "model")  # a long read: worth it above ~0.58 acceptance
+    d = _CatchUp()
+    assert _catch_up_generation(pol, d, True) > 30  # from its prior it starts, and keeps drafting
+    # a request where it is right half the time: it keeps drafting (that still pays once read), and
+    # what is learned falls below what pays for the next request's read
+    assert _catch_up_generation(pol, d, 0.5) > 30
+    assert pol.learned["model"].alpha < 0.58
+    later = [_catch_up_generation(pol, d, True) for _ in range(6)]
+    assert later[0] == 0, later  # right after it, the drafter is not started
+    if half_life == float("inf"):
+        assert not any(later), later
+    else:
+        assert any(u > 30 for u in later[1:5]), later
+
+
 # -- a new drafter is one class and a registration ------------------------------------------
 
 class RepeatDrafter:
