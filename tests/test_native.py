@@ -242,6 +242,22 @@ def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
     assert len(row) == 1 and "| – | – |" in row[0] and row[0].rstrip().endswith("| – |")
 
 
+def test_bench_prefill_names_the_kernel_path_and_its_speed(tiny_xk, capsys):
+    """scripts/bench_prefill.py (README, session 11): one line with the tokens read, the seconds and the
+    kernel path (the AMX one takes prefill chunks where the CPU has it)."""
+    import sys
+    from pathlib import Path
+
+    from edgespec.native import isa
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_prefill
+
+    assert bench_prefill.main([str(tiny_xk), "--tokens", "40", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill of 40 tokens" in out and "tokens/s" in out and f"kernel path {isa()}" in out, out
+
+
 def test_the_rewrite_records_its_check_and_a_bad_record_is_refused(tiny_xk, copy_bundle):
     from edgespec.cli import main
     from edgespec.errors import ManifestError

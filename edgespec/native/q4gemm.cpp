@@ -19,7 +19,7 @@
 // The path is chosen when the library is registered: AVX-512 VNNI where the CPU has it, else AVX2 + FMA;
 // on a CPU with AMX-INT8 (and the kernel's permission to use its tiles), calls of kAmxMinRows rows or more
 // compute the block dots with AMX tile multiplies instead (TDPBUSD: exact int32 sums as well, then the same
-// float chain per lane), which makes the rows of a verify or prefill call nearly free where VNNI pays for
+// float chain per lane), which makes the extra rows of a verify or prefill call cheap where VNNI pays for
 // each. EDGESPEC_Q4_ISA=avx2 forces the AVX2 path, =avx512 the AVX-512 VNNI path without AMX (to compare
 // the paths on one machine).
 //
@@ -144,10 +144,11 @@ void* data_of(const OrtValue* v) {
 
 constexpr int kTile = 16;  // output columns a vector holds
 
-// AMX: rows a tile multiply takes at once (the A tile's 16th row is all ones: it sums the weights)
+// AMX: rows a tile multiply takes at once (each A tile has one row more, all ones: it sums the weights)
 constexpr int kAmxRows = 15;
-// the fewest rows a call has for its block dots to be AMX tile multiplies (measured: at 1 and 2 rows the
-// AVX-512 VNNI path is as fast; the AMX path has to unpack each weight tile into memory first)
+// the fewest rows a call has for its block dots to be AMX tile multiplies (measured on the Qwen 1.5B: at one
+// row AMX is slower, 46.6 against 39.6 ms a call, at two about even; it has to unpack each weight tile into
+// memory first)
 constexpr int64_t kAmxMinRows = 3;
 
 struct Kernel {
@@ -312,8 +313,8 @@ ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
 // AMX: tiles [t0, t1) of all rows. Per (tile, block), the packed weights are unpacked once into a
 // B tile's layout, which the packing already is per nibble: row 2p of the block's B = the low nibbles of
 // group p (k = 8p..8p+3, 4 bytes per column), row 2p+1 = the high ones (k = 8p+4..8p+7). TDPBUSD takes
-// u8 x s8, so A holds the activations + 128 (u8) and, in its last row, ones: C[r][n] = sum (x + 128) w,
-// C[15][n] = sum w, and C[r][n] - 128 C[15][n] = sum x w, the block's dot exactly as VNNI computes it.
+// u8 x s8, so A holds the activations + 128 (u8) and, in its last row L, ones: C[r][n] = sum (x + 128) w,
+// C[L][n] = sum w, and C[r][n] - 128 C[L][n] = sum x w, the block's dot exactly as VNNI computes it.
 // Then the same chain per lane as rows_tiles (subtract zero point x sum, convert, multiply, FMA in
 // block order), so the two paths give the same bits.
 struct alignas(64) TileConfig {
