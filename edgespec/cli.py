@@ -10,7 +10,7 @@ import click
 from .cli_memory import engine_options, memory, memory_opts, model_wanted
 from .cli_placement import drafter_provider_opt, placement_options
 from .drafters import drafter_choices
-from .errors import EdgespecError
+from .errors import EdgespecError, ProviderError
 from .cli_info import report_lines
 from .providers import PROVIDER_NAMES
 
@@ -347,7 +347,10 @@ def info(bundle, verify, as_json):
             pad = f"; attention padded by {spec.attention_pad} query row" if spec.attention_pad else ""
             from .native import cpu_supported, isa
 
-            here = cpu_supported() or f"this CPU takes its {isa()} path"
+            try:  # the library names its path: it is built here if it has not been
+                here = cpu_supported() or f"this CPU takes its {isa()} path"
+            except ProviderError as e:  # no compiler: info still describes the bundle
+                here = f"not runnable here: {e}"
             click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2 and FMA; "
                        f"{here}{pad})")
             if spec.kernels_check:

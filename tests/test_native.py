@@ -296,6 +296,20 @@ def test_info_and_bench_ar_name_the_kernel_path_this_cpu_takes(tiny_xk, capsys, 
     assert "edgespec's INT4 kernel (exact-kernels bundles): avx2 path" in capsys.readouterr().out
 
 
+def test_info_on_an_exact_kernels_bundle_without_a_compiler_still_describes_it(tiny_xk, tmp_path, monkeypatch):
+    """isa() asks the built library; where it cannot be built (no compiler), `edgespec info` still shows
+    the bundle, saying why its kernel cannot run here, and exits 0."""
+    import edgespec.native as native
+    from edgespec.cli import main
+
+    monkeypatch.setattr(native, "_cached", None)
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path))  # nothing built here
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    r = CliRunner().invoke(main, ["info", str(tiny_xk)])
+    assert r.exit_code == 0, r.output
+    assert "kernels: edgespec-q4" in r.output and "not runnable here: building" in r.output, r.output
+
+
 def test_export_exact_kernels_in_one_command(tiny_dirs, tmp_path):
     from edgespec.cli import main
 
