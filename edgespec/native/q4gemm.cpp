@@ -179,6 +179,27 @@ struct Call {
   int64_t rows;        // AMX: rows of a chunk's tiles, min(M, kAmxRows) + 1
 };
 
+// A block's zero points (8 where there are none) and scales for the 16 columns at sb: what both AVX-512 paths
+// (VNNI and AMX) read per (tile, block).
+struct BlockQ {
+  __m512i z;
+  __m512 s;
+};
+
+ES_AVX512 inline BlockQ block_q(const Call& c, size_t sb) {
+  return {c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+                 : _mm512_set1_epi32(8),
+          _mm512_loadu_ps(c.q.scale + sb)};
+}
+
+// One block's exact int32 dot into a row's float sums: subtract zero point x the activations' sum, convert,
+// multiply by scale x the activations' scale, fused multiply-add. The one chain per lane both AVX-512 paths
+// run (row block rb), so they compute the same bits.
+ES_AVX512 inline __m512 block_fma(const Call& c, const BlockQ& q, __m512i dot, int64_t rb, __m512 acc) {
+  const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(q.z, _mm512_set1_epi32(c.xs[rb])));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(q.s, _mm512_set1_ps(c.xd[rb])), acc);
+}
+
 // Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
 // into nibbles once for all R rows.
 template <int R>
@@ -207,15 +228,8 @@ ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(bq));
         }
       }
-      const size_t sb = size_t((t * nb + b) * kTile);
-      const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
-                               : _mm512_set1_epi32(8);
-      const __m512 s = _mm512_loadu_ps(c.q.scale + sb);
-      for (int r = 0; r < R; ++r) {
-        const int64_t rb = (r0 + r) * nb + b;
-        const __m512i corr = _mm512_sub_epi32(dot[r], _mm512_mullo_epi32(z, _mm512_set1_epi32(c.xs[rb])));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc[r]);
-      }
+      const BlockQ q = block_q(c, size_t((t * nb + b) * kTile));
+      for (int r = 0; r < R; ++r) acc[r] = block_fma(c, q, dot[r], (r0 + r) * nb + b, acc[r]);
     }
     const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
     const __mmask16 mask = __mmask16((1u << cols) - 1u);
@@ -315,8 +329,7 @@ ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
 // group p (k = 8p..8p+3, 4 bytes per column), row 2p+1 = the high ones (k = 8p+4..8p+7). TDPBUSD takes
 // u8 x s8, so A holds the activations + 128 (u8) and, in its last row L, ones: C[r][n] = sum (x + 128) w,
 // C[L][n] = sum w, and C[r][n] - 128 C[L][n] = sum x w, the block's dot exactly as VNNI computes it.
-// Then the same chain per lane as rows_tiles (subtract zero point x sum, convert, multiply, FMA in
-// block order), so the two paths give the same bits.
+// Then block_fma, the chain per lane rows_tiles runs too (in block order), so the two paths give the same bits.
 struct alignas(64) TileConfig {
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
@@ -387,19 +400,13 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
         if (G > 3) _tile_stored(3, cb + 48 * kTile, 64);
         const int64_t r0 = ch * (rows - 1), n = std::min<int64_t>(rows - 1, c.M - r0);
         for (int64_t j = 0; j < G; ++j) {
-          const size_t sb = size_t(((t + j) * nb + b) * kTile);
-          const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
-                                   : _mm512_set1_epi32(8);
-          const __m512 s = _mm512_loadu_ps(c.q.scale + sb);
+          const BlockQ q = block_q(c, size_t(((t + j) * nb + b) * kTile));
           const int32_t* cj = cb + j * 16 * kTile;
           const __m512i wsum = _mm512_slli_epi32(_mm512_load_si512(cj + (rows - 1) * kTile), 7);
           for (int64_t r = 0; r < n; ++r) {
-            const int64_t rb = (r0 + r) * nb + b;
             const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(cj + r * kTile), wsum);
-            const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(z, _mm512_set1_epi32(c.xs[rb])));
             float* a = acc + ((r0 + r) * 4 + j) * kTile;
-            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])),
-                                               _mm512_load_ps(a)));
+            _mm512_store_ps(a, block_fma(c, q, dot, (r0 + r) * nb + b, _mm512_load_ps(a)));
           }
         }
       }
