@@ -33,6 +33,7 @@ class Acceptance:
     accepted: float = 0.0
     rejected: float = 0.0
     samples: int = 0
+    generation: int = 0  # a learned estimate: the generation that last updated it (RoundPolicy)
 
     def update(self, n_accepted: int, k: int) -> None:
         self.accepted = self.decay * self.accepted + n_accepted
@@ -192,8 +193,6 @@ class RoundPolicy:
         # one bad request would keep it out of every later one (it was, in session 11's bench)
         self.stale_half_life = stale_half_life
         self._generation = 0
-        self._sampled = False
-        self._updated: dict[tuple[bool, str], int] = {}  # (sampled, key) -> generation it was last learned in
         self.cost = self.measured  # what the current generation uses
         self.acceptance: dict[str, Acceptance] = {}  # this generation's estimates
         self._carried = self.learned  # where they start from and what they teach (none: reproducible)
@@ -220,7 +219,6 @@ class RoundPolicy:
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
         self._produced = 0
         self._generation += 1
-        self._sampled = sampled
         self._timed = not reproducible
         # acceptance is judged per generation: each estimate starts from what earlier generations
         # learned (weighed as ``carry`` rounds) and the generation's own rounds soon outweigh it,
@@ -252,8 +250,7 @@ class RoundPolicy:
             old = self._carried.get(offer.key)
             if old is not None:
                 a = old.alpha
-                last = self._updated.get((self._sampled, offer.key), self._generation - 1)
-                idle = self._generation - 1 - last  # earlier generations that did not learn it
+                idle = self._generation - 1 - old.generation  # earlier generations that did not learn it
                 if idle > 0:  # back toward the offer's prior
                     w = 0.5 ** (idle / self.stale_half_life)
                     a = w * a + (1 - w) * offer.prior[0] / (offer.prior[0] + offer.prior[1])
@@ -272,7 +269,7 @@ class RoundPolicy:
             if old is None:
                 old = self._carried[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
             old.update(n_accepted, k)
-            self._updated[(self._sampled, key)] = self._generation
+            old.generation = self._generation
 
     def choose(self, ctx: TokenBuffer, kcap: int, fixed: int | None, max_draft: int) -> Choice:
         """The drafter and k for the next round: at most ``kcap`` tokens fit; ``fixed`` is a fixed
