@@ -256,7 +256,12 @@ class Decoder:
             kcap = min(remaining - 1, target.max_context - len(ctx))
             t0 = clock()
             choice = policy.choose(ctx, kcap, cfg.draft_tokens, cfg.max_draft_tokens)
-            draft = choice.drafter.draft(ctx, choice.k, sp, rng) if choice.drafter is not None else EMPTY
+            if choice.drafter is None:
+                draft = EMPTY
+            elif choice.stop is None:
+                draft = choice.drafter.draft(ctx, choice.k, sp, rng)
+            else:  # a dynamic draft (drafters.Offer.dynamic): ends on the drafter's confidence
+                draft = choice.drafter.draft(ctx, choice.k, sp, rng, stop=choice.stop)
             t1 = clock()
             logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
             dt = clock() - t1

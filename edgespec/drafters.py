@@ -7,7 +7,9 @@ Every drafter follows one protocol, and the decoding loop calls it without knowi
 - ``offer(ctx, kmax) -> Offer | None``: what it could draft now, cheaply: up to how many tokens and
   under which acceptance estimate (``key``). The round policy prices every offer and picks one.
 - ``draft(ctx, k, sp, rng) -> Draft``: the tokens (and, when sampled, their probabilities ``q``; a
-  drafter without them is a point mass for the rejection rule, see verify.py).
+  drafter without them is a point mass for the rejection rule, see verify.py). A drafter whose
+  offers are ``dynamic`` also takes ``stop=theta``: end the draft (at most ``k``) once its own
+  confidence that the whole draft survives verification falls below theta.
 - ``accept(n, bonus)``: the target kept the first ``n`` tokens of the last draft and emitted
   ``bonus`` after them; the drafter brings its own position up to date.
 - ``reset()``: forget everything cached (the engine's ``reset``).
@@ -36,6 +38,9 @@ class Offer:
     max_tokens: int  # at most this many tokens now
     prior: tuple[float, float] = (1.2, 0.8)  # (accepted, rejected) pseudo-counts for a new estimate
     upfront: int = 0  # context tokens it must read before drafting (a model drafter catching up), 0: none
+    # the drafter can end a draft on its own confidence: ``draft(..., stop=theta)`` stops once the
+    # product of its top probabilities over the draft so far falls below theta (the policy prices theta)
+    dynamic: bool = False
 
 
 @dataclass
@@ -49,8 +54,10 @@ class Draft:
 
 EMPTY = Draft([])
 
-# A model draft stops once the drafter's top probability drops below this. Measured on the Qwen
-# pair, k=4: chat 18.2 -> 24.4 tok/s, summarization 16.2 -> 18.7, code unchanged (README).
+# A model draft of a fixed length (a request's draft_tokens) stops once the drafter's top probability
+# drops below this. Measured on the Qwen pair, k=4: chat 18.2 -> 24.4 tok/s, summarization 16.2 ->
+# 18.7, code unchanged (README). An adaptive draft stops on the product of them instead, at a
+# threshold the round policy derives from the measured costs (policy.RoundPolicy.stop_threshold).
 DRAFT_MIN_CONFIDENCE = 0.5
 
 # The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
@@ -254,9 +261,14 @@ class ModelDrafter:
             return None
         behind = self.behind(ctx)
         # the usual one or two tokens are part of a step; a longer read is priced up front
-        return Offer(self.name, k, prior=(1.5, 0.5), upfront=behind if behind > 2 else 0)
+        return Offer(self.name, k, prior=(1.5, 0.5), upfront=behind if behind > 2 else 0, dynamic=True)
 
-    def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator,
+              stop: float | None = None) -> Draft:
+        """Up to ``k`` tokens. ``stop`` (theta): end the draft once the product of the drafter's top
+        probabilities (its softmax at temperature 1, over the tokens drafted so far) falls below
+        theta, the drafter's own estimate that the whole draft survives; None: stop after a token
+        whose top probability is below ``min_confidence`` (a fixed-length request)."""
         lm = self.lm
         behind = self.behind(ctx)
         t0 = self.clock()
@@ -272,6 +284,7 @@ class ModelDrafter:
         catchup = (behind, read) if behind > 2 else None
         tokens: list[int] = []
         rows = []
+        sure = 1.0  # the product of the top probabilities so far
         head = self.head_ids
         if head is not None and logits.shape[-1] != head.shape[0]:
             raise BundleError(f"the drafter's logits have {logits.shape[-1]} columns but its head ids list "
@@ -288,9 +301,13 @@ class ModelDrafter:
                 tok = q.sample(rng)
                 rows.append(q)
             tokens.append(tok)
-            if i < k - 1:
-                if self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
-                    break  # the decision uses only the drafter's state: any stopping rule keeps exactness
+            if i < k - 1:  # the decision uses only the drafter's state: any stopping rule keeps exactness
+                if stop is not None:
+                    sure *= _top_prob(row)
+                    if sure < stop:
+                        break
+                elif self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
+                    break
                 t1 = self.clock()
                 # read before the next call; sampled, q may keep its row (a TailDist): a copy
                 logits = lm.forward([tok], copy=not sp.greedy)[-1]

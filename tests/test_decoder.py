@@ -185,16 +185,18 @@ def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k):
     return counts
 
 
-@pytest.mark.parametrize("drafter, sp", [
-    ("model", SamplingParams(1.0)),
-    ("model", SamplingParams(0.7, top_k=3)),
-    ("model", SamplingParams(1.3, top_p=0.8)),
-    ("prompt-lookup", SamplingParams(1.0)),
-    ("suffix", SamplingParams(1.0)),
-    ("suffix", SamplingParams(0.7, top_k=3)),
-    ("auto", SamplingParams(1.3, top_p=0.8)),
+@pytest.mark.parametrize("drafter, sp, k", [
+    ("model", SamplingParams(1.0), 2),
+    ("model", SamplingParams(0.7, top_k=3), 2),
+    ("model", SamplingParams(1.3, top_p=0.8), 2),
+    ("model", SamplingParams(1.0), None),  # adaptive: the draft ends on the drafter's confidence
+    ("prompt-lookup", SamplingParams(1.0), 2),
+    ("suffix", SamplingParams(1.0), 2),
+    ("suffix", SamplingParams(0.7, top_k=3), 2),
+    ("auto", SamplingParams(1.3, top_p=0.8), 2),
+    ("auto", SamplingParams(0.7), None),
 ])
-def test_sampled_speculative_follows_target_distribution(drafter, sp):
+def test_sampled_speculative_follows_target_distribution(drafter, sp, k):
     vocab, n_tokens, runs = 4, 3, 6000
     prompt = [1, 2, 1, 2, 1]  # prompt lookup finds drafts here
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
@@ -206,7 +208,7 @@ def test_sampled_speculative_follows_target_distribution(drafter, sp):
         return Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(),
                                              suffix_drafter(vocab, 7, RememberingSuffix)])
 
-    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, drafter, 2)
+    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, drafter, k)
     stat, df = _chi2(counts, exact, runs)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
 
@@ -1109,3 +1111,95 @@ def test_drafted_distributions_keep_their_own_rows(monkeypatch):
         want = distribution(ref.logits_for(seen), sp).exact()
         assert np.array_equal(q.exact().dense(), want.dense())
         seen.append(tok)
+
+
+def _peaked_table(vocab: int, tops: list[float]) -> np.ndarray:
+    """A one-token-context table (``FakeLM(order=1)``) whose row t puts probability ``tops[t]`` on
+    token t + 1 (the rest spread evenly): a drafter fed t is that sure of t + 1."""
+    table = np.zeros((vocab, vocab))
+    for t, top in enumerate(tops):
+        rest = (1 - top) / (vocab - 1)
+        table[t] = np.log(rest)
+        table[t, (t + 1) % vocab] = np.log(top)
+    return table
+
+
+def test_a_dynamic_model_draft_ends_where_its_confidence_product_falls_below_the_threshold():
+    from edgespec.kv import TokenBuffer
+
+    tops = [0.9, 0.9, 0.9, 0.6, 0.95, 0.95, 0.95, 0.95]  # row t: how sure the drafter is of t + 1
+    sp, rng = SamplingParams(), np.random.default_rng(0)
+
+    def draft(k, stop=None, floor=0.0):
+        md = ModelDrafter(FakeLM(8, order=1, table=_peaked_table(8, tops)), 8, min_confidence=floor)
+        ctx = TokenBuffer([5, 0], capacity=64)
+        md.begin(ctx.tolist())
+        assert md.offer(ctx, 8).dynamic
+        return md.draft(ctx, k, sp, rng) if stop is None else md.draft(ctx, k, sp, rng, stop=stop)
+
+    # products after each token: .9 .81 .729 .437 .416 ...: at 0.5 the draft ends with the 4th token
+    assert draft(8, stop=0.5).tokens == [1, 2, 3, 4]
+    assert draft(8, stop=0.75).tokens == [1, 2, 3]  # .729 < .75
+    assert draft(2, stop=0.5).tokens == [1, 2]  # k still bounds it
+    assert draft(8).tokens == [1, 2, 3, 4, 5, 6, 7, 0]  # no stop, min_confidence 0: k tokens
+    assert draft(8, floor=0.7).tokens == [1, 2, 3, 4]  # a fixed-length request: the per-token floor
+
+
+def test_the_policy_prices_the_stop_threshold_and_lets_a_dynamic_drafter_draft_up_to_the_bound():
+    from edgespec.kv import TokenBuffer
+
+    pol = RoundPolicy()
+    md = ModelDrafter(FakeLM(8, order=1, table=_peaked_table(8, [0.9] * 8)), 8)
+    for w, s in [(1, 0.040), (2, 0.044), (4, 0.048), (8, 0.056)]:
+        pol.measured.observe_target(w, s)
+    pol.measured.observe_draft(0.010, "model")
+    pol.begin("model", {"model": md}, 1)
+    ctx = TokenBuffer([5, 0], capacity=64)
+    md.begin(ctx.tolist())
+    md.draft(ctx, 1, SamplingParams(), np.random.default_rng(0))  # catch up: no upfront cost now
+    md.accept(1, 2)
+    ctx.extend([1, 2])
+    c = pol.choose(ctx, 40, None, 12)
+    assert c.drafter is md and c.k == 12  # the request's bound: the draft ends on its confidence
+    alpha = pol.estimate(md.offer(ctx, 12)).alpha
+    _, rate = pol.cost.best_k(alpha, 12, True, "model")
+    # one more token costs a step (10 ms) and one more verified position (the measured widths' slope)
+    slope = np.polyfit([1, 2, 4, 8], [0.040, 0.044, 0.048, 0.056], 1)[0]
+    assert c.stop == pytest.approx((0.010 + slope) * rate / alpha, rel=1e-6)
+    assert 0.05 <= c.stop <= 0.95
+    fixed = pol.choose(ctx, 40, 3, 12)  # a fixed draft length: k tokens, no threshold
+    assert fixed.k == 3 and fixed.stop is None
+    # a costlier drafter step asks for more confidence before drafting on
+    pol.measured.observe_draft(0.030, "model")
+    pol.measured.draft_steps["model"] = 0.030
+    assert pol.stop_threshold(alpha, rate, "model") > c.stop
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_dynamic_drafts_keep_the_output_exact(temperature):
+    """The dynamic stop changes only how long drafts are: greedy output stays the target's own,
+    and a seeded sampled generation with it draws from the target's distribution (the chi-square
+    tests in test_exactness cover the rule itself; here the whole loop with the stop applied)."""
+    vocab = 8
+    target = FakeLM(vocab, seed=11, sharpness=3.0)
+    drafter_lm = FakeLM(vocab, seed=11, sharpness=3.0)
+    drafter_lm.table = target.table + np.random.default_rng(5).normal(0, 1.0, target.table.shape)
+    md = ModelDrafter(drafter_lm, vocab)
+    stops = []
+    real = md.draft
+
+    def spy(ctx, k, sp, rng, stop=None):
+        stops.append(stop)
+        return real(ctx, k, sp, rng, stop=stop)
+
+    md.draft = spy
+    dec = Decoder(target, (), drafters=[md])
+    ref = Decoder(FakeLM(vocab, seed=11, sharpness=3.0), ())
+    cfg = dict(max_new_tokens=60, temperature=temperature, max_draft_tokens=10)
+    got = [t for s in dec.generate([1, 2, 3], GenerationConfig(drafter="model", **cfg)) for t in s.tokens]
+    assert any(s is not None for s in stops)  # the dynamic path ran
+    if temperature == 0:
+        want = [t for s in ref.generate([1, 2, 3], GenerationConfig(drafter="none", **cfg)) for t in s.tokens]
+        assert got == want
+    else:
+        assert len(got) == 60 and all(0 <= t < vocab for t in got)

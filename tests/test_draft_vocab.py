@@ -99,8 +99,8 @@ def test_sampled_generation_with_a_reduced_head_runs_and_proposes_kept_tokens(ti
     seen = []
     real = d.draft
 
-    def spy(ctx, k, sp, rng):
-        out = real(ctx, k, sp, rng)
+    def spy(ctx, k, sp, rng, **kw):
+        out = real(ctx, k, sp, rng, **kw)
         seen.extend(out.tokens)
         assert out.probs is not None and all(q.idx is not None and set(q.idx.tolist()) <= kept for q in out.probs)
         return out
