@@ -59,9 +59,14 @@ class CostModel:
     prior_slope: float = 0.15  # extra cost per extra verified token, as a fraction of a 1-token call
     target: dict[int, float] = field(default_factory=dict)
     draft_steps: dict[str, float] = field(default_factory=dict)  # drafter name -> seconds a step
-    # drafter name -> seconds a context token read before drafting (a model drafter's catch-up:
-    # its prefill at its first draft of a generation, or the tokens emitted while it sat idle)
-    catchup: dict[str, float] = field(default_factory=dict)
+    # drafter name -> (seconds a read, seconds a context token) of reading the context before drafting
+    # (a model drafter's catch-up: its prefill at its first draft of a generation, or the tokens
+    # emitted while it sat idle), a line fitted to the recent reads: a read of a few tokens costs
+    # about a drafter step, a prompt's ~1 ms a token (Qwen 0.5B drafter, session 12); one rate per
+    # token, learned from both, priced a 470-token prompt at twice its cost and kept the drafter out
+    catchup: dict[str, tuple[float, float]] = field(default_factory=dict)
+    catchup_reads: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # recent (tokens, seconds)
+    catchup_window: int = 32
     prior_catchup: float = 0.1  # ... before any is measured, as a fraction of a drafter step
     min_width: int = 1  # a target that always computes >= min_width positions costs that much at k = 0
     width_multiple: int = 1  # ... and a multiple of this many (a kernel computing rows in pairs: 2)
@@ -81,9 +86,10 @@ class CostModel:
 
     def observe_catchup(self, tokens: int, seconds: float, drafter: str = "model") -> None:
         """``drafter`` read ``tokens`` context tokens in ``seconds`` before drafting."""
-        per = seconds / max(1, tokens)
-        old = self.catchup.get(drafter)
-        self.catchup[drafter] = per if old is None else (1 - self.ema) * old + self.ema * per
+        reads = self.catchup_reads.setdefault(drafter, [])
+        reads.append((max(1, int(tokens)), float(seconds)))
+        del reads[:-self.catchup_window]
+        self.catchup[drafter] = _affine(reads)
 
     def upfront_cost(self, tokens: int, drafter: str = "model") -> float:
         """Seconds ``drafter`` spends reading ``tokens`` context tokens before it can draft. Before
@@ -93,12 +99,12 @@ class CostModel:
         ``prior_catchup``."""
         if tokens <= 0:
             return 0.0
-        per = self.catchup.get(drafter)
-        if per is None:
-            step = self.draft_steps.get(drafter)
-            step = 0.4 * self.target_cost(1) if step is None else step
-            per = max(self.prior_catchup, self.marginal()) * step
-        return tokens * per
+        fit = self.catchup.get(drafter)
+        if fit is not None:
+            return fit[0] + fit[1] * tokens
+        step = self.draft_steps.get(drafter)
+        step = 0.4 * self.target_cost(1) if step is None else step
+        return tokens * max(self.prior_catchup, self.marginal()) * step
 
     def marginal(self) -> float:
         """One more token in a target call, as a fraction of a one-token call, from the measured
@@ -165,6 +171,19 @@ class CostModel:
         return horizon / (upfront_s + horizon / rate)
 
 
+def _affine(reads: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds a read, seconds a token) fitted to reads of (tokens, seconds): least squares where
+    the reads have at least two lengths and the fit is physical (both terms >= 0), else all of the
+    time per token."""
+    n = np.array([r[0] for r in reads], dtype=float)
+    s = np.array([r[1] for r in reads], dtype=float)
+    if np.unique(n).size >= 2:
+        per, fixed = np.polyfit(n, s, 1)
+        if per > 0 and fixed >= 0:
+            return float(fixed), float(per)
+    return 0.0, float(s.sum() / n.sum())
+
+
 @dataclass(frozen=True)
 class Choice:
     drafter: Drafter | None  # None: no draft this round
@@ -205,6 +224,7 @@ class RoundPolicy:
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
         self.typical_tokens: float | None = None  # tokens a generation's rounds produce, averaged over generations
         self._produced = 0  # ... in this generation so far
+        self._free_kept = 0  # ... of which draft tokens of free drafters the target kept
         self.length_ema = 0.3
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
@@ -219,6 +239,7 @@ class RoundPolicy:
             t = self.typical_tokens
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
         self._produced = 0
+        self._free_kept = 0
         self._generation += 1
         self._timed = not reproducible
         # acceptance is judged per generation: each estimate starts from what earlier generations
@@ -293,8 +314,8 @@ class RoundPolicy:
             else:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name)
             rate = r
-            if offer.upfront:  # a catch-up first: worth it only if the rest of the generation repays it
-                r = self.cost.amortized(r, self.cost.upfront_cost(offer.upfront, d.name), horizon)
+            if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
+                r = self.cost.amortized(r, self.cost.upfront_cost(offer.upfront, d.name), horizon * self.uncovered())
             if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
                 if offer.dynamic and fixed is None:  # the drafter ends the draft on its confidence
                     best = Choice(d, offer.max_tokens, offer.key, self.stop_threshold(alpha, rate, d.name))
@@ -322,6 +343,14 @@ class RoundPolicy:
             if fill.drafter is not None:
                 return fill
         return best
+
+    def uncovered(self) -> float:
+        """The share of this generation's tokens that free drafters did not draft (1 at its start):
+        what is left for a costly drafter that must read the context before it drafts. Where a
+        memory or prompt lookup drafts most of a reply (a code edit, an answer quoting its
+        document), a catch-up priced against the whole rest of the generation looked repaid, and
+        the free drafters then drafted most of the rounds it was meant for (session 12)."""
+        return 1.0 - self._free_kept / self._produced if self._produced else 1.0
 
     def stop_threshold(self, alpha: float, rate: float, drafter: str) -> float:
         """Where a dynamic draft ends: one more draft token costs a drafter step and one more
@@ -365,6 +394,8 @@ class RoundPolicy:
         ``catchup`` = (tokens, seconds) of context first), the target kept ``n_accepted`` of them in
         a call of ``width`` tokens that took ``seconds``."""
         self._produced += n_accepted + 1
+        if tokens and choice.drafter is not None and not choice.drafter.has_cost:
+            self._free_kept += n_accepted
         if self._timed:
             self.cost.observe_target(width, seconds)
             if catchup is not None and choice.drafter is not None:

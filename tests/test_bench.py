@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -177,3 +178,25 @@ def test_probe_sampling_cost_times_the_sampler_in_and_out_of_the_loop(tiny_bundl
     assert capsys.readouterr().err.startswith("error:")
     with pytest.raises(SystemExit):
         probe_sampling_cost.main([str(tiny_bundle), "--temperature", "0"])
+
+
+def test_probe_draft_stop_collects_positions_and_simulates_rules(tiny_int4_bundle, capsys):
+    """scripts/probe_draft_stop.py (README, dynamic model drafts): one row per output position with
+    an acceptance and the drafter's top probability, and a round simulation whose arithmetic is
+    checked on rows where everything is accepted."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_draft_stop as pds
+
+    rows = pds.collect(str(tiny_int4_bundle), 0.0, 6, limit=2)
+    assert rows.shape == (12, 3) and set(np.unique(rows[:, 1])) <= {0.0, 1.0} and (rows[:, 2] <= 1).all()
+    sampled = pds.collect(str(tiny_int4_bundle), 0.8, 6, limit=1)
+    assert ((sampled[:, 1] > 0) & (sampled[:, 1] <= 1 + 1e-9)).all()
+    sure = np.array([(0, 1.0, 1.0)] * 9)  # 9 positions, all accepted: one round of 8 drafts and a bonus
+    widths = [0] + [1.0 + 0.1 * (w - 1) for w in range(1, 17)]
+    assert pds.simulate(sure, 0.25, widths, pds.cumulative(0.5)) == pytest.approx(9 / (8 * 0.25 + 1.8))
+    assert pds.simulate(sure, 0.25, widths, pds.fixed(2, 0.5)) == pytest.approx(9 / (3 * (2 * 0.25 + 1.2)))
+    assert pds.main([str(tiny_int4_bundle), "--tokens", "4", "--limit", "1"]) == 0
+    assert "cumulative stop theta=0.5" in capsys.readouterr().out
