@@ -29,6 +29,8 @@ import numpy as np
 
 from .errors import BundleError
 from .kv import TokenBuffer
+# the most draft tokens a round may ask for; drafters are built with this cap (the request's bound applies)
+from .profiles import MAX_DRAFT  # noqa: F401  (re-exported: decoder, suffix)
 from .sampling import Dist, SamplingParams, distribution
 
 
@@ -63,10 +65,6 @@ DRAFT_MIN_CONFIDENCE = 0.5
 # A model drafter's first read of a generation: at most this many tokens of the context, its end
 # (ModelDrafter). Measured on the Qwen pair: see ModelDrafter.
 DRAFT_READ_WINDOW = 128
-
-# The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
-# max_draft_tokens). Drafters are built with this cap: the request's bound is what applies.
-MAX_DRAFT = 64
 
 
 class Drafter(Protocol):

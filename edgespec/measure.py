@@ -126,11 +126,20 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     samples.append(sample(f"after prefill ({len(ids)} tokens)", gpu))
     decoded = 0
     # the drafter at full context too, as the plan budgets it: a model drafter reads the context at
-    # its first draft, and in a few tokens `auto` may never start it (its KV pages never written)
-    drafting = {"drafter": "model", "draft_tokens": 2} if "model" in engine.decoder.drafters else {}
-    for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
-                                        **drafting):
-        decoded += len(toks)
+    # its first draft, and in a few tokens `auto` may never start it (its KV pages never written);
+    # it reads the whole context here, not its read window (a long chat can fill its cache as much)
+    model = engine.decoder.drafters.get("model")
+    drafting = {"drafter": "model", "draft_tokens": 2} if model is not None else {}
+    window = getattr(model, "read_window", None)
+    if model is not None:
+        model.read_window = None
+    try:
+        for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                                            **drafting):
+            decoded += len(toks)
+    finally:
+        if model is not None:
+            model.read_window = window
     samples.append(sample(f"after decoding {decoded} tokens", gpu))
     return engine, samples
 

@@ -221,6 +221,7 @@ class RoundPolicy:
         self._want: list[Drafter] = []  # the drafters the generation asked for, in order
         self._free: list[Drafter] = []  # free drafters that may fill a wide call's spare position
         self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
+        self._started: set[str] = set()  # costly drafters that drafted in this generation
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
         self.typical_tokens: float | None = None  # tokens a generation's rounds produce, averaged over generations
         self._produced = 0  # ... in this generation so far
@@ -256,6 +257,7 @@ class RoundPolicy:
             self._want = list(drafters.values()) if drafter == "auto" else [drafters[drafter]]
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
+        self._started = set()
         self._shadow = []
         self.cost.min_width, self.cost.width_multiple = min_width, width_multiple
         for d in drafters.values():
@@ -309,6 +311,13 @@ class RoundPolicy:
                 continue
             offered.append(d)
             alpha = self.estimate(offer).alpha
+            if offer.upfront and d.has_cost and d.name not in self._started:
+                # a costly drafter that must read the context before its first draft of the generation
+                # is judged at no less than its prior: what earlier generations taught mixes other
+                # kinds of request (a drafter poor on chat is good on summaries), and a drafter that
+                # never drafts in a generation never learns what it is worth there (session 12: at
+                # T = 0.7, after a few chat requests, --drafter model stopped drafting summaries at all)
+                alpha = max(alpha, offer.prior[0] / (offer.prior[0] + offer.prior[1]))
             if fixed is not None:
                 k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name)
             else:
@@ -402,6 +411,8 @@ class RoundPolicy:
                 self.cost.observe_catchup(catchup[0], catchup[1], choice.drafter.name)
         if tokens:
             self._update(choice.key, n_accepted, len(tokens))
+            if choice.drafter is not None and choice.drafter.has_cost:
+                self._started.add(choice.drafter.name)
         if self._timed and choice.drafter is not None and step_s is not None:
             self.cost.observe_draft(step_s, choice.drafter.name)
         for name in self._idle:

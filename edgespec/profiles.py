@@ -13,6 +13,10 @@ from pathlib import Path
 from .errors import ProfileError
 from .providers import PROVIDER_NAMES
 
+# The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
+# max_draft_tokens); drafters.MAX_DRAFT is this (here: profiles are read without numpy).
+MAX_DRAFT = 64
+
 MiB = 1 << 20
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 _PACKAGED = Path(__file__).resolve().parent / "profiles"
@@ -77,9 +81,9 @@ def _check(name: str, data: dict, where: str) -> Profile:
     need("memory_budget_mb", lambda v: is_int(v) and v >= 0, "a non-negative integer")
     for k in ("max_context", "min_context", "prefill_chunk"):
         need(k, lambda v: is_int(v) and v > 0, "a positive integer")
-    need("max_draft_tokens", lambda v: is_int(v) and 1 <= v <= 64, "an integer in 1..64")
+    need("max_draft_tokens", lambda v: is_int(v) and 1 <= v <= MAX_DRAFT, f"an integer in 1..{MAX_DRAFT}")
     need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
-    need("draft_tokens", lambda v: is_int(v) and 0 <= v <= 64, "an integer in 0..64")
+    need("draft_tokens", lambda v: is_int(v) and 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
     need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "none"), "auto, model, prompt-lookup or none")
     need("providers", lambda v: isinstance(v, list) and v and all(p in PROVIDER_NAMES for p in v),

@@ -767,10 +767,10 @@ def _catch_up_generation(pol, d, right, rounds=40):
 @pytest.mark.parametrize("half_life", [2.0, float("inf")])
 def test_a_drafter_with_a_catch_up_is_tried_again_after_a_bad_request(half_life):
     """A drafter that reads the context before drafting is never probed mid-generation (a probe is a
-    step, not a prefill), so once one request taught a low acceptance, nothing would ever re-measure
-    it: the learned estimate relaxes toward the offer's prior over the generations that do not update
-    it, and the drafter is tried again a few requests later (with no relaxation, an infinite half-life,
-    it stays out for good: the lock-out seen in session 11's bench)."""
+    step, not a prefill), so once one request taught a low acceptance, nothing would re-measure it.
+    Two rules keep it from a lock-out (session 11's bench, then session 12's at T = 0.7): before its
+    first draft of a generation it is judged at no less than its prior, and a learned estimate that
+    no generation updates relaxes toward the prior (``stale_half_life``; its own test below)."""
     pol = RoundPolicy(stale_half_life=half_life)
     pol.measured.observe_target(1, 1.0)
     pol.measured.observe_target(2, 1.12)
@@ -782,12 +782,30 @@ def test_a_drafter_with_a_catch_up_is_tried_again_after_a_bad_request(half_life)
     # what is learned falls below what pays for the next request's read
     assert _catch_up_generation(pol, d, 0.5) > 30
     assert pol.learned["model"].alpha < 0.58
-    later = [_catch_up_generation(pol, d, True) for _ in range(6)]
-    assert later[0] == 0, later  # right after it, the drafter is not started
-    if half_life == float("inf"):
-        assert not any(later), later
-    else:
-        assert any(u > 30 for u in later[1:5]), later
+    later = [_catch_up_generation(pol, d, True) for _ in range(4)]
+    assert all(u > 30 for u in later), later  # judged at its prior (0.75) before its first draft: started
+    # a read its prior cannot repay either: not started
+    pol.measured.catchup_reads.clear()
+    pol.measured.observe_catchup(50, 60.0, "model")
+    assert _catch_up_generation(pol, d, True) == 0
+
+
+def test_a_stale_learned_estimate_relaxes_toward_the_prior():
+    pol = RoundPolicy(stale_half_life=2.0)
+    d = _CatchUp()
+    _catch_up_generation(pol, d, 0.5)  # teaches a low estimate
+    low = pol.learned["model"].alpha
+    offer = d.offer(None, 1)
+    prior = offer.prior[0] / sum(offer.prior)
+    seen = []
+    for _ in range(4):  # generations that never update it
+        pol.begin("none", {d.name: d}, 1)
+        pol.acceptance.clear()
+        est = pol.estimate(offer)
+        seen.append(est.prior_accept / (est.prior_accept + est.prior_reject))
+    # the next generation starts from what was learned; each later one that skipped it, closer to the prior
+    assert seen[0] == pytest.approx(low) and low < seen[1] < seen[2] < seen[3] < prior
+    assert seen[1] - low == pytest.approx((prior - low) * (1 - 0.5 ** (1 / 2.0)), rel=1e-6)
 
 
 # -- a new drafter is one class and a registration ------------------------------------------
