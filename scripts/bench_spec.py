@@ -57,6 +57,11 @@ def _mkdir(p: Path) -> Path:
     return p
 
 
+def repeat_passes(prompts: list[dict], passes: int) -> list[dict]:
+    """The prompt set ``passes`` times over, pass after pass; a repeat's question_id gets ``#n``."""
+    return [q if p == 0 else dict(q, question_id=f"{q['question_id']}#{p + 1}") for p in range(passes) for q in prompts]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
@@ -76,6 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", default=None)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="run the prompt set this many times (sampled runs differ from pass to pass: more "
+                         "samples a figure; the repeats are named QID#2, QID#3, ...)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="reports/spec")
@@ -90,6 +98,9 @@ def main(argv=None) -> int:
         names = [n for n in names if not n.startswith("model")]
     prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
                            per_category=args.per_category)
+    if args.passes < 1:
+        ap.error(f"--passes must be >= 1, got {args.passes}")
+    prompts = repeat_passes(prompts, args.passes)
     sampled = args.temperature > 0
     external = {} if args.no_genai or sampled else genai_runners(bundle, args.genai_k, args.ngram_size, has_model,
                                                                   args.threads)

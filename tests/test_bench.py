@@ -200,3 +200,26 @@ def test_probe_draft_stop_collects_positions_and_simulates_rules(tiny_int4_bundl
     assert pds.simulate(sure, 0.25, widths, pds.fixed(2, 0.5)) == pytest.approx(9 / (3 * (2 * 0.25 + 1.2)))
     assert pds.main([str(tiny_int4_bundle), "--tokens", "4", "--limit", "1"]) == 0
     assert "cumulative stop theta=0.5" in capsys.readouterr().out
+
+
+def test_bench_spec_passes_repeat_the_prompt_set_under_new_names(tiny_bundle, tmp_path, capsys):
+    """scripts/bench_spec.py --passes N: the prompt set N times (sampled figures from more samples),
+    every repeat its own run in the report; a pass count below 1 is refused."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_spec
+
+    qs = [{"question_id": "a", "category": "x", "turns": ["t"]}, {"question_id": "b", "category": "y", "turns": ["u"]}]
+    assert [q["question_id"] for q in bench_spec.repeat_passes(qs, 3)] == ["a", "b", "a#2", "b#2", "a#3", "b#3"]
+    assert bench_spec.repeat_passes(qs, 1) == qs
+    out = tmp_path / "r"
+    assert bench_spec.main([str(tiny_bundle), "--drafters", "prompt-lookup", "--no-genai", "--categories", "code",
+                            "--max-new-tokens", "4", "--passes", "2", "--temperature", "0.8", "--no-plots",
+                            "--out", str(out)]) == 0
+    runs = json.loads((out / "report.json").read_text())["runs"]
+    ids = [r["question_id"] for r in runs if r["drafter"] == "none"]
+    assert len(ids) == 2 and ids[1] == ids[0] + "#2"
+    with pytest.raises(SystemExit):
+        bench_spec.main([str(tiny_bundle), "--passes", "0", "--no-genai"])
