@@ -44,6 +44,11 @@ class Offer:
     # product of its top probabilities over the draft so far falls below theta (the policy prices theta)
     dynamic: bool = False
 
+    @property
+    def prior_alpha(self) -> float:
+        """The acceptance rate the prior stands for."""
+        return self.prior[0] / (self.prior[0] + self.prior[1])
+
 
 @dataclass
 class Draft:

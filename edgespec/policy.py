@@ -102,9 +102,12 @@ class CostModel:
         fit = self.catchup.get(drafter)
         if fit is not None:
             return fit[0] + fit[1] * tokens
+        return tokens * max(self.prior_catchup, self.marginal()) * self.step_cost(drafter)
+
+    def step_cost(self, drafter: str = "model") -> float:
+        """Seconds a step of ``drafter``: as measured, before that 0.4 of a one-token target call."""
         step = self.draft_steps.get(drafter)
-        step = 0.4 * self.target_cost(1) if step is None else step
-        return tokens * max(self.prior_catchup, self.marginal()) * step
+        return 0.4 * self.target_cost(1) if step is None else step
 
     def marginal(self) -> float:
         """One more token in a target call, as a fraction of a one-token call, from the measured
@@ -148,10 +151,7 @@ class CostModel:
         return (1 - alpha ** (k + 1)) / (1 - alpha)
 
     def rate(self, alpha: float, k: int, draft_cost: bool, drafter: str = "model") -> float:
-        step = 0.0
-        if draft_cost:
-            step = self.draft_steps.get(drafter)
-            step = 0.4 * self.target_cost(1) if step is None else step
+        step = self.step_cost(drafter) if draft_cost else 0.0
         return self.expected_tokens(alpha, k) / (self.target_cost(k + 1) + k * step)
 
     def best_k(self, alpha: float, kmax: int, draft_cost: bool, drafter: str = "model") -> tuple[int, float]:
@@ -277,7 +277,7 @@ class RoundPolicy:
                 idle = self._generation - 1 - old.generation  # earlier generations that did not learn it
                 if idle > 0:  # back toward the offer's prior
                     w = 0.5 ** (idle / self.stale_half_life)
-                    a = w * a + (1 - w) * offer.prior[0] / (offer.prior[0] + offer.prior[1])
+                    a = w * a + (1 - w) * offer.prior_alpha
                 prior = (self.carry * a, self.carry * (1 - a))
             est = self.acceptance[offer.key] = Acceptance(*prior)
         return est
@@ -317,7 +317,7 @@ class RoundPolicy:
                 # kinds of request (a drafter poor on chat is good on summaries), and a drafter that
                 # never drafts in a generation never learns what it is worth there (session 12: at
                 # T = 0.7, after a few chat requests, --drafter model stopped drafting summaries at all)
-                alpha = max(alpha, offer.prior[0] / (offer.prior[0] + offer.prior[1]))
+                alpha = max(alpha, offer.prior_alpha)
             if fixed is not None:
                 k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name)
             else:
@@ -370,10 +370,8 @@ class RoundPolicy:
         ``P > (c + m) * rate / alpha``. On the Qwen pair (session 12's teacher-forced probe, README)
         this came to ~0.5 and beat a fixed length with a per-token stop by ~6% greedy and ~7% at
         temperature 0.7; the optimum is flat from 0.45 to 0.7."""
-        step = self.cost.draft_steps.get(drafter)
-        step = 0.4 * self.cost.target_cost(1) if step is None else step
         extra = self.cost.marginal() * self.cost.target_cost(1)
-        return min(0.95, max(0.05, (step + extra) * rate / max(alpha, 0.05)))
+        return min(0.95, max(0.05, (self.cost.step_cost(drafter) + extra) * rate / max(alpha, 0.05)))
 
     def horizon(self, kcap: int) -> float:
         """Tokens this generation is expected still to produce: what is left of its budget
