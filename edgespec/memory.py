@@ -7,7 +7,9 @@ generated is theirs. The fingerprint hashes the target's tokenizer and weight fi
 only ever read by the model whose token ids it holds.
 
 The store keeps whole sequences (the last prompt tokens and an output) oldest first, up to
-``cap_tokens`` tokens; adding past the cap evicts the oldest (FIFO), and the n-gram table loses their
+``cap_tokens`` tokens, each with its prompt's signature (``ngram.prompt_signature``): ``recall`` finds
+the earlier requests a new prompt repeats, word for word or nearly, so the suffix drafter can draft
+their answers first; adding past the cap evicts the oldest (FIFO), and the n-gram table loses their
 counts. Saving writes a temporary file beside the store, fsyncs it and renames it over the old one,
 so a crash leaves the old store or the new one, never half of one. A file that does not read back
 (corrupt, truncated, another format, another bundle's) raises ``StoreError``; ``open_store`` sets
@@ -32,7 +34,12 @@ from .errors import StoreError
 from .ngram import MAX_TOKEN, NgramTable
 
 FORMAT = "edgespec-memory"
-VERSION = 1
+VERSION = 2  # 2: prompt signatures beside the sequences; a version-1 store reads with none
+READS = (1, 2)
+# recall: an earlier request counts as repeated when its prompt scores at least this (1: the same
+# prompt; see MemoryStore.recall), and at most this many are recalled
+RECALL_MIN_SCORE = 0.5
+RECALL_TOP = 2
 DEFAULT_CAP_TOKENS = 65536
 STORE_FILE = "store.npz"
 
@@ -72,6 +79,8 @@ class MemoryStore:
         self.vocab_size = vocab_size
         self.cap_tokens = cap_tokens
         self.seqs: deque[np.ndarray] = deque()
+        self.sigs: deque[np.ndarray] = deque()  # each sequence's prompt signature (may be empty)
+        self._sig_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (hashes, owner, sizes)
         self.tokens = 0
         self.table = NgramTable()
         self.evicted = 0
@@ -85,7 +94,9 @@ class MemoryStore:
         """What the store holds in memory: its sequences and its n-gram table."""
         return 4 * self.tokens + self.table.nbytes
 
-    def add(self, seq: Sequence[int]) -> None:
+    def add(self, seq: Sequence[int], signature: np.ndarray | None = None) -> None:
+        """Store ``seq`` (the prompt's last tokens and an output), with the prompt's ``signature``
+        (``ngram.prompt_signature``; None: not recallable)."""
         a = np.asarray(seq, dtype=np.int64)
         if a.shape[0] < 2:
             return
@@ -93,21 +104,59 @@ class MemoryStore:
         evict = []
         while self.seqs and self.tokens + a.shape[0] > self.cap_tokens:
             old = self.seqs.popleft()
+            self.sigs.popleft()
             self.tokens -= old.shape[0]
             evict.append(old)
         if evict:
             self.table.add(evict, sign=-1)
             self.evicted += len(evict)
         self.seqs.append(a)
+        self.sigs.append(np.zeros(0, np.int64) if signature is None else np.unique(np.asarray(signature, np.int64)))
+        self._sig_index = None
         self.tokens += a.shape[0]
         self.table.add([a])
         self.dirty = True
 
     def clear(self) -> None:
         self.seqs.clear()
+        self.sigs.clear()
+        self._sig_index = None
         self.tokens = 0
         self.table.clear()
         self.dirty = True
+
+    def recall(self, signature: np.ndarray, top: int = RECALL_TOP,
+               min_score: float = RECALL_MIN_SCORE) -> list[tuple[float, np.ndarray]]:
+        """The stored sequences whose prompts ``signature`` repeats: (score, sequence), at most ``top``
+        with a score of at least ``min_score``, the best last (ties: the newer later).
+
+        The score of an earlier prompt is the smaller of two shares: of this prompt's n-grams that it
+        holds, each weighed by its rarity over the store (log((N + 1) / (df + 0.5)): the chat
+        template's n-grams, in every prompt, weigh almost nothing), and of its own n-grams that this
+        prompt holds. The same prompt scores 1; "Please ..." added to a question about 0.8; another
+        question with the same template near 0."""
+        sig = np.unique(np.asarray(signature, dtype=np.int64))
+        if not sig.shape[0] or not self.seqs:
+            return []
+        if self._sig_index is None:
+            sizes = np.array([s.shape[0] for s in self.sigs], dtype=np.int64)
+            hashes = np.concatenate(list(self.sigs)) if sizes.sum() else np.zeros(0, np.int64)
+            self._sig_index = (hashes, np.repeat(np.arange(sizes.shape[0]), sizes), sizes)
+        hashes, owner, sizes = self._sig_index
+        hit = np.isin(hashes, sig)
+        if not hit.any():
+            return []
+        n = float(np.count_nonzero(sizes))
+        held, df = np.unique(hashes[hit], return_counts=True)
+        w_held = np.log((n + 1) / (df + 0.5))
+        w_total = w_held.sum() + (sig.shape[0] - held.shape[0]) * np.log((n + 1) / 0.5)
+        w_hit = w_held[np.searchsorted(held, hashes[hit])]
+        contained = np.bincount(owner[hit], weights=w_hit, minlength=sizes.shape[0]) / max(w_total, 1e-12)
+        covered = np.bincount(owner[hit], minlength=sizes.shape[0]) / np.maximum(sizes, 1)
+        score = np.minimum(contained, covered)
+        order = np.lexsort((np.arange(score.shape[0]), score))  # ascending score, the newer later
+        best = [int(i) for i in order[-top:] if score[i] >= min_score]
+        return [(float(score[i]), self.seqs[i]) for i in best]
 
     def best(self, keys, min_order: int = 1):
         return self.table.best(keys, min_order)
@@ -122,10 +171,13 @@ class MemoryStore:
                            "vocab_size": self.vocab_size, "saved": time.time()}).encode()
         toks = np.concatenate(list(self.seqs)) if self.seqs else np.zeros(0, np.int32)
         lengths = np.array([s.shape[0] for s in self.seqs], dtype=np.int64)
+        sigs = np.concatenate(list(self.sigs)) if self.sigs else np.zeros(0, np.int64)
+        sig_lengths = np.array([s.shape[0] for s in self.sigs], dtype=np.int64)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                np.savez(f, meta=np.frombuffer(meta, dtype=np.uint8), tokens=toks, lengths=lengths)
+                np.savez(f, meta=np.frombuffer(meta, dtype=np.uint8), tokens=toks, lengths=lengths,
+                         signatures=sigs, signature_lengths=sig_lengths)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
@@ -139,16 +191,17 @@ class MemoryStore:
         file is corrupt or foreign; the store is then left empty."""
         if self.path is None or not self.path.exists():
             return
-        seqs = read_store(self.path, self.fingerprint, self.vocab_size)
+        seqs, sigs = read_store_signed(self.path, self.fingerprint, self.vocab_size)
         self.clear()
-        keep: list[np.ndarray] = []
+        keep: list[int] = []
         total = 0
-        for s in reversed(seqs):  # the newest that fit the cap
-            if total + s.shape[0] > self.cap_tokens:
+        for i in range(len(seqs) - 1, -1, -1):  # the newest that fit the cap
+            if total + seqs[i].shape[0] > self.cap_tokens:
                 break
-            keep.append(s)
-            total += s.shape[0]
-        self.seqs = deque(reversed(keep))
+            keep.append(i)
+            total += seqs[i].shape[0]
+        self.seqs = deque(seqs[i] for i in reversed(keep))
+        self.sigs = deque(sigs[i] for i in reversed(keep))
         self.tokens = total
         self.table.add(list(self.seqs))
         self.dirty = False
@@ -156,6 +209,13 @@ class MemoryStore:
 
 def read_store(path: Path, fingerprint: str | None, vocab_size: int | None) -> list[np.ndarray]:
     """The sequences of a store file; ``StoreError`` naming what is wrong with it."""
+    return read_store_signed(path, fingerprint, vocab_size)[0]
+
+
+def read_store_signed(path: Path, fingerprint: str | None,
+                      vocab_size: int | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The sequences of a store file and their prompt signatures (empty in a version-1 store);
+    ``StoreError`` naming what is wrong with it."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -164,12 +224,16 @@ def read_store(path: Path, fingerprint: str | None, vocab_size: int | None) -> l
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             toks, lengths = z["tokens"], z["lengths"]
+            signed = "signatures" in z.files
+            sigs = z["signatures"] if signed else None
+            sig_lengths = z["signature_lengths"] if signed else None
     except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise StoreError(f"the memory store {path} is corrupt ({type(e).__name__}: {e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise StoreError(f"{path} is not an edgespec memory store")
-    if meta.get("version") != VERSION:
-        raise StoreError(f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads {VERSION}")
+    if meta.get("version") not in READS:
+        raise StoreError(f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads "
+                         f"{' and '.join(map(str, READS))}")
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
         raise StoreError(f"the memory store {path} belongs to another bundle (fingerprint "
                          f"{meta.get('fingerprint')!r}, this bundle {fingerprint!r})")
@@ -181,7 +245,16 @@ def read_store(path: Path, fingerprint: str | None, vocab_size: int | None) -> l
         raise StoreError(f"the memory store {path} holds token ids outside this vocabulary (0..{limit - 1})")
     toks = toks.astype(np.int32)
     ends = np.cumsum(lengths)
-    return [toks[e - n: e] for n, e in zip(lengths.tolist(), ends.tolist())]
+    seqs = [toks[e - n: e] for n, e in zip(lengths.tolist(), ends.tolist())]
+    if sigs is None:
+        return seqs, [np.zeros(0, np.int64) for _ in seqs]
+    if (sigs.ndim != 1 or sig_lengths.ndim != 1 or sigs.dtype.kind not in "iu" or sig_lengths.dtype.kind not in "iu"
+            or sig_lengths.shape[0] != lengths.shape[0] or (sig_lengths < 0).any()
+            or int(sig_lengths.sum()) != sigs.shape[0]):
+        raise StoreError(f"the memory store {path} is corrupt (signature arrays disagree with the sequences)")
+    sigs = sigs.astype(np.int64)
+    ends = np.cumsum(sig_lengths)
+    return seqs, [np.unique(sigs[e - n: e]) for n, e in zip(sig_lengths.tolist(), ends.tolist())]
 
 
 def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = DEFAULT_CAP_TOKENS) -> MemoryStore:

@@ -163,3 +163,23 @@ class NgramTable:
                 j = a + int(self.counts[a:z].argmax()) if z - a > 1 else a
                 return i + min_order, int(self.keys[j]) & (MAX_TOKEN - 1), int(self.counts[j])
         return None
+
+
+SIGNATURE_ORDER = 4  # a prompt's signature: the hashes of its 4-grams ...
+SIGNATURE_TOKENS = 256  # ... over its last 256 tokens (a chat prompt ends with the request)
+
+
+def prompt_signature(prompt: Sequence[int], order: int = SIGNATURE_ORDER,
+                     last: int = SIGNATURE_TOKENS) -> np.ndarray:
+    """The sorted, unique hashes (int64, 39 bits) of the ``order``-grams of the last ``last`` tokens
+    of ``prompt``: what the memory compares to find the earlier requests a prompt repeats."""
+    a = np.asarray(prompt, dtype=np.int64)[-last:]
+    if a.shape[0] < order:
+        return np.zeros(0, dtype=np.int64)
+    m = a.shape[0] - order + 1
+    t1 = a.astype(np.uint64) + np.uint64(1)
+    h = np.full(m, SEED, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(order):
+            h = (h ^ t1[j: j + m]) * np.uint64(P)
+    return np.unique((h >> np.uint64(25)).astype(np.int64))

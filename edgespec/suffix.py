@@ -1,11 +1,16 @@
-"""Suffix drafting: the most frequent continuation of the longest match, from three sources.
+"""Suffix drafting: the most frequent continuation of the longest match, from four sources.
 
+- ``recall``: the earlier outputs whose prompts this prompt repeats, word for word or nearly
+  (``MemoryStore.recall`` scores every stored prompt's signature against this one's when a
+  generation begins; at most two, the best preferred): a kiosk asked its frequent questions again
+  drafts its own earlier answer from the first token on, instead of whatever most often followed
+  the chat template's last tokens over all earlier outputs;
 - ``ctx``: the generation's own prompt and output (what prompt lookup reads), indexed as it grows;
 - ``doc``: the user's documents (``--documents``, ``engine.add_documents``), tokenized once;
 - ``mem``: earlier outputs of this bundle (memory.py), kept across requests and processes.
 
 Each drafted token looks up the last 1..8 tokens (ngram.py) in every source and follows the most
-frequent continuation of the longest context found (ties: ctx, then doc, then mem); a draft stops
+frequent continuation of the longest context found (ties: recall, then ctx, doc, mem); a draft stops
 where no context of at least ``min(first order, 2)`` tokens matches. The draft's acceptance
 estimate is keyed by the first token's source and match length (``suffix/mem/5``), so the cost
 model learns what a 5-token match in memory is worth on this traffic and picks the draft length
@@ -25,8 +30,9 @@ from .drafters import MAX_DRAFT, Draft, LoadEnv, Offer, register
 from .errors import ConfigError, DocumentError
 from .kv import TokenBuffer
 from .memory import DEFAULT_CAP_TOKENS, MemoryStore, bundle_fingerprint, open_store, store_path
-from .ngram import MAX_TOKEN, ORDERS, LiveIndex, NgramTable, context_keys
+from .ngram import MAX_TOKEN, ORDERS, LiveIndex, NgramTable, context_keys, prompt_signature
 
+_SEPARATOR = -1  # between two recalled outputs in one index: never a token, never drafted
 MAX_DOCUMENT_BYTES = 16 << 20  # one documents file
 MAX_DOCUMENT_TOKENS = 1 << 20  # all documents of an engine (12 bytes a token and order in the table)
 
@@ -42,6 +48,8 @@ class SuffixDrafter:
         self.max_draft = max_draft
         self.orders = orders
         self.live = LiveIndex(orders)
+        self.recalled = LiveIndex(orders)  # this generation's recalled outputs (empty: none)
+        self.recall_scores: list[float] = []  # ... and how well their prompts matched
         self.docs = NgramTable(orders)
         self.document_tokens = 0
         self.max_document_tokens = max_document_tokens
@@ -78,11 +86,22 @@ class SuffixDrafter:
             live.clear()  # not a continuation of what is indexed (a chat turn usually is)
         live.extend(prompt[len(live):])
         self._rec.prompt_len = len(prompt)
+        self._rec.signature = sig = prompt_signature(prompt) if self.memory is not None else None
+        self.recalled = LiveIndex(self.orders)
+        self.recall_scores = []
+        if sig is not None and self.history:
+            for score, seq in self.memory.recall(sig):  # the best last: ties go to the most recent
+                if len(self.recalled):
+                    self.recalled.extend([_SEPARATOR])  # no n-gram spans two recalled outputs
+                self.recalled.extend(seq.tolist())
+                self.recall_scores.append(round(score, 3))
         self._cache = None
 
     def reset(self) -> None:
         self._rec.commit()
         self.live.clear()
+        self.recalled = LiveIndex(self.orders)
+        self.recall_scores = []
         self._cache = None
 
     def offer(self, ctx: TokenBuffer, kmax: int) -> Offer | None:
@@ -113,9 +132,9 @@ class SuffixDrafter:
     def _best(self, keys: list[int]):
         """(order, token, source name, source) of the longest match over the sources, or None."""
         best = None
-        for src, index in (("ctx", self.live), ("doc", self.docs),
+        for src, index in (("recall", self.recalled), ("ctx", self.live), ("doc", self.docs),
                            ("mem", self.memory if self.history else None)):
-            if index is None:
+            if index is None or not len(index):
                 continue
             m = index.best(keys, best[0] + 1 if best else 1)  # only a longer match can win
             if m is not None:
@@ -147,6 +166,8 @@ class SuffixDrafter:
                 if m is None:
                     break
                 tok = m[1]
+            if tok == _SEPARATOR:  # the end of a recalled output
+                break
             tokens.append(tok)
             window = window[1:] + [tok] if len(window) >= self.orders else window + [tok]
         self._cache = (len(ctx), k, tokens, key)
@@ -168,10 +189,16 @@ class SuffixDrafter:
         self._rec.ctx = None
         self._rec.enabled = bool(on)
 
-    def remember(self, ids: Sequence[int]) -> None:
-        """Add a token sequence to the memory as a recorded generation would be."""
+    def remember(self, ids: Sequence[int], prompt: Sequence[int] | None = None) -> None:
+        """Add a token sequence to the memory as a recorded generation would be: with ``prompt``,
+        ``ids`` is the output that answered it (stored after the prompt's last tokens, recallable by
+        a later prompt that repeats it); without, ``ids`` is stored as it is."""
         if self.memory is not None:
-            self.memory.add(ids)
+            if prompt is None:
+                self.memory.add(ids)
+            else:
+                self.memory.add(list(prompt[max(0, len(prompt) - self.orders):]) + list(ids),
+                                prompt_signature(prompt))
             self._rec.save()
 
     def clear_memory(self) -> None:
@@ -203,6 +230,7 @@ class SuffixDrafter:
                 "memory_sequences": len(m) if m is not None else 0, "memory_tokens": m.tokens if m is not None else 0,
                 "memory_cap_tokens": m.cap_tokens if m is not None else 0,
                 "memory_evicted": m.evicted if m is not None else 0, "memory_bytes": m.nbytes if m is not None else 0,
+                "recalled": list(self.recall_scores),
                 "document_tokens": self.document_tokens, "document_bytes": self.docs.nbytes,
                 "context_index_bytes": self.live.nbytes}
 
@@ -216,6 +244,7 @@ class _Recorder:
         self.orders = orders
         self.ctx: TokenBuffer | None = None  # the running generation's context, recorded at its end
         self.prompt_len = 0
+        self.signature: np.ndarray | None = None  # the running generation's prompt signature
         self.save_failed = False
         self.enabled = True
 
@@ -224,7 +253,7 @@ class _Recorder:
         ctx, self.ctx = self.ctx, None
         if ctx is None or self.memory is None or not self.enabled or len(ctx) - self.prompt_len < 2:
             return
-        self.memory.add(ctx.view()[max(0, self.prompt_len - self.orders):])
+        self.memory.add(ctx.view()[max(0, self.prompt_len - self.orders):], self.signature)
         self.save()
 
     def save(self) -> None:

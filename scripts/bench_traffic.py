@@ -13,6 +13,9 @@ Workload, in order (chat template, greedy, every request run by each drafter one
 - ``rag``: questions over one document set (scripts/data/kiosk_manual.md: the retrieved section
   in the prompt, the whole manual given to the engine as ``documents``), each asked twice.
 
+Each reference output is remembered with its prompt (``SuffixDrafter.remember(out, prompt=ids)``), as
+a generation records itself, so a later request that repeats a prompt recalls its answer.
+
 The memory starts empty. Every drafter of a request sees the same memory: recording is off while
 they run, and after each request the reference (``none``) output is added, as the engine would
 have added it. ``speedup`` is tokens/s against ``none`` on the same requests in the same minutes;
@@ -165,10 +168,11 @@ def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None
             runs.append({"category": cat, "id": qid, "drafter": d, "new_tokens": st.new_tokens,
                          "decode_s": st.decode_s, "drafted": st.drafted, "accepted": st.accepted,
                          "target_calls": st.target_calls, "rounds_by_drafter": dict(st.rounds_by_drafter),
-                         "exact": None if d == "none" else out == ref})
+                         "exact": None if d == "none" else out == ref,
+                         "recalled": [] if d == "none" else list(sfx.recall_scores)})
             log(f"  [{n}/{len(items)}] {cat:12s} {qid:18s} {d:13s} {st.tokens_per_second:6.1f} tok/s "
                 f"acc {st.acceptance_rate:.2f}" + ("" if d == "none" or out == ref else "  MISMATCH"))
-        sfx.remember(ids[-8:] + ref)
+        sfx.remember(ref, prompt=ids)
         if cat == "code-edit":
             session.append({"role": "assistant", "content": tok.decode(ref)})
         s = sfx.stats()

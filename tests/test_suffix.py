@@ -169,6 +169,102 @@ def test_foreign_and_inconsistent_stores_are_refused(tmp_path):
         read_store(path, "fp", 100)
 
 
+# -- recall: the earlier answers of the requests a prompt repeats --------------------------------
+
+TEMPLATE = [90, 91, 92, 93, 94, 95, 96, 97]  # a chat template's tokens, around every request
+END = [98, 99, 97, 96]  # ... and its last ones, before the answer
+
+
+def chat(question):
+    return TEMPLATE + list(question) + END
+
+
+def test_recall_scores_repeats_and_paraphrases_not_other_requests():
+    from edgespec.ngram import prompt_signature
+    rng = np.random.default_rng(5)
+    questions = [rng.integers(0, 80, size=20).tolist() for _ in range(6)]
+    store = MemoryStore(None, "t", 100)
+    for i, q in enumerate(questions):
+        store.add([7, 7, i], prompt_signature(chat(q)))
+    same = store.recall(prompt_signature(chat(questions[2])))
+    assert same[-1][0] == pytest.approx(1.0) and same[-1][1].tolist() == [7, 7, 2]
+    please = store.recall(prompt_signature(chat([1, 2] + questions[4] + [3])))  # "Please ... Thanks!"
+    assert please[-1][1].tolist() == [7, 7, 4] and 0.5 <= please[-1][0] < 1.0
+    assert store.recall(prompt_signature(chat(rng.integers(0, 80, size=20).tolist()))) == []  # a new question
+    assert store.recall(np.zeros(0, np.int64)) == [] and MemoryStore(None, "t", 100).recall(same and
+                                                                                          prompt_signature(TEMPLATE)) == []
+    store.add([7, 7, 9], prompt_signature(chat(questions[2])))  # asked again: the newer answer is preferred
+    again = store.recall(prompt_signature(chat(questions[2])))
+    assert [s.tolist() for _, s in again] == [[7, 7, 2], [7, 7, 9]]
+    for _ in range(6):  # evicted with its sequence
+        store.add(list(range(20)))
+    store.cap_tokens = 25
+    store.add([1, 2, 3])
+    assert len(store.sigs) == len(store.seqs) and store.recall(prompt_signature(chat(questions[2]))) == []
+
+
+def test_recall_drafts_the_repeated_request_s_answer_not_the_most_frequent_one():
+    store = MemoryStore(None, "t", 100)
+    d = SuffixDrafter(store)
+    q1, q2 = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]
+    for _ in range(3):  # after the template's end, 50 51 52 ... most often
+        d.remember([50, 51, 52, 53, 54, 55, 56], prompt=chat(q2))
+    d.remember([60, 61, 62, 63, 64, 65, 66], prompt=chat(q1))
+    d.begin(chat(q1))
+    got = draft(d, chat(q1), 6)
+    assert got.tokens == [60, 61, 62, 63, 64, 65] and got.key == "suffix/recall/8"
+    assert d.stats()["recalled"][-1] == pytest.approx(1.0)
+    d.begin(chat([30, 31, 32, 33, 34, 35]))  # a request never seen: the most frequent continuation
+    got = draft(d, chat([30, 31, 32, 33, 34, 35]), 3)
+    assert got.tokens == [50, 51, 52] and got.key.startswith("suffix/mem/") and d.stats()["recalled"] == []
+    d.history = False  # a seeded sampled generation recalls nothing either
+    d.begin(chat(q1))
+    got = draft(d, chat(q1), 3)
+    assert got.key.startswith("suffix/ctx/") and d.stats()["recalled"] == []  # the prompt itself only
+
+
+def test_recall_stops_at_the_end_of_a_recalled_answer():
+    store = MemoryStore(None, "t", 100)
+    d = SuffixDrafter(store)
+    q = [10, 11, 12, 13, 14, 15]
+    d.remember([60, 61, 62], prompt=chat([16] + q))  # a near repeat, recalled too (the weaker: first)
+    d.remember([70, 71, 72], prompt=chat(q))
+    d.begin(chat(q))
+    assert d.stats()["recalled"][-1] == pytest.approx(1.0) and len(d.stats()["recalled"]) == 2
+    assert draft(d, chat(q), 4).tokens == [70, 71, 72]
+    assert draft(d, chat(q) + [60, 61, 62], 4).tokens == []  # never the separator, nor past it
+
+
+def test_store_keeps_signatures_on_disk_and_reads_a_version_1_store(tmp_path):
+    from edgespec.memory import read_store_signed
+    from edgespec.ngram import prompt_signature
+    path = tmp_path / "store.npz"
+    store = MemoryStore(path, "fp", 100)
+    store.add([1, 2, 3], prompt_signature(chat([10, 11, 12, 13])))
+    store.add([4, 5, 6])  # remembered without a prompt: not recallable
+    store.save()
+    seqs, sigs = read_store_signed(path, "fp", 100)
+    assert [s.tolist() for s in seqs] == [[1, 2, 3], [4, 5, 6]]
+    assert np.array_equal(sigs[0], prompt_signature(chat([10, 11, 12, 13]))) and sigs[1].shape == (0,)
+    again = MemoryStore(path, "fp", 100)
+    again.load()
+    assert again.recall(prompt_signature(chat([10, 11, 12, 13])))[-1][1].tolist() == [1, 2, 3]
+    meta = b'{"format": "edgespec-memory", "version": 1, "fingerprint": "fp"}'
+    np.savez(path, meta=np.frombuffer(meta, dtype=np.uint8), tokens=np.array([1, 2, 3], np.int32),
+             lengths=np.array([3]))  # what sessions 6-12 wrote
+    seqs, sigs = read_store_signed(path, "fp", 100)
+    assert [s.tolist() for s in seqs] == [[1, 2, 3]] and sigs[0].shape == (0,)
+    meta2 = meta.replace(b'"version": 1', b'"version": 2')
+    np.savez(path, meta=np.frombuffer(meta2, dtype=np.uint8), tokens=np.array([1, 2, 3], np.int32),
+             lengths=np.array([3]), signatures=np.arange(4), signature_lengths=np.array([5]))
+    with pytest.raises(StoreError, match="signature arrays disagree"):
+        read_store(path, "fp", 100)
+    np.savez(path, meta=np.frombuffer(meta.replace(b'"version": 1', b'"version": 3'), dtype=np.uint8),
+             tokens=np.array([1, 2, 3], np.int32), lengths=np.array([3]))
+    with pytest.raises(StoreError, match="version 3; this edgespec reads 1 and 2"):
+        read_store(path, "fp", 100)
+
+
 # -- documents ------------------------------------------------------------------------------
 
 def test_bad_documents_are_document_errors(tmp_path):
