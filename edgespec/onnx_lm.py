@@ -24,9 +24,10 @@ from .width import measure_width
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
-# the model (16 x vocab: 9.3 MiB for Qwen's 152k vocabulary, within the planner's working memory):
-# IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2
-OWN_LOGITS_MAX_WIDTH = 16
+# the model (32 x vocab: 18.5 MiB for Qwen's 152k vocabulary, within the planner's working memory):
+# IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2. 32: a
+# CPU profile's draft bound (30) plus the round's last token fits
+OWN_LOGITS_MAX_WIDTH = 32
 
 
 class OnnxLM(CausalLM):

@@ -57,7 +57,16 @@ def _physical_memory() -> int:
         return 8 << 30
 
 
-DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this machine, CPU, 3/4 of its RAM")
+# The CPU profiles' bound on a draft (the default profile's too; the cost model picks k up to it). On
+# session 13's AMX Xeon a verify call of 15 tokens costs 1.79x a one-token call, 24 tokens 2.31x, 32
+# 2.81x (a call of up to 15 rows and up to 31 fills one and two AMX tiles), and verbatim repeats
+# (the suffix drafter's recall, 64-token replies) decoded at 133 / 165 / 185 / 215 tok/s under a bound
+# of 8 / 14 / 22 / 30. Until session 13 the default profile kept the dataclass's 8, so every bench
+# without --profile ran at 8 (README, Benchmarks, session 13).
+CPU_MAX_DRAFT_TOKENS = 30
+
+DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this machine, CPU, 3/4 of its RAM",
+                          max_draft_tokens=CPU_MAX_DRAFT_TOKENS)
 
 
 # provider options edgespec itself reads (to fill in or cap from the memory plan): sizes in bytes
