@@ -4,7 +4,8 @@
   (``MemoryStore.recall`` scores every stored prompt's signature against this one's when a
   generation begins; at most two, the best preferred): a kiosk asked its frequent questions again
   drafts its own earlier answer from the first token on, instead of whatever most often followed
-  the chat template's last tokens over all earlier outputs;
+  the chat template's last tokens over all earlier outputs. Keys say ``repeat`` where the best
+  recalled prompt is this very prompt and ``recall`` where it is a near one: learned apart;
 - ``ctx``: the generation's own prompt and output (what prompt lookup reads), indexed as it grows;
 - ``doc``: the user's documents (``--documents``, ``engine.add_documents``), tokenized once;
 - ``mem``: earlier outputs of this bundle (memory.py), kept across requests and processes.
@@ -33,6 +34,7 @@ from .memory import DEFAULT_CAP_TOKENS, MemoryStore, bundle_fingerprint, open_st
 from .ngram import MAX_TOKEN, ORDERS, LiveIndex, NgramTable, context_keys, prompt_signature
 
 _SEPARATOR = -1  # between two recalled outputs in one index: never a token, never drafted
+REPEAT_SCORE = 0.999  # a recalled prompt scoring this: the same request (its key says suffix/repeat/n)
 MAX_DOCUMENT_BYTES = 16 << 20  # one documents file
 MAX_DOCUMENT_TOKENS = 1 << 20  # all documents of an engine (12 bytes a token and order in the table)
 
@@ -50,6 +52,7 @@ class SuffixDrafter:
         self.live = LiveIndex(orders)
         self.recalled = LiveIndex(orders)  # this generation's recalled outputs (empty: none)
         self.recall_scores: list[float] = []  # ... and how well their prompts matched
+        self.recall_source = "recall"  # its name in acceptance keys: "repeat" where the best is this very prompt
         self.docs = NgramTable(orders)
         self.document_tokens = 0
         self.max_document_tokens = max_document_tokens
@@ -95,6 +98,9 @@ class SuffixDrafter:
                     self.recalled.extend([_SEPARATOR])  # no n-gram spans two recalled outputs
                 self.recalled.extend(seq.tolist())
                 self.recall_scores.append(round(score, 3))
+        # the same prompt again (a greedy reply comes out the same) and a near one (a paraphrase, whose
+        # reply often differs after a few tokens) are accepted at very different rates: learned apart
+        self.recall_source = "repeat" if self.recall_scores and self.recall_scores[-1] >= REPEAT_SCORE else "recall"
         self._cache = None
 
     def reset(self) -> None:
@@ -132,7 +138,7 @@ class SuffixDrafter:
     def _best(self, keys: list[int]):
         """(order, token, source name, source) of the longest match over the sources, or None."""
         best = None
-        for src, index in (("recall", self.recalled), ("ctx", self.live), ("doc", self.docs),
+        for src, index in ((self.recall_source, self.recalled), ("ctx", self.live), ("doc", self.docs),
                            ("mem", self.memory if self.history else None)):
             if index is None or not len(index):
                 continue

@@ -212,10 +212,15 @@ def test_recall_drafts_the_repeated_request_s_answer_not_the_most_frequent_one()
     d.remember([60, 61, 62, 63, 64, 65, 66], prompt=chat(q1))
     d.begin(chat(q1))
     got = draft(d, chat(q1), 6)
-    assert got.tokens == [60, 61, 62, 63, 64, 65] and got.key == "suffix/recall/8"
+    assert got.tokens == [60, 61, 62, 63, 64, 65] and got.key == "suffix/repeat/8"  # the very prompt
     assert d.stats()["recalled"][-1] == pytest.approx(1.0)
-    d.begin(chat([30, 31, 32, 33, 34, 35]))  # a request never seen: the most frequent continuation
-    got = draft(d, chat([30, 31, 32, 33, 34, 35]), 3)
+    q3 = list(range(30, 46))
+    d.remember([70, 71, 72, 73], prompt=chat(q3))
+    d.begin(chat([1] + q3))  # a near repeat ("Please ..."): learned apart
+    got = draft(d, chat([1] + q3), 3)
+    assert got.tokens == [70, 71, 72] and got.key == "suffix/recall/8" and 0.5 < d.stats()["recalled"][-1] < 1
+    d.begin(chat([50, 31, 52, 33, 54, 35]))  # a request never seen: the most frequent continuation
+    got = draft(d, chat([50, 31, 52, 33, 54, 35]), 3)
     assert got.tokens == [50, 51, 52] and got.key.startswith("suffix/mem/") and d.stats()["recalled"] == []
     d.history = False  # a seeded sampled generation recalls nothing either
     d.begin(chat(q1))
