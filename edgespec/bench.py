@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .drafters import drafter_choices
+from .profiles import MAX_DRAFT
 from .errors import ConfigError
 from .measure import high_water_rss, rss_now
 
@@ -213,23 +214,34 @@ exact; default edgespec's ``none``)."""
 
 
 def parse_drafters(drafters: Sequence[str], draft_tokens: int | None = None) -> dict[str, int | None]:
-    """Each --drafters entry and its draft length: "model" (k from ``draft_tokens``, or adaptive)
-    or "model:4" (k fixed at 4). Raises ConfigError naming the first entry that is neither."""
-    fixed_k: dict[str, int | None] = {}
-    for d in drafters:
-        name, _, k = d.partition(":")
-        if name not in drafter_choices() or (k and (not k.isdigit() or name == "none")):
-            raise ConfigError(f"unknown drafter {d!r} in --drafters ({', '.join(drafter_choices())}; "
-                              f"a fixed draft length as model:4)")
-        fixed_k[d] = int(k) if k else draft_tokens
-    return fixed_k
+    """Each --drafters entry and its draft length: "model" (k from ``draft_tokens``, or adaptive),
+    "model:4" (k fixed at 4) or "auto@8" (adaptive, at most 8 a round: an A/B of the draft bound in
+    one run). Raises ConfigError naming the first entry that is none of these."""
+    return {d: _parse_drafter(d, draft_tokens)[1] for d in drafters}
+
+
+def _parse_drafter(d: str, draft_tokens: int | None = None) -> tuple[str, int | None, int | None]:
+    """(drafter name, fixed k or None, draft bound or None: the engine's)."""
+    name, sep, k = d.partition(":")
+    bound = None
+    if not sep:
+        name, at, b = d.partition("@")
+        if at:
+            if not b.isdigit() or not 1 <= int(b) <= MAX_DRAFT or name == "none":
+                name = ""  # refused below
+            else:
+                bound = int(b)
+    if name not in drafter_choices() or (k and (not k.isdigit() or name == "none")):
+        raise ConfigError(f"unknown drafter {d!r} in --drafters ({', '.join(drafter_choices())}; "
+                          f"a fixed draft length as model:4, a bound as auto@8, 1..{MAX_DRAFT})")
+    return name, int(k) if k else (None if bound or name == "none" else draft_tokens), bound
 
 
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0,
               draft_tokens: int | None = None, external: dict[str, External] | None = None,
               log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
-    fixed_k = parse_drafters(drafters, draft_tokens)
+    parsed = {d: _parse_drafter(d, draft_tokens) for d in drafters}
     external = dict(external or {})
     order = ["none"] + [d for d in drafters if d != "none"]
     rep = Report(str(engine.manifest.root), _device(engine),
@@ -253,10 +265,10 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     engine.reset()
                     out: list[int] = []
                     st = None
+                    name, k, bound = parsed.get(d, ("none", None, None))
                     for _, toks, st in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                         top_p=top_p,
-                                                         drafter=d.partition(":")[0],
-                                                         draft_tokens=None if d == "none" else fixed_k[d]):
+                                                         top_p=top_p, drafter=name, draft_tokens=k,
+                                                         max_draft_tokens=bound):
                         out.extend(toks)
                     if d == "none":
                         ref, reply_ids = out, out

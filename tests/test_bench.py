@@ -55,13 +55,28 @@ def test_read_prompts_per_category():
     assert len(cats) == len(set(cats)) == 7
 
 
-@pytest.mark.parametrize("spec", ["model:abc", "none:3", "nosuch"])
+@pytest.mark.parametrize("spec", ["model:abc", "none:3", "nosuch", "auto@0", "auto@x", "none@4", "auto@65"])
 def test_bad_drafter_spec_is_one_line(tiny_bundle, tmp_path, spec):
     r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "4",
                                   "--drafters", spec, "--no-plots", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and f"unknown drafter {spec!r}" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_draft_bound_runner_drafts_at_most_that_many(tiny_bundle):
+    """``auto@N`` (an A/B of the draft bound in one run) drafts at most N tokens a round; ``auto``
+    takes the engine's bound; both are exact."""
+    from edgespec import load
+    from edgespec.bench import parse_drafters, run_bench
+
+    assert parse_drafters(["auto@3", "model:2", "auto"], 5) == {"auto@3": None, "model:2": 2, "auto": 5}
+    eng = load(tiny_bundle)
+    prompts = [{"question_id": "rep", "category": "code", "turns": ["one two three one two three one two three " * 4]}]
+    rep = run_bench(eng, prompts, ["prompt-lookup@2", "prompt-lookup"], max_new_tokens=40, log=lambda s: None)
+    runs = {r.drafter: r for r in rep.runs}
+    assert len(runs["prompt-lookup@2"].drafted_by_position) <= 2 and runs["prompt-lookup@2"].exact
+    assert len(runs["prompt-lookup"].drafted_by_position) > 2 and runs["prompt-lookup"].exact
 
 
 def test_external_runners_are_checked_against_their_reference(tiny_bundle):
