@@ -261,7 +261,7 @@ class RoundPolicy:
         self._shadow = []
         self.cost.min_width, self.cost.width_multiple = min_width, width_multiple
         for d in drafters.values():
-            if hasattr(d, "history"):  # a drafter with memory of earlier generations (suffix.py)
+            if hasattr(d, "history"):  # a drafter with memory of earlier generations (suffix.py, the model's calibration)
                 d.history = not reproducible
         return self._want + [d for d in self._free if d not in self._want]
 

@@ -1163,6 +1163,48 @@ def test_a_dynamic_model_draft_ends_where_its_confidence_product_falls_below_the
     assert draft(8, floor=0.7).tokens == [1, 2, 3, 4]  # a fixed-length request: the per-token floor
 
 
+def test_the_confidence_stop_is_calibrated_by_what_the_target_kept():
+    """An overconfident drafter (top probability 0.9, but the target keeps only every other token
+    it is judged on) learns lam < 1 and ends its dynamic drafts sooner; an underconfident one
+    drafts on; greedy and sampled generations learn apart; with ``history`` off (a seeded sampled
+    generation) lam is 1 and nothing is learned."""
+    from edgespec.drafters import CALIB_MAX, CALIB_MIN
+    from edgespec.kv import TokenBuffer
+
+    greedy, sampled, rng = SamplingParams(), SamplingParams(0.8), np.random.default_rng(0)
+
+    def drafter():
+        md = ModelDrafter(FakeLM(8, order=1, table=_peaked_table(8, [0.9] * 8)), 8)
+        md.begin([5, 0])
+        return md
+
+    def one(md, sp, kept, stop=0.5):
+        ctx = TokenBuffer([5, 0], capacity=64)
+        d = md.draft(ctx, 8, sp, rng, stop=stop)
+        md.accept(min(kept, len(d.tokens)), 0)
+        md.lm.rewind(md.lm.length)  # back to an empty cache: every draft starts from the same context
+        md._stale, md._plan = True, None
+        return d.tokens
+
+    md = drafter()
+    assert md.calibration(True) == 1.0 and len(one(md, greedy, 8)) == 7  # .9 ** 7 = .478 < .5 after the 7th
+    for _ in range(40):
+        one(md, greedy, 1)  # one kept, the next rejected: half of the judged positions
+    lam = md.calibration(True)
+    assert CALIB_MIN <= lam < 0.7 and md.calibration(False) == 1.0  # sampled: not learned from greedy
+    assert len(one(md, greedy, 1)) < 7
+    lam = md.calibration(True)
+    md.history = False  # a seeded sampled generation: lam 1, and its rounds teach nothing
+    assert md.calibration(True) == 1.0 and len(one(md, greedy, 0)) == 7
+    md.history = True
+    assert md.calibration(True) == lam
+    under = drafter()
+    for _ in range(40):
+        one(under, sampled, 8)  # every draft token kept: the drafter understates, lam rises (bounded)
+    assert 1.0 < under.calibration(False) <= CALIB_MAX and len(one(under, sampled, 8)) == 8
+    assert under.calibration(True) == 1.0
+
+
 def test_the_policy_prices_the_stop_threshold_and_lets_a_dynamic_drafter_draft_up_to_the_bound():
     from edgespec.kv import TokenBuffer
 
