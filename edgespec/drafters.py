@@ -124,24 +124,12 @@ def drafter_choices() -> tuple[str, ...]:
 
 @register
 class PromptLookupDrafter:
-    """Prompt lookup (n-gram) drafting with no model: find an earlier occurrence of the context's
-    last n tokens (n from ``max_ngram`` down to ``min_ngram``) and propose what followed it. A longer
-    match predicts a higher acceptance, so each match length has its own estimate.
-
-    Which occurrence: near the **copy pointer** where there is one, else the latest. Once a lookup
-    draft had tokens kept, the drafter knows where in the context the reply is copying from, and
-    that place moves on with every token the reply gains (whoever drafted it). An occurrence whose
-    continuation lies within ``NEAR_BEFORE`` tokens before and ``NEAR_AFTER`` after the pointer is
-    preferred, the nearest first (the longest match among them): a reply that edits earlier text
-    (a docstring added after every ``def``, a renamed function, a quoted passage with a sentence
-    left out) resumes copying at the right place after each edit instead of after the latest
-    occurrence of a common short n-gram, which in a code edit is often the reply's own previous
-    edit. Such drafts are keyed ``prompt-lookup/near/n`` (learned apart)."""
+    """Prompt lookup (n-gram) drafting with no model: find the latest earlier occurrence of the
+    context's last n tokens (n from ``max_ngram`` down to ``min_ngram``) and propose what followed
+    it. A longer match predicts a higher acceptance, so each match length has its own estimate."""
 
     name = "prompt-lookup"
     has_cost = False
-    NEAR_BEFORE = 8  # a reply that inserted text: its source did not move while the reply grew
-    NEAR_AFTER = 64  # ... or left some out: the source moved on further
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3, max_draft: int = 16):
         if not 1 <= min_ngram <= max_ngram:
@@ -149,37 +137,28 @@ class PromptLookupDrafter:
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
         self.max_draft = max_draft
-        self._match: tuple[int, int, list[int], str, int] | None = None  # (ctx length, k, tokens, key, source start)
-        self._pointer: tuple[int, int] | None = None  # (source position, context length then): the copy pointer
-        self._drafted: tuple[int, int] | None = None  # (source start, context length) of the last draft
+        self._match: tuple[int, int, list[int], int] | None = None  # (ctx length, k, tokens, n-gram size)
 
     @classmethod
     def build(cls, env: LoadEnv) -> "PromptLookupDrafter":
         return cls(max_draft=MAX_DRAFT)  # a request's max_draft_tokens (kmax) is the bound that applies
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self._match = self._pointer = self._drafted = None
+        self._match = None
 
     def reset(self) -> None:
-        self._match = self._pointer = self._drafted = None
+        self._match = None
 
     def lookup(self, ctx: Sequence[int] | TokenBuffer, k: int) -> list[int]:
         return self.lookup_match(ctx, k)[0]
 
-    def lookup_match(self, ctx: Sequence[int] | TokenBuffer, k: int, near: int | None = None) -> tuple[list[int], int]:
-        """(proposed tokens, length of the n-gram that matched); ([], 0) without a match. ``near``:
-        a copy pointer (a context position) whose neighbourhood is searched first."""
-        tokens, size, _, _ = self._find(ctx, k, near)
-        return tokens, size
-
-    def _find(self, ctx, k: int, near: int | None) -> tuple[list[int], int, int, bool]:
-        """(tokens, n-gram length, source start, found near the pointer)."""
+    def lookup_match(self, ctx: Sequence[int] | TokenBuffer, k: int) -> tuple[list[int], int]:
+        """(proposed tokens, length of the n-gram that matched); ([], 0) without a match."""
         k = min(k, self.max_draft)
         if k <= 0:
-            return [], 0, -1, False
+            return [], 0
         arr = ctx.view() if isinstance(ctx, TokenBuffer) else np.asarray(ctx, dtype=np.int64)
         n = arr.shape[0]
-        hits_by_size = []
         for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
             pattern = arr[n - size:]
             hay = arr[: n - 1]  # a match must be followed by at least one token
@@ -189,55 +168,34 @@ class PromptLookupDrafter:
             hits = np.flatnonzero((windows == pattern).all(axis=1))
             hits = hits[hits + size < n]  # exclude the suffix itself
             if hits.size:
-                hits_by_size.append((size, hits + size))  # where each continuation starts
-        if near is not None:
-            for size, starts in hits_by_size:
-                close = starts[(starts >= near - self.NEAR_BEFORE) & (starts <= near + self.NEAR_AFTER)]
-                if close.size:
-                    start = int(close[np.argmin(np.abs(close - near))])
-                    return arr[start: start + k].tolist(), size, start, True
-        if hits_by_size:
-            size, starts = hits_by_size[0]
-            start = int(starts[-1])
-            return arr[start: start + k].tolist(), size, start, False
-        return [], 0, -1, False
+                start = int(hits[-1]) + size
+                return arr[start: start + k].tolist(), size
+        return [], 0
 
-    def _lookup_cached(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+    def _lookup_cached(self, ctx: TokenBuffer, k: int) -> tuple[list[int], int]:
         m = self._match
         if m is None or m[0] != len(ctx) or m[1] < k:
-            near = None
-            if self._pointer is not None:  # the pointer moves on with every token the reply gained
-                src, at = self._pointer
-                near = src + len(ctx) - at
-            tokens, size, start, close = self._find(ctx, k, near)
-            key = f"{self.name}/near/{size}" if close else f"{self.name}/{size}"
-            self._match = m = (len(ctx), k, tokens, key, start)
+            tokens, size = self.lookup_match(ctx, k)
+            self._match = m = (len(ctx), k, tokens, size)
         return m[2][:k], m[3]
 
     def offer(self, ctx: TokenBuffer, kmax: int) -> Offer | None:
-        tokens, key = self._lookup_cached(ctx, kmax)
+        tokens, size = self._lookup_cached(ctx, kmax)
         if not tokens:
             return None
-        size = int(key.rsplit("/", 1)[1])
-        return Offer(key, len(tokens), prior=(0.5 + 0.5 * size + (1.0 if "/near/" in key else 0.0), 1.0))
+        return Offer(f"{self.name}/{size}", len(tokens), prior=(0.5 + 0.5 * size, 1.0))
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
-        tokens, key = self._lookup_cached(ctx, k)
-        self._drafted = (self._match[4], len(ctx))
-        return Draft(tokens, key=key)
+        tokens, size = self._lookup_cached(ctx, k)
+        return Draft(tokens, key=f"{self.name}/{size}")
 
     def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
         """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
-        tokens, key = self._lookup_cached(ctx, k)
-        return tokens, key
+        tokens, size = self._lookup_cached(ctx, k)
+        return tokens, f"{self.name}/{size}"
 
     def accept(self, n: int, bonus: int) -> None:
-        # kept tokens: the reply copies from there; the pointer is where the next token would come
-        # from (the target's own token after them took the place of one source token)
-        if self._drafted is not None and n > 0:
-            start, at = self._drafted
-            self._pointer = (start + n + 1, at + n + 1)
-        self._drafted = None
+        pass  # stateless: the next lookup reads the context as it is
 
 
 @register

@@ -487,31 +487,6 @@ def test_prompt_lookup_finds_latest_match():
     assert pl.lookup([4, 4], 5) == [4]
 
 
-def test_prompt_lookup_resumes_copying_near_its_pointer_after_an_edit():
-    """A reply that copies earlier text with an insertion (a code edit): after the inserted token,
-    the short n-gram "1" occurs in three places of the source and once in the reply itself; the
-    latest occurrence (the reply's own) continues wrongly, the one next to the copy pointer rightly."""
-    from edgespec.kv import TokenBuffer
-
-    src = [20, 1, 2, 3, 7, 21, 1, 2, 3, 8, 22, 1, 2, 3, 9]
-    prompt = src + [0]
-    pl = PromptLookupDrafter(min_ngram=1, max_ngram=3)
-    pl.begin(prompt)
-    ctx = TokenBuffer(prompt + [20], capacity=64)
-    d = pl.draft(ctx, 4, SamplingParams(), np.random.default_rng(0))
-    assert d.tokens == [1, 2, 3, 7] and d.key == "prompt-lookup/1"  # no pointer yet: the latest "20"
-    pl.accept(4, 21)  # all kept, then the source's own next token
-    ctx.extend([1, 2, 3, 7, 21])
-    ctx.extend([50])  # an inserted token (another drafter's round, or the target's own)
-    ctx.extend([1])
-    d = pl.draft(ctx, 4, SamplingParams(), np.random.default_rng(0))
-    assert d.tokens == [2, 3, 8, 22] and d.key == "prompt-lookup/near/1"
-    assert pl.offer(ctx, 4).prior[0] > PromptLookupDrafter().offer(ctx, 4).prior[0]  # trusted more at first
-    assert PromptLookupDrafter().lookup(ctx, 4) == [2, 3, 7, 21]  # without the pointer: the reply's own
-    pl.begin(prompt)  # a new generation forgets the pointer
-    assert pl.draft(ctx, 4, SamplingParams(), np.random.default_rng(0)).key == "prompt-lookup/1"
-
-
 def test_cost_model_prefers_no_draft_when_acceptance_is_low():
     cm = CostModel()
     for w, t in ((1, 0.055), (2, 0.062), (3, 0.076), (5, 0.1), (9, 0.156)):
