@@ -60,16 +60,18 @@ def show(bundle, as_json):
     """Where BUNDLE's memory is kept and what it holds."""
     from .errors import StoreError
     from .manifest import load_manifest
-    from .memory import bundle_fingerprint, read_store, store_path
+    from .memory import bundle_fingerprint, read_store_signed, store_path
 
     m = load_manifest(bundle, check=False)
     path = store_path(m)
-    info = {"path": str(path), "exists": path.exists(), "sequences": 0, "tokens": 0, "file_bytes": 0, "error": None}
+    info = {"path": str(path), "exists": path.exists(), "sequences": 0, "tokens": 0, "recallable": 0,
+            "file_bytes": 0, "error": None}
     if path.exists():
         info["file_bytes"] = path.stat().st_size
         try:
-            seqs = read_store(path, bundle_fingerprint(m), m.target.vocab_size)
-            info.update(sequences=len(seqs), tokens=int(sum(len(s) for s in seqs)))
+            seqs, sigs = read_store_signed(path, bundle_fingerprint(m), m.target.vocab_size)
+            info.update(sequences=len(seqs), tokens=int(sum(len(s) for s in seqs)),
+                        recallable=sum(1 for g in sigs if g.shape[0]))
         except StoreError as e:
             info["error"] = str(e)
     if as_json:
@@ -82,7 +84,8 @@ def show(bundle, as_json):
         click.echo(f"  unreadable: {info['error']} (the next load sets it aside)")
     else:
         click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, "
-                   f"{info['file_bytes'] / 1024:.1f} KiB on disk")
+                   f"{info['file_bytes'] / 1024:.1f} KiB on disk; {info['recallable']} recallable by a prompt "
+                   f"that repeats theirs")
 
 
 @memory.command("clear")

@@ -320,6 +320,7 @@ def test_greedy_exact_on_a_real_bundle_with_memory_and_documents(tiny_bundle, tm
     assert st["memory_sequences"] > 0 and st["memory_bytes"] > 0
     got = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="suffix")
     assert got.stats["accepted_by_drafter"].get("suffix", 0) > 0
+    assert eng.memory_stats()["recalled"][-1] == pytest.approx(1.0)  # this very prompt was answered before
 
 
 def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundle, tmp_path):
@@ -386,6 +387,9 @@ def test_cli_documents_and_memory_commands(tiny_bundle, tmp_path):
         assert r.exit_code == 0, r.output
         r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle), "--json"])
         assert r.exit_code == 0 and '"sequences": 1' in r.output, r.output
+        assert '"recallable": 1' in r.output, r.output  # recorded with its prompt's signature
+        r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])
+        assert "1 outputs" in r.output and "1 recallable" in r.output, r.output
         r = CliRunner().invoke(main, ["memory", "clear", str(tiny_bundle)])
         assert r.exit_code == 0 and "deleted 1 file" in r.output
         r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", "def hello(world):", "--max-new-tokens", "8",
