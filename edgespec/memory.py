@@ -91,8 +91,8 @@ class MemoryStore:
 
     @property
     def nbytes(self) -> int:
-        """What the store holds in memory: its sequences and its n-gram table."""
-        return 4 * self.tokens + self.table.nbytes
+        """What the store holds in memory: its sequences, its n-gram table and the prompt signatures."""
+        return 4 * self.tokens + self.table.nbytes + sum(g.nbytes for g in self.sigs)
 
     def add(self, seq: Sequence[int], signature: np.ndarray | None = None) -> None:
         """Store ``seq`` (the prompt's last tokens and an output), with the prompt's ``signature``
