@@ -57,7 +57,9 @@ class SuffixDrafter:
         self.document_tokens = 0
         self.max_document_tokens = max_document_tokens
         # False while a generation must not depend on earlier ones (a seeded sampled generation:
-        # the round policy sets it); the memory is then neither read nor changed by it
+        # the round policy sets it); the memory is then not read (nothing recalled either); the
+        # generation is still recorded for later ones (tests/test_suffix.py: seeded runs agree
+        # although the memory grew between them)
         self.history = True
         self._rec = _Recorder(memory, orders)
         self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
