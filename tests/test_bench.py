@@ -65,18 +65,27 @@ def test_bad_drafter_spec_is_one_line(tiny_bundle, tmp_path, spec):
 
 
 def test_a_draft_bound_runner_drafts_at_most_that_many(tiny_bundle):
-    """``auto@N`` (an A/B of the draft bound in one run) drafts at most N tokens a round; ``auto``
-    takes the engine's bound; both are exact."""
+    """``auto@N`` (an A/B of the draft bound in one run) asks the engine for at most N draft tokens a
+    round and drafts no more; ``auto`` leaves the engine's bound; both are exact."""
     from edgespec import load
     from edgespec.bench import parse_drafters, run_bench
 
     assert parse_drafters(["auto@3", "model:2", "auto"], 5) == {"auto@3": None, "model:2": 2, "auto": 5}
     eng = load(tiny_bundle)
+    asked = []
+    real = eng.stream_ids
+
+    def spy(ids, **kw):
+        asked.append((kw["drafter"], kw.get("max_draft_tokens"), kw.get("draft_tokens")))
+        return real(ids, **kw)
+
+    eng.stream_ids = spy
     prompts = [{"question_id": "rep", "category": "code", "turns": ["one two three one two three one two three " * 4]}]
     rep = run_bench(eng, prompts, ["prompt-lookup@2", "prompt-lookup"], max_new_tokens=40, log=lambda s: None)
+    assert asked[-3:] == [("none", None, None), ("prompt-lookup", 2, None), ("prompt-lookup", None, None)]
     runs = {r.drafter: r for r in rep.runs}
-    assert len(runs["prompt-lookup@2"].drafted_by_position) <= 2 and runs["prompt-lookup@2"].exact
-    assert len(runs["prompt-lookup"].drafted_by_position) > 2 and runs["prompt-lookup"].exact
+    assert len(runs["prompt-lookup@2"].drafted_by_position) <= 2 and runs["prompt-lookup@2"].drafted > 0
+    assert runs["prompt-lookup@2"].exact and runs["prompt-lookup"].exact
 
 
 def test_external_runners_are_checked_against_their_reference(tiny_bundle):

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from edgespec.cli import main
 from edgespec.errors import BudgetError, ProfileError, ProviderError
 from edgespec.manifest import Manifest, ModelIO, ModelSpec, load_manifest
-from edgespec.onnx_lm import _check_running
+from edgespec.onnx_lm import OWN_LOGITS_MAX_WIDTH, _check_running
 from edgespec.planner import plan, working_bytes
 from edgespec.profiles import DEFAULT_PROFILE, MiB, Profile, list_profiles, load_profile, resolve_profile
 from edgespec.providers import (CPU, CUDA, TENSORRT, ProviderChoice, choose, trt_cache_dir, with_load_options)
@@ -72,17 +72,17 @@ def cpu_profile(budget_mb, **kw):
 SMOL_KV = {512: 23_592_960, 2048: 94_371_840, 8192: 377_487_360}
 QWEN_T_KV = {512: 29_360_128, 4096: 234_881_024, 32768: 1_879_048_192}
 QWEN_D_KV = {512: 12_582_912, 4096: 100_663_296, 32768: 805_306_368}
-# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184 (+ 16*49152*4 = 3,145,728),
+# chunk 256: SmolLM2 256*49152*8 + 256*576*64 = 100,663,296 + 9,437,184 (+ 32*49152*4 = 6,291,456),
 # + 256 * 9 heads * 4 = 9,216 a context token of attention scores;
-# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824, + 16*151936*4 = 9,723,904 (its buffer
+# Qwen 1.5B 256*151936*8 + 256*1536*64 = 311,164,928 + 25,165,824, + 32*151936*4 = 19,447,808 (its buffer
 # for short calls), + 256 * 12 heads * 4 = 12,288 a context token; with the 0.5B, its own arena adds
-# 256*151936*4 + 256*896*64 = 155,582,464 + 14,680,064, its buffer 9,723,904 and 256 * 14 * 4 = 14,336 a token
-SMOL_WORK_256 = 113_246_208  # + 9,216 a context token
+# 256*151936*4 + 256*896*64 = 155,582,464 + 14,680,064, its buffer 19,447,808 and 256 * 14 * 4 = 14,336 a token
+SMOL_WORK_256 = 116_391_936  # + 9,216 a context token
 SMOL_SCORES_256 = 9_216
-QWEN_WORK_256 = 346_054_656  # the target alone, + 12,288 a context token
-QWEN_PAIR_WORK_256 = 526_041_088  # target and drafter, + 26,624 a context token
+QWEN_WORK_256 = 355_778_560  # the target alone, + 12,288 a context token
+QWEN_PAIR_WORK_256 = 545_488_896  # target and drafter, + 26,624 a context token
 QWEN_PAIR_SCORES_256 = 26_624
-QWEN_PAIR_WORK_128 = 272_744_448  # 3 * 77,791,232 + 12,582,912 + 7,340,032 + 2 * 9,723,904, + 13,312 a token
+QWEN_PAIR_WORK_128 = 292_192_256  # 3 * 77,791,232 + 12,582,912 + 7,340,032 + 2 * 19,447,808, + 13,312 a token
 
 
 def test_hand_figures_follow_the_formula():
@@ -91,12 +91,14 @@ def test_hand_figures_follow_the_formula():
     for ctx in QWEN_T_KV:
         assert QWEN_T_KV[ctx] == 2 * 28 * 2 * 128 * 4 * ctx
         assert QWEN_D_KV[ctx] == 2 * 24 * 2 * 64 * 4 * ctx
-    assert SMOL_WORK_256 == 256 * 49152 * 4 * 2 + 256 * 576 * 4 * 16 + 16 * 49152 * 4
+    assert SMOL_WORK_256 == 256 * 49152 * 4 * 2 + 256 * 576 * 4 * 16 + OWN_LOGITS_MAX_WIDTH * 49152 * 4
     assert SMOL_SCORES_256 == 256 * (576 // 64) * 4
-    assert QWEN_WORK_256 == 256 * 151936 * 4 * 2 + 256 * 1536 * 4 * 16 + 16 * 151936 * 4
-    assert QWEN_PAIR_WORK_256 == QWEN_WORK_256 + 256 * 151936 * 4 + 256 * 896 * 4 * 16 + 16 * 151936 * 4
+    assert QWEN_WORK_256 == 256 * 151936 * 4 * 2 + 256 * 1536 * 4 * 16 + OWN_LOGITS_MAX_WIDTH * 151936 * 4
+    assert QWEN_PAIR_WORK_256 == (QWEN_WORK_256 + 256 * 151936 * 4 + 256 * 896 * 4 * 16
+                                  + OWN_LOGITS_MAX_WIDTH * 151936 * 4)
     assert QWEN_PAIR_SCORES_256 == 256 * (1536 // 128 + 896 // 64) * 4
-    assert QWEN_PAIR_WORK_128 == (128 * 151936 * 4 * 3 + 128 * (1536 + 896) * 4 * 16 + 2 * 16 * 151936 * 4)
+    assert QWEN_PAIR_WORK_128 == (128 * 151936 * 4 * 3 + 128 * (1536 + 896) * 4 * 16
+                                  + 2 * OWN_LOGITS_MAX_WIDTH * 151936 * 4)
 
 
 @pytest.mark.parametrize("ctx", [512, 2048, 8192])
@@ -134,7 +136,7 @@ def test_attention_heads_come_from_the_manifest_when_recorded():
 def test_a_reduced_drafter_head_counts_its_own_columns():
     m = qwen_pair()
     cut = _manifest(m.target, replace(m.drafter, head_size=65536))  # the v64k bundles' drafter
-    saved = (256 + 16) * (151936 - 65536) * 4  # its chunk's logits and its short-call buffer
+    saved = (256 + OWN_LOGITS_MAX_WIDTH) * (151936 - 65536) * 4  # its chunk's logits and its short-call buffer
     assert working_bytes(cut, 256, with_drafter=True) == QWEN_PAIR_WORK_256 - saved
 
 
@@ -211,53 +213,53 @@ def test_fp16_kv_is_half():
 
 
 def test_context_is_cut_first():
-    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 526,041,088 + 32768 * 26,624 scores + 157,286,400
-    # = 5,740,097,280 > 4 GiB. Room: 4,294,967,296 - 2,183,327,488 = 2,111,639,808 bytes / (81,920 KV
-    # + 26,624 scores) per token = 19,454 -> 19,392.
+    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 545,488,896 + 32768 * 26,624 scores + 157,286,400
+    # = 5,759,545,088 > 4 GiB. Room: 4,294,967,296 - 2,202,775,296 = 2,092,192,000 bytes / (81,920 KV
+    # + 26,624 scores) per token = 19,275 -> 19,264.
     p = plan(qwen_pair(), cpu_profile(4096, max_context=32768))
     assert (1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_PAIR_WORK_256 + 32768 * QWEN_PAIR_SCORES_256
-            + RUNTIME == 5_740_097_280)
-    assert (4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME)) // (81_920 + QWEN_PAIR_SCORES_256) == 19_454
-    assert p.context == 19_392
+            + RUNTIME == 5_759_545_088)
+    assert (4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME)) // (81_920 + QWEN_PAIR_SCORES_256) == 19_275
+    assert p.context == 19_264
     assert p.drafter == "model"
-    assert p.kv == {"target": 57_344 * 19_392, "drafter": 24_576 * 19_392}
-    assert p.cuts == ("context 32768 -> 19392 tokens",)
+    assert p.kv == {"target": 57_344 * 19_264, "drafter": 24_576 * 19_264}
+    assert p.cuts == ("context 32768 -> 19264 tokens",)
     assert p.total <= p.budget
 
 
 def test_drafter_dropped_after_context():
-    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 526,041,088 + 13,631,488 + 157,286,400
-    # = 2,238,902,016 > 1800 MiB. Without: fixed 1e9 + 346,054,656 + 157,286,400 = 1,503,341,056; room
-    # 1,887,436,800 - 1,503,341,056 = 384,095,744 / (57,344 KV + 12,288 scores) = 5,516 -> 5,504.
+    # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 545,488,896 + 13,631,488 + 157,286,400
+    # = 2,258,349,824 > 1800 MiB. Without: fixed 1e9 + 355,778,560 + 157,286,400 = 1,513,064,960; room
+    # 1,887,436,800 - 1,513,064,960 = 374,371,840 / (57,344 KV + 12,288 scores) = 5,376.
     budget = 1800 * MiB
     assert budget == 1_887_436_800
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768))
     assert p.drafter == "none" and p.default_drafter == "auto"
-    assert p.context == 5_504
+    assert p.context == 5_376
     assert p.weights == {"target": 1_000_000_000}
-    assert p.kv == {"target": 57_344 * 5_504}
-    assert p.cuts == ("context 32768 -> 5504 tokens", "model drafter dropped (prompt lookup instead)")
+    assert p.kv == {"target": 57_344 * 5_376}
+    assert p.cuts == ("context 32768 -> 5376 tokens", "model drafter dropped (prompt lookup instead)")
     # a profile that insists on the model drafter falls back to prompt lookup by default
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768, drafter="model"))
     assert p.drafter == "none" and p.default_drafter == "prompt-lookup"
 
 
 def test_drafter_dropped_without_context_cut():
-    # 512 tokens, no drafter: 1e9 + 29,360,128 + 346,054,656 + 6,291,456 + 157,286,400 = 1,538,992,640
-    # (1467.7 MiB) fits 1500 MiB; with the drafter 2,238,902,016 does not.
+    # 512 tokens, no drafter: 1e9 + 29,360,128 + 355,778,560 + 6,291,456 + 157,286,400 = 1,548,716,544
+    # (1477.0 MiB) fits 1500 MiB; with the drafter 2,258,349,824 does not.
     p = plan(qwen_pair(), cpu_profile(1500, max_context=512))
     assert p.context == 512 and p.drafter == "none"
-    assert p.total == 1_538_992_640
+    assert p.total == 1_548_716_544
     assert p.cuts == ("model drafter dropped (prompt lookup instead)",)
 
 
 def test_budget_too_small_names_the_numbers():
-    # needs 1,538,992,640 bytes = 1468 MiB at 512 tokens without the drafter
+    # needs 1,548,716,544 bytes = 1477 MiB at 512 tokens without the drafter
     with pytest.raises(BudgetError) as e:
         plan(qwen_pair(), Profile(name="tight", memory_budget_mb=1200, max_context=32768))
     msg = str(e.value)
-    for part in ("1200 MiB", "tight", "512 tokens", "needs 1468 MiB", "weights 954 MiB", "KV 28 MiB",
-                 "working 336 MiB", "runtime 150 MiB"):
+    for part in ("1200 MiB", "tight", "512 tokens", "needs 1477 MiB", "weights 954 MiB", "KV 28 MiB",
+                 "working 345 MiB", "runtime 150 MiB"):
         assert part in msg, (part, msg)
 
 

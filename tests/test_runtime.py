@@ -80,19 +80,20 @@ def test_short_calls_write_logits_to_own_buffers_without_aliasing(tiny_bundle, m
     import edgespec.onnx_lm as onnx_lm
 
     m = load_manifest(tiny_bundle)
-    ids = list(range(5, 45))
+    long = onnx_lm.OWN_LOGITS_MAX_WIDTH + 8
+    ids = list(range(5, long + 15))
     lm = OnnxLM(m.target, 128, choose(["cpu"]), min_width=1)  # no width probe: only this test's calls
     assert lm._logits_type is not None
-    lm.forward(ids[:30])  # 30 tokens: onnxruntime's own output
-    a = lm.forward(ids[30:32])
+    lm.forward(ids[:long])  # longer than the kept buffer: onnxruntime's own output
+    a = lm.forward(ids[long:long + 2])
     kept = a.copy()
-    b = lm.forward(ids[32:34])  # same width: the same buffer is written again
+    b = lm.forward(ids[long + 2:long + 4])  # same width: the same buffer is written again
     assert np.array_equal(a, kept) and not np.shares_memory(a, b)
     assert set(lm._logits_out) == {2}
     monkeypatch.setattr(onnx_lm, "OWN_LOGITS_MAX_WIDTH", 0)
     ref = OnnxLM(m.target, 128, choose(["cpu"]), min_width=1)
-    ref.forward(ids[:30])
-    assert np.array_equal(ref.forward(ids[30:32]), a) and np.array_equal(ref.forward(ids[32:34]), b)
+    ref.forward(ids[:long])
+    assert np.array_equal(ref.forward(ids[long:long + 2]), a) and np.array_equal(ref.forward(ids[long + 2:long + 4]), b)
     assert not ref._logits_out
 
 

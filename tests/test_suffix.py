@@ -191,8 +191,8 @@ def test_recall_scores_repeats_and_paraphrases_not_other_requests():
     please = store.recall(prompt_signature(chat([1, 2] + questions[4] + [3])))  # "Please ... Thanks!"
     assert please[-1][1].tolist() == [7, 7, 4] and 0.5 <= please[-1][0] < 1.0
     assert store.recall(prompt_signature(chat(rng.integers(0, 80, size=20).tolist()))) == []  # a new question
-    assert store.recall(np.zeros(0, np.int64)) == [] and MemoryStore(None, "t", 100).recall(same and
-                                                                                          prompt_signature(TEMPLATE)) == []
+    assert store.recall(np.zeros(0, np.int64)) == []
+    assert MemoryStore(None, "t", 100).recall(prompt_signature(TEMPLATE)) == []  # an empty store
     store.add([7, 7, 9], prompt_signature(chat(questions[2])))  # asked again: the newer answer is preferred
     again = store.recall(prompt_signature(chat(questions[2])))
     assert [s.tolist() for _, s in again] == [[7, 7, 2], [7, 7, 9]]
