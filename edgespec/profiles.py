@@ -58,8 +58,8 @@ def _physical_memory() -> int:
 
 
 # The CPU profiles' bound on a draft (the default profile's too; the cost model picks k up to it). On
-# session 13's AMX Xeon a verify call of 15 tokens costs 1.79x a one-token call, 24 tokens 2.31x, 32
-# 2.81x (a call of up to 15 rows and up to 31 fills one and two AMX tiles), and verbatim repeats
+# session 13's AMX Xeon a verify call of 15 tokens costs 1.75x a one-token call, 24 tokens 2.25x, 31
+# 2.82x (docs/bench/width_s13.md; up to 15 rows fill one AMX tile, up to 31 two), and verbatim repeats
 # (the suffix drafter's recall, 64-token replies) decoded at 133 / 165 / 185 / 215 tok/s under a bound
 # of 8 / 14 / 22 / 30. Until session 13 the default profile kept the dataclass's 8, so every bench
 # without --profile ran at 8 (README, Benchmarks, session 13).

@@ -51,8 +51,7 @@ class SuffixDrafter:
         self.orders = orders
         self.live = LiveIndex(orders)
         self.recalled = LiveIndex(orders)  # this generation's recalled outputs (empty: none)
-        self.recall_scores: list[float] = []  # ... and how well their prompts matched
-        self.recall_source = "recall"  # its name in acceptance keys: "repeat" where the best is this very prompt
+        self.recall_scores: list[float] = []  # ... and how well their prompts matched, the best last
         self.docs = NgramTable(orders)
         self.document_tokens = 0
         self.max_document_tokens = max_document_tokens
@@ -100,10 +99,15 @@ class SuffixDrafter:
                     self.recalled.extend([_SEPARATOR])  # no n-gram spans two recalled outputs
                 self.recalled.extend(seq.tolist())
                 self.recall_scores.append(round(score, 3))
-        # the same prompt again (a greedy reply comes out the same) and a near one (a paraphrase, whose
-        # reply often differs after a few tokens) are accepted at very different rates: learned apart
-        self.recall_source = "repeat" if self.recall_scores and self.recall_scores[-1] >= REPEAT_SCORE else "recall"
         self._cache = None
+
+    @property
+    def recall_source(self) -> str:
+        """The recalled outputs' name in acceptance keys: ``repeat`` where the best is this very
+        prompt's answer (a greedy reply comes out the same), ``recall`` where it is a near one's (a
+        paraphrase's reply often differs after a few tokens): accepted at very different rates,
+        so learned apart."""
+        return "repeat" if self.recall_scores and self.recall_scores[-1] >= REPEAT_SCORE else "recall"
 
     def reset(self) -> None:
         self._rec.commit()
@@ -205,8 +209,7 @@ class SuffixDrafter:
             if prompt is None:
                 self.memory.add(ids)
             else:
-                self.memory.add(list(prompt[max(0, len(prompt) - self.orders):]) + list(ids),
-                                prompt_signature(prompt))
+                self._rec.add(list(prompt) + list(ids), len(prompt), prompt_signature(prompt))
             self._rec.save()
 
     def clear_memory(self) -> None:
@@ -261,8 +264,13 @@ class _Recorder:
         ctx, self.ctx = self.ctx, None
         if ctx is None or self.memory is None or not self.enabled or len(ctx) - self.prompt_len < 2:
             return
-        self.memory.add(ctx.view()[max(0, self.prompt_len - self.orders):], self.signature)
+        self.add(ctx.view(), self.prompt_len, self.signature)
         self.save()
+
+    def add(self, seq: Sequence[int], prompt_len: int, signature: np.ndarray | None) -> None:
+        """Store the output of ``seq`` (a prompt of ``prompt_len`` tokens, then its output) with the
+        prompt's last ``orders`` tokens before it: a later draft can match from the prompt's end."""
+        self.memory.add(seq[max(0, prompt_len - self.orders):], signature)
 
     def save(self) -> None:
         if self.memory is None or not self.memory.dirty:
