@@ -258,10 +258,13 @@ class Decoder:
             choice = policy.choose(ctx, kcap, cfg.draft_tokens, cfg.max_draft_tokens)
             if choice.drafter is None:
                 draft = EMPTY
-            elif choice.stop is None:
-                draft = choice.drafter.draft(ctx, choice.k, sp, rng)
-            else:  # a dynamic draft (drafters.Offer.dynamic): ends on the drafter's confidence
-                draft = choice.drafter.draft(ctx, choice.k, sp, rng, stop=choice.stop)
+            else:
+                kw = {}
+                if choice.stop is not None:  # a dynamic draft (drafters.Offer.dynamic): ends on the drafter's confidence
+                    kw["stop"] = choice.stop
+                if choice.hint:  # a free drafter's guess the costly drafter checks in its first call
+                    kw["hint"] = choice.hint
+                draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
             t1 = clock()
             logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
             dt = clock() - t1

@@ -75,6 +75,10 @@ CALIB_PRIOR = 4.0
 CALIB_DECAY = 0.98
 CALIB_MIN, CALIB_MAX = 0.5, 1.5
 
+# A hinted draft (ModelDrafter.draft) feeds at most this many rows in its first call: the model's
+# own logits buffer holds 32 (onnx_lm.OWN_LOGITS_MAX_WIDTH)
+HINT_MAX_ROWS = 32
+
 # A model drafter's first read of a generation: at most this many tokens of the context, its end
 # (ModelDrafter). Measured on the Qwen pair: see ModelDrafter.
 DRAFT_READ_WINDOW = 128
@@ -220,6 +224,7 @@ class ModelDrafter:
 
     name = "model"
     has_cost = True
+    takes_hint = True  # draft(..., hint=) checks a free drafter's guess in its first call
 
     def __init__(self, lm, target_vocab: int, min_confidence: float = 0.0, clock=time.perf_counter,
                  head_ids: np.ndarray | None = None, read_window: int | None = None):
@@ -325,29 +330,53 @@ class ModelDrafter:
         return Offer(self.name, k, prior=(1.5, 0.5), upfront=behind if behind > 2 else 0, dynamic=True)
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator,
-              stop: float | None = None) -> Draft:
+              stop: float | None = None, hint: Sequence[int] = ()) -> Draft:
         """Up to ``k`` tokens. ``stop`` (theta): end the draft once the product of the drafter's top
         probabilities (its softmax at temperature 1, over the tokens drafted so far) falls below
         theta, the drafter's own estimate that the whole draft survives; None: stop after a token
-        whose top probability is below ``min_confidence`` (a fixed-length request)."""
+        whose top probability is below ``min_confidence`` (a fixed-length request).
+
+        ``hint``: a free drafter's guess at the next tokens (the round policy passes the best one).
+        It is fed with the tokens the cache lacks, in the same call, so the drafter computes its
+        logits after each hint token at once (one call of a few rows costs little more than one
+        row). Drafting then goes on as always, one token after another, each picked from the
+        drafter's own logits (argmax, or sampled from q); while they equal the hint, the next
+        position's logits are already computed and no step is run. The first token that differs
+        rolls the rest of the hint back, and the steps go on from there. So the draft is exactly
+        what the drafter would have drafted without the hint (the same tokens greedy; sampled, the
+        same q at every position, the same random draws), only cheaper where the hint was right."""
         lm = self.lm
         behind = self.behind(ctx)
         t0 = self.clock()
+        hint = list(hint[: max(0, k - 1)])  # hint[i] is a guess at the i-th draft token
+        rows = None  # logits of the catch-up's last token and of each hint token fed after it
         if self._stale:  # first draft of a generation: read the window (keeping what the cache holds)
             base = self._read_plan(ctx)[0]
             if base != self._base:
                 lm.reset()
             logits = lm.prefill(ctx.view()[base:])
             self._stale, self._base, self._plan = False, base, None
+            hint = []
         else:  # >= 1 behind: the cache holds the context from base on, up to a point
-            logits = lm.feed(ctx[self._base + lm.length:])
+            missing = ctx[self._base + lm.length:]
+            if len(missing) + len(hint) > HINT_MAX_ROWS:
+                hint = hint[: max(0, HINT_MAX_ROWS - len(missing))]
+            if not missing or lm.length + len(missing) + len(hint) > lm.max_context:
+                hint = []
+            if hint:
+                rows = lm.forward(list(missing) + hint, copy=not sp.greedy)[len(missing) - 1:]
+                logits = rows[0]
+            else:
+                logits = lm.feed(missing)
         # the step cost the cost model learns: one-token steps, and the catch-up call only when it
-        # is the usual one or two tokens (a long catch-up is a prefill, priced per token apart)
+        # is the usual one or two tokens without a hint (a long catch-up is a prefill, priced per
+        # token apart; a call with a hint is neither)
         read = self.clock() - t0
-        step_time, steps = (read, 1) if behind <= 2 else (0.0, 0)
+        step_time, steps = (read, 1) if behind <= 2 and not hint else (0.0, 0)
         catchup = (behind, read) if behind > 2 else None
+        fed = len(hint)  # hint tokens in the cache past the context: draft tokens once they agree
         tokens: list[int] = []
-        rows = []
+        dists = []
         sure = 1.0  # the product of the (calibrated) top probabilities so far
         lam = self.calibration(sp.greedy) if stop is not None else 1.0
         confs: list[float] = []
@@ -365,10 +394,13 @@ class ModelDrafter:
                     q = q.exact()
                     q = Dist(self.target_vocab, head if q.idx is None else head[q.idx], q.w, q.total)
                 tok = q.sample(rng)
-                rows.append(q)
+                dists.append(q)
             tokens.append(tok)
             if stop is not None:
                 confs.append(_top_prob(row))
+            if fed > i and hint[i] != tok:  # the hint is wrong from here: roll it back
+                lm.rewind(fed - i)
+                fed = i
             if i < k - 1:  # the decision uses only the drafter's state: any stopping rule keeps exactness
                 if stop is not None:
                     sure *= min(1.0, lam * confs[-1])
@@ -376,14 +408,21 @@ class ModelDrafter:
                         break
                 elif self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
                     break
+                if fed > i:  # the hint had this token: its logits are computed
+                    logits = rows[i + 1]
+                    continue
                 t1 = self.clock()
                 # read before the next call; sampled, q may keep its row (a TailDist): a copy
                 logits = lm.forward([tok], copy=not sp.greedy)[-1]
                 step_time += self.clock() - t1
                 steps += 1
-        self._fed_drafts = len(tokens) - 1
+                fed = i + 1
+        if fed > len(tokens):  # hint tokens past the draft's end (it stopped on its confidence)
+            lm.rewind(fed - len(tokens))
+            fed = len(tokens)
+        self._fed_drafts = fed
         self._judge = (sp.greedy, confs) if stop is not None and self.history else None
-        return Draft(tokens, rows or None, key=self.name,
+        return Draft(tokens, dists or None, key=self.name,
                      step_s=step_time / steps if steps else None, catchup=catchup)
 
     def accept(self, n: int, bonus: int) -> None:

@@ -1358,3 +1358,57 @@ def test_a_catch_up_is_amortized_over_the_share_of_the_generation_free_drafters_
     assert pol.uncovered() == pytest.approx(1 - 12 / 20)
     pol.begin("auto", {"copy": free, "model": model}, 1)
     assert pol.uncovered() == 1.0  # per generation
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(), SamplingParams(1.0), SamplingParams(0.7, top_k=3)])
+@pytest.mark.parametrize("stop", [None, 0.3])
+def test_a_hinted_model_draft_is_the_unhinted_draft_with_fewer_steps(sp, stop):
+    """A hint (a free drafter's guess) is fed in the drafter's first call: the draft is the same
+    tokens with the same q, from the same random draws, as without it (a planted bug that took the
+    hint's token instead of the drafter's own fails here); where the hint was right no step runs
+    for those tokens; a wrong one is rolled back, and after accept the cache holds the context and
+    the kept draft tokens only."""
+    from edgespec.kv import TokenBuffer
+
+    vocab = 6
+    table = np.random.default_rng(5).normal(0, 2.5, size=(vocab ** 2, vocab))
+
+    def drafted(hint, n_keep=2):
+        md = ModelDrafter(FakeLM(vocab, table=table, reuse_buffer=True), vocab)
+        ctx = TokenBuffer([1, 2, 3, 4], capacity=64)
+        md.begin(ctx.tolist())
+        first = md.draft(ctx, 1, sp, np.random.default_rng(99))  # reads the prompt (a hint is not used there)
+        md.accept(0, 5)
+        ctx.extend([5])
+        calls = md.lm.calls
+        kw = {} if stop is None else {"stop": stop}
+        d = md.draft(ctx, 6, sp, np.random.default_rng(7), hint=hint, **kw)
+        steps = md.lm.calls - calls
+        keep = min(n_keep, len(d.tokens))
+        md.accept(keep, 0)
+        held, want = md.lm.tokens, ctx.tolist() + d.tokens[:keep]
+        assert len(held) >= len(ctx) and held == want[: len(held)]  # nothing past the kept draft tokens
+        assert first.tokens
+        return d, steps
+
+    plain, plain_steps = drafted(())
+    qs = [q.exact().dense() for q in plain.probs] if plain.probs else None
+    for hint in (plain.tokens, plain.tokens[:2], plain.tokens[:1] + [(plain.tokens[1] + 1) % vocab] + plain.tokens[2:],
+                 [(plain.tokens[0] + 1) % vocab] * 5, plain.tokens + [0, 0, 0]):
+        d, steps = drafted(hint)
+        assert d.tokens == plain.tokens, hint
+        if qs is not None:
+            assert all(np.array_equal(q.exact().dense(), w) for q, w in zip(d.probs, qs))
+        right = next((i for i, (a, b) in enumerate(zip(hint, plain.tokens)) if a != b), min(len(hint), len(plain.tokens)))
+        # the unhinted draft ran one call per token but the last; the hinted one skips the right ones
+        assert steps == plain_steps - min(right, len(plain.tokens) - 1), (hint, steps, plain_steps)
+
+
+def test_hint_length_weighs_the_steps_saved_against_the_rows_added():
+    from edgespec.policy import hint_length
+
+    assert hint_length(0.1, 10) == 0  # a guess rarely right saves less than a call's extra rows cost
+    assert 1 <= hint_length(0.5, 10) <= 4
+    assert hint_length(0.95, 30) > 10
+    assert hint_length(0.95, 3) == 3  # never past what the free drafter has
+    assert hint_length(0.9, 0) == 0
