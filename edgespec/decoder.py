@@ -264,6 +264,8 @@ class Decoder:
                     kw["stop"] = choice.stop
                 if choice.hint:  # a free drafter's guess the costly drafter checks in its first call
                     kw["hint"] = choice.hint
+                    if choice.hint_stop is not None:
+                        kw["hint_stop"] = choice.hint_stop
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
             t1 = clock()
             logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call

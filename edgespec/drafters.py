@@ -330,7 +330,7 @@ class ModelDrafter:
         return Offer(self.name, k, prior=(1.5, 0.5), upfront=behind if behind > 2 else 0, dynamic=True)
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator,
-              stop: float | None = None, hint: Sequence[int] = ()) -> Draft:
+              stop: float | None = None, hint: Sequence[int] = (), hint_stop: float | None = None) -> Draft:
         """Up to ``k`` tokens. ``stop`` (theta): end the draft once the product of the drafter's top
         probabilities (its softmax at temperature 1, over the tokens drafted so far) falls below
         theta, the drafter's own estimate that the whole draft survives; None: stop after a token
@@ -344,7 +344,9 @@ class ModelDrafter:
         position's logits are already computed and no step is run. The first token that differs
         rolls the rest of the hint back, and the steps go on from there. So the draft is exactly
         what the drafter would have drafted without the hint (the same tokens greedy; sampled, the
-        same q at every position, the same random draws), only cheaper where the hint was right."""
+        same q at every position, the same random draws), only cheaper where the hint was right.
+        ``hint_stop``: the threshold ``stop`` where the next token's logits came with the hint (one
+        more token costs no step there; default ``stop``)."""
         lm = self.lm
         behind = self.behind(ctx)
         t0 = self.clock()
@@ -404,7 +406,7 @@ class ModelDrafter:
             if i < k - 1:  # the decision uses only the drafter's state: any stopping rule keeps exactness
                 if stop is not None:
                     sure *= min(1.0, lam * confs[-1])
-                    if sure < stop:
+                    if sure < (hint_stop if fed > i and hint_stop is not None else stop):
                         break
                 elif self.min_confidence > 0 and _top_prob(row) < self.min_confidence:
                     break

@@ -150,14 +150,20 @@ class CostModel:
             return k + 1.0
         return (1 - alpha ** (k + 1)) / (1 - alpha)
 
-    def rate(self, alpha: float, k: int, draft_cost: bool, drafter: str = "model") -> float:
+    def rate(self, alpha: float, k: int, draft_cost: bool, drafter: str = "model", saved: float = 0.0,
+             extra: float = 0.0) -> float:
+        """Expected tokens per second of a round with ``k`` draft tokens. A hinted draft
+        (``Choice.hint``) is expected to skip ``saved`` of its steps (at most k - 1: its first call
+        runs) and pays ``extra`` steps for its first call's added rows."""
         step = self.step_cost(drafter) if draft_cost else 0.0
-        return self.expected_tokens(alpha, k) / (self.target_cost(k + 1) + k * step)
+        steps = k - min(saved, max(k - 1, 0)) + (extra if k else 0.0)
+        return self.expected_tokens(alpha, k) / (self.target_cost(k + 1) + steps * step)
 
-    def best_k(self, alpha: float, kmax: int, draft_cost: bool, drafter: str = "model") -> tuple[int, float]:
+    def best_k(self, alpha: float, kmax: int, draft_cost: bool, drafter: str = "model", saved: float = 0.0,
+               extra: float = 0.0) -> tuple[int, float]:
         best = (0, self.rate(alpha, 0, draft_cost, drafter))
         for k in range(1, kmax + 1):
-            r = self.rate(alpha, k, draft_cost, drafter)
+            r = self.rate(alpha, k, draft_cost, drafter, saved, extra)
             if r > best[1]:
                 best = (k, r)
         return best
@@ -215,6 +221,7 @@ class Choice:
     key: str = "none"
     stop: float | None = None  # a dynamic draft's threshold (drafters.Offer.dynamic), None: draft k
     hint: tuple[int, ...] = ()  # a free drafter's guess that a costly drafter (takes_hint) checks in its first call
+    hint_stop: float | None = None  # a dynamic draft's threshold where the next token's logits are computed already
 
 
 NO_DRAFT = Choice(None)
@@ -328,13 +335,26 @@ class RoundPolicy:
         if kmax <= 0 or not self._want:
             return NO_DRAFT
         best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
-        offered: list[Drafter] = []
         horizon = self.horizon(kcap)
-        for d in self._want:
-            offer = d.offer(ctx, kmax)
-            if offer is None:
-                continue
-            offered.append(d)
+        offers = [(d, o) for d in self._want for o in (d.offer(ctx, kmax),) if o is not None]
+        # the free drafters' guesses: scored on what the target emits where they are not drafted
+        # (shadows), and the likeliest one a hint that a costly drafter checks in its first call
+        peeks: dict[int, tuple[list[int], str]] = {}
+        hint, hint_alpha = (), -1.0
+        for d, offer in offers:
+            self.estimate(offer)
+            if not d.has_cost and hasattr(d, "peek"):
+                tokens, key = d.peek(ctx, kmax)
+                if not tokens:
+                    continue
+                peeks[id(d)] = (tokens, key)
+                a = self.acceptance[key].alpha if key in self.acceptance else 0.0
+                if a > hint_alpha or (a == hint_alpha and len(tokens) > len(hint)):
+                    hint, hint_alpha = tuple(tokens), a
+        h = hint_length(hint_alpha, len(hint)) if hint else 0
+        hint = hint[:h]
+        saved = sum(hint_alpha ** j for j in range(1, h + 1))  # steps the hint is expected to save
+        for d, offer in offers:
             alpha = self.estimate(offer).alpha
             if offer.upfront and d.has_cost and d.name not in self._started:
                 # a costly drafter that must read the context before its first draft of the generation
@@ -343,10 +363,12 @@ class RoundPolicy:
                 # never drafts in a generation never learns what it is worth there (session 12: at
                 # T = 0.7, after a few chat requests, --drafter model stopped drafting summaries at all)
                 alpha = max(alpha, offer.prior_alpha)
+            hinted = bool(hint) and d.has_cost and getattr(d, "takes_hint", False) and not offer.upfront
+            sv, extra = (saved, HINT_CALL_COST + HINT_ROW_COST * h) if hinted else (0.0, 0.0)
             if fixed is not None:
-                k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name)
+                k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             else:
-                k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name)
+                k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             rate = r
             if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
                 r = self.cost.amortized(r, self.cost.upfront_cost(offer.upfront, d.name), horizon * self.uncovered())
@@ -356,21 +378,14 @@ class RoundPolicy:
                 else:
                     best = Choice(d, k, offer.key)
                 best_rate = r
-        hint, hint_alpha = (), -1.0
-        for d in offered:  # the free drafters not chosen are scored on what the target emits
-            if not d.has_cost and d is not best.drafter and hasattr(d, "peek"):
-                tokens, key = d.peek(ctx, kmax)
-                if not tokens:
-                    continue
+        for d, offer in offers:  # the free drafters not chosen are scored on what the target emits
+            if id(d) in peeks and d is not best.drafter:
+                tokens, key = peeks[id(d)]
                 if key in self.acceptance:
                     self._shadow.append((key, tokens, len(ctx)))
-                a = self.acceptance[key].alpha if key in self.acceptance else 0.0
-                if a > hint_alpha or (a == hint_alpha and len(tokens) > len(hint)):
-                    hint, hint_alpha = tuple(tokens), a
         if hint and best.drafter is not None and getattr(best.drafter, "takes_hint", False):
-            h = hint_length(hint_alpha, len(hint))
-            if h:
-                best = replace(best, hint=hint[:h])
+            best = replace(best, hint=hint, hint_stop=None if best.stop is None else
+                           best.stop * self.hinted_share(best.drafter.name))
         if fixed is None:
             for d in self._want:  # probe a costly drafter left unused too long
                 if d is not best.drafter and self._idle.get(d.name, 0) >= self.probe_every:
@@ -407,6 +422,15 @@ class RoundPolicy:
         temperature 0.7; the optimum is flat from 0.45 to 0.7."""
         extra = self.cost.marginal() * self.cost.target_cost(1)
         return min(0.95, max(0.05, (self.cost.step_cost(drafter) + extra) * rate / max(alpha, 0.05)))
+
+    def hinted_share(self, drafter: str) -> float:
+        """What one more draft token costs where the drafter agreed with the hint so far (its next
+        logits came with the hint: one more verified position, ``m``), as a share of what it costs
+        elsewhere (a drafter step too, ``c + m``): the stop threshold scales by it, so a draft runs on
+        through a hint the drafter agrees with (a copy the model confirms) while it is likely enough
+        to repay one more verified position."""
+        extra = self.cost.marginal() * self.cost.target_cost(1)
+        return extra / max(self.cost.step_cost(drafter) + extra, 1e-9)
 
     def horizon(self, kcap: int) -> float:
         """Tokens this generation is expected still to produce: what is left of its budget

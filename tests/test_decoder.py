@@ -1412,3 +1412,39 @@ def test_hint_length_weighs_the_steps_saved_against_the_rows_added():
     assert hint_length(0.95, 30) > 10
     assert hint_length(0.95, 3) == 3  # never past what the free drafter has
     assert hint_length(0.9, 0) == 0
+
+
+def test_a_dynamic_draft_runs_on_through_a_hint_it_agrees_with_at_the_lower_threshold():
+    """Where the next token's logits came with the hint, one more draft token costs no drafter step:
+    the draft goes on at ``hint_stop`` there and at ``stop`` past the hint."""
+    from edgespec.kv import TokenBuffer
+
+    tops = [0.9, 0.9, 0.9, 0.6, 0.95, 0.95, 0.95, 0.95]
+    sp, rng = SamplingParams(), np.random.default_rng(0)
+
+    def draft(**kw):
+        md = ModelDrafter(FakeLM(8, order=1, table=_peaked_table(8, tops)), 8)
+        ctx = TokenBuffer([5, 7], capacity=64)
+        md.begin(ctx.tolist())
+        md.draft(ctx, 1, sp, rng)  # the first draft reads the prompt
+        md.accept(0, 0)
+        ctx.extend([0])
+        return md.draft(ctx, 8, sp, rng, stop=0.5, **kw).tokens
+
+    assert draft() == [1, 2, 3, 4]  # products .9 .81 .729 .437: ends at 0.5
+    assert draft(hint=[1, 2, 3, 4, 5]) == [1, 2, 3, 4]  # a hint alone changes nothing
+    # through the hint at 0.1, then .394 < 0.5 past it: the token after the hint ends the draft
+    assert draft(hint=[1, 2, 3, 4, 5], hint_stop=0.1) == [1, 2, 3, 4, 5, 6]
+    assert draft(hint=[1, 2, 7, 4, 5], hint_stop=0.1) == [1, 2, 3, 4]  # wrong from the 3rd: stop again
+
+
+def test_a_hint_makes_a_costly_drafters_round_cheaper_in_the_cost_model():
+    cm = CostModel()
+    cm.observe_target(1, 0.040)
+    cm.observe_target(4, 0.050)
+    cm.observe_draft(0.012)
+    plain = cm.rate(0.8, 4, True)
+    assert cm.rate(0.8, 4, True, saved=2.0, extra=0.3) > plain  # two steps saved for 0.3 of one
+    assert cm.rate(0.8, 4, True, saved=0.0, extra=0.3) < plain  # a hint that saves nothing costs
+    assert cm.rate(0.8, 1, True, saved=5.0) == cm.rate(0.8, 1, True)  # the first call runs anyway
+    assert cm.rate(0.8, 4, False, saved=2.0, extra=0.3) == cm.rate(0.8, 4, False)  # a free drafter
