@@ -191,10 +191,11 @@ def _affine(reads: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 # A hint (Choice.hint) makes the costly drafter's first call of a round carry more rows: on the 0.5B
-# Qwen drafter (session 14, this Xeon) a second row costs 0.20 of a one-token step and each further
-# row ~0.045 up to 12 rows (2 rows 16.9 ms, 9 rows 21.4, 16 rows 28.0 against 14.1 for one)
-HINT_CALL_COST = 0.20
-HINT_ROW_COST = 0.045
+# Qwen drafter (session 14, this Xeon, the kernel's prefetch in) each row past the first costs ~0.05 of
+# a one-token step up to 8 rows, ~0.07 past them (1 row 12.3 ms, 2 rows 12.8, 5 rows 14.7, 8 rows
+# 16.8, 16 rows 26.7); a little more per call keeps the hints that would save next to nothing out
+HINT_CALL_COST = 0.05
+HINT_ROW_COST = 0.06
 
 
 def hint_length(alpha: float, available: int) -> int:

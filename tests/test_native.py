@@ -476,7 +476,7 @@ def test_top_p_kernel_without_a_compiler_leaves_sampling_in_numpy(monkeypatch, t
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (120, 21, 40, True), (512, 33, 256, True)])
 def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
-    """The AMX path (calls of 3 rows or more, tile multiplies over chunks of 15 rows, the weights summed by a
+    """The AMX path (calls of 9 rows or more, tile multiplies over chunks of 15 rows, the weights summed by a
     row of ones) against the AVX-512 VNNI path: the same bits for every row, at widths 1 to 40 (one, two
     and three chunks, partial ones) and wherever the row sits; blocks of 1, 2 and 4 tile steps and one of
     40 (steps of 8 bytes)."""

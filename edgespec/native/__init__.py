@@ -55,7 +55,7 @@ def cpu_supported() -> str | None:
 def isa() -> str:
     """The kernel path this CPU takes, as the built library reports it (the same function picks the path
     at registration): 'avx2', 'avx512-vnni', or 'avx512-vnni+amx' (AMX-INT8 tile multiplies for calls of
-    three rows or more). EDGESPEC_Q4_ISA=avx2 or =avx512 stops at that path. Builds the library if needed
+    nine rows or more). EDGESPEC_Q4_ISA=avx2 or =avx512 stops at that path. Builds the library if needed
     (ProviderError where it cannot be)."""
     import ctypes
 
