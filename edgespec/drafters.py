@@ -352,13 +352,15 @@ class ModelDrafter:
         t0 = self.clock()
         hint = list(hint[: max(0, k - 1)])  # hint[i] is a guess at the i-th draft token
         rows = None  # logits of the catch-up's last token and of each hint token fed after it
+        late = False  # (a first read) the hint goes in with the first step, not with the read
         if self._stale:  # first draft of a generation: read the window (keeping what the cache holds)
             base = self._read_plan(ctx)[0]
             if base != self._base:
                 lm.reset()
             logits = lm.prefill(ctx.view()[base:])
             self._stale, self._base, self._plan = False, base, None
-            hint = []
+            hint = hint[:HINT_MAX_ROWS] if lm.length + len(hint) <= lm.max_context else []
+            late = bool(hint)  # the hint is fed with the first step instead, if its first token is drafted
         else:  # >= 1 behind: the cache holds the context from base on, up to a point
             missing = ctx[self._base + lm.length:]
             if len(missing) + len(hint) > HINT_MAX_ROWS:
@@ -376,7 +378,7 @@ class ModelDrafter:
         read = self.clock() - t0
         step_time, steps = (read, 1) if behind <= 2 and not hint else (0.0, 0)
         catchup = (behind, read) if behind > 2 else None
-        fed = len(hint)  # hint tokens in the cache past the context: draft tokens once they agree
+        fed = 0 if late else len(hint)  # hint tokens in the cache past the context: draft tokens once they agree
         tokens: list[int] = []
         dists = []
         sure = 1.0  # the product of the (calibrated) top probabilities so far
@@ -412,6 +414,12 @@ class ModelDrafter:
                     break
                 if fed > i:  # the hint had this token: its logits are computed
                     logits = rows[i + 1]
+                    continue
+                if late and i == 0 and hint[0] == tok and len(hint) > 1:
+                    # after a first read: the hint, whose first token is this one, in this step's call
+                    rows = [None] + list(lm.forward(hint, copy=not sp.greedy))
+                    fed = len(hint)
+                    logits = rows[1]
                     continue
                 t1 = self.clock()
                 # read before the next call; sampled, q may keep its row (a TailDist): a copy

@@ -1448,3 +1448,96 @@ def test_a_hint_makes_a_costly_drafters_round_cheaper_in_the_cost_model():
     assert cm.rate(0.8, 4, True, saved=0.0, extra=0.3) < plain  # a hint that saves nothing costs
     assert cm.rate(0.8, 1, True, saved=5.0) == cm.rate(0.8, 1, True)  # the first call runs anyway
     assert cm.rate(0.8, 4, False, saved=2.0, extra=0.3) == cm.rate(0.8, 4, False)  # a free drafter
+
+
+class _BadHintDrafter(ModelDrafter):
+    """A planted bug: where the hint is given, its tokens are drafted as they are, with the
+    drafter's q beside them (q no longer describes how the tokens were drawn)."""
+
+    def draft(self, ctx, k, sp, rng, stop=None, hint=(), hint_stop=None):
+        d = super().draft(ctx, k, sp, rng, stop=stop)
+        if hint and d.tokens:
+            n = min(len(hint), len(d.tokens))
+            d.tokens[:n] = list(hint[:n])
+            self.accept(0, 0)  # the cache holds the drafter's own tokens: start from the context again
+            self._fed_drafts = 0
+        return d
+
+
+@pytest.mark.parametrize("cls, sp, exact_ok", [
+    (ModelDrafter, SamplingParams(1.0), True),
+    (ModelDrafter, SamplingParams(0.7, top_k=3), True),
+    (_BadHintDrafter, SamplingParams(1.0), False),
+])
+def test_sampled_hinted_model_drafts_follow_the_target_distribution(cls, sp, exact_ok):
+    """Every round a hinted model draft (the policy's choice forced: two tokens, a hint that is
+    right about half the time): the sampled outputs follow the target's distribution (chi-square
+    over all 3-token outputs); the planted bug that drafts the hint's tokens is caught."""
+    from edgespec.policy import Choice
+
+    vocab, n_tokens, runs = 4, 3, 6000
+    prompt = [1, 2, 1, 2, 1]
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+    hinted = []
+
+    def factory():
+        target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                    reuse_buffer=True)
+        md = cls(dl, vocab)
+        dec = Decoder(target, (), drafters=[md])
+
+        def choose(ctx, kcap, fixed, max_draft):
+            k = min(2, kcap)
+            if k <= 0:
+                return Choice(None)
+            hint = (int(ctx[-1]) % vocab, (int(ctx[-2]) + 1) % vocab)[:k]  # a fixed function of the context
+            hinted.append(1)
+            return Choice(md, k, "model", hint=hint)
+
+        dec.policy.choose = choose
+        return dec
+
+    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, "model", None)
+    assert len(hinted) >= runs  # every generation drafted with a hint
+    stat, df = _chi2(counts, exact, runs)
+    if exact_ok:
+        assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+    else:
+        assert stat > _chi2_crit(df), f"the planted bug went unseen: chi2 {stat:.1f} with {df} dof"
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(), SamplingParams(1.0)])
+def test_a_hint_at_a_generations_first_read_goes_in_with_the_first_step(sp):
+    """The first draft of a generation reads the context first (a prefill that returns only the last
+    logits): a hint whose first token the drafter draws is fed whole with the first step, the draft is
+    the unhinted one (tokens, q, random draws), and the steps for the hint's other right tokens go."""
+    from edgespec.kv import TokenBuffer
+
+    vocab = 6
+    table = np.random.default_rng(11).normal(0, 2.5, size=(vocab ** 2, vocab))
+
+    def first(hint):
+        md = ModelDrafter(FakeLM(vocab, table=table, reuse_buffer=True), vocab)
+        ctx = TokenBuffer([3, 1, 4, 1, 5], capacity=64)
+        md.begin(ctx.tolist())
+        calls = md.lm.calls
+        d = md.draft(ctx, 6, sp, np.random.default_rng(4), hint=hint)
+        md.accept(len(d.tokens), 0)
+        held = md.lm.tokens
+        assert held == (ctx.tolist() + d.tokens)[: len(held)] and len(held) >= len(ctx)
+        return d, md.lm.calls - calls
+
+    plain, plain_calls = first(())
+    assert plain_calls == len(plain.tokens)  # the read, then a step for every token but the last
+    for right in range(len(plain.tokens) + 1):
+        hint = plain.tokens[:right] + [(t + 1) % vocab for t in plain.tokens[right:]]
+        d, calls = first(hint)
+        assert d.tokens == plain.tokens
+        if plain.probs:
+            assert all(np.array_equal(a.exact().dense(), b.exact().dense()) for a, b in zip(d.probs, plain.probs))
+        assert len(plain.tokens) == 6  # k tokens: no stop asked for
+        if right >= 1:  # the read, the hint's call (its first 5 tokens: k - 1), a step past what it had right
+            assert calls == 2 + (len(plain.tokens) - 1 - min(right, 5)), (right, calls)
+        else:  # its first token is not drawn: it is never fed
+            assert calls == plain_calls
