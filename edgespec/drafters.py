@@ -359,14 +359,11 @@ class ModelDrafter:
                 lm.reset()
             logits = lm.prefill(ctx.view()[base:])
             self._stale, self._base, self._plan = False, base, None
-            hint = hint[:HINT_MAX_ROWS] if lm.length + len(hint) <= lm.max_context else []
+            hint = self._fit_hint(hint, 0)
             late = bool(hint)  # the hint is fed with the first step instead, if its first token is drafted
         else:  # >= 1 behind: the cache holds the context from base on, up to a point
             missing = ctx[self._base + lm.length:]
-            if len(missing) + len(hint) > HINT_MAX_ROWS:
-                hint = hint[: max(0, HINT_MAX_ROWS - len(missing))]
-            if not missing or lm.length + len(missing) + len(hint) > lm.max_context:
-                hint = []
+            hint = self._fit_hint(hint, len(missing)) if missing else []
             if hint:
                 rows = lm.forward(list(missing) + hint, copy=not sp.greedy)[len(missing) - 1:]
                 logits = rows[0]
@@ -434,6 +431,12 @@ class ModelDrafter:
         self._judge = (sp.greedy, confs) if stop is not None and self.history else None
         return Draft(tokens, dists or None, key=self.name,
                      step_s=step_time / steps if steps else None, catchup=catchup)
+
+    def _fit_hint(self, hint: list[int], rows: int) -> list[int]:
+        """``hint`` as far as it goes in one call after ``rows`` other tokens: at most HINT_MAX_ROWS
+        rows in all, and none where the call would not fit the cache."""
+        hint = hint[: max(0, HINT_MAX_ROWS - rows)]
+        return hint if self.lm.length + rows + len(hint) <= self.lm.max_context else []
 
     def accept(self, n: int, bonus: int) -> None:
         # the cache holds the context and the fed draft tokens; keep those the target accepted

@@ -202,17 +202,21 @@ def hint_length(alpha: float, available: int) -> int:
     """How many tokens of a free drafter's guess (accepted at ``alpha`` a token, as estimated) a
     costly drafter should check in its first call: the h that maximizes the steps it expects to
     save (each hint token it agrees with, through the first it does not: alpha + alpha^2 + ... +
-    alpha^h) less what the call's extra rows cost (in steps); 0 where no h gains."""
-    best_h, best_gain, saved, p = 0, 0.0, 0.0, 1.0
+    alpha^h, ``hint_saved``) less what the call's extra rows cost (in steps); 0 where no h gains."""
+    best_h, best_gain = 0, 0.0
     for h in range(1, available + 1):
-        p *= alpha
-        saved += p
-        gain = saved - (HINT_CALL_COST + HINT_ROW_COST * h)
+        gain = hint_saved(alpha, h) - (HINT_CALL_COST + HINT_ROW_COST * h)
         if gain > best_gain:
             best_h, best_gain = h, gain
-        if p < 0.01:
+        if alpha ** h < 0.01:
             break
     return best_h
+
+
+def hint_saved(alpha: float, h: int) -> float:
+    """Steps a hint of ``h`` tokens, each agreed with at ``alpha``, is expected to save: alpha +
+    alpha^2 + ... + alpha^h (the tokens a round of h drafts yields, less its bonus)."""
+    return CostModel.expected_tokens(alpha, h) - 1.0
 
 
 @dataclass(frozen=True)
@@ -337,13 +341,13 @@ class RoundPolicy:
             return NO_DRAFT
         best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
         horizon = self.horizon(kcap)
-        offers = [(d, o) for d in self._want for o in (d.offer(ctx, kmax),) if o is not None]
+        # every offer with this generation's estimate for it (made here if new: a peek's key is read below)
+        offers = [(d, o, self.estimate(o)) for d in self._want for o in (d.offer(ctx, kmax),) if o is not None]
         # the free drafters' guesses: scored on what the target emits where they are not drafted
         # (shadows), and the likeliest one a hint that a costly drafter checks in its first call
         peeks: dict[int, tuple[list[int], str]] = {}
         hint, hint_alpha = (), -1.0
-        for d, offer in offers:
-            self.estimate(offer)
+        for d, offer, _ in offers:
             if not d.has_cost and hasattr(d, "peek"):
                 tokens, key = d.peek(ctx, kmax)
                 if not tokens:
@@ -354,9 +358,9 @@ class RoundPolicy:
                     hint, hint_alpha = tuple(tokens), a
         h = hint_length(hint_alpha, len(hint)) if hint else 0
         hint = hint[:h]
-        saved = sum(hint_alpha ** j for j in range(1, h + 1))  # steps the hint is expected to save
-        for d, offer in offers:
-            alpha = self.estimate(offer).alpha
+        saved = hint_saved(hint_alpha, h) if h else 0.0
+        for d, offer, est in offers:
+            alpha = est.alpha
             if offer.upfront and d.has_cost and d.name not in self._started:
                 # a costly drafter that must read the context before its first draft of the generation
                 # is judged at no less than its prior: what earlier generations taught mixes other
@@ -379,7 +383,7 @@ class RoundPolicy:
                 else:
                     best = Choice(d, k, offer.key)
                 best_rate = r
-        for d, offer in offers:  # the free drafters not chosen are scored on what the target emits
+        for d, _, _ in offers:  # the free drafters not chosen are scored on what the target emits
             if id(d) in peeks and d is not best.drafter:
                 tokens, key = peeks[id(d)]
                 if key in self.acceptance:
