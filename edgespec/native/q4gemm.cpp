@@ -154,6 +154,7 @@ constexpr int kAmxRows = 15;
 constexpr int64_t kAmxMinRows = 9;
 // the VNNI path's second prefetch distance, in bytes of packed weights (into L2; see rows_tiles)
 constexpr int64_t kPrefetchL2 = 16384;
+constexpr int kPrefetchL2Rows = 7;  // ... in calls of up to this many rows (a pass of rows_tiles)
 
 struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
@@ -222,12 +223,15 @@ ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
       for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
       for (int64_t p = 0; p < P; ++p) {
         // the line two blocks ahead in this tile's weights into L1 (a prefetch never faults past their end):
-        // the hardware prefetcher alone kept a one-row call of the Qwen 1.5B at 45.5 ms, this at 38.5; and
-        // the line kPrefetchL2 bytes ahead into L2, a longer stream in flight than L1's fill buffers hold
-        // (session 15, calls alternating with the other model's as in decoding, ms: target 1 row 42 -> 37.5,
-        // 4 rows 48 -> 44, drafter 12.7 -> 11.6; 12 or 24 KiB ahead the same within noise, 32-64 KiB less)
+        // the hardware prefetcher alone kept a one-row call of the Qwen 1.5B at 45.5 ms, this at 38.5; and,
+        // up to kPrefetchL2Rows rows, the line kPrefetchL2 bytes ahead into L2, a longer stream in flight
+        // than L1's fill buffers hold (session 15, calls alternating with the other model's as in decoding,
+        // ms: target 1 row 40.8 -> 36.0, 4 rows 48 -> 43, 6 rows 51 -> 47, 7 rows 54 -> 51; drafter 12.5 ->
+        // 11.2; 12 or 24 KiB ahead the same within noise, 32-64 KiB less). At 8 rows, where the loop is
+        // compute-bound, the extra instruction cost more than it saved (54 -> 55.5 ms)
         _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + 2 * tb), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + kPrefetchL2), _MM_HINT_T1);
+        if constexpr (R <= kPrefetchL2Rows)
+          _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + kPrefetchL2), _MM_HINT_T1);
         const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
         const __m512i lo = _mm512_and_si512(v, lo4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
