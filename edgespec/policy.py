@@ -191,11 +191,12 @@ def _affine(reads: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 # A hint (Choice.hint) makes the costly drafter's first call of a round carry more rows: on the 0.5B
-# Qwen drafter (session 14, this Xeon, the kernel's prefetch in) each row past the first costs ~0.05 of
-# a one-token step up to 8 rows, ~0.07 past them (1 row 12.3 ms, 2 rows 12.8, 5 rows 14.7, 8 rows
-# 16.8, 16 rows 26.7); a little more per call keeps the hints that would save next to nothing out
+# Qwen drafter (this Xeon) each row past the first costs ~0.08 of a one-token step up to 8 rows, ~0.11
+# past them (session 15, the L2 prefetch in, which made one row cheaper than several: 1 row 11.35 ms,
+# 2 rows 12.2, 3 12.9, 5 14.9, 8 17.7, 16 27.8; session 14: 12.3, 12.8, -, 14.7, 16.8, 26.7, ~0.05 a
+# row); a little more per call keeps the hints that would save next to nothing out
 HINT_CALL_COST = 0.05
-HINT_ROW_COST = 0.06
+HINT_ROW_COST = 0.08
 
 
 def hint_length(alpha: float, available: int) -> int:
