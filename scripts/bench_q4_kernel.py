@@ -56,7 +56,7 @@ def graph(K: int, N: int, block: int, op: str, seed: int = 0, copies: int = 1):
         nodes.append(helper.make_node(op, ["A", *names], [f"Y{c}"], domain=dom, K=K, N=N, bits=4, block_size=block,
                                       **kw))
         outs.append(helper.make_tensor_value_info(f"Y{c}", TensorProto.FLOAT, ["M", N]))
-        nbytes = sum(a.nbytes for a in arrs)
+        nbytes = nbytes or sum(a.nbytes for a in arrs)  # every copy has the same size
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])], outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)]), nbytes
 
@@ -72,6 +72,11 @@ def session(model, threads: int, lib: str | None = None):
     so.use_per_session_threads = False
     so.register_custom_ops_library(lib or library_path())
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def kernel_runs(a) -> list[tuple[str, str | None, str]]:
+    """(op, library or None, label) of every kernel a shape is timed with: ``--ops``, then each ``--lib``."""
+    return [(op, None, op) for op in a.ops.split(",")] + [("MatMulQ4", lib, Path(lib).stem[-8:]) for lib in a.lib]
 
 
 def time_call(sess, x: np.ndarray, reps: int) -> float:
@@ -106,39 +111,27 @@ def main() -> None:
         return cold(a, shapes, widths, rng)
     print(f"{'shape':22s} {'op':12s} " + " ".join(f"{'w' + str(w):>12s}" for w in widths))
     for name, (K, N) in shapes.items():
-        runs = [(op, None) for op in a.ops.split(",")] + [("MatMulQ4", lib) for lib in a.lib]
-        for op, lib in runs:
+        for op, lib, label in kernel_runs(a):
             sess = session(graph(K, N, a.block, op)[0], a.threads, lib)
-            op = op if lib is None else Path(lib).stem[-8:]
             ms = [time_call(sess, rng.standard_normal((w, K)).astype(np.float32), a.reps) for w in widths]
             cells = " ".join(f"{m:7.3f}/{m / ms[0]:4.2f}" for m in ms)
-            print(f"{name:22s} {op:12s} {cells}", flush=True)
+            print(f"{name:22s} {label:12s} {cells}", flush=True)
 
 
 def cold(a, shapes: dict, widths: list[int], rng) -> None:
     """Per shape and width: microseconds a matrix and GB/s of its weights, median of 7 passes over
-    the copies (each pass reads every copy once; the caches hold none of them)."""
+    the copies after 5 warm-up passes (each pass reads every copy once; the caches hold none of them)."""
     print(f"{'shape':22s} {'op':12s} {'copies':>6s} " + " ".join(f"{'w' + str(w) + ' us  GB/s':>16s}" for w in widths))
     for name, (K, N) in shapes.items():
-        runs = [(op, None) for op in a.ops.split(",")] + [("MatMulQ4", lib) for lib in a.lib]
         copies = max(4, int(a.cold_mb * 1e6 / (K * N * 0.53)))
-        for op, lib in runs:
+        for op, lib, label in kernel_runs(a):
             model, nbytes = graph(K, N, a.block, op, copies=copies)
             sess = session(model, a.threads, lib)
             cells = []
             for w in widths:
-                x = rng.standard_normal((w, K)).astype(np.float32)
-                for _ in range(2):
-                    sess.run(None, {"A": x})
-                ts = []
-                for _ in range(7):
-                    t = time.perf_counter()
-                    sess.run(None, {"A": x})
-                    ts.append(time.perf_counter() - t)
-                per = statistics.median(ts) / copies
+                per = time_call(sess, rng.standard_normal((w, K)).astype(np.float32), 7) / 1e3 / copies
                 cells.append(f"{per * 1e6:8.1f} {nbytes / per / 1e9:5.1f}")
-            op = op if lib is None else Path(lib).stem[-8:]
-            print(f"{name:22s} {op:12s} {copies:6d} " + " ".join(f"{c:>16s}" for c in cells), flush=True)
+            print(f"{name:22s} {label:12s} {copies:6d} " + " ".join(f"{c:>16s}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":
