@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""The GPU run's measurements, in one process, each section on its own (a section that fails
+records its error and the next one runs): written to ``--json`` after every section.
+
+    python scripts/gpu/bench.py --shaped B --smol-cuda S --smol-cpu C [--drafter-cpu D] --json OUT
+
+- ``env``: the GPU (nvidia-smi), onnxruntime's version and providers, whether TensorRT's
+  libraries are there.
+- ``shaped``: the Qwen2.5-1.5B/0.5B-shaped bundle B (``make_shaped.py``, cuda layout) on CUDA: the
+  exactness width measured at load, the verify-width cost curve (1..16, 24, 32 tokens), the
+  drafter's step, the one-token call at longer contexts, and autoregressive against speculative
+  tokens/s (these models agree on every token: the speculative figures are the all-accepted best
+  case), each run's tokens checked equal to greedy's.
+- ``placement``: the same bundle with the drafter on the machine's CPU (``drafter_provider=cpu``),
+  and, with ``--drafter-cpu D`` (the 0.5B-shaped model exported in the cpu layout), its one-token
+  step on the CPU EP, the figure a CPU-placed drafter costs.
+- ``smol``: SmolLM2 INT4: greedy 64 tokens on the shipped prompts, CUDA against the CPU EP on the
+  same cuda-layout graph and against the cpu-layout bundle on the CPU.
+- ``memory``: ``edgespec plan --measure`` on CUDA (NVML) against the plan.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+WIDTHS = list(range(1, 17)) + [24, 32]
+PROVIDER = "cuda"  # --provider: cpu checks the script on a machine without a GPU
+PROMPTS = ["Write a Python function `is_prime(n)` that returns True when n is prime.",
+           "Summarize: the meeting moved to Tuesday. Tuesday at ten, in room four, with the budget.",
+           "def fibonacci(n):"]
+
+
+def sh(cmd: list[str], timeout: float = 120) -> tuple[int, str]:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, (r.stdout + r.stderr).strip()
+    except Exception as e:  # a tool that is not there
+        return -1, f"{type(e).__name__}: {e}"
+
+
+def gpu_used_mib() -> dict:
+    """This process's GPU memory and the device's, from nvidia-smi (MiB)."""
+    rc, out = sh(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+    mine = None
+    for line in out.splitlines() if rc == 0 else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(os.getpid()):
+            mine = int(parts[1])
+    rc, out = sh(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+    dev = int(out.splitlines()[0]) if rc == 0 and out else None
+    return {"process_mib": mine, "device_mib": dev}
+
+
+def env() -> dict:
+    import onnxruntime as ort
+
+    rc, smi = sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem",
+                  "--format=csv,noheader"])
+    trt = sh(["bash", "-c", "ldconfig -p | grep -c libnvinfer.so || true"])[1]
+    return {"nvidia_smi": smi, "onnxruntime": ort.__version__, "onnxruntime_file": ort.__file__,
+            "providers": ort.get_available_providers(), "libnvinfer_in_ldconfig": trt,
+            "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+
+
+def gen(eng, prompt: str, n: int, drafter: str, k=None) -> tuple[list[int], dict]:
+    eng.reset()
+    r = eng.generate(prompt, max_new_tokens=n, drafter=drafter, draft_tokens=k)
+    return r.token_ids, r.stats
+
+
+def speed_table(eng, drafters, n: int = 128, reps: int = 2) -> dict:
+    """Median decode tokens/s per drafter over PROMPTS x reps; exact: tokens equal to greedy's."""
+    out = {}
+    ref = {p: gen(eng, p, n, "none")[0] for p in PROMPTS}  # also the warm-up
+    for d in drafters:
+        name, _, k = d.partition(":")
+        tps, tpc, exact = [], [], True
+        for _ in range(reps):
+            for p in PROMPTS:
+                toks, st = gen(eng, p, n, name, int(k) if k else None)
+                exact &= toks == ref[p]
+                tps.append(st["tokens_per_second"])
+                tpc.append(st.get("tokens_per_target_call", 0.0))
+        out[d] = {"tokens_per_s": round(statistics.median(tps), 2), "tokens_per_target_call":
+                  round(statistics.median(tpc), 3), "exact": exact, "samples": [round(x, 2) for x in tps]}
+    base = out.get("none", {}).get("tokens_per_s")
+    if base:
+        for v in out.values():
+            v["x_ar"] = round(v["tokens_per_s"] / base, 3)
+    return out
+
+
+def shaped(bundle: str, reps: int) -> dict:
+    import edgespec
+    from bench_width import time_widths
+
+    res: dict = {"bundle": bundle}
+    t = time.perf_counter()
+    eng = edgespec.load(bundle, provider=PROVIDER, memory=False, max_context=4096)
+    res["load_s"] = round(time.perf_counter() - t, 2)
+    res["memory_after_load"] = gpu_used_mib()
+    target, model = eng.decoder.target, eng.decoder.drafters.get("model")
+    res["devices"] = {"target": target.device, "drafter": model.lm.device if model else None}
+    res["width_policy"] = {"target": [target.min_width, target.width_multiple],
+                           "drafter": [model.lm.min_width, model.lm.width_multiple] if model else None}
+    vocab = 32000
+    pol = time_widths(target, WIDTHS, 256, reps, vocab)
+    policy = (target.min_width, target.width_multiple)
+    target.min_width, target.width_multiple = 1, 1
+    raw = time_widths(target, WIDTHS, 256, reps, vocab)
+    target.min_width, target.width_multiple = policy
+    res["width_ms"] = {"context": 256, "reps": reps, "raw": {w: round(raw[w] * 1e3, 3) for w in WIDTHS},
+                       "policy": {w: round(pol[w] * 1e3, 3) for w in WIDTHS}}
+    if model is not None:
+        step = time_widths(model.lm, [1, 2, 4, 8], 256, reps * 2, vocab)
+        res["drafter_step_ms"] = {w: round(s * 1e3, 3) for w, s in step.items()}
+    ctx = {}
+    for c in (1024, 4000):
+        ctx[c] = round(time_widths(target, [1], c, max(3, reps // 3), vocab)[1] * 1e3, 3)
+        if model is not None:
+            ctx[f"drafter@{c}"] = round(time_widths(model.lm, [1], c, max(3, reps // 3), vocab)[1] * 1e3, 3)
+    res["one_token_ms_by_context"] = ctx
+    res["memory_after_width_runs"] = gpu_used_mib()
+    res["speed"] = speed_table(eng, ["none", "model", "model:4", "model:8", "prompt-lookup", "auto"])
+    return res
+
+
+def placement(bundle: str, drafter_cpu: str | None, reps: int) -> dict:
+    import edgespec
+    from bench_width import time_widths
+
+    res: dict = {}
+    eng = edgespec.load(bundle, provider=PROVIDER, drafter_provider="cpu", memory=False, max_context=4096)
+    model = eng.decoder.drafters["model"]
+    res["devices"] = dict(eng.plan.devices)
+    res["drafter_cuda_layout_on_cpu_step_ms"] = {w: round(s * 1e3, 3) for w, s in time_widths(
+        model.lm, [1, 2], 256, max(4, reps // 2), 32000).items()}
+    res["speed"] = speed_table(eng, ["none", "model", "auto"], reps=1)
+    del eng
+    if drafter_cpu:
+        d = edgespec.load(drafter_cpu, provider="cpu", memory=False, use_drafter=False, max_context=1024)
+        res["drafter_cpu_layout_on_cpu"] = {"bundle": drafter_cpu, "width_policy": [
+            d.decoder.target.min_width, d.decoder.target.width_multiple], "step_ms": {
+            w: round(s * 1e3, 3) for w, s in time_widths(d.decoder.target, [1, 2, 4], 256, reps, 32000).items()}}
+    return res
+
+
+def smol(cuda_bundle: str, cpu_bundle: str | None, n: int = 64) -> dict:
+    import edgespec
+
+    prompts = [json.loads(line)["turns"][0] for line in
+               (ROOT / "edgespec" / "data" / "prompts.jsonl").read_text().splitlines() if line.strip()]
+    runs = {}
+    for name, bundle, provider in (("cuda-layout on cuda", cuda_bundle, PROVIDER),
+                                   ("cuda-layout on cpu", cuda_bundle, "cpu"),
+                                   ("cpu-layout on cpu", cpu_bundle, "cpu")):
+        if bundle is None:
+            continue
+        eng = edgespec.load(bundle, provider=provider, memory=False, max_context=1024)
+        runs[name] = [gen(eng, p, n, "none")[0] for p in prompts]
+        del eng
+    ref = runs["cuda-layout on cuda"]
+    out = {"prompts": len(prompts), "tokens": n}
+    for name, toks in runs.items():
+        if name == "cuda-layout on cuda":
+            continue
+        first = []
+        for a, b in zip(ref, toks):
+            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if diff is None and len(a) != len(b):
+                diff = min(len(a), len(b))
+            first.append(diff)
+        out[f"cuda vs {name}"] = {"identical": sum(d is None for d in first), "first_divergence": first}
+    return out
+
+
+def memory(bundle: str, profile: str) -> dict:
+    cmd = ["edgespec", "plan", bundle, "--profile", profile, "--provider", PROVIDER, "--measure", "--json"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    except Exception as e:
+        return {"profile": profile, "error": f"{type(e).__name__}: {e}"}
+    try:
+        return {"profile": profile, "rc": r.returncode, "report": json.loads(r.stdout)}
+    except ValueError:
+        return {"profile": profile, "rc": r.returncode, "output": (r.stdout + r.stderr)[-2000:]}
+
+
+def smol_bench(bundle: str, keep_report: Path) -> dict:
+    """`edgespec bench` on SmolLM2 (per category, 128 tokens, greedy): prompt lookup and auto
+    against autoregressive decoding on the same provider, every output checked against greedy."""
+    cmd = ["edgespec", "bench", bundle, "--provider", PROVIDER, "--drafters", "prompt-lookup,auto",
+           "--max-new-tokens", "128", "--no-plots", "--out", tempfile.mkdtemp(prefix="smol-bench-")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        return {"rc": r.returncode, "output": (r.stdout + r.stderr)[-2000:]}
+    report = Path(cmd[-1]) / "report.json"
+    shutil.copy(report, keep_report)
+    rep = json.loads(report.read_text())
+    keep = ("tokens_per_second", "speedup", "exact", "tokens_per_target_call", "mean_accepted_length")
+    return {"command": " ".join(cmd), "device": rep.get("device"),
+            "summary": {cat: {d: {k: v.get(k) for k in keep} for d, v in per.items()}
+                        for cat, per in rep["summary"].items()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shaped")
+    ap.add_argument("--drafter-cpu")
+    ap.add_argument("--smol-cuda")
+    ap.add_argument("--smol-cpu")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--sections", default="env,shaped,placement,smol,smol_bench,memory")
+    ap.add_argument("--provider", default="cuda")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    global PROVIDER
+    PROVIDER = args.provider
+    out = Path(args.json)
+    res: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    if out.is_file():  # a later call adds its sections to the same file
+        res = json.loads(out.read_text())
+    jobs = {
+        "env": lambda: env(),
+        "shaped": lambda: shaped(args.shaped, args.reps) if args.shaped else {"skipped": "no --shaped bundle"},
+        "placement": lambda: placement(args.shaped, args.drafter_cpu, args.reps) if args.shaped
+        else {"skipped": "no --shaped bundle"},
+        "smol": lambda: smol(args.smol_cuda, args.smol_cpu) if args.smol_cuda else {"skipped": "no --smol-cuda"},
+        "smol_bench": lambda: smol_bench(args.smol_cuda, out.parent / "smol-bench.json") if args.smol_cuda
+        else {"skipped": "no --smol-cuda"},
+        "memory": lambda: [memory(b, p) for b, p in ((args.shaped, "rtx4090-24gb"),
+                                                      (args.shaped, "jetson-orin-nano-8gb")) if b],
+    }
+    for name in args.sections.split(","):
+        t = time.perf_counter()
+        print(f"== {name}", flush=True)
+        try:
+            res[name] = jobs[name]()
+        except Exception as e:
+            traceback.print_exc()
+            res[name] = {"error": f"{type(e).__name__}: {str(e)[:600]}"}
+        print(f"   {name}: {time.perf_counter() - t:.1f} s  {json.dumps(res[name])[:1500]}", flush=True)
+        out.write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

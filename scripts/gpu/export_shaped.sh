@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine (after install.sh), in the background while the last batch travels: build the
+# Qwen2.5-Coder-1.5B/0.5B-shaped random models (make_shaped.py) and export them
+#   STAGE/bundles/qwen-shaped-cuda    target and drafter INT4, cuda layout (as the 8 GB plans)
+#   STAGE/bundles/qwen0.5b-shaped-cpu the 0.5B alone in the cpu layout (a drafter placed on the CPU)
+# SHAPED_LAYERS=N builds N-layer models instead (a dry run on a CPU machine, not for timing).
+# Writes STAGE/shaped.log, then STAGE/shaped.done (rc of each step) when it ends.
+#   setsid nohup bash scripts/gpu/export_shaped.sh /tmp/edgespec-gpu >/dev/null 2>&1 &
+set -uo pipefail
+STAGE=$(realpath -m "${1:-/tmp/edgespec-gpu}")
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+# shellcheck disable=SC1091
+source "$STAGE/env.sh"
+export PYTHONUNBUFFERED=1
+rm -f "$STAGE/shaped.done"
+exec >"$STAGE/shaped.log" 2>&1
+t0=$(date +%s)
+python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'qwen-tokenizer/*'
+python3 scripts/gpu/make_shaped.py --tokenizer "$STAGE/files/qwen-tokenizer" -o "$STAGE/hf-shaped" ${SHAPED_LAYERS:+--layers "$SHAPED_LAYERS"}
+rc_make=$?
+edgespec export "$STAGE/hf-shaped/qwen1.5b" --drafter "$STAGE/hf-shaped/qwen0.5b" -o "$STAGE/bundles/qwen-shaped-cuda" \
+    --target-precision int4 --drafter-precision int4 --device cuda --block-size 128 --drafter-block-size 128 \
+    --drafter-vocab 65536 --max-context 4096 --no-quality --force
+rc_cuda=$?
+echo "cuda-layout export done after $(( $(date +%s) - t0 )) s"
+echo "make=$rc_make cuda=$rc_cuda" > "$STAGE/shaped.cuda.done"
+edgespec export "$STAGE/hf-shaped/qwen0.5b" -o "$STAGE/bundles/qwen0.5b-shaped-cpu" --target-precision int4 \
+    --block-size 128 --max-context 4096 --no-quality --force
+rc_cpu=$?
+echo "all done after $(( $(date +%s) - t0 )) s"
+echo "make=$rc_make cuda=$rc_cuda cpu=$rc_cpu" > "$STAGE/shaped.done"

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU run (issue #13), on the GPU machine after install.sh (and export_shaped.sh started in the
+# background): SmolLM2's bundles, the CUDA and layout tests, then scripts/gpu/bench.py once the
+# shaped bundles are there. Everything it keeps goes to OUT (default STAGE/out):
+#   pytest.log, bench.log, gpu-run.json, shaped.log, exports.log, nvidia-smi.txt
+#   STAGE=/tmp/edgespec-gpu OUT=/tmp/out bash scripts/gpu/run.sh
+# SECTIONS (default all) picks the bench's sections; PYTEST=0 skips the tests; SHAPED_WAIT is how
+# long to wait for the background exports (seconds, default 360); PROVIDER=cpu runs the bench on the
+# CPU EP (a dry run on a machine without a GPU).
+set -uo pipefail
+STAGE=$(realpath -m "${STAGE:-/tmp/edgespec-gpu}")
+OUT=${OUT:-$STAGE/out}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+# shellcheck disable=SC1091
+source "$STAGE/env.sh"
+export PYTHONUNBUFFERED=1 EDGESPEC_MODELS="$STAGE/files" EDGESPEC_BUNDLES="$STAGE/bundles"
+mkdir -p "$OUT" "$STAGE/bundles"
+B=$STAGE/bundles
+say() { echo "[$(date +%T)] $*"; }
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'SmolLM2*' || exit 3
+SMOL=$STAGE/files/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$B/smollm2-int4/edgespec.json" ]; then
+  say "SmolLM2 int4, cpu layout"
+  edgespec export "$SMOL" -o "$B/smollm2-int4" --target-precision int4 --max-context 2048 --no-quality --force \
+      >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cpu-layout export (exports.log)"
+fi
+if [ ! -f "$B/smollm2-int4-cuda/edgespec.json" ]; then
+  say "SmolLM2 int4, cuda layout (with its quality report)"
+  edgespec export "$SMOL" -o "$B/smollm2-int4-cuda" --target-precision int4 --max-context 2048 --device cuda --force \
+      >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cuda-layout export (exports.log)"
+fi
+if [ "${PYTEST:-1}" = 1 ]; then
+  say "pytest tests/test_cuda.py tests/test_layout.py"
+  timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_layout.py \
+      >"$OUT/pytest.log" 2>&1
+  say "pytest rc=$? :: $(tail -1 "$OUT/pytest.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | cut -c1-300
+fi
+say "waiting for the shaped exports"
+for _ in $(seq "${SHAPED_WAIT:-360}"); do
+  [ -f "$STAGE/shaped.done" ] && break
+  sleep 1
+done
+cp "$STAGE/shaped.log" "$OUT/shaped.log" 2>/dev/null
+say "shaped: $(cat "$STAGE/shaped.done" 2>/dev/null || echo 'not done'); $(cat "$STAGE/shaped.cuda.done" 2>/dev/null)"
+pkill -f export_shaped.sh 2>/dev/null; pkill -f "edgespec export" 2>/dev/null  # nothing beside the timings
+SHAPED=$B/qwen-shaped-cuda; DCPU=$B/qwen0.5b-shaped-cpu
+args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,placement,smol,smol_bench,memory}")
+[ -f "$SHAPED/edgespec.json" ] && args+=(--shaped "$SHAPED")
+[ -f "$DCPU/edgespec.json" ] && args+=(--drafter-cpu "$DCPU")
+[ -f "$B/smollm2-int4-cuda/edgespec.json" ] && args+=(--smol-cuda "$B/smollm2-int4-cuda")
+[ -f "$B/smollm2-int4/edgespec.json" ] && args+=(--smol-cpu "$B/smollm2-int4")
+say "bench ${args[*]}"
+timeout "${BENCH_TIMEOUT:-300}" python3 scripts/gpu/bench.py "${args[@]}" >"$OUT/bench.log" 2>&1
+say "bench rc=$?"
+grep -E "^   [a-z]+: " "$OUT/bench.log" | cut -c1-400

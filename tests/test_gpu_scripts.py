@@ -1,0 +1,138 @@
+"""scripts/gpu/: carrying files to a GPU machine with no network in size-limited transfers (pack,
+stash, join with sha256 checks) and installing wheels there with `pip install --target`, as far as
+a CPU machine can check it (README: GPU, issue #13)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+import pack  # noqa: E402
+
+
+def _files(tmp_path: Path, sizes=(100, 2500, 7)) -> list[tuple[str, Path]]:
+    rng = __import__("random").Random(5)
+    out = []
+    for i, n in enumerate(sizes):
+        p = tmp_path / "src" / f"f{i}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(bytes(rng.randrange(256) for _ in range(n)))
+        out.append((f"dir/f{i}.bin" if i == 1 else f"f{i}.bin", p))
+    return out
+
+
+def test_pack_stash_join_round_trip(tmp_path):
+    files = _files(tmp_path)
+    batches = pack.pack(files, tmp_path / "tree", 1000)
+    assert [b.name for b in batches] == ["b1", "b2", "b3"]  # 2607 bytes in parts of at most 1000
+    assert all(sum(f.stat().st_size for f in b.glob("part*")) <= 1000 for b in batches)
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    pack.stash(batches[0], stage)
+    assert pack.status(stage)[2] == ["f0.bin"]  # the first file is whole after one batch
+    with pytest.raises(pack.Incomplete, match="dir/f1.bin"):
+        pack.join(stage, out, ["dir/*"])
+    assert pack.main(["join", "--stage", str(stage), "--out", str(out), "--only", "dir/*"]) == 3
+    assert [p.name for p in pack.join(stage, out)] == ["f0.bin"]  # what is complete, without --only
+    for b in batches[1:][::-1]:  # any order
+        pack.stash(b, stage)
+    written = pack.join(stage, out, ["*"])
+    assert [p.relative_to(out).as_posix() for p in written] == [n for n, _ in files]
+    for (_, src), dst in zip(files, written):
+        assert dst.read_bytes() == src.read_bytes()
+    assert not list(batches[1].glob("part*"))  # stashed parts moved out of the working tree
+
+
+def test_a_broken_part_is_refused_and_not_kept(tmp_path, capsys):
+    batches = pack.pack(_files(tmp_path), tmp_path / "tree", 1000)
+    part = next(batches[1].glob("part*"))
+    data = bytearray(part.read_bytes())
+    data[10] ^= 1
+    part.write_bytes(bytes(data))
+    stage = tmp_path / "stage"
+    assert pack.main(["stash", str(batches[1]), "--stage", str(stage)]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "sha256" in err and err.count("\n") == 1
+    assert part.exists() and not (stage / part.name).exists()
+    # a batch of another pack does not mix with the parts already stashed
+    pack.stash(batches[0], stage)
+    other = pack.pack(_files(tmp_path / "o", sizes=(50, 60)), tmp_path / "tree2", 1000)
+    with pytest.raises(pack.Corrupt, match="another pack"):
+        pack.stash(other[0], stage)
+
+
+def test_joined_bytes_are_checked(tmp_path):
+    batches = pack.pack(_files(tmp_path), tmp_path / "tree", 1000)
+    stage = tmp_path / "stage"
+    for b in batches:
+        pack.stash(b, stage)
+    part = stage / "part002.bin"  # damaged after it arrived
+    data = bytearray(part.read_bytes())
+    data[0] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(pack.Corrupt, match="dir/f1.bin"):
+        pack.join(stage, tmp_path / "out", ["dir/*"])
+    assert not (tmp_path / "out" / "dir" / "f1.bin").exists()
+    assert not list((tmp_path / "out").rglob("*.partial"))
+
+
+def test_pack_errors(tmp_path):
+    with pytest.raises(pack.PackError, match="not a file"):
+        pack.pack([("x", tmp_path / "missing")], tmp_path / "tree", 10)
+    a = _files(tmp_path)[0]
+    with pytest.raises(pack.PackError, match="share a name"):
+        pack.pack([a, a], tmp_path / "tree", 10)
+    with pytest.raises(pack.Incomplete, match="stash a batch first"):
+        pack.join(tmp_path / "empty", tmp_path / "out")
+
+
+def _wheel(where: Path) -> Path:
+    """A minimal pure-Python wheel (tinypkg 0.1)."""
+    files = {"tinypkg/__init__.py": b"VALUE = 42\n",
+             "tinypkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+             "tinypkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                            b"Tag: py3-none-any\n"}
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("tinypkg-0.1.dist-info/RECORD,,")
+    path = where / "tinypkg-0.1-py3-none-any.whl"
+    where.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("tinypkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def test_install_into_a_target_directory(tmp_path):
+    """install.sh on this CPU machine: joins the wheel from its parts, installs it and edgespec with
+    `pip install --target`, writes env.sh; a fresh interpreter with env.sh's PYTHONPATH imports both."""
+    whl = _wheel(tmp_path / "wheels")
+    stage = tmp_path / "stage"
+    for b in pack.pack([(whl.name, whl)], tmp_path / "tree", 400):
+        pack.stash(b, stage / "parts")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHON"] = sys.executable
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "install.sh"), str(stage)], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "edgespec from " + str(stage / "site") in r.stdout
+    assert (stage / "site" / "tinypkg" / "__init__.py").is_file() and (stage / "env.sh").is_file()
+    check = subprocess.run(["bash", "-c", f"source {stage / 'env.sh'} && {sys.executable} -c "
+                            "'import tinypkg, edgespec_export; print(tinypkg.VALUE, edgespec_export.__file__)'"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert check.returncode == 0 and check.stdout.startswith("42 " + str(stage / "site")), check.stderr
+    # a missing part: a one-line error and a non-zero exit, nothing installed
+    (stage / "parts" / "part001.bin").unlink()
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "install.sh"), str(stage)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 3 and r.stderr.startswith("error: incomplete: tinypkg") and r.stderr.count("\n") == 1
