@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smol-cuda")
     ap.add_argument("--smol-cpu")
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--sections", default="env,shaped,placement,smol,smol_bench,memory")
+    ap.add_argument("--sections", default="env,shaped,smol,memory,placement,smol_bench")
     ap.add_argument("--provider", default="cuda")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)

@@ -47,7 +47,7 @@ cp "$STAGE/shaped.log" "$OUT/shaped.log" 2>/dev/null
 say "shaped: $(cat "$STAGE/shaped.done" 2>/dev/null || echo 'not done'); $(cat "$STAGE/shaped.cuda.done" 2>/dev/null)"
 pkill -f export_shaped.sh 2>/dev/null; pkill -f "edgespec export" 2>/dev/null  # nothing beside the timings
 SHAPED=$B/qwen-shaped-cuda; DCPU=$B/qwen0.5b-shaped-cpu
-args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,placement,smol,smol_bench,memory}")
+args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,smol,memory,placement,smol_bench}")
 [ -f "$SHAPED/edgespec.json" ] && args+=(--shaped "$SHAPED")
 [ -f "$DCPU/edgespec.json" ] && args+=(--drafter-cpu "$DCPU")
 [ -f "$B/smollm2-int4-cuda/edgespec.json" ] && args+=(--smol-cuda "$B/smollm2-int4-cuda")
