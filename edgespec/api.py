@@ -89,7 +89,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         spec = manifest.target if role == "target" else manifest.drafter
         return OnnxLM(spec, the_plan.context, options_for(role), threads=n_threads,
                       prefill_chunk=the_plan.prefill_chunk, min_width=min_width,
-                      allow_cpu_fallback=prof.allow_cpu_fallback)
+                      allow_cpu_fallback=prof.allow_cpu_fallback, session_options=prof.session_options)
 
     target = open_model("target", min_width)
     env = LoadEnv(manifest, the_plan, prof, open_model, options={"memory": memory})

@@ -127,6 +127,12 @@ class OnnxLM(CausalLM):
         return own
 
 
+# GPU sessions: the weights get their own device allocations instead of the CUDA arena, which grows
+# by doubling (kNextPowerOfTwo) and would round the weights up (README: GPU, memory); a profile's
+# session_options override it
+GPU_SESSION_CONFIG = {"session.use_device_allocator_for_initializers": "1"}
+
+
 def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_options: dict | None = None,
                  role: str = "model", allow_cpu_fallback: bool = False, kernels: str = "onnxruntime"):
     """An onnxruntime session as every edgespec model is opened: the process-wide thread pool,
@@ -150,12 +156,15 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
 
         library = library_path()
 
+    config = dict(GPU_SESSION_CONFIG) if providers.primary in GPU_PROVIDERS else {}
+    config.update(session_options or {})
+
     def options():
         so = ort.SessionOptions()
         so.use_per_session_threads = False  # every session runs on the process-wide pool
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        for k, v in (session_options or {}).items():
-            so.add_session_config_entry(k, str(v))
+        for k, v in config.items():
+            so.add_session_config_entry(k, str(int(v)) if isinstance(v, bool) else str(v))
         if library:
             so.register_custom_ops_library(library)
         return so

@@ -64,14 +64,19 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
     refuses the no-fallback option next to an explicit CPU EP) and the session is opened with
     ``session.disable_cpu_ep_fallback``. When onnxruntime refuses it, the graph is opened once more
     with the fallback allowed and onnxruntime's node placements logged, to name the nodes: the
-    builder's mask subgraph alone is accepted (that session is returned), anything else raises
-    ``CpuFallbackError``."""
+    builder's mask subgraph alone is accepted, anything else raises ``CpuFallbackError``. An accepted
+    graph is opened a third time, with the fallback allowed and the log at its default level: the
+    session that logged its placements would log verbosely at every call for good (seen on the first
+    GPU run: ~12,800 lines of memory-pattern notes on stderr in one benchmark)."""
     import onnxruntime as ort
+
+    def plain(provs):
+        return ort.InferenceSession(str(path), make_options(), providers=[n for n, _ in provs],
+                                    provider_options=[o for _, o in provs])
 
     gpu = [(n, o) for n, o in providers if n != CPU]
     if allow_fallback:
-        return ort.InferenceSession(str(path), make_options(), providers=[n for n, _ in providers],
-                                    provider_options=[o for _, o in providers])
+        return plain(providers)
     so = make_options()
     so.add_session_config_entry(NO_CPU_FALLBACK, "1")
     try:
@@ -81,13 +86,15 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
         if _REFUSED not in str(e):
             raise
     session, placements = _placements(path, make_options, gpu + [(CPU, {})])
-    if gpu and gpu[0][0] not in session.get_providers():
-        return session  # the provider could not start at all: OnnxLM says so (or refuses, when named)
+    started = not gpu or gpu[0][0] in session.get_providers()
     on_cpu = placements.get(CPU, [])
     heavy = None if on_cpu is None else [(op, name) for op, name in on_cpu if not name.startswith(SHAPE_SUBGRAPH)]
+    del session  # its weights leave the device before the session that is kept loads them
+    if not started:
+        return plain(gpu + [(CPU, {})])  # the provider could not start at all: OnnxLM says so (or refuses)
     if on_cpu and not heavy:
         log.info(f"{role}: {len(on_cpu)} int64 mask nodes run on the CPU, as onnxruntime places them by design")
-        return session
+        return plain(gpu + [(CPU, {})])
     raise CpuFallbackError(fallback_message(role, heavy, gpu[0][0] if gpu else "no GPU provider", CPU in placements))
 
 

@@ -42,6 +42,9 @@ class Profile:
     prefill_chunk: int = 256
     drafter_provider: str | None = None  # where the drafter model runs (default: the target's providers)
     allow_cpu_fallback: bool = False  # a GPU session may run nodes its provider does not take on the CPU
+    # onnxruntime session config entries for every session (add_session_config_entry), over edgespec's
+    # own (e.g. "session.use_device_allocator_for_initializers" = "0" puts GPU weights back in the arena)
+    session_options: dict = field(default_factory=dict)
 
     @property
     def budget_bytes(self) -> int:
@@ -110,6 +113,9 @@ def _check(name: str, data: dict, where: str) -> Profile:
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a string, number or boolean")
             if k in _BYTE_OPTIONS and not (is_int(v) and v > 0):
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a positive integer (bytes)")
+    need("session_options", lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(x, (str, int, float, bool)) for k, x in v.items()),
+        "a table of onnxruntime session config entries (strings, numbers or booleans)")
     for k in ("description", "source"):
         need(k, lambda v: isinstance(v, str), "a string")
     need("drafter_provider", lambda v: v in PROVIDER_NAMES, f"one of {', '.join(PROVIDER_NAMES)}")

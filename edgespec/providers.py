@@ -139,5 +139,7 @@ def with_load_options(choice: ProviderChoice, *, bundle_root: Path, gpu_mem_limi
                     opts["trt_max_workspace_size"] = scratch
         if name == CUDA and "gpu_mem_limit" not in opts and room is not None:
             opts["gpu_mem_limit"] = room
+        if name == CUDA:  # the arena grows by what a call asks, not to the next power of two
+            opts.setdefault("arena_extend_strategy", "kSameAsRequested")
         runs.append((name, opts))
     return ProviderChoice(runs, choice.requested, choice.warnings, choice.explicit)

@@ -128,7 +128,7 @@ def test_gpu_greedy_agrees_with_the_cpu_on_smollm2(smol_cuda):
 def test_heterogeneous_placement_on_the_gpu(tiny_cuda_bundle):
     """Target on CUDA, drafter on the CPU EP: only token ids cross, the output is plain greedy's."""
     eng = edgespec.load(tiny_cuda_bundle, provider="cuda", drafter_provider="cpu", max_context=256)
-    assert eng.plan.devices == {"target": "cuda", "drafter": "cpu"}
+    assert eng.plan.devices == {"target": "gpu", "drafter": "cpu"}
     assert eng.decoder.drafters["model"].lm.device == "cpu"
     greedy_is_exact(eng, PROMPTS[:2], ("model", "auto"))
 

@@ -224,7 +224,7 @@ class _FakeOrt:
     ``refused`` (onnxruntime refuses the no-fallback session then)."""
 
     def __init__(self, refused):
-        self.refused, self.calls = refused, []
+        self.refused, self.calls, self.options = refused, [], []
 
     def session(self, path, so, providers=(), provider_options=()):
         try:
@@ -232,12 +232,18 @@ class _FakeOrt:
         except RuntimeError:  # not set
             flag = ""
         self.calls.append((list(providers), flag))
+        self.options.append(so)
         if flag == "1" and CPU in providers:
             raise RuntimeError("Conflicting session configuration: explicitly added the CPU EP")
         if flag == "1" and self.refused:
             raise RuntimeError("This session contains graph nodes that are assigned to the default CPU EP, but "
                                "fallback to CPU EP has been explicitly disabled by the user.")
         return type("S", (), {"get_providers": lambda s: list(providers)})()
+
+
+def _verbose(so):
+    so.log_severity_level = 0  # as placement._placements opens it
+    return so
 
 
 @pytest.mark.parametrize("refused, ok", [
@@ -255,11 +261,16 @@ def test_gpu_sessions_refuse_cpu_fallback(monkeypatch, refused, ok):
     fake = _FakeOrt(refused)
     monkeypatch.setattr(ort, "InferenceSession", fake.session)
     monkeypatch.setattr(placement, "_placements",
-                        lambda path, mk, provs: (fake.session(path, mk(), [n for n, _ in provs]),
+                        lambda path, mk, provs: (fake.session(path, _verbose(mk()), [n for n, _ in provs]),
                                                  {CUDA: [("MatMulNBits", "m")], CPU: list(refused)}))
     choice = ProviderChoice([(CUDA, {"gpu_mem_limit": 1}), (CPU, {})], ["cuda"], explicit=True)
     if ok:
         open_session("model.onnx", choice, role="target")
+        if refused:  # the session kept is not the verbose one that logged the placements
+            assert fake.calls == [([CUDA], "1"), ([CUDA, CPU], ""), ([CUDA, CPU], "")]
+            assert fake.options[1].log_severity_level == 0 and fake.options[2].log_severity_level != 0
+        # GPU sessions keep their weights out of the CUDA arena unless the profile says otherwise
+        assert fake.options[-1].get_session_config_entry("session.use_device_allocator_for_initializers") == "1"
     else:
         with pytest.raises(CpuFallbackError) as e:
             open_session("model.onnx", choice, role="target")
@@ -274,6 +285,11 @@ def test_gpu_sessions_refuse_cpu_fallback(monkeypatch, refused, ok):
     fake.calls.clear()
     open_session("model.onnx", ProviderChoice([(CPU, {})], ["cpu"]), role="target")
     assert fake.calls == [([CPU], "")]  # the CPU EP: nothing changes
+    with pytest.raises(RuntimeError):  # not set for the CPU EP
+        fake.options[-1].get_session_config_entry("session.use_device_allocator_for_initializers")
+    open_session("model.onnx", choice, role="target", allow_cpu_fallback=True,
+                 session_options={"session.use_device_allocator_for_initializers": False})  # a profile's
+    assert fake.options[-1].get_session_config_entry("session.use_device_allocator_for_initializers") == "0"
 
 
 def test_layout_against_provider(tiny_bundle, caplog, monkeypatch):
@@ -398,6 +414,11 @@ def test_profile_placement_keys(tmp_path):
     assert p.drafter_provider == "cpu" and p.allow_cpu_fallback is True
     from edgespec.errors import ProfileError
 
+    f.write_text('memory_budget_mb = 1024\n[session_options]\n"session.use_device_allocator_for_initializers" = "0"\n')
+    assert resolve_profile(f).session_options == {"session.use_device_allocator_for_initializers": "0"}
+    f.write_text('memory_budget_mb = 1024\nsession_options = ["x"]\n')
+    with pytest.raises(ProfileError, match="session_options"):
+        resolve_profile(f)
     f.write_text('memory_budget_mb = 1024\ndrafter_provider = "gpu"\n')
     with pytest.raises(ProfileError, match="drafter_provider"):
         resolve_profile(f)

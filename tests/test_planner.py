@@ -463,13 +463,13 @@ def test_load_options_trt_cache_workspace_and_gpu_mem_limit(tmp_path, caplog):
                                        "trt_engine_cache_path": str(bundle / ".trt_cache"),
                                        "trt_max_workspace_size": 1 << 30}
     assert (bundle / ".trt_cache").is_dir()
-    assert out.options("cuda") == {"gpu_mem_limit": 3 << 30}
+    assert out.options("cuda") == {"gpu_mem_limit": 3 << 30, "arena_extend_strategy": "kSameAsRequested"}
     assert out.options("cpu") == {}
     assert c.options("cuda") == {}  # the choice it came from is left as it was
     # what the profile set wins, except a workspace larger than the plan leaves, which is cut (and said)
     c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_engine_cache_path": "/elsewhere", "trt_engine_cache_enable": False,
                                                    "trt_max_workspace_size": 2 << 30},
-                                      "cuda": {"gpu_mem_limit": 5}},
+                                      "cuda": {"gpu_mem_limit": 5, "arena_extend_strategy": "kNextPowerOfTwo"}},
                available=[TENSORRT, CUDA, CPU])
     with caplog.at_level("WARNING", logger="edgespec"):
         out = with_load_options(c, bundle_root=bundle, gpu_mem_limit=99 << 20, trt_workspace=512 << 20)
@@ -478,6 +478,7 @@ def test_load_options_trt_cache_workspace_and_gpu_mem_limit(tmp_path, caplog):
     assert trt["trt_max_workspace_size"] == 512 << 20
     assert "TensorRT workspace cut from 2048 MiB (profile) to 512 MiB" in caplog.text
     assert out.options("cuda")["gpu_mem_limit"] == 5
+    assert out.options("cuda")["arena_extend_strategy"] == "kNextPowerOfTwo"
     # a profile's workspace inside the room stays; no room known: nothing is added
     out = with_load_options(c, bundle_root=bundle, trt_workspace=4 << 30)
     assert out.options("tensorrt")["trt_max_workspace_size"] == 2 << 30

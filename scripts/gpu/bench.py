@@ -197,6 +197,49 @@ def memory(bundle: str, profile: str) -> dict:
         return {"profile": profile, "rc": r.returncode, "output": (r.stdout + r.stderr)[-2000:]}
 
 
+BARE = r"""
+import sys, numpy as np, onnx, onnxruntime as ort
+from onnx import TensorProto, helper
+from edgespec.measure import gpu_used
+n = int(sys.argv[1])
+w = helper.make_tensor("w", TensorProto.FLOAT16, [64, 64], np.ones(64 * 64, np.float16).tobytes(), raw=True)
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 64])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 64])], [w])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 8
+out = {"before": gpu_used()[0]}
+keep = []
+for i in range(n):
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
+    s.run(None, {"x": np.ones((1, 64), np.float16)})
+    keep.append(s)
+    out[f"sessions={i + 1}"] = gpu_used()[0]
+print(out)
+"""
+
+
+def bare_cuda() -> dict:
+    """GPU memory of a process holding 1 or 2 trivial CUDA sessions (one MatMul each, run once): the
+    CUDA context and what each CUDA EP instance adds (cuBLAS handles and workspaces), no weights."""
+    r = subprocess.run([sys.executable, "-c", BARE, "2"], capture_output=True, text=True, timeout=120)
+    try:
+        return {k: v for k, v in eval(r.stdout.strip().splitlines()[-1]).items()}  # noqa: S307 (our own dict)
+    except Exception:
+        return {"rc": r.returncode, "output": (r.stdout + r.stderr)[-1500:]}
+
+
+def memory_ab(bundle: str) -> dict:
+    """`plan --measure` (rtx4090-24gb) with edgespec's GPU session config and with the weights back
+    in the CUDA arena (session.use_device_allocator_for_initializers = 0): the A/B of that default."""
+    src = (ROOT / "profiles" / "rtx4090-24gb.toml").read_text()
+    legacy = Path(tempfile.mkdtemp()) / "rtx4090-arena-weights.toml"
+    legacy.write_text(src.replace("[provider_options.cuda]", '[session_options]\n'
+                                  '"session.use_device_allocator_for_initializers" = "0"\n[provider_options.cuda]', 1))
+    return {"bare_cuda_bytes": bare_cuda(), "device_allocator_for_weights": memory(bundle, "rtx4090-24gb"),
+            "weights_in_arena": memory(bundle, str(legacy))}
+
+
 def smol_bench(bundle: str, keep_report: Path) -> dict:
     """`edgespec bench` on SmolLM2 (per category, 128 tokens, greedy): prompt lookup and auto
     against autoregressive decoding on the same provider, every output checked against greedy."""
@@ -241,6 +284,7 @@ def main(argv=None) -> int:
         else {"skipped": "no --smol-cuda"},
         "memory": lambda: [memory(b, p) for b, p in ((args.shaped, "rtx4090-24gb"),
                                                       (args.shaped, "jetson-orin-nano-8gb")) if b],
+        "memory_ab": lambda: memory_ab(args.shaped) if args.shaped else {"skipped": "no --shaped bundle"},
     }
     for name in args.sections.split(","):
         t = time.perf_counter()

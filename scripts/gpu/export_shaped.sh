@@ -3,7 +3,7 @@
 # Qwen2.5-Coder-1.5B/0.5B-shaped random models (make_shaped.py) and export them
 #   STAGE/bundles/qwen-shaped-cuda    target and drafter INT4, cuda layout (as the 8 GB plans)
 #   STAGE/bundles/qwen0.5b-shaped-cpu the 0.5B alone in the cpu layout (a drafter placed on the CPU)
-# SHAPED_LAYERS=N builds N-layer models instead (a dry run on a CPU machine, not for timing).
+# SHAPED_CPU_DRAFTER=0 skips the cpu-layout 0.5B. SHAPED_LAYERS=N builds N-layer models instead (a dry run on a CPU machine, not for timing).
 # Writes STAGE/shaped.log, then STAGE/shaped.done (rc of each step) when it ends.
 #   setsid nohup bash scripts/gpu/export_shaped.sh /tmp/edgespec-gpu >/dev/null 2>&1 &
 set -uo pipefail
@@ -25,8 +25,11 @@ edgespec export "$STAGE/hf-shaped/qwen1.5b" --drafter "$STAGE/hf-shaped/qwen0.5b
 rc_cuda=$?
 echo "cuda-layout export done after $(( $(date +%s) - t0 )) s"
 echo "make=$rc_make cuda=$rc_cuda" > "$STAGE/shaped.cuda.done"
-edgespec export "$STAGE/hf-shaped/qwen0.5b" -o "$STAGE/bundles/qwen0.5b-shaped-cpu" --target-precision int4 \
-    --block-size 128 --max-context 4096 --no-quality --force
-rc_cpu=$?
+rc_cpu=skipped
+if [ "${SHAPED_CPU_DRAFTER:-1}" = 1 ]; then
+  edgespec export "$STAGE/hf-shaped/qwen0.5b" -o "$STAGE/bundles/qwen0.5b-shaped-cpu" --target-precision int4 \
+      --block-size 128 --max-context 4096 --no-quality --force
+  rc_cpu=$?
+fi
 echo "all done after $(( $(date +%s) - t0 )) s"
 echo "make=$rc_make cuda=$rc_cuda cpu=$rc_cpu" > "$STAGE/shaped.done"

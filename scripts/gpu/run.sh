@@ -5,7 +5,8 @@
 #   pytest.log, bench.log, gpu-run.json, shaped.log, exports.log, nvidia-smi.txt
 #   STAGE=/tmp/edgespec-gpu OUT=/tmp/out bash scripts/gpu/run.sh
 # SECTIONS (default all) picks the bench's sections; PYTEST=0 skips the tests; SHAPED_WAIT is how
-# long to wait for the background exports (seconds, default 360); PROVIDER=cpu runs the bench on the
+# long to wait for the background exports (seconds, default 360); SMOL_EXPORT=0 skips SmolLM2 (not sent);
+# PYTEST_FILES picks the test files; PROVIDER=cpu runs the bench on the
 # CPU EP (a dry run on a machine without a GPU).
 set -uo pipefail
 STAGE=$(realpath -m "${STAGE:-/tmp/edgespec-gpu}")
@@ -19,22 +20,24 @@ mkdir -p "$OUT" "$STAGE/bundles"
 B=$STAGE/bundles
 say() { echo "[$(date +%T)] $*"; }
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
-python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'SmolLM2*' || exit 3
 SMOL=$STAGE/files/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$B/smollm2-int4/edgespec.json" ]; then
+if [ "${SMOL_EXPORT:-1}" = 1 ]; then
+  python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'SmolLM2*' || exit 3
+fi
+if [ "${SMOL_EXPORT:-1}" = 1 ] && [ ! -f "$B/smollm2-int4/edgespec.json" ]; then
   say "SmolLM2 int4, cpu layout"
   edgespec export "$SMOL" -o "$B/smollm2-int4" --target-precision int4 --max-context 2048 --no-quality --force \
       >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cpu-layout export (exports.log)"
 fi
-if [ ! -f "$B/smollm2-int4-cuda/edgespec.json" ]; then
+if [ "${SMOL_EXPORT:-1}" = 1 ] && [ ! -f "$B/smollm2-int4-cuda/edgespec.json" ]; then
   say "SmolLM2 int4, cuda layout (with its quality report)"
   edgespec export "$SMOL" -o "$B/smollm2-int4-cuda" --target-precision int4 --max-context 2048 --device cuda --force \
       >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cuda-layout export (exports.log)"
 fi
 if [ "${PYTEST:-1}" = 1 ]; then
-  say "pytest tests/test_cuda.py tests/test_layout.py"
-  timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_layout.py \
-      >"$OUT/pytest.log" 2>&1
+  say "pytest ${PYTEST_FILES:=tests/test_cuda.py tests/test_layout.py}"
+  # shellcheck disable=SC2086
+  timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider $PYTEST_FILES >"$OUT/pytest.log" 2>&1
   say "pytest rc=$? :: $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | cut -c1-300
 fi
