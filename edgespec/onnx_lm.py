@@ -127,12 +127,6 @@ class OnnxLM(CausalLM):
         return own
 
 
-# GPU sessions: the weights get their own device allocations instead of the CUDA arena, which grows
-# by doubling (kNextPowerOfTwo) and would round the weights up (README: GPU, memory); a profile's
-# session_options override it
-GPU_SESSION_CONFIG = {"session.use_device_allocator_for_initializers": "1"}
-
-
 def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_options: dict | None = None,
                  role: str = "model", allow_cpu_fallback: bool = False, kernels: str = "onnxruntime"):
     """An onnxruntime session as every edgespec model is opened: the process-wide thread pool,
@@ -156,8 +150,7 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
 
         library = library_path()
 
-    config = dict(GPU_SESSION_CONFIG) if providers.primary in GPU_PROVIDERS else {}
-    config.update(session_options or {})
+    config = dict(session_options or {})  # a profile's onnxruntime session config entries
 
     def options():
         so = ort.SessionOptions()

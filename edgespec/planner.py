@@ -17,9 +17,18 @@ from .providers import is_gpu
 # Fixed runtime cost measured on CPU with onnxruntime 1.31: the interpreter, numpy, onnxruntime,
 # tokenizers and a session's arena before any model weight (see tests/test_planner.py).
 RUNTIME_BASE_BYTES = 150 * MiB
-# Added when the first provider is CUDA or TensorRT: the CUDA context, cuBLAS/cuDNN handles and their
-# workspaces. An estimate (typically 300-600 MiB on recent NVIDIA GPUs), not measured in this project.
-GPU_RUNTIME_BYTES = 512 * MiB
+# Added when a model runs on CUDA or TensorRT, as measured on the first GPU run (session 16: an H200,
+# CUDA 13, onnxruntime-gpu 1.31.1, NVML's figure for the process; README, GPU; docs/gpu-run.json):
+# - the CUDA context and the first CUDA session (a trivial MatMul graph, run once): 666 MiB;
+# - each further GPU session (its own cuBLAS handles and workspaces): 150 MiB;
+# - the Qwen-shaped pair held 367 MiB more once loaded than weights + KV + those two allowed for
+#   (the kernels' code the graphs load, the width probe's activations): GPU_KERNELS_BYTES.
+# Under these the measured peaks (tiny bundle 822 MiB; the shaped pair at a full 4096-token
+# context 3254 MiB with the rtx4090-24gb profile, 2854 MiB with jetson-orin-nano-8gb) stay within
+# the plan. A Jetson's context is smaller (unified memory, no separate VRAM): `plan --measure` there.
+GPU_RUNTIME_BYTES = 700 * MiB
+GPU_SESSION_BYTES = 160 * MiB
+GPU_KERNELS_BYTES = 384 * MiB
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
             kv["drafter"] = manifest.drafter.kv_bytes(ctx)
             devices["drafter"] = "gpu" if drafter_gpu else "cpu"
         any_gpu = gpu or (with_drafter and drafter_gpu)
-        runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES if any_gpu else 0)
+        gpu_sessions = int(gpu) + int(with_drafter and drafter_gpu)
+        runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES + GPU_KERNELS_BYTES + GPU_SESSION_BYTES * (gpu_sessions - 1)
+                                        if any_gpu else 0)
         default = profile.drafter
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"

@@ -42,8 +42,9 @@ class Profile:
     prefill_chunk: int = 256
     drafter_provider: str | None = None  # where the drafter model runs (default: the target's providers)
     allow_cpu_fallback: bool = False  # a GPU session may run nodes its provider does not take on the CPU
-    # onnxruntime session config entries for every session (add_session_config_entry), over edgespec's
-    # own (e.g. "session.use_device_allocator_for_initializers" = "0" puts GPU weights back in the arena)
+    # onnxruntime session config entries for every session (add_session_config_entry), e.g.
+    # "session.use_device_allocator_for_initializers" = "1" (the GPU run measured no change from it
+    # with the profiles' kSameAsRequested arena: README, GPU)
     session_options: dict = field(default_factory=dict)
 
     @property

@@ -136,3 +136,47 @@ def test_install_into_a_target_directory(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "install.sh"), str(stage)],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert r.returncode == 3 and r.stderr.startswith("error: incomplete: tinypkg") and r.stderr.count("\n") == 1
+
+
+# -- predict.py: the CPU rounds priced at a GPU's measured costs --------------------------------------
+import predict  # noqa: E402
+
+
+def _gpu(policy: dict, step: float = 2.0) -> dict:
+    return {"shaped": {"width_ms": {"policy": {str(w): v for w, v in policy.items()}},
+                       "drafter_step_ms": {"1": step, "2": step + 0.1, "4": step + 0.3, "8": step + 0.7}}}
+
+
+def test_curve_and_rounds():
+    at = predict.curve({"1": 3.0, "2": 3.0, "4": 4.0, "8": 6.0})
+    assert at(1) == 3.0 and at(3) == 3.5 and at(6) == 5.0 and at(12) == 8.0  # past the end: the last slope
+    # 5 rounds with a draft at position 1, 3 at 2, 1 at 3: 2 rounds of 1, 2 of 2, 1 of 3
+    assert predict.rounds_by_length([5, 3, 1]) == {1: 2, 2: 2, 3: 1}
+
+
+def test_predict_prices_each_round():
+    """One prompt: greedy made 10 calls; auto made 2 rounds of 3 drafts and 2 plain calls, drafting
+    for 0.1 s on a CPU whose drafter step is 10 ms. At 1 ms a one-token call, 2 ms a 4-token call
+    and a 2 ms drafter step: AR 10 ms + 1 ms other; auto 2 x 2 + 2 x 1 ms, 0.1 x 2/10 s drafting,
+    1 ms other."""
+    cpu = {"runs": [
+        {"question_id": "q", "turn": 0, "category": "code", "drafter": "none", "new_tokens": 10, "target_calls": 10,
+         "draft_s": 0.0, "other_s": 0.001, "decode_s": 0.5, "drafted_by_position": []},
+        {"question_id": "q", "turn": 0, "category": "code", "drafter": "auto", "new_tokens": 10, "target_calls": 4,
+         "draft_s": 0.1, "other_s": 0.001, "decode_s": 0.25, "drafted_by_position": [2, 2, 2]}]}
+    res = predict.predict(_gpu({1: 1.0, 4: 2.0}, step=2.0), cpu, cpu_step_ms=10.0)
+    c = res["categories"]["code"]
+    spec = 2 * 0.002 + 2 * 0.001 + 0.1 * 0.2 + 0.001
+    assert abs(c["predicted_speedup"] - round(0.011 / spec, 3)) < 1e-9
+    assert c["cpu_measured_speedup"] == 2.0 and res["categories"]["all"] == c
+
+
+def test_gpu_prices_ignore_this_machines_timings():
+    cost = predict.gpu_priced_cost_model(_gpu({1: 3.0, 2: 3.0, 8: 6.0}, step=2.0))
+    cost.observe_target(1, 9.0)
+    cost.observe_draft(9.0, "model")
+    cost.observe_catchup(100, 9.0, "model")
+    assert cost.target_cost(1) == 0.003 and cost.step_cost("model") == 0.002
+    assert abs(cost.upfront_cost(100, "model") - (0.002 + 100 * 0.0001)) < 1e-12
+    cost.observe_draft(0.0001, "prompt-lookup")  # the memory drafters' own costs are still learned here
+    assert cost.step_cost("prompt-lookup") == 0.0001

@@ -269,8 +269,6 @@ def test_gpu_sessions_refuse_cpu_fallback(monkeypatch, refused, ok):
         if refused:  # the session kept is not the verbose one that logged the placements
             assert fake.calls == [([CUDA], "1"), ([CUDA, CPU], ""), ([CUDA, CPU], "")]
             assert fake.options[1].log_severity_level == 0 and fake.options[2].log_severity_level != 0
-        # GPU sessions keep their weights out of the CUDA arena unless the profile says otherwise
-        assert fake.options[-1].get_session_config_entry("session.use_device_allocator_for_initializers") == "1"
     else:
         with pytest.raises(CpuFallbackError) as e:
             open_session("model.onnx", choice, role="target")
@@ -285,10 +283,8 @@ def test_gpu_sessions_refuse_cpu_fallback(monkeypatch, refused, ok):
     fake.calls.clear()
     open_session("model.onnx", ProviderChoice([(CPU, {})], ["cpu"]), role="target")
     assert fake.calls == [([CPU], "")]  # the CPU EP: nothing changes
-    with pytest.raises(RuntimeError):  # not set for the CPU EP
-        fake.options[-1].get_session_config_entry("session.use_device_allocator_for_initializers")
     open_session("model.onnx", choice, role="target", allow_cpu_fallback=True,
-                 session_options={"session.use_device_allocator_for_initializers": False})  # a profile's
+                 session_options={"session.use_device_allocator_for_initializers": False})  # a profile's entries
     assert fake.options[-1].get_session_config_entry("session.use_device_allocator_for_initializers") == "0"
 
 
@@ -340,7 +336,8 @@ def test_plan_per_role_devices(tiny_bundle):
     assert both.devices == {"target": "gpu", "drafter": "gpu"} and split.devices == {"target": "gpu", "drafter": "cpu"}
     assert both.kv["target"] == m.target.kv_bytes(256) == load_manifest(tiny_bundle).target.kv_bytes(256) // 2
     assert split.weights["drafter"] == m.drafter.weight_bytes(False, 256) != both.weights["drafter"]
-    assert split.gpu and split.runtime == both.runtime and "drafter on cpu" in split.weights_basis
+    # one GPU session fewer: its handles and workspaces (160 MiB, measured on the GPU run) are not counted
+    assert split.gpu and split.runtime == both.runtime - 160 * MiB and "drafter on cpu" in split.weights_basis
     p = plan(m, replace(prof, drafter_provider="cpu"))  # the profile key
     assert p.devices["drafter"] == "cpu"
     cpu_only = plan(m, prof, providers=["cpu"], drafter_providers=["cpu"])

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "jetson-agx-thor-128gb",
            "rtx4060-laptop-8gb", "rtx4090-24gb", "cpu-8gb", "cpu-16gb"}
 RUNTIME = 150 * 1048576  # 157,286,400
-GPU_RUNTIME = RUNTIME + 512 * 1048576  # 694,157,312
+# the CUDA context and first session, the graphs' kernels, one more session (session 16's GPU run)
+GPU_RUNTIME = RUNTIME + (700 + 384 + 160) * 1048576  # 1,461,714,944
 
 # -- synthetic manifests with the real models' dimensions ---------------------------------------
 _IO = ModelIO("input_ids", "attention_mask", "past_key_values.%d.key", "past_key_values.%d.value",
@@ -280,6 +281,9 @@ def test_gpu_runtime_allowance():
     assert p.gpu and p.runtime == GPU_RUNTIME
     assert any("CUDA context" in label for label, _ in p.rows())
     assert plan(qwen_pair(), gpu, providers=["cpu"]).runtime == RUNTIME
+    # one GPU session: no second session's handles; the drafter on the CPU: likewise
+    assert plan(qwen_pair(), gpu, use_drafter=False).runtime == GPU_RUNTIME - 160 * 1048576
+    assert plan(qwen_pair(), gpu, drafter_providers=["cpu"]).runtime == GPU_RUNTIME - 160 * 1048576
 
 
 def test_context_limits_and_warnings():

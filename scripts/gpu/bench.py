@@ -230,14 +230,15 @@ def bare_cuda() -> dict:
 
 
 def memory_ab(bundle: str) -> dict:
-    """`plan --measure` (rtx4090-24gb) with edgespec's GPU session config and with the weights back
-    in the CUDA arena (session.use_device_allocator_for_initializers = 0): the A/B of that default."""
+    """`plan --measure` (rtx4090-24gb) with the weights in the CUDA arena (onnxruntime's default) and
+    on their own device allocations (session.use_device_allocator_for_initializers = 1, a profile's
+    session_options): the A/B of that option, plus the bare CUDA context's cost."""
     src = (ROOT / "profiles" / "rtx4090-24gb.toml").read_text()
-    legacy = Path(tempfile.mkdtemp()) / "rtx4090-arena-weights.toml"
-    legacy.write_text(src.replace("[provider_options.cuda]", '[session_options]\n'
-                                  '"session.use_device_allocator_for_initializers" = "0"\n[provider_options.cuda]', 1))
-    return {"bare_cuda_bytes": bare_cuda(), "device_allocator_for_weights": memory(bundle, "rtx4090-24gb"),
-            "weights_in_arena": memory(bundle, str(legacy))}
+    other = Path(tempfile.mkdtemp()) / "rtx4090-device-allocator.toml"
+    other.write_text(src.replace("[provider_options.cuda]", '[session_options]\n'
+                                 '"session.use_device_allocator_for_initializers" = "1"\n[provider_options.cuda]', 1))
+    return {"bare_cuda_bytes": bare_cuda(), "weights_in_arena": memory(bundle, "rtx4090-24gb"),
+            "device_allocator_for_weights": memory(bundle, str(other))}
 
 
 def smol_bench(bundle: str, keep_report: Path) -> dict:

@@ -14,6 +14,7 @@ cd "$ROOT"
 source "$STAGE/env.sh"
 export PYTHONUNBUFFERED=1
 rm -f "$STAGE/shaped.done"
+echo $$ > "$STAGE/shaped.pid"  # started with setsid: its process group, which run.sh stops if it must
 exec >"$STAGE/shaped.log" 2>&1
 t0=$(date +%s)
 python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'qwen-tokenizer/*'

@@ -48,7 +48,11 @@ for _ in $(seq "${SHAPED_WAIT:-360}"); do
 done
 cp "$STAGE/shaped.log" "$OUT/shaped.log" 2>/dev/null
 say "shaped: $(cat "$STAGE/shaped.done" 2>/dev/null || echo 'not done'); $(cat "$STAGE/shaped.cuda.done" 2>/dev/null)"
-pkill -f export_shaped.sh 2>/dev/null; pkill -f "edgespec export" 2>/dev/null  # nothing beside the timings
+# nothing beside the timings: the background export's process group, by its pid file (a pkill -f by
+# name also matched the calling shell's own command line and killed this run on the GPU machine)
+if [ -f "$STAGE/shaped.pid" ] && ! [ -f "$STAGE/shaped.done" ]; then
+  kill -- "-$(cat "$STAGE/shaped.pid")" 2>/dev/null
+fi
 SHAPED=$B/qwen-shaped-cuda; DCPU=$B/qwen0.5b-shaped-cpu
 args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,smol,memory,placement,smol_bench}")
 [ -f "$SHAPED/edgespec.json" ] && args+=(--shaped "$SHAPED")

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""docs/gpu-run.json: the GPU runs' raw figures in one file (bundle, GPU, onnxruntime, tokens/s per
+runner, width curves, exactness, memory, tests, predictions), from the files the runs brought back.
+
+    python scripts/gpu/summarize.py docs/gpu/run1-gpu-run.json docs/gpu/run2-gpu-run.json \
+        docs/gpu/run3-gpu-run.json --pytest docs/gpu/run1-pytest.log docs/gpu/run3-pytest.log \
+        --predicted pred1.json pred3.json -o docs/gpu-run.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def runners(shaped: dict) -> dict:
+    return {k: {"tokens_per_s": v["tokens_per_s"], "x_ar": v.get("x_ar"), "tokens_per_target_call":
+                v["tokens_per_target_call"], "exact": v["exact"]} for k, v in shaped.get("speed", {}).items()}
+
+
+def run_summary(path: Path) -> dict:
+    d = json.loads(path.read_text())
+    out: dict = {"file": path.name, "started": d.get("started")}
+    env = d.get("env", {})
+    out["gpu"] = env.get("nvidia_smi")
+    out["onnxruntime"] = env.get("onnxruntime")
+    s = d.get("shaped", {})
+    if "width_ms" in s:
+        out["shaped"] = {"bundle": "qwen-shaped-cuda (Qwen2.5-Coder-1.5B/0.5B shapes, random weights, INT4 block 128, "
+                                   "cuda layout, drafter head 65536)",
+                         "width_policy": s["width_policy"], "width_ms_raw": s["width_ms"]["raw"],
+                         "width_ms_policy": s["width_ms"]["policy"], "drafter_step_ms": s["drafter_step_ms"],
+                         "one_token_ms_by_context": s["one_token_ms_by_context"], "runners": runners(s),
+                         "memory_after_load_mib": s["memory_after_load"]}
+    p = d.get("placement", {})
+    if "speed" in p:
+        out["placement_drafter_on_cpu"] = {"runners": runners(p), "drafter_step_ms_cuda_layout_on_cpu":
+                                           p.get("drafter_cuda_layout_on_cpu_step_ms"),
+                                           "drafter_cpu_layout_on_cpu": p.get("drafter_cpu_layout_on_cpu")}
+    if "smol" in d:
+        out["smollm2_gpu_vs_cpu_greedy"] = d["smol"]
+    sb = d.get("smol_bench", {})
+    if "summary" in sb:
+        out["smollm2_bench"] = {"command": sb["command"], "per_category": sb["summary"]}
+    mem = d.get("memory")
+    if isinstance(mem, list):
+        out["memory"] = [{"profile": m["profile"], "plan_total": m["report"]["plan"]["total"],
+                          "measured_gpu": {x["stage"]: x["gpu"] for x in m["report"]["measured"]}}
+                         for m in mem if "report" in m]
+    if "memory_ab" in d:
+        out["memory_ab"] = d["memory_ab"].get("bare_cuda_bytes")
+    return out
+
+
+def pytest_summary(path: Path) -> dict:
+    text = path.read_text(errors="replace")
+    last = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
+    return {"file": path.name, "result": last[-1].strip("= ") if last else None,
+            "failed": re.findall(r"^_+ (test_\w+(?:\[[^\]]*\])?) _+$", text, flags=re.M),
+            "skipped": re.findall(r"^SKIPPED \[\d+\] (.*)$", text, flags=re.M)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--pytest", type=Path, nargs="*", default=[])
+    ap.add_argument("--predicted", type=Path, nargs="*", default=[])
+    ap.add_argument("-o", "--output", type=Path, required=True)
+    args = ap.parse_args(argv)
+    try:
+        doc = {"what": "edgespec on a real NVIDIA GPU (issue #13): measured figures per run, then predictions",
+               "runs": [run_summary(p) for p in args.runs],
+               "tests": [pytest_summary(p) for p in args.pytest],
+               "predicted_qwen_pair": [json.loads(p.read_text()) for p in args.predicted]}
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.output.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.output} ({args.output.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
