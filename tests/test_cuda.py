@@ -117,7 +117,8 @@ def test_gpu_greedy_agrees_with_the_cpu_on_smollm2(smol_cuda):
     for (ids, gpu), (_, cpu) in zip(out["cuda"], out["cpu"]):
         if gpu == cpu:
             continue
-        i = next(i for i, (a, b) in enumerate(zip(gpu, cpu)) if a != b)
+        i = next((i for i, (a, b) in enumerate(zip(gpu, cpu)) if a != b), min(len(gpu), len(cpu)))
+        assert i < min(len(gpu), len(cpu)), f"one device stopped at {i} tokens, the other went on"
         prefix = list(ids) + gpu[:i]
         for provider in ("cpu", "cuda"):
             logits = _last_logits(smol_cuda, provider, prefix)

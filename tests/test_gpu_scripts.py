@@ -172,7 +172,11 @@ def test_predict_prices_each_round():
 
 
 def test_gpu_prices_ignore_this_machines_timings():
-    cost = predict.gpu_priced_cost_model(_gpu({1: 3.0, 2: 3.0, 8: 6.0}, step=2.0))
+    gpu = _gpu({1: 3.0, 2: 3.0, 8: 6.0}, step=2.0)
+    gpu["shaped"]["width_policy"] = {"target": [2, 1]}
+    cost = predict.gpu_priced_cost_model(gpu)
+    cost.min_width, cost.width_multiple = 1, 2  # what this machine's target would set at begin()
+    assert cost.padded(1) == 2 and cost.padded(3) == 3  # the GPU's policy stands
     cost.observe_target(1, 9.0)
     cost.observe_draft(9.0, "model")
     cost.observe_catchup(100, 9.0, "model")

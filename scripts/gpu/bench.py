@@ -208,13 +208,13 @@ g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 64])], [w])
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 8
-out = {"before": gpu_used()[0]}
+out = {"before": gpu_used()}
 keep = []
 for i in range(n):
     s = ort.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
     s.run(None, {"x": np.ones((1, 64), np.float16)})
     keep.append(s)
-    out[f"sessions={i + 1}"] = gpu_used()[0]
+    out[f"sessions={i + 1}"] = gpu_used()  # (bytes, 'process' or 'device')
 print(out)
 """
 
@@ -297,6 +297,10 @@ def main(argv=None) -> int:
             res[name] = {"error": f"{type(e).__name__}: {str(e)[:600]}"}
         print(f"   {name}: {time.perf_counter() - t:.1f} s  {json.dumps(res[name])[:1500]}", flush=True)
         out.write_text(json.dumps(res, indent=1, default=str))
+    failed = [n for n in args.sections.split(",") if isinstance(res.get(n), dict) and "error" in res[n]]
+    if failed:
+        print(f"error: sections failed: {', '.join(failed)} (their errors are in {out})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,13 +13,16 @@ cd "$ROOT"
 # shellcheck disable=SC1091
 source "$STAGE/env.sh"
 export PYTHONUNBUFFERED=1
-rm -f "$STAGE/shaped.done"
+rm -f "$STAGE/shaped.done" "$STAGE/shaped.cuda.done" "$STAGE/shaped.pid"
 echo $$ > "$STAGE/shaped.pid"  # started with setsid: its process group, which run.sh stops if it must
 exec >"$STAGE/shaped.log" 2>&1
 t0=$(date +%s)
-python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'qwen-tokenizer/*'
+stop() { echo "$1" | tee "$STAGE/shaped.cuda.done" > "$STAGE/shaped.done"; exit 1; }
+python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'qwen-tokenizer/*' \
+    || stop "tokenizer=missing"
 python3 scripts/gpu/make_shaped.py --tokenizer "$STAGE/files/qwen-tokenizer" -o "$STAGE/hf-shaped" ${SHAPED_LAYERS:+--layers "$SHAPED_LAYERS"}
 rc_make=$?
+[ "$rc_make" = 0 ] || stop "make=$rc_make"
 edgespec export "$STAGE/hf-shaped/qwen1.5b" --drafter "$STAGE/hf-shaped/qwen0.5b" -o "$STAGE/bundles/qwen-shaped-cuda" \
     --target-precision int4 --drafter-precision int4 --device cuda --block-size 128 --drafter-block-size 128 \
     --drafter-vocab 65536 --max-context 4096 --no-quality --force

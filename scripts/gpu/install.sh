@@ -13,10 +13,12 @@ set -euo pipefail
 STAGE=$(realpath -m "${1:-/tmp/edgespec-gpu}")
 PY=${PYTHON:-python3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-"$PY" "$ROOT/scripts/gpu/pack.py" join --stage "$STAGE/parts" --out "$STAGE/files" --only '*.whl' >/dev/null
+# the wheels of this pack (not whatever an earlier pack left in STAGE/files)
+JOINED=$("$PY" "$ROOT/scripts/gpu/pack.py" join --stage "$STAGE/parts" --out "$STAGE/files" --only '*.whl')
+mapfile -t WHEELS <<< "$JOINED"
 mkdir -p "$STAGE/site"
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STAGE/site" \
-    "$STAGE"/files/*.whl
+    "${WHEELS[@]}"
 # edgespec itself, from this checkout (no build isolation: setuptools is already there, no index)
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
     --target "$STAGE/site" "$ROOT"
@@ -35,11 +37,11 @@ for d in ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/local/cuda/l
 print(":".join(dirs))
 PYEOF
 )
-cat > "$STAGE/env.sh" <<ENVEOF
-export PYTHONPATH="$STAGE/site\${PYTHONPATH:+:\$PYTHONPATH}"
-export LD_LIBRARY_PATH="$LIBS\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-export PATH="$STAGE/site/bin:\$PATH"
-ENVEOF
+{
+  printf 'export PYTHONPATH=%q"${PYTHONPATH:+:$PYTHONPATH}"\n' "$STAGE/site"
+  printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$LIBS"
+  printf 'export PATH=%q":$PATH"\n' "$STAGE/site/bin"
+} > "$STAGE/env.sh"
 # shellcheck disable=SC1091
 source "$STAGE/env.sh"
 "$PY" -c "import onnxruntime as o, edgespec; print('onnxruntime', o.__version__, o.get_available_providers(), 'edgespec from', edgespec.__file__)"

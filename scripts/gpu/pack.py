@@ -129,6 +129,8 @@ def pack(files: list[tuple[str, Path]], out: Path, batch_bytes: int) -> list[Pat
                     left = hi - lo
                     while left:
                         b = f.read(min(left, 8 * MiB))
+                        if not b:
+                            raise PackError(f"{path} changed while it was packed (shorter than hashed)")
                         w.write(b)
                         left -= len(b)
         parts.append({"name": part.name, "offset": start, "size": end - start, "sha256": sha256(part)})
@@ -270,6 +272,11 @@ def main(argv=None) -> int:
         else:
             for f in join(args.stage, args.out, args.only):
                 print(f)
+            man, present, complete = status(args.stage)
+            missing = [e["name"] for e in man["files"] if e["name"] not in complete]
+            if missing and not args.only:
+                print(f"not complete yet: {', '.join(missing)} ({len(present)} of {len(man['parts'])} parts here)",
+                      file=sys.stderr)
     except PackError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -99,8 +99,17 @@ def gpu_priced_cost_model(gpu: dict, drafter_step_ms: float | None = None):
     """edgespec's CostModel holding the GPU's measured prices, deaf to this machine's timings (the
     memory drafters' own, tiny, costs are still learned here)."""
     from edgespec.policy import CostModel
+    from edgespec.width import padded_width
+
+    shaped = gpu["shaped"]
+    gpu_min, gpu_mul = (int(x) for x in shaped.get("width_policy", {}).get("target", (1, 1)))
 
     class GpuPrices(CostModel):
+        def padded(self, width):
+            # the GPU target's width policy, not this machine's (which each generation's begin()
+            # writes into min_width): the pad of a one-token call is filled with a free draft there
+            return padded_width(width, gpu_min, gpu_mul)
+
         def observe_target(self, width, seconds):
             pass
 
@@ -112,7 +121,6 @@ def gpu_priced_cost_model(gpu: dict, drafter_step_ms: float | None = None):
             if drafter != "model":
                 super().observe_catchup(tokens, seconds, drafter)
 
-    shaped = gpu["shaped"]
     cost = GpuPrices()
     cost.target = {int(w): float(ms) / 1e3 for w, ms in shaped["width_ms"]["policy"].items()}
     steps = {int(w): float(ms) / 1e3 for w, ms in shaped["drafter_step_ms"].items()}

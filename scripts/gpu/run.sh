@@ -38,12 +38,15 @@ if [ "${PYTEST:-1}" = 1 ]; then
   say "pytest ${PYTEST_FILES:=tests/test_cuda.py tests/test_layout.py}"
   # shellcheck disable=SC2086
   timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider $PYTEST_FILES >"$OUT/pytest.log" 2>&1
-  say "pytest rc=$? :: $(tail -1 "$OUT/pytest.log")"
+  rc_pytest=$?
+  say "pytest rc=$rc_pytest :: $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | cut -c1-300
 fi
 say "waiting for the shaped exports"
 for _ in $(seq "${SHAPED_WAIT:-360}"); do
   [ -f "$STAGE/shaped.done" ] && break
+  # no export running (never started, or died): waiting longer gains nothing
+  { [ -f "$STAGE/shaped.pid" ] && kill -0 "$(cat "$STAGE/shaped.pid")" 2>/dev/null; } || break
   sleep 1
 done
 cp "$STAGE/shaped.log" "$OUT/shaped.log" 2>/dev/null
@@ -61,5 +64,7 @@ args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SE
 [ -f "$B/smollm2-int4/edgespec.json" ] && args+=(--smol-cpu "$B/smollm2-int4")
 say "bench ${args[*]}"
 timeout "${BENCH_TIMEOUT:-300}" python3 scripts/gpu/bench.py "${args[@]}" >"$OUT/bench.log" 2>&1
-say "bench rc=$?"
-grep -E "^   [a-z]+: " "$OUT/bench.log" | cut -c1-400
+rc_bench=$?
+say "bench rc=$rc_bench"
+grep -E "^   [a-z_]+: " "$OUT/bench.log" | cut -c1-400
+exit $(( ${rc_pytest:-0} != 0 || rc_bench != 0 ))

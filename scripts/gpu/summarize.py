@@ -50,7 +50,10 @@ def run_summary(path: Path) -> dict:
                           "measured_gpu": {x["stage"]: x["gpu"] for x in m["report"]["measured"]}}
                          for m in mem if "report" in m]
     if "memory_ab" in d:
-        out["memory_ab"] = d["memory_ab"].get("bare_cuda_bytes")
+        ab = d["memory_ab"]
+        out["memory_ab"] = {"bare_cuda_bytes": ab.get("bare_cuda_bytes"), **{
+            arm: {x["stage"]: x["gpu"] for x in ab[arm]["report"]["measured"]}
+            for arm in ("weights_in_arena", "device_allocator_for_weights") if "report" in ab.get(arm, {})}}
     return out
 
 
