@@ -143,4 +143,6 @@ def test_plan_measure_on_cuda(tiny_cuda_bundle):
     rep = json.loads(r.stdout)
     gpu = [s["gpu"] for s in rep["measured"] if s["gpu"] is not None]
     assert gpu, f"no GPU memory read (NVML): {rep['measured']}"
+    # this process's memory, not the device's (other processes would count against the plan)
+    assert {s["gpu_scope"] for s in rep["measured"] if s["gpu"] is not None} == {"process"}
     assert max(gpu) <= rep["plan"]["total"], (max(gpu), rep["plan"])
