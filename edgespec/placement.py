@@ -11,9 +11,12 @@ places on the CPU by design, GetCpuPreferredNodes), unless a profile sets ``allo
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import tempfile
+from pathlib import Path
 from typing import Sequence
 
 from .errors import CpuFallbackError, ProviderError
@@ -77,6 +80,12 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
     gpu = [(n, o) for n, o in providers if n != CPU]
     if allow_fallback:
         return plain(providers)
+    key = _verdict_key(path, gpu)
+    if key is not None and _verdicts().get(key) == MASK_ONLY:
+        # this graph file, unchanged, was checked on these providers by this onnxruntime before: one
+        # session instead of three (on the GPU run a model's load took 2.6-4.9 s with all three)
+        log.info(f"{role}: placement known (the int64 mask nodes on the CPU, the rest on {gpu[0][0]})")
+        return plain(gpu + [(CPU, {})])
     so = make_options()
     so.add_session_config_entry(NO_CPU_FALLBACK, "1")
     try:
@@ -94,8 +103,56 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
         return plain(gpu + [(CPU, {})])  # the provider could not start at all: OnnxLM says so (or refuses)
     if on_cpu and not heavy:
         log.info(f"{role}: {len(on_cpu)} int64 mask nodes run on the CPU, as onnxruntime places them by design")
+        if key is not None:
+            _remember(key, MASK_ONLY)
         return plain(gpu + [(CPU, {})])
     raise CpuFallbackError(fallback_message(role, heavy, gpu[0][0] if gpu else "no GPU provider", CPU in placements))
+
+
+MASK_ONLY = "mask-only"  # a verdict: only the builder's mask subgraph falls to the CPU
+
+
+def _verdicts_path() -> Path:
+    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec") / "placements.json"
+
+
+def _verdict_key(path, gpu: list[tuple[str, dict]]) -> str | None:
+    """The graph file (by its stat stamp), the GPU providers and onnxruntime's version: what a
+    placement depends on; None when the file cannot be stat'ed."""
+    import onnxruntime as ort
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ident = [os.path.realpath(path), ort.__version__, [n for n, _ in gpu],
+             st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def _verdicts() -> dict:
+    try:
+        with open(_verdicts_path(), "rb") as f:
+            data = json.loads(f.read(1 << 20))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError):
+        return {}  # no cache, or a broken one: the check runs again
+
+
+def _remember(key: str, verdict: str) -> None:
+    """Best effort: an unwritable cache only means checking again next time."""
+    data = _verdicts()
+    data[key] = verdict
+    for old in list(data)[:-256]:  # bounded: the newest 256 graphs
+        del data[old]
+    path = _verdicts_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def fallback_message(role: str, nodes: list[tuple[str, str]] | None, provider: str, known: bool = True) -> str:

@@ -197,6 +197,46 @@ def test_no_cpu_fallback_is_refused_for_real_by_onnxruntime(tiny_cuda_bundle):
     assert isinstance(e.value, ProviderError) and e.value.exit_code == 5
 
 
+def test_placement_verdict_is_remembered(monkeypatch, tmp_path):
+    """A graph whose only CPU nodes are the mask subgraph opens in one session the next time (not
+    strict + verbose + kept); a changed graph file or a broken cache is checked again; a refusal is
+    never remembered."""
+    import onnxruntime as ort
+
+    from edgespec.onnx_lm import open_session
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    mask = [("Gather", "/model/attn_mask_reformat/attn_mask_subgraph/Gather")]
+    fake = _FakeOrt(mask)
+    monkeypatch.setattr(ort, "InferenceSession", fake.session)
+    monkeypatch.setattr(placement, "_placements",
+                        lambda path, mk, provs: (fake.session(path, _verbose(mk()), [n for n, _ in provs]),
+                                                 {CUDA: [("MatMulNBits", "m")], CPU: list(fake.refused)}))
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"graph")
+    choice = ProviderChoice([(CUDA, {}), (CPU, {})], ["cuda"], explicit=True)
+    checked = [([CUDA], "1"), ([CUDA, CPU], ""), ([CUDA, CPU], "")]
+    open_session(str(model), choice, role="target")
+    assert fake.calls == checked
+    fake.calls.clear()
+    open_session(str(model), choice, role="target")
+    assert fake.calls == [([CUDA, CPU], "")]  # one session
+    model.write_bytes(b"another graph")  # changed: checked again
+    fake.calls.clear()
+    open_session(str(model), choice, role="target")
+    assert fake.calls == checked
+    (tmp_path / "cache" / "placements.json").write_text("{broken")
+    fake.calls.clear()
+    open_session(str(model), choice, role="target")
+    assert fake.calls == checked
+    fake.refused = mask + [("GroupQueryAttention", "/model/layers.0/attn/GroupQueryAttention")]
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"graph")
+    for _ in range(2):
+        with pytest.raises(CpuFallbackError):
+            open_session(str(other), choice, role="target")
+
+
 def test_placement_log_is_parsed():
     log = "\n".join([
         "2026 [V:onnxruntime:, session_state.cc:1598 VerifyEachNodeIsAssignedToAnEp] Node placements",
