@@ -32,8 +32,36 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _stamp(st: os.stat_result) -> list[int]:
+def cache_root() -> Path:
+    """``$EDGESPEC_CACHE_DIR`` (default ``~/.cache/edgespec``): what edgespec learned on this machine
+    (verified files, placement verdicts, drafting memory)."""
+    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec")
+
+
+def stat_stamp(st: os.stat_result) -> list[int]:
+    """What says a file is unchanged without reading it: size, mtime, ctime, inode and device."""
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def read_json_cache(path: Path) -> dict:
+    """A cache file's dict; {} when it is missing, unreadable, over 1 MiB or not a JSON object."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(1 << 20))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+
+
+def write_json_cache(path: Path, data: dict) -> None:
+    """Atomically, best effort: an unwritable cache only means learning it again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 class Stamps:
@@ -41,34 +69,21 @@ class Stamps:
     unwritable cache only means hashing again next time)."""
 
     def __init__(self, root: Path):
-        base = Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec")
         key = hashlib.sha256(str(root.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:24]
-        self.path = base / "verified" / f"{key}.json"
-        try:
-            with open(self.path, "rb") as f:
-                data = json.loads(f.read(1 << 20))
-            self.data = data if isinstance(data, dict) else {}
-        except (OSError, ValueError, RecursionError):
-            self.data = {}
+        self.path = cache_root() / "verified" / f"{key}.json"
+        self.data = read_json_cache(self.path)
         self.changed = False
 
     def valid(self, rel: str, what: str, st: os.stat_result) -> bool:
-        return self.data.get(rel) == [what] + _stamp(st)
+        return self.data.get(rel) == [what] + stat_stamp(st)
 
     def record(self, rel: str, what: str, st: os.stat_result) -> None:
-        self.data[rel] = [what] + _stamp(st)
+        self.data[rel] = [what] + stat_stamp(st)
         self.changed = True
 
     def save(self) -> None:
-        if not self.changed:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data), encoding="utf-8")
-            tmp.replace(self.path)
-        except OSError:
-            pass
+        if self.changed:
+            write_json_cache(self.path, self.data)
 
 
 def _inside(root: Path, p: Path) -> bool:

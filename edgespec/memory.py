@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import StoreError
+from .integrity import cache_root
 from .ngram import MAX_TOKEN, NgramTable
 
 FORMAT = "edgespec-memory"
@@ -49,7 +50,7 @@ def memory_root() -> Path:
     env = os.environ.get("EDGESPEC_MEMORY_DIR")
     if env:
         return Path(env)
-    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec") / "memory"
+    return cache_root() / "memory"
 
 
 def bundle_fingerprint(manifest) -> str:

@@ -150,13 +150,11 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
 
         library = library_path()
 
-    config = dict(session_options or {})  # a profile's onnxruntime session config entries
-
     def options():
         so = ort.SessionOptions()
         so.use_per_session_threads = False  # every session runs on the process-wide pool
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        for k, v in config.items():
+        for k, v in (session_options or {}).items():  # a profile's onnxruntime session config entries
             so.add_session_config_entry(k, str(int(v)) if isinstance(v, bool) else str(v))
         if library:
             so.register_custom_ops_library(library)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import CpuFallbackError, ProviderError
+from .integrity import cache_root, read_json_cache, stat_stamp, write_json_cache
 from .providers import CPU, GPU_PROVIDERS, canonical, choose, log
 
 NO_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
@@ -113,7 +114,7 @@ MASK_ONLY = "mask-only"  # a verdict: only the builder's mask subgraph falls to 
 
 
 def _verdicts_path() -> Path:
-    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec") / "placements.json"
+    return cache_root() / "placements.json"
 
 
 def _verdict_key(path, gpu: list[tuple[str, dict]]) -> str | None:
@@ -125,34 +126,20 @@ def _verdict_key(path, gpu: list[tuple[str, dict]]) -> str | None:
         st = os.stat(path)
     except OSError:
         return None
-    ident = [os.path.realpath(path), ort.__version__, [n for n, _ in gpu],
-             st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    ident = [os.path.realpath(path), ort.__version__, [n for n, _ in gpu], *stat_stamp(st)]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 
 def _verdicts() -> dict:
-    try:
-        with open(_verdicts_path(), "rb") as f:
-            data = json.loads(f.read(1 << 20))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError, RecursionError):
-        return {}  # no cache, or a broken one: the check runs again
+    return read_json_cache(_verdicts_path())  # none, or a broken one: the check runs again
 
 
 def _remember(key: str, verdict: str) -> None:
-    """Best effort: an unwritable cache only means checking again next time."""
     data = _verdicts()
     data[key] = verdict
     for old in list(data)[:-256]:  # bounded: the newest 256 graphs
         del data[old]
-    path = _verdicts_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
+    write_json_cache(_verdicts_path(), data)
 
 
 def fallback_message(role: str, nodes: list[tuple[str, str]] | None, provider: str, known: bool = True) -> str:

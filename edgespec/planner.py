@@ -146,8 +146,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
             weights["drafter"] = manifest.drafter.weight_bytes(drafter_gpu, ctx)
             kv["drafter"] = manifest.drafter.kv_bytes(ctx)
             devices["drafter"] = "gpu" if drafter_gpu else "cpu"
-        any_gpu = gpu or (with_drafter and drafter_gpu)
         gpu_sessions = int(gpu) + int(with_drafter and drafter_gpu)
+        any_gpu = gpu_sessions > 0
         runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES + GPU_KERNELS_BYTES + GPU_SESSION_BYTES * (gpu_sessions - 1)
                                         if any_gpu else 0)
         default = profile.drafter
