@@ -184,3 +184,20 @@ def test_gpu_prices_ignore_this_machines_timings():
     assert abs(cost.upfront_cost(100, "model") - (0.002 + 100 * 0.0001)) < 1e-12
     cost.observe_draft(0.0001, "prompt-lookup")  # the memory drafters' own costs are still learned here
     assert cost.step_cost("prompt-lookup") == 0.0001
+
+
+def test_predict_bad_input(tmp_path, capsys):
+    """A GPU file without the measured curve, neither or both of --cpu/--live, a missing file: one
+    'error:' line and exit 2."""
+    good = tmp_path / "gpu.json"
+    good.write_text(__import__("json").dumps(_gpu({1: 1.0, 4: 2.0})))
+    bare = tmp_path / "bare.json"
+    bare.write_text("{}")
+    cases = [["--gpu", str(bare), "--cpu", str(good), "--cpu-step-ms", "10"],
+             ["--gpu", str(good), "--cpu-step-ms", "10"],
+             ["--gpu", str(good), "--cpu", str(good), "--live", "x", "--cpu-step-ms", "10"],
+             ["--gpu", str(tmp_path / "missing.json"), "--cpu", str(good), "--cpu-step-ms", "10"]]
+    for argv in cases:
+        assert predict.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, (argv, err)
