@@ -21,7 +21,7 @@ from .kv import TokenBuffer
 from .lm import CausalLM
 from .policy import RoundPolicy
 from .sampling import SamplingParams, distribution
-from .verify import greedy_accept, rejection_sample
+from .verify import greedy_accept_choice, rejection_sample
 
 
 _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "seed": Integral,
@@ -268,13 +268,15 @@ class Decoder:
                         kw["hint_stop"] = choice.hint_stop
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
             t1 = clock()
-            logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
-            dt = clock() - t1
-            k = len(draft.tokens)
-            if sp.greedy:
-                n, nxt = greedy_accept(draft.tokens, logits)
+            if sp.greedy:  # the target's top tokens (on a GPU: computed there, the logits never copied)
+                top = target.forward_argmax([ctx[-1]] + draft.tokens)
+                dt = clock() - t1
+                n, nxt = greedy_accept_choice(draft.tokens, top)
             else:
+                logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
+                dt = clock() - t1
                 n, nxt = rejection_sample(draft.tokens, draft.probs, logits[:, : self.vocab], sp, rng)
+            k = len(draft.tokens)
             target.rewind(k - n)
             policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup)
             if choice.drafter is not None:

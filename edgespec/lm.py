@@ -24,7 +24,8 @@ class CausalLM:
     """Subclasses set ``spec`` (role, vocab_size), ``max_context`` and ``cache`` and implement
     ``_run(ids, past) -> float32 logits [len(ids), vocab]`` (computing positions past.. over the
     cache's first ``past`` ids and writing their keys/values after them). A subclass whose last
-    ``_run`` returned a view of a buffer its next call writes again sets ``_returned_view``."""
+    ``_run`` returned a view of a buffer its next call writes again sets ``_returned_view``; one
+    that sets ``device_argmax`` also takes ``_run(ids, past, argmax=True) -> int64 [len(ids)]``."""
 
     spec: object
     max_context: int
@@ -59,13 +60,29 @@ class CausalLM:
         self.cache.reset()
 
     # -- compute -----------------------------------------------------------------------------
-    def _run(self, ids: Sequence[int], past: int) -> np.ndarray:
+    def _run(self, ids: Sequence[int], past: int, argmax: bool = False) -> np.ndarray:
         raise NotImplementedError
 
     def forward(self, ids: Sequence[int], *, copy: bool = True) -> np.ndarray:
         """Append ``ids`` to the cache and return float32 logits ``[len(ids), vocab]``. ``copy=False``
         (the decoding loop, read before the next call): they may be a view that this model's next
         call overwrites; a copy of ~0.6 MB a token less on Qwen's vocabulary."""
+        logits = self._call(ids, False)
+        return logits.copy() if copy and self._returned_view else logits
+
+    def forward_argmax(self, ids: Sequence[int]) -> np.ndarray:
+        """``forward`` for greedy decoding: the index of each position's largest logit (int64
+        ``[len(ids)]``, the first among equal values), the same positions computed the same way
+        (the width policy applies alike). A model that computes it where the logits are (a GPU
+        graph's ``argmax`` output, ``device_argmax``) copies only the indices; others take
+        numpy's argmax of the logits."""
+        if not self.device_argmax:
+            return np.argmax(self.forward(ids, copy=False), axis=-1)
+        return self._call(ids, True)
+
+    device_argmax: bool = False  # _run(..., argmax=True) returns the indices
+
+    def _call(self, ids: Sequence[int], argmax: bool) -> np.ndarray:
         n = len(ids)
         if n == 0:
             raise ValueError("forward() needs at least one token")
@@ -76,13 +93,11 @@ class CausalLM:
         width = padded_width(n, self.min_width, self.width_multiple)
         pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
-        logits = self._run(run, past)
-        if copy and self._returned_view:
-            logits = logits.copy()
+        out = self._run(run, past, argmax=True) if argmax else self._run(run, past)
         self.calls += 1
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
-        return logits[:n] if pad else logits
+        return out[:n] if pad else out
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:
         """Append ``ids`` in calls of at most ``prefill_chunk`` tokens (the transient logits stay

@@ -66,6 +66,11 @@ class OnnxLM(CausalLM):
         for o in self.session.get_outputs():
             if o.name == io.logits and o.type in _ORT_FLOATS and isinstance(o.shape[-1], int):
                 self._logits_type = (_ORT_FLOATS[o.type], o.shape[-1])
+        # greedy on a GPU: the graph's argmax output (export/greedy.py), the logits left on the device
+        self._argmax_name = io.argmax if io.argmax and io.argmax in {o.name for o in self.session.get_outputs()} else None
+        self.device_argmax = self._argmax_name is not None and self.device == "cuda"
+        self._argmax_buf = np.zeros((1, OWN_LOGITS_MAX_WIDTH), dtype=np.int64)
+        self._argmax_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (view of it, its OrtValue)
         self._init_counters()
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
@@ -80,18 +85,29 @@ class OnnxLM(CausalLM):
     def kv_bytes(self) -> int:
         return self.cache.nbytes
 
-    def _run(self, ids: Sequence[int], past: int) -> np.ndarray:
+    def _run(self, ids: Sequence[int], past: int, argmax: bool = False) -> np.ndarray:
         n = len(ids)
         b = self._binding
         b.bind_cpu_input(self.spec.io.input_ids, np.asarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
         if self._has_pos:
             b.bind_cpu_input(self.spec.io.position_ids, self._positions[:, past: past + n])
-        own = self._own_logits(n)
-        if own is not None:
+        if argmax and n > OWN_LOGITS_MAX_WIDTH:  # a long call: numpy's argmax of the copied logits
+            return np.argmax(self._run(ids, past), axis=-1)
+        own = None if argmax else self._own_logits(n)
+        if argmax:  # the logits stay on the device: only the indices are copied
+            b.bind_output(self.spec.io.logits, self.device, 0)
+        elif own is not None:
             b.bind_ortvalue_output(self.spec.io.logits, own[1])
         else:
             b.bind_output(self.spec.io.logits, "cpu")
+        top = None
+        if self._argmax_name is not None:  # bound at every call once the graph has it (any width)
+            top = self._own_argmax(n)
+            if top is not None:
+                b.bind_ortvalue_output(self._argmax_name, top[1])
+            else:
+                b.bind_output(self._argmax_name, "cpu")
         t0 = time.perf_counter()
         try:
             self.session.run_with_iobinding(b)
@@ -99,6 +115,9 @@ class OnnxLM(CausalLM):
             raise BundleError(f"the {self.spec.role} model failed to run: {str(e).splitlines()[0][:300]} "
                               f"(a manifest that disagrees with its graph, or the device out of memory)") from e
         self.run_seconds += time.perf_counter() - t0
+        if argmax:
+            self._returned_view = False
+            return top[0].reshape(n).copy()
         # calls up to OWN_LOGITS_MAX_WIDTH tokens write one kept buffer: their float32 logits are a
         # view of it, which the next call writes again (forward copies unless told not to)
         self._returned_view = own is not None and own[0].dtype == np.float32
@@ -109,6 +128,19 @@ class OnnxLM(CausalLM):
         logits = out[nkv].numpy() if len(out) > nkv else out[0].numpy()
         logits = logits.reshape(n, -1)
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    def _own_argmax(self, n: int):
+        """The host int64 buffer (and its OrtValue) a call of ``n`` tokens writes its argmax to, or
+        None past ``OWN_LOGITS_MAX_WIDTH`` (onnxruntime allocates it)."""
+        if n > OWN_LOGITS_MAX_WIDTH:
+            return None
+        own = self._argmax_out.get(n)
+        if own is None:
+            import onnxruntime as ort
+
+            view = self._argmax_buf[:, :n]
+            own = self._argmax_out[n] = (view, ort.OrtValue.ortvalue_from_numpy(view))
+        return own
 
     def _own_logits(self, n: int):
         """The host buffer (and its OrtValue) that a call of ``n`` tokens writes its logits to, or

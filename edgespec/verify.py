@@ -19,7 +19,11 @@ from .sampling import Dist, SamplingParams, distribution
 
 def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
     """Return (accepted count, next token). ``target_logits`` has len(draft)+1 rows."""
-    choice = np.argmax(target_logits, axis=-1)
+    return greedy_accept_choice(draft, np.argmax(target_logits, axis=-1))
+
+
+def greedy_accept_choice(draft: Sequence[int], choice: np.ndarray) -> tuple[int, int]:
+    """``greedy_accept`` given the target's argmax at each of the len(draft)+1 positions."""
     n = 0
     while n < len(draft) and int(choice[n]) == int(draft[n]):
         n += 1

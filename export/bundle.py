@@ -106,7 +106,7 @@ def measured_sizes(root: Path, role: str, entry: dict, log=None) -> dict:
 
 
 def _describe(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
-              fingerprint: str, max_context: int) -> ModelSpec:
+              fingerprint: str, max_context: int, argmax: str | None = None) -> ModelSpec:
     """The manifest's record of the graph the builder wrote for ``role`` under ``root``."""
     dec = build.genai_config["model"]["decoder"]
     files = {}
@@ -140,6 +140,7 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
             input_ids=ins["input_ids"], attention_mask=ins["attention_mask"], position_ids=ins.get("position_ids"),
             past_key=ins["past_key_names"], past_value=ins["past_value_names"],
             present_key=outs["present_key_names"], present_value=outs["present_value_names"], logits=outs["logits"],
+            argmax=argmax,
         ),
         tokenizer_sha256=fingerprint,
         layout=build.layout,
@@ -196,7 +197,14 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
         fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
                                 log=progress.log)
-    spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx)
+    argmax = None
+    if build.layout == "cuda" and role == "target":  # greedy verification reads indices, not logits
+        from .greedy import add_argmax_output
+
+        dec = build.genai_config["model"]["decoder"]
+        argmax = add_argmax_output(build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"])
+        progress.log(f"    {role}: added the {argmax!r} output (ArgMax of the logits on the device)")
+    spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax)
     if fp8 is not None:
         spec = replace(spec, quant=fp8)
     del params, config

@@ -35,20 +35,23 @@ def parse_widths(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def time_widths(lm, widths: list[int], context: int, reps: int, vocab: int) -> dict[int, float]:
+def time_widths(lm, widths: list[int], context: int, reps: int, vocab: int,
+                argmax: bool = False) -> dict[int, float]:
     """Median seconds of a call of each width after ``context`` tokens (``lm`` as it is set up:
-    its min_width/width_multiple pad the calls or not)."""
+    its min_width/width_multiple pad the calls or not). ``argmax``: time ``forward_argmax`` (what a
+    greedy round calls) instead of ``forward``."""
     ids = [(7919 * i + 13) % vocab for i in range(context + max(widths))]
     lm.reset()
     lm.forward(ids[:context]) if context <= getattr(lm, "prefill_chunk", context) else lm.feed(ids[:context])
     samples: dict[int, list[float]] = {w: [] for w in widths}
+    call = lm.forward_argmax if argmax else lm.forward
     for w in widths:  # warm-up: first calls of a width allocate
-        lm.forward(ids[context: context + w])
+        call(ids[context: context + w])
         lm.rewind(w)
     for _ in range(reps):
         for w in widths:
             t = time.perf_counter()
-            lm.forward(ids[context: context + w])
+            call(ids[context: context + w])
             samples[w].append(time.perf_counter() - t)
             lm.rewind(w)
     lm.reset()

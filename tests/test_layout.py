@@ -100,6 +100,35 @@ def test_tiny_cuda_bundle_is_exact_on_the_cpu_ep(tiny_cuda_bundle):
     greedy_is_exact(eng)
 
 
+def test_cuda_target_argmax_output(tiny_cuda_bundle):
+    """The cuda-layout target carries the ``argmax`` output (export/greedy.py): forward_argmax with
+    the logits left where the graph computed them gives numpy's argmax of the copied logits at every
+    width (33: past the kept buffers), and greedy decoding through it is exact and equal to the
+    logits path. On the CPU EP the runtime does not use it (the logits are in host memory anyway):
+    forced here, the same code path a GPU runs."""
+    m = load_manifest(tiny_cuda_bundle)
+    assert m.target.io.argmax == "argmax" and m.drafter.io.argmax is None
+    eng = edgespec.load(tiny_cuda_bundle, max_context=256)
+    target = eng.decoder.target
+    assert target._argmax_name == "argmax" and not target.device_argmax
+    prompts = PROMPTS[:2]
+    plain = [eng.generate(p, max_new_tokens=24, drafter="none").token_ids for p in prompts]
+    target.device_argmax = True
+    ids = [(7919 * i + 13) % 500 for i in range(60)]
+    target.reset()
+    target.forward(ids[:16])
+    for w in (1, 2, 3, 5, 9, 33):
+        logits = target.forward(ids[16: 16 + w])
+        target.rewind(w)
+        top = target.forward_argmax(ids[16: 16 + w])
+        target.rewind(w)
+        assert top.dtype == np.int64 and top.shape == (w,)
+        assert np.array_equal(top, np.argmax(logits, axis=-1)), w
+    target.reset()
+    assert [eng.generate(p, max_new_tokens=24, drafter="none").token_ids for p in prompts] == plain
+    greedy_is_exact(eng, prompts)
+
+
 def test_fp8_and_int8_in_the_cuda_layout(tiny_dirs, tmp_path):
     """FP8 target (float16 scales, DequantizeLinear to float16) and INT8 drafter, both cuda layout;
     fp32 has no cuda layout: a one-line error before anything is written."""

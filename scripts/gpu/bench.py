@@ -122,6 +122,10 @@ def shaped(bundle: str, reps: int) -> dict:
     target.min_width, target.width_multiple = policy
     res["width_ms"] = {"context": 256, "reps": reps, "raw": {w: round(raw[w] * 1e3, 3) for w in WIDTHS},
                        "policy": {w: round(pol[w] * 1e3, 3) for w in WIDTHS}}
+    res["device_argmax"] = target.device_argmax
+    if target.device_argmax:  # what a greedy round pays: the graph's argmax, the logits left on the device
+        top = time_widths(target, WIDTHS, 256, reps, vocab, argmax=True)
+        res["width_ms"]["policy_argmax"] = {w: round(top[w] * 1e3, 3) for w in WIDTHS}
     if model is not None:
         step = time_widths(model.lm, [1, 2, 4, 8], 256, reps * 2, vocab)
         res["drafter_step_ms"] = {w: round(s * 1e3, 3) for w, s in step.items()}

@@ -9,7 +9,8 @@ Every ``auto`` run of the CPU report (``edgespec bench``/``bench_spec.py``, gree
 is replayed as it ran: its verify rounds by draft length (``drafted_by_position``), its plain
 target calls, its drafting time and its other (Python) time. On the GPU:
 - a verify round of k drafts costs the GPU's target call of width k + 1 under its width policy
-  (``shaped.width_ms.policy``, interpolated between the measured widths);
+  (``shaped.width_ms.policy_argmax`` where measured, the logits left on the device, else
+  ``shaped.width_ms.policy``; interpolated between the measured widths);
 - a plain call costs the policy's one-token call;
 - drafting costs the CPU's drafting time scaled by the drafter's step on the GPU over its step on
   the CPU (``--cpu-step-ms``; the memory drafters' share of it is small);
@@ -34,6 +35,13 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+
+def greedy_curve(shaped: dict) -> dict:
+    """The width curve a greedy round pays: the graph's device argmax where the run measured it
+    (``policy_argmax``, the logits left on the GPU), else the logits-copying ``policy`` curve."""
+    w = shaped["width_ms"]
+    return w.get("policy_argmax") or w["policy"]
 
 
 def curve(points: dict) -> callable:
@@ -61,7 +69,7 @@ def rounds_by_length(drafted_by_position: list[int]) -> dict[int, int]:
 
 def predict(gpu: dict, cpu: dict, cpu_step_ms: float, drafter_step_ms: float | None = None) -> dict:
     shaped = gpu["shaped"]
-    price = curve(shaped["width_ms"]["policy"])  # ms per call, the exactness padding included
+    price = curve(greedy_curve(shaped))  # ms per call, the exactness padding included
     step = drafter_step_ms if drafter_step_ms is not None else float(shaped["drafter_step_ms"]["1"])
     scale = step / cpu_step_ms
     runs = cpu["runs"]
@@ -122,7 +130,7 @@ def gpu_priced_cost_model(gpu: dict, drafter_step_ms: float | None = None):
                 super().observe_catchup(tokens, seconds, drafter)
 
     cost = GpuPrices()
-    cost.target = {int(w): float(ms) / 1e3 for w, ms in shaped["width_ms"]["policy"].items()}
+    cost.target = {int(w): float(ms) / 1e3 for w, ms in greedy_curve(shaped).items()}
     steps = {int(w): float(ms) / 1e3 for w, ms in shaped["drafter_step_ms"].items()}
     step = drafter_step_ms / 1e3 if drafter_step_ms is not None else steps[1]
     cost.draft_steps["model"] = step
