@@ -100,6 +100,28 @@ def test_call_width_policy_holds_on_the_gpu(tiny_cuda_bundle):
         assert np.array_equal(r, first), f"width {w} computes position 30 differently (min_width {lm.min_width})"
 
 
+def test_device_argmax_on_the_gpu(tiny_cuda_bundle):
+    """A greedy CUDA target reads the graph's argmax (the logits stay on the device): equal to
+    numpy's argmax of the copied logits at every width, and its greedy output equal to the
+    logits path's."""
+    eng = edgespec.load(tiny_cuda_bundle, provider="cuda", max_context=256)
+    target = eng.decoder.target
+    assert target.device_argmax
+    ids = [(7919 * i + 13) % 500 for i in range(60)]
+    target.reset()
+    target.forward(ids[:16])
+    for w in (1, 2, 3, 5, 9, 16, 33):
+        logits = target.forward(ids[16: 16 + w])
+        target.rewind(w)
+        top = target.forward_argmax(ids[16: 16 + w])
+        target.rewind(w)
+        assert np.array_equal(top, np.argmax(logits, axis=-1)), w
+    target.reset()
+    fast = [eng.generate(p, max_new_tokens=24, drafter="none").token_ids for p in PROMPTS]
+    target.device_argmax = False
+    assert [eng.generate(p, max_new_tokens=24, drafter="none").token_ids for p in PROMPTS] == fast
+
+
 def _last_logits(bundle, provider, ids):
     m = load_manifest(bundle)
     lm = OnnxLM(m.target, 1024, choose([provider], explicit=True), min_width=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -93,24 +94,38 @@ def test_pack_errors(tmp_path):
         pack.join(tmp_path / "empty", tmp_path / "out")
 
 
-def _wheel(where: Path) -> Path:
-    """A minimal pure-Python wheel (tinypkg 0.1)."""
-    files = {"tinypkg/__init__.py": b"VALUE = 42\n",
-             "tinypkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
-             "tinypkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                            b"Tag: py3-none-any\n"}
+def _wheel(where: Path, dist: str = "tinypkg", pkg: str = "tinypkg", init: bytes = b"VALUE = 42\n",
+           version: str = "0.1") -> Path:
+    """A minimal pure-Python wheel (``dist`` ``version``, one package ``pkg``)."""
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{pkg}/__init__.py": init,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = []
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.append(f"{name},sha256={digest},{len(data)}")
-    record.append("tinypkg-0.1.dist-info/RECORD,,")
-    path = where / "tinypkg-0.1-py3-none-any.whl"
+    record.append(f"{info}/RECORD,,")
+    path = where / f"{dist}-{version}-py3-none-any.whl"
     where.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as z:
         for name, data in files.items():
             z.writestr(name, data)
-        z.writestr("tinypkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+        z.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
     return path
+
+
+def _install(stage: Path, cwd: Path, **extra) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHON=sys.executable, **extra)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "install.sh"), str(stage)], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)
+
+
+def _imports(env_sh: Path, cwd: Path, code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(["bash", "-c", f"source {env_sh} && {sys.executable} -c '{code}'"],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
 
 
 def test_install_into_a_target_directory(tmp_path):
@@ -120,22 +135,49 @@ def test_install_into_a_target_directory(tmp_path):
     stage = tmp_path / "stage"
     for b in pack.pack([(whl.name, whl)], tmp_path / "tree", 400):
         pack.stash(b, stage / "parts")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHON"] = sys.executable
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "install.sh"), str(stage)], capture_output=True,
-                       text=True, env=env, cwd=tmp_path, timeout=300)
+    r = _install(stage, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "edgespec from " + str(stage / "site") in r.stdout
     assert (stage / "site" / "tinypkg" / "__init__.py").is_file() and (stage / "env.sh").is_file()
-    check = subprocess.run(["bash", "-c", f"source {stage / 'env.sh'} && {sys.executable} -c "
-                            "'import tinypkg, edgespec_export; print(tinypkg.VALUE, edgespec_export.__file__)'"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    check = _imports(stage / "env.sh", tmp_path, "import tinypkg, edgespec_export; "
+                     "print(tinypkg.VALUE, edgespec_export.__file__)")
     assert check.returncode == 0 and check.stdout.startswith("42 " + str(stage / "site")), check.stderr
     # a missing part: a one-line error and a non-zero exit, nothing installed
     (stage / "parts" / "part001.bin").unlink()
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "install.sh"), str(stage)],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    r = _install(stage, tmp_path)
     assert r.returncode == 3 and r.stderr.startswith("error: incomplete: tinypkg") and r.stderr.count("\n") == 1
+
+
+def test_builder_site_first_then_the_gpu_wheel(tmp_path):
+    """The export starts before onnxruntime-gpu has arrived: the pack puts the small files first, the
+    builder's site (WHEELS, SITE, ENV_SH) installs the CPU onnxruntime with what arrived, and the
+    full install later takes onnxruntime-gpu and leaves the CPU onnxruntime out (both are the
+    package onnxruntime)."""
+    fake = "__version__ = \"9.0\"\nKIND = \"{}\"\ndef get_available_providers():\n    return [KIND]\n"
+    big = _wheel(tmp_path / "wheels", "onnxruntime_gpu", "onnxruntime", fake.format("gpu").encode() + b"# " + os.urandom(3000).hex().encode(), "9.0")
+    cpu = _wheel(tmp_path / "wheels", "onnxruntime", "onnxruntime", fake.format("cpu").encode(), "9.0")
+    tiny = _wheel(tmp_path / "wheels")
+    files = sorted([(w.name, w) for w in (big, cpu, tiny)], key=lambda nf: nf[1].stat().st_size)
+    batches = pack.pack(files, tmp_path / "tree", cpu.stat().st_size + tiny.stat().st_size)
+    stage = tmp_path / "stage"
+    man = json.loads((batches[0] / "MANIFEST.json").read_text())
+    assert man["files"][-1]["name"] == big.name and len(batches) > 1
+    pack.stash(batches[0], stage / "parts")  # the first batch: the small wheels, not the big one
+    r = _install(stage, tmp_path, WHEELS="onnxruntime-[0-9]*.whl tinypkg*", SITE=str(stage / "site-build"),
+                 ENV_SH=str(stage / "env-build.sh"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    check = _imports(stage / "env-build.sh", tmp_path, "import onnxruntime, tinypkg; print(onnxruntime.KIND)")
+    assert check.stdout.strip() == "cpu", check.stderr
+    # the GPU wheel is incomplete yet: asking for it is a one-line error
+    r = _install(stage, tmp_path)
+    assert r.returncode == 3 and "onnxruntime_gpu" in r.stderr
+    for b in batches[1:]:
+        pack.stash(b, stage / "parts")
+    r = _install(stage, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    check = _imports(stage / "env.sh", tmp_path, "import onnxruntime, tinypkg; print(onnxruntime.KIND)")
+    assert check.stdout.strip() == "gpu", check.stderr
+    assert not (stage / "site" / "onnxruntime-9.0.dist-info").exists()
 
 
 # -- predict.py: the CPU rounds priced at a GPU's measured costs --------------------------------------

@@ -17,6 +17,8 @@ records its error and the next one runs): written to ``--json`` after every sect
 - ``smol``: SmolLM2 INT4: greedy 64 tokens on the shipped prompts, CUDA against the CPU EP on the
   same cuda-layout graph and against the cpu-layout bundle on the CPU.
 - ``memory``: ``edgespec plan --measure`` on CUDA (NVML) against the plan.
+- ``load_times``: loading the shaped bundle in fresh processes, cold, cached, and with only the
+  placement verdicts forgotten (what the verdict cache saves).
 """
 from __future__ import annotations
 
@@ -262,6 +264,39 @@ def smol_bench(bundle: str, keep_report: Path) -> dict:
                         for cat, per in rep["summary"].items()}}
 
 
+LOAD = r"""
+import sys, time, edgespec
+t = time.perf_counter()
+edgespec.load(sys.argv[1], provider=sys.argv[2], memory=False, max_context=4096)
+print(round(time.perf_counter() - t, 3))
+"""
+
+
+def load_times(bundle: str) -> dict:
+    """Seconds to load the bundle in a fresh process, with an empty cache directory (files hashed,
+    placements checked: three sessions per GPU model), then all cached, then with only the
+    placement verdicts forgotten (placements.json removed: the verdict cache's own worth), then
+    cached again."""
+    cache = Path(tempfile.mkdtemp(prefix="edgespec-cache-"))
+    env = dict(os.environ, EDGESPEC_CACHE_DIR=str(cache))
+    out: dict = {"cache_dir": str(cache)}
+
+    def once(name: str) -> None:
+        r = subprocess.run([sys.executable, "-c", LOAD, bundle, PROVIDER], env=env, capture_output=True,
+                           text=True, timeout=180)
+        last = (r.stdout.strip().splitlines() or ["?"])[-1]
+        out[name] = float(last) if r.returncode == 0 else {"rc": r.returncode, "output": (r.stdout + r.stderr)[-800:]}
+
+    once("cold")
+    once("warm")
+    verdicts = cache / "placements.json"
+    out["verdicts_file"] = verdicts.is_file()
+    verdicts.unlink(missing_ok=True)
+    once("no_verdicts")
+    once("warm_again")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shaped")
@@ -290,6 +325,7 @@ def main(argv=None) -> int:
         "memory": lambda: [memory(b, p) for b, p in ((args.shaped, "rtx4090-24gb"),
                                                       (args.shaped, "jetson-orin-nano-8gb")) if b],
         "memory_ab": lambda: memory_ab(args.shaped) if args.shaped else {"skipped": "no --shaped bundle"},
+        "load_times": lambda: load_times(args.shaped) if args.shaped else {"skipped": "no --shaped bundle"},
     }
     for name in args.sections.split(","):
         t = time.perf_counter()

@@ -3,7 +3,7 @@
 # Qwen2.5-Coder-1.5B/0.5B-shaped random models (make_shaped.py) and export them
 #   STAGE/bundles/qwen-shaped-cuda    target and drafter INT4, cuda layout (as the 8 GB plans)
 #   STAGE/bundles/qwen0.5b-shaped-cpu the 0.5B alone in the cpu layout (a drafter placed on the CPU)
-# SHAPED_CPU_DRAFTER=0 skips the cpu-layout 0.5B. SHAPED_LAYERS=N builds N-layer models instead (a dry run on a CPU machine, not for timing).
+# ENV_SH picks the environment file (default STAGE/env.sh). SHAPED_CPU_DRAFTER=0 skips the cpu-layout 0.5B. SHAPED_LAYERS=N builds N-layer models instead (a dry run on a CPU machine, not for timing).
 # Writes STAGE/shaped.log, then STAGE/shaped.done (rc of each step) when it ends.
 #   setsid nohup bash scripts/gpu/export_shaped.sh /tmp/edgespec-gpu >/dev/null 2>&1 &
 set -uo pipefail
@@ -11,7 +11,7 @@ STAGE=$(realpath -m "${1:-/tmp/edgespec-gpu}")
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 # shellcheck disable=SC1091
-source "$STAGE/env.sh"
+source "${ENV_SH:-$STAGE/env.sh}"  # ENV_SH: the builder's site (install.sh), if the export starts before the GPU wheel is there
 export PYTHONUNBUFFERED=1
 rm -f "$STAGE/shaped.done" "$STAGE/shaped.cuda.done" "$STAGE/shaped.pid"
 echo $$ > "$STAGE/shaped.pid"  # started with setsid: its process group, which run.sh stops if it must

@@ -7,6 +7,12 @@
 #
 #   bash scripts/gpu/install.sh /tmp/edgespec-gpu && source /tmp/edgespec-gpu/env.sh
 #
+# WHEELS (file patterns, default every wheel of the pack) picks the wheels, SITE (default STAGE/site)
+# and ENV_SH (default STAGE/env.sh) where they go: the builder's site, as soon as the first batch is
+# there, is  WHEELS='onnxruntime-[0-9]*.whl onnxruntime_genai*.whl gguf*.whl' SITE=STAGE/site-build
+# ENV_SH=STAGE/env-build.sh  (CPU onnxruntime 1.31, which genai 0.18 needs). A CPU onnxruntime is
+# left out where onnxruntime-gpu is picked too (both are the package onnxruntime).
+#
 # Runs offline (--no-index) and on a CPU machine too (the tests do: onnxruntime-gpu installs there,
 # it just finds no GPU). PYTHON picks the interpreter (default python3).
 set -euo pipefail
@@ -14,14 +20,30 @@ STAGE=$(realpath -m "${1:-/tmp/edgespec-gpu}")
 PY=${PYTHON:-python3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # the wheels of this pack (not whatever an earlier pack left in STAGE/files)
-JOINED=$("$PY" "$ROOT/scripts/gpu/pack.py" join --stage "$STAGE/parts" --out "$STAGE/files" --only '*.whl')
-mapfile -t WHEELS <<< "$JOINED"
-mkdir -p "$STAGE/site"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STAGE/site" \
-    "${WHEELS[@]}"
+SITE=$(realpath -m "${SITE:-$STAGE/site}")
+ENV_SH=$(realpath -m "${ENV_SH:-$STAGE/env.sh}")
+read -r -a PATTERNS <<< "${WHEELS:-*.whl}"
+JOINED=$("$PY" "$ROOT/scripts/gpu/pack.py" join --stage "$STAGE/parts" --out "$STAGE/files" --only "${PATTERNS[@]}")
+mapfile -t ALL <<< "$JOINED"
+PICKED=()
+GPU_ORT=0
+for w in "${ALL[@]}"; do
+  case "$(basename "$w")" in onnxruntime_gpu-*) GPU_ORT=1 ;; esac
+done
+for w in "${ALL[@]}"; do
+  b=$(basename "$w")
+  [ -n "$w" ] || continue
+  case "$b" in *.whl) ;; *) continue ;; esac
+  if [ "$GPU_ORT" = 1 ] && [[ "$b" == onnxruntime-[0-9]* ]]; then continue; fi
+  PICKED+=("$w")
+done
+[ "${#PICKED[@]}" -gt 0 ] || { echo "error: no wheel matches ${PATTERNS[*]}" >&2; exit 2; }
+mkdir -p "$SITE"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "${PICKED[@]}"
 # edgespec itself, from this checkout (no build isolation: setuptools is already there, no index)
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
-    --target "$STAGE/site" "$ROOT"
+    --target "$SITE" "$ROOT"
 # the CUDA 13 / cuDNN 9 libraries of the machine's own nvidia-* wheels (torch's), and the driver's
 LIBS=$("$PY" - <<'PYEOF'
 import glob, os, site, sys
@@ -38,11 +60,11 @@ print(":".join(dirs))
 PYEOF
 )
 {
-  printf 'export PYTHONPATH=%q"${PYTHONPATH:+:$PYTHONPATH}"\n' "$STAGE/site"
+  printf 'export PYTHONPATH=%q"${PYTHONPATH:+:$PYTHONPATH}"\n' "$SITE"
   printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$LIBS"
-  printf 'export PATH=%q":$PATH"\n' "$STAGE/site/bin"
-} > "$STAGE/env.sh"
+  printf 'export PATH=%q":$PATH"\n' "$SITE/bin"
+} > "$ENV_SH"
 # shellcheck disable=SC1091
-source "$STAGE/env.sh"
+source "$ENV_SH"
 "$PY" -c "import onnxruntime as o, edgespec; print('onnxruntime', o.__version__, o.get_available_providers(), 'edgespec from', edgespec.__file__)"
 echo "library dirs: ${LIBS:-none found}"

@@ -4,7 +4,7 @@
 The machine this plans for (README: GPU) takes files only as copies of the working tree plus
 named ignored folders, at most 64 MiB per transfer. Everything it lacks (the onnxruntime-gpu and
 onnxruntime-genai wheels, gguf, SmolLM2's weights, the Qwen tokenizer) goes as one byte stream:
-the files one after the other, cut into batches of at most ``--batch-mib``, one batch per
+the files one after the other, smallest first, cut into batches of at most ``--batch-mib``, one batch per
 transfer. Each batch carries the whole manifest (every file's offset, size and sha256, every
 part's sha256), so the far side knows at any point what it has and what is complete.
 
@@ -40,7 +40,9 @@ MiB = 1 << 20
 MANIFEST = "MANIFEST.json"
 # What the GPU run needs that its machine does not have (KINDS.md in the device library: it has
 # torch, transformers, onnx and onnxruntime 1.30 CPU, no onnxruntime-gpu, genai or gguf).
-WHEELS = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai==0.18.0", "gguf==0.19.0")
+# onnxruntime (CPU) 1.31.1 too: genai 0.18 needs onnxruntime >= 1.31, and with it in the first batch
+# the export (install.sh's builder site) starts while onnxruntime-gpu is still travelling
+WHEELS = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai==0.18.0", "gguf==0.19.0", "onnxruntime==1.31.1")
 PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64",
                  "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
@@ -259,6 +261,9 @@ def main(argv=None) -> int:
             if not args.no_smollm2:
                 files.append((SMOL, args.models / SMOL))
             files += [(f.name, f) for f in args.file]
+            # smallest first: the builder's wheels and the tokenizer arrive in the first batch, so the
+            # shaped models export there while the rest (onnxruntime-gpu) travels
+            files.sort(key=lambda nf: nf[1].stat().st_size if nf[1].is_file() else 0)
             batches = pack(files, args.out, int(args.batch_mib * MiB))
             for d in batches:
                 size = sum(f.stat().st_size for f in d.iterdir())
