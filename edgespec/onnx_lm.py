@@ -26,7 +26,8 @@ _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
 # the model (32 x vocab: 18.5 MiB for Qwen's 152k vocabulary, within the planner's working memory):
 # IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2. 32: a
-# CPU profile's draft bound (30) plus the round's last token fits
+# CPU profile's draft bound (30) plus the round's last token fits. Also the positions a cuda-layout
+# target's argmax output covers (export/greedy.py): longer calls read the logits
 OWN_LOGITS_MAX_WIDTH = 32
 
 
