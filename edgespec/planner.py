@@ -25,7 +25,9 @@ RUNTIME_BASE_BYTES = 150 * MiB
 #   (the kernels' code the graphs load, the width probe's activations): GPU_KERNELS_BYTES.
 # Under these the measured peaks (tiny bundle 822 MiB; the shaped pair at a full 4096-token
 # context 3254 MiB with the rtx4090-24gb profile, 2854 MiB with jetson-orin-nano-8gb) stay within
-# the plan. A Jetson's context is smaller (unified memory, no separate VRAM): `plan --measure` there.
+# the plan. Session 17, with the targets' argmax output (export/greedy.py, greedy calls' logits left
+# on the device): 3266 and 2946 MiB (plans 3543 and 2945 before its term in working_bytes, 46 MiB more
+# with it). A Jetson's context is smaller (unified memory, no separate VRAM): `plan --measure` there.
 GPU_RUNTIME_BYTES = 700 * MiB
 GPU_SESSION_BYTES = 160 * MiB
 GPU_KERNELS_BYTES = 384 * MiB
@@ -74,7 +76,8 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     16 x hidden), and on the CPU the attention scores of GroupQueryAttention (chunk x heads x the
     KV buffer's length x 4 bytes, one layer's at a time; CUDA's fused kernels keep none); plus the
     float32 copy of the biggest logits (freed after each call, so counted once) and each model's
-    logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept). ``on_cpu``:
+    logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept); on a GPU, a target's
+    argmax output's buffers (``OWN_LOGITS_MAX_WIDTH`` rows of float16 and float32 logits). ``on_cpu``:
     role -> whether that model runs on the CPU (default: all)."""
     from .onnx_lm import OWN_LOGITS_MAX_WIDTH
 
@@ -89,6 +92,10 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
             arenas += min(chunk, context) * heads * (context + s.attention_pad) * 4
         copy = max(copy, logits)
         own += OWN_LOGITS_MAX_WIDTH * columns * 4
+        if s.io.argmax and not (on_cpu or {}).get(s.role, True):
+            # a GPU target's argmax (export/greedy.py): its first 32 rows of logits cast to float32 and
+            # reduced, and a greedy call's float16 logits kept on the device: 10 bytes a column a row
+            arenas += OWN_LOGITS_MAX_WIDTH * columns * 10
     return arenas + copy + own
 
 

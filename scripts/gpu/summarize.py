@@ -34,6 +34,10 @@ def run_summary(path: Path) -> dict:
                          "width_ms_policy": s["width_ms"]["policy"], "drafter_step_ms": s["drafter_step_ms"],
                          "one_token_ms_by_context": s["one_token_ms_by_context"], "runners": runners(s),
                          "memory_after_load_mib": s["memory_after_load"]}
+        if "policy_argmax" in s["width_ms"]:  # session 17: greedy calls read the graph's argmax
+            out["shaped"]["width_ms_policy_argmax"] = s["width_ms"]["policy_argmax"]
+    if "load_times" in d:
+        out["load_seconds"] = d["load_times"]
     p = d.get("placement", {})
     if "speed" in p:
         out["placement_drafter_on_cpu"] = {"runners": runners(p), "drafter_step_ms_cuda_layout_on_cpu":
