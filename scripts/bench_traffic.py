@@ -168,6 +168,10 @@ def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None
             runs.append({"category": cat, "id": qid, "drafter": d, "new_tokens": st.new_tokens,
                          "decode_s": st.decode_s, "drafted": st.drafted, "accepted": st.accepted,
                          "target_calls": st.target_calls, "rounds_by_drafter": dict(st.rounds_by_drafter),
+                         "draft_s": round(st.draft_s, 4), "target_s": round(st.target_s, 4),
+                         "prefill_s": round(st.prefill_ms / 1000, 4), "prompt_tokens": len(ids),
+                         "drafted_by_drafter": dict(st.drafted_by_drafter),
+                         "accepted_by_drafter": dict(st.accepted_by_drafter),
                          "exact": None if d == "none" else out == ref,
                          "recalled": [] if d == "none" else list(sfx.recall_scores)})
             log(f"  [{n}/{len(items)}] {cat:12s} {qid:18s} {d:13s} {st.tokens_per_second:6.1f} tok/s "
