@@ -118,6 +118,7 @@ class ChatRepl:
     def run(self) -> int:
         if self.interactive:
             _enable_line_editing()
+            _catch_ctrl_c()
             name = self.engine.manifest.name
             self._note(f"edgespec chat: {name}, {self.engine.max_context} tokens of context. "
                        f"/help lists commands; Ctrl-D leaves.")
@@ -271,6 +272,17 @@ def _enable_line_editing() -> None:
         import readline  # noqa: F401
     except ImportError:  # not on every platform (Windows); plain input() still works
         pass
+
+
+def _catch_ctrl_c() -> None:
+    """Ctrl-C on the terminal stops a reply or drops a line even where the process was started with
+    SIGINT ignored (a non-interactive shell's background job: ``cmd &`` in a script), which Python
+    otherwise keeps, so Ctrl-C would do nothing at all. Only in the main thread (signal's rule)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_chat(engine, **kw) -> int:

@@ -61,7 +61,7 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
         t = time.perf_counter()
         again = lm.forward(ids[prefix: prefix + 2])
         took[2] = min(took.get(2, np.inf), time.perf_counter() - t)
-        if lm.device_argmax:  # greedy rounds read only the argmax there: price those calls
+        if getattr(lm, "device_argmax", False):  # greedy rounds read only the argmax there: price those calls
             for w in widths:
                 lm.rewind(lm.length - prefix)
                 t = time.perf_counter()

@@ -16,6 +16,13 @@ Workload, in order (chat template, greedy, every request run by each drafter one
 Each reference output is remembered with its prompt (``SuffixDrafter.remember(out, prompt=ids)``), as
 a generation records itself, so a later request that repeats a prompt recalls its answer.
 
+Every run starts from an empty engine (``eng.reset()``: the target's and the model drafter's
+caches), unless ``--keep-caches``: then requests follow one another as a server or the REPL serves
+them, and a model drafter (used by ``auto`` alone) keeps the context it read for the last request,
+reading only what the next prompt does not share with it (a code-edit turn extends the last; a RAG
+question asked again repeats it). Prefill is not in the decoding time either way; the drafter's
+reads are (they happen at its first draft).
+
 The memory starts empty. Every drafter of a request sees the same memory: recording is off while
 they run, and after each request the reference (``none``) output is added, as the engine would
 have added it. ``speedup`` is tokens/s against ``none`` on the same requests in the same minutes;
@@ -145,7 +152,8 @@ def _sum_dicts(ds) -> dict:
     return out
 
 
-def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None, log) -> tuple[list[dict], list]:
+def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None, log,
+                keep_caches: bool = False) -> tuple[list[dict], list]:
     sfx = eng.decoder.drafters["suffix"]
     sfx.recording = False  # one reference output per request is added below
     tok = eng.tokenizer
@@ -159,7 +167,8 @@ def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None
         ids = tok.encode_chat(messages)
         ref = None
         for d in ["none", *drafters]:
-            eng.reset()
+            if not keep_caches:  # every run from empty caches: the drafter reads each prompt whole
+                eng.reset()
             out, st = [], None
             for _, toks, st in eng.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=0.0, drafter=d):
                 out.extend(toks)
@@ -218,6 +227,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-per-category", action="store_true", help="skip the per-category bench")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="reports/traffic")
+    ap.add_argument("--keep-caches", action="store_true",
+                    help="no engine reset between runs, as a server or the REPL runs one request after "
+                         "another: a model drafter keeps the context it read last (only auto's runs use "
+                         "it), so a request that extends or shares a prefix with the last reads the rest")
     args = ap.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
@@ -230,11 +243,12 @@ def main(argv=None) -> int:
         eng.reset()
         list(eng.stream_ids(eng.tokenizer.encode("Hello"), max_new_tokens=8, drafter="none"))  # warm-up
         t0 = time.perf_counter()
-        runs, growth = run_traffic(eng, drafters, args.max_new_tokens, args.limit, log)
+        runs, growth = run_traffic(eng, drafters, args.max_new_tokens, args.limit, log, args.keep_caches)
         mem = eng.memory_stats()
         mem["file_bytes"] = store.stat().st_size if store.exists() else 0
         rep = {"bundle": str(Path(args.bundle).resolve().name),
                "settings": f"greedy · max_new_tokens {args.max_new_tokens} · drafters {['none', *drafters]} · "
+                           f"{'caches kept between requests' if args.keep_caches else 'caches reset every run'} · "
                            f"{len(runs)} runs · {time.perf_counter() - t0:.0f} s",
                "traffic": summarize(runs), "memory": mem, "store_growth": growth, "runs": runs}
         if not args.no_per_category:
