@@ -17,6 +17,8 @@ records its error and the next one runs): written to ``--json`` after every sect
 - ``smol``: SmolLM2 INT4: greedy 64 tokens on the shipped prompts, CUDA against the CPU EP on the
   same cuda-layout graph and against the cpu-layout bundle on the CPU.
 - ``memory``: ``edgespec plan --measure`` on CUDA (NVML) against the plan.
+- ``drafter_logits``: the 0.5B-shaped model alone (``--drafter-cuda``): its calls with the logits
+  copied against only the argmax copied.
 - ``load_times``: loading the shaped bundle in fresh processes, cold, cached, and with only the
   placement verdicts forgotten (what the verdict cache saves).
 """
@@ -264,6 +266,28 @@ def smol_bench(bundle: str, keep_report: Path) -> dict:
                         for cat, per in rep["summary"].items()}}
 
 
+def drafter_logits(bundle: str, reps: int) -> dict:
+    """The 0.5B-shaped model alone (``SHAPED_DRAFTER_ONLY=1``, a cuda-layout target with the argmax
+    output): its calls of 1, 2, 4 and 8 tokens with the logits copied to the host (as the drafter's
+    steps are) and with only the argmax copied: what the drafter's step would gain from outputs
+    that leave its logits on the device."""
+    import edgespec
+    from bench_width import time_widths
+
+    eng = edgespec.load(bundle, provider=PROVIDER, memory=False, use_drafter=False, max_context=1024)
+    lm = eng.decoder.target
+    lm.min_width, lm.width_multiple = 1, 1
+    out = {"bundle": bundle, "device_argmax": lm.device_argmax, "vocab": lm.spec.vocab_size}
+    widths = [1, 2, 4, 8]
+    out["logits_copied_ms"] = {w: round(s * 1e3, 3) for w, s in time_widths(lm, widths, 256, reps, 32000).items()}
+    if lm.device_argmax:
+        out["argmax_only_ms"] = {w: round(s * 1e3, 3) for w, s in
+                                 time_widths(lm, widths, 256, reps, 32000, argmax=True).items()}
+        out["logits_copied_ms_again"] = {w: round(s * 1e3, 3) for w, s in
+                                         time_widths(lm, widths, 256, reps, 32000).items()}
+    return out
+
+
 LOAD = r"""
 import sys, time, edgespec
 t = time.perf_counter()
@@ -301,6 +325,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shaped")
     ap.add_argument("--drafter-cpu")
+    ap.add_argument("--drafter-cuda", help="the 0.5B-shaped model alone, cuda layout (SHAPED_DRAFTER_ONLY=1)")
     ap.add_argument("--smol-cuda")
     ap.add_argument("--smol-cpu")
     ap.add_argument("--reps", type=int, default=15)
@@ -326,6 +351,8 @@ def main(argv=None) -> int:
                                                       (args.shaped, "jetson-orin-nano-8gb")) if b],
         "memory_ab": lambda: memory_ab(args.shaped) if args.shaped else {"skipped": "no --shaped bundle"},
         "load_times": lambda: load_times(args.shaped) if args.shaped else {"skipped": "no --shaped bundle"},
+        "drafter_logits": lambda: drafter_logits(args.drafter_cuda, args.reps * 2) if args.drafter_cuda
+        else {"skipped": "no --drafter-cuda bundle"},
     }
     for name in args.sections.split(","):
         t = time.perf_counter()

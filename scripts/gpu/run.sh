@@ -60,6 +60,7 @@ SHAPED=$B/qwen-shaped-cuda; DCPU=$B/qwen0.5b-shaped-cpu
 args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,smol,memory,placement,smol_bench}")
 [ -f "$SHAPED/edgespec.json" ] && args+=(--shaped "$SHAPED")
 [ -f "$DCPU/edgespec.json" ] && args+=(--drafter-cpu "$DCPU")
+[ -f "$B/qwen0.5b-shaped-cuda/edgespec.json" ] && args+=(--drafter-cuda "$B/qwen0.5b-shaped-cuda")
 [ -f "$B/smollm2-int4-cuda/edgespec.json" ] && args+=(--smol-cuda "$B/smollm2-int4-cuda")
 [ -f "$B/smollm2-int4/edgespec.json" ] && args+=(--smol-cpu "$B/smollm2-int4")
 say "bench ${args[*]}"
