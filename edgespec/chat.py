@@ -116,9 +116,16 @@ class ChatRepl:
                 self._out("\n")
 
     def run(self) -> int:
+        restore = _catch_ctrl_c() if self.interactive else None
+        try:
+            return self._run()
+        finally:
+            if restore is not None:
+                restore()
+
+    def _run(self) -> int:
         if self.interactive:
             _enable_line_editing()
-            _catch_ctrl_c()
             name = self.engine.manifest.name
             self._note(f"edgespec chat: {name}, {self.engine.max_context} tokens of context. "
                        f"/help lists commands; Ctrl-D leaves.")
@@ -274,15 +281,18 @@ def _enable_line_editing() -> None:
         pass
 
 
-def _catch_ctrl_c() -> None:
+def _catch_ctrl_c():
     """Ctrl-C on the terminal stops a reply or drops a line even where the process was started with
     SIGINT ignored (a non-interactive shell's background job: ``cmd &`` in a script), which Python
-    otherwise keeps, so Ctrl-C would do nothing at all. Only in the main thread (signal's rule)."""
+    otherwise keeps, so Ctrl-C would do nothing at all. Only in the main thread (signal's rule).
+    Returns what puts the ignoring back (the REPL used as a library), or None."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_chat(engine, **kw) -> int:

@@ -170,8 +170,8 @@ class ModelIO:
     present_value: str
     logits: str
     position_ids: str | None = None
-    # the graph's per-position argmax of the logits (int64 [batch, seq]; cuda-layout targets, added by
-    # export/greedy.py): a GPU decoding greedily reads this instead of copying the logits to the host
+    # the graph's per-position argmax of the logits (int64 [batch, min(seq, 32)]; cuda-layout targets,
+    # added by export/greedy.py): a GPU decoding greedily reads this instead of copying the logits to the host
     argmax: str | None = None
 
     @classmethod

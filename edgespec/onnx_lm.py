@@ -26,9 +26,12 @@ _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
 # the model (32 x vocab: 18.5 MiB for Qwen's 152k vocabulary, within the planner's working memory):
 # IOBinding.get_outputs() would wrap every present.* output too, ~0.17 ms a call on SmolLM2. 32: a
-# CPU profile's draft bound (30) plus the round's last token fits. Also the positions a cuda-layout
-# target's argmax output covers (export/greedy.py): longer calls read the logits
+# CPU profile's draft bound (30) plus the round's last token fits
 OWN_LOGITS_MAX_WIDTH = 32
+# the positions a cuda-layout target's argmax output covers (export/greedy.py slices the logits to
+# them; its output is [1, min(n, ARGMAX_ROWS)]): longer calls read the logits. Bundles are exported
+# with it: changing it needs them exported again
+ARGMAX_ROWS = 32
 
 
 class OnnxLM(CausalLM):
@@ -70,7 +73,7 @@ class OnnxLM(CausalLM):
         # greedy on a GPU: the graph's argmax output (export/greedy.py), the logits left on the device
         self._argmax_name = io.argmax if io.argmax and io.argmax in {o.name for o in self.session.get_outputs()} else None
         self.device_argmax = self._argmax_name is not None and self.device == "cuda"
-        self._argmax_buf = np.zeros((1, OWN_LOGITS_MAX_WIDTH), dtype=np.int64)
+        self._argmax_buf = np.zeros((1, ARGMAX_ROWS), dtype=np.int64)
         self._argmax_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (view of it, its OrtValue)
         self._init_counters()
         if min_width is None:
@@ -88,13 +91,13 @@ class OnnxLM(CausalLM):
 
     def _run(self, ids: Sequence[int], past: int, argmax: bool = False) -> np.ndarray:
         n = len(ids)
+        if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
+            return np.argmax(self._run(ids, past), axis=-1)
         b = self._binding
         b.bind_cpu_input(self.spec.io.input_ids, np.asarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
         if self._has_pos:
             b.bind_cpu_input(self.spec.io.position_ids, self._positions[:, past: past + n])
-        if argmax and n > OWN_LOGITS_MAX_WIDTH:  # a long call: numpy's argmax of the copied logits
-            return np.argmax(self._run(ids, past), axis=-1)
         own = None if argmax else self._own_logits(n)
         if argmax:  # the logits stay on the device: only the indices are copied
             b.bind_output(self.spec.io.logits, self.device, 0)
@@ -132,8 +135,8 @@ class OnnxLM(CausalLM):
 
     def _own_argmax(self, n: int):
         """The host int64 buffer (and its OrtValue) a call of ``n`` tokens writes its argmax to, or
-        None past ``OWN_LOGITS_MAX_WIDTH`` (onnxruntime allocates it)."""
-        if n > OWN_LOGITS_MAX_WIDTH:
+        None past ``ARGMAX_ROWS`` (onnxruntime allocates it, ``[1, ARGMAX_ROWS]``)."""
+        if n > ARGMAX_ROWS:
             return None
         own = self._argmax_out.get(n)
         if own is None:

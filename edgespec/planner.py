@@ -79,7 +79,7 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept); on a GPU, a target's
     argmax output's buffers (``OWN_LOGITS_MAX_WIDTH`` rows of float16 and float32 logits). ``on_cpu``:
     role -> whether that model runs on the CPU (default: all)."""
-    from .onnx_lm import OWN_LOGITS_MAX_WIDTH
+    from .onnx_lm import ARGMAX_ROWS, OWN_LOGITS_MAX_WIDTH
 
     specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
     arenas = copy = own = 0
@@ -95,7 +95,7 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
         if s.io.argmax and not (on_cpu or {}).get(s.role, True):
             # a GPU target's argmax (export/greedy.py): its first 32 rows of logits cast to float32 and
             # reduced, and a greedy call's float16 logits kept on the device: 10 bytes a column a row
-            arenas += OWN_LOGITS_MAX_WIDTH * columns * 10
+            arenas += ARGMAX_ROWS * columns * 10
     return arenas + copy + own
 
 

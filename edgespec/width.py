@@ -62,11 +62,19 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
         again = lm.forward(ids[prefix: prefix + 2])
         took[2] = min(took.get(2, np.inf), time.perf_counter() - t)
         if getattr(lm, "device_argmax", False):  # greedy rounds read only the argmax there: price those calls
+            top = {}
             for w in widths:
                 lm.rewind(lm.length - prefix)
                 t = time.perf_counter()
-                lm.forward_argmax(ids[prefix: prefix + w])
-                took[w] = time.perf_counter() - t
+                top[w] = lm.forward_argmax(ids[prefix: prefix + w])
+                took[w] = min(took[w], time.perf_counter() - t) if w == 2 else time.perf_counter() - t
+            # the device's argmax must pick what numpy's does in the logits it computed (the first
+            # index among equal values): else greedy rounds read the logits
+            bad = [w for w in widths if not np.array_equal(top[w], np.argmax(rows[w], axis=-1))]
+            if bad:
+                lm.device_argmax = False
+                log.warning(f"{lm.spec.role}: the graph's argmax on {lm.device} disagrees with the logits at "
+                            f"width {bad[0]}; greedy decoding reads the logits instead")
         lm.width_seconds = took
     finally:
         lm.reset()

@@ -15,14 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgespec.errors import ExportError
-from edgespec.onnx_lm import OWN_LOGITS_MAX_WIDTH
+from edgespec.onnx_lm import ARGMAX_ROWS
 
 ARGMAX_NAME = "argmax"
-# positions the argmax covers: the first this many of a call, as many as the runtime reads it for
-# (greedy verify and decode calls; it reads the logits of longer ones). Without the bound a
-# 512-token prefill chunk cast 512 x 151,936 logits to float32 on the device: +490 MiB of GPU
-# memory measured on the H200
-ARGMAX_ROWS = OWN_LOGITS_MAX_WIDTH
+# positions the argmax covers (edgespec.onnx_lm.ARGMAX_ROWS): the first this many of a call, as many
+# as the runtime reads it for (greedy verify and decode calls; it reads the logits of longer ones).
+# Without the bound a 512-token prefill chunk cast 512 x 151,936 logits to float32 on the device:
+# +490 MiB of GPU memory measured on the H200
 
 
 def add_argmax_output(model_file: Path, logits: str, name: str = ARGMAX_NAME, rows: int = ARGMAX_ROWS) -> str:
@@ -37,10 +36,11 @@ def add_argmax_output(model_file: Path, logits: str, name: str = ARGMAX_NAME, ro
     if logits not in outs:
         raise ExportError(f"{model_file.name} has no output {logits!r} to take the argmax of")
     if name in outs:
-        return name
+        raise ExportError(f"{model_file.name} already has an output {name!r}")
     src = outs[logits]
     dims = src.type.tensor_type.shape.dim
-    shape = [dims[0].dim_param or dims[0].dim_value or None, f"min(sequence_length, {rows})"]
+    batch = (dims[0].dim_param or dims[0].dim_value or None) if len(dims) == 3 else None
+    shape = [batch, f"min(sequence_length, {rows})"]
     consts = {"starts": 0, "ends": rows, "axes": 1}
     for k, v in consts.items():
         g.initializer.append(helper.make_tensor(f"{name}/{k}", TensorProto.INT64, [1], [v]))

@@ -116,6 +116,33 @@ def test_width_probe_falls_back_and_warns_when_arithmetic_does_not_reproduce(cap
     assert "computed twice gives different logits" in caplog.text
 
 
+class _DeviceArgmax(_FakeKernel):
+    """A model with a device argmax (``forward_argmax`` computed apart from the logits): ``pick``
+    maps a call's logits to the indices it returns."""
+
+    def __init__(self, pick):
+        super().__init__(lambda w, i: 0.0)
+        self.device_argmax, self.pick = True, pick
+
+    def forward_argmax(self, ids):
+        return self.pick(self.forward(ids))
+
+
+@pytest.mark.parametrize("pick, kept", [
+    (lambda rows: np.argmax(rows, axis=-1), True),
+    # the planted bug: the last index among equal values (every fake row is four equal logits)
+    (lambda rows: np.full(rows.shape[0], rows.shape[1] - 1), False),
+])
+def test_width_probe_checks_the_device_argmax(pick, kept, caplog):
+    """The probe compares the device's argmax with numpy's on the logits of every probed call; one
+    that picks otherwise among ties is switched off (greedy rounds then read the logits), warned."""
+    k = _DeviceArgmax(pick)
+    with caplog.at_level("WARNING", logger="edgespec"):
+        assert measure_width(k) == (1, 1)
+    assert k.device_argmax is kept
+    assert ("disagrees with the logits" in caplog.text) is not kept
+
+
 @pytest.mark.parametrize("bundle", ["tiny_bundle", "tiny_int4_bundle"])
 def test_width_is_measured_at_load_on_the_cpu(bundle, request):
     """fp32 and INT4 graphs alike: one-token calls differ from wider ones on the CPU EP, so the

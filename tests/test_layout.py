@@ -133,13 +133,13 @@ def test_plan_counts_the_gpu_argmax(tiny_cuda_bundle):
     """A GPU target with the argmax output plans its device-side buffers (32 rows of float16 and
     float32 logits, 10 bytes a column a row); the same model on the CPU, or without the output,
     does not."""
-    from edgespec.onnx_lm import OWN_LOGITS_MAX_WIDTH
+    from edgespec.onnx_lm import ARGMAX_ROWS
     from edgespec.planner import working_bytes
 
     m = load_manifest(tiny_cuda_bundle)
     plain = replace(m, target=replace(m.target, io=replace(m.target.io, argmax=None)))
     gpu, cpu = {"target": False, "drafter": False}, {"target": True, "drafter": True}
-    extra = OWN_LOGITS_MAX_WIDTH * m.target.vocab_size * 10
+    extra = ARGMAX_ROWS * m.target.vocab_size * 10
     assert working_bytes(m, 64, True, 256, gpu) - working_bytes(plain, 64, True, 256, gpu) == extra
     assert working_bytes(m, 64, True, 256, cpu) == working_bytes(plain, 64, True, 256, cpu)
 

@@ -9,10 +9,11 @@
 #   setsid nohup bash scripts/gpu/export_shaped.sh /tmp/edgespec-gpu >/dev/null 2>&1 &
 set -uo pipefail
 STAGE=$(realpath -m "${1:-/tmp/edgespec-gpu}")
+ENV_SH=$(realpath -m "${ENV_SH:-$STAGE/env.sh}")  # before the cd below: a relative path is the caller's
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 # shellcheck disable=SC1091
-source "${ENV_SH:-$STAGE/env.sh}"  # ENV_SH: the builder's site (install.sh), if the export starts before the GPU wheel is there
+source "$ENV_SH"  # ENV_SH: the builder's site (install.sh), if the export starts before the GPU wheel is there
 export PYTHONUNBUFFERED=1
 rm -f "$STAGE/shaped.done" "$STAGE/shaped.cuda.done" "$STAGE/shaped.pid"
 echo $$ > "$STAGE/shaped.pid"  # started with setsid: its process group, which run.sh stops if it must
