@@ -38,6 +38,8 @@ def run_summary(path: Path) -> dict:
             out["shaped"]["width_ms_policy_argmax"] = s["width_ms"]["policy_argmax"]
     if "load_times" in d:
         out["load_seconds"] = d["load_times"]
+    if "drafter_logits" in d:  # the 0.5B-shaped model alone: logits copied against only the argmax
+        out["drafter_logits"] = d["drafter_logits"]
     p = d.get("placement", {})
     if "speed" in p:
         out["placement_drafter_on_cpu"] = {"runners": runners(p), "drafter_step_ms_cuda_layout_on_cpu":
