@@ -318,6 +318,7 @@ def load_times(bundle: str) -> dict:
     verdicts.unlink(missing_ok=True)
     once("no_verdicts")
     once("warm_again")
+    shutil.rmtree(cache, ignore_errors=True)
     return out
 
 
