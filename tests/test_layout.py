@@ -88,6 +88,7 @@ def test_tiny_cuda_bundle_graphs_and_manifest(tiny_cuda_bundle, tmp_path):
     assert json.loads((Path(tiny_cuda_bundle) / "edgespec.json").read_text())["models"]["target"]["layout"] == "cuda"
     r = CliRunner().invoke(main, ["info", str(tiny_cuda_bundle)])
     assert r.exit_code == 0 and "int4, cuda layout" in r.stdout and "KV float16" in r.stdout
+    assert r.stdout.count("output 'argmax'") == 1  # the target's, not the drafter's
 
 
 def test_tiny_cuda_bundle_is_exact_on_the_cpu_ep(tiny_cuda_bundle):
