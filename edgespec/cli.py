@@ -342,8 +342,10 @@ def info(bundle, verify, as_json):
             click.echo(f"    reduced draft vocabulary: the lm_head computes {spec.head_size} of {spec.vocab_size} "
                        f"tokens ({os.path.relpath(spec.head_ids, m.root)}; {spec.head_source or 'source not recorded'})")
         if spec.io.argmax:
-            click.echo(f"    output {spec.io.argmax!r}: the argmax of the first 32 positions' logits, computed on "
-                       "the device (a greedy GPU run copies it instead of the logits)")
+            from .onnx_lm import ARGMAX_ROWS
+
+            click.echo(f"    output {spec.io.argmax!r}: the argmax of the first {ARGMAX_ROWS} positions' logits, "
+                       "computed on the device (a greedy GPU run copies it instead of the logits)")
         if spec.operators:
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.kernels != "onnxruntime":

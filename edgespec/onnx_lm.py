@@ -67,11 +67,12 @@ class OnnxLM(CausalLM):
         self._logits_buf: np.ndarray | None = None  # [1, OWN_LOGITS_MAX_WIDTH, vocab], made on first use
         self._logits_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (view of it, its OrtValue)
         self._logits_type = None  # (dtype, vocab) when the graph's logits have a static vocab axis
-        for o in self.session.get_outputs():
+        outputs = self.session.get_outputs()
+        for o in outputs:
             if o.name == io.logits and o.type in _ORT_FLOATS and isinstance(o.shape[-1], int):
                 self._logits_type = (_ORT_FLOATS[o.type], o.shape[-1])
         # greedy on a GPU: the graph's argmax output (export/greedy.py), the logits left on the device
-        self._argmax_name = io.argmax if io.argmax and io.argmax in {o.name for o in self.session.get_outputs()} else None
+        self._argmax_name = io.argmax if io.argmax and any(o.name == io.argmax for o in outputs) else None
         self.device_argmax = self._argmax_name is not None and self.device == "cuda"
         self._argmax_buf = np.zeros((1, ARGMAX_ROWS), dtype=np.int64)
         self._argmax_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (view of it, its OrtValue)
@@ -136,31 +137,29 @@ class OnnxLM(CausalLM):
     def _own_argmax(self, n: int):
         """The host int64 buffer (and its OrtValue) a call of ``n`` tokens writes its argmax to, or
         None past ``ARGMAX_ROWS`` (onnxruntime allocates it, ``[1, ARGMAX_ROWS]``)."""
-        if n > ARGMAX_ROWS:
-            return None
-        own = self._argmax_out.get(n)
-        if own is None:
-            import onnxruntime as ort
-
-            view = self._argmax_buf[:, :n]
-            own = self._argmax_out[n] = (view, ort.OrtValue.ortvalue_from_numpy(view))
-        return own
+        return None if n > ARGMAX_ROWS else _bound_view(self._argmax_out, self._argmax_buf, n)
 
     def _own_logits(self, n: int):
         """The host buffer (and its OrtValue) that a call of ``n`` tokens writes its logits to, or
         None where onnxruntime allocates them (long calls, a graph without a static vocab axis)."""
         if self._logits_type is None or n > OWN_LOGITS_MAX_WIDTH:
             return None
-        own = self._logits_out.get(n)
-        if own is None:
-            import onnxruntime as ort
+        if self._logits_buf is None:  # one buffer; each width binds a view of its first rows
+            dtype, vocab = self._logits_type
+            self._logits_buf = np.empty((1, OWN_LOGITS_MAX_WIDTH, vocab), dtype=dtype)
+        return _bound_view(self._logits_out, self._logits_buf, n)
 
-            if self._logits_buf is None:  # one buffer; each width binds a view of its first rows
-                dtype, vocab = self._logits_type
-                self._logits_buf = np.empty((1, OWN_LOGITS_MAX_WIDTH, vocab), dtype=dtype)
-            view = self._logits_buf[:, :n]  # contiguous: the leading axis has one element
-            own = self._logits_out[n] = (view, ort.OrtValue.ortvalue_from_numpy(view))
-        return own
+
+def _bound_view(views: dict, buf: np.ndarray, n: int):
+    """``(buf[:, :n], its OrtValue)``, made once per width and kept in ``views``: a call of ``n``
+    tokens binds it as an output (contiguous: the leading axis has one element)."""
+    own = views.get(n)
+    if own is None:
+        import onnxruntime as ort
+
+        view = buf[:, :n]
+        own = views[n] = (view, ort.OrtValue.ortvalue_from_numpy(view))
+    return own
 
 
 def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_options: dict | None = None,

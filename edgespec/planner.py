@@ -77,7 +77,7 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     KV buffer's length x 4 bytes, one layer's at a time; CUDA's fused kernels keep none); plus the
     float32 copy of the biggest logits (freed after each call, so counted once) and each model's
     logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept); on a GPU, a target's
-    argmax output's buffers (``OWN_LOGITS_MAX_WIDTH`` rows of float16 and float32 logits). ``on_cpu``:
+    argmax output's buffers (``ARGMAX_ROWS`` rows of float16 and float32 logits). ``on_cpu``:
     role -> whether that model runs on the CPU (default: all)."""
     from .onnx_lm import ARGMAX_ROWS, OWN_LOGITS_MAX_WIDTH
 
@@ -93,7 +93,7 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
         copy = max(copy, logits)
         own += OWN_LOGITS_MAX_WIDTH * columns * 4
         if s.io.argmax and not (on_cpu or {}).get(s.role, True):
-            # a GPU target's argmax (export/greedy.py): its first 32 rows of logits cast to float32 and
+            # a GPU target's argmax (export/greedy.py): its first ARGMAX_ROWS rows of logits cast to float32 and
             # reduced, and a greedy call's float16 logits kept on the device: 10 bytes a column a row
             arenas += ARGMAX_ROWS * columns * 10
     return arenas + copy + own
