@@ -178,6 +178,10 @@ def test_builder_site_first_then_the_gpu_wheel(tmp_path):
     check = _imports(stage / "env.sh", tmp_path, "import onnxruntime, tinypkg; print(onnxruntime.KIND)")
     assert check.stdout.strip() == "gpu", check.stderr
     assert not (stage / "site" / "onnxruntime-9.0.dist-info").exists()
+    # wheels asked for that the pack does not carry: one error line, a non-zero exit
+    r = _install(stage, tmp_path, WHEELS="nothing-like-it*.whl", SITE=str(stage / "site-none"))
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    assert not (stage / "site-none").exists()
 
 
 # -- predict.py: the CPU rounds priced at a GPU's measured costs --------------------------------------

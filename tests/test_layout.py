@@ -130,6 +130,32 @@ def test_cuda_target_argmax_output(tiny_cuda_bundle):
     greedy_is_exact(eng, prompts)
 
 
+def test_argmax_output_refuses_a_graph_without_logits_or_with_one_already(tmp_path):
+    """export/greedy.py on a graph it cannot extend: a typed one-line error, the file untouched."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgespec.errors import ExportError
+    from export.greedy import add_argmax_output
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["logits"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", "s", 8])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, ["b", "s", 8])])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    before = path.read_bytes()
+    with pytest.raises(ExportError, match="has no output 'scores'"):
+        add_argmax_output(path, "scores")
+    assert path.read_bytes() == before
+    assert add_argmax_output(path, "logits") == "argmax"
+    once = path.read_bytes()
+    with pytest.raises(ExportError, match="already has an output 'argmax'"):
+        add_argmax_output(path, "logits")
+    assert path.read_bytes() == once
+    out = {o.name: o for o in onnx.load(str(path)).graph.output}["argmax"]
+    assert out.type.tensor_type.elem_type == TensorProto.INT64
+
+
 def test_plan_counts_the_gpu_argmax(tiny_cuda_bundle):
     """A GPU target with the argmax output plans its device-side buffers (32 rows of float16 and
     float32 logits, 10 bytes a column a row); the same model on the CPU, or without the output,
