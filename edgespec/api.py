@@ -40,7 +40,8 @@ class Result:
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
          threads: int | None = None, use_drafter: bool = True, verify: bool = False,
          min_width: int | None = None, memory: bool | str | os.PathLike = True,
-         documents: Sequence[str | os.PathLike] = (), drafter_provider: str | None = None) -> "Engine":
+         documents: Sequence[str | os.PathLike] = (), drafter_provider: str | None = None,
+         cuda_graphs: bool | None = None) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
 
     ``memory``: the suffix drafter's store of earlier outputs (True: this bundle's store under
@@ -54,6 +55,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     ``drafter_provider`` places the drafter model on another provider than the target (e.g. cpu
     while the target runs on cuda; default: the profile's ``drafter_provider``, else the target's):
     only token ids cross between them, and a placement the budget cannot hold is a ``BudgetError``.
+    ``cuda_graphs``: on the CUDA EP, replay captured CUDA graphs for calls of up to 16 tokens
+    (``edgespec/graphs.py``; None: the profile's ``enable_cuda_graph``, else on).
     """
     from .placement import requested_providers
     from .planner import plan as make_plan
@@ -79,7 +82,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
 
     def options_for(role: str):
         return with_load_options(d_choice if role == "drafter" else choice, bundle_root=manifest.root,
-                                 gpu_mem_limit=the_plan.weights.get(role, 0) + share, trt_workspace=share)
+                                 gpu_mem_limit=the_plan.weights.get(role, 0) + share, trt_workspace=share,
+                                 cuda_graphs=cuda_graphs)
 
     if threads is None:  # a profile's count, written for its device, is bounded by this machine's cores
         n_threads = min(prof.threads, _cores())

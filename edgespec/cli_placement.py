@@ -9,13 +9,18 @@ from .providers import PROVIDER_NAMES
 
 
 def drafter_provider_opt(f):
-    """Adds --drafter-provider to a command; ``placement_options()`` reads it back for ``load``."""
+    """Adds --drafter-provider and --cuda-graphs/--no-cuda-graphs to a command; ``placement_options()``
+    reads them back for ``load``."""
 
     @functools.wraps(f)
     def wrapper(*args, **kw):
         kw.pop("drafter_provider", None)
+        kw.pop("cuda_graphs", None)
         return f(*args, **kw)
 
+    wrapper = click.option("--cuda-graphs/--no-cuda-graphs", default=None,
+                           help="On the CUDA EP, replay captured CUDA graphs for calls of up to 16 tokens "
+                                "(default: the profile's enable_cuda_graph, else on).")(wrapper)
     return click.option("--drafter-provider", type=click.Choice(PROVIDER_NAMES), default=None,
                         help="Run the drafter model on this provider (e.g. cpu while the target runs on cuda; "
                              "default: the profile's drafter_provider, else the target's). Only token ids cross; "
@@ -23,7 +28,10 @@ def drafter_provider_opt(f):
 
 
 def placement_options() -> dict:
-    """``load`` keywords from the running command's --drafter-provider."""
+    """``load`` keywords from the running command's --drafter-provider and --cuda-graphs."""
     ctx = click.get_current_context(silent=True)
-    value = ctx.params.get("drafter_provider") if ctx is not None else None
-    return {"drafter_provider": value} if value else {}
+    params = ctx.params if ctx is not None else {}
+    out = {"drafter_provider": params["drafter_provider"]} if params.get("drafter_provider") else {}
+    if params.get("cuda_graphs") is not None:
+        out["cuda_graphs"] = params["cuda_graphs"]
+    return out

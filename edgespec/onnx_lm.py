@@ -21,6 +21,7 @@ from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_slow
 from .width import measure_width
+from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, session_has_graphs
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
@@ -76,6 +77,21 @@ class OnnxLM(CausalLM):
         self.device_argmax = self._argmax_name is not None and self.device == "cuda"
         self._argmax_buf = np.zeros((1, ARGMAX_ROWS), dtype=np.int64)
         self._argmax_out: dict[int, tuple[np.ndarray, object]] = {}  # width -> (view of it, its OrtValue)
+        # CUDA graphs (edgespec/graphs.py): calls up to GRAPH_MAX_WIDTH tokens replay captured graphs
+        self.graphs: GraphCalls | None = None
+        self._plain_run = None  # run options of an ordinary run (set where the session has graph capture on)
+        if self.device == "cuda" and session_has_graphs(self.session):
+            import onnxruntime as ort
+
+            self._plain_run = ort.RunOptions()
+            self._plain_run.add_run_config_entry("gpu_graph_id", "-1")
+            lt = self._logits_type
+            if lt is None:
+                log.warning(f"{spec.role}: the graph's logits have no static vocabulary axis; CUDA graphs are off")
+            else:
+                self.graphs = GraphCalls(self.session, self._binding, io, max_context=self.max_context,
+                                         vocab=lt[1], logits_dtype=lt[0], argmax_name=self._argmax_name,
+                                         argmax_rows=ARGMAX_ROWS, has_positions=self._has_pos)
         self._init_counters()
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
@@ -94,9 +110,23 @@ class OnnxLM(CausalLM):
         n = len(ids)
         if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
             return np.argmax(self._run(ids, past), axis=-1)
+        g = self.graphs
+        if g is not None and n <= GRAPH_MAX_WIDTH:
+            t0 = time.perf_counter()
+            try:
+                out = g.run(ids, past, argmax)
+            except Exception as e:  # onnxruntime's own untyped errors, kept in the message
+                raise BundleError(f"the {self.spec.role} model failed to run (CUDA graph of {n} tokens): "
+                                  f"{str(e).splitlines()[0][:300]} (--no-cuda-graphs runs without them)") from e
+            self.run_seconds += time.perf_counter() - t0
+            self._returned_view = False
+            return out
         b = self._binding
         b.bind_cpu_input(self.spec.io.input_ids, np.asarray(ids, dtype=np.int64).reshape(1, n))
-        b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
+        if g is not None:  # the static mask, as the graphs' calls (the same total length for every call)
+            g.bind_mask(past + n)
+        else:
+            b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
         if self._has_pos:
             b.bind_cpu_input(self.spec.io.position_ids, self._positions[:, past: past + n])
         own = None if argmax else self._own_logits(n)
@@ -115,7 +145,8 @@ class OnnxLM(CausalLM):
                 b.bind_output(self._argmax_name, "cpu")
         t0 = time.perf_counter()
         try:
-            self.session.run_with_iobinding(b)
+            # an ordinary run; where the session has graph capture on, said so (else: graph id 0)
+            self.session.run_with_iobinding(b, self._plain_run)
         except Exception as e:  # onnxruntime's own untyped errors, kept in the message
             raise BundleError(f"the {self.spec.role} model failed to run: {str(e).splitlines()[0][:300]} "
                               f"(a manifest that disagrees with its graph, or the device out of memory)") from e
@@ -195,16 +226,35 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
             so.register_custom_ops_library(library)
         return so
 
-    prov_names = [p for p, _ in providers.providers]
-    prov_opts = [o for _, o in providers.providers]
-    try:
+    def attempt(provs):
         if providers.primary in GPU_PROVIDERS:
-            return open_on_gpu(path, options, providers.providers, role, allow_fallback=allow_cpu_fallback)
-        return ort.InferenceSession(str(path), options(), providers=prov_names, provider_options=prov_opts)
+            return open_on_gpu(path, options, provs, role, allow_fallback=allow_cpu_fallback)
+        return ort.InferenceSession(str(path), options(), providers=[p for p, _ in provs],
+                                    provider_options=[o for _, o in provs])
+
+    try:
+        try:
+            return attempt(providers.providers)
+        except EdgespecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own; a graph it cannot capture opens without
+            if not _graphs_refused(e, providers.providers):
+                raise
+            log.warning(f"{role}: onnxruntime cannot capture CUDA graphs of this graph ({str(e).splitlines()[0][:200]}); "
+                        f"it runs without them")
+            return attempt([(n, {k: v for k, v in o.items() if k != GRAPH_OPTION}) for n, o in providers.providers])
     except EdgespecError:
         raise
     except Exception as e:  # onnxruntime raises its own untyped exceptions
         raise EdgespecError(f"cannot open {role} model {Path(path).name}: {str(e).splitlines()[0]}") from None
+
+
+def _graphs_refused(e: Exception, provs) -> bool:
+    """Whether ``e`` is onnxruntime refusing graph capture for a session that asked for it (a node
+    it cannot place on the GPU, a memcpy node, control flow)."""
+    asked = any(str(o.get(GRAPH_OPTION, "0")).lower() in ("1", "true") for _, o in provs)
+    msg = str(e).lower()
+    return asked and ("graph capture" in msg or "cuda graph" in msg)
 
 
 _shared_pool: int | None = None  # threads of the process-wide intra-op pool, once made

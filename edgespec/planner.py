@@ -77,8 +77,11 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     KV buffer's length x 4 bytes, one layer's at a time; CUDA's fused kernels keep none); plus the
     float32 copy of the biggest logits (freed after each call, so counted once) and each model's
     logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept); on a GPU, a target's
-    argmax output's buffers (``ARGMAX_ROWS`` rows of float16 and float32 logits). ``on_cpu``:
-    role -> whether that model runs on the CPU (default: all)."""
+    argmax output's buffers (``ARGMAX_ROWS`` rows of float16 and float32 logits); on a GPU, the CUDA
+    graphs' per-width logits buffers (``graphs.graph_logits_bytes``, counted whether or not graphs
+    are on: at most 40 MiB for Qwen's vocabulary). ``on_cpu``: role -> whether that model runs on
+    the CPU (default: all)."""
+    from .graphs import graph_logits_bytes
     from .onnx_lm import ARGMAX_ROWS, OWN_LOGITS_MAX_WIDTH
 
     specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
@@ -96,6 +99,8 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
             # a GPU target's argmax (export/greedy.py): its first ARGMAX_ROWS rows of logits cast to float32 and
             # reduced, and a greedy call's float16 logits kept on the device: 10 bytes a column a row
             arenas += ARGMAX_ROWS * columns * 10
+        if not (on_cpu or {}).get(s.role, True):
+            own += graph_logits_bytes(columns, 2) + (context or 0) * 8  # float16 logits per width, the static mask
     return arenas + copy + own
 
 

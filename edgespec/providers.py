@@ -111,8 +111,12 @@ def trt_cache_dir(bundle_root: Path) -> Path:
         return alt
 
 
+# CUDA graphs on by default on the CUDA EP (edgespec/graphs.py; README, GPU: measured on the H200)
+CUDA_GRAPHS_DEFAULT = True
+
+
 def with_load_options(choice: ProviderChoice, *, bundle_root: Path, gpu_mem_limit: int | None = None,
-                      trt_workspace: int | None = None) -> ProviderChoice:
+                      trt_workspace: int | None = None, cuda_graphs: bool | None = None) -> ProviderChoice:
     """Fill in the options that depend on the bundle and the memory plan, unless the profile set them.
 
     ``gpu_mem_limit`` (bytes) is what the plan leaves a session's CUDA arena, its weights included;
@@ -141,5 +145,11 @@ def with_load_options(choice: ProviderChoice, *, bundle_root: Path, gpu_mem_limi
             opts["gpu_mem_limit"] = room
         if name == CUDA:  # the arena grows by what a call asks, not to the next power of two
             opts.setdefault("arena_extend_strategy", "kSameAsRequested")
+            # CUDA graphs for the short calls (edgespec/graphs.py): an explicit choice wins over the
+            # profile's enable_cuda_graph, which wins over the default
+            if cuda_graphs is not None:
+                opts["enable_cuda_graph"] = "1" if cuda_graphs else "0"
+            else:
+                opts.setdefault("enable_cuda_graph", "1" if CUDA_GRAPHS_DEFAULT else "0")
         runs.append((name, opts))
     return ProviderChoice(runs, choice.requested, choice.warnings, choice.explicit)

@@ -122,6 +122,36 @@ def test_device_argmax_on_the_gpu(tiny_cuda_bundle):
     assert [eng.generate(p, max_new_tokens=24, drafter="none").token_ids for p in PROMPTS] == fast
 
 
+def test_cuda_graphs_replay_and_stay_exact(tiny_cuda_bundle):
+    """CUDA graphs (edgespec/graphs.py, on by default on CUDA): both models' short calls replay
+    captured graphs; a replay computes what the width's ordinary first call computed; greedy
+    speculative output equals greedy decoding with every drafter; the logits are within a near
+    tie of those without graphs (dynamic mask); sampled generation reads the logits buffers."""
+    eng = edgespec.load(tiny_cuda_bundle, provider="cuda", max_context=256)
+    target, drafter = eng.decoder.target, eng.decoder.drafters["model"].lm
+    assert target.graphs is not None and drafter.graphs is not None
+    greedy_is_exact(eng, PROMPTS, ("prompt-lookup", "model", "auto"))
+    assert target.graphs.replays > 0 and drafter.graphs.replays > 0
+    ids = [(7919 * i + 13) % 500 for i in range(60)]
+    target.reset()
+    target.forward(ids[:20])
+    for w in (1, 3, 7, 12):  # new widths: the first call is ordinary, the next captures, then replays
+        runs = []
+        for _ in range(3):
+            runs.append(target.forward(ids[20: 20 + w]))
+            target.rewind(w)
+        assert all(np.array_equal(r, runs[0]) for r in runs), w
+    with_graphs = target.forward(ids[20:23])
+    eng.reset()
+    off = edgespec.load(tiny_cuda_bundle, provider="cuda", max_context=256, cuda_graphs=False)
+    assert off.decoder.target.graphs is None
+    off.decoder.target.forward(ids[:20])
+    plain = off.decoder.target.forward(ids[20:23])
+    assert np.abs(plain - with_graphs).max() < NEAR_TIE
+    r = eng.generate(PROMPTS[0], max_new_tokens=16, drafter="model", temperature=0.8, seed=3)
+    assert len(r.token_ids) > 0
+
+
 def _last_logits(bundle, provider, ids):
     m = load_manifest(bundle)
     lm = OnnxLM(m.target, 1024, choose([provider], explicit=True), min_width=1)

@@ -533,3 +533,71 @@ def test_profile_placement_keys(tmp_path):
     f.write_text('memory_budget_mb = 1024\nallow_cpu_fallback = "yes"\n')
     with pytest.raises(ProfileError, match="allow_cpu_fallback"):
         resolve_profile(f)
+
+
+def test_graph_calls_bind_static_buffers(tiny_cuda_bundle):
+    """CUDA graphs (edgespec/graphs.py), their bindings run on the CPU EP (buffers in host memory;
+    the CPU EP ignores the graph ids): a call of w <= 16 tokens binds views of the kept ids and
+    argmax buffers, the static mask and its own logits buffer, and computes what a plain
+    ``session.run`` computes from the same cache and mask; a width's first call is an ordinary
+    run (id -1), the next ones carry its graph id (capture, then replays); the mask holds exactly
+    past + n leading ones, rolled back with the cache; wider calls are ordinary runs with the same
+    static mask. The replays themselves need a GPU (tests/test_cuda.py)."""
+    from edgespec.graphs import GRAPH_MAX_WIDTH, GraphCalls
+    from edgespec.onnx_lm import ARGMAX_ROWS
+
+    eng = edgespec.load(tiny_cuda_bundle, max_context=256, use_drafter=False)
+    lm = eng.decoder.target
+    sess = lm.session
+    ids_seen = []
+
+    class Recorder:  # the session, with the graph id of each run kept
+        def __getattr__(self, name):
+            return getattr(sess, name)
+
+        def run_with_iobinding(self, b, ro=None):
+            ids_seen.append(ro.get_run_config_entry("gpu_graph_id") if ro is not None else None)
+            return sess.run_with_iobinding(b, ro)
+
+    dtype, vocab = lm._logits_type
+    g = GraphCalls(Recorder(), lm._binding, lm.spec.io, max_context=lm.max_context, vocab=vocab, logits_dtype=dtype,
+                   argmax_name=lm._argmax_name, argmax_rows=ARGMAX_ROWS, device="cpu")
+    lm.graphs, lm._plain_run, lm.session = g, g.plain, Recorder()
+    lm.min_width, lm.width_multiple = 1, 1
+    io = lm.spec.io
+
+    def reference(tokens, past):
+        """A plain run over a copy of the cache, with the static mask of past + n ones."""
+        mask = np.zeros((1, lm.max_context), np.int64)
+        mask[0, : past + len(tokens)] = 1
+        feeds = {io.input_ids: np.asarray(tokens, np.int64)[None], io.attention_mask: mask}
+        for past_name, _, buf in lm.cache.buffers:
+            feeds[past_name] = buf.numpy().copy()
+        return sess.run([io.logits], feeds)[0].reshape(len(tokens), -1).astype(np.float32)
+
+    ids = [(7919 * i + 13) % 500 for i in range(80)]
+    lm.reset()
+    lm.forward(ids[:20])  # > GRAPH_MAX_WIDTH: an ordinary run, the static mask
+    assert ids_seen == ["-1"] and g._mask_host.sum() == 20
+    for w in (1, 3, 1, 3, 16, 3):
+        past = lm.length
+        ref = reference(ids[past: past + w], past)
+        ids_seen.clear()
+        logits = lm.forward(ids[past: past + w])
+        assert np.array_equal(logits, ref), w
+        assert g._mask_host.sum() == past + w and g._mask_host[0, : past + w].all()
+        lm.rewind(w)
+        top = lm._run(ids[past: past + w], past, argmax=True)  # the argmax output's view, same graph
+        assert np.array_equal(top, np.argmax(ref, axis=-1)), w
+        lm.forward(ids[past: past + w])
+    assert g.seen == {1, 3, 16} and g.captured == {1, 3, 16} and g.replays > 0
+    assert ids_seen[-1] == "3" and set(g.logits) == {1, 3, 16} and g.logits[3].shape() == [1, 3, vocab]
+    # the first call of a width is ordinary; a rollback zeroes the mask's tail
+    ids_seen.clear()
+    lm.forward(ids[lm.length: lm.length + 2])
+    assert ids_seen == ["-1"]
+    lm.rewind(5)
+    lm.forward(ids[lm.length: lm.length + 1])
+    assert g._mask_host.sum() == lm.length and not g._mask_host[0, lm.length:].any()
+    with pytest.raises(ValueError):
+        g.run([1] * (GRAPH_MAX_WIDTH + 1), 0, False)

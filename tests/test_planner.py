@@ -27,7 +27,8 @@ from edgespec.manifest import Manifest, ModelIO, ModelSpec, load_manifest
 from edgespec.onnx_lm import OWN_LOGITS_MAX_WIDTH, _check_running
 from edgespec.planner import plan, working_bytes
 from edgespec.profiles import DEFAULT_PROFILE, MiB, Profile, list_profiles, load_profile, resolve_profile
-from edgespec.providers import (CPU, CUDA, TENSORRT, ProviderChoice, choose, trt_cache_dir, with_load_options)
+from edgespec.providers import (CPU, CUDA, CUDA_GRAPHS_DEFAULT, TENSORRT, ProviderChoice, choose, trt_cache_dir,
+                                with_load_options)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "jetson-agx-thor-128gb",
@@ -124,7 +125,8 @@ def test_working_memory_by_chunk():
     assert working_bytes(_manifest(smollm2()), 256, with_drafter=False, context=2048) == SMOL_WORK_256 + 2048 * 9_216
     # a model on a GPU keeps no attention scores (fused attention): only the CPU one's count
     on_gpu = working_bytes(m, 256, with_drafter=True, context=4096, on_cpu={"target": False, "drafter": True})
-    assert on_gpu == QWEN_PAIR_WORK_256 + 4096 * 14_336
+    # ... and keeps the CUDA graphs' float16 logits per width (1..16 rows) and the static mask
+    assert on_gpu == QWEN_PAIR_WORK_256 + 4096 * 14_336 + 136 * 151936 * 2 + 4096 * 8
     # a chunk longer than the context computes no more scores than the context has rows
     assert working_bytes(m, 256, with_drafter=False, context=64) == QWEN_WORK_256 + 64 * 12 * 64 * 4
 
@@ -467,7 +469,8 @@ def test_load_options_trt_cache_workspace_and_gpu_mem_limit(tmp_path, caplog):
                                        "trt_engine_cache_path": str(bundle / ".trt_cache"),
                                        "trt_max_workspace_size": 1 << 30}
     assert (bundle / ".trt_cache").is_dir()
-    assert out.options("cuda") == {"gpu_mem_limit": 3 << 30, "arena_extend_strategy": "kSameAsRequested"}
+    assert out.options("cuda") == {"gpu_mem_limit": 3 << 30, "arena_extend_strategy": "kSameAsRequested",
+                                   "enable_cuda_graph": "1" if CUDA_GRAPHS_DEFAULT else "0"}
     assert out.options("cpu") == {}
     assert c.options("cuda") == {}  # the choice it came from is left as it was
     # what the profile set wins, except a workspace larger than the plan leaves, which is cut (and said)
@@ -483,6 +486,13 @@ def test_load_options_trt_cache_workspace_and_gpu_mem_limit(tmp_path, caplog):
     assert "TensorRT workspace cut from 2048 MiB (profile) to 512 MiB" in caplog.text
     assert out.options("cuda")["gpu_mem_limit"] == 5
     assert out.options("cuda")["arena_extend_strategy"] == "kNextPowerOfTwo"
+    # CUDA graphs: an explicit choice wins over the profile's enable_cuda_graph, which wins over the default
+    prof = choose(["cuda"], {"cuda": {"enable_cuda_graph": "0"}}, available=[CUDA, CPU])
+    assert with_load_options(prof, bundle_root=bundle).options("cuda")["enable_cuda_graph"] == "0"
+    assert with_load_options(prof, bundle_root=bundle, cuda_graphs=True).options("cuda")["enable_cuda_graph"] == "1"
+    plain = choose(["cuda"], available=[CUDA, CPU])
+    assert with_load_options(plain, bundle_root=bundle, cuda_graphs=False).options("cuda")["enable_cuda_graph"] == "0"
+    assert "enable_cuda_graph" not in with_load_options(plain, bundle_root=bundle).options("cpu")
     # a profile's workspace inside the room stays; no room known: nothing is added
     out = with_load_options(c, bundle_root=bundle, trt_workspace=4 << 30)
     assert out.options("tensorrt")["trt_max_workspace_size"] == 2 << 30

@@ -11,6 +11,9 @@ records its error and the next one runs): written to ``--json`` after every sect
   drafter's step, the one-token call at longer contexts, and autoregressive against speculative
   tokens/s (these models agree on every token: the speculative figures are the all-accepted best
   case), each run's tokens checked equal to greedy's.
+- ``shaped_nographs``: ``shaped`` with CUDA graphs off (``cuda_graphs=False``; ``shaped`` runs
+  the default, graphs on).
+- ``probe_graphs``: ``probe_graphs.py`` on the shaped target and drafter (plain onnxruntime).
 - ``placement``: the same bundle with the drafter on the machine's CPU (``drafter_provider=cpu``),
   and, with ``--drafter-cpu D`` (the 0.5B-shaped model exported in the cpu layout), its one-token
   step on the CPU EP, the figure a CPU-placed drafter costs.
@@ -105,13 +108,13 @@ def speed_table(eng, drafters, n: int = 128, reps: int = 2) -> dict:
     return out
 
 
-def shaped(bundle: str, reps: int) -> dict:
+def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
     import edgespec
     from bench_width import time_widths
 
-    res: dict = {"bundle": bundle}
+    res: dict = {"bundle": bundle, "cuda_graphs_asked": cuda_graphs}
     t = time.perf_counter()
-    eng = edgespec.load(bundle, provider=PROVIDER, memory=False, max_context=4096)
+    eng = edgespec.load(bundle, provider=PROVIDER, memory=False, max_context=4096, cuda_graphs=cuda_graphs)
     res["load_s"] = round(time.perf_counter() - t, 2)
     res["memory_after_load"] = gpu_used_mib()
     target, model = eng.decoder.target, eng.decoder.drafters.get("model")
@@ -141,6 +144,26 @@ def shaped(bundle: str, reps: int) -> dict:
     res["one_token_ms_by_context"] = ctx
     res["memory_after_width_runs"] = gpu_used_mib()
     res["speed"] = speed_table(eng, ["none", "model", "model:4", "model:8", "prompt-lookup", "auto"])
+    res["cuda_graphs"] = {role: (None if lm.graphs is None else
+                                 {"captured": sorted(lm.graphs.captured), "replays": lm.graphs.replays})
+                          for role, lm in (("target", target), ("drafter", model.lm if model else None))
+                          if lm is not None}
+    res["memory_end"] = gpu_used_mib()
+    return res
+
+
+def probe_graphs(bundle: str, out_dir: Path) -> dict:
+    """scripts/gpu/probe_graphs.py on the shaped target and drafter: plain onnxruntime with and
+    without graph replay, outside edgespec's loop (each in its own process)."""
+    res = {}
+    for role in ("target", "drafter"):
+        js = out_dir / f"probe-graphs-{role}.json"
+        rc, text = sh([sys.executable, str(ROOT / "scripts/gpu/probe_graphs.py"), bundle, "--role", role,
+                       "--widths", "1,2,4,8,16", "--provider", PROVIDER, "--json", str(js)], timeout=240)
+        res[role] = json.loads(js.read_text()) if js.is_file() else {}
+        res[role]["rc"] = rc
+        if rc:
+            res[role]["tail"] = text[-1500:]
     return res
 
 
@@ -343,6 +366,10 @@ def main(argv=None) -> int:
     jobs = {
         "env": lambda: env(),
         "shaped": lambda: shaped(args.shaped, args.reps) if args.shaped else {"skipped": "no --shaped bundle"},
+        "shaped_nographs": lambda: shaped(args.shaped, args.reps, cuda_graphs=False) if args.shaped
+        else {"skipped": "no --shaped bundle"},
+        "probe_graphs": lambda: probe_graphs(args.shaped, out.parent) if args.shaped
+        else {"skipped": "no --shaped bundle"},
         "placement": lambda: placement(args.shaped, args.drafter_cpu, args.reps) if args.shaped
         else {"skipped": "no --shaped bundle"},
         "smol": lambda: smol(args.smol_cuda, args.smol_cpu) if args.smol_cuda else {"skipped": "no --smol-cuda"},
