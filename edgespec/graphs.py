@@ -30,6 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .providers import log
+
 # widths that get a graph (each keeps a [1, w, vocab] logits buffer: for Qwen's 152k float16
 # vocabulary the 16 widths hold 40 MiB in all); wider calls run as usual
 GRAPH_MAX_WIDTH = 16
@@ -82,6 +84,7 @@ class GraphCalls:
         self._plain.add_run_config_entry("gpu_graph_id", "-1")
         self._options: dict[int, object] = {}
         self.replays = 0  # calls that replayed a captured graph (a test's and a report's count)
+        self.refused: str | None = None  # why a capture failed (then every call is an ordinary run)
 
     def _set_mask(self, valid: int) -> None:
         if valid != self._valid:
@@ -133,11 +136,19 @@ class GraphCalls:
             b.bind_output(self.argmax_name, self.device, self.device_id, np.int64, [1, min(n, self.argmax_rows)],
                           self.argmax.data_ptr())
         b.synchronize_inputs()  # the in-place copies are done before the graph reads them
-        if n in self.captured or n in self.seen:
+        if n in self.captured:
             self.session.run_with_iobinding(b, self._run_options(n))
-            if n in self.captured:
-                self.replays += 1
-            self.captured.add(n)
+            self.replays += 1
+        elif n in self.seen and not self.refused:
+            try:
+                self.session.run_with_iobinding(b, self._run_options(n))
+                self.captured.add(n)
+            except Exception as e:  # noqa: BLE001 - onnxruntime's own: a kernel that cannot be captured
+                # ordinary runs from now on, with the same static bindings (the same arithmetic)
+                self.refused = f"{str(e).splitlines()[0][:200]}"
+                log.warning(f"onnxruntime could not capture a CUDA graph of {n} tokens ({self.refused}); "
+                            f"this model runs without graphs")
+                self.session.run_with_iobinding(b, self._plain)
         else:  # the width's first call: an ordinary run (the arena grows here, not in a capture)
             self.session.run_with_iobinding(b, self._plain)
             self.seen.add(n)
