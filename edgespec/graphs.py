@@ -85,6 +85,9 @@ class GraphCalls:
         self._options: dict[int, object] = {}
         self.replays = 0  # calls that replayed a captured graph (a test's and a report's count)
         self.refused: str | None = None  # why a capture failed (then every call is an ordinary run)
+        # widths whose replay computed other logits than an ordinary run (check_replays): ordinary runs
+        self.excluded: set[int] = set()
+        self.plain_only = False  # every call an ordinary run (check_replays' reference)
 
     def _set_mask(self, valid: int) -> None:
         if valid != self._valid:
@@ -136,7 +139,9 @@ class GraphCalls:
             b.bind_output(self.argmax_name, self.device, self.device_id, np.int64, [1, min(n, self.argmax_rows)],
                           self.argmax.data_ptr())
         b.synchronize_inputs()  # the in-place copies are done before the graph reads them
-        if n in self.captured:
+        if self.plain_only or n in self.excluded:
+            self.session.run_with_iobinding(b, self._plain)
+        elif n in self.captured:
             self.session.run_with_iobinding(b, self._run_options(n))
             self.replays += 1
         elif n in self.seen and not self.refused:
@@ -155,4 +160,44 @@ class GraphCalls:
         if argmax:
             return self.argmax.numpy().reshape(-1)[:n].astype(np.int64, copy=False)
         return logits.numpy().reshape(n, -1).astype(np.float32, copy=False)
+
+
+def check_replays(lm, ids: Sequence[int], prefix: int) -> set[int]:
+    """Widths 1..GRAPH_MAX_WIDTH whose replay computes other logits than an ordinary run, on
+    ``lm`` in graph mode (its cache empty; left empty): each width's graph is captured one
+    position past where it is then replayed, and the replay's rows compared with an ordinary run's
+    at that position. A kernel whose launch depends on where it runs (the position, a tuning pass)
+    would compute one thing in the run captured and another replayed. Those widths run ordinary
+    calls from then on (``GraphCalls.excluded``), so a replay never stands in for a call it does
+    not equal: a greedy generation's rows are the same whichever calls were replays."""
+    g = lm.graphs
+    widths = range(1, min(GRAPH_MAX_WIDTH, len(ids) - prefix - 1) + 1)
+    plain, bad = {}, set()
+    lm.reset()
+    lm.forward(ids[:prefix])
+    g.plain_only = True
+    try:
+        for w in widths:  # the reference: ordinary runs at the prefix
+            lm.rewind(lm.length - prefix)
+            plain[w] = lm.forward(ids[prefix: prefix + w])
+        for w in widths:  # each width's first call (ordinary) and its capture, one position later
+            for _ in range(2):
+                lm.rewind(lm.length - prefix)
+                lm.forward(ids[prefix: prefix + 1])  # (an ordinary run: fills the position before)
+                g.plain_only = False
+                try:
+                    lm.forward(ids[prefix + 1: prefix + 1 + w])
+                finally:
+                    g.plain_only = True
+    finally:
+        g.plain_only = False
+    for w in widths:  # replays at the prefix
+        if w not in g.captured:
+            continue
+        lm.rewind(lm.length - prefix)
+        if not np.array_equal(lm.forward(ids[prefix: prefix + w]), plain[w]):
+            bad.add(w)
+    lm.reset()
+    g.excluded |= bad
+    return bad
 

@@ -52,27 +52,22 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
     try:
         lm.reset()
         lm.forward(ids[:prefix])
-        if getattr(lm, "graphs", None) is not None:
-            # CUDA graphs: a width's first call is an ordinary run and its second captures the graph;
-            # the rows compared and timed below are replays, which must compute what the first did
-            first = {}
-            for again in (False, True):
-                for w in widths:
-                    lm.rewind(lm.length - prefix)
-                    row = lm.forward(ids[prefix: prefix + w])
-                    if not again:
-                        first[w] = row
+        if getattr(lm, "graphs", None) is not None and lm.max_context >= prefix + 18:
+            # CUDA graphs: widths whose replays differ from ordinary runs run ordinary calls; the
+            # rows timed and compared below are replays of the others' captured graphs
+            from .graphs import GRAPH_MAX_WIDTH, check_replays
+
+            more = [(7919 * i + 13) % vocab for i in range(prefix + GRAPH_MAX_WIDTH + 2)]
+            bad = check_replays(lm, more, prefix)
+            if bad:
+                log.info(f"{lm.spec.role}: CUDA graph replays of {sorted(bad)} tokens compute other logits than "
+                         f"ordinary runs on {lm.device}: those calls run without graphs")
+            lm.forward(ids[:prefix])
         for w in widths:
             lm.rewind(lm.length - prefix)
             t = time.perf_counter()
             rows[w] = lm.forward(ids[prefix: prefix + w])
             took[w] = time.perf_counter() - t
-        if getattr(lm, "graphs", None) is not None:
-            bad = [w for w in widths if not np.array_equal(rows[w], first[w])]
-            if bad:
-                log.warning(f"{lm.spec.role}: a CUDA graph's replay of {bad[0]} tokens computed other logits than "
-                            f"the ordinary run; CUDA graphs are off for this model")
-                lm.graphs = None
         lm.rewind(lm.length - prefix)
         t = time.perf_counter()
         again = lm.forward(ids[prefix: prefix + 2])

@@ -601,3 +601,50 @@ def test_graph_calls_bind_static_buffers(tiny_cuda_bundle):
     assert g._mask_host.sum() == lm.length and not g._mask_host[0, lm.length:].any()
     with pytest.raises(ValueError):
         g.run([1] * (GRAPH_MAX_WIDTH + 1), 0, False)
+
+
+def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
+    """check_replays (edgespec/graphs.py) captures each width one position past where it replays
+    it and compares the replay with an ordinary run there: a planted replay that computes other
+    logits (width 3, as a GPU kernel whose launch depends on the position would) is found, that
+    width runs ordinary calls from then on, the others stay replayed; the width probe runs it."""
+    from edgespec.graphs import GraphCalls, check_replays
+    from edgespec.onnx_lm import ARGMAX_ROWS
+    from edgespec.width import measure_width
+
+    eng = edgespec.load(tiny_cuda_bundle, max_context=256, use_drafter=False)
+    lm = eng.decoder.target
+    sess = lm.session
+    dtype, vocab = lm._logits_type
+    holder = {}
+
+    class Planted:  # a "replay" of 3 tokens (graph id 3, once captured) is off by a little
+        def __getattr__(self, name):
+            return getattr(sess, name)
+
+        def run_with_iobinding(self, b, ro=None):
+            sess.run_with_iobinding(b, ro)
+            g = holder["g"]
+            if ro is not None and ro.get_run_config_entry("gpu_graph_id") == "3" and 3 in g.captured:
+                buf = g.logits[3].numpy()
+                buf[0, 0, 0] += 0.5
+                g.logits[3].update_inplace(buf)
+
+    g = holder["g"] = GraphCalls(Planted(), lm._binding, lm.spec.io, max_context=lm.max_context, vocab=vocab,
+                                 logits_dtype=dtype, argmax_name=lm._argmax_name, argmax_rows=ARGMAX_ROWS,
+                                 device="cpu")
+    lm.graphs, lm._plain_run, lm.session = g, g.plain, Planted()
+    ids = [(7919 * i + 13) % 500 for i in range(40)]
+    assert check_replays(lm, ids, 16) == {3} and g.excluded == {3} and lm.length == 0
+    assert set(range(1, 17)) - {3} <= g.captured
+    lm.forward(ids[:16])
+    before = g.replays
+    a = lm.forward(ids[16:19])
+    lm.rewind(3)
+    assert np.array_equal(lm.forward(ids[16:19]), a) and g.replays == before  # ordinary runs, no replay
+    lm.forward(ids[19:21])
+    assert g.replays == before + 1
+    g.excluded.clear()
+    lm.reset()
+    measure_width(lm)  # the probe finds it again
+    assert g.excluded == {3}

@@ -13,6 +13,7 @@ records its error and the next one runs): written to ``--json`` after every sect
   case), each run's tokens checked equal to greedy's.
 - ``shaped_nographs``: ``shaped`` with CUDA graphs off (``cuda_graphs=False``; ``shaped`` runs
   the default, graphs on).
+- ``smol_bench_nographs``: ``smol_bench`` with ``--no-cuda-graphs``.
 - ``probe_graphs``: ``probe_graphs.py`` on the shaped target and drafter (plain onnxruntime).
 - ``placement``: the same bundle with the drafter on the machine's CPU (``drafter_provider=cpu``),
   and, with ``--drafter-cpu D`` (the 0.5B-shaped model exported in the cpu layout), its one-token
@@ -145,7 +146,8 @@ def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
     res["memory_after_width_runs"] = gpu_used_mib()
     res["speed"] = speed_table(eng, ["none", "model", "model:4", "model:8", "prompt-lookup", "auto"])
     res["cuda_graphs"] = {role: (None if lm.graphs is None else
-                                 {"captured": sorted(lm.graphs.captured), "replays": lm.graphs.replays})
+                                 {"captured": sorted(lm.graphs.captured), "replays": lm.graphs.replays,
+                                  "excluded": sorted(lm.graphs.excluded), "refused": lm.graphs.refused})
                           for role, lm in (("target", target), ("drafter", model.lm if model else None))
                           if lm is not None}
     res["memory_end"] = gpu_used_mib()
@@ -272,11 +274,12 @@ def memory_ab(bundle: str) -> dict:
             "device_allocator_for_weights": memory(bundle, str(other))}
 
 
-def smol_bench(bundle: str, keep_report: Path) -> dict:
+def smol_bench(bundle: str, keep_report: Path, extra: tuple = ()) -> dict:
     """`edgespec bench` on SmolLM2 (per category, 128 tokens, greedy): prompt lookup and auto
-    against autoregressive decoding on the same provider, every output checked against greedy."""
+    against autoregressive decoding on the same provider, every output checked against greedy.
+    ``extra``: more bench options (``--no-cuda-graphs``)."""
     cmd = ["edgespec", "bench", bundle, "--provider", PROVIDER, "--drafters", "prompt-lookup,auto",
-           "--max-new-tokens", "128", "--no-plots", "--out", tempfile.mkdtemp(prefix="smol-bench-")]
+           "--max-new-tokens", "128", "--no-plots", *extra, "--out", tempfile.mkdtemp(prefix="smol-bench-")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         return {"rc": r.returncode, "output": (r.stdout + r.stderr)[-2000:]}
@@ -374,6 +377,9 @@ def main(argv=None) -> int:
         else {"skipped": "no --shaped bundle"},
         "smol": lambda: smol(args.smol_cuda, args.smol_cpu) if args.smol_cuda else {"skipped": "no --smol-cuda"},
         "smol_bench": lambda: smol_bench(args.smol_cuda, out.parent / "smol-bench.json") if args.smol_cuda
+        else {"skipped": "no --smol-cuda"},
+        "smol_bench_nographs": lambda: smol_bench(args.smol_cuda, out.parent / "smol-bench-nographs.json",
+                                                  ("--no-cuda-graphs",)) if args.smol_cuda
         else {"skipped": "no --smol-cuda"},
         "memory": lambda: [memory(b, p) for b, p in ((args.shaped, "rtx4090-24gb"),
                                                       (args.shaped, "jetson-orin-nano-8gb")) if b],
