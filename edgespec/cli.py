@@ -262,7 +262,7 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
         what = f"~{measure_tokens} tokens" if measure_tokens else f"the context ({p.context} tokens)"
         click.echo(f"measuring: loading, filling {what}, decoding 32 ...", err=True)
         _, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,
-                                    max_context=max_context, use_drafter=not no_drafter)
+                                    max_context=max_context, use_drafter=not no_drafter, **placement_options())
     if as_json:
         out = {"bundle": str(m.root), "profile": prof.name, "plan": p.to_dict()}
         if samples is not None:

@@ -247,3 +247,25 @@ def test_predict_bad_input(tmp_path, capsys):
         assert predict.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, (argv, err)
+
+
+def test_probe_graphs_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):
+    """probe_graphs.py's bindings on the CPU EP (no replays there: its 'graph' session runs
+    ordinary calls): the static-mask calls of the graph session equal the static session's bitwise
+    at every step and width, and every figure is recorded; a missing bundle or a bundle without a
+    drafter is one error line and exit 2."""
+    import probe_graphs
+
+    out = tmp_path / "probe.json"
+    assert probe_graphs.main([str(tiny_cuda_bundle), "--provider", "cpu", "--widths", "1,3", "--steps", "6",
+                              "--context", "128", "--past", "32", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for w in ("1", "3"):
+        rec = res["widths"][w]
+        assert "error" not in rec, rec
+        assert rec["graph_bitwise_equal_steps"] == 6 and rec["graph_argmax_agrees"] == 1.0
+        assert rec["graph_ms"] > 0 and rec["static_ms"] > 0 and rec["dynamic_ms"] > 0
+    capsys.readouterr()
+    assert probe_graphs.main([str(tmp_path / "nope"), "--provider", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1

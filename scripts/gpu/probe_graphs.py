@@ -59,11 +59,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import onnxruntime as ort
+    from edgespec.errors import EdgespecError
     from edgespec.kv import KVCache
     from edgespec.manifest import load_manifest
 
-    m = load_manifest(a.bundle)
+    try:
+        m = load_manifest(a.bundle)
+    except EdgespecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     spec = m.target if a.role == "target" else m.drafter
+    if spec is None:
+        print(f"error: {a.bundle} has no drafter model", file=sys.stderr)
+        return 2
     io = spec.io
     dev = "cuda" if a.provider == "cuda" else "cpu"
     L = min(a.context, spec.max_context - spec.attention_pad)
@@ -76,6 +84,7 @@ def main(argv=None) -> int:
 
     def session(graphs: bool):
         so = ort.SessionOptions()
+        so.use_per_session_threads = False  # the process-wide pool, as edgespec's sessions
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if dev == "cpu":
             return ort.InferenceSession(str(spec.path), so, providers=["CPUExecutionProvider"])
@@ -83,6 +92,9 @@ def main(argv=None) -> int:
         return ort.InferenceSession(str(spec.path), so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
                                     provider_options=[opts, {}])
 
+    from edgespec.onnx_lm import shared_thread_pool
+
+    shared_thread_pool(0)
     mem0 = used_mib()
     t = time.perf_counter()
     plain = session(False)

@@ -36,6 +36,17 @@ def run_summary(path: Path) -> dict:
                          "memory_after_load_mib": s["memory_after_load"]}
         if "policy_argmax" in s["width_ms"]:  # session 17: greedy calls read the graph's argmax
             out["shaped"]["width_ms_policy_argmax"] = s["width_ms"]["policy_argmax"]
+        if "cuda_graphs" in s:  # session 18: which calls replayed captured CUDA graphs
+            out["shaped"]["cuda_graphs"] = s["cuda_graphs"]
+    n = d.get("shaped_nographs", {})
+    if "width_ms" in n:  # session 18: the same with CUDA graphs off
+        out["shaped_nographs"] = {"width_ms_policy_argmax": n["width_ms"].get("policy_argmax"),
+                                  "width_ms_raw": n["width_ms"]["raw"], "drafter_step_ms": n["drafter_step_ms"],
+                                  "runners": runners(n)}
+    if "probe_graphs" in d:  # plain onnxruntime with and without replays (probe_graphs.py)
+        out["probe_graphs"] = {role: {w: {k: v for k, v in rec.items() if k != "trace"}
+                                      for w, rec in res.get("widths", {}).items()}
+                               for role, res in d["probe_graphs"].items() if isinstance(res, dict)}
     if "load_times" in d:
         out["load_seconds"] = d["load_times"]
     if "drafter_logits" in d:  # the 0.5B-shaped model alone: logits copied against only the argmax
@@ -50,6 +61,9 @@ def run_summary(path: Path) -> dict:
     sb = d.get("smol_bench", {})
     if "summary" in sb:
         out["smollm2_bench"] = {"command": sb["command"], "per_category": sb["summary"]}
+    sbn = d.get("smol_bench_nographs", {})
+    if "summary" in sbn:
+        out["smollm2_bench_nographs"] = {"command": sbn["command"], "per_category": sbn["summary"]}
     mem = d.get("memory")
     if isinstance(mem, list):
         out["memory"] = [{"profile": m["profile"], "plan_total": m["report"]["plan"]["total"],
