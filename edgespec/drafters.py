@@ -142,6 +142,12 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
         self.max_draft = max_draft
         self._match: tuple[int, int, list[int], int] | None = None  # (ctx length, k, tokens, n-gram size)
+        # the generation's n-grams, indexed as the context grows (a round's lookup is then a few dict
+        # reads, where searching the whole context each round cost ~0.1-0.3 ms, a visible share of a
+        # ~1 ms round on a GPU): size -> {n-gram: start of its latest occurrence followed by a token}
+        self._index: dict[int, dict[tuple, int]] = {}
+        self._indexed = 0  # context tokens whose n-grams ending before them are indexed
+        self._ctx = None  # the TokenBuffer indexed (a new one, or a shorter one, is indexed afresh)
 
     @classmethod
     def build(cls, env: LoadEnv) -> "PromptLookupDrafter":
@@ -149,9 +155,37 @@ class PromptLookupDrafter:
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._match = None
+        self._ctx = None
 
     def reset(self) -> None:
         self._match = None
+        self._ctx = None
+
+    def _lookup_indexed(self, ctx: TokenBuffer, k: int) -> tuple[list[int], int]:
+        """``lookup_match`` over the incremental index of ``ctx`` (the same result: the latest
+        earlier occurrence of the longest matching n-gram, followed by at least one token)."""
+        n = len(ctx)
+        if ctx is not self._ctx or n < self._indexed:
+            self._ctx, self._indexed = ctx, 0
+            self._index = {size: {} for size in range(self.min_ngram, self.max_ngram + 1)}
+        arr = ctx.view()
+        if n - 1 > self._indexed:  # index the n-grams that end at positions indexed .. n - 2
+            base = max(0, self._indexed - self.max_ngram + 1)  # the new n-grams' first tokens
+            toks = arr[base: n - 1].tolist()
+            for size, table in self._index.items():
+                for j in range(max(0, self._indexed - size + 1), n - size):
+                    table[tuple(toks[j - base: j - base + size])] = j
+            self._indexed = n - 1
+        k = min(k, self.max_draft)
+        if k <= 0:
+            return [], 0
+        tail = arr[max(0, n - self.max_ngram):].tolist()
+        for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
+            j = self._index[size].get(tuple(tail[len(tail) - size:]))
+            if j is not None:
+                start = j + size
+                return arr[start: start + k].tolist(), size
+        return [], 0
 
     def lookup(self, ctx: Sequence[int] | TokenBuffer, k: int) -> list[int]:
         return self.lookup_match(ctx, k)[0]
@@ -179,7 +213,7 @@ class PromptLookupDrafter:
     def _lookup_cached(self, ctx: TokenBuffer, k: int) -> tuple[list[int], int]:
         m = self._match
         if m is None or m[0] != len(ctx) or m[1] < k:
-            tokens, size = self.lookup_match(ctx, k)
+            tokens, size = self._lookup_indexed(ctx, k) if isinstance(ctx, TokenBuffer) else self.lookup_match(ctx, k)
             self._match = m = (len(ctx), k, tokens, size)
         return m[2][:k], m[3]
 

@@ -72,12 +72,29 @@ class CostModel:
     width_multiple: int = 1  # ... and a multiple of this many (a kernel computing rows in pairs: 2)
 
     _fit: tuple | None = field(default=None, repr=False, compare=False)  # (slope, intercept, floor) of target
+    # target_cost by width, kept until a measurement or the width policy changes (best_k prices up to
+    # kmax + 1 widths for every offer of every round: on a GPU, where a round takes ~1 ms, pricing
+    # them afresh each time was a visible share of it)
+    _costs: list | None = field(default=None, repr=False, compare=False)
+    _costs_policy: tuple = field(default=(), repr=False, compare=False)
 
     def observe_target(self, width: int, seconds: float) -> None:
         """A target call of ``width`` tokens (padding included) took ``seconds``."""
         old = self.target.get(width)
         self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
         self._fit = None
+        self._costs = None
+
+    def costs(self, top: int) -> list:
+        """``[None, target_cost(1), ..., target_cost(top)]`` (at least), cached."""
+        policy = (self.min_width, self.width_multiple, self.prior_slope, id(self.target))
+        c = self._costs
+        if c is None or self._costs_policy != policy:
+            c, self._costs_policy = [None], policy
+            self._costs = c
+        while len(c) <= top:
+            c.append(self.target_cost(len(c)))
+        return c
 
     def observe_draft(self, step_seconds: float, drafter: str = "model") -> None:
         """One step of ``drafter`` (a one-token call) took ``step_seconds``."""
@@ -137,8 +154,8 @@ class CostModel:
             widths = np.array(sorted(self.target), dtype=float)
             costs = np.array([self.target[int(w)] for w in widths])
             if len(widths) >= 2:
-                slope, icpt = np.polyfit(widths, costs, 1)
-                self._fit = (max(float(slope), 0.0), float(icpt), float(costs.min()))
+                slope, icpt = _least_squares(widths.tolist(), costs.tolist())
+                self._fit = (max(slope, 0.0), icpt, float(costs.min()))
             else:
                 base = float(costs[0]) / (1 + self.prior_slope * (widths[0] - 1))
                 self._fit = (base * self.prior_slope, base * (1 - self.prior_slope), 0.0)
@@ -161,9 +178,13 @@ class CostModel:
 
     def best_k(self, alpha: float, kmax: int, draft_cost: bool, drafter: str = "model", saved: float = 0.0,
                extra: float = 0.0) -> tuple[int, float]:
-        best = (0, self.rate(alpha, 0, draft_cost, drafter))
+        """The k in 0..kmax with the best ``rate`` (the same figures, priced in one pass)."""
+        step = self.step_cost(drafter) if draft_cost else 0.0
+        costs = self.costs(kmax + 1)
+        best = (0, self.expected_tokens(alpha, 0) / costs[1])
         for k in range(1, kmax + 1):
-            r = self.rate(alpha, k, draft_cost, drafter, saved, extra)
+            steps = k - min(saved, max(k - 1, 0)) + extra
+            r = self.expected_tokens(alpha, k) / (costs[k + 1] + steps * step)
             if r > best[1]:
                 best = (k, r)
         return best
@@ -175,6 +196,16 @@ class CostModel:
         if upfront_s <= 0 or rate <= 0:
             return rate
         return horizon / (upfront_s + horizon / rate)
+
+
+def _least_squares(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through the points (at least two distinct xs):
+    what ``np.polyfit(xs, ys, 1)`` computes, without its ~0.1 ms of overhead a call."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) * (x - mx) for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx
 
 
 def _affine(reads: list[tuple[int, float]]) -> tuple[float, float]:

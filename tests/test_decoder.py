@@ -1541,3 +1541,31 @@ def test_a_hint_at_a_generations_first_read_goes_in_with_the_first_step(sp):
             assert calls == 2 + (len(plain.tokens) - 1 - min(right, 5)), (right, calls)
         else:  # its first token is not drawn: it is never fed
             assert calls == plain_calls
+
+
+def test_prompt_lookup_index_equals_the_search():
+    """Prompt lookup's incremental n-gram index (what a round's lookup reads) proposes exactly what
+    searching the whole context proposes (``lookup_match``), as the context grows by a few tokens a
+    round, over random contexts with many repeats; a new context (or one shorter than indexed) is
+    indexed afresh."""
+    import random
+
+    from edgespec.drafters import PromptLookupDrafter
+    from edgespec.kv import TokenBuffer
+
+    rng = random.Random(1)
+    for trial in range(300):
+        d = PromptLookupDrafter(min_ngram=rng.choice([1, 2]), max_ngram=rng.choice([2, 3, 4]))
+        vocab = rng.choice([3, 5, 20])
+        ctx = TokenBuffer([rng.randrange(vocab) for _ in range(rng.randrange(1, 30))], capacity=400)
+        d.begin(ctx.tolist())
+        for step in range(30):
+            k = rng.randrange(0, 10)
+            assert d._lookup_indexed(ctx, k) == d.lookup_match(ctx, k), (trial, step)
+            ctx.extend([rng.randrange(vocab) for _ in range(rng.randrange(1, 4))])
+    other = TokenBuffer([1, 2, 3, 1, 2], capacity=16)
+    assert d._lookup_indexed(other, 4) == d.lookup_match(other, 4) == ([3, 1, 2], 2)
+    shorter = TokenBuffer([7, 7], capacity=16)
+    d._ctx = shorter
+    d._indexed = 10
+    assert d._lookup_indexed(shorter, 3) == ([7], 1)
