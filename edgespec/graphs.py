@@ -162,42 +162,62 @@ class GraphCalls:
         return logits.numpy().reshape(n, -1).astype(np.float32, copy=False)
 
 
+# where check_replays compares replays with ordinary runs: at the prefix and a few positions past
+# it (a kernel whose launch depended on the position would part at some positions only)
+CHECK_OFFSETS = (0, 3, 9)
+
+
 def check_replays(lm, ids: Sequence[int], prefix: int) -> set[int]:
     """Widths 1..GRAPH_MAX_WIDTH whose replay computes other logits than an ordinary run, on
     ``lm`` in graph mode (its cache empty; left empty): each width's graph is captured one
-    position past where it is then replayed, and the replay's rows compared with an ordinary run's
-    at that position. A kernel whose launch depends on where it runs (the position, a tuning pass)
-    would compute one thing in the run captured and another replayed. Those widths run ordinary
-    calls from then on (``GraphCalls.excluded``), so a replay never stands in for a call it does
-    not equal: a greedy generation's rows are the same whichever calls were replays."""
+    position past the prefix, then replayed at the prefix and at ``CHECK_OFFSETS`` positions past
+    it, and each replay's rows compared with an ordinary run's there (``ids``: at least prefix +
+    max(CHECK_OFFSETS) + GRAPH_MAX_WIDTH + 1 tokens). A kernel whose launch depends on where it
+    runs (the position, a tuning pass) would compute one thing in the run captured and another
+    replayed. Those widths run ordinary calls from then on (``GraphCalls.excluded``), so a replay
+    never stands in for a call it does not equal: a greedy generation's rows are the same whichever
+    calls were replays."""
     g = lm.graphs
-    widths = range(1, min(GRAPH_MAX_WIDTH, len(ids) - prefix - 1) + 1)
-    plain, bad = {}, set()
+    starts = [prefix + o for o in CHECK_OFFSETS]
+    widths = range(1, min(GRAPH_MAX_WIDTH, len(ids) - starts[-1] - 1) + 1)
+    plain: dict[tuple[int, int], np.ndarray] = {}
+    bad: set[int] = set()
+
+    def at(start: int) -> None:
+        """The cache holding ids[:start] (the prefix, then one ordinary call of the rest)."""
+        lm.rewind(lm.length - prefix)
+        if start > prefix:
+            lm.forward(ids[prefix: start])
+
     lm.reset()
     lm.forward(ids[:prefix])
     g.plain_only = True
     try:
-        for w in widths:  # the reference: ordinary runs at the prefix
-            lm.rewind(lm.length - prefix)
-            plain[w] = lm.forward(ids[prefix: prefix + w])
-        for w in widths:  # each width's first call (ordinary) and its capture, one position later
+        for start in starts:  # the references: ordinary runs
+            for w in widths:
+                at(start)
+                plain[start, w] = lm.forward(ids[start: start + w])
+        for w in widths:  # each width's first call (ordinary) and its capture, one position past the prefix
             for _ in range(2):
-                lm.rewind(lm.length - prefix)
-                lm.forward(ids[prefix: prefix + 1])  # (an ordinary run: fills the position before)
+                at(prefix + 1)
                 g.plain_only = False
                 try:
                     lm.forward(ids[prefix + 1: prefix + 1 + w])
                 finally:
                     g.plain_only = True
+        for start in starts:  # the replays
+            for w in widths:
+                if w in g.captured and w not in bad:
+                    at(start)
+                    g.plain_only = False
+                    try:
+                        row = lm.forward(ids[start: start + w])
+                    finally:
+                        g.plain_only = True
+                    if not np.array_equal(row, plain[start, w]):
+                        bad.add(w)
     finally:
         g.plain_only = False
-    for w in widths:  # replays at the prefix
-        if w not in g.captured:
-            continue
-        lm.rewind(lm.length - prefix)
-        if not np.array_equal(lm.forward(ids[prefix: prefix + w]), plain[w]):
-            bad.add(w)
     lm.reset()
     g.excluded |= bad
     return bad
-

@@ -52,12 +52,12 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
     try:
         lm.reset()
         lm.forward(ids[:prefix])
-        if getattr(lm, "graphs", None) is not None and lm.max_context >= prefix + 18:
+        if getattr(lm, "graphs", None) is not None and lm.max_context >= prefix + 28:
             # CUDA graphs: widths whose replays differ from ordinary runs run ordinary calls; the
             # rows timed and compared below are replays of the others' captured graphs
-            from .graphs import GRAPH_MAX_WIDTH, check_replays
+            from .graphs import CHECK_OFFSETS, GRAPH_MAX_WIDTH, check_replays
 
-            more = [(7919 * i + 13) % vocab for i in range(prefix + GRAPH_MAX_WIDTH + 2)]
+            more = [(7919 * i + 13) % vocab for i in range(prefix + max(CHECK_OFFSETS) + GRAPH_MAX_WIDTH + 1)]
             bad = check_replays(lm, more, prefix)
             if bad:
                 log.info(f"{lm.spec.role}: CUDA graph replays of {sorted(bad)} tokens compute other logits than "

@@ -604,10 +604,11 @@ def test_graph_calls_bind_static_buffers(tiny_cuda_bundle):
 
 
 def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
-    """check_replays (edgespec/graphs.py) captures each width one position past where it replays
-    it and compares the replay with an ordinary run there: a planted replay that computes other
-    logits (width 3, as a GPU kernel whose launch depends on the position would) is found, that
-    width runs ordinary calls from then on, the others stay replayed; the width probe runs it."""
+    """check_replays (edgespec/graphs.py) captures each width one position past the prefix and
+    compares its replays with ordinary runs at the prefix and a few positions past it: planted
+    replays that compute other logits (width 3 everywhere; width 5 at one position only, as a GPU
+    kernel whose launch depends on the position might) are found, those widths run ordinary calls
+    from then on, the others stay replayed; the width probe runs it."""
     from edgespec.graphs import GraphCalls, check_replays
     from edgespec.onnx_lm import ARGMAX_ROWS
     from edgespec.width import measure_width
@@ -625,18 +626,20 @@ def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
         def run_with_iobinding(self, b, ro=None):
             sess.run_with_iobinding(b, ro)
             g = holder["g"]
-            if ro is not None and ro.get_run_config_entry("gpu_graph_id") == "3" and 3 in g.captured:
-                buf = g.logits[3].numpy()
+            w = int(ro.get_run_config_entry("gpu_graph_id")) if ro is not None else -1
+            # width 3 parts everywhere; width 5 only where the call starts 9 positions past the prefix
+            if w in g.captured and (w == 3 or (w == 5 and g._valid == 16 + 9 + 5)):
+                buf = g.logits[w].numpy()
                 buf[0, 0, 0] += 0.5
-                g.logits[3].update_inplace(buf)
+                g.logits[w].update_inplace(buf)
 
     g = holder["g"] = GraphCalls(Planted(), lm._binding, lm.spec.io, max_context=lm.max_context, vocab=vocab,
                                  logits_dtype=dtype, argmax_name=lm._argmax_name, argmax_rows=ARGMAX_ROWS,
                                  device="cpu")
     lm.graphs, lm._plain_run, lm.session = g, g.plain, Planted()
-    ids = [(7919 * i + 13) % 500 for i in range(40)]
-    assert check_replays(lm, ids, 16) == {3} and g.excluded == {3} and lm.length == 0
-    assert set(range(1, 17)) - {3} <= g.captured
+    ids = [(7919 * i + 13) % 500 for i in range(60)]
+    assert check_replays(lm, ids, 16) == {3, 5} and g.excluded == {3, 5} and lm.length == 0
+    assert set(range(1, 17)) - {3, 5} <= g.captured
     lm.forward(ids[:16])
     before = g.replays
     a = lm.forward(ids[16:19])
@@ -646,5 +649,5 @@ def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
     assert g.replays == before + 1
     g.excluded.clear()
     lm.reset()
-    measure_width(lm)  # the probe finds it again
-    assert g.excluded == {3}
+    measure_width(lm)  # the probe finds them again
+    assert g.excluded == {3, 5}
