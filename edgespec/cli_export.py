@@ -107,16 +107,20 @@ def drafter_vocab(bundle, n, output, corpus, force):
               help="Write the result as a new bundle here (the unchanged files copied); "
                    "default: rewrite BUNDLE in place.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --output.")
-def exact_kernels(bundle, output, force):
-    """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernel (edgespec.MatMulQ4) and pad its
-    attention to two query rows, so that one-token calls are exact and plain decoding pays no
+@click.option("--onnxruntime-attention", is_flag=True,
+              help="Keep onnxruntime's GroupQueryAttention (padded to two query rows in the target) instead of "
+                   "edgespec.DecodeAttention (to compare the two).")
+def exact_kernels(bundle, output, force, onnxruntime_attention):
+    """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernels (edgespec.MatMulQ4 and
+    edgespec.DecodeAttention), so that one-token calls are exact and plain decoding pays no
     two-token tax. Needs an x86-64 CPU with AVX2 and FMA (AVX-512 VNNI is used where present, with the
-    same results bitwise) and g++ (the kernel is built on first use)."""
+    same results bitwise) and g++ (the kernels are built on first use)."""
     import sys
 
     try:
         from edgespec_export.kernels import apply_to_bundle
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
-    out = apply_to_bundle(bundle, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True))
+    out = apply_to_bundle(bundle, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True),
+                          own_attention=not onnxruntime_attention)
     click.echo(str(out))

@@ -69,7 +69,35 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
     return packed, s, z
 
 
-def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
+ATTENTION_OP = "DecodeAttention"
+
+
+def _own_attention(g, n, inits: dict) -> bool:
+    """Replace the GroupQueryAttention node ``n`` with ``edgespec.DecodeAttention`` where it is
+    the builder's CPU attention that op computes (packed QKV, rotary over the whole head,
+    non-interleaved, causal, no window, no softcap, float32 caches); False (left as it is) else."""
+    from onnx import TensorProto, helper
+
+    a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+    ins = list(n.input)
+    while ins and not ins[-1]:  # optional inputs left empty (position ids, attention bias, ...)
+        ins.pop()
+    if (len(ins) != 9 or ins[1] or ins[2] or not a.get("do_rotary") or a.get("rotary_interleaved", 0)
+            or a.get("local_window_size", -1) != -1 or float(a.get("softcap", 0.0)) != 0.0
+            or a.get("smooth_softmax", 0) or ins[7] not in inits or ins[8] not in inits
+            or inits[ins[7]].data_type != TensorProto.FLOAT):
+        return False
+    n.op_type, n.domain = ATTENTION_OP, DOMAIN
+    del n.input[:]
+    n.input.extend([ins[0], ins[3], ins[4], ins[5], ins[7], ins[8]])
+    del n.attribute[:]
+    n.attribute.extend([helper.make_attribute("num_heads", int(a["num_heads"])),
+                        helper.make_attribute("kv_num_heads", int(a["kv_num_heads"])),
+                        helper.make_attribute("scale", float(a.get("scale", 0.0)))])
+    return True
+
+
+def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True) -> dict[str, int]:
     """Rewrite the graph file in place (atomically); returns counts of what changed."""
     import onnx
     from onnx import TensorProto, helper
@@ -84,7 +112,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
-    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0}
+    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     for node in g.node:
@@ -123,10 +151,12 @@ def rewrite_graph(model_path: Path, pad_attention: bool) -> dict[str, int]:
         del node.attribute[:]
         node.attribute.extend([helper.make_attribute(k, int(attrs[k])) for k in ("K", "N", "bits", "block_size")])
         done["matmuls"] += 1
-    if pad_attention:
-        gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
-        if not gqa:
-            raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
+    if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
+        done["own_attention"] = sum(_own_attention(g, n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
+    gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
+    if pad_attention and not gqa and not done["own_attention"]:
+        raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
+    if pad_attention and gqa:
         one = helper.make_tensor("edgespec_pad_one", TensorProto.INT32, [], [1])
         last = helper.make_tensor("edgespec_pad_last", TensorProto.INT64, [1], [-1])
         end = helper.make_tensor("edgespec_pad_end", TensorProto.INT64, [1], [2 ** 62])
@@ -195,8 +225,10 @@ def compare_with_source(source, rewritten, ids: list[int]) -> dict:
 
 
 def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
-                    log=None) -> Path:
-    """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically)."""
+                    log=None, own_attention: bool = True) -> Path:
+    """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically).
+    ``own_attention``: edgespec.DecodeAttention in place of onnxruntime's GroupQueryAttention (else
+    the target's attention is padded to two or more query rows)."""
     from edgespec.tokenizer import Tokenizer
 
     from .bundle import measured_sizes
@@ -226,9 +258,9 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if spec is None:
                 continue
             spec = _rerooted(spec, manifest.root, stage)
-            pad = 1 if role == "target" else 0
             try:
-                counts = rewrite_graph(spec.path, pad_attention=bool(pad))
+                counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention)
+                pad = 1 if counts["attention"] else 0
             except ExportError:
                 if role == "target":
                     raise
@@ -240,12 +272,19 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 log(f"    {role}: {counts['matmuls']} MatMulNBits -> {DOMAIN}.{OP}"
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
+                    + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"
+                       if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)
             if counts["kept"]:
                 ops["MatMulNBits"] = counts["kept"]
             ops[OP] = counts["matmuls"]
+            if counts["own_attention"]:
+                left = ops.pop("GroupQueryAttention", 0) - counts["own_attention"]
+                if left > 0:
+                    ops["GroupQueryAttention"] = left
+                ops[ATTENTION_OP] = counts["own_attention"]
             gcfg = spec.path.parent / "genai_config.json"
             if gcfg.exists():  # onnxruntime-genai cannot run edgespec's operator
                 gcfg.unlink()

@@ -1,5 +1,6 @@
-"""edgespec's width-invariant INT4 kernel (edgespec/native/q4gemm.cpp, ``edgespec.MatMulQ4``) and the
-``exact-kernels`` rewrite that puts it (with attention padded to two query rows) into a bundle.
+"""edgespec's width-invariant CPU kernels (edgespec/native/q4gemm.cpp: ``edgespec.MatMulQ4`` and
+``edgespec.DecodeAttention``) and the ``exact-kernels`` rewrite that puts them into a bundle (or,
+with ``--onnxruntime-attention``, pads onnxruntime's attention to two query rows instead).
 
 The premise of the rewrite, tested here: a row of the kernel's output is bitwise the same whatever
 the call's width, so the width probe picks one-token calls and greedy speculative output still equals
@@ -132,6 +133,81 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
+def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0):
+    """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,
+    rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    ang = np.arange(P)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
+             numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("qkv", f, [1, "n", (H + 2 * KVH) * D]),
+           helper.make_tensor_value_info("pk", f, [1, KVH, L, D]), helper.make_tensor_value_info("pv", f, [1, KVH, L, D]),
+           helper.make_tensor_value_info("seqlens", TensorProto.INT32, [1])]
+    outs = [helper.make_tensor_value_info("out", f, [1, "n", H * D]),
+            helper.make_tensor_value_info("k", f, [1, KVH, "t", D]), helper.make_tensor_value_info("v", f, [1, KVH, "t", D])]
+    if op == "GroupQueryAttention":
+        ins.append(helper.make_tensor_value_info("total", TensorProto.INT32, []))
+        node = helper.make_node(op, ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"], ["out", "k", "v"],
+                                domain="com.microsoft", num_heads=H, kv_num_heads=KVH, scale=scale, do_rotary=1,
+                                rotary_interleaved=0, local_window_size=-1)
+        dom = "com.microsoft"
+    else:
+        node = helper.make_node(op, ["qkv", "pk", "pv", "seqlens", "cos", "sin"], ["out", "k", "v"], domain="edgespec",
+                                num_heads=H, kv_num_heads=KVH, scale=scale)
+        dom = "edgespec"
+    g = helper.make_graph([node], "g", ins, outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)])
+
+
+@pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (4, 4, 32)])
+def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_width(H, KVH, D):
+    """edgespec.DecodeAttention against onnxruntime's GroupQueryAttention on the same cache (past
+    positions filled, then calls of 1..9 new tokens): outputs and the new keys/values within float
+    rounding; each query row bitwise the same at every width and whatever the call's first position;
+    bound in place or not, the same numbers."""
+    L, P, past = 64, 80, 21
+    rng = np.random.default_rng(3)
+    cache_k = np.zeros((1, KVH, L, D), np.float32)
+    cache_v = np.zeros((1, KVH, L, D), np.float32)
+    cache_k[:, :, :past] = rng.normal(size=(1, KVH, past, D))
+    cache_v[:, :, :past] = rng.normal(size=(1, KVH, past, D))
+    qkv = rng.normal(size=(1, 9, (H + 2 * KVH) * D)).astype(np.float32)
+    ours = _session(_attention_graph("DecodeAttention", H, KVH, D, L, P))
+    theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P))
+
+    def run(sess, q, at, gqa=False):
+        feeds = {"qkv": q, "pk": cache_k, "pv": cache_v, "seqlens": np.array([at + q.shape[1] - 1], np.int32)}
+        if gqa:
+            feeds["total"] = np.array(at + q.shape[1], np.int32)
+        return sess.run(None, feeds)
+
+    full = run(ours, qkv, past)
+    ref = run(theirs, qkv, past, gqa=True)
+    assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
+    t = past + 9
+    assert np.abs(full[1][:, :, :t] - ref[1][:, :, :t]).max() < 1e-5 and np.array_equal(full[2][:, :, :t], ref[2][:, :, :t])
+    for n in range(1, 9):  # a call of the first n tokens computes their rows as the call of 9 did
+        assert np.array_equal(run(ours, qkv[:, :n], past)[0], full[0][:, :n]), n
+    # and a call that starts later (its earlier tokens already in the cache) computes the same rows
+    head = run(ours, qkv[:, :4], past)
+    cache_k[:, :, past:past + 4], cache_v[:, :, past:past + 4] = head[1][:, :, past:past + 4], head[2][:, :, past:past + 4]
+    assert np.array_equal(run(ours, qkv[:, 4:], past + 4)[0], full[0][:, 4:])
+
+
+def test_decode_attention_refuses_bad_lengths_with_an_error():
+    s = _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20))
+    feeds = {"qkv": np.zeros((1, 3, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
+             "pv": np.zeros((1, 2, 16, 32), np.float32)}
+    for bad in (1, 16):  # valid length below the call's width; past the cache
+        with pytest.raises(Exception, match="DecodeAttention"):
+            s.run(None, {**feeds, "seqlens": np.array([bad], np.int32)})
+    with pytest.raises(Exception, match="DecodeAttention|invalid dimensions"):  # (the graph's shape says so first)
+        s.run(None, {**feeds, "qkv": np.zeros((1, 3, 8 * 32 + 4), np.float32), "seqlens": np.array([5], np.int32)})
+
+
 @pytest.fixture(scope="module")
 def tiny_xk(tiny_int4_bundle, tmp_path_factory):
     from edgespec_export.kernels import apply_to_bundle
@@ -141,8 +217,10 @@ def tiny_xk(tiny_int4_bundle, tmp_path_factory):
 
 def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, tiny_int4_bundle):
     m = json.loads((tiny_xk / "edgespec.json").read_text())["models"]
-    assert m["target"]["kernels"] == "edgespec-q4" and m["target"]["attention_pad"] == 1
+    assert m["target"]["kernels"] == "edgespec-q4" and m["target"].get("attention_pad", 0) == 0
     assert "MatMulNBits" not in m["target"]["operators"] and m["target"]["operators"]["MatMulQ4"] > 0
+    assert "GroupQueryAttention" not in m["target"]["operators"]
+    assert m["target"]["operators"]["DecodeAttention"] == m["target"]["num_layers"]
     from edgespec.cli import main
 
     info = CliRunner().invoke(main, ["info", str(tiny_xk)])
@@ -150,7 +228,7 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
     eng = edgespec.load(tiny_xk, verify=True)
     t = eng.decoder.target
     assert (t.min_width, t.width_multiple) == (1, 1)  # measured at load: one-token calls agree
-    assert t.max_context == edgespec.load(tiny_int4_bundle).decoder.target.max_context - 1
+    assert t.max_context == edgespec.load(tiny_int4_bundle).decoder.target.max_context  # no pad slot
     from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
 
     for p in PROMPTS:
@@ -162,19 +240,40 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
     assert t.last_width == 1 and t.calls > before
 
 
-def test_exact_kernels_fills_the_whole_context(tiny_xk):
-    """The pad's keys and values go one position past the call: the context is one position shorter
-    than exported, and its last position can still be computed."""
+@pytest.fixture(scope="module")
+def tiny_xk_ort(tiny_int4_bundle, tmp_path_factory):
+    """exact-kernels --onnxruntime-attention: onnxruntime's attention, padded to two query rows."""
+    from edgespec_export.kernels import apply_to_bundle
+
+    return apply_to_bundle(tiny_int4_bundle, tmp_path_factory.mktemp("xk-ort") / "tiny-int4-xk-ort", own_attention=False)
+
+
+def test_exact_kernels_with_onnxruntime_attention_pads_it_and_stays_exact(tiny_xk_ort):
+    m = json.loads((tiny_xk_ort / "edgespec.json").read_text())["models"]
+    assert m["target"]["attention_pad"] == 1 and "DecodeAttention" not in m["target"]["operators"]
+    eng = edgespec.load(tiny_xk_ort)
+    assert (eng.decoder.target.min_width, eng.decoder.target.width_multiple) == (1, 1)
+    from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
+
+    _assert_all_equal(_greedy_all(eng, PROMPTS[0], 24, drafters=("none", "prompt-lookup", "model")), PROMPTS[0])
+
+
+@pytest.mark.parametrize("which", ["tiny_xk", "tiny_xk_ort"])
+def test_exact_kernels_fills_the_whole_context(which, request):
+    """edgespec's attention writes only the call's positions: the whole exported context is usable.
+    onnxruntime's padded attention writes the pad's keys and values one position past the call:
+    the context is one position shorter than exported. Either way the last position can be
+    computed, and computes what a prefill chunk computes there."""
     from edgespec.errors import ContextOverflowError
 
-    eng = edgespec.load(tiny_xk)
+    eng = edgespec.load(request.getfixturevalue(which))
     lm = eng.decoder.target
     n = lm.max_context
-    assert n == lm.spec.max_context - 1
+    assert n == lm.spec.max_context - (1 if which == "tiny_xk_ort" else 0)
     ids = [int(i) for i in np.random.default_rng(0).integers(5, 200, size=n)]
     lm.cache.reset()
     lm.feed(ids[:-1])
-    last = lm.forward(ids[-1:])  # position n-1; the pad goes to n, the exported context's last slot
+    last = lm.forward(ids[-1:])
     assert lm.cache.length == n and np.isfinite(last).all()
     with pytest.raises(ContextOverflowError):
         lm.forward([5])

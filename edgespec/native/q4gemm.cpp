@@ -93,6 +93,7 @@ enum : int {
   kGetDimensionsCount = 61,
   kGetDimensions = 62,
   kGetTensorTypeAndShape = 65,
+  kKernelInfoGetAttributeFloat = 85,
   kKernelInfoGetAttributeInt64 = 86,
   kKernelContextGetInputCount = 88,
   kKernelContextGetInput = 90,
@@ -101,7 +102,7 @@ enum : int {
   kReleaseTensorTypeAndShapeInfo = 99,
   kKernelContextParallelFor = 274,
 };
-constexpr int kFloat = 1, kUint8 = 2;  // ONNXTensorElementDataType
+constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6;  // ONNXTensorElementDataType
 constexpr int kRequired = 0, kOptional = 1;
 
 const OrtApi* g_api = nullptr;
@@ -618,6 +619,215 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   return nullptr;
 }
 
+
+// ---- edgespec.DecodeAttention: GroupQueryAttention for the CPU, its arithmetic the same for every call width ----
+//
+// What `edgespec exact-kernels` puts in place of the builder's com.microsoft.GroupQueryAttention (float32, packed
+// QKV, rotary embedding with cos/sin caches, a KV cache of [1, kv_heads, L, head] bound as both past and present,
+// causal). onnxruntime's CPU kernel spends ~75-137 us a layer at 256 positions on overhead (session 17's profile)
+// and computes one query row on another path than several. Here every query row is computed on its own, the same
+// way whatever the call's width: its rotary, its dot products with the keys 0..its position (one fused
+// multiply-add chain of 8 lanes per key, summed in a fixed order), the softmax (the max, then exp(s - max) summed
+// in key order), the weighted sum of the values in key order. The new keys and values are written first.
+//   inputs:  qkv [1, n, (H + 2 KVH) * D], past_key, past_value [1, KVH, L, D], seqlens_k int32 [1] (valid - 1),
+//            cos, sin [P, D / 2] (non-interleaved rotary over the whole head)
+//   outputs: out [1, n, H * D], present_key, present_value (the past buffers, written in place when bound so)
+//   attributes: num_heads, kv_num_heads (int), scale (float, 0: 1 / sqrt(D))
+
+struct Attn {
+  int64_t H = 0, KVH = 0;
+  float scale = 0.f;
+  bool ok = false;
+};
+
+struct AttnCall {
+  const Attn* a;
+  int64_t n, D, L, past;
+  const float* qkv;
+  const float *cos, *sin;
+  const float *K, *V;  // present: [KVH, L, D]
+  float* out;
+  float scale;
+};
+
+// exp(x) for x <= 0 (a softmax's s - max), 8 lanes: Cephes' expf polynomial after reduction by ln 2
+ES_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+ES_AVX2 inline float hsum8(__m256 v) {  // a fixed order: (0+4)+(2+6) + (1+5)+(3+7)
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// non-interleaved rotary of one head vector at position pos (x1 = x[:D/2], x2 = x[D/2:])
+inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half) {
+  for (int64_t j = 0; j < half; ++j) {
+    const float c = cos[j], s = sin[j], a = x[j], b = x[j + half];
+    y[j] = a * c - b * s;
+    y[j + half] = b * c + a * s;
+  }
+}
+
+// out = (sum over keys r of p_r V[r]) / total: one chain of fused multiply-adds per output lane, in key order,
+// reading the values once, in order (NV: 8-lane vectors of a head, held in registers; 0: any head size)
+template <int NV>
+ES_AVX2 inline void weigh(const float* p, const float* V, int64_t pos, float* o, float total, int64_t D = NV * 8) {
+  constexpr int kMax = 32;  // head sizes up to 256
+  const int nv = NV ? NV : int(D / 8);
+  __m256 acc[NV ? NV : kMax];
+  for (int v = 0; v < nv; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t r = 0; r <= pos; ++r) {
+    const __m256 w = _mm256_set1_ps(p[r]);
+    const float* vr = V + r * D;
+    for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * v), acc[v]);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
+  for (int v = 0; v < nv; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], inv));
+}
+
+// one (query row, head): the task ParallelFor runs
+ES_AVX2 void attend(const AttnCall& c, int64_t i, int64_t h) {
+  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, g = h / group, pos = c.past + i, half = D / 2;
+  thread_local std::vector<float> buf;
+  if (buf.size() < size_t(pos + 1 + D)) buf.resize(size_t(pos + 1 + D) + 256);
+  float* q = buf.data();  // D floats, then the scores
+  float* sc = buf.data() + D;
+  rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q, c.cos + pos * half, c.sin + pos * half, half);
+  const float* K = c.K + g * c.L * D;
+  const float* V = c.V + g * c.L * D;
+  float m = -INFINITY;
+  for (int64_t j = 0; j <= pos; ++j) {
+    const float* k = K + j * D;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+    const float s = hsum8(acc) * c.scale;
+    sc[j] = s;
+    m = std::max(m, s);
+  }
+  int64_t j = 0;
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; j + 8 <= pos + 1; j += 8) _mm256_storeu_ps(sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
+  if (j <= pos) {  // the last keys, through the same 8 lanes
+    alignas(32) float t[8];
+    for (int64_t r = 0; r < 8; ++r) t[r] = j + r <= pos ? sc[j + r] - m : -87.0f;
+    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+    for (int64_t r = 0; j + r <= pos; ++r) sc[j + r] = t[r];
+  }
+  float total = 0.f;
+  for (int64_t r = 0; r <= pos; ++r) total += sc[r];
+  float* o = c.out + (i * H + h) * D;
+  if (D == 64) weigh<8>(sc, V, pos, o, total);
+  else if (D == 128) weigh<16>(sc, V, pos, o, total);
+  else weigh<0>(sc, V, pos, o, total, D);
+}
+
+void attn_task(void* data, size_t t) {
+  const AttnCall& c = *static_cast<const AttnCall*>(data);
+  attend(c, int64_t(t) / c.a->H, int64_t(t) % c.a->H);
+}
+
+OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  auto* a = new Attn();
+  *out = a;
+  if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "num_heads", &a->H)) ||
+      !ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "kv_num_heads", &a->KVH)))
+    return fail("edgespec.DecodeAttention: attributes num_heads and kv_num_heads are required");
+  float scale = 0.f;
+  if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "scale", &scale)))
+    scale = 0.f;
+  a->scale = scale;
+  if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH) return fail("edgespec.DecodeAttention: num_heads must be a multiple of kv_num_heads");
+  a->ok = true;
+  return nullptr;
+}
+
+void* attn_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info) {
+  void* a = nullptr;
+  if (OrtStatus* s = attn_create_v2(op, api_, info, &a)) ok(s);
+  return a;
+}
+
+OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
+  auto* a = static_cast<Attn*>(self);
+  if (!a->ok) return fail("edgespec.DecodeAttention: bad attributes");
+  const OrtValue* in[6] = {};
+  size_t count = 0;
+  api<OrtStatus* (*)(const OrtKernelContext*, size_t*)>(kKernelContextGetInputCount)(ctx, &count);
+  if (count < 6) return fail("edgespec.DecodeAttention: needs qkv, past_key, past_value, seqlens_k, cos, sin");
+  for (size_t i = 0; i < 6; ++i)
+    if (!ok(api<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(kKernelContextGetInput)(ctx, i, &in[i])) || !in[i])
+      return fail("edgespec.DecodeAttention: a required input is missing");
+  const std::vector<int64_t> qd = dims_of(in[0]), kd = dims_of(in[1]), vd = dims_of(in[2]), cd = dims_of(in[4]);
+  if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2)
+    return fail("edgespec.DecodeAttention: expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
+  const int64_t n = qd[1], D = kd[3], L = kd[2];
+  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 16 || D > 256 || cd[1] * 2 != D)
+    return fail("edgespec.DecodeAttention: the head size does not match qkv, the caches and cos (D a multiple of 16, "
+                "at most 256)");
+  const int32_t valid = *static_cast<const int32_t*>(data_of(in[3])) + 1;
+  const int64_t past = int64_t(valid) - n;
+  if (n <= 0 || past < 0 || valid > L || valid > cd[0])
+    return fail("edgespec.DecodeAttention: seqlens_k + 1 must be in [n, cache length] and within the rotary cache");
+  std::vector<int64_t> od = {1, n, a->H * D};
+  OrtValue *O = nullptr, *PK = nullptr, *PV = nullptr;
+  using GetOut = OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
+  if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 0, od.data(), od.size(), &O)) return s;
+  if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 1, kd.data(), kd.size(), &PK)) return s;
+  if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 2, vd.data(), vd.size(), &PV)) return s;
+  float *K = static_cast<float*>(data_of(PK)), *V = static_cast<float*>(data_of(PV));
+  const float *pk = static_cast<const float*>(data_of(in[1])), *pv = static_cast<const float*>(data_of(in[2]));
+  if (K != pk)  // not bound in place: the present starts as a copy of the past
+    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(K + g * L * D, pk + g * L * D, size_t(past * D) * sizeof(float));
+  if (V != pv)
+    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(V + g * L * D, pv + g * L * D, size_t(past * D) * sizeof(float));
+  const float* qkv = static_cast<const float*>(data_of(in[0]));
+  const float *cs = static_cast<const float*>(data_of(in[4])), *sn = static_cast<const float*>(data_of(in[5]));
+  const int64_t half = D / 2, row = (a->H + 2 * a->KVH) * D;
+  for (int64_t i = 0; i < n; ++i)  // the new keys (rotated) and values, at their positions
+    for (int64_t g = 0; g < a->KVH; ++g) {
+      const int64_t pos = past + i;
+      rotary(qkv + i * row + (a->H + g) * D, K + (g * L + pos) * D, cs + pos * half, sn + pos * half, half);
+      std::memcpy(V + (g * L + pos) * D, qkv + i * row + (a->H + a->KVH + g) * D, size_t(D) * sizeof(float));
+    }
+  AttnCall c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
+             a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D))};
+  const size_t tasks = size_t(n * a->H);
+  if (g_parallel && tasks > 1) {
+    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task, tasks, 0, &c))) return nullptr;
+  }
+  for (size_t t = 0; t < tasks; ++t) attn_task(&c, t);
+  return nullptr;
+}
+
+void attn_compute(void* self, OrtKernelContext* ctx) {
+  if (OrtStatus* s = attn_compute_v2(self, ctx)) ok(s);
+}
+
+void attn_destroy(void* self) { delete static_cast<Attn*>(self); }
+const char* attn_name(const OrtCustomOp*) { return "DecodeAttention"; }
+int attn_in_type(const OrtCustomOp*, size_t i) { return i == 3 ? kInt32 : kFloat; }
+size_t attn_in_count(const OrtCustomOp*) { return 6; }
+size_t attn_out_count(const OrtCustomOp*) { return 3; }
+int attn_char(const OrtCustomOp*, size_t) { return kRequired; }
+
 void destroy(void* self) { delete static_cast<Kernel*>(self); }
 
 const char* op_name(const OrtCustomOp*) { return "MatMulQ4"; }
@@ -635,6 +845,10 @@ int last(const OrtCustomOp*) { return 1 << 30; }
 OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,         out_type,   out_count, compute,
                  destroy,  in_char,       out_char, mem_type, one,  one,              one,        one,
                  create_kernel_v2,        compute_v2, nullptr, one, last};
+
+OrtCustomOp g_attn{17,           attn_create, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
+                   attn_compute, attn_destroy, attn_char, attn_char, mem_type,  one,           one,      one,
+                   one,          attn_create_v2, attn_compute_v2, nullptr, one, last};
 
 // AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
 bool amx_permitted() {
@@ -679,6 +893,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   OrtStatus* s = api<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(kCreateCustomOpDomain)("edgespec", &domain);
   if (s) return s;
   s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_op);
+  if (s) return s;
+  s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_attn);
   if (s) return s;
   return api<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(kAddCustomOpDomain)(options, domain);
 }
