@@ -90,7 +90,8 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
         columns = s.head_size or s.vocab_size  # a drafter's reduced head has head_size columns
         logits = chunk * columns * 4
         arenas += logits + chunk * s.hidden_size * 4 * 16
-        if context and (on_cpu or {}).get(s.role, True):
+        if context and (on_cpu or {}).get(s.role, True) and "DecodeAttention" not in (s.operators or {}):
+            # (edgespec.DecodeAttention, exact-kernels since session 18, keeps one row's scores a thread)
             heads = s.num_attention_heads or s.hidden_size // s.head_dim
             arenas += min(chunk, context) * heads * (context + s.attention_pad) * 4
         copy = max(copy, logits)

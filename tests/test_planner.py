@@ -131,6 +131,15 @@ def test_working_memory_by_chunk():
     assert working_bytes(m, 256, with_drafter=False, context=64) == QWEN_WORK_256 + 64 * 12 * 64 * 4
 
 
+def test_edgespec_attention_keeps_no_scores():
+    """A model whose attention is edgespec.DecodeAttention (exact-kernels since session 18) keeps one
+    query row's scores a thread, not a chunk's: the planner counts no scores for it."""
+    m = qwen_pair()
+    xk = replace(m, target=replace(m.target, operators={"MatMulQ4": 141, "DecodeAttention": 28}))
+    assert working_bytes(xk, 256, with_drafter=False, context=4096) == QWEN_WORK_256
+    assert working_bytes(m, 256, with_drafter=False, context=4096) == QWEN_WORK_256 + 4096 * 12_288
+
+
 def test_attention_heads_come_from_the_manifest_when_recorded():
     t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
     assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4

@@ -702,45 +702,62 @@ ES_AVX2 inline void weigh(const float* p, const float* V, int64_t pos, float* o,
   for (int v = 0; v < nv; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], inv));
 }
 
-// one (query row, head): the task ParallelFor runs
-ES_AVX2 void attend(const AttnCall& c, int64_t i, int64_t h) {
-  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, g = h / group, pos = c.past + i, half = D / 2;
+// one query row and one KV group (its H / KVH query heads, which read the group's keys and values): the task
+// ParallelFor runs. Each key is loaded once for the group's heads; every head keeps its own chain per lane
+ES_AVX2 void attend(const AttnCall& c, int64_t i, int64_t g) {
+  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, pos = c.past + i, half = D / 2, keys = pos + 1;
+  constexpr int64_t kMaxGroup = 16;
   thread_local std::vector<float> buf;
-  if (buf.size() < size_t(pos + 1 + D)) buf.resize(size_t(pos + 1 + D) + 256);
-  float* q = buf.data();  // D floats, then the scores
-  float* sc = buf.data() + D;
-  rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q, c.cos + pos * half, c.sin + pos * half, half);
+  const size_t need = size_t(group * (D + keys));
+  if (buf.size() < need) buf.resize(need + 1024);
+  float* q = buf.data();              // group x D rotated queries
+  float* sc = buf.data() + group * D;  // group x keys scores, then weights
+  for (int64_t e = 0; e < group; ++e)
+    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + g * group + e) * D, q + e * D, c.cos + pos * half, c.sin + pos * half, half);
   const float* K = c.K + g * c.L * D;
   const float* V = c.V + g * c.L * D;
-  float m = -INFINITY;
-  for (int64_t j = 0; j <= pos; ++j) {
+  float m[kMaxGroup];
+  for (int64_t e = 0; e < group; ++e) m[e] = -INFINITY;
+  for (int64_t j = 0; j < keys; ++j) {
     const float* k = K + j * D;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
-    const float s = hsum8(acc) * c.scale;
-    sc[j] = s;
-    m = std::max(m, s);
+    for (int64_t e0 = 0; e0 < group; e0 += 8) {  // up to 8 heads' chains at once
+      const int64_t ne = std::min<int64_t>(8, group - e0);
+      __m256 acc[8];
+      for (int64_t e = 0; e < ne; ++e) acc[e] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 kv = _mm256_loadu_ps(k + d);
+        for (int64_t e = 0; e < ne; ++e) acc[e] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (e0 + e) * D + d), kv, acc[e]);
+      }
+      for (int64_t e = 0; e < ne; ++e) {
+        const float s = hsum8(acc[e]) * c.scale;
+        sc[(e0 + e) * keys + j] = s;
+        m[e0 + e] = std::max(m[e0 + e], s);
+      }
+    }
   }
-  int64_t j = 0;
-  const __m256 mv = _mm256_set1_ps(m);
-  for (; j + 8 <= pos + 1; j += 8) _mm256_storeu_ps(sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
-  if (j <= pos) {  // the last keys, through the same 8 lanes
-    alignas(32) float t[8];
-    for (int64_t r = 0; r < 8; ++r) t[r] = j + r <= pos ? sc[j + r] - m : -87.0f;
-    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
-    for (int64_t r = 0; j + r <= pos; ++r) sc[j + r] = t[r];
+  for (int64_t e = 0; e < group; ++e) {
+    float* se = sc + e * keys;
+    int64_t j = 0;
+    const __m256 mv = _mm256_set1_ps(m[e]);
+    for (; j + 8 <= keys; j += 8) _mm256_storeu_ps(se + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(se + j), mv)));
+    if (j < keys) {  // the last keys, through the same 8 lanes
+      alignas(32) float t[8];
+      for (int64_t r = 0; r < 8; ++r) t[r] = j + r < keys ? se[j + r] - m[e] : -87.0f;
+      _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+      for (int64_t r = 0; j + r < keys; ++r) se[j + r] = t[r];
+    }
+    float total = 0.f;
+    for (int64_t r = 0; r < keys; ++r) total += se[r];
+    float* o = c.out + (i * H + g * group + e) * D;
+    if (D == 64) weigh<8>(se, V, pos, o, total);
+    else if (D == 128) weigh<16>(se, V, pos, o, total);
+    else weigh<0>(se, V, pos, o, total, D);
   }
-  float total = 0.f;
-  for (int64_t r = 0; r <= pos; ++r) total += sc[r];
-  float* o = c.out + (i * H + h) * D;
-  if (D == 64) weigh<8>(sc, V, pos, o, total);
-  else if (D == 128) weigh<16>(sc, V, pos, o, total);
-  else weigh<0>(sc, V, pos, o, total, D);
 }
 
 void attn_task(void* data, size_t t) {
   const AttnCall& c = *static_cast<const AttnCall*>(data);
-  attend(c, int64_t(t) / c.a->H, int64_t(t) % c.a->H);
+  attend(c, int64_t(t) / c.a->KVH, int64_t(t) % c.a->KVH);
 }
 
 OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
@@ -753,7 +770,8 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "scale", &scale)))
     scale = 0.f;
   a->scale = scale;
-  if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH) return fail("edgespec.DecodeAttention: num_heads must be a multiple of kv_num_heads");
+  if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
+    return fail("edgespec.DecodeAttention: num_heads must be a multiple of kv_num_heads, at most 16 times it");
   a->ok = true;
   return nullptr;
 }
@@ -808,7 +826,7 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
     }
   AttnCall c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
              a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D))};
-  const size_t tasks = size_t(n * a->H);
+  const size_t tasks = size_t(n * a->KVH);
   if (g_parallel && tasks > 1) {
     using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
     if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task, tasks, 0, &c))) return nullptr;
