@@ -702,49 +702,56 @@ ES_AVX2 inline void weigh(const float* p, const float* V, int64_t pos, float* o,
   for (int v = 0; v < nv; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], inv));
 }
 
+// the sums of the lanes of 8 vectors, one per lane of the result, each by the same tree:
+// ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), whatever the other vectors hold
+ES_AVX2 inline __m256 sum8x8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 // one query row and one KV group (its H / KVH query heads, which read the group's keys and values): the task
-// ParallelFor runs. Each key is loaded once for the group's heads; every head keeps its own chain per lane
+// ParallelFor runs. Keys go 8 at a time (a block a few KiB, read from L1 by each of the group's heads): per
+// (head, key) one chain of fused multiply-adds over the head's 8-lane chunks, then sum8x8's tree; a last block
+// of fewer keys takes zero rows for the missing ones, so every key's score is computed alike wherever it sits
 ES_AVX2 void attend(const AttnCall& c, int64_t i, int64_t g) {
   const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, pos = c.past + i, half = D / 2, keys = pos + 1;
-  constexpr int64_t kMaxGroup = 16;
+  const int64_t blocks = (keys + 7) / 8;
   thread_local std::vector<float> buf;
-  const size_t need = size_t(group * (D + keys));
+  const size_t need = size_t(group * D + group * blocks * 8 + D);
   if (buf.size() < need) buf.resize(need + 1024);
-  float* q = buf.data();              // group x D rotated queries
-  float* sc = buf.data() + group * D;  // group x keys scores, then weights
+  float* q = buf.data();                                 // group x D rotated queries
+  float* sc = buf.data() + group * D;                    // group x (blocks x 8) scores, then weights
+  float* zero = sc + group * blocks * 8;                 // a key of zeros for a last block's missing keys
+  std::memset(zero, 0, size_t(D) * sizeof(float));
   for (int64_t e = 0; e < group; ++e)
     rotary(c.qkv + (i * (H + 2 * c.a->KVH) + g * group + e) * D, q + e * D, c.cos + pos * half, c.sin + pos * half, half);
   const float* K = c.K + g * c.L * D;
   const float* V = c.V + g * c.L * D;
-  float m[kMaxGroup];
-  for (int64_t e = 0; e < group; ++e) m[e] = -INFINITY;
-  for (int64_t j = 0; j < keys; ++j) {
-    const float* k = K + j * D;
-    for (int64_t e0 = 0; e0 < group; e0 += 8) {  // up to 8 heads' chains at once
-      const int64_t ne = std::min<int64_t>(8, group - e0);
+  const __m256 scale = _mm256_set1_ps(c.scale);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* kr[8];
+    for (int u = 0; u < 8; ++u) kr[u] = b * 8 + u < keys ? K + (b * 8 + u) * D : zero;
+    for (int64_t e = 0; e < group; ++e) {
+      const float* qe = q + e * D;
       __m256 acc[8];
-      for (int64_t e = 0; e < ne; ++e) acc[e] = _mm256_setzero_ps();
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
-        const __m256 kv = _mm256_loadu_ps(k + d);
-        for (int64_t e = 0; e < ne; ++e) acc[e] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (e0 + e) * D + d), kv, acc[e]);
+        const __m256 qv = _mm256_loadu_ps(qe + d);
+        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[u] + d), acc[u]);
       }
-      for (int64_t e = 0; e < ne; ++e) {
-        const float s = hsum8(acc[e]) * c.scale;
-        sc[(e0 + e) * keys + j] = s;
-        m[e0 + e] = std::max(m[e0 + e], s);
-      }
+      _mm256_storeu_ps(sc + e * blocks * 8 + b * 8, _mm256_mul_ps(sum8x8(acc), scale));
     }
   }
   for (int64_t e = 0; e < group; ++e) {
-    float* se = sc + e * keys;
-    int64_t j = 0;
-    const __m256 mv = _mm256_set1_ps(m[e]);
-    for (; j + 8 <= keys; j += 8) _mm256_storeu_ps(se + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(se + j), mv)));
-    if (j < keys) {  // the last keys, through the same 8 lanes
-      alignas(32) float t[8];
-      for (int64_t r = 0; r < 8; ++r) t[r] = j + r < keys ? se[j + r] - m[e] : -87.0f;
-      _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
-      for (int64_t r = 0; j + r < keys; ++r) se[j + r] = t[r];
+    float* se = sc + e * blocks * 8;
+    float m = -INFINITY;
+    for (int64_t r = 0; r < keys; ++r) m = std::max(m, se[r]);
+    const __m256 mv = _mm256_set1_ps(m);
+    for (int64_t b = 0; b < blocks; ++b) {  // the missing keys' lanes get exp(-87) and are not summed
+      __m256 x = _mm256_sub_ps(_mm256_loadu_ps(se + b * 8), mv);
+      _mm256_storeu_ps(se + b * 8, exp8(x));
     }
     float total = 0.f;
     for (int64_t r = 0; r < keys; ++r) total += se[r];
