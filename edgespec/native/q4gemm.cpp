@@ -668,14 +668,6 @@ ES_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-ES_AVX2 inline float hsum8(__m256 v) {  // a fixed order: (0+4)+(2+6) + (1+5)+(3+7)
-  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
 // non-interleaved rotary of one head vector at position pos (x1 = x[:D/2], x2 = x[D/2:])
 inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half) {
   for (int64_t j = 0; j < half; ++j) {
@@ -683,23 +675,6 @@ inline void rotary(const float* x, float* y, const float* cos, const float* sin,
     y[j] = a * c - b * s;
     y[j + half] = b * c + a * s;
   }
-}
-
-// out = (sum over keys r of p_r V[r]) / total: one chain of fused multiply-adds per output lane, in key order,
-// reading the values once, in order (NV: 8-lane vectors of a head, held in registers; 0: any head size)
-template <int NV>
-ES_AVX2 inline void weigh(const float* p, const float* V, int64_t pos, float* o, float total, int64_t D = NV * 8) {
-  constexpr int kMax = 32;  // head sizes up to 256
-  const int nv = NV ? NV : int(D / 8);
-  __m256 acc[NV ? NV : kMax];
-  for (int v = 0; v < nv; ++v) acc[v] = _mm256_setzero_ps();
-  for (int64_t r = 0; r <= pos; ++r) {
-    const __m256 w = _mm256_set1_ps(p[r]);
-    const float* vr = V + r * D;
-    for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * v), acc[v]);
-  }
-  const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int v = 0; v < nv; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], inv));
 }
 
 // the sums of the lanes of 8 vectors, one per lane of the result, each by the same tree:
@@ -711,60 +686,136 @@ ES_AVX2 inline __m256 sum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// one query row and one KV group (its H / KVH query heads, which read the group's keys and values): the task
-// ParallelFor runs. Keys go 8 at a time (a block a few KiB, read from L1 by each of the group's heads): per
-// (head, key) one chain of fused multiply-adds over the head's 8-lane chunks, then sum8x8's tree; a last block
-// of fewer keys takes zero rows for the missing ones, so every key's score is computed alike wherever it sits
-ES_AVX2 void attend(const AttnCall& c, int64_t i, int64_t g) {
-  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, pos = c.past + i, half = D / 2, keys = pos + 1;
-  const int64_t blocks = (keys + 7) / 8;
+// rows a task takes (with one KV group): its queries are the rows' heads of that group
+constexpr int64_t kAttnRows = 8;
+// keys a block: every query of the task reads a block of keys (then of values) before the next (L1-sized:
+// 64 keys of 128 floats are 32 KiB)
+constexpr int64_t kAttnKeys = 64;
+
+// The queries of rows [r0, r1) and one KV group g (each row's H / KVH heads of the group, which read the group's
+// keys and values): the task ParallelFor runs. Queries go in pairs (the last alone with itself), so that each key
+// and each value row loaded serves two queries. Per (query, key) one chain of fused multiply-adds over the head's
+// 8-lane chunks, then sum8x8's tree (the same for every slot); per (query, output lane) one chain over the keys in
+// order. A query's numbers depend on it alone, not on its partner, its row's place in the call or the call's
+// width. Keys past a query's last (the partner's, or a block's padding) are computed and never read.
+ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
+  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = D / 2;
+  const int64_t nq = (r1 - r0) * group, maxkeys = c.past + r1;  // the last row's keys
+  const int64_t stride = (maxkeys + 3) / 4 * 4;                  // a query's scores, padded to blocks of 4
   thread_local std::vector<float> buf;
-  const size_t need = size_t(group * D + group * blocks * 8 + D);
+  const size_t need = size_t(nq * D + nq * stride + D + nq * D);
   if (buf.size() < need) buf.resize(need + 1024);
-  float* q = buf.data();                                 // group x D rotated queries
-  float* sc = buf.data() + group * D;                    // group x (blocks x 8) scores, then weights
-  float* zero = sc + group * blocks * 8;                 // a key of zeros for a last block's missing keys
+  float* q = buf.data();                 // nq x D rotated queries
+  float* sc = buf.data() + nq * D;       // nq x stride scores, then weights
+  float* zero = sc + nq * stride;        // a key of zeros past the last row's keys
   std::memset(zero, 0, size_t(D) * sizeof(float));
-  for (int64_t e = 0; e < group; ++e)
-    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + g * group + e) * D, q + e * D, c.cos + pos * half, c.sin + pos * half, half);
+  auto keys_of = [&](int64_t x) { return c.past + r0 + x / group + 1; };
+  for (int64_t x = 0; x < nq; ++x) {
+    const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
+    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half);
+  }
   const float* K = c.K + g * c.L * D;
   const float* V = c.V + g * c.L * D;
   const __m256 scale = _mm256_set1_ps(c.scale);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float* kr[8];
-    for (int u = 0; u < 8; ++u) kr[u] = b * 8 + u < keys ? K + (b * 8 + u) * D : zero;
-    for (int64_t e = 0; e < group; ++e) {
-      const float* qe = q + e * D;
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qe + d);
-        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[u] + d), acc[u]);
+  alignas(32) float t[8];
+  // scores: a block of keys (kAttnKeys, L1-sized) for every pair of queries before the next block; two queries x
+  // four keys a tile
+  for (int64_t k0 = 0; k0 < maxkeys; k0 += kAttnKeys) {
+    for (int64_t x = 0; x < nq; x += 2) {
+      const int64_t y = std::min(x + 1, nq - 1);
+      const float *qa = q + x * D, *qb = q + y * D;
+      const int64_t kn = std::min(keys_of(y), k0 + kAttnKeys);  // the pair's keys in this block (y's row is x's or later)
+      for (int64_t j = k0; j < kn; j += 4) {
+        const float* kr[4];
+        for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
+        __m256 acc[8];
+        for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 va = _mm256_loadu_ps(qa + d), vb = _mm256_loadu_ps(qb + d);
+          for (int u = 0; u < 4; ++u) {
+            const __m256 kv = _mm256_loadu_ps(kr[u] + d);
+            acc[u] = _mm256_fmadd_ps(va, kv, acc[u]);
+            acc[4 + u] = _mm256_fmadd_ps(vb, kv, acc[4 + u]);
+          }
+        }
+        _mm256_store_ps(t, _mm256_mul_ps(sum8x8(acc), scale));
+        std::memcpy(sc + x * stride + j, t, 4 * sizeof(float));
+        if (y != x) std::memcpy(sc + y * stride + j, t + 4, 4 * sizeof(float));
       }
-      _mm256_storeu_ps(sc + e * blocks * 8 + b * 8, _mm256_mul_ps(sum8x8(acc), scale));
     }
   }
-  for (int64_t e = 0; e < group; ++e) {
-    float* se = sc + e * blocks * 8;
+  std::vector<float> total(static_cast<size_t>(nq));
+  for (int64_t x = 0; x < nq; ++x) {  // softmax weights (unnormalized) and their sum, in key order
+    float* se = sc + x * stride;
+    const int64_t kn = keys_of(x);
     float m = -INFINITY;
-    for (int64_t r = 0; r < keys; ++r) m = std::max(m, se[r]);
+    for (int64_t r = 0; r < kn; ++r) m = std::max(m, se[r]);
     const __m256 mv = _mm256_set1_ps(m);
-    for (int64_t b = 0; b < blocks; ++b) {  // the missing keys' lanes get exp(-87) and are not summed
-      __m256 x = _mm256_sub_ps(_mm256_loadu_ps(se + b * 8), mv);
-      _mm256_storeu_ps(se + b * 8, exp8(x));
+    int64_t j = 0;
+    for (; j + 8 <= kn; j += 8) _mm256_storeu_ps(se + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(se + j), mv)));
+    if (j < kn) {  // the last keys, through the same 8 lanes
+      for (int64_t r = 0; r < 8; ++r) t[r] = j + r < kn ? se[j + r] - m : -87.0f;
+      _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+      for (int64_t r = 0; j + r < kn; ++r) se[j + r] = t[r];
     }
-    float total = 0.f;
-    for (int64_t r = 0; r < keys; ++r) total += se[r];
-    float* o = c.out + (i * H + g * group + e) * D;
-    if (D == 64) weigh<8>(se, V, pos, o, total);
-    else if (D == 128) weigh<16>(se, V, pos, o, total);
-    else weigh<0>(se, V, pos, o, total, D);
+    float sum = 0.f;
+    for (int64_t r = 0; r < kn; ++r) sum += se[r];
+    total[size_t(x)] = sum;
+  }
+  // outputs: per query and output lane one chain over the keys in order, kept in acc (nq x D) between blocks of
+  // values (kAttnKeys, L1-sized); two queries x 32 lanes a tile, each value row loaded once for both
+  float* acc = sc + nq * stride + D;
+  std::memset(acc, 0, size_t(nq * D) * sizeof(float));
+  for (int64_t k0 = 0; k0 < maxkeys; k0 += kAttnKeys) {
+    for (int64_t x = 0; x < nq; x += 2) {
+      const int64_t y = std::min(x + 1, nq - 1);
+      const int64_t ka = std::min(keys_of(x), k0 + kAttnKeys), kb = std::min(keys_of(y), k0 + kAttnKeys);
+      if (kb <= k0) continue;
+      const float *pa = sc + x * stride, *pb = sc + y * stride;
+      float *ca = acc + x * D, *cb = acc + y * D;
+      for (int64_t d0 = 0; d0 < D; d0 += 32) {
+        __m256 a0 = _mm256_loadu_ps(ca + d0), a1 = _mm256_loadu_ps(ca + d0 + 8), a2 = _mm256_loadu_ps(ca + d0 + 16),
+               a3 = _mm256_loadu_ps(ca + d0 + 24);
+        __m256 b0 = _mm256_loadu_ps(cb + d0), b1 = _mm256_loadu_ps(cb + d0 + 8), b2 = _mm256_loadu_ps(cb + d0 + 16),
+               b3 = _mm256_loadu_ps(cb + d0 + 24);
+        int64_t r = k0;
+        for (; r < ka; ++r) {  // (ka <= kb: y's row is x's or later)
+          const float* vr = V + r * D + d0;
+          const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), v2 = _mm256_loadu_ps(vr + 16),
+                       v3 = _mm256_loadu_ps(vr + 24);
+          const __m256 wa = _mm256_set1_ps(pa[r]), wb = _mm256_set1_ps(pb[r]);
+          a0 = _mm256_fmadd_ps(wa, v0, a0); a1 = _mm256_fmadd_ps(wa, v1, a1);
+          a2 = _mm256_fmadd_ps(wa, v2, a2); a3 = _mm256_fmadd_ps(wa, v3, a3);
+          b0 = _mm256_fmadd_ps(wb, v0, b0); b1 = _mm256_fmadd_ps(wb, v1, b1);
+          b2 = _mm256_fmadd_ps(wb, v2, b2); b3 = _mm256_fmadd_ps(wb, v3, b3);
+        }
+        for (; r < kb; ++r) {  // the later query's keys past the earlier one's
+          const float* vr = V + r * D + d0;
+          const __m256 wb = _mm256_set1_ps(pb[r]);
+          b0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr), b0); b1 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 8), b1);
+          b2 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 16), b2); b3 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 24), b3);
+        }
+        if (y != x) {
+          _mm256_storeu_ps(cb + d0, b0); _mm256_storeu_ps(cb + d0 + 8, b1);
+          _mm256_storeu_ps(cb + d0 + 16, b2); _mm256_storeu_ps(cb + d0 + 24, b3);
+        }
+        _mm256_storeu_ps(ca + d0, a0); _mm256_storeu_ps(ca + d0 + 8, a1);
+        _mm256_storeu_ps(ca + d0 + 16, a2); _mm256_storeu_ps(ca + d0 + 24, a3);
+      }
+    }
+  }
+  for (int64_t x = 0; x < nq; ++x) {
+    float* o = c.out + ((r0 + x / group) * H + g * group + x % group) * D;
+    const __m256 inv = _mm256_set1_ps(1.0f / total[size_t(x)]);
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + x * D + d), inv));
   }
 }
 
 void attn_task(void* data, size_t t) {
   const AttnCall& c = *static_cast<const AttnCall*>(data);
-  attend(c, int64_t(t) / c.a->KVH, int64_t(t) % c.a->KVH);
+  const int64_t tiles = (c.n + kAttnRows - 1) / kAttnRows;
+  const int64_t g = int64_t(t) / tiles, r0 = (int64_t(t) % tiles) * kAttnRows;
+  attend_rows(c, r0, std::min(c.n, r0 + kAttnRows), g);
 }
 
 OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
@@ -803,9 +854,8 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2)
     return fail("edgespec.DecodeAttention: expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
   const int64_t n = qd[1], D = kd[3], L = kd[2];
-  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 16 || D > 256 || cd[1] * 2 != D)
-    return fail("edgespec.DecodeAttention: the head size does not match qkv, the caches and cos (D a multiple of 16, "
-                "at most 256)");
+  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 32 || cd[1] * 2 != D)
+    return fail("edgespec.DecodeAttention: the head size does not match qkv, the caches and cos (D a multiple of 32)");
   const int32_t valid = *static_cast<const int32_t*>(data_of(in[3])) + 1;
   const int64_t past = int64_t(valid) - n;
   if (n <= 0 || past < 0 || valid > L || valid > cd[0])
@@ -833,7 +883,7 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
     }
   AttnCall c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
              a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D))};
-  const size_t tasks = size_t(n * a->KVH);
+  const size_t tasks = size_t((n + kAttnRows - 1) / kAttnRows * a->KVH);
   if (g_parallel && tasks > 1) {
     using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
     if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task, tasks, 0, &c))) return nullptr;
