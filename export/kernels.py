@@ -85,7 +85,8 @@ def _own_attention(g, n, inits: dict) -> bool:
     if (len(ins) != 9 or ins[1] or ins[2] or not a.get("do_rotary") or a.get("rotary_interleaved", 0)
             or a.get("local_window_size", -1) != -1 or float(a.get("softcap", 0.0)) != 0.0
             or a.get("smooth_softmax", 0) or ins[7] not in inits or ins[8] not in inits
-            or inits[ins[7]].data_type != TensorProto.FLOAT):
+            or inits[ins[7]].data_type != TensorProto.FLOAT or len(inits[ins[7]].dims) != 2
+            or (2 * inits[ins[7]].dims[1]) % 8):  # the op's head size: a multiple of 8 (its lanes)
         return False
     n.op_type, n.domain = ATTENTION_OP, DOMAIN
     del n.input[:]

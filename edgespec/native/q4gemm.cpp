@@ -686,6 +686,37 @@ ES_AVX2 inline __m256 sum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// two queries' value sums over keys [k0, kb) of 8 * NV output lanes from d0 (the first query's keys end at ka <= kb):
+// per lane one chain of fused multiply-adds in key order, continued from (and stored back to) ca and cb
+template <int NV>
+ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const float* V, int64_t D, int64_t d0, int64_t k0,
+                               int64_t ka, int64_t kb, float* ca, float* cb, bool two) {
+  __m256 a[NV], b[NV];
+  for (int v = 0; v < NV; ++v) {
+    a[v] = _mm256_loadu_ps(ca + d0 + 8 * v);
+    b[v] = _mm256_loadu_ps(cb + d0 + 8 * v);
+  }
+  int64_t r = k0;
+  for (; r < ka; ++r) {
+    const float* vr = V + r * D + d0;
+    const __m256 wa = _mm256_set1_ps(pa[r]), wb = _mm256_set1_ps(pb[r]);
+    for (int v = 0; v < NV; ++v) {
+      const __m256 x = _mm256_loadu_ps(vr + 8 * v);
+      a[v] = _mm256_fmadd_ps(wa, x, a[v]);
+      b[v] = _mm256_fmadd_ps(wb, x, b[v]);
+    }
+  }
+  for (; r < kb; ++r) {  // the later query's keys past the earlier one's
+    const float* vr = V + r * D + d0;
+    const __m256 wb = _mm256_set1_ps(pb[r]);
+    for (int v = 0; v < NV; ++v) b[v] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 8 * v), b[v]);
+  }
+  for (int v = 0; v < NV; ++v) {
+    if (two) _mm256_storeu_ps(cb + d0 + 8 * v, b[v]);
+    _mm256_storeu_ps(ca + d0 + 8 * v, a[v]);
+  }
+}
+
 // rows a task takes (with one KV group): its queries are the rows' heads of that group
 constexpr int64_t kAttnRows = 8;
 // keys a block: every query of the task reads a block of keys (then of values) before the next (L1-sized:
@@ -773,35 +804,9 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
       if (kb <= k0) continue;
       const float *pa = sc + x * stride, *pb = sc + y * stride;
       float *ca = acc + x * D, *cb = acc + y * D;
-      for (int64_t d0 = 0; d0 < D; d0 += 32) {
-        __m256 a0 = _mm256_loadu_ps(ca + d0), a1 = _mm256_loadu_ps(ca + d0 + 8), a2 = _mm256_loadu_ps(ca + d0 + 16),
-               a3 = _mm256_loadu_ps(ca + d0 + 24);
-        __m256 b0 = _mm256_loadu_ps(cb + d0), b1 = _mm256_loadu_ps(cb + d0 + 8), b2 = _mm256_loadu_ps(cb + d0 + 16),
-               b3 = _mm256_loadu_ps(cb + d0 + 24);
-        int64_t r = k0;
-        for (; r < ka; ++r) {  // (ka <= kb: y's row is x's or later)
-          const float* vr = V + r * D + d0;
-          const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), v2 = _mm256_loadu_ps(vr + 16),
-                       v3 = _mm256_loadu_ps(vr + 24);
-          const __m256 wa = _mm256_set1_ps(pa[r]), wb = _mm256_set1_ps(pb[r]);
-          a0 = _mm256_fmadd_ps(wa, v0, a0); a1 = _mm256_fmadd_ps(wa, v1, a1);
-          a2 = _mm256_fmadd_ps(wa, v2, a2); a3 = _mm256_fmadd_ps(wa, v3, a3);
-          b0 = _mm256_fmadd_ps(wb, v0, b0); b1 = _mm256_fmadd_ps(wb, v1, b1);
-          b2 = _mm256_fmadd_ps(wb, v2, b2); b3 = _mm256_fmadd_ps(wb, v3, b3);
-        }
-        for (; r < kb; ++r) {  // the later query's keys past the earlier one's
-          const float* vr = V + r * D + d0;
-          const __m256 wb = _mm256_set1_ps(pb[r]);
-          b0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr), b0); b1 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 8), b1);
-          b2 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 16), b2); b3 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 24), b3);
-        }
-        if (y != x) {
-          _mm256_storeu_ps(cb + d0, b0); _mm256_storeu_ps(cb + d0 + 8, b1);
-          _mm256_storeu_ps(cb + d0 + 16, b2); _mm256_storeu_ps(cb + d0 + 24, b3);
-        }
-        _mm256_storeu_ps(ca + d0, a0); _mm256_storeu_ps(ca + d0 + 8, a1);
-        _mm256_storeu_ps(ca + d0 + 16, a2); _mm256_storeu_ps(ca + d0 + 24, a3);
-      }
+      int64_t d0 = 0;
+      for (; d0 + 32 <= D; d0 += 32) weigh_pair<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, y != x);
+      for (; d0 < D; d0 += 8) weigh_pair<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, y != x);
     }
   }
   for (int64_t x = 0; x < nq; ++x) {
@@ -854,8 +859,8 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2)
     return fail("edgespec.DecodeAttention: expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
   const int64_t n = qd[1], D = kd[3], L = kd[2];
-  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 32 || cd[1] * 2 != D)
-    return fail("edgespec.DecodeAttention: the head size does not match qkv, the caches and cos (D a multiple of 32)");
+  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] * 2 != D)
+    return fail("edgespec.DecodeAttention: the head size does not match qkv, the caches and cos (D a multiple of 8)");
   const int32_t valid = *static_cast<const int32_t*>(data_of(in[3])) + 1;
   const int64_t past = int64_t(valid) - n;
   if (n <= 0 || past < 0 || valid > L || valid > cd[0])
