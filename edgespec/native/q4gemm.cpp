@@ -638,6 +638,7 @@ struct Attn {
   int64_t H = 0, KVH = 0;
   float scale = 0.f;
   bool ok = false;
+  bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
 };
 
 struct AttnCall {
@@ -648,6 +649,7 @@ struct AttnCall {
   const float *K, *V;  // present: [KVH, L, D]
   float* out;
   float scale;
+  bool wide;  // the AVX-512 (16-lane) path
 };
 
 // exp(x) for x <= 0 (a softmax's s - max), 8 lanes: Cephes' expf polynomial after reduction by ln 2
@@ -717,6 +719,104 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const float* V,
   }
 }
 
+// scores of two queries (qa, qb) for keys [j0, kn) (kn - j0 <= kAttnKeys), into sa and sb (sb only if two): per
+// (query, key) one chain of fused multiply-adds over the head's chunks, then a fixed tree over the lanes; four keys
+// a tile (a last tile padded with zero keys). The 8-lane version (AVX2) and the 16-lane one (AVX-512, heads a
+// multiple of 16) compute different bits; a process takes one of them for every call (Attn::wide)
+ES_AVX2 void qk_block_avx2(const float* qa, const float* qb, const float* K, const float* zero, int64_t D, int64_t j0,
+                           int64_t kn, float scale, float* sa, float* sb, bool two) {
+  alignas(32) float t[8];
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t j = j0; j < kn; j += 4) {
+    const float* kr[4];
+    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 va = _mm256_loadu_ps(qa + d), vb = _mm256_loadu_ps(qb + d);
+      for (int u = 0; u < 4; ++u) {
+        const __m256 kv = _mm256_loadu_ps(kr[u] + d);
+        acc[u] = _mm256_fmadd_ps(va, kv, acc[u]);
+        acc[4 + u] = _mm256_fmadd_ps(vb, kv, acc[4 + u]);
+      }
+    }
+    _mm256_store_ps(t, _mm256_mul_ps(sum8x8(acc), sv));
+    std::memcpy(sa + j, t, 4 * sizeof(float));
+    if (two) std::memcpy(sb + j, t + 4, 4 * sizeof(float));
+  }
+}
+
+ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const float* K, const float* zero, int64_t D,
+                               int64_t j0, int64_t kn, float scale, float* sa, float* sb, bool two) {
+  alignas(32) float t[8];
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t j = j0; j < kn; j += 4) {
+    const float* kr[4];
+    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
+    __m512 acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 va = _mm512_loadu_ps(qa + d), vb = _mm512_loadu_ps(qb + d);
+      for (int u = 0; u < 4; ++u) {
+        const __m512 kv = _mm512_loadu_ps(kr[u] + d);
+        acc[u] = _mm512_fmadd_ps(va, kv, acc[u]);
+        acc[4 + u] = _mm512_fmadd_ps(vb, kv, acc[4 + u]);
+      }
+    }
+    __m256 half[8];  // lane i + lane i + 8, then the 8-lane tree
+    for (int u = 0; u < 8; ++u)
+      half[u] = _mm256_add_ps(_mm512_castps512_ps256(acc[u]),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[u]), 1)));
+    _mm256_store_ps(t, _mm256_mul_ps(sum8x8(half), sv));
+    std::memcpy(sa + j, t, 4 * sizeof(float));
+    if (two) std::memcpy(sb + j, t + 4, 4 * sizeof(float));
+  }
+}
+
+ES_AVX2 void weigh_avx2(const float* pa, const float* pb, const float* V, int64_t D, int64_t k0, int64_t ka,
+                        int64_t kb, float* ca, float* cb, bool two) {
+  int64_t d0 = 0;
+  for (; d0 + 32 <= D; d0 += 32) weigh_pair<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
+  for (; d0 < D; d0 += 8) weigh_pair<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
+}
+
+// weigh_pair with 16-lane vectors: 64 lanes a slice, then 16 (heads a multiple of 16)
+template <int NV>
+ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const float* V, int64_t D, int64_t d0, int64_t k0,
+                                   int64_t ka, int64_t kb, float* ca, float* cb, bool two) {
+  __m512 a[NV], b[NV];
+  for (int v = 0; v < NV; ++v) {
+    a[v] = _mm512_loadu_ps(ca + d0 + 16 * v);
+    b[v] = _mm512_loadu_ps(cb + d0 + 16 * v);
+  }
+  int64_t r = k0;
+  for (; r < ka; ++r) {
+    const float* vr = V + r * D + d0;
+    const __m512 wa = _mm512_set1_ps(pa[r]), wb = _mm512_set1_ps(pb[r]);
+    for (int v = 0; v < NV; ++v) {
+      const __m512 x = _mm512_loadu_ps(vr + 16 * v);
+      a[v] = _mm512_fmadd_ps(wa, x, a[v]);
+      b[v] = _mm512_fmadd_ps(wb, x, b[v]);
+    }
+  }
+  for (; r < kb; ++r) {
+    const float* vr = V + r * D + d0;
+    const __m512 wb = _mm512_set1_ps(pb[r]);
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(vr + 16 * v), b[v]);
+  }
+  for (int v = 0; v < NV; ++v) {
+    if (two) _mm512_storeu_ps(cb + d0 + 16 * v, b[v]);
+    _mm512_storeu_ps(ca + d0 + 16 * v, a[v]);
+  }
+}
+
+ES_AVX512 void weigh_avx512(const float* pa, const float* pb, const float* V, int64_t D, int64_t k0, int64_t ka,
+                            int64_t kb, float* ca, float* cb, bool two) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) weigh_pair16<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
+  for (; d0 < D; d0 += 16) weigh_pair16<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
+}
+
 // rows a task takes (with one KV group): its queries are the rows' heads of that group
 constexpr int64_t kAttnRows = 8;
 // keys a block: every query of the task reads a block of keys (then of values) before the next (L1-sized:
@@ -747,7 +847,6 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
   }
   const float* K = c.K + g * c.L * D;
   const float* V = c.V + g * c.L * D;
-  const __m256 scale = _mm256_set1_ps(c.scale);
   alignas(32) float t[8];
   // scores: a block of keys (kAttnKeys, L1-sized) for every pair of queries before the next block; two queries x
   // four keys a tile
@@ -756,42 +855,42 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
       const int64_t y = std::min(x + 1, nq - 1);
       const float *qa = q + x * D, *qb = q + y * D;
       const int64_t kn = std::min(keys_of(y), k0 + kAttnKeys);  // the pair's keys in this block (y's row is x's or later)
-      for (int64_t j = k0; j < kn; j += 4) {
-        const float* kr[4];
-        for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
-        __m256 acc[8];
-        for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 va = _mm256_loadu_ps(qa + d), vb = _mm256_loadu_ps(qb + d);
-          for (int u = 0; u < 4; ++u) {
-            const __m256 kv = _mm256_loadu_ps(kr[u] + d);
-            acc[u] = _mm256_fmadd_ps(va, kv, acc[u]);
-            acc[4 + u] = _mm256_fmadd_ps(vb, kv, acc[4 + u]);
-          }
-        }
-        _mm256_store_ps(t, _mm256_mul_ps(sum8x8(acc), scale));
-        std::memcpy(sc + x * stride + j, t, 4 * sizeof(float));
-        if (y != x) std::memcpy(sc + y * stride + j, t + 4, 4 * sizeof(float));
-      }
+      if (c.wide) qk_block_avx512(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x);
+      else qk_block_avx2(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x);
     }
   }
   std::vector<float> total(static_cast<size_t>(nq));
-  for (int64_t x = 0; x < nq; ++x) {  // softmax weights (unnormalized) and their sum, in key order
+  for (int64_t x = 0; x < nq; ++x) {  // softmax weights (unnormalized) and their sum
     float* se = sc + x * stride;
     const int64_t kn = keys_of(x);
-    float m = -INFINITY;
-    for (int64_t r = 0; r < kn; ++r) m = std::max(m, se[r]);
-    const __m256 mv = _mm256_set1_ps(m);
+    __m256 mx = _mm256_set1_ps(-INFINITY);  // the max (exact in any order)
     int64_t j = 0;
-    for (; j + 8 <= kn; j += 8) _mm256_storeu_ps(se + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(se + j), mv)));
-    if (j < kn) {  // the last keys, through the same 8 lanes
+    for (; j + 8 <= kn; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(se + j));
+    float m = -INFINITY;
+    for (int64_t r = j; r < kn; ++r) m = std::max(m, se[r]);
+    _mm256_store_ps(t, mx);
+    for (int r = 0; r < 8; ++r) m = std::max(m, t[r]);
+    // exp(s - max) 8 keys at a time; the sum: lane l adds keys l, l + 8, ... in order (a last block's missing
+    // keys add 0), then a fixed tree over the lanes
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= kn; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(se + j), mv));
+      _mm256_storeu_ps(se + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    if (j < kn) {
       for (int64_t r = 0; r < 8; ++r) t[r] = j + r < kn ? se[j + r] - m : -87.0f;
       _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
-      for (int64_t r = 0; j + r < kn; ++r) se[j + r] = t[r];
+      for (int64_t r = 0; r < 8; ++r) {
+        if (j + r < kn) se[j + r] = t[r];
+        else t[r] = 0.f;
+      }
+      sum = _mm256_add_ps(sum, _mm256_load_ps(t));
     }
-    float sum = 0.f;
-    for (int64_t r = 0; r < kn; ++r) sum += se[r];
-    total[size_t(x)] = sum;
+    __m256 lanes[8] = {sum, sum, sum, sum, sum, sum, sum, sum};
+    _mm256_store_ps(t, sum8x8(lanes));
+    total[size_t(x)] = t[0];
   }
   // outputs: per query and output lane one chain over the keys in order, kept in acc (nq x D) between blocks of
   // values (kAttnKeys, L1-sized); two queries x 32 lanes a tile, each value row loaded once for both
@@ -804,9 +903,8 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
       if (kb <= k0) continue;
       const float *pa = sc + x * stride, *pb = sc + y * stride;
       float *ca = acc + x * D, *cb = acc + y * D;
-      int64_t d0 = 0;
-      for (; d0 + 32 <= D; d0 += 32) weigh_pair<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, y != x);
-      for (; d0 < D; d0 += 8) weigh_pair<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, y != x);
+      if (c.wide) weigh_avx512(pa, pb, V, D, k0, ka, kb, ca, cb, y != x);
+      else weigh_avx2(pa, pb, V, D, k0, ka, kb, ca, cb, y != x);
     }
   }
   for (int64_t x = 0; x < nq; ++x) {
@@ -835,6 +933,7 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   a->scale = scale;
   if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
     return fail("edgespec.DecodeAttention: num_heads must be a multiple of kv_num_heads, at most 16 times it");
+  a->avx512 = g_avx512;
   a->ok = true;
   return nullptr;
 }
@@ -887,7 +986,7 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
       std::memcpy(V + (g * L + pos) * D, qkv + i * row + (a->H + a->KVH + g) * D, size_t(D) * sizeof(float));
     }
   AttnCall c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
-             a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D))};
+             a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D)), a->avx512 && D % 16 == 0};
   const size_t tasks = size_t((n + kAttnRows - 1) / kAttnRows * a->KVH);
   if (g_parallel && tasks > 1) {
     using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
