@@ -651,3 +651,17 @@ def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
     lm.reset()
     measure_width(lm)  # the probe finds them again
     assert g.excluded == {3, 5}
+
+
+def test_cuda_graphs_switch_on_the_cpu(tiny_cuda_bundle):
+    """--cuda-graphs / --no-cuda-graphs and load(cuda_graphs=) are accepted where no CUDA runs: the
+    CPU EP has no graphs to capture, so nothing changes (the same tokens either way)."""
+    runs = []
+    for flag in ("--cuda-graphs", "--no-cuda-graphs"):
+        r = CliRunner().invoke(main, ["generate", str(tiny_cuda_bundle), "-p", "hello there", "--max-new-tokens", "6",
+                                      "--drafter", "none", "--json", flag])
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads(r.output[r.output.index("{"):])["token_ids"])
+    assert runs[0] == runs[1]
+    eng = edgespec.load(tiny_cuda_bundle, max_context=128, cuda_graphs=True)
+    assert eng.decoder.target.graphs is None and eng.decoder.target._plain_run is None
