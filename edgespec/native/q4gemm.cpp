@@ -822,6 +822,8 @@ constexpr int64_t kAttnRows = 8;
 // keys a block: every query of the task reads a block of keys (then of values) before the next (L1-sized:
 // 64 keys of 128 floats are 32 KiB)
 constexpr int64_t kAttnKeys = 64;
+// the fewest multiply-adds a call has for its tasks to go to the thread pool (EDGESPEC_ATTN_PARALLEL overrides)
+constexpr double kAttnParallelWork = 4e6;
 
 // The queries of rows [r0, r1) and one KV group g (each row's H / KVH heads of the group, which read the group's
 // keys and values): the task ParallelFor runs. Queries go in pairs (the last alone with itself), so that each key
@@ -988,7 +990,12 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   AttnCall c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
              a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D)), a->avx512 && D % 16 == 0};
   const size_t tasks = size_t((n + kAttnRows - 1) / kAttnRows * a->KVH);
-  if (g_parallel && tasks > 1) {
+  // the work (multiply-adds of scores and value sums): a small call runs on this thread, where handing tasks to the
+  // pool's threads (woken for each of a forward pass's layers) cost more than it saved
+  const double work = 2.0 * double(n) * double(a->H) * double(D) * double(past + n);
+  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
+  const double min_work = par ? std::atof(par) : kAttnParallelWork;
+  if (g_parallel && tasks > 1 && work >= min_work) {
     using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
     if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task, tasks, 0, &c))) return nullptr;
   }
