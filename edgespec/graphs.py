@@ -43,6 +43,16 @@ def graph_logits_bytes(vocab: int, dtype_bytes: int = 2) -> int:
     return sum(range(1, GRAPH_MAX_WIDTH + 1)) * int(vocab) * int(dtype_bytes)
 
 
+def plain_run_options():
+    """Run options of an ordinary run on a session with graph capture on (no capture, no replay:
+    without them onnxruntime captures graph id 0)."""
+    import onnxruntime as ort
+
+    ro = ort.RunOptions()
+    ro.add_run_config_entry("gpu_graph_id", "-1")
+    return ro
+
+
 def session_has_graphs(session) -> bool:
     """Whether ``session`` was opened with the CUDA EP's graph capture on."""
     try:
@@ -80,8 +90,7 @@ class GraphCalls:
         self.logits: dict[int, object] = {}  # width -> its device [1, w, vocab] OrtValue
         self.seen: set[int] = set()  # widths run once (the next call captures)
         self.captured: set[int] = set()  # widths whose graph is captured (replayed from now on)
-        self._plain = ort.RunOptions()
-        self._plain.add_run_config_entry("gpu_graph_id", "-1")
+        self._plain = plain_run_options()
         self._options: dict[int, object] = {}
         self.replays = 0  # calls that replayed a captured graph (a test's and a report's count)
         self.refused: str | None = None  # why a capture failed (then every call is an ordinary run)

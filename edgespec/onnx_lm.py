@@ -21,7 +21,7 @@ from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_slow
 from .width import measure_width
-from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, session_has_graphs
+from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, plain_run_options, session_has_graphs
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # calls up to this many tokens (decode, verify) write their logits straight into one buffer kept by
@@ -81,10 +81,7 @@ class OnnxLM(CausalLM):
         self.graphs: GraphCalls | None = None
         self._plain_run = None  # run options of an ordinary run (set where the session has graph capture on)
         if self.device == "cuda" and session_has_graphs(self.session):
-            import onnxruntime as ort
-
-            self._plain_run = ort.RunOptions()
-            self._plain_run.add_run_config_entry("gpu_graph_id", "-1")
+            self._plain_run = plain_run_options()
             lt = self._logits_type
             if lt is None:
                 log.warning(f"{spec.role}: the graph's logits have no static vocabulary axis; CUDA graphs are off")

@@ -72,7 +72,7 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
 ATTENTION_OP = "DecodeAttention"
 
 
-def _own_attention(g, n, inits: dict) -> bool:
+def _own_attention(n, inits: dict) -> bool:
     """Replace the GroupQueryAttention node ``n`` with ``edgespec.DecodeAttention`` where it is
     the builder's CPU attention that op computes (packed QKV, rotary over the whole head,
     non-interleaved, causal, no window, no softcap, float32 caches); False (left as it is) else."""
@@ -153,7 +153,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         node.attribute.extend([helper.make_attribute(k, int(attrs[k])) for k in ("K", "N", "bits", "block_size")])
         done["matmuls"] += 1
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
-        done["own_attention"] = sum(_own_attention(g, n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
+        done["own_attention"] = sum(_own_attention(n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
     if pad_attention and not gqa and not done["own_attention"]:
         raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
