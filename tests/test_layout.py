@@ -665,3 +665,34 @@ def test_cuda_graphs_switch_on_the_cpu(tiny_cuda_bundle):
     assert runs[0] == runs[1]
     eng = edgespec.load(tiny_cuda_bundle, max_context=128, cuda_graphs=True)
     assert eng.decoder.target.graphs is None and eng.decoder.target._plain_run is None
+
+
+def test_a_session_that_refuses_graph_capture_opens_without(tiny_cuda_bundle, monkeypatch, caplog):
+    """onnxruntime refuses a session that asks for CUDA graphs where it cannot capture them (a node
+    it cannot place): open_session says so and opens it without the option; any other failure to
+    open stays a one-line EdgespecError. (onnxruntime faked: the CPU EP has no graphs.)"""
+    import onnxruntime as ort
+
+    from edgespec.errors import EdgespecError
+    from edgespec.onnx_lm import open_session
+
+    real, seen = ort.InferenceSession, []
+
+    def fake(path, so=None, providers=None, provider_options=None, **kw):
+        opts = provider_options or [{}]
+        seen.append([dict(o) for o in opts])
+        if any(o.get("enable_cuda_graph") == "1" for o in opts):
+            raise RuntimeError("This session cannot use the graph capture feature as requested by the user  "
+                               "as all compute graph nodes have not been partitioned to the CUDAExecutionProvider")
+        if any(o.get("boom") for o in opts):
+            raise RuntimeError("something else\nsecond line")
+        return real(path, so, providers=providers)
+
+    monkeypatch.setattr(ort, "InferenceSession", fake)
+    path = load_manifest(tiny_cuda_bundle).target.path
+    with caplog.at_level("WARNING", logger="edgespec"):
+        s = open_session(path, ProviderChoice([(CPU, {"enable_cuda_graph": "1", "x": 1})], ["cpu"]))
+    assert s is not None and "cannot capture CUDA graphs" in caplog.text
+    assert seen == [[{"enable_cuda_graph": "1", "x": 1}], [{"x": 1}]]  # the retry keeps the other options
+    with pytest.raises(EdgespecError, match="^cannot open model .*: something else$"):
+        open_session(path, ProviderChoice([(CPU, {"boom": 1})], ["cpu"]))
