@@ -598,3 +598,65 @@ def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monke
         assert np.array_equal(amx.run(None, {"A": x[:m]})[0], want[:m]), m
     for start in (1, 5, 14, 23):
         assert np.array_equal(amx.run(None, {"A": x[start:start + 17]})[0], want[start:start + 17]), start
+
+
+def _mapped_rss_kib(path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, mine = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            mine = line.rstrip().endswith(str(path))
+        elif mine and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def _session_from_file(model, d, monkeypatch, huge: str | None):
+    """The graph saved with its weights in an external file (onnxruntime maps it, as a bundle's), opened
+    with EDGESPEC_Q4_HUGEPAGES as given (read when the library is registered)."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgespec.native import library_path
+    from edgespec.onnx_lm import shared_thread_pool
+
+    d.mkdir()
+    model = onnx.ModelProto.FromString(model.SerializeToString())  # onnx.save moves the weights out of its argument
+    onnx.save(model, str(d / "m.onnx"), save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    if huge is None:
+        monkeypatch.delenv("EDGESPEC_Q4_HUGEPAGES", raising=False)
+    else:
+        monkeypatch.setenv("EDGESPEC_Q4_HUGEPAGES", huge)
+    shared_thread_pool(None)
+    so = ort.SessionOptions()
+    so.use_per_session_threads = False
+    so.register_custom_ops_library(library_path())
+    return ort.InferenceSession(str(d / "m.onnx"), so, providers=["CPUExecutionProvider"]), d / "m.onnx.data"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/pagemap"), reason="needs Linux's /proc/self/pagemap")
+def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_results(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    copies = not (thp.exists() and "[never]" in thp.read_text())
+    model = _graph(1536, 2048, 128, "MatMulQ4", True)
+    weights_kib = 1536 * 2048 // 2 // 1024
+    x = np.random.default_rng(3).normal(size=(5, 1536)).astype(np.float32)
+    plain, plain_file = _session_from_file(model, tmp_path / "plain", monkeypatch, "0")
+    y = plain.run(None, {"A": x})[0]
+    if _mapped_rss_kib(plain_file) == 0:
+        pytest.skip("onnxruntime read the weights into its own memory instead of mapping the file")
+    assert _mapped_rss_kib(plain_file) >= weights_kib  # read where onnxruntime mapped them
+    own, own_file = _session_from_file(model, tmp_path / "own", monkeypatch, None)
+    assert np.array_equal(own.run(None, {"A": x})[0], y)
+    if copies:  # the copy is read; the file's pages are dropped from the process (not doubled)
+        assert _mapped_rss_kib(own_file) < weights_kib // 4
+    for m in (1, 3):  # later calls read the copy: the same bits at every width
+        assert np.array_equal(own.run(None, {"A": x[:m]})[0], y[:m])
+    again, _ = _session_from_file(model, tmp_path / "again", monkeypatch, None)
+    assert np.array_equal(again.run(None, {"A": x})[0], y)
+    del own  # the copy is unmapped with its kernel; the file still reads the same
+    reread = (own_file.read_bytes(), (tmp_path / "plain" / "m.onnx.data").read_bytes())
+    assert reread[0] == reread[1]

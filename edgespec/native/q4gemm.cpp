@@ -33,9 +33,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include <mutex>
+
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -109,6 +113,7 @@ const OrtApi* g_api = nullptr;
 bool g_parallel = false;
 bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
 bool g_amx = false;     // and whether calls of kAmxMinRows rows or more take the AMX one
+bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages (own_weights)
 
 #define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define ES_AVX2 __attribute__((target("avx2,fma")))
@@ -157,12 +162,22 @@ constexpr int64_t kAmxMinRows = 9;
 constexpr int64_t kPrefetchL2 = 16384;
 constexpr int kPrefetchL2Rows = 7;  // ... in calls of up to this many rows (a pass of rows_tiles)
 
+struct Chunk;  // of the pool of weight copies (own_weights)
+
 struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
   int64_t kstep = 0;  // AMX: bytes of K one tile multiply takes (divides block; 0: no AMX path)
   bool avx512 = false;
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
+  // the weights copied into memory on 2 MiB pages (see own_weights); null: read them where onnxruntime has them
+  std::mutex mu;
+  Chunk* own = nullptr;    // the pool chunk the copy is a slice of
+  const void* own_src = nullptr;  // the weights it is a copy of (one copy a kernel, of the first weights seen)
+  const uint8_t* own_w = nullptr;
+  const float* own_s = nullptr;
+  const uint8_t* own_z = nullptr;
+  ~Kernel();
 };
 
 struct Weights {
@@ -537,6 +552,107 @@ void* create_kernel(const OrtCustomOp* op, const OrtApi* a, const OrtKernelInfo*
   return k;
 }
 
+// Whether every page of [b, e) (page-aligned) that this process has is a file's own page (or shared memory's),
+// none a private copy written since, and none swapped out: /proc/self/pagemap's bits 61 ("file page or shared
+// anonymous"), 62 (swapped) and 63 (present). Such pages can be dropped from this process (MADV_DONTNEED) and
+// come back unchanged, from the file, should anything read them again; pages not present read as they did.
+// onnxruntime maps a bundle's weights privately and writable (rw-p), but never writes them.
+bool file_pages_only(uintptr_t b, uintptr_t e) {
+  FILE* f = std::fopen("/proc/self/pagemap", "rb");
+  if (!f) return false;
+  const uintptr_t pg = uintptr_t(sysconf(_SC_PAGESIZE));
+  std::vector<uint64_t> flags((e - b) / pg);
+  const bool read = std::fseek(f, long(b / pg * 8), SEEK_SET) == 0 &&
+                    std::fread(flags.data(), 8, flags.size(), f) == flags.size();
+  std::fclose(f);
+  if (!read) return false;
+  for (uint64_t v : flags)
+    if ((v >> 62) & 1 || ((v >> 63) & 1 && !((v >> 61) & 1))) return false;  // swapped, or present and not the file's
+  return true;
+}
+
+// Memory on 2 MiB pages for the kernels' weight copies: chunks of 64 MiB (2 MiB-aligned, transparent huge pages
+// asked for with madvise, reserved lazily: only what is written is resident), cut into 64-byte-aligned slices in
+// the order kernels ask; a chunk is unmapped when the last kernel with a slice of it is destroyed. One pool, so
+// a small matrix does not hold a 2 MiB page of its own.
+struct Chunk {
+  uint8_t* base;
+  size_t size, used;
+  int live;
+};
+std::mutex g_pool_mu;
+Chunk* g_open = nullptr;  // the chunk slices are cut from now
+
+void* pool_take(size_t bytes, Chunk** from) {
+  constexpr size_t kHuge = size_t(2) << 20, kChunk = size_t(64) << 20;
+  bytes = (bytes + 63) / 64 * 64;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (!g_open || g_open->used + bytes > g_open->size) {
+    const size_t size = std::max(kChunk, (bytes + kHuge - 1) / kHuge * kHuge);
+    void* m = mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    // a huge page needs a 2 MiB-aligned address: keep the aligned part, unmap the slack either side
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(m), at = (lo + kHuge - 1) / kHuge * kHuge;
+    if (at > lo) munmap(m, at - lo);
+    if (lo + kHuge > at) munmap(reinterpret_cast<void*>(at + size), lo + kHuge - at);
+    madvise(reinterpret_cast<void*>(at), size, MADV_HUGEPAGE);
+    if (g_open && g_open->live == 0) {  // nothing lives in the old one (kernels came and went)
+      munmap(g_open->base, g_open->size);
+      delete g_open;
+    }
+    g_open = new Chunk{reinterpret_cast<uint8_t*>(at), size, 0, 0};
+  }
+  void* p = g_open->base + g_open->used;
+  g_open->used += bytes;
+  g_open->live += 1;
+  *from = g_open;
+  return p;
+}
+
+void pool_give(Chunk* c) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (--c->live > 0 || c == g_open) return;  // the open chunk stays for the next kernels
+  munmap(c->base, c->size);
+  delete c;
+}
+
+Kernel::~Kernel() {
+  if (own) pool_give(own);
+}
+
+// The weights copied once, at the first call, into the pool's memory on 2 MiB pages: onnxruntime maps a
+// bundle's weights from its file in 4 KiB pages (or, where the page cache has them so, in larger folios: how
+// fast a call streams them then depended on where the file's pages happened to sit, up to 25%, session 18),
+// and a call streams them all, a TLB miss every 4 KiB (a nested page walk in a virtual machine). Session 19,
+// the Qwen 1.5B from bundles/ on the Xeon: a one-token target call 34.8 -> 31.1 ms, a drafter step 10.0 ->
+// 8.7 ms (README). Where every page of the weights this process has is the file's own (file_pages_only), they
+// are then dropped from the process: they stay in the page cache for the next process and in the file, so the
+// copy does not double the resident memory. No copy where the memory cannot be had: calls then read the weights
+// where they are. Either way the same numbers.
+void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, size_t tile_blocks) {
+  const size_t wb = tile_blocks * size_t(k->block) * kTile / 2, sb = tile_blocks * kTile * sizeof(float),
+               zb = z ? tile_blocks * kTile : 0;
+  Chunk* from = nullptr;
+  uint8_t* p = static_cast<uint8_t*>(pool_take(wb + sb + zb, &from));
+  if (!p) return;
+  std::memcpy(p, w, wb);
+  std::memcpy(p + wb, s, sb);
+  if (z) std::memcpy(p + wb + sb, z, zb);
+  k->own = from;
+  k->own_src = w;
+  k->own_w = p;
+  k->own_s = reinterpret_cast<const float*>(p + wb);
+  k->own_z = z ? p + wb + sb : nullptr;
+  auto drop = [](const void* q, size_t n) {  // the whole pages inside [q, q + n)
+    const uintptr_t a = reinterpret_cast<uintptr_t>(q), pg = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (a + pg - 1) / pg * pg, e = (a + n) / pg * pg;
+    if (e > b && file_pages_only(b, e)) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+  };
+  drop(w, wb);
+  drop(s, sb);
+  if (z) drop(z, zb);
+}
+
 OrtStatus* compute_v2(void* self, OrtKernelContext* ctx);
 
 void compute(void* self, OrtKernelContext* ctx) {
@@ -566,13 +682,17 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     return d.empty() ? int64_t(0) : n;
   };
   const void* b_data = data_of(B);
-  if (k->checked.load(std::memory_order_relaxed) != b_data) {  // the weights are initializers: their sizes are checked once, not every call
+  if (k->checked.load(std::memory_order_acquire) != b_data) {  // the weights are initializers: their sizes are checked once, not every call
     const int64_t tile_blocks = k->tiles * k->nb;
     if (numel(dims_of(B)) != tile_blocks * k->block * kTile / 2 || numel(dims_of(S)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
-    k->checked.store(b_data, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(k->mu);  // runs may overlap: one copy, published before checked says so
+    if (g_hugepages && !k->own)
+      own_weights(k, static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
+                  Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks));
+    k->checked.store(b_data, std::memory_order_release);
   }
   int64_t M = 1;
   for (size_t i = 0; i + 1 < ad.size(); ++i) M *= ad[i];
@@ -591,6 +711,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     quantize_row(a + m * k->K, k->K, k->block, xq.data() + m * k->K, xd.data() + m * k->nb, xs.data() + m * k->nb);
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
+  if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
   std::vector<uint8_t> xa;
   if (k->kstep && M >= kAmxMinRows) {  // AMX's A tiles: per chunk of kAmxRows rows, those rows and the ones
@@ -1075,6 +1196,13 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
     return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX2 and FMA");
   choose_path(&g_avx512, &g_amx);
+  const char* huge = std::getenv("EDGESPEC_Q4_HUGEPAGES");  // 0: read the weights where onnxruntime has them
+  g_hugepages = !(huge && std::strcmp(huge, "0") == 0);
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {  // "[never]": no huge pages to have
+    char mode[128] = {0};
+    if (std::fgets(mode, sizeof mode, f) && std::strstr(mode, "[never]")) g_hugepages = false;
+    std::fclose(f);
+  }
   OrtCustomOpDomain* domain = nullptr;
   OrtStatus* s = api<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(kCreateCustomOpDomain)("edgespec", &domain);
   if (s) return s;
