@@ -943,8 +943,12 @@ constexpr int64_t kAttnRows = 8;
 // keys a block: every query of the task reads a block of keys (then of values) before the next (L1-sized:
 // 64 keys of 128 floats are 32 KiB)
 constexpr int64_t kAttnKeys = 64;
-// the fewest multiply-adds a call has for its tasks to go to the thread pool (EDGESPEC_ATTN_PARALLEL overrides)
-constexpr double kAttnParallelWork = 4e6;
+// the fewest multiply-adds a call has for its tasks to go to the thread pool (EDGESPEC_ATTN_PARALLEL overrides).
+// A decode call's keys and values stream from memory (the Qwen 1.5B: 512 KiB a layer at 256 positions), which one
+// thread reads at a fraction of what two do: session 19, a one-token target call at 256 positions, the op's 28
+// nodes 2.5 -> 1.6 ms with the pool (onnxruntime's profiler), the call 31.4 / 32.2 -> 30.5 / 31.5 ms. Below this
+// the pool's hand-off costs more than it saves (a few keys).
+constexpr double kAttnParallelWork = 2e5;
 
 // The queries of rows [r0, r1) and one KV group g (each row's H / KVH heads of the group, which read the group's
 // keys and values): the task ParallelFor runs. Queries go in pairs (the last alone with itself), so that each key
