@@ -93,6 +93,15 @@ class OnnxLM(CausalLM):
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
             self.min_width, self.width_multiple = measure_width(self)
+        elif self.device == "cpu" and self.max_context >= 2:
+            # no width probe (a drafter): one short call now, so that the session's first-call costs
+            # (onnxruntime's allocations, the INT4 kernel's copy of its weights onto 2 MiB pages, ~0.5 s
+            # for the 0.5B Qwen drafter) are paid at load, not in the first generation's first draft,
+            # where the round policy would time them as the drafter's catch-up and then price every
+            # later catch-up at ten times its cost (session 19: `auto` stopped drafting code)
+            self.forward([0, 0])
+            self.reset()
+            self._init_counters()
 
     @property
     def logits_width(self) -> int | None:

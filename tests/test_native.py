@@ -660,3 +660,28 @@ def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_res
     del own  # the copy is unmapped with its kernel; the file still reads the same
     reread = (own_file.read_bytes(), (tmp_path / "plain" / "m.onnx.data").read_bytes())
     assert reread[0] == reread[1]
+
+
+def test_a_drafter_runs_once_at_load_so_its_first_draft_is_not_timed_with_the_first_call_costs(tiny_xk, monkeypatch):
+    """A model without a width probe (the drafter) makes one short call when it opens on the CPU: the
+    session's first-call costs (the kernel's copy of its weights among them) are paid at load, and the
+    round policy's first catch-up timing is a read, not them. Then it is left empty, its counters clear."""
+    from edgespec.onnx_lm import OnnxLM
+
+    calls = []
+    real = OnnxLM._run
+
+    def spy(self, ids, past, *a, **kw):
+        calls.append((self.spec.role, len(ids), past))
+        return real(self, ids, past, *a, **kw)
+
+    monkeypatch.setattr(OnnxLM, "_run", spy)
+    eng = edgespec.load(tiny_xk)
+    d = eng.decoder.drafters["model"].lm
+    assert ("drafter", 2, 0) in calls  # the warm-up call, at load
+    assert d.length == 0 and d.calls == 0 and d.run_seconds == 0.0
+    calls.clear()
+    out = eng.generate("Hello there", max_new_tokens=12, drafter="model")
+    assert out.token_ids == eng.generate("Hello there", max_new_tokens=12, drafter="none").token_ids
+    reads = eng.decoder.policy.measured.catchup_reads.get("model", [])
+    assert reads and all(n >= 1 for n, _ in reads)
