@@ -108,18 +108,27 @@ class CostModel:
         del reads[:-self.catchup_window]
         self.catchup[drafter] = _affine(reads)
 
-    def upfront_cost(self, tokens: int, drafter: str = "model") -> float:
-        """Seconds ``drafter`` spends reading ``tokens`` context tokens before it can draft. Before
-        a catch-up is measured: a drafter step times what one more token in a call costs the target,
-        relative to its one-token call (the drafter's arithmetic scales as the target's: on a
-        compute-bound CPU a token read costs most of a step, not a tenth), at least
-        ``prior_catchup``."""
+    def upfront_cost(self, tokens: int, drafter: str = "model", trust: float = 1.0) -> float:
+        """Seconds ``drafter`` spends reading ``tokens`` context tokens before it can draft: the line
+        fitted to its measured reads, or before any is measured ``prior_upfront``. ``trust`` < 1
+        weighs the measured figure that much against the prior (a measurement no recent generation
+        has renewed: RoundPolicy.catchup_trust)."""
         if tokens <= 0:
             return 0.0
         fit = self.catchup.get(drafter)
-        if fit is not None:
-            return fit[0] + fit[1] * tokens
-        return tokens * max(self.prior_catchup, self.marginal()) * self.step_cost(drafter)
+        if fit is None:
+            return self.prior_upfront(tokens, drafter)
+        measured = fit[0] + fit[1] * tokens
+        if trust >= 1.0:
+            return measured
+        return trust * measured + (1.0 - trust) * self.prior_upfront(tokens, drafter)
+
+    def prior_upfront(self, tokens: int, drafter: str = "model") -> float:
+        """What a read of ``tokens`` is expected to cost before one is measured: a drafter step times
+        what one more token in a call costs the target, relative to its one-token call (the drafter's
+        arithmetic scales as the target's: on a compute-bound CPU a token read costs most of a step,
+        not a tenth), at least ``prior_catchup``."""
+        return max(tokens, 0) * max(self.prior_catchup, self.marginal()) * self.step_cost(drafter)
 
     def step_cost(self, drafter: str = "model") -> float:
         """Seconds a step of ``drafter``: as measured, before that 0.4 of a one-token target call."""
@@ -291,6 +300,7 @@ class RoundPolicy:
         self._free: list[Drafter] = []  # free drafters that may fill a wide call's spare position
         self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
         self._started: set[str] = set()  # costly drafters that drafted in this generation
+        self._read_at: dict[str, int] = {}  # costly drafter -> the generation of its last measured catch-up
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
         self.typical_tokens: float | None = None  # tokens a generation's rounds produce, averaged over generations
         self._produced = 0  # ... in this generation so far
@@ -408,7 +418,8 @@ class RoundPolicy:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             rate = r
             if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
-                r = self.cost.amortized(r, self.cost.upfront_cost(offer.upfront, d.name), horizon * self.uncovered())
+                upfront = self.cost.upfront_cost(offer.upfront, d.name, self.catchup_trust(d.name))
+                r = self.cost.amortized(r, upfront, horizon * self.uncovered())
             if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
                 if offer.dynamic and fixed is None:  # the drafter ends the draft on its confidence
                     best = Choice(d, offer.max_tokens, offer.key, self.stop_threshold(alpha, rate, d.name))
@@ -439,6 +450,19 @@ class RoundPolicy:
             if fill.drafter is not None:
                 return fill
         return best
+
+    def catchup_trust(self, drafter: str) -> float:
+        """How far this generation trusts ``drafter``'s measured catch-up cost over the prior: fully
+        in the generation after the read that measured it, then half as much every
+        ``stale_half_life`` generations without a new read. A drafter priced out by its reads is never
+        started, so never reads again: one slow read (a first call that paid the session's set-up, a
+        stall) would otherwise keep it out of every later generation (session 19: `auto` stopped
+        drafting code after the drafter's first read had paid its kernel's weight copy). Relaxing
+        toward the prior lets it start again, and that read re-measures the cost."""
+        if not self._timed:
+            return 1.0
+        idle = self._generation - 1 - self._read_at.get(drafter, self._generation - 1)
+        return 1.0 if idle <= 0 else 0.5 ** (idle / self.stale_half_life)
 
     def uncovered(self) -> float:
         """The share of this generation's tokens that free drafters did not draft (1 at its start):
@@ -503,6 +527,7 @@ class RoundPolicy:
             self.cost.observe_target(width, seconds)
             if catchup is not None and choice.drafter is not None:
                 self.cost.observe_catchup(catchup[0], catchup[1], choice.drafter.name)
+                self._read_at[choice.drafter.name] = self._generation
         if tokens:
             self._update(choice.key, n_accepted, len(tokens))
             if choice.drafter is not None and choice.drafter.has_cost:

@@ -790,6 +790,35 @@ def test_a_drafter_with_a_catch_up_is_tried_again_after_a_bad_request(half_life)
     assert _catch_up_generation(pol, d, True) == 0
 
 
+@pytest.mark.parametrize("half_life", [2.0, float("inf")])
+def test_one_slow_catch_up_does_not_keep_the_drafter_out_for_good(half_life):
+    """A drafter priced out by a slow read is never started, so never reads again: its measured
+    catch-up cost relaxes toward the prior once no generation renews it (``catchup_trust``), and it
+    is started again, which re-measures it (session 19: one first read that paid the kernel's weight
+    copy kept `auto` from drafting code). With the relaxing off (an infinite half-life) it stays out."""
+    from edgespec.kv import TokenBuffer
+
+    pol = RoundPolicy(stale_half_life=half_life)
+    pol.measured.observe_target(1, 1.0)
+    pol.measured.observe_target(2, 1.12)
+    pol.measured.observe_draft(0.3, "model")
+    d = _CatchUp()
+    pol.begin("auto", {d.name: d}, 1)
+    d.started = False
+    c = pol.choose(TokenBuffer([1, 2, 3], capacity=4096), 60, None, 1)
+    assert c.drafter is d  # priced at the prior, it starts
+    pol.observe(c, [10], 1, 0.3, 2, 1.12, catchup=(50, 60.0))  # ... and its read was pathologically slow
+    assert pol.cost.upfront_cost(50, "model") == pytest.approx(60.0)
+    drafted = [_catch_up_generation(pol, d, True) for _ in range(10)]
+    assert drafted[0] == 0  # the next generation trusts the read: not started
+    if half_life == float("inf"):
+        assert drafted == [0] * 10
+    else:
+        assert any(drafted), drafted  # relaxed toward the prior within a few generations: started again
+        first = next(i for i, n in enumerate(drafted) if n)
+        assert 2 <= first <= 8 and drafted[first] > 30, drafted
+
+
 def test_a_stale_learned_estimate_relaxes_toward_the_prior():
     pol = RoundPolicy(stale_half_life=2.0)
     d = _CatchUp()
