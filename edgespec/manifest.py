@@ -173,6 +173,10 @@ class ModelIO:
     # the graph's per-position argmax of the logits (int64 [batch, min(seq, 32)]; cuda-layout targets,
     # added by export/greedy.py): a GPU decoding greedily reads this instead of copying the logits to the host
     argmax: str | None = None
+    # the graph's input of how many leading positions of a call get no logits (int64 [1], default 0
+    # where not fed; exact-kernels bundles since session 19): a prefill reads its last position's only,
+    # and the lm_head then multiplies one row instead of a chunk's 256
+    logits_skip: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "ModelIO":
@@ -186,9 +190,9 @@ class ModelIO:
             if not ok:
                 raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index (and no "
                                     f"other % format), got {names[k]!r}"[:300])
-        pos, top = d.get("position_ids"), d.get("argmax")
+        pos, top, skip = d.get("position_ids"), d.get("argmax"), d.get("logits_skip")
         return cls(position_ids=pos if isinstance(pos, str) else None, argmax=top if isinstance(top, str) else None,
-                   **names)
+                   logits_skip=skip if isinstance(skip, str) else None, **names)
 
 
 _DIMS = ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context")
@@ -313,7 +317,7 @@ class ModelSpec:
             "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
             "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,
-            "io": {k: v for k, v in asdict(self.io).items() if k != "argmax" or v}, "tokenizer_sha256": self.tokenizer_sha256,
+            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip") or v}, "tokenizer_sha256": self.tokenizer_sha256,
             "files": {k: dict(v) for k, v in self.files.items()}, "gpu_weight_bytes": self.gpu_weight_bytes,
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,

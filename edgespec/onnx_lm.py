@@ -60,6 +60,10 @@ class OnnxLM(CausalLM):
         inputs = {i.name for i in self.session.get_inputs()}
         _check_graph_names(spec, inputs, {o.name for o in self.session.get_outputs()})
         self._has_pos = bool(io.position_ids) and io.position_ids in inputs
+        # the graph's logits_skip input (manifest io.logits_skip): fed at every call, 0 but for a prefill's
+        self._skip_name = io.logits_skip if io.logits_skip and io.logits_skip in inputs else None
+        self.skips_logits = self._skip_name is not None
+        self._skip = np.zeros(1, dtype=np.int64)
         self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
         self._mask = np.ones((1, self.max_context), dtype=np.int64)
         self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
@@ -112,12 +116,14 @@ class OnnxLM(CausalLM):
     def kv_bytes(self) -> int:
         return self.cache.nbytes
 
-    def _run(self, ids: Sequence[int], past: int, argmax: bool = False) -> np.ndarray:
+    def _run(self, ids: Sequence[int], past: int, argmax: bool = False, skip: int = 0) -> np.ndarray:
         n = len(ids)
         if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
             return np.argmax(self._run(ids, past), axis=-1)
+        if skip and (argmax or self._skip_name is None or not 0 < skip < n):
+            raise ValueError(f"{self.spec.role}: cannot skip the logits of {skip} of {n} positions here")
         g = self.graphs
-        if g is not None and n <= GRAPH_MAX_WIDTH:
+        if g is not None and n <= GRAPH_MAX_WIDTH and not skip:
             t0 = time.perf_counter()
             try:
                 out = g.run(ids, past, argmax)
@@ -135,7 +141,11 @@ class OnnxLM(CausalLM):
             b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
         if self._has_pos:
             b.bind_cpu_input(self.spec.io.position_ids, self._positions[:, past: past + n])
-        own = None if argmax else self._own_logits(n)
+        if self._skip_name is not None:  # the rows that get logits: the last n - skip
+            self._skip[0] = skip
+            b.bind_cpu_input(self._skip_name, self._skip)
+        rows = n - skip
+        own = None if argmax else self._own_logits(rows)
         if argmax:  # the logits stay on the device: only the indices are copied
             b.bind_output(self.spec.io.logits, self.device, 0)
         elif own is not None:
@@ -164,11 +174,11 @@ class OnnxLM(CausalLM):
         # view of it, which the next call writes again (forward copies unless told not to)
         self._returned_view = own is not None and own[0].dtype == np.float32
         if own is not None:
-            return own[0].reshape(n, -1).astype(np.float32, copy=False)
+            return own[0].reshape(rows, -1).astype(np.float32, copy=False)
         out = b.get_outputs()
         nkv = len(self.cache.buffers)
         logits = out[nkv].numpy() if len(out) > nkv else out[0].numpy()
-        logits = logits.reshape(n, -1)
+        logits = logits.reshape(rows, -1)
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
     def _own_argmax(self, n: int):
@@ -294,6 +304,8 @@ def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> 
     io = spec.io
     want_in = [io.input_ids, io.attention_mask] + [n % layer for layer in range(spec.num_layers)
                                                    for n in (io.past_key, io.past_value)]
+    if io.logits_skip:
+        want_in.append(io.logits_skip)
     want_out = [io.logits] + [n % layer for layer in range(spec.num_layers) for n in (io.present_key, io.present_value)]
     missing = [n for n in want_in if n not in inputs] + [n for n in want_out if n not in outputs]
     if missing:

@@ -98,8 +98,44 @@ def _own_attention(n, inits: dict) -> bool:
     return True
 
 
-def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True) -> dict[str, int]:
-    """Rewrite the graph file in place (atomically); returns counts of what changed."""
+SKIP_INPUT = "logits_skip"
+
+
+def _skip_logits(g, logits: str) -> bool:
+    """The graph input ``SKIP_INPUT`` (int64 [1], fed at every call: 0 computes every position's
+    logits): a Slice drops that many leading positions from the lm_head's input, so a prefill computes
+    its last position's logits only. The lm_head is the matrix multiply ``logits`` comes from (through
+    Casts). False where there is none to find. (A default value, an initializer of the input's name,
+    would make it optional, but onnxruntime's IO binding refuses to bind such an input.)"""
+    from onnx import TensorProto, helper
+
+    made = {o: n for n in g.node for o in n.output}
+    node = made.get(logits)
+    while node is not None and node.op_type in ("Cast", "Identity"):
+        node = made.get(node.input[0])
+    if node is None or node.op_type not in (OP, "MatMulNBits", "MatMul"):
+        return False
+    if any(i.name == SKIP_INPUT for i in g.input):
+        return False
+    g.input.append(helper.make_tensor_value_info(SKIP_INPUT, TensorProto.INT64, [1]))
+    g.initializer.extend([helper.make_tensor("edgespec_skip_end", TensorProto.INT64, [1], [2 ** 62]),
+                          helper.make_tensor("edgespec_skip_axis", TensorProto.INT64, [1], [1])])
+    hidden, kept = node.input[0], "edgespec_skip/hidden"
+    cut = helper.make_node("Slice", [hidden, SKIP_INPUT, "edgespec_skip_end", "edgespec_skip_axis"], [kept],
+                           name="edgespec_skip/slice")
+    node.input[0] = kept
+    order = []
+    for n in g.node:
+        order += [cut, n] if n is node else [n]
+    del g.node[:]
+    g.node.extend(order)
+    return True
+
+
+def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
+                  logits: str | None = None) -> dict[str, int]:
+    """Rewrite the graph file in place (atomically); returns counts of what changed. ``logits``: the
+    graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -113,7 +149,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
-    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0}
+    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     for node in g.node:
@@ -193,6 +229,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         g.node.extend(order)
     if not done["matmuls"]:
         raise ExportError(f"{model_path.name} has no 4-bit MatMulNBits: exact-kernels applies to INT4 bundles")
+    if logits:
+        done["logits_skip"] = int(_skip_logits(g, logits))
     if not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     kept = [t for t in g.initializer if t.name not in drop]
@@ -260,7 +298,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 continue
             spec = _rerooted(spec, manifest.root, stage)
             try:
-                counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention)
+                counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention,
+                                       logits=spec.io.logits)
                 pad = 1 if counts["attention"] else 0
             except ExportError:
                 if role == "target":
@@ -275,7 +314,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"
                        if counts["own_attention"] else "")
-                    + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else ""))
+                    + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
+                    + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)
             if counts["kept"]:
@@ -291,8 +331,11 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 gcfg.unlink()
             files = head_files(stage, spec.path.parent.relative_to(stage).as_posix())
             on_disk = sum(v["bytes"] for v in files.values())
+            if counts["logits_skip"]:
+                ops["Slice"] = ops.get("Slice", 0) + 1
+            io = replace(spec.io, logits_skip=SKIP_INPUT) if counts["logits_skip"] else spec.io
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
-                           attention_pad=pad, operators=ops)
+                           attention_pad=pad, operators=ops, io=io)
             check = compare_with_source(getattr(manifest, role), spec, sample_ids)
             if log:
                 log(f"    {role}: against the source graph on {check['positions']} positions: max |Δlogit| "

@@ -44,9 +44,9 @@ def main(argv=None) -> int:
         for role, lm in models.items():
             run = lm._run
 
-            def timed(ids, past, run=run, role=role):
+            def timed(ids, past, *a, run=run, role=role, **kw):
                 t = time.perf_counter()
-                out = run(ids, past)
+                out = run(ids, past, *a, **kw)
                 if timing["on"]:
                     secs[role][len(ids)] += time.perf_counter() - t
                     calls[role][len(ids)] += 1

@@ -685,3 +685,34 @@ def test_a_drafter_runs_once_at_load_so_its_first_draft_is_not_timed_with_the_fi
     assert out.token_ids == eng.generate("Hello there", max_new_tokens=12, drafter="none").token_ids
     reads = eng.decoder.policy.measured.catchup_reads.get("model", [])
     assert reads and all(n >= 1 for n, _ in reads)
+
+
+def test_a_prefill_computes_only_its_last_positions_logits_with_the_same_numbers(tiny_xk):
+    """exact-kernels gives each graph a ``logits_skip`` input (a Slice before the lm_head): a prefill's
+    calls compute the logits of their last position only, the same bits as a call that computes them
+    all (the kernel's rows do not depend on the call's width), and every position's keys and values."""
+    from edgespec.manifest import load_manifest
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+
+    m = load_manifest(tiny_xk)
+    assert m.target.io.logits_skip == "logits_skip" and m.target.operators["Slice"] >= 1
+    assert m.drafter.kernels == "onnxruntime" and m.drafter.io.logits_skip is None  # a float drafter: left as it was
+    ids = [(7 * i + 3) % 200 for i in range(21)]
+    for spec in (m.target,):
+        full = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)
+        part = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)
+        assert part.skips_logits
+        every = full.forward(ids)
+        part.prefill_chunk = 8  # three calls: 8, 8, 5 tokens, each asking for its last position's logits
+        seen = []
+        run = part._run
+        part._run = lambda i, p, *a, **kw: seen.append((len(i), kw.get("skip", 0))) or run(i, p, *a, **kw)
+        last = part.prefill(ids)
+        assert seen == [(8, 7), (8, 7), (5, 4)]
+        assert last.shape == every[-1].shape and np.array_equal(last, every[-1])
+        assert part.tokens == full.tokens == ids
+        nxt = [11, 12, 13]  # the caches hold the same keys and values: the next call computes the same
+        assert np.array_equal(part.forward(nxt), full.forward(nxt))
+        with pytest.raises(ValueError, match="cannot skip"):
+            run([1, 2], part.length, skip=2)
