@@ -399,7 +399,7 @@ class ModelDrafter:
             missing = ctx[self._base + lm.length:]
             hint = self._fit_hint(hint, len(missing)) if missing else []
             if hint:
-                rows = lm.forward(list(missing) + hint, copy=not sp.greedy)[len(missing) - 1:]
+                rows = lm.forward_from(list(missing) + hint, len(missing) - 1, copy=not sp.greedy)
                 logits = rows[0]
             else:
                 logits = lm.feed(missing)

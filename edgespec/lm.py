@@ -70,6 +70,16 @@ class CausalLM:
         logits = self._call(ids, False)
         return logits.copy() if copy and self._returned_view else logits
 
+    def forward_from(self, ids: Sequence[int], first: int, *, copy: bool = True) -> np.ndarray:
+        """``forward(ids)[first:]``: the logits of positions ``first`` on only, the others not computed
+        where the model skips them (``skips_logits``: a drafter's catch-up with a hint reads a long
+        stretch and needs its last rows only)."""
+        n = len(ids)
+        if not 0 <= first < n:
+            raise ValueError(f"forward_from: first must be in 0..{n - 1}, got {first}")
+        logits = self._call(ids, False, first=first)
+        return logits.copy() if copy and self._returned_view else logits
+
     def forward_argmax(self, ids: Sequence[int]) -> np.ndarray:
         """``forward`` for greedy decoding: the index of each position's largest logit (int64
         ``[len(ids)]``, the first among equal values), the same positions computed the same way
@@ -83,10 +93,13 @@ class CausalLM:
     device_argmax: bool = False  # _run(..., argmax=True) returns the indices
     skips_logits: bool = False  # _run(..., skip=s) computes logits for the last len(ids) - s positions only
 
-    def _call(self, ids: Sequence[int], argmax: bool, last_only: bool = False) -> np.ndarray:
-        """``last_only``: the logits of the last position only (``[1, vocab]``), computed alone where
-        the model skips the others' (``skips_logits``); the keys and values of every position as ever."""
+    def _call(self, ids: Sequence[int], argmax: bool, last_only: bool = False, first: int = 0) -> np.ndarray:
+        """``last_only``: the logits of the last position only (``[1, vocab]``); ``first``: of positions
+        ``first`` on. Computed alone where the model skips the others' (``skips_logits``); the keys
+        and values of every position as ever."""
         n = len(ids)
+        if last_only:
+            first = n - 1
         if n == 0:
             raise ValueError("forward() needs at least one token")
         past = self.cache.length
@@ -96,7 +109,7 @@ class CausalLM:
         width = padded_width(n, self.min_width, self.width_multiple)
         pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
-        skip = n - 1 if last_only and not argmax and self.skips_logits and n > 1 else 0
+        skip = first if first and not argmax and self.skips_logits else 0
         if argmax:
             out = self._run(run, past, argmax=True)
         else:
@@ -104,8 +117,8 @@ class CausalLM:
         self.calls += 1
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
-        if last_only:  # row 0 of a skipping call is position n - 1 (the pad's rows follow it)
-            return out[:1] if skip else out[n - 1: n]
+        if first:  # row 0 of a skipping call is position ``first`` (the pad's rows follow the last)
+            return out[: n - first] if skip else out[first:n]
         return out[:n] if pad else out
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:

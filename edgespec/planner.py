@@ -75,7 +75,9 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     chunk's logits (its output) and activations (hidden states and MLP intermediates, about
     16 x hidden), and on the CPU the attention scores of GroupQueryAttention (chunk x heads x the
     KV buffer's length x 4 bytes, one layer's at a time; CUDA's fused kernels keep none); plus the
-    float32 copy of the biggest logits (freed after each call, so counted once) and each model's
+    float32 copy of the biggest logits (freed after each call, so counted once; a model whose prefill
+    computes its last position's logits only, ``io.logits_skip``, computes all of a call's at most for
+    a verify call or a drafter's step with a hint: ``MAX_DRAFT`` + 1 rows) and each model's
     logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept); on a GPU, a target's
     argmax output's buffers (``ARGMAX_ROWS`` rows of float16 and float32 logits); on a GPU, the CUDA
     graphs' per-width logits buffers (``graphs.graph_logits_bytes``, counted whether or not graphs
@@ -83,12 +85,13 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     the CPU (default: all)."""
     from .graphs import graph_logits_bytes
     from .onnx_lm import ARGMAX_ROWS, OWN_LOGITS_MAX_WIDTH
+    from .profiles import MAX_DRAFT
 
     specs = [manifest.target] + ([manifest.drafter] if with_drafter and manifest.drafter else [])
     arenas = copy = own = 0
     for s in specs:
         columns = s.head_size or s.vocab_size  # a drafter's reduced head has head_size columns
-        logits = chunk * columns * 4
+        logits = (min(chunk, MAX_DRAFT + 1) if s.io.logits_skip else chunk) * columns * 4
         arenas += logits + chunk * s.hidden_size * 4 * 16
         if context and (on_cpu or {}).get(s.role, True) and "DecodeAttention" not in (s.operators or {}):
             # (edgespec.DecodeAttention, exact-kernels since session 18, keeps one row's scores a thread)

@@ -714,5 +714,20 @@ def test_a_prefill_computes_only_its_last_positions_logits_with_the_same_numbers
         assert part.tokens == full.tokens == ids
         nxt = [11, 12, 13]  # the caches hold the same keys and values: the next call computes the same
         assert np.array_equal(part.forward(nxt), full.forward(nxt))
+        more = [21, 22, 23, 24, 25, 26]  # a catch-up with a hint: the logits of its last rows only
+        seen.clear()
+        assert np.array_equal(part.forward_from(more, 4), full.forward(more)[4:])
+        assert seen == [(6, 4)]
         with pytest.raises(ValueError, match="cannot skip"):
             run([1, 2], part.length, skip=2)
+        with pytest.raises(ValueError, match="first must be"):
+            part.forward_from([1, 2], 2)
+
+    from dataclasses import replace
+
+    from edgespec.planner import working_bytes
+
+    plain = replace(m, target=replace(m.target, io=replace(m.target.io, logits_skip=None)))
+    # a prefill chunk's logits are one row: the working memory counts a verify call's at most
+    assert working_bytes(m, 256, False) == working_bytes(plain, 256, False) - (256 - 65) * m.target.vocab_size * 8
+    assert working_bytes(m, 32, False) == working_bytes(plain, 32, False)
