@@ -201,6 +201,36 @@ def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_widt
     assert np.array_equal(run(ours, qkv[:, 4:], past + 4)[0], full[0][:, 4:])
 
 
+@pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (3, 1, 16), (5, 1, 32)])
+def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeypatch):
+    """On the AVX-512 path queries go four to a key tile (EDGESPEC_ATTN_QUADS=0: in pairs, as before
+    session 19): each query's chains and trees are the same, so its output is bitwise the same, at
+    every width, a prefill-sized call included (a last group of 1-3 queries too: 5 heads a row)."""
+    from edgespec.native import isa
+
+    if not isa().startswith("avx512"):
+        pytest.skip("the four-query tile is the AVX-512 path's")
+    L, P, past = 320, 400, 37
+    rng = np.random.default_rng(5)
+    cache_k = np.zeros((1, KVH, L, D), np.float32)
+    cache_v = np.zeros((1, KVH, L, D), np.float32)
+    cache_k[:, :, :past] = rng.normal(size=(1, KVH, past, D))
+    cache_v[:, :, :past] = rng.normal(size=(1, KVH, past, D))
+    qkv = rng.normal(size=(1, 200, (H + 2 * KVH) * D)).astype(np.float32)
+
+    def run(n):
+        feeds = {"qkv": qkv[:, :n], "pk": cache_k, "pv": cache_v, "seqlens": np.array([past + n - 1], np.int32)}
+        return sess.run(None, feeds)[0]
+
+    got = {}
+    for quads in ("1", "0"):
+        monkeypatch.setenv("EDGESPEC_ATTN_QUADS", quads)
+        sess = _session(_attention_graph("DecodeAttention", H, KVH, D, L, P))
+        got[quads] = [run(n) for n in (1, 3, 9, 200)]
+    for a, b in zip(got["1"], got["0"]):
+        assert np.array_equal(a, b)
+
+
 def test_decode_attention_refuses_bad_lengths_with_an_error():
     s = _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20))
     feeds = {"qkv": np.zeros((1, 3, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
