@@ -612,7 +612,12 @@ void* pool_take(size_t bytes, Chunk** from) {
 
 void pool_give(Chunk* c) {
   std::lock_guard<std::mutex> lock(g_pool_mu);
-  if (--c->live > 0 || c == g_open) return;  // the open chunk stays for the next kernels
+  if (--c->live > 0) return;
+  if (c == g_open) {  // the open chunk stays for the next kernels, empty: its pages handed back, cut from its start
+    madvise(c->base, c->used, MADV_DONTNEED);
+    c->used = 0;
+    return;
+  }
   munmap(c->base, c->size);
   delete c;
 }
