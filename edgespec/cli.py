@@ -358,6 +358,8 @@ def info(bundle, verify, as_json):
                 here = f"not runnable here: {e}"
             click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2 and FMA; "
                        f"{here}{pad})")
+            if spec.io.logits_skip:
+                click.echo(f"    a prefill computes its last position's logits only (input {spec.io.logits_skip!r})")
             if spec.kernels_check:
                 c = spec.kernels_check
                 click.echo(f"    rewrite checked against the source graph: top-1 agreement {c['top1_agreement']:.3f} over "

@@ -259,6 +259,7 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
 
     info = CliRunner().invoke(main, ["info", str(tiny_xk)])
     assert info.exit_code == 0 and "kernels: edgespec-q4" in info.output and "MatMulQ4" in info.output
+    assert "a prefill computes its last position's logits only" in info.output
     eng = edgespec.load(tiny_xk, verify=True)
     t = eng.decoder.target
     assert (t.min_width, t.width_multiple) == (1, 1)  # measured at load: one-token calls agree
