@@ -526,8 +526,12 @@ class RoundPolicy:
         if self._timed:
             self.cost.observe_target(width, seconds)
             if catchup is not None and choice.drafter is not None:
-                self.cost.observe_catchup(catchup[0], catchup[1], choice.drafter.name)
-                self._read_at[choice.drafter.name] = self._generation
+                name = choice.drafter.name
+                if self.catchup_trust(name) < 1.0:  # the first read after the measured cost went stale: it
+                    self.cost.catchup_reads.pop(name, None)  # replaces the old reads, not joins them (one slow
+                    # read left in the fit would price the drafter out again at once)
+                self.cost.observe_catchup(catchup[0], catchup[1], name)
+                self._read_at[name] = self._generation
         if tokens:
             self._update(choice.key, n_accepted, len(tokens))
             if choice.drafter is not None and choice.drafter.has_cost:

@@ -742,9 +742,10 @@ class _CatchUp:
         return Offer(self.name, 1, prior=(1.5, 0.5), upfront=0 if self.started else 50)
 
 
-def _catch_up_generation(pol, d, right, rounds=40):
+def _catch_up_generation(pol, d, right, rounds=40, read=None):
     """One generation of ``auto`` with only ``d`` (right every round, or every other one: ``right``
-    0.5): returns the rounds it drafted."""
+    0.5): returns the rounds it drafted. ``read``: the (tokens, seconds) its first draft's catch-up
+    is observed to take (None: not observed)."""
     from edgespec.kv import TokenBuffer
 
     nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
@@ -754,12 +755,14 @@ def _catch_up_generation(pol, d, right, rounds=40):
     for _ in range(rounds):
         c = pol.choose(ctx, 60, None, 1)
         tokens = []
+        catchup = None
         if c.drafter is not None:
             ok = right is True or used % 2 == 0
+            catchup = read if not d.started else None
             d.started, used = True, used + 1
             tokens = [nxt(len(ctx)) if ok else nxt(len(ctx)) + 1]
         n = int(bool(tokens) and tokens[0] == nxt(len(ctx)))
-        pol.observe(c, tokens, n, 0.3 if tokens else None, len(tokens) + 1, 1.0 + 0.12 * len(tokens))
+        pol.observe(c, tokens, n, 0.3 if tokens else None, len(tokens) + 1, 1.0 + 0.12 * len(tokens), catchup=catchup)
         ctx.extend([nxt(len(ctx))] + ([nxt(len(ctx) + 1)] if n else []))
     return used
 
@@ -809,14 +812,17 @@ def test_one_slow_catch_up_does_not_keep_the_drafter_out_for_good(half_life):
     assert c.drafter is d  # priced at the prior, it starts
     pol.observe(c, [10], 1, 0.3, 2, 1.12, catchup=(50, 60.0))  # ... and its read was pathologically slow
     assert pol.cost.upfront_cost(50, "model") == pytest.approx(60.0)
-    drafted = [_catch_up_generation(pol, d, True) for _ in range(10)]
+    drafted = [_catch_up_generation(pol, d, True, read=(50, 0.6)) for _ in range(14)]
     assert drafted[0] == 0  # the next generation trusts the read: not started
     if half_life == float("inf"):
-        assert drafted == [0] * 10
+        assert drafted == [0] * 14
     else:
         assert any(drafted), drafted  # relaxed toward the prior within a few generations: started again
         first = next(i for i, n in enumerate(drafted) if n)
         assert 2 <= first <= 8 and drafted[first] > 30, drafted
+        # ... and its new, ordinary read replaced the slow one: it keeps drafting
+        assert all(n > 30 for n in drafted[first:]), drafted
+        assert pol.measured.upfront_cost(50, "model") == pytest.approx(0.6)
 
 
 def test_a_stale_learned_estimate_relaxes_toward_the_prior():
