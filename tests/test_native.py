@@ -688,9 +688,6 @@ def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_res
         assert np.array_equal(own.run(None, {"A": x[:m]})[0], y[:m])
     again, _ = _session_from_file(model, tmp_path / "again", monkeypatch, None)
     assert np.array_equal(again.run(None, {"A": x})[0], y)
-    del own  # the copy is unmapped with its kernel; the file still reads the same
-    reread = (own_file.read_bytes(), (tmp_path / "plain" / "m.onnx.data").read_bytes())
-    assert reread[0] == reread[1]
 
 
 def test_a_drafter_runs_once_at_load_so_its_first_draft_is_not_timed_with_the_first_call_costs(tiny_xk, monkeypatch):
@@ -760,5 +757,20 @@ def test_a_prefill_computes_only_its_last_positions_logits_with_the_same_numbers
 
     plain = replace(m, target=replace(m.target, io=replace(m.target.io, logits_skip=None)))
     # a prefill chunk's logits are one row: the working memory counts a verify call's at most
-    assert working_bytes(m, 256, False) == working_bytes(plain, 256, False) - (256 - 65) * m.target.vocab_size * 8
+    assert working_bytes(m, 256, False) == working_bytes(plain, 256, False) - (256 - 68) * m.target.vocab_size * 8
     assert working_bytes(m, 32, False) == working_bytes(plain, 32, False)
+
+
+def test_kernel_leaves_weights_that_are_not_a_files_pages_where_they_are():
+    """Weights onnxruntime holds in its own memory (a graph with its initializers inline) could not be
+    handed back after a copy: the kernel reads them where they are instead of holding them twice."""
+    from edgespec.measure import rss_now
+
+    K, N = 2048, 16384  # 16 MiB of packed weights
+    sess = _session(_graph(K, N, 128, "MatMulQ4", True))
+    x = np.random.default_rng(4).normal(size=(1, K)).astype(np.float32)
+    sess.run(None, {"A": x})  # onnxruntime's own first-run allocations
+    sess2 = _session(_graph(K, N, 128, "MatMulQ4", True, seed=1))
+    before = rss_now()
+    sess2.run(None, {"A": x})
+    assert rss_now() - before < K * N // 2 // 2  # no copy of its 16 MiB

@@ -169,6 +169,7 @@ struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
   int64_t kstep = 0;  // AMX: bytes of K one tile multiply takes (divides block; 0: no AMX path)
   bool avx512 = false;
+  bool huge = false;  // g_hugepages when the kernel was made (a later registration does not change it)
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
   // the weights copied into memory on 2 MiB pages (see own_weights); null: read them where onnxruntime has them
@@ -534,6 +535,7 @@ OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelIn
     return fail("edgespec.MatMulQ4: needs bits=4, a block_size that is a multiple of 8 and K a multiple of it");
   k->nb = k->K / k->block;
   k->avx512 = g_avx512;
+  k->huge = g_hugepages;
   if (g_amx)  // the largest multiple of 4 up to 64 that divides the block (a multiple of 8)
     for (int64_t ks : {64, 32, 16, 8})
       if (k->block % ks == 0) {
@@ -633,11 +635,21 @@ Kernel::~Kernel() {
 // the Qwen 1.5B from bundles/ on the Xeon: a one-token target call 34.8 -> 31.1 ms, a drafter step 10.0 ->
 // 8.7 ms (README). Where every page of the weights this process has is the file's own (file_pages_only), they
 // are then dropped from the process: they stay in the page cache for the next process and in the file, so the
-// copy does not double the resident memory. No copy where the memory cannot be had: calls then read the weights
-// where they are. Either way the same numbers.
+// copy does not double the resident memory. No copy where the memory cannot be had, or where the weights are not
+// a file's pages (they could not be handed back): calls then read the weights where they are. Either way the same
+// numbers.
 void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, size_t tile_blocks) {
   const size_t wb = tile_blocks * size_t(k->block) * kTile / 2, sb = tile_blocks * kTile * sizeof(float),
                zb = z ? tile_blocks * kTile : 0;
+  const uintptr_t pg = uintptr_t(sysconf(_SC_PAGESIZE));
+  auto inner = [pg](const void* q, size_t n) {  // the whole pages inside [q, q + n): (begin, end)
+    const uintptr_t a = reinterpret_cast<uintptr_t>(q);
+    return std::make_pair((a + pg - 1) / pg * pg, (a + n) / pg * pg);
+  };
+  const auto [wb0, we0] = inner(w, wb);
+  // weights that are not a file's pages (onnxruntime's own copy of them) could not be handed back: a copy
+  // would hold them twice, so they are read where they are
+  if (we0 > wb0 && !file_pages_only(wb0, we0)) return;
   Chunk* from = nullptr;
   uint8_t* p = static_cast<uint8_t*>(pool_take(wb + sb + zb, &from));
   if (!p) return;
@@ -649,9 +661,8 @@ void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, 
   k->own_w = p;
   k->own_s = reinterpret_cast<const float*>(p + wb);
   k->own_z = z ? p + wb + sb : nullptr;
-  auto drop = [](const void* q, size_t n) {  // the whole pages inside [q, q + n)
-    const uintptr_t a = reinterpret_cast<uintptr_t>(q), pg = uintptr_t(sysconf(_SC_PAGESIZE));
-    const uintptr_t b = (a + pg - 1) / pg * pg, e = (a + n) / pg * pg;
+  auto drop = [&inner](const void* q, size_t n) {
+    const auto [b, e] = inner(q, n);
     if (e > b && file_pages_only(b, e)) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
   };
   drop(w, wb);
@@ -695,7 +706,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
     std::lock_guard<std::mutex> lock(k->mu);  // runs may overlap: one copy, published before checked says so
-    if (g_hugepages && !k->own)
+    if (k->huge && !k->own)
       own_weights(k, static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
                   Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks));
     k->checked.store(b_data, std::memory_order_release);
@@ -766,6 +777,7 @@ struct Attn {
   float scale = 0.f;
   bool ok = false;
   bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
+  bool quads = true;    // g_attn_quads when the kernel was made
 };
 
 struct AttnCall {
@@ -1061,7 +1073,7 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
   // (AVX-512: four queries a tile where there are more than two, each key loaded once for all four; the same
   // chains and tree per (query, key), so the same bits as pairs. Session 19, the Qwen 1.5B: a 1,024-token prefill
   // 3.01 / 2.99 -> 2.72 / 2.62 s, a 4-token call at 1,000 positions 42.6 / 42.0 -> 40.8 / 41.0 ms)
-  const int64_t span = c.wide && g_attn_quads && nq > 2 ? 4 : 2;
+  const int64_t span = c.wide && c.a->quads && nq > 2 ? 4 : 2;
   for (int64_t k0 = 0; k0 < maxkeys; k0 += kAttnKeys) {
     for (int64_t x = 0; x < nq; x += span) {
       if (span == 4) {
@@ -1173,6 +1185,7 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
     return fail("edgespec.DecodeAttention: num_heads must be a multiple of kv_num_heads, at most 16 times it");
   a->avx512 = g_avx512;
+  a->quads = g_attn_quads;
   a->ok = true;
   return nullptr;
 }
