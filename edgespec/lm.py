@@ -93,13 +93,10 @@ class CausalLM:
     device_argmax: bool = False  # _run(..., argmax=True) returns the indices
     skips_logits: bool = False  # _run(..., skip=s) computes logits for the last len(ids) - s positions only
 
-    def _call(self, ids: Sequence[int], argmax: bool, last_only: bool = False, first: int = 0) -> np.ndarray:
-        """``last_only``: the logits of the last position only (``[1, vocab]``); ``first``: of positions
-        ``first`` on. Computed alone where the model skips the others' (``skips_logits``); the keys
-        and values of every position as ever."""
+    def _call(self, ids: Sequence[int], argmax: bool, first: int = 0) -> np.ndarray:
+        """``first``: the logits of positions ``first`` on only, computed alone where the model skips
+        the others' (``skips_logits``); the keys and values of every position as ever."""
         n = len(ids)
-        if last_only:
-            first = n - 1
         if n == 0:
             raise ValueError("forward() needs at least one token")
         past = self.cache.length
@@ -128,7 +125,8 @@ class CausalLM:
         does not compute them (on the Qwen 1.5B, the lm_head is ~18% of a prefill)."""
         logits = None
         for start in range(0, len(ids), self.prefill_chunk):
-            logits = self._call(ids[start: start + self.prefill_chunk], False, last_only=True)
+            chunk = ids[start: start + self.prefill_chunk]
+            logits = self.forward_from(chunk, len(chunk) - 1, copy=False)
         out = logits[-1]
         return out.copy() if self._returned_view else out
 

@@ -162,6 +162,16 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)])
 
 
+def _attention_inputs(H, KVH, D, L, past, rows, seed):
+    """A KV cache of ``L`` positions, the first ``past`` filled, and packed qkv for ``rows`` new tokens."""
+    rng = np.random.default_rng(seed)
+    cache_k = np.zeros((1, KVH, L, D), np.float32)
+    cache_v = np.zeros((1, KVH, L, D), np.float32)
+    cache_k[:, :, :past] = rng.normal(size=(1, KVH, past, D))
+    cache_v[:, :, :past] = rng.normal(size=(1, KVH, past, D))
+    return cache_k, cache_v, rng.normal(size=(1, rows, (H + 2 * KVH) * D)).astype(np.float32)
+
+
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (4, 4, 32), (6, 2, 48), (3, 1, 16)])
 def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_width(H, KVH, D, isa, monkeypatch):
@@ -173,12 +183,7 @@ def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_widt
     if isa == "avx2":
         monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     L, P, past = 64, 80, 21
-    rng = np.random.default_rng(3)
-    cache_k = np.zeros((1, KVH, L, D), np.float32)
-    cache_v = np.zeros((1, KVH, L, D), np.float32)
-    cache_k[:, :, :past] = rng.normal(size=(1, KVH, past, D))
-    cache_v[:, :, :past] = rng.normal(size=(1, KVH, past, D))
-    qkv = rng.normal(size=(1, 9, (H + 2 * KVH) * D)).astype(np.float32)
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=3)
     ours = _session(_attention_graph("DecodeAttention", H, KVH, D, L, P))
     theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P))
 
@@ -211,12 +216,7 @@ def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeyp
     if not isa().startswith("avx512"):
         pytest.skip("the four-query tile is the AVX-512 path's")
     L, P, past = 320, 400, 37
-    rng = np.random.default_rng(5)
-    cache_k = np.zeros((1, KVH, L, D), np.float32)
-    cache_v = np.zeros((1, KVH, L, D), np.float32)
-    cache_k[:, :, :past] = rng.normal(size=(1, KVH, past, D))
-    cache_v[:, :, :past] = rng.normal(size=(1, KVH, past, D))
-    qkv = rng.normal(size=(1, 200, (H + 2 * KVH) * D)).astype(np.float32)
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 200, seed=5)
 
     def run(n):
         feeds = {"qkv": qkv[:, :n], "pk": cache_k, "pv": cache_v, "seqlens": np.array([past + n - 1], np.int32)}
@@ -753,7 +753,12 @@ def test_a_prefill_computes_only_its_last_positions_logits_with_the_same_numbers
 
     from dataclasses import replace
 
+    from edgespec.errors import BundleError
     from edgespec.planner import working_bytes
+
+    wrong = replace(m.target, io=replace(m.target.io, logits_skip="no_such_input"))
+    with pytest.raises(BundleError, match="no 'no_such_input'.*the bundle is inconsistent"):
+        OnnxLM(wrong, 64, choose(["cpu"]), min_width=1)  # a manifest naming an input its graph lacks
 
     plain = replace(m, target=replace(m.target, io=replace(m.target.io, logits_skip=None)))
     # a prefill chunk's logits are one row: the working memory counts a verify call's at most

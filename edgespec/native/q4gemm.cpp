@@ -896,9 +896,21 @@ ES_AVX2 void qk_block_avx2(const float* qa, const float* qb, const float* K, con
   }
 }
 
+// the scores of keys j..j+3 for two queries from their 16-lane chains (acc[u]: the first query and key j + u, acc[4 + u]:
+// the second's): lane i + lane i + 8, then sum8x8's tree, times the scale, into sa (and sb if two)
+ES_AVX512 inline void store_scores(const __m512* acc, __m256 sv, int64_t j, float* sa, float* sb, bool two) {
+  alignas(32) float t[8];
+  __m256 half[8];
+  for (int u = 0; u < 8; ++u)
+    half[u] = _mm256_add_ps(_mm512_castps512_ps256(acc[u]),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[u]), 1)));
+  _mm256_store_ps(t, _mm256_mul_ps(sum8x8(half), sv));
+  std::memcpy(sa + j, t, 4 * sizeof(float));
+  if (two) std::memcpy(sb + j, t + 4, 4 * sizeof(float));
+}
+
 ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const float* K, const float* zero, int64_t D,
                                int64_t j0, int64_t kn, float scale, float* sa, float* sb, bool two) {
-  alignas(32) float t[8];
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
     const float* kr[4];
@@ -913,13 +925,7 @@ ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const float* K,
         acc[4 + u] = _mm512_fmadd_ps(vb, kv, acc[4 + u]);
       }
     }
-    __m256 half[8];  // lane i + lane i + 8, then the 8-lane tree
-    for (int u = 0; u < 8; ++u)
-      half[u] = _mm256_add_ps(_mm512_castps512_ps256(acc[u]),
-                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[u]), 1)));
-    _mm256_store_ps(t, _mm256_mul_ps(sum8x8(half), sv));
-    std::memcpy(sa + j, t, 4 * sizeof(float));
-    if (two) std::memcpy(sb + j, t + 4, 4 * sizeof(float));
+    store_scores(acc, sv, j, sa, sb, two);
   }
 }
 
@@ -971,7 +977,6 @@ ES_AVX512 void weigh_avx512(const float* pa, const float* pb, const float* V, in
 // and tree of qk_block_avx512 (the same bits), each key tile loaded once for four queries
 ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const float* K, const float* zero, int64_t D,
                                 int64_t j0, int64_t kn, float scale, float* const* s) {
-  alignas(32) float t[8];
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
     const float* kr[4];
@@ -989,16 +994,7 @@ ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const float* K, co
         acc[12 + u] = _mm512_fmadd_ps(v3, kv, acc[12 + u]);
       }
     }
-    for (int p = 0; p < 4; p += 2) {  // two queries at a time through qk_block_avx512's reduction
-      if (p >= n) break;
-      __m256 half[8];
-      for (int u = 0; u < 8; ++u)
-        half[u] = _mm256_add_ps(_mm512_castps512_ps256(acc[4 * p + u]),
-                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[4 * p + u]), 1)));
-      _mm256_store_ps(t, _mm256_mul_ps(sum8x8(half), sv));
-      std::memcpy(s[p] + j, t, 4 * sizeof(float));
-      if (p + 1 < n) std::memcpy(s[p + 1] + j, t + 4, 4 * sizeof(float));
-    }
+    for (int p = 0; p < n; p += 2) store_scores(acc + 4 * p, sv, j, s[p], s[p + 1], p + 1 < n);  // two queries a time
   }
 }
 
