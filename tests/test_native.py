@@ -610,10 +610,10 @@ def test_top_p_kernel_without_a_compiler_leaves_sampling_in_numpy(monkeypatch, t
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (120, 21, 40, True), (512, 33, 256, True)])
 def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
-    """The AMX path (calls of 9 rows or more, tile multiplies over chunks of 15 rows, the weights summed by a
-    row of ones) against the AVX-512 VNNI path: the same bits for every row, at widths 1 to 40 (one, two
-    and three chunks, partial ones) and wherever the row sits; blocks of 1, 2 and 4 tile steps and one of
-    40 (steps of 8 bytes)."""
+    """The AMX path (calls of 9 rows or more, signed tile multiplies of the activations by w - z over chunks of
+    16 rows) against the AVX-512 VNNI path: the same bits for every row, at widths 1 to 40 (one, two and
+    three chunks, partial ones) and wherever the row sits; blocks of 1, 2 and 4 tile steps and one of 40
+    (steps of 8 bytes)."""
     from edgespec.native import isa
 
     if isa() != "avx512-vnni+amx":
@@ -629,6 +629,29 @@ def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monke
         assert np.array_equal(amx.run(None, {"A": x[:m]})[0], want[:m]), m
     for start in (1, 5, 14, 23):
         assert np.array_equal(amx.run(None, {"A": x[start:start + 17]})[0], want[start:start + 17]), start
+
+
+def test_amx_path_leaves_zero_points_above_128_to_the_vnni_path(monkeypatch):
+    """The AMX path multiplies the activations by w - z as signed bytes, which holds zero points up to 128.
+    MatMulNBits' are 4-bit, but the operator reads a byte per column: a kernel given larger ones computes every
+    width on the VNNI path, with the VNNI path's bits (wrapped bytes would give other numbers)."""
+    from onnx import numpy_helper
+
+    from edgespec.native import isa
+
+    if isa() != "avx512-vnni+amx":
+        pytest.skip(f"needs AMX-INT8 and AVX-512 VNNI: this CPU takes its {isa()} path")
+    model = _graph(256, 48, 128, "MatMulQ4", True)
+    z = next(i for i in model.graph.initializer if i.name == "Z")
+    big = np.random.default_rng(2).integers(120, 256, size=numpy_helper.to_array(z).shape, dtype=np.uint8)
+    z.CopyFrom(numpy_helper.from_array(big, "Z"))
+    x = np.random.default_rng(7).normal(size=(24, 256)).astype(np.float32)
+    amx = _session(model)
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx512")
+    vnni = _session(model)
+    want = np.concatenate([vnni.run(None, {"A": x[i:i + 1]})[0] for i in range(24)])
+    for m in (1, 9, 16, 24):
+        assert np.array_equal(amx.run(None, {"A": x[:m]})[0], want[:m]), m
 
 
 def _mapped_rss_kib(path) -> int:

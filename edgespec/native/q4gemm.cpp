@@ -151,8 +151,12 @@ void* data_of(const OrtValue* v) {
 
 constexpr int kTile = 16;  // output columns a vector holds
 
-// AMX: rows a tile multiply takes at once (each A tile has one row more, all ones: it sums the weights)
-constexpr int kAmxRows = 15;
+// AMX: rows a tile multiply takes at once (a tile's most)
+constexpr int kAmxRows = 16;
+// AMX multiplies signed activations by signed weights less their zero point (w - z, in -128..15), so it
+// takes zero points of up to 128 only; MatMulNBits' are 4-bit (0..15). A kernel given larger ones (never
+// seen) computes every width on the VNNI path
+constexpr int kAmxMaxZero = 128;
 // the fewest rows a call has for its block dots to be AMX tile multiplies. AMX has to unpack each weight tile
 // into memory first; the VNNI path loads and splits each 64-byte group once for up to 8 rows. With the weights
 // prefetched two blocks ahead (session 14, Qwen 1.5B target on the AMX Xeon, ms a call by rows) VNNI took
@@ -172,6 +176,7 @@ struct Kernel {
   bool huge = false;  // g_hugepages when the kernel was made (a later registration does not change it)
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
+  std::atomic<bool> amx_zero_ok{true};  // every zero point of the checked weights is at most kAmxMaxZero
   // the weights copied into memory on 2 MiB pages (see own_weights); null: read them where onnxruntime has them
   std::mutex mu;
   Chunk* own = nullptr;    // the pool chunk the copy is a slice of
@@ -197,13 +202,13 @@ struct Call {
   const int32_t* xs;   // [M][nb]
   float* y;            // [M][N]
   int64_t chunk;       // tiles per task
-  const uint8_t* xa;   // AMX (else nullptr): [chunks][rows][K], xq + 128 as u8, the last row all ones
+  const int8_t* xa;    // AMX (else nullptr): xq, its rows padded with zeros to whole chunks of kAmxRows
   int64_t chunks;      // AMX: ceil(M / kAmxRows)
-  int64_t rows;        // AMX: rows of a chunk's tiles, min(M, kAmxRows) + 1
+  int64_t rows;        // AMX: rows of a chunk's tiles, min(M, kAmxRows)
 };
 
-// A block's zero points (8 where there are none) and scales for the 16 columns at sb: what both AVX-512 paths
-// (VNNI and AMX) read per (tile, block).
+// A block's zero points (8 where there are none) and scales for the 16 columns at sb: what the VNNI path reads
+// per (tile, block).
 struct BlockQ {
   __m512i z;
   __m512 s;
@@ -218,9 +223,12 @@ ES_AVX512 inline BlockQ block_q(const Call& c, size_t sb) {
 // One block's exact int32 dot into a row's float sums: subtract zero point x the activations' sum, convert,
 // multiply by scale x the activations' scale, fused multiply-add. The one chain per lane both AVX-512 paths
 // run (row block rb), so they compute the same bits.
+ES_AVX512 inline __m512 block_fma_corrected(const Call& c, __m512 s, __m512i corr, int64_t rb, __m512 acc) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc);
+}
 ES_AVX512 inline __m512 block_fma(const Call& c, const BlockQ& q, __m512i dot, int64_t rb, __m512 acc) {
   const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(q.z, _mm512_set1_epi32(c.xs[rb])));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(q.s, _mm512_set1_ps(c.xd[rb])), acc);
+  return block_fma_corrected(c, q.s, corr, rb, acc);
 }
 
 // Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
@@ -359,10 +367,13 @@ ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
 
 // AMX: tiles [t0, t1) of all rows. Per (tile, block), the packed weights are unpacked once into a
 // B tile's layout, which the packing already is per nibble: row 2p of the block's B = the low nibbles of
-// group p (k = 8p..8p+3, 4 bytes per column), row 2p+1 = the high ones (k = 8p+4..8p+7). TDPBUSD takes
-// u8 x s8, so A holds the activations + 128 (u8) and, in its last row L, ones: C[r][n] = sum (x + 128) w,
-// C[L][n] = sum w, and C[r][n] - 128 C[L][n] = sum x w, the block's dot exactly as VNNI computes it.
-// Then block_fma, the chain per lane rows_tiles runs too (in block order), so the two paths give the same bits.
+// group p (k = 8p..8p+3, 4 bytes per column), row 2p+1 = the high ones (k = 8p+4..8p+7), each less its
+// column's zero point, as signed bytes (w - z). TDPBSSD (s8 x s8) of the activations (A: xq's rows, as they
+// are) then gives C[r][n] = sum x (w - z) = sum x w - z sum x: the integer the VNNI path computes from its
+// dot product and zero-point correction, exactly. Then block_fma_corrected, the chain per lane rows_tiles
+// runs too (in block order), so the two paths give the same bits. (Until session 20 A was x + 128 as u8 with
+// a row of ones under it for the weights' sums, TDPBUSD, and the correction per row and block: 15 rows a
+// chunk, and ~40% more work per row after each tile multiply.)
 struct alignas(64) TileConfig {
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
@@ -374,7 +385,7 @@ struct alignas(64) TileConfig {
 ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2, ks = k.kstep, steps = k.block / ks;
-  const int64_t rows = c.rows, wstride = k.block * kTile;  // A/C rows per chunk (ones last); unpacked bytes a tile
+  const int64_t rows = c.rows, wstride = k.block * kTile;  // A/C rows per chunk; unpacked bytes a tile
   TileConfig cfg{};
   cfg.palette = 1;
   for (int i = 0; i < 4; ++i) cfg.rows[i] = uint8_t(rows), cfg.colsb[i] = 64;  // C: rows x 16 int32
@@ -398,11 +409,17 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
       for (int64_t j = 0; j < G; ++j) {
         const uint8_t* wp = c.q.w + ((t + j) * nb + b) * tb;
         uint8_t* wj = wb + j * wstride;
+        // the 16 columns' zero points, each in the 4 bytes of its column in a B row
+        const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                       reinterpret_cast<const __m128i*>(c.q.zp + ((t + j) * nb + b) * kTile)))
+                                 : _mm512_set1_epi32(8);
+        const __m512i zb = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x01010101));
         for (int64_t p = 0; p < P; ++p) {
           _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + tb), _MM_HINT_T0);  // the next block's line
           const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
-          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128), _mm512_and_si512(v, lo4));
-          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128), _mm512_sub_epi8(_mm512_and_si512(v, lo4), zb));
+          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128 + 64),
+                             _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), zb));
         }
       }
       for (int64_t ch = 0; ch < c.chunks; ++ch) {
@@ -414,33 +431,32 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
           const uint8_t* ws = wb + st * ks * kTile;
           _tile_loadd(4, c.xa + (ch * rows) * k.K + b * k.block + st * ks, k.K);
           _tile_loadd(5, ws, 64);
-          _tile_dpbusd(0, 4, 5);
+          _tile_dpbssd(0, 4, 5);
           if (G > 1) {
             _tile_loadd(6, ws + wstride, 64);
-            _tile_dpbusd(1, 4, 6);
+            _tile_dpbssd(1, 4, 6);
           }
           if (G > 2) {
             _tile_loadd(7, ws + 2 * wstride, 64);
-            _tile_dpbusd(2, 4, 7);
+            _tile_dpbssd(2, 4, 7);
           }
           if (G > 3) {
             _tile_loadd(5, ws + 3 * wstride, 64);
-            _tile_dpbusd(3, 4, 5);
+            _tile_dpbssd(3, 4, 5);
           }
         }
         _tile_stored(0, cb, 64);
         if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
         if (G > 2) _tile_stored(2, cb + 32 * kTile, 64);
         if (G > 3) _tile_stored(3, cb + 48 * kTile, 64);
-        const int64_t r0 = ch * (rows - 1), n = std::min<int64_t>(rows - 1, c.M - r0);
+        const int64_t r0 = ch * rows, n = std::min<int64_t>(rows, c.M - r0);
         for (int64_t j = 0; j < G; ++j) {
-          const BlockQ q = block_q(c, size_t(((t + j) * nb + b) * kTile));
+          const __m512 s = _mm512_loadu_ps(c.q.scale + size_t(((t + j) * nb + b) * kTile));
           const int32_t* cj = cb + j * 16 * kTile;
-          const __m512i wsum = _mm512_slli_epi32(_mm512_load_si512(cj + (rows - 1) * kTile), 7);
           for (int64_t r = 0; r < n; ++r) {
-            const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(cj + r * kTile), wsum);
             float* a = acc + ((r0 + r) * 4 + j) * kTile;
-            _mm512_store_ps(a, block_fma(c, q, dot, (r0 + r) * nb + b, _mm512_load_ps(a)));
+            _mm512_store_ps(a, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), (r0 + r) * nb + b,
+                                                   _mm512_load_ps(a)));
           }
         }
       }
@@ -717,6 +733,10 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
     std::lock_guard<std::mutex> lock(k->mu);  // runs may overlap: one copy, published before checked says so
+    if (Z) {  // the AMX path's bound on zero points (see kAmxMaxZero)
+      const uint8_t* z = static_cast<const uint8_t*>(data_of(Z));
+      k->amx_zero_ok.store(*std::max_element(z, z + tile_blocks * kTile) <= kAmxMaxZero, std::memory_order_relaxed);
+    }
     if (k->huge && !k->own)
       own_weights(k, static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
                   Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks));
@@ -732,7 +752,9 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     return s;
   if (M == 0) return nullptr;
   const float* a = static_cast<const float*>(data_of(A));
-  std::vector<int8_t> xq(size_t(M * k->K));
+  const bool amx = k->kstep && M >= kAmxMinRows && k->amx_zero_ok.load(std::memory_order_relaxed);
+  const int64_t chunks = amx ? (M + kAmxRows - 1) / kAmxRows : 0;
+  std::vector<int8_t> xq(size_t((amx ? chunks * kAmxRows : M) * k->K));  // AMX: whole chunks, zero rows after M
   std::vector<float> xd(size_t(M * k->nb));
   std::vector<int32_t> xs(size_t(M * k->nb));
   for (int64_t m = 0; m < M; ++m)
@@ -741,19 +763,10 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
   if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
-  std::vector<uint8_t> xa;
-  if (k->kstep && M >= kAmxMinRows) {  // AMX's A tiles: per chunk of kAmxRows rows, those rows and the ones
-    c.chunks = (M + kAmxRows - 1) / kAmxRows;
-    c.rows = std::min<int64_t>(M, kAmxRows) + 1;
-    xa.assign(size_t(c.chunks * c.rows * k->K), 0);
-    for (int64_t m = 0; m < M; ++m) {
-      const int8_t* src = xq.data() + m * k->K;
-      uint8_t* dst = xa.data() + ((m / kAmxRows) * c.rows + m % kAmxRows) * k->K;
-      for (int64_t j = 0; j < k->K; ++j) dst[j] = uint8_t(src[j]) ^ 0x80;  // v + 128
-    }
-    for (int64_t ch = 0; ch < c.chunks; ++ch)
-      std::memset(xa.data() + (ch * c.rows + c.rows - 1) * k->K, 1, size_t(k->K));
-    c.xa = xa.data();
+  if (amx) {  // AMX's A tiles: xq's rows as they are, kAmxRows a chunk
+    c.chunks = chunks;
+    c.rows = std::min<int64_t>(M, kAmxRows);
+    c.xa = xq.data();
   }
   // about 64 KiB of packed weights a task, at least 4 tiles
   c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
