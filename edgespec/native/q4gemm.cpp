@@ -382,9 +382,29 @@ struct alignas(64) TileConfig {
 
 // Up to four column tiles at a time, so that four independent accumulations (C tiles 0-3) share each A
 // tile load and overlap in the tile unit; B tiles rotate over 5-7.
+// Tile t's block b of packed weights into B tiles' layout at w (block * 16 bytes, 64-byte aligned): each
+// weight less its column's zero point, a signed byte.
+ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
+  const int64_t P = c.k->block / 8, tb = c.k->block * kTile / 2;
+  const uint8_t* wp = c.q.w + (t * c.k->nb + b) * tb;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  // the 16 columns' zero points, each in the 4 bytes of its column in a B row
+  const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                 reinterpret_cast<const __m128i*>(c.q.zp + (t * c.k->nb + b) * kTile)))
+                           : _mm512_set1_epi32(8);
+  const __m512i zb = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x01010101));
+  for (int64_t p = 0; p < P; ++p) {
+    _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + tb), _MM_HINT_T0);  // the next block's line
+    const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
+    _mm512_store_si512(reinterpret_cast<void*>(w + p * 128), _mm512_sub_epi8(_mm512_and_si512(v, lo4), zb));
+    _mm512_store_si512(reinterpret_cast<void*>(w + p * 128 + 64),
+                       _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), zb));
+  }
+}
+
 ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
-  const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2, ks = k.kstep, steps = k.block / ks;
+  const int64_t nb = k.nb, ks = k.kstep, steps = k.block / ks;
   const int64_t rows = c.rows, wstride = k.block * kTile;  // A/C rows per chunk; unpacked bytes a tile
   TileConfig cfg{};
   cfg.palette = 1;
@@ -401,27 +421,11 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   uint8_t* wb = wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64);
   alignas(64) int32_t cb[4 * 16 * kTile];
   float* acc = araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4;
-  const __m512i lo4 = _mm512_set1_epi8(0x0F);
   for (int64_t t = t0; t < t1; t += 4) {
     const int64_t G = std::min<int64_t>(4, t1 - t);
     std::fill(acc, acc + c.M * 4 * kTile, 0.f);
     for (int64_t b = 0; b < nb; ++b) {
-      for (int64_t j = 0; j < G; ++j) {
-        const uint8_t* wp = c.q.w + ((t + j) * nb + b) * tb;
-        uint8_t* wj = wb + j * wstride;
-        // the 16 columns' zero points, each in the 4 bytes of its column in a B row
-        const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                       reinterpret_cast<const __m128i*>(c.q.zp + ((t + j) * nb + b) * kTile)))
-                                 : _mm512_set1_epi32(8);
-        const __m512i zb = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x01010101));
-        for (int64_t p = 0; p < P; ++p) {
-          _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + tb), _MM_HINT_T0);  // the next block's line
-          const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
-          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128), _mm512_sub_epi8(_mm512_and_si512(v, lo4), zb));
-          _mm512_store_si512(reinterpret_cast<void*>(wj + p * 128 + 64),
-                             _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), zb));
-        }
-      }
+      for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, b, wb + j * wstride);
       for (int64_t ch = 0; ch < c.chunks; ++ch) {
         _tile_zero(0);
         _tile_zero(1);
@@ -471,10 +475,84 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   _tile_release();
 }
 
+// AMX for calls of one chunk (9 to 16 rows: a wide verify call) in blocks of one or two tile steps: two
+// column tiles at a time, each B tile (step, column) in a register of its own (tiles 4-7; A: 2-3, a step
+// each; C: 0-1), loaded once a block for every chunk. amx_tiles takes four column tiles with one A for
+// more accumulations in flight, which pays from two chunks on; with one, reusing a B register within a
+// step (it waits for the multiply before it to finish reading) cost more (session 20, the kernel alone on
+// 275 MB: 9 rows 51.5 -> 48.6 ms/GB, 16 rows 58.5 -> 53.8; at 4 chunks 138 against 153, so not there).
+// Per (row, column) the blocks go in the same order through the same chain, so the same bits.
+ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
+  const Kernel& k = *c.k;
+  const int64_t nb = k.nb, ks = k.kstep, steps = k.block / ks;  // steps <= 2
+  const int64_t rows = c.rows, wstride = k.block * kTile;
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int i = 0; i < 2; ++i) cfg.rows[i] = uint8_t(rows), cfg.colsb[i] = 64;      // C: rows x 16 int32
+  for (int i = 2; i < 4; ++i) cfg.rows[i] = uint8_t(rows), cfg.colsb[i] = uint16_t(ks);  // A: rows x ks bytes
+  for (int i = 4; i < 8; ++i) cfg.rows[i] = uint8_t(ks / 4), cfg.colsb[i] = 64;  // B: ks/4 k quads x 16 x 4
+  _tile_loadconfig(&cfg);
+  thread_local std::vector<uint8_t> wraw;
+  thread_local std::vector<float> araw;
+  if (wraw.size() < size_t(2 * wstride) + 64) wraw.resize(size_t(2 * wstride) + 64);
+  if (araw.size() < size_t(c.M * 2 * kTile) + 16) araw.resize(size_t(c.M * 2 * kTile) + 16);
+  uint8_t* wb = wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64);
+  alignas(64) int32_t cb[2 * 16 * kTile];
+  float* acc = araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4;
+  for (int64_t t = t0; t < t1; t += 2) {
+    const int64_t G = std::min<int64_t>(2, t1 - t);
+    std::fill(acc, acc + c.M * 2 * kTile, 0.f);
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, b, wb + j * wstride);
+      _tile_loadd(4, wb, 64);  // step 0, column tile 0
+      if (G > 1) _tile_loadd(5, wb + wstride, 64);
+      if (steps > 1) {
+        _tile_loadd(6, wb + ks * kTile, 64);  // step 1
+        if (G > 1) _tile_loadd(7, wb + wstride + ks * kTile, 64);
+      }
+      for (int64_t ch = 0; ch < c.chunks; ++ch) {
+        const int8_t* xa = c.xa + (ch * rows) * k.K + b * k.block;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_loadd(2, xa, k.K);
+        _tile_dpbssd(0, 2, 4);
+        if (G > 1) _tile_dpbssd(1, 2, 5);
+        if (steps > 1) {
+          _tile_loadd(3, xa + ks, k.K);
+          _tile_dpbssd(0, 3, 6);
+          if (G > 1) _tile_dpbssd(1, 3, 7);
+        }
+        _tile_stored(0, cb, 64);
+        if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
+        const int64_t r0 = ch * rows, n = std::min<int64_t>(rows, c.M - r0);
+        for (int64_t j = 0; j < G; ++j) {
+          const __m512 s = _mm512_loadu_ps(c.q.scale + size_t(((t + j) * nb + b) * kTile));
+          const int32_t* cj = cb + j * 16 * kTile;
+          for (int64_t r = 0; r < n; ++r) {
+            float* a = acc + ((r0 + r) * 2 + j) * kTile;
+            _mm512_store_ps(a, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), (r0 + r) * nb + b,
+                                                   _mm512_load_ps(a)));
+          }
+        }
+      }
+    }
+    for (int64_t j = 0; j < G; ++j) {
+      const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+      const __mmask16 mask = __mmask16((1u << cols) - 1u);
+      for (int64_t r = 0; r < c.M; ++r)
+        _mm512_mask_storeu_ps(c.y + r * k.N + n0, mask, _mm512_load_ps(acc + (r * 2 + j) * kTile));
+    }
+  }
+  _tile_release();
+}
+
 void run_tiles(const Call& c, int64_t t0, int64_t t1) {
   int64_t r = 0;
   if (c.xa) {
-    amx_tiles(c, t0, t1);
+    if (c.chunks == 1 && c.k->block / c.k->kstep <= 2)
+      amx_tiles_pairs(c, t0, t1);
+    else
+      amx_tiles(c, t0, t1);
     return;
   }
   if (c.k->avx512) {
