@@ -470,12 +470,14 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
         }
       }
     }
-    for (int64_t j = 0; j < G; ++j) {
-      const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
-      const __mmask16 mask = __mmask16((1u << cols) - 1u);
-      for (int64_t r = 0; r < c.M; ++r)
-        _mm512_mask_storeu_ps(c.y + r * k.N + n0, mask, _mm512_load_ps(acc + (r * 4 + j) * kTile));
-    }
+    // row by row, the group's columns one contiguous run of a row (column tile by column tile, each of
+    // the M rows' lines would be far from the last, in a different page from 1,024 columns on)
+    for (int64_t r = 0; r < c.M; ++r)
+      for (int64_t j = 0; j < G; ++j) {
+        const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+        _mm512_mask_storeu_ps(c.y + r * k.N + n0, __mmask16((1u << cols) - 1u),
+                              _mm512_load_ps(acc + (r * 4 + j) * kTile));
+      }
   }
   _tile_release();
 }
@@ -541,12 +543,14 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
         }
       }
     }
-    for (int64_t j = 0; j < G; ++j) {
-      const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
-      const __mmask16 mask = __mmask16((1u << cols) - 1u);
-      for (int64_t r = 0; r < c.M; ++r)
-        _mm512_mask_storeu_ps(c.y + r * k.N + n0, mask, _mm512_load_ps(acc + (r * 2 + j) * kTile));
-    }
+    // row by row, the group's columns one contiguous run of a row (column tile by column tile, each of
+    // the M rows' lines would be far from the last, in a different page from 1,024 columns on)
+    for (int64_t r = 0; r < c.M; ++r)
+      for (int64_t j = 0; j < G; ++j) {
+        const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+        _mm512_mask_storeu_ps(c.y + r * k.N + n0, __mmask16((1u << cols) - 1u),
+                              _mm512_load_ps(acc + (r * 2 + j) * kTile));
+      }
   }
   _tile_release();
 }
@@ -618,6 +622,27 @@ ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, f
     d[b] = scale;
     s[b] = total;
   }
+}
+
+// One row of a call's activations quantized (quantize_row), and, for the AMX path, copied into its block-major A
+// rows (Call::xa, ``mp`` rows a block). Rows are independent: the same bytes whichever thread takes one.
+struct Quantize {
+  const float* a;
+  const Call* c;
+  int8_t* xa;  // nullptr: no AMX
+  int64_t mp;
+};
+constexpr int64_t kQuantizeParallelRows = 16;
+
+void quantize_task(void* data, size_t i) {
+  const Quantize& q = *static_cast<const Quantize*>(data);
+  const Kernel& k = *q.c->k;
+  const int64_t m = int64_t(i);
+  int8_t* row = const_cast<int8_t*>(q.c->xq) + m * k.K;
+  quantize_row(q.a + m * k.K, k.K, k.block, row, const_cast<float*>(q.c->xd) + m * k.nb,
+               const_cast<int32_t*>(q.c->xs) + m * k.nb);
+  if (q.xa)
+    for (int64_t b = 0; b < k.nb; ++b) std::memcpy(q.xa + (b * q.mp + m) * k.block, row + b * k.block, size_t(k.block));
 }
 
 OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
@@ -837,33 +862,43 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   const float* a = static_cast<const float*>(data_of(A));
   const bool amx = k->kstep && M >= kAmxMinRows && k->amx_zero_ok.load(std::memory_order_relaxed);
   const int64_t chunks = amx ? (M + kAmxRows - 1) / kAmxRows : 0;
-  std::vector<int8_t> xq(size_t(M * k->K));
-  std::vector<float> xd(size_t(M * k->nb));
-  std::vector<int32_t> xs(size_t(M * k->nb));
-  for (int64_t m = 0; m < M; ++m)
-    quantize_row(a + m * k->K, k->K, k->block, xq.data() + m * k->K, xd.data() + m * k->nb, xs.data() + m * k->nb);
+  // the quantized activations, in this thread's buffers kept from call to call (a prefill chunk's are MBs: fresh
+  // vectors each call came as fresh pages, faulted in and cleared, 5% of a 1,024-token prefill in session 20)
+  thread_local std::vector<int8_t> xq, xa;
+  thread_local std::vector<float> xd;
+  thread_local std::vector<int32_t> xs;
+  auto fit = [](auto& v, int64_t n) {
+    if (v.size() < size_t(n)) v.resize(size_t(n));
+  };
+  fit(xq, M * k->K);
+  fit(xd, M * k->nb);
+  fit(xs, M * k->nb);
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
   if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
-  std::vector<int8_t> xa;
+  Quantize qt{a, &c, nullptr, 0};
   if (amx) {  // AMX's A tiles (see Call::xa)
     c.chunks = chunks;
     c.rows = std::min<int64_t>(M, kAmxRows);
-    const int64_t mp = chunks * c.rows;  // rows a block holds: whole chunks (c.rows is kAmxRows from 2 chunks on)
-    xa.assign(size_t(mp * k->K), 0);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < k->nb; ++b)
-        std::memcpy(xa.data() + (b * mp + m) * k->block, xq.data() + m * k->K + b * k->block, size_t(k->block));
-    c.xa = xa.data();
+    qt.mp = chunks * c.rows;  // rows a block holds: whole chunks (c.rows is kAmxRows from 2 chunks on)
+    fit(xa, qt.mp * k->K);
+    for (int64_t b = 0; b < k->nb && qt.mp > M; ++b)  // the padding rows: zeros
+      std::memset(xa.data() + (b * qt.mp + M) * k->block, 0, size_t((qt.mp - M) * k->block));
+    c.xa = qt.xa = xa.data();
   }
+  // rows are quantized on both threads from kQuantizeParallelRows rows (a prefill chunk's 256 rows of the down
+  // projection's 8,960 columns took ~1.5 ms on one)
+  using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+  if (!(g_parallel && M >= kQuantizeParallelRows &&
+        ok(api<PF>(kKernelContextParallelFor)(ctx, quantize_task, size_t(M), 0, &qt))))
+    for (int64_t m = 0; m < M; ++m) quantize_task(&qt, size_t(m));
   // about 64 KiB of packed weights a task, at least 4 tiles
   c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
   if (c.xa)  // each AMX task configures the tiles and sets up its buffers: few tasks (8), whole groups of four tiles
     c.chunk = std::max<int64_t>(c.chunk, (k->tiles + 31) / 32 * 4);
   const int64_t tasks = (k->tiles + c.chunk - 1) / c.chunk;
   if (g_parallel && tasks > 1) {
-    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
     if (ok(api<PF>(kKernelContextParallelFor)(ctx, task, size_t(tasks), 0, &c))) return nullptr;
   }
   run_tiles(c, 0, k->tiles);
