@@ -607,17 +607,35 @@ def test_top_p_kernel_without_a_compiler_leaves_sampling_in_numpy(monkeypatch, t
     assert native.top_p_kernel() is None and not list(tmp_path.glob("*.so"))
 
 
-@pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
-                                          (120, 21, 40, True), (512, 33, 256, True)])
-def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
-    """The AMX path (calls of 9 rows or more, signed tile multiplies of the activations by w - z over chunks of
-    16 rows) against the AVX-512 VNNI path: the same bits for every row, at widths 1 to 40 (one, two and
-    three chunks, partial ones) and wherever the row sits; blocks of 1, 2 and 4 tile steps and one of 40
-    (steps of 8 bytes)."""
+def _amx_calls() -> int:
+    """MatMulQ4 calls that took an AMX path in this process (the library onnxruntime loaded: dlopen gives the
+    same one)."""
+    import ctypes
+
+    from edgespec.native import library_path
+
+    fn = ctypes.CDLL(library_path()).edgespec_q4_amx_calls
+    fn.restype = ctypes.c_uint64
+    return int(fn())
+
+
+def _needs_amx():
     from edgespec.native import isa
 
     if isa() != "avx512-vnni+amx":
         pytest.skip(f"needs AMX-INT8 and AVX-512 VNNI: this CPU takes its {isa()} path")
+
+
+@pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
+                                          (120, 21, 40, True), (512, 33, 256, True), (1536, 500, 128, True)])
+def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
+    """The AMX path (calls of 9 rows or more, signed tile multiplies of the activations by w - z over chunks of
+    16 rows; one chunk in pairs of column tiles where a block is one or two tile steps) against the AVX-512
+    VNNI path: the same bits for every row, at widths 1 to 40 (one, two and three chunks, partial ones) and
+    wherever the row sits; blocks of 1, 2 and 4 tile steps and one of 40 (steps of 8 bytes); and 1536 x 500
+    (32 column tiles, the last partial, in tasks of 5 tiles on both threads: odd splits of the pairs). Each
+    width of 9 or more is checked to have taken the AMX path."""
+    _needs_amx()
     x = np.random.default_rng(6).normal(size=(40, K)).astype(np.float32)
     x[7] = 0.0  # a row of zeros (scale 0) among them
     x[8, : K // 2] *= 1000.0  # and one with blocks of very different scales
@@ -626,24 +644,27 @@ def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monke
     vnni = _session(_graph(K, N, block, "MatMulQ4", zp))
     want = np.concatenate([vnni.run(None, {"A": x[i:i + 1]})[0] for i in range(40)])
     for m in (1, 2, 3, 4, 9, 15, 16, 17, 30, 31, 40):
+        before = _amx_calls()
         assert np.array_equal(amx.run(None, {"A": x[:m]})[0], want[:m]), m
+        assert _amx_calls() - before == (m >= 9), m
     for start in (1, 5, 14, 23):
         assert np.array_equal(amx.run(None, {"A": x[start:start + 17]})[0], want[start:start + 17]), start
 
 
-def test_amx_path_leaves_zero_points_above_128_to_the_vnni_path(monkeypatch):
-    """The AMX path multiplies the activations by w - z as signed bytes, which holds zero points up to 128.
-    MatMulNBits' are 4-bit, but the operator reads a byte per column: a kernel given larger ones computes every
-    width on the VNNI path, with the VNNI path's bits (wrapped bytes would give other numbers)."""
+@pytest.mark.parametrize("top,amx_runs", [(128, True), (129, False), (255, False)])
+def test_amx_path_takes_zero_points_up_to_128_and_leaves_larger_ones_to_vnni(top, amx_runs, monkeypatch):
+    """The AMX path multiplies the activations by w - z as signed bytes, which holds zero points up to 128
+    (w - z down to -128). MatMulNBits' are 4-bit, but the operator reads a byte per column: zero points up to
+    128 (128 itself included) take the AMX path with the VNNI path's bits; a kernel with a larger one computes
+    every width on the VNNI path (wrapped bytes would give other numbers)."""
     from onnx import numpy_helper
 
-    from edgespec.native import isa
-
-    if isa() != "avx512-vnni+amx":
-        pytest.skip(f"needs AMX-INT8 and AVX-512 VNNI: this CPU takes its {isa()} path")
+    _needs_amx()
     model = _graph(256, 48, 128, "MatMulQ4", True)
     z = next(i for i in model.graph.initializer if i.name == "Z")
-    big = np.random.default_rng(2).integers(120, 256, size=numpy_helper.to_array(z).shape, dtype=np.uint8)
+    big = np.random.default_rng(2).integers(100, 129, size=numpy_helper.to_array(z).shape, dtype=np.uint8)
+    big.flat[5] = top
+    big.flat[7] = 128
     z.CopyFrom(numpy_helper.from_array(big, "Z"))
     x = np.random.default_rng(7).normal(size=(24, 256)).astype(np.float32)
     amx = _session(model)
@@ -651,7 +672,9 @@ def test_amx_path_leaves_zero_points_above_128_to_the_vnni_path(monkeypatch):
     vnni = _session(model)
     want = np.concatenate([vnni.run(None, {"A": x[i:i + 1]})[0] for i in range(24)])
     for m in (1, 9, 16, 24):
+        before = _amx_calls()
         assert np.array_equal(amx.run(None, {"A": x[:m]})[0], want[:m]), m
+        assert _amx_calls() - before == (amx_runs and m >= 9), m
 
 
 def _mapped_rss_kib(path) -> int:

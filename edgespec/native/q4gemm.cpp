@@ -114,7 +114,8 @@ bool g_parallel = false;
 bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
 bool g_amx = false;     // and whether calls of kAmxMinRows rows or more take the AMX one
 bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages (own_weights)
-bool g_attn_quads = true;  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
+bool g_attn_quads = true;
+std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
 
 #define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define ES_AVX2 __attribute__((target("avx2,fma")))
@@ -176,7 +177,9 @@ struct Kernel {
   bool huge = false;  // g_hugepages when the kernel was made (a later registration does not change it)
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
-  std::atomic<bool> amx_zero_ok{true};  // every zero point of the checked weights is at most kAmxMaxZero
+  // every zero point of the checked weights is at most kAmxMaxZero (checked with B: like the sizes, this assumes
+  // the weights are initializers, fixed for the session, as every bundle's are)
+  std::atomic<bool> amx_zero_ok{true};
   // the weights copied into memory on 2 MiB pages (see own_weights); null: read them where onnxruntime has them
   std::mutex mu;
   Chunk* own = nullptr;    // the pool chunk the copy is a slice of
@@ -202,8 +205,8 @@ struct Call {
   const int32_t* xs;   // [M][nb]
   float* y;            // [M][N]
   int64_t chunk;       // tiles per task
-  // AMX (else nullptr): xq block-major, [nb][chunks * kAmxRows][block], its rows padded with zeros to whole
-  // chunks: a block's A tiles for every chunk are one contiguous run (row stride: the block), where in xq
+  // AMX (else nullptr): xq block-major, [nb][chunks * rows][block] (rows: min(M, kAmxRows)), its rows padded
+  // with zeros to whole chunks: a block's A tiles for every chunk are one contiguous run (row stride: the block), where in xq
   // (row stride K) a tile's 16 rows are 16 lines K bytes apart, which the prefetchers do not follow (session
   // 20: a prefill chunk of 256 rows through the down projection, K = 8,960, 2.3 MB of activations, 17.9 ->
   // 9.7 ns a tile multiply with its loads; K = 1,536: 9.3 -> 8.1)
@@ -225,9 +228,10 @@ ES_AVX512 inline BlockQ block_q(const Call& c, size_t sb) {
           _mm512_loadu_ps(c.q.scale + sb)};
 }
 
-// One block's exact int32 dot into a row's float sums: subtract zero point x the activations' sum, convert,
-// multiply by scale x the activations' scale, fused multiply-add. The one chain per lane both AVX-512 paths
-// run (row block rb), so they compute the same bits.
+// One block's exact int32 dot into a row's float sums: subtract zero point x the activations' sum (the VNNI
+// path; the AMX path's tile multiplies give the corrected integer itself), convert, multiply by scale x the
+// activations' scale, fused multiply-add: block_fma_corrected is the one chain per lane both AVX-512 paths run
+// (row block rb), so they compute the same bits.
 ES_AVX512 inline __m512 block_fma_corrected(const Call& c, __m512 s, __m512i corr, int64_t rb, __m512 acc) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc);
 }
@@ -385,8 +389,6 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// Up to four column tiles at a time, so that four independent accumulations (C tiles 0-3) share each A
-// tile load and overlap in the tile unit; B tiles rotate over 5-7.
 // Tile t's block b of packed weights into B tiles' layout at w (block * 16 bytes, 64-byte aligned): each
 // weight less its column's zero point, a signed byte.
 ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
@@ -407,6 +409,8 @@ ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
   }
 }
 
+// Up to four column tiles at a time, so that four independent accumulations (C tiles 0-3) share each A
+// tile load and overlap in the tile unit; B tiles rotate over 5-7.
 ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, ks = k.kstep, steps = k.block / ks;
@@ -633,6 +637,7 @@ struct Quantize {
   int64_t mp;
 };
 constexpr int64_t kQuantizeParallelRows = 16;
+constexpr size_t kKeptActivationBytes = size_t(16) << 20;  // compute_v2's buffers kept between calls, at most
 
 void quantize_task(void* data, size_t i) {
   const Quantize& q = *static_cast<const Quantize*>(data);
@@ -867,6 +872,12 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   thread_local std::vector<int8_t> xq, xa;
   thread_local std::vector<float> xd;
   thread_local std::vector<int32_t> xs;
+  struct Trim {  // ... up to kKeptActivationBytes each: a larger call's (an unchunked long prefill) are let go after it
+    ~Trim() {
+      for (auto* v : {&xq, &xa})
+        if (v->capacity() > kKeptActivationBytes) std::vector<int8_t>().swap(*v);
+    }
+  } trim;
   auto fit = [](auto& v, int64_t n) {
     if (v.size() < size_t(n)) v.resize(size_t(n));
   };
@@ -879,6 +890,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
   Quantize qt{a, &c, nullptr, 0};
   if (amx) {  // AMX's A tiles (see Call::xa)
+    g_amx_calls.fetch_add(1, std::memory_order_relaxed);
     c.chunks = chunks;
     c.rows = std::min<int64_t>(M, kAmxRows);
     qt.mp = chunks * c.rows;  // rows a block holds: whole chunks (c.rows is kAmxRows from 2 chunks on)
@@ -1457,6 +1469,11 @@ extern "C" __attribute__((visibility("default"))) const char* edgespec_q4_path()
   bool avx512 = false, amx = false;
   choose_path(&avx512, &amx);
   return amx ? "avx512-vnni+amx" : avx512 ? "avx512-vnni" : "avx2";
+}
+
+// How many MatMulQ4 calls took an AMX path in this process (the tests check that a path they compare ran).
+extern "C" __attribute__((visibility("default"))) uint64_t edgespec_q4_amx_calls() {
+  return g_amx_calls.load(std::memory_order_relaxed);
 }
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
