@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 
 from .decoder import Decoder, GenerationConfig, Stats
 from .drafters import DRAFTERS, LoadEnv
-from .errors import BundleError, ConfigError, ContextOverflowError, EdgespecError
+from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
 from .providers import choose, with_load_options
@@ -289,6 +289,59 @@ class Engine:
 
     def chat(self, system: str | None = None) -> "ChatSession":
         return ChatSession(self, system)
+
+    # -- closing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Let go of the models (their onnxruntime sessions, the kernels' weight copies) now, and hand
+        the freed memory back to the system; the suffix drafter's memory is written first. Waits for a
+        generation in another thread to finish; refused (``BusyError``) inside this thread's own
+        unfinished stream. Closing twice does nothing; anything else on a closed engine is a
+        ``ClosedError``. ``with edgespec.load(...) as engine:`` closes at the end of the block.
+
+        Without it the sessions go when the last reference to the engine does, but the C library's
+        allocator keeps most of what they freed: on session 20's machine, the Qwen pair dropped with
+        ``del`` left the process at 314-587 MiB, closed at 79 MiB (``malloc_trim``), every cycle."""
+        if isinstance(self.decoder, _Closed):
+            return
+        self._release()
+        import gc
+
+        gc.collect()  # (the sessions are gone once _release returns; this takes any cycles with them)
+        _trim_heap()
+
+    def _release(self) -> None:
+        dec = self.decoder
+        with dec.lock.hold("close the engine"):
+            for drafter in dec.drafters.values():
+                flush = getattr(drafter, "flush", None)
+                if flush is not None:  # the suffix drafter: the last generation recorded, the store written
+                    flush()
+            self.decoder = _Closed()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Closed:
+    """What a closed engine has for a decoder: every use is a ``ClosedError``."""
+
+    def __getattr__(self, name):
+        raise ClosedError("this engine is closed (Engine.close): load the bundle again to generate")
+
+
+def _trim_heap() -> None:
+    """Give the heap's free memory back to the system where the C library can (glibc's malloc_trim)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to do
+        pass
 
 
 @dataclass

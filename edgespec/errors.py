@@ -76,3 +76,7 @@ class StoreError(EdgespecError):
 
 class DocumentError(ConfigError):
     """A documents file for retrieval drafting is missing, binary, not UTF-8 text or too large."""
+
+
+class ClosedError(EdgespecError):
+    """The engine was closed (``Engine.close``): it no longer holds its models."""

@@ -260,3 +260,33 @@ def test_abandoned_streams_release_the_engine(engine):
     t.join(timeout=120)
     assert not t.is_alive(), "the engine stayed locked"
     assert out[0].token_ids == expected.token_ids
+
+
+def test_close_lets_go_of_the_models_and_writes_the_memory(tiny_bundle, tmp_path):
+    """Engine.close(): the suffix drafter's memory written, the models let go (a weak reference to the target
+    dies), every later use a ClosedError, closing twice nothing; refused inside the thread's own stream;
+    ``with`` closes at the end of the block."""
+    import weakref
+
+    store = tmp_path / "mem.npz"
+    eng = edgespec.load(tiny_bundle, max_context=256, memory=store)
+    text = eng.generate("The quick brown fox", max_new_tokens=8).text
+    stream = eng.stream("The quick brown fox", max_new_tokens=8)
+    next(stream)
+    with pytest.raises(edgespec.BusyError, match="close the engine"):
+        eng.close()
+    stream.close()
+    target = weakref.ref(eng.decoder.target)
+    eng.generate("Once upon a time", max_new_tokens=8)  # recorded when the drafter goes: here, at close
+    eng.close()
+    assert store.exists() and target() is None
+    eng.close()  # twice: nothing
+    for use in (lambda: eng.generate("hi"), lambda: eng.reset(), lambda: eng.memory_stats(),
+                lambda: eng.max_context, lambda: eng.chat().send("hi")):
+        with pytest.raises(edgespec.ClosedError, match="closed"):
+            use()
+    with edgespec.load(tiny_bundle, max_context=256, memory=store) as again:
+        assert again.generate("The quick brown fox", max_new_tokens=8).text == text
+        assert again.memory_stats()["memory_sequences"] >= 2  # both generations, read back
+    with pytest.raises(edgespec.ClosedError):
+        again.generate("hi")

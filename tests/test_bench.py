@@ -247,3 +247,23 @@ def test_bench_spec_passes_repeat_the_prompt_set_under_new_names(tiny_bundle, tm
     assert len(ids) == 2 and ids[1] == ids[0] + "#2"
     with pytest.raises(SystemExit):
         bench_spec.main([str(tiny_bundle), "--passes", "0", "--no-genai"])
+
+
+def test_probe_close_memory_runs_both_ways(tiny_bundle):
+    """scripts/probe_close_memory.py (README, Python API: Engine.close) runs its cycles with ``del`` and with
+    ``close`` in fresh processes, one line a cycle and way; a missing bundle is a non-zero exit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "probe_close_memory.py"
+    r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--cycles", "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines] == ["del", "del", "close", "close"]
+    assert all("loaded" in ln and "after" in ln for ln in lines)
+    r = subprocess.run([sys.executable, str(script), str(Path(tiny_bundle).parent / "missing")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "no such bundle" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
