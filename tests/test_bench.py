@@ -267,3 +267,24 @@ def test_probe_close_memory_runs_both_ways(tiny_bundle):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "no such bundle" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_probe_drafter_cache_times_a_step_after_each_kind_of_call(tiny_bundle, tmp_path, capsys):
+    """scripts/probe_drafter_cache.py (README, session 20: the drafter's first step after a target call)
+    prints a median step time for each thing run before it; bad input is a one-line error."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_drafter_cache
+
+    res = probe_drafter_cache.probe(str(tiny_bundle), reps=3, sweep_mib=8)
+    assert list(res) == ["back to back", "after a target call", "after a 8 MiB sweep", "after a 16 MiB sweep",
+                         "after a 2 ms sleep"]
+    assert all(v > 0 for v in res.values())
+    assert probe_drafter_cache.main([str(tiny_bundle), "--reps", "2", "--sweep-mib", "4"]) == 0
+    assert capsys.readouterr().out.count("drafter step") == 5
+    assert probe_drafter_cache.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    with pytest.raises(SystemExit):
+        probe_drafter_cache.main([str(tiny_bundle), "--reps", "0"])
