@@ -409,6 +409,50 @@ ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
   }
 }
 
+// This thread's buffers for the AMX paths, kept from call to call: the unpacked weights of a group of
+// ``group`` column tiles (64-byte aligned), and per row the group's float sums.
+struct AmxBuffers {
+  uint8_t* w;
+  float* acc;
+};
+ES_AMX AmxBuffers amx_buffers(const Call& c, int64_t group) {
+  thread_local std::vector<uint8_t> wraw;
+  thread_local std::vector<float> araw;
+  const size_t wbytes = size_t(group * c.k->block * kTile) + 64, accs = size_t(c.M * group * kTile) + 16;
+  if (wraw.size() < wbytes) wraw.resize(wbytes);
+  if (araw.size() < accs) araw.resize(accs);
+  return {wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64),
+          araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4};
+}
+
+// After a chunk's tile multiplies for block b (the G column tiles' C stored at cb, 16 x 16 int32 each): each
+// of the chunk's rows' block dot into its float sums (acc: per row ``group`` tiles of 16).
+ES_AMX inline void amx_chunk_sums(const Call& c, const int32_t* cb, float* acc, int64_t group, int64_t G,
+                                  int64_t t, int64_t b, int64_t ch) {
+  const int64_t nb = c.k->nb, r0 = ch * c.rows, n = std::min<int64_t>(c.rows, c.M - r0);
+  for (int64_t j = 0; j < G; ++j) {
+    const __m512 s = _mm512_loadu_ps(c.q.scale + size_t(((t + j) * nb + b) * kTile));
+    const int32_t* cj = cb + j * 16 * kTile;
+    for (int64_t r = 0; r < n; ++r) {
+      float* a = acc + ((r0 + r) * group + j) * kTile;
+      _mm512_store_ps(a, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), (r0 + r) * nb + b,
+                                             _mm512_load_ps(a)));
+    }
+  }
+}
+
+// The group's sums (column tiles t..t+G-1) into the output, row by row: the group's columns one contiguous
+// run of a row (column tile by column tile, each of the M rows' lines would be far from the last, in a
+// different page from 1,024 columns on).
+ES_AMX inline void amx_store_group(const Call& c, const float* acc, int64_t group, int64_t G, int64_t t) {
+  for (int64_t r = 0; r < c.M; ++r)
+    for (int64_t j = 0; j < G; ++j) {
+      const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, c.k->N - n0);
+      _mm512_mask_storeu_ps(c.y + r * c.k->N + n0, __mmask16((1u << cols) - 1u),
+                            _mm512_load_ps(acc + (r * group + j) * kTile));
+    }
+}
+
 // Up to four column tiles at a time, so that four independent accumulations (C tiles 0-3) share each A
 // tile load and overlap in the tile unit; B tiles rotate over 5-7.
 ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
@@ -421,15 +465,10 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   cfg.rows[4] = uint8_t(rows), cfg.colsb[4] = uint16_t(ks);                     // A: rows x ks bytes
   for (int i = 5; i < 8; ++i) cfg.rows[i] = uint8_t(ks / 4), cfg.colsb[i] = 64;  // B: ks/4 k quads x 16 x 4
   _tile_loadconfig(&cfg);
-  // this thread's buffers, kept from call to call: the unpacked weights of four tiles, and per row the four
-  // tiles' float sums
-  thread_local std::vector<uint8_t> wraw;
-  thread_local std::vector<float> araw;
-  if (wraw.size() < size_t(4 * wstride) + 64) wraw.resize(size_t(4 * wstride) + 64);
-  if (araw.size() < size_t(c.M * 4 * kTile) + 16) araw.resize(size_t(c.M * 4 * kTile) + 16);
-  uint8_t* wb = wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64);
+  const AmxBuffers buf = amx_buffers(c, 4);
+  uint8_t* wb = buf.w;
+  float* acc = buf.acc;
   alignas(64) int32_t cb[4 * 16 * kTile];
-  float* acc = araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4;
   for (int64_t t = t0; t < t1; t += 4) {
     const int64_t G = std::min<int64_t>(4, t1 - t);
     std::fill(acc, acc + c.M * 4 * kTile, 0.f);
@@ -462,26 +501,10 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
         if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
         if (G > 2) _tile_stored(2, cb + 32 * kTile, 64);
         if (G > 3) _tile_stored(3, cb + 48 * kTile, 64);
-        const int64_t r0 = ch * rows, n = std::min<int64_t>(rows, c.M - r0);
-        for (int64_t j = 0; j < G; ++j) {
-          const __m512 s = _mm512_loadu_ps(c.q.scale + size_t(((t + j) * nb + b) * kTile));
-          const int32_t* cj = cb + j * 16 * kTile;
-          for (int64_t r = 0; r < n; ++r) {
-            float* a = acc + ((r0 + r) * 4 + j) * kTile;
-            _mm512_store_ps(a, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), (r0 + r) * nb + b,
-                                                   _mm512_load_ps(a)));
-          }
-        }
+        amx_chunk_sums(c, cb, acc, 4, G, t, b, ch);
       }
     }
-    // row by row, the group's columns one contiguous run of a row (column tile by column tile, each of
-    // the M rows' lines would be far from the last, in a different page from 1,024 columns on)
-    for (int64_t r = 0; r < c.M; ++r)
-      for (int64_t j = 0; j < G; ++j) {
-        const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
-        _mm512_mask_storeu_ps(c.y + r * k.N + n0, __mmask16((1u << cols) - 1u),
-                              _mm512_load_ps(acc + (r * 4 + j) * kTile));
-      }
+    amx_store_group(c, acc, 4, G, t);
   }
   _tile_release();
 }
@@ -503,13 +526,10 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
   for (int i = 2; i < 4; ++i) cfg.rows[i] = uint8_t(rows), cfg.colsb[i] = uint16_t(ks);  // A: rows x ks bytes
   for (int i = 4; i < 8; ++i) cfg.rows[i] = uint8_t(ks / 4), cfg.colsb[i] = 64;  // B: ks/4 k quads x 16 x 4
   _tile_loadconfig(&cfg);
-  thread_local std::vector<uint8_t> wraw;
-  thread_local std::vector<float> araw;
-  if (wraw.size() < size_t(2 * wstride) + 64) wraw.resize(size_t(2 * wstride) + 64);
-  if (araw.size() < size_t(c.M * 2 * kTile) + 16) araw.resize(size_t(c.M * 2 * kTile) + 16);
-  uint8_t* wb = wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64);
+  const AmxBuffers buf = amx_buffers(c, 2);
+  uint8_t* wb = buf.w;
+  float* acc = buf.acc;
   alignas(64) int32_t cb[2 * 16 * kTile];
-  float* acc = araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4;
   for (int64_t t = t0; t < t1; t += 2) {
     const int64_t G = std::min<int64_t>(2, t1 - t);
     std::fill(acc, acc + c.M * 2 * kTile, 0.f);
@@ -535,26 +555,10 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
         }
         _tile_stored(0, cb, 64);
         if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
-        const int64_t r0 = ch * rows, n = std::min<int64_t>(rows, c.M - r0);
-        for (int64_t j = 0; j < G; ++j) {
-          const __m512 s = _mm512_loadu_ps(c.q.scale + size_t(((t + j) * nb + b) * kTile));
-          const int32_t* cj = cb + j * 16 * kTile;
-          for (int64_t r = 0; r < n; ++r) {
-            float* a = acc + ((r0 + r) * 2 + j) * kTile;
-            _mm512_store_ps(a, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), (r0 + r) * nb + b,
-                                                   _mm512_load_ps(a)));
-          }
-        }
+        amx_chunk_sums(c, cb, acc, 2, G, t, b, ch);
       }
     }
-    // row by row, the group's columns one contiguous run of a row (column tile by column tile, each of
-    // the M rows' lines would be far from the last, in a different page from 1,024 columns on)
-    for (int64_t r = 0; r < c.M; ++r)
-      for (int64_t j = 0; j < G; ++j) {
-        const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
-        _mm512_mask_storeu_ps(c.y + r * k.N + n0, __mmask16((1u << cols) - 1u),
-                              _mm512_load_ps(acc + (r * 2 + j) * kTile));
-      }
+    amx_store_group(c, acc, 2, G, t);
   }
   _tile_release();
 }
