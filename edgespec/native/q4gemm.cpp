@@ -635,9 +635,12 @@ ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, f
 // One row of a call's activations quantized (quantize_row), and, for the AMX path, copied into its block-major A
 // rows (Call::xa, ``mp`` rows a block). Rows are independent: the same bytes whichever thread takes one.
 struct Quantize {
-  const float* a;
-  const Call* c;
-  int8_t* xa;  // nullptr: no AMX
+  const Kernel* k;
+  const float* a;   // [M][K]
+  int8_t* xq;       // [M][K]
+  float* xd;        // [M][nb]
+  int32_t* xs;      // [M][nb]
+  int8_t* xa;       // nullptr: no AMX
   int64_t mp;
 };
 constexpr int64_t kQuantizeParallelRows = 16;
@@ -645,11 +648,10 @@ constexpr size_t kKeptActivationBytes = size_t(16) << 20;  // compute_v2's buffe
 
 void quantize_task(void* data, size_t i) {
   const Quantize& q = *static_cast<const Quantize*>(data);
-  const Kernel& k = *q.c->k;
+  const Kernel& k = *q.k;
   const int64_t m = int64_t(i);
-  int8_t* row = const_cast<int8_t*>(q.c->xq) + m * k.K;
-  quantize_row(q.a + m * k.K, k.K, k.block, row, const_cast<float*>(q.c->xd) + m * k.nb,
-               const_cast<int32_t*>(q.c->xs) + m * k.nb);
+  int8_t* row = q.xq + m * k.K;
+  quantize_row(q.a + m * k.K, k.K, k.block, row, q.xd + m * k.nb, q.xs + m * k.nb);
   if (q.xa)
     for (int64_t b = 0; b < k.nb; ++b) std::memcpy(q.xa + (b * q.mp + m) * k.block, row + b * k.block, size_t(k.block));
 }
@@ -892,7 +894,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
   if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
-  Quantize qt{a, &c, nullptr, 0};
+  Quantize qt{k, a, xq.data(), xd.data(), xs.data(), nullptr, 0};
   if (amx) {  // AMX's A tiles (see Call::xa)
     g_amx_calls.fetch_add(1, std::memory_order_relaxed);
     c.chunks = chunks;
