@@ -295,12 +295,14 @@ class Engine:
         """Let go of the models (their onnxruntime sessions, the kernels' weight copies) now, and hand
         the freed memory back to the system; the suffix drafter's memory is written first. Waits for a
         generation in another thread to finish; refused (``BusyError``) inside this thread's own
-        unfinished stream. Closing twice does nothing; anything else on a closed engine is a
-        ``ClosedError``. ``with edgespec.load(...) as engine:`` closes at the end of the block.
+        unfinished stream. Closing twice does nothing; generating, ``reset``, the memory or the context
+        on a closed engine is a ``ClosedError``. ``with edgespec.load(...) as engine:`` closes at the end
+        of the block.
 
         Without it the sessions go when the last reference to the engine does, but the C library's
-        allocator keeps most of what they freed: on session 20's machine, the Qwen pair dropped with
-        ``del`` left the process at 314-587 MiB, closed at 79 MiB (``malloc_trim``), every cycle."""
+        allocator keeps much of what they freed: on session 20's machine, the Qwen pair dropped with
+        ``del`` left the process at 347-593 MiB, closed at 124-126 MiB (``malloc_trim``), every cycle
+        (``scripts/probe_close_memory.py``)."""
         if isinstance(self.decoder, _Closed):
             return
         self._release()

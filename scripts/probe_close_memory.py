@@ -4,7 +4,7 @@ against one closed with ``Engine.close()`` (which hands the allocator's free mem
 
     python scripts/probe_close_memory.py bundles/qwen-coder-b128-v64k-xk --cycles 3
 
-Prints, per cycle and way, the process's VmRSS with the engine loaded (after 8 generated tokens) and
+Prints, per cycle and way, the process's resident memory with the engine loaded (after 8 generated tokens) and
 after it is gone. Each way runs in a fresh process (the two would share one allocator otherwise).
 """
 from __future__ import annotations
@@ -18,15 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def rss_mib() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) // 1024
-    return -1
-
-
 def cycles(bundle: str, n: int, close: bool) -> None:
     import edgespec
+    from edgespec.measure import rss_now
+
+    def rss_mib() -> int:
+        return rss_now() >> 20
 
     for i in range(n):
         eng = edgespec.load(bundle, memory=False)
