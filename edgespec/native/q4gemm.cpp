@@ -17,8 +17,8 @@
 // token-identical to speculative verification.
 //
 // The path is chosen when the library is registered: AVX-512 VNNI where the CPU has it, else AVX2 + FMA;
-// on a CPU with AMX-INT8 (and the kernel's permission to use its tiles), calls of kAmxMinRows rows or more
-// compute the block dots with AMX tile multiplies instead (TDPBUSD: exact int32 sums as well, then the same
+// on a CPU with AMX-INT8 (and the kernel's permission to use its tiles), calls of amx_min_rows rows or more (4 at
+// block 128) compute the block dots with AMX tile multiplies instead (TDPBSSD: exact int32 sums as well, then the same
 // float chain per lane), which makes the extra rows of a verify or prefill call cheap where VNNI pays for
 // each. EDGESPEC_Q4_ISA=avx2 forces the AVX2 path, =avx512 the AVX-512 VNNI path without AMX (to compare
 // the paths on one machine).
@@ -112,10 +112,10 @@ constexpr int kRequired = 0, kOptional = 1;
 const OrtApi* g_api = nullptr;
 bool g_parallel = false;
 bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
-bool g_amx = false;     // and whether calls of kAmxMinRows rows or more take the AMX one
+bool g_amx = false;     // and whether calls of amx_min_rows rows or more take the AMX one
 bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages (own_weights)
-bool g_attn_quads = true;
-std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
+bool g_attn_quads = true;  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
+std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)
 
 #define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define ES_AVX2 __attribute__((target("avx2,fma")))
@@ -158,12 +158,18 @@ constexpr int kAmxRows = 16;
 // takes zero points of up to 128 only; MatMulNBits' are 4-bit (0..15). A kernel given larger ones (never
 // seen) computes every width on the VNNI path
 constexpr int kAmxMaxZero = 128;
-// the fewest rows a call has for its block dots to be AMX tile multiplies. AMX has to unpack each weight tile
-// into memory first; the VNNI path loads and splits each 64-byte group once for up to 8 rows. With the weights
-// prefetched two blocks ahead (session 14, Qwen 1.5B target on the AMX Xeon, ms a call by rows) VNNI took
-// 1: 38.5, 3: 43, 5: 46.6, 8: 51.7 against AMX's 3: 47.5, 5: 50.5, 8: 56 (before the prefetch: VNNI 1: 45.5,
-// AMX 3: 52.8, so AMX started at 3 rows); past 8 rows VNNI streams the weights once more a pass of 8
-constexpr int64_t kAmxMinRows = 9;
+// the fewest rows a call has for its block dots to be AMX tile multiplies (amx_min_rows: by block size). AMX has to
+// unpack each weight tile into memory first, and stores its sums after every block; the VNNI path loads and
+// splits each 64-byte group once for up to 8 rows but pays a VPDPBUSD pair per row and group (one a cycle on
+// the Xeon: compute-bound from ~6 rows). Until session 21 AMX started at 9 rows. Since its unpacking prefetches
+// the weights into L2 and the scales, and the one-chunk path unpacks the next block during this one's tile
+// multiplies (amx_tiles_pairs), it is cheaper from 4 rows at block 128 (the kernel alone on the Qwen 1.5B's
+// shapes past the caches, us a gate+up matrix, VNNI against AMX: 4 rows 530/509, 6: 587/540, 8: 712/571; 3:
+// 497/501), from 6 at block 64 and from 8 at block 32 (more blocks, so more of AMX's per-block work).
+constexpr int64_t kAmxMinRows = 4;
+inline int64_t amx_min_rows(int64_t block) { return block >= 128 ? kAmxMinRows : block >= 64 ? 6 : 8; }
+// AMX: how many blocks ahead (in a column tile's blocks) its unpacking prefetches the scales and zero points
+constexpr int64_t kAmxPrefetchScales = 4;
 // the VNNI path's second prefetch distance, in bytes of packed weights (into L2; see rows_tiles)
 constexpr int64_t kPrefetchL2 = 16384;
 constexpr int kPrefetchL2Rows = 7;  // ... in calls of up to this many rows (a pass of rows_tiles)
@@ -400,8 +406,16 @@ ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
                                  reinterpret_cast<const __m128i*>(c.q.zp + (t * c.k->nb + b) * kTile)))
                            : _mm512_set1_epi32(8);
   const __m512i zb = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x01010101));
+  // the scales and zero points a few blocks ahead (amx_chunk_sums waited on the scales: they are a stream of
+  // their own, 64 bytes a block, that no hardware prefetcher followed; session 21, 9 rows: ~5% a matrix)
+  const int64_t ahead = (t * c.k->nb + b + kAmxPrefetchScales) * kTile;
+  _mm_prefetch(reinterpret_cast<const char*>(c.q.scale + ahead), _MM_HINT_T0);
+  if (c.q.zp) _mm_prefetch(reinterpret_cast<const char*>(c.q.zp + ahead), _MM_HINT_T0);
   for (int64_t p = 0; p < P; ++p) {
-    _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + tb), _MM_HINT_T0);  // the next block's line
+    // the next block's line into L1, and the line kPrefetchL2 bytes ahead into L2 as the VNNI path does (session
+    // 21: a 9-row gate+up matrix 709 -> 652 us)
+    _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + tb), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wp + p * 64 + kPrefetchL2), _MM_HINT_T1);
     const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + p * 64));
     _mm512_store_si512(reinterpret_cast<void*>(w + p * 128), _mm512_sub_epi8(_mm512_and_si512(v, lo4), zb));
     _mm512_store_si512(reinterpret_cast<void*>(w + p * 128 + 64),
@@ -509,12 +523,15 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   _tile_release();
 }
 
-// AMX for calls of one chunk (9 to 16 rows: a wide verify call) in blocks of one or two tile steps: two
+// AMX for calls of one chunk (up to 16 rows: a verify call) in blocks of one or two tile steps: two
 // column tiles at a time, each B tile (step, column) in a register of its own (tiles 4-7; A: 2-3, a step
 // each; C: 0-1), loaded once a block for every chunk. amx_tiles takes four column tiles with one A for
 // more accumulations in flight, which pays from two chunks on; with one, reusing a B register within a
 // step (it waits for the multiply before it to finish reading) cost more (session 20, the kernel alone on
 // 275 MB: 9 rows 51.5 -> 48.6 ms/GB, 16 rows 58.5 -> 53.8; at 4 chunks 138 against 153, so not there).
+// The weights are unpacked a block ahead into a second buffer, between this block's tile multiplies and their
+// stores, so the unpacking's loads and stores overlap the tile unit's work (in program order after it, they
+// waited behind the stores and the float sums; session 21, the Qwen 1.5B target: 8 rows 51.1 -> 48.1 ms).
 // Per (row, column) the blocks go in the same order through the same chain, so the same bits.
 ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
   const Kernel& k = *c.k;
@@ -526,15 +543,15 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
   for (int i = 2; i < 4; ++i) cfg.rows[i] = uint8_t(rows), cfg.colsb[i] = uint16_t(ks);  // A: rows x ks bytes
   for (int i = 4; i < 8; ++i) cfg.rows[i] = uint8_t(ks / 4), cfg.colsb[i] = 64;  // B: ks/4 k quads x 16 x 4
   _tile_loadconfig(&cfg);
-  const AmxBuffers buf = amx_buffers(c, 2);
-  uint8_t* wb = buf.w;
+  const AmxBuffers buf = amx_buffers(c, 4);  // two buffers of two column tiles: blocks b (even, odd) and b + 1
   float* acc = buf.acc;
   alignas(64) int32_t cb[2 * 16 * kTile];
   for (int64_t t = t0; t < t1; t += 2) {
     const int64_t G = std::min<int64_t>(2, t1 - t);
     std::fill(acc, acc + c.M * 2 * kTile, 0.f);
+    for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, 0, buf.w + j * wstride);
     for (int64_t b = 0; b < nb; ++b) {
-      for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, b, wb + j * wstride);
+      const uint8_t* wb = buf.w + (b & 1) * 2 * wstride;
       _tile_loadd(4, wb, 64);  // step 0, column tile 0
       if (G > 1) _tile_loadd(5, wb + wstride, 64);
       if (steps > 1) {
@@ -552,6 +569,10 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
           _tile_loadd(3, xa + ks, k.block);
           _tile_dpbssd(0, 3, 6);
           if (G > 1) _tile_dpbssd(1, 3, 7);
+        }
+        if (ch == 0 && b + 1 < nb) {  // the next block's weights into the other buffer (see above)
+          uint8_t* wn = buf.w + ((b + 1) & 1) * 2 * wstride;
+          for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, b + 1, wn + j * wstride);
         }
         _tile_stored(0, cb, 64);
         if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
@@ -871,7 +892,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     return s;
   if (M == 0) return nullptr;
   const float* a = static_cast<const float*>(data_of(A));
-  const bool amx = k->kstep && M >= kAmxMinRows && k->amx_zero_ok.load(std::memory_order_relaxed);
+  const bool amx = k->kstep && M >= amx_min_rows(k->block) && k->amx_zero_ok.load(std::memory_order_relaxed);
   const int64_t chunks = amx ? (M + kAmxRows - 1) / kAmxRows : 0;
   // the quantized activations, in this thread's buffers kept from call to call (a prefill chunk's are MBs: fresh
   // vectors each call came as fresh pages, faulted in and cleared, 5% of a 1,024-token prefill in session 20)
@@ -1458,7 +1479,7 @@ bool amx_permitted() {
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-// the paths kernels take: AVX-512 VNNI where the CPU has it, AMX from kAmxMinRows rows where it has that too
+// the paths kernels take: AVX-512 VNNI where the CPU has it, AMX from amx_min_rows rows where it has that too
 // and the permission; EDGESPEC_Q4_ISA=avx2 / avx512 stops at that path
 void choose_path(bool* avx512, bool* amx) {
   const char* isa = std::getenv("EDGESPEC_Q4_ISA");
