@@ -69,6 +69,92 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
     return packed, s, z
 
 
+def _q4_attrs(node, inits: dict) -> dict | None:
+    """MatMulNBits ``node``'s attributes where edgespec's kernel can take it (4 bits, K a multiple of a
+    block that is a multiple of 8, weights, scales and zero points initializers, no g_idx or bias); else None."""
+    from onnx import helper
+
+    if node is None or node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = list(node.input)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    if (attrs.get("bits", 4) != 4 or attrs["K"] % attrs["block_size"] or attrs["block_size"] % 8
+            or len(inputs) > 4 or len(inputs) < 3 or any(i not in inits for i in inputs[1:])):
+        return None
+    return attrs
+
+
+def _consumers(g) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            out.setdefault(i, []).append(n)
+    for o in g.output:  # a graph output counts as one more reader
+        out.setdefault(o.name, []).append(None)
+    return out
+
+
+def swiglu_patterns(g, inits: dict) -> list[tuple]:
+    """(gate, up, sigmoid, mul, mul) node tuples of each SwiGLU the builder writes, ``Mul(Mul(gate,
+    Sigmoid(gate)), up)`` with gate and up two 4-bit MatMulNBits of the same input and shape, each
+    intermediate read by these nodes only, that ``MatMulQ4`` can compute as one node (``swiglu``)."""
+    made = {o: n for n in g.node for o in n.output}
+    readers = _consumers(g)
+    found = []
+    for sig in g.node:
+        if sig.op_type != "Sigmoid" or sig.domain not in ("", "ai.onnx"):
+            continue
+        gate = made.get(sig.input[0])
+        ga = _q4_attrs(gate, inits)
+        if ga is None:
+            continue
+        gout = sig.input[0]
+        m1 = [n for n in readers.get(gout, []) if n is not sig]
+        if (len(m1) != 1 or m1[0] is None or m1[0].op_type != "Mul" or sorted(m1[0].input) != sorted([gout, sig.output[0]])
+                or len(readers[gout]) != 2 or readers.get(sig.output[0]) != [m1[0]]):
+            continue
+        m1 = m1[0]
+        m2 = readers.get(m1.output[0], [])
+        if len(m2) != 1 or m2[0] is None or m2[0].op_type != "Mul":
+            continue
+        m2 = m2[0]
+        other = [i for i in m2.input if i != m1.output[0]]
+        up = made.get(other[0]) if len(other) == 1 else None
+        ua = _q4_attrs(up, inits)
+        if (ua is None or up.input[0] != gate.input[0] or readers.get(other[0]) != [m2]
+                or any(ga[k] != ua[k] for k in ("K", "N", "block_size"))
+                or (len([i for i in gate.input if i]) != len([i for i in up.input if i]))):
+            continue
+        found.append((gate, up, sig, m1, m2))
+    return found
+
+
+def bias_patterns(g, inits: dict) -> list[tuple]:
+    """(matmul, add) node pairs where a 4-bit MatMulNBits' output is read only by an ``Add`` of a float32
+    initializer of N values (the qkv projection's bias): ``MatMulQ4`` adds it as it stores (the same
+    float addition, so the same bits)."""
+    from onnx import TensorProto, helper
+
+    made = {o: n for n in g.node for o in n.output}
+    readers = _consumers(g)
+    found = []
+    for add in g.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        for mine, other in ((0, 1), (1, 0)):
+            mm = made.get(add.input[mine])
+            attrs = _q4_attrs(mm, inits)
+            b = inits.get(add.input[other])
+            if (attrs is None or b is None or readers.get(add.input[mine]) != [add] or b.data_type != TensorProto.FLOAT
+                    or list(b.dims) != [int(attrs["N"])]):
+                continue
+            found.append((mm, add, add.input[other]))
+            break
+    return found
+
+
 ATTENTION_OP = "DecodeAttention"
 
 
@@ -133,9 +219,11 @@ def _skip_logits(g, logits: str) -> bool:
 
 
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
-                  logits: str | None = None) -> dict[str, int]:
+                  logits: str | None = None, fused: bool = True) -> dict[str, int]:
     """Rewrite the graph file in place (atomically); returns counts of what changed. ``logits``: the
-    graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``)."""
+    graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``). ``fused``: each
+    SwiGLU (gate and up projections and the activation) one ``MatMulQ4`` node, and each bias ``Add``
+    after one the kernel's (``swiglu_patterns``, ``bias_patterns``)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -149,45 +237,84 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
-    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0}
+    done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
+            "swiglu": 0, "bias": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
-    for node in g.node:
-        if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+    # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
+    # its node and the activation's three are removed
+    # (nodes by position: the graph's nodes by their first output, unique, before any is renamed)
+    at = {n.output[0]: i for i, n in enumerate(g.node) if n.output}
+    swiglus = swiglu_patterns(g, inits) if fused else []
+    fuse = {at[gate.output[0]]: (up, m2) for gate, up, sig, m1, m2 in swiglus}
+    gone = {at[n.output[0]] for gate, up, sig, m1, m2 in swiglus for n in (up, sig, m1, m2)}
+    bias = {at[mm.output[0]]: (add, b) for mm, add, b in (bias_patterns(g, inits) if fused else [])
+            if at[mm.output[0]] not in gone}
+    gone |= {at[add.output[0]] for add, _ in bias.values()}
+
+    def weights(inputs, K, N, block):
+        """The packed arrays of MatMulNBits weights ``inputs`` (B, scales[, zero points])."""
+        arrs = [_read(inits[i], base) for i in inputs]
+        return list(pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block))
+
+    def release(inputs):
+        for old in inputs:
+            users[old] -= 1
+            if users[old] == 0:
+                drop.add(old)
+
+    for pos, node in enumerate(g.node):
+        if node.op_type != "MatMulNBits" or node.domain != "com.microsoft" or pos in gone:
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        inputs = list(node.input)
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        if (attrs.get("bits", 4) != 4 or attrs["K"] % attrs["block_size"] or attrs["block_size"] % 8
-                or len(inputs) > 4 or len(inputs) < 3 or any(i not in inits for i in inputs[1:])):
+        attrs = _q4_attrs(node, inits)
+        if attrs is None:
             done["kept"] += 1  # g_idx, bias, another width or computed weights: onnxruntime's op stays
             continue
+        inputs = [i for i in node.input if i]
         K, N, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
         new_inputs = [inputs[0]]
-        if tuple(inputs[1:]) in packed_as:  # the same weights as an earlier node: its packed copy
+        extra = []
+        if pos in fuse:
+            up, m2 = fuse[pos]
+            up_inputs = [i for i in up.input if i]
+            pg, pu = weights(inputs[1:], K, N, block), weights(up_inputs[1:], K, N, block)
+            for old, a, b in zip(inputs[1:], pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
+                arr = np.ascontiguousarray(np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:]))
+                name = f"{old}_swiglu_q4t"
+                dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
+                g.initializer.append(_tensor(name, arr, dt))
+                new_inputs.append(name)
+            release(up_inputs[1:])
+            node.output[0] = m2.output[0]
+            extra = [helper.make_attribute("swiglu", 1)]
+            done["swiglu"] += 1
+        elif tuple(inputs[1:]) in packed_as:  # the same weights as an earlier node: its packed copy
             new_inputs += packed_as[tuple(inputs[1:])]
         else:
-            arrs = [_read(inits[i], base) for i in inputs[1:]]
-            packed = pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block)
-            for old, arr in zip(inputs[1:], packed):
+            for old, arr in zip(inputs[1:], weights(inputs[1:], K, N, block)):
                 name = f"{old}_q4t"
                 dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
                 g.initializer.append(_tensor(name, arr, dt))
                 new_inputs.append(name)
             packed_as[tuple(inputs[1:])] = new_inputs[1:]
-        for old in inputs[1:]:
-            users[old] -= 1
-            if users[old] == 0:
-                drop.add(old)
+        if pos in bias:  # the Add of the bias: the kernel's fifth input
+            add, b = bias[pos]
+            new_inputs += [""] * (4 - len(new_inputs)) + [b]
+            node.output[0] = add.output[0]
+            done["bias"] += 1
+        release(inputs[1:])
         if any(users[old] for old in inputs[1:]):  # shared with another op (a tied embedding's gather):
             done["copied"] += 1                     # the originals stay for it, the kernel reads a copy
         node.op_type, node.domain = OP, DOMAIN
         del node.input[:]
         node.input.extend(new_inputs)
         del node.attribute[:]
-        node.attribute.extend([helper.make_attribute(k, int(attrs[k])) for k in ("K", "N", "bits", "block_size")])
+        node.attribute.extend([helper.make_attribute(k, int(attrs[k])) for k in ("K", "N", "bits", "block_size")] + extra)
         done["matmuls"] += 1
+    if gone:
+        kept_nodes = [n for i, n in enumerate(g.node) if i not in gone]
+        del g.node[:]
+        g.node.extend(kept_nodes)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
         done["own_attention"] = sum(_own_attention(n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
@@ -309,7 +436,9 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 m = replace(m, drafter=spec)
                 continue
             if log:
-                log(f"    {role}: {counts['matmuls']} MatMulNBits -> {DOMAIN}.{OP}"
+                log(f"    {role}: {counts['matmuls'] + counts['swiglu']} MatMulNBits -> {counts['matmuls']} {DOMAIN}.{OP}"
+                    + (f" ({counts['swiglu']} SwiGLU gate and up pairs as one)" if counts["swiglu"] else "")
+                    + (f", {counts['bias']} biases added in the kernel" if counts["bias"] else "")
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"
@@ -321,6 +450,11 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if counts["kept"]:
                 ops["MatMulNBits"] = counts["kept"]
             ops[OP] = counts["matmuls"]
+            for op, less in (("Sigmoid", counts["swiglu"]), ("Mul", 2 * counts["swiglu"]), ("Add", counts["bias"])):
+                if op in ops and less:
+                    ops[op] -= less
+                    if ops[op] <= 0:
+                        ops.pop(op)
             if counts["own_attention"]:
                 left = ops.pop("GroupQueryAttention", 0) - counts["own_attention"]
                 if left > 0:

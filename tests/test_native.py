@@ -831,3 +831,248 @@ def test_kernel_leaves_weights_that_are_not_a_files_pages_where_they_are():
     before = rss_now()
     sess2.run(None, {"A": x})
     assert rss_now() - before < K * N // 2 // 2  # no copy of its 16 MiB
+
+
+def _fused_graph(K, N, block, zero_points=True, seed=0, swiglu=True, bias=False):
+    """One edgespec.MatMulQ4 with the kernel's epilogue: ``swiglu`` (gate and up projections of N columns each,
+    their tiles interleaved, silu(gate) * up out) or a ``bias`` of N values; and the same computed by plain
+    MatMulQ4 nodes (outputs G, U or Y) for the reference."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.kernels import pack_q4
+
+    nb = K // block
+    rng = np.random.default_rng(seed)
+
+    def weights():
+        return list(pack_q4(rng.integers(0, 256, size=(N, nb, block // 2), dtype=np.uint8),
+                            (rng.random(N * nb) * 0.02 + 0.001).astype(np.float32),
+                            rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8) if zero_points else None,
+                            K, N, block))
+
+    inits, nodes, outs = [], [], []
+
+    def add(name, arr):
+        if arr is not None:
+            inits.append(numpy_helper.from_array(arr, name))
+        return name if arr is not None else ""
+
+    kw = dict(domain="edgespec", K=K, N=N, bits=4, block_size=block)
+    gate = weights()
+    plain = [[add(f"{x}g", a) for x, a in zip("BSZ", gate)]]
+    if swiglu:
+        up = weights()
+        plain.append([add(f"{x}u", a) for x, a in zip("BSZ", up)])
+        both = [None if a is None else np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:])
+                for a, b in zip(gate, up)]
+        fused_in = [add(f"{x}f", a) for x, a in zip("BSZ", both)]
+        nodes.append(helper.make_node("MatMulQ4", ["A", *fused_in], ["F"], swiglu=1, **kw))
+        nodes += [helper.make_node("MatMulQ4", ["A", *p], [o], **kw) for p, o in zip(plain, "GU")]
+        outs = ["F", "G", "U"]
+    else:
+        b = add("bias", rng.normal(size=N).astype(np.float32))
+        ins = ["A", *plain[0]]
+        ins += [""] * (4 - len(ins))
+        nodes.append(helper.make_node("MatMulQ4", ins + [b], ["F"], **kw))
+        nodes.append(helper.make_node("MatMulQ4", ["A", *plain[0]], ["Y"], **kw))
+        outs = ["F", "Y"]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["M", N]) for o in outs], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgespec", 1)])
+
+
+def _silu_times(g, u):
+    g64 = g.astype(np.float64)
+    return g64 / (1.0 + np.exp(-g64)) * u.astype(np.float64)
+
+
+@pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
+                                          (1536, 300, 128, True)])
+def test_swiglu_kernel_computes_silu_of_gate_times_up_and_rows_do_not_depend_on_the_width(K, N, block, zp, monkeypatch):
+    """MatMulQ4 with swiglu=1 (the gate's and the up projection's tiles interleaved): silu(gate) * up of the two
+    products the plain kernel computes, to float32 rounding; each row bitwise the same at every width (1 to 40:
+    the VNNI path, AMX from its first width on, one and several chunks) and wherever it sits; the AVX-512 VNNI
+    and AVX2 paths the same bits. N not a multiple of 16 (a partial last pair) and 1536 x 300 (19 pairs, tasks
+    of whole pairs on both threads) included."""
+    from edgespec.native import isa
+
+    x = np.random.default_rng(3).normal(size=(40, K)).astype(np.float32)
+    x[5] = 0.0
+    model = _fused_graph(K, N, block, zp)
+    f, g, u = _session(model).run(None, {"A": x})
+    want = _silu_times(g, u)
+    assert np.abs(f - want).max() <= 4e-6 * max(1.0, np.abs(want).max()), np.abs(f - want).max()
+    assert np.array_equal(f[5], np.zeros(N, np.float32))
+    ones = np.concatenate([_session(model).run(None, {"A": x[i:i + 1]})[0] for i in range(40)])
+    assert np.array_equal(ones, f)
+    s = _session(model)
+    for m in (2, 3, 4, 5, 8, 9, 16, 17, 33):
+        assert np.array_equal(s.run(None, {"A": x[:m]})[0], f[:m]), m
+    assert np.array_equal(s.run(None, {"A": x[3:10]})[0], f[3:10])
+    if isa() != "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+        assert np.array_equal(_session(model).run(None, {"A": x})[0], f)
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx512")
+        assert np.array_equal(_session(model).run(None, {"A": x})[0], f)
+
+
+def test_swiglu_kernel_follows_the_activation_at_its_edges():
+    """silu at gates in the hundreds of both signs (the sigmoid from exp(-|g|): no overflow on either side, ~0 and
+    ~g), near zero and at zero; against float64."""
+    K, N, block = 64, 16, 32
+    s = _session(_fused_graph(K, N, block, seed=4))
+    x = np.random.default_rng(9).normal(size=(4, K)).astype(np.float32)
+    x[1] *= 400.0
+    x[2] *= 1e-4
+    x[3] = 0.0
+    f, g, u = s.run(None, {"A": x})
+    assert np.abs(g[1]).max() > 50  # (the case is there)
+    assert np.allclose(f, _silu_times(g, u), rtol=4e-6, atol=1e-30)
+    assert np.array_equal(f[3], np.zeros(N, np.float32))
+
+
+def test_bias_kernel_adds_onnxruntimes_bits():
+    """MatMulQ4 with a bias (input 4): the plain product plus the bias, bitwise (the same float addition the Add node
+    it replaces makes), at every width, with and without zero points."""
+    for K, N, block, zp in ((256, 48, 128, True), (96, 37, 32, False)):
+        x = np.random.default_rng(8).normal(size=(12, K)).astype(np.float32)
+        model = _fused_graph(K, N, block, zp, swiglu=False)
+        from onnx import numpy_helper
+
+        bias = next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == "bias")
+        s = _session(model)
+        f, y = s.run(None, {"A": x})
+        assert np.array_equal(f, y + bias)
+        for m in (1, 2, 5, 9):
+            assert np.array_equal(s.run(None, {"A": x[:m]})[0], f[:m]), m
+
+
+def test_kernel_epilogue_refuses_bad_attributes_and_inputs_with_an_error():
+    from onnx import numpy_helper
+
+    m = _fused_graph(64, 16, 32)
+    for a in m.graph.node[0].attribute:
+        if a.name == "swiglu":
+            a.i = 2
+    with pytest.raises(Exception, match="swiglu is 0 or 1"):
+        _session(m).run(None, {"A": np.zeros((1, 64), np.float32)})
+    m = _fused_graph(64, 16, 32, swiglu=False)
+    b = next(i for i in m.graph.initializer if i.name == "bias")
+    b.CopyFrom(numpy_helper.from_array(np.zeros(15, np.float32), "bias"))
+    with pytest.raises(Exception, match="bias has N values"):
+        _session(m).run(None, {"A": np.zeros((1, 64), np.float32)})
+
+
+def test_exact_kernels_fuses_swiglu_and_biases_and_logits_follow_the_unfused_rewrite(tiny_int4_bundle, tmp_path):
+    """The rewrite makes each SwiGLU (gate and up projections, Sigmoid, two Muls) one MatMulQ4; the manifest counts
+    the operators left (the tiny random models' biases are zeros, which the builder leaves out: biases below). Its logits are those of the unfused rewrite (fused=False)
+    up to the activation's rounding: the same argmax everywhere."""
+    import onnx
+
+    from edgespec.manifest import load_manifest
+    from edgespec_export import kernels
+
+    fused = kernels.apply_to_bundle(tiny_int4_bundle, tmp_path / "fused")
+    real = kernels.rewrite_graph
+
+    def unfused(*a, **kw):
+        return real(*a, **{**kw, "fused": False})
+
+    import unittest.mock as mock
+
+    with mock.patch.object(kernels, "rewrite_graph", unfused):
+        plain = kernels.apply_to_bundle(tiny_int4_bundle, tmp_path / "plain")
+    rewritten = 0
+    for role in ("target", "drafter"):
+        spec = getattr(load_manifest(fused), role)
+        if spec is None or spec.kernels != "edgespec-q4":  # (a float drafter stays as it is)
+            continue
+        rewritten += 1
+        ops = [n.op_type for n in onnx.load(str(spec.path), load_external_data=False).graph.node]
+        layers = ops.count("DecodeAttention")
+        assert layers and "Sigmoid" not in ops and "MatMulNBits" not in ops
+        assert spec.operators.get("Sigmoid", 0) == 0 and spec.operators["MatMulQ4"] == ops.count("MatMulQ4")
+        pspec = getattr(load_manifest(plain), role)
+        pops = [n.op_type for n in onnx.load(str(pspec.path), load_external_data=False).graph.node]
+        assert pops.count("MatMulQ4") - ops.count("MatMulQ4") == layers  # gate and up: one node a layer
+        assert pops.count("Sigmoid") == layers and pops.count("Mul") - ops.count("Mul") == 2 * layers
+    assert rewritten
+    ids = list(range(5, 45))
+    a = edgespec.load(fused, memory=False).decoder.target.forward(ids)
+    b = edgespec.load(plain, memory=False).decoder.target.forward(ids)
+    assert np.array_equal(a.argmax(-1), b.argmax(-1))
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
+def _mlp_graph(tmp_path, share_gate=False):
+    """A hand-made graph the builder's way: a qkv-like MatMulNBits plus a bias Add, then a SwiGLU (gate, up,
+    Sigmoid, Mul, Mul) into a down projection; ``share_gate``: the gate's output is a graph output too (then no
+    fusion may happen: the gate's values would be gone)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    K, N, I, block = 64, 64, 96, 32
+    inits, nodes = [], []
+
+    def matmul(name, inp, k, n, out):
+        nbk = k // block
+        inits.extend([numpy_helper.from_array(rng.integers(0, 256, size=(n, nbk, block // 2), dtype=np.uint8), f"{name}.B"),
+                      numpy_helper.from_array((rng.random(n * nbk) * 0.05 + 0.01).astype(np.float32), f"{name}.S"),
+                      numpy_helper.from_array(rng.integers(0, 256, size=(n * ((nbk + 1) // 2),), dtype=np.uint8),
+                                              f"{name}.Z")])
+        nodes.append(helper.make_node("MatMulNBits", [inp, f"{name}.B", f"{name}.S", f"{name}.Z"], [out], name=name,
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+
+    matmul("qkv", "A", K, N, "qkv_out")
+    inits.append(numpy_helper.from_array(rng.normal(size=N).astype(np.float32), "qkv.bias"))
+    nodes.append(helper.make_node("Add", ["qkv_out", "qkv.bias"], ["h"], name="bias_add"))
+    matmul("gate", "h", N, I, "g")
+    matmul("up", "h", N, I, "u")
+    nodes += [helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["act"]),
+              helper.make_node("Mul", ["act", "u"], ["m"])]
+    matmul("down", "m", I, K, "Y")
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", K])]
+    if share_gate:
+        outs.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, ["M", I]))
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])], outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / ("shared" if share_gate else "mlp") / "model.onnx"
+    path.parent.mkdir(parents=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def test_rewrite_fuses_a_bias_bitwise_and_a_swiglu_and_leaves_a_shared_gate_alone(tmp_path):
+    """On a hand-made graph: the bias Add goes into the kernel with the same bits as the unfused rewrite's Add
+    (onnxruntime's), the SwiGLU into one node whose output follows the unfused one's to float rounding; a gate
+    whose values something else reads keeps its nodes (biases still fuse)."""
+    import shutil
+
+    import onnx
+
+    from edgespec_export.kernels import rewrite_graph
+
+    path = _mlp_graph(tmp_path)
+    plain = tmp_path / "plain" / "model.onnx"
+    shutil.copytree(path.parent, plain.parent)
+    assert rewrite_graph(path, pad_attention=False)["swiglu"] == 1
+    counts = rewrite_graph(plain, pad_attention=False, fused=False)
+    assert counts["swiglu"] == counts["bias"] == 0 and counts["matmuls"] == 4
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops == ["MatMulQ4", "MatMulQ4", "MatMulQ4"]
+    x = np.random.default_rng(12).normal(size=(6, 64)).astype(np.float32)
+    fused, unfused = (_session(onnx.load(str(p))).run(None, {"A": x})[0] for p in (path, plain))
+    assert np.abs(fused - unfused).max() <= 1e-5 * np.abs(unfused).max()
+    # the bias alone: bitwise (cut both graphs after the bias)
+    for p in (path, plain):
+        m = onnx.load(str(p))
+        del m.graph.output[:]
+        m.graph.output.append(onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT, ["M", 64]))
+        onnx.save(m, str(p.parent / "cut.onnx"))
+    a, b = (_session(onnx.load(str(p.parent / "cut.onnx"))).run(None, {"A": x})[0] for p in (path, plain))
+    assert np.array_equal(a, b)
+    shared = _mlp_graph(tmp_path, share_gate=True)
+    counts = rewrite_graph(shared, pad_attention=False)
+    assert counts["swiglu"] == 0 and counts["bias"] == 1
+    assert [n.op_type for n in onnx.load(str(shared)).graph.node].count("Sigmoid") == 1

@@ -180,6 +180,9 @@ struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
   int64_t kstep = 0;  // AMX: bytes of K one tile multiply takes (divides block; 0: no AMX path)
   bool avx512 = false;
+  // SwiGLU (attribute swiglu=1): the weights are the gate's and the up projection's N columns each, their tiles
+  // interleaved (gate tile i at 2i, up's at 2i + 1), and the output silu(gate) * up, N columns (finish16)
+  bool swiglu = false;
   bool huge = false;  // g_hugepages when the kernel was made (a later registration does not change it)
   // the B whose (and whose scales' and zero points') sizes were checked; atomic: runs may overlap
   std::atomic<const void*> checked{nullptr};
@@ -210,6 +213,8 @@ struct Call {
   const float* xd;     // [M][nb]
   const int32_t* xs;   // [M][nb]
   float* y;            // [M][N]
+  const float* bias;   // [N] or nullptr (input 4)
+  bool epilogue;       // a bias or SwiGLU: outputs through finish16
   int64_t chunk;       // tiles per task
   // AMX (else nullptr): xq block-major, [nb][chunks * rows][block] (rows: min(M, kAmxRows)), its rows padded
   // with zeros to whole chunks: a block's A tiles for every chunk are one contiguous run (row stride: the block), where in xq
@@ -244,6 +249,60 @@ ES_AVX512 inline __m512 block_fma_corrected(const Call& c, __m512 s, __m512i cor
 ES_AVX512 inline __m512 block_fma(const Call& c, const BlockQ& q, __m512i dot, int64_t rb, __m512 acc) {
   const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(q.z, _mm512_set1_epi32(c.xs[rb])));
   return block_fma_corrected(c, q.s, corr, rb, acc);
+}
+
+// exp(x) for x <= 0 (a softmax's s - max), 8 lanes: Cephes' expf polynomial after reduction by ln 2
+ES_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// SwiGLU's activation, 8 lanes: silu(g) * u, silu(g) = g * sigmoid(g), the sigmoid from e = exp(-|g|) (in (0, 1],
+// exp8's range): 1 / (1 + e) where g >= 0, e / (1 + e) below. Every path computes it in these halves: the same bits.
+ES_AVX2 inline __m256 swiglu8(__m256 g, __m256 u) {
+  const __m256 e = exp8(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));
+  const __m256 r = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  const __m256 sig = _mm256_blendv_ps(_mm256_mul_ps(e, r), r, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+}
+
+// Column tile t's 16 sums of row r (``v``, 32-byte aligned) into the output through the kernel's epilogue: plus the
+// bias (the same float addition onnxruntime's Add makes), or, for a SwiGLU kernel, the gate's tile (t even) kept in
+// the output until the up projection's (t + 1, the same thread's next tile) makes it silu(gate) * up. Tiles are
+// computed in order within a task, and tasks hold whole (gate, up) pairs.
+ES_AVX2 void finish16(const Call& c, int64_t r, int64_t t, const float* v) {
+  const Kernel& k = *c.k;
+  const int64_t n0 = (k.swiglu ? t / 2 : t) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+  float* y = c.y + r * k.N + n0;
+  alignas(32) float out[kTile];
+  if (k.swiglu) {
+    if (t % 2 == 0) {
+      std::memcpy(y, v, size_t(cols) * sizeof(float));
+      return;
+    }
+    alignas(32) float gate[kTile] = {};
+    std::memcpy(gate, y, size_t(cols) * sizeof(float));
+    for (int h = 0; h < 2; ++h)
+      _mm256_store_ps(out + 8 * h, swiglu8(_mm256_load_ps(gate + 8 * h), _mm256_load_ps(v + 8 * h)));
+  } else {  // the bias
+    alignas(32) float b[kTile] = {};
+    std::memcpy(b, c.bias + n0, size_t(cols) * sizeof(float));
+    for (int h = 0; h < 2; ++h)
+      _mm256_store_ps(out + 8 * h, _mm256_add_ps(_mm256_load_ps(v + 8 * h), _mm256_load_ps(b + 8 * h)));
+  }
+  std::memcpy(y, out, size_t(cols) * sizeof(float));
 }
 
 // Rows r0..r0+R-1 (R <= 8) of tiles [t0, t1): each 64-byte group of weights is loaded and split
@@ -286,6 +345,14 @@ ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
       }
       const BlockQ q = block_q(c, size_t((t * nb + b) * kTile));
       for (int r = 0; r < R; ++r) acc[r] = block_fma(c, q, dot[r], (r0 + r) * nb + b, acc[r]);
+    }
+    if (c.epilogue) {
+      alignas(64) float v[kTile];
+      for (int r = 0; r < R; ++r) {
+        _mm512_store_ps(v, acc[r]);
+        finish16(c, r0 + r, t, v);
+      }
+      continue;
     }
     const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
     const __mmask16 mask = __mmask16((1u << cols) - 1u);
@@ -363,6 +430,15 @@ ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
           acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
         }
       }
+    }
+    if (c.epilogue) {
+      alignas(32) float v[kTile];
+      for (int r = 0; r < R; ++r) {
+        _mm256_store_ps(v, acc[r][0]);
+        _mm256_store_ps(v + 8, acc[r][1]);
+        finish16(c, r0 + r, t, v);
+      }
+      continue;
     }
     const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
     for (int r = 0; r < R; ++r) {
@@ -461,6 +537,10 @@ ES_AMX inline void amx_chunk_sums(const Call& c, const int32_t* cb, float* acc, 
 ES_AMX inline void amx_store_group(const Call& c, const float* acc, int64_t group, int64_t G, int64_t t) {
   for (int64_t r = 0; r < c.M; ++r)
     for (int64_t j = 0; j < G; ++j) {
+      if (c.epilogue) {  // (acc is 64-byte aligned, a tile's 16 sums a line)
+        finish16(c, r, t + j, acc + (r * group + j) * kTile);
+        continue;
+      }
       const int64_t n0 = (t + j) * kTile, cols = std::min<int64_t>(kTile, c.k->N - n0);
       _mm512_mask_storeu_ps(c.y + r * c.k->N + n0, __mmask16((1u << cols) - 1u),
                             _mm512_load_ps(acc + (r * group + j) * kTile));
@@ -689,6 +769,10 @@ OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelIn
     return fail("edgespec.MatMulQ4: attributes K, N and block_size are required");
   if (bits != 4 || k->K <= 0 || k->N <= 0 || k->block < 8 || k->block % 8 || k->K % k->block)
     return fail("edgespec.MatMulQ4: needs bits=4, a block_size that is a multiple of 8 and K a multiple of it");
+  int64_t swiglu = 0;
+  get("swiglu", &swiglu);
+  if (swiglu != 0 && swiglu != 1) return fail("edgespec.MatMulQ4: swiglu is 0 or 1");
+  k->swiglu = swiglu == 1;
   k->nb = k->K / k->block;
   k->avx512 = g_avx512;
   k->huge = g_hugepages;
@@ -698,7 +782,7 @@ OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelIn
         k->kstep = ks;
         break;
       }
-  k->tiles = (k->N + kTile - 1) / kTile;
+  k->tiles = (k->N + kTile - 1) / kTile * (k->swiglu ? 2 : 1);
   return nullptr;
 }
 
@@ -855,7 +939,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
       return nullptr;
     return v;
   };
-  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3);
+  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3), *bias = input(4);
   std::vector<int64_t> ad = A ? dims_of(A) : std::vector<int64_t>();
   if (!k->K) return fail("edgespec.MatMulQ4: bad attributes");
   if (!A || !B || !S) return fail("edgespec.MatMulQ4: inputs A, B and scales are required");
@@ -872,6 +956,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
       return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
+    if (bias && (numel(dims_of(bias)) != k->N || k->swiglu))
+      return fail("edgespec.MatMulQ4: the bias has N values, and a SwiGLU kernel takes none");
     std::lock_guard<std::mutex> lock(k->mu);  // runs may overlap: one copy, published before checked says so
     if (Z) {  // the AMX path's bound on zero points (see kAmxMaxZero)
       const uint8_t* z = static_cast<const uint8_t*>(data_of(Z));
@@ -914,7 +1000,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
   if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z};
-  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)), 0, nullptr, 0, 0};
+  Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)),
+         bias ? static_cast<const float*>(data_of(bias)) : nullptr, bias || k->swiglu, 0, nullptr, 0, 0};
   Quantize qt{k, a, xq.data(), xd.data(), xs.data(), nullptr, 0};
   if (amx) {  // AMX's A tiles (see Call::xa)
     g_amx_calls.fetch_add(1, std::memory_order_relaxed);
@@ -936,6 +1023,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
   if (c.xa)  // each AMX task configures the tiles and sets up its buffers: few tasks (8), whole groups of four tiles
     c.chunk = std::max<int64_t>(c.chunk, (k->tiles + 31) / 32 * 4);
+  c.chunk += c.chunk & 1;  // whole (gate, up) pairs of a SwiGLU kernel (an even start: the gate's tile first)
   const int64_t tasks = (k->tiles + c.chunk - 1) / c.chunk;
   if (g_parallel && tasks > 1) {
     if (ok(api<PF>(kKernelContextParallelFor)(ctx, task, size_t(tasks), 0, &c))) return nullptr;
@@ -977,24 +1065,6 @@ struct AttnCall {
   float scale;
   bool wide;  // the AVX-512 (16-lane) path
 };
-
-// exp(x) for x <= 0 (a softmax's s - max), 8 lanes: Cephes' expf polynomial after reduction by ln 2
-ES_AVX2 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 // non-interleaved rotary of one head vector at position pos (x1 = x[:D/2], x2 = x[D/2:])
 inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half) {
@@ -1452,10 +1522,10 @@ void destroy(void* self) { delete static_cast<Kernel*>(self); }
 const char* op_name(const OrtCustomOp*) { return "MatMulQ4"; }
 const char* op_ep(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 int in_type(const OrtCustomOp*, size_t i) { return (i == 1 || i == 3) ? kUint8 : kFloat; }
-size_t in_count(const OrtCustomOp*) { return 4; }
+size_t in_count(const OrtCustomOp*) { return 5; }  // A, B, scales, zero points (optional), bias (optional)
 int out_type(const OrtCustomOp*, size_t) { return kFloat; }
 size_t out_count(const OrtCustomOp*) { return 1; }
-int in_char(const OrtCustomOp*, size_t i) { return i == 3 ? kOptional : kRequired; }
+int in_char(const OrtCustomOp*, size_t i) { return i >= 3 ? kOptional : kRequired; }
 int out_char(const OrtCustomOp*, size_t) { return kRequired; }
 int mem_type(const OrtCustomOp*, size_t) { return 0; }
 int one(const OrtCustomOp*) { return 1; }
