@@ -286,6 +286,16 @@ ES_AVX2 void finish16(const Call& c, int64_t r, int64_t t, const float* v) {
   const Kernel& k = *c.k;
   const int64_t n0 = (k.swiglu ? t / 2 : t) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
   float* y = c.y + r * k.N + n0;
+  if (cols == kTile) {  // (a whole tile: straight through the output; a partial one through buffers below)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 x = _mm256_load_ps(v + 8 * h);
+      if (!k.swiglu)
+        _mm256_storeu_ps(y + 8 * h, _mm256_add_ps(x, _mm256_loadu_ps(c.bias + n0 + 8 * h)));
+      else
+        _mm256_storeu_ps(y + 8 * h, t % 2 == 0 ? x : swiglu8(_mm256_loadu_ps(y + 8 * h), x));
+    }
+    return;
+  }
   alignas(32) float out[kTile];
   if (k.swiglu) {
     if (t % 2 == 0) {
