@@ -288,3 +288,26 @@ def test_probe_drafter_cache_times_a_step_after_each_kind_of_call(tiny_bundle, t
     assert capsys.readouterr().err.startswith("error:")
     with pytest.raises(SystemExit):
         probe_drafter_cache.main([str(tiny_bundle), "--reps", "0"])
+
+
+def test_ab_calls_times_both_bundles_calls_alternating(tiny_bundle, tmp_path, capsys):
+    """scripts/ab_calls.py (README, session 21: the fused bundle's call costs against the unfused one's)
+    prints, per target width and for the drafter step, both bundles' medians and their ratio; bad input is a
+    one-line error or a usage error."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import ab_calls
+
+    res = ab_calls.measure([str(tiny_bundle), str(tiny_bundle)], [1, 3], reps=2, context=16)
+    assert [sorted(r) for r in res] == [["drafter step", "target 1", "target 3"]] * 2
+    assert all(v > 0 for r in res for v in r.values())
+    assert ab_calls.main([str(tiny_bundle), str(tiny_bundle), "--widths", "1,2", "--reps", "2", "--context", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" A ") == 3 and "target 2" in out
+    assert ab_calls.main([str(tiny_bundle), str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    for bad in (["--widths", "0"], ["--widths", "x"], ["--reps", "0"]):
+        with pytest.raises(SystemExit):
+            ab_calls.main([str(tiny_bundle), str(tiny_bundle), *bad])
