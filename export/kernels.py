@@ -280,11 +280,13 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             pg, pu = weights(inputs[1:], K, N, block), weights(up_inputs[1:], K, N, block)
             for old, a, b in zip(inputs[1:], pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
                 arr = np.ascontiguousarray(np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:]))
-                name = f"{old}_swiglu_q4t"
+                name = f"{old}_swiglu{done['swiglu']}_q4t"  # (unique: gate weights two fusions shared)
                 dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
                 g.initializer.append(_tensor(name, arr, dt))
                 new_inputs.append(name)
             release(up_inputs[1:])
+            if any(users[old] for old in up_inputs[1:]):  # (the up projection's weights another op reads)
+                done["copied"] += 1
             node.output[0] = m2.output[0]
             extra = [helper.make_attribute("swiglu", 1)]
             done["swiglu"] += 1
@@ -450,11 +452,6 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if counts["kept"]:
                 ops["MatMulNBits"] = counts["kept"]
             ops[OP] = counts["matmuls"]
-            for op, less in (("Sigmoid", counts["swiglu"]), ("Mul", 2 * counts["swiglu"]), ("Add", counts["bias"])):
-                if op in ops and less:
-                    ops[op] -= less
-                    if ops[op] <= 0:
-                        ops.pop(op)
             if counts["own_attention"]:
                 left = ops.pop("GroupQueryAttention", 0) - counts["own_attention"]
                 if left > 0:

@@ -635,8 +635,8 @@ def _needs_amx():
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (120, 21, 40, True), (512, 33, 256, True), (1536, 500, 128, True)])
 def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
-    """The AMX path (calls of _amx_min_rows(block) rows or more, signed tile multiplies of the activations by w - z over chunks of
-    16 rows; one chunk in pairs of column tiles where a block is one or two tile steps) against the AVX-512
+    """The AMX path (calls of _amx_min_rows(block) rows or more, signed tile multiplies of the activations by
+    w - z over chunks of 16 rows; one chunk in pairs of column tiles where a block is one or two tile steps) against the AVX-512
     VNNI path: the same bits for every row, at widths 1 to 40 (one, two and three chunks, partial ones) and
     wherever the row sits; blocks of 1, 2 and 4 tile steps and one of 40 (steps of 8 bytes); and 1536 x 500
     (32 column tiles, the last partial, in tasks of 5 tiles on both threads: odd splits of the pairs). Each
@@ -961,11 +961,22 @@ def test_kernel_epilogue_refuses_bad_attributes_and_inputs_with_an_error():
     b.CopyFrom(numpy_helper.from_array(np.zeros(15, np.float32), "bias"))
     with pytest.raises(Exception, match="bias has N values"):
         _session(m).run(None, {"A": np.zeros((1, 64), np.float32)})
+    # a bias fed at run time is checked at every call, not once with the weights
+    from onnx import TensorProto, helper
+
+    m.graph.initializer.remove(next(i for i in m.graph.initializer if i.name == "bias"))
+    m.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["n"]))
+    s = _session(m)
+    a = np.ones((1, 64), np.float32)
+    f, y = s.run(None, {"A": a, "bias": np.full(16, 0.5, np.float32)})
+    assert np.array_equal(f, y + np.float32(0.5))
+    with pytest.raises(Exception, match="bias has N values"):
+        s.run(None, {"A": a, "bias": np.zeros(8, np.float32)})
 
 
 def test_exact_kernels_fuses_swiglu_and_biases_and_logits_follow_the_unfused_rewrite(tiny_int4_bundle, tmp_path):
     """The rewrite makes each SwiGLU (gate and up projections, Sigmoid, two Muls) one MatMulQ4; the manifest counts
-    the operators left (the tiny random models' biases are zeros, which the builder leaves out: biases below). Its logits are those of the unfused rewrite (fused=False)
+    the MatMulQ4 nodes left (the tiny random models' biases are zeros, which the builder leaves out: biases below). Its logits are those of the unfused rewrite (fused=False)
     up to the activation's rounding: the same argmax everywhere."""
     import onnx
 
@@ -991,7 +1002,7 @@ def test_exact_kernels_fuses_swiglu_and_biases_and_logits_follow_the_unfused_rew
         ops = [n.op_type for n in onnx.load(str(spec.path), load_external_data=False).graph.node]
         layers = ops.count("DecodeAttention")
         assert layers and "Sigmoid" not in ops and "MatMulNBits" not in ops
-        assert spec.operators.get("Sigmoid", 0) == 0 and spec.operators["MatMulQ4"] == ops.count("MatMulQ4")
+        assert spec.operators["MatMulQ4"] == ops.count("MatMulQ4")
         pspec = getattr(load_manifest(plain), role)
         pops = [n.op_type for n in onnx.load(str(pspec.path), load_external_data=False).graph.node]
         assert pops.count("MatMulQ4") - ops.count("MatMulQ4") == layers  # gate and up: one node a layer
@@ -1004,10 +1015,11 @@ def test_exact_kernels_fuses_swiglu_and_biases_and_logits_follow_the_unfused_rew
     assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
 
 
-def _mlp_graph(tmp_path, share_gate=False):
+def _mlp_graph(tmp_path, share: str = ""):
     """A hand-made graph the builder's way: a qkv-like MatMulNBits plus a bias Add, then a SwiGLU (gate, up,
-    Sigmoid, Mul, Mul) into a down projection; ``share_gate``: the gate's output is a graph output too (then no
-    fusion may happen: the gate's values would be gone)."""
+    Sigmoid, Mul, Mul) into a down projection. ``share`` names a tensor that is also a graph output (``g``,
+    ``sg``, ``act``, ``u``: then no SwiGLU fusion may happen, those values would be gone), or is ``up-no-zp``
+    (the up projection without zero points, the gate with: not one kernel's weights)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -1015,38 +1027,42 @@ def _mlp_graph(tmp_path, share_gate=False):
     K, N, I, block = 64, 64, 96, 32
     inits, nodes = [], []
 
-    def matmul(name, inp, k, n, out):
+    def matmul(name, inp, k, n, out, zp=True):
         nbk = k // block
         inits.extend([numpy_helper.from_array(rng.integers(0, 256, size=(n, nbk, block // 2), dtype=np.uint8), f"{name}.B"),
                       numpy_helper.from_array((rng.random(n * nbk) * 0.05 + 0.01).astype(np.float32), f"{name}.S"),
                       numpy_helper.from_array(rng.integers(0, 256, size=(n * ((nbk + 1) // 2),), dtype=np.uint8),
                                               f"{name}.Z")])
-        nodes.append(helper.make_node("MatMulNBits", [inp, f"{name}.B", f"{name}.S", f"{name}.Z"], [out], name=name,
-                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+        if not zp:
+            inits.pop()
+        nodes.append(helper.make_node("MatMulNBits", [inp, f"{name}.B", f"{name}.S"] + ([f"{name}.Z"] if zp else []),
+                                      [out], name=name, domain="com.microsoft", K=k, N=n, bits=4, block_size=block,
+                                      accuracy_level=4))
 
     matmul("qkv", "A", K, N, "qkv_out")
     inits.append(numpy_helper.from_array(rng.normal(size=N).astype(np.float32), "qkv.bias"))
     nodes.append(helper.make_node("Add", ["qkv_out", "qkv.bias"], ["h"], name="bias_add"))
     matmul("gate", "h", N, I, "g")
-    matmul("up", "h", N, I, "u")
+    matmul("up", "h", N, I, "u", zp=share != "up-no-zp")
     nodes += [helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["act"]),
               helper.make_node("Mul", ["act", "u"], ["m"])]
     matmul("down", "m", I, K, "Y")
     outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", K])]
-    if share_gate:
-        outs.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, ["M", I]))
+    if share in ("g", "sg", "act", "u"):
+        outs.append(helper.make_tensor_value_info(share, TensorProto.FLOAT, ["M", I]))
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])], outs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    path = tmp_path / ("shared" if share_gate else "mlp") / "model.onnx"
+    path = tmp_path / f"mlp-{share or 'plain'}" / "model.onnx"
     path.parent.mkdir(parents=True)
     onnx.save(m, str(path))
     return path
 
 
-def test_rewrite_fuses_a_bias_bitwise_and_a_swiglu_and_leaves_a_shared_gate_alone(tmp_path):
+def test_rewrite_fuses_a_bias_bitwise_and_a_swiglu_and_leaves_a_shared_one_alone(tmp_path):
     """On a hand-made graph: the bias Add goes into the kernel with the same bits as the unfused rewrite's Add
-    (onnxruntime's), the SwiGLU into one node whose output follows the unfused one's to float rounding; a gate
-    whose values something else reads keeps its nodes (biases still fuse)."""
+    (onnxruntime's), the SwiGLU into one node whose output follows the unfused one's to float rounding; a SwiGLU
+    whose gate, sigmoid, product or up values something else reads, or whose gate and up differ in zero points,
+    keeps its nodes (the bias still fuses) and computes what the unfused rewrite does, bitwise."""
     import shutil
 
     import onnx
@@ -1072,7 +1088,13 @@ def test_rewrite_fuses_a_bias_bitwise_and_a_swiglu_and_leaves_a_shared_gate_alon
         onnx.save(m, str(p.parent / "cut.onnx"))
     a, b = (_session(onnx.load(str(p.parent / "cut.onnx"))).run(None, {"A": x})[0] for p in (path, plain))
     assert np.array_equal(a, b)
-    shared = _mlp_graph(tmp_path, share_gate=True)
-    counts = rewrite_graph(shared, pad_attention=False)
-    assert counts["swiglu"] == 0 and counts["bias"] == 1
-    assert [n.op_type for n in onnx.load(str(shared)).graph.node].count("Sigmoid") == 1
+    for share in ("g", "sg", "act", "u", "up-no-zp"):
+        shared = _mlp_graph(tmp_path, share)
+        plain = tmp_path / f"plain-{share}" / "model.onnx"
+        shutil.copytree(shared.parent, plain.parent)
+        counts = rewrite_graph(shared, pad_attention=False)
+        assert counts["swiglu"] == 0 and counts["bias"] == 1 and counts["matmuls"] == 4, share
+        assert [n.op_type for n in onnx.load(str(shared)).graph.node].count("Sigmoid") == 1, share
+        rewrite_graph(plain, pad_attention=False, fused=False)
+        a, b = (_session(onnx.load(str(p))).run(None, {"A": x}) for p in (shared, plain))
+        assert all(np.array_equal(u, v) for u, v in zip(a, b)), share

@@ -966,8 +966,6 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
       return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
-    if (bias && (numel(dims_of(bias)) != k->N || k->swiglu))
-      return fail("edgespec.MatMulQ4: the bias has N values, and a SwiGLU kernel takes none");
     std::lock_guard<std::mutex> lock(k->mu);  // runs may overlap: one copy, published before checked says so
     if (Z) {  // the AMX path's bound on zero points (see kAmxMaxZero)
       const uint8_t* z = static_cast<const uint8_t*>(data_of(Z));
@@ -978,6 +976,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
                   Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks));
     k->checked.store(b_data, std::memory_order_release);
   }
+  if (bias && (numel(dims_of(bias)) != k->N || k->swiglu))  // (every call: a bias need not be an initializer)
+    return fail("edgespec.MatMulQ4: the bias has N values, and a SwiGLU kernel takes none");
   int64_t M = 1;
   for (size_t i = 0; i + 1 < ad.size(); ++i) M *= ad[i];
   std::vector<int64_t> yd = ad;
@@ -1033,7 +1033,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   c.chunk = std::max<int64_t>(4, (64 * 1024) / std::max<int64_t>(1, k->nb * k->block * kTile / 2));
   if (c.xa)  // each AMX task configures the tiles and sets up its buffers: few tasks (8), whole groups of four tiles
     c.chunk = std::max<int64_t>(c.chunk, (k->tiles + 31) / 32 * 4);
-  c.chunk += c.chunk & 1;  // whole (gate, up) pairs of a SwiGLU kernel (an even start: the gate's tile first)
+  if (k->swiglu) c.chunk += c.chunk & 1;  // whole (gate, up) pairs (an even start: the gate's tile first)
   const int64_t tasks = (k->tiles + c.chunk - 1) / c.chunk;
   if (g_parallel && tasks > 1) {
     if (ok(api<PF>(kKernelContextParallelFor)(ctx, task, size_t(tasks), 0, &c))) return nullptr;
