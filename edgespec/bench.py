@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from .drafters import drafter_choices
 from .profiles import MAX_DRAFT
 from .errors import ConfigError
-from .measure import high_water_rss, rss_now
+from .measure import file_rss, high_water_rss, rss_now
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
 
@@ -180,9 +180,16 @@ class Report:
                       "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's and llama.cpp's rows: as their own autoregressive run, `genai-ar` or `llama-ar`)."]
         m = self.memory
         if m:
-            lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB; plan {m['planned_bytes'] / 2**20:.0f} MiB; "
-                          f"budget {m['budget_bytes'] / 2**20:.0f} MiB."]
+            lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB{file_part(m.get('file_bytes'))}; "
+                          f"plan {m['planned_bytes'] / 2**20:.0f} MiB; budget {m['budget_bytes'] / 2**20:.0f} MiB."]
         return "\n".join(lines) + "\n"
+
+
+def file_part(file_bytes: int | None) -> str:
+    """What of the resident memory is mapped from files (clean pages the kernel can take back), for a report."""
+    if file_bytes is None:
+        return ""
+    return f" (at the end {file_bytes / 2**20:.0f} MiB of it mapped from files: clean pages, reclaimable)"
 
 
 def _mode(settings: dict) -> str:
@@ -297,7 +304,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {name:13s} "
                         f"{tps:6.1f} tok/s  acc {acc:.2f}" + ("" if exact else "  differs from edgespec's greedy"))
                 history.append({"role": "assistant", "content": tok.decode(reply_ids)})
-    rep.memory = {"peak_bytes": high_water_rss(), "planned_bytes": engine.plan.total,
+    rep.memory = {"peak_bytes": high_water_rss(), "file_bytes": file_rss(), "planned_bytes": engine.plan.total,
                   "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}
     return rep
 

@@ -48,13 +48,23 @@ def rss_now() -> int:
         return peak_rss()
 
 
+def file_rss() -> int | None:
+    """Resident bytes mapped from files now (``RssFile``), or None where there is no /proc."""
+    return proc_status().get("RssFile")
+
+
 def high_water_rss() -> int:
     """Peak resident set in bytes: ``VmHWM`` from /proc, or ``peak_rss`` where there is no /proc."""
     return proc_status().get("VmHWM") or peak_rss()
 
 
 def proc_status(path: Path = Path("/proc/self/status")) -> dict[str, int]:
-    """``VmHWM`` and ``VmRSS`` in bytes, from /proc (empty where there is no /proc)."""
+    """``VmHWM``, ``VmRSS`` and ``RssFile`` in bytes, from /proc (empty where there is no /proc).
+    ``RssFile``: the resident pages mapped from files (a bundle's weights as onnxruntime maps them).
+    They are clean, so the kernel can take them back under memory pressure, yet the high-water marks
+    count them. How many a bundle's embedding table adds depends on the page cache: a file just
+    written or hashed with ``read()`` sits in large folios, and each row read maps much of one
+    (README, Benchmarks, session 21)."""
     out: dict[str, int] = {}
     try:
         text = path.read_text()
@@ -62,7 +72,7 @@ def proc_status(path: Path = Path("/proc/self/status")) -> dict[str, int]:
         return out
     for line in text.splitlines():
         key, _, rest = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
+        if key in ("VmHWM", "VmRSS", "RssFile"):
             parts = rest.split()
             if parts and parts[0].isdigit():
                 out[key] = int(parts[0]) * 1024  # the kernel reports kB

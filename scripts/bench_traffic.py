@@ -39,8 +39,9 @@ import time
 from pathlib import Path
 
 import edgespec
-from edgespec.bench import read_prompts, run_bench
-from edgespec.measure import high_water_rss
+from edgespec.bench import file_part, read_prompts, run_bench
+from edgespec.errors import EdgespecError
+from edgespec.measure import file_rss, high_water_rss
 
 MANUAL = Path(__file__).resolve().parent / "data" / "kiosk_manual.md"
 
@@ -206,7 +207,8 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Store after the workload: {m['memory_sequences']} outputs, {m['memory_tokens']} tokens "
                   f"(cap {m['memory_cap_tokens']}), {m['memory_bytes'] / 1024:.0f} KiB in memory, "
                   f"{m.get('file_bytes', 0) / 1024:.0f} KiB on disk; documents {m['document_tokens']} tokens, "
-                  f"{m['document_bytes'] / 1024:.0f} KiB. Peak resident memory {rep['peak_rss'] / 2**20:.0f} MiB."]
+                  f"{m['document_bytes'] / 1024:.0f} KiB. Peak resident memory {rep['peak_rss'] / 2**20:.0f} MiB"
+                  f"{file_part(rep.get('file_rss'))}."]
     if rep.get("per_category"):
         lines += ["", "## Per category (shipped prompts, no memory, no documents)", "",
                   "| category | drafter | tok/s | speedup | acceptance | exact |", "|---|---|---|---|---|---|"]
@@ -232,6 +234,16 @@ def main(argv=None) -> int:
                          "another: a model drafter keeps the context it read last (only auto's runs use "
                          "it), so a request that extends or shares a prefix with the last reads the rest")
     args = ap.parse_args(argv)
+    if args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
+        ap.error("--max-new-tokens and --limit must be positive")
+    try:
+        return run(args)
+    except EdgespecError as e:  # a bad bundle, a context too small for the workload's prompts, ...
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
 
@@ -260,6 +272,7 @@ def main(argv=None) -> int:
             rep["per_category"] = report.summary()
             rep["per_category_runs"] = [r.__dict__ for r in report.runs]
         rep["peak_rss"] = high_water_rss()
+        rep["file_rss"] = file_rss()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rep, indent=1), encoding="utf-8")

@@ -30,6 +30,8 @@ def test_bench_on_smollm2(smol_int4, tmp_path):
     assert s["none"]["speedup"] == 1.0
     m = rep["memory"]
     assert m["peak_bytes"] > 0 and m["planned_bytes"] > 0 and m["samples"]
+    assert m["file_bytes"] is None or 0 < m["file_bytes"] <= m["peak_bytes"]
+    assert (m["file_bytes"] is not None) == ("mapped from files" in (out / "report.md").read_text())
     for png in ("tokens_per_second.png", "acceptance_by_position.png", "time_split.png", "memory.png"):
         assert (out / png).stat().st_size > 1000
     assert "| category | drafter |" in (out / "report.md").read_text()
@@ -311,3 +313,49 @@ def test_ab_calls_times_both_bundles_calls_alternating(tiny_bundle, tmp_path, ca
     for bad in (["--widths", "0"], ["--widths", "x"], ["--reps", "0"]):
         with pytest.raises(SystemExit):
             ab_calls.main([str(tiny_bundle), str(tiny_bundle), *bad])
+
+
+def test_memory_reports_say_what_is_mapped_from_files(tmp_path):
+    """proc_status reads RssFile beside VmHWM and VmRSS (kB in /proc, bytes out); the reports' memory line says
+    how much of the resident set is file pages (clean, reclaimable), and nothing where /proc has no figure."""
+    from edgespec.bench import file_part
+    from edgespec.measure import file_rss, proc_status
+
+    st = tmp_path / "status"
+    st.write_text("Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nRssAnon:\t 512 kB\nRssFile:\t  300 kB\n")
+    assert proc_status(st) == {"VmHWM": 2048 * 1024, "VmRSS": 1024 * 1024, "RssFile": 300 * 1024}
+    assert proc_status(tmp_path / "missing") == {}
+    assert file_part(None) == ""
+    assert file_part(300 * 2**20) == " (at the end 300 MiB of it mapped from files: clean pages, reclaimable)"
+    here = file_rss()
+    assert here is None or here > 0  # this process maps its libraries
+
+
+@pytest.mark.real
+def test_bench_traffic_runs_the_workload_and_reports_exact_outputs_and_memory(smol_int4, tmp_path, capsys):
+    """scripts/bench_traffic.py (issue #17's workload: README, Drafters that remember) on SmolLM2, one prompt a
+    part: every run exact, the store's growth and memory reported, the resident memory with its file-mapped
+    part; bad input is a one-line error (a missing bundle; a context too small for the workload) or a usage
+    error."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_traffic
+
+    out = tmp_path / "traffic"
+    assert bench_traffic.main([str(smol_int4), "--drafters", "suffix,auto", "--max-new-tokens", "8", "--limit", "1",
+                               "--no-per-category", "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert set(rep["traffic"]) >= {"repeat-first", "repeat-again", "repeat-same", "code-edit", "rag", "all"}
+    assert all(r["exact"] is not False for r in rep["runs"])
+    assert {r["drafter"] for r in rep["runs"]} == {"none", "suffix", "auto"}
+    assert rep["memory"]["memory_tokens"] > 0 and rep["peak_rss"] > 0
+    md = (out / "report.md").read_text()
+    assert "| all | auto |" in md and "Peak resident memory" in md
+    assert (rep["file_rss"] is not None) == ("mapped from files" in md)
+    capsys.readouterr()
+    assert bench_traffic.main([str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    with pytest.raises(SystemExit):
+        bench_traffic.main([str(smol_int4), "--max-new-tokens", "0"])
