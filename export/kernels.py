@@ -257,6 +257,12 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         arrs = [_read(inits[i], base) for i in inputs]
         return list(pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block))
 
+    def add_packed(name, arr) -> str:
+        """``arr`` as a new initializer ``name`` (uint8 weights and zero points, float32 scales)."""
+        dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
+        g.initializer.append(_tensor(name, arr, dt))
+        return name
+
     def release(inputs):
         for old in inputs:
             users[old] -= 1
@@ -280,10 +286,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             pg, pu = weights(inputs[1:], K, N, block), weights(up_inputs[1:], K, N, block)
             for old, a, b in zip(inputs[1:], pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
                 arr = np.ascontiguousarray(np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:]))
-                name = f"{old}_swiglu{done['swiglu']}_q4t"  # (unique: gate weights two fusions shared)
-                dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
-                g.initializer.append(_tensor(name, arr, dt))
-                new_inputs.append(name)
+                # (the name unique even where two fusions shared gate weights)
+                new_inputs.append(add_packed(f"{old}_swiglu{done['swiglu']}_q4t", arr))
             release(up_inputs[1:])
             if any(users[old] for old in up_inputs[1:]):  # (the up projection's weights another op reads)
                 done["copied"] += 1
@@ -294,10 +298,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             new_inputs += packed_as[tuple(inputs[1:])]
         else:
             for old, arr in zip(inputs[1:], weights(inputs[1:], K, N, block)):
-                name = f"{old}_q4t"
-                dt = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.float32): TensorProto.FLOAT}[arr.dtype]
-                g.initializer.append(_tensor(name, arr, dt))
-                new_inputs.append(name)
+                new_inputs.append(add_packed(f"{old}_q4t", arr))
             packed_as[tuple(inputs[1:])] = new_inputs[1:]
         if pos in bias:  # the Add of the bias: the kernel's fifth input
             add, b = bias[pos]

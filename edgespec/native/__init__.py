@@ -6,8 +6,8 @@ depend on how many rows the call has (README, "Exactness"). A bundle rewritten b
 ``edgespec exact-kernels`` uses it in place of ``com.microsoft.MatMulNBits``; its graphs open only
 with this library registered (``library_path()``), which needs a C++ compiler (g++) once and an
 x86-64 CPU with AVX2 and FMA; it takes its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile
-multiplies for calls of nine rows or more where the CPU has those (the same numbers, bitwise, on every
-path).
+multiplies for calls of 4 rows or more (at block 128; 6 at 64, 8 below) where the CPU has those (the
+same numbers, bitwise, on every path).
 """
 from __future__ import annotations
 
