@@ -64,7 +64,7 @@ def proc_status(path: Path = Path("/proc/self/status")) -> dict[str, int]:
     They are clean, so the kernel can take them back under memory pressure, yet the high-water marks
     count them. How many a bundle's embedding table adds depends on the page cache: a file just
     written or hashed with ``read()`` sits in large folios, and each row read maps much of one
-    (README, Benchmarks, session 21)."""
+    (docs/bench/sessions.md, session 21)."""
     out: dict[str, int] = {}
     try:
         text = path.read_text()

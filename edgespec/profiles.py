@@ -66,7 +66,7 @@ def _physical_memory() -> int:
 # 2.82x (docs/bench/width_s13.md; up to 15 rows fill one AMX tile, up to 31 two), and verbatim repeats
 # (the suffix drafter's recall, 64-token replies) decoded at 133 / 165 / 185 / 215 tok/s under a bound
 # of 8 / 14 / 22 / 30. Until session 13 the default profile kept the dataclass's 8, so every bench
-# without --profile ran at 8 (README, Benchmarks, session 13).
+# without --profile ran at 8 (docs/bench/sessions.md, session 13).
 CPU_MAX_DRAFT_TOKENS = 30
 
 DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this machine, CPU, 3/4 of its RAM",

@@ -8,7 +8,7 @@ where the models hold less).
 
 On session 20's Xeon the Qwen 0.5B drafter's step took 7.9-8.3 ms back to back, 9.3-9.6 after a
 target call and 10-11 after a 1 GiB sweep: back to back, part of its weights come from the L3, which
-the target's weight stream evicts (README, Benchmarks, session 20).
+the target's weight stream evicts (docs/bench/sessions.md, session 20).
 """
 from __future__ import annotations
 

@@ -272,7 +272,7 @@ def test_probe_close_memory_runs_both_ways(tiny_bundle):
 
 
 def test_probe_drafter_cache_times_a_step_after_each_kind_of_call(tiny_bundle, tmp_path, capsys):
-    """scripts/probe_drafter_cache.py (README, session 20: the drafter's first step after a target call)
+    """scripts/probe_drafter_cache.py (docs/bench/sessions.md, session 20: the drafter's first step after a target call)
     prints a median step time for each thing run before it; bad input is a one-line error."""
     import sys
     from pathlib import Path
@@ -293,7 +293,7 @@ def test_probe_drafter_cache_times_a_step_after_each_kind_of_call(tiny_bundle, t
 
 
 def test_ab_calls_times_both_bundles_calls_alternating(tiny_bundle, tmp_path, capsys):
-    """scripts/ab_calls.py (README, session 21: the fused bundle's call costs against the unfused one's)
+    """scripts/ab_calls.py (docs/bench/sessions.md, session 21: the fused bundle's call costs against the unfused one's)
     prints, per target width and for the drafter step, both bundles' medians and their ratio; bad input is a
     one-line error or a usage error."""
     import sys

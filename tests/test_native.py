@@ -363,7 +363,7 @@ def test_exact_kernels_refuses_a_rewrite_that_disagrees_with_its_source(smol_int
 
 
 def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
-    """scripts/bench_ar.py (README, session 8) on a bundle onnxruntime-genai cannot run: edgespec's
+    """scripts/bench_ar.py (docs/bench/history.md, session 8) on a bundle onnxruntime-genai cannot run: edgespec's
     columns filled, genai's left out rather than failing."""
     import sys
     from pathlib import Path
@@ -377,7 +377,7 @@ def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
 
 
 def test_bench_prefill_names_the_kernel_path_and_its_speed(tiny_xk, capsys):
-    """scripts/bench_prefill.py (README, session 11): one line with the tokens read, the seconds and the
+    """scripts/bench_prefill.py (docs/bench/sessions.md, session 11): one line with the tokens read, the seconds and the
     kernel path (the AMX one takes prefill chunks where the CPU has it)."""
     import sys
     from pathlib import Path
