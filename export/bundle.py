@@ -380,7 +380,8 @@ def device_memory_line(spec: ModelSpec) -> str:
     provider copies every initializer to the device) and its KV cache per token in the graph's type."""
     return (f"{spec.role} ({spec.layout} layout): {spec.gpu_weight_bytes / (1 << 20):.1f} MiB of weights on a GPU "
             f"provider's device + KV {spec.kv_dtype} {spec.kv_bytes_per_token / 1024:.1f} KiB/token "
-            f"({spec.kv_bytes(4096) / (1 << 20):.1f} MiB at 4096 tokens); 'edgespec plan' adds the runtime")
+            f"({spec.kv_bytes(spec.max_context) / (1 << 20):.1f} MiB at its {spec.max_context:,}-token context); "
+            f"'edgespec plan' adds the runtime")
 
 
 def _add_bos(tok) -> bool:

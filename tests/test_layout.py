@@ -208,6 +208,8 @@ def test_mixed_layouts_per_role(tiny_dirs, tmp_path):
     # export prints the figure a GPU plan uses, per model
     assert f"target (cuda layout): {m.target.gpu_weight_bytes / MiB:.1f} MiB of weights on a GPU provider's " \
            f"device + KV float16" in log.getvalue() and "drafter (cpu layout)" in log.getvalue()
+    ctx = m.target.max_context
+    assert f"({m.target.kv_bytes(ctx) / MiB:.1f} MiB at its {ctx:,}-token context)" in log.getvalue()
     assert (m.target.layout, m.target.kv_dtype, m.drafter.layout, m.drafter.kv_dtype) == \
         ("cuda", "float16", "cpu", "float32")
     greedy_is_exact(edgespec.load(out, max_context=128, drafter_provider="cpu"), PROMPTS[:1], ("model",), n=12)
