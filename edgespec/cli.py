@@ -177,12 +177,16 @@ class _OneLineUsage(click.Command):
               help="Port (0 picks a free one; the address is printed once the server listens).")
 @click.option("--queue", "queue_size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait while one generates; more are refused with 429.")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
+              help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
 @_engine_opts
 @memory_opts()
-def serve(bundle, host, port, queue_size, drafter, draft_tokens, max_context, threads, profile, provider):
+def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, max_context, threads, profile,
+          provider):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
-    --drafter and --draft-tokens are the defaults a request's "edgespec" object can override."""
+    --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
+    drafter remembers every reply on disk to draft from for later requests (--no-memory: nothing is kept)."""
     from pathlib import Path
 
     try:
@@ -195,9 +199,13 @@ def serve(bundle, host, port, queue_size, drafter, draft_tokens, max_context, th
                       use_drafter=model_wanted(drafter))
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
-        app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens)
+        app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
+                         temperature=temperature)
+        mem = eng.memory_stats().get("memory_path")
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
-                              f"time, up to {queue_size} waiting)")
+                              f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
+                              + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
+                                 else "no memory of replies)"))
     finally:
         sock.close()
 

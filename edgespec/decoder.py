@@ -209,7 +209,7 @@ class Decoder:
         if cfg.drafter not in ("auto", "none") and cfg.drafter not in self.drafters:
             why = self.unavailable.get(cfg.drafter, f"no {cfg.drafter} drafter is loaded")
             usable = ", ".join([*self.drafters, "auto", "none"])
-            raise ConfigError(f"{why}; use --drafter {usable}")
+            raise ConfigError(f"{why}; the drafters available: {usable}")
         if prompt_len >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "

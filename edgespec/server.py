@@ -8,7 +8,9 @@ Each generation runs on its own worker thread, which starts ``Engine.stream_ids`
 to the end and closes it (a stream belongs to the thread that started it); its text deltas reach
 the event loop through an asyncio queue. A client that disconnects (streamed or not) sets the
 generation's cancel flag: the worker stops after the round in progress and closes the stream,
-which frees the engine for the next request. The engine reuses the KV cache of the previous
+which frees the engine for the next request. On SIGINT/SIGTERM the server stops taking requests,
+stops every generation after its round in progress (its client gets a 503 ``server_shutdown``
+error, streamed or not), waits for the worker threads and exits 0. The engine reuses the KV cache of the previous
 prompt when a new prompt extends it (the next turn of the same conversation), so only new tokens
 are prefilled; ``usage.prompt_tokens_details.cached_tokens`` counts the reused ones.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 import threading
@@ -47,8 +50,26 @@ class Scheduler:
         self.lock = asyncio.Lock()
         self.waiting = 0
         self.busy = False
+        self.closing = False  # shutting down: no new generation starts
+        self.active: set[Generation] = set()  # admitted and not yet finished
+        self.threads: set[threading.Thread] = set()  # worker threads still running
+
+    def shutdown(self) -> None:
+        """Stop every generation, queued or running, after its round in progress."""
+        self.closing = True
+        for g in list(self.active):
+            g.cancel(shutdown=True)
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the worker threads (each stops after its round in progress); False if one is still running."""
+        deadline = time.monotonic() + timeout
+        for t in list(self.threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
 
     def admit(self) -> None:
+        if self.closing:
+            raise shutting_down()
         if self.waiting < self.queue_size or (not self.busy and self.waiting == 0 and not self.lock.locked()):
             return
         self.metrics.rejected += 1
@@ -57,28 +78,41 @@ class Scheduler:
                          headers={"Retry-After": "1"})
 
 
+def shutting_down() -> P.APIError:
+    return P.APIError(503, "the server is shutting down", type="server_error", code="server_shutdown")
+
+
 class Generation:
     """One request's generation: ``events()`` yields ("delta", text)... then ("done", stats) or
-    ("error", exception). ``cancel()`` is always safe and is called when the client is gone."""
+    ("error", exception). ``cancel()`` is always safe and is called when the client is gone;
+    ``cancel(shutdown=True)`` when the server stops (the client then gets a 503 error)."""
 
     def __init__(self, sched: Scheduler, ids: list[int], stop: list[str], kw: dict):
         self.sched, self.ids, self.stop, self.kw = sched, ids, stop, kw
         self._cancel = threading.Event()
         self._queued = True  # counted in sched.waiting until it has the engine or gives up
+        self._started = False  # a worker thread runs it
+        self.shutdown = False
         self.queue_ms = 0.0
         sched.waiting += 1
+        sched.active.add(self)
 
     def _unqueue(self) -> None:
         if self._queued:
             self._queued = False
             self.sched.waiting -= 1
 
-    def cancel(self) -> None:
+    def cancel(self, shutdown: bool = False) -> None:
+        self.shutdown = self.shutdown or shutdown
         self._cancel.set()
         self._unqueue()
+        if not self._started:
+            self.sched.active.discard(self)
 
     async def events(self):
         if self._cancel.is_set():
+            if self.shutdown:
+                yield "error", shutting_down()
             return
         sched, t0 = self.sched, time.perf_counter()
         try:
@@ -87,13 +121,19 @@ class Generation:
             self._unqueue()
         if self._cancel.is_set():
             sched.lock.release()
+            if self.shutdown:
+                yield "error", shutting_down()
             return
         sched.busy = True
         self.queue_ms = (time.perf_counter() - t0) * 1000
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
+        worker = threading.Thread(target=self._work, args=(loop, q), name="edgespec-generation", daemon=True)
+        self._started = True
+        sched.threads.add(worker)
         try:
-            threading.Thread(target=self._work, args=(loop, q), name="edgespec-generation", daemon=True).start()
+            worker.start()
         except BaseException:
+            sched.threads.discard(worker)
             self._finished(q, None, RuntimeError("cannot start a worker thread"), False)
             raise
         while True:
@@ -110,10 +150,13 @@ class Generation:
     def _work(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> None:
         """The worker thread: starts, consumes and closes the engine's stream."""
         last, gen, err = None, None, None
+        engine, text, out = self.sched.engine, [], []
         try:
-            gen = self.sched.engine.stream_ids(self.ids, stop=self.stop, **self.kw)
-            for delta, _toks, st in gen:
+            gen = engine.stream_ids(self.ids, stop=self.stop, **self.kw)
+            for delta, toks, st in gen:
                 last = st
+                text.append(delta)
+                out.extend(toks)
                 if self._cancel.is_set():
                     break
                 if delta:
@@ -130,16 +173,27 @@ class Generation:
                 except Exception:  # noqa: BLE001
                     log.exception("closing the generation failed")
             summary = P.stats_summary(last) if last is not None else None
+            if summary is not None:
+                # the tokens of the text returned: a stop string's tokens, and what the same round
+                # computed after it, are not (the stats' new_tokens count what was computed)
+                if last.finish_reason == "stop":
+                    out = engine._ids_up_to(out, len("".join(text)))  # noqa: SLF001
+                summary["completion_tokens"] = len(out)
             try:
                 loop.call_soon_threadsafe(self._finished, q, summary, err, self._cancel.is_set())
             except RuntimeError:  # the loop is gone: the server is shutting down
                 pass
+            finally:
+                self.sched.threads.discard(threading.current_thread())
 
     def _finished(self, q: asyncio.Queue, summary: dict | None, err: BaseException | None, cancelled: bool) -> None:
         """On the event loop, once the worker is done: free the engine, count, tell the consumer."""
         self.sched.busy = False
         self.sched.lock.release()
+        self.sched.active.discard(self)
         self.sched.metrics.generation(summary, self.queue_ms, cancelled=cancelled, failed=err is not None)
+        if err is None and self.shutdown:
+            err = shutting_down()
         q.put_nowait(("error", err) if err is not None else ("done", summary or P.stats_summary(None)))
 
 
@@ -246,6 +300,8 @@ class Server:
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
             raise P.bad(str(e).splitlines()[0], param) from None
         n, ctx = len(ids), self.engine.max_context
+        if n == 0:  # refused here, before a stream's first byte, not by the engine mid-stream
+            raise P.bad(f"the {'prompt' if param == 'prompt' else 'conversation'} is empty: it has no tokens", param)
         room = ctx - n
         if room < 1:
             raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx} (prompt plus at least one "
@@ -255,12 +311,16 @@ class Server:
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
         try:
             self.engine.config(**kw)  # refuses before queueing: drafter model missing, draft length, ...
+            if kw.get("drafter") not in (None, "auto", "none"):
+                self.engine.decoder._check(n, self.engine.config(**kw))  # noqa: SLF001 -- a drafter not loaded
         except EdgespecError as e:
-            raise P.bad(str(e).splitlines()[0], "edgespec" if "draft" in str(e) else None) from None
+            msg = str(e).splitlines()[0]
+            raise P.bad(msg, _param_of(msg)) from None
         self.sched.admit()
         gen = Generation(self.sched, ids, req.stop, kw)
         rid, created = P.new_id(req.kind), P.now()
         ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
+               "temperature": kw.get("temperature", self.engine.defaults.temperature),
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
             return EventStream(self._sse(gen, req, rid, created, ext), gen.cancel)
@@ -272,7 +332,7 @@ class Server:
             return Response(status_code=499)
         text, s = out
         ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
-        use = P.usage(s["prompt_tokens"] or n, s["new_tokens"], s["reused_prompt_tokens"])
+        use = P.usage(s["prompt_tokens"] or n, s.get("completion_tokens", s["new_tokens"]), s["reused_prompt_tokens"])
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
 
@@ -288,25 +348,36 @@ class Server:
         return None
 
     async def _sse(self, gen: Generation, req: P.GenRequest, rid: str, created: int, ext: dict):
-        k, model = req.kind, self.model_id
+        k, model, wu = req.kind, self.model_id, req.include_usage
         try:
             if k == "chat":
-                yield P.sse(P.chunk(k, rid, model, created, role=True, text=""))
+                yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu))
             async for kind, val in gen.events():
                 if kind == "delta":
-                    yield P.sse(P.chunk(k, rid, model, created, text=val))
+                    yield P.sse(P.chunk(k, rid, model, created, text=val, with_usage=wu))
                 elif kind == "done":
                     e = {**ext, **val, "queue_ms": round(gen.queue_ms, 3)}
                     yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
-                                        text=None if k == "chat" else ""))
+                                        text=None if k == "chat" else "", with_usage=wu))
                     if req.include_usage:
-                        use = P.usage(val["prompt_tokens"], val["new_tokens"], val["reused_prompt_tokens"])
+                        use = P.usage(val["prompt_tokens"], val.get("completion_tokens", val["new_tokens"]),
+                                      val["reused_prompt_tokens"])
                         yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
                 else:
                     yield P.sse(P.engine_error(val).body())
             yield P.SSE_DONE
         finally:
             gen.cancel()
+
+
+def _param_of(msg: str) -> str | None:
+    """The request field an engine refusal is about, for the error's ``param``."""
+    for key, param in (("max_draft_tokens", "edgespec.max_draft_tokens"), ("draft_tokens", "edgespec.draft_tokens"),
+                       ("drafter", "edgespec.drafter"), ("temperature", "temperature"), ("top_p", "top_p"),
+                       ("top_k", "top_k"), ("seed", "seed")):
+        if key in msg:
+            return param
+    return None
 
 
 async def _read_body(request: Request) -> bytes:
@@ -343,10 +414,12 @@ async def _on_crash(request: Request, e: Exception) -> Response:
 
 
 def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | None = None,
-               draft_tokens: int | None = None) -> Starlette:
-    """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens`` are the
-    server's defaults; a request's ``edgespec`` object overrides them."""
-    srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens})
+               draft_tokens: int | None = None, temperature: float | None = 1.0) -> Starlette:
+    """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens``/``temperature``
+    are the server's defaults (``temperature`` 1, OpenAI's; None: the engine's, greedy); a request's
+    own fields and ``edgespec`` object override them."""
+    srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
+                                                "temperature": temperature})
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
               Route("/v1/completions", srv.completions, methods=["POST"]),
               Route("/v1/models", srv.models, methods=["GET"]),
@@ -379,11 +452,17 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str = "info") -> None:
-    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (uvicorn; open streams get 5 s to finish)."""
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM, then stop cleanly: no new requests, every
+    generation stopped after its round in progress (its client told so), the worker threads joined.
+    A second Ctrl-C stops waiting for open connections."""
+    import contextlib
+    import signal
+
     import uvicorn
 
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    sched: Scheduler = app.state.server.sched
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -391,10 +470,34 @@ def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str
             if self.started:
                 print(f"edgespec: serving on {url}/v1 {banner}".rstrip(), file=sys.stderr, flush=True)
 
-    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
+        async def shutdown(self, sockets=None):
+            sched.shutdown()  # the generations end first, so that their responses can complete
+            await super().shutdown(sockets=sockets)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's, less the signal it re-raises afterwards: a clean stop exits 0, SIGTERM included
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+
+    # the wait for open responses: a generation stops after its round, but a long prefill is one call
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=60,
                             server_header=False)
     try:
         _Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl-C it caught
-        pass
+        sched.shutdown()  # uvicorn returned without its shutdown (a failed startup): nothing may still run
+        if not sched.join(120):
+            print("edgespec: a generation did not stop in 120 s; exiting without it", file=sys.stderr, flush=True)
+            sys.stderr.flush()
+            os._exit(1)  # not through the interpreter's exit, which would abort under a thread inside onnxruntime
+    except KeyboardInterrupt:  # a Ctrl-C while the workers were joined
+        print("edgespec: stopped (interrupted)", file=sys.stderr, flush=True)
+        os._exit(130)
     print("edgespec: stopped", file=sys.stderr, flush=True)

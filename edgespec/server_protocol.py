@@ -6,7 +6,13 @@ type). ``server.py`` does the serving.
 Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, param, code}}`` body
 with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, logprobs, tools,
 penalties, ...) are refused, not silently ignored; fields that change nothing (``user``,
-``metadata``, ``store``, ...) are accepted and ignored.
+``metadata``, ``store``, ...) are accepted and ignored; a field OpenAI's API does not have (and
+that is not one of edgespec's extensions, ``top_k`` and ``edgespec``) is refused as OpenAI refuses
+it, so that a sampling option of another server (``min_p``, ``typical_p``, ...) never passes
+unnoticed.
+
+``temperature``: absent means the server's default, which is OpenAI's (1) unless ``edgespec serve
+--temperature`` set another; the response's ``edgespec.temperature`` is the value used.
 
 ``max_tokens`` (or ``max_completion_tokens``): an integer >= 1; absent means "until the context
 is full". A value larger than the room the prompt leaves in the context is clamped to that room
@@ -22,9 +28,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .drafters import drafter_choices
 from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
 
-DRAFTERS = ("model", "prompt-lookup", "auto", "none")
+DRAFTERS = drafter_choices()
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 16
 MAX_BODY = 8 << 20  # bytes; a prompt can never be longer than the context anyway
@@ -87,17 +94,18 @@ def _kind(v) -> str:
             dict: "an object"}.get(type(v), type(v).__name__)
 
 
-def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    v = body.get(key)
+def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None, where: str | None = None) -> int | None:
+    """``body[key]`` as an integer in lo..hi, or None; ``where`` names it in errors (default ``key``)."""
+    v, where = body.get(key), where or key
     if v is None:
         return None
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise bad(f"'{key}' must be an integer, got {_kind(v)}", key)
+        raise bad(f"'{where}' must be an integer, got {_kind(v)}", where)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise bad(f"'{key}' must be {rng}, got {v}", key)
+        raise bad(f"'{where}' must be {rng}, got {v}", where)
     return v
 
 
@@ -112,12 +120,21 @@ def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -
     return float(v)
 
 
-def _bool(body: dict, key: str) -> bool:
-    v = body.get(key, False)
+def _bool(body: dict, key: str, where: str | None = None) -> bool:
+    v, where = body.get(key, False), where or key
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise bad(f"'{key}' must be a boolean, got {_kind(v)}", key)
+        raise bad(f"'{where}' must be a boolean, got {_kind(v)}", where)
+    return v
+
+
+def _text(v: str, where: str) -> str:
+    """``v`` if it is valid Unicode: JSON's escapes can carry a lone surrogate, which no tokenizer reads."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{where} holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)", where) from None
     return v
 
 
@@ -125,10 +142,25 @@ def _bool(body: dict, key: str) -> bool:
 _HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
              "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "parallel_tool_calls": (False, True),
              "best_of": (1,), "suffix": ("",), "echo": (False,), "prediction": (), "audio": (),
-             "modalities": (["text"],)}
+             "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": ()}
+# OpenAI's fields that change nothing here: accepted and ignored
+_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+_COMMON_KEYS = {"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "stop", "temperature",
+                "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                "logprobs", "logit_bias", "edgespec"} | _IGNORED
+_KEYS = {"chat": _COMMON_KEYS | {"messages", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+                                 "parallel_tool_calls", "prediction", "audio", "modalities", "response_format",
+                                 "reasoning_effort", "web_search_options", "verbosity"},
+         "completion": _COMMON_KEYS | {"prompt", "best_of", "suffix", "echo"}}
 
 
 def _common(body: dict, kind: str, model_id: str) -> GenRequest:
+    unknown = sorted(set(body) - _KEYS[kind])
+    if unknown:
+        where = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        raise bad(f"unrecognized request argument supplied: {unknown[0]} ({where} does not take it"
+                  + (f"; nor {', '.join(unknown[1:])}" if len(unknown) > 1 else "") + ")", unknown[0],
+                  "unknown_parameter")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad(f"'model' must be a string, got {_kind(model)}", "model")
@@ -142,7 +174,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
             raise bad(f"'stream_options' must be an object, got {_kind(so)}", "stream_options")
         if not req.stream:
             raise bad("'stream_options' is only allowed with 'stream': true", "stream_options")
-        req.include_usage = _bool(so, "include_usage")
+        req.include_usage = _bool(so, "include_usage", "stream_options.include_usage")
 
     # one length limit, under either of OpenAI's names
     mt = _int(body, "max_tokens", 1)
@@ -155,7 +187,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     opts = req.options
     for key, value in (("temperature", _number(body, "temperature", 0.0, 2.0)),
                        ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
-                       ("top_k", _int(body, "top_k", 0)),
+                       ("top_k", _int(body, "top_k", 0, 2**31 - 1)),
                        ("seed", _int(body, "seed", 0, 2**63 - 1))):
         if value is not None:
             opts[key] = value
@@ -192,7 +224,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
                 raise bad(f"'edgespec.drafter' must be one of {', '.join(DRAFTERS)}, got {d!r}", "edgespec.drafter")
             opts["drafter"] = d
         for key in ("draft_tokens", "max_draft_tokens"):
-            v = _int(ext, key, 0 if key == "draft_tokens" else 1, 64)
+            v = _int(ext, key, 0 if key == "draft_tokens" else 1, 64, f"edgespec.{key}")
             if v is not None:
                 opts[key] = v
     return req
@@ -207,7 +239,7 @@ def _stop(v) -> list[str]:
         raise bad("'stop' must be a string or an array of strings", "stop")
     if len(v) > MAX_STOP:
         raise bad(f"'stop' holds at most {MAX_STOP} strings, got {len(v)}", "stop")
-    return [s for s in v if s]
+    return [_text(s, "stop") for s in v if s]
 
 
 def parse_chat(body: dict, model_id: str) -> GenRequest:
@@ -243,6 +275,8 @@ def _message(m, i: int) -> dict:
                           f"supported, got {what!r}", f"{where}.content")
             parts.append(p["text"])
         content = "\n".join(parts)
+    if isinstance(content, str):
+        _text(content, f"{where}.content")
     if not isinstance(content, str):
         raise bad(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
                   f"{where}.content", "invalid_type")
@@ -258,7 +292,7 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
         missing = p is None
         raise bad("'prompt' must be a string (one prompt per request)" + (" (it is missing)" if missing else ""),
                   "prompt", "missing_required_parameter" if missing else "invalid_type")
-    req.prompt = p
+    req.prompt = _text(p, "prompt")
     return req
 
 
@@ -278,6 +312,8 @@ def stats_summary(st) -> dict:
 
 def engine_error(e: BaseException) -> APIError:
     """An engine error met during a generation, as the client sees it (one line, no traceback)."""
+    if isinstance(e, APIError):
+        return e
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     if isinstance(e, ContextOverflowError):
         return APIError(400, msg, code="context_length_exceeded")
@@ -324,8 +360,10 @@ def completion_response(rid: str, model: str, created: int, text: str, reason: s
 
 
 def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = None, role: bool = False,
-          reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False) -> dict:
-    """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage."""
+          reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False,
+          with_usage: bool = False) -> dict:
+    """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage;
+    ``with_usage``: include_usage was asked for, so every other chunk says ``"usage": null`` (as OpenAI's)."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     out = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
     if empty:
@@ -339,7 +377,7 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
         out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}]
     else:
         out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason(reason)}]
-    if use is not None:
+    if use is not None or with_usage:
         out["usage"] = use
     if ext is not None:
         out["edgespec"] = ext

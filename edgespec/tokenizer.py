@@ -181,7 +181,7 @@ class StreamDecoder:
     """Turns a growing list of token ids into text deltas.
 
     A token can end in the middle of a multi-byte UTF-8 character; its text then ends in U+FFFD.
-    Such text is held back until a later token completes the character. Text is decoded from a
+    Such text is held back until a later token completes the character (and dropped if none does). Text is decoded from a
     short window of recent tokens, so the cost per token does not grow with the reply.
     """
 
@@ -203,7 +203,10 @@ class StreamDecoder:
         return ""
 
     def flush(self) -> str:
+        """The text held back, at the end of a generation. A character whose bytes the last tokens
+        only began (a reply cut by its token limit) is left out rather than sent as U+FFFD: the text
+        holds only characters the model completed."""
         prefix_text = self._tok.decode(self.ids[self._prefix:self._read])
         full = self._tok.decode(self.ids[self._prefix:])
         self._prefix = self._read = len(self.ids)
-        return full[len(prefix_text):]
+        return full[len(prefix_text):].rstrip("\ufffd")

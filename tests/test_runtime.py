@@ -163,6 +163,13 @@ def test_stream_decoder_holds_split_multibyte(tiny_bundle):
     parts = [dec.push([i]) for i in ids] + [dec.flush()]
     assert "".join(parts) == tok.decode(ids)
     assert all("\ufffd" not in p for p in parts)
+    # a reply cut inside a character (its token limit) ends with the characters completed, no U+FFFD
+    cuts = [k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts, "the test needs a character split across tokens"
+    for k in cuts:
+        dec = tok.stream_decoder()
+        out = "".join([dec.push([i]) for i in ids[:k]] + [dec.flush()])
+        assert out == tok.decode(ids[:k]).rstrip("\ufffd") and "\ufffd" not in out
 
 
 def test_generate_json_cli(tiny_bundle):

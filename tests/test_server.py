@@ -56,7 +56,7 @@ def _start_server(bundle, log: Path, *extra) -> tuple[subprocess.Popen, str]:
 @pytest.fixture(scope="module")
 def server(smol_int4, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    proc, url = _start_server(smol_int4, log)
+    proc, url = _start_server(smol_int4, log, "--temperature", "0")  # greedy unless a request says otherwise
     yield url
     proc.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly
     try:
@@ -300,7 +300,18 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"drafter": "magic"}}, 400,
      "edgespec.drafter", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"draft_tokens": 99}}, 400,
-     "draft_tokens", None),
+     "edgespec.draft_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_p": 0.1}, 400, "min_p", "unknown_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "typical_p": 0.9, "mirostat": 2}, 400, "mirostat",
+     "unknown_parameter"),
+    ("completions", {"prompt": "hi", "messages": []}, 400, "messages", "unknown_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"}, 400, "reasoning_effort",
+     "unsupported_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": 10**12}, 400, "top_k", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+              "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage", None),
+    ("chat", {"messages": [{"role": "user", "content": "a \ud800 b"}]}, 400, "messages[0].content", None),
+    ("completions", {"prompt": "", "stream": True}, 400, "prompt", None),  # refused before the stream starts
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"speed": "max"}}, 400, "edgespec", None),
     ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages", "context_length_exceeded"),
     ("completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
@@ -381,20 +392,126 @@ def test_edgespec_extension_picks_the_drafter(client, model_id):
     assert pl.model_extra["edgespec"]["draft_tokens"] == 3
 
 
-# -- the bounded queue -----------------------------------------------------------------------------
-def test_full_queue_gets_429(engine, model_id):
-    import uvicorn
+def test_ignored_fields_pass_and_suffix_is_a_drafter(client, model_id):
+    msgs = [{"role": "user", "content": "List the numbers 1, 2, 3, 4, 5, 6 twice."}]
+    base = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, user="u-1",
+                                          metadata={"k": "v"}, store=False)
+    sx = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16,
+                                        extra_body={"edgespec": {"drafter": "suffix"}})
+    assert sx.choices[0].message.content == base.choices[0].message.content  # lossless
+    assert sx.model_extra["edgespec"]["drafter_policy"] == "suffix"
 
-    from edgespec.server import bind, create_app
 
-    sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    srv = uvicorn.Server(uvicorn.Config(create_app(engine, model_id, queue_size=1), log_level="warning",
-                                        lifespan="off"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
+def test_usage_counts_the_returned_tokens_after_a_stop(client, engine, model_id):
+    """completion_tokens are the reply's tokens, not what the last round computed past the stop string."""
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2,"  # long drafts: rounds overshoot
+    overshot = 0
+    for stop in ([" 7"], [" 5,"], ["9", "x"]):
+        ref = engine.generate(prompt, max_new_tokens=40, stop=stop)
+        assert ref.finish_reason == "stop", stop
+        r = client.completions.create(model=model_id, prompt=prompt, max_tokens=40, stop=stop)
+        assert r.choices[0].text == ref.text and r.choices[0].finish_reason == "stop", stop
+        assert r.usage.completion_tokens == len(ref.token_ids), (stop, ref.stats["new_tokens"])
+        chunks = list(client.completions.create(model=model_id, prompt=prompt, max_tokens=40, stop=stop,
+                                                stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+        overshot += ref.stats["new_tokens"] > len(ref.token_ids)
+    assert overshot, "no round computed past its stop string: the test cannot tell the two counts apart"
+
+
+def sse_events(url: str, path: str, body: dict, timeout: float = 60):
+    """A raw streamed request: (status, the connection's response); ``events(resp)`` parses it."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=timeout)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    return conn.getresponse()
+
+
+def events(raw: str) -> list:
+    return [ln[6:] if ln[6:] == "[DONE]" else json.loads(ln[6:]) for ln in raw.split("\n\n") if ln.startswith("data: ")]
+
+
+def test_streamed_chunks_carry_usage_null_until_the_last(server, model_id):
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6,
+            "stream": True, "stream_options": {"include_usage": True}}
+    got = events(sse_events(server, "/v1/chat/completions", body).read().decode())
+    assert got[-1] == "[DONE]" and got[-2]["choices"] == [] and got[-2]["usage"]["completion_tokens"] >= 1
+    assert len(got) > 3 and all("usage" in e and e["usage"] is None for e in got[:-2])
+    body["stream_options"] = {"include_usage": False}
+    assert all("usage" not in e for e in events(sse_events(server, "/v1/chat/completions", body).read().decode())[:-1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_stop_signal_mid_generation(smol_int4, tmp_path, model_id, sig):
+    """Ctrl-C or SIGTERM while one request generates and another waits: both clients are told
+    (503 server_shutdown; the stream ends with the error and [DONE]), the process exits 0."""
+    log = tmp_path / "server.log"
+    proc, url = _start_server(smol_int4, log, "--max-context", "2048", "--temperature", "0")
     try:
-        wait_until(lambda: srv.started, 20, "the in-process server")
+        resp = sse_events(url, "/v1/completions", {"prompt": "1, 2, 3, 4,", "max_tokens": 2000, "stream": True,
+                                                   "edgespec": {"drafter": "none"}})
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")  # it generates
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(http, url + "/v1/completions", {"prompt": "a, b,", "max_tokens": 8}, None, 60)
+            wait_until(lambda: http(url + "/health")[1]["queued"] == 1, 20, "the second request to queue")
+            proc.send_signal(sig)
+            got = events(resp.read().decode())
+            status, err = queued.result(timeout=60)
+        assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == "server_shutdown", got[-3:]
+        assert status == 503 and err["error"]["code"] == "server_shutdown", err
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert rc == 0 and "edgespec: stopped" in text and "Traceback" not in text, text[-3000:]
+
+
+# -- the bounded queue -----------------------------------------------------------------------------
+class _InProcess:
+    """``create_app(engine, model_id, **kw)`` served by uvicorn on a thread, on a free port."""
+
+    def __init__(self, engine, model_id, **kw):
+        import uvicorn
+
+        from edgespec.server import bind, create_app
+
+        self.sock = bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.srv = uvicorn.Server(uvicorn.Config(create_app(engine, model_id, **kw), log_level="warning",
+                                                 lifespan="off"))
+        self.thread = threading.Thread(target=self.srv.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_until(lambda: self.srv.started, 20, "the in-process server")
+        return self
+
+    def __exit__(self, *exc):
+        self.srv.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+        assert not self.thread.is_alive()
+
+
+def test_default_temperature_is_openais(engine, model_id):
+    msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
+    with _InProcess(engine, model_id) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        a = c.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, seed=7)
+        assert a.model_extra["edgespec"]["temperature"] == 1.0
+        ref = engine.generate(msgs, max_new_tokens=16, temperature=1.0, seed=7)
+        assert a.choices[0].message.content == ref.text  # sampled at T = 1, reproducibly
+        g = c.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, temperature=0)
+        assert g.choices[0].message.content == engine.generate(msgs, max_new_tokens=16).text
+        assert g.model_extra["edgespec"]["temperature"] == 0
+    assert ref.text != engine.generate(msgs, max_new_tokens=16).text  # T = 1 did change something
+
+
+def test_full_queue_gets_429(engine, model_id):
+    with _InProcess(engine, model_id, queue_size=1) as s:
+        url = s.url
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         running = c.completions.create(model=model_id, prompt="1, 2, 3, 4,", max_tokens=400, stream=True)
         next(iter(running))  # it holds the engine
@@ -408,11 +525,6 @@ def test_full_queue_gets_429(engine, model_id):
             running.close()
             assert waiting.result(timeout=60).choices[0].text  # the queued one is answered
         assert metric(url, "rejected_requests_total") == 1
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-    assert not thread.is_alive()
 
 
 # -- the command line ------------------------------------------------------------------------------
