@@ -193,7 +193,12 @@ class Engine:
         _stops(kw.pop("stop", None))
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
-        return GenerationConfig(**vals)
+        cfg = GenerationConfig(**vals)
+        d = self.decoder
+        if cfg.drafter not in ("auto", "none") and cfg.drafter not in d.drafters:  # e.g. no drafter model loaded
+            why = d.unavailable.get(cfg.drafter, f"no {cfg.drafter} drafter is loaded")
+            raise ConfigError(f"{why}; the drafters available: {', '.join([*d.drafters, 'auto', 'none'])}")
+        return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
                fit: bool = False) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from typing import Callable, TextIO
 
@@ -84,12 +85,25 @@ class ChatRepl:
         self.engine = engine
         self.options = self._checked({k: v for k, v in (options or {}).items() if v is not None})
         self.session = engine.chat(system=system)
+        self._check_start(system)
+        self.failed = 0  # turns and commands that ended in an error: piped input then exits 1
         self.show_stats = show_stats
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         # input() gives line editing and a prompt only on the process's own terminal
         self.interactive = self.stdin is sys.stdin and self.stdin.isatty()
+
+    def _check_start(self, system: str | None) -> None:
+        """What would fail every turn is refused before the first: a chat template that does not
+        render, a system prompt that leaves the context no room for a question and a reply."""
+        from .errors import ContextOverflowError
+
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "hi"}]
+        n = len(self.engine.encode(msgs))
+        if n >= self.engine.max_context:
+            raise ContextOverflowError(f"the system prompt and a one-word question take {n} tokens; the context "
+                                       f"holds {self.engine.max_context} (prompt plus at least one new token)")
 
     # -- output --------------------------------------------------------------------------------
     def _out(self, text: str) -> None:
@@ -99,6 +113,10 @@ class ChatRepl:
     def _note(self, text: str) -> None:
         self.stderr.write(text + "\n")
         self.stderr.flush()
+
+    def _error(self, text: str) -> None:
+        self.failed += 1
+        self._note(f"error: {text}")
 
     # -- input ---------------------------------------------------------------------------------
     def _read(self) -> str | None:
@@ -135,7 +153,7 @@ class ChatRepl:
             except KeyboardInterrupt:  # Ctrl-C while piped input is read: leave quietly
                 return 130
             if line is None:
-                return 0
+                return 1 if self.failed and not self.interactive else 0
             line = line.strip()
             if not line:
                 continue
@@ -162,7 +180,7 @@ class ChatRepl:
         except EdgespecError as e:
             if parts:
                 self._out("\n")
-            self._note(f"error: {e}")
+            self._error(str(e))
             return
         finally:
             stream.close()  # releases the engine; the partial reply stays in the history
@@ -207,7 +225,7 @@ class ChatRepl:
         elif name == "save":
             self._save(arg)
         else:
-            self._note(f"unknown command /{name}; /help lists the commands")
+            self._error(f"unknown command /{name}; /help lists the commands")
         return True
 
     def _checked(self, options: dict) -> dict:
@@ -223,32 +241,56 @@ class ChatRepl:
         key, _, value = arg.partition(" ")
         value = value.strip()
         if key not in SETTINGS:
-            self._note(f"error: /set knows {', '.join(SETTINGS)}; not {key!r}")
+            self._error(f"/set knows {', '.join(SETTINGS)}; not {key!r}")
             return
         if not value:
-            self._note(f"error: /set {key} needs a value")
+            self._error(f"/set {key} needs a value")
             return
         try:
             parsed = SETTINGS[key](value)
             self.options = self._checked({**self.options, key: parsed})
         except ConfigError as e:
             message = str(e)
-            self._note(f"error: {message if message.startswith(key) else f'{key}: {message}'}")
+            self._error(message if message.startswith(key) else f"{key}: {message}")
             return
         self._out(f"{key} = {'auto' if parsed is None and key == 'draft_tokens' else parsed}\n")
 
     def _save(self, path: str) -> None:
         if not path:
-            self._note("error: /save needs a file name")
+            self._error("/save needs a file name")
             return
-        try:
-            with open(path, "w", encoding="utf-8") as f:
+        if os.path.lexists(path) and not _is_conversation(path):
+            self._error(f"{path} exists and is not a conversation /save wrote; give another name")
+            return
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:  # whole or not at all: a full disk leaves the file as it was
+            with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(self.session.messages, f, indent=2, ensure_ascii=False)
                 f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
         except OSError as e:
-            self._note(f"error: cannot write {path}: {e.strerror or e}")
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            self._error(f"cannot write {path}: {e.strerror or e}")
             return
         self._out(f"[saved {len(self.session.messages)} messages to {path}]\n")
+
+
+def _is_conversation(path: str) -> bool:
+    """Whether ``path`` holds what /save writes (a JSON list of {role, content}), so that saving
+    again may replace it; any other file is left alone."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > 256 << 20:
+            return False
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, list) and all(isinstance(m, dict) and set(m) == {"role", "content"} for m in data)
 
 
 # -- statistics --------------------------------------------------------------------------------

@@ -311,8 +311,6 @@ class Server:
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
         try:
             self.engine.config(**kw)  # refuses before queueing: drafter model missing, draft length, ...
-            if kw.get("drafter") not in (None, "auto", "none"):
-                self.engine.decoder._check(n, self.engine.config(**kw))  # noqa: SLF001 -- a drafter not loaded
         except EdgespecError as e:
             msg = str(e).splitlines()[0]
             raise P.bad(msg, _param_of(msg)) from None

@@ -187,12 +187,31 @@ def test_piped_errors_keep_the_session(tiny_bundle, tmp_path):
     script = ("/set top_p 2\n/set drafter sometimes\n/set draft_tokens auto\n/set nonsense 1\n/bogus\n"
               f"/save {tmp_path}/no/such/dir/x.json\nhello\n")
     r = _piped(tiny_bundle, script, "--max-new-tokens", "5")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # the session went on, but piped input that met errors says so
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("error", "unknown"))]
     assert len(lines) == 5, r.stderr
     assert "top_p" in lines[0] and "drafter" in lines[1] and "nonsense" in lines[2]
     assert "/bogus" in lines[3] and "cannot write" in lines[4]
     assert "draft_tokens = auto" in r.stdout
+
+
+def test_save_never_clobbers_another_file(tiny_bundle, tmp_path):
+    other, conv = tmp_path / "notes.txt", tmp_path / "conv.json"
+    other.write_text("my notes\n")
+    r = _piped(tiny_bundle, f"hello\n/save {other}\n/save {conv}\nagain\n/save {conv}\n", "--max-new-tokens", "4")
+    assert r.returncode == 1 and "exists and is not a conversation" in r.stderr, r.stderr
+    assert other.read_text() == "my notes\n"  # untouched
+    assert [m["role"] for m in json.loads(conv.read_text())] == ["user", "assistant"] * 2  # a save replaces a save
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_what_would_fail_every_turn_is_refused_at_start(tiny_bundle, tiny_llama_bundle):
+    r = _piped(tiny_llama_bundle, "hello\n", "--drafter", "model")  # a bundle without a drafter model
+    assert r.returncode == 2 and "no drafter model" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = _piped(tiny_bundle, "hello\n", "--system", "word " * 400, "--max-context", "64")
+    assert r.returncode == 3 and "system prompt" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = _piped(tiny_bundle, "/set drafter model\nhello\n", "--max-new-tokens", "3")
+    assert r.returncode == 0, r.stderr  # this one has a drafter model
 
 
 def test_bad_option_is_a_one_line_error(tiny_bundle):
