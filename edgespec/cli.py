@@ -18,12 +18,58 @@ MiB = 1 << 20
 
 
 class _Group(click.Group):
+    """Every failure of a command as one ``error:`` line on stderr and an exit code: edgespec's
+    typed errors (their codes), usage errors (2), Ctrl-C (130), and what the system refuses (a
+    full disk, a read-only directory, a closed stdout: 1)."""
+
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+            sys.stdout.flush()  # a full disk under a redirected stdout is met here, not at exit
+            return out
         except EdgespecError as e:
-            click.echo(f"error: {e}", err=True)
-            ctx.exit(e.exit_code)
+            _fail(ctx, str(e), e.exit_code)
+        except click.UsageError as e:
+            where = " ".join(filter(None, ["edgespec", ctx.invoked_subcommand]))
+            _fail(ctx, f"{e.format_message()} (see '{where} --help')", 2)
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            _fail(ctx, "interrupted", 130)
+        except OSError as e:
+            _fail(ctx, _os_message(e), 1)
+        except Exception as e:  # a library's own error for a full disk (safetensors, protobuf, ...)
+            if "No space left on device" not in str(e):
+                raise
+            _fail(ctx, f"{type(e).__name__}: no space left on device", 1)
+
+
+def _os_message(e: OSError) -> str:
+    import shutil
+
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        import re
+
+        src, dst, why = e.args[0][0]  # copytree collects one entry per file: the first says why
+        m = re.match(r"\[Errno \d+\] ([^:]+)", str(why))
+        why, more = m.group(1) if m else why, len(e.args[0]) - 1
+        return f"cannot copy {src} to {dst}: {why}" + (f" (and {more} more files)" if more else "")
+    what = e.strerror or str(e)
+    if e.filename is not None:
+        return f"{what}: {e.filename}"
+    if e.errno is not None and what and getattr(sys.stdout, "closed", False) is False:
+        return f"cannot write the output: {what}" if e.errno in (28, 5, 122) else what  # ENOSPC, EIO, EDQUOT
+    return what
+
+
+def _fail(ctx, message: str, code: int):
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout itself is what failed: drop what it still holds
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+    click.echo(f"error: {message.splitlines()[0] if message else 'failed'}", err=True)
+    ctx.exit(code)
 
 
 @click.group(cls=_Group)

@@ -199,3 +199,69 @@ def test_model_drafter_without_drafter(tiny_llama_bundle):
     eng = edgespec.load(tiny_llama_bundle)
     with pytest.raises(edgespec.ConfigError, match="no drafter model"):
         eng.generate("hi", drafter="model", max_new_tokens=4)
+
+
+# -- what the system refuses, usage errors and Ctrl-C: one line and an exit code in every command ----
+def test_usage_errors_are_one_line_in_every_command(tiny_bundle):
+    assert "--drafter" in one_line_error(run("generate", tiny_bundle, "-p", "hi", "--drafter", "bogus"), 2)
+    assert "--max-new-tokens" in one_line_error(run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "x"), 2)
+    assert "BUNDLE" in one_line_error(run("memory", "show"), 2)
+    assert "no such option" in one_line_error(run("export", "x", "-o", "y", "--bogus"), 2).lower()
+    assert "edgespec info --help" in one_line_error(run("info"), 2)
+
+
+def test_a_full_disk_while_copying_a_bundle(tiny_int4_bundle, tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    def full(src, dst, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", src)
+
+    monkeypatch.setattr(shutil, "copy2", full)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    msg = one_line_error(run("exact-kernels", tiny_int4_bundle, "-o", tmp_path / "xk"), 1)
+    assert "No space left on device" in msg and "cannot copy" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no partial bundle left behind
+    assert edgespec.load(tiny_int4_bundle).generate("hi", max_new_tokens=2).text is not None  # source intact
+
+
+def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
+    import edgespec.api
+
+    class SafetensorError(Exception):
+        pass
+
+    def boom(*a, **k):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, message: \"No space left on device\" })")
+
+    monkeypatch.setattr(edgespec.api, "load", boom)
+    assert "no space left on device" in one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1)
+    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: 1 / 0)  # any other failure is a bug: its traceback
+    r = run("generate", tiny_bundle, "-p", "hi")
+    assert isinstance(r.exception, ZeroDivisionError)
+
+
+def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "edgespec.cli", "generate", str(tiny_bundle), "-p", "hi", "--no-memory"]
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([*cmd, "--max-new-tokens", "4"], stdout=full, stderr=subprocess.PIPE, text=True,
+                               timeout=120)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+            "error: cannot write the output: No space left on device"], r.stderr
+    # SmolLM2 counting, one token a call: seconds of output, stopped by Ctrl-C after its first token
+    p = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "generate", str(smol_int4), "-p", "1, 2, 3, 4, 5,",
+                          "--no-memory", "--max-new-tokens", "2000", "--drafter", "none"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.read(1)  # it is generating
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
+    assert "Traceback" not in err and "Aborted" not in err
