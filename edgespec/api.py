@@ -63,6 +63,9 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     from .profiles import resolve_profile
     from .suffix import read_document
 
+    _check_load_args(bundle=bundle, profile=profile, provider=provider, max_context=max_context,
+                     use_drafter=use_drafter, verify=verify, min_width=min_width, memory=memory, documents=documents,
+                     drafter_provider=drafter_provider, cuda_graphs=cuda_graphs)
     doc_texts = [read_document(p) for p in ([documents] if isinstance(documents, (str, os.PathLike)) else documents)]
 
     n_threads = _threads(threads)
@@ -108,6 +111,38 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     if doc_texts:
         engine.add_documents(texts=doc_texts)
     return engine
+
+
+def _check_load_args(**kw) -> None:
+    """``load``'s arguments of the wrong type are a ``ConfigError`` naming the argument, not a
+    ``TypeError`` from deep inside (or a silent truthiness: ``use_drafter="no"`` would mean True)."""
+    from .profiles import Profile
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    path = (str, os.PathLike)
+    checks = {
+        "bundle": (isinstance(kw["bundle"], path), "a path (str or os.PathLike)"),
+        "profile": (kw["profile"] is None or isinstance(kw["profile"], (*path, Profile)),
+                    "a profile name, a .toml path or a Profile"),
+        "provider": (kw["provider"] is None or isinstance(kw["provider"], str), "a provider name"),
+        "drafter_provider": (kw["drafter_provider"] is None or isinstance(kw["drafter_provider"], str),
+                             "a provider name"),
+        "max_context": (kw["max_context"] is None or (is_int(kw["max_context"]) and kw["max_context"] > 0),
+                        "a positive integer"),
+        "min_width": (kw["min_width"] is None or (is_int(kw["min_width"]) and kw["min_width"] > 0),
+                      "a positive integer"),
+        "use_drafter": (isinstance(kw["use_drafter"], bool), "True or False"),
+        "verify": (isinstance(kw["verify"], bool), "True or False"),
+        "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
+        "memory": (isinstance(kw["memory"], (bool, *path)), "True, False or a store file's path"),
+        "documents": (isinstance(kw["documents"], path) or (isinstance(kw["documents"], (list, tuple)) and all(
+            isinstance(d, path) for d in kw["documents"])), "a path or a list of paths"),
+    }
+    for name, (ok, what) in checks.items():
+        if not ok:
+            raise ConfigError(f"{name} must be {what}, got {kw[name]!r}"[:200])
 
 
 def _cores() -> int:
@@ -205,6 +240,8 @@ class Engine:
         """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
         ``parse_special`` is False; messages' content is always text. With ``fit`` a prompt too long
         for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized."""
+        if isinstance(prompt_or_messages, (list, tuple)) and not prompt_or_messages:
+            raise ConfigError("the messages are empty: give at least one {role, content} message")
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
             m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []

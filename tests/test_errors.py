@@ -265,3 +265,22 @@ def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
     assert "Traceback" not in err and "Aborted" not in err
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"bundle": None}, "bundle"), ({"bundle": 123}, "bundle"), ({"bundle": b"x"}, "bundle"),
+    ({"provider": 1}, "provider"), ({"max_context": "big"}, "max_context"), ({"max_context": 1.5}, "max_context"),
+    ({"max_context": True}, "max_context"), ({"memory": 123}, "memory"), ({"documents": 123}, "documents"),
+    ({"documents": [123]}, "documents"), ({"min_width": "x"}, "min_width"), ({"use_drafter": "no"}, "use_drafter"),
+    ({"verify": "yes"}, "verify"), ({"cuda_graphs": "x"}, "cuda_graphs"), ({"profile": 3}, "profile"),
+])
+def test_load_arguments_of_the_wrong_type(tiny_bundle, kw, name):
+    args = {"bundle": tiny_bundle, **kw}
+    with pytest.raises(edgespec.ConfigError, match=f"^{name} must be"):
+        edgespec.load(args.pop("bundle"), **args)
+
+
+def test_empty_messages_are_refused(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    with pytest.raises(edgespec.ConfigError, match="messages are empty"):
+        eng.generate([], max_new_tokens=2)
