@@ -258,13 +258,19 @@ def read_store_signed(path: Path, fingerprint: str | None,
     return seqs, [np.unique(sigs[e - n: e]) for n, e in zip(sig_lengths.tolist(), ends.tolist())]
 
 
-def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = DEFAULT_CAP_TOKENS) -> MemoryStore:
+def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = DEFAULT_CAP_TOKENS,
+               set_aside: bool = True) -> MemoryStore:
     """A store read from ``path``; a corrupt or foreign file is set aside (renamed ``*.bad-<time>``,
-    with a warning) and the store starts empty, so a bad file never stops a generation."""
+    with a warning) and the store starts empty, so a bad file never stops a generation. Without
+    ``set_aside`` (a path the caller named) such a file is a ``StoreError`` and stays as it is:
+    it may be anything of the user's."""
     store = MemoryStore(path, fingerprint, vocab_size, cap_tokens)
     try:
         store.load()
     except StoreError as e:
+        if not set_aside:
+            raise StoreError(f"{e}: not a memory store edgespec can use; give a new path or a store it wrote") \
+                from None
         aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             os.replace(path, aside)

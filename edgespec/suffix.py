@@ -78,7 +78,7 @@ class SuffixDrafter:
             if path.is_dir():
                 path = path / "store.npz"
             store = open_store(path, bundle_fingerprint(env.manifest), vocab,
-                               int(opt.get("memory_cap_tokens") or DEFAULT_CAP_TOKENS))
+                               int(opt.get("memory_cap_tokens") or DEFAULT_CAP_TOKENS), set_aside=mem is True)
         return cls(store, max_draft=MAX_DRAFT)  # a request's max_draft_tokens (kmax) is the bound that applies
 
     # -- protocol ------------------------------------------------------------------------------

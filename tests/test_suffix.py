@@ -148,6 +148,17 @@ def test_corrupt_store_is_a_store_error_and_is_set_aside(tmp_path, content, what
     assert [s.tolist() for s in read_store(path, "fp", 100)] == [[1, 2, 3]]
 
 
+def test_a_named_memory_path_that_is_no_store_is_refused_and_left_alone(tiny_bundle, tmp_path):
+    """load(memory=PATH) on a file of the user's: an error, the file untouched (not set aside)."""
+    import edgespec
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    with pytest.raises(StoreError, match="not a memory store edgespec can use"):
+        edgespec.load(tiny_bundle, memory=notes)
+    assert notes.read_text() == "my notes\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def test_foreign_and_inconsistent_stores_are_refused(tmp_path):
     path = tmp_path / "store.npz"
     s = MemoryStore(path, "other-bundle", 100)
