@@ -28,10 +28,13 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
                  categories: Sequence[str] | None = None, per_category: int | None = None) -> list[dict]:
     """Read Spec-Bench's question.jsonl format: question_id, category, turns (list of strings).
     ``per_category`` keeps the first N prompts of each category, ``limit`` the first N in all."""
+    for what, v in (("--limit", limit), ("--per-category", per_category)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{what} must be at least 1, got {v}")
     p = Path(path) if path else DEFAULT_PROMPTS
     if not p.is_file():
         raise ConfigError(f"no such prompt file: {p}")
-    out = []
+    out, seen = [], set()
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -50,11 +53,15 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
         q.setdefault("category", "default")
         q.setdefault("question_id", str(n))
+        seen.add(q["category"])
         if categories and q["category"] not in categories:
             continue
         if per_category and sum(1 for o in out if o["category"] == q["category"]) >= per_category:
             continue
         out.append(q)
+    unknown = sorted(set(categories or ()) - seen)
+    if unknown:
+        raise ConfigError(f"{p}: no category {', '.join(map(repr, unknown))}; it has {', '.join(sorted(seen))}")
     if limit:
         out = out[:limit]
     if not out:
@@ -238,7 +245,7 @@ def _parse_drafter(d: str, draft_tokens: int | None = None) -> tuple[str, int | 
                 name = ""  # refused below
             else:
                 bound = int(b)
-    if name not in drafter_choices() or (k and (not k.isdigit() or name == "none")):
+    if name not in drafter_choices() or (sep and (not k.isdigit() or name == "none" or not 1 <= int(k) <= MAX_DRAFT)):
         raise ConfigError(f"unknown drafter {d!r} in --drafters ({', '.join(drafter_choices())}; "
                           f"a fixed draft length as model:4, a bound as auto@8, 1..{MAX_DRAFT})")
     return name, int(k) if k else (None if bound or name == "none" else draft_tokens), bound
@@ -309,12 +316,23 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     return rep
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: a full disk leaves an earlier report as it was."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.json", out / "report.md"]
-    files[0].write_text(json.dumps(rep.to_json(), indent=1), encoding="utf-8")
-    files[1].write_text(rep.markdown(), encoding="utf-8")
+    _write_whole(files[0], json.dumps(rep.to_json(), indent=1))
+    _write_whole(files[1], rep.markdown())
     if plots:
         files += _plots(rep, out)
     return files

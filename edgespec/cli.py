@@ -23,6 +23,9 @@ class _Group(click.Group):
     full disk, a read-only directory, a closed stdout: 1)."""
 
     def invoke(self, ctx):
+        import warnings
+
+        warnings.showwarning = _one_line_warning
         try:
             out = super().invoke(ctx)
             sys.stdout.flush()  # a full disk under a redirected stdout is met here, not at exit
@@ -40,6 +43,12 @@ class _Group(click.Group):
             if "No space left on device" not in str(e):
                 raise
             _fail(ctx, f"{type(e).__name__}: no space left on device", 1)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning as one ``warning:`` line on stderr, without Python's source location."""
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    click.echo(f"warning: {text}", err=True)
 
 
 def _os_message(e: OSError) -> str:
@@ -463,20 +472,26 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
     from .bench import parse_drafters, read_prompts, run_bench, write_report
 
+    from .errors import ConfigError
+
     names = [d.strip() for d in drafters.split(",") if d.strip()]
+    if not [n for n in names if n != "none"]:
+        raise ConfigError(f"--drafters names no drafter to compare with none: {drafters!r}")
     parse_drafters(names)  # a bad entry is refused before any model is loaded
-    _check_writable(out_dir)  # before the bench runs, not after
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
     wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model)
+    _check_writable(out_dir)  # before the bench runs, not after (and only once the bundle has loaded)
     if eng.decoder.drafters.get("model") is None and any(n.startswith("model") for n in names):
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
         names = [n for n in names if not n.startswith("model")]
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
+    click.echo(rep.markdown())  # first: a report that cannot be written is not lost
     files = write_report(rep, out_dir, plots=not no_plots)
-    click.echo(rep.markdown())
     click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
 

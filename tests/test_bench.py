@@ -57,13 +57,53 @@ def test_read_prompts_per_category():
     assert len(cats) == len(set(cats)) == 7
 
 
-@pytest.mark.parametrize("spec", ["model:abc", "none:3", "nosuch", "auto@0", "auto@x", "none@4", "auto@65"])
+@pytest.mark.parametrize("spec", ["model:abc", "none:3", "nosuch", "auto@0", "auto@x", "none@4", "auto@65", "model:0",
+                                  "model:65", "model:"])
 def test_bad_drafter_spec_is_one_line(tiny_bundle, tmp_path, spec):
     r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "4",
                                   "--drafters", spec, "--no-plots", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and f"unknown drafter {spec!r}" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--limit", "0"], "--limit must be at least 1"), (["--limit", "-1"], "--limit must be at least 1"),
+    (["--per-category", "0"], "--per-category must be at least 1"),
+    (["--drafters", ","], "no drafter to compare"), (["--drafters", "none"], "no drafter to compare"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--categories", "code,nope"], "no category 'nope'; it has chat, code"),
+])
+def test_bad_bench_options_are_refused_before_anything_runs(tmp_path, args, match):
+    """Refused before a model loads (the bundle does not even exist) and before the report folder is made."""
+    r = CliRunner().invoke(main, ["bench", str(tmp_path / "no-bundle"), "--no-plots", "--out", str(tmp_path / "o"),
+                                  *args])
+    assert r.exit_code == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o").exists()
+    r = CliRunner().invoke(main, ["bench", str(tmp_path / "no-bundle"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "no such bundle" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_report_that_cannot_be_written_is_still_printed(tiny_bundle, tmp_path, monkeypatch):
+    import edgespec.bench as B
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "report.json").write_text('{"earlier": true}')
+
+    def full(self, *a, **k):
+        if self.name.startswith(".report.md"):
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **k)
+
+    real = B.Path.write_text
+    monkeypatch.setattr(B.Path, "write_text", full)
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "3", "--drafters",
+                                  "prompt-lookup", "--no-plots", "--out", str(out)])
+    assert r.exit_code == 1 and "No space left on device" in r.stderr.strip().splitlines()[-1], r.stderr
+    assert "prompt-lookup" in r.stdout  # the results, printed before the files were written
+    assert (out / "report.md").exists() is False and sorted(p.name for p in out.iterdir()) == ["report.json"]
+    assert json.loads((out / "report.json").read_text()) != {"earlier": True}  # that one was written, whole
 
 
 def test_a_draft_bound_runner_drafts_at_most_that_many(tiny_bundle):
