@@ -261,8 +261,10 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
             return attempt([(n, {k: v for k, v in o.items() if k != GRAPH_OPTION}) for n, o in providers.providers])
     except EdgespecError:
         raise
-    except Exception as e:  # onnxruntime raises its own untyped exceptions
-        raise EdgespecError(f"cannot open {role} model {Path(path).name}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # onnxruntime raises its own untyped exceptions: a graph it cannot read or place
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BundleError(f"cannot open {role} model {Path(path).name}: "
+                          f"{first if len(first) <= 300 else first[:300] + '...'}") from None
 
 
 def _graphs_refused(e: Exception, provs) -> bool:

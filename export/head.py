@@ -37,6 +37,7 @@ import numpy as np
 
 from edgespec.errors import BundleError, ExportError
 from edgespec.manifest import Manifest, load_manifest, sha256_file, write_manifest
+from .output import load_graph
 
 HEAD_IDS_NAME = "head_ids.npy"
 _INLINE_LIMIT = 1024  # bytes: smaller new tensors stay inside the graph file
@@ -200,7 +201,7 @@ def reduce_head(model_path: str | os.PathLike, ids: np.ndarray, logits: str = "l
 
     model_path = Path(model_path)
     base = model_path.parent
-    m = onnx.load(str(model_path), load_external_data=False)
+    m = load_graph(model_path)
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     head, bias_add, between = _head_chain(g, logits)
@@ -472,21 +473,22 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     """Rewrite the bundle ``src`` in place (``out`` None) or into the new bundle ``out``, atomically:
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
-    from .output import check_output, prepare_stage, publish
+    from .output import check_output, prepare_stage, publish, terminate_cleanly
 
     in_place = out is None
     dest = src.resolve() if in_place else check_output(out, force, [str(src)])
     stage = prepare_stage(dest)
     shutil.rmtree(stage)
-    try:
-        _copy_tree(src.resolve(), stage, link=in_place)
-        m = build(stage)
-        if not in_place:
-            m = replace(m, name=dest.name)
-        Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
-        write_manifest(m)
-        publish(stage, dest)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    with terminate_cleanly():  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
+        try:
+            _copy_tree(src.resolve(), stage, link=in_place)
+            m = build(stage)
+            if not in_place:
+                m = replace(m, name=dest.name)
+            Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
+            write_manifest(m)
+            publish(stage, dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
     return dest

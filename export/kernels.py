@@ -28,6 +28,7 @@ import numpy as np
 
 from edgespec.errors import BundleError, ExportError
 from edgespec.manifest import load_manifest
+from .output import load_graph
 
 DOMAIN = "edgespec"
 OP = "MatMulQ4"
@@ -229,7 +230,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
 
     from .head import _read, _tensor, _write
 
-    m = onnx.load(str(model_path), load_external_data=False)
+    m = load_graph(model_path)
     g = m.graph
     base = model_path.parent
     inits = {t.name: t for t in g.initializer}

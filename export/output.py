@@ -128,3 +128,19 @@ def terminate_cleanly():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def load_graph(model_path):
+    """``onnx.load`` of a graph without its external data; a file that is no ONNX graph (truncated,
+    overwritten) is an ``ExportError``, not protobuf's ``DecodeError``."""
+    import onnx
+
+    from edgespec.errors import ExportError
+
+    try:
+        return onnx.load(str(model_path), load_external_data=False)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- google.protobuf.message.DecodeError and onnx's own
+        raise ExportError(f"cannot read the graph {model_path}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'not an ONNX model'}") from None

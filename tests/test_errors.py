@@ -284,3 +284,45 @@ def test_empty_messages_are_refused(tiny_bundle):
     eng = edgespec.load(tiny_bundle, memory=False)
     with pytest.raises(edgespec.ConfigError, match="messages are empty"):
         eng.generate([], max_new_tokens=2)
+
+
+def test_a_graph_that_is_no_graph_but_matches_its_manifest(tiny_int4_bundle, copy_bundle, tmp_path):
+    """A hand-edited or mis-assembled bundle whose manifest hashes a truncated graph: every command
+    says so in one line (BundleError, exit 2; ExportError, exit 6, for the rewrites)."""
+    import hashlib
+
+    b = copy_bundle(tiny_int4_bundle)
+    p = b / "target" / "model.onnx"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])
+    m = json.loads((b / "edgespec.json").read_text())
+    m["models"]["target"]["files"]["target/model.onnx"] = {"bytes": p.stat().st_size,
+                                                           "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    (b / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(edgespec.BundleError, match="cannot open target model model.onnx"):
+        edgespec.load(b)
+    assert "cannot open target model" in one_line_error(run("generate", b, "-p", "hi"), 2)
+    assert "cannot read the graph" in one_line_error(run("exact-kernels", b, "-o", tmp_path / "xk"), 6)
+    assert not (tmp_path / "xk").exists()
+
+
+def test_sigterm_during_an_in_place_rewrite_leaves_no_partial(tiny_int4_bundle, copy_bundle):
+    """exact-kernels and drafter-vocab rewrite through one staged copy; SIGTERM unwinds it as Ctrl-C does."""
+    import os
+    import signal
+    import time
+
+    from edgespec_export.head import staged_rewrite
+    from edgespec_export.output import Terminated
+
+    b = copy_bundle(tiny_int4_bundle)
+    before = sorted(p.name for p in b.parent.iterdir())
+    manifest = (b / "edgespec.json").read_bytes()
+
+    def build(stage):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises before this ends
+
+    with pytest.raises(Terminated):
+        staged_rewrite(b, None, False, build)
+    assert sorted(p.name for p in b.parent.iterdir()) == before and (b / "edgespec.json").read_bytes() == manifest
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
