@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -74,6 +75,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     requested, d_requested, d_named = requested_providers(manifest, prof, provider, drafter_provider, use_drafter)
     the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested,
                          drafter_providers=d_requested, keep_drafter=bool(drafter_provider))
+    for w in the_plan.warnings:  # a context cut to the bundle's, a KV type the graphs do not have
+        warnings.warn(w, stacklevel=2)
     choice = choose(requested, prof.provider_options, explicit=bool(provider))
     d_choice = choice if d_requested == requested else choose(d_requested, prof.provider_options, explicit=d_named)
 

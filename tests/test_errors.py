@@ -326,3 +326,15 @@ def test_sigterm_during_an_in_place_rewrite_leaves_no_partial(tiny_int4_bundle, 
         staged_rewrite(b, None, False, build)
     assert sorted(p.name for p in b.parent.iterdir()) == before and (b / "edgespec.json").read_bytes() == manifest
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+def test_a_context_above_the_bundles_is_said_not_silently_cut(tiny_bundle):
+    with pytest.warns(UserWarning, match="asked for a context of 1000000 tokens; this bundle allows"):
+        eng = edgespec.load(tiny_bundle, max_context=10**6, memory=False)
+    assert eng.max_context < 10**6
+    r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "2", "--max-context", "1000000", "--no-memory")
+    assert r.exit_code == 0
+    warn = [ln for ln in r.stderr.splitlines() if "warning" in ln.lower() or "Warning" in ln]
+    assert warn == [f"warning: asked for a context of 1000000 tokens; this bundle allows {eng.max_context}"], r.stderr
+    r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "100000", "--max-context", "24", "--no-memory")
+    assert r.exit_code == 0 and "the context (24 tokens) is full" in r.stderr, r.stderr
