@@ -480,6 +480,11 @@ def _stops(stop) -> list[str]:
         return [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}"[:200])
+    for s in stop:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:  # a command-line argument that is not UTF-8, a lone surrogate: never matches
+            raise ConfigError(f"stop string {s!r} is not valid UTF-8 text"[:200]) from None
     return list(stop)
 
 

@@ -387,7 +387,7 @@ def info(bundle, verify, as_json):
     if m.tool_versions:
         click.echo("  with " + ", ".join(f"{mod} {v}" for mod, v in m.tool_versions.items()))
     vocab = f"  tokenizer vocab {m.tokenizer_vocab_size}" if m.tokenizer_vocab_size is not None else ""
-    click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {'yes' if m.chat_template else 'no'}"
+    click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {_template_state(m.chat_template)}"
                + vocab)
     for spec in (m.target, m.drafter):
         if spec is None:
@@ -446,6 +446,19 @@ def _check_writable(out_dir) -> None:
         tempfile.TemporaryFile(dir=out_dir).close()
     except OSError as e:
         raise ConfigError(f"cannot write the report to {out_dir}: {e.strerror or e}") from None
+
+
+def _template_state(source) -> str:
+    """'yes', 'no', or 'yes, but it does not parse: ...' (then every chat command refuses the bundle)."""
+    if not source:
+        return "no"
+    from .template import ChatTemplate
+
+    try:
+        ChatTemplate(source)
+    except EdgespecError as e:
+        return f"yes, but {str(e).removeprefix('the bundle' + chr(39) + 's chat template ')}"
+    return "yes"
 
 
 # -- bench ----------------------------------------------------------------------------------

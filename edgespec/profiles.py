@@ -35,7 +35,7 @@ class Profile:
     kv_dtype: str = "auto"
     max_context: int = 4096
     min_context: int = MIN_CONTEXT
-    drafter: str = "auto"  # auto | model | prompt-lookup | none
+    drafter: str = "auto"  # auto | model | prompt-lookup | suffix | none
     draft_tokens: int | None = None  # fixed k, or None for adaptive
     max_draft_tokens: int = 8
     threads: int = 0  # 0: onnxruntime's default
@@ -98,7 +98,8 @@ def _check(name: str, data: dict, where: str) -> Profile:
     need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
-    need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "none"), "auto, model, prompt-lookup or none")
+    need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "suffix", "none"),
+         "auto, model, prompt-lookup, suffix or none")
     need("providers", lambda v: isinstance(v, list) and v and all(p in PROVIDER_NAMES for p in v),
          f"a non-empty list of {', '.join(PROVIDER_NAMES)}")
     need("provider_options", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),

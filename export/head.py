@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from edgespec.errors import BundleError, ExportError
+from edgespec.errors import ExportError
 from edgespec.manifest import Manifest, load_manifest, sha256_file, write_manifest
 from .output import load_graph
 
@@ -67,7 +67,7 @@ def select_head_ids(tokenizer_json: dict, n: int, *, eos_ids: Sequence[int] = ()
         raise ExportError(f"--drafter-vocab must be a positive number of tokens, got {n!r}")
     if n >= total:
         raise ExportError(f"--drafter-vocab {n} is not smaller than the vocabulary ({total} tokens): nothing to cut "
-                          "(0 keeps the full head)")
+                          "(to keep the full head, export without --drafter-vocab)")
     if n < len(req):
         raise ExportError(f"--drafter-vocab {n} is smaller than the {len(req)} special tokens every head keeps "
                           "(added tokens, eos, bos)")
@@ -449,10 +449,7 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     bundle directory ``out``; atomic either way (a stage directory beside the result, renamed
     into place)."""
     src = Path(bundle)
-    try:
-        manifest = load_manifest(src)
-    except BundleError as e:
-        raise ExportError(str(e)) from None
+    manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
     if manifest.drafter is None:
         raise ExportError(f"{src} has no drafter model: --drafter-vocab needs a bundle exported with --drafter")
     if manifest.drafter.head_ids is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.errors import BundleError, ExportError
+from edgespec.errors import ExportError
 from edgespec.manifest import load_manifest
 from .output import load_graph
 
@@ -405,10 +405,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     from .head import _rerooted, head_files, staged_rewrite
 
     src = Path(bundle)
-    try:
-        manifest = load_manifest(src)
-    except BundleError as e:
-        raise ExportError(str(e)) from None
+    manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
     if manifest.target.kernels == "edgespec-q4":
         raise ExportError(f"{src} already uses edgespec's kernels")
     acc = manifest.target.quant.accuracy_level

@@ -338,3 +338,15 @@ def test_a_context_above_the_bundles_is_said_not_silently_cut(tiny_bundle):
     assert warn == [f"warning: asked for a context of 1000000 tokens; this bundle allows {eng.max_context}"], r.stderr
     r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "100000", "--max-context", "24", "--no-memory")
     assert r.exit_code == 0 and "the context (24 tokens) is full" in r.stderr, r.stderr
+
+
+def test_info_says_when_the_chat_template_does_not_parse_and_a_stop_that_is_no_text(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    m["chat_template"] = "{% for m in messages %}{{ m.content }"
+    (b / "edgespec.json").write_text(json.dumps(m))
+    r = run("info", b)
+    assert r.exit_code == 0 and "chat template: yes, but does not parse" in r.output, r.output
+    assert "chat template: yes\n" in run("info", tiny_bundle).output or "chat template: yes " in run("info", tiny_bundle).output
+    with pytest.raises(edgespec.ConfigError, match="not valid UTF-8"):
+        edgespec.load(tiny_bundle, memory=False).generate("hi", stop=["\udcff"], max_new_tokens=2)

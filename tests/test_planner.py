@@ -677,3 +677,14 @@ def test_plan_matches_measured_memory_on_smollm2(smol_int4):
     assert data["plan"]["context"] == 2048
     assert "measured at export" in data["plan"]["weights_basis"]
     assert abs(peak / planned - 1) <= 0.15, f"measured {peak / MiB:.0f} MiB vs planned {planned / MiB:.0f} MiB"
+
+
+def test_a_profile_may_default_to_the_suffix_drafter(tmp_path, tiny_bundle):
+    import edgespec
+
+    prof = load_profile(_write(tmp_path, 'memory_budget_mb = 4096\nmax_context = 256\ndrafter = "suffix"\n'))
+    assert prof.drafter == "suffix"
+    eng = edgespec.load(tiny_bundle, profile=prof, memory=False)
+    assert eng.defaults.drafter == "suffix" and "model" not in eng.decoder.drafters  # no model loaded for it
+    with pytest.raises(ProfileError, match="auto, model, prompt-lookup, suffix or none"):
+        load_profile(_write(tmp_path, 'memory_budget_mb = 1\ndrafter = "magic"\n'))
