@@ -22,8 +22,9 @@ from .validate import validate
 
 
 class Progress:
-    def __init__(self, total: int, stream=sys.stderr):
-        self.total, self.i, self.t0, self.stream = total, 0, time.perf_counter(), stream
+    def __init__(self, total: int, stream=None):
+        # sys.stderr as it is now, not as it was at import (a test runner or a CLI may have replaced it)
+        self.total, self.i, self.t0, self.stream = total, 0, time.perf_counter(), stream or sys.stderr
 
     def step(self, what: str) -> None:
         self.i += 1

@@ -60,10 +60,31 @@ def _hub_error(src: Source, e: Exception) -> ExportError:
     return ExportError(f"cannot fetch {src.spec} from the Hugging Face hub (no network here?): {msg[:200]}")
 
 
+def _check_hub(src: Source) -> None:
+    """A hub id not in the local cache: one quick request says whether the hub can serve it, so that
+    a machine without network (or a wrong id) gets one line at once, not a minute of retries."""
+    import logging
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(src.spec, "config.json"), str):
+        return  # fetched before: from_pretrained reads the cache
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    try:
+        HfApi().model_info(src.spec, timeout=10)
+    except Exception as e:  # noqa: BLE001 -- connection errors, 401/404 (a private or wrong id), ...
+        raise _hub_error(src, e) from None
+
+
 def load_tokenizer(src: Source):
     """The HF fast tokenizer of a source, and its (sha256, vocab size) fingerprint."""
     from transformers import AutoTokenizer
 
+    if src.kind == "hub":
+        _check_hub(src)
     name, kw = src.from_pretrained_args()
     try:
         tok = AutoTokenizer.from_pretrained(name, **kw)

@@ -153,7 +153,30 @@ def test_hub_id_without_network_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = CliRunner().invoke(main, ["export", "someorg/somemodel", "-o", str(tmp_path / "b")])
     assert r.exit_code == 6 and "hub" in r.output and "Traceback" not in r.output
-    assert len(r.output.strip().splitlines()) == 1
+    lines = r.output.strip().splitlines()  # the first progress line, then one error line
+    assert len(lines) <= 2 and lines[-1].startswith("error: cannot fetch") and lines[0].startswith(("[1/", "error"))
+
+
+def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
+    """Not offline by setting: one quick request to the hub, not from_pretrained's minute of retries."""
+    import time
+
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing cached
+    asked = []
+
+    def unreachable(self, repo_id, **kw):
+        asked.append((repo_id, kw.get("timeout")))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, ["export", "someorg/somemodel", "-o", str(tmp_path / "b")])
+    assert r.exit_code == 6 and "cannot fetch someorg/somemodel" in r.output and "Name or service" in r.output
+    assert asked == [("someorg/somemodel", 10)] and time.monotonic() - t0 < 30
+    assert not (tmp_path / "b").exists()
 
 
 def test_existing_output_needs_force(tiny_dirs, tiny_llama_bundle):
