@@ -295,10 +295,11 @@ class Engine:
         """The shortest head of the reply's ``ids`` whose text reaches character ``end``: a stop
         string's tokens (and what the same round produced after it) are left out of the ids as they
         are of the text. ``stats`` still counts them: they were computed."""
-        for j in range(len(ids) + 1):
-            if len(self.tokenizer.decode(ids[:j])) >= end:
-                return list(ids[:j])
-        return list(ids)
+        # from the end: the stop string ends in the last few tokens, so this decodes a few times, not len(ids)
+        j = len(ids)
+        while j > 0 and len(self.tokenizer.decode(ids[:j - 1])) >= end:
+            j -= 1
+        return list(ids[:j])
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, **kw) -> Result:

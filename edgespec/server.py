@@ -63,9 +63,10 @@ class Scheduler:
     def join(self, timeout: float) -> bool:
         """Wait for the worker threads (each stops after its round in progress); False if one is still running."""
         deadline = time.monotonic() + timeout
-        for t in list(self.threads):
+        threads = list(self.threads)
+        for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self.threads)
+        return not any(t.is_alive() for t in threads)
 
     def admit(self) -> None:
         if self.closing:
@@ -92,6 +93,7 @@ class Generation:
         self._cancel = threading.Event()
         self._queued = True  # counted in sched.waiting until it has the engine or gives up
         self._started = False  # a worker thread runs it
+        self._stopped = False  # the worker broke off on the cancel flag (its reply is not whole)
         self.shutdown = False
         self.queue_ms = 0.0
         sched.waiting += 1
@@ -158,6 +160,7 @@ class Generation:
                 text.append(delta)
                 out.extend(toks)
                 if self._cancel.is_set():
+                    self._stopped = True
                     break
                 if delta:
                     loop.call_soon_threadsafe(q.put_nowait, ("delta", delta))
@@ -172,13 +175,17 @@ class Generation:
                     gen.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing the generation failed")
-            summary = P.stats_summary(last) if last is not None else None
-            if summary is not None:
-                # the tokens of the text returned: a stop string's tokens, and what the same round
-                # computed after it, are not (the stats' new_tokens count what was computed)
-                if last.finish_reason == "stop":
-                    out = engine._ids_up_to(out, len("".join(text)))  # noqa: SLF001
-                summary["completion_tokens"] = len(out)
+            summary = None
+            try:
+                summary = P.stats_summary(last) if last is not None else None
+                if summary is not None:
+                    # the tokens of the text returned: a stop string's tokens, and what the same round
+                    # computed after it, are not (the stats' new_tokens count what was computed)
+                    if last.finish_reason == "stop":
+                        out = engine._ids_up_to(out, len("".join(text)))  # noqa: SLF001
+                    summary["completion_tokens"] = len(out)
+            except Exception:  # noqa: BLE001 -- never skip _finished: it frees the engine
+                log.exception("summarizing the generation failed")
             try:
                 loop.call_soon_threadsafe(self._finished, q, summary, err, self._cancel.is_set())
             except RuntimeError:  # the loop is gone: the server is shutting down
@@ -192,7 +199,7 @@ class Generation:
         self.sched.lock.release()
         self.sched.active.discard(self)
         self.sched.metrics.generation(summary, self.queue_ms, cancelled=cancelled, failed=err is not None)
-        if err is None and self.shutdown:
+        if err is None and self.shutdown and self._stopped:  # a reply finished before the stop stays whole
             err = shutting_down()
         q.put_nowait(("error", err) if err is not None else ("done", summary or P.stats_summary(None)))
 
@@ -394,8 +401,17 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(parts)
 
 
+class _AsciiJSON(JSONResponse):
+    """JSON with non-ASCII escaped: an error may quote a client's text, lone surrogates included."""
+
+    def render(self, content) -> bytes:
+        import json
+
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 async def _on_api_error(request: Request, e: P.APIError) -> Response:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    return _AsciiJSON(e.body(), status_code=e.status, headers=e.headers)
 
 
 async def _on_http_error(request: Request, e: HTTPException) -> Response:

@@ -142,15 +142,17 @@ def _text(v: str, where: str) -> str:
 _HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
              "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "parallel_tool_calls": (False, True),
              "best_of": (1,), "suffix": ("",), "echo": (False,), "prediction": (), "audio": (),
-             "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": ()}
+             "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
+             "moderation": ()}
 # OpenAI's fields that change nothing here: accepted and ignored
-_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+            "prompt_cache_options", "safety_identifier"}
 _COMMON_KEYS = {"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "stop", "temperature",
                 "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
                 "logprobs", "logit_bias", "edgespec"} | _IGNORED
 _KEYS = {"chat": _COMMON_KEYS | {"messages", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
                                  "parallel_tool_calls", "prediction", "audio", "modalities", "response_format",
-                                 "reasoning_effort", "web_search_options", "verbosity"},
+                                 "reasoning_effort", "web_search_options", "verbosity", "moderation"},
          "completion": _COMMON_KEYS | {"prompt", "best_of", "suffix", "echo"}}
 
 

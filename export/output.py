@@ -70,9 +70,9 @@ def publish(stage: Path, out: Path) -> None:
     """Rename the finished ``stage`` to ``out``. A bundle already at ``out`` is moved aside first
     and removed once the new one is in place; stopped between the two renames, it is put back."""
     old = out.parent / f".{out.name}.old-{os.getpid()}" if out.exists() else None
-    if old is not None:
-        out.rename(old)
-    try:
+    try:  # the first rename inside: a SIGTERM right after it still puts the old bundle back
+        if old is not None:
+            out.rename(old)
         stage.rename(out)
     except BaseException:
         if old is not None and old.exists() and not out.exists():

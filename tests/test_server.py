@@ -311,6 +311,10 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
               "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage", None),
     ("chat", {"messages": [{"role": "user", "content": "a \ud800 b"}]}, 400, "messages[0].content", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "\ud800x": 1}, 400, "\ud800x", "unknown_parameter"),
+    ("chat", {"model": "\ud800", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "moderation": True}, 400, "moderation",
+     "unsupported_parameter"),
     ("completions", {"prompt": "", "stream": True}, 400, "prompt", None),  # refused before the stream starts
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"speed": "max"}}, 400, "edgespec", None),
     ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages", "context_length_exceeded"),
@@ -395,7 +399,8 @@ def test_edgespec_extension_picks_the_drafter(client, model_id):
 def test_ignored_fields_pass_and_suffix_is_a_drafter(client, model_id):
     msgs = [{"role": "user", "content": "List the numbers 1, 2, 3, 4, 5, 6 twice."}]
     base = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, user="u-1",
-                                          metadata={"k": "v"}, store=False)
+                                          metadata={"k": "v"}, store=False,
+                                          extra_body={"prompt_cache_retention": "24h", "service_tier": "auto"})
     sx = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16,
                                         extra_body={"edgespec": {"drafter": "suffix"}})
     assert sx.choices[0].message.content == base.choices[0].message.content  # lossless
@@ -510,7 +515,7 @@ def test_default_temperature_is_openais(engine, model_id):
 
 
 def test_full_queue_gets_429(engine, model_id):
-    with _InProcess(engine, model_id, queue_size=1) as s:
+    with _InProcess(engine, model_id, queue_size=1, temperature=0) as s:  # greedy: no early end of sequence
         url = s.url
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         running = c.completions.create(model=model_id, prompt="1, 2, 3, 4,", max_tokens=400, stream=True)
