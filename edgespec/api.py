@@ -13,6 +13,7 @@ so sharing an engine between threads is safe (they take turns).
 """
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 import warnings
@@ -64,6 +65,15 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     from .profiles import resolve_profile
     from .suffix import read_document
 
+    if documents is not None and not isinstance(documents, (str, bytes, os.PathLike, list, tuple)):
+        try:  # a generator or a set of paths
+            documents = list(documents)
+        except TypeError:
+            pass  # refused below
+    if isinstance(max_context, numbers.Integral) and not isinstance(max_context, bool):
+        max_context = int(max_context)
+    if isinstance(min_width, numbers.Integral) and not isinstance(min_width, bool):
+        min_width = int(min_width)
     _check_load_args(bundle=bundle, profile=profile, provider=provider, max_context=max_context,
                      use_drafter=use_drafter, verify=verify, min_width=min_width, memory=memory, documents=documents,
                      drafter_provider=drafter_provider, cuda_graphs=cuda_graphs)
@@ -119,10 +129,12 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
 def _check_load_args(**kw) -> None:
     """``load``'s arguments of the wrong type are a ``ConfigError`` naming the argument, not a
     ``TypeError`` from deep inside (or a silent truthiness: ``use_drafter="no"`` would mean True)."""
+    import numbers
+
     from .profiles import Profile
 
-    def is_int(v):
-        return isinstance(v, int) and not isinstance(v, bool)
+    def is_int(v):  # numpy's integers too
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
     path = (str, os.PathLike)
     checks = {
@@ -139,7 +151,8 @@ def _check_load_args(**kw) -> None:
         "use_drafter": (isinstance(kw["use_drafter"], bool), "True or False"),
         "verify": (isinstance(kw["verify"], bool), "True or False"),
         "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
-        "memory": (isinstance(kw["memory"], (bool, *path)), "True, False or a store file's path"),
+        "memory": (kw["memory"] is None or isinstance(kw["memory"], (bool, *path)),
+                   "True, False (or None) or a store file's path"),
         "documents": (isinstance(kw["documents"], path) or (isinstance(kw["documents"], (list, tuple)) and all(
             isinstance(d, path) for d in kw["documents"])), "a path or a list of paths"),
     }

@@ -241,11 +241,12 @@ def _parse_drafter(d: str, draft_tokens: int | None = None) -> tuple[str, int | 
     if not sep:
         name, at, b = d.partition("@")
         if at:
-            if not b.isdigit() or not 1 <= int(b) <= MAX_DRAFT or name == "none":
+            if not b.isdecimal() or not b.isascii() or not 1 <= int(b) <= MAX_DRAFT or name == "none":
                 name = ""  # refused below
             else:
                 bound = int(b)
-    if name not in drafter_choices() or (sep and (not k.isdigit() or name == "none" or not 1 <= int(k) <= MAX_DRAFT)):
+    if name not in drafter_choices() or (sep and (not (k.isdecimal() and k.isascii()) or name == "none"
+                                                  or not 1 <= int(k) <= MAX_DRAFT)):
         raise ConfigError(f"unknown drafter {d!r} in --drafters ({', '.join(drafter_choices())}; "
                           f"a fixed draft length as model:4, a bound as auto@8, 1..{MAX_DRAFT})")
     return name, int(k) if k else (None if bound or name == "none" else draft_tokens), bound

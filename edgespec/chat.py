@@ -270,11 +270,13 @@ class ChatRepl:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except OSError as e:
+        except BaseException as e:  # Ctrl-C mid-write too: no temporary file left behind
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if not isinstance(e, OSError):
+                raise
             self._error(f"cannot write {path}: {e.strerror or e}")
             return
         self._out(f"[saved {len(self.session.messages)} messages to {path}]\n")

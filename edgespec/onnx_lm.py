@@ -261,10 +261,13 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
             return attempt([(n, {k: v for k, v in o.items() if k != GRAPH_OPTION}) for n, o in providers.providers])
     except EdgespecError:
         raise
-    except Exception as e:  # onnxruntime raises its own untyped exceptions: a graph it cannot read or place
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BundleError(f"cannot open {role} model {Path(path).name}: "
-                          f"{first if len(first) <= 300 else first[:300] + '...'}") from None
+        msg = f"cannot open {role} model {Path(path).name}: {first if len(first) <= 300 else first[:300] + '...'}"
+        # a graph it cannot read or build is the bundle's fault; memory, a provider's library: not
+        broken = ("INVALID_PROTOBUF", "INVALID_GRAPH", "NO_SUCHFILE", "Protobuf parsing failed", "NOT_IMPLEMENTED",
+                  "Failed to load external data", "External data", "invalid model")
+        raise (BundleError if any(b.lower() in str(e).lower() for b in broken) else EdgespecError)(msg) from None
 
 
 def _graphs_refused(e: Exception, provs) -> bool:

@@ -58,6 +58,7 @@ class Tokenizer:
         self._text_tok = None
         self._specials: tuple[str, ...] | None = None
         self._max_token_bytes: int | None = None
+        self._special_ids: set[int] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -69,6 +70,24 @@ class Tokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
+
+    def ends_mid_character(self, ids: Sequence[int]) -> bool | None:
+        """Whether the bytes of ``ids`` end inside a UTF-8 character (its first bytes only): True or
+        False for byte-level tokenizers (GPT-2's byte alphabet: Qwen, Llama 3, SmolLM2, ...), None
+        where the bytes of a token are not known."""
+        if type(self._tok.decoder).__name__ != "ByteLevel":
+            return None
+        if self._special_ids is None:
+            self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        tail = b""
+        for i in reversed([int(i) for i in ids if int(i) not in self._special_ids][-4:]):  # as decode reads them
+            t = self._tok.id_to_token(i)
+            if t is None or not all(c in _BYTE_OF for c in t):
+                return None
+            tail = bytes(_BYTE_OF[c] for c in t) + tail
+            if len(tail) >= 4:  # a character is at most 4 bytes
+                break
+        return _incomplete_utf8(tail)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; with ``parse_special`` False the text of a special token
@@ -177,6 +196,33 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte (the inverse of its ``bytes_to_unicode``)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_OF = _byte_alphabet()
+
+
+def _incomplete_utf8(data: bytes) -> bool:
+    """Whether ``data`` ends with the lead byte of a UTF-8 character and fewer continuation bytes than it needs."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        need = 2 if 0xC0 <= b < 0xE0 else 3 if 0xE0 <= b < 0xF0 else 4 if 0xF0 <= b < 0xF8 else 1
+        return back < need
+    return False
+
+
 class StreamDecoder:
     """Turns a growing list of token ids into text deltas.
 
@@ -204,9 +250,13 @@ class StreamDecoder:
 
     def flush(self) -> str:
         """The text held back, at the end of a generation. A character whose bytes the last tokens
-        only began (a reply cut by its token limit) is left out rather than sent as U+FFFD: the text
-        holds only characters the model completed."""
+        only began (a reply cut by its token limit) is left out rather than sent as U+FFFD (on
+        byte-level tokenizers, whose token bytes are known): the text holds only characters the model
+        completed. A U+FFFD the model wrote whole, or bytes that are no UTF-8, stay as they are."""
         prefix_text = self._tok.decode(self.ids[self._prefix:self._read])
         full = self._tok.decode(self.ids[self._prefix:])
         self._prefix = self._read = len(self.ids)
-        return full[len(prefix_text):].rstrip("\ufffd")
+        out = full[len(prefix_text):]
+        if out.endswith("\ufffd") and self._tok.ends_mid_character(self.ids):
+            out = out[:-1]  # the decoder writes one U+FFFD for an unfinished character
+        return out

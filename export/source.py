@@ -57,7 +57,12 @@ def resolve(spec: str) -> Source:
 
 def _hub_error(src: Source, e: Exception) -> ExportError:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return ExportError(f"cannot fetch {src.spec} from the Hugging Face hub (no network here?): {msg[:200]}")
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if type(e).__name__ in ("RepositoryNotFoundError", "GatedRepoError") or status in (401, 403, 404):
+        why = "no such model on the hub, or it is private or gated (log in with `hf auth login`)"
+    else:
+        why = "no network here?"
+    return ExportError(f"cannot fetch {src.spec} from the Hugging Face hub ({why}): {msg[:200]}")
 
 
 def _check_hub(src: Source) -> None:

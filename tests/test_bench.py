@@ -58,7 +58,7 @@ def test_read_prompts_per_category():
 
 
 @pytest.mark.parametrize("spec", ["model:abc", "none:3", "nosuch", "auto@0", "auto@x", "none@4", "auto@65", "model:0",
-                                  "model:65", "model:"])
+                                  "model:65", "model:", "model:\u00b2", "auto@\u0663"])
 def test_bad_drafter_spec_is_one_line(tiny_bundle, tmp_path, spec):
     r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "4",
                                   "--drafters", spec, "--no-plots", "--out", str(tmp_path / "o")])

@@ -350,3 +350,13 @@ def test_info_says_when_the_chat_template_does_not_parse_and_a_stop_that_is_no_t
     assert "chat template: yes\n" in run("info", tiny_bundle).output or "chat template: yes " in run("info", tiny_bundle).output
     with pytest.raises(edgespec.ConfigError, match="not valid UTF-8"):
         edgespec.load(tiny_bundle, memory=False).generate("hi", stop=["\udcff"], max_new_tokens=2)
+
+
+def test_load_takes_numpy_integers_none_memory_and_iterables_of_documents(tiny_bundle, tmp_path):
+    import numpy as np
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("a document about rivers and lakes\n")
+    eng = edgespec.load(tiny_bundle, max_context=np.int64(64), memory=None, documents=(p for p in [doc]))
+    assert eng.max_context == 64 and type(eng.max_context) is int
+    assert eng.memory_stats()["document_tokens"] > 0 and eng.memory_stats()["memory"] is False

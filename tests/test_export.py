@@ -164,7 +164,7 @@ def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
     import huggingface_hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing cached
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)  # nothing cached
     asked = []
 
     def unreachable(self, repo_id, **kw):
@@ -176,7 +176,17 @@ def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["export", "someorg/somemodel", "-o", str(tmp_path / "b")])
     assert r.exit_code == 6 and "cannot fetch someorg/somemodel" in r.output and "Name or service" in r.output
     assert asked == [("someorg/somemodel", 10)] and time.monotonic() - t0 < 30
-    assert not (tmp_path / "b").exists()
+    assert "no network here?" in r.output and not (tmp_path / "b").exists()
+
+    class NotFound(Exception):
+        response = type("R", (), {"status_code": 404})()
+
+    def missing(self, repo_id, **kw):
+        raise NotFound("404 Client Error: Repository Not Found")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", missing)
+    r = CliRunner().invoke(main, ["export", "someorg/somemodel", "-o", str(tmp_path / "b")])
+    assert r.exit_code == 6 and "no such model on the hub, or it is private" in r.output
 
 
 def test_existing_output_needs_force(tiny_dirs, tiny_llama_bundle):

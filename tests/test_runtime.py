@@ -169,7 +169,12 @@ def test_stream_decoder_holds_split_multibyte(tiny_bundle):
     for k in cuts:
         dec = tok.stream_decoder()
         out = "".join([dec.push([i]) for i in ids[:k]] + [dec.flush()])
-        assert out == tok.decode(ids[:k]).rstrip("\ufffd") and "\ufffd" not in out
+        assert out == tok.decode(ids[:k])[:-1] and "\ufffd" not in out and tok.ends_mid_character(ids[:k])
+    # a U+FFFD the model writes whole (its three bytes) is text like any other, at the end too
+    whole = tok.encode("ok \ufffd")
+    dec = tok.stream_decoder()
+    assert "".join([dec.push([i]) for i in whole] + [dec.flush()]) == tok.decode(whole) == "ok \ufffd"
+    assert tok.ends_mid_character(whole) is False
 
 
 def test_generate_json_cli(tiny_bundle):
