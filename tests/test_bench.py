@@ -332,6 +332,32 @@ def test_probe_drafter_cache_times_a_step_after_each_kind_of_call(tiny_bundle, t
         probe_drafter_cache.main([str(tiny_bundle), "--reps", "0"])
 
 
+def test_probe_llamacpp_refuses_bad_input_in_one_line(tiny_bundle, tmp_path, capsys):
+    """scripts/probe_llamacpp.py (README, Benchmarks: why llama.cpp decodes as it does here) needs llama.cpp,
+    which CI does not build: its bad input is checked here, its runs where llama-server exists."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_llamacpp
+
+    assert probe_llamacpp.main([str(tmp_path / "none.gguf"), "--tokenizer", str(tiny_bundle)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no such GGUF file") and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        probe_llamacpp.main([str(tmp_path / "none.gguf"), "--tokenizer", str(tiny_bundle), "--reps", "0"])
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF")
+    from llamacpp_baseline import SERVER
+
+    if not SERVER.is_file():
+        assert probe_llamacpp.main([str(fake), "--tokenizer", str(tiny_bundle)]) == 2
+        assert "build_llamacpp.sh" in capsys.readouterr().err
+    else:  # llama.cpp is built here: a bundle that is not one is refused before any server starts
+        assert probe_llamacpp.main([str(fake), "--tokenizer", str(tmp_path / "no-bundle")]) == 2
+        assert "no such bundle" in capsys.readouterr().err
+
+
 def test_ab_calls_times_both_bundles_calls_alternating(tiny_bundle, tmp_path, capsys):
     """scripts/ab_calls.py (docs/bench/sessions.md, session 21: the fused bundle's call costs against the unfused one's)
     prints, per target width and for the drafter step, both bundles' medians and their ratio; bad input is a
