@@ -44,6 +44,11 @@ def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) 
 
 def _probe(out: Path) -> None:
     """Refuse a place where the bundle cannot be written before anything is read."""
+    up = out.parent
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if up.exists() and not up.is_dir():
+        raise ExportError(f"cannot write the bundle at {out}: {up} is a file, not a directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))

@@ -189,6 +189,13 @@ def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
     assert r.exit_code == 6 and "no such model on the hub, or it is private" in r.output
 
 
+def test_output_under_a_file_is_refused_before_anything_runs(tiny_dirs, tmp_path):
+    (tmp_path / "afile.txt").write_text("x")
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "-o", str(tmp_path / "afile.txt" / "sub")])
+    assert r.exit_code == 6 and f"{tmp_path / 'afile.txt'} is a file, not a directory" in r.output, r.output
+    assert (tmp_path / "afile.txt").read_text() == "x"
+
+
 def test_existing_output_needs_force(tiny_dirs, tiny_llama_bundle):
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "-o", str(tiny_llama_bundle),
                                   "--target-precision", "fp32"])
