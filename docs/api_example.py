@@ -19,7 +19,7 @@ print(f"[{result.finish_reason}: {len(result.token_ids)} tokens, {result.stats['
       f"acceptance {result.stats['acceptance_rate']:.2f}]")
 
 # A streamed reply: text deltas as they are decoded. Options: temperature, top_k, top_p, seed,
-# drafter ("model", "prompt-lookup", "auto", "none"), draft_tokens, stop (strings).
+# drafter ("model", "prompt-lookup", "suffix", "auto", "none"), draft_tokens, stop (strings).
 for delta in engine.stream("1, 2, 3,", max_new_tokens=30, stop=[" 8"]):
     print(delta, end="", flush=True)
 print()

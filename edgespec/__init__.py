@@ -5,14 +5,16 @@ load lazily: ``import edgespec`` is cheap.
 """
 from __future__ import annotations
 
-from .errors import (BudgetError, BundleError, BusyError, ClosedError, ConfigError, ContextOverflowError, EdgespecError,
-                     ManifestError, ProfileError, ProviderError, TokenizerMismatchError)
+from .errors import (BudgetError, BundleError, BusyError, ChatTemplateError, ClosedError, ConfigError,
+                     ContextOverflowError, CpuFallbackError, DocumentError, EdgespecError, ExportError, ManifestError,
+                     ProfileError, ProviderError, StoreError, TokenizerMismatchError)
 
 __version__ = "0.1.0"
 
 __all__ = ["load", "Engine", "Result", "GenerationConfig", "EdgespecError", "BundleError", "ManifestError",
            "TokenizerMismatchError", "ContextOverflowError", "BudgetError", "ProfileError", "ProviderError",
-           "ConfigError", "BusyError", "ClosedError", "__version__"]
+           "ConfigError", "BusyError", "ClosedError", "ChatTemplateError", "DocumentError", "StoreError",
+           "ExportError", "CpuFallbackError", "__version__"]
 
 
 def __getattr__(name):

@@ -31,7 +31,7 @@ commands:
   /stats             statistics of the last reply: speed, acceptance, time split
   /set               show the generation settings
   /set NAME VALUE    change one: temperature, top_p, top_k, max_new_tokens, seed (a number or none),
-                     draft_tokens (a number, or auto), drafter (model, prompt-lookup, auto, none)
+                     draft_tokens (a number, or auto), drafter (model, prompt-lookup, suffix, auto, none)
   /save FILE         write the conversation's messages to FILE as JSON
   /exit              leave (so does Ctrl-D)
 Ctrl-C stops the reply being written; the conversation goes on."""

@@ -523,7 +523,7 @@ def _template_state(source) -> str:
               help="Spec-Bench question.jsonl (question_id, category, turns); default: the shipped set.")
 @click.option("--drafters", default="model,prompt-lookup,auto,none", show_default=True,
               help="Comma-separated drafters to compare (none is always run as the baseline); "
-                   "model:4 fixes the model drafter's k at 4.")
+                   "model:4 fixes the model drafter's k at 4; auto@8 bounds auto's drafts at 8 tokens a round.")
 @click.option("--categories", default=None, help="Comma-separated categories to keep.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--per-category", type=int, default=None, help="Use only the first N prompts of each category.")

@@ -16,8 +16,8 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               show_default=True)
 @click.option("--max-context", type=int, default=None, help="Largest context the bundle allows (default: the model's).")
 @click.option("--block-size", type=int, default=32, show_default=True,
-              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block). 128 decodes 1.45x "
-                   "faster on an AVX-512 CPU at some quality cost (README, Export quality).")
+              help="INT4/INT8 quantization block size (and FP8's with --fp8-scheme block). 128 decodes 1.35x "
+                   "faster on an AVX-512 CPU at some quality cost (docs/bench/history.md, 'INT4 block size').")
 @click.option("--drafter-block-size", type=int, default=32, show_default=True,
               help="The drafter's INT4/INT8 block size (its quality moves only the acceptance rate).")
 @click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
@@ -61,6 +61,13 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
     if drafter_block_size != 32 and not (drafter and drafter_precision in ("int4", "int8")):
         raise click.UsageError("--drafter-block-size applies to an int4/int8 --drafter")
+    if not drafter:  # the drafter's options, given without a drafter, would do nothing
+        ctx = click.get_current_context()
+        given = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device", "drafter_vocab",
+                                                       "drafter_vocab_corpus")
+                 if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} applies to a --drafter; this export has none")
     if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):
         raise click.UsageError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
     dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4)

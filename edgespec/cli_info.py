@@ -25,6 +25,8 @@ def report_lines(v: Validation, q: Quality) -> list[str]:
                          f"(Δ {q.perplexity_delta:+}), top-1 {q.top1_agreement}, KL {q.mean_kl}, "
                          f"greedy match {list(q.greedy_match_tokens)}/{q.greedy_match_of}"
                          + (f" ({q.tokens} tokens scored)" if q.tokens else ""))
+    else:
+        lines.append("quality: not measured (exported with --no-quality)")
     if q.greedy_agreement_with_target is not None:
         lines.append(f"predicted greedy acceptance (agreement with target): {q.greedy_agreement_with_target}"
                      + (f" over {q.agreement_tokens} tokens" if q.agreement_tokens else ""))

@@ -213,10 +213,18 @@ class SuffixDrafter:
             self._rec.save()
 
     def clear_memory(self) -> None:
+        """Forget every stored output (and the generation that ran last) and delete the store file;
+        a later generation writes a new one."""
         self._rec.ctx = None  # the generation that ran last is forgotten too
         if self.memory is not None:
             self.memory.clear()
-            self._rec.save()
+            self.memory.dirty = False  # nothing to save: the file goes
+            path = self.memory.path
+            if path is not None:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
 
     def add_documents(self, docs: Sequence[Sequence[int]]) -> int:
         """Index token sequences as documents; returns the tokens added."""

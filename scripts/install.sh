@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q torch==2.13.0
+# TORCH_INDEX_URL: where pip finds that CPU build (e.g. https://download.pytorch.org/whl/cpu on a machine
+# whose pip reaches PyPI itself, where a plain `torch==2.13.0` is the CUDA build); unset, pip's own index
+.venv/bin/python -m pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 .venv/bin/python -m pip install -q -e '.[export,serve,dev]'
 .venv/bin/python scripts/fetch_models.py smollm2
 # the one-call top-p (edgespec/native/topp.cpp) is built now rather than at the first sampled token;

@@ -360,3 +360,11 @@ def test_load_takes_numpy_integers_none_memory_and_iterables_of_documents(tiny_b
     eng = edgespec.load(tiny_bundle, max_context=np.int64(64), memory=None, documents=(p for p in [doc]))
     assert eng.max_context == 64 and type(eng.max_context) is int
     assert eng.memory_stats()["document_tokens"] > 0 and eng.memory_stats()["memory"] is False
+
+
+def test_every_typed_error_is_reachable_from_the_package(tiny_llama_bundle):
+    import edgespec.errors as E
+
+    for name in ("ChatTemplateError", "DocumentError", "StoreError", "ExportError", "CpuFallbackError"):
+        assert getattr(edgespec, name) is getattr(E, name) and name in edgespec.__all__
+    assert "quality: not measured (exported with --no-quality)" in run("info", tiny_llama_bundle).output
