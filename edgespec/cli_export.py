@@ -61,10 +61,10 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
     if drafter_block_size != 32 and not (drafter and drafter_precision in ("int4", "int8")):
         raise click.UsageError("--drafter-block-size applies to an int4/int8 --drafter")
-    if not drafter:  # the drafter's options, given without a drafter, would do nothing
+    if not drafter:  # the drafter's options, given without a drafter, would do nothing (export_bundle
+        # refuses --drafter-vocab and its corpus itself)
         ctx = click.get_current_context()
-        given = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device", "drafter_vocab",
-                                                       "drafter_vocab_corpus")
+        given = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device")
                  if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"{', '.join(given)} applies to a --drafter; this export has none")

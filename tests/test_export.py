@@ -196,8 +196,7 @@ def test_output_under_a_file_is_refused_before_anything_runs(tiny_dirs, tmp_path
     assert (tmp_path / "afile.txt").read_text() == "x"
 
 
-@pytest.mark.parametrize("opt", [["--drafter-precision", "int8"], ["--drafter-device", "cuda"],
-                                 ["--drafter-vocab", "100"]])
+@pytest.mark.parametrize("opt", [["--drafter-precision", "int8"], ["--drafter-device", "cuda"]])
 def test_drafter_options_without_a_drafter_are_refused(tiny_dirs, tmp_path, opt):
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "-o", str(tmp_path / "b"), *opt])
     assert r.exit_code == 2 and f"{opt[0]} applies to a --drafter; this export has none" in r.output, r.output
