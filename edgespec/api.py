@@ -129,12 +129,10 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
 def _check_load_args(**kw) -> None:
     """``load``'s arguments of the wrong type are a ``ConfigError`` naming the argument, not a
     ``TypeError`` from deep inside (or a silent truthiness: ``use_drafter="no"`` would mean True)."""
-    import numbers
-
     from .profiles import Profile
 
-    def is_int(v):  # numpy's integers too
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    def is_int(v):  # load() made numpy's integers int before
+        return isinstance(v, int) and not isinstance(v, bool)
 
     path = (str, os.PathLike)
     checks = {
@@ -245,10 +243,7 @@ class Engine:
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
         cfg = GenerationConfig(**vals)
-        d = self.decoder
-        if cfg.drafter not in ("auto", "none") and cfg.drafter not in d.drafters:  # e.g. no drafter model loaded
-            why = d.unavailable.get(cfg.drafter, f"no {cfg.drafter} drafter is loaded")
-            raise ConfigError(f"{why}; the drafters available: {', '.join([*d.drafters, 'auto', 'none'])}")
+        self.decoder.check_drafter(cfg.drafter)  # e.g. no drafter model loaded
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
@@ -304,6 +299,13 @@ class Engine:
         finally:
             gen.close()
 
+    def returned_ids(self, ids: Sequence[int], text: str, stats: Stats | None) -> list[int]:
+        """The ids of a finished reply's ``text``, from every id its stream yielded: after a stop
+        string that began in an earlier round, its first tokens were yielded before it was seen."""
+        if stats is not None and stats.finish_reason == "stop":
+            return self._ids_up_to(ids, len(text))
+        return list(ids)
+
     def _ids_up_to(self, ids: Sequence[int], end: int) -> list[int]:
         """The shortest head of the reply's ``ids`` whose text reaches character ``end``: a stop
         string's tokens (and what the same round produced after it) are left out of the ids as they
@@ -340,9 +342,7 @@ class Engine:
             parts.append(delta)
             ids.extend(toks)
             stats = st
-        if stats is not None and stats.finish_reason == "stop":
-            # a stop string that began in an earlier round: its first tokens were yielded with it
-            ids = self._ids_up_to(ids, len("".join(parts)))
+        ids = self.returned_ids(ids, "".join(parts), stats)
         d = stats.to_dict() if stats else {}
         return Result("".join(parts), ids, d, stats.finish_reason if stats else None)
 

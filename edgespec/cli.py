@@ -541,7 +541,6 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
           threads, profile, provider, out_dir, no_plots):
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
     from .bench import parse_drafters, read_prompts, run_bench, write_report
-
     from .errors import ConfigError
 
     names = [d.strip() for d in drafters.split(",") if d.strip()]

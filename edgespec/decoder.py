@@ -202,14 +202,17 @@ class Decoder:
             for d in self.drafters.values():
                 d.begin(prompt)
 
+    def check_drafter(self, name: str) -> None:
+        """``ConfigError`` if the drafter ``name`` is not loaded (and why, e.g. no drafter model)."""
+        if name not in ("auto", "none") and name not in self.drafters:
+            why = self.unavailable.get(name, f"no {name} drafter is loaded")
+            raise ConfigError(f"{why}; the drafters available: {', '.join([*self.drafters, 'auto', 'none'])}")
+
     def _check(self, prompt_len: int, cfg: GenerationConfig) -> None:
         """What generate() refuses before anything runs."""
         if prompt_len == 0:
             raise ConfigError("the prompt is empty")
-        if cfg.drafter not in ("auto", "none") and cfg.drafter not in self.drafters:
-            why = self.unavailable.get(cfg.drafter, f"no {cfg.drafter} drafter is loaded")
-            usable = ", ".join([*self.drafters, "auto", "none"])
-            raise ConfigError(f"{why}; the drafters available: {usable}")
+        self.check_drafter(cfg.drafter)
         if prompt_len >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "

@@ -181,9 +181,7 @@ class Generation:
                 if summary is not None:
                     # the tokens of the text returned: a stop string's tokens, and what the same round
                     # computed after it, are not (the stats' new_tokens count what was computed)
-                    if last.finish_reason == "stop":
-                        out = engine._ids_up_to(out, len("".join(text)))  # noqa: SLF001
-                    summary["completion_tokens"] = len(out)
+                    summary["completion_tokens"] = len(engine.returned_ids(out, "".join(text), last))
             except Exception:  # noqa: BLE001 -- never skip _finished: it frees the engine
                 log.exception("summarizing the generation failed")
             try:
@@ -337,7 +335,7 @@ class Server:
             return Response(status_code=499)
         text, s = out
         ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
-        use = P.usage(s["prompt_tokens"] or n, s.get("completion_tokens", s["new_tokens"]), s["reused_prompt_tokens"])
+        use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"])
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
 
@@ -365,8 +363,7 @@ class Server:
                     yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
                                         text=None if k == "chat" else "", with_usage=wu))
                     if req.include_usage:
-                        use = P.usage(val["prompt_tokens"], val.get("completion_tokens", val["new_tokens"]),
-                                      val["reused_prompt_tokens"])
+                        use = P.usage(val["prompt_tokens"], val["completion_tokens"], val["reused_prompt_tokens"])
                         yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
                 else:
                     yield P.sse(P.engine_error(val).body())

@@ -277,11 +277,10 @@ def _message(m, i: int) -> dict:
                           f"supported, got {what!r}", f"{where}.content")
             parts.append(p["text"])
         content = "\n".join(parts)
-    if isinstance(content, str):
-        _text(content, f"{where}.content")
     if not isinstance(content, str):
         raise bad(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
                   f"{where}.content", "invalid_type")
+    _text(content, f"{where}.content")
     return {"role": ROLES[role], "content": content}
 
 
@@ -309,7 +308,8 @@ def stats_summary(st) -> dict:
             "target_calls": g("target_calls"), "acceptance_rate": round(float(g("acceptance_rate", 0.0)), 4),
             "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
             "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
-            "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None)}
+            "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None),
+            "completion_tokens": g("new_tokens")}  # the server sets the returned text's count
 
 
 def engine_error(e: BaseException) -> APIError:

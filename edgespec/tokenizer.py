@@ -80,8 +80,10 @@ class Tokenizer:
         if self._special_ids is None:
             self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         tail = b""
-        for i in reversed([int(i) for i in ids if int(i) not in self._special_ids][-4:]):  # as decode reads them
-            t = self._tok.id_to_token(i)
+        for i in reversed(ids):
+            if int(i) in self._special_ids:  # decode leaves them out
+                continue
+            t = self._tok.id_to_token(int(i))
             if t is None or not all(c in _BYTE_OF for c in t):
                 return None
             tail = bytes(_BYTE_OF[c] for c in t) + tail
