@@ -63,8 +63,9 @@ def proc_status(path: Path = Path("/proc/self/status")) -> dict[str, int]:
     ``RssFile``: the resident pages mapped from files (a bundle's weights as onnxruntime maps them).
     They are clean, so the kernel can take them back under memory pressure, yet the high-water marks
     count them. How many a bundle's embedding table adds depends on the page cache: a file just
-    written or hashed with ``read()`` sits in large folios, and each row read maps much of one
-    (docs/bench/sessions.md, session 21)."""
+    written or hashed with ``read()`` is cached whole, and each row read maps far more than the row
+    (the kernel's fault-around of cached pages, or its large folios: not told apart yet;
+    docs/bench/sessions.md, sessions 21 and 22)."""
     out: dict[str, int] = {}
     try:
         text = path.read_text()
