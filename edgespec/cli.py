@@ -476,7 +476,7 @@ def info(bundle, verify, as_json):
                 here = cpu_supported() or f"this CPU takes its {isa()} path"
             except ProviderError as e:  # no compiler: info still describes the bundle
                 here = f"not runnable here: {e}"
-            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2 and FMA; "
+            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2, FMA and F16C; "
                        f"{here}{pad})")
             if spec.io.logits_skip:
                 click.echo(f"    a prefill computes its last position's logits only (input {spec.io.logits_skip!r})")

@@ -43,13 +43,17 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
 @click.option("--exact-kernels", is_flag=True,
               help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
-                   "exact one-token decoding; the bundle then runs on x86-64 CPUs with AVX2 and FMA only.")
+                   "exact one-token decoding; the bundle then runs on x86-64 CPUs with AVX2, FMA and F16C only.")
+@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
+              help="With --exact-kernels: " + "The KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
+                   "decode call's attention reads (faster at long contexts; a new key or value is rounded to float16 "
+                   "once, as it is stored, and greedy decoding stays exact against itself)." + " Default float32.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
            drafter_block_size, fp8_scheme,
            asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, device, drafter_device,
-           drafter_vocab, drafter_vocab_corpus, exact_kernels, no_quality, force):
+           drafter_vocab, drafter_vocab_corpus, exact_kernels, kv_dtype, no_quality, force):
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
     try:
         from edgespec_export import export_bundle
@@ -70,6 +74,9 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
             raise click.UsageError(f"{', '.join(given)} applies to a --drafter; this export has none")
     if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):
         raise click.UsageError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
+    if kv_dtype and not exact_kernels:
+        raise click.UsageError("--kv-dtype applies with --exact-kernels (edgespec's attention); the cpu layout's "
+                               "KV cache is float32, the cuda layout's float16")
     dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
@@ -81,7 +88,8 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         from edgespec_export.kernels import apply_to_bundle
 
         print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
-        out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True))
+        out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
+                              kv_dtype=kv_dtype or "float32")
     click.echo(str(out))
 
 
@@ -117,10 +125,14 @@ def drafter_vocab(bundle, n, output, corpus, force):
 @click.option("--onnxruntime-attention", is_flag=True,
               help="Keep onnxruntime's GroupQueryAttention (padded to two query rows in the target) instead of "
                    "edgespec.DecodeAttention (to compare the two).")
-def exact_kernels(bundle, output, force, onnxruntime_attention):
+@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="The KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
+                   "decode call's attention reads (faster at long contexts; a new key or value is rounded to float16 "
+                   "once, as it is stored, and greedy decoding stays exact against itself).")
+def exact_kernels(bundle, output, force, onnxruntime_attention, kv_dtype):
     """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernels (edgespec.MatMulQ4 and
     edgespec.DecodeAttention), so that one-token calls are exact and plain decoding pays no
-    two-token tax. Needs an x86-64 CPU with AVX2 and FMA (AVX-512 VNNI is used where present, with the
+    two-token tax. Needs an x86-64 CPU with AVX2, FMA and F16C (AVX-512 VNNI is used where present, with the
     same results bitwise) and g++ (the kernels are built on first use)."""
     import sys
 
@@ -129,5 +141,5 @@ def exact_kernels(bundle, output, force, onnxruntime_attention):
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
     out = apply_to_bundle(bundle, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True),
-                          own_attention=not onnxruntime_attention)
+                          own_attention=not onnxruntime_attention, kv_dtype=kv_dtype)
     click.echo(str(out))

@@ -94,7 +94,8 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
         # (a verify call of MAX_DRAFT + 1 tokens, padded by a width policy of up to 4)
         logits = (min(chunk, MAX_DRAFT + 4) if s.io.logits_skip else chunk) * columns * 4
         arenas += logits + chunk * s.hidden_size * 4 * 16
-        if context and (on_cpu or {}).get(s.role, True) and "DecodeAttention" not in (s.operators or {}):
+        own_attention = {"DecodeAttention", "DecodeAttentionF16"} & set(s.operators or {})
+        if context and (on_cpu or {}).get(s.role, True) and not own_attention:
             # (edgespec.DecodeAttention, exact-kernels since session 18, keeps one row's scores a thread)
             heads = s.num_attention_heads or s.hidden_size // s.head_dim
             arenas += min(chunk, context) * heads * (context + s.attention_pad) * 4

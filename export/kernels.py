@@ -157,6 +157,35 @@ def bias_patterns(g, inits: dict) -> list[tuple]:
 
 
 ATTENTION_OP = "DecodeAttention"
+ATTENTION_OP_F16 = "DecodeAttentionF16"  # the same over float16 KV caches (--kv-dtype float16)
+KV_DTYPES = ("float32", "float16")
+
+
+def _half_caches(g, attention: list) -> int:
+    """The KV caches of the ``DecodeAttention`` nodes ``attention`` as float16: each node becomes
+    ``DecodeAttentionF16`` and its past inputs and present outputs, which must be graph inputs and
+    outputs that nothing else reads, change type. Returns the caches changed (two a layer)."""
+    from onnx import TensorProto
+
+    ins = {v.name: v for v in g.input}
+    outs = {v.name: v for v in g.output}
+    readers = _consumers(g)
+    changed = 0
+    for n in attention:
+        past, present = list(n.input[1:3]), list(n.output[1:3])
+        if (any(p not in ins or len(readers.get(p, [])) != 1 for p in past) or any(o not in outs for o in present)
+                or any(readers.get(o) != [None] for o in present)):  # (read by nothing but the graph's output)
+            raise ExportError(f"{n.name or n.output[0]}: its KV cache is not the graph's own input and output, "
+                              "so it cannot be made float16")
+        for v in [ins[p] for p in past] + [outs[o] for o in present]:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+        n.op_type = ATTENTION_OP_F16
+        changed += 2
+    names = {x for n in attention for x in list(n.input[1:3]) + list(n.output[1:3])}
+    keep = [v for v in g.value_info if v.name not in names]  # (shape notes of the old type)
+    del g.value_info[:]
+    g.value_info.extend(keep)
+    return changed
 
 
 def _own_attention(n, inits: dict) -> bool:
@@ -220,11 +249,12 @@ def _skip_logits(g, logits: str) -> bool:
 
 
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
-                  logits: str | None = None, fused: bool = True) -> dict[str, int]:
+                  logits: str | None = None, fused: bool = True, kv_dtype: str = "float32") -> dict[str, int]:
     """Rewrite the graph file in place (atomically); returns counts of what changed. ``logits``: the
     graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``). ``fused``: each
     SwiGLU (gate and up projections and the activation) one ``MatMulQ4`` node, and each bias ``Add``
-    after one the kernel's (``swiglu_patterns``, ``bias_patterns``)."""
+    after one the kernel's (``swiglu_patterns``, ``bias_patterns``). ``kv_dtype`` float16: every
+    attention ``DecodeAttentionF16`` over float16 caches (``_half_caches``; needs ``own_attention``)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -238,8 +268,12 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
+    if kv_dtype not in KV_DTYPES:
+        raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+    if kv_dtype != "float32" and not own_attention:
+        raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -322,6 +356,11 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
         done["own_attention"] = sum(_own_attention(n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
+    if kv_dtype == "float16":
+        if gqa or not done["own_attention"]:
+            raise ExportError(f"{model_path.name}: {len(gqa)} attention node(s) that edgespec.{ATTENTION_OP} does not "
+                              "compute (another attention variant): the KV cache stays float32")
+        done["half_caches"] = _half_caches(g, [n for n in g.node if n.op_type == ATTENTION_OP and n.domain == DOMAIN])
     if pad_attention and not gqa and not done["own_attention"]:
         raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
     if pad_attention and gqa:
@@ -395,15 +434,21 @@ def compare_with_source(source, rewritten, ids: list[int]) -> dict:
 
 
 def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
-                    log=None, own_attention: bool = True) -> Path:
+                    log=None, own_attention: bool = True, kv_dtype: str = "float32") -> Path:
     """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically).
     ``own_attention``: edgespec.DecodeAttention in place of onnxruntime's GroupQueryAttention (else
-    the target's attention is padded to two or more query rows)."""
+    the target's attention is padded to two or more query rows). ``kv_dtype`` float16: the KV caches
+    of the rewritten graphs float16 (edgespec.DecodeAttentionF16): half their memory and of the bytes
+    a decode call's attention reads."""
     from edgespec.tokenizer import Tokenizer
 
     from .bundle import measured_sizes
     from .head import _rerooted, head_files, staged_rewrite
 
+    if kv_dtype not in KV_DTYPES:
+        raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+    if kv_dtype != "float32" and not own_attention:
+        raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
     src = Path(bundle)
     manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
     if manifest.target.kernels == "edgespec-q4":
@@ -427,13 +472,13 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             spec = _rerooted(spec, manifest.root, stage)
             try:
                 counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention,
-                                       logits=spec.io.logits)
+                                       logits=spec.io.logits, kv_dtype=kv_dtype)
                 pad = 1 if counts["attention"] else 0
-            except ExportError:
+            except ExportError as e:
                 if role == "target":
                     raise
                 if log:
-                    log("    drafter: no INT4 MatMulNBits, left as it is")
+                    log(f"    drafter: left as it is ({e})")
                 m = replace(m, drafter=spec)
                 continue
             if log:
@@ -445,6 +490,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"
                        if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
+                    + (f"; {counts['half_caches']} KV caches float16" if counts["half_caches"] else "")
                     + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)
@@ -455,7 +501,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 left = ops.pop("GroupQueryAttention", 0) - counts["own_attention"]
                 if left > 0:
                     ops["GroupQueryAttention"] = left
-                ops[ATTENTION_OP] = counts["own_attention"]
+                ops[ATTENTION_OP_F16 if counts["half_caches"] else ATTENTION_OP] = counts["own_attention"]
             gcfg = spec.path.parent / "genai_config.json"
             if gcfg.exists():  # onnxruntime-genai cannot run edgespec's operator
                 gcfg.unlink()
@@ -465,7 +511,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 ops["Slice"] = ops.get("Slice", 0) + 1
             io = replace(spec.io, logits_skip=SKIP_INPUT) if counts["logits_skip"] else spec.io
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
-                           attention_pad=pad, operators=ops, io=io)
+                           attention_pad=pad, operators=ops, io=io,
+                           kv_dtype="float16" if counts["half_caches"] else spec.kv_dtype)
             check = compare_with_source(getattr(manifest, role), spec, sample_ids)
             if log:
                 log(f"    {role}: against the source graph on {check['positions']} positions: max |Δlogit| "

@@ -135,7 +135,8 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
 
 def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,
-    rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs."""
+    rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs
+    (edgespec.DecodeAttentionF16: the caches float16)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -143,11 +144,12 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0):
     inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
              numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
     f = TensorProto.FLOAT
+    kv = TensorProto.FLOAT16 if op.endswith("F16") else f
     ins = [helper.make_tensor_value_info("qkv", f, [1, "n", (H + 2 * KVH) * D]),
-           helper.make_tensor_value_info("pk", f, [1, KVH, L, D]), helper.make_tensor_value_info("pv", f, [1, KVH, L, D]),
+           helper.make_tensor_value_info("pk", kv, [1, KVH, L, D]), helper.make_tensor_value_info("pv", kv, [1, KVH, L, D]),
            helper.make_tensor_value_info("seqlens", TensorProto.INT32, [1])]
     outs = [helper.make_tensor_value_info("out", f, [1, "n", H * D]),
-            helper.make_tensor_value_info("k", f, [1, KVH, "t", D]), helper.make_tensor_value_info("v", f, [1, KVH, "t", D])]
+            helper.make_tensor_value_info("k", kv, [1, KVH, "t", D]), helper.make_tensor_value_info("v", kv, [1, KVH, "t", D])]
     if op == "GroupQueryAttention":
         ins.append(helper.make_tensor_value_info("total", TensorProto.INT32, []))
         node = helper.make_node(op, ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"], ["out", "k", "v"],
@@ -231,6 +233,67 @@ def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeyp
         assert np.array_equal(a, b)
 
 
+def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past):
+    """float64 GroupQueryAttention over the given caches (the call's own keys and values already in
+    them at past..past + n - 1): rotary on the queries, causal softmax, per head its group's cache."""
+    n, half = qkv.shape[1], D // 2
+    out = np.zeros((n, H * D))
+    for i in range(n):
+        pos = past + i
+        c, s = cos[pos].astype(np.float64), sin[pos].astype(np.float64)
+        for h in range(H):
+            x = qkv[0, i, h * D:(h + 1) * D].astype(np.float64)
+            q = np.concatenate([x[:half] * c - x[half:] * s, x[half:] * c + x[:half] * s])
+            g = h // (H // KVH)
+            k = cache_k[0, g, :pos + 1].astype(np.float64)
+            v = cache_v[0, g, :pos + 1].astype(np.float64)
+            w = k @ q / np.sqrt(D)
+            w = np.exp(w - w.max())
+            out[i, h * D:(h + 1) * D] = (w / w.sum()) @ v
+    return out
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (6, 2, 48), (3, 1, 16)])
+def test_decode_attention_f16_rounds_each_new_key_once_and_rows_do_not_depend_on_the_width(H, KVH, D, isa, monkeypatch):
+    """edgespec.DecodeAttentionF16 (float16 caches): the new keys are the float32 op's rotated keys
+    rounded to float16 (to nearest, ties to even: numpy's astype), the new values the call's values
+    rounded; the outputs are attention over the rounded cache (float64 reference); each query row is
+    bitwise the same at every width and whatever the call's first position, on both paths."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    L, P, past = 64, 80, 21
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=4)
+    k16, v16 = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    half = _session(_attention_graph("DecodeAttentionF16", H, KVH, D, L, P))
+    single = _session(_attention_graph("DecodeAttention", H, KVH, D, L, P))
+
+    def run(sess, q, at, k, v):
+        return sess.run(None, {"qkv": q, "pk": k, "pv": v, "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
+
+    full = run(half, qkv, past, k16.copy(), v16.copy())
+    ref32 = run(single, qkv, past, cache_k.copy(), cache_v.copy())
+    t = past + 9
+    assert full[1].dtype == np.float16 and full[2].dtype == np.float16 and full[0].dtype == np.float32
+    assert np.array_equal(full[1][:, :, :past], k16[:, :, :past]) and np.array_equal(full[2][:, :, :past], v16[:, :, :past])
+    assert np.array_equal(full[1][:, :, past:t], ref32[1][:, :, past:t].astype(np.float16))
+    assert np.array_equal(full[2][:, :, past:t], ref32[2][:, :, past:t].astype(np.float16))
+    inits = _attention_graph("DecodeAttention", H, KVH, D, L, P).graph.initializer
+    from onnx import numpy_helper
+
+    cos, sin = (numpy_helper.to_array(x) for x in inits)
+    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past)
+    assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
+    # against the float32 op: only the cache's rounding apart (float16 keeps ~3 decimal digits)
+    assert np.abs(full[0] - ref32[0]).max() < 2e-2 * max(1.0, np.abs(ref32[0]).max())
+    for n in range(1, 9):
+        assert np.array_equal(run(half, qkv[:, :n], past, k16.copy(), v16.copy())[0], full[0][:, :n]), n
+    head = run(half, qkv[:, :4], past, k16.copy(), v16.copy())
+    k2, v2 = k16.copy(), v16.copy()
+    k2[:, :, past:past + 4], v2[:, :, past:past + 4] = head[1][:, :, past:past + 4], head[2][:, :, past:past + 4]
+    assert np.array_equal(run(half, qkv[:, 4:], past + 4, k2, v2)[0], full[0][:, 4:])
+
+
 def test_decode_attention_refuses_bad_lengths_with_an_error():
     s = _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20))
     feeds = {"qkv": np.zeros((1, 3, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
@@ -293,7 +356,58 @@ def test_exact_kernels_with_onnxruntime_attention_pads_it_and_stays_exact(tiny_x
     _assert_all_equal(_greedy_all(eng, PROMPTS[0], 24, drafters=("none", "prompt-lookup", "model")), PROMPTS[0])
 
 
-@pytest.mark.parametrize("which", ["tiny_xk", "tiny_xk_ort"])
+@pytest.fixture(scope="module")
+def tiny_xk16(tiny_int4_bundle, tmp_path_factory):
+    """exact-kernels --kv-dtype float16: edgespec's attention over float16 KV caches."""
+    from edgespec_export.kernels import apply_to_bundle
+
+    return apply_to_bundle(tiny_int4_bundle, tmp_path_factory.mktemp("xk16") / "tiny-int4-xk16", kv_dtype="float16")
+
+
+def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk16, tiny_xk):
+    """The INT4 target's caches become float16 (graph inputs and outputs, the manifest, the buffers the
+    runtime allocates, the plan), the layout stays cpu, the float32 drafter (not rewritten) keeps its
+    float32 caches beside it, every drafter's greedy output equals plain decoding, and the logits stay
+    close to the float32 cache's."""
+    import onnx
+
+    from edgespec.manifest import load_manifest
+    from edgespec.planner import plan
+    from edgespec.profiles import resolve_profile
+
+    m16, m32 = load_manifest(tiny_xk16), load_manifest(tiny_xk)
+    assert m16.drafter.kv_dtype == "float32" and m16.drafter.kernels != "edgespec-q4"
+    for role in ("target",):
+        spec, spec32 = getattr(m16, role), getattr(m32, role)
+        assert spec.kv_dtype == "float16" and spec.layout == "cpu" and spec32.kv_dtype == "float32"
+        assert spec.operators["DecodeAttentionF16"] == spec.num_layers and "DecodeAttention" not in spec.operators
+        assert spec.kv_bytes(100) * 2 == spec32.kv_bytes(100)
+        g = onnx.load(str(spec.path), load_external_data=False).graph
+        kv = [v for v in list(g.input) + list(g.output) if "key" in v.name or "value" in v.name]
+        assert len(kv) == 4 * spec.num_layers
+        assert {v.type.tensor_type.elem_type for v in kv} == {onnx.TensorProto.FLOAT16}
+    prof = resolve_profile("cpu-16gb")
+    p16, p32 = plan(m16, prof, max_context=256), plan(m32, prof, max_context=256)
+    assert p16.context == p32.context and set(p16.kv) == {"target", "drafter"}
+    assert 2 * p16.kv["target"] == p32.kv["target"] and p16.kv["drafter"] == p32.kv["drafter"]
+    eng = edgespec.load(tiny_xk16)
+    t = eng.decoder.target
+    assert (t.min_width, t.width_multiple) == (1, 1)
+    assert {buf.numpy().dtype for _, _, buf in t.cache.buffers} == {np.dtype(np.float16)}
+    d = eng.decoder.drafters["model"].lm
+    assert {buf.numpy().dtype for _, _, buf in d.cache.buffers} == {np.dtype(np.float32)}
+    from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
+
+    for p in PROMPTS:
+        _assert_all_equal(_greedy_all(eng, p, 24, drafters=("none", "prompt-lookup", "suffix", "auto", "model")), p)
+    ids = [int(i) for i in np.random.default_rng(1).integers(5, 200, size=60)]
+    t32 = edgespec.load(tiny_xk).decoder.target
+    t.cache.reset()
+    a, b = t.forward(ids), t32.forward(ids)
+    assert np.abs(a - b).max() < 0.05 * np.abs(b).max() and (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
+
+
+@pytest.mark.parametrize("which", ["tiny_xk", "tiny_xk_ort", "tiny_xk16"])
 def test_exact_kernels_fills_the_whole_context(which, request):
     """edgespec's attention writes only the call's positions: the whole exported context is usable.
     onnxruntime's padded attention writes the pad's keys and values one position past the call:
@@ -325,14 +439,25 @@ def test_exact_kernels_refuses_what_it_cannot_rewrite(tiny_bundle, tiny_xk, tmp_
     assert r.exit_code != 0 and "already" in r.output
     r = CliRunner().invoke(main, ["exact-kernels", str(tmp_path / "missing")])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1
+    # a float16 cache needs edgespec's attention; --kv-dtype belongs to --exact-kernels
+    r = CliRunner().invoke(main, ["exact-kernels", str(tiny_bundle), "--onnxruntime-attention", "--kv-dtype", "float16",
+                                  "-o", str(tmp_path / "c")])
+    assert r.exit_code != 0 and "float16 KV cache needs edgespec's attention" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
+    r = CliRunner().invoke(main, ["exact-kernels", str(tiny_bundle), "--kv-dtype", "bfloat16", "-o", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "bfloat16" in r.output and not (tmp_path / "d").exists()
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "x"), "-o", str(tmp_path / "e"), "--kv-dtype", "float16"])
+    assert r.exit_code == 2 and "--kv-dtype applies with --exact-kernels" in r.output and not (tmp_path / "e").exists()
 
 
 @pytest.mark.real
-def test_smollm2_exact_kernels_one_token_calls_and_exact(smol_int4, tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_smollm2_exact_kernels_one_token_calls_and_exact(smol_int4, tmp_path, kv_dtype):
     from edgespec_export.kernels import apply_to_bundle
 
-    out = apply_to_bundle(smol_int4, tmp_path / "smol-xk")
+    out = apply_to_bundle(smol_int4, tmp_path / "smol-xk", kv_dtype=kv_dtype)
     eng = edgespec.load(out)
+    assert eng.decoder.target.spec.kv_dtype == kv_dtype
     assert (eng.decoder.target.min_width, eng.decoder.target.width_multiple) == (1, 1)
     for p in ("def fibonacci(n):", "Summarize: the meeting moved to Tuesday at ten, floor three."):
         msgs = [{"role": "user", "content": p}]
@@ -479,14 +604,16 @@ def test_library_on_a_cpu_without_avx2_is_a_typed_error(monkeypatch):
 
     monkeypatch.setattr(native, "_cached", None)
     monkeypatch.setattr(native, "cpu_supported", lambda: "this CPU lacks avx2, fma")
-    with pytest.raises(ProviderError, match="needs an x86-64 CPU with AVX2 and FMA: this CPU lacks avx2, fma"):
+    with pytest.raises(ProviderError, match="needs an x86-64 CPU with AVX2, FMA and F16C: this CPU lacks avx2, fma"):
         native.library_path()
     monkeypatch.undo()
     monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")  # a Jetson's CPU
     assert "aarch64" in native.cpu_supported()
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx"})
-    assert native.cpu_supported() == "this CPU lacks avx2, fma"
+    assert native.cpu_supported() == "this CPU lacks avx2, fma, f16c"
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma"})  # (F16C: float16 KV caches)
+    assert native.cpu_supported() == "this CPU lacks f16c"
 
 
 def test_the_library_names_the_path_it_takes(monkeypatch):

@@ -5,7 +5,7 @@
 depend on how many rows the call has (README, "Exactness"). A bundle rewritten by
 ``edgespec exact-kernels`` uses it in place of ``com.microsoft.MatMulNBits``; its graphs open only
 with this library registered (``library_path()``), which needs a C++ compiler (g++) once and an
-x86-64 CPU with AVX2 and FMA; it takes its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile
+x86-64 CPU with AVX2, FMA and F16C; it takes its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile
 multiplies for calls of 4 rows or more (at block 128; 6 at 64, 8 below) where the CPU has those (the
 same numbers, bitwise, on every path).
 """
@@ -48,7 +48,7 @@ def cpu_supported() -> str | None:
     flags = _cpu_flags()
     if flags is None:
         return "cannot read /proc/cpuinfo to check for AVX2"
-    missing = [f for f in ("avx2", "fma") if f not in flags]
+    missing = [f for f in ("avx2", "fma", "f16c") if f not in flags]
     return f"this CPU lacks {', '.join(missing)}" if missing else None
 
 
@@ -71,7 +71,7 @@ def library_path() -> str:
         return _cached
     why = cpu_supported()
     if why:
-        raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) needs an x86-64 CPU with AVX2 and FMA: {why}")
+        raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) needs an x86-64 CPU with AVX2, FMA and F16C: {why}")
     _cached = _build(SOURCE, "libedgespec_q4", "edgespec's INT4 kernel (exact-kernels bundles)")
     return _cached
 

@@ -106,7 +106,7 @@ enum : int {
   kReleaseTensorTypeAndShapeInfo = 99,
   kKernelContextParallelFor = 274,
 };
-constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6;  // ONNXTensorElementDataType
+constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6, kFloat16 = 10;  // ONNXTensorElementDataType
 constexpr int kRequired = 0, kOptional = 1;
 
 const OrtApi* g_api = nullptr;
@@ -117,9 +117,9 @@ bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages
 bool g_attn_quads = true;  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
 std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)
 
-#define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
-#define ES_AVX2 __attribute__((target("avx2,fma")))
-#define ES_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,amx-tile,amx-int8")))
+#define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+#define ES_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ES_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c,amx-tile,amx-int8")))
 
 template <typename F>
 F api(int i) { return reinterpret_cast<F>(g_api->fn[i]); }
@@ -1056,6 +1056,10 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
 //            cos, sin [P, D / 2] (non-interleaved rotary over the whole head)
 //   outputs: out [1, n, H * D], present_key, present_value (the past buffers, written in place when bound so)
 //   attributes: num_heads, kv_num_heads (int), scale (float, 0: 1 / sqrt(D))
+// edgespec.DecodeAttentionF16 is the same op over float16 caches (`exact-kernels --kv-dtype float16`): half the bytes
+// a decode call streams and half the memory. A new key or value is rounded to float16 (to nearest, ties to even) as it
+// is written, and every query reads the keys and values from the cache, its own row's too, each widened to float32
+// as it is loaded: the arithmetic after that is the float32 op's, so the rows stay the same at every width.
 
 struct Attn {
   int64_t H = 0, KVH = 0;
@@ -1063,14 +1067,36 @@ struct Attn {
   bool ok = false;
   bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
   bool quads = true;    // g_attn_quads when the kernel was made
+  bool half = false;    // edgespec.DecodeAttentionF16: float16 caches
 };
 
+// a cache's elements: float32, or float16 bits (uint16_t) widened as they are loaded
+using Half = uint16_t;
+template <typename T> inline __m256 ld8(const T* p);
+template <> ES_AVX2 inline __m256 ld8<float>(const float* p) { return _mm256_loadu_ps(p); }
+template <> ES_AVX2 inline __m256 ld8<Half>(const Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <typename T> inline __m512 ld16(const T* p);
+template <> ES_AVX512 inline __m512 ld16<float>(const float* p) { return _mm512_loadu_ps(p); }
+template <> ES_AVX512 inline __m512 ld16<Half>(const Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// D floats (a multiple of 8) into the cache's type: float16 rounded to nearest, ties to even (as numpy's astype)
+ES_AVX2 inline void store_row(const float* x, float* y, int64_t D) { std::memcpy(y, x, size_t(D) * sizeof(float)); }
+ES_AVX2 inline void store_row(const float* x, Half* y, int64_t D) {
+  for (int64_t d = 0; d < D; d += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <typename T>
 struct AttnCall {
   const Attn* a;
   int64_t n, D, L, past;
   const float* qkv;
   const float *cos, *sin;
-  const float *K, *V;  // present: [KVH, L, D]
+  const T *K, *V;  // present: [KVH, L, D]
   float* out;
   float scale;
   bool wide;  // the AVX-512 (16-lane) path
@@ -1096,8 +1122,8 @@ ES_AVX2 inline __m256 sum8x8(const __m256* a) {
 
 // two queries' value sums over keys [k0, kb) of 8 * NV output lanes from d0 (the first query's keys end at ka <= kb):
 // per lane one chain of fused multiply-adds in key order, continued from (and stored back to) ca and cb
-template <int NV>
-ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const float* V, int64_t D, int64_t d0, int64_t k0,
+template <int NV, typename T>
+ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const T* V, int64_t D, int64_t d0, int64_t k0,
                                int64_t ka, int64_t kb, float* ca, float* cb, bool two) {
   __m256 a[NV], b[NV];
   for (int v = 0; v < NV; ++v) {
@@ -1106,18 +1132,18 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const float* V,
   }
   int64_t r = k0;
   for (; r < ka; ++r) {
-    const float* vr = V + r * D + d0;
+    const T* vr = V + r * D + d0;
     const __m256 wa = _mm256_set1_ps(pa[r]), wb = _mm256_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) {
-      const __m256 x = _mm256_loadu_ps(vr + 8 * v);
+      const __m256 x = ld8(vr + 8 * v);
       a[v] = _mm256_fmadd_ps(wa, x, a[v]);
       b[v] = _mm256_fmadd_ps(wb, x, b[v]);
     }
   }
   for (; r < kb; ++r) {  // the later query's keys past the earlier one's
-    const float* vr = V + r * D + d0;
+    const T* vr = V + r * D + d0;
     const __m256 wb = _mm256_set1_ps(pb[r]);
-    for (int v = 0; v < NV; ++v) b[v] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(vr + 8 * v), b[v]);
+    for (int v = 0; v < NV; ++v) b[v] = _mm256_fmadd_ps(wb, ld8(vr + 8 * v), b[v]);
   }
   for (int v = 0; v < NV; ++v) {
     if (two) _mm256_storeu_ps(cb + d0 + 8 * v, b[v]);
@@ -1129,19 +1155,20 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const float* V,
 // (query, key) one chain of fused multiply-adds over the head's chunks, then a fixed tree over the lanes; four keys
 // a tile (a last tile padded with zero keys). The 8-lane version (AVX2) and the 16-lane one (AVX-512, heads a
 // multiple of 16) compute different bits; a process takes one of them for every call (Attn::wide)
-ES_AVX2 void qk_block_avx2(const float* qa, const float* qb, const float* K, const float* zero, int64_t D, int64_t j0,
+template <typename T>
+ES_AVX2 void qk_block_avx2(const float* qa, const float* qb, const T* K, const T* zero, int64_t D, int64_t j0,
                            int64_t kn, float scale, float* sa, float* sb, bool two) {
   alignas(32) float t[8];
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
-    const float* kr[4];
+    const T* kr[4];
     for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
     __m256 acc[8];
     for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
       const __m256 va = _mm256_loadu_ps(qa + d), vb = _mm256_loadu_ps(qb + d);
       for (int u = 0; u < 4; ++u) {
-        const __m256 kv = _mm256_loadu_ps(kr[u] + d);
+        const __m256 kv = ld8(kr[u] + d);
         acc[u] = _mm256_fmadd_ps(va, kv, acc[u]);
         acc[4 + u] = _mm256_fmadd_ps(vb, kv, acc[4 + u]);
       }
@@ -1165,18 +1192,19 @@ ES_AVX512 inline void store_scores(const __m512* acc, __m256 sv, int64_t j, floa
   if (two) std::memcpy(sb + j, t + 4, 4 * sizeof(float));
 }
 
-ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const float* K, const float* zero, int64_t D,
+template <typename T>
+ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const T* K, const T* zero, int64_t D,
                                int64_t j0, int64_t kn, float scale, float* sa, float* sb, bool two) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
-    const float* kr[4];
+    const T* kr[4];
     for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
     __m512 acc[8];
     for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 va = _mm512_loadu_ps(qa + d), vb = _mm512_loadu_ps(qb + d);
       for (int u = 0; u < 4; ++u) {
-        const __m512 kv = _mm512_loadu_ps(kr[u] + d);
+        const __m512 kv = ld16(kr[u] + d);
         acc[u] = _mm512_fmadd_ps(va, kv, acc[u]);
         acc[4 + u] = _mm512_fmadd_ps(vb, kv, acc[4 + u]);
       }
@@ -1185,7 +1213,8 @@ ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const float* K,
   }
 }
 
-ES_AVX2 void weigh_avx2(const float* pa, const float* pb, const float* V, int64_t D, int64_t k0, int64_t ka,
+template <typename T>
+ES_AVX2 void weigh_avx2(const float* pa, const float* pb, const T* V, int64_t D, int64_t k0, int64_t ka,
                         int64_t kb, float* ca, float* cb, bool two) {
   int64_t d0 = 0;
   for (; d0 + 32 <= D; d0 += 32) weigh_pair<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
@@ -1193,8 +1222,8 @@ ES_AVX2 void weigh_avx2(const float* pa, const float* pb, const float* V, int64_
 }
 
 // weigh_pair with 16-lane vectors: 64 lanes a slice, then 16 (heads a multiple of 16)
-template <int NV>
-ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const float* V, int64_t D, int64_t d0, int64_t k0,
+template <int NV, typename T>
+ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const T* V, int64_t D, int64_t d0, int64_t k0,
                                    int64_t ka, int64_t kb, float* ca, float* cb, bool two) {
   __m512 a[NV], b[NV];
   for (int v = 0; v < NV; ++v) {
@@ -1203,18 +1232,18 @@ ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const float
   }
   int64_t r = k0;
   for (; r < ka; ++r) {
-    const float* vr = V + r * D + d0;
+    const T* vr = V + r * D + d0;
     const __m512 wa = _mm512_set1_ps(pa[r]), wb = _mm512_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) {
-      const __m512 x = _mm512_loadu_ps(vr + 16 * v);
+      const __m512 x = ld16(vr + 16 * v);
       a[v] = _mm512_fmadd_ps(wa, x, a[v]);
       b[v] = _mm512_fmadd_ps(wb, x, b[v]);
     }
   }
   for (; r < kb; ++r) {
-    const float* vr = V + r * D + d0;
+    const T* vr = V + r * D + d0;
     const __m512 wb = _mm512_set1_ps(pb[r]);
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(vr + 16 * v), b[v]);
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_fmadd_ps(wb, ld16(vr + 16 * v), b[v]);
   }
   for (int v = 0; v < NV; ++v) {
     if (two) _mm512_storeu_ps(cb + d0 + 16 * v, b[v]);
@@ -1222,7 +1251,8 @@ ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const float
   }
 }
 
-ES_AVX512 void weigh_avx512(const float* pa, const float* pb, const float* V, int64_t D, int64_t k0, int64_t ka,
+template <typename T>
+ES_AVX512 void weigh_avx512(const float* pa, const float* pb, const T* V, int64_t D, int64_t k0, int64_t ka,
                             int64_t kb, float* ca, float* cb, bool two) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) weigh_pair16<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
@@ -1231,11 +1261,12 @@ ES_AVX512 void weigh_avx512(const float* pa, const float* pb, const float* V, in
 
 // scores of four queries (q[0..3]; n of them real, the rest repeats) for keys [j0, kn): per (query, key) the chain
 // and tree of qk_block_avx512 (the same bits), each key tile loaded once for four queries
-ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const float* K, const float* zero, int64_t D,
+template <typename T>
+ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const T* K, const T* zero, int64_t D,
                                 int64_t j0, int64_t kn, float scale, float* const* s) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
-    const float* kr[4];
+    const T* kr[4];
     for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
     __m512 acc[16];  // query p, key u: acc[4 * p + u]
     for (int u = 0; u < 16; ++u) acc[u] = _mm512_setzero_ps();
@@ -1243,7 +1274,7 @@ ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const float* K, co
       const __m512 v0 = _mm512_loadu_ps(q[0] + d), v1 = _mm512_loadu_ps(q[1] + d), v2 = _mm512_loadu_ps(q[2] + d),
                    v3 = _mm512_loadu_ps(q[3] + d);
       for (int u = 0; u < 4; ++u) {
-        const __m512 kv = _mm512_loadu_ps(kr[u] + d);
+        const __m512 kv = ld16(kr[u] + d);
         acc[u] = _mm512_fmadd_ps(v0, kv, acc[u]);
         acc[4 + u] = _mm512_fmadd_ps(v1, kv, acc[4 + u]);
         acc[8 + u] = _mm512_fmadd_ps(v2, kv, acc[8 + u]);
@@ -1256,19 +1287,19 @@ ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const float* K, co
 
 // four queries' value sums over keys [k0, k[3]) of 16 * NV output lanes from d0, query p's keys ending at k[p]
 // (k[0] <= k[1] <= k[2] <= k[3]): per lane one chain of fused multiply-adds in key order, as weigh_pair16's
-template <int NV>
-ES_AVX512 inline void weigh4_16(const float* const* pw, const float* V, int64_t D, int64_t d0, int64_t k0,
+template <int NV, typename T>
+ES_AVX512 inline void weigh4_16(const float* const* pw, const T* V, int64_t D, int64_t d0, int64_t k0,
                                 const int64_t* k, float* const* c, int n) {
   __m512 a[4][NV];
   for (int p = 0; p < 4; ++p)
     for (int v = 0; v < NV; ++v) a[p][v] = _mm512_loadu_ps(c[p] + d0 + 16 * v);
   int64_t r = k0;
   for (; r < k[0]; ++r) {  // every query
-    const float* vr = V + r * D + d0;
+    const T* vr = V + r * D + d0;
     const __m512 w0 = _mm512_set1_ps(pw[0][r]), w1 = _mm512_set1_ps(pw[1][r]), w2 = _mm512_set1_ps(pw[2][r]),
                  w3 = _mm512_set1_ps(pw[3][r]);
     for (int v = 0; v < NV; ++v) {
-      const __m512 x = _mm512_loadu_ps(vr + 16 * v);
+      const __m512 x = ld16(vr + 16 * v);
       a[0][v] = _mm512_fmadd_ps(w0, x, a[0][v]);
       a[1][v] = _mm512_fmadd_ps(w1, x, a[1][v]);
       a[2][v] = _mm512_fmadd_ps(w2, x, a[2][v]);
@@ -1277,9 +1308,9 @@ ES_AVX512 inline void weigh4_16(const float* const* pw, const float* V, int64_t 
   }
   for (int p0 = 1; p0 < 4; ++p0)  // then the later queries' keys past the earlier ones'
     for (; r < k[p0]; ++r) {
-      const float* vr = V + r * D + d0;
+      const T* vr = V + r * D + d0;
       for (int v = 0; v < NV; ++v) {
-        const __m512 x = _mm512_loadu_ps(vr + 16 * v);
+        const __m512 x = ld16(vr + 16 * v);
         for (int p = p0; p < 4; ++p) a[p][v] = _mm512_fmadd_ps(_mm512_set1_ps(pw[p][r]), x, a[p][v]);
       }
     }
@@ -1287,7 +1318,8 @@ ES_AVX512 inline void weigh4_16(const float* const* pw, const float* V, int64_t 
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c[p] + d0 + 16 * v, a[p][v]);
 }
 
-ES_AVX512 void weigh4_avx512(const float* const* pw, const float* V, int64_t D, int64_t k0, const int64_t* k,
+template <typename T>
+ES_AVX512 void weigh4_avx512(const float* const* pw, const T* V, int64_t D, int64_t k0, const int64_t* k,
                              float* const* c, int n) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) weigh4_16<4>(pw, V, D, d0, k0, k, c, n);
@@ -1312,7 +1344,8 @@ constexpr double kAttnParallelWork = 2e5;
 // 8-lane chunks, then sum8x8's tree (the same for every slot); per (query, output lane) one chain over the keys in
 // order. A query's numbers depend on it alone, not on its partner, its row's place in the call or the call's
 // width. Keys past a query's last (the partner's, or a block's padding) are computed and never read.
-ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
+template <typename T>
+ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g) {
   const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = D / 2;
   const int64_t nq = (r1 - r0) * group, maxkeys = c.past + r1;  // the last row's keys
   const int64_t stride = (maxkeys + 3) / 4 * 4;                  // a query's scores, padded to blocks of 4
@@ -1321,15 +1354,15 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
   if (buf.size() < need) buf.resize(need + 1024);
   float* q = buf.data();                 // nq x D rotated queries
   float* sc = buf.data() + nq * D;       // nq x stride scores, then weights
-  float* zero = sc + nq * stride;        // a key of zeros past the last row's keys
-  std::memset(zero, 0, size_t(D) * sizeof(float));
+  const T* zero = reinterpret_cast<const T*>(sc + nq * stride);  // a key of zeros past the last row's keys
+  std::memset(sc + nq * stride, 0, size_t(D) * sizeof(float));
   auto keys_of = [&](int64_t x) { return c.past + r0 + x / group + 1; };
   for (int64_t x = 0; x < nq; ++x) {
     const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
     rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half);
   }
-  const float* K = c.K + g * c.L * D;
-  const float* V = c.V + g * c.L * D;
+  const T* K = c.K + g * c.L * D;
+  const T* V = c.V + g * c.L * D;
   alignas(32) float t[8];
   // scores: a block of keys (kAttnKeys, L1-sized) for every pair of queries before the next block; two queries x
   // four keys a tile
@@ -1394,7 +1427,7 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
   }
   // outputs: per query and output lane one chain over the keys in order, kept in acc (nq x D) between blocks of
   // values (kAttnKeys, L1-sized); two queries x 32 lanes a tile, each value row loaded once for both
-  float* acc = sc + nq * stride + D;
+  float* acc = sc + nq * stride + D;  // (past the zero key, whose D floats hold a key of either type)
   std::memset(acc, 0, size_t(nq * D) * sizeof(float));
   for (int64_t k0 = 0; k0 < maxkeys; k0 += kAttnKeys) {
     for (int64_t x = 0; x < nq; x += span) {
@@ -1428,8 +1461,9 @@ ES_AVX2 void attend_rows(const AttnCall& c, int64_t r0, int64_t r1, int64_t g) {
   }
 }
 
+template <typename T>
 void attn_task(void* data, size_t t) {
-  const AttnCall& c = *static_cast<const AttnCall*>(data);
+  const AttnCall<T>& c = *static_cast<const AttnCall<T>*>(data);
   const int64_t tiles = (c.n + kAttnRows - 1) / kAttnRows;
   const int64_t g = int64_t(t) / tiles, r0 = (int64_t(t) % tiles) * kAttnRows;
   attend_rows(c, r0, std::min(c.n, r0 + kAttnRows), g);
@@ -1453,10 +1487,61 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   return nullptr;
 }
 
+OrtStatus* attn16_create_v2(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info, void** out) {
+  OrtStatus* s = attn_create_v2(op, api_, info, out);
+  static_cast<Attn*>(*out)->half = true;
+  return s;
+}
+
 void* attn_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info) {
   void* a = nullptr;
   if (OrtStatus* s = attn_create_v2(op, api_, info, &a)) ok(s);
   return a;
+}
+
+void* attn16_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info) {
+  void* a = nullptr;
+  if (OrtStatus* s = attn16_create_v2(op, api_, info, &a)) ok(s);
+  return a;
+}
+
+// the call once its inputs are checked: the present caches (the past ones copied in where not bound in place), the
+// new keys (rotated) and values written at their positions, then the queries' rows (tasks on the pool if it pays)
+template <typename T>
+OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* in, OrtValue* O, OrtValue* PK, OrtValue* PV,
+                  int64_t n, int64_t D, int64_t L, int64_t past) {
+  T *K = static_cast<T*>(data_of(PK)), *V = static_cast<T*>(data_of(PV));
+  const T *pk = static_cast<const T*>(data_of(in[1])), *pv = static_cast<const T*>(data_of(in[2]));
+  if (K != pk)  // not bound in place: the present starts as a copy of the past
+    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(K + g * L * D, pk + g * L * D, size_t(past * D) * sizeof(T));
+  if (V != pv)
+    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(V + g * L * D, pv + g * L * D, size_t(past * D) * sizeof(T));
+  const float* qkv = static_cast<const float*>(data_of(in[0]));
+  const float *cs = static_cast<const float*>(data_of(in[4])), *sn = static_cast<const float*>(data_of(in[5]));
+  const int64_t half = D / 2, row = (a->H + 2 * a->KVH) * D;
+  thread_local std::vector<float> rot;
+  if (rot.size() < size_t(D)) rot.resize(size_t(D));
+  for (int64_t i = 0; i < n; ++i)  // the new keys (rotated) and values, at their positions, in the cache's type
+    for (int64_t g = 0; g < a->KVH; ++g) {
+      const int64_t pos = past + i;
+      rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half);
+      store_row(rot.data(), K + (g * L + pos) * D, D);
+      store_row(qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + pos) * D, D);
+    }
+  AttnCall<T> c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
+                a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D)), a->avx512 && D % 16 == 0};
+  const size_t tasks = size_t((n + kAttnRows - 1) / kAttnRows * a->KVH);
+  // the work (multiply-adds of scores and value sums): a small call runs on this thread, where handing tasks to the
+  // pool's threads (woken for each of a forward pass's layers) cost more than it saved
+  const double work = 2.0 * double(n) * double(a->H) * double(D) * double(past + n);
+  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
+  const double min_work = par ? std::atof(par) : kAttnParallelWork;
+  if (g_parallel && tasks > 1 && work >= min_work) {
+    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task<T>, tasks, 0, &c))) return nullptr;
+  }
+  for (size_t t = 0; t < tasks; ++t) attn_task<T>(&c, t);
+  return nullptr;
 }
 
 OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
@@ -1485,35 +1570,7 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 0, od.data(), od.size(), &O)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 1, kd.data(), kd.size(), &PK)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 2, vd.data(), vd.size(), &PV)) return s;
-  float *K = static_cast<float*>(data_of(PK)), *V = static_cast<float*>(data_of(PV));
-  const float *pk = static_cast<const float*>(data_of(in[1])), *pv = static_cast<const float*>(data_of(in[2]));
-  if (K != pk)  // not bound in place: the present starts as a copy of the past
-    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(K + g * L * D, pk + g * L * D, size_t(past * D) * sizeof(float));
-  if (V != pv)
-    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(V + g * L * D, pv + g * L * D, size_t(past * D) * sizeof(float));
-  const float* qkv = static_cast<const float*>(data_of(in[0]));
-  const float *cs = static_cast<const float*>(data_of(in[4])), *sn = static_cast<const float*>(data_of(in[5]));
-  const int64_t half = D / 2, row = (a->H + 2 * a->KVH) * D;
-  for (int64_t i = 0; i < n; ++i)  // the new keys (rotated) and values, at their positions
-    for (int64_t g = 0; g < a->KVH; ++g) {
-      const int64_t pos = past + i;
-      rotary(qkv + i * row + (a->H + g) * D, K + (g * L + pos) * D, cs + pos * half, sn + pos * half, half);
-      std::memcpy(V + (g * L + pos) * D, qkv + i * row + (a->H + a->KVH + g) * D, size_t(D) * sizeof(float));
-    }
-  AttnCall c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
-             a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D)), a->avx512 && D % 16 == 0};
-  const size_t tasks = size_t((n + kAttnRows - 1) / kAttnRows * a->KVH);
-  // the work (multiply-adds of scores and value sums): a small call runs on this thread, where handing tasks to the
-  // pool's threads (woken for each of a forward pass's layers) cost more than it saved
-  const double work = 2.0 * double(n) * double(a->H) * double(D) * double(past + n);
-  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
-  const double min_work = par ? std::atof(par) : kAttnParallelWork;
-  if (g_parallel && tasks > 1 && work >= min_work) {
-    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
-    if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task, tasks, 0, &c))) return nullptr;
-  }
-  for (size_t t = 0; t < tasks; ++t) attn_task(&c, t);
-  return nullptr;
+  return a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past) : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past);
 }
 
 void attn_compute(void* self, OrtKernelContext* ctx) {
@@ -1522,7 +1579,10 @@ void attn_compute(void* self, OrtKernelContext* ctx) {
 
 void attn_destroy(void* self) { delete static_cast<Attn*>(self); }
 const char* attn_name(const OrtCustomOp*) { return "DecodeAttention"; }
+const char* attn16_name(const OrtCustomOp*) { return "DecodeAttentionF16"; }
 int attn_in_type(const OrtCustomOp*, size_t i) { return i == 3 ? kInt32 : kFloat; }
+int attn16_in_type(const OrtCustomOp*, size_t i) { return i == 3 ? kInt32 : (i == 1 || i == 2) ? kFloat16 : kFloat; }
+int attn16_out_type(const OrtCustomOp*, size_t i) { return i == 0 ? kFloat : kFloat16; }
 size_t attn_in_count(const OrtCustomOp*) { return 6; }
 size_t attn_out_count(const OrtCustomOp*) { return 3; }
 int attn_char(const OrtCustomOp*, size_t) { return kRequired; }
@@ -1548,6 +1608,10 @@ OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,   
 OrtCustomOp g_attn{17,           attn_create, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
                    attn_compute, attn_destroy, attn_char, attn_char, mem_type,  one,           one,      one,
                    one,          attn_create_v2, attn_compute_v2, nullptr, one, last};
+
+OrtCustomOp g_attn16{17,           attn16_create, attn16_name, op_ep,    attn16_in_type, attn_in_count, attn16_out_type,
+                     attn_out_count, attn_compute, attn_destroy, attn_char, attn_char, mem_type, one, one, one,
+                     one,          attn16_create_v2, attn_compute_v2, nullptr, one, last};
 
 // AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
 bool amx_permitted() {
@@ -1590,8 +1654,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   if (!g_api) g_api = base->GetApi(1);
   if (!g_api) return nullptr;
   using MkStatus = OrtStatus* (*)(int, const char*);
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-    return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX2 and FMA");
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+    return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX2, FMA and F16C");
   choose_path(&g_avx512, &g_amx);
   const char* quads = std::getenv("EDGESPEC_ATTN_QUADS");  // 0: pairs of queries (to compare: the same bits)
   g_attn_quads = !(quads && std::strcmp(quads, "0") == 0);
@@ -1608,6 +1672,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_op);
   if (s) return s;
   s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_attn);
+  if (s) return s;
+  s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_attn16);
   if (s) return s;
   return api<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(kAddCustomOpDomain)(options, domain);
 }
