@@ -203,9 +203,10 @@ def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bu
 def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tiny_bundle, tiny_int4_bundle,
                                                                              tmp_path, capsys):
     """scripts/ab_bundles.py (the reduced-vocabulary A/B in the README) alternates two bundles per
-    prompt: a bundle against itself is exact and prints a B/A ratio per drafter; two bundles whose
-    targets differ (fp32 against INT4) are caught as greedy mismatches (exit 1); a missing bundle is
-    a one-line error (exit 2)."""
+    prompt: a bundle against itself is exact and prints a B/A ratio per runner; two bundles whose
+    targets differ (fp32 against INT4) are each exact against their own plain decoding, and their
+    plain outputs are said to differ (exit 0), but caught as greedy mismatches under --same-target
+    (exit 1); a missing bundle is a one-line error (exit 2)."""
     import sys
     from pathlib import Path
 
@@ -215,8 +216,12 @@ def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tin
     small = ["--drafters", "model,auto", "--per-category", "1", "--max-new-tokens", "8"]
     assert ab_bundles.main([str(tiny_int4_bundle), str(tiny_int4_bundle), *small]) == 0
     out = capsys.readouterr().out
-    assert "| all |" in out and "model B/A" in out and "auto B/A" in out
-    assert ab_bundles.main([str(tiny_bundle), str(tiny_int4_bundle), *small]) == 1
+    assert "| all |" in out and "model B/A" in out and "auto B/A" in out and "none B/A" in out
+    assert "B's output equals A's on every prompt" in out
+    assert ab_bundles.main([str(tiny_bundle), str(tiny_int4_bundle), *small]) == 0
+    out = capsys.readouterr()
+    assert "B's output differs from A's" in out.out and "MISMATCH" not in out.err
+    assert ab_bundles.main([str(tiny_bundle), str(tiny_int4_bundle), *small, "--same-target"]) == 1
     assert "MISMATCH" in capsys.readouterr().err
     assert ab_bundles.main([str(tmp_path / "missing"), str(tiny_int4_bundle), *small]) == 2
     assert capsys.readouterr().err.startswith("error:")
