@@ -1120,11 +1120,27 @@ ES_AVX2 inline __m256 sum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// how far ahead (keys) the scores and the value sums prefetch the keys and values they will read (into L1), where
+// the first queries of a task read a block: a decode call's cache streams from memory, which the hardware's
+// prefetchers alone fed at 4-10 GB/s (a one-token call of the Qwen 1.5B at 2,048 positions)
+#ifndef ES_ATTN_PF
+#define ES_ATTN_PF 64
+#endif
+constexpr int64_t kAttnPrefetch = ES_ATTN_PF;
+
+// rows [row, row + rows) of a [keys, D] cache towards L1 (a prefetch never faults: rows past the cache cost nothing)
+template <typename T>
+inline void prefetch_rows(const T* base, int64_t row, int64_t rows, int64_t D) {
+  const char* p = reinterpret_cast<const char*>(base + row * D);
+  const int64_t bytes = rows * D * int64_t(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
 // two queries' value sums over keys [k0, kb) of 8 * NV output lanes from d0 (the first query's keys end at ka <= kb):
 // per lane one chain of fused multiply-adds in key order, continued from (and stored back to) ca and cb
 template <int NV, typename T>
 ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const T* V, int64_t D, int64_t d0, int64_t k0,
-                               int64_t ka, int64_t kb, float* ca, float* cb, bool two) {
+                               int64_t ka, int64_t kb, float* ca, float* cb, bool two, bool pf) {
   __m256 a[NV], b[NV];
   for (int v = 0; v < NV; ++v) {
     a[v] = _mm256_loadu_ps(ca + d0 + 8 * v);
@@ -1133,6 +1149,7 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const T* V, int
   int64_t r = k0;
   for (; r < ka; ++r) {
     const T* vr = V + r * D + d0;
+    if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m256 wa = _mm256_set1_ps(pa[r]), wb = _mm256_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) {
       const __m256 x = ld8(vr + 8 * v);
@@ -1142,6 +1159,7 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const T* V, int
   }
   for (; r < kb; ++r) {  // the later query's keys past the earlier one's
     const T* vr = V + r * D + d0;
+    if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m256 wb = _mm256_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) b[v] = _mm256_fmadd_ps(wb, ld8(vr + 8 * v), b[v]);
   }
@@ -1157,10 +1175,11 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const T* V, int
 // multiple of 16) compute different bits; a process takes one of them for every call (Attn::wide)
 template <typename T>
 ES_AVX2 void qk_block_avx2(const float* qa, const float* qb, const T* K, const T* zero, int64_t D, int64_t j0,
-                           int64_t kn, float scale, float* sa, float* sb, bool two) {
+                           int64_t kn, float scale, float* sa, float* sb, bool two, bool pf) {
   alignas(32) float t[8];
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
+    if (pf) prefetch_rows(K, j + kAttnPrefetch, 4, D);
     const T* kr[4];
     for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
     __m256 acc[8];
@@ -1194,9 +1213,10 @@ ES_AVX512 inline void store_scores(const __m512* acc, __m256 sv, int64_t j, floa
 
 template <typename T>
 ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const T* K, const T* zero, int64_t D,
-                               int64_t j0, int64_t kn, float scale, float* sa, float* sb, bool two) {
+                               int64_t j0, int64_t kn, float scale, float* sa, float* sb, bool two, bool pf) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
+    if (pf) prefetch_rows(K, j + kAttnPrefetch, 4, D);
     const T* kr[4];
     for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
     __m512 acc[8];
@@ -1215,16 +1235,16 @@ ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const T* K, con
 
 template <typename T>
 ES_AVX2 void weigh_avx2(const float* pa, const float* pb, const T* V, int64_t D, int64_t k0, int64_t ka,
-                        int64_t kb, float* ca, float* cb, bool two) {
-  int64_t d0 = 0;
-  for (; d0 + 32 <= D; d0 += 32) weigh_pair<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
-  for (; d0 < D; d0 += 8) weigh_pair<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
+                        int64_t kb, float* ca, float* cb, bool two, bool pf) {
+  int64_t d0 = 0;  // (the first slice prefetches the rows)
+  for (; d0 + 32 <= D; d0 += 32) weigh_pair<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two, pf && d0 == 0);
+  for (; d0 < D; d0 += 8) weigh_pair<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two, pf && d0 == 0);
 }
 
 // weigh_pair with 16-lane vectors: 64 lanes a slice, then 16 (heads a multiple of 16)
 template <int NV, typename T>
 ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const T* V, int64_t D, int64_t d0, int64_t k0,
-                                   int64_t ka, int64_t kb, float* ca, float* cb, bool two) {
+                                   int64_t ka, int64_t kb, float* ca, float* cb, bool two, bool pf) {
   __m512 a[NV], b[NV];
   for (int v = 0; v < NV; ++v) {
     a[v] = _mm512_loadu_ps(ca + d0 + 16 * v);
@@ -1233,6 +1253,7 @@ ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const T* V,
   int64_t r = k0;
   for (; r < ka; ++r) {
     const T* vr = V + r * D + d0;
+    if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m512 wa = _mm512_set1_ps(pa[r]), wb = _mm512_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) {
       const __m512 x = ld16(vr + 16 * v);
@@ -1242,6 +1263,7 @@ ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const T* V,
   }
   for (; r < kb; ++r) {
     const T* vr = V + r * D + d0;
+    if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m512 wb = _mm512_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) b[v] = _mm512_fmadd_ps(wb, ld16(vr + 16 * v), b[v]);
   }
@@ -1253,19 +1275,20 @@ ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const T* V,
 
 template <typename T>
 ES_AVX512 void weigh_avx512(const float* pa, const float* pb, const T* V, int64_t D, int64_t k0, int64_t ka,
-                            int64_t kb, float* ca, float* cb, bool two) {
+                            int64_t kb, float* ca, float* cb, bool two, bool pf) {
   int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) weigh_pair16<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
-  for (; d0 < D; d0 += 16) weigh_pair16<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two);
+  for (; d0 + 64 <= D; d0 += 64) weigh_pair16<4>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two, pf && d0 == 0);
+  for (; d0 < D; d0 += 16) weigh_pair16<1>(pa, pb, V, D, d0, k0, ka, kb, ca, cb, two, pf && d0 == 0);
 }
 
 // scores of four queries (q[0..3]; n of them real, the rest repeats) for keys [j0, kn): per (query, key) the chain
 // and tree of qk_block_avx512 (the same bits), each key tile loaded once for four queries
 template <typename T>
 ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const T* K, const T* zero, int64_t D,
-                                int64_t j0, int64_t kn, float scale, float* const* s) {
+                                int64_t j0, int64_t kn, float scale, float* const* s, bool pf) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j = j0; j < kn; j += 4) {
+    if (pf) prefetch_rows(K, j + kAttnPrefetch, 4, D);
     const T* kr[4];
     for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
     __m512 acc[16];  // query p, key u: acc[4 * p + u]
@@ -1289,13 +1312,14 @@ ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const T* K, const 
 // (k[0] <= k[1] <= k[2] <= k[3]): per lane one chain of fused multiply-adds in key order, as weigh_pair16's
 template <int NV, typename T>
 ES_AVX512 inline void weigh4_16(const float* const* pw, const T* V, int64_t D, int64_t d0, int64_t k0,
-                                const int64_t* k, float* const* c, int n) {
+                                const int64_t* k, float* const* c, int n, bool pf) {
   __m512 a[4][NV];
   for (int p = 0; p < 4; ++p)
     for (int v = 0; v < NV; ++v) a[p][v] = _mm512_loadu_ps(c[p] + d0 + 16 * v);
   int64_t r = k0;
   for (; r < k[0]; ++r) {  // every query
     const T* vr = V + r * D + d0;
+    if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m512 w0 = _mm512_set1_ps(pw[0][r]), w1 = _mm512_set1_ps(pw[1][r]), w2 = _mm512_set1_ps(pw[2][r]),
                  w3 = _mm512_set1_ps(pw[3][r]);
     for (int v = 0; v < NV; ++v) {
@@ -1309,6 +1333,7 @@ ES_AVX512 inline void weigh4_16(const float* const* pw, const T* V, int64_t D, i
   for (int p0 = 1; p0 < 4; ++p0)  // then the later queries' keys past the earlier ones'
     for (; r < k[p0]; ++r) {
       const T* vr = V + r * D + d0;
+      if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
       for (int v = 0; v < NV; ++v) {
         const __m512 x = ld16(vr + 16 * v);
         for (int p = p0; p < 4; ++p) a[p][v] = _mm512_fmadd_ps(_mm512_set1_ps(pw[p][r]), x, a[p][v]);
@@ -1320,10 +1345,10 @@ ES_AVX512 inline void weigh4_16(const float* const* pw, const T* V, int64_t D, i
 
 template <typename T>
 ES_AVX512 void weigh4_avx512(const float* const* pw, const T* V, int64_t D, int64_t k0, const int64_t* k,
-                             float* const* c, int n) {
+                             float* const* c, int n, bool pf) {
   int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) weigh4_16<4>(pw, V, D, d0, k0, k, c, n);
-  for (; d0 < D; d0 += 16) weigh4_16<1>(pw, V, D, d0, k0, k, c, n);
+  for (; d0 + 64 <= D; d0 += 64) weigh4_16<4>(pw, V, D, d0, k0, k, c, n, pf && d0 == 0);
+  for (; d0 < D; d0 += 16) weigh4_16<1>(pw, V, D, d0, k0, k, c, n, pf && d0 == 0);
 }
 
 // rows a task takes (with one KV group): its queries are the rows' heads of that group
@@ -1382,14 +1407,14 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
           ss[p] = sc + y * stride;
         }
         const int64_t kn = std::min(keys_of(x + n - 1), k0 + kAttnKeys);  // the last query's row is the latest
-        qk_block4_avx512(qs, n, K, zero, D, k0, kn, c.scale, ss);
+        qk_block4_avx512(qs, n, K, zero, D, k0, kn, c.scale, ss, x == 0);
         continue;
       }
       const int64_t y = std::min(x + 1, nq - 1);
       const float *qa = q + x * D, *qb = q + y * D;
       const int64_t kn = std::min(keys_of(y), k0 + kAttnKeys);  // the pair's keys in this block (y's row is x's or later)
-      if (c.wide) qk_block_avx512(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x);
-      else qk_block_avx2(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x);
+      if (c.wide) qk_block_avx512(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x, x == 0);
+      else qk_block_avx2(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x, x == 0);
     }
   }
   std::vector<float> total(static_cast<size_t>(nq));
@@ -1442,7 +1467,7 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
           cs[p] = acc + y * D;
           ks[p] = std::min(keys_of(y), k0 + kAttnKeys);
         }
-        if (ks[3] > k0) weigh4_avx512(pw, V, D, k0, ks, cs, n);
+        if (ks[3] > k0) weigh4_avx512(pw, V, D, k0, ks, cs, n, x == 0);
         continue;
       }
       const int64_t y = std::min(x + 1, nq - 1);
@@ -1450,8 +1475,8 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
       if (kb <= k0) continue;
       const float *pa = sc + x * stride, *pb = sc + y * stride;
       float *ca = acc + x * D, *cb = acc + y * D;
-      if (c.wide) weigh_avx512(pa, pb, V, D, k0, ka, kb, ca, cb, y != x);
-      else weigh_avx2(pa, pb, V, D, k0, ka, kb, ca, cb, y != x);
+      if (c.wide) weigh_avx512(pa, pb, V, D, k0, ka, kb, ca, cb, y != x, x == 0);
+      else weigh_avx2(pa, pb, V, D, k0, ka, kb, ca, cb, y != x, x == 0);
     }
   }
   for (int64_t x = 0; x < nq; ++x) {
