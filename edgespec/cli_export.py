@@ -45,9 +45,9 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
                    "exact one-token decoding; the bundle then runs on x86-64 CPUs with AVX2, FMA and F16C only.")
 @click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
-              help="With --exact-kernels: " + "The KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
+              help="With --exact-kernels: " + "the KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
                    "decode call's attention reads (faster at long contexts; a new key or value is rounded to float16 "
-                   "once, as it is stored, and greedy decoding stays exact against itself)." + " Default float32.")
+                   "once, as it is stored, and greedy decoding stays exact against itself)." + " Default float16.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
@@ -89,7 +89,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
 
         print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
         out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
-                              kv_dtype=kv_dtype or "float32")
+                              kv_dtype=kv_dtype)  # (None: float16)
     click.echo(str(out))
 
 
@@ -125,8 +125,8 @@ def drafter_vocab(bundle, n, output, corpus, force):
 @click.option("--onnxruntime-attention", is_flag=True,
               help="Keep onnxruntime's GroupQueryAttention (padded to two query rows in the target) instead of "
                    "edgespec.DecodeAttention (to compare the two).")
-@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
-              help="The KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
+@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
+              help="Default float16 (float32 with --onnxruntime-attention). The KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
                    "decode call's attention reads (faster at long contexts; a new key or value is rounded to float16 "
                    "once, as it is stored, and greedy decoding stays exact against itself).")
 def exact_kernels(bundle, output, force, onnxruntime_attention, kv_dtype):
@@ -141,5 +141,5 @@ def exact_kernels(bundle, output, force, onnxruntime_attention, kv_dtype):
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
     out = apply_to_bundle(bundle, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True),
-                          own_attention=not onnxruntime_attention, kv_dtype=kv_dtype)
+                          own_attention=not onnxruntime_attention, kv_dtype=kv_dtype)  # (None: the default)
     click.echo(str(out))

@@ -434,17 +434,20 @@ def compare_with_source(source, rewritten, ids: list[int]) -> dict:
 
 
 def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
-                    log=None, own_attention: bool = True, kv_dtype: str = "float32") -> Path:
+                    log=None, own_attention: bool = True, kv_dtype: str | None = None) -> Path:
     """Rewrite the INT4 ``bundle`` in place or into the new bundle directory ``out`` (atomically).
     ``own_attention``: edgespec.DecodeAttention in place of onnxruntime's GroupQueryAttention (else
-    the target's attention is padded to two or more query rows). ``kv_dtype`` float16: the KV caches
-    of the rewritten graphs float16 (edgespec.DecodeAttentionF16): half their memory and of the bytes
-    a decode call's attention reads."""
+    the target's attention is padded to two or more query rows). ``kv_dtype`` float16 (the default
+    with ``own_attention`` since session 23): the KV caches of the rewritten graphs float16
+    (edgespec.DecodeAttentionF16): half their memory and of the bytes a decode call's attention
+    reads; float32 (the default without) keeps them as the builder made them."""
     from edgespec.tokenizer import Tokenizer
 
     from .bundle import measured_sizes
     from .head import _rerooted, head_files, staged_rewrite
 
+    if kv_dtype is None:
+        kv_dtype = "float16" if own_attention else "float32"
     if kv_dtype not in KV_DTYPES:
         raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     if kv_dtype != "float32" and not own_attention:

@@ -317,7 +317,8 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
     assert m["target"]["kernels"] == "edgespec-q4" and m["target"].get("attention_pad", 0) == 0
     assert "MatMulNBits" not in m["target"]["operators"] and m["target"]["operators"]["MatMulQ4"] > 0
     assert "GroupQueryAttention" not in m["target"]["operators"]
-    assert m["target"]["operators"]["DecodeAttention"] == m["target"]["num_layers"]
+    assert m["target"]["operators"]["DecodeAttentionF16"] == m["target"]["num_layers"]  # (float16 caches: the default)
+    assert m["target"]["kv_dtype"] == "float16"
     from edgespec.cli import main
 
     info = CliRunner().invoke(main, ["info", str(tiny_xk)])
@@ -349,6 +350,8 @@ def tiny_xk_ort(tiny_int4_bundle, tmp_path_factory):
 def test_exact_kernels_with_onnxruntime_attention_pads_it_and_stays_exact(tiny_xk_ort):
     m = json.loads((tiny_xk_ort / "edgespec.json").read_text())["models"]
     assert m["target"]["attention_pad"] == 1 and "DecodeAttention" not in m["target"]["operators"]
+    assert m["target"]["kv_dtype"] == "float32"  # (onnxruntime's attention keeps the builder's float32 caches)
+    assert "DecodeAttentionF16" not in m["target"]["operators"]
     eng = edgespec.load(tiny_xk_ort)
     assert (eng.decoder.target.min_width, eng.decoder.target.width_multiple) == (1, 1)
     from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
@@ -357,15 +360,15 @@ def test_exact_kernels_with_onnxruntime_attention_pads_it_and_stays_exact(tiny_x
 
 
 @pytest.fixture(scope="module")
-def tiny_xk16(tiny_int4_bundle, tmp_path_factory):
-    """exact-kernels --kv-dtype float16: edgespec's attention over float16 KV caches."""
+def tiny_xk32(tiny_int4_bundle, tmp_path_factory):
+    """exact-kernels --kv-dtype float32: edgespec's attention over the builder's float32 KV caches."""
     from edgespec_export.kernels import apply_to_bundle
 
-    return apply_to_bundle(tiny_int4_bundle, tmp_path_factory.mktemp("xk16") / "tiny-int4-xk16", kv_dtype="float16")
+    return apply_to_bundle(tiny_int4_bundle, tmp_path_factory.mktemp("xk32") / "tiny-int4-xk32", kv_dtype="float32")
 
 
-def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk16, tiny_xk):
-    """The INT4 target's caches become float16 (graph inputs and outputs, the manifest, the buffers the
+def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk, tiny_xk32):
+    """By default the INT4 target's caches become float16 (graph inputs and outputs, the manifest, the buffers the
     runtime allocates, the plan), the layout stays cpu, the float32 drafter (not rewritten) keeps its
     float32 caches beside it, every drafter's greedy output equals plain decoding, and the logits stay
     close to the float32 cache's."""
@@ -375,7 +378,7 @@ def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk16
     from edgespec.planner import plan
     from edgespec.profiles import resolve_profile
 
-    m16, m32 = load_manifest(tiny_xk16), load_manifest(tiny_xk)
+    m16, m32 = load_manifest(tiny_xk), load_manifest(tiny_xk32)
     assert m16.drafter.kv_dtype == "float32" and m16.drafter.kernels != "edgespec-q4"
     for role in ("target",):
         spec, spec32 = getattr(m16, role), getattr(m32, role)
@@ -390,7 +393,7 @@ def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk16
     p16, p32 = plan(m16, prof, max_context=256), plan(m32, prof, max_context=256)
     assert p16.context == p32.context and set(p16.kv) == {"target", "drafter"}
     assert 2 * p16.kv["target"] == p32.kv["target"] and p16.kv["drafter"] == p32.kv["drafter"]
-    eng = edgespec.load(tiny_xk16)
+    eng = edgespec.load(tiny_xk)
     t = eng.decoder.target
     assert (t.min_width, t.width_multiple) == (1, 1)
     assert {buf.numpy().dtype for _, _, buf in t.cache.buffers} == {np.dtype(np.float16)}
@@ -401,13 +404,13 @@ def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk16
     for p in PROMPTS:
         _assert_all_equal(_greedy_all(eng, p, 24, drafters=("none", "prompt-lookup", "suffix", "auto", "model")), p)
     ids = [int(i) for i in np.random.default_rng(1).integers(5, 200, size=60)]
-    t32 = edgespec.load(tiny_xk).decoder.target
+    t32 = edgespec.load(tiny_xk32).decoder.target
     t.cache.reset()
     a, b = t.forward(ids), t32.forward(ids)
     assert np.abs(a - b).max() < 0.05 * np.abs(b).max() and (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
 
 
-@pytest.mark.parametrize("which", ["tiny_xk", "tiny_xk_ort", "tiny_xk16"])
+@pytest.mark.parametrize("which", ["tiny_xk", "tiny_xk_ort", "tiny_xk32"])
 def test_exact_kernels_fills_the_whole_context(which, request):
     """edgespec's attention writes only the call's positions: the whole exported context is usable.
     onnxruntime's padded attention writes the pad's keys and values one position past the call:
@@ -1127,7 +1130,7 @@ def test_exact_kernels_fuses_swiglu_and_biases_and_logits_follow_the_unfused_rew
             continue
         rewritten += 1
         ops = [n.op_type for n in onnx.load(str(spec.path), load_external_data=False).graph.node]
-        layers = ops.count("DecodeAttention")
+        layers = ops.count("DecodeAttentionF16")  # (float16 caches: the default)
         assert layers and "Sigmoid" not in ops and "MatMulNBits" not in ops
         assert spec.operators["MatMulQ4"] == ops.count("MatMulQ4")
         pspec = getattr(load_manifest(plain), role)

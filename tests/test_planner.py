@@ -137,6 +137,8 @@ def test_edgespec_attention_keeps_no_scores():
     m = qwen_pair()
     xk = replace(m, target=replace(m.target, operators={"MatMulQ4": 141, "DecodeAttention": 28}))
     assert working_bytes(xk, 256, with_drafter=False, context=4096) == QWEN_WORK_256
+    xk16 = replace(m, target=replace(m.target, operators={"MatMulQ4": 141, "DecodeAttentionF16": 28}, kv_dtype="float16"))
+    assert working_bytes(xk16, 256, with_drafter=False, context=4096) == QWEN_WORK_256  # (float16 caches, session 23)
     assert working_bytes(m, 256, with_drafter=False, context=4096) == QWEN_WORK_256 + 4096 * 12_288
 
 
