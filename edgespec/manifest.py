@@ -25,7 +25,8 @@ PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
 # the weight precisions of a bundle's models, in the order the export CLI offers them
 TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
 DRAFTER_PRECISIONS = ("fp32", "fp16", "int8", "int4")
-# a graph's device layout (export --device): cpu, float32 activations and KV cache; cuda, the model
+# a graph's device layout (export --device): cpu, float32 activations and KV cache (float16 KV after
+# exact-kernels, session 23: kv_dtype says which); cuda, the model
 # builder's CUDA layout, float16 activations and KV cache (what CUDA's GroupQueryAttention takes)
 LAYOUTS = ("cpu", "cuda")
 

@@ -41,7 +41,7 @@ def serve_layout(spec, requested: Sequence[str], explicit: bool) -> list[str]:
     gpu = [n for n in names if n in GPU_PROVIDERS]
     if spec.layout != "cpu" or not gpu:
         return list(requested) or ["cpu"]
-    why = (f"the {spec.role} graph has the cpu layout (float32 activations and KV cache; onnxruntime's CUDA "
+    why = (f"the {spec.role} graph has the cpu layout (float32 activations; onnxruntime's CUDA "
            f"GroupQueryAttention takes float16/bfloat16 only, so its attention would run on the CPU)")
     fix = "re-export the bundle with --device cuda" + (" (or --drafter-device cuda)" if spec.role == "drafter" else "")
     if explicit:

@@ -161,22 +161,35 @@ ATTENTION_OP_F16 = "DecodeAttentionF16"  # the same over float16 KV caches (--kv
 KV_DTYPES = ("float32", "float16")
 
 
-def _half_caches(g, attention: list) -> int:
-    """The KV caches of the ``DecodeAttention`` nodes ``attention`` as float16: each node becomes
-    ``DecodeAttentionF16`` and its past inputs and present outputs, which must be graph inputs and
-    outputs that nothing else reads, change type. Returns the caches changed (two a layer)."""
-    from onnx import TensorProto
-
-    ins = {v.name: v for v in g.input}
-    outs = {v.name: v for v in g.output}
+def _why_not_half(g, gqa: list, attention: list) -> str | None:
+    """Why the KV caches of a graph cannot be float16 (None: they can): every attention node must be
+    edgespec's (``attention``, none left in ``gqa``), its past inputs and present outputs the graph's
+    own inputs and outputs that nothing else reads."""
+    if gqa or not attention:
+        return (f"{len(gqa)} of its attention nodes are not edgespec.{ATTENTION_OP} (another attention "
+                "variant)" if gqa else "it has no attention edgespec computes")
+    ins = {v.name for v in g.input}
+    outs = {v.name for v in g.output}
     readers = _consumers(g)
-    changed = 0
     for n in attention:
         past, present = list(n.input[1:3]), list(n.output[1:3])
         if (any(p not in ins or len(readers.get(p, [])) != 1 for p in past) or any(o not in outs for o in present)
                 or any(readers.get(o) != [None] for o in present)):  # (read by nothing but the graph's output)
-            raise ExportError(f"{n.name or n.output[0]}: its KV cache is not the graph's own input and output, "
-                              "so it cannot be made float16")
+            return f"the KV cache of {n.name or n.output[0]} is not the graph's own input and output"
+    return None
+
+
+def _half_caches(g, attention: list) -> int:
+    """The KV caches of the ``DecodeAttention`` nodes ``attention`` as float16 (``_why_not_half``
+    found nothing against it): each node becomes ``DecodeAttentionF16`` and its past inputs and
+    present outputs change type. Returns the caches changed (two a layer)."""
+    from onnx import TensorProto
+
+    ins = {v.name: v for v in g.input}
+    outs = {v.name: v for v in g.output}
+    changed = 0
+    for n in attention:
+        past, present = list(n.input[1:3]), list(n.output[1:3])
         for v in [ins[p] for p in past] + [outs[o] for o in present]:
             v.type.tensor_type.elem_type = TensorProto.FLOAT16
         n.op_type = ATTENTION_OP_F16
@@ -249,12 +262,14 @@ def _skip_logits(g, logits: str) -> bool:
 
 
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
-                  logits: str | None = None, fused: bool = True, kv_dtype: str = "float32") -> dict[str, int]:
+                  logits: str | None = None, fused: bool = True, kv_dtype: str = "float32") -> dict:
     """Rewrite the graph file in place (atomically); returns counts of what changed. ``logits``: the
     graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``). ``fused``: each
     SwiGLU (gate and up projections and the activation) one ``MatMulQ4`` node, and each bias ``Add``
     after one the kernel's (``swiglu_patterns``, ``bias_patterns``). ``kv_dtype`` float16: every
-    attention ``DecodeAttentionF16`` over float16 caches (``_half_caches``; needs ``own_attention``)."""
+    attention ``DecodeAttentionF16`` over float16 caches (``_half_caches``; needs ``own_attention``;
+    an ExportError where the graph does not allow it); auto: float16 where the graph allows it, else
+    float32 (``half_refused`` 1 in the counts, and ``why_not_half`` says why)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -268,12 +283,13 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
-    if kv_dtype not in KV_DTYPES:
+    if kv_dtype not in KV_DTYPES + ("auto",):
         raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    if kv_dtype != "float32" and not own_attention:
+    if kv_dtype == "float16" and not own_attention:
         raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
+    why_not_half = None
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0, "half_refused": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -356,11 +372,16 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
         done["own_attention"] = sum(_own_attention(n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
-    if kv_dtype == "float16":
-        if gqa or not done["own_attention"]:
-            raise ExportError(f"{model_path.name}: {len(gqa)} attention node(s) that edgespec.{ATTENTION_OP} does not "
-                              "compute (another attention variant): the KV cache stays float32")
-        done["half_caches"] = _half_caches(g, [n for n in g.node if n.op_type == ATTENTION_OP and n.domain == DOMAIN])
+    if kv_dtype != "float32" and own_attention:
+        ours = [n for n in g.node if n.op_type == ATTENTION_OP and n.domain == DOMAIN]
+        why_not_half = _why_not_half(g, gqa, ours)
+        if why_not_half is None:
+            done["half_caches"] = _half_caches(g, ours)
+        elif kv_dtype == "float16":
+            raise ExportError(f"{model_path.name}: no float16 KV cache: {why_not_half}; use --kv-dtype float32")
+        else:
+            done["half_refused"] = 1
+            done["why_not_half"] = why_not_half  # (the only count that is text)
     if pad_attention and not gqa and not done["own_attention"]:
         raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
     if pad_attention and gqa:
@@ -440,17 +461,20 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     the target's attention is padded to two or more query rows). ``kv_dtype`` float16 (the default
     with ``own_attention`` since session 23): the KV caches of the rewritten graphs float16
     (edgespec.DecodeAttentionF16): half their memory and of the bytes a decode call's attention
-    reads; float32 (the default without) keeps them as the builder made them."""
+    reads; float32 (the default without) keeps them as the builder made them. Left to its default, a
+    graph whose caches cannot be float16 (an attention variant edgespec's op does not compute, a
+    cache another node reads) keeps float32 ones and the log says why; asked for, float16 is then an
+    ExportError."""
     from edgespec.tokenizer import Tokenizer
 
     from .bundle import measured_sizes
     from .head import _rerooted, head_files, staged_rewrite
 
-    if kv_dtype is None:
-        kv_dtype = "float16" if own_attention else "float32"
-    if kv_dtype not in KV_DTYPES:
+    if kv_dtype is None:  # float16 where a graph allows it (else float32, said in the log)
+        kv_dtype = "auto" if own_attention else "float32"
+    if kv_dtype not in KV_DTYPES + ("auto",):
         raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    if kv_dtype != "float32" and not own_attention:
+    if kv_dtype == "float16" and not own_attention:
         raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
     src = Path(bundle)
     manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
@@ -494,6 +518,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                        if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
                     + (f"; {counts['half_caches']} KV caches float16" if counts["half_caches"] else "")
+                    + (f"; KV caches kept float32 ({counts['why_not_half']})" if counts["half_refused"] else "")
                     + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)

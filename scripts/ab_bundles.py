@@ -52,7 +52,12 @@ def main(argv=None) -> int:
     res = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
     mismatches = skipped = differ = 0
     room = min(ea.max_context, eb.max_context) - args.max_new_tokens
-    for p in read_prompts(args.prompts, per_category=args.per_category):
+    try:
+        prompts = read_prompts(args.prompts, per_category=args.per_category)
+    except EdgespecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for p in prompts:
         ids = ea.tokenizer.encode_chat([{"role": "user", "content": p["turns"][0]}])
         if len(ids) > room:
             skipped += 1
@@ -66,7 +71,11 @@ def main(argv=None) -> int:
                 out.extend(toks)
             if d == "none":
                 ref[name[-1]] = out
-                differ += name == "none-B" and out != ref["A"]
+                if name == "none-B" and out != ref["A"]:
+                    differ += 1
+                    if args.same_target and not args.temperature:  # (one target: B must decode as A does)
+                        mismatches += 1
+                        print(f"MISMATCH: none-B on {p['question_id']}", file=sys.stderr)
             elif not args.temperature and out != ref["A" if args.same_target else name[-1]]:
                 mismatches += 1
                 print(f"MISMATCH: {name} on {p['question_id']}", file=sys.stderr)

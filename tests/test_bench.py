@@ -223,6 +223,11 @@ def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tin
     assert "B's output differs from A's" in out.out and "MISMATCH" not in out.err
     assert ab_bundles.main([str(tiny_bundle), str(tiny_int4_bundle), *small, "--same-target"]) == 1
     assert "MISMATCH" in capsys.readouterr().err
+    plain = ["--drafters", "none", "--per-category", "1", "--max-new-tokens", "8", "--same-target"]
+    assert ab_bundles.main([str(tiny_bundle), str(tiny_int4_bundle), *plain]) == 1  # plain decoding alone, too
+    assert "MISMATCH: none-B" in capsys.readouterr().err
+    assert ab_bundles.main([str(tiny_int4_bundle), str(tiny_int4_bundle), *small, "--prompts", str(tmp_path / "no")]) == 2
+    assert capsys.readouterr().err.startswith("error: no such prompt file")
     assert ab_bundles.main([str(tmp_path / "missing"), str(tiny_int4_bundle), *small]) == 2
     assert capsys.readouterr().err.startswith("error:")
 

@@ -294,6 +294,33 @@ def test_decode_attention_f16_rounds_each_new_key_once_and_rows_do_not_depend_on
     assert np.array_equal(run(half, qkv[:, 4:], past + 4, k2, v2)[0], full[0][:, 4:])
 
 
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatch):
+    """A new key or value beyond float16's range is stored as +-65504 (numpy's astype would give an
+    infinity, and the scores a NaN): the outputs stay finite; the first position (past 0) and the
+    cache's last one work; a NaN the model produced stays NaN."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    H, KVH, D, L = 4, 2, 32, 16
+    sess = _session(_attention_graph("DecodeAttentionF16", H, KVH, D, L, L))
+    rng = np.random.default_rng(2)
+    qkv = rng.normal(size=(1, 2, (H + 2 * KVH) * D)).astype(np.float32)
+    qkv[0, 0, H * D + 3] = 1e6  # a key of group 0 (its rotary pairs lane 3 with lane 3 + D/2)
+    qkv[0, 1, (H + KVH) * D + 5] = -3e5  # a value of group 0
+    k, v = np.zeros((1, KVH, L, D), np.float16), np.zeros((1, KVH, L, D), np.float16)
+    out, pk, pv = sess.run(None, {"qkv": qkv, "pk": k, "pv": v, "seqlens": np.array([1], np.int32)})
+    # (not bound in place, the outputs hold the call's rows; the rest is whatever the buffer held)
+    assert np.isfinite(out).all() and np.isfinite(pk[:, :, :2]).all() and np.isfinite(pv[:, :, :2]).all()
+    assert np.abs(pk[0, 0, 0]).max() == 65504 and pv[0, 0, 1, 5] == -65504
+    k[:, :, :2], v[:, :, :2] = pk[:, :, :2], pv[:, :, :2]
+    q = rng.normal(size=(1, 1, (H + 2 * KVH) * D)).astype(np.float32)
+    out = sess.run(None, {"qkv": q, "pk": k, "pv": v, "seqlens": np.array([L - 1], np.int32)})[0]  # past 15
+    assert np.isfinite(out).all()
+    q[0, 0, (H + KVH) * D] = np.nan
+    pv = sess.run(None, {"qkv": q, "pk": k, "pv": v, "seqlens": np.array([2], np.int32)})[2]
+    assert np.isnan(pv[0, 0, 2, 0])
+
+
 def test_decode_attention_refuses_bad_lengths_with_an_error():
     s = _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20))
     feeds = {"qkv": np.zeros((1, 3, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
@@ -303,6 +330,10 @@ def test_decode_attention_refuses_bad_lengths_with_an_error():
             s.run(None, {**feeds, "seqlens": np.array([bad], np.int32)})
     with pytest.raises(Exception, match="DecodeAttention|invalid dimensions"):  # (the graph's shape says so first)
         s.run(None, {**feeds, "qkv": np.zeros((1, 3, 8 * 32 + 4), np.float32), "seqlens": np.array([5], np.int32)})
+    s16 = _session(_attention_graph("DecodeAttentionF16", 4, 2, 32, 16, 20))  # (its errors name it)
+    half = {**feeds, "pk": feeds["pk"].astype(np.float16), "pv": feeds["pv"].astype(np.float16)}
+    with pytest.raises(Exception, match="edgespec.DecodeAttentionF16: seqlens_k"):
+        s16.run(None, {**half, "seqlens": np.array([16], np.int32)})
 
 
 @pytest.fixture(scope="module")
@@ -408,6 +439,64 @@ def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk, 
     t.cache.reset()
     a, b = t.forward(ids), t32.forward(ids)
     assert np.abs(a - b).max() < 0.05 * np.abs(b).max() and (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
+
+
+def test_a_graph_whose_caches_cannot_be_float16_keeps_float32_by_default_and_refuses_when_asked(tiny_int4_bundle,
+                                                                                               copy_bundle, tmp_path):
+    """A target with one attention node edgespec's op does not compute (here a sliding window) keeps its
+    float32 caches by default, that node padded as --onnxruntime-attention pads them, and the log says
+    why; --kv-dtype float16 is then a one-line error and nothing is written. A cache another node reads
+    (here a Shape of a past key) is refused the same way."""
+    import onnx
+    from onnx import helper
+
+    from edgespec.cli import main
+    from edgespec.manifest import load_manifest
+    from edgespec_export.kernels import apply_to_bundle
+
+    def altered(name, change):
+        b = copy_bundle(tiny_int4_bundle)
+        b = b.rename(tmp_path / name)
+        path = load_manifest(b).target.path
+        m = onnx.load(str(path), load_external_data=False)
+        change(m.graph)
+        onnx.save(m, str(path))
+        from edgespec_export.head import head_files
+
+        mf = json.loads((b / "edgespec.json").read_text())  # (the manifest's sizes and hashes of the new graph)
+        mf["models"]["target"]["files"] = head_files(b, "target")
+        (b / "edgespec.json").write_text(json.dumps(mf))
+        return b
+
+    def window(g):
+        n = next(n for n in g.node if n.op_type == "GroupQueryAttention")
+        for a in n.attribute:
+            if a.name == "local_window_size":
+                a.i = 16
+                return
+        n.attribute.append(helper.make_attribute("local_window_size", 16))
+
+    def second_reader(g):
+        past = next(n for n in g.node if n.op_type == "GroupQueryAttention").input[3]
+        g.node.append(helper.make_node("Shape", [past], ["edgespec_test_shape"]))
+        g.output.append(helper.make_tensor_value_info("edgespec_test_shape", onnx.TensorProto.INT64, [4]))
+
+    for name, change, why in (("win", window, "not edgespec.DecodeAttention"),
+                              ("reader", second_reader, "is not the graph's own input and output")):
+        src = altered(name, change)
+        said = []
+        out = apply_to_bundle(src, tmp_path / f"{name}-xk", log=said.append)
+        spec = load_manifest(out).target
+        assert spec.kv_dtype == "float32" and "DecodeAttentionF16" not in spec.operators, name
+        assert any("KV caches kept float32" in line and why in line for line in said), (name, said)
+        eng = edgespec.load(out, memory=False)
+        assert {buf.numpy().dtype for _, _, buf in eng.decoder.target.cache.buffers} == {np.dtype(np.float32)}
+        from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
+
+        _assert_all_equal(_greedy_all(eng, PROMPTS[0], 12, drafters=("none", "prompt-lookup")), PROMPTS[0])
+        r = CliRunner().invoke(main, ["exact-kernels", str(src), "--kv-dtype", "float16", "-o", str(tmp_path / f"{name}-16")])
+        assert r.exit_code != 0 and "no float16 KV cache" in r.output and "--kv-dtype float32" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / f"{name}-16").exists()
 
 
 @pytest.mark.parametrize("which", ["tiny_xk", "tiny_xk_ort", "tiny_xk32"])

@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <mutex>
@@ -1082,12 +1083,16 @@ template <> ES_AVX512 inline __m512 ld16<float>(const float* p) { return _mm512_
 template <> ES_AVX512 inline __m512 ld16<Half>(const Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-// D floats (a multiple of 8) into the cache's type: float16 rounded to nearest, ties to even (as numpy's astype)
+// D floats (a multiple of 8) into the cache's type: float16 rounded to nearest, ties to even (as numpy's astype),
+// saturating at +-65504 (float16's largest) where numpy would give an infinity, whose scores and softmax would be
+// NaN; a NaN stays NaN (max and min return their second operand when either is NaN)
 ES_AVX2 inline void store_row(const float* x, float* y, int64_t D) { std::memcpy(y, x, size_t(D) * sizeof(float)); }
 ES_AVX2 inline void store_row(const float* x, Half* y, int64_t D) {
-  for (int64_t d = 0; d < D; d += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256 lo = _mm256_set1_ps(-65504.0f), hi = _mm256_set1_ps(65504.0f);
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(x + d)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
 }
 
 template <typename T>
@@ -1569,26 +1574,32 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   return nullptr;
 }
 
+// an error naming the op (DecodeAttention or DecodeAttentionF16)
+OrtStatus* attn_fail(const Attn* a, const char* what) {
+  const std::string m = std::string(a->half ? "edgespec.DecodeAttentionF16: " : "edgespec.DecodeAttention: ") + what;
+  return fail(m.c_str());
+}
+
 OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   auto* a = static_cast<Attn*>(self);
-  if (!a->ok) return fail("edgespec.DecodeAttention: bad attributes");
+  if (!a->ok) return attn_fail(a, "bad attributes");
   const OrtValue* in[6] = {};
   size_t count = 0;
   api<OrtStatus* (*)(const OrtKernelContext*, size_t*)>(kKernelContextGetInputCount)(ctx, &count);
-  if (count < 6) return fail("edgespec.DecodeAttention: needs qkv, past_key, past_value, seqlens_k, cos, sin");
+  if (count < 6) return attn_fail(a, "needs qkv, past_key, past_value, seqlens_k, cos, sin");
   for (size_t i = 0; i < 6; ++i)
     if (!ok(api<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(kKernelContextGetInput)(ctx, i, &in[i])) || !in[i])
-      return fail("edgespec.DecodeAttention: a required input is missing");
+      return attn_fail(a, "a required input is missing");
   const std::vector<int64_t> qd = dims_of(in[0]), kd = dims_of(in[1]), vd = dims_of(in[2]), cd = dims_of(in[4]);
   if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2)
-    return fail("edgespec.DecodeAttention: expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
+    return attn_fail(a, "expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
   const int64_t n = qd[1], D = kd[3], L = kd[2];
   if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] * 2 != D)
-    return fail("edgespec.DecodeAttention: the head size does not match qkv, the caches and cos (D a multiple of 8)");
+    return attn_fail(a, "the head size does not match qkv, the caches and cos (D a multiple of 8)");
   const int32_t valid = *static_cast<const int32_t*>(data_of(in[3])) + 1;
   const int64_t past = int64_t(valid) - n;
   if (n <= 0 || past < 0 || valid > L || valid > cd[0])
-    return fail("edgespec.DecodeAttention: seqlens_k + 1 must be in [n, cache length] and within the rotary cache");
+    return attn_fail(a, "seqlens_k + 1 must be in [n, cache length] and within the rotary cache");
   std::vector<int64_t> od = {1, n, a->H * D};
   OrtValue *O = nullptr, *PK = nullptr, *PV = nullptr;
   using GetOut = OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
