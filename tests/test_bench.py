@@ -368,6 +368,31 @@ def test_probe_llamacpp_refuses_bad_input_in_one_line(tiny_bundle, tmp_path, cap
         assert "no such bundle" in capsys.readouterr().err
 
 
+def test_profile_ops_splits_a_call_by_operator(tiny_bundle, tmp_path, capsys):
+    """scripts/profile_ops.py (sessions 17 and 23) times one-token calls of the drafter or the target
+    after --context tokens under onnxruntime's profiler and prints their operators' shares; a missing
+    bundle or a context past the model's is a one-line error, a bad option a usage error."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import profile_ops
+
+    r = profile_ops.profile(str(tiny_bundle), "target", context=20, calls=3)
+    assert r["wall_ms"] > 0 and r["nodes"] > 0 and r["ops"] and 0 < r["kernels_ms"] <= r["model_run_ms"] * 1.5
+    assert all(ms >= 0 and n > 0 for ms, n in r["ops"].values())
+    assert profile_ops.main([str(tiny_bundle), "--context", "16", "--calls", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "drafter, one-token calls after 16 tokens" in out and "nodes/call" in out
+    assert profile_ops.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    assert profile_ops.main([str(tiny_bundle), "target", "--context", "100000"]) == 2
+    assert "does not fit" in capsys.readouterr().err
+    for bad in (["--context", "0"], ["sideways"]):
+        with pytest.raises(SystemExit):
+            profile_ops.main([str(tiny_bundle), *bad])
+
+
 def test_ab_calls_times_both_bundles_calls_alternating(tiny_bundle, tmp_path, capsys):
     """scripts/ab_calls.py (docs/bench/sessions.md, session 21: the fused bundle's call costs against the unfused one's)
     prints, per target width and for the drafter step, both bundles' medians and their ratio; bad input is a
