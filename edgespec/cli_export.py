@@ -6,6 +6,12 @@ import click
 from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
 
 
+# --kv-dtype's help, for export --exact-kernels and exact-kernels alike
+_KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its memory and the bytes each decode "
+            "call's attention reads (faster at long contexts; a new key or value is rounded to float16 once, as it is "
+            "stored, and greedy decoding stays exact against itself).")
+
+
 @click.command()
 @click.argument("target")
 @click.option("--drafter", "drafter", default=None, help="Drafter model: HF directory, .gguf file or hub id.")
@@ -45,9 +51,7 @@ from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
               help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
                    "exact one-token decoding; the bundle then runs on x86-64 CPUs with AVX2, FMA and F16C only.")
 @click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
-              help="With --exact-kernels: " + "the KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
-                   "decode call's attention reads (faster at long contexts; a new key or value is rounded to float16 "
-                   "once, as it is stored, and greedy decoding stays exact against itself)." + " Default float16.")
+              help="With --exact-kernels: " + _KV_HELP + " Default float16.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
@@ -126,9 +130,7 @@ def drafter_vocab(bundle, n, output, corpus, force):
               help="Keep onnxruntime's GroupQueryAttention (padded to two query rows in the target) instead of "
                    "edgespec.DecodeAttention (to compare the two).")
 @click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
-              help="Default float16 (float32 with --onnxruntime-attention). The KV cache's type under edgespec's attention: float16 halves its memory and the bytes each "
-                   "decode call's attention reads (faster at long contexts; a new key or value is rounded to float16 "
-                   "once, as it is stored, and greedy decoding stays exact against itself).")
+              help="Default float16 (float32 with --onnxruntime-attention); " + _KV_HELP)
 def exact_kernels(bundle, output, force, onnxruntime_attention, kv_dtype):
     """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernels (edgespec.MatMulQ4 and
     edgespec.DecodeAttention), so that one-token calls are exact and plain decoding pays no

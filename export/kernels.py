@@ -161,6 +161,14 @@ ATTENTION_OP_F16 = "DecodeAttentionF16"  # the same over float16 KV caches (--kv
 KV_DTYPES = ("float32", "float16")
 
 
+def _check_kv_dtype(kv_dtype: str, own_attention: bool) -> None:
+    """ExportError for a KV dtype the rewrite cannot give (``auto``: float16 where a graph allows it)."""
+    if kv_dtype not in KV_DTYPES + ("auto",):
+        raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+    if kv_dtype == "float16" and not own_attention:
+        raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
+
+
 def _why_not_half(g, gqa: list, attention: list) -> str | None:
     """Why the KV caches of a graph cannot be float16 (None: they can): every attention node must be
     edgespec's (``attention``, none left in ``gqa``), its past inputs and present outputs the graph's
@@ -269,12 +277,13 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     after one the kernel's (``swiglu_patterns``, ``bias_patterns``). ``kv_dtype`` float16: every
     attention ``DecodeAttentionF16`` over float16 caches (``_half_caches``; needs ``own_attention``;
     an ExportError where the graph does not allow it); auto: float16 where the graph allows it, else
-    float32 (``half_refused`` 1 in the counts, and ``why_not_half`` says why)."""
+    float32 (``why_not_half`` in the counts says why)."""
     import onnx
     from onnx import TensorProto, helper
 
     from .head import _read, _tensor, _write
 
+    _check_kv_dtype(kv_dtype, own_attention)
     m = load_graph(model_path)
     g = m.graph
     base = model_path.parent
@@ -283,13 +292,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     for node in g.node:
         for i in node.input:
             users[i] = users.get(i, 0) + 1
-    if kv_dtype not in KV_DTYPES + ("auto",):
-        raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    if kv_dtype == "float16" and not own_attention:
-        raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
-    why_not_half = None
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0, "half_refused": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -380,8 +384,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         elif kv_dtype == "float16":
             raise ExportError(f"{model_path.name}: no float16 KV cache: {why_not_half}; use --kv-dtype float32")
         else:
-            done["half_refused"] = 1
-            done["why_not_half"] = why_not_half  # (the only count that is text)
+            done["why_not_half"] = why_not_half  # (the only entry that is text, and only where float32 stays)
     if pad_attention and not gqa and not done["own_attention"]:
         raise ExportError(f"{model_path.name}: no GroupQueryAttention to pad")
     if pad_attention and gqa:
@@ -472,10 +475,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
 
     if kv_dtype is None:  # float16 where a graph allows it (else float32, said in the log)
         kv_dtype = "auto" if own_attention else "float32"
-    if kv_dtype not in KV_DTYPES + ("auto",):
-        raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    if kv_dtype == "float16" and not own_attention:
-        raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
+    _check_kv_dtype(kv_dtype, own_attention)  # (before the bundle is read)
     src = Path(bundle)
     manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
     if manifest.target.kernels == "edgespec-q4":
@@ -518,7 +518,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                        if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
                     + (f"; {counts['half_caches']} KV caches float16" if counts["half_caches"] else "")
-                    + (f"; KV caches kept float32 ({counts['why_not_half']})" if counts["half_refused"] else "")
+                    + (f"; KV caches kept float32 ({counts['why_not_half']})" if "why_not_half" in counts else "")
                     + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)

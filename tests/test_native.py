@@ -411,15 +411,14 @@ def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk, 
 
     m16, m32 = load_manifest(tiny_xk), load_manifest(tiny_xk32)
     assert m16.drafter.kv_dtype == "float32" and m16.drafter.kernels != "edgespec-q4"
-    for role in ("target",):
-        spec, spec32 = getattr(m16, role), getattr(m32, role)
-        assert spec.kv_dtype == "float16" and spec.layout == "cpu" and spec32.kv_dtype == "float32"
-        assert spec.operators["DecodeAttentionF16"] == spec.num_layers and "DecodeAttention" not in spec.operators
-        assert spec.kv_bytes(100) * 2 == spec32.kv_bytes(100)
-        g = onnx.load(str(spec.path), load_external_data=False).graph
-        kv = [v for v in list(g.input) + list(g.output) if "key" in v.name or "value" in v.name]
-        assert len(kv) == 4 * spec.num_layers
-        assert {v.type.tensor_type.elem_type for v in kv} == {onnx.TensorProto.FLOAT16}
+    spec, spec32 = m16.target, m32.target
+    assert spec.kv_dtype == "float16" and spec.layout == "cpu" and spec32.kv_dtype == "float32"
+    assert spec.operators["DecodeAttentionF16"] == spec.num_layers and "DecodeAttention" not in spec.operators
+    assert spec.kv_bytes(100) * 2 == spec32.kv_bytes(100)
+    g = onnx.load(str(spec.path), load_external_data=False).graph
+    kv = [v for v in list(g.input) + list(g.output) if "key" in v.name or "value" in v.name]
+    assert len(kv) == 4 * spec.num_layers
+    assert {v.type.tensor_type.elem_type for v in kv} == {onnx.TensorProto.FLOAT16}
     prof = resolve_profile("cpu-16gb")
     p16, p32 = plan(m16, prof, max_context=256), plan(m32, prof, max_context=256)
     assert p16.context == p32.context and set(p16.kv) == {"target", "drafter"}

@@ -1128,10 +1128,7 @@ ES_AVX2 inline __m256 sum8x8(const __m256* a) {
 // how far ahead (keys) the scores and the value sums prefetch the keys and values they will read (into L1), where
 // the first queries of a task read a block: a decode call's cache streams from memory, which the hardware's
 // prefetchers alone fed at 4-10 GB/s (a one-token call of the Qwen 1.5B at 2,048 positions)
-#ifndef ES_ATTN_PF
-#define ES_ATTN_PF 64
-#endif
-constexpr int64_t kAttnPrefetch = ES_ATTN_PF;
+constexpr int64_t kAttnPrefetch = 64;
 
 // rows [row, row + rows) of a [keys, D] cache towards L1 (a prefetch never faults: rows past the cache cost nothing)
 template <typename T>
@@ -1499,39 +1496,37 @@ void attn_task(void* data, size_t t) {
   attend_rows(c, r0, std::min(c.n, r0 + kAttnRows), g);
 }
 
+// an error naming the op (DecodeAttention or DecodeAttentionF16)
+OrtStatus* attn_fail(const Attn* a, const char* what) {
+  const std::string m = std::string(a->half ? "edgespec.DecodeAttentionF16: " : "edgespec.DecodeAttention: ") + what;
+  return fail(m.c_str());
+}
+
+// Half: edgespec.DecodeAttentionF16 (float16 caches)
+template <bool Half>
 OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
   auto* a = new Attn();
+  a->half = Half;
   *out = a;
   if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "num_heads", &a->H)) ||
       !ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "kv_num_heads", &a->KVH)))
-    return fail("edgespec.DecodeAttention: attributes num_heads and kv_num_heads are required");
+    return attn_fail(a, "attributes num_heads and kv_num_heads are required");
   float scale = 0.f;
   if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "scale", &scale)))
     scale = 0.f;
   a->scale = scale;
   if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
-    return fail("edgespec.DecodeAttention: num_heads must be a multiple of kv_num_heads, at most 16 times it");
+    return attn_fail(a, "num_heads must be a multiple of kv_num_heads, at most 16 times it");
   a->avx512 = g_avx512;
   a->quads = g_attn_quads;
   a->ok = true;
   return nullptr;
 }
 
-OrtStatus* attn16_create_v2(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info, void** out) {
-  OrtStatus* s = attn_create_v2(op, api_, info, out);
-  static_cast<Attn*>(*out)->half = true;
-  return s;
-}
-
+template <bool Half>
 void* attn_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info) {
   void* a = nullptr;
-  if (OrtStatus* s = attn_create_v2(op, api_, info, &a)) ok(s);
-  return a;
-}
-
-void* attn16_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info) {
-  void* a = nullptr;
-  if (OrtStatus* s = attn16_create_v2(op, api_, info, &a)) ok(s);
+  if (OrtStatus* s = attn_create_v2<Half>(op, api_, info, &a)) ok(s);
   return a;
 }
 
@@ -1572,12 +1567,6 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   }
   for (size_t t = 0; t < tasks; ++t) attn_task<T>(&c, t);
   return nullptr;
-}
-
-// an error naming the op (DecodeAttention or DecodeAttentionF16)
-OrtStatus* attn_fail(const Attn* a, const char* what) {
-  const std::string m = std::string(a->half ? "edgespec.DecodeAttentionF16: " : "edgespec.DecodeAttention: ") + what;
-  return fail(m.c_str());
 }
 
 OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
@@ -1641,13 +1630,13 @@ OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,   
                  destroy,  in_char,       out_char, mem_type, one,  one,              one,        one,
                  create_kernel_v2,        compute_v2, nullptr, one, last};
 
-OrtCustomOp g_attn{17,           attn_create, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
+OrtCustomOp g_attn{17,           attn_create<false>, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
                    attn_compute, attn_destroy, attn_char, attn_char, mem_type,  one,           one,      one,
-                   one,          attn_create_v2, attn_compute_v2, nullptr, one, last};
+                   one,          attn_create_v2<false>, attn_compute_v2, nullptr, one, last};
 
-OrtCustomOp g_attn16{17,           attn16_create, attn16_name, op_ep,    attn16_in_type, attn_in_count, attn16_out_type,
+OrtCustomOp g_attn16{17,           attn_create<true>, attn16_name, op_ep,    attn16_in_type, attn_in_count, attn16_out_type,
                      attn_out_count, attn_compute, attn_destroy, attn_char, attn_char, mem_type, one, one, one,
-                     one,          attn16_create_v2, attn_compute_v2, nullptr, one, last};
+                     one,          attn_create_v2<true>, attn_compute_v2, nullptr, one, last};
 
 // AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
 bool amx_permitted() {
