@@ -77,10 +77,16 @@ def _dequant_reference(model, x):
     return x.astype(np.float64) @ w.T
 
 
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (1536, 300, 128, True)])
-def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, block, zp):
-    x = np.random.default_rng(1).normal(size=(9, K)).astype(np.float32)
+def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, block, zp, isa, monkeypatch):
+    """Against the float64 reference and MatMulNBits, and each row the same bits at widths 1 to 17 (the
+    AVX2 path takes rows in passes of up to 8, the AVX-512 one of up to 8, AMX in chunks of 16) and
+    wherever it sits in the call; on the path this CPU takes and on the AVX2 one."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    x = np.random.default_rng(1).normal(size=(17, K)).astype(np.float32)
     ours = _session(_graph(K, N, block, "MatMulQ4", zp))
     ref_model = _graph(K, N, block, "MatMulNBits", zp)
     y = ours.run(None, {"A": x})[0]
@@ -90,10 +96,11 @@ def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, bl
     assert np.abs(y - exact).max() / scale < 0.02
     theirs = _session(ref_model).run(None, {"A": x})[0]
     assert np.abs(y - theirs).max() / scale < 0.01
-    for m in range(1, 9):  # the premise of one-token decoding: each row bitwise the same at every width
+    for m in range(1, 17):  # the premise of one-token decoding: each row bitwise the same at every width
         assert np.array_equal(ours.run(None, {"A": x[:m]})[0], y[:m]), m
     for start in range(1, 5):  # and wherever the row sits in the call
         assert np.array_equal(ours.run(None, {"A": x[start:start + 3]})[0], y[start:start + 3])
+        assert np.array_equal(ours.run(None, {"A": x[start:start + 9]})[0], y[start:start + 9])
 
 
 def test_kernel_takes_batched_inputs_and_an_empty_call():

@@ -371,98 +371,170 @@ ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
   }
 }
 
-// AVX2: rows r0..r0+R-1 (R <= 3) of tiles [t0, t1). A tile's 16 columns are two vectors of 8 int32/
-// float lanes, one per 32-byte half of each 64-byte group (4 weights of k = 8p..8p+3 in the low nibbles
-// and 8p+4..8p+7 in the high ones, per column); both halves are computed in one pass, sharing the
-// activation broadcasts. _mm256_maddubs_epi16 multiplies the unsigned nibbles by the int8 activations
-// and adds pairs into int16 (|pair| <= 2*15*127, no saturation); four groups sum to at most
-// 16*15*127 = 30480 in int16, then _mm256_madd_epi16 widens to int32: the block's dot is exact.
+// AVX2: rows r0..r0+R-1 (R <= 8) of tile t. A tile's 16 columns are two vectors of 8 int32/float lanes, one
+// per 32-byte half of each 64-byte group (4 weights of k = 8p..8p+3 in the low nibbles and 8p+4..8p+7 in the
+// high ones, per column). Per block, each half is one pass over the block's groups: its nibbles split once for
+// all R rows, then per row _mm256_maddubs_epi16 multiplies the unsigned nibbles by the int8 activations and adds
+// pairs into int16 (|pair| <= 2*15*127, no saturation); four groups sum to at most 16*15*127 = 30480 in int16,
+// then _mm256_madd_epi16 widens to int32 into the block's dots, kept in memory (touched once every four groups):
+// the block's dot is exact. One half at a time and the dots in memory keep a pass's sums in registers (R int16
+// sums, R + 6 of AVX2's 16). Until session 24 both halves went in one pass of up to 3 rows with the dots in
+// registers: 19 of them, and the compiler spilled every product to the stack (Zen 3: an 8-token verify of the
+// Qwen 1.5B cost 3.2x a one-token call, now ~2.1x). The empty asm after each group's sums keeps GCC from
+// reassociating a batch's adds into one tree whose products all live at once (the spills again); it emits
+// nothing. A one-row call takes both halves in one pass (rows_tile2_both), sharing the activations' broadcasts;
+// two rows that way were slower than one half of up to 8 rows at a time.
 template <int R>
-ES_AVX2 inline void group2(const uint8_t* g, const int8_t* const* xb, int64_t p, __m256i lo4, __m256i (*s16)[2]) {
-  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
-  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32));
-  const __m256i lo0 = _mm256_and_si256(v0, lo4), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4);
-  const __m256i lo1 = _mm256_and_si256(v1, lo4), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4);
+ES_AVX2 inline void half_group(const uint8_t* g, const int8_t* const* xb, int64_t p, __m256i lo4, __m256i* s16) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+  const __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
   for (int r = 0; r < R; ++r) {
     int32_t a, bq;
     std::memcpy(&a, xb[r] + 8 * p, 4);
     std::memcpy(&bq, xb[r] + 8 * p + 4, 4);
-    const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(bq);
-    s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, va), _mm256_maddubs_epi16(hi0, vb)));
-    s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, va), _mm256_maddubs_epi16(hi1, vb)));
+    const __m256i m = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
+                                       _mm256_maddubs_epi16(hi, _mm256_set1_epi32(bq)));
+    s16[r] = _mm256_add_epi16(s16[r], m);
+    asm("" : "+x"(s16[r]));
   }
 }
 
 // the int16 sums of up to four groups, widened into the block's int32 dots and cleared
 template <int R>
-ES_AVX2 inline void widen2(__m256i (*s16)[2], __m256i (*dot)[2]) {
+ES_AVX2 inline void widen_half(__m256i* s16, int32_t (*dot)[8]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) {
-      dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
-      s16[r][h] = _mm256_setzero_si256();
+  for (int r = 0; r < R; ++r) {
+    __m256i* d = reinterpret_cast<__m256i*>(dot[r]);
+    _mm256_store_si256(d, _mm256_add_epi32(_mm256_load_si256(d), _mm256_madd_epi16(s16[r], ones)));
+    s16[r] = _mm256_setzero_si256();
+  }
+}
+
+// Rows (one, in practice: see above) with both halves in one pass: the activations' two broadcasts a group serve
+// both halves' products (one row: 11 registers; the empty asm as in half_group)
+template <int R>
+ES_AVX2 void rows_tile2_both(const Call& c, int64_t r0, int64_t t) {
+  const Kernel& k = *c.k;
+  const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wp = c.q.w + (t * nb + b) * tb;
+    const int8_t* xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
+    __m256i dot[R][2], s16[R][2];
+    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+    for (int64_t p = 0; p < P; ++p) {
+      const uint8_t* g = wp + p * 64;
+      __m256i lo[2], hi[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 * h));
+        lo[h] = _mm256_and_si256(v, lo4);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t a, bq;
+        std::memcpy(&a, xb[r] + 8 * p, 4);
+        std::memcpy(&bq, xb[r] + 8 * p + 4, 4);
+        const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(bq);
+        for (int h = 0; h < 2; ++h) {
+          s16[r][h] = _mm256_add_epi16(s16[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], va),
+                                                                   _mm256_maddubs_epi16(hi[h], vb)));
+          asm("" : "+x"(s16[r][h]));
+        }
+      }
+      if ((p & 3) == 3 || p == P - 1)
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) {
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(s16[r][h], ones));
+            s16[r][h] = _mm256_setzero_si256();
+          }
     }
+    const size_t sb = size_t((t * nb + b) * kTile);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
+                               : _mm256_set1_epi32(8);
+      const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const int64_t rb = (r0 + r) * nb + b;
+        const __m256i corr = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
+      }
+    }
+  }
+  const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float v[kTile];
+    _mm256_store_ps(v, acc[r][0]);
+    _mm256_store_ps(v + 8, acc[r][1]);
+    if (c.epilogue)
+      finish16(c, r0 + r, t, v);
+    else
+      std::memcpy(c.y + (r0 + r) * k.N + n0, v, size_t(cols) * sizeof(float));
+  }
 }
 
 template <int R>
-ES_AVX2 void rows_tiles2(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
+ES_AVX2 void rows_tile2(const Call& c, int64_t r0, int64_t t) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
-  for (int64_t t = t0; t < t1; ++t) {
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* wp = c.q.w + (t * nb + b) * tb;
-      const int8_t* xb[R];
-      for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
-      __m256i dot[R][2], s16[R][2];
-      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wp = c.q.w + (t * nb + b) * tb;
+    const int8_t* xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = c.xq + (r0 + r) * k.K + b * k.block;
+    const size_t sb = size_t((t * nb + b) * kTile);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = wp + 32 * h;
+      __m256i s16[R];
+      alignas(32) int32_t dot[R][8] = {};
+      for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
       int64_t p = 0;
-      for (; p + 4 <= P; p += 4) {  // four groups a batch, unrolled
-        group2<R>(wp + p * 64, xb, p, lo4, s16);
-        group2<R>(wp + (p + 1) * 64, xb, p + 1, lo4, s16);
-        group2<R>(wp + (p + 2) * 64, xb, p + 2, lo4, s16);
-        group2<R>(wp + (p + 3) * 64, xb, p + 3, lo4, s16);
-        widen2<R>(s16, dot);
+      for (; p + 4 <= P; p += 4) {  // four groups a batch
+        half_group<R>(g + p * 64, xb, p, lo4, s16);
+        half_group<R>(g + (p + 1) * 64, xb, p + 1, lo4, s16);
+        half_group<R>(g + (p + 2) * 64, xb, p + 2, lo4, s16);
+        half_group<R>(g + (p + 3) * 64, xb, p + 3, lo4, s16);
+        widen_half<R>(s16, dot);
       }
       if (p < P) {  // a block of 8 * (4n + 1..3)
-        for (; p < P; ++p) group2<R>(wp + p * 64, xb, p, lo4, s16);
-        widen2<R>(s16, dot);
+        for (; p < P; ++p) half_group<R>(g + p * 64, xb, p, lo4, s16);
+        widen_half<R>(s16, dot);
       }
-      const size_t sb = size_t((t * nb + b) * kTile);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                                 : _mm256_set1_epi32(8);
-        const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
-        for (int r = 0; r < R; ++r) {
-          const int64_t rb = (r0 + r) * nb + b;
-          const __m256i corr = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
-          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
-        }
-      }
-    }
-    if (c.epilogue) {
-      alignas(32) float v[kTile];
+      const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
+                               : _mm256_set1_epi32(8);
+      const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
       for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(v, acc[r][0]);
-        _mm256_store_ps(v + 8, acc[r][1]);
-        finish16(c, r0 + r, t, v);
+        const int64_t rb = (r0 + r) * nb + b;
+        const __m256i corr = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(dot[r])),
+                                              _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
       }
-      continue;
     }
-    const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+  }
+  if (c.epilogue) {
+    alignas(32) float v[kTile];
     for (int r = 0; r < R; ++r) {
-      float* y = c.y + (r0 + r) * k.N + n0;
-      if (cols == kTile) {
-        _mm256_storeu_ps(y, acc[r][0]);
-        _mm256_storeu_ps(y + 8, acc[r][1]);
-      } else {
-        alignas(32) float tmp[kTile];
-        _mm256_store_ps(tmp, acc[r][0]);
-        _mm256_store_ps(tmp + 8, acc[r][1]);
-        std::memcpy(y, tmp, size_t(cols) * sizeof(float));
-      }
+      _mm256_store_ps(v, acc[r][0]);
+      _mm256_store_ps(v + 8, acc[r][1]);
+      finish16(c, r0 + r, t, v);
+    }
+    return;
+  }
+  const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+  for (int r = 0; r < R; ++r) {
+    float* y = c.y + (r0 + r) * k.N + n0;
+    if (cols == kTile) {
+      _mm256_storeu_ps(y, acc[r][0]);
+      _mm256_storeu_ps(y + 8, acc[r][1]);
+    } else {
+      alignas(32) float tmp[kTile];
+      _mm256_store_ps(tmp, acc[r][0]);
+      _mm256_store_ps(tmp + 8, acc[r][1]);
+      std::memcpy(y, tmp, size_t(cols) * sizeof(float));
     }
   }
 }
@@ -698,11 +770,20 @@ void run_tiles(const Call& c, int64_t t0, int64_t t1) {
     }
     return;
   }
-  for (; r + 3 <= c.M; r += 3) rows_tiles2<3>(c, r, t0, t1);
-  switch (c.M - r) {
-    case 2: rows_tiles2<2>(c, r, t0, t1); break;
-    case 1: rows_tiles2<1>(c, r, t0, t1); break;
-    default: break;
+  // AVX2: every pass of rows over one tile before the next tile, so a wide call reads each tile's weights from
+  // memory once (its later passes find them in L1 or L2)
+  for (int64_t t = t0; t < t1; ++t) {
+    for (r = 0; r + 8 <= c.M; r += 8) rows_tile2<8>(c, r, t);
+    switch (c.M - r) {
+      case 7: rows_tile2<7>(c, r, t); break;
+      case 6: rows_tile2<6>(c, r, t); break;
+      case 5: rows_tile2<5>(c, r, t); break;
+      case 4: rows_tile2<4>(c, r, t); break;
+      case 3: rows_tile2<3>(c, r, t); break;
+      case 2: rows_tile2<2>(c, r, t); break;
+      case 1: rows_tile2_both<1>(c, r, t); break;
+      default: break;
+    }
   }
 }
 
