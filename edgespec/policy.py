@@ -277,7 +277,8 @@ class RoundPolicy:
     """Chooses each round's drafter and draft length; learns costs and acceptance across
     generations (they describe the device and the models, not one prompt)."""
 
-    def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0):
+    def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0,
+                 share_prior: float = 1.0):
         self.measured = CostModel()  # what this device's calls took, across generations
         # acceptance estimates, across generations: greedy ones and sampled ones apart (a point-mass
         # draft token is accepted with the target's probability of it when sampling, only where it is
@@ -306,6 +307,11 @@ class RoundPolicy:
         self._produced = 0  # ... in this generation so far
         self._free_kept = 0  # ... of which draft tokens of free drafters the target kept
         self.length_ema = 0.3
+        # a costly drafter's reads are priced against the share of rounds it would win once caught up
+        # (costly_share); share_prior: the rounds' weight of the prior share (1) there
+        self.share_prior = share_prior
+        self._rounds = 0  # rounds of this generation priced with both a costly and a free drafter asked
+        self._costly_rounds = 0  # ... in which a caught-up costly drafter's offer beat every free offer
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False, width_multiple: int = 1, sampled: bool = False) -> list[Drafter]:
@@ -320,6 +326,7 @@ class RoundPolicy:
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
         self._produced = 0
         self._free_kept = 0
+        self._rounds = self._costly_rounds = 0
         self._generation += 1
         self._timed = not reproducible
         # acceptance is judged per generation: each estimate starts from what earlier generations
@@ -401,6 +408,8 @@ class RoundPolicy:
         h = hint_length(hint_alpha, len(hint)) if hint else 0
         hint = hint[:h]
         saved = hint_saved(hint_alpha, h) if h else 0.0
+        both = any(d.has_cost for d in self._want) and any(not d.has_cost for d in self._want)
+        free_best, costly_best = 0.0, 0.0  # this round's best free rate and best caught-up costly rate
         for d, offer, est in offers:
             alpha = est.alpha
             if offer.upfront and d.has_cost and d.name not in self._started:
@@ -417,15 +426,22 @@ class RoundPolicy:
             else:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             rate = r
+            if d.has_cost:
+                costly_best = max(costly_best, rate if k > 0 else 0.0)
+            else:
+                free_best = max(free_best, rate if k > 0 else 0.0)
             if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
                 upfront = self.cost.upfront_cost(offer.upfront, d.name, self.catchup_trust(d.name))
-                r = self.cost.amortized(r, upfront, horizon * self.uncovered())
+                r = self.cost.amortized(r, upfront, horizon * min(self.uncovered(), self.costly_share()))
             if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
                 if offer.dynamic and fixed is None:  # the drafter ends the draft on its confidence
                     best = Choice(d, offer.max_tokens, offer.key, self.stop_threshold(alpha, rate, d.name))
                 else:
                     best = Choice(d, k, offer.key)
                 best_rate = r
+        if both and costly_best > 0.0:  # (a costly drafter with nothing to offer says nothing of its share)
+            self._rounds += 1
+            self._costly_rounds += costly_best > free_best
         for d, _, _ in offers:  # the free drafters not chosen are scored on what the target emits
             if id(d) in peeks and d is not best.drafter:
                 tokens, key = peeks[id(d)]
@@ -463,6 +479,16 @@ class RoundPolicy:
             return 1.0
         idle = self._generation - 1 - self._read_at.get(drafter, self._generation - 1)
         return 1.0 if idle <= 0 else 0.5 ** (idle / self.stale_half_life)
+
+    def costly_share(self) -> float:
+        """The share of this generation's rounds a costly drafter would draft once it has read the
+        context: the rounds so far in which its offer, priced without the read, beat every free
+        drafter's, with ``share_prior`` rounds of weight at 1. A read is repaid only by the rounds it
+        then wins: on a summary or a question over a document the suffix drafter and prompt lookup
+        offer copies that beat the model drafter's rate in most rounds, and a 128-token first read
+        (~155 ms on session 25's Zen 4) bought it one or two rounds; ``uncovered`` (the tokens free
+        drafters kept) counts their rejected rounds as the model drafter's, which they were not."""
+        return (self._costly_rounds + self.share_prior) / (self._rounds + self.share_prior)
 
     def uncovered(self) -> float:
         """The share of this generation's tokens that free drafters did not draft (1 at its start):

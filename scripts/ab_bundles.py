@@ -14,6 +14,14 @@ target, e.g. a full and a reduced drafter head). Prints tokens/s per category an
 
     python scripts/ab_bundles.py bundles/qwen-coder-b128-v64k-xk32 bundles/qwen-coder-b128-v64k-xk \
         --drafters auto --prompts scripts/data/long_prompts.jsonl --max-new-tokens 128
+
+``--policy-a``/``--policy-b`` set the round policy's parameters of one side (RoundPolicy's constructor
+arguments, NAME=VALUE,...): an A/B of two policies on one bundle (session 25: the model drafter's first
+read waiting for the free drafters, against the old rule):
+
+    python scripts/ab_bundles.py bundles/qwen-coder-b128-v64k-xk bundles/qwen-coder-b128-v64k-xk --same-target \
+        --policy-a first_read_after=0,share_prior=1e12 --drafters auto --per-category 4 --max-new-tokens 128 \
+        --prompts scripts/data/more_prompts.jsonl
 """
 from __future__ import annotations
 
@@ -23,6 +31,25 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def policy_params(text: str) -> dict:
+    """``NAME=VALUE,...`` as RoundPolicy constructor arguments (numbers); ValueError, one line, otherwise."""
+    import inspect
+
+    from edgespec.policy import RoundPolicy
+
+    known = set(inspect.signature(RoundPolicy).parameters)
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or name not in known:
+            raise ValueError(f"policy parameter {part!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(known))}")
+        try:
+            out[name] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise ValueError(f"policy parameter {name}: {value!r} is not a number") from None
+    return out
 
 
 def main(argv=None) -> int:
@@ -35,7 +62,14 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--same-target", action="store_true", help="check every greedy run against A's plain decoding")
     ap.add_argument("--prompts", default=None, help="a prompt file in Spec-Bench's format (default: the shipped set)")
+    for x in "ab":
+        ap.add_argument(f"--policy-{x}", default="", metavar="NAME=VALUE,...",
+                        help=f"round-policy parameters of {x.upper()} (RoundPolicy's arguments, e.g. first_read_after=0)")
     args = ap.parse_args(argv)
+    try:
+        policies = [policy_params(args.policy_a), policy_params(args.policy_b)]
+    except ValueError as e:
+        ap.error(str(e))
     import edgespec
     from edgespec.bench import read_prompts
     from edgespec.errors import EdgespecError
@@ -46,6 +80,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     drafters = [d for d in args.drafters.split(",") if d and d != "none"]
+    for e, params in zip((ea, eb), policies):
+        for k, v in params.items():
+            setattr(e.decoder.policy, k, v)
     for e in (ea, eb):
         e.generate("hello", max_new_tokens=8, drafter="auto")
     runs = [(f"{d}-{x}", e, d) for d in ["none"] + drafters for x, e in (("A", ea), ("B", eb))]
@@ -95,7 +132,8 @@ def main(argv=None) -> int:
               + (f" {mismatches} mismatch(es), listed above" if mismatches else ""))
     names = [n for n, _, _ in runs]
     drafters = ["none"] + drafters
-    print(f"A = {args.a}, B = {args.b}; tokens/s")
+    side = [f" (policy {p})" if p else "" for p in (args.policy_a, args.policy_b)]
+    print(f"A = {args.a}{side[0]}, B = {args.b}{side[1]}; tokens/s")
     print("| category | " + " | ".join(names) + " | " + " | ".join(f"{d} B/A" for d in drafters) + " |")
     print("|---" * (1 + len(names) + len(drafters)) + "|")
     for c in sorted(res, key=lambda c: c == "all"):

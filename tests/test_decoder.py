@@ -793,6 +793,89 @@ def test_a_drafter_with_a_catch_up_is_tried_again_after_a_bad_request(half_life)
     assert _catch_up_generation(pol, d, True) == 0
 
 
+class _Copy:
+    """A free drafter for RoundPolicy alone: offers ``k`` tokens a round at a prior acceptance of
+    ``alpha``, except every ``gap``-th round of a generation (nothing to copy there; 0: never)."""
+
+    has_cost = False
+
+    def __init__(self, k, alpha=0.6, gap=0, name="copy"):
+        self.name, self.k, self.alpha, self.gap, self.asked = name, k, alpha, gap, 0
+
+    def offer(self, ctx, kmax):
+        from edgespec.drafters import Offer
+
+        self.asked += 1
+        if not self.k or (self.gap and self.asked % self.gap == 0):
+            return None
+        return Offer(self.name, min(self.k, kmax), prior=(10 * self.alpha, 10 * (1 - self.alpha)))
+
+
+def _read_generation(pol, free, kept, rounds=40):
+    """One generation of ``auto`` with ``free`` (whose drafts keep ``kept`` tokens) and a model
+    drafter that must read 50 tokens first (a _CatchUp, every draft token right). Returns the
+    rounds' drafter names."""
+    from edgespec.kv import TokenBuffer
+
+    model = _CatchUp()
+    free.asked = 0
+    pol.begin("auto", {free.name: free, model.name: model}, 1)
+    ctx, chosen = TokenBuffer([1, 2, 3], capacity=4096), []
+    for _ in range(rounds):
+        c = pol.choose(ctx, 60, None, 8)
+        d = c.drafter
+        chosen.append(d.name if d is not None else "none")
+        tokens = list(range(c.k)) if d is not None else []
+        n = len(tokens) if d is model else min(kept, len(tokens))
+        if d is model:
+            model.started = True
+        pol.observe(c, tokens, n, 0.3 if d is model else None, len(tokens) + 1, 1.0 + 0.02 * len(tokens))
+        ctx.extend([7] * (n + 1))
+    return chosen
+
+
+def _priced_policy(**kw):
+    pol = RoundPolicy(**kw)
+    for w in range(1, 10):  # flat to a few tokens, as on session 25's Zen 4
+        pol.measured.observe_target(w, 1.0 + 0.02 * (w - 1))
+    pol.measured.observe_draft(0.3, "model")
+    pol.measured.observe_catchup(50, 2.5, "model")  # a first read of 2.5 one-token target calls
+    return pol
+
+
+def test_a_costly_read_is_priced_by_the_rounds_it_would_win_not_by_the_tokens_free_drafters_left():
+    """A summary (session 25): the suffix drafter offers copies in most rounds and keeps half of each,
+    so half the tokens are 'uncovered', yet its offers beat the model drafter's rate in every round
+    it makes one. The model drafter would win only the rounds with nothing to copy: its read is
+    priced against those (costly_share) and not made. The old pricing (the share held at 1,
+    ``share_prior`` huge), planted, makes the read in a round with no copy and then drafts little."""
+    new = _read_generation(_priced_policy(), _Copy(4, 0.6, gap=8), kept=2)
+    assert "model" not in new, new
+    old = _read_generation(_priced_policy(share_prior=1e12), _Copy(4, 0.6, gap=8), kept=2)
+    assert "model" in old, old
+
+
+def test_a_costly_read_still_pays_where_the_free_drafters_lose_their_rounds():
+    """Where the free drafters offer nothing (new code, an answer in the model's own words), or offer
+    but guess badly (their rate below the caught-up model drafter's), the rounds are the model
+    drafter's: it reads at the first round, as before, and drafts the rest."""
+    for free, kept in ((_Copy(0), 0), (_Copy(2, 0.1), 0)):
+        chosen = _read_generation(_priced_policy(), free, kept)
+        assert chosen[0] == "model" and chosen.count("model") >= len(chosen) - 3, chosen
+
+
+def test_costly_share_counts_the_rounds_a_caught_up_costly_drafter_would_win():
+    pol = RoundPolicy(share_prior=1.0)
+    pol.begin("auto", {}, 1)
+    assert pol.costly_share() == 1.0  # no round yet: the prior
+    pol._rounds, pol._costly_rounds = 3, 0
+    assert pol.costly_share() == pytest.approx(1 / 4)
+    pol._rounds, pol._costly_rounds = 3, 3
+    assert pol.costly_share() == 1.0
+    pol.begin("auto", {}, 1)
+    assert pol._rounds == 0 and pol.costly_share() == 1.0  # per generation
+
+
 @pytest.mark.parametrize("half_life", [2.0, float("inf")])
 def test_one_slow_catch_up_does_not_keep_the_drafter_out_for_good(half_life):
     """A drafter priced out by a slow read is never started, so never reads again: its measured
