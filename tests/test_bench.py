@@ -232,6 +232,41 @@ def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tin
     assert capsys.readouterr().err.startswith("error:")
 
 
+def test_ab_bundles_policy_options_set_each_sides_round_policy(tiny_int4_bundle, capsys, monkeypatch):
+    """--policy-a/--policy-b (session 25: a policy A/B on one bundle) set RoundPolicy parameters on
+    one side only, both sides stay exact, the header names them; an unknown name or a value that is
+    not a number is a one-line usage error (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import ab_bundles
+    import edgespec
+
+    seen = []
+    real = edgespec.load
+
+    def load(*a, **kw):
+        e = real(*a, **kw)
+        seen.append(e)
+        return e
+
+    monkeypatch.setattr(edgespec, "load", load)
+    small = ["--drafters", "auto", "--per-category", "1", "--max-new-tokens", "8", "--same-target"]
+    b = str(tiny_int4_bundle)
+    assert ab_bundles.main([b, b, *small, "--policy-a", "share_prior=1e12,probe_every=8"]) == 0
+    out = capsys.readouterr().out
+    assert "(policy share_prior=1e12,probe_every=8)" in out and "every drafter's output equals" in out
+    a, bb = seen[-2].decoder.policy, seen[-1].decoder.policy
+    assert (a.share_prior, a.probe_every) == (1e12, 8) and (bb.share_prior, bb.probe_every) == (1.0, 64)
+    for bad in ("nope=1", "share_prior", "share_prior=x"):
+        with pytest.raises(SystemExit) as e:
+            ab_bundles.main([b, b, *small, "--policy-b", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("usage: ") is False and "policy parameter" in err
+
+
 def test_probe_sampling_cost_times_the_sampler_in_and_out_of_the_loop(tiny_bundle, tmp_path, capsys):
     """scripts/probe_sampling_cost.py (README, autoregressive decoding: sampling's cost inside the
     loop) times ``distribution`` on every sampled row of a real decoding run and again on copies of
