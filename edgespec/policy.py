@@ -309,8 +309,11 @@ class RoundPolicy:
         self.length_ema = 0.3
         # a costly drafter's reads are priced against the share of rounds it would win once caught up
         # (costly_share); share_prior: the rounds' weight of the prior share (1) there
+        if not (share_prior > 0 and np.isfinite(share_prior)):
+            raise ValueError(f"share_prior must be a positive number of rounds, got {share_prior}")
         self.share_prior = share_prior
-        self._rounds = 0  # rounds of this generation priced with both a costly and a free drafter asked
+        # rounds of this generation with both kinds of drafter asked in which a costly drafter offered k > 0
+        self._rounds = 0
         self._costly_rounds = 0  # ... in which a caught-up costly drafter's offer beat every free offer
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
@@ -482,8 +485,9 @@ class RoundPolicy:
 
     def costly_share(self) -> float:
         """The share of this generation's rounds a costly drafter would draft once it has read the
-        context: the rounds so far in which its offer, priced without the read, beat every free
-        drafter's, with ``share_prior`` rounds of weight at 1. A read is repaid only by the rounds it
+        context: of the rounds so far in which it offered to draft (k > 0; with free drafters asked too),
+        those in which its offer, priced without the read, beat every free drafter's, with
+        ``share_prior`` rounds of weight at 1. A read is repaid only by the rounds it
         then wins: on a summary or a question over a document the suffix drafter and prompt lookup
         offer copies that beat the model drafter's rate in most rounds, and a 128-token first read
         (~155 ms on session 25's Zen 4) bought it one or two rounds; ``uncovered`` (the tokens free

@@ -16,11 +16,11 @@ target, e.g. a full and a reduced drafter head). Prints tokens/s per category an
         --drafters auto --prompts scripts/data/long_prompts.jsonl --max-new-tokens 128
 
 ``--policy-a``/``--policy-b`` set the round policy's parameters of one side (RoundPolicy's constructor
-arguments, NAME=VALUE,...): an A/B of two policies on one bundle (session 25: the model drafter's first
-read waiting for the free drafters, against the old rule):
+arguments, NAME=VALUE,...): an A/B of two policies on one bundle (session 25: the model drafter's reads
+priced by the rounds it would win, against the old rule, ``share_prior=1e12``):
 
     python scripts/ab_bundles.py bundles/qwen-coder-b128-v64k-xk bundles/qwen-coder-b128-v64k-xk --same-target \
-        --policy-a first_read_after=0,share_prior=1e12 --drafters auto --per-category 4 --max-new-tokens 128 \
+        --policy-a share_prior=1e12 --drafters auto --per-category 4 --max-new-tokens 128 \
         --prompts scripts/data/more_prompts.jsonl
 """
 from __future__ import annotations
@@ -42,13 +42,17 @@ def policy_params(text: str) -> dict:
     known = set(inspect.signature(RoundPolicy).parameters)
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
+        name, eq, value = (x.strip() for x in part.partition("="))
         if not eq or name not in known:
             raise ValueError(f"policy parameter {part!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(known))}")
         try:
             out[name] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:
             raise ValueError(f"policy parameter {name}: {value!r} is not a number") from None
+    RoundPolicy(**out)  # the constructor's own checks (ValueError), before any bundle is loaded
+    for name in out:  # set on a made policy as attributes: each must be stored under its own name
+        if not hasattr(RoundPolicy(), name):
+            raise ValueError(f"policy parameter {name}: RoundPolicy keeps it under another name")
     return out
 
 
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default=None, help="a prompt file in Spec-Bench's format (default: the shipped set)")
     for x in "ab":
         ap.add_argument(f"--policy-{x}", default="", metavar="NAME=VALUE,...",
-                        help=f"round-policy parameters of {x.upper()} (RoundPolicy's arguments, e.g. first_read_after=0)")
+                        help=f"round-policy parameters of {x.upper()} (RoundPolicy's arguments, e.g. share_prior=1e12)")
     args = ap.parse_args(argv)
     try:
         policies = [policy_params(args.policy_a), policy_params(args.policy_b)]

@@ -259,12 +259,12 @@ def test_ab_bundles_policy_options_set_each_sides_round_policy(tiny_int4_bundle,
     assert "(policy share_prior=1e12,probe_every=8)" in out and "every drafter's output equals" in out
     a, bb = seen[-2].decoder.policy, seen[-1].decoder.policy
     assert (a.share_prior, a.probe_every) == (1e12, 8) and (bb.share_prior, bb.probe_every) == (1.0, 64)
-    for bad in ("nope=1", "share_prior", "share_prior=x"):
+    for bad in ("nope=1", "share_prior", "share_prior=x", "share_prior=0"):
         with pytest.raises(SystemExit) as e:
             ab_bundles.main([b, b, *small, "--policy-b", bad])
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert err.startswith("usage: ") is False and "policy parameter" in err
+        assert not err.startswith("usage: ") and ("policy parameter" in err or "share_prior" in err)
 
 
 def test_probe_sampling_cost_times_the_sampler_in_and_out_of_the_loop(tiny_bundle, tmp_path, capsys):

@@ -864,6 +864,28 @@ def test_a_costly_read_still_pays_where_the_free_drafters_lose_their_rounds():
         assert chosen[0] == "model" and chosen.count("model") >= len(chosen) - 3, chosen
 
 
+def test_choose_counts_the_rounds_a_caught_up_costly_drafter_wins():
+    """choose() counts, per round, whether the costly drafter's offer (priced without a read) beat every
+    free one: with a copy drafter that offers every other round and wins those, and a caught-up model
+    drafter that wins the rest, half the rounds are the model drafter's. A planted bug that never
+    counted a win (the share falling to the prior's weight alone) fails here."""
+    from edgespec.kv import TokenBuffer
+
+    pol, model, copy = _priced_policy(), _CatchUp(), _Copy(4, 0.6, gap=2)
+    model.started = True  # caught up: no read in the way, each round priced as it is
+    pol.begin("auto", {copy.name: copy, model.name: model}, 1)
+    ctx = TokenBuffer([1, 2, 3], capacity=4096)
+    for _ in range(20):
+        c = pol.choose(ctx, 60, None, 8)
+        n = len(range(c.k)) if c.drafter is model else min(2, c.k)
+        pol.observe(c, list(range(c.k)), n, 0.3 if c.drafter is model else None, c.k + 1, 1.0 + 0.02 * c.k)
+        ctx.extend([7] * (n + 1))
+    assert pol._rounds == 20 and pol._costly_rounds == 10, (pol._rounds, pol._costly_rounds)
+    assert pol.costly_share() == pytest.approx(11 / 21)
+    with pytest.raises(ValueError):
+        RoundPolicy(share_prior=0)
+
+
 def test_costly_share_counts_the_rounds_a_caught_up_costly_drafter_would_win():
     pol = RoundPolicy(share_prior=1.0)
     pol.begin("auto", {}, 1)
