@@ -315,6 +315,7 @@ class RoundPolicy:
         # rounds of this generation with both kinds of drafter asked in which a costly drafter offered k > 0
         self._rounds = 0
         self._costly_rounds = 0  # ... in which a caught-up costly drafter's offer beat every free offer
+        self._mixed = False  # the generation asked for costly and free drafters both (set by begin)
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False, width_multiple: int = 1, sampled: bool = False) -> list[Drafter]:
@@ -346,6 +347,7 @@ class RoundPolicy:
             self._want = list(drafters.values()) if drafter == "auto" else [drafters[drafter]]
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
+        self._mixed = bool(self._idle) and any(not d.has_cost for d in self._want)
         self._started = set()
         self._shadow = []
         self.cost.min_width, self.cost.width_multiple = min_width, width_multiple
@@ -411,7 +413,6 @@ class RoundPolicy:
         h = hint_length(hint_alpha, len(hint)) if hint else 0
         hint = hint[:h]
         saved = hint_saved(hint_alpha, h) if h else 0.0
-        both = any(d.has_cost for d in self._want) and any(not d.has_cost for d in self._want)
         free_best, costly_best = 0.0, 0.0  # this round's best free rate and best caught-up costly rate
         for d, offer, est in offers:
             alpha = est.alpha
@@ -429,10 +430,10 @@ class RoundPolicy:
             else:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             rate = r
-            if d.has_cost:
-                costly_best = max(costly_best, rate if k > 0 else 0.0)
-            else:
-                free_best = max(free_best, rate if k > 0 else 0.0)
+            if k > 0 and d.has_cost:
+                costly_best = max(costly_best, rate)
+            elif k > 0:
+                free_best = max(free_best, rate)
             if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
                 upfront = self.cost.upfront_cost(offer.upfront, d.name, self.catchup_trust(d.name))
                 r = self.cost.amortized(r, upfront, horizon * min(self.uncovered(), self.costly_share()))
@@ -442,7 +443,7 @@ class RoundPolicy:
                 else:
                     best = Choice(d, k, offer.key)
                 best_rate = r
-        if both and costly_best > 0.0:  # (a costly drafter with nothing to offer says nothing of its share)
+        if self._mixed and costly_best > 0.0:  # (a costly drafter with nothing to offer says nothing of its share)
             self._rounds += 1
             self._costly_rounds += costly_best > free_best
         for d, _, _ in offers:  # the free drafters not chosen are scored on what the target emits

@@ -46,12 +46,12 @@ def policy_params(text: str) -> dict:
         if not eq or name not in known:
             raise ValueError(f"policy parameter {part!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(known))}")
         try:
-            out[name] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            out[name] = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
             raise ValueError(f"policy parameter {name}: {value!r} is not a number") from None
-    RoundPolicy(**out)  # the constructor's own checks (ValueError), before any bundle is loaded
+    made = RoundPolicy(**out)  # the constructor's own checks (ValueError), before any bundle is loaded
     for name in out:  # set on a made policy as attributes: each must be stored under its own name
-        if not hasattr(RoundPolicy(), name):
+        if not hasattr(made, name):
             raise ValueError(f"policy parameter {name}: RoundPolicy keeps it under another name")
     return out
 

@@ -877,7 +877,7 @@ def test_choose_counts_the_rounds_a_caught_up_costly_drafter_wins():
     ctx = TokenBuffer([1, 2, 3], capacity=4096)
     for _ in range(20):
         c = pol.choose(ctx, 60, None, 8)
-        n = len(range(c.k)) if c.drafter is model else min(2, c.k)
+        n = c.k if c.drafter is model else min(2, c.k)
         pol.observe(c, list(range(c.k)), n, 0.3 if c.drafter is model else None, c.k + 1, 1.0 + 0.02 * c.k)
         ctx.extend([7] * (n + 1))
     assert pol._rounds == 20 and pol._costly_rounds == 10, (pol._rounds, pol._costly_rounds)
@@ -886,7 +886,7 @@ def test_choose_counts_the_rounds_a_caught_up_costly_drafter_wins():
         RoundPolicy(share_prior=0)
 
 
-def test_costly_share_counts_the_rounds_a_caught_up_costly_drafter_would_win():
+def test_costly_share_is_the_rounds_won_with_a_prior_and_starts_afresh_each_generation():
     pol = RoundPolicy(share_prior=1.0)
     pol.begin("auto", {}, 1)
     assert pol.costly_share() == 1.0  # no round yet: the prior
