@@ -140,10 +140,11 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0):
+def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,
     rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs
-    (edgespec.DecodeAttentionF16: the caches float16)."""
+    (edgespec.DecodeAttentionF16: the caches float16); ``positions``: with the optional input of the
+    rows' positions (int64 ``pos``, edgespec's op only)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -164,9 +165,11 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0):
                                 rotary_interleaved=0, local_window_size=-1)
         dom = "com.microsoft"
     else:
-        node = helper.make_node(op, ["qkv", "pk", "pv", "seqlens", "cos", "sin"], ["out", "k", "v"], domain="edgespec",
-                                num_heads=H, kv_num_heads=KVH, scale=scale)
+        node = helper.make_node(op, ["qkv", "pk", "pv", "seqlens", "cos", "sin"] + ["pos"] * positions, ["out", "k", "v"],
+                                domain="edgespec", num_heads=H, kv_num_heads=KVH, scale=scale)
         dom = "edgespec"
+        if positions:
+            ins.append(helper.make_tensor_value_info("pos", TensorProto.INT64, ["n"]))
     g = helper.make_graph([node], "g", ins, outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)])
 
@@ -326,6 +329,51 @@ def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatc
     q[0, 0, (H + KVH) * D] = np.nan
     pv = sess.run(None, {"qkv": q, "pk": k, "pv": v, "seqlens": np.array([2], np.int32)})[2]
     assert np.isnan(pv[0, 0, 2, 0])
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
+@pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (6, 2, 48), (3, 1, 16)])
+def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH, D, op, isa, monkeypatch):
+    """The optional positions input: rows 0, 1, ... (positions equal to their rows) are the usual causal
+    rows, bitwise as without the input; a later row at position p (an alternate to the draft token of
+    row p) writes its key, rotated at past + p, and its value at its own slot, and its output is bitwise
+    a one-token call's at past + p over the rows before p and itself. Moving its slot to past + p then
+    leaves the cache a call of those tokens alone leaves; the other slots are as the call found them.
+    Positions of the wrong count, or an alternate past the causal rows, are refused."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    L, P, past = 64, 80, 21
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 8, seed=6)
+    if op.endswith("F16"):
+        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    plain = _session(_attention_graph(op, H, KVH, D, L, P))
+    posd = _session(_attention_graph(op, H, KVH, D, L, P, positions=True))
+
+    def run(sess, q, at, pos=None, k=cache_k, v=cache_v):
+        feeds = {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)}
+        if pos is not None:
+            feeds["pos"] = np.asarray(pos, np.int64)
+        return sess.run(None, feeds)
+
+    chain = run(plain, qkv[:, :5], past)
+    same = run(posd, qkv[:, :5], past, range(5))
+    t = past + 5  # (not bound in place, the present caches past the call's rows hold whatever their buffer held)
+    assert np.array_equal(chain[0], same[0])
+    assert np.array_equal(chain[1][:, :, :t], same[1][:, :, :t]) and np.array_equal(chain[2][:, :, :t], same[2][:, :, :t])
+    rel = [0, 1, 2, 3, 4, 1, 3, 4]  # rows 5..7: alternates at positions 1, 3 and 4
+    got = run(posd, qkv, past, rel)
+    assert np.array_equal(got[0][:, :5], chain[0])
+    assert np.array_equal(got[1][:, :, :t], chain[1][:, :, :t]) and np.array_equal(got[2][:, :, :t], chain[2][:, :, :t])
+    for i in range(5, 8):
+        p = rel[i]
+        one = run(plain, qkv[:, i:i + 1], past + p, k=chain[1], v=chain[2])  # after rows 0..p-1 of the chain
+        assert np.array_equal(got[0][:, i], one[0][:, 0]), i
+        assert np.array_equal(got[1][:, :, past + i], one[1][:, :, past + p]), i
+        assert np.array_equal(got[2][:, :, past + i], one[2][:, :, past + p]), i
+    for bad in ([0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 1, 9], [0, 1, 2, 3, 4, -1, 1, 2]):
+        with pytest.raises(Exception, match="positions"):
+            run(posd, qkv[:, :len(bad)] if len(bad) == 8 else qkv, past, bad)
 
 
 def test_decode_attention_refuses_bad_lengths_with_an_error():

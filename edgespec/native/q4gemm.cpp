@@ -107,7 +107,7 @@ enum : int {
   kReleaseTensorTypeAndShapeInfo = 99,
   kKernelContextParallelFor = 274,
 };
-constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6, kFloat16 = 10;  // ONNXTensorElementDataType
+constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6, kInt64 = 7, kFloat16 = 10;  // ONNXTensorElementDataType
 constexpr int kRequired = 0, kOptional = 1;
 
 const OrtApi* g_api = nullptr;
@@ -1629,11 +1629,42 @@ void* attn_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo
   return a;
 }
 
+// the rows of call c (its queries' tasks on the pool where the work pays for the hand-off)
+template <typename T>
+void attend_call(AttnCall<T> c, OrtKernelContext* ctx) {  // (a copy: the pool takes a void*)
+  const Attn* a = c.a;
+  const size_t tasks = size_t((c.n + kAttnRows - 1) / kAttnRows * a->KVH);
+  // the work (multiply-adds of scores and value sums): a small call runs on this thread, where handing tasks to the
+  // pool's threads (woken for each of a forward pass's layers) cost more than it saved
+  const double work = 2.0 * double(c.n) * double(a->H) * double(c.D) * double(c.past + c.n);
+  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
+  const double min_work = par ? std::atof(par) : kAttnParallelWork;
+  if (g_parallel && tasks > 1 && work >= min_work) {
+    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task<T>, tasks, 0, &c))) return;
+  }
+  for (size_t t = 0; t < tasks; ++t) attn_task<T>(&c, t);
+}
+
+// slots x and y of every KV group's keys and values swapped
+template <typename T>
+void swap_slots(T* K, T* V, int64_t KVH, int64_t L, int64_t D, int64_t x, int64_t y) {
+  for (int64_t g = 0; g < KVH; ++g)
+    for (T* C : {K, V}) std::swap_ranges(C + (g * L + x) * D, C + (g * L + x + 1) * D, C + (g * L + y) * D);
+}
+
 // the call once its inputs are checked: the present caches (the past ones copied in where not bound in place), the
-// new keys (rotated) and values written at their positions, then the queries' rows (tasks on the pool if it pays)
+// new keys (rotated) and values written at their slots, then the queries' rows (tasks on the pool if it pays).
+// ``rel`` (the optional positions input, nullptr: 0..n-1): row i stands at position past + rel[i] and its keys and
+// values go to slot past + i. Rows [0, m) are the usual causal rows (rel[i] == i); a later row (an alternate, a
+// token verified beside a draft's token at the same position) attends slots [0, past + rel[i]) and its own slot:
+// its two slots are swapped, the row computed as a one-row call at past + rel[i] would be, and swapped back. So its
+// numbers are those of a one-token call at that position over the same keys (the kernels' rows do not depend on
+// the call's width or a row's place in it), and moving its slot to past + rel[i] afterwards (the runtime, when it
+// is accepted) leaves the cache as a call of the accepted tokens alone would have.
 template <typename T>
 OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* in, OrtValue* O, OrtValue* PK, OrtValue* PV,
-                  int64_t n, int64_t D, int64_t L, int64_t past) {
+                  int64_t n, int64_t D, int64_t L, int64_t past, const int64_t* rel, int64_t m) {
   T *K = static_cast<T*>(data_of(PK)), *V = static_cast<T*>(data_of(PV));
   const T *pk = static_cast<const T*>(data_of(in[1])), *pv = static_cast<const T*>(data_of(in[2]));
   if (K != pk)  // not bound in place: the present starts as a copy of the past
@@ -1645,26 +1676,23 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   const int64_t half = D / 2, row = (a->H + 2 * a->KVH) * D;
   thread_local std::vector<float> rot;
   if (rot.size() < size_t(D)) rot.resize(size_t(D));
-  for (int64_t i = 0; i < n; ++i)  // the new keys (rotated) and values, at their positions, in the cache's type
+  for (int64_t i = 0; i < n; ++i)  // the new keys (rotated at their positions) and values, at their slots
     for (int64_t g = 0; g < a->KVH; ++g) {
-      const int64_t pos = past + i;
+      const int64_t pos = past + (rel ? rel[i] : i), slot = past + i;
       rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half);
-      store_row(rot.data(), K + (g * L + pos) * D, D);
-      store_row(qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + pos) * D, D);
+      store_row(rot.data(), K + (g * L + slot) * D, D);
+      store_row(qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * D, D);
     }
-  AttnCall<T> c{a, n, D, L, past, qkv, cs, sn, K, V, static_cast<float*>(data_of(O)),
-                a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D)), a->avx512 && D % 16 == 0};
-  const size_t tasks = size_t((n + kAttnRows - 1) / kAttnRows * a->KVH);
-  // the work (multiply-adds of scores and value sums): a small call runs on this thread, where handing tasks to the
-  // pool's threads (woken for each of a forward pass's layers) cost more than it saved
-  const double work = 2.0 * double(n) * double(a->H) * double(D) * double(past + n);
-  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
-  const double min_work = par ? std::atof(par) : kAttnParallelWork;
-  if (g_parallel && tasks > 1 && work >= min_work) {
-    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
-    if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task<T>, tasks, 0, &c))) return nullptr;
+  float* out = static_cast<float*>(data_of(O));
+  const float scale = a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D));
+  const bool wide = a->avx512 && D % 16 == 0;
+  attend_call(AttnCall<T>{a, m, D, L, past, qkv, cs, sn, K, V, out, scale, wide}, ctx);
+  for (int64_t i = m; i < n; ++i) {  // the alternates, one at a time
+    const int64_t at = past + rel[i];
+    swap_slots(K, V, a->KVH, L, D, at, past + i);
+    attend_call(AttnCall<T>{a, 1, D, L, at, qkv + i * row, cs, sn, K, V, out + i * a->H * D, scale, wide}, ctx);
+    swap_slots(K, V, a->KVH, L, D, at, past + i);
   }
-  for (size_t t = 0; t < tasks; ++t) attn_task<T>(&c, t);
   return nullptr;
 }
 
@@ -1688,13 +1716,30 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   const int64_t past = int64_t(valid) - n;
   if (n <= 0 || past < 0 || valid > L || valid > cd[0])
     return attn_fail(a, "seqlens_k + 1 must be in [n, cache length] and within the rotary cache");
+  // the optional positions (int64, n of them: see attend): rows [0, m) where rel[i] == i, later ones before theirs
+  const int64_t* rel = nullptr;
+  int64_t m = n;
+  const OrtValue* P = nullptr;
+  if (count > 6 && ok(api<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(kKernelContextGetInput)(ctx, 6, &P)) && P) {
+    const std::vector<int64_t> pd = dims_of(P);
+    int64_t pn = 1;
+    for (int64_t x : pd) pn *= x;
+    if (pd.empty() || pn != n) return attn_fail(a, "positions must hold one position offset a row of qkv");
+    rel = static_cast<const int64_t*>(data_of(P));
+    m = 0;
+    while (m < n && rel[m] == m) ++m;
+    for (int64_t i = m; i < n; ++i)
+      if (rel[i] < 0 || rel[i] >= m)
+        return attn_fail(a, "positions: each row after the causal ones (positions 0, 1, ...) must stand at one of theirs");
+  }
   std::vector<int64_t> od = {1, n, a->H * D};
   OrtValue *O = nullptr, *PK = nullptr, *PV = nullptr;
   using GetOut = OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 0, od.data(), od.size(), &O)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 1, kd.data(), kd.size(), &PK)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 2, vd.data(), vd.size(), &PV)) return s;
-  return a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past) : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past);
+  return a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m)
+                 : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m);
 }
 
 void attn_compute(void* self, OrtKernelContext* ctx) {
@@ -1704,12 +1749,15 @@ void attn_compute(void* self, OrtKernelContext* ctx) {
 void attn_destroy(void* self) { delete static_cast<Attn*>(self); }
 const char* attn_name(const OrtCustomOp*) { return "DecodeAttention"; }
 const char* attn16_name(const OrtCustomOp*) { return "DecodeAttentionF16"; }
-int attn_in_type(const OrtCustomOp*, size_t i) { return i == 3 ? kInt32 : kFloat; }
-int attn16_in_type(const OrtCustomOp*, size_t i) { return i == 3 ? kInt32 : (i == 1 || i == 2) ? kFloat16 : kFloat; }
+int attn_in_type(const OrtCustomOp*, size_t i) { return i == 3 ? kInt32 : i == 6 ? kInt64 : kFloat; }
+int attn16_in_type(const OrtCustomOp*, size_t i) {
+  return i == 3 ? kInt32 : i == 6 ? kInt64 : (i == 1 || i == 2) ? kFloat16 : kFloat;
+}
 int attn16_out_type(const OrtCustomOp*, size_t i) { return i == 0 ? kFloat : kFloat16; }
-size_t attn_in_count(const OrtCustomOp*) { return 6; }
+size_t attn_in_count(const OrtCustomOp*) { return 7; }  // qkv, caches, seqlens_k, cos, sin, positions (optional)
 size_t attn_out_count(const OrtCustomOp*) { return 3; }
 int attn_char(const OrtCustomOp*, size_t) { return kRequired; }
+int attn_in_char(const OrtCustomOp*, size_t i) { return i == 6 ? kOptional : kRequired; }
 
 void destroy(void* self) { delete static_cast<Kernel*>(self); }
 
@@ -1730,11 +1778,11 @@ OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,   
                  create_kernel_v2,        compute_v2, nullptr, one, last};
 
 OrtCustomOp g_attn{17,           attn_create<false>, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
-                   attn_compute, attn_destroy, attn_char, attn_char, mem_type,  one,           one,      one,
+                   attn_compute, attn_destroy, attn_in_char, attn_char, mem_type,  one,           one,      one,
                    one,          attn_create_v2<false>, attn_compute_v2, nullptr, one, last};
 
 OrtCustomOp g_attn16{17,           attn_create<true>, attn16_name, op_ep,    attn16_in_type, attn_in_count, attn16_out_type,
-                     attn_out_count, attn_compute, attn_destroy, attn_char, attn_char, mem_type, one, one, one,
+                     attn_out_count, attn_compute, attn_destroy, attn_in_char, attn_char, mem_type, one, one, one,
                      one,          attn_create_v2<true>, attn_compute_v2, nullptr, one, last};
 
 // AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
