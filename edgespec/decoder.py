@@ -80,6 +80,8 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     target_calls: int = 0
+    alternates: int = 0  # alternates verified beside a draft token (a draft's second choices, greedy)
+    alternates_kept: int = 0  # ... that the target kept (one token more than the draft's)
     accepted_by_position: list[int] = field(default_factory=list)
     drafted_by_position: list[int] = field(default_factory=list)
     rounds_by_drafter: dict[str, int] = field(default_factory=dict)
@@ -245,6 +247,8 @@ class Decoder:
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
+        # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
+        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
@@ -269,9 +273,31 @@ class Decoder:
                     kw["hint"] = choice.hint
                     if choice.hint_stop is not None:
                         kw["hint_stop"] = choice.hint_stop
+                if alternates and getattr(choice.drafter, "gives_alternates", False):
+                    kw["alternates"] = True
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
             t1 = clock()
-            if sp.greedy:  # the target's top tokens (on a GPU: computed there, the logits never copied)
+            alts = policy.alternates(len(draft.tokens), draft.alts, target.max_context - len(ctx) - len(draft.tokens),
+                                     t1 - t0) if draft.alts and alternates else []
+            kept_alt, extra = None, []  # the row of the alternate the target kept; its next token
+            if alts:  # the draft and its alternates, each alternate beside the draft token it stands for
+                k = len(draft.tokens)
+                top = target.forward_alternates([ctx[-1]] + draft.tokens + [t for _, t in alts],
+                                                list(range(k + 1)) + [i + 1 for i, _ in alts])
+                dt = clock() - t1
+                n, nxt = greedy_accept_choice(draft.tokens, top[: k + 1])
+                for j, (i, t) in enumerate(alts):
+                    if i == n and t == nxt:  # the draft's token n is not the target's, its alternate is
+                        kept_alt = k + 1 + j
+                        break
+                if kept_alt is not None:  # into the slot after the kept draft tokens (the rewind below
+                    target.keep_alternate(kept_alt, n + 1)  # then leaves one row more: the alternate's)
+                    extra = [int(top[kept_alt])]  # the target's token after the alternate
+                target.rewind(len(alts) - (kept_alt is not None))
+                policy.observe_alternates(kept_alt is not None)
+                st.alternates += len(alts)
+                st.alternates_kept += kept_alt is not None
+            elif sp.greedy:  # the target's top tokens (on a GPU: computed there, the logits never copied)
                 top = target.forward_argmax([ctx[-1]] + draft.tokens)
                 dt = clock() - t1
                 n, nxt = greedy_accept_choice(draft.tokens, top)
@@ -285,7 +311,7 @@ class Decoder:
             if choice.drafter is not None:
                 choice.drafter.accept(n, nxt)
             _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)
-            new = draft.tokens[:n] + [nxt]
+            new = draft.tokens[:n] + [nxt] + extra
             for j, t in enumerate(new):
                 if t in stop:
                     new = new[: j + 1]

@@ -57,6 +57,10 @@ class Draft:
     key: str = ""
     step_s: float | None = None  # seconds per drafter step measured while drafting (costly drafters)
     catchup: tuple[int, float] | None = None  # (tokens, seconds) of a long catch-up read before drafting
+    # greedy drafts asked for alternates: per draft token i, (i, the drafter's second choice there, its
+    # calibrated top probability, the second choice's probability); the round policy picks which the
+    # target verifies beside the draft (RoundPolicy.alternates)
+    alts: tuple = ()
 
 
 EMPTY = Draft([])
@@ -259,6 +263,7 @@ class ModelDrafter:
     name = "model"
     has_cost = True
     takes_hint = True  # draft(..., hint=) checks a free drafter's guess in its first call
+    gives_alternates = True  # draft(..., alternates=True) lists its second choices (greedy)
 
     def __init__(self, lm, target_vocab: int, min_confidence: float = 0.0, clock=time.perf_counter,
                  head_ids: np.ndarray | None = None, read_window: int | None = None):
@@ -364,7 +369,8 @@ class ModelDrafter:
         return Offer(self.name, k, prior=(1.5, 0.5), upfront=behind if behind > 2 else 0, dynamic=True)
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator,
-              stop: float | None = None, hint: Sequence[int] = (), hint_stop: float | None = None) -> Draft:
+              stop: float | None = None, hint: Sequence[int] = (), hint_stop: float | None = None,
+              alternates: bool = False) -> Draft:
         """Up to ``k`` tokens. ``stop`` (theta): end the draft once the product of the drafter's top
         probabilities (its softmax at temperature 1, over the tokens drafted so far) falls below
         theta, the drafter's own estimate that the whole draft survives; None: stop after a token
@@ -380,7 +386,9 @@ class ModelDrafter:
         what the drafter would have drafted without the hint (the same tokens greedy; sampled, the
         same q at every position, the same random draws), only cheaper where the hint was right.
         ``hint_stop``: the threshold ``stop`` where the next token's logits came with the hint (one
-        more token costs no step there; default ``stop``)."""
+        more token costs no step there; default ``stop``). ``alternates`` (greedy): the draft also
+        lists each position's second choice (``Draft.alts``), read from the logits drafting computed
+        anyway; the draft's tokens are the same."""
         lm = self.lm
         behind = self.behind(ctx)
         t0 = self.clock()
@@ -413,8 +421,10 @@ class ModelDrafter:
         tokens: list[int] = []
         dists = []
         sure = 1.0  # the product of the (calibrated) top probabilities so far
-        lam = self.calibration(sp.greedy) if stop is not None else 1.0
+        alternates = alternates and sp.greedy
+        lam = self.calibration(sp.greedy) if stop is not None or alternates else 1.0
         confs: list[float] = []
+        alts = []
         head = self.head_ids
         if head is not None and logits.shape[-1] != head.shape[0]:
             raise BundleError(f"the drafter's logits have {logits.shape[-1]} columns but its head ids list "
@@ -431,8 +441,10 @@ class ModelDrafter:
                 tok = q.sample(rng)
                 dists.append(q)
             tokens.append(tok)
-            if stop is not None:
+            if stop is not None or alternates:
                 confs.append(_top_prob(row))
+            if alternates:
+                alts.append((i,) + _second(row, head, confs[-1]) + (min(1.0, lam * confs[-1]),))
             if fed > i and hint[i] != tok:  # the hint is wrong from here: roll it back
                 lm.rewind(fed - i)
                 fed = i
@@ -464,7 +476,8 @@ class ModelDrafter:
         self._fed_drafts = fed
         self._judge = (sp.greedy, confs) if stop is not None and self.history else None
         return Draft(tokens, dists or None, key=self.name,
-                     step_s=step_time / steps if steps else None, catchup=catchup)
+                     step_s=step_time / steps if steps else None, catchup=catchup,
+                     alts=tuple((i, t, c, q2) for i, t, q2, c in alts))
 
     def _fit_hint(self, hint: list[int], rows: int) -> list[int]:
         """``hint`` as far as it goes in one call after ``rows`` other tokens: at most HINT_MAX_ROWS
@@ -483,6 +496,22 @@ class ModelDrafter:
                 sums[0] = CALIB_DECAY * sums[0] + (1.0 if i < n else 0.0)
                 sums[1] = CALIB_DECAY * sums[1] + c
             self._judge = None
+
+
+def _second(row: np.ndarray, head: np.ndarray | None, top: float) -> tuple[int, float]:
+    """The row's second-largest logit's token (through ``head``, a cut head's token ids) and its
+    softmax probability, given the largest one's ``top``. The row is left as it was."""
+    j = int(np.argmax(row))
+    best = row[j]
+    if not row.flags.writeable:
+        row = row.copy()
+    row[j] = -np.inf
+    try:
+        j2 = int(np.argmax(row))
+    finally:
+        row[j] = best
+    q2 = top * float(np.exp(np.float32(row[j2]) - np.float32(best)))
+    return (j2 if head is None else int(head[j2])), q2
 
 
 def _top_prob(logits: np.ndarray) -> float:

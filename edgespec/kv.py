@@ -57,6 +57,11 @@ class TokenBuffer:
         self._a[self._n: self._n + n] = ids
         self._n += n
 
+    def set(self, i: int, v: int) -> None:
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        self._a[i] = v
+
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` ids."""
         if not 0 <= n <= self._n:
@@ -109,14 +114,26 @@ class KVCache(TokenCache):
         shape = (1, spec.num_kv_heads, self.max_len + spare, spec.head_dim)
         io = spec.io
         self.buffers = []  # (past input name, present output name, OrtValue)
+        self.host: list[np.ndarray] = []  # on the CPU: the buffers' memory as numpy arrays (the same bytes)
         for layer in range(spec.num_layers):
             for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
                 if device == "cuda":
                     buf = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
                 else:
-                    buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
+                    arr = np.zeros(shape, dtype)
+                    buf = ort.OrtValue.ortvalue_from_numpy(arr)  # (an OrtValue over the array's memory)
+                    self.host.append(arr)
                 self.buffers.append((past % layer, present % layer, buf))
         self.nbytes = spec.kv_bytes(self.max_len)
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot ``src``'s keys and values (every layer) copied to slot ``dst``, its id with them (an
+        accepted alternate into its position; CPU caches)."""
+        if not self.host:
+            raise NotImplementedError("moving a cache slot needs a CPU cache")
+        for arr in self.host:
+            arr[:, :, dst] = arr[:, :, src]
+        self.ids.set(dst, self.ids[src])
 
     def bind(self, binding) -> None:
         """Bind every buffer as its layer's past input and present output (the in-place update)."""

@@ -92,10 +92,34 @@ class CausalLM:
 
     device_argmax: bool = False  # _run(..., argmax=True) returns the indices
     skips_logits: bool = False  # _run(..., skip=s) computes logits for the last len(ids) - s positions only
+    # _run(..., positions=p) computes row i at position past + p[i] (alternates: see forward_alternates)
+    verifies_alternates: bool = False
 
-    def _call(self, ids: Sequence[int], argmax: bool, first: int = 0) -> np.ndarray:
+    def forward_alternates(self, ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+        """``forward_argmax`` of a call whose rows after the causal ones (``positions`` 0, 1, ..., m - 1)
+        are alternates: row i (i >= m) stands at position ``positions[i]`` (< m) beside the causal
+        row there, seeing the rows before it and itself, computed as a one-token call of it after
+        those rows would be (``verifies_alternates`` models only). Its keys and values sit at its own
+        slot: ``keep_alternate`` moves an accepted one into its position."""
+        n = len(ids)
+        if not self.verifies_alternates:
+            raise ValueError(f"{self.spec.role}: this model does not verify alternates")
+        if len(positions) != n or self.min_width != 1 or self.width_multiple != 1:
+            raise ValueError(f"{self.spec.role}: {len(positions)} positions for {n} tokens")
+        return self._call(ids, True, positions=positions)
+
+    def keep_alternate(self, row: int, position: int) -> None:
+        """After a ``forward_alternates`` call of the cache's last tokens: the alternate at ``row`` of
+        that call (counted from the call's first row, which sat at cache slot ``self.last_past``) is
+        moved into its ``position``'s slot. The caller then rewinds past it."""
+        self.cache.move(self.last_past + row, self.last_past + position)
+
+    last_past = 0  # the cache's length before the last call
+
+    def _call(self, ids: Sequence[int], argmax: bool, first: int = 0, positions=None) -> np.ndarray:
         """``first``: the logits of positions ``first`` on only, computed alone where the model skips
-        the others' (``skips_logits``); the keys and values of every position as ever."""
+        the others' (``skips_logits``); the keys and values of every position as ever. ``positions``:
+        see ``forward_alternates`` (argmax only, no padding)."""
         n = len(ids)
         if n == 0:
             raise ValueError("forward() needs at least one token")
@@ -107,7 +131,10 @@ class CausalLM:
         pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
         skip = first if first and not argmax and self.skips_logits else 0
-        if argmax:
+        self.last_past = past
+        if positions is not None:
+            out = self._run(run, past, argmax=True, positions=positions)
+        elif argmax:
             out = self._run(run, past, argmax=True)
         else:
             out = self._run(run, past, skip=skip) if skip else self._run(run, past)

@@ -178,6 +178,9 @@ class ModelIO:
     # where not fed; exact-kernels bundles since session 19): a prefill reads its last position's only,
     # and the lm_head then multiplies one row instead of a chunk's 256
     logits_skip: str | None = None
+    # the graph's input of each row's position offset (int64 [n], fed at every call: 0..n-1 but where a
+    # call verifies alternates; exact-kernels targets since session 26): DecodeAttention's positions
+    row_positions: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "ModelIO":
@@ -191,9 +194,10 @@ class ModelIO:
             if not ok:
                 raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index (and no "
                                     f"other % format), got {names[k]!r}"[:300])
-        pos, top, skip = d.get("position_ids"), d.get("argmax"), d.get("logits_skip")
+        pos, top, skip, rows = d.get("position_ids"), d.get("argmax"), d.get("logits_skip"), d.get("row_positions")
         return cls(position_ids=pos if isinstance(pos, str) else None, argmax=top if isinstance(top, str) else None,
-                   logits_skip=skip if isinstance(skip, str) else None, **names)
+                   logits_skip=skip if isinstance(skip, str) else None,
+                   row_positions=rows if isinstance(rows, str) else None, **names)
 
 
 _DIMS = ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context")
@@ -318,7 +322,7 @@ class ModelSpec:
             "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
             "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,
-            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip") or v}, "tokenizer_sha256": self.tokenizer_sha256,
+            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip", "row_positions") or v}, "tokenizer_sha256": self.tokenizer_sha256,
             "files": {k: dict(v) for k, v in self.files.items()}, "gpu_weight_bytes": self.gpu_weight_bytes,
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,

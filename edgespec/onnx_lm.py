@@ -64,7 +64,12 @@ class OnnxLM(CausalLM):
         self._skip_name = io.logits_skip if io.logits_skip and io.logits_skip in inputs else None
         self.skips_logits = self._skip_name is not None
         self._skip = np.zeros(1, dtype=np.int64)
+        # the graph's row_positions input (manifest io.row_positions): fed at every call, 0..n-1 but for a
+        # call that verifies alternates (CPU caches: an accepted one's slot is moved by numpy)
+        self._rows_name = io.row_positions if io.row_positions and io.row_positions in inputs else None
+        self._rows = np.arange(max(self.max_context, 1), dtype=np.int64)
         self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
+        self.verifies_alternates = self._rows_name is not None and bool(self.cache.host)
         self._mask = np.ones((1, self.max_context), dtype=np.int64)
         self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
         self._binding = self.session.io_binding()
@@ -116,10 +121,10 @@ class OnnxLM(CausalLM):
     def kv_bytes(self) -> int:
         return self.cache.nbytes
 
-    def _run(self, ids: Sequence[int], past: int, argmax: bool = False, skip: int = 0) -> np.ndarray:
+    def _run(self, ids: Sequence[int], past: int, argmax: bool = False, skip: int = 0, positions=None) -> np.ndarray:
         n = len(ids)
         if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
-            return np.argmax(self._run(ids, past), axis=-1)
+            return np.argmax(self._run(ids, past, positions=positions), axis=-1)
         if skip and (argmax or self._skip_name is None or not 0 < skip < n):
             raise ValueError(f"{self.spec.role}: cannot skip the logits of {skip} of {n} positions here")
         g = self.graphs
@@ -141,6 +146,11 @@ class OnnxLM(CausalLM):
             b.bind_cpu_input(self.spec.io.attention_mask, self._mask[:, : past + n])
         if self._has_pos:
             b.bind_cpu_input(self.spec.io.position_ids, self._positions[:, past: past + n])
+        if self._rows_name is not None:
+            rows_at = self._rows[:n] if positions is None else np.asarray(positions, dtype=np.int64)
+            b.bind_cpu_input(self._rows_name, rows_at)
+        elif positions is not None:
+            raise ValueError(f"{self.spec.role}: this graph takes no rows' positions")
         if self._skip_name is not None:  # the rows that get logits: the last n - skip
             self._skip[0] = skip
             b.bind_cpu_input(self._skip_name, self._skip)
@@ -311,6 +321,8 @@ def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> 
                                                    for n in (io.past_key, io.past_value)]
     if io.logits_skip:
         want_in.append(io.logits_skip)
+    if io.row_positions:
+        want_in.append(io.row_positions)
     want_out = [io.logits] + [n % layer for layer in range(spec.num_layers) for n in (io.present_key, io.present_value)]
     missing = [n for n in want_in if n not in inputs] + [n for n in want_out if n not in outputs]
     if missing:

@@ -23,6 +23,13 @@ from .kv import TokenBuffer
 from .width import padded_width
 
 
+# Alternates (RoundPolicy.alternates): the kept-to-expected calibration's prior weight (positions),
+# its decay a verified set, and its bounds
+ALT_PRIOR = 4.0
+ALT_DECAY = 0.98
+ALT_SCALE = (0.25, 2.0)
+
+
 @dataclass
 class Acceptance:
     """Online estimate of the per-token acceptance rate (geometric model), with forgetting."""
@@ -278,7 +285,7 @@ class RoundPolicy:
     generations (they describe the device and the models, not one prompt)."""
 
     def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0,
-                 share_prior: float = 1.0):
+                 share_prior: float = 1.0, use_alternates: bool = True):
         self.measured = CostModel()  # what this device's calls took, across generations
         # acceptance estimates, across generations: greedy ones and sampled ones apart (a point-mass
         # draft token is accepted with the target's probability of it when sampling, only where it is
@@ -316,6 +323,13 @@ class RoundPolicy:
         self._rounds = 0
         self._costly_rounds = 0  # ... in which a caught-up costly drafter's offer beat every free offer
         self._mixed = False  # the generation asked for costly and free drafters both (set by begin)
+        # alternates (see alternates()): how the kept ones compare with the drafter's second-choice
+        # probabilities, decayed sums (kept, expected) from a prior of ALT_PRIOR positions at 1
+        if use_alternates not in (True, False) or isinstance(use_alternates, float):  # (0 and 1 too)
+            raise ValueError(f"use_alternates must be True or False, got {use_alternates!r}")
+        self.use_alternates = bool(use_alternates)  # greedy rounds verify alternates where they pay
+        self._alt_calib = [ALT_PRIOR, ALT_PRIOR]
+        self._alt_pending = 0.0  # the expected kept alternates of the set alternates() chose last
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False, width_multiple: int = 1, sampled: bool = False) -> list[Drafter]:
@@ -545,6 +559,54 @@ class RoundPolicy:
                 n = next((i for i in range(k) if got[i] != tokens[i]), k)
                 self._update(key, n, k)
         self._shadow = []
+
+    def alternate_scale(self) -> float:
+        """How far the drafter's second-choice probabilities under- (> 1) or overstate (< 1) how
+        often the target keeps an alternate, within ALT_SCALE."""
+        kept, expected = self._alt_calib
+        return min(ALT_SCALE[1], max(ALT_SCALE[0], kept / max(expected, 1e-9)))
+
+    def alternates(self, k: int, alts: Sequence[tuple], room: int, draft_s: float) -> list[tuple[int, int]]:
+        """Which of a greedy draft's alternates (``Draft.alts``: per draft token i, (i, second choice,
+        calibrated top probability, second choice's probability)) the target verifies beside the draft,
+        as (i, token), at most ``room``. An alternate at i is kept where the draft's first i tokens are
+        and its token i is not: the target then keeps one token more. Expected, that is reach(i) times
+        the second choice's probability (scaled by ``alternate_scale``), reach(i) the product of the
+        top probabilities before i. Taken from the likeliest down while the token it is expected to
+        add, valued at the round's expected seconds a token (``draft_s`` of drafting and the target's
+        call over the draft's expected yield), pays for the wider call (the measured costs by width)."""
+        if room <= 0 or not alts:
+            return []
+        scale = self.alternate_scale()
+        reach, chain = 1.0, 1.0
+        cands = []
+        for i, tok, top, q2 in alts:
+            cands.append((reach * q2 * scale, i, int(tok)))
+            reach *= top
+            chain += reach
+        costs = self.cost.costs(k + 1 + min(room, len(cands)))
+        per_token = (costs[k + 1] + draft_s) / chain
+        chosen: list[tuple[int, int]] = []
+        w = k + 1
+        for value, i, tok in sorted(cands, reverse=True):
+            if len(chosen) >= room or value * per_token <= max(0.0, costs[w + 1] - costs[w]):
+                break
+            chosen.append((i, tok))
+            w += 1
+        self._alt_pending = sum(v for v, i, t in cands if (i, t) in chosen) / scale
+        return chosen
+
+    def observe_alternates(self, kept: bool) -> None:
+        """The alternates ``alternates`` chose were verified: one was kept or none."""
+        expected = self._alt_pending
+        self._alt_pending = 0.0
+        if expected <= 0.0:
+            return
+        c = self._alt_calib
+        c[0] = ALT_DECAY * c[0] + (1.0 if kept else 0.0)
+        c[1] = ALT_DECAY * c[1] + expected
+        if kept:
+            self._produced += 1
 
     def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
                 width: int, seconds: float, catchup: tuple[int, float] | None = None) -> None:

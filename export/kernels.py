@@ -236,6 +236,25 @@ def _own_attention(n, inits: dict) -> bool:
 
 
 SKIP_INPUT = "logits_skip"
+POSITIONS_INPUT = "edgespec_row_positions"
+
+
+def _row_positions(g) -> int:
+    """The graph input ``POSITIONS_INPUT`` (int64 [n], fed at every call: 0, 1, ..., n - 1 but where a
+    call carries alternates) as the optional last input of every edgespec attention node (see
+    ``DecodeAttention``'s positions in q4gemm.cpp): how many nodes take it (0: none, or it is there)."""
+    from onnx import TensorProto, helper
+
+    if any(i.name == POSITIONS_INPUT for i in g.input):
+        return 0
+    nodes = [n for n in g.node if n.domain == DOMAIN and n.op_type in (ATTENTION_OP, ATTENTION_OP_F16)
+             and len(n.input) == 6]
+    if not nodes:
+        return 0
+    g.input.append(helper.make_tensor_value_info(POSITIONS_INPUT, TensorProto.INT64, ["edgespec_rows"]))
+    for n in nodes:
+        n.input.append(POSITIONS_INPUT)
+    return len(nodes)
 
 
 def _skip_logits(g, logits: str) -> bool:
@@ -270,14 +289,16 @@ def _skip_logits(g, logits: str) -> bool:
 
 
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
-                  logits: str | None = None, fused: bool = True, kv_dtype: str = "float32") -> dict:
+                  logits: str | None = None, fused: bool = True, kv_dtype: str = "float32",
+                  row_positions: bool = False) -> dict:
     """Rewrite the graph file in place (atomically); returns counts of what changed. ``logits``: the
     graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``). ``fused``: each
     SwiGLU (gate and up projections and the activation) one ``MatMulQ4`` node, and each bias ``Add``
     after one the kernel's (``swiglu_patterns``, ``bias_patterns``). ``kv_dtype`` float16: every
     attention ``DecodeAttentionF16`` over float16 caches (``_half_caches``; needs ``own_attention``;
     an ExportError where the graph does not allow it); auto: float16 where the graph allows it, else
-    float32 (``why_not_half`` in the counts says why)."""
+    float32 (``why_not_half`` in the counts says why). ``row_positions``: edgespec's attention nodes
+    take the rows' positions (``_row_positions``), so that a call can verify alternates."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -293,7 +314,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         for i in node.input:
             users[i] = users.get(i, 0) + 1
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -425,6 +446,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         raise ExportError(f"{model_path.name} has no 4-bit MatMulNBits: exact-kernels applies to INT4 bundles")
     if logits:
         done["logits_skip"] = int(_skip_logits(g, logits))
+    if row_positions:
+        done["row_positions"] = _row_positions(g)
     if not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     kept = [t for t in g.initializer if t.name not in drop]
@@ -499,7 +522,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             spec = _rerooted(spec, manifest.root, stage)
             try:
                 counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention,
-                                       logits=spec.io.logits, kv_dtype=kv_dtype)
+                                       logits=spec.io.logits, kv_dtype=kv_dtype, row_positions=role == "target")
                 pad = 1 if counts["attention"] else 0
             except ExportError as e:
                 if role == "target":
@@ -519,7 +542,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
                     + (f"; {counts['half_caches']} KV caches float16" if counts["half_caches"] else "")
                     + (f"; KV caches kept float32 ({counts['why_not_half']})" if "why_not_half" in counts else "")
-                    + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else ""))
+                    + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else "")
+                    + ("; a call can verify alternates (rows' positions)" if counts["row_positions"] else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)
             if counts["kept"]:
@@ -538,6 +562,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if counts["logits_skip"]:
                 ops["Slice"] = ops.get("Slice", 0) + 1
             io = replace(spec.io, logits_skip=SKIP_INPUT) if counts["logits_skip"] else spec.io
+            if counts["row_positions"]:
+                io = replace(io, row_positions=POSITIONS_INPUT)
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
                            attention_pad=pad, operators=ops, io=io,
                            kv_dtype="float16" if counts["half_caches"] else spec.kv_dtype)
