@@ -333,17 +333,18 @@ def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatc
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
-@pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (6, 2, 48), (3, 1, 16)])
-def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH, D, op, isa, monkeypatch):
+@pytest.mark.parametrize("H,KVH,D,past", [(12, 2, 128, 21), (6, 2, 48, 130), (3, 1, 16, 62)])
+def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH, D, past, op, isa, monkeypatch):
     """The optional positions input: rows 0, 1, ... (positions equal to their rows) are the usual causal
     rows, bitwise as without the input; a later row at position p (an alternate to the draft token of
     row p) writes its key, rotated at past + p, and its value at its own slot, and its output is bitwise
     a one-token call's at past + p over the rows before p and itself. Moving its slot to past + p then
     leaves the cache a call of those tokens alone leaves; the other slots are as the call found them.
-    Positions of the wrong count, or an alternate past the causal rows, are refused."""
+    Positions of the wrong count, or an alternate past the causal rows, are refused. (Contexts whose
+    alternates' own keys fall in a block of keys' first, middle or unaligned places.)"""
     if isa == "avx2":
         monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
-    L, P, past = 64, 80, 21
+    L, P = 160, 180
     cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 8, seed=6)
     if op.endswith("F16"):
         cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)

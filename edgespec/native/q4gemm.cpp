@@ -1204,6 +1204,9 @@ struct AttnCall {
   float* out;
   float scale;
   bool wide;  // the AVX-512 (16-lane) path
+  // >= 0 (a one-row call: an alternate, see attend): the row's own key and value, its last (at position past), are
+  // read from this slot, not from slot past
+  int64_t own = -1;
 };
 
 // non-interleaved rotary of one head vector at position pos (x1 = x[:D/2], x2 = x[D/2:])
@@ -1474,7 +1477,8 @@ template <typename T>
 ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g) {
   const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = D / 2;
   const int64_t nq = (r1 - r0) * group, maxkeys = c.past + r1;  // the last row's keys
-  const int64_t stride = (maxkeys + 3) / 4 * 4;                  // a query's scores, padded to blocks of 4
+  // a query's scores, padded to blocks of 4 (an own slot's key, scored in a block of 4 from its index, 4 more)
+  const int64_t stride = (maxkeys + 3) / 4 * 4 + (c.own >= 0 ? 4 : 0);
   thread_local std::vector<float> buf;
   const size_t need = size_t(nq * D + nq * stride + D + nq * D);
   if (buf.size() < need) buf.resize(need + 1024);
@@ -1489,6 +1493,10 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   }
   const T* K = c.K + g * c.L * D;
   const T* V = c.V + g * c.L * D;
+  // keys [0, split) from K and V; with an own slot, the last key after them from there (bases shifted so that its
+  // index is still the last: each key's score and each value's multiply-add are the same wherever the key sits)
+  const int64_t split = c.own >= 0 ? maxkeys - 1 : maxkeys;
+  const int64_t shift = c.own >= 0 ? (c.own - split) * D : 0;
   alignas(32) float t[8];
   // scores: a block of keys (kAttnKeys, L1-sized) for every pair of queries before the next block; two queries x
   // four keys a tile
@@ -1496,28 +1504,33 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   // chains and tree per (query, key), so the same bits as pairs. Session 19, the Qwen 1.5B: a 1,024-token prefill
   // 3.01 / 2.99 -> 2.72 / 2.62 s, a 4-token call at 1,000 positions 42.6 / 42.0 -> 40.8 / 41.0 ms)
   const int64_t span = c.wide && c.a->quads && nq > 2 ? 4 : 2;
-  for (int64_t k0 = 0; k0 < maxkeys; k0 += kAttnKeys) {
-    for (int64_t x = 0; x < nq; x += span) {
-      if (span == 4) {
-        const float* qs[4];
-        float* ss[4];
-        const int n = int(std::min<int64_t>(4, nq - x));
-        for (int p = 0; p < 4; ++p) {
-          const int64_t y = x + std::min(p, n - 1);
-          qs[p] = q + y * D;
-          ss[p] = sc + y * stride;
+  auto scores = [&](const T* Kb, int64_t from, int64_t to) {
+    for (int64_t k0 = from; k0 < to; k0 += kAttnKeys) {
+      const int64_t end = std::min(to, k0 + kAttnKeys);
+      for (int64_t x = 0; x < nq; x += span) {
+        if (span == 4) {
+          const float* qs[4];
+          float* ss[4];
+          const int n = int(std::min<int64_t>(4, nq - x));
+          for (int p = 0; p < 4; ++p) {
+            const int64_t y = x + std::min(p, n - 1);
+            qs[p] = q + y * D;
+            ss[p] = sc + y * stride;
+          }
+          const int64_t kn = std::min(keys_of(x + n - 1), end);  // the last query's row is the latest
+          qk_block4_avx512(qs, n, Kb, zero, D, k0, kn, c.scale, ss, x == 0);
+          continue;
         }
-        const int64_t kn = std::min(keys_of(x + n - 1), k0 + kAttnKeys);  // the last query's row is the latest
-        qk_block4_avx512(qs, n, K, zero, D, k0, kn, c.scale, ss, x == 0);
-        continue;
+        const int64_t y = std::min(x + 1, nq - 1);
+        const float *qa = q + x * D, *qb = q + y * D;
+        const int64_t kn = std::min(keys_of(y), end);  // the pair's keys in this block (y's row is x's or later)
+        if (c.wide) qk_block_avx512(qa, qb, Kb, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x, x == 0);
+        else qk_block_avx2(qa, qb, Kb, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x, x == 0);
       }
-      const int64_t y = std::min(x + 1, nq - 1);
-      const float *qa = q + x * D, *qb = q + y * D;
-      const int64_t kn = std::min(keys_of(y), k0 + kAttnKeys);  // the pair's keys in this block (y's row is x's or later)
-      if (c.wide) qk_block_avx512(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x, x == 0);
-      else qk_block_avx2(qa, qb, K, zero, D, k0, kn, c.scale, sc + x * stride, sc + y * stride, y != x, x == 0);
     }
-  }
+  };
+  scores(K, 0, split);
+  if (split < maxkeys) scores(K + shift, split, maxkeys);
   std::vector<float> total(static_cast<size_t>(nq));
   for (int64_t x = 0; x < nq; ++x) {  // softmax weights (unnormalized) and their sum
     float* se = sc + x * stride;
@@ -1555,31 +1568,36 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   // values (kAttnKeys, L1-sized); two queries x 32 lanes a tile, each value row loaded once for both
   float* acc = sc + nq * stride + D;  // (past the zero key, whose D floats hold a key of either type)
   std::memset(acc, 0, size_t(nq * D) * sizeof(float));
-  for (int64_t k0 = 0; k0 < maxkeys; k0 += kAttnKeys) {
-    for (int64_t x = 0; x < nq; x += span) {
-      if (span == 4) {
-        const float* pw[4];
-        float* cs[4];
-        int64_t ks[4];
-        const int n = int(std::min<int64_t>(4, nq - x));
-        for (int p = 0; p < 4; ++p) {
-          const int64_t y = x + std::min(p, n - 1);
-          pw[p] = sc + y * stride;
-          cs[p] = acc + y * D;
-          ks[p] = std::min(keys_of(y), k0 + kAttnKeys);
+  auto values = [&](const T* Vb, int64_t from, int64_t to) {
+    for (int64_t k0 = from; k0 < to; k0 += kAttnKeys) {
+      const int64_t end = std::min(to, k0 + kAttnKeys);
+      for (int64_t x = 0; x < nq; x += span) {
+        if (span == 4) {
+          const float* pw[4];
+          float* cs[4];
+          int64_t ks[4];
+          const int n = int(std::min<int64_t>(4, nq - x));
+          for (int p = 0; p < 4; ++p) {
+            const int64_t y = x + std::min(p, n - 1);
+            pw[p] = sc + y * stride;
+            cs[p] = acc + y * D;
+            ks[p] = std::min(keys_of(y), end);
+          }
+          if (ks[3] > k0) weigh4_avx512(pw, Vb, D, k0, ks, cs, n, x == 0);
+          continue;
         }
-        if (ks[3] > k0) weigh4_avx512(pw, V, D, k0, ks, cs, n, x == 0);
-        continue;
+        const int64_t y = std::min(x + 1, nq - 1);
+        const int64_t ka = std::min(keys_of(x), end), kb = std::min(keys_of(y), end);
+        if (kb <= k0) continue;
+        const float *pa = sc + x * stride, *pb = sc + y * stride;
+        float *ca = acc + x * D, *cb = acc + y * D;
+        if (c.wide) weigh_avx512(pa, pb, Vb, D, k0, ka, kb, ca, cb, y != x, x == 0);
+        else weigh_avx2(pa, pb, Vb, D, k0, ka, kb, ca, cb, y != x, x == 0);
       }
-      const int64_t y = std::min(x + 1, nq - 1);
-      const int64_t ka = std::min(keys_of(x), k0 + kAttnKeys), kb = std::min(keys_of(y), k0 + kAttnKeys);
-      if (kb <= k0) continue;
-      const float *pa = sc + x * stride, *pb = sc + y * stride;
-      float *ca = acc + x * D, *cb = acc + y * D;
-      if (c.wide) weigh_avx512(pa, pb, V, D, k0, ka, kb, ca, cb, y != x, x == 0);
-      else weigh_avx2(pa, pb, V, D, k0, ka, kb, ca, cb, y != x, x == 0);
     }
-  }
+  };
+  values(V, 0, split);
+  if (split < maxkeys) values(V + shift, split, maxkeys);
   for (int64_t x = 0; x < nq; ++x) {
     float* o = c.out + ((r0 + x / group) * H + g * group + x % group) * D;
     const __m256 inv = _mm256_set1_ps(1.0f / total[size_t(x)]);
@@ -1629,28 +1647,46 @@ void* attn_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo
   return a;
 }
 
-// the rows of call c (its queries' tasks on the pool where the work pays for the hand-off)
+// calls of attend_rows: the causal rows' and each alternate's, their tasks numbered one after the other
 template <typename T>
-void attend_call(AttnCall<T> c, OrtKernelContext* ctx) {  // (a copy: the pool takes a void*)
-  const Attn* a = c.a;
-  const size_t tasks = size_t((c.n + kAttnRows - 1) / kAttnRows * a->KVH);
-  // the work (multiply-adds of scores and value sums): a small call runs on this thread, where handing tasks to the
-  // pool's threads (woken for each of a forward pass's layers) cost more than it saved
-  const double work = 2.0 * double(c.n) * double(a->H) * double(c.D) * double(c.past + c.n);
-  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
-  const double min_work = par ? std::atof(par) : kAttnParallelWork;
-  if (g_parallel && tasks > 1 && work >= min_work) {
-    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
-    if (ok(api<PF>(kKernelContextParallelFor)(ctx, attn_task<T>, tasks, 0, &c))) return;
+struct AttnCalls {
+  const AttnCall<T>* calls;
+  size_t count;
+};
+
+template <typename T>
+size_t call_tasks(const AttnCall<T>& c) { return size_t((c.n + kAttnRows - 1) / kAttnRows * c.a->KVH); }
+
+template <typename T>
+void calls_task(void* data, size_t t) {
+  const AttnCalls<T>& cs = *static_cast<const AttnCalls<T>*>(data);
+  for (size_t i = 0; i < cs.count; ++i) {
+    const size_t n = call_tasks(cs.calls[i]);
+    if (t < n) return attn_task<T>(const_cast<AttnCall<T>*>(cs.calls + i), t);
+    t -= n;
   }
-  for (size_t t = 0; t < tasks; ++t) attn_task<T>(&c, t);
 }
 
-// slots x and y of every KV group's keys and values swapped
+// the calls' tasks (on the pool where the work pays for the hand-off)
 template <typename T>
-void swap_slots(T* K, T* V, int64_t KVH, int64_t L, int64_t D, int64_t x, int64_t y) {
-  for (int64_t g = 0; g < KVH; ++g)
-    for (T* C : {K, V}) std::swap_ranges(C + (g * L + x) * D, C + (g * L + x + 1) * D, C + (g * L + y) * D);
+void attend_calls(const AttnCall<T>* calls, size_t count, OrtKernelContext* ctx) {
+  size_t tasks = 0;
+  double work = 0.0;  // multiply-adds of scores and value sums
+  for (size_t i = 0; i < count; ++i) {
+    const AttnCall<T>& c = calls[i];
+    tasks += call_tasks(c);
+    work += 2.0 * double(c.n) * double(c.a->H) * double(c.D) * double(c.past + c.n);
+  }
+  // a small call runs on this thread, where handing tasks to the pool's threads (woken for each of a forward
+  // pass's layers) cost more than it saved
+  const char* par = std::getenv("EDGESPEC_ATTN_PARALLEL");
+  const double min_work = par ? std::atof(par) : kAttnParallelWork;
+  AttnCalls<T> cs{calls, count};
+  if (g_parallel && tasks > 1 && work >= min_work) {
+    using PF = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    if (ok(api<PF>(kKernelContextParallelFor)(ctx, calls_task<T>, tasks, 0, &cs))) return;
+  }
+  for (size_t t = 0; t < tasks; ++t) calls_task<T>(&cs, t);
 }
 
 // the call once its inputs are checked: the present caches (the past ones copied in where not bound in place), the
@@ -1658,10 +1694,10 @@ void swap_slots(T* K, T* V, int64_t KVH, int64_t L, int64_t D, int64_t x, int64_
 // ``rel`` (the optional positions input, nullptr: 0..n-1): row i stands at position past + rel[i] and its keys and
 // values go to slot past + i. Rows [0, m) are the usual causal rows (rel[i] == i); a later row (an alternate, a
 // token verified beside a draft's token at the same position) attends slots [0, past + rel[i]) and its own slot:
-// its two slots are swapped, the row computed as a one-row call at past + rel[i] would be, and swapped back. So its
-// numbers are those of a one-token call at that position over the same keys (the kernels' rows do not depend on
-// the call's width or a row's place in it), and moving its slot to past + rel[i] afterwards (the runtime, when it
-// is accepted) leaves the cache as a call of the accepted tokens alone would have.
+// it is computed as a one-row call at past + rel[i] whose last key and value are read from its own slot
+// (AttnCall::own). So its numbers are those of a one-token call at that position over the same keys (the kernels'
+// rows do not depend on the call's width or a row's place in it), and moving its slot to past + rel[i] afterwards
+// (the runtime, when it is accepted) leaves the cache as a call of the accepted tokens alone would have.
 template <typename T>
 OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* in, OrtValue* O, OrtValue* PK, OrtValue* PV,
                   int64_t n, int64_t D, int64_t L, int64_t past, const int64_t* rel, int64_t m) {
@@ -1686,13 +1722,13 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   float* out = static_cast<float*>(data_of(O));
   const float scale = a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D));
   const bool wide = a->avx512 && D % 16 == 0;
-  attend_call(AttnCall<T>{a, m, D, L, past, qkv, cs, sn, K, V, out, scale, wide}, ctx);
-  for (int64_t i = m; i < n; ++i) {  // the alternates, one at a time
-    const int64_t at = past + rel[i];
-    swap_slots(K, V, a->KVH, L, D, at, past + i);
-    attend_call(AttnCall<T>{a, 1, D, L, at, qkv + i * row, cs, sn, K, V, out + i * a->H * D, scale, wide}, ctx);
-    swap_slots(K, V, a->KVH, L, D, at, past + i);
-  }
+  thread_local std::vector<AttnCall<T>> calls;
+  calls.clear();
+  calls.push_back(AttnCall<T>{a, m, D, L, past, qkv, cs, sn, K, V, out, scale, wide});
+  for (int64_t i = m; i < n; ++i)  // the alternates
+    calls.push_back(AttnCall<T>{a, 1, D, L, past + rel[i], qkv + i * row, cs, sn, K, V, out + i * a->H * D, scale, wide,
+                                past + i});
+  attend_calls(calls.data(), calls.size(), ctx);
   return nullptr;
 }
 
