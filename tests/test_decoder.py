@@ -1709,3 +1709,39 @@ def test_prompt_lookup_index_equals_the_search():
     d._ctx = shorter
     d._indexed = 10
     assert d._lookup_indexed(shorter, 3) == ([7], 1)
+
+
+def test_alternates_are_taken_where_their_expected_token_pays_for_the_wider_call():
+    """RoundPolicy.alternates: candidates valued reach(i) x second-choice probability x scale, taken
+    from the likeliest down while that value at the round's seconds a token exceeds what one more row
+    adds to the target's call (measured costs by width), at most ``room``; the calibration follows
+    what was kept; use_alternates takes booleans only."""
+    p = RoundPolicy()
+    for w, s in {1: 0.020, 2: 0.020, 3: 0.0201, 4: 0.0202, 5: 0.0203, 6: 0.0300, 7: 0.0400}.items():
+        p.measured.observe_target(w, s)
+    # a 2-token draft (top probabilities 0.9, 0.5): reach 1 and 0.9; expected yield 1 + 0.9 + 0.45
+    alts = [(0, 11, 0.9, 0.05), (1, 12, 0.5, 0.30)]
+    chosen = p.alternates(2, alts, room=8, draft_s=0.01)
+    # values 0.05 and 0.27 tokens x (0.0201 + 0.01) / 2.35 s: both above what rows 4 and 5 add (0.1 ms each)
+    assert chosen == [(1, 12), (0, 11)]
+    assert p.alternates(2, alts, room=1, draft_s=0.01) == [(1, 12)]
+    assert p.alternates(2, alts, room=0, draft_s=0.01) == []
+    # a 4-token draft: a sixth and seventh row cost ~10 ms each, more than any alternate brings
+    alts4 = [(i, 20 + i, 0.9, 0.3) for i in range(4)]
+    assert p.alternates(4, alts4, room=8, draft_s=0.01) == []
+    assert p.alternates(3, alts4[:3], room=8, draft_s=0.01) == [(0, 20)]  # the fifth row: the likeliest only
+    # kept more often than predicted: the scale rises (bounded), and falls when none is kept
+    p.alternates(2, alts, room=8, draft_s=0.01)
+    before = p.alternate_scale()
+    for _ in range(10):
+        p.alternates(2, alts, room=8, draft_s=0.01)
+        p.observe_alternates(True)
+    assert 2.0 >= p.alternate_scale() > before
+    for _ in range(200):
+        p.alternates(2, alts, room=8, draft_s=0.01)
+        p.observe_alternates(False)
+    assert p.alternate_scale() == 0.25
+    for bad in (2, 0.5, "yes", None):
+        with pytest.raises(ValueError, match="use_alternates"):
+            RoundPolicy(use_alternates=bad)
+    assert RoundPolicy(use_alternates=0).use_alternates is False

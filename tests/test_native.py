@@ -426,6 +426,145 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
     assert t.last_width == 1 and t.calls > before
 
 
+def test_exact_kernels_target_verifies_alternates_with_the_bits_of_plain_calls(tiny_xk):
+    """The rewritten target takes the rows' positions (manifest io.row_positions): a call of three
+    tokens and an alternate to the second computes the causal rows as a call without it does, and the
+    alternate as a one-token call after the first token does; once moved into place
+    (``keep_alternate``) and the rest rolled back, the cache computes what a cache fed the accepted
+    tokens computes, bitwise. A model without the input refuses alternates."""
+    from edgespec.manifest import load_manifest
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+
+    m = load_manifest(tiny_xk)
+    assert m.target.io.row_positions == "edgespec_row_positions" and m.drafter.io.row_positions is None
+    lm = OnnxLM(m.target, 64, choose(["cpu"]), min_width=1)
+    assert lm.verifies_alternates
+    prompt, (a, b, c, x, y) = list(range(20, 37)), (41, 42, 43, 57, 60)
+    lm.prefill(prompt)
+    top = lm.forward_alternates([a, b, c, x], [0, 1, 2, 1])
+    plain = OnnxLM(m.target, 64, choose(["cpu"]), min_width=1)
+    plain.prefill(prompt)
+    assert np.array_equal(top[:3], plain.forward_argmax([a, b, c]))
+    plain.rewind(2)
+    want_x = plain.forward([x])
+    assert top[3] == int(np.argmax(want_x))
+    lm.keep_alternate(3, 1)
+    lm.rewind(2)
+    assert lm.tokens == prompt + [a, x]
+    assert np.array_equal(lm.forward([y]), plain.forward([y]))
+    drafter = OnnxLM(m.drafter, 64, choose(["cpu"]), min_width=1)
+    assert not drafter.verifies_alternates
+    with pytest.raises(ValueError, match="alternates"):
+        drafter.forward_alternates([a, x], [0, 0])
+
+
+class _Planted:
+    """A model-drafter stand-in that knows the target's greedy reply: each round it drafts the next
+    k reply tokens with one made wrong (the round's index cycling), lists the right one as that
+    token's alternate (every third round a wrong alternate instead), and a wrong alternate elsewhere."""
+
+    name, has_cost, takes_hint, gives_alternates = "model", True, False, True
+
+    def __init__(self, prompt_len: int, reply: list[int], vocab: int):
+        self.start, self.reply, self.vocab, self.rounds = prompt_len, reply, vocab, 0
+
+    def begin(self, prompt):
+        self.rounds = 0
+
+    def reset(self):
+        pass
+
+    def offer(self, ctx, kmax):
+        from edgespec.drafters import Offer
+
+        return Offer("model", kmax)
+
+    def draft(self, ctx, k, sp, rng, alternates=False, **kw):
+        from edgespec.drafters import Draft
+
+        j = len(ctx) - self.start
+        right = self.reply[j: j + k]
+        bad = self.rounds % max(1, len(right))
+        other = lambda t: (t + 1) % self.vocab  # noqa: E731
+        tokens = [other(t) if i == bad else t for i, t in enumerate(right)]
+        alts = tuple((i, t if i == bad and self.rounds % 3 else other(other(t)), 0.9, 0.5)
+                     for i, t in enumerate(right))
+        self.rounds += 1
+        return Draft(tokens, None, key="model", alts=alts if alternates else ())
+
+    def accept(self, n, bonus):
+        pass
+
+
+def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny_xk, monkeypatch):
+    """Greedy decoding with a drafter whose drafts are wrong at one token and whose alternate there
+    is mostly right: the output is plain greedy decoding's token for token, the alternates kept are
+    counted, and rounds without alternates (use_alternates off) give the same output. Planted: an
+    accepted alternate left in its own slot (``keep_alternate`` a no-op) changes the output."""
+    from test_exactness import PROMPTS
+
+    eng = edgespec.load(tiny_xk)
+    vocab = eng.decoder.vocab
+    real = eng.decoder.drafters["model"]
+    for prompt in PROMPTS[:2]:
+        eng.reset()
+        ref = eng.generate(prompt, max_new_tokens=30, drafter="none").token_ids
+        ids = eng.encode(prompt, fit=True)
+        planted = _Planted(len(ids), ref + [0] * 16, vocab)
+        eng.decoder.drafters["model"] = planted
+        monkeypatch.setattr(eng.decoder.policy, "alternates", lambda k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+        try:
+            eng.reset()
+            r = eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3)
+            assert r.token_ids == ref, prompt
+            assert r.stats["alternates_kept"] > 3 and r.stats["alternates"] > r.stats["alternates_kept"]
+            with monkeypatch.context() as mp:
+                mp.setattr(type(eng.decoder.target), "keep_alternate", lambda self, row, pos: None)
+                eng.reset()
+                assert eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3).token_ids != ref
+            eng.decoder.policy.use_alternates = False
+            eng.reset()
+            r = eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3)
+            assert r.token_ids == ref and r.stats["alternates"] == 0
+        finally:
+            eng.decoder.drafters["model"] = real
+            eng.decoder.policy.use_alternates = True
+            monkeypatch.undo()
+
+
+def test_model_drafter_lists_its_second_choices_without_changing_its_draft(tiny_xk):
+    """``draft(..., alternates=True)`` (greedy): the same tokens as without; per token, the second
+    largest logit's token and probabilities in (0, 1], the second below the first; sampled drafts
+    list none. The real drafter in a greedy ``auto`` generation stays exact with alternates on."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import SamplingParams
+
+    eng = edgespec.load(tiny_xk)
+    d = eng.decoder.drafters["model"]
+    ctx = TokenBuffer(eng.encode("def fibonacci(n):", fit=True))
+    rng = np.random.default_rng(0)
+    d.reset(); d.begin(ctx.tolist())
+    plain = d.draft(ctx, 4, SamplingParams(), rng)
+    d.accept(0, 0)
+    d.reset(); d.begin(ctx.tolist())
+    listed = d.draft(ctx, 4, SamplingParams(), rng, alternates=True)
+    assert listed.tokens == plain.tokens and len(listed.alts) == len(plain.tokens) and not plain.alts
+    for (i, tok, top, q2), first in zip(listed.alts, listed.tokens):
+        assert tok != first and 0 < q2 <= top <= 1.0
+    d.accept(0, 0)
+    d.reset(); d.begin(ctx.tolist())
+    assert d.draft(ctx, 4, SamplingParams(temperature=0.8), rng, alternates=True).alts == ()
+    from test_exactness import PROMPTS
+
+    for p in PROMPTS:
+        eng.reset()
+        ref = eng.generate(p, max_new_tokens=24, drafter="none").token_ids
+        for drafter in ("model", "auto"):
+            eng.reset()
+            assert eng.generate(p, max_new_tokens=24, drafter=drafter).token_ids == ref
+
+
 @pytest.fixture(scope="module")
 def tiny_xk_ort(tiny_int4_bundle, tmp_path_factory):
     """exact-kernels --onnxruntime-attention: onnxruntime's attention, padded to two query rows."""
