@@ -480,6 +480,8 @@ def info(bundle, verify, as_json):
                        f"{here}{pad})")
             if spec.io.logits_skip:
                 click.echo(f"    a prefill computes its last position's logits only (input {spec.io.logits_skip!r})")
+            if spec.io.row_positions:
+                click.echo(f"    a call can verify alternates beside a draft's tokens (input {spec.io.row_positions!r})")
             if spec.kernels_check:
                 c = spec.kernels_check
                 click.echo(f"    rewrite checked against the source graph: top-1 agreement {c['top1_agreement']:.3f} over "
