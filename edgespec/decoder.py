@@ -294,7 +294,7 @@ class Decoder:
                     target.keep_alternate(kept_alt, n + 1)  # then leaves one row more: the alternate's)
                     extra = [int(top[kept_alt])]  # the target's token after the alternate
                 target.rewind(len(alts) - (kept_alt is not None))
-                policy.observe_alternates(kept_alt is not None)
+                policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                 st.alternates += len(alts)
                 st.alternates_kept += kept_alt is not None
             elif sp.greedy:  # the target's top tokens (on a GPU: computed there, the logits never copied)
@@ -307,7 +307,8 @@ class Decoder:
                 n, nxt = rejection_sample(draft.tokens, draft.probs, logits[:, : self.vocab], sp, rng)
             k = len(draft.tokens)
             target.rewind(k - n)
-            policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup)
+            policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup,
+                           alternates=len(alts))
             if choice.drafter is not None:
                 choice.drafter.accept(n, nxt)
             _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)

@@ -28,6 +28,7 @@ from .width import padded_width
 ALT_PRIOR = 4.0
 ALT_DECAY = 0.98
 ALT_SCALE = (0.25, 2.0)
+ALT_PREMIUM_EMA = 0.2  # RoundPolicy.alt_premium's weight of a new sample
 
 
 @dataclass
@@ -330,6 +331,10 @@ class RoundPolicy:
         self.use_alternates = bool(use_alternates)  # greedy rounds verify alternates where they pay
         self._alt_calib = [ALT_PRIOR, ALT_PRIOR]
         self._alt_pending = 0.0  # the expected kept alternates of the set alternates() chose last
+        # seconds an alternate adds to a call beyond what a causal row of that width adds (its attention is a
+        # pass of its own over the keys: ~0.8 ms a call at 300 positions on the Qwen 1.5B, growing with the
+        # context), an average over this process's calls with alternates (None: none measured yet, 0 assumed)
+        self.alt_premium: float | None = None
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False, width_multiple: int = 1, sampled: bool = False) -> list[Drafter]:
@@ -586,18 +591,25 @@ class RoundPolicy:
             chain += reach
         costs = self.cost.costs(k + 1 + min(room, len(cands)))
         per_token = (costs[k + 1] + draft_s) / chain
+        premium = self.alt_premium or 0.0
         chosen: list[tuple[int, int]] = []
         w = k + 1
         for value, i, tok in sorted(cands, reverse=True):
-            if len(chosen) >= room or value * per_token <= max(0.0, costs[w + 1] - costs[w]):
+            if len(chosen) >= room or value * per_token <= max(0.0, costs[w + 1] - costs[w]) + premium:
                 break
             chosen.append((i, tok))
             w += 1
         self._alt_pending = sum(v for v, i, t in cands if (i, t) in chosen) / scale
         return chosen
 
-    def observe_alternates(self, kept: bool) -> None:
-        """The alternates ``alternates`` chose were verified: one was kept or none."""
+    def observe_alternates(self, kept: bool, count: int = 0, width: int = 0, seconds: float = 0.0) -> None:
+        """The alternates ``alternates`` chose were verified: one was kept or none; ``count`` of them
+        in a call of ``width`` rows that took ``seconds`` (what it took beyond a call of causal rows of
+        that width, per alternate, is ``alt_premium``'s sample)."""
+        if self._timed and count > 0 and width > 0:
+            extra = max(0.0, seconds - self.cost.target_cost(width)) / count
+            old = self.alt_premium
+            self.alt_premium = extra if old is None else (1 - ALT_PREMIUM_EMA) * old + ALT_PREMIUM_EMA * extra
         expected = self._alt_pending
         self._alt_pending = 0.0
         if expected <= 0.0:
@@ -609,15 +621,17 @@ class RoundPolicy:
             self._produced += 1
 
     def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
-                width: int, seconds: float, catchup: tuple[int, float] | None = None) -> None:
+                width: int, seconds: float, catchup: tuple[int, float] | None = None, alternates: int = 0) -> None:
         """A round ran: the chosen drafter drafted ``tokens`` (a step took ``step_s``, after reading
         ``catchup`` = (tokens, seconds) of context first), the target kept ``n_accepted`` of them in
-        a call of ``width`` tokens that took ``seconds``."""
+        a call of ``width`` tokens that took ``seconds`` (``alternates`` of them alternates: such a call
+        teaches ``alt_premium``, see observe_alternates, not the costs by width)."""
         self._produced += n_accepted + 1
         if tokens and choice.drafter is not None and not choice.drafter.has_cost:
             self._free_kept += n_accepted
         if self._timed:
-            self.cost.observe_target(width, seconds)
+            if not alternates:
+                self.cost.observe_target(width, seconds)
             if catchup is not None and choice.drafter is not None:
                 name = choice.drafter.name
                 if self.catchup_trust(name) < 1.0:  # the first read after the measured cost went stale: it

@@ -1745,3 +1745,22 @@ def test_alternates_are_taken_where_their_expected_token_pays_for_the_wider_call
         with pytest.raises(ValueError, match="use_alternates"):
             RoundPolicy(use_alternates=bad)
     assert RoundPolicy(use_alternates=0).use_alternates is False
+
+
+def test_calls_with_alternates_teach_their_premium_not_the_costs_by_width():
+    """A call with alternates is not a causal call of its width: it leaves the costs by width alone
+    and teaches ``alt_premium`` (seconds an alternate adds beyond a causal row), which then prices
+    alternates out where they cost more than they bring (a long context's attention)."""
+    p = RoundPolicy()
+    for w, s in {1: 0.020, 2: 0.020, 3: 0.0201, 4: 0.0202, 5: 0.0203}.items():
+        p.measured.observe_target(w, s)
+    alts = [(0, 11, 0.9, 0.05), (1, 12, 0.5, 0.30)]
+    assert p.alternates(2, alts, room=8, draft_s=0.01) == [(1, 12), (0, 11)]
+    before = dict(p.measured.target)
+    for _ in range(20):  # calls of 2 draft tokens and 2 alternates (5 rows) took 8 ms more than 5 causal rows
+        p.observe(NO_DRAFT, [], 0, None, 5, 0.0283, alternates=2)
+        p.observe_alternates(False, 2, 5, 0.0283)
+    assert p.measured.target == before
+    assert p.alt_premium == pytest.approx(0.004, rel=0.05)
+    # 4 ms an alternate: more than 0.27 tokens x ~13 ms bring
+    assert p.alternates(2, alts, room=8, draft_s=0.01) == []
