@@ -286,7 +286,7 @@ class RoundPolicy:
     generations (they describe the device and the models, not one prompt)."""
 
     def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0,
-                 share_prior: float = 1.0, use_alternates: bool = True):
+                 share_prior: float = 1.0, use_alternates: bool = False):
         self.measured = CostModel()  # what this device's calls took, across generations
         # acceptance estimates, across generations: greedy ones and sampled ones apart (a point-mass
         # draft token is accepted with the target's probability of it when sampling, only where it is
@@ -328,7 +328,9 @@ class RoundPolicy:
         # probabilities, decayed sums (kept, expected) from a prior of ALT_PRIOR positions at 1
         if use_alternates not in (True, False) or isinstance(use_alternates, float):  # (0 and 1 too)
             raise ValueError(f"use_alternates must be True or False, got {use_alternates!r}")
-        self.use_alternates = bool(use_alternates)  # greedy rounds verify alternates where they pay
+        # greedy rounds verify alternates where they pay; off by default: on this CPU they measured within the
+        # noise on short prompts and a few percent behind on 2-4k-token ones (README, "Alternates")
+        self.use_alternates = bool(use_alternates)
         self._alt_calib = [ALT_PRIOR, ALT_PRIOR]
         self._alt_pending = 0.0  # the expected kept alternates of the set alternates() chose last
         # seconds an alternate adds to a call beyond what a causal row of that width adds (its attention is a

@@ -514,6 +514,7 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
         planted = _Planted(len(ids), ref + [0] * 16, vocab)
         eng.decoder.drafters["model"] = planted
         monkeypatch.setattr(eng.decoder.policy, "alternates", lambda k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+        eng.decoder.policy.use_alternates = True  # (off by default)
         try:
             eng.reset()
             r = eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3)
@@ -529,7 +530,6 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
             assert r.token_ids == ref and r.stats["alternates"] == 0
         finally:
             eng.decoder.drafters["model"] = real
-            eng.decoder.policy.use_alternates = True
             monkeypatch.undo()
 
 
@@ -557,6 +557,8 @@ def test_model_drafter_lists_its_second_choices_without_changing_its_draft(tiny_
     assert d.draft(ctx, 4, SamplingParams(temperature=0.8), rng, alternates=True).alts == ()
     from test_exactness import PROMPTS
 
+    assert not eng.decoder.policy.use_alternates  # off by default; on here
+    eng.decoder.policy.use_alternates = True
     for p in PROMPTS:
         eng.reset()
         ref = eng.generate(p, max_new_tokens=24, drafter="none").token_ids
