@@ -432,7 +432,8 @@ class ModelDrafter:
         for i in range(k):
             row = logits[: self.target_vocab] if head is None else logits
             if sp.greedy:
-                tok = int(np.argmax(row)) if head is None else int(head[np.argmax(row)])
+                best = int(np.argmax(row))
+                tok = best if head is None else int(head[best])
             else:
                 q = distribution(row, sp)
                 if head is not None:  # over the kept token ids, zero elsewhere
@@ -444,7 +445,8 @@ class ModelDrafter:
             if stop is not None or alternates:
                 confs.append(_top_prob(row))
             if alternates:
-                alts.append((i,) + _second(row, head, confs[-1]) + (min(1.0, lam * confs[-1]),))
+                second, q2 = _second(row, best, confs[-1])
+                alts.append((i, second if head is None else int(head[second]), min(1.0, lam * confs[-1]), q2))
             if fed > i and hint[i] != tok:  # the hint is wrong from here: roll it back
                 lm.rewind(fed - i)
                 fed = i
@@ -477,7 +479,7 @@ class ModelDrafter:
         self._judge = (sp.greedy, confs) if stop is not None and self.history else None
         return Draft(tokens, dists or None, key=self.name,
                      step_s=step_time / steps if steps else None, catchup=catchup,
-                     alts=tuple((i, t, c, q2) for i, t, q2, c in alts))
+                     alts=tuple(alts))
 
     def _fit_hint(self, hint: list[int], rows: int) -> list[int]:
         """``hint`` as far as it goes in one call after ``rows`` other tokens: at most HINT_MAX_ROWS
@@ -498,10 +500,9 @@ class ModelDrafter:
             self._judge = None
 
 
-def _second(row: np.ndarray, head: np.ndarray | None, top: float) -> tuple[int, float]:
-    """The row's second-largest logit's token (through ``head``, a cut head's token ids) and its
-    softmax probability, given the largest one's ``top``. The row is left as it was."""
-    j = int(np.argmax(row))
+def _second(row: np.ndarray, j: int, top: float) -> tuple[int, float]:
+    """The index of the row's second-largest logit, given the largest one's index ``j`` and softmax
+    probability ``top``, and its own softmax probability. The row is left as it was."""
     best = row[j]
     if not row.flags.writeable:
         row = row.copy()
@@ -510,8 +511,7 @@ def _second(row: np.ndarray, head: np.ndarray | None, top: float) -> tuple[int, 
         j2 = int(np.argmax(row))
     finally:
         row[j] = best
-    q2 = top * float(np.exp(np.float32(row[j2]) - np.float32(best)))
-    return (j2 if head is None else int(head[j2])), q2
+    return j2, top * float(np.exp(np.float32(row[j2]) - np.float32(best)))
 
 
 def _top_prob(logits: np.ndarray) -> float:

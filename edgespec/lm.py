@@ -104,7 +104,9 @@ class CausalLM:
         n = len(ids)
         if not self.verifies_alternates:
             raise ValueError(f"{self.spec.role}: this model does not verify alternates")
-        if len(positions) != n or self.min_width != 1 or self.width_multiple != 1:
+        if self.min_width != 1 or self.width_multiple != 1:
+            raise ValueError(f"{self.spec.role}: alternates need one-token calls (the width policy pads this model's)")
+        if len(positions) != n:
             raise ValueError(f"{self.spec.role}: {len(positions)} positions for {n} tokens")
         return self._call(ids, True, positions=positions)
 

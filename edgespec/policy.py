@@ -595,13 +595,14 @@ class RoundPolicy:
         per_token = (costs[k + 1] + draft_s) / chain
         premium = self.alt_premium or 0.0
         chosen: list[tuple[int, int]] = []
-        w = k + 1
+        expected, w = 0.0, k + 1
         for value, i, tok in sorted(cands, reverse=True):
             if len(chosen) >= room or value * per_token <= max(0.0, costs[w + 1] - costs[w]) + premium:
                 break
             chosen.append((i, tok))
+            expected += value
             w += 1
-        self._alt_pending = sum(v for v, i, t in cands if (i, t) in chosen) / scale
+        self._alt_pending = expected / scale
         return chosen
 
     def observe_alternates(self, kept: bool, count: int = 0, width: int = 0, seconds: float = 0.0) -> None:

@@ -453,6 +453,8 @@ def test_exact_kernels_target_verifies_alternates_with_the_bits_of_plain_calls(t
     lm.rewind(2)
     assert lm.tokens == prompt + [a, x]
     assert np.array_equal(lm.forward([y]), plain.forward([y]))
+    with pytest.raises(ValueError, match="2 positions for 1 tokens"):
+        lm.forward_alternates([a], [0, 1])
     drafter = OnnxLM(m.drafter, 64, choose(["cpu"]), min_width=1)
     assert not drafter.verifies_alternates
     with pytest.raises(ValueError, match="alternates"):
