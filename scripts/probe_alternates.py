@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.max_new_tokens < 1:
+        ap.error("--max-new-tokens must be >= 1")
     import edgespec
     from edgespec.bench import DEFAULT_PROMPTS, read_prompts
     from edgespec.errors import EdgespecError
@@ -49,10 +51,14 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     dl, head = model.lm, model.head_ids
-    out = []
+    room = min(eng.max_context, dl.max_context) - args.max_new_tokens  # prompt and reply in both models
+    out, skipped = [], 0
     for q in prompts:
         msgs = [{"role": "user", "content": q["turns"][0]}]
-        ids = eng.encode(msgs, fit=True)
+        ids = eng.tokenizer.encode_chat(msgs)
+        if len(ids) > room:
+            skipped += 1
+            continue
         reply = eng.generate(msgs, max_new_tokens=args.max_new_tokens, drafter="none").token_ids
         dl.reset()
         seq = list(ids) + list(reply)
@@ -63,6 +69,12 @@ def main(argv=None) -> int:
             j = t if col is None else col.get(int(t))
             ranks.append(99 if j is None or j >= row.shape[0] else int((row > row[j]).sum()))
         out.append({"question_id": q["question_id"], "category": q["category"], "ranks": ranks})
+    if skipped:
+        print(f"({skipped} prompts longer than the context allows were left out)")
+    if not out:
+        print(f"error: no prompt fits the context ({room + args.max_new_tokens} tokens) with "
+              f"{args.max_new_tokens} new tokens", file=sys.stderr)
+        return 2
     by = defaultdict(list)
     for r in out:
         by[r["category"]] += r["ranks"]

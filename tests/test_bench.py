@@ -495,3 +495,32 @@ def test_bench_traffic_runs_the_workload_and_reports_exact_outputs_and_memory(sm
     assert capsys.readouterr().err.startswith("error: ")
     with pytest.raises(SystemExit):
         bench_traffic.main([str(smol_int4), "--max-new-tokens", "0"])
+
+
+def test_probe_alternates_counts_the_drafters_ranks_of_the_targets_tokens(tiny_bundle, tmp_path, capsys):
+    """scripts/probe_alternates.py (session 26) prints, per category, the share of the target's greedy
+    tokens at the drafter's first and second choice, and writes every rank with --out; a bad --prompts,
+    a missing prompt file or bundle is a one-line error (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_alternates
+    from edgespec.bench import DEFAULT_PROMPTS
+
+    out = tmp_path / "ranks.json"
+    assert probe_alternates.main([str(tiny_bundle), "--prompts", f"{DEFAULT_PROMPTS}:1", "--max-new-tokens", "6",
+                                  "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| rank 1 where rank 0 failed |" in text and "| all |" in text
+    ranks = json.loads(out.read_text())
+    assert ranks and all(len(r["ranks"]) == 6 and all(x >= 0 for x in r["ranks"]) for r in ranks)
+    for bad in (["--prompts", "nofile"], ["--prompts", f"{DEFAULT_PROMPTS}:0"], ["--prompts", f"{tmp_path}/x.jsonl:2"],
+                ["--max-new-tokens", "100000"]):
+        assert probe_alternates.main([str(tiny_bundle), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, bad
+    assert probe_alternates.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    with pytest.raises(SystemExit):
+        probe_alternates.main([str(tiny_bundle), "--max-new-tokens", "0"])
