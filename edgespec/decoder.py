@@ -22,6 +22,7 @@ from .lm import CausalLM
 from .policy import RoundPolicy
 from .sampling import SamplingParams, distribution
 from .verify import greedy_accept_choice, rejection_sample
+from .width import padded_width
 
 
 _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "seed": Integral,
@@ -257,10 +258,16 @@ class Decoder:
         st.total_s = clock() - t_start
         yield Step([first], reason)
         run0 = target.run_seconds
+        # the widest verify call the width probe checked (a GPU): k drafts make a call of k + 1,
+        # padded under the width policy
+        vcap = target.max_context
+        if target.verified_width is not None:
+            vcap = max(w for w in range(1, target.verified_width + 1)
+                       if padded_width(w, target.min_width, target.width_multiple) <= target.verified_width) - 1
         while reason is None:
             remaining = cfg.max_new_tokens - st.new_tokens
             # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window
-            kcap = min(remaining - 1, target.max_context - len(ctx))
+            kcap = min(remaining - 1, target.max_context - len(ctx), vcap)
             t0 = clock()
             choice = policy.choose(ctx, kcap, cfg.draft_tokens, cfg.max_draft_tokens)
             if choice.drafter is None:

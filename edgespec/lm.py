@@ -36,6 +36,10 @@ class CausalLM:
     # seconds a call of each width took when the exactness width was measured (width.measure_width);
     # None where it was not: the round policy then starts from its priors
     width_seconds: dict | None = None
+    # the widest call the width probe found computing its rows as the narrower ones do (on a GPU,
+    # whose kernels may change with the number of rows anywhere): the decoder verifies no more
+    # tokens a call; None: no bound (the CPU)
+    verified_width: int | None = None
     _returned_view: bool = False
 
     def _init_counters(self) -> None:

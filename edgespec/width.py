@@ -11,6 +11,13 @@ from .providers import log
 
 # call widths the probe compares: one token, and verify calls up to 8 draft tokens
 PROBE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 9)
+# ... on a GPU provider, every width up to 16 (edgespec/graphs.py captures each of them): its calls
+# take a few ms, and its kernels may change with the number of rows anywhere (cuBLAS chooses its
+# algorithm by shape; onnxruntime's MatMulNBits takes another kernel past a few rows), so the probe
+# checks each width the decoder may call and the decoder calls no wider (``CausalLM.verified_width``)
+GPU_PROBE_WIDTHS = tuple(range(1, 17))
+# the widest verify call a GPU policy must allow (a draft of 8 tokens, as the probe always allowed)
+GPU_MIN_VERIFIED = 9
 
 
 def padded_width(n: int, min_width: int = 1, multiple: int = 1) -> int:
@@ -32,7 +39,7 @@ def _candidates(widths: Sequence[int]) -> list[tuple[int, int]]:
                                         c))
 
 
-def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) -> tuple[int, int]:
+def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> tuple[int, int]:
     """The width policy, ``(min_width, multiple)``, measured on ``lm`` (a ``CausalLM``): after the
     same ``prefix`` tokens, calls of each width in ``widths`` compute the positions they share; the
     result is the cheapest policy under which every pair of calls it allows (widths of at least
@@ -40,7 +47,20 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
     tokens made twice must also agree with itself, or no policy can help (warned). ``lm`` is left
     as it was found: empty cache, no calls counted. What each call took is kept as
     ``lm.width_seconds`` (width -> seconds; the repeated 2-token call keeps the faster of its two):
-    the round policy starts from these instead of a guessed verify-width slope."""
+    the round policy starts from these instead of a guessed verify-width slope.
+
+    ``widths`` defaults to ``PROBE_WIDTHS`` on the CPU and ``GPU_PROBE_WIDTHS`` elsewhere. On a GPU
+    the policy also bounds the widest call: ``lm.verified_width`` is the widest probed width up to
+    which the allowed calls agree (at least ``GPU_MIN_VERIFIED``, else a wider ``min_width`` is
+    taken), and the decoder verifies no more tokens a call than that. On the CPU it stays None, no
+    bound: there the probe keeps to 1-9 tokens (a probe to 31 would cost seconds at load), and wider
+    calls are trusted to compute as those do; edgespec's own kernels (``exact-kernels``) do at every
+    width by construction (``tests/test_native.py``)."""
+    gpu = lm.device != "cpu"
+    lm.verified_width = None
+    if widths is None:  # (on a GPU, the widths the window leaves room for)
+        widths = tuple(w for w in GPU_PROBE_WIDTHS if prefix + w <= lm.max_context) if gpu else PROBE_WIDTHS
+        widths = widths if len(widths) >= 2 else PROBE_WIDTHS
     need = prefix + max(widths)
     if lm.max_context < need:
         return width_policy(lm.device)  # too small to probe: the rule measured on the CPU
@@ -98,9 +118,20 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] = PROBE_WIDTHS) ->
     ws = sorted(widths)
     for min_width, multiple in _candidates(ws):
         group = [w for w in ws if w >= min_width and w % multiple == 0]
-        if len(group) >= 2 and all(np.array_equal(rows[a], rows[b][:a])
-                                   for i, a in enumerate(group) for b in group[i + 1:]):
-            return min_width, multiple
+        # the widest call up to which every allowed call agrees (bitwise equality is transitive: each
+        # call against the widest of the group); on the CPU the whole group must agree
+        tops = sorted((w for w in group if w >= min(GPU_MIN_VERIFIED, ws[-1])), reverse=True) if gpu else group[-1:]
+        for top in tops:
+            upto = [w for w in group if w <= top]
+            if len(upto) >= 2 and all(np.array_equal(rows[a], rows[top][:a]) for a in upto[:-1]):
+                if gpu:
+                    lm.verified_width = top
+                    if top < ws[-1]:
+                        log.info(f"{lm.spec.role}: calls of more than {top} tokens compute their rows otherwise "
+                                 f"on {lm.device}; verify calls carry at most {top}")
+                return min_width, multiple
+    if gpu:
+        lm.verified_width = ws[-1]
     return ws[-1], 1
 
 

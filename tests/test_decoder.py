@@ -88,6 +88,33 @@ def test_a_kernel_computing_rows_in_pairs_needs_even_widths():
     assert drift >= 4  # the fake kernel's odd rows do matter: the wrong policy is caught
 
 
+def test_the_decoder_verifies_no_wider_than_the_probe_checked():
+    """A target whose calls of more than 5 tokens compute every row otherwise (a GPU kernel that
+    changes with the rows): bounded at the width the probe verified, speculative output equals
+    autoregressive output with long drafts asked for; unbounded, long prompt-lookup drafts drift."""
+    drift, widest = 0, 0
+    for seed in range(20):
+        prompt = (np.random.default_rng(seed).integers(0, 8, size=12).tolist()) * 3  # long lookups
+        for verified in (5, None):
+            def dec():
+                d = make(seed=seed)
+                d.target.wide_above, d.target.verified_width = 5, verified
+                return d
+            ref, _ = run(dec(), prompt, max_new_tokens=40, drafter="none")
+            d = dec()
+            widths = []
+            orig = d.target._run
+            d.target._run = lambda ids, past, **kw: widths.append(len(ids)) or orig(ids, past, **kw)
+            got, _ = run(d, prompt, max_new_tokens=40, drafter="prompt-lookup", max_draft_tokens=12)
+            if verified:
+                assert got == ref, seed
+                assert max(widths[1:]) <= 5  # (the prompt's prefill excepted)
+            else:
+                drift += got != ref
+                widest = max(widest, max(widths[1:]))
+    assert drift >= 3 and widest > 5  # the planted kernel matters where nothing bounds the calls
+
+
 def test_eos_and_max_tokens_inside_a_draft():
     # the target repeats a cycle; prompt lookup drafts long spans that run past eos and max tokens
     hits = {"eos": 0, "length": 0}

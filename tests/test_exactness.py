@@ -61,11 +61,12 @@ class _FakeKernel:
     """Stands in for an OnnxLM in the width probe: row ``i`` of a call of width ``w`` is computed on
     ``path(w, i)``; ``noisy`` makes a repeated call differ (non-reproducible arithmetic)."""
 
-    def __init__(self, path, noisy=False):
+    def __init__(self, path, noisy=False, device="cuda"):
         self.path, self.noisy, self.tokens, self.runs = path, noisy, [], 0
         self.max_context, self.min_width, self.width_multiple = 256, 1, 1
         self.spec = type("S", (), {"vocab_size": 1000, "role": "target"})()
-        self.device = "cuda"
+        self.device = device
+        self.verified_width = None
         self.calls = self.run_seconds = 0
 
     @property
@@ -99,9 +100,29 @@ class _FakeKernel:
     (lambda w, i: float(w), (9, 1)),  # every width its own: only the widest probed call agrees with itself
 ])
 def test_width_probe_picks_the_cheapest_policy_all_allowed_calls_agree_under(path, want):
-    k = _FakeKernel(path)
+    k = _FakeKernel(path, device="cpu")
     assert measure_width(k) == want
     assert k.tokens == [] and k.calls == 0 and (k.min_width, k.width_multiple) == (1, 1)  # left as it was found
+    assert k.verified_width is None  # the CPU: no bound on the calls' width
+
+
+@pytest.mark.parametrize("path, want, verified", [
+    (lambda w, i: 0.0, (1, 1), 16),
+    # a kernel that changes past 11 rows (cuBLAS picking another algorithm): the probe of widths 1-9
+    # allowed every width; now calls stop at 11 tokens
+    (lambda w, i: 0.0 if w <= 11 else 0.5, (1, 1), 11),
+    (lambda w, i: (0.5 if w == 1 else 0.0) + (0.25 if w > 12 else 0.0), (2, 1), 12),
+    # a small-M path up to 4 rows: a bound of 4 would leave 3 draft tokens; 5 tokens a call is taken
+    (lambda w, i: 0.0 if w <= 4 else 0.5, (5, 1), 16),
+    (lambda w, i: float(w), (16, 1), 16),
+])
+def test_width_probe_on_a_gpu_checks_every_width_it_allows(path, want, verified):
+    """On a GPU provider the probe compares every width of 1-16 tokens and bounds the widest call by
+    where the rows stop agreeing (at least 9 tokens a call allowed)."""
+    k = _FakeKernel(path)
+    assert measure_width(k) == want and k.verified_width == verified
+    from edgespec.width import GPU_PROBE_WIDTHS
+    assert k.runs > len(GPU_PROBE_WIDTHS)  # every width was called
 
 
 @pytest.mark.parametrize("n, policy, want", [(1, (1, 1), 1), (1, (2, 1), 2), (3, (2, 1), 3), (1, (2, 2), 2),

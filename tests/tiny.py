@@ -89,7 +89,7 @@ class FakeLM(CausalLM):
     def __init__(self, vocab: int = 6, max_context: int = 512, seed: int = 0, order: int = 2, sharpness: float = 2.0,
                  table: np.ndarray | None = None, delay: tuple[float, float] = (0.0, 0.0), clock=None,
                  min_width: int = 1, width_multiple: int = 1, odd_row_noise: float = 0.0,
-                 reuse_buffer: bool = False):
+                 reuse_buffer: bool = False, wide_above: int | None = None):
         self.spec = FakeSpec(vocab, max_context)
         self.max_context = max_context
         self.cache = TokenCache(max_context)
@@ -97,6 +97,9 @@ class FakeLM(CausalLM):
         # a kernel that computes rows in pairs and the odd last row of a call on another path (as
         # MatMulNBits at block 128 on AVX-512): that row's logits move by this much noise
         self.odd_row_noise = odd_row_noise
+        # a kernel that takes another path for calls of more than this many tokens (a GPU GEMM whose
+        # algorithm changes with the rows): every row of such a call moves by noise
+        self.wide_above = wide_above
         self.vocab = vocab
         self.order = order
         rng = np.random.default_rng(seed)
@@ -121,6 +124,9 @@ class FakeLM(CausalLM):
         if self.odd_row_noise and len(ids) % 2:
             key = sum(int(t) * 31 ** j for j, t in enumerate(context[-3:]))
             rows[-1] += np.random.default_rng(key).normal(0, self.odd_row_noise, self.vocab).astype(np.float32)
+        if self.wide_above is not None and len(ids) > self.wide_above:
+            key = sum(int(t) * 31 ** j for j, t in enumerate(context[-3:]))
+            rows += np.random.default_rng(key).normal(0, 3.0, rows.shape).astype(np.float32)
         self._returned_view = self._buf is not None and len(ids) <= self._buf.shape[0]
         if self._returned_view:
             self._buf[: len(ids)] = rows
