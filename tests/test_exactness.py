@@ -61,10 +61,11 @@ class _FakeKernel:
     """Stands in for an OnnxLM in the width probe: row ``i`` of a call of width ``w`` is computed on
     ``path(w, i)``; ``noisy`` makes a repeated call differ (non-reproducible arithmetic)."""
 
-    def __init__(self, path, noisy=False, device="cuda"):
+    def __init__(self, path, noisy=False, device="cuda", kernels="edgespec-q4", at=None):
         self.path, self.noisy, self.tokens, self.runs = path, noisy, [], 0
+        self.at = at  # at(w, i, position): a further path that depends on where the row stands
         self.max_context, self.min_width, self.width_multiple = 256, 1, 1
-        self.spec = type("S", (), {"vocab_size": 1000, "role": "target"})()
+        self.spec = type("S", (), {"vocab_size": 1000, "role": "target", "kernels": kernels})()
         self.device = device
         self.verified_width = None
         self.calls = self.run_seconds = 0
@@ -87,7 +88,9 @@ class _FakeKernel:
         self.calls += 1
         self.run_seconds += 0.01
         noise = self.runs * 1e-3 if self.noisy else 0.0
-        return np.array([[past + i + self.path(len(ids), i) + noise] * 4 for i in range(len(ids))])
+        at = self.at or (lambda w, i, p: 0.0)
+        return np.array([[past + i + self.path(len(ids), i) + at(len(ids), i, past + i) + noise] * 4
+                         for i in range(len(ids))])
 
 
 @pytest.mark.parametrize("path, want", [
@@ -104,6 +107,24 @@ def test_width_probe_picks_the_cheapest_policy_all_allowed_calls_agree_under(pat
     assert measure_width(k) == want
     assert k.tokens == [] and k.calls == 0 and (k.min_width, k.width_multiple) == (1, 1)  # left as it was found
     assert k.verified_width is None  # the CPU: no bound on the calls' width
+
+
+def test_onnxruntime_cpu_kernels_never_get_one_token_calls():
+    """On the CPU EP a probe that finds every width agreeing gives "at least 2 tokens" unless the
+    graph runs edgespec's own kernels: onnxruntime's one-row paths can differ on some data only
+    (the cuda-layout SmolLM2 on the CPU EP, session 27); other policies stand as found."""
+    assert measure_width(_FakeKernel(lambda w, i: 0.0, device="cpu", kernels="onnxruntime")) == (2, 1)
+    assert measure_width(_FakeKernel(lambda w, i: 0.0, device="cpu", kernels="edgespec-q4")) == (1, 1)
+    pairs = lambda w, i: 0.5 if (w % 2 and i == w - 1) else 0.0  # noqa: E731
+    assert measure_width(_FakeKernel(pairs, device="cpu", kernels="onnxruntime")) == (2, 2)
+
+
+def test_gpu_probe_compares_one_token_steps_at_every_position():
+    """One-token calls one after another (autoregressive decoding) against the wide calls' rows: a
+    one-row path that differs at one later position only (data-dependent) is caught on a GPU."""
+    k = _FakeKernel(lambda w, i: 0.0, at=lambda w, i, p: 0.5 if (w == 1 and p == 16 + 3) else 0.0)
+    assert measure_width(k) == (2, 1) and k.verified_width == 16
+    assert measure_width(_FakeKernel(lambda w, i: 0.0)) == (1, 1)
 
 
 @pytest.mark.parametrize("path, want, verified", [
