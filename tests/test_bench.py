@@ -524,3 +524,37 @@ def test_probe_alternates_counts_the_drafters_ranks_of_the_targets_tokens(tiny_b
     assert capsys.readouterr().err.startswith("error:")
     with pytest.raises(SystemExit):
         probe_alternates.main([str(tiny_bundle), "--max-new-tokens", "0"])
+
+
+def test_check_exact_compares_every_drafter_with_greedy_decoding(tiny_int4_bundle, smol_int4, tmp_path, capsys):
+    """scripts/check_exact.py (session 27) decodes each prompt with --drafter none and with each
+    drafter and bound, and exits 0 when every output is greedy's; a planted width policy that lets
+    one-token calls through on a kernel whose one-token path differs is reported (exit 1); bad
+    arguments and bundles are one-line errors (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import check_exact
+    from edgespec.bench import DEFAULT_PROMPTS
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(DEFAULT_PROMPTS.read_text().splitlines()[:3]) + "\n")
+    args = [str(tiny_int4_bundle), "--prompts", str(prompts), "--max-new-tokens", "24", "--max-draft", "4,12"]
+    assert check_exact.main(args) == 0
+    out = capsys.readouterr().out
+    assert "width policy: at least 2" in out and "12 of 12 outputs equal to greedy decoding" in out
+    # SmolLM2 INT4's one-token path differs on the CPU EP by up to ~0.7 in the logits (README, Exactness):
+    # forced one-token calls drift in these runs, and the script says where
+    rc = check_exact.main([str(smol_int4), "--prompts", str(prompts), "--max-new-tokens", "48", "--max-draft", "4,12",
+                           "--min-width", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "differs from greedy at token" in out
+    for bad in (["--max-draft", "x"], ["--max-draft", "0"], ["--drafters", "nope"], ["--prompts", str(tmp_path / "no")]):
+        assert check_exact.main(args + bad) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, bad
+    assert check_exact.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    with pytest.raises(SystemExit):
+        check_exact.main([str(tiny_int4_bundle), "--max-new-tokens", "0"])
