@@ -252,6 +252,33 @@ def test_smollm2_cuda_layout(smol_cuda, smol_int4, tmp_path):
         assert abs(q.top1_agreement - cpu.target.quality.top1_agreement) < 0.03
 
 
+def test_smollm2_cuda_layout_on_the_cpu_ep_is_exact_on_real_text(smol_cuda):
+    """Session 27's drift: the cuda-layout SmolLM2 on the CPU EP passed the width probe at every width,
+    one-token calls included, yet on real text a one-token call computes its row otherwise at ~1 in 3
+    positions, and prompt lookup and auto parted from greedy decoding. onnxruntime's CPU kernels now
+    get at least two tokens a call: exact on the shipped prompts where it drifted; the probe's old
+    verdict (one-token calls, planted) drifts on them."""
+    from edgespec.bench import read_prompts
+
+    prompts = {q["question_id"]: q["turns"][0] for q in read_prompts()}
+
+    def drifts(eng):
+        out = 0
+        for qid in ("code-1", "qa-1"):
+            ids = [{"role": "user", "content": prompts[qid]}]  # (the chat template's ids)
+            eng.reset()
+            ar = eng.generate(ids, max_new_tokens=40, drafter="none").token_ids
+            for d in ("prompt-lookup", "auto"):
+                eng.reset()
+                out += eng.generate(ids, max_new_tokens=40, drafter=d, max_draft_tokens=8).token_ids != ar
+        return out
+
+    eng = edgespec.load(smol_cuda, max_context=512, memory=False)
+    assert (eng.decoder.target.min_width, eng.decoder.target.verified_width) == (2, None)
+    assert drifts(eng) == 0
+    assert drifts(edgespec.load(smol_cuda, max_context=512, memory=False, min_width=1)) >= 2
+
+
 # -- nothing silently on the CPU ------------------------------------------------------------------------
 def test_no_cpu_fallback_is_refused_for_real_by_onnxruntime(tiny_cuda_bundle):
     """The real onnxruntime refusal, on this CPU-only machine: no GPU provider, so every node would
