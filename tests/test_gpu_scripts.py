@@ -232,6 +232,21 @@ def test_gpu_prices_ignore_this_machines_timings():
     assert cost.step_cost("prompt-lookup") == 0.0001
 
 
+def test_live_prediction_keeps_to_the_gpus_bound_on_verify_calls(tiny_bundle, tmp_path):
+    """--live plays the rounds here as the GPU would: at its prices and, since session 27, within its
+    width probe's bound (--verified-width): no draft longer than the bound less one, every output
+    equal to greedy decoding."""
+    gpu = _gpu({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.1}, step=0.1)  # flat and cheap: long drafts pay
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "code", "turns": [t]}) + "\n"
+                               for i, t in enumerate(["def add(a, b): return a + b\n" * 4, "one two three " * 8])))
+    rep = predict.live(str(tiny_bundle), gpu, None, tmp_path / "r", max_new_tokens=24, verified_width=4,
+                       prompts=str(prompts))
+    runs = [r for r in rep["runs"] if r["drafter"] == "auto"]
+    assert runs and all(len(r["drafted_by_position"] or []) <= 3 for r in runs)
+    assert all(r["exact"] is not False for r in rep["runs"])
+
+
 def test_predict_bad_input(tmp_path, capsys):
     """A GPU file without the measured curve, neither or both of --cpu/--live, a missing file: one
     'error:' line and exit 2."""
@@ -242,7 +257,8 @@ def test_predict_bad_input(tmp_path, capsys):
     cases = [["--gpu", str(bare), "--cpu", str(good), "--cpu-step-ms", "10"],
              ["--gpu", str(good), "--cpu-step-ms", "10"],
              ["--gpu", str(good), "--cpu", str(good), "--live", "x", "--cpu-step-ms", "10"],
-             ["--gpu", str(tmp_path / "missing.json"), "--cpu", str(good), "--cpu-step-ms", "10"]]
+             ["--gpu", str(tmp_path / "missing.json"), "--cpu", str(good), "--cpu-step-ms", "10"],
+             ["--gpu", str(good), "--live", "x", "--cpu-step-ms", "10", "--verified-width", "-1"]]
     for argv in cases:
         assert predict.main(argv) == 2
         err = capsys.readouterr().err

@@ -140,14 +140,17 @@ def gpu_priced_cost_model(gpu: dict, drafter_step_ms: float | None = None):
     return cost
 
 
-def live(bundle: str, gpu: dict, drafter_step_ms: float | None, out_dir: Path, max_new_tokens: int) -> dict:
+def live(bundle: str, gpu: dict, drafter_step_ms: float | None, out_dir: Path, max_new_tokens: int,
+         verified_width: int | None = None, prompts: str | None = None) -> dict:
     import edgespec
     from edgespec.bench import read_prompts, run_bench, write_report
 
     eng = edgespec.load(bundle, memory=False)
+    if verified_width:  # the GPU's bound on verify calls (its width probe), where this CPU has none
+        eng.decoder.target.verified_width = verified_width
     cost = gpu_priced_cost_model(gpu, drafter_step_ms)
     eng.decoder.policy.measured = eng.decoder.policy.cost = cost
-    rep = run_bench(eng, read_prompts(None), ["auto"], max_new_tokens=max_new_tokens)
+    rep = run_bench(eng, read_prompts(prompts), ["auto"], max_new_tokens=max_new_tokens)
     write_report(rep, out_dir, plots=False)
     report = json.loads((out_dir / "report.json").read_text())
     bad = [r["question_id"] for r in report["runs"] if r["exact"] is False]
@@ -163,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--live", default=None, help="run this bundle here with the GPU's prices (instead of --cpu)")
     ap.add_argument("--out", type=Path, default=Path("reports/gpu-priced"), help="--live: where its report goes")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--verified-width", type=int, default=16,
+                    help="--live: the widest verify call on the GPU (its width probe's bound since session 27; 0: none)")
     ap.add_argument("--cpu-step-ms", type=float, required=True, help="the drafter's step on that CPU")
     ap.add_argument("--drafter-step-ms", type=float, default=None,
                     help="price the drafter's step at this (default: the GPU's measured step)")
@@ -174,7 +179,10 @@ def main(argv=None) -> int:
             raise ValueError(f"{args.gpu} has no measured width curve ('shaped' section)")
         if (args.cpu is None) == (args.live is None):
             raise ValueError("give one of --cpu REPORT or --live BUNDLE")
-        cpu = (live(args.live, gpu, args.drafter_step_ms, args.out, args.max_new_tokens) if args.live
+        if args.verified_width < 0:
+            raise ValueError(f"--verified-width must be >= 0, got {args.verified_width}")
+        cpu = (live(args.live, gpu, args.drafter_step_ms, args.out, args.max_new_tokens, args.verified_width)
+               if args.live
                else json.loads(args.cpu.read_text()))
         res = predict(gpu, cpu, args.cpu_step_ms, args.drafter_step_ms)
     except (OSError, ValueError, KeyError) as e:
