@@ -260,16 +260,18 @@ class Decoder:
         run0 = target.run_seconds
         # the widest verify call the width probe checked (a GPU): k drafts make a call of k + 1,
         # padded under the width policy
-        vcap = target.max_context
+        vcap = MAX_DRAFT
         if target.verified_width is not None:
             vcap = max(w for w in range(1, target.verified_width + 1)
                        if padded_width(w, target.min_width, target.width_multiple) <= target.verified_width) - 1
         while reason is None:
             remaining = cfg.max_new_tokens - st.new_tokens
             # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window
-            kcap = min(remaining - 1, target.max_context - len(ctx), vcap)
+            kcap = min(remaining - 1, target.max_context - len(ctx))
             t0 = clock()
-            choice = policy.choose(ctx, kcap, cfg.draft_tokens, cfg.max_draft_tokens)
+            # (the verify bound caps the draft, not the generation's budget: the policy's horizon)
+            choice = policy.choose(ctx, kcap, None if cfg.draft_tokens is None else min(cfg.draft_tokens, vcap),
+                                   min(cfg.max_draft_tokens, vcap))
             if choice.drafter is None:
                 draft = EMPTY
             else:

@@ -113,6 +113,16 @@ def test_the_decoder_verifies_no_wider_than_the_probe_checked():
                 drift += got != ref
                 widest = max(widest, max(widths[1:]))
     assert drift >= 3 and widest > 5  # the planted kernel matters where nothing bounds the calls
+    # the bound caps each draft (adaptive and fixed), not the generation's budget, which the round
+    # policy's horizon reads (a costly drafter's catch-up is amortized over the tokens still to come)
+    d = make(seed=1)
+    d.target.verified_width = 5
+    seen, choose = [], d.policy.choose
+    d.policy.choose = lambda ctx, kcap, fixed, max_draft: seen.append((kcap, fixed, max_draft)) or choose(
+        ctx, kcap, fixed, max_draft)
+    run(d, [1, 2, 3], max_new_tokens=40, drafter="auto", max_draft_tokens=12)
+    run(d, [1, 2, 3], max_new_tokens=40, drafter="prompt-lookup", draft_tokens=9)
+    assert max(k for k, _, _ in seen) > 20 and all(m <= 4 and (f is None or f <= 4) for _, f, m in seen)
 
 
 def test_eos_and_max_tokens_inside_a_draft():
