@@ -105,14 +105,14 @@ def test_the_decoder_verifies_no_wider_than_the_probe_checked():
             widths = []
             orig = d.target._run
             d.target._run = lambda ids, past, **kw: widths.append(len(ids)) or orig(ids, past, **kw)
-            got, _ = run(d, prompt, max_new_tokens=40, drafter="prompt-lookup", max_draft_tokens=12)
+            got, _ = run(d, prompt, max_new_tokens=40, drafter="prompt-lookup", draft_tokens=12)  # (no timing)
             if verified:
                 assert got == ref, seed
                 assert max(widths[1:]) <= 5  # (the prompt's prefill excepted)
             else:
                 drift += got != ref
                 widest = max(widest, max(widths[1:]))
-    assert drift >= 3 and widest > 5  # the planted kernel matters where nothing bounds the calls
+    assert drift >= 10 and widest > 5  # the planted kernel matters where nothing bounds the calls
     # the bound caps each draft (adaptive and fixed), not the generation's budget, which the round
     # policy's horizon reads (a costly drafter's catch-up is amortized over the tokens still to come)
     d = make(seed=1)
