@@ -93,6 +93,17 @@ class MemorySampler:
         self._thread.join()
 
 
+MODEL_DRAFTING = ("model_steps", "model_step_s", "model_reads", "model_read_tokens", "model_read_s")
+
+
+def model_drafting(d: dict) -> dict | None:
+    """A run's model-drafter figures (``Stats.model_*``, names without the prefix), None where it made
+    no call."""
+    if not d["model_steps"] and not d["model_reads"]:
+        return None
+    return {k[len("model_"):]: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
+
+
 @dataclass
 class Run:
     question_id: str
@@ -114,6 +125,8 @@ class Run:
     accepted_by_position: list[int]
     drafted_by_position: list[int]
     exact: bool | None
+    # of draft_s, the model drafter's steps and catch-up reads (Stats.model_*), where it drafted
+    model_drafting: dict | None = None
 
 
 @dataclass
@@ -292,7 +305,8 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                                         st.tokens_per_second,
                                         1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,
                                         st.rounds, st.target_calls, st.draft_s, st.target_s, st.other_s,
-                                        list(st.accepted_by_position), list(st.drafted_by_position), exact))
+                                        list(st.accepted_by_position), list(st.drafted_by_position), exact,
+                                        model_drafting({k: getattr(st, k) for k in MODEL_DRAFTING})))
                     log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
                         f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
                         + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))

@@ -91,6 +91,13 @@ class Stats:
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0
     draft_s: float = 0.0
+    # of draft_s, a costly drafter's (the model's) calls: its one-token steps, and its catch-up reads of
+    # more than two tokens (scripts/gpu/predict.py prices them at another device's costs)
+    model_steps: int = 0
+    model_step_s: float = 0.0
+    model_reads: int = 0
+    model_read_tokens: int = 0
+    model_read_s: float = 0.0
     target_s: float = 0.0
     target_run_s: float = 0.0  # of target_s after prefill: inside the target's session.run
     total_s: float = 0.0
@@ -286,6 +293,13 @@ class Decoder:
                     kw["alternates"] = True
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
             t1 = clock()
+            if draft.steps:
+                st.model_steps += draft.steps
+                st.model_step_s += draft.step_s * draft.steps
+            if draft.catchup is not None:
+                st.model_reads += 1
+                st.model_read_tokens += draft.catchup[0]
+                st.model_read_s += draft.catchup[1]
             alts = policy.alternates(len(draft.tokens), draft.alts, target.max_context - len(ctx) - len(draft.tokens),
                                      t1 - t0) if draft.alts and alternates else []
             kept_alt, extra = None, []  # the row of the alternate the target kept; its next token

@@ -125,6 +125,20 @@ def test_the_decoder_verifies_no_wider_than_the_probe_checked():
     assert max(k for k, _, _ in seen) > 20 and all(m <= 4 and (f is None or f <= 4) for _, f, m in seen)
 
 
+def test_stats_count_the_model_drafters_steps_and_reads():
+    """Stats.model_*: the model drafter's one-token steps and its catch-up reads (more than two tokens:
+    the prompt at its first draft), what scripts/gpu/predict.py prices at a GPU's costs."""
+    d = make(seed=3)
+    st = Stats()
+    run(d, list(range(1, 8)) * 3, st, max_new_tokens=30, drafter="model", draft_tokens=3)
+    assert st.model_reads >= 1 and st.model_read_tokens >= 20 and st.model_read_s >= 0.0
+    assert st.model_steps >= st.rounds and st.model_step_s > 0.0
+    assert st.model_step_s + st.model_read_s <= st.draft_s
+    st2 = Stats()
+    run(make(seed=3), list(range(1, 8)) * 3, st2, max_new_tokens=30, drafter="prompt-lookup")
+    assert (st2.model_steps, st2.model_reads) == (0, 0)
+
+
 def test_eos_and_max_tokens_inside_a_draft():
     # the target repeats a cycle; prompt lookup drafts long spans that run past eos and max tokens
     hits = {"eos": 0, "length": 0}

@@ -12,8 +12,11 @@ target calls, its drafting time and its other (Python) time. On the GPU:
   (``shaped.width_ms.policy_argmax`` where measured, the logits left on the device, else
   ``shaped.width_ms.policy``; interpolated between the measured widths);
 - a plain call costs the policy's one-token call;
-- drafting costs the CPU's drafting time scaled by the drafter's step on the GPU over its step on
-  the CPU (``--cpu-step-ms``; the memory drafters' share of it is small);
+- drafting: the model drafter's steps at the GPU's step and its catch-up reads as calls of their
+  length there (a report since session 27 records them: ``model_drafting``), the rest of the
+  drafting time (memory drafters, the round policy: Python) as it ran; an older report's drafting
+  time is scaled as a whole by the drafter's step on the GPU over its step on the CPU
+  (``--cpu-step-ms``), which overprices the reads;
 - the other time is the CPU's (the same Python loop).
 The autoregressive baseline is the matching ``none`` run (its calls at the policy's one-token
 cost). ``--drafter-step-ms`` prices the drafter elsewhere (e.g. on the GPU machine's CPU).
@@ -67,11 +70,29 @@ def rounds_by_length(drafted_by_position: list[int]) -> dict[int, int]:
     return {k: d[k - 1] - d[k] for k in range(1, len(d)) if d[k - 1] - d[k] > 0}
 
 
+def drafting_seconds(run: dict, scale: float, step_ms: float, read_ms_per_token: float) -> float:
+    """A run's drafting time on the GPU side. Where the run records its model drafter's calls
+    (``model_drafting``, since session 27): its steps at the GPU's step, each catch-up read at a step
+    plus ``read_ms_per_token`` a token (a read of n tokens is one call of n there, not n steps), and
+    the rest of the drafting time (the memory drafters, the round policy: the same Python on the
+    GPU machine's CPU) as it ran. Older reports: all of it scaled by ``scale`` (GPU step over the
+    CPU's), which prices a CPU's catch-up reads, ~1 ms a token, at the GPU's ratio."""
+    m = run.get("model_drafting")
+    if not m:
+        return run["draft_s"] * scale if "model_drafting" not in run else run["draft_s"]
+    host = max(run["draft_s"] - m["step_s"] - m["read_s"], 0.0)
+    gpu_ms = (m["steps"] + m["reads"]) * step_ms + m["read_tokens"] * read_ms_per_token
+    return host + gpu_ms / 1e3
+
+
 def predict(gpu: dict, cpu: dict, cpu_step_ms: float, drafter_step_ms: float | None = None) -> dict:
     shaped = gpu["shaped"]
     price = curve(greedy_curve(shaped))  # ms per call, the exactness padding included
-    step = drafter_step_ms if drafter_step_ms is not None else float(shaped["drafter_step_ms"]["1"])
+    steps_ms = {int(w): float(v) for w, v in shaped["drafter_step_ms"].items()}
+    step = drafter_step_ms if drafter_step_ms is not None else steps_ms[1]
     scale = step / cpu_step_ms
+    ws = sorted(steps_ms)  # a read of n tokens: one call of n (the drafter's calls by width), at this step
+    read_per_token = (steps_ms[ws[-1]] - steps_ms[ws[0]]) / (ws[-1] - ws[0]) * step / steps_ms[1] if len(ws) > 1 else step
     runs = cpu["runs"]
     base = {(r["question_id"], r["turn"]): r for r in runs if r["drafter"] == "none"}
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -82,7 +103,8 @@ def predict(gpu: dict, cpu: dict, cpu_step_ms: float, drafter_step_ms: float | N
         by_k = rounds_by_length(r["drafted_by_position"])
         verify = sum(n * price(k + 1) for k, n in by_k.items()) / 1e3
         plain = (r["target_calls"] - sum(by_k.values())) * price(1) / 1e3
-        spec = verify + plain + r["draft_s"] * scale + r["other_s"]
+        draft = drafting_seconds(r, scale, step, read_per_token)
+        spec = verify + plain + draft + r["other_s"]
         ar = b["target_calls"] * price(1) / 1e3 + b["other_s"]
         for cat in (r["category"], "all"):
             c = per[cat]
@@ -92,7 +114,7 @@ def predict(gpu: dict, cpu: dict, cpu_step_ms: float, drafter_step_ms: float | N
             c["cpu_speedup_num"] += b["decode_s"]
             c["cpu_speedup_den"] += r["decode_s"]
             c["verify_s"] += verify
-            c["draft_s"] += r["draft_s"] * scale
+            c["draft_s"] += draft
     out = {}
     for cat, c in sorted(per.items()):
         out[cat] = {"predicted_speedup": round(c["ar_s"] / c["spec_s"], 3),
@@ -141,11 +163,11 @@ def gpu_priced_cost_model(gpu: dict, drafter_step_ms: float | None = None):
 
 
 def live(bundle: str, gpu: dict, drafter_step_ms: float | None, out_dir: Path, max_new_tokens: int,
-         verified_width: int | None = None, prompts: str | None = None) -> dict:
+         verified_width: int | None = None, prompts: str | None = None, use_drafter: bool = True) -> dict:
     import edgespec
     from edgespec.bench import read_prompts, run_bench, write_report
 
-    eng = edgespec.load(bundle, memory=False)
+    eng = edgespec.load(bundle, memory=False, use_drafter=use_drafter)
     if verified_width:  # the GPU's bound on verify calls (its width probe), where this CPU has none
         eng.decoder.target.verified_width = verified_width
     cost = gpu_priced_cost_model(gpu, drafter_step_ms)
@@ -168,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--verified-width", type=int, default=16,
                     help="--live: the widest verify call on the GPU (its width probe's bound since session 27; 0: none)")
+    ap.add_argument("--no-drafter-model", action="store_true",
+                    help="--live: leave the bundle's drafter model out (auto drafts from memory only)")
     ap.add_argument("--cpu-step-ms", type=float, required=True, help="the drafter's step on that CPU")
     ap.add_argument("--drafter-step-ms", type=float, default=None,
                     help="price the drafter's step at this (default: the GPU's measured step)")
@@ -181,7 +205,8 @@ def main(argv=None) -> int:
             raise ValueError("give one of --cpu REPORT or --live BUNDLE")
         if args.verified_width < 0:
             raise ValueError(f"--verified-width must be >= 0, got {args.verified_width}")
-        cpu = (live(args.live, gpu, args.drafter_step_ms, args.out, args.max_new_tokens, args.verified_width)
+        cpu = (live(args.live, gpu, args.drafter_step_ms, args.out, args.max_new_tokens, args.verified_width,
+                    use_drafter=not args.no_drafter_model)
                if args.live
                else json.loads(args.cpu.read_text()))
         res = predict(gpu, cpu, args.cpu_step_ms, args.drafter_step_ms)
