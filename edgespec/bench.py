@@ -93,13 +93,13 @@ class MemorySampler:
         self._thread.join()
 
 
-MODEL_DRAFTING = ("model_steps", "model_step_s", "model_reads", "model_read_tokens", "model_read_s")
+MODEL_DRAFTING = ("model_calls", "model_tokens", "model_call_s")
 
 
 def model_drafting(d: dict) -> dict | None:
     """A run's model-drafter figures (``Stats.model_*``, names without the prefix), None where it made
     no call."""
-    if not d["model_steps"] and not d["model_reads"]:
+    if not d["model_calls"]:
         return None
     return {k[len("model_"):]: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
 
@@ -125,7 +125,7 @@ class Run:
     accepted_by_position: list[int]
     drafted_by_position: list[int]
     exact: bool | None
-    # of draft_s, the model drafter's steps and catch-up reads (Stats.model_*), where it drafted
+    # of draft_s, the model drafter's calls (Stats.model_*: calls, tokens, seconds), where it drafted
     model_drafting: dict | None = None
 
 

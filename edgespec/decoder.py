@@ -91,13 +91,11 @@ class Stats:
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0
     draft_s: float = 0.0
-    # of draft_s, a costly drafter's (the model's) calls: its one-token steps, and its catch-up reads of
-    # more than two tokens (scripts/gpu/predict.py prices them at another device's costs)
-    model_steps: int = 0
-    model_step_s: float = 0.0
-    model_reads: int = 0
-    model_read_tokens: int = 0
-    model_read_s: float = 0.0
+    # the costly drafters' (the model's) calls in this generation: how many, the tokens they computed,
+    # their time (scripts/gpu/predict.py prices them at another device's costs)
+    model_calls: int = 0
+    model_tokens: int = 0
+    model_call_s: float = 0.0
     target_s: float = 0.0
     target_run_s: float = 0.0  # of target_s after prefill: inside the target's session.run
     total_s: float = 0.0
@@ -275,7 +273,7 @@ class Decoder:
             remaining = cfg.max_new_tokens - st.new_tokens
             # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window
             kcap = min(remaining - 1, target.max_context - len(ctx))
-            t0 = clock()
+            t0, m0 = clock(), None
             # (the verify bound caps the draft, not the generation's budget: the policy's horizon)
             choice = policy.choose(ctx, kcap, None if cfg.draft_tokens is None else min(cfg.draft_tokens, vcap),
                                    min(cfg.max_draft_tokens, vcap))
@@ -291,15 +289,14 @@ class Decoder:
                         kw["hint_stop"] = choice.hint_stop
                 if alternates and getattr(choice.drafter, "gives_alternates", False):
                     kw["alternates"] = True
+                dlm = getattr(choice.drafter, "lm", None) if choice.drafter.has_cost else None
+                m0 = (dlm.calls, dlm.tokens_run, dlm.call_seconds) if dlm is not None else None
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
             t1 = clock()
-            if draft.steps:
-                st.model_steps += draft.steps
-                st.model_step_s += draft.step_s * draft.steps
-            if draft.catchup is not None:
-                st.model_reads += 1
-                st.model_read_tokens += draft.catchup[0]
-                st.model_read_s += draft.catchup[1]
+            if m0 is not None:
+                st.model_calls += dlm.calls - m0[0]
+                st.model_tokens += dlm.tokens_run - m0[1]
+                st.model_call_s += dlm.call_seconds - m0[2]
             alts = policy.alternates(len(draft.tokens), draft.alts, target.max_context - len(ctx) - len(draft.tokens),
                                      t1 - t0) if draft.alts and alternates else []
             kept_alt, extra = None, []  # the row of the alternate the target kept; its next token

@@ -56,7 +56,6 @@ class Draft:
     probs: list[Dist] | None = None  # q of each position (processed with the sampling settings), or None (deterministic)
     key: str = ""
     step_s: float | None = None  # seconds per drafter step measured while drafting (costly drafters)
-    steps: int = 0  # ... over this many steps
     catchup: tuple[int, float] | None = None  # (tokens, seconds) of a long catch-up read before drafting
     # greedy drafts asked for alternates: per draft token i, (i, the drafter's second choice there, its
     # calibrated top probability, the second choice's probability); the round policy picks which the
@@ -479,7 +478,7 @@ class ModelDrafter:
         self._fed_drafts = fed
         self._judge = (sp.greedy, confs) if stop is not None and self.history else None
         return Draft(tokens, dists or None, key=self.name,
-                     step_s=step_time / steps if steps else None, steps=steps, catchup=catchup,
+                     step_s=step_time / steps if steps else None, catchup=catchup,
                      alts=tuple(alts))
 
     def _fit_hint(self, hint: list[int], rows: int) -> list[int]:

@@ -11,6 +11,8 @@ ran, which is what the round policy's cost model learns from.
 """
 from __future__ import annotations
 
+import time
+
 from typing import Sequence
 
 import numpy as np
@@ -45,6 +47,8 @@ class CausalLM:
     def _init_counters(self) -> None:
         self.calls = 0
         self.run_seconds = 0.0  # time inside the model's own run (session.run), kept by _run
+        self.call_seconds = 0.0  # time in its calls (_run with what surrounds it there)
+        self.tokens_run = 0  # tokens its calls computed, padding included
         self.last_width = 0  # tokens the last call computed, padding included
 
     # -- state -------------------------------------------------------------------------------
@@ -138,6 +142,7 @@ class CausalLM:
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
         skip = first if first and not argmax and self.skips_logits else 0
         self.last_past = past
+        t0 = time.perf_counter()
         if positions is not None:
             out = self._run(run, past, argmax=True, positions=positions)
         elif argmax:
@@ -145,6 +150,8 @@ class CausalLM:
         else:
             out = self._run(run, past, skip=skip) if skip else self._run(run, past)
         self.calls += 1
+        self.call_seconds += time.perf_counter() - t0
+        self.tokens_run += len(run)
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
         if first:  # row 0 of a skipping call is position ``first`` (the pad's rows follow the last)

@@ -125,18 +125,21 @@ def test_the_decoder_verifies_no_wider_than_the_probe_checked():
     assert max(k for k, _, _ in seen) > 20 and all(m <= 4 and (f is None or f <= 4) for _, f, m in seen)
 
 
-def test_stats_count_the_model_drafters_steps_and_reads():
-    """Stats.model_*: the model drafter's one-token steps and its catch-up reads (more than two tokens:
-    the prompt at its first draft), what scripts/gpu/predict.py prices at a GPU's costs."""
+def test_stats_count_the_model_drafters_calls():
+    """Stats.model_*: the model drafter's calls while drafting (its catch-up read of the prompt, its
+    steps), the tokens they computed and their time, what scripts/gpu/predict.py prices at a GPU's
+    costs; none for a memory drafter."""
     d = make(seed=3)
     st = Stats()
+    lm = d.drafters["model"].lm
+    before = (lm.calls, lm.tokens_run)
     run(d, list(range(1, 8)) * 3, st, max_new_tokens=30, drafter="model", draft_tokens=3)
-    assert st.model_reads >= 1 and st.model_read_tokens >= 20 and st.model_read_s >= 0.0
-    assert st.model_steps >= st.rounds and st.model_step_s > 0.0
-    assert st.model_step_s + st.model_read_s <= st.draft_s
+    assert st.model_calls == lm.calls - before[0] and st.model_tokens == lm.tokens_run - before[1]
+    assert st.model_calls >= st.rounds and st.model_tokens >= 21 + st.rounds  # the prompt read, the steps
+    assert 0.0 < st.model_call_s <= st.draft_s
     st2 = Stats()
     run(make(seed=3), list(range(1, 8)) * 3, st2, max_new_tokens=30, drafter="prompt-lookup")
-    assert (st2.model_steps, st2.model_reads) == (0, 0)
+    assert (st2.model_calls, st2.model_tokens, st2.model_call_s) == (0, 0, 0.0)
 
 
 def test_eos_and_max_tokens_inside_a_draft():

@@ -218,15 +218,14 @@ def test_predict_prices_each_round():
 
 
 def test_predict_prices_the_model_drafters_calls_at_the_gpus_costs():
-    """A run that records its model drafter's calls (session 27): steps at the GPU's step, a read of n
-    tokens at a step plus n times the GPU's per-token slope, the rest of the drafting time as it ran;
-    a run without the record scales all its drafting time (the older reports)."""
+    """A run that records its model drafter's calls (session 27): each call at the GPU's step plus the
+    GPU's per-token slope for each token past its first, the rest of the drafting time as it ran; a
+    run without the record scales all its drafting time (the older reports)."""
     gpu = _gpu({1: 1.0}, step=2.0)  # drafter calls of 1/2/4/8 tokens: 2.0/2.1/2.3/2.7 ms: 0.1 ms a token
     base = {"question_id": "q", "turn": 0, "category": "code", "target_calls": 10, "other_s": 0.0,
             "decode_s": 1.0, "new_tokens": 10, "drafted_by_position": []}
-    new = dict(base, drafter="auto", draft_s=0.5, target_calls=10,
-               model_drafting={"steps": 10, "step_s": 0.1, "reads": 2, "read_tokens": 300, "read_s": 0.3})
-    old = dict(base, drafter="auto", draft_s=0.5, target_calls=10)
+    new = dict(base, drafter="auto", draft_s=0.5, model_drafting={"calls": 12, "tokens": 312, "call_s": 0.4})
+    old = dict(base, drafter="auto", draft_s=0.5)
     for run, want in ((new, 0.1 + (12 * 2.0 + 300 * 0.1) / 1e3), (old, 0.5 * 2.0 / 10.0)):
         res = predict.predict(gpu, {"runs": [dict(base, drafter="none"), run]}, cpu_step_ms=10.0)
         spec = 10 * 1.0 / 1e3 + want

@@ -12,8 +12,8 @@ target calls, its drafting time and its other (Python) time. On the GPU:
   (``shaped.width_ms.policy_argmax`` where measured, the logits left on the device, else
   ``shaped.width_ms.policy``; interpolated between the measured widths);
 - a plain call costs the policy's one-token call;
-- drafting: the model drafter's steps at the GPU's step and its catch-up reads as calls of their
-  length there (a report since session 27 records them: ``model_drafting``), the rest of the
+- drafting: the model drafter's calls at the GPU's cost of a call of their length (a report since
+  session 27 records them: ``model_drafting``), the rest of the
   drafting time (memory drafters, the round policy: Python) as it ran; an older report's drafting
   time is scaled as a whole by the drafter's step on the GPU over its step on the CPU
   (``--cpu-step-ms``), which overprices the reads;
@@ -70,19 +70,18 @@ def rounds_by_length(drafted_by_position: list[int]) -> dict[int, int]:
     return {k: d[k - 1] - d[k] for k in range(1, len(d)) if d[k - 1] - d[k] > 0}
 
 
-def drafting_seconds(run: dict, scale: float, step_ms: float, read_ms_per_token: float) -> float:
+def drafting_seconds(run: dict, scale: float, step_ms: float, token_ms: float) -> float:
     """A run's drafting time on the GPU side. Where the run records its model drafter's calls
-    (``model_drafting``, since session 27): its steps at the GPU's step, each catch-up read at a step
-    plus ``read_ms_per_token`` a token (a read of n tokens is one call of n there, not n steps), and
-    the rest of the drafting time (the memory drafters, the round policy: the same Python on the
-    GPU machine's CPU) as it ran. Older reports: all of it scaled by ``scale`` (GPU step over the
-    CPU's), which prices a CPU's catch-up reads, ~1 ms a token, at the GPU's ratio."""
+    (``model_drafting``: calls, tokens, seconds; since session 27), each call at the GPU's step plus
+    ``token_ms`` for each token past its first (a catch-up read of n tokens is one call of n there,
+    not n steps), and the rest of the drafting time (the memory drafters, the round policy: the same
+    Python on the GPU machine's CPU) as it ran. Older reports: all of it scaled by ``scale`` (the
+    GPU's step over the CPU's), which prices a CPU's catch-up reads, ~1 ms a token, at that ratio."""
     m = run.get("model_drafting")
     if not m:
         return run["draft_s"] * scale if "model_drafting" not in run else run["draft_s"]
-    host = max(run["draft_s"] - m["step_s"] - m["read_s"], 0.0)
-    gpu_ms = (m["steps"] + m["reads"]) * step_ms + m["read_tokens"] * read_ms_per_token
-    return host + gpu_ms / 1e3
+    host = max(run["draft_s"] - m["call_s"], 0.0)
+    return host + (m["calls"] * step_ms + (m["tokens"] - m["calls"]) * token_ms) / 1e3
 
 
 def predict(gpu: dict, cpu: dict, cpu_step_ms: float, drafter_step_ms: float | None = None) -> dict:
