@@ -84,14 +84,31 @@ def drafting_seconds(run: dict, scale: float, step_ms: float, token_ms: float) -
     return host + (m["calls"] * step_ms + (m["tokens"] - m["calls"]) * token_ms) / 1e3
 
 
+def token_ms(shaped: dict, step: float) -> float:
+    """What one more token in a drafter call costs on the GPU, for its catch-up reads (tens to hundreds
+    of tokens): the slope of its measured calls of 1-8 tokens, or, where lower, the slope of the
+    target's calls from 8 tokens to its widest measured (ordinary runs past the graphs' widths),
+    scaled by the drafter's step over the target's one-token call. The drafter's short calls copy
+    every row's logits to the host; a read's tokens beyond them are priced by the long calls' slope.
+    Neither curve measured a read of a hundred tokens: an estimate."""
+    steps_ms = {int(w): float(v) for w, v in shaped["drafter_step_ms"].items()}
+    ws = sorted(steps_ms)
+    short = (steps_ms[ws[-1]] - steps_ms[ws[0]]) / (ws[-1] - ws[0]) * step / steps_ms[ws[0]] if len(ws) > 1 else step
+    t = {int(w): float(v) for w, v in greedy_curve(shaped).items()}
+    wide = [w for w in sorted(t) if w >= 8]
+    if len(wide) < 2 or 1 not in t:
+        return short
+    long_ = max((t[wide[-1]] - t[8 if 8 in t else wide[0]]) / (wide[-1] - wide[0]), 0.0) * step / t[1]
+    return min(short, long_)
+
+
 def predict(gpu: dict, cpu: dict, cpu_step_ms: float, drafter_step_ms: float | None = None) -> dict:
     shaped = gpu["shaped"]
     price = curve(greedy_curve(shaped))  # ms per call, the exactness padding included
     steps_ms = {int(w): float(v) for w, v in shaped["drafter_step_ms"].items()}
     step = drafter_step_ms if drafter_step_ms is not None else steps_ms[1]
     scale = step / cpu_step_ms
-    ws = sorted(steps_ms)  # a read of n tokens: one call of n (the drafter's calls by width), at this step
-    read_per_token = (steps_ms[ws[-1]] - steps_ms[ws[0]]) / (ws[-1] - ws[0]) * step / steps_ms[1] if len(ws) > 1 else step
+    read_per_token = token_ms(shaped, step)
     runs = cpu["runs"]
     base = {(r["question_id"], r["turn"]): r for r in runs if r["drafter"] == "none"}
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -155,9 +172,7 @@ def gpu_priced_cost_model(gpu: dict, drafter_step_ms: float | None = None):
     steps = {int(w): float(ms) / 1e3 for w, ms in shaped["drafter_step_ms"].items()}
     step = drafter_step_ms / 1e3 if drafter_step_ms is not None else steps[1]
     cost.draft_steps["model"] = step
-    ws = sorted(steps)
-    slope = (steps[ws[-1]] - steps[ws[0]]) / (ws[-1] - ws[0])  # a read of n context tokens: one call of n
-    cost.catchup["model"] = (step, slope * (step / steps[1]))
+    cost.catchup["model"] = (step, token_ms(shaped, step * 1e3) / 1e3)  # a read of n tokens: one call of n
     return cost
 
 
