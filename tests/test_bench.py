@@ -562,3 +562,25 @@ def test_check_exact_compares_every_drafter_with_greedy_decoding(tiny_int4_bundl
     assert capsys.readouterr().err.startswith("error:")
     with pytest.raises(SystemExit):
         check_exact.main([str(tiny_int4_bundle), "--max-new-tokens", "0"])
+
+
+def test_bench_loop_times_the_choice_and_the_drafting_a_call(tiny_bundle, tmp_path, capsys):
+    """scripts/bench_loop.py (session 27): per drafter and pass, target calls and the round policy's
+    plus the drafting's milliseconds a call; bad arguments are one-line errors (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_loop
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "r", "category": "code", "turns": ["one two three " * 6]}) + "\n")
+    assert bench_loop.main([str(tiny_bundle), "--prompts", str(prompts), "--max-new-tokens", "16", "--passes", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all("choose+draft" in line and "ms a call" in line for line in out)
+    for bad in (["--drafters", "nope"], ["--max-draft", "0"], ["--prompts", str(tmp_path / "none")]):
+        assert bench_loop.main([str(tiny_bundle), "--prompts", str(prompts), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, bad
+    with pytest.raises(SystemExit):
+        bench_loop.main([str(tiny_bundle), "--passes", "0"])
