@@ -263,6 +263,31 @@ def test_live_prediction_keeps_to_the_gpus_bound_on_verify_calls(tiny_bundle, tm
     assert all(r["exact"] is not False for r in rep["runs"])
 
 
+def test_token_ms_prefers_the_measured_drafter_reads():
+    """predict.token_ms: the drafter's catch-up reads priced by the slope of its timed long calls where
+    the run has them (bench.py's drafter_read_ms), else the lower of the short calls' slope and the
+    target's long calls' (scaled to the drafter)."""
+    shaped = _gpu({1: 2.0, 8: 3.0, 16: 3.5, 32: 4.3}, step=1.0)["shaped"]  # drafter 1.0-1.7 ms: 0.1/token
+    assert abs(predict.token_ms(shaped, 1.0) - min(0.1, (4.3 - 3.0) / 24 * 1.0 / 2.0)) < 1e-12
+    shaped["drafter_read_ms"] = {"16": 1.5, "64": 2.0, "512": 6.5}
+    assert abs(predict.token_ms(shaped, 1.0) - 5.0 / 496) < 1e-12
+    assert abs(predict.token_ms(shaped, 2.0) - 2 * 5.0 / 496) < 1e-12  # a step priced twice: reads too
+
+
+def test_bench_exactness_section_on_the_cpu_ep(smol_cuda, tmp_path, monkeypatch):
+    """bench.py's exactness section (session 27) runs check_exact.py on the provider; on the CPU EP
+    (a dry run) the cuda-layout SmolLM2 is exact at draft bounds 8 and 15 under the floor."""
+    import bench
+
+    out = tmp_path / "run.json"
+    monkeypatch.setattr(bench, "EXACT_TOKENS", 40)  # (128 on the GPU; the CPU EP runs float16 graphs slowly)
+    assert bench.main(["--provider", "cpu", "--sections", "exactness", "--smol-cuda", str(smol_cuda),
+                       "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["exactness"]
+    assert res["rc"] == 0 and "at least 2" in res["policy"] and res["differs"] == []
+    assert res["result"].endswith("outputs equal to greedy decoding")
+
+
 def test_predict_bad_input(tmp_path, capsys):
     """A GPU file without the measured curve, neither or both of --cpu/--live, a missing file: one
     'error:' line and exit 2."""

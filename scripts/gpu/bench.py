@@ -25,6 +25,9 @@ records its error and the next one runs): written to ``--json`` after every sect
   copied against only the argmax copied.
 - ``load_times``: loading the shaped bundle in fresh processes, cold, cached, and with only the
   placement verdicts forgotten (what the verdict cache saves).
+- ``exactness``: ``scripts/check_exact.py`` on SmolLM2 (``--smol-cuda``) on the provider: each
+  shipped prompt's greedy output against ``auto`` and prompt lookup at draft bounds 8 and 15, and
+  the width policy the probe chose there (its bound on verify calls included).
 """
 from __future__ import annotations
 
@@ -122,6 +125,7 @@ def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
     res["devices"] = {"target": target.device, "drafter": model.lm.device if model else None}
     res["width_policy"] = {"target": [target.min_width, target.width_multiple],
                            "drafter": [model.lm.min_width, model.lm.width_multiple] if model else None}
+    res["verified_width"] = target.verified_width  # the probe's bound on verify calls (session 27)
     vocab = 32000
     pol = time_widths(target, WIDTHS, 256, reps, vocab)
     policy = (target.min_width, target.width_multiple)
@@ -137,6 +141,9 @@ def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
     if model is not None:
         step = time_widths(model.lm, [1, 2, 4, 8], 256, reps * 2, vocab)
         res["drafter_step_ms"] = {w: round(s * 1e3, 3) for w, s in step.items()}
+        # its catch-up reads (a prompt, the tokens free drafters emitted): what predict.token_ms prices
+        reads = time_widths(model.lm, [16, 64, 128, 256, 512], 256, max(3, reps // 3), vocab)
+        res["drafter_read_ms"] = {w: round(s * 1e3, 3) for w, s in reads.items()}
     ctx = {}
     for c in (1024, 4000):
         ctx[c] = round(time_widths(target, [1], c, max(3, reps // 3), vocab)[1] * 1e3, 3)
@@ -314,6 +321,22 @@ def drafter_logits(bundle: str, reps: int) -> dict:
     return out
 
 
+EXACT_TOKENS = 128  # new tokens a prompt in the exactness section
+
+
+def exactness(bundle: str) -> dict:
+    """scripts/check_exact.py on ``bundle`` on the provider (a process of its own): every output of
+    auto and prompt lookup (draft bounds 8 and 15) against greedy decoding, the shipped prompts."""
+    script = Path(__file__).resolve().parent.parent / "check_exact.py"
+    cmd = [sys.executable, str(script), bundle, "--provider", PROVIDER, "--max-draft", "8,15",
+           "--max-new-tokens", str(EXACT_TOKENS)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    lines = r.stdout.strip().splitlines()
+    return {"command": " ".join(cmd[1:]), "rc": r.returncode, "policy": lines[0] if lines else None,
+            "result": lines[-1] if lines else None, "differs": [x for x in lines if "differs" in x],
+            "stderr": r.stderr.strip()[-600:] if r.returncode == 2 else None}
+
+
 LOAD = r"""
 import sys, time, edgespec
 t = time.perf_counter()
@@ -387,6 +410,7 @@ def main(argv=None) -> int:
         "load_times": lambda: load_times(args.shaped) if args.shaped else {"skipped": "no --shaped bundle"},
         "drafter_logits": lambda: drafter_logits(args.drafter_cuda, args.reps * 2) if args.drafter_cuda
         else {"skipped": "no --drafter-cuda bundle"},
+        "exactness": lambda: exactness(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
     }
     for name in args.sections.split(","):
         t = time.perf_counter()

@@ -90,8 +90,13 @@ def token_ms(shaped: dict, step: float) -> float:
     target's calls from 8 tokens to its widest measured (ordinary runs past the graphs' widths),
     scaled by the drafter's step over the target's one-token call. The drafter's short calls copy
     every row's logits to the host; a read's tokens beyond them are priced by the long calls' slope.
-    Neither curve measured a read of a hundred tokens: an estimate."""
+    Neither curve measured a read of a hundred tokens: an estimate. Where the run timed the
+    drafter's reads (``drafter_read_ms``, calls of 16-512 tokens), their slope instead."""
     steps_ms = {int(w): float(v) for w, v in shaped["drafter_step_ms"].items()}
+    reads = {int(w): float(v) for w, v in (shaped.get("drafter_read_ms") or {}).items()}
+    if len(reads) >= 2:  # measured (bench.py since session 27): the slope of its long calls
+        lo, hi = min(reads), max(reads)
+        return max(reads[hi] - reads[lo], 0.0) / (hi - lo) * step / steps_ms[min(steps_ms)]
     ws = sorted(steps_ms)
     short = (steps_ms[ws[-1]] - steps_ms[ws[0]]) / (ws[-1] - ws[0]) * step / steps_ms[ws[0]] if len(ws) > 1 else step
     t = {int(w): float(v) for w, v in greedy_curve(shaped).items()}
