@@ -267,8 +267,9 @@ class Decoder:
         # padded under the width policy
         vcap = MAX_DRAFT
         if target.verified_width is not None:
-            vcap = max(w for w in range(1, target.verified_width + 1)
-                       if padded_width(w, target.min_width, target.width_multiple) <= target.verified_width) - 1
+            vcap = max((w for w in range(1, target.verified_width + 1)
+                        if padded_width(w, target.min_width, target.width_multiple) <= target.verified_width),
+                       default=1) - 1  # (a bound below the policy's narrowest call: no drafts)
         while reason is None:
             remaining = cfg.max_new_tokens - st.new_tokens
             # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window

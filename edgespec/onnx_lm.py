@@ -20,7 +20,7 @@ from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_slow
-from .width import measure_width
+from .width import GPU_MIN_VERIFIED, measure_width
 from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, plain_run_options, session_has_graphs
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -102,6 +102,8 @@ class OnnxLM(CausalLM):
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
             self.min_width, self.width_multiple = measure_width(self)
+        elif self.device != "cpu":  # a policy given, not probed: verify calls no wider than the old probe's
+            self.verified_width = GPU_MIN_VERIFIED
         elif self.device == "cpu" and self.max_context >= 2:
             # no width probe (a drafter): one short call now, so that the session's first-call costs
             # (onnxruntime's allocations, the INT4 kernel's copy of its weights onto 2 MiB pages, ~0.5 s

@@ -61,6 +61,10 @@ class CostModel:
     Expected tokens from a round with k draft tokens and acceptance rate a is
     (1 - a^(k+1)) / (1 - a); its cost is k drafter steps plus one target call of width k+1 (at
     least ``min_width``). ``best_k`` maximizes tokens per second, k = 0 (no speculation) included.
+
+    ``costs`` and ``best_k`` price in one pass: they compute what ``target_cost`` and
+    ``expected_tokens`` do without calling them (not override points), and keep ``padded``'s widths
+    per (``min_width``, ``width_multiple``), on which an override of ``padded`` must depend alone.
     """
 
     ema: float = 0.3

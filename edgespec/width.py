@@ -63,6 +63,8 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
         widths = widths if len(widths) >= 2 else PROBE_WIDTHS
     need = prefix + max(widths)
     if lm.max_context < need:
+        if gpu:  # not probed: no wider than the old probe's widest call
+            lm.verified_width = GPU_MIN_VERIFIED
         return width_policy(lm.device)  # too small to probe: the rule measured on the CPU
     vocab = min(lm.spec.vocab_size, 32000)
     ids = [(7919 * i + 13) % vocab for i in range(need)]  # fixed, spread over the vocabulary
@@ -114,10 +116,15 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
     finally:
         lm.reset()
         lm.min_width, lm.width_multiple = saved
-        lm.calls, lm.run_seconds = 0, 0.0
+        if hasattr(lm, "_init_counters"):
+            lm._init_counters()
+        else:
+            lm.calls, lm.run_seconds = 0, 0.0
     if not np.array_equal(again, rows[2]):
         log.warning(f"{lm.spec.role}: the same call computed twice gives different logits on {lm.device}; "
                     f"greedy speculative output may differ from autoregressive output here")
+        if gpu:
+            lm.verified_width = GPU_MIN_VERIFIED
         return width_policy(lm.device)
     ws = sorted(widths)
     for min_width, multiple in _candidates(ws):

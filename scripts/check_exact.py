@@ -60,7 +60,12 @@ def main(argv=None) -> int:
                 lm._run = lambda i, p, _o=orig, **kw: widths.append(len(i)) or _o(i, p, **kw)
                 try:
                     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, drafter=d, max_draft_tokens=b)
-                    outs[(d, b)] = ([t for s in eng.decoder.generate(ids, cfg) for t in s.tokens], max(widths[1:] or [0]))
+                    toks = []
+                    for s in eng.decoder.generate(ids, cfg):
+                        if not toks:
+                            widths.clear()  # the prompt's prefill calls: not verify calls
+                        toks.extend(s.tokens)
+                    outs[(d, b)] = (toks, max(widths or [0]))
                 finally:
                     del lm._run
             ref = outs[("none", 1)][0]

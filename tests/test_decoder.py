@@ -123,6 +123,13 @@ def test_the_decoder_verifies_no_wider_than_the_probe_checked():
     run(d, [1, 2, 3], max_new_tokens=40, drafter="auto", max_draft_tokens=12)
     run(d, [1, 2, 3], max_new_tokens=40, drafter="prompt-lookup", draft_tokens=9)
     assert max(k for k, _, _ in seen) > 20 and all(m <= 4 and (f is None or f <= 4) for _, f, m in seen)
+    # a bound below the policy's narrowest call (two tokens): no drafts at all, the output greedy's
+    d = make(seed=2, min_width=2)
+    d.target.verified_width = 1
+    st = Stats()
+    got, _ = run(d, [1, 2, 3] * 4, st, max_new_tokens=20, drafter="prompt-lookup", draft_tokens=5)
+    assert st.drafted == 0 and got == run(make(seed=2, min_width=2), [1, 2, 3] * 4, max_new_tokens=20,
+                                          drafter="none")[0]
 
 
 def test_stats_count_the_model_drafters_calls():

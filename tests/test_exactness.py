@@ -82,6 +82,7 @@ class _FakeKernel:
 
     def forward(self, ids):
         assert len(ids) == padded_width(len(ids), self.min_width, self.width_multiple)
+        self.widths = getattr(self, "widths", set()) | {len(ids)}
         past = len(self.tokens)
         self.tokens += list(ids)
         self.runs += 1
@@ -119,6 +120,12 @@ def test_onnxruntime_cpu_kernels_never_get_one_token_calls():
     assert measure_width(_FakeKernel(pairs, device="cpu", kernels="onnxruntime")) == (2, 2)
 
 
+def test_gpu_model_too_small_to_probe_keeps_to_the_old_probes_widest_call():
+    k = _FakeKernel(lambda w, i: 0.0)
+    k.max_context = 17  # room for the prefix and one token: nothing to compare
+    assert measure_width(k) == (1, 1) and k.verified_width == 9
+
+
 def test_gpu_probe_compares_one_token_steps_at_every_position():
     """One-token calls one after another (autoregressive decoding) against the wide calls' rows: a
     one-row path that differs at one later position only (data-dependent) is caught on a GPU."""
@@ -143,7 +150,7 @@ def test_width_probe_on_a_gpu_checks_every_width_it_allows(path, want, verified)
     k = _FakeKernel(path)
     assert measure_width(k) == want and k.verified_width == verified
     from edgespec.width import GPU_PROBE_WIDTHS
-    assert k.runs > len(GPU_PROBE_WIDTHS)  # every width was called
+    assert k.widths >= set(GPU_PROBE_WIDTHS)  # every width was called
 
 
 @pytest.mark.parametrize("n, policy, want", [(1, (1, 1), 1), (1, (2, 1), 2), (3, (2, 1), 3), (1, (2, 2), 2),

@@ -299,7 +299,8 @@ def test_predict_bad_input(tmp_path, capsys):
              ["--gpu", str(good), "--cpu-step-ms", "10"],
              ["--gpu", str(good), "--cpu", str(good), "--live", "x", "--cpu-step-ms", "10"],
              ["--gpu", str(tmp_path / "missing.json"), "--cpu", str(good), "--cpu-step-ms", "10"],
-             ["--gpu", str(good), "--live", "x", "--cpu-step-ms", "10", "--verified-width", "-1"]]
+             ["--gpu", str(good), "--live", "x", "--cpu-step-ms", "10", "--verified-width", "-1"],
+             ["--gpu", str(good), "--live", "x", "--cpu-step-ms", "10", "--verified-width", "1"]]
     for argv in cases:
         assert predict.main(argv) == 2
         err = capsys.readouterr().err

@@ -332,9 +332,12 @@ def exactness(bundle: str) -> dict:
            "--max-new-tokens", str(EXACT_TOKENS)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     lines = r.stdout.strip().splitlines()
-    return {"command": " ".join(cmd[1:]), "rc": r.returncode, "policy": lines[0] if lines else None,
-            "result": lines[-1] if lines else None, "differs": [x for x in lines if "differs" in x],
-            "stderr": r.stderr.strip()[-600:] if r.returncode == 2 else None}
+    res = {"command": " ".join(cmd[1:]), "rc": r.returncode, "policy": lines[0] if lines else None,
+           "result": lines[-1] if lines else None, "differs": [x for x in lines if "differs" in x],
+           "stderr": r.stderr.strip()[-600:] or None}
+    if r.returncode not in (0, 1) or (r.returncode == 1 and not res["differs"]):  # the script failed itself
+        res["error"] = f"check_exact.py exited {r.returncode}: {(res['stderr'] or '')[-300:]}"
+    return res
 
 
 LOAD = r"""

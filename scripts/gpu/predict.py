@@ -98,7 +98,7 @@ def token_ms(shaped: dict, step: float) -> float:
         lo, hi = min(reads), max(reads)
         return max(reads[hi] - reads[lo], 0.0) / (hi - lo) * step / steps_ms[min(steps_ms)]
     ws = sorted(steps_ms)
-    short = (steps_ms[ws[-1]] - steps_ms[ws[0]]) / (ws[-1] - ws[0]) * step / steps_ms[ws[0]] if len(ws) > 1 else step
+    short = max(steps_ms[ws[-1]] - steps_ms[ws[0]], 0.0) / (ws[-1] - ws[0]) * step / steps_ms[ws[0]] if len(ws) > 1 else step
     t = {int(w): float(v) for w, v in greedy_curve(shaped).items()}
     wide = [w for w in sorted(t) if w >= 8]
     if len(wide) < 2 or 1 not in t:
@@ -222,8 +222,8 @@ def main(argv=None) -> int:
             raise ValueError(f"{args.gpu} has no measured width curve ('shaped' section)")
         if (args.cpu is None) == (args.live is None):
             raise ValueError("give one of --cpu REPORT or --live BUNDLE")
-        if args.verified_width < 0:
-            raise ValueError(f"--verified-width must be >= 0, got {args.verified_width}")
+        if args.verified_width < 0 or args.verified_width == 1:
+            raise ValueError(f"--verified-width must be 0 (no bound) or at least 2, got {args.verified_width}")
         cpu = (live(args.live, gpu, args.drafter_step_ms, args.out, args.max_new_tokens, args.verified_width,
                     use_drafter=not args.no_drafter_model)
                if args.live
