@@ -62,9 +62,9 @@ class CostModel:
     (1 - a^(k+1)) / (1 - a); its cost is k drafter steps plus one target call of width k+1 (at
     least ``min_width``). ``best_k`` maximizes tokens per second, k = 0 (no speculation) included.
 
-    ``costs`` and ``best_k`` price in one pass: they compute what ``target_cost`` and
-    ``expected_tokens`` do without calling them (not override points), and keep ``padded``'s widths
-    per (``min_width``, ``width_multiple``), on which an override of ``padded`` must depend alone.
+    ``costs`` prices every width in one pass through ``_priced`` (what ``target_cost`` calls too,
+    so ``target_cost`` is not an override point) and keeps ``padded``'s widths per (``min_width``,
+    ``width_multiple``), on which an override of ``padded`` must depend alone.
     """
 
     ema: float = 0.3
@@ -100,9 +100,8 @@ class CostModel:
 
     def costs(self, top: int) -> list:
         """``[None, target_cost(1), ..., target_cost(top)]`` (at least), cached. Rebuilt after every
-        measured call (each round), so built in one pass: the padded widths kept per width policy,
-        the line fitted once (the same figures as ``target_cost``'s, on a GPU's ~1 ms rounds a
-        visible share of the round policy's time)."""
+        measured call (each round): the padded widths are kept per width policy and the line is
+        fitted once (on a GPU's ~1 ms rounds the rebuild was a visible share of the policy's time)."""
         policy = (self.min_width, self.width_multiple, self.prior_slope, id(self.target))
         c = self._costs
         if c is None or self._costs_policy != policy:
@@ -115,19 +114,7 @@ class CostModel:
                 pads = self._pads = [policy[:2]]
             while len(pads) <= top:
                 pads.append(self.padded(len(pads)))
-            target = self.target
-            if not target:
-                ps = self.prior_slope
-                c.extend(1.0 + ps * (p - 1) for p in pads[n: top + 1])
-            else:
-                fit = None
-                for p in pads[n: top + 1]:
-                    v = target.get(p)
-                    if v is None:
-                        if fit is None:
-                            fit = self._line()
-                        v = max(fit[1] + fit[0] * p, fit[2])
-                    c.append(v)
+            c.extend(self._priced(p) for p in pads[n: top + 1])
         return c
 
     def observe_draft(self, step_seconds: float, drafter: str = "model") -> None:
@@ -182,9 +169,14 @@ class CostModel:
         return padded_width(width, self.min_width, self.width_multiple)
 
     def target_cost(self, width: int) -> float:
-        width = self.padded(width)
-        if width in self.target:
-            return self.target[width]
+        return self._priced(self.padded(width))
+
+    def _priced(self, width: int) -> float:
+        """The cost of a call that runs ``width`` tokens (already padded): as measured, else on the
+        line fitted to what was, else the prior."""
+        v = self.target.get(width)
+        if v is not None:
+            return v
         if not self.target:
             return 1.0 + self.prior_slope * (width - 1)
         slope, icpt, floor = self._line()
@@ -225,10 +217,9 @@ class CostModel:
         step = self.step_cost(drafter) if draft_cost else 0.0
         costs = self.costs(kmax + 1)
         best = (0, self.expected_tokens(alpha, 0) / costs[1])
-        sure, a1 = alpha >= 1.0, 1 - alpha  # (expected_tokens, inlined: the same arithmetic)
         for k in range(1, kmax + 1):
             steps = k - min(saved, max(k - 1, 0)) + extra
-            r = (k + 1.0 if sure else (1 - alpha ** (k + 1)) / a1) / (costs[k + 1] + steps * step)
+            r = self.expected_tokens(alpha, k) / (costs[k + 1] + steps * step)
             if r > best[1]:
                 best = (k, r)
         return best
