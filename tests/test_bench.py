@@ -13,6 +13,14 @@ from edgespec.errors import ConfigError
 
 
 @pytest.mark.real
+def _refused(script_main, argvs, capsys):
+    """Each argv is a bad input: exit 2 with one 'error:' line."""
+    for argv in argvs:
+        assert script_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, argv
+
+
 def test_bench_on_smollm2(smol_int4, tmp_path):
     out = tmp_path / "rep"
     r = CliRunner().invoke(main, ["bench", str(smol_int4), "--limit", "3", "--max-new-tokens", "16",
@@ -519,11 +527,9 @@ def test_probe_alternates_counts_the_drafters_ranks_of_the_targets_tokens(tiny_b
     assert "| rank 1 where rank 0 failed |" in text and "| all |" in text
     ranks = json.loads(out.read_text())
     assert ranks and all(len(r["ranks"]) == 6 and all(x >= 0 for x in r["ranks"]) for r in ranks)
-    for bad in (["--prompts", "nofile"], ["--prompts", f"{DEFAULT_PROMPTS}:0"], ["--prompts", f"{tmp_path}/x.jsonl:2"],
-                ["--max-new-tokens", "100000"]):
-        assert probe_alternates.main([str(tiny_bundle), *bad]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, bad
+    _refused(probe_alternates.main, [[str(tiny_bundle), *bad] for bad in (
+        ["--prompts", "nofile"], ["--prompts", f"{DEFAULT_PROMPTS}:0"], ["--prompts", f"{tmp_path}/x.jsonl:2"],
+        ["--max-new-tokens", "100000"])], capsys)
     assert probe_alternates.main([str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.startswith("error:")
     with pytest.raises(SystemExit):
@@ -554,10 +560,8 @@ def test_check_exact_compares_every_drafter_with_greedy_decoding(tiny_int4_bundl
                            "--min-width", "1"])
     out = capsys.readouterr().out
     assert rc == 1 and "differs from greedy at token" in out
-    for bad in (["--max-draft", "x"], ["--max-draft", "0"], ["--drafters", "nope"], ["--prompts", str(tmp_path / "no")]):
-        assert check_exact.main(args + bad) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, bad
+    _refused(check_exact.main, [args + bad for bad in (
+        ["--max-draft", "x"], ["--max-draft", "0"], ["--drafters", "nope"], ["--prompts", str(tmp_path / "no")])], capsys)
     assert check_exact.main([str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.startswith("error:")
     with pytest.raises(SystemExit):
@@ -578,9 +582,7 @@ def test_bench_loop_times_the_choice_and_the_drafting_a_call(tiny_bundle, tmp_pa
     assert bench_loop.main([str(tiny_bundle), "--prompts", str(prompts), "--max-new-tokens", "16", "--passes", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all("choose+draft" in line and "ms a call" in line for line in out)
-    for bad in (["--drafters", "nope"], ["--max-draft", "0"], ["--prompts", str(tmp_path / "none")]):
-        assert bench_loop.main([str(tiny_bundle), "--prompts", str(prompts), *bad]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, bad
+    _refused(bench_loop.main, [[str(tiny_bundle), "--prompts", str(prompts), *bad] for bad in (
+        ["--drafters", "nope"], ["--max-draft", "0"], ["--prompts", str(tmp_path / "none")])], capsys)
     with pytest.raises(SystemExit):
         bench_loop.main([str(tiny_bundle), "--passes", "0"])
