@@ -13,6 +13,7 @@ so sharing an engine between threads is safe (they take turns).
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import threading
@@ -25,6 +26,7 @@ from .drafters import DRAFTERS, LoadEnv
 from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
+from .prompt_cache import PromptCache
 from .providers import choose, with_load_options
 from .tokenizer import Tokenizer
 
@@ -43,7 +45,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
          threads: int | None = None, use_drafter: bool = True, verify: bool = False,
          min_width: int | None = None, memory: bool | str | os.PathLike = True,
          documents: Sequence[str | os.PathLike] = (), drafter_provider: str | None = None,
-         cuda_graphs: bool | None = None) -> "Engine":
+         cuda_graphs: bool | None = None, prompt_cache_mb: int | None = None) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
 
     ``memory``: the suffix drafter's store of earlier outputs (True: this bundle's store under
@@ -59,6 +61,9 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     only token ids cross between them, and a placement the budget cannot hold is a ``BudgetError``.
     ``cuda_graphs``: on the CUDA EP, replay captured CUDA graphs for calls of up to 16 tokens
     (``edgespec/graphs.py``; None: the profile's ``enable_cuda_graph``, else on).
+    ``prompt_cache_mb``: host memory for earlier conversations' KV rows, restored when a prompt shares
+    their prefix (``edgespec/prompt_cache.py``; CPU targets; 0: none; None: the profile's
+    ``prompt_cache_mb``, else sized by the memory plan).
     """
     from .placement import requested_providers
     from .planner import plan as make_plan
@@ -74,14 +79,18 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         max_context = int(max_context)
     if isinstance(min_width, numbers.Integral) and not isinstance(min_width, bool):
         min_width = int(min_width)
+    if isinstance(prompt_cache_mb, numbers.Integral) and not isinstance(prompt_cache_mb, bool):
+        prompt_cache_mb = int(prompt_cache_mb)
     _check_load_args(bundle=bundle, profile=profile, provider=provider, max_context=max_context,
                      use_drafter=use_drafter, verify=verify, min_width=min_width, memory=memory, documents=documents,
-                     drafter_provider=drafter_provider, cuda_graphs=cuda_graphs)
+                     drafter_provider=drafter_provider, cuda_graphs=cuda_graphs, prompt_cache_mb=prompt_cache_mb)
     doc_texts = [read_document(p) for p in ([documents] if isinstance(documents, (str, os.PathLike)) else documents)]
 
     n_threads = _threads(threads)
     manifest = load_manifest(bundle, deep=verify)
     prof = resolve_profile(profile)
+    if prompt_cache_mb is not None:
+        prof = dataclasses.replace(prof, prompt_cache_mb=prompt_cache_mb)
     requested, d_requested, d_named = requested_providers(manifest, prof, provider, drafter_provider, use_drafter)
     the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested,
                          drafter_providers=d_requested, keep_drafter=bool(drafter_provider))
@@ -115,6 +124,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     env = LoadEnv(manifest, the_plan, prof, open_model, options={"memory": memory})
     drafters = [d for d in (cls.build(env) for cls in DRAFTERS.values()) if d is not None]
     decoder = Decoder(target, manifest.eos_token_ids, drafters=drafters)
+    if the_plan.prompt_cache and target.cache.host:  # (after the width probe: its calls are not kept)
+        target.prompt_cache = PromptCache(the_plan.prompt_cache)
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
                     eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
     if tok.vocab_size > manifest.target.vocab_size:
@@ -146,6 +157,8 @@ def _check_load_args(**kw) -> None:
                         "a positive integer"),
         "min_width": (kw["min_width"] is None or (is_int(kw["min_width"]) and kw["min_width"] > 0),
                       "a positive integer"),
+        "prompt_cache_mb": (kw["prompt_cache_mb"] is None or (is_int(kw["prompt_cache_mb"]) and kw["prompt_cache_mb"] >= 0),
+                            "None or a non-negative integer (MiB; 0: no prompt cache)"),
         "use_drafter": (isinstance(kw["use_drafter"], bool), "True or False"),
         "verify": (isinstance(kw["verify"], bool), "True or False"),
         "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
@@ -225,9 +238,19 @@ class Engine:
             suffix_drafter(self).clear_memory()
 
     def reset(self) -> None:
-        """Forget the cached conversation (the next prompt is prefilled from scratch). Waits for a
-        generation in another thread; refused (``BusyError``) inside one's own unfinished stream."""
+        """Forget the cached conversation and the prompt cache's (the next prompt is prefilled from
+        scratch). Waits for a generation in another thread; refused (``BusyError``) inside one's own
+        unfinished stream."""
         self.decoder.reset()
+        pc = self.decoder.target.prompt_cache
+        if pc is not None:
+            pc.clear()
+
+    def prompt_cache_stats(self) -> dict | None:
+        """The prompt cache's entries, tokens, bytes, budget and counters (saves, restores, restored
+        tokens, evictions); None where there is none (a GPU target, or a budget of 0)."""
+        pc = self.decoder.target.prompt_cache
+        return None if pc is None else pc.stats()
 
     @property
     def last_stats(self) -> Stats | None:

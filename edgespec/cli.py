@@ -143,11 +143,12 @@ def main():
 
 
 # -- generate -------------------------------------------------------------------------------
-def _engine(bundle, profile, provider, max_context, threads, use_drafter=True):
+def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None):
     from .api import load
 
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
-                use_drafter=use_drafter, **engine_options(),  # --documents, --no-memory
+                use_drafter=use_drafter, prompt_cache_mb=prompt_cache_mb,
+                **engine_options(),  # --documents, --no-memory
                 **placement_options())  # --drafter-provider
 
 
@@ -291,10 +292,13 @@ class _OneLineUsage(click.Command):
               help="Requests that may wait while one generates; more are refused with 429.")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
               help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
+@click.option("--prompt-cache-mb", type=click.IntRange(min=0), default=None,
+              help="Memory for conversations set aside (their KV rows, restored when a request continues one; "
+                   "CPU only; 0: none; default: the profile's, else up to four full contexts of what the plan leaves).")
 @_engine_opts
 @memory_opts()
-def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, max_context, threads, profile,
-          provider):
+def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, drafter, draft_tokens, max_context, threads,
+          profile, provider):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
     --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
@@ -308,14 +312,16 @@ def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, ma
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
     try:
         eng = _engine(bundle, profile, provider, max_context, threads,
-                      use_drafter=model_wanted(drafter))
+                      use_drafter=model_wanted(drafter), prompt_cache_mb=prompt_cache_mb)
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
                          temperature=temperature)
         mem = eng.memory_stats().get("memory_path")
+        pcs = eng.prompt_cache_stats()
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
                               f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
+                              + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
                                  else "no memory of replies)"))
     finally:
@@ -394,6 +400,7 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
         click.echo(f"  {label:<52} {n / MiB:>9.1f} MiB")
     click.echo(f"  {'total':<52} {p.total / MiB:>9.1f} MiB  of {p.budget / MiB:.0f} MiB "
                f"({100 * p.total / p.budget:.0f}%)")
+    click.echo(f"  {'prompt cache (at most; out of what is left)':<52} {p.prompt_cache / MiB:>9.1f} MiB")
     loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
     click.echo(f"context {p.context} tokens; drafter model: {loaded}; default drafting: {p.default_drafter}; "
                f"prefill chunk: {p.prefill_chunk} tokens")

@@ -75,7 +75,8 @@ class Step:
 @dataclass
 class Stats:
     prompt_tokens: int = 0
-    reused_prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens not prefilled: the cache held them (restored ones included)
+    restored_prompt_tokens: int = 0  # ... of which the prompt cache copied back (edgespec.prompt_cache)
     new_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -240,9 +241,9 @@ class Decoder:
         stop = (frozenset() if cfg.ignore_eos else self.eos) | frozenset(cfg.stop_token_ids)
         t_start = clock()
         st.prompt_tokens = len(prompt)
-        st.reused_prompt_tokens = min(target.cache.ids.common_prefix(prompt), len(prompt) - 1)
         calls0 = target.calls
         last = target.prefill(prompt)
+        st.reused_prompt_tokens, st.restored_prompt_tokens = target.last_reused, target.last_restored
         st.target_s += clock() - t_start
         st.target_calls += target.calls - calls0
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)

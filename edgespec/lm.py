@@ -42,6 +42,10 @@ class CausalLM:
     # whose kernels may change with the number of rows anywhere): the decoder verifies no more
     # tokens a call; None: no bound (the CPU)
     verified_width: int | None = None
+    # copies of earlier sequences' KV rows (edgespec.prompt_cache; CPU caches): a prefill restores the
+    # longest kept prefix of its prompt and keeps what it overwrites. None: none kept
+    prompt_cache: object | None = None
+    last_reused = last_restored = 0  # the last prefill's: positions it kept (restored ones included), restored
     _returned_view: bool = False
 
     def _init_counters(self) -> None:
@@ -178,5 +182,9 @@ class CausalLM:
         if len(ids) > self.max_context:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.max_context}")
         common = min(self.cache.ids.common_prefix(ids), len(ids) - 1)  # feed >= 1 token to get logits
+        live = common
+        if self.prompt_cache is not None:
+            common = self.prompt_cache.before_prefill(self.cache, ids, common)
         self.cache.rewind(self.cache.length - common)
+        self.last_reused, self.last_restored = common, common - live if common > live else 0
         return self.feed(ids[common:])

@@ -6,7 +6,7 @@ refuses with ``BudgetError`` naming the numbers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from .errors import BudgetError, ConfigError
@@ -31,6 +31,9 @@ RUNTIME_BASE_BYTES = 150 * MiB
 GPU_RUNTIME_BYTES = 700 * MiB
 GPU_SESSION_BYTES = 160 * MiB
 GPU_KERNELS_BYTES = 384 * MiB
+# The prompt cache's size when the profile leaves it to the plan: this many full contexts of the target's
+# KV cache, within what the budget leaves (edgespec.prompt_cache)
+PROMPT_CACHE_CONTEXTS = 4
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class Plan:
     gpu: bool = False  # the runtime row includes the CUDA allowance (GPU_RUNTIME_BYTES)
     weights_basis: str = ""  # where the weight figures come from
     devices: dict[str, str] = field(default_factory=dict)  # role -> 'gpu' or 'cpu': where it is planned to run
+    # the most the prompt cache may hold (bytes; 0: none): out of what the rest leaves, not in ``total``
+    # (it fills only as conversations are set aside)
+    prompt_cache: int = 0
 
     @property
     def total(self) -> int:
@@ -65,7 +71,7 @@ class Plan:
         return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
                 "default_drafter": self.default_drafter, "prefill_chunk": self.prefill_chunk,
                 "weights": self.weights, "kv": self.kv, "working": self.working, "runtime": self.runtime,
-                "gpu": self.gpu, "weights_basis": self.weights_basis, "devices": dict(self.devices), "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
+                "gpu": self.gpu, "weights_basis": self.weights_basis, "devices": dict(self.devices), "prompt_cache": self.prompt_cache, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
 
 
 def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: int | None = None,
@@ -197,11 +203,17 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
                 hi = mid - 1
         return best
 
+    def finish(p: Plan) -> Plan:
+        """``p`` with its prompt cache sized (CPU targets; see prompt_cache_bytes)."""
+        size, cut, warn = prompt_cache_bytes(p, profile)
+        return replace(p, prompt_cache=size, cuts=p.cuts + ((cut,) if cut else ()),
+                       warnings=p.warnings + ((warn,) if warn else ()))
+
     ctx = fit_context(want_drafter)
     if ctx is not None:
         if ctx < want_ctx:
             cuts.append(f"context {want_ctx} -> {ctx} tokens")
-        return build(ctx, want_drafter)
+        return finish(build(ctx, want_drafter))
     if want_drafter and keep_drafter:
         least = build(floor, True)
         raise BudgetError(
@@ -214,10 +226,28 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
             cuts.append("model drafter dropped (prompt lookup instead)")
             if ctx < want_ctx:
                 cuts.insert(0, f"context {want_ctx} -> {ctx} tokens")
-            return build(ctx, False)
+            return finish(build(ctx, False))
     smallest = build(floor, False)
     raise BudgetError(
         f"the budget of {budget / MiB:.0f} MiB ({profile.name}) cannot hold this bundle: at the minimum context "
         f"of {floor} tokens without a drafter it needs {smallest.total / MiB:.0f} MiB "
         f"(weights {sum(smallest.weights.values()) / MiB:.0f} MiB, KV {sum(smallest.kv.values()) / MiB:.0f} MiB, "
         f"working {smallest.working / MiB:.0f} MiB, runtime {smallest.runtime / MiB:.0f} MiB)")
+
+
+def prompt_cache_bytes(p: Plan, profile: Profile) -> tuple[int, str | None, str | None]:
+    """(bytes, cut, warning): the prompt cache of plan ``p`` under ``profile``. It takes what the rest of the
+    plan leaves of the budget and never cuts the context or the drafter: ``prompt_cache_mb`` unset gives
+    ``PROMPT_CACHE_CONTEXTS`` full contexts of the target's KV cache (or what is left), a value larger than
+    what is left is cut to it (``cut`` says so). A target on a GPU keeps none: the prompt cache copies CPU
+    caches (``warning`` where the profile asked for one)."""
+    want = None if profile.prompt_cache_mb is None else profile.prompt_cache_mb * MiB
+    if p.devices.get("target") != "cpu":
+        return 0, None, ("the prompt cache keeps CPU caches only: none with the target on a GPU"
+                         if want else None)
+    left = max(0, p.budget - p.total)
+    if want is None:
+        return min(left, PROMPT_CACHE_CONTEXTS * p.kv.get("target", 0)), None, None
+    if want > left:
+        return left, f"prompt cache {want / MiB:.0f} -> {left / MiB:.0f} MiB", None
+    return want, None, None

@@ -46,6 +46,10 @@ class Profile:
     # "session.use_device_allocator_for_initializers" = "1" (the GPU run measured no change from it
     # with the profiles' kSameAsRequested arena: README, GPU)
     session_options: dict = field(default_factory=dict)
+    # host memory for the prompt cache (edgespec.prompt_cache: earlier sequences' KV rows, restored when a
+    # prompt shares their prefix; CPU caches only): None sizes it from the plan (planner.prompt_cache_bytes),
+    # 0 keeps none
+    prompt_cache_mb: int | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -96,6 +100,7 @@ def _check(name: str, data: dict, where: str) -> Profile:
         need(k, lambda v: is_int(v) and v > 0, "a positive integer")
     need("max_draft_tokens", lambda v: is_int(v) and 1 <= v <= MAX_DRAFT, f"an integer in 1..{MAX_DRAFT}")
     need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
+    need("prompt_cache_mb", lambda v: is_int(v) and v >= 0, "a non-negative integer (0: no prompt cache)")
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
     need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "suffix", "none"),

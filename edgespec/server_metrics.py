@@ -45,7 +45,7 @@ class Metrics:
             self.finished[reason] += 1
             self.seconds["queue"] += queue_ms / 1000
             if s:
-                for key in ("prompt_tokens", "reused_prompt_tokens", "new_tokens", "drafted_tokens",
+                for key in ("prompt_tokens", "reused_prompt_tokens", "restored_prompt_tokens", "new_tokens", "drafted_tokens",
                             "accepted_tokens", "target_calls"):
                     self.tokens[key] += int(s.get(key) or 0)
                 self.seconds["ttft"] += (s.get("ttft_ms") or 0) / 1000
@@ -76,6 +76,8 @@ class Metrics:
                "cancelled: the client disconnected, error).", [({"reason": r}, n) for r, n in fin])
         for key, help_ in (("prompt_tokens", "Prompt tokens of finished generations."),
                            ("reused_prompt_tokens", "Prompt tokens reused from the KV cache (not prefilled)."),
+                           ("restored_prompt_tokens", "Of the reused prompt tokens, those the prompt cache copied "
+                            "back (a conversation set aside and continued)."),
                            ("new_tokens", "Generated tokens."),
                            ("drafted_tokens", "Tokens proposed by drafters."),
                            ("accepted_tokens", "Drafted tokens accepted by the target."),

@@ -304,7 +304,7 @@ def stats_summary(st) -> dict:
         return getattr(st, name, default) if st is not None else default
 
     return {"prompt_tokens": g("prompt_tokens"), "reused_prompt_tokens": g("reused_prompt_tokens"),
-            "new_tokens": g("new_tokens"), "drafted_tokens": g("drafted"), "accepted_tokens": g("accepted"),
+            "restored_prompt_tokens": g("restored_prompt_tokens"), "new_tokens": g("new_tokens"), "drafted_tokens": g("drafted"), "accepted_tokens": g("accepted"),
             "target_calls": g("target_calls"), "acceptance_rate": round(float(g("acceptance_rate", 0.0)), 4),
             "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
             "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),

@@ -222,6 +222,25 @@ def test_second_turn_reuses_the_first_turns_cache(client, model_id):
     assert cached >= r1.usage.prompt_tokens  # at least the whole first prompt was not prefilled again
 
 
+def test_a_conversation_set_aside_is_restored_from_the_prompt_cache(server, client, model_id):
+    """Two clients' chats taking turns: the second turn of the first finds its history in the prompt
+    cache (the server's default), not in the live cache the other chat took."""
+    a1 = [SYSTEM, {"role": "user", "content": "Describe a red bicycle in two sentences."}]
+    b1 = [{"role": "user", "content": "List four kinds of clouds."}]
+    restored_before = metric(server, "restored_prompt_tokens_total")
+    ra = client.chat.completions.create(model=model_id, messages=a1, max_tokens=12)
+    rb = client.chat.completions.create(model=model_id, messages=b1, max_tokens=12)
+    a2 = a1 + [{"role": "assistant", "content": ra.choices[0].message.content},
+               {"role": "user", "content": "Now a blue one."}]
+    r = client.chat.completions.create(model=model_id, messages=a2, max_tokens=12)
+    ext = r.model_extra["edgespec"]
+    assert ext["restored_prompt_tokens"] >= ra.usage.prompt_tokens - 1
+    assert r.usage.prompt_tokens_details.cached_tokens == ext["reused_prompt_tokens"] >= ext["restored_prompt_tokens"]
+    # (an earlier test's chat may have left the system message's rows for the first request to restore)
+    assert metric(server, "restored_prompt_tokens_total") - restored_before == sum(
+        x.model_extra["edgespec"]["restored_prompt_tokens"] for x in (ra, rb, r))
+
+
 def test_eight_concurrent_clients(server, engine, model_id):
     prompts = [f"Count from {i} to {i + 5}." for i in range(8)]
     expected = [engine.generate([{"role": "user", "content": p}], max_new_tokens=12).text for p in prompts]

@@ -1,0 +1,243 @@
+"""The prompt cache (edgespec/prompt_cache.py): kept KV rows of set-aside conversations, restored exactly."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import edgespec
+from edgespec.errors import ConfigError, ProfileError
+from edgespec.kv import TokenBuffer
+from edgespec.prompt_cache import PromptCache
+
+
+class FakeCache:
+    """What the prompt cache reads of a KVCache: ``host`` buffers [1, kv_heads, L, D], ``ids``, ``length``."""
+
+    def __init__(self, layers=2, kvh=2, L=64, D=4):
+        self.host = [np.zeros((1, kvh, L, D), np.float16) for _ in range(2 * layers)]
+        self.ids = TokenBuffer(capacity=L)
+        self.max_len = L
+
+    @property
+    def length(self):
+        return len(self.ids)
+
+    def fill(self, ids):
+        """Hold ``ids``, each row's values a function of its position and id (so copies are checkable)."""
+        self.ids.truncate(0)
+        self.ids.extend(ids)
+        for j, a in enumerate(self.host):
+            for p, t in enumerate(ids):
+                a[0, :, p] = (t * 7 + p + j) % 251
+
+    def rows(self, n):
+        return [a[0, :, :n].copy() for a in self.host]
+
+
+def test_save_then_restore_copies_rows_and_ids_exactly():
+    c = FakeCache()
+    pc = PromptCache(budget=1 << 20, min_tokens=4)
+    a = list(range(100, 140))
+    c.fill(a)
+    want = c.rows(40)
+    assert pc.save(c)
+    c.fill(list(range(200, 230)))  # another sequence overwrites the live cache
+    key, m = pc.match(a[:30] + [999, 998])
+    assert m == 30
+    assert pc.restore(key, m, c) == 30
+    assert c.ids.tolist() == a[:30]
+    for got, w in zip(c.rows(30), want):
+        np.testing.assert_array_equal(got, w[:, :30])
+    s = pc.stats()
+    assert (s["entries"], s["saves"], s["restores"], s["restored_tokens"]) == (1, 1, 1, 30)
+    assert s["bytes"] == pc.nbytes > 0
+
+
+def test_an_extension_replaces_its_prefix_and_a_prefix_is_not_stored_twice():
+    c = FakeCache()
+    pc = PromptCache(budget=1 << 20, min_tokens=4)
+    c.fill(list(range(20)))
+    assert pc.save(c)
+    c.fill(list(range(30)))  # the same conversation, longer: replaces the entry
+    assert pc.save(c)
+    assert len(pc) == 1 and pc.match(list(range(30)))[1] == 30
+    c.fill(list(range(25)))  # a prefix of what is kept: nothing new
+    assert not pc.save(c)
+    assert len(pc) == 1 and pc.saves == 2
+
+
+def test_least_recently_used_goes_first_and_a_long_sequence_keeps_its_first_rows():
+    c = FakeCache(L=64)
+    per = PromptCache.row_bytes(c) + 8
+    pc = PromptCache(budget=per * 50, min_tokens=4)
+    seqs = [[s * 1000 + i for i in range(20)] for s in range(3)]
+    c.fill(seqs[0])
+    pc.save(c)
+    c.fill(seqs[1])
+    pc.save(c)
+    key, _ = pc.match(seqs[0])
+    pc.restore(key, 10, c)  # seqs[0] is used again: seqs[1] is now the oldest
+    c.fill(seqs[2])
+    pc.save(c)  # 60 rows do not fit 50: the oldest goes
+    assert pc.match(seqs[1])[1] == 0 and pc.match(seqs[0])[1] == 20 and pc.match(seqs[2])[1] == 20
+    assert pc.evictions == 1 and pc.nbytes <= pc.budget
+    c.fill(list(range(5000, 5064)))  # larger than the whole budget: its first 50 rows
+    pc.save(c)
+    assert pc.match(list(range(5000, 5064)))[1] == 50 and len(pc) == 1
+
+
+def test_short_sequences_and_small_gains_are_left_alone():
+    c = FakeCache()
+    pc = PromptCache(budget=1 << 20, min_tokens=16)
+    c.fill(list(range(10)))
+    assert not pc.save(c)  # fewer than min_tokens
+    c.fill(list(range(40)))
+    pc.save(c)
+    # the live cache holds 30 of the prompt's positions; the kept 40 gain only 10 < 16: no restore
+    c.fill(list(range(30)) + [77, 78])
+    prompt = list(range(41)) + [5]
+    assert pc.before_prefill(c, prompt, 30) == 30 and pc.restores == 0
+    # the live content the prefill would overwrite was kept first
+    assert pc.match(list(range(30)) + [77, 78])[1] == 32
+    with pytest.raises(ValueError):
+        PromptCache(budget=-1)
+
+
+def _chat(turns):
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+
+
+DOC_A = "alpha beta gamma delta " * 4
+DOC_B = "one two three four five " * 4
+
+
+@pytest.mark.parametrize("drafter", ["none", "auto"])
+def test_a_conversation_set_aside_continues_as_if_nothing_came_between(tiny_bundle, drafter):
+    """A, B, A' through one engine with a prompt cache gives A' the tokens A, A' gives (the rows are
+    restored, not recomputed), and a restore that puts wrong rows back is caught."""
+    kw = dict(max_new_tokens=12, temperature=0.0, drafter=drafter)
+    ref = edgespec.load(tiny_bundle, prompt_cache_mb=0, memory=False)
+    assert ref.prompt_cache_stats() is None
+    a1 = ref.generate(_chat([DOC_A]), **kw)
+    a2_ref = ref.generate(_chat([DOC_A, a1.text, "and then?"]), **kw)
+    assert a2_ref.stats["reused_prompt_tokens"] > 0 and a2_ref.stats["restored_prompt_tokens"] == 0
+
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=64, memory=False)
+    assert eng.generate(_chat([DOC_A]), **kw).token_ids == a1.token_ids
+    eng.generate(_chat([DOC_B]), **kw)
+    a2 = eng.generate(_chat([DOC_A, a1.text, "and then?"]), **kw)
+    assert a2.stats["restored_prompt_tokens"] > 20
+    assert a2.stats["reused_prompt_tokens"] == a2_ref.stats["reused_prompt_tokens"]
+    assert a2.token_ids == a2_ref.token_ids
+    s = eng.prompt_cache_stats()
+    assert s["restores"] == 1 and s["entries"] >= 2 and s["budget"] == 64 << 20
+    eng.reset()
+    assert eng.prompt_cache_stats()["entries"] == 0
+
+
+def test_a_planted_restore_bug_changes_the_reply(tiny_bundle, monkeypatch):
+    kw = dict(max_new_tokens=12, temperature=0.0, drafter="none")
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=64, memory=False)
+    a1 = eng.generate(_chat([DOC_A]), **kw)
+    follow = _chat([DOC_A, a1.text, "and then?"])
+    good = eng.generate(follow, **kw)
+    eng.generate(_chat([DOC_B]), **kw)
+    def ids_only(self, key, n, cache):  # the ids put back, the rows left as the other chat wrote them
+        e = self._entries[key]
+        cache.ids.truncate(0)
+        cache.ids.extend(e.ids[:n])
+        return n
+
+    monkeypatch.setattr(PromptCache, "restore", ids_only)
+    bad = eng.generate(follow, **kw)
+    assert bad.stats["restored_prompt_tokens"] > 0 and bad.token_ids != good.token_ids
+
+
+@pytest.fixture(scope="module")
+def tiny_xk_pc(tiny_int4_bundle, tmp_path_factory):
+    from edgespec_export.kernels import apply_to_bundle
+
+    return apply_to_bundle(tiny_int4_bundle, tmp_path_factory.mktemp("xk-pc") / "tiny-int4-xk")
+
+
+def test_on_width_invariant_kernels_a_restore_equals_a_fresh_prefill(tiny_xk_pc):
+    """With edgespec's kernels a row is computed alike in any call, so rows kept from decoding, restored,
+    give what a fresh engine's prefill of the same history gives, token for token."""
+    kw = dict(max_new_tokens=16, temperature=0.0, drafter="auto")
+    eng = edgespec.load(tiny_xk_pc, prompt_cache_mb=64, memory=False)
+    a1 = eng.generate(_chat([DOC_A]), **kw)
+    eng.generate(_chat([DOC_B]), **kw)
+    follow = _chat([DOC_A, a1.text, "and then?"])
+    restored = eng.generate(follow, **kw)
+    assert restored.stats["restored_prompt_tokens"] > 0
+    fresh = edgespec.load(tiny_xk_pc, prompt_cache_mb=0, memory=False).generate(follow, **kw)
+    assert fresh.stats["reused_prompt_tokens"] == 0
+    assert restored.token_ids == fresh.token_ids
+
+
+def test_smollm2_conversations_taking_turns_restore_exactly(smol_int4):
+    kw = dict(max_new_tokens=24, temperature=0.0, drafter="auto")
+    q1 = "Explain in three sentences why the sky is blue and sunsets are red."
+    q2 = "Write a haiku about a lighthouse in winter."
+    ref = edgespec.load(smol_int4, prompt_cache_mb=0, memory=False)
+    r1 = ref.generate(_chat([q1]), **kw)
+    want = ref.generate(_chat([q1, r1.text, "Shorter, please."]), **kw)
+    eng = edgespec.load(smol_int4, prompt_cache_mb=32, memory=False)
+    assert eng.generate(_chat([q1]), **kw).token_ids == r1.token_ids
+    eng.generate(_chat([q2]), **kw)
+    got = eng.generate(_chat([q1, r1.text, "Shorter, please."]), **kw)
+    assert got.stats["restored_prompt_tokens"] >= 30
+    assert got.token_ids == want.token_ids
+
+
+def test_the_plan_sizes_the_prompt_cache_from_what_is_left(tiny_bundle):
+    from dataclasses import replace
+
+    from edgespec.manifest import load_manifest
+    from edgespec.planner import PROMPT_CACHE_CONTEXTS, plan
+    from edgespec.profiles import DEFAULT_PROFILE, MiB
+
+    m = load_manifest(tiny_bundle)
+    p = plan(m, DEFAULT_PROFILE)
+    assert p.prompt_cache == PROMPT_CACHE_CONTEXTS * p.kv["target"] and p.total + p.prompt_cache <= p.budget
+    assert "prompt_cache" in p.to_dict()
+    small = replace(DEFAULT_PROFILE, memory_budget_mb=-(-(p.total + p.kv["target"]) // MiB))
+    q = plan(m, small)  # less left than four contexts: what is left, context and drafter untouched
+    assert q.prompt_cache == q.budget - q.total and q.context == p.context and q.drafter == p.drafter
+    asked = plan(m, replace(small, prompt_cache_mb=10_000))
+    assert asked.prompt_cache == asked.budget - asked.total and any("prompt cache" in c for c in asked.cuts)
+    assert plan(m, replace(DEFAULT_PROFILE, prompt_cache_mb=0)).prompt_cache == 0
+    assert plan(m, replace(DEFAULT_PROFILE, prompt_cache_mb=3)).prompt_cache == 3 * MiB
+    gpu = plan(m, replace(DEFAULT_PROFILE, prompt_cache_mb=100), providers=["cuda"])
+    assert gpu.prompt_cache == 0 and any("CPU caches only" in w for w in gpu.warnings)
+    assert plan(m, DEFAULT_PROFILE, providers=["cuda"]).warnings == ()
+
+
+def test_bad_prompt_cache_sizes_are_refused(tiny_bundle, tmp_path):
+    from edgespec.profiles import load_profile
+
+    for bad in (-1, "64", True, 1.5):
+        with pytest.raises(ConfigError, match="prompt_cache_mb"):
+            edgespec.load(tiny_bundle, prompt_cache_mb=bad, memory=False)
+    for bad in ("-1", "\"big\"", "true"):
+        f = tmp_path / "p.toml"
+        f.write_text(f"memory_budget_mb = 4096\nprompt_cache_mb = {bad}\n")
+        with pytest.raises(ProfileError, match="prompt_cache_mb"):
+            load_profile(f)
+    f.write_text("memory_budget_mb = 4096\nprompt_cache_mb = 0\n")
+    assert load_profile(f).prompt_cache_mb == 0
+    assert edgespec.load(tiny_bundle, prompt_cache_mb=np.int64(5), memory=False).prompt_cache_stats()["budget"] == 5 << 20
+
+
+def test_cli_plan_and_serve_options(tiny_bundle):
+    from edgespec.cli import main
+
+    out = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["plan"]["prompt_cache"] > 0
+    out = CliRunner().invoke(main, ["plan", str(tiny_bundle)])
+    assert out.exit_code == 0 and "prompt cache" in out.output
+    bad = CliRunner().invoke(main, ["serve", str(tiny_bundle), "--prompt-cache-mb", "-5", "--port", "0"])
+    assert bad.exit_code != 0 and "prompt-cache-mb" in bad.output and len(bad.output.strip().splitlines()) == 1
