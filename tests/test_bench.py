@@ -586,3 +586,30 @@ def test_bench_loop_times_the_choice_and_the_drafting_a_call(tiny_bundle, tmp_pa
         ["--drafters", "nope"], ["--max-draft", "0"], ["--prompts", str(tmp_path / "none")])], capsys)
     with pytest.raises(SystemExit):
         bench_loop.main([str(tiny_bundle), "--passes", "0"])
+
+
+def test_bench_prompt_cache_runs_chats_in_turns_and_checks_the_replies(tiny_bundle, tmp_path, capsys):
+    """scripts/bench_prompt_cache.py: the later turns restore their history (the 'on' passes), the
+    replies are the same as without the prompt cache (exit 0), bad inputs are one-line errors (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_prompt_cache
+
+    prompts = tmp_path / "chats.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in (
+        "alpha beta gamma delta " * 3, "one two three four five " * 3, "red green blue " * 4)))
+    out = tmp_path / "pc.json"
+    assert bench_prompt_cache.main([str(tiny_bundle), "--prompts", str(prompts), "--turns", "2", "--passes", "1",
+                                    "--max-new-tokens", "6", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["same"] and "same replies with and without the prompt cache: yes" in capsys.readouterr().out
+    on, off = rep["results"]["on"][0], rep["results"]["off"][0]
+    assert off["summary"]["restored_tokens"] == 0 and on["summary"]["restored_tokens"] > 0
+    assert all(r["restored"] > 0 for r in on["records"] if r["turn"] == 2)
+    _refused(bench_prompt_cache.main, [[str(tiny_bundle), "--prompts", str(tmp_path / "none.jsonl")],
+                                       [str(tmp_path / "no-bundle"), "--prompts", str(prompts)]], capsys)
+    for bad in (["--turns", "0"], ["--prompt-cache-mb", "0"]):
+        with pytest.raises(SystemExit):
+            bench_prompt_cache.main([str(tiny_bundle), *bad])
