@@ -102,7 +102,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     # what the budget leaves after the KV caches, the runtime and every model's weights is split
     # evenly between the sessions: a session's CUDA arena may hold its weights and its share, and
     # its TensorRT workspace is its share, so the limits of all sessions add up to the budget
-    spare = the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - sum(the_plan.weights.values())
+    spare = (the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - sum(the_plan.weights.values())
+             - the_plan.prompt_cache)
     share = max(0, spare) // max(1, len(the_plan.weights))
 
     def options_for(role: str):
@@ -242,9 +243,6 @@ class Engine:
         scratch). Waits for a generation in another thread; refused (``BusyError``) inside one's own
         unfinished stream."""
         self.decoder.reset()
-        pc = self.decoder.target.prompt_cache
-        if pc is not None:
-            pc.clear()
 
     def prompt_cache_stats(self) -> dict | None:
         """The prompt cache's entries, tokens, bytes, budget and counters (saves, restores, restored

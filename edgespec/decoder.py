@@ -197,10 +197,12 @@ class Decoder:
         return self.target.spec.vocab_size
 
     def reset(self) -> None:
-        """Forget every cached token (target and drafters). Waits for a generation in another
-        thread; refused (``BusyError``) inside one's own unfinished stream."""
+        """Forget every cached token (target, its prompt cache, and drafters). Waits for a generation
+        in another thread; refused (``BusyError``) inside one's own unfinished stream."""
         with self.lock.hold("reset the engine"):
             self.target.reset()
+            if self.target.prompt_cache is not None:
+                self.target.prompt_cache.clear()
             for d in self.drafters.values():
                 d.reset()
 

@@ -122,6 +122,9 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     from .api import load
 
     samples = [sample("before load")]
+    # (no prompt cache unless asked for: the plan's total leaves it out, as it fills only when conversations
+    # are set aside; and this prefills the same prompt twice)
+    load_kw.setdefault("prompt_cache_mb", 0)
     engine = load(bundle, **load_kw)
     gpu = engine.providers.device == "cuda"
     samples.append(sample("after load", gpu))

@@ -32,8 +32,10 @@ GPU_RUNTIME_BYTES = 700 * MiB
 GPU_SESSION_BYTES = 160 * MiB
 GPU_KERNELS_BYTES = 384 * MiB
 # The prompt cache's size when the profile leaves it to the plan: this many full contexts of the target's
-# KV cache, within what the budget leaves (edgespec.prompt_cache)
+# KV cache, within what the budget leaves less PROMPT_CACHE_MARGIN of the plan's total (room for the plan's
+# estimates to be short: measured peaks have run up to ~5% over them) (edgespec.prompt_cache)
 PROMPT_CACHE_CONTEXTS = 4
+PROMPT_CACHE_MARGIN = 0.15
 
 
 @dataclass(frozen=True)
@@ -238,8 +240,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
 def prompt_cache_bytes(p: Plan, profile: Profile) -> tuple[int, str | None, str | None]:
     """(bytes, cut, warning): the prompt cache of plan ``p`` under ``profile``. It takes what the rest of the
     plan leaves of the budget and never cuts the context or the drafter: ``prompt_cache_mb`` unset gives
-    ``PROMPT_CACHE_CONTEXTS`` full contexts of the target's KV cache (or what is left), a value larger than
-    what is left is cut to it (``cut`` says so). A target on a GPU keeps none: the prompt cache copies CPU
+    ``PROMPT_CACHE_CONTEXTS`` full contexts of the target's KV cache (or what is left less a margin of
+    ``PROMPT_CACHE_MARGIN`` of the plan's total), a value larger than what is left is cut to it (``cut`` says so). A target on a GPU keeps none: the prompt cache copies CPU
     caches (``warning`` where the profile asked for one)."""
     want = None if profile.prompt_cache_mb is None else profile.prompt_cache_mb * MiB
     if p.devices.get("target") != "cpu":
@@ -247,7 +249,8 @@ def prompt_cache_bytes(p: Plan, profile: Profile) -> tuple[int, str | None, str 
                          if want else None)
     left = max(0, p.budget - p.total)
     if want is None:
-        return min(left, PROMPT_CACHE_CONTEXTS * p.kv.get("target", 0)), None, None
+        room = max(0, left - int(PROMPT_CACHE_MARGIN * p.total))
+        return min(room, PROMPT_CACHE_CONTEXTS * p.kv.get("target", 0)), None, None
     if want > left:
         return left, f"prompt cache {want / MiB:.0f} -> {left / MiB:.0f} MiB", None
     return want, None, None

@@ -54,17 +54,23 @@ class PromptCache:
         self.restored_tokens = 0
 
     # -- what is kept ---------------------------------------------------------------------------
-    @property
-    def nbytes(self) -> int:
+    def _bytes(self) -> int:  # (under the lock)
         return sum(e.nbytes for e in self._entries.values())
 
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return self._bytes()
+
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return len(self._entries)
 
     def stats(self) -> dict:
+        """``restored_tokens``: positions restores added to what the live cache held (Stats.restored_prompt_tokens)."""
         with self._lock:
             return {"entries": len(self._entries), "tokens": int(sum(e.ids.size for e in self._entries.values())),
-                    "bytes": self.nbytes, "budget": self.budget, "saves": self.saves, "restores": self.restores,
+                    "bytes": self._bytes(), "budget": self.budget, "saves": self.saves, "restores": self.restores,
                     "restored_tokens": self.restored_tokens, "evictions": self.evictions}
 
     def clear(self) -> None:
@@ -92,36 +98,42 @@ class PromptCache:
                     best, best_n = key, m
         return best, best_n
 
-    def save(self, cache) -> bool:
-        """Keep a copy of what ``cache`` holds (its ids and their rows), within the budget; True if kept."""
+    def save(self, cache, keep: int | None = None) -> bool:
+        """Keep a copy of what ``cache`` holds (its ids and their rows), within the budget, evicting
+        the least recently used entries but ``keep`` (an entry about to be restored); True if kept."""
         if not cache.host:
             return False
         n = cache.length
         per = self.row_bytes(cache) + 8  # (+ the id)
-        n = min(n, self.budget // per)  # larger than the budget: its first rows
-        if n < self.min_tokens:
-            return False
-        ids = cache.ids.view()[:n]
+        ids = cache.ids.view()
         with self._lock:
+            kept = self._entries.get(keep)
+            n = min(n, (self.budget - (kept.nbytes if kept is not None else 0)) // per)  # its first rows at most
+            if n < self.min_tokens:
+                return False
+            ids = ids[:n]
             for key, e in list(self._entries.items()):
                 if e.ids.size >= n and np.array_equal(e.ids[:n], ids):  # already kept (or a longer one)
                     self._entries.move_to_end(key)
                     return False
-                if e.ids.size < n and np.array_equal(ids[: e.ids.size], e.ids):  # this one extends it
+                if e.ids.size < n and key != keep and np.array_equal(ids[: e.ids.size], e.ids):  # this extends it
                     del self._entries[key]
-            need = n * per
-            while self._entries and self.nbytes + need > self.budget:
-                self._entries.popitem(last=False)
+            need, used = n * per, self._bytes()
+            for key in [k for k in self._entries if k != keep]:  # least recently used first
+                if used + need <= self.budget:
+                    break
+                used -= self._entries.pop(key).nbytes
                 self.evictions += 1
-            rows = [np.ascontiguousarray(a[0, :, :n]) for a in cache.host]
+            rows = [a[0, :, :n].copy() for a in cache.host]  # (a copy: a slice may be contiguous, and a view)
             self._key += 1
             self._entries[self._key] = _Entry(ids.copy(), rows)
             self.saves += 1
         return True
 
-    def restore(self, key: int, n: int, cache) -> int:
+    def restore(self, key: int, n: int, cache, have: int = 0) -> int:
         """Copy the first ``n`` rows of entry ``key`` into ``cache`` (which then holds exactly those
-        ids); returns the positions restored (0 if the entry is gone)."""
+        ids); returns the positions restored (0 if the entry is gone). ``have``: positions the cache
+        held already (the counters count the rest)."""
         with self._lock:
             e = self._entries.get(key)
             if e is None:
@@ -133,18 +145,19 @@ class PromptCache:
             cache.ids.truncate(0)
             cache.ids.extend(e.ids[:n])
             self.restores += 1
-            self.restored_tokens += n
+            self.restored_tokens += max(0, n - have)
         return n
 
     def before_prefill(self, cache, ids: Sequence[int], common: int) -> int:
         """Called by a prefill of ``ids`` whose cache shares ``common`` positions with them (at most
-        ``len(ids) - 1``): keeps the cache's content if the prefill would overwrite some of it, and
-        restores a kept prefix longer than ``common`` by at least ``min_tokens``. Returns the
-        positions the cache now shares with ``ids``."""
-        if cache.length > common:  # the prefill rewinds past cached rows: keep them (first: a save may evict)
-            self.save(cache)
+        ``len(ids) - 1``): keeps the cache's content if the prefill would overwrite at least
+        ``min_tokens`` of it, and restores a kept prefix longer than ``common`` by at least
+        ``min_tokens``. Returns the positions the cache now shares with ``ids``."""
         key, m = self.match(ids)
         m = min(m, len(ids) - 1)
-        if key is not None and m >= common + self.min_tokens:
-            return self.restore(key, m, cache) or common
+        restore = key is not None and m >= common + self.min_tokens
+        if cache.length - common >= self.min_tokens:  # the prefill rewinds past cached rows: keep them
+            self.save(cache, keep=key if restore else None)
+        if restore:
+            return self.restore(key, m, cache, have=common) or common
         return common

@@ -94,11 +94,12 @@ def main(argv=None) -> int:
 
     try:
         docs = conversations(Path(args.prompts), args.conversations)
-        eng = edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb)
-        eng.config(drafter=args.drafter)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"error: cannot read {args.prompts}: {e}", file=sys.stderr)
         return 2
+    try:
+        eng = edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb)
+        eng.config(drafter=args.drafter)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
