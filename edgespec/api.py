@@ -18,6 +18,7 @@ import numbers
 import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -45,7 +46,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
          threads: int | None = None, use_drafter: bool = True, verify: bool = False,
          min_width: int | None = None, memory: bool | str | os.PathLike = True,
          documents: Sequence[str | os.PathLike] = (), drafter_provider: str | None = None,
-         cuda_graphs: bool | None = None, prompt_cache_mb: int | None = None) -> "Engine":
+         cuda_graphs: bool | None = None, prompt_cache_mb: int | None = None,
+         prompt_cache_file: str | os.PathLike | None = None) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
 
     ``memory``: the suffix drafter's store of earlier outputs (True: this bundle's store under
@@ -63,7 +65,11 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     (``edgespec/graphs.py``; None: the profile's ``enable_cuda_graph``, else on).
     ``prompt_cache_mb``: host memory for earlier conversations' KV rows, restored when a prompt shares
     their prefix (``edgespec/prompt_cache.py``; CPU targets; 0: none; None: the profile's
-    ``prompt_cache_mb``, else sized by the memory plan).
+    ``prompt_cache_mb``, else sized by the memory plan). ``prompt_cache_file``: the prompt cache is read
+    from this file (if it exists and this engine wrote it: the same bundle, onnxruntime, CPU and kernels;
+    another engine's is ignored with a warning) and written back when the engine closes or the process
+    exits, so a restarted server keeps its long system prompts and documents computed. Off by default:
+    the rows are the conversations' contents.
     """
     from .placement import requested_providers
     from .planner import plan as make_plan
@@ -83,7 +89,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         prompt_cache_mb = int(prompt_cache_mb)
     _check_load_args(bundle=bundle, profile=profile, provider=provider, max_context=max_context,
                      use_drafter=use_drafter, verify=verify, min_width=min_width, memory=memory, documents=documents,
-                     drafter_provider=drafter_provider, cuda_graphs=cuda_graphs, prompt_cache_mb=prompt_cache_mb)
+                     drafter_provider=drafter_provider, cuda_graphs=cuda_graphs, prompt_cache_mb=prompt_cache_mb,
+                     prompt_cache_file=prompt_cache_file)
     doc_texts = [read_document(p) for p in ([documents] if isinstance(documents, (str, os.PathLike)) else documents)]
 
     n_threads = _threads(threads)
@@ -127,15 +134,52 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     decoder = Decoder(target, manifest.eos_token_ids, drafters=drafters)
     if the_plan.prompt_cache and target.cache.host:  # (after the width probe: its calls are not kept)
         target.prompt_cache = PromptCache(the_plan.prompt_cache)
+    persisted = None
+    if prompt_cache_file is not None:
+        persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan)
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
                     eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
     if tok.vocab_size > manifest.target.vocab_size:
         raise BundleError(f"bundle {manifest.root}: the tokenizer has {tok.vocab_size} ids but the target graph's "
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
     engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
+    if persisted is not None:  # written at close, or when the process exits (the finalizer holds no engine)
+        engine._write_prompt_cache = weakref.finalize(engine, _write_prompt_cache, target.prompt_cache, *persisted)
     if doc_texts:
         engine.add_documents(texts=doc_texts)
     return engine
+
+
+def _open_prompt_cache_file(path, manifest, target, the_plan) -> tuple:
+    """Read ``path`` into the target's prompt cache; (path, key) to write it back with. ``ConfigError``
+    where there is no prompt cache to keep, ``StoreError`` for a file that is not one edgespec wrote."""
+    from pathlib import Path
+
+    from .prompt_cache import engine_key, read_file
+
+    pc = target.prompt_cache
+    if pc is None:
+        why = ("the target runs on a GPU" if not target.cache.host else
+               "its size is 0 (prompt_cache_mb, or what the memory plan leaves)")
+        raise ConfigError(f"a prompt cache file needs a prompt cache, and this engine has none: {why}")
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"the prompt cache file {path} is a directory")
+    key = engine_key(manifest, manifest.target, target.cache)
+    _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
+    if why:
+        warnings.warn(f"the prompt cache {path} was not read: {why}; it is rewritten when the engine closes",
+                      stacklevel=3)
+    return path, key
+
+
+def _write_prompt_cache(pc, path, key) -> None:
+    from .prompt_cache import write_file
+
+    try:
+        write_file(pc, path, key)
+    except EdgespecError as e:  # at close or exit: said, not raised (the replies are already out)
+        warnings.warn(str(e), stacklevel=2)
 
 
 def _check_load_args(**kw) -> None:
@@ -160,6 +204,8 @@ def _check_load_args(**kw) -> None:
                       "a positive integer"),
         "prompt_cache_mb": (kw["prompt_cache_mb"] is None or (is_int(kw["prompt_cache_mb"]) and kw["prompt_cache_mb"] >= 0),
                             "None or a non-negative integer (MiB; 0: no prompt cache)"),
+        "prompt_cache_file": (kw["prompt_cache_file"] is None or isinstance(kw["prompt_cache_file"], path),
+                              "None or a file's path"),
         "use_drafter": (isinstance(kw["use_drafter"], bool), "True or False"),
         "verify": (isinstance(kw["verify"], bool), "True or False"),
         "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
@@ -394,6 +440,9 @@ class Engine:
     def _release(self) -> None:
         dec = self.decoder
         with dec.lock.hold("close the engine"):
+            write = getattr(self, "_write_prompt_cache", None)
+            if write is not None:  # the prompt cache file (load(prompt_cache_file=...)), once
+                write()
             for drafter in dec.drafters.values():
                 flush = getattr(drafter, "flush", None)
                 if flush is not None:  # the suffix drafter: the last generation recorded, the store written

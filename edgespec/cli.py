@@ -143,11 +143,12 @@ def main():
 
 
 # -- generate -------------------------------------------------------------------------------
-def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None):
+def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None,
+            prompt_cache_file=None):
     from .api import load
 
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
-                use_drafter=use_drafter, prompt_cache_mb=prompt_cache_mb,
+                use_drafter=use_drafter, prompt_cache_mb=prompt_cache_mb, prompt_cache_file=prompt_cache_file,
                 **engine_options(),  # --documents, --no-memory
                 **placement_options())  # --drafter-provider
 
@@ -295,10 +296,13 @@ class _OneLineUsage(click.Command):
 @click.option("--prompt-cache-mb", type=click.IntRange(min=0), default=None,
               help="Memory for conversations set aside (their KV rows, restored when a request continues one; "
                    "CPU only; 0: none; default: the profile's, else up to four full contexts of what the plan leaves).")
+@click.option("--prompt-cache-file", type=click.Path(dir_okay=False), default=None,
+              help="Keep the prompt cache in this file between runs: read at start (if this bundle, onnxruntime and "
+                   "CPU wrote it), written at exit. Off by default: it holds the conversations' contents.")
 @_engine_opts
 @memory_opts()
-def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, drafter, draft_tokens, max_context, threads,
-          profile, provider):
+def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, prompt_cache_file, drafter, draft_tokens,
+          max_context, threads, profile, provider):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
     --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
@@ -310,9 +314,11 @@ def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, drafter,
     except ImportError as e:
         raise EdgespecError(f"the server is not installed ({e.name} is missing): pip install 'edgespec[serve]'")
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
+    eng = None
     try:
         eng = _engine(bundle, profile, provider, max_context, threads,
-                      use_drafter=model_wanted(drafter), prompt_cache_mb=prompt_cache_mb)
+                      use_drafter=model_wanted(drafter), prompt_cache_mb=prompt_cache_mb,
+                      prompt_cache_file=prompt_cache_file)
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
@@ -321,11 +327,15 @@ def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, drafter,
         pcs = eng.prompt_cache_stats()
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
                               f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
-                              + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB; " if pcs else "no prompt cache; ")
+                              + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB"
+                                 + (f" ({pcs['entries']} kept from {prompt_cache_file}); " if prompt_cache_file else "; ")
+                                 if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
                                  else "no memory of replies)"))
     finally:
         sock.close()
+        if eng is not None:  # the suffix drafter's memory and the prompt cache file written
+            eng.close()
 
 
 # -- profiles and plan ----------------------------------------------------------------------

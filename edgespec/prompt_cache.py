@@ -161,3 +161,118 @@ class PromptCache:
         if restore:
             return self.restore(key, m, cache, have=common) or common
         return common
+
+
+# -- on disk (opt-in: load(prompt_cache_file=...), serve --prompt-cache-file) ----------------------------
+FORMAT = "edgespec-prompt-cache"
+VERSION = 1
+
+
+def engine_key(manifest, spec, cache) -> dict:
+    """What must match for kept rows to be the bytes this engine would compute: the bundle (its
+    tokenizer and weights), the KV layout, onnxruntime, the CPU (its kernels' paths depend on its
+    instruction sets) and, on edgespec's kernels, their source."""
+    import hashlib
+    import platform
+
+    import onnxruntime as ort
+
+    from .memory import bundle_fingerprint
+    from .native import _cpu_flags
+
+    cpu = hashlib.sha256((platform.machine() + " " + " ".join(sorted(_cpu_flags() or ()))).encode()).hexdigest()[:16]
+    kernels = "onnxruntime"
+    if getattr(spec, "kernels", None) == "edgespec-q4":
+        from .native import source_tag
+
+        kernels = f"edgespec-q4 {source_tag()}"
+    a = cache.host[0]
+    return {"fingerprint": bundle_fingerprint(manifest), "buffers": len(cache.host), "kv_heads": int(a.shape[1]),
+            "head_dim": int(a.shape[3]), "dtype": str(a.dtype), "onnxruntime": ort.__version__, "cpu": cpu,
+            "kernels": kernels}
+
+
+def write_file(pc: PromptCache, path, key: dict) -> int:
+    """Write ``pc``'s entries (least recently used first) to ``path`` atomically (a temporary file
+    beside it, fsynced, renamed over it); returns the bytes written. ``StoreError`` if it cannot."""
+    import io
+    import json
+    import os
+    from pathlib import Path
+
+    from .errors import StoreError
+
+    path = Path(path)
+    with pc._lock:
+        entries = list(pc._entries.values())
+    arrays = {"meta": np.frombuffer(json.dumps({"format": FORMAT, "version": VERSION, "key": key,
+                                                "lengths": [int(e.ids.size) for e in entries]}).encode(), np.uint8)}
+    for i, e in enumerate(entries):
+        arrays[f"ids_{i}"] = e.ids
+        arrays[f"rows_{i}"] = np.stack(e.rows)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(buf.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise StoreError(f"cannot write the prompt cache {path}: {e.strerror or e}") from None
+    return buf.getbuffer().nbytes
+
+
+def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
+    """Entries of ``path`` into ``pc`` (within its budget, the most recent kept); returns (entries read,
+    why none were: another engine's file). ``StoreError`` for a file that is not a prompt cache edgespec
+    wrote (corrupt, truncated, another format): it is left as it is."""
+    import json
+    import zipfile
+    from pathlib import Path
+
+    from .errors import StoreError
+
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise StoreError(f"{path} is not an edgespec prompt cache")
+            if meta.get("version") != VERSION:
+                return 0, f"written in version {meta.get('version')!r} of the format (this edgespec reads {VERSION})"
+            theirs = meta.get("key")
+            if theirs != key:
+                diff = sorted(k for k in key if not isinstance(theirs, dict) or theirs.get(k) != key[k])
+                return 0, f"written by another engine (its {', '.join(diff) or 'key'} differ)"
+            lengths = meta["lengths"]
+            entries = []
+            for i, n in enumerate(lengths):
+                ids, rows = z[f"ids_{i}"], z[f"rows_{i}"]
+                if (ids.dtype != np.int64 or ids.shape != (n,) or rows.dtype != np.dtype(key["dtype"])
+                        or rows.shape != (key["buffers"], key["kv_heads"], n, key["head_dim"])):
+                    raise StoreError(f"the prompt cache {path} is corrupt (entry {i}'s arrays disagree with its header)")
+                entries.append(_Entry(ids.copy(), list(rows)))
+    except FileNotFoundError:
+        return 0, None
+    except StoreError as e:
+        raise StoreError(f"{e}: not a prompt cache edgespec can use; give a new path or one it wrote") from None
+    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise StoreError(f"the prompt cache {path} is unreadable ({type(e).__name__}: {e})"[:240]
+                         + ": not a prompt cache edgespec can use; give a new path or one it wrote") from None
+    except OSError as e:  # a directory on the way that is a file, no permission, ...
+        raise StoreError(f"cannot read the prompt cache {path}: {e.strerror or e}") from None
+    with pc._lock:
+        for e in entries:  # least recently used first, as written
+            pc._key += 1
+            pc._entries[pc._key] = e
+        used = pc._bytes()
+        while pc._entries and used > pc.budget:
+            used -= pc._entries.popitem(last=False)[1].nbytes
+    return len(entries), None

@@ -276,3 +276,68 @@ def test_cli_plan_and_serve_options(tiny_bundle):
     assert out.exit_code == 0 and "prompt cache" in out.output
     bad = CliRunner().invoke(main, ["serve", str(tiny_bundle), "--prompt-cache-mb", "-5", "--port", "0"])
     assert bad.exit_code != 0 and "prompt-cache-mb" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_a_prompt_cache_file_carries_conversations_across_engines(tiny_bundle, tmp_path):
+    """Written at close (and when an engine is dropped), read by the next engine of the same bundle:
+    its first request restores what the last one kept, with the replies of an uninterrupted chat."""
+    import gc
+
+    f = tmp_path / "pc" / "cache.npz"
+    kw = dict(max_new_tokens=10, temperature=0.0, drafter="none")
+    ref = edgespec.load(tiny_bundle, prompt_cache_mb=0, memory=False)
+    a1 = ref.generate(_chat([DOC_A]), **kw)
+    follow = _chat([DOC_A, a1.text, "and then?"])
+    want = ref.generate(follow, **kw)
+    with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        assert eng.prompt_cache_stats()["entries"] == 0  # no file yet
+        eng.generate(_chat([DOC_A]), **kw)
+        eng.generate(_chat([DOC_B]), **kw)  # A kept
+    assert f.is_file()
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    assert eng.prompt_cache_stats()["entries"] >= 1
+    got = eng.generate(follow, **kw)
+    assert got.stats["restored_prompt_tokens"] > 0 and got.token_ids == want.token_ids
+    before = f.stat().st_mtime_ns
+    del eng  # dropped without close: written by its finalizer
+    gc.collect()
+    assert f.stat().st_mtime_ns != before
+
+
+def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_refused(tiny_bundle, tmp_path):
+    from edgespec.errors import StoreError
+    from edgespec.prompt_cache import read_file, write_file
+
+    f = tmp_path / "cache.npz"
+    with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+        eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")
+        key = eng._write_prompt_cache.peek()[2][2]  # (pc, path, key)
+    pc = PromptCache(1 << 24)
+    assert read_file(pc, f, key)[0] >= 1
+    write_file(pc, f, {**key, "onnxruntime": "0.0.1"})  # as another onnxruntime would have
+    with pytest.warns(UserWarning, match="another engine .*onnxruntime"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    assert eng.prompt_cache_stats()["entries"] == 0
+    eng.close()
+    assert read_file(PromptCache(1 << 24), f, key)[1] is None  # rewritten by this engine
+    for junk in (b"not a cache", b"PK\x03\x04 truncated"):
+        f.write_bytes(junk)
+        with pytest.raises(StoreError, match="give a new path"):
+            edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+        assert f.read_bytes() == junk  # left as it is
+    with pytest.raises(ConfigError, match="needs a prompt cache"):
+        edgespec.load(tiny_bundle, prompt_cache_mb=0, prompt_cache_file=tmp_path / "x.npz", memory=False)
+    with pytest.raises(ConfigError, match="directory"):
+        edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path, memory=False)
+    with pytest.raises(ConfigError, match="prompt_cache_file"):
+        edgespec.load(tiny_bundle, prompt_cache_file=3, memory=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="cannot read the prompt cache .*Not a directory"):
+        edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path / "file" / "c.npz", memory=False)
+    (tmp_path / "gone").mkdir()
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path / "gone" / "c.npz", memory=False)
+    (tmp_path / "gone").rmdir()
+    (tmp_path / "gone").write_text("now a file")
+    with pytest.warns(UserWarning, match="cannot write the prompt cache"):
+        eng.close()  # a place it cannot be written: said at close, not raised

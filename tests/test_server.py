@@ -585,3 +585,39 @@ def test_runtime_import_pulls_no_server_stack():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert r.returncode == 0, r.stderr + r.stdout
+
+
+def test_a_restarted_server_keeps_its_prompt_cache_in_the_file_it_was_given(smol_int4, tmp_path):
+    """--prompt-cache-file: written when the server stops (Ctrl-C), read by the next one, whose first
+    request then restores the conversation the first server set aside."""
+    cache, model = tmp_path / "pc.npz", Path(smol_int4).resolve().name
+    chat_a = [SYSTEM, {"role": "user", "content": "Describe the moon to a child in three sentences."}]
+    chat_b = [{"role": "user", "content": "Name two rivers in Europe."}]
+    runs = []
+    for i in range(2):
+        proc, url = _start_server(smol_int4, tmp_path / f"s{i}.log", "--temperature", "0", "--prompt-cache-file",
+                                  str(cache))
+        try:
+            c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            if i == 0:
+                c.chat.completions.create(model=model, messages=chat_a, max_tokens=8)
+                c.chat.completions.create(model=model, messages=chat_b, max_tokens=8)  # A set aside
+            else:
+                runs.append(c.chat.completions.create(model=model, messages=chat_a, max_tokens=8))
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 0, (tmp_path / f"s{i}.log").read_text()[-2000:]
+        assert cache.is_file()
+    assert "kept from" in (tmp_path / "s1.log").read_text()
+    assert runs[0].model_extra["edgespec"]["restored_prompt_tokens"] > 0
+
+
+def test_serve_refuses_a_prompt_cache_file_it_cannot_use(smol_int4, tmp_path):
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"something else")
+    for extra, match in ((["--prompt-cache-mb", "0", "--prompt-cache-file", str(tmp_path / "a.npz")], "needs a prompt cache"),
+                         (["--prompt-cache-file", str(junk)], "give a new path")):
+        r = subprocess.run([*EDGESPEC, "serve", str(smol_int4), "--port", "0", *extra], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode != 0 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert junk.read_bytes() == b"something else"

@@ -76,10 +76,14 @@ def library_path() -> str:
     return _cached
 
 
+def source_tag(source: Path = SOURCE) -> str:
+    """The version of a kernel's source and build flags (what its built library is named by)."""
+    return hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+
+
 def _build(source: Path, stem: str, what: str) -> str:
     """``source`` compiled once per source version into ``cache_dir()``; ProviderError if it cannot be."""
-    src = source.read_bytes()
-    tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
+    tag = source_tag(source)
     out = cache_dir() / f"{stem}-{tag}.so"
     if not out.exists():
         cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
