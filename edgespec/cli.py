@@ -570,7 +570,8 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
         raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
     wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
-    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model)
+    # (no prompt cache: the report's memory is compared with the plan, which leaves it out)
+    eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model, prompt_cache_mb=0)
     _check_writable(out_dir)  # before the bench runs, not after (and only once the bundle has loaded)
     if eng.decoder.drafters.get("model") is None and any(n.startswith("model") for n in names):
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)

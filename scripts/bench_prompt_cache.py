@@ -9,9 +9,10 @@ whole history again; with one, the history's rows are copied back and only the n
 prefilled. One process, one engine, the passes alternating (off, on, off, on, ...: this VM's speed
 drifts); greedy, so each request's reply must be the same in both (checked: ``same replies``).
 
-    python scripts/bench_prompt_cache.py bundles/qwen-coder-b128-v64k-xk --conversations 3 --turns 3
+    python scripts/bench_prompt_cache.py bundles/qwen-coder-b128-v64k-xk --conversations 3 --turns 3 [--restart]
 
-Prints per pass the time to first token of first turns and of later turns, the total, the tokens
+``--restart`` then times a chat's next turn in a new engine that reads a prompt cache file the last
+one wrote, against a new engine without it. Prints per pass the time to first token of first turns and of later turns, the total, the tokens
 restored; ``--json`` writes them. Exit 2 on a bad argument or bundle, 1 if replies differ.
 """
 from __future__ import annotations
@@ -72,6 +73,39 @@ def summary(recs: list[dict]) -> dict:
             "restored_tokens": sum(r["restored"] for r in recs), "total_s": sum(r["total_s"] for r in recs)}
 
 
+def after_restart(args, doc: str) -> dict:
+    """A conversation's first turn in one engine with a prompt cache file, then the engine closed (the
+    file written) and a new one loaded with the file: its second turn's time to first token, against
+    a new engine without the file."""
+    import tempfile
+
+    import edgespec
+
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, drafter=args.drafter)
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "prompt-cache.npz"
+        msgs = [{"role": "user", "content": doc}]
+        with edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb, prompt_cache_file=f) as e:
+            msgs += [{"role": "assistant", "content": e.generate(msgs, **kw).text},
+                     {"role": "user", "content": FOLLOW_UPS[0]}]
+            e.generate([{"role": "user", "content": "Hello!"}], **kw)  # (another prompt: the chat is set aside)
+        size = f.stat().st_size
+        out = {}
+        for mode in ("file", "none"):
+            t0 = time.perf_counter()
+            with edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb,
+                               prompt_cache_file=f if mode == "file" else None) as e:
+                load_s = time.perf_counter() - t0
+                r = e.generate(msgs, **kw)
+            out[mode] = {"load_s": load_s, "ttft_s": r.stats["ttft_ms"] / 1000,
+                         "restored": r.stats["restored_prompt_tokens"], "tokens": r.token_ids}
+            print(f"after a restart, {'with' if mode == 'file' else 'without'} the prompt cache file"
+                  + (f" ({size / 2**20:.0f} MiB)" if mode == "file" else "")
+                  + f": load {load_s:.2f} s, the second turn's TTFT {out[mode]['ttft_s']:.2f} s "
+                  f"({out[mode]['restored']} of {r.stats['prompt_tokens']} prompt tokens restored)", flush=True)
+    return {"file_bytes": size, **out, "same": out["file"]["tokens"] == out["none"]["tokens"]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
@@ -83,6 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-cache-mb", type=int, default=None, help="the 'on' passes' budget (default: the plan's)")
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent / "data" / "long_prompts.jsonl"))
     ap.add_argument("--json", default=None, help="write the records and summaries here")
+    ap.add_argument("--restart", action="store_true",
+                    help="then a chat's next turn after a restart, with and without a prompt cache file")
     args = ap.parse_args(argv)
     if min(args.conversations, args.turns, args.max_new_tokens, args.passes) < 1:
         ap.error("--conversations, --turns, --max-new-tokens and --passes must be >= 1")
@@ -127,9 +163,14 @@ def main(argv=None) -> int:
     same = all([r["tokens"] for r in a["records"]] == [r["tokens"] for r in b["records"]]
                for a, b in zip(results["off"], results["on"]))
     print(f"same replies with and without the prompt cache: {'yes' if same else 'NO'}")
+    restart = None
+    if args.restart:
+        eng.close()
+        restart = after_restart(args, docs[0])
+        same = same and restart["same"]
     if args.json:
         Path(args.json).write_text(json.dumps({"bundle": args.bundle, "args": vars(args), "same": same,
-                                               "budget": budget, "results": results}, indent=1))
+                                               "budget": budget, "results": results, "restart": restart}, indent=1))
     return 0 if same else 1
 
 

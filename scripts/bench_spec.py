@@ -92,7 +92,9 @@ def main(argv=None) -> int:
 
     bundle = Path(args.bundle).resolve()
     names = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    eng = edgespec.load(bundle, threads=args.threads, memory=False)  # no memory of earlier runs: every runner sees a prompt fresh
+    # no memory of earlier runs (every runner sees a prompt fresh) and no prompt cache (its memory is not in the
+    # plan the report compares with; scripts/bench_prompt_cache.py measures it)
+    eng = edgespec.load(bundle, threads=args.threads, memory=False, prompt_cache_mb=0)
     has_model = eng.decoder.drafters.get("model") is not None
     if not has_model:
         names = [n for n in names if not n.startswith("model")]
