@@ -136,7 +136,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         target.prompt_cache = PromptCache(the_plan.prompt_cache)
     persisted = None
     if prompt_cache_file is not None:
-        persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan)
+        persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan, prof.session_options)
     tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
                     eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
     if tok.vocab_size > manifest.target.vocab_size:
@@ -144,18 +144,20 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
     engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
     if persisted is not None:  # written at close, or when the process exits (the finalizer holds no engine)
-        engine._write_prompt_cache = weakref.finalize(engine, _write_prompt_cache, target.prompt_cache, *persisted)
+        engine._prompt_cache_file = persisted[0]
+        engine._write_prompt_cache = weakref.finalize(engine, _write_prompt_cache, target.prompt_cache, target.cache,
+                                                      *persisted)
     if doc_texts:
         engine.add_documents(texts=doc_texts)
     return engine
 
 
-def _open_prompt_cache_file(path, manifest, target, the_plan) -> tuple:
+def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -> tuple:
     """Read ``path`` into the target's prompt cache; (path, key) to write it back with. ``ConfigError``
     where there is no prompt cache to keep, ``StoreError`` for a file that is not one edgespec wrote."""
     from pathlib import Path
 
-    from .prompt_cache import engine_key, read_file
+    from .prompt_cache import engine_key, read_file, remove_stale_temporaries
 
     pc = target.prompt_cache
     if pc is None:
@@ -165,21 +167,26 @@ def _open_prompt_cache_file(path, manifest, target, the_plan) -> tuple:
     path = Path(path).expanduser()
     if path.is_dir():
         raise ConfigError(f"the prompt cache file {path} is a directory")
-    key = engine_key(manifest, manifest.target, target.cache)
+    key = engine_key(manifest, manifest.target, target.cache, session_options)
+    remove_stale_temporaries(path)  # (what a write killed midway left)
     _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
     if why:
-        warnings.warn(f"the prompt cache {path} was not read: {why}; it is rewritten when the engine closes",
-                      stacklevel=3)
+        warnings.warn(f"the prompt cache {path} was not read: {why}; this engine replaces it when it closes "
+                      f"with conversations to keep", stacklevel=3)
     return path, key
 
 
-def _write_prompt_cache(pc, path, key) -> None:
+def _write_prompt_cache(pc, cache, path, key) -> None:
+    """At close or exit: the live conversation kept too, and the file written if anything changed since it
+    was read or written; a failure is said, not raised (the replies are already out)."""
     from .prompt_cache import write_file
 
     try:
-        write_file(pc, path, key)
-    except EdgespecError as e:  # at close or exit: said, not raised (the replies are already out)
-        warnings.warn(str(e), stacklevel=2)
+        pc.save(cache)
+        if pc.version != pc.written:
+            write_file(pc, path, key)
+    except (EdgespecError, MemoryError) as e:
+        warnings.warn(str(e) or "out of memory writing the prompt cache", stacklevel=2)
 
 
 def _check_load_args(**kw) -> None:
@@ -285,10 +292,17 @@ class Engine:
             suffix_drafter(self).clear_memory()
 
     def reset(self) -> None:
-        """Forget the cached conversation and the prompt cache's (the next prompt is prefilled from
-        scratch). Waits for a generation in another thread; refused (``BusyError``) inside one's own
-        unfinished stream."""
+        """Forget the cached conversation and the prompt cache's, and delete the prompt cache file if
+        the engine has one (the next prompt is prefilled from scratch). Waits for a generation in another
+        thread; refused (``BusyError``) inside one's own unfinished stream."""
         self.decoder.reset()
+        path = getattr(self, "_prompt_cache_file", None)
+        if path is not None:  # forgotten on disk too (written again, empty or with what follows, at close)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                warnings.warn(f"cannot delete the prompt cache {path}: {e.strerror or e}", stacklevel=2)
+            self.decoder.target.prompt_cache.written = -1
 
     def prompt_cache_stats(self) -> dict | None:
         """The prompt cache's entries, tokens, bytes, budget and counters (saves, restores, restored

@@ -332,10 +332,16 @@ def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, prompt_c
                                  if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
                                  else "no memory of replies)"))
-    finally:
+    except BaseException:  # (closing must not hide why the server stopped)
         sock.close()
-        if eng is not None:  # the suffix drafter's memory and the prompt cache file written
-            eng.close()
+        if eng is not None:
+            try:
+                eng.close()
+            except Exception as e:  # noqa: BLE001 - the original error is the one to report
+                click.echo(f"warning: closing the engine failed too: {e}", err=True)
+        raise
+    sock.close()
+    eng.close()  # the suffix drafter's memory and the prompt cache file written
 
 
 # -- profiles and plan ----------------------------------------------------------------------

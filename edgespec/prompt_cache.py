@@ -52,6 +52,8 @@ class PromptCache:
         self._lock = threading.Lock()
         self.saves = self.restores = self.evictions = 0
         self.restored_tokens = 0
+        self.version = 0  # bumped when the entries change (a save, a clear): a file is rewritten only then
+        self.written = 0  # the version a file holds (write_file, read_file)
 
     # -- what is kept ---------------------------------------------------------------------------
     def _bytes(self) -> int:  # (under the lock)
@@ -76,6 +78,7 @@ class PromptCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.version += 1
 
     @staticmethod
     def row_bytes(cache) -> int:
@@ -128,6 +131,7 @@ class PromptCache:
             self._key += 1
             self._entries[self._key] = _Entry(ids.copy(), rows)
             self.saves += 1
+            self.version += 1
         return True
 
     def restore(self, key: int, n: int, cache, have: int = 0) -> int:
@@ -164,40 +168,70 @@ class PromptCache:
 
 
 # -- on disk (opt-in: load(prompt_cache_file=...), serve --prompt-cache-file) ----------------------------
+# The file is a zip of .npy members (numpy's .npz): "meta" (JSON: format, version, the engine's key, each
+# entry's length), then per entry "ids_i" (int64 [n]) and "rows_i" ([buffers, kv_heads, n, head_dim]), least
+# recently used first. It is trusted input, like the bundle's weights: rows written by someone else steer the
+# replies (nothing checks them but their shapes, type and finiteness). Created 0600.
 FORMAT = "edgespec-prompt-cache"
 VERSION = 1
+# Bumped when the code that feeds the graphs (positions, masks, padding) changes what a row holds: a file from
+# before is then another engine's.
+KV_COMPAT = 1
+_ISA = ("avx", "avx2", "avx512", "amx", "fma", "f16c", "vnni", "bf16", "fp16", "sse4", "asimd", "sve", "i8mm",
+        "dotprod", "sme")  # instruction-set flags (the kernels' paths depend on these, not on the rest)
 
 
-def engine_key(manifest, spec, cache) -> dict:
-    """What must match for kept rows to be the bytes this engine would compute: the bundle (its
-    tokenizer and weights), the KV layout, onnxruntime, the CPU (its kernels' paths depend on its
-    instruction sets) and, on edgespec's kernels, their source."""
-    import hashlib
+def _cpu_isa() -> str:
     import platform
+    from pathlib import Path
+
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, val = line.partition(":")
+            if name.strip().lower() in ("flags", "features"):
+                flags |= {f for f in val.split() if any(f.startswith(x) or x in f for x in _ISA)}
+    except OSError:
+        pass
+    return platform.machine() + " " + " ".join(sorted(flags))
+
+
+def engine_key(manifest, spec, cache, session_options: dict | None = None) -> dict:
+    """What must match for kept rows to be the bytes this engine would compute: the bundle (its
+    tokenizer, weights and graphs), the KV layout, onnxruntime (version and build), the CPU's
+    instruction sets (its kernels' paths depend on them), the session options, on edgespec's kernels
+    their source, and ``KV_COMPAT``."""
+    import hashlib
+    import json
 
     import onnxruntime as ort
 
     from .memory import bundle_fingerprint
-    from .native import _cpu_flags
 
-    cpu = hashlib.sha256((platform.machine() + " " + " ".join(sorted(_cpu_flags() or ()))).encode()).hexdigest()[:16]
+    def h(x: str) -> str:
+        return hashlib.sha256(x.encode()).hexdigest()[:16]
+
     kernels = "onnxruntime"
     if getattr(spec, "kernels", None) == "edgespec-q4":
         from .native import source_tag
 
         kernels = f"edgespec-q4 {source_tag()}"
+    build = ort.get_build_info() if hasattr(ort, "get_build_info") else ""
     a = cache.host[0]
     return {"fingerprint": bundle_fingerprint(manifest), "buffers": len(cache.host), "kv_heads": int(a.shape[1]),
-            "head_dim": int(a.shape[3]), "dtype": str(a.dtype), "onnxruntime": ort.__version__, "cpu": cpu,
-            "kernels": kernels}
+            "head_dim": int(a.shape[3]), "dtype": str(a.dtype), "onnxruntime": f"{ort.__version__} {h(build)}",
+            "cpu": h(_cpu_isa()), "kernels": kernels, "compat": KV_COMPAT,
+            "session_options": h(json.dumps(session_options or {}, sort_keys=True, default=str))}
 
 
 def write_file(pc: PromptCache, path, key: dict) -> int:
-    """Write ``pc``'s entries (least recently used first) to ``path`` atomically (a temporary file
-    beside it, fsynced, renamed over it); returns the bytes written. ``StoreError`` if it cannot."""
-    import io
+    """Write ``pc``'s entries (least recently used first) to ``path`` atomically: a temporary file beside it
+    (0600, a fresh name), each entry streamed into it (no copy of the whole cache in memory), fsynced and
+    renamed over ``path``. Returns the bytes written; ``StoreError`` if it cannot be written."""
     import json
     import os
+    import tempfile
+    import zipfile
     from pathlib import Path
 
     from .errors import StoreError
@@ -205,34 +239,90 @@ def write_file(pc: PromptCache, path, key: dict) -> int:
     path = Path(path)
     with pc._lock:
         entries = list(pc._entries.values())
-    arrays = {"meta": np.frombuffer(json.dumps({"format": FORMAT, "version": VERSION, "key": key,
-                                                "lengths": [int(e.ids.size) for e in entries]}).encode(), np.uint8)}
-    for i, e in enumerate(entries):
-        arrays[f"ids_{i}"] = e.ids
-        arrays[f"rows_{i}"] = np.stack(e.rows)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        version = pc.version
+    meta = json.dumps({"format": FORMAT, "version": VERSION, "key": key,
+                       "lengths": [int(e.ids.size) for e in entries]}).encode()
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(buf.getbuffer())
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+                _member(z, "meta", np.frombuffer(meta, np.uint8))
+                for i, e in enumerate(entries):
+                    _member(z, f"ids_{i}", e.ids)
+                    _member(z, f"rows_{i}", e.rows)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        try:
-            tmp.unlink()
+        tmp = None
+        try:  # the rename itself on disk (a cache: best effort)
+            d = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(d)
+            finally:
+                os.close(d)
         except OSError:
             pass
-        raise StoreError(f"cannot write the prompt cache {path}: {e.strerror or e}") from None
-    return buf.getbuffer().nbytes
+        pc.written = version
+        return path.stat().st_size
+    except (OSError, ValueError, MemoryError) as e:
+        raise StoreError(f"cannot write the prompt cache {path}: {getattr(e, 'strerror', None) or e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _member(z, name: str, a) -> None:
+    """One .npy member: an array, or a list of equal arrays written as one stacked along a new first axis
+    (their bytes one after another: no stacked copy)."""
+    parts = a if isinstance(a, list) else [a]
+    first = parts[0]
+    shape = (len(parts), *first.shape) if isinstance(a, list) else first.shape
+    with z.open(f"{name}.npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array_header_2_0(f, {"descr": np.lib.format.dtype_to_descr(first.dtype),
+                                                 "fortran_order": False, "shape": shape})
+        for p in parts:
+            f.write(np.ascontiguousarray(p).data)
+
+
+def _read_member(z, name: str, dtype, shape: tuple, keep: int | None = None) -> list[np.ndarray]:
+    """A member written by ``_member`` checked against ``dtype`` and ``shape``, read one part (the first axis)
+    at a time; with ``keep``, each part cut to its first ``keep`` rows along its second axis (entries
+    larger than the budget keep their first rows, as ``save`` does)."""
+    from .errors import StoreError
+
+    with z.open(f"{name}.npy") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_2_0 if major == 2 else np.lib.format.read_array_header_1_0
+        got_shape, fortran, got_dtype = read_header(f, max_header_size=10000)
+        if fortran or got_dtype != np.dtype(dtype) or tuple(got_shape) != tuple(shape):
+            raise StoreError(f"member {name} is {got_dtype} {tuple(got_shape)}, its header says {np.dtype(dtype)} "
+                             f"{tuple(shape)}")
+        if len(shape) == 1:  # (ids) one part
+            raw = f.read(shape[0] * np.dtype(dtype).itemsize)
+            if len(raw) != shape[0] * np.dtype(dtype).itemsize:
+                raise StoreError(f"member {name} is truncated")
+            return [np.frombuffer(raw, dtype).copy()]
+        per = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+        out = []
+        for _ in range(shape[0]):
+            raw = f.read(per)
+            if len(raw) != per:
+                raise StoreError(f"member {name} is truncated")
+            part = np.frombuffer(raw, dtype).reshape(shape[1:])
+            out.append(part[:, :keep].copy() if keep is not None else part.copy())
+        return out
 
 
 def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
-    """Entries of ``path`` into ``pc`` (within its budget, the most recent kept); returns (entries read,
-    why none were: another engine's file). ``StoreError`` for a file that is not a prompt cache edgespec
-    wrote (corrupt, truncated, another format): it is left as it is."""
+    """The most recently used entries of ``path`` that fit ``pc``'s budget, into ``pc``, read one part at a
+    time (a file's declared sizes are checked before anything is read); returns (entries kept, why none
+    were read: another engine's file, another version). ``StoreError`` for a file edgespec did not write
+    (corrupt, truncated, another format, non-finite rows): it is left as it is."""
     import json
     import zipfile
     from pathlib import Path
@@ -240,9 +330,12 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
     from .errors import StoreError
 
     path = Path(path)
+    bad = ": not a prompt cache edgespec can use; give a new path or one it wrote"
     try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
+        with zipfile.ZipFile(path) as z:
+            if z.getinfo("meta.npy").file_size > 1 << 20:
+                raise StoreError("its header is larger than 1 MiB")
+            meta = json.loads(bytes(np.load(z.open("meta.npy"), allow_pickle=False)).decode())
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise StoreError(f"{path} is not an edgespec prompt cache")
             if meta.get("version") != VERSION:
@@ -251,28 +344,60 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
             if theirs != key:
                 diff = sorted(k for k in key if not isinstance(theirs, dict) or theirs.get(k) != key[k])
                 return 0, f"written by another engine (its {', '.join(diff) or 'key'} differ)"
-            lengths = meta["lengths"]
+            lengths = meta.get("lengths")
+            if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
+                raise StoreError("its entry lengths are not a list of counts")
+            row = key["buffers"] * key["kv_heads"] * key["head_dim"] * np.dtype(key["dtype"]).itemsize + 8
+            room, picked = pc.budget, []
+            for i in reversed(range(len(lengths))):  # the most recently used first, while they fit
+                n = min(lengths[i], room // row)
+                if n < pc.min_tokens:
+                    break
+                picked.append((i, n))
+                room -= n * row
             entries = []
-            for i, n in enumerate(lengths):
-                ids, rows = z[f"ids_{i}"], z[f"rows_{i}"]
-                if (ids.dtype != np.int64 or ids.shape != (n,) or rows.dtype != np.dtype(key["dtype"])
-                        or rows.shape != (key["buffers"], key["kv_heads"], n, key["head_dim"])):
-                    raise StoreError(f"the prompt cache {path} is corrupt (entry {i}'s arrays disagree with its header)")
-                entries.append(_Entry(ids.copy(), list(rows)))
+            for i, n in reversed(picked):  # back to least recently used first
+                full = lengths[i]
+                ids = _read_member(z, f"ids_{i}", np.int64, (full,))[0][:n].copy()
+                rows = _read_member(z, f"rows_{i}", key["dtype"], (key["buffers"], key["kv_heads"], full,
+                                                                     key["head_dim"]), keep=n)
+                if not all(np.isfinite(r).all() for r in rows):
+                    raise StoreError(f"entry {i} holds values that are not finite")
+                entries.append(_Entry(ids, rows))
     except FileNotFoundError:
         return 0, None
     except StoreError as e:
-        raise StoreError(f"{e}: not a prompt cache edgespec can use; give a new path or one it wrote") from None
-    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise StoreError(f"the prompt cache {path} is unreadable ({type(e).__name__}: {e})"[:240]
-                         + ": not a prompt cache edgespec can use; give a new path or one it wrote") from None
+        raise StoreError(f"the prompt cache {path} is unusable ({e}){bad}") from None
+    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, MemoryError) as e:
+        raise StoreError(f"the prompt cache {path} is unreadable ({type(e).__name__}: {e})"[:240] + bad) from None
     except OSError as e:  # a directory on the way that is a file, no permission, ...
         raise StoreError(f"cannot read the prompt cache {path}: {e.strerror or e}") from None
     with pc._lock:
-        for e in entries:  # least recently used first, as written
+        for e in entries:
             pc._key += 1
             pc._entries[pc._key] = e
-        used = pc._bytes()
-        while pc._entries and used > pc.budget:
-            used -= pc._entries.popitem(last=False)[1].nbytes
+        pc.version += 1
+        pc.written = pc.version  # what the file holds
     return len(entries), None
+
+
+def remove_stale_temporaries(path, older_than_s: float = 3600.0) -> int:
+    """Delete temporary files an interrupted write left beside ``path`` (``.<name>.*.tmp``, older than an
+    hour: a write in progress in another process is left alone); returns how many."""
+    import os
+    import time
+    from pathlib import Path
+
+    path = Path(path)
+    gone = 0
+    try:
+        for p in path.parent.glob(f".{path.name}.*.tmp"):
+            try:
+                if time.time() - p.stat().st_mtime > older_than_s:
+                    p.unlink()
+                    gone += 1
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return gone

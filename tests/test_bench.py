@@ -602,13 +602,18 @@ def test_bench_prompt_cache_runs_chats_in_turns_and_checks_the_replies(tiny_bund
         "alpha beta gamma delta " * 3, "one two three four five " * 3, "red green blue " * 4)))
     out = tmp_path / "pc.json"
     assert bench_prompt_cache.main([str(tiny_bundle), "--prompts", str(prompts), "--turns", "2", "--passes", "1",
-                                    "--max-new-tokens", "6", "--json", str(out)]) == 0
+                                    "--max-new-tokens", "6", "--json", str(out), "--restart"]) == 0
     rep = json.loads(out.read_text())
+    r = rep["restart"]
+    assert r["same"] and r["file_bytes"] > 0 and r["file1"]["restored"] > 0 and r["file2"]["restored"] > 0
+    assert r["none1"]["restored"] == 0 == r["none2"]["restored"]
     assert rep["same"] and "same replies with and without the prompt cache: yes" in capsys.readouterr().out
     on, off = rep["results"]["on"][0], rep["results"]["off"][0]
     assert off["summary"]["restored_tokens"] == 0 and on["summary"]["restored_tokens"] > 0
     assert all(r["restored"] > 0 for r in on["records"] if r["turn"] == 2)
+    (tmp_path / "empty.jsonl").write_text("")
     _refused(bench_prompt_cache.main, [[str(tiny_bundle), "--prompts", str(tmp_path / "none.jsonl")],
+                                       [str(tiny_bundle), "--prompts", str(tmp_path / "empty.jsonl")],
                                        [str(tmp_path / "no-bundle"), "--prompts", str(prompts)]], capsys)
     for bad in (["--turns", "0"], ["--prompt-cache-mb", "0"]):
         with pytest.raises(SystemExit):

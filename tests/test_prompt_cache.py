@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -291,17 +292,64 @@ def test_a_prompt_cache_file_carries_conversations_across_engines(tiny_bundle, t
     want = ref.generate(follow, **kw)
     with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
         assert eng.prompt_cache_stats()["entries"] == 0  # no file yet
-        eng.generate(_chat([DOC_A]), **kw)
-        eng.generate(_chat([DOC_B]), **kw)  # A kept
-    assert f.is_file()
+        eng.generate(_chat([DOC_A]), **kw)  # the only chat: kept at close from the live cache
+    assert f.is_file() and f.stat().st_mode & 0o777 == 0o600
+    inode = f.stat().st_ino
+    edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False).close()
+    assert f.stat().st_ino == inode  # nothing changed: not rewritten
     eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
-    assert eng.prompt_cache_stats()["entries"] >= 1
+    assert eng.prompt_cache_stats()["entries"] == 1
     got = eng.generate(follow, **kw)
     assert got.stats["restored_prompt_tokens"] > 0 and got.token_ids == want.token_ids
-    before = f.stat().st_mtime_ns
-    del eng  # dropped without close: written by its finalizer
+    del eng  # dropped without close: written by its finalizer (the longer chat replaces the kept one)
     gc.collect()
-    assert f.stat().st_mtime_ns != before
+    assert f.stat().st_ino != inode
+    stale = f.with_name(f".{f.name}.abc123.tmp")
+    stale.write_bytes(b"left by a killed write")
+    os.utime(stale, (1, 1))
+    with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        assert not stale.exists() and eng.prompt_cache_stats()["entries"] == 1
+        eng.reset()  # forgets on disk too
+        assert not f.exists()
+
+
+def test_a_prompt_cache_file_is_read_within_the_budget_and_checked():
+    """The most recent entries that fit, an oversized one cut to its first rows; non-finite rows refused."""
+    from edgespec.errors import StoreError
+    from edgespec.prompt_cache import read_file, write_file
+
+    c = FakeCache(L=64)
+    per = PromptCache.row_bytes(c) + 8
+    big = PromptCache(budget=1 << 20, min_tokens=4)
+    seqs = [[s * 1000 + i for i in range(40)] for s in range(3)]
+    for q in seqs:
+        c.fill(q)
+        big.save(c)
+    key = {"buffers": len(c.host), "kv_heads": 2, "head_dim": 4, "dtype": "float16"}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "c.npz"
+        write_file(big, f, key)
+        small = PromptCache(budget=per * 60, min_tokens=4)
+        assert read_file(small, f, key) == (2, None)  # the newest (40 rows) and the next one's first 20
+        assert small.match(seqs[2])[1] == 40 and small.match(seqs[1])[1] == 20 and small.match(seqs[0])[1] == 0
+        assert small.nbytes <= small.budget
+        c.fill(seqs[1])
+        k, m = small.match(seqs[1])
+        small.restore(k, m, c)
+        want = FakeCache(L=64)
+        want.fill(seqs[1])
+        for got, w in zip(c.rows(20), want.rows(20)):
+            np.testing.assert_array_equal(got, w)
+        poisoned = PromptCache(budget=1 << 20, min_tokens=4)
+        c.fill(seqs[0])
+        c.host[3][0, 1, 5, 2] = np.inf
+        poisoned.save(c)
+        write_file(poisoned, f, key)
+        with pytest.raises(StoreError, match="not finite"):
+            read_file(PromptCache(1 << 20), f, key)
 
 
 def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_refused(tiny_bundle, tmp_path):
@@ -312,15 +360,20 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
     with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
         eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
         eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")
-        key = eng._write_prompt_cache.peek()[2][2]  # (pc, path, key)
+        key = eng._write_prompt_cache.peek()[2][3]  # (pc, cache, path, key)
     pc = PromptCache(1 << 24)
     assert read_file(pc, f, key)[0] >= 1
     write_file(pc, f, {**key, "onnxruntime": "0.0.1"})  # as another onnxruntime would have
     with pytest.warns(UserWarning, match="another engine .*onnxruntime"):
         eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
     assert eng.prompt_cache_stats()["entries"] == 0
+    eng.close()  # nothing to keep: the other engine's file stays
+    assert "another engine" in read_file(PromptCache(1 << 24), f, key)[1]
+    with pytest.warns(UserWarning, match="another engine"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
     eng.close()
-    assert read_file(PromptCache(1 << 24), f, key)[1] is None  # rewritten by this engine
+    assert read_file(PromptCache(1 << 24), f, key)[1] is None  # replaced by this engine's
     for junk in (b"not a cache", b"PK\x03\x04 truncated"):
         f.write_bytes(junk)
         with pytest.raises(StoreError, match="give a new path"):
@@ -337,6 +390,7 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
         edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path / "file" / "c.npz", memory=False)
     (tmp_path / "gone").mkdir()
     eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path / "gone" / "c.npz", memory=False)
+    eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")  # something to keep
     (tmp_path / "gone").rmdir()
     (tmp_path / "gone").write_text("now a file")
     with pytest.warns(UserWarning, match="cannot write the prompt cache"):
