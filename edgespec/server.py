@@ -261,8 +261,10 @@ class Server:
         self.created = P.now()
 
     def _gauges(self) -> dict:
+        pc = self.engine.prompt_cache_stats()
         return {"queue_depth": self.sched.waiting, "queue_capacity": self.sched.queue_size,
-                "generation_running": int(self.sched.busy), "max_context": self.engine.max_context}
+                "generation_running": int(self.sched.busy), "max_context": self.engine.max_context,
+                "prompt_cache": pc}
 
     # -- the small endpoints -----------------------------------------------------------------
     def _model(self) -> dict:

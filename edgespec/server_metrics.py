@@ -98,6 +98,14 @@ class Metrics:
         metric("queue_capacity", "gauge", "Most requests that may wait (more get 429).", [({}, g["queue_capacity"])])
         metric("generation_running", "gauge", "1 while a generation holds the engine.", [({}, g["generation_running"])])
         metric("max_context_tokens", "gauge", "The engine's context window.", [({}, g["max_context"])])
+        pc = g.get("prompt_cache")
+        if pc:  # (none on a GPU target, or with --prompt-cache-mb 0)
+            metric("prompt_cache_bytes", "gauge", "Host memory the prompt cache holds (set-aside conversations).",
+                   [({}, pc["bytes"])])
+            metric("prompt_cache_budget_bytes", "gauge", "The most the prompt cache may hold.", [({}, pc["budget"])])
+            metric("prompt_cache_entries", "gauge", "Sequences the prompt cache keeps.", [({}, pc["entries"])])
+            metric("prompt_cache_evictions_total", "counter", "Kept sequences dropped for room (least recently used).",
+                   [({}, pc["evictions"])])
         mem = _memory()
         if "VmRSS" in mem:
             metric("resident_memory_bytes", "gauge", "Resident memory of the server process.", [({}, mem["VmRSS"])])

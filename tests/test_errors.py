@@ -256,9 +256,11 @@ def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):
         assert r.returncode == 1 and r.stderr.strip().splitlines() == [
             "error: cannot write the output: No space left on device"], r.stderr
     # SmolLM2 counting, one token a call: seconds of output, stopped by Ctrl-C after its first token
+    # (SIGINT back to its default in the child: a suite run as a background job, `cmd &`, inherits it ignored)
     p = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "generate", str(smol_int4), "-p", "1, 2, 3, 4, 5,",
                           "--no-memory", "--max-new-tokens", "2000", "--drafter", "none"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.stdout.read(1)  # it is generating
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)

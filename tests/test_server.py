@@ -239,6 +239,8 @@ def test_a_conversation_set_aside_is_restored_from_the_prompt_cache(server, clie
     # (an earlier test's chat may have left the system message's rows for the first request to restore)
     assert metric(server, "restored_prompt_tokens_total") - restored_before == sum(
         x.model_extra["edgespec"]["restored_prompt_tokens"] for x in (ra, rb, r))
+    assert metric(server, "prompt_cache_entries") >= 1
+    assert 0 < metric(server, "prompt_cache_bytes") <= metric(server, "prompt_cache_budget_bytes")
 
 
 def test_eight_concurrent_clients(server, engine, model_id):
