@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import sys
@@ -143,12 +144,16 @@ def main():
 
 
 # -- generate -------------------------------------------------------------------------------
-def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None,
-            prompt_cache_file=None):
+def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None):
     from .api import load
 
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx is not None else {}
+    if params.get("prompt_cache_mb") is not None:  # (_prompt_cache_opts' options, where the command has them)
+        prompt_cache_mb = params["prompt_cache_mb"]
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
-                use_drafter=use_drafter, prompt_cache_mb=prompt_cache_mb, prompt_cache_file=prompt_cache_file,
+                use_drafter=use_drafter, prompt_cache_mb=prompt_cache_mb,
+                prompt_cache_file=params.get("prompt_cache_file"),
                 **engine_options(),  # --documents, --no-memory
                 **placement_options())  # --drafter-provider
 
@@ -168,6 +173,24 @@ def _sampling_opts(f):
     )):
         f = opt(f)
     return f
+
+
+def _prompt_cache_opts(f):
+    """--prompt-cache-mb and --prompt-cache-file (read back by ``_engine`` from the command's parameters)."""
+    @functools.wraps(f)
+    def wrapper(*args, **kw):
+        kw.pop("prompt_cache_mb", None)
+        kw.pop("prompt_cache_file", None)
+        return f(*args, **kw)
+
+    wrapper = click.option(
+        "--prompt-cache-file", type=click.Path(dir_okay=False), default=None,
+        help="Keep the prompt cache in this file between runs: read at start (if this bundle, onnxruntime and CPU "
+             "wrote it), written at exit. Off by default: it holds the conversations' contents.")(wrapper)
+    return click.option(
+        "--prompt-cache-mb", type=click.IntRange(min=0), default=None,
+        help="Memory for conversations set aside (their KV rows, restored when a prompt continues one; CPU only; "
+             "0: none; default: the profile's, else up to four full contexts of what the plan leaves).")(wrapper)
 
 
 def _engine_opts(f):
@@ -195,6 +218,7 @@ def _engine_opts(f):
 @_sampling_opts
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @_engine_opts
+@_prompt_cache_opts
 @memory_opts()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
 @click.option("--no-parse-special", is_flag=True,
@@ -212,6 +236,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         r = eng.generate(src, stop=stop, **kw)
         click.echo(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
                                "stats": r.stats}, ensure_ascii=False))
+        eng.close()  # (a prompt cache file written now)
         return
     for delta in eng.stream(src, stop=stop, **kw):
         click.echo(delta, nl=False)
@@ -222,6 +247,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     if st:
         click.echo(f"[{st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms, "
                    f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]", err=True)
+    eng.close()
 
 
 STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin
@@ -248,6 +274,7 @@ def _read_stdin() -> str:
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
 @_sampling_opts
 @_engine_opts
+@_prompt_cache_opts
 @memory_opts()
 @click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
 @click.pass_context
@@ -293,16 +320,11 @@ class _OneLineUsage(click.Command):
               help="Requests that may wait while one generates; more are refused with 429.")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
               help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
-@click.option("--prompt-cache-mb", type=click.IntRange(min=0), default=None,
-              help="Memory for conversations set aside (their KV rows, restored when a request continues one; "
-                   "CPU only; 0: none; default: the profile's, else up to four full contexts of what the plan leaves).")
-@click.option("--prompt-cache-file", type=click.Path(dir_okay=False), default=None,
-              help="Keep the prompt cache in this file between runs: read at start (if this bundle, onnxruntime and "
-                   "CPU wrote it), written at exit. Off by default: it holds the conversations' contents.")
+@_prompt_cache_opts
 @_engine_opts
 @memory_opts()
-def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, prompt_cache_file, drafter, draft_tokens,
-          max_context, threads, profile, provider):
+def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, max_context, threads, profile,
+          provider):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
     --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
@@ -316,9 +338,7 @@ def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, prompt_c
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
     eng = None
     try:
-        eng = _engine(bundle, profile, provider, max_context, threads,
-                      use_drafter=model_wanted(drafter), prompt_cache_mb=prompt_cache_mb,
-                      prompt_cache_file=prompt_cache_file)
+        eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
@@ -328,7 +348,8 @@ def serve(bundle, host, port, queue_size, temperature, prompt_cache_mb, prompt_c
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
                               f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB"
-                                 + (f" ({pcs['entries']} kept from {prompt_cache_file}); " if prompt_cache_file else "; ")
+                                 + (f" ({pcs['entries']} kept from {click.get_current_context().params['prompt_cache_file']}); "
+                                    if click.get_current_context().params.get("prompt_cache_file") else "; ")
                                  if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
                                  else "no memory of replies)"))

@@ -395,3 +395,22 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
     (tmp_path / "gone").write_text("now a file")
     with pytest.warns(UserWarning, match="cannot write the prompt cache"):
         eng.close()  # a place it cannot be written: said at close, not raised
+
+
+def test_generate_runs_share_a_document_through_a_prompt_cache_file(tiny_bundle, tmp_path):
+    """`edgespec generate --prompt-cache-file`: each run a new process (here: a new engine); the second
+    question about the same document restores the first run's rows."""
+    from edgespec.cli import main
+
+    f = tmp_path / "doc.npz"
+    runs = []
+    for q in ("first question?", "second question?"):
+        r = CliRunner().invoke(main, ["generate", str(tiny_bundle), "-p", DOC_A + q, "--max-new-tokens", "4",
+                                      "--drafter", "none", "--no-memory", "--prompt-cache-file", str(f), "--json"])
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads(r.stdout))
+    assert f.is_file() and runs[0]["stats"]["restored_prompt_tokens"] == 0
+    assert runs[1]["stats"]["restored_prompt_tokens"] >= 16
+    bad = CliRunner().invoke(main, ["chat", str(tiny_bundle), "--prompt-cache-mb", "0", "--prompt-cache-file",
+                                    str(tmp_path / "x.npz")], input="")
+    assert bad.exit_code != 0 and "needs a prompt cache" in bad.output
