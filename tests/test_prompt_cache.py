@@ -414,3 +414,21 @@ def test_generate_runs_share_a_document_through_a_prompt_cache_file(tiny_bundle,
     bad = CliRunner().invoke(main, ["chat", str(tiny_bundle), "--prompt-cache-mb", "0", "--prompt-cache-file",
                                     str(tmp_path / "x.npz")], input="")
     assert bad.exit_code != 0 and "needs a prompt cache" in bad.output
+
+
+def test_two_chat_sessions_on_one_engine_take_turns_without_prefilling_again(tiny_bundle):
+    """The Python API's multi-user case: two ChatSessions on one engine, alternating turns; each turn after
+    the first restores its own history and replies as a session alone on its engine does."""
+    kw = dict(max_new_tokens=8, drafter="none")
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, memory=False)
+    a, b = eng.chat(system="alpha " * 8), eng.chat(system="beta " * 8)
+    got = {"a": [], "b": []}
+    for turn in ("one", "two", "three"):
+        for name, s in (("a", a), ("b", b)):
+            r = s.send(f"{name} says {turn}", **kw)
+            got[name].append(r.token_ids)
+            if turn != "one":
+                assert r.stats["restored_prompt_tokens"] > 0
+    for name, system in (("a", "alpha " * 8), ("b", "beta " * 8)):
+        alone = edgespec.load(tiny_bundle, prompt_cache_mb=0, memory=False).chat(system=system)
+        assert [alone.send(f"{name} says {t}", **kw).token_ids for t in ("one", "two", "three")] == got[name]
