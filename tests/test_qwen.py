@@ -25,3 +25,23 @@ def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
         for d, k in (("model", None), ("model", 2), ("model", 4), ("prompt-lookup", None), ("auto", None)):
             eng.reset()
             assert eng.generate(msgs, max_new_tokens=48, drafter=d, draft_tokens=k).token_ids == ref, (prompt, d, k)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_prompt_cache_restores_a_chat_exactly():
+    """On the benchmark bundle (edgespec's width-invariant kernels): a chat set aside by another and
+    restored replies as a fresh engine prefilling its whole history does, token for token."""
+    bundle = BUNDLES / "qwen-coder-b128-v64k-xk"
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    a = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
+    eng = edgespec.load(bundle, max_context=1024, prompt_cache_mb=64, memory=False)
+    a += [{"role": "assistant", "content": eng.generate(a, max_new_tokens=48).text},
+          {"role": "user", "content": "Now make it ignore case and punctuation."}]
+    eng.generate([{"role": "user", "content": "Name three prime numbers."}], max_new_tokens=16)
+    got = eng.generate(a, max_new_tokens=48)
+    assert got.stats["restored_prompt_tokens"] > 50
+    eng.close()
+    fresh = edgespec.load(bundle, max_context=1024, prompt_cache_mb=0, memory=False)
+    assert fresh.generate(a, max_new_tokens=48).token_ids == got.token_ids
