@@ -309,8 +309,9 @@ def report(st: Stats) -> str:
     return "\n".join([
         f"last reply: {st.new_tokens} tokens in {st.total_s:.2f} s, {st.tokens_per_second:.1f} tok/s, "
         f"finish: {st.finish_reason or 'stopped'}",
-        f"prompt: {st.prompt_tokens} tokens, {st.reused_prompt_tokens} reused from the cached conversation, "
-        f"prefill {st.prefill_ms:.0f} ms",
+        f"prompt: {st.prompt_tokens} tokens, {st.reused_prompt_tokens} reused from the cached conversation"
+        + (f" ({st.restored_prompt_tokens} of them from the prompt cache)" if st.restored_prompt_tokens else "")
+        + f", prefill {st.prefill_ms:.0f} ms",
         f"drafting: acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.drafted} drafted tokens), "
         f"{st.tokens_per_target_call:.2f} tokens per target call, rounds by drafter: {drafters}",
         f"time: draft {st.draft_s:.3f} s, target {st.target_s:.3f} s, other {st.other_s:.3f} s",
