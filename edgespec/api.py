@@ -144,16 +144,18 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
     engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
     if persisted is not None:  # written at close, or when the process exits (the finalizer holds no engine)
-        engine._prompt_cache_file = persisted[0]
+        path, key, owned = persisted
+        engine._prompt_cache_file = path if owned else None  # (reset deletes only a file of this engine's)
         engine._write_prompt_cache = weakref.finalize(engine, _write_prompt_cache, target.prompt_cache, target.cache,
-                                                      *persisted)
+                                                      path, key, decoder.lock)
     if doc_texts:
         engine.add_documents(texts=doc_texts)
     return engine
 
 
 def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -> tuple:
-    """Read ``path`` into the target's prompt cache; (path, key) to write it back with. ``ConfigError``
+    """Read ``path`` into the target's prompt cache; (path, key) to write it back with, and whether the file
+    is this engine's (absent, or read: not another engine's it ignored). ``ConfigError``
     where there is no prompt cache to keep, ``StoreError`` for a file that is not one edgespec wrote."""
     from pathlib import Path
 
@@ -173,20 +175,27 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
     if why:
         warnings.warn(f"the prompt cache {path} was not read: {why}; this engine replaces it when it closes "
                       f"with conversations to keep", stacklevel=3)
-    return path, key
+    return path, key, why is None
 
 
-def _write_prompt_cache(pc, cache, path, key) -> None:
-    """At close or exit: the live conversation kept too, and the file written if anything changed since it
-    was read or written; a failure is said, not raised (the replies are already out)."""
+def _write_prompt_cache(pc, cache, path, key, lock) -> None:
+    """At close or exit: the live conversation kept too (unless a generation in another thread is writing
+    it: at exit, a daemon thread's), and the file written if anything changed since it was read or
+    written; a failure is said, not raised (the replies are already out)."""
     from .prompt_cache import write_file
 
+    mine = lock._owner == threading.get_ident()  # (close holds the generation lock)
+    got = not mine and lock._lock.acquire(blocking=False)
     try:
-        pc.save(cache)
+        if mine or got:
+            pc.save(cache)
         if pc.version != pc.written:
             write_file(pc, path, key)
     except (EdgespecError, MemoryError) as e:
         warnings.warn(str(e) or "out of memory writing the prompt cache", stacklevel=2)
+    finally:
+        if got:
+            lock._lock.release()
 
 
 def _check_load_args(**kw) -> None:
@@ -297,12 +306,13 @@ class Engine:
         thread; refused (``BusyError``) inside one's own unfinished stream."""
         self.decoder.reset()
         path = getattr(self, "_prompt_cache_file", None)
-        if path is not None:  # forgotten on disk too (written again, empty or with what follows, at close)
+        if path is not None:  # forgotten on disk too (written again at close only if conversations follow)
             try:
                 path.unlink(missing_ok=True)
             except OSError as e:
                 warnings.warn(f"cannot delete the prompt cache {path}: {e.strerror or e}", stacklevel=2)
-            self.decoder.target.prompt_cache.written = -1
+            pc = self.decoder.target.prompt_cache
+            pc.written = pc.version
 
     def prompt_cache_stats(self) -> dict | None:
         """The prompt cache's entries, tokens, bytes, budget and counters (saves, restores, restored

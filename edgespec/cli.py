@@ -294,7 +294,11 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?'
     if hasattr(sys.stdin, "reconfigure"):
         sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 is refused, not fatal
-    ctx.exit(run_chat(eng, system=system, options=options, show_stats=show_stats))
+    try:
+        code = run_chat(eng, system=system, options=options, show_stats=show_stats)
+    finally:
+        eng.close()  # (a prompt cache file written now, its warnings as every other)
+    ctx.exit(code)
 
 
 # -- serve ----------------------------------------------------------------------------------

@@ -252,5 +252,6 @@ def prompt_cache_bytes(p: Plan, profile: Profile) -> tuple[int, str | None, str 
         room = max(0, left - int(PROMPT_CACHE_MARGIN * p.total))
         return min(room, PROMPT_CACHE_CONTEXTS * p.kv.get("target", 0)), None, None
     if want > left:
-        return left, f"prompt cache {want / MiB:.0f} -> {left / MiB:.0f} MiB", None
+        return left, f"prompt cache {want / MiB:.0f} -> {left / MiB:.0f} MiB", (
+            f"asked for a prompt cache of {want / MiB:.0f} MiB; the budget leaves {left / MiB:.0f} MiB for it")
     return want, None, None

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     import edgespec
 
     eng = edgespec.load(args.bundle, provider=args.provider, threads=args.threads, memory=False,
-                        max_context=max(512, args.context + max(args.widths) + 8))
+                        max_context=max(512, args.context + max(args.widths) + 8), prompt_cache_mb=0)
     target = eng.decoder.target
     vocab = min(eng.manifest.target.vocab_size, 32000)
     policy = (target.min_width, target.width_multiple)

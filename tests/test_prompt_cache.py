@@ -245,6 +245,7 @@ def test_the_plan_sizes_the_prompt_cache_from_what_is_left(tiny_bundle):
     assert q.prompt_cache == 0 and q.context == p.context and q.drafter == p.drafter
     asked = plan(m, replace(tight, prompt_cache_mb=10_000))  # asked for: what is left, and the plan says so
     assert asked.prompt_cache == asked.budget - asked.total > 0 and any("prompt cache" in c for c in asked.cuts)
+    assert any("asked for a prompt cache of 10000 MiB" in w for w in asked.warnings)
     assert plan(m, replace(DEFAULT_PROFILE, prompt_cache_mb=0)).prompt_cache == 0
     assert plan(m, replace(DEFAULT_PROFILE, prompt_cache_mb=3)).prompt_cache == 3 * MiB
     gpu = plan(m, replace(DEFAULT_PROFILE, prompt_cache_mb=100), providers=["cuda"])
@@ -311,6 +312,7 @@ def test_a_prompt_cache_file_carries_conversations_across_engines(tiny_bundle, t
         assert not stale.exists() and eng.prompt_cache_stats()["entries"] == 1
         eng.reset()  # forgets on disk too
         assert not f.exists()
+    assert not f.exists()  # and nothing followed: not written again at close
 
 
 def test_a_prompt_cache_file_is_read_within_the_budget_and_checked():
