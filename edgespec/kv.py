@@ -16,6 +16,15 @@ import numpy as np
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
+def common_prefix(a: np.ndarray, ids: Sequence[int]) -> int:
+    """Length of the longest common prefix of int64 ``a`` and ``ids`` (one vectorized compare)."""
+    n = min(len(a), len(ids))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != np.asarray(ids[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
+
+
 class TokenBuffer:
     """A growable sequence of token ids over one int64 array (no per-token Python objects)."""
 
@@ -70,11 +79,7 @@ class TokenBuffer:
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         """Length of the longest common prefix with ``ids``."""
-        n = min(self._n, len(ids))
-        if n == 0:
-            return 0
-        diff = np.flatnonzero(self._a[:n] != np.asarray(ids[:n], dtype=np.int64))
-        return int(diff[0]) if diff.size else n
+        return common_prefix(self._a[: self._n], ids)
 
 
 class TokenCache:

@@ -25,6 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .kv import common_prefix
+
 # Fewer cached tokens than this are not worth a copy (a prefill of them is a few target calls).
 MIN_TOKENS = 16
 
@@ -92,11 +94,9 @@ class PromptCache:
         best, best_n = None, 0
         with self._lock:
             for key, e in self._entries.items():
-                n = min(e.ids.size, ids.size)
-                if n <= best_n:
+                if min(e.ids.size, ids.size) <= best_n:
                     continue
-                diff = np.flatnonzero(e.ids[:n] != ids[:n])
-                m = int(diff[0]) if diff.size else n
+                m = common_prefix(e.ids, ids)
                 if m > best_n:
                     best, best_n = key, m
         return best, best_n
@@ -183,16 +183,10 @@ _ISA = ("avx", "avx2", "avx512", "amx", "fma", "f16c", "vnni", "bf16", "fp16", "
 
 def _cpu_isa() -> str:
     import platform
-    from pathlib import Path
 
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, val = line.partition(":")
-            if name.strip().lower() in ("flags", "features"):
-                flags |= {f for f in val.split() if any(f.startswith(x) or x in f for x in _ISA)}
-    except OSError:
-        pass
+    from .native import _cpu_flags
+
+    flags = {f for f in _cpu_flags() or () if any(x in f for x in _ISA)}
     return platform.machine() + " " + " ".join(sorted(flags))
 
 

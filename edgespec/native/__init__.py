@@ -34,8 +34,11 @@ def cache_dir() -> Path:
 
 
 def _cpu_flags() -> set[str] | None:
+    """The first CPU's instruction-set flags (x86's ``flags`` line, aarch64's ``Features``); None where
+    /proc/cpuinfo cannot be read."""
     try:
-        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.partition(":")[0].strip().lower() in ("flags", "features")), "")
     except OSError:
         return None
     return set(line.partition(":")[2].split())
