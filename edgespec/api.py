@@ -184,18 +184,14 @@ def _write_prompt_cache(pc, cache, path, key, lock) -> None:
     written; a failure is said, not raised (the replies are already out)."""
     from .prompt_cache import write_file
 
-    mine = lock._owner == threading.get_ident()  # (close holds the generation lock)
-    got = not mine and lock._lock.acquire(blocking=False)
-    try:
-        if mine or got:
-            pc.save(cache)
-        if pc.version != pc.written:
-            write_file(pc, path, key)
-    except (EdgespecError, MemoryError) as e:
-        warnings.warn(str(e) or "out of memory writing the prompt cache", stacklevel=2)
-    finally:
-        if got:
-            lock._lock.release()
+    with lock.held_if_free() as free:  # (close holds it already)
+        try:
+            if free:
+                pc.save(cache)
+            if pc.version != pc.written:
+                write_file(pc, path, key)
+        except (EdgespecError, MemoryError) as e:
+            warnings.warn(str(e) or "out of memory writing the prompt cache", stacklevel=2)
 
 
 def _check_load_args(**kw) -> None:

@@ -168,6 +168,20 @@ class GenerationLock:
             finally:
                 self._owner = None
 
+    @contextmanager
+    def held_if_free(self):
+        """True while this thread holds the lock: it did already, or took it without waiting; False
+        where another thread's generation holds it (at exit, a daemon thread's)."""
+        if self._owner == threading.get_ident():
+            yield True
+            return
+        got = self._lock.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                self._lock.release()
+
 
 class Decoder:
     """Speculative generation over a target LM (``lm.CausalLM``) and drafters (``drafters.Drafter``).

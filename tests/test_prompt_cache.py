@@ -434,3 +434,34 @@ def test_two_chat_sessions_on_one_engine_take_turns_without_prefilling_again(tin
     for name, system in (("a", "alpha " * 8), ("b", "beta " * 8)):
         alone = edgespec.load(tiny_bundle, prompt_cache_mb=0, memory=False).chat(system=system)
         assert [alone.send(f"{name} says {t}", **kw).token_ids for t in ("one", "two", "three")] == got[name]
+
+
+def test_the_generation_lock_is_taken_at_exit_only_if_free():
+    """What the prompt cache file's writer uses at close (the lock already held), at exit with nothing
+    running (taken and given back) and with another thread's generation running (not taken, no wait)."""
+    import threading
+
+    from edgespec.decoder import GenerationLock
+
+    lock = GenerationLock()
+    with lock.held_if_free() as free:
+        assert free
+    with lock.hold():
+        with lock.held_if_free() as free:
+            assert free
+    running, done = threading.Event(), threading.Event()
+
+    def generate():
+        with lock.hold():
+            running.set()
+            done.wait(10)
+
+    t = threading.Thread(target=generate)
+    t.start()
+    running.wait(10)
+    with lock.held_if_free() as free:
+        assert not free
+    done.set()
+    t.join(10)
+    with lock.held_if_free() as free:
+        assert free
