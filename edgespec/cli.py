@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import sys
 
 import click
 
-from .cli_memory import engine_options, memory, memory_opts, model_wanted
+from .cli_memory import engine_options, load_params, memory, memory_opts, model_wanted
 from .cli_placement import drafter_provider_opt, placement_options
 from .drafters import drafter_choices
 from .errors import EdgespecError, ProviderError
@@ -147,14 +146,9 @@ def main():
 def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None):
     from .api import load
 
-    ctx = click.get_current_context(silent=True)
-    params = ctx.params if ctx is not None else {}
-    if params.get("prompt_cache_mb") is not None:  # (_prompt_cache_opts' options, where the command has them)
-        prompt_cache_mb = params["prompt_cache_mb"]
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
-                use_drafter=use_drafter, prompt_cache_mb=prompt_cache_mb,
-                prompt_cache_file=params.get("prompt_cache_file"),
-                **engine_options(),  # --documents, --no-memory
+                use_drafter=use_drafter, **engine_options(),  # --documents, --no-memory
+                **{"prompt_cache_mb": prompt_cache_mb, **prompt_cache_options()},  # --prompt-cache-mb/-file
                 **placement_options())  # --drafter-provider
 
 
@@ -176,13 +170,9 @@ def _sampling_opts(f):
 
 
 def _prompt_cache_opts(f):
-    """--prompt-cache-mb and --prompt-cache-file (read back by ``_engine`` from the command's parameters)."""
-    @functools.wraps(f)
-    def wrapper(*args, **kw):
-        kw.pop("prompt_cache_mb", None)
-        kw.pop("prompt_cache_file", None)
-        return f(*args, **kw)
-
+    """Adds --prompt-cache-mb and --prompt-cache-file to a command; ``prompt_cache_options()`` reads them
+    back for ``load``."""
+    wrapper = load_params(f, "prompt_cache_mb", "prompt_cache_file")
     wrapper = click.option(
         "--prompt-cache-file", type=click.Path(dir_okay=False), default=None,
         help="Keep the prompt cache in this file between runs: read at start (if this bundle, onnxruntime and CPU "
@@ -191,6 +181,13 @@ def _prompt_cache_opts(f):
         "--prompt-cache-mb", type=click.IntRange(min=0), default=None,
         help="Memory for conversations set aside (their KV rows, restored when a prompt continues one; CPU only; "
              "0: none; default: the profile's, else up to four full contexts of what the plan leaves).")(wrapper)
+
+
+def prompt_cache_options() -> dict:
+    """``load`` keywords from the running command's --prompt-cache-mb and --prompt-cache-file."""
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx is not None else {}
+    return {k: params[k] for k in ("prompt_cache_mb", "prompt_cache_file") if params.get(k) is not None}
 
 
 def _engine_opts(f):
@@ -348,13 +345,11 @@ def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, ma
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
                          temperature=temperature)
         mem = eng.memory_stats().get("memory_path")
-        pcs = eng.prompt_cache_stats()
+        pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
+        kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
                               f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
-                              + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB"
-                                 + (f" ({pcs['entries']} kept from {click.get_current_context().params['prompt_cache_file']}); "
-                                    if click.get_current_context().params.get("prompt_cache_file") else "; ")
-                                 if pcs else "no prompt cache; ")
+                              + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
                                  else "no memory of replies)"))
     except BaseException:  # (closing must not hide why the server stopped)

@@ -9,17 +9,25 @@ import click
 MiB = 1 << 20
 
 
+def load_params(f, *names):
+    """``f`` without its parameters ``names``: options a command only passes on to ``load``, which
+    stay in its click context where a reader (``engine_options``, ``placement_options``, ...) takes
+    them back."""
+    @functools.wraps(f)
+    def wrapper(*args, **kw):
+        for name in names:
+            kw.pop(name, None)
+        return f(*args, **kw)
+
+    return wrapper
+
+
 def memory_opts(default_memory: bool = True):
     """Adds --documents FILE (repeatable) and --no-memory (or --memory, where the default is off)
     to a command; ``engine_options()`` reads them back for ``load``."""
 
     def deco(f):
-        @functools.wraps(f)
-        def wrapper(*args, **kw):
-            kw.pop("documents", None)
-            kw.pop("use_memory", None)
-            return f(*args, **kw)
-
+        wrapper = load_params(f, "documents", "use_memory")
         wrapper = click.option("--documents", multiple=True, type=click.Path(),
                                help="A text file the suffix drafter drafts quotes from (repeatable).")(wrapper)
         flag = "--memory/--no-memory"

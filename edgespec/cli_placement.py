@@ -1,10 +1,9 @@
 """``--drafter-provider``: where the drafter model runs, for the commands that load or plan a bundle."""
 from __future__ import annotations
 
-import functools
-
 import click
 
+from .cli_memory import load_params
 from .providers import PROVIDER_NAMES
 
 
@@ -12,12 +11,7 @@ def drafter_provider_opt(f):
     """Adds --drafter-provider and --cuda-graphs/--no-cuda-graphs to a command; ``placement_options()``
     reads them back for ``load``."""
 
-    @functools.wraps(f)
-    def wrapper(*args, **kw):
-        kw.pop("drafter_provider", None)
-        kw.pop("cuda_graphs", None)
-        return f(*args, **kw)
-
+    wrapper = load_params(f, "drafter_provider", "cuda_graphs")
     wrapper = click.option("--cuda-graphs/--no-cuda-graphs", default=None,
                            help="On the CUDA EP, replay captured CUDA graphs for calls of up to 16 tokens "
                                 "(default: the profile's enable_cuda_graph, else on).")(wrapper)
