@@ -327,3 +327,20 @@ def test_probe_graphs_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):
     assert probe_graphs.main([str(tmp_path / "nope"), "--provider", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_bench_overlap_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
+    """bench.py's overlap section times the target's verify call and the drafter's steps alone and
+    from two threads at once; on the CPU EP (a dry run) every cell is filled, and the worker's
+    drafts leave both caches where they were (the next cell's calls would fail otherwise)."""
+    import bench
+
+    out = tmp_path / "run.json"
+    assert bench.main(["--provider", "cpu", "--sections", "overlap", "--shaped", str(tiny_cuda_bundle),
+                       "--reps", "2", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["overlap"]
+    assert set(res) == {"bundle", "context", "default"}  # the own-stream variant is a CUDA provider option
+    cells = res["default"]
+    assert len(cells) == 16
+    for c in cells.values():
+        assert c["verify_ms"] > 0 and c["draft_ms"] > 0 and c["both_ms"] > 0

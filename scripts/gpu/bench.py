@@ -28,6 +28,11 @@ records its error and the next one runs): written to ``--json`` after every sect
 - ``exactness``: ``scripts/check_exact.py`` on SmolLM2 (``--smol-cuda``) on the provider: each
   shipped prompt's greedy output against ``auto`` and prompt lookup at draft bounds 8 and 15, and
   the width policy the probe chose there (its bound on verify calls included).
+- ``overlap``: the shaped pair's target verify call (2-5 tokens, argmax) and the drafter's 1-4
+  one-token steps, each alone and both at once from two threads (each session has its own stream):
+  whether a drafter can draft the next round while the target verifies this one (pipelined
+  drafting), with onnxruntime's copies on the default stream and, with a profile setting
+  ``do_copy_in_default_stream = 0``, on each session's own.
 """
 from __future__ import annotations
 
@@ -348,6 +353,80 @@ print(round(time.perf_counter() - t, 3))
 """
 
 
+def overlap(bundle: str, reps: int) -> dict:
+    """The target's verify call and the drafter's steps alone and concurrently (two threads)."""
+    import queue
+    import threading
+
+    import edgespec
+
+    res: dict = {"bundle": bundle}
+    variants = [("default", None)]
+    if PROVIDER == "cuda":
+        prof = Path(tempfile.mkdtemp()) / "own-stream-copies.toml"
+        prof.write_text('memory_budget_mb = 100000\nproviders = ["cuda", "cpu"]\nmax_draft_tokens = 8\n'
+                        'prefill_chunk = 512\n[provider_options.cuda]\narena_extend_strategy = '
+                        '"kSameAsRequested"\ndo_copy_in_default_stream = "0"\n')
+        variants.append(("own_stream_copies", str(prof)))
+    for name, profile in variants:
+        eng = edgespec.load(bundle, profile=profile, provider=PROVIDER, memory=False, max_context=1024,
+                            prompt_cache_mb=0)
+        target, lm = eng.decoder.target, eng.decoder.drafters["model"].lm
+        c = min(256, target.max_context - 16, lm.max_context - 16)  # the tiny test bundles hold 256
+        ids = [(7919 * i + 13) % 32000 for i in range(c + 8)]
+        res["context"] = c
+        for m in (target, lm):
+            m.reset()
+            m.forward(ids[:c])
+
+        def verify(w):
+            target.forward_argmax(ids[c:c + w])
+            target.rewind(w)
+
+        def draft(n):
+            for i in range(n):
+                lm.forward(ids[c + i:c + i + 1])
+            lm.rewind(n)
+
+        jobs: queue.Queue = queue.Queue()
+        done: queue.Queue = queue.Queue()
+
+        def worker():
+            while (n := jobs.get()) is not None:
+                draft(n)
+                done.put(n)
+
+        th = threading.Thread(target=worker, daemon=True)
+        th.start()
+
+        def both(w, n):
+            jobs.put(n)
+            verify(w)
+            done.get()
+
+        def med(fn, *a):
+            fn(*a)  # warm-up: a width's first calls allocate and capture
+            fn(*a)
+            xs = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                fn(*a)
+                xs.append(time.perf_counter() - t)
+            return round(statistics.median(xs) * 1e3, 3)
+
+        table = {}
+        for w in (2, 3, 4, 5):
+            for n in (1, 2, 3, 4):
+                tv, td, tb = med(verify, w), med(draft, n), med(both, w, n)
+                table[f"w{w}_n{n}"] = {"verify_ms": tv, "draft_ms": td, "both_ms": tb,
+                                       "hidden": round((tv + td - tb) / min(tv, td), 3)}
+        jobs.put(None)
+        th.join()
+        res[name] = table
+        eng.close()
+    return res
+
+
 def load_times(bundle: str) -> dict:
     """Seconds to load the bundle in a fresh process, with an empty cache directory (files hashed,
     placements checked: three sessions per GPU model), then all cached, then with only the
@@ -414,6 +493,7 @@ def main(argv=None) -> int:
         "drafter_logits": lambda: drafter_logits(args.drafter_cuda, args.reps * 2) if args.drafter_cuda
         else {"skipped": "no --drafter-cuda bundle"},
         "exactness": lambda: exactness(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
+        "overlap": lambda: overlap(args.shaped, args.reps) if args.shaped else {"skipped": "no --shaped bundle"},
     }
     for name in args.sections.split(","):
         t = time.perf_counter()
