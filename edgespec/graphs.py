@@ -68,8 +68,11 @@ class GraphCalls:
     ``[n, vocab]`` or (``argmax``) int64 indices ``[n]``."""
 
     def __init__(self, session, binding, io, *, max_context: int, vocab: int, logits_dtype, argmax_name: str | None,
-                 argmax_rows: int, device_id: int = 0, has_positions: bool = False, device: str = "cuda"):
-        """``device``: where the buffers live (cuda; cpu runs the same bindings on the CPU EP, for tests)."""
+                 argmax_rows: int, device_id: int = 0, has_positions: bool = False, device: str = "cuda",
+                 skip_name: str | None = None):
+        """``device``: where the buffers live (cuda; cpu runs the same bindings on the CPU EP, for tests).
+        ``skip_name``: the graph's logits-skip input, 0 at every graph call (a host value the capture
+        keeps: the calls that skip rows, prefill chunks and catch-up reads, are ordinary runs)."""
         import onnxruntime as ort
 
         self._ort = ort
@@ -78,6 +81,8 @@ class GraphCalls:
         self.argmax_name, self.argmax_rows = argmax_name, int(argmax_rows)
         self.device, self.device_id = device, device_id
         self.has_positions = has_positions
+        self.skip_name = skip_name
+        self._no_skip = np.zeros(1, dtype=np.int64)
         self._mask_host = np.zeros((1, int(max_context)), dtype=np.int64)
         self._valid = 0  # ones at the start of the mask
         self.mask = ort.OrtValue.ortvalue_from_numpy(self._mask_host, device, device_id)
@@ -144,6 +149,8 @@ class GraphCalls:
             logits = self.logits[n] = self._ort.OrtValue.ortvalue_from_shape_and_type(
                 (1, n, self.vocab), self.logits_dtype, self.device, self.device_id)
         b.bind_ortvalue_output(io.logits, logits)
+        if self.skip_name is not None:  # every row's logits (an ordinary run before may have skipped some)
+            b.bind_cpu_input(self.skip_name, self._no_skip)
         if self.argmax_name:
             b.bind_output(self.argmax_name, self.device, self.device_id, np.int64, [1, min(n, self.argmax_rows)],
                           self.argmax.data_ptr())

@@ -97,7 +97,8 @@ class OnnxLM(CausalLM):
             else:
                 self.graphs = GraphCalls(self.session, self._binding, io, max_context=self.max_context,
                                          vocab=lt[1], logits_dtype=lt[0], argmax_name=self._argmax_name,
-                                         argmax_rows=ARGMAX_ROWS, has_positions=self._has_pos)
+                                         argmax_rows=ARGMAX_ROWS, has_positions=self._has_pos,
+                                         skip_name=self._skip_name)
         self._init_counters()
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
@@ -166,7 +167,7 @@ class OnnxLM(CausalLM):
             b.bind_output(self.spec.io.logits, "cpu")
         top = None
         if self._argmax_name is not None:  # bound at every call once the graph has it (any width)
-            top = self._own_argmax(n)
+            top = self._own_argmax(rows)  # over the rows that get logits (all but in a skipping call)
             if top is not None:
                 b.bind_ortvalue_output(self._argmax_name, top[1])
             else:

@@ -107,7 +107,8 @@ def measured_sizes(root: Path, role: str, entry: dict, log=None) -> dict:
 
 
 def _describe(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
-              fingerprint: str, max_context: int, argmax: str | None = None) -> ModelSpec:
+              fingerprint: str, max_context: int, argmax: str | None = None,
+              logits_skip: str | None = None) -> ModelSpec:
     """The manifest's record of the graph the builder wrote for ``role`` under ``root``."""
     dec = build.genai_config["model"]["decoder"]
     files = {}
@@ -141,7 +142,7 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
             input_ids=ins["input_ids"], attention_mask=ins["attention_mask"], position_ids=ins.get("position_ids"),
             past_key=ins["past_key_names"], past_value=ins["past_value_names"],
             present_key=outs["present_key_names"], present_value=outs["present_value_names"], logits=outs["logits"],
-            argmax=argmax,
+            argmax=argmax, logits_skip=logits_skip,
         ),
         tokenizer_sha256=fingerprint,
         layout=build.layout,
@@ -205,7 +206,17 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         dec = build.genai_config["model"]["decoder"]
         argmax = add_argmax_output(build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"])
         progress.log(f"    {role}: added the {argmax!r} output (ArgMax of the logits on the device)")
-    spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax)
+    from .kernels import SKIP_INPUT, add_logits_skip
+
+    dec = build.genai_config["model"]["decoder"]
+    # prefill chunks and a drafter's catch-up reads compute their last rows' logits only: on a GPU a
+    # 512-token chunk's 512 x 151,936 logits were copied to the host and converted there
+    skip = SKIP_INPUT if add_logits_skip(build.model_dir / dec.get("filename", "model.onnx"),
+                                         dec["outputs"]["logits"]) else None
+    if skip is None:
+        progress.log(f"    {role}: no lm_head found for the logits skip: prefills compute every row's logits")
+    spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,
+                     logits_skip=skip)
     if fp8 is not None:
         spec = replace(spec, quant=fp8)
     del params, config

@@ -257,20 +257,31 @@ def _row_positions(g) -> int:
     return len(nodes)
 
 
-def _skip_logits(g, logits: str) -> bool:
+# the ops an lm_head may be (edgespec's kernel, the builder's 4/8-bit and float ones)
+LM_HEAD_OPS = (OP, "MatMulNBits", "MatMul")
+
+
+def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
     """The graph input ``SKIP_INPUT`` (int64 [1], fed at every call: 0 computes every position's
     logits): a Slice drops that many leading positions from the lm_head's input, so a prefill computes
-    its last position's logits only. The lm_head is the matrix multiply ``logits`` comes from (through
-    Casts). False where there is none to find. (A default value, an initializer of the input's name,
-    would make it optional, but onnxruntime's IO binding refuses to bind such an input.)"""
+    its last position's logits only. The lm_head is the matrix multiply (one of ``ops``) ``logits``
+    comes from (through Casts), its first input the hidden states. False where there is none to find.
+    The runtime skips rows only in prefill chunks and a drafter's catch-up reads, never in a verify
+    call, so a kernel whose rows depend on how many a call has changes no exactness: the greedy and
+    the speculative runs prefill alike. (A default value, an initializer of the input's name, would
+    make it optional, but onnxruntime's IO binding refuses to bind such an input.)"""
     from onnx import TensorProto, helper
 
     made = {o: n for n in g.node for o in n.output}
     node = made.get(logits)
     while node is not None and node.op_type in ("Cast", "Identity"):
         node = made.get(node.input[0])
-    if node is None or node.op_type != OP:  # (another op's rows may depend on how many a call has)
+    if node is None or node.op_type not in ops or not node.input:
         return False
+    hidden_from = made.get(node.input[0])
+    if (any(t.name == node.input[0] for t in g.initializer)
+            or (hidden_from is not None and hidden_from.op_type == "DequantizeLinear")):
+        return False  # not the hidden states (a weight first)
     if any(i.name == SKIP_INPUT for i in g.input):
         return False
     g.input.append(helper.make_tensor_value_info(SKIP_INPUT, TensorProto.INT64, [1]))
@@ -279,12 +290,48 @@ def _skip_logits(g, logits: str) -> bool:
     hidden, kept = node.input[0], "edgespec_skip/hidden"
     cut = helper.make_node("Slice", [hidden, SKIP_INPUT, "edgespec_skip_end", "edgespec_skip_axis"], [kept],
                            name="edgespec_skip/slice")
+    known = next((v for v in list(g.value_info) + list(g.input) if v.name == hidden), None)
+    if known is not None and known.type.tensor_type.elem_type:  # the rows' type, for tools that read it
+        g.value_info.append(helper.make_tensor_value_info(kept, known.type.tensor_type.elem_type, None))
     node.input[0] = kept
     order = []
     for n in g.node:
         order += [cut, n] if n is node else [n]
     del g.node[:]
     g.node.extend(order)
+    return True
+
+
+def strip_logits_skip(g) -> bool:
+    """Undo ``_skip_logits`` on a graph (in memory): the lm_head reads every row again and the graph
+    has no ``SKIP_INPUT``, as the model builder wrote it, for runners that feed only the builder's
+    inputs (onnxruntime-genai: scripts/genai_baseline.py). False where there was none."""
+    cut = next((n for n in g.node if n.op_type == "Slice" and n.name == "edgespec_skip/slice"), None)
+    if cut is None:
+        return False
+    hidden, kept = cut.input[0], cut.output[0]
+    for n in g.node:
+        for i, name in enumerate(n.input):
+            if name == kept:
+                n.input[i] = hidden
+    g.node.remove(cut)
+    for seq, names in ((g.input, {SKIP_INPUT}), (g.initializer, {"edgespec_skip_end", "edgespec_skip_axis"}),
+                       (g.value_info, {kept})):
+        for item in [x for x in seq if x.name in names]:
+            seq.remove(item)
+    return True
+
+
+def add_logits_skip(model_file: Path, logits: str) -> bool:
+    """``_skip_logits`` on a builder's graph file in place (its external data untouched), whatever its
+    lm_head's op (``LM_HEAD_OPS``): every layout's prefill and catch-up reads compute the last rows'
+    logits only. False (the file untouched) where the graph has no lm_head to find or the input."""
+    m = load_graph(model_file)
+    if not _skip_logits(m.graph, logits, LM_HEAD_OPS):
+        return False
+    import onnx
+
+    onnx.save(m, str(model_file))
     return True
 
 
@@ -559,7 +606,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 gcfg.unlink()
             files = head_files(stage, spec.path.parent.relative_to(stage).as_posix())
             on_disk = sum(v["bytes"] for v in files.values())
-            if counts["logits_skip"]:
+            if counts["logits_skip"] or spec.io.logits_skip:  # (the export's since session 29)
                 ops["Slice"] = ops.get("Slice", 0) + 1
             io = replace(spec.io, logits_skip=SKIP_INPUT) if counts["logits_skip"] else spec.io
             if counts["row_positions"]:

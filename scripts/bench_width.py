@@ -36,15 +36,19 @@ def parse_widths(text: str) -> list[int]:
 
 
 def time_widths(lm, widths: list[int], context: int, reps: int, vocab: int,
-                argmax: bool = False) -> dict[int, float]:
+                argmax: bool = False, last_only: bool = False) -> dict[int, float]:
     """Median seconds of a call of each width after ``context`` tokens (``lm`` as it is set up:
     its min_width/width_multiple pad the calls or not). ``argmax``: time ``forward_argmax`` (what a
-    greedy round calls) instead of ``forward``."""
+    greedy round calls) instead of ``forward``; ``last_only``: ``forward_from`` the last position (a
+    prefill chunk's or a catch-up read's call: the model's logits skip where it has one)."""
     ids = [(7919 * i + 13) % vocab for i in range(context + max(widths))]
     lm.reset()
     lm.forward(ids[:context]) if context <= getattr(lm, "prefill_chunk", context) else lm.feed(ids[:context])
     samples: dict[int, list[float]] = {w: [] for w in widths}
     call = lm.forward_argmax if argmax else lm.forward
+    if last_only:
+        def call(ids):
+            return lm.forward_from(ids, len(ids) - 1, copy=False)
     for w in widths:  # warm-up: first calls of a width allocate
         call(ids[context: context + w])
         lm.rewind(w)

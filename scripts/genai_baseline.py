@@ -25,7 +25,7 @@ onnxruntime-genai 0.18 API used here:
   ``generator.get_speculative_stats() -> dict``.
 * Draft-model speculation is switched on by a ``model.draft`` section in genai_config.json (same
   fields as ``model.decoder``; ``filename`` must be a relative path under the config's directory)
-  plus ``speculative.max_draft_tokens``. We write such a config into a temp dir with symlinks to the
+  plus ``speculative.max_draft_tokens``. We write such a config into a temp dir with hard links to the
   two bundles' graphs (each in its own sub-folder, since both use ``model.onnx.data``).
 * N-gram (prompt lookup) speculation needs no config change: ``set_speculative_options(
   ngram_size=N)`` with N in 2..16 (matches the last N-1 tokens). It cannot be combined with a draft.
@@ -99,7 +99,43 @@ def _load(config_dir: Path, threads: int | None, key: tuple) -> "og.Model":
 def load_model(path: str | os.PathLike, threads: int | None = None) -> "og.Model":
     """A cached plain (no draft) og.Model on CPU for a genai model dir or bundle root."""
     d = model_dir(path)
-    return _load(d, threads, ("plain", str(d), threads))
+    key = ("plain", str(d), threads)
+    return _models[key] if key in _models else _load(_builder_view(d), threads, key)
+
+
+def _builder_view(d: Path) -> Path:
+    """``d`` itself, or where its graph takes edgespec's ``logits_skip`` input (every export since
+    session 29), a temp dir holding the graph without it (the builder's inputs only, which is all
+    onnxruntime-genai feeds), its genai_config.json and hard links to its external data."""
+    import onnx
+
+    from edgespec_export.kernels import strip_logits_skip
+
+    fname = json.loads((d / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
+    m = onnx.load(str(d / fname), load_external_data=False)
+    if not strip_logits_skip(m.graph):
+        return d
+    tmp = _view_dir(d, "genai_view_")
+    for f in _graph_files(d, fname)[1:] + [d / GENAI_CONFIG]:
+        _link(f, tmp / f.name)
+    onnx.save(m, str(tmp / fname))
+    return tmp
+
+
+def _view_dir(d: Path, prefix: str) -> Path:
+    """A temp dir (removed at exit) on ``d``'s filesystem, so that its files can be hard links."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.stat(tmp).st_dev != os.stat(d).st_dev:  # another filesystem: beside the bundle instead
+        tmp.rmdir()
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=d.resolve().parent.parent))
+    _tempdirs.append(str(tmp))
+    return tmp
+
+
+def _link(src: Path, dst: Path) -> None:
+    """A hard link: onnxruntime refuses external data whose resolved path (a symlink's target) lies
+    outside the graph's folder."""
+    os.link(src.resolve(), dst)
 
 
 def _graph_files(d: Path, filename: str) -> list[Path]:
@@ -112,18 +148,18 @@ def load_speculative_model(target: str | os.PathLike, drafter: str | os.PathLike
     """A cached og.Model whose config has a ``model.draft`` section (draft-model speculation).
 
     Writes genai_config.json into a temp dir with ``target/`` and ``draft/`` sub-folders of
-    symlinks to the two graphs (and their external data); the bundles are never touched.
+    hard links to the two graphs (and their external data); the bundles are never touched.
     """
     td, dd = model_dir(target), model_dir(drafter)
     key = ("draft", str(td), str(dd), int(max_draft_tokens), threads)
     if key in _models:
         return _models[key]
+    td, dd = _builder_view(td), _builder_view(dd)
     tcfg = json.loads((td / GENAI_CONFIG).read_text())
     dcfg = json.loads((dd / GENAI_CONFIG).read_text())
     if int(tcfg["model"]["vocab_size"]) != int(dcfg["model"]["vocab_size"]):
         raise ValueError(f"target vocab {tcfg['model']['vocab_size']} != drafter vocab {dcfg['model']['vocab_size']}")
-    tmp = Path(tempfile.mkdtemp(prefix="genai_spec_"))
-    _tempdirs.append(str(tmp))
+    tmp = _view_dir(td, "genai_spec_")
     cfg = copy.deepcopy(tcfg)
     so = _session_overlay(threads)
     blocks = {}
@@ -135,7 +171,7 @@ def load_speculative_model(target: str | os.PathLike, drafter: str | os.PathLike
         if not files or files[0].name != fname:
             raise FileNotFoundError(f"{src / fname} is missing")
         for f in files:
-            os.symlink(f, tmp / sub / f.name)
+            _link(f, tmp / sub / f.name)
         block["filename"] = f"{sub}/{fname}"
         if so:
             block.setdefault("session_options", {}).update(so)

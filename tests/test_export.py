@@ -373,3 +373,34 @@ def test_drafter_block_size_needs_a_quantized_drafter(tiny_dirs, tmp_path):
                                   str(tiny_dirs["drafter"]), "--drafter-precision", "int4",
                                   "--drafter-block-size", "48"])
     assert r.exit_code == 6 and "block-size" in r.output and not (tmp_path / "b").exists()
+
+
+def test_onnxruntime_genai_runs_a_bundle_with_the_logits_skip(tiny_int4_bundle):
+    """Exports since session 29 give the graph a ``logits_skip`` input, which onnxruntime-genai (the
+    benchmarks' anchor, scripts/genai_baseline.py) does not feed: the baseline runs a view of the
+    graph without it (the bundle untouched), and its greedy tokens are edgespec's."""
+    import sys
+    from pathlib import Path
+
+    import onnx
+
+    import edgespec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import genai_baseline as gb
+
+    graph = Path(tiny_int4_bundle) / "target" / "model.onnx"
+    before = graph.read_bytes()
+    assert any(i.name == "logits_skip" for i in onnx.load(str(graph), load_external_data=False).graph.input)
+    eng = edgespec.load(tiny_int4_bundle, use_drafter=False, memory=False, prompt_cache_mb=0)
+    prompt = [5, 17, 99, 3, 42, 7]
+    from edgespec.decoder import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=12, drafter="none", ignore_eos=True)
+    ref = [t for step in eng.decoder.generate(prompt, cfg) for t in step.tokens]
+    ids, _, _ = gb.genai_autoregressive(Path(tiny_int4_bundle) / "target", prompt, 12)
+    assert len(ids) == 12 and ids == ref
+    spec_ids, _, _ = gb.genai_speculative(Path(tiny_int4_bundle) / "target", prompt, 12, 3,
+                                          Path(tiny_int4_bundle) / "drafter")
+    assert spec_ids == ids
+    assert graph.read_bytes() == before  # the bundle's graph untouched

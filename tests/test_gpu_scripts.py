@@ -272,6 +272,8 @@ def test_token_ms_prefers_the_measured_drafter_reads():
     shaped["drafter_read_ms"] = {"16": 1.5, "64": 2.0, "512": 6.5}
     assert abs(predict.token_ms(shaped, 1.0) - 5.0 / 496) < 1e-12
     assert abs(predict.token_ms(shaped, 2.0) - 2 * 5.0 / 496) < 1e-12  # a step priced twice: reads too
+    shaped["drafter_read_skip_ms"] = {"16": 1.2, "512": 2.2}  # the last row's logits only (session 29)
+    assert abs(predict.token_ms(shaped, 1.0) - 1.0 / 496) < 1e-12
 
 
 def test_bench_exactness_section_on_the_cpu_ep(smol_cuda, tmp_path, monkeypatch):

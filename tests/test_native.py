@@ -1194,7 +1194,8 @@ def test_a_prefill_computes_only_its_last_positions_logits_with_the_same_numbers
 
     m = load_manifest(tiny_xk)
     assert m.target.io.logits_skip == "logits_skip" and m.target.operators["Slice"] >= 1
-    assert m.drafter.kernels == "onnxruntime" and m.drafter.io.logits_skip is None  # a float drafter: left as it was
+    # a float drafter is left to onnxruntime's kernels, with the export's logits skip (session 29)
+    assert m.drafter.kernels == "onnxruntime" and m.drafter.io.logits_skip == "logits_skip"
     ids = [(7 * i + 3) % 200 for i in range(21)]
     for spec in (m.target,):
         full = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)

@@ -149,6 +149,15 @@ def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
         # its catch-up reads (a prompt, the tokens free drafters emitted): what predict.token_ms prices
         reads = time_widths(model.lm, [16, 64, 128, 256, 512], 256, max(3, reps // 3), vocab)
         res["drafter_read_ms"] = {w: round(s * 1e3, 3) for w, s in reads.items()}
+        if model.lm.skips_logits:  # as the runtime reads (session 29): the last row's logits only
+            reads = time_widths(model.lm, [16, 64, 128, 256, 512], 256, max(3, reps // 3), vocab, last_only=True)
+            res["drafter_read_skip_ms"] = {w: round(s * 1e3, 3) for w, s in reads.items()}
+    if target.skips_logits:  # a prefill chunk as the runtime runs it (the last row's logits), and every row's
+        res["target_chunk_ms"] = {
+            "last_row": {w: round(s * 1e3, 3) for w, s in
+                         time_widths(target, [128, 512], 256, max(3, reps // 3), vocab, last_only=True).items()},
+            "every_row": {w: round(s * 1e3, 3) for w, s in
+                          time_widths(target, [128, 512], 256, max(3, reps // 3), vocab).items()}}
     ctx = {}
     for c in (1024, 4000):
         ctx[c] = round(time_widths(target, [1], c, max(3, reps // 3), vocab)[1] * 1e3, 3)

@@ -91,9 +91,12 @@ def token_ms(shaped: dict, step: float) -> float:
     scaled by the drafter's step over the target's one-token call. The drafter's short calls copy
     every row's logits to the host; a read's tokens beyond them are priced by the long calls' slope.
     Neither curve measured a read of a hundred tokens: an estimate. Where the run timed the
-    drafter's reads (``drafter_read_ms``, calls of 16-512 tokens), their slope instead."""
+    drafter's reads (``drafter_read_ms``, calls of 16-512 tokens), their slope instead; where it also
+    timed them computing their last row's logits only (``drafter_read_skip_ms``, as the runtime reads
+    with graphs that take the logits skip: every export since session 29), that slope."""
     steps_ms = {int(w): float(v) for w, v in shaped["drafter_step_ms"].items()}
-    reads = {int(w): float(v) for w, v in (shaped.get("drafter_read_ms") or {}).items()}
+    reads = {int(w): float(v) for w, v in (shaped.get("drafter_read_skip_ms") or shaped.get("drafter_read_ms")
+                                           or {}).items()}
     if len(reads) >= 2:  # measured (bench.py since session 27): the slope of its long calls
         lo, hi = min(reads), max(reads)
         return max(reads[hi] - reads[lo], 0.0) / (hi - lo) * step / steps_ms[min(steps_ms)]

@@ -5,7 +5,8 @@
 #   pytest.log, bench.log, gpu-run.json, shaped.log, exports.log, nvidia-smi.txt
 #   STAGE=/tmp/edgespec-gpu OUT=/tmp/out bash scripts/gpu/run.sh
 # SECTIONS (default all) picks the bench's sections; PYTEST=0 skips the tests; SHAPED_WAIT is how
-# long to wait for the background exports (seconds, default 360); SMOL_EXPORT=0 skips SmolLM2 (not sent);
+# long to wait for the background exports (seconds, default 360); SMOL_EXPORT=0 skips SmolLM2 (not sent),
+# SMOL_CPU=0 its cpu-layout bundle (only the smol section compares with it: ~65 s of a short window);
 # PYTEST_FILES picks the test files; PROVIDER=cpu runs the bench on the
 # CPU EP (a dry run on a machine without a GPU).
 set -uo pipefail
@@ -24,7 +25,7 @@ SMOL=$STAGE/files/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ "${SMOL_EXPORT:-1}" = 1 ]; then
   python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'SmolLM2*' || exit 3
 fi
-if [ "${SMOL_EXPORT:-1}" = 1 ] && [ ! -f "$B/smollm2-int4/edgespec.json" ]; then
+if [ "${SMOL_EXPORT:-1}" = 1 ] && [ "${SMOL_CPU:-1}" = 1 ] && [ ! -f "$B/smollm2-int4/edgespec.json" ]; then
   say "SmolLM2 int4, cpu layout"
   edgespec export "$SMOL" -o "$B/smollm2-int4" --target-precision int4 --max-context 2048 --no-quality --force \
       >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cpu-layout export (exports.log)"

@@ -38,6 +38,11 @@ def run_summary(path: Path) -> dict:
             out["shaped"]["width_ms_policy_argmax"] = s["width_ms"]["policy_argmax"]
         if "cuda_graphs" in s:  # session 18: which calls replayed captured CUDA graphs
             out["shaped"]["cuda_graphs"] = s["cuda_graphs"]
+        # session 27's probe bound, the drafter's long reads; session 29's reads and prefill chunks that
+        # compute their last row's logits only
+        for k in ("verified_width", "drafter_read_ms", "drafter_read_skip_ms", "target_chunk_ms"):
+            if k in s:
+                out["shaped"][k] = s[k]
     n = d.get("shaped_nographs", {})
     if "width_ms" in n:  # session 18: the same with CUDA graphs off
         out["shaped_nographs"] = {"width_ms_policy_argmax": n["width_ms"].get("policy_argmax"),
@@ -56,6 +61,11 @@ def run_summary(path: Path) -> dict:
         out["placement_drafter_on_cpu"] = {"runners": runners(p), "drafter_step_ms_cuda_layout_on_cpu":
                                            p.get("drafter_cuda_layout_on_cpu_step_ms"),
                                            "drafter_cpu_layout_on_cpu": p.get("drafter_cpu_layout_on_cpu")}
+    if "overlap" in d:  # session 29: the verify call and the drafter's steps from two threads at once
+        out["overlap"] = d["overlap"]
+    ex = d.get("exactness", {})
+    if "result" in ex:  # check_exact.py on SmolLM2 on the provider
+        out["exactness"] = {k: ex.get(k) for k in ("command", "policy", "result", "differs")}
     if "smol" in d:
         out["smollm2_gpu_vs_cpu_greedy"] = d["smol"]
     sb = d.get("smol_bench", {})
