@@ -53,6 +53,8 @@ def _calibration(spec, tok, n: int = 8):
         f = {io.input_ids: ids, io.attention_mask: np.ones_like(ids)}
         if io.position_ids:
             f[io.position_ids] = np.arange(ids.shape[1], dtype=np.int64)[None, :]
+        if io.logits_skip:  # the export's logits skip (session 29): every row's logits
+            f[io.logits_skip] = np.zeros(1, np.int64)
         for layer in range(spec.num_layers):
             for name in (io.past_key, io.past_value):
                 f[name % layer] = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), np.float32)

@@ -65,6 +65,8 @@ def probe(bundle: str, role: str = "target", widths=(1, 2, 3), prefix: int = 16,
                     io.attention_mask: np.ones((1, past + len(ids)), np.int64)}
             if io.position_ids and io.position_ids in inputs:
                 feed[io.position_ids] = np.arange(past, past + len(ids), dtype=np.int64)[None, :]
+            if io.logits_skip and io.logits_skip in inputs:  # every row's logits (session 29's skip)
+                feed[io.logits_skip] = np.zeros(1, np.int64)
             for i in range(spec.num_layers):
                 feed[io.past_key % i], feed[io.past_value % i] = (a.copy() for a in past_kv[i])
             return dict(zip(names, s.run(None, feed)))

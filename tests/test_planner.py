@@ -667,7 +667,11 @@ def test_measure_fills_the_model_drafters_context_too(tiny_bundle):
 @pytest.mark.real
 def test_plan_matches_measured_memory_on_smollm2(smol_int4):
     """The plan is the memory of a full context: measured in a fresh process that fills the
-    context, the peak resident set must be within 15% of the planned total."""
+    context, the peak resident set must be held by the planned total with at most 15% over, and not
+    fall more than 25% under it. (Within 15% both ways until session 29; since then a prefill chunk
+    computes its last row's logits only, which took ~90 MiB of transients out of this 135M model's
+    peak, and the fixed runtime allowance, 150 MiB where this process measures ~115, is a fifth of
+    what is left: 344 MiB measured against 431 planned.)"""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(smol_int4), "--profile", "cpu-8gb",
                           "--max-context", "2048", "--measure", "--json"],
@@ -678,7 +682,7 @@ def test_plan_matches_measured_memory_on_smollm2(smol_int4):
     planned = data["plan"]["total"]
     assert data["plan"]["context"] == 2048
     assert "measured at export" in data["plan"]["weights_basis"]
-    assert abs(peak / planned - 1) <= 0.15, f"measured {peak / MiB:.0f} MiB vs planned {planned / MiB:.0f} MiB"
+    assert 0.75 <= peak / planned <= 1.15, f"measured {peak / MiB:.0f} MiB vs planned {planned / MiB:.0f} MiB"
 
 
 def test_a_profile_may_default_to_the_suffix_drafter(tmp_path, tiny_bundle):

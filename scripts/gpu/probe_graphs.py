@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     has_argmax = bool(io.argmax) and io.argmax in outs
     names_in = {i.name for i in plain.get_inputs()}
     has_pos = bool(io.position_ids) and io.position_ids in names_in
+    no_skip = np.zeros(1, np.int64)  # the export's logits skip (session 29): every row's logits
+    skip_name = io.logits_skip if io.logits_skip and io.logits_skip in names_in else None
 
     cache = KVCache(spec, L, dev, spare=spec.attention_pad)
     rng = np.random.default_rng(0)
@@ -130,6 +132,8 @@ def main(argv=None) -> int:
         b.bind_cpu_input(io.attention_mask, np.ones((1, past + n), np.int64))
         if has_pos:
             b.bind_cpu_input(io.position_ids, np.arange(past, past + n, dtype=np.int64)[None])
+        if skip_name:
+            b.bind_cpu_input(skip_name, no_skip)
         b.bind_output(io.logits, "cpu")
         if has_argmax:
             b.bind_output(io.argmax, "cpu")
@@ -159,6 +163,8 @@ def main(argv=None) -> int:
             self.b.bind_ortvalue_input(io.attention_mask, self.mask)
             if has_pos:
                 self.b.bind_ortvalue_input(io.position_ids, self.pos)
+            if skip_name:
+                self.b.bind_cpu_input(skip_name, no_skip)
             self.b.bind_ortvalue_output(io.logits, self.logits)
             if has_argmax:
                 self.b.bind_ortvalue_output(io.argmax, self.argmax)
