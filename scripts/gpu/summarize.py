@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         doc = {"what": "edgespec on a real NVIDIA GPU (issue #13): measured figures per run, then predictions",
                "runs": [run_summary(p) for p in args.runs],
                "tests": [pytest_summary(p) for p in args.pytest],
-               "predicted_qwen_pair": [json.loads(p.read_text()) for p in args.predicted]}
+               "predicted_qwen_pair": [{"file": p.name, **json.loads(p.read_text())} for p in args.predicted]}
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
