@@ -144,7 +144,14 @@ class CausalLM:
         width = padded_width(n, self.min_width, self.width_multiple)
         pad = width - n if past + width <= self.max_context else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
-        skip = first if first and not argmax and self.skips_logits else 0
+        skip = 0
+        if first and not argmax and self.skips_logits:
+            # the lm_head gets a width the policy allows (the rows from ``first`` on, the pad's included,
+            # rounded up): a kernel's rows may depend on how many a call has, and a prefill that feeds one
+            # token (a repeated prompt, a restored prefix, a chat turn after a cut draft) runs the
+            # policy's narrowest call, so every prefill computes its last position's logits alike
+            rows = min(len(run), padded_width(len(run) - first, self.min_width, self.width_multiple))
+            skip = len(run) - rows
         self.last_past = past
         t0 = time.perf_counter()
         if positions is not None:
@@ -158,8 +165,8 @@ class CausalLM:
         self.tokens_run += len(run)
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
-        if first:  # row 0 of a skipping call is position ``first`` (the pad's rows follow the last)
-            return out[: n - first] if skip else out[first:n]
+        if first:  # row 0 of a skipping call is position ``skip`` (the pad's rows follow the last)
+            return out[first - skip: n - skip]
         return out[:n] if pad else out
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:

@@ -85,7 +85,8 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     KV buffer's length x 4 bytes, one layer's at a time; CUDA's fused kernels keep none); plus the
     float32 copy of the biggest logits (freed after each call, so counted once; a model whose prefill
     computes its last position's logits only, ``io.logits_skip``, computes all of a call's at most for
-    a verify call or a drafter's step with a hint: ``MAX_DRAFT`` + 1 rows, + 3 for a width policy's padding) and each model's
+    a verify call or a drafter's step with a hint: ``MAX_DRAFT`` + 1 rows, + 3 for a width policy's padding, and
+    ``MAX_DRAFT`` more where the target verifies alternates) and each model's
     logits buffer for short calls (``OWN_LOGITS_MAX_WIDTH`` x vocab float32, kept); on a GPU, a target's
     argmax output's buffers (``ARGMAX_ROWS`` rows of float16 and float32 logits); on a GPU, the CUDA
     graphs' per-width logits buffers (``graphs.graph_logits_bytes``, counted whether or not graphs
@@ -99,8 +100,10 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
     arenas = copy = own = 0
     for s in specs:
         columns = s.head_size or s.vocab_size  # a drafter's reduced head has head_size columns
-        # (a verify call of MAX_DRAFT + 1 tokens, padded by a width policy of up to 4)
-        logits = (min(chunk, MAX_DRAFT + 4) if s.io.logits_skip else chunk) * columns * 4
+        # (a verify call of MAX_DRAFT + 1 tokens, padded by a width policy of up to 4; a call that verifies
+        # alternates, one beside each draft token, MAX_DRAFT more)
+        widest = MAX_DRAFT + 4 + (MAX_DRAFT if s.io.row_positions else 0)
+        logits = (min(chunk, widest) if s.io.logits_skip else chunk) * columns * 4
         arenas += logits + chunk * s.hidden_size * 4 * 16
         own_attention = {"DecodeAttention", "DecodeAttentionF16"} & set(s.operators or {})
         if context and (on_cpu or {}).get(s.role, True) and not own_attention:

@@ -589,7 +589,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
                     + (f"; {counts['half_caches']} KV caches float16" if counts["half_caches"] else "")
                     + (f"; KV caches kept float32 ({counts['why_not_half']})" if "why_not_half" in counts else "")
-                    + ("; a prefill computes its last position's logits only" if counts["logits_skip"] else "")
+                    + ("; a prefill computes its last position's logits only"
+                       if counts["logits_skip"] or spec.io.logits_skip else "")
                     + ("; a call can verify alternates (rows' positions)" if counts["row_positions"] else ""))
             ops = dict(spec.operators)
             ops.pop("MatMulNBits", None)

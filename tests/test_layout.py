@@ -769,3 +769,38 @@ def test_exported_graphs_skip_the_logits_of_a_prefills_first_rows(fixture, reque
         assert np.allclose(a, b, atol=tol * np.abs(b).max())
     eng = edgespec.load(bundle, max_context=256)
     greedy_is_exact(eng)
+
+
+@pytest.mark.parametrize("policy", [(2, 1), (2, 2), (3, 1)])
+def test_a_skipping_prefill_gives_the_lm_head_a_width_the_policy_allows(tiny_int4_bundle, policy):
+    """The review of session 29: a prefill chunk's lm_head ran its last row alone (the kernel's one-row
+    path, which the width policy exists to avoid), while a prefill that feeds one token (a repeated
+    prompt, a restored prefix, a chat turn after a cut draft) runs the policy's narrowest call: the same
+    position's logits then depended on how many tokens were fed (Qwen's plain export: 12 of 24 prompt
+    lengths differed on the drafter). The rows that get logits are now rounded up to a width the policy
+    allows; a fresh prefill and a re-prefill of the same prompt give the same bits."""
+    from edgespec.manifest import load_manifest
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+    from edgespec.width import padded_width
+
+    m = load_manifest(tiny_int4_bundle)
+    lm = OnnxLM(m.target, 128, choose(["cpu"]), min_width=policy[0])
+    lm.width_multiple = policy[1]
+    assert lm.skips_logits
+    lm.prefill_chunk = 8
+    seen = []
+    run = lm._run
+    lm._run = lambda i, p, *a, **kw: seen.append((len(i), kw.get("skip", 0))) or run(i, p, *a, **kw)
+    ids = [(7 * i + 3) % 200 for i in range(40)]
+    for n in range(17, 32):
+        lm.reset()
+        seen.clear()
+        fresh = lm.prefill(ids[:n]).copy()
+        for width, skip in seen:  # every call a policy width, and so is the part that gets logits
+            assert width == padded_width(width, *policy) and width - skip == padded_width(width - skip, *policy)
+        again = lm.prefill(ids[:n]).copy()  # the cache holds the prompt: one token fed again
+        lm.reset()
+        every = lm.forward(ids[:n])[-1]  # no skip at all
+        assert np.array_equal(fresh, again), n
+        assert np.allclose(fresh, every, atol=1e-4 * np.abs(every).max()), n

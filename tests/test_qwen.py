@@ -45,3 +45,59 @@ def test_qwen_prompt_cache_restores_a_chat_exactly():
     eng.close()
     fresh = edgespec.load(bundle, max_context=1024, prompt_cache_mb=0, memory=False)
     assert fresh.generate(a, max_new_tokens=48).token_ids == got.token_ids
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_plain_export_with_the_logits_skip_prefills_alike(tmp_path):
+    """The plain export (onnxruntime's MatMulNBits, whose one-row path differs) with the logits skip every
+    export has since session 29, on a copy of ``qwen-coder-b128`` (exported before: hard links to its
+    weights, its graphs rewritten by export's own ``add_logits_skip``): a fresh prefill and a re-prefill
+    of the same prompt give the same bits on both models (before the review's fix 12 of 24 prompt lengths
+    differed on the drafter), and greedy speculative decoding equals greedy decoding."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    import numpy as np
+
+    from edgespec.manifest import load_manifest
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+    from edgespec_export.kernels import SKIP_INPUT, add_logits_skip
+
+    src = BUNDLES / "qwen-coder-b128"
+    if not (src / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {src}: export it as the README's 'Real models' section says")
+    dst = tmp_path / "qwen-skip"
+    shutil.copytree(src, dst, copy_function=os.link)
+    man = json.loads((src / "edgespec.json").read_text())
+    (dst / "edgespec.json").unlink()
+    for role, spec in man["models"].items():
+        if not spec:
+            continue
+        g = dst / role / "model.onnx"
+        data = g.read_bytes()
+        g.unlink()  # its own file: the source bundle's graph stays as it is
+        g.write_bytes(data)
+        assert add_logits_skip(g, spec["io"]["logits"])
+        spec["io"]["logits_skip"] = SKIP_INPUT
+        spec["files"][f"{role}/model.onnx"] = {"bytes": g.stat().st_size,
+                                              "sha256": hashlib.sha256(g.read_bytes()).hexdigest()}
+    (dst / "edgespec.json").write_text(json.dumps(man, indent=1))
+    m = load_manifest(dst)
+    ids = list(range(1000, 1044))
+    for spec in (m.target, m.drafter):
+        lm = OnnxLM(spec, 128, choose(["cpu"]))
+        assert lm.skips_logits and lm.min_width >= 2  # onnxruntime's kernels: a width policy
+        for n in range(20, 44):
+            lm.reset()
+            fresh = lm.prefill(ids[:n]).copy()
+            assert np.array_equal(fresh, lm.prefill(ids[:n])), (spec.role, n)
+    eng = edgespec.load(dst, max_context=1024, memory=False, prompt_cache_mb=0)
+    msgs = [{"role": "user", "content": "def quicksort(arr):"}]
+    ref = eng.generate(msgs, max_new_tokens=32, drafter="none").token_ids
+    for d in ("model", "auto"):
+        eng.reset()
+        assert eng.generate(msgs, max_new_tokens=32, drafter=d).token_ids == ref, d
