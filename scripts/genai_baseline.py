@@ -125,17 +125,24 @@ def _builder_view(d: Path) -> Path:
 def _view_dir(d: Path, prefix: str) -> Path:
     """A temp dir (removed at exit) on ``d``'s filesystem, so that its files can be hard links."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    if os.stat(tmp).st_dev != os.stat(d).st_dev:  # another filesystem: beside the bundle instead
-        tmp.rmdir()
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=d.resolve().parent.parent))
+    if os.stat(tmp).st_dev != os.stat(d).st_dev:  # another filesystem: beside the bundle where it may
+        try:
+            beside = Path(tempfile.mkdtemp(prefix=prefix, dir=d.resolve().parent.parent))
+            tmp.rmdir()
+            tmp = beside
+        except OSError:  # a read-only folder: the temp dir, with copies (_link)
+            pass
     _tempdirs.append(str(tmp))
     return tmp
 
 
 def _link(src: Path, dst: Path) -> None:
     """A hard link: onnxruntime refuses external data whose resolved path (a symlink's target) lies
-    outside the graph's folder."""
-    os.link(src.resolve(), dst)
+    outside the graph's folder. A copy where the filesystem has no hard links (or refuses one)."""
+    try:
+        os.link(src.resolve(), dst)
+    except OSError:
+        shutil.copy2(src.resolve(), dst)
 
 
 def _graph_files(d: Path, filename: str) -> list[Path]:
