@@ -346,3 +346,25 @@ def test_bench_overlap_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
     assert len(cells) == 16
     for c in cells.values():
         assert c["verify_ms"] > 0 and c["draft_ms"] > 0 and c["both_ms"] > 0
+
+
+def test_probe_overlap_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):
+    """scripts/gpu/probe_overlap.py (session 29, for the next GPU window): plain onnxruntime sessions of
+    the target and the drafter with fixed bindings (the logits skip at 0), timed alone and from two
+    threads; on the CPU EP one variant (no graphs, no streams), every figure filled. Bad input: one
+    error line, exit 2."""
+    import probe_overlap
+
+    js = tmp_path / "o.json"
+    assert probe_overlap.main([str(tiny_cuda_bundle), "--provider", "cpu", "--calls", "5", "--past", "32",
+                               "--json", str(js)]) == 0
+    res = json.loads(js.read_text())
+    assert list(res["variants"]) == ["no_graphs"]
+    rec = res["variants"]["no_graphs"]
+    assert rec["target_call_ms"] > 0 and rec["drafter_call_ms"] > 0 and rec["both_ms_per_pair"] > 0
+    assert rec["overlap"] > 0
+    capsys.readouterr()
+    assert probe_overlap.main([str(tmp_path / "nothing"), "--provider", "cpu"]) == 2
+    assert probe_overlap.main([str(tiny_cuda_bundle), "--provider", "cpu", "--calls", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)

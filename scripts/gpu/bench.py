@@ -33,6 +33,8 @@ records its error and the next one runs): written to ``--json`` after every sect
   whether a drafter can draft the next round while the target verifies this one (pipelined
   drafting), with onnxruntime's copies on the default stream and, with a profile setting
   ``do_copy_in_default_stream = 0``, on each session's own.
+- ``probe_overlap``: ``probe_overlap.py`` on the shaped pair: the same question with plain onnxruntime
+  (fixed device buffers, no copies; graphs on and off; onnxruntime's streams and torch's).
 """
 from __future__ import annotations
 
@@ -187,6 +189,19 @@ def probe_graphs(bundle: str, out_dir: Path) -> dict:
         res[role]["rc"] = rc
         if rc:
             res[role]["tail"] = text[-1500:]
+    return res
+
+
+def probe_overlap(bundle: str, out_dir: Path) -> dict:
+    """scripts/gpu/probe_overlap.py on the shaped pair: do two sessions' calls overlap with plain
+    onnxruntime (graphs on and off, onnxruntime's streams and torch's), in its own process."""
+    js = out_dir / "probe-overlap.json"
+    rc, text = sh([sys.executable, str(ROOT / "scripts/gpu/probe_overlap.py"), bundle, "--provider", PROVIDER,
+                   "--json", str(js)], timeout=240)
+    res = json.loads(js.read_text()) if js.is_file() else {}
+    res["rc"] = rc
+    if rc:
+        res["tail"] = text[-1500:]
     return res
 
 
@@ -503,6 +518,8 @@ def main(argv=None) -> int:
         else {"skipped": "no --drafter-cuda bundle"},
         "exactness": lambda: exactness(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
         "overlap": lambda: overlap(args.shaped, args.reps) if args.shaped else {"skipped": "no --shaped bundle"},
+        "probe_overlap": lambda: probe_overlap(args.shaped, out.parent) if args.shaped
+        else {"skipped": "no --shaped bundle"},
     }
     for name in args.sections.split(","):
         t = time.perf_counter()

@@ -58,7 +58,7 @@ if [ -f "$STAGE/shaped.pid" ] && ! [ -f "$STAGE/shaped.done" ]; then
   kill -- "-$(cat "$STAGE/shaped.pid")" 2>/dev/null
 fi
 SHAPED=$B/qwen-shaped-cuda; DCPU=$B/qwen0.5b-shaped-cpu
-args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,overlap,smol,exactness,smol_bench,memory,placement}")
+args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SECTIONS:-env,shaped,probe_overlap,smol,exactness,smol_bench,memory,placement}")
 [ -f "$SHAPED/edgespec.json" ] && args+=(--shaped "$SHAPED")
 [ -f "$DCPU/edgespec.json" ] && args+=(--drafter-cpu "$DCPU")
 [ -f "$B/qwen0.5b-shaped-cuda/edgespec.json" ] && args+=(--drafter-cuda "$B/qwen0.5b-shaped-cuda")

@@ -63,6 +63,8 @@ def run_summary(path: Path) -> dict:
                                            "drafter_cpu_layout_on_cpu": p.get("drafter_cpu_layout_on_cpu")}
     if "overlap" in d:  # session 29: the verify call and the drafter's steps from two threads at once
         out["overlap"] = d["overlap"]
+    if "probe_overlap" in d:  # the same with plain onnxruntime (probe_overlap.py)
+        out["probe_overlap"] = {k: v for k, v in d["probe_overlap"].items() if k != "tail"}
     ex = d.get("exactness", {})
     if "result" in ex:  # check_exact.py on SmolLM2 on the provider
         out["exactness"] = {k: ex.get(k) for k in ("command", "policy", "result", "differs")}
