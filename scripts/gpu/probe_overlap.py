@@ -120,7 +120,8 @@ def main(argv=None) -> int:
                                                              dev, 0))
                 b.bind_ortvalue_input(io.position_ids, keep[-1])
             if io.logits_skip and io.logits_skip in names:
-                b.bind_cpu_input(io.logits_skip, np.zeros(1, np.int64))
+                self.no_skip = np.zeros(1, np.int64)  # kept alive with the binding
+                b.bind_cpu_input(io.logits_skip, self.no_skip)
             ldt = np.float16 if outs[io.logits].type == "tensor(float16)" else np.float32
             keep.append(ort.OrtValue.ortvalue_from_shape_and_type((1, width, outs[io.logits].shape[-1]), ldt, dev, 0))
             b.bind_ortvalue_output(io.logits, keep[-1])
