@@ -19,7 +19,7 @@ from .kv import KVCache
 from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
-from .placement import open_on_gpu, warn_if_slow
+from .placement import open_on_gpu, warn_if_no_skip, warn_if_slow
 from .width import GPU_MIN_VERIFIED, measure_width
 from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, plain_run_options, session_has_graphs
 
@@ -54,7 +54,7 @@ class OnnxLM(CausalLM):
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
                                     role=spec.role, allow_cpu_fallback=allow_cpu_fallback, kernels=spec.kernels)
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
-        self.layout_warning = warn_if_slow(spec, self.device)
+        self.layout_warning = warn_if_slow(spec, self.device) or warn_if_no_skip(spec, self.device)
         self.min_width = 1 if min_width is None else int(min_width)  # None: measured below
         io = spec.io
         inputs = {i.name for i in self.session.get_inputs()}

@@ -804,3 +804,19 @@ def test_a_skipping_prefill_gives_the_lm_head_a_width_the_policy_allows(tiny_int
         every = lm.forward(ids[:n])[-1]  # no skip at all
         assert np.array_equal(fresh, again), n
         assert np.allclose(fresh, every, atol=1e-4 * np.abs(every).max()), n
+
+
+def test_a_gpu_model_without_the_logits_skip_is_told_to_re_export(tiny_cuda_bundle, caplog):
+    """A bundle exported before session 29 computes every row's logits in a prefill: on a GPU most of a
+    prefill's time and memory (run 12), so loading it there says to re-export, once a model; on the CPU,
+    or with the skip, nothing is said."""
+    from edgespec.manifest import load_manifest
+    from edgespec.placement import warn_if_no_skip
+
+    m = load_manifest(tiny_cuda_bundle)
+    old = replace(m.target, io=replace(m.target.io, logits_skip=None))
+    with caplog.at_level("WARNING", logger="edgespec"):
+        msg = warn_if_no_skip(old, "cuda")
+    assert msg and "re-export" in msg and "target" in msg and msg in caplog.text
+    assert warn_if_no_skip(old, "cpu") is None
+    assert warn_if_no_skip(m.target, "cuda") is None
