@@ -199,20 +199,19 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
         fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
                                 log=progress.log)
+    from .kernels import SKIP_INPUT, add_logits_skip
+
+    dec = build.genai_config["model"]["decoder"]
+    graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
     argmax = None
     if build.layout == "cuda" and role == "target":  # greedy verification reads indices, not logits
         from .greedy import add_argmax_output
 
-        dec = build.genai_config["model"]["decoder"]
-        argmax = add_argmax_output(build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"])
+        argmax = add_argmax_output(graph_file, logits)
         progress.log(f"    {role}: added the {argmax!r} output (ArgMax of the logits on the device)")
-    from .kernels import SKIP_INPUT, add_logits_skip
-
-    dec = build.genai_config["model"]["decoder"]
     # prefill chunks and a drafter's catch-up reads compute their last rows' logits only: on a GPU a
     # 512-token chunk's 512 x 151,936 logits were copied to the host and converted there
-    skip = SKIP_INPUT if add_logits_skip(build.model_dir / dec.get("filename", "model.onnx"),
-                                         dec["outputs"]["logits"]) else None
+    skip = SKIP_INPUT if add_logits_skip(graph_file, logits) else None
     if skip is None:
         progress.log(f"    {role}: no lm_head found for the logits skip: prefills compute every row's logits")
     spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,

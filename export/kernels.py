@@ -236,6 +236,10 @@ def _own_attention(n, inits: dict) -> bool:
 
 
 SKIP_INPUT = "logits_skip"
+# what _skip_logits adds beside the input (strip_logits_skip takes them out again)
+SKIP_SLICE = "edgespec_skip/slice"
+SKIP_END, SKIP_AXIS = "edgespec_skip_end", "edgespec_skip_axis"
+SKIP_ROWS = "edgespec_skip/hidden"
 POSITIONS_INPUT = "edgespec_row_positions"
 
 
@@ -285,11 +289,10 @@ def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
     if any(i.name == SKIP_INPUT for i in g.input):
         return False
     g.input.append(helper.make_tensor_value_info(SKIP_INPUT, TensorProto.INT64, [1]))
-    g.initializer.extend([helper.make_tensor("edgespec_skip_end", TensorProto.INT64, [1], [2 ** 62]),
-                          helper.make_tensor("edgespec_skip_axis", TensorProto.INT64, [1], [1])])
-    hidden, kept = node.input[0], "edgespec_skip/hidden"
-    cut = helper.make_node("Slice", [hidden, SKIP_INPUT, "edgespec_skip_end", "edgespec_skip_axis"], [kept],
-                           name="edgespec_skip/slice")
+    g.initializer.extend([helper.make_tensor(SKIP_END, TensorProto.INT64, [1], [2 ** 62]),
+                          helper.make_tensor(SKIP_AXIS, TensorProto.INT64, [1], [1])])
+    hidden, kept = node.input[0], SKIP_ROWS
+    cut = helper.make_node("Slice", [hidden, SKIP_INPUT, SKIP_END, SKIP_AXIS], [kept], name=SKIP_SLICE)
     known = next((v for v in list(g.value_info) + list(g.input) if v.name == hidden), None)
     if known is not None and known.type.tensor_type.elem_type:  # the rows' type, for tools that read it
         g.value_info.append(helper.make_tensor_value_info(kept, known.type.tensor_type.elem_type, None))
@@ -306,7 +309,7 @@ def strip_logits_skip(g) -> bool:
     """Undo ``_skip_logits`` on a graph (in memory): the lm_head reads every row again and the graph
     has no ``SKIP_INPUT``, as the model builder wrote it, for runners that feed only the builder's
     inputs (onnxruntime-genai: scripts/genai_baseline.py). False where there was none."""
-    cut = next((n for n in g.node if n.op_type == "Slice" and n.name == "edgespec_skip/slice"), None)
+    cut = next((n for n in g.node if n.op_type == "Slice" and n.name == SKIP_SLICE), None)
     if cut is None:
         return False
     hidden, kept = cut.input[0], cut.output[0]
@@ -315,7 +318,7 @@ def strip_logits_skip(g) -> bool:
             if name == kept:
                 n.input[i] = hidden
     g.node.remove(cut)
-    for seq, names in ((g.input, {SKIP_INPUT}), (g.initializer, {"edgespec_skip_end", "edgespec_skip_axis"}),
+    for seq, names in ((g.input, {SKIP_INPUT}), (g.initializer, {SKIP_END, SKIP_AXIS}),
                        (g.value_info, {kept})):
         for item in [x for x in seq if x.name in names]:
             seq.remove(item)

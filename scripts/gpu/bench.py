@@ -177,32 +177,29 @@ def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
     return res
 
 
-def probe_graphs(bundle: str, out_dir: Path) -> dict:
-    """scripts/gpu/probe_graphs.py on the shaped target and drafter: plain onnxruntime with and
-    without graph replay, outside edgespec's loop (each in its own process)."""
-    res = {}
-    for role in ("target", "drafter"):
-        js = out_dir / f"probe-graphs-{role}.json"
-        rc, text = sh([sys.executable, str(ROOT / "scripts/gpu/probe_graphs.py"), bundle, "--role", role,
-                       "--widths", "1,2,4,8,16", "--provider", PROVIDER, "--json", str(js)], timeout=240)
-        res[role] = json.loads(js.read_text()) if js.is_file() else {}
-        res[role]["rc"] = rc
-        if rc:
-            res[role]["tail"] = text[-1500:]
-    return res
-
-
-def probe_overlap(bundle: str, out_dir: Path) -> dict:
-    """scripts/gpu/probe_overlap.py on the shaped pair: do two sessions' calls overlap with plain
-    onnxruntime (graphs on and off, onnxruntime's streams and torch's), in its own process."""
-    js = out_dir / "probe-overlap.json"
-    rc, text = sh([sys.executable, str(ROOT / "scripts/gpu/probe_overlap.py"), bundle, "--provider", PROVIDER,
-                   "--json", str(js)], timeout=240)
+def _json_script(script: str, args: list[str], js: Path) -> dict:
+    """``scripts/gpu/<script>`` in its own process with ``--json js``: what it wrote, its exit status
+    and, where it failed, the tail of its output."""
+    rc, text = sh([sys.executable, str(ROOT / "scripts/gpu" / script), *args, "--json", str(js)], timeout=240)
     res = json.loads(js.read_text()) if js.is_file() else {}
     res["rc"] = rc
     if rc:
         res["tail"] = text[-1500:]
     return res
+
+
+def probe_graphs(bundle: str, out_dir: Path) -> dict:
+    """scripts/gpu/probe_graphs.py on the shaped target and drafter: plain onnxruntime with and
+    without graph replay, outside edgespec's loop (each in its own process)."""
+    return {role: _json_script("probe_graphs.py", [bundle, "--role", role, "--widths", "1,2,4,8,16",
+                                                   "--provider", PROVIDER], out_dir / f"probe-graphs-{role}.json")
+            for role in ("target", "drafter")}
+
+
+def probe_overlap(bundle: str, out_dir: Path) -> dict:
+    """scripts/gpu/probe_overlap.py on the shaped pair: do two sessions' calls overlap with plain
+    onnxruntime (graphs on and off, onnxruntime's streams and torch's), in its own process."""
+    return _json_script("probe_overlap.py", [bundle, "--provider", PROVIDER], out_dir / "probe-overlap.json")
 
 
 def placement(bundle: str, drafter_cpu: str | None, reps: int) -> dict:
