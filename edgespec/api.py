@@ -327,6 +327,12 @@ class Engine:
         if unknown:
             raise ConfigError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         _stops(kw.pop("stop", None))
+        if isinstance(kw.get("prediction"), str):  # predicted output as text: its tokens, special-token text as text
+            from .tokenizer import _check_text
+
+            _check_text(kw["prediction"], "the prediction")
+            kw["prediction"] = self.tokenizer.encode(kw["prediction"], add_special=False, parse_special=False) \
+                if kw["prediction"] else ()
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
         cfg = GenerationConfig(**vals)
@@ -406,8 +412,10 @@ class Engine:
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
-        drafter (model|prompt-lookup|auto|none), draft_tokens, max_draft_tokens, stop (strings),
-        parse_special (a plain prompt's special-token text is that token; see ``encode``)."""
+        drafter (model|prompt-lookup|suffix|prediction|auto|none), draft_tokens, max_draft_tokens, stop
+        (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
+        never changing the reply; see prediction.py), parse_special (a plain prompt's special-token text
+        is that token; see ``encode``)."""
         ids = self.encode(prompt_or_messages, parse_special, fit=True)
         return self._collect(self.stream_ids(ids, stop=stop, **kw))
 

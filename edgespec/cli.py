@@ -220,15 +220,23 @@ def _engine_opts(f):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
 @click.option("--no-parse-special", is_flag=True,
               help="Read special-token text in a raw prompt (<|im_end|>) as text, not as the token (--chat always does).")
+@click.option("--prediction", "prediction_file", type=click.Path(dir_okay=False), default=None,
+              help="A text file the reply is expected mostly to repeat (the file an edit rewrites): drafted from, "
+                   "the reply unchanged by it.")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
-             max_context, threads, profile, provider, as_json, no_parse_special):
+             max_context, threads, profile, provider, as_json, no_parse_special, prediction_file):
     """Generate a continuation of PROMPT with the model in BUNDLE."""
+    from .errors import ConfigError
+    from .suffix import MAX_DOCUMENT_BYTES, read_document
+
+    prediction = None if prediction_file is None else read_document(
+        prediction_file, MAX_DOCUMENT_BYTES, what="prediction file", error=ConfigError)  # before the model loads
     if prompt == "-":
         prompt = _read_stdin()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-              drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special)
+              drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction)
     if as_json:
         r = eng.generate(src, stop=stop, **kw)
         click.echo(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,

@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
+from .prediction import MAX_PREDICTION, PredictionDrafter
 from .errors import BusyError, ConfigError, ContextOverflowError
 from .kv import TokenBuffer
 from .lm import CausalLM
@@ -43,6 +44,9 @@ class GenerationConfig:
     max_draft_tokens: int = 8  # bound for the adaptive choice
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # decode max_new_tokens whatever the model says (benchmarks, memory measures)
+    # token ids the reply is expected mostly to repeat (predicted outputs, prediction.py): drafted from by
+    # position; the target verifies them as any draft, so the output does not depend on them
+    prediction: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
@@ -60,6 +64,15 @@ class GenerationConfig:
         if not 1 <= self.max_draft_tokens <= MAX_DRAFT:
             raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {self.max_draft_tokens}")
         SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
+        pred = self.prediction
+        if isinstance(pred, np.ndarray) and pred.ndim == 1 and pred.dtype.kind in "iu":
+            pred = pred.tolist()
+        if not isinstance(pred, (list, tuple)) or not all(isinstance(t, Integral) and not isinstance(t, bool)
+                                                          for t in pred):
+            raise ConfigError(f"prediction must be a sequence of token ids, got {type(pred).__name__}")
+        if len(pred) > MAX_PREDICTION:
+            raise ConfigError(f"the prediction has {len(pred)} tokens; at most {MAX_PREDICTION} are taken")
+        object.__setattr__(self, "prediction", tuple(int(t) for t in pred))
 
     @property
     def sampling(self) -> SamplingParams:
@@ -200,6 +213,8 @@ class Decoder:
         given = {d.name: d for d in drafters}
         self.drafters: dict[str, Drafter] = {n: given.pop(n) for n in list(DRAFTERS) if n in given}
         self.drafters.update(given)
+        if "prediction" not in self.drafters:  # free, and idle without a prediction: always there
+            self.drafters["prediction"] = PredictionDrafter()
         self.policy = RoundPolicy()
         for w, seconds in sorted((target.width_seconds or {}).items()):  # the width probe's calls, timed
             self.policy.measured.observe_target(w, seconds)
@@ -238,6 +253,9 @@ class Decoder:
         if prompt_len == 0:
             raise ConfigError("the prompt is empty")
         self.check_drafter(cfg.drafter)
+        bad = next((t for t in cfg.prediction if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise ConfigError(f"the prediction holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
         if prompt_len >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "
@@ -264,9 +282,14 @@ class Decoder:
         st.target_calls += target.calls - calls0
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         t_d = clock()
+        predicted = cfg.prediction if cfg.drafter != "none" else ()
+        pd = self.drafters.get("prediction")
+        if pd is not None:  # set (or cleared) every generation: a prediction never outlives its request
+            pd.set_prediction(predicted)
         for d in policy.begin(cfg.drafter, self.drafters, target.min_width,
                               reproducible=cfg.seed is not None and not sp.greedy,
-                              width_multiple=target.width_multiple, sampled=not sp.greedy):
+                              width_multiple=target.width_multiple, sampled=not sp.greedy,
+                              also=("prediction",) if predicted and pd is not None else ()):
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000

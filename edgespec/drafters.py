@@ -521,3 +521,4 @@ def _top_prob(logits: np.ndarray) -> float:
 
 
 from . import suffix as _suffix  # noqa: E402,F401  (registers the suffix drafter after these)
+from . import prediction as _prediction  # noqa: E402,F401  (registers the prediction drafter last)

@@ -357,13 +357,15 @@ class RoundPolicy:
         self.alt_premium: float | None = None
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
-              reproducible: bool = False, width_multiple: int = 1, sampled: bool = False) -> list[Drafter]:
+              reproducible: bool = False, width_multiple: int = 1, sampled: bool = False,
+              also: Sequence[str] = ()) -> list[Drafter]:
         """Start a generation with ``drafter`` (a name, ``auto`` or ``none``); returns the drafters
         it may use, to be begun. ``reproducible``: the choices may depend only on this generation's
         tokens, never on timings or earlier generations (a seeded sampled generation must give the
         same output every time: its random draws follow the rounds), so the generation starts from
         the priors (costs and acceptance) and learns acceptance from its own rounds only. ``sampled``:
-        the generation samples (its acceptance is learned apart from greedy generations')."""
+        the generation samples (its acceptance is learned apart from greedy generations'). ``also``: drafters
+        the generation uses beside the one asked for, unless that is ``none`` (a request's prediction)."""
         if self._timed and self._produced:  # the last generation's length, for pricing catch-ups
             t = self.typical_tokens
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
@@ -384,6 +386,7 @@ class RoundPolicy:
             self._want = []
         else:
             self._want = list(drafters.values()) if drafter == "auto" else [drafters[drafter]]
+            self._want += [drafters[n] for n in also if n in drafters and drafters[n] not in self._want]
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
         self._mixed = bool(self._idle) and any(not d.has_cost for d in self._want)

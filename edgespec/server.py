@@ -337,7 +337,8 @@ class Server:
             return Response(status_code=499)
         text, s = out
         ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
-        use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"])
+        use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"],
+                      s if "prediction" in req.options else None)
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
 
@@ -365,7 +366,8 @@ class Server:
                     yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
                                         text=None if k == "chat" else "", with_usage=wu))
                     if req.include_usage:
-                        use = P.usage(val["prompt_tokens"], val["completion_tokens"], val["reused_prompt_tokens"])
+                        use = P.usage(val["prompt_tokens"], val["completion_tokens"], val["reused_prompt_tokens"],
+                                      val if "prediction" in req.options else None)
                         yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
                 else:
                     yield P.sse(P.engine_error(val).body())
@@ -378,7 +380,7 @@ def _param_of(msg: str) -> str | None:
     """The request field an engine refusal is about, for the error's ``param``."""
     for key, param in (("max_draft_tokens", "edgespec.max_draft_tokens"), ("draft_tokens", "edgespec.draft_tokens"),
                        ("drafter", "edgespec.drafter"), ("temperature", "temperature"), ("top_p", "top_p"),
-                       ("top_k", "top_k"), ("seed", "seed")):
+                       ("top_k", "top_k"), ("seed", "seed"), ("prediction", "prediction")):
         if key in msg:
             return param
     return None

@@ -141,7 +141,7 @@ def _text(v: str, where: str) -> str:
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
 _HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
              "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "parallel_tool_calls": (False, True),
-             "best_of": (1,), "suffix": ("",), "echo": (False,), "prediction": (), "audio": (),
+             "best_of": (1,), "suffix": ("",), "echo": (False,), "audio": (),
              "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
              "moderation": ()}
 # OpenAI's fields that change nothing here: accepted and ignored
@@ -252,7 +252,39 @@ def parse_chat(body: dict, model_id: str) -> GenRequest:
                   + ("" if msgs is not None else " (it is missing)"), "messages",
                   "missing_required_parameter" if msgs is None else "invalid_type")
     req.messages = [_message(m, i) for i, m in enumerate(msgs)]
+    pred = _prediction(body.get("prediction"))
+    if pred:
+        req.options["prediction"] = pred
     return req
+
+
+def _prediction(v) -> str | None:
+    """OpenAI's predicted output, ``{"type": "content", "content": text or [text parts]}``: the text
+    (parts joined as they are); the engine drafts from it (prediction.py), the reply does not depend on it."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise bad(f"'prediction' must be an object {{\"type\": \"content\", \"content\": ...}}, got {_kind(v)}",
+                  "prediction", "invalid_type")
+    unknown = sorted(set(v) - {"type", "content"})
+    if unknown:
+        raise bad(f"'prediction' takes 'type' and 'content' only, got {unknown[0]!r}", "prediction")
+    if v.get("type") != "content":
+        raise bad(f"'prediction.type' must be \"content\", got {v.get('type')!r}", "prediction.type")
+    content = v.get("content")
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                what = p.get("type") if isinstance(p, dict) else _kind(p)
+                raise bad(f"prediction.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                          f"supported, got {what!r}", "prediction.content")
+            parts.append(p["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise bad(f"'prediction.content' must be a string or an array of text parts, got {_kind(content)}",
+                  "prediction.content", "missing_required_parameter" if content is None else "invalid_type")
+    return _text(content, "prediction.content")
 
 
 def _message(m, i: int) -> dict:
@@ -309,7 +341,10 @@ def stats_summary(st) -> dict:
             "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
             "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
             "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None),
-            "completion_tokens": g("new_tokens")}  # the server sets the returned text's count
+            "completion_tokens": g("new_tokens"),  # the server sets the returned text's count
+            "accepted_prediction_tokens": int((g("accepted_by_drafter", {}) or {}).get("prediction", 0)),
+            "rejected_prediction_tokens": int((g("drafted_by_drafter", {}) or {}).get("prediction", 0)
+                                              - (g("accepted_by_drafter", {}) or {}).get("prediction", 0))}
 
 
 def engine_error(e: BaseException) -> APIError:
@@ -341,10 +376,17 @@ def finish_reason(engine_reason: str | None) -> str | None:
     return "stop" if engine_reason in ("eos", "stop") else "length"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, prediction: dict | None = None) -> dict:
+    """OpenAI's usage object; ``prediction``: the request had a predicted output and these are the
+    stats of its generation (``completion_tokens_details``: the prediction's tokens the target kept, and
+    those it drafted that the target did not keep)."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if prediction is not None:
+        out["completion_tokens_details"] = {k: prediction.get(k, 0) for k in
+                                            ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+    return out
 
 
 def chat_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict, ext: dict) -> dict:

@@ -296,31 +296,33 @@ class _Recorder:
         self.save()
 
 
-def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
-    """A documents file's text; ``DocumentError`` if it is missing, a directory, too large,
-    binary or not UTF-8."""
+def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, what: str = "documents file",
+                  error: type[Exception] = DocumentError) -> str:
+    """A documents file's text; ``error`` (DocumentError) if it is missing, a directory, too large,
+    binary or not UTF-8. ``what`` names the file in the messages (``edgespec generate --prediction``
+    reads its file here too)."""
     p = Path(path)
     try:
         size = p.stat().st_size
     except FileNotFoundError:
-        raise DocumentError(f"no such documents file: {p}") from None
+        raise error(f"no such {what}: {p}") from None
     except OSError as e:
-        raise DocumentError(f"cannot read the documents file {p}: {e.strerror or e}") from None
+        raise error(f"cannot read the {what} {p}: {e.strerror or e}") from None
     if p.is_dir():
-        raise DocumentError(f"{p} is a directory; pass the documents files")
+        raise error(f"{p} is a directory; pass the {what}s" if what == "documents file" else f"{p} is a directory")
     if size > max_bytes:
-        raise DocumentError(f"{p} has {size / 2**20:.1f} MiB; a documents file may have at most "
-                            f"{max_bytes / 2**20:.0f} MiB")
+        raise error(f"{p} has {size / 2**20:.1f} MiB; a {what} may have at most {max_bytes / 2**20:.0f} MiB")
     try:
         data = p.read_bytes()
     except OSError as e:
-        raise DocumentError(f"cannot read the documents file {p}: {e.strerror or e}") from None
+        raise error(f"cannot read the {what} {p}: {e.strerror or e}") from None
     if b"\x00" in data:
-        raise DocumentError(f"{p} is binary (it holds NUL bytes); documents must be text")
+        raise error(f"{p} is binary (it holds NUL bytes); " + ("documents must be text" if what == "documents file"
+                                                               else f"a {what} must be text"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DocumentError(f"{p} is not UTF-8 text (byte {e.start})") from None
+        raise error(f"{p} is not UTF-8 text (byte {e.start})") from None
 
 
 def suffix_drafter(engine) -> SuffixDrafter:

@@ -1,0 +1,152 @@
+"""Predicted outputs: a request that says what its reply will mostly be drafts from it.
+
+OpenAI's ``prediction`` parameter (``{"type": "content", "content": "..."}``), ``Engine.generate(...,
+prediction=...)`` and ``edgespec generate --prediction FILE`` give the text a reply is expected to
+repeat: the file a code edit rewrites, the document a correction returns, the last answer a
+regeneration revises. The target verifies every drafted token, so the reply is what it would be
+without the prediction (token for token when greedy, the same distribution when sampling); a good
+prediction only makes it come sooner, a bad one costs a few verified positions.
+
+``PredictionDrafter`` follows the reply through the prediction by position, not by frequency: it keeps
+the place in the prediction the reply has reached and drafts what comes next there. Prompt lookup and
+the suffix drafter follow the most recent or most frequent continuation of an n-gram, which in code
+(``return``, ``self.``, ``):``) is often another line's. Where the reply leaves the prediction (an
+edit), the drafter finds where it rejoins: the longest match of the reply's last tokens in the
+prediction (at least ``MIN_MATCH``), the nearest one after the place it left, else the nearest
+before. Keys: ``prediction/sync`` (drafting on from where the last draft ended) and
+``prediction/<n>`` (rejoined on an n-token match, n up to ``MAX_MATCH``), each with its own learned
+acceptance, so the round policy drafts long where the reply keeps to the prediction.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .drafters import MAX_DRAFT, Draft, LoadEnv, Offer, register
+from .kv import TokenBuffer
+
+MIN_MATCH = 2  # the fewest tokens of the reply's end that must match to rejoin the prediction
+MAX_MATCH = 8  # a longer match counts as this long (its key, and the choice between matches)
+MAX_PREDICTION = 1 << 20  # tokens: the most a prediction may have (a reply never gets near it)
+
+
+@register
+class PredictionDrafter:
+    name = "prediction"
+    has_cost = False
+
+    def __init__(self, max_draft: int = MAX_DRAFT):
+        self.max_draft = max_draft
+        self.tokens = np.empty(0, dtype=np.int64)  # this generation's prediction (empty: none)
+        self._prompt_len = 0
+        self._at: tuple[int, int] | None = None  # (context length, prediction position) of the last alignment
+        self._anchor = 0  # where the reply left the prediction last (a rejoin prefers the nearest after it)
+        self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
+
+    @classmethod
+    def build(cls, env: LoadEnv) -> "PredictionDrafter":
+        return cls(max_draft=MAX_DRAFT)  # a request's max_draft_tokens (kmax) is the bound that applies
+
+    def set_prediction(self, tokens: Sequence[int]) -> None:
+        """The next generation's prediction (token ids; empty: none). The decoder sets it before every
+        generation, so a prediction never outlives its request."""
+        self.tokens = np.asarray(list(tokens), dtype=np.int64).reshape(-1)
+        self._at, self._anchor, self._cache = None, 0, None
+
+    # -- protocol ------------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._prompt_len = len(prompt)
+        self._at, self._anchor, self._cache = None, 0, None
+
+    def reset(self) -> None:
+        self.set_prediction(())
+
+    def offer(self, ctx: TokenBuffer, kmax: int) -> Offer | None:
+        tokens, key = self._lookup(ctx, kmax)
+        if not tokens:
+            return None
+        if key.endswith(("sync", "start")):
+            return Offer(key, len(tokens), prior=(3.0, 1.0))
+        n = int(key.rsplit("/", 1)[1])
+        return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0))
+
+    def draft(self, ctx: TokenBuffer, k: int, sp, rng: np.random.Generator) -> Draft:
+        tokens, key = self._lookup(ctx, k)
+        return Draft(tokens[:k], key=key)
+
+    def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
+        tokens, key = self._lookup(ctx, k)
+        return tokens[:k], key
+
+    def accept(self, n: int, bonus: int) -> None:
+        pass  # the next lookup checks the tokens the context gained against the prediction
+
+    # -- alignment -----------------------------------------------------------------------------
+    def _lookup(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        k = min(k, self.max_draft)
+        P = self.tokens
+        if k <= 0 or not P.size:
+            return [], ""
+        c = self._cache
+        if c is not None and c[0] == len(ctx) and c[1] >= k:
+            return c[2][:k], c[3]
+        j, key = self.align(ctx)
+        tokens = P[j: j + k].tolist() if j is not None else []
+        if not tokens:
+            key = ""
+        self._cache = (len(ctx), k, tokens, key)
+        return tokens, key
+
+    def align(self, ctx: TokenBuffer) -> tuple[int | None, str]:
+        """(the prediction's position of the reply's next token, the key saying how it was found), or
+        (None, "") where the reply's end is nowhere in the prediction."""
+        P, arr, n = self.tokens, ctx.view(), len(ctx)
+        at = self._at
+        if at is not None and at[0] <= n:  # on from the last alignment: what the reply gained is what followed there
+            j = at[1] + n - at[0]
+            if j <= P.size and np.array_equal(arr[at[0]: n], P[at[1]: j]):
+                self._at = (n, j)
+                return j, "prediction/sync"
+            self._anchor = at[1]  # the reply left the prediction after here
+        out = arr[self._prompt_len:]
+        if 0 < out.size <= P.size and np.array_equal(out, P[: out.size]):  # the reply so far is its head
+            self._at = (n, out.size)
+            return out.size, "prediction/start"
+        j, m = self._rejoin(arr)
+        if j is None:
+            self._at = None
+            return None, ""
+        self._at = (n, j)
+        return j, f"prediction/{m}"
+
+    def _rejoin(self, arr: np.ndarray) -> tuple[int | None, int]:
+        """(position after the best match of the context's last tokens in the prediction, match
+        length): the longest match (at most MAX_MATCH counted, at least MIN_MATCH), the nearest at or
+        after the anchor, else the nearest before it; (None, 0) without one."""
+        P = self.tokens
+        if arr.shape[0] < MIN_MATCH or P.size <= MIN_MATCH:
+            return None, 0
+        tail = arr[-MAX_MATCH:]
+        # ends: positions e (exclusive) with P[e - MIN_MATCH: e] == the context's last MIN_MATCH tokens,
+        # e < P.size so that something follows to draft
+        hit = np.ones(P.size - MIN_MATCH, dtype=bool)
+        for d in range(MIN_MATCH):
+            hit &= P[MIN_MATCH - 1 - d: P.size - 1 - d] == tail[-1 - d]
+        ends = np.flatnonzero(hit) + MIN_MATCH
+        if not ends.size:
+            return None, 0
+        length = np.full(ends.size, MIN_MATCH)
+        live = np.ones(ends.size, dtype=bool)
+        for d in range(MIN_MATCH, min(MAX_MATCH, tail.size)):
+            pos = ends - 1 - d
+            ok = live & (pos >= 0)
+            ok[ok] = P[pos[ok]] == tail[-1 - d]
+            length += ok
+            live = ok
+        best = length.max()
+        cand = ends[length == best]
+        after = cand[cand >= self._anchor]
+        j = int(after.min()) if after.size else int(cand.max())
+        return j, int(best)
