@@ -343,6 +343,19 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("completions", {}, 400, "prompt", "missing_required_parameter"),
     ("completions", {"prompt": ["one", "two"]}, 400, "prompt", None),
     ("completions", {"prompt": "hi", "echo": True}, 400, "echo", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "prediction": "x = 1"}, 400, "prediction",
+     "invalid_type"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "prediction": {"type": "text", "content": "x"}}, 400,
+     "prediction.type", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "prediction": {"type": "content"}}, 400,
+     "prediction.content", "missing_required_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}],
+              "prediction": {"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}}, 400,
+     "prediction.content", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}],
+              "prediction": {"type": "content", "content": "x", "weight": 2}}, 400, "prediction", None),
+    ("completions", {"prompt": "hi", "prediction": {"type": "content", "content": "x"}}, 400, "prediction",
+     "unknown_parameter"),  # as OpenAI: predicted outputs are a chat completions parameter
 ]
 
 
@@ -623,3 +636,29 @@ def test_serve_refuses_a_prompt_cache_file_it_cannot_use(smol_int4, tmp_path):
                            timeout=120)
         assert r.returncode != 0 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert junk.read_bytes() == b"something else"
+
+
+def test_a_predicted_output_drafts_and_changes_nothing(client, engine, model_id):
+    """OpenAI's ``prediction``: the reply equals the one without it (greedy), the prediction's tokens
+    are drafted, and usage says how many the target kept (``completion_tokens_details``)."""
+    msgs = [{"role": "user", "content": "Repeat this list exactly: apples, pears, plums, figs, dates, limes."}]
+    plain = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0)
+    assert plain.usage.completion_tokens_details is None  # no prediction: no prediction counts
+    text = plain.choices[0].message.content
+    for pred in (text, [{"type": "text", "text": text[:9]}, {"type": "text", "text": text[9:]}]):
+        got = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
+                                             prediction={"type": "content", "content": pred})
+        assert got.choices[0].message.content == text
+        d = got.usage.completion_tokens_details
+        assert d.accepted_prediction_tokens >= 3 and d.rejected_prediction_tokens >= 0, d
+        assert got.model_extra["edgespec"]["rounds_by_drafter"].get("prediction", 0) >= 1
+    # a prediction the reply does not follow: the same reply
+    wrong = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
+                                           prediction={"type": "content", "content": "Nothing like it. " * 5})
+    assert wrong.choices[0].message.content == text
+    # streamed, with the usage chunk
+    chunks = list(client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 prediction={"type": "content", "content": text}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens >= 3

@@ -1,0 +1,234 @@
+"""Predicted outputs (prediction.py): the drafter's alignment, exactness greedy and sampled (with a
+planted bug the statistical test catches), the options' checks, the API and the CLI."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgespec import verify as verify_mod
+from edgespec.cli import main
+from edgespec.decoder import Decoder, GenerationConfig, Stats
+from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.errors import ConfigError
+from edgespec.kv import TokenBuffer
+from edgespec.prediction import PredictionDrafter
+from edgespec.sampling import SamplingParams, probs
+from test_decoder import _chi2, _chi2_crit, _exact_sequence_probs, make, run
+from tiny import FakeLM
+
+
+def _drafter(pred, prompt):
+    d = PredictionDrafter()
+    d.set_prediction(pred)
+    d.begin(prompt)
+    return d
+
+
+def test_the_reply_is_followed_through_the_prediction_by_position():
+    prompt = [90, 91, 92]
+    d = _drafter([1, 2, 3, 4, 5, 6, 7], prompt)
+    ctx = TokenBuffer(prompt + [1], capacity=64)
+    assert d.peek(ctx, 3) == ([2, 3, 4], "prediction/start")  # the reply so far is the prediction's head
+    ctx.extend([2, 3])
+    assert d.peek(ctx, 8) == ([4, 5, 6, 7], "prediction/sync")  # on from where it was
+    ctx.extend([9, 9])  # an edit: the reply leaves the prediction
+    assert d.peek(ctx, 4) == ([], "") and d.offer(ctx, 4) is None
+    ctx.extend([5, 6])
+    assert d.peek(ctx, 4) == ([7], "prediction/2")  # rejoined after the edit
+    ctx.extend([7])
+    assert d.align(ctx) == (7, "prediction/sync") and d.offer(ctx, 4) is None  # at its end: nothing to draft
+
+
+def test_a_rejoin_takes_the_longest_match_then_the_nearest_after_the_place_left():
+    #            0  1  2  3  4  5  6  7  8  9 10 11 12 13
+    pred = [1, 2, 7, 5, 6, 1, 2, 8, 5, 6, 1, 2, 9, 4]
+    prompt = [90]
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + pred[:5], capacity=64)  # in step up to position 5
+    assert d.align(ctx) == (5, "prediction/start")
+    ctx.extend([3])  # leaves it at 5
+    assert d.align(ctx)[0] is None
+    ctx.extend([1, 2])  # [1, 2] is at 0, 5 and 10: the nearest at or after 5 wins (the next is 7)
+    assert d.peek(ctx, 2) == ([8, 5], "prediction/2")
+    d2 = _drafter(pred, prompt)
+    ctx2 = TokenBuffer(prompt + [3, 8, 5, 6, 1, 2], capacity=64)  # 5 tokens match before 12, 4 before 7
+    assert d2.align(ctx2) == (12, "prediction/5")
+    d3 = _drafter(pred, prompt)
+    ctx3 = TokenBuffer(prompt + [3, 3] + [7, 5], capacity=64)  # nothing after the anchor 0 matched farther
+    assert d3.align(ctx3) == (4, "prediction/2")
+
+
+def test_no_prediction_offers_nothing_and_a_new_generation_forgets_the_last_one():
+    d = _drafter([], [1])
+    ctx = TokenBuffer([1, 2, 3], capacity=16)
+    assert d.offer(ctx, 4) is None
+    d.set_prediction([2, 3, 4])
+    d.begin([1])
+    assert d.peek(ctx, 4) == ([4], "prediction/start")
+    d.reset()
+    assert d.offer(ctx, 4) is None
+
+
+def _prediction_cases():
+    """(seed, prompt, max_new, eos, prediction) with predictions that follow the reply, with edits, or not at all."""
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, 8, size=int(rng.integers(1, 12))).tolist()
+        max_new = int(rng.integers(8, 60))
+        eos = (int(rng.integers(0, 8)),) if seed % 4 == 0 else ()
+        yield seed, prompt, max_new, eos, rng
+
+
+@pytest.mark.parametrize("drafter", ["prediction", "auto", "model", "prompt-lookup"])
+@pytest.mark.parametrize("min_width", [1, 2])
+def test_greedy_output_does_not_depend_on_the_prediction(drafter, min_width):
+    used = 0
+    for seed, prompt, max_new, eos, rng in _prediction_cases():
+        ref, ref_reason = run(make(seed=seed, eos=eos, min_width=min_width), prompt, max_new_tokens=max_new,
+                              drafter="none")
+        edited = list(ref)
+        for _ in range(3):  # replace, insert, delete
+            i = int(rng.integers(0, len(edited) + 1))
+            op = seed % 3
+            if op == 0 and i < len(edited):
+                edited[i] = int(rng.integers(0, 8))
+            elif op == 1:
+                edited.insert(i, int(rng.integers(0, 8)))
+            elif edited:
+                del edited[min(i, len(edited) - 1)]
+        for pred in (ref, edited, ref[5:], rng.integers(0, 8, size=40).tolist(), []):
+            st = Stats()
+            got, reason = run(make(seed=seed, eos=eos, min_width=min_width), prompt, stats=st,
+                              max_new_tokens=max_new, drafter=drafter, prediction=pred)
+            assert got == ref and reason == ref_reason, (seed, drafter, pred)
+            used += st.accepted_by_drafter.get("prediction", 0)
+    assert used > 0  # the prediction drafted, beside whichever drafter was asked for
+
+
+def test_a_prediction_is_not_used_by_plain_decoding_and_does_not_outlive_its_request():
+    dec = make(seed=1)
+    ref, _ = run(dec, [1, 2, 3], max_new_tokens=30, drafter="none")
+    st = Stats()
+    run(dec, [1, 2, 3], stats=st, max_new_tokens=30, drafter="none", prediction=ref)
+    assert st.rounds_by_drafter == {"none": 29}
+    st = Stats()
+    run(dec, [1, 2, 3], stats=st, max_new_tokens=30, drafter="prediction", prediction=ref)
+    assert st.accepted_by_drafter["prediction"] >= 15 and st.target_calls < 15  # plain decoding: 29
+    st = Stats()
+    run(dec, [1, 2, 3], stats=st, max_new_tokens=30, drafter="auto")
+    assert "prediction" not in st.rounds_by_drafter
+
+
+def test_a_perfect_prediction_needs_few_target_calls():
+    dec = make(seed=2, max_context=1024)
+    ref, _ = run(dec, [4, 5], max_new_tokens=200, drafter="none")
+    st = Stats()
+    got, _ = run(dec, [4, 5], stats=st, max_new_tokens=200, drafter="auto", prediction=ref)
+    assert got == ref
+    assert st.tokens_per_target_call > 4, st.to_dict()
+
+
+def _sampled_counts(sp, runs, pred, drafter="prediction", k=2):
+    vocab, n_tokens, prompt = 4, 3, [1, 2, 1, 2, 1]
+
+    target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+    dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                reuse_buffer=True)
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter()])
+    counts: dict = {}
+    for i in range(runs):
+        out, _ = run(dec, prompt, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
+                     top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k, prediction=pred)
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+    return _chi2(counts, exact, runs)
+
+
+# the likeliest sequences' tokens, so that the prediction is drafted and often accepted
+PRED = [0, 1, 2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("drafter, sp", [("prediction", SamplingParams(1.0)), ("auto", SamplingParams(0.7, top_k=3)),
+                                         ("model", SamplingParams(1.3, top_p=0.8))])
+def test_sampled_output_follows_the_target_with_a_prediction(drafter, sp):
+    stat, df = _sampled_counts(sp, 6000, PRED, drafter)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+def test_the_statistical_test_catches_a_prediction_accepted_without_the_rejection_rule(monkeypatch):
+    """Plant a bug a point-mass draft invites: keep a predicted token whenever the target gives it a
+    fair chance (p >= 0.2) instead of with probability p. The same test must fail."""
+    real = verify_mod.rejection_sample
+
+    def buggy(draft, draft_probs, target_logits, sp_, rng):
+        if draft_probs is None and draft:
+            n = 0
+            while n < len(draft) and probs(target_logits[n][None], sp_)[0][draft[n]] >= 0.2:
+                n += 1
+            if n:
+                tail_n, tok = real(draft[n:], None, target_logits[n:], sp_, rng)
+                return n + tail_n, tok
+        return real(draft, draft_probs, target_logits, sp_, rng)
+
+    monkeypatch.setattr("edgespec.decoder.rejection_sample", buggy)
+    stat, df = _sampled_counts(SamplingParams(1.0), 6000, PRED)
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("text", "sequence of token ids"), ([1, "2"], "sequence of token ids"), ([1, True], "sequence of token ids"),
+    (5, "sequence of token ids"), ([1.0], "sequence of token ids"),
+])
+def test_a_prediction_of_the_wrong_kind_is_a_config_error(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        GenerationConfig(prediction=bad)
+
+
+def test_a_prediction_outside_the_vocabulary_is_refused_before_anything_runs():
+    dec = make(vocab=8)
+    with pytest.raises(ConfigError, match="token id 8, outside the vocabulary"):
+        run(dec, [1, 2], max_new_tokens=4, prediction=[1, 8])
+    with pytest.raises(ConfigError, match="token id -1"):
+        run(dec, [1, 2], max_new_tokens=4, prediction=np.array([-1, 2]))
+    assert run(dec, [1, 2], max_new_tokens=4, prediction=np.array([1, 2], dtype=np.int32))[0]
+
+
+def test_the_engine_takes_a_prediction_as_text(tiny_bundle):
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle)
+    ref = eng.generate("def hello(world):", max_new_tokens=24, drafter="none")
+    got = eng.generate("def hello(world):", max_new_tokens=24, prediction=ref.text)
+    assert got.token_ids == ref.token_ids
+    assert got.stats["accepted_by_drafter"].get("prediction", 0) > 0, got.stats
+    # special-token text in a prediction is text (never a control token), and changes nothing
+    odd = eng.generate("def hello(world):", max_new_tokens=24, prediction="<|im_end|>" + ref.text)
+    assert odd.token_ids == ref.token_ids
+    with pytest.raises(ConfigError, match="prediction must be a string|the prediction"):
+        eng.generate("hi", max_new_tokens=2, prediction="\ud800")
+    eng.close()
+
+
+def test_cli_generate_with_a_prediction_file(tiny_bundle, tmp_path):
+    base = ["generate", str(tiny_bundle), "-p", "def hello(world):", "--max-new-tokens", "20", "--json"]
+    ref = CliRunner().invoke(main, base + ["--drafter", "none"])
+    assert ref.exit_code == 0, ref.output
+    ref = json.loads(ref.output)
+    f = tmp_path / "pred.txt"
+    f.write_text(ref["text"])
+    got = CliRunner().invoke(main, base + ["--prediction", str(f), "--drafter", "prediction"])
+    assert got.exit_code == 0, got.output
+    got = json.loads(got.output)
+    assert got["token_ids"] == ref["token_ids"] and got["stats"]["accepted_by_drafter"].get("prediction", 0) > 0
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\x00\x01")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    for path, msg in ((tmp_path / "none.txt", "no such prediction file"), (binary, "a prediction file must be text"),
+                      (latin, "not UTF-8 text")):
+        r = CliRunner().invoke(main, base + ["--prediction", str(path)])
+        lines = [line for line in r.output.strip().splitlines() if line]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
