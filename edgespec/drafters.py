@@ -43,6 +43,9 @@ class Offer:
     # the drafter can end a draft on its own confidence: ``draft(..., stop=theta)`` stops once the
     # product of its top probabilities over the draft so far falls below theta (the policy prices theta)
     dynamic: bool = False
+    # a new generation's estimate starts from what earlier generations learned (False: from the prior: a
+    # draft whose worth depends on the request, not on the drafter, as a request's prediction)
+    carry: bool = True
 
     @property
     def prior_alpha(self) -> float:

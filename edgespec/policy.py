@@ -365,7 +365,8 @@ class RoundPolicy:
         same output every time: its random draws follow the rounds), so the generation starts from
         the priors (costs and acceptance) and learns acceptance from its own rounds only. ``sampled``:
         the generation samples (its acceptance is learned apart from greedy generations'). ``also``: drafters
-        the generation uses beside the one asked for, unless that is ``none`` (a request's prediction)."""
+        the generation uses beside the one asked for, unless that is ``none`` (a request's prediction),
+        considered before the others."""
         if self._timed and self._produced:  # the last generation's length, for pricing catch-ups
             t = self.typical_tokens
             self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
@@ -386,7 +387,10 @@ class RoundPolicy:
             self._want = []
         else:
             self._want = list(drafters.values()) if drafter == "auto" else [drafters[drafter]]
-            self._want += [drafters[n] for n in also if n in drafters and drafters[n] not in self._want]
+            # first: where offers price the same (two copies of one text, both at the estimate's 0.99 cap),
+            # the earlier wins, and a request's prediction follows the reply by position, the others by n-gram
+            first = [drafters[n] for n in also if n in drafters]
+            self._want = first + [d for d in self._want if d not in first]
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
         self._mixed = bool(self._idle) and any(not d.has_cost for d in self._want)
@@ -404,7 +408,7 @@ class RoundPolicy:
         est = self.acceptance.get(offer.key)
         if est is None:
             prior = offer.prior
-            old = self._carried.get(offer.key)
+            old = self._carried.get(offer.key) if offer.carry else None
             if old is not None:
                 a = old.alpha
                 idle = self._generation - 1 - old.generation  # earlier generations that did not learn it

@@ -14,8 +14,9 @@ the suffix drafter follow the most recent or most frequent continuation of an n-
 edit), the drafter finds where it rejoins: the longest match of the reply's last tokens in the
 prediction (at least ``MIN_MATCH``), the nearest one after the place it left, else the nearest
 before. Keys: ``prediction/sync`` (drafting on from where the last draft ended) and
-``prediction/<n>`` (rejoined on an n-token match, n up to ``MAX_MATCH``), each with its own learned
-acceptance, so the round policy drafts long where the reply keeps to the prediction.
+``prediction/<n>`` (rejoined on an n-token match, n up to ``MAX_MATCH``), each with its own
+acceptance, learned from the request's own rounds (never carried over from earlier requests: a
+prediction's worth is the request's), so the round policy drafts long where the reply keeps to it.
 """
 from __future__ import annotations
 
@@ -66,10 +67,13 @@ class PredictionDrafter:
         tokens, key = self._lookup(ctx, kmax)
         if not tokens:
             return None
+        # each request's estimates start from the prior (carry=False): an edit's prediction is the reply
+        # but for a few lines, a regenerated answer's parts from its first sentences (the acceptance the
+        # last request taught would draft 16-30 tokens at a time into a prediction the reply has left)
         if key.endswith(("sync", "start")):
-            return Offer(key, len(tokens), prior=(3.0, 1.0))
+            return Offer(key, len(tokens), prior=(3.0, 1.0), carry=False)
         n = int(key.rsplit("/", 1)[1])
-        return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0))
+        return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0), carry=False)
 
     def draft(self, ctx: TokenBuffer, k: int, sp, rng: np.random.Generator) -> Draft:
         tokens, key = self._lookup(ctx, k)

@@ -232,3 +232,23 @@ def test_cli_generate_with_a_prediction_file(tiny_bundle, tmp_path):
         r = CliRunner().invoke(main, base + ["--prediction", str(path)])
         lines = [line for line in r.output.strip().splitlines() if line]
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
+
+
+def test_a_predictions_acceptance_is_learned_per_request_and_it_is_considered_first():
+    """What an edit's near-perfect prediction taught must not draft 16-30 tokens at a time into the next
+    request's prediction (a regenerated answer the reply soon leaves); and where offers price the same,
+    the prediction (by position) wins over the n-gram drafters."""
+    from edgespec.drafters import Offer
+
+    dec = make(seed=2, max_context=1024)
+    ref, _ = run(dec, [4, 5], max_new_tokens=120, drafter="none")
+    run(dec, [4, 5], max_new_tokens=120, drafter="auto", prediction=ref)
+    pol = dec.policy
+    assert pol.learned["prediction/sync"].alpha > 0.9  # it was learned ...
+    pol.begin("auto", dec.drafters, 1, also=("prediction",))
+    assert pol._want[0].name == "prediction"
+    fresh = pol.estimate(Offer("prediction/sync", 8, prior=(3.0, 1.0), carry=False))
+    assert fresh.alpha == pytest.approx(0.75)  # ... and not carried into the next request
+    pol.begin("auto", dec.drafters, 1)
+    assert pol.estimate(Offer("prediction/sync", 8, prior=(3.0, 1.0))).alpha > 0.9  # (a carried key would be)
+    assert [d.name for d in pol._want][-1] == "prediction"  # no prediction: in the registry's order
