@@ -262,6 +262,9 @@ def _parse_drafter(d: str, draft_tokens: int | None = None) -> tuple[str, int | 
                                                   or not 1 <= int(k) <= MAX_DRAFT)):
         raise ConfigError(f"unknown drafter {d!r} in --drafters ({', '.join(drafter_choices())}; "
                           f"a fixed draft length as model:4, a bound as auto@8, 1..{MAX_DRAFT})")
+    if name == "prediction":
+        raise ConfigError("--drafters prediction: the prediction drafter drafts from a request's prediction, which "
+                          "the bench's prompts have none of (scripts/bench_prediction.py measures it)")
     return name, int(k) if k else (None if bound or name == "none" else draft_tokens), bound
 
 

@@ -59,8 +59,9 @@ def _optional_int(none_word: str) -> Callable[[str], int | None]:
 
 
 def _drafter(text: str) -> str:
-    if text not in drafter_choices():
-        raise ConfigError(f"{text!r} is not one of {', '.join(drafter_choices())}")
+    choices = [d for d in drafter_choices() if d != "prediction"]  # (a request's prediction: none in the REPL)
+    if text not in choices:
+        raise ConfigError(f"{text!r} is not one of {', '.join(choices)}")
     return text
 
 

@@ -73,6 +73,8 @@ class GenerationConfig:
         if len(pred) > MAX_PREDICTION:
             raise ConfigError(f"the prediction has {len(pred)} tokens; at most {MAX_PREDICTION} are taken")
         object.__setattr__(self, "prediction", tuple(int(t) for t in pred))
+        if self.drafter == "prediction" and not self.prediction:
+            raise ConfigError("drafter 'prediction' needs a prediction (the text the reply is expected to repeat)")
 
     @property
     def sampling(self) -> SamplingParams:
@@ -256,6 +258,9 @@ class Decoder:
         bad = next((t for t in cfg.prediction if not 0 <= t < self.vocab), None)
         if bad is not None:
             raise ConfigError(f"the prediction holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+        if len(cfg.prediction) > self.target.max_context:  # (a reply never gets near it; bounds a rejoin's scan)
+            raise ConfigError(f"the prediction has {len(cfg.prediction)} tokens; a reply can have at most "
+                              f"{self.target.max_context} (the context)")
         if prompt_len >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "

@@ -154,3 +154,34 @@ class PredictionDrafter:
         after = cand[cand >= self._anchor]
         j = int(after.min()) if after.size else int(cand.max())
         return j, int(best)
+
+
+def prediction_usage(prediction: Sequence[int], reply: Sequence[int]) -> tuple[int, int]:
+    """(tokens of the prediction that appeared in the reply, those that did not), OpenAI's
+    ``accepted_prediction_tokens`` and ``rejected_prediction_tokens``. The reply is walked through the
+    prediction as the drafter follows it: a reply token counts where it is the prediction's token at the
+    place reached, and where the walk rejoins the prediction after an edit, the matched tokens that
+    found the place count too. Each of the prediction's tokens counts once and each of the reply's, so
+    the first figure is at most either's length; the two add up to the prediction's length."""
+    d = PredictionDrafter()
+    d.set_prediction(prediction)
+    d.begin(())
+    P = d.tokens
+    used = np.zeros(P.size, dtype=bool)
+    hit = np.zeros(len(reply), dtype=bool)
+
+    def mark(i: int, j: int) -> None:
+        if 0 <= i and 0 <= j < P.size and not hit[i] and not used[j] and P[j] == int(reply[i]):
+            hit[i] = used[j] = True
+
+    ctx = TokenBuffer((), capacity=len(reply) + 1)
+    for i, t in enumerate(reply):
+        j, key = (0, "prediction/start") if i == 0 else d.align(ctx)
+        if j is not None:
+            tail = key.rsplit("/", 1)[1]
+            for r in range(1, int(tail) + 1 if tail.isdigit() else 1):  # a rejoin: the tokens that matched
+                mark(i - r, j - r)
+            mark(i, j)
+        ctx.extend([int(t)])
+    matched = int(used.sum())
+    return matched, int(P.size) - matched

@@ -181,7 +181,13 @@ class Generation:
                 if summary is not None:
                     # the tokens of the text returned: a stop string's tokens, and what the same round
                     # computed after it, are not (the stats' new_tokens count what was computed)
-                    summary["completion_tokens"] = len(engine.returned_ids(out, "".join(text), last))
+                    returned = engine.returned_ids(out, "".join(text), last)
+                    summary["completion_tokens"] = len(returned)
+                    if "prediction" in self.kw:  # OpenAI's counts: the prediction's tokens in the reply, and not
+                        from .prediction import prediction_usage
+
+                        summary["accepted_prediction_tokens"], summary["rejected_prediction_tokens"] = \
+                            prediction_usage(self.kw["prediction"], returned)
             except Exception:  # noqa: BLE001 -- never skip _finished: it frees the engine
                 log.exception("summarizing the generation failed")
             try:
@@ -316,6 +322,16 @@ class Server:
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
+        if isinstance(kw.get("prediction"), str):  # tokenized once, off the event loop (it may be a large file)
+            text = kw["prediction"]
+            if self.engine.tokenizer.min_tokens(text) > ctx:
+                raise P.bad(f"the prediction has at least {self.engine.tokenizer.min_tokens(text)} tokens; a reply "
+                            f"can have at most {ctx} (the context)", "prediction")
+            kw["prediction"] = await run_in_threadpool(self.engine.tokenizer.encode, text, add_special=False,
+                                                       parse_special=False)
+            if len(kw["prediction"]) > ctx:
+                raise P.bad(f"the prediction has {len(kw['prediction'])} tokens; a reply can have at most {ctx} "
+                            f"(the context)", "prediction")
         try:
             self.engine.config(**kw)  # refuses before queueing: drafter model missing, draft length, ...
         except EdgespecError as e:

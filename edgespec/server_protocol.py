@@ -341,10 +341,7 @@ def stats_summary(st) -> dict:
             "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
             "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
             "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None),
-            "completion_tokens": g("new_tokens"),  # the server sets the returned text's count
-            "accepted_prediction_tokens": int((g("accepted_by_drafter", {}) or {}).get("prediction", 0)),
-            "rejected_prediction_tokens": int((g("drafted_by_drafter", {}) or {}).get("prediction", 0)
-                                              - (g("accepted_by_drafter", {}) or {}).get("prediction", 0))}
+            "completion_tokens": g("new_tokens")}  # the server sets the returned text's count
 
 
 def engine_error(e: BaseException) -> APIError:
@@ -377,9 +374,9 @@ def finish_reason(engine_reason: str | None) -> str | None:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, prediction: dict | None = None) -> dict:
-    """OpenAI's usage object; ``prediction``: the request had a predicted output and these are the
-    stats of its generation (``completion_tokens_details``: the prediction's tokens the target kept, and
-    those it drafted that the target did not keep)."""
+    """OpenAI's usage object; ``prediction``: the request had a predicted output, and this summary of its
+    generation says how many of the prediction's tokens appeared in the reply returned and how many did
+    not (``completion_tokens_details``; the server counts them, prediction.prediction_usage)."""
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens,
            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

@@ -14,7 +14,7 @@ from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import ConfigError
 from edgespec.kv import TokenBuffer
-from edgespec.prediction import PredictionDrafter
+from edgespec.prediction import PredictionDrafter, prediction_usage
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, _exact_sequence_probs, make, run
 from tiny import FakeLM
@@ -85,6 +85,7 @@ def _prediction_cases():
 @pytest.mark.parametrize("drafter", ["prediction", "auto", "model", "prompt-lookup"])
 @pytest.mark.parametrize("min_width", [1, 2])
 def test_greedy_output_does_not_depend_on_the_prediction(drafter, min_width):
+    """Whichever drafter is asked for, the prediction drafts beside it (``used``), and the output is plain decoding's."""
     used = 0
     for seed, prompt, max_new, eos, rng in _prediction_cases():
         ref, ref_reason = run(make(seed=seed, eos=eos, min_width=min_width), prompt, max_new_tokens=max_new,
@@ -100,6 +101,8 @@ def test_greedy_output_does_not_depend_on_the_prediction(drafter, min_width):
             elif edited:
                 del edited[min(i, len(edited) - 1)]
         for pred in (ref, edited, ref[5:], rng.integers(0, 8, size=40).tolist(), []):
+            if not pred and drafter == "prediction":
+                continue  # refused: tested below
             st = Stats()
             got, reason = run(make(seed=seed, eos=eos, min_width=min_width), prompt, stats=st,
                               max_new_tokens=max_new, drafter=drafter, prediction=pred)
@@ -199,7 +202,7 @@ def test_a_prediction_outside_the_vocabulary_is_refused_before_anything_runs():
 def test_the_engine_takes_a_prediction_as_text(tiny_bundle):
     import edgespec
 
-    eng = edgespec.load(tiny_bundle)
+    eng = edgespec.load(tiny_bundle, memory=False)  # (with memory the suffix drafter recalls the reply as well)
     ref = eng.generate("def hello(world):", max_new_tokens=24, drafter="none")
     got = eng.generate("def hello(world):", max_new_tokens=24, prediction=ref.text)
     assert got.token_ids == ref.token_ids
@@ -252,3 +255,35 @@ def test_a_predictions_acceptance_is_learned_per_request_and_it_is_considered_fi
     pol.begin("auto", dec.drafters, 1)
     assert pol.estimate(Offer("prediction/sync", 8, prior=(3.0, 1.0))).alpha > 0.9  # (a carried key would be)
     assert [d.name for d in pol._want][-1] == "prediction"  # no prediction: in the registry's order
+
+
+def test_the_usage_counts_walk_the_reply_through_the_prediction():
+    pred = list(range(10, 30))
+    assert prediction_usage(pred, pred) == (20, 0)
+    assert prediction_usage(pred, pred[:8]) == (8, 12)  # a reply cut short
+    assert prediction_usage(pred, pred[:5] + [99, 98] + pred[7:]) == (18, 2)  # two tokens replaced
+    assert prediction_usage(pred, pred[:5] + [99] + pred[5:]) == (20, 0)  # one inserted
+    assert prediction_usage(pred, pred[:5] + pred[9:]) == (16, 4)  # four deleted
+    assert prediction_usage(pred, [1, 2, 3]) == (0, 20)
+    assert prediction_usage([], [1, 2]) == (0, 0)
+    got = prediction_usage(pred * 2, pred)  # never more than the reply's tokens
+    assert got == (20, 20)
+
+
+def test_a_prediction_drafter_needs_a_prediction_and_a_prediction_must_fit_the_context():
+    with pytest.raises(ConfigError, match="needs a prediction"):
+        GenerationConfig(drafter="prediction")
+    dec = make(vocab=8, max_context=64)
+    with pytest.raises(ConfigError, match="the prediction has 65 tokens; a reply can have at most 64"):
+        run(dec, [1, 2], max_new_tokens=4, prediction=[1] * 65)
+
+
+def test_the_bench_and_the_repl_refuse_the_prediction_drafter_they_have_no_prediction_for(tiny_bundle):
+    from edgespec.bench import parse_drafters
+    from edgespec.chat import _drafter
+
+    with pytest.raises(ConfigError, match="bench_prediction.py"):
+        parse_drafters(["auto", "prediction"])
+    with pytest.raises(ConfigError, match="is not one of"):
+        _drafter("prediction")
+    assert _drafter("suffix") == "suffix"

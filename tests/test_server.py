@@ -640,25 +640,55 @@ def test_serve_refuses_a_prompt_cache_file_it_cannot_use(smol_int4, tmp_path):
 
 def test_a_predicted_output_drafts_and_changes_nothing(client, engine, model_id):
     """OpenAI's ``prediction``: the reply equals the one without it (greedy), the prediction's tokens
-    are drafted, and usage says how many the target kept (``completion_tokens_details``)."""
+    are drafted, and usage says how many of them appeared in the reply and how many did not
+    (``completion_tokens_details``), counted on the reply returned (a stop string's tokens are not)."""
     msgs = [{"role": "user", "content": "Repeat this list exactly: apples, pears, plums, figs, dates, limes."}]
     plain = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0)
     assert plain.usage.completion_tokens_details is None  # no prediction: no prediction counts
     text = plain.choices[0].message.content
+    n_pred = len(engine.tokenizer.encode(text, add_special=False, parse_special=False))
     for pred in (text, [{"type": "text", "text": text[:9]}, {"type": "text", "text": text[9:]}]):
         got = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
                                              prediction={"type": "content", "content": pred})
         assert got.choices[0].message.content == text
         d = got.usage.completion_tokens_details
-        assert d.accepted_prediction_tokens >= 3 and d.rejected_prediction_tokens >= 0, d
-        assert got.model_extra["edgespec"]["rounds_by_drafter"].get("prediction", 0) >= 1
-    # a prediction the reply does not follow: the same reply
-    wrong = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
-                                           prediction={"type": "content", "content": "Nothing like it. " * 5})
-    assert wrong.choices[0].message.content == text
+        # the reply is the prediction but for where tokenizing it alone differs from generating it
+        assert n_pred - 2 <= d.accepted_prediction_tokens <= got.usage.completion_tokens, d
+        assert d.accepted_prediction_tokens + d.rejected_prediction_tokens == n_pred, d
+    alone = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
+                                           prediction={"type": "content", "content": text},
+                                           extra_body={"edgespec": {"drafter": "prediction"}})
+    assert alone.choices[0].message.content == text  # (with auto, the suffix drafter may recall the reply too)
+    assert alone.model_extra["edgespec"]["rounds_by_drafter"].get("prediction", 0) >= 1
+    assert alone.model_extra["edgespec"]["tokens_per_target_call"] > 2
+    # a stop string: counted on the text returned, never more than its tokens
+    cut = text[: len(text) // 2]
+    stop = text[len(cut):len(cut) + 4]
+    got = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0, stop=[stop],
+                                         prediction={"type": "content", "content": text})
+    d = got.usage.completion_tokens_details
+    assert d.accepted_prediction_tokens <= got.usage.completion_tokens < n_pred, (d, got.usage)
+    assert d.accepted_prediction_tokens + d.rejected_prediction_tokens == n_pred
+    # a prediction the reply does not follow: the same reply, and its tokens counted as not in it
+    wrong = "Nothing like it at all. " * 5
+    got = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
+                                         prediction={"type": "content", "content": wrong})
+    assert got.choices[0].message.content == text
+    d = got.usage.completion_tokens_details
+    n_wrong = len(engine.tokenizer.encode(wrong, add_special=False, parse_special=False))
+    assert d.accepted_prediction_tokens <= 2 and d.rejected_prediction_tokens >= n_wrong - 2, d
     # streamed, with the usage chunk
     chunks = list(client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
                                                  stream=True, stream_options={"include_usage": True},
                                                  prediction={"type": "content", "content": text}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
-    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens >= 3
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens >= n_pred - 2
+
+
+def test_a_prediction_longer_than_the_context_or_a_prediction_drafter_without_one_is_refused(server, model_id):
+    msgs = [{"role": "user", "content": "hi"}]
+    got, err = http(server + "/v1/chat/completions",
+                    {"messages": msgs, "prediction": {"type": "content", "content": "word " * (2 * CONTEXT)}})
+    assert got == 400 and err["error"]["param"] == "prediction" and str(CONTEXT) in err["error"]["message"], err
+    got, err = http(server + "/v1/chat/completions", {"messages": msgs, "edgespec": {"drafter": "prediction"}})
+    assert got == 400 and "needs a prediction" in err["error"]["message"], err
