@@ -273,18 +273,23 @@ def _prediction(v) -> str | None:
         raise bad(f"'prediction.type' must be \"content\", got {v.get('type')!r}", "prediction.type")
     content = v.get("content")
     if isinstance(content, list):
-        parts = []
-        for j, p in enumerate(content):
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                what = p.get("type") if isinstance(p, dict) else _kind(p)
-                raise bad(f"prediction.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
-                          f"supported, got {what!r}", "prediction.content")
-            parts.append(p["text"])
-        content = "".join(parts)
+        content = "".join(_text_parts(content, "prediction.content"))
     if not isinstance(content, str):
         raise bad(f"'prediction.content' must be a string or an array of text parts, got {_kind(content)}",
                   "prediction.content", "missing_required_parameter" if content is None else "invalid_type")
     return _text(content, "prediction.content")
+
+
+def _text_parts(content: list, where: str) -> list[str]:
+    """The texts of an array of content parts, each ``{"type": "text", "text": ...}`` (400 otherwise)."""
+    parts = []
+    for j, p in enumerate(content):
+        if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+            what = p.get("type") if isinstance(p, dict) else _kind(p)
+            raise bad(f"{where}[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported, got "
+                      f"{what!r}", where)
+        parts.append(p["text"])
+    return parts
 
 
 def _message(m, i: int) -> dict:
@@ -301,14 +306,7 @@ def _message(m, i: int) -> dict:
         raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
     content = m.get("content")
     if isinstance(content, list):
-        parts = []
-        for j, p in enumerate(content):
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                what = p.get("type") if isinstance(p, dict) else _kind(p)
-                raise bad(f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
-                          f"supported, got {what!r}", f"{where}.content")
-            parts.append(p["text"])
-        content = "\n".join(parts)
+        content = "\n".join(_text_parts(content, f"{where}.content"))
     if not isinstance(content, str):
         raise bad(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
                   f"{where}.content", "invalid_type")
