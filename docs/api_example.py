@@ -19,10 +19,20 @@ print(f"[{result.finish_reason}: {len(result.token_ids)} tokens, {result.stats['
       f"acceptance {result.stats['acceptance_rate']:.2f}]")
 
 # A streamed reply: text deltas as they are decoded. Options: temperature, top_k, top_p, seed,
-# drafter ("model", "prompt-lookup", "suffix", "auto", "none"), draft_tokens, stop (strings).
+# drafter ("model", "prompt-lookup", "suffix", "auto", "none"), draft_tokens, stop (strings),
+# prediction (below).
 for delta in engine.stream("1, 2, 3,", max_new_tokens=30, stop=[" 8"]):
     print(delta, end="", flush=True)
 print()
+
+# A reply expected mostly to repeat a text (an edit of a file, a regenerated answer): pass the text as
+# its prediction. The target checks every token drafted from it, so the reply is the one it would be
+# without; a good prediction only makes it come sooner.
+code = "def area(r):\n    return 3.14159 * r * r\n"
+edit = engine.generate([{"role": "user", "content": "Rename the function area to circle_area:\n" + code}],
+                       max_new_tokens=40, prediction=code)
+print(edit.text)
+print(f"[{edit.stats['accepted_by_drafter'].get('prediction', 0)} tokens drafted from the prediction and kept]")
 
 # A conversation through the model's chat template; the KV cache is reused between turns.
 chat = engine.chat(system="You are terse.")

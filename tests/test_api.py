@@ -28,6 +28,7 @@ def test_readme_example_runs_without_torch(tiny_bundle):
                        text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "tok/s" in r.stdout and "error: temperature must be a finite number >= 0" in r.stdout
+    assert "tokens drafted from the prediction and kept]" in r.stdout
 
 
 def _greedy(engine, ids, n):
