@@ -30,6 +30,7 @@ from .kv import TokenBuffer
 MIN_MATCH = 2  # the fewest tokens of the reply's end that must match to rejoin the prediction
 MAX_MATCH = 8  # a longer match counts as this long (its key, and the choice between matches)
 MAX_PREDICTION = 1 << 20  # tokens: the most a prediction may have (a reply never gets near it)
+SKIP_SPAN = 6  # reply tokens after leaving the prediction during which a draft resumes after the token it left at
 
 
 @register
@@ -37,12 +38,15 @@ class PredictionDrafter:
     name = "prediction"
     has_cost = False
 
-    def __init__(self, max_draft: int = MAX_DRAFT):
+    def __init__(self, max_draft: int = MAX_DRAFT, skip_span: int = SKIP_SPAN):
         self.max_draft = max_draft
+        self.skip_span = skip_span  # 0: no prediction/skip guesses
         self.tokens = np.empty(0, dtype=np.int64)  # this generation's prediction (empty: none)
         self._prompt_len = 0
         self._at: tuple[int, int] | None = None  # (context length, prediction position) of the last alignment
         self._anchor = 0  # where the reply left the prediction last (a rejoin prefers the nearest after it)
+        self._left: tuple[int, int] | None = None  # (reply position, prediction position) where it left
+        self._skipping = False  # the last alignment was a skip (prediction/skip): a guess, not a place reached
         self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
 
     @classmethod
@@ -53,12 +57,12 @@ class PredictionDrafter:
         """The next generation's prediction (token ids; empty: none). The decoder sets it before every
         generation, so a prediction never outlives its request."""
         self.tokens = np.asarray(list(tokens), dtype=np.int64).reshape(-1)
-        self._at, self._anchor, self._cache = None, 0, None
+        self._at, self._anchor, self._cache, self._left, self._skipping = None, 0, None, None, False
 
     # -- protocol ------------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int]) -> None:
         self._prompt_len = len(prompt)
-        self._at, self._anchor, self._cache = None, 0, None
+        self._at, self._anchor, self._cache, self._left, self._skipping = None, 0, None, None, False
 
     def reset(self) -> None:
         self.set_prediction(())
@@ -72,6 +76,8 @@ class PredictionDrafter:
         # last request taught would draft 16-30 tokens at a time into a prediction the reply has left)
         if key.endswith(("sync", "start")):
             return Offer(key, len(tokens), prior=(3.0, 1.0), carry=False)
+        if key.endswith("skip"):
+            return Offer(key, len(tokens), prior=(1.0, 1.0), carry=False)
         n = int(key.rsplit("/", 1)[1])
         return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0), carry=False)
 
@@ -111,19 +117,38 @@ class PredictionDrafter:
         if at is not None and at[0] <= n:  # on from the last alignment: what the reply gained is what followed there
             j = at[1] + n - at[0]
             if j <= P.size and np.array_equal(arr[at[0]: n], P[at[1]: j]):
-                self._at = (n, j)
+                self._at, self._skipping, self._left = (n, j), False, None
                 return j, "prediction/sync"
-            self._anchor = at[1]  # the reply left the prediction after here
+            if self._skipping:  # a guess: the reply may have gone on with more of its own tokens first
+                seg = arr[at[0]: n]
+                for t in range(min(seg.size - 1, P.size - at[1]), 0, -1):
+                    if np.array_equal(seg[seg.size - t:], P[at[1]: at[1] + t]):
+                        self._at, self._skipping, self._left = (n, at[1] + t), False, None
+                        return at[1] + t, "prediction/sync"
+            else:  # the reply left the prediction: where, to the token
+                seg, ref = arr[at[0]: n], P[at[1]: j]
+                diff = np.flatnonzero(seg[: ref.size] != ref)
+                i = int(diff[0]) if diff.size else ref.size
+                self._left = (at[0] + i, at[1] + i)  # (the reply's first token not the prediction's, the one it replaced)
+                self._anchor = at[1] + i
+        self._skipping = False
         out = arr[self._prompt_len:]
         if 0 < out.size <= P.size and np.array_equal(out, P[: out.size]):  # the reply so far is its head
-            self._at = (n, out.size)
+            self._at, self._left = (n, out.size), None
             return out.size, "prediction/start"
         j, m = self._rejoin(arr)
-        if j is None:
-            self._at = None
-            return None, ""
-        self._at = (n, j)
-        return j, f"prediction/{m}"
+        if j is not None:
+            self._at, self._left = (n, j), None
+            return j, f"prediction/{m}"
+        left = self._left
+        if left is not None and n - left[0] <= self.skip_span and left[1] + 1 < P.size:
+            # nowhere to rejoin yet: the reply may have replaced the prediction's token with a few of its own
+            # (a renamed identifier) and go on with what followed it; a draft from there is kept from the
+            # first token that follows the replacement, before two of them would rejoin the prediction
+            self._at, self._skipping = (n, left[1] + 1), True
+            return left[1] + 1, "prediction/skip"
+        self._at = None
+        return None, ""
 
     def _rejoin(self, arr: np.ndarray) -> tuple[int | None, int]:
         """(position after the best match of the context's last tokens in the prediction, match
@@ -163,7 +188,7 @@ def prediction_usage(prediction: Sequence[int], reply: Sequence[int]) -> tuple[i
     place reached, and where the walk rejoins the prediction after an edit, the matched tokens that
     found the place count too. Each of the prediction's tokens counts once and each of the reply's, so
     the first figure is at most either's length; the two add up to the prediction's length."""
-    d = PredictionDrafter()
+    d = PredictionDrafter(skip_span=0)  # places reached, not guesses
     d.set_prediction(prediction)
     d.begin(())
     P = d.tokens

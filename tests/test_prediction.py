@@ -34,12 +34,37 @@ def test_the_reply_is_followed_through_the_prediction_by_position():
     assert d.peek(ctx, 3) == ([2, 3, 4], "prediction/start")  # the reply so far is the prediction's head
     ctx.extend([2, 3])
     assert d.peek(ctx, 8) == ([4, 5, 6, 7], "prediction/sync")  # on from where it was
-    ctx.extend([9, 9])  # an edit: the reply leaves the prediction
+    ctx.extend([9, 9])  # an edit: the reply leaves the prediction (at 3: the 4 it replaced)
+    assert d.peek(ctx, 4) == ([5, 6, 7], "prediction/skip")  # a guess: the reply goes on after the 4
+    ctx.extend([5, 6])
+    assert d.peek(ctx, 4) == ([7], "prediction/sync")  # it did
+    ctx.extend([7])
+    assert d.align(ctx) == (7, "prediction/sync") and d.offer(ctx, 4) is None  # at its end: nothing to draft
+    d = _drafter([1, 2, 3, 4, 5, 6, 7], prompt)  # without the guess, two tokens rejoin it
+    d.skip_span = 0
+    assert d.align(TokenBuffer(prompt + [1, 2, 3], capacity=64)) == (3, "prediction/start")
+    ctx = TokenBuffer(prompt + [1, 2, 3, 9, 9], capacity=64)
     assert d.peek(ctx, 4) == ([], "") and d.offer(ctx, 4) is None
     ctx.extend([5, 6])
     assert d.peek(ctx, 4) == ([7], "prediction/2")  # rejoined after the edit
-    ctx.extend([7])
-    assert d.align(ctx) == (7, "prediction/sync") and d.offer(ctx, 4) is None  # at its end: nothing to draft
+
+
+def test_a_guess_after_a_replaced_token_lasts_a_few_tokens_and_gives_way_to_a_rejoin():
+    prompt = [90]
+    pred = list(range(10, 30))
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + pred[:4], capacity=64)  # 10..13 in step
+    assert d.align(ctx) == (4, "prediction/start")
+    ctx.extend([99])  # 14 replaced by 99, 98, 97
+    assert d.align(ctx) == (5, "prediction/skip")
+    ctx.extend([98])
+    assert d.align(ctx) == (5, "prediction/skip")  # still after the 14 it left at
+    ctx.extend([97, 15])
+    assert d.align(ctx) == (6, "prediction/sync")  # the reply went on after it
+    ctx.extend([50, 51, 52, 53, 54, 55, 56])  # a long insertion: the guess gives up after SKIP_SPAN tokens
+    assert d.align(ctx) == (None, "")
+    ctx.extend([20, 21])
+    assert d.align(ctx) == (12, "prediction/2")  # and a rejoin takes over
 
 
 def test_a_rejoin_takes_the_longest_match_then_the_nearest_after_the_place_left():
@@ -47,6 +72,7 @@ def test_a_rejoin_takes_the_longest_match_then_the_nearest_after_the_place_left(
     pred = [1, 2, 7, 5, 6, 1, 2, 8, 5, 6, 1, 2, 9, 4]
     prompt = [90]
     d = _drafter(pred, prompt)
+    d.skip_span = 0  # (no guesses: the rejoin alone)
     ctx = TokenBuffer(prompt + pred[:5], capacity=64)  # in step up to position 5
     assert d.align(ctx) == (5, "prediction/start")
     ctx.extend([3])  # leaves it at 5
