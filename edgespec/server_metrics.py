@@ -46,7 +46,8 @@ class Metrics:
             self.seconds["queue"] += queue_ms / 1000
             if s:
                 for key in ("prompt_tokens", "reused_prompt_tokens", "restored_prompt_tokens", "new_tokens", "drafted_tokens",
-                            "accepted_tokens", "target_calls"):
+                            "accepted_tokens", "target_calls", "accepted_prediction_tokens",
+                            "rejected_prediction_tokens"):
                     self.tokens[key] += int(s.get(key) or 0)
                 self.seconds["ttft"] += (s.get("ttft_ms") or 0) / 1000
                 if s.get("tokens_per_second") and (s.get("new_tokens") or 0) > 1:
@@ -81,7 +82,10 @@ class Metrics:
                            ("new_tokens", "Generated tokens."),
                            ("drafted_tokens", "Tokens proposed by drafters."),
                            ("accepted_tokens", "Drafted tokens accepted by the target."),
-                           ("target_calls", "Calls of the target model (prefill and verify).")):
+                           ("target_calls", "Calls of the target model (prefill and verify)."),
+                           ("accepted_prediction_tokens", "Tokens of requests' predictions (predicted outputs) that "
+                            "appeared in the replies returned."),
+                           ("rejected_prediction_tokens", "Tokens of requests' predictions that did not.")):
             metric(f"{key}_total", "counter", help_, [({}, tok.get(key, 0))])
         drafted = tok.get("drafted_tokens", 0)
         metric("acceptance_rate", "gauge", "Accepted over drafted tokens since the start.",

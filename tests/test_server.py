@@ -638,11 +638,12 @@ def test_serve_refuses_a_prompt_cache_file_it_cannot_use(smol_int4, tmp_path):
     assert junk.read_bytes() == b"something else"
 
 
-def test_a_predicted_output_drafts_and_changes_nothing(client, engine, model_id):
+def test_a_predicted_output_drafts_and_changes_nothing(client, server, engine, model_id):
     """OpenAI's ``prediction``: the reply equals the one without it (greedy), the prediction's tokens
     are drafted, and usage says how many of them appeared in the reply and how many did not
     (``completion_tokens_details``), counted on the reply returned (a stop string's tokens are not)."""
     msgs = [{"role": "user", "content": "Repeat this list exactly: apples, pears, plums, figs, dates, limes."}]
+    before = metric(server, "accepted_prediction_tokens_total"), metric(server, "rejected_prediction_tokens_total")
     plain = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0)
     assert plain.usage.completion_tokens_details is None  # no prediction: no prediction counts
     text = plain.choices[0].message.content
@@ -655,6 +656,10 @@ def test_a_predicted_output_drafts_and_changes_nothing(client, engine, model_id)
         # the reply is the prediction but for where tokenizing it alone differs from generating it
         assert n_pred - 2 <= d.accepted_prediction_tokens <= got.usage.completion_tokens, d
         assert d.accepted_prediction_tokens + d.rejected_prediction_tokens == n_pred, d
+    # the server's counters add them up (two requests so far)
+    wait_until(lambda: metric(server, "accepted_prediction_tokens_total") + metric(
+        server, "rejected_prediction_tokens_total") - sum(before) == 2 * n_pred, what="the prediction counters")
+    assert metric(server, "accepted_prediction_tokens_total") - before[0] >= 2 * (n_pred - 2)
     alone = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=24, temperature=0,
                                            prediction={"type": "content", "content": text},
                                            extra_body={"edgespec": {"drafter": "prediction"}})
