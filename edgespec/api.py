@@ -331,8 +331,7 @@ class Engine:
             from .tokenizer import _check_text
 
             _check_text(kw["prediction"], "the prediction")
-            kw["prediction"] = self.tokenizer.encode(kw["prediction"], add_special=False, parse_special=False) \
-                if kw["prediction"] else ()
+            kw["prediction"] = self.tokenizer.encode(kw["prediction"], add_special=False, parse_special=False)
         vals = {k: getattr(self.defaults, k) for k in _GEN_KEYS}
         vals.update({k: v for k, v in kw.items() if v is not None})
         cfg = GenerationConfig(**vals)

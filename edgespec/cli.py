@@ -227,10 +227,10 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
              max_context, threads, profile, provider, as_json, no_parse_special, prediction_file):
     """Generate a continuation of PROMPT with the model in BUNDLE."""
     from .errors import ConfigError
-    from .suffix import MAX_DOCUMENT_BYTES, read_document
+    from .suffix import read_document
 
     prediction = None if prediction_file is None else read_document(
-        prediction_file, MAX_DOCUMENT_BYTES, what="prediction file", error=ConfigError)  # before the model loads
+        prediction_file, what="prediction file", error=ConfigError)  # before the model loads
     if prompt == "-":
         prompt = _read_stdin()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))

@@ -288,13 +288,12 @@ class Decoder:
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         t_d = clock()
         predicted = cfg.prediction if cfg.drafter != "none" else ()
-        pd = self.drafters.get("prediction")
-        if pd is not None:  # set (or cleared) every generation: a prediction never outlives its request
-            pd.set_prediction(predicted)
+        # set (or cleared) every generation: a prediction never outlives its request
+        self.drafters["prediction"].set_prediction(predicted)
         for d in policy.begin(cfg.drafter, self.drafters, target.min_width,
                               reproducible=cfg.seed is not None and not sp.greedy,
                               width_multiple=target.width_multiple, sampled=not sp.greedy,
-                              also=("prediction",) if predicted and pd is not None else ()):
+                              also=("prediction",) if predicted else ()):
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000

@@ -133,6 +133,29 @@ def drafter_choices() -> tuple[str, ...]:
     return (*DRAFTERS, "auto", "none")
 
 
+class LookupDrafter:
+    """A free drafter whose draft is what ``_lookup(ctx, k) -> (tokens, key)`` finds (a point mass, no
+    model call): ``draft`` and ``peek`` return it, ``accept`` has nothing to do (the next lookup reads the
+    context as it is). The suffix and prediction drafters are these."""
+
+    has_cost = False
+
+    def _lookup(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        raise NotImplementedError
+
+    def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator) -> Draft:
+        tokens, key = self._lookup(ctx, k)
+        return Draft(tokens[:k], key=key)
+
+    def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
+        """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
+        tokens, key = self._lookup(ctx, k)
+        return tokens[:k], key
+
+    def accept(self, n: int, bonus: int) -> None:
+        pass
+
+
 @register
 class PromptLookupDrafter:
     """Prompt lookup (n-gram) drafting with no model: find the latest earlier occurrence of the

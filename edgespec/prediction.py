@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import MAX_DRAFT, Draft, LoadEnv, Offer, register
+from .drafters import MAX_DRAFT, LoadEnv, LookupDrafter, Offer, register
 from .kv import TokenBuffer
 
 MIN_MATCH = 2  # the fewest tokens of the reply's end that must match to rejoin the prediction
@@ -34,9 +34,8 @@ SKIP_SPAN = 6  # reply tokens after leaving the prediction during which a draft 
 
 
 @register
-class PredictionDrafter:
+class PredictionDrafter(LookupDrafter):
     name = "prediction"
-    has_cost = False
 
     def __init__(self, max_draft: int = MAX_DRAFT, skip_span: int = SKIP_SPAN):
         self.max_draft = max_draft
@@ -57,12 +56,16 @@ class PredictionDrafter:
         """The next generation's prediction (token ids; empty: none). The decoder sets it before every
         generation, so a prediction never outlives its request."""
         self.tokens = np.asarray(list(tokens), dtype=np.int64).reshape(-1)
+        self._restart()
+
+    def _restart(self) -> None:
+        """No place reached in the prediction yet."""
         self._at, self._anchor, self._cache, self._left, self._skipping = None, 0, None, None, False
 
     # -- protocol ------------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int]) -> None:
         self._prompt_len = len(prompt)
-        self._at, self._anchor, self._cache, self._left, self._skipping = None, 0, None, None, False
+        self._restart()
 
     def reset(self) -> None:
         self.set_prediction(())
@@ -81,17 +84,7 @@ class PredictionDrafter:
         n = int(key.rsplit("/", 1)[1])
         return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0), carry=False)
 
-    def draft(self, ctx: TokenBuffer, k: int, sp, rng: np.random.Generator) -> Draft:
-        tokens, key = self._lookup(ctx, k)
-        return Draft(tokens[:k], key=key)
-
-    def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
-        """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
-        tokens, key = self._lookup(ctx, k)
-        return tokens[:k], key
-
-    def accept(self, n: int, bonus: int) -> None:
-        pass  # the next lookup checks the tokens the context gained against the prediction
+    # draft, peek, accept: LookupDrafter's (the next lookup checks what the context gained against the prediction)
 
     # -- alignment -----------------------------------------------------------------------------
     def _lookup(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:

@@ -324,9 +324,10 @@ class Server:
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
         if isinstance(kw.get("prediction"), str):  # tokenized once, off the event loop (it may be a large file)
             text = kw["prediction"]
-            if self.engine.tokenizer.min_tokens(text) > ctx:
-                raise P.bad(f"the prediction has at least {self.engine.tokenizer.min_tokens(text)} tokens; a reply "
-                            f"can have at most {ctx} (the context)", "prediction")
+            least = self.engine.tokenizer.min_tokens(text)
+            if least > ctx:
+                raise P.bad(f"the prediction has at least {least} tokens; a reply can have at most {ctx} (the "
+                            f"context)", "prediction")
             kw["prediction"] = await run_in_threadpool(self.engine.tokenizer.encode, text, add_special=False,
                                                        parse_special=False)
             if len(kw["prediction"]) > ctx:

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import MAX_DRAFT, Draft, LoadEnv, Offer, register
+from .drafters import MAX_DRAFT, LoadEnv, LookupDrafter, Offer, register
 from .errors import ConfigError, DocumentError
 from .kv import TokenBuffer
 from .memory import DEFAULT_CAP_TOKENS, MemoryStore, bundle_fingerprint, open_store, store_path
@@ -40,9 +40,8 @@ MAX_DOCUMENT_TOKENS = 1 << 20  # all documents of an engine (12 bytes a token an
 
 
 @register
-class SuffixDrafter:
+class SuffixDrafter(LookupDrafter):
     name = "suffix"
-    has_cost = False
 
     def __init__(self, memory: MemoryStore | None = None, max_draft: int = 16, orders: int = ORDERS,
                  max_document_tokens: int = MAX_DOCUMENT_TOKENS):
@@ -123,17 +122,7 @@ class SuffixDrafter:
         n = int(key.rsplit("/", 1)[1])
         return Offer(key, len(tokens), prior=(0.5 + 0.5 * n, 1.0))
 
-    def draft(self, ctx: TokenBuffer, k: int, sp, rng: np.random.Generator) -> Draft:
-        tokens, key = self._lookup(ctx, k)
-        return Draft(tokens[:k], key=key)
-
-    def peek(self, ctx: TokenBuffer, k: int) -> tuple[list[int], str]:
-        """What ``draft`` would propose (a free drafter's guess, scored by the policy unasked)."""
-        tokens, key = self._lookup(ctx, k)
-        return tokens[:k], key
-
-    def accept(self, n: int, bonus: int) -> None:
-        pass  # the next lookup indexes the tokens the context gained
+    # draft, peek, accept: LookupDrafter's (the next lookup indexes the tokens the context gained)
 
     # -- lookup --------------------------------------------------------------------------------
     def _sync(self, ctx: TokenBuffer) -> None:
