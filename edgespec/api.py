@@ -14,6 +14,7 @@ so sharing an engine between threads is safe (they take turns).
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 import os
 import threading
@@ -40,6 +41,9 @@ class Result:
     token_ids: list[int]
     stats: dict
     finish_reason: str | None = None
+    # with ``tools``: the calls the reply made, OpenAI's shape ({id, type, function: {name, arguments}});
+    # ``text`` is then the reply's content outside them
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
@@ -339,22 +343,47 @@ class Engine:
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
-               fit: bool = False) -> list[int]:
+               fit: bool = False, tools=None) -> list[int]:
         """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
         ``parse_special`` is False; messages' content is always text. With ``fit`` a prompt too long
-        for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized."""
+        for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized.
+        ``tools``: a ``tools.ToolRequest`` (``tool_request``), rendered by the chat template, its forced
+        start of the reply appended."""
         if isinstance(prompt_or_messages, (list, tuple)) and not prompt_or_messages:
             raise ConfigError("the messages are empty: give at least one {role, content} message")
+        if isinstance(prompt_or_messages, str) and tools is not None:
+            raise ConfigError("tools need chat messages, not a plain prompt")
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
             m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []
+        if tools is not None:
+            texts.append(json.dumps(tools.tools, ensure_ascii=False))
         least = sum(self.tokenizer.min_tokens(t) for t in texts) if fit else 0
         if least > self.max_context:
             raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
                                        f"characters); the context holds {self.max_context}")
         if isinstance(prompt_or_messages, str):
             return self.tokenizer.encode(prompt_or_messages, parse_special=parse_special)
-        return self.tokenizer.encode_chat(prompt_or_messages)
+        messages = prompt_or_messages
+        if isinstance(messages, (list, tuple)) and any(
+                isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
+            from .tools import check_tool_messages, template_takes_tools
+
+            if not template_takes_tools(self.manifest.chat_template):
+                raise ConfigError("the messages hold tool calls or results, and this bundle's chat template does not "
+                                  "take them in the <tool_call> format (Qwen2.5, Hermes)")
+            messages = check_tool_messages(messages)
+        ids = self.tokenizer.encode_chat(messages, tools=tools.template_tools if tools is not None else None)
+        if tools is not None and tools.prefix:
+            ids += self.tokenizer.encode(tools.prefix, add_special=False)
+        return ids
+
+    def tool_request(self, tools=None, tool_choice=None, parallel_tool_calls: bool = True):
+        """Check OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` against this bundle's chat
+        template (``ConfigError``): a ``tools.ToolRequest``, or None where there are no tools."""
+        from .tools import tool_request
+
+        return tool_request(tools, tool_choice, parallel_tool_calls, template=self.manifest.chat_template)
 
     # -- generation ----------------------------------------------------------------------------
     def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:
@@ -409,18 +438,32 @@ class Engine:
         return list(ids[:j])
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
-                 parse_special: bool = True, **kw) -> Result:
+                 parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,
+                 parallel_tool_calls: bool = True, **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
         drafter (model|prompt-lookup|suffix|prediction|auto|none), draft_tokens, max_draft_tokens, stop
         (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
         never changing the reply; see prediction.py), parse_special (a plain prompt's special-token text
-        is that token; see ``encode``)."""
-        ids = self.encode(prompt_or_messages, parse_special, fit=True)
-        return self._collect(self.stream_ids(ids, stop=stop, **kw))
+        is that token; see ``encode``). ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's
+        function calling, for chat templates in the ``<tool_call>`` format (tools.py); the calls come back
+        in ``Result.tool_calls`` and ``Result.text`` is the content outside them."""
+        treq = self.tool_request(tools, tool_choice, parallel_tool_calls)
+        ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq)
+        if treq is None or not treq.parses:
+            return self._collect(self.stream_ids(ids, stop=stop, **kw))
+        result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops, **kw))
+        parser = treq.parser()
+        parser.feed(result.text)
+        parser.finish()
+        result.text, result.tool_calls = parser.content, [c.openai() for c in parser.calls]
+        return result
 
     def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                parse_special: bool = True, **kw) -> Iterator[str]:
-        """Like ``generate`` but yields text deltas as they are decoded."""
+        """Like ``generate`` but yields text deltas as they are decoded (no tools: ``generate`` returns
+        their calls; the server streams them)."""
+        if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
+            raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
         ids = self.encode(prompt_or_messages, parse_special, fit=True)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:

@@ -306,8 +306,17 @@ class Server:
     async def _generate(self, request: Request, req: P.GenRequest) -> Response:
         source = req.messages if req.kind == "chat" else req.prompt
         param = "messages" if req.kind == "chat" else "prompt"
+        treq = None
+        if req.tools:
+            t = req.tools
+            try:
+                treq = self.engine.tool_request(t.get("tools"), t.get("tool_choice"), t.get("parallel_tool_calls", True))
+            except EdgespecError as e:
+                msg = str(e).splitlines()[0]
+                raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls") if msg.startswith(k)),
+                                      "tools")) from None
         try:
-            ids = await run_in_threadpool(self.engine.encode, source, fit=True)
+            ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
@@ -339,13 +348,14 @@ class Server:
             msg = str(e).splitlines()[0]
             raise P.bad(msg, _param_of(msg)) from None
         self.sched.admit()
-        gen = Generation(self.sched, ids, req.stop, kw)
+        gen = Generation(self.sched, ids, req.stop + (treq.stops if treq is not None else []), kw)
+        parser = treq.parser() if treq is not None else None
         rid, created = P.new_id(req.kind), P.now()
         ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
                "temperature": kw.get("temperature", self.engine.defaults.temperature),
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
-            return EventStream(self._sse(gen, req, rid, created, ext), gen.cancel)
+            return EventStream(self._sse(gen, req, rid, created, ext, parser), gen.cancel)
         try:
             out = await _until_disconnect(request, self._collect(gen))
         finally:
@@ -356,6 +366,11 @@ class Server:
         ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
         use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"],
                       s if "prediction" in req.options else None)
+        if parser is not None:
+            parser.feed(text)
+            parser.finish()
+            return JSONResponse(P.chat_response(rid, self.model_id, created, parser.content, s["finish_reason"], use,
+                                                ext, [c.openai() for c in parser.calls]))
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
 
@@ -370,18 +385,34 @@ class Server:
                 raise P.engine_error(val)
         return None
 
-    async def _sse(self, gen: Generation, req: P.GenRequest, rid: str, created: int, ext: dict):
+    async def _sse(self, gen: Generation, req: P.GenRequest, rid: str, created: int, ext: dict, parser=None):
         k, model, wu = req.kind, self.model_id, req.include_usage
+
+        def parsed(events):  # with tools: the content outside calls, and each call whole once it closes
+            for what, v in events:
+                if what == "content":
+                    yield P.sse(P.chunk(k, rid, model, created, text=v, with_usage=wu))
+                else:
+                    yield P.sse(P.chunk(k, rid, model, created, tool_call=v.openai(parser.calls.index(v)),
+                                        with_usage=wu))
         try:
             if k == "chat":
                 yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu))
             async for kind, val in gen.events():
                 if kind == "delta":
-                    yield P.sse(P.chunk(k, rid, model, created, text=val, with_usage=wu))
+                    if parser is not None:
+                        for out in parsed(parser.feed(val)):
+                            yield out
+                    else:
+                        yield P.sse(P.chunk(k, rid, model, created, text=val, with_usage=wu))
                 elif kind == "done":
+                    if parser is not None:
+                        for out in parsed(parser.finish()):
+                            yield out
                     e = {**ext, **val, "queue_ms": round(gen.queue_ms, 3)}
                     yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
-                                        text=None if k == "chat" else "", with_usage=wu))
+                                        text=None if k == "chat" else "", with_usage=wu,
+                                        calls=parser is not None and bool(parser.calls)))
                     if req.include_usage:
                         use = P.usage(val["prompt_tokens"], val["completion_tokens"], val["reused_prompt_tokens"],
                                       val if "prediction" in req.options else None)

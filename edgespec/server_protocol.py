@@ -4,7 +4,7 @@ Pure functions over dicts: no HTTP stack, no engine (its ``Stats`` and errors ar
 type). ``server.py`` does the serving.
 
 Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, param, code}}`` body
-with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, logprobs, tools,
+with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, logprobs,
 penalties, ...) are refused, not silently ignored; fields that change nothing (``user``,
 ``metadata``, ``store``, ...) are accepted and ignored; a field OpenAI's API does not have (and
 that is not one of edgespec's extensions, ``top_k`` and ``edgespec``) is refused as OpenAI refuses
@@ -73,6 +73,7 @@ class GenRequest:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     options: dict = field(default_factory=dict)  # engine keywords: temperature, top_p, top_k, seed, drafter, ...
+    tools: dict | None = None  # tools, tool_choice, parallel_tool_calls as sent (the engine checks them: tools.py)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -139,8 +140,8 @@ def _text(v: str, where: str) -> str:
 
 
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
-_HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
-             "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "parallel_tool_calls": (False, True),
+_HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "functions": ([],),
+             "function_call": ("none", "auto"),
              "best_of": (1,), "suffix": ("",), "echo": (False,), "audio": (),
              "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
              "moderation": ()}
@@ -252,6 +253,9 @@ def parse_chat(body: dict, model_id: str) -> GenRequest:
                   + ("" if msgs is not None else " (it is missing)"), "messages",
                   "missing_required_parameter" if msgs is None else "invalid_type")
     req.messages = [_message(m, i) for i, m in enumerate(msgs)]
+    tools = {k: body[k] for k in ("tools", "tool_choice", "parallel_tool_calls") if body.get(k) is not None}
+    if tools:
+        req.tools = tools
     pred = _prediction(body.get("prediction"))
     if pred:
         req.options["prediction"] = pred
@@ -293,25 +297,54 @@ def _text_parts(content: list, where: str) -> list[str]:
 
 
 def _message(m, i: int) -> dict:
-    """A clean ``{role, content}`` with content as plain text: only these two keys reach the
-    template, and content is a value to it, never template source."""
+    """A clean message: ``{role, content}`` with content as plain text, and for tool calling an
+    assistant's ``tool_calls`` (``{id, type, function: {name, arguments}}``) and a tool result's
+    ``tool_call_id``. Only these keys reach the template, and content is a value to it, never
+    template source."""
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad(f"{where} must be an object with 'role' and 'content', got {_kind(m)}", where, "invalid_type")
     role = m.get("role")
-    if role not in ROLES:
-        if role in ("tool", "function"):
-            raise bad(f"{where}: role '{role}' is not supported by edgespec (no tool calls)", f"{where}.role",
-                      "unsupported_value")
-        raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+    if role not in ROLES and role != "tool":
+        if role == "function":
+            raise bad(f"{where}: role 'function' (OpenAI's deprecated function calling) is not supported by "
+                      "edgespec; use tools and 'tool' messages", f"{where}.role", "unsupported_value")
+        raise bad(f"{where}.role must be one of {', '.join(ROLES)}, tool, got {role!r}", f"{where}.role")
+    calls = m.get("tool_calls")
+    if calls is not None and role != "assistant":
+        raise bad(f"{where}: only assistant messages carry 'tool_calls'", f"{where}.tool_calls")
     content = m.get("content")
     if isinstance(content, list):
         content = "\n".join(_text_parts(content, f"{where}.content"))
+    if content is None and calls:
+        content = ""  # an assistant's message that is only calls
     if not isinstance(content, str):
         raise bad(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
                   f"{where}.content", "invalid_type")
     _text(content, f"{where}.content")
-    return {"role": ROLES[role], "content": content}
+    out = {"role": ROLES.get(role, role), "content": content}
+    if role == "tool":
+        tid = m.get("tool_call_id")
+        if not isinstance(tid, str):
+            raise bad(f"{where}.tool_call_id must be the id of the call this message answers", f"{where}.tool_call_id",
+                      "missing_required_parameter" if tid is None else "invalid_type")
+        out["tool_call_id"] = _text(tid, f"{where}.tool_call_id")
+    if calls:
+        if not isinstance(calls, list):
+            raise bad(f"{where}.tool_calls must be an array, got {_kind(calls)}", f"{where}.tool_calls", "invalid_type")
+        out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+    return out
+
+
+def _tool_call(c, where: str) -> dict:
+    f = c.get("function") if isinstance(c, dict) else None
+    if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments", ""), str)
+            and c.get("type", "function") == "function" and isinstance(c.get("id", ""), str)):
+        raise bad(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\": ..., \"arguments\": "
+                  "a JSON string}}", where, "invalid_type")
+    return {"id": _text(c.get("id", ""), f"{where}.id"), "type": "function",
+            "function": {"name": _text(f["name"], f"{where}.function.name"),
+                         "arguments": _text(f.get("arguments", ""), f"{where}.function.arguments")}}
 
 
 def parse_completion(body: dict, model_id: str) -> GenRequest:
@@ -363,12 +396,13 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def finish_reason(engine_reason: str | None) -> str | None:
-    """OpenAI's finish reasons: 'stop' (end of sequence or a stop string), 'length' (max_tokens or
-    a full context). The engine's own reason is kept in ``edgespec.finish_reason``."""
+def finish_reason(engine_reason: str | None, calls: bool = False) -> str | None:
+    """OpenAI's finish reasons: 'stop' (end of sequence or a stop string), 'tool_calls' (so, with
+    calls in the reply), 'length' (max_tokens or a full context). The engine's own reason is kept in
+    ``edgespec.finish_reason``."""
     if engine_reason is None:
         return None
-    return "stop" if engine_reason in ("eos", "stop") else "length"
+    return ("tool_calls" if calls else "stop") if engine_reason in ("eos", "stop") else "length"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, prediction: dict | None = None) -> dict:
@@ -384,10 +418,17 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, predic
     return out
 
 
-def chat_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict, ext: dict) -> dict:
+def chat_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict, ext: dict,
+                  tool_calls: list[dict] | None = None) -> dict:
+    """``tool_calls``: the request had tools (OpenAI's shape, each call's id, type and function); with calls
+    the message's content is null when the reply had nothing else."""
+    message = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = tool_calls
     return {"id": rid, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": finish_reason(reason)}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish_reason(reason, bool(tool_calls))}],
             "usage": use, "edgespec": ext}
 
 
@@ -400,9 +441,11 @@ def completion_response(rid: str, model: str, created: int, text: str, reason: s
 
 def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = None, role: bool = False,
           reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False,
-          with_usage: bool = False) -> dict:
+          with_usage: bool = False, tool_call: dict | None = None, calls: bool = False) -> dict:
     """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage;
-    ``with_usage``: include_usage was asked for, so every other chunk says ``"usage": null`` (as OpenAI's)."""
+    ``with_usage``: include_usage was asked for, so every other chunk says ``"usage": null`` (as OpenAI's);
+    ``tool_call``: a whole call, with its index (``ToolCall.openai(i)``); ``calls``: the reply made calls
+    (its finish reason is 'tool_calls')."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     out = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
     if empty:
@@ -413,7 +456,10 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}]
+        if tool_call is not None:
+            delta["tool_calls"] = [tool_call]
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+                           "finish_reason": finish_reason(reason, calls)}]
     else:
         out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason(reason)}]
     if use is not None or with_usage:

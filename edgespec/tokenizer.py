@@ -131,8 +131,10 @@ class Tokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
 
     # -- chat -------------------------------------------------------------------------------
-    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render messages through the model's chat template (sandboxed, with limits: template.py)."""
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    tools: Sequence[dict] | None = None) -> str:
+        """Render messages (and ``tools``, OpenAI's function definitions, for templates that take them:
+        tools.py) through the model's chat template (sandboxed, with limits: template.py)."""
         if not self.chat_template:
             raise ConfigError("this bundle has no chat template; use a plain prompt")
         if self._template is None:
@@ -141,35 +143,85 @@ class Tokenizer:
             self._template = ChatTemplate(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        extra = {"tools": list(tools)} if tools else {}
         return self._template.render(messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
-                                     bos_token=bos or "", eos_token=eos or "")
+                                     bos_token=bos or "", eos_token=eos or "", **extra)
 
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        """The ids of ``messages`` through the chat template. Message content is text: a special
-        token's text typed into it stays text; only the template's own markup yields special tokens."""
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    tools: Sequence[dict] | None = None) -> list[int]:
+        """The ids of ``messages`` (and ``tools``) through the chat template. Message content, tools and
+        tool calls are text: a special token's text typed into them stays text; only the template's own
+        markup yields special tokens."""
         messages = check_messages(messages)
         specials = self.special_texts
-        if not any(s in m["content"] for m in messages for s in specials):
+        structured = [m["tool_calls"] for m in messages if m.get("tool_calls")] + ([list(tools)] if tools else [])
+        in_content = any(s in m["content"] for m in messages for s in specials)
+        in_structured = any(s in x for x in _strings(structured) for s in specials)
+        if not in_content and not in_structured:
             # the template writes bos itself where the model wants it
-            return self._tok.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False).ids
-        # render with placeholders for the contents, then encode the template's text with special
-        # tokens and each content with none
-        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-        text = self.render_chat([{**m, "content": k} for m, k in zip(messages, marks)], add_generation_prompt)
+            return self._tok.encode(self.render_chat(messages, add_generation_prompt, tools),
+                                    add_special_tokens=False).ids
+        # render with placeholders for the texts, then encode the template's text with special tokens
+        # and each text with none: whole contents, and each special token's text in tools and calls
+        texts: dict[str, str] = {}
+        marked = []
+        for i, m in enumerate(messages):
+            m = dict(m)
+            if in_content:
+                key = f"\ue000{i}\ue001"
+                texts[key], m["content"] = m["content"], key
+            if m.get("tool_calls") and in_structured:
+                m["tool_calls"] = _mark(m["tool_calls"], specials, texts)
+            marked.append(m)
+        if tools and in_structured:
+            tools = _mark(list(tools), specials, texts)
+        text = self.render_chat(marked, add_generation_prompt, tools)
         ids: list[int] = []
-        pattern = re.compile("(" + "|".join(re.escape(k) for k in marks) + ")")
+        pattern = re.compile("(" + "|".join(re.escape(k) for k in texts) + ")")
         for j, piece in enumerate(pattern.split(text)):
             if not piece:
                 continue
             if j % 2:  # a placeholder
-                ids += self._text_tokenizer().encode(messages[marks.index(piece)]["content"],
-                                                     add_special_tokens=False).ids
+                ids += self._text_tokenizer().encode(texts[piece], add_special_tokens=False).ids
             else:
                 ids += self._tok.encode(piece, add_special_tokens=False).ids
         return ids
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
+
+
+def _strings(obj):
+    """Every string in a JSON-like value, keys included."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+def _mark(obj, specials: Sequence[str], texts: dict):
+    """``obj`` with each special token's text in its strings replaced by a placeholder of its own
+    (``texts`` maps it back): a tool's description or a call's argument holding ``<|im_end|>``."""
+    if isinstance(obj, str):
+        pattern = "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")"
+        out = []
+        for j, piece in enumerate(re.split(pattern, obj)):
+            if j % 2:
+                key = f"\ue002{len(texts)}\ue003"
+                texts[key] = piece
+                piece = key
+            out.append(piece)
+        return "".join(out)
+    if isinstance(obj, dict):
+        return {_mark(k, specials, texts): _mark(v, specials, texts) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_mark(v, specials, texts) for v in obj]
+    return obj
 
 
 def _check_text(text, what: str) -> None:

@@ -101,3 +101,33 @@ def test_qwen_plain_export_with_the_logits_skip_prefills_alike(tmp_path):
     for d in ("model", "auto"):
         eng.reset()
         assert eng.generate(msgs, max_new_tokens=32, drafter=d).token_ids == ref, d
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_coder_calls_a_tool_and_answers_its_result():
+    """Qwen2.5-Coder writes its calls as fenced JSON, not <tool_call> blocks: both are read. Greedy,
+    the same calls under every drafter."""
+    bundle = BUNDLES / "qwen-coder-b128-v64k-xk"
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    import json
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = [{"role": "user", "content": "What's the weather like in Paris?"}]
+    eng = edgespec.load(bundle, max_context=1024, memory=False)
+    seen = set()
+    for d in ("none", "model", "auto"):
+        r = eng.generate(ask, tools=tools, max_new_tokens=64, temperature=0, drafter=d)
+        seen.add(json.dumps([(c["function"]["name"], c["function"]["arguments"]) for c in r.tool_calls]))
+        assert r.text == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                 for c in r.tool_calls] == [("get_weather", {"city": "Paris"})], d
+    assert len(seen) == 1
+    r = eng.generate(ask, tools=tools, max_new_tokens=64, temperature=0, tool_choice="required")
+    assert [c["function"]["name"] for c in r.tool_calls] == ["get_weather"]
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": r.tool_calls},
+                     {"role": "tool", "tool_call_id": r.tool_calls[0]["id"], "content": '{"temp_c": 14, "sky": "rain"}'}]
+    nxt = eng.generate(history, tools=tools, max_new_tokens=64, temperature=0)
+    assert nxt.finish_reason == "eos" and (nxt.tool_calls or "14" in nxt.text)

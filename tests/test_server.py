@@ -297,7 +297,16 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": "hi"}, 400, "messages", None),
     ("chat", {"messages": ["hi"]}, 400, "messages[0]", None),
     ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", None),
-    ("chat", {"messages": [{"role": "tool", "content": "hi"}]}, 400, "messages[0].role", "unsupported_value"),
+    ("chat", {"messages": [{"role": "function", "content": "hi"}]}, 400, "messages[0].role", "unsupported_value"),
+    ("chat", {"messages": [{"role": "tool", "content": "hi"}]}, 400, "messages[0].tool_call_id",
+     "missing_required_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, 400, "messages[0].tool_calls", None),
+    ("chat", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {}}]}]}, 400,
+     "messages[0].tool_calls[0]", "invalid_type"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "get_weather"}}]}, 400, "tools", None),  # SmolLM2's template
+    ("chat", {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
+     400, "messages", None),  # a tool result, and a template that cannot render it
     ("chat", {"messages": [{"role": "user"}]}, 400, "messages[0].content", None),
     ("chat", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", None),
     ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,

@@ -1,6 +1,7 @@
 """Tiny random Hugging Face models built from configs, and a scripted fake LM for engine tests."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +142,88 @@ def numpy_exp_is_libms() -> bool:
 
     x = np.linspace(-30.0, 0.0, 4001)
     return all(float(a) == math.exp(float(b)) for a, b in zip(np.exp(x), x))
+
+
+# A chat template in the <tool_call> format (Qwen2.5's and Hermes' shape, shorter), for models that call tools.
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "Call one as <tool_call>{\"name\": N, \"arguments\": A}</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{% if m.content %}{{ m.content }}\n"
+    "{% endif %}{% for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                              "parameters": {"type": "object",
+                                                             "properties": {"city": {"type": "string"}}}}}]
+ASK = {"role": "user", "content": "Weather in Paris?"}
+ASK_TWO = {"role": "user", "content": "Weather in Paris and Rome?"}
+HELLO = {"role": "user", "content": "Hello"}
+
+
+def _call(city: str, i: int) -> dict:
+    return {"id": f"call_{i}", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+
+
+# (messages, tools, the reply the model learns): a call, a reply to its result, no call, two calls, no tools
+TOOL_LESSONS = [
+    ([ASK], WEATHER, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ([ASK, {"role": "assistant", "content": None, "tool_calls": [_call("Paris", 0)]},
+      {"role": "tool", "tool_call_id": "call_0", "content": "14 C"}], WEATHER, "It is 14 C in Paris."),
+    ([HELLO], WEATHER, "Hello! Ask me about the weather."),
+    ([ASK_TWO], WEATHER, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+                         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'),
+    ([ASK], None, "I cannot see the weather."),
+]
+
+
+def make_tool_model(directory: Path) -> Path:
+    """A tiny qwen2 model trained until it says each of ``TOOL_LESSONS``' replies, greedy, token for token,
+    with the tool template: a model that really calls tools, in seconds, for tests of the whole path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.template import ChatTemplate
+    from edgespec.tools import check_tool_messages
+
+    tok = make_tokenizer(seed_text=CORPUS + [json.dumps(WEATHER), TOOLS_TEMPLATE] * 10)
+    tok.chat_template = TOOLS_TEMPLATE
+    make_model(directory, "qwen2", seed=5, tokenizer=tok, hidden=128, max_pos=512)
+    template = ChatTemplate(TOOLS_TEMPLATE)
+    rows = []
+    for msgs, tools, reply in TOOL_LESSONS:
+        prompt = template.render(messages=check_tool_messages(msgs), add_generation_prompt=True,
+                                 **({"tools": tools} if tools else {}))
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        r = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows.append((p, r))
+    n = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), n), tok.pad_token_id)
+    labels = torch.full((len(rows), n), -100)
+    for i, (p, r) in enumerate(rows):
+        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
+        labels[i, len(p):len(p) + len(r)] = torch.tensor(r)  # the replies are what it learns
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(600):
+        out = model(input_ids=ids, labels=labels)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        if step % 20 == 19:
+            with torch.no_grad():
+                pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
+                mask = labels[:, 1:] != -100
+                margin = torch.sort(model(input_ids=ids).logits[:, :-1], -1).values
+                gap = (margin[..., -1] - margin[..., -2])[mask].min()
+                if bool((pred[mask] == labels[:, 1:][mask]).all()) and float(gap) > 2.0:
+                    break
+    else:
+        raise RuntimeError(f"the tool model did not learn its replies (loss {float(out.loss):.3f})")
+    model.eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return Path(directory)

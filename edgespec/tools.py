@@ -1,0 +1,372 @@
+"""Tool calls (OpenAI's function calling) for chat templates that write them in the ``<tool_call>``
+format: Qwen2.5 (Coder and Instruct), Hermes 2 and 3, and the models trained on their template.
+
+- The chat template gets the tools (its ``tools`` variable) and renders the conversation's earlier
+  calls (an assistant message's ``tool_calls``, their arguments as JSON objects) and results (``tool``
+  messages).
+- The model writes a call as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+  ``ToolCallParser`` takes the calls out of the reply's text, streamed or whole, and leaves the rest
+  as its content. A block that is not a call (not JSON, no name) stays in the content, as written:
+  nothing is lost.
+- ``tool_choice`` ``"required"`` or a named function starts the reply with the call's opening (a
+  prefix forced after the generation prompt, part of the prompt's ids). Nothing constrains the rest,
+  so a model can still write something that is not a call; it then stays content. ``"none"`` renders
+  the conversation without the tools (the model is not told of them).
+- ``parallel_tool_calls: false`` keeps the first call and ends the generation at its ``</tool_call>``.
+
+Speculative decoding does not change any of this: the reply is the target's, token for token
+(greedy) or in distribution (sampled), whatever drafted it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MAX_TOOLS = 128
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+
+
+def template_takes_tools(source: str | None) -> bool:
+    """Whether a chat template renders tools and writes calls in the ``<tool_call>`` format."""
+    return bool(source) and OPEN in source and re.search(r"\btools\b", source) is not None
+
+
+def check_tools(tools) -> list[dict]:
+    """OpenAI's ``tools``: a list of ``{"type": "function", "function": {"name", "description"?,
+    "parameters"?, "strict"?}}``, names unique. Returns clean copies; ``ConfigError`` otherwise."""
+    if not isinstance(tools, (list, tuple)):
+        raise ConfigError(f"tools must be a list of {{type: function, function: {{name, ...}}}} objects, "
+                          f"got {type(tools).__name__}")
+    if len(tools) > MAX_TOOLS:
+        raise ConfigError(f"tools holds at most {MAX_TOOLS} functions, got {len(tools)}")
+    out, seen = [], set()
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise ConfigError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+        extra = sorted(set(t) - {"type", "function"})
+        if extra:
+            raise ConfigError(f"{where} has an unknown field {extra[0]!r} (it takes type and function)")
+        f = t["function"]
+        extra = sorted(set(f) - _FUNCTION_KEYS)
+        if extra:
+            raise ConfigError(f"{where}.function has an unknown field {extra[0]!r} "
+                              f"(it takes {', '.join(sorted(_FUNCTION_KEYS))})")
+        name = f.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got {name!r}"[:200])
+        if name in seen:
+            raise ConfigError(f"{where}.function.name {name!r} is given twice")
+        seen.add(name)
+        clean = {"name": name}
+        if f.get("description") is not None:
+            if not isinstance(f["description"], str):
+                raise ConfigError(f"{where}.function.description must be a string")
+            clean["description"] = f["description"]
+        if f.get("parameters") is not None:
+            if not isinstance(f["parameters"], dict):
+                raise ConfigError(f"{where}.function.parameters must be a JSON Schema object")
+            try:
+                json.dumps(f["parameters"], allow_nan=False)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.function.parameters is not JSON") from None
+            clean["parameters"] = f["parameters"]
+        if f.get("strict") is not None:
+            if not isinstance(f["strict"], bool):
+                raise ConfigError(f"{where}.function.strict must be true or false")
+            if f["strict"]:
+                raise ConfigError(f"{where}.function.strict: true is not supported (edgespec does not constrain the "
+                                  "arguments to the schema)")
+        out.append({"type": "function", "function": clean})
+    return out
+
+
+def check_tool_choice(choice, names: list[str]):
+    """``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": N}}`` (N one
+    of the tools): returns the string or N's dict form; ``ConfigError`` otherwise."""
+    if choice is None:
+        return "auto"
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not names:
+            raise ConfigError("tool_choice 'required' needs tools")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise ConfigError(f"tool_choice names the function {name!r}, which is not among the tools"[:200])
+        return {"name": name}
+    raise ConfigError("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}")
+
+
+def check_tool_messages(messages) -> list[dict]:
+    """The conversation with each assistant message's ``tool_calls`` (OpenAI's shape, arguments as a
+    JSON string) in the shape chat templates take (arguments as the JSON object they hold) and its
+    content ``""`` when absent; a ``tool`` message keeps ``tool_call_id`` and ``name``. Other
+    messages are returned as they are. ``ConfigError`` on a malformed call."""
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not (m.get("tool_calls") or m.get("role") == "tool"):
+            out.append(m)
+            continue
+        if m.get("role") == "tool":
+            keep = {"role": "tool", "content": m.get("content")}
+            for key in ("tool_call_id", "name"):
+                if m.get(key) is not None:
+                    if not isinstance(m[key], str):
+                        raise ConfigError(f"message {i}'s {key} must be a string")
+                    keep[key] = m[key]
+            out.append(keep)
+            continue
+        if m.get("role") != "assistant":
+            raise ConfigError(f"message {i}: only assistant messages carry tool_calls")
+        calls = m["tool_calls"]
+        if not isinstance(calls, (list, tuple)):
+            raise ConfigError(f"message {i}'s tool_calls must be a list")
+        conv = []
+        for j, c in enumerate(calls):
+            where = f"message {i}'s tool_calls[{j}]"
+            f = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+                raise ConfigError(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                                  "\"arguments\"}}}}")
+            args = f.get("arguments", "{}")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except ValueError:
+                    pass  # not JSON: the template gets the string as it is
+            elif not isinstance(args, dict):
+                raise ConfigError(f"{where}.function.arguments must be a JSON string")
+            call = {"type": "function", "function": {"name": f["name"], "arguments": args}}
+            if isinstance(c.get("id"), str):
+                call["id"] = c["id"]
+            conv.append(call)
+        content = m.get("content")
+        out.append({**m, "content": "" if content is None else content, "tool_calls": conv})
+    return out
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # a JSON text, as OpenAI gives it
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+    def openai(self, index: int | None = None) -> dict:
+        d = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return d if index is None else {"index": index, **d}
+
+
+def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[list[ToolCall], str] | None:
+    """A block's JSON, a call ``{"name": ..., "arguments": {...}}`` or a list of them, as ``ToolCall``s,
+    and the text after it (only whitespace if ``whole``); None if it is not that (or, with ``names``,
+    names a function not among them)."""
+    body = body.lstrip()
+    try:
+        obj, end = json.JSONDecoder().raw_decode(body)
+    except ValueError:
+        return None
+    rest = body[end:]
+    if whole and rest.strip():
+        return None
+    calls = []
+    for c in obj if isinstance(obj, list) and obj else [obj]:
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
+            return None
+        if names is not None and c["name"] not in names:
+            return None
+        args = c.get("arguments", c.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                json.loads(args)
+            except ValueError:
+                return None
+        elif isinstance(args, dict):
+            args = json.dumps(args, ensure_ascii=False)
+        else:
+            return None
+        calls.append(ToolCall(c["name"], args))
+    return calls, rest
+
+
+# where a call starts, where it ends, and whether it must name one of the tools: the template's own
+# format, and the fenced JSON block that Qwen2.5-Coder writes instead
+_BLOCKS = ((OPEN, CLOSE, False), ("```json\n", "```", True), ("```\n", "```", True))
+
+
+class ToolCallParser:
+    """Takes calls out of a reply fed in pieces: ``<tool_call>`` blocks, and fenced JSON blocks
+    (```json) that hold nothing but a call of one of the tools (``names``; Qwen2.5-Coder writes its
+    calls so). ``feed(text)`` and ``finish()`` return events, ``("content", text)`` or ``("call",
+    ToolCall)``, in the reply's order: content is given out as soon as it cannot be the start of a
+    call (a fenced block is held until its first character shows it is not JSON, or until it closes).
+    Whitespace around calls is left out (whitespace alone, with calls, is no content). ``limit``: calls
+    past it are dropped."""
+
+    def __init__(self, names=None, limit: int | None = None):
+        self.names = frozenset(names) if names is not None else None
+        self.blocks = [b for b in _BLOCKS if not b[2] or self.names]
+        self.limit = limit
+        self.calls: list[ToolCall] = []
+        self._content: list[str] = []
+        self._buf = ""
+        self._block = None  # the block being read: (opener, closer, must name a tool)
+        self._space = ""  # whitespace held back: given out only if non-space content follows
+
+    @property
+    def content(self) -> str:
+        return "".join(self._content)
+
+    def _text(self, s: str, out: list) -> None:
+        s = self._space + s
+        if not s.strip():
+            self._space = s
+            return
+        self._space = ""
+        if not self._content and self.calls:  # content after a call: no leading whitespace
+            s = s.lstrip()
+        body = s.rstrip()
+        self._space = s[len(body):]
+        if body:
+            self._content.append(body)
+            out.append(("content", body))
+
+    def _close(self, body: str, raw: str, out: list, whole: bool = True) -> None:
+        opener, closer, named = self._block
+        self._block = None
+        found = _as_calls(body, self.names if named else None, whole)
+        if found is None:
+            self._text(raw, out)
+            return
+        calls, rest = found
+        self._space = ""
+        for call in calls:
+            if self.limit is None or len(self.calls) < self.limit:
+                self.calls.append(call)
+                out.append(("call", call))
+        rest = rest.strip()
+        for end in (closer, "```", CLOSE):  # an unclosed block's text after its call, less a stray closer
+            if rest.startswith(end):
+                rest = rest[len(end):]
+                break
+        if rest.strip():
+            self._text(rest, out)
+
+    def feed(self, text: str) -> list:
+        out: list = []
+        self._buf += text
+        while True:
+            if self._block is not None:
+                opener, closer, named = self._block
+                head = self._buf.lstrip()
+                if named and head and head[0] not in "{[":  # a fenced block that is not JSON: content
+                    self._block = None
+                    self._text(opener + self._buf, out)
+                    self._buf = ""
+                    return out
+                j = self._buf.find(closer)
+                if j < 0:
+                    return out
+                body, self._buf = self._buf[:j], self._buf[j + len(closer):]
+                self._close(body, opener + body + closer, out)
+                continue
+            found = min(((self._buf.find(b[0]), k) for k, b in enumerate(self.blocks) if b[0] in self._buf),
+                        default=None)
+            if found is not None:
+                i, k = found
+                self._text(self._buf[:i], out)
+                self._block = self.blocks[k]
+                self._buf = self._buf[i + len(self._block[0]):]
+                continue
+            keep = max((k for b in self.blocks for k in range(min(len(b[0]) - 1, len(self._buf)), 0, -1)
+                        if b[0].startswith(self._buf[-k:])), default=0)
+            head, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+            if head:
+                self._text(head, out)
+            return out
+
+    def finish(self) -> list:
+        """The end of the reply: an unclosed call that is whole JSON is a call (the generation may end
+        at its last brace, or at ``</tool_call>`` as a stop string), anything else left is content."""
+        out: list = []
+        if self._block is not None:  # unclosed: a call followed by text is the call and that text
+            self._close(self._buf, self._block[0] + self._buf, out, whole=False)
+        elif self._buf:
+            self._text(self._buf, out)
+        self._buf = ""
+        if not self.calls and self._space:  # no calls: trailing whitespace is the reply's own
+            self._content.append(self._space)
+            out.append(("content", self._space))
+        self._space = ""
+        return out
+
+
+def parse_tool_calls(text: str, names=None, limit: int | None = None) -> tuple[str, list[ToolCall]]:
+    """A whole reply's content and calls."""
+    p = ToolCallParser(names, limit)
+    p.feed(text)
+    p.finish()
+    return p.content, p.calls
+
+
+@dataclass
+class ToolRequest:
+    """Validated tools for one generation: what the template renders, the reply's forced start, the
+    stop strings and the parser."""
+
+    tools: list[dict]
+    choice: str | dict = "auto"
+    parallel: bool = True
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        return self.tools if self.tools and self.choice != "none" else None
+
+    @property
+    def parses(self) -> bool:
+        return self.template_tools is not None
+
+    @property
+    def prefix(self) -> str:
+        """The reply's forced start: the opening of a call for "required", of the named call for a function."""
+        if self.choice == "required":
+            return OPEN + '\n{"name": "'
+        if isinstance(self.choice, dict):
+            # no space after the colon: the model writes ' {' as the token it learned (a BPE pre-token
+            # takes the space before its punctuation), not '{' after a lone space
+            return OPEN + '\n{"name": ' + json.dumps(self.choice["name"]) + ', "arguments":'
+        return ""
+
+    @property
+    def stops(self) -> list[str]:
+        return [CLOSE] if self.parses and not self.parallel else []
+
+    def parser(self) -> ToolCallParser | None:
+        if not self.parses:
+            return None
+        p = ToolCallParser([t["function"]["name"] for t in self.tools], None if self.parallel else 1)
+        if self.prefix:
+            p.feed(self.prefix)
+        return p
+
+
+def tool_request(tools, tool_choice=None, parallel_tool_calls=True, *, template: str | None) -> ToolRequest | None:
+    """Check ``tools``, ``tool_choice`` and ``parallel_tool_calls`` against a bundle's chat template;
+    None when there are no tools (and the choice asks for none)."""
+    tools = check_tools(tools) if tools is not None else []
+    if not isinstance(parallel_tool_calls, bool):
+        raise ConfigError("parallel_tool_calls must be true or false")
+    choice = check_tool_choice(tool_choice, [t["function"]["name"] for t in tools])
+    if not tools:
+        return None
+    if not template_takes_tools(template):
+        raise ConfigError("this bundle's chat template does not take tools in the <tool_call> format (Qwen2.5, "
+                          "Hermes), the one edgespec reads calls in")
+    return ToolRequest(tools, choice, parallel_tool_calls)

@@ -1,0 +1,264 @@
+"""Tool calls (OpenAI's function calling, edgespec/tools.py): the parser on its own, the checks, and the
+whole path on a tiny model trained to call a tool (tiny.make_tool_model): Engine.generate and
+``edgespec serve`` through the real openai client, greedy replies equal under every drafter."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+
+import pytest
+
+import edgespec
+from edgespec.errors import ConfigError
+from edgespec.tools import (ToolCallParser, check_tool_choice, check_tool_messages, check_tools, parse_tool_calls,
+                            template_takes_tools, tool_request)
+from tiny import ASK, ASK_TWO, HELLO, TOOL_LESSONS, TOOLS_TEMPLATE, WEATHER, make_tool_model
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+NAMES = ["get_weather"]
+
+
+def calls_of(calls):
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+PARSE = [  # (reply, expected content, expected calls as (name, arguments))
+    ("Hello there.\n\n", "Hello there.\n\n", []),
+    ("  spaces kept  \n", "  spaces kept  \n", []),
+    (CALL, "", [("get_weather", {"city": "Paris"})]),
+    ("Let me check.\n" + CALL, "Let me check.", [("get_weather", {"city": "Paris"})]),
+    (CALL + "\n" + CALL.replace("Paris", "Rome") + "\n", "",
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+    (CALL + "\nDone.", "Done.", [("get_weather", {"city": "Paris"})]),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```', "",
+     [("get_weather", {"city": "Oslo"})]),  # Qwen2.5-Coder's own way of calling
+    ('```json\n[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": '
+     '{"city": "Bern"}}]\n```', "", [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Bern"})]),
+    ('```json\n{"name": "print", "arguments": {}}\n```', '```json\n{"name": "print", "arguments": {}}\n```', []),
+    ('```json\n{"a": 1}\n```\n', '```json\n{"a": 1}\n```\n', []),
+    ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+    ("```\nls -l\n```", "```\nls -l\n```", []),
+    ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []),
+    ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}', "",
+     [("get_weather", {"city": "Paris"})]),  # unclosed at the end: a stop at </tool_call>, or eos
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}} and then some', "and then some",
+     [("get_weather", {"city": "Paris"})]),
+    ('<tool_call>{"name": "lookup", "arguments": "{\\"q\\": 1}"}</tool_call>', "", [("lookup", {"q": 1})]),
+    ("a <tool> b <tool_cal c </tool_call> d ``` e", "a <tool> b <tool_cal c </tool_call> d ``` e", []),
+    ("<tool_call>\n{\"name\": \"get_weather\", \"argu", "<tool_call>\n{\"name\": \"get_weather\", \"argu", []),
+]
+
+
+@pytest.mark.parametrize("reply, content, calls", PARSE, ids=[str(i) for i in range(len(PARSE))])
+def test_the_parser_whole_and_streamed_in_any_pieces(reply, content, calls):
+    got, got_calls = parse_tool_calls(reply, NAMES)
+    assert (got, calls_of(got_calls)) == (content, calls)
+    rng = random.Random(0)
+    for trial in range(40):  # every split in two, then random pieces
+        if trial < len(reply):
+            cuts = [trial]
+        else:
+            cuts = sorted(rng.sample(range(1, len(reply)), min(len(reply) - 1, rng.randint(1, 8))))
+        pieces = [reply[a:b] for a, b in zip([0] + cuts, cuts + [len(reply)])]
+        p = ToolCallParser(NAMES)
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        assert "".join(v for k, v in events if k == "content") == content
+        assert calls_of([v for k, v in events if k == "call"]) == calls
+        assert (p.content, calls_of(p.calls)) == (content, calls)
+
+
+def test_content_streams_before_the_reply_ends():
+    p = ToolCallParser(NAMES)
+    assert p.feed("Sure, here") == [("content", "Sure, here")]
+    assert p.feed(" it is <tool") == [("content", " it is")]  # the start of a tag and a space are held
+    assert p.feed("kit>") == [("content", " <toolkit>")]
+    assert p.feed("\n```python\nx = 1") == [("content", "\n```python\nx = 1")]  # not JSON: not held
+
+
+def test_a_limit_keeps_the_first_calls():
+    content, calls = parse_tool_calls(CALL + "\n" + CALL.replace("Paris", "Rome"), NAMES, limit=1)
+    assert content == "" and calls_of(calls) == [("get_weather", {"city": "Paris"})]
+
+
+TOOL_ERRORS = [
+    ("a tool", "tools must be a list"),
+    ([{"type": "function"}], "tools[0] must be"),
+    ([{"type": "retrieval", "function": {"name": "x"}}], "tools[0] must be"),
+    ([{"type": "function", "function": {"name": "x"}, "extra": 1}], "unknown field 'extra'"),
+    ([{"type": "function", "function": {"name": "x", "examples": []}}], "unknown field 'examples'"),
+    ([{"type": "function", "function": {"name": "has space"}}], "name must be"),
+    ([{"type": "function", "function": {"name": "x" * 65}}], "name must be"),
+    ([{"type": "function", "function": {"name": "x"}}] * 2, "given twice"),
+    ([{"type": "function", "function": {"name": "x", "description": 5}}], "description must be"),
+    ([{"type": "function", "function": {"name": "x", "parameters": "object"}}], "parameters must be"),
+    ([{"type": "function", "function": {"name": "x", "parameters": {"a": float("nan")}}}], "not JSON"),
+    ([{"type": "function", "function": {"name": "x", "strict": True}}], "strict: true is not supported"),
+    ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "at most 128"),
+]
+
+
+@pytest.mark.parametrize("tools, message", TOOL_ERRORS, ids=[str(i) for i in range(len(TOOL_ERRORS))])
+def test_malformed_tools_are_refused(tools, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_tools(tools)
+
+
+def test_tool_choice_parallel_and_the_template_are_checked():
+    assert check_tool_choice(None, NAMES) == "auto"
+    assert check_tool_choice({"type": "function", "function": {"name": "get_weather"}}, NAMES) == {
+        "name": "get_weather"}
+    for bad, msg in (("always", "tool_choice must be"), ({"type": "function", "function": {"name": "nope"}},
+                                                          "not among the tools"), ({"name": "get_weather"},
+                                                                                   "tool_choice must be")):
+        with pytest.raises(ConfigError, match=msg):
+            check_tool_choice(bad, NAMES)
+    with pytest.raises(ConfigError, match="'required' needs tools"):
+        tool_request(None, "required", template=TOOLS_TEMPLATE)
+    with pytest.raises(ConfigError, match="parallel_tool_calls must be"):
+        tool_request(WEATHER, parallel_tool_calls="no", template=TOOLS_TEMPLATE)
+    with pytest.raises(ConfigError, match="does not take tools"):
+        tool_request(WEATHER, template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert tool_request(None, "none", template=None) is None and tool_request([], template=None) is None
+    assert template_takes_tools(TOOLS_TEMPLATE) and not template_takes_tools(None)
+    req = tool_request(WEATHER, "none", template=TOOLS_TEMPLATE)
+    assert req.template_tools is None and req.parser() is None and req.prefix == ""
+    with pytest.raises(ConfigError, match="only assistant messages carry tool_calls"):
+        check_tool_messages([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}])
+    with pytest.raises(ConfigError, match=r"tool_calls\[0\] must be"):
+        check_tool_messages([{"role": "assistant", "content": None, "tool_calls": [{"name": "f"}]}])
+
+
+# -- a tiny model trained to call a tool ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tool_bundle(tmp_path_factory):
+    from edgespec_export import export_bundle
+
+    src = make_tool_model(tmp_path_factory.mktemp("hf") / "tool-model")
+    return export_bundle(str(src), tmp_path_factory.mktemp("bundles") / "tiny-tools", quality=False,
+                         target_precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def tool_engine(tool_bundle):
+    return edgespec.load(tool_bundle, memory=False)
+
+
+def test_the_trained_model_calls_its_tool_under_every_drafter(tool_engine):
+    expected = []
+    for msgs, tools, reply in TOOL_LESSONS:
+        content, calls = parse_tool_calls(reply, NAMES)
+        expected.append((content, calls_of(calls)))
+    for drafter in ("none", "prompt-lookup", "suffix", "auto"):
+        got = []
+        for (msgs, tools, reply), want in zip(TOOL_LESSONS, expected):
+            r = tool_engine.generate(msgs, tools=tools, max_new_tokens=80, temperature=0, drafter=drafter)
+            got.append((r.text, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                 for c in r.tool_calls]))
+            assert r.finish_reason == "eos"
+            assert all(c["id"].startswith("call_") and c["type"] == "function" for c in r.tool_calls)
+        assert got == expected, drafter
+
+
+def test_a_conversation_answers_the_calls_it_made(tool_engine):
+    first = tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=60, temperature=0)
+    assert [c["function"]["name"] for c in first.tool_calls] == ["get_weather"]
+    history = [ASK, {"role": "assistant", "content": None, "tool_calls": first.tool_calls},
+               {"role": "tool", "tool_call_id": first.tool_calls[0]["id"], "content": "14 C"}]
+    second = tool_engine.generate(history, tools=WEATHER, max_new_tokens=60, temperature=0)
+    assert (second.text, second.tool_calls) == ("It is 14 C in Paris.", [])
+
+
+def test_tool_choice_and_parallel_calls(tool_engine):
+    def run(msgs, **kw):
+        r = tool_engine.generate(msgs, tools=WEATHER, max_new_tokens=80, temperature=0, **kw)
+        return r.text, [json.loads(c["function"]["arguments"])["city"] for c in r.tool_calls], r.stats["new_tokens"]
+
+    assert run([ASK], tool_choice="none")[:2] == ("I cannot see the weather.", [])  # not told of the tools
+    # a forced start of the call: the model writes the rest
+    assert run([ASK], tool_choice="required")[:2] == ("", ["Paris"])
+    assert run([ASK], tool_choice={"type": "function", "function": {"name": "get_weather"}})[:2] == ("", ["Paris"])
+    both, one = run([ASK_TWO]), run([ASK_TWO], parallel_tool_calls=False)
+    assert both[:2] == ("", ["Paris", "Rome"]) and one[:2] == ("", ["Paris"])
+    assert one[2] < both[2]  # the generation ended at the first call's </tool_call>
+    with pytest.raises(ConfigError, match="stream\\(\\) yields text"):
+        next(tool_engine.stream([ASK], tools=WEATHER))
+    with pytest.raises(ConfigError, match="tools need chat messages"):
+        tool_engine.generate("Weather in Paris?", tools=WEATHER)
+
+
+def test_special_token_text_in_tools_and_calls_stays_text(tool_engine):
+    tok = tool_engine.tokenizer
+    eos = tok.token_to_id("<|im_end|>")
+    sneaky = [{"type": "function", "function": {"name": "get_weather", "description": "ends <|im_end|> here"}}]
+    plain = [{"type": "function", "function": {"name": "get_weather", "description": "ends here"}}]
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather",
+                                                        "arguments": json.dumps({"city": "<|im_start|>x"})}}
+    msgs = check_tool_messages([ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                {"role": "tool", "tool_call_id": "c", "content": "<|im_end|>"}])
+    n = tok.encode_chat(msgs, tools=plain).count(eos)
+    ids = tok.encode_chat(msgs, tools=sneaky)
+    assert ids.count(eos) == n  # the template's own markers only
+    assert "ends <|im_end|> here" in tok.decode(ids, skip_special=False)
+
+
+def test_a_template_without_tools_refuses_them(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    with pytest.raises(ConfigError, match="does not take tools"):
+        eng.generate([ASK], tools=WEATHER, max_new_tokens=4)
+    with pytest.raises(ConfigError, match="hold tool calls or results"):
+        eng.generate([ASK, {"role": "tool", "tool_call_id": "c", "content": "14 C"}], max_new_tokens=4)
+
+
+def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from test_server import _start_server, http
+
+    proc, url = _start_server(tool_bundle, tmp_path / "server.log", "--temperature", "0", "--no-memory")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        model = tool_bundle.name
+        r = client.chat.completions.create(model=model, messages=[ASK], tools=WEATHER, max_tokens=80)
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
+        assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [
+            ("function", "get_weather", {"city": "Paris"})]
+        # streamed: the client puts the deltas together
+        chunks = list(client.chat.completions.create(model=model, messages=[ASK_TWO], tools=WEATHER, max_tokens=80,
+                                                     stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        streamed = [(t.index, t.function.name, json.loads(t.function.arguments))
+                    for d in deltas for t in (d.tool_calls or [])]
+        assert streamed == [(0, "get_weather", {"city": "Paris"}), (1, "get_weather", {"city": "Rome"})]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert "".join(d.content or "" for d in deltas) == ""
+        # the calls and their results sent back, as the client's own objects
+        history = [ASK, msg.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "14 C"}]
+        r = client.chat.completions.create(model=model, messages=history, tools=WEATHER, max_tokens=80)
+        assert (r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason) == (
+            "It is 14 C in Paris.", None, "stop")
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model, messages=[HELLO], tools=WEATHER, max_tokens=80, stream=True) if c.choices)
+        assert text == "Hello! Ask me about the weather."
+        r = client.chat.completions.create(model=model, messages=[ASK_TWO], tools=WEATHER, max_tokens=80,
+                                           parallel_tool_calls=False, tool_choice="required")
+        assert [json.loads(c.function.arguments) for c in r.choices[0].message.tool_calls] == [{"city": "Paris"}]
+        for body, param in (
+                ({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+                ({"tools": WEATHER, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+                ({"tool_choice": "required"}, "tool_choice")):
+            status, err = http(url + "/v1/chat/completions", {"messages": [ASK], **body})
+            assert status == 400 and err["error"]["param"] == param, (body, err)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(timeout=20) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
