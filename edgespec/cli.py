@@ -566,7 +566,9 @@ def _template_state(source) -> str:
         ChatTemplate(source)
     except EdgespecError as e:
         return f"yes, but {str(e).removeprefix('the bundle' + chr(39) + 's chat template ')}"
-    return "yes"
+    from .tools import template_takes_tools
+
+    return "yes, with tool calls (<tool_call>)" if template_takes_tools(source) else "yes"
 
 
 # -- bench ----------------------------------------------------------------------------------

@@ -262,3 +262,14 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
             proc.kill()
             raise
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_info_says_whether_the_template_calls_tools(tool_bundle, tiny_bundle):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    with_tools = CliRunner().invoke(main, ["info", str(tool_bundle)])
+    without = CliRunner().invoke(main, ["info", str(tiny_bundle)])
+    assert with_tools.exit_code == 0 and "chat template: yes, with tool calls (<tool_call>)" in with_tools.output
+    assert without.exit_code == 0 and "chat template: yes " in without.output and "tool calls" not in without.output
