@@ -265,6 +265,10 @@ class Engine:
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
                                          draft_tokens=profile.draft_tokens)
         self._local = threading.local()  # each thread's last generation's stats
+        from .constrain import Grammars
+
+        # structured outputs: llguidance's tokenizer, built from this one at the first request for a format
+        decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids).constraint
         if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
             if manifest.drafter is None:
                 why = "this bundle has no drafter model"
@@ -327,10 +331,14 @@ class Engine:
         return getattr(self._local, "stats", None)
 
     def config(self, **kw) -> GenerationConfig:
-        unknown = set(kw) - _GEN_KEYS - {"stop"}
+        unknown = set(kw) - _GEN_KEYS - {"stop", "response_format"}
         if unknown:
             raise ConfigError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         _stops(kw.pop("stop", None))
+        if "response_format" in kw:  # structured outputs: OpenAI's format as an llguidance grammar (constrain.py)
+            from .constrain import grammar_for
+
+            kw["grammar"] = grammar_for(kw.pop("response_format"))
         if isinstance(kw.get("prediction"), str):  # predicted output as text: its tokens, special-token text as text
             from .tokenizer import _check_text
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from numbers import Integral, Real
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from .constrain import masked
 from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
 from .prediction import MAX_PREDICTION, PredictionDrafter
 from .errors import BusyError, ConfigError, ContextOverflowError
@@ -47,6 +48,8 @@ class GenerationConfig:
     # token ids the reply is expected mostly to repeat (predicted outputs, prediction.py): drafted from by
     # position; the target verifies them as any draft, so the output does not depend on them
     prediction: tuple[int, ...] = ()
+    # an llguidance grammar the reply is held to (structured outputs, constrain.py: response_format)
+    grammar: str | None = None
 
     def __post_init__(self):
         for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
@@ -73,6 +76,10 @@ class GenerationConfig:
         if len(pred) > MAX_PREDICTION:
             raise ConfigError(f"the prediction has {len(pred)} tokens; at most {MAX_PREDICTION} are taken")
         object.__setattr__(self, "prediction", tuple(int(t) for t in pred))
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ConfigError(f"grammar must be an llguidance grammar (a string), got {type(self.grammar).__name__}")
+        if self.grammar is not None and self.ignore_eos:
+            raise ConfigError("ignore_eos cannot be used with a response format: the format ends the reply")
         if self.drafter == "prediction" and not self.prediction:
             raise ConfigError("drafter 'prediction' needs a prediction (the text the reply is expected to repeat)")
 
@@ -221,6 +228,8 @@ class Decoder:
         for w, seconds in sorted((target.width_seconds or {}).items()):  # the width probe's calls, timed
             self.policy.measured.observe_target(w, seconds)
         self.lock = GenerationLock()
+        # grammar -> constrain.Constraint for structured outputs (set by the engine, which has the tokenizer)
+        self.constraints = None
         self.unavailable: dict[str, str] = {}  # drafter name -> why it is not loaded (for the refusal)
 
     @property
@@ -261,6 +270,8 @@ class Decoder:
         if len(cfg.prediction) > self.target.max_context:  # (a reply never gets near it; bounds a rejoin's scan)
             raise ConfigError(f"the prediction has {len(cfg.prediction)} tokens; a reply can have at most "
                               f"{self.target.max_context} (the context)")
+        if cfg.grammar is not None and self.constraints is None:
+            raise ConfigError("this engine has no tokenizer for structured outputs (response_format)")
         if prompt_len >= self.target.max_context:
             raise ContextOverflowError(
                 f"the prompt has {prompt_len} tokens; the context holds {self.target.max_context} "
@@ -271,10 +282,11 @@ class Decoder:
         cfg = cfg or GenerationConfig()
         prompt = [int(t) for t in prompt_ids]
         self._check(len(prompt), cfg)
+        con = self.constraints(cfg.grammar) if cfg.grammar is not None else None  # a bad grammar: refused now
         with self.lock.hold():
-            yield from self._generate(prompt, cfg, stats if stats is not None else Stats())
+            yield from self._generate(prompt, cfg, stats if stats is not None else Stats(), con)
 
-    def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats) -> Iterator[Step]:
+    def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:
         sp, target, clock, policy = cfg.sampling, self.target, self.clock, self.policy
         rng = np.random.default_rng(cfg.seed)
         stop = (frozenset() if cfg.ignore_eos else self.eos) | frozenset(cfg.stop_token_ids)
@@ -285,7 +297,11 @@ class Decoder:
         st.reused_prompt_tokens, st.restored_prompt_tokens = target.last_reused, target.last_restored
         st.target_s += clock() - t_start
         st.target_calls += target.calls - calls0
+        if con is not None:  # structured outputs: the first token too is one the grammar allows
+            last = masked(np.asarray(last)[None, : self.vocab], con.masks(())[0])[0]
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
+        if con is not None:
+            con.consume([first])
         t_d = clock()
         predicted = cfg.prediction if cfg.drafter != "none" else ()
         # set (or cleared) every generation: a prediction never outlives its request
@@ -298,7 +314,7 @@ class Decoder:
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
         # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
-        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates
+        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates and con is None
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
@@ -337,6 +353,13 @@ class Decoder:
                 dlm = getattr(choice.drafter, "lm", None) if choice.drafter.has_cost else None
                 m0 = (dlm.calls, dlm.tokens_run, dlm.call_seconds) if dlm is not None else None
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
+            allowed = None
+            if con is not None:  # the grammar's masks for the call's rows (constrain.py)
+                allowed, valid = con.masks(draft.tokens)
+                if valid < len(draft.tokens) and (sp.greedy or draft.probs is None):
+                    # a forbidden token ends what can be kept: the call need not compute past it
+                    draft = replace(draft, tokens=draft.tokens[:valid], alts=(),
+                                    probs=None if draft.probs is None else draft.probs[:valid])
             t1 = clock()
             if m0 is not None:
                 st.model_calls += dlm.calls - m0[0]
@@ -362,14 +385,18 @@ class Decoder:
                 policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                 st.alternates += len(alts)
                 st.alternates_kept += kept_alt is not None
-            elif sp.greedy:  # the target's top tokens (on a GPU: computed there, the logits never copied)
+            elif sp.greedy and con is None:  # the target's top tokens (on a GPU: computed there, the logits never copied)
                 top = target.forward_argmax([ctx[-1]] + draft.tokens)
                 dt = clock() - t1
                 n, nxt = greedy_accept_choice(draft.tokens, top)
             else:
                 logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
+                rows = logits[:, : self.vocab] if con is None else masked(logits[:, : self.vocab], allowed)
                 dt = clock() - t1
-                n, nxt = rejection_sample(draft.tokens, draft.probs, logits[:, : self.vocab], sp, rng)
+                if sp.greedy:  # (held to a grammar)
+                    n, nxt = greedy_accept_choice(draft.tokens, np.argmax(rows, axis=-1))
+                else:
+                    n, nxt = rejection_sample(draft.tokens, draft.probs, rows, sp, rng)
             k = len(draft.tokens)
             target.rewind(k - n)
             policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup,
@@ -390,6 +417,8 @@ class Decoder:
             if len(new) >= room:
                 new = new[:room]
                 reason = reason or "context"
+            if con is not None and reason is None:
+                con.consume(new)
             ctx.extend(new)
             st.new_tokens += len(new)
             st.target_run_s = target.run_seconds - run0

@@ -331,6 +331,13 @@ class Server:
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
+        if req.response_format is not None:  # compiled off the event loop: a large schema takes a while
+            from .constrain import grammar_for
+
+            try:
+                kw["grammar"] = await run_in_threadpool(grammar_for, req.response_format)
+            except EdgespecError as e:
+                raise P.bad(str(e).splitlines()[0], "response_format") from None
         if isinstance(kw.get("prediction"), str):  # tokenized once, off the event loop (it may be a large file)
             text = kw["prediction"]
             least = self.engine.tokenizer.min_tokens(text)

@@ -74,6 +74,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     options: dict = field(default_factory=dict)  # engine keywords: temperature, top_p, top_k, seed, drafter, ...
     tools: dict | None = None  # tools, tool_choice, parallel_tool_calls as sent (the engine checks them: tools.py)
+    response_format: dict | None = None  # json_object or json_schema as sent (structured outputs: constrain.py)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -209,9 +210,12 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
         if v is not None and not any(type(v) is type(a) and v == a for a in allowed):
             raise bad(f"'{key}' is not supported by edgespec", key, "unsupported_parameter")
     rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad("'response_format' other than {\"type\": \"text\"} is not supported by edgespec", "response_format",
-                  "unsupported_parameter")
+    if rf is not None:  # checked and compiled by the server, off the event loop (constrain.grammar_for)
+        if not (isinstance(rf, dict) and rf.get("type") in ("text", "json_object", "json_schema")):
+            raise bad("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}", "response_format")
+        if rf["type"] != "text":
+            req.response_format = rf
 
     ext = body.get("edgespec")
     if ext is not None:

@@ -1,0 +1,151 @@
+"""Structured outputs: a reply held to a JSON schema (OpenAI's ``response_format``), with llguidance.
+
+``grammar_for(response_format)`` turns ``{"type": "json_object"}`` or ``{"type": "json_schema",
+"json_schema": {"name", "schema", ...}}`` into an llguidance grammar (a string, kept in the
+``GenerationConfig``). For a generation, ``Constraint`` holds llguidance's matcher over the target's
+vocabulary: at each position the tokens the grammar allows. The decoder masks the target's logits with it
+(the others get -inf) before the acceptance rule, at the first token and at every row of a verify call:
+row i with the grammar advanced through the draft's first i tokens. So:
+
+- greedy, the reply is the argmax of the masked logits, token for token the same under every drafter;
+- sampled, it follows the masked distribution (the target's, renormalized over what the grammar allows);
+  a drafter's own q needs no mask: the rule is exact for any q, and a draft token the grammar forbids has
+  p = 0 and is rejected.
+
+Whitespace between JSON tokens is bounded (``WHITESPACE``). A draft is cut at its first token the grammar forbids where that cannot change the outcome (greedy, or a
+drafter without probabilities), so the verify call does not compute rows that cannot be kept. The end of
+the grammar allows only the end of sequence. llguidance is an optional dependency (``pip install
+llguidance``; the ``serve`` extra has it), imported when a request asks for a format.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+from .errors import ConfigError, EdgespecError
+
+_MAX_SCHEMA = 1 << 20  # characters of a schema's JSON
+# whitespace between JSON tokens: a space or a tab, or one or two line breaks and an indent of up to 20
+# (as llama.cpp's JSON schema grammars): compact and pretty-printed JSON pass, and a model cannot fill
+# its reply with whitespace (unbounded, a small model does: every token a space is allowed)
+WHITESPACE = r"[ \t]?|\n{1,2}[ \t]{0,20}"
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:
+        raise ConfigError("structured outputs (response_format) need llguidance: pip install llguidance "
+                          "(or the serve extra)") from None
+    return llguidance
+
+
+def grammar_for(response_format) -> str | None:
+    """OpenAI's ``response_format`` as an llguidance grammar; None for ``{"type": "text"}`` (or None).
+    ``ConfigError`` for a malformed format or a schema llguidance cannot compile."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+        raise ConfigError("response_format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}")
+    kind = response_format["type"]
+    extra = sorted(set(response_format) - {"type", "json_schema"})
+    if extra or (kind != "json_schema" and "json_schema" in response_format):
+        raise ConfigError(f"response_format has an unknown field {(extra or ['json_schema'])[0]!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = {"type": "object"}
+    elif kind == "json_schema":
+        js = response_format.get("json_schema")
+        if not isinstance(js, dict):
+            raise ConfigError("response_format.json_schema must be an object {\"name\", \"schema\", ...}")
+        extra = sorted(set(js) - {"name", "schema", "strict", "description"})
+        if extra:
+            raise ConfigError(f"response_format.json_schema has an unknown field {extra[0]!r}")
+        name = js.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError("response_format.json_schema.name must be a non-empty string")
+        if js.get("strict") is not None and not isinstance(js["strict"], bool):
+            raise ConfigError("response_format.json_schema.strict must be true or false")
+        schema = js.get("schema", {})
+        if not isinstance(schema, dict):
+            raise ConfigError("response_format.json_schema.schema must be a JSON Schema object")
+    else:
+        raise ConfigError(f"response_format.type must be text, json_object or json_schema, got {kind!r}"[:200])
+    try:
+        text = json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError):
+        raise ConfigError("response_format's schema is not JSON") from None
+    if len(text) > _MAX_SCHEMA:
+        raise ConfigError(f"response_format's schema has {len(text)} characters; at most {_MAX_SCHEMA}")
+    llg = _llguidance()
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_pattern": WHITESPACE})
+    except ValueError as e:
+        raise ConfigError(f"response_format's schema: {str(e).splitlines()[0][:300]}") from None
+    err = llg.LLMatcher.validate_grammar(grammar)
+    if err and not err.startswith("WARNING"):
+        raise ConfigError(f"response_format's schema cannot be used: {err.splitlines()[0][:300]}")
+    return grammar
+
+
+class Grammars:
+    """Matchers for one tokenizer: llguidance's tokenizer is built once (~1 s for a 150k vocabulary), on
+    the first request that asks for a format."""
+
+    def __init__(self, tokenizer_json: str, vocab: int, eos_ids):
+        self._json, self.vocab, self.eos = tokenizer_json, vocab, [int(e) for e in eos_ids]
+        self._tok = None
+        self._lock = threading.Lock()
+
+    def constraint(self, grammar: str) -> "Constraint":
+        llg = _llguidance()
+        with self._lock:
+            if self._tok is None:
+                self._tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
+        m = llg.LLMatcher(self._tok, grammar, log_level=0)
+        if m.is_error():
+            raise ConfigError(f"response_format: {m.get_error().splitlines()[0][:300]}")
+        return Constraint(m, self.vocab)
+
+
+class Constraint:
+    """The grammar's state over one generation: masks for a verify call's rows, and the tokens kept."""
+
+    def __init__(self, matcher, vocab: int):
+        self.m, self.vocab = matcher, vocab
+        self.words = (vocab + 31) // 32
+
+    def masks(self, draft) -> tuple[np.ndarray, int]:
+        """(allowed, n): ``allowed[i]`` the tokens allowed after the draft's first i tokens, for i = 0..n,
+        where the draft's first n tokens are allowed (its token n, if any, is not)."""
+        n = self.m.validate_tokens(list(draft)) if len(draft) else 0
+        bits = np.empty((n + 1, self.words), dtype=np.int32)
+        for i in range(n + 1):
+            self.m.unsafe_compute_mask_ptr(bits[i].ctypes.data, self.words * 4)
+            if i < n and not self.m.consume_token(int(draft[i])):
+                self._failed()
+        if n:
+            self.m.rollback(n)
+        self._failed() if self.m.is_error() else None
+        allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab].astype(bool)
+        if not allowed[0].any():
+            raise EdgespecError("the structured output's grammar allows no token here (llguidance)")
+        return allowed, n
+
+    def consume(self, tokens) -> None:
+        if tokens and not self.m.consume_tokens([int(t) for t in tokens]):
+            self._failed()
+
+    def _failed(self):
+        raise EdgespecError(f"the structured output's grammar failed: {self.m.get_error().splitlines()[0][:300]}")
+
+
+def masked(rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``rows`` of logits with what ``allowed`` forbids at -inf; rows past ``allowed``'s last take its
+    last row's mask (a draft kept past a forbidden token: the rule never reaches those rows)."""
+    if len(allowed) < len(rows):
+        allowed = np.concatenate([allowed, np.repeat(allowed[-1:], len(rows) - len(allowed), axis=0)])
+    return np.where(allowed[: len(rows)], rows, np.float32(-np.inf))

@@ -1,0 +1,200 @@
+"""Structured outputs (edgespec/constrain.py, OpenAI's response_format): the decoder's masking on fake
+models against the exact masked distribution (greedy equal under every drafter; sampled by a chi-square
+test, and a planted bug it catches), then llguidance's JSON schemas on a tiny exported model and through
+``edgespec serve``."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec import constrain
+from edgespec.constrain import grammar_for
+from edgespec.decoder import Decoder, GenerationConfig
+from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.errors import ConfigError
+from edgespec.sampling import SamplingParams, probs
+from test_decoder import _chi2, _chi2_crit, run
+from tiny import FakeLM
+
+pytest.importorskip("llguidance")
+
+VOCAB = 4
+
+
+def rule(reply, t) -> bool:
+    """The fake grammar: a reply does not start with token 0 and never repeats its last token."""
+    return t != (reply[-1] if reply else 0)
+
+
+class RuleConstraint:
+    """``constrain.Constraint``'s protocol over a fake vocabulary, ``rule`` as its grammar."""
+
+    def __init__(self):
+        self.reply = []
+
+    def masks(self, draft):
+        rows, reply, n = [], list(self.reply), 0
+        rows.append([rule(reply, t) for t in range(VOCAB)])
+        for t in draft:
+            if not rows[-1][t]:
+                break
+            reply.append(t)
+            n += 1
+            rows.append([rule(reply, u) for u in range(VOCAB)])
+        return np.array(rows, dtype=bool), n
+
+    def consume(self, tokens):
+        for t in tokens:
+            assert rule(self.reply, t), (self.reply, t)
+            self.reply.append(t)
+
+
+def make(seed=7, noise=1.0):
+    target = FakeLM(VOCAB, seed=seed, sharpness=1.0, reuse_buffer=True)
+    dl = FakeLM(VOCAB, table=target.table + np.random.default_rng(3).normal(0, noise, target.table.shape),
+                reuse_buffer=True)
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, VOCAB), PromptLookupDrafter()])
+    dec.constraints = lambda grammar: RuleConstraint()
+    return dec
+
+
+def exact_masked(prompt, n, sp, seed=7):
+    lm = FakeLM(VOCAB, seed=seed, sharpness=1.0)
+    out = {}
+
+    def walk(ctx, reply, p):
+        if len(reply) == n:
+            out[tuple(reply)] = p
+            return
+        row = lm.logits_for(ctx).copy()
+        row[[not rule(reply, t) for t in range(VOCAB)]] = -np.inf
+        pr = probs(row[None], sp)[0]
+        for t in range(VOCAB):
+            walk(ctx + [t], reply + [t], p * pr[t])
+    walk(list(prompt), [], 1.0)
+    return out
+
+
+PROMPT = [1, 2, 1, 2, 1]
+
+
+def test_greedy_output_held_to_the_grammar_is_the_same_under_every_drafter():
+    dec = make()
+    changed = 0
+    for prompt in (PROMPT, [3, 3, 0, 1], [0], [2, 2], [0, 3, 2]):
+        ref, _ = run(dec, prompt, max_new_tokens=40, drafter="none", grammar="g")
+        assert all(rule(ref[:i], t) for i, t in enumerate(ref)), ref
+        free, _ = run(dec, prompt, max_new_tokens=40, drafter="none")
+        changed += free != ref
+        for d, k in (("model", 3), ("model", None), ("prompt-lookup", None), ("auto", None)):
+            got, _ = run(dec, prompt, max_new_tokens=40, drafter=d, draft_tokens=k, grammar="g")
+            assert got == ref, (prompt, d, k)
+    assert changed  # the grammar changed some of the replies
+
+
+def _counts(sp, runs, drafter, k=3):
+    dec = make()
+    counts: dict = {}
+    for i in range(runs):
+        out, _ = run(dec, PROMPT, max_new_tokens=3, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                     seed=i, drafter=drafter, draft_tokens=k, grammar="g")
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    return _chi2(counts, exact_masked(PROMPT, 3, sp), runs)
+
+
+@pytest.mark.parametrize("drafter, sp", [("model", SamplingParams(1.0)), ("auto", SamplingParams(0.7, top_k=3)),
+                                         ("prompt-lookup", SamplingParams(1.3, top_p=0.8))])
+def test_sampled_output_follows_the_masked_distribution(drafter, sp):
+    stat, df = _counts(sp, 5000, drafter)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+def test_the_statistical_test_catches_a_draft_cut_at_a_forbidden_token_under_sampling(monkeypatch):
+    """Plant a bug that looks harmless: cut a sampled model draft at its first forbidden token (as greedy
+    rounds may). The row after the cut then samples from p instead of the residual max(p - q, 0)."""
+    real = RuleConstraint.masks
+
+    def masks(self, draft):
+        allowed, n = real(self, draft)
+        if n < len(draft):
+            draft[n:] = []  # the decoder's draft list, cut in place
+        return allowed, n
+
+    monkeypatch.setattr(RuleConstraint, "masks", masks)
+    stat, df = _counts(SamplingParams(1.0), 5000, "model")
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+def test_the_statistical_test_catches_verify_rows_left_unmasked(monkeypatch):
+    real = constrain.masked
+    monkeypatch.setattr("edgespec.decoder.masked", lambda rows, allowed: rows if len(rows) > 1 else real(rows, allowed))
+    monkeypatch.setattr(RuleConstraint, "consume", lambda self, tokens: self.reply.extend(tokens))  # no check
+    stat, df = _counts(SamplingParams(1.0), 3000, "model")
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+FORMAT_ERRORS = [
+    ("json", "response_format must be"),
+    ({"type": "xml"}, "response_format.type must be"),
+    ({"type": "json_object", "schema": {}}, "unknown field 'schema'"),
+    ({"type": "json_object", "json_schema": {}}, "unknown field 'json_schema'"),
+    ({"type": "json_schema"}, "json_schema must be an object"),
+    ({"type": "json_schema", "json_schema": {"schema": {}}}, "name must be a non-empty string"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "must be a JSON Schema object"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}, "strict must be"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "format": 1}}, "unknown field 'format'"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}, "objectx"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": float("inf")}}}, "not JSON"),
+]
+
+
+@pytest.mark.parametrize("fmt, message", FORMAT_ERRORS, ids=[str(i) for i in range(len(FORMAT_ERRORS))])
+def test_a_malformed_response_format_is_a_config_error(fmt, message):
+    with pytest.raises(ConfigError, match=message):
+        grammar_for(fmt)
+
+
+def test_text_is_no_format_and_a_grammar_excludes_ignore_eos():
+    assert grammar_for(None) is None and grammar_for({"type": "text"}) is None
+    with pytest.raises(ConfigError, match="ignore_eos"):
+        GenerationConfig(grammar="x", ignore_eos=True)
+    with pytest.raises(ConfigError, match="grammar must be"):
+        GenerationConfig(grammar=5)
+
+
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "pick", "schema": {
+    "type": "object", "additionalProperties": False, "required": ["n", "ok", "colour"],
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"},
+                   "colour": {"enum": ["red", "green", "blue"]}}}}}
+
+
+def check(text):
+    obj = json.loads(text)
+    assert set(obj) == {"n", "ok", "colour"} and 0 <= obj["n"] <= 99 and isinstance(obj["ok"], bool)
+    assert obj["colour"] in ("red", "green", "blue")
+
+
+def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    msgs = [{"role": "user", "content": "Pick a number, a truth and a colour."}]
+    ref = eng.generate(msgs, response_format=SCHEMA, max_new_tokens=120, temperature=0, drafter="none")
+    assert ref.finish_reason == "eos", ref
+    check(ref.text)
+    for d in ("model", "prompt-lookup", "auto"):
+        r = eng.generate(msgs, response_format=SCHEMA, max_new_tokens=120, temperature=0, drafter=d)
+        assert r.token_ids == ref.token_ids, d
+    for seed in range(4):  # sampled: every reply is held to the schema
+        r = eng.generate(msgs, response_format=SCHEMA, max_new_tokens=120, temperature=1.0, seed=seed)
+        assert r.finish_reason == "eos"
+        check(r.text)
+    r = eng.generate(msgs, response_format={"type": "json_object"}, max_new_tokens=200, temperature=0)
+    if r.finish_reason == "eos":  # a random model may run out of tokens inside a string
+        assert isinstance(json.loads(r.text), dict)
+    else:
+        assert r.text.lstrip().startswith("{")
+    with pytest.raises(ConfigError, match="objectx"):
+        eng.generate(msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "objectx"}}})
