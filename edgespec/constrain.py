@@ -108,32 +108,65 @@ class Grammars:
         m = llg.LLMatcher(self._tok, grammar, log_level=0)
         if m.is_error():
             raise ConfigError(f"response_format: {m.get_error().splitlines()[0][:300]}")
-        return Constraint(m, self.vocab)
+        return Constraint(m, self.vocab, self.eos)
 
 
 class Constraint:
     """The grammar's state over one generation: masks for a verify call's rows, and the tokens kept."""
 
-    def __init__(self, matcher, vocab: int):
+    def __init__(self, matcher, vocab: int, eos=()):
         self.m, self.vocab = matcher, vocab
         self.words = (vocab + 31) // 32
+        # llguidance keeps no end-of-sequence token in the history it rolls back: never pushed, never
+        # counted in a rollback
+        self.eos = frozenset(int(e) for e in eos)
+        self._pushed = 0
 
     def masks(self, draft) -> tuple[np.ndarray, int]:
         """(allowed, n): ``allowed[i]`` the tokens allowed after the draft's first i tokens, for i = 0..n,
-        where the draft's first n tokens are allowed (its token n, if any, is not)."""
-        n = self.m.validate_tokens(list(draft)) if len(draft) else 0
+        where the draft's first n tokens are allowed (its token n, if any, is not). After an allowed end
+        of sequence (the generation's end if kept) the rows allow every token: they are never read."""
+        draft = [int(t) for t in draft]
+        n = self.m.validate_tokens(draft) if draft else 0
         bits = np.empty((n + 1, self.words), dtype=np.int32)
+        fed = 0
         for i in range(n + 1):
+            if i and draft[i - 1] in self.eos:
+                bits[i:] = -1
+                break
             self.m.unsafe_compute_mask_ptr(bits[i].ctypes.data, self.words * 4)
-            if i < n and not self.m.consume_token(int(draft[i])):
-                self._failed()
-        if n:
-            self.m.rollback(n)
+            if i < n and draft[i] not in self.eos:
+                if not self.m.consume_token(draft[i]):
+                    self._failed()
+                fed += 1
+        if fed:
+            self.m.rollback(fed)
         self._failed() if self.m.is_error() else None
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab].astype(bool)
         if not allowed[0].any():
             raise EdgespecError("the structured output's grammar allows no token here (llguidance)")
         return allowed, n
+
+    # drafting with the grammar (a model drafter: drafters.ModelDrafter.draft): the mask after the tokens
+    # pushed so far, then all of them rolled back
+    def mask(self) -> np.ndarray:
+        bits = np.empty(self.words, dtype=np.int32)
+        self.m.unsafe_compute_mask_ptr(bits.ctypes.data, self.words * 4)
+        return np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
+
+    def push(self, token: int) -> bool:
+        """Advance through a drafted token; False for an end of sequence (not pushed: a draft ends there)."""
+        if int(token) in self.eos:
+            return False
+        if not self.m.consume_token(int(token)):
+            self._failed()
+        self._pushed += 1
+        return True
+
+    def pop(self) -> None:
+        n, self._pushed = self._pushed, 0
+        if n:
+            self.m.rollback(n)
 
     def consume(self, tokens) -> None:
         if tokens and not self.m.consume_tokens([int(t) for t in tokens]):

@@ -350,6 +350,8 @@ class Decoder:
                         kw["hint_stop"] = choice.hint_stop
                 if alternates and getattr(choice.drafter, "gives_alternates", False):
                     kw["alternates"] = True
+                if con is not None and getattr(choice.drafter, "takes_grammar", False):
+                    kw["grammar"] = con
                 dlm = getattr(choice.drafter, "lm", None) if choice.drafter.has_cost else None
                 m0 = (dlm.calls, dlm.tokens_run, dlm.call_seconds) if dlm is not None else None
                 draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)

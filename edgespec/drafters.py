@@ -286,6 +286,8 @@ class ModelDrafter:
     distribution over them (zero elsewhere), which is what the draft is sampled from, so the
     rejection rule stays exact. The confidence stop then reads the reduced softmax."""
 
+    takes_grammar = True  # draft(..., grammar=): drafts held to a structured output's grammar
+
     name = "model"
     has_cost = True
     takes_hint = True  # draft(..., hint=) checks a free drafter's guess in its first call
@@ -396,7 +398,7 @@ class ModelDrafter:
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator,
               stop: float | None = None, hint: Sequence[int] = (), hint_stop: float | None = None,
-              alternates: bool = False) -> Draft:
+              alternates: bool = False, grammar=None) -> Draft:
         """Up to ``k`` tokens. ``stop`` (theta): end the draft once the product of the drafter's top
         probabilities (its softmax at temperature 1, over the tokens drafted so far) falls below
         theta, the drafter's own estimate that the whole draft survives; None: stop after a token
@@ -414,7 +416,11 @@ class ModelDrafter:
         ``hint_stop``: the threshold ``stop`` where the next token's logits came with the hint (one
         more token costs no step there; default ``stop``). ``alternates`` (greedy): the draft also
         lists each position's second choice (``Draft.alts``), read from the logits drafting computed
-        anyway; the draft's tokens are the same."""
+        anyway; the draft's tokens are the same. ``grammar`` (structured outputs, constrain.Constraint): each
+        token is picked from the drafter's logits masked by the grammar, advanced through the draft so far
+        (and rolled back after); q is then that masked distribution, so the rule stays exact, and a draft
+        never holds a token the target's own mask would forbid. The draft ends where the grammar leaves
+        the drafter no token."""
         lm = self.lm
         behind = self.behind(ctx)
         t0 = self.clock()
@@ -457,6 +463,12 @@ class ModelDrafter:
                               f"{head.shape[0]} tokens; the bundle is inconsistent")
         for i in range(k):
             row = logits[: self.target_vocab] if head is None else logits
+            if grammar is not None:
+                allowed = grammar.mask()
+                allowed = allowed[: row.shape[-1]] if head is None else allowed[head]
+                if not allowed.any():
+                    break
+                row = np.where(allowed, row, np.float32(-np.inf))
             if sp.greedy:
                 best = int(np.argmax(row))
                 tok = best if head is None else int(head[best])
@@ -476,6 +488,8 @@ class ModelDrafter:
             if fed > i and hint[i] != tok:  # the hint is wrong from here: roll it back
                 lm.rewind(fed - i)
                 fed = i
+            if grammar is not None and i < k - 1 and not grammar.push(tok):
+                break  # the end of sequence: nothing follows it
             if i < k - 1:  # the decision uses only the drafter's state: any stopping rule keeps exactness
                 if stop is not None:
                     sure *= min(1.0, lam * confs[-1])
@@ -498,6 +512,8 @@ class ModelDrafter:
                 step_time += self.clock() - t1
                 steps += 1
                 fed = i + 1
+        if grammar is not None:
+            grammar.pop()
         if fed > len(tokens):  # hint tokens past the draft's end (it stopped on its confidence)
             lm.rewind(fed - len(tokens))
             fed = len(tokens)

@@ -12,7 +12,7 @@ import pytest
 import edgespec
 from edgespec import constrain
 from edgespec.constrain import grammar_for
-from edgespec.decoder import Decoder, GenerationConfig
+from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import ConfigError
 from edgespec.sampling import SamplingParams, probs
@@ -34,6 +34,18 @@ class RuleConstraint:
 
     def __init__(self):
         self.reply = []
+        self.pushed = []
+        self.cuts = []  # (draft length, tokens allowed) of every verify call's masks
+
+    def mask(self):
+        return np.array([rule(self.reply + self.pushed, t) for t in range(VOCAB)], dtype=bool)
+
+    def push(self, t):
+        assert rule(self.reply + self.pushed, t)
+        self.pushed.append(t)
+
+    def pop(self):
+        self.pushed = []
 
     def masks(self, draft):
         rows, reply, n = [], list(self.reply), 0
@@ -44,6 +56,7 @@ class RuleConstraint:
             reply.append(t)
             n += 1
             rows.append([rule(reply, u) for u in range(VOCAB)])
+        self.cuts.append((len(draft), n))
         return np.array(rows, dtype=bool), n
 
     def consume(self, tokens):
@@ -105,16 +118,43 @@ def _counts(sp, runs, drafter, k=3):
     return _chi2(counts, exact_masked(PROMPT, 3, sp), runs)
 
 
-@pytest.mark.parametrize("drafter, sp", [("model", SamplingParams(1.0)), ("auto", SamplingParams(0.7, top_k=3)),
-                                         ("prompt-lookup", SamplingParams(1.3, top_p=0.8))])
-def test_sampled_output_follows_the_masked_distribution(drafter, sp):
+@pytest.mark.parametrize("drafter, sp, grammar_drafts", [
+    ("model", SamplingParams(1.0), True), ("model", SamplingParams(1.0), False),
+    ("auto", SamplingParams(0.7, top_k=3), True), ("prompt-lookup", SamplingParams(1.3, top_p=0.8), True)])
+def test_sampled_output_follows_the_masked_distribution(drafter, sp, grammar_drafts, monkeypatch):
+    monkeypatch.setattr(ModelDrafter, "takes_grammar", grammar_drafts)
     stat, df = _counts(sp, 5000, drafter)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
 
 
+def test_a_model_drafter_drafts_with_the_grammar():
+    """Its drafts never hold a forbidden token (greedy and sampled); without the grammar they do, and are
+    cut there. (What it buys on a real pair: scripts/bench_structured.py.)"""
+    for temperature in (0.0, 1.0):
+        made = []
+        dec = make()
+        dec.constraints = lambda grammar: made.append(RuleConstraint()) or made[-1]
+        st_with = Stats()
+        run(dec, PROMPT, stats=st_with, max_new_tokens=60, drafter="model", draft_tokens=3, grammar="g",
+            temperature=temperature, seed=1)
+        cuts = made[-1].cuts
+        assert cuts and all(n == k for k, n in cuts), cuts
+        ModelDrafter.takes_grammar = False
+        try:
+            st_without = Stats()
+            run(dec, PROMPT, stats=st_without, max_new_tokens=60, drafter="model", draft_tokens=3, grammar="g",
+                temperature=temperature, seed=1)
+            assert any(n < k for k, n in made[-1].cuts)
+        finally:
+            ModelDrafter.takes_grammar = True
+
+
 def test_the_statistical_test_catches_a_draft_cut_at_a_forbidden_token_under_sampling(monkeypatch):
     """Plant a bug that looks harmless: cut a sampled model draft at its first forbidden token (as greedy
-    rounds may). The row after the cut then samples from p instead of the residual max(p - q, 0)."""
+    rounds may). The row after the cut then samples from p instead of the residual max(p - q, 0). (The
+    model drafter drafts with the grammar, so its drafts hold no forbidden token: here it does not, as a
+    drafter that cannot.)"""
+    monkeypatch.setattr(ModelDrafter, "takes_grammar", False)
     real = RuleConstraint.masks
 
     def masks(self, draft):
@@ -129,6 +169,7 @@ def test_the_statistical_test_catches_a_draft_cut_at_a_forbidden_token_under_sam
 
 
 def test_the_statistical_test_catches_verify_rows_left_unmasked(monkeypatch):
+    monkeypatch.setattr(ModelDrafter, "takes_grammar", False)  # drafts with forbidden tokens to accept
     real = constrain.masked
     monkeypatch.setattr("edgespec.decoder.masked", lambda rows, allowed: rows if len(rows) > 1 else real(rows, allowed))
     monkeypatch.setattr(RuleConstraint, "consume", lambda self, tokens: self.reply.extend(tokens))  # no check
@@ -186,10 +227,11 @@ def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
     for d in ("model", "prompt-lookup", "auto"):
         r = eng.generate(msgs, response_format=SCHEMA, max_new_tokens=120, temperature=0, drafter=d)
         assert r.token_ids == ref.token_ids, d
-    for seed in range(4):  # sampled: every reply is held to the schema
-        r = eng.generate(msgs, response_format=SCHEMA, max_new_tokens=120, temperature=1.0, seed=seed)
-        assert r.finish_reason == "eos"
-        check(r.text)
+    for d in ("model", "auto"):  # sampled: every reply is held to the schema
+        for seed in range(4):
+            r = eng.generate(msgs, response_format=SCHEMA, max_new_tokens=120, temperature=1.0, seed=seed, drafter=d)
+            assert r.finish_reason == "eos", (d, seed, r.text)
+            check(r.text)
     r = eng.generate(msgs, response_format={"type": "json_object"}, max_new_tokens=200, temperature=0)
     if r.finish_reason == "eos":  # a random model may run out of tokens inside a string
         assert isinstance(json.loads(r.text), dict)
@@ -198,3 +240,20 @@ def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
     with pytest.raises(ConfigError, match="objectx"):
         eng.generate(msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "objectx"}}})
+
+
+def test_an_end_of_sequence_in_a_draft_leaves_the_grammar_where_it_was(tiny_bundle):
+    """llguidance keeps no end of sequence in the history it rolls back: a draft that holds one (or a
+    drafter that pushes one) must not roll the grammar back past where it was (the tiny model's sampled
+    replies went on after the closing brace when it did)."""
+    eng = edgespec.load(tiny_bundle, memory=False)
+    con = eng.decoder.constraints(grammar_for(SCHEMA))
+    ids = eng.tokenizer.encode('{"n": 5, "ok": true, "colour": "red"}', add_special=False)
+    eos = eng.manifest.eos_token_ids[0]
+    con.consume(ids[:-1])
+    allowed, n = con.masks([ids[-1], eos, eos, eos])
+    assert n == 2 and allowed.shape[0] == 3 and allowed[2].all() and allowed[1][eos]
+    assert con.push(ids[-1]) and not con.push(eos)
+    con.pop()
+    allowed, n = con.masks([ids[-1], eos])
+    assert n == 2 and not allowed[0][eos]  # where it was: the closing token still to come
