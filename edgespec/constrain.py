@@ -91,6 +91,37 @@ def grammar_for(response_format) -> str | None:
     return grammar
 
 
+LAZY = "edgespec-lazy:"  # a grammar applied only inside the blocks a trigger token opens: LAZY + "<id>:" + grammar
+
+
+def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, close_id: int) -> str:
+    """The llguidance grammar of tool calls in the ``<tool_call>`` format (tools.py): a call is
+    ``\n{"name": N, "arguments": A}\n</tool_call>`` after its opening token, A held to N's parameters
+    where N is strict (any JSON object otherwise). A forced call (``required``, or a named function: its
+    calls only) holds the whole reply: one call, or with ``parallel`` one or more; otherwise (``auto``)
+    the grammar holds each block the model opens, lazily (``LAZY``, ``LazyConstraint``)."""
+    rules, alts = [], []
+    for t in tools:
+        f = t["function"]
+        if isinstance(choice, dict) and f["name"] != choice["name"]:
+            continue
+        i = len(alts)
+        schema = f.get("parameters") or {"type": "object"} if f.get("strict") else {"type": "object"}
+        alts.append(f"call_{i}")
+        opening = json.dumps('{"name": ' + json.dumps(f["name"]) + ', "arguments": ')  # a Lark string
+        rules.append(f"call_{i}: {opening} args_{i} " + json.dumps("}"))
+        rules.append(f"args_{i}: %json {json.dumps(schema, allow_nan=False)}")
+    body = f'"\\n" call "\\n" <[{close_id}]>'
+    if choice == "auto":
+        head = f"start: {body}"
+    else:
+        block = f"<[{open_id}]> {body}"
+        head = f"start: block" + (' ("\\n" block)*' if parallel else "") + f"\nblock: {block}"
+    grammar = "\n".join([head, "call: " + " | ".join(alts)] + rules) + "\n"
+    g = _llguidance().LLMatcher.grammar_from_lark(grammar)
+    return LAZY + f"{open_id}:" + g if choice == "auto" else g
+
+
 class Grammars:
     """Matchers for one tokenizer: llguidance's tokenizer is built once (~1 s for a 150k vocabulary), on
     the first request that asks for a format."""
@@ -105,10 +136,18 @@ class Grammars:
         with self._lock:
             if self._tok is None:
                 self._tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
+        if grammar.startswith(LAZY):
+            trigger, grammar = grammar[len(LAZY):].split(":", 1)
+            self._matcher(llg, grammar)  # refused now if it does not compile
+            return LazyConstraint(lambda: self._matcher(llg, grammar), int(trigger), self.vocab, self.eos)
+        return Constraint(self._matcher(llg, grammar), self.vocab, self.eos)
+
+    def _matcher(self, llg, grammar: str):
         m = llg.LLMatcher(self._tok, grammar, log_level=0)
         if m.is_error():
-            raise ConfigError(f"response_format: {m.get_error().splitlines()[0][:300]}")
-        return Constraint(m, self.vocab, self.eos)
+            raise ConfigError(f"the reply's grammar (response_format or strict tools): "
+                              f"{m.get_error().splitlines()[0][:300]}")
+        return m
 
 
 class Constraint:
@@ -182,3 +221,68 @@ def masked(rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     if len(allowed) < len(rows):
         allowed = np.concatenate([allowed, np.repeat(allowed[-1:], len(rows) - len(allowed), axis=0)])
     return np.where(allowed[: len(rows)], rows, np.float32(-np.inf))
+
+
+class LazyConstraint:
+    """A grammar held only inside the blocks a trigger token opens (strict tool calls in ``auto``: the
+    text outside calls is free, each call's body follows the grammar until it closes). The same protocol
+    as ``Constraint``; the matcher of an open block is copied for a verify call's masks and a draft."""
+
+    def __init__(self, new_matcher, trigger: int, vocab: int, eos=()):
+        self.new, self.trigger, self.vocab = new_matcher, trigger, vocab
+        self.words = (vocab + 31) // 32
+        self.eos = frozenset(int(e) for e in eos)
+        self.m = None  # the open block's matcher; None outside blocks
+        self._work, self._pushed = None, False
+
+    def _mask(self, m) -> np.ndarray:
+        if m is None:
+            return np.ones(self.vocab, dtype=bool)
+        bits = np.empty(self.words, dtype=np.int32)
+        m.unsafe_compute_mask_ptr(bits.ctypes.data, self.words * 4)
+        return np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
+
+    def _advance(self, m, t: int):
+        """(allowed, the state after t); the matcher is advanced in place."""
+        if m is None:
+            return True, (self.new() if t == self.trigger else None)
+        if t in self.eos or m.validate_tokens([t]) != 1:
+            return False, m
+        if not m.consume_token(t):
+            raise EdgespecError(f"the tool call's grammar failed: {m.get_error().splitlines()[0][:300]}")
+        return True, (None if m.is_stopped() else m)
+
+    def masks(self, draft) -> tuple[np.ndarray, int]:
+        m = self.m.deep_copy() if self.m is not None else None
+        rows, n = [self._mask(m)], 0
+        for t in (int(t) for t in draft):
+            if not rows[-1][t]:
+                break
+            ok, m = self._advance(m, t)
+            if not ok:
+                break
+            n += 1
+            rows.append(np.ones(self.vocab, dtype=bool) if t in self.eos else self._mask(m))
+            if t in self.eos:
+                break
+        return np.array(rows), n
+
+    def consume(self, tokens) -> None:
+        for t in tokens:
+            ok, self.m = self._advance(self.m, int(t))
+            if not ok and int(t) not in self.eos:
+                raise EdgespecError("a token outside the tool call's grammar was kept")
+
+    def mask(self) -> np.ndarray:
+        return self._mask(self._work if self._pushed else self.m)
+
+    def push(self, token: int) -> bool:
+        if int(token) in self.eos:
+            return False
+        if not self._pushed:
+            self._work, self._pushed = (self.m.deep_copy() if self.m is not None else None), True
+        ok, self._work = self._advance(self._work, int(token))
+        return ok
+
+    def pop(self) -> None:
+        self._work, self._pushed = None, False

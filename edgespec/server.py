@@ -315,6 +315,14 @@ class Server:
                 msg = str(e).splitlines()[0]
                 raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls") if msg.startswith(k)),
                                       "tools")) from None
+            if treq is not None and treq.plan(self.engine.tokenizer) is not None:  # calls held to a grammar
+                if req.response_format is not None:
+                    raise P.bad("response_format cannot be combined with tool calls held to a grammar (a forced "
+                                "call, or a strict function)", "response_format")
+                try:  # compiled now (off the event loop), refused before the request is queued
+                    await run_in_threadpool(self.engine.decoder.constraints, treq.grammar)
+                except EdgespecError as e:
+                    raise P.bad(str(e).splitlines()[0], "tools") from None
         try:
             ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
@@ -331,6 +339,8 @@ class Server:
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
+        if treq is not None and treq.grammar is not None:
+            kw["grammar"] = treq.grammar
         if req.response_format is not None:  # compiled off the event loop: a large schema takes a while
             from .constrain import grammar_for
 

@@ -8,10 +8,12 @@ format: Qwen2.5 (Coder and Instruct), Hermes 2 and 3, and the models trained on 
   ``ToolCallParser`` takes the calls out of the reply's text, streamed or whole, and leaves the rest
   as its content. A block that is not a call (not JSON, no name) stays in the content, as written:
   nothing is lost.
-- ``tool_choice`` ``"required"`` or a named function starts the reply with the call's opening (a
-  prefix forced after the generation prompt, part of the prompt's ids). Nothing constrains the rest,
-  so a model can still write something that is not a call; it then stays content. ``"none"`` renders
-  the conversation without the tools (the model is not told of them).
+- ``tool_choice`` ``"required"`` or a named function holds the whole reply to calls (a grammar,
+  constrain.tool_call_grammar, with llguidance); without llguidance it starts the reply with the call's
+  opening (a prefix forced after the generation prompt) and nothing constrains the rest. A function
+  with ``strict: true`` has its arguments held to its parameters: in a forced call, and in ``auto``
+  inside every ``<tool_call>`` block the model opens (constrain.LazyConstraint). ``"none"`` renders the
+  conversation without the tools (the model is not told of them).
 - ``parallel_tool_calls: false`` keeps the first call and ends the generation at its ``</tool_call>``.
 
 Speculative decoding does not change any of this: the reply is the target's, token for token
@@ -80,9 +82,8 @@ def check_tools(tools) -> list[dict]:
         if f.get("strict") is not None:
             if not isinstance(f["strict"], bool):
                 raise ConfigError(f"{where}.function.strict must be true or false")
-            if f["strict"]:
-                raise ConfigError(f"{where}.function.strict: true is not supported (edgespec does not constrain the "
-                                  "arguments to the schema)")
+            if f["strict"]:  # its arguments held to its parameters (constrain.tool_call_grammar)
+                clean["strict"] = True
         out.append({"type": "function", "function": clean})
     return out
 
@@ -324,6 +325,41 @@ class ToolRequest:
     tools: list[dict]
     choice: str | dict = "auto"
     parallel: bool = True
+    # the llguidance grammar the reply's calls are held to (``plan``): the whole reply for a forced call,
+    # the blocks <tool_call> opens where a function is strict; None: no grammar (then a forced call is a
+    # forced start of the reply, ``prefix``)
+    grammar: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        return self.choice == "required" or isinstance(self.choice, dict)
+
+    def plan(self, tokenizer) -> str | None:
+        """Hold the calls to a grammar where one is asked for or a call is forced: a forced call's reply
+        is then a call (its arguments any JSON object, or the function's parameters if it is strict), and
+        in ``auto`` a strict function's arguments follow its parameters. Needs llguidance and the
+        template's call tokens (``<tool_call>``, ``</tool_call>`` as single tokens); a forced call without
+        them falls back to the forced start. ``ConfigError`` where a strict function cannot be honoured."""
+        strict = any(t["function"].get("strict") for t in self.tools)
+        if not self.parses or not (strict or self.forced):
+            return None
+        ids = tokenizer.token_to_id(OPEN), tokenizer.token_to_id(CLOSE)
+        try:
+            from .constrain import _llguidance, tool_call_grammar
+
+            _llguidance()
+        except ConfigError:
+            if strict:
+                raise ConfigError("strict tool calls need llguidance: pip install llguidance (or the serve "
+                                  "extra)") from None
+            return None
+        if None in ids:
+            if strict:
+                raise ConfigError(f"strict tool calls need {OPEN} and {CLOSE} as tokens of the model's vocabulary; "
+                                  "this tokenizer has none")
+            return None
+        self.grammar = tool_call_grammar(self.tools, self.choice, self.parallel, ids[0], ids[1])
+        return self.grammar
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -335,7 +371,10 @@ class ToolRequest:
 
     @property
     def prefix(self) -> str:
-        """The reply's forced start: the opening of a call for "required", of the named call for a function."""
+        """The reply's forced start: the opening of a call for "required", of the named call for a function
+        (none where a grammar holds the calls)."""
+        if self.grammar is not None:
+            return ""
         if self.choice == "required":
             return OPEN + '\n{"name": "'
         if isinstance(self.choice, dict):

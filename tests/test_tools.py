@@ -14,7 +14,7 @@ import edgespec
 from edgespec.errors import ConfigError
 from edgespec.tools import (ToolCallParser, check_tool_choice, check_tool_messages, check_tools, parse_tool_calls,
                             template_takes_tools, tool_request)
-from tiny import ASK, ASK_TWO, HELLO, TOOL_LESSONS, TOOLS_TEMPLATE, WEATHER, make_tool_model
+from tiny import ASK, ASK_TWO, HELLO, STRICT, TOOL_LESSONS, TOOLS_TEMPLATE, WEATHER, make_tool_model
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 NAMES = ["get_weather"]
@@ -95,7 +95,7 @@ TOOL_ERRORS = [
     ([{"type": "function", "function": {"name": "x", "description": 5}}], "description must be"),
     ([{"type": "function", "function": {"name": "x", "parameters": "object"}}], "parameters must be"),
     ([{"type": "function", "function": {"name": "x", "parameters": {"a": float("nan")}}}], "not JSON"),
-    ([{"type": "function", "function": {"name": "x", "strict": True}}], "strict: true is not supported"),
+    ([{"type": "function", "function": {"name": "x", "strict": "yes"}}], "strict must be true or false"),
     ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "at most 128"),
 ]
 
@@ -148,12 +148,13 @@ def tool_engine(tool_bundle):
 
 def test_the_trained_model_calls_its_tool_under_every_drafter(tool_engine):
     expected = []
-    for msgs, tools, reply in TOOL_LESSONS:
+    lessons = [lesson for lesson in TOOL_LESSONS if lesson[1] is not STRICT]  # (strict: the grammar has a say)
+    for msgs, tools, reply in lessons:
         content, calls = parse_tool_calls(reply, NAMES)
         expected.append((content, calls_of(calls)))
     for drafter in ("none", "prompt-lookup", "suffix", "auto"):
         got = []
-        for (msgs, tools, reply), want in zip(TOOL_LESSONS, expected):
+        for (msgs, tools, reply), want in zip(lessons, expected):
             r = tool_engine.generate(msgs, tools=tools, max_new_tokens=80, temperature=0, drafter=drafter)
             got.append((r.text, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                                  for c in r.tool_calls]))
@@ -247,7 +248,11 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
         r = client.chat.completions.create(model=model, messages=[ASK_TWO], tools=WEATHER, max_tokens=80,
                                            parallel_tool_calls=False, tool_choice="required")
         assert [json.loads(c.function.arguments) for c in r.choices[0].message.tool_calls] == [{"city": "Paris"}]
+        r = client.chat.completions.create(model=model, messages=[ASK], tools=STRICT, max_tokens=80)
+        assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["city"] in ("Rome", "Oslo")
         for body, param in (
+                ({"tools": STRICT, "tool_choice": "required", "response_format": {"type": "json_object"}},
+                 "response_format"),
                 ({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
                 ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
                 ({"tools": WEATHER, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
@@ -273,3 +278,48 @@ def test_info_says_whether_the_template_calls_tools(tool_bundle, tiny_bundle):
     without = CliRunner().invoke(main, ["info", str(tiny_bundle)])
     assert with_tools.exit_code == 0 and "chat template: yes, with tool calls (<tool_call>)" in with_tools.output
     assert without.exit_code == 0 and "chat template: yes " in without.output and "tool calls" not in without.output
+
+
+def test_strict_arguments_follow_the_parameters_under_every_drafter(tool_engine):
+    """The model learned to call get_weather(Paris); a strict function whose parameters allow only Rome or
+    Oslo gets one of those, inside the block the model opened (auto: the text outside calls is free)."""
+    ref = None
+    for drafter in ("none", "prompt-lookup", "auto"):
+        r = tool_engine.generate([ASK], tools=STRICT, max_new_tokens=80, temperature=0, drafter=drafter)
+        assert [c["function"]["name"] for c in r.tool_calls] == ["get_weather"], r
+        assert json.loads(r.tool_calls[0]["function"]["arguments"])["city"] in ("Rome", "Oslo")
+        ref = ref or r.token_ids
+        assert r.token_ids == ref, drafter
+    # a reply with no call is left free
+    assert tool_engine.generate([HELLO], tools=STRICT, max_new_tokens=80, temperature=0).text == \
+        "Hello! Ask me about the weather."
+    for seed in range(3):  # sampled too
+        r = tool_engine.generate([ASK], tools=STRICT, max_new_tokens=80, temperature=1.0, seed=seed)
+        for c in r.tool_calls:
+            assert json.loads(c["function"]["arguments"])["city"] in ("Rome", "Oslo")
+
+
+def test_a_forced_call_is_a_call(tool_engine):
+    """tool_choice required or named holds the whole reply to calls: "Hello" gets a call too."""
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = tool_engine.generate([HELLO], tools=STRICT, tool_choice=choice, max_new_tokens=80, temperature=0,
+                                 parallel_tool_calls=False)
+        assert r.text == "" and r.finish_reason in ("eos", "stop"), r
+        assert [json.loads(c["function"]["arguments"])["city"] in ("Rome", "Oslo") for c in r.tool_calls] == [True]
+        r = tool_engine.generate([HELLO], tools=STRICT, tool_choice=choice, max_new_tokens=120, temperature=0)
+        assert r.text == "" and r.tool_calls  # one call or more: each held to the parameters
+        assert all(json.loads(c["function"]["arguments"])["city"] in ("Rome", "Oslo") for c in r.tool_calls)
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        tool_engine.generate([ASK], tools=STRICT, tool_choice="required", response_format={"type": "json_object"})
+
+
+def test_without_call_tokens_a_forced_call_is_a_forced_start_and_strict_is_refused():
+    class NoCallTokens:
+        def token_to_id(self, text):
+            return None
+
+    req = tool_request(WEATHER, "required", template=TOOLS_TEMPLATE)
+    assert req.plan(NoCallTokens()) is None and req.prefix.startswith("<tool_call>")
+    with pytest.raises(ConfigError, match="need <tool_call> and </tool_call> as tokens"):
+        tool_request(STRICT, template=TOOLS_TEMPLATE).plan(NoCallTokens())
+    assert tool_request(WEATHER, template=TOOLS_TEMPLATE).plan(NoCallTokens()) is None  # nothing asked for

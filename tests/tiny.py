@@ -158,6 +158,10 @@ TOOLS_TEMPLATE = (
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                               "parameters": {"type": "object",
                                                              "properties": {"city": {"type": "string"}}}}}]
+# get_weather strict, its parameters allowing only Rome or Oslo (the key order edgespec renders: check_tools)
+STRICT = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"enum": ["Rome", "Oslo"]}}}, "strict": True}}]
 ASK = {"role": "user", "content": "Weather in Paris?"}
 ASK_TWO = {"role": "user", "content": "Weather in Paris and Rome?"}
 HELLO = {"role": "user", "content": "Hello"}
@@ -177,6 +181,9 @@ TOOL_LESSONS = [
     ([ASK_TWO], WEATHER, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                          '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'),
     ([ASK], None, "I cannot see the weather."),
+    # with the strict tool it learns to call for Paris all the same: the grammar must make it Rome or Oslo
+    ([ASK], STRICT, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ([HELLO], STRICT, "Hello! Ask me about the weather."),
 ]
 
 
@@ -190,6 +197,7 @@ def make_tool_model(directory: Path) -> Path:
     from edgespec.tools import check_tool_messages
 
     tok = make_tokenizer(seed_text=CORPUS + [json.dumps(WEATHER), TOOLS_TEMPLATE] * 10)
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # as Qwen2.5's: tokens of their own, not special
     tok.chat_template = TOOLS_TEMPLATE
     make_model(directory, "qwen2", seed=5, tokenizer=tok, hidden=128, max_pos=512)
     template = ChatTemplate(TOOLS_TEMPLATE)
