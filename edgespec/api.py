@@ -456,10 +456,11 @@ class Engine:
         function calling, for chat templates in the ``<tool_call>`` format (tools.py); the calls come back
         in ``Result.tool_calls`` and ``Result.text`` is the content outside them."""
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls)
+        if treq is not None and treq.parses and (kw.get("response_format") not in (None, {"type": "text"})
+                                                 or kw.get("grammar") is not None):
+            raise ConfigError("a response_format cannot be combined with tools the reply may call (its grammar "
+                              "leaves no room for a call); send tool_choice 'none' or no response_format")
         if treq is not None and treq.plan(self.tokenizer) is not None:  # calls held to a grammar
-            if kw.get("response_format") not in (None, {"type": "text"}) or kw.get("grammar") is not None:
-                raise ConfigError("a response_format cannot be combined with tool calls held to a grammar (a forced "
-                                  "call, or a strict function)")
             kw["grammar"] = treq.grammar
         ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq)
         if treq is None or not treq.parses:

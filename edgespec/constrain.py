@@ -76,8 +76,8 @@ def grammar_for(response_format) -> str | None:
         raise ConfigError(f"response_format.type must be text, json_object or json_schema, got {kind!r}"[:200])
     try:
         text = json.dumps(schema, allow_nan=False)
-    except (TypeError, ValueError):
-        raise ConfigError("response_format's schema is not JSON") from None
+    except (TypeError, ValueError, RecursionError):
+        raise ConfigError("response_format's schema is not JSON (or nested too deeply)") from None
     if len(text) > _MAX_SCHEMA:
         raise ConfigError(f"response_format's schema has {len(text)} characters; at most {_MAX_SCHEMA}")
     llg = _llguidance()

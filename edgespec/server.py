@@ -315,10 +315,10 @@ class Server:
                 msg = str(e).splitlines()[0]
                 raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls") if msg.startswith(k)),
                                       "tools")) from None
+            if treq is not None and treq.parses and req.response_format is not None:
+                raise P.bad("response_format cannot be combined with tools the reply may call (its grammar leaves no "
+                            "room for a call); send tool_choice 'none' or no response_format", "response_format")
             if treq is not None and treq.plan(self.engine.tokenizer) is not None:  # calls held to a grammar
-                if req.response_format is not None:
-                    raise P.bad("response_format cannot be combined with tool calls held to a grammar (a forced "
-                                "call, or a strict function)", "response_format")
                 try:  # compiled now (off the event loop), refused before the request is queued
                     await run_in_threadpool(self.engine.decoder.constraints, treq.grammar)
                 except EdgespecError as e:

@@ -309,7 +309,7 @@ def _message(m, i: int) -> dict:
     if not isinstance(m, dict):
         raise bad(f"{where} must be an object with 'role' and 'content', got {_kind(m)}", where, "invalid_type")
     role = m.get("role")
-    if role not in ROLES and role != "tool":
+    if not isinstance(role, str) or role not in ROLES and role != "tool":
         if role == "function":
             raise bad(f"{where}: role 'function' (OpenAI's deprecated function calling) is not supported by "
                       "edgespec; use tools and 'tool' messages", f"{where}.role", "unsupported_value")

@@ -76,8 +76,8 @@ def check_tools(tools) -> list[dict]:
                 raise ConfigError(f"{where}.function.parameters must be a JSON Schema object")
             try:
                 json.dumps(f["parameters"], allow_nan=False)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{where}.function.parameters is not JSON") from None
+            except (TypeError, ValueError, RecursionError):
+                raise ConfigError(f"{where}.function.parameters is not JSON (or nested too deeply)") from None
             clean["parameters"] = f["parameters"]
         if f.get("strict") is not None:
             if not isinstance(f["strict"], bool):
@@ -143,6 +143,8 @@ def check_tool_messages(messages) -> list[dict]:
                     args = json.loads(args) if args.strip() else {}
                 except ValueError:
                     pass  # not JSON: the template gets the string as it is
+                except RecursionError:
+                    raise ConfigError(f"{where}.function.arguments is nested too deeply") from None
             elif not isinstance(args, dict):
                 raise ConfigError(f"{where}.function.arguments must be a JSON string")
             call = {"type": "function", "function": {"name": f["name"], "arguments": args}}
@@ -172,7 +174,7 @@ def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[l
     body = body.lstrip()
     try:
         obj, end = json.JSONDecoder().raw_decode(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past Python's recursion limit: not a call)
         return None
     rest = body[end:]
     if whole and rest.strip():
@@ -187,7 +189,7 @@ def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[l
         if isinstance(args, str):
             try:
                 json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
         elif isinstance(args, dict):
             args = json.dumps(args, ensure_ascii=False)
@@ -219,6 +221,7 @@ class ToolCallParser:
         self._content: list[str] = []
         self._buf = ""
         self._block = None  # the block being read: (opener, closer, must name a tool)
+        self._scan, self._in_str, self._esc, self._checked = 0, False, False, False  # (its scan: _closer_at)
         self._space = ""  # whitespace held back: given out only if non-space content follows
 
     @property
@@ -254,11 +257,38 @@ class ToolCallParser:
                 out.append(("call", call))
         rest = rest.strip()
         for end in (closer, "```", CLOSE):  # an unclosed block's text after its call, less a stray closer
-            if rest.startswith(end):
+            if rest.startswith(end) or end.startswith(rest):  # (or the start of one, where the reply was cut)
                 rest = rest[len(end):]
                 break
         if rest.strip():
             self._text(rest, out)
+
+    def _closer_at(self, closer: str) -> int:
+        """Where the open block's closer starts in the buffer, -1 if not yet: outside JSON strings (an
+        argument may hold ``</tool_call>`` or a fence), scanning only what came since the last look."""
+        buf, i = self._buf, self._scan
+        while i < len(buf):
+            c = buf[i]
+            if self._esc:
+                self._esc = False
+            elif self._in_str:
+                if c == "\\":
+                    self._esc = True
+                elif c == '"':
+                    self._in_str = False
+            elif c == '"':
+                self._in_str = True
+            elif buf.startswith(closer, i):
+                return i
+            elif closer.startswith(buf[i:]):  # the closer may be starting: look again with more text
+                break
+            i += 1
+        self._scan = i
+        return -1
+
+    def _open(self, k: int) -> None:
+        self._block = self.blocks[k]
+        self._scan, self._in_str, self._esc, self._checked = 0, False, False, False
 
     def feed(self, text: str) -> list:
         out: list = []
@@ -266,13 +296,14 @@ class ToolCallParser:
         while True:
             if self._block is not None:
                 opener, closer, named = self._block
-                head = self._buf.lstrip()
-                if named and head and head[0] not in "{[":  # a fenced block that is not JSON: content
-                    self._block = None
-                    self._text(opener + self._buf, out)
-                    self._buf = ""
-                    return out
-                j = self._buf.find(closer)
+                if named and not self._checked:
+                    head = self._buf.lstrip()
+                    if head and head[0] not in "{[":  # a fenced block that is not JSON: its opener is content
+                        self._block = None
+                        self._text(opener, out)
+                        continue  # (the rest is scanned again: a closing fence and a call may follow)
+                    self._checked = bool(head)
+                j = self._closer_at(closer)
                 if j < 0:
                     return out
                 body, self._buf = self._buf[:j], self._buf[j + len(closer):]
@@ -283,8 +314,8 @@ class ToolCallParser:
             if found is not None:
                 i, k = found
                 self._text(self._buf[:i], out)
-                self._block = self.blocks[k]
-                self._buf = self._buf[i + len(self._block[0]):]
+                self._buf = self._buf[i + len(self.blocks[k][0]):]
+                self._open(k)
                 continue
             keep = max((k for b in self.blocks for k in range(min(len(b[0]) - 1, len(self._buf)), 0, -1)
                         if b[0].startswith(self._buf[-k:])), default=0)

@@ -298,6 +298,7 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": ["hi"]}, 400, "messages[0]", None),
     ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", None),
     ("chat", {"messages": [{"role": "function", "content": "hi"}]}, 400, "messages[0].role", "unsupported_value"),
+    ("chat", {"messages": [{"role": ["user"], "content": "hi"}]}, 400, "messages[0].role", None),
     ("chat", {"messages": [{"role": "tool", "content": "hi"}]}, 400, "messages[0].tool_call_id",
      "missing_required_parameter"),
     ("chat", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, 400, "messages[0].tool_calls", None),

@@ -43,6 +43,8 @@ class RuleConstraint:
     def push(self, t):
         assert rule(self.reply + self.pushed, t)
         self.pushed.append(t)
+        self.longest = max(getattr(self, "longest", 0), len(self.pushed) + 1)  # the draft's length so far
+        return True
 
     def pop(self):
         self.pushed = []
@@ -139,6 +141,7 @@ def test_a_model_drafter_drafts_with_the_grammar():
             temperature=temperature, seed=1)
         cuts = made[-1].cuts
         assert cuts and all(n == k for k, n in cuts), cuts
+        assert max(k for k, _ in cuts) == 3 and made[-1].longest >= 3  # drafts of several tokens, pushed
         ModelDrafter.takes_grammar = False
         try:
             st_without = Stats()

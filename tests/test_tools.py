@@ -49,6 +49,15 @@ PARSE = [  # (reply, expected content, expected calls as (name, arguments))
     ('<tool_call>{"name": "lookup", "arguments": "{\\"q\\": 1}"}</tool_call>', "", [("lookup", {"q": 1})]),
     ("a <tool> b <tool_cal c </tool_call> d ``` e", "a <tool> b <tool_cal c </tool_call> d ``` e", []),
     ("<tool_call>\n{\"name\": \"get_weather\", \"argu", "<tool_call>\n{\"name\": \"get_weather\", \"argu", []),
+    # (the review's cases) a code block's closing fence before a call; closers inside JSON strings; a cut closer
+    ('Run this:\n```\nls -la\n```\n' + CALL, "Run this:\n```\nls -la\n```", [("get_weather", {"city": "Paris"})]),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "use ```py here"}}\n```', "",
+     [("get_weather", {"city": "use ```py here"})]),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "a </tool_call> b \\" c"}}\n</tool_call>', "",
+     [("get_weather", {"city": 'a </tool_call> b " c'})]),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_ca', "",
+     [("get_weather", {"city": "Paris"})]),
+    ("<tool_call>" + "[" * 3000 + "</tool_call>", "<tool_call>" + "[" * 3000 + "</tool_call>", []),
 ]
 
 
@@ -68,6 +77,25 @@ def test_the_parser_whole_and_streamed_in_any_pieces(reply, content, calls):
         assert "".join(v for k, v in events if k == "content") == content
         assert calls_of([v for k, v in events if k == "call"]) == calls
         assert (p.content, calls_of(p.calls)) == (content, calls)
+
+
+def test_streamed_and_whole_parsing_agree_and_lose_nothing():
+    """Random replies from the pieces calls are made of, fed in random pieces: the same content and calls
+    as parsed whole, and with no call the content is the reply itself."""
+    pieces = ["<tool_call>", "</tool_call>", "```json\n", "```\n", "```", '{"name": "f", "arguments": {"a": 1}}',
+              '"', "\\", "x", " ", "\n", "{", "}", "[", "json", "<tool", "_call>", "f"]
+    rng = random.Random(1)
+    for _ in range(4000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        content, calls = parse_tool_calls(text, ["f"])
+        p, i = ToolCallParser(["f"]), 0
+        while i < len(text):
+            j = i + rng.randint(1, 5)
+            p.feed(text[i:j])
+            i = j
+        p.finish()
+        assert (p.content, calls_of(p.calls)) == (content, calls_of(calls)), text
+        assert calls or content == text, text
 
 
 def test_content_streams_before_the_reply_ends():
@@ -97,6 +125,8 @@ TOOL_ERRORS = [
     ([{"type": "function", "function": {"name": "x", "parameters": {"a": float("nan")}}}], "not JSON"),
     ([{"type": "function", "function": {"name": "x", "strict": "yes"}}], "strict must be true or false"),
     ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "at most 128"),
+    ([{"type": "function", "function": {"name": "x", "parameters": {"a": __import__("functools").reduce(
+        lambda acc, _: [acc], range(3000), 0)}}}], "nested too deeply"),
 ]
 
 
@@ -309,8 +339,12 @@ def test_a_forced_call_is_a_call(tool_engine):
         r = tool_engine.generate([HELLO], tools=STRICT, tool_choice=choice, max_new_tokens=120, temperature=0)
         assert r.text == "" and r.tool_calls  # one call or more: each held to the parameters
         assert all(json.loads(c["function"]["arguments"])["city"] in ("Rome", "Oslo") for c in r.tool_calls)
-    with pytest.raises(ConfigError, match="cannot be combined"):
-        tool_engine.generate([ASK], tools=STRICT, tool_choice="required", response_format={"type": "json_object"})
+    for tools, choice in ((STRICT, "required"), (WEATHER, None)):  # a JSON grammar leaves no room for a call
+        with pytest.raises(ConfigError, match="cannot be combined"):
+            tool_engine.generate([ASK], tools=tools, tool_choice=choice, response_format={"type": "json_object"})
+    r = tool_engine.generate([ASK], tools=WEATHER, tool_choice="none", response_format={"type": "json_object"},
+                             max_new_tokens=8)
+    assert r.tool_calls == [] and r.text.startswith("{")
 
 
 def test_without_call_tokens_a_forced_call_is_a_forced_start_and_strict_is_refused():
