@@ -102,22 +102,27 @@ class Tokenizer:
         return ids
 
     def _text_tokenizer(self):
-        """A second ``tokenizers.Tokenizer`` that reads special tokens' text as text (a flag that
-        is not toggled on the shared one, so threads encoding at once never see it flip)."""
+        """A second ``tokenizers.Tokenizer`` that reads every added token's text as text: the special
+        tokens' and the others', such as Qwen2.5's ``<tool_call>`` markup (a flag that is not toggled on
+        the shared one, so threads encoding at once never see it flip)."""
         with self._lock:
             if self._text_tok is None:
                 from tokenizers import Tokenizer as HFTokenizer
 
-                t = HFTokenizer.from_str(self._tok.to_str())
+                data = json.loads(self._tok.to_str())
+                for a in data.get("added_tokens") or []:
+                    a["special"] = True  # (encode_special_tokens reads special tokens' text as text)
+                t = HFTokenizer.from_str(json.dumps(data))
                 t.encode_special_tokens = True
                 self._text_tok = t
             return self._text_tok
 
     @property
     def special_texts(self) -> tuple[str, ...]:
+        """The texts that stay text in message content, tools and calls: every added token's (special
+        ones, and markup such as ``<tool_call>``, which a message or a tool's result must not open)."""
         if self._specials is None:
-            self._specials = tuple(t.content for t in self._tok.get_added_tokens_decoder().values()
-                                   if t.special and t.content)
+            self._specials = tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.content)
         return self._specials
 
     def min_tokens(self, text: str) -> int:
