@@ -389,9 +389,13 @@ class Engine:
     def tool_request(self, tools=None, tool_choice=None, parallel_tool_calls: bool = True):
         """Check OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` against this bundle's chat
         template (``ConfigError``): a ``tools.ToolRequest``, or None where there are no tools."""
-        from .tools import tool_request
+        from .tools import OPEN, tool_request
 
-        return tool_request(tools, tool_choice, parallel_tool_calls, template=self.manifest.chat_template)
+        req = tool_request(tools, tool_choice, parallel_tool_calls, template=self.manifest.chat_template)
+        if req is not None and req.parses and OPEN in self.tokenizer.special_ids_texts():
+            raise ConfigError(f"this bundle's tokenizer has {OPEN} as a special token, which the reply's text "
+                              "leaves out: its calls could not be read")
+        return req
 
     # -- generation ----------------------------------------------------------------------------
     def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:

@@ -117,6 +117,10 @@ class Tokenizer:
                 self._text_tok = t
             return self._text_tok
 
+    def special_ids_texts(self) -> set[str]:
+        """The texts of the special tokens (those decoding leaves out of the reply's text)."""
+        return {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special and t.content}
+
     @property
     def special_texts(self) -> tuple[str, ...]:
         """The texts that stay text in message content, tools and calls: every added token's (special

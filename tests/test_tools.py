@@ -366,3 +366,13 @@ def test_without_call_tokens_a_forced_call_is_a_forced_start_and_strict_is_refus
     with pytest.raises(ConfigError, match="need <tool_call> and </tool_call> as tokens"):
         tool_request(STRICT, template=TOOLS_TEMPLATE).plan(NoCallTokens())
     assert tool_request(WEATHER, template=TOOLS_TEMPLATE).plan(NoCallTokens()) is None  # nothing asked for
+
+
+def test_a_tokenizer_whose_call_markup_is_special_refuses_tools(tool_engine, monkeypatch):
+    """Decoding leaves special tokens out of the reply's text, so a <tool_call> that is one could never be
+    read: refused up front, not answered with calls lost."""
+    assert "<tool_call>" not in tool_engine.tokenizer.special_ids_texts()
+    monkeypatch.setattr(tool_engine.tokenizer, "special_ids_texts", lambda: {"<tool_call>", "<|im_end|>"})
+    with pytest.raises(ConfigError, match="special token"):
+        tool_engine.generate([ASK], tools=WEATHER)
+    tool_engine.generate([ASK], tools=WEATHER, tool_choice="none", max_new_tokens=2)  # not parsed: fine
