@@ -223,20 +223,42 @@ def _engine_opts(f):
 @click.option("--prediction", "prediction_file", type=click.Path(dir_okay=False), default=None,
               help="A text file the reply is expected mostly to repeat (the file an edit rewrites): drafted from, "
                    "the reply unchanged by it.")
+@click.option("--json-schema", "schema_file", type=click.Path(dir_okay=False), default=None,
+              help="Hold the reply to this JSON Schema (a file; structured outputs, needs llguidance).")
+@click.option("--json-object", is_flag=True, help="Hold the reply to a JSON object (structured outputs).")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
-             max_context, threads, profile, provider, as_json, no_parse_special, prediction_file):
+             max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
+             json_object):
     """Generate a continuation of PROMPT with the model in BUNDLE."""
     from .errors import ConfigError
     from .suffix import read_document
 
     prediction = None if prediction_file is None else read_document(
         prediction_file, what="prediction file", error=ConfigError)  # before the model loads
+    response_format = None
+    if schema_file is not None and json_object:
+        raise ConfigError("--json-schema and --json-object: give one of them")
+    if schema_file is not None:
+        text = read_document(schema_file, what="JSON schema file", error=ConfigError)
+        try:
+            schema = json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"the JSON schema file {schema_file} is not JSON: {e}") from None
+        response_format = {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
+    elif json_object:
+        response_format = {"type": "json_object"}
+    if response_format is not None:
+        from .constrain import grammar_for
+
+        grammar_for(response_format)  # a bad schema refused before the model loads
     if prompt == "-":
         prompt = _read_stdin()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
               drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction)
+    if response_format is not None:
+        kw["response_format"] = response_format
     if as_json:
         r = eng.generate(src, stop=stop, **kw)
         click.echo(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,

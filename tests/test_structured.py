@@ -260,3 +260,31 @@ def test_an_end_of_sequence_in_a_draft_leaves_the_grammar_where_it_was(tiny_bund
     con.pop()
     allowed, n = con.masks([ids[-1], eos])
     assert n == 2 and not allowed[0][eos]  # where it was: the closing token still to come
+
+
+def test_cli_generate_holds_the_reply_to_a_json_schema(tiny_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA["json_schema"]["schema"]))
+    base = ["generate", str(tiny_bundle), "-p", "Pick a number, a truth and a colour.", "--chat",
+            "--max-new-tokens", "120", "--temperature", "0"]
+    r = CliRunner().invoke(main, base + ["--json", "--json-schema", str(schema)])
+    assert r.exit_code == 0, r.output
+    check(json.loads(r.output)["text"])
+    streamed = CliRunner().invoke(main, base + ["--json-schema", str(schema)])
+    assert streamed.exit_code == 0 and json.loads(r.output)["text"] in streamed.output  # the same reply, streamed
+    obj = CliRunner().invoke(main, base + ["--json", "--json-object", "--max-new-tokens", "8"])
+    assert obj.exit_code == 0 and json.loads(obj.output)["text"].lstrip().startswith("{")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "objectx"}')
+    notjson = tmp_path / "notjson.json"
+    notjson.write_text("{type: object")
+    for args, msg in ((["--json-schema", str(bad)], "objectx"), (["--json-schema", str(notjson)], "is not JSON"),
+                      (["--json-schema", str(tmp_path / "none.json")], "no such JSON schema file"),
+                      (["--json-schema", str(schema), "--json-object"], "give one of them")):
+        r = CliRunner().invoke(main, base + args)
+        lines = [line for line in r.output.strip().splitlines() if line]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
