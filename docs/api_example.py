@@ -2,6 +2,7 @@
 
     python docs/api_example.py [BUNDLE]     # default: bundles/smollm2-int4
 """
+import json
 import sys
 
 import edgespec
@@ -33,6 +34,15 @@ edit = engine.generate([{"role": "user", "content": "Rename the function area to
                        max_new_tokens=40, prediction=code)
 print(edit.text)
 print(f"[{edit.stats['accepted_by_drafter'].get('prediction', 0)} tokens drafted from the prediction and kept]")
+
+# A reply held to a JSON Schema (structured outputs, OpenAI's response_format; needs llguidance, which the
+# serve extra installs): the model writes only JSON the schema allows, and the reply is still its own.
+fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "required": ["colour", "certain"], "additionalProperties": False,
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}, "certain": {"type": "boolean"}}}}}
+answer = engine.generate([{"role": "user", "content": "What colour is the sky? Answer in JSON."}],
+                         response_format=fmt, max_new_tokens=200)
+print(answer.text, "->", json.loads(answer.text)["colour"])
 
 # A conversation through the model's chat template; the KV cache is reused between turns.
 chat = engine.chat(system="You are terse.")

@@ -365,6 +365,8 @@ class Server:
             msg = str(e).splitlines()[0]
             raise P.bad(msg, _param_of(msg)) from None
         self.sched.admit()
+        if kw.get("grammar") is not None:
+            self.metrics.add("constrained_generations")
         gen = Generation(self.sched, ids, req.stop + (treq.stops if treq is not None else []), kw)
         parser = treq.parser() if treq is not None else None
         rid, created = P.new_id(req.kind), P.now()
@@ -386,6 +388,7 @@ class Server:
         if parser is not None:
             parser.feed(text)
             parser.finish()
+            self.metrics.add("tool_calls", len(parser.calls))
             return JSONResponse(P.chat_response(rid, self.model_id, created, parser.content, s["finish_reason"], use,
                                                 ext, [c.openai() for c in parser.calls]))
         make = P.chat_response if req.kind == "chat" else P.completion_response
@@ -426,6 +429,7 @@ class Server:
                     if parser is not None:
                         for out in parsed(parser.finish()):
                             yield out
+                        self.metrics.add("tool_calls", len(parser.calls))
                     e = {**ext, **val, "queue_ms": round(gen.queue_ms, 3)}
                     yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
                                         text=None if k == "chat" else "", with_usage=wu,

@@ -33,6 +33,11 @@ class Metrics:
         self.rejected = 0
         self.seconds = {"queue": 0.0, "ttft": 0.0}
 
+    def add(self, key: str, n: int = 1) -> None:
+        """Count ``n`` more of ``key`` (tool calls returned, generations held to a grammar)."""
+        with self._lock:
+            self.tokens[key] += n
+
     def request(self, endpoint: str, status: int) -> None:
         with self._lock:
             label = endpoint if endpoint in ENDPOINTS else "/v1/models/{id}" if endpoint.startswith(
@@ -85,7 +90,10 @@ class Metrics:
                            ("target_calls", "Calls of the target model (prefill and verify)."),
                            ("accepted_prediction_tokens", "Tokens of requests' predictions (predicted outputs) that "
                             "appeared in the replies returned."),
-                           ("rejected_prediction_tokens", "Tokens of requests' predictions that did not.")):
+                           ("rejected_prediction_tokens", "Tokens of requests' predictions that did not."),
+                           ("tool_calls", "Tool calls returned to clients (calls of the requests' tools)."),
+                           ("constrained_generations", "Generations held to a grammar (response_format, a forced or "
+                            "strict tool call).")):
             metric(f"{key}_total", "counter", help_, [({}, tok.get(key, 0))])
         drafted = tok.get("drafted_tokens", 0)
         metric("acceptance_rate", "gauge", "Accepted over drafted tokens since the start.",

@@ -3,7 +3,7 @@
 side by side with the same requests unconstrained; every constrained reply is checked to parse and to be
 the same under every drafter.
 
-    python scripts/bench_structured.py bundles/qwen-coder-b128-v64k-xk --reps 2
+    python scripts/bench_structured.py bundles/qwen-coder-b128-v64k-xk --reps 2 --llamacpp
 
 Workload: scripts/data/structured_tasks.jsonl (extraction from a text in the prompt, a classification, a
 configuration and a recipe written from a description). Each request runs from an empty engine
@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=400)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write every run's figures here")
+    ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp (scripts/build_llamacpp.sh) on the GGUF "
+                    "the bundle was exported from, plain and n-gram, with the same schema (its json_schema) and "
+                    "without, on the same prompt ids")
     args = ap.parse_args(argv)
     import edgespec
     from edgespec.errors import EdgespecError
@@ -41,8 +44,24 @@ def main(argv=None) -> int:
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    servers = {}
+    if args.llamacpp:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llamacpp_baseline import LlamaServer
+
+        tgt = eng.manifest.sources.get("target")
+        if not (tgt and str(tgt).endswith(".gguf")):
+            print("error: --llamacpp needs a bundle exported from a GGUF", file=sys.stderr)
+            return 2
+        servers = {"llama-ar": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context),
+                   "llama-ngram": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context,
+                                              extra=["--spec-type", "ngram-simple"])}
     runs, ref, ok = [], {}, True
-    eng.generate("warm up", max_new_tokens=2, response_format={"type": "json_object"})  # llguidance's tokenizer
+    from edgespec.constrain import grammar_for
+
+    # llguidance's tokenizer (~1 s), built before the timed runs; not a generation, which would teach the round
+    # policy a 2-token reply (and keep the model drafter's first read out of the next requests)
+    eng.decoder.constraints(grammar_for({"type": "json_object"}))
     for rep in range(args.reps):
         for t in tasks:
             msgs = [{"role": "user", "content": t["prompt"]}]
@@ -66,6 +85,26 @@ def main(argv=None) -> int:
                                  "new_tokens": s["new_tokens"], "target_calls": s["target_calls"],
                                  "decode_s": max(s["total_s"] - s["prefill_ms"] / 1000.0, 1e-9), "same": same,
                                  "valid": valid, "text": r.text})
+            ids = eng.encode(msgs)
+            for name, srv in servers.items():
+                for constrained in (True, False):
+                    out = srv.complete(ids, args.max_new_tokens, **({"json_schema": t["schema"]} if constrained else {}))
+                    tm = out.get("timings", {})
+                    n = int(tm.get("predicted_n", len(out.get("tokens") or [])))
+                    valid = None
+                    if constrained:
+                        try:
+                            json.loads(out.get("content", ""))
+                            valid = True
+                        except ValueError:
+                            valid = False
+                    runs.append({"rep": rep, "task": t["id"], "drafter": name, "constrained": constrained,
+                                 "new_tokens": n, "target_calls": n, "same": True, "valid": valid,
+                                 "decode_s": max(float(tm.get("predicted_ms", 0.0)) / 1000.0, 1e-9),
+                                 "text": out.get("content", "")})
+    for srv in servers.values():
+        srv.close()
+    drafters = drafters + list(servers)
     print(f"{Path(args.bundle).name}, greedy, {args.reps} rep(s), {len(tasks)} requests\n")
     print("| drafter | held to the schema: tokens/s | x plain | tokens per target call | unconstrained: tokens/s "
           "| x plain | equal to plain / valid JSON |")

@@ -29,6 +29,7 @@ def test_readme_example_runs_without_torch(tiny_bundle):
     assert r.returncode == 0, r.stderr
     assert "tok/s" in r.stdout and "error: temperature must be a finite number >= 0" in r.stdout
     assert "tokens drafted from the prediction and kept]" in r.stdout
+    assert any(line.endswith(("-> red", "-> green", "-> blue")) for line in r.stdout.splitlines()), r.stdout
 
 
 def _greedy(engine, ids, n):

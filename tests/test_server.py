@@ -718,7 +718,7 @@ def test_a_prediction_longer_than_the_context_or_a_prediction_drafter_without_on
     assert got == 400 and "needs a prediction" in err["error"]["message"], err
 
 
-def test_structured_outputs_hold_the_reply_to_a_schema(client, engine, model_id):
+def test_structured_outputs_hold_the_reply_to_a_schema(client, server, engine, model_id):
     """response_format json_schema and json_object through the openai client, streamed and not: the reply
     is JSON of the schema, the same text as the Python API's, greedy."""
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
@@ -736,5 +736,6 @@ def test_structured_outputs_hold_the_reply_to_a_schema(client, engine, model_id)
     assert streamed == r.choices[0].message.content
     r = client.chat.completions.create(model=model_id, messages=msgs, response_format={"type": "json_object"},
                                        max_tokens=120)
+    assert metric(server, "constrained_generations_total") >= 3
     text = r.choices[0].message.content  # the 135M model tends to go on adding keys: cut by max_tokens
     assert isinstance(json.loads(text), dict) if r.choices[0].finish_reason == "stop" else text.startswith("{")

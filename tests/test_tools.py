@@ -255,7 +255,7 @@ def test_a_template_without_tools_refuses_them(tiny_bundle):
 def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
     openai = pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
-    from test_server import _start_server, http
+    from test_server import _start_server, http, metric
 
     proc, url = _start_server(tool_bundle, tmp_path / "server.log", "--temperature", "0", "--no-memory")
     try:
@@ -289,6 +289,8 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
         assert [json.loads(c.function.arguments) for c in r.choices[0].message.tool_calls] == [{"city": "Paris"}]
         r = client.chat.completions.create(model=model, messages=[ASK], tools=STRICT, max_tokens=80)
         assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["city"] in ("Rome", "Oslo")
+        # 1 + 2 (streamed) + 1 (parallel_tool_calls false) + 1 (strict) calls; 2 generations held to a grammar
+        assert metric(url, "tool_calls_total") == 5 and metric(url, "constrained_generations_total") == 2
         for body, param in (
                 ({"tools": STRICT, "tool_choice": "required", "response_format": {"type": "json_object"}},
                  "response_format"),
