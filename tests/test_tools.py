@@ -378,3 +378,16 @@ def test_a_tokenizer_whose_call_markup_is_special_refuses_tools(tool_engine, mon
     with pytest.raises(ConfigError, match="special token"):
         tool_engine.generate([ASK], tools=WEATHER)
     tool_engine.generate([ASK], tools=WEATHER, tool_choice="none", max_new_tokens=2)  # not parsed: fine
+
+
+def test_the_tool_call_bench_runs_on_the_tool_model(tool_bundle, capsys):
+    """scripts/bench_tools.py: every drafter's reply equal to plain decoding's (exit 0), a table."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_tools
+
+    assert bench_tools.main([str(tool_bundle), "--reps", "1", "--drafters", "none,auto", "--max-new-tokens", "24"]) == 0
+    table = capsys.readouterr().out
+    assert "| auto |" in table and "| weather |" in table
