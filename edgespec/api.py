@@ -386,15 +386,23 @@ class Engine:
             ids += self.tokenizer.encode(tools.prefix, add_special=False)
         return ids
 
-    def tool_request(self, tools=None, tool_choice=None, parallel_tool_calls: bool = True):
+    def tool_request(self, tools=None, tool_choice=None, parallel_tool_calls: bool = True, *, held: bool = False):
         """Check OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` against this bundle's chat
-        template (``ConfigError``): a ``tools.ToolRequest``, or None where there are no tools."""
+        template (``ConfigError``): a ``tools.ToolRequest``, its grammar planned (``plan``), or None where
+        there are no tools. ``held``: the reply is held to a response_format's grammar already, which leaves
+        no room for a call (refused where the reply may call)."""
         from .tools import OPEN, tool_request
 
         req = tool_request(tools, tool_choice, parallel_tool_calls, template=self.manifest.chat_template)
-        if req is not None and req.parses and OPEN in self.tokenizer.special_ids_texts():
+        if req is None or not req.parses:
+            return req
+        if OPEN in self.tokenizer.special_ids_texts():
             raise ConfigError(f"this bundle's tokenizer has {OPEN} as a special token, which the reply's text "
                               "leaves out: its calls could not be read")
+        if held:
+            raise ConfigError("response_format cannot be combined with tools the reply may call (its grammar "
+                              "leaves no room for a call); send tool_choice 'none' or no response_format")
+        req.plan(self.tokenizer)
         return req
 
     # -- generation ----------------------------------------------------------------------------
@@ -459,21 +467,16 @@ class Engine:
         is that token; see ``encode``). ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's
         function calling, for chat templates in the ``<tool_call>`` format (tools.py); the calls come back
         in ``Result.tool_calls`` and ``Result.text`` is the content outside them."""
-        treq = self.tool_request(tools, tool_choice, parallel_tool_calls)
-        if treq is not None and treq.parses and (kw.get("response_format") not in (None, {"type": "text"})
-                                                 or kw.get("grammar") is not None):
-            raise ConfigError("a response_format cannot be combined with tools the reply may call (its grammar "
-                              "leaves no room for a call); send tool_choice 'none' or no response_format")
-        if treq is not None and treq.plan(self.tokenizer) is not None:  # calls held to a grammar
+        treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
+                                 or kw.get("response_format") not in (None, {"type": "text"}))
+        if treq is not None and treq.grammar is not None:  # calls held to a grammar
             kw["grammar"] = treq.grammar
         ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq)
         if treq is None or not treq.parses:
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
         result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops, **kw))
-        parser = treq.parser()
-        parser.feed(result.text)
-        parser.finish()
-        result.text, result.tool_calls = parser.content, [c.openai() for c in parser.calls]
+        result.text, calls = treq.parse(result.text)
+        result.tool_calls = [c.openai() for c in calls]
         return result
 
     def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,

@@ -122,6 +122,13 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
     return LAZY + f"{open_id}:" + g if choice == "auto" else g
 
 
+def _allowed(m, vocab: int) -> np.ndarray:
+    """The tokens matcher ``m`` allows next, as booleans over the vocabulary."""
+    bits = np.empty((vocab + 31) // 32, dtype=np.int32)
+    m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    return np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab].astype(bool)
+
+
 class Grammars:
     """Matchers for one tokenizer: llguidance's tokenizer is built once (~1 s for a 150k vocabulary), on
     the first request that asks for a format."""
@@ -189,9 +196,7 @@ class Constraint:
     # drafting with the grammar (a model drafter: drafters.ModelDrafter.draft): the mask after the tokens
     # pushed so far, then all of them rolled back
     def mask(self) -> np.ndarray:
-        bits = np.empty(self.words, dtype=np.int32)
-        self.m.unsafe_compute_mask_ptr(bits.ctypes.data, self.words * 4)
-        return np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
+        return _allowed(self.m, self.vocab)
 
     def push(self, token: int) -> bool:
         """Advance through a drafted token; False for an end of sequence (not pushed: a draft ends there)."""
@@ -230,17 +235,12 @@ class LazyConstraint:
 
     def __init__(self, new_matcher, trigger: int, vocab: int, eos=()):
         self.new, self.trigger, self.vocab = new_matcher, trigger, vocab
-        self.words = (vocab + 31) // 32
         self.eos = frozenset(int(e) for e in eos)
         self.m = None  # the open block's matcher; None outside blocks
         self._work, self._pushed = None, False
 
     def _mask(self, m) -> np.ndarray:
-        if m is None:
-            return np.ones(self.vocab, dtype=bool)
-        bits = np.empty(self.words, dtype=np.int32)
-        m.unsafe_compute_mask_ptr(bits.ctypes.data, self.words * 4)
-        return np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
+        return np.ones(self.vocab, dtype=bool) if m is None else _allowed(m, self.vocab)
 
     def _advance(self, m, t: int):
         """(allowed, the state after t); the matcher is advanced in place."""

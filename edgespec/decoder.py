@@ -23,7 +23,7 @@ from .kv import TokenBuffer
 from .lm import CausalLM
 from .policy import RoundPolicy
 from .sampling import SamplingParams, distribution
-from .verify import greedy_accept_choice, rejection_sample
+from .verify import greedy_accept, greedy_accept_choice, rejection_sample
 from .width import padded_width
 
 
@@ -396,7 +396,7 @@ class Decoder:
                 rows = logits[:, : self.vocab] if con is None else masked(logits[:, : self.vocab], allowed)
                 dt = clock() - t1
                 if sp.greedy:  # (held to a grammar)
-                    n, nxt = greedy_accept_choice(draft.tokens, np.argmax(rows, axis=-1))
+                    n, nxt = greedy_accept(draft.tokens, rows)
                 else:
                     n, nxt = rejection_sample(draft.tokens, draft.probs, rows, sp, rng)
             k = len(draft.tokens)

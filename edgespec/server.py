@@ -310,15 +310,13 @@ class Server:
         if req.tools:
             t = req.tools
             try:
-                treq = self.engine.tool_request(t.get("tools"), t.get("tool_choice"), t.get("parallel_tool_calls", True))
+                treq = self.engine.tool_request(t.get("tools"), t.get("tool_choice"), t.get("parallel_tool_calls", True),
+                                                held=req.response_format is not None)
             except EdgespecError as e:
                 msg = str(e).splitlines()[0]
-                raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls") if msg.startswith(k)),
-                                      "tools")) from None
-            if treq is not None and treq.parses and req.response_format is not None:
-                raise P.bad("response_format cannot be combined with tools the reply may call (its grammar leaves no "
-                            "room for a call); send tool_choice 'none' or no response_format", "response_format")
-            if treq is not None and treq.plan(self.engine.tokenizer) is not None:  # calls held to a grammar
+                raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
+                                       if msg.startswith(k)), "tools")) from None
+            if treq is not None and treq.grammar is not None:  # calls held to a grammar
                 try:  # compiled now (off the event loop), refused before the request is queued
                     await run_in_threadpool(self.engine.decoder.constraints, treq.grammar)
                 except EdgespecError as e:
@@ -368,13 +366,13 @@ class Server:
         if kw.get("grammar") is not None:
             self.metrics.add("constrained_generations")
         gen = Generation(self.sched, ids, req.stop + (treq.stops if treq is not None else []), kw)
-        parser = treq.parser() if treq is not None else None
         rid, created = P.new_id(req.kind), P.now()
         ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
                "temperature": kw.get("temperature", self.engine.defaults.temperature),
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
-            return EventStream(self._sse(gen, req, rid, created, ext, parser), gen.cancel)
+            return EventStream(self._sse(gen, req, rid, created, ext, treq.parser() if treq is not None else None),
+                               gen.cancel)
         try:
             out = await _until_disconnect(request, self._collect(gen))
         finally:
@@ -385,12 +383,11 @@ class Server:
         ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
         use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"],
                       s if "prediction" in req.options else None)
-        if parser is not None:
-            parser.feed(text)
-            parser.finish()
-            self.metrics.add("tool_calls", len(parser.calls))
-            return JSONResponse(P.chat_response(rid, self.model_id, created, parser.content, s["finish_reason"], use,
-                                                ext, [c.openai() for c in parser.calls]))
+        if treq is not None and treq.parses:
+            content, calls = treq.parse(text)
+            self.metrics.add("tool_calls", len(calls))
+            return JSONResponse(P.chat_response(rid, self.model_id, created, content, s["finish_reason"], use,
+                                                ext, [c.openai() for c in calls]))
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
 

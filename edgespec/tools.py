@@ -418,6 +418,13 @@ class ToolRequest:
     def stops(self) -> list[str]:
         return [CLOSE] if self.parses and not self.parallel else []
 
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A whole reply's content and calls (the forced start read first, as the reply began with it)."""
+        p = self.parser()
+        p.feed(text)
+        p.finish()
+        return p.content, p.calls
+
     def parser(self) -> ToolCallParser | None:
         if not self.parses:
             return None
