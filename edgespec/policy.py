@@ -13,6 +13,7 @@ the last request's document well is not trusted for twenty rounds of a request i
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -29,6 +30,7 @@ ALT_PRIOR = 4.0
 ALT_DECAY = 0.98
 ALT_SCALE = (0.25, 2.0)
 ALT_PREMIUM_EMA = 0.2  # RoundPolicy.alt_premium's weight of a new sample
+LENGTHS_KEPT = 32  # the recent generations' lengths RoundPolicy.horizon reads (older ones weigh < 1e-4 of the newest)
 
 
 @dataclass
@@ -329,10 +331,11 @@ class RoundPolicy:
         self._started: set[str] = set()  # costly drafters that drafted in this generation
         self._read_at: dict[str, int] = {}  # costly drafter -> the generation of its last measured catch-up
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
-        self.typical_tokens: float | None = None  # tokens a generation's rounds produce, averaged over generations
+        # tokens the recent generations' rounds produced, the newest last (horizon reads them)
+        self._lengths: deque[int] = deque(maxlen=LENGTHS_KEPT)
         self._produced = 0  # ... in this generation so far
         self._free_kept = 0  # ... of which draft tokens of free drafters the target kept
-        self.length_ema = 0.3
+        self.length_ema = 0.3  # the newest length's weight in horizon (each older one weighs 1 - length_ema times less)
         # a costly drafter's reads are priced against the share of rounds it would win once caught up
         # (costly_share); share_prior: the rounds' weight of the prior share (1) there
         if not (share_prior > 0 and np.isfinite(share_prior)):
@@ -368,8 +371,7 @@ class RoundPolicy:
         the generation uses beside the one asked for, unless that is ``none`` (a request's prediction),
         considered before the others."""
         if self._timed and self._produced:  # the last generation's length, for pricing catch-ups
-            t = self.typical_tokens
-            self.typical_tokens = self._produced if t is None else (1 - self.length_ema) * t + self.length_ema * self._produced
+            self._lengths.append(self._produced)
         self._produced = 0
         self._free_kept = 0
         self._rounds = self._costly_rounds = 0
@@ -571,12 +573,25 @@ class RoundPolicy:
         return extra / max(self.cost.step_cost(drafter) + extra, 1e-9)
 
     def horizon(self, kcap: int) -> float:
-        """Tokens this generation is expected still to produce: what is left of its budget
-        (``kcap`` + 1), at most what generations typically produce beyond this point (learned from
-        earlier ones, never in a reproducible generation), and at least 16 more."""
+        """Tokens this generation is expected still to produce: what is left of its budget (``kcap`` +
+        1), at most what the recent generations that ran longer than this one has so far went on to
+        produce beyond this point (their average, the newest weighing most; never in a reproducible
+        generation), and at least 16 more. Past every recent length, as many again as it has produced.
+
+        Only the generations that ran past this point say how far it goes on: an average of all of them
+        (before session 32) came out below what a long generation had produced once a few short ones had
+        passed (a chat front end asks for a title and tags after each reply), and from there it priced the
+        model drafter's read against 16 tokens for the rest of the generation, so a long reply after
+        short ones never started it."""
         left = float(kcap + 1)
-        if self._timed and self.typical_tokens is not None:
-            left = min(left, max(self.typical_tokens - self._produced, 16.0))
+        if self._timed and self._lengths:
+            n, w, total, weight = self._produced, 1.0, 0.0, 0.0
+            for length in reversed(self._lengths):
+                if length > n:
+                    total += w * (length - n)
+                    weight += w
+                w *= 1.0 - self.length_ema
+            left = min(left, max(total / weight if weight else float(n), 16.0))
         return left
 
     def _score_shadows(self, ctx: TokenBuffer) -> None:

@@ -680,6 +680,17 @@ def test_model_drafter_offer_counts_the_tokens_it_must_read_first():
     assert md.draft(TokenBuffer(turn, capacity=64), 1, sp, np.random.default_rng(0)).catchup[0] < len(turn)
 
 
+def _run_lengths(pol, drafters, lengths):
+    """Generations of these many tokens each (rounds of one token) through ``pol``."""
+    from edgespec.kv import TokenBuffer
+
+    for n in lengths:
+        pol.begin("auto", drafters, 1)
+        ctx = TokenBuffer([1, 2], capacity=64)
+        for _ in range(n):
+            pol.observe(pol.choose(ctx, 50, None, 1), [], 0, None, 1, 0.01)
+
+
 def test_the_horizon_follows_how_long_generations_run():
     from edgespec.kv import TokenBuffer
 
@@ -693,12 +704,39 @@ def test_the_horizon_follows_how_long_generations_run():
             c = pol.choose(ctx, 50, None, 1)
             pol.observe(c, [0], 1, None, 2, 0.01)
     pol.begin("auto", drafters, 1)
-    assert pol.typical_tokens == pytest.approx(20)
     assert pol.horizon(99) == 20 and pol.horizon(5) == 6
     pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
     assert pol.horizon(99) == 19
+    for _ in range(3):
+        pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    assert pol.horizon(99) == 16  # (at least 16 more)
+    for _ in range(20):
+        pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    assert pol.horizon(99) == 24  # past every recent length (20): as many again as it has produced
+    assert pol.horizon(9) == 10
     pol.begin("auto", drafters, 1, reproducible=True)  # never what earlier generations did
     assert pol.horizon(99) == 100
+
+
+def test_the_horizon_reads_the_generations_that_ran_longer():
+    """A chat front end asks for a title and tags (~10 tokens) after each reply (~100): a reply that has
+    run past the short ones is expected to run as the long ones did, not to end within 16 tokens (before
+    session 32 the horizon was the average of all of them minus what was produced, floored at 16, and a
+    model drafter whose read that did not repay was never started in a long reply)."""
+    pol = RoundPolicy()
+    drafters = {"copy": _Oracle("copy", False, lambda i: i % 5)}
+    _run_lengths(pol, drafters, [100, 10, 10, 100, 10, 10])
+    pol.begin("auto", drafters, 1)
+    w = [0.7 ** i for i in range(6)]  # newest first: 10, 10, 100, 10, 10, 100
+    lengths = [10, 10, 100, 10, 10, 100]
+    assert pol.horizon(199) == pytest.approx(sum(a * b for a, b in zip(w, lengths)) / sum(w))
+    for _ in range(12):
+        pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    assert pol.horizon(199) == pytest.approx(88)  # only the long ones ran past 12 tokens
+    assert pol.horizon(40) == 41
+    from collections import deque
+
+    assert isinstance(pol._lengths, deque) and pol._lengths.maxlen is not None  # a bounded memory
 
 
 class _Oracle:
