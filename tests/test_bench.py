@@ -244,6 +244,42 @@ def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tin
     assert capsys.readouterr().err.startswith("error:")
 
 
+def test_bench_chatui_runs_a_front_ends_traffic_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys, monkeypatch):
+    """scripts/bench_chatui.py (README, "A chat front end's traffic"): each reply, then the short requests
+    about it, on two engines whose policies price the model drafter's read differently (A: the rule before
+    session 32, patched in), every run exact (exit 0), a row per kind of request; bad --tasks: exit 2."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_chatui
+
+    monkeypatch.setitem(bench_chatui.TASKS, "title", (bench_chatui.TASKS["title"][0], 16))  # (a 256-token context)
+    out, prompts = tmp_path / "c.json", tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "category": c, "turns": [q]}) + "\n" for i, (c, q) in
+                               enumerate([("code", "Write a loop."), ("qa", "Why is the sky blue?")])))
+    assert bench_chatui.main([str(tiny_int4_bundle), "--prompts", str(prompts), "--max-new-tokens", "12",
+                              "--tasks", "title", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| reply |" in table and "| title |" in table and "| all |" in table and "plain decoding: yes" in table
+    runs = json.loads(out.read_text())
+    assert {r["runner"] for r in runs} == {"none-A", "none-B", "auto-A", "auto-B"} and all(r["same"] for r in runs)
+    assert {r["kind"] for r in runs} == {"reply", "title"}
+    with pytest.raises(SystemExit) as e:
+        bench_chatui.main([str(tiny_int4_bundle), "--tasks", "poem"])
+    assert e.value.code == 2
+    # A's rule is the old one: the average length less what was produced, at least 16
+    from edgespec.policy import RoundPolicy
+
+    pol = RoundPolicy()
+    pol._lengths.extend([100, 10, 10])
+    pol._produced = 30
+    avg = (10 + 0.7 * 10 + 0.49 * 100) / (1 + 0.7 + 0.49)
+    assert bench_chatui.averaged_horizon(pol, 199) == 16 and pol.horizon(199) == 70
+    pol._produced = 0
+    assert bench_chatui.averaged_horizon(pol, 199) == pytest.approx(avg)
+
+
 def test_ab_bundles_policy_options_set_each_sides_round_policy(tiny_int4_bundle, capsys, monkeypatch):
     """--policy-a/--policy-b (session 25: a policy A/B on one bundle) set RoundPolicy parameters on
     one side only, both sides stay exact, the header names them; an unknown name or a value that is
