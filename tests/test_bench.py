@@ -350,15 +350,19 @@ def test_probe_draft_stop_collects_positions_and_simulates_rules(tiny_int4_bundl
     import probe_draft_stop as pds
 
     rows = pds.collect(str(tiny_int4_bundle), 0.0, 6, limit=2)
-    assert rows.shape == (12, 3) and set(np.unique(rows[:, 1])) <= {0.0, 1.0} and (rows[:, 2] <= 1).all()
+    assert rows.shape == (12, 4) and set(np.unique(rows[:, 1])) <= {0.0, 1.0} and (rows[:, 2] <= 1).all()
+    assert (rows[:, 3] == rows[:, 1]).all()  # greedy: the argmax is the draft
     sampled = pds.collect(str(tiny_int4_bundle), 0.8, 6, limit=1)
     assert ((sampled[:, 1] > 0) & (sampled[:, 1] <= 1 + 1e-9)).all()
-    sure = np.array([(0, 1.0, 1.0)] * 9)  # 9 positions, all accepted: one round of 8 drafts and a bonus
+    assert ((sampled[:, 3] > 0) & (sampled[:, 3] <= 1 + 1e-9)).all() and (sampled[:, 3] != sampled[:, 1]).any()
+    sure = np.array([(0, 1.0, 1.0, 1.0)] * 9)  # 9 positions, all accepted: one round of 8 drafts and a bonus
     widths = [0] + [1.0 + 0.1 * (w - 1) for w in range(1, 17)]
     assert pds.simulate(sure, 0.25, widths, pds.cumulative(0.5)) == pytest.approx(9 / (8 * 0.25 + 1.8))
     assert pds.simulate(sure, 0.25, widths, pds.fixed(2, 0.5)) == pytest.approx(9 / (3 * (2 * 0.25 + 1.2)))
     assert pds.main([str(tiny_int4_bundle), "--tokens", "4", "--limit", "1"]) == 0
     assert "cumulative stop theta=0.5" in capsys.readouterr().out
+    assert pds.main([str(tiny_int4_bundle), "--tokens", "4", "--limit", "1", "--temperature", "0.8"]) == 0
+    assert "argmax drafted as a point mass instead" in capsys.readouterr().out
 
 
 def test_bench_spec_passes_repeat_the_prompt_set_under_new_names(tiny_bundle, tmp_path, capsys):
