@@ -365,6 +365,34 @@ def test_probe_draft_stop_collects_positions_and_simulates_rules(tiny_int4_bundl
     assert "argmax drafted as a point mass instead" in capsys.readouterr().out
 
 
+def test_probe_draft_temperature_prints_the_acceptance_by_drafter_temperature(tiny_int4_bundle, capsys):
+    """scripts/probe_draft_temperature.py (session 32): sum(min(p, q)) per factor, in (0, 1], the same at the
+    factor 1 as probe_draft_stop's sampled acceptance; bad numbers are a usage error (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_draft_stop as pds
+    import probe_draft_temperature as pdt
+
+    import edgespec
+
+    eng = edgespec.load(tiny_int4_bundle, memory=False)
+    res = pdt.collect(eng, 0.8, [0.5, 1.0], 6, per_category=1)
+    r = res["all"]
+    assert 0 < r[-1] <= 6 * len([c for c in res if c != "all"])  # positions: at most 6 a prompt
+    assert 0 < r[0] <= r[-1] and 0 < r[1] <= r[-1] and r[0] != r[1]
+    rows = pds.collect(str(tiny_int4_bundle), 0.8, 6, limit=1)  # the first prompt, the same seed
+    first = next(c for c in res if c != "all")
+    assert res[first][1] == pytest.approx(rows[:, 1].sum(), rel=1e-6)
+    assert pdt.main([str(tiny_int4_bundle), "--temperatures", "1.0", "--factors", "0.8,1", "--tokens", "4",
+                     "--per-category", "1"]) == 0
+    assert "| 1 | all |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        pdt.main([str(tiny_int4_bundle), "--factors", "x"])
+    assert e.value.code == 2
+
+
 def test_bench_spec_passes_repeat_the_prompt_set_under_new_names(tiny_bundle, tmp_path, capsys):
     """scripts/bench_spec.py --passes N: the prompt set N times (sampled figures from more samples),
     every repeat its own run in the report; a pass count below 1 is refused."""
