@@ -30,6 +30,12 @@ ALT_PRIOR = 4.0
 ALT_DECAY = 0.98
 ALT_SCALE = (0.25, 2.0)
 ALT_PREMIUM_EMA = 0.2  # RoundPolicy.alt_premium's weight of a new sample
+# a drafter step or target call counts at most this many times the estimate it updates: a stall (the OS,
+# another process, a VM's host) of one drafter step at ~100x its cost otherwise priced the drafter out, and
+# with no step drafted none was measured again (session 32); a real slow-down still moves an estimate up 1.3x
+# a call (ema 0.3). (A read's line is fitted to reads of many lengths, and a stalled read's cost goes stale:
+# RoundPolicy.catchup_trust.)
+STALL_CLIP = 2.0
 LENGTHS_KEPT = 32  # the recent generations' lengths RoundPolicy.horizon reads (older ones weigh < 1e-4 of the newest)
 
 
@@ -70,6 +76,7 @@ class CostModel:
     """
 
     ema: float = 0.3
+    stall_clip: float = STALL_CLIP  # a call counts at most this many times the estimate it updates
     prior_slope: float = 0.15  # extra cost per extra verified token, as a fraction of a 1-token call
     target: dict[int, float] = field(default_factory=dict)
     draft_steps: dict[str, float] = field(default_factory=dict)  # drafter name -> seconds a step
@@ -96,7 +103,7 @@ class CostModel:
     def observe_target(self, width: int, seconds: float) -> None:
         """A target call of ``width`` tokens (padding included) took ``seconds``."""
         old = self.target.get(width)
-        self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * min(seconds, self.stall_clip * old)
         self._fit = None
         self._costs = None
 
@@ -122,7 +129,8 @@ class CostModel:
     def observe_draft(self, step_seconds: float, drafter: str = "model") -> None:
         """One step of ``drafter`` (a one-token call) took ``step_seconds``."""
         old = self.draft_steps.get(drafter)
-        self.draft_steps[drafter] = step_seconds if old is None else (1 - self.ema) * old + self.ema * step_seconds
+        self.draft_steps[drafter] = (step_seconds if old is None else
+                                     (1 - self.ema) * old + self.ema * min(step_seconds, self.stall_clip * old))
 
     def observe_catchup(self, tokens: int, seconds: float, drafter: str = "model") -> None:
         """``drafter`` read ``tokens`` context tokens in ``seconds`` before drafting."""

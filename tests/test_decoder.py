@@ -621,6 +621,61 @@ def test_model_drafter_catch_up_is_priced_against_the_rest_of_the_generation():
     assert st.rounds_by_drafter.get("model", 0) > 0
 
 
+class _Stall:
+    """Wraps a FakeLM's ``_run``: the ``at``-th call of ``width`` tokens (counted from when it is set) takes
+    ``seconds`` more (a stall: the OS, another process, a VM's host; session 32 saw a 0.45 s one price the
+    model drafter out of a whole process)."""
+
+    def __init__(self, lm, clock, at: int, width: int = 1, seconds: float = 0.5):
+        self.lm, self.clock, self.at, self.width, self.seconds, self.seen = lm, clock, at, width, seconds, 0
+        self.run, lm._run = lm._run, self
+
+    def __call__(self, ids, past):
+        if len(ids) == self.width:
+            self.seen += 1
+            if self.seen == self.at:
+                self.clock.t += self.seconds
+        return self.run(ids, past)
+
+
+def test_one_stalled_drafter_step_does_not_price_the_drafter_out_for_good():
+    """A drafter step that stalls for 0.5 s, ~300x its cost: the cost model counts a sample at most STALL_CLIP
+    times the estimate it updates, so drafting goes on. Before session 32 that step raised the drafter's step
+    cost (an average with weight 0.3) past a target call, the drafter drafted no more in that generation or
+    the next (1 round of 193 here), and with no step measured it never came back."""
+    d, clock = _catchup_decoder(drafter_step=0.0015)
+    rng = np.random.default_rng(2)
+    run(d, rng.integers(0, 8, 40).tolist(), Stats(), max_new_tokens=100, drafter="model")  # costs learned
+    _Stall(d.drafters["model"].lm, clock, at=3)
+    st = Stats()
+    run(d, rng.integers(0, 8, 40).tolist(), st, max_new_tokens=200, drafter="model")
+    assert st.rounds_by_drafter.get("model", 0) > 30, st.rounds_by_drafter
+    st = Stats()
+    run(d, rng.integers(0, 8, 40).tolist(), st, max_new_tokens=100, drafter="model")
+    assert st.rounds_by_drafter.get("model", 0) > 15 and st.rounds_by_drafter.get("none", 0) < 5, st.rounds_by_drafter
+    assert d.policy.measured.step_cost("model") < 0.003
+
+
+def test_a_stall_moves_a_cost_estimate_little_and_a_real_slow_down_fully():
+    from edgespec.policy import STALL_CLIP
+
+    cm = CostModel()
+    for _ in range(5):
+        cm.observe_target(3, 0.005)
+        cm.observe_draft(0.002)
+    cm.observe_target(3, 0.5)
+    cm.observe_draft(0.5)
+    lift = 1 - cm.ema + cm.ema * STALL_CLIP  # (1.3)
+    assert cm.target[3] == pytest.approx(0.005 * lift) and cm.step_cost() == pytest.approx(0.002 * lift)
+    for _ in range(8):  # the device is now twice as slow: followed within a few calls
+        cm.observe_target(3, 0.010)
+        cm.observe_draft(0.004)
+    assert cm.target[3] == pytest.approx(0.010, rel=0.05) and cm.step_cost() == pytest.approx(0.004, rel=0.05)
+    for _ in range(12):  # and faster again (a fast sample is never clipped)
+        cm.observe_draft(0.001)
+    assert cm.step_cost() == pytest.approx(0.001, rel=0.1)
+
+
 def test_the_width_probe_timings_seed_the_round_policy():
     """A CPU where the INT4 products are compute-bound (session 9's Zen 1: a 2-token call costs 1.4x
     a 1-token one): from the probe's timings the policy knows at once that a free drafter right 35
