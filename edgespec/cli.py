@@ -351,11 +351,14 @@ class _OneLineUsage(click.Command):
               help="Requests that may wait while one generates; more are refused with 429.")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
               help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
+@click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
+              help="A web origin (http://localhost:3000) whose pages may call the server from a browser (CORS); "
+                   "repeat for more, '*' for any. Default: none.")
 @_prompt_cache_opts
 @_engine_opts
 @memory_opts()
-def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, max_context, threads, profile,
-          provider):
+def serve(bundle, host, port, queue_size, temperature, allow_origins, drafter, draft_tokens, max_context, threads,
+          profile, provider):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
     --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
@@ -366,6 +369,9 @@ def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, ma
         from .server import bind, create_app, run
     except ImportError as e:
         raise EdgespecError(f"the server is not installed ({e.name} is missing): pip install 'edgespec[serve]'")
+    from .server import check_origins
+
+    check_origins(allow_origins)  # (before the port and the model)
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
     eng = None
     try:
@@ -373,15 +379,17 @@ def serve(bundle, host, port, queue_size, temperature, drafter, draft_tokens, ma
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
-                         temperature=temperature)
+                         temperature=temperature, allow_origins=allow_origins)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
                               f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
-                              + (f"replies remembered for drafting in {mem}, --no-memory to keep none)" if mem
-                                 else "no memory of replies)"))
+                              + (f"replies remembered for drafting in {mem}, --no-memory to keep none" if mem
+                                 else "no memory of replies")
+                              + (f"; browser pages of {', '.join(allow_origins)} may call it)" if allow_origins
+                                 else ")"))
     except BaseException:  # (closing must not hide why the server stopped)
         sock.close()
         if eng is not None:

@@ -494,11 +494,37 @@ async def _on_crash(request: Request, e: Exception) -> Response:
                                      type="server_error", code="internal_error"), status_code=500)
 
 
+def check_origins(origins) -> list[str]:
+    """``--allow-origin`` values: ``*`` or web origins (``http(s)://host[:port]``, no path), as given;
+    ConfigError (one line) otherwise."""
+    from urllib.parse import urlsplit
+
+    out = []
+    for o in origins:
+        if not isinstance(o, str):
+            raise ConfigError(f"an allowed origin must be a string, got {type(o).__name__}")
+        if o != "*":
+            try:
+                u = urlsplit(o)
+                u.port  # noqa: B018  (a bad port raises)
+            except ValueError:
+                u = None
+            if (u is None or u.scheme not in ("http", "https") or not u.hostname or u.path or u.query
+                    or u.fragment or u.username or u.password):
+                raise ConfigError(f"allowed origin {o!r}: expected '*' or scheme://host[:port] "
+                                  "(http or https, no path), e.g. http://localhost:3000")
+        out.append(o)
+    return out
+
+
 def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | None = None,
-               draft_tokens: int | None = None, temperature: float | None = 1.0) -> Starlette:
+               draft_tokens: int | None = None, temperature: float | None = 1.0,
+               allow_origins=()) -> Starlette:
     """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens``/``temperature``
     are the server's defaults (``temperature`` 1, OpenAI's; None: the engine's, greedy); a request's
-    own fields and ``edgespec`` object override them."""
+    own fields and ``edgespec`` object override them. ``allow_origins``: web pages of these origins (``*``:
+    any) may call the server from a browser (CORS headers, preflights answered); none by default."""
+    origins = check_origins(allow_origins)
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
                                                 "temperature": temperature})
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
@@ -507,7 +533,13 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
               Route("/v1/models/{name:path}", srv.model, methods=["GET"]),
               Route("/health", srv.health, methods=["GET"]),
               Route("/metrics", srv.metrics_text, methods=["GET"])]
-    app = Starlette(routes=routes, middleware=[Middleware(RequestCounter, metrics=srv.metrics)],
+    middleware = [Middleware(RequestCounter, metrics=srv.metrics)]
+    if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET and POST only
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                                        allow_headers=["*"], max_age=600))
+    app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={P.APIError: _on_api_error, HTTPException: _on_http_error,
                                         Exception: _on_crash})
     app.state.server = srv

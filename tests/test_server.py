@@ -585,6 +585,59 @@ def test_full_queue_gets_429(engine, model_id):
         assert metric(url, "rejected_requests_total") == 1
 
 
+def _raw(url, method="GET", headers=None, body=None):
+    """(status, headers) of a raw request with these headers."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
+
+
+def test_allowed_origins_may_call_from_a_browser_and_others_may_not(engine, model_id):
+    """--allow-origin (CORS): a browser's preflight from an allowed origin is answered and its requests carry
+    Access-Control-Allow-Origin; another origin's preflight is refused and its replies carry none; without the
+    option no reply carries any (the default: a page of another origin cannot read the server's replies)."""
+    page = "http://localhost:3000"
+    pre = {"Origin": page, "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    post = {"Origin": page, "Content-Type": "application/json"}
+    with _InProcess(engine, model_id, allow_origins=[page]) as s:
+        status, h = _raw(s.url + "/v1/chat/completions", "OPTIONS", pre)
+        assert status == 200 and h["access-control-allow-origin"] == page
+        assert "POST" in h["access-control-allow-methods"] and "x-stainless-lang" in h["access-control-allow-headers"]
+        status, h = _raw(s.url + "/v1/chat/completions", "POST", post, body)
+        assert status == 200 and h["access-control-allow-origin"] == page
+        status, h = _raw(s.url + "/v1/models", headers={"Origin": page})
+        assert status == 200 and h["access-control-allow-origin"] == page
+        status, h = _raw(s.url + "/v1/chat/completions", "OPTIONS", {**pre, "Origin": "http://evil.example"})
+        assert status == 400 and "access-control-allow-origin" not in h
+        status, h = _raw(s.url + "/v1/models", headers={"Origin": "http://evil.example"})
+        assert status == 200 and "access-control-allow-origin" not in h
+    with _InProcess(engine, model_id, allow_origins=["*"]) as s:
+        status, h = _raw(s.url + "/v1/models", headers={"Origin": "http://anything.example:8080"})
+        assert h["access-control-allow-origin"] == "*"
+    with _InProcess(engine, model_id) as s:
+        status, h = _raw(s.url + "/v1/models", headers={"Origin": page})
+        assert status == 200 and "access-control-allow-origin" not in h
+        status, _ = _raw(s.url + "/v1/chat/completions", "OPTIONS", pre)
+        assert status == 405
+
+
+@pytest.mark.parametrize("origin", ["localhost:3000", "ftp://x.example", "http://x.example/app", "http://",
+                                    "http://x.example:99999", "http://u:p@x.example", "http://x.example?a=1"])
+def test_a_bad_allowed_origin_is_refused(origin):
+    from edgespec.errors import ConfigError
+    from edgespec.server import check_origins
+
+    with pytest.raises(ConfigError, match="allowed origin"):
+        check_origins([origin])
+    assert check_origins(["*", "https://a.example", "http://127.0.0.1:8080", "http://[::1]:3000"]) == [
+        "*", "https://a.example", "http://127.0.0.1:8080", "http://[::1]:3000"]
+
+
 # -- the command line ------------------------------------------------------------------------------
 def _one_line_error(args) -> str:
     from click.testing import CliRunner
@@ -610,6 +663,7 @@ def test_serve_cli_errors(smol_int4, tmp_path):
         assert "cannot listen on 127.0.0.1" in msg
     assert "cannot listen on" in _one_line_error(["serve", smol_int4, "--host", "no-such-host.invalid"])
     assert "draft_tokens" in _one_line_error(["serve", smol_int4, "--port", "0", "--draft-tokens", "99"])
+    assert "allowed origin" in _one_line_error(["serve", smol_int4, "--port", "0", "--allow-origin", "localhost:3000"])
 
 
 def test_runtime_import_pulls_no_server_stack():
