@@ -164,7 +164,11 @@ class CostModel:
     def step_cost(self, drafter: str = "model") -> float:
         """Seconds a step of ``drafter``: as measured, before that 0.4 of a one-token target call."""
         step = self.draft_steps.get(drafter)
-        return 0.4 * self.target_cost(1) if step is None else step
+        return self.prior_step() if step is None else step
+
+    def prior_step(self) -> float:
+        """What a drafter step is expected to cost before one is measured: 0.4 of a one-token target call."""
+        return 0.4 * self.target_cost(1)
 
     def marginal(self) -> float:
         """One more token in a target call, as a fraction of a one-token call, from the measured
@@ -338,6 +342,7 @@ class RoundPolicy:
         self._idle: dict[str, int] = {}  # costly drafter -> rounds since it last drafted
         self._started: set[str] = set()  # costly drafters that drafted in this generation
         self._read_at: dict[str, int] = {}  # costly drafter -> the generation of its last measured catch-up
+        self._stepped_at: dict[str, int] = {}  # drafter -> the generation of its last measured step
         self._shadow: list[tuple[str, list[int], int]] = []  # free guesses not drafted: (key, tokens, at)
         # tokens the recent generations' rounds produced, the newest last (horizon reads them)
         self._lengths: deque[int] = deque(maxlen=LENGTHS_KEPT)
@@ -384,6 +389,7 @@ class RoundPolicy:
         self._free_kept = 0
         self._rounds = self._costly_rounds = 0
         self._generation += 1
+        self._relax_steps()
         self._timed = not reproducible
         # acceptance is judged per generation: each estimate starts from what earlier generations
         # learned (weighed as ``carry`` rounds) and the generation's own rounds soon outweigh it,
@@ -526,6 +532,17 @@ class RoundPolicy:
             if fill.drafter is not None:
                 return fill
         return best
+
+    def _relax_steps(self) -> None:
+        """A drafter's measured step cost above the prior (0.4 of a target call) that the last generation did
+        not renew moves half the way to it. A drafter priced out by its step cost drafts no more steps, so none
+        is measured again: a slow spell of the drafter alone (or stalls past the clip, ``CostModel.stall_clip``)
+        would keep it out of the process; relaxed, it drafts again once the prior says it pays, and that step
+        re-measures the cost. (An estimate below the prior never keeps a drafter out by its cost: kept.)"""
+        steps, prior = self.measured.draft_steps, self.measured.prior_step()
+        for name, at in self._stepped_at.items():
+            if at < self._generation - 1 and steps.get(name, 0.0) > prior:
+                steps[name] = 0.5 * (steps[name] + prior)
 
     def catchup_trust(self, drafter: str) -> float:
         """How far this generation trusts ``drafter``'s measured catch-up cost over the prior: fully
@@ -696,5 +713,6 @@ class RoundPolicy:
                 self._started.add(choice.drafter.name)
         if self._timed and choice.drafter is not None and step_s is not None:
             self.cost.observe_draft(step_s, choice.drafter.name)
+            self._stepped_at[choice.drafter.name] = self._generation
         for name in self._idle:
             self._idle[name] = 0 if choice.drafter is not None and choice.drafter.name == name else self._idle[name] + 1

@@ -656,6 +656,38 @@ def test_one_stalled_drafter_step_does_not_price_the_drafter_out_for_good():
     assert d.policy.measured.step_cost("model") < 0.003
 
 
+def test_a_drafter_priced_out_by_its_step_cost_drafts_again_after_a_few_generations():
+    """A step estimate far above the drafter's cost (a slow spell of the drafter alone, or a stall past the
+    clip): the drafter is priced out and measures no step, but the estimate relaxes toward the prior every
+    generation that renewed none, so within a few generations it drafts again, re-measured (before session
+    32 it stayed out for good: 0 model rounds in every later generation on the Qwen pair)."""
+    d, clock = _catchup_decoder(drafter_step=0.0015)
+    rng = np.random.default_rng(4)
+    run(d, rng.integers(0, 8, 40).tolist(), Stats(), max_new_tokens=100, drafter="model")
+    cm = d.policy.measured
+    assert cm.step_cost("model") < 0.003
+    cm.draft_steps["model"] = 0.01  # four times what it measured, twice a target call
+    rounds = []
+    for _ in range(8):
+        st = Stats()
+        run(d, rng.integers(0, 8, 40).tolist(), st, max_new_tokens=100, drafter="model")
+        rounds.append(st.rounds_by_drafter.get("model", 0))
+    assert rounds[0] == 0 and rounds[-1] > 15, rounds  # out at first, drafting again later
+    assert cm.step_cost("model") < 0.003  # re-measured
+    pol = RoundPolicy()
+    pol.measured.observe_target(1, 0.01)
+    pol.measured.observe_draft(0.008)
+    pol._stepped_at["model"] = 0
+    pol.begin("none", {}, 1)  # (generation 1: generation 0 measured it)
+    assert pol.measured.step_cost() == pytest.approx(0.008)
+    pol.begin("none", {}, 1)  # the last generation measured no step: half way to the prior (0.4 x 0.01)
+    assert pol.measured.step_cost() == pytest.approx(0.5 * 0.008 + 0.5 * 0.004)
+    pol.measured.draft_steps["model"] = 0.001  # below the prior: kept, however stale
+    for _ in range(3):
+        pol.begin("none", {}, 1)
+    assert pol.measured.step_cost() == pytest.approx(0.001)
+
+
 def test_a_stall_moves_a_cost_estimate_little_and_a_real_slow_down_fully():
     from edgespec.policy import STALL_CLIP
 
