@@ -495,10 +495,12 @@ async def _on_crash(request: Request, e: Exception) -> Response:
 
 
 def check_origins(origins) -> list[str]:
-    """``--allow-origin`` values: ``*`` or web origins (``http(s)://host[:port]``, no path), as given;
-    ConfigError (one line) otherwise."""
+    """``--allow-origin`` values: ``*`` or web origins (``http(s)://host[:port]``, no path; a trailing ``/``
+    dropped, as a browser's ``Origin`` header has none); ConfigError (one line) otherwise."""
     from urllib.parse import urlsplit
 
+    if isinstance(origins, str):
+        origins = [origins]
     out = []
     for o in origins:
         if not isinstance(o, str):
@@ -509,10 +511,11 @@ def check_origins(origins) -> list[str]:
                 u.port  # noqa: B018  (a bad port raises)
             except ValueError:
                 u = None
-            if (u is None or u.scheme not in ("http", "https") or not u.hostname or u.path or u.query
-                    or u.fragment or u.username or u.password):
+            if (u is None or u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/")
+                    or u.query or u.fragment or u.username or u.password or o.endswith(("?", "#"))):
                 raise ConfigError(f"allowed origin {o!r}: expected '*' or scheme://host[:port] "
                                   "(http or https, no path), e.g. http://localhost:3000")
+            o = o.removesuffix("/")
         out.append(o)
     return out
 

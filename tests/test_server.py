@@ -627,15 +627,17 @@ def test_allowed_origins_may_call_from_a_browser_and_others_may_not(engine, mode
 
 
 @pytest.mark.parametrize("origin", ["localhost:3000", "ftp://x.example", "http://x.example/app", "http://",
-                                    "http://x.example:99999", "http://u:p@x.example", "http://x.example?a=1"])
+                                    "http://x.example:99999", "http://u:p@x.example", "http://x.example?a=1",
+                                    "http://x.example//", "http://x.example?"])
 def test_a_bad_allowed_origin_is_refused(origin):
     from edgespec.errors import ConfigError
     from edgespec.server import check_origins
 
     with pytest.raises(ConfigError, match="allowed origin"):
         check_origins([origin])
-    assert check_origins(["*", "https://a.example", "http://127.0.0.1:8080", "http://[::1]:3000"]) == [
+    assert check_origins(["*", "https://a.example", "http://127.0.0.1:8080/", "http://[::1]:3000"]) == [
         "*", "https://a.example", "http://127.0.0.1:8080", "http://[::1]:3000"]
+    assert check_origins("http://localhost:3000") == ["http://localhost:3000"]  # (one, as a string)
 
 
 # -- the command line ------------------------------------------------------------------------------
