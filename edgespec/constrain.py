@@ -116,7 +116,10 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
         head = f"start: {body}"
     else:
         block = f"<[{open_id}]> {body}"
-        head = f"start: block" + (' ("\\n" block)*' if parallel else "") + f"\nblock: {block}"
+        # (a newline after a call may end the reply too: as the only way out, a model that writes one after
+        # every call, as chat templates do between calls, was made to open another: Qwen2.5-Coder-1.5B called
+        # get_weather for Paris, then London and Berlin, until its token budget ran out)
+        head = f"start: block" + (' ("\\n" block)* "\\n"?' if parallel else "") + f"\nblock: {block}"
     grammar = "\n".join([head, "call: " + " | ".join(alts)] + rules) + "\n"
     g = _llguidance().LLMatcher.grammar_from_lark(grammar)
     return LAZY + f"{open_id}:" + g if choice == "auto" else g

@@ -358,6 +358,29 @@ def test_a_forced_call_is_a_call(tool_engine):
     assert r.tool_calls == [] and r.text.startswith("{")
 
 
+def test_a_newline_after_a_forced_call_may_end_the_reply(tool_engine):
+    """Parallel forced calls are separated by a newline, and one after the last call may end the reply: when a
+    newline could only open another call, Qwen2.5-Coder-1.5B (tool_choice required) called get_weather for
+    Paris, then London and Berlin, until its budget ran out (session 32)."""
+    from edgespec.constrain import tool_call_grammar
+    from edgespec.tools import CLOSE, OPEN
+
+    tok = tool_engine.tokenizer
+    ids = tok.token_to_id(OPEN), tok.token_to_id(CLOSE)
+    eos = tool_engine.manifest.eos_token_ids[0]
+    call = tok.encode('\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n', add_special=False)
+    newline = tok.encode("\n", add_special=False)
+    for parallel in (True, False):
+        con = tool_engine.decoder.constraints(tool_call_grammar(WEATHER, "required", parallel, *ids))
+        con.consume([ids[0], *call, ids[1]])
+        assert con.mask()[eos]  # the call may be the last
+        assert not con.mask()[ids[0]]  # (another call only after a newline, and only if parallel)
+        if parallel:
+            con.consume(newline)
+            mask = con.mask()
+            assert mask[eos] and mask[ids[0]]  # after the newline: the end, or another call
+
+
 def test_without_call_tokens_a_forced_call_is_a_forced_start_and_strict_is_refused():
     class NoCallTokens:
         def token_to_id(self, text):
