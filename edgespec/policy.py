@@ -103,7 +103,8 @@ class CostModel:
     def observe_target(self, width: int, seconds: float) -> None:
         """A target call of ``width`` tokens (padding included) took ``seconds``."""
         old = self.target.get(width)
-        self.target[width] = seconds if old is None else (1 - self.ema) * old + self.ema * min(seconds, self.stall_clip * old)
+        self.target[width] = (seconds if old is None else
+                              (1 - self.ema) * old + self.ema * min(seconds, self.stall_clip * old))
         self._fit = None
         self._costs = None
 
@@ -456,7 +457,6 @@ class RoundPolicy:
         if kmax <= 0 or not self._want:
             return NO_DRAFT
         best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
-        horizon = self.horizon(kcap)
         # every offer with this generation's estimate for it (made here if new: a peek's key is read below)
         offers = [(d, o, self.estimate(o)) for d in self._want for o in (d.offer(ctx, kmax),) if o is not None]
         # the free drafters' guesses: scored on what the target emits where they are not drafted
@@ -498,7 +498,8 @@ class RoundPolicy:
                 free_best = max(free_best, rate)
             if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
                 upfront = self.cost.upfront_cost(offer.upfront, d.name, self.catchup_trust(d.name))
-                r = self.cost.amortized(r, upfront, horizon * min(self.uncovered(), self.costly_share()))
+                # (the horizon reads the recent lengths: only for a round where an offer must catch up)
+                r = self.cost.amortized(r, upfront, self.horizon(kcap) * min(self.uncovered(), self.costly_share()))
             if k > 0 and (r > best_rate or (fixed is not None and best.k == 0)):
                 if offer.dynamic and fixed is None:  # the drafter ends the draft on its confidence
                     best = Choice(d, offer.max_tokens, offer.key, self.stop_threshold(alpha, rate, d.name))

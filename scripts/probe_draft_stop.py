@@ -39,19 +39,19 @@ def _softmax(x: np.ndarray, t: float) -> np.ndarray:
     return e / e.sum()
 
 
-def collect(bundle: str, temperature: float, tokens: int, limit: int | None = None) -> np.ndarray:
-    """Rows (prompt index, acceptance, drafter top probability, acceptance of the drafter's argmax as a
-    point-mass draft) over every output position (greedy, the last equals the second)."""
-    eng = edgespec.load(bundle, memory=False)
+def teacher_forced(eng, prompts, temperature: float, tokens: int):
+    """For each prompt (first turn, chat template; the i-th seeded i) the target generates ``tokens`` tokens
+    at ``temperature`` (greedy at 0); then target and drafter read prompt + output in one pass each. Yields
+    (prompt index, prompt, target logits, drafter logits) at every output position; prompts the context does
+    not hold with the output are left out."""
     dec = eng.decoder
     if "model" not in dec.drafters:
-        raise SystemExit(f"{bundle}: no drafter model is loaded")
+        raise SystemExit("the bundle has no drafter model")
     target, md = dec.target, dec.drafters["model"]
-    head, vocab = md.head_ids, dec.vocab
-    t = temperature if temperature > 0 else 1.0
-    rows = []
-    for i, p in enumerate(read_prompts(limit=limit)):
+    for i, p in enumerate(prompts):
         ids = eng.encode([{"role": "user", "content": p["turns"][0]}])
+        if len(ids) + tokens > eng.max_context:
+            continue
         out = [tok for s in dec.generate(ids, GenerationConfig(max_new_tokens=tokens, temperature=temperature,
                                                                 drafter="none", seed=i)) for tok in s.tokens]
         target.reset()
@@ -59,20 +59,32 @@ def collect(bundle: str, temperature: float, tokens: int, limit: int | None = No
         lt = [target.prefill(ids)] + (list(target.forward(out[:-1])) if len(out) > 1 else [])
         ld = [md.lm.prefill(ids)] + (list(md.lm.forward(out[:-1])) if len(out) > 1 else [])
         for a, b in zip(lt, ld):
-            top = float(_softmax(b, 1.0).max())
-            if temperature > 0:
-                p_t = _softmax(a[:vocab], t)
-                q = np.zeros(vocab)
-                q[head if head is not None else np.arange(b.shape[0])] = _softmax(b, t)
-                acc = float(np.minimum(p_t, q).sum())
-                point = float(p_t[int(np.argmax(q))])  # q = None: accepted with the target's probability
-            else:
-                j = int(np.argmax(b))
-                acc = point = float((int(head[j]) if head is not None else j) == int(np.argmax(a[:vocab])))
-            rows.append((i, acc, top, point))
+            yield i, p, a, b
         target.reset()
         md.lm.reset()
         print(f"  {p['question_id']}: {len(out)} tokens", flush=True)
+
+
+def collect(bundle: str, temperature: float, tokens: int, limit: int | None = None) -> np.ndarray:
+    """Rows (prompt index, acceptance, drafter top probability, acceptance of the drafter's argmax as a
+    point-mass draft) over every output position (greedy, the last equals the second)."""
+    eng = edgespec.load(bundle, memory=False)
+    md = eng.decoder.drafters.get("model")
+    head, vocab = (md.head_ids if md is not None else None), eng.decoder.vocab
+    t = temperature if temperature > 0 else 1.0
+    rows = []
+    for i, _, a, b in teacher_forced(eng, read_prompts(limit=limit), temperature, tokens):
+        top = float(_softmax(b, 1.0).max())
+        if temperature > 0:
+            p_t = _softmax(a[:vocab], t)
+            q = np.zeros(vocab)
+            q[head if head is not None else np.arange(b.shape[0])] = _softmax(b, t)
+            acc = float(np.minimum(p_t, q).sum())
+            point = float(p_t[int(np.argmax(q))])  # q = None: accepted with the target's probability
+        else:
+            j = int(np.argmax(b))
+            acc = point = float((int(head[j]) if head is not None else j) == int(np.argmax(a[:vocab])))
+        rows.append((i, acc, top, point))
     return np.array(rows)
 
 

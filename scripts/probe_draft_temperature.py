@@ -23,47 +23,29 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-def _softmax(x: np.ndarray, t: float) -> np.ndarray:
-    z = (x - x.max()) / t
-    e = np.exp(z.astype(np.float64))
-    return e / e.sum()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (probe_draft_stop's teacher-forced pass)
 
 
 def collect(eng, temperature: float, factors: list[float], tokens: int, per_category: int | None = None) -> dict:
     """category (and "all") -> [sum of the acceptance at each factor..., positions]."""
     from edgespec.bench import read_prompts
-    from edgespec.decoder import GenerationConfig
+    from probe_draft_stop import _softmax, teacher_forced
 
-    dec = eng.decoder
-    target, md = dec.target, dec.drafters["model"]
-    head, vocab = md.head_ids, dec.vocab
+    md = eng.decoder.drafters.get("model")
+    head, vocab = (md.head_ids if md is not None else None), eng.decoder.vocab
     res = collections.defaultdict(lambda: np.zeros(len(factors) + 1))
-    for i, p in enumerate(read_prompts(per_category=per_category)):
-        ids = eng.encode([{"role": "user", "content": p["turns"][0]}])
-        if len(ids) + tokens > eng.max_context:
-            continue  # (a prompt the context does not hold with the output)
-        cfg = GenerationConfig(max_new_tokens=tokens, temperature=temperature, drafter="none", seed=i)
-        out = [t for s in dec.generate(ids, cfg) for t in s.tokens]
-        target.reset()
-        md.lm.reset()
-        lt = [target.prefill(ids)] + (list(target.forward(out[:-1])) if len(out) > 1 else [])
-        ld = [md.lm.prefill(ids)] + (list(md.lm.forward(out[:-1])) if len(out) > 1 else [])
-        for a, b in zip(lt, ld):
-            p_t = _softmax(a[:vocab], temperature)
-            row = np.zeros(len(factors) + 1)
-            row[-1] = 1
-            d = b if head is not None else b[:vocab]  # the drafter's logits, over its kept ids or the vocabulary
-            idx = head if head is not None else np.arange(d.shape[0])
-            for j, f in enumerate(factors):
-                q = np.zeros(vocab)
-                q[idx] = _softmax(d, temperature * f)
-                row[j] = np.minimum(p_t, q).sum()
-            for c in (p["category"], "all"):
-                res[c] += row
-        target.reset()
-        md.lm.reset()
+    for _, p, a, b in teacher_forced(eng, read_prompts(per_category=per_category), temperature, tokens):
+        p_t = _softmax(a[:vocab], temperature)
+        d = b if head is not None else b[:vocab]  # the drafter's logits, over its kept ids or the vocabulary
+        idx = head if head is not None else np.arange(d.shape[0])
+        row = np.zeros(len(factors) + 1)
+        row[-1] = 1
+        for j, f in enumerate(factors):
+            q = np.zeros(vocab)
+            q[idx] = _softmax(d, temperature * f)
+            row[j] = np.minimum(p_t, q).sum()
+        for c in (p["category"], "all"):
+            res[c] += row
     return res
 
 
