@@ -152,7 +152,17 @@ def test_a_prediction_is_not_used_by_plain_decoding_and_does_not_outlive_its_req
 
 
 def test_a_perfect_prediction_needs_few_target_calls():
-    dec = make(seed=2, max_context=1024)
+    from tiny import SimClock
+
+    # simulated time (a memory-bound target: 4 ms a call + 0.5 ms a token; a drafter step 1.5 ms): on the wall
+    # clock the fake models' microsecond calls let a stall or a slow minute decide the policy (it failed about
+    # half the time on session 32's loaded VM, session 31's code too)
+    clock = SimClock()
+    target = FakeLM(8, 1024, seed=2, delay=(0.004, 0.0005), clock=clock)
+    dtable = target.table + 0.5 * np.random.default_rng(102).normal(size=target.table.shape)
+    dec = Decoder(target, (), drafters=[ModelDrafter(FakeLM(8, 1024, table=dtable, delay=(0.0015, 0.0), clock=clock),
+                                                     8, clock=clock), PromptLookupDrafter()],
+                  clock=clock)
     ref, _ = run(dec, [4, 5], max_new_tokens=200, drafter="none")
     st = Stats()
     got, _ = run(dec, [4, 5], stats=st, max_new_tokens=200, drafter="auto", prediction=ref)
