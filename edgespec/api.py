@@ -351,25 +351,35 @@ class Engine:
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
-               fit: bool = False, tools=None) -> list[int]:
+               fit: bool = False, tools=None, suffix: str | None = None) -> list[int]:
         """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
         ``parse_special`` is False; messages' content is always text. With ``fit`` a prompt too long
         for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized.
         ``tools``: a ``tools.ToolRequest`` (``tool_request``), rendered by the chat template, its forced
-        start of the reply appended."""
+        start of the reply appended. ``suffix``: the text after the gap a fill-in-the-middle prompt asks
+        the model to fill (the plain prompt is the text before it; ``Tokenizer.encode_infill``)."""
         if isinstance(prompt_or_messages, (list, tuple)) and not prompt_or_messages:
             raise ConfigError("the messages are empty: give at least one {role, content} message")
         if isinstance(prompt_or_messages, str) and tools is not None:
             raise ConfigError("tools need chat messages, not a plain prompt")
+        if suffix is not None:
+            if not isinstance(prompt_or_messages, str):
+                raise ConfigError("a suffix (fill in the middle) needs a plain prompt, the text before the gap, "
+                                  "not chat messages")
+            self.infill_stops()  # no FIM tokens: refused before tokenizing
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
             m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []
         if tools is not None:
             texts.append(json.dumps(tools.tools, ensure_ascii=False))
+        if isinstance(suffix, str):
+            texts.append(suffix)
         least = sum(self.tokenizer.min_tokens(t) for t in texts) if fit else 0
         if least > self.max_context:
             raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
                                        f"characters); the context holds {self.max_context}")
+        if suffix is not None:
+            return self.tokenizer.encode_infill(prompt_or_messages, suffix, parse_special)
         if isinstance(prompt_or_messages, str):
             return self.tokenizer.encode(prompt_or_messages, parse_special=parse_special)
         messages = prompt_or_messages
@@ -385,6 +395,14 @@ class Engine:
         if tools is not None and tools.prefix:
             ids += self.tokenizer.encode(tools.prefix, add_special=False)
         return ids
+
+    def infill_stops(self) -> tuple[int, ...]:
+        """The token ids that end a filled-in middle (``Tokenizer.fim``: end of text, FIM padding, the
+        end-of-sequence tokens, ...); ``ConfigError`` where this model has no fill-in-the-middle tokens."""
+        return self.tokenizer.require_fim().ends
+
+    def _with_infill_stops(self, kw: dict) -> dict:
+        return {**kw, "stop_token_ids": tuple(sorted({*(kw.get("stop_token_ids") or ()), *self.infill_stops()}))}
 
     def tool_request(self, tools=None, tool_choice=None, parallel_tool_calls: bool = True, *, held: bool = False):
         """Check OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` against this bundle's chat
@@ -459,14 +477,21 @@ class Engine:
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,
-                 parallel_tool_calls: bool = True, **kw) -> Result:
+                 parallel_tool_calls: bool = True, suffix: str | None = None, **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
         drafter (model|prompt-lookup|suffix|prediction|auto|none), draft_tokens, max_draft_tokens, stop
         (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
         never changing the reply; see prediction.py), parse_special (a plain prompt's special-token text
         is that token; see ``encode``). ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's
         function calling, for chat templates in the ``<tool_call>`` format (tools.py); the calls come back
-        in ``Result.tool_calls`` and ``Result.text`` is the content outside them."""
+        in ``Result.tool_calls`` and ``Result.text`` is the content outside them. ``suffix``: fill in the
+        middle (code infilling): the reply is what goes between the prompt and this text, for models
+        with FIM tokens (``Tokenizer.fim``; Qwen2.5-Coder, StarCoder, ...; ``ConfigError`` for others)."""
+        if suffix is not None:
+            if tools is not None:
+                raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt")
+            ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
+            return self._collect(self.stream_ids(ids, stop=stop, **self._with_infill_stops(kw)))
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
                                  or kw.get("response_format") not in (None, {"type": "text"}))
         if treq is not None and treq.grammar is not None:  # calls held to a grammar
@@ -480,12 +505,14 @@ class Engine:
         return result
 
     def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
-               parse_special: bool = True, **kw) -> Iterator[str]:
+               parse_special: bool = True, suffix: str | None = None, **kw) -> Iterator[str]:
         """Like ``generate`` but yields text deltas as they are decoded (no tools: ``generate`` returns
         their calls; the server streams them)."""
         if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
-        ids = self.encode(prompt_or_messages, parse_special, fit=True)
+        ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
+        if suffix is not None:
+            kw = self._with_infill_stops(kw)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:
             for delta, _, _ in inner:

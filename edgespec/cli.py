@@ -226,12 +226,19 @@ def _engine_opts(f):
 @click.option("--json-schema", "schema_file", type=click.Path(dir_okay=False), default=None,
               help="Hold the reply to this JSON Schema (a file; structured outputs, needs llguidance).")
 @click.option("--json-object", is_flag=True, help="Hold the reply to a JSON object (structured outputs).")
+@click.option("--suffix", default=None,
+              help="Fill in the middle: the text after the gap (the prompt is the text before it); for code models "
+                   "with FIM tokens (Qwen2.5-Coder, StarCoder, ...).")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
-             json_object):
-    """Generate a continuation of PROMPT with the model in BUNDLE."""
+             json_object, suffix):
+    """Generate a continuation of PROMPT with the model in BUNDLE (or, with --suffix, the text between
+    PROMPT and the suffix)."""
     from .errors import ConfigError
     from .suffix import read_document
+
+    if suffix is not None and as_chat:
+        raise ConfigError("--suffix fills in the middle of a raw prompt: it cannot be used with --chat")
 
     prediction = None if prediction_file is None else read_document(
         prediction_file, what="prediction file", error=ConfigError)  # before the model loads
@@ -256,7 +263,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-              drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction)
+              drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
+              suffix=suffix)
     if response_format is not None:
         kw["response_format"] = response_format
     if as_json:

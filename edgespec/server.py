@@ -321,8 +321,13 @@ class Server:
                     await run_in_threadpool(self.engine.decoder.constraints, treq.grammar)
                 except EdgespecError as e:
                     raise P.bad(str(e).splitlines()[0], "tools") from None
+        if req.suffix is not None:  # fill in the middle: refused here for a model without FIM tokens
+            try:
+                infill_stops = self.engine.infill_stops()
+            except EdgespecError as e:
+                raise P.bad(str(e).splitlines()[0], "suffix", "unsupported_parameter") from None
         try:
-            ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq)
+            ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
@@ -337,6 +342,8 @@ class Server:
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
+        if req.suffix is not None:
+            kw["stop_token_ids"] = infill_stops
         if treq is not None and treq.grammar is not None:
             kw["grammar"] = treq.grammar
         if req.response_format is not None:  # compiled off the event loop: a large schema takes a while

@@ -68,6 +68,7 @@ class GenRequest:
     model: str
     messages: list[dict] | None = None
     prompt: str | None = None
+    suffix: str | None = None  # a completion's text after the gap: fill in the middle (None or "": a plain completion)
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -143,7 +144,7 @@ def _text(v: str, where: str) -> str:
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
 _HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "functions": ([],),
              "function_call": ("none", "auto"),
-             "best_of": (1,), "suffix": ("",), "echo": (False,), "audio": (),
+             "best_of": (1,), "echo": (False,), "audio": (),
              "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
              "moderation": ()}
 # OpenAI's fields that change nothing here: accepted and ignored
@@ -361,6 +362,11 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
         raise bad("'prompt' must be a string (one prompt per request)" + (" (it is missing)" if missing else ""),
                   "prompt", "missing_required_parameter" if missing else "invalid_type")
     req.prompt = _text(p, "prompt")
+    sfx = body.get("suffix")
+    if sfx is not None and not isinstance(sfx, str):
+        raise bad(f"'suffix' must be a string, got {_kind(sfx)}", "suffix")
+    if sfx:  # fill in the middle: the reply goes between the prompt and the suffix (the server checks the model)
+        req.suffix = _text(sfx, "suffix")
     return req
 
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -36,6 +37,29 @@ def tokenizer_fingerprint(tokenizer_json: str | Path | dict) -> tuple[str, int]:
     ids = [i for i, _ in added] + (list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab))))
     size = (max(ids) + 1) if ids else 0
     return hashlib.sha256(blob).hexdigest(), size
+
+
+# fill-in-the-middle (code infilling): the control tokens by family, (prefix, suffix, middle), in the order
+# prefix-suffix-middle the models were trained on: <prefix> PREFIX <suffix> SUFFIX <middle> -> the middle
+FIM_FAMILIES = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, CodeGemma
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, StarCoder2, SantaCoder
+    ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+    ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"),  # DeepSeek-Coder
+)
+# tokens that end a middle where the vocabulary has them (beside the model's end-of-sequence tokens and the
+# FIM control tokens themselves): end of text, FIM padding, repository-level markup, end of turn
+FIM_ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|file_separator|>", "<fim_pad>",
+            "<file_sep>", "<repo_name>", "<fim-pad>", "<|EOT|>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
+
+
+@dataclass(frozen=True)
+class Fim:
+    """A tokenizer's fill-in-the-middle tokens: the three control tokens and those that end a middle."""
+    prefix: int
+    suffix: int
+    middle: int
+    ends: tuple[int, ...]
 
 
 class Tokenizer:
@@ -100,6 +124,35 @@ class Tokenizer:
         if add_special and self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids
         return ids
+
+    def fim(self) -> Fim | None:
+        """This vocabulary's fill-in-the-middle tokens (``FIM_FAMILIES``), or None where it has none."""
+        added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        for names in FIM_FAMILIES:
+            ids = [added.get(n) for n in names]
+            if None not in ids:
+                ends = {added[n] for n in FIM_ENDS if n in added} | set(ids) | set(self.eos_token_ids)
+                return Fim(*ids, ends=tuple(sorted(ends)))
+        return None
+
+    def require_fim(self) -> Fim:
+        """``fim()``, or ``ConfigError`` where the vocabulary has no FIM tokens."""
+        f = self.fim()
+        if f is None:
+            raise ConfigError("this model has no fill-in-the-middle tokens (<|fim_prefix|>, <fim_prefix>, ...): "
+                              "a suffix needs a code model trained to fill in the middle")
+        return f
+
+    def encode_infill(self, prefix: str, suffix: str, parse_special: bool = True) -> list[int]:
+        """The ids of a fill-in-the-middle prompt: the code before the gap and after it, in the order
+        prefix-suffix-middle, each text encoded on its own (as ``encode``: with ``parse_special`` False
+        a special token's text in them is text). ``ConfigError`` where the vocabulary has no FIM tokens."""
+        _check_text(prefix, "the prompt")
+        _check_text(suffix, "the suffix")
+        f = self.require_fim()
+        return ([self.bos_token_id] if self.add_bos and self.bos_token_id is not None else []) + [f.prefix] \
+            + self.encode(prefix, add_special=False, parse_special=parse_special) + [f.suffix] \
+            + self.encode(suffix, add_special=False, parse_special=parse_special) + [f.middle]
 
     def _text_tokenizer(self):
         """A second ``tokenizers.Tokenizer`` that reads every added token's text as text: the special

@@ -353,6 +353,9 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("completions", {}, 400, "prompt", "missing_required_parameter"),
     ("completions", {"prompt": ["one", "two"]}, 400, "prompt", None),
     ("completions", {"prompt": "hi", "echo": True}, 400, "echo", None),
+    # SmolLM2 has no fill-in-the-middle tokens (tests/test_infill.py: a model that has them)
+    ("completions", {"prompt": "def f():", "suffix": "\n"}, 400, "suffix", "unsupported_parameter"),
+    ("completions", {"prompt": "def f():", "suffix": 3}, 400, "suffix", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "prediction": "x = 1"}, 400, "prediction",
      "invalid_type"),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "prediction": {"type": "text", "content": "x"}}, 400,

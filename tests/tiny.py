@@ -190,9 +190,6 @@ TOOL_LESSONS = [
 def make_tool_model(directory: Path) -> Path:
     """A tiny qwen2 model trained until it says each of ``TOOL_LESSONS``' replies, greedy, token for token,
     with the tool template: a model that really calls tools, in seconds, for tests of the whole path."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from edgespec.template import ChatTemplate
     from edgespec.tools import check_tool_messages
 
@@ -208,6 +205,39 @@ def make_tool_model(directory: Path) -> Path:
         p = tok(prompt, add_special_tokens=False)["input_ids"]
         r = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         rows.append((p, r))
+    return train_replies(directory, tok, rows, "the tool model")
+
+
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"]
+# (the code before the gap, after it, the middle): Qwen2.5-Coder's fill-in-the-middle prompts, learnt whole
+FIM_LESSONS = [
+    ("def add(a, b):\n    ", "\n\nprint(add(1, 2))\n", "return a + b"),
+    ("import numpy as np\nx = ", "\nprint(x)\n", "np.zeros(3)"),
+    ("def hello(world):\n", "\n", "    return world + 1\n"),
+]
+
+
+def make_fim_model(directory: Path) -> Path:
+    """A tiny qwen2 model with Qwen2.5-Coder's FIM tokens, trained until it fills each of ``FIM_LESSONS``'
+    gaps and then says <|endoftext|> (which is not its end-of-sequence token, <|im_end|>: a FIM stop)."""
+    tok = make_tokenizer(seed_text=CORPUS + [p + m + s for p, s, m in FIM_LESSONS] * 10)
+    tok.add_special_tokens({"additional_special_tokens": FIM_TOKENS})
+    make_model(directory, "qwen2", seed=6, tokenizer=tok, hidden=128, max_pos=256)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in FIM_TOKENS}
+    rows = []
+    for prefix, suffix, middle in FIM_LESSONS:
+        p = ([ids["<|fim_prefix|>"]] + tok(prefix, add_special_tokens=False)["input_ids"] + [ids["<|fim_suffix|>"]]
+             + tok(suffix, add_special_tokens=False)["input_ids"] + [ids["<|fim_middle|>"]])
+        rows.append((p, tok(middle, add_special_tokens=False)["input_ids"] + [tok.bos_token_id]))  # <|endoftext|>
+    return train_replies(directory, tok, rows, "the FIM model")
+
+
+def train_replies(directory: Path, tok, rows: list[tuple[list[int], list[int]]], what: str) -> Path:
+    """Train the model saved in ``directory`` until it says each row's reply after its prompt, greedy,
+    token for token, by a margin (rows: (prompt ids, reply ids)); saved back with ``tok``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     n = max(len(p) + len(r) for p, r in rows)
     ids = torch.full((len(rows), n), tok.pad_token_id)
     labels = torch.full((len(rows), n), -100)
@@ -231,7 +261,7 @@ def make_tool_model(directory: Path) -> Path:
                 if bool((pred[mask] == labels[:, 1:][mask]).all()) and float(gap) > 2.0:
                     break
     else:
-        raise RuntimeError(f"the tool model did not learn its replies (loss {float(out.loss):.3f})")
+        raise RuntimeError(f"{what} did not learn its replies (loss {float(out.loss):.3f})")
     model.eval().save_pretrained(directory)
     tok.save_pretrained(directory)
     return Path(directory)
