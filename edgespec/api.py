@@ -147,6 +147,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         raise BundleError(f"bundle {manifest.root}: the tokenizer has {tok.vocab_size} ids but the target graph's "
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
     engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
+    if "model" in decoder.drafters:  # a fill-in-the-middle prompt is read as its head (drafters.fim_head)
+        decoder.drafters["model"].fim = tok.fim()
     if persisted is not None:  # written at close, or when the process exits (the finalizer holds no engine)
         path, key, owned = persisted
         engine._prompt_cache_file = path if owned else None  # (reset deletes only a file of this engine's)

@@ -48,7 +48,8 @@ def make_cases(files: list[str], n: int, seed: int, before: int = 40, after: int
         indent = len(first) - len(first.lstrip())
         cut = indent if rng.random() < 0.5 else indent + rng.randrange(1, len(body) - 3)
         prefix = "".join(lines[max(0, i - before):i]) + first[:cut]
-        middle = (first[cut:] + "".join(lines[i + 1:i + g])).rstrip("\n")
+        middle = first[cut:] + "".join(lines[i + 1:i + g])
+        middle = middle[:-1] if middle.endswith("\n") else middle  # (the line break goes to the suffix)
         suffix = "\n" + "".join(lines[i + g:i + g + after])
         cases.append({"id": f"{Path(f).name}:{i + 1}", "prefix": prefix, "suffix": suffix, "middle": middle})
     return cases
@@ -68,7 +69,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--n", type=int, default=24, help="--make-cases: how many")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--report", metavar="RUNS_JSON", help="print the report of a --json file of an earlier run")
     args = ap.parse_args(argv)
+    if args.report:
+        runs = json.loads(Path(args.report).read_text(encoding="utf-8"))
+        cases = {c["id"]: c for c in map(json.loads, Path(args.cases).read_text(encoding="utf-8").splitlines())}
+        for r in runs:  # (figures added since that run, from its texts)
+            r.setdefault("first_line", first_line(r["text"]) == first_line(cases[r["case"]]["middle"]))
+        drafters = list(dict.fromkeys(r["drafter"] for r in runs))
+        print(report(runs, drafters, args.bundle or Path(args.report).stem, 1 + max(r["rep"] for r in runs),
+                     len({r["case"] for r in runs})))
+        return 0
     if args.make_cases:
         if not args.out:
             ap.error("--make-cases needs --out")
@@ -112,7 +123,8 @@ def main(argv=None) -> int:
                              "prompt_tokens": s["prompt_tokens"], "total_s": s["total_s"],
                              "decode_s": max(s["total_s"] - s["prefill_ms"] / 1000.0, 1e-9),
                              "target_calls": s["target_calls"], "same": same, "finish_reason": r.finish_reason,
-                             "exact": r.text.strip() == c["middle"].strip(), "text": r.text})
+                             "exact": r.text.strip() == c["middle"].strip(),
+                             "first_line": first_line(r.text) == first_line(c["middle"]), "text": r.text})
                 if not same:
                     print(f"MISMATCH: {c['id']} {d} differs from plain decoding", file=sys.stderr)
     if args.json:
@@ -121,12 +133,18 @@ def main(argv=None) -> int:
     return 0 if all(r["same"] for r in runs) else 1
 
 
+def first_line(text: str) -> str:
+    """What an editor shows first: the first line of a completion, its ends' whitespace ignored."""
+    return text.split("\n", 1)[0].strip()
+
+
 def report(runs: list[dict], drafters: list[str], name: str, reps: int, n: int) -> str:
     base = drafters[0]
     first = [r for r in runs if r["drafter"] == base]
     out = [f"{name}, greedy, {reps} rep(s), {n} gaps; prompt {statistics.mean(r['prompt_tokens'] for r in first):.0f} "
            f"tokens and reply {statistics.mean(r['new_tokens'] for r in first):.1f} tokens on average; "
-           f"{sum(r['exact'] for r in first) / len(first):.0%} of replies equal the lines cut out; "
+           f"{sum(r['exact'] for r in first) / len(first):.0%} of replies equal the lines cut out, "
+           f"{sum(r['first_line'] for r in first) / len(first):.0%} their first line; "
            f"{sum(r['finish_reason'] == 'eos' for r in first) / len(first):.0%} end on their own\n",
            f"| drafter | latency, mean | decode tok/s | / {base} | tokens per target call | equal to plain decoding |",
            "|---|---|---|---|---|---|"]

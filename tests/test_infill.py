@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,17 +24,35 @@ DRAFTERS = ("none", "prompt-lookup", "suffix", "auto")
 
 
 @pytest.fixture(scope="module")
-def fim_bundle(tmp_path_factory):
+def fim_model(tmp_path_factory):
+    return make_fim_model(tmp_path_factory.mktemp("hf") / "fim-model")
+
+
+@pytest.fixture(scope="module")
+def fim_bundle(tmp_path_factory, fim_model):
     from edgespec_export import export_bundle
 
-    src = make_fim_model(tmp_path_factory.mktemp("hf") / "fim-model")
-    return export_bundle(str(src), tmp_path_factory.mktemp("bundles") / "tiny-fim", quality=False,
+    return export_bundle(str(fim_model), tmp_path_factory.mktemp("bundles") / "tiny-fim", quality=False,
                          target_precision="fp32")
 
 
 @pytest.fixture(scope="module")
 def fim_engine(fim_bundle):
     return edgespec.load(fim_bundle, memory=False)
+
+
+@pytest.fixture(scope="module")
+def fim_pair(tmp_path_factory, fim_model):
+    """The FIM model with a drafter model: itself, perturbed (so it drafts well, not perfectly)."""
+    from transformers import AutoTokenizer
+
+    from edgespec_export import export_bundle
+    from tiny import make_model
+
+    drafter = make_model(tmp_path_factory.mktemp("hf") / "fim-drafter", "qwen2", seed=7, hidden=128, max_pos=256,
+                         perturb_from=fim_model, noise=0.05, tokenizer=AutoTokenizer.from_pretrained(fim_model))
+    return export_bundle(str(fim_model), tmp_path_factory.mktemp("bundles") / "tiny-fim-pair", quality=False,
+                         drafter=str(drafter), target_precision="fp32", drafter_precision="fp32")
 
 
 def test_the_fim_tokens_are_found_and_the_prompt_laid_out_prefix_suffix_middle(fim_engine):
@@ -95,7 +114,6 @@ def test_a_suffix_is_refused_where_it_cannot_be_honoured(fim_engine, tiny_bundle
 
 def test_the_server_fills_in_the_middle_streamed_or_not(fim_engine, fim_bundle):
     import openai
-    from pathlib import Path
 
     from test_server import _InProcess, http
 
@@ -136,3 +154,74 @@ def test_the_cli_fills_in_the_middle(fim_bundle, tiny_bundle):
         assert p.returncode != 0 and "Traceback" not in p.stderr
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and why in lines[0], p.stderr
+
+
+def test_bench_infill_on_the_tiny_model(fim_bundle, tiny_bundle, tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_infill
+
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join(json.dumps({"id": str(i), "prefix": p, "suffix": s, "middle": m}) + "\n"
+                             for i, (p, s, m) in enumerate(FIM_LESSONS)))
+    out = tmp_path / "runs.json"
+    rc = bench_infill.main([str(fim_bundle), "--cases", str(cases), "--reps", "1", "--max-new-tokens", "24",
+                            "--drafters", "none,prompt-lookup,auto", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "100% of replies equal the lines cut out, 100% their first line; 100% end on their own" in text
+    runs = json.loads(out.read_text())
+    assert len(runs) == 9 and all(r["same"] and r["exact"] for r in runs)
+    assert "| auto |" in text
+    assert bench_infill.main(["--report", str(out), "--cases", str(cases)]) == 0  # the same report from the runs
+    assert capsys.readouterr().out.strip() == text.strip().replace("tiny-fim,", "runs,", 1)
+    # a model without FIM tokens: one line, exit 2
+    assert bench_infill.main([str(tiny_bundle), "--cases", str(cases)]) == 2
+    assert "no fill-in-the-middle tokens" in capsys.readouterr().err
+    # gaps cut from files: deterministic for a seed, the middle between prefix and suffix in the source
+    src = tmp_path / "code.py"
+    src.write_text("".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(40)))
+    made = bench_infill.make_cases([str(src)], 6, seed=1)
+    assert made == bench_infill.make_cases([str(src)], 6, seed=1) and len(made) == 6
+    for c in made:
+        assert (c["prefix"] + c["middle"] + c["suffix"]).strip("\n") in src.read_text()
+
+
+def test_a_long_fim_prompt_is_read_by_the_drafter_as_its_head():
+    from edgespec.drafters import fim_head
+    from edgespec.tokenizer import Fim
+
+    f = Fim(prefix=1, suffix=2, middle=3, ends=(0,))
+    before, after = list(range(100, 140)), list(range(200, 230))
+    prompt = [1, *before, 2, *after, 3]
+    head = fim_head(prompt, f, 24)  # 21 tokens of room: half to the code after the gap
+    assert head == [1, *before[-11:], 2, *after[:10], 3] and len(head) == 24
+    assert fim_head([9, *prompt], f, 24) == [9, 1, *before[-10:], 2, *after[:10], 3]  # a bos before it
+    assert fim_head([1, *before, 2, 201, 3], f, 24) == [1, *before[-20:], 2, 201, 3]  # short after: room to before
+    assert fim_head([1, 101, 2, *after, 3], f, 24) == [1, 101, 2, *after[:20], 3]
+    assert fim_head(prompt, f, 500) == prompt  # all of it fits
+    for other in ([*before, 3], [1, *before, 3], [1, *before, 2, *after], [5, 6, 1, 2, 3]):
+        assert fim_head(other, f, 24) is None, other
+    assert fim_head(prompt, f, 4) is None  # no room for the code
+
+
+def test_the_drafter_reads_a_fim_prompt_as_its_head_and_every_reply_stays_exact(fim_pair):
+    eng = edgespec.load(fim_pair, memory=False)
+    model = eng.decoder.drafters["model"]
+    assert model.fim == eng.tokenizer.fim()
+    model.read_window = 12  # the lessons' prompts are longer: the head is read, not their end
+    prefix, suffix, middle = FIM_LESSONS[0]
+    prompt = eng.encode(prefix, suffix=suffix)
+    assert len(prompt) > 12
+    for prefix, suffix, middle in FIM_LESSONS:
+        base = eng.generate(prefix, suffix=suffix, max_new_tokens=24, temperature=0, drafter="none")
+        r = eng.generate(prefix, suffix=suffix, max_new_tokens=24, temperature=0, drafter="model", draft_tokens=3)
+        assert r.token_ids == base.token_ids and r.text == middle
+        assert r.stats["drafted"] > 0 and r.stats["accepted"] > 0
+        ids = eng.encode(prefix, suffix=suffix)
+        from edgespec.drafters import fim_head
+
+        head = fim_head(ids, eng.tokenizer.fim(), 12)
+        held = list(model.lm.cache.ids.view()[: model.lm.length])
+        assert held[: len(head)] == head  # the drafter's cache: the head, then the reply
+        assert held[len(head):] == r.token_ids[: len(held) - len(head)]
+    eng.close()
