@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write every run's figures here")
+    ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp (scripts/build_llamacpp.sh) on the GGUF "
+                    "the bundle was exported from, plain and with n-gram speculation, on the same prompt ids")
     ap.add_argument("--make-cases", nargs="+", metavar="FILE", help="cut gaps from these files into --out")
     ap.add_argument("--out", default=None)
     ap.add_argument("--n", type=int, default=24, help="--make-cases: how many")
@@ -109,6 +111,22 @@ def main(argv=None) -> int:
     except EdgespecError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    servers = {}
+    if args.llamacpp:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llamacpp_baseline import LlamaServer
+
+        tgt = eng.manifest.sources.get("target")
+        if not (tgt and str(tgt).endswith(".gguf")):
+            print("error: --llamacpp needs a bundle exported from a GGUF", file=sys.stderr)
+            return 2
+        try:
+            servers = {"llama-ar": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context),
+                       "llama-ngram": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context,
+                                                  extra=["--spec-type", "ngram-simple"])}
+        except (OSError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     eng.generate(cases[0]["prefix"], suffix=cases[0]["suffix"], max_new_tokens=4, temperature=0)  # warm-up
     runs, ref = [], {}
     for rep in range(args.reps):
@@ -127,10 +145,26 @@ def main(argv=None) -> int:
                              "first_line": first_line(r.text) == first_line(c["middle"]), "text": r.text})
                 if not same:
                     print(f"MISMATCH: {c['id']} {d} differs from plain decoding", file=sys.stderr)
+            ids = eng.encode(c["prefix"], suffix=c["suffix"])
+            for name, srv in servers.items():  # llama.cpp stops at its own end-of-generation tokens (FIM's too)
+                out = srv.complete(ids, args.max_new_tokens)
+                tm, text = out.get("timings", {}), out.get("content", "")
+                n = int(tm.get("predicted_n", len(out.get("tokens") or [])))
+                same = ref.setdefault((c["id"], "llama"), out.get("tokens")) == out.get("tokens")
+                runs.append({"rep": rep, "case": c["id"], "drafter": name, "new_tokens": n,
+                             "prompt_tokens": len(ids), "target_calls": n,
+                             "total_s": (float(tm.get("prompt_ms", 0.0)) + float(tm.get("predicted_ms", 0.0))) / 1000,
+                             "decode_s": max(float(tm.get("predicted_ms", 0.0)) / 1000.0, 1e-9), "same": same,
+                             "finish_reason": "length" if n >= args.max_new_tokens else "eos",
+                             "exact": text.strip() == c["middle"].strip(),
+                             "first_line": first_line(text) == first_line(c["middle"]), "text": text})
+    for srv in servers.values():
+        srv.close()
+    drafters += list(servers)
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1), encoding="utf-8")
     print(report(runs, drafters, Path(args.bundle).name, args.reps, len(cases)))
-    return 0 if all(r["same"] for r in runs) else 1
+    return 0 if all(r["same"] for r in runs) else 1  # (llama.cpp's n-gram runs: against its own plain ones)
 
 
 def first_line(text: str) -> str:
@@ -139,6 +173,9 @@ def first_line(text: str) -> str:
 
 
 def report(runs: list[dict], drafters: list[str], name: str, reps: int, n: int) -> str:
+    """The table: per runner, mean latency (prefill and decode), decode tokens/s against the first runner's,
+    tokens per target call, replies equal to plain decoding's (llama.cpp's: to its own plain decoding's),
+    and replies whose first line is the first line cut out."""
     base = drafters[0]
     first = [r for r in runs if r["drafter"] == base]
     out = [f"{name}, greedy, {reps} rep(s), {n} gaps; prompt {statistics.mean(r['prompt_tokens'] for r in first):.0f} "
@@ -146,16 +183,16 @@ def report(runs: list[dict], drafters: list[str], name: str, reps: int, n: int) 
            f"{sum(r['exact'] for r in first) / len(first):.0%} of replies equal the lines cut out, "
            f"{sum(r['first_line'] for r in first) / len(first):.0%} their first line; "
            f"{sum(r['finish_reason'] == 'eos' for r in first) / len(first):.0%} end on their own\n",
-           f"| drafter | latency, mean | decode tok/s | / {base} | tokens per target call | equal to plain decoding |",
-           "|---|---|---|---|---|---|"]
+           f"| runner | latency, mean | decode tok/s | / {base} | tokens per target call | equal to plain decoding "
+           f"| first line right |", "|---|---|---|---|---|---|---|"]
     tps = {}
     for d in drafters:
         rs = [r for r in runs if r["drafter"] == d]
-        toks = sum(r["new_tokens"] - 1 for r in rs)
-        tps[d] = toks / sum(r["decode_s"] for r in rs)
+        tps[d] = sum(r["new_tokens"] - 1 for r in rs) / sum(r["decode_s"] for r in rs)
+        per_call = sum(r["new_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)
         out.append(f"| {d} | {statistics.mean(r['total_s'] for r in rs) * 1000:.0f} ms | {tps[d]:.1f} | "
-                   f"{tps[d] / tps[base]:.2f}x | {sum(r['new_tokens'] for r in rs) / sum(r['target_calls'] for r in rs):.2f} | "
-                   f"{sum(r['same'] for r in rs)}/{len(rs)} |")
+                   f"{tps[d] / tps[base]:.2f}x | {per_call:.2f} | {sum(r['same'] for r in rs)}/{len(rs)} | "
+                   f"{sum(r['first_line'] for r in rs)}/{len(rs)} |")
     return "\n".join(out)
 
 
