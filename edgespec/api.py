@@ -30,7 +30,7 @@ from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
 from .prompt_cache import PromptCache
 from .providers import choose, with_load_options
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, fim_split
 
 _GEN_KEYS = {f for f in GenerationConfig.__dataclass_fields__}
 
@@ -403,9 +403,6 @@ class Engine:
         end-of-sequence tokens, ...); ``ConfigError`` where this model has no fill-in-the-middle tokens."""
         return self.tokenizer.require_fim().ends
 
-    def _with_infill_stops(self, kw: dict) -> dict:
-        return {**kw, "stop_token_ids": tuple(sorted({*(kw.get("stop_token_ids") or ()), *self.infill_stops()}))}
-
     def tool_request(self, tools=None, tool_choice=None, parallel_tool_calls: bool = True, *, held: bool = False):
         """Check OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` against this bundle's chat
         template (``ConfigError``): a ``tools.ToolRequest``, its grammar planned (``plan``), or None where
@@ -427,9 +424,15 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
     def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:
-        """Yield (text delta, new token ids, live stats) per round; applies stop strings."""
-        cfg = self.config(**kw)
+        """Yield (text delta, new token ids, live stats) per round; applies stop strings. A stop string that
+        is a special token's text (``<|endoftext|>``, which the reply's text leaves out) stops at that token;
+        a prompt laid out for fill in the middle (``suffix``, or a plain prompt an editor laid out with the
+        model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``)."""
         stop = _stops(stop)
+        ends = self._stop_ids(ids, stop)
+        if ends:
+            kw = {**kw, "stop_token_ids": tuple(sorted({*(kw.get("stop_token_ids") or ()), *ends}))}
+        cfg = self.config(**kw)
         stats = self._local.stats = Stats()
         dec = self.tokenizer.stream_decoder()
         text = ""
@@ -459,6 +462,18 @@ class Engine:
                 yield emit, step.tokens, stats
         finally:
             gen.close()
+
+    def _stop_ids(self, ids: Sequence[int], stop: Sequence[str]) -> set[int]:
+        """The token ids a generation after ``ids`` stops at besides the end of sequence: special tokens whose
+        text is a stop string, and the FIM stops after a prompt laid out for fill in the middle."""
+        out = set()
+        if stop:
+            specials = self.tokenizer.special_ids_texts()
+            out |= {self.tokenizer.token_to_id(t) for t in stop if t in specials}
+        f = self.tokenizer.fim()
+        if f is not None and fim_split(ids, f) is not None:
+            out |= set(f.ends)
+        return out
 
     def returned_ids(self, ids: Sequence[int], text: str, stats: Stats | None) -> list[int]:
         """The ids of a finished reply's ``text``, from every id its stream yielded: after a stop
@@ -493,7 +508,7 @@ class Engine:
             if tools is not None:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt")
             ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
-            return self._collect(self.stream_ids(ids, stop=stop, **self._with_infill_stops(kw)))
+            return self._collect(self.stream_ids(ids, stop=stop, **kw))
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
                                  or kw.get("response_format") not in (None, {"type": "text"}))
         if treq is not None and treq.grammar is not None:  # calls held to a grammar
@@ -513,8 +528,6 @@ class Engine:
         if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
         ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
-        if suffix is not None:
-            kw = self._with_infill_stops(kw)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:
             for delta, _, _ in inner:

@@ -577,13 +577,12 @@ def fim_head(prompt: Sequence[int], fim, budget: int) -> list[int] | None:
     k = 4): acceptance 0.459 reading the prompt's last 128 tokens (the end of the code after the gap),
     0.495 / 0.545 / 0.620 / 0.645 with a 128-token head giving the code after the gap 0 / 0.25 / 0.5 /
     0.75 of its room, 0.658 in 256 tokens, 0.706 reading all ~700 (docs/bench/infill_s33.md)."""
-    lead = 1 if len(prompt) > 1 and prompt[0] != fim.prefix else 0
-    if len(prompt) < lead + 3 or prompt[lead] != fim.prefix or prompt[-1] != fim.middle:
+    from .tokenizer import fim_split
+
+    where = fim_split(prompt, fim)
+    if where is None:
         return None
-    try:
-        s = list(prompt[lead + 1:-1]).index(fim.suffix) + lead + 1
-    except ValueError:
-        return None
+    lead, s = where
     before, after = list(prompt[lead + 1:s]), list(prompt[s + 1:-1])
     room = budget - lead - 3
     if room < 2:

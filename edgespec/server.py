@@ -323,7 +323,7 @@ class Server:
                     raise P.bad(str(e).splitlines()[0], "tools") from None
         if req.suffix is not None:  # fill in the middle: refused here for a model without FIM tokens
             try:
-                infill_stops = self.engine.infill_stops()
+                self.engine.infill_stops()
             except EdgespecError as e:
                 raise P.bad(str(e).splitlines()[0], "suffix", "unsupported_parameter") from None
         try:
@@ -342,8 +342,6 @@ class Server:
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
-        if req.suffix is not None:
-            kw["stop_token_ids"] = infill_stops
         if treq is not None and treq.grammar is not None:
             kw["grammar"] = treq.grammar
         if req.response_format is not None:  # compiled off the event loop: a large schema takes a while

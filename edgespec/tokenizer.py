@@ -62,6 +62,19 @@ class Fim:
     ends: tuple[int, ...]
 
 
+def fim_split(prompt: Sequence[int], fim: Fim) -> tuple[int, int] | None:
+    """Where a prompt laid out for fill in the middle (``<prefix> code before <suffix> code after <middle>``,
+    a bos before it or not) puts its prefix and suffix tokens: (index of <prefix>, index of <suffix>); None
+    for a prompt laid out otherwise."""
+    lead = 1 if len(prompt) > 1 and prompt[0] != fim.prefix else 0
+    if len(prompt) < lead + 3 or prompt[lead] != fim.prefix or prompt[-1] != fim.middle:
+        return None
+    for i in range(lead + 1, len(prompt) - 1):
+        if prompt[i] == fim.suffix:
+            return lead, i
+    return None
+
+
 class Tokenizer:
     """Wraps a ``tokenizers.Tokenizer`` with the bundle's bos/eos conventions and chat template."""
 
@@ -83,6 +96,7 @@ class Tokenizer:
         self._specials: tuple[str, ...] | None = None
         self._max_token_bytes: int | None = None
         self._special_ids: set[int] | None = None
+        self._fim: Fim | None | bool = False  # (False: not looked up yet)
         self._lock = threading.Lock()
 
     @property
@@ -127,13 +141,16 @@ class Tokenizer:
 
     def fim(self) -> Fim | None:
         """This vocabulary's fill-in-the-middle tokens (``FIM_FAMILIES``), or None where it has none."""
-        added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
-        for names in FIM_FAMILIES:
-            ids = [added.get(n) for n in names]
-            if None not in ids:
-                ends = {added[n] for n in FIM_ENDS if n in added} | set(ids) | set(self.eos_token_ids)
-                return Fim(*ids, ends=tuple(sorted(ends)))
-        return None
+        if self._fim is False:
+            added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+            self._fim = None
+            for names in FIM_FAMILIES:
+                ids = [added.get(n) for n in names]
+                if None not in ids:
+                    ends = {added[n] for n in FIM_ENDS if n in added} | set(ids) | set(self.eos_token_ids)
+                    self._fim = Fim(*ids, ends=tuple(sorted(ends)))
+                    break
+        return self._fim
 
     def require_fim(self) -> Fim:
         """``fim()``, or ``ConfigError`` where the vocabulary has no FIM tokens."""

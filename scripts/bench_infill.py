@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write every run's figures here")
+    ap.add_argument("--typing", action="store_true", help="after each request, another with half the gap's first "
+                    "line typed, on the engine's cache (an editor asking again as the user types)")
     ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp (scripts/build_llamacpp.sh) on the GGUF "
                     "the bundle was exported from, plain and with n-gram speculation, on the same prompt ids")
     ap.add_argument("--make-cases", nargs="+", metavar="FILE", help="cut gaps from these files into --out")
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
     if args.report:
         runs = json.loads(Path(args.report).read_text(encoding="utf-8"))
         cases = {c["id"]: c for c in map(json.loads, Path(args.cases).read_text(encoding="utf-8").splitlines())}
-        for r in runs:  # (figures added since that run, from its texts)
+        for r in (r for r in runs if not r.get("typed")):  # (figures added since that run, from its texts)
             r.setdefault("first_line", first_line(r["text"]) == first_line(cases[r["case"]]["middle"]))
         drafters = list(dict.fromkeys(r["drafter"] for r in runs))
         print(report(runs, drafters, args.bundle or Path(args.report).stem, 1 + max(r["rep"] for r in runs),
@@ -145,6 +147,20 @@ def main(argv=None) -> int:
                              "first_line": first_line(r.text) == first_line(c["middle"]), "text": r.text})
                 if not same:
                     print(f"MISMATCH: {c['id']} {d} differs from plain decoding", file=sys.stderr)
+                if args.typing:  # the user types on: half the gap's first line, and the editor asks again
+                    typed = c["middle"].split("\n", 1)[0]
+                    typed = typed[: max(1, len(typed) // 2)]
+                    r = eng.generate(c["prefix"] + typed, suffix=c["suffix"], max_new_tokens=args.max_new_tokens,
+                                     temperature=0, drafter=d)
+                    s = r.stats
+                    same = ref.setdefault((c["id"], "typed"), r.token_ids) == r.token_ids
+                    runs.append({"rep": rep, "case": c["id"], "drafter": d, "typed": True,
+                                 "new_tokens": s["new_tokens"], "prompt_tokens": s["prompt_tokens"],
+                                 "reused": s["reused_prompt_tokens"], "prefill_ms": s["prefill_ms"],
+                                 "total_s": s["total_s"], "decode_s": max(s["total_s"] - s["prefill_ms"] / 1000.0, 1e-9),
+                                 "target_calls": s["target_calls"], "same": same, "finish_reason": r.finish_reason})
+                    if not same:
+                        print(f"MISMATCH: {c['id']} {d} (typed on) differs from plain decoding", file=sys.stderr)
             ids = eng.encode(c["prefix"], suffix=c["suffix"])
             for name, srv in servers.items():  # llama.cpp stops at its own end-of-generation tokens (FIM's too)
                 out = srv.complete(ids, args.max_new_tokens)
@@ -176,6 +192,8 @@ def report(runs: list[dict], drafters: list[str], name: str, reps: int, n: int) 
     """The table: per runner, mean latency (prefill and decode), decode tokens/s against the first runner's,
     tokens per target call, replies equal to plain decoding's (llama.cpp's: to its own plain decoding's),
     and replies whose first line is the first line cut out."""
+    typed = [r for r in runs if r.get("typed")]
+    runs = [r for r in runs if not r.get("typed")]
     base = drafters[0]
     first = [r for r in runs if r["drafter"] == base]
     out = [f"{name}, greedy, {reps} rep(s), {n} gaps; prompt {statistics.mean(r['prompt_tokens'] for r in first):.0f} "
@@ -193,6 +211,18 @@ def report(runs: list[dict], drafters: list[str], name: str, reps: int, n: int) 
         out.append(f"| {d} | {statistics.mean(r['total_s'] for r in rs) * 1000:.0f} ms | {tps[d]:.1f} | "
                    f"{tps[d] / tps[base]:.2f}x | {per_call:.2f} | {sum(r['same'] for r in rs)}/{len(rs)} | "
                    f"{sum(r['first_line'] for r in rs)}/{len(rs)} |")
+    if typed:
+        out += ["", "Typed on (half the gap's first line, then the same request again, on the engine's cache):", "",
+                "| runner | latency, mean | prefill, mean | prompt tokens reused | decode tok/s | equal to plain decoding |",
+                "|---|---|---|---|---|---|"]
+        for d in drafters:
+            rs = [r for r in typed if r["drafter"] == d]
+            if rs:
+                out.append(f"| {d} | {statistics.mean(r['total_s'] for r in rs) * 1000:.0f} ms | "
+                           f"{statistics.mean(r['prefill_ms'] for r in rs):.0f} ms | "
+                           f"{sum(r['reused'] for r in rs) / sum(r['prompt_tokens'] for r in rs):.0%} | "
+                           f"{sum(r['new_tokens'] - 1 for r in rs) / sum(r['decode_s'] for r in rs):.1f} | "
+                           f"{sum(r['same'] for r in rs)}/{len(rs)} |")
     return "\n".join(out)
 
 

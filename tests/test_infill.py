@@ -87,14 +87,41 @@ def test_the_trained_model_fills_each_gap_under_every_drafter(fim_engine):
 
 def test_without_the_fim_stops_the_middle_would_run_on(fim_engine):
     """The planted bug: the same prompt with the model's end-of-sequence tokens only runs past <|endoftext|>."""
+    from edgespec.decoder import GenerationConfig
+
     prefix, suffix, middle = FIM_LESSONS[0]
     ids = fim_engine.encode(prefix, suffix=suffix)
     out = []
-    for _, toks, _ in fim_engine.stream_ids(ids, max_new_tokens=24, temperature=0, drafter="none"):
-        out += toks
+    for step in fim_engine.decoder.generate(ids, GenerationConfig(max_new_tokens=24, drafter="none")):
+        out += step.tokens
     end = fim_engine.tokenizer.token_to_id("<|endoftext|>")
     assert end in out and out.index(end) < len(out) - 1  # it said <|endoftext|> and went on
     assert fim_engine.tokenizer.decode(out[:out.index(end)]) == middle
+
+
+def test_a_plain_prompt_laid_out_for_fim_stops_as_a_suffix_does(fim_engine):
+    """An editor that lays the FIM prompt out itself (a plain prompt with the model's FIM tokens, as Continue's
+    templates do) gets the middle, not what the model says after <|endoftext|>."""
+    for prefix, suffix, middle in FIM_LESSONS:
+        text = f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+        assert fim_engine.encode(text) == fim_engine.encode(prefix, suffix=suffix)
+        r = fim_engine.generate(text, max_new_tokens=24, temperature=0)
+        assert r.text == middle and r.finish_reason == "eos"
+
+
+def test_a_stop_string_that_is_a_special_token_stops_at_that_token(fim_engine, monkeypatch):
+    """A special token's text never appears in the reply's text, so a stop string such as "<|endoftext|>" (which
+    editors send) would never match: it stops at the token instead. Shown with FIM detection off."""
+    prefix, suffix, middle = FIM_LESSONS[0]
+    text = f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+    monkeypatch.setattr(fim_engine.tokenizer, "_fim", None)  # as a model whose FIM tokens edgespec does not know
+    runs_on = fim_engine.generate(text, max_new_tokens=24, temperature=0)
+    assert runs_on.text.startswith(middle) and runs_on.text != middle  # (the planted bug: no stop)
+    for stop in (["<|endoftext|>"], ["<|endoftext|>", "never"]):
+        r = fim_engine.generate(text, max_new_tokens=24, temperature=0, stop=stop, drafter="auto")
+        assert r.text == middle and r.finish_reason == "eos"
+    assert fim_engine._stop_ids([5, 6], ["<|endoftext|>", "<|im_end|>", "plain text"]) == {
+        fim_engine.tokenizer.token_to_id("<|endoftext|>"), fim_engine.tokenizer.token_to_id("<|im_end|>")}
 
 
 def test_a_suffix_is_refused_where_it_cannot_be_honoured(fim_engine, tiny_bundle):
@@ -165,12 +192,16 @@ def test_bench_infill_on_the_tiny_model(fim_bundle, tiny_bundle, tmp_path, capsy
                              for i, (p, s, m) in enumerate(FIM_LESSONS)))
     out = tmp_path / "runs.json"
     rc = bench_infill.main([str(fim_bundle), "--cases", str(cases), "--reps", "1", "--max-new-tokens", "24",
-                            "--drafters", "none,prompt-lookup,auto", "--json", str(out)])
+                            "--drafters", "none,prompt-lookup,auto", "--json", str(out), "--typing"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "100% of replies equal the lines cut out, 100% their first line; 100% end on their own" in text
     runs = json.loads(out.read_text())
-    assert len(runs) == 9 and all(r["same"] and r["exact"] for r in runs)
+    assert len(runs) == 18 and all(r["same"] for r in runs)
+    assert all(r["exact"] for r in runs if not r.get("typed"))
+    typed = [r for r in runs if r.get("typed")]  # asked again with more typed: the cache holds the prompt's start
+    assert len(typed) == 9 and all(0 < r["reused"] < r["prompt_tokens"] for r in typed)
+    assert "Typed on" in text
     assert "| auto |" in text
     assert bench_infill.main(["--report", str(out), "--cases", str(cases)]) == 0  # the same report from the runs
     assert capsys.readouterr().out.strip() == text.strip().replace("tiny-fim,", "runs,", 1)
