@@ -131,3 +131,25 @@ def test_qwen_coder_calls_a_tool_and_answers_its_result():
                      {"role": "tool", "tool_call_id": r.tool_calls[0]["id"], "content": '{"temp_c": 14, "sky": "rain"}'}]
     nxt = eng.generate(history, tools=tools, max_new_tokens=64, temperature=0)
     assert nxt.finish_reason == "eos" and (nxt.tool_calls or "14" in nxt.text)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_coder_fills_in_the_middle_exactly_under_every_drafter():
+    """Qwen2.5-Coder's FIM tokens: the middle of a function, ended by the model (<|endoftext|>), the same
+    tokens under every drafter; a long FIM prompt (the model drafter reads its head) too."""
+    bundle = BUNDLES / "qwen-coder-b128-v64k-xk"
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    eng = edgespec.load(bundle, max_context=2048, memory=False)
+    prefix, suffix = "def fibonacci(n):\n    ", "\n\nprint(fibonacci(10))\n"
+    long_prefix = "".join(f"def helper_{i}(x):\n    return x * {i} + {i}\n\n" for i in range(30)) + prefix
+    for p in (prefix, long_prefix):
+        ref = eng.generate(p, suffix=suffix, max_new_tokens=64, temperature=0, drafter="none")
+        assert ref.finish_reason == "eos" and "return" in ref.text and "fibonacci(n" in ref.text, ref.text
+        for d in ("model", "prompt-lookup", "suffix", "auto"):
+            eng.reset()
+            r = eng.generate(p, suffix=suffix, max_new_tokens=64, temperature=0, drafter=d)
+            assert r.token_ids == ref.token_ids, (d, r.text)
+    assert len(eng.encode(long_prefix, suffix=suffix)) > 128  # (past the drafter's read window: its head)
+    eng.close()
