@@ -116,17 +116,11 @@ def main(argv=None) -> int:
     servers = {}
     if args.llamacpp:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from llamacpp_baseline import LlamaServer
+        from llamacpp_baseline import plain_and_ngram
 
-        tgt = eng.manifest.sources.get("target")
-        if not (tgt and str(tgt).endswith(".gguf")):
-            print("error: --llamacpp needs a bundle exported from a GGUF", file=sys.stderr)
-            return 2
         try:
-            servers = {"llama-ar": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context),
-                       "llama-ngram": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context,
-                                                  extra=["--spec-type", "ngram-simple"])}
-        except (OSError, RuntimeError) as e:
+            servers = plain_and_ngram(eng, args.threads)
+        except (ValueError, OSError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     eng.generate(cases[0]["prefix"], suffix=cases[0]["suffix"], max_new_tokens=4, temperature=0)  # warm-up

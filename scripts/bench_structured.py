@@ -52,15 +52,13 @@ def main(argv=None) -> int:
         return 2
     if args.llamacpp:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from llamacpp_baseline import LlamaServer
+        from llamacpp_baseline import plain_and_ngram
 
-        tgt = eng.manifest.sources.get("target")
-        if not (tgt and str(tgt).endswith(".gguf")):
-            print("error: --llamacpp needs a bundle exported from a GGUF", file=sys.stderr)
+        try:
+            servers = plain_and_ngram(eng, args.threads)
+        except (ValueError, OSError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
-        servers = {"llama-ar": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context),
-                   "llama-ngram": LlamaServer(tgt, threads=args.threads or 2, ctx=eng.max_context,
-                                              extra=["--spec-type", "ngram-simple"])}
     runs, ref, ok = [], {}, True
     from edgespec.constrain import grammar_for
 

@@ -75,6 +75,21 @@ class LlamaServer:
         self.log.close()
 
 
+def plain_and_ngram(eng, threads: int | None) -> dict[str, LlamaServer]:
+    """llama.cpp plain (``llama-ar``) and with n-gram speculation (``llama-ngram``) on the GGUF that
+    ``eng``'s bundle was exported from; ValueError for a bundle exported from elsewhere."""
+    tgt = eng.manifest.sources.get("target")
+    if not (tgt and str(tgt).endswith(".gguf")):
+        raise ValueError("--llamacpp needs a bundle exported from a GGUF")
+    ar = LlamaServer(tgt, threads=threads or 2, ctx=eng.max_context)
+    try:
+        return {"llama-ar": ar, "llama-ngram": LlamaServer(tgt, threads=threads or 2, ctx=eng.max_context,
+                                                           extra=["--spec-type", "ngram-simple"])}
+    except BaseException:
+        ar.close()
+        raise
+
+
 def llamacpp_runners(target_gguf: str, drafter_gguf: str | None, *, threads: int, ctx: int = 4096,
                      draft_ks: tuple[int, ...] = (4,), ngram: bool = True, logs: Path | None = None):
     """External runners for edgespec.bench.run_bench: name -> fn(ids, n) -> dict; and a close()."""
