@@ -16,8 +16,8 @@ from edgespec.errors import ConfigError
 from edgespec.kv import TokenBuffer
 from edgespec.prediction import PredictionDrafter, prediction_usage
 from edgespec.sampling import SamplingParams, probs
-from test_decoder import _chi2, _chi2_crit, _exact_sequence_probs, make, run
-from tiny import FakeLM
+from test_decoder import _chi2, _chi2_crit, _exact_sequence_probs, make, run, suffix_drafter
+from tiny import FakeLM, SimClock
 
 
 def _drafter(pred, prompt):
@@ -137,8 +137,22 @@ def test_greedy_output_does_not_depend_on_the_prediction(drafter, min_width):
     assert used > 0  # the prediction drafted, beside whichever drafter was asked for
 
 
+def _simulated(seed, max_context=512):
+    """``make``'s decoder (the same models and drafters) on simulated time: a memory-bound target (4 ms a call +
+    0.5 ms a token), a drafter step 1.5 ms. For assertions on the draft lengths the round policy picks: on the
+    wall clock the fake models' microsecond calls let a stall, or a cold process's first wide call, pick them
+    (the first test below failed 5 runs in 6, run alone on a loaded 2-core VM: its first 5-wide call, ~50 us
+    against ~10 us for one token, priced every draft but one token out)."""
+    clock = SimClock()
+    target = FakeLM(8, max_context, seed=seed, delay=(0.004, 0.0005), clock=clock)
+    dtable = target.table + 0.5 * np.random.default_rng(seed + 100).normal(size=target.table.shape)
+    draft_lm = FakeLM(8, max_context, table=dtable, delay=(0.0015, 0.0), clock=clock)
+    return Decoder(target, (), drafters=[ModelDrafter(draft_lm, 8, clock=clock), PromptLookupDrafter(),
+                                         suffix_drafter(8, seed)], clock=clock)
+
+
 def test_a_prediction_is_not_used_by_plain_decoding_and_does_not_outlive_its_request():
-    dec = make(seed=1)
+    dec = _simulated(seed=1)  # (simulated time: the target calls counted below follow the draft lengths)
     ref, _ = run(dec, [1, 2, 3], max_new_tokens=30, drafter="none")
     st = Stats()
     run(dec, [1, 2, 3], stats=st, max_new_tokens=30, drafter="none", prediction=ref)
@@ -279,7 +293,9 @@ def test_a_predictions_acceptance_is_learned_per_request_and_it_is_considered_fi
     the prediction (by position) wins over the n-gram drafters."""
     from edgespec.drafters import Offer
 
-    dec = make(seed=2, max_context=1024)
+    # simulated time: the learned estimate checked last needs drafts of two tokens or more (from one-token rounds
+    # it stays below what relaxes to 0.9), and on the wall clock a stall could cut them to one
+    dec = _simulated(seed=2, max_context=1024)
     ref, _ = run(dec, [4, 5], max_new_tokens=120, drafter="none")
     run(dec, [4, 5], max_new_tokens=120, drafter="auto", prediction=ref)
     pol = dec.policy
