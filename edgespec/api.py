@@ -429,10 +429,10 @@ class Engine:
         a prompt laid out for fill in the middle (``suffix``, or a plain prompt an editor laid out with the
         model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``)."""
         stop = _stops(stop)
-        ends = self._stop_ids(ids, stop)
+        ends = self._stop_ids(ids, stop, fim=not kw.get("ignore_eos"))
+        cfg = self.config(**kw)  # (a bad option refused before anything else)
         if ends:
-            kw = {**kw, "stop_token_ids": tuple(sorted({*(kw.get("stop_token_ids") or ()), *ends}))}
-        cfg = self.config(**kw)
+            cfg = dataclasses.replace(cfg, stop_token_ids=tuple(sorted({*cfg.stop_token_ids, *ends})))
         stats = self._local.stats = Stats()
         dec = self.tokenizer.stream_decoder()
         text = ""
@@ -463,14 +463,15 @@ class Engine:
         finally:
             gen.close()
 
-    def _stop_ids(self, ids: Sequence[int], stop: Sequence[str]) -> set[int]:
+    def _stop_ids(self, ids: Sequence[int], stop: Sequence[str], fim: bool = True) -> set[int]:
         """The token ids a generation after ``ids`` stops at besides the end of sequence: special tokens whose
-        text is a stop string, and the FIM stops after a prompt laid out for fill in the middle."""
+        text is a stop string, and (``fim``: not where the end of sequence is ignored) the FIM stops after a
+        prompt laid out for fill in the middle."""
         out = set()
         if stop:
             specials = self.tokenizer.special_ids_texts()
             out |= {self.tokenizer.token_to_id(t) for t in stop if t in specials}
-        f = self.tokenizer.fim()
+        f = self.tokenizer.fim() if fim else None
         if f is not None and fim_split(ids, f) is not None:
             out |= set(f.ends)
         return out
@@ -505,7 +506,7 @@ class Engine:
         middle (code infilling): the reply is what goes between the prompt and this text, for models
         with FIM tokens (``Tokenizer.fim``; Qwen2.5-Coder, StarCoder, ...; ``ConfigError`` for others)."""
         if suffix is not None:
-            if tools is not None:
+            if tools is not None or tool_choice is not None or parallel_tool_calls is not True:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt")
             ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
             return self._collect(self.stream_ids(ids, stop=stop, **kw))

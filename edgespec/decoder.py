@@ -76,6 +76,13 @@ class GenerationConfig:
         if len(pred) > MAX_PREDICTION:
             raise ConfigError(f"the prediction has {len(pred)} tokens; at most {MAX_PREDICTION} are taken")
         object.__setattr__(self, "prediction", tuple(int(t) for t in pred))
+        ends = self.stop_token_ids
+        if isinstance(ends, np.ndarray) and ends.ndim == 1 and ends.dtype.kind in "iu":
+            ends = ends.tolist()
+        if not isinstance(ends, (list, tuple, set, frozenset)) or not all(
+                isinstance(t, Integral) and not isinstance(t, bool) for t in ends):
+            raise ConfigError(f"stop_token_ids must be a sequence of token ids, got {type(ends).__name__}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ends))
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ConfigError(f"grammar must be an llguidance grammar (a string), got {type(self.grammar).__name__}")
         if self.grammar is not None and self.ignore_eos:

@@ -382,7 +382,10 @@ class ModelDrafter:
         does not change while stale."""
         if self._plan is None and self._head is not None:  # a FIM prompt: its head, then what followed it
             base = self._head[0]
-            self._plan = (base, len(ctx) - base)
+            if len(ctx) - base <= 2 * self.read_window:
+                self._plan = (base, len(ctx) - base)
+            else:  # a first draft late in a long reply: the reply's end says more, and costs the window only
+                self._head = None
         if self._plan is None:
             n, base = len(ctx), self._base
             fresh = 0 if self.read_window is None else max(0, n - self.read_window)

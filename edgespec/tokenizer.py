@@ -141,15 +141,16 @@ class Tokenizer:
 
     def fim(self) -> Fim | None:
         """This vocabulary's fill-in-the-middle tokens (``FIM_FAMILIES``), or None where it has none."""
-        if self._fim is False:
+        if self._fim is False:  # (assigned once, whole: threads that look at once all see the answer)
             added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
-            self._fim = None
+            found = None
             for names in FIM_FAMILIES:
                 ids = [added.get(n) for n in names]
                 if None not in ids:
                     ends = {added[n] for n in FIM_ENDS if n in added} | set(ids) | set(self.eos_token_ids)
-                    self._fim = Fim(*ids, ends=tuple(sorted(ends)))
+                    found = Fim(*ids, ends=tuple(sorted(ends)))
                     break
+            self._fim = found
         return self._fim
 
     def require_fim(self) -> Fim:

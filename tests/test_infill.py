@@ -129,8 +129,13 @@ def test_a_suffix_is_refused_where_it_cannot_be_honoured(fim_engine, tiny_bundle
         fim_engine.encode([{"role": "user", "content": "x"}], suffix="y")
     with pytest.raises(ConfigError, match="tools need chat messages"):
         fim_engine.generate("x", suffix="y", tools=[{"type": "function", "function": {"name": "f"}}])
+    for kw in ({"tool_choice": "required"}, {"parallel_tool_calls": False}):  # not silently dropped
+        with pytest.raises(ConfigError, match="tools need chat messages"):
+            fim_engine.generate("x", suffix="y", **kw)
     with pytest.raises(ConfigError, match="the suffix must be a string"):
         fim_engine.generate("x", suffix=3)
+    with pytest.raises(ConfigError, match="stop_token_ids must be a sequence of token ids"):
+        fim_engine.generate("x", suffix="y", stop_token_ids="x")
     eng = edgespec.load(tiny_bundle, memory=False)  # a vocabulary without FIM tokens
     assert eng.tokenizer.fim() is None
     for call in (lambda: eng.generate("def f():", suffix="\n"), lambda: list(eng.stream("def f():", suffix=""))):
@@ -255,4 +260,24 @@ def test_the_drafter_reads_a_fim_prompt_as_its_head_and_every_reply_stays_exact(
         held = list(model.lm.cache.ids.view()[: model.lm.length])
         assert held[: len(head)] == head  # the drafter's cache: the head, then the reply
         assert held[len(head):] == r.token_ids[: len(held) - len(head)]
+    eng.close()
+
+
+def test_ignore_eos_decodes_past_the_end_of_a_middle_too(fim_engine):
+    prefix, suffix, middle = FIM_LESSONS[0]
+    r = fim_engine.generate(prefix, suffix=suffix, max_new_tokens=24, temperature=0, ignore_eos=True)
+    assert r.finish_reason == "length" and len(r.token_ids) == 24 and r.text.startswith(middle)
+
+
+def test_a_first_model_draft_late_in_a_long_middle_reads_the_window_not_the_head(fim_pair):
+    from edgespec.kv import TokenBuffer
+
+    eng = edgespec.load(fim_pair, memory=False)
+    model = eng.decoder.drafters["model"]
+    model.read_window = 12
+    prompt = eng.encode(FIM_LESSONS[0][0], suffix=FIM_LESSONS[0][1])
+    for late, read in ((0, 12), (10, 22), (12, 24), (13, 12), (200, 12)):
+        model.begin(prompt)
+        ctx = TokenBuffer(prompt + [7] * late, capacity=eng.max_context)
+        assert model.behind(ctx) == read, late  # the head and the reply so far, up to twice the window
     eng.close()
