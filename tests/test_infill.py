@@ -281,3 +281,24 @@ def test_a_first_model_draft_late_in_a_long_middle_reads_the_window_not_the_head
         ctx = TokenBuffer(prompt + [7] * late, capacity=eng.max_context)
         assert model.behind(ctx) == read, late  # the head and the reply so far, up to twice the window
     eng.close()
+
+
+def test_probe_fim_head_on_the_tiny_pair(fim_pair, tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_fim_head
+    from edgespec import drafters as D
+
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join(json.dumps({"id": str(i), "prefix": p, "suffix": s, "middle": m}) + "\n"
+                             for i, (p, s, m) in enumerate(FIM_LESSONS)))
+    before = D.FIM_HEAD
+    rc = probe_fim_head.main([str(fim_pair), "--cases", str(cases), "--heads", "8,12", "--drafters", "model,auto",
+                              "--max-new-tokens", "24"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "replies equal across configurations: True" in out, out
+    rows = [line.split(" | ")[:2] for line in out.splitlines() if line.startswith("| ") and "head" not in line
+            and "---" not in line]
+    assert sorted(rows) == [["| 12", "auto"], ["| 12", "model"], ["| 8", "auto"], ["| 8", "model"]], out
+    assert D.FIM_HEAD == before  # put back
+    with pytest.raises(SystemExit):
+        probe_fim_head.main([str(fim_pair), "--heads", "x"])
