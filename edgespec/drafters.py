@@ -32,6 +32,7 @@ from .kv import TokenBuffer
 # the most draft tokens a round may ask for; drafters are built with this cap (the request's bound applies)
 from .profiles import MAX_DRAFT  # noqa: F401  (re-exported: decoder, suffix)
 from .sampling import Dist, SamplingParams, distribution
+from .tokenizer import fim_split
 
 
 @dataclass(frozen=True)
@@ -586,8 +587,6 @@ def fim_head(prompt: Sequence[int], fim, budget: int) -> list[int] | None:
     0.495 / 0.545 / 0.620 / 0.645 with a 128-token head giving the code after the gap 0 / 0.25 / 0.5 /
     0.75 of its room, 0.658 in 256 tokens, 0.706 reading all ~700 (docs/bench/infill_s33.md). The model
     drafter reads ``FIM_HEAD`` tokens."""
-    from .tokenizer import fim_split
-
     where = fim_split(prompt, fim)
     if where is None:
         return None
