@@ -21,9 +21,9 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
-from .decoder import Decoder, GenerationConfig, Stats
+from .decoder import Decoder, GenerationConfig, Stats, TokenLogprob
 from .drafters import DRAFTERS, LoadEnv
 from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
@@ -44,6 +44,20 @@ class Result:
     # with ``tools``: the calls the reply made, OpenAI's shape ({id, type, function: {name, arguments}});
     # ``text`` is then the reply's content outside them
     tool_calls: list[dict] = field(default_factory=list)
+    # with ``logprobs=N``: one dict per returned token ({token_id, token, bytes, logprob, offset, top_logprobs},
+    # ``Engine.logprob_entry``), else None
+    logprobs: list[dict] | None = None
+
+
+class Delta(NamedTuple):
+    """What ``Engine.stream_ids`` yields each round: the text decoded (held back where it may begin a stop
+    string), the round's token ids, the generation's live stats and, with ``logprobs``, the entries
+    (``Engine.logprob_entry``) of the tokens whose text has come out (all of them at the end: they line up
+    with ``Engine.returned_ids``)."""
+    text: str
+    ids: list[int]
+    stats: Stats
+    logprobs: list[dict] | None = None
 
 
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
@@ -423,8 +437,9 @@ class Engine:
         return req
 
     # -- generation ----------------------------------------------------------------------------
-    def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[tuple[str, list[int], Stats]]:
-        """Yield (text delta, new token ids, live stats) per round; applies stop strings. A stop string that
+    def stream_ids(self, ids: Sequence[int], stop: Sequence[str] = (), **kw) -> Iterator[Delta]:
+        """Yield a ``Delta`` (text delta, new token ids, live stats, logprobs) per round; applies stop
+        strings. A stop string that
         is a special token's text (``<|endoftext|>``, which the reply's text leaves out) stops at that token;
         a prompt laid out for fill in the middle (``suffix``, or a plain prompt an editor laid out with the
         model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``)."""
@@ -439,11 +454,21 @@ class Engine:
         stops = [s for s in stop if s]
         hold = max((len(s) for s in stops), default=1) - 1
         pending = ""
+        # with logprobs: each token's entry and the offset of its text in the reply; an entry goes out with
+        # the first delta that holds some of its token's text (all at the end), as the ids come back
+        want_lp = cfg.logprobs is not None
+        entries: list[dict] = []
+        sent = 0
         # the decoder's lock serializes generations (and refuses one nested in its own stream)
         gen = self.decoder.generate(ids, cfg, stats)
         try:
             for step in gen:
-                pending += dec.push(step.tokens)
+                if want_lp:  # token by token: the offset where each token's text starts
+                    for lp in step.logprobs:
+                        entries.append(self.logprob_entry(lp, len(text) + len(pending)))
+                        pending += dec.push([lp.token])
+                else:
+                    pending += dec.push(step.tokens)
                 if step.finish_reason:
                     pending += dec.flush()
                 if stops:
@@ -451,7 +476,8 @@ class Engine:
                     if hit is not None:
                         stats.finish_reason = "stop"
                         kept = self._ids_up_to(dec.ids, hit)  # held-back text's ids may be out already
-                        yield (text + pending)[len(text):hit], kept[len(dec.ids) - len(step.tokens):], stats
+                        yield Delta((text + pending)[len(text):hit], kept[len(dec.ids) - len(step.tokens):], stats,
+                                    entries[sent:len(kept)] if want_lp else None)
                         return
                     # hold back a tail that may be the start of a stop string
                     emit = pending[: max(0, len(pending) - hold)] if not step.finish_reason else pending
@@ -459,9 +485,28 @@ class Engine:
                     emit = pending
                 pending = pending[len(emit):]
                 text += emit
-                yield emit, step.tokens, stats
+                out = None
+                if want_lp:
+                    upto = len(entries) if step.finish_reason else sent
+                    while upto < len(entries) and entries[upto]["offset"] < len(text):
+                        upto += 1
+                    out, sent = entries[sent:upto], upto
+                yield Delta(emit, step.tokens, stats, out)
         finally:
             gen.close()
+
+    def logprob_entry(self, lp: TokenLogprob, offset: int) -> dict:
+        """A token's logprob as the Python API and the server give it: ``token_id``, ``token`` (its text;
+        a token that is part of a character: its bytes as U+FFFD), ``bytes`` (its UTF-8 bytes as integers),
+        ``logprob``, ``offset`` (where its text starts in the reply) and ``top_logprobs`` (the most likely
+        tokens at its position, most likely first: ``token_id``, ``token``, ``bytes``, ``logprob``)."""
+        tok = self.tokenizer
+
+        def one(t: int, v: float) -> dict:
+            b = tok.token_bytes(t)
+            return {"token_id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
+
+        return {**one(lp.token, lp.logprob), "offset": offset, "top_logprobs": [one(t, v) for t, v in lp.top]}
 
     def _stop_ids(self, ids: Sequence[int], stop: Sequence[str], fim: bool = True) -> set[int]:
         """The token ids a generation after ``ids`` stops at besides the end of sequence: special tokens whose
@@ -517,6 +562,9 @@ class Engine:
         ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq)
         if treq is None or not treq.parses:
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
+        if kw.get("logprobs") is not None:
+            raise ConfigError("logprobs cannot be combined with tools the reply may call (its calls are taken out "
+                              "of the text); send tool_choice 'none' or no logprobs")
         result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops, **kw))
         result.text, calls = treq.parse(result.text)
         result.tool_calls = [c.openai() for c in calls]
@@ -531,21 +579,24 @@ class Engine:
         ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:
-            for delta, _, _ in inner:
-                if delta:
-                    yield delta
+            for d in inner:
+                if d.text:
+                    yield d.text
         finally:
             inner.close()  # an abandoned stream releases the engine at once, not at garbage collection
 
     def _collect(self, it) -> Result:
-        parts, ids, stats = [], [], None
-        for delta, toks, st in it:
+        parts, ids, stats, lps = [], [], None, None
+        for delta, toks, st, lp in it:
             parts.append(delta)
             ids.extend(toks)
             stats = st
+            if lp is not None:
+                lps = lps if lps is not None else []
+                lps.extend(lp)
         ids = self.returned_ids(ids, "".join(parts), stats)
         d = stats.to_dict() if stats else {}
-        return Result("".join(parts), ids, d, stats.finish_reason if stats else None)
+        return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps)
 
     def chat(self, system: str | None = None) -> "ChatSession":
         return ChatSession(self, system)
@@ -650,8 +701,8 @@ class ChatSession:
             del self.messages[first: first + 2]  # the oldest user/assistant pair
             self.dropped += 1
 
-    def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[tuple[str, list[int], Stats]]:
-        """One exchange: add the user's message, yield (delta, token ids, stats), record the reply."""
+    def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[Delta]:
+        """One exchange: add the user's message, yield the engine's ``Delta``s, record the reply."""
         before, dropped_before = list(self.messages), self.dropped
         self.messages.append({"role": "user", "content": text})
         try:
@@ -662,9 +713,9 @@ class ChatSession:
         reply: list[str] = []
         failed = False
         try:
-            for delta, toks, st in self.engine.stream_ids(ids, stop=stop, **kw):
-                reply.append(delta)
-                yield delta, toks, st
+            for d in self.engine.stream_ids(ids, stop=stop, **kw):
+                reply.append(d.text)
+                yield d
         except EdgespecError:
             failed = True
             raise
@@ -680,9 +731,9 @@ class ChatSession:
         partial reply in the history and leaves the engine ready for the next turn."""
         turn = self._turn(text, stop, kw)
         try:
-            for delta, _, _ in turn:
-                if delta:
-                    yield delta
+            for d in turn:
+                if d.text:
+                    yield d.text
         finally:
             turn.close()
 

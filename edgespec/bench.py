@@ -297,7 +297,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     out: list[int] = []
                     st = None
                     name, k, bound = parsed.get(d, ("none", None, None))
-                    for _, toks, st in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                    for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                                          top_p=top_p, drafter=name, draft_tokens=k,
                                                          max_draft_tokens=bound):
                         out.extend(toks)

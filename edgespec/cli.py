@@ -10,6 +10,7 @@ import click
 
 from .cli_memory import engine_options, load_params, memory, memory_opts, model_wanted
 from .cli_placement import drafter_provider_opt, placement_options
+from .decoder import MAX_LOGPROBS, GenerationConfig
 from .drafters import drafter_choices
 from .errors import EdgespecError, ProviderError
 from .cli_info import report_lines
@@ -229,9 +230,12 @@ def _engine_opts(f):
 @click.option("--suffix", default=None,
               help="Fill in the middle: the text after the gap (the prompt is the text before it); for code models "
                    "with FIM tokens (Qwen2.5-Coder, StarCoder, ...).")
+@click.option("--logprobs", type=int, default=None, metavar="N",
+              help="With --json: each token's log-probability under the target, with the N most likely tokens "
+                   f"at its position (0..{MAX_LOGPROBS}).")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
-             json_object, suffix):
+             json_object, suffix, logprobs):
     """Generate a continuation of PROMPT with the model in BUNDLE (or, with --suffix, the text between
     PROMPT and the suffix)."""
     from .errors import ConfigError
@@ -239,6 +243,10 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
 
     if suffix is not None and as_chat:
         raise ConfigError("--suffix fills in the middle of a raw prompt: it cannot be used with --chat")
+    if logprobs is not None and not as_json:
+        raise ConfigError("--logprobs is printed with --json (one JSON object with the text, the tokens and their "
+                          "logprobs)")
+    GenerationConfig(logprobs=logprobs)  # a bad N refused before the model loads
 
     prediction = None if prediction_file is None else read_document(
         prediction_file, what="prediction file", error=ConfigError)  # before the model loads
@@ -264,13 +272,15 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
               drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
-              suffix=suffix)
+              suffix=suffix, logprobs=logprobs)
     if response_format is not None:
         kw["response_format"] = response_format
     if as_json:
         r = eng.generate(src, stop=stop, **kw)
-        click.echo(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
-                               "stats": r.stats}, ensure_ascii=False))
+        out = {"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason, "stats": r.stats}
+        if r.logprobs is not None:
+            out["logprobs"] = r.logprobs
+        click.echo(json.dumps(out, ensure_ascii=False))
         eng.close()  # (a prompt cache file written now)
         return
     for delta in eng.stream(src, stop=stop, **kw):

@@ -28,8 +28,9 @@ from .width import padded_width
 
 
 _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "seed": Integral,
-          "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral}
-_OPTIONAL = ("seed", "draft_tokens")
+          "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral, "logprobs": Integral}
+_OPTIONAL = ("seed", "draft_tokens", "logprobs")
+MAX_LOGPROBS = 20  # the most likely alternatives a token's logprob can come with (OpenAI's bound)
 _KIND_NAMES = {Integral: "an integer", Real: "a number", str: "a string"}
 
 
@@ -50,6 +51,9 @@ class GenerationConfig:
     prediction: tuple[int, ...] = ()
     # an llguidance grammar the reply is held to (structured outputs, constrain.py: response_format)
     grammar: str | None = None
+    # each new token's log-probability under the target (``TokenLogprob``), with this many of the most
+    # likely tokens at its position (0..MAX_LOGPROBS); None: not computed
+    logprobs: int | None = None
 
     def __post_init__(self):
         for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
@@ -62,6 +66,9 @@ class GenerationConfig:
             raise ConfigError(f"seed must be in 0..2**63-1, got {self.seed}")
         if self.drafter not in drafter_choices():
             raise ConfigError(f"drafter must be one of {', '.join(drafter_choices())}, got {self.drafter!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS} (the most likely tokens listed beside each "
+                              f"token), got {self.logprobs}")
         if self.draft_tokens is not None and not 0 <= self.draft_tokens <= MAX_DRAFT:
             raise ConfigError(f"draft_tokens must be in 0..{MAX_DRAFT}, got {self.draft_tokens}")
         if not 1 <= self.max_draft_tokens <= MAX_DRAFT:
@@ -95,10 +102,39 @@ class GenerationConfig:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target's distribution at its position: the softmax
+    of the target's logits as computed, before temperature, top-k/top-p or a response format's mask (what
+    OpenAI and vLLM report), and ``top``: the most likely tokens there, (id, logprob), most likely first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """``TokenLogprob`` of ``tokens[i]`` under the logits ``rows[i]`` (float64 log-softmax), each with the
+    row's ``top`` most likely tokens (ties: the lower id first)."""
+    x = np.asarray(rows[: len(tokens)], dtype=np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    top = min(top, x.shape[1])
+    out = []
+    for i, t in enumerate(tokens):
+        best = ()
+        if top:
+            idx = np.argpartition(-x[i], top - 1)[:top]
+            idx = idx[np.lexsort((idx, -x[i, idx]))]
+            best = tuple((int(j), float(x[i, j] - lse[i])) for j in idx)
+        out.append(TokenLogprob(int(t), float(x[i, int(t)] - lse[i]), best))
+    return out
+
+
 @dataclass
 class Step:
     tokens: list[int]
     finish_reason: str | None = None  # 'eos' | 'length' | 'context' | None
+    logprobs: list[TokenLogprob] | None = None  # one per token, where the config asks for them
 
 
 @dataclass
@@ -304,11 +340,14 @@ class Decoder:
         st.reused_prompt_tokens, st.restored_prompt_tokens = target.last_reused, target.last_restored
         st.target_s += clock() - t_start
         st.target_calls += target.calls - calls0
+        raw_last = last
         if con is not None:  # structured outputs: the first token too is one the grammar allows
             last = masked(np.asarray(last)[None, : self.vocab], con.masks(())[0])[0]
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         if con is not None:
             con.consume([first])
+        want_lp = cfg.logprobs is not None
+        first_lp = token_logprobs(np.asarray(raw_last)[None, : self.vocab], [first], cfg.logprobs) if want_lp else None
         t_d = clock()
         predicted = cfg.prediction if cfg.drafter != "none" else ()
         # set (or cleared) every generation: a prediction never outlives its request
@@ -321,14 +360,15 @@ class Decoder:
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
         # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
-        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates and con is None
+        # (not with logprobs: an alternate's next token has no row of logits here)
+        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates and con is None and not want_lp
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
         if reason is None and len(ctx) >= target.max_context:
             reason = "context"
         st.total_s = clock() - t_start
-        yield Step([first], reason)
+        yield Step([first], reason, first_lp)
         run0 = target.run_seconds
         # the widest verify call the width probe checked (a GPU): k drafts make a call of k + 1,
         # padded under the width policy
@@ -394,13 +434,14 @@ class Decoder:
                 policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                 st.alternates += len(alts)
                 st.alternates_kept += kept_alt is not None
-            elif sp.greedy and con is None:  # the target's top tokens (on a GPU: computed there, the logits never copied)
+            elif sp.greedy and con is None and not want_lp:  # the target's top tokens (on a GPU: computed there, the logits never copied)
                 top = target.forward_argmax([ctx[-1]] + draft.tokens)
                 dt = clock() - t1
                 n, nxt = greedy_accept_choice(draft.tokens, top)
             else:
                 logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
-                rows = logits[:, : self.vocab] if con is None else masked(logits[:, : self.vocab], allowed)
+                raw = logits[:, : self.vocab]
+                rows = raw if con is None else masked(raw, allowed)
                 dt = clock() - t1
                 if sp.greedy:  # (held to a grammar)
                     n, nxt = greedy_accept(draft.tokens, rows)
@@ -428,11 +469,12 @@ class Decoder:
                 reason = reason or "context"
             if con is not None and reason is None:
                 con.consume(new)
+            lps = token_logprobs(raw, new, cfg.logprobs) if want_lp else None  # (raw: read before the next call)
             ctx.extend(new)
             st.new_tokens += len(new)
             st.target_run_s = target.run_seconds - run0
             st.total_s = clock() - t_start
-            yield Step(new, reason)
+            yield Step(new, reason, lps)
         st.finish_reason = reason
         st.total_s = clock() - t_start
 

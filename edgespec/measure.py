@@ -148,7 +148,7 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     if model is not None:
         model.read_window = None
     try:
-        for _, toks, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+        for _, toks, _, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
                                             **drafting):
             decoded += len(toks)
     finally:

@@ -84,7 +84,8 @@ def shutting_down() -> P.APIError:
 
 
 class Generation:
-    """One request's generation: ``events()`` yields ("delta", text)... then ("done", stats) or
+    """One request's generation: ``events()`` yields ("delta", (text, logprob entries or None))... then
+    ("done", stats) or
     ("error", exception). ``cancel()`` is always safe and is called when the client is gone;
     ``cancel(shutdown=True)`` when the server stops (the client then gets a 503 error)."""
 
@@ -141,10 +142,13 @@ class Generation:
         while True:
             item = await q.get()
             if item[0] == "delta":  # deltas that piled up while the client was slow go out as one
-                parts = [item[1]]
+                parts, lps = [item[1][0]], item[1][1]
                 while not q.empty() and q._queue[0][0] == "delta":  # noqa: SLF001 (peek)
-                    parts.append(q.get_nowait()[1])
-                item = ("delta", "".join(parts))
+                    text, more = q.get_nowait()[1]
+                    parts.append(text)
+                    if more is not None:
+                        lps = [*(lps or ()), *more]
+                item = ("delta", ("".join(parts), lps))
             yield item
             if item[0] != "delta":
                 return
@@ -155,15 +159,15 @@ class Generation:
         engine, text, out = self.sched.engine, [], []
         try:
             gen = engine.stream_ids(self.ids, stop=self.stop, **self.kw)
-            for delta, toks, st in gen:
+            for delta, toks, st, lps in gen:
                 last = st
                 text.append(delta)
                 out.extend(toks)
                 if self._cancel.is_set():
                     self._stopped = True
                     break
-                if delta:
-                    loop.call_soon_threadsafe(q.put_nowait, ("delta", delta))
+                if delta or lps:  # (the logprobs of tokens with no text, an end of sequence, go out too)
+                    loop.call_soon_threadsafe(q.put_nowait, ("delta", (delta, lps)))
         except EdgespecError as e:
             err = e
         except Exception as e:  # noqa: BLE001 -- reported to the client as a 500, logged here
@@ -316,6 +320,9 @@ class Server:
                 msg = str(e).splitlines()[0]
                 raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
                                        if msg.startswith(k)), "tools")) from None
+            if treq is not None and treq.parses and "logprobs" in req.options:
+                raise P.bad("logprobs cannot be combined with tools the reply may call (its calls are taken out of "
+                            "the text); send tool_choice 'none' or no logprobs", "logprobs", "unsupported_value")
             if treq is not None and treq.grammar is not None:  # calls held to a grammar
                 try:  # compiled now (off the event loop), refused before the request is queued
                     await run_in_threadpool(self.engine.decoder.constraints, treq.grammar)
@@ -384,7 +391,7 @@ class Server:
             gen.cancel()
         if out is None:  # the client is gone: nobody reads this
             return Response(status_code=499)
-        text, s = out
+        text, s, lps = out
         ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
         use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"],
                       s if "prediction" in req.options else None)
@@ -393,16 +400,22 @@ class Server:
             self.metrics.add("tool_calls", len(calls))
             return JSONResponse(P.chat_response(rid, self.model_id, created, content, s["finish_reason"], use,
                                                 ext, [c.openai() for c in calls]))
-        make = P.chat_response if req.kind == "chat" else P.completion_response
-        return JSONResponse(make(rid, self.model_id, created, text, s["finish_reason"], use, ext))
+        if req.kind == "chat":
+            return JSONResponse(P.chat_response(rid, self.model_id, created, text, s["finish_reason"], use, ext,
+                                                logprobs=lps))
+        return JSONResponse(P.completion_response(rid, self.model_id, created, text, s["finish_reason"], use, ext,
+                                                  logprobs=lps))
 
     async def _collect(self, gen: Generation):
-        parts = []
+        parts, lps = [], None
         async for kind, val in gen.events():
             if kind == "delta":
-                parts.append(val)
+                parts.append(val[0])
+                if val[1] is not None:
+                    lps = lps if lps is not None else []
+                    lps.extend(val[1])
             elif kind == "done":
-                return "".join(parts), val
+                return "".join(parts), val, lps
             else:
                 raise P.engine_error(val)
         return None
@@ -422,11 +435,11 @@ class Server:
                 yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu))
             async for kind, val in gen.events():
                 if kind == "delta":
-                    if parser is not None:
-                        for out in parsed(parser.feed(val)):
+                    if parser is not None:  # (no logprobs with tools that parse)
+                        for out in parsed(parser.feed(val[0])):
                             yield out
                     else:
-                        yield P.sse(P.chunk(k, rid, model, created, text=val, with_usage=wu))
+                        yield P.sse(P.chunk(k, rid, model, created, text=val[0], with_usage=wu, logprobs=val[1]))
                 elif kind == "done":
                     if parser is not None:
                         for out in parsed(parser.finish()):

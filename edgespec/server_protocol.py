@@ -4,7 +4,7 @@ Pure functions over dicts: no HTTP stack, no engine (its ``Stats`` and errors ar
 type). ``server.py`` does the serving.
 
 Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, param, code}}`` body
-with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, logprobs,
+with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, ``echo``,
 penalties, ...) are refused, not silently ignored; fields that change nothing (``user``,
 ``metadata``, ``store``, ...) are accepted and ignored; a field OpenAI's API does not have (and
 that is not one of edgespec's extensions, ``top_k`` and ``edgespec``) is refused as OpenAI refuses
@@ -19,6 +19,13 @@ is full". A value larger than the room the prompt leaves in the context is clamp
 (the reply then ends with ``finish_reason: "length"`` at the latest when the context is full);
 the response's ``edgespec.max_tokens`` is the value used and ``edgespec.max_tokens_clamped`` says
 whether it was cut. A prompt that leaves no room at all is a 400 ``context_length_exceeded``.
+
+``logprobs`` (chat: ``logprobs: true`` and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..20): each
+returned token's log-probability under the target model (the softmax of its logits, before temperature,
+top-k/top-p or a response format's mask, as OpenAI and vLLM report them) with the most likely tokens at its
+position; a completion's ``text_offset`` counts from the start of the reply (vLLM's; there is no ``echo``).
+Streamed, each chunk carries the entries of the tokens whose text it begins. Not with tools the reply may
+call (a 400): its calls are taken out of the text.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .decoder import MAX_LOGPROBS
 from .drafters import drafter_choices
 from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
 
@@ -142,7 +150,7 @@ def _text(v: str, where: str) -> str:
 
 
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
-_HARMLESS = {"logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},), "functions": ([],),
+_HARMLESS = {"logit_bias": ({},), "functions": ([],),
              "function_call": ("none", "auto"),
              "best_of": (1,), "echo": (False,), "audio": (),
              "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
@@ -210,6 +218,19 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
         v = body.get(key)
         if v is not None and not any(type(v) is type(a) and v == a for a in allowed):
             raise bad(f"'{key}' is not supported by edgespec", key, "unsupported_parameter")
+    if kind == "chat":  # logprobs: true, top_logprobs N
+        lp = body.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise bad(f"'logprobs' must be a boolean, got {_kind(lp)}", "logprobs")
+        top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if top and not lp:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if lp:
+            opts["logprobs"] = top or 0
+    else:  # the legacy completions' logprobs N
+        lp = _int(body, "logprobs", 0, MAX_LOGPROBS)
+        if lp is not None:
+            opts["logprobs"] = lp
     rf = body.get("response_format")
     if rf is not None:  # checked and compiled by the server, off the event loop (constrain.grammar_for)
         if not (isinstance(rf, dict) and rf.get("type") in ("text", "json_object", "json_schema")):
@@ -428,8 +449,29 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, predic
     return out
 
 
+def _lp(v: float) -> float:
+    """A logprob JSON can carry: -inf (a token the model gave no chance) is OpenAI's -9999.0."""
+    return v if math.isfinite(v) else -9999.0
+
+
+def logprobs_body(kind: str, entries: list[dict] | None) -> dict | None:
+    """The ``logprobs`` of a choice or chunk from the engine's entries (``Engine.logprob_entry``): chat's
+    ``{content: [{token, logprob, bytes, top_logprobs}], refusal}``; the legacy completions' ``{tokens,
+    token_logprobs, top_logprobs: [{token: logprob}] (the most likely and the chosen one), text_offset}``."""
+    if entries is None:
+        return None
+    if kind == "chat":
+        return {"content": [{"token": e["token"], "logprob": _lp(e["logprob"]), "bytes": e["bytes"],
+                             "top_logprobs": [{"token": t["token"], "logprob": _lp(t["logprob"]), "bytes": t["bytes"]}
+                                              for t in e["top_logprobs"]]} for e in entries], "refusal": None}
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [_lp(e["logprob"]) for e in entries],
+            "top_logprobs": [{**{t["token"]: _lp(t["logprob"]) for t in e["top_logprobs"]}, e["token"]: _lp(e["logprob"])}
+                             for e in entries],
+            "text_offset": [e["offset"] for e in entries]}
+
+
 def chat_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict, ext: dict,
-                  tool_calls: list[dict] | None = None) -> dict:
+                  tool_calls: list[dict] | None = None, logprobs: list[dict] | None = None) -> dict:
     """``tool_calls``: the request had tools (OpenAI's shape, each call's id, type and function); with calls
     the message's content is null when the reply had nothing else."""
     message = {"role": "assistant", "content": text, "refusal": None}
@@ -437,25 +479,27 @@ def chat_response(rid: str, model: str, created: int, text: str, reason: str | N
         message["content"] = text or None
         message["tool_calls"] = tool_calls
     return {"id": rid, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": None,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs_body("chat", logprobs),
                          "finish_reason": finish_reason(reason, bool(tool_calls))}],
             "usage": use, "edgespec": ext}
 
 
 def completion_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict,
-                        ext: dict) -> dict:
+                        ext: dict, logprobs: list[dict] | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "system_fingerprint": None,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}],
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs_body("completion", logprobs),
+                         "finish_reason": finish_reason(reason)}],
             "usage": use, "edgespec": ext}
 
 
 def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = None, role: bool = False,
           reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False,
-          with_usage: bool = False, tool_call: dict | None = None, calls: bool = False) -> dict:
+          with_usage: bool = False, tool_call: dict | None = None, calls: bool = False,
+          logprobs: list[dict] | None = None) -> dict:
     """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage;
     ``with_usage``: include_usage was asked for, so every other chunk says ``"usage": null`` (as OpenAI's);
     ``tool_call``: a whole call, with its index (``ToolCall.openai(i)``); ``calls``: the reply made calls
-    (its finish reason is 'tool_calls')."""
+    (its finish reason is 'tool_calls'); ``logprobs``: the engine's entries of the chunk's tokens."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     out = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
     if empty:
@@ -468,10 +512,11 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
             delta["content"] = text
         if tool_call is not None:
             delta["tool_calls"] = [tool_call]
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs_body(kind, logprobs),
                            "finish_reason": finish_reason(reason, calls)}]
     else:
-        out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason(reason)}]
+        out["choices"] = [{"index": 0, "text": text or "", "logprobs": logprobs_body(kind, logprobs),
+                           "finish_reason": finish_reason(reason)}]
     if use is not None or with_usage:
         out["usage"] = use
     if ext is not None:

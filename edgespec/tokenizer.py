@@ -96,6 +96,7 @@ class Tokenizer:
         self._specials: tuple[str, ...] | None = None
         self._max_token_bytes: int | None = None
         self._special_ids: set[int] | None = None
+        self._added: dict[int, str] | None = None
         self._fim: Fim | None | bool = False  # (False: not looked up yet)
         self._lock = threading.Lock()
 
@@ -108,6 +109,29 @@ class Tokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
+
+    def token_bytes(self, i: int) -> bytes:
+        """The UTF-8 bytes token ``i`` stands for (logprobs' ``bytes``): a special or added token's text; on
+        byte-level tokenizers (GPT-2's byte alphabet) its bytes, which may be part of a character; on
+        SentencePiece-style ones ``<0xNN>`` is that byte and ``▁`` a space; else its decoded text."""
+        i = int(i)
+        if self._added is None:
+            self._added = {k: t.content for k, t in self._tok.get_added_tokens_decoder().items()}
+        if i in self._added:
+            return self._added[i].encode("utf-8")
+        t = self._tok.id_to_token(i)
+        if t is None:
+            return b""
+        if type(self._tok.decoder).__name__ == "ByteLevel" and all(c in _BYTE_OF for c in t):
+            return bytes(_BYTE_OF[c] for c in t)
+        if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            try:
+                return bytes([int(t[3:5], 16)])
+            except ValueError:
+                pass
+        if "\u2581" in t:
+            return t.replace("\u2581", " ").encode("utf-8")
+        return self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
 
     def ends_mid_character(self, ids: Sequence[int]) -> bool | None:
         """Whether the bytes of ``ids`` end inside a UTF-8 character (its first bytes only): True or

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         for name, e, d in runs:
             e.reset()
             out, st = [], None
-            for _, toks, st in e.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d,
+            for _, toks, st, _ in e.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d,
                                             temperature=args.temperature):
                 out.extend(toks)
             x = name[-1]  # A or B

@@ -30,7 +30,7 @@ def edgespec_run(eng, ids, n, **sampling):
     """One autoregressive run (greedy unless ``sampling`` says otherwise); returns (tokens, stats)."""
     eng.reset()
     out, st = [], None
-    for _, toks, st in eng.stream_ids(ids, max_new_tokens=n, drafter="none", ignore_eos=True, **sampling):
+    for _, toks, st, _ in eng.stream_ids(ids, max_new_tokens=n, drafter="none", ignore_eos=True, **sampling):
         out.extend(toks)
     return out, st
 

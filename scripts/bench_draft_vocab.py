@@ -69,7 +69,7 @@ def coverage(bundle: Path, sizes: list[int], per_category: int | None, max_new: 
             history.append({"role": "user", "content": turn})
             ids = tok.encode_chat(history)
             eng.reset()
-            out = [t for _, toks, _ in eng.stream_ids(ids, max_new_tokens=max_new, drafter="none") for t in toks]
+            out = [t for _, toks, _, _ in eng.stream_ids(ids, max_new_tokens=max_new, drafter="none") for t in toks]
             seq = list(ids) + out  # teacher-forced drafter over prompt + output: row i predicts token i + 1
             dlm.reset()
             rows = [dlm.forward(seq[s: s + 128]) for s in range(0, len(seq) - 1, 128)]

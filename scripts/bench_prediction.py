@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                 drafter = "auto" if name.startswith("auto") else name
                 kw = {"prediction": pred_text} if "prediction" in name else {}
                 out, st = [], None
-                for _, toks, st in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
+                for _, toks, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
                                                   temperature=temp, **kw):
                     out.extend(toks)
                 if name == "none":

@@ -71,7 +71,7 @@ def api_run(eng, messages, n: int, drafter: str | None) -> Run:
     t0 = time.perf_counter()
     ids = eng.encode(messages)
     first, parts, st = None, [], None
-    for delta, _, st in eng.stream_ids(ids, max_new_tokens=n, temperature=0.0, drafter=drafter):
+    for delta, _, st, _ in eng.stream_ids(ids, max_new_tokens=n, temperature=0.0, drafter=drafter):
         if delta:
             first = first or time.perf_counter()
             parts.append(delta)

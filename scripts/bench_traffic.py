@@ -171,7 +171,7 @@ def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None
             if not keep_caches:  # every run from empty caches: the drafter reads each prompt whole
                 eng.reset()
             out, st = [], None
-            for _, toks, st in eng.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=0.0, drafter=d):
+            for _, toks, st, _ in eng.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=0.0, drafter=d):
                 out.extend(toks)
             if d == "none":
                 ref = out

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
                 pd.skip_span = span
                 e.reset()
                 out, st = [], None
-                for _, toks, st in e.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d, prediction=pred):
+                for _, toks, st, _ in e.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d, prediction=pred):
                     out.extend(toks)
                 ref = ref or out
                 if out != ref:

@@ -46,7 +46,7 @@ def probe(bundle: str, tokens: int = 64, temperature: float = 0.7, top_p: float 
     def run():
         eng.reset()
         st = None
-        for _, _, st in eng.stream_ids(ids, max_new_tokens=tokens, drafter="none", ignore_eos=True,
+        for _, _, st, _ in eng.stream_ids(ids, max_new_tokens=tokens, drafter="none", ignore_eos=True,
                                        temperature=temperature, top_p=top_p, seed=0):
             pass
         return st

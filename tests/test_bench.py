@@ -153,7 +153,7 @@ def test_external_runners_are_checked_against_their_reference(tiny_bundle):
 
     def same(ids, n):  # replays edgespec's own autoregressive tokens
         eng.reset()
-        out = [t for _, toks, _ in eng.stream_ids(ids, max_new_tokens=n, drafter="none") for t in toks]
+        out = [t for _, toks, _, _ in eng.stream_ids(ids, max_new_tokens=n, drafter="none") for t in toks]
         seen["same"] = out
         return {"token_ids": out, "decode_s": 0.01}
 

@@ -183,6 +183,44 @@ def test_completions_plain_streamed_and_stop(client, engine, model_id):
     assert streamed == ref.text
 
 
+def test_logprobs_chat_and_completions_streamed_or_not(client, engine, model_id):
+    """OpenAI's logprobs shapes, the values the Python API gives (the target's, tests/test_logprobs.py), the
+    same whole or streamed."""
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    ref = engine.generate(messages, max_new_tokens=20, logprobs=3)
+    r = client.chat.completions.create(model=model_id, messages=messages, max_tokens=20, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].message.content == ref.text and len(content) == len(ref.token_ids)
+    for got, e in zip(content, ref.logprobs):
+        assert (got.token, got.bytes, got.logprob) == (e["token"], e["bytes"], pytest.approx(e["logprob"], abs=1e-6))
+        assert [(t.token, t.bytes) for t in got.top_logprobs] == [(t["token"], t["bytes"]) for t in e["top_logprobs"]]
+    assert r.choices[0].logprobs.refusal is None
+    chunks = list(client.chat.completions.create(model=model_id, messages=messages, max_tokens=20, logprobs=True,
+                                                 top_logprobs=3, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    plain = client.chat.completions.create(model=model_id, messages=messages, max_tokens=20)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == ref.text
+    # top_logprobs 0: the tokens' own logprobs only
+    r0 = client.chat.completions.create(model=model_id, messages=messages, max_tokens=4, logprobs=True)
+    assert all(t.top_logprobs == [] for t in r0.choices[0].logprobs.content)
+    # the legacy completions' shape: tokens, token_logprobs, top_logprobs (the chosen one among them), text_offset
+    prompt = "1, 2, 3, 4,"
+    ref = engine.generate(prompt, max_new_tokens=12, stop=[" 9"], logprobs=2)
+    c = client.completions.create(model=model_id, prompt=prompt, max_tokens=12, stop=[" 9"], logprobs=2)
+    lp = c.choices[0].logprobs
+    assert c.choices[0].text == ref.text and "".join(lp.tokens) == ref.text
+    assert lp.tokens == [e["token"] for e in ref.logprobs] and lp.text_offset == [e["offset"] for e in ref.logprobs]
+    assert lp.token_logprobs == pytest.approx([e["logprob"] for e in ref.logprobs], abs=1e-6)
+    for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[tok] == v and 2 <= len(top) <= 3
+    streamed = [t for ch in client.completions.create(model=model_id, prompt=prompt, max_tokens=12, stop=[" 9"],
+                                                      logprobs=2, stream=True) if ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens
+
+
 def test_message_content_is_text(client, server, model_id):
     """Only role and content reach the template; content parts are joined; template syntax in
     content stays text."""
@@ -326,7 +364,16 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stop": 5}, 400, "stop", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", "unsupported_value"),
-    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, 400, "logprobs", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": "3"}, 400,
+     "top_logprobs", None),
+    ("completions", {"prompt": "hi", "logprobs": True}, 400, "logprobs", None),
+    ("completions", {"prompt": "hi", "logprobs": -1}, 400, "logprobs", None),
+    ("completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
+    ("completions", {"prompt": "hi", "top_logprobs": 2}, 400, "top_logprobs", "unknown_parameter"),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"drafter": "magic"}}, 400,
      "edgespec.drafter", None),

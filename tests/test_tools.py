@@ -244,6 +244,14 @@ def test_special_token_text_in_tools_and_calls_stays_text(tool_engine):
     assert tok.decode(tok.encode_chat([{"role": "user", "content": "say <tool_call> please"}])).count("<tool_call>") == 1
 
 
+def test_logprobs_with_tools_the_reply_may_call_are_refused(tool_engine):
+    with pytest.raises(ConfigError, match="logprobs cannot be combined with tools"):
+        tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=8, logprobs=1)
+    r = tool_engine.generate([HELLO], tools=WEATHER, tool_choice="none", max_new_tokens=8, logprobs=1)
+    assert [e["token_id"] for e in r.logprobs] == r.token_ids  # no call to take out: logprobs as for any reply
+    # (and the server: test_the_server_calls_tools_streamed_or_not, a 400 with param "logprobs")
+
+
 def test_a_template_without_tools_refuses_them(tiny_bundle):
     eng = edgespec.load(tiny_bundle, memory=False)
     with pytest.raises(ConfigError, match="does not take tools"):
@@ -297,6 +305,7 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
                 ({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
                 ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
                 ({"tools": WEATHER, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+                ({"tools": WEATHER, "logprobs": True}, "logprobs"),
                 ({"tool_choice": "required"}, "tool_choice")):
             status, err = http(url + "/v1/chat/completions", {"messages": [ASK], **body})
             assert status == 400 and err["error"]["param"] == param, (body, err)

@@ -1,0 +1,160 @@
+"""Logprobs: each generated token's log-probability under the target, with the most likely tokens at its
+position, as a target-only decoder would compute them, under every drafter.
+
+The reference is independent of the decoder: the target alone (``OnnxLM``, the width policy as in
+target-only decoding) reads the prompt and then the reply one token a call, and its rows' log-softmax is
+taken here in float64. Speculative rounds compute the same rows inside wider verify calls; on the CPU those
+rows equal a one-token call's (the width policy: tests/test_exactness.py), so the values agree to rounding.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.decoder import MAX_LOGPROBS, GenerationConfig, token_logprobs
+from edgespec.errors import ConfigError
+from edgespec.manifest import load_manifest
+from edgespec.onnx_lm import OnnxLM
+from edgespec.providers import choose
+
+PROMPTS = ["one two three one two three one two", "hello world, the cat sat on the"]
+ATOL = 1e-5
+
+
+def reference(bundle, prompt: list[int], reply: list[int], top: int):
+    """(logprob of each reply token, its position's ``top`` most likely ids and their logprobs), teacher-forced."""
+    m = load_manifest(bundle)
+    lm = OnnxLM(m.target, len(prompt) + len(reply) + 8, choose(["cpu"]))
+    vocab = m.target.vocab_size
+    rows = [lm.forward(prompt)[-1, :vocab]]
+    for t in reply[:-1]:
+        rows.append(lm.forward([t])[-1, :vocab])
+    out = []
+    for row, t in zip(rows, reply):
+        x = row.astype(np.float64)
+        lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+        best = np.argsort(-lp, kind="stable")[:top]
+        out.append((lp[t], [int(i) for i in best], [lp[i] for i in best]))
+    return out
+
+
+def check(bundle, prompt, r, top):
+    assert r.logprobs is not None and [e["token_id"] for e in r.logprobs] == r.token_ids
+    ref = reference(bundle, prompt, r.token_ids, top)
+    for i, (e, (lp, ids, lps)) in enumerate(zip(r.logprobs, ref)):
+        assert abs(e["logprob"] - lp) < ATOL, (i, e["logprob"], lp)
+        assert [t["token_id"] for t in e["top_logprobs"]] == ids, i
+        assert np.allclose([t["logprob"] for t in e["top_logprobs"]], lps, atol=ATOL, rtol=0), i
+
+
+@pytest.mark.parametrize("drafter, k", [("none", None), ("model", None), ("model", 4), ("prompt-lookup", None),
+                                        ("suffix", None), ("auto", None)])
+def test_greedy_logprobs_are_the_targets_under_every_drafter(tiny_bundle, drafter, k):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    for text in PROMPTS:
+        prompt = eng.tokenizer.encode(text)
+        eng.reset()
+        plain = eng.generate(text, max_new_tokens=40, drafter="none")
+        eng.reset()
+        r = eng.generate(text, max_new_tokens=40, drafter=drafter, draft_tokens=k, logprobs=5)
+        assert r.token_ids == plain.token_ids  # (logprobs change nothing of the reply)
+        check(tiny_bundle, prompt, r, 5)
+        for e in r.logprobs:  # greedy: each token is its position's most likely
+            assert e["top_logprobs"][0]["token_id"] == e["token_id"]
+        if drafter != "none":
+            assert r.stats["drafted"] > 0  # the values came from verify calls of several tokens
+
+
+@pytest.mark.parametrize("drafter", ["none", "model", "auto"])
+def test_sampled_logprobs_are_the_targets_untempered(tiny_bundle, drafter):
+    """Under sampling the logprobs are the model's (the softmax of its logits), not the tempered, truncated
+    distribution the token was drawn from: OpenAI's and vLLM's, and a target-only decoder's."""
+    eng = edgespec.load(tiny_bundle, memory=False)
+    text = PROMPTS[1]
+    r = eng.generate(text, max_new_tokens=40, drafter=drafter, temperature=0.7, top_p=0.9, seed=5, logprobs=3)
+    check(tiny_bundle, eng.tokenizer.encode(text), r, 3)
+    # the same request without logprobs samples the same reply (logprobs change nothing of it)
+    eng.reset()
+    assert eng.generate(text, max_new_tokens=40, drafter=drafter, temperature=0.7, top_p=0.9, seed=5).token_ids \
+        == r.token_ids
+
+
+def test_logprobs_under_a_response_format_are_the_models(tiny_bundle):
+    pytest.importorskip("llguidance")
+    eng = edgespec.load(tiny_bundle, memory=False)
+    text = PROMPTS[0]
+    r = eng.generate(text, max_new_tokens=30, drafter="auto", logprobs=2, response_format={"type": "json_object"})
+    assert r.text.lstrip().startswith("{")
+    check(tiny_bundle, eng.tokenizer.encode(text), r, 2)
+
+
+def test_token_logprobs_ranks_and_normalizes():
+    rows = np.array([[0.0, 2.0, 1.0, 2.0], [-np.inf, 0.0, 0.0, 0.0]], dtype=np.float32)
+    a, b = token_logprobs(rows, [2, 3], 3)
+    assert [i for i, _ in a.top] == [1, 3, 2]  # ties: the lower id first
+    assert np.isclose(sum(np.exp(v) for _, v in a.top) + np.exp(rows[0, 0] - np.log(np.exp(rows[0]).sum())), 1)
+    assert np.isclose(b.logprob, -np.log(3)) and [i for i, _ in b.top] == [1, 2, 3]
+    assert token_logprobs(rows, [0], 0)[0].top == ()
+    assert len(token_logprobs(rows[:1], [0], 9)[0].top) == 4  # at most the vocabulary
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_LOGPROBS + 1, "3", True, 2.0])
+def test_bad_logprobs_are_refused(tiny_bundle, bad):
+    with pytest.raises(ConfigError, match="logprobs"):
+        GenerationConfig(logprobs=bad)
+    eng = edgespec.load(tiny_bundle, memory=False)
+    with pytest.raises(ConfigError, match="logprobs"):
+        eng.generate("hello", max_new_tokens=4, logprobs=bad)
+
+
+def test_logprobs_line_up_with_the_text_streamed_or_whole(smol_int4):
+    """On a real byte-level model: one entry per returned token, its bytes spelling the reply, its offset where
+    its text starts; streamed, each delta carries the entries whose text it begins, and a stop string's
+    tokens are left out as they are of the ids."""
+    eng = edgespec.load(smol_int4, memory=False)
+    msgs = [{"role": "user", "content": "Name three colours of the rainbow, one per line."}]
+    r = eng.generate(msgs, max_new_tokens=48, drafter="auto", logprobs=2)
+    assert [e["token_id"] for e in r.logprobs] == r.token_ids and len(r.logprobs) == len(r.token_ids)
+    spelled = b"".join(bytes(e["bytes"]) for e in r.logprobs if e["token_id"] not in eng.tokenizer.eos_token_ids)
+    assert spelled.decode("utf-8") == r.text
+    offsets = [e["offset"] for e in r.logprobs]
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] <= len(r.text)
+    for e, nxt in zip(r.logprobs, offsets[1:] + [len(r.text)]):
+        if e["token_id"] not in eng.tokenizer.eos_token_ids:  # (the end of sequence has no text in the reply)
+            assert r.text[e["offset"]:nxt] == bytes(e["bytes"]).decode("utf-8"), e
+    # streamed: the deltas' entries put together are the whole reply's, none before its text
+    eng.reset()
+    text, got = "", []
+    for d in eng.stream_ids(eng.encode(msgs), max_new_tokens=48, drafter="auto", logprobs=2):
+        text += d.text
+        assert all(e["offset"] < len(text) or d.stats.finish_reason for e in d.logprobs)
+        got += d.logprobs
+    assert text == r.text and got == r.logprobs
+    # a stop string in the middle of the reply: the entries stop with the ids
+    stop = r.text[len(r.text) // 2:len(r.text) // 2 + 5]
+    cut = r.text.index(stop)
+    eng.reset()
+    s = eng.generate(msgs, max_new_tokens=48, drafter="auto", logprobs=2, stop=[stop])
+    assert s.finish_reason == "stop" and s.text == r.text[:cut]
+    assert [e["token_id"] for e in s.logprobs] == s.token_ids == r.token_ids[:len(s.token_ids)]
+    assert s.logprobs == r.logprobs[:len(s.logprobs)]
+
+
+def test_the_cli_prints_logprobs_with_json(tiny_bundle):
+    cli = [sys.executable, "-m", "edgespec.cli", "generate", str(tiny_bundle), "-p", PROMPTS[0],
+           "--max-new-tokens", "6", "--no-memory"]
+    p = subprocess.run([*cli, "--json", "--logprobs", "2"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert [e["token_id"] for e in out["logprobs"]] == out["token_ids"]
+    assert all(len(e["top_logprobs"]) == 2 for e in out["logprobs"])
+    for args, msg in (([], "--logprobs is printed with --json"), (["--json", "--logprobs", "21"], "logprobs must be")):
+        p = subprocess.run([*cli, "--logprobs", "2", *args] if not args else [*cli, *args], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
