@@ -495,6 +495,30 @@ class Engine:
         finally:
             gen.close()
 
+    def score(self, prompt: str | Sequence[int], logprobs: int = 0, parse_special: bool = True) -> tuple[str, list[dict]]:
+        """The prompt's own logprobs under the target (a text's log-likelihood; OpenAI's ``echo``): the
+        prompt's text as its tokens decode and one entry per token (``logprob_entry``; the first has
+        ``logprob`` None and no ``top_logprobs``: nothing comes before it), each with the ``logprobs`` most
+        likely tokens at its position. ``prompt``: text (encoded as ``generate`` encodes a plain prompt) or
+        token ids. A generation of the same prompt right after it prefills only its last token."""
+        if isinstance(prompt, str):
+            ids = self.encode(prompt, parse_special, fit=True)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                       for t in prompt):
+            ids = [int(t) for t in prompt]
+        else:
+            raise ConfigError(f"the prompt must be text or a list of token ids, got {type(prompt).__name__}")
+        lps = self.decoder.score(ids, logprobs)
+        dec = self.tokenizer.stream_decoder()
+        text, entries = "", []
+        for i, t in enumerate(ids):
+            e = self.logprob_entry(TokenLogprob(t, 0.0) if i == 0 else lps[i - 1], len(text))
+            if i == 0:
+                e["logprob"] = None
+            entries.append(e)
+            text += dec.push([t])
+        return text + dec.flush(), entries
+
     def logprob_entry(self, lp: TokenLogprob, offset: int) -> dict:
         """A token's logprob as the Python API and the server give it: ``token_id``, ``token`` (its text;
         a token that is part of a character: its bytes as U+FFFD), ``bytes`` (its UTF-8 bytes as integers),

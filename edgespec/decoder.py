@@ -31,6 +31,7 @@ _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "t
           "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral, "logprobs": Integral}
 _OPTIONAL = ("seed", "draft_tokens", "logprobs")
 MAX_LOGPROBS = 20  # the most likely alternatives a token's logprob can come with (OpenAI's bound)
+SCORE_CHUNK = 64  # prompt tokens a call when every position's logits are read (score): 39 MB of float32 on Qwen
 _KIND_NAMES = {Integral: "an integer", Real: "a number", str: "a string"}
 
 
@@ -115,18 +116,18 @@ class TokenLogprob:
 def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """``TokenLogprob`` of ``tokens[i]`` under the logits ``rows[i]`` (float64 log-softmax), each with the
     row's ``top`` most likely tokens (ties: the lower id first)."""
-    x = np.asarray(rows[: len(tokens)], dtype=np.float64)
-    m = x.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
-    top = min(top, x.shape[1])
     out = []
-    for i, t in enumerate(tokens):
+    for i, t in enumerate(tokens):  # a row at a time: the float64 copy stays one row (~1 MiB on a 150k vocabulary)
+        x = np.asarray(rows[i], dtype=np.float64)
+        m = x.max()
+        lse = m + np.log(np.exp(x - m).sum())
         best = ()
-        if top:
-            idx = np.argpartition(-x[i], top - 1)[:top]
-            idx = idx[np.lexsort((idx, -x[i, idx]))]
-            best = tuple((int(j), float(x[i, j] - lse[i])) for j in idx)
-        out.append(TokenLogprob(int(t), float(x[i, int(t)] - lse[i]), best))
+        k = min(top, len(x))
+        if k:
+            idx = np.argpartition(-x, k - 1)[:k]
+            idx = idx[np.lexsort((idx, -x[idx]))]
+            best = tuple((int(j), float(x[j] - lse)) for j in idx)
+        out.append(TokenLogprob(int(t), float(x[int(t)] - lse), best))
     return out
 
 
@@ -295,6 +296,32 @@ class Decoder:
             self.target.prefill(prompt)
             for d in self.drafters.values():
                 d.begin(prompt)
+
+    def score(self, prompt: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+        """The target's logprob of each token of ``prompt`` after the first (``token_logprobs``: ``top``
+        most likely tokens beside each), read from the first position in calls of ``SCORE_CHUNK`` tokens
+        (the logits of every position are needed: a cached prefix cannot give them). The target's cache then
+        holds ``prompt``: a generation after it prefills nothing more than its last token."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ConfigError("the prompt is empty")
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {top}")
+        if len(prompt) > self.target.max_context:
+            raise ContextOverflowError(f"the prompt has {len(prompt)} tokens; the context holds "
+                                       f"{self.target.max_context}")
+        bad = next((t for t in prompt if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise ConfigError(f"the prompt holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+        with self.lock.hold("score"):
+            t = self.target
+            t.rewind(t.length)
+            out: list[TokenLogprob] = []
+            for start in range(0, len(prompt), SCORE_CHUNK):
+                chunk = prompt[start:start + SCORE_CHUNK]
+                logits = t.forward(chunk, copy=False)  # row i: the distribution of token start + i + 1
+                out += token_logprobs(logits[:, : self.vocab], prompt[start + 1:start + 1 + len(chunk)], top)
+            return out
 
     def check_drafter(self, name: str) -> None:
         """``ConfigError`` if the drafter ``name`` is not loaded (and why, e.g. no drafter model)."""

@@ -89,8 +89,10 @@ class Generation:
     ("error", exception). ``cancel()`` is always safe and is called when the client is gone;
     ``cancel(shutdown=True)`` when the server stops (the client then gets a 503 error)."""
 
-    def __init__(self, sched: Scheduler, ids: list[int], stop: list[str], kw: dict):
-        self.sched, self.ids, self.stop, self.kw = sched, ids, stop, kw
+    def __init__(self, sched: Scheduler, ids: list[int], stop: list[str], kw: dict, echo: bool = False):
+        """``echo``: the prompt's text (with ``kw['logprobs']``: and its own logprobs, ``Engine.score``) goes
+        out first; ``kw['max_new_tokens']`` 0: nothing is generated after it."""
+        self.sched, self.ids, self.stop, self.kw, self.echo = sched, ids, stop, kw, echo
         self._cancel = threading.Event()
         self._queued = True  # counted in sched.waiting until it has the engine or gives up
         self._started = False  # a worker thread runs it
@@ -157,15 +159,28 @@ class Generation:
         """The worker thread: starts, consumes and closes the engine's stream."""
         last, gen, err = None, None, None
         engine, text, out = self.sched.engine, [], []
+        shift, scored = 0, False
         try:
-            gen = engine.stream_ids(self.ids, stop=self.stop, **self.kw)
-            for delta, toks, st, lps in gen:
+            if self.echo:  # the prompt first: with logprobs, scored (under the engine's turn, as a generation)
+                top = self.kw.get("logprobs")
+                if top is not None:
+                    head, entries = engine.score(self.ids, top)
+                    scored = True
+                else:
+                    head, entries = engine.tokenizer.decode(self.ids), None
+                shift = len(head)
+                loop.call_soon_threadsafe(q.put_nowait, ("delta", (head, entries)))
+            if self.kw["max_new_tokens"] > 0:
+                gen = engine.stream_ids(self.ids, stop=self.stop, **self.kw)
+            for delta, toks, st, lps in gen or ():
                 last = st
                 text.append(delta)
                 out.extend(toks)
                 if self._cancel.is_set():
                     self._stopped = True
                     break
+                if lps and shift:  # offsets in the text returned, which begins with the prompt
+                    lps = [{**e, "offset": e["offset"] + shift} for e in lps]
                 if delta or lps:  # (the logprobs of tokens with no text, an end of sequence, go out too)
                     loop.call_soon_threadsafe(q.put_nowait, ("delta", (delta, lps)))
         except EdgespecError as e:
@@ -182,7 +197,11 @@ class Generation:
             summary = None
             try:
                 summary = P.stats_summary(last) if last is not None else None
-                if summary is not None:
+                if summary is None and err is None and gen is None:  # the prompt scored, nothing generated
+                    summary = {**P.stats_summary(None), "prompt_tokens": len(self.ids), "finish_reason": "length"}
+                if summary is not None and scored:  # the prompt was read whole to score it: nothing was reused
+                    summary["reused_prompt_tokens"] = summary["restored_prompt_tokens"] = 0
+                if summary is not None and gen is not None:
                     # the tokens of the text returned: a stop string's tokens, and what the same round
                     # computed after it, are not (the stats' new_tokens count what was computed)
                     returned = engine.returned_ids(out, "".join(text), last)
@@ -334,7 +353,14 @@ class Server:
             except EdgespecError as e:
                 raise P.bad(str(e).splitlines()[0], "suffix", "unsupported_parameter") from None
         try:
-            ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)
+            if req.prompt_ids is not None:  # token ids: checked against the vocabulary, not tokenized
+                vocab = self.engine.decoder.vocab
+                bad_id = next((t for t in req.prompt_ids if not 0 <= t < vocab), None)
+                if bad_id is not None:
+                    raise P.bad(f"the prompt holds token id {bad_id}, outside the vocabulary (0..{vocab - 1})", param)
+                ids = req.prompt_ids
+            else:
+                ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
@@ -343,12 +369,16 @@ class Server:
         if n == 0:  # refused here, before a stream's first byte, not by the engine mid-stream
             raise P.bad(f"the {'prompt' if param == 'prompt' else 'conversation'} is empty: it has no tokens", param)
         room = ctx - n
-        if room < 1:
+        score_only = req.max_tokens == 0  # echo with max_tokens 0: the prompt's logprobs, nothing generated
+        if score_only and n > ctx:
+            raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx}", param=param,
+                             code="context_length_exceeded")
+        if room < 1 and not score_only:
             raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx} (prompt plus at least one "
                              f"new token), so at most {ctx - 1} prompt tokens", param=param,
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
-        kw = {**self.defaults, **req.options, "max_new_tokens": max_new}
+        kw = {**self.defaults, **req.options, "max_new_tokens": max(max_new, 1)}
         if treq is not None and treq.grammar is not None:
             kw["grammar"] = treq.grammar
         if req.response_format is not None:  # compiled off the event loop: a large schema takes a while
@@ -377,7 +407,9 @@ class Server:
         self.sched.admit()
         if kw.get("grammar") is not None:
             self.metrics.add("constrained_generations")
-        gen = Generation(self.sched, ids, req.stop + (treq.stops if treq is not None else []), kw)
+        if score_only:
+            kw["max_new_tokens"] = 0
+        gen = Generation(self.sched, ids, req.stop + (treq.stops if treq is not None else []), kw, echo=req.echo)
         rid, created = P.new_id(req.kind), P.now()
         ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
                "temperature": kw.get("temperature", self.engine.defaults.temperature),

@@ -23,7 +23,10 @@ whether it was cut. A prompt that leaves no room at all is a 400 ``context_lengt
 ``logprobs`` (chat: ``logprobs: true`` and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..20): each
 returned token's log-probability under the target model (the softmax of its logits, before temperature,
 top-k/top-p or a response format's mask, as OpenAI and vLLM report them) with the most likely tokens at its
-position; a completion's ``text_offset`` counts from the start of the reply (vLLM's; there is no ``echo``).
+position; a completion's ``text_offset`` counts from the start of the text returned (vLLM's). A completion's
+``echo`` returns the prompt (as its tokens decode) before the reply, with logprobs its tokens' own (the
+first one's null: ``Engine.score``); ``max_tokens: 0`` with ``echo`` scores the prompt and generates
+nothing (a text's log-likelihood, as evaluation harnesses ask). A completion's ``prompt`` may be token ids.
 Streamed, each chunk carries the entries of the tokens whose text it begins. Not with tools the reply may
 call (a 400): its calls are taken out of the text.
 """
@@ -76,7 +79,9 @@ class GenRequest:
     model: str
     messages: list[dict] | None = None
     prompt: str | None = None
+    prompt_ids: list[int] | None = None  # a completion's prompt sent as token ids (the server checks the vocabulary)
     suffix: str | None = None  # a completion's text after the gap: fill in the middle (None or "": a plain completion)
+    echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's own, scored)
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -152,7 +157,7 @@ def _text(v: str, where: str) -> str:
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
 _HARMLESS = {"logit_bias": ({},), "functions": ([],),
              "function_call": ("none", "auto"),
-             "best_of": (1,), "echo": (False,), "audio": (),
+             "best_of": (1,), "audio": (),
              "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
              "moderation": ()}
 # OpenAI's fields that change nothing here: accepted and ignored
@@ -189,12 +194,16 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
             raise bad("'stream_options' is only allowed with 'stream': true", "stream_options")
         req.include_usage = _bool(so, "include_usage", "stream_options.include_usage")
 
-    # one length limit, under either of OpenAI's names
-    mt = _int(body, "max_tokens", 1)
-    mct = _int(body, "max_completion_tokens", 1)
+    # one length limit, under either of OpenAI's names (0 only with a completion's echo: the prompt scored)
+    mt = _int(body, "max_tokens", 0)
+    mct = _int(body, "max_completion_tokens", 0)
     if mt is not None and mct is not None and mt != mct:
         raise bad("'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens")
     req.max_tokens = mct if mct is not None else mt
+    if req.max_tokens == 0 and not (kind == "completion" and body.get("echo") is True):
+        key = "max_tokens" if mt == 0 else "max_completion_tokens"
+        raise bad(f"'{key}' must be >= 1, got 0" + (" (0 only with 'echo': true, the prompt's logprobs and nothing "
+                                                   "generated)" if kind == "completion" else ""), key)
 
     req.stop = _stop(body.get("stop"))
     opts = req.options
@@ -376,17 +385,26 @@ def _tool_call(c, where: str) -> dict:
 def parse_completion(body: dict, model_id: str) -> GenRequest:
     req = _common(body, "completion", model_id)
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
-    if not isinstance(p, str):
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        req.prompt_ids = list(p)  # token ids (OpenAI's legacy form; evaluation harnesses send them)
+    elif not isinstance(p, str):
         missing = p is None
-        raise bad("'prompt' must be a string (one prompt per request)" + (" (it is missing)" if missing else ""),
+        raise bad("'prompt' must be a string or an array of token ids (one prompt per request)"
+                  + (" (it is missing)" if missing else ""),
                   "prompt", "missing_required_parameter" if missing else "invalid_type")
-    req.prompt = _text(p, "prompt")
+    else:
+        req.prompt = _text(p, "prompt")
+    req.echo = _bool(body, "echo")
     sfx = body.get("suffix")
     if sfx is not None and not isinstance(sfx, str):
         raise bad(f"'suffix' must be a string, got {_kind(sfx)}", "suffix")
     if sfx:  # fill in the middle: the reply goes between the prompt and the suffix (the server checks the model)
+        if req.echo:
+            raise bad("'echo' cannot be used with 'suffix' (fill in the middle)", "echo")
+        if req.prompt_ids is not None:
+            raise bad("'suffix' needs the prompt as text, not token ids", "suffix")
         req.suffix = _text(sfx, "suffix")
     return req
 
@@ -449,9 +467,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, predic
     return out
 
 
-def _lp(v: float) -> float:
-    """A logprob JSON can carry: -inf (a token the model gave no chance) is OpenAI's -9999.0."""
-    return v if math.isfinite(v) else -9999.0
+def _lp(v: float | None) -> float | None:
+    """A logprob JSON can carry: -inf (a token the model gave no chance) is OpenAI's -9999.0; None (an echoed
+    prompt's first token: nothing comes before it) stays null."""
+    return v if v is None or math.isfinite(v) else -9999.0
 
 
 def logprobs_body(kind: str, entries: list[dict] | None) -> dict | None:
@@ -465,7 +484,8 @@ def logprobs_body(kind: str, entries: list[dict] | None) -> dict | None:
                              "top_logprobs": [{"token": t["token"], "logprob": _lp(t["logprob"]), "bytes": t["bytes"]}
                                               for t in e["top_logprobs"]]} for e in entries], "refusal": None}
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [_lp(e["logprob"]) for e in entries],
-            "top_logprobs": [{**{t["token"]: _lp(t["logprob"]) for t in e["top_logprobs"]}, e["token"]: _lp(e["logprob"])}
+            "top_logprobs": [None if e["logprob"] is None else
+                             {**{t["token"]: _lp(t["logprob"]) for t in e["top_logprobs"]}, e["token"]: _lp(e["logprob"])}
                              for e in entries],
             "text_offset": [e["offset"] for e in entries]}
 

@@ -158,3 +158,39 @@ def test_the_cli_prints_logprobs_with_json(tiny_bundle):
                            text=True, timeout=120)
         assert p.returncode != 0 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_scored_prompt_holds_the_replys_logprobs_teacher_forced(tiny_bundle):
+    """``Engine.score`` (a text's own logprobs, OpenAI's echo) reads every position: on the prompt and the reply a
+    generation gave, it gives the reply's logprobs again, and the prompt's the target alone gives."""
+    eng = edgespec.load(tiny_bundle, memory=False)
+    text = PROMPTS[0]
+    prompt = eng.tokenizer.encode(text)
+    r = eng.generate(text, max_new_tokens=100, drafter="auto", logprobs=4)  # > SCORE_CHUNK: several calls
+    whole, entries = eng.score(prompt + r.token_ids, logprobs=4)
+    assert len(entries) == len(prompt) + len(r.token_ids) and entries[0]["logprob"] is None
+    assert entries[0]["top_logprobs"] == [] and [e["token_id"] for e in entries] == prompt + r.token_ids
+    for got, e in zip(entries[len(prompt):], r.logprobs):
+        assert abs(got["logprob"] - e["logprob"]) < ATOL
+        assert [t["token_id"] for t in got["top_logprobs"]] == [t["token_id"] for t in e["top_logprobs"]]
+    ref = reference(tiny_bundle, prompt[:1], prompt[1:], 4)
+    assert np.allclose([e["logprob"] for e in entries[1:len(prompt)]], [x[0] for x in ref], atol=ATOL, rtol=0)
+    assert whole == eng.tokenizer.decode(prompt + r.token_ids)
+    assert [e["offset"] for e in entries] == sorted(e["offset"] for e in entries)
+    # the target now holds the scored text: a generation after it reads only its last token
+    s, _ = eng.score(text, logprobs=0)
+    assert s == text
+    g = eng.generate(text, max_new_tokens=2, drafter="none")
+    assert g.stats["reused_prompt_tokens"] == len(prompt) - 1 and g.token_ids == r.token_ids[:2]
+
+
+def test_bad_prompts_to_score_are_refused(tiny_bundle):
+    from edgespec.errors import ContextOverflowError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    for bad, err, msg in (([], ConfigError, "empty"), ([1, 10**9], ConfigError, "outside the vocabulary"),
+                          ([1] * (eng.max_context + 1), ContextOverflowError, "context"),
+                          ({"a": 1}, ConfigError, "text or a list of token ids"), ([1, True], ConfigError, "text or"),
+                          ("hi", ConfigError, "logprobs must be")):
+        with pytest.raises(err, match=msg):
+            eng.score(bad, logprobs=0 if bad != "hi" else 99)

@@ -221,6 +221,42 @@ def test_logprobs_chat_and_completions_streamed_or_not(client, engine, model_id)
     assert streamed == lp.tokens
 
 
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, engine, model_id):
+    """``echo`` with ``logprobs``: the prompt's own logprobs (``Engine.score``) before the reply's; with
+    ``max_tokens: 0`` nothing is generated (a text's log-likelihood). lm-evaluation-harness's request shape:
+    token ids, ``max_tokens`` 1, ``echo``, ``logprobs`` 1, the continuation's logprobs read at the context's end."""
+    context, continuation = "The capital of France is", " Paris, and the capital of Italy is Rome."
+    ctx_ids = engine.encode(context)
+    ids = engine.encode(context + continuation)
+    assert ids[:len(ctx_ids)] == ctx_ids
+    _, ref = engine.score(ids, logprobs=1)
+    c = client.completions.create(model=model_id, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    lp = c.choices[0].logprobs
+    assert c.choices[0].text.startswith(context + continuation) and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None and len(lp.tokens) == len(ids) + 1
+    assert lp.token_logprobs[:len(ids)] == pytest.approx([None] + [e["logprob"] for e in ref[1:]], abs=1e-6)
+    loglik = sum(lp.token_logprobs[len(ctx_ids):len(ids)])
+    assert loglik == pytest.approx(sum(e["logprob"] for e in ref[len(ctx_ids):]), abs=1e-5) and loglik < 0
+    assert c.usage.prompt_tokens == len(ids) and c.usage.prompt_tokens_details.cached_tokens == 0
+    assert lp.text_offset[:len(ids)] == [e["offset"] for e in ref]
+    assert lp.text_offset[len(ids)] == len(context + continuation)  # the reply's first token, after the prompt
+    # max_tokens 0: the prompt scored, nothing generated
+    z = client.completions.create(model=model_id, prompt=context, max_tokens=0, echo=True, logprobs=0)
+    assert z.choices[0].text == context and z.usage.completion_tokens == 0 and z.choices[0].finish_reason == "length"
+    assert z.choices[0].logprobs.token_logprobs[1:] == pytest.approx([e["logprob"] for e in ref[1:len(ctx_ids)]],
+                                                                      abs=1e-6)
+    # echo without logprobs: the prompt before the reply; streamed, the prompt is the first chunk
+    plain = client.completions.create(model=model_id, prompt=context, max_tokens=6)
+    e = client.completions.create(model=model_id, prompt=context, max_tokens=6, echo=True)
+    assert e.choices[0].text == context + plain.choices[0].text and e.choices[0].logprobs is None
+    chunks = [ch.choices[0].text for ch in client.completions.create(model=model_id, prompt=context, max_tokens=6,
+                                                                     echo=True, logprobs=2, stream=True)]
+    assert chunks[0] == context and "".join(chunks) == e.choices[0].text
+    # a prompt of token ids is the prompt those ids are
+    assert client.completions.create(model=model_id, prompt=ctx_ids, max_tokens=6).choices[0].text == \
+        plain.choices[0].text
+
+
 def test_message_content_is_text(client, server, model_id):
     """Only role and content reach the template; content parts are joined; template syntax in
     content stays text."""
@@ -399,7 +435,14 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
     ("completions", {}, 400, "prompt", "missing_required_parameter"),
     ("completions", {"prompt": ["one", "two"]}, 400, "prompt", None),
-    ("completions", {"prompt": "hi", "echo": True}, 400, "echo", None),
+    ("completions", {"prompt": "hi", "echo": "yes"}, 400, "echo", None),
+    ("completions", {"prompt": "hi", "echo": True, "suffix": "x"}, 400, "echo", None),
+    ("completions", {"prompt": [1, 2], "suffix": "x"}, 400, "suffix", None),
+    ("completions", {"prompt": []}, 400, "prompt", None),
+    ("completions", {"prompt": [1, "a"]}, 400, "prompt", None),
+    ("completions", {"prompt": [1, 10**9]}, 400, "prompt", None),
+    ("completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
+    ("completions", {"prompt": "hi", "max_completion_tokens": 0, "echo": False}, 400, "max_completion_tokens", None),
     # SmolLM2 has no fill-in-the-middle tokens (tests/test_infill.py: a model that has them)
     ("completions", {"prompt": "def f():", "suffix": "\n"}, 400, "suffix", "unsupported_parameter"),
     ("completions", {"prompt": "def f():", "suffix": 3}, 400, "suffix", None),
