@@ -312,6 +312,49 @@ def _read_stdin() -> str:
             from None
 
 
+@main.command("perplexity")
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--window", type=int, default=512, show_default=True,
+              help="Tokens a window; the second half of each is scored (llama-perplexity's rule).")
+@click.option("--max-windows", type=int, default=None, help="Score at most this many windows.")
+@click.option("--max-context", type=int, default=None)
+@click.option("--threads", type=int, default=None)
+@_profile_opt
+@_provider_opt
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, profile, provider, as_json):
+    """The target's perplexity on the text of FILES (UTF-8, joined by blank lines): how well the quantized
+    model predicts it, to compare exports."""
+    from .api import load
+    from .errors import ConfigError
+    from .perplexity import MIN_WINDOW, perplexity
+    from .suffix import read_document
+
+    if window < MIN_WINDOW:  # checked before the model loads, as the files are
+        raise ConfigError(f"--window must be >= {MIN_WINDOW} tokens, got {window}")
+    if max_windows is not None and max_windows < 1:
+        raise ConfigError(f"--max-windows must be >= 1, got {max_windows}")
+    text = "\n\n".join(read_document(f, what="text file", error=ConfigError) for f in files)
+    eng = load(bundle, profile=profile, provider=provider, max_context=max_context or window,
+               threads=threads, use_drafter=False, memory=False, prompt_cache_mb=0)
+    ids = eng.tokenizer.encode(text, parse_special=False)
+
+    def progress(done, total, ppl):
+        if not as_json:
+            click.echo(f"\r[{done}/{total}] perplexity {ppl:.4f}", nl=False, err=True)
+
+    r = perplexity(eng, ids, window, max_windows, progress)
+    if as_json:
+        click.echo(json.dumps({"bundle": str(bundle), **r.to_dict()}))
+    else:
+        click.echo("", err=True)
+        click.echo(f"perplexity {r.perplexity:.4f} over {r.tokens} tokens ({r.windows} windows of {r.window}, "
+                   f"the second half of each scored; the text has {r.text_tokens} tokens), "
+                   f"{r.seconds:.1f} s ({r.tokens_per_second:.0f} tokens/s read)")
+    eng.close()
+
+
 # -- chat -----------------------------------------------------------------------------------
 @main.command()
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())

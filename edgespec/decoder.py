@@ -6,6 +6,7 @@ target's output (verify.py), and the target's cache and the drafter roll back wh
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -114,20 +115,22 @@ class TokenLogprob:
 
 
 def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
-    """``TokenLogprob`` of ``tokens[i]`` under the logits ``rows[i]`` (float64 log-softmax), each with the
-    row's ``top`` most likely tokens (ties: the lower id first)."""
+    """``TokenLogprob`` of ``tokens[i]`` under the logits ``rows[i]`` (log-softmax: float32 exponentials summed
+    in float64), each with the row's ``top`` most likely tokens (ties: the lower id first)."""
     out = []
-    for i, t in enumerate(tokens):  # a row at a time: the float64 copy stays one row (~1 MiB on a 150k vocabulary)
-        x = np.asarray(rows[i], dtype=np.float64)
-        m = x.max()
-        lse = m + np.log(np.exp(x - m).sum())
+    for i, t in enumerate(tokens):  # a row at a time: float32 exponentials summed in float64
+        x = np.asarray(rows[i], dtype=np.float32)
+        m = float(x.max())
+        e = x - np.float32(m)
+        np.exp(e, out=e)
+        lse = m + math.log(float(e.sum(dtype=np.float64)))
         best = ()
         k = min(top, len(x))
         if k:
-            idx = np.argpartition(-x, k - 1)[:k]
+            idx = np.argpartition(x, len(x) - k)[len(x) - k:]
             idx = idx[np.lexsort((idx, -x[idx]))]
-            best = tuple((int(j), float(x[j] - lse)) for j in idx)
-        out.append(TokenLogprob(int(t), float(x[int(t)] - lse), best))
+            best = tuple((int(j), float(x[j]) - lse) for j in idx)
+        out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best))
     return out
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server from a pinned source release for the side-by-side benchmarks
-# (scripts/bench_spec.py --llamacpp). The source is the copy of llama.cpp vendored in the
+# Build llama.cpp's llama-server and llama-perplexity from a pinned source release for the side-by-side
+# benchmarks (scripts/bench_spec.py --llamacpp) and perplexities (docs/bench/perplexity_s34.md). The source is the copy of llama.cpp vendored in the
 # llama-cpp-python sdist on PyPI, checked against its sha256. Not part of CI or the install:
-# it takes ~10 minutes on 2 cores. Output: .llamacpp/bin/llama-server.
+# it takes ~10 minutes on 2 cores. Output: .llamacpp/bin/llama-server, .llamacpp/bin/llama-perplexity.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
@@ -25,7 +25,7 @@ if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then NOAMX="-mno-amx-tile -mno-a
 cmake -S "$SRC" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
   -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
-cmake --build "$OUT/build" --target llama-server -j "$(nproc)"
+cmake --build "$OUT/build" --target llama-server llama-perplexity -j "$(nproc)"
 mkdir -p "$OUT/bin"
-cp "$OUT/build/bin/llama-server" "$OUT/bin/"
+cp "$OUT/build/bin/llama-server" "$OUT/build/bin/llama-perplexity" "$OUT/bin/"
 "$OUT/bin/llama-server" --version 2>&1 | head -2

@@ -194,3 +194,63 @@ def test_bad_prompts_to_score_are_refused(tiny_bundle):
                           ("hi", ConfigError, "logprobs must be")):
         with pytest.raises(err, match=msg):
             eng.score(bad, logprobs=0 if bad != "hi" else 99)
+
+
+def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
+    from edgespec.perplexity import perplexity
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    text = " ".join(PROMPTS * 12)
+    ids = eng.tokenizer.encode(text, parse_special=False)
+    r = perplexity(eng, ids, window=32, max_windows=3)
+    assert (r.windows, r.tokens, r.window) == (3, 45, 32)
+    nll = []
+    for w in range(3):  # each window read from its start, positions 17..31 scored (llama-perplexity's)
+        win = ids[w * 32:(w + 1) * 32]
+        nll += [-x[0] for x in reference(tiny_bundle, win[:17], win[17:], 0)]
+    assert abs(r.nll - np.mean(nll)) < ATOL and abs(r.perplexity - np.exp(np.mean(nll))) < 1e-3 * r.perplexity
+    assert perplexity(eng, ids, window=32).windows == len(ids) // 32
+    for bad, msg in (({"window": 8}, "window must be"), ({"window": 4096}, "larger than the context"),
+                     ({"window": 32, "max_windows": 0}, "windows must be")):
+        with pytest.raises(ConfigError, match=msg):
+            perplexity(eng, ids, **bad)
+    with pytest.raises(ConfigError, match="a window needs"):
+        perplexity(eng, ids[:20], window=32)
+    # the command line
+    f = tmp_path / "text.txt"
+    f.write_text(text)
+    cli = [sys.executable, "-m", "edgespec.cli", "perplexity", str(tiny_bundle), str(f), "--window", "32"]
+    p = subprocess.run([*cli, "--max-windows", "3", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert abs(json.loads(p.stdout)["perplexity"] - r.perplexity) < 1e-6 * r.perplexity
+    for args, msg in ((["--window", "8"], "--window must be"), (["--max-windows", "0"], "--max-windows must be"),
+                      ([str(tmp_path / "missing.txt")], "no such text file")):
+        p = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+        assert p.returncode != 0 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_the_logprobs_and_perplexity_scripts_run_on_a_tiny_bundle(tiny_bundle, tmp_path):
+    """scripts/bench_logprobs.py (README, Logprobs: the cost and the distance from plain decoding) and
+    scripts/perplexity_vs_llamacpp.py (without llama.cpp: the tiny bundle has no GGUF) end to end."""
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    out = tmp_path / "lp.md"
+    r = subprocess.run([sys.executable, str(scripts / "bench_logprobs.py"), str(tiny_bundle), "--limit", "28",
+                        "--max-new-tokens", "12", "--drafters", "none,model,auto", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split(" | ") for ln in out.read_text().splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert [x[0] for x in rows] == ["| none", "| model", "| auto"] and all(x[4] == "yes" for x in rows)
+    assert all(float(x[5]) < ATOL for x in rows)  # the same logprobs as plain decoding's
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(PROMPTS * 12))
+    out = tmp_path / "ppl.md"
+    r = subprocess.run([sys.executable, str(scripts / "perplexity_vs_llamacpp.py"), str(tiny_bundle), "--text",
+                        str(text), "--window", "32", "--max-windows", "2", "--out", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "| edgespec, tiny-fp32 |" in out.read_text()
+    r = subprocess.run([sys.executable, str(scripts / "perplexity_vs_llamacpp.py"), str(tiny_bundle), "--text",
+                        str(text), "--window", "32", "--llamacpp"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "needs a bundle exported from a GGUF" in r.stderr
