@@ -157,3 +157,27 @@ def test_qwen_coder_fills_in_the_middle_exactly_under_every_drafter():
             assert r.token_ids == ref.token_ids, (d, r.text)
     assert len(eng.encode(long_prefix, suffix=suffix)) > 128  # (past the drafter's read window: its head)
     eng.close()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen-coder-b128-v64k-xk", "qwen-coder-b128-v64k"])
+def test_qwen_logprobs_equal_plain_decodings_and_the_scored_text(name):
+    """Logprobs (README, Logprobs) on the pair: under ``auto`` and ``model`` the same values as plain decoding's,
+    bit for bit (every row from a call of two or more tokens on either kernel), and a scored prompt + reply
+    (64-token calls) gives the reply's values again, bit for bit too."""
+    bundle = BUNDLES / name
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    eng = edgespec.load(bundle, max_context=1024, memory=False)
+    msgs = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
+    ref = eng.generate(msgs, max_new_tokens=64, drafter="none", logprobs=5)
+    for d in ("auto", "model"):
+        eng.reset()
+        r = eng.generate(msgs, max_new_tokens=64, drafter=d, logprobs=5)
+        assert r.token_ids == ref.token_ids and r.logprobs == ref.logprobs, d
+        assert r.stats["accepted"] > 0
+    prompt = eng.encode(msgs)
+    _, entries = eng.score(prompt + ref.token_ids, logprobs=5)
+    assert [e["logprob"] for e in entries[len(prompt):]] == [e["logprob"] for e in ref.logprobs]  # (measured: equal)
+    assert [e["top_logprobs"][0]["token_id"] for e in entries[len(prompt):]] == ref.token_ids
