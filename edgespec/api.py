@@ -364,6 +364,10 @@ class Engine:
         vals.update({k: v for k, v in kw.items() if v is not None})
         cfg = GenerationConfig(**vals)
         self.decoder.check_drafter(cfg.drafter)  # e.g. no drafter model loaded
+        vocab = self.decoder.vocab
+        bad = next((t for t, _ in cfg.logit_bias if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ConfigError(f"logit_bias holds token id {bad}, outside the vocabulary (0..{vocab - 1})")
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,

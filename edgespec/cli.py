@@ -158,6 +158,50 @@ _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE"
 _provider_opt = click.option("--provider", type=click.Choice(PROVIDER_NAMES), default=None,
                              help="Execution provider (overrides the profile; an error if it cannot run).")
 
+def _store_penalty(ctx, param, value):
+    ctx.meta.setdefault("edgespec_penalties", {})[param.name] = value
+    return value
+
+
+def _penalty_opts(f):
+    """--presence-penalty --frequency-penalty --repetition-penalty --logit-bias ID=BIAS (penalties.py), read
+    by ``penalty_options``; shared by generate and chat."""
+    for opt in reversed((
+        click.option("--presence-penalty", type=float, default=0.0, expose_value=False, callback=_store_penalty,
+                     help="Lower the logit of every token the reply holds by this (-2..2)."),
+        click.option("--frequency-penalty", type=float, default=0.0, expose_value=False, callback=_store_penalty,
+                     help="Lower each token's logit by this times its count in the reply (-2..2)."),
+        click.option("--repetition-penalty", type=float, default=1.0, expose_value=False, callback=_store_penalty,
+                     help="Divide (or multiply, if negative) the logits of tokens in the prompt or reply (1 = off)."),
+        click.option("--logit-bias", multiple=True, metavar="ID=BIAS", expose_value=False, callback=_store_penalty,
+                     help="Add BIAS (-100..100) to token ID's logit (repeatable)."),
+    )):
+        f = opt(f)
+    return f
+
+
+def penalty_options() -> dict:
+    """``GenerationConfig`` keywords from the running command's penalty options (validated: ConfigError)."""
+    from .errors import ConfigError
+
+    ctx = click.get_current_context(silent=True)
+    p = ctx.meta.get("edgespec_penalties", {}) if ctx is not None else {}
+    out = {k: p[k] for k in ("presence_penalty", "frequency_penalty", "repetition_penalty") if k in p}
+    bias = []
+    for item in p.get("logit_bias") or ():
+        tok, sep, val = item.partition("=")
+        try:
+            bias.append((int(tok), float(val)))
+        except ValueError:
+            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
+        if not sep:
+            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}")
+    if bias:
+        out["logit_bias"] = tuple(bias)
+    GenerationConfig(**out)  # refused before the model loads
+    return out
+
+
 def _sampling_opts(f):
     """--temperature --top-k --top-p --seed, shared by generate and chat."""
     for opt in reversed((
@@ -214,6 +258,7 @@ def _engine_opts(f):
 @click.option("--chat/--raw", "as_chat", default=False, help="Wrap the prompt in the chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @_sampling_opts
+@_penalty_opts
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @_engine_opts
 @_prompt_cache_opts
@@ -247,6 +292,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         raise ConfigError("--logprobs is printed with --json (one JSON object with the text, the tokens and their "
                           "logprobs)")
     GenerationConfig(logprobs=logprobs)  # a bad N refused before the model loads
+    penalties = penalty_options()
 
     prediction = None if prediction_file is None else read_document(
         prediction_file, what="prediction file", error=ConfigError)  # before the model loads
@@ -272,7 +318,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
               drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
-              suffix=suffix, logprobs=logprobs)
+              suffix=suffix, logprobs=logprobs, **penalties)
     if response_format is not None:
         kw["response_format"] = response_format
     if as_json:
@@ -361,6 +407,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
 @_sampling_opts
+@_penalty_opts
 @_engine_opts
 @_prompt_cache_opts
 @memory_opts()
@@ -375,9 +422,10 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     """
     from .chat import run_chat
 
+    penalties = penalty_options()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   drafter=drafter, draft_tokens=draft_tokens)
+                   drafter=drafter, draft_tokens=draft_tokens, **penalties)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?'
     if hasattr(sys.stdin, "reconfigure"):

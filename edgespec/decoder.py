@@ -22,6 +22,7 @@ from .prediction import MAX_PREDICTION, PredictionDrafter
 from .errors import BusyError, ConfigError, ContextOverflowError
 from .kv import TokenBuffer
 from .lm import CausalLM
+from .penalties import Penalizer
 from .policy import RoundPolicy
 from .sampling import SamplingParams, distribution
 from .verify import greedy_accept, greedy_accept_choice, rejection_sample
@@ -29,7 +30,8 @@ from .width import padded_width
 
 
 _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "seed": Integral,
-          "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral, "logprobs": Integral}
+          "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral, "logprobs": Integral,
+          "presence_penalty": Real, "frequency_penalty": Real, "repetition_penalty": Real}
 _OPTIONAL = ("seed", "draft_tokens", "logprobs")
 MAX_LOGPROBS = 20  # the most likely alternatives a token's logprob can come with (OpenAI's bound)
 SCORE_CHUNK = 64  # prompt tokens a call when every position's logits are read (score): 39 MB of float32 on Qwen
@@ -56,6 +58,13 @@ class GenerationConfig:
     # each new token's log-probability under the target (``TokenLogprob``), with this many of the most
     # likely tokens at its position (0..MAX_LOGPROBS); None: not computed
     logprobs: int | None = None
+    # the target's logits processed before the choice (penalties.py, vLLM's order): token id -> bias added
+    # (-100..100), then the repetition penalty over prompt and reply (> 0; 1 = off), then the frequency and
+    # presence penalties over the reply (-2..2)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
@@ -92,12 +101,36 @@ class GenerationConfig:
                 isinstance(t, Integral) and not isinstance(t, bool) for t in ends):
             raise ConfigError(f"stop_token_ids must be a sequence of token ids, got {type(ends).__name__}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ends))
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -2.0 <= v <= 2.0):
+                raise ConfigError(f"{name} must be in -2..2, got {v}")
+        if not (math.isfinite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0):
+            raise ConfigError(f"repetition_penalty must be in (0, 10] (1 is off), got {self.repetition_penalty}")
+        bias = self.logit_bias
+        if isinstance(bias, dict):
+            bias = list(bias.items())
+        if not isinstance(bias, (list, tuple)) or not all(
+                isinstance(kv, (list, tuple)) and len(kv) == 2 and isinstance(kv[0], Integral)
+                and not isinstance(kv[0], bool) and isinstance(kv[1], Real) and not isinstance(kv[1], bool)
+                for kv in bias):
+            raise ConfigError("logit_bias must map token ids (integers) to biases (numbers)")
+        for t, b in bias:
+            if not (math.isfinite(b) and -100.0 <= b <= 100.0):
+                raise ConfigError(f"logit_bias of token {t} must be in -100..100, got {b}")
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ConfigError(f"grammar must be an llguidance grammar (a string), got {type(self.grammar).__name__}")
         if self.grammar is not None and self.ignore_eos:
             raise ConfigError("ignore_eos cannot be used with a response format: the format ends the reply")
         if self.drafter == "prediction" and not self.prediction:
             raise ConfigError("drafter 'prediction' needs a prediction (the text the reply is expected to repeat)")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the target's logits are processed (logit bias or a penalty)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 \
+            or self.repetition_penalty != 1.0
 
     @property
     def sampling(self) -> SamplingParams:
@@ -343,6 +376,9 @@ class Decoder:
         if len(cfg.prediction) > self.target.max_context:  # (a reply never gets near it; bounds a rejoin's scan)
             raise ConfigError(f"the prediction has {len(cfg.prediction)} tokens; a reply can have at most "
                               f"{self.target.max_context} (the context)")
+        bad = next((t for t, _ in cfg.logit_bias if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise ConfigError(f"logit_bias holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
         if cfg.grammar is not None and self.constraints is None:
             raise ConfigError("this engine has no tokenizer for structured outputs (response_format)")
         if prompt_len >= self.target.max_context:
@@ -371,11 +407,17 @@ class Decoder:
         st.target_s += clock() - t_start
         st.target_calls += target.calls - calls0
         raw_last = last
+        pen = Penalizer(self.vocab, prompt, cfg.logit_bias, cfg.presence_penalty, cfg.frequency_penalty,
+                        cfg.repetition_penalty) if cfg.penalized else None
+        if pen is not None:  # logit bias, penalties: on every row the choice is made from
+            last = pen.rows(np.asarray(last)[None, : self.vocab])[0]
         if con is not None:  # structured outputs: the first token too is one the grammar allows
             last = masked(np.asarray(last)[None, : self.vocab], con.masks(())[0])[0]
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         if con is not None:
             con.consume([first])
+        if pen is not None:
+            pen.consume([first])
         want_lp = cfg.logprobs is not None
         first_lp = token_logprobs(np.asarray(raw_last)[None, : self.vocab], [first], cfg.logprobs) if want_lp else None
         t_d = clock()
@@ -391,7 +433,8 @@ class Decoder:
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
         # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
         # (not with logprobs: an alternate's next token has no row of logits here)
-        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates and con is None and not want_lp
+        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates and con is None and not want_lp \
+            and pen is None
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
@@ -464,14 +507,15 @@ class Decoder:
                 policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                 st.alternates += len(alts)
                 st.alternates_kept += kept_alt is not None
-            elif sp.greedy and con is None and not want_lp:  # the target's top tokens (on a GPU: computed there, the logits never copied)
+            elif sp.greedy and con is None and not want_lp and pen is None:  # the target's top tokens (on a GPU: computed there, the logits never copied)
                 top = target.forward_argmax([ctx[-1]] + draft.tokens)
                 dt = clock() - t1
                 n, nxt = greedy_accept_choice(draft.tokens, top)
             else:
                 logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
                 raw = logits[:, : self.vocab]
-                rows = raw if con is None else masked(raw, allowed)
+                rows = raw if pen is None else pen.rows(raw, draft.tokens)
+                rows = rows if con is None else masked(rows, allowed)
                 dt = clock() - t1
                 if sp.greedy:  # (held to a grammar)
                     n, nxt = greedy_accept(draft.tokens, rows)
@@ -499,6 +543,8 @@ class Decoder:
                 reason = reason or "context"
             if con is not None and reason is None:
                 con.consume(new)
+            if pen is not None:
+                pen.consume(new)
             lps = token_logprobs(raw, new, cfg.logprobs) if want_lp else None  # (raw: read before the next call)
             ctx.extend(new)
             st.new_tokens += len(new)

@@ -155,7 +155,7 @@ def _text(v: str, where: str) -> str:
 
 
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
-_HARMLESS = {"logit_bias": ({},), "functions": ([],),
+_HARMLESS = {"functions": ([],),
              "function_call": ("none", "auto"),
              "best_of": (1,), "audio": (),
              "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
@@ -217,12 +217,19 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     n = _int(body, "n", 1)
     if n not in (None, 1):
         raise bad("'n' must be 1: edgespec generates one choice per request", "n", "unsupported_value")
+    # the target's logits processed (penalties.py): exact under speculative decoding as without
     for key in ("presence_penalty", "frequency_penalty"):
-        if _number(body, key, -2.0, 2.0):
-            raise bad(f"'{key}' is not supported by edgespec (it would change the target's distribution)", key,
-                      "unsupported_parameter")
-    if body.get("repetition_penalty") not in (None, 1, 1.0):
-        raise bad("'repetition_penalty' is not supported by edgespec", "repetition_penalty", "unsupported_parameter")
+        v = _number(body, key, -2.0, 2.0)
+        if v:
+            opts[key] = v
+    v = _number(body, "repetition_penalty", 0.0, 10.0, lo_open=True)  # vLLM's and llama.cpp's extension
+    if v is not None and v != 1.0:
+        opts["repetition_penalty"] = v
+    lb = body.get("logit_bias")
+    if lb is not None:
+        opts_lb = _logit_bias(lb)
+        if opts_lb:
+            opts["logit_bias"] = opts_lb
     for key, allowed in _HARMLESS.items():
         v = body.get(key)
         if v is not None and not any(type(v) is type(a) and v == a for a in allowed):
@@ -266,6 +273,30 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
             if v is not None:
                 opts[key] = v
     return req
+
+
+MAX_LOGIT_BIAS = 1024  # tokens a request may bias
+
+
+def _logit_bias(v) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: an object from token ids (as JSON strings, or integers) to biases in
+    -100..100 (the server checks the ids against the vocabulary)."""
+    if not isinstance(v, dict):
+        raise bad(f"'logit_bias' must be an object mapping token ids to biases, got {_kind(v)}", "logit_bias")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} tokens, got {len(v)}", "logit_bias")
+    out = []
+    for k, b in v.items():
+        try:
+            t = int(k) if isinstance(k, (str, int)) and not isinstance(k, bool) else None
+        except ValueError:
+            t = None
+        if t is None or t < 0 or (isinstance(k, str) and k.strip() != str(t)):
+            raise bad(f"'logit_bias' keys must be token ids (non-negative integers), got {k!r}"[:200], "logit_bias")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not -100 <= b <= 100:
+            raise bad(f"'logit_bias' of token {t} must be a number in -100..100, got {b!r}"[:200], "logit_bias")
+        out.append((t, float(b)))
+    return tuple(out)
 
 
 def _stop(v) -> list[str]:

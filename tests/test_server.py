@@ -221,6 +221,24 @@ def test_logprobs_chat_and_completions_streamed_or_not(client, engine, model_id)
     assert streamed == lp.tokens
 
 
+def test_penalties_and_logit_bias_are_the_engines(client, engine, model_id):
+    """OpenAI's frequency and presence penalties, logit_bias (token ids as JSON strings) and the repetition_penalty
+    extension reach the engine (the reply is the Python API's with the same settings; tests/test_penalties.py
+    checks those are target-only decoding's)."""
+    prompt = "List the numbers: 1, 2, 3, 4,"
+    plain = engine.generate(prompt, max_new_tokens=16)
+    pen = dict(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.2)
+    ref = engine.generate(prompt, max_new_tokens=16, **pen)
+    assert ref.text != plain.text
+    r = client.completions.create(model=model_id, prompt=prompt, max_tokens=16, temperature=0, **{
+        k: v for k, v in pen.items() if k != "repetition_penalty"}, extra_body={"repetition_penalty": 1.2})
+    assert r.choices[0].text == ref.text
+    t = engine.tokenizer.encode(" banana")[0]
+    r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                       logit_bias={str(t): 100})
+    assert r.choices[0].message.content == engine.tokenizer.decode([t] * 3)
+
+
 def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, engine, model_id):
     """``echo`` with ``logprobs``: the prompt's own logprobs (``Engine.score``) before the reply's; with
     ``max_tokens: 0`` nothing is generated (a text's log-likelihood). lm-evaluation-harness's request shape:
@@ -435,6 +453,15 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
     ("completions", {}, 400, "prompt", "missing_required_parameter"),
     ("completions", {"prompt": ["one", "two"]}, 400, "prompt", None),
+    ("completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty", None),
+    ("completions", {"prompt": "hi", "frequency_penalty": "1"}, 400, "frequency_penalty", None),
+    ("completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", None),
+    ("completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
+    ("completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias", None),
+    ("completions", {"prompt": "hi", "logit_bias": {"-5": 1}}, 400, "logit_bias", None),
+    ("completions", {"prompt": "hi", "logit_bias": [1, 2]}, 400, "logit_bias", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999999": 1}}, 400, "logit_bias",
+     None),
     ("completions", {"prompt": "hi", "echo": "yes"}, 400, "echo", None),
     ("completions", {"prompt": "hi", "echo": True, "suffix": "x"}, 400, "echo", None),
     ("completions", {"prompt": [1, 2], "suffix": "x"}, 400, "suffix", None),

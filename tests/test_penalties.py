@@ -1,0 +1,153 @@
+"""Logit bias and repetition penalties (edgespec/penalties.py) under speculative decoding: the output is
+target-only decoding's with the same settings, computed here by an independent reference (greedy token for
+token under every drafter; sampled by a chi-square test over whole sequences, and a planted bug it catches:
+verify rows penalized without the draft tokens before them)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.decoder import Decoder, GenerationConfig
+from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.errors import ConfigError
+from edgespec.sampling import SamplingParams, probs
+from test_decoder import _chi2, _chi2_crit, make, run, suffix_drafter
+from tiny import FakeLM
+
+PROMPT = [1, 2, 1, 2, 1]
+SETTINGS = [dict(frequency_penalty=1.5), dict(presence_penalty=2.0), dict(repetition_penalty=1.8),
+            dict(logit_bias=((3, 2.5), (0, -1.0))),
+            dict(logit_bias=((2, 1.0),), frequency_penalty=0.7, presence_penalty=-0.5, repetition_penalty=1.3)]
+
+
+def reference_logits(row, prompt, reply, logit_bias=(), presence_penalty=0.0, frequency_penalty=0.0,
+                     repetition_penalty=1.0):
+    """vLLM's processing, written out token by token: bias, repetition over prompt and reply, then the
+    reply's frequency and presence."""
+    x = np.array(row, dtype=np.float64)
+    for t, b in logit_bias:
+        x[t] += b
+    for t in set(prompt) | set(reply):
+        x[t] = x[t] / repetition_penalty if x[t] > 0 else x[t] * repetition_penalty
+    for t in set(reply):
+        x[t] -= frequency_penalty * reply.count(t) + presence_penalty
+    return x
+
+
+def reference_greedy(target: FakeLM, prompt, n, **pen):
+    reply = []
+    for _ in range(n):
+        reply.append(int(np.argmax(reference_logits(target.logits_for(list(prompt) + reply), prompt, reply, **pen))))
+    return reply
+
+
+@pytest.mark.parametrize("pen", SETTINGS)
+def test_greedy_output_is_target_only_decodings_with_the_same_penalties(pen):
+    dec = make()
+    changed = 0
+    for prompt in (PROMPT, [3, 3, 0, 1], [0], [2, 2, 5, 7, 1]):
+        ref = reference_greedy(dec.target, prompt, 40, **pen)
+        changed += run(dec, prompt, max_new_tokens=40, drafter="none")[0] != ref
+        for d, k in (("none", None), ("model", 3), ("model", None), ("prompt-lookup", None), ("suffix", None),
+                     ("auto", None)):
+            got, _ = run(dec, prompt, max_new_tokens=40, drafter=d, draft_tokens=k, **pen)
+            assert got == ref, (prompt, d, k, pen)
+    assert changed  # the settings changed some replies
+
+
+def _exact(target: FakeLM, prompt, n, sp, pen):
+    out = {}
+    for seq in itertools.product(range(target.vocab), repeat=n):
+        p, reply = 1.0, []
+        for t in seq:
+            row = reference_logits(target.logits_for(list(prompt) + reply), prompt, reply, **pen)
+            p *= probs(row[None], sp)[0][t]
+            reply.append(t)
+        out[seq] = p
+    return out
+
+
+def _counts(sp, pen, runs, drafter, k=2):
+    vocab = 4
+    target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+    dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                reuse_buffer=True)
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(), suffix_drafter(vocab, 7)])
+    counts: dict = {}
+    for i in range(runs):
+        out, _ = run(dec, PROMPT, max_new_tokens=3, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                     seed=i, drafter=drafter, draft_tokens=k, **pen)
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    return _chi2(counts, _exact(FakeLM(vocab, seed=7, sharpness=1.0), PROMPT, 3, sp, pen), runs)
+
+
+PEN = dict(logit_bias=((1, 0.8),), frequency_penalty=1.2, presence_penalty=0.4, repetition_penalty=1.5)
+
+
+@pytest.mark.parametrize("drafter, sp", [("model", SamplingParams(1.0)), ("model", SamplingParams(0.7, top_k=3)),
+                                         ("prompt-lookup", SamplingParams(1.0)), ("auto", SamplingParams(1.3, top_p=0.8))])
+def test_sampled_output_follows_the_penalized_distribution(drafter, sp):
+    stat, df = _counts(sp, PEN, 5000, drafter)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+def test_the_statistical_test_catches_rows_penalized_without_the_draft_before_them(monkeypatch):
+    from edgespec.penalties import Penalizer
+
+    real = Penalizer.rows
+    monkeypatch.setattr(Penalizer, "rows", lambda self, logits, draft=(): real(self, logits, ()) if len(logits) == 1
+                        else np.concatenate([real(self, logits[i:i + 1], ()) for i in range(len(logits))]))
+    stat, df = _counts(SamplingParams(1.0), PEN, 5000, "model")
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(presence_penalty=2.5), "presence_penalty must be in -2..2"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty must be"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be in"),
+    (dict(repetition_penalty="1.1"), "repetition_penalty must be a number"),
+    (dict(logit_bias={1: 101}), "logit_bias of token 1 must be in -100..100"),
+    (dict(logit_bias={"1": 5}), "logit_bias must map token ids"),
+    (dict(logit_bias=[(1, True)]), "logit_bias must map token ids"),
+    (dict(logit_bias=5), "logit_bias must map token ids")])
+def test_bad_penalties_are_refused(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        GenerationConfig(**kw)
+
+
+def test_on_an_exported_model_a_bias_forces_a_token_and_ids_are_checked(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    t = eng.tokenizer.encode(" cat")[-1]
+    r = eng.generate("hello world", max_new_tokens=8, drafter="auto", logit_bias={t: 100})
+    assert r.token_ids == [t] * 8
+    # a frequency penalty against the same bias: the token cannot win forever
+    r = eng.generate("hello world", max_new_tokens=30, drafter="auto", logit_bias={t: 30}, frequency_penalty=2.0)
+    assert r.token_ids[0] == t and r.token_ids.count(t) < 30
+    assert r.token_ids == eng.generate("hello world", max_new_tokens=30, drafter="none", logit_bias={t: 30},
+                                       frequency_penalty=2.0).token_ids
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        eng.generate("hello", max_new_tokens=2, logit_bias={10**6: 1.0})
+
+
+def test_the_cli_takes_penalties_and_refuses_bad_ones_before_loading(tiny_bundle):
+    import json
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "edgespec.cli", "generate", str(tiny_bundle), "-p", "hello world",
+           "--max-new-tokens", "6", "--no-memory"]
+    p = subprocess.run([*cli, "--logit-bias", "300=100", "--frequency-penalty", "0.5", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    eng = edgespec.load(tiny_bundle, memory=False)
+    assert json.loads(p.stdout)["token_ids"] == eng.generate("hello world", max_new_tokens=6, logit_bias={300: 100},
+                                                             frequency_penalty=0.5).token_ids
+    for args, msg in ((["--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"), (["--logit-bias", "5"], "ID=BIAS"),
+                      (["--presence-penalty", "3"], "presence_penalty must be in -2..2"),
+                      (["--repetition-penalty", "0"], "repetition_penalty must be in"),
+                      (["--logit-bias", "99999=1"], "outside the vocabulary")):
+        p = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+        assert p.returncode != 0 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
