@@ -524,15 +524,19 @@ class Engine:
         return text + dec.flush(), entries
 
     def logprob_entry(self, lp: TokenLogprob, offset: int) -> dict:
-        """A token's logprob as the Python API and the server give it: ``token_id``, ``token`` (its text;
-        a token that is part of a character: its bytes as U+FFFD), ``bytes`` (its UTF-8 bytes as integers),
+        """A token's logprob as the Python API and the server give it: ``token_id``, ``token`` (its text; a
+        token that is part of a character: ``bytes:\\xe2\\x80``, OpenAI's spelling), ``bytes`` (its UTF-8 bytes),
         ``logprob``, ``offset`` (where its text starts in the reply) and ``top_logprobs`` (the most likely
         tokens at its position, most likely first: ``token_id``, ``token``, ``bytes``, ``logprob``)."""
         tok = self.tokenizer
 
         def one(t: int, v: float) -> dict:
             b = tok.token_bytes(t)
-            return {"token_id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
+            try:
+                text = b.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: OpenAI's spelling of its bytes
+                text = "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+            return {"token_id": t, "token": text, "bytes": list(b), "logprob": v}
 
         return {**one(lp.token, lp.logprob), "offset": offset, "top_logprobs": [one(t, v) for t, v in lp.top]}
 
@@ -562,9 +566,15 @@ class Engine:
         are of the text. ``stats`` still counts them: they were computed."""
         # from the end: the stop string ends in the last few tokens, so this decodes a few times, not len(ids)
         j = len(ids)
-        while j > 0 and len(self.tokenizer.decode(ids[:j - 1])) >= end:
+        while j > 0 and self._text_len(ids[:j - 1]) >= end:
             j -= 1
         return list(ids[:j])
+
+    def _text_len(self, ids: Sequence[int]) -> int:
+        """The length of the text ``ids`` have given the reply: a character their last tokens only began (the
+        decoder's U+FFFD for it) is not out yet."""
+        text = self.tokenizer.decode(ids)
+        return len(text) - 1 if text.endswith("\ufffd") and self.tokenizer.ends_mid_character(ids) else len(text)
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,

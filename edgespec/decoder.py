@@ -160,8 +160,9 @@ def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int) -> list[To
         best = ()
         k = min(top, len(x))
         if k:
-            idx = np.argpartition(x, len(x) - k)[len(x) - k:]
-            idx = idx[np.lexsort((idx, -x[idx]))]
+            cut = x[np.argpartition(x, len(x) - k)[len(x) - k:]].min()
+            idx = np.flatnonzero(x >= cut)  # (every value tied at the cut: the lower ids win below)
+            idx = idx[np.lexsort((idx, -x[idx]))][:k]
             best = tuple((int(j), float(x[j]) - lse) for j in idx)
         out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best))
     return out
@@ -341,7 +342,7 @@ class Decoder:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ConfigError("the prompt is empty")
-        if not 0 <= top <= MAX_LOGPROBS:
+        if isinstance(top, bool) or not isinstance(top, Integral) or not 0 <= top <= MAX_LOGPROBS:
             raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {top}")
         if len(prompt) > self.target.max_context:
             raise ContextOverflowError(f"the prompt has {len(prompt)} tokens; the context holds "
@@ -351,6 +352,9 @@ class Decoder:
             raise ConfigError(f"the prompt holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
         with self.lock.hold("score"):
             t = self.target
+            pc = t.prompt_cache
+            if pc is not None and t.length >= pc.min_tokens:  # the rows it overwrites are kept, as a prefill keeps them
+                pc.save(t.cache)
             t.rewind(t.length)
             out: list[TokenLogprob] = []
             for start in range(0, len(prompt), SCORE_CHUNK):

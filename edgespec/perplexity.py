@@ -6,7 +6,8 @@ The text's tokens are cut into windows of ``window`` tokens; each window is read
 position (``Decoder.score``: every position's logits) and the tokens of its second half are scored, the
 first half being their context: positions ``window // 2 + 1`` to ``window - 1``, llama-perplexity's rule
 (its ``first = n_ctx / 2``), so that no token is scored with almost nothing before it and the two tools
-score the same tokens of the same text. Perplexity = exp(mean negative log-likelihood of the scored tokens).
+score the same tokens of the same text; where the model adds a BOS token, it stands first in every window
+(llama-perplexity puts it there too). Perplexity = exp(mean negative log-likelihood of the scored tokens).
 """
 from __future__ import annotations
 
@@ -59,9 +60,14 @@ def perplexity(engine, ids: Sequence[int], window: int = 512, max_windows: int |
     if max_windows is not None:
         n = min(n, max_windows)
     first = window // 2
+    tok = engine.tokenizer
+    bos = tok.bos_token_id if tok.add_bos and tok.bos_token_id is not None else None
     nll, count, t0 = 0.0, 0, time.perf_counter()
     for w in range(n):
-        lps = engine.decoder.score(ids[w * window:(w + 1) * window])  # lps[j]: token j + 1's
+        win = [int(t) for t in ids[w * window:(w + 1) * window]]
+        if bos is not None:
+            win[0] = bos
+        lps = engine.decoder.score(win)  # lps[j]: token j + 1's
         for lp in lps[first:]:  # positions first + 1 .. window - 1
             nll -= lp.logprob
             count += 1

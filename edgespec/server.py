@@ -166,11 +166,14 @@ class Generation:
                 if top is not None:
                     head, entries = engine.score(self.ids, top)
                     scored = True
-                else:
-                    head, entries = engine.tokenizer.decode(self.ids), None
+                else:  # the text score gives, without its logprobs
+                    dec = engine.tokenizer.stream_decoder()
+                    head, entries = dec.push(self.ids) + dec.flush(), None
                 shift = len(head)
                 loop.call_soon_threadsafe(q.put_nowait, ("delta", (head, entries)))
-            if self.kw["max_new_tokens"] > 0:
+                if self._cancel.is_set():  # the client left while the prompt was read: nothing more
+                    self._stopped = True
+            if self.kw["max_new_tokens"] > 0 and not self._stopped:
                 gen = engine.stream_ids(self.ids, stop=self.stop, **self.kw)
             for delta, toks, st, lps in gen or ():
                 last = st

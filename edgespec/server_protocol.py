@@ -500,8 +500,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, predic
 
 def _lp(v: float | None) -> float | None:
     """A logprob JSON can carry: -inf (a token the model gave no chance) is OpenAI's -9999.0; None (an echoed
-    prompt's first token: nothing comes before it) stays null."""
-    return v if v is None or math.isfinite(v) else -9999.0
+    prompt's first token: nothing comes before it) and NaN (broken logits, not to be hidden) are null."""
+    if v is None or math.isnan(v):
+        return None
+    return v if math.isfinite(v) else -9999.0
 
 
 def logprobs_body(kind: str, entries: list[dict] | None) -> dict | None:

@@ -190,10 +190,23 @@ def test_bad_prompts_to_score_are_refused(tiny_bundle):
     eng = edgespec.load(tiny_bundle, memory=False)
     for bad, err, msg in (([], ConfigError, "empty"), ([1, 10**9], ConfigError, "outside the vocabulary"),
                           ([1] * (eng.max_context + 1), ContextOverflowError, "context"),
-                          ({"a": 1}, ConfigError, "text or a list of token ids"), ([1, True], ConfigError, "text or"),
-                          ("hi", ConfigError, "logprobs must be")):
+                          ({"a": 1}, ConfigError, "text or a list of token ids"), ([1, True], ConfigError, "text or")):
         with pytest.raises(err, match=msg):
-            eng.score(bad, logprobs=0 if bad != "hi" else 99)
+            eng.score(bad, logprobs=0)
+    for top in (99, -1, None, 2.5, True, "2"):
+        with pytest.raises(ConfigError, match="logprobs must be"):
+            eng.score("hi", logprobs=top)
+
+
+def test_scoring_keeps_the_conversation_it_overwrites_in_the_prompt_cache(tiny_bundle):
+    """A score reads from the first position, as a prefill of another prompt overwrites the cache: the rows it
+    overwrites go to the prompt cache first, and the conversation's next turn restores them."""
+    eng = edgespec.load(tiny_bundle, memory=False, prompt_cache_mb=16)
+    long = " ".join(PROMPTS * 6)
+    eng.generate(long, max_new_tokens=8)
+    eng.score("a different text to score, read from its start", logprobs=0)
+    g = eng.generate(long + " more", max_new_tokens=4)
+    assert g.stats["restored_prompt_tokens"] > 40, g.stats
 
 
 def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
@@ -216,6 +229,13 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
             perplexity(eng, ids, **bad)
     with pytest.raises(ConfigError, match="a window needs"):
         perplexity(eng, ids[:20], window=32)
+    # a model that adds a BOS token: it stands first in every window, as llama-perplexity puts it
+    seen = []
+    real = eng.decoder.score
+    eng.decoder.score = lambda win, top=0: seen.append(list(win)) or real(win, top)
+    eng.tokenizer.add_bos, eng.tokenizer.bos_token_id = True, 7
+    perplexity(eng, ids, window=32, max_windows=2)
+    assert [w[0] for w in seen] == [7, 7] and [w[1:] for w in seen] == [ids[1:32], ids[33:64]]
     # the command line
     f = tmp_path / "text.txt"
     f.write_text(text)
@@ -254,3 +274,31 @@ def test_the_logprobs_and_perplexity_scripts_run_on_a_tiny_bundle(tiny_bundle, t
     r = subprocess.run([sys.executable, str(scripts / "perplexity_vs_llamacpp.py"), str(tiny_bundle), "--text",
                         str(text), "--window", "32", "--llamacpp"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "needs a bundle exported from a GGUF" in r.stderr
+
+
+def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(smol_int4, monkeypatch):
+    """A character of several tokens, then a stop string seen a round later (the engine's own tokenizer and
+    stream, a scripted decoder): the ids returned keep the whole character, and the entries are theirs."""
+    from edgespec.decoder import Step, TokenLogprob
+
+    eng = edgespec.load(smol_int4, memory=False)
+    enc = lambda s: eng.tokenizer.encode(s, add_special=False)  # noqa: E731
+    emoji = enc("\U0001fae0")
+    assert len(emoji) >= 2  # split over tokens
+
+    def script(rounds):
+        class Fake:
+            def generate(self, prompt, cfg, stats):
+                for i, toks in enumerate(rounds):
+                    yield Step(list(toks), None if i < len(rounds) - 1 else "length",
+                               [TokenLogprob(t, -1.0) for t in toks])
+        monkeypatch.setattr(eng, "decoder", Fake())
+        monkeypatch.setattr(eng, "config", lambda **kw: GenerationConfig(logprobs=kw.get("logprobs")))
+        return eng._collect(eng.stream_ids([1], stop=["!!"], logprobs=0))
+
+    for rounds in ([enc("ab") + emoji + enc("!"), enc("!x")], [enc("ab") + emoji + enc("!!x")],
+                   [enc("ab") + emoji[:1], emoji[1:] + enc("!"), enc("!")]):
+        r = script(rounds)
+        assert r.text == "ab\U0001fae0" and r.finish_reason == "stop", rounds
+        assert eng.tokenizer.decode(r.token_ids) == r.text and [e["token_id"] for e in r.logprobs] == r.token_ids
+        assert r.logprobs[2]["token"].startswith("bytes:\\x")  # a piece of the character, spelled as OpenAI does
