@@ -285,6 +285,9 @@ class Engine:
 
         # structured outputs: llguidance's tokenizer, built from this one at the first request for a format
         decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids).constraint
+        self._healer = None  # token healing's index of the vocabulary (healing.Healer), built at first use
+        self._healer_lock = threading.Lock()
+        decoder.healer = self._get_healer
         if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
             if manifest.drafter is None:
                 why = "this bundle has no drafter model"
@@ -416,6 +419,34 @@ class Engine:
             ids += self.tokenizer.encode(tools.prefix, add_special=False)
         return ids
 
+    def _get_healer(self):
+        with self._healer_lock:
+            if self._healer is None:
+                from .healing import Healer
+
+                self._healer = Healer.of(self.tokenizer, self.decoder.vocab)
+            return self._healer
+
+    def heal(self, ids: Sequence[int]) -> tuple[list[int], bytes]:
+        """Token healing (healing.py): ``ids`` with the token before the cursor backed off (a plain prompt's
+        last token; a fill-in-the-middle prompt's last token of the code before the gap), and its bytes, which
+        the reply must spell first (``GenerationConfig.heal``). Nothing heals (``(ids, b"")``) where that
+        token is special, the prompt's only token, or part of a character."""
+        ids = list(ids)
+        f = self.tokenizer.fim()
+        split = fim_split(ids, f) if f is not None else None
+        pos = split[1] - 1 if split is not None else len(ids) - 1
+        if pos < 1 or (split is not None and pos == split[0]):
+            return ids, b""
+        need = self._get_healer().table[ids[pos]]
+        try:
+            need.decode("utf-8")
+        except UnicodeDecodeError:
+            return ids, b""
+        if not need:
+            return ids, b""
+        return ids[:pos] + ids[pos + 1:], need
+
     def infill_stops(self) -> tuple[int, ...]:
         """The token ids that end a filled-in middle (``Tokenizer.fim``: end of text, FIM padding, the
         end-of-sequence tokens, ...); ``ConfigError`` where this model has no fill-in-the-middle tokens."""
@@ -453,6 +484,11 @@ class Engine:
         if ends:
             cfg = dataclasses.replace(cfg, stop_token_ids=tuple(sorted({*cfg.stop_token_ids, *ends})))
         stats = self._local.stats = Stats()
+        try:  # token healing: the reply first spells the text backed off the prompt, which is not returned
+            stats.healed = skip_text = cfg.heal.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError("heal must be the bytes of UTF-8 text") from None
+        skip = len(skip_text)
         dec = self.tokenizer.stream_decoder()
         text = ""
         stops = [s for s in stop if s]
@@ -465,21 +501,30 @@ class Engine:
         sent = 0
         # the decoder's lock serializes generations (and refuses one nested in its own stream)
         gen = self.decoder.generate(ids, cfg, stats)
+
+        def push(new: str) -> str:  # the text a round decoded, less what healing re-spelled
+            nonlocal skip
+            if skip:
+                cut = min(skip, len(new))
+                new, skip = new[cut:], skip - cut
+            return new
+
         try:
             for step in gen:
                 if want_lp:  # token by token: the offset where each token's text starts
                     for lp in step.logprobs:
                         entries.append(self.logprob_entry(lp, len(text) + len(pending)))
-                        pending += dec.push([lp.token])
+                        pending += push(dec.push([lp.token]))
                 else:
-                    pending += dec.push(step.tokens)
+                    pending += push(dec.push(step.tokens))
                 if step.finish_reason:
-                    pending += dec.flush()
+                    pending += push(dec.flush())
                 if stops:
                     hit = _find_stop(text + pending, stops, len(text))
                     if hit is not None:
                         stats.finish_reason = "stop"
-                        kept = self._ids_up_to(dec.ids, hit)  # held-back text's ids may be out already
+                        # (held-back text's ids may be out already; the ids' text begins with what healing re-spelled)
+                        kept = self._ids_up_to(dec.ids, hit + len(skip_text))
                         yield Delta((text + pending)[len(text):hit], kept[len(dec.ids) - len(step.tokens):], stats,
                                     entries[sent:len(kept)] if want_lp else None)
                         return
@@ -557,7 +602,7 @@ class Engine:
         """The ids of a finished reply's ``text``, from every id its stream yielded: after a stop
         string that began in an earlier round, its first tokens were yielded before it was seen."""
         if stats is not None and stats.finish_reason == "stop":
-            return self._ids_up_to(ids, len(text))
+            return self._ids_up_to(ids, len(text) + len(getattr(stats, "healed", "")))
         return list(ids)
 
     def _ids_up_to(self, ids: Sequence[int], end: int) -> list[int]:
@@ -578,7 +623,8 @@ class Engine:
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,
-                 parallel_tool_calls: bool = True, suffix: str | None = None, **kw) -> Result:
+                 parallel_tool_calls: bool = True, suffix: str | None = None, token_healing: bool = False,
+                 **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
         drafter (model|prompt-lookup|suffix|prediction|auto|none), draft_tokens, max_draft_tokens, stop
         (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
@@ -588,10 +634,10 @@ class Engine:
         in ``Result.tool_calls`` and ``Result.text`` is the content outside them. ``suffix``: fill in the
         middle (code infilling): the reply is what goes between the prompt and this text, for models
         with FIM tokens (``Tokenizer.fim``; Qwen2.5-Coder, StarCoder, ...; ``ConfigError`` for others)."""
-        if suffix is not None:
+        if suffix is not None or token_healing:
             if tools is not None or tool_choice is not None or parallel_tool_calls is not True:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt")
-            ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
+            ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
                                  or kw.get("response_format") not in (None, {"type": "text"}))
@@ -608,13 +654,26 @@ class Engine:
         result.tool_calls = [c.openai() for c in calls]
         return result
 
+    def _encode_healed(self, prompt, parse_special: bool, suffix: str | None, token_healing, kw: dict) -> list[int]:
+        """A plain or fill-in-the-middle prompt's ids; with ``token_healing`` the token before the cursor backed
+        off and ``kw['heal']`` set to its bytes (``heal``)."""
+        if not isinstance(token_healing, bool):
+            raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
+        if token_healing and not isinstance(prompt, str):
+            raise ConfigError("token healing needs a plain prompt (the text before the cursor), not chat messages")
+        ids = self.encode(prompt, parse_special, fit=True, suffix=suffix)
+        if token_healing:
+            ids, kw["heal"] = self.heal(ids)
+        return ids
+
     def stream(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
-               parse_special: bool = True, suffix: str | None = None, **kw) -> Iterator[str]:
+               parse_special: bool = True, suffix: str | None = None, token_healing: bool = False,
+               **kw) -> Iterator[str]:
         """Like ``generate`` but yields text deltas as they are decoded (no tools: ``generate`` returns
         their calls; the server streams them)."""
         if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
-        ids = self.encode(prompt_or_messages, parse_special, fit=True, suffix=suffix)
+        ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
         inner = self.stream_ids(ids, stop=stop, **kw)
         try:
             for d in inner:

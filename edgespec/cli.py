@@ -275,12 +275,15 @@ def _engine_opts(f):
 @click.option("--suffix", default=None,
               help="Fill in the middle: the text after the gap (the prompt is the text before it); for code models "
                    "with FIM tokens (Qwen2.5-Coder, StarCoder, ...).")
+@click.option("--token-healing", is_flag=True,
+              help="Back off the prompt's last token (with --suffix: the last before the gap) and hold the reply to "
+                   "spelling it first: a prompt that ends inside a word or its indentation (an editor's cursor).")
 @click.option("--logprobs", type=int, default=None, metavar="N",
               help="With --json: each token's log-probability under the target, with the N most likely tokens "
                    f"at its position (0..{MAX_LOGPROBS}).")
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
-             json_object, suffix, logprobs):
+             json_object, suffix, logprobs, token_healing):
     """Generate a continuation of PROMPT with the model in BUNDLE (or, with --suffix, the text between
     PROMPT and the suffix)."""
     from .errors import ConfigError
@@ -288,6 +291,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
 
     if suffix is not None and as_chat:
         raise ConfigError("--suffix fills in the middle of a raw prompt: it cannot be used with --chat")
+    if token_healing and as_chat:
+        raise ConfigError("--token-healing backs off a raw prompt's last token: it cannot be used with --chat")
     if logprobs is not None and not as_json:
         raise ConfigError("--logprobs is printed with --json (one JSON object with the text, the tokens and their "
                           "logprobs)")
@@ -319,6 +324,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
               drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
               suffix=suffix, logprobs=logprobs, **penalties)
+    if token_healing:
+        kw["token_healing"] = True
     if response_format is not None:
         kw["response_format"] = response_format
     if as_json:

@@ -65,6 +65,9 @@ class GenerationConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # token healing (healing.py): the bytes the reply must begin with, the prompt's last token backed off
+    # (the engine sets it: generate(..., token_healing=True)); empty: none
+    heal: bytes = b""
 
     def __post_init__(self):
         for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
@@ -121,6 +124,10 @@ class GenerationConfig:
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ConfigError(f"grammar must be an llguidance grammar (a string), got {type(self.grammar).__name__}")
+        if not isinstance(self.heal, bytes):
+            raise ConfigError(f"heal must be bytes, got {type(self.heal).__name__}")
+        if self.heal and self.grammar is not None:
+            raise ConfigError("token healing cannot be combined with a response format (its grammar holds the reply)")
         if self.grammar is not None and self.ignore_eos:
             raise ConfigError("ignore_eos cannot be used with a response format: the format ends the reply")
         if self.drafter == "prediction" and not self.prediction:
@@ -204,6 +211,7 @@ class Stats:
     target_run_s: float = 0.0  # of target_s after prefill: inside the target's session.run
     total_s: float = 0.0
     finish_reason: str | None = None
+    healed: str = ""  # token healing: the prompt's text the reply spelled again first, left out of the text returned
 
     @property
     def acceptance_rate(self) -> float:
@@ -311,6 +319,8 @@ class Decoder:
         self.lock = GenerationLock()
         # grammar -> constrain.Constraint for structured outputs (set by the engine, which has the tokenizer)
         self.constraints = None
+        # () -> healing.Healer for token healing (set by the engine, which has the tokenizer)
+        self.healer = None
         self.unavailable: dict[str, str] = {}  # drafter name -> why it is not loaded (for the refusal)
 
     @property
@@ -396,6 +406,12 @@ class Decoder:
         prompt = [int(t) for t in prompt_ids]
         self._check(len(prompt), cfg)
         con = self.constraints(cfg.grammar) if cfg.grammar is not None else None  # a bad grammar: refused now
+        if cfg.heal:  # the reply held to spell the bytes backed off first (as a grammar holds it)
+            from .healing import HealConstraint
+
+            if self.healer is None:
+                raise ConfigError("this engine has no tokenizer for token healing")
+            con = HealConstraint(self.healer(), cfg.heal)
         with self.lock.hold():
             yield from self._generate(prompt, cfg, stats if stats is not None else Stats(), con)
 
@@ -420,6 +436,8 @@ class Decoder:
         first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         if con is not None:
             con.consume([first])
+            if getattr(con, "done", False):  # healed: nothing is held from here
+                con = None
         if pen is not None:
             pen.consume([first])
         want_lp = cfg.logprobs is not None
@@ -547,6 +565,8 @@ class Decoder:
                 reason = reason or "context"
             if con is not None and reason is None:
                 con.consume(new)
+                if getattr(con, "done", False):
+                    con = None
             if pen is not None:
                 pen.consume(new)
             lps = token_logprobs(raw, new, cfg.logprobs) if want_lp else None  # (raw: read before the next call)

@@ -368,6 +368,9 @@ class Server:
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
             raise P.bad(str(e).splitlines()[0], param) from None
+        heal = b""
+        if req.token_healing:  # the token before the cursor backed off, the reply held to spell it first
+            ids, heal = await run_in_threadpool(self.engine.heal, ids)
         n, ctx = len(ids), self.engine.max_context
         if n == 0:  # refused here, before a stream's first byte, not by the engine mid-stream
             raise P.bad(f"the {'prompt' if param == 'prompt' else 'conversation'} is empty: it has no tokens", param)
@@ -382,6 +385,8 @@ class Server:
                              code="context_length_exceeded")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max(max_new, 1)}
+        if heal:
+            kw["heal"] = heal
         if treq is not None and treq.grammar is not None:
             kw["grammar"] = treq.grammar
         if req.response_format is not None:  # compiled off the event loop: a large schema takes a while

@@ -82,6 +82,7 @@ class GenRequest:
     prompt_ids: list[int] | None = None  # a completion's prompt sent as token ids (the server checks the vocabulary)
     suffix: str | None = None  # a completion's text after the gap: fill in the middle (None or "": a plain completion)
     echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's own, scored)
+    token_healing: bool = False  # edgespec.token_healing: the prompt's last token backed off (healing.py)
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -259,10 +260,18 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     if ext is not None:
         if not isinstance(ext, dict):
             raise bad(f"'edgespec' must be an object, got {_kind(ext)}", "edgespec")
-        unknown = set(ext) - {"drafter", "draft_tokens", "max_draft_tokens"}
+        unknown = set(ext) - {"drafter", "draft_tokens", "max_draft_tokens", "token_healing"}
         if unknown:
             raise bad(f"unknown 'edgespec' option(s): {', '.join(sorted(unknown))} "
-                      "(known: drafter, draft_tokens, max_draft_tokens)", "edgespec")
+                      "(known: drafter, draft_tokens, max_draft_tokens, token_healing)", "edgespec")
+        th = ext.get("token_healing")
+        if th is not None:
+            if not isinstance(th, bool):
+                raise bad(f"'edgespec.token_healing' must be a boolean, got {_kind(th)}", "edgespec.token_healing")
+            if th and kind == "chat":
+                raise bad("'edgespec.token_healing' is for /v1/completions (a plain prompt: the text before the "
+                          "cursor)", "edgespec.token_healing")
+            req.token_healing = th
         d = ext.get("drafter")
         if d is not None:
             if d not in DRAFTERS:
@@ -428,6 +437,8 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
     else:
         req.prompt = _text(p, "prompt")
     req.echo = _bool(body, "echo")
+    if req.echo and req.token_healing:
+        raise bad("'echo' cannot be used with 'edgespec.token_healing' (the prompt's last token is backed off)", "echo")
     sfx = body.get("suffix")
     if sfx is not None and not isinstance(sfx, str):
         raise bad(f"'suffix' must be a string, got {_kind(sfx)}", "suffix")
