@@ -302,3 +302,36 @@ def test_probe_fim_head_on_the_tiny_pair(fim_pair, tmp_path, capsys):
     assert D.FIM_HEAD == before  # put back
     with pytest.raises(SystemExit):
         probe_fim_head.main([str(fim_pair), "--heads", "x"])
+
+
+def test_token_healing_backs_off_the_last_token_before_the_gap(fim_engine, fim_bundle, tmp_path):
+    """In a FIM prompt the cursor is the end of the code before the gap, not the prompt's end: that token is
+    backed off, the middle spells it first, and the text returned starts after it (healing.py); the same
+    under every drafter. scripts/probe_token_healing.py runs on the tiny model."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny import FIM_LESSONS
+
+    prefix, suffix, middle = FIM_LESSONS[0]
+    typed = middle[: max(2, len(middle) // 2)]
+    ids = fim_engine.encode(prefix + typed, suffix=suffix)
+    healed, need = fim_engine.heal(ids)
+    f = fim_engine.tokenizer.fim()
+    cut = ids.index(f.suffix) - 1
+    assert healed == ids[:cut] + ids[cut + 1:] and need == fim_engine.tokenizer.token_bytes(ids[cut])
+    r = fim_engine.generate(prefix + typed, suffix=suffix, max_new_tokens=30, token_healing=True, temperature=0)
+    assert fim_engine.tokenizer.decode(r.token_ids).startswith(need.decode()) and r.stats["healed"] == need.decode()
+    for d in ("none", "prompt-lookup", "suffix"):
+        assert fim_engine.generate(prefix + typed, suffix=suffix, max_new_tokens=30, token_healing=True,
+                                   drafter=d).token_ids == r.token_ids, d
+    script = Path(__file__).resolve().parent.parent / "scripts" / "probe_token_healing.py"
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join(json.dumps({"id": i, "prefix": p, "suffix": s, "middle": m}) + "\n"
+                             for i, (p, s, m) in enumerate(FIM_LESSONS)))
+    out = tmp_path / "heal.md"
+    p = subprocess.run([sys.executable, str(script), str(fim_bundle), "--cases", str(cases), "--drafter", "none",
+                        "--max-new-tokens", "30", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "| on |" in out.read_text() and "| off |" in out.read_text()

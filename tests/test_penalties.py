@@ -151,3 +151,22 @@ def test_the_cli_takes_penalties_and_refuses_bad_ones_before_loading(tiny_bundle
                       (["--logit-bias", "99999=1"], "outside the vocabulary")):
         p = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
         assert p.returncode != 0 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_bench_penalties_runs_on_a_tiny_bundle(tiny_bundle, tmp_path):
+    """scripts/bench_penalties.py (README, Penalties and logit bias) end to end: every reply equal to plain
+    decoding's with the same setting, one row per setting and drafter."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_penalties.py"
+    out = tmp_path / "pen.md"
+    r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--limit", "28", "--max-new-tokens", "10",
+                        "--drafters", "none,model", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "equal to plain decoding's" in text and text.count("| model |") == 4
+    r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--drafters", "model"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "must start with none" in r.stderr
