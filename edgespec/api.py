@@ -432,7 +432,10 @@ class Engine:
         last token; a fill-in-the-middle prompt's last token of the code before the gap), and its bytes, which
         the reply must spell first (``GenerationConfig.heal``). Nothing heals (``(ids, b"")``) where that
         token is special, the prompt's only token, or part of a character."""
-        ids = list(ids)
+        ids = [int(t) for t in ids]
+        bad = next((t for t in ids if not 0 <= t < self.decoder.vocab), None)
+        if bad is not None:
+            raise ConfigError(f"the prompt holds token id {bad}, outside the vocabulary (0..{self.decoder.vocab - 1})")
         f = self.tokenizer.fim()
         split = fim_split(ids, f) if f is not None else None
         pos = split[1] - 1 if split is not None else len(ids) - 1
@@ -440,10 +443,12 @@ class Engine:
             return ids, b""
         need = self._get_healer().table[ids[pos]]
         try:
-            need.decode("utf-8")
+            text = need.decode("utf-8")
         except UnicodeDecodeError:
             return ids, b""
-        if not need:
+        # the reply's text must begin with exactly these characters (a SentencePiece token's leading space,
+        # which its decoder drops at a reply's start, would not: no healing there)
+        if not need or self.tokenizer.decode([ids[pos]]) != text:
             return ids, b""
         return ids[:pos] + ids[pos + 1:], need
 
@@ -519,6 +524,7 @@ class Engine:
                     pending += push(dec.push(step.tokens))
                 if step.finish_reason:
                     pending += push(dec.flush())
+                    stats.healed = skip_text[:len(skip_text) - skip]  # (a reply cut before it spelled it all)
                 if stops:
                     hit = _find_stop(text + pending, stops, len(text))
                     if hit is not None:
@@ -634,9 +640,12 @@ class Engine:
         in ``Result.tool_calls`` and ``Result.text`` is the content outside them. ``suffix``: fill in the
         middle (code infilling): the reply is what goes between the prompt and this text, for models
         with FIM tokens (``Tokenizer.fim``; Qwen2.5-Coder, StarCoder, ...; ``ConfigError`` for others)."""
+        if not isinstance(token_healing, bool):
+            raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
         if suffix is not None or token_healing:
             if tools is not None or tool_choice is not None or parallel_tool_calls is not True:
-                raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt")
+                raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt" if suffix is not None
+                                  else "token healing needs a plain prompt, not tools")
             ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None

@@ -172,7 +172,7 @@ def _penalty_opts(f):
         click.option("--frequency-penalty", type=float, default=0.0, expose_value=False, callback=_store_penalty,
                      help="Lower each token's logit by this times its count in the reply (-2..2)."),
         click.option("--repetition-penalty", type=float, default=1.0, expose_value=False, callback=_store_penalty,
-                     help="Divide (or multiply, if negative) the logits of tokens in the prompt or reply (1 = off)."),
+                     help="Divide the logits of tokens in the prompt or reply by this (multiply where a logit is negative; 1 = off)."),
         click.option("--logit-bias", multiple=True, metavar="ID=BIAS", expose_value=False, callback=_store_penalty,
                      help="Add BIAS (-100..100) to token ID's logit (repeatable)."),
     )):
@@ -293,6 +293,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         raise ConfigError("--suffix fills in the middle of a raw prompt: it cannot be used with --chat")
     if token_healing and as_chat:
         raise ConfigError("--token-healing backs off a raw prompt's last token: it cannot be used with --chat")
+    if token_healing and (schema_file is not None or json_object):
+        raise ConfigError("--token-healing cannot be combined with --json-schema or --json-object")
     if logprobs is not None and not as_json:
         raise ConfigError("--logprobs is printed with --json (one JSON object with the text, the tokens and their "
                           "logprobs)")

@@ -34,8 +34,18 @@ _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "t
           "presence_penalty": Real, "frequency_penalty": Real, "repetition_penalty": Real}
 _OPTIONAL = ("seed", "draft_tokens", "logprobs")
 MAX_LOGPROBS = 20  # the most likely alternatives a token's logprob can come with (OpenAI's bound)
+MAX_HEAL = 256  # bytes token healing may hold a reply to (one token's)
 SCORE_CHUNK = 64  # prompt tokens a call when every position's logits are read (score): 39 MB of float32 on Qwen
 _KIND_NAMES = {Integral: "an integer", Real: "a number", str: "a string"}
+
+
+def _within(v, lo: float, hi: float) -> bool:
+    """``lo <= v <= hi`` for a finite number (an integer too large for a float is not)."""
+    try:
+        f = float(v)
+    except (OverflowError, TypeError, ValueError):
+        return False
+    return math.isfinite(f) and lo <= f <= hi
 
 
 @dataclass(frozen=True)
@@ -106,10 +116,10 @@ class GenerationConfig:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ends))
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not (math.isfinite(v) and -2.0 <= v <= 2.0):
-                raise ConfigError(f"{name} must be in -2..2, got {v}")
-        if not (math.isfinite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0):
-            raise ConfigError(f"repetition_penalty must be in (0, 10] (1 is off), got {self.repetition_penalty}")
+            if not _within(v, -2.0, 2.0):
+                raise ConfigError(f"{name} must be in -2..2, got {v}"[:200])
+        if not (_within(self.repetition_penalty, 0.0, 10.0) and self.repetition_penalty > 0):
+            raise ConfigError(f"repetition_penalty must be in (0, 10] (1 is off), got {self.repetition_penalty}"[:200])
         bias = self.logit_bias
         if isinstance(bias, dict):
             bias = list(bias.items())
@@ -118,14 +128,21 @@ class GenerationConfig:
                 and not isinstance(kv[0], bool) and isinstance(kv[1], Real) and not isinstance(kv[1], bool)
                 for kv in bias):
             raise ConfigError("logit_bias must map token ids (integers) to biases (numbers)")
+        seen = set()
         for t, b in bias:
-            if not (math.isfinite(b) and -100.0 <= b <= 100.0):
-                raise ConfigError(f"logit_bias of token {t} must be in -100..100, got {b}")
-        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+            if not _within(b, -100.0, 100.0):
+                raise ConfigError(f"logit_bias of token {t} must be in -100..100, got {b}"[:200])
+            if int(t) in seen:
+                raise ConfigError(f"logit_bias lists token {t} twice")
+            seen.add(int(t))
+        # (a zero bias changes nothing: left out, so that it does not turn the greedy fast path off)
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias if b != 0)))
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ConfigError(f"grammar must be an llguidance grammar (a string), got {type(self.grammar).__name__}")
         if not isinstance(self.heal, bytes):
             raise ConfigError(f"heal must be bytes, got {type(self.heal).__name__}")
+        if len(self.heal) > MAX_HEAL:
+            raise ConfigError(f"heal holds {len(self.heal)} bytes; a token's are at most {MAX_HEAL}")
         if self.heal and self.grammar is not None:
             raise ConfigError("token healing cannot be combined with a response format (its grammar holds the reply)")
         if self.grammar is not None and self.ignore_eos:

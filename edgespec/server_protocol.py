@@ -132,6 +132,10 @@ def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad(f"'{key}' must be a number, got {_kind(v)}", key)
+    try:
+        v = float(v)
+    except OverflowError:  # an integer too large for a float
+        raise bad(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]", key) from None
     if not math.isfinite(v) or v > hi or (v <= lo if lo_open else v < lo):
         raise bad(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}", key)
     return float(v)
@@ -300,9 +304,14 @@ def _logit_bias(v) -> tuple[tuple[int, float], ...]:
             t = int(k) if isinstance(k, (str, int)) and not isinstance(k, bool) else None
         except ValueError:
             t = None
-        if t is None or t < 0 or (isinstance(k, str) and k.strip() != str(t)):
+        if t is None or t < 0 or (isinstance(k, str) and k != str(t)):
             raise bad(f"'logit_bias' keys must be token ids (non-negative integers), got {k!r}"[:200], "logit_bias")
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not -100 <= b <= 100:
+        try:
+            ok = not isinstance(b, bool) and isinstance(b, (int, float)) and math.isfinite(float(b)) \
+                and -100 <= b <= 100
+        except OverflowError:
+            ok = False
+        if not ok:
             raise bad(f"'logit_bias' of token {t} must be a number in -100..100, got {b!r}"[:200], "logit_bias")
         out.append((t, float(b)))
     return tuple(out)
@@ -437,6 +446,9 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
     else:
         req.prompt = _text(p, "prompt")
     req.echo = _bool(body, "echo")
+    if req.token_healing and req.response_format is not None:
+        raise bad("'edgespec.token_healing' cannot be combined with a response_format (its grammar holds the reply)",
+                  "edgespec.token_healing")
     if req.echo and req.token_healing:
         raise bad("'echo' cannot be used with 'edgespec.token_healing' (the prompt's last token is backed off)", "echo")
     sfx = body.get("suffix")

@@ -162,6 +162,27 @@ def test_the_engine_backs_off_the_cursors_token_and_returns_the_text_after_it(sm
         eng.generate([{"role": "user", "content": "hi"}], max_new_tokens=2, token_healing=True)
     with pytest.raises(ConfigError, match="response format"):
         eng.generate(prompt, max_new_tokens=2, token_healing=True, response_format={"type": "json_object"})
+    for bad in (0, "", None):
+        with pytest.raises(ConfigError, match="token_healing must be true or false"):
+            eng.generate(prompt, max_new_tokens=2, token_healing=bad)
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        eng.heal([1, 10**7])
+    with pytest.raises(ConfigError, match="a token's are at most"):
+        eng.generate(prompt, max_new_tokens=2, heal=b"x" * 1000)
+    # a tokenizer whose decoder drops a token's leading space at a reply's start (SentencePiece's): the text
+    # returned could not be cut exactly, so nothing heals
+    real = eng.tokenizer.decode
+    eng.tokenizer.decode = lambda ids, skip_special=True: real(ids, skip_special)[1:] if len(ids) == 1 else \
+        real(ids, skip_special)
+    try:
+        assert eng.heal(ids) == (ids, b"")
+    finally:
+        eng.tokenizer.decode = real
+    # a reply cut before it spelled the text backed off: stats say what it spelled
+    part = eng.tokenizer.encode(need.decode()[:1], add_special=False)
+    assert len(part) == 1 and len(need) > 1
+    short = eng.generate(prompt, max_new_tokens=1, token_healing=True, logit_bias={part[0]: 100})
+    assert short.token_ids == part and short.stats["healed"] == need.decode()[:1] and short.text == ""
 
 
 def test_the_cli_and_the_server_take_token_healing(smol_int4, tmp_path):

@@ -112,10 +112,18 @@ def test_the_statistical_test_catches_rows_penalized_without_the_draft_before_th
     (dict(logit_bias={1: 101}), "logit_bias of token 1 must be in -100..100"),
     (dict(logit_bias={"1": 5}), "logit_bias must map token ids"),
     (dict(logit_bias=[(1, True)]), "logit_bias must map token ids"),
-    (dict(logit_bias=5), "logit_bias must map token ids")])
+    (dict(logit_bias=5), "logit_bias must map token ids"),
+    (dict(logit_bias=[(5, 100), (5, 100)]), "logit_bias lists token 5 twice"),
+    (dict(logit_bias={5: 10**400}), "logit_bias of token 5 must be in -100..100"),
+    (dict(presence_penalty=10**400), "presence_penalty must be in -2..2")])
 def test_bad_penalties_are_refused(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         GenerationConfig(**kw)
+
+
+def test_a_zero_bias_is_no_processing():
+    assert not GenerationConfig(logit_bias={5: 0.0}).penalized and GenerationConfig(logit_bias={5: 0.0}).logit_bias == ()
+    assert not GenerationConfig().penalized and GenerationConfig(repetition_penalty=1.1).penalized
 
 
 def test_on_an_exported_model_a_bias_forces_a_token_and_ids_are_checked(tiny_bundle):
