@@ -96,6 +96,21 @@ class MemorySampler:
 MODEL_DRAFTING = ("model_calls", "model_tokens", "model_call_s")
 
 
+def open_for_bench(bundle, drafters: Sequence[str], prompts: str | os.PathLike, limit: int, *,
+                   threads: int | None = None, max_context: int | None = None):
+    """(engine, prompts) for a script's side-by-side runs: the first ``limit`` prompts of ``prompts``
+    (``read_prompts``), the engine loaded without memory, each drafter checked (``ConfigError`` for one that is
+    not loaded), one short warm-up generation run."""
+    from .api import load
+
+    qs = read_prompts(prompts, limit=limit)
+    eng = load(bundle, threads=threads, memory=False, max_context=max_context)
+    for d in drafters:
+        eng.config(drafter=d)
+    eng.generate("Hello", max_new_tokens=8, drafter="none")  # warm-up
+    return eng, qs
+
+
 def model_drafting(d: dict) -> dict | None:
     """A run's model-drafter figures (``Stats.model_*``, names without the prefix), None where it made
     no call."""

@@ -15,7 +15,6 @@ computed in a wider call than a plain decode's): 0 on bundles whose kernels comp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -52,22 +51,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1:
         ap.error("--limit and --max-new-tokens must be >= 1")
-    import edgespec
+    from edgespec.bench import open_for_bench
     from edgespec.decoder import MAX_LOGPROBS
     from edgespec.errors import EdgespecError
 
     if not 0 <= args.top <= MAX_LOGPROBS:
         ap.error(f"--top must be in 0..{MAX_LOGPROBS}")
     drafters = [d for d in args.drafters.split(",") if d]
-    prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][: args.limit]
     try:
-        eng = edgespec.load(args.bundle, threads=args.threads, memory=False, max_context=args.max_context)
-        for d in drafters:
-            eng.config(drafter=d)
+        eng, prompts = open_for_bench(args.bundle, drafters, PROMPTS, args.limit, threads=args.threads,
+                                      max_context=args.max_context)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    eng.generate("Hello", max_new_tokens=8, drafter="none")  # warm-up
     rows = {d: {"tps": [], "tps_lp": [], "exact": True, "d_tok": 0.0, "d_top": 0.0, "same": 0, "n": 0} for d in drafters}
     t0, ran = time.time(), 0
     for p in prompts:

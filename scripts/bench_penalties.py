@@ -12,7 +12,6 @@ and each drafter; the runs alternate within a prompt, so drift hits them alike. 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,21 +33,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1:
         ap.error("--limit and --max-new-tokens must be >= 1")
-    import edgespec
+    from edgespec.bench import open_for_bench
     from edgespec.errors import EdgespecError
 
     drafters = [d for d in args.drafters.split(",") if d]
     if drafters[:1] != ["none"]:
         ap.error("--drafters must start with none (the reference)")
-    prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][: args.limit]
     try:
-        eng = edgespec.load(args.bundle, threads=args.threads, memory=False, max_context=args.max_context)
-        for d in drafters:
-            eng.config(drafter=d)
+        eng, prompts = open_for_bench(args.bundle, drafters, PROMPTS, args.limit, threads=args.threads,
+                                      max_context=args.max_context)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    eng.generate("Hello", max_new_tokens=8, drafter="none")  # warm-up
     cells = {(s, d): {"tps": [], "tokens": 0, "calls": 0} for s in SETTINGS for d in drafters}
     exact, ran = True, 0
     for p in prompts:
