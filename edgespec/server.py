@@ -318,6 +318,36 @@ class Server:
                              "queued": self.sched.waiting, "queue_capacity": self.sched.queue_size,
                              "max_context": self.engine.max_context})
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's and llama.cpp's ``/tokenize``: the ids a prompt (or a chat, through the template) is, as a
+        generation would read it; ``with_pieces``: each id with its text (llama.cpp's)."""
+        req = P.parse_tokenize(P.parse_body(await _read_body(request)), self.model_id)
+        eng = self.engine
+
+        def run():
+            if req.messages is not None:
+                return eng.tokenizer.encode_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
+            return eng.tokenizer.encode(req.text, add_special=req.add_special)
+
+        try:
+            ids = await run_in_threadpool(run)
+        except EdgespecError as e:
+            raise P.bad(str(e).splitlines()[0], "messages" if req.messages is not None else "prompt") from None
+        toks = [{"id": t, "piece": eng.tokenizer.token_bytes(t).decode("utf-8", "replace")} for t in ids] \
+            if req.with_pieces else ids
+        return JSONResponse({"count": len(ids), "max_model_len": eng.max_context, "tokens": toks})
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's and llama.cpp's ``/detokenize``: the text of token ids (``prompt``, vLLM's key, and
+        ``content``, llama.cpp's), special tokens' text included."""
+        toks = P.parse_detokenize(P.parse_body(await _read_body(request)), self.model_id)
+        vocab = self.engine.decoder.vocab
+        bad_id = next((t for t in toks if not 0 <= t < vocab), None)
+        if bad_id is not None:
+            raise P.bad(f"token id {bad_id} is outside the vocabulary (0..{vocab - 1})", "tokens")
+        text = await run_in_threadpool(self.engine.tokenizer.decode, toks, False)
+        return JSONResponse({"prompt": text, "content": text})
+
     async def metrics_text(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -593,6 +623,8 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
               Route("/v1/models", srv.models, methods=["GET"]),
               Route("/v1/models/{name:path}", srv.model, methods=["GET"]),
               Route("/health", srv.health, methods=["GET"]),
+              Route("/tokenize", srv.tokenize, methods=["POST"]),
+              Route("/detokenize", srv.detokenize, methods=["POST"]),
               Route("/metrics", srv.metrics_text, methods=["GET"])]
     middleware = [Middleware(RequestCounter, metrics=srv.metrics)]
     if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET and POST only

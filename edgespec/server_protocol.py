@@ -463,6 +463,71 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
     return req
 
 
+@dataclass
+class TokenizeRequest:
+    """``/tokenize``: vLLM's ``prompt`` or ``messages`` (through the chat template), or llama.cpp's ``content``."""
+    text: str | None = None
+    messages: list[dict] | None = None
+    add_special: bool = True
+    add_generation_prompt: bool = True
+    with_pieces: bool = False
+
+
+_TOKENIZE_KEYS = {"model", "prompt", "content", "messages", "add_special_tokens", "add_special",
+                  "add_generation_prompt", "with_pieces"}
+
+
+def _model_is(body: dict, model_id: str) -> None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {_kind(model)}", "model")
+    if model is not None and model != model_id:
+        raise APIError(404, f"the model '{model}' does not exist; this server serves '{model_id}' (GET /v1/models)",
+                       param="model", code="model_not_found")
+
+
+def parse_tokenize(body: dict, model_id: str) -> TokenizeRequest:
+    unknown = sorted(set(body) - _TOKENIZE_KEYS)
+    if unknown:
+        raise bad(f"unrecognized request argument supplied: {unknown[0]} (/tokenize does not take it)", unknown[0],
+                  "unknown_parameter")
+    _model_is(body, model_id)
+    given = [k for k in ("prompt", "content", "messages") if body.get(k) is not None]
+    if len(given) != 1:
+        raise bad("send one of 'prompt' or 'content' (text) or 'messages' (a chat)", "prompt",
+                  "missing_required_parameter" if not given else "invalid_value")
+    req = TokenizeRequest(with_pieces=_bool(body, "with_pieces"),
+                          add_generation_prompt=body.get("add_generation_prompt", True) is not False)
+    if body.get("add_generation_prompt") is not None:
+        _bool(body, "add_generation_prompt")
+    special = [k for k in ("add_special_tokens", "add_special") if body.get(k) is not None]
+    req.add_special = _bool(body, special[0]) if special else True
+    if given[0] == "messages":
+        msgs = body["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise bad("'messages' must be a non-empty array of {role, content} objects", "messages")
+        req.messages = [_message(m, i) for i, m in enumerate(msgs)]
+    else:
+        v = body[given[0]]
+        if not isinstance(v, str):
+            raise bad(f"'{given[0]}' must be a string, got {_kind(v)}", given[0])
+        req.text = _text(v, given[0])
+    return req
+
+
+def parse_detokenize(body: dict, model_id: str) -> list[int]:
+    unknown = sorted(set(body) - {"model", "tokens"})
+    if unknown:
+        raise bad(f"unrecognized request argument supplied: {unknown[0]} (/detokenize does not take it)", unknown[0],
+                  "unknown_parameter")
+    _model_is(body, model_id)
+    toks = body.get("tokens")
+    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+        raise bad("'tokens' must be an array of token ids", "tokens",
+                  "missing_required_parameter" if toks is None else "invalid_type")
+    return toks
+
+
 # -- responses ----------------------------------------------------------------------------------
 def stats_summary(st) -> dict:
     """The per-request speculative statistics, read by name from the engine's live ``Stats``."""

@@ -239,6 +239,38 @@ def test_penalties_and_logit_bias_are_the_engines(client, engine, model_id):
     assert r.choices[0].message.content == engine.tokenizer.decode([t] * 3)
 
 
+def test_tokenize_and_detokenize_as_vllm_and_llama_cpp_clients_call_them(server, engine, model_id):
+    """``/tokenize`` gives the ids a generation reads (a plain prompt, or a chat through its template: what a
+    client counts against the context); ``/detokenize`` the text of ids, in vLLM's and llama.cpp's shapes."""
+    text = "Hello there, how are you?"
+    st, r = http(server + "/tokenize", {"model": model_id, "prompt": text})
+    assert st == 200 and r == {"count": len(engine.encode(text)), "max_model_len": CONTEXT,
+                               "tokens": engine.encode(text)}
+    msgs = [SYSTEM, {"role": "user", "content": "Hi <|im_end|>"}]
+    st, r = http(server + "/tokenize", {"messages": msgs})
+    assert st == 200 and r["tokens"] == engine.encode(msgs)  # (special-token text in content stays text)
+    st, r = http(server + "/tokenize", {"content": text, "with_pieces": True})  # llama.cpp's
+    assert st == 200 and "".join(p["piece"] for p in r["tokens"]) == text
+    assert [p["id"] for p in r["tokens"]] == engine.encode(text)
+    st, r = http(server + "/detokenize", {"tokens": engine.encode(text)})
+    assert st == 200 and r == {"prompt": text, "content": text}
+    im_end = engine.tokenizer.token_to_id("<|im_end|>")
+    st, r = http(server + "/detokenize", {"tokens": [*engine.encode("Hi"), im_end]})
+    assert st == 200 and r["prompt"] == "Hi<|im_end|>"
+    for path, body, status, param in (
+            ("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": "a", "content": "b"}, 400, "prompt"),
+            ("/tokenize", {"prompt": 5}, 400, "prompt"), ("/tokenize", {"prompt": "a", "with_pieces": "yes"}, 400,
+                                                           "with_pieces"),
+            ("/tokenize", {"messages": []}, 400, "messages"), ("/tokenize", {"prompt": "a", "foo": 1}, 400, "foo"),
+            ("/tokenize", {"prompt": "a", "model": "other"}, 404, "model"),
+            ("/detokenize", {"tokens": [1, "a"]}, 400, "tokens"), ("/detokenize", {}, 400, "tokens"),
+            ("/detokenize", {"tokens": [10**9]}, 400, "tokens")):
+        st, err = http(server + path, body)
+        assert st == status and err["error"]["param"] == param, (path, body, err)
+    st, _ = http(server + "/tokenize", method="GET")
+    assert st == 405
+
+
 def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, engine, model_id):
     """``echo`` with ``logprobs``: the prompt's own logprobs (``Engine.score``) before the reply's; with
     ``max_tokens: 0`` nothing is generated (a text's log-likelihood). lm-evaluation-harness's request shape:
