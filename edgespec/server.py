@@ -447,34 +447,53 @@ class Server:
             self.metrics.add("constrained_generations")
         if score_only:
             kw["max_new_tokens"] = 0
-        gen = Generation(self.sched, ids, req.stop + (treq.stops if treq is not None else []), kw, echo=req.echo)
+        stops = req.stop + (treq.stops if treq is not None else [])
+
+        def generation(i: int) -> Generation:
+            """Choice i's generation (``n``): choices after the first sample with seed + i where a seed is given."""
+            kw_i = kw if i == 0 or kw.get("seed") is None else {**kw, "seed": (kw["seed"] + i) % 2**63}
+            return Generation(self.sched, ids, stops, kw_i, echo=req.echo)
+
         rid, created = P.new_id(req.kind), P.now()
         ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
                "temperature": kw.get("temperature", self.engine.defaults.temperature),
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
-            return EventStream(self._sse(gen, req, rid, created, ext, treq.parser() if treq is not None else None),
-                               gen.cancel)
-        try:
-            out = await _until_disconnect(request, self._collect(gen))
-        finally:
-            gen.cancel()
-        if out is None:  # the client is gone: nobody reads this
-            return Response(status_code=499)
-        text, s, lps = out
-        ext = {**ext, **s, "queue_ms": round(gen.queue_ms, 3)}
-        use = P.usage(s["prompt_tokens"] or n, s["completion_tokens"], s["reused_prompt_tokens"],
-                      s if "prediction" in req.options else None)
-        if treq is not None and treq.parses:
-            content, calls = treq.parse(text)
-            self.metrics.add("tool_calls", len(calls))
-            return JSONResponse(P.chat_response(rid, self.model_id, created, content, s["finish_reason"], use,
-                                                ext, [c.openai() for c in calls]))
-        if req.kind == "chat":
-            return JSONResponse(P.chat_response(rid, self.model_id, created, text, s["finish_reason"], use, ext,
-                                                logprobs=lps))
-        return JSONResponse(P.completion_response(rid, self.model_id, created, text, s["finish_reason"], use, ext,
-                                                  logprobs=lps))
+            run = _Choices(generation, req.n)
+            return EventStream(self._sse(run, req, rid, created, ext, treq), run.cancel)
+        choices, summaries = [], []
+        for i in range(req.n):  # one after the other: one engine, one generation at a time
+            gen = generation(i)
+            try:
+                out = await _until_disconnect(request, self._collect(gen))
+            finally:
+                gen.cancel()
+            if out is None:  # the client is gone: nobody reads this
+                return Response(status_code=499)
+            text, s, lps = out
+            s = {**s, "queue_ms": round(gen.queue_ms, 3)}
+            summaries.append(s)
+            if treq is not None and treq.parses:
+                content, calls = treq.parse(text)
+                self.metrics.add("tool_calls", len(calls))
+                body = P.chat_response(rid, self.model_id, created, content, s["finish_reason"], {}, {},
+                                       [c.openai() for c in calls])
+            elif req.kind == "chat":
+                body = P.chat_response(rid, self.model_id, created, text, s["finish_reason"], {}, {}, logprobs=lps)
+            else:
+                body = P.completion_response(rid, self.model_id, created, text, s["finish_reason"], {}, {},
+                                             logprobs=lps)
+            choices.append({**body["choices"][0], "index": i})
+        first = summaries[0]
+        done = sum(s["completion_tokens"] for s in summaries)
+        pred = {k: sum(s.get(k, 0) for s in summaries) for k in ("accepted_prediction_tokens",
+                                                                   "rejected_prediction_tokens")}
+        use = P.usage(first["prompt_tokens"] or n, done, first["reused_prompt_tokens"],
+                      pred if "prediction" in req.options else None)
+        # one choice: its statistics as ever; several: each choice's in edgespec.choices
+        ext = {**ext, **first} if req.n == 1 else {**ext, "choices": summaries}
+        body["choices"], body["usage"], body["edgespec"] = choices, use, ext
+        return JSONResponse(body)
 
     async def _collect(self, gen: Generation):
         parts, lps = [], None
@@ -490,44 +509,82 @@ class Server:
                 raise P.engine_error(val)
         return None
 
-    async def _sse(self, gen: Generation, req: P.GenRequest, rid: str, created: int, ext: dict, parser=None):
+    async def _sse(self, run: "_Choices", req: P.GenRequest, rid: str, created: int, ext: dict, treq=None):
+        """The event stream of a request's choices, one after the other (each chunk says its choice's index);
+        the usage chunk, with include_usage, after the last."""
         k, model, wu = req.kind, self.model_id, req.include_usage
-
-        def parsed(events):  # with tools: the content outside calls, and each call whole once it closes
-            for what, v in events:
-                if what == "content":
-                    yield P.sse(P.chunk(k, rid, model, created, text=v, with_usage=wu))
-                else:
-                    yield P.sse(P.chunk(k, rid, model, created, tool_call=v.openai(parser.calls.index(v)),
-                                        with_usage=wu))
+        summaries = []
         try:
-            if k == "chat":
-                yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu))
-            async for kind, val in gen.events():
-                if kind == "delta":
-                    if parser is not None:  # (no logprobs with tools that parse)
-                        for out in parsed(parser.feed(val[0])):
-                            yield out
+            for i in range(run.n):
+                gen = run.next()
+                if gen is None:  # the client left
+                    return
+                parser = treq.parser() if treq is not None else None
+
+                def parsed(events, parser=parser, i=i):  # with tools: the content outside calls, each call whole
+                    for what, v in events:
+                        if what == "content":
+                            yield P.sse(P.chunk(k, rid, model, created, text=v, with_usage=wu, index=i))
+                        else:
+                            yield P.sse(P.chunk(k, rid, model, created, tool_call=v.openai(parser.calls.index(v)),
+                                                with_usage=wu, index=i))
+                if k == "chat":
+                    yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu, index=i))
+                async for kind, val in gen.events():
+                    if kind == "delta":
+                        if parser is not None:  # (no logprobs with tools that parse)
+                            for out in parsed(parser.feed(val[0])):
+                                yield out
+                        else:
+                            yield P.sse(P.chunk(k, rid, model, created, text=val[0], with_usage=wu, logprobs=val[1],
+                                                index=i))
+                    elif kind == "done":
+                        if parser is not None:
+                            for out in parsed(parser.finish()):
+                                yield out
+                            self.metrics.add("tool_calls", len(parser.calls))
+                        summaries.append({**val, "queue_ms": round(gen.queue_ms, 3)})
+                        e = {**ext, **summaries[-1]}
+                        yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
+                                            text=None if k == "chat" else "", with_usage=wu,
+                                            calls=parser is not None and bool(parser.calls), index=i))
                     else:
-                        yield P.sse(P.chunk(k, rid, model, created, text=val[0], with_usage=wu, logprobs=val[1]))
-                elif kind == "done":
-                    if parser is not None:
-                        for out in parsed(parser.finish()):
-                            yield out
-                        self.metrics.add("tool_calls", len(parser.calls))
-                    e = {**ext, **val, "queue_ms": round(gen.queue_ms, 3)}
-                    yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
-                                        text=None if k == "chat" else "", with_usage=wu,
-                                        calls=parser is not None and bool(parser.calls)))
-                    if req.include_usage:
-                        use = P.usage(val["prompt_tokens"], val["completion_tokens"], val["reused_prompt_tokens"],
-                                      val if "prediction" in req.options else None)
-                        yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
-                else:
-                    yield P.sse(P.engine_error(val).body())
+                        yield P.sse(P.engine_error(val).body())
+                        yield P.SSE_DONE
+                        return
+            if req.include_usage:
+                first = summaries[0]
+                pred = {key: sum(s.get(key, 0) for s in summaries) for key in ("accepted_prediction_tokens",
+                                                                                  "rejected_prediction_tokens")}
+                use = P.usage(first["prompt_tokens"], sum(s["completion_tokens"] for s in summaries),
+                              first["reused_prompt_tokens"], pred if "prediction" in req.options else None)
+                yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
             yield P.SSE_DONE
         finally:
-            gen.cancel()
+            run.cancel()
+
+
+class _Choices:
+    """A streamed request's choices: their generations made one at a time (``next``), the one running cancelled
+    when the client leaves (and no other made after)."""
+
+    def __init__(self, make, n: int):
+        self.make, self.n = make, n
+        self.made = 0
+        self.current: Generation | None = None
+        self.cancelled = False
+
+    def next(self) -> Generation | None:
+        if self.current is not None:
+            self.current.cancel()
+        self.current = None if self.cancelled else self.make(self.made)
+        self.made += 1
+        return self.current
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.current is not None:
+            self.current.cancel()
 
 
 def _param_of(msg: str) -> str | None:

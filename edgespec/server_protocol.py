@@ -45,6 +45,7 @@ from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
 DRAFTERS = drafter_choices()
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 16
+MAX_N = 16  # choices a request may ask for (``n``)
 MAX_BODY = 8 << 20  # bytes; a prompt can never be longer than the context anyway
 
 
@@ -83,6 +84,7 @@ class GenRequest:
     suffix: str | None = None  # a completion's text after the gap: fill in the middle (None or "": a plain completion)
     echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's own, scored)
     token_healing: bool = False  # edgespec.token_healing: the prompt's last token backed off (healing.py)
+    n: int = 1  # choices: generated one after the other, choice i sampled with seed + i where a seed is given
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -219,9 +221,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
         if value is not None:
             opts[key] = value
 
-    n = _int(body, "n", 1)
-    if n not in (None, 1):
-        raise bad("'n' must be 1: edgespec generates one choice per request", "n", "unsupported_value")
+    req.n = _int(body, "n", 1, MAX_N) or 1  # choices, generated one after the other
     # the target's logits processed (penalties.py): exact under speculative decoding as without
     for key in ("presence_penalty", "frequency_penalty"):
         v = _number(body, key, -2.0, 2.0)
@@ -636,7 +636,7 @@ def completion_response(rid: str, model: str, created: int, text: str, reason: s
 def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = None, role: bool = False,
           reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False,
           with_usage: bool = False, tool_call: dict | None = None, calls: bool = False,
-          logprobs: list[dict] | None = None) -> dict:
+          logprobs: list[dict] | None = None, index: int = 0) -> dict:
     """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage;
     ``with_usage``: include_usage was asked for, so every other chunk says ``"usage": null`` (as OpenAI's);
     ``tool_call``: a whole call, with its index (``ToolCall.openai(i)``); ``calls``: the reply made calls
@@ -653,10 +653,10 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
             delta["content"] = text
         if tool_call is not None:
             delta["tool_calls"] = [tool_call]
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs_body(kind, logprobs),
+        out["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs_body(kind, logprobs),
                            "finish_reason": finish_reason(reason, calls)}]
     else:
-        out["choices"] = [{"index": 0, "text": text or "", "logprobs": logprobs_body(kind, logprobs),
+        out["choices"] = [{"index": index, "text": text or "", "logprobs": logprobs_body(kind, logprobs),
                            "finish_reason": finish_reason(reason)}]
     if use is not None or with_usage:
         out["usage"] = use

@@ -239,6 +239,28 @@ def test_penalties_and_logit_bias_are_the_engines(client, engine, model_id):
     assert r.choices[0].message.content == engine.tokenizer.decode([t] * 3)
 
 
+def test_n_choices_one_after_the_other_streamed_or_not(client, engine, model_id):
+    """``n``: choice i is the generation a request with seed + i gives (sampled), each with its index; usage
+    counts the prompt once and every choice's tokens; streamed, each choice's chunks carry its index."""
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=8, n=3, temperature=1.0, seed=11)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    refs = [engine.generate(msgs, max_new_tokens=8, temperature=1.0, seed=11 + i) for i in range(3)]
+    assert [c.message.content for c in r.choices] == [x.text for x in refs]
+    assert len({x.text for x in refs}) > 1  # (sampled: the choices differ)
+    assert r.usage.prompt_tokens == len(engine.encode(msgs))
+    assert r.usage.completion_tokens == sum(len(x.token_ids) for x in refs)
+    assert [c["finish_reason"] for c in r.model_extra["edgespec"]["choices"]] == [x.finish_reason for x in refs]
+    chunks = list(client.chat.completions.create(model=model_id, messages=msgs, max_tokens=8, n=3, temperature=1.0,
+                                                 seed=11, stream=True, stream_options={"include_usage": True}))
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+             for i in range(3)]
+    assert texts == [x.text for x in refs] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 3
+    c = client.completions.create(model=model_id, prompt="1, 2, 3,", max_tokens=4, n=2, temperature=0)
+    assert [x.index for x in c.choices] == [0, 1] and c.choices[0].text == c.choices[1].text  # greedy: alike
+
+
 def test_tokenize_and_detokenize_as_vllm_and_llama_cpp_clients_call_them(server, engine, model_id):
     """``/tokenize`` gives the ids a generation reads (a plain prompt, or a chat through its template: what a
     client counts against the context); ``/detokenize`` the text of ids, in vLLM's and llama.cpp's shapes."""
@@ -449,7 +471,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
      "max_completion_tokens", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stop": 5}, 400, "stop", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream", None),
-    ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", "unsupported_value"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 17}, 400, "n", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, 400, "logprobs", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400,
      "top_logprobs", None),
