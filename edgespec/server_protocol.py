@@ -4,10 +4,10 @@ Pure functions over dicts: no HTTP stack, no engine (its ``Stats`` and errors ar
 type). ``server.py`` does the serving.
 
 Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, param, code}}`` body
-with its HTTP status). Parameters that edgespec cannot honour (``n`` > 1, ``echo``,
-penalties, ...) are refused, not silently ignored; fields that change nothing (``user``,
-``metadata``, ``store``, ...) are accepted and ignored; a field OpenAI's API does not have (and
-that is not one of edgespec's extensions, ``top_k`` and ``edgespec``) is refused as OpenAI refuses
+with its HTTP status). Parameters that edgespec cannot honour (``best_of`` > 1, audio, ...) are
+refused, not silently ignored; fields that change nothing (``user``, ``metadata``, ``store``, ...) are
+accepted and ignored; a field OpenAI's API does not have (and that is not one of edgespec's extensions,
+``top_k``, ``repetition_penalty`` and ``edgespec``) is refused as OpenAI refuses
 it, so that a sampling option of another server (``min_p``, ``typical_p``, ...) never passes
 unnoticed.
 
