@@ -385,38 +385,14 @@ class Server:
                 self.engine.infill_stops()
             except EdgespecError as e:
                 raise P.bad(str(e).splitlines()[0], "suffix", "unsupported_parameter") from None
-        try:
-            if req.prompt_ids is not None:  # token ids: checked against the vocabulary, not tokenized
-                vocab = self.engine.decoder.vocab
-                bad_id = next((t for t in req.prompt_ids if not 0 <= t < vocab), None)
-                if bad_id is not None:
-                    raise P.bad(f"the prompt holds token id {bad_id}, outside the vocabulary (0..{vocab - 1})", param)
-                ids = req.prompt_ids
-            else:
-                ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)
-        except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
-            raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
-        except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
-            raise P.bad(str(e).splitlines()[0], param) from None
-        heal = b""
-        if req.token_healing:  # the token before the cursor backed off, the reply held to spell it first
-            ids, heal = await run_in_threadpool(self.engine.heal, ids)
-        n, ctx = len(ids), self.engine.max_context
-        if n == 0:  # refused here, before a stream's first byte, not by the engine mid-stream
-            raise P.bad(f"the {'prompt' if param == 'prompt' else 'conversation'} is empty: it has no tokens", param)
-        room = ctx - n
+        sources = req.prompts if req.kind == "completion" and req.prompts else [source]
+        prepared = [await self._prepare(src, req, param, treq) for src in sources]
+        ids, heal, room, max_new = prepared[0]
         score_only = req.max_tokens == 0  # echo with max_tokens 0: the prompt's logprobs, nothing generated
-        if score_only and n > ctx:
-            raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx}", param=param,
-                             code="context_length_exceeded")
-        if room < 1 and not score_only:
-            raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx} (prompt plus at least one "
-                             f"new token), so at most {ctx - 1} prompt tokens", param=param,
-                             code="context_length_exceeded")
-        max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         kw = {**self.defaults, **req.options, "max_new_tokens": max(max_new, 1)}
         if heal:
             kw["heal"] = heal
+        ctx = self.engine.max_context
         if treq is not None and treq.grammar is not None:
             kw["grammar"] = treq.grammar
         if req.response_format is not None:  # compiled off the event loop: a large schema takes a while
@@ -450,19 +426,29 @@ class Server:
         stops = req.stop + (treq.stops if treq is not None else [])
 
         def generation(i: int) -> Generation:
-            """Choice i's generation (``n``): choices after the first sample with seed + i where a seed is given."""
-            kw_i = kw if i == 0 or kw.get("seed") is None else {**kw, "seed": (kw["seed"] + i) % 2**63}
-            return Generation(self.sched, ids, stops, kw_i, echo=req.echo)
+            """Choice i's generation: prompt i // n (a completion's prompts, in turn), its (i % n)-th choice, which
+            samples with seed + i % n where a seed is given."""
+            p_ids, p_heal, _, p_max = prepared[i // req.n]
+            j = i % req.n
+            kw_i = {**kw, "max_new_tokens": 0 if score_only else max(p_max, 1)}
+            kw_i.pop("heal", None)
+            if p_heal:
+                kw_i["heal"] = p_heal
+            if j and kw.get("seed") is not None:
+                kw_i["seed"] = (kw["seed"] + j) % 2**63
+            return Generation(self.sched, p_ids, stops, kw_i, echo=req.echo)
+
+        choices_n = len(prepared) * req.n
 
         rid, created = P.new_id(req.kind), P.now()
         ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
                "temperature": kw.get("temperature", self.engine.defaults.temperature),
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
-            run = _Choices(generation, req.n)
+            run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
             return EventStream(self._sse(run, req, rid, created, ext, treq), run.cancel)
         choices, summaries = [], []
-        for i in range(req.n):  # one after the other: one engine, one generation at a time
+        for i in range(choices_n):  # one after the other: one engine, one generation at a time
             gen = generation(i)
             try:
                 out = await _until_disconnect(request, self._collect(gen))
@@ -484,16 +470,45 @@ class Server:
                 body = P.completion_response(rid, self.model_id, created, text, s["finish_reason"], {}, {},
                                              logprobs=lps)
             choices.append({**body["choices"][0], "index": i})
-        first = summaries[0]
-        done = sum(s["completion_tokens"] for s in summaries)
-        pred = {k: sum(s.get(k, 0) for s in summaries) for k in ("accepted_prediction_tokens",
-                                                                   "rejected_prediction_tokens")}
-        use = P.usage(first["prompt_tokens"] or n, done, first["reused_prompt_tokens"],
-                      pred if "prediction" in req.options else None)
+        use = _usage(summaries, req, [len(x[0]) for x in prepared])
         # one choice: its statistics as ever; several: each choice's in edgespec.choices
-        ext = {**ext, **first} if req.n == 1 else {**ext, "choices": summaries}
+        ext = {**ext, **summaries[0]} if choices_n == 1 else {**ext, "choices": summaries}
         body["choices"], body["usage"], body["edgespec"] = choices, use, ext
         return JSONResponse(body)
+
+    async def _prepare(self, source, req: P.GenRequest, param: str, treq) -> tuple[list[int], bytes, int, int]:
+        """One prompt's (ids, bytes token healing backed off, room in the context, max new tokens), or the
+        request's refusal: token ids checked against the vocabulary, text encoded, the context's room checked."""
+        try:
+            if not isinstance(source, str) and req.kind == "completion":  # token ids, not tokenized
+                vocab = self.engine.decoder.vocab
+                bad_id = next((t for t in source if not 0 <= t < vocab), None)
+                if bad_id is not None:
+                    raise P.bad(f"the prompt holds token id {bad_id}, outside the vocabulary (0..{vocab - 1})", param)
+                ids = list(source)
+            else:
+                ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)
+        except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
+            raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
+        except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
+            raise P.bad(str(e).splitlines()[0], param) from None
+        heal = b""
+        if req.token_healing:  # the token before the cursor backed off, the reply held to spell it first
+            ids, heal = await run_in_threadpool(self.engine.heal, ids)
+        n, ctx = len(ids), self.engine.max_context
+        if n == 0:  # refused here, before a stream's first byte, not by the engine mid-stream
+            raise P.bad(f"the {'prompt' if param == 'prompt' else 'conversation'} is empty: it has no tokens", param)
+        room = ctx - n
+        score_only = req.max_tokens == 0  # echo with max_tokens 0: the prompt's logprobs, nothing generated
+        if score_only and n > ctx:
+            raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx}", param=param,
+                             code="context_length_exceeded")
+        if room < 1 and not score_only:
+            raise P.APIError(400, f"the prompt has {n} tokens; the context holds {ctx} (prompt plus at least one "
+                             f"new token), so at most {ctx - 1} prompt tokens", param=param,
+                             code="context_length_exceeded")
+        max_new = room if req.max_tokens is None else min(req.max_tokens, room)
+        return ids, heal, room, max_new
 
     async def _collect(self, gen: Generation):
         parts, lps = [], None
@@ -553,23 +568,29 @@ class Server:
                         yield P.SSE_DONE
                         return
             if req.include_usage:
-                first = summaries[0]
-                pred = {key: sum(s.get(key, 0) for s in summaries) for key in ("accepted_prediction_tokens",
-                                                                                  "rejected_prediction_tokens")}
-                use = P.usage(first["prompt_tokens"], sum(s["completion_tokens"] for s in summaries),
-                              first["reused_prompt_tokens"], pred if "prediction" in req.options else None)
-                yield P.sse(P.chunk(k, rid, model, created, use=use, empty=True))
+                yield P.sse(P.chunk(k, rid, model, created, use=_usage(summaries, req, run.prompt_tokens), empty=True))
             yield P.SSE_DONE
         finally:
             run.cancel()
+
+
+def _usage(summaries: list[dict], req: P.GenRequest, prompt_tokens: list[int]) -> dict:
+    """One usage for a request's choices: each prompt counted once (its n choices read it alike), every
+    choice's tokens; the cached tokens of each prompt's first choice."""
+    per = max(1, req.n)
+    firsts = summaries[::per]
+    pred = {k: sum(s.get(k, 0) for s in summaries) for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+    return P.usage(sum((s["prompt_tokens"] or n) for s, n in zip(firsts, prompt_tokens)),
+                   sum(s["completion_tokens"] for s in summaries), sum(s["reused_prompt_tokens"] for s in firsts),
+                   pred if "prediction" in req.options else None)
 
 
 class _Choices:
     """A streamed request's choices: their generations made one at a time (``next``), the one running cancelled
     when the client leaves (and no other made after)."""
 
-    def __init__(self, make, n: int):
-        self.make, self.n = make, n
+    def __init__(self, make, n: int, prompt_tokens: list[int]):
+        self.make, self.n, self.prompt_tokens = make, n, prompt_tokens
         self.made = 0
         self.current: Generation | None = None
         self.cancelled = False

@@ -45,7 +45,8 @@ from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
 DRAFTERS = drafter_choices()
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 16
-MAX_N = 16  # choices a request may ask for (``n``)
+MAX_N = 16  # choices a request may ask for (``n``, times the prompts of a completion)
+MAX_PROMPTS = 16  # prompts a completion request may hold
 MAX_BODY = 8 << 20  # bytes; a prompt can never be longer than the context anyway
 
 
@@ -81,6 +82,7 @@ class GenRequest:
     messages: list[dict] | None = None
     prompt: str | None = None
     prompt_ids: list[int] | None = None  # a completion's prompt sent as token ids (the server checks the vocabulary)
+    prompts: list = field(default_factory=list)  # a completion's prompts (text or ids), answered in turn
     suffix: str | None = None  # a completion's text after the gap: fill in the middle (None or "": a plain completion)
     echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's own, scored)
     token_healing: bool = False  # edgespec.token_healing: the prompt's last token backed off (healing.py)
@@ -434,17 +436,27 @@ def _tool_call(c, where: str) -> dict:
 def parse_completion(body: dict, model_id: str) -> GenRequest:
     req = _common(body, "completion", model_id)
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        req.prompt_ids = list(p)  # token ids (OpenAI's legacy form; evaluation harnesses send them)
-    elif not isinstance(p, str):
+
+    def ids_(v) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if isinstance(p, str) or ids_(p):
+        p = [p]
+    if not (isinstance(p, list) and p and all(isinstance(x, str) or ids_(x) for x in p)):
         missing = p is None
-        raise bad("'prompt' must be a string or an array of token ids (one prompt per request)"
-                  + (" (it is missing)" if missing else ""),
+        raise bad("'prompt' must be a string, an array of token ids, or an array of either (prompts answered in "
+                  "turn)" + (" (it is missing)" if missing else ""),
                   "prompt", "missing_required_parameter" if missing else "invalid_type")
+    if len(p) > MAX_PROMPTS:
+        raise bad(f"'prompt' holds at most {MAX_PROMPTS} prompts, got {len(p)}", "prompt")
+    # text, or token ids (OpenAI's legacy form; evaluation harnesses send them); the first kept as ``prompt``
+    req.prompts = [_text(x, "prompt") if isinstance(x, str) else list(x) for x in p]
+    if isinstance(req.prompts[0], str):
+        req.prompt = req.prompts[0]
     else:
-        req.prompt = _text(p, "prompt")
+        req.prompt_ids = req.prompts[0]
+    if len(req.prompts) * req.n > MAX_N:
+        raise bad(f"prompts x n is at most {MAX_N} choices a request, got {len(req.prompts)} x {req.n}", "n")
     req.echo = _bool(body, "echo")
     if req.token_healing and req.response_format is not None:
         raise bad("'edgespec.token_healing' cannot be combined with a response_format (its grammar holds the reply)",
@@ -457,7 +469,7 @@ def parse_completion(body: dict, model_id: str) -> GenRequest:
     if sfx:  # fill in the middle: the reply goes between the prompt and the suffix (the server checks the model)
         if req.echo:
             raise bad("'echo' cannot be used with 'suffix' (fill in the middle)", "echo")
-        if req.prompt_ids is not None:
+        if any(not isinstance(x, str) for x in req.prompts):
             raise bad("'suffix' needs the prompt as text, not token ids", "suffix")
         req.suffix = _text(sfx, "suffix")
     return req

@@ -259,6 +259,19 @@ def test_n_choices_one_after_the_other_streamed_or_not(client, engine, model_id)
     assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 3
     c = client.completions.create(model=model_id, prompt="1, 2, 3,", max_tokens=4, n=2, temperature=0)
     assert [x.index for x in c.choices] == [0, 1] and c.choices[0].text == c.choices[1].text  # greedy: alike
+    # a completion's prompts (text or ids), answered in turn: choice index = prompt index * n + j
+    prompts = ["1, 2, 3,", "a, b, c,", engine.encode("x, y,")]
+    c = client.completions.create(model=model_id, prompt=prompts, max_tokens=6, n=2, temperature=0, logprobs=1)
+    refs = [engine.generate(p if isinstance(p, str) else "x, y,", max_new_tokens=6) for p in prompts]
+    assert [x.index for x in c.choices] == list(range(6))
+    assert [x.text for x in c.choices] == [r.text for r in refs for _ in range(2)]
+    assert c.usage.prompt_tokens == sum(len(engine.encode(p) if isinstance(p, str) else p) for p in prompts)
+    assert c.usage.completion_tokens == 2 * sum(len(r.token_ids) for r in refs)
+    assert all(x.logprobs.tokens for x in c.choices)
+    streamed = {}
+    for ch in client.completions.create(model=model_id, prompt=prompts[:2], max_tokens=6, temperature=0, stream=True):
+        streamed[ch.choices[0].index] = streamed.get(ch.choices[0].index, "") + ch.choices[0].text
+    assert streamed == {0: refs[0].text, 1: refs[1].text}
 
 
 def test_tokenize_and_detokenize_as_vllm_and_llama_cpp_clients_call_them(server, engine, model_id):
@@ -507,7 +520,11 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages", "context_length_exceeded"),
     ("completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
     ("completions", {}, 400, "prompt", "missing_required_parameter"),
-    ("completions", {"prompt": ["one", "two"]}, 400, "prompt", None),
+    ("completions", {"prompt": ["one", 2]}, 400, "prompt", None),
+    ("completions", {"prompt": ["a"] * 17}, 400, "prompt", None),
+    ("completions", {"prompt": ["a"] * 3, "n": 6}, 400, "n", None),
+    ("completions", {"prompt": ["a", [1, 10**9]]}, 400, "prompt", None),
+    ("completions", {"prompt": ["a", [1, 2]], "suffix": "x"}, 400, "suffix", None),
     ("completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty", None),
     ("completions", {"prompt": "hi", "frequency_penalty": "1"}, 400, "frequency_penalty", None),
     ("completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", None),
