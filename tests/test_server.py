@@ -340,6 +340,11 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, engine, mode
     # a prompt of token ids is the prompt those ids are
     assert client.completions.create(model=model_id, prompt=ctx_ids, max_tokens=6).choices[0].text == \
         plain.choices[0].text
+    # lm-evaluation-harness with a batch: several prompts of ids scored in one request, nothing generated
+    b = client.completions.create(model=model_id, prompt=[ids, ctx_ids], max_tokens=0, echo=True, logprobs=1)
+    assert [len(c.logprobs.token_logprobs) for c in b.choices] == [len(ids), len(ctx_ids)]
+    assert b.choices[0].logprobs.token_logprobs[1:] == pytest.approx([e["logprob"] for e in ref[1:]], abs=1e-6)
+    assert b.usage.prompt_tokens == len(ids) + len(ctx_ids) and b.usage.completion_tokens == 0
 
 
 def test_message_content_is_text(client, server, model_id):
