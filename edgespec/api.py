@@ -374,7 +374,7 @@ class Engine:
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
-               fit: bool = False, tools=None, suffix: str | None = None) -> list[int]:
+               fit: bool = False, tools=None, suffix: str | None = None, add_generation_prompt: bool = True) -> list[int]:
         """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
         ``parse_special`` is False; messages' content is always text. With ``fit`` a prompt too long
         for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized.
@@ -414,7 +414,8 @@ class Engine:
                 raise ConfigError("the messages hold tool calls or results, and this bundle's chat template does not "
                                   "take them in the <tool_call> format (Qwen2.5, Hermes)")
             messages = check_tool_messages(messages)
-        ids = self.tokenizer.encode_chat(messages, tools=tools.template_tools if tools is not None else None)
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt,
+                                         tools=tools.template_tools if tools is not None else None)
         if tools is not None and tools.prefix:
             ids += self.tokenizer.encode(tools.prefix, add_special=False)
         return ids

@@ -94,10 +94,12 @@ class Generation:
         out first; ``kw['max_new_tokens']`` 0: nothing is generated after it."""
         self.sched, self.ids, self.stop, self.kw, self.echo = sched, ids, stop, kw, echo
         self._cancel = threading.Event()
+        if sched.closing:  # a request's next choice made after shutdown began: the client gets the 503
+            self._cancel.set()
         self._queued = True  # counted in sched.waiting until it has the engine or gives up
         self._started = False  # a worker thread runs it
         self._stopped = False  # the worker broke off on the cancel flag (its reply is not whole)
-        self.shutdown = False
+        self.shutdown = sched.closing
         self.queue_ms = 0.0
         sched.waiting += 1
         sched.active.add(self)
@@ -160,8 +162,10 @@ class Generation:
         last, gen, err = None, None, None
         engine, text, out = self.sched.engine, [], []
         shift, scored = 0, False
+        if self._cancel.is_set():  # the client left (or the server began to stop) before this choice began
+            self._stopped = True
         try:
-            if self.echo:  # the prompt first: with logprobs, scored (under the engine's turn, as a generation)
+            if self.echo and not self._stopped:  # the prompt first: with logprobs, scored (under the engine's turn, as a generation)
                 top = self.kw.get("logprobs")
                 if top is not None:
                     head, entries = engine.score(self.ids, top)
@@ -200,7 +204,7 @@ class Generation:
             summary = None
             try:
                 summary = P.stats_summary(last) if last is not None else None
-                if summary is None and err is None and gen is None:  # the prompt scored, nothing generated
+                if summary is None and err is None and gen is None and not self._stopped:  # scored, nothing generated
                     summary = {**P.stats_summary(None), "prompt_tokens": len(self.ids), "finish_reason": "length"}
                 if summary is not None and scored:  # the prompt was read whole to score it: nothing was reused
                     summary["reused_prompt_tokens"] = summary["restored_prompt_tokens"] = 0
@@ -325,16 +329,17 @@ class Server:
         eng = self.engine
 
         def run():
-            if req.messages is not None:
-                return eng.tokenizer.encode_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
-            return eng.tokenizer.encode(req.text, add_special=req.add_special)
+            if req.messages is not None:  # as a generation encodes them (tool calls' arguments as objects, ...)
+                ids = eng.encode(req.messages, add_generation_prompt=req.add_generation_prompt)
+            else:
+                ids = eng.tokenizer.encode(req.text, add_special=req.add_special)
+            return ids, [{"id": t, "piece": eng.tokenizer.token_bytes(t).decode("utf-8", "replace")} for t in ids] \
+                if req.with_pieces else ids
 
         try:
-            ids = await run_in_threadpool(run)
+            ids, toks = await run_in_threadpool(run)
         except EdgespecError as e:
             raise P.bad(str(e).splitlines()[0], "messages" if req.messages is not None else "prompt") from None
-        toks = [{"id": t, "piece": eng.tokenizer.token_bytes(t).decode("utf-8", "replace")} for t in ids] \
-            if req.with_pieces else ids
         return JSONResponse({"count": len(ids), "max_model_len": eng.max_context, "tokens": toks})
 
     async def detokenize(self, request: Request) -> Response:
@@ -446,6 +451,7 @@ class Server:
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
+            run.next()  # choice 0 made now: counted in the queue from the request's admission
             return EventStream(self._sse(run, req, rid, created, ext, treq), run.cancel)
         choices, summaries = [], []
         for i in range(choices_n):  # one after the other: one engine, one generation at a time
@@ -531,7 +537,7 @@ class Server:
         summaries = []
         try:
             for i in range(run.n):
-                gen = run.next()
+                gen = run.current if i == 0 else run.next()
                 if gen is None:  # the client left
                     return
                 parser = treq.parser() if treq is not None else None

@@ -86,7 +86,7 @@ class GenRequest:
     suffix: str | None = None  # a completion's text after the gap: fill in the middle (None or "": a plain completion)
     echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's own, scored)
     token_healing: bool = False  # edgespec.token_healing: the prompt's last token backed off (healing.py)
-    n: int = 1  # choices: generated one after the other, choice i sampled with seed + i where a seed is given
+    n: int = 1  # choices a prompt: generated one after the other, its j-th sampled with seed + j where a seed is given
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -103,6 +103,8 @@ def parse_body(raw: bytes) -> dict:
         raise bad("the request body is not UTF-8 text", code="invalid_json") from None
     except json.JSONDecodeError as e:
         raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise bad("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
     return body

@@ -304,6 +304,35 @@ def test_tokenize_and_detokenize_as_vllm_and_llama_cpp_clients_call_them(server,
         assert st == status and err["error"]["param"] == param, (path, body, err)
     st, _ = http(server + "/tokenize", method="GET")
     assert st == 405
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    st, err = http(server + "/tokenize", {"messages": [{"role": "user", "content": "hi"}, call]})
+    assert st == 400 and err["error"]["param"] == "messages"  # SmolLM2's template takes no tool calls: as chat
+    st, r = http(server + "/tokenize", {"messages": msgs, "add_generation_prompt": False})
+    assert st == 200 and r["tokens"] == engine.encode(msgs, add_generation_prompt=False) != engine.encode(msgs)
+
+
+def test_a_choice_made_after_shutdown_began_gets_the_503():
+    """A request's next choice (``n``) made once the server stops: the client is told so, nothing runs."""
+    import asyncio
+
+    from edgespec.server import Generation, Scheduler
+    from edgespec.server_metrics import Metrics
+
+    sched = Scheduler(None, 4, Metrics(dict))
+    sched.shutdown()
+
+    async def events():
+        return [e async for e in Generation(sched, [1, 2], [], {"max_new_tokens": 4}).events()]
+
+    out = asyncio.run(events())
+    assert len(out) == 1 and out[0][0] == "error" and out[0][1].status == 503
+    assert sched.threads == set() and not sched.busy
+
+
+def test_a_body_nested_too_deeply_is_a_400(server):
+    st, err = http(server + "/v1/completions", ("[" * 200_000 + "]" * 200_000).encode())
+    assert st == 400 and err["error"]["code"] == "invalid_json"
 
 
 def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, engine, model_id):

@@ -289,6 +289,10 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
         r = client.chat.completions.create(model=model, messages=history, tools=WEATHER, max_tokens=80)
         assert (r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason) == (
             "It is 14 C in Paris.", None, "stop")
+        # /tokenize reads a history with calls as a generation does (the arguments as the template wants them)
+        eng = edgespec.load(tool_bundle, memory=False)
+        status, tok = http(url + "/tokenize", {"messages": history})
+        assert status == 200 and tok["tokens"] == eng.encode(history), tok
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
             model=model, messages=[HELLO], tools=WEATHER, max_tokens=80, stream=True) if c.choices)
         assert text == "Hello! Ask me about the weather."
