@@ -472,7 +472,8 @@ class Decoder:
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
         # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
         # (not with logprobs: an alternate's next token has no row of logits here)
-        alternates = sp.greedy and policy.use_alternates and target.verifies_alternates and con is None and not want_lp \
+        # (and not while a constraint holds the reply: a grammar's, or token healing's until it is spelled)
+        may_alternate = sp.greedy and policy.use_alternates and target.verifies_alternates and not want_lp \
             and pen is None
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
@@ -507,7 +508,7 @@ class Decoder:
                     kw["hint"] = choice.hint
                     if choice.hint_stop is not None:
                         kw["hint_stop"] = choice.hint_stop
-                if alternates and getattr(choice.drafter, "gives_alternates", False):
+                if may_alternate and con is None and getattr(choice.drafter, "gives_alternates", False):
                     kw["alternates"] = True
                 if con is not None and getattr(choice.drafter, "takes_grammar", False):
                     kw["grammar"] = con
@@ -527,7 +528,7 @@ class Decoder:
                 st.model_tokens += dlm.tokens_run - m0[1]
                 st.model_call_s += dlm.call_seconds - m0[2]
             alts = policy.alternates(len(draft.tokens), draft.alts, target.max_context - len(ctx) - len(draft.tokens),
-                                     t1 - t0) if draft.alts and alternates else []
+                                     t1 - t0) if draft.alts and may_alternate and con is None else []
             kept_alt, extra = None, []  # the row of the alternate the target kept; its next token
             if alts:  # the draft and its alternates, each alternate beside the draft token it stands for
                 k = len(draft.tokens)

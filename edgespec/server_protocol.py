@@ -515,6 +515,8 @@ def parse_tokenize(body: dict, model_id: str) -> TokenizeRequest:
     if body.get("add_generation_prompt") is not None:
         _bool(body, "add_generation_prompt")
     special = [k for k in ("add_special_tokens", "add_special") if body.get(k) is not None]
+    if len(special) == 2 and _bool(body, special[0]) != _bool(body, special[1]):
+        raise bad("'add_special_tokens' and 'add_special' differ; send one of them", "add_special_tokens")
     req.add_special = _bool(body, special[0]) if special else True
     if given[0] == "messages":
         msgs = body["messages"]

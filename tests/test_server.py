@@ -308,6 +308,8 @@ def test_tokenize_and_detokenize_as_vllm_and_llama_cpp_clients_call_them(server,
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
     st, err = http(server + "/tokenize", {"messages": [{"role": "user", "content": "hi"}, call]})
     assert st == 400 and err["error"]["param"] == "messages"  # SmolLM2's template takes no tool calls: as chat
+    st, err = http(server + "/tokenize", {"prompt": "a", "add_special": True, "add_special_tokens": False})
+    assert st == 400 and err["error"]["param"] == "add_special_tokens"
     st, r = http(server + "/tokenize", {"messages": msgs, "add_generation_prompt": False})
     assert st == 200 and r["tokens"] == engine.encode(msgs, add_generation_prompt=False) != engine.encode(msgs)
 
