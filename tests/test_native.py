@@ -1518,3 +1518,27 @@ def test_rewrite_fuses_a_bias_bitwise_and_a_swiglu_and_leaves_a_shared_one_alone
         rewrite_graph(plain, pad_attention=False, fused=False)
         a, b = (_session(onnx.load(str(p))).run(None, {"A": x}) for p in (shared, plain))
         assert all(np.array_equal(u, v) for u, v in zip(a, b)), share
+
+
+def test_alternates_come_back_once_token_healing_has_spelled_its_text(tiny_xk, monkeypatch):
+    """Token healing holds the reply's first tokens as a grammar does, and alternates wait for the hold's release:
+    after it, they are verified and kept as in any greedy generation, and the output stays plain decoding's with
+    the same healing (the drafter of the test above, its alternates mostly right)."""
+    from test_exactness import PROMPTS
+
+    eng = edgespec.load(tiny_xk)
+    real = eng.decoder.drafters["model"]
+    prompt = PROMPTS[0] + " ret"
+    healed, need = eng.heal(eng.encode(prompt, fit=True))
+    assert need
+    ref = eng.generate(prompt, max_new_tokens=30, drafter="none", token_healing=True).token_ids
+    eng.decoder.drafters["model"] = _Planted(len(healed), ref + [0] * 16, eng.decoder.vocab)
+    monkeypatch.setattr(eng.decoder.policy, "alternates", lambda k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+    eng.decoder.policy.use_alternates = True
+    try:
+        eng.reset()
+        r = eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3, token_healing=True)
+        assert r.token_ids == ref and r.stats["alternates_kept"] > 0
+    finally:
+        eng.decoder.drafters["model"] = real
+        eng.decoder.policy.use_alternates = False
