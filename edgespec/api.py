@@ -367,10 +367,7 @@ class Engine:
         vals.update({k: v for k, v in kw.items() if v is not None})
         cfg = GenerationConfig(**vals)
         self.decoder.check_drafter(cfg.drafter)  # e.g. no drafter model loaded
-        vocab = self.decoder.vocab
-        bad = next((t for t, _ in cfg.logit_bias if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ConfigError(f"logit_bias holds token id {bad}, outside the vocabulary (0..{vocab - 1})")
+        self.decoder.check_ids([t for t, _ in cfg.logit_bias], "logit_bias")
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
@@ -434,9 +431,7 @@ class Engine:
         the reply must spell first (``GenerationConfig.heal``). Nothing heals (``(ids, b"")``) where that
         token is special, the prompt's only token, or part of a character."""
         ids = [int(t) for t in ids]
-        bad = next((t for t in ids if not 0 <= t < self.decoder.vocab), None)
-        if bad is not None:
-            raise ConfigError(f"the prompt holds token id {bad}, outside the vocabulary (0..{self.decoder.vocab - 1})")
+        self.decoder.check_ids(ids, "the prompt")
         f = self.tokenizer.fim()
         split = fim_split(ids, f) if f is not None else None
         pos = split[1] - 1 if split is not None else len(ids) - 1

@@ -334,9 +334,11 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         r = eng.generate(src, stop=stop, **kw)
         out = {"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason, "stats": r.stats}
         if r.logprobs is not None:  # (JSON has no infinities: -inf is OpenAI's -9999.0, NaN null)
-            out["logprobs"] = [{**e, "logprob": _json_lp(e["logprob"]),
-                                "top_logprobs": [{**t, "logprob": _json_lp(t["logprob"])} for t in e["top_logprobs"]]}
-                               for e in r.logprobs]
+            from .server_protocol import json_logprob
+
+            out["logprobs"] = [{**e, "logprob": json_logprob(e["logprob"]),
+                                "top_logprobs": [{**t, "logprob": json_logprob(t["logprob"])}
+                                                 for t in e["top_logprobs"]]} for e in r.logprobs]
         click.echo(json.dumps(out, ensure_ascii=False))
         eng.close()  # (a prompt cache file written now)
         return
@@ -350,12 +352,6 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         click.echo(f"[{st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms, "
                    f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]", err=True)
     eng.close()
-
-
-def _json_lp(v):
-    import math
-
-    return None if v is None or math.isnan(v) else v if math.isfinite(v) else -9999.0
 
 
 STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin

@@ -361,6 +361,12 @@ class Decoder:
             for d in self.drafters.values():
                 d.begin(prompt)
 
+    def check_ids(self, ids: Sequence[int], what: str) -> None:
+        """``ConfigError`` for a token id of ``ids`` outside the target's vocabulary; ``what`` names them."""
+        bad = next((t for t in ids if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise ConfigError(f"{what} holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+
     def score(self, prompt: Sequence[int], top: int = 0) -> list[TokenLogprob]:
         """The target's logprob of each token of ``prompt`` after the first (``token_logprobs``: ``top``
         most likely tokens beside each), read from the first position in calls of ``SCORE_CHUNK`` tokens
@@ -374,9 +380,7 @@ class Decoder:
         if len(prompt) > self.target.max_context:
             raise ContextOverflowError(f"the prompt has {len(prompt)} tokens; the context holds "
                                        f"{self.target.max_context}")
-        bad = next((t for t in prompt if not 0 <= t < self.vocab), None)
-        if bad is not None:
-            raise ConfigError(f"the prompt holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+        self.check_ids(prompt, "the prompt")
         with self.lock.hold("score"):
             t = self.target
             pc = t.prompt_cache
@@ -401,15 +405,11 @@ class Decoder:
         if prompt_len == 0:
             raise ConfigError("the prompt is empty")
         self.check_drafter(cfg.drafter)
-        bad = next((t for t in cfg.prediction if not 0 <= t < self.vocab), None)
-        if bad is not None:
-            raise ConfigError(f"the prediction holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+        self.check_ids(cfg.prediction, "the prediction")
         if len(cfg.prediction) > self.target.max_context:  # (a reply never gets near it; bounds a rejoin's scan)
             raise ConfigError(f"the prediction has {len(cfg.prediction)} tokens; a reply can have at most "
                               f"{self.target.max_context} (the context)")
-        bad = next((t for t, _ in cfg.logit_bias if not 0 <= t < self.vocab), None)
-        if bad is not None:
-            raise ConfigError(f"logit_bias holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+        self.check_ids([t for t, _ in cfg.logit_bias], "logit_bias")
         if cfg.grammar is not None and self.constraints is None:
             raise ConfigError("this engine has no tokenizer for structured outputs (response_format)")
         if prompt_len >= self.target.max_context:
@@ -472,9 +472,10 @@ class Decoder:
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
         # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
         # (not with logprobs: an alternate's next token has no row of logits here)
+        # greedy on the target's argmax alone: no logprobs to read, no penalties to apply to its logits
+        plain_greedy = sp.greedy and not want_lp and pen is None
         # (and not while a constraint holds the reply: a grammar's, or token healing's until it is spelled)
-        may_alternate = sp.greedy and policy.use_alternates and target.verifies_alternates and not want_lp \
-            and pen is None
+        may_alternate = plain_greedy and policy.use_alternates and target.verifies_alternates
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
@@ -547,7 +548,7 @@ class Decoder:
                 policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                 st.alternates += len(alts)
                 st.alternates_kept += kept_alt is not None
-            elif sp.greedy and con is None and not want_lp and pen is None:  # the target's top tokens (on a GPU: computed there, the logits never copied)
+            elif plain_greedy and con is None:  # the target's top tokens (on a GPU: computed there, the logits never copied)
                 top = target.forward_argmax([ctx[-1]] + draft.tokens)
                 dt = clock() - t1
                 n, nxt = greedy_accept_choice(draft.tokens, top)

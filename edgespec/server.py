@@ -346,10 +346,10 @@ class Server:
         """vLLM's and llama.cpp's ``/detokenize``: the text of token ids (``prompt``, vLLM's key, and
         ``content``, llama.cpp's), special tokens' text included."""
         toks = P.parse_detokenize(P.parse_body(await _read_body(request)), self.model_id)
-        vocab = self.engine.decoder.vocab
-        bad_id = next((t for t in toks if not 0 <= t < vocab), None)
-        if bad_id is not None:
-            raise P.bad(f"token id {bad_id} is outside the vocabulary (0..{vocab - 1})", "tokens")
+        try:
+            self.engine.decoder.check_ids(toks, "'tokens'")
+        except EdgespecError as e:
+            raise P.bad(str(e), "tokens") from None
         text = await run_in_threadpool(self.engine.tokenizer.decode, toks, False)
         return JSONResponse({"prompt": text, "content": text})
 
@@ -426,8 +426,6 @@ class Server:
         self.sched.admit()
         if kw.get("grammar") is not None:
             self.metrics.add("constrained_generations")
-        if score_only:
-            kw["max_new_tokens"] = 0
         stops = req.stop + (treq.stops if treq is not None else [])
 
         def generation(i: int) -> Generation:
@@ -487,10 +485,7 @@ class Server:
         request's refusal: token ids checked against the vocabulary, text encoded, the context's room checked."""
         try:
             if not isinstance(source, str) and req.kind == "completion":  # token ids, not tokenized
-                vocab = self.engine.decoder.vocab
-                bad_id = next((t for t in source if not 0 <= t < vocab), None)
-                if bad_id is not None:
-                    raise P.bad(f"the prompt holds token id {bad_id}, outside the vocabulary (0..{vocab - 1})", param)
+                self.engine.decoder.check_ids(source, "the prompt")
                 ids = list(source)
             else:
                 ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)

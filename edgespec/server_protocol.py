@@ -183,19 +183,18 @@ _KEYS = {"chat": _COMMON_KEYS | {"messages", "top_logprobs", "tools", "tool_choi
          "completion": _COMMON_KEYS | {"prompt", "best_of", "suffix", "echo"}}
 
 
-def _common(body: dict, kind: str, model_id: str) -> GenRequest:
-    unknown = sorted(set(body) - _KEYS[kind])
+def _known(body: dict, keys: set, where: str) -> None:
+    """A field the endpoint ``where`` does not take is refused, as OpenAI refuses it."""
+    unknown = sorted(set(body) - keys)
     if unknown:
-        where = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         raise bad(f"unrecognized request argument supplied: {unknown[0]} ({where} does not take it"
                   + (f"; nor {', '.join(unknown[1:])}" if len(unknown) > 1 else "") + ")", unknown[0],
                   "unknown_parameter")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad(f"'model' must be a string, got {_kind(model)}", "model")
-    if model is not None and model != model_id:
-        raise APIError(404, f"the model '{model}' does not exist; this server serves '{model_id}' (GET /v1/models)",
-                       param="model", code="model_not_found")
+
+
+def _common(body: dict, kind: str, model_id: str) -> GenRequest:
+    _known(body, _KEYS[kind], "/v1/chat/completions" if kind == "chat" else "/v1/completions")
+    _model_is(body, model_id)
     req = GenRequest(kind=kind, model=model_id, stream=_bool(body, "stream"))
     so = body.get("stream_options")
     if so is not None:
@@ -501,10 +500,7 @@ def _model_is(body: dict, model_id: str) -> None:
 
 
 def parse_tokenize(body: dict, model_id: str) -> TokenizeRequest:
-    unknown = sorted(set(body) - _TOKENIZE_KEYS)
-    if unknown:
-        raise bad(f"unrecognized request argument supplied: {unknown[0]} (/tokenize does not take it)", unknown[0],
-                  "unknown_parameter")
+    _known(body, _TOKENIZE_KEYS, "/tokenize")
     _model_is(body, model_id)
     given = [k for k in ("prompt", "content", "messages") if body.get(k) is not None]
     if len(given) != 1:
@@ -532,10 +528,7 @@ def parse_tokenize(body: dict, model_id: str) -> TokenizeRequest:
 
 
 def parse_detokenize(body: dict, model_id: str) -> list[int]:
-    unknown = sorted(set(body) - {"model", "tokens"})
-    if unknown:
-        raise bad(f"unrecognized request argument supplied: {unknown[0]} (/detokenize does not take it)", unknown[0],
-                  "unknown_parameter")
+    _known(body, {"model", "tokens"}, "/detokenize")
     _model_is(body, model_id)
     toks = body.get("tokens")
     if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
@@ -602,7 +595,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, predic
     return out
 
 
-def _lp(v: float | None) -> float | None:
+def json_logprob(v: float | None) -> float | None:
     """A logprob JSON can carry: -inf (a token the model gave no chance) is OpenAI's -9999.0; None (an echoed
     prompt's first token: nothing comes before it) and NaN (broken logits, not to be hidden) are null."""
     if v is None or math.isnan(v):
@@ -616,13 +609,14 @@ def logprobs_body(kind: str, entries: list[dict] | None) -> dict | None:
     token_logprobs, top_logprobs: [{token: logprob}] (the most likely and the chosen one), text_offset}``."""
     if entries is None:
         return None
+    lp = json_logprob
     if kind == "chat":
-        return {"content": [{"token": e["token"], "logprob": _lp(e["logprob"]), "bytes": e["bytes"],
-                             "top_logprobs": [{"token": t["token"], "logprob": _lp(t["logprob"]), "bytes": t["bytes"]}
+        return {"content": [{"token": e["token"], "logprob": lp(e["logprob"]), "bytes": e["bytes"],
+                             "top_logprobs": [{"token": t["token"], "logprob": lp(t["logprob"]), "bytes": t["bytes"]}
                                               for t in e["top_logprobs"]]} for e in entries], "refusal": None}
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [_lp(e["logprob"]) for e in entries],
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [lp(e["logprob"]) for e in entries],
             "top_logprobs": [None if e["logprob"] is None else
-                             {**{t["token"]: _lp(t["logprob"]) for t in e["top_logprobs"]}, e["token"]: _lp(e["logprob"])}
+                             {**{t["token"]: lp(t["logprob"]) for t in e["top_logprobs"]}, e["token"]: lp(e["logprob"])}
                              for e in entries],
             "text_offset": [e["offset"] for e in entries]}
 
