@@ -27,7 +27,7 @@ class QuantOptions:
     # quality report's noise of float16 tables at a quarter of their size: README, GPU), the
     # builder's own choice in the cpu layout (float32, or a tied model's shared int4 table)
     quantize_embeddings: bool | None = None
-    algorithm: str = "rtn"  # rtn | k_quant
+    algorithm: str = "rtn"  # rtn | k_quant | gguf (a GGUF's own 4-bit blocks: export/gguf_blocks.py)
     fp8_scheme: str = "channel"  # channel | block (FP8 scales; block uses block_size)
 
     def __post_init__(self):
@@ -35,8 +35,11 @@ class QuantOptions:
             raise ExportError(f"--block-size must be 16, 32, 64, 128 or 256, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
-        if self.algorithm not in ("rtn", "k_quant"):
-            raise ExportError(f"--quant-algo must be rtn or k_quant, got {self.algorithm!r}")
+        if self.algorithm not in ("rtn", "k_quant", "gguf"):
+            raise ExportError(f"--quant-algo must be rtn, k_quant or gguf, got {self.algorithm!r}")
+        if self.algorithm == "gguf" and self.block_size != 32:
+            raise ExportError(f"--quant-algo gguf keeps the GGUF's blocks of 32 weights: --block-size 32, not "
+                              f"{self.block_size}")
         if self.fp8_scheme not in ("channel", "block"):
             raise ExportError(f"--fp8-scheme must be channel or block, got {self.fp8_scheme!r}")
 
@@ -78,7 +81,7 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
             raise ExportError("--quantize-embeddings needs int4 (the builder's GatherBlockQuantized is 4-bit only)")
         extra.update(block_size=str(quant.block_size), is_symmetric=str(quant.is_symmetric).lower(),
                      accuracy_level=str(quant.accuracy_level))
-        if quant.algorithm != "rtn":
+        if quant.algorithm not in ("rtn", "gguf"):  # (gguf: the builder's RTN, then the file's blocks put in)
             extra["algo_config"] = quant.algorithm
         ops = ["MatMul"] + (["Gather"] if quant.quantize_embeddings else [])
         extra["op_types_to_quantize"] = "/".join(ops)

@@ -192,6 +192,14 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if build.layout != device:
         progress.log(f"    {role}: {precision} has only the builder's {build.layout} layout (float16 activations "
                      f"and KV cache); recorded as {build.layout}")
+    if quant.algorithm == "gguf":
+        from .gguf_blocks import apply_to_graph
+
+        dec0 = build.genai_config["model"]["decoder"]
+        progress.log(f"    {role}: putting the GGUF's own 4-bit blocks in place of the builder's")
+        apply_to_graph(build.model_dir / dec0.get("filename", "model.onnx"), src.path, cfg.model_type,
+                       int(cfg.num_attention_heads), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+                       log=progress.log)
     fp8 = None
     if precision == "fp8":
         from .fp8 import convert_model_dir
@@ -296,6 +304,12 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     tsrc = resolve(target)
     dsrc = resolve(drafter) if drafter else None
     _check_combination(target_precision, quant)
+    if quant.algorithm == "gguf":  # the file's blocks: 4-bit, zero points (minimums), the cpu layout
+        why = ("the target is not a .gguf file" if tsrc.kind != "gguf" else "it is int4 only" if target_precision != "int4"
+               else "its float zero points are for the cpu layout" if device != "cpu"
+               else "the blocks have minimums (zero points): not --symmetric" if quant.symmetric else None)
+        if why:
+            raise ExportError(f"--quant-algo gguf keeps a GGUF file's own 4-bit blocks: {why}")
     steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
     progress = Progress(steps, stream)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")

@@ -37,9 +37,12 @@ TILE = 16  # output columns per tile (one AVX-512 vector of int32/float lanes)
 
 def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int, N: int, block: int):
     """MatMulNBits' 4-bit tensors (B ``[N, K/block, block/2]``, scales ``[N * K/block]``, packed 4-bit
-    zero points ``[N * ceil(nb/2)]`` or None) in ``edgespec.MatMulQ4``'s tiled layout (q4gemm.cpp):
-    returns (B ``[tiles, nb, block * 8]`` uint8, scales ``[tiles, nb, 16]`` float32, zero points
-    ``[tiles, nb, 16]`` uint8 or None). Columns past N are zero weights with scale 0."""
+    zero points ``[N * ceil(nb/2)]``, float zero points ``[N * K/block]`` or None) in
+    ``edgespec.MatMulQ4``'s tiled layout (q4gemm.cpp): returns [B ``[tiles, nb, block * 8]`` uint8,
+    scales ``[tiles, nb, 16]`` float32, zero points ``[tiles, nb, 16]`` uint8 or None] and, for float
+    zero points (a GGUF's Q4_1 and Q4_K blocks, ``export.gguf_blocks``), minimums ``[tiles, nb, 16]``
+    float32 (``scale * zero point``, the kernel's ``scale * w - minimum``) with zero points 0. Columns
+    past N are zero weights with scale 0."""
     nb = K // block
     tiles = -(-N // TILE)
     pad = tiles * TILE - N
@@ -58,6 +61,12 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
         s = np.concatenate([s, np.zeros((pad, nb), np.float32)])
     s = np.ascontiguousarray(s.reshape(tiles, TILE, nb).transpose(0, 2, 1))
     z = None
+    if zero_points is not None and np.asarray(zero_points).dtype.kind == "f":
+        mn = (np.asarray(zero_points, dtype=np.float32).reshape(N, nb) * np.asarray(scales, np.float32).reshape(N, nb))
+        if pad:
+            mn = np.concatenate([mn, np.zeros((pad, nb), np.float32)])
+        mn = np.ascontiguousarray(mn.reshape(tiles, TILE, nb).transpose(0, 2, 1))
+        return [packed, s, np.zeros(s.shape, np.uint8), mn]
     if zero_points is not None:
         zr = np.asarray(zero_points, dtype=np.uint8).reshape(N, -1)
         zz = np.empty((N, zr.shape[1] * 2), np.uint8)
@@ -67,7 +76,15 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
         if pad:
             zz = np.concatenate([zz, np.full((pad, nb), 8, np.uint8)])
         z = np.ascontiguousarray(zz.reshape(tiles, TILE, nb).transpose(0, 2, 1))
-    return packed, s, z
+    return [packed, s, z]
+
+
+def _float_zero_points(node, inits: dict) -> bool:
+    """Whether MatMulNBits ``node``'s zero points are floats (a minimum per block: see pack_q4)."""
+    from onnx import TensorProto
+
+    zp = node.input[3] if len(node.input) > 3 else ""
+    return bool(zp) and zp in inits and inits[zp].data_type != TensorProto.UINT8
 
 
 def _q4_attrs(node, inits: dict) -> dict | None:
@@ -126,6 +143,7 @@ def swiglu_patterns(g, inits: dict) -> list[tuple]:
         ua = _q4_attrs(up, inits)
         if (ua is None or up.input[0] != gate.input[0] or readers.get(other[0]) != [m2]
                 or any(ga[k] != ua[k] for k in ("K", "N", "block_size"))
+                or _float_zero_points(gate, inits) != _float_zero_points(up, inits)
                 or (len([i for i in gate.input if i]) != len([i for i in up.input if i]))):
             continue
         found.append((gate, up, sig, m1, m2))
@@ -364,7 +382,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         for i in node.input:
             users[i] = users.get(i, 0) + 1
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -405,12 +423,14 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         inputs = [i for i in node.input if i]
         K, N, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
         new_inputs = [inputs[0]]
+        minimums = None  # float zero points: the kernel's minimums (its input 5)
+        names = inputs[1:] + ([f"{inputs[3]}_min"] if _float_zero_points(node, inits) else [])
         extra = []
         if pos in fuse:
             up, m2 = fuse[pos]
             up_inputs = [i for i in up.input if i]
             pg, pu = weights(inputs[1:], K, N, block), weights(up_inputs[1:], K, N, block)
-            for old, a, b in zip(inputs[1:], pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
+            for old, a, b in zip(names, pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
                 arr = np.ascontiguousarray(np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:]))
                 # (the name unique even where two fusions shared gate weights)
                 new_inputs.append(add_packed(f"{old}_swiglu{done['swiglu']}_q4t", arr))
@@ -423,14 +443,19 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         elif tuple(inputs[1:]) in packed_as:  # the same weights as an earlier node: its packed copy
             new_inputs += packed_as[tuple(inputs[1:])]
         else:
-            for old, arr in zip(inputs[1:], weights(inputs[1:], K, N, block)):
+            for old, arr in zip(names, weights(inputs[1:], K, N, block)):
                 new_inputs.append(add_packed(f"{old}_q4t", arr))
             packed_as[tuple(inputs[1:])] = new_inputs[1:]
+        if len(new_inputs) == 5:  # B, scales, zero points and minimums: the minimums go to input 5
+            minimums = new_inputs.pop()
         if pos in bias:  # the Add of the bias: the kernel's fifth input
             add, b = bias[pos]
             new_inputs += [""] * (4 - len(new_inputs)) + [b]
             node.output[0] = add.output[0]
             done["bias"] += 1
+        if minimums:
+            new_inputs += [""] * (5 - len(new_inputs)) + [minimums]
+            done["minimums"] += 1
         release(inputs[1:])
         if any(users[old] for old in inputs[1:]):  # shared with another op (a tied embedding's gather):
             done["copied"] += 1                     # the originals stay for it, the kernel reads a copy
@@ -585,6 +610,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 log(f"    {role}: {counts['matmuls'] + counts['swiglu']} MatMulNBits -> {counts['matmuls']} {DOMAIN}.{OP}"
                     + (f" ({counts['swiglu']} SwiGLU gate and up pairs as one)" if counts["swiglu"] else "")
                     + (f", {counts['bias']} biases added in the kernel" if counts["bias"] else "")
+                    + (f", {counts['minimums']} with a float minimum per block (a GGUF's)" if counts["minimums"] else "")
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"

@@ -21,6 +21,14 @@ from edgespec.native import cpu_supported
 pytestmark = pytest.mark.skipif(cpu_supported() is not None, reason=f"{cpu_supported()}")
 
 
+def _zero_points(rng, N, nb, kind):
+    """MatMulNBits zero points: packed 4-bit (True), none (False) or "float", one float per block (a GGUF
+    Q4_1/Q4_K block's minimum over its scale: MatMulQ4 takes them as minimums, its input 5)."""
+    if kind == "float":
+        return (rng.random(N * nb) * 16).astype(np.float32)
+    return rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8) if kind else None
+
+
 def _graph(K, N, block, op, zero_points=True, seed=0, batch=False):
     from onnx import TensorProto, helper, numpy_helper
 
@@ -29,13 +37,14 @@ def _graph(K, N, block, op, zero_points=True, seed=0, batch=False):
     nb = K // block
     rng = np.random.default_rng(seed)
     arrs = [rng.integers(0, 256, size=(N, nb, block // 2), dtype=np.uint8),
-            (rng.random(N * nb) * 0.02 + 0.001).astype(np.float32),
-            rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8) if zero_points else None]
+            (rng.random(N * nb) * 0.02 + 0.001).astype(np.float32), _zero_points(rng, N, nb, zero_points)]
     if op == "MatMulQ4":  # the kernel reads MatMulNBits' numbers in its own tiled layout
         arrs = list(pack_q4(*arrs, K, N, block))
-    names = ["B", "S", "Z"]
+    names = ["B", "S", "Z", "M"]  # (minimums: MatMulQ4's input 5, after the bias)
     inits = [numpy_helper.from_array(a, n) for a, n in zip(arrs, names) if a is not None]
     ins = ["A"] + [n for a, n in zip(arrs, names) if a is not None]
+    if len(ins) == 5:
+        ins.insert(4, "")
     dom = "com.microsoft" if op == "MatMulNBits" else "edgespec"
     kw = {"accuracy_level": 4} if op == "MatMulNBits" else {}
     node = helper.make_node(op, ins, ["Y"], domain=dom, K=K, N=N, bits=4, block_size=block, **kw)
@@ -69,7 +78,9 @@ def _dequant_reference(model, x):
     t = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     b = t["B"].reshape(N, nb, blk // 2)
     q = np.stack([b & 15, b >> 4], axis=-1).reshape(N, nb, blk).astype(np.float64)
-    if "Z" in t:
+    if "Z" in t and t["Z"].dtype == np.float32:
+        z = t["Z"].reshape(N, nb).astype(np.float64)
+    elif "Z" in t:
         z = np.stack([t["Z"] & 15, t["Z"] >> 4], axis=-1).reshape(N, -1)[:, :nb].astype(np.float64)
     else:
         z = np.full((N, nb), 8.0)
@@ -79,7 +90,7 @@ def _dequant_reference(model, x):
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
-                                          (1536, 300, 128, True)])
+                                          (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float")])
 def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, block, zp, isa, monkeypatch):
     """Against the float64 reference and MatMulNBits, and each row the same bits at widths 1 to 17 (the
     AVX2 path takes rows in passes of up to 8, the AVX-512 one of up to 8, AMX in chunks of 16) and
@@ -1050,7 +1061,8 @@ def _needs_amx():
 
 
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
-                                          (120, 21, 40, True), (512, 33, 256, True), (1536, 500, 128, True)])
+                                          (120, 21, 40, True), (512, 33, 256, True), (1536, 500, 128, True),
+                                          (256, 37, 32, "float"), (1536, 300, 32, "float")])
 def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
     """The AMX path (calls of _amx_min_rows(block) rows or more, signed tile multiplies of the activations by
     w - z over chunks of 16 rows; one chunk in pairs of column tiles where a block is one or two tile steps) against the AVX-512
@@ -1267,8 +1279,7 @@ def _fused_graph(K, N, block, zero_points=True, seed=0, swiglu=True, bias=False)
     def weights():
         return list(pack_q4(rng.integers(0, 256, size=(N, nb, block // 2), dtype=np.uint8),
                             (rng.random(N * nb) * 0.02 + 0.001).astype(np.float32),
-                            rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8) if zero_points else None,
-                            K, N, block))
+                            _zero_points(rng, N, nb, zero_points), K, N, block))
 
     inits, nodes, outs = [], [], []
 
@@ -1279,21 +1290,25 @@ def _fused_graph(K, N, block, zero_points=True, seed=0, swiglu=True, bias=False)
 
     kw = dict(domain="edgespec", K=K, N=N, bits=4, block_size=block)
     gate = weights()
-    plain = [[add(f"{x}g", a) for x, a in zip("BSZ", gate)]]
+    def slots(names):  # minimums (a fourth array) are input 5, after the bias
+        return names if len(names) < 4 else names[:3] + [""] + names[3:]
+
+    plain = [slots([add(f"{x}g", a) for x, a in zip("BSZM", gate)])]
     if swiglu:
         up = weights()
-        plain.append([add(f"{x}u", a) for x, a in zip("BSZ", up)])
+        plain.append(slots([add(f"{x}u", a) for x, a in zip("BSZM", up)]))
         both = [None if a is None else np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:])
                 for a, b in zip(gate, up)]
-        fused_in = [add(f"{x}f", a) for x, a in zip("BSZ", both)]
+        fused_in = slots([add(f"{x}f", a) for x, a in zip("BSZM", both)])
         nodes.append(helper.make_node("MatMulQ4", ["A", *fused_in], ["F"], swiglu=1, **kw))
         nodes += [helper.make_node("MatMulQ4", ["A", *p], [o], **kw) for p, o in zip(plain, "GU")]
         outs = ["F", "G", "U"]
     else:
         b = add("bias", rng.normal(size=N).astype(np.float32))
         ins = ["A", *plain[0]]
-        ins += [""] * (4 - len(ins))
-        nodes.append(helper.make_node("MatMulQ4", ins + [b], ["F"], **kw))
+        ins += [""] * (6 - len(ins))
+        ins[4] = b  # the bias is input 4 (minimums, where there are, stay 5)
+        nodes.append(helper.make_node("MatMulQ4", ins if ins[5] else ins[:5], ["F"], **kw))
         nodes.append(helper.make_node("MatMulQ4", ["A", *plain[0]], ["Y"], **kw))
         outs = ["F", "Y"]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
@@ -1307,7 +1322,7 @@ def _silu_times(g, u):
 
 
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
-                                          (1536, 300, 128, True)])
+                                          (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float")])
 def test_swiglu_kernel_computes_silu_of_gate_times_up_and_rows_do_not_depend_on_the_width(K, N, block, zp, monkeypatch):
     """MatMulQ4 with swiglu=1 (the gate's and the up projection's tiles interleaved): silu(gate) * up of the two
     products the plain kernel computes, to float32 rounding; each row bitwise the same at every width (1 to 40:
@@ -1354,7 +1369,7 @@ def test_swiglu_kernel_follows_the_activation_at_its_edges():
 def test_bias_kernel_adds_onnxruntimes_bits():
     """MatMulQ4 with a bias (input 4): the plain product plus the bias, bitwise (the same float addition the Add node
     it replaces makes), at every width, with and without zero points."""
-    for K, N, block, zp in ((256, 48, 128, True), (96, 37, 32, False)):
+    for K, N, block, zp in ((256, 48, 128, True), (96, 37, 32, False), (96, 37, 32, "float")):
         x = np.random.default_rng(8).normal(size=(12, K)).astype(np.float32)
         model = _fused_graph(K, N, block, zp, swiglu=False)
         from onnx import numpy_helper

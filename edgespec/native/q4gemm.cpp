@@ -204,6 +204,9 @@ struct Weights {
   const uint8_t* w;
   const float* scale;
   const uint8_t* zp;  // nullptr: 8
+  // per (tile, block) 16 float minimums (input 5; nullptr: none): a block's weights are scale x w - minimum, the
+  // asymmetric blocks of GGUF's Q4_1 and Q4_K kept as they are (zero points 0 then); see block_min
+  const float* mn;
 };
 
 struct Call {
@@ -232,24 +235,32 @@ struct Call {
 struct BlockQ {
   __m512i z;
   __m512 s;
+  __m512 m;  // the minimums (zeros where the kernel has none: then unused)
 };
 
 ES_AVX512 inline BlockQ block_q(const Call& c, size_t sb) {
   return {c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
                  : _mm512_set1_epi32(8),
-          _mm512_loadu_ps(c.q.scale + sb)};
+          _mm512_loadu_ps(c.q.scale + sb), c.q.mn ? _mm512_loadu_ps(c.q.mn + sb) : _mm512_setzero_ps()};
 }
 
 // One block's exact int32 dot into a row's float sums: subtract zero point x the activations' sum (the VNNI
 // path; the AMX path's tile multiplies give the corrected integer itself), convert, multiply by scale x the
 // activations' scale, fused multiply-add: block_fma_corrected is the one chain per lane both AVX-512 paths run
 // (row block rb), so they compute the same bits.
+// With minimums, block_min then takes minimum x the block's activation sum off (sum x (s w - m) = s sum x w - m sum x):
+// one more fused multiply-add per lane, by the activations' scale times their integer sum (a float product, the
+// same on every path).
+inline float block_xsum(const Call& c, int64_t rb) { return c.xd[rb] * float(c.xs[rb]); }
 ES_AVX512 inline __m512 block_fma_corrected(const Call& c, __m512 s, __m512i corr, int64_t rb, __m512 acc) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc);
 }
+ES_AVX512 inline __m512 block_min(const Call& c, __m512 m, int64_t rb, __m512 acc) {
+  return c.q.mn ? _mm512_fnmadd_ps(m, _mm512_set1_ps(block_xsum(c, rb)), acc) : acc;
+}
 ES_AVX512 inline __m512 block_fma(const Call& c, const BlockQ& q, __m512i dot, int64_t rb, __m512 acc) {
   const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(q.z, _mm512_set1_epi32(c.xs[rb])));
-  return block_fma_corrected(c, q.s, corr, rb, acc);
+  return block_min(c, q.m, rb, block_fma_corrected(c, q.s, corr, rb, acc));
 }
 
 // exp(x) for x <= 0 (a softmax's s - max), 8 lanes: Cephes' expf polynomial after reduction by ln 2
@@ -474,10 +485,12 @@ ES_AVX2 void rows_tile2_both(const Call& c, int64_t r0, int64_t t) {
       const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
                                : _mm256_set1_epi32(8);
       const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
+      const __m256 mn = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
         const __m256i corr = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
+        if (c.q.mn) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
       }
     }
   }
@@ -525,11 +538,13 @@ ES_AVX2 void rows_tile2(const Call& c, int64_t r0, int64_t t) {
       const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
                                : _mm256_set1_epi32(8);
       const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
+      const __m256 mn = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
         const __m256i corr = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(dot[r])),
                                               _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
+        if (c.q.mn) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
       }
     }
   }
@@ -622,12 +637,14 @@ ES_AMX inline void amx_chunk_sums(const Call& c, const int32_t* cb, float* acc, 
                                   int64_t t, int64_t b, int64_t ch) {
   const int64_t nb = c.k->nb, r0 = ch * c.rows, n = std::min<int64_t>(c.rows, c.M - r0);
   for (int64_t j = 0; j < G; ++j) {
-    const __m512 s = _mm512_loadu_ps(c.q.scale + size_t(((t + j) * nb + b) * kTile));
+    const size_t sb = size_t(((t + j) * nb + b) * kTile);
+    const __m512 s = _mm512_loadu_ps(c.q.scale + sb), m = c.q.mn ? _mm512_loadu_ps(c.q.mn + sb) : _mm512_setzero_ps();
     const int32_t* cj = cb + j * 16 * kTile;
     for (int64_t r = 0; r < n; ++r) {
       float* a = acc + ((r0 + r) * group + j) * kTile;
-      _mm512_store_ps(a, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), (r0 + r) * nb + b,
-                                             _mm512_load_ps(a)));
+      const int64_t rb = (r0 + r) * nb + b;
+      _mm512_store_ps(a, block_min(c, m, rb, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), rb,
+                                                                 _mm512_load_ps(a))));
     }
   }
 }
@@ -1049,7 +1066,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
       return nullptr;
     return v;
   };
-  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3), *bias = input(4);
+  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3), *bias = input(4), *Mn = input(5);
   std::vector<int64_t> ad = A ? dims_of(A) : std::vector<int64_t>();
   if (!k->K) return fail("edgespec.MatMulQ4: bad attributes");
   if (!A || !B || !S) return fail("edgespec.MatMulQ4: inputs A, B and scales are required");
@@ -1066,6 +1083,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
       return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
+    if (Mn && numel(dims_of(Mn)) != tile_blocks * kTile)
+      return fail("edgespec.MatMulQ4: minimums do not have the size K, N and block_size say (tiled layout)");
     std::lock_guard<std::mutex> lock(k->mu);  // runs may overlap: one copy, published before checked says so
     if (Z) {  // the AMX path's bound on zero points (see kAmxMaxZero)
       const uint8_t* z = static_cast<const uint8_t*>(data_of(Z));
@@ -1108,8 +1127,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   fit(xd, M * k->nb);
   fit(xs, M * k->nb);
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
-            Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr};
-  if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z};
+            Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, Mn ? static_cast<const float*>(data_of(Mn)) : nullptr};
+  if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z, q.mn};  // (minimums read in place)
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)),
          bias ? static_cast<const float*>(data_of(bias)) : nullptr, bias || k->swiglu, 0, nullptr, 0, 0};
   Quantize qt{k, a, xq.data(), xd.data(), xs.data(), nullptr, 0};
@@ -1800,7 +1819,8 @@ void destroy(void* self) { delete static_cast<Kernel*>(self); }
 const char* op_name(const OrtCustomOp*) { return "MatMulQ4"; }
 const char* op_ep(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 int in_type(const OrtCustomOp*, size_t i) { return (i == 1 || i == 3) ? kUint8 : kFloat; }
-size_t in_count(const OrtCustomOp*) { return 5; }  // A, B, scales, zero points (optional), bias (optional)
+// A, B, scales, zero points (optional), bias (optional), minimums (optional)
+size_t in_count(const OrtCustomOp*) { return 6; }
 int out_type(const OrtCustomOp*, size_t) { return kFloat; }
 size_t out_count(const OrtCustomOp*) { return 1; }
 int in_char(const OrtCustomOp*, size_t i) { return i >= 3 ? kOptional : kRequired; }

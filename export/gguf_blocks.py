@@ -1,0 +1,307 @@
+"""A GGUF file's 4-bit weights as they are stored (``--quant-algo gguf``): the integers with their
+scales and minimums, so an export keeps the file's own rounding instead of quantizing its dequantized
+weights a second time.
+
+* ``Q4_0``: blocks of 32, ``w = d * (q - 8)``: a float scale ``d`` and the minimum ``8d``;
+* ``Q4_1``: blocks of 32, ``w = d * q + m``: the scale ``d`` and the minimum ``-m``;
+* ``Q4_K``: super-blocks of 256 weights, 8 blocks of 32, each ``w = d*sc * q - dmin*m`` with ``q`` in
+  0..15 and 6-bit ``sc``, ``m``: per block of 32 a float scale ``d*sc`` and a float minimum ``dmin*m``
+  (both exact in float32: a float16 times a 6-bit integer);
+* ``Q6_K``: super-blocks of 256, 16 blocks of 16, ``w = d*sc * (q - 32)`` with ``q`` in 0..63 and an
+  int8 ``sc``: per block of 16 a float scale ``d*sc`` (exact in float32) and the offset 32.
+
+Layouts as ggml defines them (``block_q4_K``, ``block_q6_K``) and the ``gguf`` package decodes them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QK_K = 256
+
+
+@dataclass
+class KQuant:
+    """One weight matrix ``[N, K]`` (N output rows of K inputs, blocks along K) as integers ``q``
+    (uint8 ``[N, K]``), a float32 ``scale`` per (row, block) ``[N, K/block]`` and either a float32
+    ``minimum`` per (row, block) (Q4_K: ``w = scale*q - minimum``) or an integer ``offset`` (Q6_K:
+    ``w = scale*(q - offset)``)."""
+    kind: str
+    q: np.ndarray
+    scale: np.ndarray
+    block: int
+    bits: int
+    minimum: np.ndarray | None = None
+    offset: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape
+
+    def dequantize(self) -> np.ndarray:
+        N, K = self.q.shape
+        q = self.q.reshape(N, K // self.block, self.block).astype(np.float32)
+        if self.minimum is not None:
+            w = self.scale[..., None] * q - self.minimum[..., None]
+        else:
+            w = self.scale[..., None] * (q - np.float32(self.offset))
+        return w.reshape(N, K)
+
+
+def _q4k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's ``get_scale_min_k4`` for every block: 12 bytes -> 8 6-bit scales and 8 6-bit minimums."""
+    s = scales.reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def q4_k(raw: np.ndarray, N: int, K: int) -> KQuant:
+    """``Q4_K`` rows (``raw``: the tensor's bytes, ``N * K/256 * 144``) as ``KQuant`` (block 32)."""
+    if K % QK_K:
+        raise ValueError(f"Q4_K rows of {K} weights are not whole super-blocks of {QK_K}")
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(N * (K // QK_K), 144)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)            # [nb, 1]
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = _q4k_scale_min(b[:, 4:16])                                  # [nb, 8]
+    qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(N, K)                                       # 64 weights per 32 bytes: lows, then highs
+    scale = (d * sc.astype(np.float32)).reshape(N, K // 32)
+    minimum = (dmin * mn.astype(np.float32)).reshape(N, K // 32)
+    return KQuant("Q4_K", np.ascontiguousarray(q), scale, 32, 4, minimum=minimum)
+
+
+def q6_k(raw: np.ndarray, N: int, K: int) -> KQuant:
+    """``Q6_K`` rows (``raw``: ``N * K/256 * 210`` bytes) as ``KQuant`` (block 16, offset 32)."""
+    if K % QK_K:
+        raise ValueError(f"Q6_K rows of {K} weights are not whole super-blocks of {QK_K}")
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(N * (K // QK_K), 210)
+    ql = b[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    ql = (ql & 0x0F).reshape(-1, 2, 128)
+    qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    qh = (qh & 0x03).reshape(-1, 2, 128)
+    q = (ql | (qh << 4)).reshape(N, K)
+    sc = b[:, 192:208].copy().view(np.int8).astype(np.float32)          # [nb, 16]
+    d = b[:, 208:210].copy().view(np.float16).astype(np.float32)
+    scale = (d * sc).reshape(N, K // 16)
+    return KQuant("Q6_K", np.ascontiguousarray(q), scale, 16, 6, offset=32)
+
+
+def _q4_legacy(raw: np.ndarray, N: int, K: int, with_min: bool) -> KQuant:
+    size = 20 if with_min else 18
+    if K % 32:
+        raise ValueError(f"rows of {K} weights are not whole blocks of 32")
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(N * (K // 32), size)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    qs = b[:, size - 16:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).reshape(N, K)  # weights j and j + 16 share byte j
+    if with_min:
+        minimum = -b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    else:
+        minimum = np.float32(8) * d
+    return KQuant("Q4_1" if with_min else "Q4_0", np.ascontiguousarray(q), d.reshape(N, K // 32), 32, 4,
+                  minimum=minimum.reshape(N, K // 32).astype(np.float32))
+
+
+def q4_0(raw: np.ndarray, N: int, K: int) -> KQuant:
+    """``Q4_0`` rows (``N * K/32 * 18`` bytes) as ``KQuant`` (block 32)."""
+    return _q4_legacy(raw, N, K, False)
+
+
+def q4_1(raw: np.ndarray, N: int, K: int) -> KQuant:
+    """``Q4_1`` rows (``N * K/32 * 20`` bytes) as ``KQuant`` (block 32)."""
+    return _q4_legacy(raw, N, K, True)
+
+
+DECODERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q6_K": q6_k}
+KEPT = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit blocks of 32 with a scale and a minimum: kept as they are
+
+
+def min_max_4bit(w: np.ndarray, block: int = 32) -> KQuant:
+    """Float weights ``[N, K]`` as 4-bit blocks with a float scale and minimum each (round to nearest
+    between the block's own minimum and maximum: no zero point to round, as Q4_1 does): how
+    ``--quant-algo gguf`` holds a tensor the file stores in another type (Q6_K, Q5_0, Q8_0, F16, F32)."""
+    N, K = w.shape
+    b = np.asarray(w, np.float32).reshape(N, K // block, block)
+    lo, hi = b.min(-1), b.max(-1)
+    scale = ((hi - lo) / np.float32(15)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))
+    q = np.clip(np.rint((b - lo[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)
+    return KQuant("min-max", q.reshape(N, K), scale, block, 4, minimum=(-lo).astype(np.float32))
+
+
+def tensor_quant(t) -> KQuant:
+    """A ``gguf`` reader tensor ``[K, N]`` (GGUF lists the inner dimension first) as 4-bit ``KQuant``:
+    its own blocks where its type is one of ``KEPT``, else ``min_max_4bit`` of its dequantized weights."""
+    from gguf.quants import dequantize
+
+    K, N = (int(x) for x in t.shape[:2])
+    kind = t.tensor_type.name
+    if kind in KEPT:
+        return DECODERS[kind](np.asarray(t.data), N, K)
+    return min_max_4bit(dequantize(np.asarray(t.data), t.tensor_type).reshape(N, K).astype(np.float32))
+
+
+def permute_rows(kq: KQuant, order: np.ndarray) -> KQuant:
+    """``kq`` with its rows (output features) in ``order``: exact, blocks run along K."""
+    return KQuant(kq.kind, kq.q[order], kq.scale[order], kq.block, kq.bits,
+                  None if kq.minimum is None else kq.minimum[order], kq.offset)
+
+
+def concat_rows(parts: list[KQuant]) -> KQuant:
+    """Row-wise concatenation (a fused q/k/v or gate/up projection); every part 4-bit with minimums."""
+    if len(parts) == 1:
+        return parts[0]
+    return KQuant("+".join(p.kind for p in parts), np.concatenate([p.q for p in parts]),
+                  np.concatenate([p.scale for p in parts]), parts[0].block, 4,
+                  np.concatenate([p.minimum for p in parts]))
+
+
+def matmulnbits_arrays(kq: KQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MatMulNBits' 4-bit arrays for ``kq`` (blocks of 32 with minimums): B ``[N, K/32, 16]``, scales
+    ``[N * K/32]`` and float zero points ``[N * K/32]`` (``w = (q - zp) * scale``, zp = minimum /
+    scale). A block of scale 0 holds the constant ``-minimum``: q 0, zero point 1, scale the minimum."""
+    N, K = kq.shape
+    q = kq.q.reshape(N, K // kq.block, kq.block).copy()
+    scale = kq.scale.astype(np.float32).copy()
+    mn = kq.minimum.astype(np.float32)
+    flat = scale == 0
+    q[flat] = 0
+    zp = np.where(flat, np.float32(1), mn / np.where(flat, np.float32(1), scale)).astype(np.float32)
+    scale[flat] = mn[flat]
+    zp[flat & (mn == 0)] = 0
+    q = q.reshape(N, K)
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(N, K // 32, 16)
+    return np.ascontiguousarray(packed), scale.reshape(-1), zp.reshape(-1)
+
+
+# the model builder's projection names -> the GGUF tensors they hold, rows in this order
+PROJECTIONS = {"q_proj": ("attn_q",), "k_proj": ("attn_k",), "v_proj": ("attn_v",),
+               "qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
+               "gate_proj": ("ffn_gate",), "up_proj": ("ffn_up",), "gate_up_proj": ("ffn_gate", "ffn_up"),
+               "down_proj": ("ffn_down",)}
+
+
+def gguf_tensors_of(node_name: str, tensors: dict) -> list[str] | None:
+    """The GGUF tensor names the builder's MatMulNBits ``node_name`` holds (rows concatenated in this
+    order), or None where the node is no projection this mapping knows."""
+    import re
+
+    if node_name.startswith("/lm_head/"):
+        name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        return [name] if name in tensors else None
+    m = re.match(r"/model/layers\.(\d+)/\w+/(\w+)/MatMul", node_name)
+    if not m or m.group(2) not in PROJECTIONS:
+        return None
+    names = [f"blk.{m.group(1)}.{p}.weight" for p in PROJECTIONS[m.group(2)]]
+    return names if all(n in tensors for n in names) else None
+
+
+def _llama_rows(n: int, heads: int) -> np.ndarray:
+    """The row order transformers gives a llama GGUF's attn_q/attn_k (llama.cpp's converter interleaves
+    each head's rotary halves; ``reverse_permute_weights`` undoes it): row i of the result is row
+    ``order[i]`` of the file."""
+    dim = n // heads // 2
+    return np.arange(n).reshape(heads, dim, 2).swapaxes(2, 1).reshape(n)
+
+
+def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, log=None) -> dict:
+    """Replace the 4-bit MatMulNBits weights of the builder's graph ``model_path`` (exported from
+    ``gguf_path`` at block 32) by the file's own blocks (``tensor_quant``), in place; each checked
+    against the builder's (a wrong mapping is an ExportError, not a model that talks nonsense).
+    Weights another node shares (a tied embedding's table) stay as the builder wrote them. Returns
+    counts: ``kept`` (tensors whose blocks were kept), ``requantized`` (min-max from another type),
+    ``nodes`` replaced, ``left`` (nodes left as the builder made them)."""
+    from pathlib import Path
+
+    import gguf
+    from onnx import TensorProto, helper
+
+    from edgespec.errors import ExportError
+
+    from .head import _read, _tensor, _write
+    from .output import load_graph
+
+    model_path = Path(model_path)
+    base = model_path.parent
+    reader = gguf.GGUFReader(str(gguf_path))
+    tensors = {t.name: t for t in reader.tensors}
+    m = load_graph(model_path)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    users: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            users[i] = users.get(i, 0) + 1
+    counts = {"nodes": 0, "left": 0, "kept": 0, "requantized": 0}
+    drop = set()
+    for n in g.node:
+        if n.op_type != "MatMulNBits" or n.domain != "com.microsoft":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        names = gguf_tensors_of(n.name, tensors)
+        inputs = [i for i in n.input]
+        if (names is None or attrs.get("bits", 4) != 4 or attrs["block_size"] != 32 or len(inputs) < 3
+                or any(users.get(i, 0) > 1 or i not in inits for i in inputs[1:] if i)):
+            counts["left"] += 1
+            continue
+        parts = []
+        for name in names:
+            kq = tensor_quant(tensors[name])
+            if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+                kq = permute_rows(kq, _llama_rows(kq.shape[0], heads if ".attn_q." in name else kv_heads))
+            counts["kept" if kq.kind in KEPT else "requantized"] += 1
+            parts.append(kq)
+        kq = concat_rows(parts)
+        N, K = int(attrs["N"]), int(attrs["K"])
+        if kq.shape != (N, K):
+            raise ExportError(f"{n.name}: the GGUF's {'+'.join(names)} is {kq.shape[0]} x {kq.shape[1]}, the graph's "
+                              f"weights {N} x {K}")
+        mine = kq.dequantize()
+        theirs = _dequant_matmulnbits([_read(inits[i], base) if i else None for i in inputs[1:4]], N, K, 32)
+        err = float(np.linalg.norm(mine - theirs) / max(np.linalg.norm(mine), 1e-30))
+        if not err < 0.3:  # the builder's second rounding is ~0.05-0.1; another tensor or row order is ~1.4
+            raise ExportError(f"{n.name}: the GGUF's {'+'.join(names)} does not match the graph's weights (relative "
+                              f"difference {err:.2f}): not written")
+        b, s, z = matmulnbits_arrays(kq)
+        new = []
+        for suffix, arr, dt in (("Q4", b, TensorProto.UINT8), ("scales", s, TensorProto.FLOAT),
+                                ("zero_points", z, TensorProto.FLOAT)):
+            t = _tensor(f"{n.name.strip('/').replace('/', '.')}.gguf_{suffix}", arr, dt)
+            g.initializer.append(t)
+            new.append(t.name)
+        for old in inputs[1:]:
+            if old:
+                drop.add(old)
+        del n.input[:]
+        n.input.extend([inputs[0]] + new + inputs[4:])
+        counts["nodes"] += 1
+    if not counts["nodes"]:
+        raise ExportError(f"{model_path.name}: no MatMulNBits the GGUF's tensors map to (--quant-algo gguf)")
+    kept = [t for t in g.initializer if t.name not in drop]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    _write(m, model_path, base)
+    if log:
+        log(f"    {counts['nodes']} MatMulNBits from the GGUF's blocks: {counts['kept']} tensors as stored, "
+            f"{counts['requantized']} of other types rounded to 4-bit min-max blocks"
+            + (f"; {counts['left']} left as the builder made them" if counts["left"] else ""))
+    return counts
+
+
+def _dequant_matmulnbits(arrs, N: int, K: int, block: int) -> np.ndarray:
+    """MatMulNBits' 4-bit weights (B, scales, zero points packed or float, or None) as floats ``[N, K]``."""
+    b, s, z = (list(arrs) + [None] * 3)[:3]
+    nb = K // block
+    b = np.asarray(b, np.uint8).reshape(N, nb, block // 2)
+    q = np.stack([b & 15, b >> 4], axis=-1).reshape(N, nb, block).astype(np.float32)
+    if z is None:
+        zp = np.full((N, nb), 8, np.float32)
+    elif np.asarray(z).dtype.kind == "f":
+        zp = np.asarray(z, np.float32).reshape(N, nb)
+    else:
+        zr = np.asarray(z, np.uint8).reshape(N, -1)
+        zp = np.stack([zr & 15, zr >> 4], axis=-1).reshape(N, -1)[:, :nb].astype(np.float32)
+    return ((q - zp[..., None]) * np.asarray(s, np.float32).reshape(N, nb)[..., None]).reshape(N, K)
