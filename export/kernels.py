@@ -41,7 +41,7 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
     ``edgespec.MatMulQ4``'s tiled layout (q4gemm.cpp): returns [B ``[tiles, nb, block * 8]`` uint8,
     scales ``[tiles, nb, 16]`` float32, zero points ``[tiles, nb, 16]`` uint8 or None] and, for float
     zero points (a GGUF's Q4_1 and Q4_K blocks, ``export.gguf_blocks``), minimums ``[tiles, nb, 16]``
-    float32 (``scale * zero point``, the kernel's ``scale * w - minimum``) with zero points 0. Columns
+    float32 (``scale * zero point``, the kernel's ``scale * w - minimum``) and no zero points. Columns
     past N are zero weights with scale 0."""
     nb = K // block
     tiles = -(-N // TILE)
@@ -66,7 +66,7 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
         if pad:
             mn = np.concatenate([mn, np.zeros((pad, nb), np.float32)])
         mn = np.ascontiguousarray(mn.reshape(tiles, TILE, nb).transpose(0, 2, 1))
-        return [packed, s, np.zeros(s.shape, np.uint8), mn]
+        return [packed, s, None, mn]  # (no zero points: the kernel's are 0 where it has minimums)
     if zero_points is not None:
         zr = np.asarray(zero_points, dtype=np.uint8).reshape(N, -1)
         zz = np.empty((N, zr.shape[1] * 2), np.uint8)
@@ -431,6 +431,9 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             up_inputs = [i for i in up.input if i]
             pg, pu = weights(inputs[1:], K, N, block), weights(up_inputs[1:], K, N, block)
             for old, a, b in zip(names, pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
+                if a is None:  # (no zero points beside minimums)
+                    new_inputs.append("")
+                    continue
                 arr = np.ascontiguousarray(np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:]))
                 # (the name unique even where two fusions shared gate weights)
                 new_inputs.append(add_packed(f"{old}_swiglu{done['swiglu']}_q4t", arr))
@@ -444,7 +447,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             new_inputs += packed_as[tuple(inputs[1:])]
         else:
             for old, arr in zip(names, weights(inputs[1:], K, N, block)):
-                new_inputs.append(add_packed(f"{old}_q4t", arr))
+                new_inputs.append(add_packed(f"{old}_q4t", arr) if arr is not None else "")
             packed_as[tuple(inputs[1:])] = new_inputs[1:]
         if len(new_inputs) == 5:  # B, scales, zero points and minimums: the minimums go to input 5
             minimums = new_inputs.pop()

@@ -42,9 +42,11 @@ def _graph(K, N, block, op, zero_points=True, seed=0, batch=False):
         arrs = list(pack_q4(*arrs, K, N, block))
     names = ["B", "S", "Z", "M"]  # (minimums: MatMulQ4's input 5, after the bias)
     inits = [numpy_helper.from_array(a, n) for a, n in zip(arrs, names) if a is not None]
-    ins = ["A"] + [n for a, n in zip(arrs, names) if a is not None]
-    if len(ins) == 5:
+    ins = ["A"] + [n if a is not None else "" for a, n in zip(arrs, names)]
+    if len(ins) == 5:  # minimums (no zero points beside them): input 5, after the bias's slot
         ins.insert(4, "")
+    while not ins[-1]:
+        ins.pop()
     dom = "com.microsoft" if op == "MatMulNBits" else "edgespec"
     kw = {"accuracy_level": 4} if op == "MatMulNBits" else {}
     node = helper.make_node(op, ins, ["Y"], domain=dom, K=K, N=N, bits=4, block_size=block, **kw)

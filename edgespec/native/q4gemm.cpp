@@ -203,9 +203,10 @@ struct Kernel {
 struct Weights {
   const uint8_t* w;
   const float* scale;
-  const uint8_t* zp;  // nullptr: 8
+  const uint8_t* zp;  // nullptr: 8 (0 with minimums)
   // per (tile, block) 16 float minimums (input 5; nullptr: none): a block's weights are scale x w - minimum, the
-  // asymmetric blocks of GGUF's Q4_1 and Q4_K kept as they are (zero points 0 then); see block_min
+  // asymmetric blocks of GGUF's Q4_1 and Q4_K kept as they are (no zero points then: a byte per 32 weights less
+  // to read); see block_min
   const float* mn;
 };
 
@@ -240,7 +241,7 @@ struct BlockQ {
 
 ES_AVX512 inline BlockQ block_q(const Call& c, size_t sb) {
   return {c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
-                 : _mm512_set1_epi32(8),
+                 : _mm512_set1_epi32(c.q.mn ? 0 : 8),
           _mm512_loadu_ps(c.q.scale + sb), c.q.mn ? _mm512_loadu_ps(c.q.mn + sb) : _mm512_setzero_ps()};
 }
 
@@ -483,7 +484,7 @@ ES_AVX2 void rows_tile2_both(const Call& c, int64_t r0, int64_t t) {
     const size_t sb = size_t((t * nb + b) * kTile);
     for (int h = 0; h < 2; ++h) {
       const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                               : _mm256_set1_epi32(8);
+                               : _mm256_set1_epi32(c.q.mn ? 0 : 8);
       const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
       const __m256 mn = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
@@ -536,7 +537,7 @@ ES_AVX2 void rows_tile2(const Call& c, int64_t r0, int64_t t) {
         widen_half<R>(s16, dot);
       }
       const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                               : _mm256_set1_epi32(8);
+                               : _mm256_set1_epi32(c.q.mn ? 0 : 8);
       const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
       const __m256 mn = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
@@ -596,7 +597,7 @@ ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
   // the 16 columns' zero points, each in the 4 bytes of its column in a B row
   const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
                                  reinterpret_cast<const __m128i*>(c.q.zp + (t * c.k->nb + b) * kTile)))
-                           : _mm512_set1_epi32(8);
+                           : _mm512_set1_epi32(c.q.mn ? 0 : 8);
   const __m512i zb = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x01010101));
   // the scales and zero points a few blocks ahead (amx_chunk_sums waited on the scales: they are a stream of
   // their own, 64 bytes a block, that no hardware prefetcher followed; session 21, 9 rows: ~5% a matrix)
