@@ -35,7 +35,8 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
 @click.option("--quant-algo", type=click.Choice(["rtn", "k_quant", "gguf"]), default="rtn", show_default=True,
               help="INT4 weights: rounded to nearest (rtn), k_quant, or gguf: a .gguf target's own 4-bit blocks "
                    "(Q4_0, Q4_1, Q4_K) kept as they are, other types rounded to 4-bit blocks with a minimum; block 32, "
-                   "cpu layout. Perplexity as llama.cpp's on the same file (README, 'Perplexity').")
+                   "cpu layout; with --exact-kernels (onnxruntime computes float zero points in float, slowly). "
+                   "Perplexity near llama.cpp's on the same file (README, 'Perplexity').")
 @click.option("--no-quantize-lm-head", is_flag=True, help="Keep the lm_head in float.")
 @click.option("--quantize-embeddings/--float-embeddings", default=None,
               help="INT4 embedding table (GatherBlockQuantized) or a float one; default: int4 targets and drafters "
