@@ -132,16 +132,40 @@ def min_max_4bit(w: np.ndarray, block: int = 32) -> KQuant:
     return KQuant("min-max", q.reshape(N, K), scale, block, 4, minimum=(-lo).astype(np.float32))
 
 
+def k4_blocks(w: np.ndarray) -> KQuant:
+    """Float weights ``[N, K]`` (K a multiple of 256) as Q4_K stores weights: blocks of 32 with a scale and a
+    minimum each, both 6-bit multiples of a float16 per super-block of 256 (its largest the byte 63, as
+    llama.cpp's quantizer makes them), the minimum no more than 0 as there; then each weight rounded to its
+    block's grid. The same bytes per weight as the file's Q4_K tensors, in the format edgespec's kernel
+    reads in Q4_K's scale bytes (export/kernels.py, kquant_scales)."""
+    N, K = w.shape
+    b = np.asarray(w, np.float32).reshape(N, K // 32, 32)
+    lo, hi = np.minimum(b.min(-1), 0), b.max(-1)
+    per = []
+    for v in (((hi - lo) / np.float32(15)).astype(np.float32), (-lo).astype(np.float32)):
+        v = v.reshape(N, K // 256, 8)
+        d = (v.max(-1) / np.float32(63)).astype(np.float16).astype(np.float32)[..., None]
+        byte = np.clip(np.rint(v / np.where(d > 0, d, np.float32(1))), 0, 63)
+        per.append((d * byte.astype(np.float32)).reshape(N, K // 32))
+    scale, minimum = per
+    safe = np.where(scale > 0, scale, np.float32(1))
+    q = np.clip(np.rint((b + minimum[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)
+    q[scale == 0] = 0
+    return KQuant("k4", q.reshape(N, K), scale, 32, 4, minimum=minimum)
+
+
 def tensor_quant(t) -> KQuant:
     """A ``gguf`` reader tensor ``[K, N]`` (GGUF lists the inner dimension first) as 4-bit ``KQuant``:
-    its own blocks where its type is one of ``KEPT``, else ``min_max_4bit`` of its dequantized weights."""
+    its own blocks where its type is one of ``KEPT``, else its dequantized weights as ``k4_blocks`` (K a
+    multiple of 256) or ``min_max_4bit``."""
     from gguf.quants import dequantize
 
     K, N = (int(x) for x in t.shape[:2])
     kind = t.tensor_type.name
     if kind in KEPT:
         return DECODERS[kind](np.asarray(t.data), N, K)
-    return min_max_4bit(dequantize(np.asarray(t.data), t.tensor_type).reshape(N, K).astype(np.float32))
+    w = dequantize(np.asarray(t.data), t.tensor_type).reshape(N, K).astype(np.float32)
+    return k4_blocks(w) if K % 256 == 0 else min_max_4bit(w)
 
 
 def permute_rows(kq: KQuant, order: np.ndarray) -> KQuant:
@@ -286,7 +310,7 @@ def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, 
     _write(m, model_path, base)
     if log:
         log(f"    {counts['nodes']} MatMulNBits from the GGUF's blocks: {counts['kept']} tensors as stored, "
-            f"{counts['requantized']} of other types rounded to 4-bit min-max blocks"
+            f"{counts['requantized']} of other types rounded to 4-bit blocks with a minimum"
             + (f"; {counts['left']} left as the builder made them" if counts["left"] else ""))
     return counts
 

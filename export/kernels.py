@@ -35,7 +35,8 @@ OP = "MatMulQ4"
 TILE = 16  # output columns per tile (one AVX-512 vector of int32/float lanes)
 
 
-def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int, N: int, block: int):
+def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int, N: int, block: int,
+            kquant: bool = True):
     """MatMulNBits' 4-bit tensors (B ``[N, K/block, block/2]``, scales ``[N * K/block]``, packed 4-bit
     zero points ``[N * ceil(nb/2)]``, float zero points ``[N * K/block]`` or None) in
     ``edgespec.MatMulQ4``'s tiled layout (q4gemm.cpp): returns [B ``[tiles, nb, block * 8]`` uint8,
@@ -63,6 +64,16 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
     z = None
     if zero_points is not None and np.asarray(zero_points).dtype.kind == "f":
         mn = (np.asarray(zero_points, dtype=np.float32).reshape(N, nb) * np.asarray(scales, np.float32).reshape(N, nb))
+        ks = (kquant_scales(np.asarray(scales, np.float32).reshape(N, nb), mn)
+              if kquant and block == 32 and nb % 8 == 0 else None)
+        if ks is not None:  # Q4_K's own scales: two floats per column and super-block, two bytes per block
+            d, sc = ks
+            if pad:
+                d = np.concatenate([d, np.zeros((pad,) + d.shape[1:], np.float32)])
+                sc = np.concatenate([sc, np.zeros((pad,) + sc.shape[1:], np.uint8)])
+            d = np.ascontiguousarray(d.reshape(tiles, TILE, nb // 8, 2).transpose(0, 2, 3, 1))
+            sc = np.ascontiguousarray(sc.reshape(tiles, TILE, nb, 2).transpose(0, 2, 3, 1))
+            return [packed, d, None, None, sc]
         if pad:
             mn = np.concatenate([mn, np.zeros((pad, nb), np.float32)])
         mn = np.ascontiguousarray(mn.reshape(tiles, TILE, nb).transpose(0, 2, 1))
@@ -77,6 +88,34 @@ def pack_q4(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K
             zz = np.concatenate([zz, np.full((pad, nb), 8, np.uint8)])
         z = np.ascontiguousarray(zz.reshape(tiles, TILE, nb).transpose(0, 2, 1))
     return [packed, s, z]
+
+
+def kquant_scales(scale: np.ndarray, minimum: np.ndarray):
+    """Blocks of 32 with float scales and minimums ``[N, nb]`` as Q4_K stores them, where they are Q4_K's:
+    per (column, super-block of 8 blocks) a float16 ``d`` and ``dmin`` (returned as float32 ``[N, nb/8, 2]``)
+    and per block 6-bit ``sc`` and ``m`` (uint8 ``[N, nb, 2]``) with ``scale == d * sc`` exactly and
+    ``minimum`` within float rounding of ``dmin * m`` (a float zero point's ``zp * scale``); None where any
+    block is not so (other quantizers, a block of scale 0 held as its constant). llama.cpp's quantizer gives
+    each super-block's largest scale and minimum the byte 63, which this takes ``d`` and ``dmin`` from."""
+    N, nb = scale.shape
+    S = scale.reshape(N, nb // 8, 8).astype(np.float32)
+    M = minimum.reshape(N, nb // 8, 8).astype(np.float32)
+    if (M < 0).any() or (S < 0).any():
+        return None
+    out = []
+    for v, exact in ((S, True), (M, False)):
+        d = (v.max(-1) / np.float32(63)).astype(np.float16).astype(np.float32)
+        q = np.rint(v / np.where(d > 0, d, np.float32(1))[..., None])
+        if (q > 63).any():
+            return None
+        back = d[..., None] * q.astype(np.float32)
+        if exact and not np.array_equal(back, v):
+            return None
+        if not exact and (np.abs(back - v) > 4 * np.spacing(np.maximum(np.abs(v), np.float32(1e-30)))).any():
+            return None
+        out.append((d, q.astype(np.uint8)))
+    (d, sc), (dmin, m) = out
+    return np.stack([d, dmin], axis=-1), np.stack([sc.reshape(N, nb), m.reshape(N, nb)], axis=-1)
 
 
 def _float_zero_points(node, inits: dict) -> bool:
@@ -382,7 +421,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         for i in node.input:
             users[i] = users.get(i, 0) + 1
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -396,10 +435,10 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             if at[mm.output[0]] not in gone}
     gone |= {at[add.output[0]] for add, _ in bias.values()}
 
-    def weights(inputs, K, N, block):
+    def weights(inputs, K, N, block, kquant=True):
         """The packed arrays of MatMulNBits weights ``inputs`` (B, scales[, zero points])."""
         arrs = [_read(inits[i], base) for i in inputs]
-        return list(pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block))
+        return list(pack_q4(arrs[0], arrs[1], arrs[2] if len(arrs) > 2 else None, K, N, block, kquant))
 
     def add_packed(name, arr) -> str:
         """``arr`` as a new initializer ``name`` (uint8 weights and zero points, float32 scales)."""
@@ -423,13 +462,15 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         inputs = [i for i in node.input if i]
         K, N, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
         new_inputs = [inputs[0]]
-        minimums = None  # float zero points: the kernel's minimums (its input 5)
-        names = inputs[1:] + ([f"{inputs[3]}_min"] if _float_zero_points(node, inits) else [])
+        minimums = None  # float zero points: the kernel's minimums (input 5) or k-quant scales (input 6)
+        names = inputs[1:] + ([f"{inputs[3]}_min", f"{inputs[3]}_kscales"] if _float_zero_points(node, inits) else [])
         extra = []
         if pos in fuse:
             up, m2 = fuse[pos]
             up_inputs = [i for i in up.input if i]
             pg, pu = weights(inputs[1:], K, N, block), weights(up_inputs[1:], K, N, block)
+            if len(pg) != len(pu):  # one in Q4_K's scale bytes, the other not: both as float minimums
+                pg, pu = weights(inputs[1:], K, N, block, False), weights(up_inputs[1:], K, N, block, False)
             for old, a, b in zip(names, pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
                 if a is None:  # (no zero points beside minimums)
                     new_inputs.append("")
@@ -449,16 +490,20 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             for old, arr in zip(names, weights(inputs[1:], K, N, block)):
                 new_inputs.append(add_packed(f"{old}_q4t", arr) if arr is not None else "")
             packed_as[tuple(inputs[1:])] = new_inputs[1:]
-        if len(new_inputs) == 5:  # B, scales, zero points and minimums: the minimums go to input 5
-            minimums = new_inputs.pop()
+        if len(new_inputs) > 4:  # minimums and k-quant scales go to inputs 5 and 6
+            minimums = new_inputs[4:]
+            del new_inputs[4:]
         if pos in bias:  # the Add of the bias: the kernel's fifth input
             add, b = bias[pos]
             new_inputs += [""] * (4 - len(new_inputs)) + [b]
             node.output[0] = add.output[0]
             done["bias"] += 1
         if minimums:
-            new_inputs += [""] * (5 - len(new_inputs)) + [minimums]
+            new_inputs += [""] * (5 - len(new_inputs)) + minimums
+            while not new_inputs[-1]:
+                new_inputs.pop()
             done["minimums"] += 1
+            done["kscales"] += len(new_inputs) == 7
         release(inputs[1:])
         if any(users[old] for old in inputs[1:]):  # shared with another op (a tied embedding's gather):
             done["copied"] += 1                     # the originals stay for it, the kernel reads a copy
@@ -613,7 +658,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 log(f"    {role}: {counts['matmuls'] + counts['swiglu']} MatMulNBits -> {counts['matmuls']} {DOMAIN}.{OP}"
                     + (f" ({counts['swiglu']} SwiGLU gate and up pairs as one)" if counts["swiglu"] else "")
                     + (f", {counts['bias']} biases added in the kernel" if counts["bias"] else "")
-                    + (f", {counts['minimums']} with a float minimum per block (a GGUF's)" if counts["minimums"] else "")
+                    + (f", {counts['minimums']} with a float minimum per block (a GGUF's; {counts['kscales']} "
+                       "in Q4_K's scale bytes)" if counts["minimums"] else "")
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"

@@ -211,3 +211,21 @@ def test_exact_kernels_take_the_gguf_minimums_and_decoding_stays_exact(smol_gguf
     ar = eng.generate(prompt, max_new_tokens=48, drafter="none", ignore_eos=True)
     spec = eng.generate(prompt, max_new_tokens=48, drafter="prompt-lookup", ignore_eos=True)
     assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 48
+
+
+def test_k4_blocks_are_q4k_shaped_and_close():
+    """Tensors of other types (Qwen's Q6_K head and projections) become Q4_K-shaped blocks: scales and
+    minimums 6-bit multiples of a float16 per super-block (so exact-kernels holds them in Q4_K's scale
+    bytes: kquant_scales recovers them), each weight within about a step of its block's grid."""
+    from edgespec_export import gguf_blocks as gb
+    from edgespec_export.kernels import kquant_scales
+
+    w = np.random.default_rng(9).normal(size=(24, 512)).astype(np.float32) * 0.05
+    kq = gb.k4_blocks(w)
+    assert kq.q.max() <= 15 and np.all(kq.minimum >= 0)
+    err = np.abs(kq.dequantize() - w).reshape(24, 16, 32).max(-1)
+    assert np.all(err <= kq.scale * 1.5 + 1e-6), float((err / kq.scale).max())
+    rel = np.linalg.norm(kq.dequantize() - w) / np.linalg.norm(w)
+    assert rel < 0.12, rel
+    b, s, z = gb.matmulnbits_arrays(kq)
+    assert kquant_scales(s.reshape(24, 16), z.reshape(24, 16) * s.reshape(24, 16)) is not None

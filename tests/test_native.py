@@ -1559,3 +1559,83 @@ def test_alternates_come_back_once_token_healing_has_spelled_its_text(tiny_xk, m
     finally:
         eng.decoder.drafters["model"] = real
         eng.decoder.policy.use_alternates = False
+
+
+def _q4k_like(N, K, seed):
+    """Blocks of 32 as Q4_K stores them: per super-block of 8 a float16 d and dmin, per block 6-bit bytes
+    (each super-block's largest 63), scale d x sc, minimum dmin x m; returns B, scales, float zero points
+    (MatMulNBits' minimum / scale) and the exact minimums."""
+    rng = np.random.default_rng(seed)
+    nb = K // 32
+    d = (rng.random((N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32)
+    dmin = (rng.random((N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32)
+    sc = rng.integers(1, 64, size=(N, nb // 8, 8))
+    m = rng.integers(0, 64, size=(N, nb // 8, 8))
+    sc[:, :, 3] = 63
+    m[:, :, 5] = 63
+    scale = (d * sc.astype(np.float32)).reshape(N, nb)
+    minimum = (dmin * m.astype(np.float32)).reshape(N, nb)
+    b = rng.integers(0, 256, size=(N, nb, 16), dtype=np.uint8)
+    return b, scale.reshape(-1), (minimum / scale).reshape(-1).astype(np.float32), minimum
+
+
+def _q4_node_model(K, N, arrays):
+    """One MatMulQ4 node over ``arrays`` in its input slots (1: B, 2: scales, 3: zero points, 5: minimums,
+    6: k-quant scales; None: absent)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    slots = {1: "B", 2: "S", 3: "Z", 5: "M", 6: "KS"}
+    ins, inits = ["A"] + [""] * 6, []
+    for slot, arr in zip((1, 2, 3, 5, 6), arrays):
+        if arr is not None:
+            ins[slot] = slots[slot]
+            inits.append(numpy_helper.from_array(arr, slots[slot]))
+    while not ins[-1]:
+        ins.pop()
+    node = helper.make_node("MatMulQ4", ins, ["Y"], domain="edgespec", K=K, N=N, bits=4, block_size=32)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgespec", 1)])
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx512", "avx2"])
+def test_kquant_scales_compute_the_float_formats_bits_at_every_width(isa, monkeypatch):
+    """Q4_K's scale bytes (input 6: per block 6-bit scale and minimum, per super-block float d and dmin) give
+    the bits of the same blocks with float scales and the exact minimums (input 5): the kernel's products d x
+    byte are exact; each row the same at widths 1 to 20 (AMX from 8 rows on this CPU's path); and
+    kquant_scales recovers the bytes from MatMulNBits' float zero points, refusing scales that are not Q4_K's."""
+    from edgespec_export.kernels import TILE, kquant_scales, pack_q4
+
+    if isa != "this-cpu":
+        if isa == "avx512" and _isa_of_cpu() == "avx2":
+            pytest.skip("no AVX-512 VNNI on this CPU")
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    K, N = 512, 70
+    b, scale, zp, minimum = _q4k_like(N, K, seed=7)
+    arrs = pack_q4(b, scale, zp, K, N, 32)
+    assert len(arrs) == 5 and arrs[3] is None and arrs[4].dtype == np.uint8  # B, d/dmin, -, -, bytes
+    flt = pack_q4(b, scale, zp, K, N, 32, kquant=False)
+    tiles, nb = -(-N // TILE), K // 32
+    exact = np.concatenate([minimum, np.zeros((tiles * TILE - N, nb), np.float32)])
+    exact = np.ascontiguousarray(exact.reshape(tiles, TILE, nb).transpose(0, 2, 1))
+    ks = _session(_q4_node_model(K, N, arrs))
+    fl = _session(_q4_node_model(K, N, [flt[0], flt[1], None, exact, None]))
+    x = np.random.default_rng(8).normal(size=(20, K)).astype(np.float32)
+    want = fl.run(None, {"A": x})[0]
+    assert np.array_equal(ks.run(None, {"A": x})[0], want)
+    for m in (1, 2, 3, 7, 8, 9, 16, 17):
+        assert np.array_equal(ks.run(None, {"A": x[:m]})[0], want[:m]), m
+    assert np.array_equal(ks.run(None, {"A": x[5:6]})[0], want[5:6])
+    # the recovery: the bytes and d/dmin back, and None for a scale that is not d x a byte
+    d, sb = kquant_scales(scale.reshape(N, nb), minimum)
+    assert np.array_equal(d[..., 0][:, :, None] * sb[..., 0].reshape(N, nb // 8, 8).astype(np.float32),
+                          scale.reshape(N, nb // 8, 8))
+    bad = scale.reshape(N, nb).copy()
+    bad[3, 4] = np.nextafter(bad[3, 4], np.float32(1))
+    assert kquant_scales(bad, minimum) is None
+
+
+def _isa_of_cpu():
+    from edgespec.native import isa
+
+    return isa()

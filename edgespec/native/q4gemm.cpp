@@ -208,6 +208,13 @@ struct Weights {
   // asymmetric blocks of GGUF's Q4_1 and Q4_K kept as they are (no zero points then: a byte per 32 weights less
   // to read); see block_min
   const float* mn;
+  // k-quant scales (input 6; nullptr: none), GGUF's Q4_K kept as it is stored: per (tile, block) 16 bytes of 6-bit
+  // scales then 16 of 6-bit minimums, and ``scale`` per (tile, super-block of 8 blocks) 16 float scales of the scales
+  // (d) then 16 of the minimums (dmin): a block's scale is d x its byte, its minimum dmin x its byte (exact float
+  // products of a float16 and an integer below 64: the bits of the float format's precomputed values, from 24
+  // bytes a column per 8 blocks instead of 64). See scale_min16
+  const uint8_t* ks;
+  bool minimums;  // mn or ks: zero points 0 where there are none, and block_min's correction
 };
 
 struct Call {
@@ -239,10 +246,46 @@ struct BlockQ {
   __m512 m;  // the minimums (zeros where the kernel has none: then unused)
 };
 
-ES_AVX512 inline BlockQ block_q(const Call& c, size_t sb) {
-  return {c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
-                 : _mm512_set1_epi32(c.q.mn ? 0 : 8),
-          _mm512_loadu_ps(c.q.scale + sb), c.q.mn ? _mm512_loadu_ps(c.q.mn + sb) : _mm512_setzero_ps()};
+// tile t's block b: its 16 columns' scales and minimums (zeros without), from whichever format the kernel has
+ES_AVX512 inline void scale_min16(const Call& c, int64_t t, int64_t b, __m512* s, __m512* m) {
+  const size_t sb = size_t((t * c.k->nb + b) * kTile);
+  if (c.q.ks) {
+    const uint8_t* p = c.q.ks + 2 * sb;
+    const float* d = c.q.scale + size_t((t * (c.k->nb / 8) + b / 8) * 2 * kTile);
+    *s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+                       _mm512_loadu_ps(d));
+    *m = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kTile)))),
+        _mm512_loadu_ps(d + kTile));
+    return;
+  }
+  *s = _mm512_loadu_ps(c.q.scale + sb);
+  *m = c.q.mn ? _mm512_loadu_ps(c.q.mn + sb) : _mm512_setzero_ps();
+}
+// ... 8 of them (half h of the tile), for the AVX2 path: the same products
+ES_AVX2 inline void scale_min8(const Call& c, int64_t t, int64_t b, int h, __m256* s, __m256* m) {
+  const size_t sb = size_t((t * c.k->nb + b) * kTile);
+  if (c.q.ks) {
+    const uint8_t* p = c.q.ks + 2 * sb + 8 * h;
+    const float* d = c.q.scale + size_t((t * (c.k->nb / 8) + b / 8) * 2 * kTile) + 8 * h;
+    *s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+                       _mm256_loadu_ps(d));
+    *m = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kTile)))),
+        _mm256_loadu_ps(d + kTile));
+    return;
+  }
+  *s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
+  *m = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
+}
+
+ES_AVX512 inline BlockQ block_q(const Call& c, int64_t t, int64_t b) {
+  const size_t sb = size_t((t * c.k->nb + b) * kTile);
+  BlockQ q;
+  q.z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.q.zp + sb)))
+               : _mm512_set1_epi32(c.q.minimums ? 0 : 8);
+  scale_min16(c, t, b, &q.s, &q.m);
+  return q;
 }
 
 // One block's exact int32 dot into a row's float sums: subtract zero point x the activations' sum (the VNNI
@@ -257,7 +300,7 @@ ES_AVX512 inline __m512 block_fma_corrected(const Call& c, __m512 s, __m512i cor
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc);
 }
 ES_AVX512 inline __m512 block_min(const Call& c, __m512 m, int64_t rb, __m512 acc) {
-  return c.q.mn ? _mm512_fnmadd_ps(m, _mm512_set1_ps(block_xsum(c, rb)), acc) : acc;
+  return c.q.minimums ? _mm512_fnmadd_ps(m, _mm512_set1_ps(block_xsum(c, rb)), acc) : acc;
 }
 ES_AVX512 inline __m512 block_fma(const Call& c, const BlockQ& q, __m512i dot, int64_t rb, __m512 acc) {
   const __m512i corr = _mm512_sub_epi32(dot, _mm512_mullo_epi32(q.z, _mm512_set1_epi32(c.xs[rb])));
@@ -375,7 +418,7 @@ ES_AVX512 void rows_tiles(const Call& c, int64_t r0, int64_t t0, int64_t t1) {
       }
       if constexpr (R <= kSplitRows)
         for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], dot2[r]);
-      const BlockQ q = block_q(c, size_t((t * nb + b) * kTile));
+      const BlockQ q = block_q(c, t, b);
       for (int r = 0; r < R; ++r) acc[r] = block_fma(c, q, dot[r], (r0 + r) * nb + b, acc[r]);
     }
     if (c.epilogue) {
@@ -484,14 +527,14 @@ ES_AVX2 void rows_tile2_both(const Call& c, int64_t r0, int64_t t) {
     const size_t sb = size_t((t * nb + b) * kTile);
     for (int h = 0; h < 2; ++h) {
       const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                               : _mm256_set1_epi32(c.q.mn ? 0 : 8);
-      const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
-      const __m256 mn = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
+                               : _mm256_set1_epi32(c.q.minimums ? 0 : 8);
+      __m256 s, mn;
+      scale_min8(c, t, b, h, &s, &mn);
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
         const __m256i corr = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
-        if (c.q.mn) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
+        if (c.q.minimums) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
       }
     }
   }
@@ -537,15 +580,15 @@ ES_AVX2 void rows_tile2(const Call& c, int64_t r0, int64_t t) {
         widen_half<R>(s16, dot);
       }
       const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                               : _mm256_set1_epi32(c.q.mn ? 0 : 8);
-      const __m256 s = _mm256_loadu_ps(c.q.scale + sb + 8 * h);
-      const __m256 mn = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
+                               : _mm256_set1_epi32(c.q.minimums ? 0 : 8);
+      __m256 s, mn;
+      scale_min8(c, t, b, h, &s, &mn);
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
         const __m256i corr = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(dot[r])),
                                               _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
-        if (c.q.mn) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
+        if (c.q.minimums) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
       }
     }
   }
@@ -597,7 +640,7 @@ ES_AMX inline void amx_unpack(const Call& c, int64_t t, int64_t b, uint8_t* w) {
   // the 16 columns' zero points, each in the 4 bytes of its column in a B row
   const __m512i z = c.q.zp ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
                                  reinterpret_cast<const __m128i*>(c.q.zp + (t * c.k->nb + b) * kTile)))
-                           : _mm512_set1_epi32(c.q.mn ? 0 : 8);
+                           : _mm512_set1_epi32(c.q.minimums ? 0 : 8);
   const __m512i zb = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x01010101));
   // the scales and zero points a few blocks ahead (amx_chunk_sums waited on the scales: they are a stream of
   // their own, 64 bytes a block, that no hardware prefetcher followed; session 21, 9 rows: ~5% a matrix)
@@ -638,8 +681,8 @@ ES_AMX inline void amx_chunk_sums(const Call& c, const int32_t* cb, float* acc, 
                                   int64_t t, int64_t b, int64_t ch) {
   const int64_t nb = c.k->nb, r0 = ch * c.rows, n = std::min<int64_t>(c.rows, c.M - r0);
   for (int64_t j = 0; j < G; ++j) {
-    const size_t sb = size_t(((t + j) * nb + b) * kTile);
-    const __m512 s = _mm512_loadu_ps(c.q.scale + sb), m = c.q.mn ? _mm512_loadu_ps(c.q.mn + sb) : _mm512_setzero_ps();
+    __m512 s, m;
+    scale_min16(c, t + j, b, &s, &m);
     const int32_t* cj = cb + j * 16 * kTile;
     for (int64_t r = 0; r < n; ++r) {
       float* a = acc + ((r0 + r) * group + j) * kTile;
@@ -1017,8 +1060,8 @@ Kernel::~Kernel() {
 // copy does not double the resident memory. No copy where the memory cannot be had, or where the weights are not
 // a file's pages (they could not be handed back): calls then read the weights where they are. Either way the same
 // numbers.
-void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, size_t tile_blocks) {
-  const size_t wb = tile_blocks * size_t(k->block) * kTile / 2, sb = tile_blocks * kTile * sizeof(float),
+void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, size_t tile_blocks, size_t scales) {
+  const size_t wb = tile_blocks * size_t(k->block) * kTile / 2, sb = scales * sizeof(float),
                zb = z ? tile_blocks * kTile : 0;
   const uintptr_t pg = uintptr_t(sysconf(_SC_PAGESIZE));
   auto inner = [pg](const void* q, size_t n) {  // the whole pages inside [q, q + n): (begin, end)
@@ -1067,7 +1110,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
       return nullptr;
     return v;
   };
-  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3), *bias = input(4), *Mn = input(5);
+  const OrtValue *A = input(0), *B = input(1), *S = input(2), *Z = input(3), *bias = input(4), *Mn = input(5), *Ks = input(6);
   std::vector<int64_t> ad = A ? dims_of(A) : std::vector<int64_t>();
   if (!k->K) return fail("edgespec.MatMulQ4: bad attributes");
   if (!A || !B || !S) return fail("edgespec.MatMulQ4: inputs A, B and scales are required");
@@ -1080,7 +1123,14 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   const void* b_data = data_of(B);
   if (k->checked.load(std::memory_order_acquire) != b_data) {  // the weights are initializers: their sizes are checked once, not every call
     const int64_t tile_blocks = k->tiles * k->nb;
-    if (numel(dims_of(B)) != tile_blocks * k->block * kTile / 2 || numel(dims_of(S)) != tile_blocks * kTile)
+    // (k-quant scales: the scales input holds two floats per column and super-block of 8 blocks)
+    const int64_t scales = Ks ? k->tiles * (k->nb / 8) * 2 * kTile : tile_blocks * kTile;
+    if (Ks && (k->nb % 8 || Mn))
+      return fail("edgespec.MatMulQ4: k-quant scales take super-blocks of 8 blocks (K a multiple of 8 x block_size) "
+                  "and no float minimums");
+    if (Ks && numel(dims_of(Ks)) != tile_blocks * 2 * kTile)
+      return fail("edgespec.MatMulQ4: k-quant scales do not have the size K, N and block_size say (tiled layout)");
+    if (numel(dims_of(B)) != tile_blocks * k->block * kTile / 2 || numel(dims_of(S)) != scales)
       return fail("edgespec.MatMulQ4: B or scales do not have the size K, N and block_size say (tiled layout)");
     if (Z && numel(dims_of(Z)) != tile_blocks * kTile)
       return fail("edgespec.MatMulQ4: zero points do not have the size K, N and block_size say (tiled layout)");
@@ -1093,7 +1143,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     }
     if (k->huge && !k->own)
       own_weights(k, static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
-                  Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks));
+                  Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks), size_t(scales));
     k->checked.store(b_data, std::memory_order_release);
   }
   if (bias && (numel(dims_of(bias)) != k->N || k->swiglu))  // (every call: a bias need not be an initializer)
@@ -1128,8 +1178,10 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   fit(xd, M * k->nb);
   fit(xs, M * k->nb);
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
-            Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, Mn ? static_cast<const float*>(data_of(Mn)) : nullptr};
-  if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z, q.mn};  // (minimums read in place)
+            Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, Mn ? static_cast<const float*>(data_of(Mn)) : nullptr,
+            Ks ? static_cast<const uint8_t*>(data_of(Ks)) : nullptr, Mn || Ks};
+  if (k->own && k->own_src == b_data)  // (minimums and k-quant scales read in place)
+    q = Weights{k->own_w, k->own_s, k->own_z, q.mn, q.ks, q.minimums};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)),
          bias ? static_cast<const float*>(data_of(bias)) : nullptr, bias || k->swiglu, 0, nullptr, 0, 0};
   Quantize qt{k, a, xq.data(), xd.data(), xs.data(), nullptr, 0};
@@ -1819,9 +1871,9 @@ void destroy(void* self) { delete static_cast<Kernel*>(self); }
 
 const char* op_name(const OrtCustomOp*) { return "MatMulQ4"; }
 const char* op_ep(const OrtCustomOp*) { return "CPUExecutionProvider"; }
-int in_type(const OrtCustomOp*, size_t i) { return (i == 1 || i == 3) ? kUint8 : kFloat; }
-// A, B, scales, zero points (optional), bias (optional), minimums (optional)
-size_t in_count(const OrtCustomOp*) { return 6; }
+int in_type(const OrtCustomOp*, size_t i) { return (i == 1 || i == 3 || i == 6) ? kUint8 : kFloat; }
+// A, B, scales, zero points (optional), bias (optional), minimums (optional), k-quant scales (optional)
+size_t in_count(const OrtCustomOp*) { return 7; }
 int out_type(const OrtCustomOp*, size_t) { return kFloat; }
 size_t out_count(const OrtCustomOp*) { return 1; }
 int in_char(const OrtCustomOp*, size_t i) { return i >= 3 ? kOptional : kRequired; }
