@@ -29,6 +29,28 @@ def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
 
 @pytest.mark.real
 @pytest.mark.slow
+def test_qwen_gguf_blocks_target_decodes_exactly():
+    """The target exported with --quant-algo gguf --exact-kernels (README, 'Real models'; no drafter): Q4_K's
+    scale bytes in 112 of its nodes; greedy prompt lookup and auto equal plain decoding token for token."""
+    import json
+
+    bundle = BUNDLES / "qwen-coder-gguf-xk"
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    t = json.loads((bundle / "edgespec.json").read_text())["models"]["target"]
+    assert t["quant"]["algorithm"] == "gguf" and t["kernels"] == "edgespec-q4"
+    eng = edgespec.load(bundle, max_context=1024)
+    for prompt in ("def quicksort(arr):", "Repeat this list: apples, pears, plums, apples, pears, plums."):
+        msgs = [{"role": "user", "content": prompt}]
+        eng.reset()
+        ref = eng.generate(msgs, max_new_tokens=48, drafter="none").token_ids
+        for d in ("prompt-lookup", "auto"):
+            eng.reset()
+            assert eng.generate(msgs, max_new_tokens=48, drafter=d).token_ids == ref, (prompt, d)
+
+
+@pytest.mark.real
+@pytest.mark.slow
 def test_qwen_prompt_cache_restores_a_chat_exactly():
     """On the benchmark bundle (edgespec's width-invariant kernels): a chat set aside by another and
     restored replies as a fresh engine prefilling its whole history does, token for token."""
