@@ -98,6 +98,9 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
         out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
                               kv_dtype=kv_dtype)  # (None: float16)
+    elif quant_algo == "gguf":  # (said once the bundle is written: a refusal stays one line)
+        click.echo("note: onnxruntime computes the gguf blocks' float zero points in float, several times slower than "
+                   "its int8 path: run 'edgespec exact-kernels' on this bundle (or export with --exact-kernels)", err=True)
     click.echo(str(out))
 
 

@@ -246,6 +246,7 @@ def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, 
     from edgespec.errors import ExportError
 
     from .head import _read, _tensor, _write
+    from .kernels import input_uses
     from .output import load_graph
 
     model_path = Path(model_path)
@@ -255,10 +256,7 @@ def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, 
     m = load_graph(model_path)
     g = m.graph
     inits = {t.name: t for t in g.initializer}
-    users: dict[str, int] = {}
-    for n in g.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
+    users = input_uses(g)
     counts = {"nodes": 0, "left": 0, "kept": 0, "requantized": 0}
     drop = set()
     for n in g.node:

@@ -143,6 +143,15 @@ def _q4_attrs(node, inits: dict) -> dict | None:
     return attrs
 
 
+def input_uses(g) -> dict[str, int]:
+    """How many node inputs read each value of graph ``g`` (an initializer read twice is shared)."""
+    uses: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    return uses
+
+
 def _consumers(g) -> dict[str, list]:
     out: dict[str, list] = {}
     for n in g.node:
@@ -416,10 +425,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     g = m.graph
     base = model_path.parent
     inits = {t.name: t for t in g.initializer}
-    users: dict[str, int] = {}
-    for node in g.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
+    users = input_uses(g)
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
             "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0}
     drop: set[str] = set()
