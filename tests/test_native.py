@@ -1150,12 +1150,23 @@ def _session_from_file(model, d, monkeypatch, huge: str | None):
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/pagemap"), reason="needs Linux's /proc/self/pagemap")
-def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_results(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["zero-points", "minimums", "kquant"])
+def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_results(fmt, tmp_path, monkeypatch):
+    """The weights (and their scales, zero points, float minimums or Q4_K scale bytes) copied onto the pool's
+    pages at the first call and the file's pages dropped; the same bits as reading them where they are."""
     from pathlib import Path
 
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     copies = not (thp.exists() and "[never]" in thp.read_text())
-    model = _graph(1536, 2048, 128, "MatMulQ4", True)
+    if fmt == "zero-points":
+        model = _graph(1536, 2048, 128, "MatMulQ4", True)
+    else:
+        from edgespec_export.kernels import pack_q4
+
+        b, scale, zp, _ = _q4k_like(2048, 1536, seed=11)
+        arrs = pack_q4(b, scale, zp, 1536, 2048, 32, kquant=fmt == "kquant")
+        assert len(arrs) == (5 if fmt == "kquant" else 4)
+        model = _q4_node_model(1536, 2048, arrs)
     weights_kib = 1536 * 2048 // 2 // 1024
     x = np.random.default_rng(3).normal(size=(5, 1536)).astype(np.float32)
     plain, plain_file = _session_from_file(model, tmp_path / "plain", monkeypatch, "0")
@@ -1167,6 +1178,8 @@ def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_res
     assert np.array_equal(own.run(None, {"A": x})[0], y)
     if copies:  # the copy is read; the file's pages are dropped from the process (not doubled)
         assert _mapped_rss_kib(own_file) < weights_kib // 4
+        if fmt != "zero-points":  # minimums (384 KiB) and scale bytes (192 KiB) too
+            assert _mapped_rss_kib(own_file) < 64, _mapped_rss_kib(own_file)
     for m in (1, 3):  # later calls read the copy: the same bits at every width
         assert np.array_equal(own.run(None, {"A": x[:m]})[0], y[:m])
     again, _ = _session_from_file(model, tmp_path / "again", monkeypatch, None)

@@ -197,6 +197,8 @@ struct Kernel {
   const uint8_t* own_w = nullptr;
   const float* own_s = nullptr;
   const uint8_t* own_z = nullptr;
+  const float* own_mn = nullptr;   // (minimums and k-quant scales: copied with them)
+  const uint8_t* own_ks = nullptr;
   ~Kernel();
 };
 
@@ -1060,9 +1062,11 @@ Kernel::~Kernel() {
 // copy does not double the resident memory. No copy where the memory cannot be had, or where the weights are not
 // a file's pages (they could not be handed back): calls then read the weights where they are. Either way the same
 // numbers.
-void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, size_t tile_blocks, size_t scales) {
+void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, size_t tile_blocks, size_t scales,
+                 const float* mn, const uint8_t* ks) {
   const size_t wb = tile_blocks * size_t(k->block) * kTile / 2, sb = scales * sizeof(float),
-               zb = z ? tile_blocks * kTile : 0;
+               zb = z ? tile_blocks * kTile : 0, mb = mn ? tile_blocks * kTile * sizeof(float) : 0,
+               kb = ks ? tile_blocks * 2 * kTile : 0;
   const uintptr_t pg = uintptr_t(sysconf(_SC_PAGESIZE));
   auto inner = [pg](const void* q, size_t n) {  // the whole pages inside [q, q + n): (begin, end)
     const uintptr_t a = reinterpret_cast<uintptr_t>(q);
@@ -1073,16 +1077,20 @@ void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, 
   // would hold them twice, so they are read where they are
   if (we0 > wb0 && !file_pages_only(wb0, we0, true)) return;
   Chunk* from = nullptr;
-  uint8_t* p = static_cast<uint8_t*>(pool_take(wb + sb + zb, &from));
+  uint8_t* p = static_cast<uint8_t*>(pool_take(wb + sb + zb + mb + kb, &from));
   if (!p) return;
   std::memcpy(p, w, wb);
   std::memcpy(p + wb, s, sb);
   if (z) std::memcpy(p + wb + sb, z, zb);
+  if (mn) std::memcpy(p + wb + sb + zb, mn, mb);  // (offsets multiples of 16 bytes)
+  if (ks) std::memcpy(p + wb + sb + zb + mb, ks, kb);
   k->own = from;
   k->own_src = w;
   k->own_w = p;
   k->own_s = reinterpret_cast<const float*>(p + wb);
   k->own_z = z ? p + wb + sb : nullptr;
+  k->own_mn = mn ? reinterpret_cast<const float*>(p + wb + sb + zb) : nullptr;
+  k->own_ks = ks ? p + wb + sb + zb + mb : nullptr;
   auto drop = [&inner](const void* q, size_t n) {
     const auto [b, e] = inner(q, n);
     if (e > b && file_pages_only(b, e)) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
@@ -1090,6 +1098,8 @@ void own_weights(Kernel* k, const uint8_t* w, const float* s, const uint8_t* z, 
   drop(w, wb);
   drop(s, sb);
   if (z) drop(z, zb);
+  if (mn) drop(mn, mb);
+  if (ks) drop(ks, kb);
 }
 
 OrtStatus* compute_v2(void* self, OrtKernelContext* ctx);
@@ -1143,7 +1153,9 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
     }
     if (k->huge && !k->own)
       own_weights(k, static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
-                  Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks), size_t(scales));
+                  Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, size_t(tile_blocks), size_t(scales),
+                  Mn ? static_cast<const float*>(data_of(Mn)) : nullptr,
+                  Ks ? static_cast<const uint8_t*>(data_of(Ks)) : nullptr);
     k->checked.store(b_data, std::memory_order_release);
   }
   if (bias && (numel(dims_of(bias)) != k->N || k->swiglu))  // (every call: a bias need not be an initializer)
@@ -1180,8 +1192,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
   Weights q{static_cast<const uint8_t*>(b_data), static_cast<const float*>(data_of(S)),
             Z ? static_cast<const uint8_t*>(data_of(Z)) : nullptr, Mn ? static_cast<const float*>(data_of(Mn)) : nullptr,
             Ks ? static_cast<const uint8_t*>(data_of(Ks)) : nullptr, Mn || Ks};
-  if (k->own && k->own_src == b_data)  // (minimums and k-quant scales read in place)
-    q = Weights{k->own_w, k->own_s, k->own_z, q.mn, q.ks, q.minimums};
+  if (k->own && k->own_src == b_data) q = Weights{k->own_w, k->own_s, k->own_z, k->own_mn, k->own_ks, q.minimums};
   Call c{k, q, M, xq.data(), xd.data(), xs.data(), static_cast<float*>(data_of(Y)),
          bias ? static_cast<const float*>(data_of(bias)) : nullptr, bias || k->swiglu, 0, nullptr, 0, 0};
   Quantize qt{k, a, xq.data(), xd.data(), xs.data(), nullptr, 0};
