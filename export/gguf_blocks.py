@@ -10,6 +10,9 @@ weights a second time.
 * ``Q6_K``: super-blocks of 256, 16 blocks of 16, ``w = d*sc * (q - 32)`` with ``q`` in 0..63 and an
   int8 ``sc``: per block of 16 a float scale ``d*sc`` (exact in float32) and the offset 32.
 
+Q6_K is decoded (its 6-bit integers are exact as 8-bit weights with zero point 32, for an 8-bit path
+edgespec's kernel does not have yet) but the export rounds it to 4 bits like every type not in ``KEPT``.
+
 Layouts as ggml defines them (``block_q4_K``, ``block_q6_K``) and the ``gguf`` package decodes them.
 """
 from __future__ import annotations
@@ -236,8 +239,8 @@ def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, 
     ``gguf_path`` at block 32) by the file's own blocks (``tensor_quant``), in place; each checked
     against the builder's (a wrong mapping is an ExportError, not a model that talks nonsense).
     Weights another node shares (a tied embedding's table) stay as the builder wrote them. Returns
-    counts: ``kept`` (tensors whose blocks were kept), ``requantized`` (min-max from another type),
-    ``nodes`` replaced, ``left`` (nodes left as the builder made them)."""
+    counts: ``kept`` (tensors whose blocks were kept), ``requantized`` (other types rounded: ``k4_blocks``
+    or ``min_max_4bit``), ``nodes`` replaced, ``left`` (nodes left as the builder made them)."""
     from pathlib import Path
 
     import gguf
