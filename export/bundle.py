@@ -192,14 +192,14 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if build.layout != device:
         progress.log(f"    {role}: {precision} has only the builder's {build.layout} layout (float16 activations "
                      f"and KV cache); recorded as {build.layout}")
+    dec = build.genai_config["model"]["decoder"]
+    graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
     if quant.algorithm == "gguf":
         from .gguf_blocks import apply_to_graph
 
-        dec0 = build.genai_config["model"]["decoder"]
         progress.log(f"    {role}: putting the GGUF's own 4-bit blocks in place of the builder's")
-        apply_to_graph(build.model_dir / dec0.get("filename", "model.onnx"), src.path, cfg.model_type,
-                       int(cfg.num_attention_heads), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
-                       log=progress.log)
+        apply_to_graph(graph_file, src.path, cfg.model_type, int(cfg.num_attention_heads),
+                       int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads), log=progress.log)
     fp8 = None
     if precision == "fp8":
         from .fp8 import convert_model_dir
@@ -209,8 +209,6 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
                                 log=progress.log)
     from .kernels import SKIP_INPUT, add_logits_skip
 
-    dec = build.genai_config["model"]["decoder"]
-    graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
     argmax = None
     if build.layout == "cuda" and role == "target":  # greedy verification reads indices, not logits
         from .greedy import add_argmax_output

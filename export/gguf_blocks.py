@@ -135,6 +135,15 @@ def min_max_4bit(w: np.ndarray, block: int = 32) -> KQuant:
     return KQuant("min-max", q.reshape(N, K), scale, block, 4, minimum=(-lo).astype(np.float32))
 
 
+def six_bit_multiples(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's code for a super-block's 8 scales (or minimums), ``v [..., 8]`` >= 0: a float16 ``d`` (as float32,
+    ``[...]``), the largest over 63 as llama.cpp's quantizer makes it, and each value's multiple of it
+    ``rint(v / d)`` (float, not clipped: 63 for the largest). Quantizing (``k4_blocks``) and recovering the
+    bytes from float scales (``export/kernels.py``, ``kquant_scales``) both read them so."""
+    d = (v.max(-1) / np.float32(63)).astype(np.float16).astype(np.float32)
+    return d, np.rint(v / np.where(d > 0, d, np.float32(1))[..., None])
+
+
 def k4_blocks(w: np.ndarray) -> KQuant:
     """Float weights ``[N, K]`` (K a multiple of 256) as Q4_K stores weights: blocks of 32 with a scale and a
     minimum each, both 6-bit multiples of a float16 per super-block of 256 (its largest the byte 63, as
@@ -146,10 +155,8 @@ def k4_blocks(w: np.ndarray) -> KQuant:
     lo, hi = np.minimum(b.min(-1), 0), b.max(-1)
     per = []
     for v in (((hi - lo) / np.float32(15)).astype(np.float32), (-lo).astype(np.float32)):
-        v = v.reshape(N, K // 256, 8)
-        d = (v.max(-1) / np.float32(63)).astype(np.float16).astype(np.float32)[..., None]
-        byte = np.clip(np.rint(v / np.where(d > 0, d, np.float32(1))), 0, 63)
-        per.append((d * byte.astype(np.float32)).reshape(N, K // 32))
+        d, byte = six_bit_multiples(v.reshape(N, K // 256, 8))
+        per.append((d[..., None] * np.clip(byte, 0, 63).astype(np.float32)).reshape(N, K // 32))
     scale, minimum = per
     safe = np.where(scale > 0, scale, np.float32(1))
     q = np.clip(np.rint((b + minimum[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)

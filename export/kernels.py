@@ -97,6 +97,8 @@ def kquant_scales(scale: np.ndarray, minimum: np.ndarray):
     ``minimum`` within float rounding of ``dmin * m`` (a float zero point's ``zp * scale``); None where any
     block is not so (other quantizers, a block of scale 0 held as its constant). llama.cpp's quantizer gives
     each super-block's largest scale and minimum the byte 63, which this takes ``d`` and ``dmin`` from."""
+    from .gguf_blocks import six_bit_multiples
+
     N, nb = scale.shape
     S = scale.reshape(N, nb // 8, 8).astype(np.float32)
     M = minimum.reshape(N, nb // 8, 8).astype(np.float32)
@@ -104,8 +106,7 @@ def kquant_scales(scale: np.ndarray, minimum: np.ndarray):
         return None
     out = []
     for v, exact in ((S, True), (M, False)):
-        d = (v.max(-1) / np.float32(63)).astype(np.float16).astype(np.float32)
-        q = np.rint(v / np.where(d > 0, d, np.float32(1))[..., None])
+        d, q = six_bit_multiples(v)
         if (q > 63).any():
             return None
         back = d[..., None] * q.astype(np.float32)
@@ -467,8 +468,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             continue
         inputs = [i for i in node.input if i]
         K, N, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
-        new_inputs = [inputs[0]]
-        minimums = None  # float zero points: the kernel's minimums (input 5) or k-quant scales (input 6)
+        packed: list[str] = []  # pack_q4's arrays as initializers, in its order ("" for one it leaves out)
         names = inputs[1:] + ([f"{inputs[3]}_min", f"{inputs[3]}_kscales"] if _float_zero_points(node, inits) else [])
         extra = []
         if pos in fuse:
@@ -479,11 +479,11 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
                 pg, pu = weights(inputs[1:], K, N, block, False), weights(up_inputs[1:], K, N, block, False)
             for old, a, b in zip(names, pg, pu):  # [tiles, ...] each: gate tile t at 2t, up's at 2t + 1
                 if a is None:  # (no zero points beside minimums)
-                    new_inputs.append("")
+                    packed.append("")
                     continue
                 arr = np.ascontiguousarray(np.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:]))
                 # (the name unique even where two fusions shared gate weights)
-                new_inputs.append(add_packed(f"{old}_swiglu{done['swiglu']}_q4t", arr))
+                packed.append(add_packed(f"{old}_swiglu{done['swiglu']}_q4t", arr))
             release(up_inputs[1:])
             if any(users[old] for old in up_inputs[1:]):  # (the up projection's weights another op reads)
                 done["copied"] += 1
@@ -491,25 +491,24 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
             extra = [helper.make_attribute("swiglu", 1)]
             done["swiglu"] += 1
         elif tuple(inputs[1:]) in packed_as:  # the same weights as an earlier node: its packed copy
-            new_inputs += packed_as[tuple(inputs[1:])]
+            packed = packed_as[tuple(inputs[1:])]
         else:
-            for old, arr in zip(names, weights(inputs[1:], K, N, block)):
-                new_inputs.append(add_packed(f"{old}_q4t", arr) if arr is not None else "")
-            packed_as[tuple(inputs[1:])] = new_inputs[1:]
-        if len(new_inputs) > 4:  # minimums and k-quant scales go to inputs 5 and 6
-            minimums = new_inputs[4:]
-            del new_inputs[4:]
+            packed = [add_packed(f"{old}_q4t", arr) if arr is not None else ""
+                      for old, arr in zip(names, weights(inputs[1:], K, N, block))]
+            packed_as[tuple(inputs[1:])] = packed
+        # MatMulQ4's inputs: A, B, scales, zero points, bias, minimums, k-quant scales (pack_q4 gives all but A, bias)
+        new_inputs = [inputs[0]] + [""] * 6
+        for slot, name in zip((1, 2, 3, 5, 6), packed):
+            new_inputs[slot] = name
         if pos in bias:  # the Add of the bias: the kernel's fifth input
             add, b = bias[pos]
-            new_inputs += [""] * (4 - len(new_inputs)) + [b]
+            new_inputs[4] = b
             node.output[0] = add.output[0]
             done["bias"] += 1
-        if minimums:
-            new_inputs += [""] * (5 - len(new_inputs)) + minimums
-            while not new_inputs[-1]:
-                new_inputs.pop()
-            done["minimums"] += 1
-            done["kscales"] += len(new_inputs) == 7
+        while not new_inputs[-1]:
+            new_inputs.pop()
+        done["minimums"] += len(new_inputs) > 5
+        done["kscales"] += len(new_inputs) == 7
         release(inputs[1:])
         if any(users[old] for old in inputs[1:]):  # shared with another op (a tied embedding's gather):
             done["copied"] += 1                     # the originals stay for it, the kernel reads a copy

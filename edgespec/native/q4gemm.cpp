@@ -281,6 +281,20 @@ ES_AVX2 inline void scale_min8(const Call& c, int64_t t, int64_t b, int h, __m25
   *m = c.q.mn ? _mm256_loadu_ps(c.q.mn + sb + 8 * h) : _mm256_setzero_ps();
 }
 
+// The AVX2 path's twins of block_q's zero points and block_fma (8 columns, half h of a tile): the same operations
+// per lane, so the same bits as the AVX-512 paths
+ES_AVX2 inline __m256i block_z8(const Call& c, size_t sb, int h) {
+  return c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
+                : _mm256_set1_epi32(c.q.minimums ? 0 : 8);
+}
+// a block's activations: their scale times their integer sum (block_min's factor; a float product)
+inline float block_xsum(const Call& c, int64_t rb) { return c.xd[rb] * float(c.xs[rb]); }
+ES_AVX2 inline __m256 block_fma8(const Call& c, __m256i z, __m256 s, __m256 mn, __m256i dot, int64_t rb, __m256 acc) {
+  const __m256i corr = _mm256_sub_epi32(dot, _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc);
+  return c.q.minimums ? _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc) : acc;
+}
+
 ES_AVX512 inline BlockQ block_q(const Call& c, int64_t t, int64_t b) {
   const size_t sb = size_t((t * c.k->nb + b) * kTile);
   BlockQ q;
@@ -297,7 +311,6 @@ ES_AVX512 inline BlockQ block_q(const Call& c, int64_t t, int64_t b) {
 // With minimums, block_min then takes minimum x the block's activation sum off (sum x (s w - m) = s sum x w - m sum x):
 // one more fused multiply-add per lane, by the activations' scale times their integer sum (a float product, the
 // same on every path).
-inline float block_xsum(const Call& c, int64_t rb) { return c.xd[rb] * float(c.xs[rb]); }
 ES_AVX512 inline __m512 block_fma_corrected(const Call& c, __m512 s, __m512i corr, int64_t rb, __m512 acc) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(s, _mm512_set1_ps(c.xd[rb])), acc);
 }
@@ -528,15 +541,12 @@ ES_AVX2 void rows_tile2_both(const Call& c, int64_t r0, int64_t t) {
     }
     const size_t sb = size_t((t * nb + b) * kTile);
     for (int h = 0; h < 2; ++h) {
-      const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                               : _mm256_set1_epi32(c.q.minimums ? 0 : 8);
+      const __m256i z = block_z8(c, sb, h);
       __m256 s, mn;
       scale_min8(c, t, b, h, &s, &mn);
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
-        const __m256i corr = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
-        if (c.q.minimums) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
+        acc[r][h] = block_fma8(c, z, s, mn, dot[r][h], rb, acc[r][h]);
       }
     }
   }
@@ -581,16 +591,12 @@ ES_AVX2 void rows_tile2(const Call& c, int64_t r0, int64_t t) {
         for (; p < P; ++p) half_group<R>(g + p * 64, xb, p, lo4, s16, ahead ? ahead + p * 64 : nullptr);
         widen_half<R>(s16, dot);
       }
-      const __m256i z = c.q.zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.q.zp + sb + 8 * h)))
-                               : _mm256_set1_epi32(c.q.minimums ? 0 : 8);
+      const __m256i z = block_z8(c, sb, h);
       __m256 s, mn;
       scale_min8(c, t, b, h, &s, &mn);
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
-        const __m256i corr = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(dot[r])),
-                                              _mm256_mullo_epi32(z, _mm256_set1_epi32(c.xs[rb])));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_mul_ps(s, _mm256_set1_ps(c.xd[rb])), acc[r][h]);
-        if (c.q.minimums) acc[r][h] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(block_xsum(c, rb)), acc[r][h]);
+        acc[r][h] = block_fma8(c, z, s, mn, _mm256_load_si256(reinterpret_cast<const __m256i*>(dot[r])), rb, acc[r][h]);
       }
     }
   }
