@@ -229,3 +229,22 @@ def test_k4_blocks_are_q4k_shaped_and_close():
     assert rel < 0.12, rel
     b, s, z = gb.matmulnbits_arrays(kq)
     assert kquant_scales(s.reshape(24, 16), z.reshape(24, 16) * s.reshape(24, 16)) is not None
+
+
+def test_gguf_blocks_refuse_a_tensor_of_another_shape_and_a_graph_without_projections(smol_gguf, tmp_path,
+                                                                                      monkeypatch):
+    """A projection mapped to a tensor of another shape, or a graph none of whose nodes map to the file's
+    tensors: an ExportError naming it, the graph not written."""
+    import edgespec_export.gguf_blocks as gb
+    from edgespec.errors import ExportError
+
+    work = tmp_path / "t"
+    shutil.copytree(smol_gguf / "target", work)
+    before = (work / "model.onnx").read_bytes()
+    monkeypatch.setattr(gb, "gguf_tensors_of", lambda name, tensors: ["blk.0.attn_k.weight"])  # 192 x 576
+    with pytest.raises(ExportError, match=r"is 192 x 576, the graph's weights"):
+        gb.apply_to_graph(work / "model.onnx", SMOL_GGUF, "llama", 9, 3)
+    monkeypatch.setattr(gb, "gguf_tensors_of", lambda name, tensors: None)
+    with pytest.raises(ExportError, match="no MatMulNBits the GGUF's tensors map to"):
+        gb.apply_to_graph(work / "model.onnx", SMOL_GGUF, "llama", 9, 3)
+    assert (work / "model.onnx").read_bytes() == before

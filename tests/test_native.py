@@ -1652,3 +1652,26 @@ def _isa_of_cpu():
     from edgespec.native import isa
 
     return isa()
+
+
+def test_kernel_refuses_minimums_and_kquant_scales_of_the_wrong_size():
+    """Minimums (input 5) and Q4_K scale bytes (input 6) are checked against K, N and the block size like the
+    weights; scale bytes take super-blocks of 8 blocks and no float minimums beside them: an error, no numbers."""
+    from edgespec_export.kernels import pack_q4
+
+    K, N = 512, 40
+    b, scale, zp, _ = _q4k_like(N, K, seed=12)
+    x = np.zeros((2, K), np.float32)
+    flt = pack_q4(b, scale, zp, K, N, 32, kquant=False)
+    ks = pack_q4(b, scale, zp, K, N, 32)
+    for arrays, why in (([flt[0], flt[1], None, flt[3][:, :-1], None], "minimums do not have the size"),
+                        ([ks[0], ks[1], None, None, ks[4][:, :-1]], "k-quant scales do not have the size"),
+                        ([ks[0], ks[1], None, flt[3], ks[4]], "no float minimums"),
+                        ([ks[0], ks[1][:, :-1], None, None, ks[4]], "B or scales do not have the size")):
+        with pytest.raises(Exception, match=why):
+            _session(_q4_node_model(K, N, arrays)).run(None, {"A": x})
+    nb8 = pack_q4(b[:, :12], scale.reshape(N, 16)[:, :12].ravel(), zp.reshape(N, 16)[:, :12].ravel(), 384, N, 32,
+                  kquant=False)  # 12 blocks: no whole super-blocks
+    fake = np.zeros((nb8[0].shape[0], 12, 2, 16), np.uint8)
+    with pytest.raises(Exception, match="super-blocks of 8 blocks"):
+        _session(_q4_node_model(384, N, [nb8[0], nb8[1], None, None, fake])).run(None, {"A": np.zeros((1, 384), np.float32)})
