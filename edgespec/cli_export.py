@@ -26,17 +26,20 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
                    "faster on an AVX-512 CPU at some quality cost (docs/bench/history.md, 'INT4 block size').")
 @click.option("--drafter-block-size", type=int, default=32, show_default=True,
               help="The drafter's INT4/INT8 block size (its quality moves only the acceptance rate).")
+@click.option("--drafter-quant-algo", type=click.Choice(["rtn", "k_quant", "hqq"]), default="rtn", show_default=True,
+              help="The drafter's INT4 weights (see --quant-algo; hqq: int4, cpu layout, with --exact-kernels).")
 @click.option("--fp8-scheme", type=click.Choice(["channel", "block"]), default="channel", show_default=True,
               help="FP8 weight scales: per output channel (TensorRT's layout) or per block.")
 @click.option("--asymmetric/--symmetric", default=None,
               help="INT4/INT8 with zero points (the default: better quality at the same speed) or without.")
 @click.option("--accuracy-level", type=int, default=4, show_default=True,
               help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
-@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant", "gguf"]), default="rtn", show_default=True,
-              help="INT4 weights: rounded to nearest (rtn), k_quant, or gguf: a .gguf target's own 4-bit blocks "
-                   "(Q4_0, Q4_1, Q4_K) kept as they are, other types rounded to 4-bit blocks with a minimum; block 32, "
-                   "cpu layout; with --exact-kernels (onnxruntime computes float zero points in float, slowly). "
-                   "Perplexity near llama.cpp's on the same file (README, 'Perplexity').")
+@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant", "gguf", "hqq"]), default="rtn", show_default=True,
+              help="INT4 weights: rounded to nearest (rtn), k_quant, gguf: a .gguf target's own 4-bit blocks "
+                   "(Q4_0, Q4_1, Q4_K) kept as they are, other types rounded to 4-bit blocks with a minimum (block 32; "
+                   "perplexity near llama.cpp's on the same file: README, 'Perplexity'), or hqq: onnxruntime's HQQ "
+                   "quantizer, a float zero point fitted to each block (README, 'Export quality'). gguf and hqq: "
+                   "int4, cpu layout, with --exact-kernels (onnxruntime computes float zero points in float, slowly).")
 @click.option("--no-quantize-lm-head", is_flag=True, help="Keep the lm_head in float.")
 @click.option("--quantize-embeddings/--float-embeddings", default=None,
               help="INT4 embedding table (GatherBlockQuantized) or a float one; default: int4 targets and drafters "
@@ -59,7 +62,7 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle.")
 def export(target, drafter, output, target_precision, drafter_precision, max_context, block_size,
-           drafter_block_size, fp8_scheme,
+           drafter_block_size, drafter_quant_algo, fp8_scheme,
            asymmetric, accuracy_level, quant_algo, no_quantize_lm_head, quantize_embeddings, device, drafter_device,
            drafter_vocab, drafter_vocab_corpus, exact_kernels, kv_dtype, no_quality, force):
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
@@ -71,8 +74,9 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
                      algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
-    if drafter_block_size != 32 and not (drafter and drafter_precision in ("int4", "int8")):
-        raise click.UsageError("--drafter-block-size applies to an int4/int8 --drafter")
+    for flag, differs in (("--drafter-block-size", drafter_block_size != 32), ("--drafter-quant-algo", drafter_quant_algo != "rtn")):
+        if differs and not (drafter and drafter_precision in ("int4", "int8")):
+            raise click.UsageError(f"{flag} applies to an int4/int8 --drafter")
     if not drafter:  # the drafter's options, given without a drafter, would do nothing (export_bundle
         # refuses --drafter-vocab and its corpus itself)
         ctx = click.get_current_context()
@@ -85,7 +89,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     if kv_dtype and not exact_kernels:
         raise click.UsageError("--kv-dtype applies with --exact-kernels (edgespec's attention); the cpu layout's "
                                "KV cache is float32, the cuda layout's float16")
-    dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4)
+    dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4, algorithm=drafter_quant_algo)
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device,
@@ -98,8 +102,9 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
         out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
                               kv_dtype=kv_dtype)  # (None: float16)
-    elif quant_algo == "gguf":  # (said once the bundle is written: a refusal stays one line)
-        click.echo("note: onnxruntime computes the gguf blocks' float zero points in float, several times slower than "
+    elif quant_algo in ("gguf", "hqq") or drafter_quant_algo == "hqq":  # (said once the bundle is written)
+        algo = quant_algo if quant_algo in ("gguf", "hqq") else "hqq"
+        click.echo(f"note: onnxruntime computes the {algo} blocks' float zero points in float, several times slower than "
                    "its int8 path: run 'edgespec exact-kernels' on this bundle (or export with --exact-kernels)", err=True)
     click.echo(str(out))
 

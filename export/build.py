@@ -13,6 +13,12 @@ from edgespec.manifest import LAYOUTS, Quantization
 RUNNING: set = set()  # the model builder's processes now running
 
 
+ALGORITHMS = ("rtn", "k_quant", "gguf", "hqq")
+# the algorithms whose blocks have float zero points (a minimum per block): asymmetric, 4-bit, fast only on
+# edgespec's exact kernels (onnxruntime's CPU kernel computes them in float), the cpu layout
+FLOAT_ZERO_POINTS = ("gguf", "hqq")
+
+
 @dataclass(frozen=True)
 class QuantOptions:
     """INT4/INT8 weight-only quantization (MatMulNBits) options."""
@@ -27,7 +33,9 @@ class QuantOptions:
     # quality report's noise of float16 tables at a quarter of their size: README, GPU), the
     # builder's own choice in the cpu layout (float32, or a tied model's shared int4 table)
     quantize_embeddings: bool | None = None
-    algorithm: str = "rtn"  # rtn | k_quant | gguf (a GGUF's own 4-bit blocks: export/gguf_blocks.py)
+    # rtn | k_quant | gguf (a GGUF's own 4-bit blocks: export/gguf_blocks.py) | hqq (onnxruntime's HQQ: float
+    # zero points fitted per block; export/hqq_builder.py)
+    algorithm: str = "rtn"
     fp8_scheme: str = "channel"  # channel | block (FP8 scales; block uses block_size)
 
     def __post_init__(self):
@@ -35,8 +43,8 @@ class QuantOptions:
             raise ExportError(f"--block-size must be 16, 32, 64, 128 or 256, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
-        if self.algorithm not in ("rtn", "k_quant", "gguf"):
-            raise ExportError(f"--quant-algo must be rtn, k_quant or gguf, got {self.algorithm!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ExportError(f"--quant-algo must be rtn, k_quant, gguf or hqq, got {self.algorithm!r}")
         if self.algorithm == "gguf" and self.block_size != 32:
             raise ExportError(f"--quant-algo gguf keeps the GGUF's blocks of 32 weights: --block-size 32, not "
                               f"{self.block_size}")
@@ -81,13 +89,16 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
             raise ExportError("--quantize-embeddings needs int4 (the builder's GatherBlockQuantized is 4-bit only)")
         extra.update(block_size=str(quant.block_size), is_symmetric=str(quant.is_symmetric).lower(),
                      accuracy_level=str(quant.accuracy_level))
-        if quant.algorithm not in ("rtn", "gguf"):  # (gguf: the builder's RTN, then the file's blocks put in)
+        # (gguf: the builder's RTN, then the file's blocks put in; hqq: the quantizer swapped, export/hqq_builder.py)
+        if quant.algorithm not in ("rtn", "gguf", "hqq"):
             extra["algo_config"] = quant.algorithm
         ops = ["MatMul"] + (["Gather"] if quant.quantize_embeddings else [])
         extra["op_types_to_quantize"] = "/".join(ops)
         if not quant.quantize_lm_head:
             extra["nodes_to_exclude"] = "/lm_head/MatMul"
-        if quant.quantize_embeddings is False:  # asked for: a float table even where the model ties it to the lm_head
+        # asked for: a float table even where the model ties it to the lm_head; with hqq always (the builder's
+        # shared table would be a GatherBlockQuantized, which takes no float zero points)
+        if quant.quantize_embeddings is False or quant.algorithm == "hqq":
             extra["shared_embeddings"] = "false"
         return precision, device, extra
     if precision == "fp32":
@@ -107,7 +118,9 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
 def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, quant: QuantOptions,
                 log=lambda s: print(s, file=sys.stderr, flush=True), device: str = "cpu") -> BuildResult:
     prec, ep, extra = builder_args(precision, quant, device)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out_dir),
+    module = "edgespec_export.hqq_builder" if quant.algorithm == "hqq" and precision in ("int4", "int8") \
+        else "onnxruntime_genai.models.builder"
+    cmd = [sys.executable, "-m", module, "-i", str(hf_dir), "-o", str(out_dir),
            "-p", prec, "-e", ep, "-c", str(cache_dir)]
     if extra:
         cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]

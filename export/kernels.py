@@ -663,7 +663,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 log(f"    {role}: {counts['matmuls'] + counts['swiglu']} MatMulNBits -> {counts['matmuls']} {DOMAIN}.{OP}"
                     + (f" ({counts['swiglu']} SwiGLU gate and up pairs as one)" if counts["swiglu"] else "")
                     + (f", {counts['bias']} biases added in the kernel" if counts["bias"] else "")
-                    + (f", {counts['minimums']} with a float minimum per block (a GGUF's; {counts['kscales']} "
+                    + (f", {counts['minimums']} with a float minimum per block (a GGUF's or HQQ's; {counts['kscales']} "
                        "in Q4_K's scale bytes)" if counts["minimums"] else "")
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")

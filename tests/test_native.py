@@ -92,7 +92,8 @@ def _dequant_reference(model, x):
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
-                                          (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float")])
+                                          (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float"),
+                                          (1536, 300, 128, "float"), (256, 37, 64, "float")])  # (HQQ's blocks)
 def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, block, zp, isa, monkeypatch):
     """Against the float64 reference and MatMulNBits, and each row the same bits at widths 1 to 17 (the
     AVX2 path takes rows in passes of up to 8, the AVX-512 one of up to 8, AMX in chunks of 16) and
@@ -1064,7 +1065,8 @@ def _needs_amx():
 
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (120, 21, 40, True), (512, 33, 256, True), (1536, 500, 128, True),
-                                          (256, 37, 32, "float"), (1536, 300, 32, "float")])
+                                          (256, 37, 32, "float"), (1536, 300, 32, "float"), (1536, 300, 128, "float"),
+                                          (256, 37, 64, "float")])
 def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
     """The AMX path (calls of _amx_min_rows(block) rows or more, signed tile multiplies of the activations by
     w - z over chunks of 16 rows; one chunk in pairs of column tiles where a block is one or two tile steps) against the AVX-512
@@ -1337,7 +1339,8 @@ def _silu_times(g, u):
 
 
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
-                                          (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float")])
+                                          (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float"),
+                                          (1536, 300, 128, "float")])
 def test_swiglu_kernel_computes_silu_of_gate_times_up_and_rows_do_not_depend_on_the_width(K, N, block, zp, monkeypatch):
     """MatMulQ4 with swiglu=1 (the gate's and the up projection's tiles interleaved): silu(gate) * up of the two
     products the plain kernel computes, to float32 rounding; each row bitwise the same at every width (1 to 40:
