@@ -17,6 +17,29 @@ from onnx import helper
 from onnxruntime.quantization import matmul_nbits_quantizer as mnq
 
 
+# weights HQQ fits at once, in rows of whole blocks: its solver keeps ~8 float copies of what it is given, which for
+# Qwen2.5-1.5B's lm_head (151,936 x 1,536) beside the builder's float model ran a 23 GiB machine out of memory
+CHUNK_ELEMENTS = 1 << 22
+
+
+class ChunkedHQQ(mnq.HQQWeightOnlyQuantizer):
+    """onnxruntime's HQQ on a weight's rows (output channels) a chunk at a time. Each block's zero point is its
+    own least-error fit, so chunks change nothing but when the solver stops: it stops once the mean error over
+    what it was given grows, now judged per chunk."""
+
+    def quantize_internal(self, tensor, bits=4, channel_wise=True, group_size=64, optimize=True, round_zero=True,
+                          axis=1):
+        import torch
+
+        rows = max(1, CHUNK_ELEMENTS // max(1, int(tensor.shape[1])))
+        if axis != 1 or tensor.shape[0] <= rows:
+            return super().quantize_internal(tensor, bits, channel_wise, group_size, optimize, round_zero, axis)
+        parts = [super(ChunkedHQQ, self).quantize_internal(tensor[i:i + rows], bits, channel_wise, group_size,
+                                                           optimize, round_zero, axis)
+                 for i in range(0, int(tensor.shape[0]), rows)]
+        return tuple(torch.cat([p[j] for p in parts]) for j in range(3))
+
+
 class HQQMatMulNBitsQuantizer(mnq.MatMulNBitsQuantizer):
     """``MatMulNBitsQuantizer`` whose algorithm is HQQ at the caller's bits and block size."""
 
@@ -32,6 +55,8 @@ class HQQMatMulNBitsQuantizer(mnq.MatMulNBitsQuantizer):
         super().__init__(model, bits, block_size, *args, algo_config=algo_config,
                          op_types_to_quantize=op_types_to_quantize, accuracy_level=accuracy_level, **kw)
         self._accuracy_level = accuracy_level
+        if self.algo_config.algorithm == "HQQ":
+            self.node_quantizer = ChunkedHQQ(self.algo_config)
 
     def process(self):
         super().process()

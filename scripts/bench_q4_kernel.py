@@ -33,7 +33,7 @@ DRAFTER_SHAPES = {"qkv 896x1152": (896, 1152), "o 896x896": (896, 896), "gate 89
                   "down 4864x896": (4864, 896)}
 
 
-def graph(K: int, N: int, block: int, op: str, seed: int = 0, copies: int = 1):
+def graph(K: int, N: int, block: int, op: str, seed: int = 0, copies: int = 1, zero_points: str = "uint8"):
     """One graph of ``copies`` independent (K, N) INT4 matrix multiplies of the same input (outputs
     Y0, Y1, ...: onnxruntime runs them one after another), and the bytes of one matrix's weights."""
     from onnx import TensorProto, helper, numpy_helper
@@ -48,15 +48,18 @@ def graph(K: int, N: int, block: int, op: str, seed: int = 0, copies: int = 1):
     for c in range(copies):
         arrs = [rng.integers(0, 256, size=(N, nb, block // 2), dtype=np.uint8),
                 (rng.random(N * nb) * 0.02 + 0.001).astype(np.float32),
-                rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8)]
+                rng.integers(0, 256, size=(N * ((nb + 1) // 2),), dtype=np.uint8) if zero_points == "uint8"
+                else (rng.random(N * nb) * 16).astype(np.float32)]  # (float: a minimum a block, HQQ's or a GGUF's)
         if op == "MatMulQ4":
             arrs = list(pack_q4(*arrs, K, N, block))
-        names = [f"{x}{c}" for x in "BSZ"]
-        inits += [numpy_helper.from_array(a, n) for a, n in zip(arrs, names)]
+        names = [f"{x}{c}" if a is not None else "" for x, a in zip("BSZ_M", arrs)]
+        inits += [numpy_helper.from_array(a, n) for a, n in zip(arrs, names) if a is not None]
+        if len(names) > 3:  # minimums: input 5, after the bias's slot (MatMulQ4 has no zero points beside them)
+            names = [*names[:3], "", names[3]]
         nodes.append(helper.make_node(op, ["A", *names], [f"Y{c}"], domain=dom, K=K, N=N, bits=4, block_size=block,
                                       **kw))
         outs.append(helper.make_tensor_value_info(f"Y{c}", TensorProto.FLOAT, ["M", N]))
-        nbytes = nbytes or sum(a.nbytes for a in arrs)  # every copy has the same size
+        nbytes = nbytes or sum(a.nbytes for a in arrs if a is not None)  # every copy has the same size
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])], outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)]), nbytes
 
@@ -96,6 +99,8 @@ def main() -> None:
     ap.add_argument("--widths", default="1,2,3,4,5,8,9,16")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--zero-points", choices=["uint8", "float"], default="uint8",
+                    help="float: a float zero point a block (MatMulQ4's minimums: HQQ's and a GGUF's blocks)")
     ap.add_argument("--ops", default="MatMulQ4,MatMulNBits")
     ap.add_argument("--lib", action="append", default=[],
                     help="also time MatMulQ4 from this built library (A/B of kernel versions); repeatable")
@@ -112,7 +117,7 @@ def main() -> None:
     print(f"{'shape':22s} {'op':12s} " + " ".join(f"{'w' + str(w):>12s}" for w in widths))
     for name, (K, N) in shapes.items():
         for op, lib, label in kernel_runs(a):
-            sess = session(graph(K, N, a.block, op)[0], a.threads, lib)
+            sess = session(graph(K, N, a.block, op, zero_points=a.zero_points)[0], a.threads, lib)
             ms = [time_call(sess, rng.standard_normal((w, K)).astype(np.float32), a.reps) for w in widths]
             cells = " ".join(f"{m:7.3f}/{m / ms[0]:4.2f}" for m in ms)
             print(f"{name:22s} {label:12s} {cells}", flush=True)
@@ -125,7 +130,7 @@ def cold(a, shapes: dict, widths: list[int], rng) -> None:
     for name, (K, N) in shapes.items():
         copies = max(4, int(a.cold_mb * 1e6 / (K * N * 0.53)))
         for op, lib, label in kernel_runs(a):
-            model, nbytes = graph(K, N, a.block, op, copies=copies)
+            model, nbytes = graph(K, N, a.block, op, copies=copies, zero_points=a.zero_points)
             sess = session(model, a.threads, lib)
             cells = []
             for w in widths:

@@ -138,3 +138,33 @@ def test_a_pair_with_an_hqq_drafter(tiny_dirs, tmp_path):
     ar = eng.generate("hello world", max_new_tokens=24, drafter="none", ignore_eos=True)
     spec = eng.generate("hello world", max_new_tokens=24, drafter="model", ignore_eos=True)
     assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 24
+
+
+def test_chunked_hqq_fits_each_block_as_the_whole_tensor_does(monkeypatch):
+    """The export runs onnxruntime's HQQ on a weight's rows a chunk at a time (its solver's copies of Qwen's
+    lm_head ran the machine out of memory): the same integers' range, scales and shapes, and an error within 1%
+    of HQQ on the whole tensor; far below round-to-nearest's with integer zero points."""
+    import torch
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+
+    import edgespec_export.hqq_builder as hb
+
+    cfg = mnq.HQQWeightOnlyQuantConfig(block_size=32, bits=4)
+    w = torch.from_numpy(np.random.default_rng(0).normal(size=(300, 256)).astype(np.float32))
+
+    def err(r):
+        q, s, z = (t.float() for t in r)
+        return float(((q - z.repeat_interleave(32, 1)) * s.repeat_interleave(32, 1) - w).abs().mean())
+
+    whole = mnq.HQQWeightOnlyQuantizer(cfg).quantize_internal(w, group_size=32)
+    monkeypatch.setattr(hb, "CHUNK_ELEMENTS", 256 * 70)  # 5 chunks of 70 rows (the last 20)
+    chunked = hb.ChunkedHQQ(cfg).quantize_internal(w, group_size=32)
+    assert [tuple(t.shape) for t in chunked] == [tuple(t.shape) for t in whole] == [(300, 256), (300, 8), (300, 8)]
+    assert torch.equal(chunked[1], whole[1]) and int(chunked[0].min()) >= 0 and int(chunked[0].max()) <= 15
+    assert err(chunked) <= err(whole) * 1.01
+    b = w.reshape(300, 8, 32)
+    lo, hi = b.min(-1, keepdim=True).values, b.max(-1, keepdim=True).values
+    s = (hi - lo) / 15
+    z = torch.round(-lo / s)
+    rtn = ((torch.clamp(torch.round(b / s + z), 0, 15) - z) * s).reshape(300, 256)
+    assert err(chunked) < 0.95 * float((rtn - w).abs().mean())
