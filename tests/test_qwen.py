@@ -12,7 +12,7 @@ from conftest import BUNDLES
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen-coder", "qwen-coder-d4", "qwen-coder-d4a", "qwen-coder-fp32",
                                   "qwen-coder-b128", "qwen-coder-b128-xk", "qwen-coder-b128-v64k",
-                                  "qwen-coder-b128-v64k-xk"])
+                                  "qwen-coder-b128-v64k-xk", "qwen-coder-b128-dhqq-v64k-xk"])
 def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
     bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
@@ -29,16 +29,18 @@ def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_qwen_gguf_blocks_target_decodes_exactly():
-    """The target exported with --quant-algo gguf --exact-kernels (README, 'Real models'; no drafter): Q4_K's
-    scale bytes in 112 of its nodes; greedy prompt lookup and auto equal plain decoding token for token."""
+@pytest.mark.parametrize("name,algorithm", [("qwen-coder-gguf-xk", "gguf"), ("qwen-coder-hqq128-xk", "hqq")])
+def test_qwen_float_zero_point_target_decodes_exactly(name, algorithm):
+    """The targets exported with --quant-algo gguf or hqq --exact-kernels (README, 'Real models'; no drafter):
+    float minimums per block (gguf: Q4_K's scale bytes in 112 of its nodes); greedy prompt lookup and auto equal
+    plain decoding token for token."""
     import json
 
-    bundle = BUNDLES / "qwen-coder-gguf-xk"
+    bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
         pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
     t = json.loads((bundle / "edgespec.json").read_text())["models"]["target"]
-    assert t["quant"]["algorithm"] == "gguf" and t["kernels"] == "edgespec-q4"
+    assert t["quant"]["algorithm"] == algorithm and t["kernels"] == "edgespec-q4"
     eng = edgespec.load(bundle, max_context=1024)
     for prompt in ("def quicksort(arr):", "Repeat this list: apples, pears, plums, apples, pears, plums."):
         msgs = [{"role": "user", "content": prompt}]
