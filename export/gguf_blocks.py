@@ -144,17 +144,62 @@ def six_bit_multiples(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d, np.rint(v / np.where(d > 0, d, np.float32(1))[..., None])
 
 
-def k4_blocks(w: np.ndarray) -> KQuant:
+def fit_scale_min(b: np.ndarray, nstep: int = 20, rmin: float = -1.0, rdelta: float = 0.1):
+    """llama.cpp's fit of a 4-bit block's scale and minimum (``make_qkx2_quants`` as ``quantize_row_q4_K_ref``
+    calls it): blocks ``b [..., 32]`` weighted per weight by ``rms(block) + |x|``; from the block's range
+    (its minimum no more than 0), then for each of ``nstep + 1`` trial inverse scales ``(15 + rmin + rdelta *
+    i) / range`` the least-squares scale and minimum of the integers it rounds to (a minimum above 0 set to
+    0), the trial of least weighted squared error kept. Returns (scale, minimum) ``[...]``, float32, the
+    minimum as Q4_K stores it (``-min``: w = scale * q - minimum)."""
+    b = np.asarray(b, np.float32)
+    w = np.sqrt((b * b).mean(-1, keepdims=True)) + np.abs(b)
+    lo, hi = np.minimum(b.min(-1), 0), b.max(-1)
+    rng = hi - lo
+    flat = rng <= 0
+    rng = np.where(flat, np.float32(1), rng)
+    sum_w, sum_x = w.sum(-1), (w * b).sum(-1)
+
+    def error(scale, mn, q):
+        return (w * (scale[..., None] * q + mn[..., None] - b) ** 2).sum(-1)
+
+    scale, mn = rng / np.float32(15), lo
+    best = error(scale, mn, np.clip(np.rint((b - lo[..., None]) * (np.float32(15) / rng)[..., None]), 0, 15))
+    for i in range(nstep + 1):
+        q = np.clip(np.rint((b - lo[..., None]) * (np.float32(15 + rmin + rdelta * i) / rng)[..., None]), 0, 15)
+        sum_l, sum_l2, sum_xl = (w * q).sum(-1), (w * q * q).sum(-1), (w * q * b).sum(-1)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ok = D > 0
+        Ds = np.where(ok, D, np.float32(1))
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
+        pos = this_min > 0
+        this_min = np.where(pos, np.float32(0), this_min)
+        this_scale = np.where(pos, sum_xl / np.where(sum_l2 > 0, sum_l2, np.float32(1)), this_scale)
+        err = error(this_scale, this_min, q)
+        take = ok & (err < best)
+        best = np.where(take, err, best)
+        scale, mn = np.where(take, this_scale, scale), np.where(take, this_min, mn)
+    scale = np.where(flat, np.float32(0), scale)
+    return np.maximum(scale, 0).astype(np.float32), np.maximum(-mn, 0).astype(np.float32)
+
+
+def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True) -> KQuant:
     """Float weights ``[N, K]`` (K a multiple of 256) as Q4_K stores weights: blocks of 32 with a scale and a
-    minimum each, both 6-bit multiples of a float16 per super-block of 256 (its largest the byte 63, as
-    llama.cpp's quantizer makes them), the minimum no more than 0 as there; then each weight rounded to its
+    minimum each, fitted as llama.cpp's Q4_K quantizer fits them (``fit_scale_min``), both then 6-bit multiples
+    of a float16 per super-block of 256 (its largest the byte 63, as there); then each weight rounded to its
     block's grid. The same bytes per weight as the file's Q4_K tensors, in the format edgespec's kernel
-    reads in Q4_K's scale bytes (export/kernels.py, kquant_scales)."""
+    reads in Q4_K's scale bytes (export/kernels.py, kquant_scales). ``rows`` at a time (the fit's arrays);
+    ``fit=False``: each block's own range instead of the fit (session 35's rounding, for comparisons)."""
     N, K = w.shape
     b = np.asarray(w, np.float32).reshape(N, K // 32, 32)
-    lo, hi = np.minimum(b.min(-1), 0), b.max(-1)
+
+    def min_max(x):
+        lo = np.minimum(x.min(-1), 0)
+        return ((x.max(-1) - lo) / np.float32(15)).astype(np.float32), (-lo).astype(np.float32)
+
+    fits = [(fit_scale_min if fit else min_max)(b[i:i + rows]) for i in range(0, N, rows)]
     per = []
-    for v in (((hi - lo) / np.float32(15)).astype(np.float32), (-lo).astype(np.float32)):
+    for v in (np.concatenate([f[0] for f in fits]), np.concatenate([f[1] for f in fits])):
         d, byte = six_bit_multiples(v.reshape(N, K // 256, 8))
         per.append((d[..., None] * np.clip(byte, 0, 63).astype(np.float32)).reshape(N, K // 32))
     scale, minimum = per

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import SMOL_GGUF, _export, need
+from conftest import SMOL_GGUF, _export, exact_kernels_decode_exactly, need
 
 from edgespec.cli import main
 
@@ -199,18 +199,7 @@ def test_exact_kernels_take_the_gguf_minimums_and_decoding_stays_exact(smol_gguf
     """exact-kernels turns the float zero points into MatMulQ4's minimums; greedy speculative output (prompt
     lookup) is the target-only greedy output token for token, and one-token decoding computes what a verify
     computes."""
-    from edgespec_export.kernels import apply_to_bundle
-
-    import edgespec
-
-    logs = []
-    out = apply_to_bundle(smol_gguf, tmp_path / "xk", log=logs.append)
-    assert any("float minimum per block" in line for line in logs), logs
-    eng = edgespec.load(out)
-    prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
-    ar = eng.generate(prompt, max_new_tokens=48, drafter="none", ignore_eos=True)
-    spec = eng.generate(prompt, max_new_tokens=48, drafter="prompt-lookup", ignore_eos=True)
-    assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 48
+    exact_kernels_decode_exactly(smol_gguf, tmp_path / "xk", "float minimum per block")
 
 
 def test_k4_blocks_are_q4k_shaped_and_close():
@@ -229,6 +218,33 @@ def test_k4_blocks_are_q4k_shaped_and_close():
     assert rel < 0.12, rel
     b, s, z = gb.matmulnbits_arrays(kq)
     assert kquant_scales(s.reshape(24, 16), z.reshape(24, 16) * s.reshape(24, 16)) is not None
+
+
+def test_k4_fit_finds_a_q4k_grid_that_min_max_misses():
+    """k4_blocks fits each block's scale and minimum as llama.cpp's Q4_K quantizer does (fit_scale_min): on
+    weights that are Q4_K blocks whose integers span 0..14 (not the whole 0..15, as many of a real file's do) it
+    finds their grid again, to float rounding, where each block's own range (``fit=False``, session 35's
+    rounding) puts 15 steps across 14 and misses it; on normal weights its error is below the range's."""
+    from edgespec_export import gguf_blocks as gb
+
+    rng = np.random.default_rng(3)
+    N, K = 8, 512
+    q = rng.integers(0, 15, size=(N, K // 32, 32)).astype(np.float32)
+    q[..., 0], q[..., 1] = 0, 14
+    sc, mb = (rng.integers(20, 64, size=(N, K // 256, 8)).astype(np.float32) for _ in range(2))
+    sc[..., 0] = mb[..., 0] = 63  # (each super-block's largest byte 63, as llama.cpp writes them)
+    d, dmin = ((rng.random((N, K // 256, 1)) * 0.009 + 0.001).astype(np.float16).astype(np.float32) for _ in range(2))
+    scale, minimum = (d * sc).reshape(N, K // 32), (dmin * mb).reshape(N, K // 32)
+    w = (scale[..., None] * q - minimum[..., None]).reshape(N, K)
+
+    def rel(kq):
+        return float(np.linalg.norm(kq.dequantize() - w) / np.linalg.norm(w))
+
+    assert rel(gb.k4_blocks(w)) < 1e-5
+    assert rel(gb.k4_blocks(w, fit=False)) > 0.01
+    g = np.random.default_rng(9).normal(size=(24, 512)).astype(np.float32) * 0.05
+    e_fit, e_range = (np.linalg.norm(gb.k4_blocks(g, fit=f).dequantize() - g) for f in (True, False))
+    assert e_fit < 0.95 * e_range, (e_fit, e_range)
 
 
 def test_gguf_blocks_refuse_a_tensor_of_another_shape_and_a_graph_without_projections(smol_gguf, tmp_path,

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import SMOL_GGUF, _export, need
+from conftest import SMOL_GGUF, _export, exact_kernels_decode_exactly, need
 
 from edgespec.cli import main
 
@@ -88,18 +88,7 @@ def test_exact_kernels_take_hqq_minimums_and_decoding_stays_exact(smol_hqq, tmp_
     """exact-kernels turns HQQ's float zero points into MatMulQ4's minimums (against onnxruntime's float path
     on the source graph: top-1 agreement checked by the rewrite); greedy speculative output (prompt lookup) is
     the target-only greedy output token for token."""
-    from edgespec_export.kernels import apply_to_bundle
-
-    import edgespec
-
-    logs = []
-    out = apply_to_bundle(smol_hqq, tmp_path / "xk", log=logs.append)
-    assert any("121 with a float minimum per block" in line for line in logs), logs
-    eng = edgespec.load(out)
-    prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
-    ar = eng.generate(prompt, max_new_tokens=48, drafter="none", ignore_eos=True)
-    spec = eng.generate(prompt, max_new_tokens=48, drafter="prompt-lookup", ignore_eos=True)
-    assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 48
+    exact_kernels_decode_exactly(smol_hqq, tmp_path / "xk", "121 with a float minimum per block")
 
 
 @pytest.mark.parametrize("args,why", [
