@@ -34,11 +34,12 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
               help="INT4/INT8 with zero points (the default: better quality at the same speed) or without.")
 @click.option("--accuracy-level", type=int, default=4, show_default=True,
               help="MatMulNBits compute type: 4 int8, 3 bf16, 2 fp16, 1 fp32, 0 unset.")
-@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant", "gguf", "hqq"]), default="rtn", show_default=True,
+@click.option("--quant-algo", type=click.Choice(["rtn", "k_quant", "gguf", "hqq", "q4_k"]), default="rtn", show_default=True,
               help="INT4 weights: rounded to nearest (rtn), k_quant, gguf: a .gguf target's own 4-bit blocks "
                    "(Q4_0, Q4_1, Q4_K) kept as they are, other types rounded to 4-bit blocks with a minimum (block 32; "
                    "perplexity near llama.cpp's on the same file: README, 'Perplexity'), or hqq: onnxruntime's HQQ "
-                   "quantizer, a float zero point fitted to each block (README, 'Export quality'). gguf and hqq: "
+                   "quantizer, a float zero point fitted to each block (README, 'Export quality'), or q4_k: llama.cpp's "
+                   "Q4_K blocks fitted to the float weights (block 32). gguf, hqq and q4_k: "
                    "int4, cpu layout, with --exact-kernels (onnxruntime computes float zero points in float, slowly).")
 @click.option("--no-quantize-lm-head", is_flag=True, help="Keep the lm_head in float.")
 @click.option("--quantize-embeddings/--float-embeddings", default=None,
@@ -102,8 +103,8 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
         out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
                               kv_dtype=kv_dtype)  # (None: float16)
-    elif quant_algo in ("gguf", "hqq") or drafter_quant_algo == "hqq":  # (said once the bundle is written)
-        algo = quant_algo if quant_algo in ("gguf", "hqq") else "hqq"
+    elif quant_algo in ("gguf", "hqq", "q4_k") or drafter_quant_algo == "hqq":  # (said once the bundle is written)
+        algo = " and ".join(dict.fromkeys(a for a in (quant_algo, drafter_quant_algo) if a in ("gguf", "hqq", "q4_k")))
         click.echo(f"note: onnxruntime computes the {algo} blocks' float zero points in float, several times slower than "
                    "its int8 path: run 'edgespec exact-kernels' on this bundle (or export with --exact-kernels)", err=True)
     if (str(target).lower().endswith(".gguf") and target_precision == "int4" and quant_algo in ("rtn", "k_quant")

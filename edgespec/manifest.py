@@ -125,7 +125,7 @@ class Quantization(_Report):
     accuracy_level: int | None = _report(int)  # MatMulNBits compute type
     quantize_lm_head: bool | None = _report(bool)
     quantize_embeddings: bool | None = _report(bool)
-    algorithm: str | None = _report(str)  # rtn | k_quant | gguf | hqq
+    algorithm: str | None = _report(str)  # rtn | k_quant | gguf | hqq | q4_k
     format: str | None = _report(str)  # fp8: the weights' element type
     scheme: str | None = _report(str)  # fp8: channel | block scales
     matmuls: int | None = _report(int)  # fp8: MatMul weights converted

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -13,10 +14,12 @@ from edgespec.manifest import LAYOUTS, Quantization
 RUNNING: set = set()  # the model builder's processes now running
 
 
-ALGORITHMS = ("rtn", "k_quant", "gguf", "hqq")
+ALGORITHMS = ("rtn", "k_quant", "gguf", "hqq", "q4_k")
 # the algorithms whose blocks have float zero points (a minimum per block): asymmetric, 4-bit, fast only on
 # edgespec's exact kernels (onnxruntime's CPU kernel computes them in float), the cpu layout
-FLOAT_ZERO_POINTS = ("gguf", "hqq")
+FLOAT_ZERO_POINTS = ("gguf", "hqq", "q4_k")
+# the algorithms the builder runs through export/hqq_builder.py's node quantizers
+SWAPPED = ("hqq", "q4_k")
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,10 @@ class QuantOptions:
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
         if self.algorithm not in ALGORITHMS:
-            raise ExportError(f"--quant-algo must be rtn, k_quant, gguf or hqq, got {self.algorithm!r}")
-        if self.algorithm == "gguf" and self.block_size != 32:
-            raise ExportError(f"--quant-algo gguf keeps the GGUF's blocks of 32 weights: --block-size 32, not "
+            raise ExportError(f"--quant-algo must be rtn, k_quant, gguf, hqq or q4_k, got {self.algorithm!r}")
+        if self.algorithm in ("gguf", "q4_k") and self.block_size != 32:
+            what = "keeps the GGUF's" if self.algorithm == "gguf" else "writes Q4_K's"
+            raise ExportError(f"--quant-algo {self.algorithm} {what} blocks of 32 weights: --block-size 32, not "
                               f"{self.block_size}")
         if self.fp8_scheme not in ("channel", "block"):
             raise ExportError(f"--fp8-scheme must be channel or block, got {self.fp8_scheme!r}")
@@ -90,7 +94,7 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
         extra.update(block_size=str(quant.block_size), is_symmetric=str(quant.is_symmetric).lower(),
                      accuracy_level=str(quant.accuracy_level))
         # (gguf: the builder's RTN, then the file's blocks put in; hqq: the quantizer swapped, export/hqq_builder.py)
-        if quant.algorithm not in ("rtn", "gguf", "hqq"):
+        if quant.algorithm not in ("rtn", "gguf", *SWAPPED):
             extra["algo_config"] = quant.algorithm
         ops = ["MatMul"] + (["Gather"] if quant.quantize_embeddings else [])
         extra["op_types_to_quantize"] = "/".join(ops)
@@ -98,7 +102,7 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
             extra["nodes_to_exclude"] = "/lm_head/MatMul"
         # asked for: a float table even where the model ties it to the lm_head; with hqq always (the builder's
         # shared table would be a GatherBlockQuantized, which takes no float zero points)
-        if quant.quantize_embeddings is False or quant.algorithm == "hqq":
+        if quant.quantize_embeddings is False or quant.algorithm in SWAPPED:
             extra["shared_embeddings"] = "false"
         return precision, device, extra
     if precision == "fp32":
@@ -118,13 +122,16 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
 def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, quant: QuantOptions,
                 log=lambda s: print(s, file=sys.stderr, flush=True), device: str = "cpu") -> BuildResult:
     prec, ep, extra = builder_args(precision, quant, device)
-    module = "edgespec_export.hqq_builder" if quant.algorithm == "hqq" and precision in ("int4", "int8") \
-        else "onnxruntime_genai.models.builder"
+    swapped = quant.algorithm in SWAPPED and precision in ("int4", "int8")
+    module = "edgespec_export.hqq_builder" if swapped else "onnxruntime_genai.models.builder"
     cmd = [sys.executable, "-m", module, "-i", str(hf_dir), "-o", str(out_dir),
            "-p", prec, "-e", ep, "-c", str(cache_dir)]
     if extra:
         cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # (onnxruntime's HQQ moves weights to a visible CUDA device and solves in float16 there: the export stays on
+    # the CPU so that a bundle does not depend on the machine it was exported on)
+    env = dict(os.environ, EDGESPEC_QUANT_ALGO=quant.algorithm, CUDA_VISIBLE_DEVICES="") if swapped else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     RUNNING.add(proc)  # killed on SIGTERM (export/output.py)
     tail: list[str] = []
     buf = b""

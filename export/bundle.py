@@ -16,7 +16,7 @@ from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, M
                                Quantization, sha256_file, write_manifest)
 
 from .output import check_output, prepare_stage, publish, terminate_cleanly
-from .build import FLOAT_ZERO_POINTS, QuantOptions, builder_args, run_builder
+from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, run_builder
 from .source import Source, load_model, load_tokenizer, resolve
 from .validate import validate
 
@@ -174,8 +174,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         tok.save_pretrained(hf_dir)
         build_input = hf_dir
     if (precision in ("int4", "int8") and not quant.is_symmetric and quant.quantize_lm_head
-            and getattr(cfg, "tie_word_embeddings", False) and quant.algorithm != "hqq"):
-        # (hqq: the builder writes a float table beside the lm_head's own quantized weights: export/build.py)
+            and getattr(cfg, "tie_word_embeddings", False) and quant.algorithm not in SWAPPED):
+        # (hqq, q4_k: the builder writes a float table beside the lm_head's own quantized weights: export/build.py)
         # onnxruntime-genai's builder shares one quantized table between a tied embedding and the
         # lm_head; with zero points it writes a graph onnxruntime refuses (a uint8 Reshape where
         # float is expected, seen with SmolLM2 and builder 0.18): such models stay symmetric
@@ -266,19 +266,21 @@ def _check_combination(precision: str, quant: QuantOptions) -> None:
         raise ExportError("--block-size with fp8 needs --fp8-scheme block (channel scales have no blocks)")
 
 
-def _check_float_zero_points(quant: QuantOptions, src, precision: str, device: str, flag: str = "--quant-algo") -> None:
+def _check_float_zero_points(quant: QuantOptions, src, precision: str, device: str, flag: str = "--quant-algo",
+                             role: str = "target") -> None:
     """gguf and hqq write 4-bit blocks with minimums (float zero points) for the cpu layout: what they cannot
     make is refused in one line before anything is read."""
     if quant.algorithm not in FLOAT_ZERO_POINTS:
         return
-    why = ("it is not a .gguf file" if quant.algorithm == "gguf" and src.kind != "gguf"
+    why = (f"the {role} is not a .gguf file" if quant.algorithm == "gguf" and src.kind != "gguf"
            else "it is int4 only" if precision != "int4"
            else "its float zero points are for the cpu layout" if device != "cpu"
            else "the blocks have minimums (zero points): not --symmetric" if quant.symmetric
            else "its float zero points are for MatMul weights (the embedding table's GatherBlockQuantized takes "
                 "none): not --quantize-embeddings" if quant.quantize_embeddings else None)
     if why:
-        what = "keeps a GGUF file's own 4-bit blocks" if quant.algorithm == "gguf" else "fits a float zero point to each block"
+        what = {"gguf": "keeps a GGUF file's own 4-bit blocks", "hqq": "fits a float zero point to each block",
+                "q4_k": "writes llama.cpp's Q4_K blocks"}[quant.algorithm]
         raise ExportError(f"{flag} {quant.algorithm} {what}: {why}")
 
 
@@ -321,7 +323,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     _check_combination(target_precision, quant)
     _check_float_zero_points(quant, tsrc, target_precision, device)
     if dsrc:
-        _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo")
+        _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo",
+                                 "drafter")
     steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
     progress = Progress(steps, stream)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")

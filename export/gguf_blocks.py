@@ -146,39 +146,47 @@ def six_bit_multiples(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def fit_scale_min(b: np.ndarray, nstep: int = 20, rmin: float = -1.0, rdelta: float = 0.1):
     """llama.cpp's fit of a 4-bit block's scale and minimum (``make_qkx2_quants`` as ``quantize_row_q4_K_ref``
-    calls it): blocks ``b [..., 32]`` weighted per weight by ``rms(block) + |x|``; from the block's range
-    (its minimum no more than 0), then for each of ``nstep + 1`` trial inverse scales ``(15 + rmin + rdelta *
-    i) / range`` the least-squares scale and minimum of the integers it rounds to (a minimum above 0 set to
-    0), the trial of least weighted squared error kept. Returns (scale, minimum) ``[...]``, float32, the
-    minimum as Q4_K stores it (``-min``: w = scale * q - minimum)."""
+    calls it), vectorized over blocks ``b [..., 32]``: each weight weighted by ``rms(block) + |x|``; the block's
+    range (its minimum no more than 0) gives the first grid; then each of ``nstep + 1`` trials rounds the block
+    with the inverse scale ``(15 + rmin + rdelta * i) / (max - min)`` from the best minimum so far (as the C code
+    does: its ``min`` is updated by a winning trial), fits the scale and minimum of those integers by weighted
+    least squares (a minimum above 0 set to 0, the scale refitted), and keeps them when their weighted squared
+    error is lower. A block whose maximum is its (clamped) minimum gets scale 0. Returns (scale, minimum)
+    ``[...]``, float32, the minimum as Q4_K stores it (``-min``: w = scale * q - minimum). Tested against a
+    scalar transcription of the C function (tests/test_gguf_blocks.py)."""
     b = np.asarray(b, np.float32)
     w = np.sqrt((b * b).mean(-1, keepdims=True)) + np.abs(b)
     lo, hi = np.minimum(b.min(-1), 0), b.max(-1)
-    rng = hi - lo
-    flat = rng <= 0
-    rng = np.where(flat, np.float32(1), rng)
+    flat = hi <= lo
     sum_w, sum_x = w.sum(-1), (w * b).sum(-1)
+
+    def grid(iscale, mn):  # nearest_int(iscale * (x - min)) clamped to 0..15; 0 where iscale is no number
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            v = iscale[..., None] * (b - mn[..., None])
+            return np.where(v > 0, np.rint(np.minimum(v, np.float32(15))), np.float32(0)).astype(np.float32)
 
     def error(scale, mn, q):
         return (w * (scale[..., None] * q + mn[..., None] - b) ** 2).sum(-1)
 
-    scale, mn = rng / np.float32(15), lo
-    best = error(scale, mn, np.clip(np.rint((b - lo[..., None]) * (np.float32(15) / rng)[..., None]), 0, 15))
-    for i in range(nstep + 1):
-        q = np.clip(np.rint((b - lo[..., None]) * (np.float32(15 + rmin + rdelta * i) / rng)[..., None]), 0, 15)
-        sum_l, sum_l2, sum_xl = (w * q).sum(-1), (w * q * q).sum(-1), (w * q * b).sum(-1)
-        D = sum_w * sum_l2 - sum_l * sum_l
-        ok = D > 0
-        Ds = np.where(ok, D, np.float32(1))
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
-        pos = this_min > 0
-        this_min = np.where(pos, np.float32(0), this_min)
-        this_scale = np.where(pos, sum_xl / np.where(sum_l2 > 0, sum_l2, np.float32(1)), this_scale)
-        err = error(this_scale, this_min, q)
-        take = ok & (err < best)
-        best = np.where(take, err, best)
-        scale, mn = np.where(take, this_scale, scale), np.where(take, this_min, mn)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        span = np.where(flat, np.float32(1), hi - lo)
+        scale, mn = span / np.float32(15), lo.copy()
+        best = error(scale, mn, grid(np.float32(15) / span, lo))
+        for i in range(nstep + 1):
+            q = grid(np.float32(15 + rmin + rdelta * i) / (hi - mn), mn)
+            sum_l, sum_l2, sum_xl = (w * q).sum(-1), (w * q * q).sum(-1), (w * q * b).sum(-1)
+            D = sum_w * sum_l2 - sum_l * sum_l
+            ok = (D > 0) & ~flat
+            Ds = np.where(ok, D, np.float32(1))
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
+            pos = this_min > 0
+            this_min = np.where(pos, np.float32(0), this_min)
+            this_scale = np.where(pos, sum_xl / np.where(sum_l2 > 0, sum_l2, np.float32(1)), this_scale)
+            err = error(this_scale, this_min, q)
+            take = ok & (err < best)
+            best = np.where(take, err, best)
+            scale, mn = np.where(take, this_scale, scale), np.where(take, this_min, mn)
     scale = np.where(flat, np.float32(0), scale)
     return np.maximum(scale, 0).astype(np.float32), np.maximum(-mn, 0).astype(np.float32)
 

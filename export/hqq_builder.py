@@ -1,4 +1,5 @@
-"""onnxruntime-genai's model builder with onnxruntime's HQQ quantizer (``--quant-algo hqq``).
+"""onnxruntime-genai's model builder with onnxruntime's HQQ quantizer (``--quant-algo hqq``), or with llama.cpp's
+Q4_K blocks fitted to each weight (``--quant-algo q4_k``, written through the same node quantizer).
 
 Run as ``python -m edgespec_export.hqq_builder`` with the builder's own arguments. The builder writes its
 float graph and quantizes its MatMuls through onnxruntime's ``MatMulNBitsQuantizer``; its ``algo_config``
@@ -11,6 +12,7 @@ onnxruntime's own CPU kernel computes them in float, slowly).
 """
 from __future__ import annotations
 
+import os
 import runpy
 
 from onnx import helper
@@ -23,9 +25,9 @@ CHUNK_ELEMENTS = 1 << 22
 
 
 class ChunkedHQQ(mnq.HQQWeightOnlyQuantizer):
-    """onnxruntime's HQQ on a weight's rows (output channels) a chunk at a time. Each block's zero point is its
-    own least-error fit, so chunks change nothing but when the solver stops: it stops once the mean error over
-    what it was given grows, now judged per chunk."""
+    """onnxruntime's HQQ on a weight's rows (output channels) a chunk at a time. Its solver updates each block's
+    zero point on its own; what chunks change is how many iterations each gets: it stops once the mean error
+    over what it was given grows, now judged per chunk (keeping the zero points of the step after)."""
 
     def quantize_internal(self, tensor, bits=4, channel_wise=True, group_size=64, optimize=True, round_zero=True,
                           axis=1):
@@ -40,6 +42,39 @@ class ChunkedHQQ(mnq.HQQWeightOnlyQuantizer):
         return tuple(torch.cat([p[j] for p in parts]) for j in range(3))
 
 
+class Q4KQuantizer(ChunkedHQQ):
+    """``--quant-algo q4_k``: each weight quantized as llama.cpp's Q4_K quantizer quantizes it (export/gguf_blocks.py,
+    ``k4_blocks``: blocks of 32 with a fitted scale and minimum, both 6-bit multiples of a float16 per 256
+    weights; where K is no multiple of 256, ``min_max_4bit``'s blocks), written through HQQ's MatMulNBits node
+    (float zero points: minimum / scale; a block of scale 0 held as its constant, as the gguf path does)."""
+
+    def quantize_internal(self, tensor, bits=4, channel_wise=True, group_size=64, optimize=True, round_zero=True,
+                          axis=1):
+        import numpy as np
+        import torch
+
+        from .gguf_blocks import k4_blocks, min_max_4bit
+
+        w = tensor.detach().float().cpu().numpy()
+        N, K = w.shape
+        if bits != 4 or group_size != 32 or axis != 1 or K % 32:
+            raise SystemExit(f"--quant-algo q4_k writes 4-bit blocks of 32 along K: got bits {bits}, block "
+                             f"{group_size}, K {K}")
+        kq = k4_blocks(w) if K % 256 == 0 else min_max_4bit(w)
+        q = kq.q.reshape(N, K // 32, 32).copy()
+        scale, mn = kq.scale.astype(np.float32).copy(), kq.minimum.astype(np.float32)
+        flat = scale == 0
+        q[flat] = 0
+        zero = np.where(flat, np.float32(1), mn / np.where(flat, np.float32(1), scale)).astype(np.float32)
+        scale[flat] = mn[flat]
+        return (torch.from_numpy(q.reshape(N, K).astype(np.int32)), torch.from_numpy(scale).to(tensor.dtype),
+                torch.from_numpy(zero).to(tensor.dtype))
+
+
+# the node quantizer per --quant-algo (run_builder sets EDGESPEC_QUANT_ALGO for the builder's process)
+NODE_QUANTIZERS = {"hqq": ChunkedHQQ, "q4_k": Q4KQuantizer}
+
+
 class HQQMatMulNBitsQuantizer(mnq.MatMulNBitsQuantizer):
     """``MatMulNBitsQuantizer`` whose algorithm is HQQ at the caller's bits and block size."""
 
@@ -48,19 +83,19 @@ class HQQMatMulNBitsQuantizer(mnq.MatMulNBitsQuantizer):
         # (the builder passes its rtn config, or none for its default: both are replaced)
         if algo_config is None or algo_config.algorithm != "HQQ":
             if tuple(op_types_to_quantize or ("MatMul",)) != ("MatMul",):
-                raise SystemExit("HQQ quantizes MatMul weights only (onnxruntime's GatherBlockQuantized takes no "
-                                 "float zero points): no --quantize-embeddings with --quant-algo hqq")
+                raise SystemExit("HQQ and q4_k quantize MatMul weights only (onnxruntime's GatherBlockQuantized takes "
+                                 "no float zero points): no --quantize-embeddings with them")
             algo_config = mnq.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits,
                                                        op_types_to_quantize=("MatMul",))
         super().__init__(model, bits, block_size, *args, algo_config=algo_config,
                          op_types_to_quantize=op_types_to_quantize, accuracy_level=accuracy_level, **kw)
         self._accuracy_level = accuracy_level
         if self.algo_config.algorithm == "HQQ":
-            self.node_quantizer = ChunkedHQQ(self.algo_config)
+            self.node_quantizer = NODE_QUANTIZERS[os.environ.get("EDGESPEC_QUANT_ALGO", "hqq")](self.algo_config)
 
     def process(self):
         super().process()
-        if self._accuracy_level is None:
+        if not self._accuracy_level:  # (None or 0: the attribute left out, as onnxruntime's own quantizer does)
             return
         for g in _graphs(self.model.model.graph):
             for n in g.node:

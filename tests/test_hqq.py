@@ -1,5 +1,6 @@
 """``--quant-algo hqq``: onnxruntime's HQQ quantizer in the export (export/hqq_builder.py), a float zero point
-fitted to each block, computed at int8 speed by edgespec's kernel (float minimums, MatMulQ4's input 5)."""
+fitted to each block, computed at int8 speed by edgespec's kernel (float minimums, MatMulQ4's input 5); and
+``--quant-algo q4_k``, llama.cpp's Q4_K blocks fitted to the float weights through the same node quantizer."""
 from __future__ import annotations
 
 import json
@@ -12,15 +13,16 @@ from conftest import SMOL_GGUF, _export, exact_kernels_decode_exactly, need
 from edgespec.cli import main
 
 
+@pytest.mark.parametrize("algo", ["hqq", "q4_k"])
 @pytest.mark.parametrize("args,why", [
     (["--device", "cuda"], "cpu layout"),
     (["--symmetric"], "not --symmetric"),
     (["--target-precision", "int8"], "int4 only"),
     (["--quantize-embeddings"], "not --quantize-embeddings"),
 ])
-def test_hqq_refuses_what_it_cannot_make(args, why, tiny_dirs, tmp_path):
+def test_hqq_and_q4k_refuse_what_they_cannot_make(args, why, algo, tiny_dirs, tmp_path):
     """One-line errors before anything is read or written."""
-    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "out"), "--quant-algo", "hqq",
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "out"), "--quant-algo", algo,
                                   *args])
     assert r.exit_code != 0 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not (tmp_path / "out").exists()
@@ -123,6 +125,11 @@ def test_a_pair_with_an_hqq_drafter(tiny_dirs, tmp_path):
     inits = {i.name: i for i in d.graph.initializer}
     mins = [n for n in d.graph.node if n.op_type == "MatMulQ4" and len(n.input) > 5 and n.input[5]]
     assert mins and all(inits[n.input[5]].data_type == onnx.TensorProto.FLOAT for n in mins)
+    t = onnx.load(str(out / "target" / "model.onnx"))
+    tinits = {i.name: i for i in t.graph.initializer}
+    q4 = [n for n in t.graph.node if n.op_type == "MatMulQ4"]
+    assert q4 and all(len(n.input) > 3 and tinits[n.input[3]].data_type == onnx.TensorProto.UINT8
+                      and not (len(n.input) > 5 and n.input[5]) for n in q4)
     eng = edgespec.load(out)
     ar = eng.generate("hello world", max_new_tokens=24, drafter="none", ignore_eos=True)
     spec = eng.generate("hello world", max_new_tokens=24, drafter="model", ignore_eos=True)
@@ -147,7 +154,15 @@ def test_chunked_hqq_fits_each_block_as_the_whole_tensor_does(monkeypatch):
 
     whole = mnq.HQQWeightOnlyQuantizer(cfg).quantize_internal(w, group_size=32)
     monkeypatch.setattr(hb, "CHUNK_ELEMENTS", 256 * 70)  # 5 chunks of 70 rows (the last 20)
+    seen, real = [], mnq.HQQWeightOnlyQuantizer.quantize_internal
+
+    def spy(self, tensor, *a, **kw):
+        seen.append(int(tensor.shape[0]))
+        return real(self, tensor, *a, **kw)
+
+    monkeypatch.setattr(mnq.HQQWeightOnlyQuantizer, "quantize_internal", spy)
     chunked = hb.ChunkedHQQ(cfg).quantize_internal(w, group_size=32)
+    assert seen == [70, 70, 70, 70, 20]
     assert [tuple(t.shape) for t in chunked] == [tuple(t.shape) for t in whole] == [(300, 256), (300, 8), (300, 8)]
     assert torch.equal(chunked[1], whole[1]) and int(chunked[0].min()) >= 0 and int(chunked[0].max()) <= 15
     assert err(chunked) <= err(whole) * 1.01
@@ -157,3 +172,37 @@ def test_chunked_hqq_fits_each_block_as_the_whole_tensor_does(monkeypatch):
     z = torch.round(-lo / s)
     rtn = ((torch.clamp(torch.round(b / s + z), 0, 15) - z) * s).reshape(300, 256)
     assert err(chunked) < 0.95 * float((rtn - w).abs().mean())
+
+
+def test_q4k_refuses_other_block_sizes(tiny_dirs, tmp_path):
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "out"), "--quant-algo", "q4_k",
+                                  "--block-size", "128"])
+    assert r.exit_code != 0 and "blocks of 32" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_q4k_export_writes_q4k_blocks_that_exact_kernels_keep_in_their_bytes(tmp_path_factory, tmp_path):
+    """A model of hidden size 256 (K a multiple of Q4_K's 256-weight super-blocks in the attention's
+    projections): every MatMul a MatMulNBits of block 32 with float zero points; the manifest says q4_k; exact
+    kernels find Q4_K's 6-bit scale and minimum bytes in the scales the export wrote (kquant_scales accepts
+    only those) and decode exactly."""
+    from tiny import make_model, make_tokenizer
+
+    d = make_model(tmp_path_factory.mktemp("hf") / "q", "qwen2", seed=1, tokenizer=make_tokenizer(), hidden=256)
+    out = _export(tmp_path_factory, "tiny-q4k", d, target_precision="int4", quant=_quant_algo("q4_k"))
+    for attrs, arrs in _matmulnbits(out):
+        assert attrs["block_size"] == 32 and attrs["accuracy_level"] == 4 and arrs[2].dtype == np.float32, attrs
+    assert json.loads((out / "edgespec.json").read_text())["models"]["target"]["quant"]["algorithm"] == "q4_k"
+    exact_kernels_decode_exactly(out, tmp_path / "xk", "in Q4_K's scale bytes")
+    from edgespec_export.kernels import apply_to_bundle
+
+    logs = []
+    apply_to_bundle(out, tmp_path / "xk2", log=logs.append)
+    line = next(x for x in logs if "float minimum per block" in x)
+    assert "; 0 in Q4_K's scale bytes" not in line, line
+
+
+def _quant_algo(algo, **kw):
+    from edgespec_export.build import QuantOptions
+
+    return QuantOptions(algorithm=algo, **kw)
