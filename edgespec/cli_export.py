@@ -69,7 +69,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     """Export TARGET (HF directory, .gguf file or hub id) into a bundle."""
     try:
         from edgespec_export import export_bundle
-        from edgespec_export.build import QuantOptions
+        from edgespec_export.build import FLOAT_ZERO_POINTS, QuantOptions
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
     q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
@@ -103,8 +103,8 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
         out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
                               kv_dtype=kv_dtype)  # (None: float16)
-    elif quant_algo in ("gguf", "hqq", "q4_k") or drafter_quant_algo == "hqq":  # (said once the bundle is written)
-        algo = " and ".join(dict.fromkeys(a for a in (quant_algo, drafter_quant_algo) if a in ("gguf", "hqq", "q4_k")))
+    elif algos := list(dict.fromkeys(a for a in (quant_algo, drafter_quant_algo) if a in FLOAT_ZERO_POINTS)):
+        algo = " and ".join(algos)  # (said once the bundle is written)
         click.echo(f"note: onnxruntime computes the {algo} blocks' float zero points in float, several times slower than "
                    "its int8 path: run 'edgespec exact-kernels' on this bundle (or export with --exact-kernels)", err=True)
     if (str(target).lower().endswith(".gguf") and target_precision == "int4" and quant_algo in ("rtn", "k_quant")

@@ -37,7 +37,8 @@ class QuantOptions:
     # builder's own choice in the cpu layout (float32, or a tied model's shared int4 table)
     quantize_embeddings: bool | None = None
     # rtn | k_quant | gguf (a GGUF's own 4-bit blocks: export/gguf_blocks.py) | hqq (onnxruntime's HQQ: float
-    # zero points fitted per block; export/hqq_builder.py)
+    # zero points fitted per block) | q4_k (llama.cpp's Q4_K blocks fitted to the float weights; both
+    # export/hqq_builder.py)
     algorithm: str = "rtn"
     fp8_scheme: str = "channel"  # channel | block (FP8 scales; block uses block_size)
 
@@ -93,14 +94,14 @@ def builder_args(precision: str, quant: QuantOptions, device: str = "cpu") -> tu
             raise ExportError("--quantize-embeddings needs int4 (the builder's GatherBlockQuantized is 4-bit only)")
         extra.update(block_size=str(quant.block_size), is_symmetric=str(quant.is_symmetric).lower(),
                      accuracy_level=str(quant.accuracy_level))
-        # (gguf: the builder's RTN, then the file's blocks put in; hqq: the quantizer swapped, export/hqq_builder.py)
+        # (gguf: the builder's RTN, then the file's blocks put in; hqq, q4_k: the quantizer swapped, export/hqq_builder.py)
         if quant.algorithm not in ("rtn", "gguf", *SWAPPED):
             extra["algo_config"] = quant.algorithm
         ops = ["MatMul"] + (["Gather"] if quant.quantize_embeddings else [])
         extra["op_types_to_quantize"] = "/".join(ops)
         if not quant.quantize_lm_head:
             extra["nodes_to_exclude"] = "/lm_head/MatMul"
-        # asked for: a float table even where the model ties it to the lm_head; with hqq always (the builder's
+        # asked for: a float table even where the model ties it to the lm_head; with hqq and q4_k always (the builder's
         # shared table would be a GatherBlockQuantized, which takes no float zero points)
         if quant.quantize_embeddings is False or quant.algorithm in SWAPPED:
             extra["shared_embeddings"] = "false"

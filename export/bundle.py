@@ -268,7 +268,7 @@ def _check_combination(precision: str, quant: QuantOptions) -> None:
 
 def _check_float_zero_points(quant: QuantOptions, src, precision: str, device: str, flag: str = "--quant-algo",
                              role: str = "target") -> None:
-    """gguf and hqq write 4-bit blocks with minimums (float zero points) for the cpu layout: what they cannot
+    """gguf, hqq and q4_k write 4-bit blocks with minimums (float zero points) for the cpu layout: what they cannot
     make is refused in one line before anything is read."""
     if quant.algorithm not in FLOAT_ZERO_POINTS:
         return

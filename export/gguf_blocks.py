@@ -246,10 +246,10 @@ def concat_rows(parts: list[KQuant]) -> KQuant:
                   np.concatenate([p.minimum for p in parts]))
 
 
-def matmulnbits_arrays(kq: KQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """MatMulNBits' 4-bit arrays for ``kq`` (blocks of 32 with minimums): B ``[N, K/32, 16]``, scales
-    ``[N * K/32]`` and float zero points ``[N * K/32]`` (``w = (q - zp) * scale``, zp = minimum /
-    scale). A block of scale 0 holds the constant ``-minimum``: q 0, zero point 1, scale the minimum."""
+def float_zero_points(kq: KQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``kq`` (4-bit blocks with minimums) as MatMulNBits' numbers before packing: integers ``[N, K]``, scales
+    and float zero points ``[N, K/block]`` (``w = (q - zp) * scale``, zp = minimum / scale). A block of scale 0
+    holds the constant ``-minimum``: q 0, zero point 1 (0 where the minimum is 0 too), scale the minimum."""
     N, K = kq.shape
     q = kq.q.reshape(N, K // kq.block, kq.block).copy()
     scale = kq.scale.astype(np.float32).copy()
@@ -259,7 +259,14 @@ def matmulnbits_arrays(kq: KQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     zp = np.where(flat, np.float32(1), mn / np.where(flat, np.float32(1), scale)).astype(np.float32)
     scale[flat] = mn[flat]
     zp[flat & (mn == 0)] = 0
-    q = q.reshape(N, K)
+    return q.reshape(N, K), scale, zp
+
+
+def matmulnbits_arrays(kq: KQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MatMulNBits' 4-bit arrays for ``kq`` (blocks of 32 with minimums): B ``[N, K/32, 16]``, scales
+    ``[N * K/32]`` and float zero points ``[N * K/32]`` (``float_zero_points``, packed)."""
+    N, K = kq.shape
+    q, scale, zp = float_zero_points(kq)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(N, K // 32, 16)
     return np.ascontiguousarray(packed), scale.reshape(-1), zp.reshape(-1)
 

@@ -42,32 +42,26 @@ class ChunkedHQQ(mnq.HQQWeightOnlyQuantizer):
         return tuple(torch.cat([p[j] for p in parts]) for j in range(3))
 
 
-class Q4KQuantizer(ChunkedHQQ):
+class Q4KQuantizer(mnq.HQQWeightOnlyQuantizer):
     """``--quant-algo q4_k``: each weight quantized as llama.cpp's Q4_K quantizer quantizes it (export/gguf_blocks.py,
     ``k4_blocks``: blocks of 32 with a fitted scale and minimum, both 6-bit multiples of a float16 per 256
     weights; where K is no multiple of 256, ``min_max_4bit``'s blocks), written through HQQ's MatMulNBits node
-    (float zero points: minimum / scale; a block of scale 0 held as its constant, as the gguf path does)."""
+    with the gguf path's float zero points (``float_zero_points``)."""
 
     def quantize_internal(self, tensor, bits=4, channel_wise=True, group_size=64, optimize=True, round_zero=True,
                           axis=1):
         import numpy as np
         import torch
 
-        from .gguf_blocks import k4_blocks, min_max_4bit
+        from .gguf_blocks import float_zero_points, k4_blocks, min_max_4bit
 
         w = tensor.detach().float().cpu().numpy()
         N, K = w.shape
         if bits != 4 or group_size != 32 or axis != 1 or K % 32:
             raise SystemExit(f"--quant-algo q4_k writes 4-bit blocks of 32 along K: got bits {bits}, block "
                              f"{group_size}, K {K}")
-        kq = k4_blocks(w) if K % 256 == 0 else min_max_4bit(w)
-        q = kq.q.reshape(N, K // 32, 32).copy()
-        scale, mn = kq.scale.astype(np.float32).copy(), kq.minimum.astype(np.float32)
-        flat = scale == 0
-        q[flat] = 0
-        zero = np.where(flat, np.float32(1), mn / np.where(flat, np.float32(1), scale)).astype(np.float32)
-        scale[flat] = mn[flat]
-        return (torch.from_numpy(q.reshape(N, K).astype(np.int32)), torch.from_numpy(scale).to(tensor.dtype),
+        q, scale, zero = float_zero_points(k4_blocks(w) if K % 256 == 0 else min_max_4bit(w))
+        return (torch.from_numpy(q.astype(np.int32)), torch.from_numpy(scale).to(tensor.dtype),
                 torch.from_numpy(zero).to(tensor.dtype))
 
 
@@ -76,7 +70,8 @@ NODE_QUANTIZERS = {"hqq": ChunkedHQQ, "q4_k": Q4KQuantizer}
 
 
 class HQQMatMulNBitsQuantizer(mnq.MatMulNBitsQuantizer):
-    """``MatMulNBitsQuantizer`` whose algorithm is HQQ at the caller's bits and block size."""
+    """``MatMulNBitsQuantizer`` whose algorithm is HQQ at the caller's bits and block size (its node quantizer
+    ``NODE_QUANTIZERS``' for --quant-algo: HQQ's, chunked, or q4_k's)."""
 
     def __init__(self, model, bits=4, block_size=128, *args, algo_config=None, op_types_to_quantize=None,
                  accuracy_level=None, **kw):
