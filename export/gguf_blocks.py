@@ -191,14 +191,64 @@ def fit_scale_min(b: np.ndarray, nstep: int = 20, rmin: float = -1.0, rdelta: fl
     return np.maximum(scale, 0).astype(np.float32), np.maximum(-mn, 0).astype(np.float32)
 
 
-def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True) -> KQuant:
-    """Float weights ``[N, K]`` (K a multiple of 256) as Q4_K stores weights: blocks of 32 with a scale and a
-    minimum each, fitted as llama.cpp's Q4_K quantizer fits them (``fit_scale_min``), both then 6-bit multiples
-    of a float16 per super-block of 256 (its largest the byte 63, as there); then each weight rounded to its
-    block's grid. The same bytes per weight as the file's Q4_K tensors, in the format edgespec's kernel
-    reads in Q4_K's scale bytes (export/kernels.py, kquant_scales). ``rows`` at a time (the fit's arrays);
-    ``fit=False``: each block's own range instead of the fit (session 35's rounding, for comparisons)."""
+def six_bit_bytes(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``quantize_row_q4_K_ref``'s code for a super-block's 8 fitted scales (or minimums) ``v [..., 8]`` >= 0: the
+    float16 ``d = max / 63`` (as float32, ``[...]``) and each value's byte ``nearest_int(63 / max * v)`` (at most
+    63), as llama.cpp computes them (not ``v / d``: that differs wherever ``d``'s float16 rounding moves a value
+    across a half)."""
+    v = np.asarray(v, np.float32)
+    top = v.max(-1)
+    inv = np.where(top > 0, np.float32(63) / np.where(top > 0, top, np.float32(1)), np.float32(0))
+    d = (top / np.float32(63)).astype(np.float16).astype(np.float32)
+    return d, np.minimum(np.rint(inv[..., None] * v), 63).astype(np.float32)
+
+
+_native: list = []  # [kquant.cpp's es_quantize_q4_k, or None where it cannot be built], once per process
+
+
+def native_q4k():
+    """``kquant.cpp`` (llama.cpp's Q4_K quantizer transcribed) through ctypes, built on first use with
+    edgespec's kernel build; None where it cannot be built (no compiler): ``k4_blocks`` then fits in numpy."""
+    if not _native:
+        import ctypes
+        from pathlib import Path
+
+        from edgespec.errors import ProviderError
+        from edgespec.native import _build
+
+        try:
+            fn = ctypes.CDLL(_build(Path(__file__).with_name("kquant.cpp"), "libedgespec_kquant",
+                                    "the Q4_K quantizer (export)")).es_quantize_q4_k
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_void_p, ctypes.c_int]
+        except (ProviderError, OSError, AttributeError):
+            fn = None
+        _native.append(fn)
+    return _native[0]
+
+
+def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True, native: bool = True) -> KQuant:
+    """Float weights ``[N, K]`` (K a multiple of 256) as llama.cpp's Q4_K quantizer (``quantize_row_q4_K_ref``)
+    writes them: blocks of 32 with a scale and a minimum each, fitted by ``make_qkx2_quants``, both then 6-bit
+    bytes under a float16 per super-block of 256 (``six_bit_bytes``: the largest 63); then each weight rounded to
+    its block's grid. The same bytes per weight as the file's Q4_K tensors, in the format edgespec's kernel
+    reads in Q4_K's scale bytes (export/kernels.py, kquant_scales). By ``kquant.cpp`` (the C function
+    transcribed: llama.cpp's bytes; ~10x numpy's speed) where it builds, else in numpy (``fit_scale_min``,
+    ``rows`` at a time: the same fit, its sums in numpy's order); ``fit=False``: each block's own range
+    instead of the fit (session 35's rounding, for comparisons)."""
     N, K = w.shape
+    fn = native_q4k() if fit and native else None
+    if fn is not None:
+        import os
+
+        x = np.ascontiguousarray(w, np.float32)
+        scale = np.empty((N, K // 32), np.float32)
+        minimum = np.empty((N, K // 32), np.float32)
+        q = np.empty((N, K), np.uint8)
+        fn(x.ctypes.data, N, K, scale.ctypes.data, minimum.ctypes.data, q.ctypes.data,
+           len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        return KQuant("k4", q, scale, 32, 4, minimum=minimum)
     b = np.asarray(w, np.float32).reshape(N, K // 32, 32)
 
     def min_max(x):
@@ -208,8 +258,8 @@ def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True) -> KQuant:
     fits = [(fit_scale_min if fit else min_max)(b[i:i + rows]) for i in range(0, N, rows)]
     per = []
     for v in (np.concatenate([f[0] for f in fits]), np.concatenate([f[1] for f in fits])):
-        d, byte = six_bit_multiples(v.reshape(N, K // 256, 8))
-        per.append((d[..., None] * np.clip(byte, 0, 63).astype(np.float32)).reshape(N, K // 32))
+        d, byte = six_bit_bytes(v.reshape(N, K // 256, 8))
+        per.append((d[..., None] * byte).reshape(N, K // 32))
     scale, minimum = per
     safe = np.where(scale > 0, scale, np.float32(1))
     q = np.clip(np.rint((b + minimum[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)

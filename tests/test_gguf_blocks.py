@@ -268,6 +268,162 @@ def test_fit_scale_min_is_llamacpps_make_qkx2_quants():
     assert same.mean() >= 0.99, (int((~same).sum()), np.flatnonzero(~same)[:10])
 
 
+def _quantize_row_q4_K_ref(x):
+    """llama.cpp's quantize_row_q4_K_ref (ggml-quants.c) with the make_qkx2_quants it calls, transcribed statement
+    by statement in float32 scalars, every sum in the C code's order: per block of 32 (scale d x sc, minimum
+    dmin x m) and the integers (0 where the block's scale is 0, as k4_blocks writes them)."""
+    f = np.float32
+
+    def qkx2(x, weights, nmax=15, rmin=f(-1), rdelta=f(0.1), nstep=20):
+        mn, mx, sum_w, sum_x = x[0], x[0], weights[0], weights[0] * x[0]
+        for i in range(1, 32):
+            mn, mx = min(mn, x[i]), max(mx, x[i])
+            sum_w += weights[i]
+            sum_x += weights[i] * x[i]
+        if mn > 0:
+            mn = f(0)
+        if mx == mn:
+            return f(0), -mn
+        iscale = f(nmax) / (mx - mn)
+        scale = f(1) / iscale
+        best = f(0)
+        for i in range(32):
+            L = min(max(int(np.rint(iscale * (x[i] - mn))), 0), nmax)
+            diff = scale * f(L) + mn - x[i]
+            best += weights[i] * (diff * diff)
+        for step in range(nstep + 1):
+            iscale = (rmin + rdelta * f(step) + f(nmax)) / (mx - mn)
+            La, sum_l, sum_l2, sum_xl = [], f(0), f(0), f(0)
+            for i in range(32):
+                L = min(max(int(np.rint(iscale * (x[i] - mn))), 0), nmax)
+                La.append(L)
+                sum_l += weights[i] * f(L)
+                sum_l2 += weights[i] * f(L) * f(L)
+                sum_xl += weights[i] * f(L) * x[i]
+            D = sum_w * sum_l2 - sum_l * sum_l
+            if D > 0:
+                this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+                this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+                if this_min > 0:
+                    this_min, this_scale = f(0), sum_xl / sum_l2
+                err = f(0)
+                for i in range(32):
+                    diff = this_scale * f(La[i]) + this_min - x[i]
+                    err += weights[i] * (diff * diff)
+                if err < best:
+                    best, scale, mn = err, this_scale, this_min
+        return scale, -mn
+
+    x = np.asarray(x, f)
+    scales, mins, qs = [], [], []
+    for s in range(0, len(x), 256):
+        sc, mi = [], []
+        for j in range(8):
+            b = x[s + 32 * j:s + 32 * j + 32]
+            sum_x2 = f(0)
+            for v in b:
+                sum_x2 += v * v
+            av_x = np.sqrt(sum_x2 / f(32))
+            a, m = qkx2(list(b), [av_x + abs(v) for v in b])
+            sc.append(a)
+            mi.append(m)
+        max_scale, max_min = max([f(0)] + sc), max([f(0)] + mi)
+        inv_scale = f(63) / max_scale if max_scale > 0 else f(0)
+        inv_min = f(63) / max_min if max_min > 0 else f(0)
+        d = f(np.float16(max_scale / f(63)))
+        dmin = f(np.float16(max_min / f(63)))
+        for j in range(8):
+            dj = d * f(min(int(np.rint(inv_scale * sc[j])), 63))
+            dm = dmin * f(min(int(np.rint(inv_min * mi[j])), 63))
+            scales.append(dj)
+            mins.append(dm)
+            b = x[s + 32 * j:s + 32 * j + 32]
+            qs.extend(min(max(int(np.rint((v + dm) / dj)), 0), 15) if dj else 0 for v in b)
+    return np.array(scales, f), np.array(mins, f), np.array(qs, np.uint8)
+
+
+def _k4_rows(seed: int = 5) -> np.ndarray:
+    """Rows of 512 weights (two super-blocks) of every kind a quantizer meets: normal, heavy-tailed, all
+    positive, mostly zero, a flat block and an all-zero block."""
+    rng = np.random.default_rng(seed)
+    w = np.concatenate([rng.normal(size=(2, 512)), rng.standard_t(2, size=(2, 512)), rng.normal(size=(1, 512)) + 1.5,
+                        rng.normal(size=(1, 512)) * (rng.random((1, 512)) < 0.1)]).astype(np.float32) * 0.02
+    w[0, :32], w[1, 256:288] = 0.25, 0
+    return w
+
+
+def test_k4_blocks_are_llamacpps_quantize_row_q4_K_ref():
+    """k4_blocks (kquant.cpp) writes the blocks llama.cpp's Q4_K quantizer writes for the same floats: the scales,
+    minimums and integers of a statement-by-statement transcription of quantize_row_q4_K_ref, bit for bit. The
+    numpy fallback (no compiler) fits in numpy's summation order: most integers the same, the same error
+    within 2%."""
+    from edgespec_export import gguf_blocks as gb
+
+    if gb.native_q4k() is None:
+        pytest.skip("no C++ compiler to build export/kquant.cpp")
+    w = _k4_rows()
+    kq = gb.k4_blocks(w)
+    for r in range(w.shape[0]):
+        s, m, q = _quantize_row_q4_K_ref(w[r])
+        np.testing.assert_array_equal(kq.scale[r], s)
+        np.testing.assert_array_equal(kq.minimum[r], m)
+        np.testing.assert_array_equal(kq.q[r], q)
+    kn = gb.k4_blocks(w, native=False)
+    e_native, e_numpy = (float(np.linalg.norm(k.dequantize() - w)) for k in (kq, kn))
+    assert (kn.q == kq.q).mean() > 0.9 and abs(e_numpy / e_native - 1) < 0.02, ((kn.q == kq.q).mean(), e_numpy / e_native)
+
+
+def test_k4_blocks_bytes_are_those_of_llamacpps_build(tmp_path):
+    """By hand, where scripts/build_llamacpp.sh's build is present: llama.cpp's own quantize_row_q4_K_ref (its
+    ggml-base library) quantizes the same floats to the same weights as k4_blocks (decoded by the gguf package)."""
+    import subprocess
+    import struct
+    from pathlib import Path
+
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from edgespec_export import gguf_blocks as gb
+
+    lib = Path(__file__).resolve().parents[1] / ".llamacpp" / "build" / "ggml" / "src" / "libggml-base.a"
+    need(lib, "llama.cpp's build (scripts/build_llamacpp.sh)")
+    if gb.native_q4k() is None:
+        pytest.skip("no C++ compiler to build export/kquant.cpp")
+    src = tmp_path / "ref.c"
+    src.write_text("#include <stdio.h>\n#include <stdlib.h>\n#include <stdint.h>\n"
+                   "void quantize_row_q4_K_ref(const float *x, void *y, int64_t k);\n"
+                   "int main(void) { int64_t n; if (fread(&n, 8, 1, stdin) != 1) return 1;\n"
+                   "  float *x = malloc(n * 4); if (fread(x, 4, n, stdin) != (size_t)n) return 1;\n"
+                   "  unsigned char *y = malloc(n / 256 * 144); quantize_row_q4_K_ref(x, y, n);\n"
+                   "  fwrite(y, 1, n / 256 * 144, stdout); return 0; }\n")
+    exe = tmp_path / "ref"
+    r = subprocess.run(["gcc", "-O2", str(src), str(lib), "-lm", "-lpthread", "-lstdc++", "-fopenmp", "-o", str(exe)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-500:]
+    w = np.concatenate([_k4_rows(s) for s in range(8)])
+    out = subprocess.run([str(exe)], input=struct.pack("<q", w.size) + w.tobytes(), capture_output=True, check=True)
+    ref = dequantize(np.frombuffer(out.stdout, np.uint8).reshape(w.shape[0], -1), GGMLQuantizationType.Q4_K)
+    np.testing.assert_array_equal(gb.k4_blocks(w).dequantize(), ref.reshape(w.shape))
+
+
+def test_k4_blocks_fit_in_numpy_without_a_compiler(monkeypatch):
+    """Where kquant.cpp cannot be built (no compiler), k4_blocks fits in numpy: the same format, within a step."""
+    from edgespec.errors import ProviderError
+    from edgespec_export import gguf_blocks as gb
+
+    def fail(*a, **k):
+        raise ProviderError("no compiler")
+
+    monkeypatch.setattr(gb, "_native", [])
+    monkeypatch.setattr("edgespec.native._build", fail)
+    assert gb.native_q4k() is None
+    w = _k4_rows()
+    kq = gb.k4_blocks(w)
+    assert kq.kind == "k4" and kq.q.max() <= 15
+    assert np.abs(kq.dequantize() - w).reshape(-1, 32).max(-1).max() <= 1.5 * kq.scale.max()
+    monkeypatch.setattr(gb, "_native", [])  # (the next caller builds it again)
+
+
 def test_k4_fit_finds_a_q4k_grid_that_min_max_misses():
     """k4_blocks fits each block's scale and minimum as llama.cpp's Q4_K quantizer does (fit_scale_min): on
     weights that are Q4_K blocks whose integers span 0..14 (not the whole 0..15, as many of a real file's do) it
