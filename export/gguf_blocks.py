@@ -234,7 +234,7 @@ def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True, native: bool = 
     bytes under a float16 per super-block of 256 (``six_bit_bytes``: the largest 63); then each weight rounded to
     its block's grid. The same bytes per weight as the file's Q4_K tensors, in the format edgespec's kernel
     reads in Q4_K's scale bytes (export/kernels.py, kquant_scales). By ``kquant.cpp`` (the C function
-    transcribed: llama.cpp's bytes; ~10x numpy's speed) where it builds, else in numpy (``fit_scale_min``,
+    transcribed: llama.cpp's bytes; ~3x numpy's speed on 2 cores) where it builds, else in numpy (``fit_scale_min``,
     ``rows`` at a time: the same fit, its sums in numpy's order); ``fit=False``: each block's own range
     instead of the fit (session 35's rounding, for comparisons)."""
     N, K = w.shape

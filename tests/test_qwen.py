@@ -29,10 +29,11 @@ def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("name,algorithm", [("qwen-coder-gguf-xk", "gguf"), ("qwen-coder-hqq128-xk", "hqq")])
+@pytest.mark.parametrize("name,algorithm", [("qwen-coder-gguf-xk", "gguf"), ("qwen-coder-hqq128-xk", "hqq"),
+                                            ("qwen-coder-q4k-xk", "q4_k")])
 def test_qwen_float_zero_point_target_decodes_exactly(name, algorithm):
-    """The targets exported with --quant-algo gguf or hqq --exact-kernels (README, 'Real models'; no drafter):
-    float minimums per block (gguf: Q4_K's scale bytes in 112 of its nodes); greedy prompt lookup and auto equal
+    """The targets exported with --quant-algo gguf, hqq or q4_k --exact-kernels (README, 'Real models'; no
+    drafter): float minimums per block (gguf and q4_k: Q4_K's scale bytes in 112 of its nodes); greedy prompt lookup and auto equal
     plain decoding token for token."""
     import json
 
