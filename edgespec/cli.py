@@ -158,6 +158,15 @@ _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE"
 _provider_opt = click.option("--provider", type=click.Choice(PROVIDER_NAMES), default=None,
                              help="Execution provider (overrides the profile; an error if it cannot run).")
 
+def _finite(ctx, param, value):
+    """A float option's value, refused (a usage error) where it is NaN: click's FloatRange lets NaN through."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number, got {value}", ctx=ctx, param=param)
+    return value
+
+
 def _store_penalty(ctx, param, value):
     ctx.meta.setdefault("edgespec_penalties", {})[param.name] = value
     return value
@@ -471,7 +480,7 @@ class _OneLineUsage(click.Command):
               help="Port (0 picks a free one; the address is printed once the server listens).")
 @click.option("--queue", "queue_size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait while one generates; more are refused with 429.")
-@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
+@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True, callback=_finite,
               help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
 @click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
               help="A web origin (http://localhost:3000) whose pages may call the server from a browser (CORS); "

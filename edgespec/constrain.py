@@ -154,8 +154,15 @@ class Grammars:
 
     def _matcher(self, llg, grammar: str):
         m = llg.LLMatcher(self._tok, grammar, log_level=0)
+        if not m.is_error():  # (a grammar that compiles may still fail at its first token: {"$ref": "#"})
+            first = _allowed(m, self.vocab)
+            if not m.is_error() and not first.any():
+                raise ConfigError("the reply's grammar (response_format or strict tools) allows no first token")
         if m.is_error():
-            raise ConfigError(f"the reply's grammar (response_format or strict tools): "
+            raise ConfigError(f"the reply's grammar (response_format or strict tools) cannot be used: "
+                              f"{m.get_error().splitlines()[0][:300]} (a schema that refers to itself with no "
+                              f"way to end?)" if "NoExtensionBias" in m.get_error() else
+                              f"the reply's grammar (response_format or strict tools): "
                               f"{m.get_error().splitlines()[0][:300]}")
         return m
 

@@ -405,6 +405,8 @@ class Server:
 
             try:
                 kw["grammar"] = await run_in_threadpool(grammar_for, req.response_format)
+                # (one that compiles may still fail at its first token: refused now, not as a 500 or mid-stream)
+                await run_in_threadpool(self.engine.decoder.constraints, kw["grammar"])
             except EdgespecError as e:
                 raise P.bad(str(e).splitlines()[0], "response_format") from None
         if isinstance(kw.get("prediction"), str):  # tokenized once, off the event loop (it may be a large file)
@@ -626,12 +628,18 @@ async def _read_body(request: Request) -> bytes:
         declared = 0
     if declared > P.MAX_BODY:
         raise P.APIError(413, f"the request body is {declared} bytes; at most {P.MAX_BODY}", code="body_too_large")
+    from starlette.requests import ClientDisconnect
+
     parts, size = [], 0
-    async for c in request.stream():
-        size += len(c)
-        if size > P.MAX_BODY:
-            raise P.APIError(413, f"the request body is over {P.MAX_BODY} bytes", code="body_too_large")
-        parts.append(c)
+    try:
+        async for c in request.stream():
+            size += len(c)
+            if size > P.MAX_BODY:
+                raise P.APIError(413, f"the request body is over {P.MAX_BODY} bytes", code="body_too_large")
+            parts.append(c)
+    except ClientDisconnect:  # (no one reads the answer: nginx's 499 in the metrics, no traceback in the log)
+        raise P.APIError(499, "the client disconnected before its request was read",
+                         code="client_disconnected") from None
     return b"".join(parts)
 
 
@@ -659,6 +667,26 @@ async def _on_crash(request: Request, e: Exception) -> Response:
     log.error("internal error on %s: %s: %s", request.url.path, type(e).__name__, e)
     return JSONResponse(P.error_body(f"internal server error ({type(e).__name__}); see the server log",
                                      type="server_error", code="internal_error"), status_code=500)
+
+
+class OriginGuard:
+    """ASGI middleware: a request a web page sends (it has an ``Origin`` header; curl, SDKs and editors send
+    none) is refused with 403 unless its origin is allowed (``--allow-origin``). CORS alone only keeps a page
+    from reading the answer: a page of any site could still make a local server generate (a POST with a
+    text/plain body needs no preflight), fill its queue and write its memory of replies."""
+
+    def __init__(self, app, origins: list[str]):
+        self.app, self.any, self.origins = app, "*" in origins, set(origins)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and not self.any:
+            origin = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"origin"), None)
+            if origin is not None and origin not in self.origins:
+                msg = (f"requests from web pages of origin {origin[:200]!r} are not allowed; start the server with "
+                       "--allow-origin for it")
+                return await _AsciiJSON(P.error_body(msg, code="origin_not_allowed"), status_code=403)(scope, receive,
+                                                                                                     send)
+        return await self.app(scope, receive, send)
 
 
 def check_origins(origins) -> list[str]:
@@ -705,7 +733,7 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
               Route("/tokenize", srv.tokenize, methods=["POST"]),
               Route("/detokenize", srv.detokenize, methods=["POST"]),
               Route("/metrics", srv.metrics_text, methods=["GET"])]
-    middleware = [Middleware(RequestCounter, metrics=srv.metrics)]
+    middleware = [Middleware(RequestCounter, metrics=srv.metrics), Middleware(OriginGuard, origins=origins)]
     if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET and POST only
         from starlette.middleware.cors import CORSMiddleware
 

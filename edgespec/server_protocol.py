@@ -103,6 +103,9 @@ def parse_body(raw: bytes) -> dict:
         raise bad("the request body is not UTF-8 text", code="invalid_json") from None
     except json.JSONDecodeError as e:
         raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except ValueError as e:  # (an integer of more digits than Python converts: "Exceeds the limit ...")
+        raise bad(f"the request body has a number too large to read: {str(e).split(';')[0]}",
+                  code="invalid_json") from None
     except RecursionError:
         raise bad("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -485,6 +485,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", b"{not json", 400, None, "invalid_json"),
     ("chat", b"\xff\xfe", 400, None, "invalid_json"),
     ("chat", [1, 2], 400, None, "invalid_json"),
+    ("chat", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}", 400, None,
+     "invalid_json"),  # (more digits than Python reads: ValueError, not JSONDecodeError)
     ("chat", {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
     ("chat", {"model": 7, "messages": [{"role": "user", "content": "hi"}]}, 400, "model", None),
     ("chat", {}, 400, "messages", "missing_required_parameter"),
@@ -604,6 +606,9 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}, 400, "response_format",
      None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}, 400, "response_format",
+     None),  # (compiles, fails at its first token: a 400 before the stream, not a 500 or an error event)
     ("completions", {"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format",
      "unknown_parameter"),
     ("completions", {"prompt": "hi", "prediction": {"type": "content", "content": "x"}}, 400, "prediction",
@@ -653,7 +658,16 @@ def test_other_http_errors_and_a_huge_body(server):
         assert r.status == 413 and json.loads(r.read())["error"]["code"] == "body_too_large"
     finally:
         conn.close()
+    # a client gone before its body is complete: counted as 499, no traceback in the log (the fixture checks)
+    with socket.create_connection((host, int(port)), timeout=30) as sk:
+        sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: 1000\r\n\r\n{\"messa")
+    wait_until(lambda: metric(server, "requests_total", endpoint="/v1/chat/completions", status="499") == 1, 20,
+               "the disconnect to be counted")
     assert http(server + "/health")[0] == 200  # still alive
+    # /tokenize and /detokenize are counted as themselves
+    assert http(server + "/tokenize", json.dumps({"prompt": "a b"}).encode())[0] == 200
+    assert metric(server, "requests_total", endpoint="/tokenize", status="200") >= 1
 
 
 def test_over_long_max_tokens_is_clamped(client, engine, model_id):
@@ -848,15 +862,39 @@ def test_allowed_origins_may_call_from_a_browser_and_others_may_not(engine, mode
         status, h = _raw(s.url + "/v1/chat/completions", "OPTIONS", {**pre, "Origin": "http://evil.example"})
         assert status == 400 and "access-control-allow-origin" not in h
         status, h = _raw(s.url + "/v1/models", headers={"Origin": "http://evil.example"})
-        assert status == 200 and "access-control-allow-origin" not in h
+        assert status == 403 and "access-control-allow-origin" not in h
     with _InProcess(engine, model_id, allow_origins=["*"]) as s:
         status, h = _raw(s.url + "/v1/models", headers={"Origin": "http://anything.example:8080"})
-        assert h["access-control-allow-origin"] == "*"
+        assert status == 200 and h["access-control-allow-origin"] == "*"
     with _InProcess(engine, model_id) as s:
         status, h = _raw(s.url + "/v1/models", headers={"Origin": page})
-        assert status == 200 and "access-control-allow-origin" not in h
+        assert status == 403 and "access-control-allow-origin" not in h
         status, _ = _raw(s.url + "/v1/chat/completions", "OPTIONS", pre)
-        assert status == 405
+        assert status == 403
+        status, _ = _raw(s.url + "/v1/models")  # (no Origin: curl, SDKs, editors)
+        assert status == 200
+
+
+def test_a_page_of_another_origin_cannot_make_the_server_generate(engine, model_id):
+    """A web page may POST a text/plain body to any address with no preflight (a "simple" request): CORS only
+    keeps it from reading the reply. Such a request from an origin --allow-origin does not name is refused
+    with 403 before it generates (no generation counted), with or without the option; a request with no
+    Origin (curl, an SDK) is served, whatever its Content-Type."""
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    for allowed in ([], ["http://localhost:3000"]):
+        with _InProcess(engine, model_id, allow_origins=allowed) as s:
+            status, _ = _raw(s.url + "/v1/chat/completions", "POST",
+                             {"Origin": "http://evil.example", "Content-Type": "text/plain"}, body)
+            assert status == 403
+
+            def generations():
+                return sum(float(v) for v in re.findall(r"^edgespec_generations_total\{.*\} (\S+)$",
+                                                        http(s.url + "/metrics")[1], re.M))
+
+            assert generations() == 0
+            status, _ = _raw(s.url + "/v1/chat/completions", "POST", {"Content-Type": "text/plain"}, body)
+            assert status == 200
+            assert generations() == 1
 
 
 @pytest.mark.parametrize("origin", ["localhost:3000", "ftp://x.example", "http://x.example/app", "http://",
@@ -887,6 +925,7 @@ def test_serve_cli_errors(smol_int4, tmp_path):
     assert "--port" in _one_line_error(["serve", smol_int4, "--port", "70000"])
     assert "--port" in _one_line_error(["serve", smol_int4, "--port", "eighty"])
     assert "--queue" in _one_line_error(["serve", smol_int4, "--queue", "-1"])
+    assert "finite" in _one_line_error(["serve", smol_int4, "--temperature", "nan"])  # (FloatRange lets NaN by)
     assert "--drafter" in _one_line_error(["serve", smol_int4, "--drafter", "magic"])
     assert "no such option" in _one_line_error(["serve", smol_int4, "--bogus"]).lower()
     assert "BUNDLE" in _one_line_error(["serve"])

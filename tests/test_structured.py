@@ -243,6 +243,11 @@ def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
     with pytest.raises(ConfigError, match="objectx"):
         eng.generate(msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "objectx"}}})
+    # a schema that compiles but cannot start (it is only itself): a ConfigError before the model runs, not an
+    # EdgespecError at the first token (a 500 on the server)
+    with pytest.raises(ConfigError, match="refers to itself"):
+        eng.generate(msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "$ref": "#"}}})
 
 
 def test_an_end_of_sequence_in_a_draft_leaves_the_grammar_where_it_was(tiny_bundle):
