@@ -308,6 +308,10 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         raise ConfigError("--logprobs is printed with --json (one JSON object with the text, the tokens and their "
                           "logprobs)")
     GenerationConfig(logprobs=logprobs)  # a bad N refused before the model loads
+    if drafter == "none" and draft_tokens is not None:
+        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+    if drafter == "none" and prediction_file is not None:
+        raise ConfigError("--prediction with --drafter none: a prediction is only drafted from; give one of them")
     penalties = penalty_options()
 
     prediction = None if prediction_file is None else read_document(
@@ -578,6 +582,10 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     from .planner import plan
     from .profiles import resolve_profile
 
+    if measure_tokens is not None and not measure:
+        from .errors import ConfigError
+
+        raise ConfigError("--measure-tokens sizes --measure's prompt: give --measure too")
     prof = resolve_profile(profile)
     m = load_manifest(bundle)
     from .placement import requested_providers
@@ -765,14 +773,21 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     parse_drafters(names)  # a bad entry is refused before any model is loaded
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    from .decoder import MAX_DRAFT
+
+    if draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT:  # (before the baseline runs, not after)
+        raise ConfigError(f"--draft-tokens must be in 0..{MAX_DRAFT}, got {draft_tokens}")
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
     wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
     # (no prompt cache: the report's memory is compared with the plan, which leaves it out)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model, prompt_cache_mb=0)
-    _check_writable(out_dir)  # before the bench runs, not after (and only once the bundle has loaded)
     if eng.decoder.drafters.get("model") is None and any(n.startswith("model") for n in names):
-        click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
         names = [n for n in names if not n.startswith("model")]
+        if not [n for n in names if n != "none"]:
+            raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
+                              "named to compare with none")
+        click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
+    _check_writable(out_dir)  # before the bench runs, not after (and only once the bundle has loaded)
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)

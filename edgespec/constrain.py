@@ -86,8 +86,9 @@ def grammar_for(response_format) -> str | None:
     except ValueError as e:
         raise ConfigError(f"response_format's schema: {str(e).splitlines()[0][:300]}") from None
     err = llg.LLMatcher.validate_grammar(grammar)
-    if err and not err.startswith("WARNING"):
-        raise ConfigError(f"response_format's schema cannot be used: {err.splitlines()[0][:300]}")
+    if err and not err.startswith("WARNING"):  # (a regex's error spans lines: "regex parse error:", the pattern, why)
+        raise ConfigError(f"response_format's schema cannot be used: "
+                          f"{' '.join(ln.strip() for ln in err.splitlines()[:4] if ln.strip())[:300]}")
     return grammar
 
 

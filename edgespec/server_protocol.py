@@ -197,6 +197,8 @@ def _known(body: dict, keys: set, where: str) -> None:
 
 def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     _known(body, _KEYS[kind], "/v1/chat/completions" if kind == "chat" else "/v1/completions")
+    if body.get("user") is not None and not isinstance(body["user"], str):  # (ignored, but a string by OpenAI's API)
+        raise bad(f"'user' must be a string, got {_kind(body['user'])}", "user", "invalid_type")
     _model_is(body, model_id)
     req = GenRequest(kind=kind, model=model_id, stream=_bool(body, "stream"))
     so = body.get("stream_options")
@@ -208,8 +210,9 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
         req.include_usage = _bool(so, "include_usage", "stream_options.include_usage")
 
     # one length limit, under either of OpenAI's names (0 only with a completion's echo: the prompt scored)
-    mt = _int(body, "max_tokens", 0)
-    mct = _int(body, "max_completion_tokens", 0)
+    least = 0 if kind == "completion" else 1  # (a chat's 0 is refused as a completion's without echo is, below)
+    mt = _int(body, "max_tokens", least)
+    mct = _int(body, "max_completion_tokens", least)
     if mt is not None and mct is not None and mt != mct:
         raise bad("'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens")
     req.max_tokens = mct if mct is not None else mt
@@ -378,7 +381,9 @@ def _text_parts(content: list, where: str) -> list[str]:
     """The texts of an array of content parts, each ``{"type": "text", "text": ...}`` (400 otherwise)."""
     parts = []
     for j, p in enumerate(content):
-        if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+        if isinstance(p, dict) and p.get("type") == "text" and not isinstance(p.get("text"), str):
+            raise bad(f"{where}[{j}].text must be a string, got {_kind(p.get('text'))}", where)
+        if not (isinstance(p, dict) and p.get("type") == "text"):
             what = p.get("type") if isinstance(p, dict) else _kind(p)
             raise bad(f"{where}[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported, got "
                       f"{what!r}", where)

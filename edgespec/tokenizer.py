@@ -232,7 +232,13 @@ class Tokenizer:
         return len(text.encode("utf-8", "surrogatepass")) // max(1, self._max_token_bytes)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+        ids = list(ids)
+        try:
+            return self._tok.decode(ids, skip_special_tokens=skip_special)
+        except (OverflowError, TypeError):  # (a negative id, one past 2**32, or not an integer)
+            raise ConfigError(f"token ids must be integers from 0 to {self.vocab_size - 1}, got "
+                              f"{next((i for i in ids if not isinstance(i, int) or not 0 <= i < 2**32), ids)!r}"[:200]
+                              ) from None
 
     # -- chat -------------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,

@@ -166,6 +166,9 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     cfg = model.config
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
+    if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
+        progress.log(f"    {role}: --max-context {max_context:,} is past the model's {model_ctx:,} tokens; the bundle "
+                     f"holds {model_ctx:,}")
     if src.kind == "hf-dir" and not any(src.path.glob("*.gguf")):
         build_input = src.path
     else:
@@ -289,7 +292,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
                   device: str = "cpu", drafter_device: str | None = None, drafter_vocab: int = 0,
-                  drafter_vocab_corpus: Sequence[str] = (), stream=sys.stderr) -> Path:
+                  drafter_vocab_corpus: Sequence[str] = (), stream=None) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out``. Atomic: on any failure
     nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds).
     ``drafter_vocab`` N > 0 cuts the drafter's lm_head to N tokens (export/head.py), ranked by

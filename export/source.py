@@ -100,7 +100,11 @@ def load_tokenizer(src: Source):
     except Exception as e:  # transformers raises many types for unreadable inputs
         if src.kind == "hub":
             raise _hub_error(src, e) from None
-        raise ExportError(f"cannot load the tokenizer of {src.display}: {type(e).__name__}: {e}"[:300]) from None
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        kind = type(e).__name__
+        if kind == "error":  # (struct.error, which a truncated .gguf raises: not a second "error:" after the CLI's)
+            kind = f"{type(e).__module__.lstrip('_')}.error"
+        raise ExportError(f"cannot load the tokenizer of {src.display}: {kind}: {why}"[:300]) from None
     if not getattr(tok, "is_fast", False):
         raise ExportError(f"{src.display}: only fast (tokenizers) tokenizers are supported")
     data = json.loads(tok.backend_tokenizer.to_str())

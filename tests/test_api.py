@@ -153,6 +153,14 @@ def test_typed_errors_propagate_and_leave_the_engine_usable(engine, tiny_bundle)
         engine.generate("hello", temprature=0.5)
     with pytest.raises(edgespec.ConfigError, match="drafter"):
         list(engine.stream("hello", drafter="sometimes"))
+    # switches take true or false only ("no" would be true)
+    with pytest.raises(edgespec.ConfigError, match="ignore_eos must be true or false"):
+        engine.generate("hello", ignore_eos="no")
+    with pytest.raises(edgespec.ConfigError, match="parse_special must be true or false"):
+        engine.generate("hello", parse_special="no")
+    for bad in ([-1], [10**10], ["a"]):  # (tokenizers' OverflowError / TypeError)
+        with pytest.raises(edgespec.ConfigError, match="token ids must be integers"):
+            engine.tokenizer.decode(bad)
     too_long = "the quick brown fox " * 200
     assert len(engine.encode(too_long)) > engine.max_context
     with pytest.raises(edgespec.ContextOverflowError):

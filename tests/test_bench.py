@@ -81,6 +81,7 @@ def test_bad_drafter_spec_is_one_line(tiny_bundle, tmp_path, spec):
     (["--drafters", ","], "no drafter to compare"), (["--drafters", "none"], "no drafter to compare"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--categories", "code,nope"], "no category 'nope'; it has chat, code"),
+    (["--draft-tokens", "65"], "--draft-tokens must be in 0..64"), (["--draft-tokens", "-1"], "must be in 0..64"),
 ])
 def test_bad_bench_options_are_refused_before_anything_runs(tmp_path, args, match):
     """Refused before a model loads (the bundle does not even exist) and before the report folder is made."""
@@ -90,6 +91,18 @@ def test_bad_bench_options_are_refused_before_anything_runs(tmp_path, args, matc
     assert not (tmp_path / "o").exists()
     r = CliRunner().invoke(main, ["bench", str(tmp_path / "no-bundle"), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "no such bundle" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_drafters_model_alone_on_a_bundle_without_a_drafter_is_refused(smol_int4, tmp_path):
+    """--drafters model on a target-only bundle compares nothing: refused (exit 2, one line, no report folder),
+    as --drafters none is; beside another drafter, model is skipped with a note."""
+    r = CliRunner().invoke(main, ["bench", str(smol_int4), "--limit", "1", "--max-new-tokens", "2", "--drafters",
+                                  "model", "--no-plots", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "no drafter model" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o").exists()
+    r = CliRunner().invoke(main, ["bench", str(smol_int4), "--limit", "1", "--max-new-tokens", "2", "--drafters",
+                                  "model,prompt-lookup", "--no-plots", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0 and "skipping --drafters model" in r.stderr, r.stderr
 
 
 def test_a_report_that_cannot_be_written_is_still_printed(tiny_bundle, tmp_path, monkeypatch):

@@ -404,3 +404,14 @@ def test_onnxruntime_genai_runs_a_bundle_with_the_logits_skip(tiny_int4_bundle):
                                           Path(tiny_int4_bundle) / "drafter")
     assert spec_ids == ids
     assert graph.read_bytes() == before  # the bundle's graph untouched
+
+
+def test_a_max_context_past_the_models_is_said_not_dropped(tiny_dirs, tmp_path):
+    """--max-context larger than the model's is held to the model's, and the export says so (plan and
+    perplexity already did; the export clamped it silently)."""
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "--target-precision", "fp32", "--no-quality",
+                                  "--max-context", str(2**40), "-o", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert "--max-context 1,099,511,627,776 is past the model's" in r.stderr, r.stderr[-3000:]
+    ctx = json.loads((tmp_path / "b" / "edgespec.json").read_text())["models"]["target"]["max_context"]
+    assert ctx < 2**40

@@ -428,6 +428,21 @@ def test_plan_measure_tokens_negative(tiny_bundle):
     assert "measure-tokens" in one_line_error(run("plan", tiny_bundle, "--measure", "--measure-tokens", "-1"), 2)
 
 
+def test_options_that_would_do_nothing_are_refused(tiny_bundle, tmp_path):
+    """An option the others make pointless is an error, not silently dropped (a helper's audit, session 37)."""
+    assert "give --measure too" in one_line_error(run("plan", tiny_bundle, "--measure-tokens", "5"), 2)
+    assert "nothing is drafted" in one_line_error(
+        run("generate", tiny_bundle, "-p", "hi", "--drafter", "none", "--draft-tokens", "4"), 2)
+    pred = tmp_path / "pred.txt"
+    pred.write_text("hello")
+    assert "only drafted from" in one_line_error(
+        run("generate", tiny_bundle, "-p", "hi", "--drafter", "none", "--prediction", pred), 2)
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    assert "is a directory" in one_line_error(run("bench", tiny_bundle, "--prompts", prompts, "--out",
+                                                  tmp_path / "o"), 2)
+
+
 def test_set_top_k_huge(tiny_bundle):
     from edgespec.chat import ChatRepl
 

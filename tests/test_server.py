@@ -485,6 +485,9 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", b"{not json", 400, None, "invalid_json"),
     ("chat", b"\xff\xfe", 400, None, "invalid_json"),
     ("chat", [1, 2], 400, None, "invalid_json"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "user": 5}, 400, "user", "invalid_type"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "messages[0].content",
+     None),
     ("chat", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}", 400, None,
      "invalid_json"),  # (more digits than Python reads: ValueError, not JSONDecodeError)
     ("chat", {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
@@ -629,6 +632,17 @@ def test_bad_input_gets_an_openai_error(server, endpoint, body, status, param, c
         assert e["code"] == code
     if code == "context_length_exceeded":  # the numbers
         assert str(CONTEXT) in e["message"] and re.search(r"prompt has \d+ tokens", e["message"])
+
+
+def test_error_messages_name_the_bound_that_holds(server):
+    """A chat's max_tokens of -1 is told the bound 0 would be told too (>= 1); a text part whose text is no
+    string is told so (not "only text parts are supported, got 'text'")."""
+    chat = server + "/v1/chat/completions"
+    for key in ("max_tokens", "max_completion_tokens"):
+        st, err = http(chat, json.dumps({"messages": [{"role": "user", "content": "hi"}], key: -1}).encode())
+        assert st == 400 and ">= 1, got -1" in err["error"]["message"], err
+    st, err = http(chat, json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}).encode())
+    assert st == 400 and "text must be a string, got null" in err["error"]["message"], err
 
 
 def test_bad_input_through_the_openai_client(client, model_id):

@@ -192,6 +192,8 @@ FORMAT_ERRORS = [
     ({"type": "json_schema", "json_schema": {"name": "x", "format": 1}}, "unknown field 'format'"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}, "objectx"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": float("inf")}}}, "not JSON"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-"}}},
+     "regex parse error: .*unclosed character class"),  # (the error's later lines say why)
 ]
 
 
