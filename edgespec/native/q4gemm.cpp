@@ -673,32 +673,76 @@ struct AmxBuffers {
   uint8_t* w;
   float* acc;
 };
-ES_AMX AmxBuffers amx_buffers(const Call& c, int64_t group) {
+ES_AMX AmxBuffers amx_buffers(const Call& c, int64_t group, int64_t acc_group = 0) {
   thread_local std::vector<uint8_t> wraw;
   thread_local std::vector<float> araw;
-  const size_t wbytes = size_t(group * c.k->block * kTile) + 64, accs = size_t(c.M * group * kTile) + 16;
+  const size_t wbytes = size_t(group * c.k->block * kTile) + 64,
+               accs = size_t(c.M * (acc_group ? acc_group : group) * kTile) + 16;
   if (wraw.size() < wbytes) wraw.resize(wbytes);
   if (araw.size() < accs) araw.resize(accs);
   return {wraw.data() + ((64 - reinterpret_cast<uintptr_t>(wraw.data()) % 64) % 64),
           araw.data() + ((64 - reinterpret_cast<uintptr_t>(araw.data()) % 64) % 64) / 4};
 }
 
+// Block b's scales and minimums for the group's G column tiles (s[j], m[j]): read once a block, for every chunk.
+ES_AMX inline void amx_block_scales(const Call& c, int64_t G, int64_t t, int64_t b, __m512* s, __m512* m) {
+  for (int64_t j = 0; j < G; ++j) scale_min16(c, t + j, b, &s[j], &m[j]);
+}
+
 // After a chunk's tile multiplies for block b (the G column tiles' C stored at cb, 16 x 16 int32 each): each
-// of the chunk's rows' block dot into its float sums (acc: per row ``group`` tiles of 16).
-ES_AMX inline void amx_chunk_sums(const Call& c, const int32_t* cb, float* acc, int64_t group, int64_t G,
-                                  int64_t t, int64_t b, int64_t ch) {
+// of the chunk's rows' block dot into its float sums (acc: per row ``group`` tiles of 16), by block_fma_corrected
+// and block_min's operations per lane (the same bits), rows outer: a row's activation scale and its product with
+// the row's sum (block_xsum) are broadcast once for the G tiles, the tiles' scales and minimums are in registers
+// (amx_block_scales), and nothing is read from the Call in the loop (session 37: at block 32, where this is most
+// of a prefill's time, the per-tile reloads and scalar products were half of it).
+template <int G, bool Minimums, int P>
+ES_AMX inline void amx_chunk_sums_g(const Call& c, const int32_t* cb, float* acc, int64_t group, const __m512* s,
+                                    const __m512* m, int64_t b, int64_t ch) {
   const int64_t nb = c.k->nb, r0 = ch * c.rows, n = std::min<int64_t>(c.rows, c.M - r0);
-  for (int64_t j = 0; j < G; ++j) {
-    __m512 s, m;
-    scale_min16(c, t + j, b, &s, &m);
-    const int32_t* cj = cb + j * 16 * kTile;
-    for (int64_t r = 0; r < n; ++r) {
-      float* a = acc + ((r0 + r) * group + j) * kTile;
-      const int64_t rb = (r0 + r) * nb + b;
-      _mm512_store_ps(a, block_min(c, m, rb, block_fma_corrected(c, s, _mm512_load_si512(cj + r * kTile), rb,
-                                                                 _mm512_load_ps(a))));
+  const float* xd = c.xd;
+  const int32_t* xs = c.xs;
+  __m512 sj[P * G], mj[P * G];
+  for (int i = 0; i < P * G; ++i) sj[i] = s[(i / G) * 4 + i % G], mj[i] = m[(i / G) * 4 + i % G];
+  for (int64_t r = 0; r < n; ++r) {
+    float* a = acc + (r0 + r) * group * kTile;
+    __m512 v[G];
+    for (int j = 0; j < G; ++j) v[j] = _mm512_load_ps(a + j * kTile);
+    for (int p = 0; p < P; ++p) {  // block b + p, in block order (the chain per lane)
+      const int64_t rb = (r0 + r) * nb + b + p;
+      const __m512 d = _mm512_set1_ps(xd[rb]);
+      const int32_t* cr = cb + p * 4 * 16 * kTile + r * kTile;
+      for (int j = 0; j < G; ++j)
+        v[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cr + j * 16 * kTile)), _mm512_mul_ps(sj[p * G + j], d),
+                               v[j]);
+      if (Minimums) {
+        const __m512 xsum = _mm512_set1_ps(xd[rb] * float(xs[rb]));  // (block_xsum)
+        for (int j = 0; j < G; ++j) v[j] = _mm512_fnmadd_ps(mj[p * G + j], xsum, v[j]);
+      }
     }
+    for (int j = 0; j < G; ++j) _mm512_store_ps(a + j * kTile, v[j]);
   }
+}
+template <bool Minimums, int P>
+ES_AMX inline void amx_chunk_sums_m(const Call& c, const int32_t* cb, float* acc, int64_t group, int64_t G,
+                                    const __m512* s, const __m512* m, int64_t b, int64_t ch) {
+  switch (G) {
+    case 4: return amx_chunk_sums_g<4, Minimums, P>(c, cb, acc, group, s, m, b, ch);
+    case 3: return amx_chunk_sums_g<3, Minimums, P>(c, cb, acc, group, s, m, b, ch);
+    case 2: return amx_chunk_sums_g<2, Minimums, P>(c, cb, acc, group, s, m, b, ch);
+    default: return amx_chunk_sums_g<1, Minimums, P>(c, cb, acc, group, s, m, b, ch);
+  }
+}
+// P (1 or 2) blocks from b: their C tiles at cb, block b + p's column tile j at cb + (4p + j) x 16 x 16, its scales
+// and minimums s[4p + j], m[4p + j]. Two blocks a pass read and write each row's sums once for both (session 37:
+// at block 32 the sums' traffic through L2 was the epilogue's largest cost).
+ES_AMX inline void amx_chunk_sums(const Call& c, const int32_t* cb, float* acc, int64_t group, int64_t G,
+                                  const __m512* s, const __m512* m, int64_t b, int64_t ch, int P = 1) {
+  if (c.q.minimums)
+    P == 2 ? amx_chunk_sums_m<true, 2>(c, cb, acc, group, G, s, m, b, ch)
+           : amx_chunk_sums_m<true, 1>(c, cb, acc, group, G, s, m, b, ch);
+  else
+    P == 2 ? amx_chunk_sums_m<false, 2>(c, cb, acc, group, G, s, m, b, ch)
+           : amx_chunk_sums_m<false, 1>(c, cb, acc, group, G, s, m, b, ch);
 }
 
 // The group's sums (column tiles t..t+G-1) into the output, row by row: the group's columns one contiguous
@@ -729,43 +773,51 @@ ES_AMX void amx_tiles(const Call& c, int64_t t0, int64_t t1) {
   cfg.rows[4] = uint8_t(rows), cfg.colsb[4] = uint16_t(ks);                     // A: rows x ks bytes
   for (int i = 5; i < 8; ++i) cfg.rows[i] = uint8_t(ks / 4), cfg.colsb[i] = 64;  // B: ks/4 k quads x 16 x 4
   _tile_loadconfig(&cfg);
-  const AmxBuffers buf = amx_buffers(c, 4);
-  uint8_t* wb = buf.w;
+  const AmxBuffers buf = amx_buffers(c, 8, 4);  // the unpacked weights of two blocks, the sums of four tiles
   float* acc = buf.acc;
-  alignas(64) int32_t cb[4 * 16 * kTile];
+  alignas(64) int32_t cb[2 * 4 * 16 * kTile];
   for (int64_t t = t0; t < t1; t += 4) {
     const int64_t G = std::min<int64_t>(4, t1 - t);
     std::fill(acc, acc + c.M * 4 * kTile, 0.f);
-    for (int64_t b = 0; b < nb; ++b) {
-      for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, b, wb + j * wstride);
+    for (int64_t b = 0; b < nb; b += 2) {
+      const int P = b + 1 < nb ? 2 : 1;  // blocks b and b + 1 a pass (see amx_chunk_sums)
+      __m512 s[8], m[8];
+      for (int p = 0; p < P; ++p) {
+        for (int64_t j = 0; j < G; ++j) amx_unpack(c, t + j, b + p, buf.w + (4 * p + j) * wstride);
+        amx_block_scales(c, G, t, b + p, s + 4 * p, m + 4 * p);
+      }
       for (int64_t ch = 0; ch < c.chunks; ++ch) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t st = 0; st < steps; ++st) {
-          const uint8_t* ws = wb + st * ks * kTile;
-          _tile_loadd(4, c.xa + (b * c.chunks + ch) * rows * k.block + st * ks, k.block);
-          _tile_loadd(5, ws, 64);
-          _tile_dpbssd(0, 4, 5);
-          if (G > 1) {
-            _tile_loadd(6, ws + wstride, 64);
-            _tile_dpbssd(1, 4, 6);
+        for (int p = 0; p < P; ++p) {
+          const uint8_t* wb = buf.w + 4 * p * wstride;
+          int32_t* cp = cb + p * 4 * 16 * kTile;
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t st = 0; st < steps; ++st) {
+            const uint8_t* ws = wb + st * ks * kTile;
+            _tile_loadd(4, c.xa + ((b + p) * c.chunks + ch) * rows * k.block + st * ks, k.block);
+            _tile_loadd(5, ws, 64);
+            _tile_dpbssd(0, 4, 5);
+            if (G > 1) {
+              _tile_loadd(6, ws + wstride, 64);
+              _tile_dpbssd(1, 4, 6);
+            }
+            if (G > 2) {
+              _tile_loadd(7, ws + 2 * wstride, 64);
+              _tile_dpbssd(2, 4, 7);
+            }
+            if (G > 3) {
+              _tile_loadd(5, ws + 3 * wstride, 64);
+              _tile_dpbssd(3, 4, 5);
+            }
           }
-          if (G > 2) {
-            _tile_loadd(7, ws + 2 * wstride, 64);
-            _tile_dpbssd(2, 4, 7);
-          }
-          if (G > 3) {
-            _tile_loadd(5, ws + 3 * wstride, 64);
-            _tile_dpbssd(3, 4, 5);
-          }
+          _tile_stored(0, cp, 64);
+          if (G > 1) _tile_stored(1, cp + 16 * kTile, 64);
+          if (G > 2) _tile_stored(2, cp + 32 * kTile, 64);
+          if (G > 3) _tile_stored(3, cp + 48 * kTile, 64);
         }
-        _tile_stored(0, cb, 64);
-        if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
-        if (G > 2) _tile_stored(2, cb + 32 * kTile, 64);
-        if (G > 3) _tile_stored(3, cb + 48 * kTile, 64);
-        amx_chunk_sums(c, cb, acc, 4, G, t, b, ch);
+        amx_chunk_sums(c, cb, acc, 4, G, s, m, b, ch, P);
       }
     }
     amx_store_group(c, acc, 4, G, t);
@@ -796,6 +848,7 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
   const AmxBuffers buf = amx_buffers(c, 4);  // two buffers of two column tiles: blocks b (even, odd) and b + 1
   float* acc = buf.acc;
   alignas(64) int32_t cb[2 * 16 * kTile];
+  __m512 s[2], m[2];
   for (int64_t t = t0; t < t1; t += 2) {
     const int64_t G = std::min<int64_t>(2, t1 - t);
     std::fill(acc, acc + c.M * 2 * kTile, 0.f);
@@ -826,7 +879,8 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
         }
         _tile_stored(0, cb, 64);
         if (G > 1) _tile_stored(1, cb + 16 * kTile, 64);
-        amx_chunk_sums(c, cb, acc, 2, G, t, b, ch);
+        if (ch == 0) amx_block_scales(c, G, t, b, s, m);
+        amx_chunk_sums(c, cb, acc, 2, G, s, m, b, ch);
       }
     }
     amx_store_group(c, acc, 2, G, t);
