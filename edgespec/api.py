@@ -398,7 +398,7 @@ class Engine:
         if least > self.max_context:
             raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
                                        f"characters); the context holds {self.max_context}")
-        if not isinstance(parse_special, bool):  # ("no" would be true)
+        if type(parse_special).__name__ not in ("bool", "bool_"):  # ("no" would be true; numpy's bool passes)
             raise ConfigError(f"parse_special must be true or false, got {parse_special!r}"[:200])
         if suffix is not None:
             return self.tokenizer.encode_infill(prompt_or_messages, suffix, parse_special)

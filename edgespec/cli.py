@@ -487,8 +487,9 @@ class _OneLineUsage(click.Command):
 @click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True, callback=_finite,
               help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
 @click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
-              help="A web origin (http://localhost:3000) whose pages may call the server from a browser (CORS); "
-                   "repeat for more, '*' for any. Default: none.")
+              help="An origin (http://localhost:3000, chrome-extension://ID, tauri://localhost, null) whose pages "
+                   "may call the server from a browser or webview (CORS; others sending an Origin get 403); repeat "
+                   "for more, '*' for any. Default: none.")
 @_prompt_cache_opts
 @_engine_opts
 @memory_opts()

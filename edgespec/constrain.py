@@ -149,13 +149,15 @@ class Grammars:
                 self._tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
         if grammar.startswith(LAZY):
             trigger, grammar = grammar[len(LAZY):].split(":", 1)
-            self._matcher(llg, grammar)  # refused now if it does not compile
-            return LazyConstraint(lambda: self._matcher(llg, grammar), int(trigger), self.vocab, self.eos)
+            self._matcher(llg, grammar)  # refused now if it does not compile (or cannot start)
+            # (each block the trigger opens: checked above once, not again per block)
+            return LazyConstraint(lambda: self._matcher(llg, grammar, check=False), int(trigger), self.vocab,
+                                  self.eos)
         return Constraint(self._matcher(llg, grammar), self.vocab, self.eos)
 
-    def _matcher(self, llg, grammar: str):
+    def _matcher(self, llg, grammar: str, check: bool = True):
         m = llg.LLMatcher(self._tok, grammar, log_level=0)
-        if not m.is_error():  # (a grammar that compiles may still fail at its first token: {"$ref": "#"})
+        if check and not m.is_error():  # (a grammar that compiles may still fail at its first token: {"$ref": "#"})
             first = _allowed(m, self.vocab)
             if not m.is_error() and not first.any():
                 raise ConfigError("the reply's grammar (response_format or strict tools) allows no first token")

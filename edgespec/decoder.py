@@ -98,7 +98,7 @@ class GenerationConfig:
         if not 1 <= self.max_draft_tokens <= MAX_DRAFT:
             raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {self.max_draft_tokens}")
         SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
-        if not isinstance(self.ignore_eos, bool):  # ("no" would be true)
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):  # ("no" would be true)
             raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}"[:200])
         pred = self.prediction
         if isinstance(pred, np.ndarray) and pred.ndim == 1 and pred.dtype.kind in "iu":

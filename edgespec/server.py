@@ -676,12 +676,12 @@ class OriginGuard:
     text/plain body needs no preflight), fill its queue and write its memory of replies."""
 
     def __init__(self, app, origins: list[str]):
-        self.app, self.any, self.origins = app, "*" in origins, set(origins)
+        self.app, self.any, self.origins = app, "*" in origins, {_origin_key(o) for o in origins}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not self.any:
             origin = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"origin"), None)
-            if origin is not None and origin not in self.origins:
+            if origin is not None and _origin_key(origin) not in self.origins:
                 msg = (f"requests from web pages of origin {origin[:200]!r} are not allowed; start the server with "
                        "--allow-origin for it")
                 return await _AsciiJSON(P.error_body(msg, code="origin_not_allowed"), status_code=403)(scope, receive,
@@ -689,9 +689,32 @@ class OriginGuard:
         return await self.app(scope, receive, send)
 
 
+def _origin_key(origin: str) -> str:
+    """An origin as browsers send it: scheme and host in lower case, no default port (http :80, https :443)."""
+    from urllib.parse import urlsplit
+
+    if origin in ("*", "null"):
+        return origin
+    try:
+        u = urlsplit(origin)
+        port = u.port
+    except ValueError:
+        return origin
+    host = (u.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = u.scheme.lower()
+    if port is None or (scheme, port) in (("http", 80), ("https", 443)):
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
 def check_origins(origins) -> list[str]:
-    """``--allow-origin`` values: ``*`` or web origins (``http(s)://host[:port]``, no path; a trailing ``/``
-    dropped, as a browser's ``Origin`` header has none); ConfigError (one line) otherwise."""
+    """``--allow-origin`` values: ``*``, ``null`` (sandboxed and file:// pages) or origins
+    (``scheme://host[:port]``, no path: a web page's http(s), or a browser extension's or a desktop webview's own
+    scheme, ``chrome-extension://ID``, ``tauri://localhost``), a trailing ``/`` dropped, as browsers send them
+    (``_origin_key``); ConfigError (one line) otherwise."""
+    import re
     from urllib.parse import urlsplit
 
     if isinstance(origins, str):
@@ -700,17 +723,18 @@ def check_origins(origins) -> list[str]:
     for o in origins:
         if not isinstance(o, str):
             raise ConfigError(f"an allowed origin must be a string, got {type(o).__name__}")
-        if o != "*":
+        if o not in ("*", "null"):
             try:
                 u = urlsplit(o)
                 u.port  # noqa: B018  (a bad port raises)
             except ValueError:
                 u = None
-            if (u is None or u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/")
-                    or u.query or u.fragment or u.username or u.password or o.endswith(("?", "#"))):
-                raise ConfigError(f"allowed origin {o!r}: expected '*' or scheme://host[:port] "
-                                  "(http or https, no path), e.g. http://localhost:3000")
-            o = o.removesuffix("/")
+            if (u is None or not re.fullmatch(r"[a-z][a-z0-9+.-]*", u.scheme) or not u.hostname
+                    or u.path not in ("", "/") or u.query or u.fragment or u.username or u.password
+                    or o.endswith(("?", "#"))):
+                raise ConfigError(f"allowed origin {o!r}: expected '*', 'null' or scheme://host[:port] "
+                                  "(no path), e.g. http://localhost:3000")
+            o = _origin_key(o.removesuffix("/"))
         out.append(o)
     return out
 

@@ -236,7 +236,7 @@ class Tokenizer:
         try:
             return self._tok.decode(ids, skip_special_tokens=skip_special)
         except (OverflowError, TypeError):  # (a negative id, one past 2**32, or not an integer)
-            raise ConfigError(f"token ids must be integers from 0 to {self.vocab_size - 1}, got "
+            raise ConfigError(f"token ids must be integers from 0 to 2**32 - 1, got "
                               f"{next((i for i in ids if not isinstance(i, int) or not 0 <= i < 2**32), ids)!r}"[:200]
                               ) from None
 

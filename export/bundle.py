@@ -167,8 +167,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
-        progress.log(f"    {role}: --max-context {max_context:,} is past the model's {model_ctx:,} tokens; the bundle "
-                     f"holds {model_ctx:,}")
+        progress.log(f"    {role}: a max context of {max_context:,} (--max-context) is past the model's {model_ctx:,} "
+                     f"tokens; the bundle holds {model_ctx:,}")
     if src.kind == "hf-dir" and not any(src.path.glob("*.gguf")):
         build_input = src.path
     else:

@@ -238,6 +238,8 @@ def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True, native: bool = 
     ``rows`` at a time: the same fit, its sums in numpy's order); ``fit=False``: each block's own range
     instead of the fit (session 35's rounding, for comparisons)."""
     N, K = w.shape
+    if K % 256:
+        raise ValueError(f"k4_blocks: K must be a multiple of 256 (Q4_K's super-blocks), got {K}")
     fn = native_q4k() if fit and native else None
     if fn is not None:
         import os

@@ -7,7 +7,9 @@
 //
 // Instead of block_q4_K's packed bytes it writes what edgespec's graphs hold: per block of 32 the float scale
 // d x sc and minimum dmin x m (exact float32 products of a float16 and a 6-bit integer) and the 32 integers,
-// one a byte (0 where a block's scale is 0: its weights are minus its minimum whatever they hold).
+// one a byte (0 where a block's scale is 0: its weights are minus its minimum whatever they hold, where llama.cpp
+// leaves make_qkx2_quants' integers in them; the weights are the same).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -412,6 +412,6 @@ def test_a_max_context_past_the_models_is_said_not_dropped(tiny_dirs, tmp_path):
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "--target-precision", "fp32", "--no-quality",
                                   "--max-context", str(2**40), "-o", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
-    assert "--max-context 1,099,511,627,776 is past the model's" in r.stderr, r.stderr[-3000:]
+    assert "a max context of 1,099,511,627,776 (--max-context) is past the model's" in r.stderr, r.stderr[-3000:]
     ctx = json.loads((tmp_path / "b" / "edgespec.json").read_text())["models"]["target"]["max_context"]
     assert ctx < 2**40

@@ -1066,7 +1066,7 @@ def _needs_amx():
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (120, 21, 40, True), (512, 33, 256, True), (1536, 500, 128, True),
                                           (256, 37, 32, "float"), (1536, 300, 32, "float"), (1536, 300, 128, "float"),
-                                          (256, 37, 64, "float")])
+                                          (256, 37, 64, "float"), (96, 37, 32, "float")])
 def test_amx_path_computes_the_avx512_bits_at_every_width(K, N, block, zp, monkeypatch):
     """The AMX path (calls of _amx_min_rows(block) rows or more, signed tile multiplies of the activations by
     w - z over chunks of 16 rows; one chunk in pairs of column tiles where a block is one or two tile steps) against the AVX-512

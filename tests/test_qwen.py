@@ -42,6 +42,12 @@ def test_qwen_float_zero_point_target_decodes_exactly(name, algorithm):
         pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
     t = json.loads((bundle / "edgespec.json").read_text())["models"]["target"]
     assert t["quant"]["algorithm"] == algorithm and t["kernels"] == "edgespec-q4"
+    import onnx
+
+    nodes = [n for n in onnx.load(str(bundle / "target" / "model.onnx"), load_external_data=False).graph.node
+             if n.op_type == "MatMulQ4"]
+    kscales = sum(len(n.input) > 6 and bool(n.input[6]) for n in nodes)  # (input 6: Q4_K's scale bytes)
+    assert kscales == (112 if algorithm in ("gguf", "q4_k") else 0), (kscales, len(nodes))
     eng = edgespec.load(bundle, max_context=1024)
     for prompt in ("def quicksort(arr):", "Repeat this list: apples, pears, plums, apples, pears, plums."):
         msgs = [{"role": "user", "content": prompt}]

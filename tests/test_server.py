@@ -909,9 +909,18 @@ def test_a_page_of_another_origin_cannot_make_the_server_generate(engine, model_
             status, _ = _raw(s.url + "/v1/chat/completions", "POST", {"Content-Type": "text/plain"}, body)
             assert status == 200
             assert generations() == 1
+    # an extension's origin (or a sandboxed page's "null") is refused unless named, then served
+    ext = "chrome-extension://abcdefgh"
+    with _InProcess(engine, model_id) as s:
+        assert _raw(s.url + "/v1/models", headers={"Origin": ext})[0] == 403
+        assert _raw(s.url + "/v1/models", headers={"Origin": "null"})[0] == 403
+    with _InProcess(engine, model_id, allow_origins=[ext, "HTTP://LOCALHOST:80"]) as s:
+        assert _raw(s.url + "/v1/models", headers={"Origin": ext})[0] == 200
+        assert _raw(s.url + "/v1/models", headers={"Origin": "http://localhost"})[0] == 200
+        assert _raw(s.url + "/v1/models", headers={"Origin": "null"})[0] == 403
 
 
-@pytest.mark.parametrize("origin", ["localhost:3000", "ftp://x.example", "http://x.example/app", "http://",
+@pytest.mark.parametrize("origin", ["localhost:3000", "1http://x.example", "http://x.example/app", "http://",
                                     "http://x.example:99999", "http://u:p@x.example", "http://x.example?a=1",
                                     "http://x.example//", "http://x.example?"])
 def test_a_bad_allowed_origin_is_refused(origin):
@@ -923,6 +932,10 @@ def test_a_bad_allowed_origin_is_refused(origin):
     assert check_origins(["*", "https://a.example", "http://127.0.0.1:8080/", "http://[::1]:3000"]) == [
         "*", "https://a.example", "http://127.0.0.1:8080", "http://[::1]:3000"]
     assert check_origins("http://localhost:3000") == ["http://localhost:3000"]  # (one, as a string)
+    # as browsers send them: lower case, no default port; an extension's or a webview's scheme, and null
+    assert check_origins(["HTTP://LocalHost:80", "https://A.example:443", "chrome-extension://abcdefgh", "null",
+                          "tauri://localhost"]) == ["http://localhost", "https://a.example", "chrome-extension://abcdefgh",
+                                                   "null", "tauri://localhost"]
 
 
 # -- the command line ------------------------------------------------------------------------------
