@@ -268,6 +268,16 @@ def _threads(threads) -> int | None:
     return threads
 
 
+def _texts(inner) -> Iterator[str]:
+    """``Engine.stream``'s text deltas from ``stream_ids``' deltas."""
+    try:
+        for d in inner:
+            if d.text:
+                yield d.text
+    finally:
+        inner.close()  # an abandoned stream releases the engine at once, not at garbage collection
+
+
 class Engine:
     """Text in, text out, over a speculative ``Decoder``. Made by ``edgespec.load``."""
 
@@ -677,17 +687,13 @@ class Engine:
                parse_special: bool = True, suffix: str | None = None, token_healing: bool = False,
                **kw) -> Iterator[str]:
         """Like ``generate`` but yields text deltas as they are decoded (no tools: ``generate`` returns
-        their calls; the server streams them)."""
+        their calls; the server streams them). A bad option or a prompt too long is refused by the call
+        itself, not at the first ``next()``; the model runs from the first ``next()``."""
         if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
         ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
-        inner = self.stream_ids(ids, stop=stop, **kw)
-        try:
-            for d in inner:
-                if d.text:
-                    yield d.text
-        finally:
-            inner.close()  # an abandoned stream releases the engine at once, not at garbage collection
+        self.config(**kw)  # (stream_ids checks them again when the stream starts: here for the caller's sake)
+        return _texts(self.stream_ids(ids, stop=stop, **kw))
 
     def _collect(self, it) -> Result:
         parts, ids, stats, lps = [], [], None, None
@@ -832,14 +838,10 @@ class ChatSession:
 
     def stream(self, text: str, stop: Sequence[str] = (), **kw) -> Iterator[str]:
         """Send ``text`` and yield the reply's text deltas. Closing the generator early keeps the
-        partial reply in the history and leaves the engine ready for the next turn."""
-        turn = self._turn(text, stop, kw)
-        try:
-            for d in turn:
-                if d.text:
-                    yield d.text
-        finally:
-            turn.close()
+        partial reply in the history and leaves the engine ready for the next turn. A bad option is refused by
+        the call itself, as ``Engine.stream`` refuses it."""
+        self.engine.config(**kw)
+        return _texts(self._turn(text, stop, kw))
 
     def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
         return self.engine._collect(self._turn(text, stop, kw))

@@ -153,6 +153,10 @@ def test_typed_errors_propagate_and_leave_the_engine_usable(engine, tiny_bundle)
         engine.generate("hello", temprature=0.5)
     with pytest.raises(edgespec.ConfigError, match="drafter"):
         list(engine.stream("hello", drafter="sometimes"))
+    # stream() refuses at the call, not at the first next() (a caller's try around the call catches it)
+    for kw in (dict(temperature=-1), dict(drafter="sometimes"), dict(max_new_tokens=0)):
+        with pytest.raises(edgespec.ConfigError):
+            engine.stream("hello", **kw)
     # switches take true or false only ("no" would be true)
     with pytest.raises(edgespec.ConfigError, match="ignore_eos must be true or false"):
         engine.generate("hello", ignore_eos="no")
@@ -170,6 +174,8 @@ def test_typed_errors_propagate_and_leave_the_engine_usable(engine, tiny_bundle)
         chat.send(too_long)
     with pytest.raises(edgespec.ConfigError):
         chat.send("hello", top_p=2.0)
+    with pytest.raises(edgespec.ConfigError):  # (at the call, as Engine.stream)
+        chat.stream("hello", top_p=2.0)
     assert chat.messages == [{"role": "system", "content": "You are terse."}]  # failed turns leave no trace
     with pytest.raises(edgespec.BundleError):
         edgespec.load(tiny_bundle / "no-such-bundle")
