@@ -23,6 +23,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Sequence
 
+import numpy as np
+
 from .decoder import Decoder, GenerationConfig, Stats, TokenLogprob
 from .drafters import DRAFTERS, LoadEnv
 from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
@@ -408,7 +410,7 @@ class Engine:
         if least > self.max_context:
             raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
                                        f"characters); the context holds {self.max_context}")
-        if type(parse_special).__name__ not in ("bool", "bool_"):  # ("no" would be true; numpy's bool passes)
+        if not isinstance(parse_special, (bool, np.bool_)):  # ("no" would be true), as GenerationConfig's ignore_eos
             raise ConfigError(f"parse_special must be true or false, got {parse_special!r}"[:200])
         if suffix is not None:
             return self.tokenizer.encode_infill(prompt_or_messages, suffix, parse_special)
@@ -490,17 +492,23 @@ class Engine:
         strings. A stop string that
         is a special token's text (``<|endoftext|>``, which the reply's text leaves out) stops at that token;
         a prompt laid out for fill in the middle (``suffix``, or a plain prompt an editor laid out with the
-        model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``)."""
+        model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``). A bad option is refused
+        by the call itself, not at the first ``next()``; the model runs from the first ``next()``."""
         stop = _stops(stop)
         ends = self._stop_ids(ids, stop, fim=not kw.get("ignore_eos"))
         cfg = self.config(**kw)  # (a bad option refused before anything else)
         if ends:
             cfg = dataclasses.replace(cfg, stop_token_ids=tuple(sorted({*cfg.stop_token_ids, *ends})))
-        stats = self._local.stats = Stats()
         try:  # token healing: the reply first spells the text backed off the prompt, which is not returned
-            stats.healed = skip_text = cfg.heal.decode("utf-8")
+            healed = cfg.heal.decode("utf-8")
         except UnicodeDecodeError:
             raise ConfigError("heal must be the bytes of UTF-8 text") from None
+        return self._deltas(ids, stop, cfg, healed)
+
+    def _deltas(self, ids: Sequence[int], stop: list[str], cfg: GenerationConfig, skip_text: str) -> Iterator[Delta]:
+        """``stream_ids``' generator, once its options are checked."""
+        stats = self._local.stats = Stats()
+        stats.healed = skip_text
         skip = len(skip_text)
         dec = self.tokenizer.stream_decoder()
         text = ""
@@ -692,7 +700,6 @@ class Engine:
         if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
         ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
-        self.config(**kw)  # (stream_ids checks them again when the stream starts: here for the caller's sake)
         return _texts(self.stream_ids(ids, stop=stop, **kw))
 
     def _collect(self, it) -> Result:
