@@ -162,11 +162,12 @@ class Grammars:
             if not m.is_error() and not first.any():
                 raise ConfigError("the reply's grammar (response_format or strict tools) allows no first token")
         if m.is_error():
-            raise ConfigError(f"the reply's grammar (response_format or strict tools) cannot be used: "
-                              f"{m.get_error().splitlines()[0][:300]} (a schema that refers to itself with no "
-                              f"way to end?)" if "NoExtensionBias" in m.get_error() else
-                              f"the reply's grammar (response_format or strict tools): "
-                              f"{m.get_error().splitlines()[0][:300]}")
+            err = m.get_error()
+            first = err.splitlines()[0][:300]
+            if "NoExtensionBias" in err:
+                raise ConfigError(f"the reply's grammar (response_format or strict tools) cannot be used: {first} "
+                                  "(a schema that refers to itself with no way to end?)")
+            raise ConfigError(f"the reply's grammar (response_format or strict tools): {first}")
         return m
 
 

@@ -675,8 +675,8 @@ class OriginGuard:
     from reading the answer: a page of any site could still make a local server generate (a POST with a
     text/plain body needs no preflight), fill its queue and write its memory of replies."""
 
-    def __init__(self, app, origins: list[str]):
-        self.app, self.any, self.origins = app, "*" in origins, {_origin_key(o) for o in origins}
+    def __init__(self, app, origins: list[str]):  # (check_origins' values: already as browsers send them)
+        self.app, self.any, self.origins = app, "*" in origins, set(origins)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not self.any:

@@ -242,14 +242,13 @@ def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True, native: bool = 
         raise ValueError(f"k4_blocks: K must be a multiple of 256 (Q4_K's super-blocks), got {K}")
     fn = native_q4k() if fit and native else None
     if fn is not None:
-        import os
+        from edgespec.api import _cores
 
         x = np.ascontiguousarray(w, np.float32)
         scale = np.empty((N, K // 32), np.float32)
         minimum = np.empty((N, K // 32), np.float32)
         q = np.empty((N, K), np.uint8)
-        fn(x.ctypes.data, N, K, scale.ctypes.data, minimum.ctypes.data, q.ctypes.data,
-           len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        fn(x.ctypes.data, N, K, scale.ctypes.data, minimum.ctypes.data, q.ctypes.data, _cores())
         return KQuant("k4", q, scale, 32, 4, minimum=minimum)
     b = np.asarray(w, np.float32).reshape(N, K // 32, 32)
 
@@ -269,10 +268,16 @@ def k4_blocks(w: np.ndarray, rows: int = 4096, fit: bool = True, native: bool = 
     return KQuant("k4", q.reshape(N, K), scale, 32, 4, minimum=minimum)
 
 
+def four_bit_blocks(w: np.ndarray) -> KQuant:
+    """Float weights ``[N, K]`` as 4-bit blocks of 32 with a minimum: Q4_K's (``k4_blocks``) where K is a multiple
+    of 256, else ``min_max_4bit``'s (how ``--quant-algo gguf`` rounds a tensor of another type, and ``q4_k``
+    every weight)."""
+    return k4_blocks(w) if w.shape[1] % 256 == 0 else min_max_4bit(w)
+
+
 def tensor_quant(t) -> KQuant:
     """A ``gguf`` reader tensor ``[K, N]`` (GGUF lists the inner dimension first) as 4-bit ``KQuant``:
-    its own blocks where its type is one of ``KEPT``, else its dequantized weights as ``k4_blocks`` (K a
-    multiple of 256) or ``min_max_4bit``."""
+    its own blocks where its type is one of ``KEPT``, else its dequantized weights as ``four_bit_blocks``."""
     from gguf.quants import dequantize
 
     K, N = (int(x) for x in t.shape[:2])
@@ -280,7 +285,7 @@ def tensor_quant(t) -> KQuant:
     if kind in KEPT:
         return DECODERS[kind](np.asarray(t.data), N, K)
     w = dequantize(np.asarray(t.data), t.tensor_type).reshape(N, K).astype(np.float32)
-    return k4_blocks(w) if K % 256 == 0 else min_max_4bit(w)
+    return four_bit_blocks(w)
 
 
 def permute_rows(kq: KQuant, order: np.ndarray) -> KQuant:

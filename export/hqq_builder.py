@@ -53,14 +53,14 @@ class Q4KQuantizer(mnq.HQQWeightOnlyQuantizer):
         import numpy as np
         import torch
 
-        from .gguf_blocks import float_zero_points, k4_blocks, min_max_4bit
+        from .gguf_blocks import float_zero_points, four_bit_blocks
 
         w = tensor.detach().float().cpu().numpy()
         N, K = w.shape
         if bits != 4 or group_size != 32 or axis != 1 or K % 32:
             raise SystemExit(f"--quant-algo q4_k writes 4-bit blocks of 32 along K: got bits {bits}, block "
                              f"{group_size}, K {K}")
-        q, scale, zero = float_zero_points(k4_blocks(w) if K % 256 == 0 else min_max_4bit(w))
+        q, scale, zero = float_zero_points(four_bit_blocks(w))
         return (torch.from_numpy(q.astype(np.int32)), torch.from_numpy(scale).to(tensor.dtype),
                 torch.from_numpy(zero).to(tensor.dtype))
 

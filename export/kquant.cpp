@@ -145,7 +145,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
 }
 
 // quantize_row_q4_K_ref for one row of k floats (k a multiple of 256): per block of 32 its float scale and
-// minimum (sb, mb) and integers (q), and per super-block of 256 the bytes ggml packs (ls, lm: 6 bits each)
+// minimum (sb, mb: d x ls and dmin x lm, the float16 and 6-bit bytes ggml packs, multiplied out) and integers (q)
 void quantize_row(const float* x, int64_t k, float* sb, float* mb, uint8_t* q) {
   const int64_t nb = k / QK_K;
   uint8_t L[QK_K];
