@@ -350,10 +350,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
                 ranked = corpus_ranking(tj, drafter_vocab_corpus)
         head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc), bos_id=ttok.bos_token_id,
                                    vocab_size=tvocab, ranked=ranked)
-    stage = prepare_stage(out)
     guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
     guard.__enter__()
+    stage = None
     try:
+        stage = prepare_stage(out)
         quality_fn = None
         if quality:
             from .quality import QualityRun
@@ -407,7 +408,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         write_manifest(manifest)
         publish(stage, out)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
         raise
     finally:
         guard.__exit__(None, None, None)

@@ -119,18 +119,36 @@ def test_stale_partials_of_dead_processes_are_removed(tmp_path):
     assert live.exists() and other.exists() and not stale.exists()
 
 
+# The export runs as users run it, except that writing its manifest (after every model is built) first
+# waits a minute: a fast machine finishes a tiny export within a second of its partial bundle appearing
+# (CI did), so without the wait the signal could arrive after the export had ended. The signal comes a
+# second after the partial bundle appears: on a slow machine while the model builder runs, on a fast one
+# during the wait; either way the export is still running.
+SLOW_MANIFEST = """
+import sys, time
+import edgespec_export.bundle as b
+write = b.write_manifest
+b.write_manifest = lambda m: (time.sleep(60), write(m))[1]
+from edgespec.cli import main
+sys.argv[0] = "edgespec"
+main()
+"""
+
+
 def test_sigterm_during_export_leaves_nothing(tmp_path, tiny_dirs):
     out = tmp_path / "b"
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "export", str(tiny_dirs["qwen2"]), "-o", str(out),
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_MANIFEST, "export", str(tiny_dirs["qwen2"]), "-o", str(out),
                              "--target-precision", "fp32", "--no-quality"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob(".b.partial-*")):
         time.sleep(0.05)
     assert list(tmp_path.glob(".b.partial-*")), "the export never started its partial bundle"
     time.sleep(1.0)
+    assert proc.poll() is None, "the export ended before the signal: the test would prove nothing"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 128 + signal.SIGTERM
+    assert proc.stderr.read().strip().endswith("error: terminated")
     assert not list(tmp_path.glob(".b.*")) and not out.exists()
 
 
