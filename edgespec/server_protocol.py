@@ -207,7 +207,12 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
             raise bad(f"'stream_options' must be an object, got {_kind(so)}", "stream_options")
         if not req.stream:
             raise bad("'stream_options' is only allowed with 'stream': true", "stream_options")
+        unknown = sorted(set(so) - {"include_usage", "include_obfuscation"})
+        if unknown:
+            raise bad(f"unrecognized 'stream_options' field: {unknown[0]} (known: include_usage, "
+                      "include_obfuscation)", f"stream_options.{unknown[0]}"[:100], "unknown_parameter")
         req.include_usage = _bool(so, "include_usage", "stream_options.include_usage")
+        _bool(so, "include_obfuscation", "stream_options.include_obfuscation")  # (a boolean; nothing to pad here)
 
     # one length limit, under either of OpenAI's names (0 only with a completion's echo: the prompt scored)
     least = 0 if kind == "completion" else 1  # (a chat's 0 is refused as a completion's without echo is, below)

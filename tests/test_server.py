@@ -551,6 +551,11 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": 10**12}, 400, "top_k", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
               "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+              "stream_options": {"include_usage": True, "include_usag": True}}, 400, "stream_options.include_usag",
+     "unknown_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+              "stream_options": {"include_obfuscation": 1}}, 400, "stream_options.include_obfuscation", None),
     ("chat", {"messages": [{"role": "user", "content": "a \ud800 b"}]}, 400, "messages[0].content", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "\ud800x": 1}, 400, "\ud800x", "unknown_parameter"),
     ("chat", {"model": "\ud800", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
@@ -756,7 +761,7 @@ def test_streamed_chunks_carry_usage_null_until_the_last(server, model_id):
     got = events(sse_events(server, "/v1/chat/completions", body).read().decode())
     assert got[-1] == "[DONE]" and got[-2]["choices"] == [] and got[-2]["usage"]["completion_tokens"] >= 1
     assert len(got) > 3 and all("usage" in e and e["usage"] is None for e in got[:-2])
-    body["stream_options"] = {"include_usage": False}
+    body["stream_options"] = {"include_usage": False, "include_obfuscation": True}  # (OpenAI's; nothing to pad)
     assert all("usage" not in e for e in events(sse_events(server, "/v1/chat/completions", body).read().decode())[:-1])
 
 
