@@ -74,6 +74,25 @@ class Terminal:
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
+    def blocked_reading(self, timeout: float = 30) -> None:
+        """Wait until the program's main thread sleeps in select/poll (readline waiting for a key), read from
+        /proc/PID/wchan; where the kernel does not say (an empty or "0" wchan), wait 0.3 s instead."""
+        deadline, seen = time.monotonic() + timeout, ""
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                seen = Path(f"/proc/{self.proc.pid}/wchan").read_text()
+            except (OSError, IndexError):
+                state, seen = "S", ""
+            if state == "S":  # asleep (a running task's wchan is "0" too)
+                if seen in ("", "0"):
+                    time.sleep(0.3)
+                    return
+                if "poll" in seen or "select" in seen:
+                    return
+            time.sleep(0.02)
+        raise AssertionError(f"the program never waited for a key within {timeout}s (wchan {seen!r})")
+
     def say(self, line: str, timeout: float = REPLY_S) -> str:
         """Type a line at the prompt and return what the program printed before the next prompt."""
         self.type(line + "\r")
@@ -151,10 +170,10 @@ def test_ctrl_c_at_prompt_and_ctrl_d(tiny_bundle, terminal):
     # Ctrl-C at the prompt drops the line, the program stays. Type the line first and wait for its
     # echo: a SIGINT that lands between readline printing the prompt and it blocking on the terminal
     # is only seen at the next key press (CPython's readline loop), which no person is quick enough
-    # to hit, but a test writing straight after the prompt is.
+    # to hit, but a test writing straight after the prompt is; then wait until it blocks again.
     t.type("half a line")
     t.expect("half a line", 30)
-    time.sleep(0.3)
+    t.blocked_reading()
     t.type("\x03")
     t.expect(re.escape(PROMPT), 30)
     t.say("hello")  # a reply (a tiny random model's may be blank), then the prompt again
