@@ -188,9 +188,12 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         why = ("the target runs on a GPU" if not target.cache.host else
                "its size is 0 (prompt_cache_mb, or what the memory plan leaves)")
         raise ConfigError(f"a prompt cache file needs a prompt cache, and this engine has none: {why}")
+    named = os.fspath(path)
     path = Path(path).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"the prompt cache file {path} is a directory")
+    if path.is_dir() or str(named).endswith(("/", os.sep)):  # ("newdir/" names a directory, not a file)
+        raise ConfigError(f"the prompt cache file {named} is a directory; name a file")
+    if path.exists() and not path.is_file():  # a device or a pipe: no prompt cache, and /dev/zero never ends
+        raise ConfigError(f"the prompt cache file {path} is not a regular file")
     key = engine_key(manifest, manifest.target, target.cache, session_options)
     remove_stale_temporaries(path)  # (what a write killed midway left)
     _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
@@ -251,6 +254,10 @@ def _check_load_args(**kw) -> None:
     for name, (ok, what) in checks.items():
         if not ok:
             raise ConfigError(f"{name} must be {what}, got {kw[name]!r}"[:200])
+    for name in ("bundle", "profile", "prompt_cache_file", "memory", "documents"):  # (the OS refuses them later
+        for v in kw[name] if isinstance(kw[name], (list, tuple)) else [kw[name]]:  # with a ValueError)
+            if isinstance(v, path) and "\x00" in str(os.fspath(v)):
+                raise ConfigError(f"{name}: a path cannot hold a NUL byte, got {os.fspath(v)!r}"[:200])
 
 
 def _cores() -> int:
@@ -495,6 +502,11 @@ class Engine:
         model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``). A bad option is refused
         by the call itself, not at the first ``next()``; the model runs from the first ``next()``."""
         stop = _stops(stop)
+        if isinstance(ids, (str, bytes)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                    for t in ids):
+            raise ConfigError("stream_ids takes the prompt as token ids (integers); text goes to stream()")
+        ids = [int(t) for t in ids]
+        self.decoder.check_ids(ids, "the prompt")  # (a negative id would wrap around in the embedding)
         ends = self._stop_ids(ids, stop, fim=not kw.get("ignore_eos"))
         cfg = self.config(**kw)  # (a bad option refused before anything else)
         if ends:
@@ -716,6 +728,8 @@ class Engine:
         return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps)
 
     def chat(self, system: str | None = None) -> "ChatSession":
+        if isinstance(self.decoder, _Closed):  # (a session of a closed engine could never answer)
+            raise ClosedError(_CLOSED)
         return ChatSession(self, system)
 
     # -- closing -------------------------------------------------------------------------------
@@ -758,11 +772,14 @@ class Engine:
         self.close()
 
 
+_CLOSED = "this engine is closed (Engine.close): load the bundle again to generate"
+
+
 class _Closed:
     """What a closed engine has for a decoder: every use is a ``ClosedError``."""
 
     def __getattr__(self, name):
-        raise ClosedError("this engine is closed (Engine.close): load the bundle again to generate")
+        raise ClosedError(_CLOSED)
 
 
 def _trim_heap() -> None:

@@ -135,8 +135,16 @@ def drafter_vocab(bundle, n, output, corpus, force):
         from edgespec_export.head import apply_to_bundle
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
+    _force_needs_output(force, output)
     out = apply_to_bundle(bundle, n, output, corpus=corpus, force=force, log=lambda line: print(line, file=sys.stderr, flush=True))
     click.echo(str(out))
+
+
+def _force_needs_output(force: bool, output) -> None:
+    """``--force`` replaces the bundle at ``--output``; alone it would mean nothing (an in-place rewrite needs none)."""
+    if force and output is None:
+        raise click.UsageError("--force replaces an existing bundle at --output; without --output the bundle is "
+                               "rewritten in place (no --force needed)")
 
 
 @click.command("exact-kernels")
@@ -161,6 +169,7 @@ def exact_kernels(bundle, output, force, onnxruntime_attention, kv_dtype):
         from edgespec_export.kernels import apply_to_bundle
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
+    _force_needs_output(force, output)
     out = apply_to_bundle(bundle, output, force=force, log=lambda line: print(line, file=sys.stderr, flush=True),
                           own_attention=not onnxruntime_attention, kv_dtype=kv_dtype)  # (None: the default)
     click.echo(str(out))

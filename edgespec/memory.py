@@ -43,6 +43,7 @@ RECALL_MIN_SCORE = 0.5
 RECALL_TOP = 2
 DEFAULT_CAP_TOKENS = 65536
 STORE_FILE = "store.npz"
+MAX_STORE_BYTES = 1 << 30  # what a store file may have (one of the default cap is well under 10 MiB)
 
 
 def memory_root() -> Path:
@@ -217,10 +218,16 @@ def read_store_signed(path: Path, fingerprint: str | None,
                       vocab_size: int | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The sequences of a store file and their prompt signatures (empty in a version-1 store);
     ``StoreError`` naming what is wrong with it."""
-    try:
-        data = path.read_bytes()
+    try:  # bounded: a store symlinked to a device (/dev/zero) or a pipe would never end
+        with open(path, "rb") as f:
+            data = f.read(MAX_STORE_BYTES + 1)
     except OSError as e:
         raise StoreError(f"cannot read the memory store {path}: {e.strerror or e}") from None
+    except ValueError:  # a NUL byte in the path
+        raise StoreError(f"cannot read the memory store {str(path)!r}: a path cannot hold a NUL byte") from None
+    if len(data) > MAX_STORE_BYTES:
+        raise StoreError(f"the memory store {path} has more than {MAX_STORE_BYTES >> 20} MiB: not a store edgespec "
+                         "wrote")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
@@ -289,6 +296,9 @@ def clear_store(manifest) -> list[Path]:
     if d.is_dir():
         for p in sorted(d.iterdir()):
             if p.name.startswith(STORE_FILE) or p.name.startswith(f".{STORE_FILE}"):
+                if p.is_dir() and not p.is_symlink():  # not a file edgespec wrote: never deleted with what it holds
+                    warnings.warn(f"{p} is a directory, not a memory store: left as it is", stacklevel=2)
+                    continue
                 p.unlink()
                 gone.append(p)
         try:

@@ -337,7 +337,8 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
             theirs = meta.get("key")
             if theirs != key:
                 diff = sorted(k for k in key if not isinstance(theirs, dict) or theirs.get(k) != key[k])
-                return 0, f"written by another engine (its {', '.join(diff) or 'key'} differ)"
+                return 0, f"written by another engine (its {', '.join(diff) or 'key'} " + \
+                    ("differs)" if len(diff) <= 1 else "differ)")
             lengths = meta.get("lengths")
             if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
                 raise StoreError("its entry lengths are not a list of counts")

@@ -74,7 +74,7 @@ class SuffixDrafter(LookupDrafter):
         store = None
         if mem is not False and mem is not None:
             path = store_path(env.manifest) if mem is True else Path(mem)
-            if path.is_dir():
+            if mem is not True and path.is_dir():  # a directory the caller named: its store file
                 path = path / "store.npz"
             store = open_store(path, bundle_fingerprint(env.manifest), vocab,
                                int(opt.get("memory_cap_tokens") or DEFAULT_CAP_TOKENS), set_aside=mem is True)
@@ -290,7 +290,11 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, 
     """A documents file's text; ``error`` (DocumentError) if it is missing, a directory, too large,
     binary or not UTF-8. ``what`` names the file in the messages (``edgespec generate --prediction``
     reads its file here too)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"a {what} is named by a path (a string), got {type(path).__name__}")
     p = Path(path)
+    if "\x00" in str(p):
+        raise error(f"no such {what}: {str(p)!r} (a path cannot hold a NUL byte)"[:300])
     try:
         size = p.stat().st_size
     except FileNotFoundError:
@@ -301,10 +305,14 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, 
         raise error(f"{p} is a directory; pass the {what}s" if what == "documents file" else f"{p} is a directory")
     if size > max_bytes:
         raise error(f"{p} has {size / 2**20:.1f} MiB; a {what} may have at most {max_bytes / 2**20:.0f} MiB")
-    try:
-        data = p.read_bytes()
+    try:  # read bounded: a pipe or a device (/dev/zero) says size 0 and may never end
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
     except OSError as e:
         raise error(f"cannot read the {what} {p}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise error(f"{p} has more than {max_bytes / 2**20:.0f} MiB; a {what} may have at most "
+                    f"{max_bytes / 2**20:.0f} MiB")
     if b"\x00" in data:
         raise error(f"{p} is binary (it holds NUL bytes); " + ("documents must be text" if what == "documents file"
                                                                else f"a {what} must be text"))
@@ -326,8 +334,13 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
     is checked before any is indexed). Returns the tokens added."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    if isinstance(texts, str):
+        texts = [texts]  # one text, not one document per character
+    for t in texts:
+        if not isinstance(t, str):
+            raise DocumentError(f"texts must be strings, got {type(t).__name__}")
     d = suffix_drafter(engine)
-    all_texts = [read_document(p) for p in paths] + [str(t) for t in texts]
+    all_texts = [read_document(p) for p in paths] + list(texts)
     seqs = [engine.tokenizer.encode(t, add_special=False) for t in all_texts]
     with engine.decoder.lock.hold("add documents"):
         return d.add_documents(seqs)

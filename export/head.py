@@ -473,6 +473,9 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     from .output import check_output, prepare_stage, publish, terminate_cleanly
 
     in_place = out is None
+    if not in_place and src.resolve() in Path(out).expanduser().resolve().parents:  # (before anything is made)
+        raise ExportError(f"{Path(out).expanduser().resolve()} is inside the bundle {src}; write the new bundle "
+                          "elsewhere")
     dest = src.resolve() if in_place else check_output(out, force, [str(src)])
     stage = prepare_stage(dest)
     shutil.rmtree(stage)

@@ -501,3 +501,113 @@ def test_export_helpers_refuse_before_reading(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ExportError, match="exists; pass --force"):
         check_output(tmp_path / "f", False, [])
+
+
+# -- session 38's audit: endless files, ids, paths, places ---------------------------------------
+@pytest.mark.parametrize("args", [["generate", "{b}", "-p", "hi", "--documents", "/dev/zero"],
+                                  ["generate", "{b}", "-p", "hi", "--prediction", "/dev/zero"],
+                                  ["generate", "{b}", "-p", "hi", "--json-schema", "/dev/zero"],
+                                  ["perplexity", "{b}", "/dev/zero"],
+                                  ["generate", "{b}", "-p", "hi", "--prompt-cache-file", "/dev/zero"]],
+                         ids=["documents", "prediction", "json-schema", "perplexity", "prompt-cache-file"])
+def test_a_file_that_never_ends_is_refused_after_its_limit(tiny_bundle, cache_dir, args):
+    """/dev/zero (or a pipe) says it has 0 bytes: read bounded, so it is refused, not read until memory runs out."""
+    msg = one_line_error(run(*[a.format(b=tiny_bundle) for a in args]))
+    assert "/dev/zero" in msg and ("more than 16 MiB" in msg or "not a regular file" in msg), msg
+
+
+def test_a_prompt_cache_file_with_a_trailing_slash_names_a_directory(tiny_bundle, cache_dir, tmp_path):
+    msg = one_line_error(run("generate", tiny_bundle, "-p", "hi", "--prompt-cache-file", f"{tmp_path}/newdir/"))
+    assert "is a directory" in msg and not (tmp_path / "newdir").exists()
+
+
+def test_a_memory_store_that_never_ends_is_set_aside(tiny_bundle, tmp_path, monkeypatch):
+    from edgespec.manifest import load_manifest
+    from edgespec.memory import store_path
+
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    p = store_path(load_manifest(tiny_bundle))
+    p.parent.mkdir(parents=True)
+    p.symlink_to("/dev/zero")
+    with pytest.warns(UserWarning, match="more than 1024 MiB"):
+        eng = edgespec.load(tiny_bundle)
+    eng.close()
+    assert not p.is_symlink() and [q for q in p.parent.iterdir() if q.name.startswith("store.npz.bad-")]
+    with pytest.raises(edgespec.errors.StoreError, match="more than 1024 MiB"):  # a path the caller named stays
+        edgespec.load(tiny_bundle, memory="/dev/zero")
+
+
+def test_a_memory_store_that_is_a_directory_is_neither_written_into_nor_deleted(tiny_bundle, tmp_path, monkeypatch):
+    from edgespec.manifest import load_manifest
+    from edgespec.memory import store_path
+
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    p = store_path(load_manifest(tiny_bundle))
+    (p / "mine").mkdir(parents=True)
+    with pytest.warns(UserWarning, match="set aside"):
+        eng = edgespec.load(tiny_bundle)  # the default store's path is a directory: set aside, not written into
+    eng.generate("hello", max_new_tokens=4)
+    eng.close()
+    aside = [q for q in p.parent.iterdir() if q.name.startswith("store.npz.bad-")]
+    assert len(aside) == 1 and (aside[0] / "mine").is_dir() and not (aside[0] / "store.npz").exists()
+    r = run("memory", "clear", tiny_bundle)
+    assert r.exit_code == 0, r.output
+    assert (aside[0] / "mine").is_dir() and "left as it is" in r.output
+
+
+def test_stream_ids_refuses_ids_outside_the_vocabulary(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    vocab = eng.decoder.vocab
+    for ids, match in (([-1], "token id -1"), ([vocab], f"token id {vocab}"), (["a"], "token ids"),
+                       ("hello", "token ids"), ([True], "token ids")):
+        with pytest.raises(ConfigError, match=match):
+            eng.stream_ids(ids, max_new_tokens=2)
+    assert eng.generate("hello", max_new_tokens=2).token_ids  # nothing broken
+
+
+def test_documents_from_the_api_are_texts_and_paths(tiny_bundle, tmp_path):
+    from edgespec.errors import DocumentError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    for kw in (dict(texts=[None]), dict(texts=[b"abc"]), dict(paths=[5])):
+        with pytest.raises(DocumentError):
+            eng.add_documents(**kw)
+    assert eng.memory_stats()["document_tokens"] == 0
+    n = eng.add_documents(texts="one document, not one a character")
+    assert n > 0 and eng.memory_stats()["document_tokens"] == n
+    assert n == len(eng.tokenizer.encode("one document, not one a character", add_special=False))
+
+
+@pytest.mark.parametrize("kw", [dict(profile="a\0b.toml"), dict(documents=["a\0b"]), dict(memory="a\0b"),
+                                dict(prompt_cache_file="a\0b")])
+def test_a_nul_byte_in_a_path_is_a_config_error(tiny_bundle, kw):
+    with pytest.raises(ConfigError, match="NUL byte"):
+        edgespec.load(tiny_bundle, **kw)
+
+
+def test_a_closed_engine_opens_no_chat(tiny_bundle):
+    eng = edgespec.load(tiny_bundle, memory=False)
+    eng.close()
+    with pytest.raises(edgespec.errors.ClosedError):
+        eng.chat()
+
+
+def test_a_kernel_cache_that_is_a_file_says_so(tmp_path, monkeypatch):
+    from edgespec.errors import ProviderError
+    from edgespec.native import _build
+
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "k.cpp").write_text("int f() { return 1; }\n")
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path / "afile"))
+    with pytest.raises(ProviderError, match=r"\$EDGESPEC_NATIVE_DIR .*afile.*not a directory"):
+        _build(tmp_path / "k.cpp", "k", "a test kernel")
+
+
+def test_rewrites_refuse_force_without_output_and_an_output_inside(tiny_bundle, copy_bundle):
+    b = copy_bundle(tiny_bundle)
+    before = sorted(p.name for p in b.iterdir())
+    msg = one_line_error(run("exact-kernels", b, "--force"), 2)
+    assert "--force replaces an existing bundle at --output" in msg
+    msg = one_line_error(run("drafter-vocab", b, "8", "-o", b / "sub" / "x"))
+    assert "is inside the bundle" in msg
+    assert sorted(p.name for p in b.iterdir()) == before

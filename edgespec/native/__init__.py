@@ -93,8 +93,14 @@ def _build(source: Path, stem: str, what: str) -> str:
         if not cxx:
             raise ProviderError(f"{what} is built from source on first use and needs a C++ compiler: "
                                 f"install g++ (or set CXX)")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out.parent)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out.parent)
+        except OSError as e:
+            where = "$EDGESPEC_NATIVE_DIR" if os.environ.get("EDGESPEC_NATIVE_DIR") else "the kernel cache"
+            why = "not a directory" if out.parent.exists() and not out.parent.is_dir() else (e.strerror or str(e))
+            raise ProviderError(f"{what} is built on first use into {where} ({out.parent}), which cannot be "
+                                f"written: {why}"[:300]) from None
         os.close(fd)
         try:
             try:
