@@ -81,6 +81,10 @@ DEFAULT_PROFILE = Profile(name="default", memory_budget_mb=0, description="this 
 _BYTE_OPTIONS = ("gpu_mem_limit", "trt_max_workspace_size")
 
 
+MAX_MIB = 1 << 30  # a pebibyte
+MAX_TOKENS = 1 << 24  # 16M tokens of context (the largest models take 1M)
+
+
 def _check(name: str, data: dict, where: str) -> Profile:
     known = {f.name for f in fields(Profile)} - {"name"}
     unknown = sorted(set(data) - known)
@@ -95,12 +99,14 @@ def _check(name: str, data: dict, where: str) -> Profile:
             raise ProfileError(f"{where}: {key} = {vals[key]!r} is not {what}")
 
     is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    need("memory_budget_mb", lambda v: is_int(v) and v >= 0, "a non-negative integer")
+    # (upper bounds far past any machine or model: a typo'd huge number is refused here, not as an absurd plan)
+    need("memory_budget_mb", lambda v: is_int(v) and 0 <= v <= MAX_MIB, f"an integer in 0..{MAX_MIB} (MiB)")
     for k in ("max_context", "min_context", "prefill_chunk"):
-        need(k, lambda v: is_int(v) and v > 0, "a positive integer")
+        need(k, lambda v: is_int(v) and 0 < v <= MAX_TOKENS, f"an integer in 1..{MAX_TOKENS}")
     need("max_draft_tokens", lambda v: is_int(v) and 1 <= v <= MAX_DRAFT, f"an integer in 1..{MAX_DRAFT}")
     need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
-    need("prompt_cache_mb", lambda v: is_int(v) and v >= 0, "a non-negative integer (0: no prompt cache)")
+    need("prompt_cache_mb", lambda v: is_int(v) and 0 <= v <= MAX_MIB,
+         f"an integer in 0..{MAX_MIB} (MiB; 0: no prompt cache)")
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
     need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "suffix", "none"),

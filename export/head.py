@@ -102,6 +102,8 @@ def corpus_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
                                                                     or f.name.startswith("README")))
         elif p.is_file():
             out.append(p)
+        elif p.exists():
+            raise ExportError(f"corpus: {p} is not a regular file or a directory")
         else:
             raise ExportError(f"corpus: no such file or directory: {p}")
     return sorted(set(out))
@@ -110,17 +112,22 @@ def corpus_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
 def corpus_ranking(tokenizer_json: str | os.PathLike, paths: Sequence[str | os.PathLike],
                    max_bytes: int = 256 << 20) -> list[int]:
     """Token ids by their frequency in the text of ``paths`` (most frequent first; ids never seen
-    are left out), tokenized by ``tokenizer_json``; files that are not UTF-8 are skipped, reading
-    stops after ``max_bytes``."""
+    are left out), tokenized by ``tokenizer_json``; files that are not UTF-8 text (or hold NUL bytes:
+    binary) are skipped, reading stops after ``max_bytes``."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     counts = np.zeros(tok.get_vocab_size(with_added_tokens=True) + 1024, dtype=np.int64)
-    texts, read = [], 0
+    texts, read, skipped = [], 0, []
     for f in corpus_files(paths):
         try:
-            t = f.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+            with open(f, "rb") as fh:
+                data = fh.read(max_bytes - read + 1)
+            if b"\x00" in data:
+                raise ValueError("binary")
+            t = data.decode("utf-8", errors="ignore" if len(data) > max_bytes - read else "strict")
+        except (ValueError, OSError):  # (UnicodeDecodeError is a ValueError)
+            skipped.append(f)
             continue
         texts.append(t)
         read += len(t)
@@ -134,7 +141,9 @@ def corpus_ranking(tokenizer_json: str | os.PathLike, paths: Sequence[str | os.P
     for e in tok.encode_batch(texts, add_special_tokens=False):
         counts += np.bincount(np.asarray(e.ids, dtype=np.int64), minlength=counts.shape[0])[: counts.shape[0]]
     if not counts.any():
-        raise ExportError("corpus: no text to count tokens in")
+        why = f" ({len(skipped)} file(s) skipped, binary or not UTF-8: {skipped[0]}{', ...' if len(skipped) > 1 else ''})" \
+            if skipped else ""
+        raise ExportError(f"corpus: no text to count tokens in{why}")
     seen = np.flatnonzero(counts)
     return seen[np.argsort(-counts[seen], kind="stable")].tolist()
 

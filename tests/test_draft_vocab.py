@@ -334,6 +334,14 @@ def test_corpus_ranking_keeps_the_corpus_tokens(tiny_bundle, tmp_path):
     assert merge.drafter.load_head_ids(m.target.vocab_size).tolist() == list(range(n))
     with pytest.raises(ExportError, match="no such file or directory"):
         apply_to_bundle(tiny_bundle, 100, tmp_path / "x", corpus=[tmp_path / "missing"])
+    with pytest.raises(ExportError, match="/dev/null is not a regular file"):
+        corpus_ranking(tj, ["/dev/null"])
+    (tmp_path / "nul.txt").write_bytes(text.encode() + b"\x00")  # binary: skipped, and said when nothing is left
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    for f in ("nul.txt", "latin1.txt"):
+        with pytest.raises(ExportError, match=f"1 file.* skipped, binary or not UTF-8: .*{f}"):
+            corpus_ranking(tj, [tmp_path / f])
+    assert corpus_ranking(tj, [tmp_path / "nul.txt", tmp_path / "corpus"]) == ranked
     r = CliRunner().invoke(cli, ["export", str(tiny_bundle), "-o", str(tmp_path / "w"), "--drafter-vocab-corpus", "x"])
     assert r.exit_code == ExportError.exit_code and "applies with --drafter-vocab N" in r.output
 

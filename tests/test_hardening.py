@@ -481,6 +481,9 @@ def _profile(tmp_path, body: str) -> Path:
 @pytest.mark.parametrize("body, match", [
     ("[provider_options.cpu]\nintra_op_threads = 4\n", "takes no options"),
     ("max_draft_tokens = 100000\n", "max_draft_tokens"),
+    ("prefill_chunk = 9223372036854775807\n", "prefill_chunk"),
+    ("min_context = 9223372036854775807\n", "min_context"),
+    ("prompt_cache_mb = 9223372036854775807\n", "prompt_cache_mb"),
     ("x = " + "[" * 100000, "TOML"),
 ])
 def test_bad_profiles(tiny_bundle, tmp_path, body, match):
