@@ -53,15 +53,20 @@ def read_json_cache(path: Path) -> dict:
         return {}
 
 
-def write_json_cache(path: Path, data: dict) -> None:
-    """Atomically, best effort: an unwritable cache only means learning it again next time."""
+def write_json_cache(path: Path, data: dict) -> str | None:
+    """Atomically, best effort: an unwritable cache only means learning it again next time. Returns why it
+    could not be written (None: written)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         tmp.replace(path)
-    except OSError:
-        pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+_UNSAVED: set[Path] = set()  # stamp files already said to be unwritable (said once a process)
 
 
 class Stamps:
@@ -82,8 +87,16 @@ class Stamps:
         self.changed = True
 
     def save(self) -> None:
-        if self.changed:
-            write_json_cache(self.path, self.data)
+        if not self.changed:
+            return
+        why = write_json_cache(self.path, self.data)
+        if why and self.path not in _UNSAVED:  # every load would hash the large files again, silently
+            _UNSAVED.add(self.path)
+            import warnings
+
+            warnings.warn(f"cannot record the verified files in {self.path.parent} ({why}): this bundle's large "
+                          "files are hashed again on every load (set EDGESPEC_CACHE_DIR to a writable directory)",
+                          stacklevel=2)
 
 
 def _inside(root: Path, p: Path) -> bool:

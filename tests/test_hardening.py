@@ -614,3 +614,20 @@ def test_rewrites_refuse_force_without_output_and_an_output_inside(tiny_bundle, 
     msg = one_line_error(run("drafter-vocab", b, "8", "-o", b / "sub" / "x"))
     assert "is inside the bundle" in msg
     assert sorted(p.name for p in b.iterdir()) == before
+
+
+def test_unwritable_verified_stamps_are_said_once(tiny_bundle, tmp_path, monkeypatch, big_limit_zero):
+    """Where the cache cannot be written, every load hashes the large files again: said (once), not silent."""
+    import warnings
+
+    import edgespec.integrity as integrity
+
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "afile"))
+    monkeypatch.setattr(integrity, "_UNSAVED", set())
+    with pytest.warns(UserWarning, match="cannot record the verified files .*hashed again on every load"):
+        edgespec.load(tiny_bundle, memory=False).close()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        edgespec.load(tiny_bundle, memory=False).close()
+    assert not [w for w in got if "verified files" in str(w.message)]
