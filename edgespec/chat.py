@@ -8,21 +8,25 @@ dropped (with a notice) when the history outgrows the context.
 Ctrl-C stops the reply being written and keeps the conversation (the partial reply stays in the
 history); Ctrl-D or ``/exit`` leaves. Notices go to stderr; statistics go to stderr after each
 reply with ``--stats``, or to stdout on ``/stats``. Piped (non-tty) input works too: each line is
-one message or command, until end of input.
+one message or command, until end of input or ``/exit``; piped input that met an error exits 1 either
+way. A line over ``LINE_LIMIT`` bytes is refused (and, piped, skipped up to the next newline) and the
+conversation goes on.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import secrets
 import sys
 from typing import Callable, TextIO
 
 from .decoder import Stats
 from .drafters import drafter_choices
-from .errors import ConfigError, EdgespecError
+from .errors import ConfigError, ContextOverflowError, EdgespecError
 
 PROMPT = "you> "
+LINE_LIMIT = 64 << 20  # bytes of one line; the CLI passes its STDIN_LIMIT (what `generate -p -` reads), the same
 
 HELP = """\
 commands:
@@ -58,13 +62,6 @@ def _optional_int(none_word: str) -> Callable[[str], int | None]:
     return parse
 
 
-def _drafter(text: str) -> str:
-    choices = [d for d in drafter_choices() if d != "prediction"]  # (a request's prediction: none in the REPL)
-    if text not in choices:
-        raise ConfigError(f"{text!r} is not one of {', '.join(choices)}")
-    return text
-
-
 SETTINGS: dict[str, Callable[[str], object]] = {
     "temperature": _number(float),
     "top_p": _number(float),
@@ -72,7 +69,7 @@ SETTINGS: dict[str, Callable[[str], object]] = {
     "max_new_tokens": _number(int),
     "seed": _optional_int("none"),
     "draft_tokens": _optional_int("auto"),
-    "drafter": _drafter,
+    "drafter": str,  # checked against the engine's drafters (ChatRepl._check_drafter)
 }
 
 
@@ -82,8 +79,10 @@ class ChatRepl:
 
     def __init__(self, engine, *, system: str | None = None, options: dict | None = None,
                  show_stats: bool = False, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 stderr: TextIO | None = None):
+                 stderr: TextIO | None = None, line_limit: int = LINE_LIMIT):
         self.engine = engine
+        self.line_limit = line_limit
+        self._skipping = False  # piped: the rest of a line too long is still to be skipped
         self.options = self._checked({k: v for k, v in (options or {}).items() if v is not None})
         self.session = engine.chat(system=system)
         self._check_start(system)
@@ -121,18 +120,45 @@ class ChatRepl:
 
     # -- input ---------------------------------------------------------------------------------
     def _read(self) -> str | None:
-        """The next line, or None at end of input (Ctrl-D)."""
+        """The next line, or None at end of input (Ctrl-D). A line over ``line_limit`` bytes is a
+        ``ContextOverflowError``; piped, the rest of it is skipped up to the next newline, so that
+        reading never holds more than one bounded line (a stream without newlines: /dev/zero)."""
         if not self.interactive:
-            line = self.stdin.readline()
-            return line if line else None
+            while self._skipping:  # the rest of a line too long, read and dropped a bounded chunk at a time
+                rest = self.stdin.readline(1 << 20)
+                self._skipping = bool(rest) and not rest.endswith("\n")
+            line = self.stdin.readline(self.line_limit + 1)  # characters: at least as many bytes
+            if not line:
+                return None
+            if len(line) > self.line_limit and not line.endswith("\n"):
+                self._skipping = True  # (after the error is shown: a stream without newlines never ends)
+                raise self._too_long()
+            self._check_length(line.removesuffix("\n"))
+            return line
         while True:
             try:
-                return input(PROMPT)
+                line = input(PROMPT)
             except EOFError:
                 self._out("\n")
                 return None
             except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line, like a shell
                 self._out("\n")
+                continue
+            self._check_length(line)
+            return line
+
+    def _check_length(self, line: str) -> None:
+        if len(line) * 4 > self.line_limit and _utf8_len(line) > self.line_limit:  # (a char is 1-4 bytes)
+            raise self._too_long()
+
+    def _too_long(self) -> ContextOverflowError:
+        limit = f"{self.line_limit >> 20} MiB" if self.line_limit >= 1 << 20 else f"{self.line_limit} bytes"
+        return ContextOverflowError(f"a line is longer than {limit}: "
+                                    + ("dropped" if self.interactive else "skipped up to the next newline"))
+
+    def _exit_code(self) -> int:
+        """Piped input that met an error exits 1 (at its end or at /exit alike); a terminal's session 0."""
+        return 1 if self.failed and not self.interactive else 0
 
     def run(self) -> int:
         restore = _catch_ctrl_c() if self.interactive else None
@@ -153,14 +179,17 @@ class ChatRepl:
                 line = self._read()
             except KeyboardInterrupt:  # Ctrl-C while piped input is read: leave quietly
                 return 130
+            except EdgespecError as e:  # a line too long: refused, the conversation goes on
+                self._error(str(e))
+                continue
             if line is None:
-                return 1 if self.failed and not self.interactive else 0
+                return self._exit_code()
             line = line.strip()
             if not line:
                 continue
             if line.startswith("/"):
                 if not self.command(line):
-                    return 0
+                    return self._exit_code()
                 continue
             self.reply(line)
 
@@ -229,9 +258,39 @@ class ChatRepl:
             self._error(f"unknown command /{name}; /help lists the commands")
         return True
 
-    def _checked(self, options: dict) -> dict:
-        self.engine.config(**options)  # raises ConfigError on a bad value (or a drafter model not loaded)
+    def _checked(self, options: dict, key: str | None = None) -> dict:
+        """``options`` if the engine takes them, else ``ConfigError``; ``key``: the one /set changed."""
+        if options.get("drafter") is not None:
+            self._check_drafter(options["drafter"])
+        cfg = self.engine.config(**options)  # raises ConfigError on a bad value
+        if cfg.drafter == "none" and options.get("draft_tokens") is not None:  # (generate's rule)
+            if key == "drafter":
+                raise ConfigError(f"drafter: none drafts nothing, but draft_tokens is {options['draft_tokens']}; "
+                                  f"/set draft_tokens auto first")
+            if key == "draft_tokens":
+                raise ConfigError(f"draft_tokens: the drafter is none{'' if 'drafter' in options else ' (the default)'}"
+                                  f", so nothing is drafted; /set drafter first")
+            raise ConfigError(f"draft_tokens with drafter none{'' if 'drafter' in options else ' (the default)'}: "
+                              f"nothing is drafted; give one of them")
         return options
+
+    def _drafter_names(self) -> list[str]:
+        """The drafters this chat takes: those the engine has loaded and auto and none, but not
+        prediction (it drafts from a request's predicted output, which a chat has none of)."""
+        loaded = self.engine.decoder.drafters
+        return [d for d in drafter_choices() if d != "prediction" and (d in ("auto", "none") or d in loaded)]
+
+    def _check_drafter(self, name: str) -> None:
+        names = self._drafter_names()
+        if name in names:
+            return
+        if name == "prediction":
+            why = "prediction drafts from a request's predicted output (generate --prediction), which chat has none of"
+        elif name in drafter_choices():  # known but not loaded: the engine says why (no drafter model, ...)
+            why = getattr(self.engine.decoder, "unavailable", {}).get(name) or f"no {name} drafter is loaded"
+        else:
+            raise ConfigError(f"drafter: {name!r} is not one of {', '.join(names)}")
+        raise ConfigError(f"drafter: {why}; the drafters available: {', '.join(names)}")
 
     def _set(self, arg: str) -> None:
         if not arg:
@@ -249,38 +308,62 @@ class ChatRepl:
             return
         try:
             parsed = SETTINGS[key](value)
-            self.options = self._checked({**self.options, key: parsed})
+            self.options = self._checked({**self.options, key: parsed}, key)
         except ConfigError as e:
             message = str(e)
             self._error(message if message.startswith(key) else f"{key}: {message}")
             return
         self._out(f"{key} = {'auto' if parsed is None and key == 'draft_tokens' else parsed}\n")
 
-    def _save(self, path: str) -> None:
-        if not path:
+    def _save(self, arg: str) -> None:
+        if not arg:
             self._error("/save needs a file name")
             return
-        if os.path.lexists(path) and not _is_conversation(path):
-            self._error(f"{path} exists and is not a conversation /save wrote; give another name")
+        path = os.path.expanduser(arg)  # ~/chat.json, as a shell would
+        shown = _shown(path)
+        if "\0" in path:
+            self._error(f"cannot write {shown}: a file name cannot hold a NUL byte")
             return
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:  # whole or not at all: a full disk leaves the file as it was
-            with open(tmp, "w", encoding="utf-8") as f:
+        if os.path.lexists(path) and not _is_conversation(path):
+            self._error(f"{shown} exists and is not a conversation /save wrote; give another name")
+            return
+        # whole or not at all (a full disk leaves the file as it was): written beside it under a short
+        # hidden name, never longer than a legal one, then renamed over it
+        tmp = os.path.join(os.path.dirname(path), f".edgespec-save-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        made = False
+        try:
+            with open(tmp, "x", encoding="utf-8") as f:
+                made = True
                 json.dump(self.session.messages, f, indent=2, ensure_ascii=False)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException as e:  # Ctrl-C mid-write too: no temporary file left behind
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            if not isinstance(e, OSError):
+            if made:
+                try:
+                    os.unlink(tmp)
+                except (OSError, ValueError):
+                    pass
+            if not isinstance(e, (OSError, ValueError)):  # (ValueError: a name or text the system cannot take)
                 raise
-            self._error(f"cannot write {path}: {e.strerror or e}")
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+            self._error(f"cannot write {shown}: {why}")
             return
-        self._out(f"[saved {len(self.session.messages)} messages to {path}]\n")
+        self._out(f"[saved {len(self.session.messages)} messages to {shown}]\n")
+
+
+def _shown(path: str) -> str:
+    """A file name for a one-line message: as typed, or quoted with escapes if it holds control characters."""
+    return path if path.isprintable() else ascii(path)
+
+
+def _utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (a byte that was not UTF-8, read with surrogateescape, counts as one)."""
+    try:
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _is_conversation(path: str) -> bool:

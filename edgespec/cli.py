@@ -444,10 +444,14 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     """Chat with the model in BUNDLE (its chat template; /help lists the commands, Ctrl-D leaves).
 
     Replies stream as they are decoded; Ctrl-C stops a reply and keeps the conversation. The
-    conversation's KV cache is reused between turns. Piped input is read line by line.
+    conversation's KV cache is reused between turns. Piped input is read line by line (a line of at
+    most 64 MiB; a longer one is refused and skipped); piped input that met an error exits 1.
     """
     from .chat import run_chat
+    from .errors import ConfigError
 
+    if drafter == "none" and draft_tokens is not None:  # (generate's rule and words; before the model loads)
+        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
     penalties = penalty_options()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -457,7 +461,7 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     if hasattr(sys.stdin, "reconfigure"):
         sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 is refused, not fatal
     try:
-        code = run_chat(eng, system=system, options=options, show_stats=show_stats)
+        code = run_chat(eng, system=system, options=options, show_stats=show_stats, line_limit=STDIN_LIMIT)
     finally:
         eng.close()  # (a prompt cache file written now, its warnings as every other)
     ctx.exit(code)

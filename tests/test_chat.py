@@ -181,9 +181,17 @@ def test_ctrl_c_at_prompt_and_ctrl_d(tiny_bundle, terminal):
     assert t.wait(60) == 0
 
 
-def _piped(bundle, text: str, *args: str) -> subprocess.CompletedProcess:
+def _piped(bundle, text: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgespec.cli", "chat", str(bundle), *args], input=text,
-                          capture_output=True, text=True, timeout=START_S, env=_env(), cwd=ROOT)
+                          capture_output=True, text=True, timeout=START_S, env={**_env(), **(env or {})}, cwd=ROOT)
+
+
+def _errors(stderr: str) -> list[str]:
+    """stderr's error lines; every line of it is one (no traceback, no continuation lines)."""
+    assert "Traceback" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert all(ln.startswith("error: ") for ln in lines), stderr
+    return lines
 
 
 def test_piped_save_and_reset(tiny_bundle, tmp_path):
@@ -221,7 +229,112 @@ def test_save_never_clobbers_another_file(tiny_bundle, tmp_path):
     assert r.returncode == 1 and "exists and is not a conversation" in r.stderr, r.stderr
     assert other.read_text() == "my notes\n"  # untouched
     assert [m["role"] for m in json.loads(conv.read_text())] == ["user", "assistant"] * 2  # a save replaces a save
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert sorted(os.listdir(tmp_path)) == ["conv.json", "notes.txt"]  # no temporary file left
+
+
+def test_save_a_name_with_a_nul_byte_is_an_error(tiny_bundle, tmp_path):
+    # a NUL byte cannot be in a file name: one error line, and the conversation survives to be saved
+    r = _piped(tiny_bundle, f"hello\n/save {tmp_path}/a\0b.json\n/save {tmp_path}/ok.json\n", "--max-new-tokens", "3")
+    assert r.returncode == 1, r.stderr
+    (line,) = _errors(r.stderr)
+    assert line.startswith("error: cannot write ") and "NUL" in line, line
+    assert [m["role"] for m in json.loads((tmp_path / "ok.json").read_text())] == ["user", "assistant"]
+    assert os.listdir(tmp_path) == ["ok.json"]
+
+
+def test_save_a_long_name_and_a_home_path(tiny_bundle, tmp_path):
+    # a legal 255-byte name (the temporary file's name must not be longer), and ~ as a shell expands it
+    home = tmp_path / "home"
+    home.mkdir()
+    long_name = "a" * 250 + ".json"
+    r = _piped(tiny_bundle, f"hello\n/save {tmp_path}/{long_name}\n/save ~/x.json\n", "--max-new-tokens", "3",
+               env={"HOME": str(home)})
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    for saved in (tmp_path / long_name, home / "x.json"):
+        assert [m["content"] for m in json.loads(saved.read_text())][0] == "hello"
+    assert f"[saved 2 messages to {home / 'x.json'}]" in r.stdout
+    assert sorted(os.listdir(tmp_path)) == sorted([long_name, "home"])  # no temporary file left
+    assert not [n for n in os.listdir(home) if n.startswith(".edgespec-save")]  # (home holds edgespec's .cache too)
+
+
+LINE_LIMIT = 64 << 20  # the CLI's STDIN_LIMIT: bytes of one line
+
+
+def test_a_line_too_long_is_skipped_and_the_chat_goes_on(tiny_bundle, tmp_path):
+    conv = tmp_path / "conv.json"
+    over = "x" * (LINE_LIMIT + 5)  # no newline within the limit
+    wide = "\u00e9" * (LINE_LIMIT // 2 + 1)  # fewer characters than the limit, more bytes (2 each)
+    script = f"hello\n{over}\nmore\n{wide}\n/save {conv}\n{over}"  # the last one ends the input, no newline
+    r = _piped(tiny_bundle, script, "--max-new-tokens", "3")
+    assert r.returncode == 1, r.stderr[-2000:]
+    errors = _errors(r.stderr)
+    assert errors == ["error: a line is longer than 64 MiB: skipped up to the next newline"] * 3, errors
+    assert [m["content"] for m in json.loads(conv.read_text()) if m["role"] == "user"] == ["hello", "more"]
+
+
+def test_a_stream_without_newlines_is_refused_in_bounded_memory(tiny_bundle):
+    # /dev/zero never ends a line: the error shows once a line's worth is read, and memory stays bounded
+    # (a 3 GiB address-space limit: the unbounded read ran out of memory with a traceback)
+    import resource
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    with open(os.devnull if not os.path.exists("/dev/zero") else "/dev/zero", "rb") as zero:
+        proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "chat", str(tiny_bundle)], stdin=zero,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), cwd=ROOT,
+                                preexec_fn=limit_memory)
+    try:
+        first = proc.stderr.readline().decode()  # (the chat prints nothing else on stderr before it)
+        assert first == "error: a line is longer than 64 MiB: skipped up to the next newline\n", first
+        time.sleep(1)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # still reading, not dead of memory
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stderr.close()
+
+
+def test_piped_errors_exit_1_at_exit_as_at_end_of_input(tiny_bundle):
+    for script, code in (("/bogus\n/exit\n", 1), ("/bogus\n", 1), ("/help\n/exit\nhello\n", 0)):
+        r = _piped(tiny_bundle, script, "--max-new-tokens", "3")
+        assert r.returncode == code, (script, r.returncode, r.stderr)
+    assert "commands:" in r.stdout and not r.stderr  # /exit left before the last line was read
+
+
+def test_draft_tokens_with_drafter_none_is_refused(tiny_bundle):
+    args = ("--drafter", "none", "--draft-tokens", "3")
+    r = _piped(tiny_bundle, "hello\n", *args)
+    g = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", str(tiny_bundle), "-p", "hi", *args],
+                       capture_output=True, text=True, timeout=START_S, env=_env(), cwd=ROOT)
+    assert r.returncode == g.returncode == 2 and r.stderr == g.stderr, (r.stderr, g.stderr)  # generate's words
+    assert _errors(r.stderr) == ["error: --draft-tokens with --drafter none: nothing is drafted; give one of them"]
+    assert not r.stdout  # refused at start: no reply
+    # /set refuses the pair in either order and changes nothing
+    script = ("/set drafter none\n/set draft_tokens 3\n/set\n"
+              "/set drafter auto\n/set draft_tokens 3\n/set drafter none\n/set\n")
+    r = _piped(tiny_bundle, script)
+    assert r.returncode == 1, r.stderr
+    first, second = _errors(r.stderr)
+    assert first.startswith("error: draft_tokens: ") and "none" in first, first
+    assert second.startswith("error: drafter: ") and "draft_tokens" in second, second
+    shown = [ln for ln in r.stdout.splitlines() if ln.startswith("temperature=")]
+    assert "draft_tokens=auto, drafter=none" in shown[0] and "draft_tokens=3, drafter=auto" in shown[1], shown
+
+
+def test_drafters_listed_are_the_ones_set_takes(tiny_bundle, tiny_llama_bundle):
+    for bundle in (tiny_llama_bundle, tiny_bundle):  # without and with a drafter model
+        r = _piped(bundle, "/set drafter model\n/set drafter prediction\n/set drafter nonsense\n")
+        listed = [re.search(r"(?:available:|one of) (.*)$", ln).group(1).split(", ") for ln in _errors(r.stderr)]
+        if bundle == tiny_llama_bundle:
+            assert len(listed) == 3 and "no drafter model" in r.stderr, r.stderr
+        else:
+            assert len(listed) == 2 and "drafter = model" in r.stdout, r.stderr  # this one has a drafter model
+        names = listed[0]
+        assert all(x == names for x in listed) and "prediction" not in names and {"auto", "none"} <= set(names)
+        assert ("model" in names) == (bundle == tiny_bundle), names
+        r = _piped(bundle, "".join(f"/set drafter {n}\n" for n in names))
+        assert r.returncode == 0 and r.stdout.count("drafter = ") == len(names), r.stderr
 
 
 def test_what_would_fail_every_turn_is_refused_at_start(tiny_bundle, tiny_llama_bundle):
