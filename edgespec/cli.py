@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import sys
 
@@ -32,6 +33,10 @@ class _Group(click.Group):
         shown, stdout = warnings.showwarning, sys.stdout
         warnings.showwarning = _one_line_warning
         sys.stdout = _Stdout(stdout)  # its write errors say they are stdout's
+        logger = logging.getLogger("edgespec")
+        notices = None if logger.handlers else _LogLine()  # the runtime's notices as warnings are: "warning: ..."
+        if notices is not None:
+            logger.addHandler(notices)
         try:
             out = super().invoke(ctx)
             sys.stdout.flush()  # a full disk under a redirected stdout is met here, not at exit
@@ -66,6 +71,8 @@ class _Group(click.Group):
             _fail(ctx, f"no space left on device ({type(e).__name__}: {str(e).splitlines()[0][:200]})", 1)
         finally:
             warnings.showwarning = shown
+            if notices is not None:
+                logger.removeHandler(notices)
             if isinstance(sys.stdout, _Stdout):
                 sys.stdout = sys.stdout.stream
 
@@ -104,6 +111,21 @@ def _is_copy_error(e: OSError) -> bool:
     import shutil
 
     return isinstance(e, shutil.Error) and bool(e.args) and isinstance(e.args[0], list) and bool(e.args[0])
+
+
+class _LogLine(logging.Handler):
+    """The ``edgespec`` logger's records (placement notices, a server's errors) on stderr as ``warning: ...`` or
+    ``error: ...`` lines, as the warnings are (Python's last-resort handler printed them bare); a server's
+    traceback, where one is logged, follows its line."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+
+    def emit(self, record):
+        try:
+            click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
+        except Exception:  # noqa: BLE001 -- logging must not raise
+            self.handleError(record)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -312,6 +334,9 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
     if drafter == "none" and prediction_file is not None:
         raise ConfigError("--prediction with --drafter none: a prediction is only drafted from; give one of them")
+    if drafter not in (None, "auto", "suffix") and click.get_current_context().params.get("documents"):
+        raise ConfigError(f"--documents with --drafter {drafter}: documents are drafted from by the suffix drafter "
+                          "only (--drafter suffix or auto); give one of them")
     penalties = penalty_options()
 
     prediction = None if prediction_file is None else read_document(
@@ -408,8 +433,18 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
     if max_windows is not None and max_windows < 1:
         raise ConfigError(f"--max-windows must be >= 1, got {max_windows}")
     text = "\n\n".join(read_document(f, what="text file", error=ConfigError) for f in files)
-    eng = load(bundle, profile=profile, provider=provider, max_context=max_context or window,
-               threads=threads, use_drafter=False, memory=False, prompt_cache_mb=0)
+    import warnings
+
+    with warnings.catch_warnings():  # (a bundle whose context is below the window: said below, as one error)
+        if max_context is None:
+            warnings.filterwarnings("ignore", message="asked for a context of")
+        eng = load(bundle, profile=profile, provider=provider, max_context=window if max_context is None
+                   else max_context, threads=threads, use_drafter=False, memory=False, prompt_cache_mb=0)
+    if max_context is None and eng.max_context < window:
+        ctx_tokens = eng.max_context
+        eng.close()
+        raise ConfigError(f"--window {window} is larger than the context this bundle runs with here ({ctx_tokens} tokens); "
+                          f"give --window {ctx_tokens} or less")
     ids = eng.tokenizer.encode(text, parse_special=False)
 
     def progress(done, total, ppl):

@@ -631,3 +631,33 @@ def test_unwritable_verified_stamps_are_said_once(tiny_bundle, tmp_path, monkeyp
         warnings.simplefilter("always")
         edgespec.load(tiny_bundle, memory=False).close()
     assert not [w for w in got if "verified files" in str(w.message)]
+
+
+def test_the_runtime_notices_are_warning_lines(tiny_bundle, tmp_path):
+    """A placement notice (a cpu-layout graph under a GPU profile) is a 'warning:' line, as warnings are."""
+    p = tmp_path / "trt.toml"
+    p.write_text('memory_budget_mb = 1000\nproviders = ["tensorrt"]\n')
+    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(tiny_bundle), "--profile", str(p)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if "runs on the CPU instead" in ln]
+    assert len(notes) == 2 and all(ln.startswith("warning: the ") for ln in notes), r.stderr
+
+
+def test_perplexity_context_options(tiny_bundle, tmp_path):
+    (tmp_path / "t.txt").write_text("some text to score " * 40)
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "0"), 2)
+    assert "max_context must be a positive integer" in msg
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--window", "4096"), 2)
+    assert "--window 4096 is larger than the context" in msg and "give --window 256 or less" in msg
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "model"])
+def test_documents_with_a_drafter_that_never_reads_them(tiny_bundle, tmp_path, drafter):
+    (tmp_path / "d.txt").write_text("a document")
+    msg = one_line_error(run("generate", tiny_bundle, "-p", "hi", "--drafter", drafter, "--documents",
+                             tmp_path / "d.txt"), 2)
+    assert f"--documents with --drafter {drafter}" in msg
+    r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "2", "--drafter", "suffix", "--documents",
+            tmp_path / "d.txt")
+    assert r.exit_code == 0, r.output
