@@ -360,6 +360,12 @@ class Server:
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, P.parse_chat(P.parse_body(await _read_body(request)), self.model_id))
 
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API: the chat request it asks for (server_protocol.parse_responses), answered as a
+        response object or its stream of events."""
+        return await self._generate(request, P.parse_responses(P.parse_body(await _read_body(request)),
+                                                               self.model_id))
+
     async def completions(self, request: Request) -> Response:
         body = P.parse_body(await _read_body(request))
         return await self._generate(request, P.parse_completion(body, self.model_id))
@@ -375,8 +381,9 @@ class Server:
                                                 held=req.response_format is not None)
             except EdgespecError as e:
                 msg = str(e).splitlines()[0]
-                raise P.bad(msg, next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
-                                       if msg.startswith(k)), "tools")) from None
+                param = next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
+                              if msg.startswith(k)), "tools")
+                raise P.bad(msg, param if req.responses is None else P.responses_param(param)) from None
             if treq is not None and treq.parses and "logprobs" in req.options:
                 raise P.bad("logprobs cannot be combined with tools the reply may call (its calls are taken out of "
                             "the text); send tool_choice 'none' or no logprobs", "logprobs", "unsupported_value")
@@ -408,7 +415,8 @@ class Server:
                 # (one that compiles may still fail at its first token: refused now, not as a 500 or mid-stream)
                 await run_in_threadpool(self.engine.decoder.constraints, kw["grammar"])
             except EdgespecError as e:
-                raise P.bad(str(e).splitlines()[0], "response_format") from None
+                raise P.bad(str(e).splitlines()[0], "response_format" if req.responses is None
+                            else P.responses_param("response_format")) from None
         if isinstance(kw.get("prediction"), str):  # tokenized once, off the event loop (it may be a large file)
             text = kw["prediction"]
             least = self.engine.tokenizer.min_tokens(text)
@@ -452,6 +460,8 @@ class Server:
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
             run.next()  # choice 0 made now: counted in the queue from the request's admission
+            if req.responses is not None:
+                return EventStream(self._sse_responses(run, req, created, ext, treq), run.cancel)
             return EventStream(self._sse(run, req, rid, created, ext, treq), run.cancel)
         choices, summaries = [], []
         for i in range(choices_n):  # one after the other: one engine, one generation at a time
@@ -465,6 +475,7 @@ class Server:
             text, s, lps = out
             s = {**s, "queue_ms": round(gen.queue_ms, 3)}
             summaries.append(s)
+            content, calls = text, []
             if treq is not None and treq.parses:
                 content, calls = treq.parse(text)
                 self.metrics.add("tool_calls", len(calls))
@@ -479,6 +490,12 @@ class Server:
         use = _usage(summaries, req, [len(x[0]) for x in prepared])
         # one choice: its statistics as ever; several: each choice's in edgespec.choices
         ext = {**ext, **summaries[0]} if choices_n == 1 else {**ext, "choices": summaries}
+        if req.responses is not None:  # (one choice: the Responses API has no n)
+            calls = [c.openai() for c in calls]
+            items = [P.message_item(P.item_id("msg"), content or "")] if content or not calls else []
+            items += [P.call_item(c, P.item_id("fc")) for c in calls]
+            return JSONResponse(P.response_object(P.response_id(), self.model_id, created, req, output=items,
+                                                  engine_reason=summaries[0]["finish_reason"], use=use, ext=ext))
         body["choices"], body["usage"], body["edgespec"] = choices, use, ext
         return JSONResponse(body)
 
@@ -573,6 +590,110 @@ class Server:
             if req.include_usage:
                 yield P.sse(P.chunk(k, rid, model, created, use=_usage(summaries, req, run.prompt_tokens), empty=True))
             yield P.SSE_DONE
+        finally:
+            run.cancel()
+
+
+    async def _sse_responses(self, run: "_Choices", req: P.GenRequest, created: int, ext: dict, treq=None):
+        """A Responses request's stream: response.created, then each output item as it forms (a message's text
+        deltas; a tool call whole, once parsed), then response.completed (or .incomplete) with the whole response;
+        an engine error mid-stream is response.failed."""
+        model, rid, seq, output = self.model_id, P.response_id(), 0, []
+        state: dict = {"msg": None}  # the open message item: (id, texts, output index)
+
+        def ev(kind: str, **obj) -> bytes:
+            nonlocal seq
+            seq += 1
+            return P.sse_event(kind, {**obj, "sequence_number": seq - 1})
+
+        def text_events(t: str) -> list[bytes]:
+            out = []
+            if not t:
+                return out
+            if state["msg"] is None:
+                mid, idx = P.item_id("msg"), len(output)
+                state["msg"] = (mid, [], idx)
+                out.append(ev("response.output_item.added", output_index=idx,
+                              item=P.message_item(mid, None, "in_progress")))
+                out.append(ev("response.content_part.added", item_id=mid, output_index=idx, content_index=0,
+                              part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+            mid, texts, idx = state["msg"]
+            texts.append(t)
+            out.append(ev("response.output_text.delta", item_id=mid, output_index=idx, content_index=0, delta=t,
+                          logprobs=[]))
+            return out
+
+        def close_message() -> list[bytes]:
+            if state["msg"] is None:
+                return []
+            mid, texts, idx = state["msg"]
+            state["msg"] = None
+            item = P.message_item(mid, "".join(texts))
+            output.append(item)
+            return [ev("response.output_text.done", item_id=mid, output_index=idx, content_index=0,
+                       text=item["content"][0]["text"], logprobs=[]),
+                    ev("response.content_part.done", item_id=mid, output_index=idx, content_index=0,
+                       part=item["content"][0]),
+                    ev("response.output_item.done", output_index=idx, item=item)]
+
+        def call_events(call: dict) -> list[bytes]:
+            out = close_message()
+            fid, idx = P.item_id("fc"), len(output)
+            item = P.call_item(call, fid)
+            out.append(ev("response.output_item.added", output_index=idx,
+                          item={**item, "arguments": "", "status": "in_progress"}))
+            out.append(ev("response.function_call_arguments.delta", item_id=fid, output_index=idx,
+                          delta=item["arguments"]))
+            out.append(ev("response.function_call_arguments.done", item_id=fid, output_index=idx, name=item["name"],
+                          arguments=item["arguments"]))
+            out.append(ev("response.output_item.done", output_index=idx, item=item))
+            output.append(item)
+            return out
+
+        def parsed(events, parser) -> list[bytes]:
+            out = []
+            for what, v in events:
+                out += text_events(v) if what == "content" else call_events(v.openai(parser.calls.index(v)))
+            return out
+
+        try:
+            gen = run.current
+            if gen is None:
+                return
+            start = P.response_object(rid, model, created, req, output=[], status="in_progress")
+            yield ev("response.created", response=start)
+            yield ev("response.in_progress", response=start)
+            parser = treq.parser() if treq is not None else None
+            async for kind, val in gen.events():
+                if kind == "delta":
+                    for b in parsed(parser.feed(val[0]), parser) if parser is not None else text_events(val[0]):
+                        yield b
+                elif kind == "done":
+                    if parser is not None:
+                        for b in parsed(parser.finish(), parser):
+                            yield b
+                        self.metrics.add("tool_calls", len(parser.calls))
+                    if not output and state["msg"] is None:  # an empty reply is still a message
+                        mid = P.item_id("msg")
+                        state["msg"] = (mid, [], 0)
+                        yield ev("response.output_item.added", output_index=0,
+                                 item=P.message_item(mid, None, "in_progress"))
+                        yield ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
+                                 part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                    for b in close_message():
+                        yield b
+                    s = {**val, "queue_ms": round(gen.queue_ms, 3)}
+                    final = P.response_object(rid, model, created, req, output=output,
+                                              engine_reason=val["finish_reason"],
+                                              use=_usage([s], req, run.prompt_tokens), ext={**ext, **s})
+                    yield ev(f"response.{final['status']}", response=final)
+                    return
+                else:
+                    err = P.engine_error(val)
+                    failed = {**P.response_object(rid, model, created, req, output=output, status="failed"),
+                              "error": {"code": err.code or "server_error", "message": err.message}}
+                    yield ev("response.failed", response=failed)
+                    return
         finally:
             run.cancel()
 
@@ -750,6 +871,7 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
                                                 "temperature": temperature})
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
+              Route("/v1/responses", srv.responses, methods=["POST"]),
               Route("/v1/completions", srv.completions, methods=["POST"]),
               Route("/v1/models", srv.models, methods=["GET"]),
               Route("/v1/models/{name:path}", srv.model, methods=["GET"]),

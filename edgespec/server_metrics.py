@@ -12,7 +12,7 @@ from typing import Callable
 
 from .measure import peak_rss, proc_status
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics", "/tokenize",
              "/detokenize")
 
 

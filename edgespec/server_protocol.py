@@ -94,6 +94,7 @@ class GenRequest:
     options: dict = field(default_factory=dict)  # engine keywords: temperature, top_p, top_k, seed, drafter, ...
     tools: dict | None = None  # tools, tool_choice, parallel_tool_calls as sent (the engine checks them: tools.py)
     response_format: dict | None = None  # json_object or json_schema as sent (structured outputs: constrain.py)
+    responses: dict | None = None  # /v1/responses: the request's own fields its response echoes (else None)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -358,6 +359,209 @@ def parse_chat(body: dict, model_id: str) -> GenRequest:
     if pred:
         req.options["prediction"] = pred
     return req
+
+
+# -- the Responses API: a request read as the chat request it asks for ----------------------------------
+_RESPONSES_KEYS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+                   "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "store", "metadata",
+                   "user", "previous_response_id", "conversation", "reasoning", "truncation", "include",
+                   "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "background",
+                   "top_logprobs", "max_tool_calls", "prompt", "top_k", "seed", "repetition_penalty", "edgespec"}
+# fields that ask for what edgespec does not do, with the values that ask for nothing (those pass)
+_RESPONSES_REFUSED = {
+    "previous_response_id": ((None,), "edgespec keeps no responses: send the whole conversation in 'input'"),
+    "conversation": ((None,), "edgespec keeps no conversations: send the whole conversation in 'input'"),
+    "prompt": ((None,), "edgespec has no stored prompts: send the text in 'instructions' and 'input'"),
+    "background": ((None, False), "edgespec answers in the foreground only"),
+    "include": ((None, []), "edgespec includes nothing more in a response"),
+    "reasoning": ((None, {}), "this server's models do not take reasoning options"),
+    "truncation": ((None, "disabled"), "edgespec does not drop input items: a conversation too long is a 400"),
+    "max_tool_calls": ((None,), "edgespec does not bound tool calls by number (parallel_tool_calls: false "
+                                "makes at most one)"),
+    "top_logprobs": ((None, 0), "edgespec's Responses endpoint returns no logprobs (use /v1/chat/completions)"),
+}
+_PART_TYPES = {"input_text", "output_text", "text", "refusal"}
+
+
+def parse_responses(body: dict, model_id: str) -> GenRequest:
+    """A ``/v1/responses`` request as the chat request it asks for: ``instructions`` a system message, ``input``
+    (a string, or message, ``function_call`` and ``function_call_output`` items) the messages, its function tools
+    and ``text.format`` the chat's tools and response_format; the chat's checks then apply, their errors naming
+    the Responses fields. ``req.responses`` keeps what the response echoes."""
+    _known(body, _RESPONSES_KEYS, "/v1/responses")
+    for key, (allowed, why) in _RESPONSES_REFUSED.items():
+        v = body.get(key)
+        if isinstance(v, dict) and all(x is None for x in v.values()):
+            v = {}  # ({"effort": null}: asks for nothing)
+        if not any(type(v) is type(a) and v == a for a in allowed):
+            raise bad(f"'{key}' is not supported: {why}", key, "unsupported_parameter")
+    where: list[str] = []  # the Responses field each chat message came from
+    msgs: list[dict] = []
+    instr = body.get("instructions")
+    if instr is not None:
+        if not isinstance(instr, str):
+            raise bad(f"'instructions' must be a string, got {_kind(instr)}", "instructions", "invalid_type")
+        if instr:
+            msgs.append({"role": "system", "content": instr})
+            where.append("instructions")
+    inp = body.get("input")
+    if isinstance(inp, str):
+        inp = [{"role": "user", "content": inp}]
+    if not isinstance(inp, list) or not inp:
+        raise bad("'input' must be a string or a non-empty array of items" + (" (it is missing)" if inp is None
+                                                                                else ""), "input",
+                  "missing_required_parameter" if inp is None else "invalid_type")
+    for j, item in enumerate(inp):
+        _input_item(item, f"input[{j}]", msgs, where)
+    if not msgs:
+        raise bad("'input' holds no message", "input")
+    chat = {"messages": msgs}
+    for key in ("model", "stream", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "user", "metadata",
+                "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+                "parallel_tool_calls", "stream_options", "edgespec"):
+        if key in body:
+            chat[key] = body[key]
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools") is not None:
+        chat["tools"] = _responses_tools(body["tools"])
+    tc = body.get("tool_choice")
+    if isinstance(tc, dict) and tc.get("type") == "function" and "function" not in tc:
+        tc = {"type": "function", "function": {"name": tc.get("name")}}  # (the chat's shape of a named choice)
+    if tc is not None:
+        chat["tool_choice"] = tc
+    fmt = _responses_text(body.get("text"))
+    if fmt is not None:
+        chat["response_format"] = fmt
+    try:
+        req = parse_chat(chat, model_id)
+    except APIError as e:  # the chat's field names as the Responses request has them
+        e.param = responses_param(e.param, where)
+        e.message = _responses_message(e.message, where)
+        raise
+    req.responses = {"instructions": instr, "max_output_tokens": body.get("max_output_tokens"),
+                     "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
+                     "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                     "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+                     "metadata": body.get("metadata") or {}, "user": body.get("user")}
+    return req
+
+
+def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
+    """One ``input`` item as chat messages: a message, a function call (joined to the assistant message before it,
+    as one turn's calls are) or a call's output (a 'tool' message); a reasoning item (another model's) is left out."""
+    if not isinstance(item, dict):
+        raise bad(f"{where} must be an object (a message or an item), got {_kind(item)}", where, "invalid_type")
+    t = item.get("type", "message")
+    if t == "message":
+        content = item.get("content")
+        if isinstance(content, list):
+            texts = []
+            for k, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") in _PART_TYPES):
+                    what = part.get("type") if isinstance(part, dict) else _kind(part)
+                    raise bad(f"{where}.content[{k}]: only text parts (input_text, output_text) are supported, got "
+                              f"{what!r}", f"{where}.content", "unsupported_value")
+                text = part.get("text", part.get("refusal"))
+                if not isinstance(text, str):
+                    raise bad(f"{where}.content[{k}].text must be a string, got {_kind(text)}", f"{where}.content",
+                              "invalid_type")
+                texts.append(text)
+            content = "".join(texts)
+        msgs.append({"role": item.get("role"), "content": content})
+        origin.append(where)
+    elif t == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise bad(f"{where}.{key} must be a string, got {_kind(item.get(key))}", f"{where}.{key}",
+                          "missing_required_parameter" if item.get(key) is None else "invalid_type")
+        call = {"id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}}
+        if msgs and msgs[-1].get("role") == "assistant":
+            msgs[-1].setdefault("tool_calls", []).append(call)
+        else:
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            origin.append(where)
+    elif t == "function_call_output":
+        out = item.get("output")
+        if isinstance(out, list):  # (text parts)
+            out = "".join(p.get("text", "") if isinstance(p, dict) and p.get("type") in _PART_TYPES else
+                          _unsupported_output(where) for p in out)
+        if not isinstance(item.get("call_id"), str):
+            raise bad(f"{where}.call_id must be the call_id of the call this output answers", f"{where}.call_id",
+                      "missing_required_parameter" if item.get("call_id") is None else "invalid_type")
+        if not isinstance(out, str):
+            raise bad(f"{where}.output must be a string, got {_kind(out)}", f"{where}.output", "invalid_type")
+        msgs.append({"role": "tool", "tool_call_id": item["call_id"], "content": out})
+        origin.append(where)
+    elif t == "reasoning":
+        return
+    else:
+        raise bad(f"{where}.type {t!r} is not supported by edgespec (messages, function_call and "
+                  f"function_call_output items)"[:300], f"{where}.type", "unsupported_value")
+
+
+def _unsupported_output(where: str) -> str:
+    raise bad(f"{where}.output: only text parts are supported", f"{where}.output", "unsupported_value")
+
+
+def _responses_tools(tools) -> list:
+    """The Responses API's function tools (``{type, name, description, parameters, strict}``) in the chat's shape."""
+    if not isinstance(tools, list):
+        raise bad(f"'tools' must be an array, got {_kind(tools)}", "tools", "invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            what = t.get("type") if isinstance(t, dict) else _kind(t)
+            raise bad(f"tools[{i}]: only function tools are supported by edgespec, got {what!r}"[:300],
+                      f"tools[{i}].type", "unsupported_value")
+        if "function" in t:  # (a chat-shaped tool sent here)
+            raise bad(f'tools[{i}]: a Responses tool is {{"type": "function", "name", "parameters", ...}} '
+                      "(no 'function' object)", f"tools[{i}]", "invalid_value")
+        out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}})
+    return out
+
+
+def _responses_text(text) -> dict | None:
+    """``text.format`` as the chat's response_format (None: plain text)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise bad(f"'text' must be an object {{\"format\": ...}}, got {_kind(text)}", "text", "invalid_type")
+    unknown = sorted(set(text) - {"format", "verbosity"})
+    if unknown:
+        raise bad(f"'text' takes 'format' (and 'verbosity'), got {unknown[0]!r}"[:200], "text", "unknown_parameter")
+    if text.get("verbosity") is not None:
+        raise bad("'text.verbosity' is not supported by edgespec", "text.verbosity", "unsupported_parameter")
+    f = text.get("format")
+    if f is None:
+        return None
+    if not isinstance(f, dict) or f.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad("'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
+                  "\"json_schema\", \"name\", \"schema\"}", "text.format")
+    if f["type"] != "json_schema":
+        return {"type": f["type"], **{k: v for k, v in f.items() if k != "type"}}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in f.items() if k != "type"}}
+
+
+def responses_param(param: str | None, where: list[str] = ()) -> str | None:
+    """A chat request's field name as a /v1/responses request has it (``where``: each chat message's item)."""
+    import re
+
+    if param is None:
+        return None
+    m = re.match(r"messages\[(\d+)\]", param)
+    if m and int(m.group(1)) < len(where):
+        return where[int(m.group(1))] + param[m.end():]
+    return {"max_tokens": "max_output_tokens", "response_format": "text.format"}.get(param, param)
+
+
+def _responses_message(message: str, where: list[str]) -> str:
+    import re
+
+    message = re.sub(r"messages\[(\d+)\]", lambda m: where[int(m.group(1))] if int(m.group(1)) < len(where)
+                     else m.group(0), message)
+    return message.replace("'max_tokens'", "'max_output_tokens'").replace("'response_format'", "'text.format'")
 
 
 def _prediction(v) -> str | None:
@@ -686,6 +890,63 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
     if ext is not None:
         out["edgespec"] = ext
     return out
+
+
+def response_id() -> str:
+    return "resp_" + uuid.uuid4().hex
+
+
+def item_id(kind: str) -> str:
+    return f"{kind}_" + uuid.uuid4().hex[:24]
+
+
+def response_usage(use: dict) -> dict:
+    """The chat usage object as the Responses API counts: input and output tokens."""
+    return {"input_tokens": use["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": use["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": use["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": use["total_tokens"]}
+
+
+def message_item(mid: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": mid, "status": status, "role": "assistant",
+            "content": [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
+                                                 "logprobs": []}]}
+
+
+def call_item(call: dict, fid: str, status: str = "completed") -> dict:
+    """A chat tool call (``ToolCall.openai()``) as a Responses ``function_call`` item."""
+    return {"type": "function_call", "id": fid, "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"], "status": status}
+
+
+def response_object(rid: str, model: str, created: int, req: GenRequest, *, output: list[dict],
+                    engine_reason: str | None = None, use: dict | None = None, ext: dict | None = None,
+                    status: str | None = None) -> dict:
+    """The Responses API's response object; ``status`` from the engine's reason unless given: 'incomplete'
+    (max_output_tokens or a full context) or 'completed'."""
+    r = req.responses or {}
+    if status is None:
+        status = "incomplete" if engine_reason not in (None, "eos", "stop") else "completed"
+    out = {"id": rid, "object": "response", "created_at": created, "status": status, "error": None,
+           "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+           "instructions": r.get("instructions"), "max_output_tokens": r.get("max_output_tokens"), "model": model,
+           "output": output, "parallel_tool_calls": r.get("parallel_tool_calls", True),
+           "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+           "temperature": (ext or {}).get("temperature", req.options.get("temperature")),
+           "text": r.get("text", {"format": {"type": "text"}}), "tool_choice": r.get("tool_choice", "auto"),
+           "tools": r.get("tools", []), "top_p": req.options.get("top_p", 1.0), "truncation": "disabled",
+           "usage": response_usage(use) if use is not None else None, "user": r.get("user"),
+           "metadata": r.get("metadata", {})}
+    if ext is not None:
+        out["edgespec"] = ext
+    return out
+
+
+def sse_event(kind: str, obj: dict) -> bytes:
+    """One Responses stream event: ``event: <type>`` then its data (the object, its ``type`` included)."""
+    return (f"event: {kind}\n".encode() + b"data: " + json.dumps({"type": kind, **obj}, ensure_ascii=False,
+                                                                  separators=(",", ":")).encode() + b"\n\n")
 
 
 def sse(obj) -> bytes:

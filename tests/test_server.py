@@ -529,6 +529,30 @@ def test_a_client_that_gives_up_stops_its_generation(engine, model_id, monkeypat
 LONG = "word " * 600  # > CONTEXT tokens
 
 BAD = [  # (endpoint, body, status, param or None, code or None)
+    # the Responses API: its own field names in errors, and what it asks for that edgespec does not do
+    ("responses", {}, 400, "input", "missing_required_parameter"),
+    ("responses", {"input": []}, 400, "input", None),
+    ("responses", {"input": "hi", "previous_response_id": "resp_1"}, 400, "previous_response_id",
+     "unsupported_parameter"),
+    ("responses", {"input": "hi", "background": True}, 400, "background", "unsupported_parameter"),
+    ("responses", {"input": "hi", "include": ["message.output_text.logprobs"]}, 400, "include",
+     "unsupported_parameter"),
+    ("responses", {"input": "hi", "reasoning": {"effort": "high"}}, 400, "reasoning", "unsupported_parameter"),
+    ("responses", {"input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens", None),
+    ("responses", {"input": "hi", "messages": []}, 400, "messages", "unknown_parameter"),
+    ("responses", {"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type", "unsupported_value"),
+    ("responses", {"input": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]}, 400,
+     "input[1].role", None),
+    ("responses", {"instructions": "be terse", "input": [{"role": "user", "content": 5}]}, 400, "input[0].content",
+     "invalid_type"),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
+     "input[0].content", "unsupported_value"),
+    ("responses", {"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input[0].type", "unsupported_value"),
+    ("responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "input[0].call_id",
+     "missing_required_parameter"),
+    ("responses", {"input": "hi", "text": {"format": {"type": "xml"}}}, 400, "text.format", None),
+    ("responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
+                                                      "schema": {"$ref": "#"}}}}, 400, "text.format", None),
     ("chat", b"{not json", 400, None, "invalid_json"),
     ("chat", b"\xff\xfe", 400, None, "invalid_json"),
     ("chat", [1, 2], 400, None, "invalid_json"),
@@ -673,7 +697,7 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
 
 @pytest.mark.parametrize("endpoint, body, status, param, code", BAD, ids=[f"{i}" for i in range(len(BAD))])
 def test_bad_input_gets_an_openai_error(server, endpoint, body, status, param, code):
-    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    path = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}.get(endpoint, "/v1/completions")
     got, err = http(server + path, body)
     assert got == status, err
     assert isinstance(err, dict) and set(err) == {"error"}, err
@@ -1153,3 +1177,104 @@ def test_structured_outputs_hold_the_reply_to_a_schema(client, server, engine, m
     assert metric(server, "constrained_generations_total") >= 3
     text = r.choices[0].message.content  # the 135M model tends to go on adding keys: cut by max_tokens
     assert isinstance(json.loads(text), dict) if r.choices[0].finish_reason == "stop" else text.startswith("{")
+
+
+# -- the Responses API ---------------------------------------------------------------------------------
+def test_responses_answer_as_the_chat_does(client, engine, model_id):
+    """/v1/responses is the chat request it asks for: the same reply (greedy here), its usage, its status;
+    streamed, the events in OpenAI's order make the same text; input items (message objects with text parts)
+    read as messages."""
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colors."}]
+    ref = engine.generate(msgs, max_new_tokens=12)
+    r = client.responses.create(model=model_id, instructions="You are terse.", input="Name three colors.",
+                                max_output_tokens=12)
+    assert r.output_text == ref.text and [o.type for o in r.output] == ["message"]
+    assert r.output[0].role == "assistant" and r.output[0].content[0].type == "output_text"
+    assert r.status == ("incomplete" if ref.finish_reason == "length" else "completed")
+    assert (r.incomplete_details is not None) == (r.status == "incomplete")
+    assert r.usage.output_tokens == len(ref.token_ids) and r.usage.input_tokens == len(engine.encode(msgs))
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.id.startswith("resp_") and r.instructions == "You are terse." and r.max_output_tokens == 12
+    assert r.model_extra["edgespec"]["temperature"] == 0
+    events = list(client.responses.create(model=model_id, instructions="You are terse.", input="Name three colors.",
+                                          max_output_tokens=12, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{r.status}"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ref.text
+    assert events[-1].response.output_text == ref.text and events[-1].response.usage.output_tokens == len(
+        ref.token_ids)
+    items = [{"role": "developer", "content": [{"type": "input_text", "text": "You are terse."}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name three "},
+                                                              {"type": "input_text", "text": "colors."}]}]
+    assert client.responses.create(model=model_id, input=items, max_output_tokens=12).output_text == ref.text
+
+
+def test_responses_hold_the_reply_to_a_schema(client, engine, model_id):
+    schema = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}},
+              "required": ["color"], "additionalProperties": False}
+    msgs = [{"role": "user", "content": "Pick a color."}]
+    ref = engine.generate(msgs, max_new_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "pick", "schema": schema, "strict": True}})
+    r = client.responses.create(model=model_id, input="Pick a color.", max_output_tokens=40,
+                                text={"format": {"type": "json_schema", "name": "pick", "schema": schema,
+                                                 "strict": True}})
+    assert r.output_text == ref.text and json.loads(r.output_text)["color"] in ("red", "green", "blue")
+    assert r.text.format.type == "json_schema"
+
+
+def test_responses_input_items_read_as_chat_messages():
+    """Function calls join the assistant turn before them; their outputs are tool messages; another model's
+    reasoning items are left out; a chat-shaped tool or a named tool_choice is read in either shape."""
+    from edgespec.server_protocol import parse_responses
+
+    req = parse_responses({"instructions": "Use tools.", "input": [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call", "call_id": "call_b", "name": "get_weather", "arguments": "{\"city\": \"Rome\"}"},
+        {"type": "function_call_output", "call_id": "call_a", "output": "14 C"},
+        {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "19 C"}]}],
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 30}, "m")
+    call = lambda i, c: {"id": i, "type": "function", "function": {"name": "get_weather",  # noqa: E731
+                                                                   "arguments": json.dumps({"city": c})}}
+    assert req.messages == [
+        {"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [call("call_a", "Paris"), call("call_b", "Rome")]},
+        {"role": "tool", "content": "14 C", "tool_call_id": "call_a"},
+        {"role": "tool", "content": "19 C", "tool_call_id": "call_b"}]
+    assert req.tools == {"tools": [{"type": "function", "function": {"name": "get_weather",
+                                                                    "parameters": {"type": "object"}}}],
+                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    assert req.max_tokens == 30 and req.responses["instructions"] == "Use tools."
+
+
+def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_id, monkeypatch):
+    from edgespec.errors import BundleError
+
+    real = engine.stream_ids
+
+    def failing(*a, **kw):
+        inner = real(*a, **kw)
+
+        def gen():
+            try:
+                yield next(inner)
+                raise BundleError("the target model failed to run (planted)")
+            finally:
+                inner.close()
+        return gen()
+
+    monkeypatch.setattr(engine, "stream_ids", failing)
+    with _InProcess(engine, model_id, temperature=0) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        events = list(c.responses.create(model=model_id, input="Count to ten.", max_output_tokens=30, stream=True))
+        assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
+        assert events[-1].response.error.code == "BundleError" and "planted" in events[-1].response.error.message
+        assert events[0].type == "response.created"
+        assert http(s.url + "/health")[1]["busy"] is False

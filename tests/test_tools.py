@@ -427,3 +427,49 @@ def test_the_tool_call_bench_runs_on_the_tool_model(tool_bundle, capsys):
     assert bench_tools.main([str(tool_bundle), "--reps", "1", "--drafters", "none,auto", "--max-new-tokens", "24"]) == 0
     table = capsys.readouterr().out
     assert "| auto |" in table and "| weather |" in table
+
+
+def test_the_responses_api_calls_tools_and_reads_their_outputs(tool_bundle, tmp_path):
+    """/v1/responses with function tools in its own shape: calls are function_call items (streamed as
+    output_item and function_call_arguments events), and the calls with their outputs sent back as input items
+    give the model's answer, as the chat endpoint does."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from test_server import _start_server
+
+    tools = [{"type": "function", **WEATHER[0]["function"]}]
+    proc, url = _start_server(tool_bundle, tmp_path / "server.log", "--temperature", "0", "--no-memory")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        model = tool_bundle.name
+        r = client.responses.create(model=model, input=[ASK], tools=tools, max_output_tokens=80)
+        assert r.status == "completed" and [o.type for o in r.output] == ["function_call"]
+        call = r.output[0]
+        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+        assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+        events = list(client.responses.create(model=model, input=[ASK_TWO], tools=tools, max_output_tokens=80,
+                                              stream=True))
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        assert [(i.type, json.loads(i.arguments)) for i in done] == [("function_call", {"city": "Paris"}),
+                                                                     ("function_call", {"city": "Rome"})]
+        args = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+        assert args == [i.arguments for i in done] and events[-1].type == "response.completed"
+        assert [o.type for o in events[-1].response.output] == ["function_call", "function_call"]
+        # the call and its output sent back as items (the client's own objects): the model answers
+        history = [ASK, call.model_dump(exclude_none=True),
+                   {"type": "function_call_output", "call_id": call.call_id, "output": "14 C"}]
+        r = client.responses.create(model=model, input=history, tools=tools, max_output_tokens=80)
+        assert (r.output_text, [o.type for o in r.output]) == ("It is 14 C in Paris.", ["message"])
+        r = client.responses.create(model=model, input=[ASK_TWO], tools=tools, max_output_tokens=80,
+                                    parallel_tool_calls=False, tool_choice="required")
+        assert [json.loads(o.arguments) for o in r.output] == [{"city": "Paris"}]
+        r = client.responses.create(model=model, input="Hello", tools=tools, max_output_tokens=80)
+        assert r.output_text == "Hello! Ask me about the weather."
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(timeout=20) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
