@@ -260,6 +260,17 @@ def test_a_template_without_tools_refuses_them(tiny_bundle):
         eng.generate([ASK, {"role": "tool", "tool_call_id": "c", "content": "14 C"}], max_new_tokens=4)
 
 
+def _stop(proc, log) -> None:
+    """Stop a server as Ctrl-C does: it exits 0 and its log holds no traceback."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        assert proc.wait(timeout=20) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert "Traceback" not in log.read_text()
+
+
 def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
     openai = pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
@@ -314,13 +325,7 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
             status, err = http(url + "/v1/chat/completions", {"messages": [ASK], **body})
             assert status == 400 and err["error"]["param"] == param, (body, err)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            assert proc.wait(timeout=20) == 0
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert "Traceback" not in (tmp_path / "server.log").read_text()
+        _stop(proc, tmp_path / "server.log")
 
 
 def test_info_says_whether_the_template_calls_tools(tool_bundle, tiny_bundle):
@@ -466,10 +471,4 @@ def test_the_responses_api_calls_tools_and_reads_their_outputs(tool_bundle, tmp_
         r = client.responses.create(model=model, input="Hello", tools=tools, max_output_tokens=80)
         assert r.output_text == "Hello! Ask me about the weather."
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            assert proc.wait(timeout=20) == 0
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert "Traceback" not in (tmp_path / "server.log").read_text()
+        _stop(proc, tmp_path / "server.log")
