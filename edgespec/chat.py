@@ -37,6 +37,7 @@ commands:
   /set NAME VALUE    change one: temperature, top_p, top_k, max_new_tokens, seed (a number or none),
                      draft_tokens (a number, or auto), drafter (model, prompt-lookup, suffix, auto, none)
   /save FILE         write the conversation's messages to FILE as JSON
+  /load FILE         continue a conversation /save wrote (its messages replace this one's)
   /exit              leave (so does Ctrl-D)
 Ctrl-C stops the reply being written; the conversation goes on."""
 
@@ -254,6 +255,8 @@ class ChatRepl:
             self._set(arg)
         elif name == "save":
             self._save(arg)
+        elif name == "load":
+            self._load(arg)
         else:
             self._error(f"unknown command /{name}; /help lists the commands")
         return True
@@ -315,6 +318,34 @@ class ChatRepl:
             return
         self._out(f"{key} = {'auto' if parsed is None and key == 'draft_tokens' else parsed}\n")
 
+    def _load(self, arg: str) -> None:
+        """Replace the conversation with the one a /save wrote to ``arg`` (its system prompt too); a file that is
+        not one, or a conversation the chat template refuses, is an error that changes nothing."""
+        if not arg:
+            self._error("/load needs a file name")
+            return
+        path = os.path.expanduser(arg)
+        shown = _shown(path)
+        if "\0" in path or not os.path.isfile(path):
+            self._error(f"cannot read {shown}: " + ("no such file" if not os.path.lexists(path) and "\0" not in path
+                                                    else "not a file /save wrote"))
+            return
+        messages = _read_conversation(path)
+        if messages is None or any(m["role"] not in ("system", "user", "assistant") or not isinstance(m["content"], str)
+                                   for m in messages):
+            self._error(f"{shown} is not a conversation /save wrote (a JSON list of {{role, content}} messages)")
+            return
+        try:
+            if messages:
+                self.engine.encode(messages)  # the chat template takes it (its roles in an order it allows)
+        except EdgespecError as e:
+            self._error(f"{shown}: {str(e).splitlines()[0]}")
+            return
+        self.session.messages = messages
+        self.session.system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+        self.session.dropped = 0
+        self._out(f"[loaded {len(messages)} messages from {shown}]\n")
+
     def _save(self, arg: str) -> None:
         if not arg:
             self._error("/save needs a file name")
@@ -369,14 +400,21 @@ def _utf8_len(text: str) -> int:
 def _is_conversation(path: str) -> bool:
     """Whether ``path`` holds what /save writes (a JSON list of {role, content}), so that saving
     again may replace it; any other file is left alone."""
+    return _read_conversation(path) is not None
+
+
+def _read_conversation(path: str) -> list[dict] | None:
+    """The messages of a file /save wrote (a JSON list of {role, content}, at most 256 MiB), else None."""
     try:
         if not os.path.isfile(path) or os.path.getsize(path) > 256 << 20:
-            return False
+            return None
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, list) and all(isinstance(m, dict) and set(m) == {"role", "content"} for m in data)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if isinstance(data, list) and all(isinstance(m, dict) and set(m) == {"role", "content"} for m in data):
+        return data
+    return None
 
 
 # -- statistics --------------------------------------------------------------------------------

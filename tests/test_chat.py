@@ -359,3 +359,27 @@ def test_chat_never_imports_torch(tiny_bundle):
     r = subprocess.run([sys.executable, "-c", code, str(tiny_bundle)], input="hello\n", capture_output=True,
                        text=True, timeout=START_S, env=_env(), cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+def test_load_continues_a_saved_conversation(tiny_bundle, tmp_path):
+    """/load replaces the conversation with one /save wrote (its system prompt too): saving it again gives the
+    same messages plus the new exchange; a file that is no conversation, or one the template refuses, is an
+    error that changes nothing."""
+    saved, again, other = tmp_path / "c.json", tmp_path / "again.json", tmp_path / "notes.txt"
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi there"}]
+    saved.write_text(json.dumps(conv))
+    other.write_text("not json")
+    bad_roles = tmp_path / "bad.json"
+    bad_roles.write_text(json.dumps([{"role": "wizard", "content": "x"}]))
+    script = (f"/load {other}\n/load {bad_roles}\n/load {tmp_path / 'missing.json'}\n/load {saved}\n"
+              f"how are you\n/save {again}\n")
+    r = _piped(tiny_bundle, script, "--max-new-tokens", "6")
+    assert r.returncode == 1  # (piped input that met errors)
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errs) == 3 and "not a conversation /save wrote" in errs[0] and "bad.json" in errs[1]
+    assert "no such file" in errs[2] and "Traceback" not in r.stderr
+    assert f"[loaded 3 messages from {saved}]" in r.stdout
+    got = json.loads(again.read_text())
+    assert got[:3] == conv and got[3] == {"role": "user", "content": "how are you"} and got[4]["role"] == "assistant"
+    assert other.read_text() == "not json"
