@@ -502,6 +502,8 @@ class Engine:
         model's FIM tokens) stops at the tokens that end a middle (``Tokenizer.fim``). A bad option is refused
         by the call itself, not at the first ``next()``; the model runs from the first ``next()``."""
         stop = _stops(stop)
+        if not isinstance(ids, (str, bytes)):
+            ids = list(ids)  # (an iterator read once)
         if isinstance(ids, (str, bytes)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                     for t in ids):
             raise ConfigError("stream_ids takes the prompt as token ids (integers); text goes to stream()")

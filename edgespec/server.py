@@ -372,7 +372,7 @@ class Server:
 
     async def _generate(self, request: Request, req: P.GenRequest) -> Response:
         source = req.messages if req.kind == "chat" else req.prompt
-        param = "messages" if req.kind == "chat" else "prompt"
+        param = ("messages" if req.responses is None else "input") if req.kind == "chat" else "prompt"
         treq = None
         if req.tools:
             t = req.tools
@@ -492,7 +492,8 @@ class Server:
         ext = {**ext, **summaries[0]} if choices_n == 1 else {**ext, "choices": summaries}
         if req.responses is not None:  # (one choice: the Responses API has no n)
             calls = [c.openai() for c in calls]
-            items = [P.message_item(P.item_id("msg"), content or "")] if content or not calls else []
+            cut = P.response_status(summaries[0]["finish_reason"])  # (a message cut short is 'incomplete')
+            items = [P.message_item(P.item_id("msg"), content or "", cut)] if content or not calls else []
             items += [P.call_item(c, P.item_id("fc")) for c in calls]
             return JSONResponse(P.response_object(P.response_id(), self.model_id, created, req, output=items,
                                                   engine_reason=summaries[0]["finish_reason"], use=use, ext=ext))
@@ -511,7 +512,9 @@ class Server:
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
-            raise P.bad(str(e).splitlines()[0], param) from None
+            msg = str(e).splitlines()[0]
+            raise P.bad(msg if req.responses is None else P.responses_message(msg, req.responses["where"]),
+                        param) from None
         heal = b""
         if req.token_healing:  # the token before the cursor backed off, the reply held to spell it first
             ids, heal = await run_in_threadpool(self.engine.heal, ids)
@@ -623,12 +626,12 @@ class Server:
                           logprobs=[]))
             return out
 
-        def close_message() -> list[bytes]:
+        def close_message(status: str = "completed") -> list[bytes]:
             if state["msg"] is None:
                 return []
             mid, texts, idx = state["msg"]
             state["msg"] = None
-            item = P.message_item(mid, "".join(texts))
+            item = P.message_item(mid, "".join(texts), status)
             output.append(item)
             return [ev("response.output_text.done", item_id=mid, output_index=idx, content_index=0,
                        text=item["content"][0]["text"], logprobs=[]),
@@ -660,7 +663,7 @@ class Server:
             gen = run.current
             if gen is None:
                 return
-            start = P.response_object(rid, model, created, req, output=[], status="in_progress")
+            start = P.response_object(rid, model, created, req, output=[], status="in_progress", ext=ext)
             yield ev("response.created", response=start)
             yield ev("response.in_progress", response=start)
             parser = treq.parser() if treq is not None else None
@@ -680,7 +683,7 @@ class Server:
                                  item=P.message_item(mid, None, "in_progress"))
                         yield ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
                                  part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-                    for b in close_message():
+                    for b in close_message(P.response_status(val["finish_reason"])):
                         yield b
                     s = {**val, "queue_ms": round(gen.queue_ms, 3)}
                     final = P.response_object(rid, model, created, req, output=output,
@@ -689,9 +692,11 @@ class Server:
                     yield ev(f"response.{final['status']}", response=final)
                     return
                 else:
-                    err = P.engine_error(val)
-                    failed = {**P.response_object(rid, model, created, req, output=output, status="failed"),
-                              "error": {"code": err.code or "server_error", "message": err.message}}
+                    err = P.engine_error(val)  # (OpenAI's codes here: edgespec's own in edgespec.error_code)
+                    failed = {**P.response_object(rid, model, created, req, output=output, status="failed",
+                                                  ext={**ext, "error_code": err.code}),
+                              "error": {"code": "invalid_prompt" if err.status == 400 else "server_error",
+                                        "message": err.message}}
                     yield ev("response.failed", response=failed)
                     return
         finally:

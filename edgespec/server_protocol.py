@@ -366,14 +366,16 @@ _RESPONSES_KEYS = {"model", "input", "instructions", "max_output_tokens", "tempe
                    "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "store", "metadata",
                    "user", "previous_response_id", "conversation", "reasoning", "truncation", "include",
                    "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "background",
-                   "top_logprobs", "max_tool_calls", "prompt", "top_k", "seed", "repetition_penalty", "edgespec"}
+                   "top_logprobs", "max_tool_calls", "prompt", "prompt_cache_options", "top_k", "seed",
+                   "repetition_penalty", "edgespec"}
 # fields that ask for what edgespec does not do, with the values that ask for nothing (those pass)
 _RESPONSES_REFUSED = {
     "previous_response_id": ((None,), "edgespec keeps no responses: send the whole conversation in 'input'"),
     "conversation": ((None,), "edgespec keeps no conversations: send the whole conversation in 'input'"),
     "prompt": ((None,), "edgespec has no stored prompts: send the text in 'instructions' and 'input'"),
     "background": ((None, False), "edgespec answers in the foreground only"),
-    "include": ((None, []), "edgespec includes nothing more in a response"),
+    "include": ((None, [], ["reasoning.encrypted_content"]), "edgespec includes nothing more in a response "
+                                                           "(no logprobs, no search results)"),
     "reasoning": ((None, {}), "this server's models do not take reasoning options"),
     "truncation": ((None, "disabled"), "edgespec does not drop input items: a conversation too long is a 400"),
     "max_tool_calls": ((None,), "edgespec does not bound tool calls by number (parallel_tool_calls: false "
@@ -405,20 +407,21 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
             msgs.append({"role": "system", "content": instr})
             where.append("instructions")
     inp = body.get("input")
-    if isinstance(inp, str):
+    whole = isinstance(inp, str)  # (a string: its errors name 'input' itself)
+    if whole:
         inp = [{"role": "user", "content": inp}]
     if not isinstance(inp, list) or not inp:
         raise bad("'input' must be a string or a non-empty array of items" + (" (it is missing)" if inp is None
                                                                                 else ""), "input",
                   "missing_required_parameter" if inp is None else "invalid_type")
     for j, item in enumerate(inp):
-        _input_item(item, f"input[{j}]", msgs, where)
+        _input_item(item, "input" if whole else f"input[{j}]", msgs, where)
     if not msgs:
         raise bad("'input' holds no message", "input")
     chat = {"messages": msgs}
     for key in ("model", "stream", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "user", "metadata",
-                "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-                "parallel_tool_calls", "stream_options", "edgespec"):
+                "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                "safety_identifier", "parallel_tool_calls", "stream_options", "edgespec"):
         if key in body:
             chat[key] = body[key]
     if body.get("max_output_tokens") is not None:
@@ -437,11 +440,11 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
         req = parse_chat(chat, model_id)
     except APIError as e:  # the chat's field names as the Responses request has them
         e.param = responses_param(e.param, where)
-        e.message = _responses_message(e.message, where)
+        e.message = responses_message(e.message, where)
         raise
     req.responses = {"instructions": instr, "max_output_tokens": body.get("max_output_tokens"),
-                     "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
-                     "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                     "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
+                     "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "where": where,
                      "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
                      "metadata": body.get("metadata") or {}, "user": body.get("user")}
     return req
@@ -458,7 +461,7 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
         if isinstance(content, list):
             texts = []
             for k, part in enumerate(content):
-                if not (isinstance(part, dict) and part.get("type") in _PART_TYPES):
+                if not (isinstance(part, dict) and _is_text_part(part)):
                     what = part.get("type") if isinstance(part, dict) else _kind(part)
                     raise bad(f"{where}.content[{k}]: only text parts (input_text, output_text) are supported, got "
                               f"{what!r}", f"{where}.content", "unsupported_value")
@@ -467,7 +470,7 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
                     raise bad(f"{where}.content[{k}].text must be a string, got {_kind(text)}", f"{where}.content",
                               "invalid_type")
                 texts.append(text)
-            content = "".join(texts)
+            content = "\n".join(texts)  # (as the chat endpoint joins text parts)
         msgs.append({"role": item.get("role"), "content": content})
         origin.append(where)
     elif t == "function_call":
@@ -475,6 +478,8 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
             if not isinstance(item.get(key), str):
                 raise bad(f"{where}.{key} must be a string, got {_kind(item.get(key))}", f"{where}.{key}",
                           "missing_required_parameter" if item.get(key) is None else "invalid_type")
+            _text(item[key], f"{where}.{key}")  # (checked here: joined to a message before, its errors would not
+            # name this item)
         call = {"id": item["call_id"], "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]}}
         if msgs and msgs[-1].get("role") == "assistant":
@@ -485,8 +490,13 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
     elif t == "function_call_output":
         out = item.get("output")
         if isinstance(out, list):  # (text parts)
-            out = "".join(p.get("text", "") if isinstance(p, dict) and p.get("type") in _PART_TYPES else
-                          _unsupported_output(where) for p in out)
+            texts = []
+            for k, part in enumerate(out):
+                if not (isinstance(part, dict) and _is_text_part(part) and isinstance(part.get("text"), str)):
+                    raise bad(f"{where}.output[{k}]: only text parts with a string 'text' are supported",
+                              f"{where}.output", "unsupported_value")
+                texts.append(part["text"])
+            out = "\n".join(texts)
         if not isinstance(item.get("call_id"), str):
             raise bad(f"{where}.call_id must be the call_id of the call this output answers", f"{where}.call_id",
                       "missing_required_parameter" if item.get("call_id") is None else "invalid_type")
@@ -501,8 +511,8 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
                   f"function_call_output items)"[:300], f"{where}.type", "unsupported_value")
 
 
-def _unsupported_output(where: str) -> str:
-    raise bad(f"{where}.output: only text parts are supported", f"{where}.output", "unsupported_value")
+def _is_text_part(part: dict) -> bool:
+    return isinstance(part.get("type"), str) and part["type"] in _PART_TYPES
 
 
 def _responses_tools(tools) -> list:
@@ -531,7 +541,7 @@ def _responses_text(text) -> dict | None:
     unknown = sorted(set(text) - {"format", "verbosity"})
     if unknown:
         raise bad(f"'text' takes 'format' (and 'verbosity'), got {unknown[0]!r}"[:200], "text", "unknown_parameter")
-    if text.get("verbosity") is not None:
+    if text.get("verbosity") not in (None, "medium"):  # (OpenAI's default: asks for nothing)
         raise bad("'text.verbosity' is not supported by edgespec", "text.verbosity", "unsupported_parameter")
     f = text.get("format")
     if f is None:
@@ -552,11 +562,15 @@ def responses_param(param: str | None, where: list[str] = ()) -> str | None:
         return None
     m = re.match(r"messages\[(\d+)\]", param)
     if m and int(m.group(1)) < len(where):
-        return where[int(m.group(1))] + param[m.end():]
+        origin = where[int(m.group(1))]
+        return origin if origin in ("instructions", "input") else origin + param[m.end():]
+    if param == "messages":
+        return "input"
     return {"max_tokens": "max_output_tokens", "response_format": "text.format"}.get(param, param)
 
 
-def _responses_message(message: str, where: list[str]) -> str:
+def responses_message(message: str, where: list[str] = ()) -> str:
+    """A chat-shaped error message with the Responses request's field names."""
     import re
 
     message = re.sub(r"messages\[(\d+)\]", lambda m: where[int(m.group(1))] if int(m.group(1)) < len(where)
@@ -920,6 +934,11 @@ def call_item(call: dict, fid: str, status: str = "completed") -> dict:
             "arguments": call["function"]["arguments"], "status": status}
 
 
+def response_status(engine_reason: str | None) -> str:
+    """'incomplete' where the reply was cut (max_output_tokens or a full context), else 'completed'."""
+    return "incomplete" if engine_reason not in (None, "eos", "stop") else "completed"
+
+
 def response_object(rid: str, model: str, created: int, req: GenRequest, *, output: list[dict],
                     engine_reason: str | None = None, use: dict | None = None, ext: dict | None = None,
                     status: str | None = None) -> dict:
@@ -927,7 +946,7 @@ def response_object(rid: str, model: str, created: int, req: GenRequest, *, outp
     (max_output_tokens or a full context) or 'completed'."""
     r = req.responses or {}
     if status is None:
-        status = "incomplete" if engine_reason not in (None, "eos", "stop") else "completed"
+        status = response_status(engine_reason)
     out = {"id": rid, "object": "response", "created_at": created, "status": status, "error": None,
            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
            "instructions": r.get("instructions"), "max_output_tokens": r.get("max_output_tokens"), "model": model,

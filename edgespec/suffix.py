@@ -334,8 +334,7 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
     is checked before any is indexed). Returns the tokens added."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    if isinstance(texts, str):
-        texts = [texts]  # one text, not one document per character
+    texts = [texts] if isinstance(texts, str) else list(texts)  # (one text is one document, not one a character)
     for t in texts:
         if not isinstance(t, str):
             raise DocumentError(f"texts must be strings, got {type(t).__name__}")

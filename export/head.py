@@ -109,6 +109,18 @@ def corpus_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return sorted(set(out))
 
 
+def _utf8_prefix(data: bytes) -> str:
+    """``data`` cut at the byte budget: UTF-8 text but for a character the cut split (up to 3 bytes dropped);
+    a ``UnicodeDecodeError`` where the bytes before are not UTF-8 either."""
+    for drop in range(4):
+        try:
+            return data[: len(data) - drop].decode("utf-8")
+        except UnicodeDecodeError:
+            if drop == 3:
+                raise
+    raise AssertionError("unreachable")
+
+
 def corpus_ranking(tokenizer_json: str | os.PathLike, paths: Sequence[str | os.PathLike],
                    max_bytes: int = 256 << 20) -> list[int]:
     """Token ids by their frequency in the text of ``paths`` (most frequent first; ids never seen
@@ -125,12 +137,12 @@ def corpus_ranking(tokenizer_json: str | os.PathLike, paths: Sequence[str | os.P
                 data = fh.read(max_bytes - read + 1)
             if b"\x00" in data:
                 raise ValueError("binary")
-            t = data.decode("utf-8", errors="ignore" if len(data) > max_bytes - read else "strict")
+            t = _utf8_prefix(data[: max_bytes - read]) if len(data) > max_bytes - read else data.decode("utf-8")
         except (ValueError, OSError):  # (UnicodeDecodeError is a ValueError)
             skipped.append(f)
             continue
         texts.append(t)
-        read += len(t)
+        read += min(len(data), max_bytes - read)  # bytes, as the budget counts them
         if len(texts) >= 256 or read >= max_bytes:
             for e in tok.encode_batch(texts, add_special_tokens=False):
                 ids = np.asarray(e.ids, dtype=np.int64)

@@ -80,7 +80,8 @@ def profile(bundle: str, role: str = "drafter", context: int = 256, calls: int =
     # take in one call the machine stalled, which a median of the runs leaves out)
     per_call = [sum(e["dur"] for e in nodes if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]) for r in runs]
     return {"wall_ms": wall * 1e3, "model_run_ms": float(np.median([e["dur"] for e in runs])) / 1000,
-            "kernels_ms": float(np.median(per_call)) / 1000, "nodes": len(nodes) / calls, "ops": ops}
+            "kernels_ms": float(np.median(per_call)) / 1000, "calls_with_kernels": sum(x > 0 for x in per_call),
+            "nodes": len(nodes) / calls, "ops": ops}
 
 
 def main(argv=None) -> int:

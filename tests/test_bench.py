@@ -508,6 +508,7 @@ def test_profile_ops_splits_a_call_by_operator(tiny_bundle, tmp_path, capsys):
 
     r = profile_ops.profile(str(tiny_bundle), "target", context=20, calls=3)
     assert r["wall_ms"] > 0 and r["nodes"] > 0 and r["ops"] and 0 < r["kernels_ms"] <= r["model_run_ms"]
+    assert r["calls_with_kernels"] == 3  # every timed call's kernels found inside its run
     assert all(ms >= 0 and n > 0 for ms, n in r["ops"].values())
     assert profile_ops.main([str(tiny_bundle), "--context", "16", "--calls", "2"]) == 0
     out = capsys.readouterr().out

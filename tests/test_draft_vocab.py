@@ -342,6 +342,11 @@ def test_corpus_ranking_keeps_the_corpus_tokens(tiny_bundle, tmp_path):
         with pytest.raises(ExportError, match=f"1 file.* skipped, binary or not UTF-8: .*{f}"):
             corpus_ranking(tj, [tmp_path / f])
     assert corpus_ranking(tj, [tmp_path / "nul.txt", tmp_path / "corpus"]) == ranked
+    from edgespec_export.head import _utf8_prefix
+
+    assert _utf8_prefix("aé€".encode()[:-1]) == "aé" and _utf8_prefix(b"abc") == "abc"  # a split character
+    with pytest.raises(UnicodeDecodeError):  # latin-1 inside is not forgiven
+        _utf8_prefix("café au lait".encode("latin-1"))
     r = CliRunner().invoke(cli, ["export", str(tiny_bundle), "-o", str(tmp_path / "w"), "--drafter-vocab-corpus", "x"])
     assert r.exit_code == ExportError.exit_code and "applies with --drafter-vocab N" in r.output
 

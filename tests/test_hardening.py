@@ -566,6 +566,9 @@ def test_stream_ids_refuses_ids_outside_the_vocabulary(tiny_bundle):
         with pytest.raises(ConfigError, match=match):
             eng.stream_ids(ids, max_new_tokens=2)
     assert eng.generate("hello", max_new_tokens=2).token_ids  # nothing broken
+    ids = eng.encode("hello")
+    a = [d.ids for d in eng.stream_ids(iter(ids), max_new_tokens=3)]  # an iterator: read once, whole
+    assert a == [d.ids for d in eng.stream_ids(ids, max_new_tokens=3)]
 
 
 def test_documents_from_the_api_are_texts_and_paths(tiny_bundle, tmp_path):
@@ -579,6 +582,8 @@ def test_documents_from_the_api_are_texts_and_paths(tiny_bundle, tmp_path):
     n = eng.add_documents(texts="one document, not one a character")
     assert n > 0 and eng.memory_stats()["document_tokens"] == n
     assert n == len(eng.tokenizer.encode("one document, not one a character", add_special=False))
+    m = eng.add_documents(texts=(t for t in ["a generator", "of texts"]))  # (read once: none lost)
+    assert m == sum(len(eng.tokenizer.encode(t, add_special=False)) for t in ["a generator", "of texts"])
 
 
 @pytest.mark.parametrize("kw", [dict(profile="a\0b.toml"), dict(documents=["a\0b"]), dict(memory="a\0b"),

@@ -551,6 +551,20 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "input[0].call_id",
      "missing_required_parameter"),
     ("responses", {"input": "hi", "text": {"format": {"type": "xml"}}}, 400, "text.format", None),
+    ("responses", {"input": [{"role": "user", "content": [{"type": ["input_text"], "text": "x"}]}]}, 400,
+     "input[0].content", "unsupported_value"),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text",
+                                                                                        "text": 5}]}]}, 400,
+     "input[0].output", "unsupported_value"),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": {}}]}]}, 400,
+     "input[0].output", "unsupported_value"),
+    ("responses", {"input": [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c",
+                                                                 "name": "f", "arguments": "{}"},
+                             {"type": "function_call", "call_id": "d", "name": "f", "arguments": "\ud800"}]}, 400,
+     "input[2].arguments", None),
+    ("responses", {"input": "a \ud800 b"}, 400, "input", None),
+    ("responses", {"input": "hi", "instructions": "a \ud800 b"}, 400, "instructions", None),
+    ("responses", {"input": LONG}, 400, "input", "context_length_exceeded"),
     ("responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
                                                       "schema": {"$ref": "#"}}}}, 400, "text.format", None),
     ("chat", b"{not json", 400, None, "invalid_json"),
@@ -1208,9 +1222,16 @@ def test_responses_answer_as_the_chat_does(client, engine, model_id):
     assert events[-1].response.output_text == ref.text and events[-1].response.usage.output_tokens == len(
         ref.token_ids)
     items = [{"role": "developer", "content": [{"type": "input_text", "text": "You are terse."}]},
-             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name three "},
-                                                              {"type": "input_text", "text": "colors."}]}]
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name three colors."}]}]
     assert client.responses.create(model=model_id, input=items, max_output_tokens=12).output_text == ref.text
+    assert r.output[0].status == ("incomplete" if r.status == "incomplete" else "completed")
+    assert events[0].response.temperature == 0 == events[-1].response.temperature
+    # parts join as the chat endpoint joins them
+    parts = [{"type": "input_text", "text": "Name three"}, {"type": "input_text", "text": "colors."}]
+    chat = client.chat.completions.create(model=model_id, max_tokens=8, messages=[
+        {"role": "user", "content": [{"type": "text", "text": p["text"]} for p in parts]}])
+    assert client.responses.create(model=model_id, input=[{"role": "user", "content": parts}],
+                                   max_output_tokens=8).output_text == chat.choices[0].message.content
 
 
 def test_responses_hold_the_reply_to_a_schema(client, engine, model_id):
@@ -1275,6 +1296,7 @@ def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_i
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         events = list(c.responses.create(model=model_id, input="Count to ten.", max_output_tokens=30, stream=True))
         assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
-        assert events[-1].response.error.code == "BundleError" and "planted" in events[-1].response.error.message
+        assert events[-1].response.error.code == "server_error" and "planted" in events[-1].response.error.message
+        assert events[-1].response.model_extra["edgespec"]["error_code"] == "BundleError"
         assert events[0].type == "response.created"
         assert http(s.url + "/health")[1]["busy"] is False
