@@ -156,3 +156,63 @@ def test_non_string_template():
 
     for source in (None, 5, b"{{ x }}", ["{{ x }}"], {"a": 1}):
         typed(template.ChatTemplate, source)
+
+
+# -- the server's request parsers: a request or an OpenAI-shaped 400/404, never a 500 ----------------------
+CHAT = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+    {"type": "text", "text": "hi"}]}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "x"}], "max_tokens": 8, "temperature": 0.5, "top_p": 0.9,
+    "stop": ["\n"], "stream": True, "stream_options": {"include_usage": True}, "logit_bias": {"5": 1.0},
+    "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}},
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "auto", "edgespec": {"drafter": "auto", "draft_tokens": 4}, "prediction": {
+        "type": "content", "content": "p"}}
+RESPONSES = {"model": "m", "instructions": "be brief", "input": [
+    {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+    {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+     "content": [{"type": "output_text", "text": "ok", "annotations": []}]},
+    {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "x"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": []}],
+    "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
+    "tool_choice": {"type": "function", "name": "f"}, "text": {"format": {"type": "json_schema", "name": "n",
+                                                                          "schema": {"type": "object"}}},
+    "max_output_tokens": 16, "temperature": 0.7, "stream": True, "store": False, "include": [],
+    "reasoning": {"effort": None}, "truncation": "disabled", "metadata": {"k": "v"}}
+
+
+def api_typed(fn, *args):
+    """``fn`` returns a request or raises the server's APIError (a 4xx answered as OpenAI does)."""
+    from edgespec.server_protocol import APIError
+
+    try:
+        return fn(*args)
+    except APIError as e:
+        assert 400 <= e.status < 500 and e.message and "\n" not in e.message
+        return None
+
+
+def test_the_request_bases_are_valid():
+    from edgespec.server_protocol import parse_chat, parse_responses
+
+    assert len(parse_chat(copy.deepcopy(CHAT), "m").messages) == 4
+    assert len(parse_responses(copy.deepcopy(RESPONSES), "m").messages) == 4  # (the reasoning item left out)
+
+
+@FUZZ
+@given(mutated(CHAT))
+def test_chat_request(raw):
+    from edgespec.server_protocol import parse_chat
+
+    api_typed(parse_chat, raw, "m")
+
+
+@FUZZ
+@given(mutated(RESPONSES))
+def test_responses_request(raw):
+    from edgespec.server_protocol import parse_responses
+
+    req = api_typed(parse_responses, raw, "m")
+    if req is not None:  # what the response echoes is there and JSON
+        json.dumps(req.responses)
