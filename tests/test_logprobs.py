@@ -288,6 +288,9 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(
 
     def script(rounds):
         class Fake:
+            def check_ids(self, ids, what):  # (stream_ids checks the prompt's ids against the vocabulary)
+                pass
+
             def generate(self, prompt, cfg, stats):
                 for i, toks in enumerate(rounds):
                     yield Step(list(toks), None if i < len(rounds) - 1 else "length",
