@@ -331,11 +331,16 @@ def test_a_prediction_drafter_needs_a_prediction_and_a_prediction_must_fit_the_c
 
 
 def test_the_bench_and_the_repl_refuse_the_prediction_drafter_they_have_no_prediction_for(tiny_bundle):
+    import io
+
     from edgespec.bench import parse_drafters
-    from edgespec.chat import _drafter
+    from edgespec.chat import ChatRepl
 
     with pytest.raises(ConfigError, match="bench_prediction.py"):
         parse_drafters(["auto", "prediction"])
-    with pytest.raises(ConfigError, match="is not one of"):
-        _drafter("prediction")
-    assert _drafter("suffix") == "suffix"
+    repl = ChatRepl(edgespec.load(tiny_bundle, memory=False), stdin=io.StringIO(), stdout=io.StringIO(),
+                    stderr=io.StringIO())
+    with pytest.raises(ConfigError, match="prediction drafts from a request's predicted output"):
+        repl._check_drafter("prediction")
+    repl._check_drafter("suffix")  # (taken)
+    assert "prediction" not in repl._drafter_names()
