@@ -333,6 +333,7 @@ def test_a_prediction_drafter_needs_a_prediction_and_a_prediction_must_fit_the_c
 def test_the_bench_and_the_repl_refuse_the_prediction_drafter_they_have_no_prediction_for(tiny_bundle):
     import io
 
+    import edgespec
     from edgespec.bench import parse_drafters
     from edgespec.chat import ChatRepl
 
