@@ -335,6 +335,12 @@ class ChatRepl:
                                    for m in messages):
             self._error(f"{shown} is not a conversation /save wrote (a JSON list of {{role, content}} messages)")
             return
+        turns = [m["role"] for m in messages[1 if messages and messages[0]["role"] == "system" else 0:]]
+        if turns != ["user", "assistant"] * (len(turns) // 2) + ["user"] * (len(turns) % 2):
+            # (what /save writes; the history is cut an exchange at a time when it outgrows the context)
+            self._error(f"{shown}: the messages after the system prompt must alternate user, assistant, ... as "
+                        "/save writes them")
+            return
         try:
             if messages:
                 self.engine.encode(messages)  # the chat template takes it (its roles in an order it allows)

@@ -370,15 +370,16 @@ def test_load_continues_a_saved_conversation(tiny_bundle, tmp_path):
             {"role": "assistant", "content": "hi there"}]
     saved.write_text(json.dumps(conv))
     other.write_text("not json")
-    bad_roles = tmp_path / "bad.json"
+    bad_roles, unordered = tmp_path / "bad.json", tmp_path / "unordered.json"
     bad_roles.write_text(json.dumps([{"role": "wizard", "content": "x"}]))
-    script = (f"/load {other}\n/load {bad_roles}\n/load {tmp_path / 'missing.json'}\n/load {saved}\n"
-              f"how are you\n/save {again}\n")
+    unordered.write_text(json.dumps([{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]))
+    script = (f"/load {other}\n/load {bad_roles}\n/load {tmp_path / 'missing.json'}\n/load {unordered}\n"
+              f"/load {saved}\nhow are you\n/save {again}\n")
     r = _piped(tiny_bundle, script, "--max-new-tokens", "6")
     assert r.returncode == 1  # (piped input that met errors)
     errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errs) == 3 and "not a conversation /save wrote" in errs[0] and "bad.json" in errs[1]
-    assert "no such file" in errs[2] and "Traceback" not in r.stderr
+    assert len(errs) == 4 and "not a conversation /save wrote" in errs[0] and "bad.json" in errs[1]
+    assert "no such file" in errs[2] and "must alternate user, assistant" in errs[3] and "Traceback" not in r.stderr
     assert f"[loaded 3 messages from {saved}]" in r.stdout
     got = json.loads(again.read_text())
     assert got[:3] == conv and got[3] == {"role": "user", "content": "how are you"} and got[4]["role"] == "assistant"
