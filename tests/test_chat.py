@@ -281,9 +281,11 @@ def test_a_stream_without_newlines_is_refused_in_bounded_memory(tiny_bundle):
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
     with open(os.devnull if not os.path.exists("/dev/zero") else "/dev/zero", "rb") as zero:
+        # (two malloc arenas: glibc reserves 64 MiB of address space for each of up to 8 a core, which on a
+        # many-core machine alone would pass the limit)
         proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "chat", str(tiny_bundle)], stdin=zero,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), cwd=ROOT,
-                                preexec_fn=limit_memory)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env={**_env(), "MALLOC_ARENA_MAX": "2"}, cwd=ROOT, preexec_fn=limit_memory)
     try:
         first = proc.stderr.readline().decode()  # (the chat prints nothing else on stderr before it)
         assert first == "error: a line is longer than 64 MiB: skipped up to the next newline\n", first
