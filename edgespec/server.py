@@ -366,6 +366,11 @@ class Server:
         return await self._generate(request, P.parse_responses(P.parse_body(await _read_body(request)),
                                                                self.model_id))
 
+    async def stored_response(self, request: Request) -> Response:
+        """``GET``/``DELETE /v1/responses/{id}`` (and its cancel, input items): nothing is stored to find."""
+        raise P.APIError(404, f"no response '{request.path_params['rid'].split('/')[0]}': edgespec keeps no responses "
+                              "(every response says store: false)"[:300], param="response_id", code="not_found")
+
     async def completions(self, request: Request) -> Response:
         body = P.parse_body(await _read_body(request))
         return await self._generate(request, P.parse_completion(body, self.model_id))
@@ -877,6 +882,7 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
                                                 "temperature": temperature})
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
               Route("/v1/responses", srv.responses, methods=["POST"]),
+              Route("/v1/responses/{rid:path}", srv.stored_response, methods=["GET", "POST", "DELETE"]),
               Route("/v1/completions", srv.completions, methods=["POST"]),
               Route("/v1/models", srv.models, methods=["GET"]),
               Route("/v1/models/{name:path}", srv.model, methods=["GET"]),

@@ -1300,3 +1300,14 @@ def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_i
         assert events[-1].response.model_extra["edgespec"]["error_code"] == "BundleError"
         assert events[0].type == "response.created"
         assert http(s.url + "/health")[1]["busy"] is False
+
+
+def test_stored_responses_are_not_found(server, client):
+    """Nothing is stored: retrieving, deleting or cancelling a response is a 404 that says so."""
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.retrieve("resp_123")
+    assert "keeps no responses" in e.value.body["message"] and e.value.body["code"] == "not_found"
+    for method, path in (("DELETE", "/v1/responses/resp_1"), ("POST", "/v1/responses/resp_1/cancel"),
+                         ("GET", "/v1/responses/resp_1/input_items")):
+        st, err = http(server + path, b"{}" if method == "POST" else None, method=method)
+        assert st == 404 and err["error"]["param"] == "response_id" and "resp_1'" in err["error"]["message"], err
