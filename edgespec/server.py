@@ -388,7 +388,9 @@ class Server:
                 msg = str(e).splitlines()[0]
                 param = next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
                               if msg.startswith(k)), "tools")
-                raise P.bad(msg, param if req.responses is None else P.responses_param(param)) from None
+                if req.responses is not None:
+                    msg, param = P.responses_message(msg), P.responses_param(param)
+                raise P.bad(msg, param) from None
             if treq is not None and treq.parses and "logprobs" in req.options:
                 raise P.bad("logprobs cannot be combined with tools the reply may call (its calls are taken out of "
                             "the text); send tool_choice 'none' or no logprobs", "logprobs", "unsupported_value")
@@ -420,8 +422,10 @@ class Server:
                 # (one that compiles may still fail at its first token: refused now, not as a 500 or mid-stream)
                 await run_in_threadpool(self.engine.decoder.constraints, kw["grammar"])
             except EdgespecError as e:
-                raise P.bad(str(e).splitlines()[0], "response_format" if req.responses is None
-                            else P.responses_param("response_format")) from None
+                msg = str(e).splitlines()[0]
+                if req.responses is not None:
+                    raise P.bad(P.responses_message(msg), P.responses_param("response_format")) from None
+                raise P.bad(msg, "response_format") from None
         if isinstance(kw.get("prediction"), str):  # tokenized once, off the event loop (it may be a large file)
             text = kw["prediction"]
             least = self.engine.tokenizer.min_tokens(text)

@@ -575,7 +575,10 @@ def responses_message(message: str, where: list[str] = ()) -> str:
 
     message = re.sub(r"messages\[(\d+)\]", lambda m: where[int(m.group(1))] if int(m.group(1)) < len(where)
                      else m.group(0), message)
-    return message.replace("'max_tokens'", "'max_output_tokens'").replace("'response_format'", "'text.format'")
+    message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", message)  # (a Responses tool has no 'function')
+    message = re.sub(r"\bresponse_format\.json_schema\.", "text.format.", message)
+    message = re.sub(r"\bresponse_format\b", "text.format", message)
+    return message.replace("'max_tokens'", "'max_output_tokens'")
 
 
 def _prediction(v) -> str | None:

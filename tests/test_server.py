@@ -1245,6 +1245,11 @@ def test_responses_hold_the_reply_to_a_schema(client, engine, model_id):
                                                  "strict": True}})
     assert r.output_text == ref.text and json.loads(r.output_text)["color"] in ("red", "green", "blue")
     assert r.text.format.type == "json_schema"
+    with pytest.raises(openai.BadRequestError) as e:  # the engine's message in the Responses request's names
+        client.responses.create(model=model_id, input="Pick a color.", text={"format": {"type": "json_schema",
+                                                                                         "schema": schema}})
+    assert e.value.body["param"] == "text.format" and e.value.body["message"].startswith("text.format.name "), \
+        e.value.body
 
 
 def test_responses_input_items_read_as_chat_messages():
