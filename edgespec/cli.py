@@ -529,24 +529,40 @@ class _OneLineUsage(click.Command):
               help="An origin (http://localhost:3000, chrome-extension://ID, tauri://localhost, null) whose pages "
                    "may call the server from a browser or webview (CORS; others sending an Origin get 403); repeat "
                    "for more, '*' for any. Default: none.")
+@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None, show_envvar=True,
+              help="Require this key as 'Authorization: Bearer KEY' (an OpenAI client's api_key) on every request "
+                   "but /health; others get 401. Prefer the environment variable or --api-key-file: a command "
+                   "line is visible to every user of the machine.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Read the API key from this file's first line.")
 @_prompt_cache_opts
 @_engine_opts
 @memory_opts()
-def serve(bundle, host, port, queue_size, temperature, allow_origins, drafter, draft_tokens, max_context, threads,
-          profile, provider):
-    """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, api_key_file, drafter, draft_tokens,
+          max_context, threads, profile, provider):
+    """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/responses, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
     --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
     drafter remembers every reply on disk to draft from for later requests (--no-memory: nothing is kept)."""
     from pathlib import Path
 
+    from .errors import ConfigError
+
     try:
         from .server import bind, create_app, run
     except ImportError as e:
         raise EdgespecError(f"the server is not installed ({e.name} is missing): pip install 'edgespec[serve]'")
-    from .server import check_origins
+    from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
+    if api_key_file is not None:
+        if api_key is not None:
+            raise ConfigError("--api-key (or EDGESPEC_API_KEY) and --api-key-file: give one of them")
+        from .suffix import read_document
+
+        lines = read_document(api_key_file, max_bytes=4096, what="API key file", error=ConfigError).splitlines()
+        api_key = lines[0].strip() if lines else ""
+    check_api_key(api_key)
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
     eng = None
     try:
@@ -554,7 +570,7 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, drafter, d
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
-                         temperature=temperature, allow_origins=allow_origins)
+                         temperature=temperature, allow_origins=allow_origins, api_key=api_key)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
@@ -563,8 +579,9 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, drafter, d
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none" if mem
                                  else "no memory of replies")
-                              + (f"; browser pages of {', '.join(allow_origins)} may call it)" if allow_origins
-                                 else ")"))
+                              + (f"; browser pages of {', '.join(allow_origins)} may call it" if allow_origins
+                                 else "")
+                              + ("; an API key required)" if api_key is not None else ")"))
     except BaseException:  # (closing must not hide why the server stopped)
         sock.close()
         if eng is not None:

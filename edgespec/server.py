@@ -824,6 +824,38 @@ class OriginGuard:
         return await self.app(scope, receive, send)
 
 
+class KeyGuard:
+    """ASGI middleware: with an API key (``serve --api-key``), every request but ``/health`` and a CORS
+    preflight must carry ``Authorization: Bearer <key>`` (OpenAI's clients send their ``api_key`` so) or it is
+    refused with 401 before anything runs; compared in constant time."""
+
+    OPEN = ("/health",)  # (a load balancer's or a supervisor's probe)
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, ("Bearer " + key).encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope.get("path") not in self.OPEN:
+            import hmac
+
+            got = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, self.key):
+                msg = ("no API key given: send 'Authorization: Bearer <key>' (an OpenAI client's api_key)" if not got
+                       else "incorrect API key provided")
+                return await _AsciiJSON(P.error_body(msg, code="invalid_api_key"), status_code=401,
+                                        headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def check_api_key(key: str | None) -> str | None:
+    """An API key as the server takes it: printable ASCII without spaces, 8 to 512 characters (None: no key)."""
+    if key is None:
+        return None
+    if not (8 <= len(key) <= 512 and key.isascii() and key.isprintable() and " " not in key):
+        raise ConfigError("an API key must be 8 to 512 printable ASCII characters without spaces")
+    return key
+
+
 def _origin_key(origin: str) -> str:
     """An origin as browsers send it: scheme and host in lower case, no default port (http :80, https :443)."""
     from urllib.parse import urlsplit
@@ -876,12 +908,14 @@ def check_origins(origins) -> list[str]:
 
 def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | None = None,
                draft_tokens: int | None = None, temperature: float | None = 1.0,
-               allow_origins=()) -> Starlette:
+               allow_origins=(), api_key: str | None = None) -> Starlette:
     """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens``/``temperature``
     are the server's defaults (``temperature`` 1, OpenAI's; None: the engine's, greedy); a request's
     own fields and ``edgespec`` object override them. ``allow_origins``: web pages of these origins (``*``:
-    any) may call the server from a browser (CORS headers, preflights answered); none by default."""
+    any) may call the server from a browser (CORS headers, preflights answered); none by default. ``api_key``:
+    every request but /health must carry it as a bearer token (KeyGuard)."""
     origins = check_origins(allow_origins)
+    api_key = check_api_key(api_key)
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
                                                 "temperature": temperature})
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
@@ -895,6 +929,8 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
               Route("/detokenize", srv.detokenize, methods=["POST"]),
               Route("/metrics", srv.metrics_text, methods=["GET"])]
     middleware = [Middleware(RequestCounter, metrics=srv.metrics), Middleware(OriginGuard, origins=origins)]
+    if api_key is not None:  # (inside the counter: refusals are counted; a preflight passes to CORS)
+        middleware.append(Middleware(KeyGuard, key=api_key))
     if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET and POST only
         from starlette.middleware.cors import CORSMiddleware
 

@@ -986,6 +986,41 @@ def test_allowed_origins_may_call_from_a_browser_and_others_may_not(engine, mode
         assert status == 200
 
 
+def test_an_api_key_is_required_where_one_is_set(engine, model_id):
+    """serve --api-key: every request but /health and a CORS preflight carries it as a bearer token (OpenAI's
+    clients send their api_key so) or is refused with 401 before it runs; refusals are counted."""
+    key = "sk-local-0123456789"
+    page = "http://localhost:3000"
+    with _InProcess(engine, model_id, api_key=key, allow_origins=[page]) as s:
+        good = openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0, timeout=60)
+        assert good.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=2).choices[0].message.content is not None
+        assert good.responses.create(model=model_id, input="Hi", max_output_tokens=2).status
+        with pytest.raises(openai.AuthenticationError) as e:
+            openai.OpenAI(base_url=s.url + "/v1", api_key="sk-wrong-0123456789", max_retries=0).models.list()
+        assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+        st, err = http(s.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})  # no key at all
+        assert st == 401 and "no API key given" in err["error"]["message"]
+        status, h = _raw(s.url + "/metrics")
+        assert status == 401 and h["www-authenticate"] == "Bearer"
+        assert http(s.url + "/health")[0] == 200  # (a probe needs no key)
+        status, h = _raw(s.url + "/v1/chat/completions", "OPTIONS", {"Origin": page, "Access-Control-Request-Method":
+                                                                   "POST"})
+        assert status == 200 and h["access-control-allow-origin"] == page  # (a preflight carries no credentials)
+        status, h = _raw(s.url + "/v1/models", headers={"Origin": page})  # a page without the key: refused, readable
+        assert status == 401 and h["access-control-allow-origin"] == page
+        req = urllib.request.Request(s.url + "/metrics", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read().decode()
+        assert 'edgespec_requests_total{endpoint="/v1/completions",status="401"} 1' in text, text
+    from edgespec.errors import ConfigError
+    from edgespec.server import create_app
+
+    for bad in ("short", "has space inside", "ключ-ключ-ключ"):
+        with pytest.raises(ConfigError, match="API key"):
+            create_app(engine, model_id, api_key=bad)
+
+
 def test_a_page_of_another_origin_cannot_make_the_server_generate(engine, model_id):
     """A web page may POST a text/plain body to any address with no preflight (a "simple" request): CORS only
     keeps it from reading the reply. Such a request from an origin --allow-origin does not name is refused
@@ -1062,6 +1097,12 @@ def test_serve_cli_errors(smol_int4, tmp_path):
     assert "cannot listen on" in _one_line_error(["serve", smol_int4, "--host", "no-such-host.invalid"])
     assert "draft_tokens" in _one_line_error(["serve", smol_int4, "--port", "0", "--draft-tokens", "99"])
     assert "allowed origin" in _one_line_error(["serve", smol_int4, "--port", "0", "--allow-origin", "localhost:3000"])
+    assert "8 to 512 printable" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key", "short"])
+    assert "no such API key file" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key-file",
+                                                      tmp_path / "nope"])
+    (tmp_path / "key").write_text("a-good-long-key\n")
+    assert "give one of them" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key", "another-long-key",
+                                                  "--api-key-file", tmp_path / "key"])
 
 
 def test_runtime_import_pulls_no_server_stack():
@@ -1316,3 +1357,18 @@ def test_stored_responses_are_not_found(server, client):
                          ("GET", "/v1/responses/resp_1/input_items")):
         st, err = http(server + path, b"{}" if method == "POST" else None, method=method)
         assert st == 404 and err["error"]["param"] == "response_id" and "resp_1'" in err["error"]["message"], err
+
+
+def test_serve_reads_its_api_key_from_a_file(smol_int4, tmp_path, model_id):
+    (tmp_path / "key").write_text("sk-from-a-file-42\n")
+    proc, url = _start_server(smol_int4, tmp_path / "server.log", "--api-key-file", str(tmp_path / "key"),
+                              "--no-memory")
+    try:
+        assert "an API key required" in (tmp_path / "server.log").read_text()
+        c = openai.OpenAI(base_url=url + "/v1", api_key="sk-from-a-file-42", max_retries=0, timeout=60)
+        assert [m.id for m in c.models.list()] == [model_id]
+        assert http(url + "/v1/models")[0] == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    assert "sk-from-a-file-42" not in (tmp_path / "server.log").read_text()  # (the key is never logged)
