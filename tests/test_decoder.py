@@ -1931,7 +1931,7 @@ def test_alternates_are_taken_where_their_expected_token_pays_for_the_wider_call
         with pytest.raises(ValueError, match="use_alternates"):
             RoundPolicy(use_alternates=bad)
     assert RoundPolicy(use_alternates=0).use_alternates is False and RoundPolicy(use_alternates=1).use_alternates
-    assert RoundPolicy().use_alternates is False  # (off by default)
+    assert RoundPolicy().use_alternates is False  # (off unless the decoder's target has cheap verify rows)
 
 
 def test_calls_with_alternates_teach_their_premium_not_the_costs_by_width():
