@@ -618,17 +618,17 @@ class Server:
             seq += 1
             return P.sse_event(kind, {**obj, "sequence_number": seq - 1})
 
+        def open_message() -> list[bytes]:
+            mid, idx = P.item_id("msg"), len(output)
+            state["msg"] = (mid, [], idx)
+            return [ev("response.output_item.added", output_index=idx, item=P.message_item(mid, None, "in_progress")),
+                    ev("response.content_part.added", item_id=mid, output_index=idx, content_index=0,
+                       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
         def text_events(t: str) -> list[bytes]:
-            out = []
             if not t:
-                return out
-            if state["msg"] is None:
-                mid, idx = P.item_id("msg"), len(output)
-                state["msg"] = (mid, [], idx)
-                out.append(ev("response.output_item.added", output_index=idx,
-                              item=P.message_item(mid, None, "in_progress")))
-                out.append(ev("response.content_part.added", item_id=mid, output_index=idx, content_index=0,
-                              part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+                return []
+            out = open_message() if state["msg"] is None else []
             mid, texts, idx = state["msg"]
             texts.append(t)
             out.append(ev("response.output_text.delta", item_id=mid, output_index=idx, content_index=0, delta=t,
@@ -686,12 +686,8 @@ class Server:
                             yield b
                         self.metrics.add("tool_calls", len(parser.calls))
                     if not output and state["msg"] is None:  # an empty reply is still a message
-                        mid = P.item_id("msg")
-                        state["msg"] = (mid, [], 0)
-                        yield ev("response.output_item.added", output_index=0,
-                                 item=P.message_item(mid, None, "in_progress"))
-                        yield ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
-                                 part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                        for b in open_message():
+                            yield b
                     for b in close_message(P.response_status(val["finish_reason"])):
                         yield b
                     s = {**val, "queue_ms": round(gen.queue_ms, 3)}

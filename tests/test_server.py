@@ -1372,3 +1372,28 @@ def test_serve_reads_its_api_key_from_a_file(smol_int4, tmp_path, model_id):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     assert "sk-from-a-file-42" not in (tmp_path / "server.log").read_text()  # (the key is never logged)
+
+
+def test_an_empty_streamed_response_is_still_a_message(engine, model_id, monkeypatch):
+    real = engine.stream_ids
+
+    def silent(*a, **kw):  # the reply's text emptied: nothing to stream but the message itself
+        inner = real(*a, **kw)
+
+        def gen():
+            try:
+                for d in inner:
+                    yield d._replace(text="")
+            finally:
+                inner.close()
+        return gen()
+
+    monkeypatch.setattr(engine, "stream_ids", silent)
+    with _InProcess(engine, model_id, temperature=0) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        events = list(c.responses.create(model=model_id, input="Hi", max_output_tokens=4, stream=True))
+        assert [e.type for e in events][2:] == ["response.output_item.added", "response.content_part.added",
+                                                "response.output_text.done", "response.content_part.done",
+                                                "response.output_item.done", "response.incomplete"]
+        assert events[-1].response.output[0].content[0].text == "" and events[-1].response.output[0].status == \
+            "incomplete"
