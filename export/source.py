@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,14 @@ class Source:
             return str(self.path.parent), {"gguf_file": self.path.name}
         if self.kind == "hf-dir":
             return str(self.path), {}
-        return self.spec, {}
+        # offline by the environment: the hub's cache alone, even where huggingface_hub was imported before
+        # the variable was set (it reads it once; a process that set it later retried the hub for ~50 s)
+        return self.spec, ({"local_files_only": True} if hub_offline() else {})
+
+
+def hub_offline() -> bool:
+    """Whether the environment says the hub is not to be asked (HF_HUB_OFFLINE)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def resolve(spec: str) -> Source:
@@ -69,9 +77,8 @@ def _check_hub(src: Source) -> None:
     """A hub id not in the local cache: one quick request says whether the hub can serve it, so that
     a machine without network (or a wrong id) gets one line at once, not a minute of retries."""
     import logging
-    import os
 
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+    if hub_offline():
         return
     from huggingface_hub import HfApi, try_to_load_from_cache
 

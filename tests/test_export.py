@@ -150,8 +150,16 @@ def test_directory_without_config(tmp_path):
 
 
 def test_hub_id_without_network_is_one_line(tmp_path, monkeypatch):
+    """Offline by HF_HUB_OFFLINE: one line at once, also where huggingface_hub was imported before the
+    variable was set (it reads it once: from_pretrained then retried the hub for ~50 s)."""
+    import time
+
+    import huggingface_hub  # noqa: F401  (imported before the variable is set)
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.monotonic()
     r = CliRunner().invoke(main, ["export", "someorg/somemodel", "-o", str(tmp_path / "b")])
+    assert time.monotonic() - t0 < 30
     assert r.exit_code == 6 and "hub" in r.output and "Traceback" not in r.output
     lines = r.output.strip().splitlines()  # the first progress line, then one error line
     assert len(lines) <= 2 and lines[-1].startswith("error: cannot fetch") and lines[0].startswith(("[1/", "error"))
