@@ -25,7 +25,8 @@ from .lm import CausalLM
 from .penalties import Penalizer
 from .policy import RoundPolicy
 from .sampling import SamplingParams, distribution
-from .verify import greedy_accept, greedy_accept_choice, rejection_sample
+from .verify import (alternate_dist, greedy_accept, greedy_accept_choice, rejection_sample,
+                     rejection_sample_alternates)
 from .width import padded_width
 
 
@@ -211,7 +212,7 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     target_calls: int = 0
-    alternates: int = 0  # alternates verified beside a draft token (a draft's second choices, greedy)
+    alternates: int = 0  # alternates verified beside a draft token (a draft's second choices; sampled, drawn from q)
     alternates_kept: int = 0  # ... that the target kept (one token more than the draft's)
     accepted_by_position: list[int] = field(default_factory=list)
     drafted_by_position: list[int] = field(default_factory=list)
@@ -473,12 +474,12 @@ class Decoder:
             d.begin(prompt)  # a model drafter reads the prompt now: part of the time to first token
         st.draft_s += clock() - t_d
         st.prefill_ms = st.ttft_ms = (clock() - t_start) * 1000
-        # greedy rounds of a drafter that lists its second choices: the target verifies those worth it too
-        # (not with logprobs: an alternate's next token has no row of logits here)
         # greedy on the target's argmax alone: no logprobs to read, no penalties to apply to its logits
         plain_greedy = sp.greedy and not want_lp and pen is None
-        # (and not while a constraint holds the reply: a grammar's, or token healing's until it is spelled)
-        may_alternate = plain_greedy and policy.use_alternates and target.verifies_alternates
+        # rounds of a drafter that lists its second choices: the target verifies those worth it too, greedy
+        # or sampled (not with logprobs: an alternate's next token has no row of logits here; not with
+        # penalties; and not while a constraint holds the reply: a grammar's, or token healing's until it is spelled)
+        may_alternate = not want_lp and pen is None and policy.use_alternates and target.verifies_alternates
         ctx = TokenBuffer(prompt + [first], capacity=target.max_context)
         st.new_tokens = 1
         reason = "eos" if first in stop else ("length" if cfg.max_new_tokens <= 1 else None)
@@ -533,20 +534,32 @@ class Decoder:
                 st.model_call_s += dlm.call_seconds - m0[2]
             alts = policy.alternates(len(draft.tokens), draft.alts, target.max_context - len(ctx) - len(draft.tokens),
                                      t1 - t0) if draft.alts and may_alternate and con is None else []
+            if alts and not sp.greedy:  # sampled: each drawn now from q without the draft token beside it
+                alts = [(i, alternate_dist(draft.probs[i], draft.tokens[i])) for i, _ in alts]
+                alts = [(i, d.sample(rng)) for i, d in alts if d is not None]
             kept_alt, extra = None, []  # the row of the alternate the target kept; its next token
             if alts:  # the draft and its alternates, each alternate beside the draft token it stands for
                 k = len(draft.tokens)
-                top = target.forward_alternates([ctx[-1]] + draft.tokens + [t for _, t in alts],
-                                                list(range(k + 1)) + [i + 1 for i, _ in alts])
-                dt = clock() - t1
-                n, nxt = greedy_accept_choice(draft.tokens, top[: k + 1])
-                for j, (i, t) in enumerate(alts):
-                    if i == n and t == nxt:  # the draft's token n is not the target's, its alternate is
-                        kept_alt = k + 1 + j
-                        break
-                if kept_alt is not None:  # into the slot after the kept draft tokens (the rewind below
-                    target.keep_alternate(kept_alt, n + 1)  # then leaves one row more: the alternate's)
-                    extra = [int(top[kept_alt])]  # the target's token after the alternate
+                ids, at = [ctx[-1]] + draft.tokens + [t for _, t in alts], list(range(k + 1)) + [i + 1 for i, _ in alts]
+                if sp.greedy:
+                    top = target.forward_alternates(ids, at)
+                    dt = clock() - t1
+                    n, nxt = greedy_accept_choice(draft.tokens, top[: k + 1])
+                    # kept where the draft's token n is not the target's and its alternate is
+                    j = next((j for j, (i, t) in enumerate(alts) if i == n and t == nxt), None)
+                else:  # the rejection rule with the alternates (read before the next call)
+                    rows = target.forward_alternates(ids, at, logits=True)[:, : self.vocab]
+                    dt = clock() - t1
+                    n, nxt, i = rejection_sample_alternates(draft.tokens, draft.probs, rows[: k + 1], sp, rng,
+                                                            dict(alts))
+                    j = None if i is None else next(j for j, (a, _) in enumerate(alts) if a == i)
+                if j is not None:
+                    kept_alt = k + 1 + j
+                    # the target's token after the alternate
+                    extra = [int(top[kept_alt]) if sp.greedy else distribution(rows[kept_alt], sp).sample(rng)]
+                    # into the slot after the kept draft tokens (the rewind below then leaves one row more:
+                    # the alternate's)
+                    target.keep_alternate(kept_alt, n + 1)
                 target.rewind(len(alts) - (kept_alt is not None))
                 policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                 st.alternates += len(alts)

@@ -61,9 +61,10 @@ class Draft:
     key: str = ""
     step_s: float | None = None  # seconds per drafter step measured while drafting (costly drafters)
     catchup: tuple[int, float] | None = None  # (tokens, seconds) of a long catch-up read before drafting
-    # greedy drafts asked for alternates: per draft token i, (i, the drafter's second choice there, its
-    # calibrated top probability, the second choice's probability); the round policy picks which the
-    # target verifies beside the draft (RoundPolicy.alternates)
+    # drafts asked for alternates: per draft token i, (i, the drafter's second choice there (sampled: None,
+    # drawn once picked), its calibrated top probability, the chance an alternate there is kept: greedy, the
+    # second choice's probability; sampled, _rescue); the round policy picks which the target verifies
+    # beside the draft (RoundPolicy.alternates)
     alts: tuple = ()
 
 
@@ -294,7 +295,7 @@ class ModelDrafter:
     name = "model"
     has_cost = True
     takes_hint = True  # draft(..., hint=) checks a free drafter's guess in its first call
-    gives_alternates = True  # draft(..., alternates=True) lists its second choices (greedy)
+    gives_alternates = True  # draft(..., alternates=True) lists its second choices
 
     def __init__(self, lm, target_vocab: int, min_confidence: float = 0.0, clock=time.perf_counter,
                  head_ids: np.ndarray | None = None, read_window: int | None = None):
@@ -434,9 +435,10 @@ class ModelDrafter:
         what the drafter would have drafted without the hint (the same tokens greedy; sampled, the
         same q at every position, the same random draws), only cheaper where the hint was right.
         ``hint_stop``: the threshold ``stop`` where the next token's logits came with the hint (one
-        more token costs no step there; default ``stop``). ``alternates`` (greedy): the draft also
-        lists each position's second choice (``Draft.alts``), read from the logits drafting computed
-        anyway; the draft's tokens are the same. ``grammar`` (structured outputs, constrain.Constraint): each
+        more token costs no step there; default ``stop``). ``alternates``: the draft also lists each
+        position's second choice (``Draft.alts``; greedy, read from the logits drafting computed anyway;
+        sampled, the figures the round policy picks positions by, the alternate drawn later from q
+        without the draft token), the draft's tokens the same. ``grammar`` (structured outputs, constrain.Constraint): each
         token is picked from the drafter's logits masked by the grammar, advanced through the draft so far
         (and rolled back after); q is then that masked distribution, so the rule stays exact, and a draft
         never holds a token the target's own mask would forbid. The draft ends where the grammar leaves
@@ -478,7 +480,6 @@ class ModelDrafter:
         tokens: list[int] = []
         dists = []
         sure = 1.0  # the product of the (calibrated) top probabilities so far
-        alternates = alternates and sp.greedy
         lam = self.calibration(sp.greedy) if stop is not None or alternates else 1.0
         confs: list[float] = []
         alts = []
@@ -507,9 +508,11 @@ class ModelDrafter:
             tokens.append(tok)
             if stop is not None or alternates:
                 confs.append(_top_prob(row))
-            if alternates:
+            if alternates and sp.greedy:
                 second, q2 = _second(row, best, confs[-1])
                 alts.append((i, second if head is None else int(head[second]), min(1.0, lam * confs[-1]), q2))
+            elif alternates:  # sampled: the alternate is drawn from q without tok once the round picks it
+                alts.append((i, None, min(1.0, lam * confs[-1]), _rescue(q, tok)))
             if fed > i and hint[i] != tok:  # the hint is wrong from here: roll it back
                 lm.rewind(fed - i)
                 fed = i
@@ -613,6 +616,21 @@ def _second(row: np.ndarray, j: int, top: float) -> tuple[int, float]:
     finally:
         row[j] = best
     return j2, top * float(np.exp(np.float32(row[j2]) - np.float32(best)))
+
+
+def _rescue(q: Dist, tok: int) -> float:
+    """What the round policy prices a sampled draft token's alternate by (scaled by its calibration): the
+    largest probability q gives another token. Teacher-forced on the Qwen pair at T = 0.7 it predicted the
+    chance of a rejection rescued by the alternate best of the figures tried (correlation 0.50, against
+    0.43 for 1 - q(tok) and for q's second largest; scripts/probe_sampled_alternates.py, session 39)."""
+    w = q.w
+    if w.shape[0] < 2:
+        return 0.0
+    at = tok if q.idx is None else int(np.searchsorted(q.idx, tok))  # (a tail token of a TailDist: none of w's)
+    j = int(np.argmax(w))
+    if j != at or (q.idx is not None and (at >= q.idx.shape[0] or q.idx[at] != tok)):
+        return float(w[j]) / q.total
+    return max(float(w[:j].max(initial=0.0)), float(w[j + 1:].max(initial=0.0))) / q.total
 
 
 def _top_prob(logits: np.ndarray) -> float:

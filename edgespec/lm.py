@@ -107,12 +107,13 @@ class CausalLM:
     # _run(..., positions=p) computes row i at position past + p[i] (alternates: see forward_alternates)
     verifies_alternates: bool = False
 
-    def forward_alternates(self, ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    def forward_alternates(self, ids: Sequence[int], positions: Sequence[int], logits: bool = False) -> np.ndarray:
         """``forward_argmax`` of a call whose rows after the causal ones (``positions`` 0, 1, ..., m - 1)
         are alternates: row i (i >= m) stands at position ``positions[i]`` (< m) beside the causal
         row there, seeing the rows before it and itself, computed as a one-token call of it after
         those rows would be (``verifies_alternates`` models only). Its keys and values sit at its own
-        slot: ``keep_alternate`` moves an accepted one into its position."""
+        slot: ``keep_alternate`` moves an accepted one into its position. ``logits``: every row's
+        logits instead (sampled rounds; as ``forward(copy=False)``, read before the next call)."""
         n = len(ids)
         if not self.verifies_alternates:
             raise ValueError(f"{self.spec.role}: this model does not verify alternates")
@@ -120,7 +121,7 @@ class CausalLM:
             raise ValueError(f"{self.spec.role}: alternates need one-token calls (the width policy pads this model's)")
         if len(positions) != n:
             raise ValueError(f"{self.spec.role}: {len(positions)} positions for {n} tokens")
-        return self._call(ids, True, positions=positions)
+        return self._call(ids, not logits, positions=positions)
 
     def keep_alternate(self, row: int, position: int) -> None:
         """After a ``forward_alternates`` call of the cache's last tokens: the alternate at ``row`` of
@@ -133,7 +134,7 @@ class CausalLM:
     def _call(self, ids: Sequence[int], argmax: bool, first: int = 0, positions=None) -> np.ndarray:
         """``first``: the logits of positions ``first`` on only, computed alone where the model skips
         the others' (``skips_logits``); the keys and values of every position as ever. ``positions``:
-        see ``forward_alternates`` (argmax only, no padding)."""
+        see ``forward_alternates`` (no padding)."""
         n = len(ids)
         if n == 0:
             raise ValueError("forward() needs at least one token")
@@ -155,7 +156,7 @@ class CausalLM:
         self.last_past = past
         t0 = time.perf_counter()
         if positions is not None:
-            out = self._run(run, past, argmax=True, positions=positions)
+            out = self._run(run, past, argmax=argmax, positions=positions)
         elif argmax:
             out = self._run(run, past, argmax=True)
         else:

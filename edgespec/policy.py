@@ -367,7 +367,9 @@ class RoundPolicy:
         # rows are cheap (edgespec's AMX path: +2-8% in session 38); on a Zen 4 without AMX they measured within
         # the noise on short prompts and a few percent behind on 2-4k-token ones (README, "Alternates")
         self.use_alternates = bool(use_alternates)
-        self._alt_calib = [ALT_PRIOR, ALT_PRIOR]
+        # greedy generations' and sampled ones' apart (their second-choice figures mean different things)
+        self._alt_calibs = {False: [ALT_PRIOR, ALT_PRIOR], True: [ALT_PRIOR, ALT_PRIOR]}
+        self._alt_calib = self._alt_calibs[False]
         self._alt_pending = 0.0  # the expected kept alternates of the set alternates() chose last
         # seconds an alternate adds to a call beyond what a causal row of that width adds (its attention is a
         # pass of its own over the keys: ~0.8 ms a call at 300 positions on the Qwen 1.5B, growing with the
@@ -393,6 +395,7 @@ class RoundPolicy:
         self._generation += 1
         self._relax_steps()
         self._timed = not reproducible
+        self._alt_calib = self._alt_calibs[bool(sampled)]
         # acceptance is judged per generation: each estimate starts from what earlier generations
         # learned (weighed as ``carry`` rounds) and the generation's own rounds soon outweigh it,
         # so a drafter good on one kind of request is not trusted on the next kind for long
@@ -636,34 +639,43 @@ class RoundPolicy:
 
     def alternate_scale(self) -> float:
         """How far the drafter's second-choice probabilities under- (> 1) or overstate (< 1) how
-        often the target keeps an alternate, within ALT_SCALE."""
+        often the target keeps an alternate, within ALT_SCALE (learned apart for greedy and sampled
+        generations; 1 in a reproducible one, which learns nothing from the others)."""
+        if not self._timed:
+            return 1.0
         kept, expected = self._alt_calib
         return min(ALT_SCALE[1], max(ALT_SCALE[0], kept / max(expected, 1e-9)))
 
     def alternates(self, k: int, alts: Sequence[tuple], room: int, draft_s: float) -> list[tuple[int, int]]:
-        """Which of a greedy draft's alternates (``Draft.alts``: per draft token i, (i, second choice,
-        calibrated top probability, second choice's probability)) the target verifies beside the draft,
-        as (i, token), at most ``room``. An alternate at i is kept where the draft's first i tokens are
-        and its token i is not: the target then keeps one token more. Expected, that is reach(i) times
-        the second choice's probability (scaled by ``alternate_scale``), reach(i) the product of the
-        top probabilities before i. Taken from the likeliest down while the token it is expected to
-        add, valued at the round's expected seconds a token (``draft_s`` of drafting and the target's
-        call over the draft's expected yield), pays for the wider call (the measured costs by width)."""
+        """Which of a draft's alternates (``Draft.alts``: per draft token i, (i, second choice or None,
+        calibrated top probability, the chance its alternate is kept where the draft reaches i)) the
+        target verifies beside the draft, as (i, token), at most ``room``. An alternate at i is kept
+        where the draft's first i tokens are and its token i is not (greedy: the second choice is the
+        target's; sampled: the rejection rule takes it, ``rejection_sample_alternates``, and the token is
+        drawn then, None here): the target then keeps one token more. Expected, that is reach(i) times
+        that chance (scaled by ``alternate_scale``), reach(i) the product of the top probabilities
+        before i. Taken from the likeliest down while the token it is expected to add, valued at the
+        round's expected seconds a token (``draft_s`` of drafting and the target's call over the
+        draft's expected yield), pays for the wider call (the measured costs by width). A reproducible
+        generation prices the drafting at the cost model's prior step and no premium: its choices
+        depend on its own tokens alone."""
         if room <= 0 or not alts:
             return []
         scale = self.alternate_scale()
         reach, chain = 1.0, 1.0
         cands = []
         for i, tok, top, q2 in alts:
-            cands.append((reach * q2 * scale, i, int(tok)))
+            cands.append((reach * q2 * scale, i, None if tok is None else int(tok)))
             reach *= top
             chain += reach
         costs = self.cost.costs(k + 1 + min(room, len(cands)))
+        if not self._timed:
+            draft_s = k * self.cost.prior_step()
         per_token = (costs[k + 1] + draft_s) / chain
-        premium = self.alt_premium or 0.0
+        premium = (self.alt_premium or 0.0) if self._timed else 0.0
         chosen: list[tuple[int, int]] = []
         expected, w = 0.0, k + 1
-        for value, i, tok in sorted(cands, reverse=True):
+        for value, i, tok in sorted(cands, key=lambda c: (c[0], c[1]), reverse=True):
             if len(chosen) >= room or value * per_token <= max(0.0, costs[w + 1] - costs[w]) + premium:
                 break
             chosen.append((i, tok))
@@ -682,13 +694,13 @@ class RoundPolicy:
             self.alt_premium = extra if old is None else (1 - ALT_PREMIUM_EMA) * old + ALT_PREMIUM_EMA * extra
         expected = self._alt_pending
         self._alt_pending = 0.0
-        if expected <= 0.0:
+        if kept:
+            self._produced += 1
+        if expected <= 0.0 or not self._timed:
             return
         c = self._alt_calib
         c[0] = ALT_DECAY * c[0] + (1.0 if kept else 0.0)
         c[1] = ALT_DECAY * c[1] + expected
-        if kept:
-            self._produced += 1
 
     def observe(self, choice: Choice, tokens: Sequence[int], n_accepted: int, step_s: float | None,
                 width: int, seconds: float, catchup: tuple[int, float] | None = None, alternates: int = 0) -> None:

@@ -3,7 +3,8 @@
 Greedy: accept draft tokens while they equal the target's argmax; then emit the target's argmax.
 Sampled (Leviathan et al. / Chen et al.): accept draft token x with probability min(1, p(x)/q(x));
 on the first rejection emit a sample of normalize(max(p - q, 0)); if every draft token is accepted,
-emit a bonus sample from p. A drafter without probabilities (prompt lookup) proposes
+emit a bonus sample from p (a rejected position with an alternate beside it tries that first:
+``rejection_sample_alternates``). A drafter without probabilities (prompt lookup) proposes
 deterministically, so q is a point mass at x: accept with probability p(x), and on rejection
 sample from p with x removed (renormalized) -- the same rule with q = onehot(x).
 Every round returns at least one token, and the output follows p exactly.
@@ -47,6 +48,43 @@ def rejection_sample(draft: Sequence[int], draft_dists: Sequence[Dist] | None, t
             return i, p.sample(rng)
         return i, residual.sample(rng)
     return len(draft), distribution(target_logits[len(draft)], sp).sample(rng)
+
+
+def rejection_sample_alternates(draft: Sequence[int], draft_dists: Sequence[Dist], target_logits: np.ndarray,
+                                sp: SamplingParams, rng: np.random.Generator,
+                                alternates: dict[int, int]) -> tuple[int, int, int | None]:
+    """``rejection_sample`` for a model drafter's draft some of whose positions carry an alternate:
+    ``alternates`` maps a position i to a token drawn from q_i without ``draft[i]`` (``alternate_dist``),
+    drawn before the target's call. A rejection at such a position tries the alternate as a second
+    proposal (recursive rejection sampling without replacement, Jeon et al. 2024): with p1 =
+    normalize(max(p - q, 0)), the rejection's residual, and q1 = q without draft[i], the alternate y is
+    accepted with probability min(1, p1(y) / q1(y)), and only on its rejection too is the token drawn
+    from normalize(max(p1 - q1, 0)). Given the rejection, that is the rule above for target p1 and
+    proposal q1, so the token follows p1 and the position follows p, whichever x1 was drafted.
+    Returns (accepted count, next token, the position whose alternate that token is, or None)."""
+    for i, x in enumerate(draft):
+        p = distribution(target_logits[i], sp)
+        q = draft_dists[i]
+        if _accepts(p, q, x, rng):
+            continue
+        residual = p.minus(q)
+        if residual is None:  # p == q up to rounding: any sample of p is exact
+            return i, p.sample(rng), None
+        y = alternates.get(i)
+        q1 = alternate_dist(q, x) if y is not None else None
+        if q1 is None:
+            return i, residual.sample(rng), None
+        if _accepts(residual, q1, y, rng):
+            return i, y, i
+        rest = residual.minus(q1)
+        return i, (residual if rest is None else rest).sample(rng), None  # (None: p1 == q1 up to rounding)
+    return len(draft), distribution(target_logits[len(draft)], sp).sample(rng), None
+
+
+def alternate_dist(q: Dist, x: int) -> Dist | None:
+    """The distribution an alternate beside draft token ``x`` is drawn from: q without x (None: q has
+    nothing else)."""
+    return q.without(x)
 
 
 def _accepts(p: Dist, q: Dist | None, x: int, rng: np.random.Generator) -> bool:

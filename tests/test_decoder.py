@@ -13,7 +13,7 @@ from edgespec.memory import MemoryStore
 from edgespec.suffix import SuffixDrafter
 from edgespec.policy import NO_DRAFT, CostModel, RoundPolicy
 from edgespec.sampling import SamplingParams, probs
-from tiny import FakeLM, SimClock, numpy_exp_is_libms
+from tiny import AltFakeLM, FakeLM, SimClock, numpy_exp_is_libms
 
 
 def run(decoder, prompt, stats=None, **kw):
@@ -1951,3 +1951,100 @@ def test_calls_with_alternates_teach_their_premium_not_the_costs_by_width():
     assert p.alt_premium == pytest.approx(0.004, rel=0.05)
     # 4 ms an alternate: more than 0.27 tokens x ~13 ms bring
     assert p.alternates(2, alts, room=8, draft_s=0.01) == []
+
+
+def _everywhere(monkeypatch):
+    """The round policy verifies an alternate beside every draft token (as many as fit)."""
+    monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+
+
+def _alt_runs(vocab, prompt, n_tokens, sp, runs, k, noise=1.0):
+    """Seeded sampled generations of a target that verifies alternates (AltFakeLM) with a noisy model
+    drafter: (counts of the outputs, alternates verified, alternates kept)."""
+    counts, verified, kept = {}, 0, 0
+    target = AltFakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+    dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, noise, target.table.shape),
+                reuse_buffer=True)
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
+    assert dec.policy.use_alternates  # (on: the target's verify rows are cheap)
+    for i in range(runs):
+        st = Stats()
+        out, _ = run(dec, prompt, st, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
+                     top_p=sp.top_p, seed=i, drafter="model", draft_tokens=k)
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        verified += st.alternates
+        kept += st.alternates_kept
+    return counts, verified, kept
+
+
+@pytest.mark.parametrize("vocab, n_tokens, sp, k, noise", [
+    (4, 3, SamplingParams(1.0), 2, 1.0),
+    (4, 3, SamplingParams(1.0), 2, 2.0),  # (the planted bugs' case below)
+    (4, 3, SamplingParams(0.7, top_k=3), 2, 1.0),
+    (4, 3, SamplingParams(1.3, top_p=0.8), 2, 1.0),
+    (3, 4, SamplingParams(1.0), 3, 1.0),
+    (3, 4, SamplingParams(1.0), None, 1.0),  # adaptive: the draft ends on the drafter's confidence
+])
+def test_sampled_alternates_follow_the_target_distribution(vocab, n_tokens, sp, k, noise, monkeypatch):
+    """Sampled rounds with an alternate drawn from q without the draft token beside each draft token
+    (recursive rejection sampling, verify.rejection_sample_alternates): the outputs follow the target's
+    distribution (chi-square over every sequence), and the alternates are kept often."""
+    _everywhere(monkeypatch)
+    prompt, runs = [1, 2, 1, 2, 1], 6000
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
+    counts, verified, kept = _alt_runs(vocab, prompt, n_tokens, sp, runs, k, noise)
+    assert kept > runs // 20 and verified > kept
+    stat, df = _chi2(counts, exact, runs)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+NOISE = 3.0
+@pytest.mark.parametrize("bug", ["residual", "proposal"])
+def test_sampled_alternates_test_catches_a_planted_bug(bug, monkeypatch):
+    """The same test fails where the rule is wrong: ``residual``, a rejected alternate's token drawn from
+    the first residual p1 instead of normalize(max(p1 - q1, 0)); ``proposal``, the alternate drawn from
+    q itself (the draft token again, sometimes) while the rule takes q without the draft token."""
+    import edgespec.decoder as decoder_mod
+
+    _everywhere(monkeypatch)
+    if bug == "residual":
+        real = verify_mod.rejection_sample_alternates
+
+        def buggy(draft, dists, logits, sp_, rng, alternates):
+            n, tok, at = real(draft, dists, logits, sp_, rng, alternates)
+            if n < len(draft) and at is None and n in alternates:
+                residual = verify_mod.distribution(logits[n], sp_).minus(dists[n])
+                if residual is not None:
+                    tok = residual.sample(rng)
+            return n, tok, at
+
+        monkeypatch.setattr(decoder_mod, "rejection_sample_alternates", buggy)
+    else:
+        monkeypatch.setattr(decoder_mod, "alternate_dist", lambda q, x: q)
+    prompt, runs, sp = [1, 2, 1, 2, 1], 6000, SamplingParams(1.0)
+    exact = _exact_sequence_probs(FakeLM(4, seed=7, sharpness=1.0), prompt, 3, sp)
+    counts, _, _ = _alt_runs(4, prompt, 3, sp, runs, 2, noise=2.0)  # (the first case above, its drafter worse)
+    stat, df = _chi2(counts, exact, runs)
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+def test_seeded_sampled_generations_with_alternates_are_reproducible():
+    """A seeded sampled generation picks its alternates from its own tokens alone (the cost model's
+    priors, no premium, no calibration from other generations): the same seed gives the same output
+    whatever the policy measured or learned before, with alternates verified and kept."""
+    vocab, prompt = 6, [1, 2, 3, 1, 2]
+    target = AltFakeLM(vocab, seed=5, sharpness=1.5)
+    dl = FakeLM(vocab, table=target.table + np.random.default_rng(4).normal(0, 0.8, target.table.shape))
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
+    kw = dict(max_new_tokens=40, temperature=0.8, seed=11, drafter="model", draft_tokens=3)
+    st = Stats()
+    first, _ = run(dec, prompt, st, **kw)
+    assert st.alternates > 0 and st.alternates_kept > 0
+    dec.policy.alt_premium = 1e9  # what an unseeded generation would price alternates out with
+    dec.policy._alt_calibs[True][:] = [0.0, 50.0]
+    for w in range(1, 12):
+        dec.policy.measured.observe_target(w, 0.01 * w)
+    assert run(dec, prompt, **kw)[0] == first
+    unseeded = Stats()  # ... and does: no alternate is worth 1e9 seconds
+    run(dec, prompt, unseeded, **{**kw, "seed": None})
+    assert unseeded.alternates == 0

@@ -281,13 +281,19 @@ def test_bench_exactness_section_on_the_cpu_ep(smol_cuda, tmp_path, monkeypatch)
     (a dry run) the cuda-layout SmolLM2 is exact at draft bounds 8 and 15 under the floor."""
     import bench
 
+    from edgespec.bench import read_prompts
+
     out = tmp_path / "run.json"
     monkeypatch.setattr(bench, "EXACT_TOKENS", 40)  # (128 on the GPU; the CPU EP runs float16 graphs slowly)
+    few = tmp_path / "few.jsonl"  # (and three prompts of the shipped ones: code, a summary, a question)
+    few.write_text("".join(json.dumps(p) + "\n" for p in read_prompts(categories=("code", "summarization", "qa"),
+                                                                       per_category=1)))
+    monkeypatch.setattr(bench, "EXACT_PROMPTS", few)
     assert bench.main(["--provider", "cpu", "--sections", "exactness", "--smol-cuda", str(smol_cuda),
                        "--json", str(out)]) == 0
     res = json.loads(out.read_text())["exactness"]
     assert res["rc"] == 0 and "at least 2" in res["policy"] and res["differs"] == []
-    assert res["result"].endswith("outputs equal to greedy decoding")
+    assert res["result"].endswith("outputs equal to greedy decoding") and "--prompts" in res["command"]
 
 
 def test_predict_bad_input(tmp_path, capsys):

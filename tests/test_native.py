@@ -463,6 +463,15 @@ def test_exact_kernels_target_verifies_alternates_with_the_bits_of_plain_calls(t
     plain.rewind(2)
     want_x = plain.forward([x])
     assert top[3] == int(np.argmax(want_x))
+    # sampled rounds read every row's logits: the same bits as the plain calls' too
+    rows_lm = OnnxLM(m.target, 64, choose(["cpu"]), min_width=1)
+    rows_lm.prefill(prompt)
+    rows = rows_lm.forward_alternates([a, b, c, x], [0, 1, 2, 1], logits=True).copy()
+    again = OnnxLM(m.target, 64, choose(["cpu"]), min_width=1)
+    again.prefill(prompt)
+    assert np.array_equal(rows[:3], again.forward([a, b, c]))
+    again.rewind(2)
+    assert np.array_equal(rows[3], want_x[0])
     lm.keep_alternate(3, 1)
     lm.rewind(2)
     assert lm.tokens == prompt + [a, x]
@@ -549,10 +558,37 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
             monkeypatch.undo()
 
 
+def test_sampled_decoding_verifies_alternates_on_the_native_target(tiny_xk, monkeypatch):
+    """Sampled rounds of the real drafter with an alternate beside every draft token, on the rewritten
+    target (its rows' logits and moved cache slots): alternates are verified and kept, a seeded generation
+    gives the same reply again, and the cache then holds what plain calls of the reply compute (a kept
+    alternate moved into its slot: the next token's logits are those of a fresh prefill, bitwise). The
+    rule's distribution is tested on scripted models (test_decoder); these rows are the plain calls' bits
+    (test_exact_kernels_target_verifies_alternates_with_the_bits_of_plain_calls)."""
+    from edgespec.policy import RoundPolicy
+
+    eng = edgespec.load(tiny_xk)
+    eng.decoder.policy.use_alternates = True  # (on by default on the AMX path only)
+    monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+    kw = dict(max_new_tokens=40, temperature=1.0, seed=3, drafter="model", draft_tokens=3, ignore_eos=True)
+    first = eng.generate("def fibonacci(n):", **kw)
+    assert first.stats["alternates"] > 0 and first.stats["alternates_kept"] > 0
+    target = eng.decoder.target
+    held, nxt = list(target.tokens), first.token_ids[-1]  # (the cache holds all but the last token)
+    assert held == eng.encode("def fibonacci(n):", fit=True) + first.token_ids[:-1]
+    last = target.forward([nxt]).copy()
+    target.reset()
+    target.prefill(held)
+    assert np.array_equal(target.forward([nxt]), last)
+    eng.reset()
+    assert eng.generate("def fibonacci(n):", **kw).token_ids == first.token_ids
+
+
 def test_model_drafter_lists_its_second_choices_without_changing_its_draft(tiny_xk):
     """``draft(..., alternates=True)`` (greedy): the same tokens as without; per token, the second
-    largest logit's token and probabilities in (0, 1], the second below the first; sampled drafts
-    list none. The real drafter in a greedy ``auto`` generation stays exact with alternates on."""
+    largest logit's token and probabilities in (0, 1], the second below the first; sampled, the same
+    tokens from the same draws, and per token no alternate yet (drawn once the round picks it) and its
+    chance in [0, 1). The real drafter in a greedy ``auto`` generation stays exact with alternates on."""
     from edgespec.kv import TokenBuffer
     from edgespec.sampling import SamplingParams
 
@@ -570,7 +606,14 @@ def test_model_drafter_lists_its_second_choices_without_changing_its_draft(tiny_
         assert tok != first and 0 < q2 <= top <= 1.0
     d.accept(0, 0)
     d.reset(); d.begin(ctx.tolist())
-    assert d.draft(ctx, 4, SamplingParams(temperature=0.8), rng, alternates=True).alts == ()
+    sampled = []
+    for alternates in (False, True):
+        d.reset(); d.begin(ctx.tolist())
+        sampled.append(d.draft(ctx, 4, SamplingParams(temperature=0.8), np.random.default_rng(5), alternates=alternates))
+        d.accept(0, 0)
+    assert sampled[0].tokens == sampled[1].tokens and sampled[0].alts == ()
+    assert [a[:2] for a in sampled[1].alts] == [(i, None) for i in range(len(sampled[1].tokens))]
+    assert all(0 < top <= 1.0 and 0.0 <= chance < 1.0 for _, _, top, chance in sampled[1].alts)
     from test_exactness import PROMPTS
 
     # on by default where the target's verify rows are cheap (edgespec's AMX path), off elsewhere; on here

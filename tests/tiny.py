@@ -135,6 +135,36 @@ class FakeLM(CausalLM):
         return rows
 
 
+class _SlotCache(TokenCache):
+    """A ``TokenCache`` whose slots can be moved (an accepted alternate into its position, as KVCache)."""
+
+    def move(self, src: int, dst: int) -> None:
+        self.ids.set(dst, self.ids[src])
+
+
+class AltFakeLM(FakeLM):
+    """A ``FakeLM`` that verifies alternates (``CausalLM.forward_alternates``): a row at ``positions[i]``
+    gets the logits of the context up to that position followed by its own token, as the native
+    kernel's alternate rows are one-token calls after the rows before them."""
+
+    verifies_alternates = True
+    cheap_rows = True  # (the decoder then turns alternates on, as on edgespec's AMX path)
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.cache = _SlotCache(self.max_context)
+
+    def _run(self, ids, past, argmax=False, positions=None):
+        if positions is None:
+            out = super()._run(ids, past)
+        else:
+            head = self.cache.ids[:past]
+            out = np.stack([self.logits_for(head + [int(t) for t in ids[:at]] + [int(tok)])
+                            for tok, at in zip(ids, positions)])
+            self._returned_view = False
+        return np.argmax(out, axis=-1) if argmax else out
+
+
 def numpy_exp_is_libms() -> bool:
     """Whether numpy's float64 exp gives the C library's bits here (on CPUs with AVX-512 numpy uses its
     own vectorized exp, which differs from glibc's by an ulp on some inputs)."""

@@ -348,6 +348,7 @@ def drafter_logits(bundle: str, reps: int) -> dict:
 
 
 EXACT_TOKENS = 128  # new tokens a prompt in the exactness section
+EXACT_PROMPTS = None  # its prompt file (None: the shipped prompts; a test's dry run takes fewer)
 
 
 def exactness(bundle: str) -> dict:
@@ -355,7 +356,7 @@ def exactness(bundle: str) -> dict:
     auto and prompt lookup (draft bounds 8 and 15) against greedy decoding, the shipped prompts."""
     script = Path(__file__).resolve().parent.parent / "check_exact.py"
     cmd = [sys.executable, str(script), bundle, "--provider", PROVIDER, "--max-draft", "8,15",
-           "--max-new-tokens", str(EXACT_TOKENS)]
+           "--max-new-tokens", str(EXACT_TOKENS)] + (["--prompts", str(EXACT_PROMPTS)] if EXACT_PROMPTS else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     lines = r.stdout.strip().splitlines()
     res = {"command": " ".join(cmd[1:]), "rc": r.returncode, "policy": lines[0] if lines else None,
