@@ -17,7 +17,7 @@ from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, M
 
 from .output import check_output, prepare_stage, publish, terminate_cleanly
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, run_builder
-from .source import Source, load_model, load_tokenizer, resolve
+from .source import Source, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
 from .validate import validate
 
 
@@ -161,7 +161,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     import torch  # noqa: F401  (export-time only)
 
     hf_dir = stage / f"_hf_{role}"
-    progress.step(f"{role}: loading {src.display} into torch (float32)")
+    kept = gguf_cached(src.path) if src.kind == "gguf" else None
+    progress.step(f"{role}: loading {src.display} into torch (float32)" + (f" (its copy kept in {kept})" if kept else ""))
     model = load_model(src)
     cfg = model.config
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
@@ -171,11 +172,15 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
                      f"tokens; the bundle holds {model_ctx:,}")
     if src.kind == "hf-dir" and not any(src.path.glob("*.gguf")):
         build_input = src.path
+    elif kept is not None:  # read from it just now: the builder reads it too
+        build_input = kept
     else:
         progress.step(f"{role}: writing a float32 Hugging Face copy for the builder")
         model.save_pretrained(hf_dir, safe_serialization=True)
         tok.save_pretrained(hf_dir)
         build_input = hf_dir
+        if src.kind == "gguf":
+            keep_gguf_copy(src.path, hf_dir, log=progress.log)
     if (precision in ("int4", "int8") and not quant.is_symmetric and quant.quantize_lm_head
             and getattr(cfg, "tie_word_embeddings", False) and quant.algorithm not in SWAPPED):
         # (hqq, q4_k: the builder writes a float table beside the lm_head's own quantized weights: export/build.py)

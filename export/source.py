@@ -25,12 +25,69 @@ class Source:
 
     def from_pretrained_args(self) -> tuple[str, dict]:
         if self.kind == "gguf":
+            cached = gguf_cached(self.path)  # its Hugging Face copy from an earlier export (EDGESPEC_GGUF_CACHE)
+            if cached is not None:
+                return str(cached), {}
             return str(self.path.parent), {"gguf_file": self.path.name}
         if self.kind == "hf-dir":
             return str(self.path), {}
         # offline by the environment: the hub's cache alone, even where huggingface_hub was imported before
         # the variable was set (it reads it once; a process that set it later retried the hub for ~50 s)
         return self.spec, ({"local_files_only": True} if hub_offline() else {})
+
+
+GGUF_CACHE_ENV = "EDGESPEC_GGUF_CACHE"
+_DIGESTS: dict = {}
+
+
+def gguf_cache_entry(path: Path) -> Path | None:
+    """Where the float32 Hugging Face copy of a GGUF file (its model and tokenizer, what transformers reads
+    out of the file: ~40 s for SmolLM2-135M, minutes for a 1.5B) is kept between exports, under the folder
+    ``EDGESPEC_GGUF_CACHE`` names, by the file's sha256 (None: no cache asked for)."""
+    root = os.environ.get(GGUF_CACHE_ENV, "").strip()
+    if not root:
+        return None
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        import hashlib
+
+        with open(path, "rb") as f:
+            digest = _DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return Path(root).expanduser() / f"gguf-{digest[:32]}"
+
+
+def gguf_cached(path: Path) -> Path | None:
+    """The complete cached copy of a GGUF file, or None."""
+    entry = gguf_cache_entry(path)
+    return entry if entry is not None and (entry / "COMPLETE").is_file() else None
+
+
+def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
+    """Keep ``hf_dir`` (the copy an export wrote of ``path``) as its cached copy, if a cache is asked for
+    and it has none: copied beside the entry, then renamed into place (a second export at the same time
+    finds it complete or absent). A cache that cannot be written is said and skipped."""
+    import shutil
+    import tempfile
+
+    entry = gguf_cache_entry(path)
+    if entry is None or gguf_cached(path) is not None:
+        return
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", dir=entry.parent))
+        shutil.copytree(hf_dir, tmp, dirs_exist_ok=True)
+        (tmp / "COMPLETE").write_text(str(path) + "\n")
+        if entry.exists():  # an incomplete entry left by an interrupted copy
+            shutil.rmtree(entry)
+        tmp.rename(entry)
+    except OSError as e:
+        if log is not None:
+            log(f"    warning: cannot keep the GGUF's Hugging Face copy in {entry.parent} ({e.strerror or e})")
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def hub_offline() -> bool:

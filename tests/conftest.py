@@ -27,6 +27,20 @@ def _memory_dir(tmp_path_factory):
         os.environ["EDGESPEC_MEMORY_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _gguf_cache(tmp_path_factory):
+    """Exports of a GGUF file (SmolLM2's, five times a run) share its Hugging Face copy, read out of the
+    file once (EDGESPEC_GGUF_CACHE, README's export section); test_runtime's comparison with transformers
+    reads the file itself."""
+    old = os.environ.get("EDGESPEC_GGUF_CACHE")
+    os.environ["EDGESPEC_GGUF_CACHE"] = str(tmp_path_factory.mktemp("gguf-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EDGESPEC_GGUF_CACHE", None)
+    else:
+        os.environ["EDGESPEC_GGUF_CACHE"] = old
+
+
 def need(path: Path, what: str):
     if not path.exists():
         pytest.skip(f"{what} not found at {path}: run `python scripts/fetch_models.py` first")

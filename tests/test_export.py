@@ -423,3 +423,46 @@ def test_a_max_context_past_the_models_is_said_not_dropped(tiny_dirs, tmp_path):
     assert "a max context of 1,099,511,627,776 (--max-context) is past the model's" in r.stderr, r.stderr[-3000:]
     ctx = json.loads((tmp_path / "b" / "edgespec.json").read_text())["models"]["target"]["max_context"]
     assert ctx < 2**40
+
+
+def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monkeypatch):
+    """EDGESPEC_GGUF_CACHE: an export's Hugging Face copy of a GGUF file is kept under the file's sha256
+    (the same bytes elsewhere find it; other bytes do not), complete or not at all (an interrupted copy
+    is replaced), and read instead of the file (from_pretrained's arguments); without the variable
+    nothing is kept; a cache that cannot be written is a warning, not a failed export."""
+    from edgespec_export.source import Source, gguf_cached, keep_gguf_copy
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    monkeypatch.delenv("EDGESPEC_GGUF_CACHE", raising=False)
+    keep_gguf_copy(gguf, hf)
+    assert gguf_cached(gguf) is None
+    src = Source(str(gguf), "gguf", gguf)
+    assert src.from_pretrained_args() == (str(tmp_path), {"gguf_file": "m.gguf"})
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(cache))
+    (cache / "half").mkdir(parents=True)
+    assert gguf_cached(gguf) is None
+    keep_gguf_copy(gguf, hf)
+    kept = gguf_cached(gguf)
+    assert kept is not None and (kept / "config.json").read_text() == "{}" and src.from_pretrained_args() == (str(kept), {})
+    assert [p.name for p in cache.iterdir() if p.name != "half"] == [kept.name]  # (no temporary folder left)
+    same = tmp_path / "elsewhere.gguf"
+    same.write_bytes(gguf.read_bytes())
+    assert gguf_cached(same) == kept
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(99) + b"x")
+    assert gguf_cached(other) is None
+    (kept / "COMPLETE").unlink()  # an interrupted copy: not read, and replaced
+    assert gguf_cached(gguf) is None
+    keep_gguf_copy(gguf, hf)
+    assert gguf_cached(gguf) == kept
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(blocked / "sub"))
+    said = []
+    keep_gguf_copy(other, hf, log=said.append)
+    assert len(said) == 1 and "cannot keep the GGUF's Hugging Face copy" in said[0]

@@ -130,11 +130,19 @@ def test_greedy_generate_equals_transformers(which, tiny_dirs, tiny_bundle, tiny
 
 
 @pytest.mark.real
-def test_smollm2_greedy_equals_transformers(smol_fp32, tmp_path):
+def test_smollm2_greedy_equals_transformers(smol_fp32, tmp_path, monkeypatch):
+    """The fp32 export (of the GGUF's copy a suite's earlier export kept, EDGESPEC_GGUF_CACHE) decodes
+    what transformers decodes with the model read out of the GGUF file itself."""
     from conftest import SMOL_GGUF
     from edgespec_export.source import load_model, resolve
 
+    from conftest import BUNDLES
+    from edgespec_export.source import gguf_cached
+
     eng = edgespec.load(smol_fp32, max_context=512)
+    if BUNDLES not in smol_fp32.parents:  # exported by the suite: the copy is kept for the next export
+        assert gguf_cached(SMOL_GGUF) is not None
+    monkeypatch.delenv("EDGESPEC_GGUF_CACHE")  # (the reference from the file, not from the kept copy)
     model = load_model(resolve(str(SMOL_GGUF)))
     for prompt in ("The capital of France is", "def add(a, b):"):
         ids = eng.tokenizer.encode(prompt)
