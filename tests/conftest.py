@@ -15,16 +15,21 @@ QWEN_D = MODELS / "qwen2.5-coder-0.5b-instruct.gguf"
 BUNDLES = Path(os.environ.get("EDGESPEC_BUNDLES", ROOT / "bundles"))
 
 
+def _env_dir(tmp_path_factory, var: str, name: str):
+    """``var`` names a fresh temporary directory for the session, then what it named before."""
+    old = os.environ.get(var)
+    os.environ[var] = str(tmp_path_factory.mktemp(name))
+    yield
+    if old is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = old
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _memory_dir(tmp_path_factory):
     """Engines loaded by tests keep their drafting memory in a temporary directory, not ~/.cache."""
-    old = os.environ.get("EDGESPEC_MEMORY_DIR")
-    os.environ["EDGESPEC_MEMORY_DIR"] = str(tmp_path_factory.mktemp("memory"))
-    yield
-    if old is None:
-        os.environ.pop("EDGESPEC_MEMORY_DIR", None)
-    else:
-        os.environ["EDGESPEC_MEMORY_DIR"] = old
+    yield from _env_dir(tmp_path_factory, "EDGESPEC_MEMORY_DIR", "memory")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -32,13 +37,7 @@ def _gguf_cache(tmp_path_factory):
     """Exports of a GGUF file (SmolLM2's, five times a run) share its Hugging Face copy, read out of the
     file once (EDGESPEC_GGUF_CACHE, README's export section); test_runtime's comparison with transformers
     reads the file itself."""
-    old = os.environ.get("EDGESPEC_GGUF_CACHE")
-    os.environ["EDGESPEC_GGUF_CACHE"] = str(tmp_path_factory.mktemp("gguf-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EDGESPEC_GGUF_CACHE", None)
-    else:
-        os.environ["EDGESPEC_GGUF_CACHE"] = old
+    yield from _env_dir(tmp_path_factory, "EDGESPEC_GGUF_CACHE", "gguf-cache")
 
 
 def need(path: Path, what: str):
