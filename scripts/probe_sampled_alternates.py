@@ -26,7 +26,7 @@ import numpy as np
 import edgespec
 from edgespec.bench import read_prompts
 
-from probe_draft_stop import AMX_S11, _softmax, teacher_forced
+from probe_draft_stop import AMX_S11, _softmax, cumulative, teacher_forced
 
 
 def rescue(p: np.ndarray, q: np.ndarray, top: int = 64) -> tuple[float, float]:
@@ -83,18 +83,13 @@ def simulate(rows, step, widths, theta, alts: int, row_cost: float, passes=30, s
     acc, top, res = rows[:, 1], rows[:, 2], rows[:, 3]
     segments = [np.flatnonzero(rows[:, 0] == i) for i in np.unique(rows[:, 0])]
     kmax = len(widths) - 2
+    rule = cumulative(theta)
     tokens = cost = 0.0
     for _ in range(passes):
         for s in segments:
             at = 0
             while at < len(s):
-                n, sure = 0, 1.0
-                for t in top[s[at:at + kmax]]:
-                    n += 1
-                    sure *= t
-                    if sure < theta:
-                        break
-                n = min(n, len(s) - at - 1, kmax)
+                n = min(rule(top[s[at:at + kmax]]), len(s) - at - 1, kmax)
                 m = min(alts, n)
                 cost += n * step + widths[n + 1] + m * row_cost
                 kept, extra = 0, 0
