@@ -1321,23 +1321,32 @@ def test_responses_input_items_read_as_chat_messages():
     assert req.max_tokens == 30 and req.responses["instructions"] == "Use tools."
 
 
-def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_id, monkeypatch):
-    from edgespec.errors import BundleError
-
+def _rewrite_stream(engine, monkeypatch, rewrite):
+    """``engine.stream_ids`` yields what ``rewrite(the real stream's deltas)`` yields; the real stream is
+    closed after, however that ends."""
     real = engine.stream_ids
 
-    def failing(*a, **kw):
+    def stream_ids(*a, **kw):
         inner = real(*a, **kw)
 
         def gen():
             try:
-                yield next(inner)
-                raise BundleError("the target model failed to run (planted)")
+                yield from rewrite(inner)
             finally:
                 inner.close()
         return gen()
 
-    monkeypatch.setattr(engine, "stream_ids", failing)
+    monkeypatch.setattr(engine, "stream_ids", stream_ids)
+
+
+def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_id, monkeypatch):
+    from edgespec.errors import BundleError
+
+    def failing(inner):
+        yield next(inner)
+        raise BundleError("the target model failed to run (planted)")
+
+    _rewrite_stream(engine, monkeypatch, failing)
     with _InProcess(engine, model_id, temperature=0) as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         events = list(c.responses.create(model=model_id, input="Count to ten.", max_output_tokens=30, stream=True))
@@ -1375,20 +1384,11 @@ def test_serve_reads_its_api_key_from_a_file(smol_int4, tmp_path, model_id):
 
 
 def test_an_empty_streamed_response_is_still_a_message(engine, model_id, monkeypatch):
-    real = engine.stream_ids
+    def silent(inner):  # the reply's text emptied: nothing to stream but the message itself
+        for d in inner:
+            yield d._replace(text="")
 
-    def silent(*a, **kw):  # the reply's text emptied: nothing to stream but the message itself
-        inner = real(*a, **kw)
-
-        def gen():
-            try:
-                for d in inner:
-                    yield d._replace(text="")
-            finally:
-                inner.close()
-        return gen()
-
-    monkeypatch.setattr(engine, "stream_ids", silent)
+    _rewrite_stream(engine, monkeypatch, silent)
     with _InProcess(engine, model_id, temperature=0) as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         events = list(c.responses.create(model=model_id, input="Hi", max_output_tokens=4, stream=True))
