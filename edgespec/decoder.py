@@ -333,7 +333,7 @@ class Decoder:
         self.drafters.update(given)
         if "prediction" not in self.drafters:  # free, and idle without a prediction: always there
             self.drafters["prediction"] = PredictionDrafter()
-        # alternates on where the target's extra verify rows are cheap (edgespec's AMX path), off elsewhere
+        # alternates on where the target's extra verify rows are cheap (edgespec's AVX-512 paths), off elsewhere
         self.policy = RoundPolicy(use_alternates=bool(getattr(target, "cheap_rows", False)))
         for w, seconds in sorted((target.width_seconds or {}).items()):  # the width probe's calls, timed
             self.policy.measured.observe_target(w, seconds)

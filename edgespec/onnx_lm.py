@@ -70,9 +70,11 @@ class OnnxLM(CausalLM):
         self._rows = np.arange(max(self.max_context, 1), dtype=np.int64)
         self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
         self.verifies_alternates = self._rows_name is not None and bool(self.cache.host)
-        # whether a verify call's extra rows are cheap: edgespec's kernel on its AMX path, where rows come in tiles of
-        # 16 (the decoder then verifies alternates by default: session 38 measured them +2-8% there)
-        self.cheap_rows = self.verifies_alternates and spec.kernels == "edgespec-q4" and _amx_path()
+        # whether a verify call's extra rows are cheap: edgespec's kernel on its AVX-512 paths (the decoder then
+        # verifies alternates by default): on AMX rows come in tiles of 16 (session 38: +2-8% on the AMX Xeon); on a
+        # Zen 4's AVX-512 VNNI a call of up to 5 tokens costs what one does (session 40: greedy +3-5%, 2-4k-token
+        # prompts +4%, sampled at T = 0.7 within the noise). Not on the AVX2 path (unmeasured there)
+        self.cheap_rows = self.verifies_alternates and spec.kernels == "edgespec-q4" and _wide_path()
         self._mask = np.ones((1, self.max_context), dtype=np.int64)
         self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
         self._binding = self.session.io_binding()
@@ -225,13 +227,14 @@ def _bound_view(views: dict, buf: np.ndarray, n: int):
     return own
 
 
-def _amx_path() -> bool:
-    """Whether edgespec's INT4 kernel takes its AMX path on this CPU (EDGESPEC_Q4_ISA can stop it before)."""
+def _wide_path() -> bool:
+    """Whether edgespec's INT4 kernel takes an AVX-512 path on this CPU (VNNI, or VNNI with AMX), where a verify
+    call's extra rows are cheap; not its AVX2 path (EDGESPEC_Q4_ISA=avx2 stops it there)."""
     try:
         from .native import isa
 
-        return "amx" in isa()
-    except Exception:  # noqa: BLE001 -- no kernel library here: no AMX path either
+        return isa().startswith("avx512")
+    except Exception:  # noqa: BLE001 -- no kernel library here: no AVX-512 path either
         return False
 
 

@@ -616,10 +616,10 @@ def test_model_drafter_lists_its_second_choices_without_changing_its_draft(tiny_
     assert all(0 < top <= 1.0 and 0.0 <= chance < 1.0 for _, _, top, chance in sampled[1].alts)
     from test_exactness import PROMPTS
 
-    # on by default where the target's verify rows are cheap (edgespec's AMX path), off elsewhere; on here
+    # on by default where the target's verify rows are cheap (edgespec's AVX-512 paths), off elsewhere; on here
     from edgespec.native import isa
 
-    assert eng.decoder.policy.use_alternates == eng.decoder.target.cheap_rows == ("amx" in isa())
+    assert eng.decoder.policy.use_alternates == eng.decoder.target.cheap_rows == isa().startswith("avx512")
     eng.decoder.policy.use_alternates = True
     for p in PROMPTS:
         eng.reset()
@@ -1727,16 +1727,35 @@ def test_kernel_refuses_minimums_and_kquant_scales_of_the_wrong_size():
 
 
 def test_alternates_are_on_by_default_where_verify_rows_are_cheap(tiny_xk, tiny_int4_bundle, monkeypatch):
-    """The decoder verifies alternates by default on edgespec's AMX path (session 38 measured +2-8% on the AMX
-    Xeon) and not elsewhere: not with onnxruntime's kernels, not where the kernel stops short of AMX."""
+    """The decoder verifies alternates by default on edgespec's AVX-512 paths (session 38 measured +2-8% on the
+    AMX Xeon, session 40 +3-5% on a Zen 4's VNNI) and not elsewhere: not with onnxruntime's kernels, not on the
+    kernel's AVX2 path."""
     import edgespec.onnx_lm as onnx_lm
     from edgespec.native import isa
 
-    amx = "amx" in isa()
-    assert edgespec.load(tiny_xk).decoder.policy.use_alternates is amx
+    wide = isa().startswith("avx512")
+    assert edgespec.load(tiny_xk).decoder.policy.use_alternates is wide
     assert edgespec.load(tiny_int4_bundle).decoder.policy.use_alternates is False  # (onnxruntime's kernels)
-    monkeypatch.setattr(onnx_lm, "_amx_path", lambda: False)  # (a CPU without AMX, or EDGESPEC_Q4_ISA=avx512)
+    monkeypatch.setattr(onnx_lm, "_wide_path", lambda: False)  # (an AVX2 CPU, or EDGESPEC_Q4_ISA=avx2)
     eng = edgespec.load(tiny_xk)
     assert eng.decoder.target.cheap_rows is False and eng.decoder.policy.use_alternates is False
-    monkeypatch.setattr(onnx_lm, "_amx_path", lambda: True)
+    monkeypatch.setattr(onnx_lm, "_wide_path", lambda: True)
     assert edgespec.load(tiny_xk).decoder.policy.use_alternates is True
+
+
+@pytest.mark.parametrize("path, wide", [("avx2", False), ("avx512-vnni", True), ("avx512-vnni+amx", True)])
+def test_the_kernel_paths_with_cheap_rows_are_the_avx512_ones(path, wide, monkeypatch):
+    """_wide_path reads the kernel's path: AVX-512 (VNNI, with AMX or not) has cheap verify rows, AVX2 not
+    measured so not; a CPU where the library cannot be built (ProviderError) has none."""
+    import edgespec.native as native
+    import edgespec.onnx_lm as onnx_lm
+    from edgespec.errors import ProviderError
+
+    monkeypatch.setattr(native, "isa", lambda: path)
+    assert onnx_lm._wide_path() is wide
+
+    def fails():
+        raise ProviderError("no kernel here")
+
+    monkeypatch.setattr(native, "isa", fails)
+    assert onnx_lm._wide_path() is False
