@@ -164,6 +164,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     kept = gguf_cached(src.path) if src.kind == "gguf" else None
     progress.step(f"{role}: loading {src.display} into torch (float32)" + (f" (its copy kept in {kept})" if kept else ""))
     model = load_model(src)
+    if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
+        kept = None
     cfg = model.config
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx

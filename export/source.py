@@ -90,6 +90,37 @@ def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def drop_gguf_copy(path: Path) -> Path | None:
+    """Delete the cached copy of the GGUF file ``path`` (one that could not be read back: damaged after it was
+    kept); its COMPLETE marker first, so that no other export reads it meanwhile. Returns the entry, or None
+    where there was none."""
+    import shutil
+
+    entry = gguf_cache_entry(path)
+    if entry is None or not entry.exists():
+        return None
+    (entry / "COMPLETE").unlink(missing_ok=True)
+    shutil.rmtree(entry, ignore_errors=True)
+    return entry
+
+
+def _unreadable_copy(src: Source, name: str, e: Exception) -> bool:
+    """Whether ``name``, which failed to load with ``e``, was the cached copy of ``src``'s GGUF file: then it is
+    said, deleted, and the caller reads the file itself (a damaged cache loses nothing but time)."""
+    if src.kind != "gguf":
+        return False
+    cached = gguf_cached(src.path)
+    if cached is None or str(cached) != name:
+        return False
+    import sys
+
+    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"    warning: the kept Hugging Face copy of {src.path.name} in {cached} cannot be read ({why[:160]}); "
+          f"deleted, reading the GGUF file itself", file=sys.stderr, flush=True)
+    drop_gguf_copy(src.path)
+    return True
+
+
 def hub_offline() -> bool:
     """Whether the environment says the hub is not to be asked (HF_HUB_OFFLINE)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
@@ -157,11 +188,11 @@ def load_tokenizer(src: Source):
     name, kw = src.from_pretrained_args()
     try:
         tok = AutoTokenizer.from_pretrained(name, **kw)
-    except OSError as e:
-        if src.kind == "hub":
-            raise _hub_error(src, e) from None
-        raise ExportError(f"cannot load the tokenizer of {src.display}: {str(e).splitlines()[0]}") from None
     except Exception as e:  # transformers raises many types for unreadable inputs
+        if _unreadable_copy(src, name, e):
+            return load_tokenizer(src)
+        if isinstance(e, OSError) and src.kind != "hub":
+            raise ExportError(f"cannot load the tokenizer of {src.display}: {str(e).splitlines()[0]}") from None
         if src.kind == "hub":
             raise _hub_error(src, e) from None
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -182,14 +213,15 @@ def load_model(src: Source, dtype: str = "float32"):
     name, kw = src.from_pretrained_args()
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype), **kw)
-    except OSError as e:
-        if src.kind == "hub":
+    except Exception as e:  # (a damaged safetensors file raises safetensors' own error type)
+        if _unreadable_copy(src, name, e):
+            return load_model(src, dtype)
+        if src.kind == "hub" and isinstance(e, (OSError, ValueError, KeyError, RuntimeError)):
             raise _hub_error(src, e) from None
-        raise ExportError(f"cannot load {src.display}: {str(e).splitlines()[0]}") from None
-    except (ValueError, KeyError, RuntimeError) as e:
-        if src.kind == "hub":
-            raise _hub_error(src, e) from None
-        raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {e}"[:300]) from None
+        if isinstance(e, OSError):
+            raise ExportError(f"cannot load {src.display}: {str(e).splitlines()[0]}") from None
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {why}"[:300]) from None
     model.eval()
     # A GGUF-loaded model is dequantized already; let it be saved as plain safetensors.
     if getattr(model, "hf_quantizer", None) is not None:

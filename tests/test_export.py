@@ -425,6 +425,69 @@ def test_a_max_context_past_the_models_is_said_not_dropped(tiny_dirs, tmp_path):
     assert ctx < 2**40
 
 
+def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_path, monkeypatch, capsys, tiny_dirs):
+    """EDGESPEC_GGUF_CACHE: a kept copy damaged after it was written (its weights truncated, its tokenizer
+    garbled) loses nothing but time: the load says so on one line, deletes the entry and reads the GGUF file
+    itself (here a stand-in that transformers hands the tiny model for ``gguf_file``); the next export keeps a
+    fresh copy. Where the file cannot be read either, the error is the file's, one line, typed."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec_export.source import Source, gguf_cache_entry, gguf_cached, load_model, load_tokenizer
+
+    tiny = tiny_dirs["qwen2"]
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(tmp_path / "cache"))
+    src = Source(str(gguf), "gguf", gguf)
+    entry = gguf_cache_entry(gguf)
+
+    def keep_damaged(damage):
+        shutil.rmtree(entry, ignore_errors=True)
+        shutil.copytree(tiny, entry)
+        (entry / "COMPLETE").write_text("")
+        damage(entry)
+        assert gguf_cached(gguf) == entry
+
+    read_file = []
+    real_model, real_tok = AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained
+
+    def as_file(real):
+        def load(name, *args, gguf_file=None, **kw):
+            if gguf_file is not None:  # the GGUF file itself: the tiny model stands in for it
+                read_file.append(gguf_file)
+                return real(str(tiny), *args, **kw)
+            return real(name, *args, **kw)
+        return load
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", as_file(real_model))
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", as_file(real_tok))
+    weights = next(entry.name for entry in tiny.glob("*.safetensors"))
+
+    def truncate(e):
+        w = e / weights
+        w.write_bytes(w.read_bytes()[:100])
+
+    keep_damaged(truncate)
+    model = load_model(src)
+    assert read_file == ["m.gguf"] and model.config.model_type == "qwen2"
+    assert not entry.exists() and gguf_cached(gguf) is None
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]  # (beside transformers' bars)
+    assert len(said) == 1 and "cannot be read" in said[0] and "deleted, reading the GGUF file itself" in said[0]
+
+    keep_damaged(lambda e: (e / "tokenizer.json").write_text("{not json"))
+    _, _, fingerprint = load_tokenizer(src)
+    assert read_file == ["m.gguf"] * 2 and not entry.exists()
+    assert fingerprint == load_tokenizer(Source(str(tiny), "hf-dir", tiny))[2]
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", real_model)  # the file unreadable too
+    keep_damaged(truncate)
+    with pytest.raises(ExportError, match=r"^cannot load .*m\.gguf") as err:
+        load_model(src)
+    assert "\n" not in str(err.value) and not entry.exists()
+
+
 def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monkeypatch):
     """EDGESPEC_GGUF_CACHE: an export's Hugging Face copy of a GGUF file is kept under the file's sha256
     (the same bytes elsewhere find it; other bytes do not), complete or not at all (an interrupted copy
