@@ -72,7 +72,7 @@ class OnnxLM(CausalLM):
         self.verifies_alternates = self._rows_name is not None and bool(self.cache.host)
         # whether a verify call's extra rows are cheap: edgespec's kernel on its AVX-512 paths (the decoder then
         # verifies alternates by default): on AMX rows come in tiles of 16 (session 38: +2-8% on the AMX Xeon); on a
-        # Zen 4's AVX-512 VNNI a call of up to 5 tokens costs what one does (session 40: greedy +3-5%, 2-4k-token
+        # Zen 4's AVX-512 VNNI a call of 4-5 tokens costs ~4-8% more than one (session 40: greedy +2.7-5.1%, 2-4k-token
         # prompts +4%, sampled at T = 0.7 within the noise). Not on the AVX2 path (+0.8% in one A/B: nothing to show)
         self.cheap_rows = self.verifies_alternates and spec.kernels == "edgespec-q4" and _wide_path()
         self._mask = np.ones((1, self.max_context), dtype=np.int64)

@@ -59,9 +59,15 @@ def gguf_cache_entry(path: Path) -> Path | None:
 
 
 def gguf_cached(path: Path) -> Path | None:
-    """The complete cached copy of a GGUF file, or None."""
+    """The complete cached copy of a GGUF file, or None (also for one this process found unreadable)."""
     entry = gguf_cache_entry(path)
-    return entry if entry is not None and (entry / "COMPLETE").is_file() else None
+    ok = entry is not None and entry not in _UNREADABLE and (entry / "COMPLETE").is_file()
+    return entry if ok else None
+
+
+# cache entries this process could not read back (``_unreadable_copy``): not read again, whether or not they could
+# be deleted, until an export keeps a fresh copy there
+_UNREADABLE: set = set()
 
 
 def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
@@ -80,9 +86,10 @@ def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", dir=entry.parent))
         shutil.copytree(hf_dir, tmp, dirs_exist_ok=True)
         (tmp / "COMPLETE").write_text(str(path) + "\n")
-        if entry.exists():  # an incomplete entry left by an interrupted copy
+        if entry.exists():  # an incomplete entry left by an interrupted copy, or one that could not be read back
             shutil.rmtree(entry)
         tmp.rename(entry)
+        _UNREADABLE.discard(entry)
     except OSError as e:
         if log is not None:
             log(f"    warning: cannot keep the GGUF's Hugging Face copy in {entry.parent} ({e.strerror or e})")
@@ -92,32 +99,43 @@ def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
 
 def drop_gguf_copy(path: Path) -> Path | None:
     """Delete the cached copy of the GGUF file ``path`` (one that could not be read back: damaged after it was
-    kept); its COMPLETE marker first, so that no other export reads it meanwhile. Returns the entry, or None
-    where there was none."""
+    kept); its COMPLETE marker first, so that no export that has not looked yet reads it. Returns the entry, or
+    None where there was none; OSError where it cannot be deleted. (An export of the same file already building
+    from the copy, in another process, then fails with a missing file: the copy was damaged anyway.)"""
     import shutil
 
     entry = gguf_cache_entry(path)
     if entry is None or not entry.exists():
         return None
     (entry / "COMPLETE").unlink(missing_ok=True)
-    shutil.rmtree(entry, ignore_errors=True)
+    shutil.rmtree(entry)
     return entry
+
+
+# what a failed load of a kept copy says of the machine, not of the copy: raised as they are
+_NOT_DAMAGE = (MemoryError, ImportError, RecursionError)
 
 
 def _unreadable_copy(src: Source, name: str, e: Exception) -> bool:
     """Whether ``name``, which failed to load with ``e``, was the cached copy of ``src``'s GGUF file: then it is
-    said, deleted, and the caller reads the file itself (a damaged cache loses nothing but time)."""
-    if src.kind != "gguf":
+    said, deleted where it can be, never read again by this process (``_UNREADABLE``), and the caller reads the
+    file itself (a damaged cache loses nothing but time). Not for an error of the machine (``_NOT_DAMAGE``)."""
+    if src.kind != "gguf" or isinstance(e, _NOT_DAMAGE):
         return False
     cached = gguf_cached(src.path)
     if cached is None or str(cached) != name:
         return False
     import sys
 
-    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    _UNREADABLE.add(cached)
+    try:
+        drop_gguf_copy(src.path)
+        done = "deleted"
+    except OSError as d:
+        done = f"not deleted ({d.strerror or d})"
+    why = _first_line(e)
     print(f"    warning: the kept Hugging Face copy of {src.path.name} in {cached} cannot be read ({why[:160]}); "
-          f"deleted, reading the GGUF file itself", file=sys.stderr, flush=True)
-    drop_gguf_copy(src.path)
+          f"{done}; reading the GGUF file itself", file=sys.stderr, flush=True)
     return True
 
 
@@ -151,8 +169,13 @@ def resolve(spec: str) -> Source:
     raise ExportError(f"no such model: {spec} (not a file, a directory, or a hub id like org/name)")
 
 
+def _first_line(e: BaseException) -> str:
+    """An exception's message's first line, or its type's name where it has none."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def _hub_error(src: Source, e: Exception) -> ExportError:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    msg = _first_line(e)
     status = getattr(getattr(e, "response", None), "status_code", None)
     if type(e).__name__ in ("RepositoryNotFoundError", "GatedRepoError") or status in (401, 403, 404):
         why = "no such model on the hub, or it is private or gated (log in with `hf auth login`)"
@@ -192,7 +215,7 @@ def load_tokenizer(src: Source):
         if _unreadable_copy(src, name, e):
             return load_tokenizer(src)
         if isinstance(e, OSError) and src.kind != "hub":
-            raise ExportError(f"cannot load the tokenizer of {src.display}: {str(e).splitlines()[0]}") from None
+            raise ExportError(f"cannot load the tokenizer of {src.display}: {_first_line(e)}") from None
         if src.kind == "hub":
             raise _hub_error(src, e) from None
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -219,7 +242,7 @@ def load_model(src: Source, dtype: str = "float32"):
         if src.kind == "hub" and isinstance(e, (OSError, ValueError, KeyError, RuntimeError)):
             raise _hub_error(src, e) from None
         if isinstance(e, OSError):
-            raise ExportError(f"cannot load {src.display}: {str(e).splitlines()[0]}") from None
+            raise ExportError(f"cannot load {src.display}: {_first_line(e)}") from None
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {why}"[:300]) from None
     model.eval()

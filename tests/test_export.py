@@ -428,13 +428,17 @@ def test_a_max_context_past_the_models_is_said_not_dropped(tiny_dirs, tmp_path):
 def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_path, monkeypatch, capsys, tiny_dirs):
     """EDGESPEC_GGUF_CACHE: a kept copy damaged after it was written (its weights truncated, its tokenizer
     garbled) loses nothing but time: the load says so on one line, deletes the entry and reads the GGUF file
-    itself (here a stand-in that transformers hands the tiny model for ``gguf_file``); the next export keeps a
-    fresh copy. Where the file cannot be read either, the error is the file's, one line, typed."""
+    itself (here a stand-in that transformers hands the tiny model for ``gguf_file``); a copy kept afresh is
+    read again. One that cannot be deleted is said so and not read again by the process; an error of the
+    machine (MemoryError) is no damage and deletes nothing. Where the file cannot be read either, the error is
+    the file's, one line, typed."""
     import shutil
 
+    import edgespec_export.source as source
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgespec_export.source import Source, gguf_cache_entry, gguf_cached, load_model, load_tokenizer
+    from edgespec_export.source import (Source, gguf_cache_entry, gguf_cached, keep_gguf_copy, load_model,
+                                        load_tokenizer)
 
     tiny = tiny_dirs["qwen2"]
     gguf = tmp_path / "m.gguf"
@@ -445,8 +449,7 @@ def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_
 
     def keep_damaged(damage):
         shutil.rmtree(entry, ignore_errors=True)
-        shutil.copytree(tiny, entry)
-        (entry / "COMPLETE").write_text("")
+        keep_gguf_copy(gguf, tiny)
         damage(entry)
         assert gguf_cached(gguf) == entry
 
@@ -463,29 +466,60 @@ def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", as_file(real_model))
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", as_file(real_tok))
-    weights = next(entry.name for entry in tiny.glob("*.safetensors"))
+    weights = next(p.name for p in tiny.glob("*.safetensors"))
 
     def truncate(e):
         w = e / weights
         w.write_bytes(w.read_bytes()[:100])
 
+    def warnings():  # (beside transformers' progress bars)
+        return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
     keep_damaged(truncate)
     model = load_model(src)
     assert read_file == ["m.gguf"] and model.config.model_type == "qwen2"
     assert not entry.exists() and gguf_cached(gguf) is None
-    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]  # (beside transformers' bars)
-    assert len(said) == 1 and "cannot be read" in said[0] and "deleted, reading the GGUF file itself" in said[0]
+    said = warnings()
+    assert len(said) == 1 and "cannot be read" in said[0] and "deleted; reading the GGUF file itself" in said[0]
+    keep_gguf_copy(gguf, tiny)  # kept afresh (the next export): read from the copy again
+    assert gguf_cached(gguf) == entry
+    load_model(src)
+    assert read_file == ["m.gguf"] and warnings() == []
 
     keep_damaged(lambda e: (e / "tokenizer.json").write_text("{not json"))
     _, _, fingerprint = load_tokenizer(src)
     assert read_file == ["m.gguf"] * 2 and not entry.exists()
     assert fingerprint == load_tokenizer(Source(str(tiny), "hf-dir", tiny))[2]
+    warnings()
+
+    def cannot(path):
+        raise PermissionError(13, "Permission denied")
+
+    keep_damaged(truncate)
+    monkeypatch.setattr(source, "drop_gguf_copy", cannot)
+    load_model(src)
+    assert read_file == ["m.gguf"] * 3 and entry.exists() and gguf_cached(gguf) is None  # (not read again)
+    said = warnings()
+    assert len(said) == 1 and "not deleted (Permission denied); reading the GGUF file itself" in said[0]
+    monkeypatch.undo()
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(tmp_path / "cache"))
+
+    keep_damaged(lambda e: None)  # a sound copy, and the machine out of memory: raised, nothing deleted
+
+    def no_memory(*a, **kw):
+        raise MemoryError()
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_memory)
+    with pytest.raises(ExportError, match="MemoryError"):
+        load_model(src)
+    assert gguf_cached(gguf) == entry and warnings() == []
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", real_model)  # the file unreadable too
-    keep_damaged(truncate)
+    truncate(entry)
     with pytest.raises(ExportError, match=r"^cannot load .*m\.gguf") as err:
         load_model(src)
     assert "\n" not in str(err.value) and not entry.exists()
+    assert "header" not in str(err.value)  # (the file's error, not the copy's: safetensors' "invalid header length")
 
 
 def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monkeypatch):

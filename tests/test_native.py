@@ -539,7 +539,7 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
         planted = _Planted(len(ids), ref + [0] * 16, vocab)
         eng.decoder.drafters["model"] = planted
         monkeypatch.setattr(eng.decoder.policy, "alternates", lambda k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
-        eng.decoder.policy.use_alternates = True  # (on by default on the AMX path only)
+        eng.decoder.policy.use_alternates = True  # (on by default on the AVX-512 paths only)
         try:
             eng.reset()
             r = eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3)
@@ -568,7 +568,7 @@ def test_sampled_decoding_verifies_alternates_on_the_native_target(tiny_xk, monk
     from edgespec.policy import RoundPolicy
 
     eng = edgespec.load(tiny_xk)
-    eng.decoder.policy.use_alternates = True  # (on by default on the AMX path only)
+    eng.decoder.policy.use_alternates = True  # (on by default on the AVX-512 paths only)
     monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
     kw = dict(max_new_tokens=40, temperature=1.0, seed=3, drafter="model", draft_tokens=3, ignore_eos=True)
     first = eng.generate("def fibonacci(n):", **kw)

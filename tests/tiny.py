@@ -148,7 +148,7 @@ class AltFakeLM(FakeLM):
     kernel's alternate rows are one-token calls after the rows before them."""
 
     verifies_alternates = True
-    cheap_rows = True  # (the decoder then turns alternates on, as on edgespec's AMX path)
+    cheap_rows = True  # (the decoder then turns alternates on, as on edgespec's AVX-512 paths)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
