@@ -747,10 +747,14 @@ def info(bundle, verify, as_json):
             click.echo("    operators: " + ", ".join(f"{op} {n}" for op, n in spec.operators.items()))
         if spec.kernels != "onnxruntime":
             pad = f"; attention padded by {spec.attention_pad} query row" if spec.attention_pad else ""
-            from .native import cpu_supported, isa
+            from .native import cheap_rows, cpu_supported, isa
 
+            cheap = None  # whether the path here has cheap verify rows (None: no path runs here)
             try:  # the library names its path: it is built here if it has not been
-                here = cpu_supported() or f"this CPU takes its {isa()} path"
+                why = cpu_supported()
+                path = None if why else isa()
+                here = why or f"this CPU takes its {path} path"
+                cheap = None if why else cheap_rows(path)
             except ProviderError as e:  # no compiler: info still describes the bundle
                 here = f"not runnable here: {e}"
             click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2, FMA and F16C; "
@@ -758,7 +762,11 @@ def info(bundle, verify, as_json):
             if spec.io.logits_skip:
                 click.echo(f"    a prefill computes its last position's logits only (input {spec.io.logits_skip!r})")
             if spec.io.row_positions:
-                click.echo(f"    a call can verify alternates beside a draft's tokens (input {spec.io.row_positions!r})")
+                default = ("" if cheap is None else "; verified by default on this CPU's path" if cheap else
+                           "; off by default on this CPU's path (on by default on the kernel's AVX-512 paths; "
+                           "engine.decoder.policy.use_alternates)")
+                click.echo(f"    a call can verify alternates beside a draft's tokens (input {spec.io.row_positions!r})"
+                           + default)
             if spec.kernels_check:
                 c = spec.kernels_check
                 click.echo(f"    rewrite checked against the source graph: top-1 agreement {c['top1_agreement']:.3f} over "

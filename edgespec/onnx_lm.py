@@ -231,9 +231,9 @@ def _wide_path() -> bool:
     """Whether edgespec's INT4 kernel takes an AVX-512 path on this CPU (VNNI, or VNNI with AMX), where a verify
     call's extra rows are cheap; not its AVX2 path (EDGESPEC_Q4_ISA=avx2 stops it there)."""
     try:
-        from .native import isa
+        from .native import cheap_rows, isa
 
-        return isa().startswith("avx512")
+        return cheap_rows(isa())
     except Exception:  # noqa: BLE001 -- no kernel library here: no AVX-512 path either
         return False
 

@@ -895,9 +895,12 @@ def test_info_and_bench_ar_name_the_kernel_path_this_cpu_takes(tiny_xk, capsys, 
 
     r = CliRunner().invoke(main, ["info", str(tiny_xk)])
     assert r.exit_code == 0 and f"this CPU takes its {isa()} path" in r.output, r.output
+    on = "can verify alternates beside a draft's tokens (input 'edgespec_row_positions'); verified by default on this CPU's path"
+    assert (on in r.output) is isa().startswith("avx512"), r.output  # (whether alternates are on here)
     monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     r = CliRunner().invoke(main, ["info", str(tiny_xk)])
-    assert "this CPU takes its avx2 path" in r.output
+    assert "this CPU takes its avx2 path" in r.output and on not in r.output
+    assert "; off by default on this CPU's path (on by default on the kernel's AVX-512 paths;" in r.output
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import bench_ar
 

@@ -67,6 +67,12 @@ def isa() -> str:
     return fn().decode()
 
 
+def cheap_rows(path: str) -> bool:
+    """Whether the kernel path ``path`` (as ``isa()`` names it) makes a verify call's extra rows cheap: its AVX-512
+    paths, VNNI with AMX or not (the decoder verifies alternates by default there), not its AVX2 path."""
+    return path.startswith("avx512")
+
+
 def library_path() -> str:
     """The built library (compiled once per source version into ``cache_dir()``)."""
     global _cached
