@@ -169,9 +169,10 @@ def resolve(spec: str) -> Source:
     raise ExportError(f"no such model: {spec} (not a file, a directory, or a hub id like org/name)")
 
 
-def _first_line(e: BaseException) -> str:
-    """An exception's message's first line, or its type's name where it has none."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+def _first_line(e: BaseException, empty: str | None = None) -> str:
+    """An exception's message's first line; where it has none, ``empty`` (None: its type's name)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__ if empty is None else empty
 
 
 def _hub_error(src: Source, e: Exception) -> ExportError:
@@ -218,7 +219,7 @@ def load_tokenizer(src: Source):
             raise ExportError(f"cannot load the tokenizer of {src.display}: {_first_line(e)}") from None
         if src.kind == "hub":
             raise _hub_error(src, e) from None
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        why = _first_line(e, "")
         kind = type(e).__name__
         if kind == "error":  # (struct.error, which a truncated .gguf raises: not a second "error:" after the CLI's)
             kind = f"{type(e).__module__.lstrip('_')}.error"
@@ -243,7 +244,7 @@ def load_model(src: Source, dtype: str = "float32"):
             raise _hub_error(src, e) from None
         if isinstance(e, OSError):
             raise ExportError(f"cannot load {src.display}: {_first_line(e)}") from None
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        why = _first_line(e, "")
         raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {why}"[:300]) from None
     model.eval()
     # A GGUF-loaded model is dequantized already; let it be saved as plain safetensors.
