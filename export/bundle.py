@@ -218,8 +218,20 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
         fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
                                 log=progress.log)
-    from .kernels import SKIP_INPUT, add_logits_skip
+    from .kernels import SKIP_INPUT, add_logits_skip, attention_windows, unbind_windows
 
+    window = int(getattr(cfg, "sliding_window", None) or 0)
+    windows = attention_windows(graph_file)
+    if 0 < window < ctx and windows and all(w < 0 for w in windows):
+        # the model attends within a sliding window (transformers' config says so) that the builder's graph does
+        # not apply (Mistral 7B v0.1's 4,096): the graph computes the model only up to the window's length
+        progress.log(f"    {role}: the model's sliding window of {window:,} tokens is not in the builder's graph; "
+                     f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
+        ctx = window
+    unbound = unbind_windows(graph_file, ctx)
+    if unbound:
+        progress.log(f"    {role}: {unbound} attention layers' sliding windows are as long as the {ctx:,}-token "
+                     "context or longer: taken off (the same attention)")
     argmax = None
     if build.layout == "cuda" and role == "target":  # greedy verification reads indices, not logits
         from .greedy import add_argmax_output

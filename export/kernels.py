@@ -302,6 +302,30 @@ def _own_attention(n, inits: dict) -> bool:
     return True
 
 
+def _pack_qkv(g) -> int:
+    """Give every ``GroupQueryAttention`` that takes its query, key and value as three inputs (the builder's
+    graph for models with per-head query/key norms: Qwen3, OLMo2, Gemma3) one packed input instead: a
+    ``Concat`` of the three on the last axis, which the op reads as packed QKV (its ``key`` and ``value``
+    inputs left empty). A concatenation only copies, so the attention computes the same numbers, and the
+    rewrites below (edgespec's attention, the padded row) then apply as to the builder's packed graphs.
+    Returns how many nodes it packed."""
+    from onnx import helper
+
+    order, packed = [], 0
+    for n in g.node:
+        if n.op_type == "GroupQueryAttention" and len(n.input) > 2 and n.input[1] and n.input[2]:
+            qkv = f"edgespec_qkv/{packed}/{n.name or n.output[0]}"
+            order.append(helper.make_node("Concat", [n.input[0], n.input[1], n.input[2]], [qkv], axis=-1,
+                                          name=f"{qkv}/Concat"))
+            n.input[0], n.input[1], n.input[2] = qkv, "", ""
+            packed += 1
+        order.append(n)
+    if packed:
+        del g.node[:]
+        g.node.extend(order)
+    return packed
+
+
 SKIP_INPUT = "logits_skip"
 # what _skip_logits adds beside the input (strip_logits_skip takes them out again)
 SKIP_SLICE = "edgespec_skip/slice"
@@ -405,6 +429,43 @@ def add_logits_skip(model_file: Path, logits: str) -> bool:
     return True
 
 
+def attention_windows(model_file: Path) -> list[int]:
+    """Each ``GroupQueryAttention``'s ``local_window_size`` in the graph file (-1: none), in node order."""
+    from onnx import helper
+
+    g = load_graph(model_file).graph
+    return [int(next((helper.get_attribute_value(a) for a in n.attribute if a.name == "local_window_size"), -1))
+            for n in g.node if n.op_type == "GroupQueryAttention"]
+
+
+def unbind_windows(model_file: Path, capacity: int) -> int:
+    """Take the sliding window off every ``GroupQueryAttention`` whose window is at least ``capacity`` (the
+    bundle's KV cache holds that many positions): such a window never leaves a key out, so the attention
+    computes the same without it, and onnxruntime refuses a window past the cache's capacity (Gemma 2's and
+    3's local layers at 4,096 in a bundle of a shorter context: "KV cache capacity must be at least
+    local_window_size"). The file is edited in place, its external data untouched; returns how many."""
+    from onnx import helper
+
+    m = load_graph(model_file)
+    count = 0
+    for n in m.graph.node:
+        if n.op_type != "GroupQueryAttention":
+            continue
+        attrs = {a.name: a for a in n.attribute}
+        w = attrs.get("local_window_size")
+        if w is None or helper.get_attribute_value(w) < capacity:
+            continue
+        w.i = -1
+        if "sliding_window_cache" in attrs:  # (a window-sized cache layout: the whole context's now)
+            n.attribute.remove(attrs["sliding_window_cache"])
+        count += 1
+    if count:
+        import onnx
+
+        onnx.save(m, str(model_file))
+    return count
+
+
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
                   logits: str | None = None, fused: bool = True, kv_dtype: str = "float32",
                   row_positions: bool = False) -> dict:
@@ -428,7 +489,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     inits = {t.name: t for t in g.initializer}
     users = input_uses(g)
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0}
+            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0,
+            "packed_qkv": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -522,6 +584,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         kept_nodes = [n for i, n in enumerate(g.node) if i not in gone]
         del g.node[:]
         g.node.extend(kept_nodes)
+    if own_attention or pad_attention:  # separate query, key and value inputs: one packed input
+        done["packed_qkv"] = _pack_qkv(g)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
         done["own_attention"] = sum(_own_attention(n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
@@ -667,6 +731,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                        "in Q4_K's scale bytes)" if counts["minimums"] else "")
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
+                    + (f"; {counts['packed_qkv']} attention nodes' query, key and value packed into one input"
+                       if counts["packed_qkv"] else "")
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"
                        if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
@@ -690,6 +756,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                 gcfg.unlink()
             files = head_files(stage, spec.path.parent.relative_to(stage).as_posix())
             on_disk = sum(v["bytes"] for v in files.values())
+            if counts["packed_qkv"]:
+                ops["Concat"] = ops.get("Concat", 0) + counts["packed_qkv"]
             if counts["logits_skip"] or spec.io.logits_skip:  # (the export's since session 29)
                 ops["Slice"] = ops.get("Slice", 0) + 1
             io = replace(spec.io, logits_skip=SKIP_INPUT) if counts["logits_skip"] else spec.io

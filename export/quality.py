@@ -48,8 +48,9 @@ class QualityRun:
         self.tok = tokenizer
         self.precision = precision
 
-    def _ids(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"][:MAX_TOKENS]
+    def _ids(self, text: str, room: int = MAX_TOKENS) -> list[int]:
+        """``text``'s tokens, at most MAX_TOKENS and ``room`` (a bundle's context can be shorter: --max-context)."""
+        return self.tok(text, add_special_tokens=False)["input_ids"][: min(MAX_TOKENS, room)]
 
     def __call__(self, role: str, model, spec: ModelSpec, progress) -> Quality:
         import torch
@@ -58,7 +59,7 @@ class QualityRun:
 
         def pairs():
             for text in TEXTS:
-                ids = self._ids(text)
+                ids = self._ids(text, lm.max_context)
                 with torch.no_grad():
                     ref = model(torch.tensor([ids])).logits[0].float().numpy()[:, : spec.vocab_size]
                 lm.reset()
@@ -67,10 +68,11 @@ class QualityRun:
         s = score(pairs())
         ppl_t, ppl_o = s["perplexity_ref"], s["perplexity"]
         matches = []
+        cont = min(CONT_TOKENS, lm.max_context // 2)  # prompt and continuation within the context
         for prompt in CONT_PROMPTS:
-            ids = self._ids(prompt)
+            ids = self._ids(prompt, lm.max_context // 2)
             with torch.no_grad():
-                ref = model.generate(torch.tensor([ids]), max_new_tokens=CONT_TOKENS, do_sample=False,
+                ref = model.generate(torch.tensor([ids]), max_new_tokens=cont, do_sample=False,
                                      pad_token_id=self.tok.eos_token_id or 0)[0, len(ids):].tolist()
             lm.reset()
             out, logits = [], lm.forward(ids)[-1]
@@ -84,10 +86,10 @@ class QualityRun:
             matches.append(m)
         q = Quality(perplexity_torch=round(ppl_t, 4), perplexity=round(ppl_o, 4),
                     perplexity_delta=round(ppl_o - ppl_t, 4), top1_agreement=round(s["top1"], 4),
-                    mean_kl=round(s["kl"], 6), greedy_match_tokens=tuple(matches), greedy_match_of=CONT_TOKENS,
+                    mean_kl=round(s["kl"], 6), greedy_match_tokens=tuple(matches), greedy_match_of=cont,
                     tokens=s["tokens"])
         progress.log(f"    quality: perplexity {ppl_t:.3f} (torch) -> {ppl_o:.3f} (onnx, Δ {ppl_o - ppl_t:+.3f}), "
-                     f"top-1 {q.top1_agreement:.3f}, KL {q.mean_kl:.4f}, greedy match {matches}/{CONT_TOKENS}")
+                     f"top-1 {q.top1_agreement:.3f}, KL {q.mean_kl:.4f}, greedy match {matches}/{cont}")
         return q
 
     def drafter_agreement(self, ts: ModelSpec, ds: ModelSpec, progress) -> Quality:
@@ -99,11 +101,11 @@ class QualityRun:
         t, d = OnnxLM(ts, ctx, choose(["cpu"])), OnnxLM(ds, ctx, choose(["cpu"]), min_width=1)
         hits = total = 0
         for text in TEXTS[:4]:
-            ids = self._ids(text)[:32]
+            ids = self._ids(text, ctx // 2)[:32]
             t.reset()
             logits = t.forward(ids)[-1]
             cont = []
-            for _ in range(AGREE_TOKENS):
+            for _ in range(min(AGREE_TOKENS, ctx - len(ids))):
                 tok = int(np.argmax(logits))
                 cont.append(tok)
                 logits = t.forward([tok])[-1]

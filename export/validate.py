@@ -33,7 +33,7 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
     diffs = {"prefill": 0.0, "decode": 0.0, "verify": 0.0, "rewind": 0.0}
     agree = total = 0
     for text in VALIDATION_TEXTS:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:48]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][: min(48, lm.max_context)]
         if len(ids) < 10:
             ids = (ids * 10)[:12]
         n = len(ids)

@@ -62,21 +62,23 @@ def tiny_dirs(tmp_path_factory):
     return d
 
 
-def exact_kernels_decode_exactly(bundle, out, log_has: str):
-    """``bundle`` through exact-kernels into ``out`` (its log saying ``log_has``); greedy prompt-lookup output
-    equals the target-only greedy output token for token on a code prompt (48 tokens, EOS ignored)."""
+def exact_kernels_decode_exactly(bundle, out, log_has: str, **kw):
+    """``bundle`` through exact-kernels into ``out`` (its log saying ``log_has``; ``kw``: apply_to_bundle's
+    options); greedy prompt-lookup output equals the target-only greedy output token for token on a code
+    prompt (48 tokens, EOS ignored). Returns the rewritten bundle's path."""
     from edgespec_export.kernels import apply_to_bundle
 
     import edgespec
 
     logs = []
-    out = apply_to_bundle(bundle, out, log=logs.append)
+    out = apply_to_bundle(bundle, out, log=logs.append, **kw)
     assert any(log_has in line for line in logs), logs
     eng = edgespec.load(out)
     prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
     ar = eng.generate(prompt, max_new_tokens=48, drafter="none", ignore_eos=True)
     spec = eng.generate(prompt, max_new_tokens=48, drafter="prompt-lookup", ignore_eos=True)
     assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 48
+    return out
 
 
 def _export(tmp_path_factory, name, target, **kw):

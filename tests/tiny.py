@@ -38,18 +38,25 @@ def make_tokenizer(vocab_size: int = 400, seed_text: list[str] | None = None):
 
 def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: int = 2, hidden: int = 64,
                heads: int = 4, kv_heads: int = 2, max_pos: int = 256, tokenizer=None, perturb_from: Path | None = None,
-               noise: float = 0.0) -> Path:
-    """Save a tiny random model (and tokenizer) to ``directory``. With ``perturb_from``, copy that
-    model's weights and add Gaussian noise: a drafter that mostly agrees with its target."""
+               noise: float = 0.0, **extra) -> Path:
+    """Save a tiny random model (and tokenizer) to ``directory``: ``arch`` qwen2, llama, qwen3 (per-head
+    query and key norms), gemma2 (sliding windows on alternate layers, softcaps) or mistral; ``extra``: more
+    config fields (``sliding_window``). With ``perturb_from``, copy that model's weights and add Gaussian
+    noise: a drafter that mostly agrees with its target."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    import transformers
+    from transformers import AutoModelForCausalLM
 
     tokenizer = tokenizer or make_tokenizer()
     vocab = len(tokenizer)
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
-    cfg = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
+    if arch in ("qwen3", "gemma2"):
+        common["head_dim"] = hidden // heads
+    configs = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "qwen3": "Qwen3Config", "gemma2": "Gemma2Config",
+               "mistral": "MistralConfig"}
+    cfg = getattr(transformers, configs[arch])(**common, **extra)
     torch.manual_seed(seed)
     if perturb_from is not None:
         model = AutoModelForCausalLM.from_pretrained(perturb_from, dtype=torch.float32)
@@ -59,7 +66,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
     else:
         model = AutoModelForCausalLM.from_config(cfg)
         with torch.no_grad():  # sharper distributions than the default init: repetition and clear argmaxes
-            model.lm_head.weight.mul_(8.0)
+            model.get_output_embeddings().weight.mul_(8.0)
     model.eval().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return Path(directory)

@@ -1,0 +1,103 @@
+"""Model families beyond Qwen2 and Llama, as tiny random models built from their transformers configs: what the
+export and exact-kernels do with per-head query/key norms (Qwen3), sliding windows (Gemma 2, Mistral) and short
+contexts, with greedy speculative output equal to plain greedy decoding."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import _export, exact_kernels_decode_exactly
+
+pytest.importorskip("torch")
+
+PROMPT = "def hello(world):\n    return world + 1\nThe quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def arch_dirs(tmp_path_factory):
+    from tiny import make_model, make_tokenizer
+
+    root = tmp_path_factory.mktemp("archs")
+    tok = make_tokenizer()
+    return {
+        "qwen3": make_model(root / "qwen3", "qwen3", seed=5, tokenizer=tok),
+        # Gemma 2's local layers at its config's default window (4,096): longer than a bundle's 256 tokens
+        "gemma2": make_model(root / "gemma2", "gemma2", seed=6, tokenizer=tok),
+        "gemma2w": make_model(root / "gemma2w", "gemma2", seed=6, tokenizer=tok, sliding_window=64),
+        "mistralw": make_model(root / "mistralw", "mistral", seed=7, tokenizer=tok, sliding_window=200),
+    }
+
+
+def _greedy_exact(bundle, tokens: int = 48, drafters=("prompt-lookup", "suffix", "auto")):
+    import edgespec
+
+    eng = edgespec.load(bundle, memory=False)
+    ar = eng.generate(PROMPT, max_new_tokens=tokens, drafter="none", ignore_eos=True)
+    assert len(ar.token_ids) == tokens
+    for d in drafters:
+        assert eng.generate(PROMPT, max_new_tokens=tokens, drafter=d, ignore_eos=True).token_ids == ar.token_ids, d
+    return ar
+
+
+@pytest.mark.parametrize("own_attention", [True, False], ids=["own-attention", "onnxruntime-attention"])
+def test_qwen3_query_key_norms_take_the_exact_kernels(tmp_path_factory, arch_dirs, own_attention):
+    """Qwen3's graph gives its attention query, key and value as three inputs (the per-head norms sit between
+    the projection and the attention); exact-kernels packs them into one (a Concat) so that its attention, or the
+    padded row on onnxruntime's, applies. Before, it refused the bundle ("separate key/value inputs")."""
+    import onnx
+
+    b = _export(tmp_path_factory, "qwen3-int4", arch_dirs["qwen3"], drafter=str(arch_dirs["qwen3"]),
+                target_precision="int4", drafter_precision="int4", max_context=256)
+    out = tmp_path_factory.mktemp("xk") / "qwen3-xk"
+    out = exact_kernels_decode_exactly(b, out, "query, key and value packed into one input",
+                                       own_attention=own_attention)
+    g = onnx.load(str(out / "target" / "model.onnx"), load_external_data=False).graph
+    ops = [n.op_type for n in g.node]
+    assert ("DecodeAttentionF16" in ops or "DecodeAttention" in ops) == own_attention
+    assert all(not n.input[1] and not n.input[2] for n in g.node if n.op_type == "GroupQueryAttention")
+    _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+
+
+def test_gemma2_window_past_the_context_is_taken_off(tmp_path_factory, arch_dirs):
+    """A sliding window at least as long as the bundle's context never leaves a key out: the export takes it off
+    the graph (onnxruntime refused it: "KV cache capacity must be at least local_window_size", so Gemma 2 could
+    not be exported below 4,096 tokens), and the bundle decodes exactly, plain and on the exact kernels."""
+    from edgespec_export.kernels import attention_windows
+
+    b = _export(tmp_path_factory, "gemma2-int4", arch_dirs["gemma2"], target_precision="int4", max_context=256)
+    assert attention_windows(b / "target" / "model.onnx") == [-1, -1]
+    _greedy_exact(b)
+    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2-xk", "padded")
+
+
+def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_path_factory, arch_dirs):
+    """A window shorter than the context stays in the graph, and speculative decoding's rollbacks keep greedy
+    output exact well past it (200 tokens through a 64-token window, plain and on the exact kernels)."""
+    from edgespec_export.kernels import attention_windows
+
+    b = _export(tmp_path_factory, "gemma2w-int4", arch_dirs["gemma2w"], target_precision="int4", max_context=256)
+    assert attention_windows(b / "target" / "model.onnx") == [64, -1]
+    ar = _greedy_exact(b, 200)
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk", "padded")
+    assert _greedy_exact(out, 200).token_ids == ar.token_ids
+
+
+def test_a_window_the_graph_does_not_apply_bounds_the_context(tmp_path_factory, arch_dirs):
+    """Mistral's config may hold a sliding window the builder's graph does not apply; past it the graph would
+    not compute the model, so the bundle's context stops at the window (and says so in the manifest)."""
+    from edgespec.manifest import load_manifest
+
+    b = _export(tmp_path_factory, "mistralw-int4", arch_dirs["mistralw"], target_precision="int4", max_context=256)
+    assert load_manifest(b).target.max_context == 200
+    _greedy_exact(b)
+
+
+def test_an_export_at_a_short_context_fits_its_checks_in_it(tmp_path_factory, arch_dirs):
+    """--max-context 16 (the least it takes): validation, the quality report and the drafter's agreement run
+    within the context instead of failing the export after the build ("0 + 160 tokens exceed the context")."""
+    from edgespec.manifest import load_manifest
+
+    b = _export(tmp_path_factory, "qwen3-ctx16", arch_dirs["qwen3"], drafter=str(arch_dirs["qwen3"]),
+                target_precision="int4", drafter_precision="int4", max_context=16, quality=True)
+    m = load_manifest(b)
+    assert m.target.max_context == 16 and m.target.validation.passed
+    assert m.target.quality.greedy_match_of == 8 and m.drafter.quality.greedy_agreement_with_target is not None
