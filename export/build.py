@@ -124,7 +124,7 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
                 log=lambda s: print(s, file=sys.stderr, flush=True), device: str = "cpu") -> BuildResult:
     prec, ep, extra = builder_args(precision, quant, device)
     swapped = quant.algorithm in SWAPPED and precision in ("int4", "int8")
-    module = "edgespec_export.hqq_builder" if swapped else "onnxruntime_genai.models.builder"
+    module = "edgespec_export.hqq_builder" if swapped else "edgespec_export.builder_shim"
     cmd = [sys.executable, "-m", module, "-i", str(hf_dir), "-o", str(out_dir),
            "-p", prec, "-e", ep, "-c", str(cache_dir)]
     if extra:

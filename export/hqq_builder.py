@@ -111,6 +111,9 @@ def _graphs(g):
 def main() -> None:
     # before the builder imports it (its modules are imported as top-level ``builders.*``, from its own folder)
     mnq.MatMulNBitsQuantizer = HQQMatMulNBitsQuantizer
+    from .builder_shim import patch
+
+    patch()  # (Gemma 3's config as the builder reads it)
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
 
 

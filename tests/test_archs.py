@@ -24,6 +24,9 @@ def arch_dirs(tmp_path_factory):
         "gemma2": make_model(root / "gemma2", "gemma2", seed=6, tokenizer=tok),
         "gemma2w": make_model(root / "gemma2w", "gemma2", seed=6, tokenizer=tok, sliding_window=64),
         "mistralw": make_model(root / "mistralw", "mistral", seed=7, tokenizer=tok, sliding_window=200),
+        # local layers every other one (their window 4,096 past the context), rotary theta 1e6 global, 1e4 local
+        "gemma3": make_model(root / "gemma3", "gemma3", seed=8, tokenizer=tok, sliding_window_pattern=2,
+                             layer_types=["sliding_attention", "full_attention"]),
     }
 
 
@@ -101,3 +104,36 @@ def test_an_export_at_a_short_context_fits_its_checks_in_it(tmp_path_factory, ar
     m = load_manifest(b)
     assert m.target.max_context == 16 and m.target.validation.passed
     assert m.target.quality.greedy_match_of == 8 and m.drafter.quality.greedy_agreement_with_target is not None
+
+
+def test_gemma3_from_a_transformers_5_config(tmp_path_factory, arch_dirs):
+    """transformers 5 keeps Gemma 3's rotary parameters per layer type; the builder read the flat form and stopped
+    (KeyError 'rope_type'). export/builder_shim.py gives it the flat fields: the float32 graph then matches torch
+    within validation's tolerance (the global and local thetas differ, so a wrong one fails it), and the INT4
+    bundle decodes exactly, plain and on the exact kernels (query/key norms packed, windows taken off)."""
+    from edgespec.manifest import load_manifest
+    from transformers import AutoConfig
+
+    rp = AutoConfig.from_pretrained(arch_dirs["gemma3"]).rope_parameters
+    assert rp["full_attention"]["rope_theta"] != rp["sliding_attention"]["rope_theta"]
+    f = _export(tmp_path_factory, "gemma3-fp32", arch_dirs["gemma3"], target_precision="fp32", max_context=256)
+    v = load_manifest(f).target.validation
+    assert v.passed and v.tolerance is not None and v.top1_agreement >= 0.99
+    b = _export(tmp_path_factory, "gemma3-int4", arch_dirs["gemma3"], target_precision="int4", max_context=256)
+    _greedy_exact(b)
+    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma3-xk", "query, key and value packed")
+
+
+def test_flat_rope_leaves_a_flat_config_alone():
+    from types import SimpleNamespace
+
+    from edgespec_export.builder_shim import flat_rope
+
+    flat = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    assert not flat_rope(flat) and flat.rope_parameters == {"rope_type": "default", "rope_theta": 1e6}
+    assert not flat_rope(SimpleNamespace())
+    nested = SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    assert flat_rope(nested)
+    assert nested.rope_parameters["rope_type"] == "linear" and nested.rope_theta == 1e6
+    assert nested.rope_local_base_freq == 1e4
