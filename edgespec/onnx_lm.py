@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import BundleError, ContextOverflowError, EdgespecError, ProviderError
+from .errors import BundleError, ConfigError, ContextOverflowError, EdgespecError, ProviderError
 from .kv import KVCache
 from .lm import CausalLM
 from .manifest import ModelSpec
@@ -59,6 +59,7 @@ class OnnxLM(CausalLM):
         io = spec.io
         inputs = {i.name for i in self.session.get_inputs()}
         _check_graph_names(spec, inputs, {o.name for o in self.session.get_outputs()})
+        _check_cache_dims(spec, self.session.get_inputs())
         self._has_pos = bool(io.position_ids) and io.position_ids in inputs
         # the graph's logits_skip input (manifest io.logits_skip): fed at every call, 0 but for a prefill's
         self._skip_name = io.logits_skip if io.logits_skip and io.logits_skip in inputs else None
@@ -86,6 +87,11 @@ class OnnxLM(CausalLM):
         for o in outputs:
             if o.name == io.logits and o.type in _ORT_FLOATS and isinstance(o.shape[-1], int):
                 self._logits_type = (_ORT_FLOATS[o.type], o.shape[-1])
+                want = spec.head_size or spec.vocab_size
+                if o.shape[-1] != want:  # (else a logit bias or a penalty row of the manifest's size fails mid-reply)
+                    raise BundleError(f"the {spec.role} graph's logits have {o.shape[-1]:,} entries, the manifest says "
+                                      f"{want:,} ({'head_size' if spec.head_size else 'vocab_size'}); the bundle is "
+                                      "inconsistent")
         # greedy on a GPU: the graph's argmax output (export/greedy.py), the logits left on the device
         self._argmax_name = io.argmax if io.argmax and any(o.name == io.argmax for o in outputs) else None
         self.device_argmax = self._argmax_name is not None and self.device == "cuda"
@@ -265,6 +271,7 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
         so = ort.SessionOptions()
         so.use_per_session_threads = False  # every session runs on the process-wide pool
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = _ort_log_level(providers.primary)
         for k, v in (session_options or {}).items():  # a profile's onnxruntime session config entries
             so.add_session_config_entry(k, str(int(v)) if isinstance(v, bool) else str(v))
         if library:
@@ -297,6 +304,21 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
         broken = ("INVALID_PROTOBUF", "INVALID_GRAPH", "NO_SUCHFILE", "Protobuf parsing failed", "NOT_IMPLEMENTED",
                   "Failed to load external data", "External data", "invalid model")
         raise (BundleError if any(b.lower() in str(e).lower() for b in broken) else EdgespecError)(msg) from None
+
+
+def _ort_log_level(primary: str) -> int:
+    """onnxruntime's log severity for a session: ``EDGESPEC_ORT_LOG`` (0 verbose ... 4 fatal) where set, else 4 on
+    the CPU (an error there reaches the user as edgespec's one line, which carries onnxruntime's message: its own
+    coloured log line before it said the same again) and 3 on a GPU provider, whose log says why it could not
+    start (``_check_running`` points there)."""
+    import os
+
+    raw = os.environ.get("EDGESPEC_ORT_LOG", "").strip()
+    if raw:
+        if raw not in ("0", "1", "2", "3", "4"):
+            raise ConfigError(f"EDGESPEC_ORT_LOG must be 0 (verbose) to 4 (fatal), got {raw[:40]!r}")
+        return int(raw)
+    return 3 if primary in GPU_PROVIDERS else 4
 
 
 def _graphs_refused(e: Exception, provs) -> bool:
@@ -352,6 +374,21 @@ def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> 
     if extra:
         raise BundleError(f"the {spec.role} graph has {len(extra)} cache inputs the manifest does not count "
                           f"(e.g. {extra[0]!r}; manifest: {spec.num_layers} layers); the bundle is inconsistent")
+
+
+def _check_cache_dims(spec: ModelSpec, inputs) -> None:
+    """The KV cache inputs' static axes (``[batch, kv heads, positions, head size]``) must be the manifest's:
+    a cache made to the manifest's shape fails inside the attention at the first call otherwise."""
+    names = {spec.io.past_key % layer for layer in range(spec.num_layers)}
+    names |= {spec.io.past_value % layer for layer in range(spec.num_layers)}
+    for i in inputs:
+        shape = list(getattr(i, "shape", None) or [])
+        if i.name not in names or len(shape) != 4:
+            continue
+        for axis, want, what in ((1, spec.num_kv_heads, "num_kv_heads"), (3, spec.head_dim, "head_dim")):
+            if isinstance(shape[axis], int) and shape[axis] != want:
+                raise BundleError(f"the {spec.role} graph's {i.name!r} has {shape[axis]} on its {what} axis, the "
+                                  f"manifest says {want}; the bundle is inconsistent")
 
 
 def _check_running(running: list[str], choice: ProviderChoice, role: str) -> str:

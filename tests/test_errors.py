@@ -118,6 +118,55 @@ def test_manifest_with_wrong_cache_shape_fails_at_run_with_one_line(tiny_bundle,
     assert "failed to run" in one_line_error(run("generate", b, "-p", "hi", "--max-new-tokens", "2"), 2)
 
 
+def test_a_failed_call_prints_edgespec_s_line_alone(tiny_bundle, copy_bundle, monkeypatch):
+    """onnxruntime's own coloured log line of a failed call (written to the process's stderr, past click's
+    capture) no longer comes before edgespec's one line; EDGESPEC_ORT_LOG brings it back, and a bad value of it is
+    a one-line error."""
+    import subprocess
+    import sys
+
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    _edit_manifest(b, "target", head_dim=m["models"]["target"]["head_dim"] * 2)
+    cmd = [sys.executable, "-m", "edgespec.cli", "generate", str(b), "-p", "hi", "--max-new-tokens", "2", "--no-memory"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: the target model failed to run")
+    import os
+
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "EDGESPEC_ORT_LOG": "3"})
+    assert r.returncode == 2 and "onnxruntime" in r.stderr.splitlines()[0]
+    monkeypatch.setenv("EDGESPEC_ORT_LOG", "loud")
+    with pytest.raises(edgespec.ConfigError, match="EDGESPEC_ORT_LOG must be"):
+        edgespec.load(b)
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_a_manifest_vocabulary_the_graph_does_not_have(tiny_bundle, copy_bundle, role):
+    """A vocab_size past the graph's logits loaded, and a logit bias or penalty row of that size failed mid-reply
+    with a traceback; now the load refuses it."""
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    _edit_manifest(b, role, vocab_size=m["models"][role]["vocab_size"] * 4)
+    with pytest.raises(edgespec.BundleError, match=f"the {role} graph's logits have .* the manifest says"):
+        edgespec.load(b)
+    assert "logits have" in one_line_error(run("generate", b, "-p", "hi", "--logit-bias", "5=5"), 2)
+
+
+@pytest.mark.parametrize("keep", [(), ("target/model.onnx",)], ids=["no-files", "graph-only"])
+def test_a_manifest_that_lists_not_the_graph_s_files(tiny_bundle, copy_bundle, keep):
+    """An emptied (or partial) ``files`` table turned the integrity checks off: damaged weights loaded and gave
+    another reply. The graph file and its external data must be listed."""
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    files = m["models"]["target"]["files"]
+    _edit_manifest(b, "target", files={k: v for k, v in files.items() if k in keep})
+    what = "graph's external data 'model.onnx.data'" if keep else "graph 'target/model.onnx'"
+    with pytest.raises(edgespec.BundleError, match=f"the target {what} is not among the manifest's files"):
+        edgespec.load(b)
+    one_line_error(run("info", b, "--verify"), 2)
+
+
 def load_layers(b):
     return json.loads((b / "edgespec.json").read_text())["models"]["drafter"]["num_layers"]
 
