@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -386,8 +387,9 @@ class Server:
                                                 held=req.response_format is not None)
             except EdgespecError as e:
                 msg = str(e).splitlines()[0]
-                param = next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
-                              if msg.startswith(k)), "tools")
+                at = re.match(r"tools\[\d+\](?:\.\w+)*", msg)  # (the field itself: tools[0].function.name)
+                param = at.group(0) if at else next((k for k in ("tool_choice", "parallel_tool_calls", "response_format")
+                                                     if msg.startswith(k)), "tools")
                 if req.responses is not None:
                     msg, param = P.responses_message(msg), P.responses_param(param)
                 raise P.bad(msg, param) from None
@@ -463,7 +465,9 @@ class Server:
         choices_n = len(prepared) * req.n
 
         rid, created = P.new_id(req.kind), P.now()
-        ext = {"max_tokens": max_new, "max_tokens_clamped": req.max_tokens is not None and req.max_tokens > room,
+        # (a completion's prompts each have their room: the least of them, and clamped if any prompt's was)
+        ext = {"max_tokens": min(p[3] for p in prepared),
+               "max_tokens_clamped": req.max_tokens is not None and any(req.max_tokens > p[2] for p in prepared),
                "temperature": kw.get("temperature", self.engine.defaults.temperature),
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -132,7 +133,8 @@ def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None, whe
         raise bad(f"'{where}' must be an integer, got {_kind(v)}", where)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise bad(f"'{where}' must be {rng}, got {v}", where)
+        shown = str(v) if abs(v) < 10 ** 30 else f"{str(v)[:12]}... ({len(str(abs(v)))} digits)"
+        raise bad(f"'{where}' must be {rng}, got {shown}", where)
     return v
 
 
@@ -187,6 +189,25 @@ _KEYS = {"chat": _COMMON_KEYS | {"messages", "top_logprobs", "tools", "tool_choi
          "completion": _COMMON_KEYS | {"prompt", "best_of", "suffix", "echo"}}
 
 
+def _metadata(v) -> None:
+    """OpenAI's ``metadata`` (ignored here; a response object echoes it): null or an object of at most 16 string
+    values of at most 512 characters, under keys of at most 64; anything else is refused as OpenAI refuses it (a
+    typed client would fail to read the echo)."""
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise bad(f"'metadata' must be an object of strings, got {_kind(v)}", "metadata", "invalid_type")
+    if len(v) > 16:
+        raise bad(f"'metadata' holds at most 16 pairs, got {len(v)}", "metadata")
+    for k, x in v.items():
+        if len(k) > 64:
+            raise bad(f"'metadata' keys are at most 64 characters, got one of {len(k)}", "metadata")
+        if not isinstance(x, str):
+            raise bad(f"'metadata.{k[:64]}' must be a string, got {_kind(x)}", "metadata", "invalid_type")
+        if len(x) > 512:
+            raise bad(f"'metadata.{k[:64]}' is at most 512 characters, got {len(x)}", "metadata")
+
+
 def _known(body: dict, keys: set, where: str) -> None:
     """A field the endpoint ``where`` does not take is refused, as OpenAI refuses it."""
     unknown = sorted(set(body) - keys)
@@ -200,6 +221,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     _known(body, _KEYS[kind], "/v1/chat/completions" if kind == "chat" else "/v1/completions")
     if body.get("user") is not None and not isinstance(body["user"], str):  # (ignored, but a string by OpenAI's API)
         raise bad(f"'user' must be a string, got {_kind(body['user'])}", "user", "invalid_type")
+    _metadata(body.get("metadata"))
     _model_is(body, model_id)
     req = GenRequest(kind=kind, model=model_id, stream=_bool(body, "stream"))
     so = body.get("stream_options")
@@ -563,9 +585,13 @@ def responses_param(param: str | None, where: list[str] = ()) -> str | None:
     m = re.match(r"messages\[(\d+)\]", param)
     if m and int(m.group(1)) < len(where):
         origin = where[int(m.group(1))]
-        return origin if origin in ("instructions", "input") else origin + param[m.end():]
+        if origin in ("instructions", "input"):
+            return origin
+        param = origin + param[m.end():]
     if param == "messages":
         return "input"
+    param = re.sub(r"^(input\[\d+\])\.tool_call_id$", r"\1.call_id", param)  # (a function_call_output's id)
+    param = re.sub(r"^tools\[(\d+)\]\.function\b", r"tools[\1]", param)  # (a Responses tool has no 'function')
     return {"max_tokens": "max_output_tokens", "response_format": "text.format"}.get(param, param)
 
 
@@ -575,6 +601,9 @@ def responses_message(message: str, where: list[str] = ()) -> str:
 
     message = re.sub(r"messages\[(\d+)\]", lambda m: where[int(m.group(1))] if int(m.group(1)) < len(where)
                      else m.group(0), message)
+    # a string's message: instructions, or the whole input, is the content itself
+    message = re.sub(r"\b(instructions|input)\.content\b(?!\[)", r"\1", message)
+    message = re.sub(r"\b(input\[\d+\])\.tool_call_id\b", r"\1.call_id", message)
     message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", message)  # (a Responses tool has no 'function')
     message = re.sub(r"\bresponse_format\.json_schema\.", "text.format.", message)
     message = re.sub(r"\bresponse_format\b", "text.format", message)

@@ -61,8 +61,11 @@ def check_tools(tools) -> list[dict]:
             raise ConfigError(f"{where}.function has an unknown field {extra[0]!r} "
                               f"(it takes {', '.join(sorted(_FUNCTION_KEYS))})")
         name = f.get("name")
+        if name is None:
+            raise ConfigError(f"{where}.function.name is missing (1-64 letters, digits, _ or -)")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ConfigError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got {name!r}"[:200])
+            raise ConfigError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got "
+                              f"{json.dumps(name)[:100]}")
         if name in seen:
             raise ConfigError(f"{where}.function.name {name!r} is given twice")
         seen.add(name)
@@ -99,6 +102,9 @@ def check_tool_choice(choice, names: list[str]):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
+        if not isinstance(name, str):
+            raise ConfigError("tool_choice names no function: its name is missing" if name is None else
+                              f"tool_choice's function name must be a string, got {json.dumps(name)[:100]}")
         if name not in names:
             raise ConfigError(f"tool_choice names the function {name!r}, which is not among the tools"[:200])
         return {"name": name}

@@ -622,7 +622,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("completions", {"prompt": "hi", "logprobs": -1}, 400, "logprobs", None),
     ("completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
     ("completions", {"prompt": "hi", "top_logprobs": 2}, 400, "top_logprobs", "unknown_parameter"),
-    ("chat", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools[0]",
+     None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"drafter": "magic"}}, 400,
      "edgespec.drafter", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"draft_tokens": 99}}, 400,
@@ -706,6 +707,17 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
      "unknown_parameter"),
     ("completions", {"prompt": "hi", "prediction": {"type": "content", "content": "x"}}, 400, "prediction",
      "unknown_parameter"),  # as OpenAI: predicted outputs are a chat completions parameter
+    # metadata: ignored, but an object of strings (a response object echoes it to typed clients)
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "metadata": "x"}, 400, "metadata", "invalid_type"),
+    ("responses", {"input": "x", "metadata": {"a": {"b": 1}}}, 400, "metadata", "invalid_type"),
+    ("completions", {"prompt": "hi", "metadata": {"k" * 65: "v"}}, 400, "metadata", None),
+    ("completions", {"prompt": "hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}, 400, "response_format", None),
+    ("responses", {"input": "x", "tools": [{"type": "function"}]}, 400, "tools[0].name", None),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "\ud800", "output": "x"}]}, 400,
+     "input[0].call_id", None),
+    ("responses", {"input": "x", "instructions": "a \ud800"}, 400, "instructions", None),
 ]
 
 
@@ -774,6 +786,39 @@ def test_other_http_errors_and_a_huge_body(server):
     assert http(server + "/tokenize", json.dumps({"prompt": "a b"}).encode())[0] == 200
     wait_until(lambda: metric(server, "requests_total", endpoint="/tokenize", status="200") == before + 1, 10,
                "the /tokenize request to be counted")  # (counted after its reply is sent)
+
+
+def test_responses_errors_name_the_responses_fields_and_quote_values_short(server, smol_int4):
+    """A Responses request's errors say its own field names (instructions, call_id, a tool's name), never the chat's
+    they were checked as, and a huge number is quoted short."""
+    def err(path, body):
+        st, e = http(server + path, body)
+        assert st == 400, e
+        return e["error"]["message"]
+
+    msg = err("/v1/responses", {"input": "x", "instructions": "a \ud800"})
+    assert msg.startswith("instructions ") and ".content" not in msg, msg
+    msg = err("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "\ud800", "output": "x"}]})
+    assert "input[0].call_id" in msg and "tool_call_id" not in msg, msg
+    msg = err("/v1/responses", {"input": "x", "tools": [{"type": "function"}]})
+    assert "tools[0].name is missing" in msg and "None" not in msg, msg
+    msg = err("/v1/responses", {"input": "x", "tools": [{"type": "function", "name": "f"}],
+                                "tool_choice": {"type": "function"}})
+    assert "name is missing" in msg and "None" not in msg, msg
+    body = ('{"messages": [{"role": "user", "content": "x"}], "seed": ' + "9" * 4000 + "}").encode()
+    msg = err("/v1/chat/completions", body)
+    assert len(msg) < 200 and "(4000 digits)" in msg, msg
+
+
+def test_a_completion_s_prompts_each_clamp_max_tokens(client, engine, model_id):
+    """With several prompts, edgespec.max_tokens is the least any prompt got and max_tokens_clamped says whether any
+    was clamped (it read the first prompt's only)."""
+    long_ids = [1] * (CONTEXT - 8)
+    r = client.completions.create(model=model_id, prompt=["Hi", long_ids], max_tokens=20, temperature=0)
+    ext = r.model_extra["edgespec"]
+    assert ext["max_tokens_clamped"] is True and ext["max_tokens"] == 8, ext
+    r = client.completions.create(model=model_id, prompt=["Hi", "Ho"], max_tokens=3, temperature=0)
+    assert r.model_extra["edgespec"]["max_tokens_clamped"] is False
 
 
 def test_over_long_max_tokens_is_clamped(client, engine, model_id):

@@ -318,7 +318,7 @@ def test_the_server_calls_tools_streamed_or_not(tool_bundle, tmp_path):
                 ({"tools": STRICT, "tool_choice": "required", "response_format": {"type": "json_object"}},
                  "response_format"),
                 ({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-                ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+                ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
                 ({"tools": WEATHER, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
                 ({"tools": WEATHER, "logprobs": True}, "logprobs"),
                 ({"tool_choice": "required"}, "tool_choice")):
