@@ -137,3 +137,21 @@ def test_flat_rope_leaves_a_flat_config_alone():
     assert flat_rope(nested)
     assert nested.rope_parameters["rope_type"] == "linear" and nested.rope_theta == 1e6
     assert nested.rope_local_base_freq == 1e4
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+
+
+@pytest.mark.parametrize("arch, extra", [("llama", {"rope_parameters": LLAMA3_ROPE}), ("phi3", {}), ("gemma", {}),
+                                         ("granite", {}), ("olmo", {}), ("smollm3", {})],
+                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3"])
+def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch, extra):
+    """Llama 3's scaled rotary, Phi-3, Gemma, Granite, OLMo and SmolLM3 (rotary left out on some layers) through the
+    export (validated against torch) and exact-kernels, greedy speculative output equal to plain decoding."""
+    from tiny import make_model
+
+    d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=9, **extra)
+    b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
+    _greedy_exact(b, 48, ("prompt-lookup",))
+    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "MatMulNBits")

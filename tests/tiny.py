@@ -41,7 +41,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
                noise: float = 0.0, **extra) -> Path:
     """Save a tiny random model (and tokenizer) to ``directory``: ``arch`` qwen2, llama, qwen3 (per-head
     query and key norms), gemma2 (sliding windows on alternate layers, softcaps), gemma3 (both, and a rotary
-    theta per layer type) or mistral; ``extra``: more
+    theta per layer type), mistral, gemma, phi3, granite, olmo or smollm3; ``extra``: more
     config fields (``sliding_window``). With ``perturb_from``, copy that model's weights and add Gaussian
     noise: a drafter that mostly agrees with its target."""
     import torch
@@ -53,10 +53,15 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
-    if arch in ("qwen3", "gemma2", "gemma3"):
+    if arch in ("qwen3", "gemma", "gemma2", "gemma3"):
         common["head_dim"] = hidden // heads
+    if arch in ("phi3", "smollm3"):
+        common["pad_token_id"] = None
+    if arch == "phi3":  # (else transformers reads it as a LongRoPE model, whose factors the config lacks)
+        common["original_max_position_embeddings"] = max_pos
     configs = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "qwen3": "Qwen3Config", "gemma2": "Gemma2Config",
-               "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig"}
+               "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig", "gemma": "GemmaConfig", "phi3": "Phi3Config",
+               "granite": "GraniteConfig", "olmo": "OlmoConfig", "smollm3": "SmolLM3Config"}
     cfg = getattr(transformers, configs[arch])(**common, **extra)
     torch.manual_seed(seed)
     if perturb_from is not None:
