@@ -247,6 +247,9 @@ class ModelSpec:
     # rows the graph appends to attention's query (a copy of the last one, written to the KV cache
     # one position past the call and overwritten later), so that attention never runs one query row
     attention_pad: int = 0
+    # the longest sliding window of the graph's attention layers (Gemma 2's and 3's local layers; 0: none): its KV
+    # cache must hold at least that many positions (onnxruntime refuses a call otherwise), so no context below it
+    attention_window: int = 0
     # what ``edgespec exact-kernels`` measured when it rewrote the graph: both graphs on a sample text
     # (``max_abs_logit_diff``, ``logit_scale``, ``top1_agreement``, ``positions``); None: not rewritten,
     # or rewritten before this was recorded. The validation and quality records stay the source graph's.
@@ -311,6 +314,7 @@ class ModelSpec:
             embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
             head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
             kernels=_kernels(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
+            attention_window=_opt_count(d, "attention_window", where) or 0,
             kernels_check=_kernels_check(d, where), **dims,
         )
 
@@ -331,6 +335,7 @@ class ModelSpec:
                if self.head_ids else {}),
             **({"kernels": self.kernels} if self.kernels != "onnxruntime" else {}),
             **({"attention_pad": self.attention_pad} if self.attention_pad else {}),
+            **({"attention_window": self.attention_window} if self.attention_window else {}),
             **({"kernels_check": dict(self.kernels_check)} if self.kernels_check else {}),
         }
 

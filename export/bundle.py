@@ -245,6 +245,10 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: no lm_head found for the logits skip: prefills compute every row's logits")
     spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,
                      logits_skip=skip)
+    window = max((w for w in attention_windows(graph_file) if w > 0), default=0)
+    if window:  # (kept: shorter than the context) a cache never shorter than it
+        spec = replace(spec, attention_window=window)
+        progress.log(f"    {role}: sliding windows of up to {window:,} tokens: the runtime's context is at least that")
     if fp8 is not None:
         spec = replace(spec, quant=fp8)
     del params, config

@@ -84,6 +84,30 @@ def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_
     assert _greedy_exact(out, 200).token_ids == ar.token_ids
 
 
+def test_a_context_shorter_than_a_kept_window_is_refused_or_raised(tmp_path_factory, arch_dirs):
+    """The manifest records the window the graph keeps; a context below it (onnxruntime's attention fails every
+    call there: "KV cache capacity must be at least local_window_size") is a one-line ConfigError when asked for,
+    and a profile's shorter default context is raised to it, said in the plan's warnings."""
+    import edgespec
+    from edgespec.manifest import load_manifest
+    from edgespec.planner import plan
+    from edgespec.profiles import Profile
+
+    b = _export(tmp_path_factory, "gemma2w-ctx", arch_dirs["gemma2w"], target_precision="int4", max_context=256)
+    m = load_manifest(b)
+    assert m.target.attention_window == 64
+    with pytest.raises(edgespec.ConfigError, match="sliding window of 64 tokens"):
+        edgespec.load(b, max_context=32)
+    assert edgespec.load(b, max_context=64).decoder.target.max_context == 64
+    p = plan(m, Profile(name="short", memory_budget_mb=4096, providers=("cpu",), max_context=32, min_context=16))
+    assert p.context == 64 and any("sliding window" in w for w in p.warnings)
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+
+    with pytest.raises(edgespec.ConfigError, match="sliding window"):  # (a caller past the planner)
+        OnnxLM(m.target, 32, choose(["cpu"]))
+
+
 def test_a_window_the_graph_does_not_apply_bounds_the_context(tmp_path_factory, arch_dirs):
     """Mistral's config may hold a sliding window the builder's graph does not apply; past it the graph would
     not compute the model, so the bundle's context stops at the window (and says so in the manifest)."""
