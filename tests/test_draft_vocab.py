@@ -225,7 +225,7 @@ def test_head_ids_that_disagree_with_the_graph_are_refused(tiny_bundle, tmp_path
     d["files"]["drafter/head_ids.npy"] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     d["head_size"] = N - 1
     (out / MANIFEST_NAME).write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match=f"logits have {N} columns but its head ids list {N - 1}"):
+    with pytest.raises(BundleError, match=rf"logits have {N} entries, the manifest says {N - 1} \(head_size\)"):
         edgespec.load(out, max_context=128)
 
 
