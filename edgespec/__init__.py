@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 __all__ = ["load", "Engine", "Result", "GenerationConfig", "EdgespecError", "BundleError", "ManifestError",
            "TokenizerMismatchError", "ContextOverflowError", "BudgetError", "ProfileError", "ProviderError",
            "ConfigError", "BusyError", "ClosedError", "ChatTemplateError", "DocumentError", "StoreError",
-           "ExportError", "CpuFallbackError", "__version__"]
+           "ExportError", "CpuFallbackError", "split_reasoning", "__version__"]
 
 
 def __getattr__(name):
@@ -22,6 +22,10 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "split_reasoning":  # a thinking model's reply: (its <think> block's text, its answer)
+        from .reasoning import split_reasoning
+
+        return split_reasoning
     if name == "GenerationConfig":
         from .decoder import GenerationConfig
 

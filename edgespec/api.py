@@ -390,17 +390,22 @@ class Engine:
         return cfg
 
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
-               fit: bool = False, tools=None, suffix: str | None = None, add_generation_prompt: bool = True) -> list[int]:
+               fit: bool = False, tools=None, suffix: str | None = None, add_generation_prompt: bool = True,
+               template_kwargs: dict | None = None) -> list[int]:
         """Prompt ids. A plain prompt's special-token text (``<|im_end|>``) is that token unless
         ``parse_special`` is False; messages' content is always text. With ``fit`` a prompt too long
         for the context by its size alone is refused (``ContextOverflowError``) before it is tokenized.
         ``tools``: a ``tools.ToolRequest`` (``tool_request``), rendered by the chat template, its forced
         start of the reply appended. ``suffix``: the text after the gap a fill-in-the-middle prompt asks
-        the model to fill (the plain prompt is the text before it; ``Tokenizer.encode_infill``)."""
+        the model to fill (the plain prompt is the text before it; ``Tokenizer.encode_infill``).
+        ``template_kwargs``: more variables for the chat template (``{"enable_thinking": False}`` for Qwen3's;
+        messages only)."""
         if isinstance(prompt_or_messages, (list, tuple)) and not prompt_or_messages:
             raise ConfigError("the messages are empty: give at least one {role, content} message")
         if isinstance(prompt_or_messages, str) and tools is not None:
             raise ConfigError("tools need chat messages, not a plain prompt")
+        if template_kwargs and not isinstance(prompt_or_messages, (list, tuple)):
+            raise ConfigError("chat_template_kwargs need chat messages, not a plain prompt")
         if suffix is not None:
             if not isinstance(prompt_or_messages, str):
                 raise ConfigError("a suffix (fill in the middle) needs a plain prompt, the text before the gap, "
@@ -433,7 +438,8 @@ class Engine:
                                   "take them in the <tool_call> format (Qwen2.5, Hermes)")
             messages = check_tool_messages(messages)
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt,
-                                         tools=tools.template_tools if tools is not None else None)
+                                         tools=tools.template_tools if tools is not None else None,
+                                         template_kwargs=template_kwargs)
         if tools is not None and tools.prefix:
             ids += self.tokenizer.encode(tools.prefix, add_special=False)
         return ids
@@ -669,20 +675,25 @@ class Engine:
         function calling, for chat templates in the ``<tool_call>`` format (tools.py); the calls come back
         in ``Result.tool_calls`` and ``Result.text`` is the content outside them. ``suffix``: fill in the
         middle (code infilling): the reply is what goes between the prompt and this text, for models
-        with FIM tokens (``Tokenizer.fim``; Qwen2.5-Coder, StarCoder, ...; ``ConfigError`` for others)."""
+        with FIM tokens (``Tokenizer.fim``; Qwen2.5-Coder, StarCoder, ...; ``ConfigError`` for others).
+        ``chat_template_kwargs``: more variables for the chat template (Qwen3's ``enable_thinking``); a thinking
+        model's reply keeps its ``<think>`` block in ``text`` (``edgespec.split_reasoning`` takes it apart)."""
+        template_kwargs = kw.pop("chat_template_kwargs", None)
         if not isinstance(token_healing, bool):
             raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
         if suffix is not None or token_healing:
             if tools is not None or tool_choice is not None or parallel_tool_calls is not True:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt" if suffix is not None
                                   else "token healing needs a plain prompt, not tools")
+            if template_kwargs:
+                raise ConfigError("chat_template_kwargs need chat messages, not a plain or fill-in-the-middle prompt")
             ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
                                  or kw.get("response_format") not in (None, {"type": "text"}))
         if treq is not None and treq.grammar is not None:  # calls held to a grammar
             kw["grammar"] = treq.grammar
-        ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq)
+        ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq, template_kwargs=template_kwargs)
         if treq is None or not treq.parses:
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
         if kw.get("logprobs") is not None:
@@ -693,14 +704,15 @@ class Engine:
         result.tool_calls = [c.openai() for c in calls]
         return result
 
-    def _encode_healed(self, prompt, parse_special: bool, suffix: str | None, token_healing, kw: dict) -> list[int]:
+    def _encode_healed(self, prompt, parse_special: bool, suffix: str | None, token_healing, kw: dict,
+                       template_kwargs: dict | None = None) -> list[int]:
         """A plain or fill-in-the-middle prompt's ids; with ``token_healing`` the token before the cursor backed
         off and ``kw['heal']`` set to its bytes (``heal``)."""
         if not isinstance(token_healing, bool):
             raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
         if token_healing and not isinstance(prompt, str):
             raise ConfigError("token healing needs a plain prompt (the text before the cursor), not chat messages")
-        ids = self.encode(prompt, parse_special, fit=True, suffix=suffix)
+        ids = self.encode(prompt, parse_special, fit=True, suffix=suffix, template_kwargs=template_kwargs)
         if token_healing:
             ids, kw["heal"] = self.heal(ids)
         return ids
@@ -713,7 +725,8 @@ class Engine:
         itself, not at the first ``next()``; the model runs from the first ``next()``."""
         if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
-        ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
+        template_kwargs = kw.pop("chat_template_kwargs", None)
+        ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw, template_kwargs)
         return _texts(self.stream_ids(ids, stop=stop, **kw))
 
     def _collect(self, it) -> Result:
@@ -729,10 +742,12 @@ class Engine:
         d = stats.to_dict() if stats else {}
         return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps)
 
-    def chat(self, system: str | None = None) -> "ChatSession":
+    def chat(self, system: str | None = None, template_kwargs: dict | None = None) -> "ChatSession":
         if isinstance(self.decoder, _Closed):  # (a session of a closed engine could never answer)
             raise ClosedError(_CLOSED)
-        return ChatSession(self, system)
+        from .template import check_template_kwargs
+
+        return ChatSession(self, system, template_kwargs=check_template_kwargs(template_kwargs) or None)
 
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -807,6 +822,8 @@ class ChatSession:
     messages: list[dict] = field(default_factory=list)
     dropped: int = 0
     reserve: int = 256  # tokens kept free for the reply
+    # more variables for the chat template at every turn (Qwen3's {"enable_thinking": False})
+    template_kwargs: dict | None = None
 
     def __post_init__(self):
         if self.system:
@@ -824,7 +841,8 @@ class ChatSession:
         while True:
             least = sum(self.engine.tokenizer.min_tokens(m["content"]) for m in self.messages
                         if isinstance(m.get("content"), str))
-            ids = self.engine.encode(self.messages) if least + reserve <= self.engine.max_context else None
+            ids = (self.engine.encode(self.messages, template_kwargs=self.template_kwargs)
+                   if least + reserve <= self.engine.max_context else None)
             if ids is not None and len(ids) + reserve <= self.engine.max_context:
                 return ids
             if ids is None and len(self.messages) - first <= 1:

@@ -80,12 +80,12 @@ class ChatRepl:
 
     def __init__(self, engine, *, system: str | None = None, options: dict | None = None,
                  show_stats: bool = False, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 stderr: TextIO | None = None, line_limit: int = LINE_LIMIT):
+                 stderr: TextIO | None = None, line_limit: int = LINE_LIMIT, template_kwargs: dict | None = None):
         self.engine = engine
         self.line_limit = line_limit
         self._skipping = False  # piped: the rest of a line too long is still to be skipped
         self.options = self._checked({k: v for k, v in (options or {}).items() if v is not None})
-        self.session = engine.chat(system=system)
+        self.session = engine.chat(system=system, template_kwargs=template_kwargs)
         self._check_start(system)
         self.failed = 0  # turns and commands that ended in an error: piped input then exits 1
         self.show_stats = show_stats

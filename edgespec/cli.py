@@ -283,6 +283,24 @@ def _engine_opts(f):
 
 
 
+def _template_kwargs(ctx, param, value):
+    """--chat-template-kwargs: a JSON object of variables for the chat template, checked before the model loads."""
+    if value is None:
+        return None
+    from .errors import ConfigError
+    from .template import check_template_kwargs
+
+    try:
+        kw = json.loads(value)
+    except ValueError as e:
+        raise ConfigError(f"--chat-template-kwargs is not JSON: {e}") from None
+    return check_template_kwargs(kw, "--chat-template-kwargs") or None
+
+
+_template_kwargs_opt = click.option(
+    "--chat-template-kwargs", "template_kwargs", default=None, metavar="JSON", callback=_template_kwargs,
+    help="Variables for the chat template, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's thinking off.")
+
 @main.command()
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
 @click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
@@ -312,9 +330,10 @@ def _engine_opts(f):
 @click.option("--logprobs", type=int, default=None, metavar="N",
               help="With --json: each token's log-probability under the target, with the N most likely tokens "
                    f"at its position (0..{MAX_LOGPROBS}).")
+@_template_kwargs_opt
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
-             json_object, suffix, logprobs, token_healing):
+             json_object, suffix, logprobs, token_healing, template_kwargs):
     """Generate a continuation of PROMPT with the model in BUNDLE (or, with --suffix, the text between
     PROMPT and the suffix)."""
     from .errors import ConfigError
@@ -324,6 +343,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         raise ConfigError("--suffix fills in the middle of a raw prompt: it cannot be used with --chat")
     if token_healing and as_chat:
         raise ConfigError("--token-healing backs off a raw prompt's last token: it cannot be used with --chat")
+    if template_kwargs and not as_chat:
+        raise ConfigError("--chat-template-kwargs are variables of the chat template: they need --chat")
     if token_healing and (schema_file is not None or json_object):
         raise ConfigError("--token-healing cannot be combined with --json-schema or --json-object")
     if logprobs is not None and not as_json:
@@ -366,6 +387,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
               suffix=suffix, logprobs=logprobs, **penalties)
     if token_healing:
         kw["token_healing"] = True
+    if template_kwargs:
+        kw["chat_template_kwargs"] = template_kwargs
     if response_format is not None:
         kw["response_format"] = response_format
     if as_json:
@@ -393,6 +416,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
 
 
 STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin
+
 
 
 def _read_stdin() -> str:
@@ -473,9 +497,10 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 @_prompt_cache_opts
 @memory_opts()
 @click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
+@_template_kwargs_opt
 @click.pass_context
 def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, drafter, draft_tokens, max_context,
-         threads, profile, provider, show_stats):
+         threads, profile, provider, show_stats, template_kwargs):
     """Chat with the model in BUNDLE (its chat template; /help lists the commands, Ctrl-D leaves).
 
     Replies stream as they are decoded; Ctrl-C stops a reply and keeps the conversation. The
@@ -496,7 +521,8 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
     if hasattr(sys.stdin, "reconfigure"):
         sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 is refused, not fatal
     try:
-        code = run_chat(eng, system=system, options=options, show_stats=show_stats, line_limit=STDIN_LIMIT)
+        code = run_chat(eng, system=system, options=options, show_stats=show_stats, line_limit=STDIN_LIMIT,
+                        template_kwargs=template_kwargs)
     finally:
         eng.close()  # (a prompt cache file written now, its warnings as every other)
     ctx.exit(code)
@@ -535,11 +561,15 @@ class _OneLineUsage(click.Command):
                    "line is visible to every user of the machine.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
               help="Read the API key from this file's first line.")
+@click.option("--reasoning-format", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: a thinking model's <think> block (Qwen3, DeepSeek-R1's distills) comes apart from the answer, "
+                   "as reasoning_content (chat) or a reasoning item (responses); none: left in the text.")
+@_template_kwargs_opt
 @_prompt_cache_opts
 @_engine_opts
 @memory_opts()
 def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, api_key_file, drafter, draft_tokens,
-          max_context, threads, profile, provider):
+          max_context, threads, profile, provider, reasoning_format, template_kwargs):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/responses, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
     --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
@@ -570,7 +600,8 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
-                         temperature=temperature, allow_origins=allow_origins, api_key=api_key)
+                         temperature=temperature, allow_origins=allow_origins, api_key=api_key,
+                         chat_template_kwargs=template_kwargs, reasoning_format=reasoning_format)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""

@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from . import server_protocol as P
 from .errors import ConfigError, ContextOverflowError, EdgespecError
+from .reasoning import ReasoningSplitter, split_reasoning, starts_inside
 from .server_metrics import Metrics, RequestCounter
 
 log = logging.getLogger("edgespec.server")
@@ -290,9 +291,17 @@ async def _until_disconnect(request: Request, coro):
 class Server:
     """The routes' state: the engine, its scheduler and the metrics."""
 
-    def __init__(self, engine, model_id: str, queue_size: int = 16, defaults: dict | None = None):
+    def __init__(self, engine, model_id: str, queue_size: int = 16, defaults: dict | None = None,
+                 template_kwargs: dict | None = None, reasoning_format: str = "auto"):
+        from .reasoning import think_tags
+
         self.engine, self.model_id = engine, model_id
         self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
+        self.template_kwargs = template_kwargs or {}  # every chat's, under a request's own chat_template_kwargs
+        if reasoning_format not in ("auto", "none"):
+            raise ConfigError(f"reasoning_format must be auto or none, got {reasoning_format!r}"[:200])
+        # a thinking model's <think> block apart from the answer (reasoning.py); None: the text as it comes
+        self.think = think_tags(engine.tokenizer) if reasoning_format == "auto" else None
         self.metrics = Metrics(self._gauges)
         self.sched = Scheduler(engine, queue_size, self.metrics)
         self.created = P.now()
@@ -472,6 +481,9 @@ class Server:
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
+            # a thinking model's replies: whether each prompt's reply starts inside its block (None: no split)
+            run.inside = ([starts_inside(x[0], self.think) for x in prepared]
+                          if req.kind == "chat" and self.think is not None else None)
             run.next()  # choice 0 made now: counted in the queue from the request's admission
             if req.responses is not None:
                 return EventStream(self._sse_responses(run, req, created, ext, treq), run.cancel)
@@ -488,14 +500,17 @@ class Server:
             text, s, lps = out
             s = {**s, "queue_ms": round(gen.queue_ms, 3)}
             summaries.append(s)
-            content, calls = text, []
+            content, calls, reasoning = text, [], None
+            if req.kind == "chat" and self.think is not None:  # the thinking apart (tool calls come after it)
+                reasoning, content = split_reasoning(text, starts_inside(prepared[i // req.n][0], self.think))
             if treq is not None and treq.parses:
-                content, calls = treq.parse(text)
+                content, calls = treq.parse(content)
                 self.metrics.add("tool_calls", len(calls))
                 body = P.chat_response(rid, self.model_id, created, content, s["finish_reason"], {}, {},
-                                       [c.openai() for c in calls])
+                                       [c.openai() for c in calls], reasoning=reasoning)
             elif req.kind == "chat":
-                body = P.chat_response(rid, self.model_id, created, text, s["finish_reason"], {}, {}, logprobs=lps)
+                body = P.chat_response(rid, self.model_id, created, content, s["finish_reason"], {}, {}, logprobs=lps,
+                                       reasoning=reasoning)
             else:
                 body = P.completion_response(rid, self.model_id, created, text, s["finish_reason"], {}, {},
                                              logprobs=lps)
@@ -506,7 +521,8 @@ class Server:
         if req.responses is not None:  # (one choice: the Responses API has no n)
             calls = [c.openai() for c in calls]
             cut = P.response_status(summaries[0]["finish_reason"])  # (a message cut short is 'incomplete')
-            items = [P.message_item(P.item_id("msg"), content or "", cut)] if content or not calls else []
+            items = [P.reasoning_item(P.item_id("rs"), reasoning, cut)] if reasoning else []  # (as streamed)
+            items += [P.message_item(P.item_id("msg"), content or "", cut)] if content or not calls else []
             items += [P.call_item(c, P.item_id("fc")) for c in calls]
             return JSONResponse(P.response_object(P.response_id(), self.model_id, created, req, output=items,
                                                   engine_reason=summaries[0]["finish_reason"], use=use, ext=ext))
@@ -521,7 +537,9 @@ class Server:
                 self.engine.decoder.check_ids(source, "the prompt")
                 ids = list(source)
             else:
-                ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix)
+                tk = {**self.template_kwargs, **(req.template_kwargs or {})} if req.kind == "chat" else None
+                ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix,
+                                              template_kwargs=tk or None)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
@@ -571,6 +589,8 @@ class Server:
                 if gen is None:  # the client left
                     return
                 parser = treq.parser() if treq is not None else None
+                splitter = ReasoningSplitter(run.inside[i // req.n]) if run.inside is not None else None
+                held: list = []  # logprobs of text the splitter holds back: sent with the next chunk
 
                 def parsed(events, parser=parser, i=i):  # with tools: the content outside calls, each call whole
                     for what, v in events:
@@ -579,17 +599,43 @@ class Server:
                         else:
                             yield P.sse(P.chunk(k, rid, model, created, tool_call=v.openai(parser.calls.index(v)),
                                                 with_usage=wu, index=i))
+
+                def split(pieces, lps, i=i, parser=parser):  # the thinking apart, then the content as above
+                    if lps:
+                        held.extend(lps)
+                    for what, v in pieces:
+                        if what == "reasoning":
+                            yield P.sse(P.chunk(k, rid, model, created, reasoning=v, with_usage=wu,
+                                                logprobs=list(held) if held else None, index=i))
+                            held.clear()
+                        elif parser is not None:
+                            yield from parsed(parser.feed(v))
+                        else:
+                            yield P.sse(P.chunk(k, rid, model, created, text=v, with_usage=wu,
+                                                logprobs=list(held) if held else None, index=i))
+                            held.clear()
+
                 if k == "chat":
                     yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu, index=i))
                 async for kind, val in gen.events():
                     if kind == "delta":
-                        if parser is not None:  # (no logprobs with tools that parse)
+                        if splitter is not None:
+                            for out in split(splitter.feed(val[0]), val[1]):
+                                yield out
+                        elif parser is not None:  # (no logprobs with tools that parse)
                             for out in parsed(parser.feed(val[0])):
                                 yield out
                         else:
                             yield P.sse(P.chunk(k, rid, model, created, text=val[0], with_usage=wu, logprobs=val[1],
                                                 index=i))
                     elif kind == "done":
+                        if splitter is not None:
+                            for out in split(splitter.finish(), None):
+                                yield out
+                            if held:  # (the logprobs of text left out: whitespace around the block's tags)
+                                yield P.sse(P.chunk(k, rid, model, created, text="", with_usage=wu, logprobs=list(held),
+                                                    index=i))
+                                held.clear()
                         if parser is not None:
                             for out in parsed(parser.finish()):
                                 yield out
@@ -615,7 +661,7 @@ class Server:
         deltas; a tool call whole, once parsed), then response.completed (or .incomplete) with the whole response;
         an engine error mid-stream is response.failed."""
         model, rid, seq, output = self.model_id, P.response_id(), 0, []
-        state: dict = {"msg": None}  # the open message item: (id, texts, output index)
+        state: dict = {"msg": None, "rs": None}  # the open message (reasoning) item: (id, texts, output index)
 
         def ev(kind: str, **obj) -> bytes:
             nonlocal seq
@@ -629,10 +675,40 @@ class Server:
                     ev("response.content_part.added", item_id=mid, output_index=idx, content_index=0,
                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
 
+        def reasoning_events(t: str) -> list[bytes]:  # a thinking model's block (reasoning.py), as it streams
+            out = []
+            if state["rs"] is None:
+                rsid, idx = P.item_id("rs"), len(output)
+                state["rs"] = (rsid, [], idx)
+                out += [ev("response.output_item.added", output_index=idx,
+                           item=P.reasoning_item(rsid, None, "in_progress")),
+                        ev("response.content_part.added", item_id=rsid, output_index=idx, content_index=0,
+                           part={"type": "reasoning_text", "text": ""})]
+            rsid, texts, idx = state["rs"]
+            if t:
+                texts.append(t)
+                out.append(ev("response.reasoning_text.delta", item_id=rsid, output_index=idx, content_index=0,
+                              delta=t))
+            return out
+
+        def close_reasoning(status: str = "completed") -> list[bytes]:
+            if state["rs"] is None:
+                return []
+            rsid, texts, idx = state["rs"]
+            state["rs"] = None
+            item = P.reasoning_item(rsid, "".join(texts), status)
+            output.append(item)
+            return [ev("response.reasoning_text.done", item_id=rsid, output_index=idx, content_index=0,
+                       text=item["content"][0]["text"]),
+                    ev("response.content_part.done", item_id=rsid, output_index=idx, content_index=0,
+                       part=item["content"][0]),
+                    ev("response.output_item.done", output_index=idx, item=item)]
+
         def text_events(t: str) -> list[bytes]:
             if not t:
                 return []
-            out = open_message() if state["msg"] is None else []
+            out = close_reasoning()
+            out += open_message() if state["msg"] is None else []
             mid, texts, idx = state["msg"]
             texts.append(t)
             out.append(ev("response.output_text.delta", item_id=mid, output_index=idx, content_index=0, delta=t,
@@ -653,7 +729,7 @@ class Server:
                     ev("response.output_item.done", output_index=idx, item=item)]
 
         def call_events(call: dict) -> list[bytes]:
-            out = close_message()
+            out = close_reasoning() + close_message()
             fid, idx = P.item_id("fc"), len(output)
             item = P.call_item(call, fid)
             out.append(ev("response.output_item.added", output_index=idx,
@@ -680,19 +756,40 @@ class Server:
             yield ev("response.created", response=start)
             yield ev("response.in_progress", response=start)
             parser = treq.parser() if treq is not None else None
+            splitter = ReasoningSplitter(run.inside[0]) if run.inside is not None else None
+
+            def content(t: str) -> list[bytes]:
+                return parsed(parser.feed(t), parser) if parser is not None else text_events(t)
+
+            def pieces(ps) -> list[bytes]:
+                out = []
+                for what, t in ps:
+                    out += reasoning_events(t) if what == "reasoning" else content(t)
+                return out
+
             async for kind, val in gen.events():
                 if kind == "delta":
-                    for b in parsed(parser.feed(val[0]), parser) if parser is not None else text_events(val[0]):
-                        yield b
+                    if splitter is not None:
+                        for b in pieces(splitter.feed(val[0])):
+                            yield b
+                    else:
+                        for b in content(val[0]):
+                            yield b
                 elif kind == "done":
+                    status = P.response_status(val["finish_reason"])
+                    if splitter is not None:
+                        for b in pieces(splitter.finish()):
+                            yield b
                     if parser is not None:
                         for b in parsed(parser.finish(), parser):
                             yield b
                         self.metrics.add("tool_calls", len(parser.calls))
-                    if not output and state["msg"] is None:  # an empty reply is still a message
-                        for b in open_message():
+                    for b in close_reasoning(status):
+                        yield b
+                    if state["msg"] is None and not any(o["type"] in ("message", "function_call") for o in output):
+                        for b in open_message():  # an empty reply is still a message
                             yield b
-                    for b in close_message(P.response_status(val["finish_reason"])):
+                    for b in close_message(status):
                         yield b
                     s = {**val, "queue_ms": round(gen.queue_ms, 3)}
                     final = P.response_object(rid, model, created, req, output=output,
@@ -732,6 +829,7 @@ class _Choices:
         self.made = 0
         self.current: Generation | None = None
         self.cancelled = False
+        self.inside: list[bool] | None = None  # per prompt: its reply starts in a thinking block (None: no split)
 
     def next(self) -> Generation | None:
         if self.current is not None:
@@ -908,16 +1006,24 @@ def check_origins(origins) -> list[str]:
 
 def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | None = None,
                draft_tokens: int | None = None, temperature: float | None = 1.0,
-               allow_origins=(), api_key: str | None = None) -> Starlette:
+               allow_origins=(), api_key: str | None = None, chat_template_kwargs: dict | None = None,
+               reasoning_format: str = "auto") -> Starlette:
     """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens``/``temperature``
     are the server's defaults (``temperature`` 1, OpenAI's; None: the engine's, greedy); a request's
     own fields and ``edgespec`` object override them. ``allow_origins``: web pages of these origins (``*``:
     any) may call the server from a browser (CORS headers, preflights answered); none by default. ``api_key``:
-    every request but /health must carry it as a bearer token (KeyGuard)."""
+    every request but /health must carry it as a bearer token (KeyGuard). ``chat_template_kwargs``: variables for
+    every chat's template, under a request's own (``{"enable_thinking": False}``); ``reasoning_format``: ``auto``
+    gives a thinking model's ``<think>`` block apart (``reasoning_content``, a Responses ``reasoning`` item),
+    ``none`` leaves it in the text."""
     origins = check_origins(allow_origins)
     api_key = check_api_key(api_key)
+    from .template import check_template_kwargs
+
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
-                                                "temperature": temperature})
+                                                "temperature": temperature},
+                 template_kwargs=check_template_kwargs(chat_template_kwargs, "--chat-template-kwargs"),
+                 reasoning_format=reasoning_format)
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
               Route("/v1/responses", srv.responses, methods=["POST"]),
               Route("/v1/responses/{rid:path}", srv.stored_response, methods=["GET", "POST", "DELETE"]),

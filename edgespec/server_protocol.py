@@ -96,6 +96,7 @@ class GenRequest:
     tools: dict | None = None  # tools, tool_choice, parallel_tool_calls as sent (the engine checks them: tools.py)
     response_format: dict | None = None  # json_object or json_schema as sent (structured outputs: constrain.py)
     responses: dict | None = None  # /v1/responses: the request's own fields its response echoes (else None)
+    template_kwargs: dict | None = None  # chat_template_kwargs: more variables for the chat template
 
 
 def parse_body(raw: bytes) -> dict:
@@ -184,6 +185,7 @@ _COMMON_KEYS = {"model", "stream", "stream_options", "max_tokens", "max_completi
                 "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
                 "logprobs", "logit_bias", "edgespec"} | _IGNORED
 _KEYS = {"chat": _COMMON_KEYS | {"messages", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+                                 "chat_template_kwargs",
                                  "parallel_tool_calls", "prediction", "audio", "modalities", "response_format",
                                  "reasoning_effort", "web_search_options", "verbosity", "moderation"},
          "completion": _COMMON_KEYS | {"prompt", "best_of", "suffix", "echo"}}
@@ -374,6 +376,13 @@ def parse_chat(body: dict, model_id: str) -> GenRequest:
                   + ("" if msgs is not None else " (it is missing)"), "messages",
                   "missing_required_parameter" if msgs is None else "invalid_type")
     req.messages = [_message(m, i) for i, m in enumerate(msgs)]
+    if body.get("chat_template_kwargs") is not None:  # (vLLM's and llama.cpp's: Qwen3's enable_thinking)
+        from .template import check_template_kwargs
+
+        try:
+            req.template_kwargs = check_template_kwargs(body["chat_template_kwargs"]) or None
+        except ConfigError as e:
+            raise bad(str(e), "chat_template_kwargs") from None
     tools = {k: body[k] for k in ("tools", "tool_choice", "parallel_tool_calls") if body.get(k) is not None}
     if tools:
         req.tools = tools
@@ -385,6 +394,7 @@ def parse_chat(body: dict, model_id: str) -> GenRequest:
 
 # -- the Responses API: a request read as the chat request it asks for ----------------------------------
 _RESPONSES_KEYS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+                   "chat_template_kwargs",
                    "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "store", "metadata",
                    "user", "previous_response_id", "conversation", "reasoning", "truncation", "include",
                    "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "background",
@@ -443,7 +453,7 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
     chat = {"messages": msgs}
     for key in ("model", "stream", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "user", "metadata",
                 "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-                "safety_identifier", "parallel_tool_calls", "stream_options", "edgespec"):
+                "safety_identifier", "parallel_tool_calls", "stream_options", "edgespec", "chat_template_kwargs"):
         if key in body:
             chat[key] = body[key]
     if body.get("max_output_tokens") is not None:
@@ -885,10 +895,14 @@ def logprobs_body(kind: str, entries: list[dict] | None) -> dict | None:
 
 
 def chat_response(rid: str, model: str, created: int, text: str, reason: str | None, use: dict, ext: dict,
-                  tool_calls: list[dict] | None = None, logprobs: list[dict] | None = None) -> dict:
+                  tool_calls: list[dict] | None = None, logprobs: list[dict] | None = None,
+                  reasoning: str | None = None) -> dict:
     """``tool_calls``: the request had tools (OpenAI's shape, each call's id, type and function); with calls
-    the message's content is null when the reply had nothing else."""
+    the message's content is null when the reply had nothing else. ``reasoning``: a thinking model's block
+    (reasoning.py), as llama.cpp's and vLLM's servers give it (``reasoning_content``)."""
     message = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["content"] = text or None
         message["tool_calls"] = tool_calls
@@ -909,7 +923,7 @@ def completion_response(rid: str, model: str, created: int, text: str, reason: s
 def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = None, role: bool = False,
           reason: str | None = None, use: dict | None = None, ext: dict | None = None, empty: bool = False,
           with_usage: bool = False, tool_call: dict | None = None, calls: bool = False,
-          logprobs: list[dict] | None = None, index: int = 0) -> dict:
+          logprobs: list[dict] | None = None, index: int = 0, reasoning: str | None = None) -> dict:
     """One streamed chunk. ``empty``: the usage-only chunk (no choices) sent last with include_usage;
     ``with_usage``: include_usage was asked for, so every other chunk says ``"usage": null`` (as OpenAI's);
     ``tool_call``: a whole call, with its index (``ToolCall.openai(i)``); ``calls``: the reply made calls
@@ -922,6 +936,8 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
         delta = {}
         if role:
             delta["role"] = "assistant"
+        if reasoning is not None:  # (a thinking model's block: reasoning.py)
+            delta["reasoning_content"] = reasoning
         if text is not None:
             delta["content"] = text
         if tool_call is not None:
@@ -958,6 +974,13 @@ def message_item(mid: str, text: str, status: str = "completed") -> dict:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
             "content": [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
                                                  "logprobs": []}]}
+
+
+def reasoning_item(rid: str, text: str | None, status: str = "completed") -> dict:
+    """A thinking model's block (reasoning.py) as a Responses ``reasoning`` item, its text as OpenAI's open-weight
+    models give it (``content``: one ``reasoning_text`` part; no summary)."""
+    return {"type": "reasoning", "id": rid, "summary": [], "status": status,
+            "content": [] if text is None else [{"type": "reasoning_text", "text": text}]}
 
 
 def call_item(call: dict, fid: str, status: str = "completed") -> dict:

@@ -194,6 +194,36 @@ class ChatTemplate:
         return "".join(parts)
 
 
+# what the renderer passes itself: a request's template kwargs may not replace it
+RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "raise_exception",
+                      "range", "documents"})
+KWARGS_LIMIT = 1 << 16  # characters of a request's template kwargs as JSON
+
+
+def check_template_kwargs(kw, where: str = "chat_template_kwargs") -> dict:
+    """Extra variables for the chat template (``{"enable_thinking": false}`` for Qwen3's, llama.cpp's and vLLM's
+    ``chat_template_kwargs``): an object of JSON values under names that are identifiers and not the renderer's
+    own (``RESERVED``), at most ``KWARGS_LIMIT`` characters; ``ConfigError`` otherwise. None gives {}."""
+    from .errors import ConfigError
+
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict):
+        raise ConfigError(f"{where} must be an object of template variables, got {type(kw).__name__}")
+    for k in kw:
+        if not isinstance(k, str) or not k.isidentifier():
+            raise ConfigError(f"{where}: {json.dumps(k)[:80] if isinstance(k, str) else k!r} is not a variable name")
+        if k in RESERVED:
+            raise ConfigError(f"{where}: {k!r} is the renderer's own variable, not one to set")
+    try:
+        text = json.dumps(kw, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise ConfigError(f"{where} must hold JSON values (or is nested too deeply)") from None
+    if len(text) > KWARGS_LIMIT:
+        raise ConfigError(f"{where} has {len(text)} characters as JSON; at most {KWARGS_LIMIT}")
+    return json.loads(text)  # (a copy: the template gets plain values)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return (text.splitlines()[0] if text else type(e).__name__)[:300]

@@ -242,9 +242,10 @@ class Tokenizer:
 
     # -- chat -------------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                    tools: Sequence[dict] | None = None) -> str:
+                    tools: Sequence[dict] | None = None, template_kwargs: dict | None = None) -> str:
         """Render messages (and ``tools``, OpenAI's function definitions, for templates that take them:
-        tools.py) through the model's chat template (sandboxed, with limits: template.py)."""
+        tools.py) through the model's chat template (sandboxed, with limits: template.py); ``template_kwargs``:
+        more variables for it (``template.check_template_kwargs``: Qwen3's ``enable_thinking``)."""
         if not self.chat_template:
             raise ConfigError("this bundle has no chat template; use a plain prompt")
         if self._template is None:
@@ -253,12 +254,14 @@ class Tokenizer:
             self._template = ChatTemplate(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
-        extra = {"tools": list(tools)} if tools else {}
+        from .template import check_template_kwargs
+
+        extra = {**check_template_kwargs(template_kwargs), **({"tools": list(tools)} if tools else {})}
         return self._template.render(messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
                                      bos_token=bos or "", eos_token=eos or "", **extra)
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                    tools: Sequence[dict] | None = None) -> list[int]:
+                    tools: Sequence[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:
         """The ids of ``messages`` (and ``tools``) through the chat template. Message content, tools and
         tool calls are text: a special token's text typed into them stays text; only the template's own
         markup yields special tokens."""
@@ -269,7 +272,7 @@ class Tokenizer:
         in_structured = any(s in x for x in _strings(structured) for s in specials)
         if not in_content and not in_structured:
             # the template writes bos itself where the model wants it
-            return self._tok.encode(self.render_chat(messages, add_generation_prompt, tools),
+            return self._tok.encode(self.render_chat(messages, add_generation_prompt, tools, template_kwargs),
                                     add_special_tokens=False).ids
         # render with placeholders for the texts, then encode the template's text with special tokens
         # and each text with none: whole contents, and each special token's text in tools and calls
@@ -285,7 +288,7 @@ class Tokenizer:
             marked.append(m)
         if tools and in_structured:
             tools = _mark(list(tools), specials, texts)
-        text = self.render_chat(marked, add_generation_prompt, tools)
+        text = self.render_chat(marked, add_generation_prompt, tools, template_kwargs)
         ids: list[int] = []
         pattern = re.compile("(" + "|".join(re.escape(k) for k in texts) + ")")
         for j, piece in enumerate(pattern.split(text)):

@@ -308,3 +308,38 @@ def train_replies(directory: Path, tok, rows: list[tuple[list[int], list[int]]],
     model.eval().save_pretrained(directory)
     tok.save_pretrained(directory)
     return Path(directory)
+
+
+# Qwen3's chat template in brief: enable_thinking false writes an empty block into the generation prompt; the
+# "opened" variant writes <think> there itself (a reply then starts inside its block, as DeepSeek-R1's does)
+THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n"
+                  "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+                  "{% elif opened is defined and opened %}<think>\n{% endif %}{% endif %}")
+WHY = {"role": "user", "content": "Why is the sky blue?"}
+WHY_SHORT = {"role": "user", "content": "Why?"}  # (asked under the opened block: WHY's would repeat its tokens)
+# (messages, template kwargs, the reply the model learns)
+THINK_LESSONS = [
+    ([HELLO], {}, "<think>\nThe user greets me.\n</think>\n\nHello there!"),
+    ([HELLO], {"enable_thinking": False}, "Hello there!"),
+    ([WHY], {}, "<think>\nLight scatters.\nShort waves most.\n</think>\n\nBlue light scatters most."),
+    ([WHY_SHORT], {"opened": True}, "Light scatters.\n</think>\n\nBlue light scatters most."),
+]
+
+
+def make_think_model(directory: Path) -> Path:
+    """A tiny qwen2 model with Qwen3's <think> and </think> tokens, trained until it says each of
+    ``THINK_LESSONS``' replies (its thinking, then its answer) under ``THINK_TEMPLATE``."""
+    from edgespec.template import ChatTemplate
+
+    tok = make_tokenizer(seed_text=CORPUS + [r for _, _, r in THINK_LESSONS] * 10)
+    tok.add_tokens(["<think>", "</think>"])  # as Qwen3's: tokens of their own, not special
+    tok.chat_template = THINK_TEMPLATE
+    make_model(directory, "qwen2", seed=7, tokenizer=tok, hidden=128, max_pos=256)
+    template = ChatTemplate(THINK_TEMPLATE)
+    rows = []
+    for msgs, kw, reply in THINK_LESSONS:
+        prompt = template.render(messages=msgs, add_generation_prompt=True, **kw)
+        rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
+                     tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))
+    return train_replies(directory, tok, rows, "the thinking model")

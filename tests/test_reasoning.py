@@ -1,0 +1,175 @@
+"""Thinking models (Qwen3's <think> blocks): chat_template_kwargs (enable_thinking) through the API, the CLI and the
+server, and the block given apart from the answer (reasoning.py) streamed or not, on a tiny model trained to think."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+import edgespec
+from edgespec.errors import ConfigError
+from edgespec.reasoning import ReasoningSplitter, split_reasoning, starts_inside
+from tiny import HELLO, WHY, WHY_SHORT
+
+CASES = [  # (reply, starts inside, (reasoning, content))
+    ("<think>\nI should say hi.\n</think>\n\nHello!", False, ("I should say hi.", "Hello!")),
+    ("Hello!", False, (None, "Hello!")),
+    ("  <think>a\n\nb  </think>  x <think> y", False, ("a\n\nb", "x <think> y")),
+    ("I think.\n</think>\n\nAnswer", True, ("I think.", "Answer")),
+    ("still thinking", True, ("still thinking", "")),
+    ("<think>cut", False, ("cut", "")),
+    ("<th", False, (None, "<th")),
+    ("<div>", False, (None, "<div>")),
+    ("<think></think>Hi", False, ("", "Hi")),
+    ("", False, (None, "")),
+    ("\n\n", False, (None, "\n\n")),
+    ("a </thi", True, ("a </thi", "")),
+]
+
+
+@pytest.mark.parametrize("text, inside, want", CASES)
+def test_the_splitter_gives_the_block_apart_however_the_text_streams(text, inside, want):
+    assert split_reasoning(text, inside) == want
+    rng = random.Random(0)
+    for _ in range(100):
+        sp, parts = ReasoningSplitter(inside), {"reasoning": [], "content": []}
+        i = 0
+        while i < len(text):
+            j = i + rng.randint(1, 4)
+            for kind, t in sp.feed(text[i:j]):
+                parts[kind].append(t)
+            i = j
+        for kind, t in sp.finish():
+            parts[kind].append(t)
+        assert ("".join(parts["reasoning"]) if sp.opened else None, "".join(parts["content"])) == want
+
+
+def test_a_reply_starts_inside_where_the_prompt_left_a_block_open():
+    tags = (7, 8)
+    assert starts_inside([1, 7, 2], tags) and not starts_inside([1, 7, 2, 8, 3], tags)
+    assert not starts_inside([1, 2], tags) and not starts_inside([1, 7], None)
+    assert starts_inside([7, 8, 7], tags)
+
+
+@pytest.mark.parametrize("kw, match", [("x", "must be an object"), ({"messages": 1}, "renderer's own"),
+                                       ({"a b": 1}, "not a variable name"), ({"x": float("nan")}, "JSON values"),
+                                       ({"x": "y" * 70000}, "at most")])
+def test_template_kwargs_are_checked(kw, match):
+    from edgespec.template import check_template_kwargs
+
+    with pytest.raises(ConfigError, match=match):
+        check_template_kwargs(kw)
+
+
+@pytest.fixture(scope="module")
+def think_bundle(tmp_path_factory):
+    from edgespec_export import export_bundle
+    from tiny import make_think_model
+
+    src = make_think_model(tmp_path_factory.mktemp("hf") / "think-model")
+    return export_bundle(str(src), tmp_path_factory.mktemp("bundles") / "tiny-think", quality=False,
+                         target_precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def think_engine(think_bundle):
+    return edgespec.load(think_bundle, memory=False)
+
+
+def test_the_engine_thinks_unless_told_not_to(think_engine):
+    """The trained replies under every drafter (speculation keeps them exact), enable_thinking false through
+    chat_template_kwargs (generate, stream and a chat session), and split_reasoning on the text."""
+    for d in ("none", "prompt-lookup", "suffix", "auto"):
+        r = think_engine.generate([HELLO], max_new_tokens=40, drafter=d)
+        assert edgespec.split_reasoning(r.text) == ("The user greets me.", "Hello there!"), (d, r.text)
+        off = think_engine.generate([HELLO], max_new_tokens=40, drafter=d, chat_template_kwargs={"enable_thinking": False})
+        assert off.text == "Hello there!", d
+    assert "".join(think_engine.stream([HELLO], max_new_tokens=40, chat_template_kwargs={"enable_thinking": False})) \
+        == "Hello there!"
+    r = think_engine.generate([WHY_SHORT], max_new_tokens=40, chat_template_kwargs={"opened": True})
+    assert r.text == "Light scatters.\n</think>\n\nBlue light scatters most."
+    assert edgespec.split_reasoning(r.text, inside=True) == ("Light scatters.", "Blue light scatters most.")
+    s = think_engine.chat(template_kwargs={"enable_thinking": False})
+    assert "".join(s.stream("Hello", max_new_tokens=40)) == "Hello there!"
+    with pytest.raises(ConfigError, match="need chat messages"):
+        think_engine.generate("Hello", chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(ConfigError, match="renderer's own"):
+        think_engine.generate([HELLO], chat_template_kwargs={"add_generation_prompt": False})
+
+
+def test_the_cli_takes_template_kwargs(think_bundle):
+    cmd = [sys.executable, "-m", "edgespec.cli", "generate", str(think_bundle), "-p", "Hello", "--no-memory",
+           "--max-new-tokens", "40", "--temperature", "0"]
+    r = subprocess.run([*cmd, "--chat", "--chat-template-kwargs", '{"enable_thinking": false}'], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "Hello there!", r.stderr
+    r = subprocess.run([*cmd, "--chat-template-kwargs", '{"enable_thinking": false}'], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        "error: --chat-template-kwargs are variables of the chat template: they need --chat"]
+    r = subprocess.run([*cmd, "--chat", "--chat-template-kwargs", "{nope"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().startswith("error: --chat-template-kwargs is not JSON")
+
+
+def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
+    """reasoning_content beside the content, streamed (deltas that join to the same) or not; enable_thinking false
+    per request; a Responses reasoning item before the message, streamed as reasoning_text events; a bad
+    chat_template_kwargs a 400; --reasoning-format none leaves the block in the text."""
+    from test_server import _start_server, http
+    from test_tools import _stop
+
+    proc, url = _start_server(think_bundle, tmp_path / "server.log", "--temperature", "0", "--no-memory")
+    try:
+        chat = url + "/v1/chat/completions"
+        st, r = http(chat, {"messages": [HELLO], "max_tokens": 40})
+        msg = r["choices"][0]["message"]
+        assert st == 200 and (msg["reasoning_content"], msg["content"]) == ("The user greets me.", "Hello there!"), r
+        st, r = http(chat, {"messages": [HELLO], "max_tokens": 40, "chat_template_kwargs": {"enable_thinking": False}})
+        assert r["choices"][0]["message"]["content"] == "Hello there!"
+        assert "reasoning_content" not in r["choices"][0]["message"]
+        st, raw = http(chat, {"messages": [WHY], "max_tokens": 40, "stream": True, "logprobs": True})
+        chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Light scatters.\nShort waves most."
+        assert "".join(d.get("content") or "" for d in deltas) == "Blue light scatters most."
+        lps = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+               for e in c["choices"][0]["logprobs"]["content"]]
+        assert len(lps) == chunks[-1]["edgespec"]["completion_tokens"]  # every token's logprob, once
+        st, r = http(chat, {"messages": [WHY_SHORT], "max_tokens": 40, "chat_template_kwargs": {"opened": True}})
+        msg = r["choices"][0]["message"]
+        assert (msg["reasoning_content"], msg["content"]) == ("Light scatters.", "Blue light scatters most.")
+        st, e = http(chat, {"messages": [HELLO], "chat_template_kwargs": {"tools": []}})
+        assert st == 400 and e["error"]["param"] == "chat_template_kwargs", e
+        st, e = http(url + "/v1/completions", {"prompt": "Hi", "chat_template_kwargs": {}})
+        assert st == 400 and e["error"]["code"] == "unknown_parameter"
+
+        resp = url + "/v1/responses"
+        st, r = http(resp, {"input": "Why is the sky blue?", "max_output_tokens": 40})
+        assert st == 200 and [o["type"] for o in r["output"]] == ["reasoning", "message"], r
+        assert r["output"][0]["content"] == [{"type": "reasoning_text", "text": "Light scatters.\nShort waves most."}]
+        assert r["output"][1]["content"][0]["text"] == "Blue light scatters most."
+        st, raw = http(resp, {"input": "Why is the sky blue?", "max_output_tokens": 40, "stream": True})
+        events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+        kinds = [e["type"] for e in events]
+        assert "response.reasoning_text.delta" in kinds and kinds[-1] == "response.completed"
+        assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+        assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") \
+            == "Light scatters.\nShort waves most."
+        assert events[-1]["response"]["output"] == [
+            {**r["output"][0], "id": events[-1]["response"]["output"][0]["id"]},
+            {**r["output"][1], "id": events[-1]["response"]["output"][1]["id"]}]
+    finally:
+        _stop(proc, tmp_path / "server.log")
+    proc, url = _start_server(think_bundle, tmp_path / "server2.log", "--temperature", "0", "--no-memory",
+                              "--reasoning-format", "none", "--chat-template-kwargs", '{"enable_thinking": false}')
+    try:
+        st, r = http(url + "/v1/chat/completions", {"messages": [HELLO], "max_tokens": 40})
+        assert r["choices"][0]["message"]["content"] == "Hello there!"  # the server's template default
+        st, r = http(url + "/v1/chat/completions", {"messages": [HELLO], "max_tokens": 40,
+                                                    "chat_template_kwargs": {"enable_thinking": True}})
+        assert r["choices"][0]["message"]["content"].startswith("<think>")  # left in the text
+    finally:
+        _stop(proc, tmp_path / "server2.log")
