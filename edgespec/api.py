@@ -700,7 +700,14 @@ class Engine:
             raise ConfigError("logprobs cannot be combined with tools the reply may call (its calls are taken out "
                               "of the text); send tool_choice 'none' or no logprobs")
         result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops, **kw))
-        result.text, calls = treq.parse(result.text)
+        cut = 0  # a thinking model's block stays as it is: the calls are read from the answer after it
+        tags = self.think_tags()
+        if tags is not None and not treq.forced:
+            from .reasoning import answer_start, starts_inside
+
+            cut = answer_start(result.text, starts_inside(ids, tags))
+        answer, calls = treq.parse(result.text[cut:])
+        result.text = result.text[:cut] + answer
         result.tool_calls = [c.openai() for c in calls]
         return result
 
@@ -741,6 +748,12 @@ class Engine:
         ids = self.returned_ids(ids, "".join(parts), stats)
         d = stats.to_dict() if stats else {}
         return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps)
+
+    def think_tags(self) -> tuple[int, int] | None:
+        """The ids of ``<think>`` and ``</think>`` where this is a thinking model (reasoning.think_tags), else None."""
+        from .reasoning import think_tags
+
+        return think_tags(self.tokenizer)
 
     def chat(self, system: str | None = None, template_kwargs: dict | None = None) -> "ChatSession":
         if isinstance(self.decoder, _Closed):  # (a session of a closed engine could never answer)
@@ -877,8 +890,16 @@ class ChatSession:
             if failed:  # a turn that failed leaves no trace, not even the exchanges dropped to fit it
                 self.messages[:], self.dropped = before, dropped_before
             else:
-                # a finished or interrupted reply is kept as far as it got, so the history stays coherent
-                self.messages.append({"role": "assistant", "content": "".join(reply)})
+                # a finished or interrupted reply is kept as far as it got, so the history stays coherent; a thinking
+                # model's answer only (its template leaves earlier turns' thinking out of the history, and the
+                # block's tags would be text there)
+                text = "".join(reply)
+                tags = self.engine.think_tags()
+                if tags is not None:
+                    from .reasoning import split_reasoning, starts_inside
+
+                    text = split_reasoning(text, starts_inside(ids, tags))[1]
+                self.messages.append({"role": "assistant", "content": text})
 
     def stream(self, text: str, stop: Sequence[str] = (), **kw) -> Iterator[str]:
         """Send ``text`` and yield the reply's text deltas. Closing the generator early keeps the

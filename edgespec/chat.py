@@ -101,7 +101,7 @@ class ChatRepl:
         from .errors import ContextOverflowError
 
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "hi"}]
-        n = len(self.engine.encode(msgs))
+        n = len(self.engine.encode(msgs, template_kwargs=self.session.template_kwargs))
         if n >= self.engine.max_context:
             raise ContextOverflowError(f"the system prompt and a one-word question take {n} tokens; the context "
                                        f"holds {self.engine.max_context} (prompt plus at least one new token)")
@@ -343,7 +343,8 @@ class ChatRepl:
             return
         try:
             if messages:
-                self.engine.encode(messages)  # the chat template takes it (its roles in an order it allows)
+                # the chat template takes it (its roles in an order it allows)
+                self.engine.encode(messages, template_kwargs=self.session.template_kwargs)
         except EdgespecError as e:
             self._error(f"{shown}: {str(e).splitlines()[0]}")
             return

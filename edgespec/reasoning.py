@@ -17,14 +17,28 @@ OPEN, CLOSE = "<think>", "</think>"
 
 
 def think_tags(tokenizer) -> tuple[int, int] | None:
-    """The ids of ``<think>`` and ``</think>`` where the tokenizer has each as one token, else None."""
+    """The ids of ``<think>`` and ``</think>`` where the tokenizer has each as one token that decoding keeps (a
+    special token's text is left out of the reply, and a split without its tags would be wrong), else None."""
     ids = []
+    special = getattr(tokenizer, "special_ids", None)
+    special = special() if callable(special) else (special or set())
     for tag in (OPEN, CLOSE):
         got = tokenizer.token_to_id(tag) if hasattr(tokenizer, "token_to_id") else None
-        if got is None:
+        if got is None or int(got) in special:
             return None
         ids.append(int(got))
     return ids[0], ids[1]
+
+
+def answer_start(text: str, inside: bool = False) -> int:
+    """Where a whole reply's answer begins: just past its block's ``</think>``; 0 where it has no block; the text's
+    end where the block is not closed (a reply cut while thinking)."""
+    if not inside:
+        s = text.lstrip()
+        if not s.startswith(OPEN):
+            return 0
+    at = text.find(CLOSE)
+    return len(text) if at < 0 else at + len(CLOSE)
 
 
 def starts_inside(prompt_ids: Sequence[int], tags: tuple[int, int] | None) -> bool:
@@ -125,6 +139,11 @@ class ReasoningSplitter:
             if b:
                 out.append(("content", b))
                 self.buf = ""
+
+    @property
+    def closed(self) -> bool:
+        """The reply's block opened and closed (its answer may follow)."""
+        return self.opened and self.state in ("after", "content")
 
     @property
     def text_reasoning(self) -> str | None:

@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from . import server_protocol as P
 from .errors import ConfigError, ContextOverflowError, EdgespecError
-from .reasoning import ReasoningSplitter, split_reasoning, starts_inside
+from .reasoning import ReasoningSplitter, starts_inside
 from .server_metrics import Metrics, RequestCounter
 
 log = logging.getLogger("edgespec.server")
@@ -306,6 +306,18 @@ class Server:
         self.sched = Scheduler(engine, queue_size, self.metrics)
         self.created = P.now()
 
+    def _splits(self, req: P.GenRequest) -> bool:
+        """Whether the request's replies give a thinking model's block apart (chat, the tags in the vocabulary)."""
+        return req.kind == "chat" and self.think is not None
+
+    def _inside(self, prompt_ids, req: P.GenRequest, treq) -> bool:
+        """Whether a reply to ``prompt_ids`` starts inside its block: the template opened it, and nothing holds the
+        reply from its first token (a forced tool call's start or grammar, a response_format's grammar: the model
+        cannot think there, and what it writes is the answer)."""
+        if req.response_format is not None or (treq is not None and treq.forced):
+            return False
+        return starts_inside(prompt_ids, self.think)
+
     def _gauges(self) -> dict:
         pc = self.engine.prompt_cache_stats()
         return {"queue_depth": self.sched.waiting, "queue_capacity": self.sched.queue_size,
@@ -482,8 +494,7 @@ class Server:
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
             # a thinking model's replies: whether each prompt's reply starts inside its block (None: no split)
-            run.inside = ([starts_inside(x[0], self.think) for x in prepared]
-                          if req.kind == "chat" and self.think is not None else None)
+            run.inside = [self._inside(x[0], req, treq) for x in prepared] if self._splits(req) else None
             run.next()  # choice 0 made now: counted in the queue from the request's admission
             if req.responses is not None:
                 return EventStream(self._sse_responses(run, req, created, ext, treq), run.cancel)
@@ -500,9 +511,12 @@ class Server:
             text, s, lps = out
             s = {**s, "queue_ms": round(gen.queue_ms, 3)}
             summaries.append(s)
-            content, calls, reasoning = text, [], None
-            if req.kind == "chat" and self.think is not None:  # the thinking apart (tool calls come after it)
-                reasoning, content = split_reasoning(text, starts_inside(prepared[i // req.n][0], self.think))
+            content, calls, reasoning, closed = text, [], None, False
+            if self._splits(req):  # the thinking apart (tool calls come after it)
+                sp = ReasoningSplitter(self._inside(prepared[i // req.n][0], req, treq))
+                sp.feed(text)
+                sp.finish()
+                reasoning, content, closed = sp.text_reasoning, "".join(sp.content), sp.closed
             if treq is not None and treq.parses:
                 content, calls = treq.parse(content)
                 self.metrics.add("tool_calls", len(calls))
@@ -521,7 +535,8 @@ class Server:
         if req.responses is not None:  # (one choice: the Responses API has no n)
             calls = [c.openai() for c in calls]
             cut = P.response_status(summaries[0]["finish_reason"])  # (a message cut short is 'incomplete')
-            items = [P.reasoning_item(P.item_id("rs"), reasoning, cut)] if reasoning else []  # (as streamed)
+            items = ([P.reasoning_item(P.item_id("rs"), reasoning, "completed" if closed else cut)]
+                     if reasoning else [])  # (as streamed)
             items += [P.message_item(P.item_id("msg"), content or "", cut)] if content or not calls else []
             items += [P.call_item(c, P.item_id("fc")) for c in calls]
             return JSONResponse(P.response_object(P.response_id(), self.model_id, created, req, output=items,
@@ -784,7 +799,7 @@ class Server:
                         for b in parsed(parser.finish(), parser):
                             yield b
                         self.metrics.add("tool_calls", len(parser.calls))
-                    for b in close_reasoning(status):
+                    for b in close_reasoning("completed" if splitter is not None and splitter.closed else status):
                         yield b
                     if state["msg"] is None and not any(o["type"] in ("message", "function_call") for o in output):
                         for b in open_message():  # an empty reply is still a message

@@ -683,6 +683,12 @@ def _message(m, i: int) -> dict:
                   f"{where}.content", "invalid_type")
     _text(content, f"{where}.content")
     out = {"role": ROLES.get(role, role), "content": content}
+    rc = m.get("reasoning_content")
+    if rc is not None and role == "assistant":  # a thinking model's block given back (Qwen3's template renders it)
+        if not isinstance(rc, str):
+            raise bad(f"{where}.reasoning_content must be a string, got {_kind(rc)}", f"{where}.reasoning_content",
+                      "invalid_type")
+        out["reasoning_content"] = _text(rc, f"{where}.reasoning_content")
     if role == "tool":
         tid = m.get("tool_call_id")
         if not isinstance(tid, str):
@@ -901,7 +907,7 @@ def chat_response(rid: str, model: str, created: int, text: str, reason: str | N
     the message's content is null when the reply had nothing else. ``reasoning``: a thinking model's block
     (reasoning.py), as llama.cpp's and vLLM's servers give it (``reasoning_content``)."""
     message = {"role": "assistant", "content": text, "refusal": None}
-    if reasoning is not None:
+    if reasoning:  # (an empty block: no field, as streamed and as llama.cpp's)
         message["reasoning_content"] = reasoning
     if tool_calls:
         message["content"] = text or None

@@ -216,6 +216,12 @@ class Tokenizer:
         """The texts of the special tokens (those decoding leaves out of the reply's text)."""
         return {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special and t.content}
 
+    def special_ids(self) -> set[int]:
+        """The ids of special added tokens (decoding leaves their text out of a reply)."""
+        if self._special_ids is None:
+            self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        return set(self._special_ids)
+
     @property
     def special_texts(self) -> tuple[str, ...]:
         """The texts that stay text in message content, tools and calls: every added token's (special
@@ -267,8 +273,12 @@ class Tokenizer:
         markup yields special tokens."""
         messages = check_messages(messages)
         specials = self.special_texts
+        if template_kwargs and any(s in x for x in _strings([template_kwargs]) for s in specials):
+            raise ConfigError("chat_template_kwargs hold a special token's text; the template's variables are text "
+                              "written into its markup, where it would be that token")
         structured = [m["tool_calls"] for m in messages if m.get("tool_calls")] + ([list(tools)] if tools else [])
-        in_content = any(s in m["content"] for m in messages for s in specials)
+        in_content = any(s in m["content"] or s in (m.get("reasoning_content") or "")
+                         for m in messages for s in specials)
         in_structured = any(s in x for x in _strings(structured) for s in specials)
         if not in_content and not in_structured:
             # the template writes bos itself where the model wants it
@@ -283,6 +293,9 @@ class Tokenizer:
             if in_content:
                 key = f"\ue000{i}\ue001"
                 texts[key], m["content"] = m["content"], key
+                if isinstance(m.get("reasoning_content"), str):  # (an assistant's thinking, given back)
+                    key = f"\ue000r{i}\ue001"
+                    texts[key], m["reasoning_content"] = m["reasoning_content"], key
             if m.get("tool_calls") and in_structured:
                 m["tool_calls"] = _mark(m["tool_calls"], specials, texts)
             marked.append(m)
@@ -359,6 +372,8 @@ def check_messages(messages) -> list[dict]:
         if not isinstance(role, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,31}", role):
             raise ConfigError(f"message {i}: role must be a name (letters, digits, _ or -), got {role!r}"[:200])
         _check_text(m.get("content"), f"message {i}'s content")
+        if m.get("reasoning_content") is not None:  # (an assistant's thinking, for templates that render it)
+            _check_text(m["reasoning_content"], f"message {i}'s reasoning_content")
         out.append(m)
     return out
 

@@ -145,6 +145,11 @@ def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
         assert st == 400 and e["error"]["param"] == "chat_template_kwargs", e
         st, e = http(url + "/v1/completions", {"prompt": "Hi", "chat_template_kwargs": {}})
         assert st == 400 and e["error"]["code"] == "unknown_parameter"
+        back = {"role": "assistant", "content": "Hello there!", "reasoning_content": "The user greets me."}
+        st, r = http(chat, {"messages": [HELLO, back, HELLO], "max_tokens": 4})  # a client's history, as returned
+        assert st == 200, r
+        st, e = http(chat, {"messages": [HELLO, {**back, "reasoning_content": 3}, HELLO], "max_tokens": 4})
+        assert st == 400 and e["error"]["param"] == "messages[1].reasoning_content", e
 
         resp = url + "/v1/responses"
         st, r = http(resp, {"input": "Why is the sky blue?", "max_output_tokens": 40})
@@ -173,3 +178,50 @@ def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
         assert r["choices"][0]["message"]["content"].startswith("<think>")  # left in the text
     finally:
         _stop(proc, tmp_path / "server2.log")
+
+
+def test_tags_a_decoder_leaves_out_are_no_tags_and_answers_start_after_the_block():
+    from edgespec.reasoning import answer_start, think_tags
+
+    class Tok:
+        def __init__(self, special):
+            self.special = special
+
+        def token_to_id(self, t):
+            return {"<think>": 5, "</think>": 6}.get(t)
+
+        def special_ids(self):
+            return self.special
+
+    assert think_tags(Tok(set())) == (5, 6) and think_tags(Tok({6})) is None
+    assert answer_start("<think>a</think>\\nB") == len("<think>a</think>")
+    assert answer_start("B <think>") == 0 and answer_start("a</think>B", inside=True) == len("a</think>")
+    assert answer_start("<think>cut") == len("<think>cut")
+
+
+def test_a_chat_session_keeps_the_answer_and_kwargs_hold_no_special_text(think_engine):
+    """A thinking model's turn goes into the history as its answer (its template leaves earlier thinking out, and
+    the tags would be text there); a template variable holding a special token's text is refused."""
+    s = think_engine.chat()
+    reply = "".join(s.stream("Hello", max_new_tokens=40))
+    assert reply.startswith("<think>") and s.messages[-1] == {"role": "assistant", "content": "Hello there!"}
+    with pytest.raises(ConfigError, match="special token's text"):
+        think_engine.generate([HELLO], chat_template_kwargs={"note": "a <think> b"})
+
+
+def test_a_reply_held_from_its_start_is_no_thinking(think_engine):
+    """Where a grammar or a forced tool call holds the reply from its first token, a block the template opened is
+    not the reply's: the server reads what comes as the answer."""
+    from types import SimpleNamespace
+
+    from edgespec import server_protocol as P
+    from edgespec.server import Server
+
+    srv = Server(think_engine, "m")
+    ids = think_engine.encode([WHY_SHORT], template_kwargs={"opened": True})
+    req = P.GenRequest(kind="chat", model="m")
+    assert srv._inside(ids, req, None)
+    req.response_format = {"type": "json_object"}
+    assert not srv._inside(ids, req, None)
+    assert not srv._inside(ids, P.GenRequest(kind="chat", model="m"), SimpleNamespace(forced=True))
+    assert not Server(think_engine, "m", reasoning_format="none")._splits(req)
