@@ -706,18 +706,21 @@ class Server:
                               delta=t))
             return out
 
-        def close_reasoning(status: str = "completed") -> list[bytes]:
-            if state["rs"] is None:
+        def close_item(key: str, make, done: str, status: str, **extra) -> list[bytes]:
+            """The open item ``state[key]`` done: its text's last event ``done``, its part's, the item's."""
+            if state[key] is None:
                 return []
-            rsid, texts, idx = state["rs"]
-            state["rs"] = None
-            item = P.reasoning_item(rsid, "".join(texts), status)
+            iid, texts, idx = state[key]
+            state[key] = None
+            item = make(iid, "".join(texts), status)
             output.append(item)
-            return [ev("response.reasoning_text.done", item_id=rsid, output_index=idx, content_index=0,
-                       text=item["content"][0]["text"]),
-                    ev("response.content_part.done", item_id=rsid, output_index=idx, content_index=0,
-                       part=item["content"][0]),
+            part = item["content"][0]
+            return [ev(done, item_id=iid, output_index=idx, content_index=0, text=part["text"], **extra),
+                    ev("response.content_part.done", item_id=iid, output_index=idx, content_index=0, part=part),
                     ev("response.output_item.done", output_index=idx, item=item)]
+
+        def close_reasoning(status: str = "completed") -> list[bytes]:
+            return close_item("rs", P.reasoning_item, "response.reasoning_text.done", status)
 
         def text_events(t: str) -> list[bytes]:
             if not t:
@@ -731,17 +734,7 @@ class Server:
             return out
 
         def close_message(status: str = "completed") -> list[bytes]:
-            if state["msg"] is None:
-                return []
-            mid, texts, idx = state["msg"]
-            state["msg"] = None
-            item = P.message_item(mid, "".join(texts), status)
-            output.append(item)
-            return [ev("response.output_text.done", item_id=mid, output_index=idx, content_index=0,
-                       text=item["content"][0]["text"], logprobs=[]),
-                    ev("response.content_part.done", item_id=mid, output_index=idx, content_index=0,
-                       part=item["content"][0]),
-                    ev("response.output_item.done", output_index=idx, item=item)]
+            return close_item("msg", P.message_item, "response.output_text.done", status, logprobs=[])
 
         def call_events(call: dict) -> list[bytes]:
             out = close_reasoning() + close_message()
