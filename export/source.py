@@ -230,12 +230,37 @@ def load_tokenizer(src: Source):
     return tok, data, tokenizer_fingerprint(data)
 
 
+def _gguf_config(path: Path, name: str, kw: dict) -> dict:
+    """``{"config": ...}`` where transformers' reading of a GGUF file's config misses what the file says: its
+    attention heads' size (``{arch}.attention.key_length``), which transformers leaves at the config class's
+    default (Qwen3's 128: a Qwen3 whose heads are not 128 wide then fails to load, "size mismatch"); {} where
+    nothing needs mending or the file's fields cannot be read (transformers then says what it says)."""
+    from transformers import AutoConfig
+
+    try:
+        import gguf
+
+        fields = gguf.GGUFReader(str(path)).fields
+        arch = fields["general.architecture"].contents()
+        key = fields.get(f"{arch}.attention.key_length")
+        head = int(key.contents()) if key is not None else None
+    except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
+        return {}
+    config = AutoConfig.from_pretrained(name, **kw)
+    if head and getattr(config, "head_dim", None) not in (None, head):
+        config.head_dim = head
+        return {"config": config}
+    return {}
+
+
 def load_model(src: Source, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
     name, kw = src.from_pretrained_args()
     try:
+        if "gguf_file" in kw:
+            kw = {**kw, **_gguf_config(src.path, name, kw)}
         model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype), **kw)
     except Exception as e:  # (a damaged safetensors file raises safetensors' own error type)
         if _unreadable_copy(src, name, e):

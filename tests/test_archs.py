@@ -179,3 +179,23 @@ def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch,
     b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
     _greedy_exact(b, 48, ("prompt-lookup",))
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "MatMulNBits")
+
+
+def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):
+    """transformers reads a Qwen3 GGUF's config without its heads' size (left at the class default, 128: "size
+    mismatch" for the tiny model's 16); the export reads it from the file (``attention.key_length``): the model
+    loads as the original's weights, and the bundle exports and decodes exactly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from edgespec_export.source import Source, load_model
+    from tiny import write_gguf
+
+    path = write_gguf(arch_dirs["qwen3"], tmp_path_factory.mktemp("gguf") / "qwen3.gguf")
+    g = load_model(Source(str(path), "gguf", path))
+    hf = AutoModelForCausalLM.from_pretrained(arch_dirs["qwen3"], dtype=torch.float32)
+    ids = torch.tensor([[5, 17, 99, 200, 33, 150, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(g(ids).logits, hf(ids).logits)
+    b = _export(tmp_path_factory, "qwen3-gguf", path, target_precision="int4", max_context=256)
+    _greedy_exact(b, 48, ("prompt-lookup",))

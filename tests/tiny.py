@@ -343,3 +343,44 @@ def make_think_model(directory: Path) -> Path:
         rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
                      tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))
     return train_replies(directory, tok, rows, "the thinking model")
+
+
+def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
+    """The float32 model in ``hf_dir`` as a GGUF file (gguf's writer, llama.cpp's tensor names; its tokenizer as a
+    GPT-2 BPE): a model of a family whose GGUF reading transformers gets wrong, without llama.cpp's converter."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)))
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.num_hidden_layers)
+    for k, v in model.state_dict().items():
+        w.add_tensor(names.get_name(k, try_suffixes=(".weight", ".bias")), v.numpy().astype(np.float32))
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    vocab = sorted(tok.get_vocab().items(), key=lambda x: x[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([1] * len(vocab))
+    merges = json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_eos_token_id(tok.eos_token_id)
+    w.add_bos_token_id(tok.bos_token_id)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
