@@ -12,7 +12,7 @@ import pytest
 import edgespec
 from edgespec.errors import ConfigError
 from edgespec.reasoning import ReasoningSplitter, split_reasoning, starts_inside
-from tiny import HELLO, WHY, WHY_SHORT
+from tiny import ASK, HELLO, WEATHER, WHY, WHY_SHORT
 
 CASES = [  # (reply, starts inside, (reasoning, content))
     ("<think>\nI should say hi.\n</think>\n\nHello!", False, ("I should say hi.", "Hello!")),
@@ -225,3 +225,33 @@ def test_a_reply_held_from_its_start_is_no_thinking(think_engine):
     assert not srv._inside(ids, req, None)
     assert not srv._inside(ids, P.GenRequest(kind="chat", model="m"), SimpleNamespace(forced=True))
     assert not Server(think_engine, "m", reasoning_format="none")._splits(req)
+
+
+def test_a_thinking_agent_s_call_is_read_from_its_answer(think_engine, think_bundle, tmp_path):
+    """The model thinks (its thinking names <tool_call>) and then calls: one call, read from the answer, by the
+    Python API (the thinking kept in the text) and by the server (reasoning_content beside the call, streamed or
+    not)."""
+    from test_server import _start_server, http
+    from test_tools import _stop
+
+    r = think_engine.generate([ASK], tools=WEATHER, max_new_tokens=60)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in r.tool_calls] == [
+        ("get_weather", {"city": "Paris"})], r.text
+    assert edgespec.split_reasoning(r.text) == ("I need the <tool_call> tool.", "")
+    proc, url = _start_server(think_bundle, tmp_path / "server.log", "--temperature", "0", "--no-memory")
+    try:
+        chat = url + "/v1/chat/completions"
+        st, r = http(chat, {"messages": [ASK], "tools": WEATHER, "max_tokens": 60})
+        msg = r["choices"][0]["message"]
+        assert st == 200 and msg["reasoning_content"] == "I need the <tool_call> tool." and msg["content"] is None, r
+        assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_weather"]
+        assert r["choices"][0]["finish_reason"] == "tool_calls"
+        st, raw = http(chat, {"messages": [ASK], "tools": WEATHER, "max_tokens": 60, "stream": True})
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in raw.splitlines()
+                  if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "I need the <tool_call> tool."
+        calls = [c for d in deltas for c in d.get("tool_calls", [])]
+        assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}]
+        assert "".join(d.get("content") or "" for d in deltas) == ""
+    finally:
+        _stop(proc, tmp_path / "server.log")

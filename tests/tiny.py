@@ -312,8 +312,8 @@ def train_replies(directory: Path, tok, rows: list[tuple[list[int], list[int]]],
 
 # Qwen3's chat template in brief: enable_thinking false writes an empty block into the generation prompt; the
 # "opened" variant writes <think> there itself (a reply then starts inside its block, as DeepSeek-R1's does)
-THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                  "{% if add_generation_prompt %}<|im_start|>assistant\n"
+THINK_TEMPLATE = (TOOLS_TEMPLATE.replace("{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", "")
+                  + "{% if add_generation_prompt %}<|im_start|>assistant\n"
                   "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
                   "{% elif opened is defined and opened %}<think>\n{% endif %}{% endif %}")
 WHY = {"role": "user", "content": "Why is the sky blue?"}
@@ -324,6 +324,9 @@ THINK_LESSONS = [
     ([HELLO], {"enable_thinking": False}, "Hello there!"),
     ([WHY], {}, "<think>\nLight scatters.\nShort waves most.\n</think>\n\nBlue light scatters most."),
     ([WHY_SHORT], {"opened": True}, "Light scatters.\n</think>\n\nBlue light scatters most."),
+    # a thinking agent: it thinks, then calls (the call must be read from the answer, not from the thinking)
+    ([ASK], {"tools": WEATHER}, '<think>\nI need the <tool_call> tool.\n</think>\n\n<tool_call>\n{"name": '
+                                '"get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
 ]
 
 
@@ -332,14 +335,14 @@ def make_think_model(directory: Path) -> Path:
     ``THINK_LESSONS``' replies (its thinking, then its answer) under ``THINK_TEMPLATE``."""
     from edgespec.template import ChatTemplate
 
-    tok = make_tokenizer(seed_text=CORPUS + [r for _, _, r in THINK_LESSONS] * 10)
-    tok.add_tokens(["<think>", "</think>"])  # as Qwen3's: tokens of their own, not special
+    tok = make_tokenizer(seed_text=CORPUS + [r for _, _, r in THINK_LESSONS] * 10 + [json.dumps(WEATHER)] * 10)
+    tok.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>"])  # as Qwen3's: their own, not special
     tok.chat_template = THINK_TEMPLATE
     make_model(directory, "qwen2", seed=7, tokenizer=tok, hidden=128, max_pos=256)
     template = ChatTemplate(THINK_TEMPLATE)
     rows = []
     for msgs, kw, reply in THINK_LESSONS:
-        prompt = template.render(messages=msgs, add_generation_prompt=True, **kw)
+        prompt = template.render(messages=msgs, add_generation_prompt=True, **kw)  # (tools: rendered as the engine does)
         rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
                      tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))
     return train_replies(directory, tok, rows, "the thinking model")
