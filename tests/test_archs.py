@@ -30,6 +30,19 @@ def arch_dirs(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def qwen3_pair(tmp_path_factory, arch_dirs):
+    """The tiny Qwen3 as target and drafter, INT4 (both exact-kernels paths rewrite it)."""
+    return _export(tmp_path_factory, "qwen3-int4", arch_dirs["qwen3"], drafter=str(arch_dirs["qwen3"]),
+                   target_precision="int4", drafter_precision="int4", max_context=256)
+
+
+@pytest.fixture(scope="module")
+def gemma2w(tmp_path_factory, arch_dirs):
+    """The tiny Gemma 2 with a 64-token window, INT4 at 256 tokens (the window kept)."""
+    return _export(tmp_path_factory, "gemma2w-int4", arch_dirs["gemma2w"], target_precision="int4", max_context=256)
+
+
 def _greedy_exact(bundle, tokens: int = 48, drafters=("prompt-lookup", "suffix", "auto")):
     import edgespec
 
@@ -42,16 +55,14 @@ def _greedy_exact(bundle, tokens: int = 48, drafters=("prompt-lookup", "suffix",
 
 
 @pytest.mark.parametrize("own_attention", [True, False], ids=["own-attention", "onnxruntime-attention"])
-def test_qwen3_query_key_norms_take_the_exact_kernels(tmp_path_factory, arch_dirs, own_attention):
+def test_qwen3_query_key_norms_take_the_exact_kernels(tmp_path_factory, qwen3_pair, own_attention):
     """Qwen3's graph gives its attention query, key and value as three inputs (the per-head norms sit between
     the projection and the attention); exact-kernels packs them into one (a Concat) so that its attention, or the
     padded row on onnxruntime's, applies. Before, it refused the bundle ("separate key/value inputs")."""
     import onnx
 
-    b = _export(tmp_path_factory, "qwen3-int4", arch_dirs["qwen3"], drafter=str(arch_dirs["qwen3"]),
-                target_precision="int4", drafter_precision="int4", max_context=256)
     out = tmp_path_factory.mktemp("xk") / "qwen3-xk"
-    out = exact_kernels_decode_exactly(b, out, "query, key and value packed into one input",
+    out = exact_kernels_decode_exactly(qwen3_pair, out, "query, key and value packed into one input",
                                        own_attention=own_attention)
     g = onnx.load(str(out / "target" / "model.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in g.node]
@@ -72,19 +83,19 @@ def test_gemma2_window_past_the_context_is_taken_off(tmp_path_factory, arch_dirs
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2-xk", "padded")
 
 
-def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_path_factory, arch_dirs):
+def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_path_factory, gemma2w):
     """A window shorter than the context stays in the graph, and speculative decoding's rollbacks keep greedy
     output exact well past it (200 tokens through a 64-token window, plain and on the exact kernels)."""
     from edgespec_export.kernels import attention_windows
 
-    b = _export(tmp_path_factory, "gemma2w-int4", arch_dirs["gemma2w"], target_precision="int4", max_context=256)
+    b = gemma2w
     assert attention_windows(b / "target" / "model.onnx") == [64, -1]
     ar = _greedy_exact(b, 200)
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk", "padded")
     assert _greedy_exact(out, 200).token_ids == ar.token_ids
 
 
-def test_a_context_shorter_than_a_kept_window_is_refused_or_raised(tmp_path_factory, arch_dirs):
+def test_a_context_shorter_than_a_kept_window_is_refused_or_raised(gemma2w):
     """The manifest records the window the graph keeps; a context below it (onnxruntime's attention fails every
     call there: "KV cache capacity must be at least local_window_size") is a one-line ConfigError when asked for,
     and a profile's shorter default context is raised to it, said in the plan's warnings."""
@@ -93,7 +104,7 @@ def test_a_context_shorter_than_a_kept_window_is_refused_or_raised(tmp_path_fact
     from edgespec.planner import plan
     from edgespec.profiles import Profile
 
-    b = _export(tmp_path_factory, "gemma2w-ctx", arch_dirs["gemma2w"], target_precision="int4", max_context=256)
+    b = gemma2w
     m = load_manifest(b)
     assert m.target.attention_window == 64
     with pytest.raises(edgespec.ConfigError, match="sliding window of 64 tokens"):
