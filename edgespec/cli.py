@@ -283,6 +283,18 @@ def _engine_opts(f):
 
 
 
+def _thinks(m) -> bool:
+    """Whether the bundle's tokenizer has <think> and </think> as tokens of their own that decoding keeps."""
+    try:
+        from .reasoning import think_tags
+        from .tokenizer import Tokenizer
+
+        return think_tags(Tokenizer(m.tokenizer_dir, add_bos=m.add_bos, bos_token_id=m.bos_token_id,
+                                    eos_token_ids=m.eos_token_ids, chat_template=m.chat_template)) is not None
+    except Exception:  # noqa: BLE001 - info describes a bundle; a tokenizer it cannot read is said elsewhere
+        return False
+
+
 def _template_kwargs(ctx, param, value):
     """--chat-template-kwargs: a JSON object of variables for the chat template, checked before the model loads."""
     if value is None:
@@ -752,6 +764,9 @@ def info(bundle, verify, as_json):
     vocab = f"  tokenizer vocab {m.tokenizer_vocab_size}" if m.tokenizer_vocab_size is not None else ""
     click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {_template_state(m.chat_template)}"
                + vocab)
+    if _thinks(m):
+        click.echo("  a thinking model: <think> and </think> are tokens of its own (serve gives the block apart as "
+                   "reasoning_content; --chat-template-kwargs sets its template's variables, e.g. enable_thinking)")
     for spec in (m.target, m.drafter):
         if spec is None:
             continue
@@ -766,6 +781,9 @@ def info(bundle, verify, as_json):
                   if spec.embedding_bytes else ")")) if spec.cpu_resident_bytes is not None else ""
         params = f"{spec.params / 1e6:.1f}M parameters, " if spec.params else ""
         click.echo(f"    {params}{spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
+        if spec.attention_window:
+            click.echo(f"    sliding-window attention: up to {spec.attention_window:,} tokens (its KV cache, so the "
+                       "context, at least that long)")
         if spec.head_size:
             click.echo(f"    reduced draft vocabulary: the lm_head computes {spec.head_size} of {spec.vocab_size} "
                        f"tokens ({os.path.relpath(spec.head_ids, m.root)}; {spec.head_source or 'source not recorded'})")

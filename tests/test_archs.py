@@ -107,6 +107,11 @@ def test_a_context_shorter_than_a_kept_window_is_refused_or_raised(gemma2w):
     b = gemma2w
     m = load_manifest(b)
     assert m.target.attention_window == 64
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    assert "sliding-window attention: up to 64 tokens" in CliRunner().invoke(main, ["info", str(b)]).output
     with pytest.raises(edgespec.ConfigError, match="sliding window of 64 tokens"):
         edgespec.load(b, max_context=32)
     assert edgespec.load(b, max_context=64).decoder.target.max_context == 64

@@ -100,6 +100,16 @@ def test_the_engine_thinks_unless_told_not_to(think_engine):
         think_engine.generate([HELLO], chat_template_kwargs={"add_generation_prompt": False})
 
 
+def test_info_says_a_bundle_thinks(think_bundle, tiny_bundle):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    r = CliRunner().invoke(main, ["info", str(think_bundle)])
+    assert r.exit_code == 0 and "a thinking model: <think> and </think>" in r.output
+    assert "thinking model" not in CliRunner().invoke(main, ["info", str(tiny_bundle)]).output
+
+
 def test_the_cli_takes_template_kwargs(think_bundle):
     cmd = [sys.executable, "-m", "edgespec.cli", "generate", str(think_bundle), "-p", "Hello", "--no-memory",
            "--max-new-tokens", "40", "--temperature", "0"]
