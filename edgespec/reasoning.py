@@ -53,6 +53,17 @@ def starts_inside(prompt_ids: Sequence[int], tags: tuple[int, int] | None) -> bo
     return last[tags[0]] > last[tags[1]]
 
 
+def reasoning_tokens(ids: Sequence[int], tags: tuple[int, int], inside: bool = False) -> int:
+    """How many of a reply's tokens ``ids`` are its thinking: up to its ``</think>`` included where the reply starts
+    inside a block or opens one (its first token ``<think>``), all of them where the block is not closed; else 0."""
+    if not ids or not (inside or ids[0] == tags[0]):
+        return 0
+    for i, t in enumerate(ids):
+        if t == tags[1]:
+            return i + 1
+    return len(ids)
+
+
 def _held(text: str, tag: str) -> int:
     """How many characters at the end of ``text`` could be the start of ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):

@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from . import server_protocol as P
 from .errors import ConfigError, ContextOverflowError, EdgespecError
-from .reasoning import ReasoningSplitter, starts_inside
+from .reasoning import ReasoningSplitter, reasoning_tokens, starts_inside
 from .server_metrics import Metrics, RequestCounter
 
 log = logging.getLogger("edgespec.server")
@@ -91,10 +91,13 @@ class Generation:
     ("error", exception). ``cancel()`` is always safe and is called when the client is gone;
     ``cancel(shutdown=True)`` when the server stops (the client then gets a 503 error)."""
 
-    def __init__(self, sched: Scheduler, ids: list[int], stop: list[str], kw: dict, echo: bool = False):
+    def __init__(self, sched: Scheduler, ids: list[int], stop: list[str], kw: dict, echo: bool = False,
+                 think: tuple[tuple[int, int], bool] | None = None):
         """``echo``: the prompt's text (with ``kw['logprobs']``: and its own logprobs, ``Engine.score``) goes
-        out first; ``kw['max_new_tokens']`` 0: nothing is generated after it."""
+        out first; ``kw['max_new_tokens']`` 0: nothing is generated after it. ``think``: (a thinking model's
+        tags, whether the reply starts inside its block): the summary counts the block's tokens."""
         self.sched, self.ids, self.stop, self.kw, self.echo = sched, ids, stop, kw, echo
+        self.think = think
         self._cancel = threading.Event()
         if sched.closing:  # a request's next choice made after shutdown began: the client gets the 503
             self._cancel.set()
@@ -215,6 +218,8 @@ class Generation:
                     # computed after it, are not (the stats' new_tokens count what was computed)
                     returned = engine.returned_ids(out, "".join(text), last)
                     summary["completion_tokens"] = len(returned)
+                    if self.think is not None:  # OpenAI's reasoning_tokens: the block's, its tags included
+                        summary["reasoning_tokens"] = reasoning_tokens(returned, *self.think)
                     if "prediction" in self.kw:  # OpenAI's counts: the prediction's tokens in the reply, and not
                         from .prediction import prediction_usage
 
@@ -470,6 +475,9 @@ class Server:
             self.metrics.add("constrained_generations")
         stops = req.stop + (treq.stops if treq is not None else [])
 
+        # a thinking model's replies: whether each prompt's reply starts inside its block (None: not split)
+        run_inside = [self._inside(x[0], req, treq) for x in prepared] if self._splits(req) else None
+
         def generation(i: int) -> Generation:
             """Choice i's generation: prompt i // n (a completion's prompts, in turn), its (i % n)-th choice, which
             samples with seed + i % n where a seed is given."""
@@ -481,7 +489,8 @@ class Server:
                 kw_i["heal"] = p_heal
             if j and kw.get("seed") is not None:
                 kw_i["seed"] = (kw["seed"] + j) % 2**63
-            return Generation(self.sched, p_ids, stops, kw_i, echo=req.echo)
+            think = (self.think, run_inside[i // req.n]) if run_inside is not None else None
+            return Generation(self.sched, p_ids, stops, kw_i, echo=req.echo, think=think)
 
         choices_n = len(prepared) * req.n
 
@@ -494,7 +503,7 @@ class Server:
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
             # a thinking model's replies: whether each prompt's reply starts inside its block (None: no split)
-            run.inside = [self._inside(x[0], req, treq) for x in prepared] if self._splits(req) else None
+            run.inside = run_inside
             run.next()  # choice 0 made now: counted in the queue from the request's admission
             if req.responses is not None:
                 return EventStream(self._sse_responses(run, req, created, ext, treq), run.cancel)
@@ -512,8 +521,8 @@ class Server:
             s = {**s, "queue_ms": round(gen.queue_ms, 3)}
             summaries.append(s)
             content, calls, reasoning, closed = text, [], None, False
-            if self._splits(req):  # the thinking apart (tool calls come after it)
-                sp = ReasoningSplitter(self._inside(prepared[i // req.n][0], req, treq))
+            if run_inside is not None:  # the thinking apart (tool calls come after it)
+                sp = ReasoningSplitter(run_inside[i // req.n])
                 sp.feed(text)
                 sp.finish()
                 reasoning, content, closed = sp.text_reasoning, "".join(sp.content), sp.closed
@@ -823,9 +832,10 @@ def _usage(summaries: list[dict], req: P.GenRequest, prompt_tokens: list[int]) -
     per = max(1, req.n)
     firsts = summaries[::per]
     pred = {k: sum(s.get(k, 0) for s in summaries) for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+    thought = [s["reasoning_tokens"] for s in summaries if "reasoning_tokens" in s]
     return P.usage(sum((s["prompt_tokens"] or n) for s, n in zip(firsts, prompt_tokens)),
                    sum(s["completion_tokens"] for s in summaries), sum(s["reused_prompt_tokens"] for s in firsts),
-                   pred if "prediction" in req.options else None)
+                   pred if "prediction" in req.options else None, reasoning=sum(thought) if thought else None)
 
 
 class _Choices:

@@ -861,7 +861,8 @@ def finish_reason(engine_reason: str | None, calls: bool = False) -> str | None:
     return ("tool_calls" if calls else "stop") if engine_reason in ("eos", "stop") else "length"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, prediction: dict | None = None) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, prediction: dict | None = None,
+          reasoning: int | None = None) -> dict:
     """OpenAI's usage object; ``prediction``: the request had a predicted output, and this summary of its
     generation says how many of the prediction's tokens appeared in the reply returned and how many did
     not (``completion_tokens_details``; the server counts them, prediction.prediction_usage)."""
@@ -871,6 +872,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, predic
     if prediction is not None:
         out["completion_tokens_details"] = {k: prediction.get(k, 0) for k in
                                             ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+    if reasoning is not None:  # a thinking model's block (its tokens, tags included), as OpenAI counts reasoning
+        out.setdefault("completion_tokens_details", {})["reasoning_tokens"] = reasoning
     return out
 
 
@@ -972,7 +975,8 @@ def response_usage(use: dict) -> dict:
     """The chat usage object as the Responses API counts: input and output tokens."""
     return {"input_tokens": use["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": use["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens": use["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": use["completion_tokens"], "output_tokens_details": {
+                "reasoning_tokens": (use.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)},
             "total_tokens": use["total_tokens"]}
 
 

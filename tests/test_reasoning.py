@@ -47,6 +47,15 @@ def test_the_splitter_gives_the_block_apart_however_the_text_streams(text, insid
         assert ("".join(parts["reasoning"]) if sp.opened else None, "".join(parts["content"])) == want
 
 
+def test_reasoning_tokens_count_the_block_and_its_tags():
+    from edgespec.reasoning import reasoning_tokens
+
+    tags = (7, 8)
+    assert reasoning_tokens([7, 1, 2, 8, 3], tags) == 4 and reasoning_tokens([1, 2, 8, 3], tags, inside=True) == 3
+    assert reasoning_tokens([1, 7, 8], tags) == 0 and reasoning_tokens([7, 1, 2], tags) == 3
+    assert reasoning_tokens([], tags, inside=True) == 0
+
+
 def test_a_reply_starts_inside_where_the_prompt_left_a_block_open():
     tags = (7, 8)
     assert starts_inside([1, 7, 2], tags) and not starts_inside([1, 7, 2, 8, 3], tags)
@@ -137,6 +146,8 @@ def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
         st, r = http(chat, {"messages": [HELLO], "max_tokens": 40})
         msg = r["choices"][0]["message"]
         assert st == 200 and (msg["reasoning_content"], msg["content"]) == ("The user greets me.", "Hello there!"), r
+        thought = r["usage"]["completion_tokens_details"]["reasoning_tokens"]  # <think> ... </think>, tags included
+        assert 4 <= thought < r["usage"]["completion_tokens"] - 2, r["usage"]
         st, r = http(chat, {"messages": [HELLO], "max_tokens": 40, "chat_template_kwargs": {"enable_thinking": False}})
         assert r["choices"][0]["message"]["content"] == "Hello there!"
         assert "reasoning_content" not in r["choices"][0]["message"]
@@ -164,6 +175,7 @@ def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
         resp = url + "/v1/responses"
         st, r = http(resp, {"input": "Why is the sky blue?", "max_output_tokens": 40})
         assert st == 200 and [o["type"] for o in r["output"]] == ["reasoning", "message"], r
+        assert 4 <= r["usage"]["output_tokens_details"]["reasoning_tokens"] < r["usage"]["output_tokens"]
         assert r["output"][0]["content"] == [{"type": "reasoning_text", "text": "Light scatters.\nShort waves most."}]
         assert r["output"][1]["content"][0]["text"] == "Blue light scatters most."
         st, raw = http(resp, {"input": "Why is the sky blue?", "max_output_tokens": 40, "stream": True})
