@@ -782,8 +782,8 @@ def info(bundle, verify, as_json):
         params = f"{spec.params / 1e6:.1f}M parameters, " if spec.params else ""
         click.echo(f"    {params}{spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
         if spec.attention_window:
-            click.echo(f"    sliding-window attention: up to {spec.attention_window:,} tokens (its KV cache, so the "
-                       "context, at least that long)")
+            click.echo(f"    sliding-window attention: up to {spec.attention_window:,} tokens (over KV caches of the "
+                       "whole context)")
         if spec.head_size:
             click.echo(f"    reduced draft vocabulary: the lm_head computes {spec.head_size} of {spec.vocab_size} "
                        f"tokens ({os.path.relpath(spec.head_ids, m.root)}; {spec.head_source or 'source not recorded'})")

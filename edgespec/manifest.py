@@ -247,8 +247,8 @@ class ModelSpec:
     # rows the graph appends to attention's query (a copy of the last one, written to the KV cache
     # one position past the call and overwritten later), so that attention never runs one query row
     attention_pad: int = 0
-    # the longest sliding window of the graph's attention layers (Gemma 2's and 3's local layers; 0: none): its KV
-    # cache must hold at least that many positions (onnxruntime refuses a call otherwise), so no context below it
+    # the longest sliding window of the graph's attention layers (Gemma 2's and 3's local layers; 0: none), over a
+    # KV cache of the whole context as every other layer's (edgespec info says it)
     attention_window: int = 0
     # what ``edgespec exact-kernels`` measured when it rewrote the graph: both graphs on a sample text
     # (``max_abs_logit_diff``, ``logit_scale``, ``top1_agreement``, ``positions``); None: not rewritten,

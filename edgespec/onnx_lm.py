@@ -50,11 +50,6 @@ class OnnxLM(CausalLM):
         # a graph that pads attention writes the pad's keys/values one position past the call: the
         # last exported position stays free for it
         self.max_context = min(int(max_context), spec.max_context - spec.attention_pad)
-        if spec.attention_window and self.max_context + spec.attention_pad < spec.attention_window:
-            raise ConfigError(f"{spec.role}: the graph's attention has a sliding window of {spec.attention_window:,} "
-                              f"tokens, which its KV cache must hold: a context of {self.max_context:,} is too short "
-                              f"(ask for at least {spec.attention_window - spec.attention_pad:,}, or export the model "
-                              f"at --max-context {self.max_context:,}, which takes the window off)")
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
                                     role=spec.role, allow_cpu_fallback=allow_cpu_fallback, kernels=spec.kernels)

@@ -137,18 +137,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         limit = min(limit, manifest.drafter.max_context)
     want_ctx = min(max_context or profile.max_context, limit)
     warnings = []
-    # a graph with sliding windows (Gemma 2's and 3's local layers) needs a KV cache at least that long
-    window = max([s.attention_window for s in (manifest.target, manifest.drafter) if s is not None] or [0])
-    if want_ctx < window:
-        if max_context:
-            raise ConfigError(f"a context of {max_context:,} tokens is too short for this bundle: its attention has a "
-                              f"sliding window of {window:,} tokens, which the KV cache must hold (ask for at least "
-                              f"{window:,}, or export the model at --max-context {max_context:,}, which takes the "
-                              "window off)")
-        warnings.append(f"the profile's context of {want_ctx:,} tokens is below this bundle's sliding window: "
-                        f"{window:,} tokens")
-        want_ctx = window
-    floor = max(min(profile.min_context, want_ctx), window)
+    floor = min(profile.min_context, want_ctx)
     if max_context and max_context > limit:
         warnings.append(f"asked for a context of {max_context} tokens; this bundle allows {limit}")
     target_prov = (list(providers) if providers else list(profile.providers))[0]

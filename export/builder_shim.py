@@ -5,13 +5,18 @@ transformers 5 keeps Gemma 3's rotary parameters per layer type (``rope_paramete
 "sliding_attention": {...}}``); the builder's Gemma 3 reads the flat form of transformers 4 (``rope_parameters
 ["rope_type"]``, ``rope_theta``, ``rope_local_base_freq``) and stopped with ``KeyError: 'rope_type'``. ``patch``
 gives the config those fields, read from the nested form (the global layers' parameters flat, the local layers'
-theta as ``rope_local_base_freq``), before the builder's Gemma 3 reads it; nothing else changes. A scaled global
-rotary (Gemma 3 4B and larger: ``linear``, factor 8) would scale the local layers' cache too in the builder, so
-the export's validation against torch stands guard: such a graph fails it and is not written.
+theta as ``rope_local_base_freq``), before the builder's Gemma 3 reads it (on the multimodal checkpoints'
+``text_config`` too, which the builder lifts up). The builder made the local layers' rotary cache with the global
+layers' scaling (Gemma 3 4B and larger scale the global rotary by 8, ``linear``, not the local one): here the local
+cache is made at the local layers' own.
 """
 from __future__ import annotations
 
 import runpy
+
+
+# the local layers' rotary scaling of the model being built (flat_rope sets it; 1: none)
+_LOCAL = {"factor": 1.0}
 
 
 def flat_rope(config) -> bool:
@@ -26,6 +31,7 @@ def flat_rope(config) -> bool:
     config.rope_parameters = full
     config.rope_theta = float(full.get("rope_theta", 10000.0))
     config.rope_local_base_freq = float(local.get("rope_theta", config.rope_theta))
+    _LOCAL["factor"] = float(local.get("factor", 1.0)) if local.get("rope_type") == "linear" else 1.0
     return True
 
 
@@ -41,10 +47,29 @@ def patch() -> None:
     init = cls.__init__
 
     def __init__(self, config, *args, **kw):
+        _LOCAL["factor"] = 1.0
         flat_rope(config)
+        if getattr(config, "text_config", None) is not None:  # (Gemma 3 4B+: the builder lifts text_config up)
+            flat_rope(config.text_config)
         init(self, config, *args, **kw)
 
+    def make_rotary_embedding_multi_cache(self):
+        """The builder's own (the global layers' cos/sin caches, then the local layers' at their theta), with
+        the local caches at the local layers' scaling: the builder kept the global layers' (Gemma 3 4B+ scales
+        its global rotary by 8, not its local one)."""
+        base = super(cls, self)
+        self.cos_cache_global_name, self.sin_cache_global_name = "cos_cache_global", "sin_cache_global"
+        base.make_rotary_embedding_caches(cos_cache_name=self.cos_cache_global_name,
+                                          sin_cache_name=self.sin_cache_global_name)
+        self.rope_attrs["create_caches"] = True
+        self.rope_attrs["theta"] = self.rope_local_theta
+        self.rope_attrs["rescale_factors"] = _LOCAL["factor"]
+        self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
+        base.make_rotary_embedding_caches(cos_cache_name=self.cos_cache_local_name,
+                                          sin_cache_name=self.sin_cache_local_name)
+
     cls.__init__ = __init__
+    cls.make_rotary_embedding_multi_cache = make_rotary_embedding_multi_cache
     cls._edgespec_flat_rope = True
 
 

@@ -246,9 +246,9 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,
                      logits_skip=skip)
     window = max((w for w in attention_windows(graph_file) if w > 0), default=0)
-    if window:  # (kept: shorter than the context) a cache never shorter than it
+    if window:  # (kept: shorter than the context)
         spec = replace(spec, attention_window=window)
-        progress.log(f"    {role}: sliding windows of up to {window:,} tokens: the runtime's context is at least that")
+        progress.log(f"    {role}: sliding windows of up to {window:,} tokens kept, over caches of the whole context")
     if fp8 is not None:
         spec = replace(spec, quant=fp8)
     del params, config

@@ -438,32 +438,41 @@ def attention_windows(model_file: Path) -> list[int]:
             for n in g.node if n.op_type == "GroupQueryAttention"]
 
 
-def unbind_windows(model_file: Path, capacity: int) -> int:
-    """Take the sliding window off every ``GroupQueryAttention`` whose window is at least ``capacity`` (the
-    bundle's KV cache holds that many positions): such a window never leaves a key out, so the attention
-    computes the same without it, and onnxruntime refuses a window past the cache's capacity (Gemma 2's and
-    3's local layers at 4,096 in a bundle of a shorter context: "KV cache capacity must be at least
-    local_window_size"). The file is edited in place, its external data untouched; returns how many."""
+def _whole_caches(g, capacity: int | None = None) -> tuple[int, int]:
+    """Every ``GroupQueryAttention`` of graph ``g`` over the whole context's cache: ``sliding_window_cache`` taken
+    off (the builder's window-sized cache layout, which edgespec never allocates: its caches hold the whole context,
+    so no key is evicted and positions are the slots; with it onnxruntime refused a cache longer than the window on
+    CUDA and one shorter on the CPU, "KV cache capacity must be at least local_window_size"), and the window itself
+    taken off where it is at least ``capacity`` (such a window leaves no key out: the same attention). Returns (the
+    nodes whose layout attribute went, the windows taken off)."""
     from onnx import helper
 
-    m = load_graph(model_file)
-    count = 0
-    for n in m.graph.node:
+    layouts = unbound = 0
+    for n in g.node:
         if n.op_type != "GroupQueryAttention":
             continue
         attrs = {a.name: a for a in n.attribute}
-        w = attrs.get("local_window_size")
-        if w is None or helper.get_attribute_value(w) < capacity:
-            continue
-        w.i = -1
-        if "sliding_window_cache" in attrs:  # (a window-sized cache layout: the whole context's now)
+        if "sliding_window_cache" in attrs:
             n.attribute.remove(attrs["sliding_window_cache"])
-        count += 1
-    if count:
+            layouts += 1
+        w = attrs.get("local_window_size")
+        if capacity is not None and w is not None and helper.get_attribute_value(w) >= capacity:
+            w.i = -1
+            unbound += 1
+    return layouts, unbound
+
+
+def unbind_windows(model_file: Path, capacity: int) -> int:
+    """``_whole_caches`` on a builder's graph file in place (its external data untouched): Gemma 2's and 3's
+    local layers at 4,096 in a bundle of a shorter context lose their window, a shorter window stays over the
+    whole context's cache. Returns how many windows were taken off."""
+    m = load_graph(model_file)
+    layouts, unbound = _whole_caches(m.graph, capacity)
+    if layouts or unbound:
         import onnx
 
         onnx.save(m, str(model_file))
-    return count
+    return unbound
 
 
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
@@ -584,6 +593,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         kept_nodes = [n for i, n in enumerate(g.node) if i not in gone]
         del g.node[:]
         g.node.extend(kept_nodes)
+    _whole_caches(g)  # (a bundle exported before session 41's fix: no window-sized cache layout)
     if own_attention or pad_attention:  # separate query, key and value inputs: one packed input
         done["packed_qkv"] = _pack_qkv(g)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
@@ -638,8 +648,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         raise ExportError(f"{model_path.name} has no 4-bit MatMulNBits: exact-kernels applies to INT4 bundles")
     if logits:
         done["logits_skip"] = int(_skip_logits(g, logits))
-    if row_positions:
-        done["row_positions"] = _row_positions(g)
+    if row_positions and not gqa:  # (onnxruntime's attention left in a layer would read alternates' rows as causal
+        done["row_positions"] = _row_positions(g)  # ones at the next positions: no alternates then)
     if not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     kept = [t for t in g.initializer if t.name not in drop]

@@ -239,9 +239,12 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
 
     try:
         import gguf
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
         fields = gguf.GGUFReader(str(path)).fields
         arch = fields["general.architecture"].contents()
+        if "attention.key_length" in GGUF_CONFIG_MAPPING.get(arch, {}):  # transformers reads it (Gemma 4: as the
+            return {}                                                      # global layers' global_head_dim)
         key = fields.get(f"{arch}.attention.key_length")
         head = int(key.contents()) if key is not None else None
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
