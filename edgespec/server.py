@@ -357,7 +357,9 @@ class Server:
 
         def run():
             if req.messages is not None:  # as a generation encodes them (tool calls' arguments as objects, ...)
-                ids = eng.encode(req.messages, add_generation_prompt=req.add_generation_prompt)
+                tk = {**self.template_kwargs, **(req.template_kwargs or {})}  # (as a chat request renders them)
+                ids = eng.encode(req.messages, add_generation_prompt=req.add_generation_prompt,
+                                 template_kwargs=tk or None)
             else:
                 ids = eng.tokenizer.encode(req.text, add_special=req.add_special)
             return ids, [{"id": t, "piece": eng.tokenizer.token_bytes(t).decode("utf-8", "replace")} for t in ids] \

@@ -763,10 +763,11 @@ class TokenizeRequest:
     add_special: bool = True
     add_generation_prompt: bool = True
     with_pieces: bool = False
+    template_kwargs: dict | None = None  # messages: chat_template_kwargs, as a chat request's (vLLM's /tokenize too)
 
 
 _TOKENIZE_KEYS = {"model", "prompt", "content", "messages", "add_special_tokens", "add_special",
-                  "add_generation_prompt", "with_pieces"}
+                  "add_generation_prompt", "with_pieces", "chat_template_kwargs"}
 
 
 def _model_is(body: dict, model_id: str) -> None:
@@ -798,6 +799,15 @@ def parse_tokenize(body: dict, model_id: str) -> TokenizeRequest:
         if not isinstance(msgs, list) or not msgs:
             raise bad("'messages' must be a non-empty array of {role, content} objects", "messages")
         req.messages = [_message(m, i) for i, m in enumerate(msgs)]
+        if body.get("chat_template_kwargs") is not None:
+            from .template import check_template_kwargs
+
+            try:
+                req.template_kwargs = check_template_kwargs(body["chat_template_kwargs"]) or None
+            except ConfigError as e:
+                raise bad(str(e), "chat_template_kwargs") from None
+    elif body.get("chat_template_kwargs") is not None:
+        raise bad("'chat_template_kwargs' go with 'messages' (a chat), not a text", "chat_template_kwargs")
     else:
         v = body[given[0]]
         if not isinstance(v, str):

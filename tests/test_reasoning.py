@@ -164,6 +164,15 @@ def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
         assert (msg["reasoning_content"], msg["content"]) == ("Light scatters.", "Blue light scatters most.")
         st, e = http(chat, {"messages": [HELLO], "chat_template_kwargs": {"tools": []}})
         assert st == 400 and e["error"]["param"] == "chat_template_kwargs", e
+        # /tokenize renders messages as a chat request does: its count is the prompt's
+        off = {"enable_thinking": False}
+        st, t = http(url + "/tokenize", {"messages": [HELLO], "chat_template_kwargs": off})
+        st2, t2 = http(url + "/tokenize", {"messages": [HELLO]})
+        assert st == st2 == 200 and t["count"] > t2["count"], (t, t2)  # the empty block written into the prompt
+        st, r = http(chat, {"messages": [HELLO], "max_tokens": 1, "chat_template_kwargs": off})
+        assert r["usage"]["prompt_tokens"] == t["count"], (r["usage"], t)
+        st, e = http(url + "/tokenize", {"prompt": "hi", "chat_template_kwargs": off})
+        assert st == 400 and e["error"]["param"] == "chat_template_kwargs", e
         st, e = http(url + "/v1/completions", {"prompt": "Hi", "chat_template_kwargs": {}})
         assert st == 400 and e["error"]["code"] == "unknown_parameter"
         back = {"role": "assistant", "content": "Hello there!", "reasoning_content": "The user greets me."}
