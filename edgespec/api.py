@@ -157,8 +157,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     persisted = None
     if prompt_cache_file is not None:
         persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan, prof.session_options)
-    tok = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
-                    eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
+    tok = Tokenizer.of(manifest)
     if tok.vocab_size > manifest.target.vocab_size:
         raise BundleError(f"bundle {manifest.root}: the tokenizer has {tok.vocab_size} ids but the target graph's "
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
@@ -685,9 +684,7 @@ class Engine:
             if tools is not None or tool_choice is not None or parallel_tool_calls is not True:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt" if suffix is not None
                                   else "token healing needs a plain prompt, not tools")
-            if template_kwargs:
-                raise ConfigError("chat_template_kwargs need chat messages, not a plain or fill-in-the-middle prompt")
-            ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw)
+            ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw, template_kwargs)
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
         treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
                                  or kw.get("response_format") not in (None, {"type": "text"}))

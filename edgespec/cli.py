@@ -282,15 +282,13 @@ def _engine_opts(f):
     return f
 
 
-
 def _thinks(m) -> bool:
     """Whether the bundle's tokenizer has <think> and </think> as tokens of their own that decoding keeps."""
     try:
         from .reasoning import think_tags
         from .tokenizer import Tokenizer
 
-        return think_tags(Tokenizer(m.tokenizer_dir, add_bos=m.add_bos, bos_token_id=m.bos_token_id,
-                                    eos_token_ids=m.eos_token_ids, chat_template=m.chat_template)) is not None
+        return think_tags(Tokenizer.of(m)) is not None
     except Exception:  # noqa: BLE001 - info describes a bundle; a tokenizer it cannot read is said elsewhere
         return False
 
@@ -312,6 +310,7 @@ def _template_kwargs(ctx, param, value):
 _template_kwargs_opt = click.option(
     "--chat-template-kwargs", "template_kwargs", default=None, metavar="JSON", callback=_template_kwargs,
     help="Variables for the chat template, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's thinking off.")
+
 
 @main.command()
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
@@ -428,7 +427,6 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
 
 
 STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin
-
 
 
 def _read_stdin() -> str:

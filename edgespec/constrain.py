@@ -20,15 +20,14 @@ llguidance``; the ``serve`` extra has it), imported when a request asks for a fo
 from __future__ import annotations
 
 import json
-import re
 import threading
 
 import numpy as np
 
 from .errors import ConfigError, EdgespecError
+from .tools import NAME
 
 _MAX_SCHEMA = 1 << 20  # characters of a schema's JSON
-_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # whitespace between JSON tokens: a space or a tab, or one or two line breaks and an indent of up to 20
 # (as llama.cpp's JSON schema grammars): compact and pretty-printed JSON pass, and a model cannot fill
 # its reply with whitespace (unbounded, a small model does: every token a space is allowed)
@@ -67,7 +66,7 @@ def grammar_for(response_format) -> str | None:
         if extra:
             raise ConfigError(f"response_format.json_schema has an unknown field {extra[0]!r}")
         name = js.get("name")
-        if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):  # (OpenAI's rule, as for a tool's name)
+        if not isinstance(name, str) or not NAME.fullmatch(name):  # (OpenAI's rule, as for a tool's name)
             raise ConfigError("response_format.json_schema.name must be 1-64 letters, digits, _ or -"
                               + (" (it is missing)" if name is None else f", got {json.dumps(name)[:80]}"))
         if js.get("strict") is not None and not isinstance(js["strict"], bool):

@@ -136,8 +136,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     if manifest.drafter is not None:
         limit = min(limit, manifest.drafter.max_context)
     want_ctx = min(max_context or profile.max_context, limit)
-    warnings = []
     floor = min(profile.min_context, want_ctx)
+    warnings = []
     if max_context and max_context > limit:
         warnings.append(f"asked for a context of {max_context} tokens; this bundle allows {limit}")
     target_prov = (list(providers) if providers else list(profile.providers))[0]

@@ -20,10 +20,9 @@ def think_tags(tokenizer) -> tuple[int, int] | None:
     """The ids of ``<think>`` and ``</think>`` where the tokenizer has each as one token that decoding keeps (a
     special token's text is left out of the reply, and a split without its tags would be wrong), else None."""
     ids = []
-    special = getattr(tokenizer, "special_ids", None)
-    special = special() if callable(special) else (special or set())
+    special = tokenizer.special_ids()
     for tag in (OPEN, CLOSE):
-        got = tokenizer.token_to_id(tag) if hasattr(tokenizer, "token_to_id") else None
+        got = tokenizer.token_to_id(tag)
         if got is None or int(got) in special:
             return None
         ids.append(int(got))
@@ -162,9 +161,15 @@ class ReasoningSplitter:
         return "".join(self.reasoning) if self.opened else None
 
 
-def split_reasoning(text: str, inside: bool = False) -> tuple[str | None, str]:
-    """(the thinking, the answer) of a whole reply; the thinking None where the reply has no block."""
+def split_whole(text: str, inside: bool = False) -> ReasoningSplitter:
+    """A splitter fed a whole reply (its ``text_reasoning``, ``content`` and ``closed`` read after)."""
     sp = ReasoningSplitter(inside)
     sp.feed(text)
     sp.finish()
+    return sp
+
+
+def split_reasoning(text: str, inside: bool = False) -> tuple[str | None, str]:
+    """(the thinking, the answer) of a whole reply; the thinking None where the reply has no block."""
+    sp = split_whole(text, inside)
     return sp.text_reasoning, "".join(sp.content)

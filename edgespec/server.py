@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from . import server_protocol as P
 from .errors import ConfigError, ContextOverflowError, EdgespecError
-from .reasoning import ReasoningSplitter, reasoning_tokens, starts_inside
+from .reasoning import ReasoningSplitter, reasoning_tokens, split_whole, starts_inside, think_tags
 from .server_metrics import Metrics, RequestCounter
 
 log = logging.getLogger("edgespec.server")
@@ -298,8 +298,6 @@ class Server:
 
     def __init__(self, engine, model_id: str, queue_size: int = 16, defaults: dict | None = None,
                  template_kwargs: dict | None = None, reasoning_format: str = "auto"):
-        from .reasoning import think_tags
-
         self.engine, self.model_id = engine, model_id
         self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
         self.template_kwargs = template_kwargs or {}  # every chat's, under a request's own chat_template_kwargs
@@ -310,6 +308,10 @@ class Server:
         self.metrics = Metrics(self._gauges)
         self.sched = Scheduler(engine, queue_size, self.metrics)
         self.created = P.now()
+
+    def _template_kwargs(self, req) -> dict | None:
+        """A chat's template variables: the request's own over the server's (--chat-template-kwargs)."""
+        return {**self.template_kwargs, **(req.template_kwargs or {})} or None
 
     def _splits(self, req: P.GenRequest) -> bool:
         """Whether the request's replies give a thinking model's block apart (chat, the tags in the vocabulary)."""
@@ -357,9 +359,8 @@ class Server:
 
         def run():
             if req.messages is not None:  # as a generation encodes them (tool calls' arguments as objects, ...)
-                tk = {**self.template_kwargs, **(req.template_kwargs or {})}  # (as a chat request renders them)
                 ids = eng.encode(req.messages, add_generation_prompt=req.add_generation_prompt,
-                                 template_kwargs=tk or None)
+                                 template_kwargs=self._template_kwargs(req))  # (as a chat request renders them)
             else:
                 ids = eng.tokenizer.encode(req.text, add_special=req.add_special)
             return ids, [{"id": t, "piece": eng.tokenizer.token_bytes(t).decode("utf-8", "replace")} for t in ids] \
@@ -524,9 +525,7 @@ class Server:
             summaries.append(s)
             content, calls, reasoning, closed = text, [], None, False
             if run_inside is not None:  # the thinking apart (tool calls come after it)
-                sp = ReasoningSplitter(run_inside[i // req.n])
-                sp.feed(text)
-                sp.finish()
+                sp = split_whole(text, run_inside[i // req.n])
                 reasoning, content, closed = sp.text_reasoning, "".join(sp.content), sp.closed
             if treq is not None and treq.parses:
                 content, calls = treq.parse(content)
@@ -563,9 +562,8 @@ class Server:
                 self.engine.decoder.check_ids(source, "the prompt")
                 ids = list(source)
             else:
-                tk = {**self.template_kwargs, **(req.template_kwargs or {})} if req.kind == "chat" else None
                 ids = await run_in_threadpool(self.engine.encode, source, fit=True, tools=treq, suffix=req.suffix,
-                                              template_kwargs=tk or None)
+                                              template_kwargs=self._template_kwargs(req) if req.kind == "chat" else None)
         except ContextOverflowError as e:  # too long by its size alone, refused before tokenizing
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles

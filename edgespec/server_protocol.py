@@ -210,6 +210,19 @@ def _metadata(v) -> None:
             raise bad(f"'metadata.{k[:64]}' is at most 512 characters, got {len(x)}", "metadata")
 
 
+def _template_kwargs(body: dict) -> dict | None:
+    """A chat's ``chat_template_kwargs`` (vLLM's and llama.cpp's: Qwen3's ``enable_thinking``), checked
+    (``template.check_template_kwargs``); None where absent or empty."""
+    if body.get("chat_template_kwargs") is None:
+        return None
+    from .template import check_template_kwargs
+
+    try:
+        return check_template_kwargs(body["chat_template_kwargs"]) or None
+    except ConfigError as e:
+        raise bad(str(e), "chat_template_kwargs") from None
+
+
 def _known(body: dict, keys: set, where: str) -> None:
     """A field the endpoint ``where`` does not take is refused, as OpenAI refuses it."""
     unknown = sorted(set(body) - keys)
@@ -376,13 +389,7 @@ def parse_chat(body: dict, model_id: str) -> GenRequest:
                   + ("" if msgs is not None else " (it is missing)"), "messages",
                   "missing_required_parameter" if msgs is None else "invalid_type")
     req.messages = [_message(m, i) for i, m in enumerate(msgs)]
-    if body.get("chat_template_kwargs") is not None:  # (vLLM's and llama.cpp's: Qwen3's enable_thinking)
-        from .template import check_template_kwargs
-
-        try:
-            req.template_kwargs = check_template_kwargs(body["chat_template_kwargs"]) or None
-        except ConfigError as e:
-            raise bad(str(e), "chat_template_kwargs") from None
+    req.template_kwargs = _template_kwargs(body)
     tools = {k: body[k] for k in ("tools", "tool_choice", "parallel_tool_calls") if body.get(k) is not None}
     if tools:
         req.tools = tools
@@ -588,8 +595,6 @@ def _responses_text(text) -> dict | None:
 
 def responses_param(param: str | None, where: list[str] = ()) -> str | None:
     """A chat request's field name as a /v1/responses request has it (``where``: each chat message's item)."""
-    import re
-
     if param is None:
         return None
     m = re.match(r"messages\[(\d+)\]", param)
@@ -607,8 +612,6 @@ def responses_param(param: str | None, where: list[str] = ()) -> str | None:
 
 def responses_message(message: str, where: list[str] = ()) -> str:
     """A chat-shaped error message with the Responses request's field names."""
-    import re
-
     message = re.sub(r"messages\[(\d+)\]", lambda m: where[int(m.group(1))] if int(m.group(1)) < len(where)
                      else m.group(0), message)
     # a string's message: instructions, or the whole input, is the content itself
@@ -799,13 +802,7 @@ def parse_tokenize(body: dict, model_id: str) -> TokenizeRequest:
         if not isinstance(msgs, list) or not msgs:
             raise bad("'messages' must be a non-empty array of {role, content} objects", "messages")
         req.messages = [_message(m, i) for i, m in enumerate(msgs)]
-        if body.get("chat_template_kwargs") is not None:
-            from .template import check_template_kwargs
-
-            try:
-                req.template_kwargs = check_template_kwargs(body["chat_template_kwargs"]) or None
-            except ConfigError as e:
-                raise bad(str(e), "chat_template_kwargs") from None
+        req.template_kwargs = _template_kwargs(body)
     elif body.get("chat_template_kwargs") is not None:
         raise bad("'chat_template_kwargs' go with 'messages' (a chat), not a text", "chat_template_kwargs")
     else:

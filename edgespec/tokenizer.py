@@ -95,10 +95,16 @@ class Tokenizer:
         self._text_tok = None
         self._specials: tuple[str, ...] | None = None
         self._max_token_bytes: int | None = None
-        self._special_ids: set[int] | None = None
+        self._special_ids: frozenset[int] | None = None
         self._added: dict[int, str] | None = None
         self._fim: Fim | None | bool = False  # (False: not looked up yet)
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, manifest) -> "Tokenizer":
+        """A bundle's tokenizer, with its manifest's bos/eos conventions and chat template."""
+        return cls(manifest.tokenizer_dir, add_bos=manifest.add_bos, bos_token_id=manifest.bos_token_id,
+                   eos_token_ids=manifest.eos_token_ids, chat_template=manifest.chat_template)
 
     @property
     def vocab_size(self) -> int:
@@ -139,11 +145,10 @@ class Tokenizer:
         where the bytes of a token are not known."""
         if type(self._tok.decoder).__name__ != "ByteLevel":
             return None
-        if self._special_ids is None:
-            self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        special = self.special_ids()
         tail = b""
         for i in reversed(ids):
-            if int(i) in self._special_ids:  # decode leaves them out
+            if int(i) in special:  # decode leaves them out
                 continue
             t = self._tok.id_to_token(int(i))
             if t is None or not all(c in _BYTE_OF for c in t):
@@ -216,11 +221,11 @@ class Tokenizer:
         """The texts of the special tokens (those decoding leaves out of the reply's text)."""
         return {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special and t.content}
 
-    def special_ids(self) -> set[int]:
+    def special_ids(self) -> frozenset[int]:
         """The ids of special added tokens (decoding leaves their text out of a reply)."""
         if self._special_ids is None:
-            self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        return set(self._special_ids)
+            self._special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        return self._special_ids
 
     @property
     def special_texts(self) -> tuple[str, ...]:

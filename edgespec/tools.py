@@ -30,7 +30,7 @@ from .errors import ConfigError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's (and a json_schema's) name
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 
 
@@ -63,7 +63,7 @@ def check_tools(tools) -> list[dict]:
         name = f.get("name")
         if name is None:
             raise ConfigError(f"{where}.function.name is missing (1-64 letters, digits, _ or -)")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ConfigError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got "
                               f"{json.dumps(name)[:100]}")
         if name in seen:

@@ -228,7 +228,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: the model's sliding window of {window:,} tokens is not in the builder's graph; "
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window
-    unbound = unbind_windows(graph_file, ctx)
+    unbound = unbind_windows(graph_file, ctx)  # (those at least ctx: the ones kept are the shorter)
+    kept_window = max((w for w in windows if 0 < w < ctx), default=0)
     if unbound:
         progress.log(f"    {role}: {unbound} attention layers' sliding windows are as long as the {ctx:,}-token "
                      "context or longer: taken off (the same attention)")
@@ -245,10 +246,10 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: no lm_head found for the logits skip: prefills compute every row's logits")
     spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,
                      logits_skip=skip)
-    window = max((w for w in attention_windows(graph_file) if w > 0), default=0)
-    if window:  # (kept: shorter than the context)
-        spec = replace(spec, attention_window=window)
-        progress.log(f"    {role}: sliding windows of up to {window:,} tokens kept, over caches of the whole context")
+    if kept_window:
+        spec = replace(spec, attention_window=kept_window)
+        progress.log(f"    {role}: sliding windows of up to {kept_window:,} tokens kept, over caches of the whole "
+                     "context")
     if fp8 is not None:
         spec = replace(spec, quant=fp8)
     del params, config

@@ -712,8 +712,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     if manifest.target.layout != "cpu":
         raise ExportError(f"{src} is exported in the {manifest.target.layout} layout; edgespec's INT4 kernel is "
                           "for the CPU layout")
-    sample_ids = Tokenizer(manifest.tokenizer_dir, add_bos=manifest.add_bos,
-                           bos_token_id=manifest.bos_token_id).encode(SAMPLE)[:64]
+    sample_ids = Tokenizer.of(manifest).encode(SAMPLE)[:64]
 
     def build(stage: Path):
         m = replace(manifest, root=stage, tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))

@@ -75,12 +75,11 @@ def test_template_kwargs_are_checked(kw, match):
 
 @pytest.fixture(scope="module")
 def think_bundle(tmp_path_factory):
-    from edgespec_export import export_bundle
+    from conftest import _export
     from tiny import make_think_model
 
-    src = make_think_model(tmp_path_factory.mktemp("hf") / "think-model")
-    return export_bundle(str(src), tmp_path_factory.mktemp("bundles") / "tiny-think", quality=False,
-                         target_precision="fp32")
+    return _export(tmp_path_factory, "tiny-think", make_think_model(tmp_path_factory.mktemp("hf") / "think-model"),
+                   target_precision="fp32")
 
 
 @pytest.fixture(scope="module")

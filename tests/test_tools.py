@@ -164,11 +164,10 @@ def test_tool_choice_parallel_and_the_template_are_checked():
 # -- a tiny model trained to call a tool ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tool_bundle(tmp_path_factory):
-    from edgespec_export import export_bundle
+    from conftest import _export
 
-    src = make_tool_model(tmp_path_factory.mktemp("hf") / "tool-model")
-    return export_bundle(str(src), tmp_path_factory.mktemp("bundles") / "tiny-tools", quality=False,
-                         target_precision="fp32")
+    return _export(tmp_path_factory, "tiny-tools", make_tool_model(tmp_path_factory.mktemp("hf") / "tool-model"),
+                   target_precision="fp32")
 
 
 @pytest.fixture(scope="module")
