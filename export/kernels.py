@@ -279,7 +279,8 @@ def _half_caches(g, attention: list) -> int:
 def _own_attention(n, inits: dict) -> bool:
     """Replace the GroupQueryAttention node ``n`` with ``edgespec.DecodeAttention`` where it is
     the builder's CPU attention that op computes (packed QKV, rotary over the whole head,
-    non-interleaved, causal, no window, no softcap, float32 caches); False (left as it is) else."""
+    non-interleaved, causal, float32 caches; a sliding window and a score cap, Gemma 2 and 3's, kept
+    as the op's own attributes); False (left as it is) else."""
     from onnx import TensorProto, helper
 
     a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
@@ -287,7 +288,7 @@ def _own_attention(n, inits: dict) -> bool:
     while ins and not ins[-1]:  # optional inputs left empty (position ids, attention bias, ...)
         ins.pop()
     if (len(ins) != 9 or ins[1] or ins[2] or not a.get("do_rotary") or a.get("rotary_interleaved", 0)
-            or a.get("local_window_size", -1) != -1 or float(a.get("softcap", 0.0)) != 0.0
+            or int(a.get("local_window_size", -1)) < -1 or not 0.0 <= float(a.get("softcap", 0.0)) < float("inf")
             or a.get("smooth_softmax", 0) or ins[7] not in inits or ins[8] not in inits
             or inits[ins[7]].data_type != TensorProto.FLOAT or len(inits[ins[7]].dims) != 2
             or (2 * inits[ins[7]].dims[1]) % 8):  # the op's head size: a multiple of 8 (its lanes)
@@ -299,6 +300,10 @@ def _own_attention(n, inits: dict) -> bool:
     n.attribute.extend([helper.make_attribute("num_heads", int(a["num_heads"])),
                         helper.make_attribute("kv_num_heads", int(a["kv_num_heads"])),
                         helper.make_attribute("scale", float(a.get("scale", 0.0)))])
+    if int(a.get("local_window_size", -1)) > 0:
+        n.attribute.append(helper.make_attribute("local_window_size", int(a["local_window_size"])))
+    if float(a.get("softcap", 0.0)) > 0:
+        n.attribute.append(helper.make_attribute("softcap", float(a["softcap"])))
     return True
 
 
@@ -430,12 +435,13 @@ def add_logits_skip(model_file: Path, logits: str) -> bool:
 
 
 def attention_windows(model_file: Path) -> list[int]:
-    """Each ``GroupQueryAttention``'s ``local_window_size`` in the graph file (-1: none), in node order."""
+    """Each attention node's ``local_window_size`` in the graph file (-1: none), in node order (onnxruntime's
+    ``GroupQueryAttention`` and edgespec's, which keeps the window where exact-kernels put it)."""
     from onnx import helper
 
     g = load_graph(model_file).graph
     return [int(next((helper.get_attribute_value(a) for a in n.attribute if a.name == "local_window_size"), -1))
-            for n in g.node if n.op_type == "GroupQueryAttention"]
+            for n in g.node if n.op_type in ("GroupQueryAttention", ATTENTION_OP, ATTENTION_OP_F16)]
 
 
 def _whole_caches(g, capacity: int | None = None) -> tuple[int, int]:

@@ -39,8 +39,24 @@ def qwen3_pair(tmp_path_factory, arch_dirs):
 
 @pytest.fixture(scope="module")
 def gemma2w(tmp_path_factory, arch_dirs):
-    """The tiny Gemma 2 with a 64-token window, INT4 at 256 tokens (the window kept)."""
-    return _export(tmp_path_factory, "gemma2w-int4", arch_dirs["gemma2w"], target_precision="int4", max_context=256)
+    """The tiny Gemma 2 with a 64-token window (and its config's score cap, 50), INT4 at 256 tokens (the window
+    kept), drafting for itself (the model drafter, whose second choices the exact kernels verify)."""
+    return _export(tmp_path_factory, "gemma2w-int4", arch_dirs["gemma2w"], drafter=str(arch_dirs["gemma2w"]),
+                   target_precision="int4", drafter_precision="int4", max_context=256)
+
+
+def _attention_attrs(bundle, role="target"):
+    """(op, local_window_size, softcap) of each attention node of a bundle's graph, in node order."""
+    import onnx
+    from onnx import helper
+
+    g = onnx.load(str(bundle / role / "model.onnx"), load_external_data=False).graph
+    out = []
+    for n in g.node:
+        if "Attention" in n.op_type:
+            a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+            out.append((n.op_type, int(a.get("local_window_size", -1)), round(float(a.get("softcap", 0.0)), 3)))
+    return out
 
 
 def _greedy_exact(bundle, tokens: int = 48, drafters=("prompt-lookup", "suffix", "auto")):
@@ -80,19 +96,54 @@ def test_gemma2_window_past_the_context_is_taken_off(tmp_path_factory, arch_dirs
     b = _export(tmp_path_factory, "gemma2-int4", arch_dirs["gemma2"], target_precision="int4", max_context=256)
     assert attention_windows(b / "target" / "model.onnx") == [-1, -1]
     _greedy_exact(b)
-    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2-xk", "padded")
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2-xk",
+                                       "GroupQueryAttention -> edgespec.DecodeAttention")
+    assert _attention_attrs(out) == [("DecodeAttentionF16", -1, 50.0)] * 2  # (Gemma 2's score cap on every layer)
 
 
-def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_path_factory, gemma2w):
+def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_path_factory, gemma2w, monkeypatch):
     """A window shorter than the context stays in the graph, and speculative decoding's rollbacks keep greedy
-    output exact well past it (200 tokens through a 64-token window, plain and on the exact kernels)."""
+    output exact well past it (200 tokens through a 64-token window): plain, on the exact kernels with
+    onnxruntime's attention padded (the same tokens), and on edgespec's attention, which since session 42 computes
+    the window and the score cap itself (float16 caches, the model drafter's second choices verified beside its
+    drafts), greedy and sampled alike."""
+    import numpy as np
+
+    import edgespec
+    from edgespec.manifest import load_manifest
+    from edgespec.policy import RoundPolicy
     from edgespec_export.kernels import attention_windows
 
     b = gemma2w
     assert attention_windows(b / "target" / "model.onnx") == [64, -1]
-    ar = _greedy_exact(b, 200)
-    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk", "padded")
+    ar = _greedy_exact(b, 200, ("prompt-lookup", "model", "auto"))
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk-ort", "padded",
+                                       own_attention=False)
     assert _greedy_exact(out, 200).token_ids == ar.token_ids
+    own = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk",
+                                       "GroupQueryAttention -> edgespec.DecodeAttention")
+    assert _attention_attrs(own) == [("DecodeAttentionF16", 64, 50.0), ("DecodeAttentionF16", -1, 50.0)]
+    assert attention_windows(own / "target" / "model.onnx") == [64, -1]
+    m = load_manifest(own)
+    assert m.target.attention_window == 64 and m.target.kv_dtype == "float16" and m.target.io.row_positions
+    ar = _greedy_exact(own, 200, ("prompt-lookup", "model", "auto"))
+    # an alternate beside every draft token, well past the window: greedy output unchanged, and after a sampled
+    # generation the cache holds what plain calls compute (the next token's logits those of a fresh prefill)
+    eng = edgespec.load(own, memory=False)
+    eng.decoder.policy.use_alternates = True
+    monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+    r = eng.generate(PROMPT, max_new_tokens=200, drafter="model", draft_tokens=3, ignore_eos=True)
+    assert r.token_ids == ar.token_ids and r.stats["alternates"] > 0
+    eng.reset()
+    first = eng.generate(PROMPT, max_new_tokens=150, temperature=1.0, seed=3, drafter="model", draft_tokens=3,
+                         ignore_eos=True)
+    assert first.stats["alternates"] > 0
+    target = eng.decoder.target
+    held, nxt = list(target.tokens), first.token_ids[-1]
+    last = target.forward([nxt]).copy()
+    target.reset()
+    target.prefill(held)
+    assert len(held) > 64 + 32 and np.array_equal(target.forward([nxt]), last)
 
 
 def test_a_kept_window_runs_over_caches_of_any_length(gemma2w, tmp_path_factory):
@@ -121,7 +172,7 @@ def test_a_kept_window_runs_over_caches_of_any_length(gemma2w, tmp_path_factory)
     assert eng.generate(PROMPT, max_new_tokens=16, drafter="auto", ignore_eos=True).token_ids == ar.token_ids
     from edgespec_export.kernels import apply_to_bundle
 
-    out = apply_to_bundle(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk2")
+    out = apply_to_bundle(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk2", own_attention=False)
     assert load_manifest(out).target.io.row_positions is None and load_manifest(out).target.attention_window == 64
 
 
@@ -176,6 +227,12 @@ def test_gemma3_from_a_transformers_5_config(tmp_path_factory, arch_dirs):
     b = _export(tmp_path_factory, "gemma3-int4", arch_dirs["gemma3"], target_precision="int4", max_context=256)
     _greedy_exact(b)
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma3-xk", "query, key and value packed")
+    # its local layers' window kept (4 tokens), on edgespec's attention after exact-kernels: exact far past it
+    b = _export(tmp_path_factory, "gemma3s-int4", scaled, target_precision="int4", max_context=256)
+    ar = _greedy_exact(b, 96)
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma3s-xk", "query, key and value packed")
+    assert _attention_attrs(out) == [("DecodeAttentionF16", 4, 0.0), ("DecodeAttentionF16", -1, 0.0)]
+    assert len(_greedy_exact(out, 96).token_ids) == len(ar.token_ids)
 
 
 def test_flat_rope_leaves_a_flat_config_alone():

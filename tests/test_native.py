@@ -154,11 +154,13 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False):
+def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,
     rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs
     (edgespec.DecodeAttentionF16: the caches float16); ``positions``: with the optional input of the
-    rows' positions (int64 ``pos``, edgespec's op only)."""
+    rows' positions (int64 ``pos``, edgespec's op only); ``window``, ``softcap``: the ops' sliding window
+    (local_window_size) and score cap (Gemma 2 and 3's local layers; edgespec's op without them where
+    they are -1 and 0, as before they were there)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -176,11 +178,12 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False):
         ins.append(helper.make_tensor_value_info("total", TensorProto.INT32, []))
         node = helper.make_node(op, ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"], ["out", "k", "v"],
                                 domain="com.microsoft", num_heads=H, kv_num_heads=KVH, scale=scale, do_rotary=1,
-                                rotary_interleaved=0, local_window_size=-1)
+                                rotary_interleaved=0, local_window_size=window, softcap=softcap)
         dom = "com.microsoft"
     else:
+        extra = {**({"local_window_size": window} if window != -1 else {}), **({"softcap": softcap} if softcap else {})}
         node = helper.make_node(op, ["qkv", "pk", "pv", "seqlens", "cos", "sin"] + ["pos"] * positions, ["out", "k", "v"],
-                                domain="edgespec", num_heads=H, kv_num_heads=KVH, scale=scale)
+                                domain="edgespec", num_heads=H, kv_num_heads=KVH, scale=scale, **extra)
         dom = "edgespec"
         if positions:
             ins.append(helper.make_tensor_value_info("pos", TensorProto.INT64, ["n"]))
@@ -257,9 +260,12 @@ def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeyp
         assert np.array_equal(a, b)
 
 
-def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past):
+def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, window=-1, softcap=0.0):
     """float64 GroupQueryAttention over the given caches (the call's own keys and values already in
-    them at past..past + n - 1): rotary on the queries, causal softmax, per head its group's cache."""
+    them at past..past + n - 1): rotary on the queries, causal softmax, per head its group's cache;
+    a query at position p attends its last ``window`` keys, max(0, p - window + 1)..p, where window > 0
+    (onnxruntime 1.32's op; an earlier one attended one more), its scaled scores s
+    capped as softcap * tanh(s / softcap) where softcap > 0 (onnxruntime's op)."""
     n, half = qkv.shape[1], D // 2
     out = np.zeros((n, H * D))
     for i in range(n):
@@ -269,9 +275,12 @@ def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past):
             x = qkv[0, i, h * D:(h + 1) * D].astype(np.float64)
             q = np.concatenate([x[:half] * c - x[half:] * s, x[half:] * c + x[:half] * s])
             g = h // (H // KVH)
-            k = cache_k[0, g, :pos + 1].astype(np.float64)
-            v = cache_v[0, g, :pos + 1].astype(np.float64)
+            first = max(0, pos - window + 1) if window > 0 else 0
+            k = cache_k[0, g, first:pos + 1].astype(np.float64)
+            v = cache_v[0, g, first:pos + 1].astype(np.float64)
             w = k @ q / np.sqrt(D)
+            if softcap > 0:
+                w = softcap * np.tanh(w / softcap)
             w = np.exp(w - w.max())
             out[i, h * D:(h + 1) * D] = (w / w.sum()) @ v
     return out
@@ -348,7 +357,9 @@ def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatc
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
 @pytest.mark.parametrize("H,KVH,D,past", [(12, 2, 128, 21), (6, 2, 48, 130), (3, 1, 16, 62)])
-def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH, D, past, op, isa, monkeypatch):
+@pytest.mark.parametrize("window,softcap", [(-1, 0.0), (40, 30.0)], ids=["whole", "window-softcap"])
+def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH, D, past, op, isa, window, softcap,
+                                                                          monkeypatch):
     """The optional positions input: rows 0, 1, ... (positions equal to their rows) are the usual causal
     rows, bitwise as without the input; a later row at position p (an alternate to the draft token of
     row p) writes its key, rotated at past + p, and its value at its own slot, and its output is bitwise
@@ -362,8 +373,8 @@ def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH
     cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 8, seed=6)
     if op.endswith("F16"):
         cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
-    plain = _session(_attention_graph(op, H, KVH, D, L, P))
-    posd = _session(_attention_graph(op, H, KVH, D, L, P, positions=True))
+    plain = _session(_attention_graph(op, H, KVH, D, L, P, window=window, softcap=softcap))
+    posd = _session(_attention_graph(op, H, KVH, D, L, P, positions=True, window=window, softcap=softcap))
 
     def run(sess, q, at, pos=None, k=cache_k, v=cache_v):
         feeds = {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)}
@@ -389,6 +400,61 @@ def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH
     for bad in ([0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 1, 9], [0, 1, 2, 3, 4, -1, 1, 2]):
         with pytest.raises(Exception, match="positions"):
             run(posd, qkv[:, :len(bad)] if len(bad) == 8 else qkv, past, bad)
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
+@pytest.mark.parametrize("H,KVH,D,window,softcap", [(12, 2, 128, 50, 0.0), (6, 2, 48, 70, 20.0), (3, 1, 16, -1, 5.0),
+                                                    (8, 4, 32, 16, 0.0), (4, 2, 64, 1, 30.0)])
+@pytest.mark.parametrize("past", [12, 130])
+def test_decode_attention_window_and_softcap_follow_onnxruntime_and_rows_do_not_depend_on_the_width(
+        H, KVH, D, window, softcap, past, op, isa, monkeypatch):
+    """The optional local_window_size and softcap (Gemma 2 and 3's local layers), as onnxruntime's
+    GroupQueryAttention computes them: a query at position p attends its last W keys, its scaled
+    scores capped as c * tanh(s / c). Calls whose rows cross the window's edge (past 12, windows 1-70) and
+    calls far past it (past 130): outputs against onnxruntime's op (float32 caches) and a float64
+    reference over the present caches (both); each row bitwise the same at every width and whatever the
+    call's first position, on both kernel paths."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    L, P = 160, 180
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=7)
+    if op.endswith("F16"):
+        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    ours = _session(_attention_graph(op, H, KVH, D, L, P, window=window, softcap=softcap))
+
+    def run(q, at, k=cache_k, v=cache_v):
+        return ours.run(None, {"qkv": q, "pk": k.copy(), "pv": v.copy(),
+                               "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
+
+    full = run(qkv, past)
+    from onnx import numpy_helper
+
+    cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P).graph.initializer)
+    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past, window, softcap)
+    assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
+    if not op.endswith("F16"):
+        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, window=window, softcap=softcap))
+        ref = theirs.run(None, {"qkv": qkv, "pk": cache_k, "pv": cache_v, "total": np.array(past + 9, np.int32),
+                                "seqlens": np.array([past + 8], np.int32)})
+        assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
+        if softcap or 0 < window < past + 8:  # (where they change it, the test tells them apart)
+            plain = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past)
+            assert np.abs(plain - want).max() > 1e-3
+    for n in range(1, 9):
+        assert np.array_equal(run(qkv[:, :n], past)[0], full[0][:, :n]), n
+    head = run(qkv[:, :4], past)
+    k2, v2 = cache_k.copy(), cache_v.copy()
+    k2[:, :, past:past + 4], v2[:, :, past:past + 4] = head[1][:, :, past:past + 4], head[2][:, :, past:past + 4]
+    assert np.array_equal(run(qkv[:, 4:], past + 4, k2, v2)[0], full[0][:, 4:])
+
+
+def test_decode_attention_refuses_a_bad_window_or_softcap():
+    for bad in ({"window": -2}, {"softcap": -1.0}, {"softcap": float("inf")}):
+        with pytest.raises(Exception, match="local_window_size must be"):
+            _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20, **bad)).run(None, {
+                "qkv": np.zeros((1, 1, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
+                "pv": np.zeros((1, 2, 16, 32), np.float32), "seqlens": np.array([0], np.int32)})
 
 
 def test_decode_attention_refuses_bad_lengths_with_an_error():
@@ -701,7 +767,7 @@ def test_exact_kernels_with_float16_caches_halves_them_and_stays_exact(tiny_xk, 
 
 def test_a_graph_whose_caches_cannot_be_float16_keeps_float32_by_default_and_refuses_when_asked(tiny_int4_bundle,
                                                                                                copy_bundle, tmp_path):
-    """A target with one attention node edgespec's op does not compute (here a sliding window) keeps its
+    """A target with one attention node edgespec's op does not compute (here a smooth softmax) keeps its
     float32 caches by default, that node padded as --onnxruntime-attention pads them, and the log says
     why; --kv-dtype float16 is then a one-line error and nothing is written. A cache another node reads
     (here a Shape of a past key) is refused the same way."""
@@ -726,20 +792,16 @@ def test_a_graph_whose_caches_cannot_be_float16_keeps_float32_by_default_and_ref
         (b / "edgespec.json").write_text(json.dumps(mf))
         return b
 
-    def window(g):
+    def smooth(g):  # (gpt-oss's attention sinks: a softmax edgespec's op does not compute)
         n = next(n for n in g.node if n.op_type == "GroupQueryAttention")
-        for a in n.attribute:
-            if a.name == "local_window_size":
-                a.i = 16
-                return
-        n.attribute.append(helper.make_attribute("local_window_size", 16))
+        n.attribute.append(helper.make_attribute("smooth_softmax", 1))
 
     def second_reader(g):
         past = next(n for n in g.node if n.op_type == "GroupQueryAttention").input[3]
         g.node.append(helper.make_node("Shape", [past], ["edgespec_test_shape"]))
         g.output.append(helper.make_tensor_value_info("edgespec_test_shape", onnx.TensorProto.INT64, [4]))
 
-    for name, change, why in (("win", window, "not edgespec.DecodeAttention"),
+    for name, change, why in (("smooth", smooth, "not edgespec.DecodeAttention"),
                               ("reader", second_reader, "is not the graph's own input and output")):
         src = altered(name, change)
         said = []

@@ -1298,7 +1298,9 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
 //   inputs:  qkv [1, n, (H + 2 KVH) * D], past_key, past_value [1, KVH, L, D], seqlens_k int32 [1] (valid - 1),
 //            cos, sin [P, D / 2] (non-interleaved rotary over the whole head)
 //   outputs: out [1, n, H * D], present_key, present_value (the past buffers, written in place when bound so)
-//   attributes: num_heads, kv_num_heads (int), scale (float, 0: 1 / sqrt(D))
+//   attributes: num_heads, kv_num_heads (int), scale (float, 0: 1 / sqrt(D)); optional, as onnxruntime's op:
+//            local_window_size (int, -1: none; W > 0: a query at position p attends its last W keys, max(0, p - W + 1)
+//            .. p, as onnxruntime 1.32's op) and softcap (float, 0: none; c > 0: each scaled score s becomes c * tanh(s / c) before the softmax)
 // edgespec.DecodeAttentionF16 is the same op over float16 caches (`exact-kernels --kv-dtype float16`): half the bytes
 // a decode call streams and half the memory. A new key or value is rounded to float16 (to nearest, ties to even) as it
 // is written, and every query reads the keys and values from the cache, its own row's too, each widened to float32
@@ -1307,6 +1309,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
 struct Attn {
   int64_t H = 0, KVH = 0;
   float scale = 0.f;
+  int64_t window = -1;  // local_window_size (-1 or 0: every key up to the query's)
+  float softcap = 0.f;  // 0: none
   bool ok = false;
   bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
   bool quads = true;    // g_attn_quads when the kernel was made
@@ -1630,6 +1634,12 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   const T* zero = reinterpret_cast<const T*>(sc + nq * stride);  // a key of zeros past the last row's keys
   std::memset(sc + nq * stride, 0, size_t(D) * sizeof(float));
   auto keys_of = [&](int64_t x) { return c.past + r0 + x / group + 1; };
+  // a sliding window: query x attends keys [first_of(x), keys_of(x)) (its last W); the task
+  // scores and weighs keys from ``from`` (its first query's first key, down to a block), and a query's keys before
+  // its own first are weighed by 0 (a multiply-add of 0 leaves a chain as it was: the same bits as from its first)
+  const int64_t W = c.a->window;
+  auto first_of = [&](int64_t x) { return W > 0 ? std::max<int64_t>(0, keys_of(x) - W) : int64_t(0); };
+  const int64_t from = first_of(0) / kAttnKeys * kAttnKeys;
   for (int64_t x = 0; x < nq; ++x) {
     const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
     rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half);
@@ -1672,33 +1682,39 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
       }
     }
   };
-  scores(K, 0, split);
+  scores(K, from, split);
   if (split < maxkeys) scores(K + shift, split, maxkeys);
   std::vector<float> total(static_cast<size_t>(nq));
   for (int64_t x = 0; x < nq; ++x) {  // softmax weights (unnormalized) and their sum
-    float* se = sc + x * stride;
-    const int64_t kn = keys_of(x);
+    const int64_t k1 = first_of(x), kn = keys_of(x);
+    for (int64_t r = from; r < k1; ++r) sc[x * stride + r] = 0.f;  // (keys before the window: weight 0)
+    float* se = sc + x * stride + k1;  // the query's scores from its first key (the lanes below count from it)
+    const int64_t kw = kn - k1;
+    if (c.a->softcap > 0.f) {  // c * tanh(s / c), as onnxruntime's op: a function of the score alone
+      const float cap = c.a->softcap;
+      for (int64_t r = 0; r < kw; ++r) se[r] = cap * std::tanh(se[r] / cap);
+    }
     __m256 mx = _mm256_set1_ps(-INFINITY);  // the max (exact in any order)
     int64_t j = 0;
-    for (; j + 8 <= kn; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(se + j));
+    for (; j + 8 <= kw; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(se + j));
     float m = -INFINITY;
-    for (int64_t r = j; r < kn; ++r) m = std::max(m, se[r]);
+    for (int64_t r = j; r < kw; ++r) m = std::max(m, se[r]);
     _mm256_store_ps(t, mx);
     for (int r = 0; r < 8; ++r) m = std::max(m, t[r]);
     // exp(s - max) 8 keys at a time; the sum: lane l adds keys l, l + 8, ... in order (a last block's missing
     // keys add 0), then a fixed tree over the lanes
     const __m256 mv = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= kn; j += 8) {
+    for (j = 0; j + 8 <= kw; j += 8) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(se + j), mv));
       _mm256_storeu_ps(se + j, e);
       sum = _mm256_add_ps(sum, e);
     }
-    if (j < kn) {
-      for (int64_t r = 0; r < 8; ++r) t[r] = j + r < kn ? se[j + r] - m : -87.0f;
+    if (j < kw) {
+      for (int64_t r = 0; r < 8; ++r) t[r] = j + r < kw ? se[j + r] - m : -87.0f;
       _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
       for (int64_t r = 0; r < 8; ++r) {
-        if (j + r < kn) se[j + r] = t[r];
+        if (j + r < kw) se[j + r] = t[r];
         else t[r] = 0.f;
       }
       sum = _mm256_add_ps(sum, _mm256_load_ps(t));
@@ -1739,7 +1755,7 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
       }
     }
   };
-  values(V, 0, split);
+  values(V, from, split);
   if (split < maxkeys) values(V + shift, split, maxkeys);
   for (int64_t x = 0; x < nq; ++x) {
     float* o = c.out + ((r0 + x / group) * H + g * group + x % group) * D;
@@ -1775,6 +1791,14 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "scale", &scale)))
     scale = 0.f;
   a->scale = scale;
+  int64_t window = -1;
+  if (ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "local_window_size", &window)))
+    a->window = window;
+  float cap = 0.f;
+  if (ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "softcap", &cap)))
+    a->softcap = cap;
+  if (a->window < -1 || !(a->softcap >= 0.f) || !std::isfinite(a->softcap))
+    return attn_fail(a, "local_window_size must be -1 (none) or more, softcap 0 (none) or a positive number");
   if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
     return attn_fail(a, "num_heads must be a multiple of kv_num_heads, at most 16 times it");
   a->avx512 = g_avx512;
