@@ -784,7 +784,7 @@ def info(bundle, verify, as_json):
                        "whole context)")
         if spec.head_size:
             click.echo(f"    reduced draft vocabulary: the lm_head computes {spec.head_size} of {spec.vocab_size} "
-                       f"tokens ({os.path.relpath(spec.head_ids, m.root)}; {spec.head_source or 'source not recorded'})")
+                       f"tokens ({m.relative(spec.head_ids)}; {spec.head_source or 'source not recorded'})")
         if spec.io.argmax:
             from .onnx_lm import ARGMAX_ROWS
 

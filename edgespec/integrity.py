@@ -190,7 +190,7 @@ def check_files(m, deep: bool = False) -> None:
             for rel, meta in spec.files.items():
                 _check_file(m.root, rel, meta, deep, stamps)
             listed = {os.path.normpath(rel) for rel in spec.files}
-            graph = os.path.relpath(spec.path, m.root)
+            graph = m.relative(spec.path)
             if os.path.normpath(graph) not in listed:  # (an edited manifest: its size and hash would go unchecked)
                 raise BundleError(f"bundle {m.root}: the {spec.role} graph {graph!r} is not among the manifest's "
                                   "files, so it cannot be checked; re-export the bundle")
@@ -200,7 +200,7 @@ def check_files(m, deep: bool = False) -> None:
                     if os.path.isabs(loc) or not _inside(m.root, target):
                         raise BundleError(f"bundle {m.root}: the {spec.role} graph's external data {loc!r} "
                                           "points outside the bundle directory")
-                    if os.path.normpath(os.path.relpath(target, m.root)) not in listed:
+                    if os.path.normpath(m.relative(target)) not in listed:
                         raise BundleError(f"bundle {m.root}: the {spec.role} graph's external data {loc!r} is not "
                                           "among the manifest's files, so it cannot be checked; re-export the bundle")
         _check_tokenizer(m, deep, stamps)

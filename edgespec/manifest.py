@@ -421,6 +421,11 @@ class Manifest:
     def max_context(self) -> int:
         return self.target.max_context
 
+    def relative(self, path: str | os.PathLike) -> str:
+        """``path`` (one of the manifest's paths, which are resolved) relative to the bundle directory, also where
+        ``root`` was given through a symbolic link (the path relative to ``root`` as given then climbed out of it)."""
+        return os.path.relpath(path, os.path.realpath(self.root))
+
     @classmethod
     def from_dict(cls, raw: Any, root: str | os.PathLike) -> "Manifest":
         """The manifest ``raw`` (parsed JSON) of the bundle directory ``root``; checks the schema

@@ -411,7 +411,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
                           "a bundle with the full head")
     if int(ids[-1]) >= manifest.target.vocab_size:
         raise ExportError("a kept id is outside the target's vocabulary")
-    rel_model = Path(os.path.relpath(d.path, manifest.root))
+    rel_model = Path(manifest.relative(d.path))
     model_path = stage / rel_model
     full = reduce_head(model_path, ids, d.io.logits)
     if full != d.vocab_size:
@@ -433,7 +433,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
                        "MatMulNBits", "GroupQueryAttention", "MatMul", "DequantizeLinear", "GatherBlockQuantized",
                        "Gather")})
     m = replace(manifest, root=stage, drafter=spec, target=_rerooted(manifest.target, manifest.root, stage),
-                tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))
+                tokenizer_dir=stage / manifest.relative(manifest.tokenizer_dir))
     if log:
         log(f"    drafter: lm_head cut from {full} to {len(ids)} tokens; measuring its resident memory on the CPU EP")
     sizes = measured_sizes(stage, "drafter", spec.to_dict(stage), log=log)
@@ -443,6 +443,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
 
 def _rerooted(spec, old: Path, new: Path):
     """``spec`` with its paths (graph, reduced head ids) under ``new`` instead of ``old``."""
+    old = os.path.realpath(old)  # (the spec's paths are resolved: a bundle given through a symbolic link)
     head = new / os.path.relpath(spec.head_ids, old) if spec.head_ids is not None else None
     return replace(spec, path=new / os.path.relpath(spec.path, old), head_ids=head)
 

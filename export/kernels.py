@@ -721,7 +721,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     sample_ids = Tokenizer.of(manifest).encode(SAMPLE)[:64]
 
     def build(stage: Path):
-        m = replace(manifest, root=stage, tokenizer_dir=stage / os.path.relpath(manifest.tokenizer_dir, manifest.root))
+        m = replace(manifest, root=stage, tokenizer_dir=stage / manifest.relative(manifest.tokenizer_dir))
         for role in ("target", "drafter"):
             spec = getattr(manifest, role)
             if spec is None:

@@ -167,6 +167,39 @@ def test_a_manifest_that_lists_not_the_graph_s_files(tiny_bundle, copy_bundle, k
     one_line_error(run("info", b, "--verify"), 2)
 
 
+def test_a_bundle_reached_through_a_symbolic_link_loads(tiny_bundle, copy_bundle, tmp_path):
+    """Session 41's check that the graph is listed compared the graph's resolved path with the bundle's path as
+    given: a bundle behind a symbolic link (to it, or to a folder above it) was refused as "not among the
+    manifest's files". It loads, answers as through its real path, and a damaged file is still caught."""
+    b = copy_bundle(tiny_bundle)
+    (tmp_path / "link").symlink_to(b, target_is_directory=True)
+    (tmp_path / "above").symlink_to(b.parent, target_is_directory=True)
+    want = edgespec.load(b, memory=False).generate("hi", max_new_tokens=6, drafter="none").token_ids
+    for via in (tmp_path / "link", tmp_path / "above" / b.name):
+        assert edgespec.load(via, memory=False).generate("hi", max_new_tokens=6, drafter="none").token_ids == want
+        assert run("info", via, "--verify").exit_code == 0
+    data = b / "target" / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(edgespec.BundleError, match="model.onnx.data"):
+        edgespec.load(tmp_path / "link", memory=False, verify=True)
+
+
+def test_the_rewrites_take_a_bundle_given_through_a_symbolic_link(tiny_int4_bundle, tmp_path):
+    """exact-kernels and drafter-vocab placed the rewritten graph by its path relative to the bundle as given,
+    which a symbolic link made climb out of the new bundle; both now write bundles that load."""
+    from edgespec_export.head import apply_to_bundle as cut_head
+    from edgespec_export.kernels import apply_to_bundle as exact_kernels
+
+    (tmp_path / "link").symlink_to(tiny_int4_bundle, target_is_directory=True)
+    for name, make in (("xk", lambda out: exact_kernels(tmp_path / "link", out)),
+                       ("cut", lambda out: cut_head(tmp_path / "link", 300, out))):
+        out = make(tmp_path / name)
+        assert out.resolve().parent == tmp_path.resolve() and not (tmp_path / "link" / "edgespec.json").is_symlink()
+        assert edgespec.load(out, memory=False, verify=True).generate("hi", max_new_tokens=4).text is not None, name
+
+
 def load_layers(b):
     return json.loads((b / "edgespec.json").read_text())["models"]["drafter"]["num_layers"]
 
