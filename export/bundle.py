@@ -229,6 +229,9 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window
     unbound = unbind_windows(graph_file, ctx)  # (those at least ctx: the ones kept are the shorter)
+    if dec.pop("sliding_window", None) is not None:  # (onnxruntime-genai's window-sized caches: the graph has none now)
+        (build.model_dir / "genai_config.json").write_text(json.dumps(build.genai_config, indent=4))
+        progress.log(f"    {role}: genai_config.json's sliding_window taken off (the graph's caches hold the context)")
     kept_window = max((w for w in windows if 0 < w < ctx), default=0)
     if unbound:
         progress.log(f"    {role}: {unbound} attention layers' sliding windows are as long as the {ctx:,}-token "

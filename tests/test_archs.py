@@ -146,6 +146,29 @@ def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_
     assert len(held) > 64 + 32 and np.array_equal(target.forward([nxt]), last)
 
 
+def test_onnxruntime_genai_runs_a_bundle_whose_window_stays(gemma2w):
+    """The bundle's genai_config.json (side-by-side runs with onnxruntime-genai, scripts/genai_baseline.py) kept
+    the builder's ``sliding_window`` after the export took the window-sized cache layout off the graph, so
+    onnxruntime-genai gave layer 0 a 64-token cache that the graph refused past 64 tokens; the export takes it
+    off too, and onnxruntime-genai's greedy tokens are edgespec's through and past the window."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import edgespec
+
+    pytest.importorskip("onnxruntime_genai")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import genai_baseline as gb
+
+    assert "sliding_window" not in json.loads((gemma2w / "target" / "genai_config.json").read_text())["model"]["decoder"]
+    eng = edgespec.load(gemma2w, memory=False)
+    prompt = eng.encode(PROMPT, fit=True)
+    ref = eng.generate(PROMPT, max_new_tokens=100, drafter="none", ignore_eos=True).token_ids
+    ids, _, _ = gb.genai_autoregressive(gemma2w / "target", prompt, 100)
+    assert len(prompt) + 100 > 64 and list(ids) == ref
+
+
 def test_a_kept_window_runs_over_caches_of_any_length(gemma2w, tmp_path_factory):
     """The manifest records the window the graph keeps (edgespec info says it); the graph has no window-sized cache
     layout (the builder's ``sliding_window_cache``, with which onnxruntime refused a cache shorter than the window
