@@ -153,6 +153,37 @@ def test_a_manifest_vocabulary_the_graph_does_not_have(tiny_bundle, copy_bundle,
     assert "logits have" in one_line_error(run("generate", b, "-p", "hi", "--logit-bias", "5=5"), 2)
 
 
+@pytest.mark.parametrize("role", ["target", "drafter"])
+@pytest.mark.parametrize("axis", ["num_kv_heads", "head_dim"])
+def test_a_manifest_cache_shape_the_graph_does_not_have(tiny_bundle, copy_bundle, role, axis):
+    """A manifest whose KV heads or head size are not the graph's cache inputs' made caches of the wrong shape,
+    which failed inside the attention at the first call; the load refuses it, naming the input and the axis. The
+    builder's graphs give the heads axis a number and leave the head size symbolic: that one is given a number
+    here (the graph's own, listed with its new hash), so that the manifest's is what is wrong."""
+    import onnx
+
+    from edgespec_export.head import head_files
+
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    spec = m["models"][role]
+    if axis == "head_dim":
+        path = b / spec["path"]
+        g = onnx.load(str(path), load_external_data=False)
+        for i in g.graph.input:
+            if i.name.startswith("past_key_values"):
+                i.type.tensor_type.shape.dim[3].dim_value = spec["head_dim"]
+        onnx.save(g, str(path))
+        spec["files"] = head_files(b, role)
+        (b / "edgespec.json").write_text(json.dumps(m))
+        assert edgespec.load(b, memory=False).generate("hi", max_new_tokens=2).text is not None  # (the graph is sound)
+    _edit_manifest(b, role, **{axis: spec[axis] * 2})
+    with pytest.raises(edgespec.BundleError, match=f"the {role} graph's 'past_key_values.0.key' has .* on its {axis} "
+                                                   f"axis, the manifest says {spec[axis] * 2}"):
+        edgespec.load(b, memory=False)
+    assert f"{axis} axis" in one_line_error(run("generate", b, "-p", "hi"), 2)
+
+
 @pytest.mark.parametrize("keep", [(), ("target/model.onnx",)], ids=["no-files", "graph-only"])
 def test_a_manifest_that_lists_not_the_graph_s_files(tiny_bundle, copy_bundle, keep):
     """An emptied (or partial) ``files`` table turned the integrity checks off: damaged weights loaded and gave
