@@ -288,7 +288,8 @@ def _own_attention(n, inits: dict) -> bool:
     while ins and not ins[-1]:  # optional inputs left empty (position ids, attention bias, ...)
         ins.pop()
     if (len(ins) != 9 or ins[1] or ins[2] or not a.get("do_rotary") or a.get("rotary_interleaved", 0)
-            or int(a.get("local_window_size", -1)) < -1 or not 0.0 <= float(a.get("softcap", 0.0)) < float("inf")
+            or int(a.get("local_window_size", -1)) not in (-1,) and int(a.get("local_window_size", -1)) <= 0
+            or not 0.0 <= float(a.get("softcap", 0.0)) < float("inf")
             or a.get("smooth_softmax", 0) or ins[7] not in inits or ins[8] not in inits
             or inits[ins[7]].data_type != TensorProto.FLOAT or len(inits[ins[7]].dims) != 2
             or (2 * inits[ins[7]].dims[1]) % 8):  # the op's head size: a multiple of 8 (its lanes)

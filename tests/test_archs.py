@@ -123,6 +123,18 @@ def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_
     own = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma2w-xk",
                                        "GroupQueryAttention -> edgespec.DecodeAttention")
     assert _attention_attrs(own) == [("DecodeAttentionF16", 64, 50.0), ("DecodeAttentionF16", -1, 50.0)]
+    check = load_manifest(own).target.kernels_check  # (its logits against onnxruntime's windowed, capped attention)
+    assert check["top1_agreement"] >= 0.85 and check["max_abs_logit_diff"] < 0.04 * check["logit_scale"], check
+    # and far past the window (the check's 64 positions stay within it): 200 positions' logits in one call, against
+    # the rewrite on onnxruntime's attention
+    ids = ar.token_ids[:200]
+    rows = []
+    for path in (own, out):
+        t = edgespec.load(path, memory=False).decoder.target
+        t.reset()
+        rows.append(np.array(t.forward(ids), dtype=np.float64))
+    scale = np.abs(rows[1]).max()
+    assert rows[0].shape[0] == 200 and np.abs(rows[0] - rows[1])[100:].max() < 0.04 * scale
     assert attention_windows(own / "target" / "model.onnx") == [64, -1]
     m = load_manifest(own)
     assert m.target.attention_window == 64 and m.target.kv_dtype == "float16" and m.target.io.row_positions
@@ -252,10 +264,15 @@ def test_gemma3_from_a_transformers_5_config(tmp_path_factory, arch_dirs):
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma3-xk", "query, key and value packed")
     # its local layers' window kept (4 tokens), on edgespec's attention after exact-kernels: exact far past it
     b = _export(tmp_path_factory, "gemma3s-int4", scaled, target_precision="int4", max_context=256)
-    ar = _greedy_exact(b, 96)
+    _greedy_exact(b, 96)
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma3s-xk", "query, key and value packed")
     assert _attention_attrs(out) == [("DecodeAttentionF16", 4, 0.0), ("DecodeAttentionF16", -1, 0.0)]
-    assert len(_greedy_exact(out, 96).token_ids) == len(ar.token_ids)
+    _greedy_exact(out, 96)
+    # the rewrite's logits against the source graph's (onnxruntime's windowed attention) over the check's ~60
+    # positions, most of them past the 4-token window: the same model
+    check = load_manifest(out).target.kernels_check
+    assert check["positions"] > 16 and check["top1_agreement"] >= 0.85, check
+    assert check["max_abs_logit_diff"] < 0.04 * check["logit_scale"], check
 
 
 def test_flat_rope_leaves_a_flat_config_alone():

@@ -217,18 +217,29 @@ def test_a_bundle_reached_through_a_symbolic_link_loads(tiny_bundle, copy_bundle
         edgespec.load(tmp_path / "link", memory=False, verify=True)
 
 
-def test_the_rewrites_take_a_bundle_given_through_a_symbolic_link(tiny_int4_bundle, tmp_path):
+def test_the_rewrites_take_a_bundle_given_through_a_symbolic_link(tiny_int4_bundle, copy_bundle, tmp_path):
     """exact-kernels and drafter-vocab placed the rewritten graph by its path relative to the bundle as given,
     which a symbolic link made climb out of the new bundle; both now write bundles that load."""
     from edgespec_export.head import apply_to_bundle as cut_head
     from edgespec_export.kernels import apply_to_bundle as exact_kernels
 
-    (tmp_path / "link").symlink_to(tiny_int4_bundle, target_is_directory=True)
+    import hashlib
+
+    def digests(d):
+        return {p.relative_to(d): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+
+    src = copy_bundle(tiny_int4_bundle)
+    before = digests(src)
+    (tmp_path / "link").symlink_to(src, target_is_directory=True)
     for name, make in (("xk", lambda out: exact_kernels(tmp_path / "link", out)),
                        ("cut", lambda out: cut_head(tmp_path / "link", 300, out))):
         out = make(tmp_path / name)
-        assert out.resolve().parent == tmp_path.resolve() and not (tmp_path / "link" / "edgespec.json").is_symlink()
-        assert edgespec.load(out, memory=False, verify=True).generate("hi", max_new_tokens=4).text is not None, name
+        m = edgespec.load(out, memory=False, verify=True)
+        assert m.generate("hi", max_new_tokens=4).text is not None, name
+        # the rewritten graph is in the new bundle, the source bundle untouched (the old paths climbed into it)
+        spec = m.manifest.target if name == "xk" else m.manifest.drafter
+        assert spec.path.resolve().is_relative_to(out.resolve()), (name, spec.path)
+        assert digests(src) == before, name
 
 
 def load_layers(b):

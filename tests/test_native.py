@@ -357,7 +357,7 @@ def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatc
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
 @pytest.mark.parametrize("H,KVH,D,past", [(12, 2, 128, 21), (6, 2, 48, 130), (3, 1, 16, 62)])
-@pytest.mark.parametrize("window,softcap", [(-1, 0.0), (40, 30.0)], ids=["whole", "window-softcap"])
+@pytest.mark.parametrize("window,softcap", [(-1, 0.0), (16, 30.0)], ids=["whole", "window-softcap"])
 def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH, D, past, op, isa, window, softcap,
                                                                           monkeypatch):
     """The optional positions input: rows 0, 1, ... (positions equal to their rows) are the usual causal
@@ -447,10 +447,35 @@ def test_decode_attention_window_and_softcap_follow_onnxruntime_and_rows_do_not_
     k2, v2 = cache_k.copy(), cache_v.copy()
     k2[:, :, past:past + 4], v2[:, :, past:past + 4] = head[1][:, :, past:past + 4], head[2][:, :, past:past + 4]
     assert np.array_equal(run(qkv[:, 4:], past + 4, k2, v2)[0], full[0][:, 4:])
+    # every row as a one-row call at its position over the call's cache: a task's first key block (from its first
+    # row's window) then differs from the multi-row call's
+    for i in range(9):
+        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("W,past,rows", [(16, 60, 20), (5, 250, 24), (64, 120, 30)])
+def test_decode_attention_window_rows_of_several_tasks_are_one_row_calls(W, past, rows, isa, monkeypatch):
+    """A call of more rows than a task takes (8): its tasks start their key blocks at their own first rows'
+    windows, whose blocks cross 64-key boundaries within the call; every row is bitwise a one-row call's at
+    its position (F16 caches, Gemma 3 1B's 4 heads to one KV head)."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    H, KVH, D, L = 4, 1, 64, 320
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, rows, seed=8)
+    cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    s = _session(_attention_graph("DecodeAttentionF16", H, KVH, D, L, L + 8, window=W))
+
+    def run(q, at, k, v):
+        return s.run(None, {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
+
+    full = run(qkv, past, cache_k, cache_v)
+    for i in range(rows):
+        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
 
 
 def test_decode_attention_refuses_a_bad_window_or_softcap():
-    for bad in ({"window": -2}, {"softcap": -1.0}, {"softcap": float("inf")}):
+    for bad in ({"window": -2}, {"window": 0}, {"softcap": -1.0}, {"softcap": float("inf")}):
         with pytest.raises(Exception, match="local_window_size must be"):
             _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20, **bad)).run(None, {
                 "qkv": np.zeros((1, 1, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),

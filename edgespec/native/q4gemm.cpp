@@ -1309,7 +1309,7 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
 struct Attn {
   int64_t H = 0, KVH = 0;
   float scale = 0.f;
-  int64_t window = -1;  // local_window_size (-1 or 0: every key up to the query's)
+  int64_t window = -1;  // local_window_size (-1: every key up to the query's)
   float softcap = 0.f;  // 0: none
   bool ok = false;
   bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
@@ -1634,9 +1634,11 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   const T* zero = reinterpret_cast<const T*>(sc + nq * stride);  // a key of zeros past the last row's keys
   std::memset(sc + nq * stride, 0, size_t(D) * sizeof(float));
   auto keys_of = [&](int64_t x) { return c.past + r0 + x / group + 1; };
-  // a sliding window: query x attends keys [first_of(x), keys_of(x)) (its last W); the task
-  // scores and weighs keys from ``from`` (its first query's first key, down to a block), and a query's keys before
-  // its own first are weighed by 0 (a multiply-add of 0 leaves a chain as it was: the same bits as from its first)
+  // a sliding window: query x attends keys [first_of(x), keys_of(x)) (its last W); the task scores and weighs keys
+  // from ``from`` (its first query's first key, down to a block), and a query's keys before its own first are weighed
+  // by 0 (a multiply-add of 0 leaves a chain as it was: the same bits as from its first, for every finite value; an
+  // infinite or NaN value there, which only a model already computing them writes, and float16 caches never hold an
+  // infinity, would make the row's output NaN in some calls and not others)
   const int64_t W = c.a->window;
   auto first_of = [&](int64_t x) { return W > 0 ? std::max<int64_t>(0, keys_of(x) - W) : int64_t(0); };
   const int64_t from = first_of(0) / kAttnKeys * kAttnKeys;
@@ -1797,8 +1799,9 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   float cap = 0.f;
   if (ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "softcap", &cap)))
     a->softcap = cap;
-  if (a->window < -1 || !(a->softcap >= 0.f) || !std::isfinite(a->softcap))
-    return attn_fail(a, "local_window_size must be -1 (none) or more, softcap 0 (none) or a positive number");
+  if (a->window == 0 || a->window < -1 || !(a->softcap >= 0.f) || !std::isfinite(a->softcap))
+    return attn_fail(a, "local_window_size must be -1 (none) or a positive number of keys, softcap 0 (none) or a "
+                        "finite positive number");
   if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
     return attn_fail(a, "num_heads must be a multiple of kv_num_heads, at most 16 times it");
   a->avx512 = g_avx512;
