@@ -295,11 +295,14 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "h
 
 
 @pytest.mark.parametrize("arch, extra", [("llama", {"rope_parameters": LLAMA3_ROPE}), ("phi3", {}), ("gemma", {}),
-                                         ("granite", {}), ("olmo", {}), ("smollm3", {})],
-                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3"])
+                                         ("granite", {}), ("olmo", {}), ("smollm3", {}),
+                                         ("phi3", {"partial_rotary_factor": 0.75, "hidden": 128, "heads": 2})],
+                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3", "phi4-mini-rotary"])
 def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch, extra):
-    """Llama 3's scaled rotary, Phi-3, Gemma, Granite, OLMo and SmolLM3 (rotary left out on some layers) through the
-    export (validated against torch) and exact-kernels, greedy speculative output equal to plain decoding."""
+    """Llama 3's scaled rotary, Phi-3, Gemma, Granite, OLMo, SmolLM3 (rotary left out on some layers) and Phi-4-mini's
+    partial rotary (0.75 of a head; session 42: edgespec's attention rotates the first lanes and passes the rest, where
+    the rewritten bundle's first call had failed) through the export (validated against torch) and exact-kernels,
+    greedy speculative output equal to plain decoding."""
     from tiny import make_model
 
     d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=9, **extra)

@@ -154,17 +154,19 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0):
+def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0, rot=None):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,
     rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs
     (edgespec.DecodeAttentionF16: the caches float16); ``positions``: with the optional input of the
     rows' positions (int64 ``pos``, edgespec's op only); ``window``, ``softcap``: the ops' sliding window
     (local_window_size) and score cap (Gemma 2 and 3's local layers; edgespec's op without them where
-    they are -1 and 0, as before they were there)."""
+    they are -1 and 0, as before they were there); ``rot``: the rotary's pairs (cos and sin columns), D / 2 unless
+    given (fewer: a partial rotary, Phi-4-mini's and Phi-2's)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    ang = np.arange(P)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    R = D // 2 if rot is None else rot
+    ang = np.arange(P)[:, None] * (10000.0 ** (-np.arange(R) / R))[None, :]
     inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
              numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
     f = TensorProto.FLOAT
@@ -261,19 +263,20 @@ def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeyp
 
 
 def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, window=-1, softcap=0.0):
+    # (the rotary over the first 2 x cos.shape[1] lanes of a head, the rest as they are)
     """float64 GroupQueryAttention over the given caches (the call's own keys and values already in
     them at past..past + n - 1): rotary on the queries, causal softmax, per head its group's cache;
     a query at position p attends its last ``window`` keys, max(0, p - window + 1)..p, where window > 0
     (onnxruntime 1.32's op; an earlier one attended one more), its scaled scores s
     capped as softcap * tanh(s / softcap) where softcap > 0 (onnxruntime's op)."""
-    n, half = qkv.shape[1], D // 2
+    n, half = qkv.shape[1], cos.shape[1]
     out = np.zeros((n, H * D))
     for i in range(n):
         pos = past + i
         c, s = cos[pos].astype(np.float64), sin[pos].astype(np.float64)
         for h in range(H):
             x = qkv[0, i, h * D:(h + 1) * D].astype(np.float64)
-            q = np.concatenate([x[:half] * c - x[half:] * s, x[half:] * c + x[:half] * s])
+            q = np.concatenate([x[:half] * c - x[half:2 * half] * s, x[half:2 * half] * c + x[:half] * s, x[2 * half:]])
             g = h // (H // KVH)
             first = max(0, pos - window + 1) if window > 0 else 0
             k = cache_k[0, g, first:pos + 1].astype(np.float64)
@@ -471,6 +474,46 @@ def test_decode_attention_window_rows_of_several_tasks_are_one_row_calls(W, past
 
     full = run(qkv, past, cache_k, cache_v)
     for i in range(rows):
+        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
+@pytest.mark.parametrize("H,KVH,D,rot", [(8, 2, 128, 48), (4, 1, 80, 16), (6, 2, 64, 8)])
+def test_decode_attention_partial_rotary_follows_onnxruntime_and_rows_do_not_depend_on_the_width(H, KVH, D, rot, op, isa,
+                                                                                               monkeypatch):
+    """A rotary over a head's first lanes only (cos and sin narrower than D / 2: Phi-4-mini's 0.75 of a head,
+    Phi-2's 0.4), the other lanes passed as they are, as onnxruntime's op does: the new keys and outputs against
+    its GroupQueryAttention (float32 caches) and a float64 reference, each row bitwise a one-row call's and the
+    same at every width. exact-kernels had rewritten such a graph and its first call failed ("head size")."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    L, P, past = 96, 100, 40
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=9)
+    if op.endswith("F16"):
+        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    ours = _session(_attention_graph(op, H, KVH, D, L, P, rot=rot))
+
+    def run(q, at, k=cache_k, v=cache_v):
+        return ours.run(None, {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
+
+    full = run(qkv, past)
+    from onnx import numpy_helper
+
+    cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P, rot=rot).graph.initializer)
+    assert cos.shape[1] == rot
+    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past)
+    assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
+    if not op.endswith("F16"):
+        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, rot=rot))
+        ref = theirs.run(None, {"qkv": qkv, "pk": cache_k, "pv": cache_v, "total": np.array(past + 9, np.int32),
+                                "seqlens": np.array([past + 8], np.int32)})
+        assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
+        t = past + 9
+        assert np.abs(full[1][:, :, :t] - ref[1][:, :, :t]).max() < 1e-5
+    for n in range(1, 9):
+        assert np.array_equal(run(qkv[:, :n], past)[0], full[0][:, :n]), n
+    for i in range(9):
         assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
 
 

@@ -1296,7 +1296,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
 // multiply-add chain of 8 lanes per key, summed in a fixed order), the softmax (the max, then exp(s - max) summed
 // in key order), the weighted sum of the values in key order. The new keys and values are written first.
 //   inputs:  qkv [1, n, (H + 2 KVH) * D], past_key, past_value [1, KVH, L, D], seqlens_k int32 [1] (valid - 1),
-//            cos, sin [P, D / 2] (non-interleaved rotary over the whole head)
+//            cos, sin [P, R] (non-interleaved rotary over the head's first 2R lanes: R = D / 2, or fewer for a partial
+//            rotary, whose other lanes pass as they are, as onnxruntime's op)
 //   outputs: out [1, n, H * D], present_key, present_value (the past buffers, written in place when bound so)
 //   attributes: num_heads, kv_num_heads (int), scale (float, 0: 1 / sqrt(D)); optional, as onnxruntime's op:
 //            local_window_size (int, -1: none; W > 0: a query at position p attends its last W keys, max(0, p - W + 1)
@@ -1354,15 +1355,18 @@ struct AttnCall {
   // >= 0 (a one-row call: an alternate, see attend): the row's own key and value, its last (at position past), are
   // read from this slot, not from slot past
   int64_t own = -1;
+  int64_t rot = 0;  // the rotary's pairs (cos and sin columns): D / 2, or fewer for a partial rotary
 };
 
-// non-interleaved rotary of one head vector at position pos (x1 = x[:D/2], x2 = x[D/2:])
-inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half) {
+// non-interleaved rotary of one head vector of D at position pos over its first 2 x half lanes (x1 = x[:half],
+// x2 = x[half:2 half]); the lanes past them (a partial rotary: Phi-4-mini, Phi-2, StableLM) are copied
+inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half, int64_t D) {
   for (int64_t j = 0; j < half; ++j) {
     const float c = cos[j], s = sin[j], a = x[j], b = x[j + half];
     y[j] = a * c - b * s;
     y[j + half] = b * c + a * s;
   }
+  for (int64_t j = 2 * half; j < D; ++j) y[j] = x[j];
 }
 
 // the sums of the lanes of 8 vectors, one per lane of the result, each by the same tree:
@@ -1622,7 +1626,7 @@ constexpr double kAttnParallelWork = 2e5;
 // width. Keys past a query's last (the partner's, or a block's padding) are computed and never read.
 template <typename T>
 ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g) {
-  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = D / 2;
+  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = c.rot;
   const int64_t nq = (r1 - r0) * group, maxkeys = c.past + r1;  // the last row's keys
   // a query's scores, padded to blocks of 4 (an own slot's key, scored in a block of 4 from its index, 4 more)
   const int64_t stride = (maxkeys + 3) / 4 * 4 + (c.own >= 0 ? 4 : 0);
@@ -1644,7 +1648,7 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   const int64_t from = first_of(0) / kAttnKeys * kAttnKeys;
   for (int64_t x = 0; x < nq; ++x) {
     const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
-    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half);
+    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half, D);
   }
   const T* K = c.K + g * c.L * D;
   const T* V = c.V + g * c.L * D;
@@ -1870,7 +1874,7 @@ void attend_calls(const AttnCall<T>* calls, size_t count, OrtKernelContext* ctx)
 // (the runtime, when it is accepted) leaves the cache as a call of the accepted tokens alone would have.
 template <typename T>
 OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* in, OrtValue* O, OrtValue* PK, OrtValue* PV,
-                  int64_t n, int64_t D, int64_t L, int64_t past, const int64_t* rel, int64_t m) {
+                  int64_t n, int64_t D, int64_t L, int64_t past, const int64_t* rel, int64_t m, int64_t R) {
   T *K = static_cast<T*>(data_of(PK)), *V = static_cast<T*>(data_of(PV));
   const T *pk = static_cast<const T*>(data_of(in[1])), *pv = static_cast<const T*>(data_of(in[2]));
   if (K != pk)  // not bound in place: the present starts as a copy of the past
@@ -1879,13 +1883,13 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
     for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(V + g * L * D, pv + g * L * D, size_t(past * D) * sizeof(T));
   const float* qkv = static_cast<const float*>(data_of(in[0]));
   const float *cs = static_cast<const float*>(data_of(in[4])), *sn = static_cast<const float*>(data_of(in[5]));
-  const int64_t half = D / 2, row = (a->H + 2 * a->KVH) * D;
+  const int64_t half = R, row = (a->H + 2 * a->KVH) * D;
   thread_local std::vector<float> rot;
   if (rot.size() < size_t(D)) rot.resize(size_t(D));
   for (int64_t i = 0; i < n; ++i)  // the new keys (rotated at their positions) and values, at their slots
     for (int64_t g = 0; g < a->KVH; ++g) {
       const int64_t pos = past + (rel ? rel[i] : i), slot = past + i;
-      rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half);
+      rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half, D);
       store_row(rot.data(), K + (g * L + slot) * D, D);
       store_row(qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * D, D);
     }
@@ -1898,6 +1902,7 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   for (int64_t i = m; i < n; ++i)  // the alternates
     calls.push_back(AttnCall<T>{a, 1, D, L, past + rel[i], qkv + i * row, cs, sn, K, V, out + i * a->H * D, scale, wide,
                                 past + i});
+  for (AttnCall<T>& c : calls) c.rot = R;
   attend_calls(calls.data(), calls.size(), ctx);
   return nullptr;
 }
@@ -1916,8 +1921,9 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2)
     return attn_fail(a, "expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
   const int64_t n = qd[1], D = kd[3], L = kd[2];
-  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] * 2 != D)
-    return attn_fail(a, "the head size does not match qkv, the caches and cos (D a multiple of 8)");
+  if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] <= 0 || cd[1] * 2 > D)
+    return attn_fail(a, "the head size does not match qkv and the caches (D a multiple of 8), or cos has more than D/2 "
+                        "columns (its rotary pairs: D/2, or fewer for a partial rotary)");
   const int32_t valid = *static_cast<const int32_t*>(data_of(in[3])) + 1;
   const int64_t past = int64_t(valid) - n;
   if (n <= 0 || past < 0 || valid > L || valid > cd[0])
@@ -1944,8 +1950,8 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 0, od.data(), od.size(), &O)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 1, kd.data(), kd.size(), &PK)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 2, vd.data(), vd.size(), &PV)) return s;
-  return a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m)
-                 : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m);
+  return a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1])
+                 : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1]);
 }
 
 void attn_compute(void* self, OrtKernelContext* ctx) {
