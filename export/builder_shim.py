@@ -35,11 +35,42 @@ def flat_rope(config) -> bool:
     return True
 
 
+def rope_type_alias(config) -> bool:
+    """``rope_parameters["type"]`` set to its ``rope_type`` where it lacks it (in place): transformers 5 names the
+    rotary's kind ``rope_type`` only, and the builder's LongRoPE Phi-3 models (Phi-3.5-mini, Phi-4-mini) read
+    ``type`` as their magnitude scaling policy (``KeyError: 'type'``). False where there is nothing to set."""
+    rp = getattr(config, "rope_parameters", None)
+    if not isinstance(rp, dict) or "type" in rp or "rope_type" not in rp:
+        return False
+    rp["type"] = rp["rope_type"]
+    return True
+
+
+def _patch_longrope() -> None:
+    """The builder's LongRoPE Phi-3 classes read their config through ``rope_type_alias``."""
+    from builders import phi
+
+    for name in ("Phi3MiniLongRoPEModel", "Phi3SmallLongRoPEModel", "Phi3MoELongRoPEModel"):
+        cls = getattr(phi, name, None)
+        if cls is None or getattr(cls, "_edgespec_rope_type", False):
+            continue
+        rope_init = cls.make_rope_init
+
+        def make_rope_init(self, config, _orig=rope_init):
+            rope_type_alias(config)
+            return _orig(self, config)
+
+        cls.make_rope_init = make_rope_init
+        cls._edgespec_rope_type = True
+
+
 def patch() -> None:
     """Wrap the builder's Gemma 3 class (imported as the builder imports it: top-level ``builders``, from its
-    own folder) so that it reads a flat config."""
+    own folder) so that it reads a flat config, and its LongRoPE Phi-3 classes (``_patch_longrope``)."""
     import onnxruntime_genai.models  # noqa: F401  (puts the builder's folder on sys.path)
     from builders import gemma
+
+    _patch_longrope()
 
     cls = gemma.Gemma3Model
     if getattr(cls, "_edgespec_flat_rope", False):

@@ -482,6 +482,70 @@ def unbind_windows(model_file: Path, capacity: int) -> int:
     return unbound
 
 
+def _branch_constants(branch) -> list | None:
+    """The arrays a graph branch (an ``If``'s) outputs, each a ``Constant`` node's or an initializer; None where
+    one is computed."""
+    from onnx import helper, numpy_helper
+
+    made = {n.output[0]: n for n in branch.node if n.op_type == "Constant" and len(n.output) == 1}
+    inits = {t.name: t for t in branch.initializer}
+    out = []
+    for o in branch.output:
+        if o.name in inits:
+            out.append(numpy_helper.to_array(inits[o.name]))
+        elif o.name in made and made[o.name].attribute and made[o.name].attribute[0].name == "value":
+            out.append(numpy_helper.to_array(helper.get_attribute_value(made[o.name].attribute[0])))
+        else:
+            return None
+    return out
+
+
+def per_position_rope(model_file: Path) -> int:
+    """LongRoPE (Phi-3.5-mini, Phi-4-mini): the builder's graph picks the rotary's cos/sin caches per call, the
+    short factors' while the call's total length is at most the original context, the long factors' once it is
+    more (an ``If`` on the attention mask's width). A call's rows then depend on the call: a verify call crossing
+    the original context rotated its earlier rows by the long factors, where one-token calls had used the short
+    ones, so speculative output was not plain decoding's. Here the caches become one, per position: the short
+    factors' rows below the original context and the long factors' from it on (what transformers computes when it
+    decodes token by token). Rewrites the graph file in place; returns the ``If`` nodes replaced (0: none)."""
+    from onnx import numpy_helper
+
+    m = load_graph(model_file)
+    g = m.graph
+    rope = {n.input[i] for n in g.node if n.op_type == "GroupQueryAttention" for i in (7, 8) if len(n.input) > i}
+    readers = _consumers(g)
+    done, drop = 0, set()
+    for n in g.node:
+        if n.op_type != "If" or not set(n.output) & rope:
+            continue
+        branches = {a.name: _branch_constants(a.g) for a in n.attribute if a.name in ("then_branch", "else_branch")}
+        if len(branches) != 2 or any(b is None or len(b) != len(n.output) for b in branches.values()):
+            raise ExportError(f"{model_file.name}: the rotary caches' choice {n.name!r} is not two sets of constants; "
+                              "the graph cannot be made exact across call widths")
+        a, b = branches["then_branch"], branches["else_branch"]
+        short, long_ = (a, b) if a[0].shape[0] < b[0].shape[0] else (b, a)
+        s = short[0].shape[0]
+        if any(x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or y.shape[0] <= s for x, y in zip(short, long_)):
+            raise ExportError(f"{model_file.name}: the rotary caches of {n.name!r} are not short and long tables of "
+                              "the same width")
+        for name, x, y in zip(n.output, short, long_):
+            g.initializer.append(numpy_helper.from_array(np.concatenate([x, y[s:]]).astype(y.dtype), name))
+        drop.add(id(n))
+        cond = n.input[0]
+        done += 1
+        if len(readers.get(cond, [])) == 1:  # (the comparison that chose, read by nothing else now)
+            drop |= {id(p) for p in g.node if cond in p.output}
+    if not done:
+        return 0
+    kept = [n for n in g.node if id(n) not in drop]
+    del g.node[:]
+    g.node.extend(kept)
+    import onnx
+
+    onnx.save(m, str(model_file))
+    return done
+
+
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
                   logits: str | None = None, fused: bool = True, kv_dtype: str = "float32",
                   row_positions: bool = False) -> dict:

@@ -290,6 +290,18 @@ def test_flat_rope_leaves_a_flat_config_alone():
     assert nested.rope_local_base_freq == 1e4
 
 
+def test_rope_type_alias_gives_the_builder_the_field_it_reads():
+    from types import SimpleNamespace
+
+    from edgespec_export.builder_shim import rope_type_alias
+
+    cfg = SimpleNamespace(rope_parameters={"rope_type": "longrope", "short_factor": [1.0]})
+    assert rope_type_alias(cfg) and cfg.rope_parameters["type"] == "longrope"
+    assert not rope_type_alias(cfg)  # (once)
+    assert not rope_type_alias(SimpleNamespace(rope_parameters={"type": "su"}))
+    assert not rope_type_alias(SimpleNamespace())
+
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
 
@@ -309,6 +321,37 @@ def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch,
     b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
     _greedy_exact(b, 48, ("prompt-lookup",))
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "MatMulNBits")
+
+
+def test_longrope_exports_and_decodes_exactly_across_its_original_context(tmp_path_factory):
+    """Phi-3.5-mini's and Phi-4-mini's LongRoPE (short and long rotary factors, the long ones past the original
+    context): under transformers 5 the builder stopped (``KeyError: 'type'``: export/builder_shim.py gives it the
+    field), and its graph chose the short or long caches per call (by the call's total length), so a verify call
+    crossing the original context (64 tokens here) rotated its rows otherwise than one-token calls: speculative
+    output differed from plain decoding's. The export makes the caches one table, per position; 120 tokens across
+    the boundary are exact, plain and on the exact kernels (which now put edgespec's attention there too)."""
+    import onnx
+
+    from tiny import make_model
+
+    R = 8  # (the tiny model's rotary pairs: a head of 16)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "short_factor": [1.0 + 0.1 * i for i in range(R)], "long_factor": [2.0 + 0.3 * i for i in range(R)]}
+    d = make_model(tmp_path_factory.mktemp("hf") / "phi3-longrope", "phi3", seed=9, rope_parameters=rope,
+                   original_max_position_embeddings=64, max_pos=256)
+    import io
+
+    said = io.StringIO()
+    b = _export(tmp_path_factory, "phi3-longrope", d, target_precision="int4", max_context=256, stream=said)
+    assert "rotary caches made one, per position" in said.getvalue()
+    g = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False).graph
+    assert not any(n.op_type == "If" for n in g.node)
+    cos = next(t for t in g.initializer if t.name == "cos_cache")
+    assert list(cos.dims) == [256, R]
+    ar = _greedy_exact(b, 120, ("prompt-lookup", "suffix", "auto"))
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "phi3-longrope-xk",
+                                       "GroupQueryAttention -> edgespec.DecodeAttention")
+    assert len(_greedy_exact(out, 120).token_ids) == len(ar.token_ids)
 
 
 def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):

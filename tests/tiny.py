@@ -58,7 +58,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
     if arch in ("phi3", "smollm3"):
         common["pad_token_id"] = None
     if arch == "phi3":  # (else transformers reads it as a LongRoPE model, whose factors the config lacks)
-        common["original_max_position_embeddings"] = max_pos
+        common["original_max_position_embeddings"] = extra.pop("original_max_position_embeddings", max_pos)
     configs = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "qwen3": "Qwen3Config", "gemma2": "Gemma2Config",
                "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig", "gemma": "GemmaConfig", "phi3": "Phi3Config",
                "granite": "GraniteConfig", "olmo": "OlmoConfig", "smollm3": "SmolLM3Config"}
