@@ -155,6 +155,33 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
     )
 
 
+# the kinds of layer (transformers' ``layer_types``) whose only state is a KV cache, which a rejected draft rolls
+# back by its length; a convolution's or a recurrence's state (LFM2's ``conv``, Granite 4's ``mamba``, Qwen3.5's
+# ``linear_attention``) has no such rollback
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "attention"})
+
+
+def _check_attention_only(cfg, role: str) -> None:
+    """ExportError for a model with layers other than attention (before the build: see ATTENTION_LAYERS)."""
+    types = getattr(cfg, "layer_types", None) or getattr(getattr(cfg, "text_config", None), "layer_types", None)
+    other = sorted({str(t) for t in types or () if str(t) not in ATTENTION_LAYERS})
+    if other:
+        raise ExportError(f"{role}: {getattr(cfg, 'model_type', 'the model')} has {', '.join(other)} layers, whose "
+                          "state (not a KV cache) a rejected draft cannot roll back; edgespec exports models whose "
+                          "layers are all attention")
+
+
+def _check_state_inputs(dec: dict, role: str) -> None:
+    """ExportError where the builder's graph keeps state beside its KV cache (genai_config's ``past_*_names``
+    other than the keys' and values': a convolution's, a recurrence's, quantized caches' scales)."""
+    other = sorted(k for k in dec.get("inputs", {}) if k.startswith("past_") and k.endswith("_names")
+                   and k not in ("past_key_names", "past_value_names"))
+    if other:
+        names = ", ".join(str(dec["inputs"][k]) for k in other)
+        raise ExportError(f"{role}: the built graph keeps state beside its KV cache ({names}), which a rejected draft "
+                          "cannot roll back; edgespec exports models whose layers are all attention")
+
+
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
                 device: str = "cpu") -> ModelSpec:
@@ -167,6 +194,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
     cfg = model.config
+    _check_attention_only(cfg, role)
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
@@ -204,6 +232,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: {precision} has only the builder's {build.layout} layout (float16 activations "
                      f"and KV cache); recorded as {build.layout}")
     dec = build.genai_config["model"]["decoder"]
+    _check_state_inputs(dec, role)
     graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
     if quant.algorithm == "gguf":
         from .gguf_blocks import apply_to_graph

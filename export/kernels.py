@@ -278,16 +278,16 @@ def _half_caches(g, attention: list) -> int:
 
 def _own_attention(n, inits: dict) -> bool:
     """Replace the GroupQueryAttention node ``n`` with ``edgespec.DecodeAttention`` where it is
-    the builder's CPU attention that op computes (packed QKV, rotary over the whole head,
-    non-interleaved, causal, float32 caches; a sliding window and a score cap, Gemma 2 and 3's, kept
-    as the op's own attributes); False (left as it is) else."""
+    the builder's CPU attention that op computes (packed QKV, rotary over the whole head or its first
+    lanes, interleaved or not, causal, float32 caches; a sliding window and a score cap, Gemma 2 and 3's,
+    kept as the op's own attributes); False (left as it is) else."""
     from onnx import TensorProto, helper
 
     a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
     ins = list(n.input)
     while ins and not ins[-1]:  # optional inputs left empty (position ids, attention bias, ...)
         ins.pop()
-    if (len(ins) != 9 or ins[1] or ins[2] or not a.get("do_rotary") or a.get("rotary_interleaved", 0)
+    if (len(ins) != 9 or ins[1] or ins[2] or not a.get("do_rotary")
             or int(a.get("local_window_size", -1)) not in (-1,) and int(a.get("local_window_size", -1)) <= 0
             or not 0.0 <= float(a.get("softcap", 0.0)) < float("inf")
             or a.get("smooth_softmax", 0) or ins[7] not in inits or ins[8] not in inits
@@ -305,6 +305,8 @@ def _own_attention(n, inits: dict) -> bool:
         n.attribute.append(helper.make_attribute("local_window_size", int(a["local_window_size"])))
     if float(a.get("softcap", 0.0)) > 0:
         n.attribute.append(helper.make_attribute("softcap", float(a["softcap"])))
+    if a.get("rotary_interleaved", 0):
+        n.attribute.append(helper.make_attribute("rotary_interleaved", 1))
     return True
 
 

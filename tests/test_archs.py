@@ -354,6 +354,48 @@ def test_longrope_exports_and_decodes_exactly_across_its_original_context(tmp_pa
     assert len(_greedy_exact(out, 120).token_ids) == len(ar.token_ids)
 
 
+def test_a_model_with_layers_other_than_attention_is_refused_before_the_build(tmp_path_factory):
+    """LFM2's convolution layers (Granite 4's Mamba, Qwen3.5's linear attention) keep a state a rejected draft cannot
+    roll back (edgespec rolls a KV cache back by its length): the export refuses the model in one line (exit 6)
+    before the build, where it had built it and failed at validation ("the target graph has no
+    'past_key_values.0.key' ... the bundle is inconsistent"); nothing is left at the output. A graph whose
+    genai_config keeps such state is refused after the build too (a model whose config does not list its layers)."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import _check_state_inputs
+    from tiny import make_model
+
+    d = make_model(tmp_path_factory.mktemp("hf") / "lfm2", "lfm2", seed=3, layer_types=["conv", "full_attention"])
+    out = tmp_path_factory.mktemp("out") / "b"
+    r = CliRunner().invoke(main, ["export", str(d), "-o", str(out), "--target-precision", "int4"])
+    lines = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert r.exit_code == 6 and len(lines) == 1 and "lfm2 has conv layers" in lines[0], r.output
+    assert "building" not in r.output and not out.exists()
+    with pytest.raises(ExportError, match=r"keeps state beside its KV cache \(past\.%d\.conv\)"):
+        _check_state_inputs({"inputs": {"input_ids": "input_ids", "past_key_names": "k.%d", "past_value_names": "v.%d",
+                                        "past_conv_names": "past.%d.conv"}}, "target")
+    _check_state_inputs({"inputs": {"input_ids": "input_ids", "past_key_names": "k.%d", "past_value_names": "v.%d"}},
+                        "target")
+
+
+@pytest.mark.parametrize("arch, extra", [("phi", {"partial_rotary_factor": 0.5}), ("nemotron", {}), ("ernie4_5", {})],
+                         ids=["phi2", "nemotron", "ernie4_5"])
+def test_phi2_nemotron_and_ernie_export_and_take_the_exact_kernels(tmp_path_factory, arch, extra):
+    """Phi-2 and Nemotron (partial rotaries: half of a head; before session 42 exact-kernels' rewrite of them failed
+    at its first call) and ERNIE 4.5 through the export and exact-kernels, greedy speculative output equal to plain
+    decoding (heads of 64: onnxruntime's op takes a rotary of a multiple of 16 lanes); ERNIE's rotary is
+    interleaved (adjacent lanes paired), which edgespec's attention computes since session 42 (before, its layers
+    stayed on onnxruntime's attention, padded)."""
+    from tiny import make_model
+
+    d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=9, hidden=128, heads=2, kv_heads=2, **extra)
+    b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
+    _greedy_exact(b, 48, ("prompt-lookup",))
+    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "GroupQueryAttention -> edgespec")
+
+
 def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):
     """transformers reads a Qwen3 GGUF's config without its heads' size (left at the class default, 128: "size
     mismatch" for the tiny model's 16); the export reads it from the file (``attention.key_length``): the model

@@ -154,7 +154,8 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0, rot=None):
+def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0, rot=None,
+                     interleaved=0):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,
     rotary, KV cache [1, KVH, L, D]) or edgespec.DecodeAttention over the same inputs
     (edgespec.DecodeAttentionF16: the caches float16); ``positions``: with the optional input of the
@@ -180,10 +181,11 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, wi
         ins.append(helper.make_tensor_value_info("total", TensorProto.INT32, []))
         node = helper.make_node(op, ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"], ["out", "k", "v"],
                                 domain="com.microsoft", num_heads=H, kv_num_heads=KVH, scale=scale, do_rotary=1,
-                                rotary_interleaved=0, local_window_size=window, softcap=softcap)
+                                rotary_interleaved=interleaved, local_window_size=window, softcap=softcap)
         dom = "com.microsoft"
     else:
-        extra = {**({"local_window_size": window} if window != -1 else {}), **({"softcap": softcap} if softcap else {})}
+        extra = {**({"local_window_size": window} if window != -1 else {}), **({"softcap": softcap} if softcap else {}),
+                 **({"rotary_interleaved": 1} if interleaved else {})}
         node = helper.make_node(op, ["qkv", "pk", "pv", "seqlens", "cos", "sin"] + ["pos"] * positions, ["out", "k", "v"],
                                 domain="edgespec", num_heads=H, kv_num_heads=KVH, scale=scale, **extra)
         dom = "edgespec"
@@ -262,7 +264,7 @@ def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeyp
         assert np.array_equal(a, b)
 
 
-def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, window=-1, softcap=0.0):
+def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, window=-1, softcap=0.0, interleaved=False):
     # (the rotary over the first 2 x cos.shape[1] lanes of a head, the rest as they are)
     """float64 GroupQueryAttention over the given caches (the call's own keys and values already in
     them at past..past + n - 1): rotary on the queries, causal softmax, per head its group's cache;
@@ -276,7 +278,13 @@ def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, windo
         c, s = cos[pos].astype(np.float64), sin[pos].astype(np.float64)
         for h in range(H):
             x = qkv[0, i, h * D:(h + 1) * D].astype(np.float64)
-            q = np.concatenate([x[:half] * c - x[half:2 * half] * s, x[half:2 * half] * c + x[:half] * s, x[2 * half:]])
+            if interleaved:
+                q = x.copy()
+                q[0:2 * half:2] = x[0:2 * half:2] * c - x[1:2 * half:2] * s
+                q[1:2 * half:2] = x[1:2 * half:2] * c + x[0:2 * half:2] * s
+            else:
+                q = np.concatenate([x[:half] * c - x[half:2 * half] * s, x[half:2 * half] * c + x[:half] * s,
+                                    x[2 * half:]])
             g = h // (H // KVH)
             first = max(0, pos - window + 1) if window > 0 else 0
             k = cache_k[0, g, first:pos + 1].astype(np.float64)
@@ -479,20 +487,22 @@ def test_decode_attention_window_rows_of_several_tasks_are_one_row_calls(W, past
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
-@pytest.mark.parametrize("H,KVH,D,rot", [(8, 2, 128, 48), (4, 1, 80, 16), (6, 2, 64, 8)])
-def test_decode_attention_partial_rotary_follows_onnxruntime_and_rows_do_not_depend_on_the_width(H, KVH, D, rot, op, isa,
-                                                                                               monkeypatch):
+@pytest.mark.parametrize("H,KVH,D,rot,inter", [(8, 2, 128, 48, 0), (4, 1, 80, 16, 0), (6, 2, 64, 8, 0), (4, 2, 64, 32, 1),
+                                               (6, 2, 64, 16, 1)])
+def test_decode_attention_partial_rotary_follows_onnxruntime_and_rows_do_not_depend_on_the_width(H, KVH, D, rot, inter,
+                                                                                               op, isa, monkeypatch):
     """A rotary over a head's first lanes only (cos and sin narrower than D / 2: Phi-4-mini's 0.75 of a head,
     Phi-2's 0.4), the other lanes passed as they are, as onnxruntime's op does: the new keys and outputs against
     its GroupQueryAttention (float32 caches) and a float64 reference, each row bitwise a one-row call's and the
-    same at every width. exact-kernels had rewritten such a graph and its first call failed ("head size")."""
+    same at every width. exact-kernels had rewritten such a graph and its first call failed ("head size").
+    The interleaved rotary (``inter``: lanes 2j and 2j + 1 paired, ERNIE 4.5's), whole or partial, likewise."""
     if isa == "avx2":
         monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     L, P, past = 96, 100, 40
     cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=9)
     if op.endswith("F16"):
         cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
-    ours = _session(_attention_graph(op, H, KVH, D, L, P, rot=rot))
+    ours = _session(_attention_graph(op, H, KVH, D, L, P, rot=rot, interleaved=inter))
 
     def run(q, at, k=cache_k, v=cache_v):
         return ours.run(None, {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
@@ -502,10 +512,10 @@ def test_decode_attention_partial_rotary_follows_onnxruntime_and_rows_do_not_dep
 
     cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P, rot=rot).graph.initializer)
     assert cos.shape[1] == rot
-    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past)
+    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past, interleaved=inter)
     assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
     if not op.endswith("F16"):
-        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, rot=rot))
+        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, rot=rot, interleaved=inter))
         ref = theirs.run(None, {"qkv": qkv, "pk": cache_k, "pv": cache_v, "total": np.array(past + 9, np.int32),
                                 "seqlens": np.array([past + 8], np.int32)})
         assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())

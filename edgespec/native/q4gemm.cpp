@@ -1297,7 +1297,8 @@ OrtStatus* compute_v2(void* self, OrtKernelContext* ctx) {
 // in key order), the weighted sum of the values in key order. The new keys and values are written first.
 //   inputs:  qkv [1, n, (H + 2 KVH) * D], past_key, past_value [1, KVH, L, D], seqlens_k int32 [1] (valid - 1),
 //            cos, sin [P, R] (non-interleaved rotary over the head's first 2R lanes: R = D / 2, or fewer for a partial
-//            rotary, whose other lanes pass as they are, as onnxruntime's op)
+//            rotary, whose other lanes pass as they are, as onnxruntime's op; rotary_interleaved 1: lanes 2j and 2j + 1
+//            are the pairs, GPT-J's and ERNIE 4.5's)
 //   outputs: out [1, n, H * D], present_key, present_value (the past buffers, written in place when bound so)
 //   attributes: num_heads, kv_num_heads (int), scale (float, 0: 1 / sqrt(D)); optional, as onnxruntime's op:
 //            local_window_size (int, -1: none; W > 0: a query at position p attends its last W keys, max(0, p - W + 1)
@@ -1312,6 +1313,7 @@ struct Attn {
   float scale = 0.f;
   int64_t window = -1;  // local_window_size (-1: every key up to the query's)
   float softcap = 0.f;  // 0: none
+  bool interleaved = false;  // rotary_interleaved: pairs of adjacent lanes
   bool ok = false;
   bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
   bool quads = true;    // g_attn_quads when the kernel was made
@@ -1360,11 +1362,21 @@ struct AttnCall {
 
 // non-interleaved rotary of one head vector of D at position pos over its first 2 x half lanes (x1 = x[:half],
 // x2 = x[half:2 half]); the lanes past them (a partial rotary: Phi-4-mini, Phi-2, StableLM) are copied
-inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half, int64_t D) {
-  for (int64_t j = 0; j < half; ++j) {
-    const float c = cos[j], s = sin[j], a = x[j], b = x[j + half];
-    y[j] = a * c - b * s;
-    y[j + half] = b * c + a * s;
+// interleaved (GPT-J's, ERNIE 4.5's: rotary_interleaved): the pairs are lanes 2j and 2j + 1
+inline void rotary(const float* x, float* y, const float* cos, const float* sin, int64_t half, int64_t D,
+                   bool interleaved) {
+  if (interleaved) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float c = cos[j], s = sin[j], a = x[2 * j], b = x[2 * j + 1];
+      y[2 * j] = a * c - b * s;
+      y[2 * j + 1] = b * c + a * s;
+    }
+  } else {
+    for (int64_t j = 0; j < half; ++j) {
+      const float c = cos[j], s = sin[j], a = x[j], b = x[j + half];
+      y[j] = a * c - b * s;
+      y[j + half] = b * c + a * s;
+    }
   }
   for (int64_t j = 2 * half; j < D; ++j) y[j] = x[j];
 }
@@ -1648,7 +1660,8 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   const int64_t from = first_of(0) / kAttnKeys * kAttnKeys;
   for (int64_t x = 0; x < nq; ++x) {
     const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
-    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half, D);
+    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half, D,
+           c.a->interleaved);
   }
   const T* K = c.K + g * c.L * D;
   const T* V = c.V + g * c.L * D;
@@ -1803,6 +1816,9 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   float cap = 0.f;
   if (ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, "softcap", &cap)))
     a->softcap = cap;
+  int64_t inter = 0;
+  if (ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "rotary_interleaved", &inter)))
+    a->interleaved = inter != 0;
   if (a->window == 0 || a->window < -1 || !(a->softcap >= 0.f) || !std::isfinite(a->softcap))
     return attn_fail(a, "local_window_size must be -1 (none) or a positive number of keys, softcap 0 (none) or a "
                         "finite positive number");
@@ -1889,7 +1905,7 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   for (int64_t i = 0; i < n; ++i)  // the new keys (rotated at their positions) and values, at their slots
     for (int64_t g = 0; g < a->KVH; ++g) {
       const int64_t pos = past + (rel ? rel[i] : i), slot = past + i;
-      rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half, D);
+      rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half, D, a->interleaved);
       store_row(rot.data(), K + (g * L + slot) * D, D);
       store_row(qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * D, D);
     }
