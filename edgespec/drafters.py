@@ -298,9 +298,14 @@ class ModelDrafter:
     gives_alternates = True  # draft(..., alternates=True) lists its second choices
 
     def __init__(self, lm, target_vocab: int, min_confidence: float = 0.0, clock=time.perf_counter,
-                 head_ids: np.ndarray | None = None, read_window: int | None = None):
+                 head_ids: np.ndarray | None = None, read_window: int | None = None, in_vocab: int | None = None):
         self.lm = lm
         self.target_vocab = target_vocab
+        # the ids the drafter's embedding holds, where fewer than the target's (None: all of them): Qwen2.5 7B+ pads
+        # its vocabulary to 152,064 where the 0.5B drafter has 151,936. A context token past them (a padding id the
+        # target produced, another model's extra special token) is fed to the drafter as id 0: only its guesses
+        # depend on what it reads, never the output
+        self.in_vocab = in_vocab if in_vocab is not None and in_vocab < target_vocab else None
         self.head_ids = None if head_ids is None else np.asarray(head_ids, dtype=np.int64)
         if self.head_ids is not None and self.head_ids.shape[0] and int(self.head_ids[-1]) >= target_vocab:
             raise BundleError(f"the drafter's head ids reach {int(self.head_ids[-1])}, outside the target's "
@@ -344,7 +349,17 @@ class ModelDrafter:
         if head is not None and width is not None and width != head.shape[0]:
             raise BundleError(f"the drafter graph's logits have {width} columns but its head ids list "
                               f"{head.shape[0]} tokens; the bundle is inconsistent")
-        return cls(lm, vocab, min_confidence=DRAFT_MIN_CONFIDENCE, head_ids=head, read_window=DRAFT_READ_WINDOW)
+        if head is None and spec.vocab_size < vocab:  # a smaller vocabulary: its logits are for ids 0..its size - 1
+            head = np.arange(spec.vocab_size, dtype=np.int64)
+        return cls(lm, vocab, min_confidence=DRAFT_MIN_CONFIDENCE, head_ids=head, read_window=DRAFT_READ_WINDOW,
+                   in_vocab=spec.vocab_size)
+
+    def _fit(self, ids):
+        """``ids`` as the drafter's embedding takes them (``in_vocab``): ids past it as 0."""
+        if self.in_vocab is None:
+            return ids
+        a = np.asarray(ids, dtype=np.int64)
+        return np.where(a < self.in_vocab, a, 0) if (a >= self.in_vocab).any() else ids
 
     def calibration(self, greedy: bool) -> float:
         """lam: how far the drafter's top probabilities over- (< 1) or under-state (> 1) what the
@@ -392,7 +407,7 @@ class ModelDrafter:
             n, base = len(ctx), self._base
             fresh = 0 if self.read_window is None else max(0, n - self.read_window)
             if base < n:
-                held = min(self.lm.cache.ids.common_prefix(ctx.view()[base:]), n - base - 1)
+                held = min(self.lm.cache.ids.common_prefix(self._fit(ctx.view()[base:])), n - base - 1)
                 # at most the window to read, and room left for drafts (else the window afresh)
                 if held > 0 and base + held >= fresh and n - base + 16 < self.lm.max_context:
                     self._plan = (base, n - base - held)
@@ -454,11 +469,11 @@ class ModelDrafter:
             if base != self._base or self._head is not None:
                 lm.reset()
             if self._head is None:
-                logits = lm.prefill(ctx.view()[base:])
+                logits = lm.prefill(self._fit(ctx.view()[base:]))
             else:  # the head stands for the prompt: the cache's tokens from base on are head + the rest
                 start, head = self._head
-                logits = lm.prefill(np.concatenate([np.asarray(head, dtype=ctx.view().dtype),
-                                                    ctx.view()[start + len(head):]]))
+                logits = lm.prefill(self._fit(np.concatenate([np.asarray(head, dtype=ctx.view().dtype),
+                                                              ctx.view()[start + len(head):]])))
             self._stale, self._base, self._plan = False, base, None
             hint = self._fit_hint(hint, 0)
             late = bool(hint)  # the hint is fed with the first step instead, if its first token is drafted
@@ -466,10 +481,10 @@ class ModelDrafter:
             missing = ctx[self._base + lm.length:]
             hint = self._fit_hint(hint, len(missing)) if missing else []
             if hint:
-                rows = lm.forward_from(list(missing) + hint, len(missing) - 1, copy=not sp.greedy)
+                rows = lm.forward_from(self._fit(list(missing) + hint), len(missing) - 1, copy=not sp.greedy)
                 logits = rows[0]
             else:
-                logits = lm.feed(missing)
+                logits = lm.feed(self._fit(missing))
         # the step cost the cost model learns: one-token steps, and the catch-up call only when it
         # is the usual one or two tokens without a hint (a long catch-up is a prefill, priced per
         # token apart; a call with a hint is neither)
@@ -530,7 +545,7 @@ class ModelDrafter:
                     continue
                 if late and i == 0 and hint[0] == tok and len(hint) > 1:
                     # after a first read: the hint, whose first token is this one, in this step's call
-                    rows = [None] + list(lm.forward(hint, copy=not sp.greedy))
+                    rows = [None] + list(lm.forward(self._fit(hint), copy=not sp.greedy))
                     fed = len(hint)
                     logits = rows[1]
                     continue

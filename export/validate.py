@@ -34,6 +34,9 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
     agree = total = 0
     for text in VALIDATION_TEXTS:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][: min(48, lm.max_context)]
+        # (a drafter's vocabulary may stop short of the tokenizer's, Gemma 3 1B's: ids past it read as 0, as the runtime
+        # feeds them)
+        ids = [i if i < spec.vocab_size else 0 for i in ids]
         if len(ids) < 10:
             ids = (ids * 10)[:12]
         n = len(ids)

@@ -396,6 +396,62 @@ def test_phi2_nemotron_and_ernie_export_and_take_the_exact_kernels(tmp_path_fact
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "GroupQueryAttention -> edgespec")
 
 
+@pytest.mark.parametrize("target_pad, drafter_short", [(64, 0), (0, 8)], ids=["padded-target", "short-drafter"])
+def test_a_drafter_with_fewer_ids_than_its_target_drafts_exactly(tmp_path_factory, target_pad, drafter_short):
+    """A drafter whose vocabulary is smaller than its target's: Qwen2.5 7B and up pad theirs to 152,064 where the
+    0.5B drafter has 151,936 (``padded-target``: the tiny random target here emits padding ids, which the drafter's
+    embedding lacks: the first draft after one failed with "indices element out of data bounds"), Gemma 3 1B has
+    64 fewer than 4B (``short-drafter``: the tokenizer's last ids past the drafter's: the load refused the bundle).
+    The drafter reads ids past its vocabulary as 0 and its logits stand for ids 0..its size - 1 (q zero past them,
+    so the rejection rule stays exact): greedy output equal to plain decoding's, the model drafter's tokens kept,
+    sampled generations run with alternates."""
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    import edgespec
+    from tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    V = len(tok)
+    root = tmp_path_factory.mktemp("hf-vocab")
+
+    def mk(name, vocab, seed, base=None):
+        cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                       tie_word_embeddings=False)
+        torch.manual_seed(seed)
+        m = AutoModelForCausalLM.from_config(cfg)
+        with torch.no_grad():
+            m.get_output_embeddings().weight.mul_(8.0)
+            if base is not None:  # the target's weights (their first rows) and a little noise: a drafter that agrees
+                for p, q in zip(m.parameters(), base.parameters()):
+                    p.copy_(q[tuple(slice(0, n) for n in p.shape)] + 0.02 * torch.randn_like(p) * q.std())
+        m.eval().save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        return m
+
+    target = mk("t", V + target_pad, 1)
+    mk("d", V - drafter_short, 2, base=target)
+    b = _export(tmp_path_factory, f"vocab-{target_pad}-{drafter_short}", root / "t", drafter=str(root / "d"),
+                target_precision="int4", drafter_precision="int4", max_context=256)
+    eng = edgespec.load(b, memory=False)
+    limit = V - drafter_short
+    prompt = PROMPT + "".join(tok.convert_ids_to_tokens([V - 1])) if drafter_short else PROMPT
+    ar = eng.generate(prompt, max_new_tokens=80, drafter="none", ignore_eos=True)
+    ids = eng.encode(prompt, fit=True) + ar.token_ids
+    assert any(t >= limit for t in ids)  # (the drafter reads an id past its vocabulary)
+    r = eng.generate(prompt, max_new_tokens=80, drafter="model", ignore_eos=True)
+    assert r.token_ids == ar.token_ids and r.stats["accepted"] > 10, r.stats
+    eng.decoder.policy.use_alternates = True
+    for seed in range(3):
+        s = eng.generate(prompt, max_new_tokens=40, drafter="model", ignore_eos=True, temperature=1.0, seed=seed)
+        assert len(s.token_ids) == 40 and max(s.token_ids) < V + target_pad
+        assert np.all(np.asarray(s.token_ids) >= 0)
+
+
 def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):
     """transformers reads a Qwen3 GGUF's config without its heads' size (left at the class default, 128: "size
     mismatch" for the tiny model's 16); the export reads it from the file (``attention.key_length``): the model
