@@ -158,7 +158,7 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
 # the kinds of layer (transformers' ``layer_types``) whose only state is a KV cache, which a rejected draft rolls
 # back by its length; a convolution's or a recurrence's state (LFM2's ``conv``, Granite 4's ``mamba``, Qwen3.5's
 # ``linear_attention``) has no such rollback
-ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "attention"})
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 
 
 def _check_attention_only(cfg, role: str) -> None:

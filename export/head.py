@@ -411,6 +411,15 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
                           "a bundle with the full head")
     if int(ids[-1]) >= manifest.target.vocab_size:
         raise ExportError("a kept id is outside the target's vocabulary")
+    ids = np.asarray(ids)
+    if int(ids[-1]) >= d.vocab_size:  # a drafter with fewer ids than the tokenizer (Gemma 3 1B): its head has no more
+        past = int((ids >= d.vocab_size).sum())
+        ids = ids[ids < d.vocab_size]
+        if len(ids) >= d.vocab_size:
+            raise ExportError(f"--drafter-vocab {len(ids) + past}: the drafter has only {d.vocab_size:,} ids, all of "
+                              "them kept; nothing to cut (export without --drafter-vocab)")
+        if log:
+            log(f"    drafter: {past} kept ids are past its {d.vocab_size:,}-token vocabulary: left out")
     rel_model = Path(manifest.relative(d.path))
     model_path = stage / rel_model
     full = reduce_head(model_path, ids, d.io.logits)

@@ -276,7 +276,7 @@ def _half_caches(g, attention: list) -> int:
     return changed
 
 
-def _own_attention(n, inits: dict) -> bool:
+def _own_attention(n, inits: dict, head_dim: int | None = None) -> bool:
     """Replace the GroupQueryAttention node ``n`` with ``edgespec.DecodeAttention`` where it is
     the builder's CPU attention that op computes (packed QKV, rotary over the whole head or its first
     lanes, interleaved or not, causal, float32 caches; a sliding window and a score cap, Gemma 2 and 3's,
@@ -292,7 +292,9 @@ def _own_attention(n, inits: dict) -> bool:
             or not 0.0 <= float(a.get("softcap", 0.0)) < float("inf")
             or a.get("smooth_softmax", 0) or ins[7] not in inits or ins[8] not in inits
             or inits[ins[7]].data_type != TensorProto.FLOAT or len(inits[ins[7]].dims) != 2
-            or (2 * inits[ins[7]].dims[1]) % 8):  # the op's head size: a multiple of 8 (its lanes)
+            or inits[ins[7]].dims[1] <= 0
+            # the op's head size (the manifest's): a multiple of 8 (its lanes), the rotary within it
+            or (head_dim is not None and (head_dim % 8 or 2 * inits[ins[7]].dims[1] > head_dim))):
         return False
     n.op_type, n.domain = ATTENTION_OP, DOMAIN
     del n.input[:]
@@ -509,11 +511,24 @@ def per_position_rope(model_file: Path) -> int:
     the original context rotated its earlier rows by the long factors, where one-token calls had used the short
     ones, so speculative output was not plain decoding's. Here the caches become one, per position: the short
     factors' rows below the original context and the long factors' from it on (what transformers computes when it
-    decodes token by token). Rewrites the graph file in place; returns the ``If`` nodes replaced (0: none)."""
+    decodes token by token; a one-call prefill of a prompt longer than the original context there rotates all of it
+    by the long factors, which the builder's graph did too and this one does not: such prompts get the short factors'
+    rotary below the original context, as a reply that grew past it has). Rewrites the graph file in place; returns
+    the ``If`` nodes replaced (0: none)."""
+    m = load_graph(model_file)
+    done = _per_position_rope(m.graph, model_file.name)
+    if done:
+        import onnx
+
+        onnx.save(m, str(model_file))
+    return done
+
+
+def _per_position_rope(g, name: str) -> int:
+    """``per_position_rope`` on graph ``g`` (in memory); the ``If`` nodes replaced."""
     from onnx import numpy_helper
 
-    m = load_graph(model_file)
-    g = m.graph
+    model_file = Path(name)
     rope = {n.input[i] for n in g.node if n.op_type == "GroupQueryAttention" for i in (7, 8) if len(n.input) > i}
     readers = _consumers(g)
     done, drop = 0, set()
@@ -537,20 +552,16 @@ def per_position_rope(model_file: Path) -> int:
         done += 1
         if len(readers.get(cond, [])) == 1:  # (the comparison that chose, read by nothing else now)
             drop |= {id(p) for p in g.node if cond in p.output}
-    if not done:
-        return 0
-    kept = [n for n in g.node if id(n) not in drop]
-    del g.node[:]
-    g.node.extend(kept)
-    import onnx
-
-    onnx.save(m, str(model_file))
+    if done:
+        kept = [n for n in g.node if id(n) not in drop]
+        del g.node[:]
+        g.node.extend(kept)
     return done
 
 
 def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = True,
                   logits: str | None = None, fused: bool = True, kv_dtype: str = "float32",
-                  row_positions: bool = False) -> dict:
+                  row_positions: bool = False, head_dim: int | None = None) -> dict:
     """Rewrite the graph file in place (atomically); returns counts of what changed. ``logits``: the
     graph's logits output, whose lm_head gets the ``SKIP_INPUT`` (``_skip_logits``). ``fused``: each
     SwiGLU (gate and up projections and the activation) one ``MatMulQ4`` node, and each bias ``Add``
@@ -572,7 +583,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     users = input_uses(g)
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
             "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0,
-            "packed_qkv": 0}
+            "packed_qkv": 0, "rope_per_position": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
     # SwiGLU: the up projection's weights go into the gate's node (tiles interleaved: gate, up, gate, ...);
@@ -667,10 +678,12 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         del g.node[:]
         g.node.extend(kept_nodes)
     _whole_caches(g)  # (a bundle exported before session 41's fix: no window-sized cache layout)
+    done["rope_per_position"] = _per_position_rope(g, model_path.name)  # (a LongRoPE bundle exported before session 42)
     if own_attention or pad_attention:  # separate query, key and value inputs: one packed input
         done["packed_qkv"] = _pack_qkv(g)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
-        done["own_attention"] = sum(_own_attention(n, inits) for n in g.node if n.op_type == "GroupQueryAttention")
+        done["own_attention"] = sum(_own_attention(n, inits, head_dim) for n in g.node
+                                    if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
     if kv_dtype != "float32" and own_attention:
         ours = [n for n in g.node if n.op_type == ATTENTION_OP and n.domain == DOMAIN]
@@ -796,7 +809,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             spec = _rerooted(spec, manifest.root, stage)
             try:
                 counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention,
-                                       logits=spec.io.logits, kv_dtype=kv_dtype, row_positions=role == "target")
+                                       logits=spec.io.logits, kv_dtype=kv_dtype, row_positions=role == "target",
+                                       head_dim=spec.head_dim)
                 pad = 1 if counts["attention"] else 0
             except ExportError as e:
                 if role == "target":
@@ -815,6 +829,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['packed_qkv']} attention nodes' query, key and value packed into one input"
                        if counts["packed_qkv"] else "")
+                    + ("; LongRoPE's short and long rotary caches made one, per position" if counts["rope_per_position"]
+                       else "")
                     + (f"; {counts['own_attention']} GroupQueryAttention -> {DOMAIN}.{ATTENTION_OP}"
                        if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")

@@ -48,9 +48,12 @@ class QualityRun:
         self.tok = tokenizer
         self.precision = precision
 
-    def _ids(self, text: str, room: int = MAX_TOKENS) -> list[int]:
-        """``text``'s tokens, at most MAX_TOKENS and ``room`` (a bundle's context can be shorter: --max-context)."""
-        return self.tok(text, add_special_tokens=False)["input_ids"][: min(MAX_TOKENS, room)]
+    def _ids(self, text: str, room: int = MAX_TOKENS, vocab: int | None = None) -> list[int]:
+        """``text``'s tokens, at most MAX_TOKENS and ``room`` (a bundle's context can be shorter: --max-context); ids
+        at or past ``vocab`` (a drafter with fewer ids than the tokenizer, Gemma 3 1B's) as 0, as the runtime feeds
+        them."""
+        ids = self.tok(text, add_special_tokens=False)["input_ids"][: min(MAX_TOKENS, room)]
+        return ids if vocab is None else [i if i < vocab else 0 for i in ids]
 
     def __call__(self, role: str, model, spec: ModelSpec, progress) -> Quality:
         import torch
@@ -59,7 +62,7 @@ class QualityRun:
 
         def pairs():
             for text in TEXTS:
-                ids = self._ids(text, lm.max_context)
+                ids = self._ids(text, lm.max_context, spec.vocab_size)
                 with torch.no_grad():
                     ref = model(torch.tensor([ids])).logits[0].float().numpy()[:, : spec.vocab_size]
                 lm.reset()
@@ -70,7 +73,7 @@ class QualityRun:
         matches = []
         cont = min(CONT_TOKENS, lm.max_context // 2)  # prompt and continuation within the context
         for prompt in CONT_PROMPTS:
-            ids = self._ids(prompt, lm.max_context // 2)
+            ids = self._ids(prompt, lm.max_context // 2, spec.vocab_size)
             with torch.no_grad():
                 ref = model.generate(torch.tensor([ids]), max_new_tokens=cont, do_sample=False,
                                      pad_token_id=self.tok.eos_token_id or 0)[0, len(ids):].tolist()
@@ -109,8 +112,8 @@ class QualityRun:
                 tok = int(np.argmax(logits))
                 cont.append(tok)
                 logits = t.forward([tok])[-1]
-            d.reset()
-            dl = d.forward(ids + cont[:-1])[len(ids) - 1:]
+            d.reset()  # (ids past a smaller drafter's vocabulary read as 0, as the runtime feeds them)
+            dl = d.forward([i if i < ds.vocab_size else 0 for i in ids + cont[:-1]])[len(ids) - 1:]
             hits += int((dl.argmax(-1)[: len(cont)] == np.array(cont)).sum())
             total += len(cont)
         rate = hits / total

@@ -348,10 +348,28 @@ def test_longrope_exports_and_decodes_exactly_across_its_original_context(tmp_pa
     assert not any(n.op_type == "If" for n in g.node)
     cos = next(t for t in g.initializer if t.name == "cos_cache")
     assert list(cos.dims) == [256, R]
-    ar = _greedy_exact(b, 120, ("prompt-lookup", "suffix", "auto"))
-    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "phi3-longrope-xk",
-                                       "GroupQueryAttention -> edgespec.DecodeAttention")
-    assert len(_greedy_exact(out, 120).token_ids) == len(ar.token_ids)
+    _greedy_exact(b, 120, ("prompt-lookup", "suffix", "auto"))
+    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "phi3-longrope-xk",
+                                 "GroupQueryAttention -> edgespec.DecodeAttention")
+    # planted: the builder's per-call choice kept (a bundle exported before session 42): not exact; exact-kernels
+    # makes its caches one as the export now does, and it is
+    import edgespec
+    import edgespec_export.kernels as kernels
+
+    real = kernels.per_position_rope
+    kernels.per_position_rope = lambda model_file: 0
+    try:
+        old = _export(tmp_path_factory, "phi3-longrope-old", d, target_precision="int4", max_context=256)
+    finally:
+        kernels.per_position_rope = real
+    assert any(n.op_type == "If" for n in onnx.load(str(old / "target" / "model.onnx"), load_external_data=False).graph.node)
+    eng = edgespec.load(old, memory=False)
+    plain = eng.generate(PROMPT, max_new_tokens=120, drafter="none", ignore_eos=True).token_ids
+    assert any(eng.generate(PROMPT, max_new_tokens=120, drafter=dr, ignore_eos=True).token_ids != plain
+               for dr in ("prompt-lookup", "suffix"))
+    out = exact_kernels_decode_exactly(old, tmp_path_factory.mktemp("xk") / "phi3-longrope-old-xk",
+                                       "rotary caches made one, per position")
+    _greedy_exact(out, 120, ("prompt-lookup", "suffix", "auto"))
 
 
 def test_a_model_with_layers_other_than_attention_is_refused_before_the_build(tmp_path_factory):
@@ -435,8 +453,19 @@ def test_a_drafter_with_fewer_ids_than_its_target_drafts_exactly(tmp_path_factor
 
     target = mk("t", V + target_pad, 1)
     mk("d", V - drafter_short, 2, base=target)
+    # (with the quality report: its drafter agreement had fed the target's padding ids to the drafter too; and a
+    # --drafter-vocab whose corpus ranks the tokenizer's last ids, past the drafter's, first)
+    corpus = root / "corpus.txt"
+    corpus.write_text(tok.decode(list(range(V - drafter_short, V))) * 50 + PROMPT)
     b = _export(tmp_path_factory, f"vocab-{target_pad}-{drafter_short}", root / "t", drafter=str(root / "d"),
-                target_precision="int4", drafter_precision="int4", max_context=256)
+                target_precision="int4", drafter_precision="int4", max_context=256, quality=True,
+                drafter_vocab=100 if drafter_short else 0, drafter_vocab_corpus=[str(corpus)] if drafter_short else ())
+    from edgespec.manifest import load_manifest
+
+    m = load_manifest(b)
+    assert m.drafter.quality.greedy_agreement_with_target > 0.1  # (the padding ids it cannot draft)
+    if drafter_short:  # --drafter-vocab: the tokenizer's ids past the drafter's (special ones are always kept) left out
+        assert m.drafter.head_size and m.drafter.load_head_ids(m.target.vocab_size).max() < V - drafter_short
     eng = edgespec.load(b, memory=False)
     limit = V - drafter_short
     prompt = PROMPT + "".join(tok.convert_ids_to_tokens([V - 1])) if drafter_short else PROMPT
@@ -445,11 +474,33 @@ def test_a_drafter_with_fewer_ids_than_its_target_drafts_exactly(tmp_path_factor
     assert any(t >= limit for t in ids)  # (the drafter reads an id past its vocabulary)
     r = eng.generate(prompt, max_new_tokens=80, drafter="model", ignore_eos=True)
     assert r.token_ids == ar.token_ids and r.stats["accepted"] > 10, r.stats
-    eng.decoder.policy.use_alternates = True
-    for seed in range(3):
-        s = eng.generate(prompt, max_new_tokens=40, drafter="model", ignore_eos=True, temperature=1.0, seed=seed)
-        assert len(s.token_ids) == 40 and max(s.token_ids) < V + target_pad
-        assert np.all(np.asarray(s.token_ids) >= 0)
+    # sampled: every draft's q is a distribution over the target's ids, zero past the drafter's (what the rejection
+    # rule reads); drafts kept, with alternates
+    import edgespec.decoder as dec
+
+    seen = []
+    reals = {name: getattr(dec, name) for name in ("rejection_sample", "rejection_sample_alternates")}
+
+    def spying(real):
+        def spy(tokens, probs, *rest, **kw):
+            seen.extend(probs or ())
+            return real(tokens, probs, *rest, **kw)
+        return spy
+
+    for name, real in reals.items():
+        setattr(dec, name, spying(real))
+    try:
+        eng.decoder.policy.use_alternates = True
+        kept = sum(eng.generate(prompt, max_new_tokens=40, drafter="model", ignore_eos=True, temperature=1.0,
+                                seed=seed).stats["accepted"] for seed in range(3))
+    finally:
+        for name, real in reals.items():
+            setattr(dec, name, real)
+    assert seen and kept > 0
+    for q in seen:
+        q = q.exact()
+        assert q.n == V + target_pad and (q.idx is None or q.idx.max() < limit)
+        assert q.prob(limit) == 0.0 and abs(sum(q.prob(t) for t in range(limit)) - 1.0) < 1e-4
 
 
 def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):

@@ -1934,8 +1934,10 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
     if (!ok(api<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(kKernelContextGetInput)(ctx, i, &in[i])) || !in[i])
       return attn_fail(a, "a required input is missing");
   const std::vector<int64_t> qd = dims_of(in[0]), kd = dims_of(in[1]), vd = dims_of(in[2]), cd = dims_of(in[4]);
-  if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2)
-    return attn_fail(a, "expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos [P, D/2]");
+  if (qd.size() != 3 || qd[0] != 1 || kd.size() != 4 || kd != vd || kd[0] != 1 || kd[1] != a->KVH || cd.size() != 2 ||
+      dims_of(in[5]) != cd)
+    return attn_fail(a, "expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos and sin [P, R] "
+                        "(R = D/2, or fewer for a partial rotary)");
   const int64_t n = qd[1], D = kd[3], L = kd[2];
   if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] <= 0 || cd[1] * 2 > D)
     return attn_fail(a, "the head size does not match qkv and the caches (D a multiple of 8), or cos has more than D/2 "
