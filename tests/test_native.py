@@ -195,6 +195,44 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, wi
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(dom, 1)])
 
 
+def _cache_for(op, isa, monkeypatch, H, KVH, D, L, past, rows, seed):
+    """``_attention_inputs`` with the caches in ``op``'s type (float16 for the F16 op), on kernel path ``isa``
+    ("avx2": EDGESPEC_Q4_ISA, read when a session registers the library)."""
+    if isa == "avx2":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, rows, seed)
+    if op.endswith("F16"):
+        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    return cache_k, cache_v, qkv
+
+
+def _follows_onnxruntime(op, full, qkv, cache_k, cache_v, H, KVH, D, L, P, past, **attrs):
+    """The call ``full`` (``op``'s outputs for ``qkv`` over the caches at ``past``) against a float64 reference over
+    its present caches and (float32 caches) onnxruntime's GroupQueryAttention with the same ``attrs`` (window,
+    softcap, rot, interleaved: ``_attention_graph``'s); its new keys too. Returns the reference."""
+    from onnx import numpy_helper
+
+    cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P, rot=attrs.get("rot")).graph.initializer)
+    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past, attrs.get("window", -1),
+                                attrs.get("softcap", 0.0), bool(attrs.get("interleaved", 0)))
+    assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
+    if not op.endswith("F16"):
+        n = qkv.shape[1]
+        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, **attrs))
+        ref = theirs.run(None, {"qkv": qkv, "pk": cache_k, "pv": cache_v, "total": np.array(past + n, np.int32),
+                                "seqlens": np.array([past + n - 1], np.int32)})
+        assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
+        assert np.abs(full[1][:, :, :past + n] - ref[1][:, :, :past + n]).max() < 1e-5
+    return want
+
+
+def _rows_are_one_row_calls(run, qkv, past, full):
+    """Each row of the call ``full`` (``run(qkv, past)``'s outputs) is bitwise a one-row call's at its position
+    over the call's own caches (whose task then starts its key blocks at that row's window)."""
+    for i in range(qkv.shape[1]):
+        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
+
+
 def _attention_inputs(H, KVH, D, L, past, rows, seed):
     """A KV cache of ``L`` positions, the first ``past`` filled, and packed qkv for ``rows`` new tokens."""
     rng = np.random.default_rng(seed)
@@ -378,12 +416,8 @@ def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH
     leaves the cache a call of those tokens alone leaves; the other slots are as the call found them.
     Positions of the wrong count, or an alternate past the causal rows, are refused. (Contexts whose
     alternates' own keys fall in a block of keys' first, middle or unaligned places.)"""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     L, P = 160, 180
-    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 8, seed=6)
-    if op.endswith("F16"):
-        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    cache_k, cache_v, qkv = _cache_for(op, isa, monkeypatch, H, KVH, D, L, past, 8, seed=6)
     plain = _session(_attention_graph(op, H, KVH, D, L, P, window=window, softcap=softcap))
     posd = _session(_attention_graph(op, H, KVH, D, L, P, positions=True, window=window, softcap=softcap))
 
@@ -426,12 +460,8 @@ def test_decode_attention_window_and_softcap_follow_onnxruntime_and_rows_do_not_
     calls far past it (past 130): outputs against onnxruntime's op (float32 caches) and a float64
     reference over the present caches (both); each row bitwise the same at every width and whatever the
     call's first position, on both kernel paths."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     L, P = 160, 180
-    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=7)
-    if op.endswith("F16"):
-        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    cache_k, cache_v, qkv = _cache_for(op, isa, monkeypatch, H, KVH, D, L, past, 9, seed=7)
     ours = _session(_attention_graph(op, H, KVH, D, L, P, window=window, softcap=softcap))
 
     def run(q, at, k=cache_k, v=cache_v):
@@ -439,29 +469,19 @@ def test_decode_attention_window_and_softcap_follow_onnxruntime_and_rows_do_not_
                                "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
 
     full = run(qkv, past)
-    from onnx import numpy_helper
+    want = _follows_onnxruntime(op, full, qkv, cache_k, cache_v, H, KVH, D, L, P, past, window=window, softcap=softcap)
+    if softcap or 0 < window < past + 8:  # (where they change it, the test tells them apart)
+        from onnx import numpy_helper
 
-    cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P).graph.initializer)
-    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past, window, softcap)
-    assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
-    if not op.endswith("F16"):
-        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, window=window, softcap=softcap))
-        ref = theirs.run(None, {"qkv": qkv, "pk": cache_k, "pv": cache_v, "total": np.array(past + 9, np.int32),
-                                "seqlens": np.array([past + 8], np.int32)})
-        assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
-        if softcap or 0 < window < past + 8:  # (where they change it, the test tells them apart)
-            plain = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past)
-            assert np.abs(plain - want).max() > 1e-3
+        cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P).graph.initializer)
+        assert np.abs(_attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past) - want).max() > 1e-3
     for n in range(1, 9):
         assert np.array_equal(run(qkv[:, :n], past)[0], full[0][:, :n]), n
     head = run(qkv[:, :4], past)
     k2, v2 = cache_k.copy(), cache_v.copy()
     k2[:, :, past:past + 4], v2[:, :, past:past + 4] = head[1][:, :, past:past + 4], head[2][:, :, past:past + 4]
     assert np.array_equal(run(qkv[:, 4:], past + 4, k2, v2)[0], full[0][:, 4:])
-    # every row as a one-row call at its position over the call's cache: a task's first key block (from its first
-    # row's window) then differs from the multi-row call's
-    for i in range(9):
-        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
+    _rows_are_one_row_calls(run, qkv, past, full)
 
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
@@ -470,19 +490,14 @@ def test_decode_attention_window_rows_of_several_tasks_are_one_row_calls(W, past
     """A call of more rows than a task takes (8): its tasks start their key blocks at their own first rows'
     windows, whose blocks cross 64-key boundaries within the call; every row is bitwise a one-row call's at
     its position (F16 caches, Gemma 3 1B's 4 heads to one KV head)."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     H, KVH, D, L = 4, 1, 64, 320
-    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, rows, seed=8)
-    cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    cache_k, cache_v, qkv = _cache_for("DecodeAttentionF16", isa, monkeypatch, H, KVH, D, L, past, rows, seed=8)
     s = _session(_attention_graph("DecodeAttentionF16", H, KVH, D, L, L + 8, window=W))
 
-    def run(q, at, k, v):
+    def run(q, at, k=cache_k, v=cache_v):
         return s.run(None, {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
 
-    full = run(qkv, past, cache_k, cache_v)
-    for i in range(rows):
-        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
+    _rows_are_one_row_calls(run, qkv, past, run(qkv, past))
 
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
@@ -496,35 +511,19 @@ def test_decode_attention_partial_rotary_follows_onnxruntime_and_rows_do_not_dep
     its GroupQueryAttention (float32 caches) and a float64 reference, each row bitwise a one-row call's and the
     same at every width. exact-kernels had rewritten such a graph and its first call failed ("head size").
     The interleaved rotary (``inter``: lanes 2j and 2j + 1 paired, ERNIE 4.5's), whole or partial, likewise."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     L, P, past = 96, 100, 40
-    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=9)
-    if op.endswith("F16"):
-        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    cache_k, cache_v, qkv = _cache_for(op, isa, monkeypatch, H, KVH, D, L, past, 9, seed=9)
     ours = _session(_attention_graph(op, H, KVH, D, L, P, rot=rot, interleaved=inter))
 
     def run(q, at, k=cache_k, v=cache_v):
         return ours.run(None, {"qkv": q, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
 
     full = run(qkv, past)
-    from onnx import numpy_helper
-
-    cos, sin = (numpy_helper.to_array(x) for x in _attention_graph(op, H, KVH, D, L, P, rot=rot).graph.initializer)
-    assert cos.shape[1] == rot
-    want = _attention_reference(qkv, full[1], full[2], cos, sin, H, KVH, D, past, interleaved=inter)
-    assert np.abs(full[0][0] - want).max() < 2e-4 * max(1.0, np.abs(want).max())
-    if not op.endswith("F16"):
-        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, rot=rot, interleaved=inter))
-        ref = theirs.run(None, {"qkv": qkv, "pk": cache_k, "pv": cache_v, "total": np.array(past + 9, np.int32),
-                                "seqlens": np.array([past + 8], np.int32)})
-        assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
-        t = past + 9
-        assert np.abs(full[1][:, :, :t] - ref[1][:, :, :t]).max() < 1e-5
+    assert _attention_graph(op, H, KVH, D, L, P, rot=rot).graph.initializer[0].dims[1] == rot
+    _follows_onnxruntime(op, full, qkv, cache_k, cache_v, H, KVH, D, L, P, past, rot=rot, interleaved=inter)
     for n in range(1, 9):
         assert np.array_equal(run(qkv[:, :n], past)[0], full[0][:, :n]), n
-    for i in range(9):
-        assert np.array_equal(run(qkv[:, i:i + 1], past + i, full[1], full[2])[0][:, 0], full[0][:, i]), i
+    _rows_are_one_row_calls(run, qkv, past, full)
 
 
 def test_decode_attention_refuses_a_bad_window_or_softcap():
