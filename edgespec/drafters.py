@@ -268,6 +268,19 @@ class PromptLookupDrafter:
         pass  # stateless: the next lookup reads the context as it is
 
 
+def fed_ids(ids, vocab: int | None):
+    """``ids`` as a model with ``vocab`` embedding rows reads them (a drafter with fewer ids than its target's or
+    the tokenizer's): ids past its rows as 0, a list for a list; ``ids`` itself where none is past (or ``vocab`` is
+    None). The runtime's drafter and the export's checks of a drafter feed it so."""
+    if vocab is None:
+        return ids
+    a = np.asarray(ids, dtype=np.int64)
+    if not (a >= vocab).any():
+        return ids
+    out = np.where(a < vocab, a, 0)
+    return out.tolist() if isinstance(ids, list) else out
+
+
 @register
 class ModelDrafter:
     """A small LM with its own KV cache, which holds a stretch of the context from ``base`` on (0: all
@@ -355,11 +368,8 @@ class ModelDrafter:
                    in_vocab=spec.vocab_size)
 
     def _fit(self, ids):
-        """``ids`` as the drafter's embedding takes them (``in_vocab``): ids past it as 0."""
-        if self.in_vocab is None:
-            return ids
-        a = np.asarray(ids, dtype=np.int64)
-        return np.where(a < self.in_vocab, a, 0) if (a >= self.in_vocab).any() else ids
+        """``ids`` as the drafter's embedding takes them (``fed_ids`` with ``in_vocab``)."""
+        return fed_ids(ids, self.in_vocab)
 
     def calibration(self, greedy: bool) -> float:
         """lam: how far the drafter's top probabilities over- (< 1) or under-state (> 1) what the

@@ -247,7 +247,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
         fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
                                 log=progress.log)
-    from .kernels import SKIP_INPUT, add_logits_skip, attention_windows, per_position_rope, unbind_windows
+    from .kernels import SKIP_INPUT, add_logits_skip, attention_windows, settle_graph
 
     window = int(getattr(cfg, "sliding_window", None) or 0)
     windows = attention_windows(graph_file)
@@ -257,8 +257,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: the model's sliding window of {window:,} tokens is not in the builder's graph; "
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window
-    unbound = unbind_windows(graph_file, ctx)  # (those at least ctx: the ones kept are the shorter)
-    if per_position_rope(graph_file):
+    unbound, rope = settle_graph(graph_file, ctx)  # (windows at least ctx: the ones kept are the shorter)
+    if rope:
         progress.log(f"    {role}: LongRoPE's short and long rotary caches made one, per position (the builder chose "
                      "them per call, so a verify call crossing the original context rotated its rows otherwise)")
     if dec.pop("sliding_window", None) is not None:  # (onnxruntime-genai's window-sized caches: the graph has none now)

@@ -473,17 +473,19 @@ def _whole_caches(g, capacity: int | None = None) -> tuple[int, int]:
     return layouts, unbound
 
 
-def unbind_windows(model_file: Path, capacity: int) -> int:
-    """``_whole_caches`` on a builder's graph file in place (its external data untouched): Gemma 2's and 3's
-    local layers at 4,096 in a bundle of a shorter context lose their window, a shorter window stays over the
-    whole context's cache. Returns how many windows were taken off."""
+def settle_graph(model_file: Path, capacity: int) -> tuple[int, int]:
+    """A builder's graph file made one whose rows do not depend on the call, in place (its external data
+    untouched), read and written once: ``_whole_caches`` (Gemma 2's and 3's local layers at 4,096 in a bundle of a
+    shorter context lose their window, a shorter window stays over the whole context's cache) and
+    ``_per_position_rope`` (LongRoPE's caches). Returns (the windows taken off, the rotary choices replaced)."""
     m = load_graph(model_file)
     layouts, unbound = _whole_caches(m.graph, capacity)
-    if layouts or unbound:
+    rope = _per_position_rope(m.graph, model_file.name)
+    if layouts or unbound or rope:
         import onnx
 
         onnx.save(m, str(model_file))
-    return unbound
+    return unbound, rope
 
 
 def _branch_constants(branch) -> list | None:
@@ -504,7 +506,7 @@ def _branch_constants(branch) -> list | None:
     return out
 
 
-def per_position_rope(model_file: Path) -> int:
+def _per_position_rope(g, name: str) -> int:
     """LongRoPE (Phi-3.5-mini, Phi-4-mini): the builder's graph picks the rotary's cos/sin caches per call, the
     short factors' while the call's total length is at most the original context, the long factors' once it is
     more (an ``If`` on the attention mask's width). A call's rows then depend on the call: a verify call crossing
@@ -513,22 +515,10 @@ def per_position_rope(model_file: Path) -> int:
     factors' rows below the original context and the long factors' from it on (what transformers computes when it
     decodes token by token; a one-call prefill of a prompt longer than the original context there rotates all of it
     by the long factors, which the builder's graph did too and this one does not: such prompts get the short factors'
-    rotary below the original context, as a reply that grew past it has). Rewrites the graph file in place; returns
-    the ``If`` nodes replaced (0: none)."""
-    m = load_graph(model_file)
-    done = _per_position_rope(m.graph, model_file.name)
-    if done:
-        import onnx
-
-        onnx.save(m, str(model_file))
-    return done
-
-
-def _per_position_rope(g, name: str) -> int:
-    """``per_position_rope`` on graph ``g`` (in memory); the ``If`` nodes replaced."""
+    rotary below the original context, as a reply that grew past it has). On graph ``g`` (in memory, file ``name``);
+    returns the ``If`` nodes replaced (0: none)."""
     from onnx import numpy_helper
 
-    model_file = Path(name)
     rope = {n.input[i] for n in g.node if n.op_type == "GroupQueryAttention" for i in (7, 8) if len(n.input) > i}
     readers = _consumers(g)
     done, drop = 0, set()
@@ -537,13 +527,13 @@ def _per_position_rope(g, name: str) -> int:
             continue
         branches = {a.name: _branch_constants(a.g) for a in n.attribute if a.name in ("then_branch", "else_branch")}
         if len(branches) != 2 or any(b is None or len(b) != len(n.output) for b in branches.values()):
-            raise ExportError(f"{model_file.name}: the rotary caches' choice {n.name!r} is not two sets of constants; "
+            raise ExportError(f"{name}: the rotary caches' choice {n.name!r} is not two sets of constants; "
                               "the graph cannot be made exact across call widths")
         a, b = branches["then_branch"], branches["else_branch"]
         short, long_ = (a, b) if a[0].shape[0] < b[0].shape[0] else (b, a)
         s = short[0].shape[0]
         if any(x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or y.shape[0] <= s for x, y in zip(short, long_)):
-            raise ExportError(f"{model_file.name}: the rotary caches of {n.name!r} are not short and long tables of "
+            raise ExportError(f"{name}: the rotary caches of {n.name!r} are not short and long tables of "
                               "the same width")
         for name, x, y in zip(n.output, short, long_):
             g.initializer.append(numpy_helper.from_array(np.concatenate([x, y[s:]]).astype(y.dtype), name))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.drafters import fed_ids
 from edgespec.manifest import ModelSpec, Quality
 from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
@@ -49,11 +50,9 @@ class QualityRun:
         self.precision = precision
 
     def _ids(self, text: str, room: int = MAX_TOKENS, vocab: int | None = None) -> list[int]:
-        """``text``'s tokens, at most MAX_TOKENS and ``room`` (a bundle's context can be shorter: --max-context); ids
-        at or past ``vocab`` (a drafter with fewer ids than the tokenizer, Gemma 3 1B's) as 0, as the runtime feeds
-        them."""
-        ids = self.tok(text, add_special_tokens=False)["input_ids"][: min(MAX_TOKENS, room)]
-        return ids if vocab is None else [i if i < vocab else 0 for i in ids]
+        """``text``'s tokens, at most MAX_TOKENS and ``room`` (a bundle's context can be shorter: --max-context), as
+        a model of ``vocab`` ids reads them (``fed_ids``: a drafter with fewer ids than the tokenizer, Gemma 3 1B's)."""
+        return fed_ids(self.tok(text, add_special_tokens=False)["input_ids"][: min(MAX_TOKENS, room)], vocab)
 
     def __call__(self, role: str, model, spec: ModelSpec, progress) -> Quality:
         import torch
@@ -113,7 +112,7 @@ class QualityRun:
                 cont.append(tok)
                 logits = t.forward([tok])[-1]
             d.reset()  # (ids past a smaller drafter's vocabulary read as 0, as the runtime feeds them)
-            dl = d.forward([i if i < ds.vocab_size else 0 for i in ids + cont[:-1]])[len(ids) - 1:]
+            dl = d.forward(fed_ids(ids + cont[:-1], ds.vocab_size))[len(ids) - 1:]
             hits += int((dl.argmax(-1)[: len(cont)] == np.array(cont)).sum())
             total += len(cont)
         rate = hits / total

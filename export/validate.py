@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.drafters import fed_ids
 from edgespec.manifest import ModelSpec, Validation
 from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
@@ -33,10 +34,8 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
     diffs = {"prefill": 0.0, "decode": 0.0, "verify": 0.0, "rewind": 0.0}
     agree = total = 0
     for text in VALIDATION_TEXTS:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][: min(48, lm.max_context)]
-        # (a drafter's vocabulary may stop short of the tokenizer's, Gemma 3 1B's: ids past it read as 0, as the runtime
-        # feeds them)
-        ids = [i if i < spec.vocab_size else 0 for i in ids]
+        # (a drafter's vocabulary may stop short of the tokenizer's, Gemma 3 1B's: fed as the runtime feeds them)
+        ids = fed_ids(tokenizer(text, add_special_tokens=False)["input_ids"][: min(48, lm.max_context)], spec.vocab_size)
         if len(ids) < 10:
             ids = (ids * 10)[:12]
         n = len(ids)

@@ -356,12 +356,12 @@ def test_longrope_exports_and_decodes_exactly_across_its_original_context(tmp_pa
     import edgespec
     import edgespec_export.kernels as kernels
 
-    real = kernels.per_position_rope
-    kernels.per_position_rope = lambda model_file: 0
+    real = kernels._per_position_rope
+    kernels._per_position_rope = lambda g, name: 0
     try:
         old = _export(tmp_path_factory, "phi3-longrope-old", d, target_precision="int4", max_context=256)
     finally:
-        kernels.per_position_rope = real
+        kernels._per_position_rope = real
     assert any(n.op_type == "If" for n in onnx.load(str(old / "target" / "model.onnx"), load_external_data=False).graph.node)
     eng = edgespec.load(old, memory=False)
     plain = eng.generate(PROMPT, max_new_tokens=120, drafter="none", ignore_eos=True).token_ids
