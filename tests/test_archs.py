@@ -290,6 +290,38 @@ def test_flat_rope_leaves_a_flat_config_alone():
     assert nested.rope_local_base_freq == 1e4
 
 
+def test_a_rotary_choice_that_is_not_two_tables_is_refused():
+    """``_per_position_rope`` makes LongRoPE's two constant tables one; an ``If`` feeding the attention's rotary that
+    computes its tables, or whose tables are not a short and a long one of one width, is an ExportError naming the
+    node (the graph would stay inexact across call widths), not a half-rewritten graph."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec.errors import ExportError
+    from edgespec_export.kernels import _per_position_rope
+
+    def graph(then_out, else_out):
+        def branch(name, outs):
+            nodes = [helper.make_node("Constant", [], [f"{name}_{i}"], value=numpy_helper.from_array(a))
+                     if isinstance(a, np.ndarray) else helper.make_node("Identity", ["x"], [f"{name}_{i}"])
+                     for i, a in enumerate(outs)]
+            return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_{i}", TensorProto.FLOAT,
+                                                                                      None) for i in range(len(outs))])
+        pick = helper.make_node("If", ["cond"], ["cos_cache", "sin_cache"], name="/model/rope/If",
+                                then_branch=branch("then", then_out), else_branch=branch("else", else_out))
+        gqa = helper.make_node("GroupQueryAttention", ["q", "", "", "pk", "pv", "s", "t", "cos_cache", "sin_cache"],
+                               ["o", "k", "v"], domain="com.microsoft")
+        return helper.make_graph([pick, gqa], "g", [], [])
+
+    short, long_ = np.zeros((64, 8), np.float32), np.ones((256, 8), np.float32)
+    g = graph([long_, long_], [short, short])
+    assert _per_position_rope(g, "model.onnx") == 1 and not any(n.op_type == "If" for n in g.node)
+    for then_out, why in (([long_, "computed"], "is not two sets of constants"),
+                          ([np.ones((256, 4), np.float32), long_], "not short and long tables of the same width")):
+        with pytest.raises(ExportError, match=f"model.onnx: the rotary caches.*/model/rope/If.*{why}"):
+            _per_position_rope(graph(then_out, [short, short]), "model.onnx")
+
+
 def test_rope_type_alias_gives_the_builder_the_field_it_reads():
     from types import SimpleNamespace
 
@@ -466,6 +498,12 @@ def test_a_drafter_with_fewer_ids_than_its_target_drafts_exactly(tmp_path_factor
     assert m.drafter.quality.greedy_agreement_with_target > 0.1  # (the padding ids it cannot draft)
     if drafter_short:  # --drafter-vocab: the tokenizer's ids past the drafter's (special ones are always kept) left out
         assert m.drafter.head_size and m.drafter.load_head_ids(m.target.vocab_size).max() < V - drafter_short
+        # and a --drafter-vocab that leaves all of the drafter's ids once those are out is refused in one line
+        from edgespec.errors import ExportError
+
+        with pytest.raises(ExportError, match=f"the drafter has only {V - drafter_short:,} ids, all of them kept"):
+            _export(tmp_path_factory, "vocab-all-kept", root / "t", drafter=str(root / "d"), target_precision="int4",
+                    drafter_precision="int4", max_context=256, drafter_vocab=V - 4)
     eng = edgespec.load(b, memory=False)
     limit = V - drafter_short
     prompt = PROMPT + "".join(tok.convert_ids_to_tokens([V - 1])) if drafter_short else PROMPT

@@ -534,6 +534,22 @@ def test_decode_attention_refuses_a_bad_window_or_softcap():
                 "pv": np.zeros((1, 2, 16, 32), np.float32), "seqlens": np.array([0], np.int32)})
 
 
+def test_decode_attention_refuses_rotary_tables_of_the_wrong_shape():
+    """cos wider than half a head, or sin of another shape than cos: one error naming the op, not a read past them."""
+    g = _attention_graph("DecodeAttention", 4, 2, 32, 16, 20, rot=24)  # (cos 24 columns: more than D / 2 = 16)
+    feeds = {"qkv": np.zeros((1, 1, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
+             "pv": np.zeros((1, 2, 16, 32), np.float32), "seqlens": np.array([0], np.int32)}
+    with pytest.raises(Exception, match="DecodeAttention: .*cos has more than D/2 columns"):
+        _session(g).run(None, feeds)
+    from onnx import numpy_helper
+
+    g = _attention_graph("DecodeAttention", 4, 2, 32, 16, 20, rot=8)
+    sin = g.graph.initializer[1]
+    sin.CopyFrom(numpy_helper.from_array(np.zeros((20, 4), np.float32), sin.name))
+    with pytest.raises(Exception, match="DecodeAttention: expects .*cos and sin \\[P, R\\]"):
+        _session(g).run(None, feeds)
+
+
 def test_decode_attention_refuses_bad_lengths_with_an_error():
     s = _session(_attention_graph("DecodeAttention", 4, 2, 32, 16, 20))
     feeds = {"qkv": np.zeros((1, 3, 8 * 32), np.float32), "pk": np.zeros((1, 2, 16, 32), np.float32),
