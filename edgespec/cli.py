@@ -806,6 +806,8 @@ def info(bundle, verify, as_json):
                 here = f"not runnable here: {e}"
             click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2, FMA and F16C; "
                        f"{here}{pad})")
+            if spec.kernel_features:
+                click.echo(f"    its attention computes: {', '.join(spec.kernel_features)} (edgespec since session 42)")
             if spec.io.logits_skip:
                 click.echo(f"    a prefill computes its last position's logits only (input {spec.io.logits_skip!r})")
             if spec.io.row_positions:

@@ -244,6 +244,10 @@ class ModelSpec:
     # "edgespec-q4": the graph's INT4 matrix multiplies are edgespec.MatMulQ4 (edgespec/native), which
     # computes a row the same at every call width; "onnxruntime": the graph uses onnxruntime's ops only
     kernels: str = "onnxruntime"
+    # what of edgespec's kernels the graph relies on beyond their first version (KERNEL_FEATURES): a runtime that
+    # lacks one refuses the bundle at load, where its library would ignore the node's attribute and compute
+    # another thing (onnxruntime passes a custom op's unknown attributes unchecked); () in bundles before session 43
+    kernel_features: tuple[str, ...] = ()
     # rows the graph appends to attention's query (a copy of the last one, written to the KV cache
     # one position past the call and overwritten later), so that attention never runs one query row
     attention_pad: int = 0
@@ -313,7 +317,7 @@ class ModelSpec:
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
             embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
             head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
-            kernels=_kernels(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
+            kernels=_kernels(d, where), kernel_features=_kernel_features(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
             attention_window=_opt_count(d, "attention_window", where) or 0,
             kernels_check=_kernels_check(d, where), **dims,
         )
@@ -334,6 +338,7 @@ class ModelSpec:
             **({"head_ids": _rel(root, self.head_ids), "head_size": self.head_size, "head_source": self.head_source}
                if self.head_ids else {}),
             **({"kernels": self.kernels} if self.kernels != "onnxruntime" else {}),
+            **({"kernel_features": list(self.kernel_features)} if self.kernel_features else {}),
             **({"attention_pad": self.attention_pad} if self.attention_pad else {}),
             **({"attention_window": self.attention_window} if self.attention_window else {}),
             **({"kernels_check": dict(self.kernels_check)} if self.kernels_check else {}),
@@ -367,6 +372,23 @@ def _kernels(d: dict, where: str) -> str:
     if k not in KERNELS:
         raise ManifestError(f"manifest: {where}.kernels {k!r} is not one of {', '.join(KERNELS)}")
     return k
+
+
+# what this edgespec's kernels compute beyond their first version (export/kernels.py kernel_features names what a
+# graph uses): DecodeAttention's sliding window (local_window_size), score cap (softcap), a rotary over part of the
+# head (cos and sin narrower than half of it) and an interleaved rotary (rotary_interleaved); session 42's
+KERNEL_FEATURES = ("attention-window", "attention-softcap", "attention-partial-rotary", "attention-interleaved-rotary")
+
+
+def _kernel_features(d: dict, where: str) -> tuple[str, ...]:
+    f = _opt(list, where, d, "kernel_features") or []
+    if not all(isinstance(x, str) for x in f):
+        raise ManifestError(f"manifest: {where}.kernel_features must be a list of strings")
+    unknown = sorted(set(f) - set(KERNEL_FEATURES))
+    if unknown:
+        raise BundleError(f"the bundle's {where.rpartition('.')[2]} needs what this edgespec's kernels do not compute "
+                          f"({', '.join(unknown)[:200]}): update edgespec, or export the bundle with this one")
+    return tuple(sorted(set(f)))
 
 
 KERNELS_CHECK = ("max_abs_logit_diff", "logit_scale", "top1_agreement", "positions")

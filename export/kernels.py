@@ -312,6 +312,29 @@ def _own_attention(n, inits: dict, head_dim: int | None = None) -> bool:
     return True
 
 
+def kernel_features(g, head_dim: int | None) -> list[str]:
+    """What of edgespec's kernels graph ``g`` relies on beyond their first version (the manifest's
+    ``kernel_features``; edgespec.manifest.KERNEL_FEATURES): a runtime without one refuses the bundle."""
+    from onnx import helper
+
+    inits = {t.name: t for t in g.initializer}
+    out = set()
+    for n in g.node:
+        if n.domain != DOMAIN or n.op_type not in (ATTENTION_OP, ATTENTION_OP_F16):
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        if int(a.get("local_window_size", -1)) > 0:
+            out.add("attention-window")
+        if float(a.get("softcap", 0.0)) > 0:
+            out.add("attention-softcap")
+        if a.get("rotary_interleaved", 0):
+            out.add("attention-interleaved-rotary")
+        cos = inits.get(n.input[4]) if len(n.input) > 4 else None
+        if cos is None or head_dim is None or 2 * cos.dims[-1] < head_dim:  # (unknown: as the one that needs more)
+            out.add("attention-partial-rotary")
+    return sorted(out)
+
+
 def _pack_qkv(g) -> int:
     """Give every ``GroupQueryAttention`` that takes its query, key and value as three inputs (the builder's
     graph for models with per-head query/key norms: Qwen3, OLMo2, Gemma3) one packed input instead: a
@@ -731,6 +754,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     kept = [t for t in g.initializer if t.name not in drop]
     del g.initializer[:]
     g.initializer.extend(kept)
+    done["features"] = kernel_features(g, head_dim)  # (a list, as why_not_half's text, not a count)
     _write(m, model_path, base)  # the packed weights in place of the old, one data file, atomically
     return done
 
@@ -852,7 +876,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if counts["row_positions"]:
                 io = replace(io, row_positions=POSITIONS_INPUT)
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
-                           attention_pad=pad, operators=ops, io=io,
+                           kernel_features=tuple(counts["features"]), attention_pad=pad, operators=ops, io=io,
                            kv_dtype="float16" if counts["half_caches"] else spec.kv_dtype)
             check = compare_with_source(getattr(manifest, role), spec, sample_ids)
             if log:

@@ -138,6 +138,9 @@ def test_gemma2_window_within_the_context_stays_and_decodes_exactly_past_it(tmp_
     assert attention_windows(own / "target" / "model.onnx") == [64, -1]
     m = load_manifest(own)
     assert m.target.attention_window == 64 and m.target.kv_dtype == "float16" and m.target.io.row_positions
+    # what an older edgespec's kernels would ignore, named for a runtime to refuse (the padded rewrite has none)
+    assert m.target.kernel_features == ("attention-softcap", "attention-window")
+    assert load_manifest(out).target.kernel_features == ()
     ar = _greedy_exact(own, 200, ("prompt-lookup", "model", "auto"))
     # an alternate beside every draft token, well past the window: greedy output unchanged, and after a sampled
     # generation the cache holds what plain calls compute (the next token's logits those of a fresh prefill)
@@ -443,7 +446,12 @@ def test_phi2_nemotron_and_ernie_export_and_take_the_exact_kernels(tmp_path_fact
     d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=9, hidden=128, heads=2, kv_heads=2, **extra)
     b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
     _greedy_exact(b, 48, ("prompt-lookup",))
-    exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "GroupQueryAttention -> edgespec")
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "GroupQueryAttention -> edgespec")
+    from edgespec.manifest import load_manifest
+
+    assert load_manifest(out).target.kernel_features == {
+        "phi": ("attention-partial-rotary",), "nemotron": ("attention-partial-rotary",),
+        "ernie4_5": ("attention-interleaved-rotary",)}[arch]
 
 
 @pytest.mark.parametrize("target_pad, drafter_short", [(64, 0), (0, 8)], ids=["padded-target", "short-drafter"])

@@ -1041,6 +1041,44 @@ def test_the_rewrite_records_its_check_and_a_bad_record_is_refused(tiny_xk, copy
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, r.output
 
 
+def test_a_bundle_needing_kernel_features_this_edgespec_lacks_is_refused(tiny_xk, copy_bundle):
+    """A bundle whose graphs rely on what this edgespec's kernels do not compute (a future attribute, which the
+    library would ignore: onnxruntime passes a custom op's unknown attributes unchecked) is refused at load in one
+    line, exit 2; the features this edgespec has load and are written back as they were."""
+    from edgespec.cli import main
+    from edgespec.errors import BundleError, ManifestError
+    from edgespec.manifest import KERNEL_FEATURES, load_manifest, write_manifest
+
+    assert load_manifest(tiny_xk).target.kernel_features == ()  # (a Qwen-shaped graph: none)
+    b = copy_bundle(tiny_xk)
+    path = b / "edgespec.json"
+    d = json.loads(path.read_text())
+    d["models"]["target"]["kernel_features"] = ["attention-window", "attention-window"]
+    path.write_text(json.dumps(d))
+    m = load_manifest(b)
+    assert m.target.kernel_features == ("attention-window",) and "attention-window" in KERNEL_FEATURES
+    write_manifest(m)
+    r = CliRunner().invoke(main, ["info", str(b)])
+    assert r.exit_code == 0 and "its attention computes: attention-window" in r.output, r.output
+    assert json.loads(path.read_text())["models"]["target"]["kernel_features"] == ["attention-window"]
+    assert "kernel_features" not in json.loads(path.read_text())["models"]["drafter"]
+    d["models"]["drafter"]["kernel_features"] = ["attention-window", "attention-sinks"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(BundleError, match=r"drafter needs what this edgespec's kernels do not compute "
+                                          r"\(attention-sinks\): update edgespec"):
+        load_manifest(b)
+    r = CliRunner().invoke(main, ["info", str(b)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "attention-sinks" in r.output, r.output
+    d["models"]["drafter"]["kernel_features"] = "attention-window"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="kernel_features has the wrong type"):
+        load_manifest(b)
+    d["models"]["drafter"]["kernel_features"] = [3]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="kernel_features must be a list of strings"):
+        load_manifest(b)
+
+
 def test_info_and_bench_ar_name_the_kernel_path_this_cpu_takes(tiny_xk, capsys, monkeypatch):
     import sys
     from pathlib import Path
