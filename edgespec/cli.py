@@ -804,7 +804,7 @@ def info(bundle, verify, as_json):
                 cheap = None if why else cheap_rows(path)
             except ProviderError as e:  # no compiler: info still describes the bundle
                 here = f"not runnable here: {e}"
-            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 with AVX2, FMA and F16C; "
+            click.echo(f"    kernels: {spec.kernels} (edgespec exact-kernels: the CPU EP on x86-64 or aarch64; "
                        f"{here}{pad})")
             if spec.kernel_features:
                 click.echo(f"    its attention computes: {', '.join(spec.kernel_features)} (edgespec since session 42)")

@@ -57,7 +57,7 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
 @click.option("--exact-kernels", is_flag=True,
               help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
-                   "exact one-token decoding; the bundle then runs on x86-64 CPUs with AVX2, FMA and F16C only.")
+                   "exact one-token decoding; the bundle then runs on the CPU EP only (x86-64 and aarch64).")
 @click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="With --exact-kernels: " + _KV_HELP + " Default float16.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
@@ -161,8 +161,9 @@ def _force_needs_output(force: bool, output) -> None:
 def exact_kernels(bundle, output, force, onnxruntime_attention, kv_dtype):
     """Rewrite an INT4 BUNDLE to edgespec's width-invariant CPU kernels (edgespec.MatMulQ4 and
     edgespec.DecodeAttention), so that one-token calls are exact and plain decoding pays no
-    two-token tax. Needs an x86-64 CPU with AVX2, FMA and F16C (AVX-512 VNNI is used where present, with the
-    same results bitwise) and g++ (the kernels are built on first use)."""
+    two-token tax. Runs on x86-64 CPUs (AVX2 + FMA + F16C; AVX-512 VNNI and AMX where present, the same results
+    bitwise) and on others through the kernels' portable C++ path (aarch64: a Jetson's CPU), and needs g++ (the
+    kernels are built on first use)."""
     import sys
 
     try:

@@ -90,7 +90,7 @@ def _dequant_reference(model, x):
     return x.astype(np.float64) @ w.T
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float"),
                                           (1536, 300, 128, "float"), (256, 37, 64, "float")])  # (HQQ's blocks)
@@ -98,8 +98,8 @@ def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, bl
     """Against the float64 reference and MatMulNBits, and each row the same bits at widths 1 to 17 (the
     AVX2 path takes rows in passes of up to 8, the AVX-512 one of up to 8, AMX in chunks of 16) and
     wherever it sits in the call; on the path this CPU takes and on the AVX2 one."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
     x = np.random.default_rng(1).normal(size=(17, K)).astype(np.float32)
     ours = _session(_graph(K, N, block, "MatMulQ4", zp))
     ref_model = _graph(K, N, block, "MatMulNBits", zp)
@@ -198,8 +198,8 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, wi
 def _cache_for(op, isa, monkeypatch, H, KVH, D, L, past, rows, seed):
     """``_attention_inputs`` with the caches in ``op``'s type (float16 for the F16 op), on kernel path ``isa``
     ("avx2": EDGESPEC_Q4_ISA, read when a session registers the library)."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
     cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, rows, seed)
     if op.endswith("F16"):
         cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
@@ -243,7 +243,7 @@ def _attention_inputs(H, KVH, D, L, past, rows, seed):
     return cache_k, cache_v, rng.normal(size=(1, rows, (H + 2 * KVH) * D)).astype(np.float32)
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (4, 4, 32), (6, 2, 48), (3, 1, 16)])
 def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_width(H, KVH, D, isa, monkeypatch):
     """edgespec.DecodeAttention against onnxruntime's GroupQueryAttention on the same cache (past
@@ -251,8 +251,8 @@ def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_widt
     rounding; each query row bitwise the same at every width and whatever the call's first position;
     on the path this CPU takes (16 lanes with AVX-512) and on the 8-lane AVX2 one (EDGESPEC_Q4_ISA,
     read when a session registers the library)."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
     L, P, past = 64, 80, 21
     cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=3)
     ours = _session(_attention_graph("DecodeAttention", H, KVH, D, L, P))
@@ -335,15 +335,15 @@ def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, windo
     return out
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (6, 2, 48), (3, 1, 16)])
 def test_decode_attention_f16_rounds_each_new_key_once_and_rows_do_not_depend_on_the_width(H, KVH, D, isa, monkeypatch):
     """edgespec.DecodeAttentionF16 (float16 caches): the new keys are the float32 op's rotated keys
     rounded to float16 (to nearest, ties to even: numpy's astype), the new values the call's values
     rounded; the outputs are attention over the rounded cache (float64 reference); each query row is
     bitwise the same at every width and whatever the call's first position, on both paths."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
     L, P, past = 64, 80, 21
     cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 9, seed=4)
     k16, v16 = cache_k.astype(np.float16), cache_v.astype(np.float16)
@@ -376,13 +376,13 @@ def test_decode_attention_f16_rounds_each_new_key_once_and_rows_do_not_depend_on
     assert np.array_equal(run(half, qkv[:, 4:], past + 4, k2, v2)[0], full[0][:, 4:])
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatch):
     """A new key or value beyond float16's range is stored as +-65504 (numpy's astype would give an
     infinity, and the scores a NaN): the outputs stay finite; the first position (past 0) and the
     cache's last one work; a NaN the model produced stays NaN."""
-    if isa == "avx2":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
     H, KVH, D, L = 4, 2, 32, 16
     sess = _session(_attention_graph("DecodeAttentionF16", H, KVH, D, L, L))
     rng = np.random.default_rng(2)
@@ -403,7 +403,7 @@ def test_decode_attention_f16_saturates_what_float16_cannot_hold(isa, monkeypatc
     assert np.isnan(pv[0, 0, 2, 0])
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
 @pytest.mark.parametrize("H,KVH,D,past", [(12, 2, 128, 21), (6, 2, 48, 130), (3, 1, 16, 62)])
 @pytest.mark.parametrize("window,softcap", [(-1, 0.0), (16, 30.0)], ids=["whole", "window-softcap"])
@@ -447,7 +447,7 @@ def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH
             run(posd, qkv[:, :len(bad)] if len(bad) == 8 else qkv, past, bad)
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
 @pytest.mark.parametrize("H,KVH,D,window,softcap", [(12, 2, 128, 50, 0.0), (6, 2, 48, 70, 20.0), (3, 1, 16, -1, 5.0),
                                                     (8, 4, 32, 16, 0.0), (4, 2, 64, 1, 30.0)])
@@ -484,7 +484,7 @@ def test_decode_attention_window_and_softcap_follow_onnxruntime_and_rows_do_not_
     _rows_are_one_row_calls(run, qkv, past, full)
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("W,past,rows", [(16, 60, 20), (5, 250, 24), (64, 120, 30)])
 def test_decode_attention_window_rows_of_several_tasks_are_one_row_calls(W, past, rows, isa, monkeypatch):
     """A call of more rows than a task takes (8): its tasks start their key blocks at their own first rows'
@@ -500,7 +500,7 @@ def test_decode_attention_window_rows_of_several_tasks_are_one_row_calls(W, past
     _rows_are_one_row_calls(run, qkv, past, run(qkv, past))
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 @pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
 @pytest.mark.parametrize("H,KVH,D,rot,inter", [(8, 2, 128, 48, 0), (4, 1, 80, 16, 0), (6, 2, 64, 8, 0), (4, 2, 64, 32, 1),
                                                (6, 2, 64, 16, 1)])
@@ -1145,21 +1145,21 @@ def test_exact_kernels_graph_is_refused_on_a_gpu_provider(tiny_xk):
         open_session(spec.path, choice, role="target", kernels=spec.kernels)
 
 
-def test_library_on_a_cpu_without_avx2_is_a_typed_error(monkeypatch):
+def test_library_on_a_cpu_it_is_not_built_for_is_a_typed_error(monkeypatch):
+    """x86-64 (with or without AVX2: the portable path then) and aarch64 (a Jetson's CPU: the portable path) run the
+    kernels; another CPU is told so in one typed line before anything is built."""
     import edgespec.native as native
 
     monkeypatch.setattr(native, "_cached", None)
-    monkeypatch.setattr(native, "cpu_supported", lambda: "this CPU lacks avx2, fma")
-    with pytest.raises(ProviderError, match="needs an x86-64 CPU with AVX2, FMA and F16C: this CPU lacks avx2, fma"):
+    monkeypatch.setattr(native, "cpu_supported", lambda: "this CPU is riscv64 (the kernels are built for x86-64 and aarch64)")
+    with pytest.raises(ProviderError, match="does not run here: this CPU is riscv64"):
         native.library_path()
     monkeypatch.undo()
-    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")  # a Jetson's CPU
-    assert "aarch64" in native.cpu_supported()
-    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx"})
-    assert native.cpu_supported() == "this CPU lacks avx2, fma, f16c"
-    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma"})  # (F16C: float16 KV caches)
-    assert native.cpu_supported() == "this CPU lacks f16c"
+    for machine in ("aarch64", "arm64", "x86_64", "AMD64"):
+        monkeypatch.setattr(native.platform, "machine", lambda: machine)
+        assert native.cpu_supported() is None, machine
+    monkeypatch.setattr(native.platform, "machine", lambda: "riscv64")
+    assert "riscv64" in native.cpu_supported()
 
 
 def test_the_library_names_the_path_it_takes(monkeypatch):
@@ -1176,6 +1176,8 @@ def test_the_library_names_the_path_it_takes(monkeypatch):
     assert native.isa() == ("avx2" if want == "avx2" else "avx512-vnni")
     monkeypatch.setenv("EDGESPEC_Q4_ISA", "avx2")
     assert native.isa() == "avx2"
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "portable")  # (what aarch64 and an x86-64 CPU without AVX2 take)
+    assert native.isa() == "portable" and not native.cheap_rows("portable")
 
 
 def test_kernel_int16_partial_sums_do_not_saturate():
@@ -1856,7 +1858,7 @@ def _q4_node_model(K, N, arrays):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgespec", 1)])
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["this-cpu", "avx512", "avx2", "portable"])
 def test_kquant_scales_compute_the_float_formats_bits_at_every_width(isa, monkeypatch):
     """Q4_K's scale bytes (input 6: per block 6-bit scale and minimum, per super-block float d and dmin) give
     the bits of the same blocks with float scales and the exact minimums (input 5): the kernel's products d x
@@ -1955,3 +1957,135 @@ def test_the_kernel_paths_with_cheap_rows_are_the_avx512_ones(path, wide, monkey
 
     monkeypatch.setattr(native, "isa", fails)
     assert onnx_lm._wide_path() is False
+
+
+def _on_path(isa, monkeypatch, make):
+    """``make()`` (a session) with the library registered on kernel path ``isa`` ("this-cpu": the path this CPU
+    takes)."""
+    if isa == "this-cpu":
+        monkeypatch.delenv("EDGESPEC_Q4_ISA", raising=False)
+    else:
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    return make()
+
+
+def test_the_portable_path_computes_the_x86_paths_matmul_bits(monkeypatch):
+    """The portable path (plain C++: aarch64's, and an x86-64 CPU's without AVX2) gives MatMulQ4 the bits of the x86
+    paths, every one of which gives the same: zero points or none, float minimums (GGUF's, HQQ's), Q4_K's scale
+    bytes, a bias, SwiGLU; rows of zeros, of large and of tiny values; widths 1 to 20 (the AMX path from 4 rows on an
+    AMX CPU)."""
+    from edgespec_export.kernels import pack_q4
+
+    from edgespec.native import isa
+
+    assert _on_path("portable", monkeypatch, isa) == "portable"
+    rng = np.random.default_rng(11)
+    models = [_graph(K, N, block, "MatMulQ4", zp, seed=K + N) for K, N, block, zp in
+              ((256, 48, 128, True), (96, 37, 32, False), (1536, 300, 128, True), (256, 37, 32, "float"),
+               (1536, 300, 32, "float"))]
+    models += [_fused_graph(256, 48, 128, seed=2), _fused_graph(96, 37, 32, "float", seed=3),
+               _fused_graph(96, 37, 32, False, seed=4, swiglu=False)]
+    b, scale, zp, _ = _q4k_like(70, 512, seed=7)
+    models.append(_q4_node_model(512, 70, pack_q4(b, scale, zp, 512, 70, 32)))
+    for model in models:
+        K = model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value
+        x = rng.normal(size=(20, K)).astype(np.float32)
+        x[3], x[4], x[5] = 0.0, x[4] * 1e4, x[5] * 1e-30
+        x[6, ::3] = 0.0
+        want = None
+        for path in ("this-cpu", "avx2", "portable"):
+            s = _on_path(path, monkeypatch, lambda: _session(model))
+            got = s.run(None, {"A": x})
+            if want is None:
+                want = got
+                continue
+            for a, w in zip(got, want):
+                assert np.array_equal(a, w), (path, model.graph.node[0].input)
+            if path == "portable":
+                for m in (1, 2, 5, 9):
+                    assert all(np.array_equal(a, w[:m]) for a, w in zip(s.run(None, {"A": x[:m]}), want))
+
+
+@pytest.mark.parametrize("op", ["DecodeAttention", "DecodeAttentionF16"])
+@pytest.mark.parametrize("H,KVH,D,window,softcap,rot,interleaved",
+                         [(12, 2, 128, -1, 0.0, None, 0), (6, 2, 48, 16, 30.0, None, 0), (4, 2, 64, 1, 0.0, 16, 0),
+                          (3, 1, 16, 50, 5.0, None, 1), (8, 4, 32, -1, 0.0, 8, 1)])
+def test_the_portable_path_computes_the_avx2_paths_attention_bits(H, KVH, D, window, softcap, rot, interleaved, op,
+                                                                   monkeypatch):
+    """The portable path's DecodeAttention gives the AVX2 path's bits (its 8-lane chains and trees): outputs and
+    the present caches (a float16 cache's new keys and values rounded alike), whole and partial rotaries,
+    interleaved ones, windows and score caps, calls of 1 to 9 rows from several first positions, alternates
+    beside the causal rows."""
+    L, P = 160, 180
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, 140, 9, seed=12)
+    if op.endswith("F16"):
+        cache_k, cache_v = cache_k.astype(np.float16), cache_v.astype(np.float16)
+    kw = dict(window=window, softcap=softcap, rot=rot, interleaved=interleaved)
+    runs = {}
+    for path in ("avx2", "portable"):
+        plain = _on_path(path, monkeypatch, lambda: _session(_attention_graph(op, H, KVH, D, L, P, **kw)))
+        posd = _on_path(path, monkeypatch, lambda: _session(_attention_graph(op, H, KVH, D, L, P, positions=True, **kw)))
+        out = []
+        def keep(o, t):  # (a present cache not bound in place holds what its buffer held past the call's rows)
+            return [o[0], o[1][:, :, :t], o[2][:, :, :t]]
+
+        for past in (0, 7, 63, 64, 130):
+            for n in (1, 2, 5, 9):
+                out += keep(plain.run(None, {"qkv": qkv[:, :n], "pk": cache_k.copy(), "pv": cache_v.copy(),
+                                             "seqlens": np.array([past + n - 1], np.int32)}), past + n)
+        out += keep(posd.run(None, {"qkv": qkv[:, :8], "pk": cache_k.copy(), "pv": cache_v.copy(),
+                                    "seqlens": np.array([40 + 8 - 1], np.int32),
+                                    "pos": np.array([0, 1, 2, 3, 4, 1, 3, 4])}), 48)
+        runs[path] = out
+    for i, (a, b) in enumerate(zip(runs["avx2"], runs["portable"])):
+        assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), i
+
+
+def test_the_portable_path_rounds_new_keys_and_values_to_float16_as_f16c(monkeypatch):
+    """A float16 cache's new values through the portable path's rounding (its own on x86-64; aarch64's hardware
+    conversion there) against the AVX2 path's F16C: values of every magnitude from float16's subnormals past its
+    largest, ties to even exactly halfway, both signs, infinities and NaNs; and numpy's astype below 65504."""
+    H = KVH = 4
+    D, L = 128, 64
+    rng = np.random.default_rng(13)
+    mags = np.ldexp(1.0 + rng.random(L * KVH * D), rng.integers(-30, 18, L * KVH * D)).astype(np.float32)
+    vals = (mags * rng.choice([-1.0, 1.0], mags.size)).astype(np.float32)
+    halves = np.arange(1, 0x7bff, 7, dtype=np.uint16).view(np.float16).astype(np.float32)  # ties: halfway to the next
+    nxt = np.nextafter(halves.astype(np.float16), np.float16(np.inf)).astype(np.float32)
+    vals[:halves.size] = (halves + (nxt - halves) / 2).astype(np.float32)
+    vals[-8:] = [np.inf, -np.inf, np.nan, 65504.0, 65519.0, 65520.0, -1e30, 2.0 ** -25]
+    qkv = np.zeros((1, L, (H + 2 * KVH) * D), np.float32)
+    qkv[0, :, (H + KVH) * D:] = vals.reshape(L, KVH * D)  # the values (no rotary on them)
+    k = np.zeros((1, KVH, L, D), np.float16)
+    got = {}
+    for path in ("avx2", "portable"):
+        s = _on_path(path, monkeypatch, lambda: _session(_attention_graph("DecodeAttentionF16", H, KVH, D, L, L)))
+        got[path] = s.run(None, {"qkv": qkv, "pk": k.copy(), "pv": k.copy(), "seqlens": np.array([L - 1], np.int32)})[2]
+    stored = got["portable"][0].transpose(1, 0, 2).reshape(-1)  # [L, KVH, D] as the values were laid out
+    assert np.array_equal(got["portable"].view(np.uint16), got["avx2"].view(np.uint16))
+    ok = np.abs(vals) <= 65504
+    assert np.array_equal(stored[ok], vals[ok].astype(np.float16))
+    assert (np.abs(stored[~ok & ~np.isnan(vals)]) == 65504).all() and np.isnan(stored[np.isnan(vals)]).all()
+
+
+def test_the_portable_path_decodes_a_bundle_exactly_with_the_x86_paths_logits(tiny_xk, monkeypatch):
+    """A whole exact-kernels bundle (fused SwiGLU and biases, float16 caches, alternates' positions) on the portable
+    path: its target's logits over a prefill and one-token calls are the AVX2 path's bit for bit, and greedy
+    speculative decoding (the model drafter with its second choices verified beside its drafts, prompt lookup)
+    equals plain decoding."""
+    import edgespec
+
+    ids = list(range(5, 45))
+    rows = {}
+    for path in ("avx2", "portable"):
+        eng = _on_path(path, monkeypatch, lambda: edgespec.load(tiny_xk, memory=False))
+        t = eng.decoder.target
+        t.reset()
+        rows[path] = np.concatenate([np.array(t.forward(ids[:30]))] + [np.array(t.forward([i])) for i in ids[30:]])
+    assert np.array_equal(rows["avx2"], rows["portable"])
+    eng.decoder.policy.use_alternates = True  # (the portable path's default is off, as AVX2's)
+    prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n"
+    plain = eng.generate(prompt, max_new_tokens=40, drafter="none", ignore_eos=True)
+    for drafter in ("model", "prompt-lookup"):
+        r = eng.generate(prompt, max_new_tokens=40, drafter=drafter, ignore_eos=True)
+        assert r.token_ids == plain.token_ids, drafter

@@ -2,12 +2,13 @@
 
 ``q4gemm.cpp`` is the ``edgespec.MatMulQ4`` operator: MatMulNBits' INT4 layout and arithmetic
 (int8 activations per block, int32 block dot products), computed so that a row's result does not
-depend on how many rows the call has (README, "Exactness"). A bundle rewritten by
-``edgespec exact-kernels`` uses it in place of ``com.microsoft.MatMulNBits``; its graphs open only
-with this library registered (``library_path()``), which needs a C++ compiler (g++) once and an
-x86-64 CPU with AVX2, FMA and F16C; it takes its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile
+depend on how many rows the call has (README, "Exactness"), and ``edgespec.DecodeAttention``. A bundle rewritten by
+``edgespec exact-kernels`` uses them in place of onnxruntime's ops; its graphs open only
+with this library registered (``library_path()``), which needs a C++ compiler (g++) once. On an x86-64 CPU with
+AVX2, FMA and F16C it takes its AVX2 path, its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile
 multiplies for calls of 4 rows or more (at block 128; 6 at 64, 8 below) where the CPU has those (the
-same numbers, bitwise, on every path).
+same numbers, bitwise, on every path). Elsewhere (aarch64: a Jetson's or a Raspberry Pi's CPU; an x86-64 CPU
+without AVX2) it takes its portable path (plain C++, since session 43): the AVX2 path's numbers, bit for bit.
 """
 from __future__ import annotations
 
@@ -44,22 +45,25 @@ def _cpu_flags() -> set[str] | None:
     return set(line.partition(":")[2].split())
 
 
+# the CPUs the portable path is built and tested for (x86-64's SIMD paths need AVX2, FMA and F16C; without them it
+# takes the portable one too)
+PORTABLE_MACHINES = ("x86_64", "amd64", "aarch64", "arm64")
+
+
 def cpu_supported() -> str | None:
-    """None where this CPU runs the kernel, else why not."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"this CPU is {platform.machine() or 'not x86-64'} (the kernel has x86-64 AVX2 and AVX-512 paths only)"
-    flags = _cpu_flags()
-    if flags is None:
-        return "cannot read /proc/cpuinfo to check for AVX2"
-    missing = [f for f in ("avx2", "fma", "f16c") if f not in flags]
-    return f"this CPU lacks {', '.join(missing)}" if missing else None
+    """None where this CPU runs the kernels, else why not."""
+    if platform.machine().lower() not in PORTABLE_MACHINES:
+        return (f"this CPU is {platform.machine() or 'of an unknown kind'} (the kernels are built for x86-64 and "
+                "aarch64)")
+    return None
 
 
 def isa() -> str:
     """The kernel path this CPU takes, as the built library reports it (the same function picks the path
-    at registration): 'avx2', 'avx512-vnni', or 'avx512-vnni+amx' (AMX-INT8 tile multiplies for calls of
-    nine rows or more). EDGESPEC_Q4_ISA=avx2 or =avx512 stops at that path. Builds the library if needed
-    (ProviderError where it cannot be)."""
+    at registration): 'avx2', 'avx512-vnni', 'avx512-vnni+amx' (AMX-INT8 tile multiplies for calls of
+    4 rows or more), or 'portable' (off x86-64, or on one without AVX2, FMA and F16C). EDGESPEC_Q4_ISA=avx2 or
+    =avx512 stops at that path, =portable takes the portable one. Builds the library if needed (ProviderError
+    where it cannot be)."""
     import ctypes
 
     fn = ctypes.CDLL(library_path()).edgespec_q4_path
@@ -80,7 +84,7 @@ def library_path() -> str:
         return _cached
     why = cpu_supported()
     if why:
-        raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) needs an x86-64 CPU with AVX2, FMA and F16C: {why}")
+        raise ProviderError(f"edgespec's INT4 kernel (exact-kernels bundles) does not run here: {why}")
     _cached = _build(SOURCE, "libedgespec_q4", "edgespec's INT4 kernel (exact-kernels bundles)")
     return _cached
 

@@ -25,8 +25,13 @@
 //
 // The ABI below is declared here (the onnxruntime C API is append-only and versioned): only the
 // functions used are named, by their position in OrtApi.
+#if defined(__x86_64__) || defined(__i386__)
+#define ES_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#else
+#define ES_X86 0
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -113,14 +118,17 @@ constexpr int kRequired = 0, kOptional = 1;
 const OrtApi* g_api = nullptr;
 bool g_parallel = false;
 bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
+bool g_portable = !ES_X86;  // ... or the portable one (off x86-64 the only one; EDGESPEC_Q4_ISA=portable on it)
 bool g_amx = false;     // and whether calls of amx_min_rows rows or more take the AMX one
 bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages (own_weights)
 bool g_attn_quads = true;  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
 std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)
 
+#if ES_X86
 #define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 #define ES_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define ES_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c,amx-tile,amx-int8")))
+#endif
 
 template <typename F>
 F api(int i) { return reinterpret_cast<F>(g_api->fn[i]); }
@@ -181,6 +189,7 @@ struct Kernel {
   int64_t K = 0, N = 0, block = 0, nb = 0, tiles = 0;
   int64_t kstep = 0;  // AMX: bytes of K one tile multiply takes (divides block; 0: no AMX path)
   bool avx512 = false;
+  bool portable = false;  // the portable path (g_portable when the kernel was made)
   // SwiGLU (attribute swiglu=1): the weights are the gate's and the up projection's N columns each, their tiles
   // interleaved (gate tile i at 2i, up's at 2i + 1), and the output silu(gate) * up, N columns (finish16)
   bool swiglu = false;
@@ -240,6 +249,7 @@ struct Call {
   int64_t rows;        // AMX: rows of a chunk's tiles, min(M, kAmxRows)
 };
 
+#if ES_X86  // MatMulQ4's AVX2, AVX-512 VNNI and AMX paths
 // A block's zero points (8 where there are none) and scales for the 16 columns at sb: what the VNNI path reads
 // per (tile, block).
 struct BlockQ {
@@ -888,7 +898,133 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
   _tile_release();
 }
 
+#endif  // ES_X86
+
+// ---- MatMulQ4's portable path: plain C++ (aarch64's, where the compiler vectorizes it; EDGESPEC_Q4_ISA=portable on
+// x86-64). The x86 paths' arithmetic, lane for lane: int8 activations per block (quantize_row_portable), each block's
+// exact int32 dot less zero point x the activations' sum, converted, then one fused multiply-add (std::fma) by scale x
+// the activations' scale per (row, column) in block order, the minimums' second one, the epilogue's add or SwiGLU
+// (exp_portable: exp8's operations). So it gives the x86 paths' bits (the tests run them side by side), and a row's
+// result does not depend on the call's width here either.
+
+// _mm256_cvtps_epi32 of one float: to nearest, ties to even (the default rounding mode, as std::nearbyint's); a NaN
+// or a value out of int32's range gives INT32_MIN, as the instruction does
+inline int32_t cvt_nearest(float v) {
+  return std::fabs(v) < 2147483648.f ? int32_t(std::nearbyint(v)) : INT32_MIN;
+}
+
+// quantize_row's numbers: the block's largest magnitude (max_ps's operand order: a NaN lane ends as the next
+// value, and the lanes' max ignores one), its scale and inverse, each value to the nearest int8 in -127..127
+void quantize_row_portable(const float* x, int64_t K, int64_t block, int8_t* q, float* d, int32_t* s) {
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    float mv[8] = {};
+    for (int64_t j = 0; j < block; j += 8)
+      for (int l = 0; l < 8; ++l) {
+        const float a = std::fabs(xb[j + l]);
+        mv[l] = mv[l] > a ? mv[l] : a;
+      }
+    float amax = 0.f;
+    for (float v : mv) amax = std::max(amax, v);
+    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t total = 0;
+    for (int64_t j = 0; j < block; ++j) {
+      const int32_t v = std::min(127, std::max(-127, cvt_nearest(xb[j] * inv)));
+      q[b * block + j] = int8_t(v);
+      total += v;
+    }
+    d[b] = scale;
+    s[b] = total;
+  }
+}
+
+// exp8's operations on one lane (x <= 0; max_ps's operand order: a NaN becomes -87)
+inline float exp_portable(float x) {
+  x = x > -87.0f ? x : -87.0f;
+  const float fx = std::nearbyint(x * 1.44269504088896341f);
+  x = std::fma(-fx, 0.693359375f, x);
+  x = std::fma(-fx, -2.12194440e-4f, x);
+  float y = 1.9875691500e-4f;
+  y = std::fma(y, x, 1.3981999507e-3f);
+  y = std::fma(y, x, 8.3334519073e-3f);
+  y = std::fma(y, x, 4.1665795894e-2f);
+  y = std::fma(y, x, 1.6666665459e-1f);
+  y = std::fma(y, x, 5.0000001201e-1f);
+  y = std::fma(y, x * x, x + 1.0f);
+  const uint32_t e = uint32_t(cvt_nearest(fx) + 127) << 23;
+  float p;
+  std::memcpy(&p, &e, sizeof p);
+  return y * p;
+}
+
+// swiglu8's operations on one lane
+inline float swiglu_portable(float g, float u) {
+  const float e = exp_portable(-std::fabs(g));
+  const float r = 1.0f / (1.0f + e);
+  const float sig = g >= 0.f ? r : e * r;
+  return (g * sig) * u;
+}
+
+// finish16's epilogue for tile t's 16 sums of row r
+void finish_portable(const Call& c, int64_t r, int64_t t, const float* v) {
+  const Kernel& k = *c.k;
+  const int64_t n0 = (k.swiglu ? t / 2 : t) * kTile, cols = std::min<int64_t>(kTile, k.N - n0);
+  float* y = c.y + r * k.N + n0;
+  for (int64_t i = 0; i < cols; ++i)
+    y[i] = !k.swiglu ? v[i] + c.bias[n0 + i] : t % 2 == 0 ? v[i] : swiglu_portable(y[i], v[i]);
+}
+
+// row r of column tile t: per block the 16 columns' int32 dots (4 weight bytes x 4 activations a column and half
+// group: what a dot-product instruction takes), then the float chain per column
+void tile_portable(const Call& c, int64_t r, int64_t t) {
+  const Kernel& k = *c.k;
+  const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
+  float acc[kTile] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wp = c.q.w + (t * nb + b) * tb;
+    const int8_t* xb = c.xq + r * k.K + b * k.block;
+    int32_t dot[kTile] = {};
+    for (int64_t p = 0; p < P; ++p) {
+      const uint8_t* g = wp + p * 64;
+      const int8_t* x = xb + 8 * p;
+      for (int i = 0; i < kTile; ++i) {
+        int32_t lo = 0, hi = 0;
+        for (int j = 0; j < 4; ++j) {
+          lo += int32_t(g[4 * i + j] & 15) * x[j];
+          hi += int32_t(g[4 * i + j] >> 4) * x[4 + j];
+        }
+        dot[i] += lo + hi;
+      }
+    }
+    const size_t sb = size_t((t * nb + b) * kTile);
+    const int64_t rb = r * nb + b;
+    const float xd = c.xd[rb], xsum = c.xd[rb] * float(c.xs[rb]);
+    const int32_t xs = c.xs[rb];
+    const uint8_t* ks = c.q.ks ? c.q.ks + 2 * sb : nullptr;
+    const float* kd = c.q.ks ? c.q.scale + size_t((t * (nb / 8) + b / 8) * 2 * kTile) : nullptr;
+    for (int i = 0; i < kTile; ++i) {
+      const float s = ks ? float(ks[i]) * kd[i] : c.q.scale[sb + i];
+      const int32_t z = c.q.zp ? int32_t(c.q.zp[sb + i]) : c.q.minimums ? 0 : 8;
+      const int32_t corr = int32_t(uint32_t(dot[i]) - uint32_t(z) * uint32_t(xs));  // (mullo's wrap-around)
+      acc[i] = std::fma(float(corr), s * xd, acc[i]);
+      if (c.q.minimums) {
+        const float m = ks ? float(ks[kTile + i]) * kd[kTile + i] : c.q.mn ? c.q.mn[sb + i] : 0.f;
+        acc[i] = std::fma(-m, xsum, acc[i]);
+      }
+    }
+  }
+  if (c.epilogue) return finish_portable(c, r, t, acc);
+  const int64_t n0 = t * kTile;
+  std::memcpy(c.y + r * k.N + n0, acc, size_t(std::min<int64_t>(kTile, k.N - n0)) * sizeof(float));
+}
+
 void run_tiles(const Call& c, int64_t t0, int64_t t1) {
+  if (c.k->portable) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t r = 0; r < c.M; ++r) tile_portable(c, r, t);
+    return;
+  }
+#if ES_X86
   int64_t r = 0;
   if (c.xa) {
     if (c.chunks == 1 && c.k->block / c.k->kstep <= 2)
@@ -926,6 +1062,7 @@ void run_tiles(const Call& c, int64_t t0, int64_t t1) {
       default: break;
     }
   }
+#endif
 }
 
 void task(void* data, size_t i) {
@@ -934,6 +1071,7 @@ void task(void* data, size_t i) {
   if (t0 < t1) run_tiles(c, t0, t1);
 }
 
+#if ES_X86  // quantize_row: AVX2
 // int8 per block, symmetric, round to nearest even (the default rounding of _mm256_cvtps_epi32, as
 // std::nearbyint's), the same numbers on both paths; block is a multiple of 8
 ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, float* d, int32_t* s) {
@@ -966,6 +1104,8 @@ ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, f
   }
 }
 
+#endif  // ES_X86
+
 // One row of a call's activations quantized (quantize_row), and, for the AMX path, copied into its block-major A
 // rows (Call::xa, ``mp`` rows a block). Rows are independent: the same bytes whichever thread takes one.
 struct Quantize {
@@ -985,7 +1125,12 @@ void quantize_task(void* data, size_t i) {
   const Kernel& k = *q.k;
   const int64_t m = int64_t(i);
   int8_t* row = q.xq + m * k.K;
-  quantize_row(q.a + m * k.K, k.K, k.block, row, q.xd + m * k.nb, q.xs + m * k.nb);
+#if ES_X86
+  if (!k.portable)
+    quantize_row(q.a + m * k.K, k.K, k.block, row, q.xd + m * k.nb, q.xs + m * k.nb);
+  else
+#endif
+    quantize_row_portable(q.a + m * k.K, k.K, k.block, row, q.xd + m * k.nb, q.xs + m * k.nb);
   if (q.xa)
     for (int64_t b = 0; b < k.nb; ++b) std::memcpy(q.xa + (b * q.mp + m) * k.block, row + b * k.block, size_t(k.block));
 }
@@ -1008,6 +1153,7 @@ OrtStatus* create_kernel_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelIn
   k->swiglu = swiglu == 1;
   k->nb = k->K / k->block;
   k->avx512 = g_avx512;
+  k->portable = g_portable;
   k->huge = g_hugepages;
   if (g_amx)  // the largest multiple of 4 up to 64 that divides the block (a multiple of 8)
     for (int64_t ks : {64, 32, 16, 8})
@@ -1316,12 +1462,14 @@ struct Attn {
   bool interleaved = false;  // rotary_interleaved: pairs of adjacent lanes
   bool ok = false;
   bool avx512 = false;  // 16-lane chains where the heads allow (the path chosen at registration, as MatMulQ4's)
+  bool portable = false;  // the portable path (attend_rows_portable: the AVX2 path's 8-lane arithmetic)
   bool quads = true;    // g_attn_quads when the kernel was made
   bool half = false;    // edgespec.DecodeAttentionF16: float16 caches
 };
 
 // a cache's elements: float32, or float16 bits (uint16_t) widened as they are loaded
 using Half = uint16_t;
+#if ES_X86  // the x86 paths' cache loads and stores
 template <typename T> inline __m256 ld8(const T* p);
 template <> ES_AVX2 inline __m256 ld8<float>(const float* p) { return _mm256_loadu_ps(p); }
 template <> ES_AVX2 inline __m256 ld8<Half>(const Half* p) {
@@ -1343,6 +1491,8 @@ ES_AVX2 inline void store_row(const float* x, Half* y, int64_t D) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
+
+#endif  // ES_X86
 
 template <typename T>
 struct AttnCall {
@@ -1381,6 +1531,7 @@ inline void rotary(const float* x, float* y, const float* cos, const float* sin,
   for (int64_t j = 2 * half; j < D; ++j) y[j] = x[j];
 }
 
+#if ES_X86  // DecodeAttention's AVX2 and AVX-512 tiles
 // the sums of the lanes of 8 vectors, one per lane of the result, each by the same tree:
 // ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), whatever the other vectors hold
 ES_AVX2 inline __m256 sum8x8(const __m256* a) {
@@ -1618,6 +1769,8 @@ ES_AVX512 void weigh4_avx512(const float* const* pw, const T* V, int64_t D, int6
   for (; d0 < D; d0 += 16) weigh4_16<1>(pw, V, D, d0, k0, k, c, n, pf && d0 == 0);
 }
 
+#endif  // ES_X86
+
 // rows a task takes (with one KV group): its queries are the rows' heads of that group
 constexpr int64_t kAttnRows = 8;
 // keys a block: every query of the task reads a block of keys (then of values) before the next (L1-sized:
@@ -1630,6 +1783,7 @@ constexpr int64_t kAttnKeys = 64;
 // the pool's hand-off costs more than it saves (a few keys).
 constexpr double kAttnParallelWork = 2e5;
 
+#if ES_X86  // attend_rows: AVX2 / AVX-512
 // The queries of rows [r0, r1) and one KV group g (each row's H / KVH heads of the group, which read the group's
 // keys and values): the task ParallelFor runs. Queries go in pairs (the last alone with itself), so that each key
 // and each value row loaded serves two queries. Per (query, key) one chain of fused multiply-adds over the head's
@@ -1783,12 +1937,143 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
   }
 }
 
+#endif  // ES_X86
+
+// ---- DecodeAttention's portable path: the AVX2 path's 8-lane arithmetic in plain C++ (the bits of
+// attend_rows where it takes 8-lane chains; the tests run them side by side on x86-64) ----
+
+// float16 bits <-> float: exact widening; narrowing to nearest, ties to even, as F16C's (aarch64: the hardware's
+// conversions, which round so too)
+#if defined(__aarch64__)
+inline float half_to_float(Half h) {
+  __fp16 v;
+  std::memcpy(&v, &h, sizeof v);
+  return float(v);
+}
+inline Half float_to_half(float f) {
+  const __fp16 v = __fp16(f);
+  Half h;
+  std::memcpy(&h, &v, sizeof h);
+  return h;
+}
+#else
+inline float half_to_float(Half h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {  // zero or subnormal: m x 2^-24, exact in float
+    const float v = std::ldexp(float(m), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline Half float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u)  // infinity, or a NaN (quieted, its payload's top bits kept)
+    return Half(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u | ((x >> 13) & 0x3ffu) : 0u));
+  if (x >= 0x477ff000u) return Half(sign | 0x7c00u);  // rounds past 65504
+  if (x < 0x38800000u) {  // below float16's smallest normal: a multiple of 2^-24, to nearest, ties to even
+    if (x <= 0x33000000u) return Half(sign);  // at most 2^-25: 0
+    const uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u, shift = 126 - e;  // value = m x 2^(e - 150)
+    uint32_t h = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (h & 1u))) ++h;
+    return Half(sign | h);
+  }
+  uint32_t h = ((x - 0x38000000u) >> 13);  // exponent rebiased, mantissa's top 10 bits
+  const uint32_t rest = x & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // (a carry into the exponent is right)
+  return Half(sign | h);
+}
+#endif
+
+inline float ld1(const float* p) { return *p; }
+inline float ld1(const Half* p) { return half_to_float(*p); }
+
+// store_row's numbers: float16 saturating at +-65504 (min and max's operand order: a NaN stays NaN)
+inline void store_row_portable(const float* x, float* y, int64_t D) { std::memcpy(y, x, size_t(D) * sizeof(float)); }
+inline void store_row_portable(const float* x, Half* y, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) {
+    float v = -65504.0f > x[d] ? -65504.0f : x[d];
+    v = 65504.0f < v ? 65504.0f : v;
+    y[d] = float_to_half(v);
+  }
+}
+
+template <typename T>
+inline void store_any(const Attn* a, const float* x, T* y, int64_t D) {
+#if ES_X86
+  if (!a->portable) return store_row(x, y, D);
+#endif
+  (void)a;
+  store_row_portable(x, y, D);
+}
+
+// sum8x8's tree on one vector's lanes
+inline float tree8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+// attend_rows' queries of rows [r0, r1) and KV group g, one query at a time: per (query, key) 8 chains of fused
+// multiply-adds over the head's 8-lane chunks and tree8; the softmax's max, exp_portable(s - max) summed in 8 lanes
+// (key l into lane l mod 8, in order) and tree8; per output lane one chain over the keys in order, from the query's
+// first (the x86 path starts a window's chains at an earlier key with weight 0: the same bits for finite values)
+template <typename T>
+void attend_rows_portable(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g) {
+  const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = c.rot, W = c.a->window;
+  const int64_t nq = (r1 - r0) * group, maxkeys = c.past + r1;
+  const int64_t split = c.own >= 0 ? maxkeys - 1 : maxkeys, shift = c.own >= 0 ? (c.own - split) * D : 0;
+  thread_local std::vector<float> buf;
+  if (buf.size() < size_t(2 * D + maxkeys)) buf.resize(size_t(2 * D + maxkeys) + 1024);
+  float *q = buf.data(), *acc = q + D, *se = acc + D;
+  const T* K = c.K + g * c.L * D;
+  const T* V = c.V + g * c.L * D;
+  for (int64_t x = 0; x < nq; ++x) {
+    const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
+    rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q, c.cos + pos * half, c.sin + pos * half, half, D,
+           c.a->interleaved);
+    const int64_t kn = c.past + i + 1, k1 = W > 0 ? std::max<int64_t>(0, kn - W) : 0, kw = kn - k1;
+    for (int64_t j = k1; j < kn; ++j) {
+      const T* kr = (j < split ? K : K + shift) + j * D;
+      float lanes[8] = {};
+      for (int64_t d = 0; d < D; d += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[d + l], ld1(kr + d + l), lanes[l]);
+      se[j - k1] = tree8(lanes) * c.scale;
+    }
+    if (c.a->softcap > 0.f) {
+      const float cap = c.a->softcap;
+      for (int64_t r = 0; r < kw; ++r) se[r] = cap * std::tanh(se[r] / cap);
+    }
+    float m = -INFINITY;
+    for (int64_t r = 0; r < kw; ++r) m = std::max(m, se[r]);
+    float sum[8] = {};
+    for (int64_t r = 0; r < kw; ++r) {
+      se[r] = exp_portable(se[r] - m);
+      sum[r % 8] += se[r];
+    }
+    const float inv = 1.0f / tree8(sum);
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+    for (int64_t j = k1; j < kn; ++j) {
+      const T* vr = (j < split ? V : V + shift) + j * D;
+      const float w = se[j - k1];
+      for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(w, ld1(vr + d), acc[d]);
+    }
+    float* o = c.out + ((r0 + x / group) * H + h) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+  }
+}
+
 template <typename T>
 void attn_task(void* data, size_t t) {
   const AttnCall<T>& c = *static_cast<const AttnCall<T>*>(data);
   const int64_t tiles = (c.n + kAttnRows - 1) / kAttnRows;
   const int64_t g = int64_t(t) / tiles, r0 = (int64_t(t) % tiles) * kAttnRows;
-  attend_rows(c, r0, std::min(c.n, r0 + kAttnRows), g);
+#if ES_X86
+  if (!c.a->portable) return attend_rows(c, r0, std::min(c.n, r0 + kAttnRows), g);
+#endif
+  attend_rows_portable(c, r0, std::min(c.n, r0 + kAttnRows), g);
 }
 
 // an error naming the op (DecodeAttention or DecodeAttentionF16)
@@ -1825,6 +2110,7 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   if (a->H <= 0 || a->KVH <= 0 || a->H % a->KVH || a->H / a->KVH > 16)
     return attn_fail(a, "num_heads must be a multiple of kv_num_heads, at most 16 times it");
   a->avx512 = g_avx512;
+  a->portable = g_portable;
   a->quads = g_attn_quads;
   a->ok = true;
   return nullptr;
@@ -1906,8 +2192,8 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
     for (int64_t g = 0; g < a->KVH; ++g) {
       const int64_t pos = past + (rel ? rel[i] : i), slot = past + i;
       rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half, D, a->interleaved);
-      store_row(rot.data(), K + (g * L + slot) * D, D);
-      store_row(qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * D, D);
+      store_any(a, rot.data(), K + (g * L + slot) * D, D);
+      store_any(a, qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * D, D);
     }
   float* out = static_cast<float*>(data_of(O));
   const float scale = a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D));
@@ -2016,6 +2302,7 @@ OrtCustomOp g_attn16{17,           attn_create<true>, attn16_name, op_ep,    att
                      attn_out_count, attn_compute, attn_destroy, attn_in_char, attn_char, mem_type, one, one, one,
                      one,          attn_create_v2<true>, attn_compute_v2, nullptr, one, last};
 
+#if ES_X86  // AMX's permission, the x86 paths' choice
 // AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
 bool amx_permitted() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -2035,14 +2322,37 @@ void choose_path(bool* avx512, bool* amx) {
   *amx = *avx512 && !(isa && std::strcmp(isa, "avx512") == 0) && amx_permitted();
 }
 
+#endif  // ES_X86
+
+// the portable path (off x86-64 the only one): no AVX2 path's instructions needed
+bool x86_simd() {
+#if ES_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+// the paths kernels take: AVX-512 VNNI where the CPU has it, AMX from amx_min_rows rows where it has that too and
+// the permission, AVX2 else; the portable one off x86-64, on an x86-64 CPU without AVX2, FMA and F16C, or where
+// EDGESPEC_Q4_ISA=portable; EDGESPEC_Q4_ISA=avx2 / avx512 stops at that path
+void choose_paths(bool* portable, bool* avx512, bool* amx) {
+  const char* isa = std::getenv("EDGESPEC_Q4_ISA");
+  *portable = !x86_simd() || (isa && std::strcmp(isa, "portable") == 0);
+  *avx512 = *amx = false;
+#if ES_X86
+  if (!*portable) choose_path(avx512, amx);
+#endif
+}
+
 }  // namespace
 
 // The path a kernel registered now would take (what `edgespec info` and the benchmarks print): decided by the
 // same function as the registration, so the name cannot disagree with the path.
 extern "C" __attribute__((visibility("default"))) const char* edgespec_q4_path() {
-  bool avx512 = false, amx = false;
-  choose_path(&avx512, &amx);
-  return amx ? "avx512-vnni+amx" : avx512 ? "avx512-vnni" : "avx2";
+  bool portable = false, avx512 = false, amx = false;
+  choose_paths(&portable, &avx512, &amx);
+  return portable ? "portable" : amx ? "avx512-vnni+amx" : avx512 ? "avx512-vnni" : "avx2";
 }
 
 // How many MatMulQ4 calls took an AMX path in this process (the tests check that a path they compare ran).
@@ -2056,10 +2366,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   g_parallel = g_api != nullptr;
   if (!g_api) g_api = base->GetApi(1);
   if (!g_api) return nullptr;
-  using MkStatus = OrtStatus* (*)(int, const char*);
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
-    return api<MkStatus>(kCreateStatus)(1, "edgespec MatMulQ4 needs a CPU with AVX2, FMA and F16C");
-  choose_path(&g_avx512, &g_amx);
+  choose_paths(&g_portable, &g_avx512, &g_amx);
   const char* quads = std::getenv("EDGESPEC_ATTN_QUADS");  // 0: pairs of queries (to compare: the same bits)
   g_attn_quads = !(quads && std::strcmp(quads, "0") == 0);
   const char* huge = std::getenv("EDGESPEC_Q4_HUGEPAGES");  // 0: read the weights where onnxruntime has them
