@@ -585,19 +585,20 @@ class Decoder:
             if choice.drafter is not None:
                 choice.drafter.accept(n, nxt)
             _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)
-            new = draft.tokens[:n] + [nxt] + extra
+            # what plain decoding would emit of these, token by token: up to the length and the context's room (the
+            # context never grows past the window), then up to a stop token among those kept; the reason is the
+            # limit that ended it (a stop token first, then the length, then the context, as one token at a time)
+            room = target.max_context - len(ctx)
+            new = (draft.tokens[:n] + [nxt] + extra)[:min(remaining, room)]
             for j, t in enumerate(new):
                 if t in stop:
                     new = new[: j + 1]
                     reason = "eos"
                     break
-            if len(new) >= remaining:
-                new = new[:remaining]
-                reason = reason or "length"
-            room = target.max_context - len(ctx)  # the context never grows past the window
-            if len(new) >= room:
-                new = new[:room]
-                reason = reason or "context"
+            if reason is None and len(new) >= remaining:
+                reason = "length"
+            elif reason is None and len(new) >= room:
+                reason = "context"
             if con is not None and reason is None:
                 con.consume(new)
                 if getattr(con, "done", False):

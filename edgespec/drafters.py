@@ -416,7 +416,9 @@ class ModelDrafter:
         if self._plan is None:
             n, base = len(ctx), self._base
             fresh = 0 if self.read_window is None else max(0, n - self.read_window)
-            if base < n:
+            # (not in a reproducible generation, which reads its window afresh: what the cache holds from
+            # earlier generations would move the window and the draws)
+            if base < n and self.history:
                 held = min(self.lm.cache.ids.common_prefix(self._fit(ctx.view()[base:])), n - base - 1)
                 # at most the window to read, and room left for drafts (else the window afresh)
                 if held > 0 and base + held >= fresh and n - base + 16 < self.lm.max_context:
@@ -476,8 +478,8 @@ class ModelDrafter:
         late = False  # (a first read) the hint goes in with the first step, not with the read
         if self._stale:  # first draft of a generation: read the window (keeping what the cache holds)
             base = self._read_plan(ctx)[0]
-            if base != self._base or self._head is not None:
-                lm.reset()
+            if base != self._base or self._head is not None or not self.history:
+                lm.reset()  # (a reproducible generation reuses none of it: rows an earlier call computed)
             if self._head is None:
                 logits = lm.prefill(self._fit(ctx.view()[base:]))
             else:  # the head stands for the prompt: the cache's tokens from base on are head + the rest

@@ -47,6 +47,19 @@ class CausalLM:
     prompt_cache: object | None = None
     last_reused = last_restored = 0  # the last prefill's: positions it kept (restored ones included), restored
     _returned_view: bool = False
+    # positions past ``max_context`` that the cache holds for a padded call's pad (``reserve_pad``)
+    pad_room: int = 0
+
+    def reserve_pad(self) -> None:
+        """Keep the width policy's largest pad off the usable context (its cache keeps those positions), so that a
+        call near the context's end is padded as every other: without them the last positions ran in narrower
+        calls, whose widths differ between plain and speculative decoding (and a kernel's rows with them).
+        Subclasses call it once the policy is set; the policy (1, 1) reserves nothing."""
+        m, u = self.min_width, self.width_multiple
+        need = max(padded_width(n, m, u) - n for n in range(1, m + u + 1))
+        if need > self.pad_room and self.max_context - (need - self.pad_room) >= 2:  # (a context of 2 or more left)
+            self.max_context -= need - self.pad_room
+            self.pad_room = need
 
     def _init_counters(self) -> None:
         self.calls = 0
@@ -143,7 +156,7 @@ class CausalLM:
             raise ContextOverflowError(
                 f"{self.spec.role}: {past} + {n} tokens exceed the context of {self.max_context}")
         width = padded_width(n, self.min_width, self.width_multiple)
-        pad = width - n if past + width <= self.max_context else 0
+        pad = width - n if past + width <= self.max_context + self.pad_room else 0
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
         skip = 0
         if first and not argmax and self.skips_logits:

@@ -40,8 +40,12 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        try:
+            finite = math.isfinite(self.temperature)
+        except (OverflowError, TypeError):  # (an integer too large for a float; not a number)
+            finite = False
+        if not (finite and self.temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {str(self.temperature)[:40]}")
         if 0 < self.temperature < MIN_TEMPERATURE:  # 1/T would overflow float32's range
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
         if not 0 <= self.top_k < 2**31:

@@ -172,6 +172,32 @@ def _text(v: str, where: str) -> str:
     return v
 
 
+def _unicode(v: str, where: str) -> None:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"'{where}' holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)", where) from None
+
+
+def _echoable(v, where: str, depth: int = 0) -> None:
+    """A request's field that a response echoes as it was sent (the Responses API's metadata, user, tools,
+    tool_choice, text.format): JSON the reply can be written with, refused before the request is queued (a lone
+    surrogate or a NaN failed the reply after the generation, a 500 or a cut stream)."""
+    if depth > 64:
+        raise bad(f"'{where}' is nested too deeply", where)
+    if isinstance(v, str):
+        _unicode(v, where)
+    elif isinstance(v, float) and not math.isfinite(v):
+        raise bad(f"'{where}' holds {v}, which JSON cannot carry", where)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _unicode(k, where)
+            _echoable(x, f"{where}.{k[:64]}" if k.isidentifier() else where, depth + 1)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _echoable(x, f"{where}[{i}]", depth + 1)
+
+
 # parameters edgespec cannot honour, with the values that ask for nothing (those pass)
 _HARMLESS = {"functions": ([],),
              "function_call": ("none", "auto"),
@@ -481,6 +507,8 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
         e.param = responses_param(e.param, where)
         e.message = responses_message(e.message, where)
         raise
+    for key in ("metadata", "user", "tool_choice", "tools", "text"):  # (what the response echoes as it was sent)
+        _echoable(body.get(key), key)
     req.responses = {"instructions": instr, "max_output_tokens": body.get("max_output_tokens"),
                      "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
                      "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "where": where,

@@ -221,7 +221,12 @@ def check_template_kwargs(kw, where: str = "chat_template_kwargs") -> dict:
         raise ConfigError(f"{where} must hold JSON values (or is nested too deeply)") from None
     if len(text) > KWARGS_LIMIT:
         raise ConfigError(f"{where} has {len(text)} characters as JSON; at most {KWARGS_LIMIT}")
-    return json.loads(text)  # (a copy: the template gets plain values)
+    out = json.loads(text)  # (a copy: the template gets plain values)
+    try:  # (the text a template writes them into goes to the tokenizer, which reads valid Unicode only)
+        json.dumps(out, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{where} holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)") from None
+    return out
 
 
 def _first_line(e: BaseException) -> str:

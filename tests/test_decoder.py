@@ -2048,3 +2048,87 @@ def test_seeded_sampled_generations_with_alternates_are_reproducible():
     unseeded = Stats()  # ... and does: no alternate is worth 1e9 seconds
     run(dec, prompt, unseeded, **{**kw, "seed": None})
     assert unseeded.alternates == 0
+
+
+def _ended(seed, ctx, vocab, eos, min_width=1, noisy_below=0):
+    """A decoder on a small context whose replies end there (session 43's review: the finish reasons, the width policy
+    at the context's end). ``noisy_below``: the target's calls narrower than this compute other rows (a kernel's
+    small-M path: the policy (4, 1) pads them)."""
+
+    class SmallM(FakeLM):
+        def _run(self, ids, past):
+            rows = np.array(super()._run(ids, past), copy=True)
+            if len(ids) < noisy_below:  # each width its own arithmetic
+                rows += np.random.default_rng(len(ids) * 1000 + past).normal(0, 2.0, rows.shape).astype(np.float32)
+            return rows
+
+    t = SmallM(vocab, ctx, seed=seed, sharpness=1.5, min_width=min_width)
+    dt = t.table + 0.3 * np.random.default_rng(seed + 100).normal(size=t.table.shape)
+    return Decoder(t, eos, drafters=[ModelDrafter(FakeLM(vocab, ctx, table=dt), vocab), PromptLookupDrafter()])
+
+
+def test_a_reply_the_context_or_the_length_cuts_ends_as_plain_decoding_says():
+    """Speculative rounds name the limit plain decoding names: a round that runs past the context's room keeps what
+    fits and says 'context' (before session 43: 'length' where max_new_tokens was one more than the room, and 'eos'
+    where the stop token it cut was past the room, which the server reported as OpenAI's 'stop'); a stop token past
+    the length limit is not the reason either. Tokens always equal plain decoding's."""
+    ref = run(_ended(81, 32, 3, ()), [1], max_new_tokens=32, drafter="none")
+    assert len(ref[0]) == 31 and ref[1] == "context"
+    assert run(_ended(81, 32, 3, ()), [1], max_new_tokens=32, drafter="prompt-lookup", draft_tokens=4) == ref
+    ref = run(_ended(431, 6, 3, (2,)), [1, 1, 1], max_new_tokens=100, drafter="none")
+    assert ref == ([0, 0, 1], "context")
+    assert run(_ended(431, 6, 3, (2,)), [1, 1, 1], max_new_tokens=100, drafter="model", draft_tokens=1) == ref
+    seen = set()
+    for seed in range(120):
+        rng = np.random.default_rng(seed)
+        vocab, ctx = int(rng.integers(3, 6)), int(rng.integers(10, 30))
+        eos = (int(rng.integers(0, vocab)),)
+        prompt = rng.integers(0, vocab, size=int(rng.integers(1, 5))).tolist()
+        max_new = ctx - len(prompt) + int(rng.integers(-1, 3))
+        if max_new < 1:
+            continue
+        ref = run(_ended(seed, ctx, vocab, eos), prompt, max_new_tokens=max_new, drafter="none")
+        seen.add(ref[1])
+        for k in (2, 5):
+            got = run(_ended(seed, ctx, vocab, eos), prompt, max_new_tokens=max_new, drafter="model", draft_tokens=k)
+            assert got == ref, (seed, k)
+    assert seen == {"eos", "length", "context"}
+
+
+def test_the_width_policy_pads_the_calls_at_the_context_end_too():
+    """A target whose calls of 1-3 rows compute other rows (a small-M path: the policy (4, 1)) keeps its last positions
+    in padded calls: the model keeps the policy's largest pad off its usable context (reserve_pad), so plain and
+    speculative decoding compute every position alike up to the end (before session 43 the last positions ran in
+    narrower calls, of other widths in each: 134 of 180 such runs differed there)."""
+    t = FakeLM(6, 40, min_width=4)
+    assert t.max_context == 37 and t.pad_room == 3
+    assert FakeLM(6, 40, min_width=2, width_multiple=2).max_context == 39 and FakeLM(6, 40).max_context == 40
+    for seed in range(30):
+        ctx = 24 + seed % 5
+        ref = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1, 2, 3], max_new_tokens=200, drafter="none")
+        assert ref[1] == "context"
+        for k in (1, 2, 3):
+            got = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1, 2, 3], max_new_tokens=200,
+                      drafter="model", draft_tokens=k)
+            assert got == ref, (seed, k)
+
+
+def test_a_seeded_sampled_generation_does_not_depend_on_what_the_drafter_read_before(tiny_bundle):
+    """A seeded sampled generation reads the model drafter's window afresh: what its cache held from an earlier
+    prompt sharing a prefix moved the window (and so its q and the draws) before session 43."""
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, max_context=256)
+    P = np.random.default_rng(0).integers(3, 300, size=180).tolist()
+    kw = dict(max_new_tokens=40, temperature=1.0, drafter="model", draft_tokens=4, ignore_eos=True)
+
+    def gen(ids, seed):
+        return [t for d in eng.stream_ids(ids, seed=seed, **kw) for t in d.ids]
+
+    for seed in range(3):
+        eng.reset()
+        a = gen(P, seed)
+        assert gen(P, seed) == a
+        eng.reset()
+        gen(P[:150], 99)
+        assert gen(P, seed) == a, seed

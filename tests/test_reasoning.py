@@ -65,7 +65,7 @@ def test_a_reply_starts_inside_where_the_prompt_left_a_block_open():
 
 @pytest.mark.parametrize("kw, match", [("x", "must be an object"), ({"messages": 1}, "renderer's own"),
                                        ({"a b": 1}, "not a variable name"), ({"x": float("nan")}, "JSON values"),
-                                       ({"x": "y" * 70000}, "at most")])
+                                       ({"x": "y" * 70000}, "at most"), ({"x": ["\udc80"]}, "unpaired UTF-16 surrogate")])
 def test_template_kwargs_are_checked(kw, match):
     from edgespec.template import check_template_kwargs
 

@@ -332,6 +332,22 @@ def test_a_choice_made_after_shutdown_began_gets_the_503():
     assert sched.threads == set() and not sched.busy
 
 
+@pytest.mark.parametrize("extra", ['"metadata": {"k": "\\ud800"}', '"metadata": {"\\ud800": "v"}', '"user": "\\ud800"',
+                                   '"text": {"format": {"type": "text", "x": NaN}}',
+                                   '"text": {"format": {"type": "json_schema", "name": "x", "description": "\\ud800", '
+                                   '"schema": {"type": "object"}}}'],
+                         ids=["metadata", "metadata-key", "user", "format-nan", "format-description"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_fields_echoed_as_sent_are_checked_before_the_reply(server, extra, stream):
+    """The Responses API echoes metadata, user, tools, tool_choice and text.format as they were sent: a lone surrogate
+    (a broken \\uD800 escape) or a NaN there is a 400 naming the field before anything is queued (session 43: the
+    reply was generated, then its object could not be written: a 500, or a stream cut at its first event)."""
+    body = ('{"input": "hi", "max_output_tokens": 3, "stream": %s, %s}' % (str(stream).lower(), extra)).encode()
+    status, err = http(server + "/v1/responses", body)
+    assert status == 400 and err["error"]["param"].split(".")[0] in ("metadata", "user", "text"), (status, err)
+    assert http(server + "/v1/responses", {"input": "hi", "max_output_tokens": 2})[0] == 200
+
+
 def test_a_body_nested_too_deeply_is_a_400(server):
     st, err = http(server + "/v1/completions", ("[" * 200_000 + "]" * 200_000).encode())
     assert st == 400 and err["error"]["code"] == "invalid_json"

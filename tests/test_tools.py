@@ -124,6 +124,11 @@ TOOL_ERRORS = [
     ([{"type": "function", "function": {"name": "x", "parameters": "object"}}], "parameters must be"),
     ([{"type": "function", "function": {"name": "x", "parameters": {"a": float("nan")}}}], "not JSON"),
     ([{"type": "function", "function": {"name": "x", "strict": "yes"}}], "strict must be true or false"),
+    # a JSON escape's lone surrogate, which the tokenizer cannot read (session 43: a 500 / an untyped TypeError)
+    ([{"type": "function", "function": {"name": "x", "description": "\ud800"}}],
+     "tools[0].function.description holds an unpaired UTF-16 surrogate"),
+    ([{"type": "function", "function": {"name": "x", "parameters": {"properties": {"c": {"description": "a\udfff"}}}}}],
+     "tools[0].function.parameters holds an unpaired UTF-16 surrogate"),
     ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "at most 128"),
     ([{"type": "function", "function": {"name": "x", "parameters": {"a": __import__("functools").reduce(
         lambda acc, _: [acc], range(3000), 0)}}}], "nested too deeply"),
