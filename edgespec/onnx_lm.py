@@ -262,7 +262,7 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
     import onnxruntime as ort
 
     pool = shared_thread_pool(threads)
-    if threads and pool not in (threads, -1):
+    if threads and pool not in (threads, -1, NO_GLOBAL_POOL):
         warnings.warn(f"onnxruntime's thread pool in this process already has {pool or 'default'} threads; "
                       f"threads={threads} is not applied", stacklevel=3)
 
@@ -277,7 +277,12 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
 
     def options():
         so = ort.SessionOptions()
-        so.use_per_session_threads = False  # every session runs on the process-wide pool
+        if pool == NO_GLOBAL_POOL:  # a pool per session, whose idle workers do not spin (the other model's turn)
+            if threads:
+                so.intra_op_num_threads = int(threads)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        else:
+            so.use_per_session_threads = False  # every session runs on the process-wide pool
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = _ort_log_level(providers.primary)
         for k, v in (session_options or {}).items():  # a profile's onnxruntime session config entries
@@ -338,6 +343,9 @@ def _graphs_refused(e: Exception, provs) -> bool:
 
 
 _shared_pool: int | None = None  # threads of the process-wide intra-op pool, once made
+# an onnxruntime whose Python API has no process-wide pool (1.22's: no set_global_thread_pool_sizes, nor
+# SessionOptions.use_per_session_threads; a Jetson's wheels lag behind): each session its own, not spinning
+NO_GLOBAL_POOL = -2
 
 
 def shared_thread_pool(threads: int | None) -> int:
@@ -348,12 +356,16 @@ def shared_thread_pool(threads: int | None) -> int:
     take the cores from the other session's next call. On this 2-core CPU that cost the Qwen pair
     a third of its speed (model drafting at k=4 on code: 17.6 tok/s with a pool per session,
     26.8 with spinning off, 30.1 with one shared pool). onnxruntime allows one global pool per
-    process, so the first session's thread count holds for the process."""
+    process, so the first session's thread count holds for the process. ``NO_GLOBAL_POOL`` where this
+    onnxruntime has none to make (each session then has its own, which does not spin)."""
     global _shared_pool
     import onnxruntime as ort
 
     if _shared_pool is None:
         want = max(0, int(threads or 0))
+        if not (hasattr(ort, "set_global_thread_pool_sizes") and hasattr(ort.SessionOptions(), "use_per_session_threads")):
+            _shared_pool = NO_GLOBAL_POOL
+            return _shared_pool
         try:
             ort.set_global_thread_pool_sizes(want, 1)
             _shared_pool = want

@@ -2089,3 +2089,13 @@ def test_the_portable_path_decodes_a_bundle_exactly_with_the_x86_paths_logits(ti
     for drafter in ("model", "prompt-lookup"):
         r = eng.generate(prompt, max_new_tokens=40, drafter=drafter, ignore_eos=True)
         assert r.token_ids == plain.token_ids, drafter
+
+
+def test_the_built_library_is_named_for_the_machine_it_runs_on(monkeypatch):
+    """A kernel cache shared by an x86-64 and an aarch64 machine (a home directory on both) keeps a library for each:
+    the name follows the machine, not only the source and flags."""
+    import edgespec.native as native
+
+    here = native.source_tag()
+    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
+    assert native.source_tag() != here and len(native.source_tag()) == 16

@@ -215,3 +215,33 @@ def test_model_drafter_prefill_waits_for_its_first_draft(tiny_bundle):
     held = lm.length
     ref = eng.generate("The capital of France is", max_new_tokens=8, drafter="none")
     assert first.token_ids == ref.token_ids and lm.length == held  # untouched by a generation without it
+
+
+def test_an_onnxruntime_without_a_process_wide_pool_gives_each_session_its_own(tiny_bundle):
+    """onnxruntime 1.22 (edgespec's oldest; a Jetson's wheels lag behind) has no set_global_thread_pool_sizes nor
+    SessionOptions.use_per_session_threads: sessions then open with a pool each, not spinning (before session 43
+    every session failed to open there: "no attribute 'use_per_session_threads'"), and decode as ever. (A fresh
+    process: onnxruntime's global pool, once made, refuses sessions with their own.)"""
+    import subprocess
+    import sys
+
+    code = f"""
+import onnxruntime as ort
+del ort.set_global_thread_pool_sizes
+seen, real = [], ort.SessionOptions
+class Old(real):  # as 1.22's: no such attribute to set
+    def __setattr__(self, k, v):
+        if k == "use_per_session_threads":
+            raise AttributeError(k)
+        seen.append((k, v))
+        super().__setattr__(k, v)
+ort.SessionOptions = Old
+import edgespec, edgespec.onnx_lm as ol
+eng = edgespec.load({str(tiny_bundle)!r}, threads=2, memory=False)
+assert ol.shared_thread_pool(2) == ol.NO_GLOBAL_POOL and ("intra_op_num_threads", 2) in seen, seen
+r = eng.generate("def add(a, b):", max_new_tokens=12, drafter="model", ignore_eos=True)
+assert r.token_ids == eng.generate("def add(a, b):", max_new_tokens=12, drafter="none", ignore_eos=True).token_ids
+print("ok", len(r.token_ids))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok 12" in r.stdout, r.stderr[-3000:]

@@ -90,8 +90,10 @@ def library_path() -> str:
 
 
 def source_tag(source: Path = SOURCE) -> str:
-    """The version of a kernel's source and build flags (what its built library is named by)."""
-    return hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    """The version of a kernel's source and build flags, and the machine it is built for (what its built library is
+    named by: a cache shared by an x86-64 and an aarch64 machine, a home directory on both, keeps one of each)."""
+    return hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()
+                          + platform.machine().lower().encode()).hexdigest()[:16]
 
 
 def _build(source: Path, stem: str, what: str) -> str:
