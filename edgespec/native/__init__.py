@@ -61,7 +61,8 @@ def cpu_supported() -> str | None:
 def isa() -> str:
     """The kernel path this CPU takes, as the built library reports it (the same function picks the path
     at registration): 'avx2', 'avx512-vnni', 'avx512-vnni+amx' (AMX-INT8 tile multiplies for calls of
-    4 rows or more), or 'portable' (off x86-64, or on one without AVX2, FMA and F16C). EDGESPEC_Q4_ISA=avx2 or
+    4 rows or more), 'portable' (an x86-64 CPU without AVX2, FMA and F16C), or on aarch64 'portable-sdot' or
+    'portable-neon' (its dot products: ARMv8.2's SDOT where the CPU has it, else ARMv8.0's widening multiplies). EDGESPEC_Q4_ISA=avx2 or
     =avx512 stops at that path, =portable takes the portable one. Builds the library if needed (ProviderError
     where it cannot be)."""
     import ctypes

@@ -32,6 +32,10 @@
 #else
 #define ES_X86 0
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -974,44 +978,117 @@ void finish_portable(const Call& c, int64_t r, int64_t t, const float* v) {
     y[i] = !k.swiglu ? v[i] + c.bias[n0 + i] : t % 2 == 0 ? v[i] : swiglu_portable(y[i], v[i]);
 }
 
-// row r of column tile t: per block the 16 columns' int32 dots (4 weight bytes x 4 activations a column and half
-// group: what a dot-product instruction takes), then the float chain per column
+// One block's 16 int32 dots of tile t (its weights ``wp``, P groups of 64 bytes) with a row's int8 activations
+// ``xb``: per column and group, 4 weight bytes (low nibbles) by activations 8p..8p+3 and their high nibbles by
+// 8p+4..8p+7, what a 4-way dot-product instruction takes. Integer sums are exact in any order, so each variant gives
+// the same numbers: plain C++, and on aarch64 NEON's (SDOT where the CPU has the dot-product extension, ARMv8.2's:
+// a Jetson Orin's Cortex-A78AE; else widening multiplies, ARMv8.0's: a Jetson Nano's or a Raspberry Pi 4's A57/A72).
+inline void block_dots_scalar(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* dot) {
+  for (int i = 0; i < kTile; ++i) dot[i] = 0;
+  for (int64_t p = 0; p < P; ++p) {
+    const uint8_t* g = wp + p * 64;
+    const int8_t* x = xb + 8 * p;
+    for (int i = 0; i < kTile; ++i) {
+      int32_t lo = 0, hi = 0;
+      for (int j = 0; j < 4; ++j) {
+        lo += int32_t(g[4 * i + j] & 15) * x[j];
+        hi += int32_t(g[4 * i + j] >> 4) * x[4 + j];
+      }
+      dot[i] += lo + hi;
+    }
+  }
+}
+
+#if defined(__aarch64__)
+bool g_dotprod = false;  // the CPU has ARMv8.2's dot-product instructions (getauxval, at registration)
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) void block_dots_sdot(const uint8_t* wp, const int8_t* xb, int64_t P,
+                                                                     int32_t* dot) {
+  const uint8x16_t lo4 = vdupq_n_u8(0x0F);
+  int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+  for (int64_t p = 0; p < P; ++p) {
+    const uint8_t* g = wp + p * 64;
+    int32_t a, b;
+    std::memcpy(&a, xb + 8 * p, 4);
+    std::memcpy(&b, xb + 8 * p + 4, 4);
+    const int8x16_t xa = vreinterpretq_s8_s32(vdupq_n_s32(a)), xh = vreinterpretq_s8_s32(vdupq_n_s32(b));
+    for (int q = 0; q < 4; ++q) {  // columns 4q..4q+3: 16 bytes, 4 a column
+      const uint8x16_t v = vld1q_u8(g + 16 * q);
+      acc[q] = vdotq_s32(acc[q], vreinterpretq_s8_u8(vandq_u8(v, lo4)), xa);
+      acc[q] = vdotq_s32(acc[q], vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), xh);
+    }
+  }
+  for (int q = 0; q < 4; ++q) vst1q_s32(dot + 4 * q, acc[q]);
+}
+
+// ARMv8.0: widening multiplies into int16 (|product| <= 15 x 127: two of them and four groups' pair sums fit, as
+// the AVX2 path's), their pairs accumulated into int32 lanes, each column's two lanes added at the end
+void block_dots_neon(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* dot) {
+  const uint8x16_t lo4 = vdupq_n_u8(0x0F);
+  int32x4_t acc[8];  // acc[2q + h]: columns 4q + 2h, 4q + 2h + 1, two lanes each
+  for (auto& v : acc) v = vdupq_n_s32(0);
+  for (int64_t p = 0; p < P; ++p) {
+    const uint8_t* g = wp + p * 64;
+    int32_t a, b;
+    std::memcpy(&a, xb + 8 * p, 4);
+    std::memcpy(&b, xb + 8 * p + 4, 4);
+    const int8x8_t xa = vreinterpret_s8_s32(vdup_n_s32(a)), xh = vreinterpret_s8_s32(vdup_n_s32(b));
+    for (int q = 0; q < 4; ++q) {
+      const uint8x16_t v = vld1q_u8(g + 16 * q);
+      const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, lo4)), hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+      for (int h = 0; h < 2; ++h) {  // 8 bytes: two columns
+        const int8x8_t l = h ? vget_high_s8(lo) : vget_low_s8(lo), u = h ? vget_high_s8(hi) : vget_low_s8(hi);
+        acc[2 * q + h] = vpadalq_s16(acc[2 * q + h], vaddq_s16(vmull_s8(l, xa), vmull_s8(u, xh)));
+      }
+    }
+  }
+  for (int q = 0; q < 4; ++q)  // lanes (c, c, c + 1, c + 1) of each half: pairwise sums give the 4 columns
+    vst1q_s32(dot + 4 * q, vpaddq_s32(acc[2 * q], acc[2 * q + 1]));
+}
+#endif
+
+inline void block_dots(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* dot) {
+#if defined(__aarch64__)
+  if (g_dotprod) return block_dots_sdot(wp, xb, P, dot);
+  return block_dots_neon(wp, xb, P, dot);
+#else
+  block_dots_scalar(wp, xb, P, dot);
+#endif
+}
+
+// row r of column tile t: per block the 16 columns' int32 dots (block_dots), then the float chain per column
 void tile_portable(const Call& c, int64_t r, int64_t t) {
   const Kernel& k = *c.k;
   const int64_t nb = k.nb, P = k.block / 8, tb = k.block * kTile / 2;
   float acc[kTile] = {};
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* wp = c.q.w + (t * nb + b) * tb;
-    const int8_t* xb = c.xq + r * k.K + b * k.block;
-    int32_t dot[kTile] = {};
-    for (int64_t p = 0; p < P; ++p) {
-      const uint8_t* g = wp + p * 64;
-      const int8_t* x = xb + 8 * p;
-      for (int i = 0; i < kTile; ++i) {
-        int32_t lo = 0, hi = 0;
-        for (int j = 0; j < 4; ++j) {
-          lo += int32_t(g[4 * i + j] & 15) * x[j];
-          hi += int32_t(g[4 * i + j] >> 4) * x[4 + j];
-        }
-        dot[i] += lo + hi;
-      }
-    }
+    int32_t dot[kTile];
+    block_dots(c.q.w + (t * nb + b) * tb, c.xq + r * k.K + b * k.block, P, dot);
     const size_t sb = size_t((t * nb + b) * kTile);
     const int64_t rb = r * nb + b;
     const float xd = c.xd[rb], xsum = c.xd[rb] * float(c.xs[rb]);
     const int32_t xs = c.xs[rb];
-    const uint8_t* ks = c.q.ks ? c.q.ks + 2 * sb : nullptr;
-    const float* kd = c.q.ks ? c.q.scale + size_t((t * (nb / 8) + b / 8) * 2 * kTile) : nullptr;
-    for (int i = 0; i < kTile; ++i) {
-      const float s = ks ? float(ks[i]) * kd[i] : c.q.scale[sb + i];
-      const int32_t z = c.q.zp ? int32_t(c.q.zp[sb + i]) : c.q.minimums ? 0 : 8;
-      const int32_t corr = int32_t(uint32_t(dot[i]) - uint32_t(z) * uint32_t(xs));  // (mullo's wrap-around)
-      acc[i] = std::fma(float(corr), s * xd, acc[i]);
-      if (c.q.minimums) {
-        const float m = ks ? float(ks[kTile + i]) * kd[kTile + i] : c.q.mn ? c.q.mn[sb + i] : 0.f;
-        acc[i] = std::fma(-m, xsum, acc[i]);
+    float s[kTile], m[kTile] = {};
+    int32_t z[kTile];
+    if (c.q.ks) {
+      const uint8_t* ks = c.q.ks + 2 * sb;
+      const float* kd = c.q.scale + size_t((t * (nb / 8) + b / 8) * 2 * kTile);
+      for (int i = 0; i < kTile; ++i) {
+        s[i] = float(ks[i]) * kd[i];
+        m[i] = float(ks[kTile + i]) * kd[kTile + i];
       }
+    } else {
+      for (int i = 0; i < kTile; ++i) s[i] = c.q.scale[sb + i];
+      if (c.q.mn)
+        for (int i = 0; i < kTile; ++i) m[i] = c.q.mn[sb + i];
     }
+    for (int i = 0; i < kTile; ++i) z[i] = c.q.zp ? int32_t(c.q.zp[sb + i]) : c.q.minimums ? 0 : 8;
+    for (int i = 0; i < kTile; ++i) {
+      const int32_t corr = int32_t(uint32_t(dot[i]) - uint32_t(z[i]) * uint32_t(xs));  // (mullo's wrap-around)
+      acc[i] = std::fma(float(corr), s[i] * xd, acc[i]);
+    }
+    if (c.q.minimums)
+      for (int i = 0; i < kTile; ++i) acc[i] = std::fma(-m[i], xsum, acc[i]);
   }
   if (c.epilogue) return finish_portable(c, r, t, acc);
   const int64_t n0 = t * kTile;
@@ -2352,6 +2429,9 @@ void choose_paths(bool* portable, bool* avx512, bool* amx) {
 extern "C" __attribute__((visibility("default"))) const char* edgespec_q4_path() {
   bool portable = false, avx512 = false, amx = false;
   choose_paths(&portable, &avx512, &amx);
+#if defined(__aarch64__)  // (which dot products its portable path takes: SDOT, or ARMv8.0's widening multiplies)
+  return (getauxval(AT_HWCAP) & (1ul << 20)) ? "portable-sdot" : "portable-neon";
+#endif
   return portable ? "portable" : amx ? "avx512-vnni+amx" : avx512 ? "avx512-vnni" : "avx2";
 }
 
@@ -2367,6 +2447,9 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   if (!g_api) g_api = base->GetApi(1);
   if (!g_api) return nullptr;
   choose_paths(&g_portable, &g_avx512, &g_amx);
+#if defined(__aarch64__)
+  g_dotprod = (getauxval(AT_HWCAP) & (1ul << 20)) != 0;  // HWCAP_ASIMDDP
+#endif
   const char* quads = std::getenv("EDGESPEC_ATTN_QUADS");  // 0: pairs of queries (to compare: the same bits)
   g_attn_quads = !(quads && std::strcmp(quads, "0") == 0);
   const char* huge = std::getenv("EDGESPEC_Q4_HUGEPAGES");  // 0: read the weights where onnxruntime has them
