@@ -45,7 +45,9 @@ class SamplingParams:
         except (OverflowError, TypeError):  # (an integer too large for a float; not a number)
             finite = False
         if not (finite and self.temperature >= 0):
-            raise ConfigError(f"temperature must be a finite number >= 0, got {str(self.temperature)[:40]}")
+            t = self.temperature
+            shown = (str(t) if not isinstance(t, int) or abs(t) < 10**40 else "an integer past float's range")[:40]
+            raise ConfigError(f"temperature must be a finite number >= 0, got {shown}")
         if 0 < self.temperature < MIN_TEMPERATURE:  # 1/T would overflow float32's range
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
         if not 0 <= self.top_k < 2**31:

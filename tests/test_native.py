@@ -2099,3 +2099,22 @@ def test_the_built_library_is_named_for_the_machine_it_runs_on(monkeypatch):
     here = native.source_tag()
     monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
     assert native.source_tag() != here and len(native.source_tag()) == 16
+
+
+def test_the_portable_path_takes_the_softmax_max_as_the_avx2_path_over_a_nan_score(monkeypatch):
+    """A NaN key (a model already computing NaN) gives a NaN score: the AVX2 path's 8 lane maxima let it take its lane
+    (max_ps keeps its second operand), then std::max passes over it; the portable path takes the max the same way, so
+    the rows' bits stay the AVX2 path's (session 43's review: a plain running max picked another maximum there)."""
+    H = KVH = 1
+    D, L = 8, 32
+    k = np.random.default_rng(3).normal(size=(1, KVH, L, D)).astype(np.float32)
+    v = np.random.default_rng(4).normal(size=(1, KVH, L, D)).astype(np.float32)
+    k[0, 0, 0] = 3.0  # a high score in lane 0
+    k[0, 0, 8, 2] = np.nan  # a NaN score in lane 0, after it
+    qkv = np.zeros((1, 1, (H + 2 * KVH) * D), np.float32)
+    qkv[0, 0, :D] = 1.0
+    outs = {}
+    for path in ("avx2", "portable"):
+        s = _on_path(path, monkeypatch, lambda: _session(_attention_graph("DecodeAttention", H, KVH, D, L, L)))
+        outs[path] = s.run(None, {"qkv": qkv, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([15], np.int32)})[0]
+    assert np.isfinite(outs["avx2"]).all() and np.array_equal(outs["avx2"], outs["portable"])

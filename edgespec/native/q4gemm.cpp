@@ -999,9 +999,16 @@ inline void block_dots_scalar(const uint8_t* wp, const int8_t* xb, int64_t P, in
   }
 }
 
+#if defined(__aarch64__) && (defined(__clang__) || __GNUC__ >= 8)  // (GCC 7, JetPack 4's, has no dotprod target)
+#define ES_SDOT 1
+#else
+#define ES_SDOT 0
+#endif
+
 #if defined(__aarch64__)
 bool g_dotprod = false;  // the CPU has ARMv8.2's dot-product instructions (getauxval, at registration)
 
+#if ES_SDOT
 __attribute__((target("arch=armv8.2-a+dotprod"))) void block_dots_sdot(const uint8_t* wp, const int8_t* xb, int64_t P,
                                                                      int32_t* dot) {
   const uint8x16_t lo4 = vdupq_n_u8(0x0F);
@@ -1020,6 +1027,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void block_dots_sdot(const uin
   }
   for (int q = 0; q < 4; ++q) vst1q_s32(dot + 4 * q, acc[q]);
 }
+#endif
 
 // ARMv8.0: widening multiplies into int16 (|product| <= 15 x 127: two of them and four groups' pair sums fit, as
 // the AVX2 path's), their pairs accumulated into int32 lanes, each column's two lanes added at the end
@@ -1049,7 +1057,9 @@ void block_dots_neon(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* do
 
 inline void block_dots(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* dot) {
 #if defined(__aarch64__)
+#if ES_SDOT
   if (g_dotprod) return block_dots_sdot(wp, xb, P, dot);
+#endif
   return block_dots_neon(wp, xb, P, dot);
 #else
   block_dots_scalar(wp, xb, P, dot);
@@ -2123,8 +2133,15 @@ void attend_rows_portable(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t 
       const float cap = c.a->softcap;
       for (int64_t r = 0; r < kw; ++r) se[r] = cap * std::tanh(se[r] / cap);
     }
+    // the max as attend_rows takes it: 8 lanes over whole blocks of 8 (max_ps's operand order: a NaN score takes
+    // its lane), the rest and then the lanes by std::max (which passes over a NaN)
+    float mv[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t jm = 0;
+    for (; jm + 8 <= kw; jm += 8)
+      for (int l = 0; l < 8; ++l) mv[l] = mv[l] > se[jm + l] ? mv[l] : se[jm + l];
     float m = -INFINITY;
-    for (int64_t r = 0; r < kw; ++r) m = std::max(m, se[r]);
+    for (int64_t r = jm; r < kw; ++r) m = std::max(m, se[r]);
+    for (int l = 0; l < 8; ++l) m = std::max(m, mv[l]);
     float sum[8] = {};
     for (int64_t r = 0; r < kw; ++r) {
       se[r] = exp_portable(se[r] - m);
@@ -2430,7 +2447,7 @@ extern "C" __attribute__((visibility("default"))) const char* edgespec_q4_path()
   bool portable = false, avx512 = false, amx = false;
   choose_paths(&portable, &avx512, &amx);
 #if defined(__aarch64__)  // (which dot products its portable path takes: SDOT, or ARMv8.0's widening multiplies)
-  return (getauxval(AT_HWCAP) & (1ul << 20)) ? "portable-sdot" : "portable-neon";
+  return ES_SDOT && (getauxval(AT_HWCAP) & (1ul << 20)) ? "portable-sdot" : "portable-neon";
 #endif
   return portable ? "portable" : amx ? "avx512-vnni+amx" : avx512 ? "avx512-vnni" : "avx2";
 }
@@ -2448,7 +2465,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   if (!g_api) return nullptr;
   choose_paths(&g_portable, &g_avx512, &g_amx);
 #if defined(__aarch64__)
-  g_dotprod = (getauxval(AT_HWCAP) & (1ul << 20)) != 0;  // HWCAP_ASIMDDP
+  g_dotprod = ES_SDOT && (getauxval(AT_HWCAP) & (1ul << 20)) != 0;  // HWCAP_ASIMDDP
 #endif
   const char* quads = std::getenv("EDGESPEC_ATTN_QUADS");  // 0: pairs of queries (to compare: the same bits)
   g_attn_quads = !(quads && std::strcmp(quads, "0") == 0);
