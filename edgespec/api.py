@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
+import operator
 import os
 import threading
 import warnings
@@ -456,7 +457,12 @@ class Engine:
         last token; a fill-in-the-middle prompt's last token of the code before the gap), and its bytes, which
         the reply must spell first (``GenerationConfig.heal``). Nothing heals (``(ids, b"")``) where that
         token is special, the prompt's only token, or part of a character."""
-        ids = [int(t) for t in ids]
+        try:
+            if isinstance(ids, (str, bytes)):
+                raise TypeError
+            ids = [operator.index(t) for t in ids]  # (integers, numpy's too)
+        except TypeError:
+            raise ConfigError("heal() takes the prompt's token ids (a list of integers): encode a text first") from None
         self.decoder.check_ids(ids, "the prompt")
         f = self.tokenizer.fim()
         split = fim_split(ids, f) if f is not None else None

@@ -47,19 +47,6 @@ class CausalLM:
     prompt_cache: object | None = None
     last_reused = last_restored = 0  # the last prefill's: positions it kept (restored ones included), restored
     _returned_view: bool = False
-    # positions past ``max_context`` that the cache holds for a padded call's pad (``reserve_pad``)
-    pad_room: int = 0
-
-    def reserve_pad(self) -> None:
-        """Keep the width policy's largest pad off the usable context (its cache keeps those positions), so that a
-        call near the context's end is padded as every other: without them the last positions ran in narrower
-        calls, whose widths differ between plain and speculative decoding (and a kernel's rows with them).
-        Subclasses call it once the policy is set; the policy (1, 1) reserves nothing."""
-        m, u = self.min_width, self.width_multiple
-        need = max(padded_width(n, m, u) - n for n in range(1, m + u + 1))
-        if need > self.pad_room and self.max_context - (need - self.pad_room) >= 2:  # (a context of 2 or more left)
-            self.max_context -= need - self.pad_room
-            self.pad_room = need
 
     def _init_counters(self) -> None:
         self.calls = 0
@@ -156,8 +143,19 @@ class CausalLM:
             raise ContextOverflowError(
                 f"{self.spec.role}: {past} + {n} tokens exceed the context of {self.max_context}")
         width = padded_width(n, self.min_width, self.width_multiple)
-        pad = width - n if past + width <= self.max_context + self.pad_room else 0
+        pad = back = 0
+        if width > n and past + width <= self.max_context:
+            pad = width - n  # copies of the last token after the call's, rolled back
+        elif width > n and positions is None and past >= width - n:
+            # the context's last positions, where a pad after them has no room: the call starts ``back`` positions
+            # earlier, recomputing cached ones (under the policy every allowed width computes a position alike: the
+            # same keys, values and logits), so it runs at the policy's width as every other call (before session 43
+            # these ran unpadded, at other widths in plain and speculative decoding)
+            back = width - n
         run = list(ids) + [int(ids[-1])] * pad if pad else ids
+        if back:
+            run = [int(t) for t in self.cache.ids[past - back: past]] + [int(t) for t in ids]
+            first += back
         skip = 0
         if first and not argmax and self.skips_logits:
             # the lm_head gets a width the policy allows (the rows from ``first`` on, the pad's included,
@@ -168,19 +166,20 @@ class CausalLM:
             skip = len(run) - rows
         self.last_past = past
         t0 = time.perf_counter()
+        at = past - back
         if positions is not None:
-            out = self._run(run, past, argmax=argmax, positions=positions)
+            out = self._run(run, at, argmax=argmax, positions=positions)
         elif argmax:
-            out = self._run(run, past, argmax=True)
+            out = self._run(run, at, argmax=True)
         else:
-            out = self._run(run, past, skip=skip) if skip else self._run(run, past)
+            out = self._run(run, at, skip=skip) if skip else self._run(run, at)
         self.calls += 1
         self.call_seconds += time.perf_counter() - t0
         self.tokens_run += len(run)
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
         if first:  # row 0 of a skipping call is position ``skip`` (the pad's rows follow the last)
-            return out[first - skip: n - skip]
+            return out[first - skip: back + n - skip]
         return out[:n] if pad else out
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:

@@ -35,9 +35,6 @@ OWN_LOGITS_MAX_WIDTH = 32
 ARGMAX_ROWS = 32
 
 
-# positions a cache keeps past its context for a padded call's pad (the width policy's; lm.CausalLM.reserve_pad)
-PAD_ROOM = 8
-
 class OnnxLM(CausalLM):
     """An onnxruntime session over a ``KVCache``: ``forward(ids) -> logits``, ``rewind(n)`` in O(1),
     ``prefill(ids)`` keeping the prefix the cache shares with ``ids`` (chat turns, the drafter's
@@ -53,10 +50,6 @@ class OnnxLM(CausalLM):
         # a graph that pads attention writes the pad's keys/values one position past the call: the
         # last exported position stays free for it
         self.max_context = min(int(max_context), spec.max_context - spec.attention_pad)
-        # positions past the context that the cache holds (where the graph has them) for a padded call's pad near the
-        # context's end (CausalLM.reserve_pad, once the width policy is known: a wider pad takes the rest off the context)
-        self.pad_room = min(PAD_ROOM, spec.max_context - spec.attention_pad - self.max_context)
-        room = self.max_context + self.pad_room
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
                                     role=spec.role, allow_cpu_fallback=allow_cpu_fallback, kernels=spec.kernels)
@@ -75,16 +68,16 @@ class OnnxLM(CausalLM):
         # the graph's row_positions input (manifest io.row_positions): fed at every call, 0..n-1 but for a
         # call that verifies alternates (CPU caches: an accepted one's slot is moved by numpy)
         self._rows_name = io.row_positions if io.row_positions and io.row_positions in inputs else None
-        self._rows = np.arange(max(room, 1), dtype=np.int64)
-        self.cache = KVCache(spec, room, self.device, spare=spec.attention_pad)
+        self._rows = np.arange(max(self.max_context, 1), dtype=np.int64)
+        self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
         self.verifies_alternates = self._rows_name is not None and bool(self.cache.host)
         # whether a verify call's extra rows are cheap: edgespec's kernel on its AVX-512 paths (the decoder then
         # verifies alternates by default): on AMX rows come in tiles of 16 (session 38: +2-8% on the AMX Xeon); on a
         # Zen 4's AVX-512 VNNI a call of 4-5 tokens costs ~4-8% more than one (session 40: greedy +2.7-5.1%, 2-4k-token
         # prompts +4%, sampled at T = 0.7 within the noise). Not on the AVX2 path (+0.8% in one A/B: nothing to show)
         self.cheap_rows = self.verifies_alternates and spec.kernels == "edgespec-q4" and _wide_path()
-        self._mask = np.ones((1, room), dtype=np.int64)
-        self._positions = np.arange(room, dtype=np.int64)[None, :]
+        self._mask = np.ones((1, self.max_context), dtype=np.int64)
+        self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]
         self._binding = self.session.io_binding()
         self.cache.bind(self._binding)
         self._logits_buf: np.ndarray | None = None  # [1, OWN_LOGITS_MAX_WIDTH, vocab], made on first use
@@ -113,7 +106,7 @@ class OnnxLM(CausalLM):
             if lt is None:
                 log.warning(f"{spec.role}: the graph's logits have no static vocabulary axis; CUDA graphs are off")
             else:
-                self.graphs = GraphCalls(self.session, self._binding, io, max_context=room,
+                self.graphs = GraphCalls(self.session, self._binding, io, max_context=self.max_context,
                                          vocab=lt[1], logits_dtype=lt[0], argmax_name=self._argmax_name,
                                          argmax_rows=ARGMAX_ROWS, has_positions=self._has_pos,
                                          skip_name=self._skip_name)
@@ -132,7 +125,6 @@ class OnnxLM(CausalLM):
             self.forward([0, 0])
             self.reset()
             self._init_counters()
-        self.reserve_pad()  # (the cache holds max_context positions as allocated above: the pad's among them)
 
     @property
     def logits_width(self) -> int | None:

@@ -337,6 +337,9 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
                       "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}", "response_format")
         if rf["type"] != "text":
             req.response_format = rf
+        elif set(rf) - {"type"}:  # (as json_object's and json_schema's unknown keys are refused)
+            raise bad(f"'response_format' of type text takes no other field, got {sorted(set(rf) - {'type'})[0]!r}"[:200],
+                      "response_format", "unknown_parameter")
 
     ext = body.get("edgespec")
     if ext is not None:

@@ -101,7 +101,6 @@ class QualityRun:
         ctx = min(512, ts.max_context, ds.max_context)
         # the drafter only makes wide calls here: no width probe (min_width 1, as the runtime runs it)
         t, d = OnnxLM(ts, ctx, choose(["cpu"])), OnnxLM(ds, ctx, choose(["cpu"]), min_width=1)
-        ctx = min(t.max_context, d.max_context)  # (a padded width policy keeps its pad's positions off the context)
         hits = total = 0
         for text in TEXTS[:4]:
             ids = self._ids(text, ctx // 2)[:32]

@@ -2097,12 +2097,16 @@ def test_a_reply_the_context_or_the_length_cuts_ends_as_plain_decoding_says():
 
 def test_the_width_policy_pads_the_calls_at_the_context_end_too():
     """A target whose calls of 1-3 rows compute other rows (a small-M path: the policy (4, 1)) keeps its last positions
-    in padded calls: the model keeps the policy's largest pad off its usable context (reserve_pad), so plain and
-    speculative decoding compute every position alike up to the end (before session 43 the last positions ran in
-    narrower calls, of other widths in each: 134 of 180 such runs differed there)."""
-    t = FakeLM(6, 40, min_width=4)
-    assert t.max_context == 37 and t.pad_room == 3
-    assert FakeLM(6, 40, min_width=2, width_multiple=2).max_context == 39 and FakeLM(6, 40).max_context == 40
+    in calls of the policy's width: where a pad after them has no room, a call starts earlier and recomputes cached
+    positions (alike at every allowed width), so plain and speculative decoding compute every position alike up to
+    the end, and the whole context stays usable (before session 43 the last positions ran in narrower calls, of other
+    widths in each: 134 of 180 such runs differed there)."""
+    t = FakeLM(6, 10, min_width=4)
+    t.prefill([1, 2, 3, 4, 5, 0, 1, 2])
+    row = t.forward([3])  # positions 8 (and 9 free): a pad of 3 has no room
+    assert t.last_width == 4 and t.length == 9 and row.shape[0] == 1
+    assert np.array_equal(row[0], t.logits_for([1, 2, 3, 4, 5, 0, 1, 2, 3]))
+    assert t.forward([4]).shape[0] == 1 and t.length == 10 and t.last_width == 4
     for seed in range(30):
         ctx = 24 + seed % 5
         ref = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1, 2, 3], max_new_tokens=200, drafter="none")

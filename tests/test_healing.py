@@ -167,6 +167,9 @@ def test_the_engine_backs_off_the_cursors_token_and_returns_the_text_after_it(sm
             eng.generate(prompt, max_new_tokens=2, token_healing=bad)
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         eng.heal([1, 10**7])
+    for bad in ("ab", [1, "x"], [1.5], None):  # (session 43: an untyped ValueError or TypeError)
+        with pytest.raises(ConfigError, match="heal\\(\\) takes the prompt's token ids"):
+            eng.heal(bad)
     with pytest.raises(ConfigError, match="a token's are at most"):
         eng.generate(prompt, max_new_tokens=2, heal=b"x" * 1000)
     # a tokenizer whose decoder drops a token's leading space at a reply's start (SentencePiece's): the text

@@ -711,6 +711,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
               "prediction": {"type": "content", "content": "x", "weight": 2}}, 400, "prediction", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}, 400,
      "response_format", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text", "schema": {}}}, 400,
+     "response_format", None),  # (session 43: the extra field was ignored)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}, 400,
      "response_format", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "response_format": {

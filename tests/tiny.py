@@ -125,7 +125,6 @@ class FakeLM(CausalLM):
         # as OnnxLM: calls up to 16 tokens return a view of one buffer that the next call overwrites
         self._buf = np.empty((16, vocab), dtype=np.float32) if reuse_buffer else None
         self._init_counters()
-        self.reserve_pad()  # (as OnnxLM: the policy's pad fits past the usable context)
 
     def logits_for(self, context) -> np.ndarray:
         key = 0
