@@ -2100,6 +2100,38 @@ inline void store_any(const Attn* a, const float* x, T* y, int64_t D) {
   store_row_portable(x, y, D);
 }
 
+// a query's 8-lane chains with one key (lane l: the fused multiply-adds of lanes l, l + 8, ... in order), and a value
+// row weighed into the output's chains: plain C++, and on aarch64 NEON's fused multiply-adds (vfmaq: the same
+// operation per lane, so the same bits) with float16 widened by the hardware
+#if defined(__aarch64__)
+inline float32x4_t ld4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t ld4(const Half* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+template <typename T>
+inline void score_lanes(const float* q, const T* k, int64_t D, float* lanes) {
+  float32x4_t a = vdupq_n_f32(0.f), b = vdupq_n_f32(0.f);
+  for (int64_t d = 0; d < D; d += 8) {
+    a = vfmaq_f32(a, vld1q_f32(q + d), ld4(k + d));
+    b = vfmaq_f32(b, vld1q_f32(q + d + 4), ld4(k + d + 4));
+  }
+  vst1q_f32(lanes, a);
+  vst1q_f32(lanes + 4, b);
+}
+template <typename T>
+inline void weigh_row(float w, const T* v, int64_t D, float* acc) {
+  for (int64_t d = 0; d < D; d += 4) vst1q_f32(acc + d, vfmaq_n_f32(vld1q_f32(acc + d), ld4(v + d), w));
+}
+#else
+template <typename T>
+inline void score_lanes(const float* q, const T* k, int64_t D, float* lanes) {
+  for (int64_t d = 0; d < D; d += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[d + l], ld1(k + d + l), lanes[l]);
+}
+template <typename T>
+inline void weigh_row(float w, const T* v, int64_t D, float* acc) {
+  for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(w, ld1(v + d), acc[d]);
+}
+#endif
+
 // sum8x8's tree on one vector's lanes
 inline float tree8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
@@ -2125,8 +2157,7 @@ void attend_rows_portable(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t 
     for (int64_t j = k1; j < kn; ++j) {
       const T* kr = (j < split ? K : K + shift) + j * D;
       float lanes[8] = {};
-      for (int64_t d = 0; d < D; d += 8)
-        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[d + l], ld1(kr + d + l), lanes[l]);
+      score_lanes(q, kr, D, lanes);
       se[j - k1] = tree8(lanes) * c.scale;
     }
     if (c.a->softcap > 0.f) {
@@ -2152,7 +2183,7 @@ void attend_rows_portable(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t 
     for (int64_t j = k1; j < kn; ++j) {
       const T* vr = (j < split ? V : V + shift) + j * D;
       const float w = se[j - k1];
-      for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(w, ld1(vr + d), acc[d]);
+      weigh_row(w, vr, D, acc);
     }
     float* o = c.out + ((r0 + x / group) * H + h) * D;
     for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
