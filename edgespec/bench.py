@@ -49,10 +49,13 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
             q = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}:{n}: not JSON ({e})") from None
-        if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"]:
+        if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"] \
+                or not all(isinstance(t, str) for t in q["turns"]):
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
         q.setdefault("category", "default")
         q.setdefault("question_id", str(n))
+        if not isinstance(q["category"], str):
+            raise ConfigError(f"{p}:{n}: 'category' must be a string, got {type(q['category']).__name__}")
         seen.add(q["category"])
         if categories and q["category"] not in categories:
             continue

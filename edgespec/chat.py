@@ -90,6 +90,8 @@ class ChatRepl:
         self.failed = 0  # turns and commands that ended in an error: piped input then exits 1
         self.show_stats = show_stats
         self.stdin = stdin or sys.stdin
+        if self.stdin is None:  # (`<&-`)
+            raise ConfigError("edgespec chat reads the conversation from stdin, which is closed")
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         # input() gives line editing and a prompt only on the process's own terminal

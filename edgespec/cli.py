@@ -85,19 +85,30 @@ class _Stdout:
 
     def write(self, text):
         try:
+            if self.stream is None:  # (`>&-`: Python's sys.stdout is None)
+                raise OSError(errno.EBADF, "stdout is closed")
             return self.stream.write(text)
         except OSError as e:
             e.edgespec_stdout = True
             raise
 
     def flush(self):
+        if self.stream is None:
+            return None
         try:
             return self.stream.flush()
         except OSError as e:
             e.edgespec_stdout = True
             raise
 
+    def isatty(self):
+        return self.stream is not None and self.stream.isatty()
+
     def __getattr__(self, name):
+        if self.stream is None:
+            e = OSError(errno.EBADF, "stdout is closed")
+            e.edgespec_stdout = True
+            raise e
         return getattr(self.stream, name)
 
 
@@ -433,6 +444,8 @@ def _read_stdin() -> str:
     """The prompt piped in: UTF-8 text of at most STDIN_LIMIT bytes."""
     from .errors import ConfigError, ContextOverflowError
 
+    if sys.stdin is None:  # (`<&-`)
+        raise ConfigError("no prompt on stdin: it is closed")
     data = sys.stdin.buffer.read(STDIN_LIMIT + 1)
     if len(data) > STDIN_LIMIT:
         raise ContextOverflowError(f"the prompt on stdin is larger than {STDIN_LIMIT >> 20} MiB")

@@ -70,6 +70,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     try:
         from edgespec_export import export_bundle
         from edgespec_export.build import FLOAT_ZERO_POINTS, QuantOptions
+        from .errors import ExportError
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
     q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
@@ -90,7 +91,11 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     if kv_dtype and not exact_kernels:
         raise click.UsageError("--kv-dtype applies with --exact-kernels (edgespec's attention); the cpu layout's "
                                "KV cache is float32, the cuda layout's float16")
-    dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4, algorithm=drafter_quant_algo)
+    try:
+        dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4, algorithm=drafter_quant_algo)
+    except ExportError as e:  # (its messages name the target's options: these are the drafter's)
+        raise ExportError(str(e).replace("--block-size", "--drafter-block-size").replace(
+            "--quant-algo", "--drafter-quant-algo")) from None
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device,

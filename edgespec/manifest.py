@@ -65,6 +65,8 @@ def _opt(kind: Any, where: str, d: dict, key: str) -> Any:
 
 
 def _inside(root: Path, rel: str, where: str) -> Path:
+    if "\x00" in rel:  # (Path.resolve raises an untyped ValueError on it)
+        raise ManifestError(f"{where}: {rel!r} holds a NUL character: not a path")
     p = (root / rel).resolve()
     if os.path.commonpath([str(p), str(root.resolve())]) != str(root.resolve()):
         raise BundleError(f"{where}: {rel!r} points outside the bundle directory")

@@ -253,6 +253,12 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
     ``allow_cpu_fallback``."""
     import onnxruntime as ort
 
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # (onnxruntime's constructor takes UTF-8 paths only: its message was pybind11's)
+        raise BundleError(f"onnxruntime cannot open the {role} model: its path is not UTF-8 text "
+                          f"({str(path).encode('utf-8', 'backslashreplace').decode()[:200]}); rename the directory") \
+            from None
     pool = shared_thread_pool(threads)
     if threads and pool not in (threads, -1, NO_GLOBAL_POOL):
         warnings.warn(f"onnxruntime's thread pool in this process already has {pool or 'default'} threads; "

@@ -182,8 +182,10 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         default = profile.drafter
         if not with_drafter and default in ("auto", "model"):
             default = "auto" if default == "auto" else "prompt-lookup"
-        working = working_bytes(manifest, chunk, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()})
-        return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk, weights, kv, working, runtime,
+        # (a prefill chunk never holds more than the context: a profile's larger one plans for what it runs)
+        chunk_here = max(1, min(chunk, ctx))
+        working = working_bytes(manifest, chunk_here, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()})
+        return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk_here, weights, kv, working, runtime,
                     tuple(cuts), tuple(warnings), any_gpu, weights_basis(with_drafter), devices)
 
     def fit_context(with_drafter: bool) -> int | None:

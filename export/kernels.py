@@ -821,6 +821,11 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if spec is None:
                 continue
             spec = _rerooted(spec, manifest.root, stage)
+            if role == "drafter" and spec.layout != "cpu":  # (float16 activations: edgespec's CPU kernels take float32)
+                if log:
+                    log(f"    drafter: left as it is (exported in the {spec.layout} layout, for onnxruntime's kernels)")
+                m = replace(m, drafter=spec)
+                continue
             try:
                 counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention,
                                        logits=spec.io.logits, kv_dtype=kv_dtype, row_positions=role == "target",

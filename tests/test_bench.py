@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -55,6 +57,12 @@ def test_read_prompts_spec_bench_format(tmp_path):
         read_prompts(p)
     with pytest.raises(ConfigError, match="no such prompt file"):
         read_prompts(tmp_path / "missing.jsonl")
+    for bad, match in (('{"category": ["a"], "turns": ["x"]}', "'category' must be a string, got list"),
+                       ('{"category": 5, "turns": ["x"]}', "'category' must be a string, got int"),
+                       ('{"turns": [123]}', "turns")):  # (session 43: tracebacks, or an error after the load)
+        p.write_text(bad + "\n")
+        with pytest.raises(ConfigError, match=re.escape(match)):
+            read_prompts(p, categories=["zz"])
     assert {q["category"] for q in read_prompts()} >= {"code", "chat", "summarization", "qa", "math",
                                                         "extraction", "translation"}
 

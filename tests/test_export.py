@@ -221,6 +221,11 @@ def test_existing_output_needs_force(tiny_dirs, tiny_llama_bundle):
 def test_bad_option_combination(tiny_dirs, tmp_path):
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), "--block-size", "48"])
     assert r.exit_code == 6 and "block-size" in r.output
+    # the drafter's options are named as given (session 43: --drafter-block-size 0 said "--block-size must be")
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), "--drafter",
+                                  str(tiny_dirs["drafter"]), "--drafter-precision", "int4", "--drafter-block-size", "0"])
+    assert r.exit_code == 6 and "--drafter-block-size must be 16, 32, 64, 128 or 256, got 0" in r.output, r.output
+    assert not (tmp_path / "b").exists()
 
 
 def test_failed_export_leaves_nothing(tiny_dirs, tmp_path, monkeypatch):

@@ -389,6 +389,35 @@ def test_deeply_nested_manifest(tiny_bundle, copy_bundle):
     one_line_error(run("info", b), 2)
 
 
+@pytest.mark.parametrize("where", ["files", "path", "tokenizer"])
+def test_a_nul_in_a_manifest_path_is_a_manifest_error(tiny_bundle, copy_bundle, where):
+    """A NUL character in one of the manifest's paths (Path.resolve raised an untyped ValueError before session 43)."""
+    b = copy_bundle(tiny_bundle)
+    _edit(b, {"files": lambda m: m["models"]["target"]["files"].update({"target/x\u0000y": {"bytes": 1}}),
+              "path": lambda m: m["models"]["target"].update(path=m["models"]["target"]["path"] + "\u0000"),
+              "tokenizer": lambda m: m["tokenizer"].update(dir="tokenizer\u0000")}[where])
+    with pytest.raises(ManifestError, match="holds a NUL character"):
+        edgespec.load(b)
+    one_line_error(run("info", b), 2)
+
+
+@pytest.mark.parametrize("cmd, redirect, message, code", [
+    (["info", "{b}"], ">&-", "error: cannot write the output: stdout is closed", 1),
+    (["generate", "{b}", "-p", "-", "--max-new-tokens", "2"], "<&-", "error: no prompt on stdin: it is closed", 2),
+    (["chat", "{b}"], "<&-", "error: edgespec chat reads the conversation from stdin, which is closed", 2)])
+def test_a_closed_stdout_or_stdin_is_one_line(tiny_bundle, cmd, redirect, message, code):
+    """`>&-` and `<&-` (Python's sys.stdout / sys.stdin then None): one line on stderr, not an AttributeError."""
+    import shlex
+    import subprocess
+    import sys
+
+    args = " ".join(shlex.quote(a.format(b=tiny_bundle)) for a in cmd)
+    r = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m edgespec.cli {args} {redirect}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == code and r.stderr.strip().splitlines()[-1] == message, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("name", ["past_%s_%d", "past_%d_%d", "past_%(x)d", "past_%", "past_%d_%"])
 def test_manifest_io_names_with_format_strings(tiny_bundle, copy_bundle, name):
     b = copy_bundle(tiny_bundle)
@@ -666,3 +695,16 @@ def test_documents_with_a_drafter_that_never_reads_them(tiny_bundle, tmp_path, d
     r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "2", "--drafter", "suffix", "--documents",
             tmp_path / "d.txt")
     assert r.exit_code == 0, r.output
+
+
+def test_a_bundle_at_a_path_that_is_not_utf8_is_told_so(tiny_bundle, tmp_path):
+    """onnxruntime's session takes UTF-8 paths only: a bundle under a directory named with a byte that is not UTF-8 is
+    refused in one line saying so (session 43: pybind11's "incompatible constructor arguments")."""
+    import os
+    import shutil
+
+    b = tmp_path / os.fsdecode(b"odd\xffname")
+    shutil.copytree(tiny_bundle, b)
+    with pytest.raises(BundleError, match="its path is not UTF-8 text"):
+        edgespec.load(b, memory=False)
+    assert "not UTF-8" in one_line_error(run("generate", b, "-p", "hi", "--max-new-tokens", "2"), 2)

@@ -2118,3 +2118,24 @@ def test_the_portable_path_takes_the_softmax_max_as_the_avx2_path_over_a_nan_sco
         s = _on_path(path, monkeypatch, lambda: _session(_attention_graph("DecodeAttention", H, KVH, D, L, L)))
         outs[path] = s.run(None, {"qkv": qkv, "pk": k.copy(), "pv": v.copy(), "seqlens": np.array([15], np.int32)})[0]
     assert np.isfinite(outs["avx2"]).all() and np.array_equal(outs["avx2"], outs["portable"])
+
+
+def test_exact_kernels_leaves_a_cuda_layout_drafter_as_it_is(tiny_dirs, tmp_path_factory):
+    """An INT4 target in the cpu layout with an INT4 drafter in the cuda layout (float16 activations, which edgespec's
+    CPU kernels do not take): the target is rewritten, the drafter left as it is, and the bundle decodes exactly
+    (session 43: the drafter was rewritten and the run failed at its check, "Type 'tensor(float16)' ... MatMulQ4")."""
+    import edgespec
+    from conftest import _export
+    from edgespec.manifest import load_manifest
+    from edgespec_export.kernels import apply_to_bundle
+
+    b = _export(tmp_path_factory, "tiny-mixed", tiny_dirs["qwen2"], drafter=str(tiny_dirs["drafter"]),
+                target_precision="int4", drafter_precision="int4", drafter_device="cuda")
+    logs = []
+    out = apply_to_bundle(b, tmp_path_factory.mktemp("xk") / "mixed-xk", log=logs.append)
+    assert any("drafter: left as it is (exported in the cuda layout" in line for line in logs), logs
+    m = load_manifest(out)
+    assert m.target.kernels == "edgespec-q4" and m.drafter.kernels == "onnxruntime" and m.drafter.layout == "cuda"
+    eng = edgespec.load(out, memory=False)
+    plain = eng.generate("def add(a, b):", max_new_tokens=16, drafter="none", ignore_eos=True).token_ids
+    assert eng.generate("def add(a, b):", max_new_tokens=16, drafter="model", ignore_eos=True).token_ids == plain

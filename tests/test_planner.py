@@ -116,6 +116,16 @@ def test_smollm2_plan_fits(ctx):
     assert p.drafter == "none" and p.cuts == () and p.warnings == ()
 
 
+def test_a_prefill_chunk_past_the_context_is_planned_as_the_context():
+    """A profile's prefill_chunk larger than the context (it takes up to 16M) plans the chunk the runtime can run, the
+    context's (session 43: a 256-token bundle's plan counted a 1M-token chunk's logits, a false BudgetError)."""
+    m = _manifest(smollm2())
+    big = plan(m, cpu_profile(100_000, max_context=8192, prefill_chunk=1_000_000), max_context=512)
+    assert big.prefill_chunk == 512
+    assert big.working == plan(m, cpu_profile(100_000, max_context=8192, prefill_chunk=512), max_context=512).working
+    assert plan(m, cpu_profile(2048, max_context=8192, prefill_chunk=1_000_000), max_context=512).context == 512
+
+
 def test_working_memory_by_chunk():
     m = qwen_pair()
     assert working_bytes(m, 256, with_drafter=True) == QWEN_PAIR_WORK_256  # no context: no scores
