@@ -194,6 +194,12 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         raise ConfigError(f"the prompt cache file {named} is a directory; name a file")
     if path.exists() and not path.is_file():  # a device or a pipe: no prompt cache, and /dev/zero never ends
         raise ConfigError(f"the prompt cache file {path} is not a regular file")
+    # where it will be written at close (a temporary file beside it, then a rename): said now, not after hours of
+    # conversations, which a server's close would then lose
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.is_dir() and not _writable_dir(parent):
+        raise ConfigError(f"the prompt cache file {path} cannot be written: {parent} takes no new files "
+                          "(no permission, or a read-only file system)")
     key = engine_key(manifest, manifest.target, target.cache, session_options)
     remove_stale_temporaries(path)  # (what a write killed midway left)
     _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
@@ -201,6 +207,18 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         warnings.warn(f"the prompt cache {path} was not read: {why}; this engine replaces it when it closes "
                       f"with conversations to keep", stacklevel=3)
     return path, key, why is None
+
+
+def _writable_dir(d) -> bool:
+    """Whether a file can be made in directory ``d`` (tried: permissions alone say yes to root on a read-only file
+    system or on /sys)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".edgespec-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 def _write_prompt_cache(pc, cache, path, key, lock) -> None:

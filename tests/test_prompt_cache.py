@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -387,6 +388,9 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
         edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path, memory=False)
     with pytest.raises(ConfigError, match="prompt_cache_file"):
         edgespec.load(tiny_bundle, prompt_cache_file=3, memory=False)
+    if Path("/proc").is_dir():  # a place no file can be made (as root too): said at load, not at close (session 43)
+        with pytest.raises(ConfigError, match="cannot be written: /proc takes no new files"):
+            edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file="/proc/edgespec-pc.bin", memory=False)
     (tmp_path / "file").write_text("x")
     with pytest.raises(StoreError, match="cannot read the prompt cache .*Not a directory"):
         edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path / "file" / "c.npz", memory=False)
