@@ -709,8 +709,11 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     if measure:
         from .measure import measure as measure_engine
 
-        what = f"~{measure_tokens} tokens" if measure_tokens else f"the context ({p.context} tokens)"
-        click.echo(f"measuring: loading, filling {what}, decoding 32 ...", err=True)
+        room = max(1, p.context - 32 - 1)  # (measure.measure's prompt: what the context holds beside 32 decoded)
+        what = (f"{min(measure_tokens, room)} tokens" + (f" (of {measure_tokens} asked: the context holds "
+                f"{room} beside the decoded ones)" if measure_tokens > room else "") if measure_tokens
+                else f"the context ({p.context} tokens: {room} prefilled, 32 decoded)")
+        click.echo(f"measuring: loading, prefilling {what}, decoding 32 ...", err=True)
         _, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,
                                     max_context=max_context, use_drafter=not no_drafter, **placement_options())
     if as_json:
