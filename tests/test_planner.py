@@ -289,8 +289,8 @@ def test_budget_too_small_names_the_numbers():
 
 def test_context_floor_is_kept_when_not_a_multiple_of_64():
     # room for exactly 120 tokens; min_context 100: the plan takes 100, not 64
-    # (at 120 tokens a 256-token chunk has 120 rows of scores: 120 x 9 heads x 120 x 4 bytes)
-    resident = 1024 * MiB - SMOL_WORK_256 - RUNTIME - 120 * 46_080 - 120 * 9 * 120 * 4
+    # (at 120 tokens the prefill chunk is the context's 120, since session 43: its working memory at that chunk)
+    resident = 1024 * MiB - working_bytes(_manifest(smollm2()), 120, False, 120) - RUNTIME - 120 * 46_080
     p = plan(_manifest(smollm2(resident=resident)), cpu_profile(1024, max_context=8192, min_context=100))
     assert p.context == 100
     assert p.total <= p.budget
