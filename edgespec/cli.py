@@ -85,9 +85,7 @@ class _Stdout:
 
     def write(self, text):
         try:
-            if self.stream is None:  # (`>&-`: Python's sys.stdout is None)
-                raise OSError(errno.EBADF, "stdout is closed")
-            return self.stream.write(text)
+            return self._open().write(text)
         except OSError as e:
             e.edgespec_stdout = True
             raise
@@ -104,12 +102,16 @@ class _Stdout:
     def isatty(self):
         return self.stream is not None and self.stream.isatty()
 
-    def __getattr__(self, name):
+    def _open(self):
+        """The stream; an OSError marked as stdout's where it is closed (`>&-`: Python's sys.stdout is None)."""
         if self.stream is None:
             e = OSError(errno.EBADF, "stdout is closed")
             e.edgespec_stdout = True
             raise e
-        return getattr(self.stream, name)
+        return self.stream
+
+    def __getattr__(self, name):
+        return getattr(self._open(), name)
 
 
 # what the system refuses that the user can fix: no space or quota, read-only, permissions, I/O, a
@@ -707,11 +709,11 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
              keep_drafter=bool(dprov) and not no_drafter)
     samples = None
     if measure:
-        from .measure import measure as measure_engine
+        from .measure import measure as measure_engine, prompt_length
 
-        room = max(1, p.context - 32 - 1)  # (measure.measure's prompt: what the context holds beside 32 decoded)
-        what = (f"{min(measure_tokens, room)} tokens" + (f" (of {measure_tokens} asked: the context holds "
-                f"{room} beside the decoded ones)" if measure_tokens > room else "") if measure_tokens
+        n, room = prompt_length(p.context, measure_tokens), prompt_length(p.context)
+        what = (f"{n} tokens" + (f" (of {measure_tokens} asked: the context holds {room} beside the decoded ones)"
+                                 if measure_tokens > n else "") if measure_tokens
                 else f"the context ({p.context} tokens: {room} prefilled, 32 decoded)")
         click.echo(f"measuring: loading, prefilling {what}, decoding 32 ...", err=True)
         _, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,

@@ -152,10 +152,13 @@ class CausalLM:
             # same keys, values and logits), so it runs at the policy's width as every other call (before session 43
             # these ran unpadded, at other widths in plain and speculative decoding)
             back = width - n
-        run = list(ids) + [int(ids[-1])] * pad if pad else ids
-        if back:
+        if pad:
+            run = list(ids) + [int(ids[-1])] * pad
+        elif back:
             run = [int(t) for t in self.cache.ids[past - back: past]] + [int(t) for t in ids]
             first += back
+        else:
+            run = ids
         skip = 0
         if first and not argmax and self.skips_logits:
             # the lm_head gets a width the policy allows (the rows from ``first`` on, the pad's included,

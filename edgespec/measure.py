@@ -112,6 +112,13 @@ def sample(stage: str, gpu: bool = False) -> MemorySample:
     return MemorySample(stage, peak_rss(), st.get("VmHWM"), st.get("VmRSS"), used, scope)
 
 
+def prompt_length(context: int, prompt_tokens: int | None = None, new_tokens: int = 32) -> int:
+    """The prompt ``measure`` prefills in a context of ``context`` tokens: ``prompt_tokens`` (default: all the
+    context holds beside ``new_tokens`` decoded ones), at most that, at least 1."""
+    room = context - new_tokens - 1
+    return max(1, min(prompt_tokens, room) if prompt_tokens else room)
+
+
 def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, **load_kw):
     """Load ``bundle`` with ``edgespec.load(**load_kw)``, prefill a prompt of ``prompt_tokens``
     tokens (default: enough to fill the context with the decoded tokens, the case the plan budgets
@@ -128,8 +135,7 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     engine = load(bundle, **load_kw)
     gpu = engine.providers.device == "cuda"
     samples.append(sample("after load", gpu))
-    room = engine.max_context - new_tokens - 1
-    n = max(1, min(prompt_tokens, room) if prompt_tokens else room)
+    n = prompt_length(engine.max_context, prompt_tokens, new_tokens)
     reps = 1
     ids = engine.encode(_FILLER)
     while len(ids) < n and reps < 1024:  # grow the text until it is long enough

@@ -163,20 +163,15 @@ def _bool(body: dict, key: str, where: str | None = None) -> bool:
     return v
 
 
-def _text(v: str, where: str) -> str:
-    """``v`` if it is valid Unicode: JSON's escapes can carry a lone surrogate, which no tokenizer reads."""
+def _text(v: str, where: str, param: str | None = None) -> str:
+    """``v`` if it is valid Unicode: JSON's escapes can carry a lone surrogate, which no tokenizer reads (``param``:
+    the error's, where it is not ``where`` as the message names it)."""
     try:
         v.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad(f"{where} holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)", where) from None
+        raise bad(f"{where} holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)",
+                  param or where) from None
     return v
-
-
-def _unicode(v: str, where: str) -> None:
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(f"'{where}' holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)", where) from None
 
 
 def _echoable(v, where: str, depth: int = 0) -> None:
@@ -186,12 +181,12 @@ def _echoable(v, where: str, depth: int = 0) -> None:
     if depth > 64:
         raise bad(f"'{where}' is nested too deeply", where)
     if isinstance(v, str):
-        _unicode(v, where)
+        _text(v, f"'{where}'", where)
     elif isinstance(v, float) and not math.isfinite(v):
         raise bad(f"'{where}' holds {v}, which JSON cannot carry", where)
     elif isinstance(v, dict):
         for k, x in v.items():
-            _unicode(k, where)
+            _text(k, f"'{where}'", where)
             _echoable(x, f"{where}.{k[:64]}" if k.isidentifier() else where, depth + 1)
     elif isinstance(v, list):
         for i, x in enumerate(v):

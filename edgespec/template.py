@@ -221,11 +221,10 @@ def check_template_kwargs(kw, where: str = "chat_template_kwargs") -> dict:
         raise ConfigError(f"{where} must hold JSON values (or is nested too deeply)") from None
     if len(text) > KWARGS_LIMIT:
         raise ConfigError(f"{where} has {len(text)} characters as JSON; at most {KWARGS_LIMIT}")
+    from .tools import check_unicode
+
     out = json.loads(text)  # (a copy: the template gets plain values)
-    try:  # (the text a template writes them into goes to the tokenizer, which reads valid Unicode only)
-        json.dumps(out, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(f"{where} holds an unpaired UTF-16 surrogate (a broken \\uD800-\\uDFFF escape)") from None
+    check_unicode(json.dumps(out, ensure_ascii=False), where)  # (the tokenizer reads what the template writes)
     return out
 
 

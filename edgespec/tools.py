@@ -73,13 +73,14 @@ def check_tools(tools) -> list[dict]:
         if f.get("description") is not None:
             if not isinstance(f["description"], str):
                 raise ConfigError(f"{where}.function.description must be a string")
-            _utf8(f["description"], f"{where}.function.description")
+            check_unicode(f["description"], f"{where}.function.description")
             clean["description"] = f["description"]
         if f.get("parameters") is not None:
             if not isinstance(f["parameters"], dict):
                 raise ConfigError(f"{where}.function.parameters must be a JSON Schema object")
             try:
-                _utf8(json.dumps(f["parameters"], allow_nan=False, ensure_ascii=False), f"{where}.function.parameters")
+                check_unicode(json.dumps(f["parameters"], allow_nan=False, ensure_ascii=False),
+                              f"{where}.function.parameters")
             except (TypeError, ValueError, RecursionError):
                 raise ConfigError(f"{where}.function.parameters is not JSON (or nested too deeply)") from None
             clean["parameters"] = f["parameters"]
@@ -92,9 +93,9 @@ def check_tools(tools) -> list[dict]:
     return out
 
 
-def _utf8(text: str, where: str) -> None:
-    """``text`` written into the chat's template: valid Unicode (a JSON escape can carry a lone surrogate, which the
-    tokenizer cannot read)."""
+def check_unicode(text: str, where: str) -> None:
+    """``text`` written into the chat's template (a tool's, a template variable's): valid Unicode, else a
+    ``ConfigError`` (a JSON escape can carry a lone surrogate, which the tokenizer cannot read)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
