@@ -43,8 +43,8 @@ class _Group(click.Group):
             return out
         except EdgespecError as e:
             _fail(ctx, str(e), e.exit_code)
-        except click.exceptions.NoArgsIsHelpError:
-            raise  # `edgespec memory` alone: its help, as click shows it
+        except _NO_ARGS_HELP:
+            raise  # `edgespec memory` alone: its help, as click shows it (click before 8.2 exits without an error)
         except click.UsageError as e:
             path = e.ctx.command_path.split(" ", 1) if e.ctx is not None else []
             where = " ".join(["edgespec", *path[1:]])  # under a test runner the group is not named edgespec
@@ -113,6 +113,8 @@ class _Stdout:
     def __getattr__(self, name):
         return getattr(self._open(), name)
 
+
+_NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # (click 8.2 on; before, an Exit)
 
 # what the system refuses that the user can fix: no space or quota, read-only, permissions, I/O, a
 # missing or wrong path, an existing file, a cross-device move
@@ -937,4 +939,4 @@ main.add_command(exact_kernels)
 main.add_command(memory)
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="edgespec")  # (`python -m edgespec.cli`: its messages name the command as users type it)

@@ -7,6 +7,7 @@ positions are valid, so rolling back is a shorter mask: ``rewind`` is O(1) and c
 """
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from pathlib import Path
@@ -311,6 +312,13 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
     except Exception as e:  # onnxruntime raises its own untyped exceptions
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         msg = f"cannot open {role} model {Path(path).name}: {first if len(first) <= 300 else first[:300] + '...'}"
+        count = re.search(r"schema\(([\w.]+::\w+):\d+\) has input size (\d+) not in range \[min=\d+, max=(\d+)\]",
+                          str(e))
+        if count:  # (the message's first 300 characters name the node's inputs, not this)
+            op, n, most = count.groups()
+            msg = (f"cannot open {role} model {Path(path).name}: its {op} nodes have {n} inputs where onnxruntime "
+                   f"{ort.__version__} takes at most {most}: upgrade onnxruntime, or export the bundle again with this "
+                   "edgespec (its export drops the builder's trailing empty inputs)")
         # a graph it cannot read or build is the bundle's fault; memory, a provider's library: not
         broken = ("INVALID_PROTOBUF", "INVALID_GRAPH", "NO_SUCHFILE", "Protobuf parsing failed", "NOT_IMPLEMENTED",
                   "Failed to load external data", "External data", "invalid model")

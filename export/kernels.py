@@ -500,15 +500,38 @@ def settle_graph(model_file: Path, capacity: int) -> tuple[int, int]:
     """A builder's graph file made one whose rows do not depend on the call, in place (its external data
     untouched), read and written once: ``_whole_caches`` (Gemma 2's and 3's local layers at 4,096 in a bundle of a
     shorter context lose their window, a shorter window stays over the whole context's cache) and
-    ``_per_position_rope`` (LongRoPE's caches). Returns (the windows taken off, the rotary choices replaced)."""
+    ``_per_position_rope`` (LongRoPE's caches), and ``trim_empty_inputs``. Returns (the windows taken off, the
+    rotary choices replaced)."""
     m = load_graph(model_file)
     layouts, unbound = _whole_caches(m.graph, capacity)
     rope = _per_position_rope(m.graph, model_file.name)
-    if layouts or unbound or rope:
+    trimmed = trim_empty_inputs(m.graph)
+    if layouts or unbound or rope or trimmed:
         import onnx
 
         onnx.save(m, str(model_file))
     return unbound, rope
+
+
+def trim_empty_inputs(g) -> int:
+    """Drop the trailing empty ("" : not given) inputs of every node, subgraphs included, in place; returns the
+    nodes changed. The same graph by ONNX's rules (an optional input left off at the end is one not given), but
+    an onnxruntime older than the builder checks a node's input count against its own schema: onnxruntime-genai
+    0.18's GroupQueryAttention nodes carry 12 inputs, three of them trailing empties, and onnxruntime 1.22 (the
+    version edgespec declares, JetPack 6's) refused the whole graph ("input size 12 not in range [min=7,
+    max=11]")."""
+    changed = 0
+    for node in g.node:
+        n = len(node.input)
+        while n and node.input[n - 1] == "":
+            n -= 1
+        if n < len(node.input):
+            del node.input[n:]
+            changed += 1
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                changed += trim_empty_inputs(sub)
+    return changed
 
 
 def _branch_constants(branch) -> list | None:
