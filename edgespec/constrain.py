@@ -113,7 +113,11 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
         alts.append(f"call_{i}")
         opening = json.dumps('{"name": ' + json.dumps(f["name"]) + ', "arguments": ')  # a Lark string
         rules.append(f"call_{i}: {opening} args_{i} " + json.dumps("}"))
-        rules.append(f"args_{i}: %json {json.dumps(schema, allow_nan=False)}")
+        # (the whitespace bounded as in response_format's: unbounded, a small model filled a forced call's
+        # arguments with spaces and line breaks until its token budget ran out)
+        own = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
+        bounded = {**schema, "x-guidance": {**own, "whitespace_pattern": WHITESPACE}}
+        rules.append(f"args_{i}: %json {json.dumps(bounded, allow_nan=False)}")
     body = f'"\\n" call "\\n" <[{close_id}]>'
     if choice == "auto":
         head = f"start: {body}"
@@ -233,7 +237,18 @@ class Constraint:
             self._failed()
 
     def _failed(self):
-        raise EdgespecError(f"the structured output's grammar failed: {self.m.get_error().splitlines()[0][:300]}")
+        raise _failure(self.m.get_error(), "the structured output's grammar")
+
+
+def _failure(err: str, what: str) -> EdgespecError:
+    """A matcher's failure mid-generation. llguidance compiles a schema whose required parts refer to themselves
+    with no way to end (``{"properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}``), and fails
+    only when the reply reaches that part ("NoExtensionBias"): the request's fault, a ``ConfigError`` (400), not
+    the server's (500)."""
+    first = err.splitlines()[0][:300] if err else "unknown error"
+    if "NoExtensionBias" in err:
+        return ConfigError(f"{what} cannot be used: {first} (a schema that refers to itself with no way to end?)")
+    return EdgespecError(f"{what} failed: {first}")
 
 
 def masked(rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -256,7 +271,12 @@ class LazyConstraint:
         self._work, self._pushed = None, False
 
     def _mask(self, m) -> np.ndarray:
-        return np.ones(self.vocab, dtype=bool) if m is None else _allowed(m, self.vocab)
+        if m is None:
+            return np.ones(self.vocab, dtype=bool)
+        allowed = _allowed(m, self.vocab)
+        if m.is_error():  # (a failed matcher allows the end of sequence only: the call would end cut, as "stop")
+            raise _failure(m.get_error(), "the tool call's grammar")
+        return allowed
 
     def _advance(self, m, t: int):
         """(allowed, the state after t); the matcher is advanced in place."""
@@ -264,8 +284,8 @@ class LazyConstraint:
             return True, (self.new() if t == self.trigger else None)
         if t in self.eos or m.validate_tokens([t]) != 1:
             return False, m
-        if not m.consume_token(t):
-            raise EdgespecError(f"the tool call's grammar failed: {m.get_error().splitlines()[0][:300]}")
+        if not m.consume_token(t) or m.is_error():
+            raise _failure(m.get_error(), "the tool call's grammar")
         return True, (None if m.is_stopped() else m)
 
     def masks(self, draft) -> tuple[np.ndarray, int]:

@@ -83,6 +83,10 @@ def check_tools(tools) -> list[dict]:
                               f"{where}.function.parameters")
             except (TypeError, ValueError, RecursionError):
                 raise ConfigError(f"{where}.function.parameters is not JSON (or nested too deeply)") from None
+            if f["parameters"].get("type", "object") != "object":  # (OpenAI's rule: a call's arguments are an object)
+                raise ConfigError(f"{where}.function.parameters must be a schema of \"type\": \"object\" (a call's "
+                                  f"arguments are a JSON object), got \"type\": "
+                                  f"{json.dumps(f['parameters']['type'], ensure_ascii=False)[:80]}")
             clean["parameters"] = f["parameters"]
         if f.get("strict") is not None:
             if not isinstance(f["strict"], bool):

@@ -252,6 +252,18 @@ def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
     with pytest.raises(ConfigError, match="refers to itself"):
         eng.generate(msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "$ref": "#"}}})
+    # one that starts but refers to itself below the top with no way out: llguidance fails where the reply reaches
+    # it, mid-generation: a ConfigError still (was an EdgespecError: a 500), under every drafter
+    loops = ({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
+             {"type": "array", "items": {"$ref": "#/items"}, "minItems": 1},
+             {"$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}}, "type": "object",
+              "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"]})
+    for schema in loops:
+        for d in ("none", "model"):
+            with pytest.raises(ConfigError, match="refers to itself"):
+                eng.generate(msgs, response_format={"type": "json_schema", "json_schema": {"name": "x",
+                                                                                          "schema": schema}},
+                             max_new_tokens=40, temperature=0, drafter=d)
 
 
 def test_an_end_of_sequence_in_a_draft_leaves_the_grammar_where_it_was(tiny_bundle):

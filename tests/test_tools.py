@@ -130,6 +130,10 @@ TOOL_ERRORS = [
     ([{"type": "function", "function": {"name": "x", "parameters": {"properties": {"c": {"description": "a\udfff"}}}}}],
      "tools[0].function.parameters holds an unpaired UTF-16 surrogate"),
     ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "at most 128"),
+    ([{"type": "function", "function": {"name": "x", "strict": True, "parameters": {"type": "string"}}}],
+     'tools[0].function.parameters must be a schema of "type": "object"'),
+    ([{"type": "function", "function": {"name": "x", "parameters": {"type": ["object", "null"]}}}],
+     'got "type": ["object", "null"]'),
     ([{"type": "function", "function": {"name": "x", "parameters": {"a": __import__("functools").reduce(
         lambda acc, _: [acc], range(3000), 0)}}}], "nested too deeply"),
 ]
@@ -378,6 +382,31 @@ def test_a_forced_call_is_a_call(tool_engine):
     r = tool_engine.generate([ASK], tools=WEATHER, tool_choice="none", response_format={"type": "json_object"},
                              max_new_tokens=8)
     assert r.tool_calls == [] and r.text.startswith("{")
+
+
+def test_a_strict_calls_whitespace_is_bounded_and_a_self_referring_schema_refused(tool_engine):
+    """A strict call's arguments take response_format's whitespace (at most one space between tokens: unbounded,
+    a two-field function under `required` got spaces and line breaks until max_tokens, and no call), and a
+    strict function whose parameters refer to themselves with no way out is a ConfigError where the reply
+    reaches them, in `auto` too (was a reply cut silently mid-call, finish_reason "stop")."""
+    from edgespec import constrain
+    from edgespec.tools import CLOSE, OPEN
+
+    tok = tool_engine.tokenizer
+    ids = tok.token_to_id(OPEN), tok.token_to_id(CLOSE)
+    con = tool_engine.decoder.constraints(constrain.tool_call_grammar(STRICT, "required", False, *ids))
+    con.consume([ids[0]] + tok.encode('\n{"name": "get_weather", "arguments": {"city": "Rome"', add_special=False))
+    space = tok.encode(" ", add_special=False)
+    assert con.mask()[space[0]]
+    con.consume(space)
+    assert not con.mask()[space[0]]
+    loop = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"$ref": "#/properties/city"}}, "required": ["city"]}}}]
+    for drafter in ("none", "prompt-lookup", "auto"):
+        for choice in ("auto", "required"):
+            with pytest.raises(ConfigError, match="refers to itself"):
+                tool_engine.generate([ASK], tools=loop, tool_choice=choice, max_new_tokens=40, temperature=0,
+                                     drafter=drafter)
 
 
 def test_a_newline_after_a_forced_call_may_end_the_reply(tool_engine):
