@@ -21,7 +21,9 @@ TIME_LIMIT_S = 2.0
 SIZE_LIMIT = 1 << 20  # characters of output, of a string built, items of a range or list
 DEPTH_LIMIT = 64  # nested template calls (macros, recursion)
 _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
-_FORMAT_WIDTH = re.compile(r"\d{7,}")
+# a format width of 7 digits or more, or one given as an argument (`%*s`, `{:{w}}`): refused before formatting
+_FORMAT_WIDTH = re.compile(r"\d{7,}|%[-+ #0]*\*|\{[^{}]*:[^{}]*\{")
+_MAX_INDENT = 64  # tojson's indent
 
 
 class _Limits:
@@ -74,8 +76,34 @@ def _environment():
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    from jinja2.compiler import CodeGenerator
+
+    class SizedConcat(CodeGenerator):
+        """``a ~ b`` (jinja2 compiles it to a join, past ``call_binop``): its result's size checked, so that a
+        loop doubling a string (``{% set ns.s = ns.s ~ ns.s %}``) stops at the limit, not at the memory's."""
+
+        def visit_Concat(self, node, frame):
+            self.write("environment.sized(")
+            super().visit_Concat(node, frame)
+            self.write(")")
+
     class LimitedSandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "+", "%"])
+        code_generator_class = SizedConcat
+
+        def wrap_str_format(self, value):  # (jinja2 3.1.5 on: str.format wrapped at access, its string hidden)
+            wrapped = super().wrap_str_format(value)
+            if wrapped is not None and _FORMAT_WIDTH.search(value.__self__):
+                def refused(*args, **kwargs):
+                    raise ChatTemplateError("chat template: a format width over the size limit")
+
+                return refused
+            return wrapped
+
+        @staticmethod
+        def sized(text):
+            _check_size(_size(text), "a concatenation (~)")
+            return text
 
         def call_binop(self, context, operator, left, right):
             if operator == "*":
@@ -100,11 +128,16 @@ def _environment():
     env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     env.globals["range"] = _bounded_range
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-        x, indent=indent, ensure_ascii=ensure_ascii)
+    env.filters["tojson"] = _tojson
     for name in ("center", "indent", "replace", "join", "format", "wordwrap", "truncate"):
         env.filters[name] = _guarded_filter(env.filters[name], name)
     return env
+
+
+def _tojson(x, indent=None, ensure_ascii=False):
+    if indent is not None and (_size(indent) if isinstance(indent, str) else abs(int(indent))) > _MAX_INDENT:
+        raise ChatTemplateError(f"chat template: a tojson indent over {_MAX_INDENT}")
+    return json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
 
 
 def _guarded_filter(f, name):

@@ -243,6 +243,14 @@ def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     ("{{ 'x'.ljust(10**9) }}", "width"),
     ("{% set ns = namespace(s='xx') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "concat"),
     ("{{ ('x' * 100000) | replace('x', 'y' * 100000) }}", "replace"),
+    # (a review's, session 44: each built 0.1-0.7 GB before the output's size was checked)
+    ("{% set ns = namespace(s='x') %}{% for i in range(27) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", r"\(~\)"),
+    ("{{ [1, 2, 3] | tojson(indent=100000000) }}", "tojson indent"),
+    ("{{ '%*s' % (30000000, 'x') }}", "format width"),
+    ("{{ '%-*s' | format(30000000, 'x') }}", "format width"),
+    ("{{ '{:{w}}'.format('x', w=30000000) }}", "format width"),
+    ("{{ '{0:>{1}}'.format('x', 30000000) }}", "format width"),
+    ("{{ '{:30000000}'.format('x') }}", "format width"),
     ("{{ 1 / 0 }}", "ZeroDivisionError"),
     ("{{ raise_exception('no system role') }}", "no system role"),
 ])
