@@ -321,7 +321,10 @@ class Engine:
         from .constrain import Grammars
 
         # structured outputs: llguidance's tokenizer, built from this one at the first request for a format
-        decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids).constraint
+        from .reasoning import think_tags
+
+        decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids,
+                                       think=think_tags(tokenizer)).constraint
         self._healer = None  # token healing's index of the vocabulary (healing.Healer), built at first use
         self._healer_lock = threading.Lock()
         decoder.healer = self._get_healer

@@ -143,8 +143,9 @@ class Grammars:
     """Matchers for one tokenizer: llguidance's tokenizer is built once (~1 s for a 150k vocabulary), on
     the first request that asks for a format."""
 
-    def __init__(self, tokenizer_json: str, vocab: int, eos_ids):
+    def __init__(self, tokenizer_json: str, vocab: int, eos_ids, think: tuple[int, int] | None = None):
         self._json, self.vocab, self.eos = tokenizer_json, vocab, [int(e) for e in eos_ids]
+        self.think = think  # a thinking model's <think> and </think> ids (reasoning.think_tags): no calls inside
         self._tok = None
         self._lock = threading.Lock()
 
@@ -158,7 +159,7 @@ class Grammars:
             self._matcher(llg, grammar)  # refused now if it does not compile (or cannot start)
             # (each block the trigger opens: checked above once, not again per block)
             return LazyConstraint(lambda: self._matcher(llg, grammar, check=False), int(trigger), self.vocab,
-                                  self.eos)
+                                  self.eos, think=self.think)
         return Constraint(self._matcher(llg, grammar), self.vocab, self.eos)
 
     def _matcher(self, llg, grammar: str, check: bool = True):
@@ -259,19 +260,40 @@ def masked(rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return np.where(allowed[: len(rows)], rows, np.float32(-np.inf))
 
 
+_THINKING, _FIRST = "thinking", "first"  # LazyConstraint's states besides a block's matcher and None (free text)
+
+
 class LazyConstraint:
     """A grammar held only inside the blocks a trigger token opens (strict tool calls in ``auto``: the
     text outside calls is free, each call's body follows the grammar until it closes). The same protocol
-    as ``Constraint``; the matcher of an open block is copied for a verify call's masks and a draft."""
+    as ``Constraint``; the matcher of an open block is copied for a verify call's masks and a draft.
 
-    def __init__(self, new_matcher, trigger: int, vocab: int, eos=()):
+    With a thinking model's tags (``think``), a trigger inside the reply's thinking opens nothing: calls are read
+    from the answer after it (reasoning.answer_start), and a ``<tool_call>`` the model wrote while thinking was
+    held to the grammar, its thought turned into a call's arguments. The reply thinks where it starts inside a
+    block (``start``: the template opened it) or its first token opens one, until the first ``</think>``."""
+
+    def __init__(self, new_matcher, trigger: int, vocab: int, eos=(), think: tuple[int, int] | None = None):
         self.new, self.trigger, self.vocab = new_matcher, trigger, vocab
         self.eos = frozenset(int(e) for e in eos)
-        self.m = None  # the open block's matcher; None outside blocks
+        self.think = think
+        # the open block's matcher; None in free text; _THINKING inside the thinking; _FIRST before the first token
+        self.m = _FIRST if think is not None else None
         self._work, self._pushed = None, False
 
+    def start(self, prompt_ids) -> None:
+        """Before the generation: whether the reply starts inside a thinking block (reasoning.starts_inside)."""
+        if self.think is not None:
+            from .reasoning import starts_inside
+
+            self.m = _THINKING if starts_inside(prompt_ids, self.think) else _FIRST
+
+    @staticmethod
+    def _copy(m):
+        return m.deep_copy() if m is not None and not isinstance(m, str) else m
+
     def _mask(self, m) -> np.ndarray:
-        if m is None:
+        if m is None or isinstance(m, str):
             return np.ones(self.vocab, dtype=bool)
         allowed = _allowed(m, self.vocab)
         if m.is_error():  # (a failed matcher allows the end of sequence only: the call would end cut, as "stop")
@@ -280,7 +302,11 @@ class LazyConstraint:
 
     def _advance(self, m, t: int):
         """(allowed, the state after t); the matcher is advanced in place."""
-        if m is None:
+        if m is _THINKING:
+            return True, (None if t == self.think[1] else _THINKING)
+        if m is None or m is _FIRST:
+            if m is _FIRST and t == self.think[0]:
+                return True, _THINKING
             return True, (self.new() if t == self.trigger else None)
         if t in self.eos or m.validate_tokens([t]) != 1:
             return False, m
@@ -289,7 +315,7 @@ class LazyConstraint:
         return True, (None if m.is_stopped() else m)
 
     def masks(self, draft) -> tuple[np.ndarray, int]:
-        m = self.m.deep_copy() if self.m is not None else None
+        m = self._copy(self.m)
         rows, n = [self._mask(m)], 0
         for t in (int(t) for t in draft):
             if not rows[-1][t]:
@@ -316,7 +342,7 @@ class LazyConstraint:
         if int(token) in self.eos:
             return False
         if not self._pushed:
-            self._work, self._pushed = (self.m.deep_copy() if self.m is not None else None), True
+            self._work, self._pushed = self._copy(self.m), True
         ok, self._work = self._advance(self._work, int(token))
         return ok
 

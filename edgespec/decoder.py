@@ -427,6 +427,8 @@ class Decoder:
         prompt = [int(t) for t in prompt_ids]
         self._check(len(prompt), cfg)
         con = self.constraints(cfg.grammar) if cfg.grammar is not None else None  # a bad grammar: refused now
+        if getattr(con, "start", None) is not None:  # (a lazy one: whether the reply starts inside a <think>)
+            con.start(prompt)
         if cfg.heal:  # the reply held to spell the bytes backed off first (as a grammar holds it)
             from .healing import HealConstraint
 

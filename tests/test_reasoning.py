@@ -285,3 +285,53 @@ def test_a_thinking_agent_s_call_is_read_from_its_answer(think_engine, think_bun
         assert "".join(d.get("content") or "" for d in deltas) == ""
     finally:
         _stop(proc, tmp_path / "server.log")
+
+
+def test_a_strict_call_s_grammar_waits_for_the_answer(think_engine):
+    """In tool_choice auto a strict function's grammar opens at the model's <tool_call>; inside the thinking that
+    token opens nothing (calls are read from the answer): the model's thinking names <tool_call>, and with the
+    trigger live there its thought was held to the call's grammar, the call lost (a review's finding)."""
+    from edgespec.constrain import tool_call_grammar
+    from edgespec.tools import CLOSE, OPEN
+
+    tok = think_engine.tokenizer
+    strict = [{"type": "function", "function": {**WEATHER[0]["function"], "strict": True}}]
+    ids = think_engine.encode([ASK], tools=think_engine.tool_request(WEATHER))  # (the non-strict prompt it learnt)
+    lazy = tool_call_grammar(strict, "auto", True, tok.token_to_id(OPEN), tok.token_to_id(CLOSE))
+    free = "".join(d[0] for d in think_engine.stream_ids(ids, max_new_tokens=80, temperature=0, drafter="none"))
+    assert edgespec.split_reasoning(free)[0] == "I need the <tool_call> tool." and '"Paris"' in free, free
+    for drafter in ("none", "prompt-lookup", "suffix"):
+        held = "".join(d[0] for d in think_engine.stream_ids(ids, max_new_tokens=80, temperature=0, drafter=drafter,
+                                                             grammar=lazy))
+        assert held == free, drafter
+
+
+def test_the_lazy_grammar_s_states_around_thinking():
+    """LazyConstraint's states: a reply that starts inside a block (the prompt opened it) or whose first token opens
+    one thinks until the first </think>; a trigger there opens nothing, after it a block."""
+    from edgespec.constrain import LazyConstraint
+
+    opened = []
+
+    def new():
+        opened.append(object())
+        return opened[-1]
+
+    THINK, END, TRIGGER = 1, 2, 5
+    con = LazyConstraint(new, TRIGGER, 10, eos=(9,), think=(THINK, END))
+    con.start([3, THINK])  # the template opened the block
+    con.consume([4, TRIGGER, 4])
+    assert not opened
+    con.consume([END, TRIGGER])
+    assert len(opened) == 1 and con.m is opened[0]
+    con = LazyConstraint(new, TRIGGER, 10, eos=(9,), think=(THINK, END))
+    con.start([3])
+    con.consume([THINK, TRIGGER, END])  # the reply opens its block with its first token
+    assert len(opened) == 1
+    con = LazyConstraint(new, TRIGGER, 10, eos=(9,), think=(THINK, END))
+    con.start([3])
+    con.consume([4, THINK, TRIGGER])  # a <think> after the reply's first token opens no thinking
+    assert len(opened) == 2
+    con = LazyConstraint(new, TRIGGER, 10, eos=(9,))  # not a thinking model: the tags are any tokens
+    con.consume([THINK, TRIGGER])
+    assert len(opened) == 3
