@@ -497,122 +497,136 @@ class Decoder:
             vcap = max((w for w in range(1, target.verified_width + 1)
                         if padded_width(w, target.min_width, target.width_multiple) <= target.verified_width),
                        default=1) - 1  # (a bound below the policy's narrowest call: no drafts)
-        while reason is None:
-            remaining = cfg.max_new_tokens - st.new_tokens
-            # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window
-            kcap = min(remaining - 1, target.max_context - len(ctx))
-            t0, m0 = clock(), None
-            # (the verify bound caps the draft, not the generation's budget: the policy's horizon)
-            choice = policy.choose(ctx, kcap, None if cfg.draft_tokens is None else min(cfg.draft_tokens, vcap),
-                                   min(cfg.max_draft_tokens, vcap))
-            if choice.drafter is None:
-                draft = EMPTY
-            else:
-                kw = {}
-                if choice.stop is not None:  # a dynamic draft (drafters.Offer.dynamic): ends on the drafter's confidence
-                    kw["stop"] = choice.stop
-                if choice.hint:  # a free drafter's guess the costly drafter checks in its first call
-                    kw["hint"] = choice.hint
-                    if choice.hint_stop is not None:
-                        kw["hint_stop"] = choice.hint_stop
-                if may_alternate and con is None and getattr(choice.drafter, "gives_alternates", False):
-                    kw["alternates"] = True
-                if con is not None and getattr(choice.drafter, "takes_grammar", False):
-                    kw["grammar"] = con
-                dlm = getattr(choice.drafter, "lm", None) if choice.drafter.has_cost else None
-                m0 = (dlm.calls, dlm.tokens_run, dlm.call_seconds) if dlm is not None else None
-                draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
-            allowed = None
-            if con is not None:  # the grammar's masks for the call's rows (constrain.py)
-                allowed, valid = con.masks(draft.tokens)
-                if valid < len(draft.tokens) and (sp.greedy or draft.probs is None):
-                    # a forbidden token ends what can be kept: the call need not compute past it
-                    draft = replace(draft, tokens=draft.tokens[:valid], alts=(),
-                                    probs=None if draft.probs is None else draft.probs[:valid])
-            t1 = clock()
-            if m0 is not None:
-                st.model_calls += dlm.calls - m0[0]
-                st.model_tokens += dlm.tokens_run - m0[1]
-                st.model_call_s += dlm.call_seconds - m0[2]
-            alts = policy.alternates(len(draft.tokens), draft.alts, target.max_context - len(ctx) - len(draft.tokens),
-                                     t1 - t0) if draft.alts and may_alternate and con is None else []
-            if alts and not sp.greedy:  # sampled: each drawn now from q without the draft token beside it
-                alts = [(i, alternate_dist(draft.probs[i], draft.tokens[i])) for i, _ in alts]
-                alts = [(i, d.sample(rng)) for i, d in alts if d is not None]
-            kept_alt, extra = None, []  # the row of the alternate the target kept; its next token
-            if alts:  # the draft and its alternates, each alternate beside the draft token it stands for
-                k = len(draft.tokens)
-                ids, at = [ctx[-1]] + draft.tokens + [t for _, t in alts], list(range(k + 1)) + [i + 1 for i, _ in alts]
-                if sp.greedy:
-                    top = target.forward_alternates(ids, at)
-                    dt = clock() - t1
-                    n, nxt = greedy_accept_choice(draft.tokens, top[: k + 1])
-                    # kept where the draft's token n is not the target's and its alternate is
-                    j = next((j for j, (i, t) in enumerate(alts) if i == n and t == nxt), None)
-                else:  # the rejection rule with the alternates (read before the next call)
-                    rows = target.forward_alternates(ids, at, logits=True)[:, : self.vocab]
-                    dt = clock() - t1
-                    n, nxt, i = rejection_sample_alternates(draft.tokens, draft.probs, rows[: k + 1], sp, rng,
-                                                            dict(alts))
-                    j = None if i is None else next(j for j, (a, _) in enumerate(alts) if a == i)
-                if j is not None:
-                    kept_alt = k + 1 + j
-                    # the target's token after the alternate
-                    extra = [int(top[kept_alt]) if sp.greedy else distribution(rows[kept_alt], sp).sample(rng)]
-                    # into the slot after the kept draft tokens (the rewind below then leaves one row more:
-                    # the alternate's)
-                    target.keep_alternate(kept_alt, n + 1)
-                target.rewind(len(alts) - (kept_alt is not None))
-                policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
-                st.alternates += len(alts)
-                st.alternates_kept += kept_alt is not None
-            elif plain_greedy and con is None:  # the target's top tokens (on a GPU: computed there, the logits never copied)
-                top = target.forward_argmax([ctx[-1]] + draft.tokens)
-                dt = clock() - t1
-                n, nxt = greedy_accept_choice(draft.tokens, top)
-            else:
-                logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
-                raw = logits[:, : self.vocab]
-                rows = raw if pen is None else pen.rows(raw, draft.tokens)
-                rows = rows if con is None else masked(rows, allowed)
-                dt = clock() - t1
-                if sp.greedy:  # (held to a grammar)
-                    n, nxt = greedy_accept(draft.tokens, rows)
+        try:
+            while reason is None:
+                remaining = cfg.max_new_tokens - st.new_tokens
+                # the target holds ctx[:-1]; feeding ctx[-1] and k drafts must fit the window
+                kcap = min(remaining - 1, target.max_context - len(ctx))
+                t0, m0 = clock(), None
+                # (the verify bound caps the draft, not the generation's budget: the policy's horizon)
+                choice = policy.choose(ctx, kcap, None if cfg.draft_tokens is None else min(cfg.draft_tokens, vcap),
+                                       min(cfg.max_draft_tokens, vcap))
+                if choice.drafter is None:
+                    draft = EMPTY
                 else:
-                    n, nxt = rejection_sample(draft.tokens, draft.probs, rows, sp, rng)
-            k = len(draft.tokens)
-            target.rewind(k - n)
-            policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup,
-                           alternates=len(alts))
-            if choice.drafter is not None:
-                choice.drafter.accept(n, nxt)
-            _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)
-            # what plain decoding would emit of these, token by token: up to the length and the context's room (the
-            # context never grows past the window), then up to a stop token among those kept; the reason is the
-            # limit that ended it (a stop token first, then the length, then the context, as one token at a time)
-            room = target.max_context - len(ctx)
-            new = (draft.tokens[:n] + [nxt] + extra)[:min(remaining, room)]
-            for j, t in enumerate(new):
-                if t in stop:
-                    new = new[: j + 1]
-                    reason = "eos"
-                    break
-            if reason is None and len(new) >= remaining:
-                reason = "length"
-            elif reason is None and len(new) >= room:
-                reason = "context"
-            if con is not None and reason is None:
-                con.consume(new)
-                if getattr(con, "done", False):
-                    con = None
-            if pen is not None:
-                pen.consume(new)
-            lps = token_logprobs(raw, new, cfg.logprobs) if want_lp else None  # (raw: read before the next call)
-            ctx.extend(new)
-            st.new_tokens += len(new)
-            st.target_run_s = target.run_seconds - run0
-            st.total_s = clock() - t_start
-            yield Step(new, reason, lps)
+                    kw = {}
+                    # a dynamic draft (drafters.Offer.dynamic): ends on the drafter's confidence
+                    if choice.stop is not None:
+                        kw["stop"] = choice.stop
+                    if choice.hint:  # a free drafter's guess the costly drafter checks in its first call
+                        kw["hint"] = choice.hint
+                        if choice.hint_stop is not None:
+                            kw["hint_stop"] = choice.hint_stop
+                    if may_alternate and con is None and getattr(choice.drafter, "gives_alternates", False):
+                        kw["alternates"] = True
+                    if con is not None and getattr(choice.drafter, "takes_grammar", False):
+                        kw["grammar"] = con
+                    dlm = getattr(choice.drafter, "lm", None) if choice.drafter.has_cost else None
+                    m0 = (dlm.calls, dlm.tokens_run, dlm.call_seconds) if dlm is not None else None
+                    draft = choice.drafter.draft(ctx, choice.k, sp, rng, **kw)
+                allowed = None
+                if con is not None:  # the grammar's masks for the call's rows (constrain.py)
+                    allowed, valid = con.masks(draft.tokens)
+                    if valid < len(draft.tokens) and (sp.greedy or draft.probs is None):
+                        # a forbidden token ends what can be kept: the call need not compute past it
+                        draft = replace(draft, tokens=draft.tokens[:valid], alts=(),
+                                        probs=None if draft.probs is None else draft.probs[:valid])
+                t1 = clock()
+                if m0 is not None:
+                    st.model_calls += dlm.calls - m0[0]
+                    st.model_tokens += dlm.tokens_run - m0[1]
+                    st.model_call_s += dlm.call_seconds - m0[2]
+                alts = policy.alternates(len(draft.tokens), draft.alts,
+                                         target.max_context - len(ctx) - len(draft.tokens),
+                                         t1 - t0) if draft.alts and may_alternate and con is None else []
+                if alts and not sp.greedy:  # sampled: each drawn now from q without the draft token beside it
+                    alts = [(i, alternate_dist(draft.probs[i], draft.tokens[i])) for i, _ in alts]
+                    alts = [(i, d.sample(rng)) for i, d in alts if d is not None]
+                kept_alt, extra = None, []  # the row of the alternate the target kept; its next token
+                if alts:  # the draft and its alternates, each alternate beside the draft token it stands for
+                    k = len(draft.tokens)
+                    ids = [ctx[-1]] + draft.tokens + [t for _, t in alts]
+                    at = list(range(k + 1)) + [i + 1 for i, _ in alts]
+                    if sp.greedy:
+                        top = target.forward_alternates(ids, at)
+                        dt = clock() - t1
+                        n, nxt = greedy_accept_choice(draft.tokens, top[: k + 1])
+                        # kept where the draft's token n is not the target's and its alternate is
+                        j = next((j for j, (i, t) in enumerate(alts) if i == n and t == nxt), None)
+                    else:  # the rejection rule with the alternates (read before the next call)
+                        rows = target.forward_alternates(ids, at, logits=True)[:, : self.vocab]
+                        dt = clock() - t1
+                        n, nxt, i = rejection_sample_alternates(draft.tokens, draft.probs, rows[: k + 1], sp, rng,
+                                                                dict(alts))
+                        j = None if i is None else next(j for j, (a, _) in enumerate(alts) if a == i)
+                    if j is not None:
+                        kept_alt = k + 1 + j
+                        # the target's token after the alternate
+                        extra = [int(top[kept_alt]) if sp.greedy else distribution(rows[kept_alt], sp).sample(rng)]
+                        # into the slot after the kept draft tokens (the rewind below then leaves one row more:
+                        # the alternate's)
+                        target.keep_alternate(kept_alt, n + 1)
+                    target.rewind(len(alts) - (kept_alt is not None))
+                    policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
+                    st.alternates += len(alts)
+                    st.alternates_kept += kept_alt is not None
+                # the target's top tokens (on a GPU: computed there, the logits never copied)
+                elif plain_greedy and con is None:
+                    top = target.forward_argmax([ctx[-1]] + draft.tokens)
+                    dt = clock() - t1
+                    n, nxt = greedy_accept_choice(draft.tokens, top)
+                else:
+                    logits = target.forward([ctx[-1]] + draft.tokens, copy=False)  # read before the next call
+                    raw = logits[:, : self.vocab]
+                    rows = raw if pen is None else pen.rows(raw, draft.tokens)
+                    rows = rows if con is None else masked(rows, allowed)
+                    dt = clock() - t1
+                    if sp.greedy:  # (held to a grammar)
+                        n, nxt = greedy_accept(draft.tokens, rows)
+                    else:
+                        n, nxt = rejection_sample(draft.tokens, draft.probs, rows, sp, rng)
+                k = len(draft.tokens)
+                target.rewind(k - n)
+                policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup,
+                               alternates=len(alts))
+                if choice.drafter is not None:
+                    choice.drafter.accept(n, nxt)
+                _count_round(st, choice.drafter.name if k else "none", k, n, t1 - t0, dt)
+                # what plain decoding would emit of these, token by token: up to the length and the context's room (the
+                # context never grows past the window), then up to a stop token among those kept; the reason is the
+                # limit that ended it (a stop token first, then the length, then the context, as one token at a time)
+                room = target.max_context - len(ctx)
+                new = (draft.tokens[:n] + [nxt] + extra)[:min(remaining, room)]
+                for j, t in enumerate(new):
+                    if t in stop:
+                        new = new[: j + 1]
+                        reason = "eos"
+                        break
+                if reason is None and len(new) >= remaining:
+                    reason = "length"
+                elif reason is None and len(new) >= room:
+                    reason = "context"
+                if con is not None and reason is None:
+                    con.consume(new)
+                    if getattr(con, "done", False):
+                        con = None
+                if pen is not None:
+                    pen.consume(new)
+                lps = token_logprobs(raw, new, cfg.logprobs) if want_lp else None  # (raw: read before the next call)
+                ctx.extend(new)
+                st.new_tokens += len(new)
+                st.target_run_s = target.run_seconds - run0
+                st.total_s = clock() - t_start
+                yield Step(new, reason, lps)
+        except BaseException:
+            # a round cut short (Ctrl-C, an error, a consumer's exception thrown in at a yield): the target back to
+            # what it held when the round began, ctx[:-1] (no round writes below it). After a verify call with
+            # alternates it listed their ids over rows computed beside the draft's positions, and a later prompt
+            # reaching those slots read them as its own (wrong output, plain decoding's included)
+            extra_rows = target.length - (len(ctx) - 1)
+            if extra_rows > 0:
+                target.rewind(extra_rows)
+            raise
         st.finish_reason = reason
         st.total_s = clock() - t_start
 

@@ -144,10 +144,14 @@ class PromptCache:
                 return 0
             n = min(n, e.ids.size, cache.max_len)
             self._entries.move_to_end(key)
+            # the ids first cut to the rows both hold, then the rest copied, then their ids: an interrupt
+            # (Ctrl-C) in the copy leaves a cache whose ids name its rows (the ids were set after the copy, and a
+            # cut copy left another conversation's ids over some layers' restored rows: wrong replies after)
+            have = min(have, n, cache.ids.common_prefix(e.ids[:n]))
+            cache.ids.truncate(have)
             for a, r in zip(cache.host, e.rows):
-                a[0, :, :n] = r[:, :n]
-            cache.ids.truncate(0)
-            cache.ids.extend(e.ids[:n])
+                a[0, :, have:n] = r[:, have:n]
+            cache.ids.extend(e.ids[have:n])
             self.restores += 1
             self.restored_tokens += max(0, n - have)
         return n

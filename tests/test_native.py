@@ -717,6 +717,44 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
             monkeypatch.undo()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_round_cut_short_after_its_alternates_leaves_the_cache_true(tiny_xk, monkeypatch, temperature):
+    """Ctrl-C landing after a verify call with alternates returns (before the kept one is moved and the rest
+    rewound): the decoder rewinds the target to what it held when the round began. The cache listed the
+    alternates' ids over rows computed beside the draft's positions, and the next request reaching those slots
+    read them as its own: a plain greedy reply on the same engine differed from a fresh engine's (a review's
+    finding, session 44)."""
+    from edgespec.policy import RoundPolicy
+
+    eng = edgespec.load(tiny_xk, memory=False)
+    eng.decoder.policy.use_alternates = True
+    monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+    target = eng.decoder.target
+    real, calls = target.forward_alternates, []
+
+    def interrupted(ids, positions, logits=False):
+        out = real(ids, positions, logits)
+        calls.append(len(ids))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(target, "forward_alternates", interrupted)
+    ids, emitted = eng.encode("def fibonacci(n):", fit=True), []
+    with pytest.raises(KeyboardInterrupt):
+        for _, toks, _, _ in eng.stream_ids(ids, max_new_tokens=40, drafter="model", draft_tokens=3,
+                                            temperature=temperature, seed=1, ignore_eos=True):
+            emitted += toks
+    monkeypatch.setattr(target, "forward_alternates", real)
+    held = list(target.tokens)
+    assert len(calls) == 3 and held == ids + emitted[:-1]  # what the target held when the cut round began
+    prompt = held + [0]
+    kw = dict(max_new_tokens=8, drafter="none", ignore_eos=True)
+    same = eng._collect(eng.stream_ids(prompt, **kw)).token_ids
+    fresh = edgespec.load(tiny_xk, memory=False)
+    assert same == fresh._collect(fresh.stream_ids(prompt, **kw)).token_ids
+
+
 def test_sampled_decoding_verifies_alternates_on_the_native_target(tiny_xk, monkeypatch):
     """Sampled rounds of the real drafter with an alternate beside every draft token, on the rewritten
     target (its rows' logits and moved cache slots): alternates are verified and kept, a seeded generation

@@ -193,6 +193,36 @@ def test_a_planted_restore_bug_changes_the_reply(tiny_bundle, monkeypatch):
     assert bad.stats["restored_prompt_tokens"] > 0 and bad.token_ids != good.token_ids
 
 
+def test_a_restore_cut_short_leaves_ids_that_name_the_rows(tiny_bundle, monkeypatch):
+    """Ctrl-C in the middle of a restore's copy (after two of the tiny model's four buffers): the live cache's
+    ids still name its rows. The ids were set after the copy, so a cut copy left the other conversation's ids
+    over some layers' restored rows, and continuing that conversation gave another reply (a review's finding)."""
+    import builtins
+
+    import edgespec.prompt_cache as pc
+
+    kw = dict(max_new_tokens=12, temperature=0.0, drafter="none")
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=64, memory=False)
+    eng.generate(_chat([DOC_A]), **kw)
+    eng.generate(_chat([DOC_B]), **kw)  # DOC_A's rows kept
+    old = list(eng.decoder.target.tokens)
+
+    def cut_zip(*its):
+        for i, pair in enumerate(builtins.zip(*its)):
+            if i == 2:
+                raise KeyboardInterrupt
+            yield pair
+
+    monkeypatch.setattr(pc, "zip", cut_zip, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        eng.generate(_chat([DOC_A, "x", "and then?"]), **kw)  # restores DOC_A's rows ... Ctrl-C
+    monkeypatch.undo()
+    prompt = old + [0]  # the conversation the live cache was holding, continued
+    same = eng._collect(eng.stream_ids(prompt, **kw)).token_ids
+    fresh = edgespec.load(tiny_bundle, prompt_cache_mb=0, memory=False)
+    assert same == fresh._collect(fresh.stream_ids(prompt, **kw)).token_ids
+
+
 @pytest.fixture(scope="module")
 def tiny_xk_pc(tiny_int4_bundle, tmp_path_factory):
     from edgespec_export.kernels import apply_to_bundle
