@@ -200,7 +200,12 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
     if parent.is_dir() and not _writable_dir(parent):
         raise ConfigError(f"the prompt cache file {path} cannot be written: {parent} takes no new files "
                           "(no permission, or a read-only file system)")
-    key = engine_key(manifest, manifest.target, target.cache, session_options)
+    unhashed = sorted(rel for rel, meta in manifest.target.files.items() if not meta.get("sha256"))
+    if unhashed:  # (the key names the weights by their hashes: two bundles of one size would share it)
+        raise ConfigError(f"a prompt cache file needs a bundle whose manifest records its files' sha256, and "
+                          f"{unhashed[0]} has none: export the bundle again, or run without --prompt-cache-file")
+    key = engine_key(manifest, manifest.target, target.cache, session_options,
+                     widths=(target.min_width, target.width_multiple))
     remove_stale_temporaries(path)  # (what a write killed midway left)
     _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
     if why:

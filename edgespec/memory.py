@@ -21,6 +21,8 @@ import hashlib
 import io
 import json
 import os
+import stat
+import tempfile
 import time
 import warnings
 import zipfile
@@ -175,9 +177,11 @@ class MemoryStore:
         lengths = np.array([s.shape[0] for s in self.seqs], dtype=np.int64)
         sigs = np.concatenate(list(self.sigs)) if self.sigs else np.zeros(0, np.int64)
         sig_lengths = np.array([s.shape[0] for s in self.sigs], dtype=np.int64)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        # a fresh name (0600): two engines of one bundle in one process saved through one pid-named file
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        tmp = Path(tmp)
         try:
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            with open(fd, "wb") as f:
                 np.savez(f, meta=np.frombuffer(meta, dtype=np.uint8), tokens=toks, lengths=lengths,
                          signatures=sigs, signature_lengths=sig_lengths)
                 f.flush()
@@ -209,6 +213,12 @@ class MemoryStore:
         self.dirty = False
 
 
+class KeptStoreError(StoreError):
+    """A store file this edgespec cannot use that may still be good: no permission to read it, a newer version's.
+    ``open_store`` leaves it where it is (and saves nothing over it), where a corrupt or
+    foreign one is set aside."""
+
+
 def read_store(path: Path, fingerprint: str | None, vocab_size: int | None) -> list[np.ndarray]:
     """The sequences of a store file; ``StoreError`` naming what is wrong with it."""
     return read_store_signed(path, fingerprint, vocab_size)[0]
@@ -218,11 +228,13 @@ def read_store_signed(path: Path, fingerprint: str | None,
                       vocab_size: int | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The sequences of a store file and their prompt signatures (empty in a version-1 store);
     ``StoreError`` naming what is wrong with it."""
-    try:  # bounded: a store symlinked to a device (/dev/zero) or a pipe would never end
+    try:  # bounded: a store symlinked to a device (/dev/zero) would never end; a pipe is not opened (no writer: a hang)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # (set aside: a rename leaves what a link points to as it is)
+            raise StoreError(f"the memory store {path} is not a regular file")
         with open(path, "rb") as f:
             data = f.read(MAX_STORE_BYTES + 1)
     except OSError as e:
-        raise StoreError(f"cannot read the memory store {path}: {e.strerror or e}") from None
+        raise KeptStoreError(f"cannot read the memory store {path}: {e.strerror or e}") from None
     except ValueError:  # a NUL byte in the path
         raise StoreError(f"cannot read the memory store {str(path)!r}: a path cannot hold a NUL byte") from None
     if len(data) > MAX_STORE_BYTES:
@@ -235,12 +247,14 @@ def read_store_signed(path: Path, fingerprint: str | None,
             signed = "signatures" in z.files
             sigs = z["signatures"] if signed else None
             sig_lengths = z["signature_lengths"] if signed else None
-    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise StoreError(f"the memory store {path} is corrupt ({type(e).__name__}: {e})") from None
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, MemoryError,
+            RecursionError) as e:  # (MemoryError: an array header claiming 2**40 entries; RecursionError: the meta)
+        raise StoreError(f"the memory store {path} is corrupt ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise StoreError(f"{path} is not an edgespec memory store")
     if meta.get("version") not in READS:
-        raise StoreError(f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads "
+        newer = isinstance(meta.get("version"), int) and meta["version"] > max(READS)
+        raise (KeptStoreError if newer else StoreError)(f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads "
                          f"{' and '.join(map(str, READS))}")
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
         raise StoreError(f"the memory store {path} belongs to another bundle (fingerprint "
@@ -274,11 +288,20 @@ def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = 
     store = MemoryStore(path, fingerprint, vocab_size, cap_tokens)
     try:
         store.load()
+    except KeptStoreError as e:  # (it may be good: another user's, a newer edgespec's; never renamed or overwritten)
+        if not set_aside:
+            raise
+        store.path = None
+        warnings.warn(f"{e}; left as it is, running with a memory that is not saved", stacklevel=2)
     except StoreError as e:
         if not set_aside:
             raise StoreError(f"{e}: not a memory store edgespec can use; give a new path or a store it wrote") \
                 from None
         aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while aside.exists() or aside.is_symlink():  # (two in one second: the first is not replaced)
+            n += 1
+            aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
         try:
             os.replace(path, aside)
             where = f"set aside as {aside.name}"

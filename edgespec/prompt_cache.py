@@ -194,11 +194,13 @@ def _cpu_isa() -> str:
     return platform.machine() + " " + " ".join(sorted(flags))
 
 
-def engine_key(manifest, spec, cache, session_options: dict | None = None) -> dict:
+def engine_key(manifest, spec, cache, session_options: dict | None = None, widths: tuple[int, int] = (1, 1)) -> dict:
     """What must match for kept rows to be the bytes this engine would compute: the bundle (its
     tokenizer, weights and graphs), the KV layout, onnxruntime (version and build), the CPU's
     instruction sets (its kernels' paths depend on them), the session options, on edgespec's kernels
-    their source, and ``KV_COMPAT``."""
+    their source, the width policy's (``widths``: the target's ``min_width`` and ``width_multiple``: a row
+    decoded one token a call is not the bits of one in a padded call on onnxruntime's kernels), and
+    ``KV_COMPAT``."""
     import hashlib
     import json
 
@@ -219,7 +221,8 @@ def engine_key(manifest, spec, cache, session_options: dict | None = None) -> di
     return {"fingerprint": bundle_fingerprint(manifest), "buffers": len(cache.host), "kv_heads": int(a.shape[1]),
             "head_dim": int(a.shape[3]), "dtype": str(a.dtype), "onnxruntime": f"{ort.__version__} {h(build)}",
             "cpu": h(_cpu_isa()), "kernels": kernels, "compat": KV_COMPAT,
-            "session_options": h(json.dumps(session_options or {}, sort_keys=True, default=str))}
+            "session_options": h(json.dumps(session_options or {}, sort_keys=True, default=str)),
+            "widths": [int(w) for w in widths]}
 
 
 def write_file(pc: PromptCache, path, key: dict) -> int:

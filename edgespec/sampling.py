@@ -122,7 +122,9 @@ class Dist:
                 w[token] = 0
             return Dist(self.n, None, w) if w.any() else None
         keep = self.idx != token
-        return Dist(self.n, self.idx[keep], self.w[keep]) if keep.any() else None
+        # (the weights', not the indices': top-k at a temperature near 0 keeps tokens whose weight underflows to
+        # 0, and an alternate drawn from an all-zero rest divided by its total, 0)
+        return Dist(self.n, self.idx[keep], self.w[keep]) if self.w[keep].any() else None
 
     def minus(self, q: "Dist") -> "Dist | None":
         """normalize(max(self - q, 0)), the rejection rule's residual (None: p == q)."""

@@ -2136,3 +2136,19 @@ def test_a_seeded_sampled_generation_does_not_depend_on_what_the_drafter_read_be
         eng.reset()
         gen(P[:150], 99)
         assert gen(P, seed) == a, seed
+
+
+def test_a_distribution_without_its_only_weighted_token_is_nothing():
+    """Top-k at a temperature near 0 keeps a token whose weight underflows to 0: q without the other is no
+    distribution (None, so no alternate is drawn from it), where it was one of total 0 and the rule divided by
+    it (a review's finding; the shipped policy never offers such an alternate, a forcing test helper did)."""
+    from edgespec.sampling import distribution
+    from edgespec.verify import alternate_dist, rejection_sample_alternates
+
+    sp = SamplingParams(1e-3, top_k=2)
+    q = distribution(np.array([0.0, -1.0, -5.0, -6.0], dtype=np.float32), sp)
+    assert list(q.idx) == [0, 1] and q.w[1] == 0
+    assert alternate_dist(q, 0) is None and q.without(1) is not None
+    rows = np.array([[-3.0, 0.0, -5.0, -6.0], [0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    n, nxt, kept = rejection_sample_alternates([0], [q], rows, sp, np.random.default_rng(0), {0: 1})
+    assert (n, nxt) == (0, 1) and kept is None

@@ -385,6 +385,32 @@ def test_a_prompt_cache_file_is_read_within_the_budget_and_checked():
             read_file(PromptCache(1 << 20), f, key)
 
 
+def test_a_prompt_cache_file_is_keyed_by_the_width_policy_and_needs_hashes(tiny_bundle, tmp_path, copy_bundle):
+    """(a review's findings, session 44) A file written by an engine decoding one token a call is not read by one
+    whose width policy pads (its rows are other bits on onnxruntime's kernels), and a bundle whose manifest records
+    no sha256 for its files cannot have a file (the key names the weights by their hashes: two such bundles of one
+    size, one with other weights, shared it, and the other restored rows it would not compute: other replies)."""
+    import json
+
+    f = tmp_path / "cache.npz"
+    with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False, min_width=1) as eng:
+        assert eng.decoder.target.min_width == 1
+        eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+        eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")
+    with pytest.warns(UserWarning, match="another engine .*widths"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    assert eng.decoder.target.min_width != 1 and eng.prompt_cache_stats()["entries"] == 0
+    eng.close()
+    b = copy_bundle(Path(tiny_bundle))
+    manifest = json.loads((b / "edgespec.json").read_text())
+    for meta in manifest["models"]["target"]["files"].values():
+        del meta["sha256"]
+    (b / "edgespec.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="records its files' sha256.*export the bundle again"):
+        edgespec.load(b, prompt_cache_mb=16, prompt_cache_file=tmp_path / "other.npz", memory=False)
+    edgespec.load(b, prompt_cache_mb=16, memory=False).close()  # (without a file it loads)
+
+
 def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_refused(tiny_bundle, tmp_path):
     from edgespec.errors import StoreError
     from edgespec.prompt_cache import read_file, write_file
