@@ -89,6 +89,11 @@ class MemoryStore:
         self.table = NgramTable()
         self.evicted = 0
         self.dirty = False
+        # the file as this store last read or wrote it (_stamp: None where there was none) and the sequences
+        # added since: a save merges what another process wrote meanwhile, and one after the file was deleted
+        # (`edgespec memory clear` while a server runs) writes only what came after
+        self._stamp: tuple | None = None
+        self._added = 0
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -120,6 +125,7 @@ class MemoryStore:
         self.tokens += a.shape[0]
         self.table.add([a])
         self.dirty = True
+        self._added += 1
 
     def clear(self) -> None:
         self.seqs.clear()
@@ -128,6 +134,13 @@ class MemoryStore:
         self.tokens = 0
         self.table.clear()
         self.dirty = True
+        self._added = 0
+
+    def _replace(self, pairs) -> None:
+        """Hold ``pairs`` (sequence, signature), oldest first, as if added in that order (the cap applies)."""
+        self.clear()
+        for seq, sig in pairs:
+            self.add(seq, sig if sig.shape[0] else None)
 
     def recall(self, signature: np.ndarray, top: int = RECALL_TOP,
                min_score: float = RECALL_MIN_SCORE) -> list[tuple[float, np.ndarray]]:
@@ -167,10 +180,32 @@ class MemoryStore:
 
     # -- disk ----------------------------------------------------------------------------------
     def save(self) -> None:
-        """Write the store atomically (temporary file, fsync, rename). OSError on failure."""
+        """Write the store atomically (temporary file, fsync, rename), merged with what another process wrote
+        since this store last read or wrote the file (theirs, then this one's new sequences; the cap keeps the
+        newest), or, where the file was deleted since (`edgespec memory clear`), this one's new sequences only:
+        a clear is not undone. Under a lock file where the system has ``fcntl``. OSError on failure."""
         if self.path is None:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what a user generated is theirs
+        with _locked(self.path.with_name(f".{self.path.name}.lock")):
+            now = _file_stamp(self.path)
+            if now != self._stamp:
+                new = list(zip(self.seqs, self.sigs))[len(self.seqs) - min(self._added, len(self.seqs)):]
+                base = []
+                if now is not None:
+                    try:
+                        base = list(zip(*read_store_signed(self.path, self.fingerprint, self.vocab_size)))
+                    except KeptStoreError as e:  # (a newer edgespec's, one this user cannot read: never replaced)
+                        raise OSError(str(e)) from None
+                    except StoreError:  # (not a store this one can read: replaced by this one's view, as before)
+                        base = list(zip(self.seqs, self.sigs))[: len(self.seqs) - len(new)]
+                evicted = self.evicted
+                self._replace(base + new)
+                self.evicted = evicted
+            self._write()
+            self._stamp, self._added = _file_stamp(self.path), 0
+
+    def _write(self) -> None:
         meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
                            "vocab_size": self.vocab_size, "saved": time.time()}).encode()
         toks = np.concatenate(list(self.seqs)) if self.seqs else np.zeros(0, np.int32)
@@ -197,6 +232,7 @@ class MemoryStore:
         file is corrupt or foreign; the store is then left empty."""
         if self.path is None or not self.path.exists():
             return
+        stamp = _file_stamp(self.path)
         seqs, sigs = read_store_signed(self.path, self.fingerprint, self.vocab_size)
         self.clear()
         keep: list[int] = []
@@ -211,6 +247,40 @@ class MemoryStore:
         self.tokens = total
         self.table.add(list(self.seqs))
         self.dirty = False
+        self._stamp, self._added = stamp, 0
+
+
+def _file_stamp(path: Path) -> tuple | None:
+    """What tells one version of a file from another (None: there is none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class _locked:
+    """An exclusive ``flock`` on ``path`` (made 0600) for a save's read, merge and write; nothing where the system
+    has no ``fcntl`` (Windows) or the lock file cannot be made (the save then says why, or goes on unlocked)."""
+
+    def __init__(self, path: Path):
+        self.path, self.fd = path, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            if self.fd is not None:
+                os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # (closing releases the lock)
 
 
 class KeptStoreError(StoreError):
@@ -323,7 +393,8 @@ def clear_store(manifest) -> list[Path]:
                     warnings.warn(f"{p} is a directory, not a memory store: left as it is", stacklevel=2)
                     continue
                 p.unlink()
-                gone.append(p)
+                if not p.name.endswith(".lock"):  # (the saves' lock file: edgespec's own, not the user's data)
+                    gone.append(p)
         try:
             d.rmdir()
         except OSError:

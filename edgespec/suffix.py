@@ -214,6 +214,7 @@ class SuffixDrafter(LookupDrafter):
                     path.unlink()
                 except FileNotFoundError:
                     pass
+                self.memory._stamp = None  # (the file is gone, as this store knows)
 
     def add_documents(self, docs: Sequence[Sequence[int]]) -> int:
         """Index token sequences as documents; returns the tokens added."""

@@ -8,6 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
+import edgespec
+
 from edgespec.decoder import Decoder, Stats
 from edgespec.drafters import PromptLookupDrafter
 from edgespec.errors import DocumentError, StoreError
@@ -128,7 +130,50 @@ def test_store_saves_atomically_and_reloads(tmp_path, monkeypatch):
     monkeypatch.setattr(np, "savez", broken)
     with pytest.raises(OSError):
         store.save()
-    assert path.read_bytes() == before and sorted(os.listdir(path.parent)) == ["store.npz"]
+    assert path.read_bytes() == before and sorted(os.listdir(path.parent)) == [".store.npz.lock", "store.npz"]
+
+
+def test_two_stores_on_one_file_merge_and_a_clear_is_not_undone(tiny_bundle, tmp_path, monkeypatch):
+    """(session 44) Two processes on one bundle (two servers; a server and `edgespec memory clear`): a save merges
+    what the other wrote since this store last read or wrote the file (each saved its own view: the last to save
+    won, the other's outputs lost), and a save after the file was deleted writes only what came after (a
+    running server wrote the cleared outputs back)."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.manifest import load_manifest
+    from edgespec.memory import bundle_fingerprint, read_store, store_path
+
+    path = tmp_path / "store.npz"
+    a, b = MemoryStore(path, "fp", 100, cap_tokens=12), MemoryStore(path, "fp", 100, cap_tokens=12)
+    a.add([1, 2, 3])
+    a.save()
+    b.add([4, 5, 6])
+    b.save()
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[1, 2, 3], [4, 5, 6]]
+    a.add([7, 8, 9])
+    a.save()
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert [s.tolist() for s in a.seqs] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]  # (and drafts from them)
+    b.add([10, 11, 12, 13])
+    b.save()  # the cap keeps the newest
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[4, 5, 6], [7, 8, 9], [10, 11, 12, 13]]
+    path.unlink()  # deleted
+    a.add([14, 15])
+    a.save()
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[14, 15]]
+    # through the engine and the CLI: a server's engine, `memory clear`, the engine's next generation
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    eng = edgespec.load(tiny_bundle)
+    eng.generate("def hello(world):", max_new_tokens=8, drafter="suffix", ignore_eos=True)
+    eng.generate("The quick brown fox", max_new_tokens=8, drafter="suffix", ignore_eos=True)  # (the first saved)
+    p = store_path(load_manifest(tiny_bundle))
+    assert len(read_store(p, bundle_fingerprint(load_manifest(tiny_bundle)), None)) == 1
+    r = CliRunner().invoke(main, ["memory", "clear", str(tiny_bundle)])
+    assert r.exit_code == 0 and not p.exists(), r.output
+    eng.generate("import numpy as np", max_new_tokens=8, drafter="suffix", ignore_eos=True)
+    eng.close()  # (the last two generations saved)
+    assert len(read_store(p, bundle_fingerprint(load_manifest(tiny_bundle)), None)) == 2
 
 
 @pytest.mark.parametrize("content, what", [
