@@ -119,7 +119,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     prof = resolve_profile(profile)
     if prompt_cache_mb is not None:
         prof = dataclasses.replace(prof, prompt_cache_mb=prompt_cache_mb)
-    requested, d_requested, d_named = requested_providers(manifest, prof, provider, drafter_provider, use_drafter)
+    requested, d_requested, d_named = requested_providers(manifest, prof, provider, drafter_provider, use_drafter,
+                                                          here=True)
     the_plan = make_plan(manifest, prof, max_context=max_context, use_drafter=use_drafter, providers=requested,
                          drafter_providers=d_requested, keep_drafter=bool(drafter_provider))
     for w in the_plan.warnings:  # a context cut to the bundle's, a KV type the graphs do not have

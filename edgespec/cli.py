@@ -706,7 +706,16 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     from .placement import requested_providers
 
     dprov = placement_options().get("drafter_provider")
-    tprov, dprovs, _ = requested_providers(m, prof, provider, dprov, use_drafter=not no_drafter)
+    # (with --measure the plan is this machine's, the one load() measures; without, the profile's device's, which
+    # may be another machine's: said where this onnxruntime lacks its providers)
+    tprov, dprovs, _ = requested_providers(m, prof, provider, dprov, use_drafter=not no_drafter, here=measure)
+    if not measure:
+        from .providers import available_providers, canonical
+
+        lacks = sorted({x for x in tprov + dprovs if canonical(x) not in available_providers()})
+        if lacks:
+            click.echo(f"note: this onnxruntime lacks {', '.join(lacks)}: the plan is for a machine that has it "
+                       "(loaded here, the bundle runs on the CPU, with the CPU's plan)", err=True)
     p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=tprov, drafter_providers=dprovs,
              keep_drafter=bool(dprov) and not no_drafter)
     samples = None

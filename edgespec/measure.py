@@ -132,6 +132,7 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     # (no prompt cache unless asked for: the plan's total leaves it out, as it fills only when conversations
     # are set aside; and this prefills the same prompt twice)
     load_kw.setdefault("prompt_cache_mb", 0)
+    load_kw.setdefault("memory", False)  # (its filler prompt and reply are no output of the user's to remember)
     engine = load(bundle, **load_kw)
     gpu = engine.providers.device == "cuda"
     samples.append(sample("after load", gpu))

@@ -218,19 +218,33 @@ def _placements(path, make_options, providers: list[tuple[str, dict]]):
     return session, parse_placements(text)
 
 
+def _runnable(names: list[str]) -> list[str]:
+    """``names`` as choose() runs them: the ones this onnxruntime has (a warning for the others), CPU last."""
+    from .providers import _SHORT
+
+    return [_SHORT[n] for n, _ in choose(names).providers]
+
+
 def requested_providers(manifest, profile, provider: str | None = None, drafter_provider: str | None = None,
-                        use_drafter: bool = True) -> tuple[list[str], list[str], bool]:
+                        use_drafter: bool = True, here: bool = False) -> tuple[list[str], list[str], bool]:
     """(the target's providers, the drafter's, whether the drafter's were named) as load() and the
     planner use them: ``provider`` (explicit) or the profile's list for the target; ``drafter_provider``
     (explicit), else the profile's ``drafter_provider``, else the target's list for the drafter;
-    each checked against its graph's layout (``serve_layout``)."""
+    each checked against its graph's layout (``serve_layout``). ``here`` (load(): the plan is the one that runs):
+    a profile's providers this onnxruntime lacks are left out, with choose()'s warning; without (``edgespec plan``,
+    which may plan for another machine) they stay."""
     for asked in (provider, drafter_provider):
         if asked:  # one this onnxruntime lacks is that error first (install onnxruntime-gpu)
             choose([asked], explicit=True)
-    target = [provider] if provider else list(profile.providers)
+    # (here: a GPU profile on a CPU-only onnxruntime planned a GPU's runtime and no prompt cache, then ran on the
+    # CPU under that plan)
+    target = [provider] if provider else (_runnable if here else list)(list(profile.providers))
     named = drafter_provider or profile.drafter_provider
+    if here and named and not drafter_provider and _runnable([named]) != [named]:
+        named = None  # (the profile's drafter placement, on a provider this onnxruntime lacks: the target's)
     drafter = [named] if named else list(target)
     target = serve_layout(manifest.target, target, explicit=bool(provider))
-    if manifest.drafter is not None and use_drafter:
+    # (the model drafter is loaded only where the profile's drafter may use it: its placement is checked only then)
+    if manifest.drafter is not None and use_drafter and profile.drafter in ("auto", "model"):
         drafter = serve_layout(manifest.drafter, drafter, explicit=bool(named) or (bool(provider) and not named))
     return target, drafter, bool(named)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .errors import ProfileError
@@ -179,7 +179,10 @@ def list_profiles() -> list[Profile]:
 def resolve_profile(profile: "Profile | str | os.PathLike | None") -> Profile:
     if profile is None:
         return DEFAULT_PROFILE
-    if isinstance(profile, Profile):
+    if isinstance(profile, Profile):  # (made in Python: checked as a file's values are)
+        values = {k: (list(v) if k == "providers" else v) for k, v in asdict(profile).items()
+                  if k != "name" and v is not None}
+        _check(profile.name, values, f"profile {profile.name!r}")
         return profile
     s = str(profile)
     if s.endswith(".toml") or os.sep in s:

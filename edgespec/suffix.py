@@ -341,6 +341,37 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
             raise DocumentError(f"texts must be strings, got {type(t).__name__}")
     d = suffix_drafter(engine)
     all_texts = [read_document(p) for p in paths] + list(texts)
-    seqs = [engine.tokenizer.encode(t, add_special=False) for t in all_texts]
+    room = d.max_document_tokens - d.document_tokens
+    seqs, total = [], 0
+    for t in all_texts:
+        ids: list[int] = []
+        for piece in _pieces(t, DOCUMENT_PIECE):
+            # (in pieces, counted as they go: a 15 MiB file, under the byte limit, came to 4.9M tokens of Qwen's
+            # and a 2.8 GiB peak before the token limit refused it)
+            ids += engine.tokenizer.encode(piece, add_special=False)
+            if total + len(ids) > room:
+                raise DocumentError(f"the documents come to more than {d.max_document_tokens} tokens with those "
+                                    f"indexed already ({d.document_tokens}); at most {d.max_document_tokens} are "
+                                    "indexed")
+        total += len(ids)
+        seqs.append(ids)
     with engine.decoder.lock.hold("add documents"):
         return d.add_documents(seqs)
+
+
+DOCUMENT_PIECE = 1 << 18  # characters a documents file is tokenized in at a time
+
+
+def _pieces(text: str, size: int):
+    """``text`` in pieces of about ``size`` characters, each ending at a line break followed by a character that is
+    no white space where there is one (where a tokenizer's words and white-space runs split anyway), else cut."""
+    i, n = 0, len(text)
+    while n - i > size:
+        k = text.rfind("\n", i, i + size)
+        while k > i and text[k + 1].isspace():
+            k = text.rfind("\n", i, k)
+        end = k + 1 if k > i else i + size
+        yield text[i:end]
+        i = end
+    if i < n or not text:
+        yield text[i:]

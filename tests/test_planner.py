@@ -704,3 +704,67 @@ def test_a_profile_may_default_to_the_suffix_drafter(tmp_path, tiny_bundle):
     assert eng.defaults.drafter == "suffix" and "model" not in eng.decoder.drafters  # no model loaded for it
     with pytest.raises(ProfileError, match="auto, model, prompt-lookup, suffix or none"):
         load_profile(_write(tmp_path, 'memory_budget_mb = 1\ndrafter = "magic"\n'))
+
+
+# -- a review's findings (session 44) ------------------------------------------------------------------------------
+def test_a_profile_made_in_python_is_checked_as_a_file_is():
+    for kw, match in ((dict(max_context=0), "max_context = 0"), (dict(max_context=-7), "max_context = -7"),
+                      (dict(memory_budget_mb="1024"), "memory_budget_mb = '1024'"), (dict(threads=-3), "threads"),
+                      (dict(kv_dtype="int3"), "kv_dtype"), (dict(memory_budget_mb=float("nan")), "nan")):
+        with pytest.raises(ProfileError, match=re.escape(match)):
+            resolve_profile(replace(DEFAULT_PROFILE, **kw))
+    p = replace(DEFAULT_PROFILE, max_context=512, drafter_provider="cpu", draft_tokens=3)
+    assert resolve_profile(p) is p
+
+
+def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundle, tiny_int4_bundle, tmp_path):
+    """load() plans for the providers that run here (a GPU profile on a CPU-only onnxruntime planned a GPU's runtime
+    and no prompt cache, then ran on the CPU under it); `plan` keeps the profile's device and says this machine
+    lacks it; a profile's drafter placement is checked only where its drafter loads the model drafter."""
+    import edgespec
+    from edgespec.providers import available_providers
+
+    if "CUDAExecutionProvider" in available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    eng = edgespec.load(tiny_cuda_bundle, profile="rtx4090-24gb", memory=False)
+    assert set(eng.plan.devices.values()) == {"cpu"} and eng.plan.prompt_cache > 0
+    eng.close()
+    r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb"])
+    assert r.exit_code == 0 and "note: this onnxruntime lacks cuda" in r.stderr and "GPU" in r.stdout, r.output
+    f = _write(tmp_path, 'memory_budget_mb = 2048\ndrafter = "prompt-lookup"\ndrafter_provider = "cuda"\n')
+    r = CliRunner().invoke(main, ["generate", str(tiny_int4_bundle), "-p", "hi", "--max-new-tokens", "2",
+                                  "--profile", str(f), "--no-memory"])
+    assert r.exit_code == 0, r.output  # (was exit 5: the cpu-layout drafter refused for cuda, though never loaded)
+
+
+def test_plan_measure_leaves_the_drafting_memory_alone(tiny_bundle, tmp_path, monkeypatch):
+    from edgespec.memory import store_path
+
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "plan", str(tiny_bundle), "--measure", "--no-drafter",
+                        "--max-context", "128"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not store_path(load_manifest(tiny_bundle)).exists()  # (its filler reply was remembered, at exit)
+
+
+def test_documents_are_tokenized_in_pieces_and_refused_at_the_cap(tiny_bundle, monkeypatch):
+    """A documents file under the byte limit but past the token cap is refused before all of it is tokenized (a
+    15 MiB file came to 4.9M tokens of Qwen's and a 2.8 GiB peak first); pieces join to the text."""
+    import edgespec
+    from edgespec import suffix
+    from edgespec.errors import DocumentError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    monkeypatch.setattr(suffix, "DOCUMENT_PIECE", 1000)
+    encoded = []
+    real = eng.tokenizer.encode
+    monkeypatch.setattr(eng.tokenizer, "encode", lambda t, **kw: encoded.append(len(t)) or real(t, **kw))
+    suffix_drafter = suffix.suffix_drafter(eng)
+    monkeypatch.setattr(suffix_drafter, "max_document_tokens", 2000)
+    text = "def hello(world):\n    return world + 1\n" * 2000  # ~80k characters, far past 2,000 tokens
+    with pytest.raises(DocumentError, match="more than 2000 tokens"):
+        eng.add_documents(texts=[text])
+    assert sum(encoded) < len(text) / 4 and suffix_drafter.document_tokens == 0
+    small = "import numpy as np\nx = np.zeros(3)\n" * 20
+    assert eng.add_documents(texts=[small]) == sum(len(real(p, add_special=False)) for p in suffix._pieces(small, 1000))
+    assert "".join(suffix._pieces(text, 1000)) == text
