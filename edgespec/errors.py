@@ -80,3 +80,10 @@ class DocumentError(ConfigError):
 
 class ClosedError(EdgespecError):
     """The engine was closed (``Engine.close``): it no longer holds its models."""
+
+
+class Interrupted(EdgespecError):
+    """A prefill or a prompt's scoring stopped between its calls because its ``interrupt`` said so (the server's
+    client left, or the server is stopping); what the cache holds stays valid."""
+
+    exit_code = 130

@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from . import server_protocol as P
-from .errors import ConfigError, ContextOverflowError, EdgespecError
+from .errors import ConfigError, ContextOverflowError, EdgespecError, Interrupted
 from .reasoning import ReasoningSplitter, reasoning_tokens, split_whole, starts_inside, think_tags
 from .server_metrics import Metrics, RequestCounter
 
@@ -169,6 +169,11 @@ class Generation:
         shift, scored = 0, False
         if self._cancel.is_set():  # the client left (or the server began to stop) before this choice began
             self._stopped = True
+        # a long prefill (or a prompt's scoring) stops between its calls once the client leaves or the server stops
+        lms = [engine.decoder.target, *(getattr(d, "lm", None) for d in engine.decoder.drafters.values())]
+        lms = [m for m in lms if m is not None]
+        for m in lms:
+            m.interrupt = self._cancel.is_set
         try:
             if self.echo and not self._stopped:  # the prompt first: with logprobs, scored (under the engine's turn, as a generation)
                 top = self.kw.get("logprobs")
@@ -195,12 +200,16 @@ class Generation:
                     lps = [{**e, "offset": e["offset"] + shift} for e in lps]
                 if delta or lps:  # (the logprobs of tokens with no text, an end of sequence, go out too)
                     loop.call_soon_threadsafe(q.put_nowait, ("delta", (delta, lps)))
+        except Interrupted:  # (the cancel flag, seen within a prefill: as at a round's end)
+            self._stopped = True
         except EdgespecError as e:
             err = e
         except Exception as e:  # noqa: BLE001 -- reported to the client as a 500, logged here
             log.exception("generation failed")
             err = e
         finally:
+            for m in lms:
+                m.interrupt = None
             if gen is not None:
                 try:
                     gen.close()
@@ -881,9 +890,14 @@ async def _read_body(request: Request) -> bytes:
         raise P.APIError(413, f"the request body is {declared} bytes; at most {P.MAX_BODY}", code="body_too_large")
     from starlette.requests import ClientDisconnect
 
+    sched = getattr(getattr(request.app.state, "server", None), "sched", None)
     parts, size = [], 0
+    chunks = request.stream().__aiter__()
     try:
-        async for c in request.stream():
+        while True:
+            c = await _next_chunk(chunks, sched)
+            if c is None:
+                break
             size += len(c)
             if size > P.MAX_BODY:
                 raise P.APIError(413, f"the request body is over {P.MAX_BODY} bytes", code="body_too_large")
@@ -892,6 +906,34 @@ async def _read_body(request: Request) -> bytes:
         raise P.APIError(499, "the client disconnected before its request was read",
                          code="client_disconnected") from None
     return b"".join(parts)
+
+
+BODY_STALL_S = 30.0  # a request body's next bytes awaited at most this long (a stalled client: 408)
+
+
+async def _next_chunk(chunks, sched) -> bytes | None:
+    """The body's next chunk (None at its end), awaited at most ``BODY_STALL_S`` (408), and only while the server
+    is not stopping (503): a client that sent headers and part of its body, then nothing, held a stop for uvicorn's
+    60 s grace, then got a 500 and left a traceback in the log (under a supervisor's 10 s grace: killed, the prompt
+    cache and the memory never written), and a Content-Length past the body waited forever."""
+    task = asyncio.ensure_future(chunks.__anext__())
+    deadline = time.monotonic() + BODY_STALL_S
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                try:
+                    return task.result()
+                except StopAsyncIteration:
+                    return None
+            if sched is not None and sched.closing:
+                raise shutting_down()
+            if time.monotonic() > deadline:
+                raise P.APIError(408, f"the request body stalled: no bytes for {BODY_STALL_S:.0f} s",
+                                 code="request_timeout")
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 class _AsciiJSON(JSONResponse):

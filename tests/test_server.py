@@ -946,6 +946,87 @@ def test_stop_signal_mid_generation(smol_int4, tmp_path, model_id, sig):
     assert rc == 0 and "edgespec: stopped" in text and "Traceback" not in text, text[-3000:]
 
 
+def test_a_stalled_body_holds_neither_a_stop_nor_the_server(tiny_bundle, tmp_path, monkeypatch):
+    """(a review's findings, session 44) A client that sent headers and part of its body, then nothing: a stop
+    exits at once, cleanly, the prompt cache written (it waited uvicorn's 60 s grace, then logged a traceback and
+    answered 500; under a supervisor's 10 s grace the process was killed and the prompt cache and memory lost);
+    a body that stalls past BODY_STALL_S is a 408, and one read while the server stops a 503."""
+    import asyncio
+    import socket
+
+    from edgespec import server as server_mod
+
+    pc = tmp_path / "pc.npz"
+    log = tmp_path / "server.log"
+    proc, url = _start_server(tiny_bundle, log, "--temperature", "0", "--no-memory", "--prompt-cache-file", str(pc),
+                              "--max-context", "256")
+    try:
+        st, _ = http(url + "/v1/completions", {"prompt": "a conversation worth keeping " * 8, "max_tokens": 8})
+        assert st == 200
+        port = int(url.rsplit(":", 1)[1])
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"mod")
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        answer = s.recv(4096).decode("latin-1")
+        s.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert rc == 0 and took < 5 and "Traceback" not in text and pc.is_file(), (rc, took, text[-3000:])
+    assert " 503 " in answer.splitlines()[0] and "server_shutdown" in answer, answer
+
+    class Stalled:  # a body whose next bytes never come
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            await asyncio.sleep(3600)
+
+    class Sched:
+        closing = False
+
+    monkeypatch.setattr(server_mod, "BODY_STALL_S", 0.5)
+    with pytest.raises(server_mod.P.APIError) as e:
+        asyncio.run(server_mod._next_chunk(Stalled(), Sched()))
+    assert e.value.status == 408
+    Sched.closing = True
+    with pytest.raises(server_mod.P.APIError) as e:
+        asyncio.run(server_mod._next_chunk(Stalled(), Sched()))
+    assert e.value.status == 503
+
+
+def test_a_prefill_stops_between_its_calls_when_interrupted(tiny_bundle):
+    """The server's cancel flag is read between a prefill's calls (a long prompt's prefill went on to its end after
+    its client left, the engine busy, the queue waiting): Interrupted, and the cache holds what was fed (the next
+    generation as a fresh engine's)."""
+    eng = edgespec.load(tiny_bundle, memory=False, max_context=256, prompt_cache_mb=0)
+    target = eng.decoder.target
+    target.prefill_chunk = 16
+    calls = []
+    target.interrupt = lambda: calls.append(1) or len(calls) >= 3
+    prompt = list(range(5, 105))
+    with pytest.raises(edgespec.Interrupted, match="after 48 of 100 tokens"):
+        eng._collect(eng.stream_ids(prompt, max_new_tokens=4, drafter="none"))
+    assert target.tokens == prompt[:48]
+    target.interrupt = None
+    again = eng._collect(eng.stream_ids(prompt, max_new_tokens=8, drafter="none", ignore_eos=True))
+    assert again.stats["reused_prompt_tokens"] == 48
+    fresh = edgespec.load(tiny_bundle, memory=False, max_context=256, prompt_cache_mb=0)
+    assert again.token_ids == fresh._collect(fresh.stream_ids(prompt, max_new_tokens=8, drafter="none",
+                                                              ignore_eos=True)).token_ids
+    with pytest.raises(edgespec.Interrupted, match="scoring"):
+        target.interrupt = lambda: True
+        eng.score(list(range(5, 5 + 3 * 64)), 0)
+    target.interrupt = None
+
+
 # -- the bounded queue -----------------------------------------------------------------------------
 class _InProcess:
     """``create_app(engine, model_id, **kw)`` served by uvicorn on a thread, on a free port."""
