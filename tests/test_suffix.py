@@ -495,3 +495,26 @@ def test_a_request_max_draft_tokens_above_the_profile_applies_to_the_free_drafte
     assert len(got.stats["drafted_by_position"]) > 3, got.stats
     capped = eng.generate(prompt, max_new_tokens=24, drafter=drafter, max_draft_tokens=2, parse_special=False)
     assert capped.token_ids == ref.token_ids and len(capped.stats["drafted_by_position"]) <= 2
+
+
+def test_a_store_is_read_without_ast(tmp_path, monkeypatch):
+    """A store saved from a garbage-collection finalizer merges with the file first; numpy's np.load evaluates each
+    .npy header with ast.literal_eval, and run inside another ast.parse (pytest importing a module after the
+    engine's last generation) CPython 3.11.7 failed that parse with "AST constructor recursion depth mismatch":
+    stores are read without ast."""
+    import ast
+
+    path = tmp_path / "store.npz"
+    store = MemoryStore(path, "fp", 100)
+    store.add([1, 2, 3], np.array([7, 8]))
+    store.add([4, 5])
+    store.save()
+
+    def no_ast(*a, **k):
+        raise AssertionError("ast used to read a store")
+
+    monkeypatch.setattr(ast, "literal_eval", no_ast)
+    monkeypatch.setattr(ast, "parse", no_ast)
+    again = MemoryStore(path, "fp", 100)
+    again.load()
+    assert [s.tolist() for s in again.seqs] == [[1, 2, 3], [4, 5]] and again.sigs[0].tolist() == [7, 8]
