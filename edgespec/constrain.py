@@ -146,6 +146,7 @@ class Grammars:
     def __init__(self, tokenizer_json: str, vocab: int, eos_ids, think: tuple[int, int] | None = None):
         self._json, self.vocab, self.eos = tokenizer_json, vocab, [int(e) for e in eos_ids]
         self.think = think  # a thinking model's <think> and </think> ids (reasoning.think_tags): no calls inside
+        self._blank: frozenset[int] | None = None  # the ids whose text is white space only (blank_ids)
         self._tok = None
         self._lock = threading.Lock()
 
@@ -159,8 +160,22 @@ class Grammars:
             self._matcher(llg, grammar)  # refused now if it does not compile (or cannot start)
             # (each block the trigger opens: checked above once, not again per block)
             return LazyConstraint(lambda: self._matcher(llg, grammar, check=False), int(trigger), self.vocab,
-                                  self.eos, think=self.think)
+                                  self.eos, think=self.think,
+                                  blank=self.blank_ids() if self.think is not None else frozenset())
         return Constraint(self._matcher(llg, grammar), self.vocab, self.eos)
+
+    def blank_ids(self) -> frozenset[int]:
+        """The ids whose text is white space only (a reply's blank start before its <think>: reasoning.answer_start
+        strips it); decoded once (~0.5 s for a 150k vocabulary), for the first lazy grammar of a thinking model."""
+        with self._lock:
+            if self._blank is None:
+                from tokenizers import Tokenizer
+
+                tok = Tokenizer.from_str(self._json)
+                texts = tok.decode_batch([[i] for i in range(tok.get_vocab_size(with_added_tokens=True))],
+                                         skip_special_tokens=False)
+                self._blank = frozenset(i for i, t in enumerate(texts) if t and not t.strip())
+        return self._blank
 
     def _matcher(self, llg, grammar: str, check: bool = True):
         m = llg.LLMatcher(self._tok, grammar, log_level=0)
@@ -271,12 +286,14 @@ class LazyConstraint:
     With a thinking model's tags (``think``), a trigger inside the reply's thinking opens nothing: calls are read
     from the answer after it (reasoning.answer_start), and a ``<tool_call>`` the model wrote while thinking was
     held to the grammar, its thought turned into a call's arguments. The reply thinks where it starts inside a
-    block (``start``: the template opened it) or its first token opens one, until the first ``</think>``."""
+    block (``start``: the template opened it) or its first token after white space (``blank``: the ids whose text
+    is white space only) opens one, until the first ``</think>``."""
 
-    def __init__(self, new_matcher, trigger: int, vocab: int, eos=(), think: tuple[int, int] | None = None):
+    def __init__(self, new_matcher, trigger: int, vocab: int, eos=(), think: tuple[int, int] | None = None,
+                 blank: frozenset[int] = frozenset()):
         self.new, self.trigger, self.vocab = new_matcher, trigger, vocab
         self.eos = frozenset(int(e) for e in eos)
-        self.think = think
+        self.think, self.blank = think, blank
         # the open block's matcher; None in free text; _THINKING inside the thinking; _FIRST before the first token
         self.m = _FIRST if think is not None else None
         self._work, self._pushed = None, False
@@ -307,6 +324,8 @@ class LazyConstraint:
         if m is None or m is _FIRST:
             if m is _FIRST and t == self.think[0]:
                 return True, _THINKING
+            if m is _FIRST and t in self.blank:
+                return True, _FIRST
             return True, (self.new() if t == self.trigger else None)
         if t in self.eos or m.validate_tokens([t]) != 1:
             return False, m

@@ -203,6 +203,9 @@ class MemoryStore:
                 evicted = self.evicted
                 self._replace(base + new)
                 self.evicted = evicted
+                # (the file read is now this store's base: a write that fails leaves only `new` to merge next time,
+                # not the other process's sequences again)
+                self._stamp, self._added = now, len(new)
             self._write()
             self._stamp, self._added = _file_stamp(self.path), 0
 
@@ -413,19 +416,19 @@ def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = 
 
 def clear_store(manifest) -> list[Path]:
     """Delete the bundle's memory store (and set-aside files); returns what was deleted."""
-    d = store_path(manifest).parent
+    path = store_path(manifest)
+    d = path.parent
     gone = []
     if d.is_dir():
-        for p in sorted(d.iterdir()):
-            if p.name.startswith(STORE_FILE) or p.name.startswith(f".{STORE_FILE}"):
-                if p.is_dir() and not p.is_symlink():  # not a file edgespec wrote: never deleted with what it holds
-                    warnings.warn(f"{p} is a directory, not a memory store: left as it is", stacklevel=2)
-                    continue
-                p.unlink()
-                if not p.name.endswith(".lock"):  # (the saves' lock file: edgespec's own, not the user's data)
+        lock = path.with_name(f".{path.name}.lock")
+        # under the saves' lock (a save in progress finishes first, and one after sees the file gone), which stays:
+        # unlinked, a save waiting on it and a later one locked two different files, and one overwrote the other
+        with _locked(lock):
+            for p in sorted(d.iterdir()):
+                if (p.name.startswith(STORE_FILE) or p.name.startswith(f".{STORE_FILE}")) and p != lock:
+                    if p.is_dir() and not p.is_symlink():  # not a file edgespec wrote: never deleted with its contents
+                        warnings.warn(f"{p} is a directory, not a memory store: left as it is", stacklevel=2)
+                        continue
+                    p.unlink()
                     gone.append(p)
-        try:
-            d.rmdir()
-        except OSError:
-            pass
     return gone

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from .errors import CpuFallbackError, ProviderError
 from .integrity import cache_root, read_json_cache, stat_stamp, write_json_cache
-from .providers import CPU, GPU_PROVIDERS, canonical, choose, log
+from .providers import CPU, GPU_PROVIDERS, available_providers, canonical, choose, log
 
 NO_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 # nodes of the builder's attention-mask subgraph (total and past lengths from the mask: int64
@@ -240,7 +240,7 @@ def requested_providers(manifest, profile, provider: str | None = None, drafter_
     # CPU under that plan)
     target = [provider] if provider else (_runnable if here else list)(list(profile.providers))
     named = drafter_provider or profile.drafter_provider
-    if here and named and not drafter_provider and _runnable([named]) != [named]:
+    if here and named and not drafter_provider and canonical(named) not in available_providers():
         named = None  # (the profile's drafter placement, on a provider this onnxruntime lacks: the target's)
     drafter = [named] if named else list(target)
     target = serve_layout(manifest.target, target, explicit=bool(provider))

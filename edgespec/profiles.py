@@ -176,12 +176,27 @@ def list_profiles() -> list[Profile]:
     return list(seen.values())
 
 
+def _short_name(name):
+    """A provider's short name (``cuda`` for ``CUDAExecutionProvider``); anything else as it is, for the check."""
+    from .providers import _SHORT, canonical
+
+    try:
+        return _SHORT[canonical(name)]
+    except Exception:  # noqa: BLE001 -- (not a provider: _check names it)
+        return name
+
+
 def resolve_profile(profile: "Profile | str | os.PathLike | None") -> Profile:
     if profile is None:
         return DEFAULT_PROFILE
     if isinstance(profile, Profile):  # (made in Python: checked as a file's values are)
-        values = {k: (list(v) if k == "providers" else v) for k, v in asdict(profile).items()
-                  if k != "name" and v is not None}
+        values = {k: v for k, v in asdict(profile).items() if k != "name" and v is not None}
+        if isinstance(values.get("providers"), (list, tuple)):  # (onnxruntime's names too, as choose() takes them)
+            values["providers"] = [_short_name(p) for p in values["providers"]]
+        if isinstance(values.get("drafter_provider"), str):
+            values["drafter_provider"] = _short_name(values["drafter_provider"])
+        if values.get("min_context") == MIN_CONTEXT:  # the default floor follows a smaller max_context, as in a file
+            del values["min_context"]
         _check(profile.name, values, f"profile {profile.name!r}")
         return profile
     s = str(profile)

@@ -22,7 +22,24 @@ SIZE_LIMIT = 1 << 20  # characters of output, of a string built, items of a rang
 DEPTH_LIMIT = 64  # nested template calls (macros, recursion)
 _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
 # a format width of 7 digits or more, or one given as an argument (`%*s`, `{:{w}}`): refused before formatting
-_FORMAT_WIDTH = re.compile(r"\d{7,}|%[-+ #0]*\*|\{[^{}]*:[^{}]*\{")
+_PERCENT_WIDTH = re.compile(r"%[-+ #0]*(?:\*|\d{7,})")  # %-formatting (`%`, the format filter)
+_WIDE = re.compile(r"\d{7,}")
+
+
+def _percent_too_wide(fmt: str) -> bool:
+    return bool(_PERCENT_WIDTH.search(fmt))
+
+
+def _format_too_wide(fmt: str) -> bool:
+    """str.format's: a field's spec with a width of 7+ digits or a nested field (``{:{w}}``); JSON's braces
+    escaped as ``{{`` are literal text, not fields."""
+    import string
+
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:  # (malformed: format itself refuses it)
+        return False
+    return any(spec and ("{" in spec or _WIDE.search(spec)) for _, _, spec, _ in fields)
 _MAX_INDENT = 64  # tojson's indent
 
 
@@ -67,7 +84,7 @@ def _checked_call(f, args, kwargs):
             items = list(args[0]) if args else []
             _check_size(sum(_size(x) for x in items) + len(owner) * len(items), "str.join result")
             args = (items,) + tuple(args[1:])
-        elif name in ("format", "format_map") and _FORMAT_WIDTH.search(owner):
+        elif name in ("format", "format_map") and _format_too_wide(owner):
             raise ChatTemplateError("chat template: a format width over the size limit")
     return args
 
@@ -93,7 +110,7 @@ def _environment():
 
         def wrap_str_format(self, value):  # (jinja2 3.1.5 on: str.format wrapped at access, its string hidden)
             wrapped = super().wrap_str_format(value)
-            if wrapped is not None and _FORMAT_WIDTH.search(value.__self__):
+            if wrapped is not None and _format_too_wide(value.__self__):
                 def refused(*args, **kwargs):
                     raise ChatTemplateError("chat template: a format width over the size limit")
 
@@ -114,7 +131,7 @@ def _environment():
                 raise ChatTemplateError("chat template: an exponent over 64")
             elif operator == "+":
                 _check_size(_size(left) + _size(right), "a concatenation")
-            elif operator == "%" and isinstance(left, str) and _FORMAT_WIDTH.search(left):
+            elif operator == "%" and isinstance(left, str) and _percent_too_wide(left):
                 raise ChatTemplateError("chat template: a format width over the size limit")
             return super().call_binop(context, operator, left, right)
 
@@ -157,7 +174,7 @@ def _guarded_filter(f, name):
             items = list(vals[0])
             sep = vals[1] if len(vals) > 1 and isinstance(vals[1], str) else ""
             _check_size(sum(_size(x) for x in items) + len(sep) * len(items), "the join filter's result")
-        elif name == "format" and vals and isinstance(vals[0], str) and _FORMAT_WIDTH.search(vals[0]):
+        elif name == "format" and vals and isinstance(vals[0], str) and _percent_too_wide(vals[0]):
             raise ChatTemplateError("chat template: a format width over the size limit")
         return f(*args, **kwargs)
 

@@ -263,6 +263,21 @@ def test_template_limits(source, match):
     assert time.perf_counter() - t0 < 10
 
 
+@pytest.mark.parametrize("source, out", [
+    ("""{{ '{"type": "function", "function": {"name": "%s"}}' % 'x' }}""", '{"type": "function", "function": {"name": "x"}}'),
+    ("""{{ '{"name": "%s"}' | format('x') }}""", '{"name": "x"}'),
+    ("""{{ '{{"function": {{"name": "{}"}}}}'.format('x') }}""", '{"function": {"name": "x"}}'),
+    ("{{ 'call 5551234567 now, %s' % 'x' }}", "call 5551234567 now, x"),
+    ("{{ '{:>8}'.format('x') }}", "       x"),
+])
+def test_template_formats_within_the_limits_render(source, out):
+    """(a first version of session 44's width checks refused JSON with a nested object in %- and str.format
+    templates, and any 7-digit number anywhere in a format string)"""
+    from edgespec.template import ChatTemplate
+
+    assert ChatTemplate(source).render(messages=[]) == out
+
+
 @pytest.mark.parametrize("source", [123, ["a"], "{% for %}", "{{ x "])
 def test_template_that_is_no_template(source):
     from edgespec.template import ChatTemplate

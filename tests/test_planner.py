@@ -715,6 +715,11 @@ def test_a_profile_made_in_python_is_checked_as_a_file_is():
             resolve_profile(replace(DEFAULT_PROFILE, **kw))
     p = replace(DEFAULT_PROFILE, max_context=512, drafter_provider="cpu", draft_tokens=3)
     assert resolve_profile(p) is p
+    for p in (Profile(name="small", memory_budget_mb=0, max_context=256), replace(DEFAULT_PROFILE, max_context=256),
+              replace(DEFAULT_PROFILE, providers=("CPUExecutionProvider",), drafter_provider="CPUExecutionProvider")):
+        assert resolve_profile(p) is p  # (the default floor follows a smaller context; onnxruntime's names pass)
+    with pytest.raises(ProfileError, match="min_context"):
+        resolve_profile(replace(DEFAULT_PROFILE, max_context=256, min_context=300))
 
 
 def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundle, tiny_int4_bundle, tmp_path):
@@ -768,3 +773,21 @@ def test_documents_are_tokenized_in_pieces_and_refused_at_the_cap(tiny_bundle, m
     small = "import numpy as np\nx = np.zeros(3)\n" * 20
     assert eng.add_documents(texts=[small]) == sum(len(real(p, add_special=False)) for p in suffix._pieces(small, 1000))
     assert "".join(suffix._pieces(text, 1000)) == text
+
+
+def test_a_profile_s_gpu_drafter_placement_stays_where_the_gpu_is(tiny_cuda_bundle, monkeypatch):
+    """(a review of session 44's change) load()'s plan leaves out a profile's providers this onnxruntime lacks, not
+    the ones it has: a drafter_provider of cuda stays on a machine with CUDA (a first version compared choose()'s
+    list, which always ends with the CPU, and dropped every GPU placement)."""
+    from edgespec import placement, providers
+
+    have = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(providers, "available_providers", lambda: have)
+    monkeypatch.setattr(placement, "available_providers", lambda: have)
+    m = load_manifest(tiny_cuda_bundle)
+    prof = replace(DEFAULT_PROFILE, providers=("cpu",), drafter_provider="cuda")
+    target, drafter, named = placement.requested_providers(m, prof, here=True)
+    assert (target, drafter, named) == (["cpu"], ["cuda"], True)
+    have[:] = ["CPUExecutionProvider"]
+    target, drafter, named = placement.requested_providers(m, prof, here=True)
+    assert (target, drafter, named) == (["cpu"], ["cpu"], False)

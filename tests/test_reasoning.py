@@ -304,6 +304,8 @@ def test_a_strict_call_s_grammar_waits_for_the_answer(think_engine):
         held = "".join(d[0] for d in think_engine.stream_ids(ids, max_new_tokens=80, temperature=0, drafter=drafter,
                                                              grammar=lazy))
         assert held == free, drafter
+    blank = think_engine.decoder.constraints.__self__.blank_ids()  # (the Grammars' white-space ids)
+    assert tok.encode("\n", add_special=False)[0] in blank and tok.encode("x", add_special=False)[0] not in blank
 
 
 def test_the_lazy_grammar_s_states_around_thinking():
@@ -331,6 +333,10 @@ def test_the_lazy_grammar_s_states_around_thinking():
     con = LazyConstraint(new, TRIGGER, 10, eos=(9,), think=(THINK, END))
     con.start([3])
     con.consume([4, THINK, TRIGGER])  # a <think> after the reply's first token opens no thinking
+    assert len(opened) == 2
+    con = LazyConstraint(new, TRIGGER, 10, eos=(9,), think=(THINK, END), blank=frozenset({6}))
+    con.start([3])
+    con.consume([6, 6, THINK, TRIGGER, END])  # white space first: the block still opens the reply (answer_start's)
     assert len(opened) == 2
     con = LazyConstraint(new, TRIGGER, 10, eos=(9,))  # not a thinking model: the tags are any tokens
     con.consume([THINK, TRIGGER])

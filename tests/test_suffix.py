@@ -518,3 +518,60 @@ def test_a_store_is_read_without_ast(tmp_path, monkeypatch):
     again = MemoryStore(path, "fp", 100)
     again.load()
     assert [s.tolist() for s in again.seqs] == [[1, 2, 3], [4, 5]] and again.sigs[0].tolist() == [7, 8]
+
+
+def test_a_clear_waits_for_a_save_and_a_failed_save_merges_nothing_twice(tmp_path, monkeypatch):
+    """(a review of session 44's merge) `memory clear` takes the saves' lock and leaves it in place (it unlinked the
+    lock under a save in progress: a later save locked another file, and one overwrote the other, a clear undone);
+    a save that failed after merging merges only its own sequences next time (the other's were written twice)."""
+    import threading
+    import time
+
+    from edgespec import memory as M
+
+    path = tmp_path / "fp" / "store.npz"
+    path.parent.mkdir()
+    monkeypatch.setattr(M, "store_path", lambda manifest: path)
+    w = MemoryStore(path, "fp", 100)
+    w.add([1, 2, 3])
+    w.save()
+    a, b = M.open_store(path, "fp", 100), M.open_store(path, "fp", 100)
+    a.add([7, 8, 9])
+    b.add([4, 5, 6])
+    real, inside = MemoryStore._write, threading.Event()
+
+    def slow(self):
+        if self is a:
+            inside.set()
+            time.sleep(0.5)
+        real(self)
+
+    monkeypatch.setattr(MemoryStore, "_write", slow)
+    t = threading.Thread(target=a.save)
+    t.start()
+    inside.wait(10)
+    t0 = time.monotonic()
+    assert [p.name for p in M.clear_store(None)] == ["store.npz"]  # (after A's save: the store it wrote)
+    assert time.monotonic() - t0 > 0.2
+    t.join(10)
+    b.save()  # the file was deleted since B read it: B's own sequence only
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[4, 5, 6]]
+    assert (path.parent / ".store.npz.lock").exists()
+    # a failed save after a merge
+    c = M.open_store(path, "fp", 100)
+    b.add([10, 11])
+    b.save()
+    c.add([12, 13])
+    calls = []
+
+    def full_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(self)
+
+    monkeypatch.setattr(MemoryStore, "_write", full_once)
+    with pytest.raises(OSError):
+        c.save()
+    c.save()
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[4, 5, 6], [10, 11], [12, 13]]
