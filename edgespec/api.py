@@ -295,10 +295,12 @@ def _threads(threads) -> int | None:
     """``threads``: None (the profile's), 0 (onnxruntime's default) or 1..this machine's cores."""
     if threads is None:
         return None
-    if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= _cores():
+    from numbers import Integral
+
+    if not isinstance(threads, Integral) or isinstance(threads, bool) or not 0 <= threads <= _cores():
         raise ConfigError(f"threads must be an integer in 0..{_cores()} (0: onnxruntime's default, one per "
                           f"core; this machine has {_cores()} cores), got {threads!r}"[:200])
-    return threads
+    return int(threads)  # (numpy's integers too, as max_context takes them)
 
 
 def _texts(inner) -> Iterator[str]:

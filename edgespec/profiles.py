@@ -201,7 +201,7 @@ def resolve_profile(profile: "Profile | str | os.PathLike | None") -> Profile:
         return profile
     s = str(profile)
     if s.endswith(".toml") or os.sep in s:
-        return load_profile(s)
+        return load_profile(os.path.expanduser(s))  # (~/x.toml: a shell leaves it unexpanded in --profile=~/x.toml)
     for d in profile_dirs():
         f = d / f"{s}.toml"
         if f.is_file():

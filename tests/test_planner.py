@@ -791,3 +791,14 @@ def test_a_profile_s_gpu_drafter_placement_stays_where_the_gpu_is(tiny_cuda_bund
     have[:] = ["CPUExecutionProvider"]
     target, drafter, named = placement.requested_providers(m, prof, here=True)
     assert (target, drafter, named) == (["cpu"], ["cpu"], False)
+
+
+def test_a_profile_path_under_home_and_numpy_thread_counts(tmp_path, monkeypatch):
+    import numpy as np
+
+    from edgespec.api import _threads
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write(tmp_path, "memory_budget_mb = 300\n", "mine.toml")
+    assert resolve_profile("~/mine.toml").memory_budget_mb == 300  # (was "no such profile file: ~/mine.toml")
+    assert _threads(np.int64(1)) == 1 and type(_threads(np.int64(1))) is int  # (max_context took numpy's already)
