@@ -45,7 +45,8 @@ def serve_layout(spec, requested: Sequence[str], explicit: bool) -> list[str]:
            f"GroupQueryAttention takes float16/bfloat16 only, so its attention would run on the CPU)")
     fix = "re-export the bundle with --device cuda" + (" (or --drafter-device cuda)" if spec.role == "drafter" else "")
     if explicit:
-        raise ProviderError(f"{why}: {fix}, or run it with --provider cpu")
+        run_cpu = "--drafter-provider cpu" if spec.role == "drafter" else "--provider cpu"
+        raise ProviderError(f"{why}: {fix}, or run it with {run_cpu}")
     log.warning(f"{why}; it runs on the CPU instead ({fix} for the GPU)")
     return ["cpu"]
 

@@ -802,3 +802,18 @@ def test_a_profile_path_under_home_and_numpy_thread_counts(tmp_path, monkeypatch
     _write(tmp_path, "memory_budget_mb = 300\n", "mine.toml")
     assert resolve_profile("~/mine.toml").memory_budget_mb == 300  # (was "no such profile file: ~/mine.toml")
     assert _threads(np.int64(1)) == 1 and type(_threads(np.int64(1))) is int  # (max_context took numpy's already)
+
+
+def test_an_empty_provider_is_refused_and_a_drafter_s_layout_names_its_option(tiny_int4_bundle):
+    import edgespec
+    from edgespec.errors import ConfigError
+    from edgespec.placement import serve_layout
+
+    for kw in (dict(provider=""), dict(drafter_provider=" ")):
+        with pytest.raises(ConfigError, match="a provider name"):  # (meant "not given", silently)
+            edgespec.load(tiny_int4_bundle, **kw)
+    m = load_manifest(tiny_int4_bundle)
+    with pytest.raises(ProviderError, match="--drafter-device cuda.*--drafter-provider cpu"):
+        serve_layout(m.drafter, ["cuda"], explicit=True)
+    with pytest.raises(ProviderError, match=r"re-export the bundle with --device cuda, or run it with --provider cpu"):
+        serve_layout(m.target, ["cuda"], explicit=True)
