@@ -136,6 +136,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     if manifest.drafter is not None:
         limit = min(limit, manifest.drafter.max_context)
     want_ctx = min(max_context or profile.max_context, limit)
+    if want_ctx < 2:  # (1 held a one-token prompt and no reply: every request, and plan --measure, then failed)
+        raise ConfigError(f"a context of {want_ctx} token holds no reply: max_context must be at least 2 (a "
+                          f"prompt's token and one of the reply)")
     floor = min(profile.min_context, want_ctx)
     warnings = []
     if max_context and max_context > limit:

@@ -817,3 +817,17 @@ def test_an_empty_provider_is_refused_and_a_drafter_s_layout_names_its_option(ti
         serve_layout(m.drafter, ["cuda"], explicit=True)
     with pytest.raises(ProviderError, match=r"re-export the bundle with --device cuda, or run it with --provider cpu"):
         serve_layout(m.target, ["cuda"], explicit=True)
+
+
+def test_a_context_of_one_token_is_refused(tiny_bundle, tmp_path):
+    """(a review's small item) A context of 1 holds a one-token prompt and no reply: every request failed, and
+    `plan --max-context 1 --measure` printed its plan, then failed with a ContextOverflowError."""
+    import edgespec
+    from edgespec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 2"):
+        edgespec.load(tiny_bundle, max_context=1, memory=False)
+    f = _write(tmp_path, "memory_budget_mb = 300\nmax_context = 1\n", "one.toml")
+    r = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--profile", str(f)])
+    assert r.exit_code == 2 and "at least 2" in r.stderr, r.output
+    assert edgespec.load(tiny_bundle, max_context=2, memory=False).generate("x", max_new_tokens=4).token_ids
