@@ -251,17 +251,16 @@ def _check_load_args(**kw) -> None:
     def is_int(v):  # load() made numpy's integers int before
         return isinstance(v, int) and not isinstance(v, bool)
 
+    def is_provider(v):  # ("" is refused: it meant "not given", silently)
+        return v is None or (isinstance(v, str) and v.strip() != "")
+
     path = (str, os.PathLike)
     checks = {
         "bundle": (isinstance(kw["bundle"], path), "a path (str or os.PathLike)"),
         "profile": (kw["profile"] is None or isinstance(kw["profile"], (*path, Profile)),
                     "a profile name, a .toml path or a Profile"),
-        # ("" is refused: it meant "not given", silently)
-        "provider": (kw["provider"] is None or (isinstance(kw["provider"], str) and kw["provider"].strip() != ""),
-                     "a provider name (cpu, cuda, tensorrt) or None"),
-        "drafter_provider": (kw["drafter_provider"] is None or (isinstance(kw["drafter_provider"], str)
-                                                                and kw["drafter_provider"].strip() != ""),
-                             "a provider name (cpu, cuda, tensorrt) or None"),
+        "provider": (is_provider(kw["provider"]), "a provider name (cpu, cuda, tensorrt) or None"),
+        "drafter_provider": (is_provider(kw["drafter_provider"]), "a provider name (cpu, cuda, tensorrt) or None"),
         "max_context": (kw["max_context"] is None or (is_int(kw["max_context"]) and kw["max_context"] > 0),
                         "a positive integer"),
         "min_width": (kw["min_width"] is None or (is_int(kw["min_width"]) and kw["min_width"] > 0),

@@ -19,7 +19,7 @@ import numpy as np
 from .constrain import masked
 from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
 from .prediction import MAX_PREDICTION, PredictionDrafter
-from .errors import BusyError, ConfigError, ContextOverflowError, Interrupted
+from .errors import BusyError, ConfigError, ContextOverflowError
 from .kv import TokenBuffer
 from .lm import CausalLM
 from .penalties import Penalizer
@@ -393,8 +393,8 @@ class Decoder:
             t.rewind(t.length)
             out: list[TokenLogprob] = []
             for start in range(0, len(prompt), SCORE_CHUNK):
-                if start and t.interrupt is not None and t.interrupt():
-                    raise Interrupted(f"the prompt's scoring was interrupted after {start} of {len(prompt)} tokens")
+                if start:
+                    t.check_interrupt("the prompt's scoring", start, len(prompt))
                 chunk = prompt[start:start + SCORE_CHUNK]
                 logits = t.forward(chunk, copy=False)  # row i: the distribution of token start + i + 1
                 out += token_logprobs(logits[:, : self.vocab], prompt[start + 1:start + 1 + len(chunk)], top)
@@ -572,8 +572,8 @@ class Decoder:
                     policy.observe_alternates(kept_alt is not None, len(alts), target.last_width, dt)
                     st.alternates += len(alts)
                     st.alternates_kept += kept_alt is not None
-                # the target's top tokens (on a GPU: computed there, the logits never copied)
                 elif plain_greedy and con is None:
+                    # the target's top tokens (on a GPU: computed there, the logits never copied)
                     top = target.forward_argmax([ctx[-1]] + draft.tokens)
                     dt = clock() - t1
                     n, nxt = greedy_accept_choice(draft.tokens, top)

@@ -106,6 +106,13 @@ class CausalLM:
     # server's, while a request runs: its client left or the server stops; a 2,500-token prompt's prefill, ~13 s on
     # the Qwen pair, went on to its end first, the engine busy and the queue waiting)
     interrupt = None
+
+    def check_interrupt(self, what: str, done: int, total: int) -> None:
+        """``Interrupted`` where ``interrupt`` says so, between the calls of ``what`` (``done`` of ``total`` tokens
+        fed)."""
+        if self.interrupt is not None and self.interrupt():
+            role = getattr(getattr(self, "spec", None), "role", "model")
+            raise Interrupted(f"{role}: {what} was interrupted after {done} of {total} tokens")
     device_argmax: bool = False  # _run(..., argmax=True) returns the indices
     skips_logits: bool = False  # _run(..., skip=s) computes logits for the last len(ids) - s positions only
     # _run(..., positions=p) computes row i at position past + p[i] (alternates: see forward_alternates)
@@ -196,9 +203,8 @@ class CausalLM:
         does not compute them (on the Qwen 1.5B, the lm_head is ~18% of a prefill)."""
         logits = None
         for start in range(0, len(ids), self.prefill_chunk):
-            if start and self.interrupt is not None and self.interrupt():
-                raise Interrupted(f"{self.spec.role if hasattr(self, 'spec') else 'model'}: the prefill was "
-                                  f"interrupted after {start} of {len(ids)} tokens")
+            if start:
+                self.check_interrupt("the prefill", start, len(ids))
             chunk = ids[start: start + self.prefill_chunk]
             logits = self.forward_from(chunk, len(chunk) - 1, copy=False)
         out = logits[-1]

@@ -137,6 +137,17 @@ class MemoryStore:
         self.dirty = True
         self._added = 0
 
+    def delete(self) -> None:
+        """Forget every sequence and delete the file (a later save writes a new one)."""
+        self.clear()
+        self.dirty = False  # nothing to save: the file goes
+        if self.path is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self._stamp = None  # (the file is gone, as this store knows)
+
     def _replace(self, pairs) -> None:
         """Hold ``pairs`` (sequence, signature), oldest first, as if added in that order (the cap applies)."""
         self.clear()
@@ -188,7 +199,7 @@ class MemoryStore:
         if self.path is None:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what a user generated is theirs
-        with _locked(self.path.with_name(f".{self.path.name}.lock")):
+        with _locked(_lock_path(self.path)):
             now = _file_stamp(self.path)
             if now != self._stamp:
                 new = list(zip(self.seqs, self.sigs))[len(self.seqs) - min(self._added, len(self.seqs)):]
@@ -254,6 +265,11 @@ class MemoryStore:
         self._stamp, self._added = stamp, 0
 
 
+def _lock_path(path: Path) -> Path:
+    """The lock file of the store at ``path``, beside it (saves and ``clear_store`` take it)."""
+    return path.with_name(f".{path.name}.lock")
+
+
 def _file_stamp(path: Path) -> tuple | None:
     """What tells one version of a file from another (None: there is none)."""
     try:
@@ -298,7 +314,7 @@ _NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[iuf][1248])', 'fortran_order': F
 
 
 def _npz_arrays(data: bytes) -> dict[str, np.ndarray]:
-    """The 1-D integer arrays of an .npz file as np.savez writes a store, read without ``np.load``: numpy's reader
+    """The 1-D arrays of numbers of an .npz file as np.savez writes a store, read without ``np.load``: numpy's reader
     evaluates each header with ``ast.literal_eval``, and a store saved from a garbage-collection finalizer (the
     engine's last generation, recorded when it goes) merges with the file first: run inside another ``ast.parse``
     of the process (pytest's, importing a module), CPython 3.11.7 failed that parse with "SystemError: AST
@@ -350,14 +366,15 @@ def read_store_signed(path: Path, fingerprint: str | None,
         sigs = z["signatures"] if signed else None
         sig_lengths = z["signature_lengths"] if signed else None
     except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, MemoryError,
-            RecursionError) as e:  # (MemoryError: an array header claiming 2**40 entries; RecursionError: the meta)
+            RecursionError) as e:  # (an array header claiming 2**40 entries: a ValueError; RecursionError: the meta)
         raise StoreError(f"the memory store {path} is corrupt ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise StoreError(f"{path} is not an edgespec memory store")
     if meta.get("version") not in READS:
         newer = isinstance(meta.get("version"), int) and meta["version"] > max(READS)
-        raise (KeptStoreError if newer else StoreError)(f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads "
-                         f"{' and '.join(map(str, READS))}")
+        raise (KeptStoreError if newer else StoreError)(
+            f"the memory store {path} has version {meta.get('version')!r}; this edgespec reads "
+            f"{' and '.join(map(str, READS))}")
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
         raise StoreError(f"the memory store {path} belongs to another bundle (fingerprint "
                          f"{meta.get('fingerprint')!r}, this bundle {fingerprint!r})")
@@ -399,11 +416,11 @@ def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = 
         if not set_aside:
             raise StoreError(f"{e}: not a memory store edgespec can use; give a new path or a store it wrote") \
                 from None
-        aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
+        stem = f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside, n = path.with_name(stem), 1
         while aside.exists() or aside.is_symlink():  # (two in one second: the first is not replaced)
             n += 1
-            aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+            aside = path.with_name(f"{stem}-{n}")
         try:
             os.replace(path, aside)
             where = f"set aside as {aside.name}"
@@ -420,7 +437,7 @@ def clear_store(manifest) -> list[Path]:
     d = path.parent
     gone = []
     if d.is_dir():
-        lock = path.with_name(f".{path.name}.lock")
+        lock = _lock_path(path)
         # under the saves' lock (a save in progress finishes first, and one after sees the file gone), which stays:
         # unlinked, a save waiting on it and a later one locked two different files, and one overwrote the other
         with _locked(lock):

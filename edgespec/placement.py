@@ -21,7 +21,7 @@ from typing import Sequence
 
 from .errors import CpuFallbackError, ProviderError
 from .integrity import cache_root, read_json_cache, stat_stamp, write_json_cache
-from .providers import CPU, GPU_PROVIDERS, available_providers, canonical, choose, log
+from .providers import CPU, GPU_PROVIDERS, available_providers, canonical, choose, log, short_name
 
 NO_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 # nodes of the builder's attention-mask subgraph (total and past lengths from the mask: int64
@@ -221,9 +221,7 @@ def _placements(path, make_options, providers: list[tuple[str, dict]]):
 
 def _runnable(names: list[str]) -> list[str]:
     """``names`` as choose() runs them: the ones this onnxruntime has (a warning for the others), CPU last."""
-    from .providers import _SHORT
-
-    return [_SHORT[n] for n, _ in choose(names).providers]
+    return [short_name(n) for n, _ in choose(names).providers]
 
 
 def requested_providers(manifest, profile, provider: str | None = None, drafter_provider: str | None = None,

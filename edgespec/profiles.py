@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import ProfileError
+from .errors import ProfileError, ProviderError
 from .providers import PROVIDER_NAMES
 
 # The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
@@ -178,11 +178,11 @@ def list_profiles() -> list[Profile]:
 
 def _short_name(name):
     """A provider's short name (``cuda`` for ``CUDAExecutionProvider``); anything else as it is, for the check."""
-    from .providers import _SHORT, canonical
+    from .providers import short_name
 
     try:
-        return _SHORT[canonical(name)]
-    except Exception:  # noqa: BLE001 -- (not a provider: _check names it)
+        return short_name(name)
+    except (ProviderError, AttributeError):  # (not a provider: _check names it)
         return name
 
 

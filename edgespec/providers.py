@@ -26,6 +26,11 @@ def canonical(name: str) -> str:
     return full
 
 
+def short_name(name: str) -> str:
+    """The short name (``cuda``) of a short or full provider name; ``ProviderError`` if unknown."""
+    return _SHORT[canonical(name)]
+
+
 def is_gpu(name: str) -> bool:
     return ALIASES.get(name.lower(), name) in GPU_PROVIDERS
 

@@ -206,15 +206,7 @@ class SuffixDrafter(LookupDrafter):
         a later generation writes a new one."""
         self._rec.ctx = None  # the generation that ran last is forgotten too
         if self.memory is not None:
-            self.memory.clear()
-            self.memory.dirty = False  # nothing to save: the file goes
-            path = self.memory.path
-            if path is not None:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
-                self.memory._stamp = None  # (the file is gone, as this store knows)
+            self.memory.delete()
 
     def add_documents(self, docs: Sequence[Sequence[int]]) -> int:
         """Index token sequences as documents; returns the tokens added."""

@@ -24,6 +24,7 @@ _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
 # a format width of 7 digits or more, or one given as an argument (`%*s`, `{:{w}}`): refused before formatting
 _PERCENT_WIDTH = re.compile(r"%[-+ #0]*(?:\*|\d{7,})")  # %-formatting (`%`, the format filter)
 _WIDE = re.compile(r"\d{7,}")
+_MAX_INDENT = 64  # tojson's indent
 
 
 def _percent_too_wide(fmt: str) -> bool:
@@ -40,7 +41,6 @@ def _format_too_wide(fmt: str) -> bool:
     except ValueError:  # (malformed: format itself refuses it)
         return False
     return any(spec and ("{" in spec or _WIDE.search(spec)) for _, _, spec, _ in fields)
-_MAX_INDENT = 64  # tojson's indent
 
 
 class _Limits:
@@ -90,10 +90,9 @@ def _checked_call(f, args, kwargs):
 
 
 def _environment():
+    from jinja2.compiler import CodeGenerator
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    from jinja2.compiler import CodeGenerator
 
     class SizedConcat(CodeGenerator):
         """``a ~ b`` (jinja2 compiles it to a join, past ``call_binop``): its result's size checked, so that a
