@@ -335,9 +335,7 @@ class Engine:
 
         decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids,
                                        think=think_tags(tokenizer)).constraint
-        self._healer = None  # token healing's index of the vocabulary (healing.Healer), built at first use
-        self._healer_lock = threading.Lock()
-        decoder.healer = self._get_healer
+        self._healer = decoder.healer = _LazyHealer(tokenizer, decoder.vocab)
         if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
             if manifest.drafter is None:
                 why = "this bundle has no drafter model"
@@ -476,12 +474,7 @@ class Engine:
         return ids
 
     def _get_healer(self):
-        with self._healer_lock:
-            if self._healer is None:
-                from .healing import Healer
-
-                self._healer = Healer.of(self.tokenizer, self.decoder.vocab)
-            return self._healer
+        return self._healer()
 
     def heal(self, ids: Sequence[int]) -> tuple[list[int], bytes]:
         """Token healing (healing.py): ``ids`` with the token before the cursor backed off (a plain prompt's
@@ -837,6 +830,26 @@ class Engine:
 
 
 _CLOSED = "this engine is closed (Engine.close): load the bundle again to generate"
+
+
+class _LazyHealer:
+    """Token healing's index of the vocabulary (``healing.Healer``), built at its first use. Apart from the
+    engine: the decoder holds it, and a bound method of the engine there made a reference cycle, which kept a
+    dropped engine (its sessions, ~1.7 GB for the Qwen pair) until the garbage collector's next full pass, and
+    ran the suffix drafter's last save at whatever point of the program that pass came (before session 45)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab: int):
+        self.tokenizer, self.vocab = tokenizer, vocab
+        self.healer = None
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        with self.lock:
+            if self.healer is None:
+                from .healing import Healer
+
+                self.healer = Healer.of(self.tokenizer, self.vocab)
+            return self.healer
 
 
 class _Closed:

@@ -308,6 +308,44 @@ def test_close_lets_go_of_the_models_and_writes_the_memory(tiny_bundle, tmp_path
         again.generate("hi")
 
 
+def test_a_dropped_engine_goes_with_its_last_reference(tiny_bundle, tmp_path):
+    """An engine dropped without close() is freed when its last reference goes, not at the garbage collector's
+    next full pass: no reference cycle runs through it (the decoder held a bound method of the engine for token
+    healing until session 45, which kept the dropped engine's sessions alive and ran the suffix drafter's last
+    save wherever that pass came), after generating, streaming, chatting, healing, a grammar, logprobs with
+    penalties, a prediction, scoring and an error; the last generation is recorded as it goes."""
+    import gc
+    import weakref
+
+    def uses(eng):
+        eng.generate("The quick brown fox", max_new_tokens=6)
+        next(eng.stream("The quick brown fox", max_new_tokens=6))  # a stream dropped halfway
+        chat = eng.chat(system="Be terse.")
+        chat.send("hi", max_new_tokens=4)
+        eng.generate("The quick bro", max_new_tokens=4, token_healing=True)
+        eng.generate([{"role": "user", "content": "hi"}], max_new_tokens=6, response_format={"type": "json_object"})
+        eng.generate("hello", max_new_tokens=6, logprobs=2, frequency_penalty=0.5, prediction="hello world")
+        eng.score("hello world", logprobs=1)
+        with pytest.raises(edgespec.ConfigError):
+            eng.generate("hi", max_new_tokens=-1)
+        eng.generate("Once upon a time", max_new_tokens=8, drafter="suffix")  # recorded when the engine goes
+
+    store = tmp_path / "mem.npz"
+    gc.collect()
+    gc.disable()
+    try:
+        eng = edgespec.load(tiny_bundle, max_context=256, memory=store)
+        uses(eng)
+        gone = weakref.ref(eng)
+        del eng
+        assert gone() is None
+        assert store.exists()
+    finally:
+        gc.enable()
+    with edgespec.load(tiny_bundle, max_context=256, memory=store) as again:
+        assert again.memory_stats()["memory_sequences"] >= 1
+
+
 def _text_of(engine, ids) -> str:
     """A reply's text: its tokens decoded, less a character its last tokens only began."""
     t = engine.tokenizer.decode(ids)
