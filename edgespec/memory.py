@@ -191,15 +191,18 @@ class MemoryStore:
         return self.table.best(keys, min_order)
 
     # -- disk ----------------------------------------------------------------------------------
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
         """Write the store atomically (temporary file, fsync, rename), merged with what another process wrote
         since this store last read or wrote the file (theirs, then this one's new sequences; the cap keeps the
         newest), or, where the file was deleted since (`edgespec memory clear`), this one's new sequences only:
-        a clear is not undone. Under a lock file where the system has ``fcntl``. OSError on failure."""
+        a clear is not undone. Under a lock file where the system has ``fcntl``. OSError on failure;
+        ``SaveBusy`` where ``wait`` is false and another save holds the lock (a garbage-collection finalizer's
+        save: its pass may have come inside this thread's own save of the same file, whose lock it would wait
+        for forever)."""
         if self.path is None:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what a user generated is theirs
-        with _locked(_lock_path(self.path)):
+        with _locked(_lock_path(self.path), wait):
             now = _file_stamp(self.path)
             if now != self._stamp:
                 new = list(zip(self.seqs, self.sigs))[len(self.seqs) - min(self._added, len(self.seqs)):]
@@ -279,19 +282,28 @@ def _file_stamp(path: Path) -> tuple | None:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+class SaveBusy(Exception):
+    """A save that was not to wait found the store's lock held (``MemoryStore.save(wait=False)``)."""
+
+
 class _locked:
     """An exclusive ``flock`` on ``path`` (made 0600) for a save's read, merge and write; nothing where the system
-    has no ``fcntl`` (Windows) or the lock file cannot be made (the save then says why, or goes on unlocked)."""
+    has no ``fcntl`` (Windows) or the lock file cannot be made (the save then says why, or goes on unlocked).
+    ``wait`` false: ``SaveBusy`` where the lock is held (by another process, or another save of this one)."""
 
-    def __init__(self, path: Path):
-        self.path, self.fd = path, None
+    def __init__(self, path: Path, wait: bool = True):
+        self.path, self.fd, self.wait = path, None, wait
 
     def __enter__(self):
         try:
             import fcntl
 
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise SaveBusy(f"the memory store {self.path.name} is being saved") from None
         except (ImportError, OSError):
             if self.fd is not None:
                 os.close(self.fd)

@@ -19,6 +19,7 @@ from it. Drafting is free (no model call) and deterministic: the draft is a poin
 """
 from __future__ import annotations
 
+import atexit
 import os
 import warnings
 import weakref
@@ -30,7 +31,7 @@ import numpy as np
 from .drafters import MAX_DRAFT, LoadEnv, LookupDrafter, Offer, register
 from .errors import ConfigError, DocumentError
 from .kv import TokenBuffer
-from .memory import DEFAULT_CAP_TOKENS, MemoryStore, bundle_fingerprint, open_store, store_path
+from .memory import DEFAULT_CAP_TOKENS, MemoryStore, SaveBusy, bundle_fingerprint, open_store, store_path
 from .ngram import MAX_TOKEN, ORDERS, LiveIndex, NgramTable, context_keys, prompt_signature
 
 _SEPARATOR = -1  # between two recalled outputs in one index: never a token, never drafted
@@ -62,7 +63,7 @@ class SuffixDrafter(LookupDrafter):
         self._rec = _Recorder(memory, orders)
         self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
         if memory is not None:  # the last generation is recorded when the drafter goes, or at exit
-            weakref.finalize(self, self._rec.flush)
+            weakref.finalize(self, self._rec.flush, False)
 
     @classmethod
     def build(cls, env: LoadEnv) -> "SuffixDrafter | None":
@@ -247,35 +248,43 @@ class _Recorder:
         self.prompt_len = 0
         self.signature: np.ndarray | None = None  # the running generation's prompt signature
         self.save_failed = False
+        self.deferred = False  # a finalizer's save left to exit (the lock was held)
         self.enabled = True
 
-    def commit(self) -> None:
+    def commit(self, wait: bool = True) -> None:
         """Record the generation that ran (the prompt's last tokens as context, and the output)."""
         ctx, self.ctx = self.ctx, None
         if ctx is None or self.memory is None or not self.enabled or len(ctx) - self.prompt_len < 2:
             return
         self.add(ctx.view(), self.prompt_len, self.signature)
-        self.save()
+        self.save(wait)
 
     def add(self, seq: Sequence[int], prompt_len: int, signature: np.ndarray | None) -> None:
         """Store the output of ``seq`` (a prompt of ``prompt_len`` tokens, then its output) with the
         prompt's last ``orders`` tokens before it: a later draft can match from the prompt's end."""
         self.memory.add(seq[max(0, prompt_len - self.orders):], signature)
 
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
+        """The store written; ``wait`` false (the drafter's finalizer, run by whatever garbage-collection pass frees
+        it, maybe inside this thread's own save of the same file): where another save holds the file's lock,
+        written at exit instead of waiting."""
         if self.memory is None or not self.memory.dirty:
             return
         try:
-            self.memory.save()
+            self.memory.save(wait)
+        except SaveBusy:
+            if not self.deferred:
+                self.deferred = True
+                atexit.register(self.save)
         except OSError as e:  # a full disk or a read-only cache: keep drafting from memory in RAM
             if not self.save_failed:
                 warnings.warn(f"cannot save the drafting memory to {self.memory.path}: {e.strerror or e}; "
                               f"it is kept in memory only", stacklevel=2)
             self.save_failed = True
 
-    def flush(self) -> None:
-        self.commit()
-        self.save()
+    def flush(self, wait: bool = True) -> None:
+        self.commit(wait)
+        self.save(wait)
 
 
 def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, what: str = "documents file",

@@ -575,3 +575,55 @@ def test_a_clear_waits_for_a_save_and_a_failed_save_merges_nothing_twice(tmp_pat
         c.save()
     c.save()
     assert [s.tolist() for s in read_store(path, "fp", 100)] == [[4, 5, 6], [10, 11], [12, 13]]
+
+
+_GC_INSIDE_A_SAVE = r"""
+import gc, sys
+import edgespec
+from edgespec import memory as M
+
+bundle, mem = sys.argv[1], sys.argv[2]
+
+
+def dropped_in_a_cycle():
+    engine = edgespec.load(bundle, memory=mem)
+    engine.generate("def hello(world):", max_new_tokens=8, drafter="suffix", ignore_eos=True)
+    engine.cycle = engine  # (kept until a garbage-collection pass, wherever it comes)
+
+
+gc.disable()
+dropped_in_a_cycle()
+other = edgespec.load(bundle, memory=mem)
+other.generate("The quick brown fox", max_new_tokens=8, drafter="suffix", ignore_eos=True)
+real = M._locked.__enter__
+
+
+def enter(self):
+    held = real(self)
+    gc.collect()  # the pass frees the first engine inside this save of the same file, its lock held
+    return held
+
+
+M._locked.__enter__ = enter
+other.generate("import numpy as np", max_new_tokens=8, drafter="suffix", ignore_eos=True)  # saves the one before
+M._locked.__enter__ = real
+other.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_save_from_a_finalizer_inside_a_save_of_the_same_store_waits_for_exit(tiny_bundle, tmp_path):
+    """(session 45) The suffix drafter's finalizer records the last generation of an engine dropped without
+    close(); where a garbage-collection pass frees it inside this thread's own save of the same store (another
+    engine of the bundle, the first held by a reference cycle), its save waited forever for the lock that save
+    held. It is written at exit now: nothing hangs, nothing is lost."""
+    import subprocess
+    import sys
+
+    from edgespec.memory import read_store
+
+    mem = tmp_path / "store.npz"
+    r = subprocess.run([sys.executable, "-c", _GC_INSIDE_A_SAVE, str(tiny_bundle), str(mem)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "closed" in r.stdout, r.stderr[-2000:]
+    assert len(read_store(mem, None, None)) == 3  # the dropped engine's, then the other's two
