@@ -115,9 +115,10 @@ class OnnxLM(CausalLM):
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
             self.min_width, self.width_multiple = measure_width(self)
-        elif self.device != "cpu":  # a policy given, not probed: verify calls no wider than the old probe's
+        elif self.device != "cpu" or getattr(spec, "kernels", None) != "edgespec-q4":
+            # a policy given, not probed: verify calls no wider than the old probe's (but edgespec's own kernels)
             self.verified_width = GPU_MIN_VERIFIED
-        elif self.device == "cpu" and self.max_context >= 2:
+        if min_width is not None and self.device == "cpu" and self.max_context >= 2:
             # no width probe (a drafter): one short call now, so that the session's first-call costs
             # (onnxruntime's allocations, the INT4 kernel's copy of its weights onto 2 MiB pages, ~0.5 s
             # for the 0.5B Qwen drafter) are paid at load, not in the first generation's first draft,

@@ -18,6 +18,12 @@ PROBE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 9)
 GPU_PROBE_WIDTHS = tuple(range(1, 17))
 # the widest verify call a GPU policy must allow (a draft of 8 tokens, as the probe always allowed)
 GPU_MIN_VERIFIED = 9
+# onnxruntime's CPU kernels are probed as a GPU's are (every width 1-16, calls bounded by where they agree) since
+# session 45: MLAS splits a call's rows between threads and computes a part of one row on its one-row path, so a
+# call of 33 tokens on 2 threads computed its last row otherwise than narrower calls (65 and 97 likewise; fp32 and
+# INT4 graphs), and a draft of 32 made greedy speculative output differ from plain decoding. Where the row split
+# falls depends on the thread count, so only a probe of every width allowed says. edgespec's own kernels compute a
+# row alike at every width by construction: for them the probe keeps to PROBE_WIDTHS, with no bound.
 
 
 def padded_width(n: int, min_width: int = 1, multiple: int = 1) -> int:
@@ -49,21 +55,23 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
     ``lm.width_seconds`` (width -> seconds; the repeated 2-token call keeps the faster of its two):
     the round policy starts from these instead of a guessed verify-width slope.
 
-    ``widths`` defaults to ``PROBE_WIDTHS`` on the CPU and ``GPU_PROBE_WIDTHS`` elsewhere. On a GPU
-    the policy also bounds the widest call: ``lm.verified_width`` is the widest probed width up to
-    which the allowed calls agree (at least ``GPU_MIN_VERIFIED``, else a wider ``min_width`` is
-    taken), and the decoder verifies no more tokens a call than that. On the CPU it stays None, no
-    bound: there the probe keeps to 1-9 tokens (a probe to 31 would cost seconds at load), and wider
-    calls are trusted to compute as those do; edgespec's own kernels (``exact-kernels``) do at every
-    width by construction (``tests/test_native.py``)."""
+    ``widths`` defaults to ``GPU_PROBE_WIDTHS`` (1-16), and the policy also bounds the widest call:
+    ``lm.verified_width`` is the widest probed width up to which the allowed calls agree (at least
+    ``GPU_MIN_VERIFIED``, else a wider ``min_width`` is taken), and the decoder verifies no more tokens a
+    call than that. For edgespec's own kernels (``exact-kernels``, on the CPU) it stays None, no bound, and
+    the probe keeps to ``PROBE_WIDTHS``: they compute a row alike at every width by construction
+    (``tests/test_native.py``). Until session 45 onnxruntime's CPU kernels were probed so too, wider calls
+    trusted to compute as those do, which MLAS's split of a call's rows between threads broke (above)."""
     gpu = lm.device != "cpu"
+    own = getattr(lm.spec, "kernels", None) == "edgespec-q4"  # edgespec's kernels: alike at every width
+    bounded = gpu or not own  # every width the decoder may call is probed, and it calls no wider
     lm.verified_width = None
-    if widths is None:  # (on a GPU, the widths the window leaves room for)
-        widths = tuple(w for w in GPU_PROBE_WIDTHS if prefix + w <= lm.max_context) if gpu else PROBE_WIDTHS
+    if widths is None:  # (bounded, the widths the window leaves room for)
+        widths = tuple(w for w in GPU_PROBE_WIDTHS if prefix + w <= lm.max_context) if bounded else PROBE_WIDTHS
         widths = widths if len(widths) >= 2 else PROBE_WIDTHS
     need = prefix + max(widths)
     if lm.max_context < need:
-        if gpu:  # not probed: no wider than the old probe's widest call
+        if bounded:  # not probed: no wider than the old probe's widest call
             lm.verified_width = GPU_MIN_VERIFIED
         return width_policy(lm.device)  # too small to probe: the rule measured on the CPU
     vocab = min(lm.spec.vocab_size, 32000)
@@ -123,20 +131,33 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
     if not np.array_equal(again, rows[2]):
         log.warning(f"{lm.spec.role}: the same call computed twice gives different logits on {lm.device}; "
                     f"greedy speculative output may differ from autoregressive output here")
-        if gpu:
+        if bounded:
             lm.verified_width = GPU_MIN_VERIFIED
         return width_policy(lm.device)
     ws = sorted(widths)
     for min_width, multiple in _candidates(ws):
         group = [w for w in ws if w >= min_width and w % multiple == 0]
         # the widest call up to which every allowed call agrees (bitwise equality is transitive: each
-        # call against the widest of the group); on the CPU the whole group must agree
-        tops = sorted((w for w in group if w >= min(GPU_MIN_VERIFIED, ws[-1])), reverse=True) if gpu else group[-1:]
+        # call against the widest of the group); unbounded (edgespec's kernels) the whole group must agree
+        # (bounded, the widest probed call is a reference only: at least 9 tokens, or what the window left room for)
+        tops = (sorted((w for w in group if w >= min(GPU_MIN_VERIFIED, ws[-2])), reverse=True) if bounded
+                else group[-1:])
         for top in tops:
             upto = [w for w in group if w <= top]
-            if len(upto) >= 2 and all(np.array_equal(rows[a], rows[top][:a]) for a in upto[:-1]) and (
+            # bounded, each allowed call up to ``top`` against a wider one's rows, its last row included (a call
+            # that computes its last row otherwise, as MLAS' row split between threads does, agrees with every
+            # narrower call on their rows: compared with those alone it passed)
+            ref = next((w for w in group if w > top), None) if bounded else top
+            if ref is None:
+                continue
+            if len(upto) >= 2 and all(np.array_equal(rows[a], rows[ref][:a]) for a in upto if a != ref) and (
                     min_width > 1 or ar_rows is None or np.array_equal(ar_rows[:top], rows[top])):
-                if not gpu and min_width == 1 and getattr(lm.spec, "kernels", None) != "edgespec-q4":
+                if bounded:
+                    lm.verified_width = top
+                    if top < ws[-1]:
+                        log.info(f"{lm.spec.role}: calls of more than {top} tokens compute their rows otherwise "
+                                 f"on {lm.device}; verify calls carry at most {top}")
+                if not gpu and min_width == 1 and not own:
                     # onnxruntime's CPU kernels: a one-token call's path can differ on some data only
                     # (session 27: the cuda-layout SmolLM2 on the CPU EP, float16 activations, at ~1 in
                     # 3 positions of real text, the probe's tokens agreeing at every width); only
@@ -144,13 +165,8 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
                     log.info(f"{lm.spec.role}: one-token calls agree with wider ones in the probe; on "
                              f"onnxruntime's CPU kernels calls carry at least 2 tokens all the same")
                     return 2, multiple
-                if gpu:
-                    lm.verified_width = top
-                    if top < ws[-1]:
-                        log.info(f"{lm.spec.role}: calls of more than {top} tokens compute their rows otherwise "
-                                 f"on {lm.device}; verify calls carry at most {top}")
                 return min_width, multiple
-    if gpu:
+    if bounded:
         lm.verified_width = ws[-1]
     return ws[-1], 1
 

@@ -110,6 +110,29 @@ def test_width_probe_picks_the_cheapest_policy_all_allowed_calls_agree_under(pat
     assert k.verified_width is None  # the CPU: no bound on the calls' width
 
 
+@pytest.mark.parametrize("path, want, verified", [
+    # every call's rows against a wider call's: the widest probed call (16) is not verified itself
+    (lambda w, i: 0.5 if w == 1 else 0.0, (2, 1), 15),
+    # a row split between threads: a call of 13 computes its last row on the one-row path (MLAS on 2 threads did
+    # so at 33, 65 and 97 rows; where depends on the thread count): calls stop at 12 tokens
+    (lambda w, i: 0.5 if (w == 1 or (w == 13 and i == 12)) else 0.0, (2, 1), 12),
+    (lambda w, i: 0.5 if (w % 2 and i == w - 1) else 0.0, (2, 2), 14),
+])
+def test_onnxruntime_cpu_kernels_are_probed_at_every_width_they_get(path, want, verified):
+    """(session 45) On onnxruntime's CPU kernels the probe calls every width to 16 and bounds verify calls by
+    where the rows stop agreeing, as on a GPU (it checked 1-9 tokens and trusted wider calls, and a call of 33
+    tokens made greedy speculative output differ from plain decoding); edgespec's own kernels keep the short
+    probe and no bound."""
+    from edgespec.width import GPU_PROBE_WIDTHS, PROBE_WIDTHS
+
+    k = _FakeKernel(path, device="cpu", kernels="onnxruntime")
+    assert measure_width(k) == want and k.verified_width == verified
+    assert k.widths >= set(GPU_PROBE_WIDTHS)
+    own = _FakeKernel(path, device="cpu", kernels="edgespec-q4")
+    measure_width(own)
+    assert own.verified_width is None and own.widths - {16} == set(PROBE_WIDTHS)  # (16: the probe's prefix)
+
+
 def test_onnxruntime_cpu_kernels_never_get_one_token_calls():
     """On the CPU EP a probe that finds every width agreeing gives "at least 2 tokens" unless the
     graph runs edgespec's own kernels: onnxruntime's one-row paths can differ on some data only
@@ -130,23 +153,27 @@ def test_gpu_probe_compares_one_token_steps_at_every_position():
     """One-token calls one after another (autoregressive decoding) against the wide calls' rows: a
     one-row path that differs at one later position only (data-dependent) is caught on a GPU."""
     k = _FakeKernel(lambda w, i: 0.0, at=lambda w, i, p: 0.5 if (w == 1 and p == 16 + 3) else 0.0)
-    assert measure_width(k) == (2, 1) and k.verified_width == 16
+    assert measure_width(k) == (2, 1) and k.verified_width == 15
     assert measure_width(_FakeKernel(lambda w, i: 0.0)) == (1, 1)
 
 
 @pytest.mark.parametrize("path, want, verified", [
-    (lambda w, i: 0.0, (1, 1), 16),
+    (lambda w, i: 0.0, (1, 1), 15),
     # a kernel that changes past 11 rows (cuBLAS picking another algorithm): the probe of widths 1-9
-    # allowed every width; now calls stop at 11 tokens
-    (lambda w, i: 0.0 if w <= 11 else 0.5, (1, 1), 11),
-    (lambda w, i: (0.5 if w == 1 else 0.0) + (0.25 if w > 12 else 0.0), (2, 1), 12),
+    # allowed every width; now calls stop at 10 tokens (an 11-token call's last row has nothing wider to agree with)
+    (lambda w, i: 0.0 if w <= 11 else 0.5, (1, 1), 10),
+    (lambda w, i: (0.5 if w == 1 else 0.0) + (0.25 if w > 12 else 0.0), (2, 1), 11),
     # a small-M path up to 4 rows: a bound of 4 would leave 3 draft tokens; 5 tokens a call is taken
-    (lambda w, i: 0.0 if w <= 4 else 0.5, (5, 1), 16),
+    (lambda w, i: 0.0 if w <= 4 else 0.5, (5, 1), 15),
+    # every width its own: every call runs at the widest, alike
     (lambda w, i: float(w), (16, 1), 16),
+    # a call's last row otherwise (a row split between threads): 12 tokens
+    (lambda w, i: 0.5 if (w == 13 and i == 12) else 0.0, (1, 1), 12),
 ])
 def test_width_probe_on_a_gpu_checks_every_width_it_allows(path, want, verified):
     """On a GPU provider the probe compares every width of 1-16 tokens and bounds the widest call by
-    where the rows stop agreeing (at least 9 tokens a call allowed)."""
+    where the rows stop agreeing (at least 9 tokens a call allowed), each call's rows, its last included, against
+    a wider call's (session 45: before, the widest agreeing call's last row was compared with nothing)."""
     k = _FakeKernel(path)
     assert measure_width(k) == want and k.verified_width == verified
     from edgespec.width import GPU_PROBE_WIDTHS
@@ -200,11 +227,13 @@ def test_width_is_measured_at_load_on_the_cpu(bundle, request):
     assert eng.decoder.target.min_width == 2
     assert eng.decoder.drafters["model"].lm.min_width == 1
     assert OnnxLM(load_manifest(request.getfixturevalue(bundle)).target, 20, choose(["cpu"])).min_width == 2  # rule
-    # the probe's calls are timed and seed the round policy's verify-width costs
-    from edgespec.width import PROBE_WIDTHS
+    # the probe's calls are timed and seed the round policy's verify-width costs; onnxruntime's kernels are
+    # probed at every width to 16 and verify calls bounded by it (session 45: MLAS' row split between threads)
+    from edgespec.width import GPU_PROBE_WIDTHS
 
     took = eng.decoder.target.width_seconds
-    assert set(took) == set(PROBE_WIDTHS) and all(t > 0 for t in took.values())
+    assert set(took) == set(GPU_PROBE_WIDTHS) and all(t > 0 for t in took.values())
+    assert 9 <= eng.decoder.target.verified_width <= 16
     assert eng.decoder.policy.measured.target == took
     assert edgespec.load(request.getfixturevalue(bundle), max_context=256, min_width=2).decoder.policy.measured.target == {}
 

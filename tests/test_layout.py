@@ -274,7 +274,7 @@ def test_smollm2_cuda_layout_on_the_cpu_ep_is_exact_on_real_text(smol_cuda):
         return out
 
     eng = edgespec.load(smol_cuda, max_context=512, memory=False)
-    assert (eng.decoder.target.min_width, eng.decoder.target.verified_width) == (2, None)
+    assert eng.decoder.target.min_width == 2 and 9 <= eng.decoder.target.verified_width <= 16
     assert drifts(eng) == 0
     assert drifts(edgespec.load(smol_cuda, max_context=512, memory=False, min_width=1)) >= 2
 

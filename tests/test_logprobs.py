@@ -70,6 +70,29 @@ def test_greedy_logprobs_are_the_targets_under_every_drafter(tiny_bundle, drafte
             assert r.stats["drafted"] > 0  # the values came from verify calls of several tokens
 
 
+@pytest.mark.parametrize("bundle", ["tiny_bundle", "tiny_int4_bundle"])
+def test_wide_verify_calls_keep_the_logprobs_of_plain_decoding_bit_for_bit(bundle, request):
+    """(session 45, a review) A draft of 32 tokens made a verify call of 33, whose last row onnxruntime's MLAS
+    computed on its one-row path (a call's rows split between 2 threads: 32 and 1), so greedy speculative logprobs
+    differed from plain decoding's from the 33rd token on (and a near tie's token could flip); the width probe had
+    checked calls of 1-9 tokens only. The probe now checks every width to 16 on onnxruntime's CPU kernels and
+    verify calls carry no more than it verified: a prediction drafted 32 at a time gives plain decoding's bits."""
+    b = request.getfixturevalue(bundle)
+    eng = edgespec.load(b, memory=False)
+    target = eng.decoder.target
+    assert target.verified_width is not None and 9 <= target.verified_width <= 16
+    kw = dict(max_new_tokens=80, ignore_eos=True, logprobs=3)
+    prompt = "def hello world return + 1 The quick brown fox"
+    eng.reset()
+    plain = eng.generate(prompt, drafter="none", **kw)
+    for k in (32, 64):
+        eng.reset()
+        r = eng.generate(prompt, drafter="prediction", prediction=plain.token_ids, draft_tokens=k, max_draft_tokens=k,
+                         **kw)
+        assert r.token_ids == plain.token_ids and r.logprobs == plain.logprobs, k
+        assert r.stats["drafted"] > 40  # (long drafts were made; the calls carried what was verified)
+
+
 @pytest.mark.parametrize("drafter", ["none", "model", "auto"])
 def test_sampled_logprobs_are_the_targets_untempered(tiny_bundle, drafter):
     """Under sampling the logprobs are the model's (the softmax of its logits), not the tempered, truncated
