@@ -26,7 +26,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .decoder import Decoder, GenerationConfig, Stats, TokenLogprob
+from .decoder import Decoder, GenerationConfig, Stats, Step, TokenLogprob
 from .drafters import DRAFTERS, LoadEnv
 from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
@@ -552,11 +552,17 @@ class Engine:
             healed = cfg.heal.decode("utf-8")
         except UnicodeDecodeError:
             raise ConfigError("heal must be the bytes of UTF-8 text") from None
-        return self._deltas(ids, stop, cfg, healed)
+        stats = Stats()
+        # the decoder's checks (a prompt too long for the context, an empty one, a grammar that does not compile, a
+        # prediction too long) made now, by the call (before session 45: at the first next())
+        gen = self.decoder.generate(ids, cfg, stats)
+        return self._deltas(gen, stats, stop, cfg, healed)
 
-    def _deltas(self, ids: Sequence[int], stop: list[str], cfg: GenerationConfig, skip_text: str) -> Iterator[Delta]:
-        """``stream_ids``' generator, once its options are checked."""
-        stats = self._local.stats = Stats()
+    def _deltas(self, gen: Iterator[Step], stats: Stats, stop: list[str], cfg: GenerationConfig,
+                skip_text: str) -> Iterator[Delta]:
+        """``stream_ids``' generator, once its options are checked: ``gen`` the decoder's steps, ``stats`` theirs
+        (the thread's ``last_stats`` from the first step: a call refused, at the call or for a stream this thread
+        holds, leaves the last generation's)."""
         stats.healed = skip_text
         skip = len(skip_text)
         dec = self.tokenizer.stream_decoder()
@@ -569,8 +575,7 @@ class Engine:
         want_lp = cfg.logprobs is not None
         entries: list[dict] = []
         sent = 0
-        # the decoder's lock serializes generations (and refuses one nested in its own stream)
-        gen = self.decoder.generate(ids, cfg, stats)
+        first = True
 
         def push(new: str) -> str:  # the text a round decoded, less what healing re-spelled
             nonlocal skip
@@ -580,23 +585,38 @@ class Engine:
             return new
 
         try:
-            for step in gen:
-                if want_lp:  # token by token: the offset where each token's text starts
-                    for lp in step.logprobs:
-                        entries.append(self.logprob_entry(lp, len(text) + len(pending)))
-                        pending += push(dec.push([lp.token]))
-                else:
-                    pending += push(dec.push(step.tokens))
-                if step.finish_reason:
+            for step in gen:  # (the decoder's lock serializes generations, and refuses one nested in its own stream)
+                if first:
+                    self._local.stats, first = stats, False
+                base = len(dec.ids)
+                hit = None
+                # token by token where stop strings or logprobs are asked for: a stop is looked for after each
+                # token, as plain decoding's one-token rounds look for it, so that a round of several tokens cuts
+                # where they cut (nested stops, "ov)hri" and "v)h": the inner one ends first, one token at a time,
+                # and the outer one starts first, found in a round that completed both at once); with logprobs,
+                # the offset where each token's text starts
+                groups = [[t] for t in step.tokens] if (stops or want_lp) else [step.tokens]
+                for j, group in enumerate(groups):
+                    if want_lp:
+                        entries.append(self.logprob_entry(step.logprobs[j], len(text) + len(pending)))
+                    pending += push(dec.push(group))
+                    if step.finish_reason and j == len(groups) - 1:
+                        break  # (the flush below, then the last look for a stop)
+                    if stops:
+                        hit = _find_stop(text + pending, stops, len(text))
+                        if hit is not None:
+                            break
+                if step.finish_reason and hit is None:
                     pending += push(dec.flush())
                     stats.healed = skip_text[:len(skip_text) - skip]  # (a reply cut before it spelled it all)
+                    if stops:
+                        hit = _find_stop(text + pending, stops, len(text))
                 if stops:
-                    hit = _find_stop(text + pending, stops, len(text))
                     if hit is not None:
                         stats.finish_reason = "stop"
                         # (held-back text's ids may be out already; the ids' text begins with what healing re-spelled)
                         kept = self._ids_up_to(dec.ids, hit + len(skip_text))
-                        yield Delta((text + pending)[len(text):hit], kept[len(dec.ids) - len(step.tokens):], stats,
+                        yield Delta((text + pending)[len(text):hit], kept[base:], stats,
                                     entries[sent:len(kept)] if want_lp else None)
                         return
                     # hold back a tail that may be the start of a stop string

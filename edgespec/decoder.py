@@ -425,6 +425,10 @@ class Decoder:
 
     def generate(self, prompt_ids: Sequence[int], cfg: GenerationConfig | None = None,
                  stats: Stats | None = None) -> Iterator[Step]:
+        """The generation's steps; what it refuses (``_check``, a grammar that does not compile, token healing without
+        a tokenizer) is refused by the call itself, not at the first ``next()`` (since session 45: a stream's prompt
+        too long for the context was refused only when read); the model runs from the first ``next()``, under the
+        lock."""
         cfg = cfg or GenerationConfig()
         prompt = [int(t) for t in prompt_ids]
         self._check(len(prompt), cfg)
@@ -437,8 +441,11 @@ class Decoder:
             if self.healer is None:
                 raise ConfigError("this engine has no tokenizer for token healing")
             con = HealConstraint(self.healer(), cfg.heal)
+        return self._held(prompt, cfg, stats if stats is not None else Stats(), con)
+
+    def _held(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con) -> Iterator[Step]:
         with self.lock.hold():
-            yield from self._generate(prompt, cfg, stats if stats is not None else Stats(), con)
+            yield from self._generate(prompt, cfg, st, con)
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:
         sp, target, clock, policy = cfg.sampling, self.target, self.clock, self.policy

@@ -79,6 +79,59 @@ def test_stop_strings_truncate_before_the_stop(engine):
     assert missing.text == full.text and missing.finish_reason == full.finish_reason
 
 
+def test_nested_stop_strings_cut_where_plain_decoding_cuts(engine):
+    """(session 45, a review) Two stop strings, one inside the other ("ov)hri" and "v)h"): one token a round finds
+    the inner one first, as soon as it ends; a speculative round that completed both at once found the outer one,
+    which starts earlier, and cut the reply shorter (92 of 1,238 such pairs differed). Stops are looked for after
+    each token now: every drafter cuts where plain decoding does."""
+    prompt = "hello world the cat sat on the mat"
+    full = engine.generate(prompt, max_new_tokens=40, drafter="none", ignore_eos=True).text
+    pairs = []
+    for i in range(len(full) // 4, len(full) - 6):
+        outer, inner = full[i:i + 6], full[i + 1:i + 4]
+        if full.find(outer) == i and full.find(inner) == i + 1 and "\ufffd" not in outer:
+            pairs.append([outer, inner])
+    assert len(pairs) >= 5, full
+    differ = 0
+    for stops in pairs:
+        plain = engine.generate(prompt, max_new_tokens=40, drafter="none", ignore_eos=True, stop=stops)
+        assert plain.finish_reason == "stop" and plain.text in (full[:full.find(stops[1])], full[:full.find(stops[0])])
+        differ += plain.text != full[:full.find(stops[0])]  # (the inner one ended first, in a token of its own)
+        for d in ("model", "prompt-lookup", "auto"):
+            r = engine.generate(prompt, max_new_tokens=40, drafter=d, ignore_eos=True, stop=stops)
+            assert (r.text, r.token_ids, r.finish_reason) == (plain.text, plain.token_ids, "stop"), (stops, d)
+            assert "".join(engine.stream(prompt, max_new_tokens=40, drafter=d, ignore_eos=True, stop=stops)) == r.text
+    assert differ >= 3
+
+
+def test_a_stream_refuses_at_the_call_and_a_refusal_keeps_the_last_stats(engine):
+    """(session 45, a review) The decoder's checks ran at a stream's first next(): a prompt too long for the context
+    (802 tokens of few characters), an empty prompt, a prediction longer than the context and a grammar that does
+    not compile were refused only when the stream was read, where the README says at the call; and a refused call
+    replaced the thread's last_stats with an empty one (inside an open stream too)."""
+    ctx = engine.max_context
+    long_ids = [5] * ctx
+    engine.generate("The quick brown fox", max_new_tokens=6, ignore_eos=True)
+    before = engine.last_stats
+    assert before.new_tokens == 6
+    for call, error in [(lambda: engine.stream_ids(long_ids, max_new_tokens=4), edgespec.ContextOverflowError),
+                        (lambda: engine.stream("", max_new_tokens=4), edgespec.ConfigError),
+                        (lambda: engine.stream_ids([], max_new_tokens=4), edgespec.ConfigError),
+                        (lambda: engine.stream("hi", max_new_tokens=4, prediction=[5] * (ctx + 1)), edgespec.ConfigError),
+                        (lambda: engine.stream("hi", max_new_tokens=4, grammar="garbage("), edgespec.ConfigError)]:
+        with pytest.raises(error):
+            call()  # (not next(call()))
+        assert engine.last_stats is before
+    stream = engine.stream("Once upon a time", max_new_tokens=8)
+    next(stream)
+    mine = engine.last_stats
+    assert mine is not before
+    with pytest.raises(edgespec.BusyError):
+        engine.generate("hi", max_new_tokens=2)
+    assert engine.last_stats is mine  # (still the open stream's)
+    stream.close()
+
+
 def test_stop_string_spanning_rounds_leaves_none_of_its_ids(engine):
     """One token a round (drafter none): a stop string of three tokens is held back as text over
     several rounds while its ids went out; the Result's ids still end where its text ends."""
