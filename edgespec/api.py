@@ -976,6 +976,7 @@ class ChatSession:
         return _texts(self._turn(text, stop, kw))
 
     def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
+        self.engine.config(**kw)  # (a bad option refused before the turn uses it: max_new_tokens="5" was a TypeError)
         return self.engine._collect(self._turn(text, stop, kw))
 
 
@@ -984,7 +985,7 @@ def _stops(stop) -> list[str]:
     if stop is None:
         return []
     if isinstance(stop, str):
-        return [stop]
+        stop = [stop]  # (checked as a list's: one string that is not UTF-8 was taken)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}"[:200])
     for s in stop:

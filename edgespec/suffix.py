@@ -24,7 +24,7 @@ import os
 import warnings
 import weakref
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -336,10 +336,21 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
     is checked before any is indexed). Returns the tokens added."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    texts = [texts] if isinstance(texts, str) else list(texts)  # (one text is one document, not one a character)
+    # (bytes were read as a list of ints, a number or None was a TypeError)
+    if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Iterable):
+        raise DocumentError(f"documents are named by a path or a list of paths, got {type(paths).__name__}")
+    if isinstance(texts, str):
+        texts = [texts]  # (one text is one document, not one a character)
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise DocumentError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
+    paths, texts = list(paths), list(texts)  # (a glob's generator, read once)
     for t in texts:
         if not isinstance(t, str):
             raise DocumentError(f"texts must be strings, got {type(t).__name__}")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:  # (a lone surrogate: the tokenizer's message spoke of "the prompt")
+            raise DocumentError("a documents text is not valid UTF-8 (it holds a lone surrogate)") from None
     d = suffix_drafter(engine)
     all_texts = [read_document(p) for p in paths] + list(texts)
     room = d.max_document_tokens - d.document_tokens

@@ -132,6 +132,36 @@ def test_a_stream_refuses_at_the_call_and_a_refusal_keeps_the_last_stats(engine)
     stream.close()
 
 
+@pytest.mark.parametrize("call, error", [
+    (lambda e: e.chat().send("hi", max_new_tokens="5"), edgespec.ConfigError),
+    (lambda e: e.chat().send("hi", max_new_tokens=float("nan")), edgespec.ConfigError),
+    (lambda e: e.chat().send("hi", max_new_tokens=[3]), edgespec.ConfigError),
+    (lambda e: e.add_documents(5), edgespec.DocumentError),
+    (lambda e: e.add_documents(None), edgespec.DocumentError),
+    (lambda e: e.add_documents(b"/etc/hostname"), edgespec.DocumentError),
+    (lambda e: e.add_documents(texts=None), edgespec.DocumentError),
+    (lambda e: e.add_documents(texts=["ok", "\ud800"]), edgespec.DocumentError),
+    (lambda e: e.generate("hi", max_new_tokens=4, stop="\ud800"), edgespec.ConfigError),
+])
+def test_bad_arguments_of_send_documents_and_one_stop_are_typed(engine, call, error):
+    """(session 45, a review) chat.send used max_new_tokens before checking it (a TypeError, or a false
+    ContextOverflowError for NaN), add_documents took any argument (a TypeError; bytes iterated as ints; a lone
+    surrogate blamed "the prompt"), one stop string that is not UTF-8 was taken where a list's was refused."""
+    with pytest.raises(error):
+        call(engine)
+    assert engine.memory_stats()["document_tokens"] == 0  # (nothing indexed)
+
+
+def test_add_documents_takes_any_iterable_of_paths(engine, tmp_path):
+    (tmp_path / "a.md").write_text("alpha beta gamma\n")
+    (tmp_path / "b.md").write_text("delta epsilon\n")
+    try:
+        assert engine.add_documents(sorted(tmp_path.glob("*.md"))) > 0
+        assert engine.add_documents(p for p in tmp_path.glob("*.md")) > 0  # (a generator, read once)
+    finally:
+        engine.decoder.drafters["suffix"].clear_documents()
+
+
 def test_stop_string_spanning_rounds_leaves_none_of_its_ids(engine):
     """One token a round (drafter none): a stop string of three tokens is held back as text over
     several rounds while its ids went out; the Result's ids still end where its text ends."""
