@@ -102,6 +102,9 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
             documents = list(documents)
         except TypeError:
             pass  # refused below
+    # numpy's booleans as Python's (memory=np.True_ was taken for a path; use_drafter, verify, cuda_graphs refused)
+    use_drafter, verify, memory, cuda_graphs = (bool(v) if isinstance(v, np.bool_) else v
+                                                for v in (use_drafter, verify, memory, cuda_graphs))
     if isinstance(max_context, numbers.Integral) and not isinstance(max_context, bool):
         max_context = int(max_context)
     if isinstance(min_width, numbers.Integral) and not isinstance(min_width, bool):
@@ -728,6 +731,7 @@ class Engine:
         ``chat_template_kwargs``: more variables for the chat template (Qwen3's ``enable_thinking``); a thinking
         model's reply keeps its ``<think>`` block in ``text`` (``edgespec.split_reasoning`` takes it apart)."""
         template_kwargs = kw.pop("chat_template_kwargs", None)
+        token_healing = bool(token_healing) if isinstance(token_healing, np.bool_) else token_healing
         if not isinstance(token_healing, bool):
             raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
         if suffix is not None or token_healing:
@@ -762,6 +766,7 @@ class Engine:
                        template_kwargs: dict | None = None) -> list[int]:
         """A plain or fill-in-the-middle prompt's ids; with ``token_healing`` the token before the cursor backed
         off and ``kw['heal']`` set to its bytes (``heal``)."""
+        token_healing = bool(token_healing) if isinstance(token_healing, np.bool_) else token_healing
         if not isinstance(token_healing, bool):
             raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
         if token_healing and not isinstance(prompt, str):

@@ -433,3 +433,17 @@ def _text_of(engine, ids) -> str:
     """A reply's text: its tokens decoded, less a character its last tokens only began."""
     t = engine.tokenizer.decode(ids)
     return t[:-1] if t.endswith("\ufffd") and engine.tokenizer.ends_mid_character(ids) else t
+
+
+def test_numpy_booleans_are_taken_where_booleans_are(tiny_bundle, tmp_path, monkeypatch):
+    """(session 45, a review) numpy's booleans were taken by some options (parse_special, ignore_eos) and refused by
+    others (token_healing, load's use_drafter, verify, cuda_graphs); memory=np.True_ was taken for a path."""
+    import numpy as np
+
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    eng = edgespec.load(tiny_bundle, use_drafter=np.False_, verify=np.True_, memory=np.True_, cuda_graphs=np.False_)
+    assert "model" not in eng.decoder.drafters
+    assert eng.memory_stats()["memory_path"].startswith(str(tmp_path / "memory"))
+    r = eng.generate("The quick bro", max_new_tokens=4, token_healing=np.True_, ignore_eos=np.True_)
+    assert len(r.token_ids) == 4
+    eng.close()
