@@ -918,10 +918,14 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.dropped = 0
 
+    def room(self, max_new: int) -> int:
+        """The tokens a turn keeps free for its reply (older exchanges are dropped to keep them)."""
+        return min(max_new, self.reserve, self.engine.max_context // 2)
+
     def _fit(self, max_new: int) -> list[int]:
         """The prompt ids of the history, dropping the oldest exchanges until they fit. On a refusal
         (a message too long on its own) ``_turn`` puts back the history as it was."""
-        reserve = min(max_new, self.reserve, self.engine.max_context // 2)
+        reserve = self.room(max_new)
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         while True:
             least = sum(self.engine.tokenizer.min_tokens(m["content"]) for m in self.messages

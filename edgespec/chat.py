@@ -104,9 +104,10 @@ class ChatRepl:
 
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "hi"}]
         n = len(self.engine.encode(msgs, template_kwargs=self.session.template_kwargs))
-        if n >= self.engine.max_context:
-            raise ContextOverflowError(f"the system prompt and a one-word question take {n} tokens; the context "
-                                       f"holds {self.engine.max_context} (prompt plus at least one new token)")
+        room = self.session.room(self.options.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
+        if n + room > self.engine.max_context:  # (each turn keeps that room for its reply: every one failed)
+            raise ContextOverflowError(f"the system prompt and a one-word question take {n} tokens and each reply "
+                                       f"keeps {room} free; the context holds {self.engine.max_context}")
 
     # -- output --------------------------------------------------------------------------------
     def _out(self, text: str) -> None:
@@ -191,8 +192,11 @@ class ChatRepl:
             if not line:
                 continue
             if line.startswith("/"):
-                if not self.command(line):
-                    return self._exit_code()
+                try:
+                    if not self.command(line):
+                        return self._exit_code()
+                except KeyboardInterrupt:  # (a /load or /save of a large file: the command is dropped, the
+                    self._note("[interrupted]")  # conversation kept as it was; it ended the chat before)
                 continue
             self.reply(line)
 
@@ -223,6 +227,9 @@ class ChatRepl:
         if stopped:
             self._repair_history(parts)
             self._note("[stopped]")
+        elif getattr(self.engine.last_stats, "finish_reason", None) == "context":
+            self._note(f"[the reply stopped because the context ({self.engine.max_context} tokens) is full; older "
+                       "exchanges are dropped to make room at the next turn]")
         if self.show_stats and self.engine.last_stats is not None:
             self._note(summary(self.engine.last_stats))
 
@@ -338,20 +345,23 @@ class ChatRepl:
             self._error(f"{shown} is not a conversation /save wrote (a JSON list of {{role, content}} messages)")
             return
         turns = [m["role"] for m in messages[1 if messages and messages[0]["role"] == "system" else 0:]]
-        if turns != ["user", "assistant"] * (len(turns) // 2) + ["user"] * (len(turns) % 2):
-            # (what /save writes; the history is cut an exchange at a time when it outgrows the context)
-            self._error(f"{shown}: the messages after the system prompt must alternate user, assistant, ... as "
-                        "/save writes them")
+        if turns != ["user", "assistant"] * (len(turns) // 2):
+            # (what /save writes; the history is cut an exchange at a time when it outgrows the context, and a next
+            # turn follows an answer: a trailing question made user, user, assistant, which /load then refused)
+            self._error(f"{shown}: the messages after the system prompt must alternate user, assistant, ..., ending "
+                        "with an answer, as /save writes them")
             return
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
         try:
             if messages:
                 # the chat template takes it (its roles in an order it allows)
                 self.engine.encode(messages, template_kwargs=self.session.template_kwargs)
+            self._check_start(system)  # (a system prompt that leaves no room for a turn: every turn would fail)
         except EdgespecError as e:
             self._error(f"{shown}: {str(e).splitlines()[0]}")
             return
         self.session.messages = messages
-        self.session.system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+        self.session.system = system
         self.session.dropped = 0
         self._out(f"[loaded {len(messages)} messages from {shown}]\n")
 

@@ -498,15 +498,21 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
                           f"give --window {ctx_tokens} or less")
     ids = eng.tokenizer.encode(text, parse_special=False)
 
+    shown = []
+
     def progress(done, total, ppl):
         if not as_json:
             click.echo(f"\r[{done}/{total}] perplexity {ppl:.4f}", nl=False, err=True)
+            shown[:] = [True]
 
-    r = perplexity(eng, ids, window, max_windows, progress)
+    try:
+        r = perplexity(eng, ids, window, max_windows, progress)
+    finally:
+        if shown:  # the progress line ended, so that what follows (an error, Ctrl-C's) starts a line of its own
+            click.echo("", err=True)
     if as_json:
         click.echo(json.dumps({"bundle": str(bundle), **r.to_dict()}))
     else:
-        click.echo("", err=True)
         click.echo(f"perplexity {r.perplexity:.4f} over {r.tokens} tokens ({r.windows} windows of {r.window}, "
                    f"the second half of each scored; the text has {r.text_tokens} tokens), "
                    f"{r.seconds:.1f} s ({r.tokens_per_second:.0f} tokens/s read)")

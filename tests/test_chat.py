@@ -386,3 +386,62 @@ def test_load_continues_a_saved_conversation(tiny_bundle, tmp_path):
     got = json.loads(again.read_text())
     assert got[:3] == conv and got[3] == {"role": "user", "content": "how are you"} and got[4]["role"] == "assistant"
     assert other.read_text() == "not json"
+
+
+def test_load_and_start_keep_room_for_a_turn_and_its_reply(tiny_bundle, tmp_path):
+    """(session 45, a review) /load took a conversation ending with a question (the next turn made user, user,
+    assistant, which /save wrote and /load then refused; cutting it to fit left an answer first), and a system
+    prompt that left a question but not the reply's room passed the start check (and /load): every turn then failed.
+    Both are refused in one line now, and the chat goes on as it was."""
+    trailing, roomless = tmp_path / "trailing.json", tmp_path / "roomless.json"
+    trailing.write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    roomless.write_text(json.dumps([{"role": "system", "content": "word " * 100}]))
+    r = _piped(tiny_bundle, f"/load {trailing}\n/load {roomless}\nhello\n", "--max-new-tokens", "6",
+               "--max-context", "128")
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errs) == 2 and "ending with an answer" in errs[0] and "system prompt" in errs[1], r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    # at start: a system prompt that leaves no room for a reply of --max-new-tokens (up to the reserve)
+    r = _piped(tiny_bundle, "hello\n", "--system", "word " * 20, "--max-context", "128", "--max-new-tokens", "64")
+    assert r.returncode == 3 and "each reply keeps 64 free" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = _piped(tiny_bundle, "hello\n", "--system", "word " * 20, "--max-context", "128", "--max-new-tokens", "4")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_reply_cut_by_a_full_context_says_so(tiny_bundle):
+    """(session 45) A reply that stopped because the context filled was cut without a word (`generate` said it)."""
+    import io
+
+    import edgespec
+    from edgespec.chat import ChatRepl
+
+    eng = edgespec.load(tiny_bundle, memory=False, max_context=64)
+    no_end = {t: -100.0 for t in eng.manifest.eos_token_ids}
+    out, err = io.StringIO(), io.StringIO()
+    repl = ChatRepl(eng, options={"max_new_tokens": 400, "logit_bias": no_end}, stdin=io.StringIO("hello\n"),
+                    stdout=out, stderr=err)
+    assert repl.run() == 0, err.getvalue()
+    assert eng.last_stats.finish_reason == "context"
+    assert "the reply stopped because the context (64 tokens) is full" in err.getvalue()
+
+
+def test_ctrl_c_in_a_command_keeps_the_chat(tiny_bundle, tmp_path):
+    """(session 45) Ctrl-C while a command ran (a /load of a large file) ended the chat, the conversation lost."""
+    import io
+
+    import edgespec
+    from edgespec.chat import ChatRepl
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    out, err = io.StringIO(), io.StringIO()
+    repl = ChatRepl(eng, options={"max_new_tokens": 4}, stdin=io.StringIO("hello\n/load big.json\n/save "
+                                                                          f"{tmp_path / 'c.json'}\n"),
+                    stdout=out, stderr=err)
+
+    def slow_load(arg):
+        raise KeyboardInterrupt
+
+    repl._load = slow_load
+    assert repl.run() == 0, err.getvalue()
+    assert "[interrupted]" in err.getvalue()
+    assert [m["role"] for m in json.loads((tmp_path / "c.json").read_text())] == ["user", "assistant"]
