@@ -601,8 +601,15 @@ class Engine:
                 groups = [[t] for t in step.tokens] if (stops or want_lp) else [step.tokens]
                 for j, group in enumerate(groups):
                     if want_lp:
-                        entries.append(self.logprob_entry(step.logprobs[j], len(text) + len(pending)))
-                    pending += push(dec.push(group))
+                        held = dec.held()
+                        at = len(text) + len(pending)
+                        new = push(dec.push(group))
+                        if held and new.startswith(held):  # (bytes held before it that stayed U+FFFD, no UTF-8:
+                            at += len(held)  # its text starts after theirs; its entry went out with theirs before)
+                        entries.append(self.logprob_entry(step.logprobs[j], at))
+                        pending += new
+                    else:
+                        pending += push(dec.push(group))
                     if step.finish_reason and j == len(groups) - 1:
                         break  # (the flush below, then the last look for a stop)
                     if stops:
@@ -798,6 +805,8 @@ class Engine:
                 lps = lps if lps is not None else []
                 lps.extend(lp)
         ids = self.returned_ids(ids, "".join(parts), stats)
+        if lps is not None:  # one entry a returned token (a stop string's tokens are left out of both)
+            lps = lps[:len(ids)]
         d = stats.to_dict() if stats else {}
         return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps)
 

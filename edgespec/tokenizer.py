@@ -435,6 +435,13 @@ class StreamDecoder:
             return delta
         return ""
 
+    def held(self) -> str:
+        """The text of the tokens pushed but not emitted yet (ending in U+FFFD: a character they only began, or bytes
+        that are no UTF-8, which a later push emits as U+FFFD before its own text)."""
+        if self._read == len(self.ids):
+            return ""
+        return self._tok.decode(self.ids[self._prefix:])[len(self._tok.decode(self.ids[self._prefix:self._read])):]
+
     def flush(self) -> str:
         """The text held back, at the end of a generation. A character whose bytes the last tokens
         only began (a reply cut by its token limit) is left out rather than sent as U+FFFD (on

@@ -299,6 +299,41 @@ def test_the_logprobs_and_perplexity_scripts_run_on_a_tiny_bundle(tiny_bundle, t
     assert r.returncode == 2 and "needs a bundle exported from a GGUF" in r.stderr
 
 
+def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_byte_that_is_no_utf8(smol_int4, monkeypatch):
+    """(session 45, a review) A token that is a byte no UTF-8 character starts with (b"\\xbe", U+FFFD in the text),
+    then a stop string: one token a round, the next token's entry took the offset of the held byte's U+FFFD and
+    went out with it, so the entries held one more token than the ids, and other than a round of both tokens gave.
+    Its entry starts after the U+FFFD now, whatever the rounds."""
+    from edgespec.decoder import Step, TokenLogprob
+
+    eng = edgespec.load(smol_int4, memory=False)
+    enc = lambda s: eng.tokenizer.encode(s, add_special=False)  # noqa: E731
+    bad = next(i for i in range(eng.tokenizer.vocab_size) if eng.tokenizer.token_bytes(i) == b"\xbe")
+
+    def script(rounds):
+        class Fake:
+            def check_ids(self, ids, what):
+                pass
+
+            def generate(self, prompt, cfg, stats):
+                for i, toks in enumerate(rounds):
+                    yield Step(list(toks), None if i < len(rounds) - 1 else "length",
+                               [TokenLogprob(t, -1.0) for t in toks])
+        monkeypatch.setattr(eng, "decoder", Fake())
+        monkeypatch.setattr(eng, "config", lambda **kw: GenerationConfig(logprobs=kw.get("logprobs")))
+        streamed = list(eng.stream_ids([1], stop=["xy"], logprobs=0))
+        return eng._collect(iter(streamed)), [e for d in streamed for e in (d.logprobs or [])]
+
+    x, y = enc("x"), enc("y")
+    results = [script(rounds) for rounds in ([enc("a") + [bad], x, y, enc("z")], [enc("a") + [bad] + x + y + enc("z")],
+                                             [enc("a"), [bad], x + y])]
+    for r, streamed in results:
+        assert r.text == "a\ufffd" and r.finish_reason == "stop"
+        assert [e["token_id"] for e in r.logprobs] == r.token_ids == enc("a") + [bad]
+        assert streamed == r.logprobs  # (no entry streamed that the reply then left out)
+    assert all(r.logprobs == results[0][0].logprobs for r, _ in results)
+
+
 def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(smol_int4, monkeypatch):
     """A character of several tokens, then a stop string seen a round later (the engine's own tokenizer and
     stream, a scripted decoder): the ids returned keep the whole character, and the entries are theirs."""
