@@ -56,8 +56,9 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
 @click.option("--drafter-vocab-corpus", multiple=True, type=click.Path(),
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
 @click.option("--exact-kernels", is_flag=True,
-              help="Then rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels'): "
-                   "exact one-token decoding; the bundle then runs on the CPU EP only (x86-64 and aarch64).")
+              help="Rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels') before "
+                   "it is written (a failed rewrite leaves nothing, as any failed export): exact one-token decoding; "
+                   "the bundle then runs on the CPU EP only (x86-64 and aarch64).")
 @click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="With --exact-kernels: " + _KV_HELP + " Default float16.")
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (faster).")
@@ -99,16 +100,10 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device,
-                        drafter_vocab=drafter_vocab, drafter_vocab_corpus=drafter_vocab_corpus)
-    if exact_kernels:
-        import sys
-
-        from edgespec_export.kernels import apply_to_bundle
-
-        print("[exact-kernels] rewriting to edgespec.MatMulQ4", file=sys.stderr, flush=True)
-        out = apply_to_bundle(out, None, log=lambda line: print(line, file=sys.stderr, flush=True),
-                              kv_dtype=kv_dtype)  # (None: float16)
-    elif algos := list(dict.fromkeys(a for a in (quant_algo, drafter_quant_algo) if a in FLOAT_ZERO_POINTS)):
+                        drafter_vocab=drafter_vocab, drafter_vocab_corpus=drafter_vocab_corpus,
+                        exact_kernels=exact_kernels, kv_dtype=kv_dtype)  # (the rewrite before the bundle is published)
+    algos = list(dict.fromkeys(a for a in (quant_algo, drafter_quant_algo) if a in FLOAT_ZERO_POINTS))
+    if algos and not exact_kernels:
         algo = " and ".join(algos)  # (said once the bundle is written)
         click.echo(f"note: onnxruntime computes the {algo} blocks' float zero points in float, several times slower than "
                    "its int8 path: run 'edgespec exact-kernels' on this bundle (or export with --exact-kernels)", err=True)

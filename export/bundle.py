@@ -15,9 +15,9 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, sha256_file, write_manifest)
 
-from .output import check_output, prepare_stage, publish, terminate_cleanly
+from .output import check_output, missing_parents, prepare_stage, publish, remove_parents, terminate_cleanly
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, run_builder
-from .source import Source, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
+from .source import Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
 from .validate import validate
 
 
@@ -195,6 +195,13 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         kept = None
     cfg = model.config
     _check_attention_only(cfg, role)
+    check_vocabulary(tok, getattr(cfg, "vocab_size", None), src)  # (a GGUF's, a hub model's: before the build)
+    declared = getattr(cfg, "max_position_embeddings", None)
+    if isinstance(declared, int) and declared < 16:
+        # a GGUF whose context_length is 0: the bundle recorded 4,096 (the ``or`` below) and the builder's rotary
+        # caches held no position, so the whole build ran, then the validation failed blaming the manifest
+        raise ExportError(f"{role}: {src.display} gives its model a context of {declared} tokens (its config's "
+                          "max_position_embeddings, a GGUF's context_length); edgespec needs at least 16")
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
@@ -351,11 +358,16 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
                   device: str = "cpu", drafter_device: str | None = None, drafter_vocab: int = 0,
-                  drafter_vocab_corpus: Sequence[str] = (), stream=None) -> Path:
+                  drafter_vocab_corpus: Sequence[str] = (), exact_kernels: bool = False, kv_dtype: str | None = None,
+                  stream=None) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out``. Atomic: on any failure
     nothing is left at ``out`` (an existing bundle there is kept unless the new one succeeds).
     ``drafter_vocab`` N > 0 cuts the drafter's lm_head to N tokens (export/head.py), ranked by
-    token frequency in ``drafter_vocab_corpus`` (text files or directories) when given."""
+    token frequency in ``drafter_vocab_corpus`` (text files or directories) when given.
+    ``exact_kernels``: the bundle rewritten to edgespec's INT4 kernels (export/kernels.py's ``apply_to_bundle``,
+    ``kv_dtype`` its KV caches' type, None its default) before it is published, so that a failed or stopped
+    rewrite leaves nothing either (it ran on the published bundle: the one without the kernels stayed, and
+    ``force``'s old bundle was gone already)."""
     if target_precision not in TARGET_PRECISIONS:
         raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
     if drafter_precision not in DRAFTER_PRECISIONS:
@@ -376,6 +388,15 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         raise ExportError("--drafter-vocab-corpus applies with --drafter-vocab N")
     if max_context is not None and max_context < 16:
         raise ExportError(f"--max-context must be at least 16, got {max_context}")
+    if exact_kernels:
+        from .kernels import _check_kv_dtype
+
+        acc = (quant or QuantOptions()).accuracy_level
+        if target_precision != "int4" or device != "cpu" or acc != 4:
+            raise ExportError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
+        _check_kv_dtype(kv_dtype or "auto", True)
+    elif kv_dtype is not None:
+        raise ExportError("--kv-dtype applies with --exact-kernels")
     out = check_output(out, force, [target, drafter])
     quant = quant or QuantOptions()
     # the drafter's arithmetic never changes the output (the target verifies), so it takes the fast int8 path
@@ -387,7 +408,8 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     if dsrc:
         _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo",
                                  "drafter")
-    steps = 1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
+    steps = (1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
+             + (1 if exact_kernels else 0))
     progress = Progress(steps, stream)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
     ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
@@ -412,6 +434,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
     guard.__enter__()
     stage = None
+    made = missing_parents(out)  # (removed again if the export fails)
     try:
         stage = prepare_stage(out)
         quality_fn = None
@@ -465,10 +488,22 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
         for junk in stage.glob("_*"):
             shutil.rmtree(junk, ignore_errors=True)
         write_manifest(manifest)
+        if exact_kernels:  # in place on the stage (its own stage beside it), then published as any export
+            from edgespec.manifest import load_manifest
+
+            from .kernels import apply_to_bundle
+
+            progress.step("rewriting to edgespec's INT4 kernels, edgespec.MatMulQ4 (--exact-kernels)")
+            apply_to_bundle(stage, None, log=progress.log, kv_dtype=kv_dtype)
+            manifest = load_manifest(stage)
         publish(stage, out)
     except BaseException:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
+            for junk in stage.parent.iterdir():  # (the exact-kernels rewrite's own stage, or its old copy)
+                if junk.name.startswith(f".{stage.name}.") and junk.is_dir() and not junk.is_symlink():
+                    shutil.rmtree(junk, ignore_errors=True)
+        remove_parents(made)
         raise
     finally:
         guard.__exit__(None, None, None)
@@ -497,10 +532,17 @@ def _eos_ids(tok, src: Source) -> list[int]:
     if tok.eos_token_id is not None:
         ids.add(int(tok.eos_token_id))
     try:
-        from transformers import GenerationConfig
+        from transformers import AutoConfig, GenerationConfig
 
-        name, kw = src.from_pretrained_args()
-        gc_ = GenerationConfig.from_pretrained(name, **kw)
+        if src.kind == "gguf":
+            # the file's own (what its model's generation_config is, and its kept copy's): GenerationConfig's
+            # from_pretrained(folder, gguf_file=...) reads a generation_config.json beside the file, another model's
+            # maybe, which then set the bundle's EOS ids, and only where no cached copy was read
+            gc_ = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(src.path.parent),
+                                                                                gguf_file=src.path.name))
+        else:
+            name, kw = src.from_pretrained_args()
+            gc_ = GenerationConfig.from_pretrained(name, **kw)
         e = gc_.eos_token_id
         ids.update([e] if isinstance(e, int) else list(e or []))
     except Exception:  # noqa: BLE001 - a missing generation config is normal

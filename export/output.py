@@ -43,17 +43,33 @@ def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) 
 
 
 def _probe(out: Path) -> None:
-    """Refuse a place where the bundle cannot be written before anything is read."""
+    """Refuse a place where the bundle cannot be written before anything is read: a folder made in the nearest
+    folder above ``out`` that exists (its missing parents are made by ``prepare_stage``, and removed again by an
+    export that fails: ``missing_parents``; made here, a failed export left them)."""
     up = out.parent
     while not up.exists() and up != up.parent:
         up = up.parent
     if up.exists() and not up.is_dir():
         raise ExportError(f"cannot write the bundle at {out}: {up} is a file, not a directory")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=up))
     except OSError as e:
         raise ExportError(f"cannot write the bundle at {out}: {e.strerror or e}") from None
+
+
+def missing_parents(out: Path) -> list[Path]:
+    """The folders above ``out`` that do not exist yet, the deepest first: what a failed export removes again
+    (``remove_parents``)."""
+    return [p for p in out.parents if not p.exists()]
+
+
+def remove_parents(parents: list[Path]) -> None:
+    """Remove the folders ``missing_parents`` listed, the deepest first, those still empty only."""
+    for p in parents:
+        try:
+            p.rmdir()
+        except OSError:  # (not empty: something else was put there meanwhile; or gone)
+            break
 
 
 def prepare_stage(out: Path) -> Path:

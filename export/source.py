@@ -59,21 +59,119 @@ def gguf_cache_entry(path: Path) -> Path | None:
 
 
 def gguf_cached(path: Path) -> Path | None:
-    """The complete cached copy of a GGUF file, or None (also for one this process found unreadable)."""
+    """The complete cached copy of a GGUF file, or None (also for one this process found unreadable). A copy whose
+    files are not the ones its COMPLETE marker records (their sha256: altered after it was kept, yet still loadable,
+    a layer's weights zeroed), or that other transformers or gguf versions wrote (their reading of the file may
+    differ), is an unreadable one: said on one line, deleted, and the GGUF file read instead (``_drop_copy``)."""
     entry = gguf_cache_entry(path)
-    ok = entry is not None and entry not in _UNREADABLE and (entry / "COMPLETE").is_file()
-    return entry if ok else None
+    if entry is None or entry in _UNREADABLE or not (entry / "COMPLETE").is_file():
+        return None
+    why = _copy_mismatch(entry)
+    if why is not None:
+        _drop_copy(path, entry, why)
+        return None
+    return entry
 
 
 # cache entries this process could not read back (``_unreadable_copy``): not read again, whether or not they could
 # be deleted, until an export keeps a fresh copy there
 _UNREADABLE: set = set()
+# cache entries this process checked against their records: entry -> its files' (name, size, mtime) when checked,
+# so that the export's several looks at its copy hash it once. Hashing costs ~0.6 s of CPU a GB plus reading it (a
+# 1.5B's 6 GB copy: some seconds), paid by every export that reuses a copy: the price of not building a bundle from a
+# copy altered since it was kept (against minutes to read the GGUF again)
+_VERIFIED: dict = {}
+
+
+def _copy_versions() -> dict:
+    """The versions of what reads a GGUF file into the copy (transformers' reading of it, through gguf)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("transformers", "gguf"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _copy_files(entry: Path) -> list[Path]:
+    """The files of a kept copy (or of one being written), its COMPLETE marker aside."""
+    return sorted(f for f in entry.rglob("*") if f.is_file() and f != entry / "COMPLETE")
+
+
+def _copy_stats(entry: Path) -> tuple:
+    return tuple((f.relative_to(entry).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
+                 for f in [entry / "COMPLETE", *_copy_files(entry)])
+
+
+def _copy_record(path: Path, entry: Path) -> str:
+    """The COMPLETE marker of the copy of ``path`` written at ``entry``: the file it is of, the sha256 of each of its
+    files, and the versions that wrote it."""
+    import hashlib
+
+    files = {}
+    for f in _copy_files(entry):
+        with open(f, "rb") as h:
+            files[f.relative_to(entry).as_posix()] = hashlib.file_digest(h, "sha256").hexdigest()
+    return json.dumps({"gguf": str(path), "sha256": files, "versions": _copy_versions()}, indent=1) + "\n"
+
+
+def _copy_mismatch(entry: Path) -> str | None:
+    """Why the copy at ``entry`` is not the one its COMPLETE marker records (None: it is)."""
+    import hashlib
+
+    try:
+        stats = _copy_stats(entry)
+        if _VERIFIED.get(entry) == stats:
+            return None
+        try:
+            record = json.loads((entry / "COMPLETE").read_text())
+            files, versions = dict(record["sha256"]), dict(record["versions"])
+        except (ValueError, KeyError, TypeError):
+            return "its record of its files is unreadable, or an older edgespec kept it without one"
+        now = _copy_versions()
+        if versions != now:
+            was = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+            return f"written by {was}, not this {', '.join(f'{k} {v}' for k, v in sorted(now.items()))}"
+        have = {f.relative_to(entry).as_posix(): f for f in _copy_files(entry)}
+        for name in sorted(set(files) | set(have)):
+            if name not in have:
+                return f"{name} is missing"
+            if name not in files:
+                return f"{name} was added after it was kept"
+            with open(have[name], "rb") as h:
+                if hashlib.file_digest(h, "sha256").hexdigest() != files[name]:
+                    return f"{name} changed after it was kept: its sha256 is not the one recorded"
+    except OSError as e:  # (deleted meanwhile by another export that found it damaged, unreadable files)
+        return f"{e.strerror or e}"
+    _VERIFIED[entry] = stats
+    return None
+
+
+def _drop_copy(path: Path, entry: Path, why: str) -> None:
+    """Say on one line that the kept copy ``entry`` of the GGUF file ``path`` cannot be used (``why``), delete it
+    where it can be, and never read it again in this process (``_UNREADABLE``): the caller reads the file itself."""
+    import sys
+
+    _UNREADABLE.add(entry)
+    _VERIFIED.pop(entry, None)
+    try:
+        drop_gguf_copy(path)
+        done = "deleted"
+    except OSError as d:
+        done = f"not deleted ({d.strerror or d})"
+    print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} cannot be read ({why[:160]}); "
+          f"{done}; reading the GGUF file itself", file=sys.stderr, flush=True)
 
 
 def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
     """Keep ``hf_dir`` (the copy an export wrote of ``path``) as its cached copy, if a cache is asked for
-    and it has none: copied beside the entry, then renamed into place (a second export at the same time
-    finds it complete or absent). A cache that cannot be written is said and skipped."""
+    and it has none: copied beside the entry (``gguf-<digest>.<pid>-<random>``), its files' sha256 recorded in its
+    COMPLETE marker, then renamed into place (a second export at the same time finds it complete or absent). A
+    cache that cannot be written is said and skipped. Stopped on the way (Ctrl-C, SIGTERM), the temporary folder
+    is removed; one that a killed export left (its process gone) is removed once a copy is kept."""
     import shutil
     import tempfile
 
@@ -83,18 +181,38 @@ def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", dir=entry.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.{os.getpid()}-", dir=entry.parent))
         shutil.copytree(hf_dir, tmp, dirs_exist_ok=True)
-        (tmp / "COMPLETE").write_text(str(path) + "\n")
+        (tmp / "COMPLETE").write_text(_copy_record(path, tmp))
         if entry.exists():  # an incomplete entry left by an interrupted copy, or one that could not be read back
             shutil.rmtree(entry)
         tmp.rename(entry)
+        tmp = None
         _UNREADABLE.discard(entry)
+        _VERIFIED[entry] = _copy_stats(entry)
+        _remove_stale_copies(entry)
     except OSError as e:
         if log is not None:
             log(f"    warning: cannot keep the GGUF's Hugging Face copy in {entry.parent} ({e.strerror or e})")
+    finally:  # (any exception: a KeyboardInterrupt in the copy left the folder before)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_stale_copies(entry: Path) -> None:
+    """Remove the temporary folders of ``entry`` (``gguf-<digest>.<pid>-<random>``) whose export is no longer
+    running, and those without a process id (an older edgespec named them so)."""
+    import shutil
+
+    from .output import _alive
+
+    tagged = re.compile(rf"{re.escape(entry.name)}\.(\d+)-[^/]*")
+    for p in entry.parent.glob(f"{entry.name}.*"):
+        m = tagged.fullmatch(p.name)
+        if m and (int(m.group(1)) == os.getpid() or _alive(int(m.group(1)))):
+            continue  # (another export of the same file writing its copy now)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def drop_gguf_copy(path: Path) -> Path | None:
@@ -125,17 +243,7 @@ def _unreadable_copy(src: Source, name: str, e: Exception) -> bool:
     cached = gguf_cached(src.path)
     if cached is None or str(cached) != name:
         return False
-    import sys
-
-    _UNREADABLE.add(cached)
-    try:
-        drop_gguf_copy(src.path)
-        done = "deleted"
-    except OSError as d:
-        done = f"not deleted ({d.strerror or d})"
-    why = _first_line(e)
-    print(f"    warning: the kept Hugging Face copy of {src.path.name} in {cached} cannot be read ({why[:160]}); "
-          f"{done}; reading the GGUF file itself", file=sys.stderr, flush=True)
+    _drop_copy(src.path, cached, _first_line(e))
     return True
 
 
@@ -226,8 +334,32 @@ def load_tokenizer(src: Source):
         raise ExportError(f"cannot load the tokenizer of {src.display}: {kind}: {why}"[:300]) from None
     if not getattr(tok, "is_fast", False):
         raise ExportError(f"{src.display}: only fast (tokenizers) tokenizers are supported")
+    if src.kind == "hf-dir":  # (a GGUF's or a hub model's vocabulary is checked once its model is read: bundle.py)
+        try:
+            cfg = json.loads((src.path / "config.json").read_text())
+            vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        except (OSError, ValueError, AttributeError):
+            vocab = None
+        check_vocabulary(tok, vocab, src)
     data = json.loads(tok.backend_tokenizer.to_str())
     return tok, data, tokenizer_fingerprint(data)
+
+
+# the files a Hugging Face directory's tokenizer is read from (one of them at least)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_vocabulary(tok, vocab_size, src: Source) -> None:
+    """ExportError where the tokenizer has far fewer tokens than the model's vocabulary (``vocab_size``: its
+    config's; under half of it): transformers 5 makes a one-token tokenizer of a directory without tokenizer files,
+    with which the whole build ran, then the validation failed on an empty prompt (a traceback). A model's
+    vocabulary padded past its tokenizer's (Qwen2.5's 151,936 rows for 151,665 tokens) is no such case."""
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or len(tok) >= vocab_size / 2:
+        return
+    none = src.kind == "hf-dir" and not any((src.path / f).is_file() for f in TOKENIZER_FILES)
+    why = f": no tokenizer files ({', '.join(TOKENIZER_FILES)})" if none else ""
+    raise ExportError(f"the tokenizer of {src.display} has {len(tok):,} token{'s' * (len(tok) != 1)} for a model of "
+                      f"{vocab_size:,} (its config's vocab_size){why}; give the model with its own tokenizer")
 
 
 def _gguf_config(path: Path, name: str, kw: dict) -> dict:
@@ -264,7 +396,8 @@ def load_model(src: Source, dtype: str = "float32"):
     try:
         if "gguf_file" in kw:
             kw = {**kw, **_gguf_config(src.path, name, kw)}
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype), **kw)
+        model, info = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype), output_loading_info=True,
+                                                           **kw)
     except Exception as e:  # (a damaged safetensors file raises safetensors' own error type)
         if _unreadable_copy(src, name, e):
             return load_model(src, dtype)
@@ -274,6 +407,15 @@ def load_model(src: Source, dtype: str = "float32"):
             raise ExportError(f"cannot load {src.display}: {_first_line(e)}") from None
         why = _first_line(e, "")
         raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {why}"[:300]) from None
+    # weights the model has and the checkpoint lacks (a GGUF without blk.0.ffn_down.weight, a safetensors file
+    # without a key): transformers fills them with random values and says so in a report; an int4 export of such a
+    # model passed its validation (top-1 0.63 against 0.6), since torch computed with the same random weights. A
+    # tied lm_head (SmolLM2's) is no missing weight: transformers ties it and leaves it out of missing_keys
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ExportError(f"cannot load {src.display}: {len(missing)} of its model's weights are not in it ({names}); "
+                          "transformers would fill them with random values")
     model.eval()
     # A GGUF-loaded model is dequantized already; let it be saved as plain safetensors.
     if getattr(model, "hf_quantizer", None) is not None:

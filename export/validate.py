@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.drafters import fed_ids
+from edgespec.errors import ExportError
 from edgespec.manifest import ModelSpec, Validation
 from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
@@ -36,6 +37,9 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
     for text in VALIDATION_TEXTS:
         # (a drafter's vocabulary may stop short of the tokenizer's, Gemma 3 1B's: fed as the runtime feeds them)
         ids = fed_ids(tokenizer(text, add_special_tokens=False)["input_ids"][: min(48, lm.max_context)], spec.vocab_size)
+        if not ids:  # (a tokenizer without a vocabulary: torch.tensor([[]]) was a traceback)
+            raise ExportError(f"the tokenizer makes no token of the validation text {text[:30]!r}...: a tokenizer "
+                              "without a vocabulary?")
         if len(ids) < 10:
             ids = (ids * 10)[:12]
         n = len(ids)

@@ -456,6 +456,9 @@ def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_
         shutil.rmtree(entry, ignore_errors=True)
         keep_gguf_copy(gguf, tiny)
         damage(entry)
+        # (recorded as it is now: a copy that its record vouches for and still cannot be read, the loads' own path;
+        # one that is not what its record says is test_a_kept_gguf_copy_is_checked_against_its_record's)
+        (entry / "COMPLETE").write_text(source._copy_record(gguf, entry))
         assert gguf_cached(gguf) == entry
 
     read_file = []
@@ -568,3 +571,231 @@ def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monke
     said = []
     keep_gguf_copy(other, hf, log=said.append)
     assert len(said) == 1 and "cannot keep the GGUF's Hugging Face copy" in said[0]
+
+
+def _one_line_error(r, code: int = 6) -> str:
+    """The CLI's error line of a failed export ``r``: exit ``code``, no traceback, one ``error:`` line."""
+    assert r.exit_code == code and "Traceback" not in r.output, r.output[-3000:]
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, r.output[-3000:]
+    return errors[0]
+
+
+def test_a_weight_missing_from_the_checkpoint_is_refused_not_made_up(tiny_dirs, tmp_path):
+    """A key missing from the weights (a GGUF without blk.0.ffn_down.weight; here a safetensors file without
+    model.layers.0.mlp.down_proj.weight): transformers fills it with random values, torch and the graph agree on them,
+    and an int4 export passed its validation. Refused at the load, in one line naming the weight; a tied lm_head
+    (left out of the checkpoint on purpose, SmolLM2's) is no missing weight."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from edgespec_export.source import Source, load_model
+
+    src = tmp_path / "m"
+    shutil.copytree(tiny_dirs["qwen2"], src)
+    f = next(src.glob("*.safetensors"))
+    sd = load_file(f)
+    del sd["model.layers.0.mlp.down_proj.weight"]
+    save_file(sd, f, metadata={"format": "pt"})
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--no-quality"])
+    msg = _one_line_error(r)
+    assert "1 of its model's weights are not in it (model.layers.0.mlp.down_proj.weight)" in msg, msg
+    assert "building" not in r.output and not (tmp_path / "b").exists()
+
+    tied = tmp_path / "tied"
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tied)
+    assert not any("lm_head" in k for k in load_file(next(tied.glob("*.safetensors"))))
+    model = load_model(Source(str(tied), "hf-dir", tied))
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+
+
+def test_export_exact_kernels_is_atomic(tiny_dirs, tiny_llama_bundle, copy_bundle, tmp_path, monkeypatch):
+    """export --exact-kernels rewrote the published bundle: a failed or interrupted rewrite left the bundle without
+    the kernels at -o, and with --force the old bundle was gone already. The rewrite runs on the stage now: a failure
+    leaves nothing new, the old bundle where it was, nothing beside it."""
+    import edgespec_export.kernels as kernels
+
+    def fail(*a, **kw):
+        raise ExportError("simulated rewrite failure")
+
+    monkeypatch.setattr(kernels, "apply_to_bundle", fail)
+    old = copy_bundle(tiny_llama_bundle)
+    before = (old / "edgespec.json").read_text()
+    for out, extra in ((tmp_path / "new", []), (old, ["--force"])):
+        r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "-o", str(out), "--no-quality",
+                                      "--exact-kernels", *extra])
+        assert "simulated rewrite failure" in _one_line_error(r)
+    assert not (tmp_path / "new").exists() and (old / "edgespec.json").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]
+    load_manifest(old, deep=True)
+
+
+def test_a_kept_gguf_copy_is_checked_against_its_record(tmp_path, monkeypatch, capsys, tiny_dirs):
+    """EDGESPEC_GGUF_CACHE: a kept copy altered after it was written yet loadable (a layer's weights zeroed) was
+    reused silently, and the bundle built from it. Its files' sha256 and the transformers and gguf versions that
+    wrote it are in its COMPLETE marker: a copy that is not what it records, or that other versions (or an older
+    edgespec, no record) wrote, is said on one line, deleted, and the file read instead."""
+    import json as json_
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import edgespec_export.source as source
+    from edgespec_export.source import gguf_cache_entry, gguf_cached, keep_gguf_copy
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(tmp_path / "cache"))
+    entry = gguf_cache_entry(gguf)
+    weights = next(p.name for p in tiny_dirs["qwen2"].glob("*.safetensors"))
+
+    def zero_a_layer(e):
+        sd = load_file(e / weights)
+        k = next(k for k in sd if "layers.0.mlp.down_proj" in k)
+        sd[k] = torch.zeros_like(sd[k])
+        save_file(sd, e / weights, metadata={"format": "pt"})
+
+    def other_versions(e):
+        record = json_.loads((e / "COMPLETE").read_text())
+        record["versions"]["transformers"] = "4.0.0"
+        (e / "COMPLETE").write_text(json_.dumps(record))
+
+    for damage, why in ((zero_a_layer, f"{weights} changed after it was kept"),
+                        (lambda e: (e / "extra.json").write_text("{}"), "extra.json was added"),
+                        (lambda e: (e / "config.json").unlink(), "config.json is missing"),
+                        (other_versions, "written by gguf"),
+                        (lambda e: (e / "COMPLETE").write_text(str(gguf) + "\n"), "an older edgespec kept it")):
+        capsys.readouterr()
+        keep_gguf_copy(gguf, tiny_dirs["qwen2"])
+        assert gguf_cached(gguf) == entry  # (checked, then remembered while its files stay as they are)
+        record = json_.loads((entry / "COMPLETE").read_text())
+        assert record["sha256"][weights] and record["versions"]["transformers"]
+        damage(entry)
+        assert gguf_cached(gguf) is None and not entry.exists(), why
+        said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+        assert len(said) == 1 and why in said[0] and "deleted; reading the GGUF file itself" in said[0], said
+        monkeypatch.setattr(source, "_UNREADABLE", set())  # (the next export's process)
+
+
+def test_a_stopped_gguf_copy_leaves_no_temporary_folder(tmp_path, monkeypatch, tiny_dirs):
+    """Ctrl-C while the GGUF's copy was written into the cache left its temporary folder there for good (a
+    gigabyte or more): it is removed on the way out, and those a killed export left (its process gone, or an older
+    edgespec's without a process id) are removed once a copy is kept; another running export's is left alone."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from edgespec_export.source import gguf_cache_entry, gguf_cached, keep_gguf_copy
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(cache))
+    entry = gguf_cache_entry(gguf)
+
+    real = shutil.copytree
+
+    def interrupted(src, dst, **kw):
+        real(src, dst, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copytree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        keep_gguf_copy(gguf, tiny_dirs["qwen2"])
+    assert not cache.exists() or list(cache.iterdir()) == []
+    monkeypatch.setattr(shutil, "copytree", real)
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = [f"{entry.name}.{gone.stdout.strip()}-abc", f"{entry.name}.k3j_9a8b", f"{entry.name}.{running.pid}-x"]
+        for name in names:
+            (cache / name).mkdir(parents=True)
+            (cache / name / "model.safetensors").write_bytes(bytes(10))
+        keep_gguf_copy(gguf, tiny_dirs["qwen2"])
+        assert gguf_cached(gguf) == entry
+        assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, names[2]])
+    finally:
+        running.kill()
+        running.wait()
+    assert os.path.isdir(cache / names[2])
+
+
+def test_a_directory_without_tokenizer_files_is_refused_at_once(tiny_dirs, tiny_llama_bundle, tmp_path):
+    """transformers 5 makes a one-token tokenizer of a model directory without tokenizer files: the whole build
+    ran, then the validation's torch.tensor([[]]) failed with a traceback. Refused in one line before the model is
+    read; and the validation refuses a tokenizer that makes no token of its texts (an ExportError, not torch's)."""
+    import shutil
+
+    from edgespec_export.validate import validate
+
+    src = tmp_path / "m"
+    shutil.copytree(tiny_dirs["qwen2"], src)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")):
+            f.unlink()
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
+    msg = _one_line_error(r)
+    assert "has 1 token for a model of" in msg and "no tokenizer files (tokenizer.json" in msg, msg
+    assert "[2/" not in r.output and not (tmp_path / "b").exists()
+
+    spec = load_manifest(tiny_llama_bundle).target
+    with pytest.raises(ExportError, match="makes no token of the validation text"):
+        validate(None, lambda text, add_special_tokens=False: {"input_ids": []}, spec, "fp32", print)
+
+
+def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
+    """The bundle's EOS ids of a .gguf target are the file's own: GenerationConfig's from_pretrained(folder,
+    gguf_file=...) read a generation_config.json beside the file (another model's, say), and only where no kept
+    copy was read, so the same file made bundles with other EOS ids."""
+    from tiny import make_model, write_gguf
+
+    from edgespec_export.bundle import _eos_ids
+    from edgespec_export.source import Source, load_tokenizer
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = write_gguf(make_model(tmp_path / "q3", "qwen3", seed=5), folder / "m.gguf")
+    (folder / "generation_config.json").write_text('{"eos_token_id": [7, 8, 9]}')
+    src = Source(str(path), "gguf", path)
+    tok = load_tokenizer(src)[0]
+    assert _eos_ids(tok, src) == [tok.eos_token_id]
+
+
+def test_a_context_under_16_tokens_is_refused_before_the_build(tiny_dirs, tmp_path):
+    """A model whose context is 0 (a GGUF's context_length 0, here its config's max_position_embeddings): the
+    bundle recorded 4,096, the builder's rotary caches held nothing, and after the whole build the validation failed
+    blaming the manifest. Refused in one line once the model is read."""
+    import shutil
+
+    src = tmp_path / "m"
+    shutil.copytree(tiny_dirs["llama"], src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["max_position_embeddings"] = 0
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
+    msg = _one_line_error(r)
+    assert "gives its model a context of 0 tokens" in msg and "at least 16" in msg, msg
+    assert "building" not in r.output and not (tmp_path / "b").exists()
+
+
+def test_a_failed_export_removes_the_folders_it_made(tiny_dirs, tmp_path, monkeypatch):
+    """-o a/b/c/bundle where a/ does not exist: a failed export left a/b/c (made when the place was probed)."""
+    from edgespec_export import bundle as bundle_mod
+
+    def boom(*a, **k):
+        raise ExportError("simulated builder failure")
+
+    monkeypatch.setattr(bundle_mod, "run_builder", boom)
+    with pytest.raises(ExportError, match="simulated"):
+        bundle_mod.export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "a" / "b" / "c" / "bundle",
+                                 target_precision="fp32", quality=False)
+    assert list(tmp_path.iterdir()) == []
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "nothing"), "-o", str(tmp_path / "x" / "y" / "b")])
+    assert "no such model" in _one_line_error(r) and list(tmp_path.iterdir()) == []
