@@ -42,6 +42,8 @@ class CausalLM:
     # whose kernels may change with the number of rows anywhere): the decoder verifies no more
     # tokens a call; None: no bound (the CPU)
     verified_width: int | None = None
+    # a prefill's last token fed in a call of its own (``feed``): a target whose calls are bounded to verified widths
+    split_last: bool = False
     # copies of earlier sequences' KV rows (edgespec.prompt_cache; CPU caches): a prefill restores the
     # longest kept prefix of its prompt and keeps what it overwrites. None: none kept
     prompt_cache: object | None = None
@@ -202,11 +204,20 @@ class CausalLM:
         asks for its last position's logits only: a model that skips the others' (``skips_logits``)
         does not compute them (on the Qwen 1.5B, the lm_head is ~18% of a prefill)."""
         logits = None
-        for start in range(0, len(ids), self.prefill_chunk):
+        # where calls are bounded to the widths the probe verified (onnxruntime's kernels, a GPU), the last token
+        # goes in a call of its own, at the policy's narrowest width: a prompt's first reply token then comes from the
+        # logits a repeated prompt computes (it feeds its last token alone), whatever the chunk's width (MLAS computed
+        # the last row of a 33-token chunk otherwise: two greedy choices of one request, n = 2, differed)
+        last = len(ids) - 1 if self.split_last and len(ids) > 1 else len(ids)
+        for start in range(0, last, self.prefill_chunk):
             if start:
                 self.check_interrupt("the prefill", start, len(ids))
-            chunk = ids[start: start + self.prefill_chunk]
+            chunk = ids[start: min(start + self.prefill_chunk, last)]
             logits = self.forward_from(chunk, len(chunk) - 1, copy=False)
+        if last < len(ids):
+            if last:
+                self.check_interrupt("the prefill", last, len(ids))
+            logits = self.forward_from(ids[last:], 0, copy=False)
         out = logits[-1]
         return out.copy() if self._returned_view else out
 

@@ -118,6 +118,9 @@ class OnnxLM(CausalLM):
         elif self.device != "cpu" or getattr(spec, "kernels", None) != "edgespec-q4":
             # a policy given, not probed: verify calls no wider than the old probe's (but edgespec's own kernels)
             self.verified_width = GPU_MIN_VERIFIED
+        # a target bounded to the widths the probe verified feeds a prefill's last token alone (lm.feed); not a drafter,
+        # whose catch-ups go through feed too (an extra call each) and whose arithmetic never reaches the output
+        self.split_last = spec.role == "target" and self.verified_width is not None
         if min_width is not None and self.device == "cpu" and self.max_context >= 2:
             # no width probe (a drafter): one short call now, so that the session's first-call costs
             # (onnxruntime's allocations, the INT4 kernel's copy of its weights onto 2 MiB pages, ~0.5 s

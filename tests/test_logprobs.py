@@ -93,6 +93,23 @@ def test_wide_verify_calls_keep_the_logprobs_of_plain_decoding_bit_for_bit(bundl
         assert r.stats["drafted"] > 40  # (long drafts were made; the calls carried what was verified)
 
 
+def test_a_prompts_first_token_is_computed_alike_fresh_and_repeated(tiny_bundle):
+    """(session 45, a review) A fresh prompt of 33 tokens was prefilled in one call, whose last row onnxruntime's MLAS
+    computed on its one-row path; the same prompt again (a second choice of one request, n = 2) fed its last token
+    alone: the first token's logits differed, and so could two greedy choices. A target bounded to verified widths
+    feeds a prefill's last token in a call of its own now."""
+    eng = edgespec.load(tiny_bundle, memory=False)
+    assert eng.decoder.target.split_last and not eng.decoder.drafters["model"].lm.split_last
+    for n in (17, 33, 34, 65):
+        ids = [(7 * i + 300) % 370 for i in range(n)]
+        eng.reset()
+        kw = dict(max_new_tokens=3, drafter="none", logprobs=5, ignore_eos=True)
+        fresh = eng._collect(eng.stream_ids(ids, **kw))
+        again = eng._collect(eng.stream_ids(ids, **kw))
+        assert again.stats["reused_prompt_tokens"] == n - 1
+        assert again.logprobs == fresh.logprobs and again.token_ids == fresh.token_ids, n
+
+
 @pytest.mark.parametrize("drafter", ["none", "model", "auto"])
 def test_sampled_logprobs_are_the_targets_untempered(tiny_bundle, drafter):
     """Under sampling the logprobs are the model's (the softmax of its logits), not the tempered, truncated
