@@ -195,7 +195,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         kept = None
     cfg = model.config
     _check_attention_only(cfg, role)
-    check_vocabulary(tok, getattr(cfg, "vocab_size", None), src)  # (a GGUF's, a hub model's: before the build)
+    check_vocabulary(tok, getattr(cfg, "vocab_size", None), src, target=role == "target")  # (before the build)
     declared = getattr(cfg, "max_position_embeddings", None)
     if isinstance(declared, int) and declared < 16:
         # a GGUF whose context_length is 0: the bundle recorded 4,096 (the ``or`` below) and the builder's rotary

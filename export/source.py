@@ -349,12 +349,21 @@ def load_tokenizer(src: Source):
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
-def check_vocabulary(tok, vocab_size, src: Source) -> None:
+def check_vocabulary(tok, vocab_size, src: Source, target: bool = False) -> None:
     """ExportError where the tokenizer has far fewer tokens than the model's vocabulary (``vocab_size``: its
     config's; under half of it): transformers 5 makes a one-token tokenizer of a directory without tokenizer files,
     with which the whole build ran, then the validation failed on an empty prompt (a traceback). A model's
-    vocabulary padded past its tokenizer's (Qwen2.5's 151,936 rows for 151,665 tokens) is no such case."""
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or len(tok) >= vocab_size / 2:
+    vocabulary padded past its tokenizer's (Qwen2.5's 151,936 rows for 151,665 tokens) is no such case. A target's
+    tokenizer with more ids than its model's vocabulary is refused too (``target``): the runtime refuses such a
+    bundle (transformers 5.2-5.5 read SmolLM2's GGUF tokenizer with 5 more ids than its 49,152, and the export
+    wrote a bundle no edgespec would load)."""
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        return
+    if target and len(tok) > vocab_size:
+        raise ExportError(f"the tokenizer of {src.display} has {len(tok):,} ids, more than its model's vocabulary of "
+                          f"{vocab_size:,} (its config's vocab_size): ids past it have no logits (transformers "
+                          "5.2-5.5 read some GGUF tokenizers so: upgrade transformers)")
+    if len(tok) >= vocab_size / 2:
         return
     none = src.kind == "hf-dir" and not any((src.path / f).is_file() for f in TOKENIZER_FILES)
     why = f": no tokenizer files ({', '.join(TOKENIZER_FILES)})" if none else ""

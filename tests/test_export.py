@@ -799,3 +799,23 @@ def test_a_failed_export_removes_the_folders_it_made(tiny_dirs, tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
     r = CliRunner().invoke(main, ["export", str(tmp_path / "nothing"), "-o", str(tmp_path / "x" / "y" / "b")])
     assert "no such model" in _one_line_error(r) and list(tmp_path.iterdir()) == []
+
+
+def test_a_tokenizer_with_more_ids_than_the_targets_vocabulary_is_refused(tiny_dirs, tmp_path):
+    """(session 45) transformers 5.2-5.5 read SmolLM2's GGUF tokenizer with 5 ids more than its model's 49,152: the
+    export wrote a bundle every runtime refused ("the tokenizer has 49157 ids but the target graph's vocabulary has
+    49152"). The export refuses it in one line before the build."""
+    import shutil
+
+    src = tmp_path / "m"
+    shutil.copytree(tiny_dirs["qwen2"], src)
+    tj = json.loads((src / "tokenizer.json").read_text())
+    top = max(t["id"] for t in tj["added_tokens"])
+    top = max(top, max(tj["model"]["vocab"].values()))
+    tj["added_tokens"] += [{"id": top + 1 + i, "content": f"<extra_{i}>", "single_word": False, "lstrip": False,
+                            "rstrip": False, "normalized": False, "special": True} for i in range(5)]
+    (src / "tokenizer.json").write_text(json.dumps(tj))
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
+    msg = _one_line_error(r)
+    assert "more than its model's vocabulary" in msg, msg
+    assert not (tmp_path / "b").exists()

@@ -50,6 +50,25 @@ def test_pins_are_pyprojects_lower_bounds():
         assert Version(pins[name]) == Version(bounds[name]), f"{name}: pinned {pins[name]}, pyproject >={bounds[name]}"
 
 
+def test_export_pins_are_pyprojects_export_bounds():
+    """(session 45) scripts/min-deps-export.txt records the oldest export-stage releases that ran (a helper session's
+    run, not every CI run's); pyproject's export bounds are those, torch's aside (untested, README)."""
+    pins = {}
+    for line in (ROOT / "scripts" / "min-deps-export.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name.lower()] = version
+    bounds = {}
+    for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["export"]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", r)
+        if m:
+            bounds[m.group(1).lower()] = m.group(2)
+    assert set(pins) == set(bounds) - {"torch"}, (sorted(pins), sorted(bounds))
+    for name, version in pins.items():
+        assert Version(version) == Version(bounds[name]), f"{name}: pinned {version}, pyproject >={bounds[name]}"
+
+
 @pytest.fixture(scope="module")
 def tiny_xk_min(tiny_int4_bundle, tmp_path_factory):
     from edgespec_export.kernels import apply_to_bundle
