@@ -26,6 +26,8 @@ from .drafters import drafter_choices
 from .errors import ConfigError, ContextOverflowError, EdgespecError
 
 PROMPT = "you> "
+MORE = "...> "  # a message's later lines, between two lines of three double quotes
+BLOCK = '"""'
 LINE_LIMIT = 64 << 20  # bytes of one line; the CLI passes its STDIN_LIMIT (what `generate -p -` reads), the same
 
 HELP = """\
@@ -39,7 +41,8 @@ commands:
   /save FILE         write the conversation's messages to FILE as JSON
   /load FILE         continue a conversation /save wrote (its messages replace this one's)
   /exit              leave (so does Ctrl-D)
-Ctrl-C stops the reply being written; the conversation goes on."""
+A message of several lines (code pasted) goes between two lines of three double quotes (\"\"\"); a message that
+begins with / is sent as //message. Ctrl-C stops the reply being written; the conversation goes on."""
 
 
 # -- /set values -------------------------------------------------------------------------------
@@ -123,7 +126,31 @@ class ChatRepl:
         self._note(f"error: {text}")
 
     # -- input ---------------------------------------------------------------------------------
-    def _read(self) -> str | None:
+    def _read_block(self) -> str | None:
+        """A message of several lines: those after a line of three double quotes up to the next such line, kept as
+        they were typed (indentation included), at most ``line_limit`` bytes in all; None where the input ends
+        first (the block is dropped). Ctrl-C on a terminal drops the block (``KeyboardInterrupt``)."""
+        lines, size, error = [], 0, None
+        while True:
+            try:
+                line = self._read(MORE, in_block=True)
+            except ContextOverflowError as e:  # a line too long: the block is read to its end, then dropped
+                error = error or e
+                continue
+            if line is None:
+                return None
+            line = line.removesuffix("\n")
+            if line.strip() == BLOCK:
+                if error is not None:
+                    raise error
+                return "\n".join(lines)
+            size += _utf8_len(line) + 1
+            if size > self.line_limit:
+                error, lines = error or self._too_long("a message"), []
+            elif error is None:
+                lines.append(line)
+
+    def _read(self, prompt: str = PROMPT, in_block: bool = False) -> str | None:
         """The next line, or None at end of input (Ctrl-D). A line over ``line_limit`` bytes is a
         ``ContextOverflowError``; piped, the rest of it is skipped up to the next newline, so that
         reading never holds more than one bounded line (a stream without newlines: /dev/zero)."""
@@ -141,12 +168,14 @@ class ChatRepl:
             return line
         while True:
             try:
-                line = input(PROMPT)
+                line = input(prompt)
             except EOFError:
                 self._out("\n")
                 return None
-            except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line, like a shell
+            except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line, like a shell (in a block: the block)
                 self._out("\n")
+                if in_block:
+                    raise
                 continue
             self._check_length(line)
             return line
@@ -155,8 +184,10 @@ class ChatRepl:
         if len(line) * 4 > self.line_limit and _utf8_len(line) > self.line_limit:  # (a char is 1-4 bytes)
             raise self._too_long()
 
-    def _too_long(self) -> ContextOverflowError:
+    def _too_long(self, what: str = "a line") -> ContextOverflowError:
         limit = f"{self.line_limit >> 20} MiB" if self.line_limit >= 1 << 20 else f"{self.line_limit} bytes"
+        if what != "a line":
+            return ContextOverflowError(f"{what} is longer than {limit}: dropped")
         return ContextOverflowError(f"a line is longer than {limit}: "
                                     + ("dropped" if self.interactive else "skipped up to the next newline"))
 
@@ -190,6 +221,23 @@ class ChatRepl:
                 return self._exit_code()
             line = line.strip()
             if not line:
+                continue
+            if line == BLOCK:  # a message of several lines, up to the next line of three double quotes
+                try:
+                    text = self._read_block()
+                except KeyboardInterrupt:
+                    self._note("[message dropped]")
+                    continue
+                except EdgespecError as e:
+                    self._error(str(e))
+                    continue
+                if text is None:
+                    return self._exit_code()
+                if text.strip():
+                    self.reply(text)
+                continue
+            if line.startswith("//"):  # a message that begins with a slash
+                self.reply(line[1:])
                 continue
             if line.startswith("/"):
                 try:

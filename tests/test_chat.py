@@ -445,3 +445,16 @@ def test_ctrl_c_in_a_command_keeps_the_chat(tiny_bundle, tmp_path):
     assert repl.run() == 0, err.getvalue()
     assert "[interrupted]" in err.getvalue()
     assert [m["role"] for m in json.loads((tmp_path / "c.json").read_text())] == ["user", "assistant"]
+
+
+def test_a_message_of_several_lines_and_one_that_begins_with_a_slash(tiny_bundle, tmp_path):
+    """(session 45, a review) Each line was a message (code pasted on a terminal made one turn a line, its
+    indentation stripped), and no message could begin with '/'. Lines between two lines of three double quotes are
+    one message, kept as typed; '//text' sends '/text'; a block cut by the end of input is dropped."""
+    saved = tmp_path / "c.json"
+    script = '"""\ndef f(x):\n    return x + 1\n\n"""\n//etc/hosts is a file\n' + f"/save {saved}\n" + '"""\nunfinished\n'
+    r = _piped(tiny_bundle, script, "--max-new-tokens", "4")
+    assert r.returncode == 0, r.stderr
+    msgs = json.loads(saved.read_text())
+    assert [m["content"] for m in msgs if m["role"] == "user"] == ["def f(x):\n    return x + 1\n", "/etc/hosts is a file"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
