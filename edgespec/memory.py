@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 import warnings
 import zipfile
@@ -286,31 +287,42 @@ class SaveBusy(Exception):
     """A save that was not to wait found the store's lock held (``MemoryStore.save(wait=False)``)."""
 
 
+# the lock files this thread holds (``_locked``): a save that would wait for one of them waits for itself
+_HELD = threading.local()
+
+
 class _locked:
     """An exclusive ``flock`` on ``path`` (made 0600) for a save's read, merge and write; nothing where the system
     has no ``fcntl`` (Windows) or the lock file cannot be made (the save then says why, or goes on unlocked).
-    ``wait`` false: ``SaveBusy`` where the lock is held (by another process, or another save of this one)."""
+    ``wait`` false: ``SaveBusy`` where this thread holds the lock already (a garbage-collection finalizer's save run
+    inside this thread's own save of the same file, which would wait for it forever); another process's or thread's
+    lock is waited for (at exit too: a save deferred from an exit handler never ran)."""
 
     def __init__(self, path: Path, wait: bool = True):
         self.path, self.fd, self.wait = path, None, wait
 
     def __enter__(self):
+        held = getattr(_HELD, "paths", None)
+        if held is None:
+            held = _HELD.paths = set()
+        key = os.path.abspath(self.path)
+        if not self.wait and key in held:
+            raise SaveBusy(f"the memory store {self.path.name} is being saved by this thread")
         try:
             import fcntl
 
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
-            raise SaveBusy(f"the memory store {self.path.name} is being saved") from None
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
         except (ImportError, OSError):
             if self.fd is not None:
                 os.close(self.fd)
             self.fd = None
+        held.add(key)
+        self.key = key
         return self
 
     def __exit__(self, *exc):
+        _HELD.paths.discard(self.key)
         if self.fd is not None:
             os.close(self.fd)  # (closing releases the lock)
 

@@ -627,3 +627,45 @@ def test_a_save_from_a_finalizer_inside_a_save_of_the_same_store_waits_for_exit(
                        text=True, timeout=120)
     assert r.returncode == 0 and "closed" in r.stdout, r.stderr[-2000:]
     assert len(read_store(mem, None, None)) == 3  # the dropped engine's, then the other's two
+
+
+_EXIT_WITHOUT_CLOSE = r"""
+import sys
+import edgespec
+from edgespec.memory import store_path
+
+engine = edgespec.load(sys.argv[1])
+print(store_path(engine.manifest), flush=True)
+sys.stdin.readline()  # (the parent holds the store's lock now)
+engine.generate("def hello(world):", max_new_tokens=12, drafter="suffix", ignore_eos=True)
+"""
+
+
+def test_an_engine_left_open_at_exit_waits_for_another_processs_save(tiny_bundle, tmp_path):
+    """(session 45, a review of the finalizer's save) The last generation of an engine never closed is written at
+    exit, waiting for another process that holds the store's lock (a first mend deferred such a save to an exit
+    handler registered at exit, which Python never runs: the generation was lost without a word)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from edgespec.memory import read_store
+
+    env = dict(os.environ, EDGESPEC_MEMORY_DIR=str(tmp_path / "memory"))
+    child = subprocess.Popen([sys.executable, "-c", _EXIT_WITHOUT_CLOSE, str(tiny_bundle)], env=env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    store = Path(child.stdout.readline().strip())
+    store.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(store.with_name(f".{store.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(1.5)
+    finally:
+        os.close(fd)
+    assert child.wait(timeout=120) == 0
+    assert len(read_store(store, None, None)) == 1
