@@ -21,7 +21,7 @@ from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_no_skip, warn_if_slow
-from .width import GPU_MIN_VERIFIED, measure_width
+from .width import GPU_MIN_VERIFIED, measure_width, padded_width
 from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, plain_run_options, session_has_graphs
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -116,8 +116,10 @@ class OnnxLM(CausalLM):
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
             self.min_width, self.width_multiple = measure_width(self)
         elif self.device != "cpu" or getattr(spec, "kernels", None) != "edgespec-q4":
-            # a policy given, not probed: verify calls no wider than the old probe's (but edgespec's own kernels)
-            self.verified_width = GPU_MIN_VERIFIED
+            # a policy given, not probed: verify calls no wider than the old probe's (but edgespec's own kernels), or
+            # than the policy's narrowest call (every call up to it runs at its width, alike: min_width 12 left no
+            # allowed draft under a bound of 9)
+            self.verified_width = max(GPU_MIN_VERIFIED, padded_width(1, self.min_width, self.width_multiple))
         # a target bounded to the widths the probe verified feeds a prefill's last token alone (lm.feed); not a drafter,
         # whose catch-ups go through feed too (an extra call each) and whose arithmetic never reaches the output
         self.split_last = spec.role == "target" and self.verified_width is not None

@@ -322,3 +322,15 @@ def test_forward_copies_its_logits_unless_told_not_to(tiny_int4_bundle):
     assert np.array_equal(kept, snapshot)  # the copy is untouched by the calls after it
     assert not np.array_equal(view, before)  # the view now shows the last call's first row
     assert view.dtype == np.float32 and view.shape == before.shape
+
+
+def test_a_given_policy_keeps_its_narrowest_call_verified(tiny_bundle):
+    """(session 45, a review of the CPU bound) load(min_width=N) is not probed: its verify calls are bounded by the
+    old probe's widest (9), or by N where wider (every call up to N tokens runs at N, alike); a bound of 9 under
+    min_width 12 left no draft allowed (speculation silently off)."""
+    eng = edgespec.load(tiny_bundle, max_context=256, min_width=12, memory=False)
+    assert eng.decoder.target.verified_width == 12
+    code = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
+    r = eng.generate(code * 2, max_new_tokens=40, drafter="prompt-lookup", max_draft_tokens=32, ignore_eos=True)
+    assert r.stats["drafted"] > 0
+    assert edgespec.load(tiny_bundle, max_context=256, min_width=2, memory=False).decoder.target.verified_width == 9
