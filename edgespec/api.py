@@ -26,7 +26,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .decoder import Decoder, GenerationConfig, Stats, Step, TokenLogprob
+from .decoder import Decoder, GenerationConfig, Stats, TokenLogprob
 from .drafters import DRAFTERS, LoadEnv
 from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
 from .manifest import Manifest, load_manifest
@@ -555,17 +555,18 @@ class Engine:
             healed = cfg.heal.decode("utf-8")
         except UnicodeDecodeError:
             raise ConfigError("heal must be the bytes of UTF-8 text") from None
-        stats = Stats()
         # the decoder's checks (a prompt too long for the context, an empty one, a grammar that does not compile, a
         # prediction too long) made now, by the call (before session 45: at the first next())
-        gen = self.decoder.generate(ids, cfg, stats)
-        return self._deltas(gen, stats, stop, cfg, healed)
+        prepared = self.decoder.prepare(ids, cfg)
+        return self._deltas(prepared, stop, cfg, healed)
 
-    def _deltas(self, gen: Iterator[Step], stats: Stats, stop: list[str], cfg: GenerationConfig,
-                skip_text: str) -> Iterator[Delta]:
-        """``stream_ids``' generator, once its options are checked: ``gen`` the decoder's steps, ``stats`` theirs
-        (the thread's ``last_stats`` from the first step: a call refused, at the call or for a stream this thread
-        holds, leaves the last generation's)."""
+    def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str) -> Iterator[Delta]:
+        """``stream_ids``' generator, once its options are checked (``prepared``: ``Decoder.prepare``'s); the decoder
+        is taken at the first ``next()`` (a stream made before ``close`` and read after it is a ``ClosedError``, and
+        holds no model), and the thread's ``last_stats`` are its from its first step (a call refused, at the call or
+        for a stream this thread holds, leaves the last generation's)."""
+        stats = Stats()
+        gen = self.decoder.run(prepared, stats)
         stats.healed = skip_text
         skip = len(skip_text)
         dec = self.tokenizer.stream_decoder()
@@ -854,6 +855,7 @@ class Engine:
                 flush = getattr(drafter, "flush", None)
                 if flush is not None:  # the suffix drafter: the last generation recorded, the store written
                     flush()
+            dec.closed = _CLOSED  # (a stream made before the close and read after it)
             self.decoder = _Closed()
 
     def __enter__(self) -> "Engine":

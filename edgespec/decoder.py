@@ -429,6 +429,10 @@ class Decoder:
         a tokenizer) is refused by the call itself, not at the first ``next()`` (since session 45: a stream's prompt
         too long for the context was refused only when read); the model runs from the first ``next()``, under the
         lock."""
+        return self.run(self.prepare(prompt_ids, cfg), stats)
+
+    def prepare(self, prompt_ids: Sequence[int], cfg: GenerationConfig | None = None) -> tuple:
+        """``generate``'s checks, made now: what ``run`` takes (the prompt, the config, the reply's constraint)."""
         cfg = cfg or GenerationConfig()
         prompt = [int(t) for t in prompt_ids]
         self._check(len(prompt), cfg)
@@ -441,10 +445,23 @@ class Decoder:
             if self.healer is None:
                 raise ConfigError("this engine has no tokenizer for token healing")
             con = HealConstraint(self.healer(), cfg.heal)
+        return prompt, cfg, con
+
+    # set by Engine.close under the lock: a generation made before and read after is a ClosedError, not a run of the
+    # released models
+    closed: str | None = None
+
+    def run(self, prepared: tuple, stats: Stats | None = None) -> Iterator[Step]:
+        """The steps of a generation ``prepare`` checked; the model runs from the first ``next()``, under the lock."""
+        prompt, cfg, con = prepared
         return self._held(prompt, cfg, stats if stats is not None else Stats(), con)
 
     def _held(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con) -> Iterator[Step]:
         with self.lock.hold():
+            if self.closed is not None:
+                from .errors import ClosedError
+
+                raise ClosedError(self.closed)
             yield from self._generate(prompt, cfg, st, con)
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:

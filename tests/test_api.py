@@ -384,6 +384,13 @@ def test_close_lets_go_of_the_models_and_writes_the_memory(tiny_bundle, tmp_path
                 lambda: eng.max_context, lambda: eng.chat().send("hi")):
         with pytest.raises(edgespec.ClosedError, match="closed"):
             use()
+    late = edgespec.load(tiny_bundle, max_context=256, memory=False)
+    stream = late.stream("The quick brown fox", max_new_tokens=8)  # (made before the close, read after it)
+    session = weakref.ref(late.decoder.target.session)
+    late.close()
+    assert session() is None  # (the stream holds no model)
+    with pytest.raises(edgespec.ClosedError):
+        next(stream)
     with edgespec.load(tiny_bundle, max_context=256, memory=store) as again:
         assert again.generate("The quick brown fox", max_new_tokens=8).text == text
         assert again.memory_stats()["memory_sequences"] >= 2  # both generations, read back

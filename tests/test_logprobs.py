@@ -332,6 +332,12 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_byte_that_is_no_
             def check_ids(self, ids, what):
                 pass
 
+            def prepare(self, prompt, cfg):
+                return prompt, cfg, None
+
+            def run(self, prepared, stats):
+                return self.generate(prepared[0], prepared[1], stats)
+
             def generate(self, prompt, cfg, stats):
                 for i, toks in enumerate(rounds):
                     yield Step(list(toks), None if i < len(rounds) - 1 else "length",
@@ -365,6 +371,12 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(
         class Fake:
             def check_ids(self, ids, what):  # (stream_ids checks the prompt's ids against the vocabulary)
                 pass
+
+            def prepare(self, prompt, cfg):  # (Decoder.prepare's checks, then run's steps)
+                return prompt, cfg, None
+
+            def run(self, prepared, stats):
+                return self.generate(prepared[0], prepared[1], stats)
 
             def generate(self, prompt, cfg, stats):
                 for i, toks in enumerate(rounds):
