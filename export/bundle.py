@@ -531,18 +531,18 @@ def _eos_ids(tok, src: Source) -> list[int]:
     ids = set()
     if tok.eos_token_id is not None:
         ids.add(int(tok.eos_token_id))
+    if src.kind == "gguf":
+        # the file's own: its one EOS id (tokenizer.ggml.eos_token_id), which its tokenizer has. GenerationConfig's
+        # from_pretrained(folder, gguf_file=...) read a generation_config.json beside the file, another model's
+        # maybe, which then set the bundle's EOS ids, and only where no cached copy was read; reading the model's
+        # config out of the file instead parses all of it again (3 s for SmolLM2, 9 s for the Qwen 1.5B, a kept
+        # copy's export included) for the same id
+        return sorted(ids)
     try:
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import GenerationConfig
 
-        if src.kind == "gguf":
-            # the file's own (what its model's generation_config is, and its kept copy's): GenerationConfig's
-            # from_pretrained(folder, gguf_file=...) reads a generation_config.json beside the file, another model's
-            # maybe, which then set the bundle's EOS ids, and only where no cached copy was read
-            gc_ = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(src.path.parent),
-                                                                                gguf_file=src.path.name))
-        else:
-            name, kw = src.from_pretrained_args()
-            gc_ = GenerationConfig.from_pretrained(name, **kw)
+        name, kw = src.from_pretrained_args()
+        gc_ = GenerationConfig.from_pretrained(name, **kw)
         e = gc_.eos_token_id
         ids.update([e] if isinstance(e, int) else list(e or []))
     except Exception:  # noqa: BLE001 - a missing generation config is normal

@@ -162,7 +162,7 @@ def _drop_copy(path: Path, entry: Path, why: str) -> None:
         done = "deleted"
     except OSError as d:
         done = f"not deleted ({d.strerror or d})"
-    print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} cannot be read ({why[:160]}); "
+    print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} cannot be used ({why[:160]}); "
           f"{done}; reading the GGUF file itself", file=sys.stderr, flush=True)
 
 

@@ -190,7 +190,7 @@ def live(bundle: str, gpu: dict, drafter_step_ms: float | None, out_dir: Path, m
     from edgespec.bench import read_prompts, run_bench, write_report
 
     eng = edgespec.load(bundle, memory=False, use_drafter=use_drafter)
-    if verified_width:  # the GPU's bound on verify calls (its width probe), where this CPU has none
+    if verified_width:  # the GPU's bound on verify calls (its width probe), in place of this CPU's own
         eng.decoder.target.verified_width = verified_width
     cost = gpu_priced_cost_model(gpu, drafter_step_ms)
     eng.decoder.policy.measured = eng.decoder.policy.cost = cost
@@ -210,8 +210,10 @@ def main(argv=None) -> int:
     ap.add_argument("--live", default=None, help="run this bundle here with the GPU's prices (instead of --cpu)")
     ap.add_argument("--out", type=Path, default=Path("reports/gpu-priced"), help="--live: where its report goes")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--verified-width", type=int, default=16,
-                    help="--live: the widest verify call on the GPU (its width probe's bound since session 27; 0: none)")
+    ap.add_argument("--verified-width", type=int, default=15,
+                    help="--live: the widest verify call on the GPU (its width probe's bound since session 27: 16 in "
+                         "session 29's run, 15 under session 45's rule, the widest probed call a reference only; "
+                         "0: none)")
     ap.add_argument("--no-drafter-model", action="store_true",
                     help="--live: leave the bundle's drafter model out (auto drafts from memory only)")
     ap.add_argument("--cpu-step-ms", type=float, required=True, help="the drafter's step on that CPU")
