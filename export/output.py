@@ -114,9 +114,11 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale(parent: Path, name: str) -> list[Path]:
-    """Remove ``.<name>.partial-<pid>`` and ``.<name>.old-<pid>`` of processes no longer running."""
+    """Remove ``.<name>.partial-<pid>`` and ``.<name>.old-<pid>`` of processes no longer running, and what an
+    ``--exact-kernels`` rewrite of such a stage left beside it (``..<name>.partial-<pid>.partial-<pid>``, its own
+    stage, and ``.old-<pid>``: a process killed outright mid-rewrite left ~1 GB for a 1.5B there)."""
     removed = []
-    pattern = re.compile(rf"\.{re.escape(name)}\.(partial|old)-(\d+)")
+    pattern = re.compile(rf"\.(?:\.{re.escape(name)}\.partial-\d+\.|{re.escape(name)}\.)(partial|old)-(\d+)")
     for p in parent.iterdir():
         m = pattern.fullmatch(p.name)
         if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))) and p.is_dir() \
