@@ -118,7 +118,7 @@ def test_stale_partials_of_dead_processes_are_removed(tmp_path):
     assert remove_stale(tmp_path, "b") == [stale]
     assert live.exists() and other.exists() and not stale.exists()
     # (session 45) what an --exact-kernels rewrite of a stage leaves beside it when its process is killed outright
-    nested = [tmp_path / f"..b.partial-{dead.pid}.partial-{dead.pid}", tmp_path / f"..b.partial-{dead.pid}.old-{dead.pid}"]
+    nested = [tmp_path / f"..b.partial-{dead.pid}.{kind}-{dead.pid}" for kind in ("partial", "old")]
     for d in nested:
         d.mkdir()
     assert sorted(remove_stale(tmp_path, "b")) == sorted(nested) and live.exists() and other.exists()
