@@ -45,6 +45,19 @@ A message of several lines (code pasted) goes between two lines of three double 
 begins with / is sent as //message. Ctrl-C stops the reply being written; the conversation goes on."""
 
 
+# -- a reply on a terminal ----------------------------------------------------------------------
+# the control characters a model may write that a terminal would act on (an escape sequence retitles it, moves the
+# cursor, clears the screen, or on some terminals writes the clipboard): shown as ^[ and the like where the reply
+# goes to a terminal; tab, newline and carriage return stay (piped or saved replies are as the model wrote them)
+_SHOWN = {c: f"^{chr(c + 64)}" for c in range(32) if c not in (9, 10, 13)} | {127: "^?"} | \
+    {c: f"\\x{c:02x}" for c in range(0x80, 0xa0)}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with the control characters a terminal acts on shown instead (``^[`` for ESC, ``\\x9b`` for a C1)."""
+    return text.translate(_SHOWN)
+
+
 # -- /set values -------------------------------------------------------------------------------
 def _number(kind: type) -> Callable[[str], float | int]:
     def parse(text: str):
@@ -99,6 +112,10 @@ class ChatRepl:
         self.stderr = stderr or sys.stderr
         # input() gives line editing and a prompt only on the process's own terminal
         self.interactive = self.stdin is sys.stdin and self.stdin.isatty()
+        try:  # (a reply's control characters are shown, not acted on, where they reach a terminal)
+            self._tty = bool(self.stdout.isatty())
+        except (AttributeError, ValueError):
+            self._tty = False
 
     def _check_start(self, system: str | None) -> None:
         """What would fail every turn is refused before the first: a chat template that does not
@@ -114,7 +131,7 @@ class ChatRepl:
 
     # -- output --------------------------------------------------------------------------------
     def _out(self, text: str) -> None:
-        self.stdout.write(text)
+        self.stdout.write(terminal_safe(text) if self._tty else text)
         self.stdout.flush()
 
     def _note(self, text: str) -> None:

@@ -429,8 +429,11 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         click.echo(json.dumps(out, ensure_ascii=False))
         eng.close()  # (a prompt cache file written now)
         return
+    from .chat import terminal_safe
+
+    tty = sys.stdout is not None and sys.stdout.isatty()  # (a reply's escape sequences shown, not acted on, there)
     for delta in eng.stream(src, stop=stop, **kw):
-        click.echo(delta, nl=False)
+        click.echo(terminal_safe(delta) if tty else delta, nl=False)
     click.echo()
     st = eng.last_stats
     if st and st.finish_reason == "context":

@@ -458,3 +458,37 @@ def test_a_message_of_several_lines_and_one_that_begins_with_a_slash(tiny_bundle
     msgs = json.loads(saved.read_text())
     assert [m["content"] for m in msgs if m["role"] == "user"] == ["def f(x):\n    return x + 1\n", "/etc/hosts is a file"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
+
+
+def test_control_characters_of_a_reply_are_shown_not_acted_on_in_a_terminal(tiny_bundle):
+    """(session 45, a review) A model's reply reached the terminal raw: an escape sequence in it would retitle the
+    terminal, move the cursor or clear the screen. On a terminal `generate` and `chat` show them (^[, ^D, \\x9b);
+    piped, the reply is as the model wrote it."""
+    from edgespec.chat import terminal_safe
+
+    assert terminal_safe("a\x1b[2Jb\tc\nd\re\x07f\x9bg\x7f") == "a^[[2Jb\tc\nd\re^Gf\\x9bg^?"
+    master, slave = pty.openpty()
+    args = [sys.executable, "-m", "edgespec.cli", "generate", str(tiny_bundle), "-p", "hello", "--max-new-tokens",
+            "96", "--drafter", "none"]
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.DEVNULL, env=_env(),
+                            cwd=ROOT)
+    os.close(slave)
+    raw = b""
+    deadline = time.time() + START_S
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            raw += data
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=60)
+    os.close(master)
+    piped = subprocess.run(args, capture_output=True, env=_env(), cwd=ROOT, timeout=START_S).stdout
+    assert any(b < 32 and b not in b"\t\n\r" for b in piped)  # (the tiny model writes control characters)
+    assert not any(b < 32 and b not in b"\t\n\r" for b in raw), raw
