@@ -286,6 +286,39 @@ def _parse_drafter(d: str, draft_tokens: int | None = None) -> tuple[str, int | 
     return name, int(k) if k else (None if bound or name == "none" else draft_tokens), bound
 
 
+class RunnerStates:
+    """What an engine learns across generations (its round policy; the model drafter's confidence calibration), kept
+    apart per runner: ``enter(name)`` puts the runner's own in place (at first, a copy of the engine's after the
+    warm-up), ``leave(name)`` keeps what its run taught. Drafters and the target are shared, not copied."""
+
+    def __init__(self, engine, names):
+        import copy
+
+        dec = engine.decoder
+        self.dec = dec
+        self.model = dec.drafters.get("model")
+        memo = {id(d): d for d in dec.drafters.values()}
+        memo[id(dec.target)] = dec.target
+        self.saved = {n: (copy.deepcopy(dec.policy, dict(memo)),
+                          copy.deepcopy(getattr(self.model, "_calib", None))) for n in names}
+        self.found = (dec.policy, getattr(self.model, "_calib", None))
+
+    def restore(self) -> None:
+        """The engine's own state back, as the bench found it."""
+        self.dec.policy = self.found[0]
+        if self.model is not None and self.found[1] is not None:
+            self.model._calib = self.found[1]
+
+    def enter(self, name: str) -> None:
+        policy, calib = self.saved[name]
+        self.dec.policy = policy
+        if self.model is not None and calib is not None:
+            self.model._calib = calib
+
+    def leave(self, name: str) -> None:
+        self.saved[name] = (self.dec.policy, getattr(self.model, "_calib", None))
+
+
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0,
               draft_tokens: int | None = None, external: dict[str, External] | None = None,
@@ -302,6 +335,11 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     # warm-up: first calls of a session allocate and pick kernels
     engine.reset()
     list(engine.stream_ids(tok.encode("Hello"), max_new_tokens=8, drafter="none"))
+    # each runner learns from its own runs only (session 45, a review): one engine runs every runner on a prompt in
+    # turn, and its round policy (acceptance per drafter and key, recent reply lengths, costs) and the model
+    # drafter's confidence calibration carried what the earlier runners learned on that very prompt into the later
+    # ones: `auto`, run last, started each prompt knowing its reply's length and acceptance
+    states = RunnerStates(engine, order)
     with MemorySampler() as mem:
         for qi, q in enumerate(prompts):
             history: list[dict] = []
@@ -312,6 +350,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                 reply_ids: list[int] = []
                 for d in order:
                     engine.reset()
+                    states.enter(d)
                     out: list[int] = []
                     st = None
                     name, k, bound = parsed.get(d, ("none", None, None))
@@ -319,6 +358,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                                                          top_p=top_p, drafter=name, draft_tokens=k,
                                                          max_draft_tokens=bound):
                         out.extend(toks)
+                    states.leave(d)
                     if d == "none":
                         ref, reply_ids = out, out
                     exact = None if d == "none" or temperature else out == ref
@@ -347,6 +387,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                     log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {name:13s} "
                         f"{tps:6.1f} tok/s  acc {acc:.2f}" + ("" if exact else "  differs from edgespec's greedy"))
                 history.append({"role": "assistant", "content": tok.decode(reply_ids)})
+    states.restore()
     rep.memory = {"peak_bytes": high_water_rss(), "file_bytes": file_rss(), "planned_bytes": engine.plan.total,
                   "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}
     return rep

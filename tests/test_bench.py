@@ -715,3 +715,34 @@ def test_bench_prompt_cache_runs_chats_in_turns_and_checks_the_replies(tiny_bund
     for bad in (["--turns", "0"], ["--prompt-cache-mb", "0"]):
         with pytest.raises(SystemExit):
             bench_prompt_cache.main([str(tiny_bundle), *bad])
+
+
+def test_each_runner_learns_from_its_own_runs_only(tiny_bundle):
+    """(session 45, a review) One engine runs every runner on a prompt in turn; its round policy (acceptance,
+    recent reply lengths, costs) and the model drafter's calibration carried what earlier runners learned on that
+    prompt into the later ones (`auto`, run last, began each prompt knowing its reply). Each runner now has its own:
+    a runner's policy saw its own generations only, and the engine's is put back as it was found."""
+    from edgespec import load
+    from edgespec.bench import run_bench
+
+    eng = load(tiny_bundle, memory=False)
+    own = eng.decoder.policy
+    seen = {}
+    real = eng.stream_ids
+
+    def spy(ids, **kw):  # the policy each runner's generation starts from
+        seen.setdefault(kw["drafter"], []).append((id(eng.decoder.policy), eng.decoder.policy._generation))
+        return real(ids, **kw)
+
+    eng.stream_ids = spy
+    prompts = [{"question_id": f"p{i}", "category": "code", "turns": [f"def f{i}(x):\n    return x + {i}\n" * 3]}
+               for i in range(3)]
+    rep = run_bench(eng, prompts, ["model", "prompt-lookup", "auto"], max_new_tokens=16, log=lambda s: None)
+    assert all(r.exact for r in rep.runs if r.drafter != "none")
+    for name in ("model", "prompt-lookup", "auto"):
+        ids = {pid for pid, _ in seen[name]}
+        gens = [g for _, g in seen[name]]
+        assert len(ids) == 1, name  # one policy a runner
+        assert gens == [gens[0], gens[0] + 1, gens[0] + 2], (name, gens)  # which saw its own generations only
+    assert len({seen[n][0][0] for n in ("none", "model", "prompt-lookup", "auto")}) == 4
+    assert eng.decoder.policy is own
