@@ -184,12 +184,18 @@ def test_external_runners_are_checked_against_their_reference(tiny_bundle):
     def wrong(ids, n):
         return {"token_ids": [t + 1 for t in seen["same"]], "decode_s": 0.01, "drafted": 4, "accepted": 1}
 
+    def own(ids, n):  # its own reference (llama.cpp's autoregressive run): judged against nothing (session 45)
+        return {"token_ids": [t + 2 for t in seen["same"]], "decode_s": 0.01, "reference": "own"}
+
     rep = run_bench(eng, read_prompts(limit=1), ["prompt-lookup"], max_new_tokens=6,
-                    external={"same": same, "other": other, "wrong": wrong}, log=lambda s: None)
+                    external={"same": same, "other": other, "wrong": wrong, "own": own}, log=lambda s: None)
     exact = {r.drafter: r.exact for r in rep.runs}
-    assert exact == {"none": None, "prompt-lookup": True, "same": True, "other": True, "wrong": False}
+    assert exact == {"none": None, "prompt-lookup": True, "same": True, "other": True, "wrong": False, "own": None}
     s = rep.summary()["all"]
     assert s["wrong"]["acceptance_rate"] == 0.25 and not s["wrong"]["exact"]
+    rows = {line.split(" | ")[1]: line.rstrip(" |").rsplit(" | ", 1)[1] for line in rep.markdown().splitlines()
+            if line.startswith("| all | ")}
+    assert rows["own"] == "–" and rows["same"] == "✓" and rows["wrong"] == "✗"
 
 
 def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys):
