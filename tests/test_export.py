@@ -488,7 +488,7 @@ def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_
     assert read_file == ["m.gguf"] and model.config.model_type == "qwen2"
     assert not entry.exists() and gguf_cached(gguf) is None
     said = warnings()
-    assert len(said) == 1 and "cannot be read" in said[0] and "deleted; reading the GGUF file itself" in said[0]
+    assert len(said) == 1 and "cannot be used" in said[0] and "deleted; reading the GGUF file itself" in said[0]
     keep_gguf_copy(gguf, tiny)  # kept afresh (the next export): read from the copy again
     assert gguf_cached(gguf) == entry
     load_model(src)
