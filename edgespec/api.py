@@ -558,9 +558,12 @@ class Engine:
         # the decoder's checks (a prompt too long for the context, an empty one, a grammar that does not compile, a
         # prediction too long) made now, by the call (before session 45: at the first next())
         prepared = self.decoder.prepare(ids, cfg)
-        return self._deltas(prepared, stop, cfg, healed)
+        # special tokens a stop string names (not the model's own ends): a reply ending there stopped at a stop string
+        named = self._stop_ids(ids, stop, fim=False) - (frozenset() if cfg.ignore_eos else self.decoder.eos)
+        return self._deltas(prepared, stop, cfg, healed, frozenset(named))
 
-    def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str) -> Iterator[Delta]:
+    def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str,
+                named: frozenset = frozenset()) -> Iterator[Delta]:
         """``stream_ids``' generator, once its options are checked (``prepared``: ``Decoder.prepare``'s); the decoder
         is taken at the first ``next()`` (a stream made before ``close`` and read after it is a ``ClosedError``, and
         holds no model), and the thread's ``last_stats`` are its from its first step (a call refused, at the call or
@@ -580,6 +583,7 @@ class Engine:
         entries: list[dict] = []
         sent = 0
         first = True
+        stopped_at = False  # the reply ended at a special token a stop string names
 
         def push(new: str) -> str:  # the text a round decoded, less what healing re-spelled
             nonlocal skip
@@ -642,7 +646,16 @@ class Engine:
                     while upto < len(entries) and entries[upto]["offset"] < len(text):
                         upto += 1
                     out, sent = entries[sent:upto], upto
-                yield Delta(emit, step.tokens, stats, out)
+                ids_out = step.tokens
+                if step.finish_reason == "eos" and ids_out and ids_out[-1] in named:
+                    # a special token a stop string names (``<|im_start|>``): a stop string's end, left out of the ids
+                    # as a stop string's tokens are, and said as 'stop' (it was the model's 'eos', its token kept)
+                    ids_out, stopped_at = ids_out[:-1], True
+                    if out:
+                        out = out[:-1] if out[-1]["token_id"] == step.tokens[-1] else out
+                yield Delta(emit, ids_out, stats, out)
+            if stopped_at:
+                stats.finish_reason = "stop"
         finally:
             gen.close()
 

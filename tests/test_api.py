@@ -454,3 +454,22 @@ def test_numpy_booleans_are_taken_where_booleans_are(tiny_bundle, tmp_path, monk
     r = eng.generate("The quick bro", max_new_tokens=4, token_healing=np.True_, ignore_eos=np.True_)
     assert len(r.token_ids) == 4
     eng.close()
+
+
+def test_a_stop_string_that_is_a_special_tokens_text_ends_as_a_stop(engine):
+    """(session 45, a review) A stop string naming a special token (<|im_start|>) stopped the reply at that token but
+    said 'eos' and kept the token in token_ids, where a stop string's tokens are left out and the reply says 'stop'.
+    The model's own end of sequence is still 'eos', its token kept; streamed ids are the Result's."""
+    tok = engine.tokenizer
+    special = next(t for t in tok.special_ids_texts() if tok.token_to_id(t) not in engine.manifest.eos_token_ids)
+    sid = tok.token_to_id(special)
+    for d in ("none", "auto"):
+        r = engine.generate("hello world", max_new_tokens=10, drafter=d, stop=[special], logit_bias={sid: 100},
+                            logprobs=1)
+        assert (r.finish_reason, r.token_ids, r.text, r.logprobs) == ("stop", [], "", []), d
+        streamed = [t for delta in engine.stream_ids(engine.encode("hello world"), max_new_tokens=10, drafter=d,
+                                                      stop=[special], logit_bias={sid: 100}) for t in delta.ids]
+        assert streamed == [] and engine.last_stats.finish_reason == "stop"
+    eos = engine.manifest.eos_token_ids[0]
+    r = engine.generate("hello world", max_new_tokens=10, logit_bias={eos: 100})
+    assert (r.finish_reason, r.token_ids) == ("eos", [eos])
