@@ -332,6 +332,8 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_byte_that_is_no_
             def check_ids(self, ids, what):
                 pass
 
+            eos = frozenset()  # (the model's ends: none here)
+
             def prepare(self, prompt, cfg):
                 return prompt, cfg, None
 
@@ -371,6 +373,8 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(
         class Fake:
             def check_ids(self, ids, what):  # (stream_ids checks the prompt's ids against the vocabulary)
                 pass
+
+            eos = frozenset()  # (the model's ends: none here)
 
             def prepare(self, prompt, cfg):  # (Decoder.prepare's checks, then run's steps)
                 return prompt, cfg, None
