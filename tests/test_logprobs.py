@@ -316,36 +316,39 @@ def test_the_logprobs_and_perplexity_scripts_run_on_a_tiny_bundle(tiny_bundle, t
     assert r.returncode == 2 and "needs a bundle exported from a GGUF" in r.stderr
 
 
+def _scripted(eng, monkeypatch, rounds) -> None:
+    """``eng`` on a scripted decoder that yields ``rounds`` (lists of ids, each token's logprob -1; the last round
+    ends at 'length'), through the engine's own tokenizer, stream and stop strings."""
+    from edgespec.decoder import Step, TokenLogprob
+
+    class Fake:
+        eos = frozenset()  # (the model's ends: none here)
+
+        def check_ids(self, ids, what):  # (stream_ids checks the prompt's ids against the vocabulary)
+            pass
+
+        def prepare(self, prompt, cfg):  # (Decoder.prepare's checks, then run's steps)
+            return prompt, cfg, None
+
+        def run(self, prepared, stats):
+            for i, toks in enumerate(rounds):
+                yield Step(list(toks), None if i < len(rounds) - 1 else "length", [TokenLogprob(t, -1.0) for t in toks])
+
+    monkeypatch.setattr(eng, "decoder", Fake())
+    monkeypatch.setattr(eng, "config", lambda **kw: GenerationConfig(logprobs=kw.get("logprobs")))
+
+
 def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_byte_that_is_no_utf8(smol_int4, monkeypatch):
     """(session 45, a review) A token that is a byte no UTF-8 character starts with (b"\\xbe", U+FFFD in the text),
     then a stop string: one token a round, the next token's entry took the offset of the held byte's U+FFFD and
     went out with it, so the entries held one more token than the ids, and other than a round of both tokens gave.
     Its entry starts after the U+FFFD now, whatever the rounds."""
-    from edgespec.decoder import Step, TokenLogprob
-
     eng = edgespec.load(smol_int4, memory=False)
     enc = lambda s: eng.tokenizer.encode(s, add_special=False)  # noqa: E731
     bad = next(i for i in range(eng.tokenizer.vocab_size) if eng.tokenizer.token_bytes(i) == b"\xbe")
 
     def script(rounds):
-        class Fake:
-            def check_ids(self, ids, what):
-                pass
-
-            eos = frozenset()  # (the model's ends: none here)
-
-            def prepare(self, prompt, cfg):
-                return prompt, cfg, None
-
-            def run(self, prepared, stats):
-                return self.generate(prepared[0], prepared[1], stats)
-
-            def generate(self, prompt, cfg, stats):
-                for i, toks in enumerate(rounds):
-                    yield Step(list(toks), None if i < len(rounds) - 1 else "length",
-                               [TokenLogprob(t, -1.0) for t in toks])
-        monkeypatch.setattr(eng, "decoder", Fake())
-        monkeypatch.setattr(eng, "config", lambda **kw: GenerationConfig(logprobs=kw.get("logprobs")))
+        _scripted(eng, monkeypatch, rounds)
         streamed = list(eng.stream_ids([1], stop=["xy"], logprobs=0))
         return eng._collect(iter(streamed)), [e for d in streamed for e in (d.logprobs or [])]
 
@@ -362,32 +365,13 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_byte_that_is_no_
 def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(smol_int4, monkeypatch):
     """A character of several tokens, then a stop string seen a round later (the engine's own tokenizer and
     stream, a scripted decoder): the ids returned keep the whole character, and the entries are theirs."""
-    from edgespec.decoder import Step, TokenLogprob
-
     eng = edgespec.load(smol_int4, memory=False)
     enc = lambda s: eng.tokenizer.encode(s, add_special=False)  # noqa: E731
     emoji = enc("\U0001fae0")
     assert len(emoji) >= 2  # split over tokens
 
     def script(rounds):
-        class Fake:
-            def check_ids(self, ids, what):  # (stream_ids checks the prompt's ids against the vocabulary)
-                pass
-
-            eos = frozenset()  # (the model's ends: none here)
-
-            def prepare(self, prompt, cfg):  # (Decoder.prepare's checks, then run's steps)
-                return prompt, cfg, None
-
-            def run(self, prepared, stats):
-                return self.generate(prepared[0], prepared[1], stats)
-
-            def generate(self, prompt, cfg, stats):
-                for i, toks in enumerate(rounds):
-                    yield Step(list(toks), None if i < len(rounds) - 1 else "length",
-                               [TokenLogprob(t, -1.0) for t in toks])
-        monkeypatch.setattr(eng, "decoder", Fake())
-        monkeypatch.setattr(eng, "config", lambda **kw: GenerationConfig(logprobs=kw.get("logprobs")))
+        _scripted(eng, monkeypatch, rounds)
         return eng._collect(eng.stream_ids([1], stop=["!!"], logprobs=0))
 
     for rounds in ([enc("ab") + emoji + enc("!"), enc("!x")], [enc("ab") + emoji + enc("!!x")],
