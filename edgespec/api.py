@@ -547,8 +547,9 @@ class Engine:
             raise ConfigError("stream_ids takes the prompt as token ids (integers); text goes to stream()")
         ids = [int(t) for t in ids]
         self.decoder.check_ids(ids, "the prompt")  # (a negative id would wrap around in the embedding)
-        ends = self._stop_ids(ids, stop, fim=not kw.get("ignore_eos"))
         cfg = self.config(**kw)  # (a bad option refused before anything else)
+        named, fim_ends = self._stop_ids(ids, stop)
+        ends = named | (frozenset() if cfg.ignore_eos else fim_ends)
         if ends:
             cfg = dataclasses.replace(cfg, stop_token_ids=tuple(sorted({*cfg.stop_token_ids, *ends})))
         try:  # token healing: the reply first spells the text backed off the prompt, which is not returned
@@ -559,8 +560,8 @@ class Engine:
         # prediction too long) made now, by the call (before session 45: at the first next())
         prepared = self.decoder.prepare(ids, cfg)
         # special tokens a stop string names (not the model's own ends): a reply ending there stopped at a stop string
-        named = self._stop_ids(ids, stop, fim=False) - (frozenset() if cfg.ignore_eos else self.decoder.eos)
-        return self._deltas(prepared, stop, cfg, healed, frozenset(named))
+        named -= frozenset() if cfg.ignore_eos else self.decoder.eos
+        return self._deltas(prepared, stop, cfg, healed, named)
 
     def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str,
                 named: frozenset = frozenset()) -> Iterator[Delta]:
@@ -700,18 +701,17 @@ class Engine:
 
         return {**one(lp.token, lp.logprob), "offset": offset, "top_logprobs": [one(t, v) for t, v in lp.top]}
 
-    def _stop_ids(self, ids: Sequence[int], stop: Sequence[str], fim: bool = True) -> set[int]:
-        """The token ids a generation after ``ids`` stops at besides the end of sequence: special tokens whose
-        text is a stop string, and (``fim``: not where the end of sequence is ignored) the FIM stops after a
-        prompt laid out for fill in the middle."""
-        out = set()
+    def _stop_ids(self, ids: Sequence[int], stop: Sequence[str]) -> tuple[frozenset, frozenset]:
+        """The token ids a generation after ``ids`` stops at besides the end of sequence: the special tokens
+        whose text is a stop string, and the FIM stops after a prompt laid out for fill in the middle (which
+        a generation ignoring the end of sequence does not stop at)."""
+        named = frozenset()
         if stop:
             specials = self.tokenizer.special_ids_texts()
-            out |= {self.tokenizer.token_to_id(t) for t in stop if t in specials}
-        f = self.tokenizer.fim() if fim else None
-        if f is not None and fim_split(ids, f) is not None:
-            out |= set(f.ends)
-        return out
+            named = frozenset(self.tokenizer.token_to_id(t) for t in stop if t in specials)
+        f = self.tokenizer.fim()
+        fim = frozenset(f.ends) if f is not None and fim_split(ids, f) is not None else frozenset()
+        return named, fim
 
     def returned_ids(self, ids: Sequence[int], text: str, stats: Stats | None) -> list[int]:
         """The ids of a finished reply's ``text``, from every id its stream yielded: after a stop

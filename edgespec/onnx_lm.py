@@ -21,7 +21,7 @@ from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_no_skip, warn_if_slow
-from .width import GPU_MIN_VERIFIED, measure_width, padded_width
+from .width import GPU_MIN_VERIFIED, measure_width, padded_width, width_invariant
 from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, plain_run_options, session_has_graphs
 
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -115,7 +115,7 @@ class OnnxLM(CausalLM):
         if min_width is None:
             # measured on the provider that actually runs (a GPU provider may have fallen back to CPU)
             self.min_width, self.width_multiple = measure_width(self)
-        elif self.device != "cpu" or getattr(spec, "kernels", None) != "edgespec-q4":
+        elif not width_invariant(self):
             # a policy given, not probed: verify calls no wider than the old probe's (but edgespec's own kernels), or
             # than the policy's narrowest call (every call up to it runs at its width, alike: min_width 12 left no
             # allowed draft under a bound of 9)

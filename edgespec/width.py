@@ -33,6 +33,14 @@ def padded_width(n: int, min_width: int = 1, multiple: int = 1) -> int:
     return -(-w // int(multiple)) * int(multiple)
 
 
+def width_invariant(lm) -> bool:
+    """Whether ``lm`` computes a row alike at every call width by construction: edgespec's own INT4 kernels
+    (``exact-kernels`` bundles) on the CPU. Such a model is probed on ``PROBE_WIDTHS`` only and its verify
+    calls are not bounded; every other (onnxruntime's kernels, any GPU) is probed at every width it may be
+    called at and bounded there."""
+    return lm.device == "cpu" and getattr(lm.spec, "kernels", None) == "edgespec-q4"
+
+
 def _candidates(widths: Sequence[int]) -> list[tuple[int, int]]:
     """Policies the probe can confirm, cheapest first: by the width a one-token call pays, then by
     the padding over every probed width. (1, 1) is no policy; (2, 1) is "at least two tokens"
@@ -63,8 +71,7 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
     (``tests/test_native.py``). Until session 45 onnxruntime's CPU kernels were probed so too, wider calls
     trusted to compute as those do, which MLAS's split of a call's rows between threads broke (above)."""
     gpu = lm.device != "cpu"
-    own = getattr(lm.spec, "kernels", None) == "edgespec-q4"  # edgespec's kernels: alike at every width
-    bounded = gpu or not own  # every width the decoder may call is probed, and it calls no wider
+    bounded = not width_invariant(lm)  # every width the decoder may call is probed, and it calls no wider
     lm.verified_width = None
     if widths is None:  # (bounded, the widths the window leaves room for)
         widths = tuple(w for w in GPU_PROBE_WIDTHS if prefix + w <= lm.max_context) if bounded else PROBE_WIDTHS
@@ -157,7 +164,7 @@ def measure_width(lm, prefix: int = 16, widths: Sequence[int] | None = None) -> 
                     if top < ws[-1]:
                         log.info(f"{lm.spec.role}: calls of more than {top} tokens compute their rows otherwise "
                                  f"on {lm.device}; verify calls carry at most {top}")
-                if not gpu and min_width == 1 and not own:
+                if not gpu and min_width == 1 and bounded:
                     # onnxruntime's CPU kernels: a one-token call's path can differ on some data only
                     # (session 27: the cuda-layout SmolLM2 on the CPU EP, float16 activations, at ~1 in
                     # 3 positions of real text, the probe's tokens agreeing at every width); only

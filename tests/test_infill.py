@@ -122,8 +122,8 @@ def test_a_stop_string_that_is_a_special_token_stops_at_that_token(fim_engine, m
         # ('stop', the token left out as a stop string's tokens are, since session 45: it said 'eos' and kept it)
         assert r.text == middle and r.finish_reason == "stop"
         assert fim_engine.tokenizer.token_to_id("<|endoftext|>") not in r.token_ids
-    assert fim_engine._stop_ids([5, 6], ["<|endoftext|>", "<|im_end|>", "plain text"]) == {
-        fim_engine.tokenizer.token_to_id("<|endoftext|>"), fim_engine.tokenizer.token_to_id("<|im_end|>")}
+    assert fim_engine._stop_ids([5, 6], ["<|endoftext|>", "<|im_end|>", "plain text"]) == ({
+        fim_engine.tokenizer.token_to_id("<|endoftext|>"), fim_engine.tokenizer.token_to_id("<|im_end|>")}, set())
 
 
 def test_a_suffix_is_refused_where_it_cannot_be_honoured(fim_engine, tiny_bundle):
