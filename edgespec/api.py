@@ -200,7 +200,8 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         raise ConfigError(f"the prompt cache file {path} is not a regular file")
     # where it will be written at close (a temporary file beside it, then a rename): said now, not after hours of
     # conversations, which a server's close would then lose
-    parent = path.parent if str(path.parent) else Path(".")
+    # (folders missing on the way are made at close: the nearest one there is must take them)
+    parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if parent.is_dir() and not _writable_dir(parent):
         raise ConfigError(f"the prompt cache file {path} cannot be written: {parent} takes no new files "
                           "(no permission, or a read-only file system)")

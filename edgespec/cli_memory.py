@@ -68,12 +68,13 @@ def show(bundle, as_json):
     """Where BUNDLE's memory is kept and what it holds."""
     from .errors import StoreError
     from .manifest import load_manifest
-    from .memory import bundle_fingerprint, read_store_signed, store_path
+    from .memory import KeptStoreError, bundle_fingerprint, read_store_signed, store_path
 
     m = load_manifest(bundle, check=False)
     path = store_path(m)
     info = {"path": str(path), "exists": path.exists(), "sequences": 0, "tokens": 0, "recallable": 0,
             "file_bytes": 0, "error": None}
+    kept = False
     if path.exists():
         info["file_bytes"] = path.stat().st_size
         try:
@@ -82,6 +83,7 @@ def show(bundle, as_json):
                         recallable=sum(1 for g in sigs if g.shape[0]))
         except StoreError as e:
             info["error"] = str(e)
+            kept = isinstance(e, KeptStoreError)  # (a newer edgespec's, or one this user cannot read)
     if as_json:
         click.echo(json.dumps(info, indent=1))
         return
@@ -89,7 +91,8 @@ def show(bundle, as_json):
     if not info["exists"]:
         click.echo("  empty (no store file)")
     elif info["error"]:
-        click.echo(f"  unreadable: {info['error']} (the next load sets it aside)")
+        click.echo(f"  unreadable: {info['error']} " + ("(left as it is: an engine runs without saving to it)" if kept
+                                                       else "(the next load sets it aside)"))
     else:
         click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, "
                    f"{info['file_bytes'] / 1024:.1f} KiB on disk; {info['recallable']} recallable by a prompt "

@@ -28,6 +28,7 @@ import threading
 import time
 import warnings
 import zipfile
+import zlib
 from collections import deque
 from pathlib import Path
 from typing import Sequence
@@ -327,6 +328,19 @@ class _locked:
             os.close(self.fd)  # (closing releases the lock)
 
 
+try:
+    from lzma import LZMAError
+except ImportError:  # (a Python built without lzma: zipfile cannot read such members either)
+    LZMAError = ValueError
+
+# what reading a damaged or foreign zip file of arrays raises besides OSError (which says the file could not be
+# read): zipfile's errors, a broken deflate (or lzma) stream's, an unsupported compression method's or an encrypted
+# member's (NotImplementedError and RuntimeError; RecursionError, nested JSON, is one too), a short member's
+# (IndexError); the memory store and the prompt cache say such a file is corrupt, never a traceback
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, zlib.error, LZMAError,
+           RuntimeError, MemoryError)
+
+
 class KeptStoreError(StoreError):
     """A store file this edgespec cannot use that may still be good: no permission to read it, a newer version's.
     ``open_store`` leaves it where it is (and saves nothing over it), where a corrupt or
@@ -349,7 +363,7 @@ def _npz_arrays(data: bytes) -> dict[str, np.ndarray]:
             if not info.filename.endswith(".npy") or info.file_size > MAX_STORE_BYTES:
                 raise ValueError(f"{info.filename!r} is not a member of a store")
             raw = z.read(info)
-            if raw[:6] != b"\x93NUMPY" or raw[6] not in (1, 2, 3):
+            if len(raw) < 10 or raw[:6] != b"\x93NUMPY" or raw[6] not in (1, 2, 3):
                 raise ValueError(f"{info.filename!r} is not a .npy array")
             width = 2 if raw[6] == 1 else 4
             start = 8 + width
@@ -389,8 +403,7 @@ def read_store_signed(path: Path, fingerprint: str | None,
         signed = "signatures" in z
         sigs = z["signatures"] if signed else None
         sig_lengths = z["signature_lengths"] if signed else None
-    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, MemoryError,
-            RecursionError) as e:  # (an array header claiming 2**40 entries: a ValueError; RecursionError: the meta)
+    except (*DAMAGED, OSError) as e:  # (an array header claiming 2**40 entries: a ValueError)
         raise StoreError(f"the memory store {path} is corrupt ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise StoreError(f"{path} is not an edgespec memory store")

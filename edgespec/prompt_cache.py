@@ -329,6 +329,7 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
     from pathlib import Path
 
     from .errors import StoreError
+    from .memory import DAMAGED
 
     path = Path(path)
     bad = ": not a prompt cache edgespec can use; give a new path or one it wrote"
@@ -347,7 +348,8 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
                 return 0, f"written by another engine (its {', '.join(diff) or 'key'} " + \
                     ("differs)" if len(diff) <= 1 else "differ)")
             lengths = meta.get("lengths")
-            if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
+            if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                        for n in lengths):
                 raise StoreError("its entry lengths are not a list of counts")
             row = key["buffers"] * key["kv_heads"] * key["head_dim"] * np.dtype(key["dtype"]).itemsize + 8
             room, picked = pc.budget, []
@@ -370,7 +372,7 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
         return 0, None
     except StoreError as e:
         raise StoreError(f"the prompt cache {path} is unusable ({e}){bad}") from None
-    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, MemoryError) as e:
+    except DAMAGED as e:  # (a broken deflate stream, nested JSON in the header, an encrypted member, ...)
         raise StoreError(f"the prompt cache {path} is unreadable ({type(e).__name__}: {e})"[:240] + bad) from None
     except OSError as e:  # a directory on the way that is a file, no permission, ...
         raise StoreError(f"cannot read the prompt cache {path}: {e.strerror or e}") from None

@@ -74,8 +74,9 @@ class SuffixDrafter(LookupDrafter):
         mem = opt.get("memory", True)
         store = None
         if mem is not False and mem is not None:
-            path = store_path(env.manifest) if mem is True else Path(mem)
-            if mem is not True and path.is_dir():  # a directory the caller named: its store file
+            path = store_path(env.manifest) if mem is True else Path(mem).expanduser()
+            # a directory the caller named (one to be made where the name ends with a slash): its store file
+            if mem is not True and (path.is_dir() or os.fspath(mem).endswith(("/", os.sep))):
                 path = path / "store.npz"
             store = open_store(path, bundle_fingerprint(env.manifest), vocab,
                                int(opt.get("memory_cap_tokens") or DEFAULT_CAP_TOKENS), set_aside=mem is True)

@@ -447,6 +447,9 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
     if Path("/proc").is_dir():  # a place no file can be made (as root too): said at load, not at close (session 43)
         with pytest.raises(ConfigError, match="cannot be written: /proc takes no new files"):
             edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file="/proc/edgespec-pc.bin", memory=False)
+        # (session 46) folders to be made on the way: the nearest one there is was not checked
+        with pytest.raises(ConfigError, match="cannot be written: /proc takes no new files"):
+            edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file="/proc/edgespec-x/y/pc.bin", memory=False)
     (tmp_path / "file").write_text("x")
     with pytest.raises(StoreError, match="cannot read the prompt cache .*Not a directory"):
         edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path / "file" / "c.npz", memory=False)
@@ -457,6 +460,35 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
     (tmp_path / "gone").write_text("now a file")
     with pytest.warns(UserWarning, match="cannot write the prompt cache"):
         eng.close()  # a place it cannot be written: said at close, not raised
+
+
+def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path):
+    """(session 46) a broken deflate stream (zlib.error), nested JSON in the header (RecursionError), an encrypted or
+    unknown-method member escaped as tracebacks where the README promises a StoreError at start; a count of True
+    passed as an entry length."""
+    import io
+
+    from tiny import damaged_zips
+
+    from edgespec.errors import StoreError
+    from edgespec.prompt_cache import FORMAT, VERSION, read_file
+
+    key = {"buffers": 4, "kv_heads": 2, "head_dim": 16, "dtype": "float32"}
+
+    def meta(lengths):
+        m = json.dumps({"format": FORMAT, "version": VERSION, "key": key, "lengths": lengths}).encode()
+        return np.frombuffer(m, np.uint8)
+
+    members = {"meta": meta([20]), "ids_0": np.arange(20, dtype=np.int64),
+               "rows_0": np.zeros((4, 2, 20, 16), np.float32)}
+    plain = io.BytesIO()
+    np.savez(plain, **{**members, "meta": meta([True])})
+    for how, data in [*damaged_zips(members).items(), ("a length True", plain.getvalue())]:
+        f = tmp_path / "cache.npz"
+        f.write_bytes(data)
+        with pytest.raises(StoreError, match="prompt cache .*(unreadable|unusable)"):
+            read_file(PromptCache(1 << 24), f, key)
+        assert f.read_bytes() == data, how
 
 
 def test_generate_runs_share_a_document_through_a_prompt_cache_file(tiny_bundle, tmp_path):

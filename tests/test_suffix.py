@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import warnings
 
@@ -19,7 +20,7 @@ from edgespec.ngram import LiveIndex, NgramTable, context_keys
 from edgespec.sampling import SamplingParams
 from edgespec.suffix import SuffixDrafter, read_document
 from test_decoder import run
-from tiny import FakeLM, SimClock
+from tiny import FakeLM, SimClock, damaged_zips
 
 GREEDY = SamplingParams(0.0)
 RNG = np.random.default_rng(0)
@@ -191,6 +192,24 @@ def test_corrupt_store_is_a_store_error_and_is_set_aside(tmp_path, content, what
     store.add([1, 2, 3])
     store.save()  # rebuilt
     assert [s.tolist() for s in read_store(path, "fp", 100)] == [[1, 2, 3]]
+
+
+_STORE = {"meta": np.frombuffer(b'{"format": "edgespec-memory", "version": 2, "fingerprint": "fp", "vocab_size": 100}',
+                                np.uint8), "tokens": np.arange(10, dtype=np.int32), "lengths": np.array([10]),
+          "signatures": np.zeros(0, np.int64), "signature_lengths": np.array([0])}
+
+
+@pytest.mark.parametrize("how", list(damaged_zips(_STORE)))
+def test_a_damaged_store_is_set_aside_not_a_traceback(tmp_path, how):
+    """(session 46) IndexError, zlib.error, NotImplementedError and RuntimeError escaped the store's reader: every
+    generation of the bundle (and `edgespec memory show`) ended in a traceback until the file was removed by hand."""
+    path = tmp_path / "store.npz"
+    path.write_bytes(damaged_zips(_STORE)[how])
+    with pytest.raises(StoreError, match="is corrupt"):
+        read_store(path, "fp", 100)
+    with pytest.warns(UserWarning, match="set aside"):
+        assert len(open_store(path, "fp", 100)) == 0
+    assert not path.exists()
 
 
 def test_a_named_memory_path_that_is_no_store_is_refused_and_left_alone(tiny_bundle, tmp_path):
@@ -453,8 +472,35 @@ def test_cli_documents_and_memory_commands(tiny_bundle, tmp_path):
         assert r.exit_code == 0 and not (tmp_path / "cache").joinpath("x").exists()
         r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])
         assert "empty" in r.output
+        # (session 46) a newer edgespec's store is left where it is by a load: show said the next load set it aside
+        from edgespec.manifest import load_manifest
+        from edgespec.memory import bundle_fingerprint, store_path
+
+        m = load_manifest(tiny_bundle, check=False)
+        meta = json.dumps({"format": "edgespec-memory", "version": 99, "fingerprint": bundle_fingerprint(m),
+                           "vocab_size": m.target.vocab_size}).encode()
+        store_path(m).parent.mkdir(parents=True, exist_ok=True)
+        with open(store_path(m), "wb") as f:
+            np.savez(f, meta=np.frombuffer(meta, np.uint8), tokens=np.arange(3, dtype=np.int32), lengths=np.array([3]))
+        r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])
+        assert "left as it is" in r.output and "sets it aside" not in r.output, r.output
     finally:
         os.environ.pop("EDGESPEC_MEMORY_DIR")
+
+
+def test_a_memory_path_takes_a_home_folder_and_a_folder_to_be_made(tiny_bundle, tmp_path, monkeypatch):
+    """(session 46) load(memory="~/m.npz") made a folder named "~" in the working directory, and "new/" (a folder
+    not there yet) a store file named "new"; prompt_cache_file took both as meant."""
+    import edgespec
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    for mem, want in (("~/m.npz", tmp_path / "home" / "m.npz"), ("new/", tmp_path / "new" / "store.npz")):
+        with edgespec.load(tiny_bundle, max_context=256, memory=mem) as eng:
+            eng.generate(PROMPTS[0], max_new_tokens=4, drafter="suffix")
+        assert len(read_store(want, None, None)) == 1, mem
+    assert not (tmp_path / "~").exists()
 
 
 def test_auto_scores_the_free_drafters_it_does_not_choose():

@@ -389,3 +389,44 @@ def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def damaged_zips(members: dict[str, np.ndarray]) -> dict[str, bytes]:
+    """A zip file of ``members`` (.npy arrays, as np.savez writes them) damaged in the ways a reader meets
+    beyond a truncation: a member too short for a .npy header, a broken deflate stream, a compression method
+    zipfile does not know, members marked encrypted, a header of deeply nested JSON."""
+    import io
+    import struct
+    import zipfile
+
+    def npz(arrays: dict, method=zipfile.ZIP_STORED, raw: dict | None = None) -> bytearray:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", method) as z:
+            for k, a in arrays.items():
+                b = io.BytesIO()
+                np.save(b, a)
+                z.writestr(f"{k}.npy", b.getvalue())
+            for k, v in (raw or {}).items():
+                z.writestr(k, v)
+        return bytearray(buf.getvalue())
+
+    def patch(b: bytearray, local: int, central: int, value: int) -> bytes:
+        for sig, off in ((b"PK\x03\x04", local), (b"PK\x01\x02", central)):
+            p = b.find(sig)
+            while p >= 0:
+                struct.pack_into("<H", b, p + off, value)
+                p = b.find(sig, p + 4)
+        return bytes(b)
+
+    deflated = npz(members, zipfile.ZIP_DEFLATED)
+    first = deflated.find(b".npy") + 4
+    for j in range(first + 5, first + 25):
+        deflated[j] ^= 0xFF
+    nested = ("[" * 100000 + "]" * 100000).encode()
+    return {
+        "short member": bytes(npz({}, raw={"meta.npy": b"\x93NUMPY"})),
+        "broken deflate stream": bytes(deflated),
+        "unknown compression method": patch(npz(members), 8, 10, 99),
+        "encrypted members": patch(npz(members), 6, 8, 1),
+        "nested JSON": bytes(npz({**members, "meta": np.frombuffer(nested, np.uint8)})),
+    }
