@@ -47,8 +47,8 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
             continue
         try:
             q = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{n}: not JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # (not JSON; an integer too long to convert; nested too deeply)
+            raise ConfigError(f"{p}:{n}: not JSON ({str(e).split(';')[0] or type(e).__name__})") from None
         if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"] \
                 or not all(isinstance(t, str) for t in q["turns"]):
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")

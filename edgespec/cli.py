@@ -89,6 +89,10 @@ class _Stdout:
         except OSError as e:
             e.edgespec_stdout = True
             raise
+        except UnicodeEncodeError:  # an encoding without the text's characters (PYTHONIOENCODING=latin-1, a
+            # Windows redirect's cp1252): they are written as "?", where they were a traceback
+            enc = getattr(self.stream, "encoding", None) or "utf-8"
+            return self.write(text.encode(enc, "replace").decode(enc))
 
     def flush(self):
         if self.stream is None:
@@ -317,8 +321,8 @@ def _template_kwargs(ctx, param, value):
 
     try:
         kw = json.loads(value)
-    except ValueError as e:
-        raise ConfigError(f"--chat-template-kwargs is not JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"--chat-template-kwargs is not JSON: {str(e).split(';')[0] or 'nested too deeply'}") from None
     return check_template_kwargs(kw, "--chat-template-kwargs") or None
 
 
@@ -395,8 +399,9 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         text = read_document(schema_file, what="JSON schema file", error=ConfigError)
         try:
             schema = json.loads(text)
-        except ValueError as e:
-            raise ConfigError(f"the JSON schema file {schema_file} is not JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise ConfigError(f"the JSON schema file {schema_file} is not JSON: "
+                              f"{str(e).split(';')[0] or 'nested too deeply'}") from None
         response_format = {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
     elif json_object:
         response_format = {"type": "json_object"}

@@ -205,5 +205,7 @@ def check_files(m, deep: bool = False) -> None:
                         raise BundleError(f"bundle {m.root}: the {spec.role} graph's external data {loc!r} is not "
                                           "among the manifest's files, so it cannot be checked; re-export the bundle")
         _check_tokenizer(m, deep, stamps)
+    except OSError as e:  # (a file this user cannot read, an I/O error: a BundleError as an unreadable manifest is one)
+        raise BundleError(f"bundle {m.root}: cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     finally:
         stamps.save()

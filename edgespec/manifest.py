@@ -470,11 +470,11 @@ class Manifest:
         if not _is(eos, "ints"):
             raise ManifestError(f"{mpath}: eos_token_ids must be a list of integers")
         tok = _req(raw, "tokenizer", dict, "manifest")
-        for key, kind in (("name", str), ("bos_token_id", int), ("chat_template", str), ("created", str),
-                          ("tool_versions", dict), ("sources", dict)):
+        for key, kind in (("name", str), ("bos_token_id", int), ("add_bos", bool), ("chat_template", str),
+                          ("created", str), ("tool_versions", dict), ("sources", dict)):
             _opt(kind, "manifest", raw, key)
         m = cls(root=root, name=raw.get("name") or root.name, target=target, drafter=drafter,
-                eos_token_ids=tuple(eos), bos_token_id=raw.get("bos_token_id"), add_bos=bool(raw.get("add_bos", False)),
+                eos_token_ids=tuple(eos), bos_token_id=raw.get("bos_token_id"), add_bos=raw.get("add_bos") or False,
                 chat_template=raw.get("chat_template"),
                 tokenizer_dir=_inside(root, _req(tok, "dir", str, "manifest.tokenizer"), "manifest tokenizer.dir"),
                 tool_versions={str(k): str(v) for k, v in (raw.get("tool_versions") or {}).items()},
@@ -512,8 +512,8 @@ def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = Fa
         if len(data) > _MANIFEST_LIMIT:
             raise ManifestError(f"{mpath} is larger than {_MANIFEST_LIMIT >> 20} MiB: not a manifest")
         raw = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{mpath} is corrupt: {e}") from None
+    except ValueError as e:  # (not JSON, not UTF-8, an integer of more digits than Python converts)
+        raise ManifestError(f"{mpath} is corrupt: {str(e).split(';')[0]}") from None
     except RecursionError:
         raise ManifestError(f"{mpath} is corrupt: nested too deeply") from None
     except OSError as e:

@@ -159,8 +159,8 @@ def load_profile(path: str | os.PathLike) -> Profile:
         raise ProfileError(f"{p}: not a text (UTF-8) file") from None
     except OSError as e:  # a directory, no permission, ...
         raise ProfileError(f"cannot read profile {p}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ProfileError(f"{p}: not valid TOML ({e})") from None
+    except ValueError as e:  # TOMLDecodeError, or an integer of more digits than Python converts
+        raise ProfileError(f"{p}: not valid TOML ({str(e).split(';')[0]})") from None
     return _check(p.stem, data, str(p))
 
 

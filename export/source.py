@@ -269,8 +269,8 @@ def resolve(spec: str) -> Source:
             raise ExportError(f"{p} is not a Hugging Face model directory: no config.json{hint}")
         try:
             json.loads(cfg.read_text())
-        except json.JSONDecodeError as e:
-            raise ExportError(f"{cfg} is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # (not JSON or not UTF-8; an integer too long; nested too deeply)
+            raise ExportError(f"{cfg} is not valid JSON: {str(e).split(';')[0] or type(e).__name__}") from None
         return Source(spec, "hf-dir", p.resolve())
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         return Source(spec, "hub", None)

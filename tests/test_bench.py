@@ -59,7 +59,9 @@ def test_read_prompts_spec_bench_format(tmp_path):
         read_prompts(tmp_path / "missing.jsonl")
     for bad, match in (('{"category": ["a"], "turns": ["x"]}', "'category' must be a string, got list"),
                        ('{"category": 5, "turns": ["x"]}', "'category' must be a string, got int"),
-                       ('{"turns": [123]}', "turns")):  # (session 43: tracebacks, or an error after the load)
+                       ('{"turns": [123]}', "turns"),  # (session 43: tracebacks, or an error after the load)
+                       ('{"turns": ["x"], "n": 1' + "0" * 5000 + "}", ":1: not JSON (Exceeds the limit"),  # (46)
+                       ("[" * 100000 + "]" * 100000, ":1: not JSON (maximum recursion depth")):
         p.write_text(bad + "\n")
         with pytest.raises(ConfigError, match=re.escape(match)):
             read_prompts(p, categories=["zz"])

@@ -45,6 +45,44 @@ def test_corrupt_manifest(tiny_bundle, copy_bundle):
     assert "corrupt" in one_line_error(run("info", b), 2)
 
 
+def test_a_manifest_number_too_long_to_read_and_a_bos_flag_of_another_type(tiny_bundle, copy_bundle):
+    """(session 46) an integer of 5,000 digits was a traceback (json's plain ValueError); add_bos "false" (a string)
+    was taken as true, a BOS token put before every prompt."""
+    b = copy_bundle(tiny_bundle)
+    text = (b / "edgespec.json").read_text()
+    m = json.loads(text)
+    (b / "edgespec.json").write_text(text.replace('"num_layers": %d' % m["models"]["target"]["num_layers"],
+                                                  '"num_layers": 1' + "0" * 5000, 1))
+    with pytest.raises(edgespec.ManifestError, match="corrupt: Exceeds the limit"):
+        edgespec.load(b)
+    assert "corrupt" in one_line_error(run("info", b), 2)
+    (b / "edgespec.json").write_text(json.dumps({**m, "add_bos": "false"}))
+    with pytest.raises(edgespec.ManifestError, match="add_bos has the wrong type"):
+        edgespec.load(b)
+
+
+def test_an_unreadable_bundle_file_is_a_bundle_error(tiny_bundle, copy_bundle, monkeypatch):
+    """(session 46) a model file this user cannot read raised a bare PermissionError (exit 1, not a BundleError)."""
+    from edgespec import integrity
+
+    b = copy_bundle(tiny_bundle)
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(integrity, "sha256_file", denied)
+    with pytest.raises(edgespec.BundleError, match="cannot read .*Permission denied"):
+        edgespec.load(b)
+    assert "Permission denied" in one_line_error(run("info", b), 2)
+
+
+def test_an_output_encoding_without_the_report_s_characters(tiny_bundle):
+    """(session 46) a stdout in latin-1 (PYTHONIOENCODING, a Windows redirect's cp1252): `info` (its ✓ and Δ) and
+    `generate` (a model's U+FFFD) ended in a UnicodeEncodeError's traceback; the characters are written as '?'."""
+    r = CliRunner(charset="latin-1").invoke(main, ["info", str(tiny_bundle)])
+    assert r.exit_code == 0 and "validation vs torch: ? max |?logit|" in r.output, (r.output, r.exception)
+
+
 def test_manifest_with_wrong_schema(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     m = json.loads((b / "edgespec.json").read_text())

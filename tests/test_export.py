@@ -147,6 +147,14 @@ def test_directory_without_config(tmp_path):
     (tmp_path / "m").mkdir()
     r = CliRunner().invoke(main, ["export", str(tmp_path / "m"), "-o", str(tmp_path / "b")])
     assert r.exit_code == 6 and "no config.json" in r.output
+    # (session 46) a config.json json reads with a plain ValueError (a number too long) or a RecursionError, or one
+    # not UTF-8: tracebacks
+    for text, message in (('{"n": 1' + "0" * 5000 + "}", "Exceeds the limit"), ("[" * 100000 + "]" * 100000,
+                          "maximum recursion depth"), (b"\xff\xfe{}", "'utf-8' codec can't decode")):
+        cfg = tmp_path / "m" / "config.json"
+        cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+        r = CliRunner().invoke(main, ["export", str(tmp_path / "m"), "-o", str(tmp_path / "b")])
+        assert r.exit_code == 6 and "config.json is not valid JSON: " + message in r.output, r.output
 
 
 def test_hub_id_without_network_is_one_line(tmp_path, monkeypatch):

@@ -437,6 +437,8 @@ def test_profile_file_errors(tmp_path):
         load_profile(tmp_path / "absent.toml")
     with pytest.raises(ProfileError, match="not valid TOML"):
         load_profile(_write(tmp_path, "memory_budget_mb = = 3\n"))
+    with pytest.raises(ProfileError, match="not valid TOML .*Exceeds the limit"):  # (session 46: a traceback)
+        load_profile(_write(tmp_path, "memory_budget_mb = 1" + "0" * 5000 + "\n"))
     with pytest.raises(ProfileError) as e:
         resolve_profile("jetson-nano-2gb")
     assert "unknown profile 'jetson-nano-2gb'" in str(e.value) and "cpu-8gb" in str(e.value)
