@@ -726,7 +726,8 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     if not measure:
         from .providers import available_providers, canonical
 
-        lacks = sorted({x for x in tprov + dprovs if canonical(x) not in available_providers()})
+        drafting = m.drafter is not None and not no_drafter  # (a drafter's providers count where there is one)
+        lacks = sorted({x for x in tprov + (dprovs if drafting else []) if canonical(x) not in available_providers()})
         if lacks:
             click.echo(f"note: this onnxruntime lacks {', '.join(lacks)}: the plan is for a machine that has it "
                        "(loaded here, the bundle runs on the CPU, with the CPU's plan)", err=True)

@@ -724,7 +724,8 @@ def test_a_profile_made_in_python_is_checked_as_a_file_is():
         resolve_profile(replace(DEFAULT_PROFILE, max_context=256, min_context=300))
 
 
-def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundle, tiny_int4_bundle, tmp_path):
+def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundle, tiny_int4_bundle, tmp_path,
+                                                                  tiny_llama_bundle):
     """load() plans for the providers that run here (a GPU profile on a CPU-only onnxruntime planned a GPU's runtime
     and no prompt cache, then ran on the CPU under it); `plan` keeps the profile's device and says this machine
     lacks it; a profile's drafter placement is checked only where its drafter loads the model drafter."""
@@ -738,6 +739,9 @@ def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundl
     eng.close()
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb"])
     assert r.exit_code == 0 and "note: this onnxruntime lacks cuda" in r.stderr and "GPU" in r.stdout, r.output
+    # (session 46) a cpu-layout bundle without a drafter plans the CPU: the note said the plan was for a GPU machine
+    r = CliRunner().invoke(main, ["plan", str(tiny_llama_bundle), "--profile", "rtx4090-24gb"])
+    assert r.exit_code == 0 and "lacks" not in r.stderr and "resident on the CPU EP" in r.stdout, r.output
     f = _write(tmp_path, 'memory_budget_mb = 2048\ndrafter = "prompt-lookup"\ndrafter_provider = "cuda"\n')
     r = CliRunner().invoke(main, ["generate", str(tiny_int4_bundle), "-p", "hi", "--max-new-tokens", "2",
                                   "--profile", str(f), "--no-memory"])
