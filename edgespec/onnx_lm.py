@@ -123,6 +123,10 @@ class OnnxLM(CausalLM):
         # a target bounded to the widths the probe verified feeds a prefill's last token alone (lm.feed); not a drafter,
         # whose catch-ups go through feed too (an extra call each) and whose arithmetic never reaches the output
         self.split_last = spec.role == "target" and self.verified_width is not None
+        if self.min_width != 1 or self.width_multiple != 1:
+            # alternates are one-token rows beside a call's causal ones: not where the width policy pads calls (a given
+            # min_width, or a context too short for the probe: every model draft was a ValueError)
+            self.verifies_alternates = self.cheap_rows = False
         if min_width is not None and self.device == "cpu" and self.max_context >= 2:
             # no width probe (a drafter): one short call now, so that the session's first-call costs
             # (onnxruntime's allocations, the INT4 kernel's copy of its weights onto 2 MiB pages, ~0.5 s

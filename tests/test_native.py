@@ -717,6 +717,22 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
             monkeypatch.undo()
 
 
+def test_a_padded_width_policy_verifies_no_alternates(tiny_xk, monkeypatch):
+    """(session 46) load(min_width=2) on an exact-kernels bundle (or a context too short for the probe) kept
+    alternates on, and every round that offered them was a ValueError ("alternates need one-token calls")."""
+    from test_exactness import PROMPTS
+
+    eng = edgespec.load(tiny_xk, min_width=2, memory=False)
+    assert eng.decoder.target.min_width == 2 and not eng.decoder.target.verifies_alternates
+    ref = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="none").token_ids
+    ids = eng.encode(PROMPTS[0], fit=True)
+    eng.decoder.drafters["model"] = _Planted(len(ids), ref + [0] * 16, eng.decoder.vocab)
+    monkeypatch.setattr(eng.decoder.policy, "alternates", lambda k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
+    eng.decoder.policy.use_alternates = True
+    r = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="model", draft_tokens=3)
+    assert r.token_ids == ref and r.stats["alternates"] == 0
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_round_cut_short_after_its_alternates_leaves_the_cache_true(tiny_xk, monkeypatch, temperature):
     """Ctrl-C landing after a verify call with alternates returns (before the kept one is moved and the rest
