@@ -24,7 +24,7 @@ from .kv import TokenBuffer
 from .lm import CausalLM
 from .penalties import Penalizer
 from .policy import RoundPolicy
-from .sampling import SamplingParams, distribution
+from .sampling import SamplingParams, distribution, greedy_choice
 from .verify import (alternate_dist, greedy_accept, greedy_accept_choice, rejection_sample,
                      rejection_sample_alternates)
 from .width import padded_width
@@ -482,7 +482,7 @@ class Decoder:
             last = pen.rows(np.asarray(last)[None, : self.vocab])[0]
         if con is not None:  # structured outputs: the first token too is one the grammar allows
             last = masked(np.asarray(last)[None, : self.vocab], con.masks(())[0])[0]
-        first = int(np.argmax(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
+        first = int(greedy_choice(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         if con is not None:
             con.consume([first])
             if getattr(con, "done", False):  # healed: nothing is held from here

@@ -19,6 +19,7 @@ import numpy as np
 
 from .errors import ContextOverflowError, Interrupted
 from .kv import TokenCache
+from .sampling import greedy_choice
 from .width import padded_width
 
 
@@ -101,7 +102,7 @@ class CausalLM:
         graph's ``argmax`` output, ``device_argmax``) copies only the indices; others take
         numpy's argmax of the logits."""
         if not self.device_argmax:
-            return np.argmax(self.forward(ids, copy=False), axis=-1)
+            return greedy_choice(self.forward(ids, copy=False))
         return self._call(ids, True)
 
     # checked between a prefill's calls (``feed``) and a prompt's scoring's: True stops it with ``Interrupted`` (the

@@ -21,6 +21,7 @@ from .lm import CausalLM
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_no_skip, warn_if_slow
+from .sampling import greedy_choice
 from .width import GPU_MIN_VERIFIED, measure_width, padded_width, width_invariant
 from .graphs import GRAPH_MAX_WIDTH, GRAPH_OPTION, GraphCalls, plain_run_options, session_has_graphs
 
@@ -149,7 +150,7 @@ class OnnxLM(CausalLM):
     def _run(self, ids: Sequence[int], past: int, argmax: bool = False, skip: int = 0, positions=None) -> np.ndarray:
         n = len(ids)
         if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
-            return np.argmax(self._run(ids, past, positions=positions), axis=-1)
+            return greedy_choice(self._run(ids, past, positions=positions))
         if skip and (argmax or self._skip_name is None or not 0 < skip < n):
             raise ValueError(f"{self.spec.role}: cannot skip the logits of {skip} of {n} positions here")
         g = self.graphs

@@ -246,6 +246,20 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
     return Dist(n, None, w)
 
 
+def greedy_choice(logits: np.ndarray) -> np.ndarray:
+    """``np.argmax(logits, axis=-1)`` of a row or of rows; ``BundleError`` where a chosen logit is NaN or
+    infinite: numpy takes the first NaN (and +inf) as the largest, so a model that overflowed decoded that
+    token over and over, greedy, where sampling refuses its row (``_finite_max``)."""
+    top = np.argmax(logits, axis=-1)
+    chosen = np.take_along_axis(logits, np.expand_dims(top, -1), -1)
+    if not np.isfinite(chosen).all():
+        bad = float(chosen[~np.isfinite(chosen)].flat[0])
+        raise BundleError(f"the model's logits hold {'NaN' if math.isnan(bad) else bad} at token "
+                          f"{int(np.asarray(top).flat[int(np.flatnonzero(~np.isfinite(chosen))[0])])}: no greedy "
+                          f"choice (a model that overflows in its precision, or a broken graph)")
+    return top
+
+
 def _finite_max(x: np.ndarray):
     """The row's maximum; a row with a NaN or +inf (a model that overflowed) has no distribution."""
     m = x.max()

@@ -15,12 +15,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import Dist, SamplingParams, distribution
+from .sampling import Dist, SamplingParams, distribution, greedy_choice
 
 
 def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
     """Return (accepted count, next token). ``target_logits`` has len(draft)+1 rows."""
-    return greedy_accept_choice(draft, np.argmax(target_logits, axis=-1))
+    return greedy_accept_choice(draft, greedy_choice(target_logits))
 
 
 def greedy_accept_choice(draft: Sequence[int], choice: np.ndarray) -> tuple[int, int]:

@@ -464,6 +464,31 @@ def test_a_row_with_nan_or_inf_is_a_typed_error(sp, bad, top_p_path):
         distribution(row, sp)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_greedy_decoding_refuses_a_row_with_nan_or_inf_as_sampling_does(tiny_bundle, bad):
+    """(session 46) greedy decoding took np.argmax of a row holding NaN (numpy's first NaN is its largest) and
+    emitted that token over and over, where sampling raised a BundleError: a model that overflowed decoded garbage."""
+    import edgespec
+    from edgespec.errors import BundleError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    t = eng.decoder.target
+    real = t.forward
+
+    def poisoned(ids, copy=True):
+        x = np.array(real(ids, copy=copy), copy=True)
+        x[..., 7] = bad
+        return x
+
+    t.forward = poisoned
+    for kw in ({"drafter": "none"}, {"drafter": "prompt-lookup"}, {"drafter": "model", "logprobs": 2},
+               {"temperature": 0.7, "seed": 1}):
+        with pytest.raises(BundleError, match="logits hold .* at token 7"):
+            eng.generate("Hello world, hello world, hello", max_new_tokens=12, ignore_eos=True, **kw)
+    t.forward = real
+    assert len(eng.generate("Hello world", max_new_tokens=4, ignore_eos=True).token_ids) == 4  # the engine goes on
+
+
 def test_a_temperature_too_small_for_float32_is_refused():
     from edgespec.errors import ConfigError
 
