@@ -128,6 +128,9 @@ def _environment():
                         _check_size(len(seq) * n, "a repeated string or list")
             elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
                 raise ChatTemplateError("chat template: an exponent over 64")
+            elif (operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0
+                  and left.bit_length() * right > 8 * SIZE_LIMIT):  # ((9**64)**64)**64: ~13 s, a 2-MiB integer
+                raise ChatTemplateError("chat template: a power of more than the size limit's bits")
             elif operator == "+":
                 _check_size(_size(left) + _size(right), "a concatenation")
             elif operator == "%" and isinstance(left, str) and _percent_too_wide(left):
@@ -144,16 +147,31 @@ def _environment():
     env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     env.globals["range"] = _bounded_range
+    env.globals["strftime_now"] = _strftime_now  # (as transformers gives it: SmolLM3's, Granite's templates call it)
+    env.globals.pop("lipsum", None)  # (jinja2's lorem ipsum: lipsum(30000) ran 7 s in C, past the time limit)
     env.filters["tojson"] = _tojson
     for name in ("center", "indent", "replace", "join", "format", "wordwrap", "truncate"):
         env.filters[name] = _guarded_filter(env.filters[name], name)
     return env
 
 
-def _tojson(x, indent=None, ensure_ascii=False):
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson filter (its arguments, in its order), within the limits."""
     if indent is not None and (_size(indent) if isinstance(indent, str) else abs(int(indent))) > _MAX_INDENT:
         raise ChatTemplateError(f"chat template: a tojson indent over {_MAX_INDENT}")
-    return json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    if separators is not None and sum(_size(s) for s in separators) > _MAX_INDENT:
+        raise ChatTemplateError(f"chat template: tojson separators of over {_MAX_INDENT} characters")
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt):
+    """transformers' strftime_now: the time now, formatted (a template's date line)."""
+    from datetime import datetime
+
+    if not isinstance(fmt, str) or len(fmt) > _MAX_INDENT:
+        raise ChatTemplateError(f"chat template: strftime_now takes a format string of at most {_MAX_INDENT} "
+                                "characters")
+    return datetime.now().strftime(fmt)
 
 
 def _guarded_filter(f, name):
@@ -170,9 +188,11 @@ def _guarded_filter(f, name):
             count = s.count(old) if old else len(s) + 1
             _check_size(len(s) + count * max(0, len(new) - len(old)), "the replace filter's result")
         elif name == "join" and vals and not isinstance(vals[0], str):
-            items = list(vals[0])
+            items = list(vals[0])  # (a generator, map's or select's, is read here: the filter gets the list)
             sep = vals[1] if len(vals) > 1 and isinstance(vals[1], str) else ""
             _check_size(sum(_size(x) for x in items) + len(sep) * len(items), "the join filter's result")
+            at = 1 if passes else 0
+            args = (*args[:at], items, *args[at + 1:])
         elif name == "format" and vals and isinstance(vals[0], str) and _percent_too_wide(vals[0]):
             raise ChatTemplateError("chat template: a format width over the size limit")
         return f(*args, **kwargs)

@@ -258,6 +258,10 @@ def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     ("{{ '{:30000000}'.format('x') }}", "format width"),
     ("{{ 1 / 0 }}", "ZeroDivisionError"),
     ("{{ raise_exception('no system role') }}", "no system role"),
+    # (a review's, session 46: 7.4 s and 13.7 s of C code, past the time limit, which is checked between lines)
+    ("{{ lipsum(30000) }}", "'lipsum' is undefined"),
+    ("{% set x = (((9**64)**64)**64)**64 %}ok", "power"),
+    ("{{ [1] | tojson(separators=(',' * 1000, ':')) }}", "separators"),
 ])
 def test_template_limits(source, match):
     from edgespec.template import ChatTemplate
@@ -274,13 +278,22 @@ def test_template_limits(source, match):
     ("""{{ '{{"function": {{"name": "{}"}}}}'.format('x') }}""", '{"function": {"name": "x"}}'),
     ("{{ 'call 5551234567 now, %s' % 'x' }}", "call 5551234567 now, x"),
     ("{{ '{:>8}'.format('x') }}", "       x"),
+    # (session 46) join read map's generator for its size check and then joined nothing: a prompt silently cut
+    ("{{ messages | map(attribute='content') | join(' / ') }}", "hi / yo"),
+    ("{{ ['a', 'b'] | reverse | join(',') }}", "b,a"),
+    ("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | join }}", "hi"),
+    # transformers' tojson arguments and strftime_now (SmolLM3's and Granite's templates call it)
+    ("{{ messages[0] | tojson(separators=(',', ':'), sort_keys=True) }}", '{"content":"hi","role":"user"}'),
+    ("{{ strftime_now('%Y') | length }}", "4"),
+    ("{{ 3 ** 3 }}", "27"),
 ])
 def test_template_formats_within_the_limits_render(source, out):
     """(a first version of session 44's width checks refused JSON with a nested object in %- and str.format
     templates, and any 7-digit number anywhere in a format string)"""
     from edgespec.template import ChatTemplate
 
-    assert ChatTemplate(source).render(messages=[]) == out
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert ChatTemplate(source).render(messages=msgs) == out
 
 
 @pytest.mark.parametrize("source", [123, ["a"], "{% for %}", "{{ x "])
