@@ -990,14 +990,15 @@ class KeyGuard:
     OPEN = ("/health",)  # (a load balancer's or a supervisor's probe)
 
     def __init__(self, app, key: str):
-        self.app, self.key = app, ("Bearer " + key).encode()
+        self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope.get("path") not in self.OPEN:
             import hmac
 
             got = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
-            if not hmac.compare_digest(got, self.key):
+            scheme, _, token = got.strip().partition(b" ")  # (the scheme's case is not significant: RFC 7235)
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)):
                 msg = ("no API key given: send 'Authorization: Bearer <key>' (an OpenAI client's api_key)" if not got
                        else "incorrect API key provided")
                 return await _AsciiJSON(P.error_body(msg, code="invalid_api_key"), status_code=401,

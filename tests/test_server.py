@@ -1157,6 +1157,10 @@ def test_an_api_key_is_required_where_one_is_set(engine, model_id):
         with urllib.request.urlopen(req, timeout=30) as r:
             text = r.read().decode()
         assert 'edgespec_requests_total{endpoint="/v1/completions",status="401"} 1' in text, text
+        # (session 46) the scheme's case is not significant (RFC 7235): "bearer" was a 401 with the right key
+        for auth, want in ((f"bearer {key}", 200), (f"BEARER  {key}", 200), (f"Basic {key}", 401), (key, 401),
+                           (f"Bearer {key}x", 401), ("Bearer", 401)):
+            assert _raw(s.url + "/v1/models", headers={"Authorization": auth})[0] == want, auth
     from edgespec.errors import ConfigError
     from edgespec.server import create_app
 
