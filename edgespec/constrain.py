@@ -88,14 +88,18 @@ def grammar_for(response_format) -> str | None:
     except ValueError as e:
         raise ConfigError(f"response_format's schema: {str(e).splitlines()[0][:300]}") from None
     err = llg.LLMatcher.validate_grammar(grammar)
-    if err and not err.startswith("WARNING"):  # (a regex's error spans lines: "regex parse error:", the pattern, why)
-        raise ConfigError(f"response_format's schema cannot be used: "
-                          f"{' '.join(ln.strip() for ln in err.splitlines()[:4] if ln.strip())[:300]}")
+    if err and not err.startswith("WARNING"):
+        raise ConfigError(f"response_format's schema cannot be used: {_first_lines(err)}")
     return grammar
 
 
 LAZY = "edgespec-lazy:"  # a grammar applied only inside the blocks a trigger token opens: LAZY + "<id>:" + grammar
 
+
+
+def _first_lines(err: str) -> str:
+    """llguidance's error in one line: a regex's spans lines ("regex parse error:", the pattern, a caret, why)."""
+    return " ".join(ln.strip() for ln in err.splitlines()[:4] if ln.strip())[:300]
 
 def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, close_id: int) -> str:
     """The llguidance grammar of tool calls in the ``<tool_call>`` format (tools.py): a call is
@@ -185,7 +189,7 @@ class Grammars:
                 raise ConfigError("the reply's grammar (response_format or strict tools) allows no first token")
         if m.is_error():
             err = m.get_error()
-            first = err.splitlines()[0][:300]
+            first = _first_lines(err)
             if "NoExtensionBias" in err:
                 raise ConfigError(f"the reply's grammar (response_format or strict tools) cannot be used: {first} "
                                   "(a schema that refers to itself with no way to end?)")

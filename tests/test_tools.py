@@ -407,6 +407,11 @@ def test_a_strict_calls_whitespace_is_bounded_and_a_self_referring_schema_refuse
             with pytest.raises(ConfigError, match="refers to itself"):
                 tool_engine.generate([ASK], tools=loop, tool_choice=choice, max_new_tokens=40, temperature=0,
                                      drafter=drafter)
+    # (session 46) a regex llguidance refuses: the reason was cut at "regex parse error:" for a strict tool's schema
+    look = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "(?=a)a"}}, "required": ["city"]}}}]
+    with pytest.raises(ConfigError, match="regex parse error: .*look-around"):
+        tool_engine.generate([ASK], tools=look, tool_choice="required", max_new_tokens=4)
 
 
 def test_a_newline_after_a_forced_call_may_end_the_reply(tool_engine):
