@@ -160,7 +160,9 @@ class Grammars:
             if self._tok is None:
                 self._tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
         if grammar.startswith(LAZY):
-            trigger, grammar = grammar[len(LAZY):].split(":", 1)
+            trigger, _, grammar = grammar[len(LAZY):].partition(":")
+            if not trigger.isdigit() or not 0 <= int(trigger) < self.vocab:  # (a grammar given as an option)
+                raise ConfigError(f"a lazy grammar's trigger must be a token id, got {trigger[:40]!r}")
             self._matcher(llg, grammar)  # refused now if it does not compile (or cannot start)
             # (each block the trigger opens: checked above once, not again per block)
             return LazyConstraint(lambda: self._matcher(llg, grammar, check=False), int(trigger), self.vocab,

@@ -225,6 +225,17 @@ def check(text):
     assert obj["colour"] in ("red", "green", "blue")
 
 
+def test_a_grammar_given_as_an_option_with_a_bad_trigger_is_a_config_error(tiny_bundle):
+    """(session 46) generate(grammar="edgespec-lazy:abc:...") was a bare ValueError (int('abc'))."""
+    import edgespec
+    from edgespec.constrain import LAZY
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    for trigger in ("abc", "-1", str(10**6), ""):
+        with pytest.raises(ConfigError, match="trigger must be a token id"):
+            eng.generate("hi", max_new_tokens=4, grammar=f'{LAZY}{trigger}:start: "x"')
+
+
 def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
     eng = edgespec.load(tiny_bundle, memory=False)
     msgs = [{"role": "user", "content": "Pick a number, a truth and a colour."}]
