@@ -485,7 +485,7 @@ class Server:
         self.sched.admit()
         if kw.get("grammar") is not None:
             self.metrics.add("constrained_generations")
-        stops = req.stop + (treq.stops if treq is not None else [])
+        stops = req.stop + (treq.stops(self.engine.think_tags() is not None) if treq is not None else [])
 
         # a thinking model's replies: whether each prompt's reply starts inside its block (None: not split)
         run_inside = [self._inside(x[0], req, treq) for x in prepared] if self._splits(req) else None

@@ -14,7 +14,8 @@ format: Qwen2.5 (Coder and Instruct), Hermes 2 and 3, and the models trained on 
   with ``strict: true`` has its arguments held to its parameters: in a forced call, and in ``auto``
   inside every ``<tool_call>`` block the model opens (constrain.LazyConstraint). ``"none"`` renders the
   conversation without the tools (the model is not told of them).
-- ``parallel_tool_calls: false`` keeps the first call and ends the generation at its ``</tool_call>``.
+- ``parallel_tool_calls: false`` keeps the first call and ends the generation at its ``</tool_call>`` (a
+  thinking model's at its end of sequence: the tag may stand in its thinking).
 
 Speculative decoding does not change any of this: the reply is the target's, token for token
 (greedy) or in distribution (sampled), whatever drafted it.
@@ -435,9 +436,13 @@ class ToolRequest:
             return OPEN + '\n{"name": ' + json.dumps(self.choice["name"]) + ', "arguments":'
         return ""
 
-    @property
-    def stops(self) -> list[str]:
-        return [CLOSE] if self.parses and not self.parallel else []
+    def stops(self, thinking: bool = False) -> list[str]:
+        """The stop strings of a reply that may call (``parallel_tool_calls`` false: the first call's
+        ``</tool_call>``), but not where the model may think first (``thinking``: a thinking model's reply
+        not forced to open with a call): a stop string counts in the thinking too, where the model may
+        write the tag (its reply ended there, mid-thought, with no call); the first call is kept all the
+        same (``parser``)."""
+        return [CLOSE] if self.parses and not self.parallel and not (thinking and not self.forced) else []
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """A whole reply's content and calls (the forced start read first, as the reply began with it)."""

@@ -287,6 +287,26 @@ def test_a_thinking_agent_s_call_is_read_from_its_answer(think_engine, think_bun
         _stop(proc, tmp_path / "server.log")
 
 
+def test_one_call_asked_for_is_read_from_the_answer_when_the_thinking_names_its_end_tag(think_engine, monkeypatch):
+    """(session 46, a review) parallel_tool_calls false ended the reply at the first </tool_call>, which a thinking
+    model may write while it thinks: the reply stopped mid-thought, with no call. The thinking keeps the tag now,
+    and the answer's first call is the one call."""
+    from test_logprobs import _scripted
+
+    reply = ('<think>\nA </tool_call> is how a call ends.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+             '"arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": '
+             '{"city": "Rome"}}\n</tool_call>')
+    ids = think_engine.tokenizer.encode(reply, add_special=False)
+    target = think_engine.decoder.target
+    _scripted(think_engine, monkeypatch, [[t] for t in ids])
+    think_engine.decoder.target = target  # (the prompt fitted to its context)
+    both = think_engine.generate([ASK], tools=WEATHER)
+    one = think_engine.generate([ASK], tools=WEATHER, parallel_tool_calls=False)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in both.tool_calls] == ["Paris", "Rome"]
+    assert [json.loads(c["function"]["arguments"])["city"] for c in one.tool_calls] == ["Paris"], one.text
+    assert split_reasoning(one.text)[0] == "A </tool_call> is how a call ends."
+
+
 def test_a_strict_call_s_grammar_waits_for_the_answer(think_engine):
     """In tool_choice auto a strict function's grammar opens at the model's <tool_call>; inside the thinking that
     token opens nothing (calls are read from the answer): the model's thinking names <tool_call>, and with the
