@@ -154,6 +154,38 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
+    """(session 46, a review) a library the cache held was trusted by its name: emptied (a crash before its bytes
+    reached the disk) it failed every later run, cut short it was a bus error at load (the process gone, a server
+    on any bundle that samples with top-p). Its bytes are checked against the sha256 its build recorded."""
+    import ctypes
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import edgespec.native as native
+
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path))
+    path = Path(native._build(native.TOPP_SOURCE, "libedgespec_topp", "the top-p kernel"))
+    good = path.read_bytes()
+    for damage in (b"", good[:2000]):
+        path.unlink()  # (a new file: this process may have the old one mapped)
+        path.write_bytes(damage)
+        assert native._build(native.TOPP_SOURCE, "libedgespec_topp", "the top-p kernel") == str(path)
+        assert path.read_bytes() == good
+        ctypes.CDLL(str(path)).es_top_p  # noqa: B018 (it loads)
+    path.unlink()
+    path.write_bytes(good[:2000])  # a process of its own loading the damaged file: the planted bug's bus error
+    r = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(path)!r})"], capture_output=True)
+    assert r.returncode != 0
+    path.with_name(path.name + ".sha256").unlink()  # a library built before the digest was recorded: built again
+    assert native._build(native.TOPP_SOURCE, "libedgespec_topp", "the top-p kernel") and native._intact(path)
+    (tmp_path / "not-a-library.so").write_text("x")  # (isa() loads what library_path gives: typed where it fails)
+    monkeypatch.setattr(native, "library_path", lambda: str(tmp_path / "not-a-library.so"))
+    with pytest.raises(ProviderError, match="cannot be loaded .*delete it"):
+        native.isa()
+
+
 def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0, rot=None,
                      interleaved=0):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,

@@ -67,7 +67,12 @@ def isa() -> str:
     where it cannot be)."""
     import ctypes
 
-    fn = ctypes.CDLL(library_path()).edgespec_q4_path
+    path = library_path()
+    try:
+        fn = ctypes.CDLL(path).edgespec_q4_path
+    except (OSError, AttributeError) as e:  # (a library the cache holds that does not load)
+        raise ProviderError(f"edgespec's INT4 kernel library {path} cannot be loaded ({str(e)[:200]}); delete it to "
+                            "build it again") from None
     fn.restype = ctypes.c_char_p
     return fn().decode()
 
@@ -97,11 +102,27 @@ def source_tag(source: Path = SOURCE) -> str:
                           + platform.machine().lower().encode()).hexdigest()[:16]
 
 
+def _digest_path(out: Path) -> Path:
+    return out.with_name(out.name + ".sha256")
+
+
+def _intact(out: Path) -> bool:
+    """Whether the cached library ``out`` is the one its build wrote: its bytes' sha256 as recorded beside it (a file
+    cut short by a crash, or emptied, is built again: loaded, a short one was a bus error, the process gone)."""
+    try:
+        with open(out, "rb") as f:
+            data = f.read()
+        return _digest_path(out).read_text().strip() == hashlib.sha256(data).hexdigest()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _build(source: Path, stem: str, what: str) -> str:
-    """``source`` compiled once per source version into ``cache_dir()``; ProviderError if it cannot be."""
+    """``source`` compiled once per source version into ``cache_dir()`` (again where the file there is not intact:
+    ``_intact``); ProviderError if it cannot be."""
     tag = source_tag(source)
     out = cache_dir() / f"{stem}-{tag}.so"
-    if not out.exists():
+    if not _intact(out):
         cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
         if not cxx:
             raise ProviderError(f"{what} is built from source on first use and needs a C++ compiler: "
@@ -124,7 +145,14 @@ def _build(source: Path, stem: str, what: str) -> str:
             if r.returncode != 0:
                 last = [ln for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.splitlines() or ["?"]
                 raise ProviderError(f"building {what} failed: {last[0][:200]}")
+            with open(tmp, "rb+") as f:  # (on the disk before it is renamed: a crash leaves the old name or all of it)
+                digest = hashlib.sha256(f.read()).hexdigest()
+                os.fsync(f.fileno())
             os.replace(tmp, out)  # atomic: a concurrent build writes the same bytes
+            _digest_path(out).write_text(digest + "\n")
+        except OSError as e:
+            raise ProviderError(f"{what} is built on first use into {out.parent}, which cannot be written: "
+                                f"{e.strerror or e}"[:300]) from None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
