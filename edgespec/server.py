@@ -122,17 +122,22 @@ class Generation:
             self.sched.active.discard(self)
 
     async def events(self):
+        sched, t0 = self.sched, time.perf_counter()
         if self._cancel.is_set():
+            sched.metrics.generation(None, 0.0, cancelled=True, failed=False)  # (never begun: counted all the same)
             if self.shutdown:
                 yield "error", shutting_down()
             return
-        sched, t0 = self.sched, time.perf_counter()
         try:
             await sched.lock.acquire()
+        except BaseException:  # (the client gone while it waited: its task cancelled)
+            sched.metrics.generation(None, (time.perf_counter() - t0) * 1000, cancelled=True, failed=False)
+            raise
         finally:
             self._unqueue()
         if self._cancel.is_set():
             sched.lock.release()
+            sched.metrics.generation(None, (time.perf_counter() - t0) * 1000, cancelled=True, failed=False)
             if self.shutdown:
                 yield "error", shutting_down()
             return

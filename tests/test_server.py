@@ -541,6 +541,31 @@ def test_a_client_that_gives_up_stops_its_generation(engine, model_id, monkeypat
         assert c.completions.create(model=model_id, prompt="a, b, c,", max_tokens=4).choices[0].text
 
 
+def test_a_client_that_leaves_while_queued_is_counted_as_cancelled(engine, model_id, monkeypatch):
+    """(session 46, a review) a request whose client left while it waited for the engine never reached
+    generations_total (the README: "generations by finish reason, cancelled ones too")."""
+    _held(engine, monkeypatch)
+    with _InProcess(engine, model_id, temperature=0) as s:
+        before = metric(s.url, "generations_total", reason="cancelled")
+        host = s.url.split("//")[1]
+        conns = []
+        for stream in (False, False, True):
+            conn = HTTPConnection(host, timeout=30)
+            conn.request("POST", "/v1/completions", json.dumps({"model": model_id, "prompt": "1, 2, 3, 4,",
+                                                                "max_tokens": 400, "stream": stream}),
+                         {"Content-Type": "application/json"})
+            conns.append(conn)
+            if len(conns) == 1:
+                wait_until(lambda: http(s.url + "/health")[1]["busy"], 20, "the first request to run")
+        wait_until(lambda: http(s.url + "/health")[1]["queued"] == 2, 20, "two requests to queue")
+        conns[1].close()
+        conns[2].close()  # two clients leave while queued
+        wait_until(lambda: http(s.url + "/health")[1]["queued"] == 0, 20, "the queue to empty")
+        conns[0].close()  # and the running one
+        wait_until(lambda: metric(s.url, "generations_total", reason="cancelled") == before + 3, 30,
+                   "three cancelled generations")
+
+
 # -- the bad inputs --------------------------------------------------------------------------------
 LONG = "word " * 600  # > CONTEXT tokens
 
