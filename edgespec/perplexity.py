@@ -49,14 +49,18 @@ def perplexity(engine, ids: Sequence[int], window: int = 512, max_windows: int |
     if isinstance(window, bool) or not isinstance(window, int) or window < MIN_WINDOW:
         raise ConfigError(f"the window must be an integer >= {MIN_WINDOW} tokens, got {window!r}")
     if window > engine.max_context:
-        raise ConfigError(f"the window ({window} tokens) is larger than the context ({engine.max_context}); "
-                          f"pass a smaller window or a larger --max-context")
+        most = engine.manifest.max_context  # (the bundle's: a larger --max-context helps only up to it)
+        raise ConfigError(f"the window ({window} tokens) is larger than the context ({engine.max_context}); pass a "
+                          "smaller window" + (f" or a larger --max-context (up to the bundle's {most})"
+                                              if engine.max_context < most else f" (the bundle's context is {most})"))
     if max_windows is not None and (isinstance(max_windows, bool) or not isinstance(max_windows, int)
                                     or max_windows < 1):
         raise ConfigError(f"the number of windows must be an integer >= 1, got {max_windows!r}")
     n = len(ids) // window
     if n == 0:
-        raise ConfigError(f"the text has {len(ids)} tokens; a window needs {window} (pass a smaller window)")
+        raise ConfigError(f"the text has {len(ids)} tokens; a window needs {window} " + (
+            "(pass a smaller window)" if len(ids) >= MIN_WINDOW else f"(the smallest window is {MIN_WINDOW}: a "
+                                                                     "longer text is needed)"))
     if max_windows is not None:
         n = min(n, max_windows)
     first = window // 2

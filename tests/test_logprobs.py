@@ -267,8 +267,16 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
                      ({"window": 32, "max_windows": 0}, "windows must be")):
         with pytest.raises(ConfigError, match=msg):
             perplexity(eng, ids, **bad)
-    with pytest.raises(ConfigError, match="a window needs"):
+    with pytest.raises(ConfigError, match=r"a window needs 32 \(pass a smaller window\)"):
         perplexity(eng, ids[:20], window=32)
+    # (session 46) the advice fits the case: a text under the smallest window; a context the bundle cannot widen
+    with pytest.raises(ConfigError, match="the smallest window is 16: a longer text is needed"):
+        perplexity(eng, ids[:10], window=16)
+    with pytest.raises(ConfigError, match=f"the bundle's context is {eng.manifest.max_context}"):
+        perplexity(eng, ids, window=eng.max_context + 1)
+    small = edgespec.load(tiny_bundle, memory=False, max_context=64)
+    with pytest.raises(ConfigError, match=f"larger --max-context \\(up to the bundle's {eng.manifest.max_context}"):
+        perplexity(small, ids, window=128)
     # a model that adds a BOS token: it stands first in every window, as llama-perplexity puts it
     seen = []
     real = eng.decoder.score
