@@ -738,10 +738,11 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
         from .measure import measure as measure_engine, prompt_length
 
         n, room = prompt_length(p.context, measure_tokens), prompt_length(p.context)
+        decoded = min(32, p.context - n)  # (a context under 34 tokens holds fewer)
         what = (f"{n} tokens" + (f" (of {measure_tokens} asked: the context holds {room} beside the decoded ones)"
                                  if measure_tokens > n else "") if measure_tokens
-                else f"the context ({p.context} tokens: {room} prefilled, 32 decoded)")
-        click.echo(f"measuring: loading, prefilling {what}, decoding 32 ...", err=True)
+                else f"the context ({p.context} tokens: {room} prefilled, {decoded} decoded)")
+        click.echo(f"measuring: loading, prefilling {what}, decoding {decoded} ...", err=True)
         _, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,
                                     max_context=max_context, use_drafter=not no_drafter, **placement_options())
     if as_json:

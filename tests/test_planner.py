@@ -664,6 +664,10 @@ def test_cli_plan_measure(tiny_bundle, tmp_path):
                           "--measure"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "measured peak resident" in out.stdout and "after decoding 32 tokens" in out.stdout
+    # (session 46) a context of 20 tokens holds 19 decoded after a one-token prompt: the note said 32
+    r = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--profile", str(prof), "--measure", "--max-context", "20"])
+    assert r.exit_code == 0 and "(20 tokens: 1 prefilled, 19 decoded), decoding 19" in r.stderr, r.output
+    assert "after decoding 19 tokens" in r.stdout
 
 
 def test_measure_fills_the_model_drafters_context_too(tiny_bundle):
