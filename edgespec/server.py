@@ -171,7 +171,7 @@ class Generation:
         """The worker thread: starts, consumes and closes the engine's stream."""
         last, gen, err = None, None, None
         engine, text, out = self.sched.engine, [], []
-        shift, scored = 0, False
+        shift, scored, score_calls = 0, False, 0
         if self._cancel.is_set():  # the client left (or the server began to stop) before this choice began
             self._stopped = True
         # a long prefill (or a prompt's scoring) stops between its calls once the client leaves or the server stops
@@ -183,7 +183,11 @@ class Generation:
             if self.echo and not self._stopped:  # the prompt first: with logprobs, scored (under the engine's turn, as a generation)
                 top = self.kw.get("logprobs")
                 if top is not None:
-                    head, entries = engine.score(self.ids, top)
+                    calls0 = engine.decoder.target.calls
+                    try:
+                        head, entries = engine.score(self.ids, top)
+                    finally:  # (the target's calls that read the prompt: counted as the generation's are)
+                        score_calls = engine.decoder.target.calls - calls0
                     scored = True
                 else:  # the text score gives, without its logprobs
                     dec = engine.tokenizer.stream_decoder()
@@ -227,6 +231,7 @@ class Generation:
                     summary = {**P.stats_summary(None), "prompt_tokens": len(self.ids), "finish_reason": "length"}
                 if summary is not None and scored:  # the prompt was read whole to score it: nothing was reused
                     summary["reused_prompt_tokens"] = summary["restored_prompt_tokens"] = 0
+                    summary["target_calls"] = (summary.get("target_calls") or 0) + score_calls
                 if summary is not None and gen is not None:
                     # the tokens of the text returned: a stop string's tokens, and what the same round
                     # computed after it, are not (the stats' new_tokens count what was computed)

@@ -375,6 +375,7 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client, engine, mode
     # max_tokens 0: the prompt scored, nothing generated
     z = client.completions.create(model=model_id, prompt=context, max_tokens=0, echo=True, logprobs=0)
     assert z.choices[0].text == context and z.usage.completion_tokens == 0 and z.choices[0].finish_reason == "length"
+    assert z.model_extra["edgespec"]["target_calls"] >= 1  # (session 46: the scoring's calls were not counted)
     assert z.choices[0].logprobs.token_logprobs[1:] == pytest.approx([e["logprob"] for e in ref[1:len(ctx_ids)]],
                                                                       abs=1e-6)
     # echo without logprobs: the prompt before the reply; streamed, the prompt is the first chunk
