@@ -33,12 +33,20 @@ def padded_width(n: int, min_width: int = 1, multiple: int = 1) -> int:
     return -(-w // int(multiple)) * int(multiple)
 
 
+# onnxruntime's ops whose CPU kernels split a call's rows between threads (MLAS: the last row of a 33-token call on
+# another path than the rest, session 45): a graph of edgespec's kernels that keeps one of them is no longer alike
+# at every width (exact-kernels keeps a MatMulNBits it cannot take, an input dimension no multiple of its block)
+WIDTH_DEPENDENT_OPS = ("MatMulNBits", "MatMul", "GroupQueryAttention")
+
+
 def width_invariant(lm) -> bool:
     """Whether ``lm`` computes a row alike at every call width by construction: edgespec's own INT4 kernels
-    (``exact-kernels`` bundles) on the CPU. Such a model is probed on ``PROBE_WIDTHS`` only and its verify
-    calls are not bounded; every other (onnxruntime's kernels, any GPU) is probed at every width it may be
-    called at and bounded there."""
-    return lm.device == "cpu" and getattr(lm.spec, "kernels", None) == "edgespec-q4"
+    (``exact-kernels`` bundles) on the CPU, with none of onnxruntime's ``WIDTH_DEPENDENT_OPS`` left beside them.
+    Such a model is probed on ``PROBE_WIDTHS`` only and its verify calls are not bounded; every other
+    (onnxruntime's kernels, any GPU) is probed at every width it may be called at and bounded there."""
+    ops = getattr(lm.spec, "operators", None) or {}
+    return (lm.device == "cpu" and getattr(lm.spec, "kernels", None) == "edgespec-q4"
+            and not any(ops.get(op) for op in WIDTH_DEPENDENT_OPS))
 
 
 def _candidates(widths: Sequence[int]) -> list[tuple[int, int]]:

@@ -61,11 +61,12 @@ class _FakeKernel:
     """Stands in for an OnnxLM in the width probe: row ``i`` of a call of width ``w`` is computed on
     ``path(w, i)``; ``noisy`` makes a repeated call differ (non-reproducible arithmetic)."""
 
-    def __init__(self, path, noisy=False, device="cuda", kernels="edgespec-q4", at=None):
+    def __init__(self, path, noisy=False, device="cuda", kernels="edgespec-q4", at=None, operators=None):
         self.path, self.noisy, self.tokens, self.runs = path, noisy, [], 0
         self.at = at  # at(w, i, position): a further path that depends on where the row stands
         self.max_context, self.min_width, self.width_multiple = 256, 1, 1
-        self.spec = type("S", (), {"vocab_size": 1000, "role": "target", "kernels": kernels})()
+        self.spec = type("S", (), {"vocab_size": 1000, "role": "target", "kernels": kernels,
+                                   "operators": operators or {}})()
         self.device = device
         self.verified_width = None
         self.calls = self.run_seconds = 0
@@ -131,6 +132,10 @@ def test_onnxruntime_cpu_kernels_are_probed_at_every_width_they_get(path, want, 
     own = _FakeKernel(path, device="cpu", kernels="edgespec-q4")
     measure_width(own)
     assert own.verified_width is None and own.widths - {16} == set(PROBE_WIDTHS)  # (16: the probe's prefix)
+    # (session 46) an exact-kernels graph that kept one of onnxruntime's MatMulNBits (an input dimension no multiple
+    # of its block) is probed and bounded as onnxruntime's kernels are: it was trusted at every width
+    kept = _FakeKernel(path, device="cpu", kernels="edgespec-q4", operators={"MatMulQ4": 8, "MatMulNBits": 1})
+    assert measure_width(kept) == want and kept.verified_width == verified
 
 
 def test_onnxruntime_cpu_kernels_never_get_one_token_calls():
