@@ -24,7 +24,7 @@ from .kv import TokenBuffer
 from .lm import CausalLM
 from .penalties import Penalizer
 from .policy import RoundPolicy
-from .sampling import SamplingParams, distribution, greedy_choice
+from .sampling import SamplingParams, chosen, distribution, greedy_choice
 from .verify import (alternate_dist, greedy_accept, greedy_accept_choice, rejection_sample,
                      rejection_sample_alternates)
 from .width import padded_width
@@ -482,7 +482,7 @@ class Decoder:
             last = pen.rows(np.asarray(last)[None, : self.vocab])[0]
         if con is not None:  # structured outputs: the first token too is one the grammar allows
             last = masked(np.asarray(last)[None, : self.vocab], con.masks(())[0])[0]
-        first = int(greedy_choice(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
+        first = chosen(greedy_choice(last)) if sp.greedy else distribution(last[: self.vocab], sp).sample(rng)
         if con is not None:
             con.consume([first])
             if getattr(con, "done", False):  # healed: nothing is held from here
@@ -588,7 +588,7 @@ class Decoder:
                     if j is not None:
                         kept_alt = k + 1 + j
                         # the target's token after the alternate
-                        extra = [int(top[kept_alt]) if sp.greedy else distribution(rows[kept_alt], sp).sample(rng)]
+                        extra = [chosen(top[kept_alt]) if sp.greedy else distribution(rows[kept_alt], sp).sample(rng)]
                         # into the slot after the kept draft tokens (the rewind below then leaves one row more:
                         # the alternate's)
                         target.keep_alternate(kept_alt, n + 1)

@@ -247,17 +247,25 @@ def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
 
 
 def greedy_choice(logits: np.ndarray) -> np.ndarray:
-    """``np.argmax(logits, axis=-1)`` of a row or of rows; ``BundleError`` where a chosen logit is NaN or
-    infinite: numpy takes the first NaN (and +inf) as the largest, so a model that overflowed decoded that
-    token over and over, greedy, where sampling refuses its row (``_finite_max``)."""
+    """``np.argmax(logits, axis=-1)`` of a row or of rows, -1 where the chosen logit is NaN or infinite: numpy
+    takes the first NaN (and +inf) as the largest, so a model that overflowed decoded that token over and over,
+    greedy, where sampling refuses its row (``_finite_max``). -1 equals no draft token: a verify call's rows past
+    the first rejection are never read, and a NaN there changes nothing (plain decoding never computes them);
+    where the output reads one, ``chosen`` raises."""
     top = np.argmax(logits, axis=-1)
-    chosen = np.take_along_axis(logits, np.expand_dims(top, -1), -1)
-    if not np.isfinite(chosen).all():
-        bad = float(chosen[~np.isfinite(chosen)].flat[0])
-        raise BundleError(f"the model's logits hold {'NaN' if math.isnan(bad) else bad} at token "
-                          f"{int(np.asarray(top).flat[int(np.flatnonzero(~np.isfinite(chosen))[0])])}: no greedy "
-                          f"choice (a model that overflows in its precision, or a broken graph)")
+    bad = ~np.isfinite(np.take_along_axis(logits, np.expand_dims(top, -1), -1)[..., 0])
+    if bad.any():
+        top = np.where(bad, -1, top)
     return top
+
+
+def chosen(token) -> int:
+    """A greedy choice the output takes (``greedy_choice``'s); ``BundleError`` for a row that had none."""
+    t = int(token)
+    if t < 0:
+        raise BundleError("the model's logits hold NaN or an infinity at the largest: no greedy choice (a model that "
+                          "overflows in its precision, or a broken graph)")
+    return t
 
 
 def _finite_max(x: np.ndarray):

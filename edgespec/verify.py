@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import Dist, SamplingParams, distribution, greedy_choice
+from .sampling import Dist, SamplingParams, chosen, distribution, greedy_choice
 
 
 def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
@@ -28,7 +28,7 @@ def greedy_accept_choice(draft: Sequence[int], choice: np.ndarray) -> tuple[int,
     n = 0
     while n < len(draft) and int(choice[n]) == int(draft[n]):
         n += 1
-    return n, int(choice[n])
+    return n, chosen(choice[n])  # (-1: a row without a greedy choice, which equals no draft token)
 
 
 def rejection_sample(draft: Sequence[int], draft_dists: Sequence[Dist] | None, target_logits: np.ndarray,

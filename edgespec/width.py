@@ -36,7 +36,8 @@ def padded_width(n: int, min_width: int = 1, multiple: int = 1) -> int:
 # onnxruntime's ops whose CPU kernels split a call's rows between threads (MLAS: the last row of a 33-token call on
 # another path than the rest, session 45): a graph of edgespec's kernels that keeps one of them is no longer alike
 # at every width (exact-kernels keeps a MatMulNBits it cannot take, an input dimension no multiple of its block)
-WIDTH_DEPENDENT_OPS = ("MatMulNBits", "MatMul", "GroupQueryAttention")
+WIDTH_DEPENDENT_OPS = ("MatMulNBits", "MatMul")  # (GroupQueryAttention: exact-kernels --onnxruntime-attention keeps
+# it on purpose, padded to two or more query rows, its rows alike at every width: tests/test_native.py)
 
 
 def width_invariant(lm) -> bool:

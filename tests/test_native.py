@@ -178,8 +178,17 @@ def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
     path.write_bytes(good[:2000])  # a process of its own loading the damaged file: the planted bug's bus error
     r = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(path)!r})"], capture_output=True)
     assert r.returncode != 0
-    path.with_name(path.name + ".sha256").unlink()  # a library built before the digest was recorded: built again
-    assert native._build(native.TOPP_SOURCE, "libedgespec_topp", "the top-p kernel") and native._intact(path)
+    # a library built before the digest was recorded: taken where whole (its digest recorded), built again where cut
+    digest = path.with_name(path.name + ".sha256")
+    digest.unlink()
+    path.unlink()
+    path.write_bytes(good)
+    assert native._intact(path) and digest.is_file()
+    digest.unlink()
+    path.unlink()
+    path.write_bytes(good[:-100])
+    assert not native._intact(path)
+    assert native._build(native.TOPP_SOURCE, "libedgespec_topp", "the top-p kernel") and path.read_bytes() == good
     (tmp_path / "not-a-library.so").write_text("x")  # (isa() loads what library_path gives: typed where it fails)
     monkeypatch.setattr(native, "library_path", lambda: str(tmp_path / "not-a-library.so"))
     with pytest.raises(ProviderError, match="cannot be loaded .*delete it"):

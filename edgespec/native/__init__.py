@@ -108,13 +108,37 @@ def _digest_path(out: Path) -> Path:
 
 def _intact(out: Path) -> bool:
     """Whether the cached library ``out`` is the one its build wrote: its bytes' sha256 as recorded beside it (a file
-    cut short by a crash, or emptied, is built again: loaded, a short one was a bus error, the process gone)."""
+    cut short by a crash, or emptied, is built again: loaded, a short one was a bus error, the process gone). A
+    library built before the digest was recorded (session 46) is taken where it is a whole ELF file, its digest
+    recorded where the folder takes it (a read-only cache an older edgespec built stays usable)."""
     try:
         with open(out, "rb") as f:
             data = f.read()
-        return _digest_path(out).read_text().strip() == hashlib.sha256(data).hexdigest()
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         return False
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        return _digest_path(out).read_text().strip() == digest
+    except UnicodeDecodeError:
+        return False
+    except OSError:  # no digest: an older build's
+        if not _whole_elf(data):
+            return False
+        try:
+            _digest_path(out).write_text(digest + "\n")
+        except OSError:
+            pass
+        return True
+
+
+def _whole_elf(data: bytes) -> bool:
+    """Whether ``data`` is a 64-bit little-endian ELF file that holds all of its section headers (gcc writes them
+    last: a file cut short lacks them)."""
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    shoff = int.from_bytes(data[0x28:0x30], "little")
+    size, count = int.from_bytes(data[0x3A:0x3C], "little"), int.from_bytes(data[0x3C:0x3E], "little")
+    return 0 < shoff and shoff + size * count <= len(data)
 
 
 def _build(source: Path, stem: str, what: str) -> str:
