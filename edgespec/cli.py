@@ -622,7 +622,8 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
     try:
         from .server import bind, create_app, run
     except ImportError as e:
-        raise EdgespecError(f"the server is not installed ({e.name} is missing): pip install 'edgespec[serve]'")
+        raise EdgespecError(f"the server is not installed ({e.name} is missing): pip install starlette uvicorn "
+                            "llguidance (the serve extra: pip install '.[serve]' in edgespec's checkout)")
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)

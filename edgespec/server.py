@@ -14,7 +14,7 @@ error, streamed or not), waits for the worker threads and exits 0. The engine re
 prompt when a new prompt extends it (the next turn of the same conversation), so only new tokens
 are prefilled; ``usage.prompt_tokens_details.cached_tokens`` counts the reused ones.
 
-Needs the ``serve`` extra (``pip install 'edgespec[serve]'``); nothing here is imported by
+Needs the ``serve`` extra (``pip install '.[serve]'`` in the checkout); nothing here is imported by
 ``import edgespec``.
 """
 from __future__ import annotations
