@@ -195,6 +195,34 @@ def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):
         native.isa()
 
 
+def test_the_kernel_builds_without_amx_for_an_older_compiler(tmp_path):
+    """(session 46, a review) the AMX path's target attribute and tile intrinsics need GCC 11 (clang 12): with an older
+    compiler (Ubuntu 20.04's GCC 9) the whole library failed to build, exact-kernels bundles unusable. It builds
+    without the AMX path there (ES_AMX_BUILT 0, which -DES_NO_AMX forces: no tile instruction in it), and that
+    library loads and takes the AVX-512 or AVX2 path."""
+    import ctypes
+    import platform
+    import shutil
+    import subprocess
+
+    import edgespec.native as native
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if platform.machine().lower() not in ("x86_64", "amd64") or cxx is None or shutil.which("objdump") is None:
+        pytest.skip("the AMX switch is x86-64's; needs g++ and objdump")
+    out = tmp_path / "libq4-noamx.so"
+    r = subprocess.run([cxx, *native.FLAGS, "-DES_NO_AMX", "-o", str(out), str(native.SOURCE)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    code = subprocess.run(["objdump", "-d", str(out)], capture_output=True, text=True, timeout=120).stdout
+    assert "tdpbssd" not in code and "ldtilecfg" not in code
+    full = subprocess.run(["objdump", "-d", native.library_path()], capture_output=True, text=True, timeout=120).stdout
+    assert "tdpbssd" in full  # (the default build has the AMX path: the check above can fail)
+    fn = ctypes.CDLL(str(out)).edgespec_q4_path
+    fn.restype = ctypes.c_char_p
+    assert fn().decode() in ("avx2", "avx512-vnni", "portable")
+
+
 def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, window=-1, softcap=0.0, rot=None,
                      interleaved=0):
     """One attention node: onnxruntime's GroupQueryAttention (the builder's CPU attention: packed QKV,

@@ -128,9 +128,21 @@ bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages
 bool g_attn_quads = true;  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
 std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)
 
+// the AMX path needs a compiler that knows its instructions (GCC 11, clang 12): an older one (Ubuntu 20.04's GCC 9,
+// RHEL 8's GCC 8) builds the library without it, the AVX-512 VNNI path then taking those calls (the same bits);
+// -DES_NO_AMX builds it so anywhere (the tests' check of this switch)
+#if ES_X86 && !defined(ES_NO_AMX) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define ES_AMX_BUILT 1
+#else
+#define ES_AMX_BUILT 0
+#endif
+
 #if ES_X86
 #define ES_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 #define ES_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+#if ES_AMX_BUILT
 #define ES_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c,amx-tile,amx-int8")))
 #endif
 
@@ -638,6 +650,7 @@ ES_AVX2 void rows_tile2(const Call& c, int64_t r0, int64_t t) {
   }
 }
 
+#if ES_AMX_BUILT
 // AMX: tiles [t0, t1) of all rows. Per (tile, block), the packed weights are unpacked once into a
 // B tile's layout, which the packing already is per nibble: row 2p of the block's B = the low nibbles of
 // group p (k = 8p..8p+3, 4 bytes per column), row 2p+1 = the high ones (k = 8p+4..8p+7), each less its
@@ -901,6 +914,7 @@ ES_AMX void amx_tiles_pairs(const Call& c, int64_t t0, int64_t t1) {
   }
   _tile_release();
 }
+#endif  // ES_AMX_BUILT
 
 #endif  // ES_X86
 
@@ -1114,10 +1128,12 @@ void run_tiles(const Call& c, int64_t t0, int64_t t1) {
 #if ES_X86
   int64_t r = 0;
   if (c.xa) {
+#if ES_AMX_BUILT
     if (c.chunks == 1 && c.k->block / c.k->kstep <= 2)
       amx_tiles_pairs(c, t0, t1);
     else
       amx_tiles(c, t0, t1);
+#endif
     return;
   }
   if (c.k->avx512) {
@@ -2444,7 +2460,7 @@ void choose_path(bool* avx512, bool* amx) {
   const char* isa = std::getenv("EDGESPEC_Q4_ISA");
   *avx512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && !(isa && std::strcmp(isa, "avx2") == 0);
-  *amx = *avx512 && !(isa && std::strcmp(isa, "avx512") == 0) && amx_permitted();
+  *amx = ES_AMX_BUILT && *avx512 && !(isa && std::strcmp(isa, "avx512") == 0) && amx_permitted();
 }
 
 #endif  // ES_X86
