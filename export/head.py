@@ -207,8 +207,10 @@ def _head_chain(g, logits: str):
             node = producers.get(other[0])
     if node is None or node.op_type not in ("MatMulNBits", "MatMul"):
         what = node.op_type if node is not None else "a graph input"
+        hint = (": this drafter was rewritten by exact-kernels; apply drafter-vocab to the bundle before exact-kernels "
+                "(or export with --drafter-vocab N --exact-kernels)") if what == "MatMulQ4" else ""
         raise ExportError(f"the drafter's logits come from {what}, not a MatMulNBits/MatMul lm_head: "
-                          "cannot reduce its vocabulary")
+                          f"cannot reduce its vocabulary{hint}")
     return node, bias, between
 
 
@@ -470,6 +472,12 @@ def _copy_tree(src: Path, dst: Path, link: bool) -> None:
             shutil.copy2(s, d)
 
     shutil.copytree(src, dst, copy_function=copy if link else shutil.copy2, symlinks=False)
+    import stat
+
+    for d in [dst, *(p for p in dst.rglob("*") if p.is_dir() and not p.is_symlink())]:  # (copytree copies the
+        st = os.stat(d).st_mode  # source's modes: a read-only bundle's copy took no rewritten file, nor went away)
+        if st & (stat.S_IWUSR | stat.S_IXUSR) != stat.S_IWUSR | stat.S_IXUSR:
+            os.chmod(d, st | stat.S_IWUSR | stat.S_IXUSR)
 
 
 def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | None = None, *,
@@ -501,13 +509,16 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     """Rewrite the bundle ``src`` in place (``out`` None) or into the new bundle ``out``, atomically:
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
-    from .output import check_output, prepare_stage, publish, terminate_cleanly
+    from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_tree,
+                         terminate_cleanly)
 
     in_place = out is None
     if not in_place and src.resolve() in Path(out).expanduser().resolve().parents:  # (before anything is made)
         raise ExportError(f"{Path(out).expanduser().resolve()} is inside the bundle {src}; write the new bundle "
                           "elsewhere")
     dest = src.resolve() if in_place else check_output(out, force, [str(src)])
+    made = [] if in_place else missing_parents(dest)  # (removed again where the rewrite fails)
+    inside = in_place and _inside_cwd(dest)  # (before the old tree is gone)
     stage = prepare_stage(dest)
     shutil.rmtree(stage)
     with terminate_cleanly():  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
@@ -520,6 +531,21 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
             write_manifest(m)
             publish(stage, dest)
         except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
+            remove_tree(stage)
+            remove_parents(made)
             raise
+    if inside:
+        import warnings
+
+        warnings.warn(f"{dest} was replaced by its rewrite: this shell's working folder was the old one, which is "
+                      "gone; cd into the bundle again", stacklevel=2)
     return dest
+
+
+def _inside_cwd(path: Path) -> bool:
+    """Whether the process's working folder is ``path`` or below it (as it was before ``path`` was replaced)."""
+    try:
+        cwd = Path(os.getcwd()).resolve()
+    except OSError:
+        return False
+    return cwd == path or path in cwd.parents

@@ -828,6 +828,8 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
     if manifest.target.kernels == "edgespec-q4":
         raise ExportError(f"{src} already uses edgespec's kernels")
+    if manifest.target.precision != "int4":  # (said before the bundle is copied: a GB of fp32 copied, then refused)
+        raise ExportError(f"{src} has a {manifest.target.precision} target: exact-kernels applies to INT4 bundles")
     acc = manifest.target.quant.accuracy_level
     if acc is not None and acc != 4:
         raise ExportError(f"{src} is quantized for MatMulNBits accuracy level {acc}; edgespec's INT4 kernel computes "

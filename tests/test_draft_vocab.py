@@ -242,6 +242,54 @@ def test_in_place_rewrite(tiny_fp8_bundle, copy_bundle):
     _assert_all_equal(_greedy_all(eng, PROMPTS[0], 30), PROMPTS[0])
 
 
+def test_a_rewrite_of_a_read_only_bundle_and_a_failed_one_leave_nothing(tiny_bundle, tiny_int4_bundle, tmp_path,
+                                                                        monkeypatch):
+    """(session 46, a review) the rewrite's copy took a read-only bundle's folder modes: the user (not root) could not
+    write the rewritten files into it, and the failed copy (~1 GB for a 1.5B) stayed, rmtree(ignore_errors) unable to
+    remove its folders; a failed rewrite to -o left the parent folders it made; exact-kernels copied a bundle whose
+    target is not INT4 before refusing it; an in-place rewrite of the working folder left it gone unsaid."""
+    import os
+    import shutil
+    import stat
+
+    from edgespec_export import kernels
+    from edgespec_export.head import _copy_tree, staged_rewrite
+    from edgespec_export.output import remove_tree
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_bundle, src)
+    for d in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+        os.chmod(d, 0o555)
+    _copy_tree(src, tmp_path / "copy", link=False)
+    for d in [tmp_path / "copy", *(p for p in (tmp_path / "copy").rglob("*") if p.is_dir())]:
+        assert os.stat(d).st_mode & stat.S_IWUSR, d  # (its rewritten files can be written there)
+    ro = tmp_path / "ro"
+    shutil.copytree(src, ro)  # (folders 0o555 again, as copytree copies them)
+    assert not os.stat(ro / "target").st_mode & stat.S_IWUSR
+    remove_tree(ro)
+    assert not ro.exists()
+    for d in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+        os.chmod(d, 0o755)
+
+    def fails(stage):
+        raise ExportError("the rewrite failed")
+
+    with pytest.raises(ExportError, match="the rewrite failed"):
+        staged_rewrite(src, tmp_path / "a" / "b" / "out", False, fails)
+    assert not (tmp_path / "a").exists()
+    made = []
+    monkeypatch.setattr(kernels, "_check_kv_dtype", lambda *a: made.append(1))
+    with pytest.raises(ExportError, match="has a fp32 target: exact-kernels applies to INT4 bundles"):
+        kernels.apply_to_bundle(src, tmp_path / "c" / "out")
+    assert made and not (tmp_path / "c").exists() and not list(tmp_path.glob(".*partial*"))
+    monkeypatch.undo()
+    inplace = tmp_path / "inplace"
+    shutil.copytree(tiny_int4_bundle, inplace)
+    monkeypatch.chdir(inplace / "target")
+    r = CliRunner().invoke(cli, ["drafter-vocab", str(inplace), "100"])
+    assert r.exit_code == 0 and "working folder was the old one" in r.output, r.output
+
+
 @pytest.mark.parametrize("n, msg", [(0, "must be a positive number"), (-5, "must be a positive number"),
                                     (372, "not smaller than the vocabulary"), (10**6, "not smaller than the vocabulary"),
                                     (2, "smaller than the 3 special tokens")])
