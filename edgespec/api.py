@@ -372,22 +372,24 @@ class Engine:
         """Forget (and delete on disk) the earlier outputs the suffix drafter remembers."""
         from .suffix import suffix_drafter
 
-        with self.decoder.lock.hold("clear the memory"):
+        with self.decoder.held("clear the memory"):
             suffix_drafter(self).clear_memory()
 
     def reset(self) -> None:
         """Forget the cached conversation and the prompt cache's, and delete the prompt cache file if
         the engine has one (the next prompt is prefilled from scratch). Waits for a generation in another
         thread; refused (``BusyError``) inside one's own unfinished stream."""
-        self.decoder.reset()
-        path = getattr(self, "_prompt_cache_file", None)
-        if path is not None:  # forgotten on disk too (written again at close only if conversations follow)
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as e:
-                warnings.warn(f"cannot delete the prompt cache {path}: {e.strerror or e}", stacklevel=2)
-            pc = self.decoder.target.prompt_cache
-            pc.written = pc.version
+        dec = self.decoder
+        with dec.held("reset the engine"):  # (the file too: a reset that waited for a close deletes nothing)
+            dec.reset_held()
+            path = getattr(self, "_prompt_cache_file", None)
+            if path is not None:  # forgotten on disk too (written again at close only if conversations follow)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as e:
+                    warnings.warn(f"cannot delete the prompt cache {path}: {e.strerror or e}", stacklevel=2)
+                pc = dec.target.prompt_cache
+                pc.written = pc.version
 
     def prompt_cache_stats(self) -> dict | None:
         """The prompt cache's entries, tokens, bytes, budget and counters (saves, restores, restored

@@ -348,19 +348,35 @@ class Decoder:
     def vocab(self) -> int:
         return self.target.spec.vocab_size
 
+    @contextmanager
+    def held(self, what: str = "generate"):
+        """The generation lock (``GenerationLock.hold``), then ``ClosedError`` where the engine was closed meanwhile: a
+        call that waited for another thread's ``close()`` ran on the released models (a reset queued behind a close
+        deleted the prompt cache file the close had just written)."""
+        with self.lock.hold(what):
+            if self.closed is not None:
+                from .errors import ClosedError
+
+                raise ClosedError(self.closed)
+            yield
+
     def reset(self) -> None:
         """Forget every cached token (target, its prompt cache, and drafters). Waits for a generation
         in another thread; refused (``BusyError``) inside one's own unfinished stream."""
-        with self.lock.hold("reset the engine"):
-            self.target.reset()
-            if self.target.prompt_cache is not None:
-                self.target.prompt_cache.clear()
-            for d in self.drafters.values():
-                d.reset()
+        with self.held("reset the engine"):
+            self.reset_held()
+
+    def reset_held(self) -> None:
+        """``reset``'s work, the lock held by the caller."""
+        self.target.reset()
+        if self.target.prompt_cache is not None:
+            self.target.prompt_cache.clear()
+        for d in self.drafters.values():
+            d.reset()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Read ``prompt`` into the target and every drafter, as a generation would."""
-        with self.lock.hold("prefill"):
+        with self.held("prefill"):
             self.target.prefill(prompt)
             for d in self.drafters.values():
                 d.begin(prompt)
@@ -385,7 +401,7 @@ class Decoder:
             raise ContextOverflowError(f"the prompt has {len(prompt)} tokens; the context holds "
                                        f"{self.target.max_context}")
         self.check_ids(prompt, "the prompt")
-        with self.lock.hold("score"):
+        with self.held("score"):
             t = self.target
             pc = t.prompt_cache
             if pc is not None and t.length >= pc.min_tokens:  # the rows it overwrites are kept, as a prefill keeps them
@@ -457,11 +473,7 @@ class Decoder:
         return self._held(prompt, cfg, stats if stats is not None else Stats(), con)
 
     def _held(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con) -> Iterator[Step]:
-        with self.lock.hold():
-            if self.closed is not None:
-                from .errors import ClosedError
-
-                raise ClosedError(self.closed)
+        with self.held():
             yield from self._generate(prompt, cfg, st, con)
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:

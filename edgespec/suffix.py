@@ -368,7 +368,7 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
                                     "indexed")
         total += len(ids)
         seqs.append(ids)
-    with engine.decoder.lock.hold("add documents"):
+    with engine.decoder.held("add documents"):
         return d.add_documents(seqs)
 
 

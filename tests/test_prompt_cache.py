@@ -491,6 +491,46 @@ def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path
         assert f.read_bytes() == data, how
 
 
+def test_calls_that_waited_for_a_close_are_closed_errors_and_change_nothing(tiny_bundle, tmp_path):
+    """(session 46, a review) a reset, score or add_documents that waited for the engine while another thread closed
+    it ran on the released models after close() returned, and a queued reset deleted the prompt cache file the close
+    had just written."""
+    import threading
+    import time
+
+    from edgespec.errors import ClosedError
+
+    f = tmp_path / "cache.npz"
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+    eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")  # (DOC_A's rows set aside: something to write)
+    stream = eng.stream("hello there", max_new_tokens=8)
+    next(stream)  # this thread holds the engine
+    got = {}
+
+    def call(name, fn):
+        try:
+            fn()
+            got[name] = "ran"
+        except ClosedError:
+            got[name] = "closed"
+
+    closer = threading.Thread(target=call, args=("close", eng.close))
+    closer.start()
+    time.sleep(0.3)  # (close waits first)
+    others = [threading.Thread(target=call, args=(n, fn)) for n, fn in (
+        ("reset", eng.reset), ("score", lambda: eng.score(eng.encode("hello"))),
+        ("add_documents", lambda: eng.add_documents(texts=["a document"])))]
+    for t in others:
+        t.start()
+    time.sleep(0.3)
+    list(stream)
+    for t in [closer, *others]:
+        t.join(60)
+    assert got == {"close": "ran", "reset": "closed", "score": "closed", "add_documents": "closed"}, got
+    assert f.is_file()  # (what close wrote stays)
+
+
 def test_generate_runs_share_a_document_through_a_prompt_cache_file(tiny_bundle, tmp_path):
     """`edgespec generate --prompt-cache-file`: each run a new process (here: a new engine); the second
     question about the same document restores the first run's rows."""
