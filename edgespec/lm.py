@@ -11,8 +11,10 @@ ran, which is what the round policy's cost model learns from.
 """
 from __future__ import annotations
 
+import atexit
+import threading
 import time
-
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +23,28 @@ from .errors import ContextOverflowError, Interrupted
 from .kv import TokenCache
 from .sampling import greedy_choice
 from .width import padded_width
+
+
+# At exit no thread may be inside a model's call: CPython ends a daemon thread that wants the GIL back during the
+# interpreter's shutdown with pthread_exit, which aborts the process through onnxruntime's C++ frames ("terminate
+# called without an active exception", SIGABRT, exit 134: an app generating on a daemon thread, stopped by Ctrl-C or
+# a plain exit). Each call is listed while it runs, and none starts once the process exits (its thread waits for the
+# end); the exit waits for the calls listed (a call's time, ~0.1 s, at most EXIT_WAIT_S). (The server exits with
+# os._exit for the same reason.)
+_RUNNING: "weakref.WeakSet[CausalLM]" = weakref.WeakSet()
+_EXITING = False
+EXIT_WAIT_S = 10.0
+
+
+def _calls_done_at_exit() -> None:
+    global _EXITING
+    _EXITING = True
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while len(_RUNNING) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+atexit.register(_calls_done_at_exit)
 
 
 class CausalLM:
@@ -184,12 +208,19 @@ class CausalLM:
         self.last_past = past
         t0 = time.perf_counter()
         at = past - back
-        if positions is not None:
-            out = self._run(run, at, argmax=argmax, positions=positions)
-        elif argmax:
-            out = self._run(run, at, argmax=True)
-        else:
-            out = self._run(run, at, skip=skip) if skip else self._run(run, at)
+        _RUNNING.add(self)  # (listed first, then the flag read: the exit sees this call, or this call sees the exit)
+        try:
+            if _EXITING:  # (a daemon thread, at exit: parked, the GIL released, until the process ends; raising here
+                _RUNNING.discard(self)  # printed its traceback at every such exit)
+                threading.Event().wait()
+            if positions is not None:
+                out = self._run(run, at, argmax=argmax, positions=positions)
+            elif argmax:
+                out = self._run(run, at, argmax=True)
+            else:
+                out = self._run(run, at, skip=skip) if skip else self._run(run, at)
+        finally:
+            _RUNNING.discard(self)
         self.calls += 1
         self.call_seconds += time.perf_counter() - t0
         self.tokens_run += len(run)

@@ -473,3 +473,26 @@ def test_a_stop_string_that_is_a_special_tokens_text_ends_as_a_stop(engine):
     eos = engine.manifest.eos_token_ids[0]
     r = engine.generate("hello world", max_new_tokens=10, logit_bias={eos: 100})
     assert (r.finish_reason, r.token_ids) == ("eos", [eos])
+
+
+def test_exit_while_a_daemon_thread_generates_is_clean(smol_int4):
+    """(session 46, a review) an app generating on a daemon thread that exits (or is stopped by Ctrl-C) aborted:
+    CPython ends such a thread with pthread_exit when it wants the GIL back during shutdown, which unwinds through
+    onnxruntime's C++ frames ("terminate called without an active exception", SIGABRT, exit 134). The exit waits for
+    the call in progress, and no call starts after it."""
+    code = """
+import sys, threading, time
+import edgespec
+e = edgespec.load(sys.argv[1], memory=False)
+started = threading.Event()
+def worker():
+    while True:
+        for i, _ in enumerate(e.stream("Once upon a time " * 40, max_new_tokens=100000, ignore_eos=True)):
+            started.set()
+threading.Thread(target=worker, daemon=True).start()
+started.wait(60)
+time.sleep(0.3)
+print("exiting", flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, r.stderr[-2000:]
