@@ -7,8 +7,10 @@ target's output (verify.py), and the target's cache and the drafter roll back wh
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from numbers import Integral, Real
@@ -314,6 +316,25 @@ class GenerationLock:
                 self._lock.release()
 
 
+_DECODERS: "weakref.WeakSet[Decoder]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread of the parent held a decoder's lock (a generation running) inherits the
+    lock held by a thread it does not have: its first generation waited forever. Such a decoder is closed in the
+    child (its caches stopped mid-round), with a lock of its own."""
+    me = threading.get_ident()
+    for d in list(_DECODERS):
+        if d.lock._lock.locked() and d.lock._owner != me:
+            d.lock = GenerationLock()
+            d.closed = ("this process was forked while another thread of its parent was generating: load the bundle "
+                        "again in this process")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Decoder:
     """Speculative generation over a target LM (``lm.CausalLM``) and drafters (``drafters.Drafter``).
 
@@ -343,6 +364,7 @@ class Decoder:
         # () -> healing.Healer for token healing (set by the engine, which has the tokenizer)
         self.healer = None
         self.unavailable: dict[str, str] = {}  # drafter name -> why it is not loaded (for the refusal)
+        _DECODERS.add(self)
 
     @property
     def vocab(self) -> int:

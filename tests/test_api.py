@@ -496,3 +496,56 @@ print("exiting", flush=True)
 """
     r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_child_forked_while_another_thread_generates_is_closed_not_hung(tiny_bundle):
+    """(session 46, a review) a child forked while another thread of the parent held the engine (a stream half read)
+    inherited the generation lock held by a thread it does not have: its first generate waited forever. That engine
+    is a ClosedError in the child; the parent goes on."""
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    from edgespec.errors import ClosedError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    ref = eng.generate("hello there", max_new_tokens=6).token_ids
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        s = eng.stream("a stream left open", max_new_tokens=8)
+        next(s)
+        held.set()
+        release.wait(60)
+        list(s)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(60)
+    pid = os.fork()
+    if pid == 0:  # the child: a ClosedError at once (exit 0), anything else 1; a hang is killed by the parent
+        code = 1
+        try:
+            eng.generate("hello there", max_new_tokens=6)
+        except ClosedError:
+            code = 0
+        except BaseException:
+            pass
+        os._exit(code)
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            release.set()
+            pytest.fail("the forked child hung in generate")
+        time.sleep(0.05)
+    release.set()
+    t.join(60)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert eng.generate("hello there", max_new_tokens=6).token_ids == ref  # (the parent's engine as it was)
