@@ -465,7 +465,8 @@ class Manifest:
         if "target" not in models:
             raise ManifestError(f"{mpath}: no target model")
         target = ModelSpec.from_dict(models["target"], root, "target")
-        drafter = ModelSpec.from_dict(models["drafter"], root, "drafter") if models.get("drafter") else None
+        # (null or absent: no drafter; anything else is one, checked: {} or 0 meant "no drafter" silently)
+        drafter = ModelSpec.from_dict(models["drafter"], root, "drafter") if models.get("drafter") is not None else None
         eos = raw.get("eos_token_ids") or []
         if not _is(eos, "ints"):
             raise ManifestError(f"{mpath}: eos_token_ids must be a list of integers")

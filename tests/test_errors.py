@@ -61,6 +61,20 @@ def test_a_manifest_number_too_long_to_read_and_a_bos_flag_of_another_type(tiny_
         edgespec.load(b)
 
 
+@pytest.mark.parametrize("value, match", [({}, "models.drafter lacks 'path'"), (0, "models.drafter must be an object")])
+def test_a_drafter_entry_that_is_no_model_is_refused(tiny_bundle, copy_bundle, value, match):
+    """(session 46) "drafter": {} or 0 in a manifest was read as no drafter, silently; null (or no entry) is none."""
+    b = copy_bundle(tiny_bundle)
+    m = json.loads((b / "edgespec.json").read_text())
+    m["models"]["drafter"] = value
+    (b / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(edgespec.ManifestError, match=match):
+        edgespec.load(b)
+    m["models"]["drafter"] = None
+    (b / "edgespec.json").write_text(json.dumps(m))
+    assert edgespec.load(b, memory=False).manifest.drafter is None
+
+
 def test_an_unreadable_bundle_file_is_a_bundle_error(tiny_bundle, copy_bundle, monkeypatch):
     """(session 46) a model file this user cannot read raised a bare PermissionError (exit 1, not a BundleError)."""
     from edgespec import integrity
