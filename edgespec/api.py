@@ -736,8 +736,7 @@ class Engine:
     def _text_len(self, ids: Sequence[int]) -> int:
         """The length of the text ``ids`` have given the reply: a character their last tokens only began (the
         decoder's U+FFFD for it) is not out yet."""
-        text = self.tokenizer.decode(ids)
-        return len(text) - 1 if text.endswith("\ufffd") and self.tokenizer.ends_mid_character(ids) else len(text)
+        return len(self.tokenizer.finished_text(ids))
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,

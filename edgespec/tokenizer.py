@@ -140,20 +140,52 @@ class Tokenizer:
         return self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
 
     def ends_mid_character(self, ids: Sequence[int]) -> bool | None:
-        """Whether the bytes of ``ids`` end inside a UTF-8 character (its first bytes only): True or
-        False for byte-level tokenizers (GPT-2's byte alphabet: Qwen, Llama 3, SmolLM2, ...), None
-        where the bytes of a token are not known."""
-        if type(self._tok.decoder).__name__ != "ByteLevel":
-            return None
+        """Whether the bytes of ``ids`` end inside a UTF-8 character (its first bytes only): True or False where the
+        bytes of their last tokens are known (byte-level tokenizers, GPT-2's byte alphabet: Qwen, Llama 3,
+        SmolLM2, ...; SentencePiece-style ones' ``<0xNN>`` byte tokens: Llama 2, Mistral, Gemma), None else."""
+        n = self._unfinished_bytes(ids)
+        return None if n is None else n > 0
+
+    def finished_text(self, ids: Sequence[int], start: int = 0) -> str:
+        """``decode(ids[start:])`` less a character whose first bytes only the last tokens gave (the decoder's
+        U+FFFD for it): on byte-level tokenizers the one U+FFFD it ends with; on SentencePiece-style ones the
+        byte tokens of that character left out (their ``ByteFallback`` turns a run of byte tokens that is no
+        whole UTF-8 into a U+FFFD a byte, the run's whole characters too)."""
+        n = self._unfinished_bytes(ids)
+        if not n:
+            return self.decode(ids[start:])
+        if type(self._tok.decoder).__name__ == "ByteLevel":
+            text = self.decode(ids[start:])
+            return text[:-1] if text.endswith("\ufffd") else text
+        special, j, seen = self.special_ids(), len(ids), 0
+        while j > start and seen < n:  # (each of the character's bytes a token of its own)
+            j -= 1
+            seen += int(ids[j]) not in special
+        return self.decode(ids[start:j])
+
+    def _unfinished_bytes(self, ids: Sequence[int]) -> int | None:
+        """How many bytes at the end of ``ids``' bytes begin a UTF-8 character they do not finish (0: none); None where
+        the bytes of a token are not known."""
+        byte_level = type(self._tok.decoder).__name__ == "ByteLevel"
         special = self.special_ids()
         tail = b""
         for i in reversed(ids):
             if int(i) in special:  # decode leaves them out
                 continue
             t = self._tok.id_to_token(int(i))
-            if t is None or not all(c in _BYTE_OF for c in t):
+            if t is None:
                 return None
-            tail = bytes(_BYTE_OF[c] for c in t) + tail
+            if byte_level:
+                if not all(c in _BYTE_OF for c in t):
+                    return None
+                tail = bytes(_BYTE_OF[c] for c in t) + tail
+            elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):  # a byte-fallback token: that byte
+                try:
+                    tail = bytes([int(t[3:5], 16)]) + tail
+                except ValueError:
+                    return None
+            else:  # a piece of text (whole characters): the tail's bytes begin after it
+                break
             if len(tail) >= 4:  # a character is at most 4 bytes
                 break
         return _incomplete_utf8(tail)
@@ -399,15 +431,16 @@ def _byte_alphabet() -> dict[str, int]:
 _BYTE_OF = _byte_alphabet()
 
 
-def _incomplete_utf8(data: bytes) -> bool:
-    """Whether ``data`` ends with the lead byte of a UTF-8 character and fewer continuation bytes than it needs."""
+def _incomplete_utf8(data: bytes) -> int:
+    """How many bytes at the end of ``data`` are a UTF-8 character's lead byte and fewer continuation bytes than it
+    needs (0: none; true as a bool where some are)."""
     for back in range(1, min(4, len(data)) + 1):
         b = data[-back]
         if b & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
             continue
         need = 2 if 0xC0 <= b < 0xE0 else 3 if 0xE0 <= b < 0xF0 else 4 if 0xF0 <= b < 0xF8 else 1
-        return back < need
-    return False
+        return back if back < need else 0
+    return 0
 
 
 class StreamDecoder:
@@ -448,9 +481,6 @@ class StreamDecoder:
         byte-level tokenizers, whose token bytes are known): the text holds only characters the model
         completed. A U+FFFD the model wrote whole, or bytes that are no UTF-8, stay as they are."""
         prefix_text = self._tok.decode(self.ids[self._prefix:self._read])
-        full = self._tok.decode(self.ids[self._prefix:])
+        full = self._tok.finished_text(self.ids, self._prefix)  # (an unfinished last character left out)
         self._prefix = self._read = len(self.ids)
-        out = full[len(prefix_text):]
-        if out.endswith("\ufffd") and self._tok.ends_mid_character(self.ids):
-            out = out[:-1]  # the decoder writes one U+FFFD for an unfinished character
-        return out
+        return full[len(prefix_text):]

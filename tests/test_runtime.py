@@ -185,6 +185,53 @@ def test_stream_decoder_holds_split_multibyte(tiny_bundle):
     assert tok.ends_mid_character(whole) is False
 
 
+def _sentencepiece_style(directory):
+    """A Llama-2-style tokenizer (SentencePiece's layout as tokenizers writes it: "▁" pieces, byte fallback to
+    <0xNN> tokens, whose ByteFallback decoder writes a U+FFFD a byte of a run that is no whole UTF-8): a character
+    outside its few pieces is spelled in byte tokens."""
+    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ("\u2581", "a", "b", "x", "y"):
+        vocab[piece] = len(vocab)
+    tok = HF(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1, right=0)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    from edgespec.tokenizer import Tokenizer
+
+    return Tokenizer(directory)
+
+
+def test_a_character_in_byte_tokens_is_whole_or_left_out(tmp_path):
+    """(session 46, a review) on SentencePiece-style tokenizers (Llama 2, Mistral, Gemma) a character spelled in byte
+    tokens and cut (a stop string after it, a token limit inside it): the ids kept before a stop string lost the
+    character's last bytes (its U+FFFD a byte counted as text: "ab" + two of 中's three tokens), and a reply cut
+    inside one ended in U+FFFDs (a U+FFFD a byte, where only byte-level tokenizers' one was dropped)."""
+    import types
+
+    from edgespec.api import Engine
+
+    tok = _sentencepiece_style(tmp_path / "sp")
+    ids = tok.encode("ab\u4e2dxy", add_special=False)
+    pieces = [tok.id_to_token(i) for i in ids]
+    assert pieces[-5:] == ["<0xE4>", "<0xB8>", "<0xAD>", "x", "y"], pieces
+    at = pieces.index("<0xE4>")
+    for k in (at + 1, at + 2):  # cut inside the character
+        assert tok.ends_mid_character(ids[:k]) and tok.finished_text(ids[:k]) == "ab"
+        dec = tok.stream_decoder()
+        assert "".join([dec.push([i]) for i in ids[:k]] + [dec.flush()]) == "ab"
+    assert tok.finished_text(ids[:at + 3]) == "ab\u4e2d" and not tok.ends_mid_character(ids[:at + 3])
+    fake = types.SimpleNamespace(tokenizer=tok)
+    fake._text_len = types.MethodType(Engine._text_len, fake)
+    assert Engine._ids_up_to(fake, ids, len("ab\u4e2d")) == ids[:at + 3]  # (a stop string "x": 中 whole)
+    euro = tok.encode("a\u20ac\u4e2d", add_special=False)  # a run of byte tokens: one whole character, one cut
+    assert tok.finished_text(euro[:-1]) == "a\u20ac"
+
+
 def test_generate_json_cli(tiny_bundle):
     from click.testing import CliRunner
 
