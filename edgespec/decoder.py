@@ -323,6 +323,9 @@ def _after_fork_in_child() -> None:
     """A child forked while another thread of the parent held a decoder's lock (a generation running) inherits the
     lock held by a thread it does not have: its first generation waited forever. Such a decoder is closed in the
     child (its caches stopped mid-round), with a lock of its own."""
+    from . import lm
+
+    lm._RUNNING.clear()  # (the parent's calls in progress, in threads the child does not have)
     me = threading.get_ident()
     for d in list(_DECODERS):
         if d.lock._lock.locked() and d.lock._owner != me:
@@ -495,8 +498,20 @@ class Decoder:
         return self._held(prompt, cfg, stats if stats is not None else Stats(), con)
 
     def _held(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con) -> Iterator[Step]:
+        from .lm import native_work
+
         with self.held():
-            yield from self._generate(prompt, cfg, st, con)
+            gen = self._generate(prompt, cfg, st, con)
+            try:
+                while True:
+                    with native_work(self):  # (a step's grammar masks run in llguidance's Rust, the GIL released: an
+                        try:  # exit waits for the step as for a model call, see lm.native_work)
+                            step = next(gen)
+                        except StopIteration:
+                            return
+                    yield step
+            finally:
+                gen.close()
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:
         sp, target, clock, policy = cfg.sampling, self.target, self.clock, self.policy

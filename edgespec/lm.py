@@ -15,6 +15,7 @@ import atexit
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +35,20 @@ from .width import padded_width
 _RUNNING: "weakref.WeakSet[CausalLM]" = weakref.WeakSet()
 _EXITING = False
 EXIT_WAIT_S = 10.0
+
+
+@contextmanager
+def native_work(owner):
+    """Native code ``owner`` runs that releases the GIL (a model's call, a generation step's grammar masks in
+    llguidance's Rust): listed while it runs, and not begun once the process exits (the thread parked instead)."""
+    _RUNNING.add(owner)  # (listed first, then the flag read: the exit sees this work, or this work sees the exit)
+    try:
+        if _EXITING:  # (a daemon thread, at exit: parked, the GIL released, until the process ends; raising here
+            _RUNNING.discard(owner)  # printed its traceback at every such exit)
+            threading.Event().wait()
+        yield
+    finally:
+        _RUNNING.discard(owner)
 
 
 def _calls_done_at_exit() -> None:
@@ -208,19 +223,13 @@ class CausalLM:
         self.last_past = past
         t0 = time.perf_counter()
         at = past - back
-        _RUNNING.add(self)  # (listed first, then the flag read: the exit sees this call, or this call sees the exit)
-        try:
-            if _EXITING:  # (a daemon thread, at exit: parked, the GIL released, until the process ends; raising here
-                _RUNNING.discard(self)  # printed its traceback at every such exit)
-                threading.Event().wait()
+        with native_work(self):
             if positions is not None:
                 out = self._run(run, at, argmax=argmax, positions=positions)
             elif argmax:
                 out = self._run(run, at, argmax=True)
             else:
                 out = self._run(run, at, skip=skip) if skip else self._run(run, at)
-        finally:
-            _RUNNING.discard(self)
         self.calls += 1
         self.call_seconds += time.perf_counter() - t0
         self.tokens_run += len(run)

@@ -126,6 +126,9 @@ def _environment():
                 for seq, n in ((left, right), (right, left)):
                     if _size(seq) and isinstance(n, int):
                         _check_size(len(seq) * n, "a repeated string or list")
+                if isinstance(left, int) and isinstance(right, int) and \
+                        left.bit_length() + right.bit_length() > 8 * SIZE_LIMIT:  # (one C call: past the time limit)
+                    raise ChatTemplateError("chat template: a product of more than the size limit's bits")
             elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
                 raise ChatTemplateError("chat template: an exponent over 64")
             elif (operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0

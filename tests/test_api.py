@@ -479,15 +479,18 @@ def test_exit_while_a_daemon_thread_generates_is_clean(smol_int4):
     """(session 46, a review) an app generating on a daemon thread that exits (or is stopped by Ctrl-C) aborted:
     CPython ends such a thread with pthread_exit when it wants the GIL back during shutdown, which unwinds through
     onnxruntime's C++ frames ("terminate called without an active exception", SIGABRT, exit 134). The exit waits for
-    the call in progress, and no call starts after it."""
+    the call in progress, and no call starts after it; a generation step's grammar masks (llguidance's Rust, the
+    same unwinding: SIGSEGV) too."""
     code = """
 import sys, threading, time
 import edgespec
 e = edgespec.load(sys.argv[1], memory=False)
 started = threading.Event()
+rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {
+    "type": "array", "items": {"type": "string", "pattern": "[a-z]{1,30}"}}}, "required": ["a"]}}}
 def worker():
-    while True:
-        for i, _ in enumerate(e.stream("Once upon a time " * 40, max_new_tokens=100000, ignore_eos=True)):
+    while True:  # (a reply held to a grammar: its masks run in llguidance's Rust, the GIL released, as a model call)
+        for i, _ in enumerate(e.stream("Once upon a time " * 40, max_new_tokens=100000, response_format=rf)):
             started.set()
 threading.Thread(target=worker, daemon=True).start()
 started.wait(60)

@@ -261,6 +261,8 @@ def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     # (a review's, session 46: 7.4 s and 13.7 s of C code, past the time limit, which is checked between lines)
     ("{{ lipsum(30000) }}", "'lipsum' is undefined"),
     ("{% set x = (((9**64)**64)**64)**64 %}ok", "power"),
+    ("{% set a = ((9 ** 64) ** 64) ** 60 %}{% set b = a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a"
+     " * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a %}x", "product"),  # (99 s of C before)
     ("{{ [1] | tojson(separators=(',' * 1000, ':')) }}", "separators"),
 ])
 def test_template_limits(source, match):
