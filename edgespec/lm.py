@@ -37,17 +37,27 @@ _EXITING = False
 EXIT_WAIT_S = 10.0
 
 
+_MINE = threading.local()  # the owners this thread's native_work lists, outermost first
+
+
 @contextmanager
 def native_work(owner):
     """Native code ``owner`` runs that releases the GIL (a model's call, a generation step's grammar masks in
-    llguidance's Rust): listed while it runs, and not begun once the process exits (the thread parked instead)."""
+    llguidance's Rust): listed while it runs, and not begun once the process exits (the thread parked instead,
+    every owner it listed let go: a step parked at its prefill's next call no longer held the exit for 10 s)."""
+    mine = getattr(_MINE, "owners", None)
+    if mine is None:
+        mine = _MINE.owners = []
     _RUNNING.add(owner)  # (listed first, then the flag read: the exit sees this work, or this work sees the exit)
+    mine.append(owner)
     try:
         if _EXITING:  # (a daemon thread, at exit: parked, the GIL released, until the process ends; raising here
-            _RUNNING.discard(owner)  # printed its traceback at every such exit)
+            for o in mine:  # printed its traceback at every such exit)
+                _RUNNING.discard(o)
             threading.Event().wait()
         yield
     finally:
+        mine.pop()
         _RUNNING.discard(owner)
 
 

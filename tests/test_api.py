@@ -552,3 +552,35 @@ def test_a_child_forked_while_another_thread_generates_is_closed_not_hung(tiny_b
     t.join(60)
     assert os.waitstatus_to_exitcode(status) == 0
     assert eng.generate("hello there", max_new_tokens=6).token_ids == ref  # (the parent's engine as it was)
+
+
+def test_an_exit_during_a_daemon_thread_s_prefill_does_not_wait_for_it(smol_int4):
+    """(session 46) a generation step is listed while it runs (its grammar masks release the GIL too); a daemon
+    thread parked at its prefill's next call kept the step listed, and the exit waited its 10 s bound."""
+    import time
+
+    code = """
+import sys, threading, time
+import edgespec
+e = edgespec.load(sys.argv[1], memory=False, prompt_cache_mb=0)
+started = threading.Event()
+real = e.decoder.target.forward_from
+def slow(*a, **k):  # (a prefill's chunks, each 0.2 s longer: the exit lands inside the prefill)
+    started.set(); time.sleep(0.2); return real(*a, **k)
+e.decoder.target.forward_from = slow
+def worker():
+    while True:
+        e.reset()
+        for _ in e.stream("The quick brown fox jumps over the lazy dog. " * 150, max_new_tokens=4):
+            pass
+threading.Thread(target=worker, daemon=True).start()
+started.wait(60)
+time.sleep(0.1)
+print("exiting", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code, str(smol_int4)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "exiting"
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and time.monotonic() - t0 < 5, (time.monotonic() - t0, err[-2000:])
