@@ -773,10 +773,9 @@ class Engine:
         if kw.get("logprobs") is not None:
             raise ConfigError("logprobs cannot be combined with tools the reply may call (its calls are taken out "
                               "of the text); send tool_choice 'none' or no logprobs")
-        result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops(self.think_tags() is not None),
-                                               **kw))
-        cut = 0  # a thinking model's block stays as it is: the calls are read from the answer after it
         tags = self.think_tags()
+        result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops(tags is not None), **kw))
+        cut = 0  # a thinking model's block stays as it is: the calls are read from the answer after it
         if tags is not None and not treq.forced:
             from .reasoning import answer_start, starts_inside
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from .drafters import drafter_choices
 from .profiles import MAX_DRAFT
-from .errors import ConfigError
+from .errors import ConfigError, parse_reason
 from .measure import file_rss, high_water_rss, rss_now
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
@@ -48,7 +48,7 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
         try:
             q = json.loads(line)
         except (ValueError, RecursionError) as e:  # (not JSON; an integer too long to convert; nested too deeply)
-            raise ConfigError(f"{p}:{n}: not JSON ({str(e).split(';')[0] or type(e).__name__})") from None
+            raise ConfigError(f"{p}:{n}: not JSON ({parse_reason(e)})") from None
         if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"] \
                 or not all(isinstance(t, str) for t in q["turns"]):
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")

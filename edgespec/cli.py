@@ -13,7 +13,7 @@ from .cli_memory import engine_options, load_params, memory, memory_opts, model_
 from .cli_placement import drafter_provider_opt, placement_options
 from .decoder import MAX_LOGPROBS, GenerationConfig
 from .drafters import drafter_choices
-from .errors import EdgespecError, ProviderError
+from .errors import EdgespecError, ProviderError, parse_reason
 from .cli_info import report_lines
 from .providers import PROVIDER_NAMES
 
@@ -322,7 +322,7 @@ def _template_kwargs(ctx, param, value):
     try:
         kw = json.loads(value)
     except (ValueError, RecursionError) as e:
-        raise ConfigError(f"--chat-template-kwargs is not JSON: {str(e).split(';')[0] or 'nested too deeply'}") from None
+        raise ConfigError(f"--chat-template-kwargs is not JSON: {parse_reason(e)}") from None
     return check_template_kwargs(kw, "--chat-template-kwargs") or None
 
 
@@ -400,8 +400,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         try:
             schema = json.loads(text)
         except (ValueError, RecursionError) as e:
-            raise ConfigError(f"the JSON schema file {schema_file} is not JSON: "
-                              f"{str(e).split(';')[0] or 'nested too deeply'}") from None
+            raise ConfigError(f"the JSON schema file {schema_file} is not JSON: {parse_reason(e)}") from None
         response_format = {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
     elif json_object:
         response_format = {"type": "json_object"}

@@ -21,9 +21,9 @@ import numpy as np
 from .constrain import masked
 from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
 from .prediction import MAX_PREDICTION, PredictionDrafter
-from .errors import BusyError, ConfigError, ContextOverflowError
+from .errors import BusyError, ClosedError, ConfigError, ContextOverflowError
 from .kv import TokenBuffer
-from .lm import CausalLM
+from .lm import CausalLM, native_work
 from .penalties import Penalizer
 from .policy import RoundPolicy
 from .sampling import SamplingParams, chosen, distribution, greedy_choice
@@ -380,8 +380,6 @@ class Decoder:
         deleted the prompt cache file the close had just written)."""
         with self.lock.hold(what):
             if self.closed is not None:
-                from .errors import ClosedError
-
                 raise ClosedError(self.closed)
             yield
 
@@ -498,8 +496,6 @@ class Decoder:
         return self._held(prompt, cfg, stats if stats is not None else Stats(), con)
 
     def _held(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con) -> Iterator[Step]:
-        from .lm import native_work
-
         with self.held():
             gen = self._generate(prompt, cfg, st, con)
             try:

@@ -82,6 +82,13 @@ class ClosedError(EdgespecError):
     """The engine was closed (``Engine.close``): it no longer holds its models."""
 
 
+def parse_reason(e: BaseException) -> str:
+    """A parser's error (json's, tomllib's, Python's) as a message's reason: its first clause (Python's limit on an
+    integer's digits goes on "; use sys.set_int_max_str_digits() to increase the limit", advice for programmers),
+    its type where it says nothing."""
+    return str(e).split(";")[0] or type(e).__name__
+
+
 class Interrupted(EdgespecError):
     """A prefill or a prompt's scoring stopped between its calls because its ``interrupt`` said so (the server's
     client left, or the server is stopping); what the cache holds stays valid."""

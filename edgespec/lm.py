@@ -32,7 +32,7 @@ from .width import padded_width
 # a plain exit). Each call is listed while it runs, and none starts once the process exits (its thread waits for the
 # end); the exit waits for the calls listed (a call's time, ~0.1 s, at most EXIT_WAIT_S). (The server exits with
 # os._exit for the same reason.)
-_RUNNING: "weakref.WeakSet[CausalLM]" = weakref.WeakSet()
+_RUNNING: weakref.WeakSet = weakref.WeakSet()  # the owners of native work in progress (models, decoders)
 _EXITING = False
 EXIT_WAIT_S = 10.0
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError, ManifestError, TokenizerMismatchError
+from .errors import BundleError, ManifestError, TokenizerMismatchError, parse_reason
 from .integrity import check_files, sha256_file  # noqa: F401  (the file checks, re-exported)
 
 SCHEMA_VERSION = 1
@@ -514,7 +514,7 @@ def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = Fa
             raise ManifestError(f"{mpath} is larger than {_MANIFEST_LIMIT >> 20} MiB: not a manifest")
         raw = json.loads(data.decode("utf-8"))
     except ValueError as e:  # (not JSON, not UTF-8, an integer of more digits than Python converts)
-        raise ManifestError(f"{mpath} is corrupt: {str(e).split(';')[0]}") from None
+        raise ManifestError(f"{mpath} is corrupt: {parse_reason(e)}") from None
     except RecursionError:
         raise ManifestError(f"{mpath} is corrupt: nested too deeply") from None
     except OSError as e:

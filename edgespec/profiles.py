@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import ProfileError, ProviderError
+from .errors import ProfileError, ProviderError, parse_reason
 from .providers import PROVIDER_NAMES
 
 # The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
@@ -160,7 +160,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
     except OSError as e:  # a directory, no permission, ...
         raise ProfileError(f"cannot read profile {p}: {e.strerror or e}") from None
     except ValueError as e:  # TOMLDecodeError, or an integer of more digits than Python converts
-        raise ProfileError(f"{p}: not valid TOML ({str(e).split(';')[0]})") from None
+        raise ProfileError(f"{p}: not valid TOML ({parse_reason(e)})") from None
     return _check(p.stem, data, str(p))
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from .decoder import MAX_LOGPROBS
 from .drafters import drafter_choices
-from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
+from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError, parse_reason
 
 DRAFTERS = drafter_choices()
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -107,7 +107,7 @@ def parse_body(raw: bytes) -> dict:
     except json.JSONDecodeError as e:
         raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     except ValueError as e:  # (an integer of more digits than Python converts: "Exceeds the limit ...")
-        raise bad(f"the request body has a number too large to read: {str(e).split(';')[0]}",
+        raise bad(f"the request body has a number too large to read: {parse_reason(e)}",
                   code="invalid_json") from None
     except RecursionError:
         raise bad("the request body is nested too deeply", code="invalid_json") from None

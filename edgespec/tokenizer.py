@@ -130,11 +130,9 @@ class Tokenizer:
             return b""
         if type(self._tok.decoder).__name__ == "ByteLevel" and all(c in _BYTE_OF for c in t):
             return bytes(_BYTE_OF[c] for c in t)
-        if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
-            try:
-                return bytes([int(t[3:5], 16)])
-            except ValueError:
-                pass
+        b = _fallback_byte(t)
+        if b is not None:
+            return bytes([b])
         if "\u2581" in t:
             return t.replace("\u2581", " ").encode("utf-8")
         return self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
@@ -179,11 +177,8 @@ class Tokenizer:
                 if not all(c in _BYTE_OF for c in t):
                     return None
                 tail = bytes(_BYTE_OF[c] for c in t) + tail
-            elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):  # a byte-fallback token: that byte
-                try:
-                    tail = bytes([int(t[3:5], 16)]) + tail
-                except ValueError:
-                    return None
+            elif (b := _fallback_byte(t)) is not None:  # a byte-fallback token: that byte
+                tail = bytes([b]) + tail
             else:  # a piece of text (whole characters): the tail's bytes begin after it
                 break
             if len(tail) >= 4:  # a character is at most 4 bytes
@@ -429,6 +424,16 @@ def _byte_alphabet() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_alphabet()
+
+
+def _fallback_byte(token: str) -> int | None:
+    """The byte a SentencePiece-style byte-fallback token stands for (``<0xE4>``: 0xE4); None for another token."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return int(token[3:5], 16)
+        except ValueError:
+            return None
+    return None
 
 
 def _incomplete_utf8(data: bytes) -> int:

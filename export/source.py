@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.errors import ExportError
+from edgespec.errors import ExportError, parse_reason
 from edgespec.tokenizer import tokenizer_fingerprint
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -270,7 +270,7 @@ def resolve(spec: str) -> Source:
         try:
             json.loads(cfg.read_text())
         except (ValueError, RecursionError) as e:  # (not JSON or not UTF-8; an integer too long; nested too deeply)
-            raise ExportError(f"{cfg} is not valid JSON: {str(e).split(';')[0] or type(e).__name__}") from None
+            raise ExportError(f"{cfg} is not valid JSON: {parse_reason(e)}") from None
         return Source(spec, "hf-dir", p.resolve())
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         return Source(spec, "hub", None)
