@@ -155,6 +155,7 @@ class Report:
     runs: list[Run] = field(default_factory=list)
     memory: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)  # prompts (or later turns) the context could not hold
 
     def summary(self) -> dict:
         """Per category and drafter: tokens/s (total tokens / total decode time), speedup against
@@ -194,7 +195,8 @@ class Report:
         from dataclasses import asdict
 
         return {"bundle": self.bundle, "device": self.device, "settings": self.settings, "plan": self.plan,
-                "summary": self.summary(), "memory": self.memory, "runs": [asdict(r) for r in self.runs]}
+                "summary": self.summary(), "memory": self.memory, "runs": [asdict(r) for r in self.runs],
+                "left_out": list(self.left_out)}
 
     def markdown(self) -> str:
         s = self.summary()
@@ -203,7 +205,8 @@ class Report:
         unjudged = {d for d in drafters if d != "none" and all(r.exact is None for r in self.runs if r.drafter == d)}
         lines = [f"# edgespec bench: {self.bundle}", "",
                  f"{self.device.get('cpu', '')} · {self.device.get('providers', '')} · "
-                 f"max_new_tokens {self.settings['max_new_tokens']} · {_mode(self.settings)} · {len(self.runs)} runs", "",
+                 f"max_new_tokens {self.settings['max_new_tokens']} · {_mode(self.settings)} · "
+                 f"{_threads(self.settings.get('threads'))}{_profile(self.settings)}{len(self.runs)} runs", "",
                  "| category | drafter | tok/s | speedup | acceptance | accepted/round | tokens/call | TTFT ms | TPOT ms | exact |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
         for c, per in s.items():
@@ -218,6 +221,8 @@ class Report:
                              f"{'–' if self.settings.get('temperature') or d in unjudged else '✓' if v['exact'] else '✗'} |")
         lines += ["", "tok/s: new tokens after the first over decode time; speedup: against `none` (edgespec's exact "
                       "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's and llama.cpp's rows: as their own autoregressive run, `genai-ar` or `llama-ar`)."]
+        if self.left_out:
+            lines += ["", f"Left out (longer than the context): {', '.join(self.left_out)}."]
         m = self.memory
         if m:
             lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB{file_part(m.get('file_bytes'))}; "
@@ -230,6 +235,17 @@ def file_part(file_bytes: int | None) -> str:
     if file_bytes is None:
         return ""
     return f" (at the end {file_bytes / 2**20:.0f} MiB of it mapped from files: clean pages, reclaimable)"
+
+
+def _threads(n) -> str:
+    """The thread count a report's runs used, for its header (none where an older report did not say)."""
+    if n is None:
+        return ""
+    return f"{n} threads · " if n else "threads: onnxruntime's default (one per core) · "
+
+
+def _profile(settings: dict) -> str:
+    return f"profile {settings['profile']} · " if settings.get("profile") else ""
 
 
 def _mode(settings: dict) -> str:
@@ -328,12 +344,33 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     parsed = {d: _parse_drafter(d, draft_tokens) for d in drafters}
     external = dict(external or {})
     order = ["none"] + [d for d in drafters if d != "none"]
+    from . import onnx_lm
+
+    # the process-wide pool's size where edgespec made it (the first engine's count holds for the process), else
+    # what the target asked for
+    pool = onnx_lm._shared_pool
+    threads = pool if pool is not None and pool >= 0 else getattr(engine.decoder.target, "threads", None)
     rep = Report(str(engine.manifest.root), _device(engine),
                  {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                   "drafters": order + list(external), "draft_tokens": draft_tokens,
-                  "prompts": len(prompts)}, plan=engine.plan.to_dict())
+                  "prompts": len(prompts), "threads": threads, "profile": getattr(engine.profile, "name", None),
+                  "max_draft_tokens": engine.defaults.max_draft_tokens}, plan=engine.plan.to_dict())
     tok = engine.tokenizer
     has_template = bool(engine.manifest.chat_template)
+    # a prompt the context cannot hold is left out, named, before anything runs (it stopped the bench at that
+    # prompt, every run done before it lost); a later turn that outgrows it (with the replies before it) ends its
+    # prompt there, the turns before it kept
+    room = engine.decoder.target.max_context
+    fits = []
+    for q in prompts:
+        first = [{"role": "user", "content": q["turns"][0]}]
+        n = len(tok.encode_chat(first) if has_template else tok.encode(q["turns"][0]))
+        if n >= room:
+            log(f"  left out {q['question_id']}: its prompt has {n} tokens; the context holds {room}")
+            rep.left_out.append(q["question_id"])
+        else:
+            fits.append(q)
+    prompts = fits
     # warm-up: first calls of a session allocate and pick kernels
     engine.reset()
     list(engine.stream_ids(tok.encode("Hello"), max_new_tokens=8, drafter="none"))
@@ -348,6 +385,11 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
             for ti, turn in enumerate(q["turns"]):
                 history.append({"role": "user", "content": turn})
                 ids = tok.encode_chat(history) if has_template else tok.encode(turn)
+                if len(ids) >= room:
+                    log(f"  {q['question_id']} turn {ti + 1} left out: its prompt has {len(ids)} tokens; the context "
+                        f"holds {room}")
+                    rep.left_out.append(f"{q['question_id']} turn {ti + 1}")
+                    break
                 ref = None
                 reply_ids: list[int] = []
                 for d in order:

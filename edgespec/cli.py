@@ -937,11 +937,13 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     if draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT:  # (before the baseline runs, not after)
         raise ConfigError(f"--draft-tokens must be in 0..{MAX_DRAFT}, got {draft_tokens}")
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
-    wants_model = any(n.partition(":")[0] in ("model", "auto") for n in names)
+    from .bench import _parse_drafter
+
+    wants_model = any(_parse_drafter(n)[0] in ("model", "auto") for n in names)  # (auto@8 too)
     # (no prompt cache: the report's memory is compared with the plan, which leaves it out)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model, prompt_cache_mb=0)
-    if eng.decoder.drafters.get("model") is None and any(n.startswith("model") for n in names):
-        names = [n for n in names if not n.startswith("model")]
+    if eng.decoder.drafters.get("model") is None and any(_parse_drafter(n)[0] == "model" for n in names):
+        names = [n for n in names if _parse_drafter(n)[0] != "model"]
         if not [n for n in names if n != "none"]:
             raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
                               "named to compare with none")

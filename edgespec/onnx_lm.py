@@ -49,6 +49,7 @@ class OnnxLM(CausalLM):
             raise ContextOverflowError(
                 f"{spec.role}: a context of {max_context} exceeds the exported maximum {spec.max_context}")
         self.spec = spec
+        self.threads = int(threads or 0)  # asked for (0: onnxruntime's default); the process-wide pool's first holds
         # a graph that pads attention writes the pad's keys/values one position past the call: the
         # last exported position stays free for it
         self.max_context = min(int(max_context), spec.max_context - spec.attention_pad)

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import edgespec  # noqa: E402
-from edgespec.bench import read_prompts, run_bench, write_report  # noqa: E402
+from edgespec.bench import parse_drafters, read_prompts, run_bench, write_report  # noqa: E402
 from genai_baseline import genai_autoregressive, genai_speculative  # noqa: E402
 from llamacpp_baseline import llamacpp_runners  # noqa: E402
 
@@ -63,6 +63,16 @@ def repeat_passes(prompts: list[dict], passes: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    from edgespec.errors import EdgespecError
+
+    try:
+        return _main(argv)
+    except EdgespecError as e:  # a bundle that is not one, a bad option or prompts file: one line, as the CLI says it
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
     ap.add_argument("--drafters", default="model,model:4,prompt-lookup,auto",
@@ -92,18 +102,21 @@ def main(argv=None) -> int:
 
     bundle = Path(args.bundle).resolve()
     names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    if args.passes < 1:
+        ap.error(f"--passes must be >= 1, got {args.passes}")
+    sampled = args.temperature > 0
+    if sampled and args.llamacpp:  # (its runs are greedy: nothing to compare a sampled run with)
+        ap.error("--llamacpp runs greedy decoding only: leave out --temperature, or --llamacpp")
+    parse_drafters(names)  # a bad entry, prompts file or category is refused before the model loads
+    prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
+                           per_category=args.per_category)
     # no memory of earlier runs (every runner sees a prompt fresh) and no prompt cache (its memory is not in the
     # plan the report compares with; scripts/bench_prompt_cache.py measures it)
     eng = edgespec.load(bundle, threads=args.threads, memory=False, prompt_cache_mb=0)
     has_model = eng.decoder.drafters.get("model") is not None
     if not has_model:
         names = [n for n in names if not n.startswith("model")]
-    prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
-                           per_category=args.per_category)
-    if args.passes < 1:
-        ap.error(f"--passes must be >= 1, got {args.passes}")
     prompts = repeat_passes(prompts, args.passes)
-    sampled = args.temperature > 0
     external = {} if args.no_genai or sampled else genai_runners(bundle, args.genai_k, args.ngram_size, has_model,
                                                                   args.threads)
     close_llama = None

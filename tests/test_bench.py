@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import re
@@ -754,3 +756,56 @@ def test_each_runner_learns_from_its_own_runs_only(tiny_bundle):
         assert gens == [gens[0], gens[0] + 1, gens[0] + 2], (name, gens)  # which saw its own generations only
     assert len({seen[n][0][0] for n in ("none", "model", "prompt-lookup", "auto")}) == 4
     assert eng.decoder.policy is own
+
+
+def test_a_prompt_the_context_cannot_hold_is_left_out_named_and_the_others_reported(tiny_bundle, tmp_path):
+    """A prompt longer than the context stopped the whole bench at it (exit 3, every run before it lost): it is
+    left out before anything runs, named in the log and the report; a later turn that outgrows the context (with
+    the reply before it) ends its prompt there, its first turn kept. ``auto@8`` alone loads the drafter model it
+    drafts with (``auto`` did, ``auto@8`` ran without it), and the report says its threads and profile."""
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"question_id": "short", "category": "qa", "turns": ["Hi there"]},
+            {"question_id": "long", "category": "qa", "turns": ["word " * 400]},
+            {"question_id": "grows", "category": "qa", "turns": ["Hello", "more " * 100]}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--prompts", str(prompts), "--max-context", "128",
+                                  "--max-new-tokens", "4", "--drafters", "auto@8", "--threads", "1", "--no-plots",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["left_out"] == ["long", "grows turn 2"], rep["left_out"]
+    assert sorted({(x["question_id"], x["turn"]) for x in rep["runs"]}) == [("grows", 0), ("short", 0)]
+    assert "left out long: its prompt has" in r.stderr and "grows turn 2 left out" in r.stderr
+    assert "Left out (longer than the context): long, grows turn 2." in (out / "report.md").read_text()
+    assert rep["plan"]["drafter"] == "model" and "drafter" in rep["plan"]["weights"], rep["plan"]
+    assert any(x["model_drafting"] for x in rep["runs"] if x["drafter"] == "auto@8")
+    s = rep["settings"]
+    assert s["profile"] == "default" and s["threads"] in (1, 0, 2) and s["max_draft_tokens"] >= 1
+    assert f"{s['threads']} threads · " in (out / "report.md").read_text() or not s["threads"]
+
+
+def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
+    """The scripts the README's figures cite ended bad input in a traceback (a missing bundle, prompts file or
+    category, an unknown drafter, --reps 0: statistics' 'no median'), the prompts' and drafters' only once the model
+    (and genai) had loaded; --llamacpp beside --temperature was dropped without a word: exit 2, one 'error:' line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_ar
+    import bench_spec
+    import profile_widths
+
+    import edgespec
+    loads = []
+    monkeypatch.setattr(edgespec, "load", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
+    missing = str(tmp_path / "no-bundle")
+    _refused(bench_spec.main, [[missing, "--prompts", str(tmp_path / "none.jsonl")],
+                               [missing, "--categories", "nosuch"], [missing, "--drafters", "foo"]], capsys)
+    monkeypatch.undo()
+    for script, argv in ((bench_spec, [missing]), (bench_ar, [missing]), (profile_widths, [missing])):
+        _refused(script.main, [argv], capsys)
+    for script, argv in ((bench_ar, [missing, "--reps", "0"]), (bench_spec, [missing, "--llamacpp", "--temperature",
+                                                                            "0.7"])):
+        with pytest.raises(SystemExit) as e:
+            script.main(argv)
+        assert e.value.code == 2 and "error:" in capsys.readouterr().err
+    assert not loads
