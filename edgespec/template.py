@@ -147,7 +147,21 @@ def _environment():
     def raise_exception(msg):
         raise TemplateError(msg)
 
-    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        """transformers' ``{% generation %}...{% endgeneration %}`` (its AssistantTracker: it marks the assistant's
+        tokens for training masks), rendered as its body: SmolLM3's template has it, and did not parse."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", Generation])
     env.globals["raise_exception"] = raise_exception
     env.globals["range"] = _bounded_range
     env.globals["strftime_now"] = _strftime_now  # (as transformers gives it: SmolLM3's, Granite's templates call it)

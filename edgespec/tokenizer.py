@@ -294,7 +294,9 @@ class Tokenizer:
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         from .template import check_template_kwargs
 
-        extra = {**check_template_kwargs(template_kwargs), **({"tools": list(tools)} if tools else {})}
+        # tools and documents are defined (none where not given), as transformers renders them: a template that asks
+        # ``tools is defined`` (Hermes-style ones) writes its tool section with ``null`` there too
+        extra = {**check_template_kwargs(template_kwargs), "tools": list(tools) if tools else None, "documents": None}
         return self._template.render(messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
                                      bos_token=bos or "", eos_token=eos or "", **extra)
 

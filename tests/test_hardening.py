@@ -288,6 +288,9 @@ def test_template_limits(source, match):
     ("{{ messages[0] | tojson(separators=(',', ':'), sort_keys=True) }}", '{"content":"hi","role":"user"}'),
     ("{{ strftime_now('%Y') | length }}", "4"),
     ("{{ 3 ** 3 }}", "27"),
+    # transformers' generation tag (SmolLM3's template: every chat on such a bundle was "does not parse")
+    ("{% for m in messages %}{% generation %}{% set x = m.content %}{{ x }}{% endgeneration %};{% endfor %}",
+     "hi;yo;"),
 ])
 def test_template_formats_within_the_limits_render(source, out):
     """(a first version of session 44's width checks refused JSON with a nested object in %- and str.format
@@ -819,3 +822,22 @@ def test_a_bundle_at_a_path_that_is_not_utf8_is_told_so(tiny_bundle, tmp_path):
     with pytest.raises(BundleError, match="its path is not UTF-8 text"):
         edgespec.load(b, memory=False)
     assert "not UTF-8" in one_line_error(run("generate", b, "-p", "hi", "--max-new-tokens", "2"), 2)
+
+
+def test_tools_and_documents_are_defined_as_transformers_renders_them(tiny_bundle):
+    """transformers renders every template with ``tools`` and ``documents`` defined (none where not given): a
+    template asking ``tools is defined`` (Hermes-style ones) wrote its tool section with null there, and nothing
+    here."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from edgespec.tokenizer import Tokenizer
+
+    src = ("{% if tools is defined %}[tools: {{ tools | tojson }}]{% endif %}{% if documents is defined %}[docs]"
+           "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
+    tok = Tokenizer(tiny_bundle / "tokenizer", chat_template=src)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.render_chat(msgs, add_generation_prompt=False) == "[tools: null][docs]hi" \
+        == render_jinja_template([msgs], chat_template=src)[0][0]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert tok.render_chat(msgs, add_generation_prompt=False, tools=tools) \
+        == render_jinja_template([msgs], tools=tools, chat_template=src)[0][0]
