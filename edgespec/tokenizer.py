@@ -93,6 +93,8 @@ class Tokenizer:
         self.chat_template = chat_template
         self._template = None
         self._text_tok = None
+        self._stretch_tok = None
+        self._added_ids: frozenset[int] | None = None
         self._specials: tuple[str, ...] | None = None
         self._max_token_bytes: int | None = None
         self._special_ids: frozenset[int] | None = None
@@ -304,7 +306,8 @@ class Tokenizer:
                     tools: Sequence[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:
         """The ids of ``messages`` (and ``tools``) through the chat template. Message content, tools and
         tool calls are text: a special token's text typed into them stays text; only the template's own
-        markup yields special tokens."""
+        markup yields special tokens (and, in an assistant's content, a thinking block's tags, which the model
+        wrote as those tokens and its template reads: Qwen3's leaves earlier turns' thinking out)."""
         messages = check_messages(messages)
         specials = self.special_texts
         if template_kwargs and any(s in x for x in _strings([template_kwargs]) for s in specials):
@@ -318,34 +321,77 @@ class Tokenizer:
             # the template writes bos itself where the model wants it
             return self._tok.encode(self.render_chat(messages, add_generation_prompt, tools, template_kwargs),
                                     add_special_tokens=False).ids
-        # render with placeholders for the texts, then encode the template's text with special tokens
-        # and each text with none: whole contents, and each special token's text in tools and calls
+        # each special token's text in the texts becomes a placeholder of its own (the template's own string work,
+        # trim, split, startswith, acts on the rest as on the text), the template renders, and the result is split
+        # at the tokens the template wrote; each stretch between two of them, its placeholders back to their text,
+        # is encoded whole, every added token's text in it as text, as the tokenizer encodes a stretch after an added
+        # token (a piece encoded on its own merged nothing across its ends, and SentencePiece-style tokenizers
+        # began each piece with a space)
+        from .reasoning import CLOSE, OPEN, think_tags
+
         texts: dict[str, str] = {}
+        markup = (OPEN, CLOSE) if think_tags(self) is not None else ()
+        in_reply = [s for s in specials if s not in markup]
         marked = []
-        for i, m in enumerate(messages):
+        for m in messages:
             m = dict(m)
             if in_content:
-                key = f"\ue000{i}\ue001"
-                texts[key], m["content"] = m["content"], key
+                m["content"] = _mark(m["content"], in_reply if m.get("role") == "assistant" else specials, texts)
                 if isinstance(m.get("reasoning_content"), str):  # (an assistant's thinking, given back)
-                    key = f"\ue000r{i}\ue001"
-                    texts[key], m["reasoning_content"] = m["reasoning_content"], key
+                    m["reasoning_content"] = _mark(m["reasoning_content"], specials, texts)
             if m.get("tool_calls") and in_structured:
                 m["tool_calls"] = _mark(m["tool_calls"], specials, texts)
             marked.append(m)
         if tools and in_structured:
             tools = _mark(list(tools), specials, texts)
         text = self.render_chat(marked, add_generation_prompt, tools, template_kwargs)
+        if not texts:  # (only think tags in an assistant's content: markup)
+            return self._tok.encode(text, add_special_tokens=False).ids
+        enc = self._tok.encode(text, add_special_tokens=False)
+        added = self.added_ids()
         ids: list[int] = []
-        pattern = re.compile("(" + "|".join(re.escape(k) for k in texts) + ")")
-        for j, piece in enumerate(pattern.split(text)):
-            if not piece:
-                continue
-            if j % 2:  # a placeholder
-                ids += self._text_tokenizer().encode(texts[piece], add_special_tokens=False).ids
-            else:
-                ids += self._tok.encode(piece, add_special_tokens=False).ids
+        at = 0
+        for i, (a, b) in zip(enc.ids, enc.offsets):
+            if i in added:  # a token the template wrote (its offsets cover the spaces it strips, lstrip/rstrip)
+                if a > at:
+                    ids += self._stretch_ids(text[at:a], texts, at == 0)
+                ids.append(i)
+                at = b
+        if at < len(text):
+            ids += self._stretch_ids(text[at:], texts, at == 0)
         return ids
+
+    def added_ids(self) -> frozenset[int]:
+        """The ids of every added token (special ones and markup such as ``<tool_call>``)."""
+        if self._added_ids is None:
+            self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
+        return self._added_ids
+
+    def _stretch_ids(self, piece: str, texts: dict, first: bool) -> list[int]:
+        """The ids of ``piece``, a stretch of a rendered chat between two tokens the template wrote (at the text's
+        start where ``first``), its placeholders back to their text, every added token's text in it read as text."""
+        piece = _PLACEHOLDER.sub(lambda m: texts[m.group(0)], piece)
+        tok = self._stretch_tokenizer()
+        if first:
+            return tok.encode(piece, add_special_tokens=False).ids
+        return tok.encode(_AFTER + piece, add_special_tokens=False).ids[1:]  # (as after an added token)
+
+    def _stretch_tokenizer(self):
+        """``_text_tokenizer``'s copy with one added token more, ``_AFTER`` (never in a text: its placeholder is cut
+        first), which stands before a stretch as the template's token stood."""
+        with self._lock:
+            if self._stretch_tok is None:
+                from tokenizers import AddedToken
+                from tokenizers import Tokenizer as HFTokenizer
+
+                data = json.loads(self._tok.to_str())
+                for a in data.get("added_tokens") or []:
+                    a["special"] = True  # (encode_special_tokens reads special tokens' text as text)
+                t = HFTokenizer.from_str(json.dumps(data))
+                t.encode_special_tokens = True
+                t.add_tokens([AddedToken(_AFTER, special=False, normalized=False)])
+                self._stretch_tok = t
+            return self._stretch_tok
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
@@ -362,6 +408,10 @@ def _strings(obj):
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _strings(v)
+
+
+_PLACEHOLDER = re.compile("\ue002[0-9]+\ue003")
+_AFTER = "\ue004edgespec:after-an-added-token\ue005"
 
 
 def _mark(obj, specials: Sequence[str], texts: dict):

@@ -292,3 +292,81 @@ print("ok", len(r.token_ids))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok 12" in r.stdout, r.stderr[-3000:]
+
+
+def _reference_without(tok, text: str):
+    """``tok``'s tokenizer with the added token ``text`` gone: what encoding a chat whose content holds that text
+    as plain characters gives, encoded whole."""
+    from tokenizers import Tokenizer as HF
+
+    data = json.loads(tok._tok.to_str())
+    data["added_tokens"] = [a for a in data["added_tokens"] if a["content"] != text]
+    return HF.from_str(json.dumps(data))
+
+
+@pytest.mark.parametrize("scheme", ["first", "always"])
+def test_a_special_tokens_text_in_content_is_text_encoded_as_the_whole_chat_would_be(tmp_path, scheme, smol_int4):
+    """A special token's text in a message stays text (a message cannot close its turn); the content was encoded on
+    its own and the template's text around it on its own: SentencePiece-style tokenizers began each piece with a
+    "▁" (Llama 2, Mistral, Gemma), byte-level ones merged nothing across the pieces' ends, and the content's whole
+    text was a placeholder to the template (its trim, split, startswith acted on nothing). The ids now equal a
+    whole encode by the same tokenizer without that added token; a thinking model's think tags in an assistant's
+    content are the markup its template reads (Qwen3's leaves an earlier turn's thinking out)."""
+    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
+
+    from edgespec.tokenizer import Tokenizer
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece in ("\u2581", "a", "b", "h", "i", "\u2581h", "hi", "\u2581hi", "\u2581a"):
+        vocab[piece] = len(vocab)
+    hf = HF(models.BPE(vocab=vocab, merges=[("\u2581", "h"), ("h", "i"), ("\u2581h", "i"), ("\u2581", "a")],
+                       unk_token="<unk>", byte_fallback=True))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<s>", "</s>", "<x>")])
+    (tmp_path / "sp").mkdir()
+    hf.save(str(tmp_path / "sp" / "tokenizer.json"))
+    template = ("{% for m in messages %}<s>{{ m.role }} {{ m.content | trim }}</s>{% endfor %}"
+                "{% if add_generation_prompt %}<s>assistant {% endif %}")
+    checked = []
+    for directory, template, text in ((tmp_path / "sp", template, "<x>"),
+                                      (smol_int4 / "tokenizer", None, "<|endoftext|>")):
+        tok = Tokenizer(directory, chat_template=template or json.loads((smol_int4 / "edgespec.json").read_text())[
+            "chat_template"])
+        ref = _reference_without(tok, text)
+        for content in (f"hi {text} hi", f"  hi {text}  ", f"{text}a", f"\n\nab {text}\n\n", "a hi"):
+            for role in ("user", "assistant"):
+                msgs = [{"role": "system", "content": "hi"}, {"role": role, "content": content}]
+                got = tok.encode_chat(msgs)
+                assert got == ref.encode(tok.render_chat(msgs), add_special_tokens=False).ids, (directory, content)
+                if template is None:  # (a byte-level tokenizer decodes to its text exactly)
+                    assert tok.decode(got, skip_special=False) == tok.render_chat(msgs)
+                checked.append(text in content)
+    assert sum(checked) == 16
+
+
+def test_an_assistants_thinking_given_back_is_left_out_as_its_template_says(tmp_path, smol_int4):
+    """A thinking model's template (Qwen3's) leaves an earlier turn's thinking out of the prompt by reading its
+    content's </think>; the content was a placeholder to it, and the whole thinking went to the model as text. The
+    think tags in an assistant's content are markup (the model wrote them as those tokens); anywhere else, and every
+    other added token's text, stay text."""
+    from tokenizers import AddedToken, Tokenizer as HF
+
+    from edgespec.tokenizer import Tokenizer
+
+    hf = HF.from_file(str(smol_int4 / "tokenizer" / "tokenizer.json"))
+    hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
+    (tmp_path / "q3").mkdir()
+    hf.save(str(tmp_path / "q3" / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and '</think>' in "
+                "m.content %}{{ m.content.split('</think>')[-1].lstrip('\\n') }}{% else %}{{ m.content }}{% endif %}"
+                "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    tok = Tokenizer(tmp_path / "q3", chat_template=template)
+    think = tok.token_to_id("<think>")
+    for extra in ("", " <|im_end|>"):
+        msgs = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "<think>\nwhy\n</think>\n\na1" + extra},
+                {"role": "user", "content": "q2 <think>" + extra}]
+        ids = tok.encode_chat(msgs)
+        assert "why" not in tok.decode(ids, skip_special=False) and ids.count(think) == 0, tok.decode(ids, False)
+        assert tok.decode(ids, skip_special=False) == tok.render_chat(msgs)
+        assert ids.count(tok.token_to_id("<|im_end|>")) == 3  # (the template's own: the contents' are text)
