@@ -33,7 +33,8 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
             raise ConfigError(f"{what} must be at least 1, got {v}")
     p = Path(path) if path else DEFAULT_PROMPTS
     if not p.is_file():
-        raise ConfigError(f"the prompt file {p} is a directory" if p.is_dir() else f"no such prompt file: {p}")
+        raise ConfigError(f"the prompt file {p} is a directory" if p.is_dir() else f"the prompt file {p} is not a "
+                          f"regular file (a device or a pipe)" if p.exists() else f"no such prompt file: {p}")
     out, seen = [], set()
     try:
         text = p.read_text(encoding="utf-8")

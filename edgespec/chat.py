@@ -18,6 +18,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import sys
 from typing import Callable, TextIO
 
@@ -248,7 +249,8 @@ class ChatRepl:
                 except EdgespecError as e:
                     self._error(str(e))
                     continue
-                if text is None:
+                if text is None:  # the input ended inside the block: said, and the exit code says it too
+                    self._error('the input ended inside a """ block: its message was not sent')
                     return self._exit_code()
                 if text.strip():
                     self.reply(text)
@@ -443,12 +445,22 @@ class ChatRepl:
             self._error(f"{shown} exists and is not a conversation /save wrote; give another name")
             return
         # whole or not at all (a full disk leaves the file as it was): written beside it under a short
-        # hidden name, never longer than a legal one, then renamed over it
+        # hidden name, never longer than a legal one, then renamed over it; through a symbolic link, the file it
+        # names is written (the link stays), and the file keeps its mode (a new one is the user's only, as the
+        # prompt cache and the memory store are: a conversation is private; the rename left 0644 over a 0600)
+        if os.path.islink(path):
+            path = os.path.realpath(path)
         tmp = os.path.join(os.path.dirname(path), f".edgespec-save-{os.getpid()}-{secrets.token_hex(4)}.tmp")
         made = False
         try:
-            with open(tmp, "x", encoding="utf-8") as f:
-                made = True
+            try:
+                mode = stat.S_IMODE(os.stat(path).st_mode)
+            except OSError:
+                mode = 0o600
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            made = True
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                os.fchmod(f.fileno(), mode)
                 json.dump(self.session.messages, f, indent=2, ensure_ascii=False)
                 f.write("\n")
                 f.flush()

@@ -46,7 +46,9 @@ class _Group(click.Group):
         except _NO_ARGS_HELP:
             raise  # `edgespec memory` alone: its help, as click shows it (click before 8.2 exits without an error)
         except click.UsageError as e:
-            path = e.ctx.command_path.split(" ", 1) if e.ctx is not None else []
+            # (an option's missing value is raised without the subcommand's context: the group's names it)
+            path = (e.ctx.command_path.split(" ", 1) if e.ctx is not None
+                    else ["", ctx.invoked_subcommand] if ctx.invoked_subcommand else [])
             where = " ".join(["edgespec", *path[1:]])  # under a test runner the group is not named edgespec
             _fail(ctx, f"{e.format_message().splitlines()[0]} (see '{where} --help')", 2)
         except (KeyboardInterrupt, click.exceptions.Abort):

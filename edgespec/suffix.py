@@ -288,6 +288,20 @@ class _Recorder:
         self.save(wait)
 
 
+def _amount(n: int) -> str:
+    """A file size for a message: bytes under a KiB, KiB under a MiB (an API key file's bound is 4,096 bytes: "0
+    MiB" said nothing), else MiB."""
+    if n < 1024:
+        return f"{n:,} bytes"
+    if n < 1 << 20:
+        return f"{n / 1024:.1f} KiB".replace(".0 KiB", " KiB")
+    return f"{n / 2**20:.1f} MiB".replace(".0 MiB", " MiB")
+
+
+def _a(what: str) -> str:
+    return ("an " if what[:1] in "aeiouAEIOU" else "a ") + what
+
+
 def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, what: str = "documents file",
                   error: type[Exception] = DocumentError) -> str:
     """A documents file's text; ``error`` (DocumentError) if it is missing, a directory, too large,
@@ -307,18 +321,17 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, 
     if p.is_dir():
         raise error(f"{p} is a directory; pass the {what}s" if what == "documents file" else f"{p} is a directory")
     if size > max_bytes:
-        raise error(f"{p} has {size / 2**20:.1f} MiB; a {what} may have at most {max_bytes / 2**20:.0f} MiB")
+        raise error(f"{p} has {_amount(size)}; {_a(what)} may have at most {_amount(max_bytes)}")
     try:  # read bounded: a pipe or a device (/dev/zero) says size 0 and may never end
         with open(p, "rb") as f:
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise error(f"cannot read the {what} {p}: {e.strerror or e}") from None
     if len(data) > max_bytes:
-        raise error(f"{p} has more than {max_bytes / 2**20:.0f} MiB; a {what} may have at most "
-                    f"{max_bytes / 2**20:.0f} MiB")
+        raise error(f"{p} has more than {_amount(max_bytes)}; {_a(what)} may have at most {_amount(max_bytes)}")
     if b"\x00" in data:
         raise error(f"{p} is binary (it holds NUL bytes); " + ("documents must be text" if what == "documents file"
-                                                               else f"a {what} must be text"))
+                                                               else f"{_a(what)} must be text"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

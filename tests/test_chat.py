@@ -257,6 +257,23 @@ def test_save_a_long_name_and_a_home_path(tiny_bundle, tmp_path):
     assert not [n for n in os.listdir(home) if n.startswith(".edgespec-save")]  # (home holds edgespec's .cache too)
 
 
+def test_save_keeps_the_files_mode_and_writes_through_a_link(tiny_bundle, tmp_path):
+    """(session 47, a review) /save renamed a new file over the old one: a conversation the user had made private
+    (0600) became 0644, and a symbolic link to one became a file of its own, the file it named left as it was. A
+    new conversation file is the user's only, as the prompt cache and the memory store are."""
+    private, real, link = tmp_path / "p.json", tmp_path / "real.json", tmp_path / "link.json"
+    r = _piped(tiny_bundle, f"hello\n/save {private}\n/save {real}\n", "--max-new-tokens", "3")
+    assert r.returncode == 0, r.stderr
+    assert (private.stat().st_mode & 0o777) == 0o600
+    real.chmod(0o640)
+    link.symlink_to(real)
+    r = _piped(tiny_bundle, f"hello\n/save {private}\nagain\n/save {link}\n", "--max-new-tokens", "3")
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and len(json.loads(real.read_text())) == 4 and (real.stat().st_mode & 0o777) == 0o640
+    assert (private.stat().st_mode & 0o777) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["link.json", "p.json", "real.json"]
+
+
 LINE_LIMIT = 64 << 20  # the CLI's STDIN_LIMIT: bytes of one line
 
 
@@ -450,11 +467,13 @@ def test_ctrl_c_in_a_command_keeps_the_chat(tiny_bundle, tmp_path):
 def test_a_message_of_several_lines_and_one_that_begins_with_a_slash(tiny_bundle, tmp_path):
     """(session 45, a review) Each line was a message (code pasted on a terminal made one turn a line, its
     indentation stripped), and no message could begin with '/'. Lines between two lines of three double quotes are
-    one message, kept as typed; '//text' sends '/text'; a block cut by the end of input is dropped."""
+    one message, kept as typed; '//text' sends '/text'; a block cut by the end of input is not sent, and says so
+    (session 47: it was dropped without a word, exit 0)."""
     saved = tmp_path / "c.json"
     script = '"""\ndef f(x):\n    return x + 1\n\n"""\n//etc/hosts is a file\n' + f"/save {saved}\n" + '"""\nunfinished\n'
     r = _piped(tiny_bundle, script, "--max-new-tokens", "4")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and _errors(r.stderr) == ['error: the input ended inside a """ block: its message was '
+                                                        'not sent'], r.stderr
     msgs = json.loads(saved.read_text())
     assert [m["content"] for m in msgs if m["role"] == "user"] == ["def f(x):\n    return x + 1\n", "/etc/hosts is a file"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -384,6 +385,22 @@ def test_usage_errors_are_one_line_in_every_command(tiny_bundle):
     assert "BUNDLE" in one_line_error(run("memory", "show"), 2)
     assert "no such option" in one_line_error(run("export", "x", "-o", "y", "--bogus"), 2).lower()
     assert "edgespec info --help" in one_line_error(run("info"), 2)
+    # (session 47) an option's missing value named the group's help, not the command's
+    assert "(see 'edgespec generate --help')" in one_line_error(run("generate", tiny_bundle, "-p", "hi",
+                                                                    "--max-new-tokens"), 2)
+    assert "(see 'edgespec chat --help')" in one_line_error(run("chat", tiny_bundle, "--system"), 2)
+    assert "(see 'edgespec bench --help')" in one_line_error(run("bench", tiny_bundle, "--prompts", "/dev/null",
+                                                                 "--out"), 2)
+    assert "/dev/zero is not a regular file" in one_line_error(run("bench", tiny_bundle, "--prompts", "/dev/zero"), 2)
+
+
+def test_python_dash_m_edgespec_runs_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "edgespec", "info", str(tmp_path / "none")], capture_output=True,
+                       text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_a_full_disk_while_copying_a_bundle(tiny_int4_bundle, tmp_path, monkeypatch):

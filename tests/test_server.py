@@ -1274,6 +1274,9 @@ def test_serve_cli_errors(smol_int4, tmp_path):
     assert "8 to 512 printable" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key", "short"])
     assert "no such API key file" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key-file",
                                                       tmp_path / "nope"])
+    (tmp_path / "big").write_text("k" * 5000)  # (session 47: "has 0.0 MiB; a API key file may have at most 0 MiB")
+    assert _one_line_error(["serve", smol_int4, "--port", "0", "--api-key-file", tmp_path / "big"]).endswith(
+        "big has 4.9 KiB; an API key file may have at most 4 KiB")
     (tmp_path / "key").write_text("a-good-long-key\n")
     assert "give one of them" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key", "another-long-key",
                                                   "--api-key-file", tmp_path / "key"])

@@ -1,0 +1,4 @@
+"""``python -m edgespec``: the ``edgespec`` command."""
+from .cli import main
+
+main(prog_name="edgespec")  # (its messages name the command as users type it)
