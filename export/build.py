@@ -137,6 +137,7 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
     tail: list[str] = []
     buf = b""
     quantized = 0
+    failing = False  # past a traceback's first line: the rest is the builder's failure, said in one line at the end
     assert proc.stdout is not None
     while True:
         chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
@@ -149,6 +150,9 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
             if not line:
                 continue
             tail = (tail + [line])[-20:]
+            failing = failing or line.startswith("Traceback (most recent call last)")
+            if failing:
+                continue
             if "matmul_nbits_quantizer" in line:  # one INFO line per node: condense to a count
                 if "complete quantization" in line:
                     quantized += 1

@@ -64,6 +64,60 @@ def _patch_longrope() -> None:
         cls._edgespec_rope_type = True
 
 
+def _patch_rope_kinds() -> None:
+    """The builder's rotary for kinds it has and skipped: its Llama class (Llama, Nemotron, SmolLM3, DeepSeek-Coder's
+    Llama checkpoints) handles llama3 scaling only and built a ``linear`` (DeepSeek-Coder 1.3B/6.7B: factor 4) or a
+    ``yarn`` rotary unscaled, a different model that quantized validation let through; its base class has both.
+    YaRN's tables are transformers' (its betas 32 and 1 by default: the builder's 0 divided by zero, and Qwen2.5's
+    documented YaRN snippet gives none). ``export.bundle.check_rotary`` compares the built tables with transformers' either way."""
+    from builders import base, llama
+
+    if getattr(base.Model, "_edgespec_rope_kinds", False):
+        return
+    base_init = base.Model.make_rope_init
+
+    def base_rope_init(self, config, _orig=base_init):
+        rp = getattr(config, "rope_parameters", None)
+        yarn = isinstance(rp, dict) and rp.get("rope_type") == "yarn"
+        if yarn:
+            rp.setdefault("beta_fast", 32.0)
+            rp.setdefault("beta_slow", 1.0)
+        out = _orig(self, config)
+        if yarn:  # transformers' own YaRN frequencies and scaling (the builder's ramp was not truncated, and it read
+            # the original context from the top level of the config, not the rotary's parameters: another table)
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+            self._edgespec_rotary = (inv_freq.float(), float(scaling))
+        return out
+
+    base_tables = base.Model.make_rotary_embedding_caches_from_scratch
+
+    def rotary_tables(self, _orig=base_tables):
+        got = getattr(self, "_edgespec_rotary", None)
+        if got is None:
+            return _orig(self)
+        import torch
+
+        inv_freq, scaling = got
+        freqs = torch.outer(torch.arange(self.rope_attrs["cache_length"], dtype=torch.int64).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * scaling, emb.sin() * scaling
+
+    llama_init = llama.LlamaModel.make_rope_init
+
+    def llama_rope_init(self, config, _orig=llama_init):
+        rp = getattr(config, "rope_parameters", None)
+        if isinstance(rp, dict) and rp.get("rope_type") in ("linear", "yarn"):
+            return base.Model.make_rope_init(self, config)
+        return _orig(self, config)
+
+    base.Model.make_rope_init = base_rope_init
+    base.Model.make_rotary_embedding_caches_from_scratch = rotary_tables
+    llama.LlamaModel.make_rope_init = llama_rope_init
+    base.Model._edgespec_rope_kinds = True
+
+
 def patch() -> None:
     """Wrap the builder's Gemma 3 class (imported as the builder imports it: top-level ``builders``, from its
     own folder) so that it reads a flat config, and its LongRoPE Phi-3 classes (``_patch_longrope``)."""
@@ -71,6 +125,7 @@ def patch() -> None:
     from builders import gemma
 
     _patch_longrope()
+    _patch_rope_kinds()
 
     cls = gemma.Gemma3Model
     if getattr(cls, "_edgespec_flat_rope", False):

@@ -182,6 +182,61 @@ def _check_state_inputs(dec: dict, role: str) -> None:
                           "cannot roll back; edgespec exports models whose layers are all attention")
 
 
+ROTARY_TOLERANCE = 0.02  # |cos, sin| difference the built tables may have from transformers' (float noise at long
+# positions and float16 tables stay under it; a scaling the builder skipped is 0.1 to 2)
+
+
+def reference_rotary(model, ctx: int):
+    """(rotary kind, cos, sin): transformers' rotary tables of ``model`` for positions 0..n-1 (float32 ``[n, d/2]``,
+    its attention scaling in them, as the builder writes its ``cos_cache``/``sin_cache``), n the context; None where
+    the model has no single position-wise table to compare (LongRoPE, which picks its table by the call's length:
+    ``kernels._per_position_rope``; Gemma 3's per-layer-type ones; no ``model.rotary_emb``)."""
+    import torch
+
+    cfg = model.config
+    rp = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if not isinstance(rp, dict) or "full_attention" in rp:
+        return None
+    kind = str(rp.get("rope_type", rp.get("type", "default")))
+    rot = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if kind in ("longrope", "su") or rot is None:
+        return None
+    n = int(ctx)
+    if kind == "dynamic":  # (transformers rescales past the original context, by the whole call's length)
+        n = min(n, int(rp.get("original_max_position_embeddings") or getattr(cfg, "max_position_embeddings", n)))
+    with torch.no_grad():
+        cos, sin = rot(torch.zeros(1, dtype=torch.float32), torch.arange(n).unsqueeze(0))
+    half = cos.shape[-1] // 2
+    return kind, cos[0, :, :half].float().numpy(), sin[0, :, :half].float().numpy()
+
+
+def check_rotary(graph_file: Path, reference, role: str) -> None:
+    """ExportError where the graph's rotary tables (``cos_cache``, ``sin_cache``) are not transformers' (within
+    ``ROTARY_TOLERANCE``): a kind of rotary scaling the builder skipped builds another model, which a quantized
+    export's validation (top-1 agreement) let through. Graphs without those two tables are not checked."""
+    if reference is None:
+        return
+    import onnx
+    from onnx import numpy_helper
+
+    kind, cos, sin = reference
+    g = onnx.load(str(graph_file), load_external_data=False).graph
+    tables = {t.name: t for t in g.initializer if t.name in ("cos_cache", "sin_cache")}
+    if len(tables) != 2:
+        return
+    worst = 0.0
+    for name, want in (("cos_cache", cos), ("sin_cache", sin)):
+        got = numpy_helper.to_array(tables[name], base_dir=str(graph_file.parent)).astype("float32")
+        if got.ndim != 2 or got.shape[1] != want.shape[1]:
+            raise ExportError(f"{role}: the builder's rotary table {name} is {list(got.shape)}, transformers' "
+                              f"[{want.shape[0]}, {want.shape[1]}] ({kind} rotary): not this model's")
+        n = min(len(got), len(want))
+        worst = max(worst, float(abs(got[:n] - want[:n]).max()))
+    if worst > ROTARY_TOLERANCE:
+        raise ExportError(f"{role}: the builder's rotary tables are not transformers' for this model ({kind} rotary "
+                          f"scaling; cos/sin differ by up to {worst:.3g}): the graph would compute another model")
+
+
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
                 device: str = "cpu") -> ModelSpec:
@@ -227,6 +282,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         quant = replace(quant, symmetric=True)
         progress.log(f"    {role}: tied embeddings and lm_head: quantized symmetric (the builder's shared "
                      "table does not take zero points)")
+    rotary = reference_rotary(model, ctx)
     params = list(model.parameters())
     config = {"model_type": cfg.model_type, "_params": params}
     progress.step(f"{role}: building the {precision} ONNX graph, {device} layout (onnxruntime-genai model builder)")
@@ -241,6 +297,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     dec = build.genai_config["model"]["decoder"]
     _check_state_inputs(dec, role)
     graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
+    check_rotary(graph_file, rotary, role)
     if quant.algorithm == "gguf":
         from .gguf_blocks import apply_to_graph
 
@@ -322,7 +379,8 @@ def _check_combination(precision: str, quant: QuantOptions) -> None:
     if precision not in ("int4", "int8"):
         symmetry = "--symmetric" if quant.symmetric else "--asymmetric"
         for flag, differs in ((symmetry, quant.symmetric is not None), ("--quant-algo", quant.algorithm != "rtn"),
-                              ("--quantize-embeddings", quant.quantize_embeddings),
+                              ("--quantize-embeddings" if quant.quantize_embeddings else "--float-embeddings",
+                               quant.quantize_embeddings is not None),
                               ("--no-quantize-lm-head", not quant.quantize_lm_head and precision != "fp8"),
                               ("--accuracy-level", quant.accuracy_level != default.accuracy_level)):
             if differs:
@@ -379,7 +437,11 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     # what the build cannot make is refused before anything is read or written
     builder_args(target_precision, quant or QuantOptions(), device)
     if drafter:
-        builder_args(drafter_precision, drafter_quant or QuantOptions(accuracy_level=4), drafter_device)
+        try:
+            builder_args(drafter_precision, drafter_quant or QuantOptions(accuracy_level=4), drafter_device)
+        except ExportError as e:  # (its words name the target's flags: the drafter's are these)
+            raise ExportError("the drafter: " + str(e).replace("--target-precision", "--drafter-precision")
+                              .replace("--device", "--drafter-device")) from None
     if isinstance(drafter_vocab, bool) or not isinstance(drafter_vocab, int) or drafter_vocab < 0:
         raise ExportError(f"--drafter-vocab must be a number of tokens >= 0 (0: the full head), got {drafter_vocab!r}")
     if drafter_vocab and not drafter:

@@ -567,3 +567,35 @@ def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):
         assert torch.equal(g(ids).logits, hf(ids).logits)
     b = _export(tmp_path_factory, "qwen3-gguf", path, target_precision="int4", max_context=256)
     _greedy_exact(b, 48, ("prompt-lookup",))
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                                  {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                   "original_max_position_embeddings": 4096}], ids=["linear", "yarn-no-betas"])
+def test_a_llamas_scaled_rotary_is_built_as_transformers_computes_it(tmp_path_factory, rope):
+    """(session 47, a review) The builder's Llama class built a linear (DeepSeek-Coder 1.3B/6.7B: factor 4) or YaRN
+    rotary unscaled: float32 failed validation without naming why, and INT4 and float16 passed it, another model. A
+    YaRN config without betas (Qwen2.5's documented snippet) divided by zero in the builder. Both are built as
+    transformers computes them now (float32 validated against torch; the tables checked at every precision)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from edgespec_export.bundle import check_rotary, reference_rotary
+    from tiny import make_model
+    from transformers import AutoModelForCausalLM
+
+    # (heads 64 wide: the builder's YaRN asserts a correction range inside the head that transformers clamps)
+    d = make_model(tmp_path_factory.mktemp("hf") / "llama", "llama", seed=8, rope_parameters=rope, hidden=128, heads=2,
+                   max_pos=16384)
+    b = _export(tmp_path_factory, "llama-rope", d, target_precision="fp32", max_context=256)
+    _greedy_exact(b, 24, ("prompt-lookup",))
+    kind, cos, sin = reference_rotary(AutoModelForCausalLM.from_pretrained(d), 256)
+    assert kind == rope["rope_type"]
+    g = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False).graph
+    built = {t.name: numpy_helper.to_array(t, base_dir=str(b / "target")) for t in g.initializer
+             if t.name in ("cos_cache", "sin_cache")}
+    assert abs(built["cos_cache"][:256] - cos).max() < 1e-3 and abs(built["sin_cache"][:256] - sin).max() < 1e-3
+    unscaled = reference_rotary(AutoModelForCausalLM.from_pretrained(make_model(
+        tmp_path_factory.mktemp("hf") / "plain", "llama", seed=8, hidden=128, heads=2)), 256)
+    with pytest.raises(Exception, match="rotary tables are not transformers'"):
+        check_rotary(b / "target" / "model.onnx", (kind, unscaled[1], unscaled[2]), "target")

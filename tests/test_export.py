@@ -327,6 +327,8 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     (["--target-precision", "fp8", "--block-size", "64"], "needs --fp8-scheme block"),
     (["--target-precision", "int4", "--fp8-scheme", "block"], "--fp8-scheme applies to fp8"),
     (["--target-precision", "fp16", "--quant-algo", "k_quant"], "--quant-algo applies to int4/int8"),
+    (["--target-precision", "fp32", "--quantize-embeddings"], "--quantize-embeddings applies to int4/int8"),
+    (["--target-precision", "fp32", "--float-embeddings"], "--float-embeddings applies to int4/int8"),  # (session 47)
 ])
 def test_options_that_do_nothing_are_refused(tiny_dirs, tmp_path, args, message):
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), *args])
@@ -826,4 +828,31 @@ def test_a_tokenizer_with_more_ids_than_the_targets_vocabulary_is_refused(tiny_d
     r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
     msg = _one_line_error(r)
     assert "more than its model's vocabulary" in msg, msg
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_model_the_builder_does_not_build_is_one_line(tmp_path):
+    """(session 47, a review) An architecture onnxruntime-genai's builder does not build (GPT-2) ended in one error
+    line, after the builder's whole traceback, frame by frame, as "builder:" lines."""
+    import transformers
+
+    from tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    cfg = transformers.GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "gpt2"), "-o", str(tmp_path / "b"), "--no-quality"])
+    assert r.exit_code == 6 and "Traceback" not in r.output and 'File "' not in r.output, r.output[-3000:]
+    assert r.output.strip().splitlines()[-1].startswith("error: onnxruntime-genai's model builder failed")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_drafter_layout_the_builder_cannot_make_names_the_drafters_flags(tiny_dirs, tmp_path):
+    """(session 47, a review) the refusal told the user to change --target-precision and --device."""
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), "--drafter",
+                                  str(tiny_dirs["drafter"]), "--drafter-device", "cuda", "--drafter-precision", "fp32"])
+    assert r.exit_code == 6 and "the drafter: fp32 has no cuda layout" in r.output, r.output
+    assert "--drafter-precision fp16" in r.output and "--target-precision" not in r.output
     assert not (tmp_path / "b").exists()
