@@ -28,7 +28,7 @@ import numpy as np
 
 from .decoder import Decoder, GenerationConfig, Stats, TokenLogprob
 from .drafters import DRAFTERS, LoadEnv
-from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError
+from .errors import BundleError, ClosedError, ConfigError, ContextOverflowError, EdgespecError, shown
 from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
 from .prompt_cache import PromptCache
@@ -63,6 +63,26 @@ class Delta(NamedTuple):
     logprobs: list[dict] | None = None
 
 
+def _arguments_checked(f):
+    """``f`` with its arguments matched to its signature first: a misspelt keyword (``max_ctx=``), one too many, or
+    one missing is a ``ConfigError`` (as ``generate``'s unknown options are), not Python's TypeError."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(f)
+
+    @functools.wraps(f)
+    def checked(*args, **kw):
+        try:
+            sig.bind(*args, **kw)
+        except TypeError as e:
+            raise ConfigError(f"{f.__name__}(): {e}") from None
+        return f(*args, **kw)
+
+    return checked
+
+
+@_arguments_checked
 def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None, max_context: int | None = None,
          threads: int | None = None, use_drafter: bool = True, verify: bool = False,
          min_width: int | None = None, memory: bool | str | os.PathLike = True,
@@ -252,8 +272,8 @@ def _check_load_args(**kw) -> None:
     ``TypeError`` from deep inside (or a silent truthiness: ``use_drafter="no"`` would mean True)."""
     from .profiles import Profile
 
-    def is_int(v):  # load() made numpy's integers int before
-        return isinstance(v, int) and not isinstance(v, bool)
+    def is_int(v):  # load() made numpy's integers int before (and one past 2**62 is no count of anything here)
+        return isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= 62
 
     def is_provider(v):  # ("" is refused: it meant "not given", silently)
         return v is None or (isinstance(v, str) and v.strip() != "")
@@ -283,7 +303,7 @@ def _check_load_args(**kw) -> None:
     }
     for name, (ok, what) in checks.items():
         if not ok:
-            raise ConfigError(f"{name} must be {what}, got {kw[name]!r}"[:200])
+            raise ConfigError(f"{name} must be {what}, got {shown(kw[name])}")
     for name in ("bundle", "profile", "prompt_cache_file", "memory", "documents"):  # (the OS refuses them later
         for v in kw[name] if isinstance(kw[name], (list, tuple)) else [kw[name]]:  # with a ValueError)
             if isinstance(v, path) and "\x00" in str(os.fspath(v)):
@@ -305,7 +325,7 @@ def _threads(threads) -> int | None:
 
     if not isinstance(threads, Integral) or isinstance(threads, bool) or not 0 <= threads <= _cores():
         raise ConfigError(f"threads must be an integer in 0..{_cores()} (0: onnxruntime's default, one per "
-                          f"core; this machine has {_cores()} cores), got {threads!r}"[:200])
+                          f"core; this machine has {_cores()} cores), got {shown(threads)}")
     return int(threads)  # (numpy's integers too, as max_context takes them)
 
 
@@ -422,8 +442,11 @@ class Engine:
         cfg = GenerationConfig(**vals)
         self.decoder.check_drafter(cfg.drafter)  # e.g. no drafter model loaded
         self.decoder.check_ids([t for t, _ in cfg.logit_bias], "logit_bias")
+        self.decoder.check_prediction(cfg.prediction)
+        self.decoder.check_ids(cfg.stop_token_ids, "stop_token_ids")
         return cfg
 
+    @_arguments_checked
     def encode(self, prompt_or_messages: str | Sequence[dict], parse_special: bool = True,
                fit: bool = False, tools=None, suffix: str | None = None, add_generation_prompt: bool = True,
                template_kwargs: dict | None = None) -> list[int]:
@@ -663,12 +686,15 @@ class Engine:
         finally:
             gen.close()
 
+    @_arguments_checked
     def score(self, prompt: str | Sequence[int], logprobs: int = 0, parse_special: bool = True) -> tuple[str, list[dict]]:
         """The prompt's own logprobs under the target (a text's log-likelihood; OpenAI's ``echo``): the
         prompt's text as its tokens decode and one entry per token (``logprob_entry``; the first has
         ``logprob`` None and no ``top_logprobs``: nothing comes before it), each with the ``logprobs`` most
         likely tokens at its position. ``prompt``: text (encoded as ``generate`` encodes a plain prompt) or
         token ids. A generation of the same prompt right after it prefills only its last token."""
+        if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":  # (as stream_ids)
+            prompt = prompt.tolist()
         if isinstance(prompt, str):
             ids = self.encode(prompt, parse_special, fit=True)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
@@ -805,8 +831,10 @@ class Engine:
         """Like ``generate`` but yields text deltas as they are decoded (no tools: ``generate`` returns
         their calls; the server streams them). A bad option or a prompt too long is refused by the call
         itself, not at the first ``next()``; the model runs from the first ``next()``."""
-        if kw.keys() & {"tools", "tool_choice", "parallel_tool_calls"}:
+        if any(kw.get(k) is not None for k in ("tools", "tool_choice", "parallel_tool_calls")):  # (tools=None: none)
             raise ConfigError("stream() yields text: use generate() for tool calls (edgespec serve streams them)")
+        for k in ("tools", "tool_choice", "parallel_tool_calls"):
+            kw.pop(k, None)
         template_kwargs = kw.pop("chat_template_kwargs", None)
         ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw, template_kwargs)
         return _texts(self.stream_ids(ids, stop=stop, **kw))
@@ -832,6 +860,7 @@ class Engine:
 
         return think_tags(self.tokenizer)
 
+    @_arguments_checked
     def chat(self, system: str | None = None, template_kwargs: dict | None = None) -> "ChatSession":
         if isinstance(self.decoder, _Closed):  # (a session of a closed engine could never answer)
             raise ClosedError(_CLOSED)
@@ -937,6 +966,10 @@ class ChatSession:
     template_kwargs: dict | None = None
 
     def __post_init__(self):
+        if self.system is not None:  # (a number was taken, and every turn after failed on it)
+            from .tokenizer import _check_text
+
+            _check_text(self.system, "the system prompt")
         if self.system:
             self.messages.append({"role": "system", "content": self.system})
 
@@ -1006,12 +1039,12 @@ class ChatSession:
     def stream(self, text: str, stop: Sequence[str] = (), **kw) -> Iterator[str]:
         """Send ``text`` and yield the reply's text deltas. Closing the generator early keeps the
         partial reply in the history and leaves the engine ready for the next turn. A bad option is refused by
-        the call itself, as ``Engine.stream`` refuses it."""
-        self.engine.config(**kw)
+        the call itself, as ``Engine.stream`` refuses it (its stop strings too)."""
+        self.engine.config(stop=stop, **kw)
         return _texts(self._turn(text, stop, kw))
 
     def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
-        self.engine.config(**kw)  # (a bad option refused before the turn uses it: max_new_tokens="5" was a TypeError)
+        self.engine.config(stop=stop, **kw)  # (a bad option refused before the turn: max_new_tokens="5" a TypeError)
         return self.engine._collect(self._turn(text, stop, kw))
 
 

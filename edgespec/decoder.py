@@ -21,7 +21,7 @@ import numpy as np
 from .constrain import masked
 from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
 from .prediction import MAX_PREDICTION, PredictionDrafter
-from .errors import BusyError, ClosedError, ConfigError, ContextOverflowError
+from .errors import BusyError, ClosedError, ConfigError, ContextOverflowError, shown
 from .kv import TokenBuffer
 from .lm import CausalLM, native_work
 from .penalties import Penalizer
@@ -86,20 +86,20 @@ class GenerationConfig:
         for name, kinds in _TYPES.items():  # an option of the wrong type is a ConfigError, not a TypeError
             v = getattr(self, name)
             if not (isinstance(v, kinds) and not isinstance(v, bool) or v is None and name in _OPTIONAL):
-                raise ConfigError(f"{name} must be {_KIND_NAMES[kinds]}, got {v!r}"[:200])
+                raise ConfigError(f"{name} must be {_KIND_NAMES[kinds]}, got {shown(v)}")
         if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {shown(self.max_new_tokens)}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed must be in 0..2**63-1, got {self.seed}")
+            raise ConfigError(f"seed must be in 0..2**63-1, got {shown(self.seed)}")
         if self.drafter not in drafter_choices():
             raise ConfigError(f"drafter must be one of {', '.join(drafter_choices())}, got {self.drafter!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS} (the most likely tokens listed beside each "
-                              f"token), got {self.logprobs}")
+                              f"token), got {shown(self.logprobs)}")
         if self.draft_tokens is not None and not 0 <= self.draft_tokens <= MAX_DRAFT:
-            raise ConfigError(f"draft_tokens must be in 0..{MAX_DRAFT}, got {self.draft_tokens}")
+            raise ConfigError(f"draft_tokens must be in 0..{MAX_DRAFT}, got {shown(self.draft_tokens)}")
         if not 1 <= self.max_draft_tokens <= MAX_DRAFT:
-            raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {self.max_draft_tokens}")
+            raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {shown(self.max_draft_tokens)}")
         SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
         if not isinstance(self.ignore_eos, (bool, np.bool_)):  # ("no" would be true)
             raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}"[:200])
@@ -122,9 +122,9 @@ class GenerationConfig:
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not _within(v, -2.0, 2.0):
-                raise ConfigError(f"{name} must be in -2..2, got {v}"[:200])
+                raise ConfigError(f"{name} must be in -2..2, got {shown(v)}")
         if not (_within(self.repetition_penalty, 0.0, 10.0) and self.repetition_penalty > 0):
-            raise ConfigError(f"repetition_penalty must be in (0, 10] (1 is off), got {self.repetition_penalty}"[:200])
+            raise ConfigError(f"repetition_penalty must be in (0, 10] (1 is off), got {shown(self.repetition_penalty)}")
         bias = self.logit_bias
         if isinstance(bias, dict):
             bias = list(bias.items())
@@ -136,7 +136,7 @@ class GenerationConfig:
         seen = set()
         for t, b in bias:
             if not _within(b, -100.0, 100.0):
-                raise ConfigError(f"logit_bias of token {t} must be in -100..100, got {b}"[:200])
+                raise ConfigError(f"logit_bias of token {shown(t)} must be in -100..100, got {shown(b)}")
             if int(t) in seen:
                 raise ConfigError(f"logit_bias lists token {t} twice")
             seen.add(int(t))
@@ -408,7 +408,7 @@ class Decoder:
         """``ConfigError`` for a token id of ``ids`` outside the target's vocabulary; ``what`` names them."""
         bad = next((t for t in ids if not 0 <= t < self.vocab), None)
         if bad is not None:
-            raise ConfigError(f"{what} holds token id {bad}, outside the vocabulary (0..{self.vocab - 1})")
+            raise ConfigError(f"{what} holds token id {shown(bad)}, outside the vocabulary (0..{self.vocab - 1})")
 
     def score(self, prompt: Sequence[int], top: int = 0) -> list[TokenLogprob]:
         """The target's logprob of each token of ``prompt`` after the first (``token_logprobs``: ``top``
@@ -419,7 +419,7 @@ class Decoder:
         if not prompt:
             raise ConfigError("the prompt is empty")
         if isinstance(top, bool) or not isinstance(top, Integral) or not 0 <= top <= MAX_LOGPROBS:
-            raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {top}")
+            raise ConfigError(f"logprobs must be an integer in 0..{MAX_LOGPROBS}, got {shown(top)}")
         if len(prompt) > self.target.max_context:
             raise ContextOverflowError(f"the prompt has {len(prompt)} tokens; the context holds "
                                        f"{self.target.max_context}")
@@ -445,15 +445,19 @@ class Decoder:
             why = self.unavailable.get(name, f"no {name} drafter is loaded")
             raise ConfigError(f"{why}; the drafters available: {', '.join([*self.drafters, 'auto', 'none'])}")
 
+    def check_prediction(self, prediction: Sequence[int]) -> None:
+        """``ConfigError`` for a prediction's ids out of the vocabulary, or more of them than the context holds."""
+        self.check_ids(prediction, "the prediction")
+        if len(prediction) > self.target.max_context:  # (a reply never gets near it; bounds a rejoin's scan)
+            raise ConfigError(f"the prediction has {len(prediction)} tokens; a reply can have at most "
+                              f"{self.target.max_context} (the context)")
+
     def _check(self, prompt_len: int, cfg: GenerationConfig) -> None:
         """What generate() refuses before anything runs."""
         if prompt_len == 0:
             raise ConfigError("the prompt is empty")
         self.check_drafter(cfg.drafter)
-        self.check_ids(cfg.prediction, "the prediction")
-        if len(cfg.prediction) > self.target.max_context:  # (a reply never gets near it; bounds a rejoin's scan)
-            raise ConfigError(f"the prediction has {len(cfg.prediction)} tokens; a reply can have at most "
-                              f"{self.target.max_context} (the context)")
+        self.check_prediction(cfg.prediction)
         self.check_ids([t for t, _ in cfg.logit_bias], "logit_bias")
         if cfg.grammar is not None and self.constraints is None:
             raise ConfigError("this engine has no tokenizer for structured outputs (response_format)")

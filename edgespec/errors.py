@@ -89,6 +89,17 @@ def parse_reason(e: BaseException) -> str:
     return str(e).split(";")[0] or type(e).__name__
 
 
+def shown(v, limit: int = 200) -> str:
+    """``repr(v)`` for a message, at most ``limit`` characters; an integer too long for Python to write (past 4,300
+    digits: a ValueError, where a typed error was meant) by its size."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 256:
+        return f"an integer of {v.bit_length():,} bits"
+    try:
+        return repr(v)[:limit]
+    except ValueError:  # (a container holding such an integer)
+        return f"a {type(v).__name__} holding an integer too long to write"
+
+
 class Interrupted(EdgespecError):
     """A prefill or a prompt's scoring stopped between its calls because its ``interrupt`` said so (the server's
     client left, or the server is stopping); what the cache holds stays valid."""

@@ -171,5 +171,10 @@ def split_whole(text: str, inside: bool = False) -> ReasoningSplitter:
 
 def split_reasoning(text: str, inside: bool = False) -> tuple[str | None, str]:
     """(the thinking, the answer) of a whole reply; the thinking None where the reply has no block."""
+    if not isinstance(text, str) or not isinstance(inside, bool):
+        from .errors import ConfigError
+
+        raise ConfigError(f"split_reasoning takes a reply's text (a string) and inside (True or False), got "
+                          f"{type(text).__name__} and {type(inside).__name__}")
     sp = split_whole(text, inside)
     return sp.text_reasoning, "".join(sp.content)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native
-from .errors import BundleError, ConfigError
+from .errors import BundleError, ConfigError, shown
 
 MIN_TEMPERATURE = 1e-6  # a positive temperature below this is refused (use 0: greedy)
 _BLOCK = 1024  # tokens per block when sampling from a dense distribution
@@ -45,15 +45,13 @@ class SamplingParams:
         except (OverflowError, TypeError):  # (an integer too large for a float; not a number)
             finite = False
         if not (finite and self.temperature >= 0):
-            t = self.temperature
-            shown = (str(t) if not isinstance(t, int) or abs(t) < 10**40 else "an integer past float's range")[:40]
-            raise ConfigError(f"temperature must be a finite number >= 0, got {shown}")
+            raise ConfigError(f"temperature must be a finite number >= 0, got {shown(self.temperature, 40)}")
         if 0 < self.temperature < MIN_TEMPERATURE:  # 1/T would overflow float32's range
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
         if not 0 <= self.top_k < 2**31:
-            raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {self.top_k}")
+            raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {shown(self.top_k)}")
         if not 0 < self.top_p <= 1:  # also refuses nan
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {shown(self.top_p)}")
 
     @property
     def greedy(self) -> bool:

@@ -584,3 +584,37 @@ print("exiting", flush=True)
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and time.monotonic() - t0 < 5, (time.monotonic() - t0, err[-2000:])
+
+
+def test_bad_arguments_everywhere_in_the_api_are_typed_and_change_nothing(engine, tiny_bundle):
+    """(session 47, a review) A misspelt keyword to load/chat/score/encode was Python's TypeError (generate's are
+    ConfigErrors); an integer too long for Python to write (10**5000) in an option was a ValueError raised while
+    writing the message; chat(system=5) was taken and every turn after failed; a chat stream's bad stop strings and
+    too-long prediction waited for the first next(); stop_token_ids out of the vocabulary were taken; stream(tools=None)
+    was refused; score took no numpy ids; split_reasoning(None) was a TypeError."""
+    import numpy as np
+
+    from edgespec.errors import ConfigError
+
+    huge = 10 ** 5000
+    calls = [lambda: edgespec.load(tiny_bundle, max_ctx=64), lambda: engine.chat(sytem="x"),
+             lambda: engine.score("hi", top_logprobs=2), lambda: engine.encode("x", True, False, None, None, 1, 2),
+             lambda: engine.chat(system=5), lambda: edgespec.split_reasoning(None),
+             lambda: engine.chat().stream("hi", stop=5), lambda: engine.chat().stream("hi", prediction=[5] * 300),
+             lambda: engine.generate("hi", stop_token_ids=[-1]), lambda: engine.score("hi", logprobs=huge),
+             lambda: engine.stream_ids([huge]), lambda: edgespec.load(tiny_bundle, threads=huge),
+             lambda: edgespec.load(tiny_bundle, max_context=huge), lambda: edgespec.load(tiny_bundle,
+                                                                                           prompt_cache_mb=10 ** 400)]
+    calls += [lambda kw=kw: engine.generate("hi", **kw) for kw in (
+        dict(top_p=huge), dict(top_k=huge), dict(seed=huge), dict(logprobs=huge), dict(max_new_tokens=-huge),
+        dict(logit_bias={5: huge}), dict(logit_bias={huge: 1}), dict(prediction=[huge]), dict(temperature=huge),
+        dict(presence_penalty=huge), dict(draft_tokens=huge))]
+    for i, call in enumerate(calls):
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert len(str(e.value)) < 300 and "\n" not in str(e.value), (i, str(e.value)[:300])
+    assert "an integer of 16,610 bits" in str(pytest.raises(ConfigError, engine.generate, "hi", seed=huge).value)
+    assert list(engine.stream("hi", tools=None, max_new_tokens=2))
+    ids = engine.encode("hello there")
+    assert engine.score(np.array(ids))[1] == engine.score(ids)[1]
+    assert engine.generate("hello", max_new_tokens=3).text == engine.generate("hello", max_new_tokens=3).text
