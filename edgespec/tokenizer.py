@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ class Tokenizer:
         self._template = None
         self._text_tok = None
         self._stretch_tok = None
-        self._added_ids: frozenset[int] | None = None
+        self._stand_ins: tuple[str, str] = ("", "")
         self._specials: tuple[str, ...] | None = None
         self._max_token_bytes: int | None = None
         self._special_ids: frozenset[int] | None = None
@@ -329,7 +330,9 @@ class Tokenizer:
         # began each piece with a space)
         from .reasoning import CLOSE, OPEN, think_tags
 
-        texts: dict[str, str] = {}
+        # the placeholders carry a tag of this call's own: a text cannot hold one by chance (a fixed form was read
+        # back from what a user typed: a KeyError, or another text put in its place)
+        texts: dict[str, str] = {"": secrets.token_hex(8)}
         markup = (OPEN, CLOSE) if think_tags(self) is not None else ()
         in_reply = [s for s in specials if s not in markup]
         marked = []
@@ -345,40 +348,38 @@ class Tokenizer:
         if tools and in_structured:
             tools = _mark(list(tools), specials, texts)
         text = self.render_chat(marked, add_generation_prompt, tools, template_kwargs)
-        if not texts:  # (only think tags in an assistant's content: markup)
+        if len(texts) == 1:  # (only think tags in an assistant's content: markup)
             return self._tok.encode(text, add_special_tokens=False).ids
+        placeholder = re.compile("\ue002" + texts[""] + "-[0-9]+\ue003")
         enc = self._tok.encode(text, add_special_tokens=False)
-        added = self.added_ids()
+        added = self._tok.get_added_tokens_decoder()
         ids: list[int] = []
-        at = 0
+        at, before = 0, None
         for i, (a, b) in zip(enc.ids, enc.offsets):
             if i in added:  # a token the template wrote (its offsets cover the spaces it strips, lstrip/rstrip)
                 if a > at:
-                    ids += self._stretch_ids(text[at:a], texts, at == 0)
+                    ids += self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[at:a]), before)
                 ids.append(i)
-                at = b
+                at, before = b, added[i]
         if at < len(text):
-            ids += self._stretch_ids(text[at:], texts, at == 0)
+            ids += self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[at:]), before)
         return ids
 
-    def added_ids(self) -> frozenset[int]:
-        """The ids of every added token (special ones and markup such as ``<tool_call>``)."""
-        if self._added_ids is None:
-            self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
-        return self._added_ids
-
-    def _stretch_ids(self, piece: str, texts: dict, first: bool) -> list[int]:
-        """The ids of ``piece``, a stretch of a rendered chat between two tokens the template wrote (at the text's
-        start where ``first``), its placeholders back to their text, every added token's text in it read as text."""
-        piece = _PLACEHOLDER.sub(lambda m: texts[m.group(0)], piece)
-        tok = self._stretch_tokenizer()
-        if first:
+    def _stretch_ids(self, piece: str, before) -> list[int]:
+        """The ids of ``piece``, a stretch of a rendered chat after the added token ``before`` (None: at the text's
+        start), every added token's text in it read as text: encoded after a stand-in for that token, normalized
+        as it is (a normalizer's prefix space goes before a normalized token, not after it), and cut after it."""
+        tok, ids = self._stretch_tokenizer()
+        if before is None:
             return tok.encode(piece, add_special_tokens=False).ids
-        return tok.encode(_AFTER + piece, add_special_tokens=False).ids[1:]  # (as after an added token)
+        stand_in = ids[bool(before.normalized)]
+        got = tok.encode(self._stand_ins[bool(before.normalized)] + piece, add_special_tokens=False).ids
+        return got[got.index(stand_in) + 1:]
 
     def _stretch_tokenizer(self):
-        """``_text_tokenizer``'s copy with one added token more, ``_AFTER`` (never in a text: its placeholder is cut
-        first), which stands before a stretch as the template's token stood."""
+        """``_text_tokenizer``'s copy with two added tokens more (``_stand_ins``: texts of random private-use
+        characters no text holds by chance), not normalized and normalized, which stand before a stretch as the
+        template's token stood; (the tokenizer, their two ids)."""
         with self._lock:
             if self._stretch_tok is None:
                 from tokenizers import AddedToken
@@ -389,8 +390,11 @@ class Tokenizer:
                     a["special"] = True  # (encode_special_tokens reads special tokens' text as text)
                 t = HFTokenizer.from_str(json.dumps(data))
                 t.encode_special_tokens = True
-                t.add_tokens([AddedToken(_AFTER, special=False, normalized=False)])
-                self._stretch_tok = t
+                nonce = secrets.token_hex(8)
+                self._stand_ins = tuple(f"\ue004{nonce}{k}\ue005" for k in "rn")
+                t.add_tokens([AddedToken(self._stand_ins[0], special=False, normalized=False),
+                              AddedToken(self._stand_ins[1], special=False, normalized=True)])
+                self._stretch_tok = (t, tuple(t.token_to_id(x) for x in self._stand_ins))
             return self._stretch_tok
 
     def stream_decoder(self) -> "StreamDecoder":
@@ -410,19 +414,16 @@ def _strings(obj):
             yield from _strings(v)
 
 
-_PLACEHOLDER = re.compile("\ue002[0-9]+\ue003")
-_AFTER = "\ue004edgespec:after-an-added-token\ue005"
-
-
 def _mark(obj, specials: Sequence[str], texts: dict):
     """``obj`` with each special token's text in its strings replaced by a placeholder of its own
-    (``texts`` maps it back): a tool's description or a call's argument holding ``<|im_end|>``."""
+    (``texts`` maps it back; ``texts[""]``: the call's tag, in every placeholder): a tool's description or a call's
+    argument holding ``<|im_end|>``."""
     if isinstance(obj, str):
         pattern = "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")"
         out = []
         for j, piece in enumerate(re.split(pattern, obj)):
             if j % 2:
-                key = f"\ue002{len(texts)}\ue003"
+                key = f"\ue002{texts.get('', '')}-{len(texts)}\ue003"
                 texts[key] = piece
                 piece = key
             out.append(piece)

@@ -304,7 +304,7 @@ def _reference_without(tok, text: str):
     return HF.from_str(json.dumps(data))
 
 
-@pytest.mark.parametrize("scheme", ["first", "always"])
+@pytest.mark.parametrize("scheme", ["first", "always", "legacy"])
 def test_a_special_tokens_text_in_content_is_text_encoded_as_the_whole_chat_would_be(tmp_path, scheme, smol_int4):
     """A special token's text in a message stays text (a message cannot close its turn); the content was encoded on
     its own and the template's text around it on its own: SentencePiece-style tokenizers began each piece with a
@@ -312,7 +312,7 @@ def test_a_special_tokens_text_in_content_is_text_encoded_as_the_whole_chat_woul
     text was a placeholder to the template (its trim, split, startswith acted on nothing). The ids now equal a
     whole encode by the same tokenizer without that added token; a thinking model's think tags in an assistant's
     content are the markup its template reads (Qwen3's leaves an earlier turn's thinking out)."""
-    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, normalizers, pre_tokenizers
 
     from edgespec.tokenizer import Tokenizer
 
@@ -321,9 +321,12 @@ def test_a_special_tokens_text_in_content_is_text_encoded_as_the_whole_chat_woul
         vocab[piece] = len(vocab)
     hf = HF(models.BPE(vocab=vocab, merges=[("\u2581", "h"), ("h", "i"), ("\u2581h", "i"), ("\u2581", "a")],
                        unk_token="<unk>", byte_fallback=True))
-    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
+    if scheme == "legacy":  # (Llama 2's: a normalizer, its added tokens normalized: the prefix space before them)
+        hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    else:
+        hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
     hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<s>", "</s>", "<x>")])
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=scheme == "legacy") for t in ("<s>", "</s>", "<x>")])
     (tmp_path / "sp").mkdir()
     hf.save(str(tmp_path / "sp" / "tokenizer.json"))
     template = ("{% for m in messages %}<s>{{ m.role }} {{ m.content | trim }}</s>{% endfor %}"
@@ -334,7 +337,10 @@ def test_a_special_tokens_text_in_content_is_text_encoded_as_the_whole_chat_woul
         tok = Tokenizer(directory, chat_template=template or json.loads((smol_int4 / "edgespec.json").read_text())[
             "chat_template"])
         ref = _reference_without(tok, text)
-        for content in (f"hi {text} hi", f"  hi {text}  ", f"{text}a", f"\n\nab {text}\n\n", "a hi"):
+        for content in (f"hi {text} hi", f"  hi {text}  ", f"{text}a", f"\n\nab {text}\n\n", "a hi",
+                        # (text shaped as the placeholders and stand-ins: a KeyError, another text, an id past the
+                        # vocabulary)
+                        f"{text} \ue0020\ue003 \ue00299\ue003 \ue004x\ue005"):
             for role in ("user", "assistant"):
                 msgs = [{"role": "system", "content": "hi"}, {"role": role, "content": content}]
                 got = tok.encode_chat(msgs)
@@ -342,7 +348,7 @@ def test_a_special_tokens_text_in_content_is_text_encoded_as_the_whole_chat_woul
                 if template is None:  # (a byte-level tokenizer decodes to its text exactly)
                     assert tok.decode(got, skip_special=False) == tok.render_chat(msgs)
                 checked.append(text in content)
-    assert sum(checked) == 16
+    assert sum(checked) == 20
 
 
 def test_an_assistants_thinking_given_back_is_left_out_as_its_template_says(tmp_path, smol_int4):
