@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from .drafters import drafter_choices
 from .profiles import MAX_DRAFT
-from .errors import ConfigError, parse_reason
+from .errors import ConfigError, ContextOverflowError, parse_reason
 from .measure import file_rss, high_water_rss, rss_now
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
@@ -371,6 +371,9 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
             rep.left_out.append(q["question_id"])
         else:
             fits.append(q)
+    if not fits:  # (a report of no runs, exit 0, said nothing was measured)
+        raise ContextOverflowError(f"no prompt fits the context of {room} tokens: nothing to measure (left out: "
+                                   f"{', '.join(rep.left_out)})"[:300])
     prompts = fits
     # warm-up: first calls of a session allocate and pick kernels
     engine.reset()

@@ -321,7 +321,9 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_DOCUMENT_BYTES, 
     if p.is_dir():
         raise error(f"{p} is a directory; pass the {what}s" if what == "documents file" else f"{p} is a directory")
     if size > max_bytes:
-        raise error(f"{p} has {_amount(size)}; {_a(what)} may have at most {_amount(max_bytes)}")
+        has = _amount(size) if _amount(size) != _amount(max_bytes) else f"{size:,} bytes"  # (just past it: exact)
+        raise error(f"{p} has {has}; {_a(what)} may have at most {_amount(max_bytes)}"
+                    + (f" ({max_bytes:,} bytes)" if has.endswith(" bytes") and max_bytes >= 1024 else ""))
     try:  # read bounded: a pipe or a device (/dev/zero) says size 0 and may never end
         with open(p, "rb") as f:
             data = f.read(max_bytes + 1)

@@ -206,8 +206,11 @@ def reference_rotary(model, ctx: int):
         n = min(n, int(rp.get("original_max_position_embeddings") or getattr(cfg, "max_position_embeddings", n)))
     with torch.no_grad():
         cos, sin = rot(torch.zeros(1, dtype=torch.float32), torch.arange(n).unsqueeze(0))
-    half = cos.shape[-1] // 2
-    return kind, cos[0, :, :half].float().numpy(), sin[0, :, :half].float().numpy()
+    cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
+    half = cos.shape[-1] // 2  # (most return each frequency twice, GPT-OSS's once: as the builder's table)
+    if cos.shape[-1] % 2 == 0 and abs(cos[:, :half] - cos[:, half:]).max() < 1e-6:
+        cos, sin = cos[:, :half], sin[:, :half]
+    return kind, cos, sin
 
 
 def check_rotary(graph_file: Path, reference, role: str) -> None:

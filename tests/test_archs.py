@@ -599,3 +599,27 @@ def test_a_llamas_scaled_rotary_is_built_as_transformers_computes_it(tmp_path_fa
         tmp_path_factory.mktemp("hf") / "plain", "llama", seed=8, hidden=128, heads=2)), 256)
     with pytest.raises(Exception, match="rotary tables are not transformers'"):
         check_rotary(b / "target" / "model.onnx", (kind, unscaled[1], unscaled[2]), "target")
+
+
+def test_the_rotary_reference_keeps_a_table_that_lists_each_frequency_once():
+    """(session 47, the diff review) GPT-OSS's rotary returns each frequency once (most return it twice): halving
+    it refused the export of a model the builder builds right."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from edgespec_export.bundle import reference_rotary
+
+    inv = torch.tensor([1.0, 0.1, 0.01, 0.001])
+
+    def rot(x, pos, twice):
+        f = pos[..., None].float() * inv
+        f = torch.cat((f, f), -1) if twice else f
+        return f.cos(), f.sin()
+
+    for twice in (True, False):
+        model = SimpleNamespace(config=SimpleNamespace(rope_parameters={"rope_type": "yarn"}),
+                                model=SimpleNamespace(rotary_emb=lambda x, p, t=twice: rot(x, p, t)))
+        kind, cos, sin = reference_rotary(model, 16)
+        assert kind == "yarn" and cos.shape == sin.shape == (16, 4)
+        assert abs(cos[5] - torch.cos(5 * inv).numpy()).max() < 1e-6

@@ -783,6 +783,12 @@ def test_a_prompt_the_context_cannot_hold_is_left_out_named_and_the_others_repor
     s = rep["settings"]
     assert s["profile"] == "default" and s["threads"] in (1, 0, 2) and s["max_draft_tokens"] >= 1
     assert f"{s['threads']} threads · " in (out / "report.md").read_text() or not s["threads"]
+    # no prompt fits: an error (a report of no runs, exit 0, said nothing was measured)
+    prompts.write_text(json.dumps(rows[1]) + "\n")
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--prompts", str(prompts), "--max-context", "128",
+                                  "--max-new-tokens", "4", "--drafters", "prompt-lookup", "--no-plots",
+                                  "--out", str(tmp_path / "none")])
+    assert r.exit_code == 3 and "no prompt fits the context of" in r.stderr
 
 
 def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
