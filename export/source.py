@@ -374,8 +374,11 @@ def check_vocabulary(tok, vocab_size, src: Source, target: bool = False) -> None
 def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     """``{"config": ...}`` where transformers' reading of a GGUF file's config misses what the file says: its
     attention heads' size (``{arch}.attention.key_length``), which transformers leaves at the config class's
-    default (Qwen3's 128: a Qwen3 whose heads are not 128 wide then fails to load, "size mismatch"); {} where
-    nothing needs mending or the file's fields cannot be read (transformers then says what it says)."""
+    default (Qwen3's 128: a Qwen3 whose heads are not 128 wide then fails to load, "size mismatch"), and its rotary
+    scaling (``{arch}.rope.scaling.*``, which transformers reads for no family but GPT-OSS: a DeepSeek-Coder GGUF's
+    linear factor 4 or a Qwen2.5 GGUF's YaRN was exported unscaled, another model, which the rotary check compared
+    with transformers' equally unscaled one); ExportError for a scaling edgespec cannot keep; {} where nothing needs
+    mending or the file's fields cannot be read (transformers then says what it says)."""
     from transformers import AutoConfig
 
     try:
@@ -384,17 +387,43 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
 
         fields = gguf.GGUFReader(str(path)).fields
         arch = fields["general.architecture"].contents()
-        if "attention.key_length" in GGUF_CONFIG_MAPPING.get(arch, {}):  # transformers reads it (Gemma 4: as the
-            return {}                                                      # global layers' global_head_dim)
-        key = fields.get(f"{arch}.attention.key_length")
-        head = int(key.contents()) if key is not None else None
+
+        def value(key):
+            f = fields.get(f"{arch}.{key}")
+            return f.contents() if f is not None else None
+
+        mapped = GGUF_CONFIG_MAPPING.get(arch, {})
+        # (transformers reads key_length for Gemma 4: as the global layers' global_head_dim)
+        head = None if "attention.key_length" in mapped else value("attention.key_length")
+        scaling = None if arch == "gpt_oss" or "rope.scaling.type" in mapped else value("rope.scaling.type")
+        rope = {"factor": value("rope.scaling.factor"),
+                "original_max_position_embeddings": value("rope.scaling.original_context_length"),
+                "beta_fast": value("rope.scaling.yarn_beta_fast"), "beta_slow": value("rope.scaling.yarn_beta_slow"),
+                "attention_factor": value("rope.scaling.attn_factor")}
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
         return {}
+    scaling = str(scaling or "none").lower()
+    if scaling not in ("none", "linear", "yarn"):
+        raise ExportError(f"{path.name} scales its rotary by {scaling!r} ({arch}.rope.scaling.type), which transformers' "
+                          "GGUF reading does not keep: export the model's Hugging Face folder instead")
+    if not head and scaling == "none":
+        return {}
     config = AutoConfig.from_pretrained(name, **kw)
-    if head and getattr(config, "head_dim", None) not in (None, head):
-        config.head_dim = head
-        return {"config": config}
-    return {}
+    changed = False
+    if head and getattr(config, "head_dim", None) not in (None, int(head)):
+        config.head_dim = int(head)
+        changed = True
+    if scaling != "none":
+        if not rope["factor"] or float(rope["factor"]) <= 0:
+            raise ExportError(f"{path.name} scales its rotary ({scaling}) without a factor ({arch}.rope.scaling.factor)")
+        keep = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                                                "attention_factor")}[scaling]
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        params.update({k: (int(rope[k]) if k == "original_max_position_embeddings" else float(rope[k]))
+                       for k in keep if rope[k] not in (None, 0)}, rope_type=scaling)
+        config.rope_parameters = params
+        changed = True
+    return {"config": config} if changed else {}
 
 
 def load_model(src: Source, dtype: str = "float32"):

@@ -623,3 +623,47 @@ def test_the_rotary_reference_keeps_a_table_that_lists_each_frequency_once():
         kind, cos, sin = reference_rotary(model, 16)
         assert kind == "yarn" and cos.shape == sin.shape == (16, 4)
         assert abs(cos[5] - torch.cos(5 * inv).numpy()).max() < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_a_gguf_s_rotary_scaling_is_kept(tmp_path_factory, monkeypatch, kind):
+    """(session 47, a review) transformers' GGUF reading keeps no family's rotary scaling but GPT-OSS's: a
+    DeepSeek-Coder GGUF's linear factor 4 or a YaRN Qwen2.5 GGUF was exported unscaled (and the rotary check
+    compared with transformers' equally unscaled model). The file's rope.scaling fields go into the config now; a
+    kind edgespec cannot keep is refused."""
+    import gguf
+    import onnx
+    from onnx import numpy_helper
+    from transformers import AutoModelForCausalLM
+
+    import tiny
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import reference_rotary
+
+    rope = {"rope_type": kind, "factor": 4.0, "rope_theta": 10000.0}
+    if kind == "yarn":
+        rope["original_max_position_embeddings"] = 64
+    root = tmp_path_factory.mktemp("gguf-rope")
+    hf = tiny.make_model(root / "hf", "qwen2", seed=3, rope_parameters=rope, head_dim=16)
+    header = gguf.GGUFWriter.write_header_to_file
+    scaling = {"value": getattr(gguf.RopeScalingType, kind.upper())}
+
+    def with_scaling(self, *a, **k):
+        self.add_rope_scaling_type(scaling["value"])
+        self.add_rope_scaling_factor(rope["factor"])
+        if kind == "yarn":
+            self.add_rope_scaling_orig_ctx_len(64)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_scaling)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch="qwen2")
+    b = _export(tmp_path_factory, f"gguf-{kind}", path, target_precision="fp32")
+    g = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False).graph
+    cos = {t.name: numpy_helper.to_array(t, base_dir=str(b / "target")) for t in g.initializer}["cos_cache"]
+    ref = reference_rotary(AutoModelForCausalLM.from_pretrained(hf), 256)
+    assert abs(cos[:256] - ref[1]).max() < 1e-4  # (unscaled: up to 2)
+    if kind == "linear":
+        scaling["value"] = gguf.RopeScalingType.LONGROPE
+        path = tiny.write_gguf(hf, root / "longrope.gguf", arch="qwen2")
+        with pytest.raises(ExportError, match="scales its rotary by 'longrope'"):
+            _export(tmp_path_factory, "gguf-longrope", path, target_precision="fp32")
