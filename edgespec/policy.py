@@ -422,6 +422,8 @@ class RoundPolicy:
         for d in drafters.values():
             if hasattr(d, "history"):  # a drafter with memory of earlier generations (suffix.py, the model's calibration)
                 d.history = not reproducible
+            if hasattr(d, "records"):  # the suffix drafter keeps a generation only where it was asked for (suffix,
+                d.records = d in self._want  # auto): one that fills spare slots under model or prompt-lookup does not
         return self._want + [d for d in self._free if d not in self._want]
 
     def estimate(self, offer: Offer) -> Acceptance:

@@ -60,6 +60,10 @@ class SuffixDrafter(LookupDrafter):
         # generation is still recorded for later ones (tests/test_suffix.py: seeded runs agree
         # although the memory grew between them)
         self.history = True
+        # False while the generation's drafter is not suffix or auto (the round policy sets it): it is not recorded
+        # (the README: only suffix and auto keep replies; model and prompt-lookup begin this drafter too, for the
+        # spare slots of their calls, and it wrote their replies to disk)
+        self.records = True
         self._rec = _Recorder(memory, orders)
         self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
         if memory is not None:  # the last generation is recorded when the drafter goes, or at exit
@@ -128,7 +132,8 @@ class SuffixDrafter(LookupDrafter):
 
     # -- lookup --------------------------------------------------------------------------------
     def _sync(self, ctx: TokenBuffer) -> None:
-        self._rec.ctx = ctx
+        if self.records:
+            self._rec.ctx = ctx
         if len(ctx) > len(self.live):
             self.live.extend(ctx.view()[len(self.live):].tolist())
 

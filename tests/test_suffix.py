@@ -88,6 +88,20 @@ def test_memory_records_each_generation_and_no_memory_stores_nothing():
             assert d.drafters["suffix"].stats()["memory_tokens"] == 0
 
 
+def test_only_generations_that_draft_with_suffix_or_auto_are_recorded(tiny_bundle, tmp_path):
+    """(session 47, a review) prompt-lookup and model begin the suffix drafter too (a call's spare slots), and it
+    recorded their replies on disk: the README says only suffix and auto keep them."""
+    for drafter, kept in (("none", 0), ("prompt-lookup", 0), ("model", 0), ("suffix", 3), ("auto", 3)):
+        path = tmp_path / f"{drafter}.npz"
+        eng = edgespec.load(tiny_bundle, memory=path)
+        for i in range(3):
+            eng.generate(f"question {i} about {drafter}", max_new_tokens=8, drafter=drafter)
+        eng.close()
+        again = edgespec.load(tiny_bundle, memory=path)
+        assert again.memory_stats()["memory_sequences"] == kept, drafter
+        again.close()
+
+
 # -- the store: cap, eviction, atomic save, reload, corrupt and foreign files -------------------
 
 def test_store_cap_evicts_the_oldest_and_counts_follow():
