@@ -188,9 +188,10 @@ ROTARY_TOLERANCE = 0.02  # |cos, sin| difference the built tables may have from 
 
 def reference_rotary(model, ctx: int):
     """(rotary kind, cos, sin): transformers' rotary tables of ``model`` for positions 0..n-1 (float32 ``[n, d/2]``,
-    its attention scaling in them, as the builder writes its ``cos_cache``/``sin_cache``), n the context; None where
-    the model has no single position-wise table to compare (LongRoPE, which picks its table by the call's length:
-    ``kernels._per_position_rope``; Gemma 3's per-layer-type ones; no ``model.rotary_emb``)."""
+    its attention scaling in them, as the builder writes its ``cos_cache``/``sin_cache``), n the context; LongRoPE's
+    per position, as ``kernels._per_position_rope`` makes the graph's (the short factors' rows below the original
+    context, the long factors' from it on: what transformers computes decoding token by token); None where the model
+    has no single position-wise table to compare (Gemma 3's per-layer-type ones; no ``model.rotary_emb``)."""
     import torch
 
     cfg = model.config
@@ -199,13 +200,21 @@ def reference_rotary(model, ctx: int):
         return None
     kind = str(rp.get("rope_type", rp.get("type", "default")))
     rot = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if kind in ("longrope", "su") or rot is None:
+    if rot is None:
         return None
     n = int(ctx)
+    orig = int(rp.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", 0) or 0)
     if kind == "dynamic":  # (transformers rescales past the original context, by the whole call's length)
-        n = min(n, int(rp.get("original_max_position_embeddings") or getattr(cfg, "max_position_embeddings", n)))
+        n = min(n, orig or int(getattr(cfg, "max_position_embeddings", n)))
+    x = torch.zeros(1, dtype=torch.float32)
     with torch.no_grad():
-        cos, sin = rot(torch.zeros(1, dtype=torch.float32), torch.arange(n).unsqueeze(0))
+        cos, sin = rot(x, torch.arange(n).unsqueeze(0))
+        if kind in ("longrope", "su"):
+            if not orig:
+                return None
+            short = rot(x, torch.arange(min(n, orig)).unsqueeze(0))  # (and the rotary's state back to the short)
+            cos = torch.cat([short[0], cos[:, orig:]], 1) if n > orig else short[0]
+            sin = torch.cat([short[1], sin[:, orig:]], 1) if n > orig else short[1]
     cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
     half = cos.shape[-1] // 2  # (most return each frequency twice, GPT-OSS's once: as the builder's table)
     if cos.shape[-1] % 2 == 0 and abs(cos[:, :half] - cos[:, half:]).max() < 1e-6:
@@ -300,7 +309,6 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     dec = build.genai_config["model"]["decoder"]
     _check_state_inputs(dec, role)
     graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
-    check_rotary(graph_file, rotary, role)
     if quant.algorithm == "gguf":
         from .gguf_blocks import apply_to_graph
 
@@ -325,6 +333,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window
     unbound, rope = settle_graph(graph_file, ctx)  # (windows at least ctx: the ones kept are the shorter)
+    check_rotary(graph_file, rotary, role)  # (after settle_graph: LongRoPE's tables are one, per position, then)
     if rope:
         progress.log(f"    {role}: LongRoPE's short and long rotary caches made one, per position (the builder chose "
                      "them per call, so a verify call crossing the original context rotated its rows otherwise)")

@@ -667,3 +667,18 @@ def test_a_gguf_s_rotary_scaling_is_kept(tmp_path_factory, monkeypatch, kind):
         path = tiny.write_gguf(hf, root / "longrope.gguf", arch="qwen2")
         with pytest.raises(ExportError, match="scales its rotary by 'longrope'"):
             _export(tmp_path_factory, "gguf-longrope", path, target_precision="fp32")
+
+
+def test_a_longrope_rotary_the_builder_leaves_unscaled_is_refused(tmp_path_factory):
+    """(session 47, a review) The builder's Llama class builds LongRoPE unscaled (Phi-3's class builds it); the
+    rotary check skipped LongRoPE, and an INT4 export passed its validation, another model. LongRoPE is compared per
+    position now (short factors below the original context, long ones from it: the Phi-3 test above passes it)."""
+    from edgespec.errors import ExportError
+    from tiny import make_model
+
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [2.0 + i for i in range(8)]}
+    d = make_model(tmp_path_factory.mktemp("hf") / "llama-longrope", "llama", seed=3, rope_parameters=rope,
+                   original_max_position_embeddings=64)
+    with pytest.raises(ExportError, match="longrope rotary scaling"):
+        _export(tmp_path_factory, "llama-longrope", d, target_precision="int4")
