@@ -118,6 +118,57 @@ def _patch_rope_kinds() -> None:
     base.Model._edgespec_rope_kinds = True
 
 
+def _patch_norms() -> None:
+    """Norms the builder gets wrong (0.18), each found by an fp32 export that failed validation against torch, their
+    INT4 bundles passing it as other models: the builder reads a norm's epsilon from ``rms_norm_eps`` only, else
+    1e-6 (Phi-2's ``layer_norm_eps`` and Nemotron's ``norm_eps`` are 1e-5); its OLMo class computed an RMSNorm where
+    OLMo's is a LayerNorm without weight or bias (mean subtracted, eps 1e-5 as transformers writes it), and left out
+    ``clip_qkv`` (OLMo 1B/7B: 8.0), a Clip of the query, key and value projections."""
+    from builders import base, olmo
+
+    if getattr(base.Model, "_edgespec_norms", False):
+        return
+    init = base.Model.__init__
+
+    def base_init(self, config, *args, _orig=init, **kw):
+        if getattr(config, "rms_norm_eps", None) is None:
+            for f in ("layer_norm_eps", "norm_eps", "layer_norm_epsilon"):
+                v = getattr(config, f, None)
+                if isinstance(v, float):
+                    config.rms_norm_eps = v
+                    break
+        _orig(self, config, *args, **kw)
+
+    olmo_init = olmo.OLMoModel.__init__
+
+    def olmo_model_init(self, config, *args, _orig=olmo_init, **kw):
+        _orig(self, config, *args, **kw)
+        self.layernorm_attrs["simple"] = False  # transformers' OlmoLayerNorm: F.layer_norm(x, None, None, eps=1e-5)
+        self.layernorm_attrs["epsilon"] = 1e-5
+        self._edgespec_clip_qkv = getattr(config, "clip_qkv", None)
+
+    def make_attention_input_proj(self, layer_id, attention, root_input, **kw):
+        before = {p: self.attention_attrs[p] for p in ("q_path", "k_path", "v_path")}
+        base.Model.make_attention_input_proj(self, layer_id, attention, root_input, **kw)
+        c = self._edgespec_clip_qkv
+        if c is None:
+            return
+        t = self.to_str_dtype(self.io_dtype)
+        for p in ("q_path", "k_path", "v_path"):
+            src = self.attention_attrs[p]
+            if not src or src == before[p]:
+                continue
+            name = f"/model/layers.{layer_id}/attn/{p[0]}_clip/Clip"
+            self.make_clip(name, [src, f"/model/constants/{t}/{-float(c)}", f"/model/constants/{t}/{float(c)}"],
+                           self.io_dtype, shape=None)
+            self.attention_attrs[p] = f"{name}/output_0"
+
+    base.Model.__init__ = base_init
+    olmo.OLMoModel.__init__ = olmo_model_init
+    olmo.OLMoModel.make_attention_input_proj = make_attention_input_proj
+    base.Model._edgespec_norms = True
+
+
 def patch() -> None:
     """Wrap the builder's Gemma 3 class (imported as the builder imports it: top-level ``builders``, from its
     own folder) so that it reads a flat config, and its LongRoPE Phi-3 classes (``_patch_longrope``)."""
@@ -126,6 +177,7 @@ def patch() -> None:
 
     _patch_longrope()
     _patch_rope_kinds()
+    _patch_norms()
 
     cls = gemma.Gemma3Model
     if getattr(cls, "_edgespec_flat_rope", False):
