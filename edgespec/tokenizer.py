@@ -261,8 +261,9 @@ class Tokenizer:
     def special_texts(self) -> tuple[str, ...]:
         """The texts that stay text in message content, tools and calls: every added token's (special
         ones, and markup such as ``<tool_call>``, which a message or a tool's result must not open)."""
-        if self._specials is None:
-            self._specials = tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.content)
+        if self._specials is None:  # (a token of whitespace only, Gemma's "\n\n", is a piece of text: it closes nothing)
+            self._specials = tuple(t.content for t in self._tok.get_added_tokens_decoder().values()
+                                   if t.content and (t.special or t.content.strip()))
         return self._specials
 
     def min_tokens(self, text: str) -> int:
@@ -356,7 +357,13 @@ class Tokenizer:
         ids: list[int] = []
         at, before = 0, None
         for i, (a, b) in zip(enc.ids, enc.offsets):
-            if i in added:  # a token the template wrote (its offsets cover the spaces it strips, lstrip/rstrip)
+            t = added.get(i)
+            if t is not None and (t.special or t.content.strip()):  # a token the template wrote (not one of spaces)
+                # the spaces it strips (lstrip/rstrip) are its own, where trimmed offsets leave them out
+                while t.lstrip and a > at and text[a - 1].isspace():
+                    a -= 1
+                while t.rstrip and b < len(text) and text[b].isspace():
+                    b += 1
                 if a > at:
                     ids += self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[at:a]), before)
                 ids.append(i)
@@ -386,8 +393,8 @@ class Tokenizer:
                 from tokenizers import Tokenizer as HFTokenizer
 
                 data = json.loads(self._tok.to_str())
-                for a in data.get("added_tokens") or []:
-                    a["special"] = True  # (encode_special_tokens reads special tokens' text as text)
+                for a in data.get("added_tokens") or []:  # (encode_special_tokens reads special tokens' text as text;
+                    a["special"] = a["special"] or bool(a["content"].strip())  # whitespace tokens stay tokens)
                 t = HFTokenizer.from_str(json.dumps(data))
                 t.encode_special_tokens = True
                 nonce = secrets.token_hex(8)

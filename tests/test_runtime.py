@@ -376,3 +376,34 @@ def test_an_assistants_thinking_given_back_is_left_out_as_its_template_says(tmp_
         assert "why" not in tok.decode(ids, skip_special=False) and ids.count(think) == 0, tok.decode(ids, False)
         assert tok.decode(ids, skip_special=False) == tok.render_chat(msgs)
         assert ids.count(tok.token_to_id("<|im_end|>")) == 3  # (the template's own: the contents' are text)
+
+
+@pytest.mark.parametrize("flag", ["rstrip", "lstrip"])
+def test_chat_encoding_with_stripping_tokens_trimmed_offsets_and_whitespace_tokens(tmp_path, smol_int4, flag):
+    """(session 47, a review) A byte-level tokenizer whose post-processor trims offsets (GPT-2's, GPT-NeoX's) left
+    the spaces a stripping template token (lstrip/rstrip) swallows out of its offsets: they were encoded a second
+    time. An added token of whitespace only (Gemma's "\\n\\n") was taken for markup: a placeholder the template's trim
+    could not strip (and every paragraph break took the slow path)."""
+    from tokenizers import AddedToken, Tokenizer as HF
+
+    from edgespec.tokenizer import Tokenizer
+
+    data = json.loads((smol_int4 / "tokenizer" / "tokenizer.json").read_text())
+    data["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    for a in data["added_tokens"]:
+        if a["content"] in ("<|im_start|>", "<|im_end|>"):
+            a[flag] = True
+    hf = HF.from_str(json.dumps(data))
+    hf.add_tokens([AddedToken("\n\n", special=False, normalized=False)])
+    (tmp_path / "t").mkdir()
+    hf.save(str(tmp_path / "t" / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+                "<|im_start|>assistant\n")
+    tok = Tokenizer(tmp_path / "t", chat_template=template)
+    assert "\n\n" not in tok.special_texts
+    ref = _reference_without(tok, "<|endoftext|>")
+    for content in ("hi <|endoftext|>", "  hi <|endoftext|>\n\n", "hi\n\nthere <|endoftext|>  "):
+        msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": content}]
+        assert tok.encode_chat(msgs) == ref.encode(tok.render_chat(msgs), add_special_tokens=False).ids, content
+    plain = [{"role": "user", "content": "hi\n\n"}]  # (no special text: the plain path, trimmed)
+    assert tok.encode_chat(plain) == tok._tok.encode(tok.render_chat(plain), add_special_tokens=False).ids
