@@ -55,6 +55,10 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
         q.setdefault("category", "default")
         q.setdefault("question_id", str(n))
+        if isinstance(q["question_id"], bool) or not isinstance(q["question_id"], (str, int)):
+            raise ConfigError(f"{p}:{n}: 'question_id' must be a string or an integer, got "
+                              f"{type(q['question_id']).__name__}")
+        q["question_id"] = str(q["question_id"])  # (Spec-Bench's and MT-Bench's are integers: 81)
         if not isinstance(q["category"], str):
             raise ConfigError(f"{p}:{n}: 'category' must be a string, got {type(q['category']).__name__}")
         seen.add(q["category"])

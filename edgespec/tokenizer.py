@@ -356,13 +356,17 @@ class Tokenizer:
         added = self._tok.get_added_tokens_decoder()
         ids: list[int] = []
         at, before = 0, None
-        for i, (a, b) in zip(enc.ids, enc.offsets):
+        offsets = enc.offsets
+        for k, (i, (a, b)) in enumerate(zip(enc.ids, offsets)):
             t = added.get(i)
             if t is not None and (t.special or t.content.strip()):  # a token the template wrote (not one of spaces)
-                # the spaces it strips (lstrip/rstrip) are its own, where trimmed offsets leave them out
-                while t.lstrip and a > at and text[a - 1].isspace():
+                # the spaces it strips (lstrip/rstrip) are its own where trimmed offsets leave them out (up to the
+                # tokens beside it: an added token of spaces before it is matched first)
+                low = max(at, offsets[k - 1][1] if k else 0)
+                high = offsets[k + 1][0] if k + 1 < len(offsets) else len(text)
+                while t.lstrip and a > low and _stripped(text[a - 1]):
                     a -= 1
-                while t.rstrip and b < len(text) and text[b].isspace():
+                while t.rstrip and b < high and _stripped(text[b]):
                     b += 1
                 if a > at:
                     ids += self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[at:a]), before)
@@ -419,6 +423,12 @@ def _strings(obj):
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _strings(v)
+
+
+def _stripped(c: str) -> bool:
+    """Whether an added token's lstrip/rstrip takes character ``c``: Rust's whitespace (Python's str.isspace also
+    counts the separators U+001C..U+001F)."""
+    return c.isspace() and c not in "\x1c\x1d\x1e\x1f"
 
 
 def _mark(obj, specials: Sequence[str], texts: dict):

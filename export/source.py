@@ -398,8 +398,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         scaling = None if arch == "gpt_oss" or "rope.scaling.type" in mapped else value("rope.scaling.type")
         rope = {"factor": value("rope.scaling.factor"),
                 "original_max_position_embeddings": value("rope.scaling.original_context_length"),
-                "beta_fast": value("rope.scaling.yarn_beta_fast"), "beta_slow": value("rope.scaling.yarn_beta_slow"),
-                "attention_factor": value("rope.scaling.attn_factor")}
+                "beta_fast": value("rope.scaling.yarn_beta_fast"), "beta_slow": value("rope.scaling.yarn_beta_slow")}
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
         return {}
     scaling = str(scaling or "none").lower()
@@ -416,11 +415,20 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     if scaling != "none":
         if not rope["factor"] or float(rope["factor"]) <= 0:
             raise ExportError(f"{path.name} scales its rotary ({scaling}) without a factor ({arch}.rope.scaling.factor)")
-        keep = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-                                                "attention_factor")}[scaling]
+        # (llama.cpp's attn_factor multiplies YaRN's own scaling, where transformers' attention_factor replaces it:
+        # not carried over)
+        keep = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings", "beta_fast",
+                                                "beta_slow")}[scaling]
+        got = {k: (int(rope[k]) if k == "original_max_position_embeddings" else float(rope[k]))
+               for k in keep if rope[k] not in (None, 0)}
         params = dict(getattr(config, "rope_parameters", None) or {})
-        params.update({k: (int(rope[k]) if k == "original_max_position_embeddings" else float(rope[k]))
-                       for k in keep if rope[k] not in (None, 0)}, rope_type=scaling)
+        if isinstance(params.get("full_attention"), dict):  # (per layer type, Gemma 3's: llama.cpp's scaling is the
+            params["full_attention"] = {**params["full_attention"], **got, "rope_type": scaling}  # global layers')
+        elif any(isinstance(v, dict) for v in params.values()):
+            raise ExportError(f"{path.name} scales its rotary ({scaling}) and its model keeps rotary parameters per "
+                              f"layer type ({', '.join(params)}): which layers the scaling is for is not known")
+        else:
+            params.update(got, rope_type=scaling)
         config.rope_parameters = params
         changed = True
     return {"config": config} if changed else {}

@@ -698,3 +698,31 @@ def test_families_whose_norms_the_builder_got_wrong_export_at_float32(tmp_path_f
     d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=3, **extra)
     b = _export(tmp_path_factory, f"{arch}-fp32", d, target_precision="fp32", max_context=256)
     _greedy_exact(b, 24, ("prompt-lookup",))
+
+
+def test_a_gemma3_gguf_s_scaling_is_its_global_layers(tmp_path_factory, monkeypatch):
+    """(session 47, the diff review) A Gemma 3 keeps its rotary per layer type; llama.cpp's converter writes a linear
+    x8 for its global layers (4B and up). The scaling went beside the two layer types, unread, and the builder
+    stopped (its flat form was taken as given)."""
+    import gguf
+
+    import tiny
+    from edgespec_export.source import _gguf_config
+
+    root = tmp_path_factory.mktemp("g3")
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    hf = tiny.make_model(root / "hf", "gemma3", seed=3, layers=2, rope_parameters=rope,
+                         layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    header = gguf.GGUFWriter.write_header_to_file
+
+    def with_scaling(self, *a, **k):
+        self.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        self.add_rope_scaling_factor(8.0)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_scaling)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch="gemma3")
+    got = _gguf_config(path, str(root), {"gguf_file": "m.gguf"})["config"].rope_parameters
+    assert got["full_attention"]["rope_type"] == "linear" and got["full_attention"]["factor"] == 8.0
+    assert got["sliding_attention"].get("rope_type", "default") == "default" and "factor" not in got

@@ -54,6 +54,7 @@ def test_read_prompts_spec_bench_format(tmp_path):
     p.write_text('{"question_id": 1, "category": "code", "turns": ["a", "b"]}\n\n{"turns": ["c"]}\n')
     qs = read_prompts(p)
     assert [q["category"] for q in qs] == ["code", "default"] and qs[0]["turns"] == ["a", "b"]
+    assert [q["question_id"] for q in qs] == ["1", "3"]  # (session 47: an integer id failed the report's joins)
     p.write_text('{"question_id": 1}\n')
     with pytest.raises(ConfigError, match="turns"):
         read_prompts(p)
@@ -63,7 +64,8 @@ def test_read_prompts_spec_bench_format(tmp_path):
                        ('{"category": 5, "turns": ["x"]}', "'category' must be a string, got int"),
                        ('{"turns": [123]}', "turns"),  # (session 43: tracebacks, or an error after the load)
                        ('{"turns": ["x"], "n": 1' + "0" * 5000 + "}", ":1: not JSON (Exceeds the limit"),  # (46)
-                       ("[" * 100000 + "]" * 100000, ":1: not JSON (maximum recursion depth")):
+                       ("[" * 100000 + "]" * 100000, ":1: not JSON (maximum recursion depth"),
+                       ('{"question_id": [1], "turns": ["x"]}', "'question_id' must be a string or an integer")):
         p.write_text(bad + "\n")
         with pytest.raises(ConfigError, match=re.escape(match)):
             read_prompts(p, categories=["zz"])

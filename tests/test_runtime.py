@@ -399,11 +399,13 @@ def test_chat_encoding_with_stripping_tokens_trimmed_offsets_and_whitespace_toke
     hf.save(str(tmp_path / "t" / "tokenizer.json"))
     template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
                 "<|im_start|>assistant\n")
-    tok = Tokenizer(tmp_path / "t", chat_template=template)
-    assert "\n\n" not in tok.special_texts
-    ref = _reference_without(tok, "<|endoftext|>")
-    for content in ("hi <|endoftext|>", "  hi <|endoftext|>\n\n", "hi\n\nthere <|endoftext|>  "):
-        msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": content}]
-        assert tok.encode_chat(msgs) == ref.encode(tok.render_chat(msgs), add_special_tokens=False).ids, content
+    for template in (template, template.replace(" | trim", "")):
+        tok = Tokenizer(tmp_path / "t", chat_template=template)
+        assert "\n\n" not in tok.special_texts
+        ref = _reference_without(tok, "<|endoftext|>")
+        for content in ("hi <|endoftext|>", "  hi <|endoftext|>\n\n", "hi\n\nthere <|endoftext|>  ",
+                        "hi <|endoftext|> x\x1f", "hi <|endoftext|> x \x1c"):  # (separators: Rust strips no U+001C..F)
+            msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": content}]
+            assert tok.encode_chat(msgs) == ref.encode(tok.render_chat(msgs), add_special_tokens=False).ids, content
     plain = [{"role": "user", "content": "hi\n\n"}]  # (no special text: the plain path, trimmed)
     assert tok.encode_chat(plain) == tok._tok.encode(tok.render_chat(plain), add_special_tokens=False).ids
