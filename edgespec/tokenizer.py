@@ -237,15 +237,20 @@ class Tokenizer:
         the shared one, so threads encoding at once never see it flip)."""
         with self._lock:
             if self._text_tok is None:
-                from tokenizers import Tokenizer as HFTokenizer
-
-                data = json.loads(self._tok.to_str())
-                for a in data.get("added_tokens") or []:
-                    a["special"] = True  # (encode_special_tokens reads special tokens' text as text)
-                t = HFTokenizer.from_str(json.dumps(data))
-                t.encode_special_tokens = True
-                self._text_tok = t
+                self._text_tok = self._text_copy(lambda a: True)
             return self._text_tok
+
+    def _text_copy(self, as_text):
+        """A copy of the tokenizer that reads the text of each added token ``as_text(entry)`` picks (its JSON entry)
+        as text (``encode_special_tokens`` reads special tokens' text as text: those are made special)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        data = json.loads(self._tok.to_str())
+        for a in data.get("added_tokens") or []:
+            a["special"] = a["special"] or as_text(a)
+        t = HFTokenizer.from_str(json.dumps(data))
+        t.encode_special_tokens = True
+        return t
 
     def special_ids_texts(self) -> set[str]:
         """The texts of the special tokens (those decoding leaves out of the reply's text)."""
@@ -261,9 +266,9 @@ class Tokenizer:
     def special_texts(self) -> tuple[str, ...]:
         """The texts that stay text in message content, tools and calls: every added token's (special
         ones, and markup such as ``<tool_call>``, which a message or a tool's result must not open)."""
-        if self._specials is None:  # (a token of whitespace only, Gemma's "\n\n", is a piece of text: it closes nothing)
+        if self._specials is None:
             self._specials = tuple(t.content for t in self._tok.get_added_tokens_decoder().values()
-                                   if t.content and (t.special or t.content.strip()))
+                                   if t.content and _markup(t.special, t.content))
         return self._specials
 
     def min_tokens(self, text: str) -> int:
@@ -352,6 +357,10 @@ class Tokenizer:
         if len(texts) == 1:  # (only think tags in an assistant's content: markup)
             return self._tok.encode(text, add_special_tokens=False).ids
         placeholder = re.compile("\ue002" + texts[""] + "-[0-9]+\ue003")
+
+        def stretch(a: int, b: int, before) -> list[int]:  # (its placeholders back to their texts)
+            return self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[a:b]), before)
+
         enc = self._tok.encode(text, add_special_tokens=False)
         added = self._tok.get_added_tokens_decoder()
         ids: list[int] = []
@@ -359,7 +368,7 @@ class Tokenizer:
         offsets = enc.offsets
         for k, (i, (a, b)) in enumerate(zip(enc.ids, offsets)):
             t = added.get(i)
-            if t is not None and (t.special or t.content.strip()):  # a token the template wrote (not one of spaces)
+            if t is not None and _markup(t.special, t.content):  # a token the template wrote (not one of spaces)
                 # the spaces it strips (lstrip/rstrip) are its own where trimmed offsets leave them out (up to the
                 # tokens beside it: an added token of spaces before it is matched first)
                 low = max(at, offsets[k - 1][1] if k else 0)
@@ -369,11 +378,11 @@ class Tokenizer:
                 while t.rstrip and b < high and _stripped(text[b]):
                     b += 1
                 if a > at:
-                    ids += self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[at:a]), before)
+                    ids += stretch(at, a, before)
                 ids.append(i)
-                at, before = b, added[i]
+                at, before = b, t
         if at < len(text):
-            ids += self._stretch_ids(placeholder.sub(lambda m: texts[m.group(0)], text[at:]), before)
+            ids += stretch(at, len(text), before)
         return ids
 
     def _stretch_ids(self, piece: str, before) -> list[int]:
@@ -394,13 +403,8 @@ class Tokenizer:
         with self._lock:
             if self._stretch_tok is None:
                 from tokenizers import AddedToken
-                from tokenizers import Tokenizer as HFTokenizer
 
-                data = json.loads(self._tok.to_str())
-                for a in data.get("added_tokens") or []:  # (encode_special_tokens reads special tokens' text as text;
-                    a["special"] = a["special"] or bool(a["content"].strip())  # whitespace tokens stay tokens)
-                t = HFTokenizer.from_str(json.dumps(data))
-                t.encode_special_tokens = True
+                t = self._text_copy(lambda a: _markup(a["special"], a["content"]))  # (whitespace tokens stay tokens)
                 nonce = secrets.token_hex(8)
                 self._stand_ins = tuple(f"\ue004{nonce}{k}\ue005" for k in "rn")
                 t.add_tokens([AddedToken(self._stand_ins[0], special=False, normalized=False),
@@ -423,6 +427,12 @@ def _strings(obj):
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _strings(v)
+
+
+def _markup(special: bool, content: str) -> bool:
+    """Whether an added token is markup, whose text in a message stays text: a special one, or one of more than
+    whitespace (one of whitespace only, Gemma's "\n\n", is a piece of text: it opens and closes nothing)."""
+    return bool(special or content.strip())
 
 
 def _stripped(c: str) -> bool:

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import edgespec  # noqa: E402
 from genai_baseline import genai_autoregressive  # noqa: E402
+from one_line_errors import one_line_errors  # noqa: E402
 
 PROMPT = "Write a Python function that parses a CSV line into a list of fields, handling quoted fields."
 
@@ -35,17 +36,8 @@ def edgespec_run(eng, ids, n, **sampling):
     return out, st
 
 
+@one_line_errors
 def main(argv=None) -> int:
-    from edgespec.errors import EdgespecError
-
-    try:
-        return _main(argv)
-    except EdgespecError as e:  # a bundle that is not one, a bad option: one line, as the CLI says it
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundles", nargs="+")
     ap.add_argument("--tokens", type=int, default=128)

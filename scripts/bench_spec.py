@@ -27,6 +27,7 @@ import edgespec  # noqa: E402
 from edgespec.bench import parse_drafters, read_prompts, run_bench, write_report  # noqa: E402
 from genai_baseline import genai_autoregressive, genai_speculative  # noqa: E402
 from llamacpp_baseline import llamacpp_runners  # noqa: E402
+from one_line_errors import one_line_errors  # noqa: E402
 
 
 def genai_runners(bundle: Path, k: int, ngram_size: int, with_draft: bool, threads: int | None) -> dict:
@@ -62,17 +63,8 @@ def repeat_passes(prompts: list[dict], passes: int) -> list[dict]:
     return [q if p == 0 else dict(q, question_id=f"{q['question_id']}#{p + 1}") for p in range(passes) for q in prompts]
 
 
+@one_line_errors
 def main(argv=None) -> int:
-    from edgespec.errors import EdgespecError
-
-    try:
-        return _main(argv)
-    except EdgespecError as e:  # a bundle that is not one, a bad option or prompts file: one line, as the CLI says it
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
     ap.add_argument("--drafters", default="model,model:4,prompt-lookup,auto",

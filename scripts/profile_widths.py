@@ -19,20 +19,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from one_line_errors import one_line_errors  # noqa: E402
+
 BUCKETS = ((1, 1), (2, 8), (9, 15), (16, 16), (17, 30), (31, 32), (33, 1 << 30))
 
 
+@one_line_errors
 def main(argv=None) -> int:
-    from edgespec.errors import EdgespecError
-
-    try:
-        return _main(argv)
-    except EdgespecError as e:  # a bundle that is not one, a bad option: one line, as the CLI says it
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
     ap.add_argument("--drafter", default="auto")
