@@ -132,17 +132,24 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     if max_context is not None and max_context < 1:
         raise ConfigError(f"max_context must be a positive number of tokens, got {max_context}")
     budget = profile.budget_bytes
-    limit = manifest.target.max_context
-    if manifest.drafter is not None:
-        limit = min(limit, manifest.drafter.max_context)
-    want_ctx = min(max_context or profile.max_context, limit)
+    want_drafter = use_drafter and manifest.drafter is not None and profile.drafter in ("auto", "model")
+
+    def limit(with_drafter: bool) -> int:
+        """The bundle's longest context for a build with or without the model drafter (the drafter's
+        own limit binds only where it is loaded)."""
+        t = manifest.target.max_context
+        return min(t, manifest.drafter.max_context) if with_drafter else t
+
+    def wanted(with_drafter: bool) -> tuple[int, int]:
+        """(the context asked for, the floor) within ``limit(with_drafter)``."""
+        ctx = min(max_context or profile.max_context, limit(with_drafter))
+        return ctx, min(profile.min_context, ctx)
+
+    want_ctx, floor = wanted(want_drafter)
     if want_ctx < 2:  # (1 held a one-token prompt and no reply: every request, and plan --measure, then failed)
         raise ConfigError(f"a context of {want_ctx} token holds no reply: max_context must be at least 2 (a "
                           f"prompt's token and one of the reply)")
-    floor = min(profile.min_context, want_ctx)
     warnings = []
-    if max_context and max_context > limit:
-        warnings.append(f"asked for a context of {max_context} tokens; this bundle allows {limit}")
     target_prov = (list(providers) if providers else list(profile.providers))[0]
     drafter_prov = (list(drafter_providers) if drafter_providers else
                     [profile.drafter_provider] if profile.drafter_provider else [target_prov])[0]
@@ -150,7 +157,6 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     if profile.kv_dtype != "auto" and profile.kv_dtype != manifest.target.kv_dtype:
         warnings.append(f"profile asks for a {profile.kv_dtype} KV cache; this bundle's graphs use "
                         f"{manifest.target.kv_dtype}")
-    want_drafter = use_drafter and manifest.drafter is not None and profile.drafter in ("auto", "model")
     cuts: list[str] = []
     chunk = profile.prefill_chunk
 
@@ -188,8 +194,11 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         # (a prefill chunk never holds more than the context: a profile's larger one plans for what it runs)
         chunk_here = max(1, min(chunk, ctx))
         working = working_bytes(manifest, chunk_here, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()})
+        over = ((f"asked for a context of {max_context} tokens; this bundle allows {limit(with_drafter)}"
+                 + (" with its drafter model" if with_drafter and limit(True) < limit(False) else ""),)
+                if max_context and max_context > limit(with_drafter) else ())
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk_here, weights, kv, working, runtime,
-                    tuple(cuts), tuple(warnings), any_gpu, weights_basis(with_drafter), devices)
+                    tuple(cuts), over + tuple(warnings), any_gpu, weights_basis(with_drafter), devices)
 
     def fit_context(with_drafter: bool) -> int | None:
         """The largest context that fits: the one asked for, else the largest multiple of 64 above
@@ -199,12 +208,13 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         def fits(ctx: int) -> bool:
             return build(ctx, with_drafter).total <= budget
 
-        if fits(want_ctx):
-            return want_ctx
-        if not fits(floor):
+        want, least = wanted(with_drafter)
+        if fits(want):
+            return want
+        if not fits(least):
             return None
-        lo, hi = -(-floor // 64), (want_ctx - 1) // 64  # multiples of 64 in [floor, want_ctx)
-        best = floor
+        lo, hi = -(-least // 64), (want - 1) // 64  # multiples of 64 in [least, want)
+        best = least
         while lo <= hi:
             mid = (lo + hi) // 2
             if fits(mid * 64):
@@ -234,9 +244,10 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         ctx = fit_context(False)
         if ctx is not None:
             cuts.append("model drafter dropped (prompt lookup instead)")
-            if ctx < want_ctx:
-                cuts.insert(0, f"context {want_ctx} -> {ctx} tokens")
+            if ctx < wanted(False)[0]:
+                cuts.insert(0, f"context {wanted(False)[0]} -> {ctx} tokens")
             return finish(build(ctx, False))
+    floor = wanted(False)[1]
     smallest = build(floor, False)
     raise BudgetError(
         f"the budget of {budget / MiB:.0f} MiB ({profile.name}) cannot hold this bundle: at the minimum context "

@@ -127,8 +127,8 @@ def _check(name: str, data: dict, where: str) -> Profile:
             if k in _BYTE_OPTIONS and not (is_int(v) and v > 0):
                 raise ProfileError(f"{where}: provider_options.{prov}.{k} = {v!r} is not a positive integer (bytes)")
     need("session_options", lambda v: isinstance(v, dict) and all(
-        isinstance(k, str) and isinstance(x, (str, int, float, bool)) for k, x in v.items()),
-        "a table of onnxruntime session config entries (strings, numbers or booleans)")
+        isinstance(k, str) and 0 < len(k) <= 1024 and isinstance(x, (str, int, float, bool)) for k, x in v.items()),
+        "a table of onnxruntime session config entries (keys of 1-1024 characters; strings, numbers or booleans)")
     for k in ("description", "source"):
         need(k, lambda v: isinstance(v, str), "a string")
     need("drafter_provider", lambda v: v in PROVIDER_NAMES, f"one of {', '.join(PROVIDER_NAMES)}")
@@ -169,11 +169,20 @@ def profile_dirs() -> list[Path]:
 
 
 def list_profiles() -> list[Profile]:
-    seen: dict[str, Profile] = {}
+    """The profiles of the profile folders, the first of a name kept; a file that is no profile is left out
+    with a warning (one edited wrong must not hide the others, nor answer a mistyped name for them)."""
+    import logging
+
+    seen: dict[str, Profile | None] = {}
     for d in profile_dirs():
         for f in sorted(d.glob("*.toml")):
-            seen.setdefault(f.stem, load_profile(f))
-    return list(seen.values())
+            if f.stem not in seen:
+                try:
+                    seen[f.stem] = load_profile(f)
+                except ProfileError as e:
+                    seen[f.stem] = None
+                    logging.getLogger("edgespec").warning("left out: %s", e)
+    return [p for p in seen.values() if p is not None]
 
 
 def _short_name(name):
@@ -206,5 +215,7 @@ def resolve_profile(profile: "Profile | str | os.PathLike | None") -> Profile:
         f = d / f"{s}.toml"
         if f.is_file():
             return load_profile(f)
-    names = ", ".join(p.name for p in list_profiles())
+    if s == DEFAULT_PROFILE.name:  # (the one without a file, as plan names it: --profile default undoes EDGESPEC_PROFILE)
+        return DEFAULT_PROFILE
+    names = ", ".join(sorted({f.stem for d in profile_dirs() for f in d.glob("*.toml")} | {DEFAULT_PROFILE.name}))
     raise ProfileError(f"unknown profile {s!r}; known: {names or 'none'} (or give a .toml path)")

@@ -319,6 +319,28 @@ def test_context_limits_and_warnings():
     assert "float16" in p.warnings[0] and "float32" in p.warnings[0]
 
 
+def test_a_shorter_drafter_context_binds_only_plans_that_load_the_drafter():
+    # (it capped every plan: --no-drafter, a prompt-lookup profile, perplexity, a dropped drafter)
+    target = _spec("target", 28, 2, 128, 1536, 151936, 1_000_000_000, 8192)
+    drafter = _spec("drafter", 24, 2, 64, 896, 151936, 500_000_000, 2048)
+    m = _manifest(target, drafter)
+    p = plan(m, cpu_profile(16384, max_context=8192))
+    assert p.drafter == "model" and p.context == 2048 and p.warnings == ()
+    p = plan(m, cpu_profile(16384), max_context=8192)
+    assert p.context == 2048 and p.warnings == ("asked for a context of 8192 tokens; this bundle allows 2048 with "
+                                                "its drafter model",)
+    for p in (plan(m, cpu_profile(16384, max_context=8192), use_drafter=False),
+              plan(m, cpu_profile(16384, max_context=8192, drafter="prompt-lookup"))):
+        assert p.drafter == "none" and p.context == 8192 and p.warnings == () and p.cuts == ()
+    p = plan(m, cpu_profile(16384), max_context=10_000, use_drafter=False)
+    assert p.context == 8192 and p.warnings == ("asked for a context of 10000 tokens; this bundle allows 8192",)
+    # a drafter dropped for the budget leaves the target its own limit: the cut is from 8192
+    tight = plan(m, cpu_profile(16384, max_context=8192), use_drafter=False).total + MiB
+    p = plan(m, Profile(name="t", memory_budget_mb=tight // MiB, providers=("cpu",), max_context=8192))
+    assert p.drafter == "none" and p.context == 8192, p.cuts
+    assert p.cuts == ("model drafter dropped (prompt lookup instead)",)
+
+
 def test_drafting_policies_without_model_drafter():
     p = plan(qwen_pair(), cpu_profile(8192, max_context=4096, drafter="prompt-lookup"))
     assert p.drafter == "none" and p.default_drafter == "prompt-lookup" and "drafter" not in p.kv
@@ -399,6 +421,7 @@ def test_unknown_key_is_named(tmp_path):
      "provider_options.tensorrt.trt_max_workspace_size"),
     ("provider_options = { tensorrt = { trt_max_workspace_size = 0 } }",
      "provider_options.tensorrt.trt_max_workspace_size"),
+    ('session_options = { "" = "1" }', "session_options"),
     ("description = 3", "description"),
     ("source = false", "source"),
 ])
@@ -418,6 +441,22 @@ def test_unreadable_profile_files_are_one_line_errors(tmp_path):
     b.write_bytes(b"memory_budget_mb = 1\n\xff\xfe\n")
     with pytest.raises(ProfileError, match="not a text"):
         load_profile(b)
+
+
+def test_a_broken_profile_file_leaves_the_others_listed(tmp_path, monkeypatch, caplog):
+    import edgespec.profiles as profiles_mod
+
+    _write(tmp_path, "memory_budget_mb = 100\n", name="good.toml")
+    _write(tmp_path, 'memory_budget_mb = "lots"\n', name="mine.toml")
+    monkeypatch.setattr(profiles_mod, "profile_dirs", lambda: [tmp_path])
+    with caplog.at_level("WARNING", logger="edgespec"):
+        assert [p.name for p in list_profiles()] == ["good"]
+    assert "mine.toml" in caplog.text and "memory_budget_mb" in caplog.text
+    with pytest.raises(ProfileError, match=r"unknown profile 'goo'; known: default, good, mine "):
+        resolve_profile("goo")
+    assert resolve_profile("default") is DEFAULT_PROFILE  # (plan's name for it; undoes EDGESPEC_PROFILE)
+    with pytest.raises(ProfileError, match="mine.toml: memory_budget_mb"):  # asked for by name: its own error
+        resolve_profile("mine")
 
 
 def test_max_context_must_be_positive():
