@@ -267,6 +267,12 @@ def _write_prompt_cache(pc, cache, path, key, lock) -> None:
             warnings.warn(str(e) or "out of memory writing the prompt cache", stacklevel=2)
 
 
+def _a_path(v) -> bool:
+    """A str or os.PathLike naming something: "" is taken as the working directory (memory="" wrote the
+    replies to ./store.npz, silently)."""
+    return isinstance(v, (str, os.PathLike)) and os.fspath(v) not in ("", b"")
+
+
 def _check_load_args(**kw) -> None:
     """``load``'s arguments of the wrong type are a ``ConfigError`` naming the argument, not a
     ``TypeError`` from deep inside (or a silent truthiness: ``use_drafter="no"`` would mean True)."""
@@ -291,12 +297,12 @@ def _check_load_args(**kw) -> None:
                       "a positive integer"),
         "prompt_cache_mb": (kw["prompt_cache_mb"] is None or (is_int(kw["prompt_cache_mb"]) and kw["prompt_cache_mb"] >= 0),
                             "None or a non-negative integer (MiB; 0: no prompt cache)"),
-        "prompt_cache_file": (kw["prompt_cache_file"] is None or isinstance(kw["prompt_cache_file"], path),
+        "prompt_cache_file": (kw["prompt_cache_file"] is None or _a_path(kw["prompt_cache_file"]),
                               "None or a file's path"),
         "use_drafter": (isinstance(kw["use_drafter"], bool), "True or False"),
         "verify": (isinstance(kw["verify"], bool), "True or False"),
         "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
-        "memory": (kw["memory"] is None or isinstance(kw["memory"], (bool, *path)),
+        "memory": (kw["memory"] is None or isinstance(kw["memory"], bool) or _a_path(kw["memory"]),
                    "True, False (or None) or a store file's path"),
         "documents": (isinstance(kw["documents"], path) or (isinstance(kw["documents"], (list, tuple)) and all(
             isinstance(d, path) for d in kw["documents"])), "a path or a list of paths"),
@@ -408,6 +414,8 @@ class Engine:
                     path.unlink(missing_ok=True)
                 except OSError as e:
                     warnings.warn(f"cannot delete the prompt cache {path}: {e.strerror or e}", stacklevel=2)
+            if getattr(self, "_write_prompt_cache", None) is not None:
+                # (another engine's file is left alone: the cleared cache is nothing to write over it)
                 pc = dec.target.prompt_cache
                 pc.written = pc.version
 

@@ -613,6 +613,8 @@ def test_a_memory_store_that_never_ends_is_set_aside(tiny_bundle, tmp_path, monk
     assert not p.is_symlink() and [q for q in p.parent.iterdir() if q.name.startswith("store.npz.bad-")]
     with pytest.raises(edgespec.errors.StoreError, match="not a regular file"):  # a path the caller named stays
         edgespec.load(tiny_bundle, memory="/dev/zero")
+    with pytest.raises(edgespec.errors.ConfigError, match="memory"):  # (session 48: "" wrote ./store.npz)
+        edgespec.load(tiny_bundle, memory="")
 
 
 def test_a_memory_store_that_is_a_pipe_a_newer_version_or_unreadable(tiny_bundle, tmp_path, monkeypatch):

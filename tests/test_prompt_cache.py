@@ -430,6 +430,11 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
     assert "another engine" in read_file(PromptCache(1 << 24), f, key)[1]
     with pytest.warns(UserWarning, match="another engine"):
         eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    eng.reset()  # (the cleared cache was written over the other engine's file at close)
+    eng.close()
+    assert "another engine" in read_file(PromptCache(1 << 24), f, key)[1]
+    with pytest.warns(UserWarning, match="another engine"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
     eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
     eng.close()
     assert read_file(PromptCache(1 << 24), f, key)[1] is None  # replaced by this engine's
@@ -442,8 +447,9 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
         edgespec.load(tiny_bundle, prompt_cache_mb=0, prompt_cache_file=tmp_path / "x.npz", memory=False)
     with pytest.raises(ConfigError, match="directory"):
         edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=tmp_path, memory=False)
-    with pytest.raises(ConfigError, match="prompt_cache_file"):
-        edgespec.load(tiny_bundle, prompt_cache_file=3, memory=False)
+    for bad in (3, ""):  # ("": the working directory)
+        with pytest.raises(ConfigError, match="prompt_cache_file"):
+            edgespec.load(tiny_bundle, prompt_cache_file=bad, memory=False)
     if Path("/proc").is_dir():  # a place no file can be made (as root too): said at load, not at close (session 43)
         with pytest.raises(ConfigError, match="cannot be written: /proc takes no new files"):
             edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file="/proc/edgespec-pc.bin", memory=False)
