@@ -512,6 +512,16 @@ class Decoder:
                     yield step
             finally:
                 gen.close()
+                self._ended()
+
+    def _ended(self) -> None:
+        """A generation is over (finished, stopped, or its stream closed): drafters that keep something of it
+        (the suffix drafter's memory) keep it now, so that a memory cleared after the reply does not get it back
+        at the next request (session 48: it was recorded at the next generation's start)."""
+        for d in self.drafters.values():
+            end = getattr(d, "end", None)
+            if end is not None:
+                end()
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:
         sp, target, clock, policy = cfg.sampling, self.target, self.clock, self.policy

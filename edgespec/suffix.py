@@ -66,7 +66,7 @@ class SuffixDrafter(LookupDrafter):
         self.records = True
         self._rec = _Recorder(memory, orders)
         self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
-        if memory is not None:  # the last generation is recorded when the drafter goes, or at exit
+        if memory is not None:  # a generation is recorded at its end (end()); one cut short, when the drafter goes
             weakref.finalize(self, self._rec.flush, False)
 
     @classmethod
@@ -113,6 +113,10 @@ class SuffixDrafter(LookupDrafter):
         paraphrase's reply often differs after a few tokens): accepted at very different rates,
         so learned apart."""
         return "repeat" if self.recall_scores and self.recall_scores[-1] >= REPEAT_SCORE else "recall"
+
+    def end(self) -> None:
+        """The generation is over: recorded (where wanted) and the store saved."""
+        self._rec.commit()
 
     def reset(self) -> None:
         self._rec.commit()

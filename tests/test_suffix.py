@@ -83,7 +83,7 @@ def test_memory_records_each_generation_and_no_memory_stores_nothing():
         again, _ = run(d, [1, 2, 3], st, max_new_tokens=40, drafter="suffix")
         assert again == first
         if store is not None:
-            assert len(store) == 1 and st.accepted_by_drafter.get("suffix", 0) >= 30  # drafts its own last answer
+            assert len(store) == 2 and st.accepted_by_drafter.get("suffix", 0) >= 30  # drafts its own last answer
         else:
             assert d.drafters["suffix"].stats()["memory_tokens"] == 0
 
@@ -181,14 +181,17 @@ def test_two_stores_on_one_file_merge_and_a_clear_is_not_undone(tiny_bundle, tmp
     monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
     eng = edgespec.load(tiny_bundle)
     eng.generate("def hello(world):", max_new_tokens=8, drafter="suffix", ignore_eos=True)
-    eng.generate("The quick brown fox", max_new_tokens=8, drafter="suffix", ignore_eos=True)  # (the first saved)
+    eng.generate("The quick brown fox", max_new_tokens=8, drafter="suffix", ignore_eos=True)
     p = store_path(load_manifest(tiny_bundle))
-    assert len(read_store(p, bundle_fingerprint(load_manifest(tiny_bundle)), None)) == 1
+    fp = bundle_fingerprint(load_manifest(tiny_bundle))
+    assert len(read_store(p, fp, None)) == 2  # each saved at its end (session 48: at the next one's start)
     r = CliRunner().invoke(main, ["memory", "clear", str(tiny_bundle)])
     assert r.exit_code == 0 and not p.exists(), r.output
     eng.generate("import numpy as np", max_new_tokens=8, drafter="suffix", ignore_eos=True)
-    eng.close()  # (the last two generations saved)
-    assert len(read_store(p, bundle_fingerprint(load_manifest(tiny_bundle)), None)) == 2
+    # only what came after the clear (the reply just before it came back with the next request's save)
+    assert len(read_store(p, fp, None)) == 1
+    eng.close()
+    assert len(read_store(p, fp, None)) == 1
 
 
 @pytest.mark.parametrize("content, what", [
@@ -421,11 +424,12 @@ def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundl
         eng = edgespec.load(tiny_bundle, max_context=256)
         path = store_path(eng.manifest)
         ref = eng.generate(PROMPTS[1], max_new_tokens=20, drafter="suffix")
-        eng.generate(PROMPTS[2], max_new_tokens=20, drafter="suffix")  # records the first
-        assert len(read_store(path, None, None)) == 1
+        assert len(read_store(path, None, None)) == 1  # recorded at its end
+        eng.generate(PROMPTS[2], max_new_tokens=20, drafter="suffix")
+        assert len(read_store(path, None, None)) == 2
         del eng
         gc.collect()
-        assert len(read_store(path, None, None)) == 2  # the last one is recorded when the engine goes
+        assert len(read_store(path, None, None)) == 2
 
         path.write_bytes(b"garbage")
         with warnings.catch_warnings(record=True) as w:
@@ -434,7 +438,7 @@ def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundl
         assert any("set aside" in str(x.message) for x in w)
         assert eng.generate(PROMPTS[1], max_new_tokens=20, drafter="suffix").token_ids == ref.token_ids
         eng.generate(PROMPTS[0], max_new_tokens=5, drafter="auto")
-        assert len(read_store(path, None, None)) == 1  # rebuilt
+        assert len(read_store(path, None, None)) == 2  # rebuilt
         eng.clear_memory()
         assert eng.memory_stats()["memory_tokens"] == 0 and not path.exists()  # forgotten, and deleted
 
