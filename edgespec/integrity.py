@@ -35,7 +35,15 @@ def sha256_file(path: Path) -> str:
 def cache_root() -> Path:
     """``$EDGESPEC_CACHE_DIR`` (default ``~/.cache/edgespec``): what edgespec learned on this machine
     (verified files, placement verdicts, drafting memory)."""
-    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or Path.home() / ".cache" / "edgespec")
+    if os.environ.get("EDGESPEC_CACHE_DIR"):
+        return Path(os.environ["EDGESPEC_CACHE_DIR"])
+    try:
+        return Path.home() / ".cache" / "edgespec"
+    except RuntimeError:  # (no $HOME and a user without a passwd entry: a container's numeric uid)
+        from .errors import ConfigError
+
+        raise ConfigError("edgespec keeps what it learns in ~/.cache/edgespec, and this user has no home directory: "
+                          "set EDGESPEC_CACHE_DIR (or HOME)") from None
 
 
 def stat_stamp(st: os.stat_result) -> list[int]:

@@ -213,9 +213,10 @@ def engine_key(manifest, spec, cache, session_options: dict | None = None, width
 
     kernels = "onnxruntime"
     if getattr(spec, "kernels", None) == "edgespec-q4":
-        from .native import source_tag
+        from .native import isa, source_tag
 
-        kernels = f"edgespec-q4 {source_tag()}"
+        # (the path too: EDGESPEC_Q4_ISA=avx2 on an AVX-512 CPU takes other attention lanes, other bits)
+        kernels = f"edgespec-q4 {source_tag()} {isa()}"
     build = ort.get_build_info() if hasattr(ort, "get_build_info") else ""
     a = cache.host[0]
     return {"fingerprint": bundle_fingerprint(manifest), "buffers": len(cache.host), "kv_heads": int(a.shape[1]),

@@ -117,6 +117,23 @@ def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, bl
         assert np.array_equal(ours.run(None, {"A": x[start:start + 9]})[0], y[start:start + 9])
 
 
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+def test_a_nan_in_a_row_makes_that_row_nan(isa, monkeypatch):
+    """(session 48, a review) The int8 quantization's block maximum skipped a NaN: a row of NaN (an overflow, then
+    RMSNorm) came out as zeros, and decoding went on past the logits' NaN check. A block holding a NaN makes its row
+    NaN now, on every path, and the other rows keep their bits."""
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    x = np.random.default_rng(3).normal(size=(5, 96)).astype(np.float32)
+    s = _session(_graph(96, 37, 32, "MatMulQ4"))
+    clean = s.run(None, {"A": x})[0]
+    x[1, :] = np.nan
+    x[3, 40] = np.nan
+    y = s.run(None, {"A": x})[0]
+    assert np.isnan(y[1]).all() and np.isnan(y[3]).all()
+    assert np.array_equal(y[[0, 2, 4]], clean[[0, 2, 4]])
+
+
 def test_kernel_takes_batched_inputs_and_an_empty_call():
     x = np.random.default_rng(2).normal(size=(1, 5, 64)).astype(np.float32)
     s = _session(_graph(64, 20, 32, "MatMulQ4", batch=True))
@@ -152,6 +169,41 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
         except FileNotFoundError as e:  # subprocess cannot start it: must not escape untyped
             pytest.fail(f"untyped error: {e}")
     assert not list((tmp_path / "cache").glob("*.so"))
+
+
+def test_no_home_directory_and_a_compiler_command_line(tmp_path, monkeypatch):
+    """(session 48, a review) Without $HOME and a passwd entry (a container's numeric uid) Path.home() raised an
+    untyped RuntimeError from every sampled token (top-p's build never cached its failure); CXX="ccache g++" was
+    run as one program's name."""
+    import pwd
+
+    import edgespec.integrity as integrity
+    import edgespec.native as native
+    from edgespec.errors import ConfigError
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("EDGESPEC_NATIVE_DIR", raising=False)
+    monkeypatch.delenv("EDGESPEC_CACHE_DIR", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    monkeypatch.setattr(native, "_cached", None)
+    monkeypatch.setattr(native, "_top_p", [])
+    with pytest.raises(ProviderError, match="no home directory: set EDGESPEC_NATIVE_DIR"):
+        native.library_path()
+    assert native.top_p_kernel() is None  # sampling stays in numpy
+    with pytest.raises(ConfigError, match="no home directory: set EDGESPEC_CACHE_DIR"):
+        integrity.cache_root()
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_top_p", [])
+    import shutil
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    monkeypatch.setenv("CXX", f"env {cxx}")  # a command line, as make takes CXX
+    assert native.top_p_kernel() is not None
 
 
 def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, monkeypatch):

@@ -245,6 +245,23 @@ def test_on_width_invariant_kernels_a_restore_equals_a_fresh_prefill(tiny_xk_pc)
     assert restored.token_ids == fresh.token_ids
 
 
+def test_a_prompt_cache_file_is_keyed_by_the_kernels_path(tiny_xk_pc, tmp_path, monkeypatch):
+    """(session 48, a review) EDGESPEC_Q4_ISA picks other attention lanes (other bits) on the same CPU and source:
+    a file written on one path was restored on another."""
+    from edgespec.native import isa
+
+    if isa() == "portable":
+        pytest.skip("this CPU takes the portable path already")
+    f = tmp_path / "cache.npz"
+    with edgespec.load(tiny_xk_pc, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "portable")
+    with pytest.warns(UserWarning, match="another engine .*kernels"):
+        eng = edgespec.load(tiny_xk_pc, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    assert eng.prompt_cache_stats()["entries"] == 0
+    eng.close()
+
+
 def test_smollm2_conversations_taking_turns_restore_exactly(smol_int4):
     kw = dict(max_new_tokens=24, temperature=0.0, drafter="auto")
     q1 = "Explain in three sentences why the sky is blue and sunsets are red."

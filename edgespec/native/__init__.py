@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +32,13 @@ _cached: str | None = None
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EDGESPEC_NATIVE_DIR") or Path.home() / ".cache" / "edgespec" / "native")
+    if os.environ.get("EDGESPEC_NATIVE_DIR"):
+        return Path(os.environ["EDGESPEC_NATIVE_DIR"])
+    try:
+        return Path.home() / ".cache" / "edgespec" / "native"
+    except RuntimeError:  # (no $HOME and a user without a passwd entry: a container's numeric uid)
+        raise ProviderError("edgespec's kernels are built into ~/.cache/edgespec/native, and this user has no home "
+                            "directory: set EDGESPEC_NATIVE_DIR (or HOME)") from None
 
 
 def _cpu_flags() -> set[str] | None:
@@ -147,7 +154,7 @@ def _build(source: Path, stem: str, what: str) -> str:
     tag = source_tag(source)
     out = cache_dir() / f"{stem}-{tag}.so"
     if not _intact(out):
-        cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+        cxx = shlex.split(os.environ.get("CXX") or "") or [c for c in (shutil.which("g++") or shutil.which("c++"),) if c]
         if not cxx:
             raise ProviderError(f"{what} is built from source on first use and needs a C++ compiler: "
                                 f"install g++ (or set CXX)")
@@ -162,10 +169,10 @@ def _build(source: Path, stem: str, what: str) -> str:
         os.close(fd)
         try:
             try:
-                r = subprocess.run([cxx, *FLAGS, "-o", tmp, str(source)], capture_output=True, text=True,
+                r = subprocess.run([*cxx, *FLAGS, "-o", tmp, str(source)], capture_output=True, text=True,
                                    timeout=300)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise ProviderError(f"building {what} failed: cannot run {cxx} ({e})"[:300]) from None
+            except (OSError, subprocess.TimeoutExpired) as e:  # (CXX="ccache g++": a command line, as make takes it)
+                raise ProviderError(f"building {what} failed: cannot run {shlex.join(cxx)} ({e})"[:300]) from None
             if r.returncode != 0:
                 last = [ln for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.splitlines() or ["?"]
                 raise ProviderError(f"building {what} failed: {last[0][:200]}")

@@ -44,6 +44,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -932,14 +933,18 @@ inline int32_t cvt_nearest(float v) {
 }
 
 // quantize_row's numbers: the block's largest magnitude (max_ps's operand order: a NaN lane ends as the next
-// value, and the lanes' max ignores one), its scale and inverse, each value to the nearest int8 in -127..127
+// value, and the lanes' max ignores one), its scale and inverse, each value to the nearest int8 in -127..127; a
+// block holding a NaN gets a NaN scale, so that the row's results are NaN (an overflow upstream must reach the
+// logits' check, not come out as a row of zeros)
 void quantize_row_portable(const float* x, int64_t K, int64_t block, int8_t* q, float* d, int32_t* s) {
   for (int64_t b = 0; b < K / block; ++b) {
     const float* xb = x + b * block;
     float mv[8] = {};
+    bool nan = false;
     for (int64_t j = 0; j < block; j += 8)
       for (int l = 0; l < 8; ++l) {
         const float a = std::fabs(xb[j + l]);
+        nan |= a != a;
         mv[l] = mv[l] > a ? mv[l] : a;
       }
     float amax = 0.f;
@@ -951,7 +956,7 @@ void quantize_row_portable(const float* x, int64_t K, int64_t block, int8_t* q, 
       q[b * block + j] = int8_t(v);
       total += v;
     }
-    d[b] = scale;
+    d[b] = nan ? std::numeric_limits<float>::quiet_NaN() : scale;
     s[b] = total;
   }
 }
@@ -1182,8 +1187,12 @@ ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, f
   const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   for (int64_t b = 0; b < K / block; ++b) {
     const float* xb = x + b * block;
-    __m256 m = _mm256_setzero_ps();
-    for (int64_t j = 0; j < block; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + j), absmask));
+    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int64_t j = 0; j < block; j += 8) {
+      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xb + j), absmask);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+      m = _mm256_max_ps(m, a);
+    }
     alignas(32) float mv[8];
     _mm256_store_ps(mv, m);
     float amax = 0.f;
@@ -1202,7 +1211,7 @@ ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, f
     _mm256_store_si256(reinterpret_cast<__m256i*>(sv), sum);
     int32_t total = 0;
     for (int32_t v : sv) total += v;
-    d[b] = scale;
+    d[b] = _mm256_movemask_ps(nan) ? std::numeric_limits<float>::quiet_NaN() : scale;  // (quantize_row_portable's)
     s[b] = total;
   }
 }
