@@ -364,7 +364,9 @@ class Engine:
         from .reasoning import think_tags
 
         decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids,
-                                       think=think_tags(tokenizer)).constraint
+                                       think=think_tags(tokenizer),
+                                       text_encode=lambda t: tokenizer._text_tokenizer().encode(
+                                           t, add_special_tokens=False).ids).constraint
         self._healer = decoder.healer = _LazyHealer(tokenizer, decoder.vocab)
         if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
             if manifest.drafter is None:

@@ -147,8 +147,11 @@ class Grammars:
     """Matchers for one tokenizer: llguidance's tokenizer is built once (~1 s for a 150k vocabulary), on
     the first request that asks for a format."""
 
-    def __init__(self, tokenizer_json: str, vocab: int, eos_ids, think: tuple[int, int] | None = None):
+    def __init__(self, tokenizer_json: str, vocab: int, eos_ids, think: tuple[int, int] | None = None,
+                 text_encode=None):
         self._json, self.vocab, self.eos = tokenizer_json, vocab, [int(e) for e in eos_ids]
+        # (text -> ids reading every added token's text as text: what spells a grammar's fixed text)
+        self._text_encode = text_encode
         self.think = think  # a thinking model's <think> and </think> ids (reasoning.think_tags): no calls inside
         self._blank: frozenset[int] | None = None  # the ids whose text is white space only (blank_ids)
         self._tok = None
@@ -158,7 +161,7 @@ class Grammars:
         llg = _llguidance()
         with self._lock:
             if self._tok is None:
-                self._tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
+                self._tok = self._llg_tokenizer(llg)
         if grammar.startswith(LAZY):
             trigger, _, grammar = grammar[len(LAZY):].partition(":")
             if not trigger.isdigit() or not 0 <= int(trigger) < self.vocab:  # (a grammar given as an option)
@@ -169,6 +172,30 @@ class Grammars:
                                   self.eos, think=self.think,
                                   blank=self.blank_ids() if self.think is not None else frozenset())
         return Constraint(self._matcher(llg, grammar), self.vocab, self.eos)
+
+    def _llg_tokenizer(self, llg):
+        """llguidance's tokenizer: its token table as its own reading of the tokenizer JSON makes it (the added
+        tokens special), and, where ``text_encode`` is given, the text a grammar forces (a const, an enum's one
+        value, a property's name) spelled as text. llguidance's own encoding matched added tokens' texts in it:
+        a schema's "<filename>" or "a</tool_call>b" came out as the added token, which no grammar's bytes
+        match (the generation failed), and a const "<|im_end|>" ended the reply inside its string."""
+        tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
+        if self._text_encode is None:
+            return tok
+        n = tok.vocab_size
+        encode = self._text_encode
+
+        class Table:  # (llguidance.TokenizerWrapper's fields)
+            eos_token_id = tok.eos_token
+            bos_token_id = None
+            tokens = [tok.decode_bytes([i]) for i in range(n)]
+            special_token_ids = [i for i in range(n) if tok.is_special_token(i)]
+            is_tokenizer_wrapper = True
+
+            def __call__(self, text):
+                return encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+
+        return llg.LLTokenizer(Table(), n_vocab=self.vocab, eos_token=self.eos or None)
 
     def blank_ids(self) -> frozenset[int]:
         """The ids whose text is white space only (a reply's blank start before its <think>: reasoning.answer_start

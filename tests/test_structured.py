@@ -277,6 +277,28 @@ def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):
                              max_new_tokens=40, temperature=0, drafter=d)
 
 
+def test_a_schema_whose_fixed_text_is_a_special_tokens_text_spells_it_as_text(tiny_bundle):
+    """(session 48, a review) llguidance encoded a grammar's fixed text (a const, an enum's one value, a property's
+    name) matching added tokens: "<|im_start|>" came out as that special token, which no grammar's bytes match (the
+    generation failed: an EdgespecError, a 500), and a const "<|im_end|>" (the end of sequence) ended the reply
+    inside its string. The text is spelled as text now, and the reply is the schema's."""
+    eng = edgespec.load(tiny_bundle, memory=False)
+    msgs = [{"role": "user", "content": "Fill it in."}]
+    specials = set(eng.tokenizer.special_ids())
+    schema = {"type": "object", "additionalProperties": False, "required": ["<|im_start|>", "end", "kind"],
+              "properties": {"<|im_start|>": {"const": 1}, "end": {"const": "<|im_end|>"},
+                             "kind": {"enum": ["a<|endoftext|>b"]}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    ref = None
+    for d in ("none", "model", "auto"):
+        r = eng.generate(msgs, response_format=fmt, max_new_tokens=300, temperature=0, drafter=d)
+        assert r.finish_reason == "eos", (d, r.text)
+        assert json.loads(r.text) == {"<|im_start|>": 1, "end": "<|im_end|>", "kind": "a<|endoftext|>b"}
+        assert not specials & set(r.token_ids[:-1]), r.token_ids  # (the last: the end of sequence)
+        ref = ref or r.token_ids
+        assert r.token_ids == ref, d
+
+
 def test_an_end_of_sequence_in_a_draft_leaves_the_grammar_where_it_was(tiny_bundle):
     """llguidance keeps no end of sequence in the history it rolls back: a draft that holds one (or a
     drafter that pushes one) must not roll the grammar back past where it was (the tiny model's sampled
