@@ -482,8 +482,8 @@ class Engine:
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
             m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []
-        if tools is not None:
-            texts.append(json.dumps(tools.tools, ensure_ascii=False))
+        if tools is not None and tools.template_tools is not None:  # (tool_choice "none": not rendered)
+            texts.append(json.dumps(tools.template_tools, ensure_ascii=False))
         if isinstance(suffix, str):
             texts.append(suffix)
         least = sum(self.tokenizer.min_tokens(t) for t in texts) if fit else 0

@@ -215,10 +215,23 @@ def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[l
                 return None
         elif isinstance(args, dict):
             args = json.dumps(args, ensure_ascii=False)
+            if not _utf8(args):  # (a lone surrogate the model escaped, "\ud83d": no UTF-8 response holds it)
+                args = json.dumps(json.loads(args))
         else:
+            return None
+        if not _utf8(c["name"]):
             return None
         calls.append(ToolCall(c["name"], args))
     return calls, rest
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 # where a call starts, where it ends, and whether it must name one of the tools: the template's own
@@ -269,6 +282,13 @@ class ToolCallParser:
         self._block = None
         found = _as_calls(body, self.names if named else None, whole)
         if found is None:
+            p = body.rfind(opener)
+            if p >= 0:  # an opener in prose, or a broken block, before the call: text up to the last opener
+                self._text(opener + body[:p], out)
+                self._block = (opener, closer, named)
+                rest = body[p + len(opener):]
+                self._close(rest, opener + rest + raw[len(opener) + len(body):], out, whole)
+                return
             self._text(raw, out)
             return
         calls, rest = found
@@ -296,7 +316,7 @@ class ToolCallParser:
             elif self._in_str:
                 if c == "\\":
                     self._esc = True
-                elif c == '"':
+                elif c == '"' or c == "\n":  # (no JSON string holds a raw line break: a stray quote's ends there)
                     self._in_str = False
             elif c == '"':
                 self._in_str = True

@@ -58,6 +58,15 @@ PARSE = [  # (reply, expected content, expected calls as (name, arguments))
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_ca', "",
      [("get_weather", {"city": "Paris"})]),
     ("<tool_call>" + "[" * 3000 + "</tool_call>", "<tool_call>" + "[" * 3000 + "</tool_call>", []),
+    # (session 48, a review) a broken block's stray quote, an opener in prose: the calls after them were content
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "6" x"}}\n</tool_call>\n' + CALL,
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "6" x"}}\n</tool_call>',
+     [("get_weather", {"city": "Paris"})]),
+    ('```json\n{"name": "get_weather", "arguments": {"q": "6" x"}}\n```\nThen:\n' + CALL,
+     '```json\n{"name": "get_weather", "arguments": {"q": "6" x"}}\n```\nThen:', [("get_weather", {"city": "Paris"})]),
+    ("I will call <tool_call> now.\n" + CALL, "I will call <tool_call> now.", [("get_weather", {"city": "Paris"})]),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "\\ud83d x"}}\n</tool_call>', "",
+     [("get_weather", {"city": "\ud83d x"})]),  # (a lone surrogate: its arguments in ASCII escapes)
 ]
 
 
@@ -96,6 +105,13 @@ def test_streamed_and_whole_parsing_agree_and_lose_nothing():
         p.finish()
         assert (p.content, calls_of(p.calls)) == (content, calls_of(calls)), text
         assert calls or content == text, text
+
+
+def test_arguments_with_a_lone_surrogate_have_a_utf8_form():
+    _, calls = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "\\ud83d x"}}</tool_call>',
+                                NAMES)
+    calls[0].arguments.encode("utf-8")  # (a server's JSON response and stream failed on it)
+    assert json.loads(calls[0].arguments) == {"city": "\ud83d x"}
 
 
 def test_content_streams_before_the_reply_ends():
@@ -208,6 +224,19 @@ def test_a_conversation_answers_the_calls_it_made(tool_engine):
                {"role": "tool", "tool_call_id": first.tool_calls[0]["id"], "content": "14 C"}]
     second = tool_engine.generate(history, tools=WEATHER, max_new_tokens=60, temperature=0)
     assert (second.text, second.tool_calls) == ("It is 14 C in Paris.", [])
+
+
+def test_tools_the_template_does_not_render_do_not_count_against_the_context(tool_engine):
+    """(session 48, a review) tool_choice "none" leaves the tools out of the prompt, but their JSON was counted in
+    the quick bound of the prompt's length: a long list refused a short prompt."""
+    from edgespec.errors import ContextOverflowError
+
+    big = [{**WEATHER[0], "function": {**WEATHER[0]["function"],
+                                       "description": "x " * (64 * tool_engine.max_context)}}]
+    r = tool_engine.generate([ASK], tools=big, tool_choice="none", max_new_tokens=4, temperature=0)
+    assert r.tool_calls == [] and r.stats["prompt_tokens"] < tool_engine.max_context
+    with pytest.raises(ContextOverflowError):
+        tool_engine.generate([ASK], tools=big, max_new_tokens=4, temperature=0)
 
 
 def test_tool_choice_and_parallel_calls(tool_engine):
