@@ -98,6 +98,7 @@ class Generation:
         tags, whether the reply starts inside its block): the summary counts the block's tokens."""
         self.sched, self.ids, self.stop, self.kw, self.echo = sched, ids, stop, kw, echo
         self.think = think
+        self.grammar_param: str | None = None  # the request's field a grammar error names (response_format, tools)
         self._cancel = threading.Event()
         if sched.closing:  # a request's next choice made after shutdown began: the client gets the 503
             self._cancel.set()
@@ -360,6 +361,8 @@ class Server:
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["name"]
+        if not name:  # (/v1/models/: the list, as /v1/models)
+            return await self.models(request)
         if name != self.model_id:
             raise P.APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_id}'",
                              param="model", code="model_not_found")
@@ -500,6 +503,12 @@ class Server:
         # a thinking model's replies: whether each prompt's reply starts inside its block (None: not split)
         run_inside = [self._inside(x[0], req, treq) for x in prepared] if self._splits(req) else None
 
+        # what an error of the reply's grammar met mid-generation names (the field it came from)
+        grammar_param = None if "grammar" not in kw else "response_format" if req.response_format is not None \
+            else "tools"
+        if grammar_param is not None and req.responses is not None:
+            grammar_param = P.responses_param(grammar_param)
+
         def generation(i: int) -> Generation:
             """Choice i's generation: prompt i // n (a completion's prompts, in turn), its (i % n)-th choice, which
             samples with seed + i % n where a seed is given."""
@@ -512,7 +521,9 @@ class Server:
             if j and kw.get("seed") is not None:
                 kw_i["seed"] = (kw["seed"] + j) % 2**63
             think = (self.think, run_inside[i // req.n]) if run_inside is not None else None
-            return Generation(self.sched, p_ids, stops, kw_i, echo=req.echo, think=think)
+            gen = Generation(self.sched, p_ids, stops, kw_i, echo=req.echo, think=think)
+            gen.grammar_param = grammar_param
+            return gen
 
         choices_n = len(prepared) * req.n
 
@@ -618,7 +629,7 @@ class Server:
             elif kind == "done":
                 return "".join(parts), val, lps
             else:
-                raise P.engine_error(val)
+                raise P.engine_error(val, gen.grammar_param)
         return None
 
     async def _sse(self, run: "_Choices", req: P.GenRequest, rid: str, created: int, ext: dict, treq=None):
@@ -689,7 +700,7 @@ class Server:
                                             text=None if k == "chat" else "", with_usage=wu,
                                             calls=parser is not None and bool(parser.calls), index=i))
                     else:
-                        yield P.sse(P.engine_error(val).body())
+                        yield P.sse(P.engine_error(val, gen.grammar_param).body())
                         yield P.SSE_DONE
                         return
             if req.include_usage:
@@ -834,7 +845,7 @@ class Server:
                     yield ev(f"response.{final['status']}", response=final)
                     return
                 else:
-                    err = P.engine_error(val)  # (OpenAI's codes here: edgespec's own in edgespec.error_code)
+                    err = P.engine_error(val, gen.grammar_param)  # (OpenAI's codes here: edgespec's own in edgespec.error_code)
                     failed = {**P.response_object(rid, model, created, req, output=output, status="failed",
                                                   ext={**ext, "error_code": err.code}),
                               "error": {"code": "invalid_prompt" if err.status == 400 else "server_error",

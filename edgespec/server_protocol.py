@@ -123,6 +123,13 @@ def _kind(v) -> str:
             dict: "an object"}.get(type(v), type(v).__name__)
 
 
+def _seed(body: dict) -> int | None:
+    """``seed``: 0..2**63-1, or -1 for none (llama.cpp's server's "random", which its front-ends send)."""
+    if body.get("seed") == -1 and not isinstance(body.get("seed"), bool):
+        return None
+    return _int(body, "seed", 0, 2**63 - 1)
+
+
 def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None, where: str | None = None) -> int | None:
     """``body[key]`` as an integer in lo..hi, or None; ``where`` names it in errors (default ``key``)."""
     v, where = body.get(key), where or key
@@ -197,7 +204,7 @@ def _echoable(v, where: str, depth: int = 0) -> None:
 _HARMLESS = {"functions": ([],),
              "function_call": ("none", "auto"),
              "best_of": (1,), "audio": (),
-             "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": (),
+             "modalities": (["text"],), "reasoning_effort": (), "web_search_options": (), "verbosity": ("medium",),
              "moderation": ()}
 # OpenAI's fields that change nothing here: accepted and ignored
 _IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
@@ -290,7 +297,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     for key, value in (("temperature", _number(body, "temperature", 0.0, 2.0)),
                        ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
                        ("top_k", _int(body, "top_k", 0, 2**31 - 1)),
-                       ("seed", _int(body, "seed", 0, 2**63 - 1))):
+                       ("seed", _seed(body))):
         if value is not None:
             opts[key] = value
 
@@ -864,15 +871,17 @@ def stats_summary(st) -> dict:
             "completion_tokens": g("new_tokens")}  # the server sets the returned text's count
 
 
-def engine_error(e: BaseException) -> APIError:
-    """An engine error met during a generation, as the client sees it (one line, no traceback)."""
+def engine_error(e: BaseException, grammar_param: str | None = None) -> APIError:
+    """An engine error met during a generation, as the client sees it (one line, no traceback); ``grammar_param``: the
+    field a grammar's error names (the request's response_format or strict tools)."""
     if isinstance(e, APIError):
         return e
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     if isinstance(e, ContextOverflowError):
         return APIError(400, msg, code="context_length_exceeded")
     if isinstance(e, ConfigError):
-        return APIError(400, msg, code="invalid_value")
+        grammar = msg.startswith(("the reply's grammar", "the structured output's grammar"))
+        return APIError(400, msg, param=grammar_param if grammar else None, code="invalid_value")
     if isinstance(e, BusyError):
         return APIError(503, msg, type="server_error", code="busy")
     if isinstance(e, EdgespecError):

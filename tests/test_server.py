@@ -120,6 +120,8 @@ def wait_until(cond, timeout=20.0, what="condition"):
 # -- the happy paths -------------------------------------------------------------------------------
 def test_models_health_and_metrics(server, client, model_id):
     assert [m.id for m in client.models.list().data] == [model_id]
+    status, listed = http(server + "/v1/models/")  # (session 48: "the model '' does not exist")
+    assert status == 200 and [m["id"] for m in listed["data"]] == [model_id], listed
     assert client.models.retrieve(model_id).id == model_id
     status, body = http(server + "/health")
     assert status == 200 and body["status"] == "ok" and body["max_context"] == CONTEXT
@@ -762,6 +764,16 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("responses", {"input": [{"type": "function_call_output", "call_id": "\ud800", "output": "x"}]}, 400,
      "input[0].call_id", None),
     ("responses", {"input": "x", "instructions": "a \ud800"}, 400, "instructions", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "seed": -2}, 400, "seed", None),
+    # (session 48) a schema that fails where the reply reaches it, mid-generation: its field named, as before it
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}}, 400,
+     "response_format", "invalid_value"),
+    ("responses", {"input": "hi", "max_output_tokens": 40, "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}}, 400,
+     "text.format", None),
 ]
 
 
@@ -900,6 +912,11 @@ def test_ignored_fields_pass_and_suffix_is_a_drafter(client, model_id):
                                         extra_body={"edgespec": {"drafter": "suffix"}})
     assert sx.choices[0].message.content == base.choices[0].message.content  # lossless
     assert sx.model_extra["edgespec"]["drafter_policy"] == "suffix"
+    # (session 48) seed -1 is none (llama.cpp's server's "random", which its front-ends send); verbosity "medium" is
+    # OpenAI's default and asks for nothing
+    again = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, seed=-1,
+                                           extra_body={"verbosity": "medium"})
+    assert again.choices[0].message.content == base.choices[0].message.content
 
 
 def test_usage_counts_the_returned_tokens_after_a_stop(client, engine, model_id):
