@@ -796,7 +796,12 @@ def info(bundle, verify, as_json):
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
         return
-    checked = "every file's sha256 verified" if verify else "sizes checked; weights hashed when changed since last verified"
+    files = [meta for spec in (m.target, m.drafter) if spec is not None for meta in spec.files.values()] + \
+        list(m.tokenizer_files.values())
+    unhashed = sum(1 for meta in files if not meta.get("sha256"))
+    checked = ("sizes checked; weights hashed when changed since last verified" if not verify else
+               "every file's sha256 verified" if not unhashed else
+               f"{len(files) - unhashed} files' sha256 verified; {unhashed} with no sha256 in the manifest: sizes only")
     click.echo(f"bundle {m.root}  (schema {SCHEMA_VERSION}, {checked})")
     if not m.tokenizer_files:
         click.echo("  tokenizer files: not hashed in this manifest (an older export); checked against the models' "

@@ -113,9 +113,10 @@ class KVCache(TokenCache):
         super().__init__(max_len)
         dtype = _NP_DTYPES.get(spec.kv_dtype)
         if dtype is None:
-            from .errors import EdgespecError
+            from .errors import BundleError
 
-            raise EdgespecError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime")
+            raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime (float32 or "
+                              "float16: export the bundle again)")
         shape = (1, spec.num_kv_heads, self.max_len + spare, spec.head_dim)
         io = spec.io
         self.buffers = []  # (past input name, present output name, OrtValue)

@@ -297,6 +297,10 @@ class ModelSpec:
             raise ManifestError(f"manifest: {where}.precision {precision!r} is not one of "
                                 f"{', '.join(TARGET_PRECISIONS)}")
         dims = {k: _req(d, k, int, where) for k in _DIMS}
+        pad = _opt_count(d, "attention_pad", where) or 0
+        if pad and pad > dims["max_context"] - 2:  # (load made a cache of negative length: an untyped traceback)
+            raise ManifestError(f"manifest: {where}.attention_pad {pad} leaves no context of its max_context "
+                                f"{dims['max_context']}")
         for k, v in dims.items():
             if v <= 0:
                 raise ManifestError(f"manifest: {where}.{k} must be positive, got {v}")

@@ -333,7 +333,8 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
                    "edgespec (its export drops the builder's trailing empty inputs)")
         # a graph it cannot read or build is the bundle's fault; memory, a provider's library: not
         broken = ("INVALID_PROTOBUF", "INVALID_GRAPH", "NO_SUCHFILE", "Protobuf parsing failed", "NOT_IMPLEMENTED",
-                  "Failed to load external data", "External data", "invalid model")
+                  "Failed to load external data", "External data", "invalid model", "Deserialize tensor",
+                  "out of bounds", "No graph was found")
         raise (BundleError if any(b.lower() in str(e).lower() for b in broken) else EdgespecError)(msg) from None
 
 

@@ -4,6 +4,8 @@ bad field is a ``ManifestError`` that names it."""
 from __future__ import annotations
 
 import copy
+import shutil
+from pathlib import Path
 import json
 
 import pytest
@@ -155,6 +157,8 @@ def test_info_reads_what_export_records(tiny_bundle):
     (("sources",), ["t"], r"manifest\.sources"),
     (("bos_token_id",), "1", r"manifest\.bos_token_id"),
     (("name",), 3, r"manifest\.name"),
+    # (session 48) a pad that leaves no context: load made a cache of negative length (a traceback)
+    (("models", "target", "attention_pad"), 511, r"models\.target\.attention_pad 511 leaves no context"),
 ])
 def test_bad_fields_are_named(tmp_path, path, value, match):
     raw = copy.deepcopy(OLD)
@@ -180,3 +184,39 @@ def test_a_pair_with_two_tokenizers_is_refused(tmp_path):
     raw["models"]["drafter"]["tokenizer_sha256"] = "99" * 32
     with pytest.raises(TokenizerMismatchError):
         Manifest.from_dict(raw, tmp_path)
+
+
+def test_a_bundle_whose_tables_leave_files_unhashed_is_checked_or_says_so(tiny_bundle, copy_bundle):
+    """(session 48, a review) A tokenizer.json left out of the manifest's tokenizer files was never checked (the
+    fingerprint ran only where the table was empty): an edited one loaded as another tokenizer. `info --verify` said
+    "every file's sha256 verified" of files with no sha256; a KV dtype this runtime lacks was an untyped error."""
+    import json
+
+    from click.testing import CliRunner
+
+    import edgespec
+    from edgespec.cli import main
+    from edgespec.errors import BundleError
+
+    b = copy_bundle(Path(tiny_bundle))
+    raw = json.loads((b / "edgespec.json").read_text())
+    del raw["tokenizer"]["files"]["tokenizer/tokenizer.json"]
+    (b / "edgespec.json").write_text(json.dumps(raw))
+    tj = b / "tokenizer" / "tokenizer.json"
+    tok = json.loads(tj.read_text())
+    tok["normalizer"] = {"type": "Lowercase"}
+    tj.write_text(json.dumps(tok))
+    with pytest.raises(BundleError, match="tokenizer.json is not the tokenizer the models were exported with"):
+        edgespec.load(b, memory=False)
+    b2 = b.parent / "nosha"
+    shutil.copytree(tiny_bundle, b2)
+    raw = json.loads((b2 / "edgespec.json").read_text())
+    for meta in raw["models"]["target"]["files"].values():
+        del meta["sha256"]
+    (b2 / "edgespec.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(main, ["info", str(b2), "--verify"])
+    assert r.exit_code == 0 and "with no sha256 in the manifest: sizes only" in r.output, r.output
+    raw["models"]["target"]["kv_dtype"] = "bfloat16"
+    (b2 / "edgespec.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="KV dtype bfloat16 is not supported"):
+        edgespec.load(b2, memory=False)
