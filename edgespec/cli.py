@@ -20,6 +20,39 @@ from .providers import PROVIDER_NAMES
 MiB = 1 << 20
 
 
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP (a closed terminal) during a command that holds an engine: raised, so that the engine closes
+    as at the end of its input (a prompt cache file written), where the signal's default ended the process at once."""
+
+
+def _ends_on_hangup(fn):
+    """``fn`` (a command) with SIGTERM and SIGHUP raising ``Terminated`` (exit 128 + the signal) while it runs."""
+    import functools
+    import signal
+    import threading
+
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kw)
+
+        def handler(signum, frame):
+            raise Terminated(128 + signum)
+
+        old = {}
+        for sig in sigs:
+            if signal.getsignal(sig) == signal.SIG_DFL:  # (one set already, nohup's SIG_IGN: left as it is)
+                old[sig] = signal.signal(sig, handler)
+        try:
+            return fn(*args, **kw)
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+
+    return run
+
+
 class _Group(click.Group):
     """Every failure of a command as one ``error:`` line on stderr and an exit code: edgespec's
     typed errors (their codes), usage errors (2), Ctrl-C (130), SIGTERM during an export (143), and
@@ -176,7 +209,10 @@ def _fail(ctx, message: str, code: int, quiet: bool = False):
         except OSError:
             pass
     if not quiet:
-        click.echo(f"error: {message.splitlines()[0] if message else 'failed'}", err=True)
+        try:
+            click.echo(f"error: {message.splitlines()[0] if message else 'failed'}", err=True)
+        except (OSError, ValueError):  # (no stderr to say it on: a terminal closed under a chat, SIGHUP)
+            pass
     ctx.exit(code)
 
 
@@ -363,6 +399,7 @@ _template_kwargs_opt = click.option(
               help="With --json: each token's log-probability under the target, with the N most likely tokens "
                    f"at its position (0..{MAX_LOGPROBS}).")
 @_template_kwargs_opt
+@_ends_on_hangup
 def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
              max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
              json_object, suffix, logprobs, token_healing, template_kwargs):
@@ -432,7 +469,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
             out["logprobs"] = [{**e, "logprob": json_logprob(e["logprob"]),
                                 "top_logprobs": [{**t, "logprob": json_logprob(t["logprob"])}
                                                  for t in e["top_logprobs"]]} for e in r.logprobs]
-        click.echo(json.dumps(out, ensure_ascii=False))
+        _echo_json(out)
         eng.close()  # (a prompt cache file written now)
         return
     from .chat import terminal_safe
@@ -470,7 +507,7 @@ def _read_stdin() -> str:
 
 
 @main.command("perplexity")
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("bundle", type=click.Path())  # (no EDGESPEC_BUNDLE: FILES follow it, a file would be taken for it)
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--window", type=int, default=512, show_default=True,
               help="Tokens a window; the second half of each is scored (llama-perplexity's rule).")
@@ -483,6 +520,7 @@ def _read_stdin() -> str:
 def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, profile, provider, as_json):
     """The target's perplexity on the text of FILES (UTF-8, joined by blank lines): how well the quantized
     model predicts it, to compare exports."""
+    from . import errors
     from .api import load
     from .errors import ConfigError
     from .perplexity import MIN_WINDOW, perplexity
@@ -490,6 +528,8 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 
     if window < MIN_WINDOW:  # checked before the model loads, as the files are
         raise ConfigError(f"--window must be >= {MIN_WINDOW} tokens, got {window}")
+    if window.bit_length() > 62:  # (load() named max_context, which the window stands for there)
+        raise ConfigError(f"--window {errors.shown(window)} is no context: give one of at most the bundle's context")
     if max_windows is not None and max_windows < 1:
         raise ConfigError(f"--max-windows must be >= 1, got {max_windows}")
     text = "\n\n".join(read_document(f, what="text file", error=ConfigError) for f in files)
@@ -541,6 +581,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 @click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
 @_template_kwargs_opt
 @click.pass_context
+@_ends_on_hangup
 def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, drafter, draft_tokens, max_context,
          threads, profile, provider, show_stats, template_kwargs):
     """Chat with the model in BUNDLE (its chat template; /help lists the commands, Ctrl-D leaves).
@@ -675,6 +716,13 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
 
 
+def _echo_json(obj, **kw) -> None:
+    """``obj`` as JSON on stdout: its characters as they are where stdout is UTF-8, else as \\u escapes (a
+    cp1252 redirect made the ones it lacks '?', silently: JSON that read back as other text)."""
+    enc = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    click.echo(json.dumps(obj, ensure_ascii=enc not in ("utf8", "utf8sig"), **kw))
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 def profiles(as_json):
@@ -683,9 +731,9 @@ def profiles(as_json):
 
     profs = list_profiles()
     if as_json:
-        click.echo(json.dumps([{"name": p.name, "memory_budget_mb": p.memory_budget_mb, "providers": list(p.providers),
-                                "max_context": p.max_context, "drafter": p.drafter, "description": p.description,
-                                "source": p.source} for p in profs], indent=1, ensure_ascii=False))
+        _echo_json([{"name": p.name, "memory_budget_mb": p.memory_budget_mb, "providers": list(p.providers),
+                     "max_context": p.max_context, "drafter": p.drafter, "description": p.description,
+                     "source": p.source} for p in profs], indent=1)
         return
     _table(("name", "budget", "providers", "max context", "drafter", "description"),
            [(p.name, f"{p.memory_budget_mb} MiB" if p.memory_budget_mb else "3/4 of RAM", ",".join(p.providers),
@@ -794,7 +842,7 @@ def info(bundle, verify, as_json):
 
     m = load_manifest(bundle, deep=verify)
     if as_json:
-        click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
+        _echo_json(m.to_dict(), indent=1)
         return
     files = [meta for spec in (m.target, m.drafter) if spec is not None for meta in spec.files.values()] + \
         list(m.tokenizer_files.values())
@@ -959,9 +1007,11 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
-    click.echo(rep.markdown())  # first: a report that cannot be written is not lost
-    files = write_report(rep, out_dir, plots=not no_plots)
-    click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
+    try:
+        click.echo(rep.markdown())  # first: a report that cannot be written is not lost
+    finally:  # (and the files whatever becomes of stdout: a pager quit, a closed pipe lost the whole run)
+        files = write_report(rep, out_dir, plots=not no_plots)
+        click.echo("wrote " + ", ".join(str(f) for f in files), err=True)
 
 
 from .cli_export import drafter_vocab, exact_kernels, export  # noqa: E402  (the export commands, in their own module)

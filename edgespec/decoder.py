@@ -37,6 +37,7 @@ _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "t
           "presence_penalty": Real, "frequency_penalty": Real, "repetition_penalty": Real}
 _OPTIONAL = ("seed", "draft_tokens", "logprobs")
 MAX_LOGPROBS = 20  # the most likely alternatives a token's logprob can come with (OpenAI's bound)
+MIN_REPETITION_PENALTY = 0.01  # (vLLM's and llama.cpp's > 0: below this, float32 logits overflow)
 MAX_HEAL = 256  # bytes token healing may hold a reply to (one token's)
 SCORE_CHUNK = 64  # prompt tokens a call when every position's logits are read (score): 39 MB of float32 on Qwen
 _KIND_NAMES = {Integral: "an integer", Real: "a number", str: "a string"}
@@ -87,6 +88,8 @@ class GenerationConfig:
             v = getattr(self, name)
             if not (isinstance(v, kinds) and not isinstance(v, bool) or v is None and name in _OPTIONAL):
                 raise ConfigError(f"{name} must be {_KIND_NAMES[kinds]}, got {shown(v)}")
+            if isinstance(v, (np.integer, np.floating)):  # (numpy's int8 logprobs overflowed in the arithmetic after)
+                object.__setattr__(self, name, v.item())
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {shown(self.max_new_tokens)}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
@@ -123,8 +126,10 @@ class GenerationConfig:
             v = getattr(self, name)
             if not _within(v, -2.0, 2.0):
                 raise ConfigError(f"{name} must be in -2..2, got {shown(v)}")
-        if not (_within(self.repetition_penalty, 0.0, 10.0) and self.repetition_penalty > 0):
-            raise ConfigError(f"repetition_penalty must be in (0, 10] (1 is off), got {shown(self.repetition_penalty)}")
+        if not _within(self.repetition_penalty, MIN_REPETITION_PENALTY, 10.0):  # (a smaller one overflowed float32
+            # logits to inf: a BundleError blaming the model)
+            raise ConfigError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, 10] (1 is off), got "
+                              f"{shown(self.repetition_penalty)}")
         bias = self.logit_bias
         if isinstance(bias, dict):
             bias = list(bias.items())

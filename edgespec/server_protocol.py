@@ -39,7 +39,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .decoder import MAX_LOGPROBS
+from .decoder import MAX_LOGPROBS, MIN_REPETITION_PENALTY
 from .drafters import drafter_choices
 from .errors import BusyError, ConfigError, ContextOverflowError, EdgespecError, parse_reason
 
@@ -307,7 +307,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
         v = _number(body, key, -2.0, 2.0)
         if v:
             opts[key] = v
-    v = _number(body, "repetition_penalty", 0.0, 10.0, lo_open=True)  # vLLM's and llama.cpp's extension
+    v = _number(body, "repetition_penalty", MIN_REPETITION_PENALTY, 10.0)  # vLLM's and llama.cpp's extension
     if v is not None and v != 1.0:
         opts["repetition_penalty"] = v
     lb = body.get("logit_bias")

@@ -141,6 +141,22 @@ def test_a_report_that_cannot_be_written_is_still_printed(tiny_bundle, tmp_path,
     assert json.loads((out / "report.json").read_text()) != {"earlier": True}  # that one was written, whole
 
 
+def test_a_report_is_written_when_stdout_cannot_take_it(tiny_bundle, tmp_path):
+    """(session 48, a review) A pager quit or a closed stdout ended the run at the report's echo, before its files
+    were written: the whole run lost."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "o"
+    p = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", str(tiny_bundle), "--limit", "1",
+                        "--max-new-tokens", "3", "--drafters", "prompt-lookup", "--no-plots", "--out", str(out)],
+                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300,
+                       preexec_fn=lambda: os.close(1))  # (stdout closed)
+    assert p.returncode == 1, p.stderr
+    assert sorted(f.name for f in out.iterdir()) == ["report.json", "report.md"], p.stderr
+
+
 def test_a_draft_bound_runner_drafts_at_most_that_many(tiny_bundle):
     """``auto@N`` (an A/B of the draft bound in one run) asks the engine for at most N draft tokens a
     round and drafts no more; ``auto`` leaves the engine's bound; both are exact."""

@@ -210,6 +210,29 @@ def test_piped_save_and_reset(tiny_bundle, tmp_path):
     assert r.stdout.count("tok/s") == 1 and "prompt:" in r.stdout
 
 
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
+def test_a_closed_terminal_or_sigterm_writes_the_prompt_cache_file(tiny_bundle, tmp_path, sig):
+    """(session 48, a review) SIGHUP (the terminal closed) or SIGTERM ended the chat at once: its prompt cache file,
+    written when the engine closes, was lost. They end it as the end of input does now, with 128 + the signal."""
+    import signal
+
+    f = tmp_path / "pc.bin"
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "chat", str(tiny_bundle), "--max-new-tokens", "8",
+                             "--no-memory", "--stats", "--prompt-cache-file", str(f)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        proc.stdin.write("tell me about cats and dogs and their long history together\n")
+        proc.stdin.flush()
+        line = proc.stderr.readline()  # the reply's statistics: the turn is over
+        assert "tok/s" in line, line
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=REPLY_S) == 128 + getattr(signal, sig)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f.is_file() and f.stat().st_size > 0
+
+
 def test_piped_errors_keep_the_session(tiny_bundle, tmp_path):
     script = ("/set top_p 2\n/set drafter sometimes\n/set draft_tokens auto\n/set nonsense 1\n/bogus\n"
               f"/save {tmp_path}/no/such/dir/x.json\nhello\n")

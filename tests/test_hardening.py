@@ -800,6 +800,25 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
     assert "max_context must be a positive integer" in msg
     msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--window", "4096"), 2)
     assert "--window 4096 is larger than the context" in msg and "give --window 256 or less" in msg
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--window", str(10**20)), 2)
+    assert msg.startswith("error: --window 100000000000000000000 is no context"), msg  # (said max_context)
+
+
+def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundle, tmp_path):
+    """(session 48, a review) --json wrote characters as they are: a cp1252 stdout (a Windows redirect) made the ones
+    it lacks '?', JSON that read back as other text. Where stdout is not UTF-8 they are \\u escapes now."""
+    import subprocess
+
+    b = tmp_path / "b"
+    shutil.copytree(tiny_bundle, b)
+    raw = json.loads((b / "edgespec.json").read_text())
+    raw["name"] = "modèle 日本 ✓"
+    (b / "edgespec.json").write_text(json.dumps(raw))
+    for enc in ("utf-8", "cp1252", "ascii"):
+        p = subprocess.run([sys.executable, "-m", "edgespec.cli", "info", str(b), "--json"], capture_output=True,
+                           timeout=120, env={**os.environ, "PYTHONIOENCODING": enc})
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout.decode(enc))["name"] == "modèle 日本 ✓", enc
 
 
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "model"])

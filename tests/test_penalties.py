@@ -108,6 +108,8 @@ def test_the_statistical_test_catches_rows_penalized_without_the_draft_before_th
     (dict(presence_penalty=2.5), "presence_penalty must be in -2..2"),
     (dict(frequency_penalty=float("nan")), "frequency_penalty must be"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be in"),
+    # (session 48) one so small that positive logits overflowed float32 to inf: a BundleError blaming the model
+    (dict(repetition_penalty=1e-40), r"repetition_penalty must be in \[0.01, 10\]"),
     (dict(repetition_penalty="1.1"), "repetition_penalty must be a number"),
     (dict(logit_bias={1: 101}), "logit_bias of token 1 must be in -100..100"),
     (dict(logit_bias={"1": 5}), "logit_bias must map token ids"),
@@ -120,6 +122,14 @@ def test_the_statistical_test_catches_rows_penalized_without_the_draft_before_th
 def test_bad_penalties_are_refused(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         GenerationConfig(**kw)
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_are():
+    """(session 48, a review) An int8 logprobs or top_k passed the type check and overflowed in the arithmetic with
+    the vocabulary's size after it (an untyped OverflowError)."""
+    c = GenerationConfig(logprobs=np.int8(3), top_k=np.uint8(5), temperature=np.float32(0.5), seed=np.int16(4))
+    assert (c.logprobs, c.top_k, c.seed) == (3, 5, 4) and type(c.logprobs) is int and type(c.temperature) is float
+    assert type(c.top_k) is int
 
 
 def test_a_zero_bias_is_no_processing():
