@@ -10,6 +10,7 @@ import math
 import os
 import threading
 import time
+import warnings
 import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -21,7 +22,7 @@ import numpy as np
 from .constrain import masked
 from .drafters import DRAFTERS, EMPTY, MAX_DRAFT, Drafter, drafter_choices
 from .prediction import MAX_PREDICTION, PredictionDrafter
-from .errors import BusyError, ClosedError, ConfigError, ContextOverflowError, shown
+from .errors import BusyError, ClosedError, ConfigError, ContextOverflowError, EdgespecError, shown
 from .kv import TokenBuffer
 from .lm import CausalLM, native_work
 from .penalties import Penalizer
@@ -526,7 +527,11 @@ class Decoder:
         for d in self.drafters.values():
             end = getattr(d, "end", None)
             if end is not None:
-                end()
+                try:
+                    end()
+                except (EdgespecError, MemoryError) as e:  # (the reply is out: what it could not keep is said)
+                    warnings.warn(f"the {getattr(d, 'name', 'drafter')} drafter could not keep this generation: "
+                                  f"{e}"[:300], stacklevel=2)
 
     def _generate(self, prompt: list[int], cfg: GenerationConfig, st: Stats, con=None) -> Iterator[Step]:
         sp, target, clock, policy = cfg.sampling, self.target, self.clock, self.policy
