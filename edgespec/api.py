@@ -358,6 +358,8 @@ class Engine:
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
                                          draft_tokens=profile.draft_tokens)
         self._local = threading.local()  # each thread's last generation's stats
+        self._streams: "weakref.WeakSet" = weakref.WeakSet()  # the token streams made (__exit__ closes its thread's)
+        self._streams_lock = threading.Lock()  # (a server's threads make streams while a with-block ends)
         from .constrain import Grammars
 
         # structured outputs: llguidance's tokenizer, built from this one at the first request for a format
@@ -365,8 +367,7 @@ class Engine:
 
         decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids,
                                        think=think_tags(tokenizer),
-                                       text_encode=lambda t: tokenizer._text_tokenizer().encode(
-                                           t, add_special_tokens=False).ids).constraint
+                                       text_encode=tokenizer.encode_text_piece).constraint
         self._healer = decoder.healer = _LazyHealer(tokenizer, decoder.vocab)
         if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
             if manifest.drafter is None:
@@ -597,7 +598,10 @@ class Engine:
         prepared = self.decoder.prepare(ids, cfg)
         # special tokens a stop string names (not the model's own ends): a reply ending there stopped at a stop string
         named -= frozenset() if cfg.ignore_eos else self.decoder.eos
-        return self._deltas(prepared, stop, cfg, healed, named)
+        it = self._deltas(prepared, stop, cfg, healed, named)
+        with self._streams_lock:
+            self._streams.add(it)
+        return it
 
     def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str,
                 named: frozenset = frozenset()) -> Iterator[Delta]:
@@ -916,6 +920,18 @@ class Engine:
         return self
 
     def __exit__(self, *exc) -> None:
+        """The engine closed; a stream this thread left open in the block (a ``break``, an exception, Ctrl-C in its
+        loop) is closed first (its generation held the engine: the block's exception became a ``BusyError`` and the
+        engine stayed open)."""
+        import inspect
+
+        dec = self.decoder
+        if not isinstance(dec, _Closed) and dec.lock._owner == threading.get_ident():
+            with self._streams_lock:
+                streams = list(self._streams)
+            for it in streams:
+                if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
+                    it.close()
         self.close()
 
 
@@ -980,8 +996,12 @@ class ChatSession:
             from .tokenizer import _check_text
 
             _check_text(self.system, "the system prompt")
-        if self.system:
-            self.messages.append({"role": "system", "content": self.system})
+        if self.system:  # first, before a saved history given with it (it went after that history's last reply)
+            head = self.messages[0] if self.messages and isinstance(self.messages[0], dict) else {}
+            if head.get("role") != "system":
+                self.messages.insert(0, {"role": "system", "content": self.system})
+            elif head.get("content") != self.system:
+                raise ConfigError("system and the messages' own system message differ: give one of them")
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
@@ -1050,10 +1070,16 @@ class ChatSession:
         """Send ``text`` and yield the reply's text deltas. Closing the generator early keeps the
         partial reply in the history and leaves the engine ready for the next turn. A bad option is refused by
         the call itself, as ``Engine.stream`` refuses it (its stop strings too)."""
+        from .tokenizer import _check_text
+
+        _check_text(text, "the message")  # (at the call: stream(5) was refused at its first next(), as "message 0")
         self.engine.config(stop=stop, **kw)
         return _texts(self._turn(text, stop, kw))
 
     def send(self, text: str, stop: Sequence[str] = (), **kw) -> Result:
+        from .tokenizer import _check_text
+
+        _check_text(text, "the message")
         self.engine.config(stop=stop, **kw)  # (a bad option refused before the turn: max_new_tokens="5" a TypeError)
         return self.engine._collect(self._turn(text, stop, kw))
 

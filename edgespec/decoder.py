@@ -516,6 +516,9 @@ class Decoder:
                         except StopIteration:
                             return
                     yield step
+                    # the lock is the thread's that reads the stream now: a stream handed to another thread, whose
+                    # generate() inside its loop waited on the lock its own stream held (a deadlock), is refused
+                    self.lock._owner = threading.get_ident()
             finally:
                 gen.close()
                 self._ended()

@@ -94,6 +94,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self._template = None
         self._text_tok = None
+        self._prepends: bool | None = None  # (encode_text_piece: whether a leading "▁" is added)
         self._stretch_tok = None
         self._stand_ins: tuple[str, str] = ("", "")
         self._specials: tuple[str, ...] | None = None
@@ -239,6 +240,21 @@ class Tokenizer:
             if self._text_tok is None:
                 self._text_tok = self._text_copy(lambda a: True)
             return self._text_tok
+
+    def encode_text_piece(self, text: str) -> list[int]:
+        """``text`` as the ids of text within a longer one (every added token's text read as text): a
+        SentencePiece-style tokenizer's leading "▁" (Metaspace's prepend, the legacy Prepend normalizer: Llama 2,
+        Mistral, Phi-3) is not added, as a grammar's forced text, spelled mid-reply, needs (llguidance's fixed
+        text: constrain.Grammars)."""
+        tok = self._text_tokenizer()
+        if self._prepends is None:
+            first = tok.encode("a", add_special_tokens=False).tokens
+            self._prepends = bool(first) and first[0].startswith("\u2581")
+        if not self._prepends:
+            return tok.encode(text, add_special_tokens=False).ids
+        mark = tok.encode("\x02", add_special_tokens=False).ids  # (a byte no merge takes: cut through it)
+        ids = tok.encode("\x02" + text, add_special_tokens=False).ids
+        return ids[len(mark):] if ids[:len(mark)] == mark else tok.encode(text, add_special_tokens=False).ids
 
     def _text_copy(self, as_text):
         """A copy of the tokenizer that reads the text of each added token ``as_text(entry)`` picks (its JSON entry)

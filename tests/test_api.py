@@ -361,6 +361,61 @@ def test_abandoned_streams_release_the_engine(engine):
     assert out[0].token_ids == expected.token_ids
 
 
+def test_a_with_block_left_inside_a_stream_closes_it_and_the_engine(tiny_bundle):
+    """(session 48, a review) An exception (or Ctrl-C, or a break) out of a named stream's loop inside `with load()`:
+    __exit__'s close met the stream's hold on the engine, the block's exception became a BusyError and the engine
+    stayed open."""
+    for exc in (ValueError, KeyboardInterrupt):
+        with pytest.raises(exc):
+            with edgespec.load(tiny_bundle, memory=False) as eng:
+                it = eng.stream("The quick brown fox", max_new_tokens=20)
+                for _ in it:
+                    raise exc("the caller's")
+        with pytest.raises(edgespec.ClosedError):
+            eng.generate("x", max_new_tokens=2)
+    with edgespec.load(tiny_bundle, memory=False) as eng:  # a chat's stream, left by a break
+        reply = eng.chat().stream("hello there", max_new_tokens=20)
+        for _ in reply:
+            break
+    with pytest.raises(edgespec.ClosedError):
+        eng.generate("x", max_new_tokens=2)
+
+
+def test_a_stream_handed_to_another_thread_is_that_threads(engine):
+    """(session 48, a review) A stream started in one thread and read on in another: a generate() in the second's
+    loop waited for the lock its own stream held (a deadlock); it is refused as a nested call is."""
+    it = engine.stream("The quick brown fox", max_new_tokens=20)
+    next(it)
+    out = []
+
+    def reader():
+        for _ in it:
+            try:
+                engine.generate("x", max_new_tokens=2)
+            except edgespec.BusyError:
+                out.append("busy")
+                break
+        it.close()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive() and out == ["busy"]
+    assert engine.generate("x", max_new_tokens=2).token_ids  # released
+
+
+def test_a_chat_session_puts_its_system_prompt_first_and_checks_a_message_at_the_call(engine):
+    from edgespec.api import ChatSession
+
+    saved = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert [m["role"] for m in ChatSession(engine, system="be brief", messages=list(saved)).messages] == \
+        ["system", "user", "assistant"]  # (it went last)
+    with pytest.raises(edgespec.errors.ConfigError, match="differ"):
+        ChatSession(engine, system="be brief", messages=[{"role": "system", "content": "other"}, *saved])
+    with pytest.raises(edgespec.errors.ConfigError, match="the message must be a string"):
+        engine.chat().stream(5)  # at the call, not at the first next()
+
+
 def test_close_lets_go_of_the_models_and_writes_the_memory(tiny_bundle, tmp_path):
     """Engine.close(): the suffix drafter's memory written, the models let go (a weak reference to the target
     dies), every later use a ClosedError, closing twice nothing; refused inside the thread's own stream;

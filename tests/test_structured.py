@@ -299,6 +299,51 @@ def test_a_schema_whose_fixed_text_is_a_special_tokens_text_spells_it_as_text(ti
         assert r.token_ids == ref, d
 
 
+@pytest.mark.parametrize("scheme", ["first", "always", "legacy", "bytelevel"])
+def test_a_grammars_fixed_text_is_spelled_without_a_sentencepiece_prefix_space(tmp_path, scheme):
+    """(session 48, the diff's review) The grammar's fixed text spelled as text: on a SentencePiece-style tokenizer
+    (Llama 2, Mistral, Phi-3) the text encoding adds a "▁" before a text, which llguidance then could not place
+    (every response_format failed there, json_object too). ``encode_text_piece`` spells text as it stands inside a
+    longer one: the const, holding a special token's text, is accepted in ordinary tokens, and the end follows."""
+    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, normalizers, pre_tokenizers
+
+    from edgespec.constrain import Grammars, grammar_for
+    from edgespec.tokenizer import Tokenizer
+
+    if scheme == "bytelevel":
+        hf = HF(models.BPE(vocab={**{c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}}, merges=[]))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+    else:
+        vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+        for piece in ("\u2581", "a", "b", "\u2581a", "ab"):
+            vocab[piece] = len(vocab)
+        hf = HF(models.BPE(vocab=vocab, merges=[("\u2581", "a"), ("a", "b")], unk_token="<unk>", byte_fallback=True))
+        if scheme == "legacy":
+            hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        else:
+            hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
+        hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<s>", "</s>")])
+    (tmp_path / "t").mkdir()
+    hf.save(str(tmp_path / "t" / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "t")
+    eos = tok._tok.token_to_id("</s>")
+    assert tok._tok.decode(tok.encode_text_piece("ab x"), skip_special_tokens=False) == "ab x"
+    gr = Grammars(tok._tok.to_str(), tok.vocab_size, [eos], text_encode=tok.encode_text_piece)
+    gr.constraint(grammar_for({"type": "json_object"}))  # (a llguidance panic: a ConfigError)
+    c = gr.constraint(grammar_for({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"const": "ab</s>x"}}, "required": ["a"], "additionalProperties": False}}}))
+    reply = tok.encode_text_piece('{"a": "ab</s>x"}')
+    assert eos not in reply and c.m.validate_tokens(reply) == len(reply)
+    assert c.m.consume_tokens(reply) and _allowed_after(c, eos)
+
+
+def _allowed_after(c, token: int) -> bool:
+    allowed, _ = c.masks([])
+    return bool(allowed[0][token])
+
+
 def test_an_end_of_sequence_in_a_draft_leaves_the_grammar_where_it_was(tiny_bundle):
     """llguidance keeps no end of sequence in the history it rolls back: a draft that holds one (or a
     drafter that pushes one) must not roll the grammar back past where it was (the tiny model's sampled

@@ -154,7 +154,11 @@ def _build(source: Path, stem: str, what: str) -> str:
     tag = source_tag(source)
     out = cache_dir() / f"{stem}-{tag}.so"
     if not _intact(out):
-        cxx = shlex.split(os.environ.get("CXX") or "") or [c for c in (shutil.which("g++") or shutil.which("c++"),) if c]
+        try:
+            cxx = shlex.split(os.environ.get("CXX") or "")
+        except ValueError as e:  # (an unbalanced quote)
+            raise ProviderError(f"CXX {os.environ['CXX']!r} is no command line: {e}"[:300]) from None
+        cxx = cxx or [c for c in (shutil.which("g++") or shutil.which("c++"),) if c]
         if not cxx:
             raise ProviderError(f"{what} is built from source on first use and needs a C++ compiler: "
                                 f"install g++ (or set CXX)")
