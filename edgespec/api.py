@@ -358,7 +358,8 @@ class Engine:
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
                                          draft_tokens=profile.draft_tokens)
         self._local = threading.local()  # each thread's last generation's stats
-        self._streams: "weakref.WeakSet" = weakref.WeakSet()  # the token streams made (__exit__ closes its thread's)
+        # the token streams made, and the thread that made each (__exit__ closes its thread's)
+        self._streams: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._streams_lock = threading.Lock()  # (a server's threads make streams while a with-block ends)
         from .constrain import Grammars
 
@@ -600,7 +601,7 @@ class Engine:
         named -= frozenset() if cfg.ignore_eos else self.decoder.eos
         it = self._deltas(prepared, stop, cfg, healed, named)
         with self._streams_lock:
-            self._streams.add(it)
+            self._streams[it] = threading.get_ident()
         return it
 
     def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str,
@@ -925,13 +926,15 @@ class Engine:
         engine stayed open)."""
         import inspect
 
-        dec = self.decoder
-        if not isinstance(dec, _Closed) and dec.lock._owner == threading.get_ident():
-            with self._streams_lock:
-                streams = list(self._streams)
-            for it in streams:
-                if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
+        me = threading.get_ident()
+        with self._streams_lock:
+            streams = [it for it, tid in self._streams.items() if tid == me]
+        for it in streams:  # (read on by another thread that left it too: closed here, not waited for)
+            if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
+                try:
                     it.close()
+                except ValueError:  # (another thread took it up again this instant: close() waits for it)
+                    pass
         self.close()
 
 

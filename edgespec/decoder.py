@@ -292,26 +292,28 @@ class GenerationLock:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._owner: int | None = None
+        # the threads whose stream holds it: the one that took it, and each that has read its stream since (a stream
+        # handed on: a generate() in either is refused, not left waiting for itself)
+        self._owners: set[int] = set()
 
     @contextmanager
     def hold(self, what: str = "generate"):
         me = threading.get_ident()
-        if self._owner == me:
+        if me in self._owners:
             raise BusyError(f"cannot {what} while a generation is running in this thread: finish or close "
                             f"its stream first")
         with self._lock:
-            self._owner = me
+            self._owners = {me}
             try:
                 yield
             finally:
-                self._owner = None
+                self._owners = set()
 
     @contextmanager
     def held_if_free(self):
         """True while this thread holds the lock: it did already, or took it without waiting; False
         where another thread's generation holds it (at exit, a daemon thread's)."""
-        if self._owner == threading.get_ident():
+        if threading.get_ident() in self._owners:
             yield True
             return
         got = self._lock.acquire(blocking=False)
@@ -334,7 +336,7 @@ def _after_fork_in_child() -> None:
     lm._RUNNING.clear()  # (the parent's calls in progress, in threads the child does not have)
     me = threading.get_ident()
     for d in list(_DECODERS):
-        if d.lock._lock.locked() and d.lock._owner != me:
+        if d.lock._lock.locked() and me not in d.lock._owners:
             d.lock = GenerationLock()
             d.closed = ("this process was forked while another thread of its parent was generating: load the bundle "
                         "again in this process")
@@ -516,9 +518,9 @@ class Decoder:
                         except StopIteration:
                             return
                     yield step
-                    # the lock is the thread's that reads the stream now: a stream handed to another thread, whose
-                    # generate() inside its loop waited on the lock its own stream held (a deadlock), is refused
-                    self.lock._owner = threading.get_ident()
+                    # the lock is the thread's that reads the stream now too: a stream handed to another thread,
+                    # whose generate() inside its loop waited on the lock its own stream held (a deadlock), is refused
+                    self.lock._owners.add(threading.get_ident())
             finally:
                 gen.close()
                 self._ended()

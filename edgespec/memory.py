@@ -25,6 +25,7 @@ import re
 import stat
 import tempfile
 import threading
+import weakref
 import time
 import warnings
 import zipfile
@@ -87,6 +88,11 @@ class MemoryStore:
         self.cap_tokens = cap_tokens
         self.seqs: deque[np.ndarray] = deque()
         self.sigs: deque[np.ndarray] = deque()  # each sequence's prompt signature (may be empty)
+        # what changes or reads the sequences as a whole (add, clear, save, stats) one thread at a time: at exit the
+        # drafter's finalizer saves while a daemon thread's generation ends (arrays of a file that disagreed), and
+        # memory_stats() ran beside a generation's add ("deque mutated during iteration")
+        self._lock = threading.RLock()
+        _STORES.add(self)
         self._sig_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (hashes, owner, sizes)
         self.tokens = 0
         self.table = NgramTable()
@@ -104,11 +110,16 @@ class MemoryStore:
     @property
     def nbytes(self) -> int:
         """What the store holds in memory: its sequences, its n-gram table and the prompt signatures."""
-        return 4 * self.tokens + self.table.nbytes + sum(g.nbytes for g in self.sigs)
+        with self._lock:
+            return 4 * self.tokens + self.table.nbytes + sum(g.nbytes for g in self.sigs)
 
     def add(self, seq: Sequence[int], signature: np.ndarray | None = None) -> None:
         """Store ``seq`` (the prompt's last tokens and an output), with the prompt's ``signature``
         (``ngram.prompt_signature``; None: not recallable)."""
+        with self._lock:
+            self._add(seq, signature)
+
+    def _add(self, seq: Sequence[int], signature: np.ndarray | None) -> None:
         a = np.asarray(seq, dtype=np.int64)
         if a.shape[0] < 2:
             return
@@ -131,13 +142,14 @@ class MemoryStore:
         self._added += 1
 
     def clear(self) -> None:
-        self.seqs.clear()
-        self.sigs.clear()
-        self._sig_index = None
-        self.tokens = 0
-        self.table.clear()
-        self.dirty = True
-        self._added = 0
+        with self._lock:
+            self.seqs.clear()
+            self.sigs.clear()
+            self._sig_index = None
+            self.tokens = 0
+            self.table.clear()
+            self.dirty = True
+            self._added = 0
 
     def delete(self) -> None:
         """Forget every sequence and delete the file (a later save writes a new one)."""
@@ -204,7 +216,7 @@ class MemoryStore:
         if self.path is None:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what a user generated is theirs
-        with _locked(_lock_path(self.path), wait):
+        with self._lock, _locked(_lock_path(self.path), wait):
             now = _file_stamp(self.path)
             if now != self._stamp:
                 new = list(zip(self.seqs, self.sigs))[len(self.seqs) - min(self._added, len(self.seqs)):]
@@ -228,10 +240,12 @@ class MemoryStore:
     def _write(self) -> None:
         meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
                            "vocab_size": self.vocab_size, "saved": time.time()}).encode()
-        toks = np.concatenate(list(self.seqs)) if self.seqs else np.zeros(0, np.int32)
-        lengths = np.array([s.shape[0] for s in self.seqs], dtype=np.int64)
-        sigs = np.concatenate(list(self.sigs)) if self.sigs else np.zeros(0, np.int64)
-        sig_lengths = np.array([s.shape[0] for s in self.sigs], dtype=np.int64)
+        with self._lock:  # (one snapshot: the four arrays agree)
+            seqs, sigs = list(self.seqs), list(self.sigs)
+        toks = np.concatenate(seqs) if seqs else np.zeros(0, np.int32)
+        lengths = np.array([s.shape[0] for s in seqs], dtype=np.int64)
+        sig_lengths = np.array([s.shape[0] for s in sigs], dtype=np.int64)
+        sigs = np.concatenate(sigs) if sigs else np.zeros(0, np.int64)
         # a fresh name (0600): two engines of one bundle in one process saved through one pid-named file
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         tmp = Path(tmp)
@@ -313,9 +327,11 @@ class _locked:
             import fcntl
 
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            _OPEN[self.fd] = self
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except (ImportError, OSError):
             if self.fd is not None:
+                _OPEN.pop(self.fd, None)
                 os.close(self.fd)
             self.fd = None
         held.add(key)
@@ -324,8 +340,34 @@ class _locked:
 
     def __exit__(self, *exc):
         _HELD.paths.discard(self.key)
-        if self.fd is not None:
-            os.close(self.fd)  # (closing releases the lock)
+        fd, self.fd = self.fd, None
+        if fd is not None and _OPEN.pop(fd, None) is self:
+            os.close(fd)  # (closing releases the lock)
+
+
+# the lock files held now (fd -> its _locked): a child forked during a save closes its copies (an flock belongs to the
+# open file both share: the child's copy held the parent's next save, and its own close() waited for itself)
+_OPEN: dict[int, _locked] = {}
+
+
+_STORES: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()
+
+
+def _close_inherited_locks() -> None:
+    for store in list(_STORES):  # (held by a parent's thread the child does not have: memory_stats() waited forever)
+        store._lock = threading.RLock()
+    for fd, lk in list(_OPEN.items()):
+        lk.fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _OPEN.clear()
+    _HELD.__dict__.clear()  # (the forking thread's own set: its save is not running in the child)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 try:

@@ -402,6 +402,31 @@ def test_a_stream_handed_to_another_thread_is_that_threads(engine):
     t.join(timeout=60)
     assert not t.is_alive() and out == ["busy"]
     assert engine.generate("x", max_new_tokens=2).token_ids  # released
+    # and the thread that started it still owns it: its generate() is refused too, not left waiting (the diff's
+    # review: the handing on had replaced the owner)
+    it = engine.stream("The quick brown fox", max_new_tokens=20)
+    next(it)
+    t = threading.Thread(target=lambda: next(it), daemon=True)
+    t.start()
+    t.join(timeout=60)
+    with pytest.raises(edgespec.BusyError):
+        engine.generate("x", max_new_tokens=2)
+    it.close()
+
+
+def test_a_with_block_closes_a_stream_another_thread_read_and_left(tiny_bundle):
+    with edgespec.load(tiny_bundle, memory=False) as eng:
+        it = eng.stream("The quick brown fox", max_new_tokens=20)
+
+        def reader():
+            for _ in it:
+                break  # left open
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        t.join(timeout=60)
+    with pytest.raises(edgespec.ClosedError):  # (the block's close waited for it forever)
+        eng.generate("x", max_new_tokens=2)
 
 
 def test_a_chat_session_puts_its_system_prompt_first_and_checks_a_message_at_the_call(engine):

@@ -584,6 +584,99 @@ def test_a_store_is_read_without_ast(tmp_path, monkeypatch):
     assert [s.tolist() for s in again.seqs] == [[1, 2, 3], [4, 5]] and again.sigs[0].tolist() == [7, 8]
 
 
+def test_a_store_is_read_whole_while_another_thread_adds(tmp_path):
+    """(session 48, a review) memory_stats() beside a generation's end: "deque mutated during iteration"; a save at
+    exit beside a daemon thread's add wrote arrays that disagreed (the next load set the whole memory aside)."""
+    import sys
+    import threading
+
+    store = MemoryStore(tmp_path / "store.npz", "fp", 1000, cap_tokens=3000)
+    for i in range(300):
+        store.add([i % 997, 1, 2, 3], np.arange(i, i + 4))
+    errors, done = [], threading.Event()
+
+    def adder():
+        try:
+            for i in range(3000):
+                store.add([i % 997, 5, 6, 7, 8], np.arange(i, i + 4))
+        finally:
+            done.set()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        t = threading.Thread(target=adder)
+        t.start()
+        saves = 0
+        while not done.is_set():
+            try:
+                store.nbytes
+                if saves < 20:
+                    store.save()
+                    saves += 1
+            except RuntimeError as e:
+                errors.append(e)
+                break
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    store.save()
+    assert len(read_store(tmp_path / "store.npz", "fp", 1000)) == len(store)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_child_forked_during_a_save_holds_neither_the_file_lock_nor_the_store(tmp_path):
+    """(session 48, a review) A fork while another thread saved (at every generation's end now): the child's copy of
+    the lock file's descriptor held the flock, so the parent's next save waited for the child to exit (a pool's
+    workers: for good) and the child's own close() for itself; a store lock held by a parent's thread stopped the
+    child's memory_stats() for good."""
+    import threading
+    import time
+
+    from edgespec.memory import _locked, _lock_path
+
+    path = tmp_path / "store.npz"
+    store = MemoryStore(path, "fp", 100)
+    store.add([1, 2, 3])
+    store.save()
+    lk = _locked(_lock_path(path))
+    lk.__enter__()  # a save in progress
+    held = threading.Event()
+    release = threading.Event()
+
+    def other_thread():  # the store's lock held by a thread the child will not have
+        with store._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: the store answers, and saves once the parent's save is done
+        try:
+            import signal
+
+            signal.alarm(20)
+            assert store.nbytes > 0
+            store.add([4, 5, 6])
+            store.save()
+            time.sleep(3)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    lk.__exit__()
+    release.set()
+    t.join()
+    t0 = time.time()
+    store.add([7, 8, 9])
+    store.save()  # (waited for the child's exit: ~3 s)
+    assert time.time() - t0 < 1.5
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_clear_waits_for_a_save_and_a_failed_save_merges_nothing_twice(tmp_path, monkeypatch):
     """(a review of session 44's merge) `memory clear` takes the saves' lock and leaves it in place (it unlinked the
     lock under a save in progress: a later save locked another file, and one overwrote the other, a clear undone);
