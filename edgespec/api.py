@@ -304,8 +304,8 @@ def _check_load_args(**kw) -> None:
         "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
         "memory": (kw["memory"] is None or isinstance(kw["memory"], bool) or _a_path(kw["memory"]),
                    "True, False (or None) or a store file's path"),
-        "documents": (isinstance(kw["documents"], path) or (isinstance(kw["documents"], (list, tuple)) and all(
-            isinstance(d, path) for d in kw["documents"])), "a path or a list of paths"),
+        "documents": (_a_path(kw["documents"]) or (isinstance(kw["documents"], (list, tuple)) and all(
+            _a_path(d) for d in kw["documents"])), "a path or a list of paths"),
     }
     for name, (ok, what) in checks.items():
         if not ok:

@@ -216,6 +216,9 @@ class SuffixDrafter(LookupDrafter):
         """Forget every stored output (and the generation that ran last) and delete the store file;
         a later generation writes a new one."""
         self._rec.ctx = None  # the generation that ran last is forgotten too
+        self.recalled = LiveIndex(self.orders)  # (and what it recalled: memory_stats' "recalled" said so after)
+        self.recall_scores = []
+        self._cache = None
         if self.memory is not None:
             self.memory.delete()
 
@@ -377,19 +380,19 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
         except UnicodeEncodeError:  # (a lone surrogate: the tokenizer's message spoke of "the prompt")
             raise DocumentError("a documents text is not valid UTF-8 (it holds a lone surrogate)") from None
     d = suffix_drafter(engine)
-    all_texts = [read_document(p) for p in paths] + list(texts)
+    named = [(str(p), read_document(p)) for p in paths] + [(f"text {i}", t) for i, t in enumerate(texts)]
     room = d.max_document_tokens - d.document_tokens
     seqs, total = [], 0
-    for t in all_texts:
+    for name, t in named:
         ids: list[int] = []
         for piece in _pieces(t, DOCUMENT_PIECE):
             # (in pieces, counted as they go: a 15 MiB file, under the byte limit, came to 4.9M tokens of Qwen's
             # and a 2.8 GiB peak before the token limit refused it)
             ids += engine.tokenizer.encode(piece, add_special=False)
             if total + len(ids) > room:
-                raise DocumentError(f"the documents come to more than {d.max_document_tokens} tokens with those "
-                                    f"indexed already ({d.document_tokens}); at most {d.max_document_tokens} are "
-                                    "indexed")
+                already = f"; {d.document_tokens:,} indexed already" if d.document_tokens else ""
+                raise DocumentError(f"{name} brings the documents to more than {d.max_document_tokens:,} tokens (at "
+                                    f"most {d.max_document_tokens:,} are indexed{already})")
         total += len(ids)
         seqs.append(ids)
     with engine.decoder.held("add documents"):

@@ -615,6 +615,8 @@ def test_a_memory_store_that_never_ends_is_set_aside(tiny_bundle, tmp_path, monk
         edgespec.load(tiny_bundle, memory="/dev/zero")
     with pytest.raises(edgespec.errors.ConfigError, match="memory"):  # (session 48: "" wrote ./store.npz)
         edgespec.load(tiny_bundle, memory="")
+    with pytest.raises(edgespec.errors.ConfigError, match="documents must be"):  # (". is a directory")
+        edgespec.load(tiny_bundle, documents="")
 
 
 def test_a_memory_store_that_is_a_pipe_a_newer_version_or_unreadable(tiny_bundle, tmp_path, monkeypatch):

@@ -801,7 +801,7 @@ def test_plan_measure_leaves_the_drafting_memory_alone(tiny_bundle, tmp_path, mo
     assert not store_path(load_manifest(tiny_bundle)).exists()  # (its filler reply was remembered, at exit)
 
 
-def test_documents_are_tokenized_in_pieces_and_refused_at_the_cap(tiny_bundle, monkeypatch):
+def test_documents_are_tokenized_in_pieces_and_refused_at_the_cap(tiny_bundle, monkeypatch, tmp_path):
     """A documents file under the byte limit but past the token cap is refused before all of it is tokenized (a
     15 MiB file came to 4.9M tokens of Qwen's and a 2.8 GiB peak first); pieces join to the text."""
     import edgespec
@@ -816,11 +816,17 @@ def test_documents_are_tokenized_in_pieces_and_refused_at_the_cap(tiny_bundle, m
     suffix_drafter = suffix.suffix_drafter(eng)
     monkeypatch.setattr(suffix_drafter, "max_document_tokens", 2000)
     text = "def hello(world):\n    return world + 1\n" * 2000  # ~80k characters, far past 2,000 tokens
-    with pytest.raises(DocumentError, match="more than 2000 tokens"):
+    with pytest.raises(DocumentError, match="text 0 brings the documents to more than 2,000 tokens"):
         eng.add_documents(texts=[text])
     assert sum(encoded) < len(text) / 4 and suffix_drafter.document_tokens == 0
     small = "import numpy as np\nx = np.zeros(3)\n" * 20
     assert eng.add_documents(texts=[small]) == sum(len(real(p, add_special=False)) for p in suffix._pieces(small, 1000))
+    # (session 48, a review) the file that crossed the cap is named, and what was indexed before it
+    big = tmp_path / "big.txt"
+    big.write_text(text)
+    with pytest.raises(DocumentError, match=r"big\.txt brings the documents to more than 2,000 tokens \(at most "
+                                            r"2,000 are indexed; \d+ indexed already\)"):
+        eng.add_documents([big])
     assert "".join(suffix._pieces(text, 1000)) == text
 
 

@@ -413,6 +413,8 @@ def test_greedy_exact_on_a_real_bundle_with_memory_and_documents(tiny_bundle, tm
     got = eng.generate(PROMPTS[0], max_new_tokens=30, drafter="suffix")
     assert got.stats["accepted_by_drafter"].get("suffix", 0) > 0
     assert eng.memory_stats()["recalled"][-1] == pytest.approx(1.0)  # this very prompt was answered before
+    eng.clear_memory()  # (session 48: the recall went on being reported after the memory was gone)
+    assert eng.memory_stats()["recalled"] == [] and eng.memory_stats()["memory_tokens"] == 0
 
 
 def test_memory_persists_and_a_corrupt_store_never_stops_a_generation(tiny_bundle, tmp_path):
