@@ -135,7 +135,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                      use_drafter=use_drafter, verify=verify, min_width=min_width, memory=memory, documents=documents,
                      drafter_provider=drafter_provider, cuda_graphs=cuda_graphs, prompt_cache_mb=prompt_cache_mb,
                      prompt_cache_file=prompt_cache_file)
-    doc_texts = [read_document(p) for p in ([documents] if isinstance(documents, (str, os.PathLike)) else documents)]
+    doc_paths = [documents] if isinstance(documents, (str, os.PathLike)) else list(documents)
+    doc_texts = [read_document(p) for p in doc_paths]
 
     n_threads = _threads(threads)
     manifest = load_manifest(bundle, deep=verify)
@@ -195,7 +196,9 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         engine._write_prompt_cache = weakref.finalize(engine, _write_prompt_cache, target.prompt_cache, target.cache,
                                                       path, key, decoder.lock)
     if doc_texts:
-        engine.add_documents(texts=doc_texts)
+        from .suffix import add_documents
+
+        add_documents(engine, texts=doc_texts, names=[os.fspath(p) for p in doc_paths])  # (an error names the file)
     return engine
 
 
@@ -926,15 +929,23 @@ class Engine:
         engine stayed open)."""
         import inspect
 
-        me = threading.get_ident()
-        with self._streams_lock:
-            streams = [it for it, tid in self._streams.items() if tid == me]
-        for it in streams:  # (read on by another thread that left it too: closed here, not waited for)
-            if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
-                try:
-                    it.close()
-                except ValueError:  # (another thread took it up again this instant: close() waits for it)
-                    pass
+        me, dec = threading.get_ident(), self.decoder
+        lock = getattr(dec, "lock", None)
+        if lock is not None and lock._lock.locked():
+            # the stream holding the engine is closed here where this thread made or read it and no other thread is
+            # reading it (its last reader this one, or gone); one another thread reads on is waited for, by close()
+            alive = {t.ident for t in threading.enumerate()}
+            if not lock.running and (lock.reader == me or lock.reader not in alive):
+                with self._streams_lock:
+                    streams = [it for it, tid in self._streams.items() if tid == me or me in lock._owners]
+                for it in streams:
+                    if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
+                        try:
+                            it.close()
+                        except ValueError:  # (another thread took it up again this instant: close() waits for it)
+                            pass
+            elif lock.reader != me:  # (this thread read it before handing it on: close() waits for the reader)
+                lock._owners.discard(me)
         self.close()
 
 

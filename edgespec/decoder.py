@@ -295,6 +295,11 @@ class GenerationLock:
         # the threads whose stream holds it: the one that took it, and each that has read its stream since (a stream
         # handed on: a generate() in either is refused, not left waiting for itself)
         self._owners: set[int] = set()
+        # the thread that last resumed the generation holding it, and whether that step is running now (a with-block's
+        # exit closes a stream only its own thread, or a gone one, was reading; a forked child closes a decoder whose
+        # step ran in another thread)
+        self.reader: int | None = None
+        self.running = False
 
     @contextmanager
     def hold(self, what: str = "generate"):
@@ -307,7 +312,7 @@ class GenerationLock:
             try:
                 yield
             finally:
-                self._owners = set()
+                self._owners, self.reader, self.running = set(), None, False
 
     @contextmanager
     def held_if_free(self):
@@ -336,7 +341,7 @@ def _after_fork_in_child() -> None:
     lm._RUNNING.clear()  # (the parent's calls in progress, in threads the child does not have)
     me = threading.get_ident()
     for d in list(_DECODERS):
-        if d.lock._lock.locked() and me not in d.lock._owners:
+        if d.lock._lock.locked() and (me not in d.lock._owners or (d.lock.running and d.lock.reader != me)):
             d.lock = GenerationLock()
             d.closed = ("this process was forked while another thread of its parent was generating: load the bundle "
                         "again in this process")
@@ -512,11 +517,14 @@ class Decoder:
             gen = self._generate(prompt, cfg, st, con)
             try:
                 while True:
+                    self.lock.reader, self.lock.running = threading.get_ident(), True
                     with native_work(self):  # (a step's grammar masks run in llguidance's Rust, the GIL released: an
                         try:  # exit waits for the step as for a model call, see lm.native_work)
                             step = next(gen)
                         except StopIteration:
                             return
+                        finally:
+                            self.lock.running = False
                     yield step
                     # the lock is the thread's that reads the stream now too: a stream handed to another thread,
                     # whose generate() inside its loop waited on the lock its own stream held (a deadlock), is refused

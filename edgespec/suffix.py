@@ -359,9 +359,11 @@ def suffix_drafter(engine) -> SuffixDrafter:
     return d
 
 
-def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequence[str] = ()) -> int:
+def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequence[str] = (),
+                  names: Sequence[str] | None = None) -> int:
     """Read, tokenize and index documents for the engine's suffix drafter (all or none: every file
-    is checked before any is indexed). Returns the tokens added."""
+    is checked before any is indexed). Returns the tokens added. ``names``: the texts' names in errors (the files
+    load() read them from; default "text N")."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     # (bytes were read as a list of ints, a number or None was a TypeError)
@@ -380,7 +382,8 @@ def add_documents(engine, paths: Sequence[str | os.PathLike] = (), texts: Sequen
         except UnicodeEncodeError:  # (a lone surrogate: the tokenizer's message spoke of "the prompt")
             raise DocumentError("a documents text is not valid UTF-8 (it holds a lone surrogate)") from None
     d = suffix_drafter(engine)
-    named = [(str(p), read_document(p)) for p in paths] + [(f"text {i}", t) for i, t in enumerate(texts)]
+    names = list(names) if names is not None else [f"text {i}" for i in range(len(texts))]
+    named = [(str(p), read_document(p)) for p in paths] + list(zip(names, texts))
     room = d.max_document_tokens - d.document_tokens
     seqs, total = [], 0
     for name, t in named:

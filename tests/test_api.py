@@ -429,6 +429,39 @@ def test_a_with_block_closes_a_stream_another_thread_read_and_left(tiny_bundle):
         eng.generate("x", max_new_tokens=2)
 
 
+def test_a_with_block_waits_for_a_stream_another_thread_reads_and_closes_one_it_read(tiny_bundle):
+    """(session 48, the second diff review) The block's exit closed a stream a live thread was still reading (its
+    reply cut short, no error); a stream another thread made and this one read and left was not closed (BusyError,
+    the engine left open)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    ref = edgespec.load(tiny_bundle, memory=False).generate("The quick brown fox", max_new_tokens=20).text
+    got = []
+    with edgespec.load(tiny_bundle, memory=False) as eng:
+        it = eng.stream("The quick brown fox", max_new_tokens=20)
+        next_text = next(it)
+
+        def reader():
+            got.append(next_text)
+            for d in it:
+                time.sleep(0.02)
+                got.append(d)
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        time.sleep(0.1)  # (the block ends while the reader reads)
+    t.join(timeout=60)
+    assert "".join(got) == ref
+    with edgespec.load(tiny_bundle, memory=False) as eng:
+        with ThreadPoolExecutor(1) as pool:
+            s = pool.submit(eng.stream, "hello there", max_new_tokens=20).result()
+        for _ in s:
+            break
+    with pytest.raises(edgespec.ClosedError):
+        eng.generate("x", max_new_tokens=2)
+
+
 def test_a_chat_session_puts_its_system_prompt_first_and_checks_a_message_at_the_call(engine):
     from edgespec.api import ChatSession
 
@@ -579,6 +612,52 @@ print("exiting", flush=True)
 """
     r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_child_forked_by_a_stream_s_owner_while_another_thread_steps_it_is_closed(tiny_bundle, monkeypatch):
+    """(session 48, the second diff review) The forking thread had read the stream (an owner), another thread was in
+    its step: the child kept an engine it could neither use nor close (BusyError on both)."""
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    from edgespec.errors import ClosedError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    real = eng.decoder._generate
+    in_step, release = threading.Event(), threading.Event()
+
+    def slow(*a, **k):
+        g = real(*a, **k)
+        yield next(g)
+        in_step.set()
+        release.wait(60)
+        yield from g
+
+    monkeypatch.setattr(eng.decoder, "_generate", slow)
+    s = eng.stream("a stream read here, then there", max_new_tokens=8, drafter="none")
+    next(s)
+    t = threading.Thread(target=lambda: list(s), daemon=True)
+    t.start()
+    assert in_step.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            eng.generate("hello there", max_new_tokens=2)
+        except ClosedError:
+            try:
+                eng.close()
+                code = 0
+            except BaseException:
+                pass
+        except BaseException:
+            pass
+        os._exit(code)
+    release.set()
+    t.join(timeout=60)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_child_forked_while_another_thread_generates_is_closed_not_hung(tiny_bundle):

@@ -827,6 +827,8 @@ def test_documents_are_tokenized_in_pieces_and_refused_at_the_cap(tiny_bundle, m
     with pytest.raises(DocumentError, match=r"big\.txt brings the documents to more than 2,000 tokens \(at most "
                                             r"2,000 are indexed; \d+ indexed already\)"):
         eng.add_documents([big])
+    with pytest.raises(DocumentError, match=r"notes\.txt brings the documents"):  # (load()'s files: "text 1")
+        suffix.add_documents(eng, texts=["x", text], names=["a.txt", "notes.txt"])
     assert "".join(suffix._pieces(text, 1000)) == text
 
 
