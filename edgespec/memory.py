@@ -163,10 +163,27 @@ class MemoryStore:
             self._stamp = None  # (the file is gone, as this store knows)
 
     def _replace(self, pairs) -> None:
-        """Hold ``pairs`` (sequence, signature), oldest first, as if added in that order (the cap applies)."""
-        self.clear()
-        for seq, sig in pairs:
-            self.add(seq, sig if sig.shape[0] else None)
+        """Hold ``pairs`` (sequence, signature), oldest first, as if added in that order (the cap applies: the
+        newest that fit), the n-gram table built once, as ``load`` builds it (added one by one, each insert into the
+        sorted table, a merge of a full store took ~1.1 s, and a server's reply waited for it)."""
+        with self._lock:
+            self.clear()
+            keep, total = [], 0
+            for seq, sig in reversed(list(pairs)):
+                a = np.asarray(seq, dtype=np.int64)
+                if a.shape[0] < 2:
+                    continue
+                a = a[-self.cap_tokens:].astype(np.int32)
+                if total + a.shape[0] > self.cap_tokens:
+                    break
+                keep.append((a, np.unique(np.asarray(sig, dtype=np.int64))))
+                total += a.shape[0]
+            keep.reverse()
+            self.seqs = deque(a for a, _ in keep)
+            self.sigs = deque(g for _, g in keep)
+            self.tokens = total
+            self.table.add(list(self.seqs))
+            self.dirty = True
 
     def recall(self, signature: np.ndarray, top: int = RECALL_TOP,
                min_score: float = RECALL_MIN_SCORE) -> list[tuple[float, np.ndarray]]:
@@ -178,6 +195,10 @@ class MemoryStore:
         template's n-grams, in every prompt, weigh almost nothing), and of its own n-grams that this
         prompt holds. The same prompt scores 1; "Please ..." added to a question about 0.8; another
         question with the same template near 0."""
+        with self._lock:  # (a save at exit may replace the sequences meanwhile)
+            return self._recall(signature, top, min_score)
+
+    def _recall(self, signature, top: int, min_score: float) -> list[tuple[float, np.ndarray]]:
         sig = np.unique(np.asarray(signature, dtype=np.int64))
         if not sig.shape[0] or not self.seqs:
             return []

@@ -586,6 +586,33 @@ def test_a_store_is_read_without_ast(tmp_path, monkeypatch):
     assert [s.tolist() for s in again.seqs] == [[1, 2, 3], [4, 5]] and again.sigs[0].tolist() == [7, 8]
 
 
+def test_a_merge_holds_what_adding_one_by_one_would():
+    """(session 48, a review) A save after another process's merges their sequences and this one's; it re-added
+    them one by one (each an insert into the sorted n-gram table: ~1.1 s for a full store, which a server's reply
+    waited for). Built at once now: the same sequences, signatures, cap and table."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(150):
+        cap = rng.choice([10, 30, 100, 1000])
+        pairs = []
+        for _ in range(rng.randint(0, 40)):
+            n = rng.choice([1, 2, 3, 5, 8, 13, 40, 200])
+            sig = np.array(rng.sample(range(1000), rng.randint(0, 4)), np.int64)
+            pairs.append((np.array([rng.randrange(50) for _ in range(n)], np.int32), sig))
+        merged = MemoryStore(None, "f", 100, cap_tokens=cap)
+        merged._replace(pairs)
+        added = MemoryStore(None, "f", 100, cap_tokens=cap)
+        for seq, sig in pairs:
+            added.add(seq, sig if sig.shape[0] else None)
+        assert [x.tolist() for x in merged.seqs] == [x.tolist() for x in added.seqs], trial
+        assert [x.tolist() for x in merged.sigs] == [x.tolist() for x in added.sigs], trial
+        assert merged.tokens == added.tokens <= cap
+        for k in range(1, 4):  # the table drafts alike
+            for keys in {tuple(x.tolist()[:k]) for x in added.seqs}:
+                assert merged.best(list(keys), 1) == added.best(list(keys), 1), (trial, keys)
+
+
 def test_a_store_is_read_whole_while_another_thread_adds(tmp_path):
     """(session 48, a review) memory_stats() beside a generation's end: "deque mutated during iteration"; a save at
     exit beside a daemon thread's add wrote arrays that disagreed (the next load set the whole memory aside)."""
