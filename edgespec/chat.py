@@ -270,7 +270,11 @@ class ChatRepl:
     # -- a turn --------------------------------------------------------------------------------
     def reply(self, text: str) -> None:
         dropped = self.session.dropped
-        stream = self.session.stream(text, **self.options)
+        try:
+            stream = self.session.stream(text, **self.options)
+        except EdgespecError as e:  # (refused at the call: a line that is no UTF-8 text, since session 48)
+            self._error(str(e))
+            return
         parts: list[str] = []
         stopped = False
         try:
