@@ -94,7 +94,8 @@ class Tokenizer:
         self.chat_template = chat_template
         self._template = None
         self._text_tok = None
-        self._prepends: bool | None = None  # (encode_text_piece: whether a leading "▁" is added)
+        # (encode_text_piece: where a leading "▁" is added, the ids of the sentinel it cuts after; [] where not)
+        self._prepends: list[int] | None = None
         self._stretch_tok = None
         self._stand_ins: tuple[str, str] = ("", "")
         self._specials: tuple[str, ...] | None = None
@@ -249,10 +250,12 @@ class Tokenizer:
         tok = self._text_tokenizer()
         if self._prepends is None:
             first = tok.encode("a", add_special_tokens=False).tokens
-            self._prepends = bool(first) and first[0].startswith("\u2581")
-        if not self._prepends:
+            # (a byte no merge takes, whose ids the text is cut after: encoded once)
+            self._prepends = tok.encode("\x02", add_special_tokens=False).ids if first and first[0].startswith(
+                "\u2581") else []
+        mark = self._prepends
+        if not mark:
             return tok.encode(text, add_special_tokens=False).ids
-        mark = tok.encode("\x02", add_special_tokens=False).ids  # (a byte no merge takes: cut through it)
         ids = tok.encode("\x02" + text, add_special_tokens=False).ids
         return ids[len(mark):] if ids[:len(mark)] == mark else tok.encode(text, add_special_tokens=False).ids
 

@@ -586,6 +586,25 @@ def test_a_store_is_read_without_ast(tmp_path, monkeypatch):
     assert [s.tolist() for s in again.seqs] == [[1, 2, 3], [4, 5]] and again.sigs[0].tolist() == [7, 8]
 
 
+def test_a_generation_whose_memory_cannot_be_kept_is_returned_with_a_warning(tiny_bundle, tmp_path, monkeypatch):
+    """The reply is out when its generation ends: a drafter that cannot keep it there (a store error) is a warning,
+    not an error of that reply."""
+    from edgespec.errors import StoreError
+    from edgespec.suffix import SuffixDrafter
+
+    eng = edgespec.load(tiny_bundle, memory=tmp_path / "m.npz")
+    ref = eng.generate("def hello(world):", max_new_tokens=6, drafter="none").token_ids
+
+    def broken(self):
+        raise StoreError("the store is broken")
+
+    monkeypatch.setattr(SuffixDrafter, "end", broken)
+    with pytest.warns(UserWarning, match="the suffix drafter could not keep this generation: the store is broken"):
+        got = eng.generate("def hello(world):", max_new_tokens=6, drafter="suffix")
+    assert got.token_ids == ref
+    eng.close()
+
+
 def test_a_merge_holds_what_adding_one_by_one_would():
     """(session 48, a review) A save after another process's merges their sequences and this one's; it re-added
     them one by one (each an insert into the sorted n-gram table: ~1.1 s for a full store, which a server's reply
