@@ -475,8 +475,18 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     from .chat import terminal_safe
 
     tty = sys.stdout is not None and sys.stdout.isatty()  # (a reply's escape sequences shown, not acted on, there)
-    for delta in eng.stream(src, stop=stop, **kw):
-        click.echo(terminal_safe(delta) if tty else delta, nl=False)
+    wrote = False
+    try:
+        for delta in eng.stream(src, stop=stop, **kw):
+            click.echo(terminal_safe(delta) if tty else delta, nl=False)
+            wrote = wrote or bool(delta)
+    except BaseException:  # Ctrl-C, SIGTERM, an error mid-reply: the partial reply's line ends before "error: ..."
+        if wrote:
+            try:
+                click.echo()
+            except (OSError, ValueError):  # (stdout is what failed)
+                pass
+        raise
     click.echo()
     st = eng.last_stats
     if st and st.finish_reason == "context":

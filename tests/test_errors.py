@@ -460,6 +460,7 @@ def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
     assert "Traceback" not in err and "Aborted" not in err
+    assert out.endswith("\n"), out[-40:]  # (session 49) the partial reply's line ends: "error:" starts a line
 
 
 @pytest.mark.parametrize("kw, name", [
