@@ -929,23 +929,19 @@ class Engine:
         engine stayed open)."""
         import inspect
 
-        me, dec = threading.get_ident(), self.decoder
-        lock = getattr(dec, "lock", None)
-        if lock is not None and lock._lock.locked():
-            # the stream holding the engine is closed here where this thread made or read it and no other thread is
-            # reading it (its last reader this one, or gone); one another thread reads on is waited for, by close()
-            alive = {t.ident for t in threading.enumerate()}
-            if not lock.running and (lock.reader == me or lock.reader not in alive):
-                with self._streams_lock:
-                    streams = [it for it, tid in self._streams.items() if tid == me or me in lock._owners]
-                for it in streams:
-                    if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
-                        try:
-                            it.close()
-                        except ValueError:  # (another thread took it up again this instant: close() waits for it)
-                            pass
-            elif lock.reader != me:  # (this thread read it before handing it on: close() waits for the reader)
-                lock._owners.discard(me)
+        me = threading.get_ident()
+        lock = getattr(self.decoder, "lock", None)
+        # the stream holding the engine is closed here where this thread made or read it and no other thread is reading
+        # it (its last reader this one, or gone); one another thread reads on is waited for, by close()
+        if lock is not None and lock.streams_left_by(me):
+            with self._streams_lock:
+                streams = [it for it, tid in self._streams.items() if tid == me or lock.owned_by(me)]
+            for it in streams:
+                if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
+                    try:
+                        it.close()
+                    except ValueError:  # (another thread took it up again this instant: close() waits for it)
+                        pass
         self.close()
 
 

@@ -314,6 +314,35 @@ class GenerationLock:
             finally:
                 self._owners, self.reader, self.running = set(), None, False
 
+    def stepping(self, me: int) -> None:
+        """Thread ``me`` resumes the generation holding the lock (``running`` until ``running = False``)."""
+        self.reader, self.running = me, True
+
+    def owners_add(self, me: int) -> None:
+        """Thread ``me`` has read the stream holding the lock: a generate() in it is refused, not left waiting."""
+        self._owners.add(me)
+
+    def streams_left_by(self, me: int) -> bool:
+        """At the end of thread ``me``'s with-block: True where a stream holding the lock is ``me``'s to close (``me``
+        made it or read it last, and no other live thread is reading it); where another thread reads it on, ``me``
+        stops being one of its owners (its close() waits for that reader) and False."""
+        if not self._lock.locked():
+            return False
+        alive = {t.ident for t in threading.enumerate()}
+        if not self.running and (self.reader == me or self.reader not in alive):
+            return True
+        if self.reader != me:  # (this thread read it before handing it on)
+            self._owners.discard(me)
+        return False
+
+    def owned_by(self, me: int) -> bool:
+        """Whether thread ``me`` holds the lock: it took it, or has read the stream holding it."""
+        return me in self._owners
+
+    def stranded_in_child(self, me: int) -> bool:
+        """In a forked child (thread ``me``): the lock is held by a generation of a thread the child does not have."""
+        return self._lock.locked() and (me not in self._owners or (self.running and self.reader != me))
+
     @contextmanager
     def held_if_free(self):
         """True while this thread holds the lock: it did already, or took it without waiting; False
@@ -341,7 +370,7 @@ def _after_fork_in_child() -> None:
     lm._RUNNING.clear()  # (the parent's calls in progress, in threads the child does not have)
     me = threading.get_ident()
     for d in list(_DECODERS):
-        if d.lock._lock.locked() and (me not in d.lock._owners or (d.lock.running and d.lock.reader != me)):
+        if d.lock.stranded_in_child(me):
             d.lock = GenerationLock()
             d.closed = ("this process was forked while another thread of its parent was generating: load the bundle "
                         "again in this process")
@@ -517,7 +546,7 @@ class Decoder:
             gen = self._generate(prompt, cfg, st, con)
             try:
                 while True:
-                    self.lock.reader, self.lock.running = threading.get_ident(), True
+                    self.lock.stepping(threading.get_ident())
                     with native_work(self):  # (a step's grammar masks run in llguidance's Rust, the GIL released: an
                         try:  # exit waits for the step as for a model call, see lm.native_work)
                             step = next(gen)
@@ -528,7 +557,7 @@ class Decoder:
                     yield step
                     # the lock is the thread's that reads the stream now too: a stream handed to another thread,
                     # whose generate() inside its loop waited on the lock its own stream held (a deadlock), is refused
-                    self.lock._owners.add(threading.get_ident())
+                    self.lock.owners_add(threading.get_ident())
             finally:
                 gen.close()
                 self._ended()
