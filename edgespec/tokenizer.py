@@ -325,8 +325,10 @@ class Tokenizer:
         # tools and documents are defined (none where not given), as transformers renders them: a template that asks
         # ``tools is defined`` (Hermes-style ones) writes its tool section with ``null`` there too
         extra = {**check_template_kwargs(template_kwargs), "tools": list(tools) if tools else None, "documents": None}
-        return self._template.render(messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
+        text = self._template.render(messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
                                      bos_token=bos or "", eos_token=eos or "", **extra)
+        _check_text(text, "the chat the template wrote")  # (what no check of the messages' own reaches: one error)
+        return text
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                     tools: Sequence[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:

@@ -315,6 +315,9 @@ def test_bad_template_in_a_bundle_is_one_line(tiny_bundle, copy_bundle):
     assert "chat template" in one_line_error(run("generate", b, "-p", "hi", "--chat"), 2)
     _edit(b, lambda m: m.update(chat_template=5))
     one_line_error(run("generate", b, "-p", "hi", "--chat"), 2)
+    # (session 49) a template that writes a lone surrogate (a string escape of its own): one line, not a TypeError
+    _edit(b, lambda m: m.update(chat_template="{{ '\\ud800' }}{% for m in messages %}{{ m.content }}{% endfor %}"))
+    assert "the chat the template wrote" in one_line_error(run("generate", b, "-p", "hi", "--chat"), 2)
 
 
 # -- 5. same-size corruption of weights ---------------------------------------------------------

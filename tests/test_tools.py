@@ -184,6 +184,14 @@ def test_tool_choice_parallel_and_the_template_are_checked():
         check_tool_messages([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}])
     with pytest.raises(ConfigError, match=r"tool_calls\[0\] must be"):
         check_tool_messages([{"role": "assistant", "content": None, "tool_calls": [{"name": "f"}]}])
+    # (session 49, a review) a lone surrogate in a call's arguments (a JSON escape, or a dict's string), name or id
+    # reached the tokenizer: an untyped TypeError, the server's 500
+    for call, part in (({"name": "f", "arguments": '{"a": "\\ud800"}'}, "arguments"),
+                       ({"name": "f", "arguments": {"a": "x\udfff"}}, "arguments"),
+                       ({"name": "f\ud800", "arguments": "{}"}, "name"), ({"name": "f"}, "id")):
+        with pytest.raises(ConfigError, match=rf"tool_calls\[0\]\.(function\.)?{part} holds an unpaired"):
+            check_tool_messages([{"role": "assistant", "content": None,
+                                  "tool_calls": [{"id": "c\ud800" if part == "id" else "c1", "function": call}]}])
 
 
 # -- a tiny model trained to call a tool ---------------------------------------------------------------------
