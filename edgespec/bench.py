@@ -53,6 +53,12 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
         if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"] \
                 or not all(isinstance(t, str) for t in q["turns"]):
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
+        for i, t in enumerate(q["turns"]):  # (a JSON escape's lone surrogate: a later turn stopped the bench there,
+            try:  # every run before it lost)
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{p}:{n}: turn {i + 1} holds an unpaired UTF-16 surrogate (a broken "
+                                  "\\uD800-\\uDFFF escape)") from None
         q.setdefault("category", "default")
         q.setdefault("question_id", str(n))
         if isinstance(q["question_id"], bool) or not isinstance(q["question_id"], (str, int)):
@@ -161,6 +167,7 @@ class Report:
     memory: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # prompts (or later turns) the context could not hold
+    stopped: str | None = None  # why the bench ended before its last prompt (Ctrl-C, an error): the runs are those done
 
     def summary(self) -> dict:
         """Per category and drafter: tokens/s (total tokens / total decode time), speedup against
@@ -188,7 +195,8 @@ class Report:
                     "tpot_ms": round(1000 * secs / toks, 2) if toks else None,
                     "draft_s": round(sum(r.draft_s for r in rs), 4), "target_s": round(sum(r.target_s for r in rs), 4),
                     "other_s": round(sum(r.other_s for r in rs), 4),
-                    "exact": all(r.exact is not False for r in rs),
+                    # (None where no run was judged: sampled, or a runner that is its own reference)
+                    "exact": None if all(r.exact is None for r in rs) else all(r.exact is not False for r in rs),
                     "runs": len(rs),
                 }
             base = out[c].get("none", {}).get("tokens_per_second")
@@ -201,7 +209,7 @@ class Report:
 
         return {"bundle": self.bundle, "device": self.device, "settings": self.settings, "plan": self.plan,
                 "summary": self.summary(), "memory": self.memory, "runs": [asdict(r) for r in self.runs],
-                "left_out": list(self.left_out)}
+                "left_out": list(self.left_out), "stopped": self.stopped}
 
     def markdown(self) -> str:
         s = self.summary()
@@ -228,10 +236,16 @@ class Report:
                       "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's and llama.cpp's rows: as their own autoregressive run, `genai-ar` or `llama-ar`)."]
         if self.left_out:
             lines += ["", f"Left out (longer than the context): {', '.join(self.left_out)}."]
+        if self.stopped:
+            lines += ["", f"**Stopped early** ({self.stopped}): these are the runs done before it."]
         m = self.memory
         if m:
-            lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB{file_part(m.get('file_bytes'))}; "
-                          f"plan {m['planned_bytes'] / 2**20:.0f} MiB; budget {m['budget_bytes'] / 2**20:.0f} MiB."]
+            shared = m.get("in_process_runners")
+            whose = (f" (the process's: {', '.join(shared)} loaded into it too, so above edgespec's own)"
+                     if shared else "")
+            lines += ["", f"Peak resident memory {m['peak_bytes'] / 2**20:.0f} MiB{whose}"
+                          f"{file_part(m.get('file_bytes'))}; plan {m['planned_bytes'] / 2**20:.0f} MiB; "
+                          f"budget {m['budget_bytes'] / 2**20:.0f} MiB."]
         return "\n".join(lines) + "\n"
 
 
@@ -285,6 +299,9 @@ def parse_drafters(drafters: Sequence[str], draft_tokens: int | None = None) -> 
     """Each --drafters entry and its draft length: "model" (k from ``draft_tokens``, or adaptive),
     "model:4" (k fixed at 4) or "auto@8" (adaptive, at most 8 a round: an A/B of the draft bound in
     one run). Raises ConfigError naming the first entry that is none of these."""
+    twice = sorted({d for d in drafters if d != "none" and list(drafters).count(d) > 1})
+    if twice:  # (it ran twice a prompt, the second run starting from what the first learned, one row for both)
+        raise ConfigError(f"--drafters names {', '.join(map(repr, twice))} twice")
     return {d: _parse_drafter(d, draft_tokens)[1] for d in drafters}
 
 
@@ -345,7 +362,12 @@ class RunnerStates:
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0,
               draft_tokens: int | None = None, external: dict[str, External] | None = None,
-              log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+              in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+    """Every runner on every prompt (turn by turn), one engine, each runner from its own state. ``in_process``: the
+    external runners that load their models into this process (the report's peak memory is then not edgespec's
+    alone). Ctrl-C or an error mid-run (a prompt's, an external runner's) propagates with the runs done so far as the
+    exception's ``report`` (``Report.stopped`` says why)."""
+    parse_drafters(drafters)
     parsed = {d: _parse_drafter(d, draft_tokens) for d in drafters}
     external = dict(external or {})
     order = ["none"] + [d for d in drafters if d != "none"]
@@ -387,64 +409,95 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     # drafter's confidence calibration carried what the earlier runners learned on that very prompt into the later
     # ones: `auto`, run last, started each prompt knowing its reply's length and acceptance
     states = RunnerStates(engine, order)
-    with MemorySampler() as mem:
-        for qi, q in enumerate(prompts):
-            history: list[dict] = []
-            for ti, turn in enumerate(q["turns"]):
-                history.append({"role": "user", "content": turn})
-                ids = tok.encode_chat(history) if has_template else tok.encode(turn)
-                if len(ids) >= room:
-                    log(f"  {q['question_id']} turn {ti + 1} left out: its prompt has {len(ids)} tokens; the context "
-                        f"holds {room}")
-                    rep.left_out.append(f"{q['question_id']} turn {ti + 1}")
-                    break
-                ref = None
-                reply_ids: list[int] = []
-                for d in order:
-                    engine.reset()
-                    states.enter(d)
-                    out: list[int] = []
-                    st = None
-                    name, k, bound = parsed.get(d, ("none", None, None))
-                    for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                         top_p=top_p, drafter=name, draft_tokens=k,
-                                                         max_draft_tokens=bound):
-                        out.extend(toks)
-                    states.leave(d)
-                    if d == "none":
-                        ref, reply_ids = out, out
-                    exact = None if d == "none" or temperature else out == ref
-                    rep.runs.append(Run(q["question_id"], q["category"], ti, d, st.new_tokens, st.ttft_ms, st.decode_s,
-                                        st.tokens_per_second,
-                                        1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,
-                                        st.rounds, st.target_calls, st.draft_s, st.target_s, st.other_s,
-                                        list(st.accepted_by_position), list(st.drafted_by_position), exact,
-                                        model_drafting({k: getattr(st, k) for k in MODEL_DRAFTING})))
-                    log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
-                        f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
-                        + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))
-                outputs = {"none": ref}
-                for name, fn in external.items():
-                    x = fn(list(ids), max_new_tokens)
-                    out, secs = list(x["token_ids"]), float(x["decode_s"])
-                    outputs[name] = out
-                    n = len(out)
-                    # (a runner that is its own reference, llama.cpp's autoregressive run, is judged against nothing:
-                    # its tick was always there; its Q4_K_M tokens are not edgespec's INT4 ones)
-                    exact = None if x.get("reference") == name else out == outputs.get(x.get("reference", "none"), ref)
-                    tps = (n - 1) / secs if secs > 0 and n > 1 else 0.0
-                    rep.runs.append(Run(q["question_id"], q["category"], ti, name, n, float(x.get("ttft_ms", 0.0)),
-                                        secs, tps, 1000 * secs / max(1, n - 1), int(x.get("drafted", 0)),
-                                        int(x.get("accepted", 0)), int(x.get("rounds", 0)),
-                                        int(x.get("target_calls", n)), 0.0, secs, 0.0, [], [], exact))
-                    acc = x.get("accepted", 0) / x["drafted"] if x.get("drafted") else 0.0
-                    log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {name:13s} "
-                        f"{tps:6.1f} tok/s  acc {acc:.2f}" + ("" if exact in (None, True) else "  differs from its reference"))
-                history.append({"role": "assistant", "content": tok.decode(reply_ids)})
-    states.restore()
-    rep.memory = {"peak_bytes": high_water_rss(), "file_bytes": file_rss(), "planned_bytes": engine.plan.total,
-                  "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}
+    # the suffix drafter's memory (`--memory`) likewise: a runner's reply, recorded at its end, was recalled by the
+    # next runner on that prompt as a perfect repeat (`auto` after `suffix`: 4.09x where alone 1.07x; a review). One
+    # reference reply a turn (`none`'s) is remembered once every runner has run it, as scripts/bench_traffic.py does
+    sfx = engine.decoder.drafters.get("suffix")
+    recording = sfx.recording if sfx is not None else None
+    if sfx is not None:
+        sfx.recording = False
+    mem = MemorySampler()
+    try:
+        with mem:
+            _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
+                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    except BaseException as e:  # Ctrl-C, an error of a prompt's, an external runner's crash
+        rep.stopped = ("interrupted" if isinstance(e, KeyboardInterrupt) else
+                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        e.report = rep  # (the caller writes what was measured: a run of hours is not lost at its last prompt)
+        raise
+    finally:
+        states.restore()
+        if sfx is not None:
+            sfx.recording = recording
+        rep.memory = {"peak_bytes": high_water_rss(), "file_bytes": file_rss(), "planned_bytes": engine.plan.total,
+                      "budget_bytes": engine.plan.budget, "samples": [(round(t, 3), b) for t, b in mem.samples[::4]]}
+        if in_process:
+            rep.memory["in_process_runners"] = list(in_process)
     return rep
+
+
+def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log, *, max_new_tokens, temperature,
+                   top_p) -> None:
+    """run_bench's runs, appended to ``rep.runs`` as they finish."""
+    tok = engine.tokenizer
+    has_template = bool(engine.manifest.chat_template)
+    room = engine.decoder.target.max_context
+    for qi, q in enumerate(prompts):
+        history: list[dict] = []
+        for ti, turn in enumerate(q["turns"]):
+            history.append({"role": "user", "content": turn})
+            ids = tok.encode_chat(history) if has_template else tok.encode(turn)
+            if len(ids) >= room:
+                log(f"  {q['question_id']} turn {ti + 1} left out: its prompt has {len(ids)} tokens; the context "
+                    f"holds {room}")
+                rep.left_out.append(f"{q['question_id']} turn {ti + 1}")
+                break
+            ref = None
+            reply_ids: list[int] = []
+            for d in order:
+                engine.reset()
+                states.enter(d)
+                out: list[int] = []
+                st = None
+                name, k, bound = parsed.get(d, ("none", None, None))
+                for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                     top_p=top_p, drafter=name, draft_tokens=k,
+                                                     max_draft_tokens=bound):
+                    out.extend(toks)
+                states.leave(d)
+                if d == "none":
+                    ref, reply_ids = out, out
+                exact = None if d == "none" or temperature else out == ref
+                rep.runs.append(Run(q["question_id"], q["category"], ti, d, st.new_tokens, st.ttft_ms, st.decode_s,
+                                    st.tokens_per_second,
+                                    1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,
+                                    st.rounds, st.target_calls, st.draft_s, st.target_s, st.other_s,
+                                    list(st.accepted_by_position), list(st.drafted_by_position), exact,
+                                    model_drafting({k: getattr(st, k) for k in MODEL_DRAFTING})))
+                log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
+                    f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
+                    + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))
+            outputs = {"none": ref}
+            for name, fn in external.items():
+                x = fn(list(ids), max_new_tokens)
+                out, secs = list(x["token_ids"]), float(x["decode_s"])
+                outputs[name] = out
+                n = len(out)
+                # (a runner that is its own reference, llama.cpp's autoregressive run, is judged against nothing:
+                # its tick was always there; its Q4_K_M tokens are not edgespec's INT4 ones)
+                exact = None if x.get("reference") == name else out == outputs.get(x.get("reference", "none"), ref)
+                tps = (n - 1) / secs if secs > 0 and n > 1 else 0.0
+                rep.runs.append(Run(q["question_id"], q["category"], ti, name, n, float(x.get("ttft_ms", 0.0)),
+                                    secs, tps, 1000 * secs / max(1, n - 1), int(x.get("drafted", 0)),
+                                    int(x.get("accepted", 0)), int(x.get("rounds", 0)),
+                                    int(x.get("target_calls", n)), 0.0, secs, 0.0, [], [], exact))
+                acc = x.get("accepted", 0) / x["drafted"] if x.get("drafted") else 0.0
+                log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {name:13s} "
+                    f"{tps:6.1f} tok/s  acc {acc:.2f}" + ("" if exact in (None, True) else "  differs from its reference"))
+            if sfx is not None and ref is not None:
+                sfx.remember(ref, prompt=ids)
+            history.append({"role": "assistant", "content": tok.decode(reply_ids)})
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -456,6 +509,20 @@ def _write_whole(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None:
+    """The runs of a bench that stopped early (``rep.stopped``), written to ``out_dir`` where there are any (no plots);
+    said on stderr. A failure to write is said, not raised: the error that stopped the bench is the one to tell."""
+    if rep is None or not rep.runs:
+        return
+    try:
+        files = write_report(rep, out_dir, plots=False)
+    except (OSError, ValueError) as e:
+        print(f"warning: the {len(rep.runs)} runs done were not written: {e}", file=sys.stderr)
+        return
+    print(f"wrote the {len(rep.runs)} runs done (stopped early: {rep.stopped}) to " + ", ".join(map(str, files)),
+          file=sys.stderr)
 
 
 def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True) -> list[Path]:

@@ -988,7 +988,7 @@ def _template_state(source) -> str:
 def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_new_tokens, draft_tokens, max_context,
           threads, profile, provider, out_dir, no_plots):
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
-    from .bench import parse_drafters, read_prompts, run_bench, write_report
+    from .bench import parse_drafters, read_prompts, run_bench, write_partial_report, write_report
     from .errors import ConfigError
 
     names = [d.strip() for d in drafters.split(",") if d.strip()]
@@ -1016,7 +1016,11 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     _check_writable(out_dir)  # before the bench runs, not after (and only once the bundle has loaded)
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
-    rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
+    try:
+        rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
+    except BaseException as e:  # Ctrl-C or an error mid-run: the runs done are written (the report says it stopped)
+        write_partial_report(getattr(e, "report", None), out_dir)
+        raise
     try:
         click.echo(rep.markdown())  # first: a report that cannot be written is not lost
     finally:  # (and the files whatever becomes of stdout: a pager quit, a closed pipe lost the whole run)

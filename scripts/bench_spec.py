@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import edgespec  # noqa: E402
-from edgespec.bench import parse_drafters, read_prompts, run_bench, write_report  # noqa: E402
-from genai_baseline import genai_autoregressive, genai_speculative  # noqa: E402
-from llamacpp_baseline import llamacpp_runners  # noqa: E402
+from edgespec.bench import parse_drafters, read_prompts, run_bench, write_partial_report, write_report  # noqa: E402
+from genai_baseline import MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative  # noqa: E402
+from llamacpp_baseline import SERVER, llamacpp_runners  # noqa: E402
 from one_line_errors import one_line_errors  # noqa: E402
 
 
@@ -99,6 +99,21 @@ def main(argv=None) -> int:
     sampled = args.temperature > 0
     if sampled and args.llamacpp:  # (its runs are greedy: nothing to compare a sampled run with)
         ap.error("--llamacpp runs greedy decoding only: leave out --temperature, or --llamacpp")
+    # (each of these ended in a traceback once the model, and genai, had loaded; a review)
+    if not 1 <= args.genai_k <= MAX_DRAFT_TOKENS:
+        ap.error(f"--genai-k must be in 1..{MAX_DRAFT_TOKENS} (onnxruntime-genai's bound), got {args.genai_k}")
+    if not 2 <= args.ngram_size <= 16:
+        ap.error(f"--ngram-size must be in 2..16, got {args.ngram_size}")
+    if args.llamacpp:
+        ks = [k.strip() for k in args.llamacpp_draft_k.split(",") if k.strip()]
+        if not all(k.isdecimal() and k.isascii() and 1 <= int(k) <= 64 for k in ks):
+            ap.error(f"--llamacpp-draft-k must be draft lengths (1..64) separated by commas, got "
+                     f"{args.llamacpp_draft_k!r}")
+        if not SERVER.is_file():
+            ap.error(f"--llamacpp: {SERVER} is missing: run scripts/build_llamacpp.sh first")
+        for opt, f in (("--llamacpp-target", args.llamacpp_target), ("--llamacpp-drafter", args.llamacpp_drafter)):
+            if f is not None and not Path(f).is_file():
+                ap.error(f"{opt}: no such file: {f}")
     parse_drafters(names)  # a bad entry, prompts file or category is refused before the model loads
     prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
                            per_category=args.per_category)
@@ -117,6 +132,8 @@ def main(argv=None) -> int:
         dft = args.llamacpp_drafter or eng.manifest.sources.get("drafter")
         if not tgt or not str(tgt).endswith(".gguf"):
             ap.error("--llamacpp needs the target GGUF (--llamacpp-target): the bundle was not exported from one")
+        if not Path(tgt).is_file():
+            ap.error(f"--llamacpp: the target GGUF the bundle was exported from is not here: {tgt} (--llamacpp-target)")
         ks = tuple(int(k) for k in args.llamacpp_draft_k.split(",") if k.strip())
         runners, close_llama = llamacpp_runners(tgt, dft if dft and str(dft).endswith(".gguf") else None,
                                                 threads=args.threads or os.cpu_count() or 2, ctx=eng.max_context,
@@ -129,8 +146,13 @@ def main(argv=None) -> int:
     print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + [n for n in names if n != 'none']}, "
           f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
     try:
+        # (genai's models live in this process: the report's peak memory says it holds theirs too)
         rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
-                        temperature=args.temperature, top_p=args.top_p)
+                        temperature=args.temperature, top_p=args.top_p,
+                        in_process=[n for n in external if n.startswith("genai")])
+    except BaseException as e:  # Ctrl-C, llama-server gone: the runs done are written, marked as stopped early
+        write_partial_report(getattr(e, "report", None), args.out)
+        raise
     finally:
         if close_llama:
             close_llama()

@@ -65,7 +65,9 @@ def test_read_prompts_spec_bench_format(tmp_path):
                        ('{"turns": [123]}', "turns"),  # (session 43: tracebacks, or an error after the load)
                        ('{"turns": ["x"], "n": 1' + "0" * 5000 + "}", ":1: not JSON (Exceeds the limit"),  # (46)
                        ("[" * 100000 + "]" * 100000, ":1: not JSON (maximum recursion depth"),
-                       ('{"question_id": [1], "turns": ["x"]}', "'question_id' must be a string or an integer")):
+                       ('{"question_id": [1], "turns": ["x"]}', "'question_id' must be a string or an integer"),
+                       # (session 49: met at that turn's run, the runs before it lost)
+                       ('{"turns": ["x", "y\\ud800"]}', ":1: turn 2 holds an unpaired UTF-16 surrogate")):
         p.write_text(bad + "\n")
         with pytest.raises(ConfigError, match=re.escape(match)):
             read_prompts(p, categories=["zz"])
@@ -218,6 +220,46 @@ def test_external_runners_are_checked_against_their_reference(tiny_bundle):
     rows = {line.split(" | ")[1]: line.rstrip(" |").rsplit(" | ", 1)[1] for line in rep.markdown().splitlines()
             if line.startswith("| all | ")}
     assert rows["own"] == "–" and rows["same"] == "✓" and rows["wrong"] == "✗"
+    # (session 49, a review) a runner judged against nothing is not "exact": true in report.json (it said a pass)
+    assert s["own"]["exact"] is None and s["none"]["exact"] is None and s["same"]["exact"] is True
+
+
+def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_runs(tiny_bundle, tmp_path):
+    """(session 49, a review) With the suffix drafter's memory on (`bench --memory`), each runner's reply was recorded
+    at its end and recalled by the next runner on that prompt as a perfect repeat (`auto` after `suffix` 4.09x, alone
+    1.07x): now one reference reply a turn is remembered once every runner has run it. And a bench stopped by Ctrl-C
+    or an error lost every run done: they come with the exception, written by write_partial_report."""
+    from edgespec import load
+    from edgespec.bench import run_bench, write_partial_report
+
+    eng = load(tiny_bundle, memory=str(tmp_path / "m.npz"))
+    sfx = eng.decoder.drafters["suffix"]
+    recalled = []
+    prompts = [{"question_id": "q1", "category": "code", "turns": ["def add(a, b):", "and subtract?"]}]
+    rep = run_bench(eng, prompts, ["suffix", "auto"], max_new_tokens=12,
+                    log=lambda line: recalled.append(list(sfx.recall_scores)))
+    assert len(rep.runs) == 6 and recalled[:3] == [[], [], []], recalled  # the first turn: nothing recalled
+    assert len({tuple(r) for r in recalled[3:]}) == 1, recalled  # the second: each runner the same memory
+    assert sfx.recording and eng.memory_stats()["memory_sequences"] == 2  # a reference a turn; recording put back
+    calls = []
+
+    def stop(line):
+        calls.append(line)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as e:
+        run_bench(eng, prompts * 2, ["suffix"], max_new_tokens=6, log=stop)
+    part = e.value.report
+    assert len(part.runs) == 2 and part.stopped == "interrupted" and sfx.recording
+    write_partial_report(part, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(saved["runs"]) == 2 and saved["stopped"] == "interrupted"
+    assert "Stopped early" in (tmp_path / "out" / "report.md").read_text()
+    write_partial_report(None, tmp_path / "none")  # (nothing measured: nothing written)
+    assert not (tmp_path / "none").exists()
+    rep = run_bench(eng, prompts[:1], ["suffix"], max_new_tokens=4, in_process=["genai-ar"], log=lambda s: None)
+    assert "the process's: genai-ar loaded into it too" in rep.markdown()
 
 
 def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys):
@@ -823,7 +865,14 @@ def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_p
     monkeypatch.setattr(edgespec, "load", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
     missing = str(tmp_path / "no-bundle")
     _refused(bench_spec.main, [[missing, "--prompts", str(tmp_path / "none.jsonl")],
-                               [missing, "--categories", "nosuch"], [missing, "--drafters", "foo"]], capsys)
+                               [missing, "--categories", "nosuch"], [missing, "--drafters", "foo"],
+                               [missing, "--drafters", "auto,auto"]], capsys)
+    # (session 49, a review) tracebacks once the model and genai had loaded
+    for argv in (["--genai-k", "0"], ["--genai-k", "17"], ["--ngram-size", "1"],
+                 ["--llamacpp", "--llamacpp-draft-k", "a"], ["--llamacpp", "--llamacpp-target", missing]):
+        with pytest.raises(SystemExit) as e:
+            bench_spec.main([missing, *argv])
+        assert e.value.code == 2 and "error:" in capsys.readouterr().err, argv
     monkeypatch.undo()
     for script, argv in ((bench_spec, [missing]), (bench_ar, [missing]), (profile_widths, [missing])):
         _refused(script.main, [argv], capsys)
