@@ -301,7 +301,10 @@ def test_template_formats_within_the_limits_render(source, out):
     assert ChatTemplate(source).render(messages=msgs) == out
 
 
-@pytest.mark.parametrize("source", [123, ["a"], "{% for %}", "{{ x "])
+@pytest.mark.parametrize("source", [123, ["a"], "{% for %}", "{{ x ",
+                                    # (session 49, a review: one call ran 16 s and 6 s past the 2 s limit, which is
+                                    # checked on the template's own lines; no chat template uses them)
+                                    "{{ ('a ' * 500000) | urlize }}", "{{ [1, 2] | pprint }}"])
 def test_template_that_is_no_template(source):
     from edgespec.template import ChatTemplate
 
