@@ -570,7 +570,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
             progress.step("rewriting to edgespec's INT4 kernels, edgespec.MatMulQ4 (--exact-kernels)")
             apply_to_bundle(stage, None, log=progress.log, kv_dtype=kv_dtype)
             manifest = load_manifest(stage)
-        publish(stage, out)
+        publish(stage, out, force, [target, drafter])
     except BaseException:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)

@@ -529,7 +529,7 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
                 m = replace(m, name=dest.name)
             Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
             write_manifest(m)
-            publish(stage, dest)
+            publish(stage, dest, force, None if in_place else [str(src)])
         except BaseException:
             remove_tree(stage)
             remove_parents(made)

@@ -110,14 +110,30 @@ def prepare_stage(out: Path) -> Path:
     return stage
 
 
-def publish(stage: Path, out: Path) -> None:
+def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None] | None = None) -> None:
     """Rename the finished ``stage`` to ``out``. A bundle already at ``out`` is moved aside first
-    and removed once the new one is in place; stopped between the two renames, it is put back."""
+    and removed once the new one is in place; stopped between the two renames, it is put back.
+    ``inputs`` given (a new bundle, not an in-place rewrite): what is at ``out`` now is checked again as at the
+    export's start (``check_output``): a directory made there while the export ran (or another export's bundle,
+    without ``force``) is not replaced (session 49, a review: it was moved aside and deleted, files and all)."""
+    import errno
+
+    if inputs is not None and (out.exists() or out.is_symlink()):
+        try:
+            check_output(out, force, inputs)
+        except ExportError as e:
+            raise ExportError(f"{e} (it appeared while the export ran; the new bundle is not written)") from None
     old = out.parent / f".{out.name}.old-{os.getpid()}" if out.exists() else None
     try:  # the first rename inside: a SIGTERM right after it still puts the old bundle back
         if old is not None:
             out.rename(old)
-        stage.rename(out)
+        stage.rename(out)  # (onto a directory made since the check above: refused where it holds anything)
+    except OSError as e:
+        if old is not None and old.exists() and not out.exists():
+            old.rename(out)
+        if old is None and e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise ExportError(f"{out} appeared while the export ran; the new bundle is not written") from None
+        raise
     except BaseException:
         if old is not None and old.exists() and not out.exists():
             old.rename(out)

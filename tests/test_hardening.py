@@ -587,6 +587,35 @@ def test_export_helpers_refuse_before_reading(tmp_path):
         check_output(tmp_path / "f", False, [])
 
 
+def test_publishing_never_replaces_what_appeared_at_the_output_meanwhile(tmp_path):
+    """(session 49, a review) A directory made at `-o` while an export ran (minutes) was moved aside and deleted,
+    files and all, when the bundle was published: the start's checks were not made again."""
+    from edgespec.manifest import MANIFEST_NAME
+    from edgespec_export.output import publish
+
+    def stage(name):
+        d = tmp_path / name
+        d.mkdir()
+        (d / MANIFEST_NAME).write_text("{}")
+        return d
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("mine")
+    for force in (False, True):  # (not a bundle: --force does not replace it either)
+        with pytest.raises(ExportError, match="appeared while the export ran"):
+            publish(stage(f"s{force}"), out, force, ["model.gguf"])
+        assert (out / "precious.txt").read_text() == "mine"
+    (out / "precious.txt").unlink()
+    (out / MANIFEST_NAME).write_text("{}")  # another export's bundle: replaced with --force only
+    with pytest.raises(ExportError, match="exists; pass --force"):
+        publish(stage("s2"), out, False, [])
+    publish(stage("s3"), out, True, [])
+    assert not (tmp_path / "s3").exists() and (out / MANIFEST_NAME).is_file()
+    publish(stage("s4"), out)  # an in-place rewrite (no inputs): replaces its own bundle, as before
+    assert not (tmp_path / "s4").exists()
+
+
 # -- session 38's audit: endless files, ids, paths, places ---------------------------------------
 @pytest.mark.parametrize("args", [["generate", "{b}", "-p", "hi", "--documents", "/dev/zero"],
                                   ["generate", "{b}", "-p", "hi", "--prediction", "/dev/zero"],
