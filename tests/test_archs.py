@@ -234,6 +234,12 @@ def test_an_export_at_a_short_context_fits_its_checks_in_it(tmp_path_factory, ar
     m = load_manifest(b)
     assert m.target.max_context == 16 and m.target.validation.passed
     assert m.target.quality.greedy_match_of == 8 and m.drafter.quality.greedy_agreement_with_target is not None
+    # (session 49, a review) the exact-kernels rewrite checked itself on a 32-token sample: "0 + 32 tokens exceed
+    # the context of 16", exit 3, on a valid bundle
+    from edgespec_export.kernels import apply_to_bundle
+
+    x = apply_to_bundle(b, tmp_path_factory.mktemp("ctx16") / "xk")
+    assert load_manifest(x).target.kernels == "edgespec-q4"
 
 
 def test_gemma3_from_a_transformers_5_config(tmp_path_factory, arch_dirs):
