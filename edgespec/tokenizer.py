@@ -92,6 +92,8 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.chat_template = chat_template
+        self.directory = Path(directory)
+        self._eos_text: str | None = None
         self._template = None
         self._text_tok = None
         # (encode_text_piece: where a leading "▁" is added, the ids of the sentinel it cuts after; [] where not)
@@ -319,7 +321,7 @@ class Tokenizer:
 
             self._template = ChatTemplate(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
-        eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        eos = self._template_eos()
         from .template import check_template_kwargs
 
         # tools and documents are defined (none where not given), as transformers renders them: a template that asks
@@ -329,6 +331,25 @@ class Tokenizer:
                                      bos_token=bos or "", eos_token=eos or "", **extra)
         _check_text(text, "the chat the template wrote")  # (what no check of the messages' own reaches: one error)
         return text
+
+    def _template_eos(self) -> str:
+        """The template's ``eos_token``: the tokenizer's own (its tokenizer_config.json's, as transformers gives it;
+        a bundle may end at several ids, Qwen2.5's <|endoftext|> and <|im_end|>, of which the smallest was taken: a
+        template writing ``eos_token`` after each turn wrote <|endoftext|>); else the bundle's first end id's text."""
+        if self._eos_text is None:
+            text = None
+            try:
+                cfg = json.loads((self.directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+                e = cfg.get("eos_token") if isinstance(cfg, dict) else None
+                e = e.get("content") if isinstance(e, dict) else e
+                if isinstance(e, str):
+                    text = e
+            except (OSError, ValueError):
+                pass
+            if text is None:
+                text = (self.id_to_token(self.eos_token_ids[0]) or "") if self.eos_token_ids else ""
+            self._eos_text = text
+        return self._eos_text
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                     tools: Sequence[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:

@@ -601,6 +601,11 @@ def _add_bos(tok) -> bool:
     return bool(getattr(tok, "add_bos_token", False)) and tok.bos_token_id is not None
 
 
+# the special tokens' texts llama.cpp's vocabulary loader takes as end-of-generation beside a GGUF's EOS id
+END_OF_GENERATION = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+                               "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"})
+
+
 def _eos_ids(tok, src: Source) -> list[int]:
     ids = set()
     if tok.eos_token_id is not None:
@@ -610,7 +615,12 @@ def _eos_ids(tok, src: Source) -> list[int]:
         # from_pretrained(folder, gguf_file=...) read a generation_config.json beside the file, another model's
         # maybe, which then set the bundle's EOS ids, and only where no cached copy was read; reading the model's
         # config out of the file instead parses all of it again (3 s for SmolLM2, 9 s for the Qwen 1.5B, a kept
-        # copy's export included) for the same id
+        # copy's export included) for the same id. With it, the special tokens llama.cpp also ends a generation at
+        # (its end-of-generation set): a Qwen GGUF's one EOS is <|im_end|>, and a raw prompt's reply ran past the
+        # <|endoftext|> its model wrote (from the Hugging Face folder, generation_config names both; session 49)
+        added = getattr(tok, "added_tokens_decoder", None) or {}
+        ids.update(int(i) for i, t in added.items()
+                   if getattr(t, "special", False) and str(getattr(t, "content", t)) in END_OF_GENERATION)
         return sorted(ids)
     try:
         from transformers import GenerationConfig

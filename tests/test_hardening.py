@@ -899,3 +899,7 @@ def test_tools_and_documents_are_defined_as_transformers_renders_them(tiny_bundl
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     assert tok.render_chat(msgs, add_generation_prompt=False, tools=tools) \
         == render_jinja_template([msgs], tools=tools, chat_template=src)[0][0]
+    # (session 49) ``eos_token`` is the tokenizer's own (tokenizer_config.json's, as transformers passes it), not the
+    # smallest of the bundle's end ids (Qwen2.5's <|endoftext|> beside <|im_end|>)
+    two = Tokenizer(tiny_bundle / "tokenizer", eos_token_ids=[0, 2], chat_template="{{ eos_token }}")
+    assert two.id_to_token(0) != "<|im_end|>" and two.render_chat(msgs) == "<|im_end|>"
