@@ -95,26 +95,37 @@ class QualityRun:
         return q
 
     def drafter_agreement(self, ts: ModelSpec, ds: ModelSpec, progress) -> Quality:
-        """Teacher-forced greedy agreement of the drafter ``ds`` with the exported target ``ts``:
-        the fraction of target greedy tokens the drafter predicts. It is what greedy speculative
-        acceptance will be. Returns the drafter's quality record with it added."""
-        ctx = min(512, ts.max_context, ds.max_context)
-        # the drafter only makes wide calls here: no width probe (min_width 1, as the runtime runs it)
-        t, d = OnnxLM(ts, ctx, choose(["cpu"])), OnnxLM(ds, ctx, choose(["cpu"]), min_width=1)
-        hits = total = 0
-        for text in TEXTS[:4]:
-            ids = self._ids(text, ctx // 2)[:32]
-            t.reset()
-            logits = t.forward(ids)[-1]
-            cont = []
-            for _ in range(min(AGREE_TOKENS, ctx - len(ids))):
-                tok = int(np.argmax(logits))
-                cont.append(tok)
-                logits = t.forward([tok])[-1]
-            d.reset()  # (ids past a smaller drafter's vocabulary read as 0, as the runtime feeds them)
-            dl = d.forward(fed_ids(ids + cont[:-1], ds.vocab_size))[len(ids) - 1:]
-            hits += int((dl.argmax(-1)[: len(cont)] == np.array(cont)).sum())
-            total += len(cont)
-        rate = hits / total
-        progress.log(f"    drafter agrees with the exported target on {hits}/{total} greedy tokens ({rate:.2f})")
-        return replace(ds.quality, greedy_agreement_with_target=round(rate, 4), agreement_tokens=total)
+        """Teacher-forced greedy agreement of the drafter ``ds`` with the exported target ``ts``
+        (``drafter_agreement``). Returns the drafter's quality record with it added."""
+        return drafter_agreement(ts, ds, lambda text, room: self._ids(text, room), progress.log)
+
+
+def drafter_agreement(ts: ModelSpec, ds: ModelSpec, encode, log=None, head_ids: np.ndarray | None = None) -> Quality:
+    """Teacher-forced greedy agreement of the drafter ``ds`` with the exported target ``ts``: the fraction of target
+    greedy tokens the drafter predicts. It is what greedy speculative acceptance will be. ``encode(text, room)``: a
+    text's ids, at most ``room``; ``head_ids``: the token of each of the drafter's logits where its head is cut
+    (--drafter-vocab: measured as the runtime drafts, after the cut). Returns the drafter's quality record with it."""
+    ctx = min(512, ts.max_context, ds.max_context)
+    # the drafter only makes wide calls here: no width probe (min_width 1, as the runtime runs it)
+    t, d = OnnxLM(ts, ctx, choose(["cpu"])), OnnxLM(ds, ctx, choose(["cpu"]), min_width=1)
+    hits = total = 0
+    for text in TEXTS[:4]:
+        ids = encode(text, ctx // 2)[:32]
+        t.reset()
+        logits = t.forward(ids)[-1]
+        cont = []
+        for _ in range(min(AGREE_TOKENS, ctx - len(ids))):
+            tok = int(np.argmax(logits))
+            cont.append(tok)
+            logits = t.forward([tok])[-1]
+        d.reset()  # (ids past a smaller drafter's vocabulary read as 0, as the runtime feeds them)
+        dl = d.forward(fed_ids(ids + cont[:-1], ds.vocab_size))[len(ids) - 1:]
+        pred = dl.argmax(-1)[: len(cont)]
+        if head_ids is not None:
+            pred = np.asarray(head_ids)[pred]
+        hits += int((pred == np.array(cont)).sum())
+        total += len(cont)
+    rate = hits / total
+    if log:
+        log(f"    drafter agrees with the exported target on {hits}/{total} greedy tokens ({rate:.2f})")
+    return replace(ds.quality, greedy_agreement_with_target=round(rate, 4), agreement_tokens=total)

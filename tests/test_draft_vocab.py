@@ -92,6 +92,37 @@ def test_export_with_drafter_vocab_is_exact_and_drafts(tiny_reduced_int4):
     assert accepted > 20  # the reduced drafter's mapped tokens are accepted: the ids map back right
 
 
+def test_the_predicted_acceptance_is_measured_on_the_cut_head(tiny_bundle, tmp_path):
+    """(session 49, a review) The manifest's predicted greedy acceptance was the full head's after --drafter-vocab
+    (a head cut to 60 tokens said 0.54 where it agreed on 0.20): measured again as the cut head drafts. Checked here
+    by the full head's drafter with its logits outside the kept ids masked, which the cut head computes."""
+    from edgespec_export.quality import AGREE_TOKENS, TEXTS
+
+    from edgespec.tokenizer import Tokenizer
+
+    src = load_manifest(tiny_bundle)
+    cut = load_manifest(_reduce(tiny_bundle, tmp_path, n=40))
+    kept = cut.drafter.load_head_ids(cut.target.vocab_size)
+    tok = Tokenizer.of(src)
+    ctx = min(512, src.target.max_context, src.drafter.max_context)
+    t, d = OnnxLM(src.target, ctx, choose(["cpu"])), OnnxLM(src.drafter, ctx, choose(["cpu"]), min_width=1)
+    hits = total = 0
+    for text in TEXTS[:4]:
+        ids = tok.encode(text, add_special=False)[: ctx // 2][:32]
+        logits, cont = t.forward(ids)[-1], []
+        for _ in range(min(AGREE_TOKENS, ctx - len(ids))):
+            cont.append(int(np.argmax(logits)))
+            logits = t.forward([cont[-1]])[-1]
+        t.reset()
+        dl = d.forward(ids + cont[:-1])[len(ids) - 1:][: len(cont)]
+        d.reset()
+        hits += int((kept[dl[:, kept].argmax(-1)] == np.array(cont)).sum())
+        total += len(cont)
+    q = cut.drafter.quality
+    assert q.agreement_tokens == total and q.greedy_agreement_with_target == round(hits / total, 4)
+    assert q.greedy_agreement_with_target != src.drafter.quality.greedy_agreement_with_target
+
+
 def test_sampled_generation_with_a_reduced_head_runs_and_proposes_kept_tokens(tiny_reduced_int4):
     eng = edgespec.load(tiny_reduced_int4, max_context=256)
     d = eng.decoder.drafters["model"]
