@@ -106,6 +106,18 @@ def measured_sizes(root: Path, role: str, entry: dict, log=None) -> dict:
     return out
 
 
+def _record(quant: QuantOptions, ops: dict) -> Quantization:
+    """The manifest's quantization record, as the graph has it (session 49, a review: a tied model's shared int4
+    table, GatherBlockQuantized, was recorded as embeddings not quantized; a GGUF's blocks with minimums as
+    symmetric, the tied table's forced symmetry being taken for the MatMuls')."""
+    q = quant.record()
+    if ops.get("GatherBlockQuantized") and not q.quantize_embeddings:
+        q = replace(q, quantize_embeddings=True)
+    if q.algorithm in FLOAT_ZERO_POINTS and q.symmetric:  # (its MatMul blocks have minimums; a shared table has none)
+        q = replace(q, symmetric=False)
+    return q
+
+
 def _describe(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
               fingerprint: str, max_context: int, argmax: str | None = None,
               logits_skip: str | None = None) -> ModelSpec:
@@ -129,7 +141,7 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
         path=(root / role / model_file.name).resolve(),
         architecture=config["model_type"],
         precision=precision,
-        quant=quant.record() if quant and precision in ("int4", "int8") else Quantization(),
+        quant=_record(quant, ops) if quant and precision in ("int4", "int8") else Quantization(),
         num_layers=int(dec["num_hidden_layers"]),
         num_kv_heads=int(dec["num_key_value_heads"]),
         head_dim=int(dec["head_size"]),
@@ -292,8 +304,9 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         # lm_head; with zero points it writes a graph onnxruntime refuses (a uint8 Reshape where
         # float is expected, seen with SmolLM2 and builder 0.18): such models stay symmetric
         quant = replace(quant, symmetric=True)
-        progress.log(f"    {role}: tied embeddings and lm_head: quantized symmetric (the builder's shared "
-                     "table does not take zero points)")
+        progress.log(f"    {role}: tied embeddings and lm_head: "
+                     + ("their shared table quantized symmetric" if quant.algorithm in FLOAT_ZERO_POINTS
+                        else "quantized symmetric") + " (the builder's shared table does not take zero points)")
     rotary = reference_rotary(model, ctx)
     params = list(model.parameters())
     config = {"model_type": cfg.model_type, "_params": params}

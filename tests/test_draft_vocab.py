@@ -460,6 +460,9 @@ def test_tied_drafter_shares_its_table_with_the_embedding_and_keeps_it(tmp_path_
 
     head, table = graph(src)
     assert head.op_type == "MatMulNBits" and set(head.input[1:3]) <= table  # shared before
+    # (session 49, a review) the manifest records the int4 table the graph has (it said embeddings not quantized)
+    rec = load_manifest(src).drafter.quant
+    assert rec.quantize_embeddings is True and rec.symmetric is True
     out = tmp_path_factory.mktemp("tied-out") / "reduced"
     apply_to_bundle(src, N, out, ranked=SCATTERED)
     head2, table2 = graph(out)

@@ -169,6 +169,8 @@ def test_smollm2_keeps_its_gguf_blocks_and_is_closer_to_the_file(smol_gguf, tmp_
     still the builder's 4-bit table), recorded as algorithm gguf."""
     m = json.loads((smol_gguf / "edgespec.json").read_text())["models"]["target"]
     assert m["quant"]["algorithm"] == "gguf" and m["quant"]["block_size"] == 32
+    # (session 49, a review) as written: blocks with minimums, the tied head's shared int4 table (both said otherwise)
+    assert m["quant"]["symmetric"] is False and m["quant"]["quantize_embeddings"] is True
     q = m["quality"]
     assert q["top1_agreement"] >= 0.8, q
     assert m["validation"]["passed"]
