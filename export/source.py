@@ -290,7 +290,9 @@ def _hub_error(src: Source, e: Exception) -> ExportError:
         why = "no such model on the hub, or it is private or gated (log in with `hf auth login`)"
     else:
         why = "no network here?"
-    return ExportError(f"cannot fetch {src.spec} from the Hugging Face hub ({why}): {msg[:200]}")
+    # (a mistyped local path such as models/typo looks like a hub id: say it is no local path either)
+    local = f"; there is no local file or directory {src.spec} either"
+    return ExportError(f"cannot fetch {src.spec} from the Hugging Face hub ({why}): {msg[:200]}{local}")
 
 
 def _check_hub(src: Source) -> None:

@@ -193,6 +193,8 @@ def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
     assert r.exit_code == 6 and "cannot fetch someorg/somemodel" in r.output and "Name or service" in r.output
     assert asked == [("someorg/somemodel", 10)] and time.monotonic() - t0 < 30
     assert "no network here?" in r.output and not (tmp_path / "b").exists()
+    # (session 49, a review) a mistyped local path looks like a hub id: the error says it is no local path either
+    assert "no local file or directory someorg/somemodel either" in r.output
 
     class NotFound(Exception):
         response = type("R", (), {"status_code": 404})()
