@@ -53,11 +53,14 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
         if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"] \
                 or not all(isinstance(t, str) for t in q["turns"]):
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
-        for i, t in enumerate(q["turns"]):  # (a JSON escape's lone surrogate: a later turn stopped the bench there,
-            try:  # every run before it lost)
+        # (a JSON escape's lone surrogate: in a later turn it stopped the bench there, every run before it lost; in a
+        # category or an id, the report could not be written after the whole run)
+        for what, t in [*((f"turn {i + 1}", t) for i, t in enumerate(q["turns"])),
+                        *((k, q[k]) for k in ("category", "question_id") if isinstance(q.get(k), str))]:
+            try:
                 t.encode("utf-8")
             except UnicodeEncodeError:
-                raise ConfigError(f"{p}:{n}: turn {i + 1} holds an unpaired UTF-16 surrogate (a broken "
+                raise ConfigError(f"{p}:{n}: {what} holds an unpaired UTF-16 surrogate (a broken "
                                   "\\uD800-\\uDFFF escape)") from None
         q.setdefault("category", "default")
         q.setdefault("question_id", str(n))
@@ -195,8 +198,10 @@ class Report:
                     "tpot_ms": round(1000 * secs / toks, 2) if toks else None,
                     "draft_s": round(sum(r.draft_s for r in rs), 4), "target_s": round(sum(r.target_s for r in rs), 4),
                     "other_s": round(sum(r.other_s for r in rs), 4),
-                    # (None where no run was judged: sampled, or a runner that is its own reference)
-                    "exact": None if all(r.exact is None for r in rs) else all(r.exact is not False for r in rs),
+                    # (None where no run was judged: sampled, or a runner that is its own reference; `none`, greedy,
+                    # is the reference itself)
+                    "exact": (True if d == "none" and not self.settings.get("temperature")
+                              else None if all(r.exact is None for r in rs) else all(r.exact is not False for r in rs)),
                     "runs": len(rs),
                 }
             base = out[c].get("none", {}).get("tokens_per_second")
@@ -231,7 +236,7 @@ class Report:
                 lines.append(f"| {c} | {d} | {f(v['tokens_per_second'], 1)} | {f(v['speedup'])}× | "
                              f"{f(v['acceptance_rate'])} | {f(v['mean_accepted_length'])} | "
                              f"{f(v['tokens_per_target_call'])} | {f(v['ttft_ms'], 0)} | {f(v['tpot_ms'], 1)} | "
-                             f"{'–' if self.settings.get('temperature') or d in unjudged else '✓' if v['exact'] else '✗'} |")
+                             f"{'–' if self.settings.get('temperature') or d in unjudged or v['exact'] is None else '✓' if v['exact'] else '✗'} |")
         lines += ["", "tok/s: new tokens after the first over decode time; speedup: against `none` (edgespec's exact "
                       "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's and llama.cpp's rows: as their own autoregressive run, `genai-ar` or `llama-ar`)."]
         if self.left_out:

@@ -344,7 +344,7 @@ class Tokenizer:
                 e = e.get("content") if isinstance(e, dict) else e
                 if isinstance(e, str):
                     text = e
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):  # (no file, not JSON, nested too deeply: the end id's)
                 pass
             if text is None:
                 text = (self.id_to_token(self.eos_token_ids[0]) or "") if self.eos_token_ids else ""

@@ -172,8 +172,11 @@ def check_tool_messages(messages) -> list[dict]:
             # (a JSON escape in the arguments' text can be a lone surrogate, which the tokenizer cannot read: checked
             # as the template gets them, where it was a TypeError, the server's 500)
             check_unicode(f["name"], f"{where}.function.name")
-            check_unicode(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
-                          f"{where}.function.arguments")
+            try:
+                text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            except (TypeError, ValueError, RecursionError):  # (not JSON: the template's error, as before)
+                text = ""
+            check_unicode(text, f"{where}.function.arguments")
             call = {"type": "function", "function": {"name": f["name"], "arguments": args}}
             if isinstance(c.get("id"), str):
                 check_unicode(c["id"], f"{where}.id")

@@ -67,7 +67,9 @@ def test_read_prompts_spec_bench_format(tmp_path):
                        ("[" * 100000 + "]" * 100000, ":1: not JSON (maximum recursion depth"),
                        ('{"question_id": [1], "turns": ["x"]}', "'question_id' must be a string or an integer"),
                        # (session 49: met at that turn's run, the runs before it lost)
-                       ('{"turns": ["x", "y\\ud800"]}', ":1: turn 2 holds an unpaired UTF-16 surrogate")):
+                       ('{"turns": ["x", "y\\ud800"]}', ":1: turn 2 holds an unpaired UTF-16 surrogate"),
+                       ('{"turns": ["x"], "category": "c\\udc00"}', ":1: category holds an unpaired UTF-16"),
+                       ('{"turns": ["x"], "question_id": "\\ud800"}', ":1: question_id holds an unpaired UTF-16")):
         p.write_text(bad + "\n")
         with pytest.raises(ConfigError, match=re.escape(match)):
             read_prompts(p, categories=["zz"])
@@ -221,7 +223,8 @@ def test_external_runners_are_checked_against_their_reference(tiny_bundle):
             if line.startswith("| all | ")}
     assert rows["own"] == "–" and rows["same"] == "✓" and rows["wrong"] == "✗"
     # (session 49, a review) a runner judged against nothing is not "exact": true in report.json (it said a pass)
-    assert s["own"]["exact"] is None and s["none"]["exact"] is None and s["same"]["exact"] is True
+    assert s["own"]["exact"] is None and s["none"]["exact"] is True and s["same"]["exact"] is True
+    assert rows["none"] == "✓"  # (the reference, greedy: not ✗ for having no run judged)
 
 
 def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_runs(tiny_bundle, tmp_path):
@@ -868,11 +871,14 @@ def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_p
                                [missing, "--categories", "nosuch"], [missing, "--drafters", "foo"],
                                [missing, "--drafters", "auto,auto"]], capsys)
     # (session 49, a review) tracebacks once the model and genai had loaded
-    for argv in (["--genai-k", "0"], ["--genai-k", "17"], ["--ngram-size", "1"],
-                 ["--llamacpp", "--llamacpp-draft-k", "a"], ["--llamacpp", "--llamacpp-target", missing]):
+    monkeypatch.setattr(bench_spec, "SERVER", Path(__file__))  # (as if llama.cpp were built: the checks after it)
+    for argv, msg in ((["--genai-k", "0"], "--genai-k"), (["--genai-k", "17"], "--genai-k"),
+                      (["--ngram-size", "1"], "--ngram-size"), (["--llamacpp", "--llamacpp-draft-k", "a"], "draft-k"),
+                      (["--llamacpp", "--llamacpp-target", missing], "--llamacpp-target: no such file")):
         with pytest.raises(SystemExit) as e:
             bench_spec.main([missing, *argv])
-        assert e.value.code == 2 and "error:" in capsys.readouterr().err, argv
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "error:" in err and msg in err, (argv, err)
     monkeypatch.undo()
     for script, argv in ((bench_spec, [missing]), (bench_ar, [missing]), (profile_widths, [missing])):
         _refused(script.main, [argv], capsys)

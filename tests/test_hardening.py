@@ -882,7 +882,7 @@ def test_a_bundle_at_a_path_that_is_not_utf8_is_told_so(tiny_bundle, tmp_path):
     assert "not UTF-8" in one_line_error(run("generate", b, "-p", "hi", "--max-new-tokens", "2"), 2)
 
 
-def test_tools_and_documents_are_defined_as_transformers_renders_them(tiny_bundle):
+def test_tools_and_documents_are_defined_as_transformers_renders_them(tiny_bundle, tmp_path):
     """transformers renders every template with ``tools`` and ``documents`` defined (none where not given): a
     template asking ``tools is defined`` (Hermes-style ones) wrote its tool section with null there, and nothing
     here."""
@@ -903,3 +903,10 @@ def test_tools_and_documents_are_defined_as_transformers_renders_them(tiny_bundl
     # smallest of the bundle's end ids (Qwen2.5's <|endoftext|> beside <|im_end|>)
     two = Tokenizer(tiny_bundle / "tokenizer", eos_token_ids=[0, 2], chat_template="{{ eos_token }}")
     assert two.id_to_token(0) != "<|im_end|>" and two.render_chat(msgs) == "<|im_end|>"
+    import shutil
+
+    odd = tmp_path / "tok"  # a tokenizer_config.json that does not read (nested too deeply): the first end id's text
+    shutil.copytree(tiny_bundle / "tokenizer", odd)
+    (odd / "tokenizer_config.json").write_text("[" * 100000 + "]" * 100000)
+    assert Tokenizer(odd, eos_token_ids=[0, 2], chat_template="{{ eos_token }}").render_chat(msgs) == \
+        two.id_to_token(0)

@@ -192,6 +192,9 @@ def test_tool_choice_parallel_and_the_template_are_checked():
         with pytest.raises(ConfigError, match=rf"tool_calls\[0\]\.(function\.)?{part} holds an unpaired"):
             check_tool_messages([{"role": "assistant", "content": None,
                                   "tool_calls": [{"id": "c\ud800" if part == "id" else "c1", "function": call}]}])
+    # arguments no JSON can hold (a set) are left to the template, as before that check (not its TypeError)
+    assert check_tool_messages([{"role": "assistant", "content": None, "tool_calls": [
+        {"function": {"name": "f", "arguments": {"a": {1, 2}}}}]}])[0]["tool_calls"][0]["function"]["arguments"]
 
 
 # -- a tiny model trained to call a tool ---------------------------------------------------------------------
