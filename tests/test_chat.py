@@ -219,7 +219,10 @@ def test_a_closed_terminal_or_sigterm_writes_the_prompt_cache_file(tiny_bundle, 
     f = tmp_path / "pc.bin"
     proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "chat", str(tiny_bundle), "--max-new-tokens", "8",
                              "--no-memory", "--stats", "--prompt-cache-file", str(f)], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
+                            # (the signal back to its default in the child: a suite run under nohup inherits SIGHUP
+                            # ignored, which the chat leaves as it is, so it never ended)
+                            preexec_fn=lambda: signal.signal(getattr(signal, sig), signal.SIG_DFL))
     try:
         proc.stdin.write("tell me about cats and dogs and their long history together\n")
         proc.stdin.flush()
