@@ -730,7 +730,22 @@ def _echo_json(obj, **kw) -> None:
     """``obj`` as JSON on stdout: its characters as they are where stdout is UTF-8, else as \\u escapes (a
     cp1252 redirect made the ones it lacks '?', silently: JSON that read back as other text)."""
     enc = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
-    click.echo(json.dumps(obj, ensure_ascii=enc not in ("utf8", "utf8sig"), **kw))
+    # (a float JSON cannot hold, a broken export's perplexity of inf, is null: json.dumps wrote Infinity and NaN,
+    # which JSON parsers refuse)
+    click.echo(json.dumps(_finite(obj), ensure_ascii=enc not in ("utf8", "utf8sig"), allow_nan=False, **kw))
+
+
+def _finite(obj):
+    """``obj`` with its non-finite floats (inf, nan) as None, for JSON."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 @main.command()

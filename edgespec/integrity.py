@@ -64,12 +64,16 @@ def read_json_cache(path: Path) -> dict:
 def write_json_cache(path: Path, data: dict) -> str | None:
     """Atomically, best effort: an unwritable cache only means learning it again next time. Returns why it
     could not be written (None: written)."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         tmp.replace(path)
     except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)  # (a replace refused left it behind)
+        except OSError:
+            pass
         return e.strerror or str(e)
     return None
 

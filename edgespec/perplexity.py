@@ -42,6 +42,15 @@ class Perplexity:
         return d
 
 
+
+def _exp(x: float) -> float:
+    """e**x, inf past a float's range (a broken export's mean loss of thousands of nats: math.exp's OverflowError
+    was the command's traceback; session 49, a review)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
 def perplexity(engine, ids: Sequence[int], window: int = 512, max_windows: int | None = None,
                progress: Callable[[int, int, float], None] | None = None) -> Perplexity:
     """The perplexity of ``engine``'s target on the token ids ``ids`` (see the module's doc).
@@ -76,6 +85,6 @@ def perplexity(engine, ids: Sequence[int], window: int = 512, max_windows: int |
             nll -= lp.logprob
             count += 1
         if progress is not None:
-            progress(w + 1, n, math.exp(nll / count))
-    return Perplexity(perplexity=math.exp(nll / count), nll=nll / count, tokens=count, windows=n, window=window,
+            progress(w + 1, n, _exp(nll / count))
+    return Perplexity(perplexity=_exp(nll / count), nll=nll / count, tokens=count, windows=n, window=window,
                       text_tokens=len(ids), seconds=time.perf_counter() - t0)

@@ -209,13 +209,16 @@ def _placements(path, make_options, providers: list[tuple[str, dict]]):
         os.dup2(fd, 2)  # onnxruntime logs to the process's stderr
         session = ort.InferenceSession(str(path), so, providers=[n for n, _ in providers],
                                        provider_options=[o for _, o in providers])
+        with open(name, encoding="utf-8", errors="replace") as f:
+            text = f.read()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(fd)
-    with open(name, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    os.unlink(name)
+        try:  # (also where the session failed: a GPU out of memory left a log in the temp folder each load)
+            os.unlink(name)
+        except OSError:
+            pass
     return session, parse_placements(text)
 
 

@@ -19,6 +19,12 @@ CONT_TOKENS = 24
 AGREE_TOKENS = 48
 
 
+def _finite(x: float, digits: int) -> float | None:
+    """``x`` rounded for the manifest; None where it is no finite number (a broken model's perplexity overflows
+    to inf: written as Infinity and NaN, which JSON readers refuse; session 49, a review)."""
+    return round(float(x), digits) if np.isfinite(x) else None
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(-1, keepdims=True)
@@ -86,9 +92,9 @@ class QualityRun:
             while m < min(len(ref), len(out)) and ref[m] == out[m]:
                 m += 1
             matches.append(m)
-        q = Quality(perplexity_torch=round(ppl_t, 4), perplexity=round(ppl_o, 4),
-                    perplexity_delta=round(ppl_o - ppl_t, 4), top1_agreement=round(s["top1"], 4),
-                    mean_kl=round(s["kl"], 6), greedy_match_tokens=tuple(matches), greedy_match_of=cont,
+        q = Quality(perplexity_torch=_finite(ppl_t, 4), perplexity=_finite(ppl_o, 4),
+                    perplexity_delta=_finite(ppl_o - ppl_t, 4), top1_agreement=round(s["top1"], 4),
+                    mean_kl=_finite(s["kl"], 6), greedy_match_tokens=tuple(matches), greedy_match_of=cont,
                     tokens=s["tokens"])
         progress.log(f"    quality: perplexity {ppl_t:.3f} (torch) -> {ppl_o:.3f} (onnx, Δ {ppl_o - ppl_t:+.3f}), "
                      f"top-1 {q.top1_agreement:.3f}, KL {q.mean_kl:.4f}, greedy match {matches}/{cont}")

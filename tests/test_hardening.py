@@ -587,6 +587,30 @@ def test_export_helpers_refuse_before_reading(tmp_path):
         check_output(tmp_path / "f", False, [])
 
 
+def test_a_failed_placement_session_and_cache_write_leave_no_temporary_file(tmp_path, monkeypatch):
+    """(session 49, a review) The verbose session that reads where onnxruntime placed each node left its log in the
+    temp folder when it failed (a GPU out of memory: one file a load); a cache write whose rename failed left its
+    ``.tmp`` beside the cache."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    from edgespec import placement
+    from edgespec.integrity import write_json_cache
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA failure 2: out of memory")
+
+    monkeypatch.setattr(ort, "InferenceSession", oom)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        placement._placements(tmp_path / "m.onnx", ort.SessionOptions, [("CPUExecutionProvider", {})])
+    (tmp_path / "cache.json").mkdir()  # (a directory where the cache file goes: the rename fails)
+    assert write_json_cache(tmp_path / "cache.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]
+
+
 def test_publishing_never_replaces_what_appeared_at_the_output_meanwhile(tmp_path):
     """(session 49, a review) A directory made at `-o` while an export ran (minutes) was moved aside and deleted,
     files and all, when the bundle was published: the start's checks were not made again."""

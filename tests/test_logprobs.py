@@ -284,6 +284,18 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
     eng.tokenizer.add_bos, eng.tokenizer.bos_token_id = True, 7
     perplexity(eng, ids, window=32, max_windows=2)
     assert [w[0] for w in seen] == [7, 7] and [w[1:] for w in seen] == [ids[1:32], ids[33:64]]
+    # (session 49, a review) a broken export's mean loss past a float's exp (thousands of nats): inf, where math.exp's
+    # OverflowError was the command's traceback; --json writes it as null (json.dumps wrote Infinity)
+    from types import SimpleNamespace
+
+    eng.decoder.score = lambda win, top=0: [SimpleNamespace(logprob=-5000.0) for _ in win[1:]]
+    hot = perplexity(eng, ids, window=32, max_windows=2, progress=lambda *a: None)
+    assert hot.perplexity == float("inf") and hot.nll == 5000.0
+    from edgespec.cli import _finite
+
+    assert json.dumps(_finite({"p": hot.perplexity, "q": [float("nan"), 1.5]}), allow_nan=False) == \
+        '{"p": null, "q": [null, 1.5]}'
+    eng.decoder.score = real
     # the command line
     f = tmp_path / "text.txt"
     f.write_text(text)
