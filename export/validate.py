@@ -53,16 +53,37 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
         lm.rewind(3)
         got["rewind"] = (lm.forward(ids[n - 3:]), ref[n - 3:])
         for phase, (a, b) in got.items():
-            diffs[phase] = max(diffs[phase], float(np.abs(a[:, : b.shape[1]] - b).max()))
+            d = float(np.abs(a[:, : b.shape[1]] - b).max())
+            # (a NaN is no difference Python's max keeps: one NaN row passed with the other rows' figure; session 49)
+            diffs[phase] = max(diffs[phase], d if np.isfinite(d) else float("inf"))
             agree += int((a[:, : b.shape[1]].argmax(-1) == b.argmax(-1)).sum())
             total += a.shape[0]
     top1 = agree / total
     tol = TOLERANCE.get(precision)
     max_diff = max(diffs.values())
     passed = (max_diff <= tol and top1 >= 0.99) if tol is not None else top1 >= MIN_TOP1
+    finite = all(np.isfinite(d) for d in diffs.values())
+    passed = passed and finite  # (a logit that is no number fails every precision)
+    argmax_ok = _argmax_output_agrees(lm, ids) if spec.io.argmax else None
+    passed = passed and argmax_ok is not False
     for phase, d in diffs.items():
-        log(f"    {'✓' if (tol is None or d <= tol) else '✗'} {phase:8s} max |Δlogit| = {d:.3g}")
+        ok = np.isfinite(d) and (tol is None or d <= tol)
+        log(f"    {'✓' if ok else '✗'} {phase:8s} max |Δlogit| = {d:.3g}")
+    if argmax_ok is not None:
+        log(f"    {'✓' if argmax_ok else '✗'} the graph's argmax output equals its logits' argmax")
     log(f"    {'✓' if passed else '✗'} top-1 agreement with torch = {top1:.3f} over {total} positions"
         + (f" (tolerance {tol})" if tol is not None else f" (needs >= {MIN_TOP1})"))
     return Validation(max_abs_logit_diff={k: round(v, 6) for k, v in diffs.items()}, top1_agreement=round(top1, 4),
                       positions=total, tolerance=tol, passed=passed)
+
+
+def _argmax_output_agrees(lm: OnnxLM, ids: list[int]) -> bool:
+    """A graph with an ``argmax`` output (the cuda layout's, which greedy rounds read on a GPU): that output of a call
+    equals the argmax of the same call's logits (session 49, a review: nothing compared them at export)."""
+    rows = ids[: min(len(ids), 8)]
+    lm.reset()
+    want = np.asarray(lm.forward(rows)).argmax(-1)
+    lm.reset()
+    got = np.asarray(lm._call(rows, True)).reshape(-1)
+    lm.reset()
+    return bool(np.array_equal(want, got))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -760,6 +761,39 @@ def test_a_directory_without_tokenizer_files_is_refused_at_once(tiny_dirs, tiny_
     spec = load_manifest(tiny_llama_bundle).target
     with pytest.raises(ExportError, match="makes no token of the validation text"):
         validate(None, lambda text, add_special_tokens=False: {"input_ids": []}, spec, "fp32", print)
+
+
+def test_validation_fails_a_nan_logit_and_an_argmax_output_that_disagrees(tiny_dirs, tiny_bundle, tiny_cuda_bundle,
+                                                                          monkeypatch):
+    """(session 49, a review) One NaN row passed the fp32 validation (Python's max keeps the figure before a NaN, and
+    the 0.99 agreement allows a row); the cuda layout's argmax output, which greedy rounds read on a GPU, was never
+    compared with the logits at export."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec_export.validate import validate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen2"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+    fp32, cuda = load_manifest(tiny_bundle).target, load_manifest(tiny_cuda_bundle).target
+    assert validate(model, tok, fp32, "fp32", lambda s: None).passed
+    lines = []
+    assert validate(model, tok, cuda, "int4", lines.append).passed and any("argmax output equals" in x for x in lines)
+    real_forward, real_call = OnnxLM.forward, OnnxLM._call
+
+    def one_nan(self, ids, **kw):
+        out = np.array(real_forward(self, ids, **kw))
+        if len(ids) > 1:
+            out[1] = np.nan
+        return out
+
+    monkeypatch.setattr(OnnxLM, "forward", one_nan)
+    assert not validate(model, tok, fp32, "fp32", lambda s: None).passed
+    monkeypatch.setattr(OnnxLM, "forward", real_forward)
+    monkeypatch.setattr(OnnxLM, "_call", lambda self, ids, argmax, *a, **k:
+                        real_call(self, ids, argmax, *a, **k) + (1 if argmax else 0))
+    assert not validate(model, tok, cuda, "int4", lambda s: None).passed
 
 
 def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
