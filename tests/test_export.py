@@ -802,7 +802,7 @@ def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
     copy was read, so the same file made bundles with other EOS ids."""
     from tiny import make_model, write_gguf
 
-    from edgespec_export.bundle import _eos_ids
+    from edgespec_export.bundle import END_OF_GENERATION, _eos_ids
     from edgespec_export.source import Source, load_tokenizer
 
     folder = tmp_path / "models"
@@ -811,7 +811,10 @@ def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
     (folder / "generation_config.json").write_text('{"eos_token_id": [7, 8, 9]}')
     src = Source(str(path), "gguf", path)
     tok = load_tokenizer(src)[0]
-    assert _eos_ids(tok, src) == [tok.eos_token_id]
+    # the file's EOS and (since session 49) its special tokens llama.cpp also ends at, never the folder's ids
+    ends = {i for i, t in tok.added_tokens_decoder.items() if t.special and t.content in END_OF_GENERATION}
+    assert _eos_ids(tok, src) == sorted({tok.eos_token_id} | ends) and not {7, 8, 9} & set(_eos_ids(tok, src))
+    assert "<|endoftext|>" in {tok.convert_ids_to_tokens(i) for i in ends}  # (Qwen's: a raw reply's end)
 
 
 def test_a_context_under_16_tokens_is_refused_before_the_build(tiny_dirs, tmp_path):
