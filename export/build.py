@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -12,6 +14,162 @@ from edgespec.errors import ExportError
 from edgespec.manifest import LAYOUTS, Quantization
 
 RUNNING: set = set()  # the model builder's processes now running
+
+
+class _Alone:
+    """The builder as a process of its own (``python -m MODULE``), where no zygote serves."""
+
+    def __init__(self, module: str, args: list[str], env: dict):
+        self._p = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, env=dict(os.environ, **env) if env else None)
+
+    def read(self) -> bytes:
+        return self._p.stdout.read1(4096)
+
+    @property
+    def returncode(self):
+        return self._p.returncode
+
+    def kill(self) -> None:
+        self._p.kill()
+
+    def wait(self) -> int:
+        rc = self._p.wait()
+        self._p.stdout.close()
+        return rc
+
+
+class _Forked:
+    """A build forked by the zygote (export/builder_zygote.py): its output read from a pipe, its end from the
+    zygote's reply."""
+
+    def __init__(self, zygote: "_Zygote", module: str, args: list[str], env: dict, release):
+        self._z = zygote
+        self._release = release  # the zygote's lock, let go once the build's end is read
+        self.returncode = None
+        r, w = os.pipe()
+        try:
+            payload = json.dumps({"module": module, "argv": args, "env": dict(os.environ, **env),
+                                  "cwd": os.getcwd()}).encode()
+            socket.send_fds(zygote.sock, [len(payload).to_bytes(8, "big")], [w])
+            zygote.sock.sendall(payload)
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self._r = r
+        try:
+            self.pid = int(zygote.reply()["pid"])
+        except BaseException:
+            os.close(r)
+            raise
+
+    def read(self) -> bytes:
+        return os.read(self._r, 4096)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self._z.reply()["exit"])
+            except (OSError, ValueError, KeyError):  # the zygote was killed: its child's end is unknown, a failure
+                self.returncode = 1
+            finally:
+                os.close(self._r)
+                self._release()
+        return self.returncode
+
+
+class _Zygote:
+    """The zygote process and this end of its socket."""
+
+    def __init__(self):
+        self.sock, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "edgespec_export.builder_zygote", str(theirs.fileno())],
+                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            theirs.close()
+        self._lines = self.sock.makefile("rb")
+        self.ready: bool | None = None  # None until the zygote said
+
+    def reply(self) -> dict:
+        line = self._lines.readline()
+        if not line:
+            raise ConnectionError("the builder's zygote ended")
+        return json.loads(line)
+
+    def usable(self) -> bool:
+        if self.ready is None:
+            try:
+                self.ready = bool(self.reply().get("ready"))
+            except (OSError, ValueError):
+                self.ready = False
+        return self.ready and self.proc.poll() is None
+
+    def close(self) -> None:
+        self._lines.close()
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_ZYGOTE: list = []  # the process's zygote, once started
+_ZYGOTE_LOCK = threading.Lock()  # one build at a time through it
+
+
+def prestart_builder() -> None:
+    """The builder's zygote started now (export_bundle's first step), so that its imports run beside the export's
+    own reading of the model; a no-op where it runs or where this system has no ``os.fork``."""
+    if hasattr(os, "fork") and hasattr(socket, "send_fds") and _ZYGOTE_LOCK.acquire(blocking=False):
+        try:
+            _zygote()
+        finally:
+            _ZYGOTE_LOCK.release()
+
+
+def _zygote() -> "_Zygote | None":
+    """The running zygote (started if none is; a dead one replaced), or None where it cannot serve."""
+    if _ZYGOTE and _ZYGOTE[0].proc.poll() is not None:
+        _ZYGOTE.pop().close()
+    if not _ZYGOTE:
+        try:
+            _ZYGOTE.append(_Zygote())
+        except OSError:
+            return None
+    return _ZYGOTE[0]
+
+
+def start_builder(module: str, args: list[str], env: dict):
+    """``python -m MODULE ARGS`` with ``env`` over this process's environment, its stdout and stderr together:
+    forked by the zygote where one serves (the builder's imports done once a process), else a process of its own.
+    One build at a time goes through the zygote; a second one at the same time runs alone."""
+    if hasattr(os, "fork") and hasattr(socket, "send_fds") and _ZYGOTE_LOCK.acquire(blocking=False):
+        try:
+            z = _zygote()
+            if z is not None and z.usable():
+                return _Forked(z, module, args, env, _ZYGOTE_LOCK.release)
+        except (OSError, ValueError, KeyError):  # the zygote died under us: replaced at the next build
+            pass
+        except BaseException:
+            _ZYGOTE_LOCK.release()
+            raise
+        _ZYGOTE_LOCK.release()
+    return _Alone(module, args, env)
 
 
 ALGORITHMS = ("rtn", "k_quant", "gguf", "hqq", "q4_k")
@@ -125,45 +283,49 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
     prec, ep, extra = builder_args(precision, quant, device)
     swapped = quant.algorithm in SWAPPED and precision in ("int4", "int8")
     module = "edgespec_export.hqq_builder" if swapped else "edgespec_export.builder_shim"
-    cmd = [sys.executable, "-m", module, "-i", str(hf_dir), "-o", str(out_dir),
-           "-p", prec, "-e", ep, "-c", str(cache_dir)]
+    args = ["-i", str(hf_dir), "-o", str(out_dir), "-p", prec, "-e", ep, "-c", str(cache_dir)]
     if extra:
-        cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]
+        args += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]
     # (onnxruntime's HQQ moves weights to a visible CUDA device and solves in float16 there: the export stays on
     # the CPU so that a bundle does not depend on the machine it was exported on)
-    env = dict(os.environ, EDGESPEC_QUANT_ALGO=quant.algorithm, CUDA_VISIBLE_DEVICES="") if swapped else None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    env = dict(EDGESPEC_QUANT_ALGO=quant.algorithm, CUDA_VISIBLE_DEVICES="") if swapped else {}
+    proc = start_builder(module, args, env)
     RUNNING.add(proc)  # killed on SIGTERM (export/output.py)
     tail: list[str] = []
     buf = b""
     quantized = 0
     failing = False  # past a traceback's first line: the rest is the builder's failure, said in one line at the end
-    assert proc.stdout is not None
-    while True:
-        chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
-        if not chunk:
-            break
-        buf += chunk
-        *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line:
-                continue
-            tail = (tail + [line])[-20:]
-            failing = failing or line.startswith("Traceback (most recent call last)")
-            if failing:
-                continue
-            if "matmul_nbits_quantizer" in line:  # one INFO line per node: condense to a count
-                if "complete quantization" in line:
-                    quantized += 1
-                    if quantized % 25 == 1:
-                        log(f"    builder: quantized {quantized} MatMuls ...")
-                continue
-            if line.startswith(("Reading layer", "Saving ONNX", "Quantizing", "Reading embedding", "Reading LM head",
-                                "Saving GenAI")) or "it/s]" not in line and len(line) < 160:
-                log(f"    builder: {line}")
-    rc = proc.wait()
-    RUNNING.discard(proc)
+    try:
+        while True:
+            chunk = proc.read()
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line:
+                    continue
+                tail = (tail + [line])[-20:]
+                failing = failing or line.startswith("Traceback (most recent call last)")
+                if failing:
+                    continue
+                if "matmul_nbits_quantizer" in line:  # one INFO line per node: condense to a count
+                    if "complete quantization" in line:
+                        quantized += 1
+                        if quantized % 25 == 1:
+                            log(f"    builder: quantized {quantized} MatMuls ...")
+                    continue
+                if line.startswith(("Reading layer", "Saving ONNX", "Quantizing", "Reading embedding", "Reading LM head",
+                                    "Saving GenAI")) or "it/s]" not in line and len(line) < 160:
+                    log(f"    builder: {line}")
+        rc = proc.wait()
+    finally:  # (stopped while it ran: Ctrl-C in the exporting process alone, an error in the log callback)
+        if proc in RUNNING:
+            RUNNING.discard(proc)
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
     if rc != 0:
         raise ExportError(f"onnxruntime-genai's model builder failed (exit {rc}): {tail[-1] if tail else ''}")
     cfg_path = out_dir / "genai_config.json"

@@ -16,7 +16,7 @@ from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, M
                                Quantization, sha256_file, write_manifest)
 
 from .output import check_output, missing_parents, prepare_stage, publish, remove_parents, terminate_cleanly
-from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, run_builder
+from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
 from .source import Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
 from .validate import validate
 
@@ -498,6 +498,7 @@ def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = 
     steps = (1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
              + (1 if exact_kernels else 0))
     progress = Progress(steps, stream)
+    prestart_builder()  # (its imports run beside the reading of the model below)
     progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
     ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
     if dsrc:

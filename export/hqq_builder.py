@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import sys
 
 from onnx import helper
 from onnxruntime.quantization import matmul_nbits_quantizer as mnq
@@ -111,6 +112,9 @@ def _graphs(g):
 def main() -> None:
     # before the builder imports it (its modules are imported as top-level ``builders.*``, from its own folder)
     mnq.MatMulNBitsQuantizer = HQQMatMulNBitsQuantizer
+    base = sys.modules.get("builders.base")
+    if base is not None:  # imported already (export/builder_zygote.py's fork of a process that imported it)
+        base.MatMulNBitsQuantizer = HQQMatMulNBitsQuantizer
     from .builder_shim import patch
 
     patch()  # (Gemma 3's config as the builder reads it)
