@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 
 import pytest
 
-from edgespec_export import build
+from edgespec_export import builder_zygote as build
 
 PROBE = '''
 import json, os, sys, time
@@ -17,8 +19,14 @@ if sys.argv[1:2] == ["sleep"]:
     time.sleep(60)
 if sys.argv[1:2] == ["nap"]:
     time.sleep(2)
+if sys.argv[1:2] == ["ends"]:
+    print("ending", flush=True)
+    time.sleep(0.3)
+    raise SystemExit(int(sys.argv[2]))
 if sys.argv[1:2] == ["fail"]:
     raise SystemExit("the probe failed on purpose")
+if sys.argv[1:2] == ["kbd"]:
+    raise KeyboardInterrupt
 if sys.argv[1:2] == ["raise"]:
     raise ValueError("a bug in the probe")
 print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": os.environ.get("PROBE_VAR"),
@@ -33,17 +41,22 @@ def probe_path(tmp_path_factory):
     """Zygotes of this module's own, which can import the probe module; the next export starts a fresh one."""
     mods = tmp_path_factory.mktemp("mods")
     (mods / "zygote_probe.py").write_text(PROBE)
+    (mods / "poison").mkdir()  # (on PYTHONPATH, a zygote's imports fail: test_a_zygote_that_cannot_serve_...)
+    (mods / "poison" / "onnxruntime_genai.py").write_text("raise ImportError('poisoned for a test')\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", str(mods))
         while build._ZYGOTE:
-            build._ZYGOTE.pop().close()
+            build._ZYGOTE[0].close(kill=True)
         yield mods
         while build._ZYGOTE:
-            build._ZYGOTE.pop().close()
+            build._ZYGOTE[0].close(kill=True)
 
 
 @pytest.fixture
-def own_zygote(probe_path):
+def own_zygote(probe_path, monkeypatch):
+    """A zygote that imports the standard library's json only (~0.1 s to start, where the builder's imports take
+    ~7 s): what it does with a build is what the builder's zygote does."""
+    monkeypatch.setattr(build, "PRELOAD", ("json",))
     build.prestart_builder()
     return build._ZYGOTE[0]
 
@@ -55,20 +68,27 @@ def _run(proc) -> tuple[int, str]:
     return proc.wait(), out.decode()
 
 
-def test_builds_fork_from_one_zygote_with_this_processs_environment_now(own_zygote, tmp_path, monkeypatch):
+def test_builds_fork_from_one_zygote_with_this_processs_environment_now(probe_path, tmp_path, monkeypatch):
+    """The builder's own zygote (its imports done once): a build sees this process's directory, environment and
+    arguments of the moment, the builder imported already."""
+    build.prestart_builder()
+    own_zygote = build._ZYGOTE[0]
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
     monkeypatch.setenv("PROBE_VAR", "set after the zygote started")
     proc = build.start_builder("zygote_probe", ["a", "b c"], {})
     rc, out = _run(proc)
-    assert isinstance(proc, build._Forked) and rc == 0, out
+    assert isinstance(proc, build.Forked) and rc == 0, out
     got = json.loads(out)
     assert got == {"argv": ["a", "b c"], "cwd": str(here), "env": "set after the zygote started",
                    "ppid": own_zygote.proc.pid, "builder": True}
     rc, out = _run(build.start_builder("zygote_probe", ["x"], {"PROBE_VAR": "given"}))
     assert rc == 0 and json.loads(out)["env"] == "given" and json.loads(out)["ppid"] == own_zygote.proc.pid
     assert build._ZYGOTE == [own_zygote]  # the same zygote served both
+    # the builder run as __main__ again, without runpy's warning that it was imported (a fresh process has none)
+    rc, out = _run(build.start_builder("edgespec_export.builder_shim", [], {}))
+    assert rc == 2 and "usage" in out and "required" in out and "Warning" not in out, out  # (argparse's refusal)
 
 
 def test_a_build_that_fails_says_why_and_the_zygote_serves_the_next(own_zygote):
@@ -76,17 +96,19 @@ def test_a_build_that_fails_says_why_and_the_zygote_serves_the_next(own_zygote):
     assert rc == 1 and "the probe failed on purpose" in out
     rc, out = _run(build.start_builder("zygote_probe", ["raise"], {}))
     assert rc == 1 and "Traceback (most recent call last)" in out and "ValueError: a bug in the probe" in out
+    rc, out = _run(build.start_builder("zygote_probe", ["kbd"], {}))
+    assert rc == -signal.SIGINT and "KeyboardInterrupt" in out  # (as a fresh process ends)
     rc, out = _run(build.start_builder("zygote_probe", [], {}))
     assert rc == 0 and json.loads(out)["ppid"] == own_zygote.proc.pid
 
 
 def test_a_killed_build_ends_and_a_second_build_meanwhile_runs_alone(own_zygote):
     proc = build.start_builder("zygote_probe", ["sleep"], {})
-    assert isinstance(proc, build._Forked)
+    assert isinstance(proc, build.Forked)
     assert proc.read().startswith(b"sleeping")
     other = build.start_builder("zygote_probe", ["y"], {})  # (the zygote is busy: a process of its own)
     rc, out = _run(other)
-    assert isinstance(other, build._Alone) and rc == 0 and json.loads(out)["ppid"] == os.getpid()
+    assert isinstance(other, build.Alone) and rc == 0 and json.loads(out)["ppid"] == os.getpid()
     t0 = time.monotonic()
     proc.kill()
     rc, _ = _run(proc)
@@ -101,13 +123,78 @@ def test_a_dead_zygote_is_replaced(own_zygote):
     proc = build.start_builder("zygote_probe", [], {})
     rc, out = _run(proc)
     assert rc == 0 and build._ZYGOTE and build._ZYGOTE[0] is not own_zygote
-    assert isinstance(proc, build._Forked) and json.loads(out)["ppid"] == build._ZYGOTE[0].proc.pid
+    assert isinstance(proc, build.Forked) and json.loads(out)["ppid"] == build._ZYGOTE[0].proc.pid
 
 
 def test_a_zygote_killed_during_a_build_fails_that_build(own_zygote):
     proc = build.start_builder("zygote_probe", ["nap"], {})
-    assert isinstance(proc, build._Forked)
+    assert isinstance(proc, build.Forked)
     own_zygote.proc.kill()
     own_zygote.proc.wait()
-    rc, out = _run(proc)  # (the build ran to its end, unseen: the zygote that would have said so is gone)
-    assert rc == 1 and json.loads(out)["argv"] == ["nap"]
+    rc, out = _run(proc)  # (its end unseen: the zygote that would have said it is gone)
+    assert rc == 1 and not build._ZYGOTE
+
+
+def _interrupt_after(seconds: float, zygote) -> threading.Timer:
+    """SIGINT to this process after ``seconds``, the zygote stopped meanwhile (so that the interrupt lands while
+    this process waits for its reply), continued after."""
+    os.kill(zygote.proc.pid, signal.SIGSTOP)
+
+    def fire():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        try:
+            os.kill(zygote.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:  # (killed meanwhile, as it should be)
+            pass
+
+    t = threading.Timer(seconds, fire)
+    t.start()
+    return t
+
+
+def test_an_interrupt_while_a_build_starts_or_ends_drops_that_zygote_and_later_builds_keep_their_own_ends(own_zygote):
+    """Ctrl-C while the exporting process waits for the zygote's reply (its pid, or its end): the zygote's replies
+    would have stayed one build behind (a review: builds asked to end 0, 3, 0 reported 1, 0, 3); now that zygote
+    is killed with its build, and the next build starts a fresh one."""
+    assert own_zygote.usable()  # (an interrupt while it imports is no harm: its first reply is read at the next build)
+    t = _interrupt_after(0.5, own_zygote)
+    with pytest.raises(KeyboardInterrupt):
+        build.start_builder("zygote_probe", ["ends", "7"], {})
+    t.join()
+    assert not build._ZYGOTE and own_zygote.proc.wait(10) is not None
+    assert not build._LOCK.locked()
+    for code in (0, 3, 0):
+        proc = build.start_builder("zygote_probe", ["ends", str(code)], {})
+        assert isinstance(proc, build.Forked) and _run(proc)[0] == code
+    z = build._ZYGOTE[0]
+    proc = build.start_builder("zygote_probe", ["ends", "5"], {})
+    assert proc.read().startswith(b"ending")
+    t = _interrupt_after(1.2, z)  # (the build ends 0.3 s after saying "ending": its end is read while the zygote stops)
+    while proc.read():
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        proc.wait()
+    t.join()
+    assert proc.wait() == -9 and not build._ZYGOTE and not build._LOCK.locked()  # (a second wait: the same end)
+    assert _run(build.start_builder("zygote_probe", ["ends", "4"], {}))[0] == 4
+
+
+def test_a_changed_import_time_variable_gets_a_fresh_zygote(own_zygote, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    rc, out = _run(build.start_builder("zygote_probe", [], {}))
+    assert rc == 0 and json.loads(out)["ppid"] != own_zygote.proc.pid and build._ZYGOTE[0] is not own_zygote
+    assert build._ZYGOTE[0].env["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_zygote_that_cannot_serve_is_asked_once(probe_path, monkeypatch):
+    """A zygote that says it cannot fork builds (here: its imports fail) is not started again for every build:
+    each would wait for its imports first (a review: 6-7 s a build, slower than before the zygote)."""
+    monkeypatch.setenv("PYTHONPATH", str(probe_path) + os.pathsep + str(probe_path / "poison"))
+    monkeypatch.setattr(build, "_UNAVAILABLE", [])
+    t0 = time.monotonic()
+    for _ in range(3):
+        proc = build.start_builder("zygote_probe", [], {})
+        assert _run(proc)[0] == 0
+    assert isinstance(proc, build.Alone) and build._UNAVAILABLE and not build._ZYGOTE
+    assert time.monotonic() - t0 < 60
