@@ -270,6 +270,9 @@ async def _wait_disconnect(receive) -> None:
         pass
 
 
+SEND_STALL_S = 2.0  # while the server stops, a connection whose reply has not gone out for this long is cut
+
+
 class EventStream(StreamingResponse):
     """Server-sent events from an async iterator of bytes; a client disconnect (seen on the
     receive channel or as a failed send) cancels the iterator and calls ``on_close``."""
@@ -1170,7 +1173,38 @@ def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str
 
         async def shutdown(self, sockets=None):
             sched.shutdown()  # the generations end first, so that their responses can complete
-            await super().shutdown(sockets=sockets)
+            watch = asyncio.ensure_future(self._cut_stalled())
+            try:
+                await super().shutdown(sockets=sockets)
+            finally:
+                watch.cancel()
+
+        async def _cut_stalled(self):
+            """While the server stops: a connection whose reply has not gone out for ``SEND_STALL_S`` (its client
+            reads nothing, its TCP window full: uvicorn's send waits for it to drain) is cut. Such a client held the
+            stop for uvicorn's whole grace (60 s, kept for a long prefill's reply), then left tracebacks in the log
+            (session 50, a review); ``_next_chunk`` does the same for a request's body."""
+            seen: dict = {}  # transport -> (its unsent bytes, since when unchanged)
+            while True:
+                await asyncio.sleep(0.25)
+                now = time.monotonic()
+                for conn in list(self.server_state.connections):
+                    t = getattr(conn, "transport", None)
+                    try:
+                        size = t.get_write_buffer_size() if t is not None else 0
+                    except (AttributeError, RuntimeError, OSError):
+                        size = 0
+                    if not size:
+                        seen.pop(t, None)
+                        continue
+                    last, since = seen.get(t, (None, now))
+                    if last != size:
+                        seen[t] = (size, now)
+                    elif now - since > SEND_STALL_S:
+                        log.warning("a client read nothing for %.0f s while the server stopped: its connection "
+                                    "is cut", SEND_STALL_S)
+                        seen.pop(t, None)
+                        t.abort()
 
         @contextlib.contextmanager
         def capture_signals(self):

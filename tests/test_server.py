@@ -1045,6 +1045,39 @@ def test_a_stalled_body_holds_neither_a_stop_nor_the_server(tiny_bundle, tmp_pat
     assert e.value.status == 503
 
 
+def test_a_stream_client_that_reads_nothing_holds_no_stop(tiny_bundle, tmp_path):
+    """(a review, session 50) A streaming client that stops reading (its TCP window full, the server's send
+    waiting for it to drain): a stop exits within seconds, cleanly, the prompt cache written (it waited uvicorn's
+    60 s grace, then logged tracebacks)."""
+    import socket
+
+    pc = tmp_path / "pc.npz"
+    log = tmp_path / "server.log"
+    proc, url = _start_server(tiny_bundle, log, "--no-memory", "--prompt-cache-file", str(pc), "--max-context", "256")
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "stream": True, "n": 16,
+                           "max_tokens": 200, "temperature": 1.0, "seed": 1, "logprobs": True,
+                           "top_logprobs": 20}).encode()
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, never read
+        s.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(4)  # the reply fills the window and the server's buffers
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=40)
+        took = time.monotonic() - t0
+        s.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert rc == 0 and took < 10 and "Traceback" not in text and pc.is_file(), (rc, took, text[-3000:])
+    assert "read nothing for 2 s while the server stopped" in text, text[-3000:]
+
+
 def test_a_prefill_stops_between_its_calls_when_interrupted(tiny_bundle):
     """The server's cancel flag is read between a prefill's calls (a long prompt's prefill went on to its end after
     its client left, the engine busy, the queue waiting): Interrupted, and the cache holds what was fed (the next
