@@ -622,7 +622,8 @@ class Server:
         return ids, heal, room, max_new
 
     async def _collect(self, gen: Generation):
-        parts, lps = [], None
+        # (logprobs asked for: a list, empty where the reply is, a stop string at its start; it was null)
+        parts, lps = [], ([] if gen.kw.get("logprobs") is not None else None)
         async for kind, val in gen.events():
             if kind == "delta":
                 parts.append(val[0])

@@ -185,6 +185,26 @@ def test_completions_plain_streamed_and_stop(client, engine, model_id):
     assert streamed == ref.text
 
 
+def test_logprobs_of_an_empty_reply_are_an_empty_list_not_null(server, engine):
+    """(a review, session 50) A stop string at the reply's very start: the reply is empty and its logprobs, asked
+    for, an empty object of their shape (they were null: ``choice.logprobs.content`` failed in a client)."""
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    first = engine.generate(messages, max_new_tokens=4).text[0]
+    st, body = http(server + "/v1/chat/completions", {"messages": messages, "max_tokens": 8, "logprobs": True,
+                                                      "stop": [first]})
+    c = body["choices"][0]
+    assert st == 200 and c["message"]["content"] == "" and c["finish_reason"] == "stop", body
+    assert c["logprobs"] == {"content": [], "refusal": None}, body
+    first = engine.generate("The capital of France is", max_new_tokens=4).text[0]
+    st, body = http(server + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                 "logprobs": 1, "stop": [first]})
+    c = body["choices"][0]
+    assert st == 200 and c["text"] == "" and c["logprobs"]["tokens"] == [] and c["logprobs"]["text_offset"] == [], body
+    st, body = http(server + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                 "stop": [first]})
+    assert st == 200 and body["choices"][0]["logprobs"] is None  # (not asked for: null, as before)
+
+
 def test_logprobs_chat_and_completions_streamed_or_not(client, engine, model_id):
     """OpenAI's logprobs shapes, the values the Python API gives (the target's, tests/test_logprobs.py), the
     same whole or streamed."""
