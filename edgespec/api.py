@@ -348,6 +348,21 @@ def _texts(inner) -> Iterator[str]:
         inner.close()  # an abandoned stream releases the engine at once, not at garbage collection
 
 
+
+def _rendered_strings(message: dict):
+    """The strings of a chat message that its template writes into the prompt: its content, its reasoning and its
+    tool calls' names and arguments (``Engine.encode``'s size bound counted the content alone: a conversation too
+    long by its tool calls' arguments was refused by the template's output limit, not as too long; session 50)."""
+    for key in ("content", "reasoning_content"):
+        if isinstance(message.get(key), str):
+            yield message[key]
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, (list, tuple)) else ():
+        f = call.get("function") if isinstance(call, dict) else None
+        for key in ("name", "arguments"):
+            if isinstance(f, dict) and isinstance(f.get(key), str):
+                yield f[key]
+
 class Engine:
     """Text in, text out, over a speculative ``Decoder``. Made by ``edgespec.load``."""
 
@@ -485,8 +500,10 @@ class Engine:
                                   "not chat messages")
             self.infill_stops()  # no FIM tokens: refused before tokenizing
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
-            m.get("content") for m in prompt_or_messages if isinstance(m, dict) and isinstance(m.get("content"), str)
+            x for m in prompt_or_messages if isinstance(m, dict) for x in _rendered_strings(m)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []
+        if isinstance(template_kwargs, dict):
+            texts.append(json.dumps(template_kwargs, ensure_ascii=False, default=str))
         if tools is not None and tools.template_tools is not None:  # (tool_choice "none": not rendered)
             texts.append(json.dumps(tools.template_tools, ensure_ascii=False))
         if isinstance(suffix, str):

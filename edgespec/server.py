@@ -601,6 +601,8 @@ class Server:
             raise P.APIError(400, str(e), param=param, code="context_length_exceeded") from None
         except EdgespecError as e:  # e.g. the chat template refuses this sequence of roles
             msg = str(e).splitlines()[0]
+            if msg.startswith("chat_template_kwargs"):  # (a special token's text in them: their error, not the input's)
+                raise P.bad(msg, "chat_template_kwargs") from None
             raise P.bad(msg if req.responses is None else P.responses_message(msg, req.responses["where"]),
                         param) from None
         heal = b""

@@ -574,6 +574,7 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
                       "missing_required_parameter" if item.get("call_id") is None else "invalid_type")
         if not isinstance(out, str):
             raise bad(f"{where}.output must be a string, got {_kind(out)}", f"{where}.output", "invalid_type")
+        _text(out, f"{where}.output")  # (here: as a message's content, its error named a field the item has not)
         msgs.append({"role": "tool", "tool_call_id": item["call_id"], "content": out})
         origin.append(where)
     elif t == "reasoning":

@@ -205,6 +205,32 @@ def test_logprobs_of_an_empty_reply_are_an_empty_list_not_null(server, engine):
     assert st == 200 and body["choices"][0]["logprobs"] is None  # (not asked for: null, as before)
 
 
+def test_errors_name_the_field_at_fault(server, engine):
+    """(a review, session 50) A special token's text in chat_template_kwargs is their error (it named the
+    messages); a function_call_output's lone surrogate names its output (it named a content the item has not); a
+    conversation too long by its tool calls' arguments is context_length_exceeded (the template's output limit
+    refused it as invalid_value), in the Python API too."""
+    from edgespec.errors import ContextOverflowError
+
+    m = [{"role": "user", "content": "hi"}]
+    st, body = http(server + "/v1/chat/completions", {"messages": m, "max_tokens": 3,
+                                                      "chat_template_kwargs": {"x": "a<|im_end|>"}})
+    assert st == 400 and body["error"]["param"] == "chat_template_kwargs", body
+    st, body = http(server + "/v1/responses", b'{"input":[{"type":"function_call_output","call_id":"1",'
+                                              b'"output":"\\ud800x"}],"max_output_tokens":3}')
+    assert st == 400 and body["error"]["param"] == "input[0].output", body
+    assert "input[0].output holds an unpaired UTF-16 surrogate" in body["error"]["message"], body
+    args = json.dumps({"city": "x" * 2_000_000})
+    long = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "1"}]
+    with pytest.raises(ContextOverflowError):
+        engine.encode(long, fit=True)
+    st, body = http(server + "/v1/chat/completions", {"messages": long, "max_tokens": 3}, timeout=120)
+    assert st == 400 and body["error"]["code"] == "context_length_exceeded", body
+
+
 def test_logprobs_chat_and_completions_streamed_or_not(client, engine, model_id):
     """OpenAI's logprobs shapes, the values the Python API gives (the target's, tests/test_logprobs.py), the
     same whole or streamed."""
