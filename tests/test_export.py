@@ -269,6 +269,42 @@ def _ops(bundle, role="target") -> dict:
     return {**ops, "fp8_initializers": fp8}
 
 
+@pytest.mark.parametrize("bundle", ["tiny_fp8_bundle", "tiny_bundle"])
+def test_quality_greedy_match_is_the_graphs_own_greedy_decoding_against_torchs(bundle, tiny_dirs, request):
+    """The quality report's greedy match (since session 50 read from one call teacher-forced on torch's greedy
+    continuation) is the number of leading tokens the graph's own greedy decoding, a token a call, shares with
+    torch's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+    from edgespec_export.quality import CONT_PROMPTS
+
+    path = request.getfixturevalue(bundle)
+    q = load_manifest(path).target.quality
+    spec = load_manifest(path, deep=True).target
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen2"])
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+    lm = OnnxLM(spec, min(spec.max_context, 512), choose(["cpu"]))
+    want = []
+    for prompt in CONT_PROMPTS:
+        ids = tok(prompt, add_special_tokens=False)["input_ids"][: lm.max_context // 2]
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=q.greedy_match_of, do_sample=False,
+                                 pad_token_id=tok.eos_token_id or 0)[0, len(ids):].tolist()
+        lm.reset()
+        out, logits = [], lm.forward(ids)[-1]
+        for _ in ref:
+            out.append(int(np.argmax(logits)))
+            logits = lm.forward([out[-1]])[-1]
+        m = 0
+        while m < len(ref) and ref[m] == out[m]:
+            m += 1
+        want.append(m)
+    assert list(q.greedy_match_tokens) == want, (q.greedy_match_tokens, want)
+
+
 def test_fp8_round_trip(tiny_fp8_bundle):
     m = load_manifest(tiny_fp8_bundle, deep=True)
     ops = _ops(tiny_fp8_bundle)
