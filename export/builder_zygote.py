@@ -18,7 +18,8 @@ import the builder or where an import initialised CUDA (a forked child could not
 starts every build as a process of its own, as before. The zygote never builds anything itself, so every child
 starts as a fresh ``python -m`` would, less the imports: what differs is said where ``_child`` mends it. The
 zygote ignores SIGINT (Ctrl-C in a terminal reaches the whole process group: the child stops, the zygote stays for
-the next build); on Linux it and its child end with the process that started them (``PR_SET_PDEATHSIG``).
+the next build) and ends at its socket's end (the exporting process gone: at once where idle, after the build where
+one runs, as a builder started alone went on); on Linux a child ends with its zygote (``PR_SET_PDEATHSIG``).
 
 The exporting process's side (``start_builder``): a zygote whose replies can no longer be trusted (an interrupt
 between a request and its end, a reply that is not the one expected) is killed, its build with it, and the next
@@ -148,7 +149,8 @@ def _say(sock: socket.socket, **kw) -> None:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
-    _die_with_parent()  # (of the thread that started it, strictly: a zygote started by a thread that ended is gone)
+    # (not _die_with_parent: its signal comes when the *thread* that started the zygote ends, which killed a build
+    # another thread ran through it; the zygote ends at its socket's end instead)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         why = _preload(sys.argv[2:] or PRELOAD)
@@ -235,10 +237,12 @@ class Zygote:
         if self.ready is None:
             try:
                 self.ready = bool(self.reply("ready"))
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # it ended before it said (killed): replaced at the next build
                 self.ready = False
+            else:
+                if not self.ready:  # it said it cannot serve: no zygote again in this process
+                    _UNAVAILABLE.append(True)
             if not self.ready:
-                _UNAVAILABLE.append(True)
                 self.close(kill=True)
         return self.ready and self.proc.poll() is None
 

@@ -41,6 +41,7 @@ def probe_path(tmp_path_factory):
     """Zygotes of this module's own, which can import the probe module; the next export starts a fresh one."""
     mods = tmp_path_factory.mktemp("mods")
     (mods / "zygote_probe.py").write_text(PROBE)
+    (mods / "zygote_dies.py").write_text("import os\nos._exit(3)\n")
     (mods / "poison").mkdir()  # (on PYTHONPATH, a zygote's imports fail: test_a_zygote_that_cannot_serve_...)
     (mods / "poison" / "onnxruntime_genai.py").write_text("raise ImportError('poisoned for a test')\n")
     with pytest.MonkeyPatch.context() as mp:
@@ -198,3 +199,39 @@ def test_a_zygote_that_cannot_serve_is_asked_once(probe_path, monkeypatch):
         assert _run(proc)[0] == 0
     assert isinstance(proc, build.Alone) and build._UNAVAILABLE and not build._ZYGOTE
     assert time.monotonic() - t0 < 60
+
+
+def test_a_zygote_started_by_a_thread_that_ended_still_serves(probe_path, monkeypatch):
+    """A zygote started by a thread (an export in a worker thread) outlives it: a build another thread runs through
+    it is not killed when the first thread ends (the zygote's death signal came with its starting thread's end)."""
+    monkeypatch.setattr(build, "PRELOAD", ("json",))
+
+    def start():  # (the thread lives until the zygote has started up, then ends)
+        build.prestart_builder()
+        assert build._ZYGOTE[0].usable()
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    time.sleep(0.5)
+    z = build._ZYGOTE[0]
+    assert z.proc.poll() is None
+    proc = build.start_builder("zygote_probe", ["nap"], {})
+    rc, out = _run(proc)
+    assert isinstance(proc, build.Forked) and rc == 0 and json.loads(out)["ppid"] == z.proc.pid
+
+
+def test_a_zygote_killed_before_it_said_ready_is_replaced_not_given_up(probe_path, monkeypatch):
+    """Only a zygote that says it cannot serve stops this process's use of zygotes; one that died before saying
+    anything (killed) is replaced at the next build."""
+    monkeypatch.setattr(build, "PRELOAD", ("zygote_dies",))  # (its import ends the zygote at once, unsaid)
+    monkeypatch.setattr(build, "_UNAVAILABLE", [])
+    while build._ZYGOTE:
+        build._ZYGOTE[0].close(kill=True)
+    build.prestart_builder()
+    z = build._ZYGOTE[0]
+    proc = build.start_builder("zygote_probe", [], {})  # (its zygote gone: this build alone)
+    assert isinstance(proc, build.Alone) and _run(proc)[0] == 0 and not build._UNAVAILABLE
+    monkeypatch.setattr(build, "PRELOAD", ("json",))
+    proc = build.start_builder("zygote_probe", [], {})
+    assert isinstance(proc, build.Forked) and _run(proc)[0] == 0 and build._ZYGOTE[0] is not z
