@@ -136,6 +136,15 @@ def test_a_zygote_killed_during_a_build_fails_that_build(own_zygote):
     assert rc == 1 and not build._ZYGOTE
 
 
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt in this test, whatever the process inherited (a background job of a script
+    starts with SIGINT ignored)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _interrupt_after(seconds: float, zygote) -> threading.Timer:
     """SIGINT to this process after ``seconds``, the zygote stopped meanwhile (so that the interrupt lands while
     this process waits for its reply), continued after."""
@@ -154,7 +163,8 @@ def _interrupt_after(seconds: float, zygote) -> threading.Timer:
     return t
 
 
-def test_an_interrupt_while_a_build_starts_or_ends_drops_that_zygote_and_later_builds_keep_their_own_ends(own_zygote):
+def test_an_interrupt_while_a_build_starts_or_ends_drops_that_zygote_and_later_builds_keep_their_own_ends(own_zygote,
+                                                                                                       ctrl_c):
     """Ctrl-C while the exporting process waits for the zygote's reply (its pid, or its end): the zygote's replies
     would have stayed one build behind (a review: builds asked to end 0, 3, 0 reported 1, 0, 3); now that zygote
     is killed with its build, and the next build starts a fresh one."""
