@@ -832,6 +832,41 @@ def test_validation_fails_a_nan_logit_and_an_argmax_output_that_disagrees(tiny_d
     assert not validate(model, tok, cuda, "int4", lambda s: None).passed
 
 
+def test_validation_fails_a_quantized_graph_whose_decode_ignores_its_cache(tiny_dirs, tiny_int4_bundle, monkeypatch):
+    """(session 49's review, mended in session 50) A graph whose calls after the first ignore the cache passed the
+    quantized precisions' bound (top-1 >= 0.6 pooled over every row, most of them the prefill's); the phases' rows
+    are now compared with the same graph's one-call prefill too, which they equal under the width policy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec_export.validate import validate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen2"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+    spec = load_manifest(tiny_int4_bundle).target
+    lines = []
+    v = validate(model, tok, spec, "int4", lines.append)
+    assert v.passed and any("own one-call prefill: max |Δlogit| = 0 " in x for x in lines), lines
+    real_init, real_forward = OnnxLM.__init__, OnnxLM.forward
+
+    def init(self, *a, **kw):  # (the width probe in __init__ as it is)
+        real_init(self, *a, **kw)
+        self.forgets = True
+
+    def forgetful(self, ids, **kw):  # each call as a sequence's first: the cache before it unread
+        if getattr(self, "forgets", False):
+            self.reset()
+        return real_forward(self, ids, **kw)
+
+    monkeypatch.setattr(OnnxLM, "__init__", init)
+    monkeypatch.setattr(OnnxLM, "forward", forgetful)
+    lines = []
+    v = validate(model, tok, spec, "int4", lines.append)
+    assert v.top1_agreement >= 0.6 and not v.passed, (v, lines)  # (the bound against torch alone passed it)
+    assert any(x.lstrip().startswith("✗ decode, verify and rewind rows") for x in lines), lines
+
+
 def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
     """The bundle's EOS ids of a .gguf target are the file's own: GenerationConfig's from_pretrained(folder,
     gguf_file=...) read a generation_config.json beside the file (another model's, say), and only where no kept
