@@ -270,7 +270,8 @@ async def _wait_disconnect(receive) -> None:
         pass
 
 
-SEND_STALL_S = 2.0  # while the server stops, a connection whose reply has not gone out for this long is cut
+SEND_STALL_S = 5.0  # while the server stops, a connection whose reply has not gone out for this long is cut (a
+# reading client starved of CPU for a moment is not cut; a supervisor's grace, Docker's 10 s, is not reached)
 
 
 class EventStream(StreamingResponse):
