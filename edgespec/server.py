@@ -1189,10 +1189,13 @@ def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str
             stop for uvicorn's whole grace (60 s, kept for a long prefill's reply), then left tracebacks in the log
             (session 50, a review); ``_next_chunk`` does the same for a request's body."""
             seen: dict = {}  # transport -> (its unsent bytes, since when unchanged)
+            state = getattr(self, "server_state", None)  # (uvicorn's; one without it: nothing is cut, as before)
+            if not hasattr(state, "connections"):
+                return
             while True:
                 await asyncio.sleep(0.25)
                 now = time.monotonic()
-                for conn in list(self.server_state.connections):
+                for conn in list(state.connections):
                     t = getattr(conn, "transport", None)
                     try:
                         size = t.get_write_buffer_size() if t is not None else 0
