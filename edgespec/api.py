@@ -348,7 +348,6 @@ def _texts(inner) -> Iterator[str]:
         inner.close()  # an abandoned stream releases the engine at once, not at garbage collection
 
 
-
 def _rendered_strings(message: dict):
     """The strings of a chat message that its template writes into the prompt: its content, its reasoning and its
     tool calls' names and arguments (``Engine.encode``'s size bound counted the content alone: a conversation too
@@ -362,6 +361,7 @@ def _rendered_strings(message: dict):
         for key in ("name", "arguments"):
             if isinstance(f, dict) and isinstance(f.get(key), str):
                 yield f[key]
+
 
 class Engine:
     """Text in, text out, over a speculative ``Decoder``. Made by ``edgespec.load``."""

@@ -375,6 +375,7 @@ def start_builder(module: str, args: list[str], env: dict):
 
 @atexit.register
 def _stop() -> None:
+    """Every zygote of this process killed (at its exit; the tests' own zygotes at their end)."""
     while _ZYGOTE:
         _ZYGOTE[0].close(kill=True)
 

@@ -46,11 +46,9 @@ def probe_path(tmp_path_factory):
     (mods / "poison" / "onnxruntime_genai.py").write_text("raise ImportError('poisoned for a test')\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", str(mods))
-        while build._ZYGOTE:
-            build._ZYGOTE[0].close(kill=True)
+        build._stop()
         yield mods
-        while build._ZYGOTE:
-            build._ZYGOTE[0].close(kill=True)
+        build._stop()
 
 
 @pytest.fixture
@@ -236,8 +234,7 @@ def test_a_zygote_killed_before_it_said_ready_is_replaced_not_given_up(probe_pat
     anything (killed) is replaced at the next build."""
     monkeypatch.setattr(build, "PRELOAD", ("zygote_dies",))  # (its import ends the zygote at once, unsaid)
     monkeypatch.setattr(build, "_UNAVAILABLE", [])
-    while build._ZYGOTE:
-        build._ZYGOTE[0].close(kill=True)
+    build._stop()
     build.prestart_builder()
     z = build._ZYGOTE[0]
     proc = build.start_builder("zygote_probe", [], {})  # (its zygote gone: this build alone)

@@ -1035,6 +1035,14 @@ def test_stop_signal_mid_generation(smol_int4, tmp_path, model_id, sig):
     assert rc == 0 and "edgespec: stopped" in text and "Traceback" not in text, text[-3000:]
 
 
+def _sigterm_timed(proc: subprocess.Popen, timeout: float) -> tuple[int, float]:
+    """SIGTERM to a server: its exit code and the seconds it took to exit."""
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=timeout)
+    return rc, time.monotonic() - t0
+
+
 def test_a_stalled_body_holds_neither_a_stop_nor_the_server(tiny_bundle, tmp_path, monkeypatch):
     """(a review's findings, session 44) A client that sent headers and part of its body, then nothing: a stop
     exits at once, cleanly, the prompt cache written (it waited uvicorn's 60 s grace, then logged a traceback and
@@ -1057,10 +1065,7 @@ def test_a_stalled_body_holds_neither_a_stop_nor_the_server(tiny_bundle, tmp_pat
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100\r\n\r\n{\"mod")
         time.sleep(0.5)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=30)
-        took = time.monotonic() - t0
+        rc, took = _sigterm_timed(proc, 30)
         answer = s.recv(4096).decode("latin-1")
         s.close()
     finally:
@@ -1122,10 +1127,7 @@ def test_a_stream_client_that_reads_nothing_holds_no_stop(tiny_bundle, tmp_path)
                 last, since = pending(), time.monotonic()
             time.sleep(0.1)
         time.sleep(1.0)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=40)
-        took = time.monotonic() - t0
+        rc, took = _sigterm_timed(proc, 40)
         s.close()
     finally:
         if proc.poll() is None:
