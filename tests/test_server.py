@@ -1017,14 +1017,16 @@ def test_stop_signal_mid_generation(smol_int4, tmp_path, model_id, sig):
     try:
         resp = sse_events(url, "/v1/completions", {"prompt": "1, 2, 3, 4,", "max_tokens": 2000, "stream": True,
                                                    "edgespec": {"drafter": "none"}})
-        assert resp.status == 200 and resp.readline().startswith(b"data: ")  # it generates
+        first = resp.readline() + resp.readline()  # its first event, whole: the rest parses as events
+        assert resp.status == 200 and first.startswith(b"data: ") and first.endswith(b"\n\n"), first  # it generates
         with ThreadPoolExecutor(1) as pool:
             queued = pool.submit(http, url + "/v1/completions", {"prompt": "a, b,", "max_tokens": 8}, None, 60)
             wait_until(lambda: http(url + "/health")[1]["queued"] == 1, 20, "the second request to queue")
             proc.send_signal(sig)
-            got = events(resp.read().decode())
+            raw = resp.read().decode()
             status, err = queued.result(timeout=60)
-        assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == "server_shutdown", got[-3:]
+        got = events(raw)  # (a machine under load may have sent no token since the first: the error and [DONE])
+        assert len(got) >= 2 and got[-1] == "[DONE]" and got[-2]["error"]["code"] == "server_shutdown", raw[-600:]
         assert status == 503 and err["error"]["code"] == "server_shutdown", err
         rc = proc.wait(timeout=60)
     finally:
