@@ -16,6 +16,10 @@ def report_lines(v: Validation, q: Quality) -> list[str]:
                      f"top-1 {v.top1_agreement:.3f}{over}")
     elif v:
         lines.append(f"validation vs torch: {mark} (details missing from the manifest)")
+    if v.weights_checked is not None:
+        lines.append(f"weights vs torch: {v.weights_checked} matrices, worst relative difference "
+                     + (f"{v.weight_error:.3g}" if v.weight_error is not None else "not a number")
+                     + (f"; {v.weights_unmapped} not mapped" if v.weights_unmapped else ""))
     if q.perplexity:
         if None in (q.perplexity_torch, q.perplexity_delta, q.top1_agreement, q.mean_kl, q.greedy_match_tokens,
                     q.greedy_match_of):

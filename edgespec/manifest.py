@@ -145,6 +145,11 @@ class Validation(_Report):
     positions: int | None = _report(int)
     tolerance: float | None = _report(float)  # the precision's |Δlogit| bound; None: judged by top-1
     passed: bool | None = _report(bool)
+    # (since session 51) each weight matrix against torch's (export/weights.py): how many were compared, how many the
+    # check could not map to a torch parameter, and the worst relative difference ||graph - torch|| / ||torch||
+    weights_checked: int | None = _report(int)
+    weights_unmapped: int | None = _report(int)
+    weight_error: float | None = _report(float)
 
 
 @dataclass(frozen=True)

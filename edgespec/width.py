@@ -45,9 +45,14 @@ def width_invariant(lm) -> bool:
     (``exact-kernels`` bundles) on the CPU, with none of onnxruntime's ``WIDTH_DEPENDENT_OPS`` left beside them.
     Such a model is probed on ``PROBE_WIDTHS`` only and its verify calls are not bounded; every other
     (onnxruntime's kernels, any GPU) is probed at every width it may be called at and bounded there."""
-    ops = getattr(lm.spec, "operators", None) or {}
-    return (lm.device == "cpu" and getattr(lm.spec, "kernels", None) == "edgespec-q4"
-            and not any(ops.get(op) for op in WIDTH_DEPENDENT_OPS))
+    return lm.device == "cpu" and width_invariant_spec(lm.spec)
+
+
+def width_invariant_spec(spec) -> bool:
+    """Whether a model's graph (``ModelSpec``) computes a row alike at every call width on the CPU: edgespec's kernels
+    with none of onnxruntime's ``WIDTH_DEPENDENT_OPS`` beside them (``width_invariant``)."""
+    ops = getattr(spec, "operators", None) or {}
+    return getattr(spec, "kernels", None) == "edgespec-q4" and not any(ops.get(op) for op in WIDTH_DEPENDENT_OPS)
 
 
 def _candidates(widths: Sequence[int]) -> list[tuple[int, int]]:

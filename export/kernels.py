@@ -28,6 +28,7 @@ import numpy as np
 
 from edgespec.errors import ExportError
 from edgespec.manifest import load_manifest
+from edgespec.width import width_invariant_spec
 from .output import load_graph
 
 DOMAIN = "edgespec"
@@ -800,13 +801,20 @@ def compare_with_source(source, rewritten, ids: list[int]) -> dict:
     ids = list(ids)[:max(2, room)]
     tokens = len(ids)
     out = []
+    policy = None
     for spec in (source, rewritten):
-        lm = OnnxLM(spec, min(spec.max_context - spec.attention_pad, 4 * tokens), choose(["cpu"]), min_width=1)
+        # the rewritten graph with the runtime's width probe (the path users run): edgespec's kernels compute a row
+        # alike at every width, so it finds (1, 1) ("width_policy" below); the source as every call of the comparison
+        lm = OnnxLM(spec, min(spec.max_context - spec.attention_pad, 4 * tokens), choose(["cpu"]),
+                    min_width=None if spec is rewritten else 1)
+        if spec is rewritten and lm.width_seconds:  # (None: a context too short for the probe, nothing measured)
+            policy = (lm.min_width, lm.width_multiple)
         out.append(np.concatenate([lm.forward(ids[:tokens // 2]), lm.forward(ids[tokens // 2:])]))
         del lm
     a, b = out
     return {"max_abs_logit_diff": float(np.abs(a - b).max()), "logit_scale": float(np.abs(a).max()),
-            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "positions": tokens}
+            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "positions": tokens,
+            "width_policy": list(policy) if policy else None}
 
 
 def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = None, *, force: bool = False,
@@ -920,6 +928,15 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             if check["top1_agreement"] < 0.75 or not np.isfinite(check["max_abs_logit_diff"]):
                 raise ExportError(f"the rewritten {role} disagrees with its source graph (top-1 agreement "
                                   f"{check['top1_agreement']:.2f}): not written")
+            # (session 49's review: a rewrite whose one-token calls were broken passed the check above, its calls ~25
+            # rows wide, and the runtime's probe then kept two tokens a call, silently: a target of edgespec's kernels
+            # alone computes a row alike at every width, so anything but one token a call is a broken rewrite; a
+            # drafter's width changes no output, and one that keeps onnxruntime's attention unpadded is not alike)
+            mw, mult = check.pop("width_policy") or (1, 1)
+            if (mw, mult) != (1, 1) and role == "target" and width_invariant_spec(spec):
+                raise ExportError(f"the rewritten {role} computes a row otherwise at some call widths (the width probe "
+                                  f"keeps {mw} tokens a call{f', multiples of {mult}' if mult != 1 else ''}), where "
+                                  "edgespec's kernels compute it alike at every width: not written")
             spec = replace(spec, kernels_check=check)
             if log:
                 log(f"    {role}: measuring its resident memory on the CPU EP")

@@ -9,6 +9,8 @@ from edgespec.manifest import ModelSpec, Validation
 from edgespec.onnx_lm import OnnxLM
 from edgespec.providers import choose
 
+from .weights import check_weights
+
 VALIDATION_TEXTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n",
     "The quick brown fox jumps over the lazy dog. Then it runs back into the forest, where",
@@ -22,7 +24,7 @@ MIN_TOP1 = 0.6
 # one-call prefill of the whole text, under the runtime's width policy: the same numbers (0.0 measured on SmolLM2's
 # and the Qwen pair's INT4, HQQ and fp32 graphs, session 50), at any precision. The bound against torch at the
 # quantized precisions is loose (top-1 >= 0.6, pooled: a graph whose decode ignored its cache passed it); this one
-# is not. (Two layers swapped keep a graph consistent with itself: neither check sees that.)
+# is not. (Two layers swapped keep a graph consistent with itself: neither check sees that; ``check_weights`` does.)
 SELF_TOLERANCE = 1e-3
 
 
@@ -80,6 +82,8 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
     passed = passed and argmax_ok is not False
     consistent = own <= SELF_TOLERANCE
     passed = passed and consistent
+    weights = check_weights(model, spec.path, spec.num_layers)
+    passed = passed and weights.passed
     for phase, d in diffs.items():
         ok = np.isfinite(d) and (tol is None or d <= tol)
         log(f"    {'✓' if ok else '✗'} {phase:8s} max |Δlogit| = {d:.3g}")
@@ -87,10 +91,20 @@ def validate(model, tokenizer, spec: ModelSpec, precision: str, log) -> Validati
         f"max |Δlogit| = {own:.3g} (tolerance {SELF_TOLERANCE})")
     if argmax_ok is not None:
         log(f"    {'✓' if argmax_ok else '✗'} the graph's argmax output equals its logits' argmax")
+    log(f"    {'✓' if weights.passed else '✗'} weights against torch's: {weights.checked} matrices, the worst relative "
+        f"difference {weights.worst:.3g} ({weights.worst_name or 'none'})"
+        + (f"; {len(weights.unmapped)} not mapped to a torch parameter ({', '.join(weights.unmapped[:2])}"
+           f"{', ...' if len(weights.unmapped) > 2 else ''})" if weights.unmapped else ""))
+    for node, tname, err, bound in weights.failed[:3]:
+        log(f"      ✗ {node} against {tname}: {err:.3g} (bound {bound:g})")
+    if len(weights.failed) > 3:
+        log(f"      ✗ and {len(weights.failed) - 3} more")
     log(f"    {'✓' if passed else '✗'} top-1 agreement with torch = {top1:.3f} over {total} positions"
         + (f" (tolerance {tol})" if tol is not None else f" (needs >= {MIN_TOP1})"))
     return Validation(max_abs_logit_diff={k: round(v, 6) for k, v in diffs.items()}, top1_agreement=round(top1, 4),
-                      positions=total, tolerance=tol, passed=passed)
+                      positions=total, tolerance=tol, passed=passed, weights_checked=weights.checked,
+                      weights_unmapped=len(weights.unmapped),
+                      weight_error=round(weights.worst, 6) if np.isfinite(weights.worst) else None)
 
 
 def _argmax_output_agrees(lm: OnnxLM, ids: list[int]) -> bool:

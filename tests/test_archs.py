@@ -343,6 +343,15 @@ def test_rope_type_alias_gives_the_builder_the_field_it_reads():
     assert not rope_type_alias(SimpleNamespace())
 
 
+def _weights_all_checked(bundle):
+    """The export's weight check (session 51) mapped every weight matrix of the family's graph to its torch
+    parameter: none left unchecked by the builder's or the family's names."""
+    from edgespec.manifest import load_manifest
+
+    v = load_manifest(bundle).target.validation
+    assert v.passed and v.weights_checked >= 3 and v.weights_unmapped == 0 and v.weight_error < 0.3, v
+
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
 
@@ -360,6 +369,7 @@ def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch,
 
     d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=9, **extra)
     b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
+    _weights_all_checked(b)
     _greedy_exact(b, 48, ("prompt-lookup",))
     exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "MatMulNBits")
 
@@ -451,6 +461,7 @@ def test_phi2_nemotron_and_ernie_export_and_take_the_exact_kernels(tmp_path_fact
 
     d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=9, hidden=128, heads=2, kv_heads=2, **extra)
     b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256)
+    _weights_all_checked(b)
     _greedy_exact(b, 48, ("prompt-lookup",))
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk", "GroupQueryAttention -> edgespec")
     from edgespec.manifest import load_manifest

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -254,8 +255,10 @@ def test_failed_export_leaves_nothing(tiny_dirs, tmp_path, monkeypatch):
 def test_info_cli(tiny_bundle):
     r = CliRunner().invoke(main, ["info", str(tiny_bundle), "--verify"])
     assert r.exit_code == 0 and "validation vs torch: ✓" in r.output and "sha256 verified" in r.output
+    assert re.search(r"weights vs torch: \d+ matrices, worst relative difference 0\b", r.output), r.output  # (fp32)
     r = CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"])
     assert json.loads(r.output)["schema_version"] == 1
+    assert json.loads(r.output)["models"]["target"]["validation"]["weights_unmapped"] == 0
 
 
 def _ops(bundle, role="target") -> dict:
@@ -865,6 +868,45 @@ def test_validation_fails_a_quantized_graph_whose_decode_ignores_its_cache(tiny_
     v = validate(model, tok, spec, "int4", lines.append)
     assert v.top1_agreement >= 0.6 and not v.passed, (v, lines)  # (the bound against torch alone passed it)
     assert any(x.lstrip().startswith("✗ decode, verify and rewind rows") for x in lines), lines
+
+
+def test_validation_fails_a_graph_whose_layers_hold_each_others_weights(tiny_dirs, tiny_int4_bundle, copy_bundle):
+    """(session 49's review, mended in session 51) Two layers' weights swapped in SmolLM2 INT4 passed validation (the
+    quantized precisions' top-1 >= 0.6 against torch is loose, and the graph is consistent with itself): each weight
+    matrix is now compared with the torch parameter its node holds (export/weights.py), the rounding's ~0.1 at 4 bits
+    against ~1.4 for another matrix."""
+    import dataclasses
+
+    import onnx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec_export.validate import validate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen2"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+    spec = load_manifest(tiny_int4_bundle).target
+    lines = []
+    v = validate(model, tok, spec, "int4", lines.append)
+    n_matmuls = sum(n.op_type == "MatMulNBits" for n in onnx.load(spec.path, load_external_data=False).graph.node)
+    assert v.passed and v.weights_checked >= n_matmuls + 1 and v.weights_unmapped == 0, (v, lines)  # (+ the table)
+    assert 0.01 < v.weight_error < 0.3, v
+
+    b = copy_bundle(tiny_int4_bundle)
+    path = b / "target" / "model.onnx"
+    g = onnx.load(path, load_external_data=False)
+    nodes = {n.name: n for n in g.graph.node}
+    a, c = (nodes[f"/model/layers.{i}/mlp/down_proj/MatMul_Q4"] for i in (0, 1))
+    ia, ic = list(a.input), list(c.input)
+    del a.input[:], c.input[:]
+    a.input.extend([ia[0]] + ic[1:])  # (the quantized weights, scales and zero points of the other layer)
+    c.input.extend([ic[0]] + ia[1:])
+    onnx.save(g, path)
+    lines = []
+    v = validate(model, tok, dataclasses.replace(spec, path=path), "int4", lines.append)
+    assert not v.passed and v.weight_error > 1.0, (v, lines)
+    bad = [x.strip() for x in lines if x.lstrip().startswith("✗ /model/layers.")]
+    assert len(bad) == 2 and "down_proj" in bad[0] and "layers.0.mlp.down_proj" in bad[0], lines
 
 
 def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):

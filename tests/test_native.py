@@ -1170,6 +1170,34 @@ def test_exact_kernels_refuses_a_rewrite_that_disagrees_with_its_source(smol_int
     assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
 
 
+def test_exact_kernels_refuses_a_rewrite_whose_one_token_calls_compute_otherwise(tiny_int4_bundle, tmp_path,
+                                                                                   monkeypatch):
+    """(session 49's review, mended in session 51) A rewrite whose one-token calls computed otherwise passed the check
+    against the source graph (its calls ~25 rows wide), and the runtime's width probe then kept two tokens a call,
+    silently (one-token decoding is what the kernels are for). The rewritten graph is probed as the runtime probes
+    it and must compute a row alike at every width: here one-token calls planted off by 1e-3 in a logit."""
+    import edgespec_export.kernels as kernels
+    from edgespec.errors import ExportError
+    from edgespec.onnx_lm import OnnxLM
+
+    real = OnnxLM._run
+
+    def one_token_off(self, ids, *a, **kw):
+        out = real(self, ids, *a, **kw)
+        if self.spec.kernels == "edgespec-q4" and len(ids) == 1:
+            out = np.array(out)
+            out[..., 0] += 1e-3
+        return out
+
+    monkeypatch.setattr(OnnxLM, "_run", one_token_off)
+    with pytest.raises(ExportError, match="computes a row otherwise at some call widths .* keeps 2 tokens a call"):
+        kernels.apply_to_bundle(tiny_int4_bundle, tmp_path / "broken")
+    assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
+    monkeypatch.setattr(OnnxLM, "_run", real)
+    out = kernels.apply_to_bundle(tiny_int4_bundle, tmp_path / "fine")
+    assert "width_policy" not in json.loads((out / "edgespec.json").read_text())["models"]["target"]["kernels_check"]
+
+
 def test_bench_ar_runs_an_exact_kernels_bundle_without_genai(tiny_xk, capsys):
     """scripts/bench_ar.py (docs/bench/history.md, session 8) on a bundle onnxruntime-genai cannot run: edgespec's
     columns filled, genai's left out rather than failing."""
