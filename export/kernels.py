@@ -30,6 +30,7 @@ from edgespec.errors import ExportError
 from edgespec.manifest import load_manifest
 from edgespec.width import width_invariant_spec
 from .output import load_graph
+from .weights import check_rewrite
 
 DOMAIN = "edgespec"
 OP = "MatMulQ4"
@@ -920,6 +921,21 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
                            kernel_features=tuple(counts["features"]), attention_pad=pad, operators=ops, io=io,
                            kv_dtype="float16" if counts["half_caches"] else spec.kv_dtype)
+            # each matrix's tiles against the source's blocks (session 49's review: two layers' weights swapped
+            # passed the logits' comparison below; repacking loses nothing, so they agree to float rounding)
+            weights = check_rewrite(getattr(manifest, role).path, spec.path)
+            if log:
+                log(f"    {role}: {weights.checked} matrices' tiles against the source graph's blocks: the worst "
+                    f"relative difference {weights.worst:.3g}"
+                    + (f"; {len(weights.unmapped)} not found in it" if weights.unmapped else ""))
+            if not weights.checked:
+                raise ExportError(f"the rewritten {role}'s weights: no {OP} found beside a MatMulNBits of its name in "
+                                  "the source graph, nothing to compare: not written")
+            if not weights.passed:
+                name, _, err, _ = weights.failed[0]
+                raise ExportError(f"the rewritten {role}'s weights differ from its source graph's at {name} (relative "
+                                  f"difference {err:.3g}" + (f", and {len(weights.failed) - 1} more" if
+                                                             len(weights.failed) > 1 else "") + "): not written")
             check = compare_with_source(getattr(manifest, role), spec, sample_ids)
             if log:
                 log(f"    {role}: against the source graph on {check['positions']} positions: max |Δlogit| "

@@ -73,6 +73,8 @@ def exact_kernels_decode_exactly(bundle, out, log_has: str, **kw):
     logs = []
     out = apply_to_bundle(bundle, out, log=logs.append, **kw)
     assert any(log_has in line for line in logs), logs
+    tiles = [line for line in logs if "matrices' tiles against the source graph's blocks" in line]
+    assert tiles and not any("not found" in line for line in tiles), logs  # (every matrix checked: session 51)
     eng = edgespec.load(out)
     prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
     ar = eng.generate(prompt, max_new_tokens=48, drafter="none", ignore_eos=True)

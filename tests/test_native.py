@@ -9,6 +9,7 @@ autoregressive output, with every drafter, on tiny random models and on SmolLM2.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -1165,9 +1166,53 @@ def test_exact_kernels_refuses_a_rewrite_that_disagrees_with_its_source(smol_int
         return np.ascontiguousarray(b[:, :, ::-1]), s, z
 
     monkeypatch.setattr(kernels, "pack_q4", broken)
+    # (since session 51 the tiles' own check against the source's blocks sees it first; the logits' check behind it)
+    with pytest.raises(ExportError, match="weights differ from its source graph's at /model/layers.0/"):
+        kernels.apply_to_bundle(smol_int4, tmp_path / "broken")
+    assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
+    from edgespec_export.weights import WeightCheck
+
+    monkeypatch.setattr(kernels, "check_rewrite", lambda *a: WeightCheck(checked=1))
     with pytest.raises(ExportError, match="disagrees with its source"):
         kernels.apply_to_bundle(smol_int4, tmp_path / "broken")
     assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
+
+
+def test_exact_kernels_refuses_a_rewrite_whose_layers_hold_each_others_weights(smol_int4, tmp_path, monkeypatch):
+    """(session 49's review, mended in session 51) A rewrite with two layers' packed weights swapped passed the
+    comparison of logits with the source graph (top-1 >= 0.75); each MatMulQ4's tiles are now unpacked and compared
+    with the source's MatMulNBits of the same name (repacking loses nothing: the rounding's ~1e-7 against ~1.4), on
+    SmolLM2 (Q4_1 blocks: float minimums) and the fused SwiGLU's up projection too."""
+    import onnx
+
+    import edgespec_export.kernels as kernels
+    from edgespec.errors import ExportError
+
+    logs = []
+    out = kernels.apply_to_bundle(smol_int4, tmp_path / "fine", log=logs.append)
+    line = next(x for x in logs if "target:" in x and "tiles against the source graph's blocks" in x)
+    n = int(re.search(r"target: (\d+) matrices", line).group(1))
+    assert n == 151 and "not found" not in line, line  # (30 layers x 5 with the SwiGLU's up, and the head)
+    assert float(re.search(r"difference (\S+)", line).group(1)) < 1e-6, line
+    real = kernels.rewrite_graph
+
+    def swapped(model_path, *a, **kw):  # the rewrite as it is, then layers 14 and 15's gate and up tiles swapped
+        counts = real(model_path, *a, **kw)
+        g = onnx.load(model_path, load_external_data=False)
+        by = {x.name: x for x in g.graph.node}
+        a14, a15 = (by[f"/model/layers.{i}/mlp/gate_proj/MatMul_Q4"] for i in (14, 15))
+        i14, i15 = list(a14.input), list(a15.input)
+        del a14.input[:], a15.input[:]
+        a14.input.extend([i14[0]] + i15[1:])
+        a15.input.extend([i15[0]] + i14[1:])
+        onnx.save(g, model_path)
+        return counts
+
+    monkeypatch.setattr(kernels, "rewrite_graph", swapped)
+    with pytest.raises(ExportError, match=r"target's weights differ from its source graph's at "
+                                          r"/model/layers.14/mlp/gate_proj/MatMul_Q4 .*and 3 more"):
+        kernels.apply_to_bundle(smol_int4, tmp_path / "broken")
+    assert not (tmp_path / "broken").exists() and out.is_dir()
 
 
 def test_exact_kernels_refuses_a_rewrite_whose_one_token_calls_compute_otherwise(tiny_int4_bundle, tmp_path,
