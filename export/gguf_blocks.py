@@ -441,16 +441,13 @@ def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, 
 
 
 def _dequant_matmulnbits(arrs, N: int, K: int, block: int) -> np.ndarray:
-    """MatMulNBits' 4-bit weights (B, scales, zero points packed or float, or None) as floats ``[N, K]``."""
+    """MatMulNBits' 4-bit weights (B, scales, zero points packed or float, or None) as floats ``[N, K]``
+    (``export.weights``' block dequantization, all rows at once)."""
+    from .weights import _block_rows, _nibbles, _zero_points
+
     b, s, z = (list(arrs) + [None] * 3)[:3]
-    nb = K // block
+    nb = -(-K // block)
     b = np.asarray(b, np.uint8).reshape(N, nb, block // 2)
-    q = np.stack([b & 15, b >> 4], axis=-1).reshape(N, nb, block).astype(np.float32)
-    if z is None:
-        zp = np.full((N, nb), 8, np.float32)
-    elif np.asarray(z).dtype.kind == "f":
-        zp = np.asarray(z, np.float32).reshape(N, nb)
-    else:
-        zr = np.asarray(z, np.uint8).reshape(N, -1)
-        zp = np.stack([zr & 15, zr >> 4], axis=-1).reshape(N, -1)[:, :nb].astype(np.float32)
-    return ((q - zp[..., None]) * np.asarray(s, np.float32).reshape(N, nb)[..., None]).reshape(N, K)
+    rows = _block_rows(lambda r: _nibbles(b[r]), np.asarray(s).reshape(N, nb),
+                       _zero_points(None if z is None else np.asarray(z), N, nb), 4, nb, block, K)
+    return rows(slice(None))

@@ -35,7 +35,6 @@ _MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0)), "up_proj": (("up_pro
         "fc1": (("fc1",),), "fc2": (("fc2",),)}
 _NODE = re.compile(r"/model/layers\.(\d+)/(attn|mlp)/(\w+)/(?:MatMul|DequantizeLinear)")
 REWRITE_BOUND = 1e-5  # exact-kernels' tiles against the graph they were packed from (``check_rewrite``)
-OP, TILE = "MatMulQ4", 16  # (export/kernels.py's; not imported from there: it imports this module)
 _ROWS = 2048  # rows dequantized at a time (Qwen's 151,936 x 1,536 head in float32 would be 0.9 GB at once)
 
 
@@ -138,6 +137,12 @@ def _block_rows(q_rows, s: np.ndarray, z, bits: int, nb: int, block: int, K: int
     return rows
 
 
+def _zero_points(z, N: int, nb: int):
+    """MatMulNBits' or GatherBlockQuantized's zero points as ``_block_rows`` takes them: float ``[N, nb]``, packed
+    uint8 ``[N, ...]``, or None."""
+    return None if z is None else (z.reshape(N, nb) if z.dtype.kind == "f" else z.reshape(N, -1))
+
+
 class _Graph:
     def __init__(self, path: Path):
         from .output import load_graph
@@ -210,8 +215,7 @@ def graph_weights(gr: _Graph, node):
             return None
         nb = -(-K // block)
         b = b.reshape(N, nb, -1)
-        z = gr.array(ins[3]) if ins[3] else None
-        z = None if z is None else (z.reshape(N, nb) if z.dtype.kind == "f" else z.reshape(N, -1))
+        z = _zero_points(gr.array(ins[3]) if ins[3] else None, N, nb)
         q_rows = (lambda r: _nibbles(b[r])) if bits == 4 else (lambda r: b[r])
         return (f"{bits}bit", N, _block_rows(q_rows, s.reshape(N, nb), z, bits, nb, block, K), block)
     if node.op_type == "GatherBlockQuantized":
@@ -249,8 +253,7 @@ def graph_weights(gr: _Graph, node):
         if data.shape[1] < nb * per:  # (a last block cut short)
             data = np.pad(data, ((0, 0), (0, nb * per - data.shape[1])))
         data = data.reshape(N, nb, per)
-        z = gr.array(ins[3]) if ins[3] else None
-        z = None if z is None else (z.reshape(N, nb) if z.dtype.kind == "f" else z.reshape(N, -1))
+        z = _zero_points(gr.array(ins[3]) if ins[3] else None, N, nb)
         q_rows = (lambda r: _nibbles(data[r])) if bits == 4 else (lambda r: data[r])
         return (f"{bits}bit", N, _block_rows(q_rows, s, z, bits, nb, block, K), block)
     if node.op_type == "Gather":
@@ -365,6 +368,8 @@ def _q4_tiles(gr: _Graph, node):
     function per matrix: one, or a fused SwiGLU's two (gate, up: its tiles interleaved). Each function gives rows of
     the ``[N, K]`` float32 weights: ``scale * (q - zero point)``, or ``scale * q - minimum`` where the node has
     minimums (a GGUF's or HQQ's blocks), with Q4_K's scale bytes (``d * sc``, ``dmin * m``) where it has those."""
+    from .kernels import TILE  # (pack_q4's; imported here: kernels imports this module)
+
     a = _attrs(node)
     N, K, block = int(a["N"]), int(a["K"]), int(a["block_size"])
     ins = list(node.input) + [""] * 7
@@ -417,6 +422,8 @@ def check_rewrite(source_file, rewritten_file) -> WeightCheck:
     its tiles, against the builder's ``MatMulNBits`` of the same name (a fused SwiGLU's up projection: the name with
     ``up_proj`` for ``gate_proj``), dequantized. Repacking loses nothing, so they agree to float rounding (a
     minimum is ``scale * zero point`` in float32): bound 1e-5; another layer's matrix is ~1.4."""
+    from .kernels import OP  # (imported here: kernels imports this module)
+
     src, new = _Graph(Path(source_file)), _Graph(Path(rewritten_file))
     by_name = {n.name: n for n in src.g.node if n.op_type == "MatMulNBits"}
     out = WeightCheck()
