@@ -662,12 +662,13 @@ def test_bench_traffic_runs_the_workload_and_reports_exact_outputs_and_memory(sm
     import bench_traffic
 
     out = tmp_path / "traffic"
-    assert bench_traffic.main([str(smol_int4), "--drafters", "suffix,auto", "--max-new-tokens", "8", "--limit", "1",
+    # (`auto` alone beside `none`: each runner is 15 runs, most of their time the prefills of long prompts)
+    assert bench_traffic.main([str(smol_int4), "--drafters", "auto", "--max-new-tokens", "8", "--limit", "1",
                                "--no-per-category", "--out", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert set(rep["traffic"]) >= {"repeat-first", "repeat-again", "repeat-same", "code-edit", "rag", "all"}
     assert all(r["exact"] is not False for r in rep["runs"])
-    assert {r["drafter"] for r in rep["runs"]} == {"none", "suffix", "auto"}
+    assert {r["drafter"] for r in rep["runs"]} == {"none", "auto"}
     assert rep["memory"]["memory_tokens"] > 0 and rep["peak_rss"] > 0
     md = (out / "report.md").read_text()
     assert "| all | auto |" in md and "Peak resident memory" in md

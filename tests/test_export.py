@@ -908,6 +908,20 @@ def test_validation_fails_a_graph_whose_layers_hold_each_others_weights(tiny_dir
     bad = [x.strip() for x in lines if x.lstrip().startswith("✗ /model/layers.")]
     assert len(bad) == 2 and "down_proj" in bad[0] and "layers.0.mlp.down_proj" in bad[0], lines
 
+    # each line marks its own check: a graph failing only the weight check showed "✗ top-1 agreement ... = 1.000"
+    import edgespec_export.validate as V
+
+    real = V.check_weights
+    try:
+        V.check_weights = lambda *a: dataclasses.replace(real(*a), failed=[("/model/x", "x.weight", 1.4, 0.5)])
+        lines = []
+        v = validate(model, tok, spec, "int4", lines.append)
+    finally:
+        V.check_weights = real
+    top1 = next(x.strip() for x in lines if "top-1 agreement with torch" in x)
+    weights = next(x.strip() for x in lines if "weights against torch's" in x)
+    assert not v.passed and v.top1_agreement >= 0.6 and top1.startswith("✓") and weights.startswith("✗"), lines
+
 
 def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
     """The bundle's EOS ids of a .gguf target are the file's own: GenerationConfig's from_pretrained(folder,
