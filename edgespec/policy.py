@@ -227,14 +227,17 @@ class CostModel:
         return self.expected_tokens(alpha, k) / (self.target_cost(k + 1) + steps * step)
 
     def best_k(self, alpha: float, kmax: int, draft_cost: bool, drafter: str = "model", saved: float = 0.0,
-               extra: float = 0.0) -> tuple[int, float]:
-        """The k in 0..kmax with the best ``rate`` (the same figures, priced in one pass)."""
+               extra: float = 0.0, first: float | None = None) -> tuple[int, float]:
+        """The k in 0..kmax with the best ``rate`` (the same figures, priced in one pass). ``first``: the
+        draft's first token is kept at this rate, the later ones at ``alpha`` (a draft that ends on the
+        drafter's confidence: RoundPolicy.choose)."""
         step = self.step_cost(drafter) if draft_cost else 0.0
         costs = self.costs(kmax + 1)
         best = (0, self.expected_tokens(alpha, 0) / costs[1])
         for k in range(1, kmax + 1):
             steps = k - min(saved, max(k - 1, 0)) + extra
-            r = self.expected_tokens(alpha, k) / (costs[k + 1] + steps * step)
+            y = self.expected_tokens(alpha, k) if first is None else 1.0 + first * self.expected_tokens(alpha, k - 1)
+            r = y / (costs[k + 1] + steps * step)
             if r > best[1]:
                 best = (k, r)
         return best
@@ -312,6 +315,16 @@ class Choice:
 
 
 NO_DRAFT = Choice(None)
+
+# A costly drafter's dynamic draft (one that ends on its confidence) is priced with its first token kept at what its
+# rounds' first tokens were (the estimate of key + FIRST_KEY), the later ones at the key's own estimate. That
+# estimate (kept tokens against rounds with a rejection) is mostly the tokens past the first, drafted only where
+# the drafter is confident and then kept almost always: on the Qwen pair (session 52, an AVX2 Zen 3) it said
+# 0.80-0.85 where the first draft token was kept at 0.60-0.70, most rounds ended after that one token, and the
+# model drafter, priced at ~48 tok/s where its rounds made ~44, read whole prompts of summaries its reads never
+# repaid (`auto` 1.052x / 1.087x plain before, 1.098x / 1.123x after, A/B in one process; summaries 1.49x / 1.57x
+# before, 1.72x / 1.87x after)
+FIRST_KEY = "@1"
 
 
 class RoundPolicy:
@@ -498,11 +511,16 @@ class RoundPolicy:
                 k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             else:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
-            rate = r
+            rate = r  # (a dynamic draft's stop threshold prices a token kept at this rate)
+            if k > 0 and d.has_cost and offer.dynamic and fixed is None:
+                # a round that ends on the drafter's confidence: its first token kept as its first tokens were
+                # (FIRST_KEY), the later ones at alpha
+                first = self.estimate(replace(offer, key=offer.key + FIRST_KEY)).alpha
+                r = self.cost.best_k(alpha, offer.max_tokens, True, d.name, sv, extra, first=first)[1]
             if k > 0 and d.has_cost:
-                costly_best = max(costly_best, rate)
+                costly_best = max(costly_best, r)
             elif k > 0:
-                free_best = max(free_best, rate)
+                free_best = max(free_best, r)
             if offer.upfront:  # a catch-up first: worth it only if the rounds it will draft repay it
                 upfront = self.cost.upfront_cost(offer.upfront, d.name, self.catchup_trust(d.name))
                 # (the horizon reads the recent lengths: only for a round where an offer must catch up)
@@ -726,6 +744,8 @@ class RoundPolicy:
                 self._read_at[name] = self._generation
         if tokens:
             self._update(choice.key, n_accepted, len(tokens))
+            if choice.stop is not None and choice.drafter is not None and choice.drafter.has_cost:
+                self._update(choice.key + FIRST_KEY, min(n_accepted, 1), 1)  # (its first token: choose)
             if choice.drafter is not None and choice.drafter.has_cost:
                 self._started.add(choice.drafter.name)
         if self._timed and choice.drafter is not None and step_s is not None:

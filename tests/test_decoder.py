@@ -2199,3 +2199,47 @@ def test_a_distribution_without_its_only_weighted_token_is_nothing():
     rows = np.array([[-3.0, 0.0, -5.0, -6.0], [0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
     n, nxt, kept = rejection_sample_alternates([0], [q], rows, sp, np.random.default_rng(0), {0: 1})
     assert (n, nxt) == (0, 1) and kept is None
+
+
+class _Confident:
+    """A costly drafter whose drafts end on its confidence (a dynamic offer, as the model drafter's)."""
+
+    name, has_cost = "model", True
+
+    def offer(self, ctx, kmax):
+        from edgespec.drafters import Offer
+
+        return Offer(self.name, min(kmax, 4), prior=(1.5, 0.5), dynamic=True)
+
+
+def test_a_confident_drafts_first_token_is_priced_at_what_first_tokens_were():
+    """(session 52) A dynamic draft's acceptance estimate (kept tokens against rounds with a rejection) is mostly the
+    tokens past the first, drafted only where the drafter is confident and then kept: rounds of one token rejected
+    and rounds of four kept, alternately, make it 0.8 where the first token was kept half the time. Priced on 0.8
+    alone (1.8 tokens for 1.6 s against plain decoding's 1 a second) the drafter drafted; its first tokens say 1.5
+    for 1.6 s (and 1.9 for 2.2 s at two tokens): plain decoding is cheaper, and chosen."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.policy import FIRST_KEY, Choice
+
+    pol = RoundPolicy()
+    for w in range(1, 7):
+        pol.measured.observe_target(w, 1.0 + 0.3 * (w - 1))
+    pol.measured.observe_draft(0.3, "model")
+    d = _Confident()
+    ctx = TokenBuffer([1, 2, 3], capacity=4096)
+    for gen in range(3):
+        pol.begin("auto", {d.name: d}, 1)
+        assert pol.choose(ctx, 60, None, 4).drafter is (d if gen == 0 else None), gen  # (the first: the priors)
+        for i in range(20):
+            c = Choice(d, 4, "model", stop=0.5)
+            if i % 2:
+                pol.observe(c, [5, 6, 7, 8], 4, 0.3, 5, 2.2)
+            else:
+                pol.observe(c, [5], 0, 0.3, 2, 1.3)
+    assert pol.learned["model"].alpha == pytest.approx(0.8, abs=0.03)
+    assert pol.learned["model" + FIRST_KEY].alpha == pytest.approx(0.5, abs=0.05)
+    pol.begin("auto", {d.name: d}, 1)
+    assert pol.choose(ctx, 60, None, 4) == NO_DRAFT
+    assert pol.cost.best_k(0.8, 4, True)[0] > 0  # (what it was priced at before: a draft)
+    # a fixed length (a request's draft_tokens) is not a confident draft: priced on its estimate, as before
+    assert pol.choose(ctx, 60, 2, 4).drafter is d
