@@ -2243,3 +2243,9 @@ def test_a_confident_drafts_first_token_is_priced_at_what_first_tokens_were():
     assert pol.cost.best_k(0.8, 4, True)[0] > 0  # (what it was priced at before: a draft)
     # a fixed length (a request's draft_tokens) is not a confident draft: priced on its estimate, as before
     assert pol.choose(ctx, 60, 2, 4).drafter is d
+    # generations that do not draft it relax both estimates toward the prior: it is tried again (no lock-out)
+    back = []
+    for _ in range(8):
+        pol.begin("auto", {d.name: d}, 1)
+        back.append(pol.choose(ctx, 60, None, 4).drafter is d)
+    assert not back[0] and any(back), back
