@@ -270,7 +270,7 @@ def test_smollm2_prompt_lookup_exact(precision, request):
     eng = edgespec.load(request.getfixturevalue(f"smol_{precision}"), max_context=1024)
     lengths = (None,) if precision == "fp32" else (None, 1, 4)
     for p in PROMPTS:
-        _assert_all_equal(_greedy_all(eng, p, 48, ("none", "prompt-lookup", "auto"), lengths), p)
+        _assert_all_equal(_greedy_all(eng, p, 32, ("none", "prompt-lookup", "auto"), lengths), p)
 
 
 @pytest.mark.real
