@@ -870,7 +870,8 @@ def test_validation_fails_a_quantized_graph_whose_decode_ignores_its_cache(tiny_
     assert any(x.lstrip().startswith("✗ decode, verify and rewind rows") for x in lines), lines
 
 
-def test_validation_fails_a_graph_whose_layers_hold_each_others_weights(tiny_dirs, tiny_int4_bundle, copy_bundle):
+def test_validation_fails_a_graph_whose_layers_hold_each_others_weights(tiny_dirs, tiny_int4_bundle, copy_bundle,
+                                                                         monkeypatch):
     """(session 49's review, mended in session 51) Two layers' weights swapped in SmolLM2 INT4 passed validation (the
     quantized precisions' top-1 >= 0.6 against torch is loose, and the graph is consistent with itself): each weight
     matrix is now compared with the torch parameter its node holds (export/weights.py), the rounding's ~0.1 at 4 bits
@@ -912,12 +913,10 @@ def test_validation_fails_a_graph_whose_layers_hold_each_others_weights(tiny_dir
     import edgespec_export.validate as V
 
     real = V.check_weights
-    try:
-        V.check_weights = lambda *a: dataclasses.replace(real(*a), failed=[("/model/x", "x.weight", 1.4, 0.5)])
-        lines = []
-        v = validate(model, tok, spec, "int4", lines.append)
-    finally:
-        V.check_weights = real
+    monkeypatch.setattr(V, "check_weights",
+                        lambda *a: dataclasses.replace(real(*a), failed=[("/model/x", "x.weight", 1.4, 0.5)]))
+    lines = []
+    v = validate(model, tok, spec, "int4", lines.append)
     top1 = next(x.strip() for x in lines if "top-1 agreement with torch" in x)
     weights = next(x.strip() for x in lines if "weights against torch's" in x)
     assert not v.passed and v.top1_agreement >= 0.6 and top1.startswith("✓") and weights.startswith("✗"), lines
