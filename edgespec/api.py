@@ -1132,6 +1132,9 @@ def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
     lo = max(0, start - max(len(s) for s in stops))
     for s in stops:
         i = text.find(s, lo)
+        ends = getattr(s, "ends", None)  # a stop string that counts only where it ends something (tools.CallEnd)
+        while i != -1 and ends is not None and not ends(text, i):
+            i = text.find(s, i + 1)
         if i != -1 and (best is None or i < best):
             best = i
     return best

@@ -471,7 +471,7 @@ class ToolRequest:
         not forced to open with a call): a stop string counts in the thinking too, where the model may
         write the tag (its reply ended there, mid-thought, with no call); the first call is kept all the
         same (``parser``)."""
-        return [CLOSE] if self.parses and not self.parallel and not (thinking and not self.forced) else []
+        return [CallEnd(self)] if self.parses and not self.parallel and not (thinking and not self.forced) else []
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """A whole reply's content and calls (the forced start read first, as the reply began with it)."""
@@ -487,6 +487,25 @@ class ToolRequest:
         if self.prefix:
             p.feed(self.prefix)
         return p
+
+
+class CallEnd(str):
+    """``</tool_call>`` as the stop string of a reply held to one call (``parallel_tool_calls`` false), counted only
+    where it closes the reply's first call (``ends``): not inside an argument's text (a file's contents may hold the
+    tag), not at the end of a broken block the parser keeps as text (a call may follow it)."""
+
+    request: ToolRequest
+
+    def __new__(cls, request: ToolRequest):
+        s = super().__new__(cls, CLOSE)
+        s.request = request
+        return s
+
+    def ends(self, text: str, at: int) -> bool:
+        """Whether the closer at ``at`` of the reply's ``text`` ends a call (the reply so far then has one)."""
+        p = self.request.parser()
+        p.feed(text[:at + len(CLOSE)])
+        return bool(p.calls)
 
 
 def tool_request(tools, tool_choice=None, parallel_tool_calls=True, *, template: str | None) -> ToolRequest | None:

@@ -268,6 +268,46 @@ def test_tool_choice_and_parallel_calls(tool_engine):
         tool_engine.generate("Weather in Paris?", tools=WEATHER)
 
 
+def _scripted(eng, monkeypatch, reply: str, per: int = 3) -> None:
+    """``eng``'s decoder replaced by one that writes ``reply`` and the end token, ``per`` tokens a round: the
+    engine's own tokenizer, template, stream, stop strings and tool parsing around it."""
+    from edgespec.decoder import Step
+
+    real, tok = eng.decoder, eng.tokenizer
+
+    class Scripted:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def run(self, prepared, stats):
+            ids = (tok.encode(reply, add_special=False) + [tok.token_to_id("<|im_end|>")])[:prepared[1].max_new_tokens]
+            for i in range(0, len(ids), per):
+                last = i + per >= len(ids)
+                stats.new_tokens += len(ids[i:i + per])
+                stats.finish_reason = "eos" if last else None
+                yield Step(ids[i:i + per], "eos" if last else None)
+
+    monkeypatch.setattr(eng, "decoder", Scripted())
+
+
+def test_one_call_is_not_cut_at_a_closing_tag_in_its_arguments(tool_engine, monkeypatch):
+    """(session 53, a review) parallel_tool_calls false ended the reply at the first ``</tool_call>``, also one in an
+    argument's text (a coding agent writing a file that holds the tag): the call was lost, its text left as content.
+    Now the tag ends the reply where it closes the first call; a broken block before a call does not end it either."""
+    call = lambda city: '<tool_call>\n' + json.dumps({"name": "get_weather", "arguments": {"city": city}}) \
+        + '\n</tool_call>'  # noqa: E731
+    tag = "Paris, or </tool_call> Rome"
+    for reply, city in ((call(tag) + "\n" + call("Rome"), tag),
+                        ("<tool_call>\nnot a call\n</tool_call>\n" + call("Oslo") + "\n" + call("Rome"), "Oslo")):
+        for per in (1, 4):
+            _scripted(tool_engine, monkeypatch, reply, per)
+            one = tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=200, parallel_tool_calls=False)
+            both = tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=200)
+            assert [json.loads(c["function"]["arguments"])["city"] for c in one.tool_calls] == [city], (reply, per)
+            assert one.finish_reason == "stop" and "Rome" not in one.text.replace(tag, "")
+            assert [json.loads(c["function"]["arguments"])["city"] for c in both.tool_calls] == [city, "Rome"]
+
+
 def test_special_token_text_in_tools_and_calls_stays_text(tool_engine):
     tok = tool_engine.tokenizer
     eos = tok.token_to_id("<|im_end|>")
