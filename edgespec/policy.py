@@ -13,6 +13,7 @@ the last request's document well is not trusted for twenty rounds of a request i
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -102,9 +103,9 @@ class CostModel:
 
     def observe_target(self, width: int, seconds: float) -> None:
         """A target call of ``width`` tokens (padding included) took ``seconds``."""
-        old = self.target.get(width)
-        self.target[width] = (seconds if old is None else
-                              (1 - self.ema) * old + self.ema * min(seconds, self.stall_clip * old))
+        if not self._sample(seconds):
+            return
+        self.target[width] = self._smoothed(self.target.get(width), seconds)
         self._fit = None
         self._costs = None
 
@@ -129,12 +130,25 @@ class CostModel:
 
     def observe_draft(self, step_seconds: float, drafter: str = "model") -> None:
         """One step of ``drafter`` (a one-token call) took ``step_seconds``."""
-        old = self.draft_steps.get(drafter)
-        self.draft_steps[drafter] = (step_seconds if old is None else
-                                     (1 - self.ema) * old + self.ema * min(step_seconds, self.stall_clip * old))
+        if self._sample(step_seconds):
+            self.draft_steps[drafter] = self._smoothed(self.draft_steps.get(drafter), step_seconds)
+
+    @staticmethod
+    def _sample(seconds: float) -> bool:
+        """A measurement the costs can take: finite and above zero (a clock passed to the decoder that
+        reads 0 or NaN for a call would otherwise stick, or divide a rate by zero)."""
+        return math.isfinite(seconds) and seconds > 0.0
+
+    def _smoothed(self, old: float | None, seconds: float) -> float:
+        """``old`` moved toward ``seconds`` by the EMA, a stall clipped at ``stall_clip`` times ``old``."""
+        if old is None or not old > 0.0:
+            return seconds
+        return (1 - self.ema) * old + self.ema * min(seconds, self.stall_clip * old)
 
     def observe_catchup(self, tokens: int, seconds: float, drafter: str = "model") -> None:
         """``drafter`` read ``tokens`` context tokens in ``seconds`` before drafting."""
+        if not (math.isfinite(seconds) and seconds >= 0.0):
+            return
         reads = self.catchup_reads.setdefault(drafter, [])
         reads.append((max(1, int(tokens)), float(seconds)))
         del reads[:-self.catchup_window]
@@ -312,6 +326,7 @@ class Choice:
     stop: float | None = None  # a dynamic draft's threshold (drafters.Offer.dynamic), None: draft k
     hint: tuple[int, ...] = ()  # a free drafter's guess that a costly drafter (takes_hint) checks in its first call
     hint_stop: float | None = None  # a dynamic draft's threshold where the next token's logits are computed already
+    probe: bool = False  # a one-token probe of a costly drafter left unused (its token is a first token too)
 
 
 NO_DRAFT = Choice(None)
@@ -503,7 +518,9 @@ class RoundPolicy:
                 # is judged at no less than its prior: what earlier generations taught mixes other
                 # kinds of request (a drafter poor on chat is good on summaries), and a drafter that
                 # never drafts in a generation never learns what it is worth there (session 12: at
-                # T = 0.7, after a few chat requests, --drafter model stopped drafting summaries at all)
+                # T = 0.7, after a few chat requests, --drafter model stopped drafting summaries at all).
+                # Not its first token's estimate (FIRST_KEY): floored too, it read prompts its rounds
+                # did not repay (session 52); an estimate no generation renews relaxes to the prior
                 alpha = max(alpha, offer.prior_alpha)
             hinted = bool(hint) and d.has_cost and getattr(d, "takes_hint", False) and not offer.upfront
             sv, extra = (saved, HINT_CALL_COST + HINT_ROW_COST * h) if hinted else (0.0, 0.0)
@@ -512,11 +529,11 @@ class RoundPolicy:
             else:
                 k, r = self.cost.best_k(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)
             rate = r  # (a dynamic draft's stop threshold prices a token kept at this rate)
-            if k > 0 and d.has_cost and offer.dynamic and fixed is None:
+            if d.has_cost and offer.dynamic and fixed is None:
                 # a round that ends on the drafter's confidence: its first token kept as its first tokens were
-                # (FIRST_KEY), the later ones at alpha
+                # (FIRST_KEY), the later ones at alpha; whether it drafts at all is priced so too
                 first = self.estimate(replace(offer, key=offer.key + FIRST_KEY)).alpha
-                r = self.cost.best_k(alpha, offer.max_tokens, True, d.name, sv, extra, first=first)[1]
+                k, r = self.cost.best_k(alpha, offer.max_tokens, True, d.name, sv, extra, first=first)
             if k > 0 and d.has_cost:
                 costly_best = max(costly_best, r)
             elif k > 0:
@@ -548,7 +565,9 @@ class RoundPolicy:
                     offer = d.offer(ctx, 1)
                     if offer is not None and not offer.upfront:  # a probe is one cheap step, not a prefill
                         self.estimate(offer)
-                        return Choice(d, 1, offer.key)
+                        if d.has_cost and offer.dynamic:
+                            self.estimate(replace(offer, key=offer.key + FIRST_KEY))
+                        return Choice(d, 1, offer.key, probe=True)
         if best.k == 0 and self.cost.padded(1) > 1:
             fill, fill_alpha = NO_DRAFT, -1.0
             for d in self._free:  # the target computes a second position anyway: fill it
@@ -744,7 +763,7 @@ class RoundPolicy:
                 self._read_at[name] = self._generation
         if tokens:
             self._update(choice.key, n_accepted, len(tokens))
-            if choice.stop is not None and choice.drafter is not None and choice.drafter.has_cost:
+            if (choice.stop is not None or choice.probe) and choice.drafter is not None and choice.drafter.has_cost:
                 self._update(choice.key + FIRST_KEY, min(n_accepted, 1), 1)  # (its first token: choose)
             if choice.drafter is not None and choice.drafter.has_cost:
                 self._started.add(choice.drafter.name)

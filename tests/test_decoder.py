@@ -8,7 +8,7 @@ import pytest
 
 from edgespec import verify as verify_mod
 from edgespec.decoder import Decoder, GenerationConfig, Stats
-from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.drafters import ModelDrafter, Offer, PromptLookupDrafter
 from edgespec.memory import MemoryStore
 from edgespec.suffix import SuffixDrafter
 from edgespec.policy import NO_DRAFT, CostModel, RoundPolicy
@@ -2249,3 +2249,98 @@ def test_a_confident_drafts_first_token_is_priced_at_what_first_tokens_were():
         pol.begin("auto", {d.name: d}, 1)
         back.append(pol.choose(ctx, 60, None, 4).drafter is d)
     assert not back[0] and any(back), back
+
+
+def _first_priced(alpha_kept: float, first_kept: float, probe_every: int = 64) -> RoundPolicy:
+    """A policy whose earlier generations taught the model drafter ``alpha_kept`` of its tokens and
+    ``first_kept`` of its first ones (100 rounds each); target calls 1 s + 0.3 s a token, a step 0.3 s."""
+    from edgespec.policy import FIRST_KEY, Acceptance
+
+    pol = RoundPolicy(probe_every=probe_every)
+    for w in range(1, 7):
+        pol.measured.observe_target(w, 1.0 + 0.3 * (w - 1))
+    pol.measured.observe_draft(0.3, "model")
+    for key, kept in (("model", alpha_kept), ("model" + FIRST_KEY, first_kept)):
+        pol.learned[key] = Acceptance(prior_accept=0, prior_reject=0, accepted=100 * kept,
+                                      rejected=100 * (1 - kept), generation=1)
+    pol._generation = 1
+    return pol
+
+
+class _PoorFree:
+    """A free drafter whose guesses are rarely kept: no draft at its estimate."""
+    name, has_cost = "lookup", False
+
+    def offer(self, ctx, kmax):
+        return Offer("lookup/1", min(kmax, 2), prior=(0.1, 1.0))
+
+
+def test_a_confident_drafters_first_token_price_decides_whether_it_drafts():
+    """(session 53, a review) Whether a confident draft is drafted at all and the rate it is scored at come from
+    the same price. First tokens kept 95%, later ones rarely (0.49 pooled): the pooled estimate alone says no draft
+    (1.0 token a second), the first-token price 1.22 at one token; it used to be refused on the first. The other
+    way (0.8 pooled, first tokens 0.3): no draft, and such rounds are not counted as ones the costly drafter would
+    have won (they made a read of the prompt look repaid)."""
+    from edgespec.kv import TokenBuffer
+
+    ctx = TokenBuffer([1, 2, 3], capacity=4096)
+    pol = _first_priced(0.49, 0.95)
+    d = _Confident()
+    pol.begin("auto", {d.name: d}, 1)
+    assert pol.cost.best_k(pol.learned["model"].alpha, 4, True)[0] == 0
+    assert pol.choose(ctx, 60, None, 4).drafter is d
+    pol = _first_priced(0.8, 0.3)
+    f = _PoorFree()
+    pol.begin("auto", {d.name: d, f.name: f}, 1)
+    for _ in range(10):
+        assert pol.choose(ctx, 60, None, 4) == NO_DRAFT
+    assert pol._costly_rounds == 0
+
+
+def test_a_probe_of_a_confident_drafter_teaches_its_first_token_estimate():
+    """(session 53, a review) A probe (one token of a costly drafter left unused for probe_every rounds) drafts a
+    first token: it teaches the first-token estimate, which prices the drafter, so a drafter priced out by its
+    first tokens whose probes are kept drafts again (its probes taught only the pooled estimate before)."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.policy import FIRST_KEY
+
+    pol = _first_priced(0.8, 0.3, probe_every=8)
+    d = _Confident()
+    pol.begin("auto", {d.name: d}, 1)
+    ctx = TokenBuffer(list(range(1, 10)), capacity=4096)
+    before = pol.estimate(Offer("model" + FIRST_KEY, 4, prior=(1.5, 0.5))).alpha
+    probes = drafted = 0
+    for _ in range(200):
+        c = pol.choose(ctx, 60, None, 4)
+        if c.drafter is d:  # (a probe: one token, no confidence stop)
+            probes += c.stop is None
+            drafted += c.stop is not None
+            pol.observe(c, [5], 1, 0.3, 2, 1.3)
+        else:
+            pol.observe(c, [], 0, None, 1, 1.0)
+        ctx.extend([7])
+    assert probes >= 1 and drafted > 0, (probes, drafted)
+    assert pol.acceptance["model" + FIRST_KEY].alpha > before
+
+
+@pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf"), -1.0])
+def test_costs_ignore_a_clock_reading_that_is_not_a_duration(bad):
+    """(session 53, a review) A decoder's clock is the caller's (tests pass simulated ones): a call timed at 0 s
+    stuck (the stall clip of 0 is 0) and made rates divide by zero; NaN stuck too. Such readings are not taken."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.policy import CostModel
+
+    c = CostModel()
+    c.observe_target(1, bad)
+    c.observe_draft(bad, "model")
+    c.observe_catchup(10, bad, "model")
+    for _ in range(30):
+        c.observe_target(1, 0.05)
+        c.observe_draft(0.02, "model")
+    assert c.target_cost(1) == pytest.approx(0.05) and c.step_cost("model") == pytest.approx(0.02)
+    assert c.best_k(0.8, 4, True)[1] > 0
+    pol = RoundPolicy()
+    pol.measured.observe_target(1, bad)
+    d = _Confident()
+    pol.begin("auto", {d.name: d}, 1)
+    pol.choose(TokenBuffer([1, 2], capacity=64), 10, None, 4)  # no ZeroDivisionError
