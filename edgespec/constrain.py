@@ -20,6 +20,7 @@ llguidance``; the ``serve`` extra has it), imported when a request asks for a fo
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import numpy as np
@@ -98,8 +99,14 @@ LAZY = "edgespec-lazy:"  # a grammar applied only inside the blocks a trigger to
 
 
 def _first_lines(err: str) -> str:
-    """llguidance's error in one line: a regex's spans lines ("regex parse error:", the pattern, a caret, why)."""
-    return " ".join(ln.strip() for ln in err.splitlines()[:4] if ln.strip())[:300]
+    """llguidance's error in one line: a regex's spans lines ("regex parse error:", the pattern, a caret, why); a
+    schema's is followed by the grammar's listing ("2 | call: ..."), which is edgespec's, not the request's."""
+    lines = []
+    for ln in err.splitlines()[:4]:
+        if re.match(r"\s*\d+ \| ", ln):
+            break
+        lines.append(ln.strip())
+    return " ".join(ln for ln in lines if ln)[:300]
 
 def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, close_id: int) -> str:
     """The llguidance grammar of tool calls in the ``<tool_call>`` format (tools.py): a call is

@@ -562,6 +562,9 @@ class Server:
                 sp = split_whole(text, run_inside[i // req.n])
                 reasoning, content, closed = sp.text_reasoning, "".join(sp.content), sp.closed
             if treq is not None and treq.parses:
+                if req.responses is not None:  # (its output items in the reply's order, as streamed)
+                    parser = treq.parser()
+                    order = parser.feed(content) + parser.finish()
                 content, calls = treq.parse(content)
                 self.metrics.add("tool_calls", len(calls))
                 body = P.chat_response(rid, self.model_id, created, content, s["finish_reason"], {}, {},
@@ -581,8 +584,24 @@ class Server:
             cut = P.response_status(summaries[0]["finish_reason"])  # (a message cut short is 'incomplete')
             items = ([P.reasoning_item(P.item_id("rs"), reasoning, "completed" if closed else cut)]
                      if reasoning else [])  # (as streamed)
-            items += [P.message_item(P.item_id("msg"), content or "", cut)] if content or not calls else []
-            items += [P.call_item(c, P.item_id("fc")) for c in calls]
+            if calls:  # messages and calls in the order the model wrote them (as streamed)
+                out, n, texts = [], 0, None
+                for what, v in order:
+                    if what == "call":
+                        out.append(P.call_item(calls[n], P.item_id("fc")))
+                        n, texts = n + 1, None
+                        continue
+                    if texts is None:
+                        v = v.lstrip() if n else v  # (a message after a call: without the line break between)
+                        if not v:
+                            continue
+                        texts = []
+                        out.append(texts)
+                    texts.append(v)
+                items += [P.message_item(P.item_id("msg"), "".join(x), "completed" if j + 1 < len(out) else cut)
+                          if isinstance(x, list) else x for j, x in enumerate(out)]
+            else:
+                items.append(P.message_item(P.item_id("msg"), content or "", cut))
             return JSONResponse(P.response_object(P.response_id(), self.model_id, created, req, output=items,
                                                   engine_reason=summaries[0]["finish_reason"], use=use, ext=ext))
         body["choices"], body["usage"], body["edgespec"] = choices, use, ext
@@ -677,7 +696,10 @@ class Server:
                             held.clear()
 
                 if k == "chat":
-                    yield P.sse(P.chunk(k, rid, model, created, role=True, text="", with_usage=wu, index=i))
+                    first = P.chunk(k, rid, model, created, role=True, text="", with_usage=wu, index=i)
+                    if parser is not None:  # a reply that may be calls alone: its content null until it has some
+                        first["choices"][0]["delta"]["content"] = None  # (as the whole reply's, and OpenAI's)
+                    yield P.sse(first)
                 async for kind, val in gen.events():
                     if kind == "delta":
                         if splitter is not None:
@@ -701,6 +723,8 @@ class Server:
                             for out in parsed(parser.finish()):
                                 yield out
                             self.metrics.add("tool_calls", len(parser.calls))
+                            if not parser.calls and not parser.content:  # no calls: content "", as the whole reply's
+                                yield P.sse(P.chunk(k, rid, model, created, text="", with_usage=wu, index=i))
                         summaries.append({**val, "queue_ms": round(gen.queue_ms, 3)})
                         e = {**ext, **summaries[-1]}
                         yield P.sse(P.chunk(k, rid, model, created, reason=val["finish_reason"], ext=e,
@@ -769,6 +793,8 @@ class Server:
             return close_item("rs", P.reasoning_item, "response.reasoning_text.done", status)
 
         def text_events(t: str) -> list[bytes]:
+            if state["msg"] is None and any(o["type"] == "function_call" for o in output):
+                t = t.lstrip()  # a message after a call: without the line break that parted them
             if not t:
                 return []
             out = close_reasoning()

@@ -484,8 +484,16 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
         raise bad("'input' must be a string or a non-empty array of items" + (" (it is missing)" if inp is None
                                                                                 else ""), "input",
                   "missing_required_parameter" if inp is None else "invalid_type")
+    thought = None  # a reasoning item's text: the thinking of the assistant message or call that follows it
     for j, item in enumerate(inp):
-        _input_item(item, "input" if whole else f"input[{j}]", msgs, where)
+        n = len(msgs)
+        t = _input_item(item, "input" if whole else f"input[{j}]", msgs, where)
+        if t is not None or (isinstance(item, dict) and item.get("type") == "reasoning"):
+            thought = t if thought is None else thought if t is None else thought + "\n" + t
+            continue
+        if thought is not None and len(msgs) > n and msgs[-1].get("role") == "assistant":
+            msgs[-1]["reasoning_content"] = thought  # (as the chat endpoint's assistant message carries it)
+        thought = None
     if not msgs:
         raise bad("'input' holds no message", "input")
     chat = {"messages": msgs}
@@ -522,9 +530,11 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
     return req
 
 
-def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
+def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> str | None:
     """One ``input`` item as chat messages: a message, a function call (joined to the assistant message before it,
-    as one turn's calls are) or a call's output (a 'tool' message); a reasoning item (another model's) is left out."""
+    as one turn's calls are) or a call's output (a 'tool' message). A reasoning item adds no message: its
+    ``reasoning_text`` parts' text is returned (the thinking of the assistant turn that follows it, as this server
+    gives it out); one without them (another model's summary or encrypted content) is left out."""
     if not isinstance(item, dict):
         raise bad(f"{where} must be an object (a message or an item), got {_kind(item)}", where, "invalid_type")
     t = item.get("type", "message")
@@ -578,7 +588,12 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> None:
         msgs.append({"role": "tool", "tool_call_id": item["call_id"], "content": out})
         origin.append(where)
     elif t == "reasoning":
-        return
+        parts = item.get("content")
+        texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
+                 and isinstance(p.get("text"), str)] if isinstance(parts, list) else []
+        if texts:
+            _text("".join(texts), f"{where}.content")
+        return "".join(texts) or None
     else:
         raise bad(f"{where}.type {t!r} is not supported by edgespec (messages, function_call and "
                   f"function_call_output items)"[:300], f"{where}.type", "unsupported_value")
@@ -654,6 +669,9 @@ def responses_message(message: str, where: list[str] = ()) -> str:
     message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", message)  # (a Responses tool has no 'function')
     message = re.sub(r"\bresponse_format\.json_schema\.", "text.format.", message)
     message = re.sub(r"\bresponse_format\b", "text.format", message)
+    # (a Responses request names a function as {"type": "function", "name": ...}, and has no 'tool' messages)
+    message = message.replace('{"type": "function", "function": {"name": ...}}', '{"type": "function", "name": ...}')
+    message = re.sub(r"(\.role must be one of [^,]+(?:, [^,]+)*?), tool, got", r"\1, got", message)
     return message.replace("'max_tokens'", "'max_output_tokens'")
 
 

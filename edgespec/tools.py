@@ -158,7 +158,7 @@ def check_tool_messages(messages) -> list[dict]:
             f = c.get("function") if isinstance(c, dict) else None
             if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                 raise ConfigError(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
-                                  "\"arguments\"}}}}")
+                                  "\"arguments\"}}")
             args = f.get("arguments", "{}")
             if isinstance(args, str):
                 try:

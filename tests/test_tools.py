@@ -268,26 +268,32 @@ def test_tool_choice_and_parallel_calls(tool_engine):
         tool_engine.generate("Weather in Paris?", tools=WEATHER)
 
 
-def _scripted(eng, monkeypatch, reply: str, per: int = 3) -> None:
-    """``eng``'s decoder replaced by one that writes ``reply`` and the end token, ``per`` tokens a round: the
-    engine's own tokenizer, template, stream, stop strings and tool parsing around it."""
+def _scripted(eng, monkeypatch, reply: str, per: int = 3):
+    """``eng``'s decoder replaced by one that writes ``reply`` (its ``reply``, which may be changed) and the end
+    token, ``per`` tokens a round: the engine's own tokenizer, template, stream, stop strings and tool parsing
+    around it."""
     from edgespec.decoder import Step
 
-    real, tok = eng.decoder, eng.tokenizer
+    real, tok = getattr(eng.decoder, "real", eng.decoder), eng.tokenizer
 
     class Scripted:
         def __getattr__(self, name):
             return getattr(real, name)
 
         def run(self, prepared, stats):
-            ids = (tok.encode(reply, add_special=False) + [tok.token_to_id("<|im_end|>")])[:prepared[1].max_new_tokens]
+            ids = tok.encode(self.reply, add_special=False) + [tok.token_to_id("<|im_end|>")]
+            ids = ids[:prepared[1].max_new_tokens]
+            stats.prompt_tokens = len(prepared[0])
             for i in range(0, len(ids), per):
                 last = i + per >= len(ids)
                 stats.new_tokens += len(ids[i:i + per])
                 stats.finish_reason = "eos" if last else None
                 yield Step(ids[i:i + per], "eos" if last else None)
 
-    monkeypatch.setattr(eng, "decoder", Scripted())
+    scripted = Scripted()
+    scripted.real, scripted.reply = real, reply
+    monkeypatch.setattr(eng, "decoder", scripted)
+    return scripted
 
 
 def test_one_call_is_not_cut_at_a_closing_tag_in_its_arguments(tool_engine, monkeypatch):
@@ -306,6 +312,84 @@ def test_one_call_is_not_cut_at_a_closing_tag_in_its_arguments(tool_engine, monk
             assert [json.loads(c["function"]["arguments"])["city"] for c in one.tool_calls] == [city], (reply, per)
             assert one.finish_reason == "stop" and "Rome" not in one.text.replace(tag, "")
             assert [json.loads(c["function"]["arguments"])["city"] for c in both.tool_calls] == [city, "Rome"]
+
+
+def test_the_server_gives_calls_and_text_alike_streamed_or_not(tool_engine, monkeypatch):
+    """(session 53, a review) The Responses API put a reply's text before its calls when not streamed (one message,
+    texts joined) where its stream gave the items in the reply's order (the text after a call a new message, which
+    began with the line break before it); a streamed chat reply of calls alone reassembled (openai's own
+    ChatCompletionStreamState) to content "" where the whole reply says null."""
+    import openai
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from test_server import _InProcess
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    fc = ("function_call", '{"city": "Paris"}')
+    scripted = _scripted(tool_engine, monkeypatch, "")
+    with _InProcess(tool_engine, "m", temperature=0) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        view = lambda r: [(o.type, o.content[0].text if o.type == "message" else o.arguments)  # noqa: E731
+                          for o in r.output]
+        rt = dict(model="m", input="Weather in Paris?", max_output_tokens=80,
+                  tools=[{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}])
+        for reply, want in ((call + "\nDone.", [fc, ("message", "Done.")]),
+                            ("First.\n" + call + "\nThen.", [("message", "First."), fc, ("message", "Then.")]),
+                            ("Hi.", [("message", "Hi.")]), ("", [("message", "")])):
+            scripted.reply = reply
+            assert view(c.responses.create(**rt)) == want, reply
+            assert view(list(c.responses.create(**rt, stream=True))[-1].response) == want, reply
+        chat = dict(model="m", messages=[ASK], tools=WEATHER, max_tokens=80)
+        for reply, content, calls in ((call, None, 1), ("Sure.\n" + call, "Sure.", 1), ("Hi.", "Hi.", 0),
+                                      ("", "", 0)):
+            scripted.reply = reply
+            whole = c.chat.completions.create(**chat).choices[0].message
+            state = ChatCompletionStreamState()
+            for chunk in c.chat.completions.create(**chat, stream=True):
+                state.handle_chunk(chunk)
+            streamed = state.current_completion_snapshot.choices[0].message
+            assert whole.content == streamed.content == content, reply
+            assert len(whole.tool_calls or []) == len(streamed.tool_calls or []) == calls, reply
+
+
+def test_error_messages_of_tools_name_the_request_not_edgespec():
+    """(session 53, a review) A strict tool's schema that does not compile said so, then the whole grammar edgespec
+    made of the tools; a malformed call in the history ended in four closing braces; the Responses API named a
+    function the chat's way and listed 'tool' among its message roles."""
+    from edgespec import server_protocol as P
+    from edgespec.constrain import _first_lines
+
+    err = 'at 4(9): failed to compile JSON schema: Invalid type: nosuchtype\n2 | call: call_0\n3 | call_0: "{"'
+    assert _first_lines(err) == "at 4(9): failed to compile JSON schema: Invalid type: nosuchtype"
+    assert _first_lines("regex parse error:\n    a(\n     ^\nerror: unclosed group") == \
+        "regex parse error: a( ^ error: unclosed group"
+    with pytest.raises(ConfigError, match=r'\{"name", "arguments"\}\}$'):
+        check_tool_messages([{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}])
+    with pytest.raises(P.APIError) as e:
+        P.parse_responses({"model": "m", "input": [{"role": "robot", "content": "x"}]}, "m")
+    assert "tool" not in e.value.message and "assistant" in e.value.message
+    assert P.responses_message("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+                               "\"function\": {\"name\": ...}}").endswith('{"type": "function", "name": ...}')
+
+
+def test_a_responses_reasoning_item_is_the_thinking_of_the_turn_after_it():
+    """(session 53, a review) A reasoning item this server gave out (its reasoning_text), sent back as input (as the
+    Agents SDK does between tool steps), was dropped: the chat endpoint keeps the same thinking (reasoning_content)
+    for the template. Another model's (a summary only) is still left out."""
+    from edgespec import server_protocol as P
+
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    own = {"type": "reasoning", "id": "rs_1", "summary": [],
+           "content": [{"type": "reasoning_text", "text": "I need the weather tool."}]}
+    other = {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "x"}],
+             "encrypted_content": "gAAA"}
+    out = {"type": "function_call_output", "call_id": "call_1", "output": "14 C"}
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]}
+    for items, at in (([own, said, call, out], 1), ([own, call, out], 1), ([other, call, out], None)):
+        msgs = P.parse_responses({"model": "m", "input": [{"role": "user", "content": "Weather?"}, *items]},
+                                 "m").messages
+        assert [m.get("reasoning_content") for m in msgs] == [None, None if at is None else own["content"][0]["text"],
+                                                             None]
+        assert msgs[1]["tool_calls"][0]["id"] == "call_1"
 
 
 def test_special_token_text_in_tools_and_calls_stays_text(tool_engine):
