@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -29,6 +30,10 @@ from .errors import ConfigError, EdgespecError
 from .tools import NAME
 
 _MAX_SCHEMA = 1 << 20  # characters of a schema's JSON
+# levels a schema's subschemas nest, its local $refs followed: llguidance compiles a chain of $refs recursively, and
+# a flat 88 KB schema of 2,500 (500-1,000 where each level wraps the next in properties) overflowed the C stack
+# (a segfault: one request took the server down); JSON nested as deep is refused by its parser at 128 levels
+_MAX_DEPTH = 256
 # whitespace between JSON tokens: a space or a tab, or one or two line breaks and an indent of up to 20
 # (as llama.cpp's JSON schema grammars): compact and pretty-printed JSON pass, and a model cannot fill
 # its reply with whitespace (unbounded, a small model does: every token a space is allowed)
@@ -83,6 +88,7 @@ def grammar_for(response_format) -> str | None:
         raise ConfigError("response_format's schema is not JSON (or nested too deeply)") from None
     if len(text) > _MAX_SCHEMA:
         raise ConfigError(f"response_format's schema has {len(text)} characters; at most {_MAX_SCHEMA}")
+    check_depth(schema, "response_format's schema")
     llg = _llguidance()
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_pattern": WHITESPACE})
@@ -92,6 +98,48 @@ def grammar_for(response_format) -> str | None:
     if err and not err.startswith("WARNING"):
         raise ConfigError(f"response_format's schema cannot be used: {_first_lines(err)}")
     return grammar
+
+
+def check_depth(schema, what: str) -> None:
+    """``ConfigError`` where ``schema``'s subschemas nest deeper than ``_MAX_DEPTH`` levels, its local ``$ref``s
+    (``#/$defs/a``) followed; a reference back to a schema being read (a recursive schema) ends its path."""
+    below: dict[int, int] = {}  # levels under a container already measured (id -> levels)
+    path: set[int] = set()
+
+    def resolve(ref: str):
+        node = schema
+        for part in ref[2:].split("/") if ref.startswith("#/") else ():
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node if ref == "#" or ref.startswith("#/") else None
+
+    def levels(node, depth: int) -> int:
+        if depth > _MAX_DEPTH:
+            raise ConfigError(f"{what} nests more than {_MAX_DEPTH} levels deep (its $refs followed)")
+        key = id(node)
+        if key in below:
+            if depth + below[key] > _MAX_DEPTH:
+                raise ConfigError(f"{what} nests more than {_MAX_DEPTH} levels deep (its $refs followed)")
+            return below[key]
+        path.add(key)
+        kids = list(node.values()) if isinstance(node, dict) else node
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            kids.append(resolve(node["$ref"]))
+        most = 0
+        for kid in kids:
+            if isinstance(kid, (dict, list)) and id(kid) not in path:
+                most = max(most, 1 + levels(kid, depth + 1))
+        path.discard(key)
+        below[key] = most
+        return most
+
+    if isinstance(schema, (dict, list)):
+        levels(schema, 0)
 
 
 LAZY = "edgespec-lazy:"  # a grammar applied only inside the blocks a trigger token opens: LAZY + "<id>:" + grammar
@@ -121,6 +169,7 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
             continue
         i = len(alts)
         schema = f.get("parameters") or {"type": "object"} if f.get("strict") else {"type": "object"}
+        check_depth(schema, f"the parameters of the strict tool {f['name']!r}")
         alts.append(f"call_{i}")
         opening = json.dumps('{"name": ' + json.dumps(f["name"]) + ', "arguments": ')  # a Lark string
         rules.append(f"call_{i}: {opening} args_{i} " + json.dumps("}"))

@@ -668,6 +668,7 @@ def responses_message(message: str, where: list[str] = ()) -> str:
     message = re.sub(r"\b(input\[\d+\])\.tool_call_id\b", r"\1.call_id", message)
     message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", message)  # (a Responses tool has no 'function')
     message = re.sub(r"\bresponse_format\.json_schema\.", "text.format.", message)
+    message = re.sub(r"\bresponse_format\.json_schema\b", "text.format", message)
     message = re.sub(r"\bresponse_format\b", "text.format", message)
     # (a Responses request names a function as {"type": "function", "name": ...}, and has no 'tool' messages)
     message = message.replace('{"type": "function", "function": {"name": ...}}', '{"type": "function", "name": ...}')

@@ -205,6 +205,53 @@ def test_a_malformed_response_format_is_a_config_error(fmt, message):
         grammar_for(fmt)
 
 
+_CHAIN = """
+import json, sys
+from edgespec.constrain import grammar_for, tool_call_grammar
+from edgespec.errors import ConfigError
+n, wrap, where = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ref = lambda i: {"$ref": f"#/$defs/d{i}"}
+level = {"ref": ref, "object": lambda i: {"type": "object", "properties": {"a": ref(i)}},
+         "anyOf": lambda i: {"anyOf": [ref(i), {"type": "null"}]}}[wrap]
+schema = {"$defs": {f"d{i}": level(i + 1) for i in range(n)}, "$ref": "#/$defs/d0"}
+schema["$defs"][f"d{n}"] = {"type": "integer"}
+try:
+    if where == "format":
+        grammar_for({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    else:
+        tool_call_grammar([{"type": "function", "function": {"name": "f", "strict": True, "parameters": schema}}],
+                          "required", False, 1, 2)
+    print("compiled")
+except ConfigError as e:
+    print("refused:", e)
+"""
+
+
+@pytest.mark.parametrize("n, wrap, where, compiles", [(2500, "ref", "format", False), (1000, "object", "tool", False),
+                                                      (60, "anyOf", "format", True), (200, "ref", "tool", True)])
+def test_a_schema_whose_refs_nest_deep_is_refused_not_a_crash(n, wrap, where, compiles):
+    """(session 53, a review) A flat 88 KB schema, a chain of 2,500 $refs (or 1,000 that each wrap the next in
+    properties), overflowed llguidance's stack as it compiled: a segfault, the server gone with one request. Such a
+    schema is a ConfigError now (run apart: a crash fails this test, not the suite); a chain of 60-200 compiles."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _CHAIN, str(n), wrap, where], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    if compiles:
+        assert r.stdout.strip() == "compiled", r.stdout
+    else:
+        assert "nests more than 256 levels deep" in r.stdout, r.stdout
+
+
+def test_a_recursive_schema_still_compiles():
+    """A schema that refers back to itself (a tree) is not a deep one: its path ends at the reference back."""
+    tree = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#"}}}}
+    assert grammar_for({"type": "json_schema", "json_schema": {"name": "tree", "schema": tree}})
+    constrain.check_depth(tree, "x")
+
+
 def test_text_is_no_format_and_a_grammar_excludes_ignore_eos():
     assert grammar_for(None) is None and grammar_for({"type": "text"}) is None
     with pytest.raises(ConfigError, match="ignore_eos"):

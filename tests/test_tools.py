@@ -369,6 +369,16 @@ def test_error_messages_of_tools_name_the_request_not_edgespec():
     assert "tool" not in e.value.message and "assistant" in e.value.message
     assert P.responses_message("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
                                "\"function\": {\"name\": ...}}").endswith('{"type": "function", "name": ...}')
+    assert P.responses_message("response_format.json_schema has an unknown field 'stict'") == \
+        "text.format has an unknown field 'stict'"
+
+
+def test_a_malformed_response_format_with_tools_is_refused_as_malformed(tool_engine):
+    """(session 53, a review) It was refused as a format combined with tools the reply may call."""
+    with pytest.raises(ConfigError, match="response_format must be"):
+        tool_engine.generate([ASK], tools=WEATHER, response_format="json", max_new_tokens=4)
+    with pytest.raises(ConfigError, match="cannot be combined with tools"):
+        tool_engine.generate([ASK], tools=WEATHER, response_format={"type": "json_object"}, max_new_tokens=4)
 
 
 def test_a_responses_reasoning_item_is_the_thinking_of_the_turn_after_it():
