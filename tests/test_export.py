@@ -582,6 +582,50 @@ def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_
     assert "header" not in str(err.value)  # (the file's error, not the copy's: safetensors' "invalid header length")
 
 
+def test_a_gguf_files_reads_share_one_reader_and_give_transformers_model(tmp_path, monkeypatch):
+    """(session 53) transformers parsed a GGUF file's metadata anew for the tokenizer, the config and the weights
+    (~9 s each for SmolLM2-135M) and built gguf's tensor-name map for each module (~400 times): an export's reads of
+    one file share one reader now, and one map a model. The model and tokenizer are transformers' own reading of
+    the file; a file rewritten since is read anew; the gguf package is left as it was."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec_export.source import Source, load_model, load_tokenizer
+    from tiny import make_model, write_gguf
+
+    monkeypatch.delenv("EDGESPEC_GGUF_CACHE", raising=False)
+    path = write_gguf(make_model(tmp_path / "a", "llama", seed=1), tmp_path / "m.gguf", arch="llama")
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    opened, maps = [], []
+
+    def counting_reader(p, mode="r"):
+        opened.append(p)
+        return real_reader(p, mode)
+
+    def counting_map(*a):
+        maps.append(a)
+        return real_map(*a)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    src = Source(str(path), "gguf", path)
+    tok, _, _ = load_tokenizer(src)
+    model = load_model(src)
+    assert len(opened) == 1 and len(maps) == 1, (opened, len(maps))
+    assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is counting_map
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
+    assert len(opened) > 1  # (transformers' own reading, apart)
+    a, b = ref.state_dict(), model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rtok = AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
+    assert rtok.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    n = len(opened)
+    write_gguf(make_model(tmp_path / "b", "llama", seed=2), path, arch="llama")  # the same path, other bytes
+    other = load_model(src).state_dict()
+    assert len(opened) == n + 1 and not all(torch.equal(a[k], other[k]) for k in a)
+
+
 def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monkeypatch):
     """EDGESPEC_GGUF_CACHE: an export's Hugging Face copy of a GGUF file is kept under the file's sha256
     (the same bytes elsewhere find it; other bytes do not), complete or not at all (an interrupted copy
