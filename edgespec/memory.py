@@ -152,14 +152,27 @@ class MemoryStore:
             self._added = 0
 
     def delete(self) -> None:
-        """Forget every sequence and delete the file (a later save writes a new one)."""
-        self.clear()
-        self.dirty = False  # nothing to save: the file goes
-        if self.path is not None:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+        """Forget every sequence and delete the file (a later save writes a new one), with what ``clear_store``
+        deletes beside it: its set-aside copies (``*.bad-<time>``, earlier replies) and a killed save's temporary
+        files. Under the saves' lock, as ``clear_store``: another engine's save in progress (it read the file for
+        its merge) finishes first, so it cannot write the cleared sequences back after."""
+        with self._lock:
+            self.clear()
+            self.dirty = False  # nothing to save: the file goes
+            if self.path is None:
+                return
+            d, name = self.path.parent, self.path.name
+            if d.is_dir():
+                with _locked(_lock_path(self.path)):
+                    for p in sorted(d.iterdir()):
+                        if p == self.path or p.name.startswith(f"{name}.bad-") or (
+                                p.name.startswith(f".{name}.") and p.name.endswith(".tmp")):
+                            if p.is_dir() and not p.is_symlink():
+                                continue
+                            try:
+                                p.unlink()
+                            except FileNotFoundError:
+                                pass
             self._stamp = None  # (the file is gone, as this store knows)
 
     def _replace(self, pairs) -> None:

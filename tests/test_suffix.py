@@ -782,6 +782,51 @@ def test_a_clear_waits_for_a_save_and_a_failed_save_merges_nothing_twice(tmp_pat
     assert [s.tolist() for s in read_store(path, "fp", 100)] == [[4, 5, 6], [10, 11], [12, 13]]
 
 
+def test_an_engines_delete_waits_for_a_save_and_removes_what_memory_clear_does(tmp_path, monkeypatch):
+    """(session 53, a review) ``Engine.clear_memory`` (``MemoryStore.delete``) unlinked the file without the saves'
+    lock: another engine's save in progress, which had read the file for its merge, wrote the cleared sequences back;
+    the set-aside copies (earlier replies) and a killed save's temporary files stayed. It waits for the save and
+    removes them now, as `edgespec memory clear` does."""
+    import threading
+    import time
+
+    from edgespec import memory as M
+
+    path = tmp_path / "fp" / "store.npz"
+    path.parent.mkdir()
+    a = MemoryStore(path, "fp", 100)
+    a.add([1, 2, 3])
+    a.save()
+    b = M.open_store(path, "fp", 100)
+    b.add([4, 5, 6])
+    a.add([7, 8, 9])
+    a.save()  # (B's save merges: it reads the file)
+    aside = path.with_name("store.npz.bad-20261201-000000")
+    stale = path.with_name(".store.npz.x1y2.tmp")
+    other = path.with_name("other.npz")
+    for p in (aside, stale, other):
+        p.write_bytes(b"x")
+    real, read = M.read_store_signed, threading.Event()
+
+    def slow(*args):
+        out = real(*args)
+        read.set()
+        time.sleep(0.5)
+        return out
+
+    monkeypatch.setattr(M, "read_store_signed", slow)
+    t = threading.Thread(target=b.save)
+    t.start()
+    assert read.wait(10)
+    t0 = time.monotonic()
+    a.delete()
+    assert time.monotonic() - t0 > 0.2  # (it waited for B's save)
+    t.join(10)
+    assert not path.exists() and not aside.exists() and not stale.exists() and other.exists()
+    b.save()  # (nothing new since its save: nothing written back)
+    assert not path.exists() or [s.tolist() for s in read_store(path, "fp", 100)] == []
+
+
 _GC_INSIDE_A_SAVE = r"""
 import gc, sys
 import edgespec
