@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-from urllib.parse import unquote
 
 import numpy as np
 
@@ -30,10 +29,13 @@ from .errors import ConfigError, EdgespecError
 from .tools import NAME
 
 _MAX_SCHEMA = 1 << 20  # characters of a schema's JSON
-# levels a schema's subschemas nest, its local $refs followed: llguidance compiles a chain of $refs recursively, and
-# a flat 88 KB schema of 2,500 (500-1,000 where each level wraps the next in properties) overflowed the C stack
-# (a segfault: one request took the server down); JSON nested as deep is refused by its parser at 128 levels
-_MAX_DEPTH = 256
+# llguidance compiles a schema's $refs recursively: a flat 88 KB schema, a chain of 2,500 (500-1,000 where each
+# level wraps the next in properties), overflowed a thread's 8 MiB C stack (a segfault: one request took the server
+# down). Its compiles run on a thread with this stack (address space: only what the recursion touches is memory);
+# chains of every kind up to the size bound compile in it (a 1.2 MB chain of 38,000 $refs, 0.45 s) or are llguidance's
+# "schema too large", on session 53's Zen 3
+_COMPILE_STACK = 256 << 20
+_stack_lock = threading.Lock()
 # whitespace between JSON tokens: a space or a tab, or one or two line breaks and an indent of up to 20
 # (as llama.cpp's JSON schema grammars): compact and pretty-printed JSON pass, and a model cannot fill
 # its reply with whitespace (unbounded, a small model does: every token a space is allowed)
@@ -88,58 +90,46 @@ def grammar_for(response_format) -> str | None:
         raise ConfigError("response_format's schema is not JSON (or nested too deeply)") from None
     if len(text) > _MAX_SCHEMA:
         raise ConfigError(f"response_format's schema has {len(text)} characters; at most {_MAX_SCHEMA}")
-    check_depth(schema, "response_format's schema")
     llg = _llguidance()
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_pattern": WHITESPACE})
+        grammar, err = _deep(lambda: _compiled(llg.LLMatcher.grammar_from_json_schema(
+            text, defaults={"whitespace_pattern": WHITESPACE}), llg))
     except ValueError as e:
         raise ConfigError(f"response_format's schema: {str(e).splitlines()[0][:300]}") from None
-    err = llg.LLMatcher.validate_grammar(grammar)
     if err and not err.startswith("WARNING"):
         raise ConfigError(f"response_format's schema cannot be used: {_first_lines(err)}")
     return grammar
 
 
-def check_depth(schema, what: str) -> None:
-    """``ConfigError`` where ``schema``'s subschemas nest deeper than ``_MAX_DEPTH`` levels, its local ``$ref``s
-    (``#/$defs/a``) followed; a reference back to a schema being read (a recursive schema) ends its path."""
-    below: dict[int, int] = {}  # levels under a container already measured (id -> levels)
-    path: set[int] = set()
+def _compiled(grammar: str, llg) -> tuple[str, str]:
+    return grammar, llg.LLMatcher.validate_grammar(grammar)
 
-    def resolve(ref: str):
-        node = schema
-        for part in ref[2:].split("/") if ref.startswith("#/") else ():
-            part = unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict):
-                node = node.get(part)
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node if ref == "#" or ref.startswith("#/") else None
 
-    def levels(node, depth: int) -> int:
-        if depth > _MAX_DEPTH:
-            raise ConfigError(f"{what} nests more than {_MAX_DEPTH} levels deep (its $refs followed)")
-        key = id(node)
-        if key in below:
-            if depth + below[key] > _MAX_DEPTH:
-                raise ConfigError(f"{what} nests more than {_MAX_DEPTH} levels deep (its $refs followed)")
-            return below[key]
-        path.add(key)
-        kids = list(node.values()) if isinstance(node, dict) else node
-        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-            kids.append(resolve(node["$ref"]))
-        most = 0
-        for kid in kids:
-            if isinstance(kid, (dict, list)) and id(kid) not in path:
-                most = max(most, 1 + levels(kid, depth + 1))
-        path.discard(key)
-        below[key] = most
-        return most
+def _deep(fn):
+    """``fn()`` on a thread with a ``_COMPILE_STACK`` stack (llguidance's recursive compile of a schema), its
+    exception raised here; on this thread where no such thread can be started."""
+    out: dict = {}
 
-    if isinstance(schema, (dict, list)):
-        levels(schema, 0)
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            out["error"] = e
+
+    try:
+        with _stack_lock:  # (the size is the process's for the threads started next: set and put back at once)
+            old = threading.stack_size(_COMPILE_STACK)
+            try:
+                t = threading.Thread(target=run, name="edgespec-grammar", daemon=True)
+                t.start()
+            finally:
+                threading.stack_size(old)
+    except (ValueError, RuntimeError):  # (a platform without the setting, or no thread to be had)
+        return fn()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 LAZY = "edgespec-lazy:"  # a grammar applied only inside the blocks a trigger token opens: LAZY + "<id>:" + grammar
@@ -169,7 +159,6 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
             continue
         i = len(alts)
         schema = f.get("parameters") or {"type": "object"} if f.get("strict") else {"type": "object"}
-        check_depth(schema, f"the parameters of the strict tool {f['name']!r}")
         alts.append(f"call_{i}")
         opening = json.dumps('{"name": ' + json.dumps(f["name"]) + ', "arguments": ')  # a Lark string
         rules.append(f"call_{i}: {opening} args_{i} " + json.dumps("}"))
@@ -188,7 +177,7 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
         # get_weather for Paris, then London and Berlin, until its token budget ran out)
         head = f"start: block" + (' ("\\n" block)* "\\n"?' if parallel else "") + f"\nblock: {block}"
     grammar = "\n".join([head, "call: " + " | ".join(alts)] + rules) + "\n"
-    g = _llguidance().LLMatcher.grammar_from_lark(grammar)
+    g = _deep(lambda: _llguidance().LLMatcher.grammar_from_lark(grammar))
     return LAZY + f"{open_id}:" + g if choice == "auto" else g
 
 
@@ -267,7 +256,7 @@ class Grammars:
         return self._blank
 
     def _matcher(self, llg, grammar: str, check: bool = True):
-        m = llg.LLMatcher(self._tok, grammar, log_level=0)
+        m = _deep(lambda: llg.LLMatcher(self._tok, grammar, log_level=0))
         if check and not m.is_error():  # (a grammar that compiles may still fail at its first token: {"$ref": "#"})
             first = _allowed(m, self.vocab)
             if not m.is_error() and not first.any():

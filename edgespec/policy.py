@@ -533,7 +533,10 @@ class RoundPolicy:
                 # a round that ends on the drafter's confidence: its first token kept as its first tokens were
                 # (FIRST_KEY), the later ones at alpha; whether it drafts at all is priced so too
                 first = self.estimate(replace(offer, key=offer.key + FIRST_KEY)).alpha
-                k, r = self.cost.best_k(alpha, offer.max_tokens, True, d.name, sv, extra, first=first)
+                k1, r = self.cost.best_k(alpha, offer.max_tokens, True, d.name, sv, extra, first=first)
+                if k == 0:  # (on the estimate alone no draft pays: its stop prices a token at the draft's own rate)
+                    rate = r
+                k = k1
             if k > 0 and d.has_cost:
                 costly_best = max(costly_best, r)
             elif k > 0:

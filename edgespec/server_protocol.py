@@ -491,8 +491,9 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
         if t is not None or (isinstance(item, dict) and item.get("type") == "reasoning"):
             thought = t if thought is None else thought if t is None else thought + "\n" + t
             continue
-        if thought is not None and len(msgs) > n and msgs[-1].get("role") == "assistant":
-            msgs[-1]["reasoning_content"] = thought  # (as the chat endpoint's assistant message carries it)
+        joined = isinstance(item, dict) and item.get("type") == "function_call"  # (a call joins the turn before it)
+        if thought is not None and (len(msgs) > n or joined) and msgs and msgs[-1].get("role") == "assistant":
+            msgs[-1].setdefault("reasoning_content", thought)  # (as the chat endpoint's assistant message carries it)
         thought = None
     if not msgs:
         raise bad("'input' holds no message", "input")

@@ -502,10 +502,14 @@ class CallEnd(str):
         return s
 
     def ends(self, text: str, at: int) -> bool:
-        """Whether the closer at ``at`` of the reply's ``text`` ends a call (the reply so far then has one)."""
-        p = self.request.parser()
-        p.feed(text[:at + len(CLOSE)])
-        return bool(p.calls)
+        """Whether the closer at ``at`` of the reply's ``text`` ends the reply's first call: the reply has a call
+        through it and none before it (not a tag in prose after a fenced call)."""
+        through, before = self.request.parser(), self.request.parser()
+        through.feed(text[:at + len(CLOSE)])
+        if not through.calls:
+            return False
+        before.feed(text[:at])
+        return not before.calls
 
 
 def tool_request(tools, tool_choice=None, parallel_tool_calls=True, *, template: str | None) -> ToolRequest | None:

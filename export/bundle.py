@@ -436,7 +436,17 @@ def _check_float_zero_points(quant: QuantOptions, src, precision: str, device: s
         raise ExportError(f"{flag} {quant.algorithm} {what}: {why}")
 
 
-def export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = None,
+def export_bundle(target: str, out: str | os.PathLike, **kw) -> Path:
+    """Export TARGET (and DRAFTER) into a bundle directory at ``out`` (``_export_bundle``), a GGUF file's reads
+    sharing one parse of it (``source.gguf_reads_once``: its tokenizer's and its model's)."""
+    from .source import gguf_reads_once
+
+    gguf = any(str(x).lower().endswith(".gguf") for x in (target, kw.get("drafter")) if x)
+    with gguf_reads_once(gguf):
+        return _export_bundle(target, out, **kw)
+
+
+def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = None,
                   target_precision: str = "int4", drafter_precision: str = "fp32",
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,

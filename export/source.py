@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import OrderedDict
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,17 +315,22 @@ def _check_hub(src: Source) -> None:
         raise _hub_error(src, e) from None
 
 
-# GGUF files' readers kept for the next read of the same bytes (the last two files)
-_READERS: OrderedDict = OrderedDict()
+# the GGUF readers of the reads in progress (``gguf_reads_once``), by the file's identity; dropped when the last ends
+_READERS: dict = {}
+_SCOPES = [0]  # gguf_reads_once scopes open in this process
+_ORIGINAL: list = []  # gguf's own GGUFReader and get_tensor_name_map while a scope is open
+_PATCH = threading.Lock()
 
 
 @contextmanager
-def _gguf_reads_once(gguf_file: bool):
-    """Within, transformers' reads of a GGUF file share one ``gguf.GGUFReader`` of it (kept for the next read too,
-    ``_READERS``) and one tensor-name map a model: it parses the file's metadata anew for the tokenizer, the config
-    and the weights (~9 s each for SmolLM2-135M's 49,152-token vocabulary, on session 53's Zen 3) and builds gguf's
-    name map anew for each of the model's ~400 modules (~23 ms each): a SmolLM2 GGUF's model took 39.6 s to read.
-    The readers are read-only (memory-mapped); a file whose size or time changed is read anew."""
+def gguf_reads_once(gguf_file: bool = True):
+    """Within, transformers' reads of a GGUF file share one ``gguf.GGUFReader`` of it and one tensor-name map a
+    model: it parses the file's metadata anew for the tokenizer, the config and the weights (~9 s each for
+    SmolLM2-135M's 49,152-token vocabulary, on session 53's Zen 3) and builds gguf's name map anew for each of the
+    model's ~400 modules (~23 ms each): a SmolLM2 GGUF's model took 39.6 s to read after its tokenizer. An export
+    holds one scope over its reads (``load_tokenizer`` and ``load_model`` open their own within it); the readers
+    (memory-mapped, read-only) are dropped when the outermost scope ends. A file is known by its device, inode, size
+    and times: one replaced or rewritten meanwhile is read anew. Nothing is changed where ``gguf_file`` is false."""
     if not gguf_file:
         yield
         return
@@ -333,28 +338,35 @@ def _gguf_reads_once(gguf_file: bool):
 
     import gguf
 
-    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    if getattr(real_reader, "edgespec_shared", False):  # (within another such read)
-        yield
-        return
+    with _PATCH:
+        _SCOPES[0] += 1
+        if _SCOPES[0] == 1:
+            real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
 
-    def shared(path, mode="r"):
-        if mode != "r":
-            return real_reader(path, mode)
-        st = os.stat(path)
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-        reader = _READERS.pop(key, None) or real_reader(path, mode)
-        _READERS[key] = reader
-        while len(_READERS) > 2:
-            _READERS.popitem(last=False)
-        return reader
+            def shared(path, mode="r"):
+                if mode != "r":
+                    return real_reader(path, mode)
+                st = os.stat(path)
+                key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                with _PATCH:
+                    reader = _READERS.get(key)
+                if reader is None:
+                    reader = real_reader(path, mode)
+                    with _PATCH:
+                        reader = _READERS.setdefault(key, reader)
+                return reader
 
-    shared.edgespec_shared = True
-    gguf.GGUFReader, gguf.get_tensor_name_map = shared, functools.lru_cache(maxsize=None)(real_map)
+            _ORIGINAL[:] = [real_reader, real_map]
+            gguf.GGUFReader, gguf.get_tensor_name_map = shared, functools.lru_cache(maxsize=None)(real_map)
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+        with _PATCH:
+            _SCOPES[0] -= 1
+            if _SCOPES[0] == 0:
+                gguf.GGUFReader, gguf.get_tensor_name_map = _ORIGINAL
+                _ORIGINAL.clear()
+                _READERS.clear()
 
 
 def load_tokenizer(src: Source):
@@ -365,7 +377,7 @@ def load_tokenizer(src: Source):
         _check_hub(src)
     name, kw = src.from_pretrained_args()
     try:
-        with _gguf_reads_once("gguf_file" in kw):
+        with gguf_reads_once("gguf_file" in kw):
             tok = AutoTokenizer.from_pretrained(name, **kw)
     except Exception as e:  # transformers raises many types for unreadable inputs
         if _unreadable_copy(src, name, e):
@@ -487,7 +499,7 @@ def load_model(src: Source, dtype: str = "float32"):
 
     name, kw = src.from_pretrained_args()
     try:
-        with _gguf_reads_once("gguf_file" in kw):
+        with gguf_reads_once("gguf_file" in kw):
             if "gguf_file" in kw:
                 kw = {**kw, **_gguf_config(src.path, name, kw)}
             model, info = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype),

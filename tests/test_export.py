@@ -584,14 +584,18 @@ def test_a_damaged_kept_copy_is_said_deleted_and_the_gguf_file_read_instead(tmp_
 
 def test_a_gguf_files_reads_share_one_reader_and_give_transformers_model(tmp_path, monkeypatch):
     """(session 53) transformers parsed a GGUF file's metadata anew for the tokenizer, the config and the weights
-    (~9 s each for SmolLM2-135M) and built gguf's tensor-name map for each module (~400 times): an export's reads of
-    one file share one reader now, and one map a model. The model and tokenizer are transformers' own reading of
-    the file; a file rewritten since is read anew; the gguf package is left as it was."""
+    (~9 s each for SmolLM2-135M) and built gguf's tensor-name map for each module (~400 times): within an export's
+    scope its reads of one file share one reader, and one map a model (a model read alone: one parse). The model and
+    tokenizer are transformers' own reading of the file; the readers are dropped at the scope's end, gguf left as it
+    was; a file replaced by another of the same size is read anew."""
+    import os
+
     import gguf
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edgespec_export.source import Source, load_model, load_tokenizer
+    from edgespec_export import source
+    from edgespec_export.source import Source, gguf_reads_once, load_model, load_tokenizer
     from tiny import make_model, write_gguf
 
     monkeypatch.delenv("EDGESPEC_GGUF_CACHE", raising=False)
@@ -610,20 +614,28 @@ def test_a_gguf_files_reads_share_one_reader_and_give_transformers_model(tmp_pat
     monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
     monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
     src = Source(str(path), "gguf", path)
-    tok, _, _ = load_tokenizer(src)
-    model = load_model(src)
-    assert len(opened) == 1 and len(maps) == 1, (opened, len(maps))
-    assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is counting_map
+    with gguf_reads_once():
+        tok, _, _ = load_tokenizer(src)
+        model = load_model(src)
+        assert len(opened) == 1 and len(maps) == 1, (opened, len(maps))
+    assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is counting_map and not source._READERS
+    load_model(src)
+    assert len(opened) == 2  # (alone: its config, weights and name map from one parse)
     ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
-    assert len(opened) > 1  # (transformers' own reading, apart)
+    assert len(opened) > 2  # (transformers' own reading, apart)
     a, b = ref.state_dict(), model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rtok = AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
     assert rtok.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
-    n = len(opened)
-    write_gguf(make_model(tmp_path / "b", "llama", seed=2), path, arch="llama")  # the same path, other bytes
-    other = load_model(src).state_dict()
-    assert len(opened) == n + 1 and not all(torch.equal(a[k], other[k]) for k in a)
+    other = write_gguf(make_model(tmp_path / "b", "llama", seed=2), tmp_path / "other.gguf", arch="llama")
+    assert other.stat().st_size == path.stat().st_size
+    with gguf_reads_once():
+        load_model(src)
+        st = path.stat()
+        os.replace(other, path)  # another file, the same size, its times put back
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        again = load_model(src).state_dict()
+    assert not all(torch.equal(a[k], again[k]) for k in a)
 
 
 def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monkeypatch):

@@ -314,6 +314,20 @@ def test_one_call_is_not_cut_at_a_closing_tag_in_its_arguments(tool_engine, monk
             assert [json.loads(c["function"]["arguments"])["city"] for c in both.tool_calls] == [city, "Rome"]
 
 
+def test_the_one_call_stop_counts_only_the_closer_of_the_first_call():
+    """(session 53, a review of the mend above) After a fenced call (the reply's first), a tag in prose is no
+    closer of it: the reply is not cut there; a tag in prose before the call is not either."""
+    from edgespec.api import _find_stop
+    from edgespec.tools import ToolRequest
+
+    stops = ToolRequest(WEATHER, "auto", False).stops()
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x"}}\n</tool_call>'
+    fenced = '```json\n{"name": "get_weather", "arguments": {}}\n```\nsee </tool_call> '
+    assert _find_stop(fenced + call, stops, 0) is None
+    text = "Close it with </tool_call>. " + call + " tail"
+    assert _find_stop(text, stops, 0) == text.rindex("</tool_call>")
+
+
 def test_the_server_gives_calls_and_text_alike_streamed_or_not(tool_engine, monkeypatch):
     """(session 53, a review) The Responses API put a reply's text before its calls when not streamed (one message,
     texts joined) where its stream gave the items in the reply's order (the text after a call a new message, which
@@ -394,7 +408,8 @@ def test_a_responses_reasoning_item_is_the_thinking_of_the_turn_after_it():
              "encrypted_content": "gAAA"}
     out = {"type": "function_call_output", "call_id": "call_1", "output": "14 C"}
     said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]}
-    for items, at in (([own, said, call, out], 1), ([own, call, out], 1), ([other, call, out], None)):
+    for items, at in (([own, said, call, out], 1), ([own, call, out], 1), ([other, call, out], None),
+                      ([said, own, call, out], 1)):  # (the last: a call joined to the message before its thought)
         msgs = P.parse_responses({"model": "m", "input": [{"role": "user", "content": "Weather?"}, *items]},
                                  "m").messages
         assert [m.get("reasoning_content") for m in msgs] == [None, None if at is None else own["content"][0]["text"],
