@@ -805,7 +805,7 @@ def _recall_by_scan(store, signature, top, min_score):
     return [(float(score[i]), store.seqs[i]) for i in order[-top:] if score[i] >= min_score]
 
 
-def test_recall_through_the_sorted_index_is_the_scans_to_the_bit():
+def test_recall_through_the_sorted_index_is_the_scans_to_the_bit(tmp_path):
     """(session 53, a review) Recall scanned every stored prompt hash (~253 a prompt) each generation: 216 ms in a
     store at its cap of 6,552 two-token replies. It looks the prompt's hashes up in a sorted index now, with the
     sequences added since it was built apart and the evicted ones left out: the same sequences and scores, to the
@@ -832,6 +832,14 @@ def test_recall_through_the_sorted_index_is_the_scans_to_the_bit():
         if step in (400, 700):
             store.clear() if step == 400 else store._replace(list(zip(store.seqs, store.sigs))[5:])
     assert checked > 100 and store.evicted > 100
+    store.path = tmp_path / "store.npz"
+    store.save()
+    loaded = MemoryStore(tmp_path / "store.npz", "fp", 300, cap_tokens=3000)
+    loaded.load()
+    for t in topics:
+        sig = prompt_signature(t)
+        assert [(s, a.tolist()) for s, a in loaded.recall(sig, 50, 0.0)] == \
+            [(s, a.tolist()) for s, a in _recall_by_scan(loaded, sig, 50, 0.0)]
 
 
 def test_an_engines_delete_waits_for_a_save_and_removes_what_memory_clear_does(tmp_path, monkeypatch):
