@@ -782,6 +782,44 @@ def test_a_clear_waits_for_a_save_and_a_failed_save_merges_nothing_twice(tmp_pat
     assert [s.tolist() for s in read_store(path, "fp", 100)] == [[4, 5, 6], [10, 11], [12, 13]]
 
 
+def test_the_live_index_keeps_a_contexts_counts_only_once_two_tokens_followed_it():
+    """(session 53, a review) The suffix drafter's index of the context held a dict of counts for every context,
+    ~3 KB a token (94 MiB for a 32k-token prompt, outside the memory plan); most contexts are followed by one token
+    only, and hold none now (39.5 MiB). Its answers are the counting index's, through every sequence."""
+    from edgespec.ngram import LiveIndex, context_keys
+
+    class Counting:  # (the index as it was: every context's counts)
+        def __init__(self):
+            self.toks, self.table = [], {}
+
+        def extend(self, ids):
+            for t in ids:
+                for key in context_keys(self.toks, 8) if self.toks else []:
+                    e = self.table.setdefault(key, [t, 0, {}])
+                    c = e[2][t] = e[2].get(t, 0) + 1
+                    if c >= e[1]:
+                        e[0], e[1] = t, c
+                self.toks.append(t)
+
+    rng = np.random.default_rng(0)
+    for vocab in (3, 12, 400):
+        live, ref = LiveIndex(8), Counting()
+        for _ in range(30):
+            ids = rng.integers(0, vocab, rng.integers(1, 40)).tolist()
+            live.extend(ids)
+            ref.extend(ids)
+            for cut in range(1, 9):
+                keys = context_keys(live.tokens[-cut:] if rng.random() < 0.7 else rng.integers(0, vocab, cut), 8)
+                want = None
+                for n in range(len(keys), 0, -1):
+                    e = ref.table.get(keys[n - 1])
+                    if e is not None:
+                        want = (n, e[0], e[1])
+                        break
+                assert live.best(keys) == want
+        assert len(live._next) == len(ref.table)
+
+
 def _recall_by_scan(store, signature, top, min_score):
     """Recall as it was before session 53: every stored hash scanned (np.isin), the sequences' in their order."""
     sig = np.unique(np.asarray(signature, dtype=np.int64))
