@@ -207,55 +207,57 @@ def test_a_malformed_response_format_is_a_config_error(fmt, message):
 
 _CHAIN = """
 import json, sys
-import numpy as np
 sys.path.insert(0, "tests")
 from edgespec.constrain import Grammars, grammar_for, tool_call_grammar
 from edgespec.errors import ConfigError
 from tiny import make_tokenizer
-n, wrap, where = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-ref = lambda i: {"$ref": f"#/$defs/d{i}"}
-level = {"ref": ref, "object": lambda i: {"type": "object", "properties": {"a": ref(i)}, "required": ["a"]},
-         "anchor": lambda i: {"$anchor": f"x{i - 1}", "$ref": f"#x{i}"}}[wrap]
-schema = {"$defs": {f"d{i}": level(i + 1) for i in range(n)}, "$ref": "#/$defs/d0" if wrap != "anchor" else "#x0"}
-schema["$defs"][f"d{n}"] = {"type": "integer"} if wrap != "anchor" else {"$anchor": f"x{n}", "type": "integer"}
 tok = make_tokenizer()
 grammars = Grammars(tok.backend_tokenizer.to_str(), len(tok), [tok.eos_token_id])
-try:
-    if where == "format":
-        g = grammar_for({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
-        text = '{"a": ' * n + "7" + "}" * n if wrap == "object" else "7"
-    else:
-        g = tool_call_grammar([{"type": "function", "function": {"name": "f", "strict": True,
-                                                                  "parameters": {
-            "type": "object", "properties": {"x": {"$ref": schema["$ref"]}}, "required": ["x"],
-            "$defs": schema["$defs"]}}}],
-                              "required", False, tok.convert_tokens_to_ids("<|im_start|>"),
-                              tok.convert_tokens_to_ids("<|im_end|>"))
-        text = None
-    c = grammars.constraint(g)
-    if text is not None:  # the reply the schema holds, token by token, then its end
-        for t in tok.encode(text):
-            assert c.mask()[t], t
-            c.push(t)
-        assert c.mask()[tok.eos_token_id]
-    print("compiled")
-except ConfigError as e:
-    print("refused:", e)
+for case in sys.argv[1:]:
+    n, wrap, where = case.split(":")
+    n = int(n)
+    ref = lambda i: {"$ref": f"#/$defs/d{i}"}
+    level = {"ref": ref, "object": lambda i: {"type": "object", "properties": {"a": ref(i)}, "required": ["a"]},
+             "anchor": lambda i: {"$anchor": f"x{i - 1}", "$ref": f"#x{i}"}}[wrap]
+    defs = {f"d{i}": level(i + 1) for i in range(n)}
+    defs[f"d{n}"] = {"type": "integer"} if wrap != "anchor" else {"$anchor": f"x{n}", "type": "integer"}
+    top = "#/$defs/d0" if wrap != "anchor" else "#x0"
+    print(case, end=" ", flush=True)
+    try:
+        if where == "format":
+            g = grammar_for({"type": "json_schema", "json_schema": {"name": "t", "schema": {"$defs": defs, "$ref": top}}})
+            text = '{"a": ' * n + "7" + "}" * n if wrap == "object" else "7"
+        else:
+            params = {"type": "object", "properties": {"x": {"$ref": top}}, "required": ["x"], "$defs": defs}
+            g = tool_call_grammar([{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}],
+                                  "required", False, tok.convert_tokens_to_ids("<|im_start|>"),
+                                  tok.convert_tokens_to_ids("<|im_end|>"))
+            text = None
+        c = grammars.constraint(g)
+        if text is not None:  # the reply the schema holds, token by token, then its end
+            for t in tok.encode(text):
+                assert c.mask()[t], t
+                c.push(t)
+            assert c.mask()[tok.eos_token_id]
+        print("compiled", flush=True)
+    except ConfigError as e:
+        print("refused:", e, flush=True)
 """
 
 
-@pytest.mark.parametrize("n, wrap, where", [(2500, "ref", "format"), (2500, "anchor", "format"),
-                                            (1500, "object", "format"), (1000, "object", "tool")])
-def test_a_schema_whose_refs_nest_deep_compiles_and_holds_the_reply(n, wrap, where):
+def test_schemas_whose_refs_nest_deep_compile_and_hold_the_reply():
     """(session 53, reviews) A flat 88 KB schema, a chain of 2,500 $refs (or 1,000 that each wrap the next in
     properties), overflowed llguidance's recursion on the thread's 8 MiB stack as it compiled: a segfault, the
-    server gone with one request. Its compiles run on a thread with a 256 MiB stack now: such a schema compiles, its
-    matcher holds the reply to it (run apart: a crash fails this test, not the suite)."""
+    server gone with one request. Its compiles run on a thread with a 256 MiB stack now: such schemas compile (a
+    chain of $refs, of $anchors, of objects, a strict tool's), their matchers hold the reply to them (run apart: a
+    crash fails this test, not the suite)."""
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", _CHAIN, str(n), wrap, where], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "compiled", (r.returncode, r.stdout, r.stderr[-2000:])
+    cases = ["2500:ref:format", "2500:anchor:format", "1500:object:format", "1000:object:tool"]
+    r = subprocess.run([sys.executable, "-c", _CHAIN, *cases], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert [ln for ln in r.stdout.splitlines() if ln.strip()] == [f"{c} compiled" for c in cases], r.stdout
 
 
 def test_a_recursive_schema_still_compiles():
