@@ -323,10 +323,18 @@ def prompt_cache_options() -> dict:
     return {k: params[k] for k in ("prompt_cache_mb", "prompt_cache_file") if params.get(k) is not None}
 
 
-def _engine_opts(f):
-    """--drafter --draft-tokens --max-context --threads --profile --provider, shared by generate and chat."""
+def _engine_options(prediction: bool = True):
+    """--drafter --draft-tokens --max-context --threads --profile --provider, shared by generate, chat and serve
+    (``prediction``: --drafter takes 'prediction', which drafts from a predicted output: generate's --prediction;
+    chat and serve have none to give it)."""
+    def deco(f):
+        return _add_engine_opts(f, [d for d in drafter_choices() if prediction or d != "prediction"])
+    return deco
+
+
+def _add_engine_opts(f, choices):
     for opt in reversed((
-        click.option("--drafter", type=click.Choice(drafter_choices()), default=None,
+        click.option("--drafter", type=click.Choice(choices), default=None,
                      help="Drafting policy (default: the profile's, auto)."),
         click.option("--draft-tokens", type=int, default=None, help="Fixed draft length k (default adaptive)."),
         click.option("--max-context", type=int, default=None),
@@ -377,7 +385,7 @@ _template_kwargs_opt = click.option(
 @_sampling_opts
 @_penalty_opts
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@_engine_opts
+@_engine_options()
 @_prompt_cache_opts
 @memory_opts()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
@@ -422,6 +430,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     GenerationConfig(logprobs=logprobs)  # a bad N refused before the model loads
     if drafter == "none" and draft_tokens is not None:
         raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+    if drafter == "prediction" and prediction_file is None:
+        raise ConfigError("--drafter prediction drafts from a predicted output: give it with --prediction FILE")
     if drafter == "none" and prediction_file is not None:
         raise ConfigError("--prediction with --drafter none: a prediction is only drafted from; give one of them")
     if drafter not in (None, "auto", "suffix") and click.get_current_context().params.get("documents"):
@@ -585,7 +595,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
 @_sampling_opts
 @_penalty_opts
-@_engine_opts
+@_engine_options(prediction=False)
 @_prompt_cache_opts
 @memory_opts()
 @click.option("--stats", "show_stats", is_flag=True, help="Print statistics after each reply (stderr).")
@@ -659,7 +669,7 @@ class _OneLineUsage(click.Command):
                    "as reasoning_content (chat) or a reasoning item (responses); none: left in the text.")
 @_template_kwargs_opt
 @_prompt_cache_opts
-@_engine_opts
+@_engine_options(prediction=False)
 @memory_opts()
 def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, api_key_file, drafter, draft_tokens,
           max_context, threads, profile, provider, reasoning_format, template_kwargs):

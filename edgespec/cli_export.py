@@ -87,6 +87,19 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
                  if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"{', '.join(given)} applies to a --drafter; this export has none")
+    # (export_bundle compares each option with its default: one given as its default value on the command line,
+    # `--accuracy-level 4` for an fp32 target, did nothing and was taken)
+    ctx = click.get_current_context()
+    given = {p for p in ("accuracy_level", "fp8_scheme", "block_size")
+             if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT}
+    for flag, p, applies, what in (
+            ("--accuracy-level", "accuracy_level", target_precision in ("int4", "int8"), "int4/int8"),
+            ("--fp8-scheme", "fp8_scheme", target_precision == "fp8", "fp8"),
+            ("--block-size", "block_size", target_precision in ("int4", "int8", "fp8"), "int4/int8/fp8")):
+        if p in given and not applies:
+            raise ExportError(f"{flag} applies to {what} targets, not {target_precision}")
+    if "block_size" in given and target_precision == "fp8" and fp8_scheme != "block":
+        raise ExportError("--block-size with fp8 needs --fp8-scheme block (channel scales have no blocks)")
     if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):
         raise click.UsageError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
     if kv_dtype and not exact_kernels:

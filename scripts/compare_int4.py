@@ -77,7 +77,7 @@ def _configs(block: int, spec, tok) -> dict:
     from onnxruntime.quantization import matmul_nbits_quantizer as q
 
     return {
-        "RTN sym (edgespec default)": dict(algo_config=q.DefaultWeightOnlyQuantConfig(
+        "RTN sym": dict(algo_config=q.DefaultWeightOnlyQuantConfig(
             block_size=block, is_symmetric=True, accuracy_level=4), is_symmetric=True),
         "RTN asym (zero points)": dict(algo_config=q.DefaultWeightOnlyQuantConfig(
             block_size=block, is_symmetric=False, accuracy_level=4), is_symmetric=False),

@@ -371,6 +371,11 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     (["--target-precision", "fp16", "--quant-algo", "k_quant"], "--quant-algo applies to int4/int8"),
     (["--target-precision", "fp32", "--quantize-embeddings"], "--quantize-embeddings applies to int4/int8"),
     (["--target-precision", "fp32", "--float-embeddings"], "--float-embeddings applies to int4/int8"),  # (session 47)
+    # (session 53, a review) given as their default values, they did nothing and were taken
+    (["--target-precision", "fp32", "--accuracy-level", "4"], "--accuracy-level applies to int4/int8"),
+    (["--target-precision", "fp16", "--block-size", "32"], "--block-size applies to int4/int8/fp8"),
+    (["--target-precision", "fp8", "--block-size", "32"], "needs --fp8-scheme block"),
+    (["--target-precision", "int4", "--fp8-scheme", "channel"], "--fp8-scheme applies to fp8"),
 ])
 def test_options_that_do_nothing_are_refused(tiny_dirs, tmp_path, args, message):
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), *args])

@@ -285,6 +285,13 @@ def test_cli_generate_with_a_prediction_file(tiny_bundle, tmp_path):
         r = CliRunner().invoke(main, base + ["--prediction", str(path)])
         lines = [line for line in r.output.strip().splitlines() if line]
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
+    # (session 53, a review) --drafter prediction without a prediction: refused before the model loads; chat and
+    # serve have no prediction to draft from, and do not offer it
+    r = CliRunner().invoke(main, ["generate", str(tmp_path / "no-bundle"), "-p", "x", "--drafter", "prediction"])
+    assert r.exit_code == 2 and "give it with --prediction FILE" in r.output, r.output
+    for cmd in ("chat", "serve"):
+        r = CliRunner().invoke(main, [cmd, str(tiny_bundle), "--drafter", "prediction"])
+        assert r.exit_code != 0 and "'prediction' is not one of" in r.output, r.output
 
 
 def test_a_predictions_acceptance_is_learned_per_request_and_it_is_considered_first():
