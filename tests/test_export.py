@@ -422,11 +422,11 @@ def test_compare_int4_script(tiny_bundle, tmp_path):
 
     script = Path(__file__).resolve().parent.parent / "scripts" / "compare_int4.py"
     out = tmp_path / "table.md"
-    r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--only", "RTN sym (edgespec default)",
+    r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--only", "RTN sym",
                         "k_quant", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [ln for ln in out.read_text().splitlines() if ln.startswith("| ") and "algorithm" not in ln]
-    assert [ln.split(" | ")[0] for ln in rows] == ["| float32 (reference)", "| RTN sym (edgespec default)", "| k_quant"]
+    assert [ln.split(" | ")[0] for ln in rows] == ["| float32 (reference)", "| RTN sym", "| k_quant"]
     for ln in rows[1:]:
         cells = ln.split(" | ")
         assert 0 < float(cells[1].split()[0]) < 1e4 and 0 <= float(cells[2]) <= 1, ln
