@@ -20,6 +20,7 @@ Needs the ``serve`` extra (``pip install '.[serve]'`` in the checkout); nothing 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -382,6 +383,18 @@ class Server:
         generation would read it; ``with_pieces``: each id with its text (llama.cpp's)."""
         req = P.parse_tokenize(P.parse_body(await _read_body(request)), self.model_id)
         eng = self.engine
+        # (bounded, as a generation's prompt is: an 8 MB prompt with pieces took 20 s and 1.1 GB, its reply built on
+        # the event loop held every other request, and a stop waited for it)
+        limit = TOKENIZE_CONTEXTS * eng.max_context
+        param = "messages" if req.messages is not None else "prompt"
+
+        def too_long(n: int, at_least: str = "") -> P.APIError:
+            return P.bad(f"the {param} is {at_least}{n:,} tokens; /tokenize takes at most {limit:,} "
+                         f"({TOKENIZE_CONTEXTS} times the context of {eng.max_context:,})", param,
+                         "context_length_exceeded")
+
+        if req.messages is None and eng.tokenizer.min_tokens(req.text) > limit:
+            raise too_long(eng.tokenizer.min_tokens(req.text), "at least ")
 
         def run():
             if req.messages is not None:  # as a generation encodes them (tool calls' arguments as objects, ...)
@@ -395,19 +408,28 @@ class Server:
         try:
             ids, toks = await run_in_threadpool(run)
         except EdgespecError as e:
-            raise P.bad(str(e).splitlines()[0], "messages" if req.messages is not None else "prompt") from None
-        return JSONResponse({"count": len(ids), "max_model_len": eng.max_context, "tokens": toks})
+            raise P.bad(str(e).splitlines()[0], param) from None
+        if len(ids) > limit:
+            raise too_long(len(ids))
+        body = await run_in_threadpool(_json_bytes, {"count": len(ids), "max_model_len": eng.max_context,
+                                                     "tokens": toks})
+        return Response(body, media_type="application/json")
 
     async def detokenize(self, request: Request) -> Response:
         """vLLM's and llama.cpp's ``/detokenize``: the text of token ids (``prompt``, vLLM's key, and
         ``content``, llama.cpp's), special tokens' text included."""
         toks = P.parse_detokenize(P.parse_body(await _read_body(request)), self.model_id)
+        limit = TOKENIZE_CONTEXTS * self.engine.max_context
+        if len(toks) > limit:
+            raise P.bad(f"'tokens' holds {len(toks):,} ids; /detokenize takes at most {limit:,} ({TOKENIZE_CONTEXTS} "
+                        f"times the context of {self.engine.max_context:,})", "tokens", "context_length_exceeded")
         try:
             self.engine.decoder.check_ids(toks, "'tokens'")
         except EdgespecError as e:
             raise P.bad(str(e), "tokens") from None
         text = await run_in_threadpool(self.engine.tokenizer.decode, toks, False)
-        return JSONResponse({"prompt": text, "content": text})
+        body = await run_in_threadpool(_json_bytes, {"prompt": text, "content": text})
+        return Response(body, media_type="application/json")
 
     async def metrics_text(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -879,6 +901,9 @@ class Server:
                     return
                 else:
                     err = P.engine_error(val, gen.grammar_param)  # (OpenAI's codes here: edgespec's own in edgespec.error_code)
+                    # the items streamed so far closed, incomplete, and kept in the failed response's output
+                    for b in close_reasoning("incomplete") + close_message("incomplete"):
+                        yield b
                     failed = {**P.response_object(rid, model, created, req, output=output, status="failed",
                                                   ext={**ext, "error_code": err.code}),
                               "error": {"code": "invalid_prompt" if err.status == 400 else "server_error",
@@ -887,6 +912,14 @@ class Server:
                     return
         finally:
             run.cancel()
+
+
+TOKENIZE_CONTEXTS = 4  # /tokenize and /detokenize take up to this many contexts' tokens
+
+
+def _json_bytes(obj) -> bytes:
+    """``obj`` as JSONResponse renders it (off the event loop for a large reply)."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
 
 
 def _usage(summaries: list[dict], req: P.GenRequest, prompt_tokens: list[int]) -> dict:

@@ -66,7 +66,16 @@ class APIError(Exception):
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
+    # (bounded: a message that quotes what the client sent, a model name or an unknown field's name of megabytes,
+    # was sent back whole)
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS - 1] + "…"
+    if param is not None and len(param) > MAX_PARAM_CHARS:
+        param = param[:MAX_PARAM_CHARS - 1] + "…"
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+MAX_ERROR_CHARS, MAX_PARAM_CHARS = 1000, 200
 
 
 def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:

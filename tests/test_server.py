@@ -360,6 +360,22 @@ def test_tokenize_and_detokenize_as_vllm_and_llama_cpp_clients_call_them(server,
     assert st == 400 and err["error"]["param"] == "add_special_tokens"
     st, r = http(server + "/tokenize", {"messages": msgs, "add_generation_prompt": False})
     assert st == 200 and r["tokens"] == engine.encode(msgs, add_generation_prompt=False) != engine.encode(msgs)
+    # (session 53, a review) bounded as a prompt is: 4 contexts' tokens (an 8 MB prompt took 20 s and 1.1 GB of
+    # the server, its reply built on the event loop); the bound checked on the text before it is tokenized too
+    word = " hello"
+    n = len(engine.encode(word * 100)) // 100
+    for text, ok in ((word * (4 * CONTEXT // n - 8), True), (word * (4 * CONTEXT // n + 8), False),
+                     ("x" * (4 << 20), False)):
+        st, r = http(server + "/tokenize", {"prompt": text, "with_pieces": True})
+        assert (st == 200) == ok, (st, len(text))
+        if not ok:
+            assert r["error"]["code"] == "context_length_exceeded" and "/tokenize takes at most 2,048" in \
+                r["error"]["message"] and r["error"]["param"] == "prompt"
+    st, r = http(server + "/detokenize", {"tokens": [1] * (4 * CONTEXT + 1)})
+    assert st == 400 and r["error"]["code"] == "context_length_exceeded"
+    # an error quoting what was sent is bounded (a model name of megabytes came back whole)
+    st, r = http(server + "/tokenize", {"prompt": "a", "model": "m" * 100_000})
+    assert st == 404 and len(r["error"]["message"]) <= 1000 and r["error"]["message"].endswith("…")
 
 
 def test_a_choice_made_after_shutdown_began_gets_the_503():
@@ -1632,7 +1648,8 @@ def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_i
     from edgespec.errors import BundleError
 
     def failing(inner):
-        yield next(inner)
+        for _ in range(3):
+            yield next(inner)
         raise BundleError("the target model failed to run (planted)")
 
     _rewrite_stream(engine, monkeypatch, failing)
@@ -1644,6 +1661,11 @@ def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_i
         assert events[-1].response.model_extra["edgespec"]["error_code"] == "BundleError"
         assert events[0].type == "response.created"
         assert http(s.url + "/health")[1]["busy"] is False
+        # (session 53, a review) the text streamed before the failure: its item closed, incomplete, in the output
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        out = events[-1].response.output
+        assert text and [(o.type, o.status, o.content[0].text) for o in out] == [("message", "incomplete", text)]
+        assert events[-2].type == "response.output_item.done"
 
 
 def test_stored_responses_are_not_found(server, client):
