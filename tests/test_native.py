@@ -1411,6 +1411,11 @@ def test_library_on_a_cpu_it_is_not_built_for_is_a_typed_error(monkeypatch):
         assert native.cpu_supported() is None, machine
     monkeypatch.setattr(native.platform, "machine", lambda: "riscv64")
     assert "riscv64" in native.cpu_supported()
+    # (session 53, a review) macOS says arm64 and Windows AMD64: the source needs Linux, said in one line
+    for system, machine in (("darwin", "arm64"), ("win32", "AMD64")):
+        monkeypatch.setattr(native.platform, "machine", lambda: machine)
+        monkeypatch.setattr(native.sys, "platform", system)
+        assert native.cpu_supported() == f"this system is {system} (the kernels are built for Linux)"
 
 
 def test_the_library_names_the_path_it_takes(monkeypatch):
@@ -2350,6 +2355,10 @@ def test_the_built_library_is_named_for_the_machine_it_runs_on(monkeypatch):
     here = native.source_tag()
     monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
     assert native.source_tag() != here and len(native.source_tag()) == 16
+    # (session 53, a review) and the C library it links against: one built on a newer system does not load on an older
+    arm = native.source_tag()
+    monkeypatch.setattr(native.platform, "libc_ver", lambda: ("glibc", "2.17"))
+    assert native.source_tag() != arm
 
 
 def test_the_portable_path_takes_the_softmax_max_as_the_avx2_path_over_a_nan_score(monkeypatch):

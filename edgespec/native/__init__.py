@@ -18,6 +18,7 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -58,10 +59,12 @@ PORTABLE_MACHINES = ("x86_64", "amd64", "aarch64", "arm64")
 
 
 def cpu_supported() -> str | None:
-    """None where this CPU runs the kernels, else why not."""
+    """None where this CPU (and system) runs the kernels, else why not."""
     if platform.machine().lower() not in PORTABLE_MACHINES:
         return (f"this CPU is {platform.machine() or 'of an unknown kind'} (the kernels are built for x86-64 and "
                 "aarch64)")
+    if not sys.platform.startswith("linux"):  # (macOS says arm64, Windows AMD64: the source needs Linux's headers)
+        return f"this system is {sys.platform} (the kernels are built for Linux)"
     return None
 
 
@@ -106,7 +109,15 @@ def source_tag(source: Path = SOURCE) -> str:
     """The version of a kernel's source and build flags, and the machine it is built for (what its built library is
     named by: a cache shared by an x86-64 and an aarch64 machine, a home directory on both, keeps one of each)."""
     return hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()
-                          + platform.machine().lower().encode()).hexdigest()[:16]
+                          + platform.machine().lower().encode() + _runtime().encode()).hexdigest()[:16]
+
+
+def _runtime() -> str:
+    """The C library the built library links against, by name and version ("glibc 2.39"): a cache shared by two
+    systems (a home directory on both) keeps one for each, where a library built on the newer one would not load
+    on the older (its libstdc++ symbols missing)."""
+    name, version = platform.libc_ver()
+    return f"{name} {version}".strip()
 
 
 def _digest_path(out: Path) -> Path:
