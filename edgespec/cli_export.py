@@ -71,6 +71,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     try:
         from edgespec_export import export_bundle
         from edgespec_export.build import FLOAT_ZERO_POINTS, QuantOptions
+        from edgespec_export.bundle import _check_combination
         from .errors import ExportError
     except ImportError as e:
         raise click.ClickException(f"the export stage is not installed ({e.name}); pip install -e '.[export]'")
@@ -80,26 +81,16 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     for flag, differs in (("--drafter-block-size", drafter_block_size != 32), ("--drafter-quant-algo", drafter_quant_algo != "rtn")):
         if differs and not (drafter and drafter_precision in ("int4", "int8")):
             raise click.UsageError(f"{flag} applies to an int4/int8 --drafter")
+    ctx = click.get_current_context()
+    given = {p for p in ("drafter_precision", "drafter_device", "accuracy_level", "fp8_scheme", "block_size")
+             if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT}
     if not drafter:  # the drafter's options, given without a drafter, would do nothing (export_bundle
         # refuses --drafter-vocab and its corpus itself)
-        ctx = click.get_current_context()
-        given = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device")
-                 if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
-        if given:
-            raise click.UsageError(f"{', '.join(given)} applies to a --drafter; this export has none")
-    # (export_bundle compares each option with its default: one given as its default value on the command line,
-    # `--accuracy-level 4` for an fp32 target, did nothing and was taken)
-    ctx = click.get_current_context()
-    given = {p for p in ("accuracy_level", "fp8_scheme", "block_size")
-             if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT}
-    for flag, p, applies, what in (
-            ("--accuracy-level", "accuracy_level", target_precision in ("int4", "int8"), "int4/int8"),
-            ("--fp8-scheme", "fp8_scheme", target_precision == "fp8", "fp8"),
-            ("--block-size", "block_size", target_precision in ("int4", "int8", "fp8"), "int4/int8/fp8")):
-        if p in given and not applies:
-            raise ExportError(f"{flag} applies to {what} targets, not {target_precision}")
-    if "block_size" in given and target_precision == "fp8" and fp8_scheme != "block":
-        raise ExportError("--block-size with fp8 needs --fp8-scheme block (channel scales have no blocks)")
+        flags = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device") if p in given]
+        if flags:
+            raise click.UsageError(f"{', '.join(flags)} applies to a --drafter; this export has none")
+    # the options the command line set count as their default values too (export_bundle compares with the defaults)
+    _check_combination(target_precision, q, frozenset(given))
     if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):
         raise click.UsageError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
     if kv_dtype and not exact_kernels:

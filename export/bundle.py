@@ -398,23 +398,29 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     return spec
 
 
-def _check_combination(precision: str, quant: QuantOptions) -> None:
-    """Options that do nothing for the chosen target precision are errors, not silently ignored."""
+def _check_combination(precision: str, quant: QuantOptions, given: frozenset = frozenset()) -> None:
+    """Options that do nothing for the chosen target precision are errors, not silently ignored: those that differ
+    from their defaults, and those in ``given`` (the fields the command line set, whatever their value: the CLI's
+    `--accuracy-level 4` for an fp32 target did nothing and was taken)."""
     default = QuantOptions()
+
+    def set_(field: str) -> bool:
+        return field in given or getattr(quant, field) != getattr(default, field)
+
     if precision not in ("int4", "int8"):
         symmetry = "--symmetric" if quant.symmetric else "--asymmetric"
         for flag, differs in ((symmetry, quant.symmetric is not None), ("--quant-algo", quant.algorithm != "rtn"),
                               ("--quantize-embeddings" if quant.quantize_embeddings else "--float-embeddings",
                                quant.quantize_embeddings is not None),
                               ("--no-quantize-lm-head", not quant.quantize_lm_head and precision != "fp8"),
-                              ("--accuracy-level", quant.accuracy_level != default.accuracy_level)):
+                              ("--accuracy-level", set_("accuracy_level"))):
             if differs:
                 raise ExportError(f"{flag} applies to int4/int8 targets, not {precision}")
-    if precision != "fp8" and quant.fp8_scheme != default.fp8_scheme:
+    if precision != "fp8" and set_("fp8_scheme"):
         raise ExportError(f"--fp8-scheme applies to fp8 targets, not {precision}")
-    if precision not in ("int4", "int8", "fp8") and quant.block_size != default.block_size:
+    if precision not in ("int4", "int8", "fp8") and set_("block_size"):
         raise ExportError(f"--block-size applies to int4/int8/fp8 targets, not {precision}")
-    if precision == "fp8" and quant.block_size != default.block_size and quant.fp8_scheme != "block":
+    if precision == "fp8" and set_("block_size") and quant.fp8_scheme != "block":
         raise ExportError("--block-size with fp8 needs --fp8-scheme block (channel scales have no blocks)")
 
 
