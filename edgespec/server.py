@@ -20,7 +20,6 @@ Needs the ``serve`` extra (``pip install '.[serve]'`` in the checkout); nothing 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -393,8 +392,9 @@ class Server:
                          f"({TOKENIZE_CONTEXTS} times the context of {eng.max_context:,})", param,
                          "context_length_exceeded")
 
-        if req.messages is None and eng.tokenizer.min_tokens(req.text) > limit:
-            raise too_long(eng.tokenizer.min_tokens(req.text), "at least ")
+        least = eng.tokenizer.min_tokens(req.text) if req.messages is None else 0
+        if least > limit:
+            raise too_long(least, "at least ")
 
         def run():
             if req.messages is not None:  # as a generation encodes them (tool calls' arguments as objects, ...)
@@ -411,9 +411,9 @@ class Server:
             raise P.bad(str(e).splitlines()[0], param) from None
         if len(ids) > limit:
             raise too_long(len(ids))
-        body = await run_in_threadpool(_json_bytes, {"count": len(ids), "max_model_len": eng.max_context,
-                                                     "tokens": toks})
-        return Response(body, media_type="application/json")
+        # (rendered off the event loop: a reply of 4 contexts' tokens with pieces is megabytes)
+        return await run_in_threadpool(JSONResponse, {"count": len(ids), "max_model_len": eng.max_context,
+                                                      "tokens": toks})
 
     async def detokenize(self, request: Request) -> Response:
         """vLLM's and llama.cpp's ``/detokenize``: the text of token ids (``prompt``, vLLM's key, and
@@ -428,8 +428,7 @@ class Server:
         except EdgespecError as e:
             raise P.bad(str(e), "tokens") from None
         text = await run_in_threadpool(self.engine.tokenizer.decode, toks, False)
-        body = await run_in_threadpool(_json_bytes, {"prompt": text, "content": text})
-        return Response(body, media_type="application/json")
+        return await run_in_threadpool(JSONResponse, {"prompt": text, "content": text})
 
     async def metrics_text(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -584,10 +583,9 @@ class Server:
                 sp = split_whole(text, run_inside[i // req.n])
                 reasoning, content, closed = sp.text_reasoning, "".join(sp.content), sp.closed
             if treq is not None and treq.parses:
-                if req.responses is not None:  # (its output items in the reply's order, as streamed)
-                    parser = treq.parser()
-                    order = parser.feed(content) + parser.finish()
-                content, calls = treq.parse(content)
+                parser = treq.parser()  # (its events: a Responses reply's items in the reply's order, as streamed)
+                order = parser.feed(content) + parser.finish()
+                content, calls = parser.content, parser.calls
                 self.metrics.add("tool_calls", len(calls))
                 body = P.chat_response(rid, self.model_id, created, content, s["finish_reason"], {}, {},
                                        [c.openai() for c in calls], reasoning=reasoning)
@@ -915,11 +913,6 @@ class Server:
 
 
 TOKENIZE_CONTEXTS = 4  # /tokenize and /detokenize take up to this many contexts' tokens
-
-
-def _json_bytes(obj) -> bytes:
-    """``obj`` as JSONResponse renders it (off the event loop for a large reply)."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
 
 
 def _usage(summaries: list[dict], req: P.GenRequest, prompt_tokens: list[int]) -> dict:
