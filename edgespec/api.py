@@ -824,12 +824,12 @@ class Engine:
                                   else "token healing needs a plain prompt, not tools")
             ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw, template_kwargs)
             return self._collect(self.stream_ids(ids, stop=stop, **kw))
+        held = kw.get("grammar") is not None or kw.get("response_format") not in (None, {"type": "text"})
         if tools is not None and kw.get("response_format") is not None:  # a malformed format refused as such first
             from .constrain import grammar_for
 
-            grammar_for(kw["response_format"])
-        treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=kw.get("grammar") is not None
-                                 or kw.get("response_format") not in (None, {"type": "text"}))
+            kw["grammar"] = grammar_for(kw.pop("response_format"))  # (as config() makes it: compiled once)
+        treq = self.tool_request(tools, tool_choice, parallel_tool_calls, held=held)
         if treq is not None and treq.grammar is not None:  # calls held to a grammar
             kw["grammar"] = treq.grammar
         ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq, template_kwargs=template_kwargs)

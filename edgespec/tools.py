@@ -504,12 +504,12 @@ class CallEnd(str):
     def ends(self, text: str, at: int) -> bool:
         """Whether the closer at ``at`` of the reply's ``text`` ends the reply's first call: the reply has a call
         through it and none before it (not a tag in prose after a fenced call)."""
-        through, before = self.request.parser(), self.request.parser()
-        through.feed(text[:at + len(CLOSE)])
-        if not through.calls:
+        p = self.request.parser()
+        p.feed(text[:at])  # (the parser reads a reply fed in pieces as it reads it whole)
+        if p.calls:
             return False
-        before.feed(text[:at])
-        return not before.calls
+        p.feed(CLOSE)
+        return bool(p.calls)
 
 
 def tool_request(tools, tool_choice=None, parallel_tool_calls=True, *, template: str | None) -> ToolRequest | None:
