@@ -119,6 +119,27 @@ def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, bl
 
 
 @pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+def test_a_block_too_small_to_scale_counts_as_zeros(isa, monkeypatch):
+    """(session 54; a review in session 53) A block whose largest magnitude is below ~3.7e-37 has no finite 127 /
+    amax: its values were multiplied by inf and quantized to -127 (a 0 to NaN, then -127), so a row of such values
+    came out as the weights' sum with the sign flipped. Such a block quantizes to zeros now, on every path: the
+    row gives the bits of the same row with that block zeroed."""
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    x = np.random.default_rng(4).normal(size=(4, 96)).astype(np.float32)
+    s = _session(_graph(96, 37, 32, "MatMulQ4"))
+    x[1, :] = 1e-38
+    x[2, :32] = np.float32(2e-38) * np.sign(x[2, :32])
+    x[2, 5] = 0.0
+    zeroed = x.copy()
+    zeroed[1, :] = 0.0
+    zeroed[2, :32] = 0.0
+    y = s.run(None, {"A": x})[0]
+    assert np.array_equal(y, s.run(None, {"A": zeroed})[0])
+    assert (y[1] == 0).all() and np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
 def test_a_nan_in_a_row_makes_that_row_nan(isa, monkeypatch):
     """(session 48, a review) The int8 quantization's block maximum skipped a NaN: a row of NaN (an overflow, then
     RMSNorm) came out as zeros, and decoding went on past the logits' NaN check. A block holding a NaN makes its row
@@ -688,6 +709,17 @@ def test_decode_attention_refuses_bad_lengths_with_an_error():
     half = {**feeds, "pk": feeds["pk"].astype(np.float16), "pv": feeds["pv"].astype(np.float16)}
     with pytest.raises(Exception, match="edgespec.DecodeAttentionF16: seqlens_k"):
         s16.run(None, {**half, "seqlens": np.array([16], np.int32)})
+    # (session 54, a review) seqlens_k was read unchecked: a graph that lets it be empty read past it
+    from onnx import TensorProto, helper
+
+    g = _attention_graph("DecodeAttention", 4, 2, 32, 16, 20)
+    g.graph.input[3].CopyFrom(helper.make_tensor_value_info("seqlens", TensorProto.INT32, ["b"]))
+    s = _session(g)
+    one = {**feeds, "qkv": feeds["qkv"][:, :1]}
+    assert s.run(None, {**one, "seqlens": np.array([4], np.int32)})[0].shape == (1, 1, 4 * 32)
+    for bad in (np.zeros(0, np.int32), np.array([4, 4], np.int32)):
+        with pytest.raises(Exception, match="DecodeAttention: seqlens_k must hold one value"):
+            s.run(None, {**one, "seqlens": bad})
 
 
 @pytest.fixture(scope="module")

@@ -120,13 +120,16 @@ enum : int {
 constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6, kInt64 = 7, kFloat16 = 10;  // ONNXTensorElementDataType
 constexpr int kRequired = 0, kOptional = 1;
 
-const OrtApi* g_api = nullptr;
-bool g_parallel = false;
-bool g_avx512 = false;  // the path kernels created from now on take (set at registration)
-bool g_portable = !ES_X86;  // ... or the portable one (off x86-64 the only one; EDGESPEC_Q4_ISA=portable on it)
-bool g_amx = false;     // and whether calls of amx_min_rows rows or more take the AMX one
-bool g_hugepages = true;  // whether kernels copy their weights onto 2 MiB pages (own_weights)
-bool g_attn_quads = true;  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
+// The globals are set at each session's registration (RegisterCustomOps), which onnxruntime may run while another
+// session's kernels are being made or run: atomics, each stored once with its final value (no data race, no
+// transient value between two stores)
+std::atomic<const OrtApi*> g_api{nullptr};
+std::atomic<bool> g_parallel{false};
+std::atomic<bool> g_avx512{false};  // the path kernels created from now on take (set at registration)
+std::atomic<bool> g_portable{!ES_X86};  // ... or the portable one (off x86-64 the only one; EDGESPEC_Q4_ISA=portable on it)
+std::atomic<bool> g_amx{false};     // and whether calls of amx_min_rows rows or more take the AMX one
+std::atomic<bool> g_hugepages{true};  // whether kernels copy their weights onto 2 MiB pages (own_weights)
+std::atomic<bool> g_attn_quads{true};  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
 std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)
 
 // the AMX path needs a compiler that knows its instructions (GCC 11, clang 12): an older one (Ubuntu 20.04's GCC 9,
@@ -148,7 +151,7 @@ std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (
 #endif
 
 template <typename F>
-F api(int i) { return reinterpret_cast<F>(g_api->fn[i]); }
+F api(int i) { return reinterpret_cast<F>(g_api.load(std::memory_order_relaxed)->fn[i]); }
 
 OrtStatus* fail(const char* msg) { return api<OrtStatus* (*)(int, const char*)>(kCreateStatus)(2, msg); }  // ORT_INVALID_ARGUMENT
 
@@ -949,7 +952,9 @@ void quantize_row_portable(const float* x, int64_t K, int64_t block, int8_t* q, 
       }
     float amax = 0.f;
     for (float v : mv) amax = std::max(amax, v);
-    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    // inv is 0 where 127 / amax is not finite (amax 0, or below ~3.7e-37): the block's values are then all 0 (0 * inf
+    // was NaN and quantized to -127)
+    const float scale = amax / 127.f, inv = 127.f / amax <= std::numeric_limits<float>::max() ? 127.f / amax : 0.f;
     int32_t total = 0;
     for (int64_t j = 0; j < block; ++j) {
       const int32_t v = std::min(127, std::max(-127, cvt_nearest(xb[j] * inv)));
@@ -1025,7 +1030,7 @@ inline void block_dots_scalar(const uint8_t* wp, const int8_t* xb, int64_t P, in
 #endif
 
 #if defined(__aarch64__)
-bool g_dotprod = false;  // the CPU has ARMv8.2's dot-product instructions (getauxval, at registration)
+std::atomic<bool> g_dotprod{false};  // the CPU has ARMv8.2's dot-product instructions (getauxval, at registration)
 
 #if ES_SDOT
 __attribute__((target("arch=armv8.2-a+dotprod"))) void block_dots_sdot(const uint8_t* wp, const int8_t* xb, int64_t P,
@@ -1077,7 +1082,7 @@ void block_dots_neon(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* do
 inline void block_dots(const uint8_t* wp, const int8_t* xb, int64_t P, int32_t* dot) {
 #if defined(__aarch64__)
 #if ES_SDOT
-  if (g_dotprod) return block_dots_sdot(wp, xb, P, dot);
+  if (g_dotprod.load(std::memory_order_relaxed)) return block_dots_sdot(wp, xb, P, dot);
 #endif
   return block_dots_neon(wp, xb, P, dot);
 #else
@@ -1197,7 +1202,7 @@ ES_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q, f
     _mm256_store_ps(mv, m);
     float amax = 0.f;
     for (float v : mv) amax = std::max(amax, v);
-    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    const float scale = amax / 127.f, inv = 127.f / amax <= std::numeric_limits<float>::max() ? 127.f / amax : 0.f;
     const __m256 vinv = _mm256_set1_ps(inv);
     __m256i sum = _mm256_setzero_si256();
     for (int64_t j = 0; j < block; j += 8) {
@@ -2378,8 +2383,11 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] <= 0 || cd[1] * 2 > D)
     return attn_fail(a, "the head size does not match qkv and the caches (D a multiple of 8), or cos has more than D/2 "
                         "columns (its rotary pairs: D/2, or fewer for a partial rotary)");
-  const int32_t valid = *static_cast<const int32_t*>(data_of(in[3])) + 1;
-  const int64_t past = int64_t(valid) - n;
+  int64_t sn = 1;
+  for (int64_t x : dims_of(in[3])) sn *= x;
+  if (sn != 1 || !data_of(in[3])) return attn_fail(a, "seqlens_k must hold one value (batch 1)");
+  const int64_t valid = int64_t(*static_cast<const int32_t*>(data_of(in[3]))) + 1;
+  const int64_t past = valid - n;
   if (n <= 0 || past < 0 || valid > L || valid > cd[0])
     return attn_fail(a, "seqlens_k + 1 must be in [n, cache length] and within the rotary cache");
   // the optional positions (int64, n of them: see attend): rows [0, m) where rel[i] == i, later ones before theirs
@@ -2515,23 +2523,29 @@ extern "C" __attribute__((visibility("default"))) uint64_t edgespec_q4_amx_calls
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
                                                                                const OrtApiBase* base) {
-  g_api = base->GetApi(17);
-  g_parallel = g_api != nullptr;
-  if (!g_api) g_api = base->GetApi(1);
-  if (!g_api) return nullptr;
-  choose_paths(&g_portable, &g_avx512, &g_amx);
-#if defined(__aarch64__)
-  g_dotprod = ES_SDOT && (getauxval(AT_HWCAP) & (1ul << 20)) != 0;  // HWCAP_ASIMDDP
-#endif
+  const OrtApi* api17 = base->GetApi(17);
+  const OrtApi* got = api17 ? api17 : base->GetApi(1);
+  if (!got) return nullptr;
+  bool portable = false, avx512 = false, amx = false;
+  choose_paths(&portable, &avx512, &amx);
   const char* quads = std::getenv("EDGESPEC_ATTN_QUADS");  // 0: pairs of queries (to compare: the same bits)
-  g_attn_quads = !(quads && std::strcmp(quads, "0") == 0);
   const char* huge = std::getenv("EDGESPEC_Q4_HUGEPAGES");  // 0: read the weights where onnxruntime has them
-  g_hugepages = !(huge && std::strcmp(huge, "0") == 0);
+  bool hugepages = !(huge && std::strcmp(huge, "0") == 0);
   if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {  // "[never]": no huge pages to have
     char mode[128] = {0};
-    if (std::fgets(mode, sizeof mode, f) && std::strstr(mode, "[never]")) g_hugepages = false;
+    if (std::fgets(mode, sizeof mode, f) && std::strstr(mode, "[never]")) hugepages = false;
     std::fclose(f);
   }
+  g_api.store(got);
+  g_parallel.store(api17 != nullptr);
+  g_portable.store(portable);
+  g_avx512.store(avx512);
+  g_amx.store(amx);
+#if defined(__aarch64__)
+  g_dotprod.store(ES_SDOT && (getauxval(AT_HWCAP) & (1ul << 20)) != 0);  // HWCAP_ASIMDDP
+#endif
+  g_attn_quads.store(!(quads && std::strcmp(quads, "0") == 0));
+  g_hugepages.store(hugepages);
   OrtCustomOpDomain* domain = nullptr;
   OrtStatus* s = api<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(kCreateCustomOpDomain)("edgespec", &domain);
   if (s) return s;
