@@ -36,6 +36,28 @@ GPU_KERNELS_BYTES = 384 * MiB
 # estimates to be short: measured peaks have run up to ~5% over them) (edgespec.prompt_cache)
 PROMPT_CACHE_CONTEXTS = 4
 PROMPT_CACHE_MARGIN = 0.15
+# The suffix drafter's indexes, in the CPU's memory whatever device the models run on (edgespec.suffix): its
+# context index holds up to ORDERS contexts a token of the prompt and reply (a generation's whole context at most)
+# as Python objects: measured with tracemalloc on random tokens (its worst case: every context new), 1,180-1,410
+# bytes a token from 512 to 32k tokens and up to 1,650 at the peak of a dict's resize (tests/test_planner.py);
+# the memory store of earlier replies at its default cap (memory.DEFAULT_CAP_TOKENS: 4 bytes a token, ORDERS
+# table entries of 12 bytes). Counted since session 54 (inside PROMPT_CACHE_MARGIN before). Documents an engine
+# indexes come after the plan (Engine.add_documents: up to suffix.MAX_DOCUMENT_TOKENS tokens, ~96 bytes each), and
+# a store given a larger cap is not counted either.
+INDEX_CONTEXT_TOKEN_BYTES = 1700
+INDEX_STORE_TOKEN_BYTES = 4 + 8 * 12
+
+
+def index_bytes(manifest: Manifest, context: int) -> int:
+    """The suffix drafter's indexes at ``context`` tokens (INDEX_CONTEXT_TOKEN_BYTES): 0 for a vocabulary
+    too large for them (the engine then has no suffix drafter)."""
+    from .memory import DEFAULT_CAP_TOKENS
+    from .ngram import MAX_TOKEN, ORDERS
+
+    assert ORDERS == 8  # (the figures above)
+    if manifest.target.vocab_size > MAX_TOKEN:
+        return 0
+    return context * INDEX_CONTEXT_TOKEN_BYTES + DEFAULT_CAP_TOKENS * INDEX_STORE_TOKEN_BYTES
 
 
 @dataclass(frozen=True)
@@ -57,22 +79,26 @@ class Plan:
     # the most the prompt cache may hold (bytes; 0: none): out of what the rest leaves, not in ``total``
     # (it fills only as conversations are set aside)
     prompt_cache: int = 0
+    indexes: int = 0  # the suffix drafter's context index and memory store (index_bytes)
 
     @property
     def total(self) -> int:
-        return sum(self.weights.values()) + sum(self.kv.values()) + self.working + self.runtime
+        return sum(self.weights.values()) + sum(self.kv.values()) + self.working + self.runtime + self.indexes
 
     def rows(self) -> list[tuple[str, int]]:
         r = [(f"weights {k}", v) for k, v in self.weights.items()]
         r += [(f"KV cache {k} ({self.context} tokens)", v) for k, v in self.kv.items()]
         runtime = "runtime (onnxruntime, python, CUDA context)" if self.gpu else "runtime (onnxruntime, python)"
-        r += [("working memory (logits, activations)", self.working), (runtime, self.runtime)]
+        r += [("working memory (logits, activations)", self.working)]
+        if self.indexes:
+            r.append(("suffix drafter's indexes (context, memory store)", self.indexes))
+        r.append((runtime, self.runtime))
         return r
 
     def to_dict(self) -> dict:
         return {"budget": self.budget, "context": self.context, "drafter": self.drafter,
                 "default_drafter": self.default_drafter, "prefill_chunk": self.prefill_chunk,
-                "weights": self.weights, "kv": self.kv, "working": self.working, "runtime": self.runtime,
+                "weights": self.weights, "kv": self.kv, "working": self.working, "indexes": self.indexes, "runtime": self.runtime,
                 "gpu": self.gpu, "weights_basis": self.weights_basis, "devices": dict(self.devices), "prompt_cache": self.prompt_cache, "total": self.total, "cuts": list(self.cuts), "warnings": list(self.warnings)}
 
 
@@ -198,7 +224,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
                  + (" with its drafter model" if with_drafter and limit(True) < limit(False) else ""),)
                 if max_context and max_context > limit(with_drafter) else ())
         return Plan(budget, ctx, "model" if with_drafter else "none", default, chunk_here, weights, kv, working, runtime,
-                    tuple(cuts), over + tuple(warnings), any_gpu, weights_basis(with_drafter), devices)
+                    tuple(cuts), over + tuple(warnings), any_gpu, weights_basis(with_drafter), devices,
+                    indexes=index_bytes(manifest, ctx))
 
     def fit_context(with_drafter: bool) -> int | None:
         """The largest context that fits: the one asked for, else the largest multiple of 64 above
@@ -253,7 +280,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         f"the budget of {budget / MiB:.0f} MiB ({profile.name}) cannot hold this bundle: at the minimum context "
         f"of {floor} tokens without a drafter it needs {smallest.total / MiB:.0f} MiB "
         f"(weights {sum(smallest.weights.values()) / MiB:.0f} MiB, KV {sum(smallest.kv.values()) / MiB:.0f} MiB, "
-        f"working {smallest.working / MiB:.0f} MiB, runtime {smallest.runtime / MiB:.0f} MiB)")
+        f"working {smallest.working / MiB:.0f} MiB, runtime {smallest.runtime / MiB:.0f} MiB"
+        + (f", suffix indexes {smallest.indexes / MiB:.0f} MiB" if smallest.indexes else "") + ")")
 
 
 def prompt_cache_bytes(p: Plan, profile: Profile) -> tuple[int, str | None, str | None]:

@@ -36,6 +36,10 @@ SHIPPED = {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb"
 RUNTIME = 150 * 1048576  # 157,286,400
 # the CUDA context and first session, the graphs' kernels, one more session (session 16's GPU run)
 GPU_RUNTIME = RUNTIME + (700 + 384 + 160) * 1048576  # 1,461,714,944
+# the suffix drafter's indexes (session 54): 1,700 bytes a context token, and the memory store at its default cap of
+# 65,536 tokens, 100 bytes each (6,553,600)
+INDEX_TOKEN = 1700
+STORE = 65536 * 100
 
 # -- synthetic manifests with the real models' dimensions ---------------------------------------
 _IO = ModelIO("input_ids", "attention_mask", "past_key_values.%d.key", "past_key_values.%d.value",
@@ -112,7 +116,8 @@ def test_smollm2_plan_fits(ctx):
     assert p.kv == {"target": SMOL_KV[ctx]}
     assert p.working == SMOL_WORK_256 + SMOL_SCORES_256 * ctx
     assert p.runtime == RUNTIME
-    assert p.total == 540_000_000 + SMOL_KV[ctx] + SMOL_WORK_256 + SMOL_SCORES_256 * ctx + RUNTIME
+    assert p.indexes == STORE + INDEX_TOKEN * ctx
+    assert p.total == 540_000_000 + SMOL_KV[ctx] + SMOL_WORK_256 + SMOL_SCORES_256 * ctx + RUNTIME + p.indexes
     assert p.drafter == "none" and p.cuts == () and p.warnings == ()
 
 
@@ -171,7 +176,7 @@ def test_qwen_pair_fits_with_drafter(ctx):
     assert p.weights == {"target": 1_000_000_000, "drafter": 500_000_000}
     assert p.kv == {"target": QWEN_T_KV[ctx], "drafter": QWEN_D_KV[ctx]}
     assert p.total == (1_500_000_000 + QWEN_T_KV[ctx] + QWEN_D_KV[ctx] + QWEN_PAIR_WORK_256
-                       + QWEN_PAIR_SCORES_256 * ctx + RUNTIME)
+                       + QWEN_PAIR_SCORES_256 * ctx + RUNTIME + STORE + INDEX_TOKEN * ctx)
     assert p.total <= p.budget == 4096 * MiB
     assert p.cuts == ()
 
@@ -237,53 +242,56 @@ def test_fp16_kv_is_half():
 
 
 def test_context_is_cut_first():
-    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 545,488,896 + 32768 * 26,624 scores + 157,286,400
-    # = 5,759,545,088 > 4 GiB. Room: 4,294,967,296 - 2,202,775,296 = 2,092,192,000 bytes / (81,920 KV
-    # + 26,624 scores) per token = 19,275 -> 19,264.
+    # 32768 tokens: 1.5e9 + 2,684,354,560 KV + 545,488,896 + 32768 * 26,624 scores + 157,286,400 (+ the suffix
+    # indexes) = 5,759,545,088 > 4 GiB. Room: 4,294,967,296 - 2,202,775,296 - 6,553,600 (the store) = 2,085,638,400
+    # bytes / (81,920 KV + 26,624 scores + 1,700 index) per token = 18,918 -> 18,880.
     p = plan(qwen_pair(), cpu_profile(4096, max_context=32768))
     assert (1_500_000_000 + QWEN_T_KV[32768] + QWEN_D_KV[32768] + QWEN_PAIR_WORK_256 + 32768 * QWEN_PAIR_SCORES_256
             + RUNTIME == 5_759_545_088)
-    assert (4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME)) // (81_920 + QWEN_PAIR_SCORES_256) == 19_275
-    assert p.context == 19_264
+    assert ((4096 * MiB - (1_500_000_000 + QWEN_PAIR_WORK_256 + RUNTIME + STORE))
+            // (81_920 + QWEN_PAIR_SCORES_256 + INDEX_TOKEN) == 18_918)
+    assert p.context == 18_880
     assert p.drafter == "model"
-    assert p.kv == {"target": 57_344 * 19_264, "drafter": 24_576 * 19_264}
-    assert p.cuts == ("context 32768 -> 19264 tokens",)
+    assert p.kv == {"target": 57_344 * 18_880, "drafter": 24_576 * 18_880}
+    assert p.cuts == ("context 32768 -> 18880 tokens",)
     assert p.total <= p.budget
 
 
 def test_drafter_dropped_after_context():
     # With the drafter even 512 tokens need 1.5e9 + 41,943,040 + 545,488,896 + 13,631,488 + 157,286,400
-    # = 2,258,349,824 > 1800 MiB. Without: fixed 1e9 + 355,778,560 + 157,286,400 = 1,513,064,960; room
-    # 1,887,436,800 - 1,513,064,960 = 374,371,840 / (57,344 KV + 12,288 scores) = 5,376.
+    # = 2,258,349,824 > 1800 MiB. Without: fixed 1e9 + 355,778,560 + 157,286,400 + 6,553,600 (the suffix drafter's
+    # store) = 1,519,618,560; room 1,887,436,800 - 1,519,618,560 = 367,818,240 / (57,344 KV + 12,288 scores + 1,700
+    # index) = 5,156 -> 5,120.
     budget = 1800 * MiB
     assert budget == 1_887_436_800
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768))
     assert p.drafter == "none" and p.default_drafter == "auto"
-    assert p.context == 5_376
+    assert p.context == 5_120
     assert p.weights == {"target": 1_000_000_000}
-    assert p.kv == {"target": 57_344 * 5_376}
-    assert p.cuts == ("context 32768 -> 5376 tokens", "model drafter dropped (prompt lookup instead)")
+    assert p.kv == {"target": 57_344 * 5_120}
+    assert p.cuts == ("context 32768 -> 5120 tokens", "model drafter dropped (prompt lookup instead)")
     # a profile that insists on the model drafter falls back to prompt lookup by default
     p = plan(qwen_pair(), cpu_profile(1800, max_context=32768, drafter="model"))
     assert p.drafter == "none" and p.default_drafter == "prompt-lookup"
 
 
 def test_drafter_dropped_without_context_cut():
-    # 512 tokens, no drafter: 1e9 + 29,360,128 + 355,778,560 + 6,291,456 + 157,286,400 = 1,548,716,544
-    # (1477.0 MiB) fits 1500 MiB; with the drafter 2,258,349,824 does not.
+    # 512 tokens, no drafter: 1e9 + 29,360,128 + 355,778,560 + 6,291,456 + 157,286,400 + 6,553,600 + 512 * 1,700
+    # (the suffix drafter's store and context index) = 1,556,140,544 (1484.1 MiB) fits 1500 MiB; with the drafter
+    # 2,258,349,824 does not.
     p = plan(qwen_pair(), cpu_profile(1500, max_context=512))
     assert p.context == 512 and p.drafter == "none"
-    assert p.total == 1_548_716_544
+    assert p.total == 1_556_140_544
     assert p.cuts == ("model drafter dropped (prompt lookup instead)",)
 
 
 def test_budget_too_small_names_the_numbers():
-    # needs 1,548,716,544 bytes = 1477 MiB at 512 tokens without the drafter
+    # needs 1,556,140,544 bytes = 1484 MiB at 512 tokens without the drafter
     with pytest.raises(BudgetError) as e:
         plan(qwen_pair(), Profile(name="tight", memory_budget_mb=1200, max_context=32768))
     msg = str(e.value)
-    for part in ("1200 MiB", "tight", "512 tokens", "needs 1477 MiB", "weights 954 MiB", "KV 28 MiB",
-                 "working 345 MiB", "runtime 150 MiB"):
+    for part in ("1200 MiB", "tight", "512 tokens", "needs 1484 MiB", "weights 954 MiB", "KV 28 MiB",
+                 "working 345 MiB", "runtime 150 MiB", "suffix indexes 7 MiB"):
         assert part in msg, (part, msg)
 
 
@@ -350,8 +358,37 @@ def test_drafting_policies_without_model_drafter():
 
 def test_plan_to_dict_adds_up():
     d = plan(qwen_pair(), cpu_profile(4096, max_context=4096)).to_dict()
-    assert d["total"] == sum(d["weights"].values()) + sum(d["kv"].values()) + d["working"] + d["runtime"]
+    assert d["total"] == (sum(d["weights"].values()) + sum(d["kv"].values()) + d["working"] + d["runtime"]
+                          + d["indexes"])
     json.dumps(d)
+
+
+@pytest.mark.parametrize("tokens", [1500, 6000])
+def test_the_suffix_drafters_indexes_are_planned_as_measured(tokens):
+    """(session 54) The suffix drafter's context index (Python objects, ~1.2-1.6 KB a token of random tokens, its
+    worst case) was outside the plan: it is a row now, INDEX_CONTEXT_TOKEN_BYTES a context token at least what
+    tracemalloc measures at the peak of building it, and the memory store at its default cap; none where the
+    vocabulary is too large for the suffix drafter."""
+    import tracemalloc
+
+    import numpy as np
+
+    from edgespec.ngram import LiveIndex
+    from edgespec.planner import INDEX_CONTEXT_TOKEN_BYTES, index_bytes
+
+    ids = np.random.default_rng(tokens).integers(0, 151936, tokens)
+    tracemalloc.start()
+    try:
+        LiveIndex().extend(ids)  # (the ints made as the index takes them, as from a prompt's array)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 1000 * tokens < peak <= INDEX_CONTEXT_TOKEN_BYTES * tokens
+    p = plan(qwen_pair(), cpu_profile(8192, max_context=tokens))
+    assert p.indexes == index_bytes(qwen_pair(), tokens) == STORE + INDEX_TOKEN * tokens
+    assert ("suffix drafter's indexes (context, memory store)", p.indexes) in p.rows()
+    huge = _manifest(_spec("target", 30, 3, 64, 576, (1 << 24) + 1, 540_000_000, 8192))
+    assert index_bytes(huge, 4096) == 0 and plan(huge, cpu_profile(65536, max_context=4096)).indexes == 0
 
 
 # -- profiles --------------------------------------------------------------------------------------
