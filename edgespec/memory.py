@@ -165,18 +165,7 @@ class MemoryStore:
             self.dirty = False  # nothing to save: the file goes
             if self.path is None:
                 return
-            d, name = self.path.parent, self.path.name
-            if d.is_dir():
-                with _locked(_lock_path(self.path)):
-                    for p in sorted(d.iterdir()):
-                        if p == self.path or p.name.startswith(f"{name}.bad-") or (
-                                p.name.startswith(f".{name}.") and p.name.endswith(".tmp")):
-                            if p.is_dir() and not p.is_symlink():
-                                continue
-                            try:
-                                p.unlink()
-                            except FileNotFoundError:
-                                pass
+            _delete_files(self.path)
             self._stamp = None  # (the file is gone, as this store knows)
 
     def _replace(self, pairs) -> None:
@@ -577,19 +566,31 @@ def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = 
 
 def clear_store(manifest) -> list[Path]:
     """Delete the bundle's memory store (and set-aside files); returns what was deleted."""
-    path = store_path(manifest)
-    d = path.parent
-    gone = []
-    if d.is_dir():
-        lock = _lock_path(path)
-        # under the saves' lock (a save in progress finishes first, and one after sees the file gone), which stays:
-        # unlinked, a save waiting on it and a later one locked two different files, and one overwrote the other
-        with _locked(lock):
-            for p in sorted(d.iterdir()):
-                if (p.name.startswith(STORE_FILE) or p.name.startswith(f".{STORE_FILE}")) and p != lock:
-                    if p.is_dir() and not p.is_symlink():  # not a file edgespec wrote: never deleted with its contents
-                        warnings.warn(f"{p} is a directory, not a memory store: left as it is", stacklevel=2)
-                        continue
-                    p.unlink()
-                    gone.append(p)
+    return _delete_files(store_path(manifest), warn=True)
+
+
+def _delete_files(path: Path, warn: bool = False) -> list[Path]:
+    """Delete the store file at ``path`` and what edgespec writes beside it for it: its set-aside copies
+    (``<name>.bad-<time>``) and a killed save's temporary files (``.<name>.*.tmp``); returns what was deleted.
+    Under the saves' lock (a save in progress finishes first, and one after sees the file gone), which stays:
+    unlinked, a save waiting on it and a later one locked two different files, and one overwrote the other. A
+    directory of such a name is not a file edgespec wrote: never deleted with its contents (``warn``: said)."""
+    d, name = path.parent, path.name
+    gone: list[Path] = []
+    if not d.is_dir():
+        return gone
+    with _locked(_lock_path(path)):
+        for p in sorted(d.iterdir()):
+            if not (p == path or p.name.startswith(f"{name}.bad-")
+                    or (p.name.startswith(f".{name}.") and p.name.endswith(".tmp"))):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                if warn:
+                    warnings.warn(f"{p} is a directory, not a memory store: left as it is", stacklevel=3)
+                continue
+            try:
+                p.unlink()
+            except FileNotFoundError:  # (another process deleted it first)
+                continue
+            gone.append(p)
     return gone
