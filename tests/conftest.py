@@ -116,10 +116,10 @@ def tiny_fp8_bundle(tmp_path_factory, tiny_dirs):
 
 
 def _smol(tmp_path_factory, precision):
-    need(SMOL_GGUF, "SmolLM2-135M")
     pre = BUNDLES / f"smollm2-{precision}"
-    if (pre / "edgespec.json").is_file():
+    if (pre / "edgespec.json").is_file():  # (an exported bundle needs no GGUF: the GPU run may carry one alone)
         return pre
+    need(SMOL_GGUF, "SmolLM2-135M")
     return _export(tmp_path_factory, f"smollm2-{precision}", SMOL_GGUF, target_precision=precision,
                    max_context=2048)
 
@@ -154,9 +154,9 @@ def tiny_cuda_bundle(tmp_path_factory, tiny_dirs):
 @pytest.fixture(scope="session")
 def smol_cuda(tmp_path_factory):
     """SmolLM2 INT4 in the cuda layout, with its quality report."""
-    need(SMOL_GGUF, "SmolLM2-135M")
     pre = BUNDLES / "smollm2-int4-cuda"
     if (pre / "edgespec.json").is_file():
         return pre
+    need(SMOL_GGUF, "SmolLM2-135M")
     return _export(tmp_path_factory, "smollm2-int4-cuda", SMOL_GGUF, target_precision="int4", max_context=2048,
                    device="cuda", quality=True)

@@ -374,3 +374,144 @@ def test_probe_overlap_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):
     assert probe_overlap.main([str(tiny_cuda_bundle), "--provider", "cpu", "--calls", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+# -- session 54 (a review): what one call carries, compact packs, a fresh machine, run.sh's deadline --------------
+def test_the_default_batch_fits_a_call_beside_the_working_tree(capsys):
+    """Every call carries the working tree too (5.7 MiB in session 54) and at most 64 MiB in all: 60 MiB batches,
+    the default until then, were over it. The default is 64 MiB less the tree less 2 MiB; a size given that does
+    not fit beside the tree is refused in one line."""
+    tree = pack.tree_bytes(ROOT)
+    assert tree > 1 << 20  # (the tree was measured: git lists this checkout's files)
+    batch = pack.batch_bytes_for(ROOT, None)
+    assert batch + tree + 64 * 1024 <= 64 * pack.MiB  # (and the batch's MANIFEST.json)
+    assert batch >= 40 * pack.MiB
+    assert pack.batch_bytes_for(ROOT, 10) == 10 * pack.MiB
+    with pytest.raises(pack.PackError, match="come to more than the 64 MiB a call carries"):
+        pack.batch_bytes_for(ROOT, 63.5)
+    assert pack.main(["pack", "--wheels", str(ROOT / "no-such-dir"), "--no-smollm2", "--batch-mib", "62",
+                      "--out", str(ROOT / ".gpu-test-unused")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: a batch of 62 MiB") and err.count("\n") == 1
+    assert not (ROOT / ".gpu-test-unused").exists()
+
+
+def _elf_with_fatbin(containers: list[list[tuple[int, bytes]]]) -> bytes:
+    """A minimal ELF64 library whose .nv_fatbin section holds ``containers``, each a list of (sm arch, code)."""
+    import struct
+
+    fat = b""
+    for entries in containers:
+        body = b""
+        for arch, code in entries:
+            head = struct.pack("<HHIQ", 2, 0x11, 64, len(code)) + bytes(12) + struct.pack("<I", arch)
+            body += head + bytes(64 - len(head)) + code
+        fat += struct.pack("<IHHQ", pack.FATBIN_MAGIC, 1, 16, len(body)) + body
+        fat += bytes(-len(fat) % 8)
+    names = b"\0.shstrtab\0.nv_fatbin\0"
+    strtab_off, fat_off = 64, 64 + len(names) + (-len(names) % 8)
+    shoff = fat_off + len(fat)
+    ehdr = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9) + bytes(0x28 - 16) + struct.pack("<Q", shoff) + bytes(
+        0x3A - 0x30) + struct.pack("<HHH", 64, 3, 1)
+    ehdr += bytes(64 - len(ehdr))
+
+    def sh(name, off, size):
+        return struct.pack("<IIQQQQ", name, 1, 0, 0, off, size) + bytes(64 - 40)
+
+    shdrs = bytes(64) + sh(1, strtab_off, len(names)) + sh(11, fat_off, len(fat))
+    return ehdr + names + bytes(fat_off - 64 - len(names)) + fat + shdrs
+
+
+def test_keep_arch_zeroes_other_gpus_code_and_keeps_the_layout():
+    """--keep-arch 90: every fat binary entry for another architecture than sm_90 has its code zeroed, headers and
+    size unchanged (so every offset of the library is the same); a library with no sm_90 code, or no ELF, is
+    refused."""
+    sm80, sm90, sm90b, sm120 = os.urandom(300), os.urandom(200), os.urandom(96), os.urandom(50)
+    lib = _elf_with_fatbin([[(80, sm80), (90, sm90)], [(120, sm120)], [(90, sm90b), (86, os.urandom(40))]])
+    buf = bytearray(lib)
+    st = pack.keep_arch(buf, 90)
+    assert st == {"containers": 3, "without_arch": 1, "zeroed": 390, "kept": 296}
+    assert len(buf) == len(lib) and sm90 in buf and sm90b in buf and sm80 not in buf and sm120 not in buf
+    assert bytes(buf).count(bytes(300)) == 1 and buf[:64] == lib[:64] and buf[-192:] == lib[-192:]
+    with pytest.raises(pack.PackError, match="no code for sm_89"):
+        pack.keep_arch(bytearray(lib), 89)
+    with pytest.raises(pack.PackError, match="not an ELF64"):
+        pack.keep_arch(bytearray(b"MZ" + bytes(100)), 90)
+
+
+def test_an_xz_pack_installs_as_the_wheels_would(tmp_path, capsys):
+    """pack --xz --keep-arch 90: builder.tar.xz (genai, gguf, the tokenizer) and ortgpu.tar.xz (onnxruntime-gpu, its
+    CUDA library stripped; the CPU onnxruntime wheel left out), cut into batches; install.sh unpacks them into
+    the site as pip lays wheels out and the tokenizer into STAGE/files; the stash of a batch whose predecessors
+    are not in the stage says FRESH MACHINE and exits 7."""
+    w = tmp_path / "wheels"
+    lib = _elf_with_fatbin([[(80, os.urandom(4000)), (90, b"H200" * 100)]])
+    fake = "__version__ = \"9.0\"\nKIND = \"{}\"\ndef get_available_providers():\n    return [KIND]\n"
+    gpu = _wheel(w, "onnxruntime_gpu", "onnxruntime", fake.format("gpu").encode(), "9.0")
+    with zipfile.ZipFile(gpu, "a") as z:
+        z.writestr("onnxruntime/capi/libonnxruntime_providers_cuda.so", lib)
+    _wheel(w, "onnxruntime", "onnxruntime", fake.format("cpu").encode(), "9.0")
+    _wheel(w, "onnxruntime_genai", "onnxruntime_genai", b"G = 1\n", "0.18.0")
+    _wheel(w, "gguf", "gguf", b"F = 1\n", "0.19.0")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text('{"t": "' + os.urandom(3000).hex() + '"}')
+    (tok / "tokenizer_config.json").write_text("{}")
+    out = tmp_path / "tree"
+    assert pack.main(["pack", "--wheels", str(w), "--tokenizer", str(tok), "--no-smollm2", "--xz", "--keep-arch",
+                      "90", "--batch-mib", "0.002", "--out", str(out)]) == 0
+    batches = sorted(out.glob("b*"), key=lambda b: int(b.name[1:]))
+    names = [e["name"] for e in json.loads((batches[0] / "MANIFEST.json").read_text())["files"]]
+    assert sorted(names) == ["builder.tar.xz", "ortgpu.tar.xz"] and len(batches) >= 3
+    stage = tmp_path / "stage"
+    assert pack.main(["stash", str(batches[1]), "--stage", str(stage / "parts")]) == 7  # b1 never came
+    assert list(batches[1].glob("part*.bin")) and not list((stage / "parts").glob("part*"))  # (nothing moved)
+    for b in batches:
+        pack.stash(b, stage / "parts")
+    r = _install(stage, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = stage / "site"
+    assert (site / "onnxruntime_gpu-9.0.dist-info" / "RECORD").is_file()
+    assert (site / "onnxruntime_genai" / "__init__.py").read_bytes() == b"G = 1\n"
+    assert not (site / "onnxruntime-9.0.dist-info").exists()
+    stripped = (site / "onnxruntime" / "capi" / "libonnxruntime_providers_cuda.so").read_bytes()
+    assert len(stripped) == len(lib) and b"H200" * 100 in stripped and stripped != lib
+    assert (stage / "files" / "qwen-tokenizer" / "tokenizer.json").read_text() == (tok / "tokenizer.json").read_text()
+    check = _imports(stage / "env.sh", tmp_path, "import onnxruntime, gguf; print(onnxruntime.KIND)")
+    assert check.stdout.strip() == "gpu", check.stderr
+    assert pack.main(["pack", "--wheels", str(w), "--keep-arch", "90", "--no-smollm2", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] + "\n" == "error: --keep-arch strips onnxruntime's CUDA library inside an --xz pack: add --xz\n"
+
+
+def test_run_sh_keeps_to_its_budget(tmp_path):
+    """run.sh bounds every step by one deadline (RUN_BUDGET): a background export that never ends was waited
+    for SHAPED_WAIT (360 s) on its own before, and the steps' timeouts added to over 1,100 s against a device
+    call's 600. Here with a budget of 25 s the wait stops at what it leaves less 20 s."""
+    import time
+
+    stage = tmp_path / "stage"
+    (stage / "parts").mkdir(parents=True)
+    (stage / "env.sh").write_text("")
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        (stage / "shaped.pid").write_text(str(sleeper.pid))
+        env = {**os.environ, "STAGE": str(stage), "OUT": str(tmp_path / "out"), "PYTEST": "0", "PROVIDER": "cpu",
+               "SECTIONS": "env", "RUN_BUDGET": "25", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        t0 = time.monotonic()
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "run.sh")], capture_output=True, text=True,
+                           env=env, timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        sleeper.kill()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no SmolLM2 in the pack" in r.stdout and "bench rc=0" in r.stdout
+    assert 4 <= took < 30, took
+    assert json.loads((tmp_path / "out" / "gpu-run.json").read_text())["env"]
+
+
+def test_smoke_cuda_dry_run_on_the_cpu():
+    """scripts/gpu/smoke_cuda.py: onnxruntime's own kernels of an INT4 graph on the CUDA EP against the CPU EP,
+    first thing after install.sh (a stripped CUDA library that fails is told in seconds); --provider cpu here."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "smoke_cuda.py"), "--provider", "cpu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok: CPUExecutionProvider"), r.stdout + r.stderr

@@ -20,7 +20,9 @@ echo $$ > "$STAGE/shaped.pid"  # started with setsid: its process group, which r
 exec >"$STAGE/shaped.log" 2>&1
 t0=$(date +%s)
 stop() { echo "$1" | tee "$STAGE/shaped.cuda.done" > "$STAGE/shaped.done"; exit 1; }
-python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'qwen-tokenizer/*' \
+# (an --xz pack's tokenizer came with builder.tar.xz, which install.sh unpacked into STAGE/files)
+[ -f "$STAGE/files/qwen-tokenizer/tokenizer.json" ] || \
+    python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'qwen-tokenizer/*' \
     || stop "tokenizer=missing"
 python3 scripts/gpu/make_shaped.py --tokenizer "$STAGE/files/qwen-tokenizer" -o "$STAGE/hf-shaped" ${SHAPED_LAYERS:+--layers "$SHAPED_LAYERS"}
 rc_make=$?

@@ -7,7 +7,10 @@
 #
 #   bash scripts/gpu/install.sh /tmp/edgespec-gpu && source /tmp/edgespec-gpu/env.sh
 #
-# WHEELS (file patterns, default every wheel of the pack) picks the wheels, SITE (default STAGE/site)
+# An --xz pack's archives (builder.tar.xz, ortgpu.tar.xz: pack.py) are unpacked into the site as pip lays wheels
+# out, their files/ (the tokenizer) into STAGE/files.
+#
+# WHEELS (file patterns, default every wheel and wheel archive of the pack) picks the wheels, SITE (default STAGE/site)
 # and ENV_SH (default STAGE/env.sh) where they go: the builder's site, as soon as the first batch is
 # there, is  WHEELS='onnxruntime-[0-9]*.whl onnxruntime_genai*.whl gguf*.whl' SITE=STAGE/site-build
 # ENV_SH=STAGE/env-build.sh  (CPU onnxruntime 1.31, which genai 0.18 needs). A CPU onnxruntime is
@@ -22,25 +25,31 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # the wheels of this pack (not whatever an earlier pack left in STAGE/files)
 SITE=$(realpath -m "${SITE:-$STAGE/site}")
 ENV_SH=$(realpath -m "${ENV_SH:-$STAGE/env.sh}")
-read -r -a PATTERNS <<< "${WHEELS:-*.whl}"
+read -r -a PATTERNS <<< "${WHEELS:-*.whl *.whl.tar.xz builder.tar.xz ortgpu.tar.xz}"
 JOINED=$("$PY" "$ROOT/scripts/gpu/pack.py" join --stage "$STAGE/parts" --out "$STAGE/files" --only "${PATTERNS[@]}")
 mapfile -t ALL <<< "$JOINED"
 PICKED=()
+ARCHIVES=()
 GPU_ORT=0
 for w in "${ALL[@]}"; do
-  case "$(basename "$w")" in onnxruntime_gpu-*) GPU_ORT=1 ;; esac
+  case "$(basename "$w")" in onnxruntime_gpu-*|ortgpu.tar.xz) GPU_ORT=1 ;; esac
 done
 for w in "${ALL[@]}"; do
   b=$(basename "$w")
   [ -n "$w" ] || continue
-  case "$b" in *.whl) ;; *) continue ;; esac
+  case "$b" in *.tar.xz) ARCHIVES+=("$w"); continue ;; *.whl) ;; *) continue ;; esac
   if [ "$GPU_ORT" = 1 ] && [[ "$b" == onnxruntime-[0-9]* ]]; then continue; fi
   PICKED+=("$w")
 done
-[ "${#PICKED[@]}" -gt 0 ] || { echo "error: no wheel matches ${PATTERNS[*]}" >&2; exit 2; }
+[ $(( ${#PICKED[@]} + ${#ARCHIVES[@]} )) -gt 0 ] || { echo "error: no wheel matches ${PATTERNS[*]}" >&2; exit 2; }
 mkdir -p "$SITE"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    "${PICKED[@]}"
+if [ "${#PICKED[@]}" -gt 0 ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "${PICKED[@]}"
+fi
+for a in "${ARCHIVES[@]}"; do
+  "$PY" "$ROOT/scripts/gpu/pack.py" unpack "$a" --site "$SITE" --files "$STAGE/files"
+done
 # edgespec itself, from this checkout (no build isolation: setuptools is already there, no index)
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
     --target "$SITE" "$ROOT"

@@ -11,17 +11,31 @@ part's sha256), so the far side knows at any point what it has and what is compl
 Here (a connected machine):
 
     python scripts/gpu/pack.py pack --tokenizer bundles/qwen-coder-b128/tokenizer --out .gpu
-        # -> .gpu/b1 ... .gpu/bN, each <= 60 MiB, each one transfer
+        # -> .gpu/b1 ... .gpu/bN, each one transfer: by default 64 MiB less the working tree (which every
+        # call carries too: 5.7 MiB in session 54) less 2 MiB for it to grow; --batch-mib sets it, refused
+        # where it and the tree come to more than 64 MiB
+
+    python scripts/gpu/pack.py pack --tokenizer bundles/qwen-coder-b128/tokenizer --xz --keep-arch 90 --out .gpu
+        # (session 54) 3 transfers instead of 7: the wheels' trees xz-compressed (builder.tar.xz: genai, gguf and
+        # the tokenizer; ortgpu.tar.xz: onnxruntime-gpu, which serves genai's builder too, so the CPU onnxruntime
+        # wheel stays here; SmolLM2's GGUF as its .tar.xz), and with --keep-arch 90 the GPU code of every other
+        # architecture in onnxruntime's CUDA library zeroed (an H100/H200 runs sm_90's: 244 -> 66.5 MiB); a pack
+        # made with --xz alone (194 MiB of onnxruntime-gpu) is the fallback where the stripped library fails
+        # scripts/gpu/smoke_cuda.py
 
 There, one batch per call (the batch folder arrives in the working tree):
 
     python3 scripts/gpu/pack.py stash .gpu/b3 --stage /tmp/edgespec-gpu/parts
     python3 scripts/gpu/pack.py join --stage /tmp/edgespec-gpu/parts --out /tmp/edgespec-gpu/files \
         [--only '*.whl']
+    python3 scripts/gpu/pack.py unpack /tmp/edgespec-gpu/files/ortgpu.tar.xz --site SITE --files FILES
 
-``join`` writes each file whose bytes have all arrived and whose sha256 matches, and says what is
-still missing; it exits 3 when a file asked for (``--only``) is incomplete and 4 when a part or a
-file does not match its sha256 (nothing corrupt is left behind). Only the standard library is
+``stash`` exits 7 where a batch before this one is not in the stage (the machine was given back
+between two calls, and this is a fresh one: start again from b1). ``join`` writes each file whose
+bytes have all arrived and whose sha256 matches, and says what is still missing; it exits 3 when a
+file asked for (``--only``) is incomplete and 4 when a part or a file does not match its sha256
+(nothing corrupt is left behind). ``unpack`` writes a ``.tar.xz``'s wheel trees into SITE (as ``pip
+install --target`` lays them out) and its ``files/`` into FILES. Only the standard library is
 used: it runs on any Python 3.9+.
 """
 from __future__ import annotations
@@ -29,11 +43,16 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 MiB = 1 << 20
@@ -47,6 +66,13 @@ PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implement
                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64",
                  "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What one call to the GPU machine carries: the working tree (tracked files and untracked ones git does not
+# ignore) and the carried folders together (the device library's README); the default batch leaves the tree
+# and TREE_MARGIN_MIB for it to grow. (60 MiB batches were the default until session 54, when the tree had grown
+# to 5.7 MiB: every full batch was over the limit.)
+CALL_MIB = 64
+TREE_MARGIN_MIB = 2
+FATBIN_MAGIC = 0xBA55ED50  # a CUDA fat binary's container in a library's .nv_fatbin section
 
 
 class PackError(Exception):
@@ -59,6 +85,10 @@ class Incomplete(PackError):
 
 class Corrupt(PackError):
     exit_code = 4
+
+
+class FreshMachine(PackError):
+    exit_code = 7
 
 
 def sha256(path: Path, start: int = 0, size: int | None = None) -> str:
@@ -143,6 +173,174 @@ def pack(files: list[tuple[str, Path]], out: Path, batch_bytes: int) -> list[Pat
     return batches
 
 
+def tree_bytes(root: Path) -> int:
+    """Bytes of the working tree a call to the GPU machine carries: the files git tracks and the untracked ones
+    it does not ignore (a link travels as a link)."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True)
+    except OSError as e:
+        raise PackError(f"cannot measure the working tree ({e}): pass --batch-mib") from None
+    if r.returncode != 0:
+        raise PackError(f"cannot measure the working tree of {root} (git ls-files failed): pass --batch-mib")
+    total = 0
+    for name in r.stdout.split(b"\0"):
+        p = root / os.fsdecode(name)
+        if name and p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+    return total
+
+
+def batch_bytes_for(root: Path, batch_mib: float | None) -> int:
+    """The batch size: ``batch_mib``, refused where it and the working tree come to more than CALL_MIB; by
+    default CALL_MIB less the tree less TREE_MARGIN_MIB, in whole MiB."""
+    tree = tree_bytes(root)
+    if batch_mib is None:
+        mib = int((CALL_MIB * MiB - tree) // MiB) - TREE_MARGIN_MIB
+        if mib < 8:
+            raise PackError(f"the working tree has {tree / MiB:.1f} MiB: too little of a call's {CALL_MIB} MiB is left "
+                            f"for a batch")
+        return mib * MiB
+    if not batch_mib > 0:
+        raise PackError("the batch size must be positive")
+    if batch_mib * MiB + tree > CALL_MIB * MiB:
+        raise PackError(f"a batch of {batch_mib:g} MiB and the working tree's {tree / MiB:.1f} MiB come to more than "
+                        f"the {CALL_MIB} MiB a call carries")
+    return int(batch_mib * MiB)
+
+
+# -- here: compact packs (--xz, --keep-arch) ----------------------------------------------------------
+def _fatbin_section(data) -> tuple[int, int]:
+    """(offset, size) of the .nv_fatbin section of an ELF64 little-endian shared library."""
+    if bytes(data[:4]) != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise PackError("not an ELF64 little-endian library")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    strtab, = struct.unpack_from("<Q", data, shoff + shstrndx * shentsize + 0x18)
+    for i in range(shnum):
+        h = shoff + i * shentsize
+        name, = struct.unpack_from("<I", data, h)
+        end = data.index(b"\0", strtab + name)
+        if bytes(data[strtab + name:end]) == b".nv_fatbin":
+            return struct.unpack_from("<QQ", data, h + 0x18)
+    raise PackError("the library has no .nv_fatbin section")
+
+
+def keep_arch(data: bytearray, arch: int) -> dict:
+    """Zero, in place, the code of every entry of the library's fat binaries built for another GPU architecture
+    than ``arch`` (sm_XY: XY); the containers' and entries' headers stay, so the file's layout and every offset are
+    the same, and a GPU of ``arch`` loads the entries it always loaded. Returns counts: containers, those with no
+    entry for ``arch`` (code no such GPU could run: no PTX to compile), bytes zeroed and kept."""
+    off, size = _fatbin_section(data)
+    pos, st = off, {"containers": 0, "without_arch": 0, "zeroed": 0, "kept": 0}
+    while pos + 16 <= off + size:
+        magic, _version, hsize, fsize = struct.unpack_from("<IHHQ", data, pos)
+        if magic != FATBIN_MAGIC:
+            pos += 8 - pos % 8  # (containers start 8-byte aligned: padding after the one before)
+            continue
+        st["containers"] += 1
+        p, end, archs = pos + hsize, pos + hsize + fsize, set()
+        while p + 32 <= end:
+            _kind, _flags, ehsize, psize = struct.unpack_from("<HHIQ", data, p)
+            a, = struct.unpack_from("<I", data, p + 28)
+            if ehsize < 32 or p + ehsize + psize > end:
+                raise PackError(f"a fat binary entry at {p:#x} runs past its container: not a layout this knows")
+            archs.add(a)
+            if a != arch:
+                data[p + ehsize:p + ehsize + psize] = bytes(psize)
+                st["zeroed"] += psize
+            else:
+                st["kept"] += psize
+            p += ehsize + psize
+        st["without_arch"] += arch not in archs
+        pos = end
+    if not st["kept"]:
+        raise PackError(f"the library holds no code for sm_{arch}")
+    return st
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mode = len(data), mode
+    tar.addfile(ti, io.BytesIO(data))
+
+
+CUDA_LIBRARY = "libonnxruntime_providers_cuda.so"
+
+
+def xz_pack(out: Path, wheels: list[Path], files: list[tuple[str, Path]], arch: int | None = None,
+            preset: int = 6) -> Path:
+    """``out`` (a .tar.xz): each wheel's files as ``pip install --target`` lays them out (``arch``: the CUDA
+    library's other architectures zeroed, ``keep_arch``), then ``files`` under ``files/NAME``."""
+    import lzma
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    with lzma.open(tmp, "wb", preset=preset) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
+        for whl in wheels:
+            with zipfile.ZipFile(whl) as z:
+                for info in z.infolist():
+                    if info.is_dir():
+                        continue
+                    if ".data/" in info.filename:  # (scripts, headers: pip's to place; none in these wheels)
+                        raise PackError(f"{whl.name} has {info.filename}: install that wheel with pip, not --xz")
+                    data = z.read(info)
+                    if arch is not None and info.filename.endswith(CUDA_LIBRARY):
+                        buf = bytearray(data)
+                        st = keep_arch(buf, arch)
+                        print(f"  {info.filename}: sm_{arch} kept, {st['zeroed'] / MiB:.1f} MiB of other GPUs' code "
+                              f"zeroed ({st['containers']} containers, {st['without_arch']} without sm_{arch})")
+                        data = bytes(buf)
+                    _add(tar, info.filename, data, (info.external_attr >> 16) & 0o777 or 0o644)
+        for name, path in files:
+            _add(tar, f"files/{name}", path.read_bytes())
+    tmp.replace(out)
+    return out
+
+
+def unpack(archive: Path, site: Path, files: Path) -> int:
+    """There: a ``xz_pack`` archive's wheel trees into ``site``, its ``files/`` into ``files``. Returns the count."""
+    n = 0
+    try:
+        tar = tarfile.open(archive, "r:xz")
+    except (OSError, tarfile.TarError) as e:
+        raise Corrupt(f"{archive}: not a .tar.xz ({e})") from None
+    with tar:
+        for m in tar:
+            if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts:
+                raise Corrupt(f"{archive}: {m.name!r} is not a plain relative file")
+            dest = files / m.name[len("files/"):] if m.name.startswith("files/") else site / m.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".partial")
+            with tar.extractfile(m) as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 8 * MiB)
+            tmp.chmod(m.mode or 0o644)
+            tmp.replace(dest)
+            n += 1
+    return n
+
+
+def compact_files(wheels: list[Path], tokenizer: Path | None, smol: Path | None, work: Path,
+                  arch: int | None) -> list[tuple[str, Path]]:
+    """The --xz pack's files: builder.tar.xz (genai, gguf, the tokenizer), ortgpu.tar.xz (onnxruntime-gpu; the CPU
+    onnxruntime wheel left out: onnxruntime-gpu is an onnxruntime >= 1.31 too, what genai 0.18's builder needs),
+    SMOL.tar.xz; other wheels each their own .tar.xz."""
+    pick = lambda pat: [w for w in wheels if re.match(pat, w.name)]  # noqa: E731
+    gpu = pick(r"onnxruntime_gpu-")
+    builder = pick(r"onnxruntime_genai-|gguf-")
+    rest = [w for w in wheels if w not in gpu and w not in builder and not re.match(r"onnxruntime-\d", w.name)]
+    toks = [(f"qwen-tokenizer/{f}", tokenizer / f) for f in ("tokenizer.json", "tokenizer_config.json")] \
+        if tokenizer is not None else []
+    out = [("builder.tar.xz", xz_pack(work / "builder.tar.xz", builder, toks))]
+    if gpu:
+        out.append(("ortgpu.tar.xz", xz_pack(work / "ortgpu.tar.xz", gpu, [], arch)))
+    for w in rest:
+        out.append((f"{w.name}.tar.xz", xz_pack(work / f"{w.name}.tar.xz", [w], [])))
+    if smol is not None:
+        out.append((f"{smol.name}.tar.xz", xz_pack(work / f"{smol.name}.tar.xz", [], [(smol.name, smol)])))
+    return out
+
+
 # -- there: collect the batches and join the files --------------------------------------------------
 def read_manifest(stage: Path) -> dict:
     try:
@@ -154,19 +352,29 @@ def read_manifest(stage: Path) -> dict:
 
 
 def stash(batch: Path, stage: Path) -> list[str]:
-    """Move a batch's part into ``stage`` after checking its sha256 (a bad part is not kept)."""
+    """Move a batch's part into ``stage`` after checking its sha256 (a bad part is not kept), and that the parts
+    of the batches before it are there (FreshMachine, the batch left where it is, where they are not)."""
     man = read_manifest(batch)
     stage.mkdir(parents=True, exist_ok=True)
     if (stage / MANIFEST).exists() and read_manifest(stage) != man:
         raise Corrupt(f"{batch} belongs to another pack than the parts already in {stage}: empty {stage} first")
-    moved = []
     known = {p["name"]: p for p in man["parts"]}
-    for f in sorted(batch.glob("part*.bin")):
+    here = sorted(batch.glob("part*.bin"))
+    for f in here:
         p = known.get(f.name)
         if p is None:
             raise Corrupt(f"{f} is not a part of its manifest")
         if f.stat().st_size != p["size"] or sha256(f) != p["sha256"]:
             raise Corrupt(f"{f} does not match its sha256 in the manifest (a broken transfer): send it again")
+    # a batch after the first finds the parts of the batches before it (in any order) unless the machine was given
+    # back between the calls: the call that found no warm machine started a fresh one, an empty stage
+    names = [p["name"] for p in man["parts"]]
+    first = min((names.index(f.name) for f in here), default=0)
+    if first > 0 and not any((stage / n).is_file() for n in names):
+        raise FreshMachine(f"FRESH MACHINE: no part of the batches before this one is in {stage} (the machine was "
+                           f"given back between calls): send the batches again from b1")
+    moved = []
+    for f in here:
         shutil.move(str(f), stage / f.name)
         moved.append(f.name)
     shutil.copy(batch / MANIFEST, stage / MANIFEST)
@@ -239,7 +447,11 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", type=Path, default=None, help="a directory with the Qwen tokenizer files")
     p.add_argument("--no-smollm2", action="store_true")
     p.add_argument("--file", type=Path, action="append", default=[], help="carry this file too (repeatable)")
-    p.add_argument("--batch-mib", type=float, default=60.0)
+    p.add_argument("--batch-mib", type=float, default=None,
+                   help=f"batch size (default: {CALL_MIB} MiB less the working tree less {TREE_MARGIN_MIB} MiB)")
+    p.add_argument("--xz", action="store_true", help="the wheels' trees and SmolLM2 as .tar.xz (fewer transfers)")
+    p.add_argument("--keep-arch", type=int, default=None,
+                   help="with --xz: keep only this GPU architecture's code in onnxruntime's CUDA library (90: H100/H200)")
     s = sub.add_parser("stash", help="move an arrived batch into the stage (there)")
     s.add_argument("batch", type=Path)
     s.add_argument("--stage", type=Path, required=True)
@@ -247,33 +459,47 @@ def main(argv=None) -> int:
     j.add_argument("--stage", type=Path, required=True)
     j.add_argument("--out", type=Path, required=True)
     j.add_argument("--only", nargs="*", default=None, help="file name patterns that must be complete")
+    u = sub.add_parser("unpack", help="write a --xz archive's wheel trees and files (there)")
+    u.add_argument("archive", type=Path)
+    u.add_argument("--site", type=Path, required=True)
+    u.add_argument("--files", type=Path, required=True)
     args = ap.parse_args(argv)
     try:
         if args.cmd == "pack":
+            if args.keep_arch is not None and not args.xz:
+                raise PackError("--keep-arch strips onnxruntime's CUDA library inside an --xz pack: add --xz")
+            batch = batch_bytes_for(Path(__file__).resolve().parent.parent.parent, args.batch_mib)
+            wheels = download_wheels(args.out / "cache") if args.wheels is None else sorted(args.wheels.glob("*.whl"))
             files: list[tuple[str, Path]] = []
-            if args.wheels is None:
-                files += [(w.name, w) for w in download_wheels(args.out / "cache")]
+            if args.xz:
+                smol = None if args.no_smollm2 else args.models / SMOL
+                if smol is not None and not smol.is_file():
+                    raise PackError(f"{smol} is not a file")
+                files += compact_files(wheels, args.tokenizer, smol, args.out / "xz", args.keep_arch)
             else:
-                files += [(w.name, w) for w in sorted(args.wheels.glob("*.whl"))]
-            if args.tokenizer is not None:
-                files += [(f"qwen-tokenizer/{f}", args.tokenizer / f)
-                          for f in ("tokenizer.json", "tokenizer_config.json")]
-            if not args.no_smollm2:
-                files.append((SMOL, args.models / SMOL))
+                files += [(w.name, w) for w in wheels]
+                if args.tokenizer is not None:
+                    files += [(f"qwen-tokenizer/{f}", args.tokenizer / f)
+                              for f in ("tokenizer.json", "tokenizer_config.json")]
+                if not args.no_smollm2:
+                    files.append((SMOL, args.models / SMOL))
             files += [(f.name, f) for f in args.file]
             # smallest first: the builder's wheels and the tokenizer arrive in the first batch, so the
             # shaped models export there while the rest (onnxruntime-gpu) travels
             files.sort(key=lambda nf: nf[1].stat().st_size if nf[1].is_file() else 0)
-            batches = pack(files, args.out, int(args.batch_mib * MiB))
+            batches = pack(files, args.out, batch)
             for d in batches:
                 size = sum(f.stat().st_size for f in d.iterdir())
                 print(f"{d}  {size / MiB:.1f} MiB")
-            print(f"{len(batches)} batches of at most {args.batch_mib:g} MiB: one transfer each")
+            print(f"{len(batches)} batches of at most {batch / MiB:g} MiB: one transfer each")
         elif args.cmd == "stash":
             moved = stash(args.batch, args.stage)
             man, present, complete = status(args.stage)
             print(f"stashed {' '.join(moved) or 'nothing'}; {len(present)} of {len(man['parts'])} parts here; "
                   f"complete: {', '.join(complete) or 'none yet'}")
+        elif args.cmd == "unpack":
+            n = unpack(args.archive, args.site, args.files)
+            print(f"{args.archive.name}: {n} files")
         else:
             for f in join(args.stage, args.out, args.only):
                 print(f)

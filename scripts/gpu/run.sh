@@ -4,8 +4,11 @@
 # shaped bundles are there. Everything it keeps goes to OUT (default STAGE/out):
 #   pytest.log, bench.log, gpu-run.json, shaped.log, exports.log, nvidia-smi.txt
 #   STAGE=/tmp/edgespec-gpu OUT=/tmp/out bash scripts/gpu/run.sh
+# RUN_BUDGET (seconds, default 480) bounds the whole script: each step's timeout is its own or what is left of
+# the budget less 20 s, whichever is less (a device call ends at 600 s; a step that hangs spent the window before).
 # SECTIONS (default all) picks the bench's sections; PYTEST=0 skips the tests; SHAPED_WAIT is how
-# long to wait for the background exports (seconds, default 360); SMOL_EXPORT=0 skips SmolLM2 (not sent),
+# long to wait for the background exports (seconds, default 360); SMOL_EXPORT=0 skips SmolLM2 (skipped by itself
+# where the pack has none),
 # SMOL_CPU=0 its cpu-layout bundle (only the smol section compares with it: ~65 s of a short window);
 # PYTEST_FILES picks the test files; PROVIDER=cpu runs the bench on the
 # CPU EP (a dry run on a machine without a GPU).
@@ -20,31 +23,42 @@ export PYTHONUNBUFFERED=1 EDGESPEC_MODELS="$STAGE/files" EDGESPEC_BUNDLES="$STAG
 mkdir -p "$OUT" "$STAGE/bundles"
 B=$STAGE/bundles
 say() { echo "[$(date +%T)] $*"; }
+DEADLINE=$((SECONDS + ${RUN_BUDGET:-480}))
+# left S: the seconds a step may take, at most S and what the budget leaves less 20 s for what follows (>= 1)
+left() { local l=$((DEADLINE - SECONDS - 20)); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 SMOL=$STAGE/files/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ "${SMOL_EXPORT:-1}" = 1 ] && ! grep -q 'SmolLM2' "$STAGE/parts/MANIFEST.json" 2>/dev/null; then
+  say "no SmolLM2 in the pack: its bundles skipped"
+  SMOL_EXPORT=0
+fi
 if [ "${SMOL_EXPORT:-1}" = 1 ]; then
   python3 scripts/gpu/pack.py join --stage "$STAGE/parts" --out "$STAGE/files" --only 'SmolLM2*' || exit 3
+  if [ ! -f "$SMOL" ] && [ -f "$SMOL.tar.xz" ]; then  # (an --xz pack's)
+    python3 scripts/gpu/pack.py unpack "$SMOL.tar.xz" --site "$STAGE/site" --files "$STAGE/files" || exit 3
+  fi
 fi
 if [ "${SMOL_EXPORT:-1}" = 1 ] && [ "${SMOL_CPU:-1}" = 1 ] && [ ! -f "$B/smollm2-int4/edgespec.json" ]; then
   say "SmolLM2 int4, cpu layout"
-  edgespec export "$SMOL" -o "$B/smollm2-int4" --target-precision int4 --max-context 2048 --no-quality --force \
-      >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cpu-layout export (exports.log)"
+  timeout "$(left 240)" edgespec export "$SMOL" -o "$B/smollm2-int4" --target-precision int4 --max-context 2048 \
+      --no-quality --force >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cpu-layout export (exports.log)"
 fi
 if [ "${SMOL_EXPORT:-1}" = 1 ] && [ ! -f "$B/smollm2-int4-cuda/edgespec.json" ]; then
   say "SmolLM2 int4, cuda layout (with its quality report)"
-  edgespec export "$SMOL" -o "$B/smollm2-int4-cuda" --target-precision int4 --max-context 2048 --device cuda --force \
-      >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cuda-layout export (exports.log)"
+  timeout "$(left 300)" edgespec export "$SMOL" -o "$B/smollm2-int4-cuda" --target-precision int4 --max-context 2048 \
+      --device cuda --force >>"$OUT/exports.log" 2>&1 || say "FAILED: SmolLM2 cuda-layout export (exports.log)"
 fi
 if [ "${PYTEST:-1}" = 1 ]; then
   say "pytest ${PYTEST_FILES:=tests/test_cuda.py tests/test_layout.py}"
   # shellcheck disable=SC2086
-  timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider $PYTEST_FILES >"$OUT/pytest.log" 2>&1
+  timeout "$(left "${PYTEST_TIMEOUT:-300}")" python3 -m pytest -q -rs -p no:cacheprovider $PYTEST_FILES \
+      >"$OUT/pytest.log" 2>&1
   rc_pytest=$?
   say "pytest rc=$rc_pytest :: $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | cut -c1-300
 fi
 say "waiting for the shaped exports"
-for _ in $(seq "${SHAPED_WAIT:-360}"); do
+for _ in $(seq "$(left "${SHAPED_WAIT:-360}")"); do
   [ -f "$STAGE/shaped.done" ] && break
   # no export running (never started, or died): waiting longer gains nothing
   { [ -f "$STAGE/shaped.pid" ] && kill -0 "$(cat "$STAGE/shaped.pid")" 2>/dev/null; } || break
@@ -65,7 +79,7 @@ args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SE
 [ -f "$B/smollm2-int4-cuda/edgespec.json" ] && args+=(--smol-cuda "$B/smollm2-int4-cuda")
 [ -f "$B/smollm2-int4/edgespec.json" ] && args+=(--smol-cpu "$B/smollm2-int4")
 say "bench ${args[*]}"
-timeout "${BENCH_TIMEOUT:-300}" python3 scripts/gpu/bench.py "${args[@]}" >"$OUT/bench.log" 2>&1
+timeout "$(left "${BENCH_TIMEOUT:-300}")" python3 scripts/gpu/bench.py "${args[@]}" >"$OUT/bench.log" 2>&1
 rc_bench=$?
 say "bench rc=$rc_bench"
 grep -E "^   [a-z_]+: " "$OUT/bench.log" | cut -c1-400
