@@ -502,8 +502,11 @@ class Engine:
         texts = [prompt_or_messages] if isinstance(prompt_or_messages, str) else [
             x for m in prompt_or_messages if isinstance(m, dict) for x in _rendered_strings(m)
         ] if isinstance(prompt_or_messages, (list, tuple)) else []
-        if isinstance(template_kwargs, dict):
-            texts.append(json.dumps(template_kwargs, ensure_ascii=False, default=str))
+        if template_kwargs:  # (checked first: an integer too long to write, a list holding itself were a ValueError
+            from .template import check_template_kwargs  # here, before the tokenizer's check; session 54)
+
+            template_kwargs = check_template_kwargs(template_kwargs) or None
+            texts.append(json.dumps(template_kwargs, ensure_ascii=False))
         if tools is not None and tools.template_tools is not None:  # (tool_choice "none": not rendered)
             texts.append(json.dumps(tools.template_tools, ensure_ascii=False))
         if isinstance(suffix, str):
@@ -513,7 +516,7 @@ class Engine:
             raise ContextOverflowError(f"the prompt has at least {least} tokens ({sum(len(t) for t in texts)} "
                                        f"characters); the context holds {self.max_context}")
         if not isinstance(parse_special, (bool, np.bool_)):  # ("no" would be true), as GenerationConfig's ignore_eos
-            raise ConfigError(f"parse_special must be true or false, got {parse_special!r}"[:200])
+            raise ConfigError(f"parse_special must be true or false, got {shown(parse_special)}")
         if suffix is not None:
             return self.tokenizer.encode_infill(prompt_or_messages, suffix, parse_special)
         if isinstance(prompt_or_messages, str):
@@ -621,7 +624,7 @@ class Engine:
         named -= frozenset() if cfg.ignore_eos else self.decoder.eos
         it = self._deltas(prepared, stop, cfg, healed, named)
         with self._streams_lock:
-            self._streams[it] = threading.get_ident()
+            self._streams[it] = threading.current_thread()
         return it
 
     def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str,
@@ -817,7 +820,7 @@ class Engine:
         template_kwargs = kw.pop("chat_template_kwargs", None)
         token_healing = bool(token_healing) if isinstance(token_healing, np.bool_) else token_healing
         if not isinstance(token_healing, bool):
-            raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
+            raise ConfigError(f"token_healing must be true or false, got {shown(token_healing)}")
         if suffix is not None or token_healing:
             if tools is not None or tool_choice is not None or parallel_tool_calls is not True:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt" if suffix is not None
@@ -856,7 +859,7 @@ class Engine:
         off and ``kw['heal']`` set to its bytes (``heal``)."""
         token_healing = bool(token_healing) if isinstance(token_healing, np.bool_) else token_healing
         if not isinstance(token_healing, bool):
-            raise ConfigError(f"token_healing must be true or false, got {token_healing!r}"[:200])
+            raise ConfigError(f"token_healing must be true or false, got {shown(token_healing)}")
         if token_healing and not isinstance(prompt, str):
             raise ConfigError("token healing needs a plain prompt (the text before the cursor), not chat messages")
         ids = self.encode(prompt, parse_special, fit=True, suffix=suffix, template_kwargs=template_kwargs)
@@ -950,13 +953,17 @@ class Engine:
         engine stayed open)."""
         import inspect
 
-        me = threading.get_ident()
+        me = threading.current_thread()
         lock = getattr(self.decoder, "lock", None)
         # the stream holding the engine is closed here where this thread made or read it and no other thread is reading
-        # it (its last reader this one, or gone); one another thread reads on is waited for, by close()
+        # it (its last reader this one, or gone); one another thread reads on is waited for, by close(). A stream made
+        # by a thread that has ended and read last by one (a pool's task that raised mid-stream, its Future keeping
+        # it) is closed too: close() waited for it forever (session 54, a review)
         if lock is not None and lock.streams_left_by(me):
+            gone = lock.reader_gone()
             with self._streams_lock:
-                streams = [it for it, tid in self._streams.items() if tid == me or lock.owned_by(me)]
+                streams = [it for it, t in self._streams.items()
+                           if t is me or lock.owned_by(me) or (gone and not t.is_alive())]
             for it in streams:
                 if inspect.getgeneratorstate(it) == inspect.GEN_SUSPENDED:
                     try:
@@ -1008,11 +1015,27 @@ def _trim_heap() -> None:
         pass
 
 
+def _history(messages, copy: bool = False) -> list:
+    """A chat session's history checked: a list (a tuple becomes one; ``copy``: always a new list) of messages,
+    each a dict with a role (ConfigError otherwise: a None, a string, a message that was no dict, a role missing
+    were an AttributeError, a TypeError or a KeyError at the first turn). Their content is checked as every chat's,
+    by ``Engine.encode``."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+        raise ConfigError(f"a chat session's messages must be a list of messages (dicts with a role and a content), "
+                          f"got {shown(messages, 100)}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ConfigError(f"a chat session's message {i} must be a dict with a role (a string), got "
+                              f"{shown(m, 100)}")
+    return list(messages) if copy or not isinstance(messages, list) else messages
+
+
 @dataclass
 class ChatSession:
     """A multi-turn conversation. The KV cache of the conversation so far is reused between turns:
     only the new turn's tokens are prefilled. The oldest turns are dropped when the history no
-    longer fits the context (``dropped`` counts them)."""
+    longer fits the context (``dropped`` counts them). One conversation, one thread at a time: the engine may be
+    shared by threads, a session's turns from two threads at once interleave its history (a session each)."""
 
     engine: Engine
     system: str | None = None
@@ -1027,6 +1050,8 @@ class ChatSession:
             from .tokenizer import _check_text
 
             _check_text(self.system, "the system prompt")
+        # a saved history: a list of its own (the caller's list was inserted into and appended to), of messages
+        self.messages = _history(self.messages, copy=True)
         if self.system:  # first, before a saved history given with it (it went after that history's last reply)
             head = self.messages[0] if self.messages and isinstance(self.messages[0], dict) else {}
             if head.get("role") != "system":
@@ -1046,7 +1071,7 @@ class ChatSession:
         """The prompt ids of the history, dropping the oldest exchanges until they fit. On a refusal
         (a message too long on its own) ``_turn`` puts back the history as it was."""
         reserve = self.room(max_new)
-        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+        first = 1 if self.messages and self.messages[0].get("role") == "system" else 0
         while True:
             least = sum(self.engine.tokenizer.min_tokens(m["content"]) for m in self.messages
                         if isinstance(m.get("content"), str))
@@ -1066,6 +1091,7 @@ class ChatSession:
 
     def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[Delta]:
         """One exchange: add the user's message, yield the engine's ``Delta``s, record the reply."""
+        self.messages = _history(self.messages)  # (assigned since: checked as at the start)
         before, dropped_before = list(self.messages), self.dropped
         self.messages.append({"role": "user", "content": text})
         try:
@@ -1122,12 +1148,12 @@ def _stops(stop) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]  # (checked as a list's: one string that is not UTF-8 was taken)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}"[:200])
+        raise ConfigError(f"stop must be a string or a list of strings, got {shown(stop)}")
     for s in stop:
         try:
             s.encode("utf-8")
         except UnicodeEncodeError:  # a command-line argument that is not UTF-8, a lone surrogate: never matches
-            raise ConfigError(f"stop string {s!r} is not valid UTF-8 text"[:200]) from None
+            raise ConfigError(f"stop string {shown(s)} is not valid UTF-8 text") from None
     return list(stop)
 
 

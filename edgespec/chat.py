@@ -42,8 +42,8 @@ commands:
   /save FILE         write the conversation's messages to FILE as JSON
   /load FILE         continue a conversation /save wrote (its messages replace this one's)
   /exit              leave (so does Ctrl-D)
-A message of several lines (code pasted) goes between two lines of three double quotes (\"\"\"); a message that
-begins with / is sent as //message. Ctrl-C stops the reply being written; the conversation goes on."""
+A message of several lines (code pasted) goes between two lines of three double quotes (\"\"\"; the closing one
+from its first column); a message that begins with / is sent as //message. Ctrl-C stops the reply being written; the conversation goes on."""
 
 
 # -- a reply on a terminal ----------------------------------------------------------------------
@@ -62,12 +62,15 @@ def terminal_safe(text: str) -> str:
 # -- /set values -------------------------------------------------------------------------------
 def _number(kind: type) -> Callable[[str], float | int]:
     def parse(text: str):
+        shown = repr(text) if len(text) <= 60 else f"{text[:40]!r}... ({len(text):,} characters)"
+        if kind is int and len(text.strip().lstrip("+-")) > 4000 and text.strip().lstrip("+-").isdigit():
+            raise ConfigError(f"{shown} is too large")  # (Python refuses to read it: not "not an integer")
         try:
             value = kind(text)
         except ValueError:
-            raise ConfigError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise ConfigError(f"{shown} is not {'an integer' if kind is int else 'a number'}") from None
         if not math.isfinite(value):
-            raise ConfigError(f"{text!r} is not a finite number")
+            raise ConfigError(f"{shown} is not a finite number")
         return value
 
     return parse
@@ -145,8 +148,9 @@ class ChatRepl:
 
     # -- input ---------------------------------------------------------------------------------
     def _read_block(self) -> str | None:
-        """A message of several lines: those after a line of three double quotes up to the next such line, kept as
-        they were typed (indentation included), at most ``line_limit`` bytes in all; None where the input ends
+        """A message of several lines: those after a line of three double quotes up to the next line that is three
+        double quotes from its first column, kept as they were typed (indentation included; an indented line of
+        three quotes too), at most ``line_limit`` bytes in all; None where the input ends
         first (the block is dropped). Ctrl-C on a terminal drops the block (``KeyboardInterrupt``)."""
         lines, size, error = [], 0, None
         while True:
@@ -157,8 +161,10 @@ class ChatRepl:
                 continue
             if line is None:
                 return None
-            line = line.removesuffix("\n")
-            if line.strip() == BLOCK:
+            line = line.removesuffix("\n").removesuffix("\r")  # (piped CRLF input: the \r was kept in the block)
+            # the block ends at a line that begins with the three quotes: an indented one (a docstring's end in
+            # pasted code) is the code's (it cut a pasted function into three messages before session 54)
+            if line.rstrip() == BLOCK:
                 if error is not None:
                     raise error
                 return "\n".join(lines)

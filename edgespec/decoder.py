@@ -106,7 +106,7 @@ class GenerationConfig:
             raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {shown(self.max_draft_tokens)}")
         SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
         if not isinstance(self.ignore_eos, (bool, np.bool_)):  # ("no" would be true)
-            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}"[:200])
+            raise ConfigError(f"ignore_eos must be true or false, got {shown(self.ignore_eos)}")
         pred = self.prediction
         if isinstance(pred, np.ndarray) and pred.ndim == 1 and pred.dtype.kind in "iu":
             pred = pred.tolist()
@@ -285,6 +285,9 @@ class Stats:
         return d
 
 
+ORPHAN_WARN_S = 5.0  # GenerationLock.hold: how long a generation waits for an orphaned stream before it says so
+
+
 class GenerationLock:
     """One generation at a time. Callers from other threads wait their turn; a call from the thread
     that holds it (a generate() inside a loop over a stream) would wait for itself forever, so it
@@ -293,61 +296,81 @@ class GenerationLock:
     def __init__(self):
         self._lock = threading.Lock()
         # the threads whose stream holds it: the one that took it, and each that has read its stream since (a stream
-        # handed on: a generate() in either is refused, not left waiting for itself)
-        self._owners: set[int] = set()
+        # handed on: a generate() in either is refused, not left waiting for itself). Thread objects, not idents: a
+        # thread's ident is reused by a later thread once it ends, which then was refused as this stream's (session
+        # 54, a review: a ThreadPoolExecutor task that raised mid-stream, its Future keeping the stream)
+        self._owners: set[threading.Thread] = set()
         # the thread that last resumed the generation holding it, and whether that step is running now (a with-block's
         # exit closes a stream only its own thread, or a gone one, was reading; a forked child closes a decoder whose
         # step ran in another thread)
-        self.reader: int | None = None
+        self.reader: threading.Thread | None = None
         self.running = False
 
     @contextmanager
     def hold(self, what: str = "generate"):
-        me = threading.get_ident()
+        me = threading.current_thread()
         if me in self._owners:
             raise BusyError(f"cannot {what} while a generation is running in this thread: finish or close "
                             f"its stream first")
-        with self._lock:
-            self._owners = {me}
-            try:
-                yield
-            finally:
-                self._owners, self.reader, self.running = set(), None, False
+        said = False
+        while not self._lock.acquire(timeout=ORPHAN_WARN_S):
+            if not said and self.orphaned():  # (said, not refused: a stream handed on may be read yet)
+                said = True
+                import warnings
 
-    def stepping(self, me: int) -> None:
+                warnings.warn(f"{what} waits for a stream that holds the engine and whose threads have all ended (one "
+                              f"a thread made or read and left unfinished, kept alive by a reference such as a "
+                              f"Future's exception): it waits until that stream is closed or let go",
+                              RuntimeWarning, stacklevel=3)
+        try:
+            self._owners = {me}
+            yield
+        finally:
+            self._owners, self.reader, self.running = set(), None, False
+            self._lock.release()
+
+    def orphaned(self) -> bool:
+        """The lock is held by a suspended stream no live thread made or has read (whose reader has ended)."""
+        return (self._lock.locked() and not self.running and self.reader_gone()
+                and not any(t.is_alive() for t in list(self._owners)))
+
+    def stepping(self, me: threading.Thread) -> None:
         """Thread ``me`` resumes the generation holding the lock (``running`` until ``running = False``)."""
         self.reader, self.running = me, True
 
-    def owners_add(self, me: int) -> None:
+    def owners_add(self, me: threading.Thread) -> None:
         """Thread ``me`` has read the stream holding the lock: a generate() in it is refused, not left waiting."""
         self._owners.add(me)
 
-    def streams_left_by(self, me: int) -> bool:
+    def streams_left_by(self, me: threading.Thread) -> bool:
         """At the end of thread ``me``'s with-block: True where a stream holding the lock is ``me``'s to close (``me``
-        made it or read it last, and no other live thread is reading it); where another thread reads it on, ``me``
-        stops being one of its owners (its close() waits for that reader) and False."""
+        made it or read it last, or its reader has ended, and no other live thread is reading it); where another
+        thread reads it on, ``me`` stops being one of its owners (its close() waits for that reader) and False."""
         if not self._lock.locked():
             return False
-        alive = {t.ident for t in threading.enumerate()}
-        if not self.running and (self.reader == me or self.reader not in alive):
+        if not self.running and (self.reader is me or self.reader_gone()):
             return True
-        if self.reader != me:  # (this thread read it before handing it on)
+        if self.reader is not me:  # (this thread read it before handing it on)
             self._owners.discard(me)
         return False
 
-    def owned_by(self, me: int) -> bool:
+    def reader_gone(self) -> bool:
+        """The stream holding the lock was never read, or the thread that read it last has ended."""
+        return self.reader is None or not self.reader.is_alive()
+
+    def owned_by(self, me: threading.Thread) -> bool:
         """Whether thread ``me`` holds the lock: it took it, or has read the stream holding it."""
         return me in self._owners
 
-    def stranded_in_child(self, me: int) -> bool:
+    def stranded_in_child(self, me: threading.Thread) -> bool:
         """In a forked child (thread ``me``): the lock is held by a generation of a thread the child does not have."""
-        return self._lock.locked() and (me not in self._owners or (self.running and self.reader != me))
+        return self._lock.locked() and (me not in self._owners or (self.running and self.reader is not me))
 
     @contextmanager
     def held_if_free(self):
         """True while this thread holds the lock: it did already, or took it without waiting; False
         where another thread's generation holds it (at exit, a daemon thread's)."""
-        if threading.get_ident() in self._owners:
+        if threading.current_thread() in self._owners:
             yield True
             return
         got = self._lock.acquire(blocking=False)
@@ -368,7 +391,7 @@ def _after_fork_in_child() -> None:
     from . import lm
 
     lm._RUNNING.clear()  # (the parent's calls in progress, in threads the child does not have)
-    me = threading.get_ident()
+    me = threading.current_thread()
     for d in list(_DECODERS):
         if d.lock.stranded_in_child(me):
             d.lock = GenerationLock()
@@ -546,7 +569,7 @@ class Decoder:
             gen = self._generate(prompt, cfg, st, con)
             try:
                 while True:
-                    self.lock.stepping(threading.get_ident())
+                    self.lock.stepping(threading.current_thread())
                     with native_work(self):  # (a step's grammar masks run in llguidance's Rust, the GIL released: an
                         try:  # exit waits for the step as for a model call, see lm.native_work)
                             step = next(gen)
@@ -557,7 +580,7 @@ class Decoder:
                     yield step
                     # the lock is the thread's that reads the stream now too: a stream handed to another thread,
                     # whose generate() inside its loop waited on the lock its own stream held (a deadlock), is refused
-                    self.lock.owners_add(threading.get_ident())
+                    self.lock.owners_add(threading.current_thread())
             finally:
                 gen.close()
                 self._ended()

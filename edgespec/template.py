@@ -294,7 +294,7 @@ def check_template_kwargs(kw, where: str = "chat_template_kwargs") -> dict:
     """Extra variables for the chat template (``{"enable_thinking": false}`` for Qwen3's, llama.cpp's and vLLM's
     ``chat_template_kwargs``): an object of JSON values under names that are identifiers and not the renderer's
     own (``RESERVED``), at most ``KWARGS_LIMIT`` characters; ``ConfigError`` otherwise. None gives {}."""
-    from .errors import ConfigError
+    from .errors import ConfigError, shown
 
     if kw is None:
         return {}
@@ -302,7 +302,8 @@ def check_template_kwargs(kw, where: str = "chat_template_kwargs") -> dict:
         raise ConfigError(f"{where} must be an object of template variables, got {type(kw).__name__}")
     for k in kw:
         if not isinstance(k, str) or not k.isidentifier():
-            raise ConfigError(f"{where}: {json.dumps(k)[:80] if isinstance(k, str) else k!r} is not a variable name")
+            raise ConfigError(f"{where}: {json.dumps(k)[:80] if isinstance(k, str) else shown(k, 80)} is not a "
+                              f"variable name")
         if k in RESERVED:
             raise ConfigError(f"{where}: {k!r} is the renderer's own variable, not one to set")
     try:

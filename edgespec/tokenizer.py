@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import BundleError, ConfigError
+from .errors import BundleError, ConfigError, shown
 
 
 def tokenizer_fingerprint(tokenizer_json: str | Path | dict) -> tuple[str, int]:
@@ -524,7 +524,7 @@ def check_messages(messages) -> list[dict]:
             raise ConfigError(f"message {i} must be an object with 'role' and 'content', got {type(m).__name__}")
         role = m.get("role")
         if not isinstance(role, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,31}", role):
-            raise ConfigError(f"message {i}: role must be a name (letters, digits, _ or -), got {role!r}"[:200])
+            raise ConfigError(f"message {i}: role must be a name (letters, digits, _ or -), got {shown(role)}")
         _check_text(m.get("content"), f"message {i}'s content")
         if m.get("reasoning_content") is not None:  # (an assistant's thinking, for templates that render it)
             _check_text(m["reasoning_content"], f"message {i}'s reasoning_content")

@@ -462,6 +462,61 @@ def test_a_with_block_waits_for_a_stream_another_thread_reads_and_closes_one_it_
         eng.generate("x", max_new_tokens=2)
 
 
+def test_a_stream_a_pool_task_left_neither_misnames_a_new_thread_nor_hangs_the_block_s_close(tiny_bundle):
+    """(session 54, a review) A ThreadPoolExecutor task that raised mid-stream (its Future keeps the exception, whose
+    traceback keeps the stream): the lock knew its owners by thread ident, which the next thread reuses, so a
+    generate() there was refused as "running in this thread"; the with-block's close waited for the stream forever.
+    Now a new thread waits (and says why, once: a stream handed on may still be read) and the block closes it."""
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgespec import decoder as D
+
+    with edgespec.load(tiny_bundle, memory=False) as eng:
+        def task():
+            s = eng.stream("The quick brown fox", max_new_tokens=20)  # (a local: the traceback's frame keeps it)
+            for i, _ in enumerate(s):
+                if i == 1:
+                    raise ValueError("the caller's")
+
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(task)
+            assert isinstance(fut.exception(), ValueError)
+        got = []
+
+        def gen():
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                try:
+                    got.append(eng.generate("x", max_new_tokens=2))
+                except edgespec.BusyError as e:
+                    got.append(e)
+                got.append([str(x.message) for x in w])
+
+        old = D.ORPHAN_WARN_S
+        D.ORPHAN_WARN_S = 0.2
+        try:
+            t = threading.Thread(target=gen, daemon=True)
+            t.start()
+            t.join(timeout=1.5)
+            assert t.is_alive() and not got  # waiting, not refused as its own
+            assert eng.decoder.lock.orphaned()
+        finally:
+            D.ORPHAN_WARN_S = old
+        del fut  # (the stream let go: the waiting generate() runs)
+        import gc
+
+        gc.collect()
+        t.join(timeout=60)
+        assert not t.is_alive() and got[0].token_ids
+        assert len(got[1]) == 1 and "whose threads have all ended" in got[1][0]
+        with ThreadPoolExecutor(1) as pool:  # and left again: the block's close closes it, not a hang
+            fut = pool.submit(task)
+            assert isinstance(fut.exception(), ValueError)
+    with pytest.raises(edgespec.ClosedError):
+        eng.generate("x", max_new_tokens=2)
+
+
 def test_a_chat_session_puts_its_system_prompt_first_and_checks_a_message_at_the_call(engine):
     from edgespec.api import ChatSession
 
@@ -472,6 +527,20 @@ def test_a_chat_session_puts_its_system_prompt_first_and_checks_a_message_at_the
         ChatSession(engine, system="be brief", messages=[{"role": "system", "content": "other"}, *saved])
     with pytest.raises(edgespec.errors.ConfigError, match="the message must be a string"):
         engine.chat().stream(5)  # at the call, not at the first next()
+    # (session 54, a review) a saved history is checked (None, a string, a message that is no dict or has no role
+    # were an AttributeError, a TypeError or a KeyError at the first turn) and is the session's own list (the
+    # caller's was inserted into and appended to); one assigned later is checked at the next turn
+    for bad in (None, "abc", ["x"], [{}], [{"role": 5, "content": "a"}]):
+        with pytest.raises(edgespec.errors.ConfigError, match="a chat session's message"):
+            ChatSession(engine, system="be brief", messages=bad)
+    mine = list(saved)
+    chat = ChatSession(engine, system="be brief", messages=mine)
+    chat.send("and now?", max_new_tokens=2)
+    assert mine == saved and [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert len(ChatSession(engine, messages=tuple(saved)).send("go on", max_new_tokens=2).token_ids) > 0
+    chat.messages = [{"content": "a"}]
+    with pytest.raises(edgespec.errors.ConfigError, match="message 0 must be a dict with a role"):
+        chat.send("hi", max_new_tokens=2)
 
 
 def test_close_lets_go_of_the_models_and_writes_the_memory(tiny_bundle, tmp_path):
@@ -777,3 +846,30 @@ def test_bad_arguments_everywhere_in_the_api_are_typed_and_change_nothing(engine
     ids = engine.encode("hello there")
     assert engine.score(np.array(ids))[1] == engine.score(ids)[1]
     assert engine.generate("hello", max_new_tokens=3).text == engine.generate("hello", max_new_tokens=3).text
+
+
+def test_values_python_cannot_write_or_dump_are_typed_errors(engine):
+    """(session 54, a review) chat_template_kwargs were measured with json.dumps before they were checked (an integer
+    of 5,000 digits, a list holding itself, one nested 5,000 deep: a ValueError or RecursionError from generate and
+    stream, where chat() refused them); and refusals that quoted a value with repr() raised ValueError themselves on
+    such an integer (stop, ignore_eos, parse_special, token_healing, a message's role, a template variable's name)."""
+    big = 10 ** 5000
+    loop: list = []
+    loop.append(loop)
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    msgs = [{"role": "user", "content": "hi"}]
+    for value in (big, loop, deep):
+        for call in (lambda kw: engine.generate(msgs, max_new_tokens=2, chat_template_kwargs=kw),
+                     lambda kw: next(engine.stream(msgs, max_new_tokens=2, chat_template_kwargs=kw))):
+            with pytest.raises(edgespec.errors.ConfigError, match="must hold JSON values"):
+                call({"x": value})
+    for kw in ({"stop": big}, {"stop": [big]}, {"ignore_eos": big}, {"parse_special": big}, {"token_healing": big}):
+        with pytest.raises(edgespec.errors.ConfigError, match="16,610 bits|too long to write") as e:
+            engine.generate("hi", max_new_tokens=2, **kw)
+        assert len(str(e.value)) < 300
+    with pytest.raises(edgespec.errors.ConfigError, match="16,610 bits"):
+        engine.generate([{"role": big, "content": "hi"}], max_new_tokens=2)
+    with pytest.raises(edgespec.errors.ConfigError, match="16,610 bits is not a variable name"):
+        engine.chat(template_kwargs={big: 1})

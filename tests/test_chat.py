@@ -496,13 +496,18 @@ def test_a_message_of_several_lines_and_one_that_begins_with_a_slash(tiny_bundle
     one message, kept as typed; '//text' sends '/text'; a block cut by the end of input is not sent, and says so
     (session 47: it was dropped without a word, exit 0)."""
     saved = tmp_path / "c.json"
-    script = '"""\ndef f(x):\n    return x + 1\n\n"""\n//etc/hosts is a file\n' + f"/save {saved}\n" + '"""\nunfinished\n'
+    # (session 54, a review: a docstring's indented closing quotes ended the block, a pasted function sent as three
+    # messages; a piped CRLF block kept its \r)
+    code = 'def f(x):\n    """Add one.\n\n    Really.\n    """\n    return x + 1\n'
+    script = ('"""\n' + code + '\n"""\n//etc/hosts is a file\n' + '"""\r\nline one\r\nline two\r\n"""\r\n'
+              + f"/save {saved}\n" + '"""\nunfinished\n')
     r = _piped(tiny_bundle, script, "--max-new-tokens", "4")
     assert r.returncode == 1 and _errors(r.stderr) == ['error: the input ended inside a """ block: its message was '
                                                         'not sent'], r.stderr
     msgs = json.loads(saved.read_text())
-    assert [m["content"] for m in msgs if m["role"] == "user"] == ["def f(x):\n    return x + 1\n", "/etc/hosts is a file"]
-    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in msgs if m["role"] == "user"] == [code, "/etc/hosts is a file",
+                                                                   "line one\nline two"]
+    assert [m["role"] for m in msgs] == ["user", "assistant"] * 3
 
 
 def test_control_characters_of_a_reply_are_shown_not_acted_on_in_a_terminal(tiny_bundle):
