@@ -490,6 +490,9 @@ class Engine:
         messages only)."""
         if isinstance(prompt_or_messages, (list, tuple)) and not prompt_or_messages:
             raise ConfigError("the messages are empty: give at least one {role, content} message")
+        for name, v in (("fit", fit), ("add_generation_prompt", add_generation_prompt)):
+            if not isinstance(v, (bool, np.bool_)):  # ("no" was taken as true; parse_special's rule)
+                raise ConfigError(f"{name} must be true or false, got {shown(v)}")
         if isinstance(prompt_or_messages, str) and tools is not None:
             raise ConfigError("tools need chat messages, not a plain prompt")
         if template_kwargs and not isinstance(prompt_or_messages, (list, tuple)):

@@ -873,3 +873,6 @@ def test_values_python_cannot_write_or_dump_are_typed_errors(engine):
         engine.generate([{"role": big, "content": "hi"}], max_new_tokens=2)
     with pytest.raises(edgespec.errors.ConfigError, match="16,610 bits is not a variable name"):
         engine.chat(template_kwargs={big: 1})
+    for kw in ({"fit": "no"}, {"add_generation_prompt": "no"}):  # ("no" was taken as true)
+        with pytest.raises(edgespec.errors.ConfigError, match="must be true or false, got 'no'"):
+            engine.encode(msgs, **kw)
