@@ -30,12 +30,35 @@ class Source:
             cached = gguf_cached(self.path)  # its Hugging Face copy from an earlier export (EDGESPEC_GGUF_CACHE)
             if cached is not None:
                 return str(cached), {}
-            return str(self.path.parent), {"gguf_file": self.path.name}
+            return str(gguf_alone(self.path)), {"gguf_file": self.path.name}
         if self.kind == "hf-dir":
             return str(self.path), {}
         # offline by the environment: the hub's cache alone, even where huggingface_hub was imported before
         # the variable was set (it reads it once; a process that set it later retried the hub for ~50 s)
         return self.spec, ({"local_files_only": True} if hub_offline() else {})
+
+
+_ALONE: dict = {}  # a GGUF file's resolved path -> its private folder (removed at exit)
+_ALONE_LOCK = threading.Lock()
+
+
+def gguf_alone(path: Path) -> Path:
+    """A private folder holding only a link to the GGUF file ``path``, where transformers reads it from: read from
+    the file's own folder, its tokenizer came from a ``tokenizer.json`` / ``tokenizer_config.json`` beside it,
+    another model's maybe (transformers prefers them to the file's own vocabulary), and the export went on with
+    that tokenizer, exit 0 (session 54, a review). One folder a file, for the process."""
+    import atexit
+    import shutil
+    import tempfile
+
+    real = path.resolve()
+    with _ALONE_LOCK:
+        d = _ALONE.get(real)
+        if d is None or not (d / path.name).exists():
+            d = _ALONE[real] = Path(tempfile.mkdtemp(prefix="edgespec-gguf-"))
+            (d / path.name).symlink_to(real)
+            atexit.register(shutil.rmtree, d, True)
+        return d
 
 
 GGUF_CACHE_ENV = "EDGESPEC_GGUF_CACHE"

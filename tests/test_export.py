@@ -1004,6 +1004,26 @@ def test_a_generation_config_beside_a_gguf_file_is_not_the_models(tmp_path):
     assert "<|endoftext|>" in {tok.convert_ids_to_tokens(i) for i in ends}  # (Qwen's: a raw reply's end)
 
 
+def test_tokenizer_files_beside_a_gguf_file_are_not_its_tokenizer(tmp_path):
+    """(session 54, a review) transformers read a GGUF's tokenizer from a tokenizer.json / tokenizer_config.json
+    beside the file in preference to the file's own vocabulary: a folder of GGUFs holding another model's tokenizer
+    files gave the bundle that tokenizer, exit 0. The file is read from a folder of its own now."""
+    from tiny import make_model, make_tokenizer, write_gguf
+
+    from edgespec_export.source import Source, load_tokenizer
+
+    alone, shared = tmp_path / "alone", tmp_path / "shared"
+    alone.mkdir()
+    path = write_gguf(make_model(tmp_path / "q3", "qwen3", seed=5), alone / "m.gguf")
+    shared.mkdir()
+    (shared / "m.gguf").symlink_to(path)
+    make_tokenizer(vocab_size=300, seed_text=["zzz qqq completely different text 12345"] * 30).save_pretrained(shared)
+    own = load_tokenizer(Source(str(path), "gguf", path))[0]
+    beside = load_tokenizer(Source(str(shared / "m.gguf"), "gguf", shared / "m.gguf"))[0]
+    assert len(beside) == len(own) and beside.get_vocab() == own.get_vocab()
+    assert beside.encode("def hello(world):") == own.encode("def hello(world):")
+
+
 def test_a_context_under_16_tokens_is_refused_before_the_build(tiny_dirs, tmp_path):
     """A model whose context is 0 (a GGUF's context_length 0, here its config's max_position_embeddings): the
     bundle recorded 4,096, the builder's rotary caches held nothing, and after the whole build the validation failed
