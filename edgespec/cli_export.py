@@ -78,19 +78,26 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     q = QuantOptions(block_size=block_size, symmetric=None if asymmetric is None else not asymmetric, accuracy_level=accuracy_level,
                      algorithm=quant_algo, quantize_lm_head=not no_quantize_lm_head,
                      quantize_embeddings=quantize_embeddings, fp8_scheme=fp8_scheme)
-    for flag, differs in (("--drafter-block-size", drafter_block_size != 32), ("--drafter-quant-algo", drafter_quant_algo != "rtn")):
+    ctx = click.get_current_context()
+    # the options the command line set, whatever their value: one given as its default that does nothing for this
+    # export is refused as any other value would be (README, export)
+    given = {p for p in ("drafter_precision", "drafter_device", "accuracy_level", "fp8_scheme", "block_size",
+                         "quant_algo", "drafter_block_size", "drafter_quant_algo", "drafter_vocab")
+             if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT}
+    if drafter is not None and not drafter.strip():  # (an empty variable in a script: exported without a drafter)
+        raise click.UsageError("--drafter is empty: give the drafter model (an HF directory, .gguf file or hub id)")
+    for flag, differs in (("--drafter-block-size", drafter_block_size != 32 or "drafter_block_size" in given),
+                          ("--drafter-quant-algo", drafter_quant_algo != "rtn" or "drafter_quant_algo" in given)):
         if differs and not (drafter and drafter_precision in ("int4", "int8")):
             raise click.UsageError(f"{flag} applies to an int4/int8 --drafter")
-    ctx = click.get_current_context()
-    given = {p for p in ("drafter_precision", "drafter_device", "accuracy_level", "fp8_scheme", "block_size")
-             if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT}
     if not drafter:  # the drafter's options, given without a drafter, would do nothing (export_bundle
-        # refuses --drafter-vocab and its corpus itself)
-        flags = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device") if p in given]
+        # refuses a --drafter-vocab other than 0 and its corpus itself)
+        flags = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device", "drafter_vocab")
+                 if p in given]
         if flags:
             raise click.UsageError(f"{', '.join(flags)} applies to a --drafter; this export has none")
-    # the options the command line set count as their default values too (export_bundle compares with the defaults)
-    _check_combination(target_precision, q, frozenset(given))
+    _check_combination(target_precision, q, frozenset({"algorithm"} if "quant_algo" in given else set()) |
+                       frozenset(given))
     if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):
         raise click.UsageError("--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4")
     if kv_dtype and not exact_kernels:

@@ -15,7 +15,8 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, sha256_file, write_manifest)
 
-from .output import check_output, missing_parents, prepare_stage, publish, remove_parents, terminate_cleanly
+from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_tree,
+                     terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
 from .source import Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
 from .validate import validate
@@ -409,7 +410,7 @@ def _check_combination(precision: str, quant: QuantOptions, given: frozenset = f
 
     if precision not in ("int4", "int8"):
         symmetry = "--symmetric" if quant.symmetric else "--asymmetric"
-        for flag, differs in ((symmetry, quant.symmetric is not None), ("--quant-algo", quant.algorithm != "rtn"),
+        for flag, differs in ((symmetry, quant.symmetric is not None), ("--quant-algo", set_("algorithm")),
                               ("--quantize-embeddings" if quant.quantize_embeddings else "--float-embeddings",
                                quant.quantize_embeddings is not None),
                               ("--no-quantize-lm-head", not quant.quantize_lm_head and precision != "fp8"),
@@ -514,30 +515,37 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     steps = (1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
              + (1 if exact_kernels else 0))
     progress = Progress(steps, stream)
-    prestart_builder()  # (its imports run beside the reading of the model below)
-    progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
-    ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
-    if dsrc:
-        dtok, ddata, (dfp, dvocab) = load_tokenizer(dsrc)
-        if dfp != tfp:
-            raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
-    head_ids = None
-    if drafter_vocab:  # a bad N is refused before the long part
-        from .head import corpus_ranking, select_head_ids
-
-        ranked = ()
-        if drafter_vocab_corpus:
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                tj = Path(tmp) / "tokenizer.json"
-                tj.write_text(json.dumps(tdata, ensure_ascii=False), encoding="utf-8")
-                ranked = corpus_ranking(tj, drafter_vocab_corpus)
-        head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc), bos_id=ttok.bos_token_id,
-                                   vocab_size=tvocab, ranked=ranked)
-    guard = terminate_cleanly()  # SIGTERM unwinds through the cleanup below, as Ctrl-C does
+    # SIGTERM unwinds through the cleanup below, as Ctrl-C does (from here: during the tokenizers' read, ~9 s for a
+    # GGUF's, it ended the process with no line and the builder's helper went on importing; session 54, a review)
+    guard = terminate_cleanly()
     guard.__enter__()
-    stage = None
+    try:
+        prestart_builder()  # (its imports run beside the reading of the model below)
+        progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
+        ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
+        chat_template = _chat_template(ttok, tsrc.display)
+        if dsrc:
+            dtok, ddata, (dfp, dvocab) = load_tokenizer(dsrc)
+            if dfp != tfp:
+                raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
+        head_ids = None
+        if drafter_vocab:  # a bad N is refused before the long part
+            from .head import corpus_ranking, select_head_ids
+
+            ranked = ()
+            if drafter_vocab_corpus:
+                import tempfile
+
+                with tempfile.TemporaryDirectory() as tmp:
+                    tj = Path(tmp) / "tokenizer.json"
+                    tj.write_text(json.dumps(tdata, ensure_ascii=False), encoding="utf-8")
+                    ranked = corpus_ranking(tj, drafter_vocab_corpus)
+            head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc),
+                                       bos_id=ttok.bos_token_id, vocab_size=tvocab, ranked=ranked)
+    except BaseException:
+        guard.__exit__(None, None, None)
+        raise
+    stage = replaced = None
     made = missing_parents(out)  # (removed again if the export fails)
     try:
         stage = prepare_stage(out)
@@ -559,7 +567,6 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         tdir.mkdir()
         (tdir / "tokenizer.json").write_text(json.dumps(tdata, ensure_ascii=False), encoding="utf-8")
         eos = _eos_ids(ttok, tsrc)
-        chat_template = getattr(ttok, "chat_template", None)
         (tdir / "tokenizer_config.json").write_text(json.dumps({
             "bos_token": ttok.bos_token, "eos_token": ttok.eos_token, "add_bos_token": _add_bos(ttok),
             "chat_template": chat_template}, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -600,7 +607,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             progress.step("rewriting to edgespec's INT4 kernels, edgespec.MatMulQ4 (--exact-kernels)")
             apply_to_bundle(stage, None, log=progress.log, kv_dtype=kv_dtype)
             manifest = load_manifest(stage)
-        publish(stage, out, force, [target, drafter])
+        replaced = publish(stage, out, force, [target, drafter])
     except BaseException:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
@@ -611,6 +618,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         raise
     finally:
         guard.__exit__(None, None, None)
+    if replaced is not None:  # (the export is done once published: a SIGTERM while the old tree is deleted said it
+        remove_tree(replaced)  # failed, exit 143, the new bundle in place; session 54, a review)
     for spec in (manifest.target, manifest.drafter):
         if spec is not None:
             progress.log(device_memory_line(spec))
@@ -634,6 +643,25 @@ def _add_bos(tok) -> bool:
 # the special tokens' texts llama.cpp's vocabulary loader takes as end-of-generation beside a GGUF's EOS id
 END_OF_GENERATION = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                                "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"})
+
+
+def _chat_template(tok, display: str) -> str | None:
+    """The tokenizer's chat template: a string, or where its tokenizer_config.json names several (a list of {name,
+    template}, Hermes' and Command-R's; transformers gives a dict) the one named ``default``, what
+    ``apply_chat_template`` renders when none is named (session 54, a review: the whole export ran, then its
+    manifest refused a dict); several without a default are refused here, before the build."""
+    t = getattr(tok, "chat_template", None)
+    if isinstance(t, list):
+        t = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+    if isinstance(t, dict):
+        if isinstance(t.get("default"), str):
+            return t["default"]
+        names = ", ".join(sorted(str(k) for k in t))[:200]
+        raise ExportError(f"{display}: its tokenizer has named chat templates ({names}) and none named default: "
+                          f"edgespec's bundle holds one")
+    if t is not None and not isinstance(t, str):
+        raise ExportError(f"{display}: its tokenizer's chat template is a {type(t).__name__}, not text")
+    return t
 
 
 def _eos_ids(tok, src: Source) -> list[int]:

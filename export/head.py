@@ -520,14 +520,16 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     """Rewrite the bundle ``src`` in place (``out`` None) or into the new bundle ``out``, atomically:
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
-    from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_tree,
-                         terminate_cleanly)
+    from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, remove_parents,
+                         remove_tree, terminate_cleanly)
 
     in_place = out is None
     if not in_place and src.resolve() in Path(out).expanduser().resolve().parents:  # (before anything is made)
         raise ExportError(f"{Path(out).expanduser().resolve()} is inside the bundle {src}; write the new bundle "
                           "elsewhere")
     dest = src.resolve() if in_place else check_output(out, force, [str(src)])
+    if in_place:  # (refused before the rewrite, as an export's --force onto one: after it, a traceback)
+        check_not_mount(dest)
     made = [] if in_place else missing_parents(dest)  # (removed again where the rewrite fails)
     inside = in_place and _inside_cwd(dest)  # (before the old tree is gone)
     stage = prepare_stage(dest)
@@ -540,11 +542,13 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
                 m = replace(m, name=dest.name)
             Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
             write_manifest(m)
-            publish(stage, dest, force, None if in_place else [str(src)])
+            replaced = publish(stage, dest, force, None if in_place else [str(src)])
         except BaseException:
             remove_tree(stage)
             remove_parents(made)
             raise
+    if replaced is not None:  # (done once published: outside the SIGTERM guard)
+        remove_tree(replaced)
     if inside:
         import warnings
 

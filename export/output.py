@@ -20,6 +20,7 @@ def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) 
     the current directory or one above it, and holds none of the export's inputs."""
     given = Path(out).expanduser()
     resolved = given.resolve()
+    restore_stale_old(resolved)
     if not (given.exists() or given.is_symlink()):
         _probe(resolved)
         return resolved
@@ -31,6 +32,7 @@ def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) 
     if not resolved.is_dir() or not (resolved / MANIFEST_NAME).is_file():
         what = "a directory" if resolved.is_dir() else "a file"
         raise ExportError(f"{resolved} is {what} but not an edgespec bundle; --force replaces only a bundle")
+    check_not_mount(resolved)
     cwd = Path.cwd().resolve()
     if cwd == resolved or resolved in cwd.parents:
         raise ExportError(f"{resolved} is the current directory or contains it; --force will not replace it")
@@ -40,6 +42,32 @@ def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) 
             if p == resolved or resolved in p.parents:
                 raise ExportError(f"{resolved} holds the export's input {src}; --force will not replace it")
     return resolved
+
+
+def restore_stale_old(out: Path) -> Path | None:
+    """Where ``out`` is missing and ``.<name>.old-<pid>`` of a process no longer running is a bundle beside it (one
+    killed between publish's two renames: the old bundle's only copy), put it back as ``out``; returns it."""
+    if out.exists() or out.is_symlink() or not out.parent.is_dir():
+        return None
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.old-(\d+)")
+    for p in sorted(out.parent.iterdir(), key=lambda q: -q.lstat().st_mtime_ns):  # (the newest first)
+        m = pattern.fullmatch(p.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))) and p.is_dir() \
+                and not p.is_symlink() and (p / MANIFEST_NAME).is_file():
+            try:
+                p.rename(out)
+            except OSError:
+                return None
+            return out
+    return None
+
+
+def check_not_mount(bundle: Path) -> None:
+    """A bundle is replaced by renaming its folder, which a mount point refuses (a container's volume): refused
+    before the build (after it, EBUSY came as a traceback; session 54, a review)."""
+    if os.path.ismount(bundle):
+        raise ExportError(f"{bundle} is a mount point, which cannot be replaced (a bundle is put in place by renaming "
+                          f"its folder): write the bundle to a folder inside it")
 
 
 def _probe(out: Path) -> None:
@@ -110,7 +138,7 @@ def prepare_stage(out: Path) -> Path:
     return stage
 
 
-def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None] | None = None) -> None:
+def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None] | None = None) -> Path | None:
     """Rename the finished ``stage`` to ``out``. A bundle already at ``out`` is moved aside first
     and removed once the new one is in place; stopped between the two renames, it is put back.
     ``inputs`` given (a new bundle, not an in-place rewrite): what is at ``out`` now is checked again as at the
@@ -133,13 +161,12 @@ def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None]
             old.rename(out)
         if old is None and e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
             raise ExportError(f"{out} appeared while the export ran; the new bundle is not written") from None
-        raise
+        raise ExportError(f"cannot put the bundle in place at {out}: {e.strerror or e}") from None
     except BaseException:
         if old is not None and old.exists() and not out.exists():
             old.rename(out)
         raise
-    if old is not None:
-        remove_tree(old)
+    return old
 
 
 def _alive(pid: int) -> bool:
@@ -158,10 +185,18 @@ def remove_stale(parent: Path, name: str) -> list[Path]:
     stage, and ``.old-<pid>``: a process killed outright mid-rewrite left ~1 GB for a 1.5B there)."""
     removed = []
     pattern = re.compile(rf"\.(?:\.{re.escape(name)}\.partial-\d+\.|{re.escape(name)}\.)(partial|old)-(\d+)")
-    for p in parent.iterdir():
+    for p in sorted(parent.iterdir(), key=lambda q: -q.lstat().st_mtime_ns):  # (the newest first)
         m = pattern.fullmatch(p.name)
         if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))) and p.is_dir() \
                 and not p.is_symlink():
+            bundle = parent / name
+            if p.name == f".{name}.old-{m.group(2)}" and not (bundle.exists() or bundle.is_symlink()) \
+                    and (p / MANIFEST_NAME).is_file():
+                # a process killed between publish's two renames: the old bundle is the only copy (it was deleted
+                # here, before the export that found it had built anything; session 54, a review): put back
+                # (check_output did already, restore_stale_old; an in-place rewrite's bundle exists)
+                p.rename(bundle)
+                continue
             remove_tree(p)
             removed.append(p)
     return removed

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -376,10 +377,18 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     (["--target-precision", "fp16", "--block-size", "32"], "--block-size applies to int4/int8/fp8"),
     (["--target-precision", "fp8", "--block-size", "32"], "needs --fp8-scheme block"),
     (["--target-precision", "int4", "--fp8-scheme", "channel"], "--fp8-scheme applies to fp8"),
+    # (session 54, a review) and these (a usage error, exit 2: the drafter's options without an int4/int8 drafter)
+    (["--target-precision", "fp32", "--quant-algo", "rtn"], "--quant-algo applies to int4/int8"),
+    (["--drafter-block-size", "32"], "--drafter-block-size applies to an int4/int8 --drafter"),
+    (["--drafter-quant-algo", "rtn"], "--drafter-quant-algo applies to an int4/int8 --drafter"),
+    (["--drafter", "DRAFTER", "--drafter-block-size", "32"], "--drafter-block-size applies to an int4/int8 --drafter"),
+    (["--drafter-vocab", "0"], "--drafter-vocab applies to a --drafter; this export has none"),
+    (["--drafter", ""], "--drafter is empty"),
 ])
 def test_options_that_do_nothing_are_refused(tiny_dirs, tmp_path, args, message):
+    args = [str(tiny_dirs["drafter"]) if a == "DRAFTER" else a for a in args]
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"), *args])
-    assert r.exit_code == 6 and message in r.output, r.output
+    assert r.exit_code in (2, 6) and message in r.output, r.output
     assert not (tmp_path / "b").exists()
 
 
@@ -659,7 +668,9 @@ def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monke
     keep_gguf_copy(gguf, hf)
     assert gguf_cached(gguf) is None
     src = Source(str(gguf), "gguf", gguf)
-    assert src.from_pretrained_args() == (str(tmp_path), {"gguf_file": "m.gguf"})
+    folder, kw = src.from_pretrained_args()  # (a folder of its own: session 54)
+    assert kw == {"gguf_file": "m.gguf"} and (Path(folder) / "m.gguf").resolve() == gguf.resolve()
+    assert sorted(p.name for p in Path(folder).iterdir()) == ["m.gguf"]
     cache = tmp_path / "cache"
     monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(cache))
     (cache / "half").mkdir(parents=True)
@@ -1022,6 +1033,34 @@ def test_tokenizer_files_beside_a_gguf_file_are_not_its_tokenizer(tmp_path):
     beside = load_tokenizer(Source(str(shared / "m.gguf"), "gguf", shared / "m.gguf"))[0]
     assert len(beside) == len(own) and beside.get_vocab() == own.get_vocab()
     assert beside.encode("def hello(world):") == own.encode("def hello(world):")
+
+
+def test_named_chat_templates_take_the_default_or_are_refused_before_the_build(tiny_dirs, tmp_path):
+    """(session 54, a review) A tokenizer_config.json naming several chat templates (a list of {name, template}, as
+    Hermes' and Command-R's): the whole export ran, then its manifest refused the dict transformers made of them.
+    The one named default is the bundle's; none named so is refused at the tokenizer's read."""
+    import shutil
+
+    from edgespec.manifest import load_manifest
+
+    src = tmp_path / "m"
+    shutil.copytree(tiny_dirs["llama"], src)
+    (src / "chat_template.jinja").unlink(missing_ok=True)  # (transformers 5 reads it before tokenizer_config.json's)
+    cfg_path = src / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    t = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    cfg["chat_template"] = [{"name": "default", "template": t}, {"name": "tool_use", "template": "T " + t}]
+    cfg_path.write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--target-precision", "fp32",
+                                  "--no-quality"])
+    assert r.exit_code == 0, r.output
+    assert load_manifest(tmp_path / "b").chat_template == t
+    cfg["chat_template"] = [{"name": "rag", "template": t}, {"name": "tool_use", "template": "T " + t}]
+    cfg_path.write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "c"), "--target-precision", "fp32"])
+    msg = _one_line_error(r)
+    assert "named chat templates (rag, tool_use) and none named default" in msg, msg
+    assert "building" not in r.output and not (tmp_path / "c").exists()
 
 
 def test_a_context_under_16_tokens_is_refused_before_the_build(tiny_dirs, tmp_path):

@@ -124,6 +124,44 @@ def test_stale_partials_of_dead_processes_are_removed(tmp_path):
     assert sorted(remove_stale(tmp_path, "b")) == sorted(nested) and live.exists() and other.exists()
 
 
+def test_a_killed_publishs_old_bundle_is_put_back_and_a_mount_point_refused(tiny_llama_bundle, tiny_dirs, tmp_path,
+                                                                            monkeypatch):
+    """(session 54, a review) A process killed between publish's two renames leaves no NAME and the old bundle as
+    .NAME.old-PID, its only copy: the next export to NAME deleted it before building anything. It is put back now
+    (and that export, without --force, refused as onto any bundle). A bundle that is a mount point (a container's
+    volume) cannot be renamed: refused before the build (a traceback after it, before). publish leaves the replaced
+    tree to its caller, who removes it once the export is done (a SIGTERM while it was deleted said the export
+    failed, exit 143, the new bundle in place)."""
+    import shutil
+
+    from edgespec_export.output import publish, remove_stale
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = tmp_path / f".keep.old-{dead.pid}"
+    shutil.copytree(tiny_llama_bundle, old)
+    msg = one_line_error(run("export", tiny_dirs["llama"], "-o", str(tmp_path / "keep"),
+                             "--target-precision", "fp32"), 6)
+    assert "exists; pass --force" in msg, msg
+    assert (tmp_path / "keep" / "edgespec.json").is_file() and not old.exists()
+    shutil.copytree(tiny_llama_bundle, old)  # (and where NAME exists, a stale old copy is junk: removed)
+    assert remove_stale(tmp_path, "keep") == [old]
+    (tmp_path / "keep").rename(old)  # (remove_stale puts it back too, for an in-place rewrite's path)
+    assert remove_stale(tmp_path, "keep") == [] and (tmp_path / "keep").is_dir()
+    stage = tmp_path / ".keep.partial-1"
+    shutil.copytree(tiny_llama_bundle, stage)
+    replaced = publish(stage, tmp_path / "keep")
+    assert replaced is not None and replaced.is_dir() and (tmp_path / "keep").is_dir() and not stage.exists()
+    import os.path as osp
+
+    real = osp.ismount
+    monkeypatch.setattr(osp, "ismount", lambda p: str(p) == str(tmp_path / "keep") or real(p))
+    from edgespec_export.output import check_output
+
+    with pytest.raises(ExportError, match="is a mount point"):
+        check_output(tmp_path / "keep", True, [])
+
+
 # The export runs as users run it, except that writing its manifest (after every model is built) first
 # waits a minute: a fast machine finishes a tiny export within a second of its partial bundle appearing
 # (CI did), so without the wait the signal could arrive after the export had ended. The signal comes a
