@@ -303,9 +303,14 @@ def resolve(spec: str) -> Source:
 
 
 def _first_line(e: BaseException, empty: str | None = None) -> str:
-    """An exception's message's first line; where it has none, ``empty`` (None: its type's name)."""
+    """An exception's message's first line, and the next one where the first only introduces it (ends in a colon:
+    transformers' config validation errors, "Class validation error for validator 'validate_layer_type':", gave
+    their reason on the second; session 54, a review); where it has none, ``empty`` (None: its type's name)."""
     text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__ if empty is None else empty
+    if not text:
+        return type(e).__name__ if empty is None else empty
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def _hub_error(src: Source, e: Exception) -> ExportError:

@@ -1141,3 +1141,16 @@ def test_a_drafter_layout_the_builder_cannot_make_names_the_drafters_flags(tiny_
     assert r.exit_code == 6 and "the drafter: fp32 has no cuda layout" in r.output, r.output
     assert "--drafter-precision fp16" in r.output and "--target-precision" not in r.output
     assert not (tmp_path / "b").exists()
+
+
+def test_an_error_whose_first_line_only_introduces_it_keeps_its_reason():
+    """(session 54, a review) transformers' config validation errors say their reason on the second line (the
+    first: "Class validation error for validator 'validate_layer_type':"): the export's one line lost it."""
+    from edgespec_export.source import _first_line
+
+    e = ValueError("Class validation error for validator 'validate_layer_type':\n    ValueError: `num_hidden_layers` "
+                   "(3) must be equal to the number of `layer_types` (2)\n  more")
+    assert _first_line(e) == ("Class validation error for validator 'validate_layer_type': ValueError: "
+                              "`num_hidden_layers` (3) must be equal to the number of `layer_types` (2)")
+    assert _first_line(ValueError("one line\nsecond")) == "one line"
+    assert _first_line(ValueError("")) == "ValueError" and _first_line(ValueError(""), "") == ""
