@@ -101,6 +101,10 @@ class _Group(click.Group):
                 raise
             _fail(ctx, _os_message(e), 1)
         except Exception as e:  # a library's own error for a full disk (safetensors, protobuf, ...)
+            if _interrupted(e) and not os.environ.get("EDGESPEC_DEBUG"):
+                # Ctrl-C inside an import: onnxruntime's module made it "ImportError: initialization failed", a
+                # traceback (session 54, a review)
+                _fail(ctx, "interrupted", 130)
             if "No space left on device" not in str(e) or os.environ.get("EDGESPEC_DEBUG"):
                 raise
             _fail(ctx, f"no space left on device ({type(e).__name__}: {str(e).splitlines()[0][:200]})", 1)
@@ -110,6 +114,17 @@ class _Group(click.Group):
                 logger.removeHandler(notices)
             if isinstance(sys.stdout, _Stdout):
                 sys.stdout = sys.stdout.stream
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether ``e`` came of a Ctrl-C: a KeyboardInterrupt among its causes and contexts."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 class _Stdout:

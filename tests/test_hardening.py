@@ -972,3 +972,22 @@ def test_tools_and_documents_are_defined_as_transformers_renders_them(tiny_bundl
     (odd / "tokenizer_config.json").write_text("[" * 100000 + "]" * 100000)
     assert Tokenizer(odd, eos_token_ids=[0, 2], chat_template="{{ eos_token }}").render_chat(msgs) == \
         two.id_to_token(0)
+
+
+def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
+    """(session 54, a review) Ctrl-C while onnxruntime's module initializes comes out as "ImportError: initialization
+    failed" (the KeyboardInterrupt its cause): the CLI showed a traceback, exit 1. Any error a Ctrl-C caused is
+    "interrupted", 130."""
+    import edgespec.manifest as M
+
+    def init_failed(*a, **k):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise ImportError("initialization failed") from e
+
+    monkeypatch.setattr(M, "load_manifest", init_failed)
+    r = run("info", str(tiny_bundle))
+    assert r.exit_code == 130 and r.output.strip().endswith("interrupted"), r.output
+    monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(ImportError("a real one")))
+    assert run("info", str(tiny_bundle)).exit_code == 1  # (not a Ctrl-C: still the bug it is)
