@@ -262,6 +262,27 @@ def check_rotary(graph_file: Path, reference, role: str) -> None:
                           f"scaling; cos/sin differ by up to {worst:.3g}): the graph would compute another model")
 
 
+def _check_config_early(src: Source, role: str) -> None:
+    """What a model's config alone refuses (its layers all attention, a context of at least 16), checked before any
+    model is built: a drafter's was checked once the target had been built and validated (minutes for a 1.5B;
+    session 54, a review). A local folder's config only: a GGUF's or a hub model's is read with its model."""
+    if src.kind != "hf-dir":
+        return
+    from transformers import AutoConfig
+
+    from .source import _first_line
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(src.path))
+    except Exception as e:  # (transformers raises many types for a config it cannot read)
+        raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {_first_line(e, '')}"[:300]) from None
+    _check_attention_only(cfg, role)
+    declared = getattr(cfg, "max_position_embeddings", None)
+    if isinstance(declared, int) and declared < 16:
+        raise ExportError(f"{role}: {src.display} gives its model a context of {declared} tokens (its config's "
+                          "max_position_embeddings, a GGUF's context_length); edgespec needs at least 16")
+
+
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
                 device: str = "cpu") -> ModelSpec:
@@ -528,6 +549,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             dtok, ddata, (dfp, dvocab) = load_tokenizer(dsrc)
             if dfp != tfp:
                 raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
+            _check_config_early(dsrc, "drafter")
         head_ids = None
         if drafter_vocab:  # a bad N is refused before the long part
             from .head import corpus_ranking, select_head_ids

@@ -1080,6 +1080,22 @@ def test_a_context_under_16_tokens_is_refused_before_the_build(tiny_dirs, tmp_pa
     assert "building" not in r.output and not (tmp_path / "b").exists()
 
 
+def test_a_drafters_config_is_checked_before_the_target_is_built(tiny_dirs, tmp_path):
+    """(session 54, a review) What a drafter's config alone refuses (a context under 16, layers other than attention)
+    was found once the target had been built and validated (minutes for a real target)."""
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(tiny_dirs["drafter"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 8
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "--drafter", str(d), "-o", str(tmp_path / "b")])
+    msg = _one_line_error(r)
+    assert msg.startswith("error: drafter: ") and "context of 8 tokens" in msg, msg
+    assert "building" not in r.output and not (tmp_path / "b").exists()
+
+
 def test_a_failed_export_removes_the_folders_it_made(tiny_dirs, tmp_path, monkeypatch):
     """-o a/b/c/bundle where a/ does not exist: a failed export left a/b/c (made when the place was probed)."""
     from edgespec_export import bundle as bundle_mod
