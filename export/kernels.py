@@ -508,11 +508,57 @@ def settle_graph(model_file: Path, capacity: int) -> tuple[int, int]:
     layouts, unbound = _whole_caches(m.graph, capacity)
     rope = _per_position_rope(m.graph, model_file.name)
     trimmed = trim_empty_inputs(m.graph)
+    trimmed += trim_rotary_tables(m.graph, capacity + ROTARY_SPARE_ROWS)
     if layouts or unbound or rope or trimmed:
         import onnx
 
         onnx.save(m, str(model_file))
     return unbound, rope
+
+
+# Rows a rotary table keeps past the bundle's context (trim_rotary_tables): positions never reach the context's end
+# (the KV buffer holds max_context), a margin all the same
+ROTARY_SPARE_ROWS = 64
+# where a rotary table is read: (op type, input index) of its cos and sin inputs
+_ROTARY_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}
+
+
+def trim_rotary_tables(g, rows: int) -> int:
+    """The builder's rotary tables (cos and sin of every position of the model's whole context: 32,768 rows for the
+    Qwen2.5 pair, 131,072 for Llama 3) cut to ``rows`` rows, in place, where every node reading them takes them as
+    GroupQueryAttention's or RotaryEmbedding's cos/sin caches (indexed by position, which never reaches the bundle's
+    context): ~21 MiB of the Qwen pair's resident weights at a 4,096-token context never read, and a config declaring
+    10^7 positions made a 640 MB data file for a 0.5 MiB model (session 54, a review). An external table keeps its
+    place in the data file, read up to its new length; an inline one is sliced. Returns the tables cut."""
+    from onnx import TensorProto
+
+    readers: dict[str, set] = {}
+    for n in g.node:
+        slots = _ROTARY_INPUTS.get(n.op_type) if n.domain in ("com.microsoft", "") else None
+        for i, name in enumerate(n.input):
+            if name:
+                readers.setdefault(name, set()).add(slots is not None and i in slots)
+    size = {TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2}
+    cut = 0
+    for t in g.initializer:
+        if readers.get(t.name) != {True} or len(t.dims) != 2 or t.dims[0] <= rows or t.data_type not in size:
+            continue
+        row = int(t.dims[1]) * size[t.data_type]
+        if t.data_location == TensorProto.EXTERNAL:
+            ext = {e.key: e for e in t.external_data}
+            if "length" in ext and int(ext["length"].value) < rows * row:
+                continue
+            if "length" in ext:
+                ext["length"].value = str(rows * row)
+            else:
+                t.external_data.add(key="length", value=str(rows * row))
+        elif t.raw_data:
+            t.raw_data = t.raw_data[: rows * row]
+        else:
+            continue  # (a table in typed fields: left whole)
+        t.dims[0] = rows
+        cut += 1
+    return cut
 
 
 def trim_empty_inputs(g) -> int:

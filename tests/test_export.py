@@ -1170,3 +1170,30 @@ def test_an_error_whose_first_line_only_introduces_it_keeps_its_reason():
                               "`num_hidden_layers` (3) must be equal to the number of `layer_types` (2)")
     assert _first_line(ValueError("one line\nsecond")) == "one line"
     assert _first_line(ValueError("")) == "ValueError" and _first_line(ValueError(""), "") == ""
+
+
+def test_rotary_tables_are_cut_to_the_bundles_context(tiny_dirs, tmp_path):
+    """(session 54, a review) The builder's cos/sin tables kept every position of the model's context whatever
+    --max-context said (the Qwen pair's 32,768 rows at 4,096: ~21 MiB resident never read; a config declaring 10^7
+    positions made a 640 MB data file): cut to the context and ROTARY_SPARE_ROWS, with the same outputs to the end of
+    the context as the whole tables give."""
+    import onnx
+
+    import edgespec
+    from edgespec_export import export_bundle
+    from edgespec_export.kernels import ROTARY_SPARE_ROWS
+
+    cfg = json.loads((tiny_dirs["qwen2"] / "config.json").read_text())
+    whole = export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "whole", target_precision="fp32", quality=False)
+    cut = export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "cut", target_precision="fp32", quality=False,
+                        max_context=48)
+    rows = {}
+    for b in (whole, cut):
+        g = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False).graph
+        rows[b.name] = {t.name: t.dims[0] for t in g.initializer if t.name in ("cos_cache", "sin_cache")}
+    assert rows["whole"] == {"cos_cache": cfg["max_position_embeddings"], "sin_cache": cfg["max_position_embeddings"]}
+    assert rows["cut"] == {"cos_cache": 48 + ROTARY_SPARE_ROWS, "sin_cache": 48 + ROTARY_SPARE_ROWS}
+    prompt = "The quick brown fox " * 3
+    a = edgespec.load(whole, memory=False).generate(prompt, max_new_tokens=200, drafter="none", ignore_eos=True)
+    b = edgespec.load(cut, memory=False).generate(prompt, max_new_tokens=200, drafter="none", ignore_eos=True)
+    assert b.finish_reason == "context" and a.token_ids[:len(b.token_ids)] == b.token_ids
