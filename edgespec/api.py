@@ -156,7 +156,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     # evenly between the sessions: a session's CUDA arena may hold its weights and its share, and
     # its TensorRT workspace is its share, so the limits of all sessions add up to the budget
     spare = (the_plan.budget - sum(the_plan.kv.values()) - the_plan.runtime - sum(the_plan.weights.values())
-             - the_plan.prompt_cache)
+             - the_plan.prompt_cache - the_plan.indexes)  # (the suffix drafter's indexes: host memory of the budget)
     share = max(0, spare) // max(1, len(the_plan.weights))
 
     def options_for(role: str):

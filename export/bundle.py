@@ -15,7 +15,7 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, sha256_file, write_manifest)
 
-from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_tree,
+from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_replaced,
                      terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
 from .source import Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
@@ -564,11 +564,11 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
                     ranked = corpus_ranking(tj, drafter_vocab_corpus)
             head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc),
                                        bos_id=ttok.bos_token_id, vocab_size=tvocab, ranked=ranked)
+        stage = replaced = None
+        made = missing_parents(out)  # (removed again if the export fails)
     except BaseException:
         guard.__exit__(None, None, None)
         raise
-    stage = replaced = None
-    made = missing_parents(out)  # (removed again if the export fails)
     try:
         stage = prepare_stage(out)
         quality_fn = None
@@ -640,8 +640,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         raise
     finally:
         guard.__exit__(None, None, None)
-    if replaced is not None:  # (the export is done once published: a SIGTERM while the old tree is deleted said it
-        remove_tree(replaced)  # failed, exit 143, the new bundle in place; session 54, a review)
+    remove_replaced(replaced)  # (the export is done once published: a SIGTERM while the old tree was deleted said
+    # it failed, exit 143, the new bundle in place; session 54, a review)
     for spec in (manifest.target, manifest.drafter):
         if spec is not None:
             progress.log(device_memory_line(spec))

@@ -521,7 +521,7 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
     from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, remove_parents,
-                         remove_tree, terminate_cleanly)
+                         remove_replaced, remove_tree, terminate_cleanly)
 
     in_place = out is None
     if not in_place and src.resolve() in Path(out).expanduser().resolve().parents:  # (before anything is made)
@@ -547,8 +547,7 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
             remove_tree(stage)
             remove_parents(made)
             raise
-    if replaced is not None:  # (done once published: outside the SIGTERM guard)
-        remove_tree(replaced)
+    remove_replaced(replaced)  # (done once published: outside the SIGTERM guard)
     if inside:
         import warnings
 

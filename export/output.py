@@ -50,10 +50,9 @@ def restore_stale_old(out: Path) -> Path | None:
     if out.exists() or out.is_symlink() or not out.parent.is_dir():
         return None
     pattern = re.compile(rf"\.{re.escape(out.name)}\.old-(\d+)")
-    for p in sorted(out.parent.iterdir(), key=lambda q: -q.lstat().st_mtime_ns):  # (the newest first)
+    for p in _newest_first(out.parent):
         m = pattern.fullmatch(p.name)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))) and p.is_dir() \
-                and not p.is_symlink() and (p / MANIFEST_NAME).is_file():
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))) and _whole_bundle(p):
             try:
                 p.rename(out)
             except OSError:
@@ -62,12 +61,53 @@ def restore_stale_old(out: Path) -> Path | None:
     return None
 
 
+def _newest_first(parent: Path) -> list[Path]:
+    """``parent``'s entries, the most recently changed first (one gone meanwhile, another export's, left out)."""
+    def mtime(q: Path) -> int:
+        try:
+            return q.lstat().st_mtime_ns
+        except OSError:
+            return -1
+
+    try:
+        return sorted(parent.iterdir(), key=lambda q: -mtime(q))
+    except OSError:
+        return []
+
+
+def _whole_bundle(p: Path) -> bool:
+    """``p`` is a bundle folder whose manifest reads and whose files have their recorded sizes (not a copy whose
+    removal was cut short: its manifest may outlive its weights)."""
+    if not p.is_dir() or p.is_symlink() or not (p / MANIFEST_NAME).is_file():
+        return False
+    from edgespec.errors import EdgespecError
+    from edgespec.manifest import load_manifest
+
+    try:
+        load_manifest(p)
+    except (EdgespecError, OSError, ValueError):
+        return False
+    return True
+
+
 def check_not_mount(bundle: Path) -> None:
     """A bundle is replaced by renaming its folder, which a mount point refuses (a container's volume): refused
     before the build (after it, EBUSY came as a traceback; session 54, a review)."""
-    if os.path.ismount(bundle):
+    if os.path.ismount(bundle) or _in_mountinfo(bundle):
         raise ExportError(f"{bundle} is a mount point, which cannot be replaced (a bundle is put in place by renaming "
                           f"its folder): write the bundle to a folder inside it")
+
+
+def _in_mountinfo(path: Path) -> bool:
+    """Whether ``path`` is a mount point as /proc/self/mountinfo lists them (a bind mount of a folder of the same
+    file system, which os.path.ismount does not see: it compares devices)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            points = {line.split(" ")[4] for line in f if line.count(" ") >= 5}
+    except OSError:
+        return False
+    unescape = lambda x: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), x)  # noqa: E731
+    return str(path) in {unescape(x) for x in points}
 
 
 def _probe(out: Path) -> None:
@@ -152,6 +192,8 @@ def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None]
         except ExportError as e:
             raise ExportError(f"{e} (it appeared while the export ran; the new bundle is not written)") from None
     old = out.parent / f".{out.name}.old-{os.getpid()}" if out.exists() else None
+    if old is not None and (old.exists() or old.is_symlink()):  # (this process's earlier one, not yet removed)
+        remove_tree(old)
     try:  # the first rename inside: a SIGTERM right after it still puts the old bundle back
         if old is not None:
             out.rename(old)
@@ -167,6 +209,23 @@ def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None]
             old.rename(out)
         raise
     return old
+
+
+def remove_replaced(path: Path | None) -> None:
+    """The bundle a publish replaced (``publish``'s return), removed once the new one is in place and the export's
+    SIGTERM guard is gone. A SIGTERM during the removal is taken as coming after the export, which is done: the
+    removal finishes and the export ends as it would have (it killed the process there, the new bundle in place,
+    the old one half removed, no line; the diff's review, session 54)."""
+    if path is None:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        remove_tree(path)
+        return
+    before = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        remove_tree(path)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _alive(pid: int) -> bool:
@@ -185,13 +244,13 @@ def remove_stale(parent: Path, name: str) -> list[Path]:
     stage, and ``.old-<pid>``: a process killed outright mid-rewrite left ~1 GB for a 1.5B there)."""
     removed = []
     pattern = re.compile(rf"\.(?:\.{re.escape(name)}\.partial-\d+\.|{re.escape(name)}\.)(partial|old)-(\d+)")
-    for p in sorted(parent.iterdir(), key=lambda q: -q.lstat().st_mtime_ns):  # (the newest first)
+    for p in _newest_first(parent):
         m = pattern.fullmatch(p.name)
         if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))) and p.is_dir() \
                 and not p.is_symlink():
             bundle = parent / name
             if p.name == f".{name}.old-{m.group(2)}" and not (bundle.exists() or bundle.is_symlink()) \
-                    and (p / MANIFEST_NAME).is_file():
+                    and _whole_bundle(p):
                 # a process killed between publish's two renames: the old bundle is the only copy (it was deleted
                 # here, before the export that found it had built anything; session 54, a review): put back
                 # (check_output did already, restore_stale_old; an in-place rewrite's bundle exists)

@@ -501,13 +501,13 @@ def test_a_stream_a_pool_task_left_neither_misnames_a_new_thread_nor_hangs_the_b
             t.join(timeout=1.5)
             assert t.is_alive() and not got  # waiting, not refused as its own
             assert eng.decoder.lock.orphaned()
+            del fut  # (the stream let go: the waiting generate() runs)
+            import gc
+
+            gc.collect()
+            t.join(timeout=60)
         finally:
             D.ORPHAN_WARN_S = old
-        del fut  # (the stream let go: the waiting generate() runs)
-        import gc
-
-        gc.collect()
-        t.join(timeout=60)
         assert not t.is_alive() and got[0].token_ids
         assert len(got[1]) == 1 and "whose threads have all ended" in got[1][0]
         with ThreadPoolExecutor(1) as pool:  # and left again: the block's close closes it, not a hang

@@ -435,6 +435,15 @@ def test_keep_arch_zeroes_other_gpus_code_and_keeps_the_layout():
     assert bytes(buf).count(bytes(300)) == 1 and buf[:64] == lib[:64] and buf[-192:] == lib[-192:]
     with pytest.raises(pack.PackError, match="no code for sm_89"):
         pack.keep_arch(bytearray(lib), 89)
+    import struct  # (a review) a container header of 0 bytes looped forever; one past the section wrote past it
+
+    off, _ = pack._fatbin_section(lib)
+    for hsize, grow in ((0, 0), (16, 4096)):
+        bad = bytearray(lib)
+        magic, ver, hs, fs = struct.unpack_from("<IHHQ", bad, off)
+        struct.pack_into("<IHHQ", bad, off, magic, ver, hsize, fs + grow if hsize else 0)
+        with pytest.raises(pack.PackError, match="not a layout this knows"):
+            pack.keep_arch(bad, 90)
     with pytest.raises(pack.PackError, match="not an ELF64"):
         pack.keep_arch(bytearray(b"MZ" + bytes(100)), 90)
 
@@ -486,7 +495,8 @@ def test_an_xz_pack_installs_as_the_wheels_would(tmp_path, capsys):
 def test_run_sh_keeps_to_its_budget(tmp_path):
     """run.sh bounds every step by one deadline (RUN_BUDGET): a background export that never ends was waited
     for SHAPED_WAIT (360 s) on its own before, and the steps' timeouts added to over 1,100 s against a device
-    call's 600. Here with a budget of 25 s the wait stops at what it leaves less 20 s."""
+    call's 600. Here with a budget of 35 s the wait stops at what it leaves less the bench's share (BENCH_KEEP 10 s)
+    and 20 s, and the bench still has its share (the diff's review: the wait took it, the bench got 1 s)."""
     import time
 
     stage = tmp_path / "stage"
@@ -496,7 +506,8 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     try:
         (stage / "shaped.pid").write_text(str(sleeper.pid))
         env = {**os.environ, "STAGE": str(stage), "OUT": str(tmp_path / "out"), "PYTEST": "0", "PROVIDER": "cpu",
-               "SECTIONS": "env", "RUN_BUDGET": "25", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+               "SECTIONS": "env", "RUN_BUDGET": "35", "BENCH_KEEP": "10",
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
         t0 = time.monotonic()
         r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "run.sh")], capture_output=True, text=True,
                            env=env, timeout=120)
@@ -505,7 +516,7 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
         sleeper.kill()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no SmolLM2 in the pack" in r.stdout and "bench rc=0" in r.stdout
-    assert 4 <= took < 30, took
+    assert 4 <= took < 33, took
     assert json.loads((tmp_path / "out" / "gpu-run.json").read_text())["env"]
 
 

@@ -152,6 +152,16 @@ def test_a_killed_publishs_old_bundle_is_put_back_and_a_mount_point_refused(tiny
     shutil.copytree(tiny_llama_bundle, stage)
     replaced = publish(stage, tmp_path / "keep")
     assert replaced is not None and replaced.is_dir() and (tmp_path / "keep").is_dir() and not stage.exists()
+    shutil.copytree(tiny_llama_bundle, stage)  # (the diff's review) again before the caller removed the first
+    assert publish(stage, tmp_path / "keep") == replaced and (tmp_path / "keep" / "edgespec.json").is_file()
+    shutil.rmtree(replaced)
+    # a copy whose removal was cut short (its weights gone, its manifest left) is no bundle to put back: junk
+    (tmp_path / "keep").rename(old)
+    next(old.rglob("*.onnx.data")).unlink()
+    from edgespec_export.output import restore_stale_old
+
+    assert restore_stale_old(tmp_path / "keep") is None and remove_stale(tmp_path, "keep") == [old]
+    shutil.copytree(tiny_llama_bundle, tmp_path / "keep")
     import os.path as osp
 
     real = osp.ismount
@@ -160,6 +170,17 @@ def test_a_killed_publishs_old_bundle_is_put_back_and_a_mount_point_refused(tiny
 
     with pytest.raises(ExportError, match="is a mount point"):
         check_output(tmp_path / "keep", True, [])
+    # a bind mount of a folder on the same file system, which os.path.ismount does not see: /proc/self/mountinfo
+    from edgespec_export import output as O
+
+    monkeypatch.setattr(osp, "ismount", real)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"36 35 98:0 /x {tmp_path / 'keep'} rw,noatime master:1 - ext3 /dev/root rw\n"
+                         "37 35 98:0 / / rw - ext3 /dev/root rw\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: real_open(mountinfo if f == "/proc/self/mountinfo" else f,
+                                                                       *a, **k))
+    assert O._in_mountinfo(tmp_path / "keep") and not O._in_mountinfo(tmp_path)
 
 
 # The export runs as users run it, except that writing its manifest (after every model is built) first
@@ -991,3 +1012,26 @@ def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
     assert r.exit_code == 130 and r.output.strip().endswith("interrupted"), r.output
     monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(ImportError("a real one")))
     assert run("info", str(tiny_bundle)).exit_code == 1  # (not a Ctrl-C: still the bug it is)
+
+
+def test_a_sigterm_while_the_replaced_bundle_is_removed_ends_the_export_as_done(tiny_dirs, tmp_path):
+    """(session 54, the diff's review) The replaced bundle is removed once the new one is in place, outside the
+    export's SIGTERM guard: a SIGTERM there killed the process (no line, the old tree half removed) where the export
+    was done. It is held until the removal ends; the export ends as it would have."""
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from edgespec_export import export_bundle, output
+real = output.remove_tree
+def remove_tree(p):
+    if ".old-" in p.name:
+        os.kill(os.getpid(), signal.SIGTERM)
+    real(p)
+output.remove_tree = remove_tree
+out = {str(tmp_path / 'b')!r}
+export_bundle({str(tiny_dirs['qwen2'])!r}, out, target_precision="fp32", quality=False)
+export_bundle({str(tiny_dirs['qwen2'])!r}, out, target_precision="fp32", quality=False, force=True)
+print("done", sorted(os.listdir({str(tmp_path)!r})))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "done ['b']", (r.returncode, r.stdout, r.stderr[-2000:])

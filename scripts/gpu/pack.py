@@ -232,12 +232,17 @@ def keep_arch(data: bytearray, arch: int) -> dict:
     the same, and a GPU of ``arch`` loads the entries it always loaded. Returns counts: containers, those with no
     entry for ``arch`` (code no such GPU could run: no PTX to compile), bytes zeroed and kept."""
     off, size = _fatbin_section(data)
+    if off + size > len(data):
+        raise PackError("the library's .nv_fatbin section runs past its end: not a layout this knows")
     pos, st = off, {"containers": 0, "without_arch": 0, "zeroed": 0, "kept": 0}
     while pos + 16 <= off + size:
         magic, _version, hsize, fsize = struct.unpack_from("<IHHQ", data, pos)
         if magic != FATBIN_MAGIC:
             pos += 8 - pos % 8  # (containers start 8-byte aligned: padding after the one before)
             continue
+        if hsize < 16 or pos + hsize + fsize > off + size:  # (nothing outside the section is written; no loop)
+            raise PackError(f"a fat binary container at {pos:#x} has a header of {hsize} bytes or runs past the "
+                            f"section: not a layout this knows")
         st["containers"] += 1
         p, end, archs = pos + hsize, pos + hsize + fsize, set()
         while p + 32 <= end:
@@ -253,7 +258,7 @@ def keep_arch(data: bytearray, arch: int) -> dict:
                 st["kept"] += psize
             p += ehsize + psize
         st["without_arch"] += arch not in archs
-        pos = end
+        pos = max(end, pos + 16)
     if not st["kept"]:
         raise PackError(f"the library holds no code for sm_{arch}")
     return st
@@ -352,8 +357,9 @@ def read_manifest(stage: Path) -> dict:
 
 
 def stash(batch: Path, stage: Path) -> list[str]:
-    """Move a batch's part into ``stage`` after checking its sha256 (a bad part is not kept), and that the parts
-    of the batches before it are there (FreshMachine, the batch left where it is, where they are not)."""
+    """Move a batch's part into ``stage`` after checking its sha256 (a bad part is not kept); a batch after the first
+    that finds no part of its pack in ``stage`` (a fresh machine: the earlier calls' parts went with the one given
+    back) is FreshMachine, the batch left where it is. Batches may come in any order after the first."""
     man = read_manifest(batch)
     stage.mkdir(parents=True, exist_ok=True)
     if (stage / MANIFEST).exists() and read_manifest(stage) != man:

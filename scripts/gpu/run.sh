@@ -5,7 +5,8 @@
 #   pytest.log, bench.log, gpu-run.json, shaped.log, exports.log, nvidia-smi.txt
 #   STAGE=/tmp/edgespec-gpu OUT=/tmp/out bash scripts/gpu/run.sh
 # RUN_BUDGET (seconds, default 480) bounds the whole script: each step's timeout is its own or what is left of
-# the budget less 20 s, whichever is less (a device call ends at 600 s; a step that hangs spent the window before).
+# the budget less what the steps after it keep (the bench BENCH_KEEP s, default 180, and 20 s), whichever is less
+# (a device call ends at 600 s; a step that hung spent the window before).
 # SECTIONS (default all) picks the bench's sections; PYTEST=0 skips the tests; SHAPED_WAIT is how
 # long to wait for the background exports (seconds, default 360); SMOL_EXPORT=0 skips SmolLM2 (skipped by itself
 # where the pack has none),
@@ -24,8 +25,12 @@ mkdir -p "$OUT" "$STAGE/bundles"
 B=$STAGE/bundles
 say() { echo "[$(date +%T)] $*"; }
 DEADLINE=$((SECONDS + ${RUN_BUDGET:-480}))
-# left S: the seconds a step may take, at most S and what the budget leaves less 20 s for what follows (>= 1)
-left() { local l=$((DEADLINE - SECONDS - 20)); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
+# left S [KEEP]: the seconds a step may take, at most S and what the budget leaves less KEEP (default: the bench's
+# BENCH_KEEP) and 20 s (>= 1); the bench itself keeps 0
+left() {
+  local keep=${2:-${BENCH_KEEP:-180}} l
+  l=$((DEADLINE - SECONDS - keep - 20)); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"
+}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 SMOL=$STAGE/files/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ "${SMOL_EXPORT:-1}" = 1 ] && ! grep -q 'SmolLM2' "$STAGE/parts/MANIFEST.json" 2>/dev/null; then
@@ -79,7 +84,7 @@ args=(--provider "${PROVIDER:-cuda}" --json "$OUT/gpu-run.json" --sections "${SE
 [ -f "$B/smollm2-int4-cuda/edgespec.json" ] && args+=(--smol-cuda "$B/smollm2-int4-cuda")
 [ -f "$B/smollm2-int4/edgespec.json" ] && args+=(--smol-cpu "$B/smollm2-int4")
 say "bench ${args[*]}"
-timeout "$(left "${BENCH_TIMEOUT:-300}")" python3 scripts/gpu/bench.py "${args[@]}" >"$OUT/bench.log" 2>&1
+timeout "$(left "${BENCH_TIMEOUT:-300}" 0)" python3 scripts/gpu/bench.py "${args[@]}" >"$OUT/bench.log" 2>&1
 rc_bench=$?
 say "bench rc=$rc_bench"
 grep -E "^   [a-z_]+: " "$OUT/bench.log" | cut -c1-400

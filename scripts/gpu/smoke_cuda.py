@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A few seconds' check, first thing after onnxruntime-gpu is unpacked on the GPU machine: do onnxruntime's own
+"""scripts/gpu/smoke_cuda.py (session 54): a few seconds' check, first thing after onnxruntime-gpu is unpacked on the GPU machine: do onnxruntime's own
 CUDA kernels (its fatbin, not cuBLAS's) load and compute? One small graph (MatMulNBits, the contrib op every INT4
 bundle uses, then Add, Sigmoid, Softmax and ArgMax) on the CUDA EP with the CPU fallback refused, against the
 CPU EP. Exit 0 and one 'ok' line, or 1 and why. --provider cpu runs both sides on the CPU (a dry run)."""
@@ -44,7 +44,10 @@ except Exception as e:  # noqa: BLE001
     print(f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
     sys.exit(1)
 diff = float(np.abs(got[0].astype(np.float32) - ref[0].astype(np.float32)).max())
-ok = diff < 1e-2 and (got[1] == ref[1]).all()
+# the argmax compared where the CPU's top two are apart by more than the float16 noise of the two devices' sums
+top2 = np.sort(ref[0].astype(np.float32), axis=-1)[:, -2:]
+clear = (top2[:, 1] - top2[:, 0]) > 1e-2
+ok = diff < 1e-2 and (got[1][clear] == ref[1][clear]).all()
 print(f"{'ok' if ok else 'FAILED'}: {sess.get_providers()[0]} max |diff| {diff:.2e}, argmax {got[1].tolist()} "
       f"(cpu {ref[1].tolist()}); onnxruntime {ort.__version__}")
 sys.exit(0 if ok else 1)
