@@ -91,11 +91,12 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
         if differs and not (drafter and drafter_precision in ("int4", "int8")):
             raise click.UsageError(f"{flag} applies to an int4/int8 --drafter")
     if not drafter:  # the drafter's options, given without a drafter, would do nothing (export_bundle
-        # refuses a --drafter-vocab other than 0 and its corpus itself)
-        flags = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device", "drafter_vocab")
-                 if p in given]
+        # refuses a --drafter-vocab and its corpus itself: one given as 0 is refused as it refuses another N)
+        flags = [f"--{p.replace('_', '-')}" for p in ("drafter_precision", "drafter_device") if p in given]
         if flags:
             raise click.UsageError(f"{', '.join(flags)} applies to a --drafter; this export has none")
+        if "drafter_vocab" in given:
+            raise ExportError("--drafter-vocab applies to a bundle with a --drafter")
     _check_combination(target_precision, q, frozenset({"algorithm"} if "quant_algo" in given else set()) |
                        frozenset(given))
     if exact_kernels and (target_precision != "int4" or device != "cpu" or accuracy_level != 4):

@@ -382,7 +382,7 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     (["--drafter-block-size", "32"], "--drafter-block-size applies to an int4/int8 --drafter"),
     (["--drafter-quant-algo", "rtn"], "--drafter-quant-algo applies to an int4/int8 --drafter"),
     (["--drafter", "DRAFTER", "--drafter-block-size", "32"], "--drafter-block-size applies to an int4/int8 --drafter"),
-    (["--drafter-vocab", "0"], "--drafter-vocab applies to a --drafter; this export has none"),
+    (["--drafter-vocab", "0"], "error: --drafter-vocab applies to a bundle with a --drafter"),
     (["--drafter", ""], "--drafter is empty"),
 ])
 def test_options_that_do_nothing_are_refused(tiny_dirs, tmp_path, args, message):

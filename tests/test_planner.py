@@ -661,7 +661,7 @@ def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, mon
         api.load(tiny_bundle, profile=prof, use_drafter=True)
     p = plan(manifest, prof, use_drafter=True, providers=list(prof.providers))
     assert p.drafter == "model"
-    share = (p.budget - sum(p.kv.values()) - p.runtime - sum(p.weights.values())) // 2
+    share = (p.budget - sum(p.kv.values()) - p.runtime - sum(p.weights.values()) - p.indexes) // 2
     limits = 0
     for role in ("target", "drafter"):
         trt, cuda = seen[role].options("tensorrt"), seen[role].options("cuda")
@@ -669,8 +669,9 @@ def test_load_gives_each_session_its_share_of_the_device_budget(tiny_bundle, mon
         assert trt["trt_max_workspace_size"] == share
         assert trt["trt_engine_cache_path"] == str(Path(tiny_bundle) / ".trt_cache")
         limits += cuda["gpu_mem_limit"]
-    # the arenas' limits add up to the budget less the KV caches and the runtime, never more
-    assert p.budget - sum(p.kv.values()) - p.runtime - limits in (0, 1)
+    # the arenas' limits add up to the budget less the KV caches, the runtime and the suffix drafter's indexes (host
+    # memory, since session 54), never more
+    assert p.budget - sum(p.kv.values()) - p.runtime - p.indexes - limits in (0, 1)
 
 
 # -- CLI -------------------------------------------------------------------------------------------
