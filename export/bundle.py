@@ -276,6 +276,13 @@ def _check_config_early(src: Source, role: str) -> None:
         cfg = AutoConfig.from_pretrained(str(src.path))
     except Exception as e:  # (transformers raises many types for a config it cannot read)
         raise ExportError(f"cannot load {src.display}: {type(e).__name__}: {_first_line(e, '')}"[:300]) from None
+    _check_config(cfg, src, role)
+
+
+def _check_config(cfg, src: Source, role: str) -> None:
+    """ExportError for a config edgespec cannot export: layers other than attention, or a context under 16 tokens
+    (a GGUF whose context_length is 0: the bundle recorded 4,096 and the builder's rotary caches held no position,
+    so the whole build ran, then the validation failed blaming the manifest)."""
     _check_attention_only(cfg, role)
     declared = getattr(cfg, "max_position_embeddings", None)
     if isinstance(declared, int) and declared < 16:
@@ -295,14 +302,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
     cfg = model.config
-    _check_attention_only(cfg, role)
+    _check_config(cfg, src, role)
     check_vocabulary(tok, getattr(cfg, "vocab_size", None), src, target=role == "target")  # (before the build)
-    declared = getattr(cfg, "max_position_embeddings", None)
-    if isinstance(declared, int) and declared < 16:
-        # a GGUF whose context_length is 0: the bundle recorded 4,096 (the ``or`` below) and the builder's rotary
-        # caches held no position, so the whole build ran, then the validation failed blaming the manifest
-        raise ExportError(f"{role}: {src.display} gives its model a context of {declared} tokens (its config's "
-                          "max_position_embeddings, a GGUF's context_length); edgespec needs at least 16")
     model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)

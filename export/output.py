@@ -243,19 +243,14 @@ def remove_stale(parent: Path, name: str) -> list[Path]:
     ``--exact-kernels`` rewrite of such a stage left beside it (``..<name>.partial-<pid>.partial-<pid>``, its own
     stage, and ``.old-<pid>``: a process killed outright mid-rewrite left ~1 GB for a 1.5B there)."""
     removed = []
+    # a process killed between publish's two renames left the old bundle as the only copy (it was deleted here,
+    # before the export that found it had built anything; session 54, a review): put back first, the rest is junk
+    restore_stale_old(parent / name)
     pattern = re.compile(rf"\.(?:\.{re.escape(name)}\.partial-\d+\.|{re.escape(name)}\.)(partial|old)-(\d+)")
-    for p in _newest_first(parent):
+    for p in parent.iterdir():
         m = pattern.fullmatch(p.name)
         if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))) and p.is_dir() \
                 and not p.is_symlink():
-            bundle = parent / name
-            if p.name == f".{name}.old-{m.group(2)}" and not (bundle.exists() or bundle.is_symlink()) \
-                    and _whole_bundle(p):
-                # a process killed between publish's two renames: the old bundle is the only copy (it was deleted
-                # here, before the export that found it had built anything; session 54, a review): put back
-                # (check_output did already, restore_stale_old; an in-place rewrite's bundle exists)
-                p.rename(bundle)
-                continue
             remove_tree(p)
             removed.append(p)
     return removed
