@@ -1037,7 +1037,9 @@ def _history(messages, copy: bool = False) -> list:
 class ChatSession:
     """A multi-turn conversation. The KV cache of the conversation so far is reused between turns:
     only the new turn's tokens are prefilled. The oldest turns are dropped when the history no
-    longer fits the context (``dropped`` counts them). One conversation, one thread at a time: the engine may be
+    longer fits the context (``dropped`` counts them): ``messages`` is what the model sees, ``earlier`` the
+    exchanges dropped from it, oldest first, and ``transcript`` the whole conversation (what the chat's /save
+    writes). One conversation, one thread at a time: the engine may be
     shared by threads, a session's turns from two threads at once interleave its history (a session each)."""
 
     engine: Engine
@@ -1047,6 +1049,7 @@ class ChatSession:
     reserve: int = 256  # tokens kept free for the reply
     # more variables for the chat template at every turn (Qwen3's {"enable_thinking": False})
     template_kwargs: dict | None = None
+    earlier: list[dict] = field(default_factory=list, init=False, repr=False)  # the exchanges dropped to fit, oldest first
 
     def __post_init__(self):
         if self.system is not None:  # (a number was taken, and every turn after failed on it)
@@ -1065,6 +1068,15 @@ class ChatSession:
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.dropped = 0
+        self.earlier = []
+
+    @property
+    def transcript(self) -> list[dict]:
+        """The whole conversation: the system prompt, the exchanges dropped to fit the context, then the
+        messages the model still sees (a new list; since session 55 a chat's /save writes this, where it
+        wrote only what the model still saw)."""
+        first = 1 if self.messages and self.messages[0].get("role") == "system" else 0
+        return self.messages[:first] + list(self.earlier) + self.messages[first:]
 
     def room(self, max_new: int) -> int:
         """The tokens a turn keeps free for its reply (older exchanges are dropped to keep them)."""
@@ -1089,18 +1101,20 @@ class ChatSession:
                 raise ContextOverflowError(  # down to the system prompt and this message
                     f"this message alone needs {len(ids)} tokens and {reserve} more for the reply; "
                     f"the context holds {self.engine.max_context}")
-            del self.messages[first: first + 2]  # the oldest user/assistant pair
+            self.earlier.extend(self.messages[first: first + 2])  # the oldest user/assistant pair
+            del self.messages[first: first + 2]
             self.dropped += 1
 
     def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[Delta]:
         """One exchange: add the user's message, yield the engine's ``Delta``s, record the reply."""
         self.messages = _history(self.messages)  # (assigned since: checked as at the start)
-        before, dropped_before = list(self.messages), self.dropped
+        before, dropped_before, earlier_before = list(self.messages), self.dropped, len(self.earlier)
         self.messages.append({"role": "user", "content": text})
         try:
             ids = self._fit(kw.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
         except BaseException:  # ContextOverflowError, or Ctrl-C while encoding: the turn never happened
             self.messages[:], self.dropped = before, dropped_before
+            del self.earlier[earlier_before:]
             raise
         reply: list[str] = []
         failed = False
@@ -1114,6 +1128,7 @@ class ChatSession:
         finally:
             if failed:  # a turn that failed leaves no trace, not even the exchanges dropped to fit it
                 self.messages[:], self.dropped = before, dropped_before
+                del self.earlier[earlier_before:]
             else:
                 # a finished or interrupted reply is kept as far as it got, so the history stays coherent; a thinking
                 # model's answer only (its template leaves earlier turns' thinking out of the history, and the

@@ -39,7 +39,7 @@ commands:
   /set               show the generation settings
   /set NAME VALUE    change one: temperature, top_p, top_k, max_new_tokens, seed (a number or none),
                      draft_tokens (a number, or auto), drafter (model, prompt-lookup, suffix, auto, none)
-  /save FILE         write the conversation's messages to FILE as JSON
+  /save FILE         write the whole conversation's messages to FILE as JSON
   /load FILE         continue a conversation /save wrote (its messages replace this one's)
   /exit              leave (so does Ctrl-D)
 A message of several lines (code pasted) goes between two lines of three double quotes (\"\"\"; the closing one
@@ -313,7 +313,8 @@ class ChatRepl:
     def _notice_dropped(self, before: int) -> None:
         n = self.session.dropped - before
         if n > 0:
-            self._note(f"[dropped the {n} oldest exchange(s) to fit the context of {self.engine.max_context} tokens]")
+            self._note(f"[dropped the {n} oldest exchange(s) to fit the context of {self.engine.max_context} tokens; "
+                       "/save still writes them]")
 
     def _repair_history(self, parts: list[str]) -> None:
         """Ctrl-C can land between recording the question and recording the reply; keep the
@@ -440,6 +441,7 @@ class ChatRepl:
         self.session.messages = messages
         self.session.system = system
         self.session.dropped = 0
+        self.session.earlier = []
         self._out(f"[loaded {len(messages)} messages from {shown}]\n")
 
     def _save(self, arg: str) -> None:
@@ -460,6 +462,9 @@ class ChatRepl:
         # prompt cache and the memory store are: a conversation is private; the rename left 0644 over a 0600)
         if os.path.islink(path):
             path = os.path.realpath(path)
+        # the whole conversation, the exchanges dropped to fit the context too (before session 55, only what the
+        # model still saw: a long chat's /save lost its beginning)
+        transcript = self.session.transcript
         tmp = os.path.join(os.path.dirname(path), f".edgespec-save-{os.getpid()}-{secrets.token_hex(4)}.tmp")
         made = False
         try:
@@ -471,7 +476,7 @@ class ChatRepl:
             made = True
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 os.fchmod(f.fileno(), mode)
-                json.dump(self.session.messages, f, indent=2, ensure_ascii=False)
+                json.dump(transcript, f, indent=2, ensure_ascii=False)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -487,7 +492,7 @@ class ChatRepl:
             why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
             self._error(f"cannot write {shown}: {why}")
             return
-        self._out(f"[saved {len(self.session.messages)} messages to {shown}]\n")
+        self._out(f"[saved {len(transcript)} messages to {shown}]\n")
 
 
 def _shown(path: str) -> str:

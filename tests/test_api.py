@@ -876,3 +876,32 @@ def test_values_python_cannot_write_or_dump_are_typed_errors(engine):
     for kw in ({"fit": "no"}, {"add_generation_prompt": "no"}):  # ("no" was taken as true)
         with pytest.raises(edgespec.errors.ConfigError, match="must be true or false, got 'no'"):
             engine.encode(msgs, **kw)
+
+
+def test_the_transcript_keeps_the_exchanges_dropped_to_fit(tiny_bundle):
+    """(session 55) The oldest exchanges dropped to fit the context left ``messages`` (what the model sees) and were
+    gone: a chat's /save of a long conversation lost its beginning. ``earlier`` keeps them, oldest first, and
+    ``transcript`` is the whole conversation; a turn that fails puts ``earlier`` back too, reset() empties it."""
+    eng = edgespec.load(tiny_bundle, max_context=128)
+    chat = eng.chat(system="You are terse.")
+    chat.reserve = 16
+    sent = [f"message {i} the quick brown fox" for i in range(12)]
+    for text in sent[:-1]:
+        chat.send(text, max_new_tokens=8)
+    assert chat.dropped >= 2 and len(chat.earlier) == 2 * chat.dropped
+    whole = chat.transcript
+    assert whole[0] == {"role": "system", "content": "You are terse."}
+    assert [m["content"] for m in whole[1::2]] == sent[:-1]  # every question, in order, none lost
+    assert [m["role"] for m in whole[1:]] == ["user", "assistant"] * (len(sent) - 1)
+    assert whole[1 + len(chat.earlier):] == chat.messages[1:]
+    before = ([dict(m) for m in chat.messages], list(chat.earlier), chat.dropped)
+    stream = eng.stream("hello", max_new_tokens=8)
+    next(stream)  # the engine busy in this thread: the turn fails after _fit dropped an exchange
+    with pytest.raises(edgespec.BusyError):
+        chat.send(sent[-1], max_new_tokens=8)
+    stream.close()
+    assert (chat.messages, chat.earlier, chat.dropped) == before
+    chat.reset()
+    assert chat.earlier == [] and chat.transcript == chat.messages == [{"role": "system", "content": "You are terse."}]
+    with pytest.raises(TypeError):
+        edgespec.ChatSession(eng, earlier=[])  # not an argument: what the session dropped itself

@@ -210,6 +210,26 @@ def test_piped_save_and_reset(tiny_bundle, tmp_path):
     assert r.stdout.count("tok/s") == 1 and "prompt:" in r.stdout
 
 
+def test_save_after_dropped_exchanges_writes_the_whole_conversation(tiny_bundle, tmp_path):
+    """(session 55) A chat that outgrew its context dropped its oldest exchanges, and /save wrote only what the
+    model still saw: the conversation's beginning was lost. /save writes them all; /load of that file continues
+    it (the next turn drops again, with the notice) and /save after it still writes every exchange."""
+    saved, again = tmp_path / "all.json", tmp_path / "again.json"
+    questions = [f"question {i} about the quick brown fox" for i in range(10)]
+    r = _piped(tiny_bundle, "\n".join(questions) + f"\n/save {saved}\n", "--system", "Be terse.",
+               "--max-context", "128", "--max-new-tokens", "8", "--no-memory")
+    assert r.returncode == 0, r.stderr
+    assert "oldest exchange(s)" in r.stdout + r.stderr  # the context did overflow
+    whole = json.loads(saved.read_text())
+    assert whole[0] == {"role": "system", "content": "Be terse."}
+    assert [m["content"] for m in whole[1::2]] == questions
+    assert [m["role"] for m in whole[1:]] == ["user", "assistant"] * len(questions)
+    r = _piped(tiny_bundle, f"/load {saved}\none more\n/save {again}\n", "--max-context", "128",
+               "--max-new-tokens", "8", "--no-memory")
+    assert r.returncode == 0, r.stderr
+    assert [m["content"] for m in json.loads(again.read_text())[1::2]] == questions + ["one more"]
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
 def test_a_closed_terminal_or_sigterm_writes_the_prompt_cache_file(tiny_bundle, tmp_path, sig):
     """(session 48, a review) SIGHUP (the terminal closed) or SIGTERM ended the chat at once: its prompt cache file,
