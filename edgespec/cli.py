@@ -907,6 +907,13 @@ def info(bundle, verify, as_json):
     if m.created or m.sources:
         click.echo(f"  exported {m.created or '(time not recorded)'} from "
                    + ", ".join(f"{role} {src}" for role, src in m.sources.items()))
+    for role, table in m.source_files.items():  # (the weights' sha256 as a model page lists them; since session 55)
+        big = {n: f for n, f in table.items() if f["bytes"] >= 1 << 20}
+        for n, f in big.items():
+            click.echo(f"  {role} source file {n} ({f['bytes']:,} bytes) sha256 {f['sha256']}")
+        if len(table) > len(big):
+            click.echo(f"  {role} source: {len(table) - len(big)} smaller file(s) hashed too ({'' if big else 'none over 1 MiB; '}"
+                       "info --json lists them)")
     if m.tool_versions:
         click.echo("  with " + ", ".join(f"{mod} {v}" for mod, v in m.tool_versions.items()))
     vocab = f"  tokenizer vocab {m.tokenizer_vocab_size}" if m.tokenizer_vocab_size is not None else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,21 @@ def _files(root: Path, files: dict, where: str) -> dict:
         if not isinstance(meta.get("sha256", ""), str):
             raise ManifestError(f"manifest: {where}.files[{frel!r}].sha256 must be a string")
     return files
+
+
+def _source_files(table: dict, mpath: Path) -> dict:
+    """The manifest's ``source_files``: role -> {file name -> {"bytes": int, "sha256": 64 hex digits}}."""
+    out = {}
+    for role, files in table.items():
+        if not isinstance(files, dict):
+            raise ManifestError(f"{mpath}: source_files[{role!r}] must be an object of files")
+        for name, meta in files.items():
+            if not (isinstance(meta, dict) and _is(meta.get("bytes"), int) and meta["bytes"] >= 0
+                    and isinstance(meta.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", meta["sha256"])):
+                raise ManifestError(f"{mpath}: source_files[{role!r}][{name!r}] needs 'bytes' (a count) and "
+                                    "'sha256' (64 hex digits)")
+        out[str(role)] = {str(n): {"bytes": m["bytes"], "sha256": m["sha256"]} for n, m in files.items()}
+    return out
 
 
 def _rel(root: Path, path: Path) -> str:
@@ -449,6 +465,9 @@ class Manifest:
     sources: dict[str, str] = field(default_factory=dict)  # role -> the model exported, as given
     tokenizer_vocab_size: int | None = None  # the tokenizer's own (a model's vocab_size may be padded)
     tokenizer_files: dict[str, dict] = field(default_factory=dict)  # as ModelSpec.files; {} before they were hashed
+    # role -> the source's files as read at export: name -> {"bytes": int, "sha256": str} (a Hugging Face model
+    # page lists its weight files' sha256); {} before session 55, or where the source's files were not found
+    source_files: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     @property
     def max_context(self) -> int:
@@ -491,7 +510,8 @@ class Manifest:
                 created=raw.get("created"), sources={str(k): str(v) for k, v in (raw.get("sources") or {}).items()},
                 tokenizer_vocab_size=_opt_count(tok, "vocab_size", "manifest.tokenizer"),
                 tokenizer_files={k: dict(v) for k, v in _files(root, _opt(dict, "manifest.tokenizer", tok, "files")
-                                                                or {}, "tokenizer").items()})
+                                                                or {}, "tokenizer").items()},
+                source_files=_source_files(_opt(dict, "manifest", raw, "source_files") or {}, mpath))
         if drafter is not None:
             check_pair(target, drafter)
         return m
@@ -499,7 +519,9 @@ class Manifest:
     def to_dict(self) -> dict:
         """The manifest as written to ``edgespec.json``, paths relative to ``root``."""
         return {"schema_version": SCHEMA_VERSION, "name": self.name, "created": self.created,
-                "sources": dict(self.sources), "tool_versions": dict(self.tool_versions),
+                "sources": dict(self.sources),
+                **({"source_files": {r: dict(f) for r, f in self.source_files.items()}} if self.source_files else {}),
+                "tool_versions": dict(self.tool_versions),
                 "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id, "add_bos": self.add_bos,
                 "chat_template": self.chat_template,
                 "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size,

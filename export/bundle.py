@@ -18,7 +18,8 @@ from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, M
 from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_replaced,
                      terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
-from .source import Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve
+from .source import (Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve,
+                     source_files)
 from .validate import validate
 
 
@@ -534,7 +535,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     if dsrc:
         _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo",
                                  "drafter")
-    steps = (1 + 4 + (4 if dsrc else 0) + 1 + (1 if quality else 0) + (1 if drafter_vocab else 0)
+    steps = (1 + 4 + (4 if dsrc else 0) + 2 + (1 if quality else 0) + (1 if drafter_vocab else 0)
              + (1 if exact_kernels else 0))
     progress = Progress(steps, stream)
     # SIGTERM unwinds through the cleanup below, as Ctrl-C does (from here: during the tokenizers' read, ~9 s for a
@@ -585,6 +586,9 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             if quality_fn is not None:
                 models["drafter"] = replace(models["drafter"], quality=quality_fn.drafter_agreement(
                     models["target"], models["drafter"], progress))
+        progress.step("hashing the source files (the manifest's source_files)")
+        source_record = {role: files for role, src in (("target", tsrc), ("drafter", dsrc)) if src is not None
+                         for files in (source_files(src, progress.log),) if files}
         progress.step("writing tokenizer and manifest")
         tdir = stage / "tokenizer"
         tdir.mkdir()
@@ -608,6 +612,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             tool_versions=_versions(),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             sources={"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {})},
+            source_files=source_record,
             tokenizer_vocab_size=tvocab,
             tokenizer_files=tok_files,
         )

@@ -302,6 +302,35 @@ def resolve(spec: str) -> Source:
     raise ExportError(f"no such model: {spec} (not a file, a directory, or a hub id like org/name)")
 
 
+def source_files(src: Source, log=None) -> dict[str, dict]:
+    """The files of ``src`` as the export read them, for the manifest: name -> {"bytes", "sha256"} (a Hugging Face
+    model page lists its weight files' sha256, so a bundle says which checkpoint it came from). A .gguf: that file;
+    a model directory: its top-level files (not hidden ones; links followed: a hub cache's snapshot is links to
+    blobs); a hub id: its snapshot in the local cache, where one is found ({} where not)."""
+    from edgespec.integrity import sha256_file
+
+    if src.kind == "gguf":
+        files = [src.path]
+    else:
+        folder = src.path
+        if src.kind == "hub":
+            try:
+                from huggingface_hub import snapshot_download
+
+                folder = Path(snapshot_download(src.spec, local_files_only=True))
+            except Exception:  # (not cached as a snapshot, an old huggingface_hub: nothing to record)
+                return {}
+        files = sorted(f for f in folder.iterdir() if not f.name.startswith(".") and f.is_file())
+    out = {}
+    for f in files:
+        try:
+            out[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        except OSError as e:  # (a file the export did not need, unreadable: left out of the record, said)
+            if log is not None:
+                log(f"note: {f} is not in the manifest's source_files: cannot read it ({e.strerror or e})")
+    return out
+
+
 def _first_line(e: BaseException, empty: str | None = None) -> str:
     """An exception's message's first line, and the next one where the first only introduces it (ends in a colon:
     transformers' config validation errors, "Class validation error for validator 'validate_layer_type':", gave

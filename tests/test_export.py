@@ -1198,3 +1198,40 @@ def test_rotary_tables_are_cut_to_the_bundles_context(tiny_dirs, tmp_path):
     a = edgespec.load(whole, memory=False).generate(prompt, max_new_tokens=200, drafter="none", ignore_eos=True)
     b = edgespec.load(cut, memory=False).generate(prompt, max_new_tokens=200, drafter="none", ignore_eos=True)
     assert b.finish_reason == "context" and a.token_ids[:len(b.token_ids)] == b.token_ids
+
+
+def test_source_files_are_the_gguf_file_alone_and_a_folders_readable_files(tmp_path, monkeypatch):
+    """(session 55) The manifest's source_files: a .gguf source is that file (not the folder's other files); a model
+    directory is its top-level files (hidden ones and sub-folders not), through links; a file that cannot be read
+    is left out with a note, the export going on."""
+    import hashlib
+
+    import edgespec.integrity
+    from edgespec_export.source import Source, source_files
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "m.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    (folder / "other.gguf").write_bytes(b"GGUF other")
+    got = source_files(Source(str(folder / "m.gguf"), "gguf", folder / "m.gguf"))
+    assert got == {"m.gguf": {"bytes": 2564, "sha256": hashlib.sha256((folder / "m.gguf").read_bytes()).hexdigest()}}
+    hf = tmp_path / "hf"
+    (hf / "sub").mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (hf / ".gitattributes").write_text("x")
+    (hf / "sub" / "inner.bin").write_text("x")
+    (hf / "weights.safetensors").symlink_to(folder / "other.gguf")
+    (hf / "locked.bin").write_text("secret")
+    real = edgespec.integrity.sha256_file
+
+    def unreadable(path):
+        if path.name == "locked.bin":
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(edgespec.integrity, "sha256_file", unreadable)
+    notes = []
+    got = source_files(Source(str(hf), "hf-dir", hf), notes.append)
+    assert sorted(got) == ["config.json", "weights.safetensors"]
+    assert got["weights.safetensors"]["sha256"] == hashlib.sha256(b"GGUF other").hexdigest()
+    assert len(notes) == 1 and "locked.bin" in notes[0] and "Permission denied" in notes[0]

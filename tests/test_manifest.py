@@ -110,7 +110,7 @@ def test_round_trip_with_every_field(tmp_path):
     m = Manifest(root=tmp_path, name="all", target=spec, drafter=drafter, eos_token_ids=(5,), bos_token_id=None,
                  add_bos=True, chat_template=None, tokenizer_dir=(tmp_path / "tok").resolve(),
                  tool_versions={"onnx": "1.17"}, created="2026-01-01T00:00:00Z", sources={"target": "t"},
-                 tokenizer_vocab_size=99)
+                 tokenizer_vocab_size=99, source_files={"target": {"t.gguf": {"bytes": 7, "sha256": "a" * 64}}})
     d = m.to_dict()
     assert json.loads(json.dumps(d)) == d  # plain JSON
     assert Manifest.from_dict(d, tmp_path) == m
@@ -126,6 +126,28 @@ def test_what_export_writes_is_to_dict(tiny_bundle):
     assert Manifest.from_dict(on_disk, tiny_bundle) == m
     assert "resident_bytes" not in on_disk["models"]["target"]
     assert on_disk["models"]["target"]["gpu_weight_bytes"] == m.target.bytes_on_disk
+
+
+def test_export_records_the_source_files_sha256(tiny_bundle, tiny_dirs):
+    """(session 55) The manifest said which path a bundle came from, not which weights: a path is one machine's, and
+    the files there change. ``source_files`` has each source file's size and sha256 (what a Hugging Face model page
+    lists for its weight files), as the export read them; info shows the weights' digests."""
+    import hashlib
+
+    m = load_manifest(tiny_bundle)
+    assert set(m.source_files) == {"target", "drafter"}
+    for role, folder in (("target", tiny_dirs["qwen2"]), ("drafter", tiny_dirs["drafter"])):
+        files = sorted(f for f in Path(folder).iterdir() if f.is_file() and not f.name.startswith("."))
+        assert sorted(m.source_files[role]) == [f.name for f in files] and "config.json" in m.source_files[role]
+        for f in files:
+            assert m.source_files[role][f.name] == {"bytes": f.stat().st_size,
+                                                    "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+    r = CliRunner().invoke(main, ["info", str(tiny_bundle)])
+    assert r.exit_code == 0, r.output
+    weights = max(m.source_files["target"].items(), key=lambda kv: kv[1]["bytes"])
+    shown = f"target source file {weights[0]} ({weights[1]['bytes']:,} bytes) sha256 {weights[1]['sha256']}"
+    assert (shown in r.output) == (weights[1]["bytes"] >= 1 << 20), r.output
+    assert "target source:" in r.output and "info --json lists them" in r.output
 
 
 def test_info_reads_what_export_records(tiny_bundle):
@@ -155,6 +177,10 @@ def test_info_reads_what_export_records(tiny_bundle):
     (("models", "target", "files", "target/model.onnx", "sha256"), 5, r"models\.target\.files"),
     (("tokenizer", "vocab_size"), "many", r"manifest\.tokenizer\.vocab_size"),
     (("sources",), ["t"], r"manifest\.sources"),
+    (("source_files",), ["t"], r"manifest\.source_files"),
+    (("source_files",), {"target": ["a"]}, r"source_files\['target'\] must be an object"),
+    (("source_files",), {"target": {"m.gguf": {"bytes": 5, "sha256": "abc"}}}, r"source_files\['target'\]\['m\.gguf'\]"),
+    (("source_files",), {"target": {"m.gguf": {"bytes": True, "sha256": "0" * 64}}}, r"needs 'bytes'"),
     (("bos_token_id",), "1", r"manifest\.bos_token_id"),
     (("name",), 3, r"manifest\.name"),
     # (session 48) a pad that leaves no context: load made a cache of negative length (a traceback)
