@@ -299,7 +299,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     hf_dir = stage / f"_hf_{role}"
     kept = gguf_cached(src.path) if src.kind == "gguf" else None
     progress.step(f"{role}: loading {src.display} into torch (float32)" + (f" (its copy kept in {kept})" if kept else ""))
-    model = load_model(src)
+    model = load_model(src, log=progress.log)
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
     cfg = model.config

@@ -550,7 +550,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     return {"config": config} if changed else {}
 
 
-def load_model(src: Source, dtype: str = "float32"):
+def load_model(src: Source, dtype: str = "float32", log=None):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -563,7 +563,7 @@ def load_model(src: Source, dtype: str = "float32"):
                                                                output_loading_info=True, **kw)
     except Exception as e:  # (a damaged safetensors file raises safetensors' own error type)
         if _unreadable_copy(src, name, e):
-            return load_model(src, dtype)
+            return load_model(src, dtype, log)
         if src.kind == "hub" and isinstance(e, (OSError, ValueError, KeyError, RuntimeError)):
             raise _hub_error(src, e) from None
         if isinstance(e, OSError):
@@ -579,6 +579,15 @@ def load_model(src: Source, dtype: str = "float32"):
         names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ExportError(f"cannot load {src.display}: {len(missing)} of its model's weights are not in it ({names}); "
                           "transformers would fill them with random values")
+    # weights the checkpoint has and the model its config describes does not use (a config.json edited to fewer
+    # layers than its safetensors hold): transformers leaves them out silently, and the export is of a smaller model
+    # that validates against itself. Said, not refused (a model cut to its first layers can be a drafter); old
+    # checkpoints' rotary inv_freq buffers are no weights
+    unused = sorted(k for k in info.get("unexpected_keys") or () if not k.endswith("rotary_emb.inv_freq"))
+    if unused and log is not None:
+        names = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+        log(f"note: {len(unused)} weights of {src.display} are not in the model its config describes ({names}): "
+            "the export leaves them out")
     model.eval()
     # A GGUF-loaded model is dequantized already; let it be saved as plain safetensors.
     if getattr(model, "hf_quantizer", None) is not None:

@@ -1235,3 +1235,29 @@ def test_source_files_are_the_gguf_file_alone_and_a_folders_readable_files(tmp_p
     assert sorted(got) == ["config.json", "weights.safetensors"]
     assert got["weights.safetensors"]["sha256"] == hashlib.sha256(b"GGUF other").hexdigest()
     assert len(notes) == 1 and "locked.bin" in notes[0] and "Permission denied" in notes[0]
+
+
+def test_a_config_with_fewer_layers_than_its_weights_is_said(tmp_path):
+    """(session 55) A config.json edited to fewer layers than its checkpoint holds loaded the first layers silently
+    (transformers' report of unexpected weights unread): the note names the weights left out; a whole model says
+    nothing."""
+    import shutil
+
+    from tiny import make_model
+
+    from edgespec_export.source import Source, load_model
+
+    full = make_model(tmp_path / "full", "qwen2", seed=7, layers=3)
+    notes = []
+    load_model(Source(str(full), "hf-dir", full), log=notes.append)
+    assert notes == []
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    cfg = json.loads((cut / "config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    if "layer_types" in cfg:  # (transformers checks the two agree)
+        cfg["layer_types"] = cfg["layer_types"][:2]
+    (cut / "config.json").write_text(json.dumps(cfg))
+    model = load_model(Source(str(cut), "hf-dir", cut), log=notes.append)
+    assert model.config.num_hidden_layers == 2
+    assert len(notes) == 1 and "model.layers.2." in notes[0] and "not in the model its config describes" in notes[0]
