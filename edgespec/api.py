@@ -33,7 +33,7 @@ from .manifest import Manifest, load_manifest
 from .onnx_lm import OnnxLM
 from .prompt_cache import PromptCache
 from .providers import choose, with_load_options
-from .tokenizer import Tokenizer, fim_split
+from .tokenizer import StreamDecoder, Tokenizer, fim_split
 
 _GEN_KEYS = {f for f in GenerationConfig.__dataclass_fields__}
 
@@ -625,22 +625,22 @@ class Engine:
         prepared = self.decoder.prepare(ids, cfg)
         # special tokens a stop string names (not the model's own ends): a reply ending there stopped at a stop string
         named -= frozenset() if cfg.ignore_eos else self.decoder.eos
-        it = self._deltas(prepared, stop, cfg, healed, named)
+        it = self._deltas(prepared, stop, cfg, healed, named, self.tokenizer.text_context(ids))
         with self._streams_lock:
             self._streams[it] = threading.current_thread()
         return it
 
     def _deltas(self, prepared: tuple, stop: list[str], cfg: GenerationConfig, skip_text: str,
-                named: frozenset = frozenset()) -> Iterator[Delta]:
+                named: frozenset = frozenset(), context: tuple = ()) -> Iterator[Delta]:
         """``stream_ids``' generator, once its options are checked (``prepared``: ``Decoder.prepare``'s); the decoder
         is taken at the first ``next()`` (a stream made before ``close`` and read after it is a ``ClosedError``, and
         holds no model), and the thread's ``last_stats`` are its from its first step (a call refused, at the call or
         for a stream this thread holds, leaves the last generation's)."""
         stats = Stats()
         gen = self.decoder.run(prepared, stats)
-        stats.healed = skip_text
+        stats.healed, stats.text_context = skip_text, context
         skip = len(skip_text)
-        dec = self.tokenizer.stream_decoder()
+        dec = StreamDecoder(self.tokenizer, context)  # (the reply's text is what it spells after the prompt's)
         text = ""
         stops = [s for s in stop if s]
         hold = max((len(s) for s in stops), default=1) - 1
@@ -698,7 +698,7 @@ class Engine:
                     if hit is not None:
                         stats.finish_reason = "stop"
                         # (held-back text's ids may be out already; the ids' text begins with what healing re-spelled)
-                        kept = self._ids_up_to(dec.ids, hit + len(skip_text))
+                        kept = self._ids_up_to(dec.ids, hit + len(skip_text), context)
                         yield Delta((text + pending)[len(text):hit], kept[base:], stats,
                                     entries[sent:len(kept)] if want_lp else None)
                         return
@@ -787,23 +787,20 @@ class Engine:
         """The ids of a finished reply's ``text``, from every id its stream yielded: after a stop
         string that began in an earlier round, its first tokens were yielded before it was seen."""
         if stats is not None and stats.finish_reason == "stop":
-            return self._ids_up_to(ids, len(text) + len(getattr(stats, "healed", "")))
+            return self._ids_up_to(ids, len(text) + len(getattr(stats, "healed", "")),
+                                   getattr(stats, "text_context", ()))
         return list(ids)
 
-    def _ids_up_to(self, ids: Sequence[int], end: int) -> list[int]:
-        """The shortest head of the reply's ``ids`` whose text reaches character ``end``: a stop
-        string's tokens (and what the same round produced after it) are left out of the ids as they
+    def _ids_up_to(self, ids: Sequence[int], end: int, context: Sequence[int] = ()) -> list[int]:
+        """The shortest head of the reply's ``ids`` whose text (after the prompt's ``context``) reaches character
+        ``end``: a stop string's tokens (and what the same round produced after it) are left out of the ids as they
         are of the text. ``stats`` still counts them: they were computed."""
         # from the end: the stop string ends in the last few tokens, so this decodes a few times, not len(ids)
+        dec = StreamDecoder(self.tokenizer, context)
         j = len(ids)
-        while j > 0 and self._text_len(ids[:j - 1]) >= end:
+        while j > 0 and dec.text_len(ids[:j - 1]) >= end:
             j -= 1
         return list(ids[:j])
-
-    def _text_len(self, ids: Sequence[int]) -> int:
-        """The length of the text ``ids`` have given the reply: a character their last tokens only began (the
-        decoder's U+FFFD for it) is not out yet."""
-        return len(self.tokenizer.finished_text(ids))
 
     def generate(self, prompt_or_messages: str | Sequence[dict], stop: Sequence[str] = (), *,
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,

@@ -240,6 +240,8 @@ class Stats:
     total_s: float = 0.0
     finish_reason: str | None = None
     healed: str = ""  # token healing: the prompt's text the reply spelled again first, left out of the text returned
+    # the prompt's last ids the reply's text is decoded after (Tokenizer.text_context; not in to_dict)
+    text_context: tuple = field(default=(), repr=False)
 
     @property
     def acceptance_rate(self) -> float:
@@ -269,6 +271,7 @@ class Stats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("text_context")
         d.update(
             acceptance_rate=round(self.acceptance_rate, 4),
             tokens_per_target_call=round(self.tokens_per_target_call, 4),

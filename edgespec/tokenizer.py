@@ -454,8 +454,18 @@ class Tokenizer:
                 self._stretch_tok = (t, tuple(t.token_to_id(x) for x in self._stand_ins))
             return self._stretch_tok
 
-    def stream_decoder(self) -> "StreamDecoder":
-        return StreamDecoder(self)
+    def stream_decoder(self, context: Sequence[int] = ()) -> "StreamDecoder":
+        """A decoder of a reply's ids into text deltas; ``context``: the prompt's ids (``text_context``)."""
+        return StreamDecoder(self, self.text_context(context))
+
+    def text_context(self, prompt_ids: Sequence[int]) -> tuple[int, ...]:
+        """The last few ids of a prompt that its reply is decoded after (``TEXT_CONTEXT``), so that the reply's text is
+        what the prompt's and the reply's ids spell together less the prompt's: a SentencePiece-style decoder
+        (Llama 2, Mistral, Phi-3: Metaspace, then Strip) takes a text's first space off, and a reply decoded alone lost
+        its first word's space ("The capital is" + "Paris."; session 55, a review). () where the tail ends in a
+        character it only begins (ids that cut one: its text would be the reply's)."""
+        tail = tuple(int(t) for t in list(prompt_ids)[-TEXT_CONTEXT:])
+        return tail if tail and not self.decode(tail).endswith("\ufffd") else ()
 
 
 def _strings(obj):
@@ -570,6 +580,9 @@ def _incomplete_utf8(data: bytes) -> int:
     return 0
 
 
+TEXT_CONTEXT = 4  # the prompt's ids a reply is decoded after (Tokenizer.text_context)
+
+
 class StreamDecoder:
     """Turns a growing list of token ids into text deltas.
 
@@ -578,36 +591,51 @@ class StreamDecoder:
     short window of recent tokens, so the cost per token does not grow with the reply.
     """
 
-    def __init__(self, tok: Tokenizer):
+    def __init__(self, tok: Tokenizer, context: Sequence[int] = ()):
         self._tok = tok
-        self.ids: list[int] = []
+        self.ids: list[int] = []  # the reply's
+        # the prompt's last ids (Tokenizer.text_context), decoded before the reply's and not emitted: offsets count them
+        self._ctx = list(context)
         self._prefix = 0  # window start
-        self._read = 0  # tokens whose text has been emitted
+        self._read = len(self._ctx)  # tokens whose text has been emitted (or is the prompt's)
+
+    def _span(self, a: int, b: int | None = None) -> list[int]:
+        """Ids ``a`` to ``b`` (the end: None) of the context followed by the reply."""
+        c = len(self._ctx)
+        b = c + len(self.ids) if b is None else b
+        return self.ids[a - c:b - c] if a >= c else self._ctx[a:] + self.ids[:b - c]
 
     def push(self, new_ids: Iterable[int]) -> str:
         self.ids.extend(new_ids)
-        prefix_text = self._tok.decode(self.ids[self._prefix:self._read])
-        full = self._tok.decode(self.ids[self._prefix:])
+        prefix_text = self._tok.decode(self._span(self._prefix, self._read))
+        full = self._tok.decode(self._span(self._prefix))
         if len(full) > len(prefix_text) and not full.endswith("\ufffd"):
             delta = full[len(prefix_text):]
             self._prefix = self._read
-            self._read = len(self.ids)
+            self._read = len(self._ctx) + len(self.ids)
             return delta
         return ""
 
     def held(self) -> str:
         """The text of the tokens pushed but not emitted yet (ending in U+FFFD: a character they only began, or bytes
         that are no UTF-8, which a later push emits as U+FFFD before its own text)."""
-        if self._read == len(self.ids):
+        if self._read == len(self._ctx) + len(self.ids):
             return ""
-        return self._tok.decode(self.ids[self._prefix:])[len(self._tok.decode(self.ids[self._prefix:self._read])):]
+        return self._tok.decode(self._span(self._prefix))[len(self._tok.decode(self._span(self._prefix, self._read))):]
 
     def flush(self) -> str:
         """The text held back, at the end of a generation. A character whose bytes the last tokens
         only began (a reply cut by its token limit) is left out rather than sent as U+FFFD (on
         byte-level tokenizers, whose token bytes are known): the text holds only characters the model
         completed. A U+FFFD the model wrote whole, or bytes that are no UTF-8, stay as they are."""
-        prefix_text = self._tok.decode(self.ids[self._prefix:self._read])
-        full = self._tok.finished_text(self.ids, self._prefix)  # (an unfinished last character left out)
-        self._prefix = self._read = len(self.ids)
+        prefix_text = self._tok.decode(self._span(self._prefix, self._read))
+        full = self._tok.finished_text(self._span(0), self._prefix)  # (an unfinished last character left out)
+        self._prefix = self._read = len(self._ctx) + len(self.ids)
         return full[len(prefix_text):]
+
+    def text_len(self, ids: Sequence[int]) -> int:
+        """The length of the text the reply's first ids ``ids`` have given (after this decoder's context): a character
+        their last tokens only began is not out yet."""
+        if not self._ctx:
+            return len(self._tok.finished_text(ids))
+        return len(self._tok.finished_text(self._ctx + list(ids))) - len(self._tok.decode(self._ctx))

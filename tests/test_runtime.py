@@ -212,6 +212,67 @@ def _sentencepiece_style(directory):
     return Tokenizer(directory)
 
 
+def _sentencepiece_words(directory):
+    """A Llama-2-style tokenizer (Metaspace, byte fallback, a decoder that strips a text's first space) with whole
+    words: "▁Paris" is one token."""
+    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    merges = []
+    for w in ("\u2581The", "\u2581capital", "\u2581is", "\u2581Paris", "."):
+        for c in w:
+            vocab.setdefault(c, len(vocab))
+        for i in range(2, len(w) + 1):
+            if w[:i] not in vocab:
+                vocab[w[:i]] = len(vocab)
+                merges.append((w[:i - 1], w[i - 1]))
+    tok = HF(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1, right=0)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    from edgespec.tokenizer import Tokenizer
+
+    return Tokenizer(directory)
+
+
+def test_a_reply_keeps_its_first_words_space_on_sentencepiece_tokenizers(tiny_bundle, tmp_path):
+    """(session 55, a review) A reply was decoded alone, and a SentencePiece-style decoder (Llama 2, Mistral, Phi-3)
+    strips a text's first space: "The capital is" + "Paris." (a completion glued to its prompt; echo the same). The
+    reply is decoded after the prompt's last ids: its text is what prompt and reply spell together less the prompt's,
+    streamed or not, with a stop string's ids cut where its text is. The engine's own text handling over that
+    tokenizer; the model's reply scripted."""
+    from edgespec.decoder import Step
+
+    tok = _sentencepiece_words(tmp_path / "sp")
+    eng = edgespec.load(tiny_bundle, memory=False)
+    eng.tokenizer = tok
+    real = eng.decoder
+    reply = tok.encode(" Paris.", add_special=False)
+    assert [tok.id_to_token(i) for i in reply] == ["\u2581Paris", "."]
+
+    class Scripted:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def run(self, prepared, stats):
+            stats.prompt_tokens, stats.new_tokens, stats.finish_reason = len(prepared[0]), len(reply), "length"
+            yield Step(list(reply), "length")
+
+    eng.decoder = Scripted()
+    prompt = "The capital is"
+    whole = tok.decode(tok.encode(prompt, add_special=False) + reply)
+    assert whole == "The capital is Paris."
+    r = eng.generate(prompt, max_new_tokens=8)
+    assert prompt + r.text == whole and r.token_ids == reply
+    assert "".join(eng.stream(prompt, max_new_tokens=8)) == " Paris."
+    r = eng.generate(prompt, max_new_tokens=8, stop=["."])
+    assert r.text == " Paris" and r.token_ids == reply[:1] and r.finish_reason == "stop"
+    assert tok.stream_decoder().push(reply) == "Paris."  # (alone, as before: the space stripped)
+
+
 def test_a_character_in_byte_tokens_is_whole_or_left_out(tmp_path):
     """(session 46, a review) on SentencePiece-style tokenizers (Llama 2, Mistral, Gemma) a character spelled in byte
     tokens and cut (a stop string after it, a token limit inside it): the ids kept before a stop string lost the
@@ -232,7 +293,6 @@ def test_a_character_in_byte_tokens_is_whole_or_left_out(tmp_path):
         assert "".join([dec.push([i]) for i in ids[:k]] + [dec.flush()]) == "ab"
     assert tok.finished_text(ids[:at + 3]) == "ab\u4e2d" and not tok.ends_mid_character(ids[:at + 3])
     fake = types.SimpleNamespace(tokenizer=tok)
-    fake._text_len = types.MethodType(Engine._text_len, fake)
     assert Engine._ids_up_to(fake, ids, len("ab\u4e2d")) == ids[:at + 3]  # (a stop string "x": 中 whole)
     euro = tok.encode("a\u20ac\u4e2d", add_special=False)  # a run of byte tokens: one whole character, one cut
     assert tok.finished_text(euro[:-1]) == "a\u20ac"
