@@ -1098,8 +1098,13 @@ class ChatSession:
                 raise ContextOverflowError(  # down to the system prompt and this message
                     f"this message alone needs {len(ids)} tokens and {reserve} more for the reply; "
                     f"the context holds {self.engine.max_context}")
-            self.earlier.extend(self.messages[first: first + 2])  # the oldest user/assistant pair
-            del self.messages[first: first + 2]
+            # the oldest exchange: up to the next user message, never the new one (two at a time took the new message
+            # with the last reply where a history did not pair up, an assistant's greeting first, and the turn ran
+            # on the system prompt alone; session 55, a review)
+            last = len(self.messages) - 1
+            upto = next((i for i in range(first + 1, last) if self.messages[i].get("role") == "user"), last)
+            self.earlier.extend(self.messages[first:upto])
+            del self.messages[first:upto]
             self.dropped += 1
 
     def _turn(self, text: str, stop: Sequence[str], kw: dict) -> Iterator[Delta]:

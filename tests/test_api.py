@@ -905,3 +905,21 @@ def test_the_transcript_keeps_the_exchanges_dropped_to_fit(tiny_bundle):
     assert chat.earlier == [] and chat.transcript == chat.messages == [{"role": "system", "content": "You are terse."}]
     with pytest.raises(TypeError):
         edgespec.ChatSession(eng, earlier=[])  # not an argument: what the session dropped itself
+
+
+def test_fitting_the_context_never_drops_the_new_message(tiny_bundle):
+    """(session 55, a review) The oldest messages were dropped two at a time: with a history that does not pair up
+    (an assistant's greeting first) the last two dropped were the last reply and the new question, and the turn ran
+    on the system prompt alone, the question gone. An exchange is dropped up to the next user message; the new one
+    stays, and alone too long it is refused."""
+    eng = edgespec.load(tiny_bundle, max_context=128)
+    hist = [{"role": "assistant", "content": "Hi! How can I help?"},
+            {"role": "user", "content": "Tell me a long story."},
+            {"role": "assistant", "content": "the quick brown fox " * 20}]
+    chat = edgespec.ChatSession(eng, system="Be terse.", messages=hist)
+    chat.reserve = 16
+    chat.send("what now", max_new_tokens=8)
+    assert chat.messages[1] == {"role": "user", "content": "what now"} and len(chat.messages) == 3
+    assert chat.earlier == hist and chat.dropped == 2  # the greeting, then the story's exchange
+    seen = eng.tokenizer.decode(eng.decoder.target.cache.ids.view().tolist()[: eng.last_stats.prompt_tokens])
+    assert "what now" in seen
