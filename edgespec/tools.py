@@ -198,13 +198,20 @@ class ToolCall:
         return d if index is None else {"index": index, **d}
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_not_json)  # JSON as RFC 8259 has it: no NaN, Infinity, -Infinity
+
+
 def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[list[ToolCall], str] | None:
     """A block's JSON, a call ``{"name": ..., "arguments": {...}}`` or a list of them, as ``ToolCall``s,
     and the text after it (only whitespace if ``whole``); None if it is not that (or, with ``names``,
     names a function not among them)."""
     body = body.lstrip()
-    try:
-        obj, end = json.JSONDecoder().raw_decode(body)
+    try:  # (JSON's own: NaN and Infinity, which Python's json takes, are no call; JSON.parse refuses them)
+        obj, end = _STRICT.raw_decode(body)
     except (ValueError, RecursionError):  # (nested past Python's recursion limit: not a call)
         return None
     rest = body[end:]
@@ -219,11 +226,14 @@ def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[l
         args = c.get("arguments", c.get("parameters", {}))
         if isinstance(args, str):
             try:
-                json.loads(args)
+                _STRICT.decode(args)
             except (ValueError, RecursionError):
                 return None
         elif isinstance(args, dict):
-            args = json.dumps(args, ensure_ascii=False)
+            try:  # (1e999 is a float's infinity here: written back as Infinity, no JSON)
+                args = json.dumps(args, ensure_ascii=False, allow_nan=False)
+            except ValueError:
+                return None
             if not _utf8(args):  # (a lone surrogate the model escaped, "\ud83d": no UTF-8 response holds it)
                 args = json.dumps(json.loads(args))
         else:

@@ -107,6 +107,22 @@ def test_streamed_and_whole_parsing_agree_and_lose_nothing():
         assert calls or content == text, text
 
 
+@pytest.mark.parametrize("args", ['{"x": NaN}', '{"x": 1e999}', '{"x": -Infinity}', '"{\\"x\\": Infinity}"'])
+def test_arguments_that_are_no_json_are_no_call(args):
+    """(session 55, a review) Python's json takes NaN, Infinity and 1e999 (a float's infinity, written back as
+    Infinity): such a call's arguments were text JSON.parse and strict clients refuse. It is no call: the block stays
+    in the content, as another malformed block does; 1e308 is a number and stays one."""
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": ' + args + '}\n</tool_call>'
+    content, calls = parse_tool_calls(reply, NAMES)
+    assert calls == [] and content == reply
+    p = ToolCallParser(NAMES)
+    p.feed(reply)
+    p.finish()
+    assert p.calls == [] and p.content == reply
+    _, calls = parse_tool_calls(reply.replace(args, '{"x": 1e308}'), NAMES)
+    assert json.loads(calls[0].arguments) == {"x": 1e308}
+
+
 def test_arguments_with_a_lone_surrogate_have_a_utf8_form():
     _, calls = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "\\ud83d x"}}</tool_call>',
                                 NAMES)
