@@ -169,7 +169,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     def wanted(with_drafter: bool) -> tuple[int, int]:
         """(the context asked for, the floor) within ``limit(with_drafter)``."""
         ctx = min(max_context or profile.max_context, limit(with_drafter))
-        return ctx, min(profile.min_context, ctx)
+        return ctx, min(max(2, profile.min_context), ctx)  # (a floor of 1 token: a plan that runs nothing)
 
     want_ctx, floor = wanted(want_drafter)
     if want_ctx < 2:  # (1 held a one-token prompt and no reply: every request, and plan --measure, then failed)

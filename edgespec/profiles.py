@@ -101,8 +101,11 @@ def _check(name: str, data: dict, where: str) -> Profile:
     is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     # (upper bounds far past any machine or model: a typo'd huge number is refused here, not as an absurd plan)
     need("memory_budget_mb", lambda v: is_int(v) and 0 <= v <= MAX_MIB, f"an integer in 0..{MAX_MIB} (MiB)")
-    for k in ("max_context", "min_context", "prefill_chunk"):
-        need(k, lambda v: is_int(v) and 0 < v <= MAX_TOKENS, f"an integer in 1..{MAX_TOKENS}")
+    # (a context of 1 token holds a prompt's token and no reply: a min_context of 1 let the planner cut to it, a plan
+    # that ran nothing; session 55, a review)
+    for k in ("max_context", "min_context"):
+        need(k, lambda v: is_int(v) and 2 <= v <= MAX_TOKENS, f"an integer in 2..{MAX_TOKENS}")
+    need("prefill_chunk", lambda v: is_int(v) and 0 < v <= MAX_TOKENS, f"an integer in 1..{MAX_TOKENS}")
     need("max_draft_tokens", lambda v: is_int(v) and 1 <= v <= MAX_DRAFT, f"an integer in 1..{MAX_DRAFT}")
     need("threads", lambda v: is_int(v) and v >= 0, "a non-negative integer")
     need("prompt_cache_mb", lambda v: is_int(v) and 0 <= v <= MAX_MIB,

@@ -441,6 +441,9 @@ def test_unknown_key_is_named(tmp_path):
     ("max_context = 0", "max_context"),
     ('max_context = "big"', "max_context"),
     ("min_context = 1.5", "min_context"),
+    # (session 55, a review) a floor of 1 token: the planner cut to a context that holds no reply
+    ("min_context = 1", "min_context"),
+    ("max_context = 1", "max_context"),
     ("threads = -2", "threads"),
     ("draft_tokens = 65", "draft_tokens"),
     ("max_draft_tokens = 0", "max_draft_tokens"),
@@ -926,3 +929,15 @@ def test_a_context_of_one_token_is_refused(tiny_bundle, tmp_path):
     r = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--profile", str(f)])
     assert r.exit_code == 2 and "at least 2" in r.stderr, r.output
     assert edgespec.load(tiny_bundle, max_context=2, memory=False).generate("x", max_new_tokens=4).token_ids
+
+
+def test_the_planners_floor_is_never_one_token():
+    """(session 55, a review) A profile made in Python with min_context 1 (the file's check bypassed) and a budget
+    that fits little: the plan's context is the floor of 2 tokens or a refusal, never 1."""
+    m = _manifest(smollm2(resident=540_000_000))
+    for budget in (600, 700, 800):
+        try:
+            p = plan(m, replace(cpu_profile(budget, max_context=8192), min_context=1))
+        except BudgetError:
+            continue
+        assert p.context >= 2, (budget, p.context)
