@@ -85,6 +85,24 @@ def _files(root: Path, files: dict, where: str) -> dict:
     return files
 
 
+_MAX_INT = 2 ** 63 - 1  # no count, size or dimension a manifest holds comes near it
+
+
+def _check_magnitudes(raw: Any, mpath: Path, where: str = "manifest") -> None:
+    """Every integer in the parsed manifest within a 64-bit count: JSON's integers are unbounded, and one past a
+    float's range (10**400) was an OverflowError traceback where a field is a number (the kernels' check, a
+    validation figure) or a size is printed in MiB (session 55, a review)."""
+    stack = [(raw, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > _MAX_INT:
+            raise ManifestError(f"{mpath}: {at[:200]} is out of range (an integer of {len(str(abs(v)))} digits)")
+
+
 def _source_files(table: dict, mpath: Path) -> dict:
     """The manifest's ``source_files``: role -> {file name -> {"bytes": int, "sha256": 64 hex digits}}."""
     out = {}
@@ -486,6 +504,7 @@ class Manifest:
         mpath = root / MANIFEST_NAME
         if not isinstance(raw, dict):
             raise ManifestError(f"{mpath}: top level must be an object")
+        _check_magnitudes(raw, mpath)
         version = _req(raw, "schema_version", int, "manifest")
         if version != SCHEMA_VERSION:
             raise ManifestError(f"{mpath}: schema_version {version} is not supported (this edgespec reads {SCHEMA_VERSION})")

@@ -178,6 +178,10 @@ def test_info_reads_what_export_records(tiny_bundle):
     (("tokenizer", "vocab_size"), "many", r"manifest\.tokenizer\.vocab_size"),
     (("sources",), ["t"], r"manifest\.sources"),
     (("source_files",), ["t"], r"manifest\.source_files"),
+    # (session 55, a review) integers past a float's range were OverflowError tracebacks (the kernels' check, plan)
+    (("models", "target", "num_layers"), 10 ** 400, r"manifest\.models\.target\.num_layers is out of range"),
+    (("models", "target", "validation", "top1_agreement"), -10 ** 400, r"validation\.top1_agreement is out of range"),
+    (("tool_versions",), {"x": [2 ** 63]}, r"manifest\.tool_versions\.x\[0\] is out of range"),
     (("source_files",), {"target": ["a"]}, r"source_files\['target'\] must be an object"),
     (("source_files",), {"target": {"m.gguf": {"bytes": 5, "sha256": "abc"}}}, r"source_files\['target'\]\['m\.gguf'\]"),
     (("source_files",), {"target": {"m.gguf": {"bytes": True, "sha256": "0" * 64}}}, r"needs 'bytes'"),
