@@ -595,7 +595,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
         if shown:  # the progress line ended, so that what follows (an error, Ctrl-C's) starts a line of its own
             click.echo("", err=True)
     if as_json:
-        click.echo(json.dumps({"bundle": str(bundle), **r.to_dict()}))
+        _echo_json({"bundle": str(bundle), **r.to_dict()})  # (a broken export's inf perplexity: null, not Infinity)
     else:
         click.echo(f"perplexity {r.perplexity:.4f} over {r.tokens} tokens ({r.windows} windows of {r.window}, "
                    f"the second half of each scored; the text has {r.text_tokens} tokens), "
@@ -849,7 +849,7 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
         out = {"bundle": str(m.root), "profile": prof.name, "plan": p.to_dict()}
         if samples is not None:
             out["measured"] = [s.to_dict() for s in samples]
-        click.echo(json.dumps(out, indent=1))
+        _echo_json(out, indent=1)
         return
     click.echo(f"plan for {m.root} with profile {prof.name} (budget {p.budget / MiB:.0f} MiB)")
     for label, n in p.rows():

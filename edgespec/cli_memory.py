@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import json
 
 import click
 
@@ -85,7 +84,9 @@ def show(bundle, as_json):
             info["error"] = str(e)
             kept = isinstance(e, KeptStoreError)  # (a newer edgespec's, or one this user cannot read)
     if as_json:
-        click.echo(json.dumps(info, indent=1))
+        from .cli import _echo_json
+
+        _echo_json(info, indent=1)
         return
     click.echo(f"memory of {m.root}: {path}")
     if not info["exists"]:

@@ -400,3 +400,24 @@ def test_entries_stay_with_the_ids_when_a_stop_string_follows_a_split_character(
         assert r.text == "ab\U0001fae0" and r.finish_reason == "stop", rounds
         assert eng.tokenizer.decode(r.token_ids) == r.text and [e["token_id"] for e in r.logprobs] == r.token_ids
         assert r.logprobs[2]["token"].startswith("bytes:\\x")  # a piece of the character, spelled as OpenAI does
+
+
+def test_perplexity_json_of_a_broken_export_is_json(tiny_bundle, tmp_path, monkeypatch):
+    """(session 55, a review) A broken export's perplexity (inf) reached `perplexity --json` as Infinity (the
+    command wrote json.dumps' text, where the test above checked only the helper meant for it): null now."""
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.decoder import Decoder
+
+    monkeypatch.setattr(Decoder, "score", lambda self, win, top=0: [SimpleNamespace(logprob=-5000.0)
+                                                                    for _ in win[1:]])
+    f = tmp_path / "text.txt"
+    f.write_text(" ".join(PROMPTS * 12))
+    r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(f), "--window", "32", "--max-windows", "2",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert out["perplexity"] is None and out["nll"] == 5000.0
