@@ -505,15 +505,44 @@ def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, l
             history.append({"role": "assistant", "content": tok.decode(reply_ids)})
 
 
+REPORT_FILES = ("report.json", "report.md", "tokens_per_second.png", "acceptance_by_position.png", "time_split.png",
+                "memory.png")
+
+
+def check_report_files(out_dir: str | os.PathLike) -> None:
+    """Refuse, before a bench runs, a report file name in ``out_dir`` that a file cannot be written to (a folder
+    there: the whole run went, then its report was lost to an error naming a temporary file; session 55)."""
+    from .errors import ConfigError
+
+    for name in REPORT_FILES:
+        path = Path(out_dir) / name
+        if os.path.lexists(path) and not path.is_file():
+            raise ConfigError(f"cannot write the report to {path}: it is "
+                              + ("a folder" if path.is_dir() else "no regular file"))
+
+
 def _write_whole(path: Path, text: str) -> None:
     """``text`` into ``path`` whole or not at all: a full disk leaves an earlier report as it was."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # (named by the file it was for, not the temporary one)
+            raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def _complete_report(path: Path) -> bool:
+    """Whether ``path`` holds a bench's report that ran to its end (no ``stopped``)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 256 << 20:
+            return False
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(d, dict) and isinstance(d.get("runs"), list) and not d.get("stopped")
 
 
 def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None:
@@ -521,8 +550,11 @@ def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None
     said on stderr. A failure to write is said, not raised: the error that stopped the bench is the one to tell."""
     if rep is None or not rep.runs:
         return
+    # beside a whole report in the same folder, not over it (an interrupted rerun replaced a full run's report with
+    # its few runs; session 55, a review): report.partial.json and .md
+    partial = _complete_report(Path(out_dir) / "report.json")
     try:
-        files = write_report(rep, out_dir, plots=False)
+        files = write_report(rep, out_dir, plots=False, stem="report.partial" if partial else "report")
     except (OSError, ValueError) as e:
         print(f"warning: the {len(rep.runs)} runs done were not written: {e}", file=sys.stderr)
         return
@@ -530,10 +562,10 @@ def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None
           file=sys.stderr)
 
 
-def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True) -> list[Path]:
+def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, stem: str = "report") -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = [out / "report.json", out / "report.md"]
+    files = [out / f"{stem}.json", out / f"{stem}.md"]
     _write_whole(files[0], json.dumps(rep.to_json(), indent=1))
     _write_whole(files[1], rep.markdown())
     if plots:

@@ -989,11 +989,14 @@ def _check_writable(out_dir) -> None:
 
     from .errors import ConfigError
 
+    from .bench import check_report_files
+
     try:
         os.makedirs(out_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=out_dir).close()
     except OSError as e:
         raise ConfigError(f"cannot write the report to {out_dir}: {e.strerror or e}") from None
+    check_report_files(out_dir)
 
 
 def _template_state(source) -> str:

@@ -261,6 +261,15 @@ def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_ru
     assert "Stopped early" in (tmp_path / "out" / "report.md").read_text()
     write_partial_report(None, tmp_path / "none")  # (nothing measured: nothing written)
     assert not (tmp_path / "none").exists()
+    # (session 55, a review) beside a whole report, a stopped one is written as report.partial.*, not over it
+    from edgespec.bench import write_report
+
+    write_report(rep, tmp_path / "out", plots=False)
+    whole = (tmp_path / "out" / "report.json").read_text()
+    write_partial_report(part, tmp_path / "out")
+    assert (tmp_path / "out" / "report.json").read_text() == whole
+    assert json.loads((tmp_path / "out" / "report.partial.json").read_text())["stopped"] == "interrupted"
+    assert "Stopped early" in (tmp_path / "out" / "report.partial.md").read_text()
     rep = run_bench(eng, prompts[:1], ["suffix"], max_new_tokens=4, in_process=["genai-ar"], log=lambda s: None)
     assert "the process's: genai-ar loaded into it too" in rep.markdown()
 
@@ -891,3 +900,21 @@ def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_p
             script.main(argv)
         assert e.value.code == 2 and "error:" in capsys.readouterr().err
     assert not loads
+
+
+def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bundle, tmp_path):
+    """(session 55, a review) --out's report.json a folder: the whole bench ran, then its report was lost to an error
+    naming a temporary file. Refused before it runs, the file named; a write that fails later names its file too."""
+    from click.testing import CliRunner
+
+    from edgespec.bench import _write_whole
+    from edgespec.cli import main
+
+    (tmp_path / "rep" / "report.json").mkdir(parents=True)
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "4", "--drafters",
+                                  "prompt-lookup", "--out", str(tmp_path / "rep"), "--no-plots"])
+    assert r.exit_code == 2 and "bench:" not in r.stderr, r.output  # (before the bench's first line)
+    assert r.stderr.strip() == f"error: cannot write the report to {tmp_path / 'rep' / 'report.json'}: it is a folder"
+    with pytest.raises(OSError, match=r"cannot write .*report\.json: Is a directory"):
+        _write_whole(tmp_path / "rep" / "report.json", "{}")
+    assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".")]  # (no temporary file left)
