@@ -1190,8 +1190,14 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     return app
 
 
+LISTEN_BACKLOG = 2048  # uvicorn's default
+
+
 def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready socket on host:port (port 0 picks a free one); a one-line error otherwise."""
+    """A socket listening on host:port (port 0 picks a free one); a one-line error otherwise. It listens from here,
+    before the model loads: two sockets with SO_REUSEADDR both bind a port neither listens on yet, so two servers
+    started at once both passed this check, and the later one's uvicorn failed with a traceback (session 55, a
+    review). Connections made while the model loads wait in the backlog."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
@@ -1201,6 +1207,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

@@ -1708,3 +1708,20 @@ def test_an_empty_streamed_response_is_still_a_message(engine, model_id, monkeyp
                                                 "response.output_item.done", "response.incomplete"]
         assert events[-1].response.output[0].content[0].text == "" and events[-1].response.output[0].status == \
             "incomplete"
+
+
+def test_two_servers_binding_one_port_at_once_the_second_is_refused():
+    """(session 55, a review) bind() bound without listening, and two sockets with SO_REUSEADDR both bind a port that
+    neither listens on: two `serve` started together both loaded the model, and the later one's uvicorn failed with a
+    traceback and exit 1. The socket listens from bind(): the second is the one-line 'cannot listen'."""
+    from edgespec.errors import ConfigError
+    from edgespec.server import bind
+
+    first = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(ConfigError, match=r"cannot listen on 127\.0\.0\.1:\d+: Address already in use"):
+            bind("127.0.0.1", first.getsockname()[1]).close()
+        with socket.create_connection(first.getsockname(), timeout=5):  # (it listens: a client's connection waits)
+            pass
+    finally:
+        first.close()
