@@ -181,7 +181,7 @@ def _reduced_factory(cls=ModelDrafter):
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, top_k=2)])
 def test_sampled_speculative_with_reduced_head_follows_target_distribution(sp):
-    vocab, n_tokens, runs, prompt = VOCAB, 3, 6000, [1, 2, 1, 2, 1]
+    vocab, n_tokens, runs, prompt = VOCAB, 4, 6000, [1, 2, 1, 2, 1]
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     counts = _sample_runs(_reduced_factory(), prompt, n_tokens, sp, runs, "model", 2)
     assert any(1 in seq for seq in counts)  # the target still emits the token the head cannot propose
@@ -201,7 +201,7 @@ class _FullQ(ModelDrafter):
 
 
 def test_statistical_test_catches_q_from_the_full_head():
-    vocab, n_tokens, runs, prompt = VOCAB, 3, 6000, [1, 2, 1, 2, 1]
+    vocab, n_tokens, runs, prompt = VOCAB, 4, 6000, [1, 2, 1, 2, 1]
     sp = SamplingParams(1.0)
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     counts = _sample_runs(_reduced_factory(_FullQ), prompt, n_tokens, sp, runs, "model", 2)

@@ -70,18 +70,26 @@ def _exact(target: FakeLM, prompt, n, sp, pen):
     return out
 
 
-def _counts(sp, pen, runs, drafter, k=2):
+def _counts(sp, pen, runs, drafter, k=2, n=4):
+    """Chi-square of ``runs`` seeded generations of ``n`` tokens against the penalized distribution. At 4 tokens a
+    round verifies two draft tokens (at 3 only one: a block's later rows went untested; session 55, a review)."""
+    from edgespec.decoder import Stats
+
     vocab = 4
     target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
     dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
                 reuse_buffer=True)
     dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(), suffix_drafter(vocab, 7)])
     counts: dict = {}
+    deep = 0
     for i in range(runs):
-        out, _ = run(dec, PROMPT, max_new_tokens=3, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+        st = Stats()
+        out, _ = run(dec, PROMPT, st, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
                      seed=i, drafter=drafter, draft_tokens=k, **pen)
         counts[tuple(out)] = counts.get(tuple(out), 0) + 1
-    return _chi2(counts, _exact(FakeLM(vocab, seed=7, sharpness=1.0), PROMPT, 3, sp, pen), runs)
+        deep += len(st.drafted_by_position) > 1 and st.drafted_by_position[1] > 0
+    assert deep >= runs // 20, deep  # blocks of two draft tokens verified
+    return _chi2(counts, _exact(FakeLM(vocab, seed=7, sharpness=1.0), PROMPT, n, sp, pen), runs)
 
 
 PEN = dict(logit_bias=((1, 0.8),), frequency_penalty=1.2, presence_penalty=0.4, repetition_penalty=1.5)
@@ -100,6 +108,24 @@ def test_the_statistical_test_catches_rows_penalized_without_the_draft_before_th
     real = Penalizer.rows
     monkeypatch.setattr(Penalizer, "rows", lambda self, logits, draft=(): real(self, logits, ()) if len(logits) == 1
                         else np.concatenate([real(self, logits[i:i + 1], ()) for i in range(len(logits))]))
+    stat, df = _counts(SamplingParams(1.0), PEN, 5000, "model")
+    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+
+
+def test_the_statistical_test_catches_later_rows_penalized_with_the_first_draft_token_only(monkeypatch):
+    """(session 55, a review) A bug only a block's third row shows: rows after the second penalized as if the draft
+    were its first token alone. At 3 new tokens no block had a third row; at 4 it is caught."""
+    from edgespec.penalties import Penalizer
+
+    real = Penalizer.rows
+
+    def rows(self, logits, draft=()):
+        out = real(self, logits, draft)
+        for i in range(2, len(out)):
+            out[i] = real(self, np.stack([logits[i]] * 2), list(draft[:1]))[1]
+        return out
+
+    monkeypatch.setattr(Penalizer, "rows", rows)
     stat, df = _counts(SamplingParams(1.0), PEN, 5000, "model")
     assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
 
