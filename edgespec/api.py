@@ -565,9 +565,11 @@ class Engine:
             text = need.decode("utf-8")
         except UnicodeDecodeError:
             return ids, b""
-        # the reply's text must begin with exactly these characters (a SentencePiece token's leading space,
-        # which its decoder drops at a reply's start, would not: no healing there)
-        if not need or self.tokenizer.decode([ids[pos]]) != text:
+        # the reply's text must begin with exactly these characters, as the reply is decoded: after the prompt's
+        # last ids (a SentencePiece token's leading space, which its decoder drops at a text's start, is text there
+        # since session 55; decoded alone it was not, and nothing healed on those tokenizers)
+        spelled = StreamDecoder(self.tokenizer, self.tokenizer.text_context(ids[:pos])).push([ids[pos]])
+        if not need or spelled != text:
             return ids, b""
         return ids[:pos] + ids[pos + 1:], need
 

@@ -248,7 +248,10 @@ def test_a_reply_keeps_its_first_words_space_on_sentencepiece_tokenizers(tiny_bu
 
     tok = _sentencepiece_words(tmp_path / "sp")
     eng = edgespec.load(tiny_bundle, memory=False)
+    from edgespec.api import _LazyHealer
+
     eng.tokenizer = tok
+    eng._healer = eng.decoder.healer = _LazyHealer(tok, eng.decoder.vocab)
     real = eng.decoder
     reply = tok.encode(" Paris.", add_special=False)
     assert [tok.id_to_token(i) for i in reply] == ["\u2581Paris", "."]
@@ -271,6 +274,12 @@ def test_a_reply_keeps_its_first_words_space_on_sentencepiece_tokenizers(tiny_bu
     r = eng.generate(prompt, max_new_tokens=8, stop=["."])
     assert r.text == " Paris" and r.token_ids == reply[:1] and r.finish_reason == "stop"
     assert tok.stream_decoder().push(reply) == "Paris."  # (alone, as before: the space stripped)
+    # token healing there: the last token's leading space is the reply's text now, so "▁is" heals (it did not)
+    ids = tok.encode(prompt, add_special=False)
+    assert eng.heal(ids) == (ids[:-1], b" is")
+    reply = tok.encode(" is Paris.", add_special=False)  # (what a healed reply spells: " is" again, then on)
+    r = eng.generate(prompt, max_new_tokens=8, token_healing=True)
+    assert r.text == " Paris." and r.stats["healed"] == " is"
 
 
 def test_a_character_in_byte_tokens_is_whole_or_left_out(tmp_path):
