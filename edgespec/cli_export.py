@@ -12,10 +12,20 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
             "stored, and greedy decoding stays exact against itself).")
 
 
+class NonEmptyPath(click.Path):
+    """A path that is not empty: "" is the current folder to the file system, and an unset shell variable
+    (`drafter-vocab "$B" 200`) rewrote the bundle the shell stood in (session 55, a review)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty (an unset shell variable?); name a folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @click.command()
-@click.argument("target")
+@click.argument("target", type=NonEmptyPath())
 @click.option("--drafter", "drafter", default=None, help="Drafter model: HF directory, .gguf file or hub id.")
-@click.option("-o", "--output", "output", required=True, type=click.Path(), help="Bundle directory to write.")
+@click.option("-o", "--output", "output", required=True, type=NonEmptyPath(), help="Bundle directory to write.")
 @click.option("--target-precision", type=click.Choice(TARGET_PRECISIONS), default="int4",
               show_default=True)
 @click.option("--drafter-precision", type=click.Choice(DRAFTER_PRECISIONS), default="fp32",
@@ -129,9 +139,9 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
 
 
 @click.command("drafter-vocab")
-@click.argument("bundle", type=click.Path())
+@click.argument("bundle", type=NonEmptyPath())
 @click.argument("n", type=int)
-@click.option("-o", "--output", "output", default=None, type=click.Path(),
+@click.option("-o", "--output", "output", default=None, type=NonEmptyPath(),
               help="Write the result as a new bundle here (the unchanged files copied); "
                    "default: rewrite BUNDLE in place.")
 @click.option("--corpus", multiple=True, type=click.Path(),
@@ -160,8 +170,8 @@ def _force_needs_output(force: bool, output) -> None:
 
 
 @click.command("exact-kernels")
-@click.argument("bundle", type=click.Path())
-@click.option("-o", "--output", "output", default=None, type=click.Path(),
+@click.argument("bundle", type=NonEmptyPath())
+@click.option("-o", "--output", "output", default=None, type=NonEmptyPath(),
               help="Write the result as a new bundle here (the unchanged files copied); "
                    "default: rewrite BUNDLE in place.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --output.")

@@ -1261,3 +1261,27 @@ def test_a_config_with_fewer_layers_than_its_weights_is_said(tmp_path):
     model = load_model(Source(str(cut), "hf-dir", cut), log=notes.append)
     assert model.config.num_hidden_layers == 2
     assert len(notes) == 1 and "model.layers.2." in notes[0] and "not in the model its config describes" in notes[0]
+
+
+@pytest.mark.parametrize("args, name", [
+    (["drafter-vocab", "", "200"], "'BUNDLE'"),
+    (["drafter-vocab", "B", "200", "-o", " "], "'-o' / '--output'"),
+    (["exact-kernels", ""], "'BUNDLE'"),
+    (["exact-kernels", "B", "-o", ""], "'-o' / '--output'"),
+    (["export", "", "-o", "OUT"], "'TARGET'"),
+    (["export", "B", "-o", ""], "'-o' / '--output'"),
+])
+def test_an_empty_path_argument_is_refused(tiny_int4_bundle, tmp_path, monkeypatch, args, name):
+    """(session 55, a review) An empty BUNDLE (an unset shell variable: `drafter-vocab "$B" 200`) is the current
+    folder to the file system: a rewrite run inside a bundle rewrote it in place. Refused as a usage error, nothing
+    written; the bundle the shell stands in as it was."""
+    import shutil
+
+    here = tmp_path / "here"
+    shutil.copytree(tiny_int4_bundle, here)
+    before = {p.name: p.stat().st_mtime_ns for p in here.rglob("*")}
+    monkeypatch.chdir(here)
+    args = [str(tiny_int4_bundle) if a == "B" else str(tmp_path / "out") if a == "OUT" else a for a in args]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and f"Invalid value for {name}" in r.output and "is empty" in r.output, r.output
+    assert {p.name: p.stat().st_mtime_ns for p in here.rglob("*")} == before and not (tmp_path / "out").exists()
