@@ -551,7 +551,7 @@ class Manifest:
 def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = False) -> Manifest:
     root = Path(bundle)
     if not root.exists():
-        raise BundleError(f"no such bundle: {root}")
+        raise BundleError(f"no such bundle: {root}" + _left_aside(root))
     if not root.is_dir():
         raise BundleError(f"{root} is not a bundle directory")
     mpath = root / MANIFEST_NAME
@@ -573,6 +573,17 @@ def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = Fa
     if check:
         check_files(m, deep=deep)
     return m
+
+
+def _left_aside(root: Path) -> str:
+    """A hint where the missing bundle ``root`` has a copy beside it that an export or rewrite stopped between its
+    two renames left (``.<name>.old-<pid>``; the next export or rewrite of it puts it back)."""
+    try:
+        aside = sorted(p.name for p in root.parent.iterdir() if re.fullmatch(rf"\.{re.escape(root.name)}\.old-\d+", p.name))
+    except OSError:
+        return ""
+    return (f" ({aside[-1]} beside it is the bundle as a stopped rewrite left it: rename it back, or run the rewrite "
+            "again, which does)") if aside else ""
 
 
 def write_manifest(m: Manifest) -> Path:

@@ -497,7 +497,14 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     """Reduce the drafter head of the exported ``bundle`` to ``n`` tokens (``select_head_ids``,
     ranked by token frequency in the text files of ``corpus`` or by ``ranked`` if given), in place or into the new
     bundle directory ``out``; atomic either way (a stage directory beside the result, renamed
-    into place)."""
+    into place), one rewrite of a bundle at a time (``output.rewriting``)."""
+    from .output import rewriting
+
+    with rewriting(bundle):
+        return _reduce_bundle(bundle, n, out, corpus, ranked, force, log)
+
+
+def _reduce_bundle(bundle, n, out, corpus, ranked, force, log) -> Path:
     src = Path(bundle)
     manifest = load_manifest(src)  # a missing or broken bundle: BundleError (exit 2), as everywhere
     if manifest.drafter is None:

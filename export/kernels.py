@@ -874,7 +874,14 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     reads; float32 (the default without) keeps them as the builder made them. Left to its default, a
     graph whose caches cannot be float16 (an attention variant edgespec's op does not compute, a
     cache another node reads) keeps float32 ones and the log says why; asked for, float16 is then an
-    ExportError."""
+    ExportError. One rewrite of a bundle at a time (``output.rewriting``)."""
+    from .output import rewriting
+
+    with rewriting(bundle):
+        return _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype)
+
+
+def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
     from edgespec.tokenizer import Tokenizer
 
     from .bundle import measured_sizes

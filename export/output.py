@@ -61,6 +61,36 @@ def restore_stale_old(out: Path) -> Path | None:
     return None
 
 
+@contextmanager
+def rewriting(bundle: str | os.PathLike):
+    """Held while ``bundle`` is rewritten (drafter-vocab, exact-kernels): a bundle that a rewrite stopped between
+    publish's two renames left aside is put back first, and an exclusive lock on the bundle's folder refuses a
+    second rewrite of it at once (two ran together, both exited 0, and one's result was lost, or the later one
+    wrote its old manifest over the other's files: a bundle that no longer loaded; session 55, a review). Where
+    the system has no ``flock``, no lock."""
+    path = Path(bundle).expanduser()
+    restore_stale_old(path.resolve())
+    try:
+        import fcntl
+    except ImportError:  # (not POSIX)
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # (no such folder, not one: load_manifest says so, as everywhere)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ExportError(f"{path} is being rewritten by another edgespec process; run this again once it "
+                              "is done") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def _newest_first(parent: Path) -> list[Path]:
     """``parent``'s entries, the most recently changed first (one gone meanwhile, another export's, left out)."""
     def mtime(q: Path) -> int:

@@ -489,3 +489,38 @@ def test_a_new_bundle_shares_no_file_with_its_source(tiny_bundle, tmp_path):
                 assert f.stat().st_nlink == 1, f
         m = load_manifest(b)
         onnx.load(str(m.target.path))  # external data read, as the export tools read it
+
+
+def test_one_rewrite_of_a_bundle_at_a_time_and_a_stopped_ones_copy_is_put_back(tiny_int4_bundle, copy_bundle):
+    """(session 55, a review) Two rewrites of one bundle at once both exited 0, and one's result was lost (or the later
+    one wrote its old manifest over the other's files: a bundle that no longer loaded): a rewrite holds a lock on the
+    bundle's folder, and a second is refused at once, the bundle as it was. And a rewrite killed between publish's
+    two renames left the bundle only as .NAME.old-PID: load says so, and the next rewrite puts it back first."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    from edgespec.errors import BundleError
+    from edgespec_export.head import apply_to_bundle
+    from edgespec_export.kernels import apply_to_bundle as exact_kernels
+
+    b = copy_bundle(tiny_int4_bundle)
+    before = (b / "edgespec.json").read_text()
+    fd = os.open(b, os.O_RDONLY | os.O_DIRECTORY)  # another process's rewrite, as its lock holds the folder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for rewrite in (lambda: apply_to_bundle(b, 256), lambda: exact_kernels(b)):
+            with pytest.raises(ExportError, match="is being rewritten by another edgespec process"):
+                rewrite()
+        assert (b / "edgespec.json").read_text() == before
+    finally:
+        os.close(fd)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    aside = b.parent / f".{b.name}.old-{dead.pid}"
+    b.rename(aside)  # (killed between the two renames: the old bundle's only copy)
+    with pytest.raises(BundleError, match=rf"no such bundle: .*\(\.{b.name}\.old-{dead.pid} beside it"):
+        load_manifest(b)
+    assert apply_to_bundle(b, 256) == b.resolve() and not aside.exists()
+    assert load_manifest(b, deep=True).drafter.head_size == 256
