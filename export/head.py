@@ -549,6 +549,7 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
                 m = replace(m, name=dest.name)
             Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
             write_manifest(m)
+            _keep_modes(src.resolve(), stage)
             replaced = publish(stage, dest, force, None if in_place else [str(src)])
         except BaseException:
             remove_tree(stage)
@@ -561,6 +562,22 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
         warnings.warn(f"{dest} was replaced by its rewrite: this shell's working folder was the old one, which is "
                       "gone; cd into the bundle again", stacklevel=2)
     return dest
+
+
+def _keep_modes(src: Path, stage: Path) -> None:
+    """The source bundle's permission bits on the stage's folders and files of the same names (its copy made its
+    folders writable, for the rewritten files, and a rewritten file is new): a read-only bundle stays read-only
+    (it came back writable; session 55, a review). Files the source has not keep the stage's."""
+    import stat
+
+    for p in sorted(stage.rglob("*"), key=lambda q: -len(q.parts)) + [stage]:  # (a folder's own bits last)
+        rel = p.relative_to(stage)
+        try:
+            mode = stat.S_IMODE((src / rel).lstat().st_mode)
+        except OSError:
+            continue
+        if not p.is_symlink():
+            os.chmod(p, mode)
 
 
 def _inside_cwd(path: Path) -> bool:

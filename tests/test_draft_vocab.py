@@ -524,3 +524,27 @@ def test_one_rewrite_of_a_bundle_at_a_time_and_a_stopped_ones_copy_is_put_back(t
         load_manifest(b)
     assert apply_to_bundle(b, 256) == b.resolve() and not aside.exists()
     assert load_manifest(b, deep=True).drafter.head_size == 256
+
+
+def test_a_read_only_bundle_stays_read_only_after_its_rewrite(tiny_int4_bundle, copy_bundle):
+    """(session 55, a review) The rewrite's copy makes its folders writable (for the rewritten files), and the
+    rewritten bundle came back writable: folders 0755, rewritten files 0644. The source's modes are put on it."""
+    import os
+    import stat
+
+    from edgespec_export.head import apply_to_bundle
+
+    b = copy_bundle(tiny_int4_bundle)
+    for p in [b, *b.rglob("*")]:
+        os.chmod(p, 0o555 if p.is_dir() else 0o444)
+    try:
+        apply_to_bundle(b, 256)
+        modes = {p.relative_to(b): stat.S_IMODE(p.stat().st_mode) for p in [b, *b.rglob("*")]}
+        assert load_manifest(b, deep=True).drafter.head_size == 256
+        new = [r for r in modes if not (tiny_int4_bundle / r).exists()]  # (the kept ids: no source file to follow)
+        assert {r: m for r, m in modes.items() if r not in new} == \
+            {r: 0o555 if (b / r).is_dir() else 0o444 for r in modes if r not in new}
+        assert (b / "edgespec.json").stat().st_mode & 0o777 == 0o444 and modes[Path(".")] == 0o555
+    finally:
+        for p in [b, *b.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
