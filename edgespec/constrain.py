@@ -51,6 +51,26 @@ def _llguidance():
     return llguidance
 
 
+JSON_SAFE_INT = 2 ** 53 - 1  # RFC 8259's interoperable integers (a double holds them exactly)
+
+
+def check_schema_numbers(schema, where: str) -> None:
+    """Refuse an integer in a JSON schema past +-(2**53 - 1) (``ConfigError``): llguidance crashed the process
+    (SIGSEGV) on integer bounds near -2**63, clamped bounds past 64 bits (a reply of 9223372036854775807 that
+    finished 'stop' against a minimum of 10**20), and rounded a large ``const`` as a double (session 55, a
+    review). No schema keyword needs more: JSON's parsers in other languages round them too."""
+    stack = [(schema, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > JSON_SAFE_INT:
+            raise ConfigError(f"{at[:200]}: the integer {str(v)[:40]}{'...' if len(str(v)) > 40 else ''} is past "
+                              f"+-(2**53 - 1), the integers JSON's parsers hold exactly")
+
+
 def grammar_for(response_format) -> str | None:
     """OpenAI's ``response_format`` as an llguidance grammar; None for ``{"type": "text"}`` (or None).
     ``ConfigError`` for a malformed format or a schema llguidance cannot compile."""
@@ -88,6 +108,7 @@ def grammar_for(response_format) -> str | None:
         text = json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         raise ConfigError("response_format's schema is not JSON (or nested too deeply)") from None
+    check_schema_numbers(schema, "response_format's schema")
     if len(text) > _MAX_SCHEMA:
         raise ConfigError(f"response_format's schema has {len(text)} characters; at most {_MAX_SCHEMA}")
     llg = _llguidance()
@@ -159,6 +180,7 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
             continue
         i = len(alts)
         schema = f.get("parameters") or {"type": "object"} if f.get("strict") else {"type": "object"}
+        check_schema_numbers(schema, f"tools[{i}].function.parameters")  # (tools.check_tools does too)
         alts.append(f"call_{i}")
         opening = json.dumps('{"name": ' + json.dumps(f["name"]) + ', "arguments": ')  # a Lark string
         rules.append(f"call_{i}: {opening} args_{i} " + json.dumps("}"))
@@ -342,6 +364,9 @@ def _failure(err: str, what: str) -> EdgespecError:
     first = err.splitlines()[0][:300] if err else "unknown error"
     if "NoExtensionBias" in err:
         return ConfigError(f"{what} cannot be used: {first} (a schema that refers to itself with no way to end?)")
+    if "lexer error" in err or "too many" in err:  # (llguidance's limits: a pattern of ^a{300000}$ passed the compile
+        # and its first mask, and failed at the second; session 55, a review: the request's, a 400, not a 500)
+        return ConfigError(f"{what} is past llguidance's limits: {first}")
     return EdgespecError(f"{what} failed: {first}")
 
 

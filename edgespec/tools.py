@@ -84,6 +84,9 @@ def check_tools(tools) -> list[dict]:
                               f"{where}.function.parameters")
             except (TypeError, ValueError, RecursionError):
                 raise ConfigError(f"{where}.function.parameters is not JSON (or nested too deeply)") from None
+            from .constrain import check_schema_numbers
+
+            check_schema_numbers(f["parameters"], f"{where}.function.parameters")
             if f["parameters"].get("type", "object") != "object":  # (OpenAI's rule: a call's arguments are an object)
                 raise ConfigError(f"{where}.function.parameters must be a schema of \"type\": \"object\" (a call's "
                                   f"arguments are a JSON object), got \"type\": "
@@ -202,7 +205,15 @@ def _not_json(constant: str):
     raise ValueError(f"{constant} is not JSON")
 
 
-_STRICT = json.JSONDecoder(parse_constant=_not_json)  # JSON as RFC 8259 has it: no NaN, Infinity, -Infinity
+def _finite(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):  # (1e999: a client's parser makes it infinity, written back as Infinity)
+        raise ValueError(f"{text} is past a double's range")
+    return v
+
+
+# JSON as RFC 8259 has it: no NaN, Infinity, -Infinity, nor a number no double holds (in arguments given as text too)
+_STRICT = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 
 
 def _as_calls(body: str, names: frozenset | None, whole: bool = True) -> tuple[list[ToolCall], str] | None:

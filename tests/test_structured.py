@@ -11,10 +11,10 @@ import pytest
 
 import edgespec
 from edgespec import constrain
-from edgespec.constrain import grammar_for
+from edgespec.constrain import grammar_for, tool_call_grammar
 from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
-from edgespec.errors import ConfigError
+from edgespec.errors import ConfigError, EdgespecError
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, run
 from tiny import FakeLM
@@ -197,6 +197,14 @@ FORMAT_ERRORS = [
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": float("inf")}}}, "not JSON"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-"}}},
      "regex parse error: .*unclosed character class"),  # (the error's later lines say why)
+    # (session 55, a review) integers llguidance crashed the process on (SIGSEGV: bounds near -2**63), clamped (a
+    # reply of 2**63 - 1 that finished 'stop' under a minimum of 10**20) or rounded (a const of 23 digits)
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "integer", "minimum": -2 ** 63, "maximum": -2 ** 63 + 8}}}, r"schema\.(minimum|maximum): the integer -9223"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "integer", "minimum": 10 ** 20, "maximum": 10 ** 20 + 5}}}, r"past \+-\(2\*\*53 - 1\)"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "properties": {"a": {"const": 12345678901234567890123}}}}}, r"schema\.properties\.a\.const: the integer"),
 ]
 
 
@@ -473,3 +481,22 @@ def test_the_structured_outputs_bench_runs_on_a_tiny_bundle(tiny_bundle, tmp_pat
     assert bench_structured.main([str(tiny_bundle), "--reps", "1", "--drafters", "none", "--max-new-tokens", "8",
                                   "--temperature", "0.8"]) == 0
     assert bench_structured.main([str(tiny_bundle), "--llamacpp", "--temperature", "0.8"]) == 2
+
+
+def test_a_strict_tools_integers_past_json_s_and_llguidance_s_limits_are_refused():
+    """(session 55, a review) The same integers in a strict tool's parameters crashed the process at the tools'
+    check (tool_call_grammar, then the matcher); a grammar past llguidance's lexer limits that failed at a later
+    mask was a 500 (EdgespecError): the request's fault, a ConfigError (400)."""
+    from edgespec.constrain import _failure
+    from edgespec.tools import check_tools
+
+    params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": -2 ** 63}}}
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.function\.parameters\.properties\.n\.minimum"):
+        check_tools([{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}])
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.function\.parameters"):
+        tool_call_grammar([{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}],
+                          "required", False, 1, 2)
+    ok = {"type": "object", "properties": {"n": {"type": "integer", "minimum": -(2 ** 53 - 1), "maximum": 2 ** 53 - 1}}}
+    assert check_tools([{"type": "function", "function": {"name": "f", "strict": True, "parameters": ok}}])
+    assert isinstance(_failure("lexer error: too many expressions constructed", "the grammar"), ConfigError)
+    assert type(_failure("something else", "the grammar")) is EdgespecError

@@ -107,7 +107,8 @@ def test_streamed_and_whole_parsing_agree_and_lose_nothing():
         assert calls or content == text, text
 
 
-@pytest.mark.parametrize("args", ['{"x": NaN}', '{"x": 1e999}', '{"x": -Infinity}', '"{\\"x\\": Infinity}"'])
+@pytest.mark.parametrize("args", ['{"x": NaN}', '{"x": 1e999}', '{"x": -Infinity}', '"{\\"x\\": Infinity}"',
+                                  '"{\\"x\\": -1e999}"'])
 def test_arguments_that_are_no_json_are_no_call(args):
     """(session 55, a review) Python's json takes NaN, Infinity and 1e999 (a float's infinity, written back as
     Infinity): such a call's arguments were text JSON.parse and strict clients refuse. It is no call: the block stays
