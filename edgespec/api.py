@@ -1037,8 +1037,8 @@ class ChatSession:
     """A multi-turn conversation. The KV cache of the conversation so far is reused between turns:
     only the new turn's tokens are prefilled. The oldest turns are dropped when the history no
     longer fits the context (``dropped`` counts them): ``messages`` is what the model sees, ``earlier`` the
-    exchanges dropped from it, oldest first, and ``transcript`` the whole conversation (what the chat's /save
-    writes). One conversation, one thread at a time: the engine may be
+    exchanges dropped from it, oldest first (emptied when ``messages`` is given another list: another
+    conversation), and ``transcript`` the whole conversation (what the chat's /save writes). One conversation, one thread at a time: the engine may be
     shared by threads, a session's turns from two threads at once interleave its history (a session each)."""
 
     engine: Engine
@@ -1063,6 +1063,13 @@ class ChatSession:
                 self.messages.insert(0, {"role": "system", "content": self.system})
             elif head.get("content") != self.system:
                 raise ConfigError("system and the messages' own system message differ: give one of them")
+
+    def __setattr__(self, name, value):
+        # another list of messages is another conversation: the exchanges dropped from the old one are not its
+        # (a transcript mixed them in; session 55, the diff's review)
+        if name == "messages" and value is not self.__dict__.get("messages", value) and self.__dict__.get("earlier"):
+            super().__setattr__("earlier", [])
+        super().__setattr__(name, value)
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []

@@ -551,7 +551,7 @@ class Manifest:
 def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = False) -> Manifest:
     root = Path(bundle)
     if not root.exists():
-        raise BundleError(f"no such bundle: {root}" + _left_aside(root))
+        raise BundleError(f"no such bundle: {root}" + _left_aside(root.resolve()))  # (beside what a link names)
     if not root.is_dir():
         raise BundleError(f"{root} is not a bundle directory")
     mpath = root / MANIFEST_NAME

@@ -573,7 +573,7 @@ def _keep_modes(src: Path, stage: Path) -> None:
     for p in sorted(stage.rglob("*"), key=lambda q: -len(q.parts)) + [stage]:  # (a folder's own bits last)
         rel = p.relative_to(stage)
         try:
-            mode = stat.S_IMODE((src / rel).lstat().st_mode)
+            mode = stat.S_IMODE((src / rel).stat().st_mode)  # (through a link: the copy holds what it names)
         except OSError:
             continue
         if not p.is_symlink():

@@ -83,9 +83,13 @@ def rewriting(bundle: str | os.PathLike):
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise ExportError(f"{path} is being rewritten by another edgespec process; run this again once it "
-                              "is done") from None
+        except OSError as e:
+            import errno
+
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ExportError(f"{path} is being rewritten by another edgespec process; run this again once it "
+                                  "is done") from None
+            # (a file system without flock on folders, NFS's EBADF or ENOLCK: no lock, as where there is no fcntl)
         yield
     finally:
         os.close(fd)

@@ -901,6 +901,12 @@ def test_the_transcript_keeps_the_exchanges_dropped_to_fit(tiny_bundle):
         chat.send(sent[-1], max_new_tokens=8)
     stream.close()
     assert (chat.messages, chat.earlier, chat.dropped) == before
+    chat.messages = chat.messages  # (the same list: the same conversation)
+    assert chat.earlier == before[1]
+    chat.messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "new"},
+                     {"role": "assistant", "content": "one"}]  # another conversation: not the old one's drops
+    assert chat.earlier == [] and chat.transcript == chat.messages
+    chat.send(sent[0], max_new_tokens=8)
     chat.reset()
     assert chat.earlier == [] and chat.transcript == chat.messages == [{"role": "system", "content": "You are terse."}]
     with pytest.raises(TypeError):

@@ -522,6 +522,10 @@ def test_one_rewrite_of_a_bundle_at_a_time_and_a_stopped_ones_copy_is_put_back(t
     b.rename(aside)  # (killed between the two renames: the old bundle's only copy)
     with pytest.raises(BundleError, match=rf"no such bundle: .*\(\.{b.name}\.old-{dead.pid} beside it"):
         load_manifest(b)
+    link = b.parent.parent / "link"  # (reached through a link: the hint looks beside what it names)
+    link.symlink_to(b)
+    with pytest.raises(BundleError, match=rf"\(\.{b.name}\.old-{dead.pid} beside it"):
+        load_manifest(link)
     assert apply_to_bundle(b, 256) == b.resolve() and not aside.exists()
     assert load_manifest(b, deep=True).drafter.head_size == 256
 
@@ -548,3 +552,29 @@ def test_a_read_only_bundle_stays_read_only_after_its_rewrite(tiny_int4_bundle, 
     finally:
         for p in [b, *b.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def test_a_rewrites_lock_and_modes_where_flock_fails_otherwise_and_files_are_links(tiny_int4_bundle, copy_bundle,
+                                                                                   tmp_path, monkeypatch):
+    """(session 55, the diff's review) A folder's flock that fails for another reason than a held lock (NFS: EBADF,
+    ENOLCK) said "being rewritten by another process" every time: the rewrite goes on without the lock. A file the
+    bundle holds through a link is copied as a file, and took the link's own mode (0777): it takes its target's."""
+    import errno
+    import fcntl
+    import os
+    import stat
+
+    from edgespec_export.head import apply_to_bundle
+
+    b = copy_bundle(tiny_int4_bundle)
+    (tmp_path / "LICENSE.txt").write_text("terms")
+    os.chmod(tmp_path / "LICENSE.txt", 0o640)
+    (b / "LICENSE.txt").symlink_to(tmp_path / "LICENSE.txt")
+
+    def no_lock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_lock)
+    out = apply_to_bundle(b, 256, tmp_path / "out")
+    assert load_manifest(out, deep=True).drafter.head_size == 256
+    assert stat.S_IMODE((out / "LICENSE.txt").lstat().st_mode) == 0o640 and not (out / "LICENSE.txt").is_symlink()
