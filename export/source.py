@@ -305,8 +305,8 @@ def resolve(spec: str) -> Source:
 def source_files(src: Source, log=None) -> dict[str, dict]:
     """The files of ``src`` as the export read them, for the manifest: name -> {"bytes", "sha256"} (a Hugging Face
     model page lists its weight files' sha256, so a bundle says which checkpoint it came from). A .gguf: that file;
-    a model directory: its top-level files (not hidden ones; links followed: a hub cache's snapshot is links to
-    blobs); a hub id: its snapshot in the local cache, where one is found ({} where not)."""
+    a model directory: the top-level files the export reads (``_read_by_export``; links followed: a hub cache's
+    snapshot is links to blobs); a hub id: its snapshot in the local cache, where one is found ({} where not)."""
     from edgespec.integrity import sha256_file
 
     if src.kind == "gguf":
@@ -320,7 +320,7 @@ def source_files(src: Source, log=None) -> dict[str, dict]:
                 folder = Path(snapshot_download(src.spec, local_files_only=True))
             except Exception:  # (not cached as a snapshot, an old huggingface_hub: nothing to record)
                 return {}
-        files = sorted(f for f in folder.iterdir() if not f.name.startswith(".") and f.is_file())
+        files = sorted(f for f in folder.iterdir() if _read_by_export(f, folder))
     out = {}
     for f in files:
         try:
@@ -329,6 +329,22 @@ def source_files(src: Source, log=None) -> dict[str, dict]:
             if log is not None:
                 log(f"note: {f} is not in the manifest's source_files: cannot read it ({e.strerror or e})")
     return out
+
+
+def _read_by_export(f: Path, folder: Path) -> bool:
+    """Whether the export reads ``f`` of a model folder: its JSON (config, generation config, tokenizer, the
+    weights' index), chat templates, tokenizer files, and its weights as transformers picks them: the safetensors files where it
+    has any, else pytorch_model*.bin. Not a training run's optimizer.pt or training_args.bin, nor another format's
+    copy of the weights (a folder can hold 13.5 GB of .bin beside its .safetensors; session 55, the diff's review)."""
+    name = f.name
+    if name.startswith(".") or not f.is_file():
+        return False
+    if name.endswith((".json", ".jinja")) or name in ("tokenizer.model", "merges.txt", "vocab.txt", "spiece.model") \
+            or name.endswith(".tiktoken"):
+        return True
+    if name.endswith(".safetensors"):
+        return True
+    return name.startswith("pytorch_model") and name.endswith(".bin") and not any(folder.glob("*.safetensors"))
 
 
 def _first_line(e: BaseException, empty: str | None = None) -> str:

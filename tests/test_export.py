@@ -1202,8 +1202,9 @@ def test_rotary_tables_are_cut_to_the_bundles_context(tiny_dirs, tmp_path):
 
 def test_source_files_are_the_gguf_file_alone_and_a_folders_readable_files(tmp_path, monkeypatch):
     """(session 55) The manifest's source_files: a .gguf source is that file (not the folder's other files); a model
-    directory is its top-level files (hidden ones and sub-folders not), through links; a file that cannot be read
-    is left out with a note, the export going on."""
+    directory is the top-level files the export reads (its JSON, tokenizer files, the safetensors weights, else
+    pytorch_model*.bin; not hidden ones, sub-folders, a training run's files), through links; a file that cannot be
+    read is left out with a note, the export going on."""
     import hashlib
 
     import edgespec.integrity
@@ -1221,11 +1222,13 @@ def test_source_files_are_the_gguf_file_alone_and_a_folders_readable_files(tmp_p
     (hf / ".gitattributes").write_text("x")
     (hf / "sub" / "inner.bin").write_text("x")
     (hf / "weights.safetensors").symlink_to(folder / "other.gguf")
-    (hf / "locked.bin").write_text("secret")
+    (hf / "locked.safetensors").write_text("secret")
+    for unread in ("optimizer.pt", "training_args.bin", "pytorch_model.bin", "README.md", "m.gguf"):
+        (hf / unread).write_text("not read by the export")  # (a .bin beside .safetensors: another format's copy)
     real = edgespec.integrity.sha256_file
 
     def unreadable(path):
-        if path.name == "locked.bin":
+        if path.name == "locked.safetensors":
             raise PermissionError(13, "Permission denied")
         return real(path)
 
@@ -1234,7 +1237,10 @@ def test_source_files_are_the_gguf_file_alone_and_a_folders_readable_files(tmp_p
     got = source_files(Source(str(hf), "hf-dir", hf), notes.append)
     assert sorted(got) == ["config.json", "weights.safetensors"]
     assert got["weights.safetensors"]["sha256"] == hashlib.sha256(b"GGUF other").hexdigest()
-    assert len(notes) == 1 and "locked.bin" in notes[0] and "Permission denied" in notes[0]
+    assert len(notes) == 1 and "locked.safetensors" in notes[0] and "Permission denied" in notes[0]
+    for f in hf.glob("*.safetensors"):
+        f.unlink()
+    assert sorted(source_files(Source(str(hf), "hf-dir", hf))) == ["config.json", "pytorch_model.bin"]
 
 
 def test_a_config_with_fewer_layers_than_its_weights_is_said(tmp_path):
