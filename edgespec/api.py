@@ -181,7 +181,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     if the_plan.prompt_cache and target.cache.host:  # (after the width probe: its calls are not kept)
         target.prompt_cache = PromptCache(the_plan.prompt_cache)
     persisted = None
-    if prompt_cache_file is not None:
+    if prompt_cache_file is not None:  # (None back: a file kept as it is, not written)
         persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan, prof.session_options)
     tok = Tokenizer.of(manifest)
     if tok.vocab_size > manifest.target.vocab_size:
@@ -235,7 +235,15 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
     key = engine_key(manifest, manifest.target, target.cache, session_options,
                      widths=(target.min_width, target.width_multiple))
     remove_stale_temporaries(path)  # (what a write killed midway left)
-    _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
+    from .memory import KeptStoreError
+
+    try:
+        _, why = read_file(pc, path, key)  # (StoreError: a file edgespec did not write, left as it is)
+    except KeptStoreError as e:  # a newer edgespec's: neither read nor replaced (it was replaced by this version's
+        # at close, that edgespec's conversations lost; the memory store keeps such a file too: session 55, a review)
+        warnings.warn(f"{e}: it is left as it is, and this engine keeps its conversations in memory only",
+                      stacklevel=3)
+        return None
     if why:
         warnings.warn(f"the prompt cache {path} was not read: {why}; this engine replaces it when it closes "
                       f"with conversations to keep", stacklevel=3)

@@ -341,8 +341,14 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
             meta = json.loads(bytes(np.load(z.open("meta.npy"), allow_pickle=False)).decode())
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise StoreError(f"{path} is not an edgespec prompt cache")
-            if meta.get("version") != VERSION:
-                return 0, f"written in version {meta.get('version')!r} of the format (this edgespec reads {VERSION})"
+            v = meta.get("version")
+            if isinstance(v, int) and not isinstance(v, bool) and v > VERSION:  # (a newer edgespec's: kept as it is)
+                from .memory import KeptStoreError
+
+                raise KeptStoreError(f"the prompt cache {path} was written by a newer edgespec (version {v} of the "
+                                     f"format; this one reads {VERSION})")
+            if v != VERSION:
+                return 0, f"written in version {v!r} of the format (this edgespec reads {VERSION})"
             theirs = meta.get("key")
             if theirs != key:
                 diff = sorted(k for k in key if not isinstance(theirs, dict) or theirs.get(k) != key[k])
@@ -372,6 +378,10 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
     except FileNotFoundError:
         return 0, None
     except StoreError as e:
+        from .memory import KeptStoreError
+
+        if isinstance(e, KeptStoreError):
+            raise
         raise StoreError(f"the prompt cache {path} is unusable ({e}){bad}") from None
     except DAMAGED as e:  # (a broken deflate stream, nested JSON in the header, an encrypted member, ...)
         raise StoreError(f"the prompt cache {path} is unreadable ({type(e).__name__}: {e})"[:240] + bad) from None

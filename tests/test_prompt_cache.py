@@ -620,3 +620,24 @@ def test_the_generation_lock_is_taken_at_exit_only_if_free():
     t.join(10)
     with lock.held_if_free() as free:
         assert free
+
+
+def test_a_newer_editions_prompt_cache_file_is_neither_read_nor_replaced(tiny_bundle, tmp_path, monkeypatch):
+    """(session 55, a review) A file written in a newer version of the format was skipped with a warning, then
+    replaced at close by this version's: the newer edgespec's conversations lost (the memory store keeps such a
+    file). It is left as it is: the engine keeps its conversations in memory only, and says so."""
+    import edgespec.prompt_cache as pcm
+
+    f = tmp_path / "cache.npz"
+    monkeypatch.setattr(pcm, "VERSION", pcm.VERSION + 1)  # a newer edgespec writes it
+    with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+    written = f.read_bytes()
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match=r"newer edgespec .*left as it is.*in memory only"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")
+    eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+    assert eng.prompt_cache_stats()["entries"] >= 1  # (in memory: the conversation before the last kept)
+    eng.close()
+    assert f.read_bytes() == written
