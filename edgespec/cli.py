@@ -252,7 +252,7 @@ _profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE"
 _provider_opt = click.option("--provider", type=click.Choice(PROVIDER_NAMES), default=None,
                              help="Execution provider (overrides the profile; an error if it cannot run).")
 
-def _finite(ctx, param, value):
+def _finite_option(ctx, param, value):
     """A float option's value, refused (a usage error) where it is NaN: click's FloatRange lets NaN through."""
     import math
 
@@ -667,7 +667,7 @@ class _OneLineUsage(click.Command):
               help="Port (0 picks a free one; the address is printed once the server listens).")
 @click.option("--queue", "queue_size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait while one generates; more are refused with 429.")
-@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True, callback=_finite,
+@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True, callback=_finite_option,
               help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
 @click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
               help="An origin (http://localhost:3000, chrome-extension://ID, tauri://localhost, null) whose pages "

@@ -114,10 +114,15 @@ def _counts(sp, runs, drafter, k=3, n=4):
     """At 4 new tokens a round verifies two draft tokens and their masks (at 3 only one; session 55, a review)."""
     dec = make()
     counts: dict = {}
+    deep = 0
     for i in range(runs):
-        out, _ = run(dec, PROMPT, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+        st = Stats()
+        out, _ = run(dec, PROMPT, st, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
                      seed=i, drafter=drafter, draft_tokens=k, grammar="g")
         counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        deep += len(st.drafted_by_position) > 1 and st.drafted_by_position[1] > 0
+    # blocks of two draft tokens verified (prompt lookup finds no two-token copy in this prompt under the grammar)
+    assert deep >= runs // 20 or drafter == "prompt-lookup", deep
     return _chi2(counts, exact_masked(PROMPT, n, sp), runs)
 
 
