@@ -229,19 +229,61 @@ def engine_key(manifest, spec, cache, session_options: dict | None = None, width
 def write_file(pc: PromptCache, path, key: dict) -> int:
     """Write ``pc``'s entries (least recently used first) to ``path`` atomically: a temporary file beside it
     (0600, a fresh name), each entry streamed into it (no copy of the whole cache in memory), fsynced and
-    renamed over ``path``. Returns the bytes written; ``StoreError`` if it cannot be written."""
+    renamed over ``path``. Under a lock file beside it (as the memory store's saves), the entries another engine
+    wrote there since (same key) are kept too, older than this one's, the newest within the budget: two engines
+    on one file each wrote their own view, and the last to close lost the other's (session 55, a review).
+    Returns the bytes written; ``StoreError`` if it cannot be written."""
+    from pathlib import Path
+
+    from .errors import StoreError
+    from .memory import _lock_path, _locked
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot write the prompt cache {path}: {e.strerror or e}") from None
+    with _locked(_lock_path(path)):
+        return _write_file(pc, path, key)
+
+
+def _merged(ours: list, path, key: dict, pc: PromptCache) -> list:
+    """The entries to write: those of the file at ``path`` (written by another engine of the same key since this one
+    read it) that none of ``ours`` holds, then ``ours``; the most recent kept within ``pc.budget``."""
+    from .errors import StoreError
+
+    other = PromptCache(pc.budget, pc.min_tokens)
+    try:
+        _, why = read_file(other, path, key)
+    except StoreError:  # (a file this one cannot use: replaced, as before; a newer edgespec's is never reached)
+        return ours
+    if why is not None:  # (another engine's: replaced, as before)
+        return ours
+
+    def holds(a: np.ndarray, b: np.ndarray) -> bool:
+        return a.size >= b.size and np.array_equal(a[:b.size], b)
+
+    theirs = [e for e in other._entries.values() if not any(holds(o.ids, e.ids) for o in ours)]
+    out, room = [], pc.budget
+    for e in reversed(theirs + ours):  # the most recent first
+        if e.nbytes <= room:
+            out.append(e)
+            room -= e.nbytes
+    return out[::-1]
+
+
+def _write_file(pc: PromptCache, path, key: dict) -> int:
     import json
     import os
     import tempfile
     import zipfile
-    from pathlib import Path
 
     from .errors import StoreError
 
-    path = Path(path)
     with pc._lock:
         entries = list(pc._entries.values())
         version = pc.version
+    entries = _merged(entries, path, key, pc)
     meta = json.dumps({"format": FORMAT, "version": VERSION, "key": key,
                        "lengths": [int(e.ids.size) for e in entries]}).encode()
     tmp = None

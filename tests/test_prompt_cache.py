@@ -641,3 +641,26 @@ def test_a_newer_editions_prompt_cache_file_is_neither_read_nor_replaced(tiny_bu
     assert eng.prompt_cache_stats()["entries"] >= 1  # (in memory: the conversation before the last kept)
     eng.close()
     assert f.read_bytes() == written
+
+
+def test_two_engines_on_one_prompt_cache_file_keep_each_others_conversations(tiny_bundle, tmp_path):
+    """(session 55, a review) Each engine wrote its own view of a shared --prompt-cache-file at close (a rename over
+    the file): the last to close lost the other's conversations. Under a lock file, a write keeps the entries
+    another engine of the same key wrote there, older than its own, within its budget; its own earlier entries
+    are not doubled."""
+    f = tmp_path / "shared.npz"
+    kw = dict(prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    a, b = edgespec.load(tiny_bundle, **kw), edgespec.load(tiny_bundle, **kw)
+    a.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+    b.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")
+    a.close()
+    b.close()
+    c = edgespec.load(tiny_bundle, **kw)
+    assert c.prompt_cache_stats()["entries"] == 2
+    for doc in (DOC_A, DOC_B):  # both restored: only the turn's tail is prefilled
+        r = c.generate(_chat([doc]), max_new_tokens=4, drafter="none")
+        assert r.stats["restored_prompt_tokens"] > 0 or r.stats["reused_prompt_tokens"] > 0, r.stats
+    c.close()
+    d = edgespec.load(tiny_bundle, **kw)
+    assert d.prompt_cache_stats()["entries"] == 2  # (c's rewrite merged nothing twice)
+    d.close()
