@@ -267,7 +267,7 @@ def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k, reach:
 def test_sampled_speculative_follows_target_distribution(drafter, sp, k):
     # 4 new tokens: a round verifies two draft tokens (at 3 only one, and a bug at a block's second position went
     # unseen: session 55, a review)
-    vocab, n_tokens, runs = 4, 4, 6000
+    vocab, n_tokens, runs = 4, 4, 4000
     prompt = [1, 2, 1, 2, 1]  # prompt lookup finds drafts here
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
 
@@ -289,7 +289,7 @@ def test_statistical_test_catches_a_later_positions_q_taken_from_the_first(monke
     """Plant a bug that matters only from a block's second draft token on (each position judged with the draft's
     first q): at 4 new tokens the test above catches it (session 55: at 3 it reached no second position, chi2 71
     against 112)."""
-    vocab, n_tokens, runs = 4, 4, 6000
+    vocab, n_tokens, runs = 4, 4, 4000
     sp = SamplingParams(1.0)
     prompt = [1, 2, 1, 2, 1]
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
@@ -320,7 +320,7 @@ class RememberingSuffix(SuffixDrafter):
 
 def test_statistical_test_catches_missing_residual(monkeypatch):
     """Plant the classic bug (resample from p instead of max(p - q, 0)): the same test must fail."""
-    vocab, n_tokens, runs = 4, 3, 6000
+    vocab, n_tokens, runs = 4, 3, 4000
     sp = SamplingParams(1.0)
     prompt = [1, 2, 1, 2, 1]
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
@@ -1885,7 +1885,7 @@ def test_sampled_hinted_model_drafts_follow_the_target_distribution(cls, sp, exa
     is caught."""
     from edgespec.policy import Choice
 
-    vocab, n_tokens, runs = 4, 4, 6000
+    vocab, n_tokens, runs = 4, 4, 4000
     prompt = [1, 2, 1, 2, 1]
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     hinted = []

@@ -98,7 +98,7 @@ PEN = dict(logit_bias=((1, 0.8),), frequency_penalty=1.2, presence_penalty=0.4, 
 @pytest.mark.parametrize("drafter, sp", [("model", SamplingParams(1.0)), ("model", SamplingParams(0.7, top_k=3)),
                                          ("prompt-lookup", SamplingParams(1.0)), ("auto", SamplingParams(1.3, top_p=0.8))])
 def test_sampled_output_follows_the_penalized_distribution(drafter, sp):
-    stat, df = _counts(sp, PEN, 5000, drafter)
+    stat, df = _counts(sp, PEN, 4000, drafter)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
 
 
@@ -108,7 +108,7 @@ def test_the_statistical_test_catches_rows_penalized_without_the_draft_before_th
     real = Penalizer.rows
     monkeypatch.setattr(Penalizer, "rows", lambda self, logits, draft=(): real(self, logits, ()) if len(logits) == 1
                         else np.concatenate([real(self, logits[i:i + 1], ()) for i in range(len(logits))]))
-    stat, df = _counts(SamplingParams(1.0), PEN, 5000, "model")
+    stat, df = _counts(SamplingParams(1.0), PEN, 4000, "model")
     assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
 
 
@@ -126,7 +126,7 @@ def test_the_statistical_test_catches_later_rows_penalized_with_the_first_draft_
         return out
 
     monkeypatch.setattr(Penalizer, "rows", rows)
-    stat, df = _counts(SamplingParams(1.0), PEN, 5000, "model")
+    stat, df = _counts(SamplingParams(1.0), PEN, 4000, "model")
     assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
 
 

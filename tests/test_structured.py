@@ -131,7 +131,7 @@ def _counts(sp, runs, drafter, k=3, n=4):
     ("auto", SamplingParams(0.7, top_k=3), True), ("prompt-lookup", SamplingParams(1.3, top_p=0.8), True)])
 def test_sampled_output_follows_the_masked_distribution(drafter, sp, grammar_drafts, monkeypatch):
     monkeypatch.setattr(ModelDrafter, "takes_grammar", grammar_drafts)
-    stat, df = _counts(sp, 5000, drafter)
+    stat, df = _counts(sp, 4000, drafter)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
 
 
@@ -173,7 +173,7 @@ def test_the_statistical_test_catches_a_draft_cut_at_a_forbidden_token_under_sam
         return allowed, n
 
     monkeypatch.setattr(RuleConstraint, "masks", masks)
-    stat, df = _counts(SamplingParams(1.0), 5000, "model")
+    stat, df = _counts(SamplingParams(1.0), 4000, "model")
     assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
 
 
