@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from .errors import ConfigError, EdgespecError
+from .errors import ConfigError, EdgespecError, big_integer
 from .tools import NAME
 
 _MAX_SCHEMA = 1 << 20  # characters of a schema's JSON
@@ -59,16 +59,11 @@ def check_schema_numbers(schema, where: str) -> None:
     (SIGSEGV) on integer bounds near -2**63, clamped bounds past 64 bits (a reply of 9223372036854775807 that
     finished 'stop' against a minimum of 10**20), and rounded a large ``const`` as a double (session 55, a
     review). No schema keyword needs more: JSON's parsers in other languages round them too."""
-    stack = [(schema, where)]
-    while stack:
-        v, at = stack.pop()
-        if isinstance(v, dict):
-            stack.extend((x, f"{at}.{k}") for k, x in v.items())
-        elif isinstance(v, list):
-            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
-        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > JSON_SAFE_INT:
-            raise ConfigError(f"{at[:200]}: the integer {str(v)[:40]}{'...' if len(str(v)) > 40 else ''} is past "
-                              f"+-(2**53 - 1), the integers JSON's parsers hold exactly")
+    found = big_integer(schema, JSON_SAFE_INT, where)
+    if found is not None:
+        at, v = found
+        raise ConfigError(f"{at[:200]}: the integer {str(v)[:40]}{'...' if len(str(v)) > 40 else ''} is past "
+                          f"+-(2**53 - 1), the integers JSON's parsers hold exactly")
 
 
 def grammar_for(response_format) -> str | None:

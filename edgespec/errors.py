@@ -89,6 +89,21 @@ def parse_reason(e: BaseException) -> str:
     return str(e).split(";")[0] or type(e).__name__
 
 
+def big_integer(obj, limit: int, where: str) -> tuple[str, int] | None:
+    """The first integer (not a bool) in parsed JSON ``obj`` whose magnitude is past ``limit``, as (its path from
+    ``where``, its value); None where there is none. Iterative: a deeply nested value does not recurse."""
+    stack = [(obj, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > limit:
+            return at, v
+    return None
+
+
 def shown(v, limit: int = 200) -> str:
     """``repr(v)`` for a message, at most ``limit`` characters; an integer too long for Python to write (past 4,300
     digits: a ValueError, where a typed error was meant) by its size."""

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError, ManifestError, TokenizerMismatchError, parse_reason
+from .errors import BundleError, ManifestError, TokenizerMismatchError, big_integer, parse_reason
 from .integrity import check_files, sha256_file  # noqa: F401  (the file checks, re-exported)
 
 SCHEMA_VERSION = 1
@@ -92,15 +92,10 @@ def _check_magnitudes(raw: Any, mpath: Path, where: str = "manifest") -> None:
     """Every integer in the parsed manifest within a 64-bit count: JSON's integers are unbounded, and one past a
     float's range (10**400) was an OverflowError traceback where a field is a number (the kernels' check, a
     validation figure) or a size is printed in MiB (session 55, a review)."""
-    stack = [(raw, where)]
-    while stack:
-        v, at = stack.pop()
-        if isinstance(v, dict):
-            stack.extend((x, f"{at}.{k}") for k, x in v.items())
-        elif isinstance(v, list):
-            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
-        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > _MAX_INT:
-            raise ManifestError(f"{mpath}: {at[:200]} is out of range (an integer of {len(str(abs(v)))} digits)")
+    found = big_integer(raw, _MAX_INT, where)
+    if found is not None:
+        at, v = found
+        raise ManifestError(f"{mpath}: {at[:200]} is out of range (an integer of {len(str(abs(v)))} digits)")
 
 
 def _source_files(table: dict, mpath: Path) -> dict:
