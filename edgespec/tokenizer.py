@@ -598,6 +598,7 @@ class StreamDecoder:
         self._ctx = list(context)
         self._prefix = 0  # window start
         self._read = len(self._ctx)  # tokens whose text has been emitted (or is the prompt's)
+        self._ctx_len: int | None = None  # the context's text's length (text_len)
 
     def _span(self, a: int, b: int | None = None) -> list[int]:
         """Ids ``a`` to ``b`` (the end: None) of the context followed by the reply."""
@@ -638,4 +639,6 @@ class StreamDecoder:
         their last tokens only began is not out yet."""
         if not self._ctx:
             return len(self._tok.finished_text(ids))
-        return len(self._tok.finished_text(self._ctx + list(ids))) - len(self._tok.decode(self._ctx))
+        if self._ctx_len is None:  # (the context's text, decoded once: _ids_up_to asks a few times)
+            self._ctx_len = len(self._tok.decode(self._ctx))
+        return len(self._tok.finished_text(self._ctx + list(ids))) - self._ctx_len
