@@ -289,16 +289,23 @@ def test_statistical_test_catches_a_later_positions_q_taken_from_the_first(monke
     """Plant a bug that matters only from a block's second draft token on (each position judged with the draft's
     first q): at 4 new tokens the test above catches it (session 55: at 3 it reached no second position, chi2 71
     against 112)."""
-    vocab, n_tokens, runs = 4, 4, 4000
+    n_tokens, runs = 4, 4000
     sp = SamplingParams(1.0)
     prompt = [1, 2, 1, 2, 1]
-    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     real = verify_mod.rejection_sample
 
     def buggy(draft, dists, target_logits, sp_, rng):
         return real(draft, None if dists is None else [dists[0]] * len(dists), target_logits, sp_, rng)
 
     monkeypatch.setattr("edgespec.decoder.rejection_sample", buggy)
+
+    _assert_caught(prompt, n_tokens, sp, runs)
+
+
+def _assert_caught(prompt, n_tokens, sp, runs, vocab=4):
+    """The chi-square test of seeded model-drafted generations (the target and a noisy drafter of
+    ``vocab`` tokens) against the target's exact distribution fails: a planted bug is caught."""
+    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
 
     def factory():
         target = FakeLM(vocab, seed=7, sharpness=1.0)
@@ -320,10 +327,9 @@ class RememberingSuffix(SuffixDrafter):
 
 def test_statistical_test_catches_missing_residual(monkeypatch):
     """Plant the classic bug (resample from p instead of max(p - q, 0)): the same test must fail."""
-    vocab, n_tokens, runs = 4, 3, 4000
+    n_tokens, runs = 3, 4000
     sp = SamplingParams(1.0)
     prompt = [1, 2, 1, 2, 1]
-    exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     real = verify_mod.rejection_sample
 
     def buggy(draft, draft_probs, target_logits, sp_, rng):
@@ -334,14 +340,7 @@ def test_statistical_test_catches_missing_residual(monkeypatch):
 
     monkeypatch.setattr("edgespec.decoder.rejection_sample", buggy)
 
-    def factory():
-        target = FakeLM(vocab, seed=7, sharpness=1.0)
-        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape))
-        return Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
-
-    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, "model", 2)
-    stat, df = _chi2(counts, exact, runs)
-    assert stat > _chi2_crit(df), f"the planted bug went unnoticed (chi2 {stat:.1f}, {df} dof)"
+    _assert_caught(prompt, n_tokens, sp, runs)
 
 
 def test_sampling_transform_top_k_top_p():

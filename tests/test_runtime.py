@@ -191,17 +191,16 @@ def test_stream_decoder_holds_split_multibyte(tiny_bundle):
     assert tok.ends_mid_character(whole) is False
 
 
-def _sentencepiece_style(directory):
-    """A Llama-2-style tokenizer (SentencePiece's layout as tokenizers writes it: "▁" pieces, byte fallback to
-    <0xNN> tokens, whose ByteFallback decoder writes a U+FFFD a byte of a run that is no whole UTF-8): a character
-    outside its few pieces is spelled in byte tokens."""
+def _sentencepiece(directory, pieces, merges=(), split=False):
+    """A Llama-2-style tokenizer of ``pieces`` (SentencePiece's layout as tokenizers writes it: "▁" pieces, byte
+    fallback to <0xNN> tokens, a decoder that strips a text's first space), saved in ``directory``."""
     from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    for piece in ("\u2581", "a", "b", "x", "y"):
-        vocab[piece] = len(vocab)
-    tok = HF(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    for piece in pieces:
+        vocab.setdefault(piece, len(vocab))
+    tok = HF(models.BPE(vocab=vocab, merges=list(merges), unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=split)
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(content=" ", left=1, right=0)])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
@@ -210,32 +209,24 @@ def _sentencepiece_style(directory):
     from edgespec.tokenizer import Tokenizer
 
     return Tokenizer(directory)
+
+
+def _sentencepiece_style(directory):
+    """Its few pieces: a character outside them is spelled in byte tokens (whose ByteFallback decoder writes a
+    U+FFFD a byte of a run that is no whole UTF-8)."""
+    return _sentencepiece(directory, ("\u2581", "a", "b", "x", "y"))
 
 
 def _sentencepiece_words(directory):
-    """A Llama-2-style tokenizer (Metaspace, byte fallback, a decoder that strips a text's first space) with whole
-    words: "▁Paris" is one token."""
-    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    merges = []
+    """Whole words: "▁Paris" is one token."""
+    pieces, merges = [], []
     for w in ("\u2581The", "\u2581capital", "\u2581is", "\u2581Paris", "."):
-        for c in w:
-            vocab.setdefault(c, len(vocab))
+        pieces += list(w)
         for i in range(2, len(w) + 1):
-            if w[:i] not in vocab:
-                vocab[w[:i]] = len(vocab)
+            if w[:i] not in pieces:
+                pieces.append(w[:i])
                 merges.append((w[:i - 1], w[i - 1]))
-    tok = HF(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(content=" ", left=1, right=0)])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
-    directory.mkdir()
-    tok.save(str(directory / "tokenizer.json"))
-    from edgespec.tokenizer import Tokenizer
-
-    return Tokenizer(directory)
+    return _sentencepiece(directory, pieces, merges, split=True)
 
 
 def test_a_reply_keeps_its_first_words_space_on_sentencepiece_tokenizers(tiny_bundle, tmp_path):
