@@ -321,8 +321,9 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         build_input = hf_dir
         if src.kind == "gguf":
             keep_gguf_copy(src.path, hf_dir, log=progress.log)
-    if (precision in ("int4", "int8") and not quant.is_symmetric and quant.quantize_lm_head
-            and getattr(cfg, "tie_word_embeddings", False) and quant.algorithm not in SWAPPED):
+    # (int8 and --float-embeddings: no shared table, the asked-for zero points kept; session 56, a review)
+    if (precision == "int4" and not quant.is_symmetric and quant.quantize_lm_head and quant.quantize_embeddings
+            is not False and getattr(cfg, "tie_word_embeddings", False) and quant.algorithm not in SWAPPED):
         # (hqq, q4_k: the builder writes a float table beside the lm_head's own quantized weights: export/build.py)
         # onnxruntime-genai's builder shares one quantized table between a tied embedding and the
         # lm_head; with zero points it writes a graph onnxruntime refuses (a uint8 Reshape where

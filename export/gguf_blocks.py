@@ -392,7 +392,10 @@ def apply_to_graph(model_path, gguf_path, arch: str, heads: int, kv_heads: int, 
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         names = gguf_tensors_of(n.name, tensors)
         inputs = [i for i in n.input]
-        if (names is None or attrs.get("bits", 4) != 4 or attrs["block_size"] != 32 or len(inputs) < 3
+        # (an inner size not of whole blocks, from a float tensor: left as the builder rounded it; its blocks'
+        # reshape was a traceback; session 56, a review)
+        if (names is None or attrs.get("bits", 4) != 4 or attrs["block_size"] != 32 or int(attrs["K"]) % 32
+                or len(inputs) < 3
                 or any(users.get(i, 0) > 1 or i not in inits for i in inputs[1:] if i)):
             counts["left"] += 1
             continue

@@ -509,7 +509,10 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     default (Qwen3's 128: a Qwen3 whose heads are not 128 wide then fails to load, "size mismatch"), and its rotary
     scaling (``{arch}.rope.scaling.*``, which transformers reads for no family but GPT-OSS: a DeepSeek-Coder GGUF's
     linear factor 4 or a Qwen2.5 GGUF's YaRN was exported unscaled, another model, which the rotary check compared
-    with transformers' equally unscaled one); ExportError for a scaling edgespec cannot keep; {} where nothing needs
+    with transformers' equally unscaled one), Llama 3's scaling (llama.cpp writes it as a ``rope_freqs.weight``
+    tensor, which transformers leaves out: Llama 3.1/3.2 GGUFs were exported unscaled; session 56, a review) and a
+    partial rotary's width (``{arch}.rope.dimension_count``, which transformers drops for Phi-3: a Phi-4-mini-style
+    GGUF was exported rotating whole heads); ExportError for a scaling edgespec cannot keep (LongRoPE's tensors); {} where nothing needs
     mending or the file's fields cannot be read (transformers then says what it says)."""
     from transformers import AutoConfig
 
@@ -517,7 +520,8 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         import gguf
         from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-        fields = gguf.GGUFReader(str(path)).fields
+        reader = gguf.GGUFReader(str(path))
+        fields = reader.fields
         arch = fields["general.architecture"].contents()
 
         def value(key):
@@ -531,19 +535,64 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         rope = {"factor": value("rope.scaling.factor"),
                 "original_max_position_embeddings": value("rope.scaling.original_context_length"),
                 "beta_fast": value("rope.scaling.yarn_beta_fast"), "beta_slow": value("rope.scaling.yarn_beta_slow")}
+        # the rotary's width where transformers drops it (Phi-3's `rope.dimension_count`: Phi-4-mini rotates 0.75
+        # of each head), against each head's width
+        rotary = None if mapped.get("rope.dimension_count") else value("rope.dimension_count")
+        width, heads = value("attention.key_length"), value("attention.head_count")
+        if not width and isinstance(heads, int) and heads > 0 and isinstance(value("embedding_length"), int):
+            width = value("embedding_length") // heads
+        theta = value("rope.freq_base")
+        # rotary tensors, which transformers' GGUF reading leaves out (it maps no `rope_*` tensor): Llama 3's scaling
+        # (`rope_freqs.weight`, a divisor per frequency), LongRoPE's factors (`rope_factors_long/short.weight`)
+        tensors = {t.name: t for t in reader.tensors if t.name.startswith("rope_")}
+        freqs = tensors.get("rope_freqs.weight")
+        freqs = [float(x) for x in freqs.data.reshape(-1)] if freqs is not None else None
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
         return {}
+    other = sorted(n for n in tensors if n != "rope_freqs.weight")
+    if other:
+        raise ExportError(f"{path.name} holds rotary factors ({', '.join(other)}: LongRoPE's), which transformers' GGUF "
+                          "reading leaves out: export the model's Hugging Face folder instead")
     scaling = str(scaling or "none").lower()
     if scaling not in ("none", "linear", "yarn"):
         raise ExportError(f"{path.name} scales its rotary by {scaling!r} ({arch}.rope.scaling.type), which transformers' "
                           "GGUF reading does not keep: export the model's Hugging Face folder instead")
-    if not head and scaling == "none":
+    if freqs is not None and scaling != "none":
+        raise ExportError(f"{path.name} scales its rotary twice ({arch}.rope.scaling.type {scaling!r} and a "
+                          "rope_freqs.weight tensor): export the model's Hugging Face folder instead")
+    partial = isinstance(rotary, int) and isinstance(width, int) and 0 < rotary < width
+    if not head and scaling == "none" and freqs is None and not partial:
         return {}
     config = AutoConfig.from_pretrained(name, **kw)
     changed = False
     if head and getattr(config, "head_dim", None) not in (None, int(head)):
         config.head_dim = int(head)
         changed = True
+    if partial:
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        if any(isinstance(v, dict) for v in params.values()):
+            raise ExportError(f"{path.name} rotates {rotary} of each head's {width} lanes and its model keeps rotary "
+                              "parameters per layer type: export the model's Hugging Face folder instead")
+        if int(width * float(params.get("partial_rotary_factor", 1.0))) != rotary:
+            params["partial_rotary_factor"] = rotary / width
+            config.rope_parameters = params
+            config.partial_rotary_factor = rotary / width  # (the builder reads the attribute)
+            changed = True
+    if freqs is not None:
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        if any(isinstance(v, dict) for v in params.values()):
+            raise ExportError(f"{path.name} scales its rotary (rope_freqs.weight) and its model keeps rotary "
+                              "parameters per layer type: export the model's Hugging Face folder instead")
+        theta = float(theta or params.get("rope_theta") or 10000.0)
+        dim = rotary if partial else int(width * float(params.get("partial_rotary_factor", 1.0))) if width else 0
+        got = llama3_rope(freqs, theta, dim)
+        if got is None:
+            raise ExportError(f"{path.name} scales its rotary by a rope_freqs.weight tensor that is not Llama 3's "
+                              "scaling: export the model's Hugging Face folder instead")
+        if got:
+            params.update(got, rope_type="llama3", rope_theta=theta)
+            config.rope_parameters = params
+            changed = True
     if scaling != "none":
         if not rope["factor"] or float(rope["factor"]) <= 0:
             raise ExportError(f"{path.name} scales its rotary ({scaling}) without a factor ({arch}.rope.scaling.factor)")
@@ -566,6 +615,50 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     return {"config": config} if changed else {}
 
 
+def llama3_factors(theta: float, dim: int, factor: float, low: float, high: float, original: int) -> list[float]:
+    """The divisor of each rotary frequency under Llama 3's scaling, as llama.cpp's converter writes them into a
+    GGUF's ``rope_freqs.weight`` (and transformers' ``llama3`` rotary divides its frequencies)."""
+    import math
+
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / dim)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def llama3_rope(freqs: list[float], theta: float, dim: int) -> dict | None:
+    """transformers' ``llama3`` rotary parameters whose divisors are ``freqs`` (a GGUF's ``rope_freqs.weight``, one
+    per frequency of a ``dim``-wide rotary); {} where every divisor is 1 (no scaling); None where no parameters give
+    them. The divisors fix the model; parameters that give the same divisors give the same rotary: the factor is
+    the largest divisor, and the low-frequency factor, high-frequency factor and original context are found among
+    the values Llama 3's checkpoints and powers of two take (a tensor they do not reproduce is refused, not guessed)."""
+    if dim <= 0 or len(freqs) != dim // 2 or any(not (f > 0) for f in freqs):
+        return None
+    if all(abs(f - 1.0) < 1e-6 for f in freqs):
+        return {}
+    factor = max(freqs)
+
+    def close(a, b):
+        return all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b))
+
+    for low in (1.0, 2.0, 0.5):
+        for original in (8192, *(2 ** k for k in range(4, 22) if 2 ** k != 8192)):
+            for high in (4.0, 2.0, 8.0, 16.0, 1.5, 3.0):
+                if high <= low:
+                    continue
+                if close(llama3_factors(theta, dim, factor, low, high, original), freqs):
+                    return {"factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                            "original_max_position_embeddings": original}
+    return None
+
+
 def load_model(src: Source, dtype: str = "float32", log=None):
     import torch
     from transformers import AutoModelForCausalLM
@@ -577,6 +670,8 @@ def load_model(src: Source, dtype: str = "float32", log=None):
                 kw = {**kw, **_gguf_config(src.path, name, kw)}
             model, info = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype),
                                                                output_loading_info=True, **kw)
+    except ExportError:  # (_gguf_config's: said as it is)
+        raise
     except Exception as e:  # (a damaged safetensors file raises safetensors' own error type)
         if _unreadable_copy(src, name, e):
             return load_model(src, dtype, log)

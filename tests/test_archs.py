@@ -686,6 +686,107 @@ def test_a_gguf_s_rotary_scaling_is_kept(tmp_path_factory, monkeypatch, kind):
             _export(tmp_path_factory, "gguf-longrope", path, target_precision="fp32")
 
 
+def test_a_llama3_gguf_s_rope_freqs_tensor_is_its_scaling(tmp_path_factory, monkeypatch):
+    """(session 56, a review) llama.cpp writes Llama 3's rotary scaling (Llama 3.1, 3.2) as a tensor,
+    ``rope_freqs.weight`` (a divisor per frequency), no rope.scaling key; transformers' GGUF reading leaves the tensor
+    out, and the export built an unscaled rotary that every check (validated against the same unscaled torch model)
+    passed: another model past a few hundred positions. The tensor's divisors are read back into transformers'
+    ``llama3`` parameters now; a tensor no such parameters give, and LongRoPE's factor tensors, are refused."""
+    import math
+
+    import gguf
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    from transformers import AutoModelForCausalLM
+
+    import tiny
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import reference_rotary
+    from edgespec_export.source import Source, llama3_factors, llama3_rope, load_model
+
+    # Llama 3.1 8B's and 3.2 1B's parameters come back from their divisors as they are
+    for factor in (8.0, 32.0):
+        want = {"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+        assert llama3_rope(llama3_factors(500000.0, 128, factor, 1.0, 4.0, 8192), 500000.0, 128) == want
+    assert llama3_rope([1.0] * 64, 500000.0, 128) == {}
+    assert llama3_rope([1.0] * 60 + [3.0, 5.0, 7.0, 9.0], 500000.0, 128) is None  # (no llama3 scaling's)
+
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+    root = tmp_path_factory.mktemp("gguf-llama3")
+    hf = tiny.make_model(root / "hf", "llama", seed=3, rope_parameters=rope, head_dim=16)
+    header = gguf.GGUFWriter.write_header_to_file
+    extra = {"rope_freqs.weight": np.array(llama3_factors(500000.0, 16, 32.0, 1.0, 4.0, 64), np.float32)}
+    # (the divisors as llama.cpp's converter computes them, in float32 torch)
+    inv = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    mine = []
+    for f in inv.tolist():
+        wl = 2 * math.pi / f
+        mine.append(1.0 if wl < 16 else 32.0 if wl > 64 else 1 / ((1 - (64 / wl - 1) / 3) / 32 + (64 / wl - 1) / 3))
+    assert abs(np.array(mine) - extra["rope_freqs.weight"]).max() < 1e-5 and len(set(mine)) > 2  # (all 3 regions)
+
+    def with_tensors(self, *a, **k):
+        for name, v in extra.items():
+            self.add_tensor(name, v)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_tensors)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch="llama")  # (the builder's Llama class builds llama3)
+    ids = torch.tensor([list(range(5, 125))])
+    with torch.no_grad():
+        got = load_model(Source(str(path), "gguf", path))(ids).logits
+        ref = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)(ids).logits
+    assert float((got - ref).abs().max()) < 1e-4  # (unscaled: ~0.2 and other tokens past position ~30)
+    b = _export(tmp_path_factory, "gguf-llama3", path, target_precision="fp32")
+    g = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False).graph
+    cos = {t.name: numpy_helper.to_array(t, base_dir=str(b / "target")) for t in g.initializer}["cos_cache"]
+    assert abs(cos[:256] - reference_rotary(AutoModelForCausalLM.from_pretrained(hf), 256)[1]).max() < 1e-4
+
+    extra["rope_freqs.weight"] = np.array([1.0, 1.0, 1.0, 1.0, 3.0, 5.0, 7.0, 9.0], np.float32)
+    path = tiny.write_gguf(hf, root / "odd.gguf", arch="llama")
+    with pytest.raises(ExportError, match="not Llama 3's scaling"):
+        load_model(Source(str(path), "gguf", path))
+    extra.clear()
+    extra.update({"rope_factors_long.weight": np.ones(8, np.float32), "rope_factors_short.weight": np.ones(8, np.float32)})
+    path = tiny.write_gguf(hf, root / "longrope.gguf", arch="llama")
+    with pytest.raises(ExportError, match="LongRoPE"):
+        load_model(Source(str(path), "gguf", path))
+
+
+def test_a_phi3_gguf_s_partial_rotary_is_kept(tmp_path_factory, monkeypatch):
+    """(session 56, a review) transformers' GGUF reading drops Phi-3's ``rope.dimension_count`` and Phi3Config
+    rotates whole heads by default: a Phi-4-mini-style GGUF (0.75 of each head rotated) loaded, exported and
+    validated as another model (its logits 0.23 off the original's over 40 positions). The width is read back into
+    ``partial_rotary_factor``."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import tiny
+    from edgespec_export.source import Source, load_model
+
+    root = tmp_path_factory.mktemp("gguf-phi3")
+    hf = tiny.make_model(root / "hf", "phi3", seed=9, hidden=128, heads=2, kv_heads=2, partial_rotary_factor=0.75,
+                         original_max_position_embeddings=4096, max_pos=4096)
+    header = gguf.GGUFWriter.write_header_to_file
+
+    def with_width(self, *a, **k):
+        self.add_rope_dimension_count(48)  # (as llama.cpp's Phi3MiniModel writes it)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_width)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch="phi3")
+    model = load_model(Source(str(path), "gguf", path))
+    assert model.config.partial_rotary_factor == 0.75
+    ids = torch.tensor([list(range(5, 45))])
+    with torch.no_grad():
+        got, ref = model(ids).logits, AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)(ids).logits
+    assert float((got - ref).abs().max()) < 1e-4
+
+
 def test_a_longrope_rotary_the_builder_leaves_unscaled_is_refused(tmp_path_factory):
     """(session 47, a review) The builder's Llama class builds LongRoPE unscaled (Phi-3's class builds it); the
     rotary check skipped LongRoPE, and an INT4 export passed its validation, another model. LongRoPE is compared per

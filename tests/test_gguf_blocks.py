@@ -151,6 +151,29 @@ def test_gguf_algo_refuses_a_target_that_is_no_gguf_file(tiny_dirs, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_gguf_algo_leaves_weights_not_of_whole_blocks_as_the_builder_made_them(tmp_path_factory):
+    """(session 56, a review) A float GGUF whose hidden size is no multiple of 32 (48): the weights it feeds had
+    no whole blocks to keep, and the export's reshape was a traceback (exit 1). Those nodes stay as the builder
+    rounded them (said); the rest take the file's blocks, and the bundle loads and decodes."""
+    import io
+
+    import tiny
+    from edgespec import load
+    from edgespec_export.build import QuantOptions
+
+    root = tmp_path_factory.mktemp("k48")
+    hf = tiny.make_model(root / "hf", "qwen2", seed=3, hidden=48, heads=3, kv_heads=1, head_dim=16, layers=1)
+    path = tiny.write_gguf(hf, root / "k48.gguf", arch="qwen2")
+    log = io.StringIO()
+    b = _export(tmp_path_factory, "k48-gguf", path, target_precision="int4", max_context=128,
+                quant=QuantOptions(algorithm="gguf"), stream=log)
+    said = [line for line in log.getvalue().splitlines() if "MatMulNBits from the GGUF's blocks" in line]
+    assert len(said) == 1 and "left as the builder made them" in said[0], log.getvalue()[-2000:]
+    assert not said[0].strip().startswith("0 ")  # (the down projection's 128 inputs: whole blocks, taken)
+    eng = load(b)
+    assert len(eng.generate("hello", max_new_tokens=4, drafter="none", ignore_eos=True).token_ids) == 4
+
+
 @pytest.fixture(scope="module")
 def smol_gguf(tmp_path_factory):
     """SmolLM2 (every projection Q4_1; its tied head Q8_0, left as the builder's shared table) exported

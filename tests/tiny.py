@@ -64,7 +64,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
                "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig", "gemma": "GemmaConfig", "phi3": "Phi3Config",
                "granite": "GraniteConfig", "olmo": "OlmoConfig", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
                "phi": "PhiConfig", "nemotron": "NemotronConfig", "ernie4_5": "Ernie4_5Config"}
-    cfg = getattr(transformers, configs[arch])(**common, **extra)
+    cfg = getattr(transformers, configs[arch])(**{**common, **extra})
     torch.manual_seed(seed)
     if perturb_from is not None:
         model = AutoModelForCausalLM.from_pretrained(perturb_from, dtype=torch.float32)
@@ -352,7 +352,8 @@ def make_think_model(directory: Path) -> Path:
 
 def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
     """The float32 model in ``hf_dir`` as a GGUF file (gguf's writer, llama.cpp's tensor names; its tokenizer as a
-    GPT-2 BPE): a model of a family whose GGUF reading transformers gets wrong, without llama.cpp's converter."""
+    GPT-2 BPE; a Llama's query and key rows permuted as llama.cpp's converter does): a model of a family whose GGUF
+    reading transformers gets wrong, without llama.cpp's converter."""
     import gguf
     import numpy as np
     import torch
@@ -367,13 +368,21 @@ def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # (Phi3Config has none)
+    w.add_key_length(head)
+    w.add_value_length(head)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)))
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.num_hidden_layers)
+
+    def permute(v, heads):  # (llama.cpp's LlamaModel.permute: its query and key rows, which transformers undoes)
+        return v.reshape(heads, 2, v.shape[0] // heads // 2, *v.shape[1:]).swapaxes(1, 2).reshape(v.shape)
+
     for k, v in model.state_dict().items():
-        w.add_tensor(names.get_name(k, try_suffixes=(".weight", ".bias")), v.numpy().astype(np.float32))
+        v = v.numpy().astype(np.float32)
+        if arch == "llama" and k.endswith(("q_proj.weight", "k_proj.weight")):
+            v = permute(v, cfg.num_attention_heads if "q_proj" in k else cfg.num_key_value_heads)
+        w.add_tensor(names.get_name(k, try_suffixes=(".weight", ".bias")), v)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     vocab = sorted(tok.get_vocab().items(), key=lambda x: x[1])
     w.add_tokenizer_model("gpt2")
@@ -384,6 +393,8 @@ def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     w.add_eos_token_id(tok.eos_token_id)
     w.add_bos_token_id(tok.bos_token_id)
+    if arch == "phi3" and tok.pad_token_id is not None:  # (Phi3Config's default padding id is past a tiny vocab)
+        w.add_pad_token_id(tok.pad_token_id)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
