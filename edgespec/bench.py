@@ -53,6 +53,10 @@ def read_prompts(path: str | os.PathLike | None = None, limit: int | None = None
         if not isinstance(q, dict) or not isinstance(q.get("turns"), list) or not q["turns"] \
                 or not all(isinstance(t, str) for t in q["turns"]):
             raise ConfigError(f"{p}:{n}: needs 'turns', a non-empty list of strings")
+        # (an empty turn passed, and stopped the bench at it, every prompt after it not run; session 56, a review)
+        empty = next((i for i, t in enumerate(q["turns"]) if not t.strip()), None)
+        if empty is not None:
+            raise ConfigError(f"{p}:{n}: turn {empty + 1} is empty")
         # (a JSON escape's lone surrogate: in a later turn it stopped the bench there, every run before it lost; in a
         # category or an id, the report could not be written after the whole run)
         for what, t in [*((f"turn {i + 1}", t) for i, t in enumerate(q["turns"])),
@@ -406,13 +410,11 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
         raise ContextOverflowError(f"no prompt fits the context of {room} tokens: nothing to measure (left out: "
                                    f"{', '.join(rep.left_out)})"[:300])
     prompts = fits
-    # warm-up: first calls of a session allocate and pick kernels
-    engine.reset()
-    list(engine.stream_ids(tok.encode("Hello"), max_new_tokens=8, drafter="none"))
     # each runner learns from its own runs only (session 45, a review): one engine runs every runner on a prompt in
     # turn, and its round policy (acceptance per drafter and key, recent reply lengths, costs) and the model
     # drafter's confidence calibration carried what the earlier runners learned on that very prompt into the later
-    # ones: `auto`, run last, started each prompt knowing its reply's length and acceptance
+    # ones: `auto`, run last, started each prompt knowing its reply's length and acceptance. Each starts from the
+    # engine's state as the bench found it (before the warm-ups below)
     states = RunnerStates(engine, order)
     # the suffix drafter's memory (`--memory`) likewise: a runner's reply, recorded at its end, was recalled by the
     # next runner on that prompt as a perfect repeat (`auto` after `suffix`: 4.09x where alone 1.07x; a review). One
@@ -423,6 +425,15 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
         sfx.recording = False
     mem = MemorySampler()
     try:
+        # warm-up: the first calls of a session allocate and pick kernels, each width's and each model's (the
+        # drafter's): a warm-up of plain decoding alone left them to the first runner that drafts, timed there (the
+        # first runner listed in --drafters lost up to 3-6x on its first prompt; session 56, a review). Every
+        # runner once, on the engine's own state, which the runners' copies above do not see
+        for d in order:
+            name, k, bound = parsed.get(d, ("none", None, None))
+            engine.reset()
+            list(engine.stream_ids(tok.encode("Hello, world. Hello, world."), max_new_tokens=8, drafter=name,
+                                   draft_tokens=k, max_draft_tokens=bound))
         with mem:
             _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -534,15 +545,18 @@ def _write_whole(path: Path, text: str) -> None:
         raise
 
 
-def _complete_report(path: Path) -> bool:
-    """Whether ``path`` holds a bench's report that ran to its end (no ``stopped``)."""
+def _complete_report(path: Path, more_than: int | None = None) -> bool:
+    """Whether ``path`` holds a bench's report that ran to its end (no ``stopped``), or with ``more_than``, one
+    that stopped after more runs than that."""
     try:
         if not path.is_file() or path.stat().st_size > 256 << 20:
             return False
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(d, dict) and isinstance(d.get("runs"), list) and not d.get("stopped")
+    if not isinstance(d, dict) or not isinstance(d.get("runs"), list):
+        return False
+    return not d.get("stopped") or (more_than is not None and len(d["runs"]) > more_than)
 
 
 def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None:
@@ -551,8 +565,8 @@ def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None
     if rep is None or not rep.runs:
         return
     # beside a whole report in the same folder, not over it (an interrupted rerun replaced a full run's report with
-    # its few runs; session 55, a review): report.partial.json and .md
-    partial = _complete_report(Path(out_dir) / "report.json")
+    # its few runs; session 55, a review), nor over a stopped one of more runs (session 56): report.partial.*
+    partial = _complete_report(Path(out_dir) / "report.json", more_than=len(rep.runs))
     try:
         files = write_report(rep, out_dir, plots=False, stem="report.partial" if partial else "report")
     except (OSError, ValueError) as e:
@@ -570,6 +584,11 @@ def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, st
     _write_whole(files[1], rep.markdown())
     if plots:
         files += _plots(rep, out)
+    if stem == "report":  # (an earlier run's plots beside this report were another run's: another bundle, other
+        made = {f.name for f in files}  # drafters; session 56, a review)
+        for name in REPORT_FILES:
+            if name.endswith(".png") and name not in made:
+                (out / name).unlink(missing_ok=True)
     return files
 
 

@@ -61,7 +61,8 @@ def perplexity(engine, ids: Sequence[int], window: int = 512, max_windows: int |
         most = engine.manifest.max_context  # (the bundle's: a larger --max-context helps only up to it)
         raise ConfigError(f"the window ({window} tokens) is larger than the context ({engine.max_context}); pass a "
                           "smaller window" + (f" or a larger --max-context (up to the bundle's {most})"
-                                              if engine.max_context < most else f" (the bundle's context is {most})"))
+                                              if engine.max_context < most and window <= most
+                                              else f" (the bundle's context is {most})"))
     if max_windows is not None and (isinstance(max_windows, bool) or not isinstance(max_windows, int)
                                     or max_windows < 1):
         raise ConfigError(f"the number of windows must be an integer >= 1, got {max_windows!r}")

@@ -1,6 +1,7 @@
 """`edgespec bench` end to end on a real model, with every figure of the report present."""
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -69,7 +70,9 @@ def test_read_prompts_spec_bench_format(tmp_path):
                        # (session 49: met at that turn's run, the runs before it lost)
                        ('{"turns": ["x", "y\\ud800"]}', ":1: turn 2 holds an unpaired UTF-16 surrogate"),
                        ('{"turns": ["x"], "category": "c\\udc00"}', ":1: category holds an unpaired UTF-16"),
-                       ('{"turns": ["x"], "question_id": "\\ud800"}', ":1: question_id holds an unpaired UTF-16")):
+                       ('{"turns": ["x"], "question_id": "\\ud800"}', ":1: question_id holds an unpaired UTF-16"),
+                       # (session 56, a review: it stopped the bench at its run, the prompts after it not run)
+                       ('{"turns": ["x", " \\n"]}', ":1: turn 2 is empty")):
         p.write_text(bad + "\n")
         with pytest.raises(ConfigError, match=re.escape(match)):
             read_prompts(p, categories=["zz"])
@@ -270,6 +273,19 @@ def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_ru
     assert (tmp_path / "out" / "report.json").read_text() == whole
     assert json.loads((tmp_path / "out" / "report.partial.json").read_text())["stopped"] == "interrupted"
     assert "Stopped early" in (tmp_path / "out" / "report.partial.md").read_text()
+    # (session 56, a review) nor over a stopped report of more runs; over one of fewer or as many, as before
+    fewer = copy.deepcopy(part)
+    fewer.runs = fewer.runs[:1]
+    write_partial_report(part, tmp_path / "again")
+    write_partial_report(fewer, tmp_path / "again")
+    assert len(json.loads((tmp_path / "again" / "report.json").read_text())["runs"]) == 2
+    assert len(json.loads((tmp_path / "again" / "report.partial.json").read_text())["runs"]) == 1
+    write_partial_report(part, tmp_path / "again")
+    assert len(json.loads((tmp_path / "again" / "report.json").read_text())["runs"]) == 2
+    # and a whole report written without plots takes an earlier run's plots away (they were another run's)
+    (tmp_path / "again" / "time_split.png").write_bytes(b"old")
+    write_report(rep, tmp_path / "again", plots=False)
+    assert not (tmp_path / "again" / "time_split.png").exists()
     rep = run_bench(eng, prompts[:1], ["suffix"], max_new_tokens=4, in_process=["genai-ar"], log=lambda s: None)
     assert "the process's: genai-ar loaded into it too" in rep.markdown()
 
@@ -810,11 +826,13 @@ def test_each_runner_learns_from_its_own_runs_only(tiny_bundle):
 
     eng = load(tiny_bundle, memory=False)
     own = eng.decoder.policy
-    seen = {}
+    found = own._generation
+    seen, calls = {}, []
     real = eng.stream_ids
 
     def spy(ids, **kw):  # the policy each runner's generation starts from
         seen.setdefault(kw["drafter"], []).append((id(eng.decoder.policy), eng.decoder.policy._generation))
+        calls.append(kw["drafter"])
         return real(ids, **kw)
 
     eng.stream_ids = spy
@@ -822,11 +840,17 @@ def test_each_runner_learns_from_its_own_runs_only(tiny_bundle):
                for i in range(3)]
     rep = run_bench(eng, prompts, ["model", "prompt-lookup", "auto"], max_new_tokens=16, log=lambda s: None)
     assert all(r.exact for r in rep.runs if r.drafter != "none")
+    # (session 56, a review) every runner is warmed up once before any is timed, on the engine's own state: a
+    # warm-up of plain decoding alone left the drafter's and the wider calls' first costs to the first runner timed
+    assert calls[:4] == ["none", "model", "prompt-lookup", "auto"], calls
+    for name in ("none", "model", "prompt-lookup", "auto"):
+        assert seen[name][0][0] == id(own)
+        seen[name] = seen[name][1:]
     for name in ("model", "prompt-lookup", "auto"):
         ids = {pid for pid, _ in seen[name]}
         gens = [g for _, g in seen[name]]
         assert len(ids) == 1, name  # one policy a runner
-        assert gens == [gens[0], gens[0] + 1, gens[0] + 2], (name, gens)  # which saw its own generations only
+        assert gens == [found, found + 1, found + 2], (name, gens)  # which saw its own generations only
     assert len({seen[n][0][0] for n in ("none", "model", "prompt-lookup", "auto")}) == 4
     assert eng.decoder.policy is own
 

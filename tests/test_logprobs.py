@@ -277,6 +277,8 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
     small = edgespec.load(tiny_bundle, memory=False, max_context=64)
     with pytest.raises(ConfigError, match=f"larger --max-context \\(up to the bundle's {eng.manifest.max_context}"):
         perplexity(small, ids, window=128)
+    with pytest.raises(ConfigError, match=f"smaller window \\(the bundle's context is {eng.manifest.max_context}\\)"):
+        perplexity(small, ids, window=eng.manifest.max_context + 1)  # (no --max-context helps: session 56)
     # a model that adds a BOS token: it stands first in every window, as llama-perplexity puts it
     seen = []
     real = eng.decoder.score
