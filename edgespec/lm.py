@@ -209,16 +209,18 @@ class CausalLM:
         pad = back = 0
         if width > n and past + width <= self.max_context:
             pad = width - n  # copies of the last token after the call's, rolled back
-        elif width > n and positions is None and past >= width - n:
+        elif width > n and positions is None:
             # the context's last positions, where a pad after them has no room: the call starts ``back`` positions
             # earlier, recomputing cached ones (under the policy every allowed width computes a position alike: the
             # same keys, values and logits), so it runs at the policy's width as every other call (before session 43
-            # these ran unpadded, at other widths in plain and speculative decoding)
-            back = width - n
-        if pad:
-            run = list(ids) + [int(ids[-1])] * pad
-        elif back:
-            run = [int(t) for t in self.cache.ids[past - back: past]] + [int(t) for t in ids]
+            # these ran unpadded, at other widths in plain and speculative decoding); with too few cached positions
+            # for that, a pad after the call fills the rest (a context under twice the narrowest width ran such a
+            # call unpadded: session 56, a review)
+            back = min(past, past + width - self.max_context)
+            pad = min(width - n - back, self.max_context - past - n)
+        if pad or back:
+            run = ([int(t) for t in self.cache.ids[past - back: past]] + [int(t) for t in ids]
+                   + [int(ids[-1])] * pad)
             first += back
         else:
             run = ids

@@ -2198,6 +2198,18 @@ def test_the_width_policy_pads_the_calls_at_the_context_end_too():
             got = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1, 2, 3], max_new_tokens=200,
                       drafter="model", draft_tokens=k)
             assert got == ref, (seed, k)
+    # (session 56, a review) a context under twice the policy's width: too few cached positions to start back by the
+    # whole pad, too little room after for it: both at once (the call ran unpadded, one token wide)
+    t = FakeLM(6, 5, min_width=4)
+    t.prefill([1, 2])
+    assert t.forward([3]).shape[0] == 1 and t.last_width == 4 and t.length == 3  # (2 back, 1 pad after)
+    for seed in range(40):
+        ctx = 5 + seed % 3
+        ref = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1], max_new_tokens=50, drafter="none")
+        for k in (1, 2):
+            got = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1], max_new_tokens=50,
+                      drafter="model", draft_tokens=k)
+            assert got == ref, (seed, ctx, k)
 
 
 def test_a_seeded_sampled_generation_does_not_depend_on_what_the_drafter_read_before(tiny_bundle):
