@@ -507,6 +507,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             builder_args(drafter_precision, drafter_quant or QuantOptions(accuracy_level=4), drafter_device)
         except ExportError as e:  # (its words name the target's flags: the drafter's are these)
             raise ExportError("the drafter: " + str(e).replace("--target-precision", "--drafter-precision")
+                              .replace("fp16 or fp8, or int4/int8", "fp16, int8 or int4")  # (no fp8 drafter)
                               .replace("--device", "--drafter-device")) from None
     if isinstance(drafter_vocab, bool) or not isinstance(drafter_vocab, int) or drafter_vocab < 0:
         raise ExportError(f"--drafter-vocab must be a number of tokens >= 0 (0: the full head), got {drafter_vocab!r}")

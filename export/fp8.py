@@ -30,9 +30,24 @@ E4M3_MAX = 448.0
 SCHEMES = ("channel", "block")
 
 
-def quantize_weight(w: np.ndarray, scheme: str = "channel", block_size: int = 128) -> tuple[np.ndarray, np.ndarray]:
+def _as_stored(scale: np.ndarray, dtype) -> np.ndarray:
+    """``scale`` as the graph stores it (DequantizeLinear's output type): in float16, at least its smallest normal
+    (2**-14) and rounded up, never down (a weight divided by it stays within E4M3's range), as float32 values.
+    (Rounded after the weights were divided by the float32 scale, a small column's subnormal float16 scale no longer
+    matched its FP8 values: 73% off at amax 1.5e-5; session 56, a review.)"""
+    if dtype != np.float16:
+        return scale
+    s16 = np.maximum(scale, np.float32(2.0 ** -14)).astype(np.float16)
+    low = s16.astype(np.float32) < scale
+    s16[low] = np.nextafter(s16[low], np.float16(np.inf))
+    return s16.astype(np.float32)
+
+
+def quantize_weight(w: np.ndarray, scheme: str = "channel", block_size: int = 128,
+                    scale_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     """``w`` [in, out] float -> (uint8 bit patterns of float8e4m3fn [in, out], float32 scales).
-    Scales are [out] for ``channel`` and [ceil(in / block_size), out] for ``block``."""
+    Scales are [out] for ``channel`` and [ceil(in / block_size), out] for ``block``; with ``scale_dtype`` float16
+    (the cuda layout's), values float16 holds (``_as_stored``), the weights divided by them."""
     import ml_dtypes
 
     w = np.asarray(w, dtype=np.float32)
@@ -41,13 +56,13 @@ def quantize_weight(w: np.ndarray, scheme: str = "channel", block_size: int = 12
     k, n = w.shape
     if scheme == "channel":
         amax = np.abs(w).max(axis=0)
-        scale = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)
+        scale = _as_stored(np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32), scale_dtype)
         full = scale[None, :]
     elif scheme == "block":
         nb = -(-k // block_size)
         pad = np.zeros((nb * block_size - k, n), np.float32)
         amax = np.abs(np.concatenate([w, pad])).reshape(nb, block_size, n).max(axis=1)
-        scale = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)
+        scale = _as_stored(np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32), scale_dtype)
         full = np.repeat(scale, block_size, axis=0)[:k]
     else:
         raise ExportError(f"FP8 scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
@@ -94,9 +109,7 @@ def convert_model_dir(model_dir: Path, scheme: str = "channel", block_size: int 
         if not lm_head and node.name.startswith("/lm_head/"):
             continue
         w = numpy_helper.to_array(t)
-        q, scale = quantize_weight(w, scheme, block_size)
-        # the scale's type is DequantizeLinear's output type: the graph's (float16 in the cuda layout)
-        scale = scale.astype(w.dtype).astype(np.float32) if w.dtype != np.float32 else scale
+        q, scale = quantize_weight(w, scheme, block_size, np.float16 if w.dtype == np.float16 else np.float32)
         w = w.astype(np.float32)
         deq = dequantize_weight(q, scale, scheme, block_size)
         err_num += float(np.square(deq - w).sum())
@@ -110,7 +123,7 @@ def convert_model_dir(model_dir: Path, scheme: str = "channel", block_size: int 
         dq_nodes.append(helper.make_node("DequantizeLinear", [qt.name, st.name], [renamed[wname]],
                                          name=(node.name or wname) + "_fp8_DequantizeLinear", **attrs))
         converted += 1
-        n_bytes += q.nbytes + scale.nbytes
+        n_bytes += q.nbytes + st.raw_data.__len__()  # (as stored: float16 scales in the cuda layout)
         del w, q, deq
     if not converted:
         raise ExportError(f"{path}: no float MatMul weights to convert to FP8")

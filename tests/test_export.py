@@ -423,6 +423,41 @@ def test_fp8_rewrite_refuses_graphs_it_cannot_convert(tmp_path):
     assert info.matmuls == 1 and info.relative_weight_error == 0.0
 
 
+def test_fp8_float16_scales_are_the_ones_the_weights_were_divided_by(tmp_path):
+    """(session 56, a review) In the cuda layout FP8 scales are stored in float16: they were rounded after the
+    weights were divided by the float32 scales, and a small column's scale (amax 1.5e-5: a float16 subnormal) no
+    longer matched its FP8 values (73% off as onnxruntime dequantized it). The weights are divided by the float16
+    scale now (at least float16's smallest normal); the record's bytes count the float16 scales as stored."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.fp8 import convert_model_dir
+
+    cols = np.array([0.05, 1e-3, 1e-4, 2e-5, 5e-6], np.float32)
+    for scheme in ("channel", "block"):
+        w = (np.random.default_rng(0).standard_normal((64, 5)).astype(np.float32) * cols).astype(np.float16)
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 5])],
+                              [numpy_helper.from_array(w, "w")])
+        d = tmp_path / scheme
+        d.mkdir()
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+        m.ir_version = 10
+        onnx.save(m, str(d / "model.onnx"))
+        info = convert_model_dir(d, scheme=scheme, block_size=32)
+        stored = [numpy_helper.to_array(t) for t in onnx.load(str(d / "model.onnx")).graph.initializer]
+        assert info.weight_bytes == sum(a.nbytes for a in stored)  # (64 x 5 FP8 bytes + float16 scales)
+        s = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
+        eye = np.eye(64, dtype=np.float16)
+        got = np.concatenate([s.run(None, {"x": eye[i:i + 1]})[0] for i in range(64)]).astype(np.float32)
+        ref = w.astype(np.float32)
+        rel = np.linalg.norm(got - ref, axis=0) / np.linalg.norm(ref, axis=0)
+        assert rel.max() < 0.05, (scheme, rel)  # (0.73 in the smallest column before)
+
+
 def test_compare_int4_script(tiny_bundle, tmp_path):
     """scripts/compare_int4.py quantizes the fp32 target with onnxruntime's algorithms (each in a
     child process) and measures them against the float32 graph; an unknown algorithm is refused."""
@@ -1157,7 +1192,26 @@ def test_a_drafter_layout_the_builder_cannot_make_names_the_drafters_flags(tiny_
                                   str(tiny_dirs["drafter"]), "--drafter-device", "cuda", "--drafter-precision", "fp32"])
     assert r.exit_code == 6 and "the drafter: fp32 has no cuda layout" in r.output, r.output
     assert "--drafter-precision fp16" in r.output and "--target-precision" not in r.output
+    assert "fp8" not in r.output  # (session 56: no drafter precision)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("args, want", [([], "fp32"), (["--device", "cuda"], "fp16"),
+                                        (["--drafter-device", "cuda"], "fp16"),
+                                        (["--device", "cuda", "--drafter-device", "cpu"], "fp32"),
+                                        (["--device", "cuda", "--drafter-precision", "int4"], "int4")])
+def test_the_drafters_default_precision_follows_its_layout(tmp_path, monkeypatch, args, want):
+    """(session 56, a review) `--device cuda` with a drafter was refused unless --drafter-precision was named (its
+    default fp32 has no cuda layout): the default is fp16 for a drafter in the cuda layout. (The export is stubbed:
+    the CLI's choice is tested.)"""
+    import edgespec_export
+
+    got = {}
+    monkeypatch.setattr(edgespec_export, "export_bundle", lambda *a, **kw: got.update(kw) or tmp_path / "b")
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "-o",
+                                  str(tmp_path / "b"), *args])
+    assert r.exit_code == 0, r.output
+    assert got["drafter_precision"] == want
 
 
 def test_an_error_whose_first_line_only_introduces_it_keeps_its_reason():

@@ -318,6 +318,15 @@ def test_placement_verdict_is_remembered(monkeypatch, tmp_path):
     checked = [([CUDA], "1"), ([CUDA, CPU], ""), ([CUDA, CPU], "")]
     open_session(str(model), choice, role="target")
     assert fake.calls == checked
+    # (session 56, a review) the strict attempt, refused by design, logs nothing: its ERROR line was on every GPU
+    # run's first load of a graph; EDGESPEC_ORT_LOG still shows it
+    assert fake.options[0].log_severity_level == 4 and fake.options[2].log_severity_level != 4
+    monkeypatch.setenv("EDGESPEC_ORT_LOG", "1")
+    fake.options.clear()
+    (tmp_path / "fresh.onnx").write_bytes(b"g")
+    open_session(str(tmp_path / "fresh.onnx"), choice, role="target")
+    assert fake.options[0].log_severity_level == 1
+    monkeypatch.delenv("EDGESPEC_ORT_LOG")
     fake.calls.clear()
     open_session(str(model), choice, role="target")
     assert fake.calls == [([CUDA, CPU], "")]  # one session
