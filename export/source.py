@@ -544,8 +544,12 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         theta = value("rope.freq_base")
         # rotary tensors, which transformers' GGUF reading leaves out (it maps no `rope_*` tensor): Llama 3's scaling
         # (`rope_freqs.weight`, a divisor per frequency), LongRoPE's factors (`rope_factors_long/short.weight`)
+        names = {t.name for t in reader.tensors}
         tensors = {t.name: t for t in reader.tensors if t.name.startswith("rope_")}
         freqs = tensors.get("rope_freqs.weight")
+        # what llama.cpp's converter writes and transformers' reading of these families drops (session 56, a review;
+        # each checked against llama.cpp's own logits on the file): the family's own mends, applied to the config
+        mends = _family_mends(arch, value, names)
         freqs = [float(x) for x in freqs.data.reshape(-1)] if freqs is not None else None
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
         return {}
@@ -560,20 +564,32 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     if freqs is not None and scaling != "none":
         raise ExportError(f"{path.name} scales its rotary twice ({arch}.rope.scaling.type {scaling!r} and a "
                           "rope_freqs.weight tensor): export the model's Hugging Face folder instead")
-    partial = isinstance(rotary, int) and isinstance(width, int) and 0 < rotary < width
-    if not head and scaling == "none" and freqs is None and not partial:
+    partial = isinstance(rotary, int) and isinstance(width, int) and 0 < rotary <= width  # (the file's width given)
+    if not head and scaling == "none" and freqs is None and not partial and not mends:
         return {}
     config = AutoConfig.from_pretrained(name, **kw)
     changed = False
+    for field, want in mends.items():
+        if field == "sliding_rope_theta":
+            params = dict(getattr(config, "rope_parameters", None) or {})
+            local = params.get("sliding_attention")
+            if isinstance(local, dict) and local.get("rope_theta") != want:
+                params["sliding_attention"] = {**local, "rope_theta": want}
+                config.rope_parameters = params
+                changed = True
+        elif getattr(config, field, None) != want:
+            setattr(config, field, want)
+            changed = True
     if head and getattr(config, "head_dim", None) not in (None, int(head)):
         config.head_dim = int(head)
         changed = True
-    if partial:
+    if partial:  # (a class default that is not the file's: Phi-3's 1.0 where Phi-4-mini rotates 0.75 of a head)
         params = dict(getattr(config, "rope_parameters", None) or {})
         if any(isinstance(v, dict) for v in params.values()):
-            raise ExportError(f"{path.name} rotates {rotary} of each head's {width} lanes and its model keeps rotary "
-                              "parameters per layer type: export the model's Hugging Face folder instead")
-        if int(width * float(params.get("partial_rotary_factor", 1.0))) != rotary:
+            if rotary < width:
+                raise ExportError(f"{path.name} rotates {rotary} of each head's {width} lanes and its model keeps "
+                                  "rotary parameters per layer type: export the model's Hugging Face folder instead")
+        elif int(width * float(params.get("partial_rotary_factor", 1.0))) != rotary:
             params["partial_rotary_factor"] = rotary / width
             config.rope_parameters = params
             config.partial_rotary_factor = rotary / width  # (the builder reads the attribute)
@@ -613,6 +629,39 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         config.rope_parameters = params
         changed = True
     return {"config": config} if changed else {}
+
+
+def _family_mends(arch: str, value, names: set) -> dict:
+    """Config fields a GGUF of ``arch`` sets (``value(key)``: its ``{arch}.key`` metadata; ``names``: its tensors)
+    that transformers' GGUF reading leaves at the class's defaults: Gemma 2's and 3's attention scale (llama.cpp
+    scales by 1/sqrt(embedding_length / head_count) at the 27B's layer count, 46 and 62, else by the head's width;
+    transformers by its default 256: the 27Bs' heads are 128 wide), Gemma 2's score caps and Gemma 3's final cap and
+    local layers' rotary base, a Llama-architecture file's biases (a "llamafied" Qwen's: the tensors were skipped,
+    the model built without them). ``sliding_rope_theta``: the sliding layers' rope_theta."""
+    out: dict = {}
+    if arch in ("gemma2", "gemma3"):
+        layers, width, heads, key = (value(k) for k in ("block_count", "embedding_length", "attention.head_count",
+                                                         "attention.key_length"))
+        if all(isinstance(x, int) and x > 0 for x in (layers, width, heads)):
+            big = layers == (46 if arch == "gemma2" else 62)
+            scalar = width // heads if big else key
+            if isinstance(scalar, int) and scalar > 0:
+                out["query_pre_attn_scalar"] = scalar
+    if arch == "gemma2":
+        for f, default in (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0)):
+            v = value(f)
+            out[f] = float(v) if isinstance(v, (int, float)) and v > 0 else default  # (llama.cpp's defaults)
+    if arch == "gemma3":
+        v = value("final_logit_softcapping")
+        out["final_logit_softcapping"] = float(v) if isinstance(v, (int, float)) and v > 0 else None
+        v = value("rope.freq_base_swa")
+        out["sliding_rope_theta"] = float(v) if isinstance(v, (int, float)) and v > 0 else 10000.0
+    if arch == "llama":
+        if any(n.startswith("blk.0.attn_") and n.endswith(".bias") for n in names):
+            out["attention_bias"] = True  # (q, k, v and output: one missing is a missing weight, refused on load)
+        if any(n.startswith("blk.0.ffn_") and n.endswith(".bias") for n in names):
+            out["mlp_bias"] = True
+    return out
 
 
 def llama3_factors(theta: float, dim: int, factor: float, low: float, high: float, original: int) -> list[float]:

@@ -787,6 +787,71 @@ def test_a_phi3_gguf_s_partial_rotary_is_kept(tmp_path_factory, monkeypatch):
     assert float((got - ref).abs().max()) < 1e-4
 
 
+def test_a_llama_gguf_s_biases_are_kept(tmp_path_factory):
+    """(session 56, a review) llama.cpp writes a Llama-architecture model's biases (a "llamafied" Qwen's q/k/v/o, an
+    MLP's); transformers built the model without them (attention_bias and mlp_bias left False) and skipped the
+    tensors, so no weight went missing: the export passed every check as another model (argmax agreement 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import tiny
+    from edgespec_export.source import Source, load_model
+
+    root = tmp_path_factory.mktemp("gguf-llama-bias")
+    hf = tiny.make_model(root / "hf", "llama", seed=5, attention_bias=True, mlp_bias=True)
+    with torch.no_grad():  # (random biases: a model's are zero at initialization)
+        ref = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+        for n, p in ref.named_parameters():
+            if n.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.5)
+        ref.save_pretrained(hf)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch="llama")
+    ids = torch.tensor([list(range(5, 45))])
+    with torch.no_grad():
+        got = load_model(Source(str(path), "gguf", path))(ids).logits
+        assert float((got - ref(ids).logits).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_a_gemma_gguf_s_scale_caps_and_local_rotary_are_llamacpps(tmp_path_factory, monkeypatch, arch):
+    """(session 56, a review) llama.cpp scales a Gemma 2/3's attention by 1/sqrt(the head's width), at the 27B's layer
+    count (46, 62) by 1/sqrt(embedding_length / head_count), and transformers' GGUF reading kept its default 256 (the
+    27Bs' heads are 128 wide: logits 1.8 off llama.cpp's, another top token half the time); it also dropped Gemma 2's
+    score caps, Gemma 3's final cap and its local layers' rotary base. The config takes llama.cpp's values now."""
+    import gguf
+
+    import tiny
+    from edgespec_export.source import _gguf_config
+
+    root = tmp_path_factory.mktemp(arch)
+    extra = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16,
+             "tie_word_embeddings": True}
+    if arch == "gemma3":
+        extra["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 50.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}
+    hf = tiny.make_model(root / "hf", arch, seed=3, layers=2, **extra)
+    header = gguf.GGUFWriter.write_header_to_file
+
+    def with_keys(self, *a, **k):
+        if arch == "gemma2":
+            self.add_float32(f"{arch}.attn_logit_softcapping", 5.0)
+            self.add_float32(f"{arch}.final_logit_softcapping", 3.0)
+        else:
+            self.add_float32(f"{arch}.final_logit_softcapping", 3.0)
+            self.add_float32(f"{arch}.rope.freq_base_swa", 20.0)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_keys)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch=arch)
+    cfg = _gguf_config(path, str(root), {"gguf_file": "m.gguf"})["config"]
+    assert cfg.query_pre_attn_scalar == cfg.head_dim == 16  # (the head's width: not the 27B's layer count)
+    assert cfg.final_logit_softcapping == 3.0
+    if arch == "gemma2":
+        assert cfg.attn_logit_softcapping == 5.0
+    else:
+        assert cfg.rope_parameters["sliding_attention"]["rope_theta"] == 20.0
+
+
 def test_a_longrope_rotary_the_builder_leaves_unscaled_is_refused(tmp_path_factory):
     """(session 47, a review) The builder's Llama class builds LongRoPE unscaled (Phi-3's class builds it); the
     rotary check skipped LongRoPE, and an INT4 export passed its validation, another model. LongRoPE is compared per

@@ -379,8 +379,10 @@ def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
         return v.reshape(heads, 2, v.shape[0] // heads // 2, *v.shape[1:]).swapaxes(1, 2).reshape(v.shape)
 
     for k, v in model.state_dict().items():
+        if k == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
+            continue  # (the embedding's: llama.cpp writes no output tensor then)
         v = v.numpy().astype(np.float32)
-        if arch == "llama" and k.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch == "llama" and k.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             v = permute(v, cfg.num_attention_heads if "q_proj" in k else cfg.num_key_value_heads)
         w.add_tensor(names.get_name(k, try_suffixes=(".weight", ".bias")), v)
     tok = AutoTokenizer.from_pretrained(hf_dir)
