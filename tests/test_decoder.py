@@ -14,7 +14,7 @@ from edgespec.memory import MemoryStore
 from edgespec.suffix import SuffixDrafter
 from edgespec.policy import NO_DRAFT, CostModel, RoundPolicy
 from edgespec.sampling import SamplingParams, probs
-from tiny import AltFakeLM, FakeLM, SimClock, numpy_exp_is_libms
+from tiny import AltFakeLM, FakeLM, SimClock, numpy_exp_is_libms, split_runs
 
 
 def run(decoder, prompt, stats=None, **kw):
@@ -237,19 +237,28 @@ def _chi2_crit(df: int, z: float = 3.719) -> float:
     return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
 
 
-def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k, reach: list | None = None):
+def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k, reach: list | None = None,
+                 split: bool = True):
     """Counts of the outputs of ``runs`` seeded generations; ``reach``: each run's deepest draft position verified
     appended (a test of a block's later positions must reach them: at 3 new tokens no round verifies a second draft
-    token, the prefill making the first and a round keeping one more for its bonus)."""
-    counts: dict = {}
-    dec = decoder_factory()
-    for i in range(runs):
-        st = Stats()
-        out, _ = run(dec, prompt, st, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
-                     top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k)
-        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
-        if reach is not None:
-            reach.append(sum(1 for n in st.drafted_by_position if n))
+    token, the prefill making the first and a round keeping one more for its bonus). ``split``: half the runs in a
+    forked child (``tiny.split_runs``: a factory whose decoder records into the test's own objects sees only its
+    half)."""
+    def work(seeds):
+        counts: dict = {}
+        deepest: list = []
+        dec = decoder_factory()
+        for i in seeds:
+            st = Stats()
+            out, _ = run(dec, prompt, st, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
+                         top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k)
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+            deepest.append(sum(1 for n in st.drafted_by_position if n))
+        return counts, deepest
+
+    counts, deepest = split_runs(work, runs) if split else work(range(runs))
+    if reach is not None:
+        reach.extend(deepest)
     return counts
 
 
@@ -1494,14 +1503,19 @@ def test_sampled_decoding_with_tail_dists_and_reused_logits_buffers(wide_tail):
     key1 = by_key(row_p[3])
     key2 = sum(key1[a] * by_key(row_p[a]) for a in range(rows))
     p3 = sum(key2[b] * row_p[b] for b in range(rows))
-    dec = Decoder(FakeLM(vocab, table=table, reuse_buffer=True), (),
-                  drafters=[ModelDrafter(FakeLM(vocab, table=table + np.random.default_rng(3).normal(0, 1.5, table.shape),
-                                                reuse_buffer=True), vocab)])
-    thirds = []
-    for seed in range(3000):
-        cfg = GenerationConfig(max_new_tokens=5, drafter="model", draft_tokens=3, ignore_eos=True, temperature=1.0,
-                               seed=seed)
-        thirds.append([t for step in dec.generate(prompt, cfg) for t in step.tokens][2])
+    def work(seeds):
+        dec = Decoder(FakeLM(vocab, table=table, reuse_buffer=True), (),
+                      drafters=[ModelDrafter(FakeLM(vocab, table=table + np.random.default_rng(3).normal(0, 1.5,
+                                                                                                      table.shape),
+                                                    reuse_buffer=True), vocab)])
+        thirds = []
+        for seed in seeds:
+            cfg = GenerationConfig(max_new_tokens=5, drafter="model", draft_tokens=3, ignore_eos=True,
+                                   temperature=1.0, seed=seed)
+            thirds.append([t for step in dec.generate(prompt, cfg) for t in step.tokens][2])
+        return thirds
+
+    thirds = split_runs(work, 3000)
     edges = [0, 1, 2, 3, 4] + [4 + 600 * r for r in range(1, rows + 1)] + [vocab]
     got = np.asarray(thirds)
     counts = np.array([np.count_nonzero((got >= a) & (got < b)) for a, b in zip(edges, edges[1:])])
@@ -1887,7 +1901,6 @@ def test_sampled_hinted_model_drafts_follow_the_target_distribution(cls, sp, exa
     vocab, n_tokens, runs = 4, 4, 4000
     prompt = [1, 2, 1, 2, 1]
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
-    hinted = []
 
     def factory():
         target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
@@ -1901,14 +1914,14 @@ def test_sampled_hinted_model_drafts_follow_the_target_distribution(cls, sp, exa
             if k <= 0:
                 return Choice(None)
             hint = (int(ctx[-1]) % vocab, (int(ctx[-2]) + 1) % vocab)[:k]  # a fixed function of the context
-            hinted.append(1)
             return Choice(md, k, "model", hint=hint)
 
         dec.policy.choose = choose
         return dec
 
-    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, "model", None)
-    assert len(hinted) >= runs  # every generation drafted with a hint
+    reach: list = []
+    counts = _sample_runs(factory, prompt, n_tokens, sp, runs, "model", None, reach)
+    assert min(reach) >= 1  # every generation drafted, each draft with a hint (the policy's only choice)
     stat, df = _chi2(counts, exact, runs)
     if exact_ok:
         assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
@@ -2044,20 +2057,23 @@ def _everywhere(monkeypatch):
 def _alt_runs(vocab, prompt, n_tokens, sp, runs, k, noise=1.0):
     """Seeded sampled generations of a target that verifies alternates (AltFakeLM) with a noisy model
     drafter: (counts of the outputs, alternates verified, alternates kept)."""
-    counts, verified, kept = {}, 0, 0
-    target = AltFakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
-    dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, noise, target.table.shape),
-                reuse_buffer=True)
-    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
-    assert dec.policy.use_alternates  # (on: the target's verify rows are cheap)
-    for i in range(runs):
-        st = Stats()
-        out, _ = run(dec, prompt, st, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
-                     top_p=sp.top_p, seed=i, drafter="model", draft_tokens=k)
-        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
-        verified += st.alternates
-        kept += st.alternates_kept
-    return counts, verified, kept
+    def work(seeds):
+        counts, verified, kept = {}, 0, 0
+        target = AltFakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, noise, target.table.shape),
+                    reuse_buffer=True)
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
+        assert dec.policy.use_alternates  # (on: the target's verify rows are cheap)
+        for i in seeds:
+            st = Stats()
+            out, _ = run(dec, prompt, st, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
+                         top_p=sp.top_p, seed=i, drafter="model", draft_tokens=k)
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+            verified += st.alternates
+            kept += st.alternates_kept
+        return counts, verified, kept
+
+    return split_runs(work, runs)
 
 
 @pytest.mark.parametrize("vocab, n_tokens, sp, k, noise", [

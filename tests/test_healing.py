@@ -19,7 +19,7 @@ from edgespec.errors import ConfigError
 from edgespec.healing import Healer, HealConstraint
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, make, run
-from tiny import FakeLM
+from tiny import FakeLM, split_runs
 
 TABLE = [b"a", b"ab", b"b", b"ba", b"", b"abb"]  # token 4: special (never heals)
 
@@ -85,15 +85,20 @@ def _exact(prompt, n, sp, need):
 
 
 def _counts(sp, runs, drafter, need=b"abb", prompt=(1, 2, 1, 2, 1)):
-    target = FakeLM(6, seed=7, sharpness=1.0, reuse_buffer=True)
-    dl = FakeLM(6, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape), reuse_buffer=True)
-    dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6), PromptLookupDrafter()])
-    dec.healer = lambda: Healer(TABLE)
-    counts: dict = {}
-    for i in range(runs):
-        out, _ = run(dec, list(prompt), max_new_tokens=4, temperature=sp.temperature, top_k=sp.top_k,
-                     top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=2, heal=need)
-        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    def work(seeds):
+        target = FakeLM(6, seed=7, sharpness=1.0, reuse_buffer=True)
+        dl = FakeLM(6, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                    reuse_buffer=True)
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6), PromptLookupDrafter()])
+        dec.healer = lambda: Healer(TABLE)
+        counts: dict = {}
+        for i in seeds:
+            out, _ = run(dec, list(prompt), max_new_tokens=4, temperature=sp.temperature, top_k=sp.top_k,
+                         top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=2, heal=need)
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        return counts
+
+    counts = split_runs(work, runs)
     # (4 new tokens: a round verifies two draft tokens, at 3 only one; session 55, a review)
     return _chi2(counts, _exact(list(prompt), 4, sp, need), runs)
 

@@ -15,7 +15,7 @@ from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import ConfigError
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, make, run, suffix_drafter
-from tiny import FakeLM
+from tiny import FakeLM, split_runs
 
 PROMPT = [1, 2, 1, 2, 1]
 SETTINGS = [dict(frequency_penalty=1.5), dict(presence_penalty=2.0), dict(repetition_penalty=1.8),
@@ -76,18 +76,23 @@ def _counts(sp, pen, runs, drafter, k=2, n=4):
     from edgespec.decoder import Stats
 
     vocab = 4
-    target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
-    dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
-                reuse_buffer=True)
-    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(), suffix_drafter(vocab, 7)])
-    counts: dict = {}
-    deep = 0
-    for i in range(runs):
-        st = Stats()
-        out, _ = run(dec, PROMPT, st, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                     seed=i, drafter=drafter, draft_tokens=k, **pen)
-        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
-        deep += len(st.drafted_by_position) > 1 and st.drafted_by_position[1] > 0
+
+    def work(seeds):
+        target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                    reuse_buffer=True)
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter(), suffix_drafter(vocab, 7)])
+        counts: dict = {}
+        deep = 0
+        for i in seeds:
+            st = Stats()
+            out, _ = run(dec, PROMPT, st, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k,
+                         top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k, **pen)
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+            deep += len(st.drafted_by_position) > 1 and st.drafted_by_position[1] > 0
+        return counts, deep
+
+    counts, deep = split_runs(work, runs)
     assert deep >= runs // 20, deep  # blocks of two draft tokens verified
     return _chi2(counts, _exact(FakeLM(vocab, seed=7, sharpness=1.0), PROMPT, n, sp, pen), runs)
 

@@ -17,7 +17,7 @@ from edgespec.kv import TokenBuffer
 from edgespec.prediction import PredictionDrafter, prediction_usage
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, _exact_sequence_probs, make, run, suffix_drafter
-from tiny import FakeLM, SimClock
+from tiny import FakeLM, SimClock, split_runs
 
 
 def _drafter(pred, prompt):
@@ -187,15 +187,19 @@ def test_a_perfect_prediction_needs_few_target_calls():
 def _sampled_counts(sp, runs, pred, drafter="prediction", k=2):
     vocab, n_tokens, prompt = 4, 3, [1, 2, 1, 2, 1]
 
-    target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
-    dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
-                reuse_buffer=True)
-    dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter()])
-    counts: dict = {}
-    for i in range(runs):
-        out, _ = run(dec, prompt, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
-                     top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k, prediction=pred)
-        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    def work(seeds):
+        target = FakeLM(vocab, seed=7, sharpness=1.0, reuse_buffer=True)
+        dl = FakeLM(vocab, table=target.table + np.random.default_rng(3).normal(0, 1.0, target.table.shape),
+                    reuse_buffer=True)
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab), PromptLookupDrafter()])
+        counts: dict = {}
+        for i in seeds:
+            out, _ = run(dec, prompt, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
+                         top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k, prediction=pred)
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        return counts
+
+    counts = split_runs(work, runs)
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     return _chi2(counts, exact, runs)
 

@@ -17,7 +17,7 @@ from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import ConfigError, EdgespecError
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, run
-from tiny import FakeLM
+from tiny import FakeLM, split_runs
 
 pytest.importorskip("llguidance")
 
@@ -112,15 +112,19 @@ def test_greedy_output_held_to_the_grammar_is_the_same_under_every_drafter():
 
 def _counts(sp, runs, drafter, k=3, n=4):
     """At 4 new tokens a round verifies two draft tokens and their masks (at 3 only one; session 55, a review)."""
-    dec = make()
-    counts: dict = {}
-    deep = 0
-    for i in range(runs):
-        st = Stats()
-        out, _ = run(dec, PROMPT, st, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                     seed=i, drafter=drafter, draft_tokens=k, grammar="g")
-        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
-        deep += len(st.drafted_by_position) > 1 and st.drafted_by_position[1] > 0
+    def work(seeds):
+        dec = make()
+        counts: dict = {}
+        deep = 0
+        for i in seeds:
+            st = Stats()
+            out, _ = run(dec, PROMPT, st, max_new_tokens=n, temperature=sp.temperature, top_k=sp.top_k,
+                         top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k, grammar="g")
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+            deep += len(st.drafted_by_position) > 1 and st.drafted_by_position[1] > 0
+        return counts, deep
+
+    counts, deep = split_runs(work, runs)
     # blocks of two draft tokens verified (prompt lookup finds no two-token copy in this prompt under the grammar)
     assert deep >= runs // 20 or drafter == "prompt-lookup", deep
     return _chi2(counts, exact_masked(PROMPT, n, sp), runs)

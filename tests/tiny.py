@@ -180,6 +180,76 @@ class AltFakeLM(FakeLM):
         return np.argmax(out, axis=-1) if argmax else out
 
 
+def split_runs(work, runs: int, timeout: float = 600.0):
+    """``work(seeds)``'s result over the seeds ``range(runs)``, the upper half run in a forked child on the other
+    core: the statistical tests' thousands of seeded generations are pure Python on one core, a CI machine's second
+    idle (their ~290 s of the suite's time). Results merge: dicts of counts add up, numbers add, lists join, tuples
+    merge member by member. Each half builds its own decoder (``work`` does), so the two halves' drafters learn from
+    different runs: every seeded run must follow the target's distribution whatever its drafter holds. A failure in
+    the child is raised here; a child that has not answered in ``timeout`` seconds is killed and fails the test."""
+    import os
+    import pickle
+    import select
+    import signal
+    import time
+
+    half = runs // 2
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its half, its result down the pipe, out without pytest's teardown
+        code = 0
+        try:
+            os.close(r)
+            try:
+                out = ("ok", work(range(half, runs)))
+            except BaseException as e:  # noqa: BLE001 - said in the parent
+                out = ("error", f"{type(e).__name__}: {e}")
+            data = pickle.dumps(out)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        mine = work(range(half))
+        chunks, deadline = [], time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise AssertionError(f"the forked half of the runs did not answer in {timeout:.0f} s")
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    status, theirs = pickle.loads(b"".join(chunks)) if chunks else ("error", "the child exited without a result")
+    if status != "ok":
+        raise AssertionError(f"the forked half of the runs failed: {theirs}")
+    return _merge(mine, theirs)
+
+
+def _merge(a, b):
+    if isinstance(a, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = _merge(out[k], v) if k in out else v
+        return out
+    if isinstance(a, list):
+        return a + b
+    if isinstance(a, tuple):
+        return tuple(_merge(x, y) for x, y in zip(a, b))
+    return a + b
+
+
 def numpy_exp_is_libms() -> bool:
     """Whether numpy's float64 exp gives the C library's bits here (on CPUs with AVX-512 numpy uses its
     own vectorized exp, which differs from glibc's by an ulp on some inputs)."""
