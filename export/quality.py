@@ -25,24 +25,34 @@ def _finite(x: float, digits: int) -> float | None:
     return round(float(x), digits) if np.isfinite(x) else None
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
+def _softmax_parts(x: np.ndarray):
+    """(row maxima, exp(x - max), each row's sum of them in float64, the rows' log-sum-exp in float64): a
+    log-softmax's parts without a float64 copy of the logits (float32 exponentials, sums and constants in float64)."""
+    x = np.asarray(x, dtype=np.float32)
     m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+    e = np.exp(x - m)
+    s = e.sum(-1, dtype=np.float64)
+    return e, s, m[:, 0].astype(np.float64) + np.log(s)
 
 
 def score(pairs) -> dict:
     """Teacher-forced comparison of two models on token sequences: ``pairs`` yields ``(ids,
     reference logits, logits)``, each logits ``[len(ids), vocab]``. Returns both perplexities, the
-    top-1 agreement over every position, the mean KL(reference || other) and the tokens scored."""
+    top-1 agreement over every position, the mean KL(reference || other) and the tokens scored.
+    (log p = x - lse(x); KL = sum p (r - g) - lse(r) + lse(g), p summing to 1: the whole log-softmaxes in float64
+    took ~1.4 s a text at a 49k vocabulary, ~90% of an export's quality step; this form agrees to ~1e-8.)"""
     nll_r = nll_g = kl = 0.0
     n = agree = positions = 0
     for ids, ref, got in pairs:
-        lr, lg = _log_softmax(ref[:-1]), _log_softmax(got[:-1])
+        r = np.asarray(ref[:-1], dtype=np.float32)
+        g = np.asarray(got[:-1], dtype=np.float32)
+        er, sr, lse_r = _softmax_parts(r)
+        _, _, lse_g = _softmax_parts(g)
         tgt = np.array(ids[1:])
-        nll_r -= lr[np.arange(len(tgt)), tgt].sum()
-        nll_g -= lg[np.arange(len(tgt)), tgt].sum()
-        kl += (np.exp(lr) * (lr - lg)).sum()
+        rows = np.arange(len(tgt))
+        nll_r -= float((r[rows, tgt].astype(np.float64) - lse_r).sum())
+        nll_g -= float((g[rows, tgt].astype(np.float64) - lse_g).sum())
+        kl += float(((er * (r - g)).sum(-1, dtype=np.float64) / sr - lse_r + lse_g).sum())
         agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
         n += len(tgt)
         positions += len(ids)
