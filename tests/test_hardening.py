@@ -1014,7 +1014,8 @@ def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
     assert run("info", str(tiny_bundle)).exit_code == 1  # (not a Ctrl-C: still the bug it is)
 
 
-def test_a_sigterm_while_the_replaced_bundle_is_removed_ends_the_export_as_done(tiny_dirs, tmp_path):
+def test_a_sigterm_while_the_replaced_bundle_is_removed_ends_the_export_as_done(tiny_dirs, tiny_llama_bundle,
+                                                                                tmp_path):
     """(session 54, the diff's review) The replaced bundle is removed once the new one is in place, outside the
     export's SIGTERM guard: a SIGTERM there killed the process (no line, the old tree half removed) where the export
     was done. It is held until the removal ends; the export ends as it would have."""
@@ -1029,9 +1030,10 @@ def remove_tree(p):
     real(p)
 output.remove_tree = remove_tree
 out = {str(tmp_path / 'b')!r}
-export_bundle({str(tiny_dirs['qwen2'])!r}, out, target_precision="fp32", quality=False)
 export_bundle({str(tiny_dirs['qwen2'])!r}, out, target_precision="fp32", quality=False, force=True)
 print("done", sorted(os.listdir({str(tmp_path)!r})))
 """
+    shutil.copytree(tiny_llama_bundle, tmp_path / "b")  # (the bundle replaced: one export in the child, not two)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "done ['b']", (r.returncode, r.stdout, r.stderr[-2000:])
+    assert (tmp_path / "b" / "edgespec.json").read_text() != (tiny_llama_bundle / "edgespec.json").read_text()
