@@ -109,11 +109,16 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
         so.log_severity_level = 4
     so.add_session_config_entry(NO_CPU_FALLBACK, "1")
     try:
-        return ort.InferenceSession(str(path), so, providers=[n for n, _ in gpu],
-                                    provider_options=[o for _, o in gpu])
+        strict = ort.InferenceSession(str(path), so, providers=[n for n, _ in gpu],
+                                      provider_options=[o for _, o in gpu])
     except Exception as e:  # noqa: BLE001 - onnxruntime's own untyped errors
         if _REFUSED not in str(e):
             raise
+    else:  # every node on the GPU: kept, unless its log was silenced above (opened again at the session's level)
+        if so.log_severity_level == make_options().log_severity_level:
+            return strict
+        del strict
+        return plain(gpu)
     session, placements = _placements(path, make_options, gpu + [(CPU, {})])
     started = not gpu or gpu[0][0] in session.get_providers()
     on_cpu = placements.get(CPU, [])

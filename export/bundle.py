@@ -478,7 +478,7 @@ def export_bundle(target: str, out: str | os.PathLike, **kw) -> Path:
 
 
 def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None = None,
-                  target_precision: str = "int4", drafter_precision: str = "fp32",
+                  target_precision: str = "int4", drafter_precision: str | None = None,
                   max_context: int | None = None, quant: QuantOptions | None = None,
                   drafter_quant: QuantOptions | None = None, force: bool = False, quality: bool = True,
                   device: str = "cpu", drafter_device: str | None = None, drafter_vocab: int = 0,
@@ -494,6 +494,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     ``force``'s old bundle was gone already)."""
     if target_precision not in TARGET_PRECISIONS:
         raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
+    # (None: fp32, fp16 for a drafter in the cuda layout, which has no fp32; as the CLI's default)
+    drafter_precision = drafter_precision or ("fp16" if (drafter_device or device) == "cuda" else "fp32")
     if drafter_precision not in DRAFTER_PRECISIONS:
         raise ExportError(f"--drafter-precision must be one of {', '.join(DRAFTER_PRECISIONS)}")
     drafter_device = drafter_device or device

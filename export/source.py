@@ -549,8 +549,10 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         freqs = tensors.get("rope_freqs.weight")
         # what llama.cpp's converter writes and transformers' reading of these families drops (session 56, a review;
         # each checked against llama.cpp's own logits on the file): the family's own mends, applied to the config
-        mends = _family_mends(arch, value, names)
+        mends = _family_mends(arch, value, names, path.name)
         freqs = [float(x) for x in freqs.data.reshape(-1)] if freqs is not None else None
+    except ExportError:
+        raise
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
         return {}
     other = sorted(n for n in tensors if n != "rope_freqs.weight")
@@ -631,7 +633,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     return {"config": config} if changed else {}
 
 
-def _family_mends(arch: str, value, names: set) -> dict:
+def _family_mends(arch: str, value, names: set, file: str = "the file") -> dict:
     """Config fields a GGUF of ``arch`` sets (``value(key)``: its ``{arch}.key`` metadata; ``names``: its tensors)
     that transformers' GGUF reading leaves at the class's defaults: Gemma 2's and 3's attention scale (llama.cpp
     scales by 1/sqrt(embedding_length / head_count) at the 27B's layer count, 46 and 62, else by the head's width;
@@ -656,11 +658,16 @@ def _family_mends(arch: str, value, names: set) -> dict:
         out["final_logit_softcapping"] = float(v) if isinstance(v, (int, float)) and v > 0 else None
         v = value("rope.freq_base_swa")
         out["sliding_rope_theta"] = float(v) if isinstance(v, (int, float)) and v > 0 else 10000.0
-    if arch == "llama":
-        if any(n.startswith("blk.0.attn_") and n.endswith(".bias") for n in names):
-            out["attention_bias"] = True  # (q, k, v and output: one missing is a missing weight, refused on load)
-        if any(n.startswith("blk.0.ffn_") and n.endswith(".bias") for n in names):
-            out["mlp_bias"] = True
+    if arch == "llama":  # (transformers' Llama takes biases on all of a block's projections or none)
+        for field, what, parts in (("attention_bias", "attention", ("attn_q", "attn_k", "attn_v", "attn_output")),
+                                   ("mlp_bias", "MLP", ("ffn_gate", "ffn_up", "ffn_down"))):
+            have = [p for p in parts if f"blk.0.{p}.bias" in names]
+            if have and len(have) < len(parts):
+                raise ExportError(f"{file}'s {what} has biases on {', '.join(have)} only, and transformers' Llama "
+                                  "takes them on all its projections or none: export the model's Hugging Face "
+                                  "folder instead")
+            if have:
+                out[field] = True
     return out
 
 

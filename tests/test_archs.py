@@ -810,6 +810,21 @@ def test_a_llama_gguf_s_biases_are_kept(tmp_path_factory):
     with torch.no_grad():
         got = load_model(Source(str(path), "gguf", path))(ids).logits
         assert float((got - ref(ids).logits).abs().max()) < 1e-4
+    # q, k and v biases without an output one (a llamafied Qwen's): transformers' Llama cannot hold them; said so,
+    # not "weights missing from the file"
+    import gguf
+
+    from edgespec.errors import ExportError
+
+    real = gguf.GGUFWriter.add_tensor
+    try:
+        gguf.GGUFWriter.add_tensor = lambda self, name, *a, **k: (None if name.endswith("attn_output.bias")
+                                                                  else real(self, name, *a, **k))
+        path = tiny.write_gguf(hf, root / "qkv.gguf", arch="llama")
+    finally:
+        gguf.GGUFWriter.add_tensor = real
+    with pytest.raises(ExportError, match="qkv.gguf's attention has biases on attn_q, attn_k, attn_v only"):
+        load_model(Source(str(path), "gguf", path))
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

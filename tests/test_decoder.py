@@ -2218,7 +2218,7 @@ def test_the_width_policy_pads_the_calls_at_the_context_end_too():
     # whole pad, too little room after for it: both at once (the call ran unpadded, one token wide)
     t = FakeLM(6, 5, min_width=4)
     t.prefill([1, 2])
-    assert t.forward([3]).shape[0] == 1 and t.last_width == 4 and t.length == 3  # (2 back, 1 pad after)
+    assert t.forward([3]).shape[0] == 1 and t.last_width == 4 and t.length == 3  # (1 back, 2 pad after)
     for seed in range(40):
         ctx = 5 + seed % 3
         ref = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1], max_new_tokens=50, drafter="none")

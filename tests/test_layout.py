@@ -346,6 +346,27 @@ def test_placement_verdict_is_remembered(monkeypatch, tmp_path):
             open_session(str(other), choice, role="target")
 
 
+def test_a_graph_all_on_the_gpu_is_kept_at_the_sessions_log_level(monkeypatch, tmp_path):
+    """(session 56, the diff's review) The strict attempt is opened with its log silenced (its refusal is expected);
+    a graph whose every node the GPU takes is opened again at the session's own level, not kept silenced."""
+    import onnxruntime as ort
+
+    monkeypatch.delenv("EDGESPEC_ORT_LOG", raising=False)
+    fake = _FakeOrt([])
+    monkeypatch.setattr(ort, "InferenceSession", fake.session)
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"graph")
+
+    def options():
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        return so
+
+    placement.open_on_gpu(str(model), options, [(CUDA, {})], "target")
+    assert fake.calls == [([CUDA], "1"), ([CUDA], "")]
+    assert [so.log_severity_level for so in fake.options] == [4, 3]
+
+
 def test_placement_log_is_parsed():
     log = "\n".join([
         "2026 [V:onnxruntime:, session_state.cc:1598 VerifyEachNodeIsAssignedToAnEp] Node placements",

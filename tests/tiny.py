@@ -213,6 +213,7 @@ def split_runs(work, runs: int, timeout: float = 600.0):
         finally:
             os._exit(code)
     os.close(w)
+    answered = False
     try:
         mine = work(range(half))
         chunks, deadline = [], time.monotonic() + timeout
@@ -223,10 +224,16 @@ def split_runs(work, runs: int, timeout: float = 600.0):
                 raise AssertionError(f"the forked half of the runs did not answer in {timeout:.0f} s")
             chunk = os.read(r, 1 << 16)
             if not chunk:
+                answered = True
                 break
             chunks.append(chunk)
     finally:
         os.close(r)
+        if not answered:  # (this half failed or was stopped: the child's half is not waited for)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
