@@ -428,12 +428,13 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
         # warm-up: the first calls of a session allocate and pick kernels, each width's and each model's (the
         # drafter's): a warm-up of plain decoding alone left them to the first runner that drafts, timed there (the
         # first runner listed in --drafters lost up to 3-6x on its first prompt; session 56, a review). Every
-        # runner once, on the engine's own state, which the runners' copies above do not see
+        # runner once, sampling as the bench does, on the engine's own state, which the runners' copies above do
+        # not see
         for d in order:
             name, k, bound = parsed.get(d, ("none", None, None))
             engine.reset()
             list(engine.stream_ids(tok.encode("Hello, world. Hello, world."), max_new_tokens=8, drafter=name,
-                                   draft_tokens=k, max_draft_tokens=bound))
+                                   draft_tokens=k, max_draft_tokens=bound, temperature=temperature, top_p=top_p))
         with mem:
             _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)

@@ -853,6 +853,11 @@ def test_each_runner_learns_from_its_own_runs_only(tiny_bundle):
         assert gens == [found, found + 1, found + 2], (name, gens)  # which saw its own generations only
     assert len({seen[n][0][0] for n in ("none", "model", "prompt-lookup", "auto")}) == 4
     assert eng.decoder.policy is own
+    # the warm-ups sample as the bench does (a sampled bench's first runner paid its sampler's first calls)
+    temps = []
+    eng.stream_ids = lambda ids, **kw: temps.append(kw.get("temperature")) or real(ids, **kw)
+    run_bench(eng, prompts[:1], ["prompt-lookup"], max_new_tokens=4, temperature=0.7, log=lambda s: None)
+    assert temps == [0.7] * 4, temps  # (two warm-ups, two runs)
 
 
 def test_a_prompt_the_context_cannot_hold_is_left_out_named_and_the_others_reported(tiny_bundle, tmp_path):
