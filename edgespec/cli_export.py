@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS
+from .manifest import DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, default_drafter_precision
 
 
 # --kv-dtype's help, for export --exact-kernels and exact-kernels alike
@@ -96,7 +96,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
              if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT}
     # (the cuda layout has no fp32: `--device cuda` with a drafter was refused unless a precision was named; session
     # 56, a review)
-    drafter_precision = drafter_precision or ("fp16" if (drafter_device or device) == "cuda" else "fp32")
+    drafter_precision = drafter_precision or default_drafter_precision(drafter_device or device)
     if drafter is not None and not drafter.strip():  # (an empty variable in a script: exported without a drafter)
         raise click.UsageError("--drafter is empty: give the drafter model (an HF directory, .gguf file or hub id)")
     for flag, differs in (("--drafter-block-size", drafter_block_size != 32 or "drafter_block_size" in given),

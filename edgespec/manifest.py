@@ -32,6 +32,11 @@ DRAFTER_PRECISIONS = ("fp32", "fp16", "int8", "int4")
 LAYOUTS = ("cpu", "cuda")
 
 
+def default_drafter_precision(layout: str) -> str:
+    """A drafter's precision where none is asked for: fp32, fp16 in the cuda layout (which has no fp32)."""
+    return "fp16" if layout == "cuda" else "fp32"
+
+
 def _is(v: Any, kind: Any) -> bool:
     """``v`` is of ``kind``: a type (bool is no int, an int is a float), 'ints' (a list of
     integers), 'floats' (an object of numbers) or 'counts' (an object of integers)."""

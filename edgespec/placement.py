@@ -103,7 +103,8 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
         log.info(f"{role}: placement known (the int64 mask nodes on the CPU, the rest on {gpu[0][0]})")
         return plain(gpu + [(CPU, {})])
     so = make_options()
-    if not os.environ.get("EDGESPEC_ORT_LOG", "").strip():
+    silenced = not os.environ.get("EDGESPEC_ORT_LOG", "").strip()
+    if silenced:
         # (onnxruntime's refusal of this strict attempt, expected for every builder graph, is handled below; at the
         # GPU's log level it printed an ERROR line on loads that succeeded: the GPU runs' logs; session 56, a review)
         so.log_severity_level = 4
@@ -115,7 +116,7 @@ def open_on_gpu(path, make_options, providers: list[tuple[str, dict]], role: str
         if _REFUSED not in str(e):
             raise
     else:  # every node on the GPU: kept, unless its log was silenced above (opened again at the session's level)
-        if so.log_severity_level == make_options().log_severity_level:
+        if not silenced:
             return strict
         del strict
         return plain(gpu)

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
-                               Quantization, sha256_file, write_manifest)
+                               Quantization, default_drafter_precision, sha256_file, write_manifest)
 
 from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_replaced,
                      terminate_cleanly)
@@ -494,8 +494,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     ``force``'s old bundle was gone already)."""
     if target_precision not in TARGET_PRECISIONS:
         raise ExportError(f"--target-precision must be one of {', '.join(TARGET_PRECISIONS)}")
-    # (None: fp32, fp16 for a drafter in the cuda layout, which has no fp32; as the CLI's default)
-    drafter_precision = drafter_precision or ("fp16" if (drafter_device or device) == "cuda" else "fp32")
+    drafter_precision = drafter_precision or default_drafter_precision(drafter_device or device)  # (as the CLI's)
     if drafter_precision not in DRAFTER_PRECISIONS:
         raise ExportError(f"--drafter-precision must be one of {', '.join(DRAFTER_PRECISIONS)}")
     drafter_device = drafter_device or device

@@ -123,7 +123,7 @@ def convert_model_dir(model_dir: Path, scheme: str = "channel", block_size: int 
         dq_nodes.append(helper.make_node("DequantizeLinear", [qt.name, st.name], [renamed[wname]],
                                          name=(node.name or wname) + "_fp8_DequantizeLinear", **attrs))
         converted += 1
-        n_bytes += q.nbytes + st.raw_data.__len__()  # (as stored: float16 scales in the cuda layout)
+        n_bytes += q.nbytes + len(st.raw_data)  # (as stored: float16 scales in the cuda layout)
         del w, q, deq
     if not converted:
         raise ExportError(f"{path}: no float MatMul weights to convert to FP8")

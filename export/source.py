@@ -587,7 +587,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         changed = True
     if partial:  # (a class default that is not the file's: Phi-3's 1.0 where Phi-4-mini rotates 0.75 of a head)
         params = dict(getattr(config, "rope_parameters", None) or {})
-        if any(isinstance(v, dict) for v in params.values()):
+        if _per_layer_type(params):
             if rotary < width:
                 raise ExportError(f"{path.name} rotates {rotary} of each head's {width} lanes and its model keeps "
                                   "rotary parameters per layer type: export the model's Hugging Face folder instead")
@@ -598,7 +598,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
             changed = True
     if freqs is not None:
         params = dict(getattr(config, "rope_parameters", None) or {})
-        if any(isinstance(v, dict) for v in params.values()):
+        if _per_layer_type(params):
             raise ExportError(f"{path.name} scales its rotary (rope_freqs.weight) and its model keeps rotary "
                               "parameters per layer type: export the model's Hugging Face folder instead")
         theta = float(theta or params.get("rope_theta") or 10000.0)
@@ -623,7 +623,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         params = dict(getattr(config, "rope_parameters", None) or {})
         if isinstance(params.get("full_attention"), dict):  # (per layer type, Gemma 3's: llama.cpp's scaling is the
             params["full_attention"] = {**params["full_attention"], **got, "rope_type": scaling}  # global layers')
-        elif any(isinstance(v, dict) for v in params.values()):
+        elif _per_layer_type(params):
             raise ExportError(f"{path.name} scales its rotary ({scaling}) and its model keeps rotary parameters per "
                               f"layer type ({', '.join(params)}): which layers the scaling is for is not known")
         else:
@@ -631,6 +631,12 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         config.rope_parameters = params
         changed = True
     return {"config": config} if changed else {}
+
+
+def _per_layer_type(params: dict) -> bool:
+    """Whether transformers keeps these rotary parameters per layer type (Gemma 3's ``full_attention`` and
+    ``sliding_attention``), not one set for every layer."""
+    return any(isinstance(v, dict) for v in params.values())
 
 
 def _family_mends(arch: str, value, names: set, file: str = "the file") -> dict:
