@@ -246,8 +246,9 @@ def requested_providers(manifest, profile, provider: str | None = None, drafter_
     a profile's providers this onnxruntime lacks are left out, with choose()'s warning; without (``edgespec plan``,
     which may plan for another machine) they stay."""
     for asked in (provider, drafter_provider):
-        if asked:  # one this onnxruntime lacks is that error first (install onnxruntime-gpu)
-            choose([asked], explicit=True)
+        if asked:  # an unknown name is an error; here, one this onnxruntime lacks too (install onnxruntime-gpu);
+            # `edgespec plan` without --measure may plan for another machine's (it says so)
+            choose([asked], explicit=True) if here else canonical(asked)
     # (here: a GPU profile on a CPU-only onnxruntime planned a GPU's runtime and no prompt cache, then ran on the
     # CPU under that plan)
     target = [provider] if provider else (_runnable if here else list)(list(profile.providers))

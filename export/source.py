@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -512,7 +513,8 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     with transformers' equally unscaled one), Llama 3's scaling (llama.cpp writes it as a ``rope_freqs.weight``
     tensor, which transformers leaves out: Llama 3.1/3.2 GGUFs were exported unscaled; session 56, a review) and a
     partial rotary's width (``{arch}.rope.dimension_count``, which transformers drops for Phi-3: a Phi-4-mini-style
-    GGUF was exported rotating whole heads); ExportError for a scaling edgespec cannot keep (LongRoPE's tensors); {} where nothing needs
+    GGUF was exported rotating whole heads) and LongRoPE's factors (``rope_factors_long/short.weight``, which
+    transformers leaves out too: refused until session 57); ExportError for a scaling edgespec cannot keep; {} where nothing needs
     mending or the file's fields cannot be read (transformers then says what it says)."""
     from transformers import AutoConfig
 
@@ -551,23 +553,37 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         # each checked against llama.cpp's own logits on the file): the family's own mends, applied to the config
         mends = _family_mends(arch, value, names, path.name)
         freqs = [float(x) for x in freqs.data.reshape(-1)] if freqs is not None else None
+        # LongRoPE's (Phi-3.5-mini, Phi-4-mini): llama.cpp's converter writes the factors as these two tensors, the
+        # original context as rope.scaling.original_context_length and the attention factor as
+        # rope.scaling.attn_factor (no rope.scaling.type)
+        longrope = {k: [float(x) for x in tensors[f"rope_factors_{k}.weight"].data.reshape(-1)]
+                    for k in ("long", "short") if f"rope_factors_{k}.weight" in tensors}
+        attn_factor = value("rope.scaling.attn_factor")
     except ExportError:
         raise
     except Exception:  # noqa: BLE001 - transformers reads the file next and says what is wrong with it
         return {}
-    other = sorted(n for n in tensors if n != "rope_freqs.weight")
+    other = sorted(n for n in tensors if n not in ("rope_freqs.weight", "rope_factors_long.weight",
+                                                   "rope_factors_short.weight"))
     if other:
-        raise ExportError(f"{path.name} holds rotary factors ({', '.join(other)}: LongRoPE's), which transformers' GGUF "
-                          "reading leaves out: export the model's Hugging Face folder instead")
+        raise ExportError(f"{path.name} holds rotary tensors edgespec does not know ({', '.join(other)}), which "
+                          "transformers' GGUF reading leaves out: export the model's Hugging Face folder instead")
+    if longrope and (len(longrope) < 2 or len(longrope["long"]) != len(longrope["short"])
+                     or not rope["original_max_position_embeddings"]):
+        raise ExportError(f"{path.name} holds LongRoPE's rotary factors without both tables of one length and the "
+                          f"original context ({arch}.rope.scaling.original_context_length): export the model's Hugging "
+                          "Face folder instead")
     scaling = str(scaling or "none").lower()
     if scaling not in ("none", "linear", "yarn"):
         raise ExportError(f"{path.name} scales its rotary by {scaling!r} ({arch}.rope.scaling.type), which transformers' "
                           "GGUF reading does not keep: export the model's Hugging Face folder instead")
-    if freqs is not None and scaling != "none":
-        raise ExportError(f"{path.name} scales its rotary twice ({arch}.rope.scaling.type {scaling!r} and a "
-                          "rope_freqs.weight tensor): export the model's Hugging Face folder instead")
+    if sum((freqs is not None, scaling != "none", bool(longrope))) > 1:
+        raise ExportError(f"{path.name} scales its rotary twice ({arch}.rope.scaling.type {scaling!r}"
+                          f"{', a rope_freqs.weight tensor' if freqs is not None else ''}"
+                          f"{', LongRoPE factor tensors' if longrope else ''}): export the model's Hugging Face "
+                          "folder instead")
     partial = isinstance(rotary, int) and isinstance(width, int) and 0 < rotary <= width  # (the file's width given)
-    if not head and scaling == "none" and freqs is None and not partial and not mends:
+    if not head and scaling == "none" and freqs is None and not longrope and not partial and not mends:
         return {}
     config = AutoConfig.from_pretrained(name, **kw)
     changed = False
@@ -611,6 +627,30 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
             params.update(got, rope_type="llama3", rope_theta=theta)
             config.rope_parameters = params
             changed = True
+    if longrope:
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        if _per_layer_type(params):
+            raise ExportError(f"{path.name} scales its rotary (LongRoPE) and its model keeps rotary parameters per "
+                              "layer type: export the model's Hugging Face folder instead")
+        dim = rotary if partial else int(width * float(params.get("partial_rotary_factor", 1.0))) if width else 0
+        if 2 * len(longrope["long"]) != dim:
+            raise ExportError(f"{path.name}'s LongRoPE factor tensors hold {len(longrope['long'])} factors for a rotary "
+                              f"of {dim} lanes (one a pair of lanes): export the model's Hugging Face folder instead")
+        orig = int(rope["original_max_position_embeddings"])
+        params.update(rope_type="longrope", long_factor=longrope["long"], short_factor=longrope["short"],
+                      original_max_position_embeddings=orig,
+                      rope_theta=float(theta or params.get("rope_theta") or 10000.0))
+        params.pop("factor", None)  # (transformers' default: the context's length over the original's)
+        # the file's attention factor where it is not transformers' default (llama.cpp's converter computes the
+        # same formula)
+        scale = int(getattr(config, "max_position_embeddings", orig) or orig) / orig
+        default = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+        params.pop("attention_factor", None)
+        if isinstance(attn_factor, (int, float)) and attn_factor > 0 and abs(float(attn_factor) - default) > 1e-6:
+            params["attention_factor"] = float(attn_factor)
+        config.rope_parameters = params
+        config.original_max_position_embeddings = orig
+        changed = True
     if scaling != "none":
         if not rope["factor"] or float(rope["factor"]) <= 0:
             raise ExportError(f"{path.name} scales its rotary ({scaling}) without a factor ({arch}.rope.scaling.factor)")

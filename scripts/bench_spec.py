@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import edgespec  # noqa: E402
 from edgespec.bench import parse_drafters, read_prompts, run_bench, write_partial_report, write_report  # noqa: E402
-from genai_baseline import MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative  # noqa: E402
+from genai_baseline import MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative, model_dir  # noqa: E402
 from llamacpp_baseline import SERVER, llamacpp_runners  # noqa: E402
 from one_line_errors import one_line_errors  # noqa: E402
 
@@ -117,6 +117,16 @@ def main(argv=None) -> int:
     parse_drafters(names)  # a bad entry, prompts file or category is refused before the model loads
     prompts = read_prompts(args.prompts, categories=args.categories.split(",") if args.categories else None,
                            per_category=args.per_category)
+    if not (args.no_genai or sampled):  # (a traceback once the model and llama.cpp had loaded)
+        from edgespec.manifest import load_manifest
+
+        load_manifest(bundle)  # (not a bundle at all: that error first)
+        try:
+            model_dir(bundle)
+        except FileNotFoundError:
+            ap.error(f"{bundle} has no genai_config.json for onnxruntime-genai's runs (an exact-kernels bundle's graphs "
+                     "run on edgespec's kernels only): give --no-genai, or run genai on the bundle it was rewritten "
+                     "from")
     # no memory of earlier runs (every runner sees a prompt fresh) and no prompt cache (its memory is not in the
     # plan the report compares with; scripts/bench_prompt_cache.py measures it)
     eng = edgespec.load(bundle, threads=args.threads, memory=False, prompt_cache_mb=0)

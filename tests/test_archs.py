@@ -691,7 +691,7 @@ def test_a_llama3_gguf_s_rope_freqs_tensor_is_its_scaling(tmp_path_factory, monk
     ``rope_freqs.weight`` (a divisor per frequency), no rope.scaling key; transformers' GGUF reading leaves the tensor
     out, and the export built an unscaled rotary that every check (validated against the same unscaled torch model)
     passed: another model past a few hundred positions. The tensor's divisors are read back into transformers'
-    ``llama3`` parameters now; a tensor no such parameters give, and LongRoPE's factor tensors, are refused."""
+    ``llama3`` parameters now; a tensor no such parameters give, and one LongRoPE factor table alone, are refused."""
     import math
 
     import gguf
@@ -749,8 +749,8 @@ def test_a_llama3_gguf_s_rope_freqs_tensor_is_its_scaling(tmp_path_factory, monk
     path = tiny.write_gguf(hf, root / "odd.gguf", arch="llama")
     with pytest.raises(ExportError, match="not Llama 3's scaling"):
         load_model(Source(str(path), "gguf", path))
-    extra.clear()
-    extra.update({"rope_factors_long.weight": np.ones(8, np.float32), "rope_factors_short.weight": np.ones(8, np.float32)})
+    extra.clear()  # (a LongRoPE table alone: refused; session 57 reads both, test_a_longrope_gguf_exports_...)
+    extra.update({"rope_factors_long.weight": np.ones(8, np.float32)})
     path = tiny.write_gguf(hf, root / "longrope.gguf", arch="llama")
     with pytest.raises(ExportError, match="LongRoPE"):
         load_model(Source(str(path), "gguf", path))
@@ -785,6 +785,85 @@ def test_a_phi3_gguf_s_partial_rotary_is_kept(tmp_path_factory, monkeypatch):
     with torch.no_grad():
         got, ref = model(ids).logits, AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)(ids).logits
     assert float((got - ref).abs().max()) < 1e-4
+
+
+def test_a_longrope_gguf_exports_as_its_folder_does(tmp_path_factory, monkeypatch):
+    """(session 57) llama.cpp writes Phi-3.5-mini's and Phi-4-mini's LongRoPE as two factor tensors
+    (``rope_factors_long/short.weight``), the original context and the attention factor as metadata; transformers'
+    GGUF reading leaves them out, and edgespec refused such files. They are read back into transformers' ``longrope``
+    parameters: the GGUF loads as the folder's model (Phi-4-mini's partial rotary too), exports with the folder's
+    rotary tables (the short factors below the original context, the long from it on), and a file whose tables do
+    not fit (one of the two, a length that is not the rotary's, a second scaling) is refused in one line."""
+    import math
+
+    import gguf
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    from transformers import AutoModelForCausalLM
+
+    import tiny
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import reference_rotary
+    from edgespec_export.source import Source, load_model
+
+    R = 24  # (rotary pairs: 0.75 of a 64-wide head)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.05 * i for i in range(R)], "long_factor": [2.0 + 0.2 * i for i in range(R)]}
+    root = tmp_path_factory.mktemp("gguf-longrope")
+    hf = tiny.make_model(root / "hf", "phi3", seed=9, hidden=128, heads=2, kv_heads=2, rope_parameters=rope,
+                         partial_rotary_factor=0.75, original_max_position_embeddings=64, max_pos=256)
+    ref_model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    header = gguf.GGUFWriter.write_header_to_file
+    meta = {"dims": 48, "orig": 64, "attn": math.sqrt(1 + math.log(4) / math.log(64))}
+    extra = {"rope_factors_long.weight": np.array(rope["long_factor"], np.float32),
+             "rope_factors_short.weight": np.array(rope["short_factor"], np.float32)}
+
+    def as_llama_cpp_writes(self, *a, **k):  # (llama.cpp's Phi3MiniModel: no rope.scaling.type)
+        self.add_rope_dimension_count(meta["dims"])
+        if meta["orig"]:
+            self.add_rope_scaling_orig_ctx_len(meta["orig"])
+        self.add_rope_scaling_attn_factors(meta["attn"])
+        for name, v in extra.items():
+            self.add_tensor(name, v)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", as_llama_cpp_writes)
+    path = tiny.write_gguf(hf, root / "m.gguf", arch="phi3")
+    model = load_model(Source(str(path), "gguf", path))
+    rp = model.config.rope_parameters
+    assert rp["rope_type"] == "longrope" and rp["original_max_position_embeddings"] == 64
+    assert "attention_factor" not in rp  # (the file's is transformers' default)
+    for n in (40, 120):  # (below the original context: the short factors; past it, transformers' long ones)
+        ids = torch.tensor([list(range(5, 5 + n))])
+        with torch.no_grad():
+            assert float((model(ids).logits - ref_model(ids).logits).abs().max()) < 1e-4, n
+    b = _export(tmp_path_factory, "gguf-longrope", path, target_precision="fp32", max_context=256)
+    g = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False).graph
+    cos = {t.name: numpy_helper.to_array(t, base_dir=str(b / "target")) for t in g.initializer}["cos_cache"]
+    _, want, _ = reference_rotary(ref_model, 256)
+    assert cos.shape == (256, R) and abs(cos - want).max() < 1e-4
+    # an attention factor that is not the default is the file's
+    meta["attn"] = 1.3
+    p2 = tiny.write_gguf(hf, root / "attn.gguf", arch="phi3")
+    assert load_model(Source(str(p2), "gguf", p2)).config.rope_parameters["attention_factor"] == pytest.approx(1.3)
+    meta["attn"] = 1.0
+    for change, match in ((lambda: extra.pop("rope_factors_short.weight"), "both tables"),
+                          (lambda: meta.update(orig=0), "original context"),
+                          (lambda: extra.update({"rope_factors_long.weight": np.ones(16, np.float32),
+                                                 "rope_factors_short.weight": np.ones(16, np.float32)}),
+                           "16 factors for a rotary of 48"),
+                          (lambda: extra.update({"rope_freqs.weight": np.ones(R, np.float32)}), "twice"),
+                          (lambda: extra.update({"rope_other.weight": np.ones(R, np.float32)}), "does not know")):
+        extra.update({"rope_factors_long.weight": np.array(rope["long_factor"], np.float32),
+                      "rope_factors_short.weight": np.array(rope["short_factor"], np.float32)})
+        extra.pop("rope_freqs.weight", None), extra.pop("rope_other.weight", None), meta.update(orig=64)
+        change()
+        bad = tiny.write_gguf(hf, root / "bad.gguf", arch="phi3")
+        with pytest.raises(ExportError, match=match):
+            load_model(Source(str(bad), "gguf", bad))
 
 
 def test_a_llama_gguf_s_biases_are_kept(tmp_path_factory):

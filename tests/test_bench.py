@@ -895,7 +895,8 @@ def test_a_prompt_the_context_cannot_hold_is_left_out_named_and_the_others_repor
     assert r.exit_code == 3 and "no prompt fits the context of" in r.stderr
 
 
-def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
+def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_path, capsys, monkeypatch, tiny_bundle,
+                                                                           copy_bundle):
     """The scripts the README's figures cite ended bad input in a traceback (a missing bundle, prompts file or
     category, an unknown drafter, --reps 0: statistics' 'no median'), the prompts' and drafters' only once the model
     (and genai) had loaded; --llamacpp beside --temperature was dropped without a word: exit 2, one 'error:' line."""
@@ -920,6 +921,14 @@ def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_p
             bench_spec.main([missing, *argv])
         err = capsys.readouterr().err
         assert e.value.code == 2 and "error:" in err and msg in err, (argv, err)
+    # (session 57) genai's runs on a bundle without genai_config.json (an exact-kernels one): a traceback once the
+    # model and llama.cpp had loaded
+    nogenai = copy_bundle(tiny_bundle)
+    (nogenai / "target" / "genai_config.json").unlink()
+    with pytest.raises(SystemExit) as e:
+        bench_spec.main([str(nogenai)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error:" in err and "--no-genai" in err, err
     monkeypatch.undo()
     for script, argv in ((bench_spec, [missing]), (bench_ar, [missing]), (profile_widths, [missing])):
         _refused(script.main, [argv], capsys)

@@ -823,6 +823,14 @@ def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundl
     eng.close()
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb"])
     assert r.exit_code == 0 and "note: this onnxruntime lacks cuda" in r.stderr and "GPU" in r.stdout, r.output
+    # (session 57) --provider cuda plans for that machine as the profile's providers do (it exited 5); where the
+    # plan is this machine's (--measure, generate) it is still the error
+    r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--provider", "cuda"])
+    assert r.exit_code == 0 and "note: this onnxruntime lacks cuda" in r.stderr and "GPU" in r.stdout, r.output
+    for argv in (["plan", str(tiny_cuda_bundle), "--provider", "cuda", "--measure"],
+                 ["generate", str(tiny_cuda_bundle), "-p", "hi", "--provider", "cuda"]):
+        r = CliRunner().invoke(main, argv)
+        assert r.exit_code == 5 and "install onnxruntime-gpu" in r.output, (argv, r.output)
     # (session 46) a cpu-layout bundle without a drafter plans the CPU: the note said the plan was for a GPU machine
     r = CliRunner().invoke(main, ["plan", str(tiny_llama_bundle), "--profile", "rtx4090-24gb"])
     assert r.exit_code == 0 and "lacks" not in r.stderr and "resident on the CPU EP" in r.stdout, r.output
