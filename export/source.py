@@ -558,6 +558,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
         # rope.scaling.attn_factor (no rope.scaling.type)
         longrope = {k: [float(x) for x in tensors[f"rope_factors_{k}.weight"].data.reshape(-1)]
                     for k in ("long", "short") if f"rope_factors_{k}.weight" in tensors}
+        longrope = {k: v for k, v in longrope.items() if v}  # (ollama writes empty tables for a 4k Phi-3)
         attn_factor = value("rope.scaling.attn_factor")
     except ExportError:
         raise
@@ -574,19 +575,30 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
                           f"original context ({arch}.rope.scaling.original_context_length): export the model's Hugging "
                           "Face folder instead")
     scaling = str(scaling or "none").lower()
+    if scaling in ("longrope", "su") and longrope:  # (llama.cpp's base converter writes the type; Phi-3's does not)
+        scaling = "none"
     if scaling not in ("none", "linear", "yarn"):
         raise ExportError(f"{path.name} scales its rotary by {scaling!r} ({arch}.rope.scaling.type), which transformers' "
                           "GGUF reading does not keep: export the model's Hugging Face folder instead")
-    if sum((freqs is not None, scaling != "none", bool(longrope))) > 1:
-        raise ExportError(f"{path.name} scales its rotary twice ({arch}.rope.scaling.type {scaling!r}"
-                          f"{', a rope_freqs.weight tensor' if freqs is not None else ''}"
-                          f"{', LongRoPE factor tensors' if longrope else ''}): export the model's Hugging Face "
-                          "folder instead")
+    ways = [w for w, on in ((f"{arch}.rope.scaling.type {scaling!r}", scaling != "none"),
+                            ("a rope_freqs.weight tensor", freqs is not None),
+                            ("LongRoPE factor tensors", bool(longrope))) if on]
+    if len(ways) > 1:
+        raise ExportError(f"{path.name} scales its rotary twice ({' and '.join(ways)}): export the model's Hugging "
+                          "Face folder instead")
     partial = isinstance(rotary, int) and isinstance(width, int) and 0 < rotary <= width  # (the file's width given)
-    if not head and scaling == "none" and freqs is None and not longrope and not partial and not mends:
+    # Phi-3's original context where the file says it (Phi-4 14B: 16,384) and transformers keeps Phi3Config's 4,096:
+    # the builder took a context other than the original's for LongRoPE's class (a review, session 57)
+    original = rope["original_max_position_embeddings"] if arch == "phi3" else None
+    if (not head and scaling == "none" and freqs is None and not longrope and not partial and not mends
+            and not original):
         return {}
     config = AutoConfig.from_pretrained(name, **kw)
     changed = False
+    if isinstance(original, int) and original > 0 and getattr(config, "original_max_position_embeddings",
+                                                               original) != original:
+        config.original_max_position_embeddings = original
+        changed = True
     for field, want in mends.items():
         if field == "sliding_rope_theta":
             params = dict(getattr(config, "rope_parameters", None) or {})

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import edgespec  # noqa: E402
 from edgespec.bench import parse_drafters, read_prompts, run_bench, write_partial_report, write_report  # noqa: E402
-from genai_baseline import MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative, model_dir  # noqa: E402
+from genai_baseline import GENAI_CONFIG, MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative, model_dir  # noqa: E402
 from llamacpp_baseline import SERVER, llamacpp_runners  # noqa: E402
 from one_line_errors import one_line_errors  # noqa: E402
 
@@ -47,8 +47,12 @@ def genai_runners(bundle: Path, k: int, ngram_size: int, with_draft: bool, threa
         return run
 
     runners = {"genai-ar": ar}
-    if with_draft:
+    if with_draft and (bundle / "drafter" / GENAI_CONFIG).is_file():
         runners[f"genai-draft:{k}"] = spec(bundle / "drafter")
+    elif with_draft:  # (a traceback once the models had loaded: a drafter whose vocabulary was cut, `drafter-vocab`)
+        print(f"bench_spec: no genai-draft:{k} run: the bundle's drafter has no {GENAI_CONFIG} (a drafter-vocab "
+              "drafter's cut vocabulary is not the target's, which onnxruntime-genai's draft model needs)",
+              file=sys.stderr)
     runners[f"genai-ngram:{k}"] = spec(None)
     return runners
 
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
 
         load_manifest(bundle)  # (not a bundle at all: that error first)
         try:
-            model_dir(bundle)
+            model_dir(bundle / "target")  # (where genai_runners' runs look)
         except FileNotFoundError:
             ap.error(f"{bundle} has no genai_config.json for onnxruntime-genai's runs (an exact-kernels bundle's graphs "
                      "run on edgespec's kernels only): give --no-genai, or run genai on the bundle it was rewritten "

@@ -845,17 +845,32 @@ def test_a_longrope_gguf_exports_as_its_folder_does(tmp_path_factory, monkeypatc
     cos = {t.name: numpy_helper.to_array(t, base_dir=str(b / "target")) for t in g.initializer}["cos_cache"]
     _, want, _ = reference_rotary(ref_model, 256)
     assert cos.shape == (256, R) and abs(cos - want).max() < 1e-4
-    # an attention factor that is not the default is the file's
+    # an attention factor that is not the default is the file's, in the graph's tables too (the builder read its own
+    # default: the export stopped at the rotary check); ollama's empty tables of a 4k model are none; a type written
+    # beside the tables (llama.cpp's base converter) is theirs
     meta["attn"] = 1.3
     p2 = tiny.write_gguf(hf, root / "attn.gguf", arch="phi3")
-    assert load_model(Source(str(p2), "gguf", p2)).config.rope_parameters["attention_factor"] == pytest.approx(1.3)
+    m2 = load_model(Source(str(p2), "gguf", p2))
+    assert m2.config.rope_parameters["attention_factor"] == pytest.approx(1.3)
+    b2 = _export(tmp_path_factory, "gguf-longrope-attn", p2, target_precision="fp32", max_context=256)
+    g = onnx.load(str(b2 / "target" / "model.onnx"), load_external_data=False).graph
+    cos = {t.name: numpy_helper.to_array(t, base_dir=str(b2 / "target")) for t in g.initializer}["cos_cache"]
+    assert abs(cos - reference_rotary(m2, 256)[1]).max() < 1e-4 and abs(cos - want).max() > 0.05
     meta["attn"] = 1.0
+    real_scaling = gguf.GGUFWriter.add_rope_scaling_type
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file",
+                        lambda self, *a, **k: (real_scaling(self, gguf.RopeScalingType.LONGROPE),
+                                               as_llama_cpp_writes(self, *a, **k))[1])
+    p3 = tiny.write_gguf(hf, root / "typed.gguf", arch="phi3")
+    assert load_model(Source(str(p3), "gguf", p3)).config.rope_parameters["rope_type"] == "longrope"
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", as_llama_cpp_writes)
     for change, match in ((lambda: extra.pop("rope_factors_short.weight"), "both tables"),
                           (lambda: meta.update(orig=0), "original context"),
                           (lambda: extra.update({"rope_factors_long.weight": np.ones(16, np.float32),
                                                  "rope_factors_short.weight": np.ones(16, np.float32)}),
                            "16 factors for a rotary of 48"),
-                          (lambda: extra.update({"rope_freqs.weight": np.ones(R, np.float32)}), "twice"),
+                          (lambda: extra.update({"rope_freqs.weight": np.ones(R, np.float32)}),
+                           "twice \\(a rope_freqs.weight tensor and LongRoPE factor tensors\\)"),
                           (lambda: extra.update({"rope_other.weight": np.ones(R, np.float32)}), "does not know")):
         extra.update({"rope_factors_long.weight": np.array(rope["long_factor"], np.float32),
                       "rope_factors_short.weight": np.array(rope["short_factor"], np.float32)})
@@ -864,6 +879,17 @@ def test_a_longrope_gguf_exports_as_its_folder_does(tmp_path_factory, monkeypatc
         bad = tiny.write_gguf(hf, root / "bad.gguf", arch="phi3")
         with pytest.raises(ExportError, match=match):
             load_model(Source(str(bad), "gguf", bad))
+    # no LongRoPE: a Phi-3 whose original context is its whole one (Phi-4 14B's 16,384) kept Phi3Config's 4,096, and
+    # the builder took it for LongRoPE's class (KeyError 'multi_cache'); ollama's empty tables are no tables
+    plain = tiny.make_model(root / "hf-plain", "phi3", seed=9, hidden=128, heads=2, kv_heads=2,
+                            original_max_position_embeddings=256, max_pos=256)
+    extra.clear()
+    extra.update({"rope_factors_long.weight": np.zeros(0, np.float32),
+                  "rope_factors_short.weight": np.zeros(0, np.float32)})
+    meta.update(dims=64, orig=256)
+    p4 = tiny.write_gguf(plain, root / "plain.gguf", arch="phi3")
+    assert load_model(Source(str(p4), "gguf", p4)).config.original_max_position_embeddings == 256
+    _export(tmp_path_factory, "gguf-phi3-plain", p4, target_precision="fp32", max_context=256)
 
 
 def test_a_llama_gguf_s_biases_are_kept(tmp_path_factory):

@@ -929,6 +929,16 @@ def test_the_benchmark_scripts_refuse_bad_input_in_one_line_before_loading(tmp_p
         bench_spec.main([str(nogenai)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "error:" in err and "--no-genai" in err, err
+    for argv in (["--no-genai"], ["--temperature", "0.7"]):  # (no genai runs: on to the model's load)
+        with pytest.raises(pytest.fail.Exception, match="loaded"):
+            bench_spec.main([str(nogenai), *argv])
+    assert len(loads) == 2
+    loads.clear()
+    # ... and its draft-model run on a drafter without one (a drafter-vocab cut): left out, said (a traceback)
+    assert "genai-draft:4" in bench_spec.genai_runners(tiny_bundle, 4, 3, True, None)
+    (nogenai / "drafter" / "genai_config.json").unlink()
+    assert set(bench_spec.genai_runners(nogenai, 4, 3, True, None)) == {"genai-ar", "genai-ngram:4"}
+    assert "no genai-draft:4 run" in capsys.readouterr().err
     monkeypatch.undo()
     for script, argv in ((bench_spec, [missing]), (bench_ar, [missing]), (profile_widths, [missing])):
         _refused(script.main, [argv], capsys)
