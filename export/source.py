@@ -504,6 +504,9 @@ def check_vocabulary(tok, vocab_size, src: Source, target: bool = False) -> None
                       f"{vocab_size:,} (its config's vocab_size){why}; give the model with its own tokenizer")
 
 
+ZERO_BIASES = "_edgespec_zero_biases"  # (_gguf_config's key for biases the file lacks and its model is zero at)
+
+
 def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     """``{"config": ...}`` where transformers' reading of a GGUF file's config misses what the file says: its
     attention heads' size (``{arch}.attention.key_length``), which transformers leaves at the config class's
@@ -599,6 +602,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
                                                                original) != original:
         config.original_max_position_embeddings = original
         changed = True
+    zero = mends.pop("zero_biases", ())
     for field, want in mends.items():
         if field == "sliding_rope_theta":
             params = dict(getattr(config, "rope_parameters", None) or {})
@@ -682,7 +686,7 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
             params.update(got, rope_type=scaling)
         config.rope_parameters = params
         changed = True
-    return {"config": config} if changed else {}
+    return ({"config": config} if changed else {}) | ({ZERO_BIASES: tuple(zero)} if zero else {})
 
 
 def _per_layer_type(params: dict) -> bool:
@@ -697,7 +701,9 @@ def _family_mends(arch: str, value, names: set, file: str = "the file") -> dict:
     scales by 1/sqrt(embedding_length / head_count) at the 27B's layer count, 46 and 62, else by the head's width;
     transformers by its default 256: the 27Bs' heads are 128 wide), Gemma 2's score caps and Gemma 3's final cap and
     local layers' rotary base, a Llama-architecture file's biases (a "llamafied" Qwen's: the tensors were skipped,
-    the model built without them). ``sliding_rope_theta``: the sliding layers' rope_theta."""
+    the model built without them). ``sliding_rope_theta``: the sliding layers' rope_theta; ``zero_biases``: the
+    model's parameters (name suffixes) the file lacks and its model adds nothing for (a q/k/v-only bias file's output
+    bias: zero, as llama.cpp runs it)."""
     out: dict = {}
     if arch in ("gemma2", "gemma3"):
         layers, width, heads, key = (value(k) for k in ("block_count", "embedding_length", "attention.head_count",
@@ -720,6 +726,12 @@ def _family_mends(arch: str, value, names: set, file: str = "the file") -> dict:
         for field, what, parts in (("attention_bias", "attention", ("attn_q", "attn_k", "attn_v", "attn_output")),
                                    ("mlp_bias", "MLP", ("ffn_gate", "ffn_up", "ffn_down"))):
             have = [p for p in parts if f"blk.0.{p}.bias" in names]
+            if field == "attention_bias" and have == ["attn_q", "attn_k", "attn_v"]:
+                # (a llamafied Qwen2's: biases on q, k and v only. llama.cpp adds each bias the file has; transformers'
+                # Llama takes all four, so the output's is zero, as the absent one adds nothing)
+                out[field] = True
+                out["zero_biases"] = ("self_attn.o_proj.bias",)
+                continue
             if have and len(have) < len(parts):
                 raise ExportError(f"{file}'s {what} has biases on {', '.join(have)} only, and transformers' Llama "
                                   "takes them on all its projections or none: export the model's Hugging Face "
@@ -780,8 +792,10 @@ def load_model(src: Source, dtype: str = "float32", log=None):
     name, kw = src.from_pretrained_args()
     try:
         with gguf_reads_once("gguf_file" in kw):
+            zero: tuple = ()
             if "gguf_file" in kw:
                 kw = {**kw, **_gguf_config(src.path, name, kw)}
+                zero = kw.pop(ZERO_BIASES, ())
             model, info = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype),
                                                                output_loading_info=True, **kw)
     except ExportError:  # (_gguf_config's: said as it is)
@@ -800,6 +814,12 @@ def load_model(src: Source, dtype: str = "float32", log=None):
     # model passed its validation (top-1 0.63 against 0.6), since torch computed with the same random weights. A
     # tied lm_head (SmolLM2's) is no missing weight: transformers ties it and leaves it out of missing_keys
     missing = sorted(info.get("missing_keys") or ())
+    if zero:  # (biases the file lacks where its model adds none: zero, not transformers' random initialization)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for k in [k for k in missing if k.endswith(zero)]:
+                params[k].zero_()
+                missing.remove(k)
     if missing:
         names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ExportError(f"cannot load {src.display}: {len(missing)} of its model's weights are not in it ({names}); "
