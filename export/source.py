@@ -732,7 +732,7 @@ def _family_mends(arch: str, value, names: set, file: str = "the file") -> dict:
     local layers' rotary base, a Llama-architecture file's biases (a "llamafied" Qwen's: the tensors were skipped,
     the model built without them). ``sliding_rope_theta``: the sliding layers' rope_theta; ``zero_biases``: the
     model's parameters (name suffixes) the file lacks and its model adds nothing for (a q/k/v-only bias file's output
-    bias: zero, as llama.cpp runs it)."""
+    bias, any projection's bias a file with others lacks: zero, as llama.cpp runs it)."""
     out: dict = {}
     if arch in ("gemma2", "gemma3"):
         layers, width, heads, key = (value(k) for k in ("block_count", "embedding_length", "attention.head_count",
@@ -752,21 +752,19 @@ def _family_mends(arch: str, value, names: set, file: str = "the file") -> dict:
         v = value("rope.freq_base_swa")
         out["sliding_rope_theta"] = float(v) if isinstance(v, (int, float)) and v > 0 else 10000.0
     if arch == "llama":  # (transformers' Llama takes biases on all of a block's projections or none)
-        for field, what, parts in (("attention_bias", "attention", ("attn_q", "attn_k", "attn_v", "attn_output")),
-                                   ("mlp_bias", "MLP", ("ffn_gate", "ffn_up", "ffn_down"))):
+        hf = {"attn_q": "self_attn.q_proj.bias", "attn_k": "self_attn.k_proj.bias", "attn_v": "self_attn.v_proj.bias",
+              "attn_output": "self_attn.o_proj.bias", "ffn_gate": "mlp.gate_proj.bias", "ffn_up": "mlp.up_proj.bias",
+              "ffn_down": "mlp.down_proj.bias"}
+        zero: list = []
+        for field, parts in (("attention_bias", ("attn_q", "attn_k", "attn_v", "attn_output")),
+                             ("mlp_bias", ("ffn_gate", "ffn_up", "ffn_down"))):
             have = [p for p in parts if f"blk.0.{p}.bias" in names]
-            if field == "attention_bias" and have == ["attn_q", "attn_k", "attn_v"]:
-                # (a llamafied Qwen2's: biases on q, k and v only. llama.cpp adds each bias the file has; transformers'
-                # Llama takes all four, so the output's is zero, as the absent one adds nothing)
+            if have:  # (llama.cpp adds each bias the file has: an absent one adds nothing, a zero bias here. A
+                # llamafied Qwen2 has q, k and v only; refused in session 56, zero since session 57)
                 out[field] = True
-                out["zero_biases"] = ("self_attn.o_proj.bias",)
-                continue
-            if have and len(have) < len(parts):
-                raise ExportError(f"{file}'s {what} has biases on {', '.join(have)} only, and transformers' Llama "
-                                  "takes them on all its projections or none: export the model's Hugging Face "
-                                  "folder instead")
-            if have:
-                out[field] = True
+                zero += [hf[p] for p in parts if p not in have]
+        if zero:
+            out["zero_biases"] = tuple(zero)
     return out
 
 
