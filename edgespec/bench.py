@@ -633,7 +633,8 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_ylabel("acceptance")
     ax.set_ylim(0, 1.05)
     ax.set_title("Acceptance by draft position")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # (no runner drafted: matplotlib's warning about an empty legend, said
+        ax.legend()                        # to the user, who cannot act on it)
     files.append(_save(fig, out / "acceptance_by_position.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -884,13 +884,18 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
 # -- info -----------------------------------------------------------------------------------
 @main.command()
 @click.argument("bundle", type=click.Path())
-@click.option("--verify", is_flag=True, help="Hash every file against the manifest.")
+@click.option("--verify", is_flag=True, help="Hash every file against the manifest and open the models as generate "
+              "does (a graph whose names or layers are not the manifest's is an error).")
 @click.option("--json", "as_json", is_flag=True)
 def info(bundle, verify, as_json):
     """Describe a bundle: models, precisions, sizes, validation and quality figures."""
     from .manifest import SCHEMA_VERSION, load_manifest
 
     m = load_manifest(bundle, deep=verify)
+    if verify:  # (the manifest alone read: a graph that does not match it passed --verify, exit 0; session 57)
+        from .api import load as load_engine
+
+        load_engine(bundle, memory=False, prompt_cache_mb=0).close()
     if as_json:
         _echo_json(m.to_dict(), indent=1)
         return
@@ -991,6 +996,8 @@ def _check_writable(out_dir) -> None:
 
     from .bench import check_report_files
 
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # ("File exists", from makedirs, said nothing)
+        raise ConfigError(f"cannot write the report to {out_dir}: it is a file; --out names a folder")
     try:
         os.makedirs(out_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=out_dir).close()

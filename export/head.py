@@ -530,6 +530,9 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, remove_parents,
                          remove_replaced, remove_tree, terminate_cleanly)
 
+    if out is not None and Path(out).expanduser().resolve() == src.resolve():
+        out = None  # (-o naming the bundle itself: its in-place rewrite, as without -o; it was refused twice, the first
+        # refusal advising the --force the second refused)
     in_place = out is None
     if not in_place and src.resolve() in Path(out).expanduser().resolve().parents:  # (before anything is made)
         raise ExportError(f"{Path(out).expanduser().resolve()} is inside the bundle {src}; write the new bundle "

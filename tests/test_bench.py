@@ -966,3 +966,20 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
     with pytest.raises(OSError, match=r"cannot write .*report\.json: Is a directory"):
         _write_whole(tmp_path / "rep" / "report.json", "{}")
     assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".")]  # (no temporary file left)
+    # (session 57) --out a file: "File exists" said nothing; the file is left as it was
+    (tmp_path / "notes.txt").write_text("mine")
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "1", "--max-new-tokens", "4", "--drafters",
+                                  "prompt-lookup", "--out", str(tmp_path / "notes.txt"), "--no-plots"])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("it is a file; --out names a folder"), r.output
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    # ... and plots where no runner drafted: matplotlib's empty-legend warning reached the user
+    import warnings
+
+    from edgespec.bench import Report, Run, _plots
+
+    runs = [Run("q", "code", 1, d, 4, 1.0, 0.1, 30.0, 30.0, 0, 0, 0, 4, 0.0, 0.1, 0.0, [], [], True)
+            for d in ("none", "prompt-lookup")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (tmp_path / "plots").mkdir()
+        assert tmp_path / "plots" / "acceptance_by_position.png" in _plots(Report("b", {}, {}, runs), tmp_path / "plots")

@@ -160,6 +160,11 @@ def test_manifest_that_disagrees_with_its_graph(tiny_bundle, copy_bundle, change
     with pytest.raises(edgespec.BundleError, match=match):
         edgespec.load(b)
     assert match.split("'")[0] in one_line_error(run("generate", b, "-p", "hi"), 2)
+    # (session 57, a review) `info` reads the manifest alone (exit 0, its layer count shown); --verify opens the
+    # models as generate does: it passed such a bundle, exit 0
+    assert run("info", b).exit_code == 0
+    assert match.split("'")[0] in one_line_error(run("info", b, "--verify"), 2)
+    assert match.split("'")[0] in one_line_error(run("info", b, "--verify", "--json"), 2)
 
 
 def test_manifest_with_wrong_cache_shape_fails_at_run_with_one_line(tiny_bundle, copy_bundle):

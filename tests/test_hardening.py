@@ -876,7 +876,7 @@ def test_a_kernel_cache_that_is_a_file_says_so(tmp_path, monkeypatch):
         _build(tmp_path / "k.cpp", "k", "a test kernel")
 
 
-def test_rewrites_refuse_force_without_output_and_an_output_inside(tiny_bundle, copy_bundle):
+def test_rewrites_refuse_force_without_output_and_an_output_inside(tiny_bundle, copy_bundle, tmp_path):
     b = copy_bundle(tiny_bundle)
     before = sorted(p.name for p in b.iterdir())
     msg = one_line_error(run("exact-kernels", b, "--force"), 2)
@@ -884,6 +884,17 @@ def test_rewrites_refuse_force_without_output_and_an_output_inside(tiny_bundle, 
     msg = one_line_error(run("drafter-vocab", b, "8", "-o", b / "sub" / "x"))
     assert "is inside the bundle" in msg
     assert sorted(p.name for p in b.iterdir()) == before
+    # (session 57) -o naming the bundle itself is its in-place rewrite: refused twice before, the first refusal
+    # advising the --force the second refused
+    from edgespec.manifest import load_manifest
+
+    r = run("drafter-vocab", b, "16", "-o", b)
+    assert r.exit_code == 0 and load_manifest(b).drafter.head_size == 16, r.output
+    import shutil
+
+    b2 = shutil.copytree(tiny_bundle, tmp_path / "second")
+    r = run("drafter-vocab", b2, "16", "-o", b2, "--force")
+    assert r.exit_code == 0 and load_manifest(b2).drafter.head_size == 16, r.output
 
 
 def test_unwritable_verified_stamps_are_said_once(tiny_bundle, tmp_path, monkeypatch, big_limit_zero):
