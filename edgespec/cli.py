@@ -823,7 +823,9 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     # (with --measure the plan is this machine's, the one load() measures; without, the profile's device's, which
     # may be another machine's: said where this onnxruntime lacks its providers)
     tprov, dprovs, _ = requested_providers(m, prof, provider, dprov, use_drafter=not no_drafter, here=measure)
-    if not measure:
+    p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=tprov, drafter_providers=dprovs,
+             keep_drafter=bool(dprov) and not no_drafter)
+    if not measure:  # (after the plan: a refused one's error was its second line; session 57, a review)
         from .providers import available_providers, canonical
 
         drafting = m.drafter is not None and not no_drafter  # (a drafter's providers count where there is one)
@@ -831,8 +833,6 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
         if lacks:
             click.echo(f"note: this onnxruntime lacks {', '.join(lacks)}: the plan is for a machine that has it "
                        "(loaded here, the bundle runs on the CPU, with the CPU's plan)", err=True)
-    p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=tprov, drafter_providers=dprovs,
-             keep_drafter=bool(dprov) and not no_drafter)
     samples = None
     if measure:
         from .measure import measure as measure_engine, prompt_length

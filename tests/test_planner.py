@@ -827,6 +827,10 @@ def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundl
     # plan is this machine's (--measure, generate) it is still the error
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--provider", "cuda"])
     assert r.exit_code == 0 and "note: this onnxruntime lacks cuda" in r.stderr and "GPU" in r.stdout, r.output
+    # ... and a refused plan is its one error line (the note came first, a review)
+    r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb", "--max-context", "0"])
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and "max_context" in r.stderr, \
+        r.output
     for argv in (["plan", str(tiny_cuda_bundle), "--provider", "cuda", "--measure"],
                  ["generate", str(tiny_cuda_bundle), "-p", "hi", "--provider", "cuda"]):
         r = CliRunner().invoke(main, argv)
