@@ -856,7 +856,9 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
         click.echo(f"  {label:<52} {n / MiB:>9.1f} MiB")
     click.echo(f"  {'total':<52} {p.total / MiB:>9.1f} MiB  of {p.budget / MiB:.0f} MiB "
                f"({100 * p.total / p.budget:.0f}%)")
-    click.echo(f"  {'prompt cache (at most; out of what is left)':<52} {p.prompt_cache / MiB:>9.1f} MiB")
+    gpu = p.devices.get("target") not in (None, "cpu")  # (0.0 MiB said no more: session 57, a review)
+    click.echo(f"  {'prompt cache (at most; out of what is left)':<52} {p.prompt_cache / MiB:>9.1f} MiB"
+               + ("  (none: it keeps CPU caches, the target's are on the GPU)" if gpu and not p.prompt_cache else ""))
     loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
     click.echo(f"context {p.context} tokens; drafter model: {loaded}; default drafting: {p.default_drafter}; "
                f"prefill chunk: {p.prefill_chunk} tokens")
