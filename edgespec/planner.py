@@ -266,7 +266,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         raise BudgetError(
             f"the drafter placed on {drafter_prov} does not fit the budget of {budget / MiB:.0f} MiB ({profile.name}): "
             f"target and drafter at the minimum context of {floor} tokens need {least.total / MiB:.0f} MiB "
-            f"(weights {sum(least.weights.values()) / MiB:.0f} MiB, KV {sum(least.kv.values()) / MiB:.0f} MiB)")
+            f"({_breakdown(least)})")
     if want_drafter:
         ctx = fit_context(False)
         if ctx is not None:
@@ -278,10 +278,15 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     smallest = build(floor, False)
     raise BudgetError(
         f"the budget of {budget / MiB:.0f} MiB ({profile.name}) cannot hold this bundle: at the minimum context "
-        f"of {floor} tokens without a drafter it needs {smallest.total / MiB:.0f} MiB "
-        f"(weights {sum(smallest.weights.values()) / MiB:.0f} MiB, KV {sum(smallest.kv.values()) / MiB:.0f} MiB, "
-        f"working {smallest.working / MiB:.0f} MiB, runtime {smallest.runtime / MiB:.0f} MiB"
-        + (f", suffix indexes {smallest.indexes / MiB:.0f} MiB" if smallest.indexes else "") + ")")
+        f"of {floor} tokens without a drafter it needs {smallest.total / MiB:.0f} MiB ({_breakdown(smallest)})")
+
+
+def _breakdown(p: Plan) -> str:
+    """A refused plan's total in its parts (the drafter's refusal listed weights and KV only, ~1.7 GB of a 3 GB total
+    unexplained: session 57, a review)."""
+    return (f"weights {sum(p.weights.values()) / MiB:.0f} MiB, KV {sum(p.kv.values()) / MiB:.0f} MiB, "
+            f"working {p.working / MiB:.0f} MiB, runtime {p.runtime / MiB:.0f} MiB"
+            + (f", suffix indexes {p.indexes / MiB:.0f} MiB" if p.indexes else ""))
 
 
 def prompt_cache_bytes(p: Plan, profile: Profile) -> tuple[int, str | None, str | None]:

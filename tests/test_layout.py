@@ -6,6 +6,7 @@ EP; GPU providers are faked where the runtime's decisions depend on them.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -562,6 +563,13 @@ def test_heterogeneous_placement_is_exact_on_the_cpu(tiny_cuda_bundle, tmp_path)
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", str(_budget_profile(tmp_path,
                                   tiny_cuda_bundle)), "--drafter-provider", "cpu"])
     assert r.exit_code == 4 and r.stderr.startswith("error: the drafter placed on cpu does not fit")
+    # (session 57, a review) its total in all its parts, as the other refusal gives it (weights and KV only: most of
+    # the total unexplained), and one line
+    need = re.search(r"need (\d+) MiB \(weights (\d+) MiB, KV (\d+) MiB, working (\d+) MiB, runtime (\d+) MiB"
+                     r"(?:, suffix indexes (\d+) MiB)?\)", r.stderr)
+    assert need and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    total, *parts = (int(x or 0) for x in need.groups())
+    assert abs(total - sum(parts)) <= 3, r.stderr  # (each part rounded)
 
 
 def _budget_profile(where: Path, bundle) -> Path:
