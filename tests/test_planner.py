@@ -824,6 +824,9 @@ def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundl
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb"])
     assert r.exit_code == 0 and "note: this onnxruntime lacks cuda" in r.stderr and "GPU" in r.stdout, r.output
     assert "0.0 MiB  (none: it keeps CPU caches, the target's are on the GPU)" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb", "--measure",
+                                  "--measure-tokens", "8"])
+    assert r.exit_code == 0 and r.stderr.count("this onnxruntime build lacks") == 1, r.output  # (it was said twice)
     # (session 57) --provider cuda plans for that machine as the profile's providers do (it exited 5); where the
     # plan is this machine's (--measure, generate) it is still the error
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--provider", "cuda"])
