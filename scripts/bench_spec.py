@@ -141,32 +141,34 @@ def main(argv=None) -> int:
     external = {} if args.no_genai or sampled else genai_runners(bundle, args.genai_k, args.ngram_size, has_model,
                                                                   args.threads)
     close_llama = None
-    if args.llamacpp and not sampled:
-        tgt = args.llamacpp_target or eng.manifest.sources.get("target")
-        dft = args.llamacpp_drafter or eng.manifest.sources.get("drafter")
-        if not tgt or not str(tgt).endswith(".gguf"):
-            ap.error("--llamacpp needs the target GGUF (--llamacpp-target): the bundle was not exported from one")
-        if not Path(tgt).is_file():
-            ap.error(f"--llamacpp: the target GGUF the bundle was exported from is not here: {tgt} (--llamacpp-target)")
-        ks = tuple(int(k) for k in args.llamacpp_draft_k.split(",") if k.strip())
-        runners, close_llama = llamacpp_runners(tgt, dft if dft and str(dft).endswith(".gguf") else None,
-                                                threads=args.threads or os.cpu_count() or 2, ctx=eng.max_context,
-                                                draft_ks=ks, logs=_mkdir(Path(args.out)))
-        external.update(runners)
-    if external:  # first calls of genai's sessions pick kernels: keep them out of the figures
-        warm = eng.tokenizer.encode("Hello")
-        for fn in external.values():
-            fn(warm, 8)
-    print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + [n for n in names if n != 'none']}, "
-          f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
-    try:
-        # (genai's models live in this process: the report's peak memory says it holds theirs too)
-        rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
-                        temperature=args.temperature, top_p=args.top_p,
-                        in_process=[n for n in external if n.startswith("genai")])
-    except BaseException as e:  # Ctrl-C, llama-server gone: the runs done are written, marked as stopped early
-        write_partial_report(getattr(e, "report", None), args.out)
-        raise
+    try:  # (llama-server processes are closed whatever ends the run: an error in genai's warm-up left two
+        # running after the script had exited)
+        if args.llamacpp and not sampled:
+            tgt = args.llamacpp_target or eng.manifest.sources.get("target")
+            dft = args.llamacpp_drafter or eng.manifest.sources.get("drafter")
+            if not tgt or not str(tgt).endswith(".gguf"):
+                ap.error("--llamacpp needs the target GGUF (--llamacpp-target): the bundle was not exported from one")
+            if not Path(tgt).is_file():
+                ap.error(f"--llamacpp: the target GGUF the bundle was exported from is not here: {tgt} (--llamacpp-target)")
+            ks = tuple(int(k) for k in args.llamacpp_draft_k.split(",") if k.strip())
+            runners, close_llama = llamacpp_runners(tgt, dft if dft and str(dft).endswith(".gguf") else None,
+                                                    threads=args.threads or os.cpu_count() or 2, ctx=eng.max_context,
+                                                    draft_ks=ks, logs=_mkdir(Path(args.out)))
+            external.update(runners)
+        if external:  # first calls of genai's sessions pick kernels: keep them out of the figures
+            warm = eng.tokenizer.encode("Hello")
+            for fn in external.values():
+                fn(warm, 8)
+        print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + [n for n in names if n != 'none']}, "
+              f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
+        try:
+            # (genai's models live in this process: the report's peak memory says it holds theirs too)
+            rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
+                            temperature=args.temperature, top_p=args.top_p,
+                            in_process=[n for n in external if n.startswith("genai")])
+        except BaseException as e:  # Ctrl-C, llama-server gone: the runs done are written, marked as stopped early
+            write_partial_report(getattr(e, "report", None), args.out)
+            raise
     finally:
         if close_llama:
             close_llama()

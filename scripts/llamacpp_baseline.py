@@ -11,6 +11,7 @@ prefills its prompt as edgespec's runs do after a reset.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -41,6 +42,7 @@ class LlamaServer:
                "--no-webui", *extra]
         self.log = open(log or os.devnull, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        atexit.register(self.close)  # (a script that ends on an error before its close() left servers running)
         deadline = time.time() + 300
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -99,14 +101,18 @@ def llamacpp_runners(target_gguf: str, drafter_gguf: str | None, *, threads: int
         servers[name] = LlamaServer(model, threads=threads, ctx=ctx, extra=list(extra),
                                     log=(logs / f"{name.replace(':', '-')}.log") if logs else None)
 
-    start("llama-ar", target_gguf)
-    for k in draft_ks if drafter_gguf else ():
-        start(f"llama-draft:{k}", target_gguf, ["-md", str(drafter_gguf), "--spec-type", "draft-simple",
-                                                "--spec-draft-n-max", str(k),
-                                                "--spec-draft-n-min", "0", "-td", str(threads), "-tbd", str(threads),
-                                                "--poll-draft", "0"])
-    if ngram:
-        start("llama-ngram", target_gguf, ["--spec-type", "ngram-simple"])
+    try:
+        start("llama-ar", target_gguf)
+        for k in draft_ks if drafter_gguf else ():
+            start(f"llama-draft:{k}", target_gguf, ["-md", str(drafter_gguf), "--spec-type", "draft-simple",
+                                                    "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0",
+                                                    "-td", str(threads), "-tbd", str(threads), "--poll-draft", "0"])
+        if ngram:
+            start("llama-ngram", target_gguf, ["--spec-type", "ngram-simple"])
+    except BaseException:  # (a later server that does not start: the ones started are closed)
+        for srv in servers.values():
+            srv.close()
+        raise
 
     def runner(name):
         srv = servers[name]

@@ -983,3 +983,43 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
         warnings.simplefilter("error")
         (tmp_path / "plots").mkdir()
         assert tmp_path / "plots" / "acceptance_by_position.png" in _plots(Report("b", {}, {}, runs), tmp_path / "plots")
+
+
+def test_bench_spec_closes_llama_servers_whatever_ends_the_run(tiny_bundle, tmp_path, monkeypatch):
+    """(session 57) an error after llama.cpp's servers had started and before the bench's own try (genai's warm-up:
+    its bundle had no genai_config.json) left two llama-server processes running after the script had exited. They
+    are closed whatever ends the run now; and a later server that fails to start closes the ones started."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_spec
+    import llamacpp_baseline
+
+    closed = []
+
+    def fail(ids, n):
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(bench_spec, "SERVER", Path(__file__))
+    monkeypatch.setattr(bench_spec, "llamacpp_runners", lambda *a, **k: ({"llama-ar": fail}, lambda: closed.append(1)))
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        bench_spec.main([str(tiny_bundle), "--no-genai", "--llamacpp", "--llamacpp-target", str(tmp_path / "t.gguf"),
+                         "--llamacpp-draft-k", "", "--out", str(tmp_path / "out"), "--categories", "code",
+                         "--per-category", "1"])
+    assert closed == [1]
+
+    started = []
+
+    class Server:
+        def __init__(self, model, **kw):
+            if started:
+                raise RuntimeError("llama-server exited (1)")
+            started.append(self)
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(llamacpp_baseline, "LlamaServer", Server)
+    with pytest.raises(RuntimeError, match="exited"):
+        llamacpp_baseline.llamacpp_runners("t.gguf", None, threads=2, ctx=64)
+    assert len(started) == 1 and started[0].closed
