@@ -822,17 +822,9 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     dprov = placement_options().get("drafter_provider")
     # (with --measure the plan is this machine's, the one load() measures; without, the profile's device's, which
     # may be another machine's: said where this onnxruntime lacks its providers)
-    import logging
-
-    from .providers import log as provider_log
-
-    level = provider_log.level  # (with --measure, the load below says what this onnxruntime lacks: it was said twice)
-    if measure:
-        provider_log.setLevel(logging.ERROR)
-    try:
-        tprov, dprovs, _ = requested_providers(m, prof, provider, dprov, use_drafter=not no_drafter, here=measure)
-    finally:
-        provider_log.setLevel(level)
+    # (with --measure, the load below says what this onnxruntime lacks: it was said twice)
+    tprov, dprovs, _ = requested_providers(m, prof, provider, dprov, use_drafter=not no_drafter, here=measure,
+                                           warn=not measure)
     p = plan(m, prof, max_context=max_context, use_drafter=not no_drafter, providers=tprov, drafter_providers=dprovs,
              keep_drafter=bool(dprov) and not no_drafter)
     if not measure:  # (after the plan: a refused one's error was its second line; session 57, a review)

@@ -232,26 +232,27 @@ def _placements(path, make_options, providers: list[tuple[str, dict]]):
     return session, parse_placements(text)
 
 
-def _runnable(names: list[str]) -> list[str]:
+def _runnable(names: list[str], warn: bool = True) -> list[str]:
     """``names`` as choose() runs them: the ones this onnxruntime has (a warning for the others), CPU last."""
-    return [short_name(n) for n, _ in choose(names).providers]
+    return [short_name(n) for n, _ in choose(names, warn=warn).providers]
 
 
 def requested_providers(manifest, profile, provider: str | None = None, drafter_provider: str | None = None,
-                        use_drafter: bool = True, here: bool = False) -> tuple[list[str], list[str], bool]:
+                        use_drafter: bool = True, here: bool = False,
+                        warn: bool = True) -> tuple[list[str], list[str], bool]:
     """(the target's providers, the drafter's, whether the drafter's were named) as load() and the
     planner use them: ``provider`` (explicit) or the profile's list for the target; ``drafter_provider``
     (explicit), else the profile's ``drafter_provider``, else the target's list for the drafter;
     each checked against its graph's layout (``serve_layout``). ``here`` (load(): the plan is the one that runs):
     a profile's providers this onnxruntime lacks are left out, with choose()'s warning; without (``edgespec plan``,
-    which may plan for another machine) they stay."""
+    which may plan for another machine) they stay; ``warn`` false: that warning left to a load that follows."""
     for asked in (provider, drafter_provider):
         if asked:  # an unknown name is an error; here, one this onnxruntime lacks too (install onnxruntime-gpu);
             # `edgespec plan` without --measure may plan for another machine's (it says so)
             choose([asked], explicit=True) if here else canonical(asked)
     # (here: a GPU profile on a CPU-only onnxruntime planned a GPU's runtime and no prompt cache, then ran on the
     # CPU under that plan)
-    target = [provider] if provider else (_runnable if here else list)(list(profile.providers))
+    target = [provider] if provider else _runnable(list(profile.providers), warn) if here else list(profile.providers)
     named = drafter_provider or profile.drafter_provider
     if here and named and not drafter_provider and canonical(named) not in available_providers():
         named = None  # (the profile's drafter placement, on a provider this onnxruntime lacks: the target's)

@@ -65,13 +65,14 @@ class ProviderChoice:
 
 
 def choose(requested: list[str], options: dict[str, dict] | None = None, *, explicit: bool = False,
-           available: list[str] | None = None) -> ProviderChoice:
+           available: list[str] | None = None, warn: bool = True) -> ProviderChoice:
     """Pick the execution providers to run with.
 
     ``requested`` is an ordered preference (short names or onnxruntime names); ``options`` are keyed
     by short name (as in a profile's ``[provider_options.cuda]``). Providers this build lacks are
-    skipped with one warning saying what was asked and what runs; with ``explicit`` (the user named
-    one on the command line) a missing provider is an error. The CPU provider always closes the list.
+    skipped with one warning saying what was asked and what runs (logged unless ``warn`` is false; kept in the
+    choice's ``warnings`` either way); with ``explicit`` (the user named one on the command line) a missing provider
+    is an error. The CPU provider always closes the list.
     """
     options = options or {}
     requested = list(requested) or ["cpu"]
@@ -97,7 +98,7 @@ def choose(requested: list[str], options: dict[str, dict] | None = None, *, expl
             f"asked for {', '.join(_SHORT[n] for n in names)}; this onnxruntime build lacks {', '.join(missing)} "
             f"(it has {', '.join(have)}), so {_SHORT[runs[0][0]]} runs"
             + ("; install onnxruntime-gpu for cuda/tensorrt" if any(m != "cpu" for m in missing) else ""))
-    for w in warnings:
+    for w in warnings if warn else ():
         log.warning(w)
     return ProviderChoice(runs, requested, warnings, explicit)
 

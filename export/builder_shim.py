@@ -61,9 +61,10 @@ def _patch_longrope() -> None:
             # transformers' attention_factor scales both tables; the builder reads short_mscale/long_mscale only, else
             # its default from the contexts (a GGUF's attn_factor, or a config's, built another rotary: session 57)
             rp = getattr(config, "rope_parameters", None)
-            if isinstance(rp, dict) and isinstance(rp.get("attention_factor"), (int, float)) and rp["attention_factor"] > 0:
-                rp.setdefault("short_mscale", float(rp["attention_factor"]))
-                rp.setdefault("long_mscale", float(rp["attention_factor"]))
+            factor = rp.get("attention_factor") if isinstance(rp, dict) else None
+            if isinstance(factor, (int, float)) and factor > 0:
+                rp.setdefault("short_mscale", float(factor))
+                rp.setdefault("long_mscale", float(factor))
             return _orig(self, config)
 
         cls.make_rope_init = make_rope_init

@@ -546,8 +546,8 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
     tensor, which transformers leaves out: Llama 3.1/3.2 GGUFs were exported unscaled; session 56, a review) and a
     partial rotary's width (``{arch}.rope.dimension_count``, which transformers drops for Phi-3: a Phi-4-mini-style
     GGUF was exported rotating whole heads) and LongRoPE's factors (``rope_factors_long/short.weight``, which
-    transformers leaves out too: refused until session 57); ExportError for a scaling edgespec cannot keep; {} where nothing needs
-    mending or the file's fields cannot be read (transformers then says what it says)."""
+    transformers leaves out too: refused until session 57); ExportError for a scaling edgespec cannot keep; {} where
+    nothing needs mending or the file's fields cannot be read (transformers then says what it says)."""
     from transformers import AutoConfig
 
     try:
@@ -657,34 +657,36 @@ def _gguf_config(path: Path, name: str, kw: dict) -> dict:
             config.rope_parameters = params
             config.partial_rotary_factor = rotary / width  # (the builder reads the attribute)
             changed = True
-    if freqs is not None:
+
+    def one_rotary(what: str) -> tuple[dict, int, float]:
+        """The config's rotary parameters where one set serves every layer (else ExportError: the scaling ``what``
+        cannot say which), the rotary's width in lanes, and its base."""
         params = dict(getattr(config, "rope_parameters", None) or {})
         if _per_layer_type(params):
-            raise ExportError(f"{path.name} scales its rotary (rope_freqs.weight) and its model keeps rotary "
-                              "parameters per layer type: export the model's Hugging Face folder instead")
-        theta = float(theta or params.get("rope_theta") or 10000.0)
+            raise ExportError(f"{path.name} scales its rotary ({what}) and its model keeps rotary parameters per layer "
+                              "type: export the model's Hugging Face folder instead")
         dim = rotary if partial else int(width * float(params.get("partial_rotary_factor", 1.0))) if width else 0
-        got = llama3_rope(freqs, theta, dim)
+        return params, dim, float(theta or params.get("rope_theta") or 10000.0)
+
+    if freqs is not None:
+        params, dim, base = one_rotary("rope_freqs.weight")
+        got = llama3_rope(freqs, base, dim)
         if got is None:
             raise ExportError(f"{path.name} scales its rotary by a rope_freqs.weight tensor that is not Llama 3's "
                               "scaling: export the model's Hugging Face folder instead")
         if got:
-            params.update(got, rope_type="llama3", rope_theta=theta)
+            params.update(got, rope_type="llama3", rope_theta=base)
             config.rope_parameters = params
             changed = True
     if longrope:
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        if _per_layer_type(params):
-            raise ExportError(f"{path.name} scales its rotary (LongRoPE) and its model keeps rotary parameters per "
-                              "layer type: export the model's Hugging Face folder instead")
-        dim = rotary if partial else int(width * float(params.get("partial_rotary_factor", 1.0))) if width else 0
+        params, dim, base = one_rotary("LongRoPE")
         if 2 * len(longrope["long"]) != dim:
-            raise ExportError(f"{path.name}'s LongRoPE factor tensors hold {len(longrope['long'])} factors for a rotary "
-                              f"of {dim} lanes (one a pair of lanes): export the model's Hugging Face folder instead")
+            raise ExportError(f"{path.name}'s LongRoPE factor tensors hold {len(longrope['long'])} factors for a "
+                              f"rotary of {dim} lanes (one a pair of lanes): export the model's Hugging Face folder "
+                              "instead")
         orig = int(rope["original_max_position_embeddings"])
         params.update(rope_type="longrope", long_factor=longrope["long"], short_factor=longrope["short"],
-                      original_max_position_embeddings=orig,
-                      rope_theta=float(theta or params.get("rope_theta") or 10000.0))
+                      original_max_position_embeddings=orig, rope_theta=base)
         params.pop("factor", None)  # (transformers' default: the context's length over the original's)
         # the file's attention factor where it is not transformers' default (llama.cpp's converter computes the
         # same formula)

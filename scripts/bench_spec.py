@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import edgespec  # noqa: E402
 from edgespec.bench import parse_drafters, read_prompts, run_bench, write_partial_report, write_report  # noqa: E402
-from genai_baseline import GENAI_CONFIG, MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative, model_dir  # noqa: E402
+from genai_baseline import (GENAI_CONFIG, MAX_DRAFT_TOKENS, genai_autoregressive, genai_speculative,  # noqa: E402
+                            model_dir)
 from llamacpp_baseline import SERVER, llamacpp_runners  # noqa: E402
 from one_line_errors import one_line_errors  # noqa: E402
 
@@ -128,9 +129,9 @@ def main(argv=None) -> int:
         try:
             model_dir(bundle / "target")  # (where genai_runners' runs look)
         except FileNotFoundError:
-            ap.error(f"{bundle} has no genai_config.json for onnxruntime-genai's runs (an exact-kernels bundle's graphs "
-                     "run on edgespec's kernels only): give --no-genai, or run genai on the bundle it was rewritten "
-                     "from")
+            ap.error(f"{bundle} has no {GENAI_CONFIG} for onnxruntime-genai's runs (an exact-kernels bundle's "
+                     "graphs run on edgespec's kernels only): give --no-genai, or run genai on the bundle it was "
+                     "rewritten from")
     # no memory of earlier runs (every runner sees a prompt fresh) and no prompt cache (its memory is not in the
     # plan the report compares with; scripts/bench_prompt_cache.py measures it)
     eng = edgespec.load(bundle, threads=args.threads, memory=False, prompt_cache_mb=0)
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
             if not tgt or not str(tgt).endswith(".gguf"):
                 ap.error("--llamacpp needs the target GGUF (--llamacpp-target): the bundle was not exported from one")
             if not Path(tgt).is_file():
-                ap.error(f"--llamacpp: the target GGUF the bundle was exported from is not here: {tgt} (--llamacpp-target)")
+                ap.error(f"--llamacpp: the target GGUF the bundle was exported from is not here: {tgt} "
+                         "(--llamacpp-target)")
             ks = tuple(int(k) for k in args.llamacpp_draft_k.split(",") if k.strip())
             runners, close_llama = llamacpp_runners(tgt, dft if dft and str(dft).endswith(".gguf") else None,
                                                     threads=args.threads or os.cpu_count() or 2, ctx=eng.max_context,
@@ -159,8 +161,9 @@ def main(argv=None) -> int:
             warm = eng.tokenizer.encode("Hello")
             for fn in external.values():
                 fn(warm, 8)
-        print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec {['none'] + [n for n in names if n != 'none']}, "
-              f"genai {list(external)}, {args.max_new_tokens} new tokens", file=sys.stderr, flush=True)
+        print(f"bench_spec: {bundle.name}, {len(prompts)} prompts, edgespec "
+              f"{['none'] + [n for n in names if n != 'none']}, genai {list(external)}, {args.max_new_tokens} new "
+              "tokens", file=sys.stderr, flush=True)
         try:
             # (genai's models live in this process: the report's peak memory says it holds theirs too)
             rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,

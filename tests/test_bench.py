@@ -982,7 +982,8 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         (tmp_path / "plots").mkdir()
-        assert tmp_path / "plots" / "acceptance_by_position.png" in _plots(Report("b", {}, {}, runs), tmp_path / "plots")
+        made = _plots(Report("b", {}, {}, runs), tmp_path / "plots")
+    assert tmp_path / "plots" / "acceptance_by_position.png" in made
 
 
 def test_bench_spec_closes_llama_servers_whatever_ends_the_run(tiny_bundle, tmp_path, monkeypatch):
