@@ -176,6 +176,101 @@ def _patch_norms() -> None:
     base.Model._edgespec_norms = True
 
 
+OLMO2 = "olmo2"  # config._edgespec_family of an OLMo 2 config the builder is given as OLMo's (_patch_olmo2)
+
+
+def _patch_olmo2() -> None:
+    """OLMo 2 (``Olmo2ForCausalLM``: OLMo 2 1B-32B), which the builder (0.18) does not build ("not currently
+    supported"). Its layer has no norm before attention or the MLP; each one's output is normed (RMSNorm) before it
+    joins the residual stream, and the query and key projections are normed over their whole width (all heads at
+    once, where Qwen3's norms are per head):
+
+        h = h + post_attention_norm(attention(h));  h = h + post_feedforward_norm(mlp(h))
+
+    ``Olmo2Model`` builds that from the builder's parts (its attention, MLP, norms and final skip norm; the
+    residual sums as ``Add`` nodes). The builder picks its class by ``config.architectures[0]`` inside its own
+    module: an OLMo 2 config is given to it as OLMo's, marked, and the OLMo class builds a marked config as OLMo 2
+    (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is). The
+    weights still load as ``Olmo2ForCausalLM`` (from the folder's config.json)."""
+    import builders
+    from builders import base
+    from transformers import AutoConfig
+
+    if getattr(builders, "_edgespec_olmo2", False):
+        return
+
+    class Olmo2Model(base.Model):
+        def make_attention_init(self, config):
+            self.attention_attrs["q_norm"] = True
+            self.attention_attrs["k_norm"] = True
+            super().make_attention_init(config)
+
+        def is_fused_qk_norm_gqa_supported(self):
+            return False  # (GroupQueryAttention's fused norms are per head)
+
+        def make_qk_norm(self, layer_id, attention):
+            """The query's and key's RMSNorm over the whole projection (``q_norm`` of num_heads x head_dim)."""
+            for p, norm, width in (("q", attention.q_norm, self.q_size), ("k", attention.k_norm, self.kv_size)):
+                name = f"/model/layers.{layer_id}/attn/{p}_norm/SimplifiedLayerNormalization"
+                weight = f"model.layers.{layer_id}.attn.{p}_norm.layernorm.weight"
+                self.make_initializer(norm.weight + self.layernorm_attrs["add_offset"], weight, to=self.io_dtype)
+                out = f"{name}/output_0"
+                self.make_node("SimplifiedLayerNormalization", inputs=[self.attention_attrs[f"{p}_path"], weight],
+                               outputs=[out], name=name, epsilon=self.layernorm_attrs["epsilon"], axis=-1, stash_type=1)
+                self.make_value(out, self.io_dtype, shape=self.make_hidden_state_shape(last_dim=width))
+                self.attention_attrs[f"{p}_path"] = out
+
+        def _sum(self, name, a, b):
+            self.make_add(name, [a, b], dtype=self.io_dtype, shape=self.make_hidden_state_shape())
+            return f"{name}/output_0"
+
+        def _post_norm(self, layer_id, norm, x, location):
+            """``norm`` (RMSNorm) of ``x``, as the builder makes a norm without a skip input."""
+            attrs = self.layernorm_attrs
+            root = attrs["root_input"]
+            attrs["root_input"] = x
+            self.make_layernorm(layer_id, norm, skip=False, simple=True, location=location)
+            attrs["root_input"] = root
+            return attrs["output_0"]
+
+        def make_layer(self, layer_id, layer):
+            attrs = self.layernorm_attrs
+            # the residual stream: the embeddings, else the last layer's two terms (summed by the final skip norm)
+            h = attrs["root_input"] if attrs["first_layernorm"] else self._sum(
+                f"/model/layers.{layer_id}/residual/Add", attrs["root_input"], attrs["skip_input"])
+            self.make_attention(layer_id, layer.self_attn, root_input=h)
+            normed = self._post_norm(layer_id, layer.post_attention_layernorm, attrs["skip_input"], "post_attention")
+            h = self._sum(f"/model/layers.{layer_id}/post_attention/Add", h, normed)
+            self.make_mlp(layer_id, layer.mlp, root_input=h)
+            normed = self._post_norm(layer_id, layer.post_feedforward_layernorm, attrs["skip_input"],
+                                     "post_feedforward")
+            attrs["root_input"], attrs["skip_input"] = h, normed
+            attrs["first_layernorm"] = False
+            if layer_id == self.num_layers - 1:
+                attrs["last_layernorm"] = True
+
+    olmo = builders.OLMoModel
+
+    class OLMoOrOlmo2(olmo):
+        def __new__(cls, config, *args, **kw):
+            if getattr(config, "_edgespec_family", None) == OLMO2:
+                return Olmo2Model(config, *args, **kw)
+            return super().__new__(cls)
+
+    from_pretrained = AutoConfig.from_pretrained
+
+    def read_config(*args, _orig=from_pretrained, **kw):
+        config = _orig(*args, **kw)
+        if list(getattr(config, "architectures", None) or [])[:1] == ["Olmo2ForCausalLM"]:
+            config.architectures = ["OlmoForCausalLM"]
+            config._edgespec_family = OLMO2
+        return config
+
+    AutoConfig.from_pretrained = staticmethod(read_config)
+    builders.OLMoModel = OLMoOrOlmo2
+    builders._edgespec_olmo2 = True
+
+
 def patch() -> None:
     """Wrap the builder's Gemma 3 class (imported as the builder imports it: top-level ``builders``, from its
     own folder) so that it reads a flat config, and its LongRoPE Phi-3 classes (``_patch_longrope``)."""
@@ -185,6 +280,7 @@ def patch() -> None:
     _patch_longrope()
     _patch_rope_kinds()
     _patch_norms()
+    _patch_olmo2()
 
     cls = gemma.Gemma3Model
     if getattr(cls, "_edgespec_flat_rope", False):

@@ -87,6 +87,47 @@ def test_qwen3_query_key_norms_take_the_exact_kernels(tmp_path_factory, qwen3_pa
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
 
+def _random_norms(d, seed: int = 5):
+    """Give the tiny model at ``d`` norm weights other than 1 (as a trained model's): a norm built in the wrong place,
+    or with another norm's weight, then computes another model, which float32 validation catches."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+    m.save_pretrained(d)
+    return d
+
+
+def test_olmo2_exports_and_takes_the_exact_kernels(tmp_path_factory):
+    """(session 58) OLMo 2, which the builder does not build: export/builder_shim.py builds its layer (no norm before
+    attention or the MLP, each one's output normed before the residual sum, the query and key normed over their whole
+    projection). At float32 the graph is the model (its logits within 1e-3 of torch's; random norm weights, so a norm in
+    the wrong place fails); at INT4 every weight matrix is checked, greedy speculative output (model drafter, prompt
+    lookup, auto) equals plain decoding, and exact-kernels packs the normed query, key and value for its attention."""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    r = _random_norms(make_model(tmp_path_factory.mktemp("hf") / "olmo2-norms", "olmo2", seed=9))
+    f = _export(tmp_path_factory, "olmo2-fp32", r, target_precision="fp32", max_context=256)
+    v = load_manifest(f).target.validation
+    assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
+    _greedy_exact(f, 24, ("prompt-lookup",))
+    # (INT4 on the tiny model with random norms agrees with torch at top-1 0.5, below the export's 0.6)
+    d = make_model(tmp_path_factory.mktemp("hf") / "olmo2", "olmo2", seed=9)
+    b = _export(tmp_path_factory, "olmo2-int4", d, target_precision="int4", max_context=256, drafter=str(d))
+    _weights_all_checked(b)
+    _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "olmo2-xk",
+                                       "query, key and value packed into one input")
+    _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+
+
 def test_gemma2_window_past_the_context_is_taken_off(tmp_path_factory, arch_dirs):
     """A sliding window at least as long as the bundle's context never leaves a key out: the export takes it off
     the graph (onnxruntime refused it: "KV cache capacity must be at least local_window_size", so Gemma 2 could

@@ -41,7 +41,8 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
                noise: float = 0.0, **extra) -> Path:
     """Save a tiny random model (and tokenizer) to ``directory``: ``arch`` qwen2, llama, qwen3 (per-head
     query and key norms), gemma2 (sliding windows on alternate layers, softcaps), gemma3 (both, and a rotary
-    theta per layer type), mistral, gemma, phi3, granite, olmo, smollm3, lfm2 (convolution layers: refused), phi
+    theta per layer type), mistral, gemma, phi3, granite, olmo, olmo2 and olmo3 (norms after attention and MLP, query
+    and key norms over the whole projection; olmo3: sliding windows on three layers of four), smollm3, lfm2 (convolution layers: refused), phi
     (Phi-2), nemotron or ernie4_5; ``extra``: more
     config fields (``sliding_window``). With ``perturb_from``, copy that model's weights and add Gaussian
     noise: a drafter that mostly agrees with its target."""
@@ -62,7 +63,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
         common["original_max_position_embeddings"] = extra.pop("original_max_position_embeddings", max_pos)
     configs = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "qwen3": "Qwen3Config", "gemma2": "Gemma2Config",
                "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig", "gemma": "GemmaConfig", "phi3": "Phi3Config",
-               "granite": "GraniteConfig", "olmo": "OlmoConfig", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
+               "granite": "GraniteConfig", "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "olmo3": "Olmo3Config", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
                "phi": "PhiConfig", "nemotron": "NemotronConfig", "ernie4_5": "Ernie4_5Config"}
     cfg = getattr(transformers, configs[arch])(**{**common, **extra})
     torch.manual_seed(seed)
