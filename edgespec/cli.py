@@ -410,7 +410,8 @@ _template_kwargs_opt = click.option(
               help="A text file the reply is expected mostly to repeat (the file an edit rewrites): drafted from, "
                    "the reply unchanged by it.")
 @click.option("--json-schema", "schema_file", type=click.Path(dir_okay=False), default=None,
-              help="Hold the reply to this JSON Schema (a file; structured outputs, needs llguidance).")
+              help="Hold the reply to this JSON Schema (a file holding the schema, or a whole response_format "
+                   "object of type json_schema; structured outputs, needs llguidance).")
 @click.option("--json-object", is_flag=True, help="Hold the reply to a JSON object (structured outputs).")
 @click.option("--suffix", default=None,
               help="Fill in the middle: the text after the gap (the prompt is the text before it); for code models "
@@ -465,7 +466,10 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
             schema = json.loads(text)
         except (ValueError, RecursionError) as e:
             raise ConfigError(f"the JSON schema file {schema_file} is not JSON: {parse_reason(e)}") from None
-        response_format = {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
+        if isinstance(schema, dict) and schema.get("type") == "json_schema":  # a whole response_format (the
+            response_format = schema  # README's and OpenAI's shape): no JSON Schema has that type
+        else:
+            response_format = {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
     elif json_object:
         response_format = {"type": "json_object"}
     if response_format is not None:

@@ -269,10 +269,42 @@ def _utf8(text: str) -> bool:
 _BLOCKS = ((OPEN, CLOSE, False), ("```json\n", "```", True), ("```\n", "```", True))
 
 
+def _call_shaped(text: str) -> bool | None:
+    """Whether a reply's start can be a bare call, ``{"name":`` (or ``{{"name":``, the form Qwen2.5-Coder's own
+    template shows in its tool instructions) after whitespace: True, False, or None while too little is written."""
+    t = text.lstrip()
+    if not t:
+        return None
+    if t[0] != "{":
+        return False
+    t = t[1:]
+    if t[:1] == "{":
+        t = t[1:]
+    t = t.lstrip()
+    key = '"name"'
+    if len(t) < len(key):
+        return None if key.startswith(t) else False
+    if not t.startswith(key):
+        return False
+    t = t[len(key):].lstrip()
+    return None if not t else t[0] == ":"
+
+
+def _bare_calls(text: str, names: frozenset) -> list[ToolCall] | None:
+    """A whole reply that is nothing but a call of one of the tools (or a list of them), written without a block:
+    JSON, or the template's doubled braces around it; None otherwise."""
+    t = text.strip()
+    for body in (t, t[1:-1] if t.startswith("{{") and t.endswith("}}") else None):
+        found = _as_calls(body, names) if body else None
+        if found is not None:
+            return found[0]
+    return None
+
+
 class ToolCallParser:
-    """Takes calls out of a reply fed in pieces: ``<tool_call>`` blocks, and fenced JSON blocks
+    """Takes calls out of a reply fed in pieces: ``<tool_call>`` blocks, fenced JSON blocks
     (```json) that hold nothing but a call of one of the tools (``names``; Qwen2.5-Coder writes its
-    calls so). ``feed(text)`` and ``finish()`` return events, ``("content", text)`` or ``("call",
+    calls so), and a reply that is nothing but such a call, written bare (``_bare_calls``). ``feed(text)`` and ``finish()`` return events, ``("content", text)`` or ``("call",
     ToolCall)``, in the reply's order: content is given out as soon as it cannot be the start of a
     call (a fenced block is held until its first character shows it is not JSON, or until it closes).
     Whitespace around calls is left out (whitespace alone, with calls, is no content). ``limit``: calls
@@ -288,6 +320,10 @@ class ToolCallParser:
         self._block = None  # the block being read: (opener, closer, must name a tool)
         self._scan, self._in_str, self._esc, self._checked = 0, False, False, False  # (its scan: _closer_at)
         self._space = ""  # whitespace held back: given out only if non-space content follows
+        # a reply that may be one bare call of a tool (no block: ``{"name": ...}``, as Qwen2.5-Coder writes some
+        # of its calls; 7 of 16 sampled first replies of the README's example, session 58): held from its start
+        # while it can be one (``_call_shaped``), read at ``finish``; False once it cannot
+        self._bare: str | bool = "" if self.names else False
 
     @property
     def content(self) -> str:
@@ -363,6 +399,11 @@ class ToolCallParser:
         self._scan, self._in_str, self._esc, self._checked = 0, False, False, False
 
     def feed(self, text: str) -> list:
+        if self._bare is not False:
+            self._bare += text
+            if _call_shaped(self._bare) is not False:
+                return []
+            text, self._bare = self._bare, False  # not a call: read as any reply
         out: list = []
         self._buf += text
         while True:
@@ -399,6 +440,18 @@ class ToolCallParser:
     def finish(self) -> list:
         """The end of the reply: an unclosed call that is whole JSON is a call (the generation may end
         at its last brace, or at ``</tool_call>`` as a stop string), anything else left is content."""
+        if self._bare:  # held to the end: one bare call, or (not one) the reply's text as it was written
+            held, self._bare = self._bare, False
+            calls = _bare_calls(held, self.names) if _call_shaped(held) else None
+            if calls is None:
+                return self.feed(held) + self.finish()
+            out = []
+            for call in calls:
+                if self.limit is None or len(self.calls) < self.limit:
+                    self.calls.append(call)
+                    out.append(("call", call))
+            return out
+        self._bare = False
         out: list = []
         if self._block is not None:  # unclosed: a call followed by text is the call and that text
             self._close(self._buf, self._block[0] + self._buf, out, whole=False)

@@ -455,6 +455,10 @@ def test_cli_generate_holds_the_reply_to_a_json_schema(tiny_bundle, tmp_path):
     check(json.loads(r.output)["text"])
     streamed = CliRunner().invoke(main, base + ["--json-schema", str(schema)])
     assert streamed.exit_code == 0 and json.loads(r.output)["text"] in streamed.output  # the same reply, streamed
+    wrapped = tmp_path / "response_format.json"  # (session 58, a review: the README's shape was refused, "Invalid
+    wrapped.write_text(json.dumps(SCHEMA))  # type: json_schema") a whole response_format: the same reply
+    w = CliRunner().invoke(main, base + ["--json", "--json-schema", str(wrapped)])
+    assert w.exit_code == 0 and json.loads(w.output)["text"] == json.loads(r.output)["text"], w.output
     obj = CliRunner().invoke(main, base + ["--json", "--json-object", "--max-new-tokens", "8"])
     assert obj.exit_code == 0 and json.loads(obj.output)["text"].lstrip().startswith("{")
     bad = tmp_path / "bad.json"

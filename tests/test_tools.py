@@ -67,6 +67,17 @@ PARSE = [  # (reply, expected content, expected calls as (name, arguments))
     ("I will call <tool_call> now.\n" + CALL, "I will call <tool_call> now.", [("get_weather", {"city": "Paris"})]),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "\\ud83d x"}}\n</tool_call>', "",
      [("get_weather", {"city": "\ud83d x"})]),  # (a lone surrogate: its arguments in ASCII escapes)
+    # (session 58) a reply that is nothing but a call, bare (Qwen2.5-Coder's sampled replies to the README's example:
+    # 7 of 16), or in the doubled braces its template's tool instructions show; not where anything else is written
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [("get_weather", {"city": "Paris"})]),
+    (' \n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n', "", [("get_weather", {"city": "Paris"})]),
+    ('{"name": "print", "arguments": {}}', '{"name": "print", "arguments": {}}', []),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}} Done.',
+     '{"name": "get_weather", "arguments": {"city": "Paris"}} Done.', []),
+    ('{"name": "Alice", "age": 3}', '{"name": "Alice", "age": 3}', []),
+    ('{"answer": 42}\n', '{"answer": 42}\n', []),
+    ('{{"name": "get_weather"', '{{"name": "get_weather"', []),
+    ('  ', '  ', []),
 ]
 
 
@@ -86,6 +97,16 @@ def test_the_parser_whole_and_streamed_in_any_pieces(reply, content, calls):
         assert "".join(v for k, v in events if k == "content") == content
         assert calls_of([v for k, v in events if k == "call"]) == calls
         assert (p.content, calls_of(p.calls)) == (content, calls)
+
+
+def test_a_reply_that_cannot_be_a_bare_call_streams_as_it_comes():
+    """A reply that begins as JSON is held only while it can still be a bare call (``{"name":``): other JSON is given
+    out as it is written, not at the reply's end."""
+    p = ToolCallParser(NAMES)
+    assert p.feed('{"na') == [] and p.feed('me"') == [] and p.feed(": ") == []
+    p = ToolCallParser(NAMES)
+    assert p.feed("{") == [] and p.feed('"answer": ') == [("content", '{"answer":')]
+    assert ToolCallParser(None).feed('{"name": "x"') == [("content", '{"name": "x"')]  # (no tools: nothing held)
 
 
 def test_streamed_and_whole_parsing_agree_and_lose_nothing():
