@@ -176,7 +176,8 @@ def _patch_norms() -> None:
     base.Model._edgespec_norms = True
 
 
-OLMO2 = "olmo2"  # config._edgespec_family of an OLMo 2 config the builder is given as OLMo's (_patch_olmo2)
+# config._edgespec_family of an OLMo 2 or 3 config the builder is given as OLMo's (_patch_olmo2)
+OLMO2, OLMO3 = "olmo2", "olmo3"
 
 
 def _patch_olmo2() -> None:
@@ -249,21 +250,54 @@ def _patch_olmo2() -> None:
             if layer_id == self.num_layers - 1:
                 attrs["last_layernorm"] = True
 
+    class Olmo3Model(Olmo2Model):
+        """OLMo 3 (``Olmo3ForCausalLM``): OLMo 2's layer, sliding windows on the layers ``layer_types`` marks
+        ``sliding_attention`` (three of four; the builder's base class applies a window per layer so), and a rotary
+        per layer type (the full layers' may be YaRN-scaled, the sliding layers' not): two tables, as the builder's
+        Gemma 3 has, each transformers' own (its rotary module's frequencies and attention scaling per type)."""
+
+        def __init__(self, config, *args, **kw):
+            from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
+
+            rot = Olmo3RotaryEmbedding(config)  # (from the config as transformers reads it: rotary per layer type)
+            tables = {t: (getattr(rot, f"{t}_inv_freq").float(), float(getattr(rot, f"{t}_attention_scaling")))
+                      for t in ("full_attention", "sliding_attention") if hasattr(rot, f"{t}_inv_freq")}
+            flat_rope(config)  # (the builder's base reads a flat rotary: the full layers')
+            super().__init__(config, *args, **kw)
+            self.cos_cache_global_name, self.sin_cache_global_name = "cos_cache_global", "sin_cache_global"
+            self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
+            for kind, cos, sin in (("full_attention", "cos_cache_global", "sin_cache_global"),
+                                   ("sliding_attention", "cos_cache_local", "sin_cache_local")):
+                self._edgespec_rotary = tables.get(kind) or tables["full_attention"]
+                self.rope_attrs["create_caches"] = True
+                base.Model.make_rotary_embedding_caches(self, cos_cache_name=cos, sin_cache_name=sin)
+
+        def make_rotary_embedding_caches(self, **kwargs):
+            local = self.window_size != -1  # (base.make_attention sets it per layer: -1 on the full layers)
+            return base.Model.make_rotary_embedding_caches(
+                self, cos_cache_name=kwargs.get("cos_cache_name", self.cos_cache_local_name if local else
+                                                self.cos_cache_global_name),
+                sin_cache_name=kwargs.get("sin_cache_name", self.sin_cache_local_name if local else
+                                          self.sin_cache_global_name))
+
     olmo = builders.OLMoModel
+    families = {OLMO2: Olmo2Model, OLMO3: Olmo3Model}
 
     class OLMoOrOlmo2(olmo):
         def __new__(cls, config, *args, **kw):
-            if getattr(config, "_edgespec_family", None) == OLMO2:
-                return Olmo2Model(config, *args, **kw)
+            family = families.get(getattr(config, "_edgespec_family", None))
+            if family is not None:
+                return family(config, *args, **kw)
             return super().__new__(cls)
 
     from_pretrained = AutoConfig.from_pretrained
 
     def read_config(*args, _orig=from_pretrained, **kw):
         config = _orig(*args, **kw)
-        if list(getattr(config, "architectures", None) or [])[:1] == ["Olmo2ForCausalLM"]:
+        arch = list(getattr(config, "architectures", None) or [])[:1]
+        if arch in (["Olmo2ForCausalLM"], ["Olmo3ForCausalLM"]):
             config.architectures = ["OlmoForCausalLM"]
-            config._edgespec_family = OLMO2
+            config._edgespec_family = OLMO2 if arch == ["Olmo2ForCausalLM"] else OLMO3
         return config
 
     AutoConfig.from_pretrained = staticmethod(read_config)

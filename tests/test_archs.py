@@ -103,27 +103,38 @@ def _random_norms(d, seed: int = 5):
     return d
 
 
-def test_olmo2_exports_and_takes_the_exact_kernels(tmp_path_factory):
-    """(session 58) OLMo 2, which the builder does not build: export/builder_shim.py builds its layer (no norm before
-    attention or the MLP, each one's output normed before the residual sum, the query and key normed over their whole
-    projection). At float32 the graph is the model (its logits within 1e-3 of torch's; random norm weights, so a norm in
-    the wrong place fails); at INT4 every weight matrix is checked, greedy speculative output (model drafter, prompt
-    lookup, auto) equals plain decoding, and exact-kernels packs the normed query, key and value for its attention."""
+OLMO3 = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8, "rope_parameters": {
+    "full_attention": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 5e5},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}}
+
+
+@pytest.mark.parametrize("arch, extra, seed", [("olmo2", {}, 9), ("olmo3", OLMO3, 1)], ids=["olmo2", "olmo3"])
+def test_olmo2_and_3_export_and_take_the_exact_kernels(tmp_path_factory, arch, extra, seed):
+    """(session 58) OLMo 2 and 3, which the builder does not build: export/builder_shim.py builds their layer (no norm
+    before attention or the MLP, each one's output normed before the residual sum, the query and key normed over their
+    whole projection); OLMo 3's sliding windows (its layer_types: three layers of four in the real models, one of two
+    here), its full layers' YaRN rotary and its sliding
+    layers' plain one (two tables, transformers' own). At float32 the graph is the model (its logits within 1e-3 of
+    torch's over 143 positions, past the 8-token window and YaRN's original 64; random norm weights, so a norm in the
+    wrong place fails; one table for both layer kinds fails too); at INT4 every weight matrix is checked, greedy
+    speculative output (model drafter, prompt lookup, auto) equals plain decoding, and exact-kernels packs the normed
+    query, key and value for its attention (OLMo 3's windows included)."""
     from tiny import make_model
 
     from edgespec.manifest import load_manifest
 
-    r = _random_norms(make_model(tmp_path_factory.mktemp("hf") / "olmo2-norms", "olmo2", seed=9))
-    f = _export(tmp_path_factory, "olmo2-fp32", r, target_precision="fp32", max_context=256)
+    r = _random_norms(make_model(tmp_path_factory.mktemp("hf") / f"{arch}-norms", arch, seed=seed, **extra))
+    f = _export(tmp_path_factory, f"{arch}-fp32", r, target_precision="fp32", max_context=256)
     v = load_manifest(f).target.validation
     assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
     _greedy_exact(f, 24, ("prompt-lookup",))
-    # (INT4 on the tiny model with random norms agrees with torch at top-1 0.5, below the export's 0.6)
-    d = make_model(tmp_path_factory.mktemp("hf") / "olmo2", "olmo2", seed=9)
-    b = _export(tmp_path_factory, "olmo2-int4", d, target_precision="int4", max_context=256, drafter=str(d))
+    # (INT4 on the tiny model with random norms agrees with torch at top-1 0.5, below the export's 0.6; with four layers
+    # too: its distributions are near uniform over 372 tokens)
+    d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=seed, **extra)
+    b = _export(tmp_path_factory, f"{arch}-int4", d, target_precision="int4", max_context=256, drafter=str(d))
     _weights_all_checked(b)
     _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
-    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "olmo2-xk",
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / f"{arch}-xk",
                                        "query, key and value packed into one input")
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
