@@ -181,8 +181,8 @@ OLMO2, OLMO3 = "olmo2", "olmo3"
 
 
 def _patch_olmo2() -> None:
-    """OLMo 2 (``Olmo2ForCausalLM``: OLMo 2 1B-32B), which the builder (0.18) does not build ("not currently
-    supported"). Its layer has no norm before attention or the MLP; each one's output is normed (RMSNorm) before it
+    """OLMo 2 and 3 (``Olmo2ForCausalLM``: OLMo 2 1B-32B; ``Olmo3ForCausalLM``: ``Olmo3Model`` below), which the
+    builder (0.18) does not build ("not currently supported"). Its layer has no norm before attention or the MLP; each one's output is normed (RMSNorm) before it
     joins the residual stream, and the query and key projections are normed over their whole width (all heads at
     once, where Qwen3's norms are per head):
 
@@ -190,9 +190,10 @@ def _patch_olmo2() -> None:
 
     ``Olmo2Model`` builds that from the builder's parts (its attention, MLP, norms and final skip norm; the
     residual sums as ``Add`` nodes). The builder picks its class by ``config.architectures[0]`` inside its own
-    module: an OLMo 2 config is given to it as OLMo's, marked, and the OLMo class builds a marked config as OLMo 2
-    (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is). The
-    weights still load as ``Olmo2ForCausalLM`` (from the folder's config.json)."""
+    module: an OLMo 2 or 3 config is given to it as OLMo's, marked, and the OLMo class builds a marked config as its
+    family (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is,
+    greedy tokens equal to edgespec's on a tiny OLMo 2). The weights still load as the family's class (from the
+    folder's config.json)."""
     import builders
     from builders import base
     from transformers import AutoConfig
@@ -283,7 +284,7 @@ def _patch_olmo2() -> None:
     olmo = builders.OLMoModel
     families = {OLMO2: Olmo2Model, OLMO3: Olmo3Model}
 
-    class OLMoOrOlmo2(olmo):
+    class OLMoFamily(olmo):
         def __new__(cls, config, *args, **kw):
             family = families.get(getattr(config, "_edgespec_family", None))
             if family is not None:
@@ -301,7 +302,7 @@ def _patch_olmo2() -> None:
         return config
 
     AutoConfig.from_pretrained = staticmethod(read_config)
-    builders.OLMoModel = OLMoOrOlmo2
+    builders.OLMoModel = OLMoFamily
     builders._edgespec_olmo2 = True
 
 
