@@ -370,6 +370,15 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: the model's sliding window of {window:,} tokens is not in the builder's graph; "
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window
+    text_cfg = getattr(cfg, "text_config", None) or cfg
+    rp = getattr(text_cfg, "rope_parameters", None) or {}
+    beta, original = rp.get("llama_4_scaling_beta"), rp.get("original_max_position_embeddings")
+    if beta and isinstance(original, int) and 0 < original < ctx:
+        # Ministral 3 (and Llama 4): past the original context each query is scaled by 1 + beta x log(1 + floor(position
+        # / original)), which the builder's graph does not apply: the graph is the model up to that length
+        progress.log(f"    {role}: the model scales its queries past {original:,} tokens (llama_4_scaling_beta), which "
+                     f"the builder's graph does not; the bundle holds {original:,} tokens")
+        ctx = original
     unbound, rope = settle_graph(graph_file, ctx)  # (windows at least ctx: the ones kept are the shorter)
     check_rotary(graph_file, rotary, role)  # (after settle_graph: LongRoPE's tables are one, per position, then)
     if rope:

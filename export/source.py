@@ -814,6 +814,24 @@ def llama3_rope(freqs: list[float], theta: float, dim: int) -> dict | None:
     return None
 
 
+def _from_pretrained(auto, name, **kw):
+    """``auto.from_pretrained``; a vision-language checkpoint whose config transformers maps to no causal LM
+    (Mistral 3's and Ministral 3's ``Mistral3ForConditionalGeneration``) loads as the image-text model it is: given
+    token ids alone it is its text decoder, the part the builder exports (its ``...ForConditionalGeneration`` class)."""
+    try:
+        return auto.from_pretrained(name, **kw)
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        from transformers import AutoConfig, AutoModelForImageTextToText
+
+        cfg = AutoConfig.from_pretrained(name, **{k: v for k, v in kw.items() if k in ("gguf_file", "revision",
+                                                                                        "trust_remote_code")})
+        if getattr(cfg, "text_config", None) is None:
+            raise
+        return AutoModelForImageTextToText.from_pretrained(name, **kw)
+
+
 def load_model(src: Source, dtype: str = "float32", log=None):
     import torch
     from transformers import AutoModelForCausalLM
@@ -825,8 +843,8 @@ def load_model(src: Source, dtype: str = "float32", log=None):
             if "gguf_file" in kw:
                 kw = {**kw, **_gguf_config(src.path, name, kw)}
                 zero = kw.pop(ZERO_BIASES, ())
-            model, info = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype),
-                                                               output_loading_info=True, **kw)
+            model, info = _from_pretrained(AutoModelForCausalLM, name, dtype=getattr(torch, dtype),
+                                           output_loading_info=True, **kw)
     except ExportError:  # (_gguf_config's: said as it is)
         raise
     except Exception as e:  # (a damaged safetensors file raises safetensors' own error type)

@@ -139,6 +139,55 @@ def test_olmo2_and_3_export_and_take_the_exact_kernels(tmp_path_factory, arch, e
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
 
+def _ministral3(d, seed: int = 1, **text):
+    """A tiny Ministral 3 checkpoint as Mistral ships it: ``Mistral3ForConditionalGeneration`` (a Pixtral vision tower
+    beside the text decoder), the decoder's YaRN rotary and its query scaling past the original context
+    (``llama_4_scaling_beta``)."""
+    import torch
+    import transformers
+    from tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 128,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+    tc = transformers.Ministral3Config(**{
+        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": None,
+        "tie_word_embeddings": False, "rope_parameters": rope, **text})
+    vc = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                          image_size=32, patch_size=16, head_dim=16)
+    torch.manual_seed(seed)
+    m = transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(
+        text_config=tc, vision_config=vc, image_token_index=len(tok) - 1))
+    with torch.no_grad():
+        m.get_output_embeddings().weight.mul_(8.0)
+    m.eval().save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_ministral3_s_text_decoder_exports_up_to_its_original_context(tmp_path_factory):
+    """(session 58) Ministral 3 (3B/8B/14B, edge models) and Mistral Small 3.x ship as ``Mistral3ForConditionalGeneration``,
+    which transformers maps to no causal LM: the export loaded nothing ("Unrecognized configuration class"). It loads
+    the image-text model now (given token ids it is its text decoder, which the builder builds): at float32 its
+    logits are within 1e-3 of torch's. Past the original context its queries are scaled (``llama_4_scaling_beta``),
+    which the builder's graph does not do: the bundle holds the original context (said at export), and greedy
+    speculative output equals plain decoding at INT4 and on the exact kernels."""
+    from edgespec.manifest import load_manifest
+
+    d = _ministral3(tmp_path_factory.mktemp("hf") / "ministral3")
+    f = _export(tmp_path_factory, "ministral3-fp32", d, target_precision="fp32", max_context=256)
+    m = load_manifest(f)
+    assert m.target.max_context == 128
+    assert m.target.validation.passed and max(m.target.validation.max_abs_logit_diff.values()) < 1e-3
+    b = _export(tmp_path_factory, "ministral3-int4", d, target_precision="int4", max_context=256, drafter=str(d))
+    _weights_all_checked(b)
+    _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "ministral3-xk", "MatMulNBits")
+    _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+
+
 def test_gemma2_window_past_the_context_is_taken_off(tmp_path_factory, arch_dirs):
     """A sliding window at least as long as the bundle's context never leaves a key out: the export takes it off
     the graph (onnxruntime refused it: "KV cache capacity must be at least local_window_size", so Gemma 2 could
