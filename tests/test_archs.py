@@ -453,16 +453,21 @@ def _weights_all_checked(bundle):
     assert v.passed and v.weights_checked >= 3 and v.weights_unmapped == 0 and v.weight_error < 0.3, v
 
 
+# Hunyuan dense's (0.5B-7B) NTK-alpha rotary as its checkpoints write it ("dynamic" with a fixed alpha: static frequencies)
+HUNYUAN_ROPE = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
 
 
 @pytest.mark.parametrize("arch, extra", [("llama", {"rope_parameters": LLAMA3_ROPE}), ("phi3", {}), ("gemma", {}),
                                          ("granite", {}), ("olmo", {}), ("smollm3", {}),
-                                         ("phi3", {"partial_rotary_factor": 0.75, "hidden": 128, "heads": 2})],
-                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3", "phi4-mini-rotary"])
+                                         ("phi3", {"partial_rotary_factor": 0.75, "hidden": 128, "heads": 2}),
+                                         ("hunyuan", {"rope_parameters": HUNYUAN_ROPE})],
+                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3", "phi4-mini-rotary", "hunyuan"])
 def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch, extra):
-    """Llama 3's scaled rotary, Phi-3, Gemma, Granite, OLMo, SmolLM3 (rotary left out on some layers) and Phi-4-mini's
+    """Llama 3's scaled rotary, Phi-3, Gemma, Granite, OLMo, SmolLM3 (rotary left out on some layers), Hunyuan dense
+    (session 58: its NTK-alpha rotary, query and key norms after the rotary; exact-kernels keeps onnxruntime's attention
+    there, padded) and Phi-4-mini's
     partial rotary (0.75 of a head; session 42: edgespec's attention rotates the first lanes and passes the rest, where
     the rewritten bundle's first call had failed) through the export (validated against torch) and exact-kernels,
     greedy speculative output equal to plain decoding."""
@@ -1129,13 +1134,15 @@ def test_a_longrope_rotary_the_builder_leaves_unscaled_is_refused(tmp_path_facto
 
 @pytest.mark.parametrize("arch, extra", [("olmo", {}), ("olmo", {"clip_qkv": 0.1}),
                                          ("phi", {"partial_rotary_factor": 0.4, "hidden": 160, "heads": 2}),
-                                         ("nemotron", {"hidden": 128, "heads": 2, "kv_heads": 2})],
-                         ids=["olmo", "olmo-clip-qkv", "phi2", "nemotron"])
+                                         ("nemotron", {"hidden": 128, "heads": 2, "kv_heads": 2}),
+                                         ("hunyuan", {"rope_parameters": HUNYUAN_ROPE})],
+                         ids=["olmo", "olmo-clip-qkv", "phi2", "nemotron", "hunyuan"])
 def test_families_whose_norms_the_builder_got_wrong_export_at_float32(tmp_path_factory, arch, extra):
     """(session 47, a review) Exported at float32 (validated against torch at 1e-2) these were other models, which the
     INT4 tests above let through (top-1 over 0.6): OLMo's LayerNorm without weights built as an RMSNorm at eps 1e-6,
     its clip_qkv left out; Phi-2's layer_norm_eps and Nemotron's norm_eps (1e-5) read as 1e-6
-    (export/builder_shim.py mends the builder's reading)."""
+    (export/builder_shim.py mends the builder's reading). Hunyuan dense (session 58): its NTK-alpha rotary and norms
+    after the rotary, as the builder has them, are the model at float32."""
     from tiny import make_model
 
     d = make_model(tmp_path_factory.mktemp("hf") / arch, arch, seed=3, **extra)
