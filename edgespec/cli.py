@@ -468,6 +468,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
             raise ConfigError(f"the JSON schema file {schema_file} is not JSON: {parse_reason(e)}") from None
         if isinstance(schema, dict) and schema.get("type") == "json_schema":  # a whole response_format (the
             response_format = schema  # README's and OpenAI's shape): no JSON Schema has that type
+        elif isinstance(schema, dict) and schema.get("type") == "json_object":
+            raise ConfigError(f"{schema_file} holds a json_object response_format: use --json-object for it")
         else:
             response_format = {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
     elif json_object:

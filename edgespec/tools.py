@@ -269,9 +269,10 @@ def _utf8(text: str) -> bool:
 _BLOCKS = ((OPEN, CLOSE, False), ("```json\n", "```", True), ("```\n", "```", True))
 
 
-def _call_shaped(text: str) -> bool | None:
-    """Whether a reply's start can be a bare call, ``{"name":`` (or ``{{"name":``, the form Qwen2.5-Coder's own
-    template shows in its tool instructions) after whitespace: True, False, or None while too little is written."""
+def _call_shaped(text: str, names: frozenset) -> bool | None:
+    """Whether a reply's start can be a bare call of one of ``names``, ``{"name": "<one of them>"`` (or ``{{...``,
+    the form Qwen2.5-Coder's own template shows in its tool instructions) after whitespace: True, False, or None while
+    too little is written to say."""
     t = text.lstrip()
     if not t:
         return None
@@ -287,15 +288,40 @@ def _call_shaped(text: str) -> bool | None:
     if not t.startswith(key):
         return False
     t = t[len(key):].lstrip()
-    return None if not t else t[0] == ":"
+    if not t:
+        return None
+    if t[0] != ":":
+        return False
+    t = t[1:].lstrip()
+    if not t:
+        return None
+    if t[0] != '"':
+        return False
+    t = t[1:]
+    end = t.find('"')  # (a tool's name has no quote nor escape: NAME)
+    if end >= 0:
+        return t[:end] in names
+    return None if any(n.startswith(t) for n in names) else False
+
+
+_BARE_KEYS = ({"name", "arguments"}, {"name", "parameters"})  # (a bare call's keys: its name and its arguments)
 
 
 def _bare_calls(text: str, names: frozenset) -> list[ToolCall] | None:
-    """A whole reply that is nothing but a call of one of the tools (or a list of them), written without a block:
-    JSON, or the template's doubled braces around it; None otherwise."""
+    """A whole reply that is nothing but one call of one of the tools, written without a block: a JSON object of
+    its ``name`` and ``arguments`` and nothing else (an object with more keys, a tool's definition the model
+    echoed, is no call), or the template's doubled braces around it; None otherwise."""
     t = text.strip()
     for body in (t, t[1:-1] if t.startswith("{{") and t.endswith("}}") else None):
-        found = _as_calls(body, names) if body else None
+        if not body:
+            continue
+        try:
+            obj = _STRICT.decode(body)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(obj, dict) or set(obj) not in _BARE_KEYS:
+            continue
+        found = _as_calls(body, names)
         if found is not None:
             return found[0]
     return None
@@ -310,8 +336,10 @@ class ToolCallParser:
     Whitespace around calls is left out (whitespace alone, with calls, is no content). ``limit``: calls
     past it are dropped."""
 
-    def __init__(self, names=None, limit: int | None = None):
+    def __init__(self, names=None, limit: int | None = None, bare=None):
         self.names = frozenset(names) if names is not None else None
+        # the tools a bare call may name (``_bare_calls``; default ``names``; none: no bare call is read)
+        self.bare_names = self.names if bare is None else frozenset(bare)
         self.blocks = [b for b in _BLOCKS if not b[2] or self.names]
         self.limit = limit
         self.calls: list[ToolCall] = []
@@ -323,7 +351,7 @@ class ToolCallParser:
         # a reply that may be one bare call of a tool (no block: ``{"name": ...}``, as Qwen2.5-Coder writes some
         # of its calls; 7 of 16 sampled first replies of the README's example, session 58): held from its start
         # while it can be one (``_call_shaped``), read at ``finish``; False once it cannot
-        self._bare: str | bool = "" if self.names else False
+        self._bare: str | bool = "" if self.names and self.bare_names else False
 
     @property
     def content(self) -> str:
@@ -401,7 +429,7 @@ class ToolCallParser:
     def feed(self, text: str) -> list:
         if self._bare is not False:
             self._bare += text
-            if _call_shaped(self._bare) is not False:
+            if _call_shaped(self._bare, self.bare_names) is not False:
                 return []
             text, self._bare = self._bare, False  # not a call: read as any reply
         out: list = []
@@ -442,7 +470,7 @@ class ToolCallParser:
         at its last brace, or at ``</tool_call>`` as a stop string), anything else left is content."""
         if self._bare:  # held to the end: one bare call, or (not one) the reply's text as it was written
             held, self._bare = self._bare, False
-            calls = _bare_calls(held, self.names) if _call_shaped(held) else None
+            calls = _bare_calls(held, self.bare_names) if _call_shaped(held, self.bare_names) else None
             if calls is None:
                 return self.feed(held) + self.finish()
             out = []
@@ -554,10 +582,14 @@ class ToolRequest:
         p.finish()
         return p.content, p.calls
 
-    def parser(self) -> ToolCallParser | None:
+    def parser(self, bare: bool = True) -> ToolCallParser | None:
+        """The reply's parser. ``bare``: a reply that is nothing but a call written without a block is read as one,
+        of a function that is not ``strict`` (a strict function's arguments are held to its parameters inside
+        ``<tool_call>`` blocks only)."""
         if not self.parses:
             return None
-        p = ToolCallParser([t["function"]["name"] for t in self.tools], None if self.parallel else 1)
+        p = ToolCallParser([t["function"]["name"] for t in self.tools], None if self.parallel else 1,
+                           bare=[t["function"]["name"] for t in self.tools if bare and not t["function"].get("strict")])
         if self.prefix:
             p.feed(self.prefix)
         return p
@@ -578,7 +610,7 @@ class CallEnd(str):
     def ends(self, text: str, at: int) -> bool:
         """Whether the closer at ``at`` of the reply's ``text`` ends the reply's first call: the reply has a call
         through it and none before it (not a tag in prose after a fenced call)."""
-        p = self.request.parser()
+        p = self.request.parser(bare=False)  # (a reply held as a possible bare call would show no call here)
         p.feed(text[:at])  # (the parser reads a reply fed in pieces as it reads it whole)
         if p.calls:
             return False

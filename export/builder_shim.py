@@ -269,7 +269,7 @@ def _patch_olmo2() -> None:
             self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
             for kind, cos, sin in (("full_attention", "cos_cache_global", "sin_cache_global"),
                                    ("sliding_attention", "cos_cache_local", "sin_cache_local")):
-                self._edgespec_rotary = tables.get(kind) or tables["full_attention"]
+                self._edgespec_rotary = tables.get(kind) or next(iter(tables.values()))  # (one kind of layer only)
                 self.rope_attrs["create_caches"] = True
                 base.Model.make_rotary_embedding_caches(self, cos_cache_name=cos, sin_cache_name=sin)
 

@@ -363,6 +363,9 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     from .kernels import SKIP_INPUT, add_logits_skip, attention_windows, settle_graph
 
     window = int(getattr(cfg, "sliding_window", None) or 0)
+    types = getattr(cfg, "layer_types", None) or getattr(getattr(cfg, "text_config", None), "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        window = 0  # (a window in a config whose layers all attend fully, OLMo 3's with every layer full: none applies)
     windows = attention_windows(graph_file)
     if 0 < window < ctx and windows and all(w < 0 for w in windows):
         # the model attends within a sliding window (transformers' config says so) that the builder's graph does

@@ -139,6 +139,22 @@ def test_olmo2_and_3_export_and_take_the_exact_kernels(tmp_path_factory, arch, e
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
 
+@pytest.mark.parametrize("kind", ["sliding_attention", "full_attention"])
+def test_olmo3_with_one_kind_of_layer(tmp_path_factory, kind):
+    """(the session's review) OLMo 3 whose layers are all sliding built no full layers' table (KeyError), and one whose
+    layers all attend fully was bounded at its config's sliding_window (8 tokens here, 4,096 at real sizes): both
+    export at float32 as torch computes them, the context the asked one."""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    d = make_model(tmp_path_factory.mktemp("hf") / f"olmo3-{kind}", "olmo3", seed=1,
+                   **{**OLMO3, "layer_types": [kind, kind]})
+    m = load_manifest(_export(tmp_path_factory, f"olmo3-{kind}-fp32", d, target_precision="fp32", max_context=256))
+    assert m.target.validation.passed and max(m.target.validation.max_abs_logit_diff.values()) < 1e-3
+    assert m.target.max_context == 256
+
+
 def _ministral3(d, seed: int = 1, **text):
     """A tiny Ministral 3 checkpoint as Mistral ships it: ``Mistral3ForConditionalGeneration`` (a Pixtral vision tower
     beside the text decoder), the decoder's YaRN rotary and its query scaling past the original context

@@ -467,7 +467,10 @@ def test_cli_generate_holds_the_reply_to_a_json_schema(tiny_bundle, tmp_path):
     notjson.write_text("{type: object")
     deep = tmp_path / "deep.json"  # (session 46: a RecursionError's traceback)
     deep.write_text("[" * 100000 + "]" * 100000)
+    obj_file = tmp_path / "object.json"
+    obj_file.write_text('{"type": "json_object"}')
     for args, msg in ((["--json-schema", str(bad)], "objectx"), (["--json-schema", str(notjson)], "is not JSON"),
+                      (["--json-schema", str(obj_file)], "use --json-object"),
                       (["--json-schema", str(deep)], "is not JSON: maximum recursion depth"),
                       (["--json-schema", str(tmp_path / "none.json")], "no such JSON schema file"),
                       (["--json-schema", str(schema), "--json-object"], "give one of them")):

@@ -78,6 +78,10 @@ PARSE = [  # (reply, expected content, expected calls as (name, arguments))
     ('{"answer": 42}\n', '{"answer": 42}\n', []),
     ('{{"name": "get_weather"', '{{"name": "get_weather"', []),
     ('  ', '  ', []),
+    # (the session's review) a tool's definition echoed, or a name alone, is no call
+    ('{"name": "get_weather", "description": "d", "parameters": {"type": "object"}}',
+     '{"name": "get_weather", "description": "d", "parameters": {"type": "object"}}', []),
+    ('{"name": "get_weather"}', '{"name": "get_weather"}', []),
 ]
 
 
@@ -107,6 +111,29 @@ def test_a_reply_that_cannot_be_a_bare_call_streams_as_it_comes():
     p = ToolCallParser(NAMES)
     assert p.feed("{") == [] and p.feed('"answer": ') == [("content", '{"answer":')]
     assert ToolCallParser(None).feed('{"name": "x"') == [("content", '{"name": "x"')]  # (no tools: nothing held)
+    p = ToolCallParser(NAMES)  # a name that no tool has: given out once it shows
+    assert p.feed('{"name": "get_') == [] and p.feed('x') == [("content", '{"name": "get_x')]
+    assert ToolCallParser(NAMES, bare=[]).feed('{"na') == [("content", '{"na')]  # (strict tools only: no bare call)
+    assert parse_tool_calls('{"name": "get_weather", "arguments": {}}', NAMES)[1]  # (and read whole, a call)
+
+
+def test_a_bare_call_of_a_strict_function_is_content_and_one_call_still_ends_the_reply():
+    """(the session's review) A strict function's arguments are held to its parameters inside <tool_call> blocks only:
+    its bare call stays content. With parallel_tool_calls false the reply ends at its first call's </tool_call> (the
+    stop's check read a reply starting like a bare call as held, and the generation ran to its end)."""
+    strict = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    req = tool_request(strict, template=TOOLS_TEMPLATE)
+    bare = '{"name": "get_weather", "arguments": {"town": 1}}'
+    assert req.parse(bare) == (bare, [])
+    loose = tool_request([{"type": "function", "function": {"name": "get_weather"}}], parallel_tool_calls=False,
+                         template=TOOLS_TEMPLATE)
+    assert calls_of(loose.parse(bare)[1]) == [("get_weather", {"town": 1})]
+    end = loose.stops()[0]
+    text = '{"name": "get_weather", "arguments": {}} then\n' + CALL + " more"
+    at = text.index("</tool_call>")
+    assert end.ends(text, at)
 
 
 def test_streamed_and_whole_parsing_agree_and_lose_nothing():
