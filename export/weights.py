@@ -30,8 +30,10 @@ BOUND = {"4bit": 0.5, "8bit": 0.05, "fp8": 0.12, "float16": 0.01, "float32": 1e-
 _ATTN = {"q_proj": (("q_proj",), ("query",)), "k_proj": (("k_proj",), ("key",)), "v_proj": (("v_proj",), ("value",)),
          "qkv_proj": (("qkv_proj",), ("q_proj", "k_proj", "v_proj"), ("query_key_value",), ("Wqkv",)),
          "o_proj": (("o_proj",), ("dense",), ("out_proj",))}
-_MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0)), "up_proj": (("up_proj",), ("gate_up_proj", 1)),
-        "gate_up_proj": (("gate_up_proj",), ("gate_proj", "up_proj")), "down_proj": (("down_proj",),),
+_MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0), ("input_linear", 0)),
+        "up_proj": (("up_proj",), ("gate_up_proj", 1), ("input_linear", 1)),
+        "gate_up_proj": (("gate_up_proj",), ("gate_proj", "up_proj"), ("input_linear",)),
+        "down_proj": (("down_proj",), ("output_linear",)),  # (Granite 4's shared MLP: input_linear, output_linear)
         "fc1": (("fc1",),), "fc2": (("fc2",),)}
 _NODE = re.compile(r"/model/layers\.(\d+)/(attn|mlp)/(\w+)/(?:MatMul|DequantizeLinear)")
 REWRITE_BOUND = 1e-5  # exact-kernels' tiles against the graph they were packed from (``check_rewrite``)

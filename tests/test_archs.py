@@ -471,6 +471,11 @@ def _weights_all_checked(bundle):
 
 # Hunyuan dense's (0.5B-7B) NTK-alpha rotary as its checkpoints write it ("dynamic" with a fixed alpha: static frequencies)
 HUNYUAN_ROPE = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+# Granite 4.0 Micro: the hybrid class (GraniteMoeHybrid) with attention layers only, its MLP a shared one (input_linear
+# packing gate and up, output_linear), no experts
+GRANITE4 = {"layer_types": ["attention", "attention"], "num_local_experts": 0, "shared_intermediate_size": 128,
+            "position_embedding_type": "rope", "embedding_multiplier": 12.0, "logits_scaling": 8.0,
+            "residual_multiplier": 0.22, "attention_multiplier": 0.0078125}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
 
@@ -478,12 +483,14 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "h
 @pytest.mark.parametrize("arch, extra", [("llama", {"rope_parameters": LLAMA3_ROPE}), ("phi3", {}), ("gemma", {}),
                                          ("granite", {}), ("olmo", {}), ("smollm3", {}),
                                          ("phi3", {"partial_rotary_factor": 0.75, "hidden": 128, "heads": 2}),
-                                         ("hunyuan", {"rope_parameters": HUNYUAN_ROPE})],
-                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3", "phi4-mini-rotary", "hunyuan"])
+                                         ("hunyuan", {"rope_parameters": HUNYUAN_ROPE}), ("granite4", GRANITE4)],
+                         ids=["llama3-rope", "phi3", "gemma", "granite", "olmo", "smollm3", "phi4-mini-rotary", "hunyuan",
+                              "granite4-micro"])
 def test_more_families_export_and_take_the_exact_kernels(tmp_path_factory, arch, extra):
     """Llama 3's scaled rotary, Phi-3, Gemma, Granite, OLMo, SmolLM3 (rotary left out on some layers), Hunyuan dense
     (session 58: its NTK-alpha rotary, query and key norms after the rotary; exact-kernels keeps onnxruntime's attention
-    there, padded) and Phi-4-mini's
+    there, padded), Granite 4.0 Micro (session 58: the hybrid class with attention layers only; its shared MLP's
+    input_linear/output_linear mapped for the weight check, 6 of 12 matrices unchecked before) and Phi-4-mini's
     partial rotary (0.75 of a head; session 42: edgespec's attention rotates the first lanes and passes the rest, where
     the rewritten bundle's first call had failed) through the export (validated against torch) and exact-kernels,
     greedy speculative output equal to plain decoding."""

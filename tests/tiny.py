@@ -63,7 +63,8 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
         common["original_max_position_embeddings"] = extra.pop("original_max_position_embeddings", max_pos)
     configs = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "qwen3": "Qwen3Config", "gemma2": "Gemma2Config",
                "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig", "gemma": "GemmaConfig", "phi3": "Phi3Config",
-               "granite": "GraniteConfig", "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "olmo3": "Olmo3Config", "hunyuan": "HunYuanDenseV1Config", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
+               "granite": "GraniteConfig", "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "olmo3": "Olmo3Config", "hunyuan": "HunYuanDenseV1Config",
+               "granite4": "GraniteMoeHybridConfig", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
                "phi": "PhiConfig", "nemotron": "NemotronConfig", "ernie4_5": "Ernie4_5Config"}
     cfg = getattr(transformers, configs[arch])(**{**common, **extra})
     torch.manual_seed(seed)
