@@ -176,8 +176,8 @@ def _patch_norms() -> None:
     base.Model._edgespec_norms = True
 
 
-# config._edgespec_family of an OLMo 2 or 3 config the builder is given as OLMo's (_patch_olmo2)
-OLMO2, OLMO3 = "olmo2", "olmo3"
+# config._edgespec_family of an OLMo 2 or 3 (or EXAONE 4.0) config the builder is given as OLMo's (_patch_olmo2)
+OLMO2, OLMO3, EXAONE4 = "olmo2", "olmo3", "exaone4"
 
 
 def _patch_olmo2() -> None:
@@ -281,8 +281,31 @@ def _patch_olmo2() -> None:
                 sin_cache_name=kwargs.get("sin_cache_name", self.sin_cache_local_name if local else
                                           self.sin_cache_global_name))
 
+    class Exaone4Model(Olmo2Model):
+        """EXAONE 4.0 (``Exaone4ForCausalLM``: 1.2B, 32B): OLMo 2's layer (norms after attention and the MLP only)
+        with its query and key normed per head (the builder's own per-head norms, as Qwen3's), and where the config
+        has a sliding window, windows on the layers ``layer_types`` marks ``sliding_attention`` and no rotary on the
+        others (transformers rotates the queries and keys of sliding layers only, then: its global layers are NoPE)."""
+
+        def make_qk_norm(self, layer_id, attention):
+            return base.Model.make_qk_norm(self, layer_id, attention)
+
+        def make_attention(self, layer_id, attention, root_input, **kwargs):
+            attrs = self.attention_attrs
+            saved = attrs["rope"], attrs["use_rope_in_attn"]
+            if self._edgespec_window and not self.is_local(layer_id):  # (no rotary: neither in the attention op
+                attrs["rope"] = attrs["use_rope_in_attn"] = False  # nor as RotaryEmbedding nodes before it)
+            try:
+                super().make_attention(layer_id, attention, root_input, **kwargs)
+            finally:
+                attrs["rope"], attrs["use_rope_in_attn"] = saved
+
+        def __init__(self, config, *args, **kw):
+            self._edgespec_window = getattr(config, "sliding_window", None) is not None
+            super().__init__(config, *args, **kw)
+
     olmo = builders.OLMoModel
-    families = {OLMO2: Olmo2Model, OLMO3: Olmo3Model}
+    families = {OLMO2: Olmo2Model, OLMO3: Olmo3Model, EXAONE4: Exaone4Model}
 
     class OLMoFamily(olmo):
         def __new__(cls, config, *args, **kw):
@@ -295,10 +318,11 @@ def _patch_olmo2() -> None:
 
     def read_config(*args, _orig=from_pretrained, **kw):
         config = _orig(*args, **kw)
-        arch = list(getattr(config, "architectures", None) or [])[:1]
-        if arch in (["Olmo2ForCausalLM"], ["Olmo3ForCausalLM"]):
+        arch = list(getattr(config, "architectures", None) or [""])[:1][0]
+        family = {"Olmo2ForCausalLM": OLMO2, "Olmo3ForCausalLM": OLMO3, "Exaone4ForCausalLM": EXAONE4}.get(arch)
+        if family is not None:
             config.architectures = ["OlmoForCausalLM"]
-            config._edgespec_family = OLMO2 if arch == ["Olmo2ForCausalLM"] else OLMO3
+            config._edgespec_family = family
         return config
 
     AutoConfig.from_pretrained = staticmethod(read_config)

@@ -139,6 +139,31 @@ def test_olmo2_and_3_export_and_take_the_exact_kernels(tmp_path_factory, arch, e
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
 
+@pytest.mark.parametrize("extra, own", [({"sliding_window": 8, "sliding_window_pattern": 2}, "1 GroupQueryAttention"),
+                                        ({"sliding_window": None, "sliding_window_pattern": None,
+                                          "layer_types": ["full_attention"] * 2}, "2 GroupQueryAttention")],
+                         ids=["hybrid", "global"])
+def test_exaone4_exports_and_takes_the_exact_kernels(tmp_path_factory, extra, own):
+    """(session 58) EXAONE 4.0 (1.2B, 32B), which the builder does not build: OLMo 2's layer with per-head query and key
+    norms; with a sliding window (the 32B's 3:1), windows on the sliding layers and no rotary on the global ones (NoPE:
+    transformers rotates the sliding layers' queries and keys only). At float32 the logits are within 1e-3 of torch's
+    (random norm weights; the global layers rotated too fails it); INT4 and exact-kernels decode exactly (a NoPE layer
+    keeps onnxruntime's attention, padded; the 1.2B's all-global layers take edgespec's)."""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    r = _random_norms(make_model(tmp_path_factory.mktemp("hf") / "exaone4-norms", "exaone4", seed=1, **extra))
+    v = load_manifest(_export(tmp_path_factory, "exaone4-fp32", r, target_precision="fp32", max_context=256)).target.validation
+    assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
+    d = make_model(tmp_path_factory.mktemp("hf") / "exaone4", "exaone4", seed=1, **extra)
+    b = _export(tmp_path_factory, "exaone4-int4", d, target_precision="int4", max_context=256, drafter=str(d))
+    _weights_all_checked(b)
+    _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "exaone4-xk", own + " -> edgespec")
+    _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+
+
 @pytest.mark.parametrize("kind", ["sliding_attention", "full_attention"])
 def test_olmo3_with_one_kind_of_layer(tmp_path_factory, kind):
     """(the session's review) OLMo 3 whose layers are all sliding built no full layers' table (KeyError), and one whose

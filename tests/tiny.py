@@ -55,7 +55,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
-    if arch in ("qwen3", "gemma", "gemma2", "gemma3", "hunyuan"):
+    if arch in ("qwen3", "gemma", "gemma2", "gemma3", "hunyuan", "exaone4"):
         common["head_dim"] = hidden // heads
     if arch in ("phi3", "smollm3"):
         common["pad_token_id"] = None
@@ -64,7 +64,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
     configs = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "qwen3": "Qwen3Config", "gemma2": "Gemma2Config",
                "mistral": "MistralConfig", "gemma3": "Gemma3TextConfig", "gemma": "GemmaConfig", "phi3": "Phi3Config",
                "granite": "GraniteConfig", "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "olmo3": "Olmo3Config", "hunyuan": "HunYuanDenseV1Config",
-               "granite4": "GraniteMoeHybridConfig", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
+               "granite4": "GraniteMoeHybridConfig", "exaone4": "Exaone4Config", "smollm3": "SmolLM3Config", "lfm2": "Lfm2Config",
                "phi": "PhiConfig", "nemotron": "NemotronConfig", "ernie4_5": "Ernie4_5Config"}
     cfg = getattr(transformers, configs[arch])(**{**common, **extra})
     torch.manual_seed(seed)
