@@ -74,7 +74,8 @@ def _patch_longrope() -> None:
 def _patch_rope_kinds() -> None:
     """The builder's rotary for kinds it has and skipped: its Llama class (Llama, Nemotron, SmolLM3, DeepSeek-Coder's
     Llama checkpoints) handles llama3 scaling only and built a ``linear`` (DeepSeek-Coder 1.3B/6.7B: factor 4) or a
-    ``yarn`` rotary unscaled, a different model that quantized validation let through; its base class has both.
+    ``yarn`` rotary unscaled, a different model that quantized validation let through; its base class has both, and
+    not llama3 (EXAONE 4.0's, built on it here: transformers' frequencies).
     YaRN's tables are transformers' (its betas 32 and 1 by default: the builder's 0 divided by zero, and Qwen2.5's
     documented YaRN snippet gives none). ``export.bundle.check_rotary`` compares the built tables with transformers' either way."""
     from builders import base, llama
@@ -85,6 +86,13 @@ def _patch_rope_kinds() -> None:
 
     def base_rope_init(self, config, _orig=base_init):
         rp = getattr(config, "rope_parameters", None)
+        if isinstance(rp, dict) and rp.get("rope_type") == "llama3":  # (the builder's Llama class has it, its base
+            # class raised "not currently supported": EXAONE 4.0, built as OLMo 2 here) transformers' own frequencies
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+            self._edgespec_rotary = (inv_freq.float(), float(scaling))
+            return None
         yarn = isinstance(rp, dict) and rp.get("rope_type") == "yarn"
         if yarn:
             rp.setdefault("beta_fast", 32.0)
@@ -181,8 +189,8 @@ OLMO2, OLMO3, EXAONE4 = "olmo2", "olmo3", "exaone4"
 
 
 def _patch_olmo2() -> None:
-    """OLMo 2 and 3 (``Olmo2ForCausalLM``: OLMo 2 1B-32B; ``Olmo3ForCausalLM``: ``Olmo3Model`` below), which the
-    builder (0.18) does not build ("not currently supported"). Its layer has no norm before attention or the MLP; each one's output is normed (RMSNorm) before it
+    """OLMo 2 and 3 (``Olmo2ForCausalLM``: OLMo 2 1B-32B; ``Olmo3ForCausalLM``: ``Olmo3Model`` below) and EXAONE 4.0
+    (``Exaone4Model`` below), which the builder (0.18) does not build ("not currently supported"). Its layer has no norm before attention or the MLP; each one's output is normed (RMSNorm) before it
     joins the residual stream, and the query and key projections are normed over their whole width (all heads at
     once, where Qwen3's norms are per head):
 
@@ -190,7 +198,7 @@ def _patch_olmo2() -> None:
 
     ``Olmo2Model`` builds that from the builder's parts (its attention, MLP, norms and final skip norm; the
     residual sums as ``Add`` nodes). The builder picks its class by ``config.architectures[0]`` inside its own
-    module: an OLMo 2 or 3 config is given to it as OLMo's, marked, and the OLMo class builds a marked config as its
+    module: an OLMo 2 or 3 (or EXAONE 4.0) config is given to it as OLMo's, marked, and the OLMo class builds a marked config as its
     family (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is,
     greedy tokens equal to edgespec's on a tiny OLMo 2). The weights still load as the family's class (from the
     folder's config.json)."""

@@ -139,15 +139,18 @@ def test_olmo2_and_3_export_and_take_the_exact_kernels(tmp_path_factory, arch, e
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
 
-@pytest.mark.parametrize("extra, own", [({"sliding_window": 8, "sliding_window_pattern": 2}, "1 GroupQueryAttention"),
+@pytest.mark.parametrize("extra, own", [({"sliding_window": 8, "sliding_window_pattern": 2, "rope_parameters": {
+    "rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64, "rope_theta": 1e6}}, "1 GroupQueryAttention"),
                                         ({"sliding_window": None, "sliding_window_pattern": None,
                                           "layer_types": ["full_attention"] * 2}, "2 GroupQueryAttention")],
                          ids=["hybrid", "global"])
 def test_exaone4_exports_and_takes_the_exact_kernels(tmp_path_factory, extra, own):
     """(session 58) EXAONE 4.0 (1.2B, 32B), which the builder does not build: OLMo 2's layer with per-head query and key
     norms; with a sliding window (the 32B's 3:1), windows on the sliding layers and no rotary on the global ones (NoPE:
-    transformers rotates the sliding layers' queries and keys only). At float32 the logits are within 1e-3 of torch's
-    (random norm weights; the global layers rotated too fails it); INT4 and exact-kernels decode exactly (a NoPE layer
+    transformers rotates the sliding layers' queries and keys only), and the checkpoints' llama3 rotary scaling (the
+    builder's base class refused it). At float32 the logits are within 1e-3 of torch's (random norm weights; the global
+    layers rotated too fails it); INT4 and exact-kernels decode exactly (a NoPE layer
     keeps onnxruntime's attention, padded; the 1.2B's all-global layers take edgespec's)."""
     from tiny import make_model
 
