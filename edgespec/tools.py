@@ -330,9 +330,10 @@ def _bare_calls(text: str, names: frozenset) -> list[ToolCall] | None:
 class ToolCallParser:
     """Takes calls out of a reply fed in pieces: ``<tool_call>`` blocks, fenced JSON blocks
     (```json) that hold nothing but a call of one of the tools (``names``; Qwen2.5-Coder writes its
-    calls so), and a reply that is nothing but such a call, written bare (``_bare_calls``). ``feed(text)`` and ``finish()`` return events, ``("content", text)`` or ``("call",
-    ToolCall)``, in the reply's order: content is given out as soon as it cannot be the start of a
-    call (a fenced block is held until its first character shows it is not JSON, or until it closes).
+    calls so), and a reply that is nothing but such a call, written bare (``_bare_calls``). ``feed(text)``
+    and ``finish()`` return events, ``("content", text)`` or ``("call", ToolCall)``, in the reply's order:
+    content is given out as soon as it cannot be the start of a call (a fenced block is held until its first
+    character shows it is not JSON, or until it closes; a reply's start while it can be a bare call).
     Whitespace around calls is left out (whitespace alone, with calls, is no content). ``limit``: calls
     past it are dropped."""
 

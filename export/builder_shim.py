@@ -190,16 +190,17 @@ OLMO2, OLMO3, EXAONE4 = "olmo2", "olmo3", "exaone4"
 
 def _patch_olmo2() -> None:
     """OLMo 2 and 3 (``Olmo2ForCausalLM``: OLMo 2 1B-32B; ``Olmo3ForCausalLM``: ``Olmo3Model`` below) and EXAONE 4.0
-    (``Exaone4Model`` below), which the builder (0.18) does not build ("not currently supported"). Its layer has no norm before attention or the MLP; each one's output is normed (RMSNorm) before it
-    joins the residual stream, and the query and key projections are normed over their whole width (all heads at
-    once, where Qwen3's norms are per head):
+    (``Exaone4Model`` below), which the builder (0.18) does not build ("not currently supported"). OLMo 2's layer has
+    no norm before attention or the MLP; each one's output is normed (RMSNorm) before it joins the residual stream,
+    and the query and key projections are normed over their whole width (all heads at once, where Qwen3's norms are
+    per head):
 
         h = h + post_attention_norm(attention(h));  h = h + post_feedforward_norm(mlp(h))
 
     ``Olmo2Model`` builds that from the builder's parts (its attention, MLP, norms and final skip norm; the
     residual sums as ``Add`` nodes). The builder picks its class by ``config.architectures[0]`` inside its own
-    module: an OLMo 2 or 3 (or EXAONE 4.0) config is given to it as OLMo's, marked, and the OLMo class builds a marked config as its
-    family (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is,
+    module: an OLMo 2 or 3 (or EXAONE 4.0) config is given to it as OLMo's, marked, and the OLMo class builds a
+    marked config as its family (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is,
     greedy tokens equal to edgespec's on a tiny OLMo 2). The weights still load as the family's class (from the
     folder's config.json)."""
     import builders
