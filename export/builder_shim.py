@@ -200,8 +200,8 @@ def _patch_olmo2() -> None:
     ``Olmo2Model`` builds that from the builder's parts (its attention, MLP, norms and final skip norm; the
     residual sums as ``Add`` nodes). The builder picks its class by ``config.architectures[0]`` inside its own
     module: an OLMo 2 or 3 (or EXAONE 4.0) config is given to it as OLMo's, marked, and the OLMo class builds a
-    marked config as its family (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs the graph as it is,
-    greedy tokens equal to edgespec's on a tiny OLMo 2). The weights still load as the family's class (from the
+    marked config as its family (the bundle's ``genai_config.json`` then says type ``olmo``: onnxruntime-genai runs
+    the graph as it is, greedy tokens equal to edgespec's on a tiny OLMo 2). The weights still load as the family's class (from the
     folder's config.json)."""
     import builders
     from builders import base

@@ -157,7 +157,8 @@ def test_exaone4_exports_and_takes_the_exact_kernels(tmp_path_factory, extra, ow
     from edgespec.manifest import load_manifest
 
     r = _random_norms(make_model(tmp_path_factory.mktemp("hf") / "exaone4-norms", "exaone4", seed=1, **extra))
-    v = load_manifest(_export(tmp_path_factory, "exaone4-fp32", r, target_precision="fp32", max_context=256)).target.validation
+    f = _export(tmp_path_factory, "exaone4-fp32", r, target_precision="fp32", max_context=256)
+    v = load_manifest(f).target.validation
     assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
     d = make_model(tmp_path_factory.mktemp("hf") / "exaone4", "exaone4", seed=1, **extra)
     b = _export(tmp_path_factory, "exaone4-int4", d, target_precision="int4", max_context=256, drafter=str(d))
@@ -199,8 +200,8 @@ def _ministral3(d, seed: int = 1, **text):
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
         "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": None,
         "tie_word_embeddings": False, "rope_parameters": rope, **text})
-    vc = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                          image_size=32, patch_size=16, head_dim=16)
+    vc = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=2, image_size=32, patch_size=16, head_dim=16)
     torch.manual_seed(seed)
     m = transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(
         text_config=tc, vision_config=vc, image_token_index=len(tok) - 1))
@@ -212,8 +213,8 @@ def _ministral3(d, seed: int = 1, **text):
 
 
 def test_ministral3_s_text_decoder_exports_up_to_its_original_context(tmp_path_factory):
-    """(session 58) Ministral 3 (3B/8B/14B, edge models) and Mistral Small 3.x ship as ``Mistral3ForConditionalGeneration``,
-    which transformers maps to no causal LM: the export loaded nothing ("Unrecognized configuration class"). It loads
+    """(session 58) Ministral 3 (3B/8B/14B, edge models) and Mistral Small 3.x ship as
+    ``Mistral3ForConditionalGeneration``, which transformers maps to no causal LM: the export loaded nothing ("Unrecognized configuration class"). It loads
     the image-text model now (given token ids it is its text decoder, which the builder builds): at float32 its
     logits are within 1e-3 of torch's. Past the original context its queries are scaled (``llama_4_scaling_beta``),
     which the builder's graph does not do: the bundle holds the original context (said at export), and greedy
