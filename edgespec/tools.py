@@ -304,7 +304,9 @@ def _call_shaped(text: str, names: frozenset) -> bool | None:
     return None if any(n.startswith(t) for n in names) else False
 
 
-_BARE_KEYS = ({"name", "arguments"}, {"name", "parameters"})  # (a bare call's keys: its name and its arguments)
+# a bare call's keys: its name and its arguments (not "parameters", which fenced calls may use for them: a tool's
+# definition echoed has them, its schema)
+_BARE_KEYS = ({"name", "arguments"},)
 
 
 def _bare_calls(text: str, names: frozenset) -> list[ToolCall] | None:

@@ -208,12 +208,13 @@ def reference_rotary(model, ctx: int):
     has no single position-wise table to compare (Gemma 3's per-layer-type ones; no ``model.rotary_emb``)."""
     import torch
 
-    cfg = model.config
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     rp = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     if not isinstance(rp, dict) or "full_attention" in rp:
         return None
     kind = str(rp.get("rope_type", rp.get("type", "default")))
-    rot = getattr(getattr(model, "model", None), "rotary_emb", None)
+    inner = getattr(model, "model", None)
+    rot = getattr(inner, "rotary_emb", None) or getattr(getattr(inner, "language_model", None), "rotary_emb", None)
     if rot is None:
         return None
     n = int(ctx)
@@ -304,8 +305,11 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         kept = None
     cfg = model.config
     _check_config(cfg, src, role)
-    check_vocabulary(tok, getattr(cfg, "vocab_size", None), src, target=role == "target")  # (before the build)
-    model_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+    # an image-text checkpoint's decoder (Ministral 3, Gemma 3 4B+): its vocabulary, context, window and rotary are its
+    # text config's (the top level has none of them: every such bundle held 4,096 tokens, the vocabulary unchecked)
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    check_vocabulary(tok, getattr(text_cfg, "vocab_size", None), src, target=role == "target")  # (before the build)
+    model_ctx = int(getattr(text_cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
         progress.log(f"    {role}: a max context of {max_context:,} (--max-context) is past the model's {model_ctx:,} "
@@ -362,8 +366,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
                                 log=progress.log)
     from .kernels import SKIP_INPUT, add_logits_skip, attention_windows, settle_graph
 
-    window = int(getattr(cfg, "sliding_window", None) or 0)
-    types = getattr(cfg, "layer_types", None) or getattr(getattr(cfg, "text_config", None), "layer_types", None)
+    window = int(getattr(text_cfg, "sliding_window", None) or 0)
+    types = getattr(text_cfg, "layer_types", None)
     if types is not None and "sliding_attention" not in types:
         window = 0  # (a window in a config whose layers all attend fully, OLMo 3's with every layer full: none applies)
     windows = attention_windows(graph_file)
@@ -373,7 +377,6 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: the model's sliding window of {window:,} tokens is not in the builder's graph; "
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window
-    text_cfg = getattr(cfg, "text_config", None) or cfg
     rp = getattr(text_cfg, "rope_parameters", None) or {}
     beta, original = rp.get("llama_4_scaling_beta"), rp.get("original_max_position_embeddings")
     if beta and isinstance(original, int) and 0 < original < ctx:

@@ -814,6 +814,12 @@ def llama3_rope(freqs: list[float], theta: float, dim: int) -> dict | None:
     return None
 
 
+# image-text checkpoints whose text decoder the builder builds and transformers maps to no causal LM (Gemma 3's it maps)
+IMAGE_TEXT_DECODERS = frozenset({"mistral3"})
+IMAGE_TEXT_CONFIG_KEYS = ("gguf_file", "revision", "trust_remote_code", "local_files_only", "cache_dir", "token",
+                          "subfolder")
+
+
 def _from_pretrained(auto, name, **kw):
     """``auto.from_pretrained``; a vision-language checkpoint whose config transformers maps to no causal LM
     (Mistral 3's and Ministral 3's ``Mistral3ForConditionalGeneration``) loads as the image-text model it is: given
@@ -825,10 +831,9 @@ def _from_pretrained(auto, name, **kw):
             raise
         from transformers import AutoConfig, AutoModelForImageTextToText
 
-        cfg = AutoConfig.from_pretrained(name, **{k: v for k, v in kw.items() if k in ("gguf_file", "revision",
-                                                                                        "trust_remote_code")})
-        if getattr(cfg, "text_config", None) is None:
-            raise
+        cfg = AutoConfig.from_pretrained(name, **{k: v for k, v in kw.items() if k in IMAGE_TEXT_CONFIG_KEYS})
+        if getattr(cfg, "model_type", None) not in IMAGE_TEXT_DECODERS:  # (another image-text model: the builder
+            raise  # builds no text decoder of it; refused here, not after a float32 load and a build)
         return AutoModelForImageTextToText.from_pretrained(name, **kw)
 
 

@@ -168,6 +168,36 @@ def test_exaone4_exports_and_takes_the_exact_kernels(tmp_path_factory, extra, ow
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
 
 
+def test_an_image_text_model_whose_decoder_is_not_built_is_refused_at_once(tmp_path_factory):
+    """(the session's review) The image-text fallback (Ministral 3) took any composite config: Qwen2.5-VL was loaded,
+    built and failed in validation blaming the manifest. Only the decoders the builder builds fall back; another is
+    the one line it was, before anything is built."""
+    import torch
+    import transformers
+    from click.testing import CliRunner
+    from tiny import make_tokenizer
+
+    from edgespec.cli import main
+
+    tok = make_tokenizer()
+    v = len(tok)
+    cfg = transformers.Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=v, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256,
+                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64),
+        image_token_id=v - 1, video_token_id=v - 2, vision_start_token_id=v - 3)
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("hf") / "qwen25vl"
+    transformers.Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    out = tmp_path_factory.mktemp("out") / "b"
+    r = CliRunner().invoke(main, ["export", str(d), "-o", str(out), "--target-precision", "fp32"])
+    lines = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert r.exit_code != 0 and len(lines) == 1 and "Unrecognized configuration class" in lines[0], r.output
+    assert "building" not in r.output and not out.exists()
+
+
 @pytest.mark.parametrize("kind", ["sliding_attention", "full_attention"])
 def test_olmo3_with_one_kind_of_layer(tmp_path_factory, kind):
     """(the session's review) OLMo 3 whose layers are all sliding built no full layers' table (KeyError), and one whose
@@ -228,6 +258,16 @@ def test_ministral3_s_text_decoder_exports_up_to_its_original_context(tmp_path_f
     assert m.target.validation.passed and max(m.target.validation.max_abs_logit_diff.values()) < 1e-3
     b = _export(tmp_path_factory, "ministral3-int4", d, target_precision="int4", max_context=256, drafter=str(d))
     _weights_all_checked(b)
+    # (the session's review) its context, vocabulary and rotary are its text config's: every such bundle held 4,096
+    # tokens (the top level has no max_position_embeddings) and its rotary went unchecked
+    from edgespec_export.bundle import reference_rotary
+    from edgespec_export.source import load_model, resolve
+
+    plain = _ministral3(tmp_path_factory.mktemp("hf") / "mistral3-512", rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 512,
+        "beta_fast": 32.0, "beta_slow": 1.0, "llama_4_scaling_beta": 0.1})
+    assert reference_rotary(load_model(resolve(str(plain))), 64) is not None
+    assert load_manifest(_export(tmp_path_factory, "mistral3-fp32", plain, target_precision="fp32")).target.max_context == 512
     _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "ministral3-xk", "MatMulNBits")
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
@@ -731,7 +771,7 @@ def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edgespec_export.source import Source, load_model
+    from edgespec_export.source import load_model, resolve
     from tiny import write_gguf
 
     path = write_gguf(arch_dirs["qwen3"], tmp_path_factory.mktemp("gguf") / "qwen3.gguf")
@@ -924,7 +964,7 @@ def test_a_phi3_gguf_s_partial_rotary_is_kept(tmp_path_factory, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     import tiny
-    from edgespec_export.source import Source, load_model
+    from edgespec_export.source import load_model, resolve
 
     root = tmp_path_factory.mktemp("gguf-phi3")
     hf = tiny.make_model(root / "hf", "phi3", seed=9, hidden=128, heads=2, kv_heads=2, partial_rotary_factor=0.75,
@@ -964,7 +1004,7 @@ def test_a_longrope_gguf_exports_as_its_folder_does(tmp_path_factory, monkeypatc
     import tiny
     from edgespec.errors import ExportError
     from edgespec_export.bundle import reference_rotary
-    from edgespec_export.source import Source, load_model
+    from edgespec_export.source import load_model, resolve
 
     R = 24  # (rotary pairs: 0.75 of a 64-wide head)
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
@@ -1058,7 +1098,7 @@ def test_a_llama_gguf_s_biases_are_kept(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     import tiny
-    from edgespec_export.source import Source, load_model
+    from edgespec_export.source import load_model, resolve
 
     root = tmp_path_factory.mktemp("gguf-llama-bias")
     hf = tiny.make_model(root / "hf", "llama", seed=5, attention_bias=True, mlp_bias=True)

@@ -82,6 +82,8 @@ PARSE = [  # (reply, expected content, expected calls as (name, arguments))
     ('{"name": "get_weather", "description": "d", "parameters": {"type": "object"}}',
      '{"name": "get_weather", "description": "d", "parameters": {"type": "object"}}', []),
     ('{"name": "get_weather"}', '{"name": "get_weather"}', []),
+    ('{"name": "get_weather", "parameters": {"type": "object"}}',
+     '{"name": "get_weather", "parameters": {"type": "object"}}', []),
 ]
 
 
