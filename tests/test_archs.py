@@ -771,7 +771,7 @@ def test_a_qwen3_gguf_whose_heads_are_not_128_wide(tmp_path_factory, arch_dirs):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edgespec_export.source import load_model, resolve
+    from edgespec_export.source import Source, load_model
     from tiny import write_gguf
 
     path = write_gguf(arch_dirs["qwen3"], tmp_path_factory.mktemp("gguf") / "qwen3.gguf")
@@ -964,7 +964,7 @@ def test_a_phi3_gguf_s_partial_rotary_is_kept(tmp_path_factory, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     import tiny
-    from edgespec_export.source import load_model, resolve
+    from edgespec_export.source import Source, load_model
 
     root = tmp_path_factory.mktemp("gguf-phi3")
     hf = tiny.make_model(root / "hf", "phi3", seed=9, hidden=128, heads=2, kv_heads=2, partial_rotary_factor=0.75,
@@ -1004,7 +1004,7 @@ def test_a_longrope_gguf_exports_as_its_folder_does(tmp_path_factory, monkeypatc
     import tiny
     from edgespec.errors import ExportError
     from edgespec_export.bundle import reference_rotary
-    from edgespec_export.source import load_model, resolve
+    from edgespec_export.source import Source, load_model
 
     R = 24  # (rotary pairs: 0.75 of a 64-wide head)
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
@@ -1098,7 +1098,7 @@ def test_a_llama_gguf_s_biases_are_kept(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     import tiny
-    from edgespec_export.source import load_model, resolve
+    from edgespec_export.source import Source, load_model
 
     root = tmp_path_factory.mktemp("gguf-llama-bias")
     hf = tiny.make_model(root / "hf", "llama", seed=5, attention_bias=True, mlp_bias=True)
