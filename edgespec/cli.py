@@ -528,6 +528,14 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     eng.close()
 
 
+def _documents_note(drafter, switch: str) -> None:
+    """A note (stderr) where --documents stand beside a default drafter that does not read them: ``chat`` and ``serve``
+    take them all the same (``switch``: how a turn or a request gets a drafter that does; ``generate`` refuses)."""
+    if drafter not in (None, "auto", "suffix") and click.get_current_context().params.get("documents"):
+        click.echo(f"note: --documents are drafted from by the suffix drafter only; --drafter {drafter} does not read "
+                   f"them ({switch} does)", err=True)
+
+
 STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin
 
 
@@ -636,6 +644,7 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
 
     if drafter == "none" and draft_tokens is not None:  # (generate's rule and words; before the model loads)
         raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+    _documents_note(drafter, "/set drafter suffix or auto")
     penalties = penalty_options()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -710,6 +719,7 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
+    _documents_note(drafter, "a request's drafter suffix or auto")
     if api_key_file is not None:
         if api_key is not None:
             raise ConfigError("--api-key (or EDGESPEC_API_KEY) and --api-key-file: give one of them")

@@ -961,6 +961,9 @@ def test_documents_with_a_drafter_that_never_reads_them(tiny_bundle, tmp_path, d
     r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "2", "--drafter", "suffix", "--documents",
             tmp_path / "d.txt")
     assert r.exit_code == 0, r.output
+    # (session 58, a review) chat takes them all the same (a turn may switch to a drafter that reads them): said
+    r = run("chat", tiny_bundle, "--drafter", drafter, "--documents", tmp_path / "d.txt", input="")
+    assert r.exit_code == 0 and "does not read them (/set drafter suffix or auto does)" in r.output, r.output
 
 
 def test_a_bundle_at_a_path_that_is_not_utf8_is_told_so(tiny_bundle, tmp_path):
