@@ -306,7 +306,7 @@ def _call_shaped(text: str, names: frozenset) -> bool | None:
 
 # a bare call's keys: its name and its arguments (not "parameters", which fenced calls may use for them: a tool's
 # definition echoed has them, its schema)
-_BARE_KEYS = ({"name", "arguments"},)
+_BARE_KEYS = frozenset({"name", "arguments"})
 
 
 def _bare_calls(text: str, names: frozenset) -> list[ToolCall] | None:
@@ -321,7 +321,7 @@ def _bare_calls(text: str, names: frozenset) -> list[ToolCall] | None:
             obj = _STRICT.decode(body)
         except (ValueError, RecursionError):
             continue
-        if not isinstance(obj, dict) or set(obj) not in _BARE_KEYS:
+        if not isinstance(obj, dict) or set(obj) != _BARE_KEYS:
             continue
         found = _as_calls(body, names)
         if found is not None:
@@ -390,10 +390,7 @@ class ToolCallParser:
             return
         calls, rest = found
         self._space = ""
-        for call in calls:
-            if self.limit is None or len(self.calls) < self.limit:
-                self.calls.append(call)
-                out.append(("call", call))
+        self._take(calls, out)
         rest = rest.strip()
         for end in (closer, "```", CLOSE):  # an unclosed block's text after its call, less a stray closer
             if rest.startswith(end) or end.startswith(rest):  # (or the start of one, where the reply was cut)
@@ -401,6 +398,13 @@ class ToolCallParser:
                 break
         if rest.strip():
             self._text(rest, out)
+
+    def _take(self, calls: list[ToolCall], out: list) -> None:
+        """``calls`` into the reply's calls and events, those past ``limit`` dropped."""
+        for call in calls:
+            if self.limit is None or len(self.calls) < self.limit:
+                self.calls.append(call)
+                out.append(("call", call))
 
     def _closer_at(self, closer: str) -> int:
         """Where the open block's closer starts in the buffer, -1 if not yet: outside JSON strings (an
@@ -477,10 +481,7 @@ class ToolCallParser:
             if calls is None:
                 return self.feed(held) + self.finish()
             out = []
-            for call in calls:
-                if self.limit is None or len(self.calls) < self.limit:
-                    self.calls.append(call)
-                    out.append(("call", call))
+            self._take(calls, out)
             return out
         self._bare = False
         out: list = []

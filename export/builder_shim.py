@@ -186,6 +186,7 @@ def _patch_norms() -> None:
 
 # config._edgespec_family of an OLMo 2 or 3 (or EXAONE 4.0) config the builder is given as OLMo's (_patch_olmo2)
 OLMO2, OLMO3, EXAONE4 = "olmo2", "olmo3", "exaone4"
+OLMO_FAMILIES = {"Olmo2ForCausalLM": OLMO2, "Olmo3ForCausalLM": OLMO3, "Exaone4ForCausalLM": EXAONE4}
 
 
 def _patch_olmo2() -> None:
@@ -328,7 +329,7 @@ def _patch_olmo2() -> None:
     def read_config(*args, _orig=from_pretrained, **kw):
         config = _orig(*args, **kw)
         arch = list(getattr(config, "architectures", None) or [""])[:1][0]
-        family = {"Olmo2ForCausalLM": OLMO2, "Olmo3ForCausalLM": OLMO3, "Exaone4ForCausalLM": EXAONE4}.get(arch)
+        family = OLMO_FAMILIES.get(arch)
         if family is not None:
             config.architectures = ["OlmoForCausalLM"]
             config._edgespec_family = family

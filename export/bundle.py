@@ -175,9 +175,15 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
 ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 
 
+def text_config(cfg):
+    """A model config's text part: an image-text checkpoint's text config (its decoder's layers, context, vocabulary and
+    rotary; the top level has none of them), else the config itself."""
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def _check_attention_only(cfg, role: str) -> None:
     """ExportError for a model with layers other than attention (before the build: see ATTENTION_LAYERS)."""
-    types = getattr(cfg, "layer_types", None) or getattr(getattr(cfg, "text_config", None), "layer_types", None)
+    types = getattr(text_config(cfg), "layer_types", None)
     other = sorted({str(t) for t in types or () if str(t) not in ATTENTION_LAYERS})
     if other:
         raise ExportError(f"{role}: {getattr(cfg, 'model_type', 'the model')} has {', '.join(other)} layers, whose "
@@ -208,7 +214,7 @@ def reference_rotary(model, ctx: int):
     has no single position-wise table to compare (Gemma 3's per-layer-type ones; no ``model.rotary_emb``)."""
     import torch
 
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model.config)
     rp = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     if not isinstance(rp, dict) or "full_attention" in rp:
         return None
@@ -307,7 +313,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     _check_config(cfg, src, role)
     # an image-text checkpoint's decoder (Ministral 3, Gemma 3 4B+): its vocabulary, context, window and rotary are its
     # text config's (the top level has none of them: every such bundle held 4,096 tokens, the vocabulary unchecked)
-    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text_cfg = text_config(cfg)
     check_vocabulary(tok, getattr(text_cfg, "vocab_size", None), src, target=role == "target")  # (before the build)
     model_ctx = int(getattr(text_cfg, "max_position_embeddings", 0) or 4096)
     ctx = min(max_context, model_ctx) if max_context else model_ctx
