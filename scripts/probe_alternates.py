@@ -22,6 +22,21 @@ from collections import defaultdict
 import numpy as np
 
 
+def prompts_of(items: list[str] | None) -> list[dict]:
+    """The prompts of ``--prompts FILE:N`` items (N prompts a category from FILE, Spec-Bench's format; default: the
+    shipped set, 2 a category); EdgespecError for an item that is not FILE:N."""
+    from edgespec.bench import DEFAULT_PROMPTS, read_prompts
+    from edgespec.errors import EdgespecError
+
+    specs = []
+    for item in items or [f"{DEFAULT_PROMPTS}:2"]:
+        path, _, n = item.rpartition(":")
+        if not path or not n.isdigit() or int(n) < 1:
+            raise EdgespecError(f"--prompts takes FILE:N (N >= 1 prompts a category), got {item!r}")
+        specs.append((path, int(n)))
+    return [q for path, n in specs for q in read_prompts(path, per_category=n)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
@@ -32,17 +47,10 @@ def main(argv=None) -> int:
     if args.max_new_tokens < 1:
         ap.error("--max-new-tokens must be >= 1")
     import edgespec
-    from edgespec.bench import DEFAULT_PROMPTS, read_prompts
     from edgespec.errors import EdgespecError
 
     try:
-        specs = []
-        for item in args.prompts or [f"{DEFAULT_PROMPTS}:2"]:
-            path, _, n = item.rpartition(":")
-            if not path or not n.isdigit() or int(n) < 1:
-                raise EdgespecError(f"--prompts takes FILE:N (N >= 1 prompts a category), got {item!r}")
-            specs.append((path, int(n)))
-        prompts = [q for path, n in specs for q in read_prompts(path, per_category=n)]
+        prompts = prompts_of(args.prompts)
         eng = edgespec.load(args.bundle, memory=False)
         model = eng.decoder.drafters.get("model")
         if model is None:

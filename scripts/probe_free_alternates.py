@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (probe_alternates' --prompts reading)
 
 
 def second(entry) -> int | None:
@@ -69,26 +70,25 @@ def main(argv=None) -> int:
     if args.max_new_tokens < 1:
         ap.error("--max-new-tokens must be >= 1")
     import edgespec
-    from edgespec.bench import DEFAULT_PROMPTS, read_prompts
     from edgespec.errors import EdgespecError
+    from probe_alternates import prompts_of
 
     try:
-        specs = []
-        for item in args.prompts or [f"{DEFAULT_PROMPTS}:2"]:
-            path, _, n = item.rpartition(":")
-            if not path or not n.isdigit() or int(n) < 1:
-                raise EdgespecError(f"--prompts takes FILE:N (N >= 1 prompts a category), got {item!r}")
-            specs.append((path, int(n)))
-        prompts = [q for path, n in specs for q in read_prompts(path, per_category=n)]
+        prompts = prompts_of(args.prompts)
         eng = edgespec.load(args.bundle, memory=False)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     stats: dict[str, Counter] = defaultdict(Counter)
+    skipped = 0
     for q in prompts:
         msgs = [{"role": "user", "content": q["turns"][0]}]
+        ids = list(eng.encode(msgs))
+        if len(ids) + args.max_new_tokens > eng.max_context:  # (as probe_alternates: left out, said below)
+            skipped += 1
+            continue
         r = eng.generate(msgs, max_new_tokens=args.max_new_tokens, drafter="none")
-        count(list(eng.encode(msgs)), list(r.token_ids), stats[q["category"]])
+        count(ids, list(r.token_ids), stats[q["category"]])
     stats["all"] = sum(stats.values(), Counter())
     print("| category | positions | first guess right | wrong | second continuation right (of wrong) "
           "| shorter context's right (of wrong) |")
@@ -96,7 +96,10 @@ def main(argv=None) -> int:
     for cat, s in stats.items():
         w = max(s["wrong"], 1)
         print(f"| {cat} | {s['positions']} | {s['right'] / max(s['positions'], 1):.2f} | {s['wrong']} | "
-              f"{s['alternate_right']} ({s['alternate_right'] / w:.2f}) | {s['shorter_right']} ({s['shorter_right'] / w:.2f}) |")
+              f"{s['alternate_right']} ({s['alternate_right'] / w:.2f}) | "
+              f"{s['shorter_right']} ({s['shorter_right'] / w:.2f}) |")
+    if skipped:
+        print(f"({skipped} prompts longer than the context allows were left out)")
     eng.close()
     return 0
 

@@ -732,6 +732,28 @@ def test_probe_alternates_counts_the_drafters_ranks_of_the_targets_tokens(tiny_b
         probe_alternates.main([str(tiny_bundle), "--max-new-tokens", "0"])
 
 
+def test_probe_free_alternates_counts_second_continuations(tiny_bundle, tmp_path, capsys):
+    """scripts/probe_free_alternates.py (session 58) prints, per category, how often the context index's first guess
+    and, where it missed, its second continuation were the target's greedy token; a prompt longer than the context is
+    left out (said); a bad --prompts or a missing bundle is a one-line error (exit 2)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import probe_free_alternates
+    from edgespec.bench import DEFAULT_PROMPTS
+
+    assert probe_free_alternates.main([str(tiny_bundle), "--prompts", f"{DEFAULT_PROMPTS}:1", "--max-new-tokens",
+                                       "8"]) == 0
+    text = capsys.readouterr().out
+    assert "| second continuation right (of wrong) |" in text and "| all |" in text
+    assert probe_free_alternates.main([str(tiny_bundle), "--max-new-tokens", "100000"]) == 0
+    assert "prompts longer than the context allows were left out" in capsys.readouterr().out
+    _refused(probe_free_alternates.main, [[str(tiny_bundle), "--prompts", bad] for bad in (
+        "nofile", f"{DEFAULT_PROMPTS}:0", f"{tmp_path}/x.jsonl:2")], capsys)
+    assert probe_free_alternates.main([str(tmp_path / "missing")]) == 2
+
+
 def test_check_exact_compares_every_drafter_with_greedy_decoding(tiny_int4_bundle, smol_int4, tmp_path, capsys):
     """scripts/check_exact.py (session 27) decodes each prompt with --drafter none and with each
     drafter and bound, and exits 0 when every output is greedy's; a planted width policy that lets
