@@ -953,7 +953,13 @@ def info(bundle, verify, as_json):
         click.echo(f"  {spec.role}: {spec.architecture} {spec.precision}, {spec.layout} layout "
                    f"{spec.quant.to_dict() or ''}")
         heads = f"{spec.num_attention_heads} attention heads, " if spec.num_attention_heads else ""
-        click.echo(f"    {spec.num_layers} layers, {heads}{spec.num_kv_heads} KV heads x {spec.head_dim}, "
+        kv = f"{spec.num_kv_heads} KV heads x {spec.head_dim}"
+        if spec.kv_layers:  # (Gemma 4: its global layers' caches are wider)
+            from collections import Counter
+
+            kv = "KV heads x head size per layer " + ", ".join(
+                f"{h} x {w} ({n} layer{'s' if n > 1 else ''})" for (h, w), n in Counter(spec.kv_layers).items())
+        click.echo(f"    {spec.num_layers} layers, {heads}{kv}, "
                    f"vocab {spec.vocab_size}, max context {spec.max_context}, "
                    f"KV {spec.kv_dtype} ({spec.kv_bytes_per_token / 1024:.1f} KiB/token)")
         cpu = (f", {spec.cpu_resident_bytes / MiB:.1f} MiB resident once opened on the CPU EP (measured at export"

@@ -117,11 +117,12 @@ class KVCache(TokenCache):
 
             raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime (float32 or "
                               "float16: export the bundle again)")
-        shape = (1, spec.num_kv_heads, self.max_len + spare, spec.head_dim)
         io = spec.io
         self.buffers = []  # (past input name, present output name, OrtValue)
         self.host: list[np.ndarray] = []  # on the CPU: the buffers' memory as numpy arrays (the same bytes)
         for layer in range(spec.num_layers):
+            heads, width = spec.kv_shape(layer)
+            shape = (1, heads, self.max_len + spare, width)
             for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
                 if device == "cuda":
                     buf = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)

@@ -299,6 +299,13 @@ class ModelSpec:
     # (``max_abs_logit_diff``, ``logit_scale``, ``top1_agreement``, ``positions``); None: not rewritten,
     # or rewritten before this was recorded. The validation and quality records stay the source graph's.
     kernels_check: dict | None = None
+    # each layer's KV cache ``(kv heads, head size)`` where layers differ (Gemma 4's global layers: wider heads,
+    # other head counts); () where every layer's is ``(num_kv_heads, head_dim)``
+    kv_layers: tuple[tuple[int, int], ...] = ()
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """Layer ``layer``'s KV cache ``(kv heads, head size)``."""
+        return self.kv_layers[layer] if self.kv_layers else (self.num_kv_heads, self.head_dim)
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -312,7 +319,9 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * KV_DTYPES[self.kv_dtype]
+        per_layer = sum(h * d for h, d in self.kv_layers) if self.kv_layers else \
+            self.num_layers * self.num_kv_heads * self.head_dim
+        return 2 * per_layer * KV_DTYPES[self.kv_dtype]
 
     def kv_bytes(self, context: int) -> int:
         return self.kv_bytes_per_token * context
@@ -364,7 +373,7 @@ class ModelSpec:
             head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
             kernels=_kernels(d, where), kernel_features=_kernel_features(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
             attention_window=_opt_count(d, "attention_window", where) or 0,
-            kernels_check=_kernels_check(d, where), **dims,
+            kernels_check=_kernels_check(d, where), kv_layers=_kv_layers(d, where, dims["num_layers"]), **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -387,6 +396,7 @@ class ModelSpec:
             **({"attention_pad": self.attention_pad} if self.attention_pad else {}),
             **({"attention_window": self.attention_window} if self.attention_window else {}),
             **({"kernels_check": dict(self.kernels_check)} if self.kernels_check else {}),
+            **({"kv_layers": [list(x) for x in self.kv_layers]} if self.kv_layers else {}),
         }
 
     def load_head_ids(self, vocab: int) -> "np.ndarray | None":
@@ -410,6 +420,19 @@ class ModelSpec:
 
 
 KERNELS = ("onnxruntime", "edgespec-q4")
+
+
+def _kv_layers(d: dict, where: str, layers: int) -> tuple[tuple[int, int], ...]:
+    """``kv_layers``: one ``[kv heads, head size]`` pair of positive integers per layer, or absent."""
+    v = d.get("kv_layers")
+    if v is None:
+        return ()
+    ok = isinstance(v, list) and len(v) == layers and all(
+        isinstance(x, list) and len(x) == 2 and all(type(n) is int and n > 0 for n in x) for x in v)
+    if not ok:
+        raise ManifestError(f"manifest: {where}.kv_layers must be {layers} pairs [kv heads, head size] of positive "
+                            "integers, one per layer")
+    return tuple((int(h), int(s)) for h, s in v)
 
 
 def _kernels(d: dict, where: str) -> str:

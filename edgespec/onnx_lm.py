@@ -418,13 +418,14 @@ def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> 
 def _check_cache_dims(spec: ModelSpec, inputs) -> None:
     """The KV cache inputs' static axes (``[batch, kv heads, positions, head size]``) must be the manifest's:
     a cache made to the manifest's shape fails inside the attention at the first call otherwise."""
-    names = {spec.io.past_key % layer for layer in range(spec.num_layers)}
-    names |= {spec.io.past_value % layer for layer in range(spec.num_layers)}
+    names = {spec.io.past_key % layer: layer for layer in range(spec.num_layers)}
+    names |= {spec.io.past_value % layer: layer for layer in range(spec.num_layers)}
     for i in inputs:
         shape = list(getattr(i, "shape", None) or [])
         if i.name not in names or len(shape) != 4:
             continue
-        for axis, want, what in ((1, spec.num_kv_heads, "num_kv_heads"), (3, spec.head_dim, "head_dim")):
+        heads, width = spec.kv_shape(names[i.name])
+        for axis, want, what in ((1, heads, "num_kv_heads"), (3, width, "head_dim")):
             if isinstance(shape[axis], int) and shape[axis] != want:
                 raise BundleError(f"the {spec.role} graph's {i.name!r} has {shape[axis]} on its {what} axis, the "
                                   f"manifest says {want}; the bundle is inconsistent")

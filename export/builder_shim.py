@@ -350,6 +350,9 @@ def patch() -> None:
     _patch_rope_kinds()
     _patch_norms()
     _patch_olmo2()
+    from edgespec_export import builder_gemma4
+
+    builder_gemma4.patch()
 
     cls = gemma.Gemma3Model
     if getattr(cls, "_edgespec_flat_rope", False):
@@ -358,6 +361,8 @@ def patch() -> None:
 
     def __init__(self, config, *args, **kw):
         _LOCAL["factor"] = 1.0
+        if builder_gemma4.is_gemma4(config):  # (the builder's Gemma 4 reads the nested form)
+            return init(self, config, *args, **kw)
         flat_rope(config)
         if getattr(config, "text_config", None) is not None:  # (Gemma 3 4B+: the builder lifts text_config up)
             flat_rope(config.text_config)

@@ -56,6 +56,21 @@ def _kv_dtype(model_path: Path) -> str:
     raise ExportError(f"{model_path} has no past_key_values inputs: not a KV-cache graph")
 
 
+def _kv_layers(model_path: Path, names: str, layers: int, heads: int, width: int) -> tuple[tuple[int, int], ...]:
+    """Each layer's KV cache ``(kv heads, head size)`` from the graph's ``past_key_values`` inputs where some
+    layer's differs from ``(heads, width)`` (the config's; Gemma 4's global layers), else ()."""
+    import onnx
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+            for i in m.graph.input}
+    out = []
+    for layer in range(layers):
+        d = dims.get(names % layer) or []
+        out.append((d[1] or heads, d[3] or width) if len(d) == 4 else (heads, width))
+    return tuple(out) if any(x != (heads, width) for x in out) else ()
+
+
 def _ops(model_path: Path) -> dict[str, int]:
     import onnx
 
@@ -152,6 +167,8 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
         vocab_size=int(build.genai_config["model"]["vocab_size"]),
         max_context=int(max_context),
         kv_dtype=_kv_dtype(model_file),
+        kv_layers=_kv_layers(model_file, ins["past_key_names"], int(dec["num_hidden_layers"]),
+                             int(dec["num_key_value_heads"]), int(dec["head_size"])),
         io=ModelIO(
             input_ids=ins["input_ids"], attention_mask=ins["attention_mask"], position_ids=ins.get("position_ids"),
             past_key=ins["past_key_names"], past_value=ins["past_value_names"],
@@ -182,8 +199,16 @@ def text_config(cfg):
 
 
 def _check_attention_only(cfg, role: str) -> None:
-    """ExportError for a model with layers other than attention (before the build: see ATTENTION_LAYERS)."""
-    types = getattr(text_config(cfg), "layer_types", None)
+    """ExportError for a model with layers other than attention (before the build: see ATTENTION_LAYERS), and for
+    Gemma 4's kinds that export/builder_gemma4.py does not build."""
+    if str(getattr(cfg, "model_type", "")).startswith("gemma4") and "assistant" in str(cfg.model_type):
+        raise ExportError(f"{role}: {cfg.model_type} (Gemma 4's multi-token-prediction assistant) reads its target's "
+                          "hidden states and KV cache, which edgespec's drafters do not give; not currently supported")
+    t = text_config(cfg)
+    if str(getattr(t, "model_type", "")).startswith("gemma4") and getattr(t, "enable_moe_block", False):
+        raise ExportError(f"{role}: Gemma 4 with experts (enable_moe_block: 26B-A4B) is not currently supported; its "
+                          "dense models (E2B, E4B, 31B) are")
+    types = getattr(t, "layer_types", None)
     other = sorted({str(t) for t in types or () if str(t) not in ATTENTION_LAYERS})
     if other:
         raise ExportError(f"{role}: {getattr(cfg, 'model_type', 'the model')} has {', '.join(other)} layers, whose "

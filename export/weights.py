@@ -28,7 +28,9 @@ import numpy as np
 BOUND = {"4bit": 0.5, "8bit": 0.05, "fp8": 0.12, "float16": 0.01, "float32": 1e-4}
 
 _ATTN = {"q_proj": (("q_proj",), ("query",)), "k_proj": (("k_proj",), ("key",)), "v_proj": (("v_proj",), ("value",)),
-         "qkv_proj": (("qkv_proj",), ("q_proj", "k_proj", "v_proj"), ("query_key_value",), ("Wqkv",)),
+         # (Gemma 4's global layers with attention_k_eq_v: no v_proj, the key's projection gives the values too)
+         "qkv_proj": (("qkv_proj",), ("q_proj", "k_proj", "v_proj"), ("query_key_value",), ("Wqkv",),
+                      ("q_proj", "k_proj", "k_proj")),
          "o_proj": (("o_proj",), ("dense",), ("out_proj",))}
 _MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0), ("input_linear", 0)),
         "up_proj": (("up_proj",), ("gate_up_proj", 1), ("input_linear", 1)),
@@ -36,6 +38,10 @@ _MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0), ("input_linear", 0)),
         "down_proj": (("down_proj",), ("output_linear",)),  # (Granite 4's shared MLP: input_linear, output_linear)
         "fc1": (("fc1",),), "fc2": (("fc2",),)}
 _NODE = re.compile(r"/model/layers\.(\d+)/(attn|mlp)/(\w+)/(?:MatMul|DequantizeLinear)")
+_PER_LAYER = re.compile(r"/model/(?:layers\.(\d+)/per_layer|per_layer_inputs)/(gate|projection|model_projection)/"
+                        r"(?:MatMul|DequantizeLinear)")
+_PER_LAYER_NAMES = {"gate": "per_layer_input_gate", "projection": "per_layer_projection",
+                    "model_projection": "per_layer_model_projection"}
 REWRITE_BOUND = 1e-5  # exact-kernels' tiles against the graph they were packed from (``check_rewrite``)
 _ROWS = 2048  # rows dequantized at a time (Qwen's 151,936 x 1,536 head in float32 would be 0.9 GB at once)
 
@@ -93,6 +99,15 @@ def torch_weight(model, layers, node_name: str):
     if node_name.startswith("/model/embed_tokens/"):
         emb = model.get_input_embeddings()
         return ("embed_tokens", emb.weight.detach().float().numpy()) if emb is not None else None
+    m = _PER_LAYER.match(node_name)  # (Gemma 4's per-layer embeddings: export/builder_gemma4.py)
+    if m:
+        name = _PER_LAYER_NAMES[m.group(2)]
+        if m.group(1) is None:
+            hits = [(p, mod) for p, mod in model.named_modules() if p.rsplit(".", 1)[-1] == name]
+            return (hits[0][0], hits[0][1].weight.detach().float().numpy()) if len(hits) == 1 else None
+        i = int(m.group(1))
+        mod = getattr(layers[i], name, None) if layers is not None and i < len(layers) else None
+        return (f"layers.{i}.{name}", mod.weight.detach().float().numpy()) if mod is not None else None
     m = _NODE.match(node_name)
     if not m or layers is None or int(m.group(1)) >= len(layers):
         return None

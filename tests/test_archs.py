@@ -1268,3 +1268,113 @@ def test_a_gemma3_gguf_s_scaling_is_its_global_layers(tmp_path_factory, monkeypa
     got = _gguf_config(path, str(root), {"gguf_file": "m.gguf"})["config"].rope_parameters
     assert got["full_attention"]["rope_type"] == "linear" and got["full_attention"]["factor"] == 8.0
     assert got["sliding_attention"].get("rope_type", "default") == "default" and "factor" not in got
+
+
+def _gemma4(d, kind: str, *, plain: bool, image_text: bool = False, seed: int = 3, **extra):
+    """A tiny Gemma 4 text decoder saved at ``d``: ``dense`` (31B's layout: global layers with heads twice as wide,
+    keys as values, one KV head), ``e2b`` (E2B's and E4B's: per-layer embeddings, the last two layers sharing the
+    keys and values of the last earlier layer of their kind, their MLPs double-wide); 2 sliding layers of 8 tokens
+    per global one, the final logits capped. ``plain``: the default init with embeddings x50 and the head x8 (a tiny
+    model then keeps its argmax at INT4: top-1 0.76 against torch; with the default embeddings 0.14 under a torch
+    fake quantization, Gemma 4's normed queries and keys amplifying the noise); else random norm weights and layer
+    scalars (a norm built in the wrong place, or a scalar left out, fails the float32 check). ``image_text``: as
+    the real checkpoints ship, ``Gemma4ForConditionalGeneration`` with a vision tower."""
+    import torch
+    import transformers
+    from tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    kw = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=512, sliding_window=8,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+              hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, final_logit_softcapping=30.0,
+              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+              tie_word_embeddings=image_text)
+    if kind == "dense":
+        kw.update(attention_k_eq_v=True, num_global_key_value_heads=1)
+    else:
+        kw.update(hidden_size_per_layer_input=8, vocab_size_per_layer_input=len(tok), num_kv_shared_layers=2,
+                  use_double_wide_mlp=True, num_key_value_heads=1)
+    tc = transformers.Gemma4TextConfig(**{**kw, **extra})
+    torch.manual_seed(seed)
+    if image_text:
+        from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig
+
+        vc = Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=16)
+        m = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(text_config=tc, vision_config=vc,
+                                                                                  audio_config=None))
+    else:
+        tc.architectures = ["Gemma4ForCausalLM"]
+        m = transformers.Gemma4ForCausalLM(tc)
+    with torch.no_grad():
+        if plain:
+            m.get_input_embeddings().weight.mul_(50.0)
+            if not image_text:
+                m.get_output_embeddings().weight.mul_(8.0)
+        else:
+            for name, p in m.named_parameters():
+                if "norm" in name and "vision" not in name:
+                    p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            for name, b in m.named_buffers():
+                if name.endswith("layer_scalar"):
+                    b.copy_(0.5 + torch.rand_like(b))
+    m.eval().save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("kind, image_text", [("dense", False), ("e2b", True)], ids=["dense", "e2b-image-text"])
+def test_gemma4_text_decoders_are_torch_s(tmp_path_factory, kind, image_text):
+    """(session 59) Gemma 4, which the builder built for none of its dense checkpoints (``Gemma4ForCausalLM``:
+    "not currently supported"; ``Gemma4ForConditionalGeneration``, as E2B, E4B and 31B ship: its MoE class) is
+    export/builder_gemma4.py's: the builder's dense layer (query, key and value norms, attention scale 1, the global
+    layers' wider heads and proportional rotary, keys as values, layer scalars) plus E2B's per-layer embeddings, shared
+    key-value layers and double-wide MLPs. At float32 the logits are within 1e-3 of torch's over 143 positions, past
+    the 8-token window, with random norm weights and layer scalars; every weight matrix is checked (the per-layer
+    projections too); the manifest records each layer's cache (``kv_layers``: the global layers' are wider), which
+    the runtime allocates; greedy speculative output equals plain decoding. Planted while writing it: the per-layer
+    block left out (prefill logits 8.2 off), the layer scalar applied before it (2.3 off); found by it: every
+    sliding layer rotated over a quarter of its head (builder_shim's Gemma 3 flattening of the rotary, 3.4 off).
+    A shared layer given the other kind's keys fails at its first call (their widths differ)."""
+    from edgespec.manifest import load_manifest
+
+    d = _gemma4(tmp_path_factory.mktemp("hf") / f"gemma4-{kind}", kind, plain=False, image_text=image_text)
+    f = _export(tmp_path_factory, f"gemma4-{kind}-fp32", d, target_precision="fp32", max_context=256)
+    t = load_manifest(f).target
+    v = t.validation
+    assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
+    _weights_all_checked(f)
+    wide = (1, 32)
+    assert [t.kv_shape(i) for i in range(6)] == [(t.num_kv_heads, 16)] * 2 + [wide] + [(t.num_kv_heads, 16)] * 2 + [wide]
+    assert t.kv_bytes_per_token == 2 * 4 * (4 * t.num_kv_heads * 16 + 2 * 32)  # (keys and values, float32)
+    _greedy_exact(f, 40, ("prompt-lookup", "suffix"))
+
+
+def test_gemma4_e2b_int4_decodes_exactly(tmp_path_factory):
+    """(session 59) A tiny E2B at INT4 drafting for itself: every matrix checked against torch, greedy speculative
+    output (model drafter, prompt lookup, auto) equals plain decoding, on onnxruntime's kernels and on edgespec's
+    exact ones (onnxruntime's attention kept there, padded: Gemma 4's rotary runs before it, which edgespec's
+    attention does not take yet)."""
+    d = _gemma4(tmp_path_factory.mktemp("hf") / "gemma4-e2b", "e2b", plain=True)
+    b = _export(tmp_path_factory, "gemma4-e2b-int4", d, target_precision="int4", max_context=256, drafter=str(d))
+    _weights_all_checked(b)
+    _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
+    out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma4-e2b-xk",
+                                       "attention nodes padded to two or more query rows")
+    _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+
+
+def test_gemma4_with_experts_is_refused_in_one_line(tmp_path, capsys):
+    """(session 59) Gemma 4 26B-A4B (``enable_moe_block``): the builder's MoE class stopped on transformers 5's
+    per-layer config (a traceback's last line); refused before the build, exit 6, saying which Gemma 4 models export."""
+    from edgespec.cli import main
+
+    d = _gemma4(tmp_path / "moe", "dense", plain=True, num_hidden_layers=3, enable_moe_block=True, num_experts=4,
+                top_k_experts=2, moe_intermediate_size=32, layer_types=["sliding_attention"] * 2 + ["full_attention"])
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(d), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
+    assert e.value.code == 6
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: target: Gemma 4 with experts") and "Traceback" not in "".join(err)
+    assert not (tmp_path / "b").exists()
