@@ -404,8 +404,14 @@ def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
 
     made = {o: n for n in g.node for o in n.output}
     node = made.get(logits)
-    while node is not None and node.op_type in ("Cast", "Identity"):
-        node = made.get(node.input[0])
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    # (through Casts, and a final logit cap's Div, Tanh and Mul by a constant: Gemma 2, 3 and 4, whose prefills
+    # computed every row's logits, 262,144 a row)
+    while node is not None and node.op_type in ("Cast", "Identity", "Tanh", "Div", "Mul"):
+        data = [i for i in node.input if i and i not in consts]
+        if len(data) != 1 or (node.op_type in ("Div", "Mul") and len(node.input) != 2):
+            return False
+        node = made.get(data[0])
     if node is None or node.op_type not in ops or not node.input:
         return False
     hidden_from = made.get(node.input[0])

@@ -1345,6 +1345,9 @@ def test_gemma4_text_decoders_are_torch_s(tmp_path_factory, kind, image_text):
     v = t.validation
     assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
     _weights_all_checked(f)
+    # (session 59) the logits skip through the final cap's Div, Tanh and Mul: Gemma 2's, 3's and 4's prefills computed
+    # every row's logits ("no lm_head found for the logits skip")
+    assert t.io.logits_skip == "logits_skip"
     wide = (1, 32)
     assert [t.kv_shape(i) for i in range(6)] == [(t.num_kv_heads, 16)] * 2 + [wide] + [(t.num_kv_heads, 16)] * 2 + [wide]
     assert t.kv_bytes_per_token == 2 * 4 * (4 * t.num_kv_heads * 16 + 2 * 32)  # (keys and values, float32)
