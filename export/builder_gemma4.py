@@ -164,6 +164,9 @@ def patch() -> None:
                 rows = f"{pre}/embed/Cast/output_0"
             self.make_reshape(f"{pre}/embed/Reshape", [rows,
                                                        f"/model/constants/INT64/[0, 0, {n}, {p}]"], dtype=dt, shape=None)
+            if self.values[embeds].dtype != dt:  # (the cuda layout's embeddings: float32 into the first norm)
+                self.make_cast(f"{pre}/projection/Cast", embeds, dt, shape=None)
+                embeds = f"{pre}/projection/Cast/output_0"
             proj = self.make_matmul(tm.per_layer_model_projection, f"{pre}/model_projection/MatMul", embeds)
             self.make_mul(f"{pre}/projection/Mul", [f"{proj}/output_0",
                                                     f"/model/constants/{t}/{float(tm.per_layer_model_projection_scale)}"],
@@ -203,9 +206,12 @@ def patch() -> None:
                              shape=None, axis=2)
             self.make_mul(f"{pre}/Mul", [f"{act}/output_0", f"{pre}/input/Gather/output_0"], dtype=dt, shape=None)
             up = self.make_matmul(layer.per_layer_projection, f"{pre}/projection/MatMul", f"{pre}/Mul/output_0")
-            a["root_input"] = h
-            a["skip_input"] = self._norm(f"{pre}/post_norm", f"{up}/output_0", layer.post_per_layer_input_norm.weight,
-                                         self.hidden_size, dt)
+            out = self._norm(f"{pre}/post_norm", f"{up}/output_0", layer.post_per_layer_input_norm.weight,
+                             self.hidden_size, dt)
+            if rd != dt:  # (the cuda layout: the builder's Gemma layers hand float32 terms on to the next one)
+                self.make_cast(f"{pre}/post_norm/Cast", out, rd, shape=None)
+                out = f"{pre}/post_norm/Cast/output_0"
+            a["root_input"], a["skip_input"] = h, out
 
         def make_layer(self, layer_id, layer):
             a = self.layernorm_attrs

@@ -1366,6 +1366,12 @@ def test_gemma4_e2b_int4_decodes_exactly(tmp_path_factory):
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma4-e2b-xk",
                                        "attention nodes padded to two or more query rows")
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+    # the cuda layout (float16 activations; the builder's Gemma layers hand float32 terms from layer to layer, which the
+    # per-layer block casts to and from: its first build failed to load, "bound to different types"), INT4 and float16
+    for p in ("int4", "fp16"):
+        c = _export(tmp_path_factory, f"gemma4-e2b-cuda-{p}", d, target_precision=p, max_context=256, device="cuda")
+        _weights_all_checked(c)
+        _greedy_exact(c, 32, ("prompt-lookup",))
 
 
 def test_gemma4_with_experts_is_refused_in_one_line(tmp_path, capsys):
