@@ -33,13 +33,14 @@ def is_gemma4(config) -> bool:
 
 def patch() -> None:
     import builders
-    import torch
     from builders import base, gemma
+
+    if getattr(builders, "_edgespec_gemma4", False) or not hasattr(builders, "Gemma4MoEModel") \
+            or not hasattr(gemma, "Gemma4Model"):
+        return  # (a builder without Gemma 4, older than 0.18: nothing to patch)
+    import torch
     from onnx_ir import DataType
     from transformers import AutoConfig
-
-    if getattr(builders, "_edgespec_gemma4", False):
-        return
 
     class Gemma4Text(gemma.Gemma4Model):
         def __init__(self, config, io_dtype, onnx_dtype, ep, cache_dir, extra_options):
