@@ -219,11 +219,15 @@ def engine_key(manifest, spec, cache, session_options: dict | None = None, width
         kernels = f"edgespec-q4 {source_tag()} {isa()}"
     build = ort.get_build_info() if hasattr(ort, "get_build_info") else ""
     a = cache.host[0]
+    shapes = [[int(b.shape[1]), int(b.shape[3])] for b in cache.host]
     return {"fingerprint": bundle_fingerprint(manifest), "buffers": len(cache.host), "kv_heads": int(a.shape[1]),
             "head_dim": int(a.shape[3]), "dtype": str(a.dtype), "onnxruntime": f"{ort.__version__} {h(build)}",
             "cpu": h(_cpu_isa()), "kernels": kernels, "compat": KV_COMPAT,
             "session_options": h(json.dumps(session_options or {}, sort_keys=True, default=str)),
-            "widths": [int(w) for w in widths]}
+            "widths": [int(w) for w in widths],
+            # (session 59) each buffer's [kv heads, head size] where they differ (Gemma 4's wider global layers):
+            # such a file keeps one rows member per buffer (rows_<entry>_<buffer>)
+            **({"kv_shapes": shapes} if any(x != shapes[0] for x in shapes) else {})}
 
 
 def write_file(pc: PromptCache, path, key: dict) -> int:
@@ -295,7 +299,11 @@ def _write_file(pc: PromptCache, path, key: dict) -> int:
                 _member(z, "meta", np.frombuffer(meta, np.uint8))
                 for i, e in enumerate(entries):
                     _member(z, f"ids_{i}", e.ids)
-                    _member(z, f"rows_{i}", e.rows)
+                    if "kv_shapes" in key:  # (buffers of other shapes: one member each)
+                        for j, r in enumerate(e.rows):
+                            _member(z, f"rows_{i}_{j}", [r])
+                    else:
+                        _member(z, f"rows_{i}", e.rows)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -400,7 +408,8 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
             if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
                                                         for n in lengths):
                 raise StoreError("its entry lengths are not a list of counts")
-            row = key["buffers"] * key["kv_heads"] * key["head_dim"] * np.dtype(key["dtype"]).itemsize + 8
+            shapes = key.get("kv_shapes") or [[key["kv_heads"], key["head_dim"]]] * key["buffers"]
+            row = sum(h * d for h, d in shapes) * np.dtype(key["dtype"]).itemsize + 8
             room, picked = pc.budget, []
             for i in reversed(range(len(lengths))):  # the most recently used first, while they fit
                 n = min(lengths[i], room // row)
@@ -412,8 +421,12 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
             for i, n in reversed(picked):  # back to least recently used first
                 full = lengths[i]
                 ids = _read_member(z, f"ids_{i}", np.int64, (full,))[0][:n].copy()
-                rows = _read_member(z, f"rows_{i}", key["dtype"], (key["buffers"], key["kv_heads"], full,
-                                                                     key["head_dim"]), keep=n)
+                if "kv_shapes" in key:
+                    rows = [_read_member(z, f"rows_{i}_{j}", key["dtype"], (1, h, full, d), keep=n)[0]
+                            for j, (h, d) in enumerate(shapes)]
+                else:
+                    rows = _read_member(z, f"rows_{i}", key["dtype"], (key["buffers"], key["kv_heads"], full,
+                                                                         key["head_dim"]), keep=n)
                 if not all(np.isfinite(r).all() for r in rows):
                     raise StoreError(f"entry {i} holds values that are not finite")
                 entries.append(_Entry(ids, rows))

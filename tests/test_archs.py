@@ -1366,6 +1366,21 @@ def test_gemma4_e2b_int4_decodes_exactly(tmp_path_factory):
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma4-e2b-xk",
                                        "attention nodes padded to two or more query rows")
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+    # (session 59, a review) a prompt cache file of a bundle whose layers' caches differ: written with one header per
+    # stacked rows member (the global layers' wider rows read back at the sliding layers' width: restore raised)
+    import edgespec
+
+    f = tmp_path_factory.mktemp("pc") / "cache.npz"
+    kw = dict(max_new_tokens=12, drafter="none", ignore_eos=True)
+    first = "\n".join([PROMPT] * 4)
+    follow = first + " jumps over the lazy dog. The dog sleeps."
+    want = edgespec.load(b, prompt_cache_mb=0, memory=False).generate(follow, **kw)
+    with edgespec.load(b, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        eng.generate(first, **kw)
+    with edgespec.load(b, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        assert eng.prompt_cache_stats()["entries"] == 1
+        got = eng.generate(follow, **kw)
+    assert got.stats["restored_prompt_tokens"] > 0 and got.token_ids == want.token_ids
     # the cuda layout (float16 activations; the builder's Gemma layers hand float32 terms from layer to layer, which the
     # per-layer block casts to and from: its first build failed to load, "bound to different types"), INT4 and float16
     for p in ("int4", "fp16"):
