@@ -156,13 +156,17 @@ def patch() -> None:
             # float16 but at float32 (E2B's table is 262,144 x 8,960: 9.4 GB in float32, 4.7 GB in float16, its
             # bfloat16 values kept; a Gather reads a token's row, the rest stays on disk)
             tdt = dt if self.onnx_dtype == DataType.FLOAT else DataType.FLOAT16
-            self.make_initializer(table.weight[:, : n * p] * torch.tensor(scale, dtype=table.weight.dtype), w, to=tdt)
+            self.make_initializer(table.weight[:, : n * p], w, to=tdt)  # (the parameter: the weight check's)
             pre = "/model/per_layer_inputs"
             self.make_gather(f"{pre}/embed/Gather", [w, ids], dtype=tdt, shape=None, axis=0)
             rows = f"{pre}/embed/Gather/output_0"
             if tdt != dt:
                 self.make_cast(f"{pre}/embed/Cast", rows, dt, shape=None)
                 rows = f"{pre}/embed/Cast/output_0"
+            # (transformers: the rows times the scale in the weights' dtype)
+            self.make_mul(f"{pre}/embed/Mul", [rows, f"/model/constants/{t}/{float(torch.tensor(scale, dtype=table.weight.dtype))}"],
+                          dtype=dt, shape=None)
+            rows = f"{pre}/embed/Mul/output_0"
             self.make_reshape(f"{pre}/embed/Reshape", [rows,
                                                        f"/model/constants/INT64/[0, 0, {n}, {p}]"], dtype=dt, shape=None)
             if self.values[embeds].dtype != dt:  # (the cuda layout's embeddings: float32 into the first norm)

@@ -99,6 +99,9 @@ def torch_weight(model, layers, node_name: str):
     if node_name.startswith("/model/embed_tokens/"):
         emb = model.get_input_embeddings()
         return ("embed_tokens", emb.weight.detach().float().numpy()) if emb is not None else None
+    if node_name.startswith("/model/per_layer_inputs/embed/"):  # (Gemma 4's per-layer table)
+        hits = [(p, mod) for p, mod in model.named_modules() if p.rsplit(".", 1)[-1] == "embed_tokens_per_layer"]
+        return (hits[0][0], hits[0][1].weight.detach().float().numpy()) if len(hits) == 1 else None
     m = _PER_LAYER.match(node_name)  # (Gemma 4's per-layer embeddings: export/builder_gemma4.py)
     if m:
         name = _PER_LAYER_NAMES[m.group(2)]
@@ -325,7 +328,8 @@ def _weight_nodes(gr: _Graph):
         if n.op_type in ("MatMulNBits", "MatMul", "Gather", "GatherBlockQuantized"):
             if n.op_type == "Gather" and not (n.input and n.input[0] in gr.inits):
                 continue
-            if n.op_type == "GatherBlockQuantized" and not n.name.startswith("/model/embed_tokens/"):
+            if n.op_type == "GatherBlockQuantized" and not n.name.startswith(("/model/embed_tokens/",
+                                                                             "/model/per_layer_inputs/embed/")):
                 continue
             if n.op_type == "MatMul" and not (n.input[1] in gr.inits or getattr(gr.producer.get(n.input[1]), "op_type",
                                                                                   "") == "DequantizeLinear"):

@@ -1386,6 +1386,12 @@ def test_gemma4_e2b_int4_decodes_exactly(tmp_path_factory):
     for p in ("int4", "fp16"):
         c = _export(tmp_path_factory, f"gemma4-e2b-cuda-{p}", d, target_precision=p, max_context=256, device="cuda")
         _weights_all_checked(c)
+        from edgespec.manifest import load_manifest
+
+        t = load_manifest(c).target
+        # (INT4: the per-layer table is 4-bit as the main one, E2B's 4.7 GB of float16 then ~1.3 GB; both checked)
+        assert t.operators.get("GatherBlockQuantized", 0) == (2 if p == "int4" else 0), t.operators
+        assert t.validation.weights_checked == 46, t.validation  # (42 in the layers, 2 tables, 1 projection, the head)
         _greedy_exact(c, 32, ("prompt-lookup",))
 
 
