@@ -337,6 +337,50 @@ def kernel_features(g, head_dim: int | None) -> list[str]:
     return sorted(out)
 
 
+def _fold_rotary(g) -> int:
+    """Give every ``GroupQueryAttention`` whose query and key come rotated from ``RotaryEmbedding`` nodes (the
+    builder's Gemma 4: its global layers' partial rotary is a whole-head one over a table whose last angles are 0)
+    the unrotated query and key, with the rotary nodes' tables as its own (``do_rotary``): the same rotation of the
+    same rows by their positions, which edgespec's attention then computes. Only where both nodes read the same
+    tables and the graph's ``position_ids`` over the whole head; rotary nodes no longer read are removed. Returns how
+    many attention nodes it changed."""
+    from onnx import helper
+
+    made = {o: n for n in g.node for o in n.output}
+    graph_inputs = {i.name for i in g.input}
+    folded = 0
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention" or len(n.input) < 3 or not n.input[1] or not n.input[2]:
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        rq, rk = made.get(n.input[0]), made.get(n.input[1])
+        if a.get("do_rotary") or not all(r is not None and r.op_type == "RotaryEmbedding" and r.domain == "com.microsoft"
+                                         and len(r.input) == 4 for r in (rq, rk)):
+            continue
+        ra = [{x.name: helper.get_attribute_value(x) for x in r.attribute} for r in (rq, rk)]
+        ins = list(n.input) + [""] * (9 - len(n.input))
+        if (list(rq.input[1:]) != list(rk.input[1:]) or rq.input[1] not in graph_inputs or ins[7] or ins[8]
+                or any(int(x.get("rotary_embedding_dim", 0)) for x in ra)
+                or int(ra[0].get("interleaved", 0)) != int(ra[1].get("interleaved", 0))):
+            continue
+        ins[0], ins[1], ins[7], ins[8] = rq.input[0], rk.input[0], rq.input[2], rq.input[3]
+        del n.input[:]
+        n.input.extend(ins)
+        for k in ("do_rotary", "rotary_interleaved"):
+            old = next((x for x in n.attribute if x.name == k), None)
+            if old is not None:
+                n.attribute.remove(old)
+        n.attribute.extend([helper.make_attribute("do_rotary", 1),
+                            helper.make_attribute("rotary_interleaved", int(ra[0].get("interleaved", 0)))])
+        folded += 1
+    if folded:
+        read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+        kept = [n for n in g.node if not (n.op_type == "RotaryEmbedding" and not any(o in read for o in n.output))]
+        del g.node[:]
+        g.node.extend(kept)
+    return folded
+
+
 def _pack_qkv(g) -> int:
     """Give every ``GroupQueryAttention`` that takes its query, key and value as three inputs (the builder's
     graph for models with per-head query/key norms: Qwen3, OLMo2, Gemma3) one packed input instead: a
@@ -770,10 +814,15 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     _whole_caches(g)  # (a bundle exported before session 41's fix: no window-sized cache layout)
     done["rope_per_position"] = _per_position_rope(g, model_path.name)  # (a LongRoPE bundle exported before session 42)
     if own_attention or pad_attention:  # separate query, key and value inputs: one packed input
+        done["rotary_folded"] = _fold_rotary(g)
         done["packed_qkv"] = _pack_qkv(g)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
-        done["own_attention"] = sum(_own_attention(n, inits, head_dim) for n in g.node
-                                    if n.op_type == "GroupQueryAttention")
+        widths = {i.name: d[3].dim_value for i in g.input
+                  if len(d := i.type.tensor_type.shape.dim) == 4 and d[3].HasField("dim_value")}
+        # (each node's head size: its cache's, Gemma 4's global layers' wider than the manifest's head_dim)
+        done["own_attention"] = sum(_own_attention(n, inits, widths.get(n.input[3], head_dim)
+                                                   if len(n.input) > 3 else head_dim)
+                                    for n in g.node if n.op_type == "GroupQueryAttention")
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
     if kv_dtype != "float32" and own_attention:
         ours = [n for n in g.node if n.op_type == ATTENTION_OP and n.domain == DOMAIN]
@@ -943,6 +992,8 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                        "in Q4_K's scale bytes)" if counts["minimums"] else "")
                     + (f", {counts['kept']} kept" if counts["kept"] else "")
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
+                    + (f"; {counts['rotary_folded']} attention nodes given their rotary (its RotaryEmbedding "
+                       "nodes before them folded in)" if counts.get("rotary_folded") else "")
                     + (f"; {counts['packed_qkv']} attention nodes' query, key and value packed into one input"
                        if counts["packed_qkv"] else "")
                     + ("; LongRoPE's short and long rotary caches made one, per position" if counts["rope_per_position"]

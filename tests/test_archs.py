@@ -1357,15 +1357,22 @@ def test_gemma4_text_decoders_are_torch_s(tmp_path_factory, kind, image_text):
 def test_gemma4_e2b_int4_decodes_exactly(tmp_path_factory):
     """(session 59) A tiny E2B at INT4 drafting for itself: every matrix checked against torch, greedy speculative
     output (model drafter, prompt lookup, auto) equals plain decoding, on onnxruntime's kernels and on edgespec's
-    exact ones (onnxruntime's attention kept there, padded: Gemma 4's rotary runs before it, which edgespec's
-    attention does not take yet)."""
+    exact ones, whose attention takes Gemma 4's layers once the rotary nodes before them are folded in (each
+    layer's head size its own cache's)."""
     d = _gemma4(tmp_path_factory.mktemp("hf") / "gemma4-e2b", "e2b", plain=True)
     b = _export(tmp_path_factory, "gemma4-e2b-int4", d, target_precision="int4", max_context=256, drafter=str(d))
     _weights_all_checked(b)
     _greedy_exact(b, 48, ("prompt-lookup", "model", "auto"))
     out = exact_kernels_decode_exactly(b, tmp_path_factory.mktemp("xk") / "gemma4-e2b-xk",
-                                       "attention nodes padded to two or more query rows")
+                                       "6 attention nodes given their rotary")
     _greedy_exact(out, 64, ("prompt-lookup", "model", "auto"))
+    # (session 59) edgespec's attention in every layer (the RotaryEmbedding nodes before it folded in; the global
+    # layers' heads, twice the manifest's head_dim, taken per node): float16 caches, the drafter's alternates verified
+    from edgespec.manifest import load_manifest
+
+    x = load_manifest(out).target
+    assert x.kv_dtype == "float16" and x.io.row_positions and x.kv_layers == load_manifest(b).target.kv_layers
+    assert [n for n in _attention_attrs(out) if n[0] != "DecodeAttentionF16"] == [], _attention_attrs(out)
     # (session 59, a review) a prompt cache file of a bundle whose layers' caches differ: written with one header per
     # stacked rows member (the global layers' wider rows read back at the sliding layers' width: restore raised)
     import edgespec
