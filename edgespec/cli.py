@@ -959,6 +959,9 @@ def info(bundle, verify, as_json):
 
             kv = "KV heads x head size per layer " + ", ".join(
                 f"{h} x {w} ({n} layer{'s' if n > 1 else ''})" for (h, w), n in Counter(spec.kv_layers).items())
+        shared = sum(spec.kv_source(i) != i for i in range(spec.num_layers))
+        if shared:  # (Gemma 4's shared key-value layers: their source's buffer)
+            kv += f" ({shared} layers use an earlier layer's KV cache)"
         click.echo(f"    {spec.num_layers} layers, {heads}{kv}, "
                    f"vocab {spec.vocab_size}, max context {spec.max_context}, "
                    f"KV {spec.kv_dtype} ({spec.kv_bytes_per_token / 1024:.1f} KiB/token)")

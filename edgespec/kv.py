@@ -120,16 +120,22 @@ class KVCache(TokenCache):
         io = spec.io
         self.buffers = []  # (past input name, present output name, OrtValue)
         self.host: list[np.ndarray] = []  # on the CPU: the buffers' memory as numpy arrays (the same bytes)
+        own: dict[tuple[int, int], object] = {}  # (layer, key 0 or value 1) -> its buffer
         for layer in range(spec.num_layers):
             heads, width = spec.kv_shape(layer)
             shape = (1, heads, self.max_len + spare, width)
-            for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
+            source = spec.kv_source(layer)
+            for kv, (past, present) in enumerate(((io.past_key, io.present_key), (io.past_value, io.present_value))):
+                if source != layer:  # (a shared key-value layer: its source's buffer, which its graph writes again)
+                    self.buffers.append((past % layer, present % layer, own[source, kv]))
+                    continue
                 if device == "cuda":
                     buf = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
                 else:
                     arr = np.zeros(shape, dtype)
                     buf = ort.OrtValue.ortvalue_from_numpy(arr)  # (an OrtValue over the array's memory)
                     self.host.append(arr)
+                own[layer, kv] = buf
                 self.buffers.append((past % layer, present % layer, buf))
         self.nbytes = spec.kv_bytes(self.max_len)
 

@@ -302,10 +302,18 @@ class ModelSpec:
     # each layer's KV cache ``(kv heads, head size)`` where layers differ (Gemma 4's global layers: wider heads,
     # other head counts); () where every layer's is ``(num_kv_heads, head_dim)``
     kv_layers: tuple[tuple[int, int], ...] = ()
+    # each layer's KV buffer: the layer whose cache it is (itself, or an earlier layer whose key and value rows it
+    # attends: Gemma 4's shared key-value layers, whose graph writes those very rows into it again); () where each
+    # layer has its own. The runtime gives such a layer its source's buffer (E2B: 20 of its 35 layers' caches).
+    kv_sources: tuple[int, ...] = ()
 
     def kv_shape(self, layer: int) -> tuple[int, int]:
         """Layer ``layer``'s KV cache ``(kv heads, head size)``."""
         return self.kv_layers[layer] if self.kv_layers else (self.num_kv_heads, self.head_dim)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV buffer layer ``layer`` uses (itself unless it shares an earlier layer's)."""
+        return self.kv_sources[layer] if self.kv_sources else layer
 
     def weight_bytes(self, gpu: bool, context: int) -> int:
         """Memory the weights take at ``context`` tokens: on a GPU provider ``gpu_weight_bytes``
@@ -319,8 +327,8 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        per_layer = sum(h * d for h, d in self.kv_layers) if self.kv_layers else \
-            self.num_layers * self.num_kv_heads * self.head_dim
+        per_layer = sum(h * d for i, (h, d) in enumerate(map(self.kv_shape, range(self.num_layers)))
+                        if self.kv_source(i) == i)  # (a shared layer's buffer is its source's)
         return 2 * per_layer * KV_DTYPES[self.kv_dtype]
 
     def kv_bytes(self, context: int) -> int:
@@ -373,7 +381,8 @@ class ModelSpec:
             head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
             kernels=_kernels(d, where), kernel_features=_kernel_features(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
             attention_window=_opt_count(d, "attention_window", where) or 0,
-            kernels_check=_kernels_check(d, where), kv_layers=_kv_layers(d, where, dims["num_layers"]), **dims,
+            kernels_check=_kernels_check(d, where), kv_layers=(kvl := _kv_layers(d, where, dims["num_layers"])),
+            kv_sources=_kv_sources(d, where, dims["num_layers"], kvl), **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -397,6 +406,7 @@ class ModelSpec:
             **({"attention_window": self.attention_window} if self.attention_window else {}),
             **({"kernels_check": dict(self.kernels_check)} if self.kernels_check else {}),
             **({"kv_layers": [list(x) for x in self.kv_layers]} if self.kv_layers else {}),
+            **({"kv_sources": list(self.kv_sources)} if self.kv_sources else {}),
         }
 
     def load_head_ids(self, vocab: int) -> "np.ndarray | None":
@@ -420,6 +430,21 @@ class ModelSpec:
 
 
 KERNELS = ("onnxruntime", "edgespec-q4")
+
+
+def _kv_sources(d: dict, where: str, layers: int, shapes: tuple) -> tuple[int, ...]:
+    """``kv_sources``: per layer, the layer whose KV buffer it uses: itself, or an earlier layer that uses its own
+    and whose cache has its shape; or absent."""
+    v = d.get("kv_sources")
+    if v is None:
+        return ()
+    ok = isinstance(v, list) and len(v) == layers and all(type(s) is int and 0 <= s <= i for i, s in enumerate(v))
+    if ok:
+        ok = all(v[s] == s and (not shapes or shapes[s] == shapes[i]) for i, s in enumerate(v))
+    if not ok:
+        raise ManifestError(f"manifest: {where}.kv_sources must be {layers} layer indices, each the layer itself or "
+                            "an earlier one with its own KV cache of the same shape")
+    return tuple(v)
 
 
 def _kv_layers(d: dict, where: str, layers: int) -> tuple[tuple[int, int], ...]:

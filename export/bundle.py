@@ -71,6 +71,25 @@ def _kv_layers(model_path: Path, names: str, layers: int, heads: int, width: int
     return tuple(out) if any(x != (heads, width) for x in out) else ()
 
 
+def _kv_sources(model_path: Path, names: str, layers: int) -> tuple[int, ...]:
+    """Per layer, the layer whose KV buffer it can use (``ModelSpec.kv_sources``): an attention node whose key and value
+    inputs are an earlier one's (Gemma 4's shared key-value layers: export/builder_gemma4.py) writes the very rows
+    that layer writes, so one buffer holds both; () where every layer computes its own."""
+    import onnx
+
+    g = onnx.load(str(model_path), load_external_data=False).graph
+    layer_of = {names % i: i for i in range(layers)}
+    sources, first = list(range(layers)), {}
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention" or len(n.input) < 4 or not n.input[1] or n.input[3] not in layer_of:
+            continue
+        i = layer_of[n.input[3]]
+        src = first.setdefault((n.input[1], n.input[2]), i)
+        if src < i:
+            sources[i] = src
+    return tuple(sources) if sources != list(range(layers)) else ()
+
+
 def _ops(model_path: Path) -> dict[str, int]:
     import onnx
 
@@ -169,6 +188,7 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
         kv_dtype=_kv_dtype(model_file),
         kv_layers=_kv_layers(model_file, ins["past_key_names"], int(dec["num_hidden_layers"]),
                              int(dec["num_key_value_heads"]), int(dec["head_size"])),
+        kv_sources=_kv_sources(model_file, ins["past_key_names"], int(dec["num_hidden_layers"])),
         io=ModelIO(
             input_ids=ins["input_ids"], attention_mask=ins["attention_mask"], position_ids=ins.get("position_ids"),
             past_key=ins["past_key_names"], past_value=ins["past_value_names"],

@@ -104,9 +104,11 @@ def test_round_trip_with_every_field(tmp_path):
         quality=Quality(perplexity_torch=2.0, perplexity=2.1, perplexity_delta=0.1, top1_agreement=0.95,
                         mean_kl=0.002, greedy_match_tokens=(3, 24), greedy_match_of=24, tokens=300),
         params=777, num_attention_heads=4, operators={"DequantizeLinear": 7, "MatMul": 7},
-        cpu_resident_bytes=5000, embedding_bytes=6400, embedding_row_bytes=64, kv_layers=((1, 8), (2, 16), (1, 8)))
+        cpu_resident_bytes=5000, embedding_bytes=6400, embedding_row_bytes=64, kv_layers=((1, 8), (2, 16), (1, 8)),
+        kv_sources=(0, 1, 0))
     assert ModelSpec.from_dict(spec.to_dict(tmp_path), tmp_path, "target") == spec
-    assert spec.kv_shape(1) == (2, 16) and spec.kv_bytes_per_token == 2 * (8 + 32 + 8) * 2  # (float16 caches)
+    # (float16 caches; layer 2 uses layer 0's buffer)
+    assert spec.kv_shape(1) == (2, 16) and spec.kv_source(2) == 0 and spec.kv_bytes_per_token == 2 * (8 + 32) * 2
     drafter = ModelSpec.from_dict(dict(spec.to_dict(tmp_path), path="drafter/model.onnx"), tmp_path, "drafter")
     m = Manifest(root=tmp_path, name="all", target=spec, drafter=drafter, eos_token_ids=(5,), bos_token_id=None,
                  add_bos=True, chat_template=None, tokenizer_dir=(tmp_path / "tok").resolve(),
@@ -193,6 +195,8 @@ def test_info_reads_what_export_records(tiny_bundle):
     # (session 59) each layer's cache shape (Gemma 4): one positive pair per layer
     (("models", "target", "kv_layers"), [[2, 64]], r"models\.target\.kv_layers must be \d+ pairs"),
     (("models", "target", "kv_layers"), "wide", r"models\.target\.kv_layers must be"),
+    (("models", "target", "kv_sources"), [0, 0, 1], r"models\.target\.kv_sources must be \d+ layer indices"),
+    (("models", "target", "kv_sources"), [1, 1], r"models\.target\.kv_sources must be"),
 ])
 def test_bad_fields_are_named(tmp_path, path, value, match):
     raw = copy.deepcopy(OLD)
