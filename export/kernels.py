@@ -314,16 +314,25 @@ def _own_attention(n, inits: dict, head_dim: int | None = None) -> bool:
     return True
 
 
+def _cache_widths(g) -> dict[str, int]:
+    """Each KV cache input's head size (``[batch, kv heads, positions, head size]``'s last axis, where static): a
+    node's own, Gemma 4's global layers' wider than the manifest's ``head_dim``."""
+    return {i.name: d[3].dim_value for i in g.input
+            if len(d := i.type.tensor_type.shape.dim) == 4 and d[3].HasField("dim_value")}
+
+
 def kernel_features(g, head_dim: int | None) -> list[str]:
     """What of edgespec's kernels graph ``g`` relies on beyond their first version (the manifest's
     ``kernel_features``; edgespec.manifest.KERNEL_FEATURES): a runtime without one refuses the bundle."""
     from onnx import helper
 
     inits = {t.name: t for t in g.initializer}
+    widths = _cache_widths(g)
     out = set()
     for n in g.node:
         if n.domain != DOMAIN or n.op_type not in (ATTENTION_OP, ATTENTION_OP_F16):
             continue
+        head = widths.get(n.input[1], head_dim) if len(n.input) > 1 else head_dim  # (the node's own cache's)
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
         if int(a.get("local_window_size", -1)) > 0:
             out.add("attention-window")
@@ -332,7 +341,7 @@ def kernel_features(g, head_dim: int | None) -> list[str]:
         if a.get("rotary_interleaved", 0):
             out.add("attention-interleaved-rotary")
         cos = inits.get(n.input[4]) if len(n.input) > 4 else None
-        if cos is None or head_dim is None or 2 * cos.dims[-1] < head_dim:  # (unknown: as the one that needs more)
+        if cos is None or head is None or 2 * cos.dims[-1] < head:  # (unknown: as the one that needs more)
             out.add("attention-partial-rotary")
     return sorted(out)
 
@@ -348,6 +357,8 @@ def _fold_rotary(g) -> int:
 
     made = {o: n for n in g.node for o in n.output}
     graph_inputs = {i.name for i in g.input}
+    inits = {t.name: t for t in g.initializer}
+    widths = _cache_widths(g)
     folded = 0
     for n in g.node:
         if n.op_type != "GroupQueryAttention" or len(n.input) < 3 or not n.input[1] or not n.input[2]:
@@ -359,6 +370,11 @@ def _fold_rotary(g) -> int:
             continue
         ra = [{x.name: helper.get_attribute_value(x) for x in r.attribute} for r in (rq, rk)]
         ins = list(n.input) + [""] * (9 - len(n.input))
+        cos = inits.get(rq.input[2])
+        # (the rotary node rotates each head over its whole width, the attention its first 2 x table-width lanes:
+        # the same only where the table covers the head, the node's own cache's width)
+        if cos is None or not cos.dims or 2 * cos.dims[-1] != widths.get(ins[3], -1):
+            continue
         if (list(rq.input[1:]) != list(rk.input[1:]) or rq.input[1] not in graph_inputs or ins[7] or ins[8]
                 or any(int(x.get("rotary_embedding_dim", 0)) for x in ra)
                 or int(ra[0].get("interleaved", 0)) != int(ra[1].get("interleaved", 0))):
@@ -817,9 +833,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         done["rotary_folded"] = _fold_rotary(g)
         done["packed_qkv"] = _pack_qkv(g)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
-        widths = {i.name: d[3].dim_value for i in g.input
-                  if len(d := i.type.tensor_type.shape.dim) == 4 and d[3].HasField("dim_value")}
-        # (each node's head size: its cache's, Gemma 4's global layers' wider than the manifest's head_dim)
+        widths = _cache_widths(g)  # (each node's head size: its cache's, Gemma 4's global layers' wider)
         done["own_attention"] = sum(_own_attention(n, inits, widths.get(n.input[3], head_dim)
                                                    if len(n.input) > 3 else head_dim)
                                     for n in g.node if n.op_type == "GroupQueryAttention")

@@ -1420,3 +1420,51 @@ def test_gemma4_with_experts_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: target: Gemma 4 with experts") and "Traceback" not in "".join(err)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("table, folds", [(32, True), (16, False)], ids=["whole-head-table", "narrower-table"])
+def test_rotary_nodes_fold_into_the_attention_only_where_the_table_covers_the_head(table, folds):
+    """(session 59) exact-kernels folds ``RotaryEmbedding`` nodes before a ``GroupQueryAttention`` (Gemma 4's) into it:
+    onnxruntime's outputs and cache rows are the same bits after. A review found a table narrower than half the head
+    folded too: the rotary node rotates each of the head's chunks, the attention only its first lanes (output 1.08
+    off). Only a table that covers the node's head (its cache's width) folds now."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    from edgespec_export.kernels import _fold_rotary
+
+    H, N, S, past = 32, 2, 3, 5
+    ang = np.arange(64)[:, None] / 10000 ** (np.arange(table // 2) / (table // 2))[None]
+    nodes = [helper.make_node("RotaryEmbedding", [x, "position_ids", "cos", "sin"], [x + "r"], domain="com.microsoft",
+                              interleaved=0) for x in ("q", "k")]
+    nodes.append(helper.make_node("GroupQueryAttention", ["qr", "kr", "v", "past_key", "past_value", "seqlens_k",
+                                                          "total_len"], ["out", "present_key", "present_value"],
+                                  domain="com.microsoft", num_heads=N, kv_num_heads=1))
+    shapes = {"q": [1, S, N * H], "k": [1, S, H], "v": [1, S, H], "past_key": [1, 1, "p", H],
+              "past_value": [1, 1, "p", H]}
+    ins = [helper.make_tensor_value_info(k, T.FLOAT, v) for k, v in shapes.items()] + [
+        helper.make_tensor_value_info("seqlens_k", T.INT32, [1]), helper.make_tensor_value_info("total_len", T.INT32, []),
+        helper.make_tensor_value_info("position_ids", T.INT64, [1, S])]
+    outs = [helper.make_tensor_value_info(o, T.FLOAT, None) for o in ("out", "present_key", "present_value")]
+    inits = [numpy_helper.from_array(f(ang).astype(np.float32), n) for f, n in ((np.cos, "cos"), (np.sin, "sin"))]
+    m = helper.make_model(helper.make_graph(nodes, "g", ins, outs, inits),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.standard_normal([past if d == "p" else d for d in v]).astype(np.float32) for k, v in shapes.items()}
+    feeds.update(seqlens_k=np.array([past + S - 1], np.int32), total_len=np.array(past + S, np.int32),
+                 position_ids=np.arange(past, past + S, dtype=np.int64)[None])
+
+    def run(model):
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    want = run(m) if table == H else None  # (a narrower table without rotary_embedding_dim: the rotary node refuses
+    f = onnx.ModelProto()                  # to run; the fold must leave it so, not compute another attention)
+    f.CopyFrom(m)
+    assert _fold_rotary(f.graph) == int(folds)
+    assert [n.op_type for n in f.graph.node].count("RotaryEmbedding") == (0 if folds else 2)
+    if folds:
+        got = run(f)
+        assert all(np.array_equal(a, b) for a, b in zip(want, got))
