@@ -467,10 +467,17 @@ def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
     consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
     # (through Casts, and a final logit cap's Div, Tanh and Mul by a constant: Gemma 2, 3 and 4, whose prefills
     # computed every row's logits, 262,144 a row)
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    outputs = {o.name for o in g.output}
     while node is not None and node.op_type in ("Cast", "Identity", "Tanh", "Div", "Mul"):
         data = [i for i in node.input if i and i not in consts]
         if len(data) != 1 or (node.op_type in ("Div", "Mul") and len(node.input) != 2):
             return False
+        if node.op_type not in ("Cast", "Identity") and (readers.get(data[0], 0) != 1 or data[0] in outputs):
+            return False  # (another reader would get the cut rows too; a cap's constants: scalars, the builder's)
         node = made.get(data[0])
     if node is None or node.op_type not in ops or not node.input:
         return False
