@@ -57,7 +57,8 @@ def _calibration(spec, tok, n: int = 8):
             f[io.logits_skip] = np.zeros(1, np.int64)
         for layer in range(spec.num_layers):
             for name in (io.past_key, io.past_value):
-                f[name % layer] = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), np.float32)
+                heads, width = spec.kv_shape(layer)  # (Gemma 4's global layers: wider)
+                f[name % layer] = np.zeros((1, heads, 0, width), np.float32)
         feeds.append(f)
 
     class Reader(CalibrationDataReader):

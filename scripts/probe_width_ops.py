@@ -58,7 +58,6 @@ def probe(bundle: str, role: str = "target", widths=(1, 2, 3), prefix: int = 16,
         names = [o.name for o in s.get_outputs()]
         inputs = {i.name for i in s.get_inputs()}
         kv_dtype = np.float16 if spec.kv_dtype == "float16" else np.float32
-        shape = (1, spec.num_kv_heads, context, spec.head_dim)
 
         def call(ids, past_kv, past):
             feed = {io.input_ids: np.array([ids], np.int64),
@@ -73,7 +72,8 @@ def probe(bundle: str, role: str = "target", widths=(1, 2, 3), prefix: int = 16,
 
         vocab = min(spec.vocab_size, 32000)
         ids = [(7919 * i + 13) % vocab for i in range(prefix + max(widths))]
-        empty = [(np.zeros(shape, kv_dtype), np.zeros(shape, kv_dtype)) for _ in range(spec.num_layers)]
+        shapes = [(1, spec.kv_shape(i)[0], context, spec.kv_shape(i)[1]) for i in range(spec.num_layers)]
+        empty = [(np.zeros(sh, kv_dtype), np.zeros(sh, kv_dtype)) for sh in shapes]  # (Gemma 4's: per layer)
         first = call(ids[:prefix], empty, 0)
         kv = [(first[io.present_key % i], first[io.present_value % i]) for i in range(spec.num_layers)]
         outs = {w: call(ids[prefix: prefix + w], kv, prefix) for w in widths}
