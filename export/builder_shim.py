@@ -340,6 +340,31 @@ def _patch_olmo2() -> None:
     builders._edgespec_olmo2 = True
 
 
+def _patch_smollm3() -> None:
+    """SmolLM3's NoPE layers (every fourth: ``no_rope_layers``): the builder's class turned the rotary inside the
+    attention off for them and left the rotary on, so its base class built it as ``RotaryEmbedding`` nodes, which
+    read a ``position_ids`` input the graph has not (``KeyError: 'position_ids'``: every real SmolLM3 failed to
+    build; the tests' two-layer model had no NoPE layer). Such a layer gets no rotary at all, as transformers."""
+    from builders import smollm
+
+    cls = smollm.SmolLM3Model
+    if getattr(cls, "_edgespec_nope", False):
+        return
+    make = cls.make_attention
+
+    def make_attention(self, layer_id, attention, root_input, _orig=make, **kwargs):
+        saved = self.attention_attrs["rope"]
+        if not self.no_rope_layers[layer_id]:
+            self.attention_attrs["rope"] = False
+        try:
+            return _orig(self, layer_id, attention, root_input, **kwargs)
+        finally:
+            self.attention_attrs["rope"] = saved
+
+    cls.make_attention = make_attention
+    cls._edgespec_nope = True
+
+
 def patch() -> None:
     """Wrap the builder's Gemma 3 class (imported as the builder imports it: top-level ``builders``, from its
     own folder) so that it reads a flat config, and its LongRoPE Phi-3 classes (``_patch_longrope``)."""
@@ -350,6 +375,7 @@ def patch() -> None:
     _patch_rope_kinds()
     _patch_norms()
     _patch_olmo2()
+    _patch_smollm3()
     from edgespec_export import builder_gemma4
 
     builder_gemma4.patch()

@@ -346,7 +346,7 @@ def kernel_features(g, head_dim: int | None) -> list[str]:
     return sorted(out)
 
 
-def _fold_rotary(g) -> int:
+def _fold_rotary(g, head_dim: int | None = None) -> int:
     """Give every ``GroupQueryAttention`` whose query and key come rotated from ``RotaryEmbedding`` nodes (the
     builder's Gemma 4: its global layers' partial rotary is a whole-head one over a table whose last angles are 0)
     the unrotated query and key, with the rotary nodes' tables as its own (``do_rotary``): the same rotation of the
@@ -373,7 +373,7 @@ def _fold_rotary(g) -> int:
         cos = inits.get(rq.input[2])
         # (the rotary node rotates each head over its whole width, the attention its first 2 x table-width lanes:
         # the same only where the table covers the head, the node's own cache's width)
-        if cos is None or not cos.dims or 2 * cos.dims[-1] != widths.get(ins[3], -1):
+        if cos is None or not cos.dims or 2 * cos.dims[-1] != widths.get(ins[3], head_dim or -1):
             continue
         if (list(rq.input[1:]) != list(rk.input[1:]) or rq.input[1] not in graph_inputs or ins[7] or ins[8]
                 or any(int(x.get("rotary_embedding_dim", 0)) for x in ra)
@@ -395,6 +395,45 @@ def _fold_rotary(g) -> int:
         del g.node[:]
         g.node.extend(kept)
     return folded
+
+
+NOPE_COS, NOPE_SIN = "edgespec_nope_cos", "edgespec_nope_sin"
+
+
+def _nope_rotary(g, head_dim: int | None = None) -> int:
+    """Give every ``GroupQueryAttention`` without a rotary (a NoPE layer: EXAONE 4.0's global layers, SmolLM3's every
+    fourth) an identity one, a partial rotary of 8 pairs with cos 1 and sin 0 (``x * 1 - y * 0`` is ``x``, bit for
+    bit; heads of 16 lanes or more), so that edgespec's attention, which always rotates, computes it (float16 caches, alternates) where it kept
+    onnxruntime's. Not in a graph that rotates with ``RotaryEmbedding`` nodes outside its attention (Hunyuan's, before
+    its norms): those rotate by the call's slots, not an alternate's position, and need onnxruntime's attention's
+    padding and no alternates. The tables have the rows of the graph's own rotary tables (none: nothing done).
+    Returns how many nodes it changed."""
+    from onnx import TensorProto, helper
+
+    if any(n.op_type == "RotaryEmbedding" for n in g.node):
+        return 0
+    inits = {t.name: t for t in g.initializer}
+    rows = max((int(inits[n.input[7]].dims[0]) for n in g.node if n.op_type == "GroupQueryAttention"
+                and len(n.input) > 7 and n.input[7] in inits and inits[n.input[7]].dims), default=0)
+    nodes = [n for n in g.node if n.op_type == "GroupQueryAttention" and not (len(n.input) > 7 and n.input[7])
+             and not any(x.name == "do_rotary" and helper.get_attribute_value(x) for x in n.attribute)]
+    widths = _cache_widths(g)
+    nodes = [n for n in nodes if len(n.input) > 3 and widths.get(n.input[3], head_dim or 0) >= 16]
+    if not rows or not nodes:
+        return 0
+    if NOPE_COS not in inits:
+        # (8 pairs: onnxruntime's op, should the node stay its, takes tables of a multiple of 8 columns)
+        g.initializer.extend([helper.make_tensor(NOPE_COS, TensorProto.FLOAT, [rows, 8], [1.0] * (8 * rows)),
+                              helper.make_tensor(NOPE_SIN, TensorProto.FLOAT, [rows, 8], [0.0] * (8 * rows))])
+    for n in nodes:
+        ins = list(n.input) + [""] * (9 - len(n.input))
+        ins[7], ins[8] = NOPE_COS, NOPE_SIN
+        del n.input[:]
+        n.input.extend(ins)
+        for x in [x for x in n.attribute if x.name in ("do_rotary", "rotary_interleaved")]:
+            n.attribute.remove(x)
+        n.attribute.append(helper.make_attribute("do_rotary", 1))
+    return len(nodes)
 
 
 def _pack_qkv(g) -> int:
@@ -837,9 +876,11 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     _whole_caches(g)  # (a bundle exported before session 41's fix: no window-sized cache layout)
     done["rope_per_position"] = _per_position_rope(g, model_path.name)  # (a LongRoPE bundle exported before session 42)
     if own_attention or pad_attention:  # separate query, key and value inputs: one packed input
-        done["rotary_folded"] = _fold_rotary(g)
+        done["rotary_folded"] = _fold_rotary(g, head_dim)
         done["packed_qkv"] = _pack_qkv(g)
     if own_attention:  # edgespec's attention, one query row computed alike at every width: no padding
+        done["nope"] = _nope_rotary(g, head_dim)
+        inits.update({t.name: t for t in g.initializer if t.name in (NOPE_COS, NOPE_SIN)})
         widths = _cache_widths(g)  # (each node's head size: its cache's, Gemma 4's global layers' wider)
         done["own_attention"] = sum(_own_attention(n, inits, widths.get(n.input[3], head_dim)
                                                    if len(n.input) > 3 else head_dim)
@@ -1015,6 +1056,8 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                     + (f" ({counts['copied']} with a packed copy of weights another op shares)" if counts["copied"] else "")
                     + (f"; {counts['rotary_folded']} attention nodes given their rotary (its RotaryEmbedding "
                        "nodes before them folded in)" if counts.get("rotary_folded") else "")
+                    + (f"; {counts['nope']} attention nodes without a rotary given an identity one (edgespec's "
+                       "attention always rotates)" if counts.get("nope") else "")
                     + (f"; {counts['packed_qkv']} attention nodes' query, key and value packed into one input"
                        if counts["packed_qkv"] else "")
                     + ("; LongRoPE's short and long rotary caches made one, per position" if counts["rope_per_position"]
