@@ -410,7 +410,10 @@ def _nope_rotary(g, head_dim: int | None = None) -> int:
     Returns how many nodes it changed."""
     from onnx import TensorProto, helper
 
-    if any(n.op_type == "RotaryEmbedding" for n in g.node):
+    graph_inputs = {i.name for i in g.input}
+    positions = {i for n in g.node if n.op_type != "GroupQueryAttention" for i in n.input
+                 if i in graph_inputs and "position" in i}
+    if positions or any(n.op_type == "RotaryEmbedding" for n in g.node):  # (positions read outside the attention)
         return 0
     inits = {t.name: t for t in g.initializer}
     rows = max((int(inits[n.input[7]].dims[0]) for n in g.node if n.op_type == "GroupQueryAttention"
