@@ -226,6 +226,8 @@ def _check_attention_only(cfg, role: str) -> None:
                           "hidden states and KV cache, which edgespec's drafters do not give; not currently supported")
     t = text_config(cfg)
     if str(getattr(t, "model_type", "")).startswith("gemma4") and getattr(t, "enable_moe_block", False):
+        # (the builder's MoE class stops on transformers 5's per-layer config; built past that, onnxruntime's CPU MoE
+        # op refuses its GeGLU experts at load: "Unsupported MoE activation type: geglu")
         raise ExportError(f"{role}: Gemma 4 with experts (enable_moe_block: 26B-A4B) is not currently supported; its "
                           "dense models (E2B, E4B, 31B) are")
     types = getattr(t, "layer_types", None)
