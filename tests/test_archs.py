@@ -1353,7 +1353,9 @@ def test_gemma4_text_decoders_are_torch_s(tmp_path_factory, kind, image_text):
     A shared layer given the other kind's keys fails at its first call (their widths differ)."""
     from edgespec.manifest import load_manifest
 
-    d = _gemma4(tmp_path_factory.mktemp("hf") / f"gemma4-{kind}", kind, plain=False, image_text=image_text)
+    # (heads of 32 and 64 lanes: the query's 128 wider than the hidden 64, as the real models' 2,048 against 1,536)
+    d = _gemma4(tmp_path_factory.mktemp("hf") / f"gemma4-{kind}", kind, plain=False, image_text=image_text,
+                head_dim=32, global_head_dim=64)
     f = _export(tmp_path_factory, f"gemma4-{kind}-fp32", d, target_precision="fp32", max_context=256)
     t = load_manifest(f).target
     v = t.validation
@@ -1362,14 +1364,14 @@ def test_gemma4_text_decoders_are_torch_s(tmp_path_factory, kind, image_text):
     # (session 59) the logits skip through the final cap's Div, Tanh and Mul: Gemma 2's, 3's and 4's prefills computed
     # every row's logits ("no lm_head found for the logits skip")
     assert t.io.logits_skip == "logits_skip"
-    wide = (1, 32)
-    assert [t.kv_shape(i) for i in range(6)] == [(t.num_kv_heads, 16)] * 2 + [wide] + [(t.num_kv_heads, 16)] * 2 + [wide]
+    wide = (1, 64)
+    assert [t.kv_shape(i) for i in range(6)] == [(t.num_kv_heads, 32)] * 2 + [wide] + [(t.num_kv_heads, 32)] * 2 + [wide]
     # (keys and values, float32; E2B's last two layers, one of each kind, attend the keys and values of the last
     # earlier layer of their kind, 3 and 2, and use their buffers: validated above through the runtime so, and 2 of 6
     # layers' caches spared)
     shared = kind == "e2b"
     assert t.kv_sources == ((0, 1, 2, 3, 3, 2) if shared else ())
-    assert t.kv_bytes_per_token == 2 * 4 * ((4 - shared) * t.num_kv_heads * 16 + (2 - shared) * 32)
+    assert t.kv_bytes_per_token == 2 * 4 * ((4 - shared) * t.num_kv_heads * 32 + (2 - shared) * 64)
     _greedy_exact(f, 40, ("prompt-lookup", "suffix"))
 
 
