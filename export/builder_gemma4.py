@@ -104,15 +104,8 @@ def patch() -> None:
             prefix = f"/model/layers.{layer_id}/attn/{tag}"
             self.make_reshape(f"{prefix}/Reshape_1", [path, f"/model/constants/INT64/[0, -1, {self.head_size}]"],
                               dtype=self.io_dtype, shape=["batch_size", f"sequence_length * {heads}", self.head_size])
-            w = f"model.layers.{layer_id}.attn.{tag}.layernorm.weight"
-            self.make_initializer(weight + self.layernorm_attrs["add_offset"], w, to=self.io_dtype)
-            norm = f"{prefix}/SimplifiedLayerNormalization"
-            self.make_node("SimplifiedLayerNormalization", inputs=[f"{prefix}/Reshape_1/output_0", w],
-                           outputs=[f"{norm}/output_0"], name=norm, epsilon=self.layernorm_attrs["epsilon"],
-                           axis=-1, stash_type=1)
-            self.make_value(f"{norm}/output_0", self.io_dtype,
-                            shape=["batch_size", f"sequence_length * {heads}", self.head_size])
-            self.make_reshape(f"{prefix}/Reshape_2", [f"{norm}/output_0", f"/model/constants/INT64/[0, -1, {width}]"],
+            normed = self._norm(prefix, f"{prefix}/Reshape_1/output_0", weight, self.io_dtype)
+            self.make_reshape(f"{prefix}/Reshape_2", [normed, f"/model/constants/INT64/[0, -1, {width}]"],
                               dtype=self.io_dtype, shape=["batch_size", "sequence_length", width])
             return f"{prefix}/Reshape_2/output_0"
 
@@ -134,7 +127,8 @@ def patch() -> None:
                     return m
             raise NotImplementedError("a Gemma 4 config with per-layer inputs and no per-layer embedding")
 
-        def _norm(self, name, x, weight, width, dtype):
+        def _norm(self, name, x, weight, dtype):
+            """RMSNorm of ``x`` over its last axis by ``weight`` (the node ``name``/SimplifiedLayerNormalization)."""
             w = f"{name[1:].replace('/', '.')}.weight"
             self.make_initializer(weight + self.layernorm_attrs["add_offset"], w, to=dtype)
             node = f"{name}/SimplifiedLayerNormalization"
@@ -180,7 +174,7 @@ def patch() -> None:
                                                             f"/model/constants/INT64/[0, 0, {n}, {p}]"],
                               dtype=dt, shape=None)
             normed = self._norm(f"{pre}/projection_norm", f"{pre}/projection/Reshape/output_0",
-                                tm.per_layer_projection_norm.weight, p, dt)
+                                tm.per_layer_projection_norm.weight, dt)
             self.make_add(f"{pre}/Add", [normed, f"{pre}/embed/Reshape/output_0"], dtype=dt, shape=None)
             self.make_mul(f"{pre}/Mul", [f"{pre}/Add/output_0", f"/model/constants/{t}/{float(tm.per_layer_input_scale)}"],
                           dtype=dt, shape=None)
@@ -211,8 +205,7 @@ def patch() -> None:
                              shape=None, axis=2)
             self.make_mul(f"{pre}/Mul", [f"{act}/output_0", f"{pre}/input/Gather/output_0"], dtype=dt, shape=None)
             up = self.make_matmul(layer.per_layer_projection, f"{pre}/projection/MatMul", f"{pre}/Mul/output_0")
-            out = self._norm(f"{pre}/post_norm", f"{up}/output_0", layer.post_per_layer_input_norm.weight,
-                             self.hidden_size, dt)
+            out = self._norm(f"{pre}/post_norm", f"{up}/output_0", layer.post_per_layer_input_norm.weight, dt)
             if rd != dt:  # (the cuda layout: the builder's Gemma layers hand float32 terms on to the next one)
                 self.make_cast(f"{pre}/post_norm/Cast", out, rd, shape=None)
                 out = f"{pre}/post_norm/Cast/output_0"

@@ -46,24 +46,19 @@ def _versions() -> dict:
     return out
 
 
-def _kv_dtype(model_path: Path) -> str:
-    import onnx
-
-    m = onnx.load(str(model_path), load_external_data=False)
-    for i in m.graph.input:
+def _kv_dtype(g, model_path: Path) -> str:
+    """The KV cache's dtype: the graph ``g``'s (of ``model_path``) ``past_key_values`` inputs'."""
+    for i in g.input:
         if i.name.startswith("past_key_values"):
             return {1: "float32", 10: "float16", 16: "bfloat16"}[i.type.tensor_type.elem_type]
     raise ExportError(f"{model_path} has no past_key_values inputs: not a KV-cache graph")
 
 
-def _kv_layers(model_path: Path, names: str, layers: int, heads: int, width: int) -> tuple[tuple[int, int], ...]:
-    """Each layer's KV cache ``(kv heads, head size)`` from the graph's ``past_key_values`` inputs where some
+def _kv_layers(g, names: str, layers: int, heads: int, width: int) -> tuple[tuple[int, int], ...]:
+    """Each layer's KV cache ``(kv heads, head size)`` from graph ``g``'s ``past_key_values`` inputs where some
     layer's differs from ``(heads, width)`` (the config's; Gemma 4's global layers), else ()."""
-    import onnx
-
-    m = onnx.load(str(model_path), load_external_data=False)
     dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
-            for i in m.graph.input}
+            for i in g.input}
     out = []
     for layer in range(layers):
         d = dims.get(names % layer) or []
@@ -71,13 +66,10 @@ def _kv_layers(model_path: Path, names: str, layers: int, heads: int, width: int
     return tuple(out) if any(x != (heads, width) for x in out) else ()
 
 
-def _kv_sources(model_path: Path, names: str, layers: int) -> tuple[int, ...]:
-    """Per layer, the layer whose KV buffer it can use (``ModelSpec.kv_sources``): an attention node whose key and value
-    inputs are an earlier one's (Gemma 4's shared key-value layers: export/builder_gemma4.py) writes the very rows
-    that layer writes, so one buffer holds both; () where every layer computes its own."""
-    import onnx
-
-    g = onnx.load(str(model_path), load_external_data=False).graph
+def _kv_sources(g, names: str, layers: int) -> tuple[int, ...]:
+    """Per layer, the layer whose KV buffer it can use (``ModelSpec.kv_sources``): an attention node of graph ``g`` whose
+    key and value inputs are an earlier one's (Gemma 4's shared key-value layers: export/builder_gemma4.py) writes the
+    very rows that layer writes, so one buffer holds both; () where every layer computes its own."""
     layer_of = {names % i: i for i in range(layers)}
     sources, first = list(range(layers)), {}
     for n in g.node:
@@ -170,6 +162,9 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
     ins, outs = dec["inputs"], dec["outputs"]
     model_file = mdir / dec.get("filename", "model.onnx")
     ops = _ops(model_file)
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph  # (once: the KV cache's dtype, shapes, sharing)
     params = sum(int(p.numel()) for p in config["_params"])
     on_disk = sum(v["bytes"] for v in files.values())
     return ModelSpec(
@@ -185,10 +180,10 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
         num_attention_heads=int(dec["num_attention_heads"]),
         vocab_size=int(build.genai_config["model"]["vocab_size"]),
         max_context=int(max_context),
-        kv_dtype=_kv_dtype(model_file),
-        kv_layers=_kv_layers(model_file, ins["past_key_names"], int(dec["num_hidden_layers"]),
+        kv_dtype=_kv_dtype(graph, model_file),
+        kv_layers=_kv_layers(graph, ins["past_key_names"], int(dec["num_hidden_layers"]),
                              int(dec["num_key_value_heads"]), int(dec["head_size"])),
-        kv_sources=_kv_sources(model_file, ins["past_key_names"], int(dec["num_hidden_layers"])),
+        kv_sources=_kv_sources(graph, ins["past_key_names"], int(dec["num_hidden_layers"])),
         io=ModelIO(
             input_ids=ins["input_ids"], attention_mask=ins["attention_mask"], position_ids=ins.get("position_ids"),
             past_key=ins["past_key_names"], past_value=ins["past_value_names"],

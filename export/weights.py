@@ -99,15 +99,17 @@ def torch_weight(model, layers, node_name: str):
     if node_name.startswith("/model/embed_tokens/"):
         emb = model.get_input_embeddings()
         return ("embed_tokens", emb.weight.detach().float().numpy()) if emb is not None else None
-    if node_name.startswith("/model/per_layer_inputs/embed/"):  # (Gemma 4's per-layer table)
-        hits = [(p, mod) for p, mod in model.named_modules() if p.rsplit(".", 1)[-1] == "embed_tokens_per_layer"]
+    def one_module(name):  # (the model's one module of that name: Gemma 4's text model's)
+        hits = [(p, mod) for p, mod in model.named_modules() if p.rsplit(".", 1)[-1] == name]
         return (hits[0][0], hits[0][1].weight.detach().float().numpy()) if len(hits) == 1 else None
+
+    if node_name.startswith("/model/per_layer_inputs/embed/"):  # (Gemma 4's per-layer table)
+        return one_module("embed_tokens_per_layer")
     m = _PER_LAYER.match(node_name)  # (Gemma 4's per-layer embeddings: export/builder_gemma4.py)
     if m:
         name = _PER_LAYER_NAMES[m.group(2)]
         if m.group(1) is None:
-            hits = [(p, mod) for p, mod in model.named_modules() if p.rsplit(".", 1)[-1] == name]
-            return (hits[0][0], hits[0][1].weight.detach().float().numpy()) if len(hits) == 1 else None
+            return one_module(name)
         i = int(m.group(1))
         mod = getattr(layers[i], name, None) if layers is not None and i < len(layers) else None
         return (f"layers.{i}.{name}", mod.weight.detach().float().numpy()) if mod is not None else None
