@@ -1490,3 +1490,33 @@ def test_rotary_nodes_fold_into_the_attention_only_where_the_table_covers_the_he
     if folds:
         got = run(f)
         assert all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
+def test_gemma4_s_assistant_is_refused_in_one_line(tmp_path, capsys):
+    """(session 59) Gemma 4's multi-token-prediction assistant (``gemma4_assistant``: Google's drafter for E2B/E4B)
+    reads its target's hidden states and KV cache, which no edgespec drafter gives: refused after its config is read,
+    exit 6, nothing written (not built as a text model that would compute another thing)."""
+    import torch
+    import transformers
+    from tiny import make_tokenizer
+
+    from edgespec.cli import main
+
+    tok = make_tokenizer()
+    tc = transformers.Gemma4TextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, global_head_dim=32, max_position_embeddings=256, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+        num_kv_shared_layers=2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    d = tmp_path / "assistant"
+    transformers.Gemma4AssistantForCausalLM(transformers.Gemma4AssistantConfig(text_config=tc, backbone_hidden_size=64)
+                                            ).save_pretrained(d)
+    tok.save_pretrained(d)
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(d), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
+    assert e.value.code == 6
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: target: gemma4_assistant") and "Traceback" not in "".join(err)
+    assert not (tmp_path / "b").exists()
