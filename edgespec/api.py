@@ -175,7 +175,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
                       allow_cpu_fallback=prof.allow_cpu_fallback, session_options=prof.session_options)
 
     target = open_model("target", min_width)
-    env = LoadEnv(manifest, the_plan, prof, open_model, options={"memory": memory})
+    env = LoadEnv(manifest, the_plan, prof, open_model, options={"memory": memory}, target=target)
     drafters = [d for d in (cls.build(env) for cls in DRAFTERS.values()) if d is not None]
     decoder = Decoder(target, manifest.eos_token_ids, drafters=drafters)
     if the_plan.prompt_cache and target.cache.host:  # (after the width probe: its calls are not kept)
@@ -405,6 +405,11 @@ class Engine:
                 why = ("no drafter model is loaded: the engine was opened without it (use_drafter=False, or "
                        "--drafter none/prompt-lookup, or the profile's drafter policy)")
             decoder.unavailable["model"] = why
+        if "mtp" not in decoder.drafters:  # (the assistant's drafter: a bundle exported with one, on the CPU)
+            decoder.unavailable["mtp"] = (
+                "this bundle has no assistant (export a Gemma 4 target with its multi-token-prediction assistant as "
+                "--drafter)" if manifest.assistant is None else
+                "the bundle's assistant is not loaded: it drafts for a target on the CPU only for now")
 
     @property
     def max_context(self) -> int:

@@ -878,7 +878,9 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
     click.echo(f"  {'prompt cache (at most; out of what is left)':<52} {p.prompt_cache / MiB:>9.1f} MiB"
                + ("  (none: it keeps CPU caches, the target's are on the GPU)" if gpu and not p.prompt_cache else ""))
     loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
-    click.echo(f"context {p.context} tokens; drafter model: {loaded}; default drafting: {p.default_drafter}; "
+    mtp = ("" if m.assistant is None else "; assistant (mtp): " + ("loaded" if "assistant" in p.weights else
+                                                                   "not loaded (it drafts on the CPU only for now)"))
+    click.echo(f"context {p.context} tokens; drafter model: {loaded}{mtp}; default drafting: {p.default_drafter}; "
                f"prefill chunk: {p.prefill_chunk} tokens")
     click.echo(f"weights: {p.weights_basis}")
     if len(set(p.devices.values())) > 1:
@@ -919,7 +921,7 @@ def info(bundle, verify, as_json):
     if as_json:
         _echo_json(m.to_dict(), indent=1)
         return
-    files = [meta for spec in (m.target, m.drafter) if spec is not None for meta in spec.files.values()] + \
+    files = [meta for spec in m.models() for meta in spec.files.values()] + \
         list(m.tokenizer_files.values())
     unhashed = sum(1 for meta in files if not meta.get("sha256"))
     checked = ("sizes checked; weights hashed when changed since last verified" if not verify else
@@ -1014,8 +1016,23 @@ def info(bundle, verify, as_json):
                            f"{c['logit_scale']:.3g})")
         if spec.precision == "fp8":
             click.echo("    note: FP8 weights are laid out for TensorRT on SM89+ GPUs; the CPU EP runs them slowly")
+        if spec.io.hidden:
+            click.echo(f"    output {spec.io.hidden!r}: each logits row's hidden state (the assistant drafts from it)")
         for line in report_lines(spec.validation, spec.quality):
             click.echo(f"    {line}")
+    a = m.assistant
+    if a is not None:  # (Gemma 4's multi-token-prediction assistant: the mtp drafter)
+        click.echo(f"  assistant: {a.architecture} {a.precision}, drafter 'mtp': {a.num_layers} layers of width "
+                   f"{a.hidden_size}, no KV cache of its own: it attends the target's "
+                   + ", ".join(f"layer {i} ({k.replace('_attention', '')})" for k, i in a.sources.items())
+                   + (f", sliding layers the last {a.sliding_window + 1} rows" if a.sliding_window else "")
+                   + ("; the centroid head" if a.ordered else ""))
+        click.echo(f"    {a.params / 1e6:.1f}M parameters, {a.bytes_on_disk / MiB:.1f} MiB on disk (of it a copy of the "
+                   f"target's embedding table, {a.embedding_bytes / MiB:.1f} MiB, which stays mapped until read on the "
+                   "CPU)")
+        if a.validated is not None:
+            click.echo(f"    validation vs transformers' assistant step on the target's own state: ✓ relative "
+                       f"difference {a.validated:.3g}")
 
 
 def _check_writable(out_dir) -> None:

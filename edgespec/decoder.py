@@ -609,6 +609,10 @@ class Decoder:
         st.prompt_tokens = len(prompt)
         calls0 = target.calls
         last = target.prefill(prompt)
+        # drafters that draft from the target's hidden state (an assistant: mtp.py) get the row of each token's call
+        readers = [d for d in self.drafters.values() if getattr(d, "reads_hidden", False)]
+        for d in readers:
+            d.observe_hidden(-1)
         st.reused_prompt_tokens, st.restored_prompt_tokens = target.last_reused, target.last_restored
         st.target_s += clock() - t_start
         st.target_calls += target.calls - calls0
@@ -749,6 +753,8 @@ class Decoder:
                     else:
                         n, nxt = rejection_sample(draft.tokens, draft.probs, rows, sp, rng)
                 k = len(draft.tokens)
+                for d in readers:  # (the row that produced the round's last token: the kept alternate's, else n)
+                    d.observe_hidden(n if kept_alt is None else kept_alt)
                 target.rewind(k - n)
                 policy.observe(choice, draft.tokens, n, draft.step_s, target.last_width, dt, catchup=draft.catchup,
                                alternates=len(alts))

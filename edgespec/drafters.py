@@ -119,6 +119,7 @@ class LoadEnv:
     profile: object
     open_model: Callable
     options: dict = field(default_factory=dict)
+    target: object = None  # the target model (an assistant drafts from its KV buffers and hidden states: mtp.py)
 
 
 DRAFTERS: dict[str, type] = {}  # name -> class, in the order ``auto`` considers them
@@ -666,5 +667,6 @@ def _top_prob(logits: np.ndarray) -> float:
     return 1.0 / float(np.exp(logits - m, dtype=np.float32).sum())
 
 
+from . import mtp as _mtp  # noqa: E402,F401  (registers the assistant's drafter after the model drafter)
 from . import suffix as _suffix  # noqa: E402,F401  (registers the suffix drafter after these)
 from . import prediction as _prediction  # noqa: E402,F401  (registers the prediction drafter last)

@@ -200,9 +200,7 @@ def check_files(m, deep: bool = False) -> None:
     """Check the bundle's files against manifest ``m`` (module docstring: what, and when)."""
     stamps = Stamps(m.root)
     try:
-        for spec in (m.target, m.drafter):
-            if spec is None:
-                continue
+        for spec in m.models():
             for rel, meta in spec.files.items():
                 _check_file(m.root, rel, meta, deep, stamps)
             listed = {os.path.normpath(rel) for rel in spec.files}

@@ -248,8 +248,12 @@ class CausalLM:
         self.last_width = len(run)
         self.cache.ids.extend(ids)  # the pad's keys/values sit past the length: overwritten later
         if first:  # row 0 of a skipping call is position ``skip`` (the pad's rows follow the last)
-            return out[first - skip: back + n - skip]
-        return out[:n] if pad else out
+            out = out[first - skip: back + n - skip]
+            self._hidden_rows = (first - skip, len(out))  # (the same rows of the hidden states: OnnxLM.hidden_of)
+            return out
+        out = out[:n] if pad else out
+        self._hidden_rows = (0, len(out))
+        return out
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:
         """Append ``ids`` in calls of at most ``prefill_chunk`` tokens (the transient logits stay

@@ -222,6 +222,10 @@ class ModelIO:
     # the graph's input of each row's position offset (int64 [n], fed at every call: 0..n-1 but where a
     # call verifies alternates; exact-kernels targets since session 26): DecodeAttention's positions
     row_positions: str | None = None
+    # the graph's output of each logits row's final-normed hidden state (the lm_head's input; targets exported with a
+    # multi-token-prediction assistant, export/mtp.py): the assistant's first draft step reads the row that produced
+    # the last token
+    hidden: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "ModelIO":
@@ -236,9 +240,11 @@ class ModelIO:
                 raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index (and no "
                                     f"other % format), got {names[k]!r}"[:300])
         pos, top, skip, rows = d.get("position_ids"), d.get("argmax"), d.get("logits_skip"), d.get("row_positions")
+        hid = d.get("hidden")
         return cls(position_ids=pos if isinstance(pos, str) else None, argmax=top if isinstance(top, str) else None,
                    logits_skip=skip if isinstance(skip, str) else None,
-                   row_positions=rows if isinstance(rows, str) else None, **names)
+                   row_positions=rows if isinstance(rows, str) else None, hidden=hid if isinstance(hid, str) else None,
+                   **names)
 
 
 _DIMS = ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context")
@@ -393,7 +399,7 @@ class ModelSpec:
             "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
             "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,
-            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip", "row_positions") or v}, "tokenizer_sha256": self.tokenizer_sha256,
+            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip", "row_positions", "hidden") or v}, "tokenizer_sha256": self.tokenizer_sha256,
             "files": {k: dict(v) for k, v in self.files.items()}, "gpu_weight_bytes": self.gpu_weight_bytes,
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,
@@ -516,6 +522,81 @@ def _head(root: Path, d: dict, files: dict, dims: dict, where: str) -> tuple[Pat
 
 
 @dataclass(frozen=True)
+class AssistantSpec:
+    """A multi-token-prediction assistant (``models.assistant``: Gemma 4's, export/mtp.py): a graph with no KV cache
+    of its own that drafts from the target's state: the target's embedding of the last token and the hidden state
+    that produced it, at that token's position, attending the target's caches of the layers ``sources`` names (a
+    layer kind -> the target layer). Its inputs and outputs are fixed names (edgespec/mtp.py)."""
+
+    path: Path  # absolute path of the .onnx file
+    architecture: str
+    precision: str
+    hidden_size: int
+    target_hidden_size: int
+    vocab_size: int
+    num_layers: int
+    sources: dict  # layer kind ("sliding_attention", "full_attention") -> the target layer whose cache it attends
+    sliding_window: int
+    files: dict[str, dict]
+    bytes_on_disk: int
+    params: int = 0
+    embedding_bytes: int = 0  # the copy of the target's embedding table: read a row a step (mapped on the CPU)
+    ordered: bool = False  # the centroid head (use_ordered_embeddings)
+    # the largest difference from transformers' assistant step at export, relative to the logits' scale (None: not
+    # recorded)
+    validated: float | None = None
+    role: str = "assistant"
+
+    @classmethod
+    def from_dict(cls, d: Any, root: str | os.PathLike) -> "AssistantSpec":
+        where = "models.assistant"
+        if not isinstance(d, dict):
+            raise ManifestError(f"manifest: {where} must be an object")
+        root = Path(root)
+        ints = {k: _req(d, k, int, where) for k in ("hidden_size", "target_hidden_size", "vocab_size", "num_layers",
+                                                     "sliding_window", "bytes_on_disk")}
+        if any(v < 0 for v in ints.values()) or min(ints["hidden_size"], ints["vocab_size"], ints["num_layers"],
+                                                     ints["target_hidden_size"]) < 1:
+            raise ManifestError(f"manifest: {where}'s sizes must be positive")
+        sources = _req(d, "sources", "counts", where)
+        if not sources or any(v < 0 for v in sources.values()):
+            raise ManifestError(f"manifest: {where}.sources must map a layer kind to a target layer")
+        return cls(path=_inside(root, _req(d, "path", str, where), f"manifest {where}.path"),
+                   architecture=_req(d, "architecture", str, where), precision=_req(d, "precision", str, where),
+                   sources={str(k): int(v) for k, v in sources.items()},
+                   files=_files(root, _req(d, "files", dict, where), where),
+                   params=_opt_count(d, "params", where) or 0, embedding_bytes=_opt_count(d, "embedding_bytes", where)
+                   or 0, ordered=bool(_opt(bool, where, d, "ordered")), validated=_opt(float, where, d, "validated"),
+                   **ints)
+
+    def to_dict(self, root: str | os.PathLike) -> dict:
+        return {"path": _rel(root, self.path), "architecture": self.architecture, "precision": self.precision,
+                "hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
+                "vocab_size": self.vocab_size, "num_layers": self.num_layers, "sources": dict(self.sources),
+                "sliding_window": self.sliding_window, "files": {k: dict(v) for k, v in self.files.items()},
+                "bytes_on_disk": self.bytes_on_disk, "params": self.params, "embedding_bytes": self.embedding_bytes,
+                "ordered": self.ordered, **({"validated": self.validated} if self.validated is not None else {})}
+
+    def weight_bytes(self, gpu: bool) -> int:
+        """Memory its weights take: all of them on a GPU; on the CPU the embedding table's copy stays mapped."""
+        return self.bytes_on_disk if gpu else max(0, self.bytes_on_disk - self.embedding_bytes)
+
+
+def check_assistant(target: ModelSpec, a: AssistantSpec) -> None:
+    """The assistant fits its target: hidden size and vocabulary, and the layers it attends exist and are their own
+    caches (a shared layer's buffer is its source's)."""
+    if a.target_hidden_size != target.hidden_size or a.vocab_size != target.vocab_size:
+        raise ManifestError(f"manifest: the assistant drafts for a target of hidden size {a.target_hidden_size} and "
+                            f"{a.vocab_size} tokens, the target has {target.hidden_size} and {target.vocab_size}")
+    for kind, layer in a.sources.items():
+        if not 0 <= layer < target.num_layers:
+            raise ManifestError(f"manifest: the assistant attends target layer {layer} ({kind}), the target has "
+                                f"{target.num_layers}")
+    if not target.io.hidden:
+        raise ManifestError("manifest: the bundle has an assistant but its target graph has no hidden-state output")
+
+
+@dataclass(frozen=True)
 class Manifest:
     root: Path
     name: str
@@ -534,6 +615,7 @@ class Manifest:
     # role -> the source's files as read at export: name -> {"bytes": int, "sha256": str} (a Hugging Face model
     # page lists its weight files' sha256); {} before session 55, or where the source's files were not found
     source_files: dict[str, dict[str, dict]] = field(default_factory=dict)
+    assistant: AssistantSpec | None = None  # a multi-token-prediction assistant (Gemma 4's), drafting as ``mtp``
 
     @property
     def max_context(self) -> int:
@@ -578,10 +660,18 @@ class Manifest:
                 tokenizer_vocab_size=_opt_count(tok, "vocab_size", "manifest.tokenizer"),
                 tokenizer_files={k: dict(v) for k, v in _files(root, _opt(dict, "manifest.tokenizer", tok, "files")
                                                                 or {}, "tokenizer").items()},
-                source_files=_source_files(_opt(dict, "manifest", raw, "source_files") or {}, mpath))
+                source_files=_source_files(_opt(dict, "manifest", raw, "source_files") or {}, mpath),
+                assistant=AssistantSpec.from_dict(models["assistant"], root) if models.get("assistant") is not None
+                else None)
         if drafter is not None:
             check_pair(target, drafter)
+        if m.assistant is not None:
+            check_assistant(target, m.assistant)
         return m
+
+    def models(self) -> tuple:
+        """Every model of the bundle: the target, the drafter and the assistant where there are."""
+        return tuple(s for s in (self.target, self.drafter, self.assistant) if s is not None)
 
     def to_dict(self) -> dict:
         """The manifest as written to ``edgespec.json``, paths relative to ``root``."""
@@ -593,7 +683,7 @@ class Manifest:
                 "chat_template": self.chat_template,
                 "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size,
                               **({"files": dict(self.tokenizer_files)} if self.tokenizer_files else {})},
-                "models": {s.role: s.to_dict(self.root) for s in (self.target, self.drafter) if s is not None}}
+                "models": {s.role: s.to_dict(self.root) for s in self.models()}}
 
 
 def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = False) -> Manifest:

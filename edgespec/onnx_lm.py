@@ -95,6 +95,13 @@ class OnnxLM(CausalLM):
                     raise BundleError(f"the {spec.role} graph's logits have {o.shape[-1]:,} entries, the manifest says "
                                       f"{want:,} ({'head_size' if spec.head_size else 'vocab_size'}); the bundle is "
                                       "inconsistent")
+        # each logits row's hidden state (manifest io.hidden: a target with an assistant), bound once asked for
+        # (keeps_hidden): a host buffer the call writes, read by hidden_of
+        self._hidden_name = io.hidden if io.hidden and any(o.name == io.hidden for o in outputs) else None
+        self._keep_hidden = False
+        self._hidden_buf: np.ndarray | None = None
+        self._hidden_out: dict[int, tuple[np.ndarray, object]] = {}
+        self._hidden_rows = (0, 0)  # (the returned rows' first row in the buffer, how many) of the last call
         # greedy on a GPU: the graph's argmax output (export/greedy.py), the logits left on the device
         self._argmax_name = io.argmax if io.argmax and any(o.name == io.argmax for o in outputs) else None
         self.device_argmax = self._argmax_name is not None and self.device == "cuda"
@@ -189,6 +196,8 @@ class OnnxLM(CausalLM):
             b.bind_ortvalue_output(self.spec.io.logits, own[1])
         else:
             b.bind_output(self.spec.io.logits, "cpu")
+        if self._keep_hidden:
+            b.bind_ortvalue_output(self._hidden_name, self._hidden_view(rows)[1])
         top = None
         if self._argmax_name is not None:  # bound at every call once the graph has it (any width)
             top = self._own_argmax(rows)  # over the rows that get logits (all but in a skipping call)
@@ -217,6 +226,28 @@ class OnnxLM(CausalLM):
         logits = out[nkv].numpy() if len(out) > nkv else out[0].numpy()
         logits = logits.reshape(rows, -1)
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    def keeps_hidden(self) -> bool:
+        """Bind the graph's hidden-state output from the next call on (its rows: the logits'); False where the
+        graph has none. On the CPU only (the CUDA graphs' calls do not bind it)."""
+        if self._hidden_name is None or not self.cache.host or self.graphs is not None:
+            return False
+        self._keep_hidden = True
+        return True
+
+    def _hidden_view(self, n: int):
+        """The host float32 buffer rows a call of ``n`` logits rows writes its hidden states to (grown as needed)."""
+        if self._hidden_buf is None or self._hidden_buf.shape[1] < n:
+            self._hidden_buf = np.zeros((1, max(n, OWN_LOGITS_MAX_WIDTH), self.spec.hidden_size), dtype=np.float32)
+            self._hidden_out = {}
+        return _bound_view(self._hidden_out, self._hidden_buf, n)
+
+    def hidden_of(self, row: int) -> np.ndarray:
+        """The hidden state of row ``row`` of the rows the last call returned (negative: from their end), a copy."""
+        first, count = self._hidden_rows
+        if not self._keep_hidden or not -count <= row < count:
+            raise IndexError(f"no hidden state of row {row} (the last call returned {count} rows)")
+        return self._hidden_buf[0, first + (row % count)].copy()
 
     def _own_argmax(self, n: int):
         """The host int64 buffer (and its OrtValue) a call of ``n`` tokens writes its argmax to, or

@@ -144,6 +144,14 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
             arenas += ARGMAX_ROWS * columns * 10
         if not (on_cpu or {}).get(s.role, True):
             own += graph_logits_bytes(columns, 2) + (context or 0) * 8  # float16 logits per width, the static mask
+    a = manifest.assistant
+    if a is not None and (on_cpu or {}).get("target", True):
+        # the assistant's session (mtp.py, on the CPU): its logits (kept, and the full row's intermediates of the
+        # centroid head), and per layer kind the attended rows of the target's caches sliced and cast to float32 (its
+        # keys transposed too): up to the context's rows of the widest cache
+        widest = max((manifest.target.kv_shape(layer) for layer in a.sources.values()), key=lambda hw: hw[0] * hw[1])
+        own += a.vocab_size * 4 * 3 + 3 * 2 * len(a.sources) * (context or 0) * widest[0] * widest[1] * 4
+        own += a.target_hidden_size * 4 * 4
     return arenas + copy + own
 
 
@@ -206,6 +214,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         weights = {"target": manifest.target.weight_bytes(gpu, ctx)}
         kv = {"target": manifest.target.kv_bytes(ctx)}
         devices = {"target": "gpu" if gpu else "cpu"}
+        if manifest.assistant is not None and not gpu:  # (the mtp drafter: no KV cache; on the CPU only for now)
+            weights["assistant"] = manifest.assistant.weight_bytes(False)
+            devices["assistant"] = "cpu"
         if with_drafter:
             weights["drafter"] = manifest.drafter.weight_bytes(drafter_gpu, ctx)
             kv["drafter"] = manifest.drafter.kv_bytes(ctx)

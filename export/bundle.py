@@ -217,8 +217,12 @@ def _check_attention_only(cfg, role: str) -> None:
     """ExportError for a model with layers other than attention (before the build: see ATTENTION_LAYERS), and for
     Gemma 4's kinds that export/builder_gemma4.py does not build."""
     if str(getattr(cfg, "model_type", "")).startswith("gemma4") and "assistant" in str(cfg.model_type):
-        raise ExportError(f"{role}: {cfg.model_type} (Gemma 4's multi-token-prediction assistant) reads its target's "
-                          "hidden states and KV cache, which edgespec's drafters do not give; not currently supported")
+        from .mtp import ASSISTANT_TYPE
+
+        how = (f"export it as the --drafter of its Gemma 4 target" if cfg.model_type == ASSISTANT_TYPE else
+               "not currently supported")
+        raise ExportError(f"{role}: {cfg.model_type} (Gemma 4's multi-token-prediction assistant) drafts from its "
+                          f"target's hidden states and KV cache: {how}")
     t = text_config(cfg)
     if str(getattr(t, "model_type", "")).startswith("gemma4") and getattr(t, "enable_moe_block", False):
         # (the builder's MoE class stops on transformers 5's per-layer config; built past that, onnxruntime's CPU MoE
@@ -342,7 +346,9 @@ def _check_config(cfg, src: Source, role: str) -> None:
 
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
-                device: str = "cpu") -> ModelSpec:
+                device: str = "cpu", assistant: Source | None = None, extra: dict | None = None) -> ModelSpec:
+    """One model of the bundle, built, described and validated. ``assistant`` (the target's): a multi-token-prediction
+    assistant to build beside it (the target graph then gives its hidden states), its spec put in ``extra``."""
     import torch  # noqa: F401  (export-time only)
 
     hf_dir = stage / f"_hf_{role}"
@@ -456,8 +462,18 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     skip = SKIP_INPUT if add_logits_skip(graph_file, logits) else None
     if skip is None:
         progress.log(f"    {role}: no lm_head found for the logits skip: prefills compute every row's logits")
+    hidden = None
+    if assistant is not None:  # the assistant's first draft step reads the row that produced the last token
+        from .kernels import add_hidden_output
+
+        hidden = add_hidden_output(graph_file, logits)
+        if hidden is None:
+            raise ExportError(f"{role}: no lm_head found in the graph, whose input an assistant drafts from")
+        progress.log(f"    {role}: added the {hidden!r} output (each logits row's hidden state, for the assistant)")
     spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,
                      logits_skip=skip)
+    if hidden is not None:
+        spec = replace(spec, io=replace(spec.io, hidden=hidden))
     if kept_window:
         spec = replace(spec, attention_window=kept_window)
         progress.log(f"    {role}: sliding windows of up to {kept_window:,} tokens kept, over caches of the whole "
@@ -477,13 +493,84 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     spec = replace(spec, validation=validate(model, tok, spec, precision, progress.log))
     if quality_fn is not None:
         spec = replace(spec, quality=quality_fn(role, model, spec, progress))
-    del model
-    gc.collect()
+    if assistant is None:
+        del model
+        gc.collect()
     if not spec.validation.passed:
         raise ExportError(f"{role}: the ONNX graph does not match torch (see the ✗ lines above)")
+    if assistant is not None:
+        extra["assistant"] = _export_assistant(assistant, model, spec, stage, tok, precision, progress)
+        del model
+        gc.collect()
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
     return spec
+
+
+def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, precision: str, progress: Progress):
+    """Gemma 4's multi-token-prediction assistant at ``src`` built for the target ``target`` (torch, loaded) of spec
+    ``tspec``, validated against transformers' assistant step on the target's own state (export/mtp.py)."""
+    import torch
+    import transformers
+
+    from edgespec.manifest import AssistantSpec
+
+    from .mtp import assistant_files, build_assistant, validate_assistant
+
+    progress.log(f"    assistant: loading {src.display} into torch (float32)")
+    try:
+        model = transformers.Gemma4AssistantForCausalLM.from_pretrained(str(src.path), dtype=torch.float32).eval()
+    except Exception as e:  # (transformers raises many types for a checkpoint it cannot read)
+        from .source import _first_line
+
+        raise ExportError(f"cannot load the assistant {src.display}: {type(e).__name__}: {_first_line(e, '')}"[:300]
+                          ) from None
+    text = text_config(target.config)
+    kv = {layer: tspec.kv_shape(layer) for layer in range(tspec.num_layers)}
+    out = stage / "assistant"
+    graph = build_assistant(model, text, kv, tspec.kv_dtype, out, table_dtype="float32" if precision == "fp32" else
+                            "float16", target_embed=target.get_input_embeddings().weight,
+                            embed_scale=getattr(target.get_input_embeddings(), "scalar_embed_scale", None))
+    progress.log(f"    assistant: {graph.num_layers} layers of width {graph.hidden_size}, attending the target's "
+                 + ", ".join(f"layer {i} ({k.replace('_attention', '')})" for k, i in graph.sources.items())
+                 + (", the centroid head" if graph.ordered else ""))
+    sample = tok.encode(VALIDATION_SAMPLE, add_special_tokens=False)[:64] if hasattr(tok, "encode") else []
+    ids = [int(i) % graph.vocab_size for i in sample] or list(range(1, 40))
+    while len(ids) < graph.sliding_window + 8:  # (positions past the window too)
+        ids = ids + ids
+    kinds = list(text.layer_types)
+    for layer in range(tspec.num_layers):  # (the graph's own sharing, found at export, says the same layers)
+        source = tspec.kv_source(layer)
+        if source != layer and graph.sources.get(kinds[layer], source) != source:
+            raise ExportError(f"the target's {kinds[layer]} layers share layer {source}'s cache, the assistant would "
+                              f"attend layer {graph.sources[kinds[layer]]}'s: not written")
+    worst = validate_assistant(graph, model, target, tspec, ids[: max(40, graph.sliding_window + 8)], progress.log)
+    files = assistant_files(stage)
+    table = graph.vocab_size * graph.target_hidden_size * (4 if precision == "fp32" else 2)
+    return AssistantSpec(path=graph.path.resolve(), architecture="Gemma4AssistantForCausalLM", precision="fp32",
+                         hidden_size=graph.hidden_size, target_hidden_size=graph.target_hidden_size,
+                         vocab_size=graph.vocab_size, num_layers=graph.num_layers, sources=dict(graph.sources),
+                         sliding_window=graph.sliding_window, files=files,
+                         bytes_on_disk=sum(v["bytes"] for v in files.values()), params=graph.params,
+                         embedding_bytes=table, ordered=graph.ordered, validated=float(worst))
+
+
+# the text the assistant's check reads (any text: its tokens are the target's input)
+VALIDATION_SAMPLE = ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
+                     "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens cheaply.")
+
+
+def _is_assistant(src: Source) -> bool:
+    """``src`` is a multi-token-prediction assistant (a local folder whose config says ``gemma4_assistant``)."""
+    if src.kind != "hf-dir":
+        return False
+    try:
+        raw = json.loads((src.path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    from .mtp import ASSISTANT_TYPE
+
+    return isinstance(raw, dict) and raw.get("model_type") == ASSISTANT_TYPE
 
 
 def _check_combination(precision: str, quant: QuantOptions, given: frozenset = frozenset()) -> None:
@@ -596,6 +683,11 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     drafter_quant = drafter_quant or QuantOptions(accuracy_level=4)
     tsrc = resolve(target)
     dsrc = resolve(drafter) if drafter else None
+    asrc = None
+    if dsrc is not None and _is_assistant(dsrc):  # Gemma 4's MTP assistant: built beside the target (export/mtp.py)
+        if drafter_vocab:
+            raise ExportError("--drafter-vocab applies to a model drafter, not to an assistant")
+        asrc, dsrc = dsrc, None
     _check_combination(target_precision, quant)
     _check_float_zero_points(quant, tsrc, target_precision, device)
     if dsrc:
@@ -644,8 +736,9 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             from .quality import QualityRun
 
             quality_fn = QualityRun(ttok, target_precision)
+        extra: dict = {}
         models = {"target": _export_one("target", tsrc, ttok, stage, target_precision, quant, max_context, tfp,
-                                        progress, quality_fn, device)}
+                                        progress, quality_fn, device, assistant=asrc, extra=extra)}
         if dsrc:
             models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
                                             max_context, dfp, progress, quality_fn, drafter_device)
@@ -653,7 +746,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
                 models["drafter"] = replace(models["drafter"], quality=quality_fn.drafter_agreement(
                     models["target"], models["drafter"], progress))
         progress.step("hashing the source files (the manifest's source_files)")
-        source_record = {role: files for role, src in (("target", tsrc), ("drafter", dsrc)) if src is not None
+        source_record = {role: files for role, src in (("target", tsrc), ("drafter", dsrc), ("assistant", asrc))
+                         if src is not None
                          for files in (source_files(src, progress.log),) if files}
         progress.step("writing tokenizer and manifest")
         tdir = stage / "tokenizer"
@@ -677,10 +771,12 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             tokenizer_dir=tdir.resolve(),
             tool_versions=_versions(),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            sources={"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {})},
+            sources={"target": tsrc.display, **({"drafter": dsrc.display} if dsrc else {}),
+                     **({"assistant": asrc.display} if asrc else {})},
             source_files=source_record,
             tokenizer_vocab_size=tvocab,
             tokenizer_files=tok_files,
+            assistant=extra.get("assistant"),
         )
         if head_ids is not None:
             from .head import head_source, reduce_in_stage

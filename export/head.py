@@ -444,6 +444,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
                        "MatMulNBits", "GroupQueryAttention", "MatMul", "DequantizeLinear", "GatherBlockQuantized",
                        "Gather")})
     m = replace(manifest, root=stage, drafter=spec, target=_rerooted(manifest.target, manifest.root, stage),
+                assistant=_rerooted(manifest.assistant, manifest.root, stage),
                 tokenizer_dir=stage / manifest.relative(manifest.tokenizer_dir))
     if log:
         log(f"    drafter: lm_head cut from {full} to {len(ids)} tokens; measuring its resident memory on the CPU EP")
@@ -465,9 +466,12 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
 
 def _rerooted(spec, old: Path, new: Path):
     """``spec`` with its paths (graph, reduced head ids) under ``new`` instead of ``old``."""
+    if spec is None:
+        return None
     old = os.path.realpath(old)  # (the spec's paths are resolved: a bundle given through a symbolic link)
-    head = new / os.path.relpath(spec.head_ids, old) if spec.head_ids is not None else None
-    return replace(spec, path=new / os.path.relpath(spec.path, old), head_ids=head)
+    if getattr(spec, "head_ids", None) is None:  # (an assistant has none)
+        return replace(spec, path=new / os.path.relpath(spec.path, old))
+    return replace(spec, path=new / os.path.relpath(spec.path, old), head_ids=new / os.path.relpath(spec.head_ids, old))
 
 
 def _copy_tree(src: Path, dst: Path, link: bool) -> None:

@@ -493,16 +493,10 @@ def _row_positions(g) -> int:
 LM_HEAD_OPS = (OP, "MatMulNBits", "MatMul")
 
 
-def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
-    """The graph input ``SKIP_INPUT`` (int64 [1], fed at every call: 0 computes every position's
-    logits): a Slice drops that many leading positions from the lm_head's input, so a prefill computes
-    its last position's logits only. The lm_head is the matrix multiply (one of ``ops``) ``logits``
-    comes from (through Casts), its first input the hidden states. False where there is none to find.
-    The runtime skips rows only in prefill chunks and a drafter's catch-up reads, never in a verify
-    call, so a kernel whose rows depend on how many a call has changes no exactness: the greedy and
-    the speculative runs prefill alike. (A default value, an initializer of the input's name, would
-    make it optional, but onnxruntime's IO binding refuses to bind such an input.)"""
-    from onnx import TensorProto, helper
+def _lm_head(g, logits: str, ops: tuple):
+    """The lm_head of graph ``g``: the matrix multiply (one of ``ops``) the output ``logits`` comes from (through
+    Casts, and a final logit cap's Div, Tanh and Mul by a constant), whose first input is the hidden states; None
+    where there is none to find."""
 
     made = {o: n for n in g.node for o in n.output}
     node = made.get(logits)
@@ -517,16 +511,33 @@ def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
     while node is not None and node.op_type in ("Cast", "Identity", "Tanh", "Div", "Mul"):
         data = [i for i in node.input if i and i not in consts]
         if len(data) != 1 or (node.op_type in ("Div", "Mul") and len(node.input) != 2):
-            return False
+            return None
         if node.op_type not in ("Cast", "Identity") and (readers.get(data[0], 0) != 1 or data[0] in outputs):
-            return False  # (another reader would get the cut rows too; a cap's constants: scalars, the builder's)
+            return None  # (another reader would get the cut rows too; a cap's constants: scalars, the builder's)
         node = made.get(data[0])
     if node is None or node.op_type not in ops or not node.input:
-        return False
+        return None
     hidden_from = made.get(node.input[0])
     if (any(t.name == node.input[0] for t in g.initializer)
             or (hidden_from is not None and hidden_from.op_type == "DequantizeLinear")):
-        return False  # not the hidden states (a weight first)
+        return None  # not the hidden states (a weight first)
+    return node
+
+
+def _skip_logits(g, logits: str, ops: tuple = (OP,)) -> bool:
+    """The graph input ``SKIP_INPUT`` (int64 [1], fed at every call: 0 computes every position's
+    logits): a Slice drops that many leading positions from the lm_head's input, so a prefill computes
+    its last position's logits only. The lm_head is the matrix multiply (one of ``ops``) ``logits``
+    comes from (through Casts), its first input the hidden states. False where there is none to find.
+    The runtime skips rows only in prefill chunks and a drafter's catch-up reads, never in a verify
+    call, so a kernel whose rows depend on how many a call has changes no exactness: the greedy and
+    the speculative runs prefill alike. (A default value, an initializer of the input's name, would
+    make it optional, but onnxruntime's IO binding refuses to bind such an input.)"""
+    from onnx import TensorProto, helper
+
+    node = _lm_head(g, logits, ops)
+    if node is None:
+        return False
     if any(i.name == SKIP_INPUT for i in g.input):
         return False
     g.input.append(helper.make_tensor_value_info(SKIP_INPUT, TensorProto.INT64, [1]))
@@ -577,6 +588,35 @@ def add_logits_skip(model_file: Path, logits: str) -> bool:
 
     onnx.save(m, str(model_file))
     return True
+
+
+HIDDEN_OUTPUT = "hidden_states"
+
+
+def add_hidden_output(model_file: Path, logits: str) -> str | None:
+    """The graph output ``HIDDEN_OUTPUT``: the lm_head's input (each logits row's final-normed hidden state, after
+    the logits skip's cut where there is one, so its rows are the logits'), in place; a multi-token-prediction
+    assistant drafts from it (export/mtp.py). Its name, or None where the graph has no lm_head to find."""
+    from onnx import helper
+
+    m = load_graph(model_file)
+    g = m.graph
+    if any(o.name == HIDDEN_OUTPUT for o in g.output):
+        return HIDDEN_OUTPUT
+    node = _lm_head(g, logits, LM_HEAD_OPS)
+    if node is None:
+        return None
+    rows = node.input[0]
+    known = next((v for v in list(g.value_info) + list(g.input) if v.name == rows), None)
+    elem = known.type.tensor_type.elem_type if known is not None and known.type.tensor_type.elem_type else None
+    if elem is None:  # (the logits' type: the lm_head's input has it)
+        elem = next(o.type.tensor_type.elem_type for o in g.output if o.name == logits)
+    g.node.append(helper.make_node("Identity", [rows], [HIDDEN_OUTPUT], name="hidden_states_out"))
+    g.output.append(helper.make_tensor_value_info(HIDDEN_OUTPUT, elem, None))
+    import onnx
+
+    onnx.save(m, str(model_file))
+    return HIDDEN_OUTPUT
 
 
 def attention_windows(model_file: Path) -> list[int]:
@@ -1026,7 +1066,8 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
     sample_ids = Tokenizer.of(manifest).encode(SAMPLE)[:64]
 
     def build(stage: Path):
-        m = replace(manifest, root=stage, tokenizer_dir=stage / manifest.relative(manifest.tokenizer_dir))
+        m = replace(manifest, root=stage, tokenizer_dir=stage / manifest.relative(manifest.tokenizer_dir),
+                    assistant=_rerooted(manifest.assistant, manifest.root, stage))
         for role in ("target", "drafter"):
             spec = getattr(manifest, role)
             if spec is None:
@@ -1135,6 +1176,15 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                 log(f"    {role}: measuring its resident memory on the CPU EP")
             spec = replace(spec, **measured_sizes(stage, role, spec.to_dict(stage), log=log))
             m = replace(m, **{role: spec})
+        if m.assistant is not None and m.target.kv_dtype != manifest.target.kv_dtype:
+            from .mtp import assistant_files, retype_kv
+
+            retype_kv(m.assistant.path, m.target.kv_dtype)  # (it reads the target's caches as they are)
+            files = assistant_files(stage)
+            m = replace(m, assistant=replace(m.assistant, files=files,
+                                             bytes_on_disk=sum(v["bytes"] for v in files.values())))
+            if log:
+                log(f"    assistant: reads the target's {m.target.kv_dtype} KV caches")
         return m
 
     return staged_rewrite(src, out, force, build)

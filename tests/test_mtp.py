@@ -1,0 +1,335 @@
+"""(session 60) Gemma 4's multi-token-prediction assistant as the ``mtp`` drafter: export/mtp.py builds its graph
+(checked against transformers' ``Gemma4AssistantForCausalLM`` on the target's own keys, values and hidden states),
+the target graph gives each logits row's hidden state, and edgespec/mtp.py drafts from the target's KV buffers and
+the row that produced the last token. Tiny random models: the drafts are checked against transformers' assistant
+step by step, the output against plain decoding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+PROMPT = "def hello(world):\n    return world + 1\nThe quick brown fox"
+REPEAT = "one two three four five six seven eight nine ten " * 3 + "one two three"
+
+
+def _assistant(d, tok, *, ordered: bool = False, backbone: int = 64, seed: int = 1, **extra):
+    """A tiny assistant for the tiny E2B-like target (test_archs._gemma4's "e2b": heads of 16 lanes, global ones of
+    32, one KV head, a window of 8): a sliding and a full layer of width 32."""
+    import torch
+    import transformers
+
+    kw = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=1, head_dim=16, global_head_dim=32, max_position_embeddings=512, sliding_window=8,
+              layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+              vocab_size_per_layer_input=0, num_kv_shared_layers=2)
+    kw.update(extra)
+    cfg = transformers.Gemma4AssistantConfig(text_config=transformers.Gemma4TextConfig(**kw),
+                                             backbone_hidden_size=backbone, use_ordered_embeddings=ordered,
+                                             num_centroids=4, centroid_intermediate_top_k=2)
+    torch.manual_seed(seed)
+    m = transformers.Gemma4AssistantForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():  # (a norm in the wrong place fails the checks)
+            if "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+        m.lm_head.weight.mul_(8.0)  # (confident drafts: the confidence stop then lets drafts run)
+        if ordered:
+            m.masked_embedding.token_ordering.copy_(torch.randperm(len(tok)))
+    m.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from test_archs import _gemma4
+    from tiny import make_tokenizer
+
+    root = tmp_path_factory.mktemp("mtp")
+    tok = make_tokenizer()
+    return {"target": _gemma4(root / "target", "e2b", plain=False), "int4": _gemma4(root / "int4", "e2b", plain=True),
+            "assistant": _assistant(root / "assistant", tok), "tok": tok, "root": root}
+
+
+def _export(pair, name, target="target", **kw):
+    from edgespec_export import export_bundle
+
+    out = pair["root"] / name
+    if not out.exists():
+        export_bundle(str(pair[target]), out, drafter=str(pair["assistant"]), max_context=256, **kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fp32_bundle(pair):
+    return _export(pair, "fp32", target_precision="fp32")
+
+
+def _torch(path, cls):
+    import torch
+    import transformers
+
+    return getattr(transformers, cls).from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def _reference_draft(target, assistant, ctx, k, sp=None, rng=None):
+    """transformers' assistant drafting ``k`` tokens after ``ctx`` (the target holding ``ctx[:-1]``), as edgespec's
+    drafter does: greedy argmax, or each token drawn from q (the assistant's logits under ``sp``) with ``rng``."""
+    import torch
+
+    from edgespec.sampling import distribution
+    from edgespec_export.mtp import reference_step
+
+    p = len(ctx) - 1
+    with torch.no_grad():
+        out = target(torch.tensor([list(ctx[:-1])]), output_hidden_states=True, return_shared_kv_states=True)
+    emb = target.get_input_embeddings()
+    h, tok, toks, qs = out.hidden_states[-1][0, -1].numpy(), int(ctx[-1]), [], []
+    for _ in range(k):
+        logits, h = reference_step(assistant, emb.weight, emb.scalar_embed_scale, tok, h, p, out.shared_kv_states, p)
+        if sp is None:
+            tok = int(np.argmax(logits))
+        else:
+            q = distribution(logits.astype(np.float32), sp)
+            qs.append(q)
+            tok = int(q.sample(rng))
+        toks.append(tok)
+    return toks, qs
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["lm-head", "centroid-head"])
+def test_assistant_graph_is_transformers_assistant_step(pair, fp32_bundle, tmp_path, ordered):
+    """The graph, fed as the runtime feeds it (the exported target's cache buffers of the layers it attends, its
+    hidden-state output), against transformers' assistant on torch's own state, at positions before, at and past
+    the sliding window (a sliding layer attends the last window + 1 rows: transformers' flipped bidirectional mask);
+    the centroid head (``use_ordered_embeddings``) too. The planted bug, another sliding layer of the same shape
+    attended in place of the store layer, is caught by the export's check."""
+    from edgespec.errors import ExportError
+    from edgespec.manifest import load_manifest
+    from edgespec_export import mtp
+
+    tspec = load_manifest(fp32_bundle).target
+    target = _torch(pair["target"], "Gemma4ForCausalLM")
+    asst = _torch(_assistant(tmp_path / "a", pair["tok"], ordered=ordered), "Gemma4AssistantForCausalLM")
+    text = target.config
+    kv = {i: tspec.kv_shape(i) for i in range(tspec.num_layers)}
+    ids = list(np.random.default_rng(0).integers(0, len(pair["tok"]), 40))
+    emb = target.get_input_embeddings().weight
+    g = mtp.build_assistant(asst, text, kv, tspec.kv_dtype, tmp_path / "g", target_embed=emb)
+    assert g.sources == {"sliding_attention": 3, "full_attention": 2} and g.ordered == ordered
+    assert mtp.validate_assistant(g, asst, target, tspec, ids) < 1e-3
+    real = mtp.store_layers
+    try:  # the planted bug: the sliding layers' rows of layer 1 (a sliding layer of the same shape) in place of 3's
+        mtp.store_layers = lambda cfg: {**real(cfg), "sliding_attention": 1}
+        g = mtp.build_assistant(asst, text, kv, tspec.kv_dtype, tmp_path / "wrong", target_embed=emb)
+    finally:
+        mtp.store_layers = real
+    with pytest.raises(ExportError, match="layer 1 cache is not the sliding_attention keys"):
+        mtp.validate_assistant(g, asst, target, tspec, ids)
+
+
+def test_mtp_drafts_are_transformers_assistant_s(pair, fp32_bundle):
+    """Every draft of the mtp drafter in a generation equals transformers' assistant drafting from the target's own
+    state at that context, also after a round that kept draft tokens (rounds forced to alternate with the request's
+    prediction, the reply itself: each kept whole, so the next mtp draft starts from the hidden state of a row past
+    the call's first); the output equals plain decoding, under ``mtp`` and ``auto`` too."""
+    import edgespec
+    from edgespec.mtp import MtpDrafter
+    from edgespec.policy import NO_DRAFT, Choice
+
+    eng = edgespec.load(fp32_bundle, memory=False)
+    assert "mtp" in eng.decoder.drafters
+    seen, rows = [], []
+    real_draft, real_observe = MtpDrafter.draft, MtpDrafter.observe_hidden
+
+    def draft(self, ctx, k, sp, rng, **kw):
+        d = real_draft(self, ctx, k, sp, rng, **kw)
+        seen.append((ctx.tolist(), d.tokens, rows[-1]))
+        return d
+
+    def observe(self, row):
+        rows.append(row)
+        return real_observe(self, row)
+
+    ar = eng.generate(REPEAT, max_new_tokens=40, drafter="none", ignore_eos=True)
+    policy, turn = eng.decoder.policy, [0]
+    real_choose = policy.choose
+
+    def alternate(ctx, kcap, fixed, cap):  # the prediction's rounds (kept whole), then the assistant's
+        turn[0] += 1
+        d = eng.decoder.drafters["prediction" if turn[0] % 2 else "mtp"]
+        k = min(3, kcap)
+        return Choice(d, k, key=d.name) if k > 0 and d.offer(ctx, k) is not None else NO_DRAFT
+
+    MtpDrafter.draft, MtpDrafter.observe_hidden = draft, observe
+    try:
+        for drafter in ("mtp", "auto"):
+            got = eng.generate(REPEAT, max_new_tokens=40, drafter=drafter, ignore_eos=True, draft_tokens=3)
+            assert got.token_ids == ar.token_ids, drafter
+        policy.choose = alternate
+        got = eng.generate(REPEAT, max_new_tokens=40, drafter="auto", ignore_eos=True, prediction=ar.token_ids)
+        assert got.token_ids == ar.token_ids
+    finally:
+        MtpDrafter.draft, MtpDrafter.observe_hidden = real_draft, real_observe
+        policy.choose = real_choose
+    assert any(len(t) >= 2 for _, t, _ in seen) and any(r > 0 for _, _, r in seen), seen
+    target = _torch(pair["target"], "Gemma4ForCausalLM")
+    asst = _torch(pair["assistant"], "Gemma4AssistantForCausalLM")
+    for ctx, tokens, _ in seen:
+        assert tokens == _reference_draft(target, asst, ctx, len(tokens))[0], (len(ctx), tokens)
+
+
+def test_sampled_mtp_drafts_are_drawn_from_their_q(pair, fp32_bundle):
+    """A sampled draft's tokens are drawn from the q it hands the rejection rule: transformers' assistant's
+    distribution under the request's settings, drawn with the same generator (each step's q its own: the planted
+    bug, every position given the first step's q, is caught)."""
+    import edgespec
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import SamplingParams
+
+    eng = edgespec.load(fp32_bundle, memory=False)
+    d = eng.decoder.drafters["mtp"]
+    target = _torch(pair["target"], "Gemma4ForCausalLM")
+    asst = _torch(pair["assistant"], "Gemma4AssistantForCausalLM")
+    from edgespec.decoder import GenerationConfig
+
+    ids = eng.tokenizer.encode(PROMPT)
+    first = [t for s in eng.decoder.generate(ids, GenerationConfig(max_new_tokens=1, drafter="none")) for t in s.tokens]
+    ctx = list(ids) + first
+    eng.decoder.target.prefill(ids)
+    d.observe_hidden(-1)
+    for sp in (SamplingParams(1.0), SamplingParams(0.7, top_k=5)):
+        got = d.draft(TokenBuffer(ctx), 4, sp, np.random.default_rng(5))
+        want, qs = _reference_draft(target, asst, ctx, 4, sp, np.random.default_rng(5))
+        assert got.tokens == want and len(got.probs) == 4
+        for a, b in zip(got.probs, qs):
+            pa, pb = a.exact(), b.exact()
+            assert all(abs(pa.prob(t) - pb.prob(t)) < 1e-5 for t in range(pa.n))
+        planted = [got.probs[0]] * 4
+        assert any(abs(a.prob(t) - b.prob(t)) > 1e-3 for a, b in zip(planted, qs) for t in range(a.n))
+
+
+@pytest.mark.parametrize("kind", ["int4", "int4-exact-kernels"])
+def test_mtp_decodes_exactly_on_quantized_bundles(pair, kind, tmp_path_factory):
+    """INT4 (the target's hidden output after the logits skip's cut) and exact-kernels (its float16 caches: the
+    assistant graph's cache inputs retyped by the rewrite) decode as plain decoding, greedy, under mtp and auto."""
+    import edgespec
+    from edgespec.manifest import load_manifest
+
+    b = _export(pair, "b-int4", target="int4", target_precision="int4")
+    if kind == "int4-exact-kernels":
+        from edgespec_export.kernels import apply_to_bundle
+
+        out = pair["root"] / "b-int4-xk"
+        if not out.exists():
+            apply_to_bundle(b, out)
+        b = out
+        m = load_manifest(b)
+        assert m.target.kv_dtype == "float16" and m.assistant is not None
+        import onnx
+
+        g = onnx.load(str(m.assistant.path), load_external_data=False).graph
+        assert {i.type.tensor_type.elem_type for i in g.input if i.name.startswith(("key_", "value_"))} == {
+            onnx.TensorProto.FLOAT16}
+    eng = edgespec.load(b, memory=False)
+    assert "mtp" in eng.decoder.drafters
+    for text in (PROMPT, REPEAT):
+        ar = eng.generate(text, max_new_tokens=32, drafter="none", ignore_eos=True)
+        for d in ("mtp", "auto"):
+            got = eng.generate(text, max_new_tokens=32, drafter=d, ignore_eos=True)
+            assert got.token_ids == ar.token_ids, (kind, d)
+        got = eng.generate(text, max_new_tokens=32, drafter="mtp", ignore_eos=True, temperature=0.8, seed=3)
+        again = eng.generate(text, max_new_tokens=32, drafter="mtp", ignore_eos=True, temperature=0.8, seed=3)
+        assert got.token_ids == again.token_ids and len(got.token_ids) == 32
+
+
+def test_an_assistant_bundle_says_what_it_holds(fp32_bundle):
+    """``info`` lists the assistant (the layers it attends, its validation), ``plan`` counts its weights, and the
+    manifest round-trips it."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.manifest import Manifest, load_manifest
+
+    m = load_manifest(fp32_bundle)
+    a = m.assistant
+    assert a.sources == {"sliding_attention": 3, "full_attention": 2} and a.validated < 1e-3
+    assert m.target.io.hidden == "hidden_states" and a.embedding_bytes > 0
+    assert Manifest.from_dict(m.to_dict(), fp32_bundle).assistant == a
+    r = CliRunner().invoke(main, ["info", str(fp32_bundle)])
+    assert r.exit_code == 0, r.output
+    assert "assistant: Gemma4AssistantForCausalLM fp32, drafter 'mtp'" in r.output and "layer 3 (sliding)" in r.output
+    assert "'hidden_states'" in r.output
+    r = CliRunner().invoke(main, ["plan", str(fp32_bundle)])
+    assert r.exit_code == 0 and "weights assistant" in r.output and "assistant (mtp): loaded" in r.output, r.output
+
+
+def _edit_manifest(bundle, tmp_path, edit):
+    import json
+    import shutil
+
+    b = tmp_path / "edited"
+    shutil.copytree(bundle, b)
+    path = b / "edgespec.json"
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw))
+    return b
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r["models"]["assistant"]["sources"].update(full_attention=9), "attends target layer 9"),
+    (lambda r: r["models"]["target"]["io"].pop("hidden"), "no hidden-state output"),
+    (lambda r: r["models"]["assistant"].update(target_hidden_size=65), "hidden size 65"),
+    (lambda r: r["models"]["assistant"].pop("sources"), "lacks 'sources'"),
+], ids=["layer-out-of-range", "no-hidden-output", "other-hidden-size", "no-sources"])
+def test_a_broken_assistant_entry_is_one_line(fp32_bundle, tmp_path, edit, message):
+    from edgespec.errors import EdgespecError
+    from edgespec.manifest import load_manifest
+
+    b = _edit_manifest(fp32_bundle, tmp_path, edit)
+    with pytest.raises(EdgespecError, match=message) as e:
+        load_manifest(b)
+    assert "\n" not in str(e.value)
+
+
+def test_a_changed_assistant_file_is_refused(fp32_bundle, tmp_path):
+    import shutil
+
+    from edgespec.errors import BundleError
+    from edgespec.manifest import load_manifest
+
+    b = tmp_path / "changed"
+    shutil.copytree(fp32_bundle, b)
+    data = b / "assistant" / "assistant.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(BundleError, match="assistant"):
+        load_manifest(b, deep=True)
+
+
+def test_mtp_without_an_assistant_is_refused_in_one_line(tiny_bundle):
+    """``drafter="mtp"`` on a bundle without an assistant: a ConfigError that says so, before any prefill."""
+    import edgespec
+    from edgespec.errors import ConfigError
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    with pytest.raises(ConfigError, match="this bundle has no assistant"):
+        eng.generate("hello", max_new_tokens=4, drafter="mtp")
+
+
+def test_an_assistant_for_another_target_is_refused_at_export(pair, tmp_path, capsys):
+    """An assistant trained with a target of another hidden size: exit 6 in one line, nothing written; as
+    ``--drafter-vocab``'s companion: refused before anything is built."""
+    from edgespec.cli import main
+
+    other = _assistant(tmp_path / "other", pair["tok"], backbone=48)
+    for extra, message in (([], "trained with a target of hidden size 48"),
+                           (["--drafter-vocab", "64"], "--drafter-vocab applies to a model drafter")):
+        with pytest.raises(SystemExit) as e:
+            main(["export", str(pair["target"]), "--drafter", str(other), "-o", str(tmp_path / "b"),
+                  "--target-precision", "fp32", "--no-quality", *extra])
+        assert e.value.code == 6
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1] and "Traceback" not in "".join(err), err[-1]
+        assert not (tmp_path / "b").exists()
