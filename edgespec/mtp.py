@@ -26,7 +26,7 @@ from .kv import TokenBuffer
 from .sampling import SamplingParams, distribution
 
 # the graph's fixed names (export/mtp.py)
-INPUTS = ("token", "hidden", "position", "length")
+INPUTS = ("token", "hidden", "row", "position", "length")
 OUTPUTS = ("logits", "next_hidden")
 
 
@@ -70,7 +70,9 @@ class MtpDrafter:
         self._token = np.zeros(1, dtype=np.int64)
         self._position = np.zeros(1, dtype=np.int64)
         self._length = np.zeros(1, dtype=np.int64)
-        self._hidden = np.zeros((1, spec.target_hidden_size), dtype=np.float32)
+        self._hidden = np.zeros((1, 1, spec.target_hidden_size), dtype=np.float32)
+        self._row = np.zeros(1, dtype=np.int64)  # (one row fed on the CPU: the graph reads row 0)
+        self._b.bind_cpu_input("row", self._row)
         self._seen: int | None = None  # the target's call count when its hidden state was handed over (None: none)
 
     @classmethod
@@ -97,7 +99,7 @@ class MtpDrafter:
     def observe_hidden(self, row: int) -> None:
         """The target's last call's row ``row`` produced the last token (negative: from the end of the rows it
         returned): its hidden state is the first draft step's."""
-        self._hidden[0] = self.target.hidden_of(row)
+        self._hidden[0, 0] = self.target.hidden_of(row)
         self._seen = self.target.calls
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -160,6 +162,6 @@ class MtpDrafter:
             conf *= _top_prob(logits)
             if stop is not None and conf < stop:
                 break
-            hidden = nxt.copy()
+            hidden = nxt.reshape(1, 1, -1).copy()
         step_s = (self.clock() - t0) / len(tokens)
         return Draft(tokens, probs, key=self.name, step_s=step_s)

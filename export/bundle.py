@@ -346,7 +346,8 @@ def _check_config(cfg, src: Source, role: str) -> None:
 
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
-                device: str = "cpu", assistant: Source | None = None, extra: dict | None = None) -> ModelSpec:
+                device: str = "cpu", assistant: Source | None = None, extra: dict | None = None,
+                assistant_opts: dict | None = None) -> ModelSpec:
     """One model of the bundle, built, described and validated. ``assistant`` (the target's): a multi-token-prediction
     assistant to build beside it (the target graph then gives its hidden states), its spec put in ``extra``."""
     import torch  # noqa: F401  (export-time only)
@@ -499,7 +500,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if not spec.validation.passed:
         raise ExportError(f"{role}: the ONNX graph does not match torch (see the ✗ lines above)")
     if assistant is not None:
-        extra["assistant"] = _export_assistant(assistant, model, spec, stage, tok, precision, progress)
+        extra["assistant"] = _export_assistant(assistant, model, spec, stage, tok, precision, progress,
+                                               **(assistant_opts or {}))
         del model
         gc.collect()
     if hf_dir.exists():
@@ -507,15 +509,19 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     return spec
 
 
-def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, precision: str, progress: Progress):
+def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, precision: str, progress: Progress,
+                      assistant_precision: str = "fp32", quant: QuantOptions | None = None):
     """Gemma 4's multi-token-prediction assistant at ``src`` built for the target ``target`` (torch, loaded) of spec
-    ``tspec``, validated against transformers' assistant step on the target's own state (export/mtp.py)."""
+    ``tspec``, validated against transformers' assistant step on the target's own state (export/mtp.py); at
+    ``assistant_precision`` int8 or int4, its weight matrices quantized after (``quant``'s block size and accuracy
+    level), checked against the float graph it was made from."""
     import torch
     import transformers
 
     from edgespec.manifest import AssistantSpec
 
-    from .mtp import assistant_files, build_assistant, validate_assistant
+    from .mtp import GRAPH_NAME, assistant_files, build_assistant, compare_assistants, quantize_assistant, \
+        validate_assistant
 
     progress.log(f"    assistant: loading {src.display} into torch (float32)")
     try:
@@ -545,9 +551,26 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
             raise ExportError(f"the target's {kinds[layer]} layers share layer {source}'s cache, the assistant would "
                               f"attend layer {graph.sources[kinds[layer]]}'s: not written")
     worst = validate_assistant(graph, model, target, tspec, ids[: max(40, graph.sliding_window + 8)], progress.log)
+    if assistant_precision != "fp32":
+        import shutil as _sh
+
+        floated = stage / "_assistant_float"
+        _sh.copytree(out, floated)
+        q = quant or QuantOptions(accuracy_level=4)
+        n = quantize_assistant(graph, 4 if assistant_precision == "int4" else 8, q.block_size or 32,
+                               q.accuracy_level if q.accuracy_level is not None else 4)
+        agree, diff = compare_assistants(floated / GRAPH_NAME, graph, tspec, ids[: max(40, graph.sliding_window + 8)])
+        _sh.rmtree(floated, ignore_errors=True)
+        progress.log(f"    assistant: {n} weight matrices {assistant_precision} (MatMulNBits, block "
+                     f"{q.block_size or 32}); against the float graph: top-1 agreement {agree:.2f}, max |Δlogit| "
+                     f"relative {diff:.3g}")
+        if agree < 0.5:
+            raise ExportError(f"the {assistant_precision} assistant disagrees with its float graph (top-1 agreement "
+                              f"{agree:.2f}): not written; export it at --drafter-precision fp32")
     files = assistant_files(stage)
     table = graph.vocab_size * graph.target_hidden_size * (4 if precision == "fp32" else 2)
-    return AssistantSpec(path=graph.path.resolve(), architecture="Gemma4AssistantForCausalLM", precision="fp32",
+    return AssistantSpec(path=graph.path.resolve(), architecture="Gemma4AssistantForCausalLM",
+                         precision=assistant_precision,
                          hidden_size=graph.hidden_size, target_hidden_size=graph.target_hidden_size,
                          vocab_size=graph.vocab_size, num_layers=graph.num_layers, sources=dict(graph.sources),
                          sliding_window=graph.sliding_window, files=files,
@@ -558,6 +581,32 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
 # the text the assistant's check reads (any text: its tokens are the target's input)
 VALIDATION_SAMPLE = ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
                      "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens cheaply.")
+
+
+def _check_assistant_early(tsrc: Source, asrc: Source) -> None:
+    """The assistant's config against the target's (a local folder's), before the target is built: a Gemma 4
+    target, the hidden size the assistant was trained with, the vocabulary. A target read from a GGUF or the hub is
+    checked once loaded (export/mtp.py ``check_pair``)."""
+    if tsrc.kind != "hf-dir":
+        return
+    from transformers import AutoConfig
+
+    from .source import _first_line
+
+    try:
+        tcfg = text_config(AutoConfig.from_pretrained(str(tsrc.path)))
+        acfg = AutoConfig.from_pretrained(str(asrc.path))
+    except Exception as e:  # (transformers raises many types for a config it cannot read)
+        raise ExportError(f"cannot load a config: {type(e).__name__}: {_first_line(e, '')}"[:300]) from None
+    if not str(getattr(tcfg, "model_type", "")).startswith("gemma4"):
+        raise ExportError(f"the assistant {asrc.display} drafts for Gemma 4 targets; {tsrc.display} is "
+                          f"{getattr(tcfg, 'model_type', 'another model')}")
+    if int(acfg.backbone_hidden_size) != int(tcfg.hidden_size):
+        raise ExportError(f"the assistant was trained with a target of hidden size {acfg.backbone_hidden_size}, the "
+                          f"target's is {tcfg.hidden_size}: not this target's assistant")
+    if int(acfg.text_config.vocab_size) != int(tcfg.vocab_size):
+        raise ExportError(f"the assistant's vocabulary ({acfg.text_config.vocab_size}) is not the target's "
+                          f"({tcfg.vocab_size})")
 
 
 def _is_assistant(src: Source) -> bool:
@@ -687,6 +736,13 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     if dsrc is not None and _is_assistant(dsrc):  # Gemma 4's MTP assistant: built beside the target (export/mtp.py)
         if drafter_vocab:
             raise ExportError("--drafter-vocab applies to a model drafter, not to an assistant")
+        from .mtp import PRECISIONS
+
+        if device != "cpu" or drafter_device != "cpu":
+            raise ExportError("an assistant drafts for a target on the CPU for now: export it with --device cpu")
+        if drafter_precision not in PRECISIONS:
+            raise ExportError(f"an assistant exports at --drafter-precision {', '.join(PRECISIONS)}, not "
+                              f"{drafter_precision}")
         asrc, dsrc = dsrc, None
     _check_combination(target_precision, quant)
     _check_float_zero_points(quant, tsrc, target_precision, device)
@@ -710,6 +766,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             if dfp != tfp:
                 raise ExportError(_tokenizer_diff(tdata, ddata, tsrc.display, dsrc.display))
             _check_config_early(dsrc, "drafter")
+        if asrc is not None:
+            _check_assistant_early(tsrc, asrc)
         head_ids = None
         if drafter_vocab:  # a bad N is refused before the long part
             from .head import corpus_ranking, select_head_ids
@@ -738,7 +796,9 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             quality_fn = QualityRun(ttok, target_precision)
         extra: dict = {}
         models = {"target": _export_one("target", tsrc, ttok, stage, target_precision, quant, max_context, tfp,
-                                        progress, quality_fn, device, assistant=asrc, extra=extra)}
+                                        progress, quality_fn, device, assistant=asrc, extra=extra,
+                                        assistant_opts={"assistant_precision": drafter_precision,
+                                                        "quant": drafter_quant})}
         if dsrc:
             models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
                                             max_context, dfp, progress, quality_fn, drafter_device)

@@ -11,8 +11,9 @@ prompt: a draft costs its steps only.
 
 The graph (one row, batch 1):
 
-- inputs ``token`` (int64 [1]: the last token), ``hidden`` (float32 [1, target hidden]), ``position`` (int64 [1]:
-  the last token's position, p) and ``length`` (int64 [1]: the target cache rows it attends, 0..length - 1, p
+- inputs ``token`` (int64 [1]: the last token), ``hidden`` (float32 [1, rows, target hidden]) and ``row`` (int64
+  [1]: the row of ``hidden`` to read: a target call's hidden states can be bound as they are), ``position`` (int64
+  [1]: the last token's position, p) and ``length`` (int64 [1]: the target cache rows it attends, 0..length - 1, p
   itself), and per layer kind ``key_<kind>`` / ``value_<kind>`` (the target cache buffers of that kind's store layer,
   [1, kv heads, capacity, head size], the target's KV dtype), which the runtime binds from the target's cache;
 - outputs ``logits`` (float32 [1, vocab]) and ``next_hidden`` (float32 [1, target hidden]).
@@ -57,6 +58,7 @@ class AssistantGraph:
     sliding_window: int
     params: int
     ordered: bool
+    table_dtype: str = "float32"  # the copy of the target's embedding table
 
 
 def is_assistant(config) -> bool:
@@ -172,7 +174,10 @@ def build_assistant(model, target_text_config, target_kv: dict[int, tuple[int, i
     if table.dtype != np.float32:
         emb = g.op("Cast", [emb], to=TensorProto.FLOAT)
     emb = g.op("Mul", [emb, g.const("embed_scale", np.array(scale, dtype=np.float32))])
-    x = g.op("Concat", [emb, "hidden"], axis=-1)  # [1, 2 hb]
+    # the hidden state: row ``row`` of ``hidden`` [1, rows, hb] (a target call's rows as they are, where a device
+    # keeps them; the runtime on the CPU feeds one row and row 0)
+    hid = g.op("Reshape", [g.op("Gather", ["hidden", "row"], axis=1), g.const("shape", np.array([1, hb], np.int64))])
+    x = g.op("Concat", [emb, hid], axis=-1)  # [1, 2 hb]
     h = g.op("MatMul", [x, g.const("pre_projection", _w(sd["pre_projection.weight"]).T)])  # [1, ha]
 
     def rms(v, weight=None, axis_len=None):
@@ -273,7 +278,8 @@ def build_assistant(model, target_text_config, target_kv: dict[int, tuple[int, i
 
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("token", TensorProto.INT64, [1]),
-              helper.make_tensor_value_info("hidden", f, [1, hb]),
+              helper.make_tensor_value_info("hidden", f, [1, "rows", hb]),
+              helper.make_tensor_value_info("row", TensorProto.INT64, [1]),
               helper.make_tensor_value_info("position", TensorProto.INT64, [1]),
               helper.make_tensor_value_info("length", TensorProto.INT64, [1])]
     for kind in cos_sin:
@@ -293,7 +299,7 @@ def build_assistant(model, target_text_config, target_kv: dict[int, tuple[int, i
     return AssistantGraph(path=path, hidden_size=ha, target_hidden_size=hb, vocab_size=vocab,
                           num_layers=len(text.layer_types), sources=sources,
                           kv_shapes={k: tuple(target_kv[sources[k]]) for k in cos_sin},
-                          sliding_window=window, params=params, ordered=ordered)
+                          sliding_window=window, params=params, ordered=ordered, table_dtype=str(table.dtype))
 
 
 def reference_step(model, target_embed, embed_scale, token: int, hidden, position: int, kv: dict, length: int):
@@ -348,7 +354,7 @@ def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log
     0.5: another layer's are ~1.4 off). Returns that difference; an ``ExportError`` where it fails."""
     import torch
 
-    from edgespec.onnx_lm import OnnxLM, open_session
+    from edgespec.onnx_lm import open_session
     from edgespec.providers import choose
 
     ids = [int(i) for i in ids]
@@ -356,15 +362,12 @@ def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log
         out = target(torch.tensor([ids]), output_hidden_states=True, return_shared_kv_states=True)
     embed = target.get_input_embeddings()
     scale = float(getattr(embed, "scalar_embed_scale", graph.target_hidden_size ** 0.5))
-    lm = OnnxLM(tspec, min(tspec.max_context, max(64, len(ids) + 8)), choose(["cpu"]))
-    if not lm.keeps_hidden():
-        raise ExportError("the target graph gives no hidden states for the assistant")
-    lm.forward(ids)  # (one call: every row's hidden state)
-    rows = [lm.hidden_of(r) for r in range(len(ids))]
-    feeds, runtime_kv = {}, {}
+    # (the graph's copy of the table, rounded as it is stored: the check is of the graph, not of that rounding)
+    table = embed.weight.detach().to(getattr(torch, graph.table_dtype)).float()
+    rows, feeds = _runtime_state(tspec, ids, graph.sources)
+    runtime_kv = {}
     for kind, layer in graph.sources.items():
-        pair = [lm.cache.buffers[2 * layer + w][2].numpy() for w in (0, 1)]
-        feeds[f"key_{kind}"], feeds[f"value_{kind}"] = pair
+        pair = feeds[f"key_{kind}"], feeds[f"value_{kind}"]
         runtime_kv[kind] = tuple(torch.from_numpy(a.astype(np.float32)) for a in pair)
         truth = out.shared_kv_states[kind][0][0, :, :len(ids)].float().numpy()
         err = float(np.linalg.norm(pair[0][0, :, :len(ids)].astype(np.float32) - truth) / max(np.linalg.norm(truth), 1e-9))
@@ -378,13 +381,11 @@ def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log
     worst = 0.0
     for p in positions:
         if exact:  # transformers on torch's own state
-            want_l, want_h = reference_step(assistant, embed.weight, scale, ids[p], out.hidden_states[-1][0, p - 1]
+            want_l, want_h = reference_step(assistant, table, scale, ids[p], out.hidden_states[-1][0, p - 1]
                                             .float().numpy(), p, out.shared_kv_states, p)
         else:  # transformers on the runtime's state
-            want_l, want_h = reference_step(assistant, embed.weight, scale, ids[p], rows[p - 1], p, runtime_kv, p)
-        got_l, got_h = sess.run(None, {"token": np.array([ids[p]], np.int64), "hidden": rows[p - 1][None],
-                                       "position": np.array([p], np.int64), "length": np.array([p], np.int64),
-                                       **feeds})
+            want_l, want_h = reference_step(assistant, table, scale, ids[p], rows[p - 1], p, runtime_kv, p)
+        got_l, got_h = sess.run(None, _step_feeds(ids, rows, p, feeds))
         span = max(float(np.abs(want_l).max()), 1e-6)
         diff = max(float(np.abs(got_l[0] - want_l).max()) / span,
                    float(np.abs(got_h[0] - want_h).max()) / max(float(np.abs(want_h).max()), 1e-6))
@@ -396,3 +397,80 @@ def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log
         log(f"    assistant: against transformers' assistant step on the {'target' if exact else 'runtime'}'s state at "
             f"positions {positions}: relative difference {worst:.3g}")
     return worst
+
+
+PRECISIONS = ("fp32", "int8", "int4")
+
+
+def quantize_assistant(graph: AssistantGraph, bits: int, block_size: int = 32, accuracy_level: int = 4) -> int:
+    """The assistant graph's weight matrices (every MatMul with a constant weight: projections, layers, the head)
+    quantized to ``bits`` (4 or 8) in blocks of ``block_size`` by onnxruntime's ``MatMulNBitsQuantizer``, in place
+    (its data file written again); the embedding tables stay as they are (read a row a step). Returns the MatMuls
+    quantized."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    m = onnx.load(str(graph.path))
+    before = sum(n.op_type == "MatMul" for n in m.graph.node)
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.WARNING)  # (the quantizer logs a line per node)
+    try:
+        q = MatMulNBitsQuantizer(m, bits=bits, block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level)
+        q.process()
+    finally:
+        logging.getLogger().setLevel(quiet)
+    out = q.model.model
+    after = sum(n.op_type == "MatMul" for n in out.graph.node)
+    data = graph.path.with_name(GRAPH_NAME + ".data")
+    data.unlink()
+    onnx.save(out, str(graph.path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data.name, size_threshold=1024)
+    return before - after
+
+
+def _runtime_state(tspec, ids, sources: dict) -> tuple[list, dict]:
+    """The exported target ``tspec`` read ``ids`` on edgespec's runtime (one call): each row's hidden state, and
+    the cache buffers of the layers ``sources`` names as the assistant's ``key_<kind>``/``value_<kind>`` feeds."""
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+
+    lm = OnnxLM(tspec, min(tspec.max_context, max(64, len(ids) + 8)), choose(["cpu"]))
+    if not lm.keeps_hidden():
+        raise ExportError("the target graph gives no hidden states for the assistant")
+    lm.forward(ids)  # (one call: every row's hidden state)
+    rows = [lm.hidden_of(r) for r in range(len(ids))]
+    feeds = {}
+    for kind, layer in sources.items():
+        # (copies: the OrtValues' numpy arrays are views of the cache, freed with the model)
+        feeds[f"key_{kind}"], feeds[f"value_{kind}"] = (lm.cache.buffers[2 * layer + w][2].numpy().copy()
+                                                        for w in (0, 1))
+    return rows, feeds
+
+
+def _step_feeds(ids, rows, p: int, feeds: dict) -> dict:
+    """One assistant step's inputs at position ``p`` (the token there, the target's row before it)."""
+    return {"token": np.array([ids[p]], np.int64), "hidden": np.stack(rows)[None].astype(np.float32),
+            "row": np.array([p - 1], np.int64), "position": np.array([p], np.int64),
+            "length": np.array([p], np.int64), **feeds}
+
+
+def compare_assistants(float_path: Path, graph: AssistantGraph, tspec, ids) -> tuple[float, float]:
+    """A quantized assistant graph against the float one it was made from, both fed the runtime's state of the
+    target over ``ids`` at every position: (top-1 agreement, the largest logit difference relative to the logits'
+    scale)."""
+    from edgespec.onnx_lm import open_session
+    from edgespec.providers import choose
+
+    ids = [int(i) for i in ids]
+    rows, feeds = _runtime_state(tspec, ids, graph.sources)
+    a = open_session(float_path, choose(["cpu"]), role="assistant")
+    b = open_session(graph.path, choose(["cpu"]), role="assistant")
+    same, worst = 0, 0.0
+    for p in range(1, len(ids)):
+        x = a.run(None, _step_feeds(ids, rows, p, feeds))[0][0]
+        y = b.run(None, _step_feeds(ids, rows, p, feeds))[0][0]
+        same += int(np.argmax(x)) == int(np.argmax(y))
+        worst = max(worst, float(np.abs(x - y).max()) / max(float(np.abs(x).max()), 1e-6))
+    return same / max(1, len(ids) - 1), worst

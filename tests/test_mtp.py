@@ -210,12 +210,15 @@ def test_sampled_mtp_drafts_are_drawn_from_their_q(pair, fp32_bundle):
 
 @pytest.mark.parametrize("kind", ["int4", "int4-exact-kernels"])
 def test_mtp_decodes_exactly_on_quantized_bundles(pair, kind, tmp_path_factory):
-    """INT4 (the target's hidden output after the logits skip's cut) and exact-kernels (its float16 caches: the
-    assistant graph's cache inputs retyped by the rewrite) decode as plain decoding, greedy, under mtp and auto."""
+    """INT4 (the target's hidden output after the logits skip's cut; the assistant's weight matrices INT4 too,
+    ``--drafter-precision int4``) and exact-kernels (its float16 caches: the assistant graph's cache inputs retyped
+    by the rewrite) decode as plain decoding, greedy, under mtp and auto; sampled, a seed repeats its reply."""
+    import onnx
+
     import edgespec
     from edgespec.manifest import load_manifest
 
-    b = _export(pair, "b-int4", target="int4", target_precision="int4")
+    b = _export(pair, "b-int4", target="int4", target_precision="int4", drafter_precision="int4")
     if kind == "int4-exact-kernels":
         from edgespec_export.kernels import apply_to_bundle
 
@@ -225,11 +228,12 @@ def test_mtp_decodes_exactly_on_quantized_bundles(pair, kind, tmp_path_factory):
         b = out
         m = load_manifest(b)
         assert m.target.kv_dtype == "float16" and m.assistant is not None
-        import onnx
-
         g = onnx.load(str(m.assistant.path), load_external_data=False).graph
         assert {i.type.tensor_type.elem_type for i in g.input if i.name.startswith(("key_", "value_"))} == {
             onnx.TensorProto.FLOAT16}
+    a = load_manifest(b).assistant
+    ops = [n.op_type for n in onnx.load(str(a.path), load_external_data=False).graph.node]
+    assert a.precision == "int4" and ops.count("MatMulNBits") == 13 and a.validated < 1e-3, (a, ops)
     eng = edgespec.load(b, memory=False)
     assert "mtp" in eng.decoder.drafters
     for text in (PROMPT, REPEAT):
@@ -318,18 +322,25 @@ def test_mtp_without_an_assistant_is_refused_in_one_line(tiny_bundle):
         eng.generate("hello", max_new_tokens=4, drafter="mtp")
 
 
-def test_an_assistant_for_another_target_is_refused_at_export(pair, tmp_path, capsys):
-    """An assistant trained with a target of another hidden size: exit 6 in one line, nothing written; as
-    ``--drafter-vocab``'s companion: refused before anything is built."""
+def test_an_assistant_export_it_cannot_make_is_refused_in_one_line(pair, tiny_dirs, tmp_path, capsys):
+    """Exit 6 in one line, nothing written, before any model is built: an assistant trained with a target of another
+    hidden size, a target that is no Gemma 4, ``--drafter-vocab`` (a model drafter's), a precision or layout it has
+    no build for."""
     from edgespec.cli import main
 
     other = _assistant(tmp_path / "other", pair["tok"], backbone=48)
-    for extra, message in (([], "trained with a target of hidden size 48"),
-                           (["--drafter-vocab", "64"], "--drafter-vocab applies to a model drafter")):
+    a = str(pair["assistant"])
+    for target, drafter, extra, message in (
+            (pair["target"], str(other), [], "trained with a target of hidden size 48"),
+            (tiny_dirs["qwen2"], a, [], "drafts for Gemma 4 targets"),
+            (pair["target"], a, ["--drafter-vocab", "64"], "--drafter-vocab applies to a model drafter"),
+            (pair["target"], a, ["--drafter-precision", "fp16"], "exports at --drafter-precision fp32, int8, int4"),
+            (pair["target"], a, ["--device", "cuda", "--target-precision", "int4"], "export it with --device cpu")):
         with pytest.raises(SystemExit) as e:
-            main(["export", str(pair["target"]), "--drafter", str(other), "-o", str(tmp_path / "b"),
-                  "--target-precision", "fp32", "--no-quality", *extra])
+            main(["export", str(target), "--drafter", drafter, "-o", str(tmp_path / "b"), "--target-precision",
+                  "fp32", "--no-quality", *extra])
         assert e.value.code == 6
         err = capsys.readouterr().err.strip().splitlines()
         assert message in err[-1] and "Traceback" not in "".join(err), err[-1]
+        assert not any("builder:" in line for line in err), err  # (refused before the build)
         assert not (tmp_path / "b").exists()
