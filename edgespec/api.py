@@ -409,7 +409,9 @@ class Engine:
             decoder.unavailable["mtp"] = (
                 "this bundle has no assistant (export a Gemma 4 target with its multi-token-prediction assistant as "
                 "--drafter)" if manifest.assistant is None else
-                "the bundle's assistant is not loaded: it drafts for a target on the CPU only for now")
+                "the bundle's assistant is not loaded: the engine was opened without a drafter model (use_drafter="
+                "False, --drafter none/prompt-lookup, or the profile's drafter policy) or its target runs on a GPU "
+                "(the assistant drafts on the CPU only for now)")
 
     @property
     def max_context(self) -> int:
@@ -822,7 +824,7 @@ class Engine:
                  parallel_tool_calls: bool = True, suffix: str | None = None, token_healing: bool = False,
                  **kw) -> Result:
         """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
-        drafter (model|prompt-lookup|suffix|prediction|auto|none), draft_tokens, max_draft_tokens, stop
+        drafter (model|prompt-lookup|suffix|prediction|mtp|auto|none), draft_tokens, max_draft_tokens, stop
         (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
         never changing the reply; see prediction.py), parse_special (a plain prompt's special-token text
         is that token; see ``encode``). ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's

@@ -879,7 +879,7 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
                + ("  (none: it keeps CPU caches, the target's are on the GPU)" if gpu and not p.prompt_cache else ""))
     loaded = "none in this bundle" if m.drafter is None else ("loaded" if p.drafter == "model" else "not loaded")
     mtp = ("" if m.assistant is None else "; assistant (mtp): " + ("loaded" if "assistant" in p.weights else
-                                                                   "not loaded (it drafts on the CPU only for now)"))
+                                                                   "not loaded (no drafter model asked for, or a target on a GPU: it drafts on the CPU only for now)"))
     click.echo(f"context {p.context} tokens; drafter model: {loaded}{mtp}; default drafting: {p.default_drafter}; "
                f"prefill chunk: {p.prefill_chunk} tokens")
     click.echo(f"weights: {p.weights_basis}")
@@ -1107,7 +1107,7 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     prompts = read_prompts(prompts_file, limit, categories.split(",") if categories else None, per_category)
     from .bench import _parse_drafter
 
-    wants_model = any(_parse_drafter(n)[0] in ("model", "auto") for n in names)  # (auto@8 too)
+    wants_model = any(_parse_drafter(n)[0] in ("model", "mtp", "auto") for n in names)  # (auto@8 too)
     # (no prompt cache: the report's memory is compared with the plan, which leaves it out)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model, prompt_cache_mb=0)
     if eng.decoder.drafters.get("model") is None and any(_parse_drafter(n)[0] == "model" for n in names):

@@ -39,7 +39,7 @@ def memory_opts(default_memory: bool = True):
 
 
 def model_wanted(drafter: str | None) -> bool:
-    """Whether ``--drafter`` may use the bundle's drafter model (only model and auto, the default, do)."""
+    """Whether ``--drafter`` may use the bundle's drafter model or assistant (model, mtp and auto, the default)."""
     return drafter not in ("none", "prompt-lookup", "suffix")
 
 

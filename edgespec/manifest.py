@@ -592,6 +592,9 @@ def check_assistant(target: ModelSpec, a: AssistantSpec) -> None:
         if not 0 <= layer < target.num_layers:
             raise ManifestError(f"manifest: the assistant attends target layer {layer} ({kind}), the target has "
                                 f"{target.num_layers}")
+        if target.kv_source(layer) != layer:
+            raise ManifestError(f"manifest: the assistant attends target layer {layer} ({kind}), which keeps no cache "
+                                f"of its own (it shares layer {target.kv_source(layer)}'s)")
     if not target.io.hidden:
         raise ManifestError("manifest: the bundle has an assistant but its target graph has no hidden-state output")
 

@@ -56,11 +56,16 @@ class MtpDrafter:
             raise BundleError(f"the assistant graph's inputs and outputs are not an assistant's ({sorted(names)}); "
                               "the bundle is inconsistent")
         self._b = session.io_binding()
+        dims = {i.name: i.shape for i in session.get_inputs()}
         for kind in kinds:  # the target's own buffers, which it writes in place: bound once
             layer = spec.sources[kind]
             if layer >= len(target.cache.buffers) // 2:
                 raise BundleError(f"the assistant attends target layer {layer}, the target has "
                                   f"{len(target.cache.buffers) // 2}")
+            want, got = tuple(target.spec.kv_shape(layer)), dims[f"key_{kind}"]
+            if len(got) != 4 or (got[1], got[3]) != want:  # (a hand-edited manifest: every draft failed mid-reply)
+                raise BundleError(f"the assistant's {kind} layers read caches of {got[1]} x {got[3]}, the target's "
+                                  f"layer {layer} has {want[0]} x {want[1]}; the bundle is inconsistent")
             self._b.bind_ortvalue_input(f"key_{kind}", target.cache.buffers[2 * layer][2])
             self._b.bind_ortvalue_input(f"value_{kind}", target.cache.buffers[2 * layer + 1][2])
         self._logits = np.zeros((1, spec.vocab_size), dtype=np.float32)
@@ -79,8 +84,8 @@ class MtpDrafter:
     def build(cls, env: LoadEnv) -> "MtpDrafter | None":
         spec = env.manifest.assistant
         target = env.target
-        if spec is None or target is None:
-            return None
+        if spec is None or target is None or "assistant" not in env.plan.weights:
+            return None  # (none, or the plan left it out: use_drafter=False, the profile's drafter policy, a GPU)
         if not target.cache.host:  # (the hidden state is read on the host; the CUDA path is not built yet)
             import warnings
 

@@ -210,11 +210,16 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         return (f"{', '.join(measured)} as measured on the CPU EP at export; "
                 f"{', '.join(s.role for s in used if s.role not in measured)} as bytes on disk")
 
+    # the bundle's assistant (mtp.py): loaded where a drafter model would be (use_drafter, the profile's auto or model
+    # policy), beside a target on the CPU
+    want_assistant = (manifest.assistant is not None and use_drafter and profile.drafter in ("auto", "model")
+                      and not gpu)
+
     def build(ctx: int, with_drafter: bool) -> Plan:
         weights = {"target": manifest.target.weight_bytes(gpu, ctx)}
         kv = {"target": manifest.target.kv_bytes(ctx)}
         devices = {"target": "gpu" if gpu else "cpu"}
-        if manifest.assistant is not None and not gpu:  # (the mtp drafter: no KV cache; on the CPU only for now)
+        if want_assistant:  # (the mtp drafter: no KV cache; on the CPU only for now)
             weights["assistant"] = manifest.assistant.weight_bytes(False)
             devices["assistant"] = "cpu"
         if with_drafter:
@@ -227,7 +232,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
                                         if any_gpu else 0)
         default = profile.drafter
         if not with_drafter and default in ("auto", "model"):
-            default = "auto" if default == "auto" else "prompt-lookup"
+            default = "auto" if default == "auto" else "mtp" if want_assistant else "prompt-lookup"
         # (a prefill chunk never holds more than the context: a profile's larger one plans for what it runs)
         chunk_here = max(1, min(chunk, ctx))
         working = working_bytes(manifest, chunk_here, with_drafter, ctx, {r: d == "cpu" for r, d in devices.items()})

@@ -525,7 +525,8 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
 
     progress.log(f"    assistant: loading {src.display} into torch (float32)")
     try:
-        model = transformers.Gemma4AssistantForCausalLM.from_pretrained(str(src.path), dtype=torch.float32).eval()
+        name, kw = src.from_pretrained_args()
+        model = transformers.Gemma4AssistantForCausalLM.from_pretrained(name, dtype=torch.float32, **kw).eval()
     except Exception as e:  # (transformers raises many types for a checkpoint it cannot read)
         from .source import _first_line
 
@@ -550,7 +551,9 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
         if source != layer and graph.sources.get(kinds[layer], source) != source:
             raise ExportError(f"the target's {kinds[layer]} layers share layer {source}'s cache, the assistant would "
                               f"attend layer {graph.sources[kinds[layer]]}'s: not written")
-    worst = validate_assistant(graph, model, target, tspec, ids[: max(40, graph.sliding_window + 8)], progress.log)
+    # (past the sliding window where the context allows: a context shorter than the window has no position past it)
+    ids = ids[: min(max(40, graph.sliding_window + 8), tspec.max_context - tspec.attention_pad - 1)]
+    worst = validate_assistant(graph, model, target, tspec, ids, progress.log)
     if assistant_precision != "fp32":
         import shutil as _sh
 
@@ -559,7 +562,7 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
         q = quant or QuantOptions(accuracy_level=4)
         n = quantize_assistant(graph, 4 if assistant_precision == "int4" else 8, q.block_size or 32,
                                q.accuracy_level if q.accuracy_level is not None else 4)
-        agree, diff = compare_assistants(floated / GRAPH_NAME, graph, tspec, ids[: max(40, graph.sliding_window + 8)])
+        agree, diff = compare_assistants(floated / GRAPH_NAME, graph, tspec, ids)
         _sh.rmtree(floated, ignore_errors=True)
         progress.log(f"    assistant: {n} weight matrices {assistant_precision} (MatMulNBits, block "
                      f"{q.block_size or 32}); against the float graph: top-1 agreement {agree:.2f}, max |Δlogit| "
@@ -587,15 +590,17 @@ def _check_assistant_early(tsrc: Source, asrc: Source) -> None:
     """The assistant's config against the target's (a local folder's), before the target is built: a Gemma 4
     target, the hidden size the assistant was trained with, the vocabulary. A target read from a GGUF or the hub is
     checked once loaded (export/mtp.py ``check_pair``)."""
-    if tsrc.kind != "hf-dir":
+    if tsrc.kind == "gguf":
         return
     from transformers import AutoConfig
 
     from .source import _first_line
 
     try:
-        tcfg = text_config(AutoConfig.from_pretrained(str(tsrc.path)))
-        acfg = AutoConfig.from_pretrained(str(asrc.path))
+        tname, tkw = tsrc.from_pretrained_args()
+        aname, akw = asrc.from_pretrained_args()
+        tcfg = text_config(AutoConfig.from_pretrained(tname, **tkw))
+        acfg = AutoConfig.from_pretrained(aname, **akw)
     except Exception as e:  # (transformers raises many types for a config it cannot read)
         raise ExportError(f"cannot load a config: {type(e).__name__}: {_first_line(e, '')}"[:300]) from None
     if not str(getattr(tcfg, "model_type", "")).startswith("gemma4"):
@@ -610,16 +615,25 @@ def _check_assistant_early(tsrc: Source, asrc: Source) -> None:
 
 
 def _is_assistant(src: Source) -> bool:
-    """``src`` is a multi-token-prediction assistant (a local folder whose config says ``gemma4_assistant``)."""
-    if src.kind != "hf-dir":
-        return False
-    try:
-        raw = json.loads((src.path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    """``src`` is a multi-token-prediction assistant (a local folder or a hub model whose config says
+    ``gemma4_assistant``; a GGUF file is none)."""
     from .mtp import ASSISTANT_TYPE
 
-    return isinstance(raw, dict) and raw.get("model_type") == ASSISTANT_TYPE
+    if src.kind == "hf-dir":
+        try:
+            raw = json.loads((src.path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(raw, dict) and raw.get("model_type") == ASSISTANT_TYPE
+    if src.kind != "hub":
+        return False
+    try:
+        from transformers import AutoConfig
+
+        name, kw = src.from_pretrained_args()
+        return getattr(AutoConfig.from_pretrained(name, **kw), "model_type", None) == ASSISTANT_TYPE
+    except Exception:  # noqa: BLE001 - not readable here: the drafter's own path says why
+        return False
 
 
 def _check_combination(precision: str, quant: QuantOptions, given: frozenset = frozenset()) -> None:

@@ -597,7 +597,7 @@ def add_hidden_output(model_file: Path, logits: str) -> str | None:
     """The graph output ``HIDDEN_OUTPUT``: the lm_head's input (each logits row's final-normed hidden state, after
     the logits skip's cut where there is one, so its rows are the logits'), in place; a multi-token-prediction
     assistant drafts from it (export/mtp.py). Its name, or None where the graph has no lm_head to find."""
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     m = load_graph(model_file)
     g = m.graph
@@ -606,13 +606,10 @@ def add_hidden_output(model_file: Path, logits: str) -> str | None:
     node = _lm_head(g, logits, LM_HEAD_OPS)
     if node is None:
         return None
-    rows = node.input[0]
-    known = next((v for v in list(g.value_info) + list(g.input) if v.name == rows), None)
-    elem = known.type.tensor_type.elem_type if known is not None and known.type.tensor_type.elem_type else None
-    if elem is None:  # (the logits' type: the lm_head's input has it)
-        elem = next(o.type.tensor_type.elem_type for o in g.output if o.name == logits)
-    g.node.append(helper.make_node("Identity", [rows], [HIDDEN_OUTPUT], name="hidden_states_out"))
-    g.output.append(helper.make_tensor_value_info(HIDDEN_OUTPUT, elem, None))
+    # float32 whatever the graph's activations (the cuda layout's are float16): the runtime's buffer is
+    g.node.append(helper.make_node("Cast", [node.input[0]], [HIDDEN_OUTPUT], name="hidden_states_out",
+                                   to=TensorProto.FLOAT))
+    g.output.append(helper.make_tensor_value_info(HIDDEN_OUTPUT, TensorProto.FLOAT, None))
     import onnx
 
     onnx.save(m, str(model_file))

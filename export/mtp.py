@@ -31,6 +31,7 @@ rest the least of those minus 1) as transformers computes it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,10 @@ def check_pair(assistant_config, target_text_config, target_kv: dict[int, tuple[
     sizes: ``target_kv`` maps a target layer to its cache's (kv heads, head size)) and the hidden sizes. An
     ``ExportError`` in one line where they do not fit."""
     text = assistant_config.text_config
+    if not str(getattr(target_text_config, "model_type", "")).startswith("gemma4") \
+            or not getattr(target_text_config, "layer_types", None):
+        raise ExportError(f"the assistant drafts for Gemma 4 targets; the target is "
+                          f"{getattr(target_text_config, 'model_type', 'another model')}")
     if int(assistant_config.backbone_hidden_size) != int(target_text_config.hidden_size):
         raise ExportError(f"the assistant was trained with a target of hidden size {assistant_config.backbone_hidden_size}"
                           f", the target's is {target_text_config.hidden_size}: not this target's assistant")
@@ -339,8 +344,10 @@ def retype_kv(path: Path, kv_dtype: str) -> bool:
         if i.name.startswith(("key_", "value_")) and i.type.tensor_type.elem_type != want:
             i.type.tensor_type.elem_type = want
             changed = True
-    if changed:
-        onnx.save(m, str(path))
+    if changed:  # (a new file renamed over it: an in-place rewrite's stage shares the old one by a hard link)
+        tmp = path.with_name(path.name + ".tmp")
+        onnx.save(m, str(tmp))
+        os.replace(tmp, path)
     return changed
 
 
@@ -437,6 +444,8 @@ def _runtime_state(tspec, ids, sources: dict) -> tuple[list, dict]:
     from edgespec.providers import choose
 
     lm = OnnxLM(tspec, min(tspec.max_context, max(64, len(ids) + 8)), choose(["cpu"]))
+    if len(ids) > lm.max_context:
+        raise ExportError(f"the assistant's check reads {len(ids)} tokens, the target's context holds {lm.max_context}")
     if not lm.keeps_hidden():
         raise ExportError("the target graph gives no hidden states for the assistant")
     lm.forward(ids)  # (one call: every row's hidden state)

@@ -55,7 +55,7 @@ def _export(pair, name, target="target", **kw):
 
     out = pair["root"] / name
     if not out.exists():
-        export_bundle(str(pair[target]), out, drafter=str(pair["assistant"]), max_context=256, **kw)
+        export_bundle(str(pair[target]), out, drafter=str(pair["assistant"]), **{"max_context": 256, **kw})
     return out
 
 
@@ -285,7 +285,8 @@ def _edit_manifest(bundle, tmp_path, edit):
     (lambda r: r["models"]["target"]["io"].pop("hidden"), "no hidden-state output"),
     (lambda r: r["models"]["assistant"].update(target_hidden_size=65), "hidden size 65"),
     (lambda r: r["models"]["assistant"].pop("sources"), "lacks 'sources'"),
-], ids=["layer-out-of-range", "no-hidden-output", "other-hidden-size", "no-sources"])
+    (lambda r: r["models"]["assistant"]["sources"].update(sliding_attention=4), "keeps no cache of its own"),
+], ids=["layer-out-of-range", "no-hidden-output", "other-hidden-size", "no-sources", "a-shared-layer"])
 def test_a_broken_assistant_entry_is_one_line(fp32_bundle, tmp_path, edit, message):
     from edgespec.errors import EdgespecError
     from edgespec.manifest import load_manifest
@@ -344,3 +345,90 @@ def test_an_assistant_export_it_cannot_make_is_refused_in_one_line(pair, tiny_di
         assert message in err[-1] and "Traceback" not in "".join(err), err[-1]
         assert not any("builder:" in line for line in err), err  # (refused before the build)
         assert not (tmp_path / "b").exists()
+
+
+def test_an_assistant_reading_another_shape_of_cache_is_refused_at_load(fp32_bundle, tmp_path):
+    """(a review) A hand-edited manifest whose assistant attends a layer of another cache shape (a sliding layer's 16
+    lanes where its full layers read 32) loaded, and every mtp or auto generation failed mid-reply: refused at load."""
+    import edgespec
+    from edgespec.errors import BundleError
+
+    b = _edit_manifest(fp32_bundle, tmp_path, lambda r: r["models"]["assistant"]["sources"].update(full_attention=3))
+    with pytest.raises(BundleError, match="full_attention layers read caches of 1 x 32, the target's layer 3 has 1 x 16"):
+        edgespec.load(b, memory=False)
+
+
+def test_the_assistant_loads_where_a_drafter_model_would(fp32_bundle):
+    """(a review) ``use_drafter=False`` (``--drafter none``/``prompt-lookup``) leaves the assistant out, as the
+    drafter model: not in the memory plan, not drafting under ``auto``, ``mtp`` refused saying why."""
+    import edgespec
+    from edgespec.errors import ConfigError
+
+    eng = edgespec.load(fp32_bundle, memory=False, use_drafter=False)
+    assert "mtp" not in eng.decoder.drafters and "assistant" not in eng.plan.weights
+    assert not eng.decoder.target._keep_hidden  # (no hidden states bound: the calls as before)
+    with pytest.raises(ConfigError, match="assistant is not loaded: the engine was opened without a drafter model"):
+        eng.generate(PROMPT, max_new_tokens=4, drafter="mtp")
+
+
+def test_an_in_place_rewrite_that_fails_leaves_the_assistant_as_it_was(pair, tmp_path, monkeypatch):
+    """(a review) An in-place exact-kernels rewrite stages the bundle with hard links; the assistant graph's retype
+    wrote through the link, so a rewrite stopped after it (Ctrl-C, an error) left the user's bundle with a file its
+    manifest's sha256 refused. Now written as a new file renamed over the staged one."""
+    import shutil
+
+    import edgespec_export.mtp as mtp_mod
+    from edgespec.integrity import sha256_file
+    from edgespec.manifest import load_manifest
+    from edgespec_export.kernels import apply_to_bundle
+
+    b = tmp_path / "b"
+    shutil.copytree(_export(pair, "b-int4", target="int4", target_precision="int4", drafter_precision="int4"), b)
+    graph = b / "assistant" / "assistant.onnx"
+    before = sha256_file(graph)
+
+    def stop(root):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mtp_mod, "assistant_files", stop)
+    with pytest.raises(KeyboardInterrupt):
+        apply_to_bundle(b)
+    assert sha256_file(graph) == before
+    load_manifest(b, deep=True)
+
+
+def test_a_float16_target_with_a_short_context_exports_its_assistant(pair):
+    """(a review) A float16 target (the cuda layout's activations: its hidden states float16, cast to float32 in the
+    graph now; before, the export's check failed with "Unexpected output data type") and a context shorter than the
+    check's reading (it read window + 8 tokens past a 32-token context) export and decode as plain decoding."""
+    import edgespec
+    from edgespec.manifest import load_manifest
+
+    b = _export(pair, "b-fp16", target_precision="fp16", max_context=32)
+    assert load_manifest(b).target.kv_dtype == "float16"
+    eng = edgespec.load(b, memory=False)
+    ar = eng.generate(PROMPT, max_new_tokens=8, drafter="none", ignore_eos=True)
+    for d in ("mtp", "auto"):
+        assert eng.generate(PROMPT, max_new_tokens=8, drafter=d, ignore_eos=True).token_ids == ar.token_ids
+
+
+def test_the_pair_check_refuses_a_target_that_is_no_gemma4(pair, tiny_dirs, monkeypatch):
+    """(a review) A target read from a GGUF or the hub is checked once loaded: a model without Gemma 4's layer kinds
+    was an AttributeError traceback; one line now. And an assistant named by a hub id is one (it went down the
+    model drafter's path and was refused as an assistant)."""
+    import transformers
+
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import _is_assistant
+    from edgespec_export.mtp import check_pair
+    from edgespec_export.source import Source
+
+    acfg = transformers.AutoConfig.from_pretrained(str(pair["assistant"]))
+    llama = transformers.AutoConfig.from_pretrained(str(tiny_dirs["llama"]))
+    with pytest.raises(ExportError, match="drafts for Gemma 4 targets; the target is llama"):
+        check_pair(acfg, llama, {})
+    hub = Source("testorg/gemma-4-tiny-assistant", "hub", None)
+    assert not _is_assistant(hub)  # (not in any cache here)
+    real, local = Source.from_pretrained_args, str(pair["assistant"])  # (the hub's copy: a local folder here)
+    monkeypatch.setattr(Source, "from_pretrained_args", lambda self: (local, {}) if self.kind == "hub" else real(self))
+    assert _is_assistant(hub) and not _is_assistant(Source(str(tiny_dirs["llama"]), "hf-dir", tiny_dirs["llama"]))
