@@ -1494,8 +1494,9 @@ def test_rotary_nodes_fold_into_the_attention_only_where_the_table_covers_the_he
 
 def test_gemma4_s_assistant_is_refused_in_one_line(tmp_path, capsys):
     """(session 59) Gemma 4's multi-token-prediction assistant (``gemma4_assistant``: Google's drafter for E2B/E4B)
-    reads its target's hidden states and KV cache, which no edgespec drafter gives: refused after its config is read,
-    exit 6, nothing written (not built as a text model that would compute another thing)."""
+    exported as a target of its own: refused after its config is read, exit 6, nothing written (not built as a text
+    model that would compute another thing); since session 60 the line says to give it as its target's --drafter
+    (tests/test_mtp.py)."""
     import torch
     import transformers
     from tiny import make_tokenizer
@@ -1519,4 +1520,5 @@ def test_gemma4_s_assistant_is_refused_in_one_line(tmp_path, capsys):
     assert e.value.code == 6
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: target: gemma4_assistant") and "Traceback" not in "".join(err)
+    assert "export it as the --drafter of its Gemma 4 target" in err[-1]
     assert not (tmp_path / "b").exists()
