@@ -365,6 +365,27 @@ def _patch_smollm3() -> None:
     cls._edgespec_nope = True
 
 
+def _patch_gemma_scale() -> None:
+    """Gemma's embedding scale (Gemma 1, 2, 3 and their subclasses): the builder multiplies the embeddings by
+    sqrt(hidden) rounded to two decimals (33.94 for Gemma 3 1B's 1,152), transformers by sqrt(hidden) itself
+    (33.9411...): a float32 export of a Gemma 3 4B-shaped image-text model failed its validation (0.039 off), Gemma 3 1B's
+    shape was 6.2e-3 off where other families are ~1e-6 (session 60, an audit; every tiny Gemma test had hidden 64,
+    whose square root is 8). The scale is transformers' now, as Gemma 4's (builder_gemma4)."""
+    from builders import gemma
+
+    cls = gemma.GemmaModel
+    if getattr(cls, "_edgespec_scale", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, _orig=init, **kw):
+        _orig(self, *args, **kw)
+        self.embed_attrs["scale"] = float(self.hidden_size) ** 0.5
+
+    cls.__init__ = __init__
+    cls._edgespec_scale = True
+
+
 def patch() -> None:
     """Wrap the builder's Gemma 3 class (imported as the builder imports it: top-level ``builders``, from its
     own folder) so that it reads a flat config, and its LongRoPE Phi-3 classes (``_patch_longrope``)."""
@@ -376,6 +397,7 @@ def patch() -> None:
     _patch_norms()
     _patch_olmo2()
     _patch_smollm3()
+    _patch_gemma_scale()
     from edgespec_export import builder_gemma4
 
     builder_gemma4.patch()

@@ -1522,3 +1522,55 @@ def test_gemma4_s_assistant_is_refused_in_one_line(tmp_path, capsys):
     assert err[-1].startswith("error: target: gemma4_assistant") and "Traceback" not in "".join(err)
     assert "export it as the --drafter of its Gemma 4 target" in err[-1]
     assert not (tmp_path / "b").exists()
+
+
+def _gemma3_image_text(d, seed: int = 4):
+    """A tiny ``Gemma3ForConditionalGeneration`` (Gemma 3 4B and up ship so: a SigLIP tower beside the text decoder)
+    of hidden 96 (not a square: the embedding scale sqrt(96) is not round), heads of 32 (4 x 32 != 96), the global
+    layers' rotary linear x8, random norm weights."""
+    import torch
+    import transformers
+    from tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    tc = transformers.Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=96, intermediate_size=192, num_hidden_layers=7, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=8, max_position_embeddings=512,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    vc = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, image_size=32, patch_size=8, vision_use_head=False)
+    torch.manual_seed(seed)
+    m = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=tc, vision_config=vc, mm_tokens_per_image=4, boi_token_index=1, eoi_token_index=2,
+        image_token_index=len(tok) - 1))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name and "vision" not in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+    m.eval().save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3-image-text"])
+def test_gemma_s_embedding_scale_is_transformers_s(tmp_path_factory, kind):
+    """(session 60, an audit) The builder multiplies Gemma 1/2/3's embeddings by sqrt(hidden) rounded to two
+    decimals, transformers by sqrt(hidden): every tiny Gemma test had hidden 64 (sqrt 8), so it went unseen; at a
+    hidden size that is no square a Gemma 3 4B-shaped image-text model failed its float32 validation (0.039 off) and
+    Gemma 3 1B's shape was 6.2e-3 off where other families are ~1e-6. builder_shim gives the builder transformers'
+    scale: within 1e-4 of torch's logits now (these tiny models: ~1e-5, with the rounded scale 3.5-5e-4)."""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    root = tmp_path_factory.mktemp("hf")
+    if kind == "gemma2":
+        d = _random_norms(make_model(root / kind, "gemma2", seed=6, layers=3, hidden=96, heads=4, kv_heads=2,
+                                     head_dim=32, query_pre_attn_scalar=32, sliding_window=8))
+    else:
+        d = _gemma3_image_text(root / kind)
+    f = _export(tmp_path_factory, f"{kind}-96-fp32", d, target_precision="fp32", max_context=256)
+    v = load_manifest(f).target.validation
+    assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-4, v
