@@ -184,7 +184,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     if prompt_cache_file is not None:  # (None back: a file kept as it is, not written)
         persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan, prof.session_options)
     tok = Tokenizer.of(manifest)
-    if tok.vocab_size > manifest.target.vocab_size:
+    if tok.vocab_size > manifest.target.vocab_size and tok.special_past(manifest.target.vocab_size) is None:
         raise BundleError(f"bundle {manifest.root}: the tokenizer has {tok.vocab_size} ids but the target graph's "
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
     engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
@@ -394,7 +394,8 @@ class Engine:
 
         decoder.constraints = Grammars(tokenizer._tok.to_str(), decoder.vocab, manifest.eos_token_ids,
                                        think=think_tags(tokenizer),
-                                       text_encode=tokenizer.encode_text_piece).constraint
+                                       text_encode=tokenizer.encode_text_piece,
+                                       tokens=tokenizer.vocab_size).constraint
         self._healer = decoder.healer = _LazyHealer(tokenizer, decoder.vocab)
         if "model" not in decoder.drafters:  # why, for the refusal of drafter="model" before any prefill
             if manifest.drafter is None:

@@ -198,9 +198,10 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
     return LAZY + f"{open_id}:" + g if choice == "auto" else g
 
 
-def _allowed(m, vocab: int) -> np.ndarray:
-    """The tokens matcher ``m`` allows next, as booleans over the vocabulary."""
-    bits = np.empty((vocab + 31) // 32, dtype=np.int32)
+def _allowed(m, vocab: int, table: int | None = None) -> np.ndarray:
+    """The tokens matcher ``m`` allows next, as booleans over the vocabulary (``table``: llguidance's token count,
+    where the tokenizer has ids past the model's vocabulary: its mask is that long, cut to ``vocab``)."""
+    bits = np.empty((max(vocab, table or 0) + 31) // 32, dtype=np.int32)
     m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
     return np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab].astype(bool)
 
@@ -210,8 +211,12 @@ class Grammars:
     the first request that asks for a format."""
 
     def __init__(self, tokenizer_json: str, vocab: int, eos_ids, think: tuple[int, int] | None = None,
-                 text_encode=None):
+                 text_encode=None, tokens: int | None = None):
         self._json, self.vocab, self.eos = tokenizer_json, vocab, [int(e) for e in eos_ids]
+        # llguidance's token count: the tokenizer's where it has ids past the model's vocabulary (special tokens the
+        # model never writes: Gemma 3 1B's <image_soft_token>; llguidance refuses a count under the tokenizer's); its
+        # masks are that long and cut to the vocabulary
+        self.table = max(vocab, tokens or 0)
         # (text -> ids reading every added token's text as text: what spells a grammar's fixed text)
         self._text_encode = text_encode
         self.think = think  # a thinking model's <think> and </think> ids (reasoning.think_tags): no calls inside
@@ -232,8 +237,8 @@ class Grammars:
             # (each block the trigger opens: checked above once, not again per block)
             return LazyConstraint(lambda: self._matcher(llg, grammar, check=False), int(trigger), self.vocab,
                                   self.eos, think=self.think,
-                                  blank=self.blank_ids() if self.think is not None else frozenset())
-        return Constraint(self._matcher(llg, grammar), self.vocab, self.eos)
+                                  blank=self.blank_ids() if self.think is not None else frozenset(), table=self.table)
+        return Constraint(self._matcher(llg, grammar), self.vocab, self.eos, table=self.table)
 
     def _llg_tokenizer(self, llg):
         """llguidance's tokenizer: its token table as its own reading of the tokenizer JSON makes it (the added
@@ -241,7 +246,7 @@ class Grammars:
         value, a property's name) spelled as text. llguidance's own encoding matched added tokens' texts in it:
         a schema's "<filename>" or "a</tool_call>b" came out as the added token, which no grammar's bytes
         match (the generation failed), and a const "<|im_end|>" ended the reply inside its string."""
-        tok = llg.LLTokenizer(self._json, n_vocab=self.vocab, eos_token=self.eos or None)
+        tok = llg.LLTokenizer(self._json, n_vocab=self.table, eos_token=self.eos or None)
         if self._text_encode is None:
             return tok
         n = tok.vocab_size
@@ -257,7 +262,7 @@ class Grammars:
             def __call__(self, text):
                 return encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
 
-        return llg.LLTokenizer(Table(), n_vocab=self.vocab, eos_token=self.eos or None)
+        return llg.LLTokenizer(Table(), n_vocab=self.table, eos_token=self.eos or None)
 
     def blank_ids(self) -> frozenset[int]:
         """The ids whose text is white space only (a reply's blank start before its <think>: reasoning.answer_start
@@ -275,7 +280,7 @@ class Grammars:
     def _matcher(self, llg, grammar: str, check: bool = True):
         m = _deep(lambda: llg.LLMatcher(self._tok, grammar, log_level=0))
         if check and not m.is_error():  # (a grammar that compiles may still fail at its first token: {"$ref": "#"})
-            first = _allowed(m, self.vocab)
+            first = _allowed(m, self.vocab, self.table)
             if not m.is_error() and not first.any():
                 raise ConfigError("the reply's grammar (response_format or strict tools) allows no first token")
         if m.is_error():
@@ -291,9 +296,9 @@ class Grammars:
 class Constraint:
     """The grammar's state over one generation: masks for a verify call's rows, and the tokens kept."""
 
-    def __init__(self, matcher, vocab: int, eos=()):
-        self.m, self.vocab = matcher, vocab
-        self.words = (vocab + 31) // 32
+    def __init__(self, matcher, vocab: int, eos=(), table: int | None = None):
+        self.m, self.vocab, self.table = matcher, vocab, max(vocab, table or 0)
+        self.words = (self.table + 31) // 32
         # llguidance keeps no end-of-sequence token in the history it rolls back: never pushed, never
         # counted in a rollback
         self.eos = frozenset(int(e) for e in eos)
@@ -327,7 +332,7 @@ class Constraint:
     # drafting with the grammar (a model drafter: drafters.ModelDrafter.draft): the mask after the tokens
     # pushed so far, then all of them rolled back
     def mask(self) -> np.ndarray:
-        return _allowed(self.m, self.vocab)
+        return _allowed(self.m, self.vocab, self.table)
 
     def push(self, token: int) -> bool:
         """Advance through a drafted token; False for an end of sequence (not pushed: a draft ends there)."""
@@ -388,8 +393,8 @@ class LazyConstraint:
     is white space only) opens one, until the first ``</think>``."""
 
     def __init__(self, new_matcher, trigger: int, vocab: int, eos=(), think: tuple[int, int] | None = None,
-                 blank: frozenset[int] = frozenset()):
-        self.new, self.trigger, self.vocab = new_matcher, trigger, vocab
+                 blank: frozenset[int] = frozenset(), table: int | None = None):
+        self.new, self.trigger, self.vocab, self.table = new_matcher, trigger, vocab, table
         self.eos = frozenset(int(e) for e in eos)
         self.think, self.blank = think, blank
         # the open block's matcher; None in free text; _THINKING inside the thinking; _FIRST before the first token
@@ -410,7 +415,7 @@ class LazyConstraint:
     def _mask(self, m) -> np.ndarray:
         if m is None or isinstance(m, str):
             return np.ones(self.vocab, dtype=bool)
-        allowed = _allowed(m, self.vocab)
+        allowed = _allowed(m, self.vocab, self.table)
         if m.is_error():  # (a failed matcher allows the end of sequence only: the call would end cut, as "stop")
             raise _failure(m.get_error(), "the tool call's grammar")
         return allowed

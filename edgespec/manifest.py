@@ -614,6 +614,9 @@ class Manifest:
     created: str | None = None  # UTC time of the export, ISO 8601
     sources: dict[str, str] = field(default_factory=dict)  # role -> the model exported, as given
     tokenizer_vocab_size: int | None = None  # the tokenizer's own (a model's vocab_size may be padded)
+    # the tokenizer's ids past the target's vocabulary, all special tokens (Gemma 3 1B's <image_soft_token>): never
+    # written by the model, refused in a prompt; 0 where there are none
+    tokenizer_special_past: int = 0
     tokenizer_files: dict[str, dict] = field(default_factory=dict)  # as ModelSpec.files; {} before they were hashed
     # role -> the source's files as read at export: name -> {"bytes": int, "sha256": str} (a Hugging Face model
     # page lists its weight files' sha256); {} before session 55, or where the source's files were not found
@@ -661,6 +664,7 @@ class Manifest:
                 tool_versions={str(k): str(v) for k, v in (raw.get("tool_versions") or {}).items()},
                 created=raw.get("created"), sources={str(k): str(v) for k, v in (raw.get("sources") or {}).items()},
                 tokenizer_vocab_size=_opt_count(tok, "vocab_size", "manifest.tokenizer"),
+                tokenizer_special_past=_opt_count(tok, "special_past_vocab", "manifest.tokenizer") or 0,
                 tokenizer_files={k: dict(v) for k, v in _files(root, _opt(dict, "manifest.tokenizer", tok, "files")
                                                                 or {}, "tokenizer").items()},
                 source_files=_source_files(_opt(dict, "manifest", raw, "source_files") or {}, mpath),
@@ -685,6 +689,8 @@ class Manifest:
                 "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id, "add_bos": self.add_bos,
                 "chat_template": self.chat_template,
                 "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size,
+                              **({"special_past_vocab": self.tokenizer_special_past}
+                                 if self.tokenizer_special_past else {}),
                               **({"files": dict(self.tokenizer_files)} if self.tokenizer_files else {})},
                 "models": {s.role: s.to_dict(self.root) for s in self.models()}}
 

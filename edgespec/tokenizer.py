@@ -13,6 +13,22 @@ from typing import Iterable, Sequence
 from .errors import BundleError, ConfigError, shown
 
 
+def special_ids_past(tk, n: int) -> int | None:
+    """How many ids the ``tokenizers.Tokenizer`` ``tk`` has from ``n`` on (a model's vocabulary size), where every
+    one of them is an added special token (Gemma 3 1B's and 270M's tokenizer: Gemma 3's one, whose
+    ``<image_soft_token>`` sits at 262,144, past their vocabulary; their models never write it, and a prompt that
+    holds it is refused as any id outside the vocabulary); None where one of them is not (a token the model would
+    need a row for)."""
+    total = tk.get_vocab_size(with_added_tokens=True)
+    if total <= n:
+        return 0
+    if max(tk.get_vocab(with_added_tokens=False).values(), default=-1) >= n:
+        return None
+    added = tk.get_added_tokens_decoder()
+    past = [i for i in range(n, total)]
+    return len(past) if all(i in added and added[i].special for i in past) else None
+
+
 def tokenizer_fingerprint(tokenizer_json: str | Path | dict) -> tuple[str, int]:
     """sha256 of what decides token ids (model vocab, merges, added tokens) and the vocabulary size.
 
@@ -116,6 +132,10 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def special_past(self, n: int) -> int | None:
+        """``special_ids_past`` of this tokenizer: its ids from ``n`` on when all are special tokens, else None."""
+        return special_ids_past(self._tok, n)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

@@ -831,6 +831,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         (tdir / "tokenizer_config.json").write_text(json.dumps({
             "bos_token": ttok.bos_token, "eos_token": ttok.eos_token, "add_bos_token": _add_bos(ttok),
             "chat_template": chat_template}, indent=1, ensure_ascii=False), encoding="utf-8")
+        from edgespec.tokenizer import special_ids_past
+
         tok_files = {f"tokenizer/{f.name}": {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
                      for f in sorted(tdir.iterdir())}
         manifest = Manifest(
@@ -851,6 +853,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             tokenizer_vocab_size=tvocab,
             tokenizer_files=tok_files,
             assistant=extra.get("assistant"),
+            # (special tokens past the target's vocabulary: Gemma 3 1B's <image_soft_token>; source.check_vocabulary)
+            tokenizer_special_past=special_ids_past(ttok.backend_tokenizer, models["target"].vocab_size) or 0,
         )
         if head_ids is not None:
             from .head import head_source, reduce_in_stage

@@ -518,10 +518,13 @@ def check_vocabulary(tok, vocab_size, src: Source, target: bool = False) -> None
     vocabulary padded past its tokenizer's (Qwen2.5's 151,936 rows for 151,665 tokens) is no such case. A target's
     tokenizer with more ids than its model's vocabulary is refused too (``target``): the runtime refuses such a
     bundle (transformers 5.2-5.5 read SmolLM2's GGUF tokenizer with 5 more ids than its 49,152, and the export
-    wrote a bundle no edgespec would load)."""
+    wrote a bundle no edgespec would load); not where every id past it is a special token (Gemma 3 1B's and 270M's
+    ``<image_soft_token>``: the model never writes it, a prompt holding it is refused at run time)."""
+    from edgespec.tokenizer import special_ids_past
+
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         return
-    if target and len(tok) > vocab_size:
+    if target and len(tok) > vocab_size and special_ids_past(tok.backend_tokenizer, vocab_size) is None:
         raise ExportError(f"the tokenizer of {src.display} has {len(tok):,} ids, more than its model's vocabulary of "
                           f"{vocab_size:,} (its config's vocab_size): ids past it have no logits (transformers "
                           "5.2-5.5 read some GGUF tokenizers so: upgrade transformers)")

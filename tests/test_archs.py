@@ -1574,3 +1574,38 @@ def test_gemma_s_embedding_scale_is_transformers_s(tmp_path_factory, kind):
     f = _export(tmp_path_factory, f"{kind}-96-fp32", d, target_precision="fp32", max_context=256)
     v = load_manifest(f).target.validation
     assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-4, v
+
+
+def test_a_tokenizer_with_special_ids_past_the_vocabulary_exports(tmp_path_factory, capsys):
+    """(session 60, an audit) Gemma 3 1B and 270M ship Gemma 3's tokenizer, whose ``<image_soft_token>`` sits at
+    262,144, one past their vocabulary: the export refused every such folder ("more than its model's vocabulary"),
+    and the runtime such a bundle. Special tokens past the vocabulary are accepted now (the model never writes
+    them; a prompt holding one is refused in one line), plain decoding, speculation and structured outputs run; a
+    tokenizer with an ordinary token past the vocabulary is refused as before."""
+    import edgespec
+    from edgespec.cli import main
+    from edgespec.errors import ConfigError
+    from edgespec.manifest import load_manifest
+    from tiny import make_model, make_tokenizer
+
+    root = tmp_path_factory.mktemp("hf")
+    tok = make_tokenizer()
+    d = make_model(root / "gemma3-1b", "gemma3", seed=7, tokenizer=tok, tie_word_embeddings=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})
+    tok.save_pretrained(d)
+    b = _export(tmp_path_factory, "gemma3-special-past", d, target_precision="fp32", max_context=256)
+    m = load_manifest(b)
+    assert m.tokenizer_vocab_size == m.target.vocab_size + 1 and m.tokenizer_special_past == 1
+    eng = edgespec.load(b, memory=False)
+    ar = eng.generate(PROMPT, max_new_tokens=16, drafter="none", ignore_eos=True)
+    assert eng.generate(PROMPT, max_new_tokens=16, drafter="auto", ignore_eos=True).token_ids == ar.token_ids
+    got = eng.generate("Give a JSON object:", max_new_tokens=24, response_format={"type": "json_object"})
+    assert got.text.lstrip().startswith("{")
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        eng.generate("look: <image_soft_token>", max_new_tokens=4)
+    # an ordinary token past the vocabulary: a model row missing, refused at export
+    tok.add_tokens(["plainextra"])
+    tok.save_pretrained(d)
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(d), "-o", str(root / "refused"), "--target-precision", "fp32", "--no-quality"])
+    assert e.value.code == 6 and "more than its model's vocabulary" in capsys.readouterr().err
