@@ -262,11 +262,13 @@ def reference_rotary(model, ctx: int):
 
     cfg = text_config(model.config)
     rp = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if not isinstance(rp, dict) or "full_attention" in rp:
-        return None
-    kind = str(rp.get("rope_type", rp.get("type", "default")))
     inner = getattr(model, "model", None)
     rot = getattr(inner, "rotary_emb", None) or getattr(getattr(inner, "language_model", None), "rotary_emb", None)
+    if isinstance(rp, dict) and "full_attention" in rp:  # (a rotary per layer kind: Gemma 3 and 4, OLMo 3)
+        return _per_kind_rotary(rot, rp, int(ctx))
+    if not isinstance(rp, dict):
+        return None
+    kind = str(rp.get("rope_type", rp.get("type", "default")))
     if rot is None:
         return None
     n = int(ctx)
@@ -289,22 +291,64 @@ def reference_rotary(model, ctx: int):
     return kind, cos, sin
 
 
+# a layer kind's rotary tables in the graph (the builder's names for Gemma 3 and 4; builder_shim's OLMo 3 the same)
+_KIND_TABLES = {"full_attention": ("cos_cache_global", "sin_cache_global"),
+                "sliding_attention": ("cos_cache_local", "sin_cache_local")}
+
+
+def _per_kind_rotary(rot, rp: dict, n: int):
+    """("per-kind", {layer kind: (rotary type, cos, sin)}) from transformers' rotary module that takes a layer kind
+    (Gemma 3's, 4's, OLMo 3's), the tables as ``reference_rotary`` gives them; None where it takes none."""
+    import torch
+
+    if rot is None:
+        return None
+    out = {}
+    x = torch.zeros(1, dtype=torch.float32)
+    for kind in _KIND_TABLES:
+        params = rp.get(kind)
+        if not isinstance(params, dict):
+            continue
+        try:
+            with torch.no_grad():
+                cos, sin = rot(x, torch.arange(n).unsqueeze(0), kind)
+        except (TypeError, KeyError, AttributeError):  # (another module's signature: nothing to compare)
+            return None
+        cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
+        half = cos.shape[-1] // 2
+        if cos.shape[-1] % 2 == 0 and abs(cos[:, :half] - cos[:, half:]).max() < 1e-6:
+            cos, sin = cos[:, :half], sin[:, :half]
+        out[kind] = (str(params.get("rope_type", "default")), cos, sin)
+    return ("per-kind", out) if out else None
+
+
 def check_rotary(graph_file: Path, reference, role: str) -> None:
     """ExportError where the graph's rotary tables (``cos_cache``, ``sin_cache``) are not transformers' (within
     ``ROTARY_TOLERANCE``): a kind of rotary scaling the builder skipped builds another model, which a quantized
-    export's validation (top-1 agreement) let through. Graphs without those two tables are not checked."""
+    export's validation (top-1 agreement) let through. Graphs without those two tables are not checked. A rotary
+    per layer kind (Gemma 3's and 4's, OLMo 3's: ``cos_cache_global``/``_local``) is compared kind by kind (since
+    session 60, an audit: they went unchecked)."""
     if reference is None:
         return
     import onnx
+
+    g = onnx.load(str(graph_file), load_external_data=False).graph
+    if reference[0] == "per-kind":  # (each layer kind's tables, where the graph has them by the builder's names)
+        for layer_kind, (kind, cos, sin) in reference[1].items():
+            _check_tables(g, graph_file, _KIND_TABLES[layer_kind], kind, cos, sin, role, f" of its {layer_kind} layers")
+        return
+    kind, cos, sin = reference
+    _check_tables(g, graph_file, ("cos_cache", "sin_cache"), kind, cos, sin, role)
+
+
+def _check_tables(g, graph_file: Path, names: tuple[str, str], kind: str, cos, sin, role: str, which: str = "") -> None:
     from onnx import numpy_helper
 
-    kind, cos, sin = reference
-    g = onnx.load(str(graph_file), load_external_data=False).graph
-    tables = {t.name: t for t in g.initializer if t.name in ("cos_cache", "sin_cache")}
+    tables = {t.name: t for t in g.initializer if t.name in names}
     if len(tables) != 2:
         return
     worst = 0.0
-    for name, want in (("cos_cache", cos), ("sin_cache", sin)):
+    for name, want in zip(names, (cos, sin)):
         got = numpy_helper.to_array(tables[name], base_dir=str(graph_file.parent)).astype("float32")
         if got.ndim != 2 or got.shape[1] != want.shape[1]:
             raise ExportError(f"{role}: the builder's rotary table {name} is {list(got.shape)}, transformers' "
@@ -312,8 +356,8 @@ def check_rotary(graph_file: Path, reference, role: str) -> None:
         n = min(len(got), len(want))
         worst = max(worst, float(abs(got[:n] - want[:n]).max()))
     if worst > ROTARY_TOLERANCE:
-        raise ExportError(f"{role}: the builder's rotary tables are not transformers' for this model ({kind} rotary "
-                          f"scaling; cos/sin differ by up to {worst:.3g}): the graph would compute another model")
+        raise ExportError(f"{role}: the builder's rotary tables{which} are not transformers' for this model ({kind} "
+                          f"rotary scaling; cos/sin differ by up to {worst:.3g}): the graph would compute another model")
 
 
 def _check_config_early(src: Source, role: str) -> None:

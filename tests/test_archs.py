@@ -1609,3 +1609,35 @@ def test_a_tokenizer_with_special_ids_past_the_vocabulary_exports(tmp_path_facto
     with pytest.raises(SystemExit) as e:
         main(["export", str(d), "-o", str(root / "refused"), "--target-precision", "fp32", "--no-quality"])
     assert e.value.code == 6 and "more than its model's vocabulary" in capsys.readouterr().err
+
+
+def test_rotary_tables_per_layer_kind_are_checked_against_transformers(tmp_path_factory, tmp_path):
+    """(session 60, an audit) The export compares the builder's rotary tables with transformers'; a rotary per layer
+    kind (Gemma 3's, 4's, OLMo 3's: ``cos_cache_global``/``_local``) went unchecked, where only a float32 export's
+    logits would catch a wrong one (a quantized export's top-1 agreement is loose). Each kind's tables are compared
+    now: the built ones pass, the global and local tables swapped fail."""
+    import onnx
+    import torch
+    import transformers
+
+    from edgespec.errors import ExportError
+    from edgespec.manifest import load_manifest
+    from edgespec_export.bundle import check_rotary, reference_rotary
+
+    d = _gemma3_image_text(tmp_path_factory.mktemp("hf") / "gemma3-image-text")
+    f = _export(tmp_path_factory, "gemma3-image-text-96-fp32", d, target_precision="fp32", max_context=256)
+    ref = reference_rotary(transformers.Gemma3ForConditionalGeneration.from_pretrained(str(d), dtype=torch.float32),
+                           256)
+    assert ref[0] == "per-kind" and {k: v[0] for k, v in ref[1].items()} == {"full_attention": "linear",
+                                                                            "sliding_attention": "default"}
+    graph = load_manifest(f).target.path
+    check_rotary(graph, ref, "target")
+    g = onnx.load(str(graph), load_external_data=False)
+    swap = {"global": "local", "local": "global"}
+    for t in g.graph.initializer:
+        head, _, kind = t.name.rpartition("_")
+        if head in ("cos_cache", "sin_cache") and kind in swap:
+            t.name = f"{head}_{swap[kind]}"
+    onnx.save(g, str(graph.with_name("swapped.onnx")))
+    with pytest.raises(ExportError, match="rotary tables of its full_attention layers are not transformers'"):
+        check_rotary(graph.with_name("swapped.onnx"), ref, "target")
