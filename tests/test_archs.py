@@ -1641,3 +1641,55 @@ def test_rotary_tables_per_layer_kind_are_checked_against_transformers(tmp_path_
     onnx.save(g, str(graph.with_name("swapped.onnx")))
     with pytest.raises(ExportError, match="rotary tables of its full_attention layers are not transformers'"):
         check_rotary(graph.with_name("swapped.onnx"), ref, "target")
+
+
+def _random_biases(d, seed: int = 6):
+    """Give the tiny model at ``d`` non-zero biases (transformers' init makes them 0: a bias the graph left out, or
+    another's, then went unseen)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(".bias") and "norm" not in name:
+                p.copy_(0.5 * torch.randn_like(p))
+    m.save_pretrained(d)
+    return d
+
+
+# real checkpoints' structure the families' tiny test models lack (session 60, an audit): tied embeddings, heads whose
+# width times their count is not the hidden size, non-zero biases, Granite's real multipliers, Llama 3.2's rotary
+REAL_STRUCTURE = {
+    "granite-3.1-2b": ("granite", dict(embedding_multiplier=12.0, logits_scaling=8.0, residual_multiplier=0.22,
+                                        attention_multiplier=0.015625, tie_word_embeddings=True), False),
+    "qwen3-0.6b": ("qwen3", dict(head_dim=32, tie_word_embeddings=True), False),
+    "mistral-nemo": ("mistral", dict(head_dim=32), False),
+    "qwen2.5-0.5b": ("qwen2", dict(hidden=112, heads=7, kv_heads=1, tie_word_embeddings=True), True),
+    "phi-2": ("phi", dict(hidden=160, heads=2, kv_heads=2, partial_rotary_factor=0.4, hidden_act="gelu_new"), True),
+    "llama-3.2-1b": ("llama", dict(head_dim=16, tie_word_embeddings=True, rope_theta=500000.0,
+                                   rope_scaling={"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
+                                                 "low_freq_factor": 1.0, "original_max_position_embeddings": 16}),
+                     False),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_STRUCTURE))
+def test_real_checkpoint_structure_exports_as_torch(tmp_path_factory, name):
+    """(session 60, an audit) Each case a real checkpoint's structure on a tiny random model (random norm weights,
+    and biases where it has them): the float32 export within 1e-3 of torch's logits, every weight matrix checked."""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    arch, extra, biases = REAL_STRUCTURE[name]
+    extra = dict(extra)
+    sizes = {k: extra.pop(k) for k in ("hidden", "heads", "kv_heads") if k in extra}
+    d = _random_norms(make_model(tmp_path_factory.mktemp("hf") / name, arch, seed=8, **sizes, **extra))
+    if biases:
+        _random_biases(d)
+    f = _export(tmp_path_factory, f"real-{name}-fp32", d, target_precision="fp32", max_context=256)
+    _weights_all_checked(f)
+    v = load_manifest(f).target.validation
+    assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
