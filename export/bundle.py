@@ -463,16 +463,24 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         progress.log(f"    {role}: rewriting MatMul weights to float8e4m3fn + DequantizeLinear")
         fp8 = convert_model_dir(stage / role, quant.fp8_scheme, quant.block_size, quant.quantize_lm_head,
                                 log=progress.log)
-    from .kernels import SKIP_INPUT, add_logits_skip, attention_windows, settle_graph
+    from .kernels import SKIP_INPUT, add_logits_skip, apply_window, attention_windows, settle_graph
 
     window = int(getattr(text_cfg, "sliding_window", None) or 0)
     types = getattr(text_cfg, "layer_types", None)
     if types is not None and "sliding_attention" not in types:
         window = 0  # (a window in a config whose layers all attend fully, OLMo 3's with every layer full: none applies)
     windows = attention_windows(graph_file)
+    if 0 < window < ctx and windows and all(w < 0 for w in windows) and types is None:
+        # the model attends within a sliding window in every layer (transformers' config says so) that the builder's
+        # graph does not apply (Mistral 7B v0.1's 4,096, Phi-3-mini-4k's 2,047): given to every attention (session
+        # 60; before, the bundle held the window's length)
+        n = apply_window(graph_file, window)
+        if n:
+            windows = attention_windows(graph_file)
+            progress.log(f"    {role}: the model's sliding window of {window:,} tokens, which the builder's graph "
+                         f"leaves out, given to its {n} attention layers")
     if 0 < window < ctx and windows and all(w < 0 for w in windows):
-        # the model attends within a sliding window (transformers' config says so) that the builder's graph does
-        # not apply (Mistral 7B v0.1's 4,096): the graph computes the model only up to the window's length
+        # (a graph whose attention takes no window: it computes the model only up to the window's length)
         progress.log(f"    {role}: the model's sliding window of {window:,} tokens is not in the builder's graph; "
                      f"the bundle holds {window:,} tokens (past them its attention would not be the model's)")
         ctx = window

@@ -616,6 +616,30 @@ def add_hidden_output(model_file: Path, logits: str) -> str | None:
     return HIDDEN_OUTPUT
 
 
+def apply_window(model_file: Path, window: int) -> int:
+    """Every ``GroupQueryAttention`` of the graph file attends within ``window`` tokens (``local_window_size``), in
+    place: a model whose config's sliding window the builder's graph does not apply (Mistral 7B v0.1's 4,096,
+    Phi-3-mini-4k's and -medium-4k's 2,047: the builder's classes leave it out, so its bundles held the window's
+    length). The attribute means transformers' window, as the builder's Gemma 2 and 3 layers use it (their float32
+    exports match torch past it). Returns the nodes given it; 0 (the file untouched) where the graph has another
+    attention or none."""
+    from onnx import helper
+
+    m = load_graph(model_file)
+    nodes = [n for n in m.graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention",
+                                                       ATTENTION_OP, ATTENTION_OP_F16)]
+    if not nodes or any(n.op_type != "GroupQueryAttention" for n in nodes):
+        return 0
+    for n in nodes:
+        for a in [a for a in n.attribute if a.name == "local_window_size"]:
+            n.attribute.remove(a)
+        n.attribute.append(helper.make_attribute("local_window_size", int(window)))
+    import onnx
+
+    onnx.save(m, str(model_file))
+    return len(nodes)
+
+
 def attention_windows(model_file: Path) -> list[int]:
     """Each attention node's ``local_window_size`` in the graph file (-1: none), in node order (onnxruntime's
     ``GroupQueryAttention`` and edgespec's, which keeps the window where exact-kernels put it)."""

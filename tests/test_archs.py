@@ -23,7 +23,6 @@ def arch_dirs(tmp_path_factory):
         # Gemma 2's local layers at its config's default window (4,096): longer than a bundle's 256 tokens
         "gemma2": make_model(root / "gemma2", "gemma2", seed=6, tokenizer=tok),
         "gemma2w": make_model(root / "gemma2w", "gemma2", seed=6, tokenizer=tok, sliding_window=64),
-        "mistralw": make_model(root / "mistralw", "mistral", seed=7, tokenizer=tok, sliding_window=200),
         # local layers every other one (their window 4,096 past the context), rotary theta 1e6 global, 1e4 local
         "gemma3": make_model(root / "gemma3", "gemma3", seed=8, tokenizer=tok, sliding_window_pattern=2,
                              layer_types=["sliding_attention", "full_attention"]),
@@ -402,14 +401,26 @@ def test_a_kept_window_runs_over_caches_of_any_length(gemma2w, tmp_path_factory)
     assert load_manifest(out).target.io.row_positions is None and load_manifest(out).target.attention_window == 64
 
 
-def test_a_window_the_graph_does_not_apply_bounds_the_context(tmp_path_factory, arch_dirs):
-    """Mistral's config may hold a sliding window the builder's graph does not apply; past it the graph would
-    not compute the model, so the bundle's context stops at the window (and says so in the manifest)."""
+@pytest.mark.parametrize("arch", ["mistral", "phi3"])
+def test_a_window_the_builder_leaves_out_is_given_to_the_graph(tmp_path_factory, arch):
+    """Mistral 7B v0.1's and Phi-3-mini-4k's configs hold a sliding window (4,096; 2,047) that the builder's classes
+    leave out of the graph. Until session 60 the bundle's context stopped at the window (Phi-3 4k's bundles held
+    2,047 tokens); the export now gives every attention the window (``local_window_size``, as the builder's Gemma 2
+    layers): at float32 within 1e-3 of torch's logits over 143 positions past an 8-token window, the bundle keeps its
+    context, and INT4 and exact-kernels (edgespec's attention, the window its own) decode exactly past it."""
+    from tiny import make_model
+
     from edgespec.manifest import load_manifest
 
-    b = _export(tmp_path_factory, "mistralw-int4", arch_dirs["mistralw"], target_precision="int4", max_context=256)
-    assert load_manifest(b).target.max_context == 200
-    _greedy_exact(b)
+    d = _random_norms(make_model(tmp_path_factory.mktemp("hf") / f"{arch}w8", arch, seed=7, sliding_window=8,
+                                 max_pos=512))
+    f = _export(tmp_path_factory, f"{arch}w8-fp32", d, target_precision="fp32", max_context=256)
+    t = load_manifest(f).target
+    assert t.max_context == 256 and t.attention_window == 8
+    assert t.validation.passed and max(t.validation.max_abs_logit_diff.values()) < 1e-3, t.validation
+    b = _export(tmp_path_factory, f"{arch}w8-int4", d, target_precision="int4", max_context=256, exact_kernels=True)
+    assert load_manifest(b).target.attention_window == 8
+    _greedy_exact(b, 40, ("prompt-lookup", "auto"))
 
 
 def test_an_export_at_a_short_context_fits_its_checks_in_it(tmp_path_factory, arch_dirs):
