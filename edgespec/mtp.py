@@ -20,7 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import Draft, LoadEnv, Offer, _top_prob, register
+from .drafters import (CALIB_DECAY, CALIB_MAX, CALIB_MIN, CALIB_PRIOR, DRAFT_MIN_CONFIDENCE, Draft, LoadEnv, Offer,
+                       _top_prob, register)
 from .errors import BundleError
 from .kv import TokenBuffer
 from .sampling import SamplingParams, distribution
@@ -79,6 +80,12 @@ class MtpDrafter:
         self._row = np.zeros(1, dtype=np.int64)  # (one row fed on the CPU: the graph reads row 0)
         self._b.bind_cpu_input("row", self._row)
         self._seen: int | None = None  # the target's call count when its hidden state was handed over (None: none)
+        # the confidence stop's calibration, as the model drafter's (drafters.ModelDrafter.calibration): lam = the
+        # draft tokens the target kept over their summed top probabilities, learned apart for greedy and sampled
+        # generations; off (lam 1, nothing learned) in a seeded sampled generation (the round policy sets history)
+        self.history = True
+        self._calib = {True: [CALIB_PRIOR, CALIB_PRIOR], False: [CALIB_PRIOR, CALIB_PRIOR]}
+        self._judge: tuple[bool, list[float]] | None = None
 
     @classmethod
     def build(cls, env: LoadEnv) -> "MtpDrafter | None":
@@ -107,11 +114,19 @@ class MtpDrafter:
         self._hidden[0, 0] = self.target.hidden_of(row)
         self._seen = self.target.calls
 
+    def calibration(self, greedy: bool) -> float:
+        """lam: how far the assistant's top probabilities over- (< 1) or under-state (> 1) what the target keeps."""
+        if not self.history:
+            return 1.0
+        kept, conf = self._calib[greedy]
+        return min(CALIB_MAX, max(CALIB_MIN, kept / conf))
+
     def begin(self, prompt: Sequence[int]) -> None:
-        pass
+        self._judge = None
 
     def reset(self) -> None:
         self._seen = None
+        self._judge = None
 
     def _ready(self, ctx: TokenBuffer) -> bool:
         # the hidden state is the target's newest (no call since) and the target holds the context before the last token
@@ -123,7 +138,15 @@ class MtpDrafter:
         return Offer(self.name, kmax, prior=(1.5, 0.5), dynamic=True)
 
     def accept(self, n: int, bonus: int) -> None:
-        pass  # (the decoder hands over the target's row that produced ``bonus``)
+        """The target kept ``n`` draft tokens: the calibration learns from the positions it judged (the kept ones and
+        the first rejected); the decoder hands over the row that produced ``bonus`` itself (``observe_hidden``)."""
+        if self._judge is not None:
+            greedy, confs = self._judge
+            sums = self._calib[greedy]
+            for i, c in enumerate(confs[: n + 1]):
+                sums[0] = CALIB_DECAY * sums[0] + (1.0 if i < n else 0.0)
+                sums[1] = CALIB_DECAY * sums[1] + c
+            self._judge = None
 
     def step(self, token: int, hidden: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
         """One assistant step: (logits [vocab], next hidden [target hidden]), views of its own buffers."""
@@ -145,8 +168,11 @@ class MtpDrafter:
 
     def draft(self, ctx: TokenBuffer, k: int, sp: SamplingParams, rng: np.random.Generator,
               stop: float | None = None, **_) -> Draft:
-        """Up to ``k`` tokens, each from the assistant's logits (argmax, or drawn from q); ``stop``: end the draft
-        once the product of its top probabilities falls below it (the round policy's threshold)."""
+        """Up to ``k`` tokens, each from the assistant's logits (argmax, or drawn from q). ``stop`` (the round
+        policy's threshold): end the draft once the product of its calibrated top probabilities falls below it; None
+        (a request's fixed draft length): after a token whose top probability is under ``DRAFT_MIN_CONFIDENCE``, as
+        the model drafter. The stop reads the assistant's state alone: exactness never depends on it."""
+        self._judge = None
         if k <= 0 or not self._ready(ctx):
             return Draft([], key=self.name)
         t0 = self.clock()
@@ -154,8 +180,9 @@ class MtpDrafter:
         token, hidden = int(ctx[-1]), self._hidden
         tokens: list[int] = []
         probs = None if sp.greedy else []
-        conf = 1.0
-        for _ in range(k):
+        lam = self.calibration(sp.greedy) if stop is not None else 1.0
+        sure, confs = 1.0, []
+        for i in range(k):
             logits, nxt = self.step(token, hidden, position)
             if sp.greedy:
                 token = int(np.argmax(logits))
@@ -164,9 +191,15 @@ class MtpDrafter:
                 token = int(q.sample(rng))
                 probs.append(q)
             tokens.append(token)
-            conf *= _top_prob(logits)
-            if stop is not None and conf < stop:
-                break
+            confs.append(_top_prob(logits))
+            if i < k - 1:
+                if stop is not None:
+                    sure *= min(1.0, lam * confs[-1])
+                    if sure < stop:
+                        break
+                elif confs[-1] < DRAFT_MIN_CONFIDENCE:
+                    break
             hidden = nxt.reshape(1, 1, -1).copy()
+        self._judge = (sp.greedy, confs) if stop is not None and self.history else None
         step_s = (self.clock() - t0) / len(tokens)
         return Draft(tokens, probs, key=self.name, step_s=step_s)

@@ -158,7 +158,9 @@ def test_mtp_drafts_are_transformers_assistant_s(pair, fp32_bundle):
         turn[0] += 1
         d = eng.decoder.drafters["prediction" if turn[0] % 2 else "mtp"]
         k = min(3, kcap)
-        return Choice(d, k, key=d.name) if k > 0 and d.offer(ctx, k) is not None else NO_DRAFT
+        # (a threshold of 0: the assistant's whole draft of 3, however unsure the random model is)
+        stop = 0.0 if d.name == "mtp" else None
+        return Choice(d, k, key=d.name, stop=stop) if k > 0 and d.offer(ctx, k) is not None else NO_DRAFT
 
     MtpDrafter.draft, MtpDrafter.observe_hidden = draft, observe
     try:
@@ -198,7 +200,7 @@ def test_sampled_mtp_drafts_are_drawn_from_their_q(pair, fp32_bundle):
     eng.decoder.target.prefill(ids)
     d.observe_hidden(-1)
     for sp in (SamplingParams(1.0), SamplingParams(0.7, top_k=5)):
-        got = d.draft(TokenBuffer(ctx), 4, sp, np.random.default_rng(5))
+        got = d.draft(TokenBuffer(ctx), 4, sp, np.random.default_rng(5), stop=0.0)  # (all 4, however unsure)
         want, qs = _reference_draft(target, asst, ctx, 4, sp, np.random.default_rng(5))
         assert got.tokens == want and len(got.probs) == 4
         for a, b in zip(got.probs, qs):
@@ -432,3 +434,33 @@ def test_the_pair_check_refuses_a_target_that_is_no_gemma4(pair, tiny_dirs, monk
     real, local = Source.from_pretrained_args, str(pair["assistant"])  # (the hub's copy: a local folder here)
     monkeypatch.setattr(Source, "from_pretrained_args", lambda self: (local, {}) if self.kind == "hub" else real(self))
     assert _is_assistant(hub) and not _is_assistant(Source(str(tiny_dirs["llama"]), "hf-dir", tiny_dirs["llama"]))
+
+
+def test_mtp_drafts_stop_and_calibrate_as_the_model_drafter_s(fp32_bundle):
+    """A fixed-length draft (a request's draft_tokens: no threshold) ends after a token the assistant is less than
+    DRAFT_MIN_CONFIDENCE sure of; a dynamic one runs to the threshold on its calibrated confidence, and the target's
+    verdicts move the calibration (lam) down where the assistant was surer than the target kept, apart for greedy
+    and sampled generations, not in a seeded one (history off)."""
+    import edgespec
+    from edgespec.drafters import DRAFT_MIN_CONFIDENCE, _top_prob
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import SamplingParams
+
+    eng = edgespec.load(fp32_bundle, memory=False)
+    d = eng.decoder.drafters["mtp"]
+    ids = eng.tokenizer.encode(PROMPT)
+    greedy = SamplingParams(0.0)
+    eng.decoder.target.prefill(ids[:-1])
+    d.observe_hidden(-1)
+    ctx = TokenBuffer(ids)
+    whole = d.draft(ctx, 4, greedy, np.random.default_rng(0), stop=0.0)
+    assert len(whole.tokens) == 4
+    logits, _ = d.step(ids[-1], d._hidden, len(ids) - 1)
+    fixed = d.draft(ctx, 4, greedy, np.random.default_rng(0))
+    assert _top_prob(logits) < DRAFT_MIN_CONFIDENCE and fixed.tokens == whole.tokens[:1]  # (the random assistant)
+    before = d.calibration(True)
+    d.draft(ctx, 4, greedy, np.random.default_rng(0), stop=0.0)
+    d.accept(0, 1)  # the target kept none: the first token's confidence was too high
+    assert d.calibration(True) < before and d.calibration(False) == before
+    d.history = False
+    assert d.calibration(True) == 1.0
