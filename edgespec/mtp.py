@@ -63,10 +63,11 @@ class MtpDrafter:
             if layer >= len(target.cache.buffers) // 2:
                 raise BundleError(f"the assistant attends target layer {layer}, the target has "
                                   f"{len(target.cache.buffers) // 2}")
-            want, got = tuple(target.spec.kv_shape(layer)), dims[f"key_{kind}"]
+            want, got = tuple(target.spec.kv_shape(layer)), list(dims[f"key_{kind}"])
             if len(got) != 4 or (got[1], got[3]) != want:  # (a hand-edited manifest: every draft failed mid-reply)
-                raise BundleError(f"the assistant's {kind} layers read caches of {got[1]} x {got[3]}, the target's "
-                                  f"layer {layer} has {want[0]} x {want[1]}; the bundle is inconsistent")
+                shape = f"{got[1]} x {got[3]}" if len(got) == 4 else f"shape {got}"
+                raise BundleError(f"the assistant's {kind} layers read caches of {shape}, the target's layer {layer} "
+                                  f"has {want[0]} x {want[1]}; the bundle is inconsistent")
             self._b.bind_ortvalue_input(f"key_{kind}", target.cache.buffers[2 * layer][2])
             self._b.bind_ortvalue_input(f"value_{kind}", target.cache.buffers[2 * layer + 1][2])
         self._logits = np.zeros((1, spec.vocab_size), dtype=np.float32)

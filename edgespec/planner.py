@@ -145,7 +145,7 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
         if not (on_cpu or {}).get(s.role, True):
             own += graph_logits_bytes(columns, 2) + (context or 0) * 8  # float16 logits per width, the static mask
     a = manifest.assistant
-    if a is not None and (on_cpu or {}).get("target", True):
+    if a is not None and (on_cpu or {}).get("assistant", on_cpu is None):  # (where the plan loads it)
         # the assistant's session (mtp.py, on the CPU): its logits (kept, and the full row's intermediates of the
         # centroid head), and per layer kind the attended rows of the target's caches sliced and cast to float32 (its
         # keys transposed too): up to the context's rows of the widest cache

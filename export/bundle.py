@@ -312,8 +312,10 @@ def _per_kind_rotary(rot, rp: dict, n: int):
         try:
             with torch.no_grad():
                 cos, sin = rot(x, torch.arange(n).unsqueeze(0), kind)
-        except (TypeError, KeyError, AttributeError):  # (another module's signature: nothing to compare)
+        except TypeError:  # (another module's signature: nothing to compare)
             return None
+        except (KeyError, AttributeError):  # (no table of that kind: an OLMo 3 whose layers all attend fully)
+            continue
         cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
         half = cos.shape[-1] // 2
         if cos.shape[-1] % 2 == 0 and abs(cos[:, :half] - cos[:, half:]).max() < 1e-6:
@@ -666,6 +668,20 @@ def _check_assistant_early(tsrc: Source, asrc: Source) -> None:
                           f"({tcfg.vocab_size})")
 
 
+def _config_vocab(src: Source) -> int | None:
+    """The vocabulary of a local folder's model as its config says (a tokenizer may hold special ids past it:
+    Gemma 3 1B's); None where it cannot be read here (a GGUF's, a hub model's)."""
+    if src.kind != "hf-dir":
+        return None
+    try:
+        from transformers import AutoConfig
+
+        v = getattr(text_config(AutoConfig.from_pretrained(str(src.path))), "vocab_size", None)
+    except Exception:  # noqa: BLE001 - read later, with its own error
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 def _is_assistant(src: Source) -> bool:
     """``src`` is a multi-token-prediction assistant (a local folder or a hub model whose config says
     ``gemma4_assistant``; a GGUF file is none)."""
@@ -809,6 +825,9 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         if drafter_precision not in PRECISIONS:
             raise ExportError(f"an assistant exports at --drafter-precision {', '.join(PRECISIONS)}, not "
                               f"{drafter_precision}")
+        if drafter_quant is not None and drafter_quant.algorithm != "rtn":
+            raise ExportError("an assistant's weights are quantized by round to nearest (onnxruntime's "
+                              f"MatMulNBitsQuantizer): --drafter-quant-algo {drafter_quant.algorithm} does not apply")
         asrc, dsrc = dsrc, None
     _check_combination(target_precision, quant)
     _check_float_zero_points(quant, tsrc, target_precision, device)
@@ -847,7 +866,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
                     tj.write_text(json.dumps(tdata, ensure_ascii=False), encoding="utf-8")
                     ranked = corpus_ranking(tj, drafter_vocab_corpus)
             head_ids = select_head_ids(tdata, drafter_vocab, eos_ids=_eos_ids(ttok, tsrc),
-                                       bos_id=ttok.bos_token_id, vocab_size=tvocab, ranked=ranked)
+                                       bos_id=ttok.bos_token_id, vocab_size=min(tvocab, _config_vocab(tsrc) or tvocab),
+                                       ranked=ranked)
         stage = replaced = None
         made = missing_parents(out)  # (removed again if the export fails)
     except BaseException:

@@ -60,6 +60,10 @@ def select_head_ids(tokenizer_json: dict, n: int, *, eos_ids: Sequence[int] = ()
     vocab = model.get("vocab") or {}
     ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
     req = required_ids(tokenizer_json, eos_ids, bos_id)
+    if vocab_size is not None:  # (added tokens past the models' rows, never written: Gemma 3 1B's <image_soft_token>)
+        past = {int(t["id"]) for t in tokenizer_json.get("added_tokens") or []} - {int(e) for e in eos_ids} - (
+            {int(bos_id)} if bos_id is not None else set())
+        req = [r for r in req if r < int(vocab_size) or r not in past]
     total = max(ids + req) + 1 if ids or req else 0
     if vocab_size is not None:
         total = min(total, int(vocab_size))

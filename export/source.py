@@ -507,6 +507,21 @@ def load_tokenizer(src: Source):
     return tok, data, tokenizer_fingerprint(data)
 
 
+def _used_past(tok, vocab_size: int) -> str:
+    """A special token at or past ``vocab_size`` that the tokenizer uses (its bos, eos, pad or unk token, or one its
+    chat template writes), named; "" where none is: such ids are never written (Gemma 3 1B's <image_soft_token>)."""
+    added = tok.backend_tokenizer.get_added_tokens_decoder()
+    template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else ""
+    roles = {getattr(tok, f"{r}_token_id", None): r for r in ("bos", "eos", "pad", "unk")}
+    for i in range(vocab_size, len(tok)):
+        text = added[i].content if i in added else ""
+        if i in roles:
+            return f"its {roles[i]} token {text!r} (id {i})"
+        if text and text in template:
+            return f"{text!r} (id {i}) in its chat template"
+    return ""
+
+
 # the files a Hugging Face directory's tokenizer is read from (one of them at least)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -524,7 +539,12 @@ def check_vocabulary(tok, vocab_size, src: Source, target: bool = False) -> None
 
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         return
-    if target and len(tok) > vocab_size and special_ids_past(tok.backend_tokenizer, vocab_size) is None:
+    if target and len(tok) > vocab_size and special_ids_past(tok.backend_tokenizer, vocab_size) is not None:
+        used = _used_past(tok, vocab_size)
+        if used:
+            raise ExportError(f"the tokenizer of {src.display} uses {used} past its model's vocabulary of "
+                              f"{vocab_size:,}: the model has no row for it; not this model's tokenizer")
+    elif target and len(tok) > vocab_size:
         raise ExportError(f"the tokenizer of {src.display} has {len(tok):,} ids, more than its model's vocabulary of "
                           f"{vocab_size:,} (its config's vocab_size): ids past it have no logits (transformers "
                           "5.2-5.5 read some GGUF tokenizers so: upgrade transformers)")

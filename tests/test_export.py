@@ -1157,10 +1157,13 @@ def test_a_failed_export_removes_the_folders_it_made(tiny_dirs, tmp_path, monkey
     assert "no such model" in _one_line_error(r) and list(tmp_path.iterdir()) == []
 
 
-def test_a_tokenizer_with_more_ids_than_the_targets_vocabulary_is_refused(tiny_dirs, tmp_path):
+@pytest.mark.parametrize("use", ["ordinary", "eos", "template"])
+def test_a_tokenizer_with_more_ids_than_the_targets_vocabulary_is_refused(tiny_dirs, tmp_path, use):
     """(session 45) transformers 5.2-5.5 read SmolLM2's GGUF tokenizer with 5 ids more than its model's 49,152: the
     export wrote a bundle every runtime refused ("the tokenizer has 49157 ids but the target graph's vocabulary has
-    49152"). The export refuses it in one line before the build."""
+    49152"). The export refuses it in one line before the build. Since session 60 special tokens past the vocabulary
+    that nothing uses are taken (Gemma 3 1B's <image_soft_token>: test_archs); refused still: an ordinary token there,
+    or a special one the tokenizer uses (its eos, one its chat template writes)."""
     import shutil
 
     src = tmp_path / "m"
@@ -1169,11 +1172,22 @@ def test_a_tokenizer_with_more_ids_than_the_targets_vocabulary_is_refused(tiny_d
     top = max(t["id"] for t in tj["added_tokens"])
     top = max(top, max(tj["model"]["vocab"].values()))
     tj["added_tokens"] += [{"id": top + 1 + i, "content": f"<extra_{i}>", "single_word": False, "lstrip": False,
-                            "rstrip": False, "normalized": False, "special": True} for i in range(5)]
+                            "rstrip": False, "normalized": False, "special": use != "ordinary"} for i in range(5)]
     (src / "tokenizer.json").write_text(json.dumps(tj))
+    cfg_path = src / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if use == "eos":
+        cfg["eos_token"] = "<extra_2>"
+    elif use == "template":
+        template = "{% for m in messages %}<extra_1>{{ m['content'] }}{% endfor %}"
+        cfg["chat_template"] = template
+        (src / "chat_template.jinja").write_text(template)  # (transformers 5 reads it first where there is one)
+    cfg_path.write_text(json.dumps(cfg))
     r = CliRunner().invoke(main, ["export", str(src), "-o", str(tmp_path / "b"), "--target-precision", "fp32"])
     msg = _one_line_error(r)
-    assert "more than its model's vocabulary" in msg, msg
+    want = {"ordinary": "more than its model's vocabulary", "eos": "uses its eos token '<extra_2>'",
+            "template": "'<extra_1>' (id 373) in its chat template"}[use]
+    assert want in msg, msg
     assert not (tmp_path / "b").exists()
 
 

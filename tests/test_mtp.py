@@ -338,6 +338,8 @@ def test_an_assistant_export_it_cannot_make_is_refused_in_one_line(pair, tiny_di
             (tiny_dirs["qwen2"], a, [], "drafts for Gemma 4 targets"),
             (pair["target"], a, ["--drafter-vocab", "64"], "--drafter-vocab applies to a model drafter"),
             (pair["target"], a, ["--drafter-precision", "fp16"], "exports at --drafter-precision fp32, int8, int4"),
+            (pair["target"], a, ["--drafter-precision", "int4", "--drafter-quant-algo", "hqq"],
+             "--drafter-quant-algo hqq does not apply"),
             (pair["target"], a, ["--device", "cuda", "--target-precision", "int4"], "export it with --device cpu")):
         with pytest.raises(SystemExit) as e:
             main(["export", str(target), "--drafter", drafter, "-o", str(tmp_path / "b"), "--target-precision",
@@ -368,6 +370,9 @@ def test_the_assistant_loads_where_a_drafter_model_would(fp32_bundle):
 
     eng = edgespec.load(fp32_bundle, memory=False, use_drafter=False)
     assert "mtp" not in eng.decoder.drafters and "assistant" not in eng.plan.weights
+    # (a review) nor its working memory (Gemma 4 E2B at 32k: ~768 MiB of sliced caches charged for nothing)
+    with_it = edgespec.load(fp32_bundle, memory=False)
+    assert eng.plan.working < with_it.plan.working
     assert not eng.decoder.target._keep_hidden  # (no hidden states bound: the calls as before)
     with pytest.raises(ConfigError, match="assistant is not loaded: the engine was opened without a drafter model"):
         eng.generate(PROMPT, max_new_tokens=4, drafter="mtp")
