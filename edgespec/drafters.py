@@ -591,10 +591,7 @@ class ModelDrafter:
         self._fed_drafts = 0
         if self._judge is not None:  # the positions the target judged: the kept ones and the first rejected
             greedy, confs = self._judge
-            sums = self._calib[greedy]
-            for i, c in enumerate(confs[: n + 1]):
-                sums[0] = CALIB_DECAY * sums[0] + (1.0 if i < n else 0.0)
-                sums[1] = CALIB_DECAY * sums[1] + c
+            learn_calibration(self._calib[greedy], confs, n)
             self._judge = None
 
 
@@ -630,6 +627,15 @@ def fim_head(prompt: Sequence[int], fim, budget: int) -> list[int] | None:
     a = min(len(before), room - b)
     b = min(len(after), room - a)  # what the code before the gap leaves
     return list(prompt[:lead]) + [fim.prefix] + before[len(before) - a:] + [fim.suffix] + after[:b] + [fim.middle]
+
+
+def learn_calibration(sums: list[float], confs: Sequence[float], n: int) -> None:
+    """A costly drafter's confidence calibration (``ModelDrafter.calibration``) learns from a draft whose tokens had
+    top probabilities ``confs`` and of which the target kept ``n``: the positions it judged (the kept ones and the
+    first rejected) go into the decayed sums ``[kept, confidence]``, in place."""
+    for i, c in enumerate(confs[: n + 1]):
+        sums[0] = CALIB_DECAY * sums[0] + (1.0 if i < n else 0.0)
+        sums[1] = CALIB_DECAY * sums[1] + c
 
 
 def _second(row: np.ndarray, j: int, top: float) -> tuple[int, float]:

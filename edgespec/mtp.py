@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import (CALIB_DECAY, CALIB_MAX, CALIB_MIN, CALIB_PRIOR, DRAFT_MIN_CONFIDENCE, Draft, LoadEnv, Offer,
-                       _top_prob, register)
+from .drafters import (CALIB_MAX, CALIB_MIN, CALIB_PRIOR, DRAFT_MIN_CONFIDENCE, Draft, LoadEnv, Offer, _top_prob,
+                       learn_calibration, register)
 from .errors import BundleError
 from .kv import TokenBuffer
 from .sampling import SamplingParams, distribution
@@ -143,10 +143,7 @@ class MtpDrafter:
         the first rejected); the decoder hands over the row that produced ``bonus`` itself (``observe_hidden``)."""
         if self._judge is not None:
             greedy, confs = self._judge
-            sums = self._calib[greedy]
-            for i, c in enumerate(confs[: n + 1]):
-                sums[0] = CALIB_DECAY * sums[0] + (1.0 if i < n else 0.0)
-                sums[1] = CALIB_DECAY * sums[1] + c
+            learn_calibration(self._calib[greedy], confs, n)
             self._judge = None
 
     def step(self, token: int, hidden: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
