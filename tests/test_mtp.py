@@ -469,3 +469,34 @@ def test_mtp_drafts_stop_and_calibrate_as_the_model_drafter_s(fp32_bundle):
     assert d.calibration(True) < before and d.calibration(False) == before
     d.history = False
     assert d.calibration(True) == 1.0
+
+
+def test_mtp_drafts_for_an_image_text_target(pair):
+    """Gemma 4 E2B and E4B ship as ``Gemma4ForConditionalGeneration`` (a vision tower beside the text decoder): their
+    assistant's drafts equal transformers' drafting with that model, and the output equals plain decoding."""
+    import edgespec
+    from edgespec.mtp import MtpDrafter
+    from test_archs import _gemma4
+
+    d = _gemma4(pair["root"] / "target-it", "e2b", plain=False, image_text=True)
+    pair = {**pair, "target-it": d}
+    b = _export(pair, "b-image-text", target="target-it", target_precision="fp32")
+    eng = edgespec.load(b, memory=False)
+    seen, real = [], MtpDrafter.draft
+
+    def draft(self, ctx, k, sp, rng, **kw):
+        got = real(self, ctx, k, sp, rng, **kw)
+        seen.append((ctx.tolist(), got.tokens))
+        return got
+
+    ar = eng.generate(PROMPT, max_new_tokens=24, drafter="none", ignore_eos=True)
+    MtpDrafter.draft = draft
+    try:
+        assert eng.generate(PROMPT, max_new_tokens=24, drafter="mtp", ignore_eos=True).token_ids == ar.token_ids
+    finally:
+        MtpDrafter.draft = real
+    target = _torch(d, "Gemma4ForConditionalGeneration")
+    asst = _torch(pair["assistant"], "Gemma4AssistantForCausalLM")
+    assert any(t for _, t in seen)
+    for ctx, tokens in seen[:6]:
+        assert tokens == _reference_draft(target, asst, ctx, len(tokens))[0], (len(ctx), tokens)
