@@ -944,6 +944,8 @@ def info(bundle, verify, as_json):
     if m.tool_versions:
         click.echo("  with " + ", ".join(f"{mod} {v}" for mod, v in m.tool_versions.items()))
     vocab = f"  tokenizer vocab {m.tokenizer_vocab_size}" if m.tokenizer_vocab_size is not None else ""
+    if m.tokenizer_special_past:  # (Gemma 3 1B's <image_soft_token>: never written, refused in a prompt)
+        vocab += f" ({m.tokenizer_special_past} special past the model's rows: never written, refused in a prompt)"
     click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {_template_state(m.chat_template)}"
                + vocab)
     if _thinks(m):

@@ -1610,6 +1610,10 @@ def test_a_tokenizer_with_special_ids_past_the_vocabulary_exports(tmp_path_facto
     m = load_manifest(b)
     assert m.tokenizer_vocab_size == m.target.vocab_size + 1 and m.tokenizer_special_past == 1
     assert m.drafter.head_size == 64 and int(m.drafter.load_head_ids(m.target.vocab_size).max()) < m.target.vocab_size
+    from click.testing import CliRunner
+
+    r = CliRunner().invoke(main, ["info", str(b)])
+    assert r.exit_code == 0 and "(1 special past the model's rows" in r.output, r.output
     eng = edgespec.load(b, memory=False)
     ar = eng.generate(PROMPT, max_new_tokens=16, drafter="none", ignore_eos=True)
     for drafter in ("model", "auto"):
