@@ -55,15 +55,10 @@ class AssistantGraph:
     vocab_size: int
     num_layers: int
     sources: dict  # layer kind -> the target layer whose cache it attends
-    kv_shapes: dict  # layer kind -> (kv heads, head size)
     sliding_window: int
     params: int
     ordered: bool
     table_dtype: str = "float32"  # the copy of the target's embedding table
-
-
-def is_assistant(config) -> bool:
-    return str(getattr(config, "model_type", "")) == ASSISTANT_TYPE
 
 
 def store_layers(target_text_config) -> dict[str, int]:
@@ -185,7 +180,7 @@ def build_assistant(model, target_text_config, target_kv: dict[int, tuple[int, i
     x = g.op("Concat", [emb, hid], axis=-1)  # [1, 2 hb]
     h = g.op("MatMul", [x, g.const("pre_projection", _w(sd["pre_projection.weight"]).T)])  # [1, ha]
 
-    def rms(v, weight=None, axis_len=None):
+    def rms(v, weight=None):
         sq = g.op("Mul", [v, v])
         mean = g.op("ReduceMean", [sq, g.const("axes", np.array([-1], dtype=np.int64))], keepdims=1)
         inv = g.op("Pow", [g.op("Add", [mean, g.const("eps", np.array(eps, dtype=np.float32))]),
@@ -303,7 +298,6 @@ def build_assistant(model, target_text_config, target_kv: dict[int, tuple[int, i
     params = int(sum(v.numel() for k, v in sd.items() if "token_ordering" not in k)) + int(table.size)
     return AssistantGraph(path=path, hidden_size=ha, target_hidden_size=hb, vocab_size=vocab,
                           num_layers=len(text.layer_types), sources=sources,
-                          kv_shapes={k: tuple(target_kv[sources[k]]) for k in cos_sin},
                           sliding_window=window, params=params, ordered=ordered, table_dtype=str(table.dtype))
 
 
