@@ -375,10 +375,7 @@ class ModelDrafter:
     def calibration(self, greedy: bool) -> float:
         """lam: how far the drafter's top probabilities over- (< 1) or under-state (> 1) what the
         target keeps (1 where ``history`` is off)."""
-        if not self.history:
-            return 1.0
-        kept, conf = self._calib[greedy]
-        return min(CALIB_MAX, max(CALIB_MIN, kept / conf))
+        return calibrated(self._calib[greedy], self.history)
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A new generation: the cache is brought to the context by the first draft, not here, so
@@ -627,6 +624,15 @@ def fim_head(prompt: Sequence[int], fim, budget: int) -> list[int] | None:
     a = min(len(before), room - b)
     b = min(len(after), room - a)  # what the code before the gap leaves
     return list(prompt[:lead]) + [fim.prefix] + before[len(before) - a:] + [fim.suffix] + after[:b] + [fim.middle]
+
+
+def calibrated(sums: list[float], history: bool = True) -> float:
+    """lam from a costly drafter's calibration sums ``[kept, confidence]`` (``learn_calibration``), within
+    ``CALIB_MIN``..``CALIB_MAX``; 1 where ``history`` is off (a seeded sampled generation)."""
+    if not history:
+        return 1.0
+    kept, conf = sums
+    return min(CALIB_MAX, max(CALIB_MIN, kept / conf))
 
 
 def learn_calibration(sums: list[float], confs: Sequence[float], n: int) -> None:

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import (CALIB_MAX, CALIB_MIN, CALIB_PRIOR, DRAFT_MIN_CONFIDENCE, Draft, LoadEnv, Offer, _top_prob,
+from .drafters import (CALIB_PRIOR, DRAFT_MIN_CONFIDENCE, Draft, LoadEnv, Offer, _top_prob, calibrated,
                        learn_calibration, register)
 from .errors import BundleError
 from .kv import TokenBuffer
@@ -117,10 +117,7 @@ class MtpDrafter:
 
     def calibration(self, greedy: bool) -> float:
         """lam: how far the assistant's top probabilities over- (< 1) or under-state (> 1) what the target keeps."""
-        if not self.history:
-            return 1.0
-        kept, conf = self._calib[greedy]
-        return min(CALIB_MAX, max(CALIB_MIN, kept / conf))
+        return calibrated(self._calib[greedy], self.history)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._judge = None

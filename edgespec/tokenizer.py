@@ -25,7 +25,7 @@ def special_ids_past(tk, n: int) -> int | None:
     if max(tk.get_vocab(with_added_tokens=False).values(), default=-1) >= n:
         return None
     added = tk.get_added_tokens_decoder()
-    past = [i for i in range(n, total)]
+    past = range(n, total)
     return len(past) if all(i in added and added[i].special for i in past) else None
 
 

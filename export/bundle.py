@@ -284,11 +284,17 @@ def reference_rotary(model, ctx: int):
             short = rot(x, torch.arange(min(n, orig)).unsqueeze(0))  # (and the rotary's state back to the short)
             cos = torch.cat([short[0], cos[:, orig:]], 1) if n > orig else short[0]
             sin = torch.cat([short[1], sin[:, orig:]], 1) if n > orig else short[1]
+    return (kind, *_as_built(cos, sin))
+
+
+def _as_built(cos, sin):
+    """transformers' rotary tables (torch, ``[1, n, d]``) as numpy ``[n, d/2]``, as the builder writes them: most
+    give each frequency twice, GPT-OSS's once (kept so)."""
     cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
-    half = cos.shape[-1] // 2  # (most return each frequency twice, GPT-OSS's once: as the builder's table)
+    half = cos.shape[-1] // 2
     if cos.shape[-1] % 2 == 0 and abs(cos[:, :half] - cos[:, half:]).max() < 1e-6:
         cos, sin = cos[:, :half], sin[:, :half]
-    return kind, cos, sin
+    return cos, sin
 
 
 # a layer kind's rotary tables in the graph (the builder's names for Gemma 3 and 4; builder_shim's OLMo 3 the same)
@@ -316,11 +322,7 @@ def _per_kind_rotary(rot, rp: dict, n: int):
             return None
         except (KeyError, AttributeError):  # (no table of that kind: an OLMo 3 whose layers all attend fully)
             continue
-        cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
-        half = cos.shape[-1] // 2
-        if cos.shape[-1] % 2 == 0 and abs(cos[:, :half] - cos[:, half:]).max() < 1e-6:
-            cos, sin = cos[:, :half], sin[:, :half]
-        out[kind] = (str(params.get("rope_type", "default")), cos, sin)
+        out[kind] = (str(params.get("rope_type", "default")), *_as_built(cos, sin))
     return ("per-kind", out) if out else None
 
 
@@ -569,13 +571,14 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
     ``tspec``, validated against transformers' assistant step on the target's own state (export/mtp.py); at
     ``assistant_precision`` int8 or int4, its weight matrices quantized after (``quant``'s block size and accuracy
     level), checked against the float graph it was made from."""
+    import numpy as np
     import torch
     import transformers
 
     from edgespec.manifest import AssistantSpec
 
-    from .mtp import GRAPH_NAME, assistant_files, build_assistant, compare_assistants, quantize_assistant, \
-        validate_assistant
+    from .mtp import (GRAPH_NAME, assistant_files, build_assistant, compare_assistants, quantize_assistant,
+                      runtime_state, validate_assistant)
 
     progress.log(f"    assistant: loading {src.display} into torch (float32)")
     try:
@@ -595,7 +598,7 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
     progress.log(f"    assistant: {graph.num_layers} layers of width {graph.hidden_size}, attending the target's "
                  + ", ".join(f"layer {i} ({k.replace('_attention', '')})" for k, i in graph.sources.items())
                  + (", the centroid head" if graph.ordered else ""))
-    sample = tok.encode(VALIDATION_SAMPLE, add_special_tokens=False)[:64] if hasattr(tok, "encode") else []
+    sample = tok.encode(VALIDATION_SAMPLE, add_special_tokens=False)[:64]
     ids = [int(i) % graph.vocab_size for i in sample] or list(range(1, 40))
     while len(ids) < graph.sliding_window + 8:  # (positions past the window too)
         ids = ids + ids
@@ -607,25 +610,25 @@ def _export_assistant(src: Source, target, tspec: ModelSpec, stage: Path, tok, p
                               f"attend layer {graph.sources[kinds[layer]]}'s: not written")
     # (past the sliding window where the context allows: a context shorter than the window has no position past it)
     ids = ids[: min(max(40, graph.sliding_window + 8), tspec.max_context - tspec.attention_pad - 1)]
-    worst = validate_assistant(graph, model, target, tspec, ids, progress.log)
+    state = runtime_state(tspec, ids, graph.sources)  # (the target read once: both checks' inputs)
+    worst = validate_assistant(graph, model, target, tspec, ids, progress.log, state=state)
     if assistant_precision != "fp32":
-        import shutil as _sh
-
-        floated = stage / "_assistant_float"
-        _sh.copytree(out, floated)
+        floated = stage / "_assistant_float"  # (the float graph moved aside, not copied: its table is the target's)
+        out.rename(floated)
+        out.mkdir()
         q = quant or QuantOptions(accuracy_level=4)
-        n = quantize_assistant(graph, 4 if assistant_precision == "int4" else 8, q.block_size or 32,
-                               q.accuracy_level if q.accuracy_level is not None else 4)
-        agree, diff = compare_assistants(floated / GRAPH_NAME, graph, tspec, ids)
-        _sh.rmtree(floated, ignore_errors=True)
+        n = quantize_assistant(floated / GRAPH_NAME, graph, 4 if assistant_precision == "int4" else 8, q.block_size,
+                               q.accuracy_level)
+        agree, diff = compare_assistants(floated / GRAPH_NAME, graph, ids, state)
+        shutil.rmtree(floated, ignore_errors=True)
         progress.log(f"    assistant: {n} weight matrices {assistant_precision} (MatMulNBits, block "
-                     f"{q.block_size or 32}); against the float graph: top-1 agreement {agree:.2f}, max |Δlogit| "
+                     f"{q.block_size}); against the float graph: top-1 agreement {agree:.2f}, max |Δlogit| "
                      f"relative {diff:.3g}")
         if agree < 0.5:
             raise ExportError(f"the {assistant_precision} assistant disagrees with its float graph (top-1 agreement "
                               f"{agree:.2f}): not written; export it at --drafter-precision fp32")
     files = assistant_files(stage)
-    table = graph.vocab_size * graph.target_hidden_size * (4 if precision == "fp32" else 2)
+    table = graph.vocab_size * graph.target_hidden_size * np.dtype(graph.table_dtype).itemsize
     return AssistantSpec(path=graph.path.resolve(), architecture="Gemma4AssistantForCausalLM",
                          precision=assistant_precision,
                          hidden_size=graph.hidden_size, target_hidden_size=graph.target_hidden_size,

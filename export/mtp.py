@@ -165,7 +165,7 @@ def build_assistant(model, target_text_config, target_kv: dict[int, tuple[int, i
     if target_embed is None:
         raise ExportError("the assistant needs the target's input embedding")
     scale = float(hb) ** 0.5 if embed_scale is None else float(embed_scale)
-    sd = {k: v for k, v in model.state_dict().items()}
+    sd = model.state_dict()
     g = _G()
 
     # the target's embedding of the last token (its table copied: float16, or float32 for a float32 export)
@@ -345,14 +345,15 @@ def retype_kv(path: Path, kv_dtype: str) -> bool:
     return changed
 
 
-def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log=None) -> float:
+def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log=None, state=None) -> float:
     """The assistant graph run as the runtime runs it (the exported target ``tspec`` read ``ids`` on edgespec's
     runtime: its cache buffers of the layers ``graph.sources`` names and its hidden-state output) against
     transformers' assistant step on the torch target's own state (``target``), at positions through the sliding
     window and past it. A float32 target: the largest logit difference relative to the logits' scale must be under
     1e-3 and every argmax the same. A quantized target's state differs from torch's: the graph is held to
     transformers' step on the runtime's state instead, and the attended cache rows to torch's (relative error under
-    0.5: another layer's are ~1.4 off). Returns that difference; an ``ExportError`` where it fails."""
+    0.5: another layer's are ~1.4 off). Returns that difference; an ``ExportError`` where it fails. ``state``:
+    ``runtime_state(tspec, ids, graph.sources)`` where the caller has it."""
     import torch
 
     from edgespec.onnx_lm import open_session
@@ -365,7 +366,7 @@ def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log
     scale = float(getattr(embed, "scalar_embed_scale", graph.target_hidden_size ** 0.5))
     # (the graph's copy of the table, rounded as it is stored: the check is of the graph, not of that rounding)
     table = embed.weight.detach().to(getattr(torch, graph.table_dtype)).float()
-    rows, feeds = _runtime_state(tspec, ids, graph.sources)
+    rows, feeds = state or runtime_state(tspec, ids, graph.sources)
     runtime_kv = {}
     for kind, layer in graph.sources.items():
         pair = feeds[f"key_{kind}"], feeds[f"value_{kind}"]
@@ -403,17 +404,18 @@ def validate_assistant(graph: AssistantGraph, assistant, target, tspec, ids, log
 PRECISIONS = ("fp32", "int8", "int4")
 
 
-def quantize_assistant(graph: AssistantGraph, bits: int, block_size: int = 32, accuracy_level: int = 4) -> int:
-    """The assistant graph's weight matrices (every MatMul with a constant weight: projections, layers, the head)
-    quantized to ``bits`` (4 or 8) in blocks of ``block_size`` by onnxruntime's ``MatMulNBitsQuantizer``, in place
-    (its data file written again); the embedding tables stay as they are (read a row a step). Returns the MatMuls
-    quantized."""
+def quantize_assistant(source: Path, graph: AssistantGraph, bits: int, block_size: int = 32,
+                       accuracy_level: int = 4) -> int:
+    """The float assistant graph at ``source`` with its weight matrices (every MatMul with a constant weight:
+    projections, layers, the head) quantized to ``bits`` (4 or 8) in blocks of ``block_size`` by onnxruntime's
+    ``MatMulNBitsQuantizer``, written as ``graph`` (its path and data file); the embedding tables stay as they are
+    (read a row a step). Returns the MatMuls quantized."""
     import logging
 
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    m = onnx.load(str(graph.path))
+    m = onnx.load(str(source))
     before = sum(n.op_type == "MatMul" for n in m.graph.node)
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(logging.WARNING)  # (the quantizer logs a line per node)
@@ -424,26 +426,26 @@ def quantize_assistant(graph: AssistantGraph, bits: int, block_size: int = 32, a
         logging.getLogger().setLevel(quiet)
     out = q.model.model
     after = sum(n.op_type == "MatMul" for n in out.graph.node)
-    data = graph.path.with_name(GRAPH_NAME + ".data")
-    data.unlink()
     onnx.save(out, str(graph.path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=data.name, size_threshold=1024)
+              location=GRAPH_NAME + ".data", size_threshold=1024)
     return before - after
 
 
-def _runtime_state(tspec, ids, sources: dict) -> tuple[list, dict]:
-    """The exported target ``tspec`` read ``ids`` on edgespec's runtime (one call): each row's hidden state, and
-    the cache buffers of the layers ``sources`` names as the assistant's ``key_<kind>``/``value_<kind>`` feeds."""
+def runtime_state(tspec, ids, sources: dict) -> tuple[np.ndarray, dict]:
+    """The exported target ``tspec`` read ``ids`` on edgespec's runtime (one call): each row's hidden state
+    ``[rows, hidden]``, and the cache buffers of the layers ``sources`` names as the assistant's
+    ``key_<kind>``/``value_<kind>`` feeds."""
     from edgespec.onnx_lm import OnnxLM
     from edgespec.providers import choose
 
+    ids = [int(i) for i in ids]
     lm = OnnxLM(tspec, min(tspec.max_context, max(64, len(ids) + 8)), choose(["cpu"]))
     if len(ids) > lm.max_context:
         raise ExportError(f"the assistant's check reads {len(ids)} tokens, the target's context holds {lm.max_context}")
     if not lm.keeps_hidden():
         raise ExportError("the target graph gives no hidden states for the assistant")
     lm.forward(ids)  # (one call: every row's hidden state)
-    rows = [lm.hidden_of(r) for r in range(len(ids))]
+    rows = np.stack([lm.hidden_of(r) for r in range(len(ids))])
     feeds = {}
     for kind, layer in sources.items():
         # (copies: the OrtValues' numpy arrays are views of the cache, freed with the model)
@@ -452,22 +454,22 @@ def _runtime_state(tspec, ids, sources: dict) -> tuple[list, dict]:
     return rows, feeds
 
 
-def _step_feeds(ids, rows, p: int, feeds: dict) -> dict:
+def _step_feeds(ids, rows: np.ndarray, p: int, feeds: dict) -> dict:
     """One assistant step's inputs at position ``p`` (the token there, the target's row before it)."""
-    return {"token": np.array([ids[p]], np.int64), "hidden": np.stack(rows)[None].astype(np.float32),
+    return {"token": np.array([ids[p]], np.int64), "hidden": rows[None],
             "row": np.array([p - 1], np.int64), "position": np.array([p], np.int64),
             "length": np.array([p], np.int64), **feeds}
 
 
-def compare_assistants(float_path: Path, graph: AssistantGraph, tspec, ids) -> tuple[float, float]:
+def compare_assistants(float_path: Path, graph: AssistantGraph, ids, state) -> tuple[float, float]:
     """A quantized assistant graph against the float one it was made from, both fed the runtime's state of the
-    target over ``ids`` at every position: (top-1 agreement, the largest logit difference relative to the logits'
-    scale)."""
+    target over ``ids`` (``state``: ``runtime_state``) at every position: (top-1 agreement, the largest logit
+    difference relative to the logits' scale)."""
     from edgespec.onnx_lm import open_session
     from edgespec.providers import choose
 
     ids = [int(i) for i in ids]
-    rows, feeds = _runtime_state(tspec, ids, graph.sources)
+    rows, feeds = state
     a = open_session(float_path, choose(["cpu"]), role="assistant")
     b = open_session(graph.path, choose(["cpu"]), role="assistant")
     same, worst = 0, 0.0
