@@ -500,3 +500,78 @@ def test_mtp_drafts_for_an_image_text_target(pair):
     assert any(t for _, t in seen)
     for ctx, tokens in seen[:6]:
         assert tokens == _reference_draft(target, asst, ctx, len(tokens))[0], (len(ctx), tokens)
+
+
+def test_an_assistant_graph_with_other_inputs_is_refused_at_load(fp32_bundle, tmp_path):
+    """An assistant graph whose inputs are not the runtime's (a bundle written by another edgespec, its files and
+    manifest consistent): refused at load in one line, not a failure at the first draft."""
+    import json
+
+    import onnx
+
+    import edgespec
+    from edgespec.errors import BundleError
+    from edgespec_export.mtp import GRAPH_NAME, assistant_files
+
+    b = _edit_manifest(fp32_bundle, tmp_path, lambda r: None)
+    path = b / "assistant" / GRAPH_NAME
+    m = onnx.load(str(path), load_external_data=False)
+    for i in m.graph.input:
+        if i.name == "length":
+            i.name = "total_length"
+    for node in m.graph.node:
+        node.input[:] = ["total_length" if n == "length" else n for n in node.input]
+    onnx.save(m, str(path))
+    raw = json.loads((b / "edgespec.json").read_text())
+    raw["models"]["assistant"]["files"] = assistant_files(b)
+    (b / "edgespec.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="inputs and outputs are not an assistant's") as e:
+        edgespec.load(b, memory=False)
+    assert "total_length" in str(e.value) and "\n" not in str(e.value)
+    edgespec.load(b, memory=False, use_drafter=False)  # (the target alone still runs)
+
+
+def test_an_assistant_it_cannot_read_is_one_line(pair, tmp_path, capsys):
+    """An assistant folder whose config is an assistant's but whose weights cannot be read (a truncated download):
+    exit 6 in one line that names it, no traceback, nothing written."""
+    import shutil
+
+    from edgespec.cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(pair["assistant"], broken)
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(pair["target"]), "--drafter", str(broken), "-o", str(tmp_path / "b"),
+              "--target-precision", "fp32", "--no-quality", "--max-context", "64"])
+    assert e.value.code == 6
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f"cannot load the assistant {broken}" in err[-1] and "Traceback" not in "".join(err), err[-1]
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_quantized_assistant_that_disagrees_with_its_float_graph_is_not_written(pair, tmp_path, monkeypatch):
+    """The int8/int4 assistant is compared with the float graph it was made from; under half its top-1 choices the
+    same, the export stops saying so (and what to do), and no bundle is written."""
+    import edgespec_export.mtp as mtp_mod
+    from edgespec.errors import ExportError
+
+    seen = []
+    real = mtp_mod.compare_assistants
+
+    def worse(*a, **kw):
+        agree, diff = real(*a, **kw)
+        seen.append(agree)
+        return 0.4, diff
+
+    monkeypatch.setattr(mtp_mod, "compare_assistants", worse)
+    out = tmp_path / "b"
+    from edgespec_export import export_bundle
+
+    with pytest.raises(ExportError, match=r"the int8 assistant disagrees with its float graph \(top-1 agreement "
+                                          r"0\.40\): not written; export it at --drafter-precision fp32"):
+        export_bundle(str(pair["target"]), out, drafter=str(pair["assistant"]), max_context=64,
+                      target_precision="fp32", drafter_precision="int8", quality=False)
+    assert seen and seen[0] >= 0.5  # (the real comparison ran, and passed)
+    assert not out.exists()
