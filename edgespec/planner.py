@@ -211,8 +211,8 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
                 f"{', '.join(s.role for s in used if s.role not in measured)} as bytes on disk")
 
     # the bundle's assistant (mtp.py): loaded where a drafter model would be (use_drafter, the profile's auto or model
-    # policy), beside a target on the CPU
-    want_assistant = (manifest.assistant is not None and use_drafter and profile.drafter in ("auto", "model")
+    # policy; or mtp), beside a target on the CPU
+    want_assistant = (manifest.assistant is not None and use_drafter and profile.drafter in ("auto", "model", "mtp")
                       and not gpu)
 
     def build(ctx: int, with_drafter: bool) -> Plan:
@@ -231,7 +231,7 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
         runtime = RUNTIME_BASE_BYTES + (GPU_RUNTIME_BYTES + GPU_KERNELS_BYTES + GPU_SESSION_BYTES * (gpu_sessions - 1)
                                         if any_gpu else 0)
         default = profile.drafter
-        if not with_drafter and default in ("auto", "model"):
+        if not with_drafter and default in ("auto", "model", "mtp"):
             default = "auto" if default == "auto" else "mtp" if want_assistant else "prompt-lookup"
         # (a prefill chunk never holds more than the context: a profile's larger one plans for what it runs)
         chunk_here = max(1, min(chunk, ctx))

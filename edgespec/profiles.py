@@ -16,6 +16,9 @@ from .providers import PROVIDER_NAMES
 # The most draft tokens a round may ask for (a request's draft_tokens / max_draft_tokens, a profile's
 # max_draft_tokens); drafters.MAX_DRAFT is this (here: profiles are read without numpy).
 MAX_DRAFT = 64
+# a profile's default drafter (``prediction`` needs a request's text): ``model`` and ``mtp`` load the bundle's model
+# drafter or assistant; where it has none (or a GPU runs the target: the assistant is the CPU's), prompt-lookup
+PROFILE_DRAFTERS = ("auto", "model", "mtp", "prompt-lookup", "suffix", "none")
 
 MiB = 1 << 20
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -35,7 +38,7 @@ class Profile:
     kv_dtype: str = "auto"
     max_context: int = 4096
     min_context: int = MIN_CONTEXT
-    drafter: str = "auto"  # auto | model | prompt-lookup | suffix | none
+    drafter: str = "auto"  # auto | model | mtp | prompt-lookup | suffix | none
     draft_tokens: int | None = None  # fixed k, or None for adaptive
     max_draft_tokens: int = 8
     threads: int = 0  # 0: onnxruntime's default
@@ -112,8 +115,7 @@ def _check(name: str, data: dict, where: str) -> Profile:
          f"an integer in 0..{MAX_MIB} (MiB; 0: no prompt cache)")
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}")
     need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
-    need("drafter", lambda v: v in ("auto", "model", "prompt-lookup", "suffix", "none"),
-         "auto, model, prompt-lookup, suffix or none")
+    need("drafter", lambda v: v in PROFILE_DRAFTERS, f"{', '.join(PROFILE_DRAFTERS[:-1])} or {PROFILE_DRAFTERS[-1]}")
     need("providers", lambda v: isinstance(v, list) and v and all(p in PROVIDER_NAMES for p in v),
          f"a non-empty list of {', '.join(PROVIDER_NAMES)}")
     need("provider_options", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),

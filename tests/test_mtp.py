@@ -575,3 +575,25 @@ def test_a_quantized_assistant_that_disagrees_with_its_float_graph_is_not_writte
                       target_precision="fp32", drafter_precision="int8", quality=False)
     assert seen and seen[0] >= 0.5  # (the real comparison ran, and passed)
     assert not out.exists()
+
+
+def test_a_profile_may_name_mtp(fp32_bundle, tiny_bundle, tmp_path):
+    """(an audit) ``--drafter mtp`` and ``drafter="mtp"`` were taken, a profile's ``drafter = "mtp"`` was refused:
+    it loads the assistant and drafts with it by default (outputs plain decoding's); on a bundle without one, as a
+    profile's ``model`` there, prompt lookup; a drafter no profile can default to is one line."""
+    import edgespec
+    from edgespec.errors import ProfileError
+
+    def profile(drafter):
+        p = tmp_path / f"{drafter}.toml"
+        p.write_text(f'memory_budget_mb = 4096\nproviders = ["cpu"]\ndrafter = "{drafter}"\n')
+        return str(p)
+
+    eng = edgespec.load(fp32_bundle, memory=False, profile=profile("mtp"))
+    assert eng.plan.default_drafter == "mtp" and "assistant" in eng.plan.weights
+    ar = eng.generate(PROMPT, max_new_tokens=12, drafter="none", ignore_eos=True)
+    got = eng.generate(PROMPT, max_new_tokens=12, ignore_eos=True)
+    assert got.token_ids == ar.token_ids and got.stats["drafted_by_drafter"].get("mtp", 0) > 0
+    assert edgespec.load(tiny_bundle, memory=False, profile=profile("mtp")).plan.default_drafter == "prompt-lookup"
+    with pytest.raises(ProfileError, match="drafter = 'prediction' is not auto, model, mtp, prompt-lookup, suffix or none"):
+        edgespec.load(tiny_bundle, memory=False, profile=profile("prediction"))
