@@ -788,7 +788,7 @@ def test_a_profile_may_default_to_the_suffix_drafter(tmp_path, tiny_bundle):
     assert prof.drafter == "suffix"
     eng = edgespec.load(tiny_bundle, profile=prof, memory=False)
     assert eng.defaults.drafter == "suffix" and "model" not in eng.decoder.drafters  # no model loaded for it
-    with pytest.raises(ProfileError, match="auto, model, prompt-lookup, suffix or none"):
+    with pytest.raises(ProfileError, match="auto, model, mtp, prompt-lookup, suffix or none"):
         load_profile(_write(tmp_path, 'memory_budget_mb = 1\ndrafter = "magic"\n'))
 
 
