@@ -2,7 +2,7 @@
 
 A model owns a cache (``TokenCache``: the ids whose keys/values it holds) and computes logits for
 new tokens appended to it. ``forward`` is the only place that applies the exactness width policy
-(README, "Exactness"): where a kernel computes a one-token call with other arithmetic than a wider
+(docs/how-it-works.md, "Exactness"): where a kernel computes a one-token call with other arithmetic than a wider
 call (onnxruntime's CPU MatMulNBits at accuracy level 4, MLAS' float GEMV), every call carries at
 least ``min_width`` tokens, rounded up to a multiple of ``width_multiple`` (a kernel that computes
 rows in pairs): a narrower call is padded and the pad rolled back, so every position is computed

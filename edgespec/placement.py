@@ -55,7 +55,7 @@ def warn_if_slow(spec, device: str) -> str | None:
     """The warning for a cuda-layout (float16) graph on the CPU EP, or None."""
     if spec.layout == "cuda" and device == "cpu":
         msg = (f"the {spec.role} graph has the cuda layout (float16 activations and KV cache) and runs on the CPU "
-               f"EP, which runs float16 graphs slower than float32 ones (README: GPU); export with --device cpu "
+               f"EP, which runs float16 graphs slower than float32 ones (docs/gpu.md); export with --device cpu "
                f"for the CPU")
         log.warning(msg)
         return msg
@@ -70,7 +70,7 @@ def warn_if_no_skip(spec, device: str) -> str | None:
     if device != "cpu" and not spec.io.logits_skip:
         msg = (f"the {spec.role} graph computes every position's logits in a prefill (exported before "
                f"session 29): on a GPU that is most of a prefill's time and memory; re-export the bundle "
-               f"for the logits skip (README: GPU)")
+               f"for the logits skip (docs/gpu.md)")
         log.warning(msg)
         return msg
     return None

@@ -18,7 +18,7 @@ from .providers import is_gpu
 # tokenizers and a session's arena before any model weight (see tests/test_planner.py).
 RUNTIME_BASE_BYTES = 150 * MiB
 # Added when a model runs on CUDA or TensorRT, as measured on the first GPU run (session 16: an H200,
-# CUDA 13, onnxruntime-gpu 1.31.1, NVML's figure for the process; README, GPU; docs/gpu-run.json):
+# CUDA 13, onnxruntime-gpu 1.31.1, NVML's figure for the process; docs/gpu.md; docs/gpu-run.json):
 # - the CUDA context and the first CUDA session (a trivial MatMul graph, run once): 666 MiB;
 # - each further GPU session (its own cuBLAS handles and workspaces): 150 MiB;
 # - the Qwen-shaped pair held 367 MiB more once loaded than weights + KV + those two allowed for

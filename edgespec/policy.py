@@ -394,7 +394,7 @@ class RoundPolicy:
         # rounds verify alternates where they pay (greedy; sampled since session 39, +3-6% at T = 0.7 on AMX): the
         # decoder turns them on where the target's extra verify rows are cheap (edgespec's AVX-512 paths: greedy
         # +2-8% on the AMX Xeon in session 38, +2.7-5.1% on a Zen 4's VNNI in session 40, where session 26's code had
-        # measured them within the noise; README, "Alternates")
+        # measured them within the noise; docs/how-it-works.md, "Alternates")
         self.use_alternates = bool(use_alternates)
         # greedy generations' and sampled ones' apart (their second-choice figures mean different things)
         self._alt_calibs = {False: [ALT_PRIOR, ALT_PRIOR], True: [ALT_PRIOR, ALT_PRIOR]}

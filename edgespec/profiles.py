@@ -47,7 +47,7 @@ class Profile:
     allow_cpu_fallback: bool = False  # a GPU session may run nodes its provider does not take on the CPU
     # onnxruntime session config entries for every session (add_session_config_entry), e.g.
     # "session.use_device_allocator_for_initializers" = "1" (the GPU run measured no change from it
-    # with the profiles' kSameAsRequested arena: README, GPU)
+    # with the profiles' kSameAsRequested arena: docs/gpu.md)
     session_options: dict = field(default_factory=dict)
     # host memory for the prompt cache (edgespec.prompt_cache: earlier sequences' KV rows, restored when a
     # prompt shares their prefix; CPU caches only): None sizes it from the plan (planner.prompt_cache_bytes),

@@ -117,7 +117,7 @@ def trt_cache_dir(bundle_root: Path) -> Path:
         return alt
 
 
-# CUDA graphs on by default on the CUDA EP (edgespec/graphs.py; README, GPU: measured on the H200)
+# CUDA graphs on by default on the CUDA EP (edgespec/graphs.py; docs/gpu.md: measured on the H200)
 CUDA_GRAPHS_DEFAULT = True
 
 

@@ -1,5 +1,5 @@
 """The exactness width: how many tokens every target call must carry so that greedy speculative
-output equals autoregressive output (README, "Exactness"), measured when a session opens."""
+output equals autoregressive output (docs/how-it-works.md, "Exactness"), measured when a session opens."""
 from __future__ import annotations
 
 import time

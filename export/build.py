@@ -33,7 +33,7 @@ class QuantOptions:
     accuracy_level: int = 4
     quantize_lm_head: bool = True
     # None: the layout's default, int4 tables in the cuda layout (measured on SmolLM2 within the
-    # quality report's noise of float16 tables at a quarter of their size: README, GPU), the
+    # quality report's noise of float16 tables at a quarter of their size: docs/gpu.md), the
     # builder's own choice in the cpu layout (float32, or a tied model's shared int4 table)
     quantize_embeddings: bool | None = None
     # rtn | k_quant | gguf (a GGUF's own 4-bit blocks: export/gguf_blocks.py) | hqq (onnxruntime's HQQ: float

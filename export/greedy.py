@@ -3,7 +3,7 @@
 Greedy verification needs only the target's top token at each position, yet reading the logits
 means copying ``tokens x vocab`` values from the device at every call: for Qwen's 151,936-token
 vocabulary, 300 KB of float16 a token (then converted to float32 on the host). On an H200 that copy
-and conversion made a call of 8 tokens cost twice a one-token call (README, GPU). The graph gets one
+and conversion made a call of 8 tokens cost twice a one-token call (docs/gpu.md). The graph gets one
 more output, ``argmax`` (int64 ``[batch, min(seq, 32)]``): the float16 logits of a call's first 32
 positions cast to float32 and reduced with ArgMax (first index among equal values, like numpy) on
 the device. The logits stay an output, for

@@ -13,7 +13,7 @@ markers, eos, bos, fill-in-the-middle markers), then the ids a ``ranked`` list g
 frequencies on some corpus), then the rest in id order. For a byte-level BPE such as Qwen's, ids are
 in merge order and merge order follows the frequency of the pair in the tokenizer's training
 corpus, so the first ids are the most frequent tokens: a frequency proxy with no corpus at hand
-(README "A reduced draft vocabulary" measures how much of the target's output it covers).
+(docs/bench/draft-vocab/README.md measures how much of the target's output it covers).
 
 ``reduce_head`` rewrites one exported drafter graph: the node computing the logits (MatMulNBits for
 int4/int8: the rows of B, scales, zero points and bias of the kept tokens, attribute N; MatMul for

@@ -6,7 +6,7 @@ on the same graph, plus edgespec's time per token spent outside ``session.run``.
 
 Runs are interleaved (edgespec, genai, edgespec, ...) with the same prompt ids; the median of
 ``--reps`` runs is reported. For INT4 accuracy-level-4 graphs edgespec's exact mode runs every
-target call with two tokens (README, "Exactness"); ``1-token`` is the same loop with that policy
+target call with two tokens (docs/how-it-works.md, "Exactness"); ``1-token`` is the same loop with that policy
 off (the arithmetic the kernel uses for one token), shown to price the policy. The sampled column
 runs the exact mode at ``--temperature``/``--top-p``; "outside session.run" is the share of decode
 time spent anywhere but the target's session.run (logit processing, sampling, bookkeeping).

@@ -2,7 +2,7 @@
 """onnxruntime's MatMulNBits (INT4, asymmetric, accuracy level 4) alone, per block size and call
 width, on the shapes of Qwen2.5-Coder-1.5B's layers: the kernel-level evidence for the export's
 ``--block-size`` (README, "INT4 block size"). Also reports, per block size, which call widths
-compute a shared row bitwise the same (the width policy's premise, README "Exactness").
+compute a shared row bitwise the same (the width policy's premise, docs/how-it-works.md, "Exactness").
 
     python scripts/bench_matmulnbits.py --blocks 32 64 128 --widths 1 2 4 --threads 2
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where should a model draft end? A teacher-forced probe of the drafter's confidence against the
-target's acceptance, and a simulation of draft-length rules on it (session 12; README, "How it
+target's acceptance, and a simulation of draft-length rules on it (session 12; docs/how-it-works.md, "How it
 works": dynamic model drafts).
 
     python scripts/probe_draft_stop.py bundles/qwen-coder-b128-v64k-xk --temperature 0.7 --tokens 128

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """At which temperature should a model drafter sample its drafts when the target samples at T? A
 teacher-forced probe of the rejection rule's acceptance, sum(min(p, q)), with q the drafter's softmax at
-T x f for several factors f (session 32; README, "How it works": sampled drafts).
+T x f for several factors f (session 32; docs/how-it-works.md: sampled drafts).
 
     python scripts/probe_draft_temperature.py bundles/qwen-coder-b128-v64k-xk --temperatures 0.7,1.0
 

@@ -3,7 +3,7 @@
 
     python scripts/probe_sampled_alternates.py bundles/qwen-coder-b128-v64k-xk --temperature 0.7
 
-Greedy rounds verify a drafter's second choice beside a draft token (README, "Alternates"): where the
+Greedy rounds verify a drafter's second choice beside a draft token (docs/how-it-works.md, "Alternates"): where the
 target rejects the draft token and takes the alternate, the round keeps one token more. Sampled, the
 exact counterpart is recursive rejection sampling without replacement (Jeon et al. 2024): the draft
 token x1 ~ q is accepted with probability min(1, p(x1)/q(x1)); on a rejection, an alternate x2 drawn

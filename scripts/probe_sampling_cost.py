@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where sampling's time goes inside the decoding loop: ``distribution`` (temperature, top-k,
 top-p over one row of logits) timed in place during plain sampled decoding, then again in a tight
-loop over copies of the very rows it saw, plus minor page faults per token. README, "Autoregressive
+loop over copies of the very rows it saw, plus minor page faults per token. docs/bench/history.md, "Autoregressive
 decoding" (session 7): the same work costs ~2.5x more in the loop than in the tight loop.
 
     python scripts/probe_sampling_cost.py bundles/smollm2-int4 --tokens 64 --temperature 0.7 --top-p 0.8

@@ -315,7 +315,7 @@ def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys)
 
 def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bundle, capsys):
     """scripts/probe_width_ops.py finds the first node whose output for a shared position differs
-    between a one-token call and a wider one (README, Exactness); on the CPU EP's INT4 graph the
+    between a one-token call and a wider one (docs/how-it-works.md, Exactness); on the CPU EP's INT4 graph the
     logits of widths 1 and 2 differ (the policy's premise) and the report names an operator."""
     import sys
     from pathlib import Path
@@ -364,7 +364,7 @@ def test_ab_bundles_script_compares_two_bundles_and_flags_a_different_target(tin
 
 
 def test_bench_chatui_runs_a_front_ends_traffic_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys, monkeypatch):
-    """scripts/bench_chatui.py (README, "A chat front end's traffic"): each reply, then the short requests
+    """scripts/bench_chatui.py (docs/bench/machines.md, "A chat front end's traffic"): each reply, then the short requests
     about it, on two engines whose policies price the model drafter's read differently (A: the rule before
     session 32, patched in), every run exact (exit 0), a row per kind of request; bad --tasks: exit 2."""
     import sys
@@ -772,7 +772,7 @@ def test_check_exact_compares_every_drafter_with_greedy_decoding(tiny_int4_bundl
     assert check_exact.main(args) == 0
     out = capsys.readouterr().out
     assert "width policy: at least 2" in out and "12 of 12 outputs equal to greedy decoding" in out
-    # SmolLM2 INT4's one-token path differs on the CPU EP by up to ~0.7 in the logits (README, Exactness):
+    # SmolLM2 INT4's one-token path differs on the CPU EP by up to ~0.7 in the logits (docs/how-it-works.md, Exactness):
     # forced one-token calls drift in these runs, and the script says where
     rc = check_exact.main([str(smol_int4), "--prompts", str(prompts), "--max-new-tokens", "48", "--max-draft", "4,12",
                            "--min-width", "1"])

@@ -3,7 +3,7 @@ CPU, exactness on the GPU, agreement with the CPU, heterogeneous placement, memo
 
 Skipped (with the reason shown by ``pytest -rs``) where onnxruntime has no CUDA provider or no GPU
 answers: CI and the development machine have none. ``scripts/gpu/run.sh`` runs this file on a GPU
-machine with onnxruntime-gpu installed (README: GPU).
+machine with onnxruntime-gpu installed (docs/gpu.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """scripts/gpu/: carrying files to a GPU machine with no network in size-limited transfers (pack,
 stash, join with sha256 checks) and installing wheels there with `pip install --target`, as far as
-a CPU machine can check it (README: GPU, issue #13)."""
+a CPU machine can check it (docs/gpu.md, issue #13)."""
 from __future__ import annotations
 
 import base64

@@ -231,7 +231,7 @@ def test_smollm2_cuda_layout(smol_cuda, smol_int4, tmp_path):
     q = m.target.quality
     assert q.perplexity and q.perplexity_torch and q.top1_agreement
     # the same text scored through edgespec's runtime on both layouts: float16 activations change
-    # the perplexity by well under the INT4 quantization's own effect (README: GPU)
+    # the perplexity by well under the INT4 quantization's own effect (docs/gpu.md)
     from edgespec.onnx_lm import OnnxLM
     from edgespec.providers import choose
     from edgespec.tokenizer import Tokenizer

@@ -2,7 +2,7 @@
 
 ``q4gemm.cpp`` is the ``edgespec.MatMulQ4`` operator: MatMulNBits' INT4 layout and arithmetic
 (int8 activations per block, int32 block dot products), computed so that a row's result does not
-depend on how many rows the call has (README, "Exactness"), and ``edgespec.DecodeAttention``. A bundle rewritten by
+depend on how many rows the call has (docs/how-it-works.md, "Exactness"), and ``edgespec.DecodeAttention``. A bundle rewritten by
 ``edgespec exact-kernels`` uses them in place of onnxruntime's ops; its graphs open only
 with this library registered (``library_path()``), which needs a C++ compiler (g++) once. On an x86-64 CPU with
 AVX2, FMA and F16C it takes its AVX2 path, its AVX-512 VNNI path where the CPU has one, and AMX-INT8 tile

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Carry files to a GPU machine that has no network, in transfers of limited size.
 
-The machine this plans for (README: GPU) takes files only as copies of the working tree plus
+The machine this plans for (docs/gpu.md) takes files only as copies of the working tree plus
 named ignored folders, at most 64 MiB per transfer. Everything it lacks (the onnxruntime-gpu and
 onnxruntime-genai wheels, gguf, SmolLM2's weights, the Qwen tokenizer) goes as one byte stream:
 the files one after the other, smallest first, cut into batches of at most ``--batch-mib``, one batch per
