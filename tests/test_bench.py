@@ -291,7 +291,7 @@ def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_ru
 
 
 def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys):
-    """scripts/bench_width.py (the verify-width cost curve, README "Where the time goes") runs on a
+    """scripts/bench_width.py (the verify-width cost curve, README, Benchmarks: "target call, tokens per call") runs on a
     bundle as the runtime opens it and writes every width it was asked for, raw and under the
     measured width policy, and the drafter's step."""
     import json
