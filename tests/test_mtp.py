@@ -435,6 +435,7 @@ def test_the_pair_check_refuses_a_target_that_is_no_gemma4(pair, tiny_dirs, monk
     with pytest.raises(ExportError, match="drafts for Gemma 4 targets; the target is llama"):
         check_pair(acfg, llama, {})
     hub = Source("testorg/gemma-4-tiny-assistant", "hub", None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (the hub's cache only: no ~25 s of retries where there is no network)
     assert not _is_assistant(hub)  # (not in any cache here)
     real, local = Source.from_pretrained_args, str(pair["assistant"])  # (the hub's copy: a local folder here)
     monkeypatch.setattr(Source, "from_pretrained_args", lambda self: (local, {}) if self.kind == "hub" else real(self))
