@@ -38,7 +38,7 @@ commands:
   /stats             statistics of the last reply: speed, acceptance, time split
   /set               show the generation settings
   /set NAME VALUE    change one: temperature, top_p, top_k, max_new_tokens, seed (a number or none),
-                     draft_tokens (a number, or auto), drafter (model, prompt-lookup, suffix, auto, none)
+                     draft_tokens (a number, or auto), drafter ({drafters})
   /save FILE         write the whole conversation's messages to FILE as JSON
   /load FILE         continue a conversation /save wrote (its messages replace this one's)
   /exit              leave (so does Ctrl-D)
@@ -331,7 +331,7 @@ class ChatRepl:
         if name in ("exit", "quit"):
             return False
         if name == "help":
-            self._out(HELP + "\n")
+            self._out(HELP.replace("{drafters}", ", ".join(self._drafter_names())) + "\n")  # (this engine's)
         elif name == "reset":
             self.session.reset()
             self._out("[new conversation]\n")

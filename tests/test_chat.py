@@ -400,6 +400,9 @@ def test_drafters_listed_are_the_ones_set_takes(tiny_bundle, tiny_llama_bundle):
         assert ("model" in names) == (bundle == tiny_bundle), names
         r = _piped(bundle, "".join(f"/set drafter {n}\n" for n in names))
         assert r.returncode == 0 and r.stdout.count("drafter = ") == len(names), r.stderr
+        # /help lists the same (it listed model on a bundle without one, and never mtp)
+        r = _piped(bundle, "/help\n")
+        assert re.search(r"drafter \(([^)]*)\)", r.stdout).group(1).split(", ") == names, r.stdout
 
 
 def test_what_would_fail_every_turn_is_refused_at_start(tiny_bundle, tiny_llama_bundle):
