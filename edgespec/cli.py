@@ -974,6 +974,9 @@ def info(bundle, verify, as_json):
                   if spec.embedding_bytes else ")")) if spec.cpu_resident_bytes is not None else ""
         params = f"{spec.params / 1e6:.1f}M parameters, " if spec.params else ""
         click.echo(f"    {params}{spec.bytes_on_disk / MiB:.1f} MiB on disk{cpu}")
+        if spec.conv_layers:  # (LFM2: their states rolled back from the recent calls' conv inputs, kv.ConvStates)
+            click.echo(f"    {len(spec.conv_layers)} convolution layers (no KV cache; states of "
+                       f"{spec.conv_state_bytes / MiB:.1f} MiB, rolled back from their last inputs)")
         if spec.attention_window:
             click.echo(f"    sliding-window attention: up to {spec.attention_window:,} tokens (over KV caches of the "
                        "whole context)")

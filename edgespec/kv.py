@@ -122,6 +122,8 @@ class KVCache(TokenCache):
         self.host: list[np.ndarray] = []  # on the CPU: the buffers' memory as numpy arrays (the same bytes)
         own: dict[tuple[int, int], object] = {}  # (layer, key 0 or value 1) -> its buffer
         for layer in range(spec.num_layers):
+            if not spec.has_kv(layer):  # (a convolution layer: its state is ``conv``'s)
+                continue
             heads, width = spec.kv_shape(layer)
             shape = (1, heads, self.max_len + spare, width)
             source = spec.kv_source(layer)
@@ -138,6 +140,22 @@ class KVCache(TokenCache):
                 own[layer, kv] = buf
                 self.buffers.append((past % layer, present % layer, buf))
         self.nbytes = spec.kv_bytes(self.max_len)
+        self.conv = ConvStates(spec) if spec.conv_layers else None
+
+    @property
+    def rollback_ok(self) -> bool:
+        """Whether the cache can keep any prefix of what it holds: not with convolution states, which reach back
+        ``CONV_KEEP`` positions only (``reachable``)."""
+        return self.conv is None
+
+    def reachable(self, n: int) -> bool:
+        """Whether the cache can be made to hold its first ``n`` positions (a rewind to ``n``)."""
+        return self.conv is None or self.conv.reachable(n)
+
+    def reset(self) -> None:
+        super().reset()
+        if self.conv is not None:
+            self.conv.reset()
 
     def move(self, src: int, dst: int) -> None:
         """Slot ``src``'s keys and values (every layer) copied to slot ``dst``, its id with them (an
@@ -153,3 +171,99 @@ class KVCache(TokenCache):
         for past, present, buf in self.buffers:
             binding.bind_ortvalue_input(past, buf)
             binding.bind_ortvalue_output(present, buf)
+        if self.conv is not None:
+            self.conv.bind(binding)
+
+
+class ConvStates:
+    """The convolution layers' states (LFM2's ``conv`` layers), kept so that a rejected draft rolls them back.
+
+    A conv layer's state is its kernel's last ``k`` inputs. onnxruntime's ``CausalConvWithState`` reads it (past) and
+    writes the state after the call (present); the graph also gives the convolution's input at each of the call's
+    positions (``conv_input``, export/conv.py). The state after any position of a call is then the last ``k`` columns
+    of the state before the call followed by the call's inputs up to that position: exactly what the op would have
+    written had the call ended there (scripts/probe_conv_state.py). So each call's state before it and its inputs are
+    kept (of the last ``CONV_KEEP`` positions), and ``seek`` sets the state of any position they reach before the
+    next call: a rejected draft, a padded call's pad, a chat turn that writes the last tokens again. A position
+    further back is not reachable: the model then reads its context again (``CausalLM.prefill``)."""
+
+    def __init__(self, spec):
+        import onnxruntime as ort
+
+        from .manifest import CONV_CALL, CONV_KEEP
+
+        io = spec.io
+        self.keep, self.max_call = CONV_KEEP, CONV_CALL
+        self.layers = []  # (past name, present name, input name, past array, present array, inputs' buffer, channels)
+        self._values = []  # (past OrtValue, present OrtValue) per layer
+        for layer, c, k in spec.conv_layers:
+            past, present = np.zeros((1, c, k), np.float32), np.zeros((1, c, k), np.float32)
+            self.layers.append((io.past_conv % layer, io.present_conv % layer, io.conv_input % layer, past, present,
+                                np.zeros(c * self.max_call, np.float32), c))
+            self._values.append((ort.OrtValue.ortvalue_from_numpy(past), ort.OrtValue.ortvalue_from_numpy(present)))
+        self._inputs: dict[int, list] = {}  # a call's width -> each layer's OrtValue over its inputs' buffer
+        self.pos = 0  # the position the past buffers' states are at (how many tokens went through the layers)
+        self._segments: list[tuple[int, list[np.ndarray], list[np.ndarray]]] = []  # (start, states before, inputs)
+
+    def bind(self, binding) -> None:
+        for (past, present, *_), (pv, qv) in zip(self.layers, self._values):
+            binding.bind_ortvalue_input(past, pv)
+            binding.bind_ortvalue_output(present, qv)
+
+    def bind_call(self, binding, n: int) -> None:
+        """Bind each layer's conv input output for a call of ``n`` tokens (a view of its buffer)."""
+        import onnxruntime as ort
+
+        if n > self.max_call:  # (a profile's longer prefill chunk: the buffers grow, the views made again)
+            self.max_call = n
+            self.layers = [(*layer[:5], np.zeros(layer[6] * n, np.float32), layer[6]) for layer in self.layers]
+            self._inputs.clear()
+        vals = self._inputs.get(n)
+        if vals is None:
+            vals = self._inputs[n] = [ort.OrtValue.ortvalue_from_numpy(buf[: c * n].reshape(1, c, n))
+                                      for *_, buf, c in self.layers]
+        for (_, _, name, *_), v in zip(self.layers, vals):
+            binding.bind_ortvalue_output(name, v)
+
+    def reachable(self, at: int) -> bool:
+        return at == self.pos or any(s <= at <= s + ins[0].shape[1] for s, _, ins in self._segments)
+
+    def seek(self, at: int) -> None:
+        """Make the past buffers hold the state after the first ``at`` positions (before a call starting there)."""
+        if at == self.pos:
+            return
+        for j in range(len(self._segments) - 1, -1, -1):
+            start, before, inputs = self._segments[j]
+            if start <= at <= start + inputs[0].shape[1]:
+                break
+        else:
+            raise RuntimeError(f"the convolution states reach back to position {self.reachable_from()}, not {at}")
+        used = at - start
+        for (_, _, _, past, *_), b, x in zip(self.layers, before, inputs):
+            k = past.shape[2]
+            past[0] = np.concatenate([b, x[:, :used]], axis=1)[:, -k:] if used else b
+        del self._segments[j + 1:]
+        if used < inputs[0].shape[1]:
+            self._segments[j] = (start, before, [x[:, :used] for x in inputs])
+        self.pos = at
+
+    def reachable_from(self) -> int:
+        return self._segments[0][0] if self._segments else self.pos
+
+    def after_call(self, at: int, n: int) -> None:
+        """A call of ``n`` tokens from position ``at`` ran: keep its states before and inputs, the past buffers take
+        the states after it."""
+        before = [past[0].copy() for _, _, _, past, *_ in self.layers]
+        inputs = [buf[: c * n].reshape(c, n).copy() for *_, buf, c in self.layers]
+        self._segments.append((at, before, inputs))
+        for _, _, _, past, present, *_ in self.layers:
+            past[...] = present
+        self.pos = at + n
+        while len(self._segments) > 1 and self.pos - self._segments[1][0] >= self.keep:
+            del self._segments[0]  # (the later ones reach back far enough)
+
+    def reset(self) -> None:
+        for _, _, _, past, *_ in self.layers:
+            past[...] = 0
+        self.pos = 0
+        self._segments.clear()

@@ -226,6 +226,13 @@ class ModelIO:
     # multi-token-prediction assistant, export/mtp.py): the assistant's first draft step reads the row that produced
     # the last token
     hidden: str | None = None
+    # a model with convolution layers (LFM2; ``ModelSpec.conv_layers``), each with %d for the layer: the state each
+    # conv layer keeps (its last inputs: input and output of every call, [batch, channels, kernel - 1]) and the
+    # convolution's input of each of the call's positions ([batch, channels, positions], export/conv.py), from which
+    # the runtime sets the state of any accepted prefix of the call after a rejected draft
+    past_conv: str | None = None
+    present_conv: str | None = None
+    conv_input: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "ModelIO":
@@ -241,7 +248,23 @@ class ModelIO:
                                     f"other % format), got {names[k]!r}"[:300])
         pos, top, skip, rows = d.get("position_ids"), d.get("argmax"), d.get("logits_skip"), d.get("row_positions")
         hid = d.get("hidden")
+        conv = {}
+        for k in ("past_conv", "present_conv", "conv_input"):
+            v = d.get(k)
+            if v is None:
+                continue
+            try:
+                ok = isinstance(v, str) and "%d" in v and v % 0 != v % 1
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index, got {v!r}"[:300])
+            conv[k] = v
+        if conv and len(conv) != 3:
+            raise ManifestError(f"manifest: {where} names {', '.join(sorted(conv))} but not all of past_conv, "
+                                "present_conv and conv_input")
         return cls(position_ids=pos if isinstance(pos, str) else None, argmax=top if isinstance(top, str) else None,
+                   **conv,
                    logits_skip=skip if isinstance(skip, str) else None,
                    row_positions=rows if isinstance(rows, str) else None, hidden=hid if isinstance(hid, str) else None,
                    **names)
@@ -312,6 +335,19 @@ class ModelSpec:
     # attends: Gemma 4's shared key-value layers, whose graph writes those very rows into it again); () where each
     # layer has its own. The runtime gives such a layer its source's buffer (E2B: 20 of its 35 layers' caches).
     kv_sources: tuple[int, ...] = ()
+    # the convolution layers (LFM2's ``conv``): ``(layer, channels, state length)`` each, their state ``[1, channels,
+    # state length]`` (the kernel's last inputs) in place of a KV cache; () where every layer is attention
+    conv_layers: tuple[tuple[int, int, int], ...] = ()
+
+    def has_kv(self, layer: int) -> bool:
+        """Whether layer ``layer`` keeps a KV cache (every layer but a convolution's)."""
+        return not self.conv_layers or all(c[0] != layer for c in self.conv_layers)
+
+    @property
+    def conv_state_bytes(self) -> int:
+        """The convolution layers' states: two buffers each (the call's input and output) and the conv inputs of the
+        last ``CONV_KEEP`` positions and of a call (kv.ConvStates), float32."""
+        return sum(4 * c * (2 * k + CONV_KEEP + CONV_CALL) for _, c, k in self.conv_layers)
 
     def kv_shape(self, layer: int) -> tuple[int, int]:
         """Layer ``layer``'s KV cache ``(kv heads, head size)``."""
@@ -334,11 +370,12 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         per_layer = sum(h * d for i, (h, d) in enumerate(map(self.kv_shape, range(self.num_layers)))
-                        if self.kv_source(i) == i)  # (a shared layer's buffer is its source's)
+                        if self.kv_source(i) == i and self.has_kv(i))  # (a shared layer's buffer is its source's)
         return 2 * per_layer * KV_DTYPES[self.kv_dtype]
 
     def kv_bytes(self, context: int) -> int:
-        return self.kv_bytes_per_token * context
+        """The caches at ``context`` tokens: the KV caches and the convolution layers' states."""
+        return self.kv_bytes_per_token * context + self.conv_state_bytes
 
     @classmethod
     def from_dict(cls, d: Any, root: str | os.PathLike, role: str) -> "ModelSpec":
@@ -388,7 +425,8 @@ class ModelSpec:
             kernels=_kernels(d, where), kernel_features=_kernel_features(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
             attention_window=_opt_count(d, "attention_window", where) or 0,
             kernels_check=_kernels_check(d, where), kv_layers=(kvl := _kv_layers(d, where, dims["num_layers"])),
-            kv_sources=_kv_sources(d, where, dims["num_layers"], kvl), **dims,
+            kv_sources=_kv_sources(d, where, dims["num_layers"], kvl),
+            conv_layers=_conv_layers(d, where, dims["num_layers"]), **dims,
         )
 
     def to_dict(self, root: str | os.PathLike) -> dict:
@@ -399,7 +437,8 @@ class ModelSpec:
             "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
             "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,
-            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip", "row_positions", "hidden") or v}, "tokenizer_sha256": self.tokenizer_sha256,
+            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip", "row_positions", "hidden",
+                                                                        "past_conv", "present_conv", "conv_input") or v}, "tokenizer_sha256": self.tokenizer_sha256,
             "files": {k: dict(v) for k, v in self.files.items()}, "gpu_weight_bytes": self.gpu_weight_bytes,
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,
@@ -413,6 +452,7 @@ class ModelSpec:
             **({"kernels_check": dict(self.kernels_check)} if self.kernels_check else {}),
             **({"kv_layers": [list(x) for x in self.kv_layers]} if self.kv_layers else {}),
             **({"kv_sources": list(self.kv_sources)} if self.kv_sources else {}),
+            **({"conv_layers": [list(x) for x in self.conv_layers]} if self.conv_layers else {}),
         }
 
     def load_head_ids(self, vocab: int) -> "np.ndarray | None":
@@ -451,6 +491,31 @@ def _kv_sources(d: dict, where: str, layers: int, shapes: tuple) -> tuple[int, .
         raise ManifestError(f"manifest: {where}.kv_sources must be {layers} layer indices, each the layer itself or "
                             "an earlier one with its own KV cache of the same shape")
     return tuple(v)
+
+
+# the conv inputs kept for rollback: of the last CONV_KEEP positions (a rejected draft, a chat turn's last tokens
+# written again), and the buffer a call's are written into (kv.ConvStates; it grows for a wider call)
+CONV_KEEP = 256
+CONV_CALL = 512
+
+
+def _conv_layers(d: dict, where: str, layers: int) -> tuple[tuple[int, int, int], ...]:
+    """``conv_layers``: ``[layer, channels, state length]`` of positive integers (layers distinct, in range), or
+    absent; the io then names the conv states and inputs."""
+    v = d.get("conv_layers")
+    if v is None:
+        return ()
+    ok = isinstance(v, list) and v and all(
+        isinstance(x, list) and len(x) == 3 and all(type(n) is int and n >= 0 for n in x) and x[1] > 0 and x[2] > 0
+        for x in v)
+    if not ok or len({x[0] for x in v}) != len(v) or any(x[0] >= layers for x in v):
+        raise ManifestError(f"manifest: {where}.conv_layers must be [layer, channels, state length] triples of "
+                            f"integers, each layer once and below {layers}")
+    io = d.get("io") if isinstance(d.get("io"), dict) else {}
+    if not all(io.get(k) for k in ("past_conv", "present_conv", "conv_input")):
+        raise ManifestError(f"manifest: {where} has conv_layers but its io names no past_conv, present_conv and "
+                            "conv_input")
+    return tuple((int(a), int(b), int(c)) for a, b, c in v)
 
 
 def _kv_layers(d: dict, where: str, layers: int) -> tuple[tuple[int, int], ...]:

@@ -73,7 +73,11 @@ class OnnxLM(CausalLM):
         self._rows_name = io.row_positions if io.row_positions and io.row_positions in inputs else None
         self._rows = np.arange(max(self.max_context, 1), dtype=np.int64)
         self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
-        self.verifies_alternates = self._rows_name is not None and bool(self.cache.host)
+        if self.cache.conv is not None and self.device != "cpu":  # (the states are set on the host: kv.ConvStates)
+            raise BundleError(f"the {spec.role} model has convolution layers, which edgespec runs on the CPU only for "
+                              f"now ({self.device} was chosen): run it with --provider cpu")
+        # (alternates are rows beside the causal ones: a convolution would read them as the next positions)
+        self.verifies_alternates = self._rows_name is not None and bool(self.cache.host) and self.cache.conv is None
         # whether a verify call's extra rows are cheap: edgespec's kernel on its AVX-512 paths (the decoder then
         # verifies alternates by default): on AMX rows come in tiles of 16 (session 38: +2-8% on the AMX Xeon); on a
         # Zen 4's AVX-512 VNNI a call of 4-5 tokens costs ~4-8% more than one (session 40: greedy +2.7-5.1%, 2-4k-token
@@ -173,6 +177,10 @@ class OnnxLM(CausalLM):
             self._returned_view = False
             return out
         b = self._binding
+        conv = self.cache.conv
+        if conv is not None:  # the states at ``past`` (a rewind, a pad left behind), the call's conv inputs kept
+            conv.seek(past)
+            conv.bind_call(b, n)
         b.bind_cpu_input(self.spec.io.input_ids, np.asarray(ids, dtype=np.int64).reshape(1, n))
         if g is not None:  # the static mask, as the graphs' calls (the same total length for every call)
             g.bind_mask(past + n)
@@ -213,6 +221,8 @@ class OnnxLM(CausalLM):
             raise BundleError(f"the {self.spec.role} model failed to run: {str(e).splitlines()[0][:300]} "
                               f"(a manifest that disagrees with its graph, or the device out of memory)") from e
         self.run_seconds += time.perf_counter() - t0
+        if conv is not None:
+            conv.after_call(past, n)
         if argmax:
             self._returned_view = False
             return top[0].reshape(n).copy()
@@ -222,7 +232,8 @@ class OnnxLM(CausalLM):
         if own is not None:
             return own[0].reshape(rows, -1).astype(np.float32, copy=False)
         out = b.get_outputs()
-        nkv = len(self.cache.buffers)
+        # (bound before the logits: the KV caches' and the conv states' outputs, then each call's conv inputs)
+        nkv = len(self.cache.buffers) + (2 * len(conv.layers) if conv is not None else 0)
         logits = out[nkv].numpy() if len(out) > nkv else out[0].numpy()
         logits = logits.reshape(rows, -1)
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
@@ -428,13 +439,16 @@ def _check_graph_names(spec: ModelSpec, inputs: set[str], outputs: set[str]) -> 
     """The manifest's IO names and layer count must be the graph's: binding a name the graph lacks
     fails deep inside onnxruntime."""
     io = spec.io
-    want_in = [io.input_ids, io.attention_mask] + [n % layer for layer in range(spec.num_layers)
-                                                   for n in (io.past_key, io.past_value)]
+    kv = [layer for layer in range(spec.num_layers) if spec.has_kv(layer)]
+    want_in = [io.input_ids, io.attention_mask] + [n % layer for layer in kv for n in (io.past_key, io.past_value)]
     if io.logits_skip:
         want_in.append(io.logits_skip)
     if io.row_positions:
         want_in.append(io.row_positions)
-    want_out = [io.logits] + [n % layer for layer in range(spec.num_layers) for n in (io.present_key, io.present_value)]
+    want_out = [io.logits] + [n % layer for layer in kv for n in (io.present_key, io.present_value)]
+    conv = [c[0] for c in spec.conv_layers]
+    want_in += [io.past_conv % layer for layer in conv]
+    want_out += [n % layer for layer in conv for n in (io.present_conv, io.conv_input)]
     missing = [n for n in want_in if n not in inputs] + [n for n in want_out if n not in outputs]
     if missing:
         raise BundleError(f"the {spec.role} graph has no {missing[0]!r}"

@@ -18,6 +18,7 @@ from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, M
 from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_replaced,
                      terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
+from .conv import INPUT_NAME as CONV_INPUT
 from .source import (Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve,
                      source_files)
 from .validate import validate
@@ -148,7 +149,7 @@ def _record(quant: QuantOptions, ops: dict) -> Quantization:
 
 def _describe(root: Path, role: str, build, config, precision: str, quant: QuantOptions | None,
               fingerprint: str, max_context: int, argmax: str | None = None,
-              logits_skip: str | None = None) -> ModelSpec:
+              logits_skip: str | None = None, conv_layers: tuple = ()) -> ModelSpec:
     """The manifest's record of the graph the builder wrote for ``role`` under ``root``."""
     dec = build.genai_config["model"]["decoder"]
     files = {}
@@ -189,7 +190,10 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
             past_key=ins["past_key_names"], past_value=ins["past_value_names"],
             present_key=outs["present_key_names"], present_value=outs["present_value_names"], logits=outs["logits"],
             argmax=argmax, logits_skip=logits_skip,
+            **({"past_conv": ins["past_conv_names"], "present_conv": outs["present_conv_names"],
+                "conv_input": CONV_INPUT} if conv_layers else {}),
         ),
+        conv_layers=tuple(conv_layers),
         tokenizer_sha256=fingerprint,
         layout=build.layout,
         files=files,
@@ -230,7 +234,10 @@ def _check_attention_only(cfg, role: str) -> None:
         raise ExportError(f"{role}: Gemma 4 with experts (enable_moe_block: 26B-A4B) is not currently supported; its "
                           "dense models (E2B, E4B, 31B) are")
     types = getattr(t, "layer_types", None)
-    other = sorted({str(t) for t in types or () if str(t) not in ATTENTION_LAYERS})
+    from .conv import CONV_LAYER, CONV_MODEL_TYPES
+
+    conv_ok = {CONV_LAYER} if str(getattr(t, "model_type", "")) in CONV_MODEL_TYPES else set()  # (LFM2: export/conv.py)
+    other = sorted({str(t) for t in types or () if str(t) not in ATTENTION_LAYERS | conv_ok})
     if other:
         raise ExportError(f"{role}: {getattr(cfg, 'model_type', 'the model')} has {', '.join(other)} layers, whose "
                           "state (not a KV cache) a rejected draft cannot roll back; edgespec exports models whose "
@@ -241,7 +248,7 @@ def _check_state_inputs(dec: dict, role: str) -> None:
     """ExportError where the builder's graph keeps state beside its KV cache (genai_config's ``past_*_names``
     other than the keys' and values': a convolution's, a recurrence's, quantized caches' scales)."""
     other = sorted(k for k in dec.get("inputs", {}) if k.startswith("past_") and k.endswith("_names")
-                   and k not in ("past_key_names", "past_value_names"))
+                   and k not in ("past_key_names", "past_value_names", "past_conv_names"))  # (conv: export/conv.py)
     if other:
         names = ", ".join(str(dec["inputs"][k]) for k in other)
         raise ExportError(f"{role}: the built graph keeps state beside its KV cache ({names}), which a rejected draft "
@@ -381,6 +388,20 @@ def _check_config_early(src: Source, role: str) -> None:
     _check_config(cfg, src, role)
 
 
+def _conv_config(src: Source) -> bool:
+    """Whether a local folder's config lists convolution layers (LFM2's ``conv``; others: False)."""
+    from .conv import CONV_LAYER
+
+    if src.kind != "hf-dir":
+        return False
+    try:
+        raw = json.loads((src.path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    return isinstance(text, dict) and CONV_LAYER in (text.get("layer_types") or ())
+
+
 def _check_config(cfg, src: Source, role: str) -> None:
     """ExportError for a config edgespec cannot export: layers other than attention, or a context under 16 tokens
     (a GGUF whose context_length is 0: the bundle recorded 4,096 and the builder's rotary caches held no position,
@@ -454,6 +475,16 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     dec = build.genai_config["model"]["decoder"]
     _check_state_inputs(dec, role)
     graph_file, logits = build.model_dir / dec.get("filename", "model.onnx"), dec["outputs"]["logits"]
+    conv_layers = ()
+    if dec["inputs"].get("past_conv_names"):  # (LFM2's convolution layers: their inputs made outputs, for rollback)
+        from .conv import expose_conv_inputs
+
+        if build.layout != "cpu":
+            raise ExportError(f"{role}: a model with convolution layers runs on the CPU only for now: export it with "
+                              "--device cpu (not fp16)")
+        conv_layers = expose_conv_inputs(graph_file, dec["inputs"]["past_conv_names"])
+        progress.log(f"    {role}: {len(conv_layers)} convolution layers' inputs made outputs (their states rolled "
+                     "back by the runtime)")
     if quant.algorithm == "gguf":
         from .gguf_blocks import apply_to_graph
 
@@ -528,7 +559,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
             raise ExportError(f"{role}: no lm_head found in the graph, whose input an assistant drafts from")
         progress.log(f"    {role}: added the {hidden!r} output (each logits row's hidden state, for the assistant)")
     spec = _describe(stage, role, build, config, precision, quant, fingerprint, ctx, argmax=argmax,
-                     logits_skip=skip)
+                     logits_skip=skip, conv_layers=conv_layers)
     if hidden is not None:
         spec = replace(spec, io=replace(spec.io, hidden=hidden))
     if kept_window:
@@ -856,6 +887,11 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             _check_config_early(dsrc, "drafter")
         if asrc is not None:
             _check_assistant_early(tsrc, asrc)
+        if exact_kernels:  # (a local folder's config: refused before the build, not after it)
+            for s, role in ((tsrc, "the target"), (dsrc, "the drafter")):
+                if s is not None and _conv_config(s):
+                    raise ExportError(f"{role} ({s.display}) has convolution layers (LFM2): --exact-kernels does not "
+                                      "rewrite such graphs yet; export it without --exact-kernels")
         head_ids = None
         if drafter_vocab:  # a bad N is refused before the long part
             from .head import corpus_ranking, select_head_ids

@@ -32,12 +32,14 @@ _ATTN = {"q_proj": (("q_proj",), ("query",)), "k_proj": (("k_proj",), ("key",)),
          "qkv_proj": (("qkv_proj",), ("q_proj", "k_proj", "v_proj"), ("query_key_value",), ("Wqkv",),
                       ("q_proj", "k_proj", "k_proj")),
          "o_proj": (("o_proj",), ("dense",), ("out_proj",))}
-_MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0), ("input_linear", 0)),
-        "up_proj": (("up_proj",), ("gate_up_proj", 1), ("input_linear", 1)),
+_MLP = {"gate_proj": (("gate_proj",), ("gate_up_proj", 0), ("input_linear", 0), ("w1",)),
+        "up_proj": (("up_proj",), ("gate_up_proj", 1), ("input_linear", 1), ("w3",)),
         "gate_up_proj": (("gate_up_proj",), ("gate_proj", "up_proj"), ("input_linear",)),
-        "down_proj": (("down_proj",), ("output_linear",)),  # (Granite 4's shared MLP: input_linear, output_linear)
+        # (Granite 4's shared MLP: input_linear, output_linear; LFM2's feed_forward: w1, w3, w2)
+        "down_proj": (("down_proj",), ("output_linear",), ("w2",)),
         "fc1": (("fc1",),), "fc2": (("fc2",),)}
-_NODE = re.compile(r"/model/layers\.(\d+)/(attn|mlp)/(\w+)/(?:MatMul|DequantizeLinear)")
+_CONV = {"in_proj": (("in_proj",),), "out_proj": (("out_proj",),)}  # (LFM2's convolution layers: export/conv.py)
+_NODE = re.compile(r"/model/layers\.(\d+)/(attn|mlp|conv)/(\w+)/(?:MatMul|DequantizeLinear)")
 _PER_LAYER = re.compile(r"/model/(?:layers\.(\d+)/per_layer|per_layer_inputs)/(gate|projection|model_projection)/"
                         r"(?:MatMul|DequantizeLinear)")
 _PER_LAYER_NAMES = {"gate": "per_layer_input_gate", "projection": "per_layer_projection",
@@ -86,7 +88,7 @@ def _find(layer, part: str, name: str):
         if path.rsplit(".", 1)[-1] == name and getattr(mod, "weight", None) is not None and mod.weight.dim() == 2:
             hits.append((path, mod))
     if len(hits) > 1:
-        keys = ("attn", "attention") if part == "attn" else ("mlp", "feed_forward", "ffn")
+        keys = {"attn": ("attn", "attention"), "conv": ("conv",)}.get(part, ("mlp", "feed_forward", "ffn"))
         hits = [h for h in hits if any(k in h[0].split(".")[0] for k in keys)]
     return (hits[0][0], hits[0][1].weight) if len(hits) == 1 else None
 
@@ -118,7 +120,7 @@ def torch_weight(model, layers, node_name: str):
         return None
     i, part, proj = int(m.group(1)), m.group(2), m.group(3)
     layer = layers[i]
-    for names in (_ATTN if part == "attn" else _MLP).get(proj, ()):
+    for names in {"attn": _ATTN, "conv": _CONV}.get(part, _MLP).get(proj, ()):
         if len(names) == 2 and isinstance(names[1], int):  # one half of a packed gate_up_proj
             hit = _find(layer, part, names[0])
             if hit is not None and hit[1].shape[0] % 2 == 0:

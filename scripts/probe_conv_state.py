@@ -18,7 +18,7 @@ Session 61's answers (onnxruntime 1.32.0, onnxruntime-genai 0.18.0, transformers
 ("CPU CausalConvWithState does not support state_window > 0 (CUDA EP only)"); 3 yes, bitwise, in every conv
 layer (against calls of 2-6 tokens); 4 calls of 2+ tokens yes, one-token calls differ by
 ~4e-7 (MLAS' GEMV: the width policy pads them, or edgespec's kernels). So a runtime can roll LFM2 back on the CPU
-by keeping each recent call's conv inputs; edgespec does not do it yet.
+by keeping each recent call's conv inputs, as edgespec does since session 61 (export/conv.py, kv.ConvStates).
 """
 from __future__ import annotations
 

@@ -647,11 +647,11 @@ def test_longrope_exports_and_decodes_exactly_across_its_original_context(tmp_pa
 
 
 def test_a_model_with_layers_other_than_attention_is_refused_before_the_build(tmp_path_factory):
-    """LFM2's convolution layers (Granite 4's Mamba, Qwen3.5's linear attention) keep a state a rejected draft cannot
-    roll back (edgespec rolls a KV cache back by its length): the export refuses the model in one line (exit 6)
-    before the build, where it had built it and failed at validation ("the target graph has no
-    'past_key_values.0.key' ... the bundle is inconsistent"); nothing is left at the output. A graph whose
-    genai_config keeps such state is refused after the build too (a model whose config does not list its layers)."""
+    """Granite 4's Mamba layers (Qwen3.5's linear attention) keep a recurrent state a rejected draft cannot roll back
+    (edgespec rolls a KV cache back by its length, and LFM2's convolution states by their last inputs since session
+    61: tests/test_conv.py): the export refuses the model in one line (exit 6) before the build; nothing is left at
+    the output. A graph whose genai_config keeps such state is refused after the build too (a model whose config
+    does not list its layers)."""
     from click.testing import CliRunner
 
     from edgespec.cli import main
@@ -659,15 +659,16 @@ def test_a_model_with_layers_other_than_attention_is_refused_before_the_build(tm
     from edgespec_export.bundle import _check_state_inputs
     from tiny import make_model
 
-    d = make_model(tmp_path_factory.mktemp("hf") / "lfm2", "lfm2", seed=3, layer_types=["conv", "full_attention"])
+    d = make_model(tmp_path_factory.mktemp("hf") / "granite4", "granite4", seed=3,
+                   **{**GRANITE4, "layer_types": ["mamba", "attention"]})
     out = tmp_path_factory.mktemp("out") / "b"
     r = CliRunner().invoke(main, ["export", str(d), "-o", str(out), "--target-precision", "int4"])
     lines = [line for line in r.output.splitlines() if line.startswith("error:")]
-    assert r.exit_code == 6 and len(lines) == 1 and "lfm2 has conv layers" in lines[0], r.output
+    assert r.exit_code == 6 and len(lines) == 1 and "granitemoehybrid has linear_attention layers" in lines[0], r.output
     assert "building" not in r.output and not out.exists()
-    with pytest.raises(ExportError, match=r"keeps state beside its KV cache \(past\.%d\.conv\)"):
+    with pytest.raises(ExportError, match=r"keeps state beside its KV cache \(past\.%d\.recurrent\)"):
         _check_state_inputs({"inputs": {"input_ids": "input_ids", "past_key_names": "k.%d", "past_value_names": "v.%d",
-                                        "past_conv_names": "past.%d.conv"}}, "target")
+                                        "past_recurrent_names": "past.%d.recurrent"}}, "target")
     _check_state_inputs({"inputs": {"input_ids": "input_ids", "past_key_names": "k.%d", "past_value_names": "v.%d"}},
                         "target")
 

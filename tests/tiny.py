@@ -42,7 +42,7 @@ def make_model(directory: Path, arch: str = "qwen2", *, seed: int = 0, layers: i
     """Save a tiny random model (and tokenizer) to ``directory``: ``arch`` qwen2, llama, qwen3 (per-head
     query and key norms), gemma2 (sliding windows on alternate layers, softcaps), gemma3 (both, and a rotary
     theta per layer type), mistral, gemma, phi3, granite, olmo, olmo2 and olmo3 (norms after attention and MLP, query
-    and key norms over the whole projection; olmo3: sliding windows on three layers of four), smollm3, lfm2 (convolution layers: refused), phi
+    and key norms over the whole projection; olmo3: sliding windows on three layers of four), smollm3, lfm2 (convolution layers beside attention: test_conv.py), phi
     (Phi-2), nemotron or ernie4_5; ``extra``: more
     config fields (``sliding_window``). With ``perturb_from``, copy that model's weights and add Gaussian
     noise: a drafter that mostly agrees with its target."""

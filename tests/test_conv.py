@@ -1,0 +1,193 @@
+"""(session 61) Models with convolution layers beside attention (LFM2): each conv layer's state (its kernel's last
+inputs) is rolled back after a rejected draft from the state before the call and the call's conv inputs, which the
+export makes graph outputs (export/conv.py, edgespec/kv.py ``ConvStates``). Tiny random LFM2 models: the export
+validates against torch through the runtime, and greedy speculative output equals plain decoding under every drafter,
+a drafter model with convolution layers included."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+PROMPT = "one two three four five six seven eight nine ten one two three four five six seven eight"
+LAYERS = ["conv", "full_attention", "conv", "full_attention"]
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    """An INT4 LFM2 target with a perturbed copy as its drafter model, and an fp32 target alone."""
+    from edgespec_export import export_bundle
+    from tiny import make_model
+
+    root = tmp_path_factory.mktemp("lfm2")
+    target = make_model(root / "target", "lfm2", seed=5, layers=4, layer_types=LAYERS, conv_L_cache=3,
+                        block_auto_adjust_ff_dim=False)
+    drafter = make_model(root / "drafter", "lfm2", seed=5, layers=4, layer_types=LAYERS, conv_L_cache=3,
+                         block_auto_adjust_ff_dim=False, perturb_from=target, noise=0.02)
+    pair = export_bundle(str(target), root / "pair", drafter=str(drafter), max_context=256, target_precision="int4",
+                         drafter_precision="int4", quality=False)
+    fp32 = export_bundle(str(target), root / "fp32", max_context=256, target_precision="fp32", quality=False)
+    return {"pair": pair, "fp32": fp32, "target": target, "root": root}
+
+
+def _plain_and(eng, prompt, drafters, tokens=48, **kw):
+    ar = eng.generate(prompt, max_new_tokens=tokens, drafter="none", ignore_eos=True, **kw)
+    for d in drafters:
+        got = eng.generate(prompt, max_new_tokens=tokens, drafter=d, ignore_eos=True, **kw)
+        assert got.token_ids == ar.token_ids, (d, kw)
+        yield d, got
+
+
+def test_lfm2_exports_with_its_conv_states_in_the_manifest(lfm2):
+    from edgespec.manifest import load_manifest
+
+    m = load_manifest(lfm2["pair"], deep=True)
+    for spec in (m.target, m.drafter):
+        assert spec.conv_layers == ((0, 64, 2), (2, 64, 2))  # (layer, channels, kernel - 1)
+        assert spec.io.past_conv == "past.%d.conv" and spec.io.conv_input == "conv_input.%d"
+        assert [spec.has_kv(i) for i in range(4)] == [False, True, False, True]
+        assert spec.kv_bytes(100) == 100 * spec.kv_bytes_per_token + spec.conv_state_bytes
+        assert spec.validation.weights_unmapped == 0  # (the conv projections and LFM2's w1/w3/w2 mapped)
+    assert m.target.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # two attention layers' keys and values only
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    r = CliRunner().invoke(main, ["info", str(lfm2["pair"])])
+    assert r.exit_code == 0 and r.output.count("2 convolution layers (no KV cache") == 2, r.output
+
+
+def test_lfm2_decodes_exactly_under_every_drafter(lfm2):
+    """Greedy: every drafter's output is plain decoding's, a drafter model's (whose own convolution states are rolled
+    back after each rejected draft, across its one-token calls) and fixed draft lengths included; the drafts were
+    accepted in part (rollbacks to the middle of a call)."""
+    import edgespec
+
+    eng = edgespec.load(lfm2["pair"], memory=False)
+    accepted = {}
+    for prompt in (PROMPT, "the quick brown fox jumps over the lazy dog and the cat"):
+        for d, got in _plain_and(eng, prompt, ("model", "prompt-lookup", "suffix", "auto")):
+            accepted[d] = accepted.get(d, 0) + got.stats["accepted"]
+            assert got.stats["drafted"] > got.stats["accepted"] or d != "model"  # (some rejected)
+        for k in (1, 3, 6):
+            list(_plain_and(eng, prompt, ("model",), draft_tokens=k))
+    assert accepted["model"] > 10 and accepted["auto"] > 10, accepted
+    assert not eng.decoder.target.verifies_alternates  # (rows beside the causal ones: not through a convolution)
+
+
+def test_lfm2_fp32_matches_plain_decoding_and_seeded_sampling_repeats(lfm2):
+    import edgespec
+
+    eng = edgespec.load(lfm2["fp32"], memory=False)
+    list(_plain_and(eng, PROMPT, ("prompt-lookup", "suffix", "auto"), tokens=64))
+    a = eng.generate(PROMPT, max_new_tokens=40, temperature=0.9, seed=7, drafter="auto", ignore_eos=True)
+    eng.generate("something else entirely", max_new_tokens=10, drafter="auto", ignore_eos=True)
+    b = eng.generate(PROMPT, max_new_tokens=40, temperature=0.9, seed=7, drafter="auto", ignore_eos=True)
+    assert a.token_ids == b.token_ids
+
+
+def test_a_turn_that_extends_the_last_one_reads_only_its_new_tokens(lfm2):
+    """A prompt that extends what the cache holds keeps the held positions (the states are at its end, or reached
+    from the recent calls' inputs); its reply is a fresh engine's."""
+    import edgespec
+
+    eng = edgespec.load(lfm2["pair"], memory=False)
+    first = eng.generate(PROMPT, max_new_tokens=20, drafter="auto", ignore_eos=True)
+    follow = PROMPT + eng.tokenizer.decode(first.token_ids) + " nine ten"
+    again = eng.generate(follow, max_new_tokens=20, drafter="auto", ignore_eos=True)
+    assert again.stats["reused_prompt_tokens"] > len(eng.tokenizer.encode(PROMPT))
+    fresh = edgespec.load(lfm2["pair"], memory=False)
+    assert fresh.generate(follow, max_new_tokens=20, drafter="auto", ignore_eos=True).token_ids == again.token_ids
+
+
+def test_a_prefix_out_of_the_states_reach_is_read_again(lfm2, monkeypatch):
+    """The conv inputs of the last CONV_KEEP positions are kept: a prompt whose shared prefix ends further back is
+    read from its start (the KV cache alone could have kept it), and its reply is a fresh engine's."""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    monkeypatch.setattr(manifest, "CONV_KEEP", 4)
+    eng = edgespec.load(lfm2["fp32"], memory=False)
+    eng.generate(PROMPT, max_new_tokens=30, drafter="none", ignore_eos=True)
+    target = eng.decoder.target
+    shorter = PROMPT + " nine"
+    n = len(eng.tokenizer.encode(PROMPT))
+    assert not target.cache.reachable(n - 2) and target.cache.reachable(target.length)
+    got = eng.generate(shorter, max_new_tokens=20, drafter="prompt-lookup", ignore_eos=True)
+    assert got.stats["reused_prompt_tokens"] == 0
+    fresh = edgespec.load(lfm2["fp32"], memory=False)
+    assert fresh.generate(shorter, max_new_tokens=20, drafter="prompt-lookup", ignore_eos=True).token_ids == \
+        got.token_ids
+
+
+def test_a_call_wider_than_the_conv_buffers_grows_them(lfm2, monkeypatch):
+    """A profile's prefill chunk may be longer than the buffer each call's conv inputs are written into: it grows."""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    monkeypatch.setattr(manifest, "CONV_CALL", 8)
+    eng = edgespec.load(lfm2["fp32"], memory=False)
+    small = eng.generate(PROMPT, max_new_tokens=12, drafter="suffix", ignore_eos=True)
+    assert eng.decoder.target.cache.conv.max_call > 8
+    monkeypatch.undo()
+    fresh = edgespec.load(lfm2["fp32"], memory=False)
+    assert fresh.generate(PROMPT, max_new_tokens=12, drafter="suffix", ignore_eos=True).token_ids == small.token_ids
+
+
+def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
+    """The unit under the rest: after a call of 6 tokens rolled back to 2 of them, each conv layer's state is,
+    bitwise, what a call of those 2 tokens writes (scripts/probe_conv_state.py's question 3)."""
+    import edgespec
+
+    eng = edgespec.load(lfm2["fp32"], memory=False)
+    lm = eng.decoder.target
+    ids = eng.tokenizer.encode(PROMPT)
+    lm.prefill(ids[:10])
+    lm.forward(ids[10:16])
+    lm.rewind(4)
+    lm.forward(ids[12:14])  # (a call from position 12: the states first set to position 12's)
+    rolled = [past.copy() for _, _, _, past, *_ in lm.cache.conv.layers]
+    lm.reset()
+    lm.prefill(ids[:10])
+    lm.forward(ids[10:12])
+    lm.forward(ids[12:14])
+    straight = [past.copy() for _, _, _, past, *_ in lm.cache.conv.layers]
+    assert all(np.array_equal(a, b) for a, b in zip(rolled, straight))
+
+
+def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
+    """exact-kernels (edgespec's kernels do not rewrite such graphs yet), the cuda layout (the states are set on the
+    host), a prompt cache file (a kept prefix's states cannot be restored): each refused in one line; a manifest whose
+    conv layers are malformed too."""
+    import json
+    import shutil
+
+    import edgespec
+    from edgespec.cli import main
+    from edgespec.errors import ConfigError, ManifestError
+    from edgespec.manifest import load_manifest
+
+    for argv, message in ((["exact-kernels", str(lfm2["pair"]), "-o", str(tmp_path / "xk")],
+                           "has convolution layers (LFM2): exact-kernels does not rewrite"),
+                          (["export", str(lfm2["target"]), "-o", str(tmp_path / "xk"), "--target-precision", "int4",
+                            "--exact-kernels", "--no-quality"],
+                           f"the target ({lfm2['target']}) has convolution layers (LFM2): --exact-kernels does not"),
+                          (["export", str(lfm2["target"]), "-o", str(tmp_path / "cuda"), "--device", "cuda",
+                            "--target-precision", "int4", "--no-quality"],
+                           "runs on the CPU only for now")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 6 and message in err[-1] and "Traceback" not in "".join(err), err[-1:]
+        assert not (tmp_path / "xk").exists() and not (tmp_path / "cuda").exists()
+    with pytest.raises(ConfigError, match="convolution layers, whose state a prompt cache cannot restore"):
+        edgespec.load(lfm2["pair"], memory=False, prompt_cache_file=str(tmp_path / "cache.bin"))
+    b = tmp_path / "edited"
+    shutil.copytree(lfm2["fp32"], b)
+    raw = json.loads((b / "edgespec.json").read_text())
+    for bad, match in (([[0, 64, 2], [0, 64, 2]], "each layer once"), ([[9, 64, 2]], "below 4"),
+                       ([[0, 0, 2]], "triples of integers")):
+        raw["models"]["target"]["conv_layers"] = bad
+        (b / "edgespec.json").write_text(json.dumps(raw))
+        with pytest.raises(ManifestError, match=match) as e:
+            load_manifest(b)
+        assert "\n" not in str(e.value)
