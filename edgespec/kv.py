@@ -226,18 +226,25 @@ class ConvStates:
             binding.bind_ortvalue_output(name, v)
 
     def reachable(self, at: int) -> bool:
-        return at == self.pos or any(s <= at <= s + ins[0].shape[1] for s, _, ins in self._segments)
+        """Whether ``seek(at)`` can set the states: position 0 (zeros), the current one, or one a kept call reaches."""
+        return at in (0, self.pos) or any(s <= at <= s + ins[0].shape[1] for s, _, ins in self._segments)
 
     def seek(self, at: int) -> None:
         """Make the past buffers hold the state after the first ``at`` positions (before a call starting there)."""
         if at == self.pos:
             return
+        if at == 0:  # (the states before any token: zeros; Decoder.score reads a text from its start)
+            self.reset()
+            return
         for j in range(len(self._segments) - 1, -1, -1):
             start, before, inputs = self._segments[j]
             if start <= at <= start + inputs[0].shape[1]:
                 break
-        else:
-            raise RuntimeError(f"the convolution states reach back to position {self.reachable_from()}, not {at}")
+        else:  # (every caller asks ``reachable`` first or rewinds within the last calls: a bug if it comes here)
+            from .errors import BundleError
+
+            raise BundleError(f"the convolution layers' states reach back to position {self.reachable_from()}, not "
+                              f"{at}: the model cannot continue from there (reset it)")
         used = at - start
         for (_, _, _, past, *_), b, x in zip(self.layers, before, inputs):
             k = past.shape[2]

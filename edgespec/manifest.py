@@ -345,9 +345,11 @@ class ModelSpec:
 
     @property
     def conv_state_bytes(self) -> int:
-        """The convolution layers' states: two buffers each (the call's input and output) and the conv inputs of the
-        last ``CONV_KEEP`` positions and of a call (kv.ConvStates), float32."""
-        return sum(4 * c * (2 * k + CONV_KEEP + CONV_CALL) for _, c, k in self.conv_layers)
+        """The convolution layers' states (kv.ConvStates, float32), per layer: the two buffers a call reads and writes
+        (``k`` columns each), the conv inputs kept for rollback (of at most ``CONV_KEEP`` positions and a call), a
+        state before each kept call (one a position at worst: one-token decoding) and the buffer a call's inputs are
+        written into (``CONV_CALL`` columns; a wider call, a profile's longer prefill chunk, grows it)."""
+        return sum(4 * c * (2 * k + CONV_KEEP * (1 + k) + 2 * CONV_CALL) for _, c, k in self.conv_layers)
 
     def kv_shape(self, layer: int) -> tuple[int, int]:
         """Layer ``layer``'s KV cache ``(kv heads, head size)``."""
