@@ -388,20 +388,6 @@ def _check_config_early(src: Source, role: str) -> None:
     _check_config(cfg, src, role)
 
 
-def _conv_config(src: Source) -> bool:
-    """Whether a local folder's config lists convolution layers (LFM2's ``conv``; others: False)."""
-    from .conv import CONV_LAYER
-
-    if src.kind != "hf-dir":
-        return False
-    try:
-        raw = json.loads((src.path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    return isinstance(text, dict) and CONV_LAYER in (text.get("layer_types") or ())
-
-
 def _check_config(cfg, src: Source, role: str) -> None:
     """ExportError for a config edgespec cannot export: layers other than attention, or a context under 16 tokens
     (a GGUF whose context_length is 0: the bundle recorded 4,096 and the builder's rotary caches held no position,
@@ -887,11 +873,6 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             _check_config_early(dsrc, "drafter")
         if asrc is not None:
             _check_assistant_early(tsrc, asrc)
-        if exact_kernels:  # (a local folder's config: refused before the build, not after it)
-            for s, role in ((tsrc, "the target"), (dsrc, "the drafter")):
-                if s is not None and _conv_config(s):
-                    raise ExportError(f"{role} ({s.display}) has convolution layers (LFM2): --exact-kernels does not "
-                                      "rewrite such graphs yet; export it without --exact-kernels")
         head_ids = None
         if drafter_vocab:  # a bad N is refused before the long part
             from .head import corpus_ranking, select_head_ids

@@ -1084,9 +1084,6 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
     if manifest.target.layout != "cpu":
         raise ExportError(f"{src} is exported in the {manifest.target.layout} layout; edgespec's INT4 kernel is "
                           "for the CPU layout")
-    if any(s.conv_layers for s in (manifest.target, manifest.drafter) if s is not None):
-        raise ExportError(f"{src} has convolution layers (LFM2): exact-kernels does not rewrite such graphs yet (they "
-                          "decode exactly on onnxruntime's kernels, under the width policy)")
     sample_ids = Tokenizer.of(manifest).encode(SAMPLE)[:64]
 
     def build(stage: Path):

@@ -169,10 +169,25 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     # (a review: each layer checked here, the last one too, whose error no later layer would show)
 
 
+def test_exact_kernels_take_lfm2(lfm2, tmp_path):
+    """edgespec's INT4 kernel and attention in the attention layers and every matrix (the convolutions stay
+    onnxruntime's, which compute a position alike at every call width): one-token calls, float16 KV caches beside
+    float32 conv states, greedy output equal to plain decoding under every drafter."""
+    import edgespec
+    from edgespec_export.kernels import apply_to_bundle
+
+    out = apply_to_bundle(lfm2["pair"], tmp_path / "xk")
+    eng = edgespec.load(out, memory=False)
+    t = eng.decoder.target
+    assert t.spec.kernels == "edgespec-q4" and t.spec.kv_dtype == "float16" and t.spec.conv_layers
+    assert (t.min_width, t.width_multiple) == (1, 1) and not t.verifies_alternates
+    for prompt in (PROMPT, "the quick brown fox jumps over the lazy dog and the cat"):
+        list(_plain_and(eng, prompt, ("model", "prompt-lookup", "suffix", "auto")))
+
+
 def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
-    """exact-kernels (edgespec's kernels do not rewrite such graphs yet), the cuda layout (the states are set on the
-    host), a prompt cache file (a kept prefix's states cannot be restored): each refused in one line; a manifest whose
-    conv layers are malformed too."""
+    """The cuda layout (the states are set on the host), a prompt cache file (a kept prefix's states cannot be
+    restored): each refused in one line; a manifest whose conv layers are malformed too."""
     import json
     import shutil
 
@@ -181,19 +196,14 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
     from edgespec.errors import ConfigError, ManifestError
     from edgespec.manifest import load_manifest
 
-    for argv, message in ((["exact-kernels", str(lfm2["pair"]), "-o", str(tmp_path / "xk")],
-                           "has convolution layers (LFM2): exact-kernels does not rewrite"),
-                          (["export", str(lfm2["target"]), "-o", str(tmp_path / "xk"), "--target-precision", "int4",
-                            "--exact-kernels", "--no-quality"],
-                           f"the target ({lfm2['target']}) has convolution layers (LFM2): --exact-kernels does not"),
-                          (["export", str(lfm2["target"]), "-o", str(tmp_path / "cuda"), "--device", "cuda",
+    for argv, message in ((["export", str(lfm2["target"]), "-o", str(tmp_path / "cuda"), "--device", "cuda",
                             "--target-precision", "int4", "--no-quality"],
-                           "runs on the CPU only for now")):
+                           "runs on the CPU only for now"),):
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 6 and message in err[-1] and "Traceback" not in "".join(err), err[-1:]
-        assert not (tmp_path / "xk").exists() and not (tmp_path / "cuda").exists()
+        assert not (tmp_path / "cuda").exists()
     with pytest.raises(ConfigError, match="convolution layers, whose state a prompt cache cannot restore"):
         edgespec.load(lfm2["pair"], memory=False, prompt_cache_file=str(tmp_path / "cache.bin"))
     b = tmp_path / "edited"
