@@ -206,8 +206,8 @@ def _describe(root: Path, role: str, build, config, precision: str, quant: Quant
 
 
 # the kinds of layer (transformers' ``layer_types``) whose only state is a KV cache, which a rejected draft rolls
-# back by its length; a convolution's or a recurrence's state (LFM2's ``conv``, Granite 4's ``mamba``, Qwen3.5's
-# ``linear_attention``) has no such rollback
+# back by its length; a recurrence's state (Granite 4's ``mamba``, Qwen3.5's ``linear_attention``) has no such
+# rollback, a convolution's (LFM2's ``conv``) is rebuilt from its last inputs (export/conv.py, CONV_MODEL_TYPES)
 ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 
 
@@ -241,7 +241,7 @@ def _check_attention_only(cfg, role: str) -> None:
     if other:
         raise ExportError(f"{role}: {getattr(cfg, 'model_type', 'the model')} has {', '.join(other)} layers, whose "
                           "state (not a KV cache) a rejected draft cannot roll back; edgespec exports models whose "
-                          "layers are all attention")
+                          "layers are attention, and LFM2's convolutions")
 
 
 def _check_state_inputs(dec: dict, role: str) -> None:
@@ -252,7 +252,8 @@ def _check_state_inputs(dec: dict, role: str) -> None:
     if other:
         names = ", ".join(str(dec["inputs"][k]) for k in other)
         raise ExportError(f"{role}: the built graph keeps state beside its KV cache ({names}), which a rejected draft "
-                          "cannot roll back; edgespec exports models whose layers are all attention")
+                          "cannot roll back; edgespec exports models whose layers are attention, and LFM2's "
+                          "convolutions")
 
 
 ROTARY_TOLERANCE = 0.02  # |cos, sin| difference the built tables may have from transformers' (float noise at long
