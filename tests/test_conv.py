@@ -216,3 +216,18 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
         with pytest.raises(ManifestError, match=match) as e:
             load_manifest(b)
         assert "\n" not in str(e.value)
+
+
+def test_an_lfm2_gguf_exports_as_its_folder_does(lfm2, tmp_path):
+    """An LFM2 GGUF (llama.cpp's layout: KV heads per layer, 0 for a convolution; kernels [channels, length]) exports
+    as its folder: the same conv layers, the same greedy tokens at fp32, speculative output equal to plain."""
+    import edgespec
+    from edgespec_export import export_bundle
+    from tiny import write_gguf
+
+    gguf = write_gguf(lfm2["target"], tmp_path / "lfm2.gguf", arch="lfm2")
+    b = export_bundle(str(gguf), tmp_path / "b", max_context=256, target_precision="fp32", quality=False)
+    eng, folder = edgespec.load(b, memory=False), edgespec.load(lfm2["fp32"], memory=False)
+    assert eng.manifest.target.conv_layers == folder.manifest.target.conv_layers
+    (_, got), = _plain_and(eng, PROMPT, ("auto",), tokens=32)
+    assert got.token_ids == folder.generate(PROMPT, max_new_tokens=32, drafter="none", ignore_eos=True).token_ids

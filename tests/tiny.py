@@ -431,8 +431,9 @@ def make_think_model(directory: Path) -> Path:
 
 def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
     """The float32 model in ``hf_dir`` as a GGUF file (gguf's writer, llama.cpp's tensor names; its tokenizer as a
-    GPT-2 BPE; a Llama's query and key rows permuted as llama.cpp's converter does): a model of a family whose GGUF
-    reading transformers gets wrong, without llama.cpp's converter."""
+    GPT-2 BPE; a Llama's query and key rows permuted as llama.cpp's converter does; LFM2's KV heads per layer and
+    convolution kernels as llama.cpp writes them): a model of a family whose GGUF reading transformers gets wrong,
+    without llama.cpp's converter."""
     import gguf
     import numpy as np
     import torch
@@ -446,11 +447,15 @@ def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    if arch == "lfm2":  # (llama.cpp's: KV heads per layer, 0 for a convolution; the kernel's length)
+        w.add_head_count_kv([0 if t == "conv" else cfg.num_key_value_heads for t in cfg.layer_types])
+        w.add_shortconv_l_cache(cfg.conv_L_cache)
+    else:
+        w.add_head_count_kv(cfg.num_key_value_heads)
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # (Phi3Config has none)
     w.add_key_length(head)
     w.add_value_length(head)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_layer_norm_rms_eps(cfg.norm_eps if arch == "lfm2" else cfg.rms_norm_eps)
     w.add_rope_freq_base(float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)))
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.num_hidden_layers)
 
@@ -463,6 +468,8 @@ def write_gguf(hf_dir: Path, path: Path, arch: str = "qwen3") -> Path:
         v = v.numpy().astype(np.float32)
         if arch == "llama" and k.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             v = permute(v, cfg.num_attention_heads if "q_proj" in k else cfg.num_key_value_heads)
+        if arch == "lfm2" and k.endswith("conv.conv.weight"):  # (llama.cpp's [channels, kernel])
+            v = v.reshape(v.shape[0], v.shape[-1])
         w.add_tensor(names.get_name(k, try_suffixes=(".weight", ".bias")), v)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     vocab = sorted(tok.get_vocab().items(), key=lambda x: x[1])
