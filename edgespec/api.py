@@ -181,7 +181,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     if the_plan.prompt_cache and target.cache.host:  # (after the width probe: its calls are not kept)
         target.prompt_cache = PromptCache(the_plan.prompt_cache)
     persisted = None
-    if prompt_cache_file is not None and not target.cache.rollback_ok:
+    if prompt_cache_file is not None and target.cache.conv is not None:
         raise ConfigError(f"bundle {manifest.root}: the target has convolution layers, whose state a prompt cache "
                           "cannot restore: no --prompt-cache-file for it")
     if prompt_cache_file is not None:  # (None back: a file kept as it is, not written)

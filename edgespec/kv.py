@@ -9,6 +9,7 @@ layer and key/value, bound as both ``past_key_values.N.*`` and ``present.N.*`` s
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -93,6 +94,11 @@ class TokenCache:
     def length(self) -> int:
         return len(self.ids)
 
+    def reachable(self, n: int) -> bool:
+        """Whether the cache can be made to hold its first ``n`` positions (a rewind to ``n``): always, but where a
+        convolution's state reaches back to recent positions only (``KVCache``)."""
+        return True
+
     def rewind(self, n: int) -> None:
         """Forget the last ``n`` positions. O(1): nothing is copied."""
         if n < 0 or n > len(self.ids):
@@ -142,14 +148,7 @@ class KVCache(TokenCache):
         self.nbytes = spec.kv_bytes(self.max_len)
         self.conv = ConvStates(spec) if spec.conv_layers else None
 
-    @property
-    def rollback_ok(self) -> bool:
-        """Whether the cache can keep any prefix of what it holds: not with convolution states, which reach back
-        ``CONV_KEEP`` positions only (``reachable``)."""
-        return self.conv is None
-
     def reachable(self, n: int) -> bool:
-        """Whether the cache can be made to hold its first ``n`` positions (a rewind to ``n``)."""
         return self.conv is None or self.conv.reachable(n)
 
     def reset(self) -> None:
@@ -175,6 +174,25 @@ class KVCache(TokenCache):
             self.conv.bind(binding)
 
 
+@dataclass
+class _ConvLayer:
+    """One convolution layer's buffers (ConvStates)."""
+
+    past_name: str
+    present_name: str
+    input_name: str
+    past: np.ndarray  # [1, channels, k]: the state the next call reads
+    present: np.ndarray  # [1, channels, k]: the state the call writes
+    inputs: np.ndarray  # channels x the widest call's conv inputs, flat (a call's are its first channels x n)
+    channels: int
+    past_value: object = None  # OrtValues over ``past`` and ``present``
+    present_value: object = None
+
+    def call_inputs(self, n: int) -> np.ndarray:
+        """The conv inputs of a call of ``n`` tokens, ``[channels, n]`` (a view of the buffer)."""
+        return self.inputs[: self.channels * n].reshape(self.channels, n)
+
+
 class ConvStates:
     """The convolution layers' states (LFM2's ``conv`` layers), kept so that a rejected draft rolls them back.
 
@@ -194,21 +212,22 @@ class ConvStates:
 
         io = spec.io
         self.keep, self.max_call = CONV_KEEP, CONV_CALL
-        self.layers = []  # (past name, present name, input name, past array, present array, inputs' buffer, channels)
-        self._values = []  # (past OrtValue, present OrtValue) per layer
+        self.layers: list[_ConvLayer] = []
         for layer, c, k in spec.conv_layers:
-            past, present = np.zeros((1, c, k), np.float32), np.zeros((1, c, k), np.float32)
-            self.layers.append((io.past_conv % layer, io.present_conv % layer, io.conv_input % layer, past, present,
-                                np.zeros(c * self.max_call, np.float32), c))
-            self._values.append((ort.OrtValue.ortvalue_from_numpy(past), ort.OrtValue.ortvalue_from_numpy(present)))
+            cl = _ConvLayer(io.past_conv % layer, io.present_conv % layer, io.conv_input % layer,
+                            np.zeros((1, c, k), np.float32), np.zeros((1, c, k), np.float32),
+                            np.zeros(c * self.max_call, np.float32), c)
+            cl.past_value = ort.OrtValue.ortvalue_from_numpy(cl.past)
+            cl.present_value = ort.OrtValue.ortvalue_from_numpy(cl.present)
+            self.layers.append(cl)
         self._inputs: dict[int, list] = {}  # a call's width -> each layer's OrtValue over its inputs' buffer
         self.pos = 0  # the position the past buffers' states are at (how many tokens went through the layers)
         self._segments: list[tuple[int, list[np.ndarray], list[np.ndarray]]] = []  # (start, states before, inputs)
 
     def bind(self, binding) -> None:
-        for (past, present, *_), (pv, qv) in zip(self.layers, self._values):
-            binding.bind_ortvalue_input(past, pv)
-            binding.bind_ortvalue_output(present, qv)
+        for cl in self.layers:
+            binding.bind_ortvalue_input(cl.past_name, cl.past_value)
+            binding.bind_ortvalue_output(cl.present_name, cl.present_value)
 
     def bind_call(self, binding, n: int) -> None:
         """Bind each layer's conv input output for a call of ``n`` tokens (a view of its buffer)."""
@@ -216,18 +235,26 @@ class ConvStates:
 
         if n > self.max_call:  # (a profile's longer prefill chunk: the buffers grow, the views made again)
             self.max_call = n
-            self.layers = [(*layer[:5], np.zeros(layer[6] * n, np.float32), layer[6]) for layer in self.layers]
+            for cl in self.layers:
+                cl.inputs = np.zeros(cl.channels * n, np.float32)
             self._inputs.clear()
         vals = self._inputs.get(n)
         if vals is None:
-            vals = self._inputs[n] = [ort.OrtValue.ortvalue_from_numpy(buf[: c * n].reshape(1, c, n))
-                                      for *_, buf, c in self.layers]
-        for (_, _, name, *_), v in zip(self.layers, vals):
-            binding.bind_ortvalue_output(name, v)
+            vals = self._inputs[n] = [ort.OrtValue.ortvalue_from_numpy(cl.call_inputs(n)[None]) for cl in self.layers]
+        for cl, v in zip(self.layers, vals):
+            binding.bind_ortvalue_output(cl.input_name, v)
+
+    def _segment(self, at: int) -> int | None:
+        """The index of the latest kept call whose positions (its start to its end, inclusive) hold ``at``."""
+        for j in range(len(self._segments) - 1, -1, -1):
+            start, _, inputs = self._segments[j]
+            if start <= at <= start + inputs[0].shape[1]:
+                return j
+        return None
 
     def reachable(self, at: int) -> bool:
         """Whether ``seek(at)`` can set the states: position 0 (zeros), the current one, or one a kept call reaches."""
-        return at in (0, self.pos) or any(s <= at <= s + ins[0].shape[1] for s, _, ins in self._segments)
+        return at in (0, self.pos) or self._segment(at) is not None
 
     def seek(self, at: int) -> None:
         """Make the past buffers hold the state after the first ``at`` positions (before a call starting there)."""
@@ -236,19 +263,17 @@ class ConvStates:
         if at == 0:  # (the states before any token: zeros; Decoder.score reads a text from its start)
             self.reset()
             return
-        for j in range(len(self._segments) - 1, -1, -1):
-            start, before, inputs = self._segments[j]
-            if start <= at <= start + inputs[0].shape[1]:
-                break
-        else:  # (every caller asks ``reachable`` first or rewinds within the last calls: a bug if it comes here)
+        j = self._segment(at)
+        if j is None:  # (every caller asks ``reachable`` first or rewinds within the last calls: a bug if it comes here)
             from .errors import BundleError
 
             raise BundleError(f"the convolution layers' states reach back to position {self.reachable_from()}, not "
                               f"{at}: the model cannot continue from there (reset it)")
+        start, before, inputs = self._segments[j]
         used = at - start
-        for (_, _, _, past, *_), b, x in zip(self.layers, before, inputs):
-            k = past.shape[2]
-            past[0] = np.concatenate([b, x[:, :used]], axis=1)[:, -k:] if used else b
+        for cl, b, x in zip(self.layers, before, inputs):
+            k = cl.past.shape[2]
+            cl.past[0] = np.concatenate([b, x[:, :used]], axis=1)[:, -k:] if used else b
         del self._segments[j + 1:]
         if used < inputs[0].shape[1]:
             self._segments[j] = (start, before, [x[:, :used] for x in inputs])
@@ -260,17 +285,16 @@ class ConvStates:
     def after_call(self, at: int, n: int) -> None:
         """A call of ``n`` tokens from position ``at`` ran: keep its states before and inputs, the past buffers take
         the states after it."""
-        before = [past[0].copy() for _, _, _, past, *_ in self.layers]
-        inputs = [buf[: c * n].reshape(c, n).copy() for *_, buf, c in self.layers]
-        self._segments.append((at, before, inputs))
-        for _, _, _, past, present, *_ in self.layers:
-            past[...] = present
+        self._segments.append((at, [cl.past[0].copy() for cl in self.layers],
+                               [cl.call_inputs(n).copy() for cl in self.layers]))
+        for cl in self.layers:
+            cl.past[...] = cl.present
         self.pos = at + n
         while len(self._segments) > 1 and self.pos - self._segments[1][0] >= self.keep:
             del self._segments[0]  # (the later ones reach back far enough)
 
     def reset(self) -> None:
-        for _, _, _, past, *_ in self.layers:
-            past[...] = 0
+        for cl in self.layers:
+            cl.past[...] = 0
         self.pos = 0
         self._segments.clear()

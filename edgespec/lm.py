@@ -286,8 +286,7 @@ class CausalLM:
         if len(ids) > self.max_context:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.max_context}")
         common = min(self.cache.ids.common_prefix(ids), len(ids) - 1)  # feed >= 1 token to get logits
-        reachable = getattr(self.cache, "reachable", None)
-        if reachable is not None and not reachable(common):  # (convolution states: the recent positions only)
+        if not self.cache.reachable(common):  # (convolution states: the recent positions only)
             common = 0
             self.cache.reset()
         live = common

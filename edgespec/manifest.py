@@ -239,27 +239,11 @@ class ModelIO:
         names = {k: _req(d, k, str, where) for k in
                  ("input_ids", "attention_mask", "past_key", "past_value", "present_key", "present_value", "logits")}
         for k in ("past_key", "past_value", "present_key", "present_value"):
-            try:
-                ok = "%d" in names[k] and names[k] % 0 != names[k] % 1
-            except (TypeError, ValueError, OverflowError):
-                ok = False
-            if not ok:
-                raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index (and no "
-                                    f"other % format), got {names[k]!r}"[:300])
+            _layer_pattern(names[k], f"{where}.{k}")
         pos, top, skip, rows = d.get("position_ids"), d.get("argmax"), d.get("logits_skip"), d.get("row_positions")
         hid = d.get("hidden")
-        conv = {}
-        for k in ("past_conv", "present_conv", "conv_input"):
-            v = d.get(k)
-            if v is None:
-                continue
-            try:
-                ok = isinstance(v, str) and "%d" in v and v % 0 != v % 1
-            except (TypeError, ValueError, OverflowError):
-                ok = False
-            if not ok:
-                raise ManifestError(f"manifest: {where}.{k} must contain one %d for the layer index, got {v!r}"[:300])
-            conv[k] = v
+        conv = {k: _layer_pattern(d[k], f"{where}.{k}") for k in ("past_conv", "present_conv", "conv_input")
+                if d.get(k) is not None}
         if conv and len(conv) != 3:
             raise ManifestError(f"manifest: {where} names {', '.join(sorted(conv))} but not all of past_conv, "
                                 "present_conv and conv_input")
@@ -268,6 +252,18 @@ class ModelIO:
                    logits_skip=skip if isinstance(skip, str) else None,
                    row_positions=rows if isinstance(rows, str) else None, hidden=hid if isinstance(hid, str) else None,
                    **names)
+
+
+def _layer_pattern(v, where: str) -> str:
+    """``v``, a name with one %d for the layer index (and no other % format), else a ManifestError."""
+    try:
+        ok = isinstance(v, str) and "%d" in v and v % 0 != v % 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ManifestError(f"manifest: {where} must contain one %d for the layer index (and no other % format), "
+                            f"got {v!r}"[:300])
+    return v
 
 
 _DIMS = ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context")

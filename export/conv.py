@@ -11,6 +11,7 @@ runtime (``edgespec.kv.ConvStates``) sets the state of any accepted prefix.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from edgespec.errors import ExportError
@@ -29,8 +30,6 @@ def expose_conv_inputs(graph_file: Path, past_names: str) -> tuple[tuple[int, in
     ``past_names`` (with %d for the layer)."""
     import onnx
     from onnx import helper
-
-    import re
 
     model = onnx.load(str(graph_file), load_external_data=False)
     g = model.graph

@@ -160,11 +160,11 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     lm.forward(ids[10:16])
     lm.rewind(4)
     lm.cache.conv.seek(12)  # (what the next call does first: every layer's state set to position 12's)
-    rolled = [past.copy() for _, _, _, past, *_ in lm.cache.conv.layers]
+    rolled = [cl.past.copy() for cl in lm.cache.conv.layers]
     lm.reset()
     lm.prefill(ids[:10])
     lm.forward(ids[10:12])
-    straight = [past.copy() for _, _, _, past, *_ in lm.cache.conv.layers]
+    straight = [cl.past.copy() for cl in lm.cache.conv.layers]
     assert len(rolled) == 2 and all(np.array_equal(a, b) for a, b in zip(rolled, straight))
     # (a review: each layer checked here, the last one too, whose error no later layer would show)
 
@@ -216,6 +216,51 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
         with pytest.raises(ManifestError, match=match) as e:
             load_manifest(b)
         assert "\n" not in str(e.value)
+    raw["models"]["target"]["conv_layers"] = [[0, 64, 2], [2, 64, 2]]
+    io = raw["models"]["target"]["io"]
+    for edit, match in ((lambda io: io.update(conv_input="conv_input"), r"io.conv_input must contain one %d"),
+                        (lambda io: io.pop("conv_input"), "names past_conv, present_conv but not all"),
+                        (lambda io: [io.pop(k) for k in ("past_conv", "present_conv", "conv_input")],
+                         "has conv_layers but its io names no past_conv")):
+        raw["models"]["target"]["io"] = dict(io)
+        edit(raw["models"]["target"]["io"])
+        (b / "edgespec.json").write_text(json.dumps(raw))
+        with pytest.raises(ManifestError, match=match) as e:
+            load_manifest(b)
+        assert "\n" not in str(e.value)
+
+
+def test_a_graph_whose_convolutions_are_not_the_builder_s_is_refused(tmp_path):
+    """export/conv.py reads the builder's conv layers: a CausalConvWithState whose state is no graph input, one with a
+    state window, a state without static channels: each an ExportError in one line, the graph left as it was."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgespec.errors import ExportError
+    from edgespec_export.conv import expose_conv_inputs
+
+    def graph(path, state_dims=("batch_size", 64, 2), state_input=True, **attrs):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", 64, "sequence_length"])
+        st = helper.make_tensor_value_info("past.0.conv", TensorProto.FLOAT, list(state_dims))
+        node = helper.make_node("CausalConvWithState", ["x", "w", "", "past.0.conv" if state_input else "other"],
+                                ["y", "present.0.conv"], domain="com.microsoft", **attrs)
+        w = helper.make_tensor("w", TensorProto.FLOAT, [64, 1, 3], [0.0] * 192)
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "present.0.conv")]
+        g = helper.make_graph([node], "g", [x] + ([st] if state_input else []), outs, [w])
+        onnx.save(helper.make_model(g), str(path))
+        return path
+
+    for kw, match in (({"state_input": False}, "reads no conv state input"),
+                      ({"state_window": 4}, "keeps a state window"),
+                      ({"state_dims": ("batch_size", "channels", 2)}, "no static")):
+        path = graph(tmp_path / "m.onnx", **kw)
+        before = path.read_bytes()
+        with pytest.raises(ExportError, match=match) as e:
+            expose_conv_inputs(path, "past.%d.conv")
+        assert "\n" not in str(e.value) and path.read_bytes() == before
+    path = graph(tmp_path / "ok.onnx")
+    assert expose_conv_inputs(path, "past.%d.conv") == ((0, 64, 2),)
+    assert "conv_input.0" in {o.name for o in onnx.load(str(path)).graph.output}
 
 
 def test_an_lfm2_gguf_exports_as_its_folder_does(lfm2, tmp_path):
