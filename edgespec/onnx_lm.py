@@ -57,6 +57,9 @@ class OnnxLM(CausalLM):
         self.session = open_session(spec.path, providers, threads=threads, session_options=session_options,
                                     role=spec.role, allow_cpu_fallback=allow_cpu_fallback, kernels=spec.kernels)
         self.device = _check_running(self.session.get_providers(), providers, spec.role)
+        if spec.conv_layers and self.device != "cpu":  # (the states are set on the host: kv.ConvStates)
+            raise BundleError(f"the {spec.role} model has convolution layers, which edgespec runs on the CPU only for "
+                              f"now ({self.device} was chosen): run it with --provider cpu")
         self.layout_warning = warn_if_slow(spec, self.device) or warn_if_no_skip(spec, self.device)
         self.min_width = 1 if min_width is None else int(min_width)  # None: measured below
         io = spec.io
@@ -73,9 +76,6 @@ class OnnxLM(CausalLM):
         self._rows_name = io.row_positions if io.row_positions and io.row_positions in inputs else None
         self._rows = np.arange(max(self.max_context, 1), dtype=np.int64)
         self.cache = KVCache(spec, self.max_context, self.device, spare=spec.attention_pad)
-        if self.cache.conv is not None and self.device != "cpu":  # (the states are set on the host: kv.ConvStates)
-            raise BundleError(f"the {spec.role} model has convolution layers, which edgespec runs on the CPU only for "
-                              f"now ({self.device} was chosen): run it with --provider cpu")
         # (alternates are rows beside the causal ones: a convolution would read them as the next positions)
         self.verifies_alternates = self._rows_name is not None and bool(self.cache.host) and self.cache.conv is None
         # whether a verify call's extra rows are cheap: edgespec's kernel on its AVX-512 paths (the decoder then

@@ -186,14 +186,14 @@ def test_exact_kernels_take_lfm2(lfm2, tmp_path):
 
 
 def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
-    """The cuda layout (the states are set on the host), a prompt cache file (a kept prefix's states cannot be
-    restored): each refused in one line; a manifest whose conv layers are malformed too."""
+    """The cuda layout and a GPU provider (the states are set on the host), a prompt cache file (a kept prefix's
+    states cannot be restored): each refused in one line; a manifest whose conv layers are malformed too."""
     import json
     import shutil
 
     import edgespec
     from edgespec.cli import main
-    from edgespec.errors import ConfigError, ManifestError
+    from edgespec.errors import BundleError, ConfigError, ManifestError
     from edgespec.manifest import load_manifest
 
     for argv, message in ((["export", str(lfm2["target"]), "-o", str(tmp_path / "cuda"), "--device", "cuda",
@@ -204,6 +204,13 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 6 and message in err[-1] and "Traceback" not in "".join(err), err[-1:]
         assert not (tmp_path / "cuda").exists()
+    import edgespec.onnx_lm as onnx_lm
+
+    with pytest.MonkeyPatch.context() as mp:  # (a GPU that runs: the states are set on the host)
+        mp.setattr(onnx_lm, "_check_running", lambda *a: "cuda")
+        with pytest.raises(BundleError, match="has convolution layers, which edgespec runs on the CPU only") as e:
+            edgespec.load(lfm2["fp32"], memory=False)
+        assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="convolution layers, whose state a prompt cache cannot restore"):
         edgespec.load(lfm2["pair"], memory=False, prompt_cache_file=str(tmp_path / "cache.bin"))
     b = tmp_path / "edited"
