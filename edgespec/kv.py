@@ -14,7 +14,40 @@ from typing import Sequence
 
 import numpy as np
 
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
+
+
+def q8_quantize(x: np.ndarray) -> np.ndarray:
+    """Rows of ``D`` float32 lanes (the last axis, a multiple of 32) as an int8 KV cache's rows (edgespec.
+    DecodeAttentionQ8's layout and numbers, bit for bit): per group of 32 lanes the scale s = max |x| / 127 (float32),
+    the numbers x / s rounded to nearest, ties to even, within +-127 (a group of zeros: scale 0); then the D numbers
+    and the D / 32 scales' float32 bytes, ``D + D / 8`` int8 a row. A group holding an infinity or a NaN: numbers 0,
+    scale NaN."""
+    from .manifest import Q8_GROUP
+
+    x = np.asarray(x, np.float32)
+    D = x.shape[-1]
+    g = x.reshape(*x.shape[:-1], D // Q8_GROUP, Q8_GROUP)
+    finite = np.isfinite(g).all(-1)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = np.where(finite, np.abs(np.where(np.isfinite(g), g, 0)).max(-1) / np.float32(127), np.float32(np.nan))
+        s = s.astype(np.float32)
+        q = np.where((finite & (s > 0))[..., None], np.rint(g / s[..., None]), 0)
+    q = np.clip(q, -127, 127).astype(np.int8).reshape(*x.shape[:-1], D)
+    return np.concatenate([q, s.astype("<f4").view(np.int8).reshape(*x.shape[:-1], D // Q8_GROUP * 4)], axis=-1)
+
+
+def q8_dequantize(rows: np.ndarray, head_dim: int) -> np.ndarray:
+    """The float32 lanes an int8 KV cache's rows (``q8_quantize``'s layout) stand for: each number times its group's
+    scale, one rounding (what the attention computes as it loads them)."""
+    from .manifest import Q8_GROUP
+
+    rows = np.asarray(rows, np.int8)
+    lead = rows.shape[:-1]
+    q = rows[..., :head_dim].astype(np.float32).reshape(*lead, head_dim // Q8_GROUP, Q8_GROUP)
+    s = np.ascontiguousarray(rows[..., head_dim:]).view("<f4").astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # (a NaN scale's group: NaN, as the attention reads it)
+        return (q * s[..., None]).reshape(*lead, head_dim)
 
 
 def common_prefix(a: np.ndarray, ids: Sequence[int]) -> int:
@@ -121,8 +154,8 @@ class KVCache(TokenCache):
         if dtype is None:
             from .errors import BundleError
 
-            raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime (float32 or "
-                              "float16: export the bundle again)")
+            raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} is not supported by this runtime (float32, "
+                              "float16 or int8: export the bundle again)")
         io = spec.io
         self.buffers = []  # (past input name, present output name, OrtValue)
         self.host: list[np.ndarray] = []  # on the CPU: the buffers' memory as numpy arrays (the same bytes)
@@ -130,7 +163,7 @@ class KVCache(TokenCache):
         for layer in range(spec.num_layers):
             if not spec.has_kv(layer):  # (a convolution layer: its state is ``conv``'s)
                 continue
-            heads, width = spec.kv_shape(layer)
+            heads, width = spec.kv_row(layer)  # (an int8 cache's rows: the numbers and their scales)
             shape = (1, heads, self.max_len + spare, width)
             source = spec.kv_source(layer)
             for kv, (past, present) in enumerate(((io.past_key, io.present_key), (io.past_value, io.present_value))):

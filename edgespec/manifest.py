@@ -21,7 +21,17 @@ from .integrity import check_files, sha256_file  # noqa: F401  (the file checks,
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "edgespec.json"
 _MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is a few KiB
-KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}  # bytes an element
+# int8 KV caches (exact-kernels --kv-dtype int8, edgespec.DecodeAttentionQ8): a row of a head's D lanes is D int8
+# numbers and then D / Q8_GROUP float32 scales, one per group of Q8_GROUP lanes (kv.q8_quantize has its numbers)
+Q8_GROUP = 32
+
+
+def kv_row_width(kv_dtype: str, head_dim: int) -> int:
+    """A KV cache row's elements (its buffer's last axis) for a head of ``head_dim`` lanes: the head size, or for int8
+    caches the numbers and their groups' float32 scales (4 bytes each)."""
+    return head_dim + head_dim // Q8_GROUP * 4 if kv_dtype == "int8" else head_dim
+
 PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
 # the weight precisions of a bundle's models, in the order the export CLI offers them
 TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
@@ -367,9 +377,15 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        per_layer = sum(h * d for i, (h, d) in enumerate(map(self.kv_shape, range(self.num_layers)))
+        per_layer = sum(h * d for i, (h, d) in enumerate(map(self.kv_row, range(self.num_layers)))
                         if self.kv_source(i) == i and self.has_kv(i))  # (a shared layer's buffer is its source's)
         return 2 * per_layer * KV_DTYPES[self.kv_dtype]
+
+    def kv_row(self, layer: int) -> tuple[int, int]:
+        """Layer ``layer``'s KV buffer ``(kv heads, elements a row)``: ``kv_shape``'s, an int8 cache's rows with their
+        scales (``kv_row_width``)."""
+        heads, width = self.kv_shape(layer)
+        return heads, kv_row_width(self.kv_dtype, width)
 
     def kv_bytes(self, context: int) -> int:
         """The caches at ``context`` tokens: the KV caches and the convolution layers' states."""
@@ -405,7 +421,7 @@ class ModelSpec:
         head_ids, head_size = _head(root, d, files, dims, where)
         gpu = _opt_count(d, "gpu_weight_bytes", where)
         old = _opt_count(d, "resident_bytes", where)  # the same figure, as bundles before 'gpu_weight_bytes' name it
-        return cls(
+        spec = cls(
             role=role, path=path, architecture=_req(d, "architecture", str, where), precision=precision,
             kv_dtype=kv_dtype, io=ModelIO.from_dict(_req(d, "io", dict, where), f"{where}.io"),
             tokenizer_sha256=_req(d, "tokenizer_sha256", str, where), files={k: dict(v) for k, v in files.items()},
@@ -426,6 +442,12 @@ class ModelSpec:
             kv_sources=_kv_sources(d, where, dims["num_layers"], kvl),
             conv_layers=_conv_layers(d, where, dims["num_layers"]), **dims,
         )
+        if kv_dtype == "int8":  # (edgespec's CPU attention over rows of 32-lane groups: nothing else reads them)
+            widths = {spec.kv_shape(i)[1] for i in range(spec.num_layers) if spec.has_kv(i)}
+            if layout != "cpu" or any(w % Q8_GROUP for w in widths):
+                raise ManifestError(f"manifest: {where}.kv_dtype int8 needs the cpu layout and head sizes that are "
+                                    f"multiples of {Q8_GROUP} (layout {layout}, head sizes {sorted(widths)})")
+        return spec
 
     def to_dict(self, root: str | os.PathLike) -> dict:
         """This model's manifest entry, its paths relative to the bundle directory ``root``."""

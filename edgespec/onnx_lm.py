@@ -469,7 +469,7 @@ def _check_cache_dims(spec: ModelSpec, inputs) -> None:
         shape = list(getattr(i, "shape", None) or [])
         if i.name not in names or len(shape) != 4:
             continue
-        heads, width = spec.kv_shape(names[i.name])
+        heads, width = spec.kv_row(names[i.name])  # (int8: a row with its scales)
         for axis, want, what in ((1, heads, "num_kv_heads"), (3, width, "head_dim")):
             if isinstance(shape[axis], int) and shape[axis] != want:
                 raise BundleError(f"the {spec.role} graph's {i.name!r} has {shape[axis]} on its {what} axis, the "

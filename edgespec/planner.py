@@ -131,7 +131,7 @@ def working_bytes(manifest: Manifest, chunk: int, with_drafter: bool, context: i
         widest = MAX_DRAFT + 4 + (MAX_DRAFT if s.io.row_positions else 0)
         logits = (min(chunk, widest) if s.io.logits_skip else chunk) * columns * 4
         arenas += logits + chunk * s.hidden_size * 4 * 16
-        own_attention = {"DecodeAttention", "DecodeAttentionF16"} & set(s.operators or {})
+        own_attention = {"DecodeAttention", "DecodeAttentionF16", "DecodeAttentionQ8"} & set(s.operators or {})
         if context and (on_cpu or {}).get(s.role, True) and not own_attention:
             # (edgespec.DecodeAttention, exact-kernels since session 18, keeps one row's scores a thread)
             heads = s.num_attention_heads or s.hidden_size // s.head_dim

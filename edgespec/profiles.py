@@ -114,7 +114,7 @@ def _check(name: str, data: dict, where: str) -> Profile:
     need("prompt_cache_mb", lambda v: is_int(v) and 0 <= v <= MAX_MIB,
          f"an integer in 0..{MAX_MIB} (MiB; 0: no prompt cache)")
     need("draft_tokens", lambda v: is_int(v) and 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}")
-    need("kv_dtype", lambda v: v in ("auto", "float16", "float32"), "auto, float16 or float32")
+    need("kv_dtype", lambda v: v in ("auto", "float16", "float32", "int8"), "auto, float16, float32 or int8")
     need("drafter", lambda v: v in PROFILE_DRAFTERS, f"{', '.join(PROFILE_DRAFTERS[:-1])} or {PROFILE_DRAFTERS[-1]}")
     need("providers", lambda v: isinstance(v, list) and v and all(p in PROVIDER_NAMES for p in v),
          f"a non-empty list of {', '.join(PROVIDER_NAMES)}")

@@ -51,7 +51,7 @@ def _kv_dtype(g, model_path: Path) -> str:
     """The KV cache's dtype: the graph ``g``'s (of ``model_path``) ``past_key_values`` inputs'."""
     for i in g.input:
         if i.name.startswith("past_key_values"):
-            return {1: "float32", 10: "float16", 16: "bfloat16"}[i.type.tensor_type.elem_type]
+            return {1: "float32", 10: "float16", 16: "bfloat16", 3: "int8"}[i.type.tensor_type.elem_type]
     raise ExportError(f"{model_path} has no past_key_values inputs: not a KV-cache graph")
 
 

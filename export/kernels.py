@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
-from edgespec.manifest import load_manifest
+from edgespec.manifest import Q8_GROUP, kv_row_width, load_manifest
 from edgespec.width import width_invariant_spec
 from .output import load_graph
 from .weights import check_rewrite
@@ -227,15 +227,18 @@ def bias_patterns(g, inits: dict) -> list[tuple]:
 
 ATTENTION_OP = "DecodeAttention"
 ATTENTION_OP_F16 = "DecodeAttentionF16"  # the same over float16 KV caches (--kv-dtype float16)
-KV_DTYPES = ("float32", "float16")
+ATTENTION_OP_Q8 = "DecodeAttentionQ8"  # ... over int8 caches, a float32 scale per 32 lanes (--kv-dtype int8)
+ATTENTION_OPS = (ATTENTION_OP, ATTENTION_OP_F16, ATTENTION_OP_Q8)
+KV_DTYPES = ("float32", "float16", "int8")
 
 
 def _check_kv_dtype(kv_dtype: str, own_attention: bool) -> None:
     """ExportError for a KV dtype the rewrite cannot give (``auto``: float16 where a graph allows it)."""
     if kv_dtype not in KV_DTYPES + ("auto",):
         raise ExportError(f"KV dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    if kv_dtype == "float16" and not own_attention:
-        raise ExportError("a float16 KV cache needs edgespec's attention (not --onnxruntime-attention)")
+    if kv_dtype in ("float16", "int8") and not own_attention:
+        raise ExportError(f"{'an' if kv_dtype == 'int8' else 'a'} {kv_dtype} KV cache needs edgespec's attention "
+                          "(not --onnxruntime-attention)")
 
 
 def _why_not_half(g, gqa: list, attention: list) -> str | None:
@@ -256,10 +259,25 @@ def _why_not_half(g, gqa: list, attention: list) -> str | None:
     return None
 
 
-def _half_caches(g, attention: list) -> int:
+def _why_not_q8(g, attention: list, head_dim: int | None) -> str | None:
+    """Why the KV caches of ``DecodeAttention`` nodes ``attention`` cannot be int8 beyond ``_why_not_half``'s
+    reasons (None: they can): each cache's head size (its last axis where static, else ``head_dim``, the
+    manifest's) a multiple of the scales' groups."""
+    widths = _cache_widths(g)
+    for n in attention:
+        w = widths.get(n.input[1], head_dim)
+        if not w or w % Q8_GROUP:
+            return (f"the head size of {n.name or n.output[0]} is {w or 'not fixed'}, not a multiple of "
+                    f"{Q8_GROUP} (int8 rows keep a scale per {Q8_GROUP} lanes)")
+    return None
+
+
+def _half_caches(g, attention: list, q8: bool = False) -> int:
     """The KV caches of the ``DecodeAttention`` nodes ``attention`` as float16 (``_why_not_half``
     found nothing against it): each node becomes ``DecodeAttentionF16`` and its past inputs and
-    present outputs change type. Returns the caches changed (two a layer)."""
+    present outputs change type. ``q8``: int8 caches instead (``DecodeAttentionQ8``; ``_why_not_q8`` found nothing
+    against it either), their rows' last axis D + D / 8 (the numbers and their scales). Returns the caches changed
+    (two a layer)."""
     from onnx import TensorProto
 
     ins = {v.name: v for v in g.input}
@@ -268,8 +286,11 @@ def _half_caches(g, attention: list) -> int:
     for n in attention:
         past, present = list(n.input[1:3]), list(n.output[1:3])
         for v in [ins[p] for p in past] + [outs[o] for o in present]:
-            v.type.tensor_type.elem_type = TensorProto.FLOAT16
-        n.op_type = ATTENTION_OP_F16
+            v.type.tensor_type.elem_type = TensorProto.INT8 if q8 else TensorProto.FLOAT16
+            dims = v.type.tensor_type.shape.dim
+            if q8 and len(dims) == 4 and dims[3].HasField("dim_value"):
+                dims[3].dim_value = kv_row_width("int8", dims[3].dim_value)
+        n.op_type = ATTENTION_OP_Q8 if q8 else ATTENTION_OP_F16
         changed += 2
     names = {x for n in attention for x in list(n.input[1:3]) + list(n.output[1:3])}
     keep = [v for v in g.value_info if v.name not in names]  # (shape notes of the old type)
@@ -330,9 +351,11 @@ def kernel_features(g, head_dim: int | None) -> list[str]:
     widths = _cache_widths(g)
     out = set()
     for n in g.node:
-        if n.domain != DOMAIN or n.op_type not in (ATTENTION_OP, ATTENTION_OP_F16):
+        if n.domain != DOMAIN or n.op_type not in ATTENTION_OPS:
             continue
         head = widths.get(n.input[1], head_dim) if len(n.input) > 1 else head_dim  # (the node's own cache's)
+        if n.op_type == ATTENTION_OP_Q8 and n.input[1] in widths:  # (its rows: D numbers and D / 32 scales' bytes)
+            head = head * 8 // 9
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
         if int(a.get("local_window_size", -1)) > 0:
             out.add("attention-window")
@@ -479,8 +502,7 @@ def _row_positions(g) -> int:
 
     if any(i.name == POSITIONS_INPUT for i in g.input):
         return 0
-    nodes = [n for n in g.node if n.domain == DOMAIN and n.op_type in (ATTENTION_OP, ATTENTION_OP_F16)
-             and len(n.input) == 6]
+    nodes = [n for n in g.node if n.domain == DOMAIN and n.op_type in ATTENTION_OPS and len(n.input) == 6]
     if not nodes:
         return 0
     g.input.append(helper.make_tensor_value_info(POSITIONS_INPUT, TensorProto.INT64, ["edgespec_rows"]))
@@ -627,7 +649,7 @@ def apply_window(model_file: Path, window: int) -> int:
 
     m = load_graph(model_file)
     nodes = [n for n in m.graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention",
-                                                       ATTENTION_OP, ATTENTION_OP_F16)]
+                                                       *ATTENTION_OPS)]
     if not nodes or any(n.op_type != "GroupQueryAttention" for n in nodes):
         return 0
     for n in nodes:
@@ -647,7 +669,7 @@ def attention_windows(model_file: Path) -> list[int]:
 
     g = load_graph(model_file).graph
     return [int(next((helper.get_attribute_value(a) for a in n.attribute if a.name == "local_window_size"), -1))
-            for n in g.node if n.op_type in ("GroupQueryAttention", ATTENTION_OP, ATTENTION_OP_F16)]
+            for n in g.node if n.op_type in ("GroupQueryAttention", *ATTENTION_OPS)]
 
 
 def _whole_caches(g, capacity: int | None = None) -> tuple[int, int]:
@@ -842,7 +864,7 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     inits = {t.name: t for t in g.initializer}
     users = input_uses(g)
     done = {"matmuls": 0, "kept": 0, "copied": 0, "attention": 0, "own_attention": 0, "logits_skip": 0,
-            "swiglu": 0, "bias": 0, "half_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0,
+            "swiglu": 0, "bias": 0, "half_caches": 0, "q8_caches": 0, "row_positions": 0, "minimums": 0, "kscales": 0,
             "packed_qkv": 0, "rope_per_position": 0}
     drop: set[str] = set()
     packed_as: dict[tuple, list[str]] = {}  # MatMulNBits weights -> their packed initializers
@@ -953,10 +975,14 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     if kv_dtype != "float32" and own_attention:
         ours = [n for n in g.node if n.op_type == ATTENTION_OP and n.domain == DOMAIN]
         why_not_half = _why_not_half(g, gqa, ours)
-        if why_not_half is None:
+        why_not = why_not_half or (_why_not_q8(g, ours, head_dim) if kv_dtype == "int8" else None)
+        if why_not is None and kv_dtype == "int8":
+            done["q8_caches"] = _half_caches(g, ours, q8=True)
+        elif why_not_half is None and kv_dtype != "int8":
             done["half_caches"] = _half_caches(g, ours)
-        elif kv_dtype == "float16":
-            raise ExportError(f"{model_path.name}: no float16 KV cache: {why_not_half}; use --kv-dtype float32")
+        elif kv_dtype in ("float16", "int8"):
+            raise ExportError(f"{model_path.name}: no {kv_dtype} KV cache: {why_not}; use --kv-dtype "
+                              + ("float16" if why_not_half is None else "float32"))
         else:
             done["why_not_half"] = why_not_half  # (the only entry that is text, and only where float32 stays)
     if pad_attention and not gqa and not done["own_attention"]:
@@ -1084,6 +1110,9 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
     if manifest.target.layout != "cpu":
         raise ExportError(f"{src} is exported in the {manifest.target.layout} layout; edgespec's INT4 kernel is "
                           "for the CPU layout")
+    if kv_dtype == "int8" and manifest.assistant is not None:
+        raise ExportError(f"{src} has a multi-token-prediction assistant, which reads the target's caches as float16 "
+                          "or float32: use --kv-dtype float16")
     sample_ids = Tokenizer.of(manifest).encode(SAMPLE)[:64]
 
     def build(stage: Path):
@@ -1099,9 +1128,16 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                     log(f"    drafter: left as it is (exported in the {spec.layout} layout, for onnxruntime's kernels)")
                 m = replace(m, drafter=spec)
                 continue
+            dtype = kv_dtype
+            if dtype == "int8" and role == "drafter" and any(
+                    spec.kv_shape(i)[1] % Q8_GROUP for i in range(spec.num_layers) if spec.has_kv(i)):
+                dtype = "auto"  # (the target's caches int8, a drafter whose heads cannot be: float16)
+                if log:
+                    log(f"    drafter: head size {spec.head_dim} is not a multiple of {Q8_GROUP}: its KV caches "
+                        "float16, not int8")
             try:
                 counts = rewrite_graph(spec.path, pad_attention=role == "target", own_attention=own_attention,
-                                       logits=spec.io.logits, kv_dtype=kv_dtype, row_positions=role == "target",
+                                       logits=spec.io.logits, kv_dtype=dtype, row_positions=role == "target",
                                        head_dim=spec.head_dim)
                 pad = 1 if counts["attention"] else 0
             except ExportError as e:
@@ -1131,6 +1167,8 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                        if counts["own_attention"] else "")
                     + (f"; {counts['attention']} attention nodes padded to two or more query rows" if pad else "")
                     + (f"; {counts['half_caches']} KV caches float16" if counts["half_caches"] else "")
+                    + (f"; {counts['q8_caches']} KV caches int8 (a float32 scale per 32 lanes)"
+                       if counts["q8_caches"] else "")
                     + (f"; KV caches kept float32 ({counts['why_not_half']})" if "why_not_half" in counts else "")
                     + ("; a prefill computes its last position's logits only"
                        if counts["logits_skip"] or spec.io.logits_skip else "")
@@ -1144,7 +1182,8 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                 left = ops.pop("GroupQueryAttention", 0) - counts["own_attention"]
                 if left > 0:
                     ops["GroupQueryAttention"] = left
-                ops[ATTENTION_OP_F16 if counts["half_caches"] else ATTENTION_OP] = counts["own_attention"]
+                ops[ATTENTION_OP_Q8 if counts["q8_caches"] else ATTENTION_OP_F16 if counts["half_caches"]
+                    else ATTENTION_OP] = counts["own_attention"]
             gcfg = spec.path.parent / "genai_config.json"
             if gcfg.exists():  # onnxruntime-genai cannot run edgespec's operator
                 gcfg.unlink()
@@ -1159,7 +1198,8 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                 io = replace(io, row_positions=POSITIONS_INPUT)
             spec = replace(spec, files=files, bytes_on_disk=on_disk, gpu_weight_bytes=on_disk, kernels="edgespec-q4",
                            kernel_features=tuple(counts["features"]), attention_pad=pad, operators=ops, io=io,
-                           kv_dtype="float16" if counts["half_caches"] else spec.kv_dtype)
+                           kv_dtype="int8" if counts["q8_caches"] else "float16" if counts["half_caches"]
+                           else spec.kv_dtype)
             # each matrix's tiles against the source's blocks (session 49's review: two layers' weights swapped
             # passed the logits' comparison below; repacking loses nothing, so they agree to float rounding)
             weights = check_rewrite(getattr(manifest, role).path, spec.path)

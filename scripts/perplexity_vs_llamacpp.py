@@ -26,12 +26,13 @@ TEXT = ROOT / "scripts" / "data" / "heldout_code.txt"
 PERPLEXITY = ROOT / ".llamacpp" / "bin" / "llama-perplexity"
 
 
-def llamacpp(gguf: str, text: Path, window: int, windows: int | None, threads: int) -> dict:
-    """llama-perplexity's final estimate, its chunk count and its wall time."""
+def llamacpp(gguf: str, text: Path, window: int, windows: int | None, threads: int, flags=()) -> dict:
+    """llama-perplexity's final estimate, its chunk count and its wall time (``flags``: more options, e.g. a KV
+    cache type)."""
     if not PERPLEXITY.is_file():
         raise FileNotFoundError(f"{PERPLEXITY} is missing: run scripts/build_llamacpp.sh first")
     cmd = [str(PERPLEXITY), "-m", gguf, "-f", str(text), "-c", str(window), "-b", str(window), "-t", str(threads),
-           "-tb", str(threads)] + (["--chunks", str(windows)] if windows else [])
+           "-tb", str(threads)] + (["--chunks", str(windows)] if windows else []) + list(flags)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     secs = time.perf_counter() - t0
@@ -60,6 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-windows", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llamacpp", action="store_true", help="also llama-perplexity on the first bundle's GGUF")
+    ap.add_argument("--llamacpp-cache-type", action="append", default=[],
+                    help="with --llamacpp: a run with this KV cache type too (-ctk and -ctv, flash attention on, "
+                         "where llama.cpp quantizes values; e.g. q8_0; repeatable)")
     ap.add_argument("--out", default=None, help="write the report (markdown) here too")
     args = ap.parse_args(argv)
     import edgespec
@@ -88,16 +92,21 @@ def main(argv=None) -> int:
             return 2
         try:
             r = llamacpp(str(gguf), Path(args.text), args.window, args.max_windows, args.threads)
+            typed = [(t, llamacpp(str(gguf), Path(args.text), args.window, args.max_windows, args.threads,
+                                  ("-ctk", t, "-ctv", t, "-fa", "on"))) for t in args.llamacpp_cache_type]
         except (OSError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         cmd = r["command"]
         rows.append((f"llama.cpp, {Path(gguf).name}", r["perplexity"], r["error"], r["windows"], r["seconds"]))
+        rows += [(f"llama.cpp, {Path(gguf).name}, KV {t} (`-ctk {t} -ctv {t} -fa on`)", x["perplexity"], x["error"],
+                  x["windows"], x["seconds"]) for t, x in typed]
     lines = [f"# Perplexity on {Path(args.text).name}, windows of {args.window}", "",
              "`python scripts/perplexity_vs_llamacpp.py " + " ".join(args.bundles)
              + (f" --window {args.window}" if args.window != 512 else "")
              + (f" --max-windows {args.max_windows}" if args.max_windows else "")
-             + (" --llamacpp" if args.llamacpp else "") + "`", ""]
+             + (" --llamacpp" if args.llamacpp else "")
+             + "".join(f" --llamacpp-cache-type {t}" for t in args.llamacpp_cache_type) + "`", ""]
     if cmd:
         lines += [f"llama.cpp: `{cmd}`", ""]
     lines += ["| runner | perplexity | windows | seconds |", "|---|---|---|---|"]

@@ -317,12 +317,13 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, wi
     inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
              numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
     f = TensorProto.FLOAT
-    kv = TensorProto.FLOAT16 if op.endswith("F16") else f
+    kv = TensorProto.FLOAT16 if op.endswith("F16") else TensorProto.INT8 if op.endswith("Q8") else f
+    W = D + D // 8 if op.endswith("Q8") else D  # (a Q8 row: D int8 numbers, then a float32 scale per 32)
     ins = [helper.make_tensor_value_info("qkv", f, [1, "n", (H + 2 * KVH) * D]),
-           helper.make_tensor_value_info("pk", kv, [1, KVH, L, D]), helper.make_tensor_value_info("pv", kv, [1, KVH, L, D]),
+           helper.make_tensor_value_info("pk", kv, [1, KVH, L, W]), helper.make_tensor_value_info("pv", kv, [1, KVH, L, W]),
            helper.make_tensor_value_info("seqlens", TensorProto.INT32, [1])]
     outs = [helper.make_tensor_value_info("out", f, [1, "n", H * D]),
-            helper.make_tensor_value_info("k", kv, [1, KVH, "t", D]), helper.make_tensor_value_info("v", kv, [1, KVH, "t", D])]
+            helper.make_tensor_value_info("k", kv, [1, KVH, "t", W]), helper.make_tensor_value_info("v", kv, [1, KVH, "t", W])]
     if op == "GroupQueryAttention":
         ins.append(helper.make_tensor_value_info("total", TensorProto.INT32, []))
         node = helper.make_node(op, ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"], ["out", "k", "v"],
@@ -456,6 +457,10 @@ def _attention_reference(qkv, cache_k, cache_v, cos, sin, H, KVH, D, past, windo
     (onnxruntime 1.32's op; an earlier one attended one more), its scaled scores s
     capped as softcap * tanh(s / softcap) where softcap > 0 (onnxruntime's op)."""
     n, half = qkv.shape[1], cos.shape[1]
+    if cache_k.dtype == np.int8:  # (Q8 caches: the values their rows stand for)
+        from edgespec.kv import q8_dequantize
+
+        cache_k, cache_v = q8_dequantize(cache_k, D), q8_dequantize(cache_v, D)
     out = np.zeros((n, H * D))
     for i in range(n):
         pos = past + i

@@ -117,7 +117,7 @@ enum : int {
   kReleaseTensorTypeAndShapeInfo = 99,
   kKernelContextParallelFor = 274,
 };
-constexpr int kFloat = 1, kUint8 = 2, kInt32 = 6, kInt64 = 7, kFloat16 = 10;  // ONNXTensorElementDataType
+constexpr int kFloat = 1, kUint8 = 2, kInt8 = 3, kInt32 = 6, kInt64 = 7, kFloat16 = 10;  // ONNXTensorElementDataType
 constexpr int kRequired = 0, kOptional = 1;
 
 // The globals are set at each session's registration (RegisterCustomOps), which onnxruntime may run while another
@@ -1582,20 +1582,42 @@ struct Attn {
   bool portable = false;  // the portable path (attend_rows_portable: the AVX2 path's 8-lane arithmetic)
   bool quads = true;    // g_attn_quads when the kernel was made
   bool half = false;    // edgespec.DecodeAttentionF16: float16 caches
+  bool q8 = false;      // edgespec.DecodeAttentionQ8: int8 caches (rows of numbers and their groups' scales)
 };
 
-// a cache's elements: float32, or float16 bits (uint16_t) widened as they are loaded
+// a cache's elements: float32, float16 bits (uint16_t) widened as they are loaded, or int8 (Q8: rows of D int8
+// numbers and then D / 32 float32 scales, one per group of 32 lanes; a lane's value is its number times its group's
+// scale, one rounding, computed as it is loaded)
 using Half = uint16_t;
-#if ES_X86  // the x86 paths' cache loads and stores
-template <typename T> inline __m256 ld8(const T* p);
-template <> ES_AVX2 inline __m256 ld8<float>(const float* p) { return _mm256_loadu_ps(p); }
-template <> ES_AVX2 inline __m256 ld8<Half>(const Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+using Q8 = int8_t;
+constexpr int64_t kQ8Group = 32;
+// a cache row's length in elements: D, or for Q8 D bytes of numbers and D / 32 scales of 4 bytes
+template <typename T> inline int64_t row_len(int64_t D) { return D; }
+template <> inline int64_t row_len<Q8>(int64_t D) { return D + D / kQ8Group * int64_t(sizeof(float)); }
+// lane d's group scale of a Q8 row of D lanes (d: a multiple of 8 within one group)
+inline float q8_scale(const Q8* row, int64_t d, int64_t D) {
+  float s;
+  std::memcpy(&s, row + D + d / kQ8Group * int64_t(sizeof(float)), sizeof s);
+  return s;
 }
-template <typename T> inline __m512 ld16(const T* p);
-template <> ES_AVX512 inline __m512 ld16<float>(const float* p) { return _mm512_loadu_ps(p); }
-template <> ES_AVX512 inline __m512 ld16<Half>(const Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#if ES_X86  // the x86 paths' cache loads and stores: lanes d.. of a row of D lanes
+template <typename T> inline __m256 ld8(const T* row, int64_t d, int64_t D);
+template <> ES_AVX2 inline __m256 ld8<float>(const float* row, int64_t d, int64_t) { return _mm256_loadu_ps(row + d); }
+template <> ES_AVX2 inline __m256 ld8<Half>(const Half* row, int64_t d, int64_t) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+}
+template <> ES_AVX2 inline __m256 ld8<Q8>(const Q8* row, int64_t d, int64_t D) {
+  const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
+  return _mm256_mul_ps(x, _mm256_set1_ps(q8_scale(row, d, D)));
+}
+template <typename T> inline __m512 ld16(const T* row, int64_t d, int64_t D);
+template <> ES_AVX512 inline __m512 ld16<float>(const float* row, int64_t d, int64_t) { return _mm512_loadu_ps(row + d); }
+template <> ES_AVX512 inline __m512 ld16<Half>(const Half* row, int64_t d, int64_t) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d)));
+}
+template <> ES_AVX512 inline __m512 ld16<Q8>(const Q8* row, int64_t d, int64_t D) {
+  const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
+  return _mm512_mul_ps(x, _mm512_set1_ps(q8_scale(row, d, D)));
 }
 // D floats (a multiple of 8) into the cache's type: float16 rounded to nearest, ties to even (as numpy's astype),
 // saturating at +-65504 (float16's largest) where numpy would give an infinity, whose scores and softmax would be
@@ -1666,8 +1688,9 @@ constexpr int64_t kAttnPrefetch = 64;
 // rows [row, row + rows) of a [keys, D] cache towards L1 (a prefetch never faults: rows past the cache cost nothing)
 template <typename T>
 inline void prefetch_rows(const T* base, int64_t row, int64_t rows, int64_t D) {
-  const char* p = reinterpret_cast<const char*>(base + row * D);
-  const int64_t bytes = rows * D * int64_t(sizeof(T));
+  const int64_t S = row_len<T>(D);
+  const char* p = reinterpret_cast<const char*>(base + row * S);
+  const int64_t bytes = rows * S * int64_t(sizeof(T));
   for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
@@ -1683,20 +1706,20 @@ ES_AVX2 inline void weigh_pair(const float* pa, const float* pb, const T* V, int
   }
   int64_t r = k0;
   for (; r < ka; ++r) {
-    const T* vr = V + r * D + d0;
+    const T* vr = V + r * row_len<T>(D);
     if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m256 wa = _mm256_set1_ps(pa[r]), wb = _mm256_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) {
-      const __m256 x = ld8(vr + 8 * v);
+      const __m256 x = ld8(vr, d0 + 8 * v, D);
       a[v] = _mm256_fmadd_ps(wa, x, a[v]);
       b[v] = _mm256_fmadd_ps(wb, x, b[v]);
     }
   }
   for (; r < kb; ++r) {  // the later query's keys past the earlier one's
-    const T* vr = V + r * D + d0;
+    const T* vr = V + r * row_len<T>(D);
     if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m256 wb = _mm256_set1_ps(pb[r]);
-    for (int v = 0; v < NV; ++v) b[v] = _mm256_fmadd_ps(wb, ld8(vr + 8 * v), b[v]);
+    for (int v = 0; v < NV; ++v) b[v] = _mm256_fmadd_ps(wb, ld8(vr, d0 + 8 * v, D), b[v]);
   }
   for (int v = 0; v < NV; ++v) {
     if (two) _mm256_storeu_ps(cb + d0 + 8 * v, b[v]);
@@ -1716,13 +1739,13 @@ ES_AVX2 void qk_block_avx2(const float* qa, const float* qb, const T* K, const T
   for (int64_t j = j0; j < kn; j += 4) {
     if (pf) prefetch_rows(K, j + kAttnPrefetch, 4, D);
     const T* kr[4];
-    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
+    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * row_len<T>(D) : zero;
     __m256 acc[8];
     for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
       const __m256 va = _mm256_loadu_ps(qa + d), vb = _mm256_loadu_ps(qb + d);
       for (int u = 0; u < 4; ++u) {
-        const __m256 kv = ld8(kr[u] + d);
+        const __m256 kv = ld8(kr[u], d, D);
         acc[u] = _mm256_fmadd_ps(va, kv, acc[u]);
         acc[4 + u] = _mm256_fmadd_ps(vb, kv, acc[4 + u]);
       }
@@ -1753,13 +1776,13 @@ ES_AVX512 void qk_block_avx512(const float* qa, const float* qb, const T* K, con
   for (int64_t j = j0; j < kn; j += 4) {
     if (pf) prefetch_rows(K, j + kAttnPrefetch, 4, D);
     const T* kr[4];
-    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
+    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * row_len<T>(D) : zero;
     __m512 acc[8];
     for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 va = _mm512_loadu_ps(qa + d), vb = _mm512_loadu_ps(qb + d);
       for (int u = 0; u < 4; ++u) {
-        const __m512 kv = ld16(kr[u] + d);
+        const __m512 kv = ld16(kr[u], d, D);
         acc[u] = _mm512_fmadd_ps(va, kv, acc[u]);
         acc[4 + u] = _mm512_fmadd_ps(vb, kv, acc[4 + u]);
       }
@@ -1787,20 +1810,20 @@ ES_AVX512 inline void weigh_pair16(const float* pa, const float* pb, const T* V,
   }
   int64_t r = k0;
   for (; r < ka; ++r) {
-    const T* vr = V + r * D + d0;
+    const T* vr = V + r * row_len<T>(D);
     if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m512 wa = _mm512_set1_ps(pa[r]), wb = _mm512_set1_ps(pb[r]);
     for (int v = 0; v < NV; ++v) {
-      const __m512 x = ld16(vr + 16 * v);
+      const __m512 x = ld16(vr, d0 + 16 * v, D);
       a[v] = _mm512_fmadd_ps(wa, x, a[v]);
       b[v] = _mm512_fmadd_ps(wb, x, b[v]);
     }
   }
   for (; r < kb; ++r) {
-    const T* vr = V + r * D + d0;
+    const T* vr = V + r * row_len<T>(D);
     if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m512 wb = _mm512_set1_ps(pb[r]);
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_fmadd_ps(wb, ld16(vr + 16 * v), b[v]);
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_fmadd_ps(wb, ld16(vr, d0 + 16 * v, D), b[v]);
   }
   for (int v = 0; v < NV; ++v) {
     if (two) _mm512_storeu_ps(cb + d0 + 16 * v, b[v]);
@@ -1825,14 +1848,14 @@ ES_AVX512 void qk_block4_avx512(const float* const* q, int n, const T* K, const 
   for (int64_t j = j0; j < kn; j += 4) {
     if (pf) prefetch_rows(K, j + kAttnPrefetch, 4, D);
     const T* kr[4];
-    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * D : zero;
+    for (int u = 0; u < 4; ++u) kr[u] = j + u < kn ? K + (j + u) * row_len<T>(D) : zero;
     __m512 acc[16];  // query p, key u: acc[4 * p + u]
     for (int u = 0; u < 16; ++u) acc[u] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 v0 = _mm512_loadu_ps(q[0] + d), v1 = _mm512_loadu_ps(q[1] + d), v2 = _mm512_loadu_ps(q[2] + d),
                    v3 = _mm512_loadu_ps(q[3] + d);
       for (int u = 0; u < 4; ++u) {
-        const __m512 kv = ld16(kr[u] + d);
+        const __m512 kv = ld16(kr[u], d, D);
         acc[u] = _mm512_fmadd_ps(v0, kv, acc[u]);
         acc[4 + u] = _mm512_fmadd_ps(v1, kv, acc[4 + u]);
         acc[8 + u] = _mm512_fmadd_ps(v2, kv, acc[8 + u]);
@@ -1853,12 +1876,12 @@ ES_AVX512 inline void weigh4_16(const float* const* pw, const T* V, int64_t D, i
     for (int v = 0; v < NV; ++v) a[p][v] = _mm512_loadu_ps(c[p] + d0 + 16 * v);
   int64_t r = k0;
   for (; r < k[0]; ++r) {  // every query
-    const T* vr = V + r * D + d0;
+    const T* vr = V + r * row_len<T>(D);
     if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
     const __m512 w0 = _mm512_set1_ps(pw[0][r]), w1 = _mm512_set1_ps(pw[1][r]), w2 = _mm512_set1_ps(pw[2][r]),
                  w3 = _mm512_set1_ps(pw[3][r]);
     for (int v = 0; v < NV; ++v) {
-      const __m512 x = ld16(vr + 16 * v);
+      const __m512 x = ld16(vr, d0 + 16 * v, D);
       a[0][v] = _mm512_fmadd_ps(w0, x, a[0][v]);
       a[1][v] = _mm512_fmadd_ps(w1, x, a[1][v]);
       a[2][v] = _mm512_fmadd_ps(w2, x, a[2][v]);
@@ -1867,10 +1890,10 @@ ES_AVX512 inline void weigh4_16(const float* const* pw, const T* V, int64_t D, i
   }
   for (int p0 = 1; p0 < 4; ++p0)  // then the later queries' keys past the earlier ones'
     for (; r < k[p0]; ++r) {
-      const T* vr = V + r * D + d0;
+      const T* vr = V + r * row_len<T>(D);
       if (pf) prefetch_rows(V, r + kAttnPrefetch, 1, D);
       for (int v = 0; v < NV; ++v) {
-        const __m512 x = ld16(vr + 16 * v);
+        const __m512 x = ld16(vr, d0 + 16 * v, D);
         for (int p = p0; p < 4; ++p) a[p][v] = _mm512_fmadd_ps(_mm512_set1_ps(pw[p][r]), x, a[p][v]);
       }
     }
@@ -1934,12 +1957,12 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
     rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q + x * D, c.cos + pos * half, c.sin + pos * half, half, D,
            c.a->interleaved);
   }
-  const T* K = c.K + g * c.L * D;
-  const T* V = c.V + g * c.L * D;
+  const T* K = c.K + g * c.L * row_len<T>(D);
+  const T* V = c.V + g * c.L * row_len<T>(D);
   // keys [0, split) from K and V; with an own slot, the last key after them from there (bases shifted so that its
   // index is still the last: each key's score and each value's multiply-add are the same wherever the key sits)
   const int64_t split = c.own >= 0 ? maxkeys - 1 : maxkeys;
-  const int64_t shift = c.own >= 0 ? (c.own - split) * D : 0;
+  const int64_t shift = c.own >= 0 ? (c.own - split) * row_len<T>(D) : 0;
   alignas(32) float t[8];
   // scores: a block of keys (kAttnKeys, L1-sized) for every pair of queries before the next block; two queries x
   // four keys a tile
@@ -2108,8 +2131,10 @@ inline Half float_to_half(float f) {
 }
 #endif
 
-inline float ld1(const float* p) { return *p; }
-inline float ld1(const Half* p) { return half_to_float(*p); }
+// lane d of a cache row of D lanes
+inline float ld1(const float* row, int64_t d, int64_t) { return row[d]; }
+inline float ld1(const Half* row, int64_t d, int64_t) { return half_to_float(row[d]); }
+inline float ld1(const Q8* row, int64_t d, int64_t D) { return float(row[d]) * q8_scale(row, d, D); }
 
 // store_row's numbers: float16 saturating at +-65504 (min and max's operand order: a NaN stays NaN)
 inline void store_row_portable(const float* x, float* y, int64_t D) { std::memcpy(y, x, size_t(D) * sizeof(float)); }
@@ -2120,6 +2145,30 @@ inline void store_row_portable(const float* x, Half* y, int64_t D) {
     y[d] = float_to_half(v);
   }
 }
+
+// a row of D floats into Q8 (every path: scalar code, the same bytes): per group of 32 lanes the scale s = max |x| /
+// 127 (float32 division) and each number x / s rounded to nearest, ties to even (numpy's rint), within +-127; a group
+// of zeros has scale 0. A group holding an infinity or a NaN (which only a model already computing them writes) has
+// a NaN scale and numbers 0: its lanes read as NaN, as a float cache's would make the scores.
+inline void store_row_q8(const float* x, Q8* y, int64_t D) {
+  for (int64_t g0 = 0; g0 < D; g0 += kQ8Group) {
+    float amax = 0.f;
+    bool finite = true;
+    for (int64_t d = g0; d < g0 + kQ8Group; ++d) {
+      finite = finite && std::isfinite(x[d]);
+      amax = std::max(amax, std::fabs(x[d]));
+    }
+    const float s = finite ? amax / 127.0f : NAN;
+    for (int64_t d = g0; d < g0 + kQ8Group; ++d) {
+      float t = finite && s > 0.f ? std::nearbyint(x[d] / s) : 0.f;
+      t = t > 127.f ? 127.f : t < -127.f ? -127.f : t;
+      y[d] = Q8(int(t));
+    }
+    std::memcpy(y + D + g0 / kQ8Group * int64_t(sizeof(float)), &s, sizeof s);
+  }
+}
+
+inline void store_any(const Attn*, const float* x, Q8* y, int64_t D) { store_row_q8(x, y, D); }
 
 template <typename T>
 inline void store_any(const Attn* a, const float* x, T* y, int64_t D) {
@@ -2134,31 +2183,37 @@ inline void store_any(const Attn* a, const float* x, T* y, int64_t D) {
 // row weighed into the output's chains: plain C++, and on aarch64 NEON's fused multiply-adds (vfmaq: the same
 // operation per lane, so the same bits) with float16 widened by the hardware
 #if defined(__aarch64__)
-inline float32x4_t ld4(const float* p) { return vld1q_f32(p); }
-inline float32x4_t ld4(const Half* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline float32x4_t ld4(const float* row, int64_t d, int64_t) { return vld1q_f32(row + d); }
+inline float32x4_t ld4(const Half* row, int64_t d, int64_t) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(row + d)));
+}
+inline float32x4_t ld4(const Q8* row, int64_t d, int64_t D) {  // (ld1's products, one rounding each)
+  const float v[4] = {ld1(row, d, D), ld1(row, d + 1, D), ld1(row, d + 2, D), ld1(row, d + 3, D)};
+  return vld1q_f32(v);
+}
 template <typename T>
 inline void score_lanes(const float* q, const T* k, int64_t D, float* lanes) {
   float32x4_t a = vdupq_n_f32(0.f), b = vdupq_n_f32(0.f);
   for (int64_t d = 0; d < D; d += 8) {
-    a = vfmaq_f32(a, vld1q_f32(q + d), ld4(k + d));
-    b = vfmaq_f32(b, vld1q_f32(q + d + 4), ld4(k + d + 4));
+    a = vfmaq_f32(a, vld1q_f32(q + d), ld4(k, d, D));
+    b = vfmaq_f32(b, vld1q_f32(q + d + 4), ld4(k, d + 4, D));
   }
   vst1q_f32(lanes, a);
   vst1q_f32(lanes + 4, b);
 }
 template <typename T>
 inline void weigh_row(float w, const T* v, int64_t D, float* acc) {
-  for (int64_t d = 0; d < D; d += 4) vst1q_f32(acc + d, vfmaq_n_f32(vld1q_f32(acc + d), ld4(v + d), w));
+  for (int64_t d = 0; d < D; d += 4) vst1q_f32(acc + d, vfmaq_n_f32(vld1q_f32(acc + d), ld4(v, d, D), w));
 }
 #else
 template <typename T>
 inline void score_lanes(const float* q, const T* k, int64_t D, float* lanes) {
   for (int64_t d = 0; d < D; d += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[d + l], ld1(k + d + l), lanes[l]);
+    for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[d + l], ld1(k, d + l, D), lanes[l]);
 }
 template <typename T>
 inline void weigh_row(float w, const T* v, int64_t D, float* acc) {
-  for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(w, ld1(v + d), acc[d]);
+  for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(w, ld1(v, d, D), acc[d]);
 }
 #endif
 
@@ -2173,19 +2228,19 @@ template <typename T>
 void attend_rows_portable(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g) {
   const int64_t D = c.D, H = c.a->H, group = H / c.a->KVH, half = c.rot, W = c.a->window;
   const int64_t nq = (r1 - r0) * group, maxkeys = c.past + r1;
-  const int64_t split = c.own >= 0 ? maxkeys - 1 : maxkeys, shift = c.own >= 0 ? (c.own - split) * D : 0;
+  const int64_t split = c.own >= 0 ? maxkeys - 1 : maxkeys, shift = c.own >= 0 ? (c.own - split) * row_len<T>(D) : 0;
   thread_local std::vector<float> buf;
   if (buf.size() < size_t(2 * D + maxkeys)) buf.resize(size_t(2 * D + maxkeys) + 1024);
   float *q = buf.data(), *acc = q + D, *se = acc + D;
-  const T* K = c.K + g * c.L * D;
-  const T* V = c.V + g * c.L * D;
+  const T* K = c.K + g * c.L * row_len<T>(D);
+  const T* V = c.V + g * c.L * row_len<T>(D);
   for (int64_t x = 0; x < nq; ++x) {
     const int64_t i = r0 + x / group, h = g * group + x % group, pos = c.past + i;
     rotary(c.qkv + (i * (H + 2 * c.a->KVH) + h) * D, q, c.cos + pos * half, c.sin + pos * half, half, D,
            c.a->interleaved);
     const int64_t kn = c.past + i + 1, k1 = W > 0 ? std::max<int64_t>(0, kn - W) : 0, kw = kn - k1;
     for (int64_t j = k1; j < kn; ++j) {
-      const T* kr = (j < split ? K : K + shift) + j * D;
+      const T* kr = (j < split ? K : K + shift) + j * row_len<T>(D);
       float lanes[8] = {};
       score_lanes(q, kr, D, lanes);
       se[j - k1] = tree8(lanes) * c.scale;
@@ -2211,7 +2266,7 @@ void attend_rows_portable(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t 
     const float inv = 1.0f / tree8(sum);
     for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
     for (int64_t j = k1; j < kn; ++j) {
-      const T* vr = (j < split ? V : V + shift) + j * D;
+      const T* vr = (j < split ? V : V + shift) + j * row_len<T>(D);
       const float w = se[j - k1];
       weigh_row(w, vr, D, acc);
     }
@@ -2231,17 +2286,20 @@ void attn_task(void* data, size_t t) {
   attend_rows_portable(c, r0, std::min(c.n, r0 + kAttnRows), g);
 }
 
-// an error naming the op (DecodeAttention or DecodeAttentionF16)
+// an error naming the op (DecodeAttention, DecodeAttentionF16 or DecodeAttentionQ8)
 OrtStatus* attn_fail(const Attn* a, const char* what) {
-  const std::string m = std::string(a->half ? "edgespec.DecodeAttentionF16: " : "edgespec.DecodeAttention: ") + what;
+  const std::string m = std::string(a->q8     ? "edgespec.DecodeAttentionQ8: "
+                                    : a->half ? "edgespec.DecodeAttentionF16: "
+                                              : "edgespec.DecodeAttention: ") + what;
   return fail(m.c_str());
 }
 
-// Half: edgespec.DecodeAttentionF16 (float16 caches)
-template <bool Half>
+// Kind: 0 edgespec.DecodeAttention (float32 caches), 1 DecodeAttentionF16 (float16), 2 DecodeAttentionQ8 (int8)
+template <int Kind>
 OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
   auto* a = new Attn();
-  a->half = Half;
+  a->half = Kind == 1;
+  a->q8 = Kind == 2;
   *out = a;
   if (!ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "num_heads", &a->H)) ||
       !ok(api<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, "kv_num_heads", &a->KVH)))
@@ -2271,10 +2329,10 @@ OrtStatus* attn_create_v2(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo
   return nullptr;
 }
 
-template <bool Half>
+template <int Kind>
 void* attn_create(const OrtCustomOp* op, const OrtApi* api_, const OrtKernelInfo* info) {
   void* a = nullptr;
-  if (OrtStatus* s = attn_create_v2<Half>(op, api_, info, &a)) ok(s);
+  if (OrtStatus* s = attn_create_v2<Kind>(op, api_, info, &a)) ok(s);
   return a;
 }
 
@@ -2334,10 +2392,11 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
                   int64_t n, int64_t D, int64_t L, int64_t past, const int64_t* rel, int64_t m, int64_t R) {
   T *K = static_cast<T*>(data_of(PK)), *V = static_cast<T*>(data_of(PV));
   const T *pk = static_cast<const T*>(data_of(in[1])), *pv = static_cast<const T*>(data_of(in[2]));
+  const int64_t S = row_len<T>(D);  // a cache row's elements
   if (K != pk)  // not bound in place: the present starts as a copy of the past
-    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(K + g * L * D, pk + g * L * D, size_t(past * D) * sizeof(T));
+    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(K + g * L * S, pk + g * L * S, size_t(past * S) * sizeof(T));
   if (V != pv)
-    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(V + g * L * D, pv + g * L * D, size_t(past * D) * sizeof(T));
+    for (int64_t g = 0; g < a->KVH; ++g) std::memcpy(V + g * L * S, pv + g * L * S, size_t(past * S) * sizeof(T));
   const float* qkv = static_cast<const float*>(data_of(in[0]));
   const float *cs = static_cast<const float*>(data_of(in[4])), *sn = static_cast<const float*>(data_of(in[5]));
   const int64_t half = R, row = (a->H + 2 * a->KVH) * D;
@@ -2347,8 +2406,8 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
     for (int64_t g = 0; g < a->KVH; ++g) {
       const int64_t pos = past + (rel ? rel[i] : i), slot = past + i;
       rotary(qkv + i * row + (a->H + g) * D, rot.data(), cs + pos * half, sn + pos * half, half, D, a->interleaved);
-      store_any(a, rot.data(), K + (g * L + slot) * D, D);
-      store_any(a, qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * D, D);
+      store_any(a, rot.data(), K + (g * L + slot) * S, D);
+      store_any(a, qkv + i * row + (a->H + a->KVH + g) * D, V + (g * L + slot) * S, D);
     }
   float* out = static_cast<float*>(data_of(O));
   const float scale = a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D));
@@ -2379,7 +2438,11 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
       dims_of(in[5]) != cd)
     return attn_fail(a, "expects batch 1, qkv [1, n, (H + 2 KVH) D], caches [1, KVH, L, D], cos and sin [P, R] "
                         "(R = D/2, or fewer for a partial rotary)");
-  const int64_t n = qd[1], D = kd[3], L = kd[2];
+  // the head size: the caches' last axis (Q8: qkv's, its caches' rows D numbers and D / 32 scales of 4 bytes)
+  const int64_t n = qd[1], D = a->q8 ? qd[2] / (a->H + 2 * a->KVH) : kd[3], L = kd[2];
+  if (a->q8 && (D % kQ8Group || kd[3] != row_len<Q8>(D)))
+    return attn_fail(a, "the head size must be a multiple of 32 and the caches' rows D + D / 8 bytes (D int8 numbers "
+                        "and a float32 scale for each 32)");
   if (qd[2] != (a->H + 2 * a->KVH) * D || D % 8 || cd[1] <= 0 || cd[1] * 2 > D)
     return attn_fail(a, "the head size does not match qkv and the caches (D a multiple of 8), or cos has more than D/2 "
                         "columns (its rotary pairs: D/2, or fewer for a partial rotary)");
@@ -2412,8 +2475,9 @@ OrtStatus* attn_compute_v2(void* self, OrtKernelContext* ctx) {
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 0, od.data(), od.size(), &O)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 1, kd.data(), kd.size(), &PK)) return s;
   if (OrtStatus* s = api<GetOut>(kKernelContextGetOutput)(ctx, 2, vd.data(), vd.size(), &PV)) return s;
-  return a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1])
-                 : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1]);
+  return a->q8     ? attend<Q8>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1])
+         : a->half ? attend<Half>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1])
+                   : attend<float>(a, ctx, in, O, PK, PV, n, D, L, past, rel, m, cd[1]);
 }
 
 void attn_compute(void* self, OrtKernelContext* ctx) {
@@ -2428,6 +2492,11 @@ int attn16_in_type(const OrtCustomOp*, size_t i) {
   return i == 3 ? kInt32 : i == 6 ? kInt64 : (i == 1 || i == 2) ? kFloat16 : kFloat;
 }
 int attn16_out_type(const OrtCustomOp*, size_t i) { return i == 0 ? kFloat : kFloat16; }
+const char* attn8_name(const OrtCustomOp*) { return "DecodeAttentionQ8"; }
+int attn8_in_type(const OrtCustomOp*, size_t i) {
+  return i == 3 ? kInt32 : i == 6 ? kInt64 : (i == 1 || i == 2) ? kInt8 : kFloat;
+}
+int attn8_out_type(const OrtCustomOp*, size_t i) { return i == 0 ? kFloat : kInt8; }
 size_t attn_in_count(const OrtCustomOp*) { return 7; }  // qkv, caches, seqlens_k, cos, sin, positions (optional)
 size_t attn_out_count(const OrtCustomOp*) { return 3; }
 int attn_char(const OrtCustomOp*, size_t) { return kRequired; }
@@ -2452,13 +2521,17 @@ OrtCustomOp g_op{17,       create_kernel, op_name,  op_ep, in_type, in_count,   
                  destroy,  in_char,       out_char, mem_type, one,  one,              one,        one,
                  create_kernel_v2,        compute_v2, nullptr, one, last};
 
-OrtCustomOp g_attn{17,           attn_create<false>, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
+OrtCustomOp g_attn{17,           attn_create<0>, attn_name, op_ep,    attn_in_type, attn_in_count, out_type, attn_out_count,
                    attn_compute, attn_destroy, attn_in_char, attn_char, mem_type,  one,           one,      one,
-                   one,          attn_create_v2<false>, attn_compute_v2, nullptr, one, last};
+                   one,          attn_create_v2<0>, attn_compute_v2, nullptr, one, last};
 
-OrtCustomOp g_attn16{17,           attn_create<true>, attn16_name, op_ep,    attn16_in_type, attn_in_count, attn16_out_type,
+OrtCustomOp g_attn16{17,           attn_create<1>, attn16_name, op_ep,    attn16_in_type, attn_in_count, attn16_out_type,
                      attn_out_count, attn_compute, attn_destroy, attn_in_char, attn_char, mem_type, one, one, one,
-                     one,          attn_create_v2<true>, attn_compute_v2, nullptr, one, last};
+                     one,          attn_create_v2<1>, attn_compute_v2, nullptr, one, last};
+
+OrtCustomOp g_attn8{17,           attn_create<2>, attn8_name, op_ep,    attn8_in_type, attn_in_count, attn8_out_type,
+                    attn_out_count, attn_compute, attn_destroy, attn_in_char, attn_char, mem_type, one, one, one,
+                    one,          attn_create_v2<2>, attn_compute_v2, nullptr, one, last};
 
 #if ES_X86  // AMX's permission, the x86 paths' choice
 // AMX-INT8 on the CPU and Linux's permission to use its tile data (asked once; per process)
@@ -2554,6 +2627,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_attn);
   if (s) return s;
   s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_attn16);
+  if (s) return s;
+  s = api<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(kCustomOpDomainAdd)(domain, &g_attn8);
   if (s) return s;
   return api<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(kAddCustomOpDomain)(options, domain);
 }
