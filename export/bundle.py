@@ -716,6 +716,12 @@ def _is_assistant(src: Source) -> bool:
         return isinstance(raw, dict) and raw.get("model_type") == ASSISTANT_TYPE
     if src.kind != "hub":
         return False
+    from .source import _check_hub
+
+    try:  # (one quick request where the hub cannot be reached: AutoConfig alone retried it for ~25 s first)
+        _check_hub(src)
+    except ExportError:
+        return False  # the drafter's own path says why, at once
     try:
         from transformers import AutoConfig
 

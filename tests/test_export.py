@@ -199,6 +199,41 @@ def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
     # (session 49, a review) a mistyped local path looks like a hub id: the error says it is no local path either
     assert "no local file or directory someorg/somemodel either" in r.output
 
+
+def test_a_hub_drafter_without_network_fails_at_once(tiny_dirs, tmp_path, monkeypatch):
+    """A hub id as the drafter, no network: the check for a multi-token-prediction assistant asks the hub once,
+    quickly, as the drafter's own reading then does (it retried for ~25 s first; session 61's note)."""
+    import time
+
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    asked = []
+
+    def unreachable(self, repo_id, **kw):
+        asked.append(repo_id)
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained
+
+    def no_retries(name, *a, **k):  # (the hub id through from_pretrained: its ~25 s of retries)
+        if str(name) == "someorg/drafter":
+            asked.append("from_pretrained")
+            raise OSError("unreachable, after retries")
+        return config(name, *a, **k)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_retries)
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "--drafter", "someorg/drafter", "-o",
+                                  str(tmp_path / "b")])
+    assert r.exit_code == 6 and "cannot fetch someorg/drafter" in r.output, r.output
+    assert "from_pretrained" not in asked and "someorg/drafter" in asked, asked
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "b").exists()
+
     class NotFound(Exception):
         response = type("R", (), {"status_code": 404})()
 
