@@ -1974,7 +1974,7 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
     for (int64_t k0 = from; k0 < to; k0 += kAttnKeys) {
       const int64_t end = std::min(to, k0 + kAttnKeys);
       for (int64_t x = 0; x < nq; x += span) {
-        if (span == 4) {
+        if (span == 4 && nq - x > 2) {  // (a last one or two queries go as a pair: no tile of repeats)
           const float* qs[4];
           float* ss[4];
           const int n = int(std::min<int64_t>(4, nq - x));
@@ -2044,7 +2044,7 @@ ES_AVX2 void attend_rows(const AttnCall<T>& c, int64_t r0, int64_t r1, int64_t g
     for (int64_t k0 = from; k0 < to; k0 += kAttnKeys) {
       const int64_t end = std::min(to, k0 + kAttnKeys);
       for (int64_t x = 0; x < nq; x += span) {
-        if (span == 4) {
+        if (span == 4 && nq - x > 2) {
           const float* pw[4];
           float* cs[4];
           int64_t ks[4];
