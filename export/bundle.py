@@ -389,6 +389,18 @@ def _check_config_early(src: Source, role: str) -> None:
     _check_config(cfg, src, role)
 
 
+def _check_int8_heads(cfg, src: Source) -> None:
+    """ExportError for int8 KV caches (``--kv-dtype int8``) a target's heads cannot have: a head size that is no
+    multiple of edgespec.manifest.Q8_GROUP (the rows keep a scale per 32 lanes)."""
+    from edgespec.manifest import Q8_GROUP
+
+    heads = getattr(cfg, "num_attention_heads", None)
+    head = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+    if isinstance(head, int) and head % Q8_GROUP:
+        raise ExportError(f"{src.display}: its heads of {head} lanes cannot keep int8 KV caches (a multiple of "
+                          f"{Q8_GROUP} is needed): use --kv-dtype float16")
+
+
 def _check_config(cfg, src: Source, role: str) -> None:
     """ExportError for a config edgespec cannot export: layers other than attention, or a context under 16 tokens
     (a GGUF whose context_length is 0: the bundle recorded 4,096 and the builder's rotary caches held no position,
@@ -403,7 +415,7 @@ def _check_config(cfg, src: Source, role: str) -> None:
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
                 device: str = "cpu", assistant: Source | None = None, extra: dict | None = None,
-                assistant_opts: dict | None = None) -> ModelSpec:
+                assistant_opts: dict | None = None, kv_int8: bool = False) -> ModelSpec:
     """One model of the bundle, built, described and validated. ``assistant`` (the target's): a multi-token-prediction
     assistant to build beside it (the target graph then gives its hidden states), its spec put in ``extra``."""
     import torch  # noqa: F401  (export-time only)
@@ -416,6 +428,8 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
         kept = None
     cfg = model.config
     _check_config(cfg, src, role)
+    if kv_int8:  # (exact-kernels --kv-dtype int8 after the build: refused now, not after minutes of it)
+        _check_int8_heads(text_config(cfg), src)
     # an image-text checkpoint's decoder (Ministral 3, Gemma 3 4B+): its vocabulary, context, window and rotary are its
     # text config's (the top level has none of them: every such bundle held 4,096 tokens, the vocabulary unchecked)
     text_cfg = text_config(cfg)
@@ -855,6 +869,9 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         if drafter_quant is not None and drafter_quant.algorithm != "rtn":
             raise ExportError("an assistant's weights are quantized by round to nearest (onnxruntime's "
                               f"MatMulNBitsQuantizer): --drafter-quant-algo {drafter_quant.algorithm} does not apply")
+        if exact_kernels and kv_dtype == "int8":
+            raise ExportError("the assistant reads the target's KV caches as float16 or float32: --kv-dtype int8 "
+                              "does not apply with it (use float16)")
         asrc, dsrc = dsrc, None
     _check_combination(target_precision, quant)
     _check_float_zero_points(quant, tsrc, target_precision, device)
@@ -911,7 +928,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         models = {"target": _export_one("target", tsrc, ttok, stage, target_precision, quant, max_context, tfp,
                                         progress, quality_fn, device, assistant=asrc, extra=extra,
                                         assistant_opts={"assistant_precision": drafter_precision,
-                                                        "quant": drafter_quant})}
+                                                        "quant": drafter_quant},
+                                        kv_int8=exact_kernels and kv_dtype == "int8")}
         if dsrc:
             models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
                                             max_context, dfp, progress, quality_fn, drafter_device)

@@ -175,6 +175,34 @@ def test_q8_stores_extreme_and_non_finite_values_as_numpy_does(isa, monkeypatch)
     assert np.isfinite(out[0, :L - 1]).all()  # (the last row reads the NaN groups)
 
 
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+def test_q8_store_rounds_exact_ties_to_even_and_divides_by_the_scale(isa, monkeypatch):
+    """(session 62, a review) Random values almost never land on a tie: groups whose scale is exactly 1 (max |x|
+    127) make every x / s an exact tie, rounded half to even as numpy's rint (half away from zero gives other
+    numbers), and groups where x / s and x * (1 / s) round apart (found by a seeded search) tell a division from a
+    multiplication by the inverse (llama.cpp's form): numpy's rows bit for bit, on every path."""
+    H = KVH = 1
+    D, L = 64, 4
+    ties = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 3.5, 126.5, -125.5] * 4, np.float32)
+    ties[-1] = 127.0
+    rng, apart = np.random.default_rng(5), []
+    while len(apart) < L:
+        g = rng.standard_normal((200_000, 32)).astype(np.float32)
+        s = (np.abs(g).max(-1) / np.float32(127)).astype(np.float32)
+        apart += list(g[(np.rint(g / s[:, None]) != np.rint(g * (np.float32(1) / s)[:, None])).any(-1)])
+    vals = np.zeros((L, KVH, D), np.float32)
+    vals[:, 0, :32] = ties
+    vals[:, 0, 32:] = np.stack(apart[:L])
+    qkv = np.zeros((1, L, (H + 2 * KVH) * D), np.float32)
+    qkv[0, :, (H + KVH) * D:] = vals.reshape(L, KVH * D)  # the values (no rotary on them)
+    sess = _on_path(isa, monkeypatch, lambda: _session(_attention_graph("DecodeAttentionQ8", H, KVH, D, L, L)))
+    k = np.zeros((1, KVH, L, D + D // 8), np.int8)
+    pv = sess.run(None, _feeds(qkv, 0, k, k))[2]
+    want = q8_quantize(vals)
+    assert list(want[0, 0, :8]) == [0, 2, 2, 0, -2, 4, 126, -126]
+    assert np.array_equal(pv[0].transpose(1, 0, 2), want)
+
+
 def test_q8_refuses_a_head_size_or_cache_rows_it_cannot_hold():
     """A head size that is no multiple of 32, or caches whose rows are not D + D / 8 bytes: one error naming the
     op, before anything is read or written."""
@@ -210,7 +238,7 @@ def head32(tmp_path_factory):
     logs: list[str] = []
     q8 = apply_to_bundle(b, root / "b-q8", log=logs.append, kv_dtype="int8")
     f16 = apply_to_bundle(b, root / "b-f16", log=lambda _: None)
-    return {"source": b, "q8": q8, "f16": f16, "logs": logs}
+    return {"source": b, "q8": q8, "f16": f16, "logs": logs, "target": t, "tok": tok}
 
 
 PROMPT = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n            print('FizzBuzz')\n"
@@ -302,6 +330,34 @@ def test_int8_caches_are_refused_where_they_cannot_be(head32, tiny_int4_bundle, 
         (b / "edgespec.json").write_text(json.dumps(bad))
         with pytest.raises(ManifestError, match=f"kv_dtype int8 needs the cpu layout .*{says}"):
             load_manifest(b)
+
+
+def test_a_drafter_whose_heads_cannot_be_int8_keeps_float16_caches(head32, tmp_path):
+    """An int8 target with a drafter of 16-lane heads (the same tokenizer): the drafter's caches stay float16, the
+    log says why, and greedy speculative decoding with it equals plain decoding. ``export --exact-kernels --kv-dtype
+    int8`` of a target with such heads is refused before the build."""
+    from tiny import make_model
+
+    import edgespec
+    from edgespec.errors import ExportError
+    from edgespec_export import export_bundle
+    from edgespec_export.kernels import apply_to_bundle
+
+    small = make_model(tmp_path / "small", "qwen2", seed=3, tokenizer=head32["tok"], hidden=64, heads=4, kv_heads=2,
+                       max_pos=512)
+    b = export_bundle(str(head32["target"]), tmp_path / "b", quality=False, drafter=str(small),
+                      target_precision="int4", drafter_precision="int4")
+    logs: list[str] = []
+    out = apply_to_bundle(b, tmp_path / "b8", log=logs.append, kv_dtype="int8")
+    assert any("head size 16 is not a multiple of 32: its KV caches float16" in line for line in logs), logs
+    eng = edgespec.load(out, memory=False)
+    assert eng.manifest.target.kv_dtype == "int8" and eng.manifest.drafter.kv_dtype == "float16"
+    ar = eng.generate(PROMPT, max_new_tokens=48, drafter="none", ignore_eos=True)
+    assert eng.generate(PROMPT, max_new_tokens=48, drafter="model", ignore_eos=True).token_ids == ar.token_ids
+    with pytest.raises(ExportError, match="heads of 16 lanes cannot keep int8 KV caches"):
+        export_bundle(str(small), tmp_path / "x", quality=False, target_precision="int4", exact_kernels=True,
+                      kv_dtype="int8")
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_cli_takes_int8_and_refuses_it_in_one_line(head32, tiny_int4_bundle, tmp_path):

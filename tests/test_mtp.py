@@ -227,6 +227,11 @@ def test_mtp_decodes_exactly_on_quantized_bundles(pair, kind, tmp_path_factory):
         out = pair["root"] / "b-int4-xk"
         if not out.exists():
             apply_to_bundle(b, out)
+        from edgespec.errors import ExportError
+
+        with pytest.raises(ExportError, match="multi-token-prediction assistant, which reads the target's caches"):
+            apply_to_bundle(b, pair["root"] / "b-int4-xk8", kv_dtype="int8")  # (refused before anything is copied)
+        assert not (pair["root"] / "b-int4-xk8").exists()
         b = out
         m = load_manifest(b)
         assert m.target.kv_dtype == "float16" and m.assistant is not None
@@ -340,7 +345,9 @@ def test_an_assistant_export_it_cannot_make_is_refused_in_one_line(pair, tiny_di
             (pair["target"], a, ["--drafter-precision", "fp16"], "exports at --drafter-precision fp32, int8, int4"),
             (pair["target"], a, ["--drafter-precision", "int4", "--drafter-quant-algo", "hqq"],
              "--drafter-quant-algo hqq does not apply"),
-            (pair["target"], a, ["--device", "cuda", "--target-precision", "int4"], "export it with --device cpu")):
+            (pair["target"], a, ["--device", "cuda", "--target-precision", "int4"], "export it with --device cpu"),
+            (pair["target"], a, ["--target-precision", "int4", "--exact-kernels", "--kv-dtype", "int8"],
+             "--kv-dtype int8 does not apply with it")):
         with pytest.raises(SystemExit) as e:
             main(["export", str(target), "--drafter", drafter, "-o", str(tmp_path / "b"), "--target-precision",
                   "fp32", "--no-quality", *extra])
