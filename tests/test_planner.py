@@ -448,7 +448,7 @@ def test_unknown_key_is_named(tmp_path):
     ("draft_tokens = 65", "draft_tokens"),
     ("max_draft_tokens = 0", "max_draft_tokens"),
     ("prefill_chunk = true", "prefill_chunk"),
-    ('kv_dtype = "int8"', "kv_dtype"),
+    ('kv_dtype = "int4"', "kv_dtype"),
     ('drafter = "bigger"', "drafter"),
     ('providers = ["gpu"]', "providers"),
     ("providers = []", "providers"),
