@@ -226,6 +226,31 @@ class _ConvLayer:
         return self.inputs[: self.channels * n].reshape(self.channels, n)
 
 
+@dataclass
+class ConvSnapshot:
+    """The convolution layers' states at positions ``start``..``end`` of a sequence, kept beside its KV rows by the
+    prompt cache: each layer's state after the first ``start`` positions and its conv inputs at ``start``..``end - 1``
+    (the state at any position between is the last ``k`` columns of the two joined: ``ConvStates.restore``)."""
+
+    start: int
+    states: list[np.ndarray]  # per layer [channels, k]
+    inputs: list[np.ndarray]  # per layer [channels, end - start]
+
+    @property
+    def end(self) -> int:
+        return self.start + (self.inputs[0].shape[1] if self.inputs else 0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.states) + sum(a.nbytes for a in self.inputs)
+
+    def cut(self, n: int) -> "ConvSnapshot | None":
+        """The snapshot up to position ``n`` (None where ``n`` is outside it)."""
+        if not self.start <= n <= self.end:
+            return None
+        return ConvSnapshot(self.start, self.states, [x[:, : n - self.start] for x in self.inputs])
+
+
 class ConvStates:
     """The convolution layers' states (LFM2's ``conv`` layers), kept so that a rejected draft rolls them back.
 
@@ -314,6 +339,38 @@ class ConvStates:
 
     def reachable_from(self) -> int:
         return self._segments[0][0] if self._segments else self.pos
+
+    def snapshot(self, n: int) -> ConvSnapshot | None:
+        """The states of the kept calls' positions up to ``n`` (at most the last ``keep`` of them), for the prompt
+        cache to restore later (``restore``); None where ``n`` is not reachable (or 0: nothing to keep)."""
+        if n <= 0 or not self.layers:
+            return None
+        if not self._segments:
+            if n != self.pos:
+                return None
+            return ConvSnapshot(n, [cl.past[0].copy() for cl in self.layers],
+                                [np.zeros((cl.channels, 0), np.float32) for cl in self.layers])
+        s0, before = self._segments[0][0], self._segments[0][1]
+        xs = [np.concatenate([seg[2][i] for seg in self._segments], axis=1) for i in range(len(self.layers))]
+        if not s0 <= n <= s0 + xs[0].shape[1]:  # (the calls are contiguous: each starts where the last ended)
+            return None
+        start = max(s0, n - self.keep)
+        states = [np.concatenate([b, x[:, : start - s0]], axis=1)[:, -cl.past.shape[2]:] if start > s0 else b.copy()
+                  for cl, b, x in zip(self.layers, before, xs)]
+        return ConvSnapshot(start, states, [x[:, start - s0: n - s0].copy() for x in xs])
+
+    def restore(self, snap: ConvSnapshot, at: int) -> None:
+        """Set the states after the first ``at`` positions from ``snap`` (``snap.start <= at <= snap.end``): the past
+        buffers, and the positions back to ``snap.start`` reachable again."""
+        used = at - snap.start
+        if not 0 <= used <= snap.end - snap.start:
+            raise ValueError(f"a snapshot of positions {snap.start}..{snap.end} cannot restore position {at}")
+        for cl, b, x in zip(self.layers, snap.states, snap.inputs):
+            k = cl.past.shape[2]
+            cl.past[0] = np.concatenate([b, x[:, :used]], axis=1)[:, -k:] if used else b
+        self._segments = [(snap.start, [b.copy() for b in snap.states], [x[:, :used].copy() for x in snap.inputs])
+                          ] if used else []
+        self.pos = at
 
     def after_call(self, at: int, n: int) -> None:
         """A call of ``n`` tokens from position ``at`` ran: keep its states before and inputs, the past buffers take

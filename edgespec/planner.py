@@ -269,9 +269,6 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     def finish(p: Plan) -> Plan:
         """``p`` with its prompt cache sized (CPU targets; see prompt_cache_bytes)."""
         size, cut, warn = prompt_cache_bytes(p, profile)
-        if manifest.target.conv_layers:  # (convolution states cannot be restored at a kept prefix: kv.ConvStates)
-            size, cut, warn = 0, None, ("the prompt cache keeps KV caches only: none for a model with convolution "
-                                        "layers" if profile.prompt_cache_mb else None)
         return replace(p, prompt_cache=size, cuts=p.cuts + ((cut,) if cut else ()),
                        warnings=p.warnings + ((warn,) if warn else ()))
 

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .kv import common_prefix
+from .kv import ConvSnapshot, common_prefix
 
 # Fewer cached tokens than this are not worth a copy (a prefill of them is a few target calls).
 MIN_TOKENS = 16
@@ -35,10 +35,16 @@ MIN_TOKENS = 16
 class _Entry:
     ids: np.ndarray  # int64 [n]
     rows: list[np.ndarray]  # per KV buffer (layer x key/value): [kv_heads, n, head_dim], a copy
+    conv: ConvSnapshot | None = None  # a model with convolution layers: their states at the last positions
 
     @property
     def nbytes(self) -> int:
-        return sum(r.nbytes for r in self.rows) + self.ids.nbytes
+        return sum(r.nbytes for r in self.rows) + self.ids.nbytes + (self.conv.nbytes if self.conv else 0)
+
+    def usable(self, m: int) -> int:
+        """How much of a match of ``m`` positions can be restored: all, or for a model with convolution layers none
+        where their states at ``m`` were not kept (before ``conv.start``)."""
+        return m if self.conv is None or m >= self.conv.start else 0
 
 
 class PromptCache:
@@ -96,7 +102,7 @@ class PromptCache:
             for key, e in self._entries.items():
                 if min(e.ids.size, ids.size) <= best_n:
                     continue
-                m = common_prefix(e.ids, ids)
+                m = e.usable(common_prefix(e.ids, ids))
                 if m > best_n:
                     best, best_n = key, m
         return best, best_n
@@ -109,10 +115,17 @@ class PromptCache:
         n = cache.length
         per = self.row_bytes(cache) + 8  # (+ the id)
         ids = cache.ids.view()
+        conv = getattr(cache, "conv", None)
+        snap = conv.snapshot(n) if conv is not None else None  # (the convolution layers' states at the end)
+        if conv is not None and snap is None:
+            return False
         with self._lock:
             kept = self._entries.get(keep)
-            n = min(n, (self.budget - (kept.nbytes if kept is not None else 0)) // per)  # its first rows at most
-            if n < self.min_tokens:
+            left = self.budget - (kept.nbytes if kept is not None else 0) - (snap.nbytes if snap else 0)
+            n = min(n, left // per)  # its first rows at most
+            if snap is not None and n < snap.end:  # (cut: the states at its end, where they were kept)
+                snap = snap.cut(n)
+            if n < self.min_tokens or (conv is not None and snap is None):
                 return False
             ids = ids[:n]
             for key, e in list(self._entries.items()):
@@ -129,7 +142,7 @@ class PromptCache:
                 self.evictions += 1
             rows = [a[0, :, :n].copy() for a in cache.host]  # (a copy: a slice may be contiguous, and a view)
             self._key += 1
-            self._entries[self._key] = _Entry(ids.copy(), rows)
+            self._entries[self._key] = _Entry(ids.copy(), rows, snap)
             self.saves += 1
             self.version += 1
         return True
@@ -140,9 +153,12 @@ class PromptCache:
         held already (the counters count the rest)."""
         with self._lock:
             e = self._entries.get(key)
-            if e is None:
+            conv = getattr(cache, "conv", None)
+            if e is None or (conv is not None) != (e.conv is not None):
                 return 0
             n = min(n, e.ids.size, cache.max_len)
+            if e.usable(n) != n:
+                return 0
             self._entries.move_to_end(key)
             # the ids first cut to the rows both hold, then the rest copied, then their ids: an interrupt
             # (Ctrl-C) in the copy leaves a cache whose ids name its rows (the ids were set after the copy, and a
@@ -151,6 +167,8 @@ class PromptCache:
             cache.ids.truncate(have)
             for a, r in zip(cache.host, e.rows):
                 a[0, :, have:n] = r[:, have:n]
+            if conv is not None:  # (the states at n: after the rows, before their ids, as the rows)
+                conv.restore(e.conv, n)
             cache.ids.extend(e.ids[have:n])
             self.restores += 1
             self.restored_tokens += max(0, n - have)

@@ -119,6 +119,64 @@ def test_a_prefix_out_of_the_states_reach_is_read_again(lfm2, monkeypatch):
         got.token_ids
 
 
+def _chat(*turns):
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+
+
+@pytest.mark.parametrize("drafter,bundle", [("none", "pair"), ("auto", "pair"), ("auto", "xk")])
+def test_a_conversation_set_aside_is_restored_with_its_conv_states(request, lfm2, drafter, bundle):
+    """(session 62) The prompt cache keeps a conversation's KV rows and its convolution layers' states at its last
+    positions (``kv.ConvSnapshot``): A, B, then A's next turn restores A (rows and states) and replies as an engine
+    that never saw B; on exact-kernels (a row computed alike in any call) with the same logprobs, bit for bit, as a
+    fresh engine's prefill of the whole history. The plan gives a conv model a prompt cache now."""
+    import edgespec
+
+    if bundle == "xk":
+        lfm2 = {"pair": request.getfixturevalue("lfm2_xk")}
+    kw = dict(max_new_tokens=12, temperature=0.0, drafter=drafter, logprobs=1)
+    a = "one two three four five six seven eight " * 3
+    b = "alpha beta gamma delta epsilon " * 4
+    ref = edgespec.load(lfm2["pair"], prompt_cache_mb=0, memory=False)
+    a1 = ref.generate(_chat(a), **kw)
+    follow = _chat(a, a1.text, "nine ten")
+    want = ref.generate(follow, **kw)
+    eng = edgespec.load(lfm2["pair"], prompt_cache_mb=16, memory=False)
+    assert eng.plan.prompt_cache > 0 and not eng.plan.warnings
+    assert eng.generate(_chat(a), **kw).token_ids == a1.token_ids
+    eng.generate(_chat(b), **kw)
+    got = eng.generate(follow, **kw)
+    assert got.stats["restored_prompt_tokens"] > 20, got.stats
+    assert got.token_ids == want.token_ids
+    fresh = edgespec.load(lfm2["pair"], prompt_cache_mb=0, memory=False).generate(follow, **kw)
+    assert fresh.token_ids == want.token_ids
+    if bundle == "xk":
+        assert [d["logprob"] for d in got.logprobs] == [d["logprob"] for d in fresh.logprobs]
+
+
+def test_a_kept_conversation_whose_states_do_not_reach_the_shared_prefix_is_read_again(lfm2, monkeypatch):
+    """A kept sequence's states cover its last CONV_KEEP positions: a prompt sharing a shorter prefix with it is not
+    restored from it (its states there are gone) but read again, with a fresh engine's reply; one sharing the whole
+    of it is restored."""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    monkeypatch.setattr(manifest, "CONV_KEEP", 4)
+    kw = dict(max_new_tokens=10, temperature=0.0, drafter="none")
+    a = "one two three four five six seven eight " * 3
+    eng = edgespec.load(lfm2["fp32"], prompt_cache_mb=16, memory=False)
+    eng.generate(a, **{**kw, "max_new_tokens": 1})  # (A's positions alone in the cache)
+    eng.generate("alpha beta gamma delta epsilon " * 4, **kw)  # (A kept, its states at its last 4 positions)
+    n = len(eng.tokenizer.encode(a))
+    early = eng.generate(a[: len(a) // 2] + " zeta", **kw)  # (shares about half of A: before its states)
+    assert early.stats["restored_prompt_tokens"] == 0
+    fresh = edgespec.load(lfm2["fp32"], prompt_cache_mb=0, memory=False)
+    assert early.token_ids == fresh.generate(a[: len(a) // 2] + " zeta", **kw).token_ids
+    whole = a + " nine ten"
+    got = eng.generate(whole, **kw)
+    assert got.stats["restored_prompt_tokens"] >= n - 1, (got.stats, n)
+    assert got.token_ids == fresh.generate(whole, **kw).token_ids
+
+
 def test_a_text_scored_after_a_long_generation_reads_it_from_the_start(lfm2, monkeypatch):
     """(a review) ``score`` reads a text from position 0 without a prefill: after a generation past the states'
     reach it failed with an untyped RuntimeError. Position 0's states are zeros: always reachable."""
@@ -169,15 +227,20 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     # (a review: each layer checked here, the last one too, whose error no later layer would show)
 
 
-def test_exact_kernels_take_lfm2(lfm2, tmp_path):
+@pytest.fixture(scope="module")
+def lfm2_xk(lfm2):
+    from edgespec_export.kernels import apply_to_bundle
+
+    return apply_to_bundle(lfm2["pair"], lfm2["root"] / "xk")
+
+
+def test_exact_kernels_take_lfm2(lfm2_xk):
     """edgespec's INT4 kernel and attention in the attention layers and every matrix (the convolutions stay
     onnxruntime's, which compute a position alike at every call width): one-token calls, float16 KV caches beside
     float32 conv states, greedy output equal to plain decoding under every drafter."""
     import edgespec
-    from edgespec_export.kernels import apply_to_bundle
 
-    out = apply_to_bundle(lfm2["pair"], tmp_path / "xk")
-    eng = edgespec.load(out, memory=False)
+    eng = edgespec.load(lfm2_xk, memory=False)
     t = eng.decoder.target
     assert t.spec.kernels == "edgespec-q4" and t.spec.kv_dtype == "float16" and t.spec.conv_layers
     assert (t.min_width, t.width_multiple) == (1, 1) and not t.verifies_alternates
@@ -186,8 +249,8 @@ def test_exact_kernels_take_lfm2(lfm2, tmp_path):
 
 
 def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
-    """The cuda layout and a GPU provider (the states are set on the host), a prompt cache file (a kept prefix's
-    states cannot be restored): each refused in one line; a manifest whose conv layers are malformed too."""
+    """The cuda layout and a GPU provider (the states are set on the host), a prompt cache file (which holds KV
+    rows, not the states the prompt cache keeps in memory): each refused in one line; a manifest whose conv layers are malformed too."""
     import json
     import shutil
 
@@ -211,7 +274,7 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
         with pytest.raises(BundleError, match="has convolution layers, which edgespec runs on the CPU only") as e:
             edgespec.load(lfm2["fp32"], memory=False)
         assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="convolution layers, whose state a prompt cache cannot restore"):
+    with pytest.raises(ConfigError, match="convolution layers, whose states a prompt cache file does not hold"):
         edgespec.load(lfm2["pair"], memory=False, prompt_cache_file=str(tmp_path / "cache.bin"))
     b = tmp_path / "edited"
     shutil.copytree(lfm2["fp32"], b)
