@@ -162,7 +162,44 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     and ``drafter_providers`` (default: the profile's drafter_provider, else ``providers``) decide
     where each model runs, so how its weights are counted and whether the CUDA runtime allowance
     is; each KV cache is counted in its graph's dtype. ``keep_drafter``: a plan without the model
-    drafter is a ``BudgetError`` (a placement asked for explicitly must fit)."""
+    drafter is a ``BudgetError`` (a placement asked for explicitly must fit). Where the budget cuts the context of
+    float16 caches that int8 ones (``exact-kernels --kv-dtype int8``) would hold more of, a warning says how much."""
+    kw = dict(max_context=max_context, use_drafter=use_drafter, providers=providers,
+              drafter_providers=drafter_providers, keep_drafter=keep_drafter)
+    p = _plan(manifest, profile, **kw)
+    q8 = _int8_twin(manifest)
+    if q8 is not None and not p.gpu and any(c.startswith("context ") for c in p.cuts):
+        try:
+            alt = _plan(q8, profile, **kw)
+        except BudgetError:
+            return p
+        if alt.context > p.context and alt.drafter == p.drafter:
+            p = replace(p, warnings=p.warnings + (
+                f"the budget cuts the context to {p.context} tokens; int8 KV caches would hold about {alt.context} "
+                "(edgespec exact-kernels BUNDLE -o OUT --kv-dtype int8: 0.56x float16's bytes)",))
+    return p
+
+
+def _int8_twin(manifest: Manifest) -> Manifest | None:
+    """``manifest`` as `exact-kernels --kv-dtype int8` would have written it (each model of edgespec's kernels with
+    float16 caches and heads of a multiple of 32 lanes: int8 caches), or None where its target cannot have them."""
+    from .manifest import Q8_GROUP
+
+    def twin(spec):
+        if (spec is None or spec.kernels != "edgespec-q4" or spec.kv_dtype != "float16" or spec.layout != "cpu"
+                or any(spec.kv_shape(i)[1] % Q8_GROUP for i in range(spec.num_layers) if spec.has_kv(i))):
+            return None
+        return replace(spec, kv_dtype="int8")
+
+    target = twin(manifest.target)
+    if target is None or manifest.assistant is not None:
+        return None
+    return replace(manifest, target=target, drafter=twin(manifest.drafter) or manifest.drafter)
+
+
+def _plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None, use_drafter: bool = True,
+          providers: Sequence[str] | None = None, drafter_providers: Sequence[str] | None = None,
+          keep_drafter: bool = False) -> Plan:
     if max_context is not None and max_context < 1:
         raise ConfigError(f"max_context must be a positive number of tokens, got {max_context}")
     budget = profile.budget_bytes

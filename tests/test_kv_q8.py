@@ -306,6 +306,44 @@ def test_an_int8_bundle_keeps_its_prompt_cache_and_plans_its_rows(head32, tmp_pa
     assert kv["q8"]["target"] * 64 == kv["f16"]["target"] * 36 > 0, kv
 
 
+def test_the_plan_says_how_much_more_context_int8_caches_would_hold(head32, tmp_path):
+    """Where the budget cuts the context of a bundle with float16 caches, the plan's warning says how many tokens
+    int8 caches would hold (the planner's own figure for the bundle with int8 caches); none where the caches are int8
+    already, where nothing is cut, or on a GPU provider (edgespec's attention is the CPU's)."""
+    import shutil
+
+    from edgespec.manifest import load_manifest
+    from edgespec.planner import plan
+    from edgespec.profiles import load_profile
+
+    def wide(key):  # (a context of 400,000 tokens: KV caches the size of the budget's margin)
+        b = tmp_path / key
+        shutil.copytree(head32[key], b)
+        doc = json.loads((b / "edgespec.json").read_text())
+        for role in ("target", "drafter"):
+            doc["models"][role]["max_context"] = 400_000
+        (b / "edgespec.json").write_text(json.dumps(doc))
+        return load_manifest(b)
+
+    prof = tmp_path / "p.toml"
+    prof.write_text("memory_budget_mb = 400\nmax_context = 400000\nprompt_cache_mb = 0\n")
+    profile = load_profile(prof)
+    f16, q8 = wide("f16"), wide("q8")
+    p = plan(f16, profile)
+    assert p.context < 400_000 and any(c.startswith("context ") for c in p.cuts)
+    hint = [w for w in p.warnings if "int8 KV caches would hold" in w]
+    assert len(hint) == 1, p.warnings
+    said = int(hint[0].split("would hold about ")[1].split()[0])
+    assert said > p.context * 1.1, (said, p.context)  # (0.5625x the KV bytes a token; the suffix indexes stay)
+    assert abs(said - plan(q8, profile).context) <= 0.02 * said  # (the int8 bundle's own plan: its measured weights)
+    assert not [w for w in plan(q8, profile).warnings if "int8" in w]
+    assert not [w for w in plan(f16, profile, max_context=1000).warnings if "int8" in w]
+    prof.write_text("memory_budget_mb = 1700\nmax_context = 400000\nprompt_cache_mb = 0\n")
+    gpu = plan(f16, load_profile(prof), providers=["cuda"])  # (the CUDA runtime's allowance in the budget)
+    assert gpu.gpu and any(c.startswith("context ") for c in gpu.cuts), gpu.cuts
+    assert not [w for w in gpu.warnings if "int8" in w]
+
+
 def test_int8_caches_are_refused_where_they_cannot_be(head32, tiny_int4_bundle, tmp_path):
     """A head size that is no multiple of 32 (the tiny target's 16), onnxruntime's attention, a manifest that says
     int8 on the cuda layout or with such heads: one-line errors; nothing is written."""
