@@ -248,7 +248,7 @@ class ConvSnapshot:
         """The snapshot up to position ``n`` (None where ``n`` is outside it)."""
         if not self.start <= n <= self.end:
             return None
-        return ConvSnapshot(self.start, self.states, [x[:, : n - self.start] for x in self.inputs])
+        return ConvSnapshot(self.start, self.states, [x[:, : n - self.start].copy() for x in self.inputs])
 
 
 class ConvStates:
@@ -329,6 +329,7 @@ class ConvStates:
                               f"{at}: the model cannot continue from there (reset it)")
         start, before, inputs = self._segments[j]
         used = at - start
+        self.pos = -1  # (until every layer is written: an interrupt between layers leaves no position claimed)
         for cl, b, x in zip(self.layers, before, inputs):
             k = cl.past.shape[2]
             cl.past[0] = np.concatenate([b, x[:, :used]], axis=1)[:, -k:] if used else b
@@ -365,6 +366,7 @@ class ConvStates:
         used = at - snap.start
         if not 0 <= used <= snap.end - snap.start:
             raise ValueError(f"a snapshot of positions {snap.start}..{snap.end} cannot restore position {at}")
+        self.pos, self._segments = -1, []  # (until every layer is written: see seek)
         for cl, b, x in zip(self.layers, snap.states, snap.inputs):
             k = cl.past.shape[2]
             cl.past[0] = np.concatenate([b, x[:, :used]], axis=1)[:, -k:] if used else b

@@ -287,8 +287,8 @@ class CausalLM:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.max_context}")
         common = min(self.cache.ids.common_prefix(ids), len(ids) - 1)  # feed >= 1 token to get logits
         if not self.cache.reachable(common):  # (convolution states: the recent positions only)
-            common = 0
-            self.cache.reset()
+            common = 0  # (read from the start; the cache's content left for the prompt cache to keep, the states
+            # zeros at the first call: ConvStates.seek(0))
         live = common
         if self.prompt_cache is not None:
             common = self.prompt_cache.before_prefill(self.cache, ids, common)

@@ -129,12 +129,13 @@ class PromptCache:
                 return False
             ids = ids[:n]
             for key, e in list(self._entries.items()):
-                if e.ids.size >= n and np.array_equal(e.ids[:n], ids):  # already kept (or a longer one)
-                    self._entries.move_to_end(key)
+                if e.ids.size >= n and e.usable(n) == n and np.array_equal(e.ids[:n], ids):  # already kept
+                    self._entries.move_to_end(key)  # (or a longer one that restores it)
                     return False
-                if e.ids.size < n and key != keep and np.array_equal(ids[: e.ids.size], e.ids):  # this extends it
+                if (e.ids.size < n and key != keep and (snap is None or e.ids.size >= snap.start)
+                        and np.array_equal(ids[: e.ids.size], e.ids)):  # this extends it (and restores it)
                     del self._entries[key]
-            need, used = n * per, self._bytes()
+            need, used = n * per + (snap.nbytes if snap is not None else 0), self._bytes()
             for key in [k for k in self._entries if k != keep]:  # least recently used first
                 if used + need <= self.budget:
                     break

@@ -177,6 +177,82 @@ def test_a_kept_conversation_whose_states_do_not_reach_the_shared_prefix_is_read
     assert got.token_ids == fresh.generate(whole, **kw).token_ids
 
 
+@pytest.mark.parametrize("other", ["you are a helpful bot alpha beta gamma delta epsilon alpha beta gamma delta",
+                                   "alpha beta gamma delta epsilon alpha beta gamma delta epsilon"])
+def test_a_conversation_set_aside_by_one_sharing_its_first_tokens_is_kept(lfm2, monkeypatch, other):
+    """(a review) A, then B sharing A's first tokens (a system prompt, a chat template's first tokens) further back than
+    the states reach: the prefill reads B from its start, and A is kept first (the cache was reset before the prompt
+    cache saw it: nothing past the states' reach from a shared start was ever kept); A's next turn restores it. B
+    sharing nothing: kept as well."""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    monkeypatch.setattr(manifest, "CONV_KEEP", 4)
+    kw = dict(max_new_tokens=10, temperature=0.0, drafter="none")
+    a = "you are a helpful bot " + "one two three four five six seven eight " * 3
+    eng = edgespec.load(lfm2["fp32"], prompt_cache_mb=16, memory=False)
+    eng.generate(a, **kw)
+    held = eng.decoder.target.cache.ids.tolist()  # (A and its reply: past the states' reach from its start)
+    eng.generate(other, **kw)
+    assert eng.prompt_cache_stats()["saves"] == 1
+    t = eng.decoder.target
+    t.prefill(held + [int(x) for x in eng.tokenizer.encode(" nine ten")][-2:])
+    assert t.last_restored > 20
+
+
+def test_the_prompt_cache_of_a_conv_model_stays_within_its_budget(lfm2):
+    """(a review) An entry's conv states count in the budget when room is made for it (they were counted once kept,
+    not when the older entries were evicted: a 1 MiB cache held 1,060,832 bytes)."""
+    import edgespec
+
+    eng = edgespec.load(lfm2["fp32"], prompt_cache_mb=1, memory=False)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    for i in range(30):
+        prompt = " ".join(words[(i + j * 7) % len(words)] for j in range(25)) + f" {i}"
+        eng.generate(prompt, max_new_tokens=8, temperature=0.0, drafter="none")
+        s = eng.prompt_cache_stats()
+        assert s["bytes"] <= s["budget"], (i, s)
+    assert s["saves"] > 5 and s["evictions"] > 0, s
+
+
+@pytest.mark.parametrize("new", [3, 16])  # (3: the prompt's call still kept, older than the snapshot's start)
+def test_a_snapshot_restores_every_position_it_covers(lfm2, monkeypatch, new):
+    """(a review) A snapshot restores, at every position it covers, the state the same calls left there (read back by
+    ``seek`` on a twin engine), over another conversation's states; and seeking back within the restored positions
+    gives them again. (Off by one, a state from the wrong call, a restore keeping the other conversation's calls: each
+    passed the tests above.)"""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    monkeypatch.setattr(manifest, "CONV_KEEP", 6)
+    eng = edgespec.load(lfm2["fp32"], prompt_cache_mb=0, memory=False)
+    t = eng.decoder.target
+    eng.generate(PROMPT, max_new_tokens=new, drafter="none", ignore_eos=True)  # (one-token calls: kept ones trimmed)
+    conv, ids = t.cache.conv, t.cache.ids.tolist()
+    snap = conv.snapshot(len(ids))
+    assert 0 < snap.start and snap.end == len(ids)
+    twin = edgespec.load(lfm2["fp32"], prompt_cache_mb=0, memory=False)  # (the same calls: the same bits)
+    twin.generate(PROMPT, max_new_tokens=new, drafter="none", ignore_eos=True)
+    rc = twin.decoder.target.cache.conv
+    assert twin.decoder.target.cache.ids.tolist() == ids
+    want = {}
+    for p in range(snap.end, snap.start - 1, -1):
+        rc.seek(p)
+        want[p] = [cl.past.copy() for cl in rc.layers]
+    other = "alpha beta gamma delta epsilon zeta"
+    eng.generate(other, max_new_tokens=8, drafter="none", ignore_eos=True)
+    for p in range(snap.start, snap.end + 1):
+        conv.restore(snap, p)
+        assert conv.pos == p and all(np.array_equal(cl.past, w) for cl, w in zip(conv.layers, want[p])), p
+    eng.generate(other, max_new_tokens=8, drafter="none", ignore_eos=True)
+    conv.restore(snap, snap.end)
+    for p in range(snap.end, snap.start - 1, -1):
+        conv.seek(p)
+        assert all(np.array_equal(cl.past, w) for cl, w in zip(conv.layers, want[p])), ("seek back", p)
+    with pytest.raises(ValueError, match="cannot restore position"):
+        conv.restore(snap, snap.start - 1)
+
+
 def test_a_text_scored_after_a_long_generation_reads_it_from_the_start(lfm2, monkeypatch):
     """(a review) ``score`` reads a text from position 0 without a prefill: after a generation past the states'
     reach it failed with an untyped RuntimeError. Position 0's states are zeros: always reachable."""
