@@ -181,9 +181,6 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     if the_plan.prompt_cache and target.cache.host:  # (after the width probe: its calls are not kept)
         target.prompt_cache = PromptCache(the_plan.prompt_cache)
     persisted = None
-    if prompt_cache_file is not None and target.cache.conv is not None:
-        raise ConfigError(f"bundle {manifest.root}: the target has convolution layers, whose states a prompt cache "
-                          "file does not hold (it keeps them in memory): no --prompt-cache-file for it")
     if prompt_cache_file is not None:  # (None back: a file kept as it is, not written)
         persisted = _open_prompt_cache_file(prompt_cache_file, manifest, target, the_plan, prof.session_options)
     tok = Tokenizer.of(manifest)

@@ -193,7 +193,9 @@ class PromptCache:
 # -- on disk (opt-in: load(prompt_cache_file=...), serve --prompt-cache-file) ----------------------------
 # The file is a zip of .npy members (numpy's .npz): "meta" (JSON: format, version, the engine's key, each
 # entry's length), then per entry "ids_i" (int64 [n]) and "rows_i" ([buffers, kv_heads, n, head_dim]), least
-# recently used first. It is trusted input, like the bundle's weights: rows written by someone else steer the
+# recently used first; a model with convolution layers (the key's "conv") adds each entry's "conv_states_i_j"
+# ([1, channels, k]: layer j's state at the entry's conv start, meta "conv_starts") and "conv_inputs_i_j" ([1,
+# channels, n - start]). It is trusted input, like the bundle's weights: rows written by someone else steer the
 # replies (nothing checks them but their shapes, type and finiteness). Created 0600.
 FORMAT = "edgespec-prompt-cache"
 VERSION = 1
@@ -246,7 +248,11 @@ def engine_key(manifest, spec, cache, session_options: dict | None = None, width
             "widths": [int(w) for w in widths],
             # (session 59) each buffer's [kv heads, head size] where they differ (Gemma 4's wider global layers):
             # such a file keeps one rows member per buffer (rows_<entry>_<buffer>)
-            **({"kv_shapes": shapes} if any(x != shapes[0] for x in shapes) else {})}
+            **({"kv_shapes": shapes} if any(x != shapes[0] for x in shapes) else {}),
+            # (session 62) a model with convolution layers: each one's [channels, state length]; each entry then has
+            # conv_states_<entry> ([layer][channels, k] at its start) and conv_inputs_<entry> (one member a layer)
+            **({"conv": [[int(cl.channels), int(cl.past.shape[2])] for cl in cache.conv.layers]}
+               if getattr(cache, "conv", None) is not None else {})}
 
 
 def write_file(pc: PromptCache, path, key: dict) -> int:
@@ -283,10 +289,10 @@ def _merged(ours: list, path, key: dict, pc: PromptCache) -> list:
     if why is not None:  # (another engine's: replaced, as before)
         return ours
 
-    def holds(a: np.ndarray, b: np.ndarray) -> bool:
-        return a.size >= b.size and np.array_equal(a[:b.size], b)
+    def holds(a: _Entry, b: _Entry) -> bool:  # (and restores it: a conv entry's states reach back so far only)
+        return a.ids.size >= b.ids.size and a.usable(b.ids.size) and np.array_equal(a.ids[:b.ids.size], b.ids)
 
-    theirs = [e for e in other._entries.values() if not any(holds(o.ids, e.ids) for o in ours)]
+    theirs = [e for e in other._entries.values() if not any(holds(o, e) for o in ours)]
     out, room = [], pc.budget
     for e in reversed(theirs + ours):  # the most recent first
         if e.nbytes <= room:
@@ -308,7 +314,8 @@ def _write_file(pc: PromptCache, path, key: dict) -> int:
         version = pc.version
     entries = _merged(entries, path, key, pc)
     meta = json.dumps({"format": FORMAT, "version": VERSION, "key": key,
-                       "lengths": [int(e.ids.size) for e in entries]}).encode()
+                       "lengths": [int(e.ids.size) for e in entries],
+                       **({"conv_starts": [int(e.conv.start) for e in entries]} if "conv" in key else {})}).encode()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -323,6 +330,10 @@ def _write_file(pc: PromptCache, path, key: dict) -> int:
                             _member(z, f"rows_{i}_{j}", [r])
                     else:
                         _member(z, f"rows_{i}", e.rows)
+                    if "conv" in key:
+                        for j, (st, x) in enumerate(zip(e.conv.states, e.conv.inputs)):
+                            _member(z, f"conv_states_{i}_{j}", [st])  # ([1, channels, k])
+                            _member(z, f"conv_inputs_{i}_{j}", [x])  # ([1, channels, positions])
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -429,13 +440,19 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
                 raise StoreError("its entry lengths are not a list of counts")
             shapes = key.get("kv_shapes") or [[key["kv_heads"], key["head_dim"]]] * key["buffers"]
             row = sum(h * d for h, d in shapes) * np.dtype(key["dtype"]).itemsize + 8
+            conv = key.get("conv")  # [[channels, k]] a conv layer, and each entry's first position they reach
+            starts = meta.get("conv_starts") if conv else [0] * len(lengths)
+            if not isinstance(starts, list) or len(starts) != len(lengths) or not all(
+                    isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= n for s, n in zip(starts, lengths)):
+                raise StoreError("its entries' convolution starts are not a list of positions within them")
+            per_conv = sum(c * (k + 1) for c, k in conv) * 4 if conv else 0  # (a state, plus an input a position)
             room, picked = pc.budget, []
             for i in reversed(range(len(lengths))):  # the most recently used first, while they fit
-                n = min(lengths[i], room // row)
-                if n < pc.min_tokens:
+                n = min(lengths[i], (room - per_conv * (lengths[i] - starts[i])) // row)
+                if n < pc.min_tokens or n < starts[i]:  # (a conv entry cut before its states: not restorable)
                     break
                 picked.append((i, n))
-                room -= n * row
+                room -= n * row + per_conv * (n - starts[i])
             entries = []
             for i, n in reversed(picked):  # back to least recently used first
                 full = lengths[i]
@@ -448,7 +465,17 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
                                                                          key["head_dim"]), keep=n)
                 if not all(np.isfinite(r).all() for r in rows):
                     raise StoreError(f"entry {i} holds values that are not finite")
-                entries.append(_Entry(ids, rows))
+                snap = None
+                if conv:
+                    s0 = starts[i]
+                    states = [_read_member(z, f"conv_states_{i}_{j}", np.float32, (1, c, k))[0]
+                              for j, (c, k) in enumerate(conv)]
+                    inputs = [_read_member(z, f"conv_inputs_{i}_{j}", np.float32, (1, c, full - s0), keep=n - s0)[0]
+                              for j, (c, _) in enumerate(conv)]
+                    if not all(np.isfinite(a).all() for a in states + inputs):
+                        raise StoreError(f"entry {i}'s convolution states are not finite")
+                    snap = ConvSnapshot(s0, states, inputs)
+                entries.append(_Entry(ids, rows, snap))
     except FileNotFoundError:
         return 0, None
     except StoreError as e:

@@ -200,6 +200,53 @@ def test_a_conversation_set_aside_by_one_sharing_its_first_tokens_is_kept(lfm2, 
     assert t.last_restored > 20
 
 
+@pytest.mark.parametrize("bundle", ["pair", "xk"])
+def test_a_prompt_cache_file_carries_conv_states_across_engines(request, lfm2, bundle, tmp_path):
+    """A prompt cache file keeps each conversation's conv states beside its rows (members conv_states_i_j and
+    conv_inputs_i_j): the next engine restores A and replies as an uninterrupted chat (exact-kernels: its logprobs
+    bit for bit); a file whose conv starts are not positions within its entries is refused in one line."""
+    import json
+    import zipfile
+
+    import edgespec
+    from edgespec.errors import StoreError
+
+    b = request.getfixturevalue("lfm2_xk") if bundle == "xk" else lfm2["pair"]
+    kw = dict(max_new_tokens=10, temperature=0.0, drafter="auto", logprobs=1)
+    a = "one two three four five six seven eight " * 3
+    ref = edgespec.load(b, prompt_cache_mb=0, memory=False)
+    a1 = ref.generate(_chat(a), **kw)
+    follow = _chat(a, a1.text, "nine ten")
+    want = edgespec.load(b, prompt_cache_mb=0, memory=False).generate(follow, **kw)
+    f = tmp_path / "pc.npz"
+    with edgespec.load(b, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        eng.generate(_chat(a), **kw)
+    with zipfile.ZipFile(f) as z:
+        names = set(z.namelist())
+        assert {"conv_states_0_0.npy", "conv_inputs_0_1.npy"} <= names, names
+    with edgespec.load(b, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        got = eng.generate(follow, **kw)
+    assert got.stats["restored_prompt_tokens"] > 20 and got.token_ids == want.token_ids
+    if bundle == "xk":
+        assert [d["logprob"] for d in got.logprobs] == [d["logprob"] for d in want.logprobs]
+    bad = tmp_path / "bad.npz"
+    with zipfile.ZipFile(f) as z, zipfile.ZipFile(bad, "w") as out:
+        for name in z.namelist():
+            data = z.read(name)
+            if name == "meta.npy":
+                meta = json.loads(bytes(np.load(z.open(name))).decode())
+                meta["conv_starts"] = [10 ** 6] * len(meta["lengths"])
+                import io
+
+                buf = io.BytesIO()
+                np.save(buf, np.frombuffer(json.dumps(meta).encode(), np.uint8))
+                data = buf.getvalue()
+            out.writestr(name, data)
+    with pytest.raises(StoreError, match="convolution starts are not a list of positions") as e:
+        edgespec.load(b, prompt_cache_mb=16, prompt_cache_file=bad, memory=False)
+    assert "\n" not in str(e.value)
+
+
 def test_the_prompt_cache_of_a_conv_model_stays_within_its_budget(lfm2):
     """(a review) An entry's conv states count in the budget when room is made for it (they were counted once kept,
     not when the older entries were evicted: a 1 MiB cache held 1,060,832 bytes)."""
@@ -325,14 +372,13 @@ def test_exact_kernels_take_lfm2(lfm2_xk):
 
 
 def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
-    """The cuda layout and a GPU provider (the states are set on the host), a prompt cache file (which holds KV
-    rows, not the states the prompt cache keeps in memory): each refused in one line; a manifest whose conv layers are malformed too."""
+    """The cuda layout and a GPU provider (the states are set on the host): each refused in one line; a manifest whose conv layers are malformed too."""
     import json
     import shutil
 
     import edgespec
     from edgespec.cli import main
-    from edgespec.errors import BundleError, ConfigError, ManifestError
+    from edgespec.errors import BundleError, ManifestError
     from edgespec.manifest import load_manifest
 
     for argv, message in ((["export", str(lfm2["target"]), "-o", str(tmp_path / "cuda"), "--device", "cuda",
@@ -350,8 +396,6 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
         with pytest.raises(BundleError, match="has convolution layers, which edgespec runs on the CPU only") as e:
             edgespec.load(lfm2["fp32"], memory=False)
         assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="convolution layers, whose states a prompt cache file does not hold"):
-        edgespec.load(lfm2["pair"], memory=False, prompt_cache_file=str(tmp_path / "cache.bin"))
     b = tmp_path / "edited"
     shutil.copytree(lfm2["fp32"], b)
     raw = json.loads((b / "edgespec.json").read_text())
