@@ -12,7 +12,8 @@ from conftest import BUNDLES
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen-coder", "qwen-coder-d4", "qwen-coder-d4a", "qwen-coder-fp32",
                                   "qwen-coder-b128", "qwen-coder-b128-xk", "qwen-coder-b128-v64k",
-                                  "qwen-coder-b128-v64k-xk", "qwen-coder-b128-dhqq-v64k-xk"])
+                                  "qwen-coder-b128-v64k-xk", "qwen-coder-b128-dhqq-v64k-xk",
+                                  "qwen-coder-b128-v64k-xk8"])
 def test_qwen_pair_greedy_speculative_equals_autoregressive(name):
     bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
@@ -60,10 +61,11 @@ def test_qwen_float_zero_point_target_decodes_exactly(name, algorithm):
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_qwen_prompt_cache_restores_a_chat_exactly():
-    """On the benchmark bundle (edgespec's width-invariant kernels): a chat set aside by another and
-    restored replies as a fresh engine prefilling its whole history does, token for token."""
-    bundle = BUNDLES / "qwen-coder-b128-v64k-xk"
+@pytest.mark.parametrize("name", ["qwen-coder-b128-v64k-xk", "qwen-coder-b128-v64k-xk8"])
+def test_qwen_prompt_cache_restores_a_chat_exactly(name):
+    """On the benchmark bundle (edgespec's width-invariant kernels; int8 KV caches too): a chat set aside by another
+    and restored replies as a fresh engine prefilling its whole history does, token for token."""
+    bundle = BUNDLES / name
     if not (bundle / "edgespec.json").is_file():
         pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
     a = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
