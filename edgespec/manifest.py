@@ -32,6 +32,12 @@ def kv_row_width(kv_dtype: str, head_dim: int) -> int:
     caches the numbers and their groups' float32 scales (4 bytes each)."""
     return head_dim + head_dim // Q8_GROUP * 4 if kv_dtype == "int8" else head_dim
 
+
+def kv_row_head(kv_dtype: str, width: int) -> int:
+    """The head size whose rows are ``width`` elements (``kv_row_width``'s inverse)."""
+    return width * 8 // 9 if kv_dtype == "int8" else width
+
+
 PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
 # the weight precisions of a bundle's models, in the order the export CLI offers them
 TARGET_PRECISIONS = ("fp32", "fp16", "int4", "int8", "fp8")
@@ -381,6 +387,16 @@ class ModelSpec:
                         if self.kv_source(i) == i and self.has_kv(i))  # (a shared layer's buffer is its source's)
         return 2 * per_layer * KV_DTYPES[self.kv_dtype]
 
+    @property
+    def kv_head_sizes(self) -> tuple[int, ...]:
+        """The head sizes of the layers that keep a KV cache (sorted, each once)."""
+        return tuple(sorted({self.kv_shape(i)[1] for i in range(self.num_layers) if self.has_kv(i)}))
+
+    @property
+    def heads_take_int8(self) -> bool:
+        """Whether every KV cache's head size is a multiple of ``Q8_GROUP`` (int8 rows keep a scale per group)."""
+        return not any(w % Q8_GROUP for w in self.kv_head_sizes)
+
     def kv_row(self, layer: int) -> tuple[int, int]:
         """Layer ``layer``'s KV buffer ``(kv heads, elements a row)``: ``kv_shape``'s, an int8 cache's rows with their
         scales (``kv_row_width``)."""
@@ -443,10 +459,10 @@ class ModelSpec:
             conv_layers=_conv_layers(d, where, dims["num_layers"]), **dims,
         )
         if kv_dtype == "int8":  # (edgespec's CPU attention over rows of 32-lane groups: nothing else reads them)
-            widths = {spec.kv_shape(i)[1] for i in range(spec.num_layers) if spec.has_kv(i)}
-            if layout != "cpu" or any(w % Q8_GROUP for w in widths):
+            if layout != "cpu" or not spec.heads_take_int8:
                 raise ManifestError(f"manifest: {where}.kv_dtype int8 needs the cpu layout and head sizes that are "
-                                    f"multiples of {Q8_GROUP} (layout {layout}, head sizes {sorted(widths)})")
+                                    f"multiples of {Q8_GROUP} (layout {layout}, head sizes "
+                                    f"{list(spec.kv_head_sizes)})")
         return spec
 
     def to_dict(self, root: str | os.PathLike) -> dict:

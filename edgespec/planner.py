@@ -167,8 +167,10 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     kw = dict(max_context=max_context, use_drafter=use_drafter, providers=providers,
               drafter_providers=drafter_providers, keep_drafter=keep_drafter)
     p = _plan(manifest, profile, **kw)
+    if p.gpu or not any(c.startswith("context ") for c in p.cuts):
+        return p
     q8 = _int8_twin(manifest)
-    if q8 is not None and not p.gpu and any(c.startswith("context ") for c in p.cuts):
+    if q8 is not None:
         try:
             alt = _plan(q8, profile, **kw)
         except BudgetError:
@@ -183,11 +185,9 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
 def _int8_twin(manifest: Manifest) -> Manifest | None:
     """``manifest`` as `exact-kernels --kv-dtype int8` would have written it (each model of edgespec's kernels with
     float16 caches and heads of a multiple of 32 lanes: int8 caches), or None where its target cannot have them."""
-    from .manifest import Q8_GROUP
-
     def twin(spec):
         if (spec is None or spec.kernels != "edgespec-q4" or spec.kv_dtype != "float16" or spec.layout != "cpu"
-                or any(spec.kv_shape(i)[1] % Q8_GROUP for i in range(spec.num_layers) if spec.has_kv(i))):
+                or not spec.heads_take_int8):
             return None
         return replace(spec, kv_dtype="int8")
 

@@ -46,6 +46,11 @@ class _Entry:
         where their states at ``m`` were not kept (before ``conv.start``)."""
         return m if self.conv is None or m >= self.conv.start else 0
 
+    def restores(self, ids: np.ndarray) -> bool:
+        """Whether this entry holds ``ids`` (they are its first ids) and can restore them."""
+        n = ids.size
+        return self.ids.size >= n and self.usable(n) == n and np.array_equal(self.ids[:n], ids)
+
 
 class PromptCache:
     """Kept KV rows of earlier sequences, at most ``budget`` bytes. Thread-safe (one lock)."""
@@ -129,8 +134,8 @@ class PromptCache:
                 return False
             ids = ids[:n]
             for key, e in list(self._entries.items()):
-                if e.ids.size >= n and e.usable(n) == n and np.array_equal(e.ids[:n], ids):  # already kept
-                    self._entries.move_to_end(key)  # (or a longer one that restores it)
+                if e.restores(ids):  # already kept (or a longer one that restores it)
+                    self._entries.move_to_end(key)
                     return False
                 if (e.ids.size < n and key != keep and (snap is None or e.ids.size >= snap.start)
                         and np.array_equal(ids[: e.ids.size], e.ids)):  # this extends it (and restores it)
@@ -289,10 +294,7 @@ def _merged(ours: list, path, key: dict, pc: PromptCache) -> list:
     if why is not None:  # (another engine's: replaced, as before)
         return ours
 
-    def holds(a: _Entry, b: _Entry) -> bool:  # (and restores it: a conv entry's states reach back so far only)
-        return a.ids.size >= b.ids.size and a.usable(b.ids.size) and np.array_equal(a.ids[:b.ids.size], b.ids)
-
-    theirs = [e for e in other._entries.values() if not any(holds(o, e) for o in ours)]
+    theirs = [e for e in other._entries.values() if not any(o.restores(e.ids) for o in ours)]
     out, room = [], pc.budget
     for e in reversed(theirs + ours):  # the most recent first
         if e.nbytes <= room:
@@ -445,14 +447,17 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
             if not isinstance(starts, list) or len(starts) != len(lengths) or not all(
                     isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= n for s, n in zip(starts, lengths)):
                 raise StoreError("its entries' convolution starts are not a list of positions within them")
-            per_conv = sum(c * (k + 1) for c, k in conv) * 4 if conv else 0  # (a state, plus an input a position)
+            # (an entry's bytes as _Entry.nbytes counts them: its rows, and a conv entry's states at its start and
+            # its conv inputs from there)
+            states = sum(c * k for c, k in conv) * 4 if conv else 0
+            per_input = sum(c for c, _ in conv) * 4 if conv else 0
             room, picked = pc.budget, []
             for i in reversed(range(len(lengths))):  # the most recently used first, while they fit
-                n = min(lengths[i], (room - per_conv * (lengths[i] - starts[i])) // row)
+                n = min(lengths[i], (room - states + per_input * starts[i]) // (row + per_input))
                 if n < pc.min_tokens or n < starts[i]:  # (a conv entry cut before its states: not restorable)
                     break
                 picked.append((i, n))
-                room -= n * row + per_conv * (n - starts[i])
+                room -= n * row + states + per_input * (n - starts[i])
             entries = []
             for i, n in reversed(picked):  # back to least recently used first
                 full = lengths[i]

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
-from edgespec.manifest import Q8_GROUP, kv_row_width, load_manifest
+from edgespec.manifest import Q8_GROUP, kv_row_head, kv_row_width, load_manifest
 from edgespec.width import width_invariant_spec
 from .output import load_graph
 from .weights import check_rewrite
@@ -355,7 +355,7 @@ def kernel_features(g, head_dim: int | None) -> list[str]:
             continue
         head = widths.get(n.input[1], head_dim) if len(n.input) > 1 else head_dim  # (the node's own cache's)
         if n.op_type == ATTENTION_OP_Q8 and n.input[1] in widths:  # (its rows: D numbers and D / 32 scales' bytes)
-            head = head * 8 // 9
+            head = kv_row_head("int8", head)
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
         if int(a.get("local_window_size", -1)) > 0:
             out.add("attention-window")
@@ -1129,8 +1129,7 @@ def _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype) -> Path:
                 m = replace(m, drafter=spec)
                 continue
             dtype = kv_dtype
-            if dtype == "int8" and role == "drafter" and any(
-                    spec.kv_shape(i)[1] % Q8_GROUP for i in range(spec.num_layers) if spec.has_kv(i)):
+            if dtype == "int8" and role == "drafter" and not spec.heads_take_int8:
                 dtype = "auto"  # (the target's caches int8, a drafter whose heads cannot be: float16)
                 if log:
                     log(f"    drafter: head size {spec.head_dim} is not a multiple of {Q8_GROUP}: its KV caches "
