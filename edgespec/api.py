@@ -824,7 +824,7 @@ class Engine:
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,
                  parallel_tool_calls: bool = True, suffix: str | None = None, token_healing: bool = False,
                  **kw) -> Result:
-        """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, seed,
+        """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, min_p, seed,
         drafter (model|prompt-lookup|suffix|prediction|mtp|auto|none), draft_tokens, max_draft_tokens, stop
         (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
         never changing the reply; see prediction.py), parse_special (a plain prompt's special-token text

@@ -305,12 +305,21 @@ def penalty_options() -> dict:
     return out
 
 
+def _check_options(**options) -> None:
+    """A command's generation options refused (ConfigError) before the model loads, not after (the drafter is a
+    choice click checks; its pairings are the command's to check)."""
+    GenerationConfig(**options)
+
+
 def _sampling_opts(f):
-    """--temperature --top-k --top-p --seed, shared by generate and chat."""
+    """--temperature --top-k --top-p --min-p --seed, shared by generate and chat."""
     for opt in reversed((
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy."),
         click.option("--top-k", type=int, default=0),
         click.option("--top-p", type=float, default=1.0),
+        click.option("--min-p", type=float, default=0.0,
+                     help="Keep the tokens at least this many times as likely as the likeliest (after temperature, "
+                          "top-k and top-p; 0 is off)."),
         click.option("--seed", type=int, default=None),
     )):
         f = opt(f)
@@ -424,9 +433,9 @@ _template_kwargs_opt = click.option(
                    f"at its position (0..{MAX_LOGPROBS}).")
 @_template_kwargs_opt
 @_ends_on_hangup
-def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, seed, stop, drafter, draft_tokens,
-             max_context, threads, profile, provider, as_json, no_parse_special, prediction_file, schema_file,
-             json_object, suffix, logprobs, token_healing, template_kwargs):
+def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter,
+             draft_tokens, max_context, threads, profile, provider, as_json, no_parse_special, prediction_file,
+             schema_file, json_object, suffix, logprobs, token_healing, template_kwargs):
     """Generate a continuation of PROMPT with the model in BUNDLE (or, with --suffix, the text between
     PROMPT and the suffix)."""
     from .errors import ConfigError
@@ -443,7 +452,9 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     if logprobs is not None and not as_json:
         raise ConfigError("--logprobs is printed with --json (one JSON object with the text, the tokens and their "
                           "logprobs)")
-    GenerationConfig(logprobs=logprobs)  # a bad N refused before the model loads
+    penalties = penalty_options()
+    _check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, draft_tokens=draft_tokens, logprobs=logprobs, **penalties)
     if drafter == "none" and draft_tokens is not None:
         raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
     if drafter == "prediction" and prediction_file is None:
@@ -453,7 +464,6 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     if drafter not in (None, "auto", "suffix") and click.get_current_context().params.get("documents"):
         raise ConfigError(f"--documents with --drafter {drafter}: documents are drafted from by the suffix drafter "
                           "only (--drafter suffix or auto); give one of them")
-    penalties = penalty_options()
 
     prediction = None if prediction_file is None else read_document(
         prediction_file, what="prediction file", error=ConfigError)  # before the model loads
@@ -482,8 +492,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         prompt = _read_stdin()
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-              drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+              seed=seed, drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
               suffix=suffix, logprobs=logprobs, **penalties)
     if token_healing:
         kw["token_healing"] = True
@@ -631,8 +641,8 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 @_template_kwargs_opt
 @click.pass_context
 @_ends_on_hangup
-def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, drafter, draft_tokens, max_context,
-         threads, profile, provider, show_stats, template_kwargs):
+def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, min_p, seed, drafter, draft_tokens,
+         max_context, threads, profile, provider, show_stats, template_kwargs):
     """Chat with the model in BUNDLE (its chat template; /help lists the commands, Ctrl-D leaves).
 
     Replies stream as they are decoded; Ctrl-C stops a reply and keeps the conversation. The
@@ -646,9 +656,11 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, seed, d
         raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
     _documents_note(drafter, "/set drafter suffix or auto")
     penalties = penalty_options()
+    _check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, draft_tokens=draft_tokens, **penalties)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
-    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   drafter=drafter, draft_tokens=draft_tokens, **penalties)
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, drafter=drafter, draft_tokens=draft_tokens, **penalties)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?'
     if hasattr(sys.stdin, "reconfigure"):

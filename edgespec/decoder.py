@@ -33,7 +33,8 @@ from .verify import (alternate_dist, greedy_accept, greedy_accept_choice, reject
 from .width import padded_width
 
 
-_TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "seed": Integral,
+_TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "min_p": Real,
+          "seed": Integral,
           "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral, "logprobs": Integral,
           "presence_penalty": Real, "frequency_penalty": Real, "repetition_penalty": Real}
 _OPTIONAL = ("seed", "draft_tokens", "logprobs")
@@ -59,6 +60,7 @@ class GenerationConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0  # after temperature, top-k and top-p: the tokens at least min_p times as likely as the likeliest
     seed: int | None = None
     drafter: str = "auto"
     draft_tokens: int | None = None  # fixed k; None = adaptive
@@ -104,7 +106,7 @@ class GenerationConfig:
             raise ConfigError(f"draft_tokens must be in 0..{MAX_DRAFT}, got {shown(self.draft_tokens)}")
         if not 1 <= self.max_draft_tokens <= MAX_DRAFT:
             raise ConfigError(f"max_draft_tokens must be in 1..{MAX_DRAFT}, got {shown(self.max_draft_tokens)}")
-        SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
+        SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # validates
         if not isinstance(self.ignore_eos, (bool, np.bool_)):  # ("no" would be true)
             raise ConfigError(f"ignore_eos must be true or false, got {shown(self.ignore_eos)}")
         pred = self.prediction
@@ -169,7 +171,7 @@ class GenerationConfig:
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 @dataclass(frozen=True)

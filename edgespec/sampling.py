@@ -1,14 +1,17 @@
-"""Logit processing shared by the target and the drafter: temperature, top-k, top-p.
+"""Logit processing shared by the target and the drafter: temperature, top-k, top-p, min-p.
 
 ``distribution(row, sp)`` is what decoding runs: a ``Dist`` over the vocabulary in as few passes
 over the row as the settings allow. Top-k and top-p keep few tokens, so their probabilities are
 computed on those tokens only (float64: cheap on a handful): the kept set comes from one partial
 selection (top-k) or from the tokens near the maximum, the cut decided at both ends of the range
 the rest's mass can take (top-p; natively in one call where edgespec/native/topp.cpp builds);
-nothing sorts the whole vocabulary. Temperature alone over a large vocabulary is a ``TailDist``:
-the tokens near the maximum and a bound on the rest, sampled exactly by rejection from an envelope;
-over a small one, one float32 exp pass, sampled through block sums. ``probs`` is the same
-transform as dense rows (tests and reports).
+nothing sorts the whole vocabulary. Min-p comes last (transformers' order: temperature, top-k,
+top-p, min-p): it keeps the tokens at least ``min_p`` times as likely as the likeliest, a cut
+relative to the maximum alone, so the tokens within a logit gap of T ln(1 / min_p) of it.
+Temperature alone over a large vocabulary is a ``TailDist``: the tokens near the maximum and a
+bound on the rest, sampled exactly by rejection from an envelope; over a small one, one float32
+exp pass, sampled through block sums. ``probs`` is the same transform as dense rows (tests and
+reports).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
     top_k: int = 0  # 0 means off
     top_p: float = 1.0
+    min_p: float = 0.0  # 0 means off: else the tokens at least min_p times as likely as the likeliest
 
     def __post_init__(self):
         try:
@@ -52,6 +56,8 @@ class SamplingParams:
             raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {shown(self.top_k)}")
         if not 0 < self.top_p <= 1:  # also refuses nan
             raise ConfigError(f"top_p must be in (0, 1], got {shown(self.top_p)}")
+        if not 0 <= self.min_p <= 1:  # also refuses nan
+            raise ConfigError(f"min_p must be in [0, 1] (0 is off), got {shown(self.min_p)}")
 
     @property
     def greedy(self) -> bool:
@@ -216,9 +222,11 @@ class TailDist(Dist):
 
 
 def distribution(row: np.ndarray, sp: SamplingParams) -> Dist:
-    """One row of logits -> its distribution after temperature, top-k and top-p."""
+    """One row of logits -> its distribution after temperature, top-k, top-p and min-p."""
     x = np.asarray(row)
     n = x.shape[0]
+    if sp.min_p > 0:
+        return _min_p(x, sp)
     if sp.top_p < 1.0 and not (sp.top_k and sp.top_k < n):
         return _top_p(x, sp)
     m = _finite_max(x)
@@ -274,6 +282,25 @@ def _finite_max(x: np.ndarray):
                           f"token {int(np.argmax(x))}: no distribution to sample (a model that "
                           f"overflows in its precision, or a broken graph)")
     return m
+
+
+def _min_p(x: np.ndarray, sp: SamplingParams) -> Dist:
+    """Min-p after the other cuts: of the tokens they keep, those whose weight exp((x - max) / T), in
+    float64 (the maximum's is 1), is at least ``min_p``. Top-k and top-p keep the likeliest tokens and
+    weigh them so; temperature alone weighs only the tokens within T ln(1 / min_p) of the maximum
+    (widened by float32's rounding of the threshold), which are all the cut can keep."""
+    n = x.shape[0]
+    if (sp.top_k and sp.top_k < n) or sp.top_p < 1.0:
+        d = distribution(x, SamplingParams(sp.temperature, sp.top_k, sp.top_p))
+        keep = d.w >= sp.min_p * float(d.w.max())
+        return d if keep.all() else Dist(n, d.idx[keep], d.w[keep])
+    m = _finite_max(x)
+    gap = math.log(1.0 / sp.min_p) * sp.temperature  # (min_p 1: 0, the ties of the maximum)
+    thr = np.float32(float(m) - gap - 1e-6 * (abs(float(m)) + gap) - 1e-30)  # a little below: float32's rounding
+    near = np.flatnonzero(x >= thr)
+    w = np.exp((x[near].astype(np.float64) - float(m)) * (1.0 / sp.temperature))
+    keep = w >= sp.min_p
+    return Dist(n, near[keep], w[keep])
 
 
 def _top_k(x: np.ndarray, m, k: int) -> np.ndarray:
@@ -398,7 +425,7 @@ def _top_p_full(x: np.ndarray, m, sp: SamplingParams) -> Dist:
 
 
 def probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
-    """Rows of logits -> rows of probabilities (float64) after temperature, top-k and top-p."""
+    """Rows of logits -> rows of probabilities (float64) after temperature, top-k, top-p and min-p."""
     x = np.asarray(logits)
     if x.ndim == 1:
         return distribution(x, sp).dense()

@@ -955,7 +955,8 @@ def _param_of(msg: str) -> str | None:
     """The request field an engine refusal is about, for the error's ``param``."""
     for key, param in (("max_draft_tokens", "edgespec.max_draft_tokens"), ("draft_tokens", "edgespec.draft_tokens"),
                        ("drafter", "edgespec.drafter"), ("temperature", "temperature"), ("top_p", "top_p"),
-                       ("top_k", "top_k"), ("seed", "seed"), ("prediction", "prediction"), ("logit_bias", "logit_bias")):
+                       ("top_k", "top_k"), ("min_p", "min_p"), ("seed", "seed"), ("prediction", "prediction"),
+                       ("logit_bias", "logit_bias")):
         if key in msg:
             return param
     return None

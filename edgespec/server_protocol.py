@@ -7,9 +7,9 @@ Bad input raises ``APIError`` (an OpenAI-shaped ``{"error": {message, type, para
 with its HTTP status). Parameters that edgespec cannot honour (``best_of`` > 1, audio, ...) are
 refused, not silently ignored; fields that change nothing (``user``, ``metadata``, ``store``, ...) are
 accepted and ignored; a field OpenAI's API does not have (and that is not one of edgespec's extensions,
-``top_k``, ``repetition_penalty`` and ``edgespec``) is refused as OpenAI refuses
-it, so that a sampling option of another server (``min_p``, ``typical_p``, ...) never passes
-unnoticed.
+``top_k``, ``min_p``, ``repetition_penalty`` and ``edgespec``, named as vLLM's and llama.cpp's servers
+name them) is refused as OpenAI refuses it, so that a sampling option of another server (``typical_p``, ...)
+never passes unnoticed.
 
 ``temperature``: absent means the server's default, which is OpenAI's (1) unless ``edgespec serve
 --temperature`` set another; the response's ``edgespec.temperature`` is the value used.
@@ -219,7 +219,7 @@ _HARMLESS = {"functions": ([],),
 _IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
             "prompt_cache_options", "safety_identifier"}
 _COMMON_KEYS = {"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "stop", "temperature",
-                "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                "top_p", "top_k", "min_p", "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
                 "logprobs", "logit_bias", "edgespec"} | _IGNORED
 _KEYS = {"chat": _COMMON_KEYS | {"messages", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
                                  "chat_template_kwargs",
@@ -306,6 +306,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     for key, value in (("temperature", _number(body, "temperature", 0.0, 2.0)),
                        ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
                        ("top_k", _int(body, "top_k", 0, 2**31 - 1)),
+                       ("min_p", _number(body, "min_p", 0.0, 1.0)),
                        ("seed", _seed(body))):
         if value is not None:
             opts[key] = value
@@ -445,7 +446,7 @@ _RESPONSES_KEYS = {"model", "input", "instructions", "max_output_tokens", "tempe
                    "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "store", "metadata",
                    "user", "previous_response_id", "conversation", "reasoning", "truncation", "include",
                    "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "background",
-                   "top_logprobs", "max_tool_calls", "prompt", "prompt_cache_options", "top_k", "seed",
+                   "top_logprobs", "max_tool_calls", "prompt", "prompt_cache_options", "top_k", "min_p", "seed",
                    "repetition_penalty", "edgespec"}
 # fields that ask for what edgespec does not do, with the values that ask for nothing (those pass)
 _RESPONSES_REFUSED = {
@@ -507,8 +508,8 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
     if not msgs:
         raise bad("'input' holds no message", "input")
     chat = {"messages": msgs}
-    for key in ("model", "stream", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "user", "metadata",
-                "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+    for key in ("model", "stream", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "user",
+                "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
                 "safety_identifier", "parallel_tool_calls", "stream_options", "edgespec", "chat_template_kwargs"):
         if key in body:
             chat[key] = body[key]

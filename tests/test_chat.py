@@ -258,14 +258,14 @@ def test_a_closed_terminal_or_sigterm_writes_the_prompt_cache_file(tiny_bundle, 
 
 def test_piped_errors_keep_the_session(tiny_bundle, tmp_path):
     script = ("/set top_p 2\n/set drafter sometimes\n/set draft_tokens auto\n/set nonsense 1\n/bogus\n"
-              f"/save {tmp_path}/no/such/dir/x.json\nhello\n")
+              f"/save {tmp_path}/no/such/dir/x.json\n/set min_p 3\n/set min_p 0.2\nhello\n")
     r = _piped(tiny_bundle, script, "--max-new-tokens", "5")
     assert r.returncode == 1, r.stderr  # the session went on, but piped input that met errors says so
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("error", "unknown"))]
-    assert len(lines) == 5, r.stderr
+    assert len(lines) == 6, r.stderr
     assert "top_p" in lines[0] and "drafter" in lines[1] and "nonsense" in lines[2]
-    assert "/bogus" in lines[3] and "cannot write" in lines[4]
-    assert "draft_tokens = auto" in r.stdout
+    assert "/bogus" in lines[3] and "cannot write" in lines[4] and "min_p must be in [0, 1]" in lines[5]
+    assert "draft_tokens = auto" in r.stdout and "min_p = 0.2" in r.stdout
 
 
 def test_save_never_clobbers_another_file(tiny_bundle, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from edgespec import verify as verify_mod
 from edgespec.decoder import Decoder, GenerationConfig, Stats
 from edgespec.drafters import ModelDrafter, Offer, PromptLookupDrafter
+from edgespec.errors import ConfigError
 from edgespec.memory import MemoryStore
 from edgespec.suffix import SuffixDrafter
 from edgespec.policy import NO_DRAFT, CostModel, RoundPolicy
@@ -251,7 +252,7 @@ def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k, reach:
         for i in seeds:
             st = Stats()
             out, _ = run(dec, prompt, st, max_new_tokens=n_tokens, temperature=sp.temperature, top_k=sp.top_k,
-                         top_p=sp.top_p, seed=i, drafter=drafter, draft_tokens=k)
+                         top_p=sp.top_p, min_p=sp.min_p, seed=i, drafter=drafter, draft_tokens=k)
             counts[tuple(out)] = counts.get(tuple(out), 0) + 1
             deepest.append(sum(1 for n in st.drafted_by_position if n))
         return counts, deepest
@@ -272,6 +273,8 @@ def _sample_runs(decoder_factory, prompt, n_tokens, sp, runs, drafter, k, reach:
     ("suffix", SamplingParams(0.7, top_k=3), 2),
     ("auto", SamplingParams(1.3, top_p=0.8), 2),
     ("auto", SamplingParams(0.7), None),
+    ("model", SamplingParams(1.0, min_p=0.3), 2),
+    ("auto", SamplingParams(1.3, top_p=0.95, min_p=0.2), 2),
 ])
 def test_sampled_speculative_follows_target_distribution(drafter, sp, k):
     # 4 new tokens: a round verifies two draft tokens (at 3 only one, and a bug at a block's second position went
@@ -309,6 +312,16 @@ def test_statistical_test_catches_a_later_positions_q_taken_from_the_first(monke
     monkeypatch.setattr("edgespec.decoder.rejection_sample", buggy)
 
     _assert_caught(prompt, n_tokens, sp, runs)
+
+
+def test_statistical_test_catches_a_verify_that_drops_min_p(monkeypatch):
+    """Plant a verify whose target distribution leaves min-p out (the drafter's and the first token's keep it):
+    the output no longer follows the min-p distribution, and the test above with min-p fails."""
+    real = verify_mod.distribution
+    monkeypatch.setattr(verify_mod, "distribution",
+                        lambda row, sp_: real(row, SamplingParams(sp_.temperature, sp_.top_k, sp_.top_p)))
+
+    _assert_caught([1, 2, 1, 2, 1], 4, SamplingParams(1.0, min_p=0.3), 4000)
 
 
 def _assert_caught(prompt, n_tokens, sp, runs, vocab=4):
@@ -362,6 +375,32 @@ def test_sampling_transform_top_k_top_p():
     np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95)
 
 
+def test_sampling_transform_min_p():
+    """Min-p keeps the tokens at least min_p times as likely as the likeliest, after temperature, top-k and
+    top-p (transformers' order)."""
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    np.testing.assert_allclose(probs(logits, SamplingParams(1.0, min_p=0.5))[0], [0.625, 0.375, 0, 0])
+    np.testing.assert_allclose(probs(logits, SamplingParams(1.0, min_p=0.2))[0], np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+    np.testing.assert_allclose(probs(logits, SamplingParams(1.0, min_p=1.0))[0], [1, 0, 0, 0])
+    # after temperature: at T = 2 the weights are the square roots, 0.05's sqrt(0.1) = 0.32 of the maximum's
+    w = np.sqrt([0.5, 0.3, 0.15, 0.05])
+    np.testing.assert_allclose(probs(logits, SamplingParams(2.0, min_p=0.3))[0], w / w.sum())
+    np.testing.assert_allclose(probs(logits, SamplingParams(2.0, min_p=0.5))[0], np.append(w[:3], 0) / w[:3].sum())
+    # after top-p: top-p 0.81 keeps three tokens (of the whole mass), then min-p 0.4 drops 0.15 (0.3 of the max);
+    # min-p first would have left two tokens for top-p to keep
+    np.testing.assert_allclose(probs(logits, SamplingParams(1.0, top_p=0.81, min_p=0.4))[0], [0.625, 0.375, 0, 0])
+    np.testing.assert_allclose(probs(logits, SamplingParams(1.0, top_k=3, min_p=0.2))[0],
+                               np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+    with pytest.raises(ConfigError, match="min_p"):
+        SamplingParams(1.0, min_p=1.5)
+    with pytest.raises(ConfigError, match="min_p"):
+        SamplingParams(1.0, min_p=float("nan"))
+    with pytest.raises(ConfigError, match="min_p"):
+        GenerationConfig(temperature=1.0, min_p=-0.1)
+    with pytest.raises(ConfigError, match="min_p must be a number"):
+        GenerationConfig(temperature=1.0, min_p="0.1")
+
+
 def _reference_probs(row, sp):
     """The transform as a full float64 sort would compute it (the runtime's before it went sparse)."""
     x = np.asarray(row, dtype=np.float64) / sp.temperature
@@ -377,12 +416,17 @@ def _reference_probs(row, sp):
         drop[order] = (np.cumsum(sp_) - sp_) >= sp.top_p
         p = np.where(drop, 0.0, p)
         p /= p.sum()
+    if sp.min_p > 0:
+        p = np.where(p < sp.min_p * p.max(), 0.0, p)
+        p /= p.sum()
     return p
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(0.7), SamplingParams(0.7, top_p=0.8), SamplingParams(1.0, top_k=40),
                                 SamplingParams(0.5, top_k=7, top_p=0.5), SamplingParams(1.3, top_p=0.99),
-                                SamplingParams(2.0, top_p=0.3)])
+                                SamplingParams(2.0, top_p=0.3), SamplingParams(0.7, min_p=0.05),
+                                SamplingParams(1.0, top_p=0.9, min_p=0.1), SamplingParams(1.5, top_k=50, min_p=0.02),
+                                SamplingParams(1.0, min_p=1e-9)])
 def test_sparse_distribution_equals_the_full_sort(sp, top_p_path):
     """distribution() never sorts the vocabulary; it must keep the same tokens with the same
     probabilities as the full float64 sort, on flat and peaked rows of a Qwen-sized vocabulary
@@ -398,7 +442,7 @@ def test_sparse_distribution_equals_the_full_sort(sp, top_p_path):
         got = d.dense()
         assert np.array_equal(got > 0, ref > 0), (scale, peak)
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-12)
-        if sp.top_k or sp.top_p < 1:
+        if sp.top_k or sp.top_p < 1 or sp.min_p > 0:
             assert d.idx is not None and d.idx.shape[0] == np.count_nonzero(ref)
 
 

@@ -569,3 +569,29 @@ def test_every_typed_error_is_reachable_from_the_package(tiny_llama_bundle):
     for name in ("ChatTemplateError", "DocumentError", "StoreError", "ExportError", "CpuFallbackError"):
         assert getattr(edgespec, name) is getattr(E, name) and name in edgespec.__all__
     assert "quality: not measured (exported with --no-quality)" in run("info", tiny_llama_bundle).output
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat"])
+@pytest.mark.parametrize("opt, value, name", [("--temperature", "-1", "temperature"), ("--top-p", "2", "top_p"),
+                                              ("--top-k", "-3", "top_k"), ("--min-p", "1.5", "min_p"),
+                                              ("--seed", "-4", "seed"), ("--max-new-tokens", "0", "max_new_tokens"),
+                                              ("--draft-tokens", "99", "draft_tokens")])
+def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd, opt, value, name):
+    """(session 63) generate and chat loaded the model (2-12 s on the Qwen pair) before refusing a bad sampling
+    option: now the option's error comes first, even for a bundle that does not exist."""
+    args = [cmd, tmp_path / "no-bundle"] + (["-p", "hi"] if cmd == "generate" else []) + [opt, value]
+    msg = one_line_error(run(*args), 2)
+    assert msg.startswith(f"error: {name} must be"), msg
+
+
+def test_min_p_one_samples_the_greedy_reply(tiny_bundle):
+    """``--min-p 1`` keeps the likeliest token alone: a reply sampled at temperature 1 is the greedy one (the same
+    seed's without it is not), with every drafter."""
+    base = ["generate", tiny_bundle, "-p", "1, 2, 3, 4,", "--max-new-tokens", "24", "--json"]
+    greedy = json.loads(run(*base).output)["token_ids"]
+    free = json.loads(run(*base, "--temperature", "1", "--seed", "3").output)["token_ids"]
+    assert free != greedy
+    for drafter in ("none", "model", "prompt-lookup", "auto"):
+        r = run(*base, "--temperature", "1", "--seed", "3", "--min-p", "1", "--drafter", drafter)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["token_ids"] == greedy, drafter

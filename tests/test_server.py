@@ -734,7 +734,12 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
      "edgespec.drafter", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"draft_tokens": 99}}, 400,
      "edgespec.draft_tokens", None),
-    ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_p": 0.1}, 400, "min_p", "unknown_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_p": 1.5}, 400, "min_p", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_p": "0.1"}, 400, "min_p", None),
+    ("completions", {"prompt": "hi", "min_p": -0.5}, 400, "min_p", None),
+    ("responses", {"input": "hi", "min_p": 2}, 400, "min_p", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "typical_p": 0.9}, 400, "typical_p",
+     "unknown_parameter"),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "typical_p": 0.9, "mirostat": 2}, 400, "mirostat",
      "unknown_parameter"),
     ("completions", {"prompt": "hi", "messages": []}, 400, "messages", "unknown_parameter"),
@@ -963,6 +968,25 @@ def test_edgespec_extension_picks_the_drafter(client, model_id):
     assert pl.choices[0].message.content == base.choices[0].message.content  # lossless
     assert pl.model_extra["edgespec"]["drafter_policy"] == "prompt-lookup"
     assert pl.model_extra["edgespec"]["draft_tokens"] == 3
+
+
+def test_min_p_reaches_the_engine(client, server, model_id):
+    """``min_p`` (vLLM's and llama.cpp's extension) is taken by the three endpoints: min_p 1 keeps the likeliest
+    token alone, so a reply sampled at temperature 1 is the greedy one (without it, the same seed's is not)."""
+    msgs = [{"role": "user", "content": "Tell me a short story about a cat."}]
+    greedy = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, temperature=0)
+    kept = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, temperature=1.0, seed=5,
+                                          extra_body={"min_p": 1.0})
+    free = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=16, temperature=1.0, seed=5)
+    assert kept.choices[0].message.content == greedy.choices[0].message.content
+    assert free.choices[0].message.content != greedy.choices[0].message.content
+    plain = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=16, temperature=0)
+    comp = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=16, temperature=1.0,
+                                     seed=5, extra_body={"min_p": 1.0})
+    assert comp.choices[0].text == plain.choices[0].text
+    status, r = http(server + "/v1/responses", {"input": msgs[0]["content"], "max_output_tokens": 16,
+                                                "temperature": 1.0, "min_p": 1.0, "seed": 5})
+    assert status == 200 and r["output"][-1]["content"][0]["text"] == greedy.choices[0].message.content, r
 
 
 def test_ignored_fields_pass_and_suffix_is_a_drafter(client, model_id):
