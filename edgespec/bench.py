@@ -278,7 +278,11 @@ def _profile(settings: dict) -> str:
 
 def _mode(settings: dict) -> str:
     t = settings.get("temperature") or 0.0
-    return "greedy" if not t else f"sampled (temperature {t}, top-p {settings.get('top_p', 1.0)}: exactness not checked)"
+    if not t:
+        return "greedy"
+    mp = settings.get("min_p") or 0.0
+    return (f"sampled (temperature {t}, top-p {settings.get('top_p', 1.0)}" + (f", min-p {mp}" if mp else "")
+            + ": exactness not checked)")
 
 
 def _device(engine) -> dict:
@@ -369,7 +373,7 @@ class RunnerStates:
 
 
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
-              temperature: float = 0.0, top_p: float = 1.0,
+              temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0,
               draft_tokens: int | None = None, external: dict[str, External] | None = None,
               in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
     """Every runner on every prompt (turn by turn), one engine, each runner from its own state. ``in_process``: the
@@ -387,7 +391,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     pool = onnx_lm._shared_pool
     threads = pool if pool is not None and pool >= 0 else getattr(engine.decoder.target, "threads", None)
     rep = Report(str(engine.manifest.root), _device(engine),
-                 {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                 {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "min_p": min_p,
                   "drafters": order + list(external), "draft_tokens": draft_tokens,
                   "prompts": len(prompts), "threads": threads, "profile": getattr(engine.profile, "name", None),
                   "max_draft_tokens": engine.defaults.max_draft_tokens}, plan=engine.plan.to_dict())
@@ -434,10 +438,11 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
             name, k, bound = parsed.get(d, ("none", None, None))
             engine.reset()
             list(engine.stream_ids(tok.encode("Hello, world. Hello, world."), max_new_tokens=8, drafter=name,
-                                   draft_tokens=k, max_draft_tokens=bound, temperature=temperature, top_p=top_p))
+                                   draft_tokens=k, max_draft_tokens=bound, temperature=temperature, top_p=top_p,
+                                   min_p=min_p))
         with mem:
             _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
-                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, min_p=min_p)
     except BaseException as e:  # Ctrl-C, an error of a prompt's, an external runner's crash
         rep.stopped = ("interrupted" if isinstance(e, KeyboardInterrupt) else
                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
@@ -455,7 +460,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
 
 
 def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log, *, max_new_tokens, temperature,
-                   top_p) -> None:
+                   top_p, min_p) -> None:
     """run_bench's runs, appended to ``rep.runs`` as they finish."""
     tok = engine.tokenizer
     has_template = bool(engine.manifest.chat_template)
@@ -479,7 +484,7 @@ def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, l
                 st = None
                 name, k, bound = parsed.get(d, ("none", None, None))
                 for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                     top_p=top_p, drafter=name, draft_tokens=k,
+                                                     top_p=top_p, min_p=min_p, drafter=name, draft_tokens=k,
                                                      max_draft_tokens=bound):
                     out.extend(toks)
                 states.leave(d)

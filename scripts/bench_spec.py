@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llamacpp-drafter", default=None, help="drafter GGUF (default: the manifest's source)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs (no exactness check, no anchors)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", default=None)
@@ -101,6 +102,12 @@ def main(argv=None) -> int:
     names = [d.strip() for d in args.drafters.split(",") if d.strip()]
     if args.passes < 1:
         ap.error(f"--passes must be >= 1, got {args.passes}")
+    from edgespec.errors import ConfigError
+    from edgespec.sampling import SamplingParams
+    try:  # (before the models load)
+        SamplingParams(args.temperature, 0, args.top_p, args.min_p)
+    except ConfigError as e:
+        ap.error(str(e))
     sampled = args.temperature > 0
     if sampled and args.llamacpp:  # (its runs are greedy: nothing to compare a sampled run with)
         ap.error("--llamacpp runs greedy decoding only: leave out --temperature, or --llamacpp")
@@ -167,7 +174,7 @@ def main(argv=None) -> int:
         try:
             # (genai's models live in this process: the report's peak memory says it holds theirs too)
             rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
-                            temperature=args.temperature, top_p=args.top_p,
+                            temperature=args.temperature, top_p=args.top_p, min_p=args.min_p,
                             in_process=[n for n in external if n.startswith("genai")])
         except BaseException as e:  # Ctrl-C, llama-server gone: the runs done are written, marked as stopped early
             write_partial_report(getattr(e, "report", None), args.out)
