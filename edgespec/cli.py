@@ -493,8 +493,8 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-              seed=seed, drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special, prediction=prediction,
-              suffix=suffix, logprobs=logprobs, **penalties)
+              seed=seed, drafter=drafter, draft_tokens=draft_tokens, parse_special=not no_parse_special,
+              prediction=prediction, suffix=suffix, logprobs=logprobs, **penalties)
     if token_healing:
         kw["token_healing"] = True
     if template_kwargs:
@@ -731,6 +731,7 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
+    _check_options(draft_tokens=draft_tokens)
     _documents_note(drafter, "a request's drafter suffix or auto")
     if api_key_file is not None:
         if api_key is not None:

@@ -584,6 +584,11 @@ def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd
     assert msg.startswith(f"error: {name} must be"), msg
 
 
+def test_serve_refuses_a_bad_draft_length_before_the_model_loads(tmp_path):
+    msg = one_line_error(run("serve", tmp_path / "no-bundle", "--draft-tokens", "99", "--port", "0"), 2)
+    assert msg.startswith("error: draft_tokens must be"), msg
+
+
 def test_min_p_one_samples_the_greedy_reply(tiny_bundle):
     """``--min-p 1`` keeps the likeliest token alone: a reply sampled at temperature 1 is the greedy one (the same
     seed's without it is not), with every drafter."""
