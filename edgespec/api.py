@@ -88,7 +88,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
          min_width: int | None = None, memory: bool | str | os.PathLike = True,
          documents: Sequence[str | os.PathLike] = (), drafter_provider: str | None = None,
          cuda_graphs: bool | None = None, prompt_cache_mb: int | None = None,
-         prompt_cache_file: str | os.PathLike | None = None) -> "Engine":
+         prompt_cache_file: str | os.PathLike | None = None, model_sampling: bool = True) -> "Engine":
     """Open a bundle: check it, plan memory (with a profile), open sessions, allocate KV caches.
 
     ``memory``: the suffix drafter's store of earlier outputs (True: this bundle's store under
@@ -110,7 +110,10 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     from this file (if it exists and this engine wrote it: the same bundle, onnxruntime, CPU and kernels;
     another engine's is ignored with a warning) and written back when the engine closes or the process
     exits, so a restarted server keeps its long system prompts and documents computed. Off by default:
-    the rows are the conversations' contents.
+    the rows are the conversations' contents. ``model_sampling``: the sampling the model's authors recommend
+    (``Manifest.sampling_defaults``: its generation_config.json where it samples, a GGUF file's general.sampling.*
+    keys) is the engine's default for the options a generation leaves out (``Engine.sampling_defaults``), as
+    transformers and vLLM take it; False: greedy decoding and no cut or penalty unless a generation asks.
     """
     from .placement import requested_providers
     from .planner import plan as make_plan
@@ -123,8 +126,8 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
         except TypeError:
             pass  # refused below
     # numpy's booleans as Python's (memory=np.True_ was taken for a path; use_drafter, verify, cuda_graphs refused)
-    use_drafter, verify, memory, cuda_graphs = (bool(v) if isinstance(v, np.bool_) else v
-                                                for v in (use_drafter, verify, memory, cuda_graphs))
+    use_drafter, verify, memory, cuda_graphs, model_sampling = (
+        bool(v) if isinstance(v, np.bool_) else v for v in (use_drafter, verify, memory, cuda_graphs, model_sampling))
     if isinstance(max_context, numbers.Integral) and not isinstance(max_context, bool):
         max_context = int(max_context)
     if isinstance(min_width, numbers.Integral) and not isinstance(min_width, bool):
@@ -134,7 +137,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     _check_load_args(bundle=bundle, profile=profile, provider=provider, max_context=max_context,
                      use_drafter=use_drafter, verify=verify, min_width=min_width, memory=memory, documents=documents,
                      drafter_provider=drafter_provider, cuda_graphs=cuda_graphs, prompt_cache_mb=prompt_cache_mb,
-                     prompt_cache_file=prompt_cache_file)
+                     prompt_cache_file=prompt_cache_file, model_sampling=model_sampling)
     doc_paths = [documents] if isinstance(documents, (str, os.PathLike)) else list(documents)
     doc_texts = [read_document(p) for p in doc_paths]
 
@@ -187,7 +190,7 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     if tok.vocab_size > manifest.target.vocab_size and tok.special_past(manifest.target.vocab_size) is None:
         raise BundleError(f"bundle {manifest.root}: the tokenizer has {tok.vocab_size} ids but the target graph's "
                           f"vocabulary has {manifest.target.vocab_size}: not this model's tokenizer")
-    engine = Engine(manifest, tok, decoder, the_plan, prof, choice)
+    engine = Engine(manifest, tok, decoder, the_plan, prof, choice, model_sampling=model_sampling)
     if "model" in decoder.drafters:  # a fill-in-the-middle prompt is read as its head (drafters.fim_head)
         decoder.drafters["model"].fim = tok.fim()
     if persisted is not None:  # written at close, or when the process exits (the finalizer holds no engine)
@@ -312,6 +315,7 @@ def _check_load_args(**kw) -> None:
                               "None or a file's path"),
         "use_drafter": (isinstance(kw["use_drafter"], bool), "True or False"),
         "verify": (isinstance(kw["verify"], bool), "True or False"),
+        "model_sampling": (isinstance(kw["model_sampling"], bool), "True or False"),
         "cuda_graphs": (kw["cuda_graphs"] is None or isinstance(kw["cuda_graphs"], bool), "None, True or False"),
         "memory": (kw["memory"] is None or isinstance(kw["memory"], bool) or _a_path(kw["memory"]),
                    "True, False (or None) or a store file's path"),
@@ -374,15 +378,18 @@ def _rendered_strings(message: dict):
 class Engine:
     """Text in, text out, over a speculative ``Decoder``. Made by ``edgespec.load``."""
 
-    def __init__(self, manifest: Manifest, tokenizer: Tokenizer, decoder: Decoder, plan, profile, providers):
+    def __init__(self, manifest: Manifest, tokenizer: Tokenizer, decoder: Decoder, plan, profile, providers,
+                 model_sampling: bool = True):
         self.manifest = manifest
         self.tokenizer = tokenizer
         self.decoder = decoder
         self.plan = plan
         self.profile = profile
         self.providers = providers
+        # the model's recommended sampling, the defaults of the options a generation leaves out (load's model_sampling)
+        self.sampling_defaults = dict(manifest.sampling_defaults) if model_sampling else {}
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
-                                         draft_tokens=profile.draft_tokens)
+                                         draft_tokens=profile.draft_tokens, **self.sampling_defaults)
         self._local = threading.local()  # each thread's last generation's stats
         # the token streams made, and the thread that made each (__exit__ closes its thread's)
         self._streams: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

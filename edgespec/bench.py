@@ -372,6 +372,11 @@ class RunnerStates:
         self.saved[name] = (self.dec.policy, getattr(self.model, "_calib", None))
 
 
+# the options a bench run states none of: off, whatever the model recommends (Engine.sampling_defaults), so that its
+# "greedy" is plain greedy decoding, as the anchors' runs are
+PLAIN = {"top_k": 0, "repetition_penalty": 1.0}
+
+
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0,
               draft_tokens: int | None = None, external: dict[str, External] | None = None,
@@ -439,7 +444,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
             engine.reset()
             list(engine.stream_ids(tok.encode("Hello, world. Hello, world."), max_new_tokens=8, drafter=name,
                                    draft_tokens=k, max_draft_tokens=bound, temperature=temperature, top_p=top_p,
-                                   min_p=min_p))
+                                   min_p=min_p, **PLAIN))
         with mem:
             _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, min_p=min_p)
@@ -484,7 +489,7 @@ def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, l
                 st = None
                 name, k, bound = parsed.get(d, ("none", None, None))
                 for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                     top_p=top_p, min_p=min_p, drafter=name, draft_tokens=k,
+                                                     top_p=top_p, min_p=min_p, **PLAIN, drafter=name, draft_tokens=k,
                                                      max_draft_tokens=bound):
                     out.extend(toks)
                 states.leave(d)

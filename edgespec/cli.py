@@ -241,8 +241,12 @@ def main():
 def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, prompt_cache_mb=None):
     from .api import load
 
+    ctx = click.get_current_context(silent=True)
+    sampling = {"model_sampling": ctx.meta["edgespec_model_sampling"]} \
+        if ctx is not None and "edgespec_model_sampling" in ctx.meta else {}
     return load(bundle, profile=profile, provider=provider, max_context=max_context, threads=threads,
                 use_drafter=use_drafter, **engine_options(),  # --documents, --no-memory
+                **sampling,  # --no-model-sampling
                 **{"prompt_cache_mb": prompt_cache_mb, **prompt_cache_options()},  # --prompt-cache-mb/-file
                 **placement_options())  # --drafter-provider
 
@@ -274,8 +278,9 @@ def _penalty_opts(f):
                      help="Lower the logit of every token the reply holds by this (-2..2)."),
         click.option("--frequency-penalty", type=float, default=0.0, expose_value=False, callback=_store_penalty,
                      help="Lower each token's logit by this times its count in the reply (-2..2)."),
-        click.option("--repetition-penalty", type=float, default=1.0, expose_value=False, callback=_store_penalty,
-                     help="Divide the logits of tokens in the prompt or reply by this (multiply where a logit is negative; 1 = off)."),
+        click.option("--repetition-penalty", type=float, default=None, expose_value=False, callback=_store_penalty,
+                     help="Divide the logits of tokens in the prompt or reply by this (multiply where a logit is "
+                          "negative; 1 = off; default: the model's recommended, else off)."),
         click.option("--logit-bias", multiple=True, metavar="ID=BIAS", expose_value=False, callback=_store_penalty,
                      help="Add BIAS (-100..100) to token ID's logit (repeatable)."),
     )):
@@ -289,7 +294,7 @@ def penalty_options() -> dict:
 
     ctx = click.get_current_context(silent=True)
     p = ctx.meta.get("edgespec_penalties", {}) if ctx is not None else {}
-    out = {k: p[k] for k in ("presence_penalty", "frequency_penalty", "repetition_penalty") if k in p}
+    out = {k: p[k] for k in ("presence_penalty", "frequency_penalty", "repetition_penalty") if p.get(k) is not None}
     bias = []
     for item in p.get("logit_bias") or ():
         tok, sep, val = item.partition("=")
@@ -305,22 +310,33 @@ def penalty_options() -> dict:
     return out
 
 
+_model_sampling_opt = click.option(
+    "--model-sampling/--no-model-sampling", default=True, show_default=True, expose_value=False,
+    callback=lambda ctx, param, value: ctx.meta.__setitem__("edgespec_model_sampling", value),
+    help="Take the sampling options left out from the model's recommendation (its generation_config.json, the "
+         "bundle's sampling_defaults: `edgespec info` shows them); off: greedy decoding, no cut, no penalty.")
+
+
 def _check_options(**options) -> None:
     """A command's generation options refused (ConfigError) before the model loads, not after (the drafter is a
-    choice click checks; its pairings are the command's to check)."""
-    GenerationConfig(**options)
+    choice click checks; its pairings are the command's to check; an option left out, None, is the engine's
+    default)."""
+    GenerationConfig(**{k: v for k, v in options.items() if v is not None})
 
 
 def _sampling_opts(f):
-    """--temperature --top-k --top-p --min-p --seed, shared by generate and chat."""
+    """--temperature --top-k --top-p --min-p --seed --no-model-sampling, shared by generate and chat: the options
+    left out are the model's recommended sampling (the bundle's sampling_defaults), else greedy decoding."""
     for opt in reversed((
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy."),
-        click.option("--top-k", type=int, default=0),
-        click.option("--top-p", type=float, default=1.0),
-        click.option("--min-p", type=float, default=0.0,
+        click.option("--temperature", type=float, default=None,
+                     help="0 is greedy (default: the model's recommended, else 0)."),
+        click.option("--top-k", type=int, default=None, help="0 is off (default: the model's recommended, else 0)."),
+        click.option("--top-p", type=float, default=None, help="(default: the model's recommended, else 1)"),
+        click.option("--min-p", type=float, default=None,
                      help="Keep the tokens at least this many times as likely as the likeliest (after temperature, "
-                          "top-k and top-p; 0 is off)."),
+                          "top-k and top-p; 0 is off; default: the model's recommended, else 0)."),
         click.option("--seed", type=int, default=None),
+        _model_sampling_opt,
     )):
         f = opt(f)
     return f
@@ -694,8 +710,10 @@ class _OneLineUsage(click.Command):
               help="Port (0 picks a free one; the address is printed once the server listens).")
 @click.option("--queue", "queue_size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait while one generates; more are refused with 429.")
-@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True, callback=_finite_option,
-              help="For requests that send none (OpenAI's default is 1); 0 makes greedy decoding the default.")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None, callback=_finite_option,
+              help="For requests that send none (default: the model's recommended, else OpenAI's 1); 0 makes greedy "
+                   "decoding the default.")
+@_model_sampling_opt
 @click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
               help="An origin (http://localhost:3000, chrome-extension://ID, tauri://localhost, null) whose pages "
                    "may call the server from a browser or webview (CORS; others sending an Origin get 403); repeat "
@@ -748,13 +766,17 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
-                         temperature=temperature, allow_origins=allow_origins, api_key=api_key,
-                         chat_template_kwargs=template_kwargs, reasoning_format=reasoning_format)
+                         temperature="model" if temperature is None else temperature, allow_origins=allow_origins,
+                         api_key=api_key, chat_template_kwargs=template_kwargs, reasoning_format=reasoning_format)
+        temperature = app.state.server.defaults.get("temperature", eng.defaults.temperature)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
-                              f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
+                              f"time, up to {queue_size} waiting; default temperature {temperature:g}"
+                              + "".join(f", {k} {v:g}" for k, v in eng.sampling_defaults.items() if k != "temperature")
+                              + (" (the model's recommended: --no-model-sampling for none)" if eng.sampling_defaults
+                                 else "") + "; "
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none" if mem
                                  else "no memory of replies")
@@ -961,6 +983,9 @@ def info(bundle, verify, as_json):
         vocab += f" ({m.tokenizer_special_past} special past the model's rows: never written, refused in a prompt)"
     click.echo(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  chat template: {_template_state(m.chat_template)}"
                + vocab)
+    if m.sampling_defaults:
+        click.echo("  recommended sampling (the defaults of generate, chat and serve; --no-model-sampling for none): "
+                   + ", ".join(f"{k} {v:g}" for k, v in m.sampling_defaults.items()))
     if _thinks(m):
         click.echo("  a thinking model: <think> and </think> are tokens of its own (serve gives the block apart as "
                    "reasoning_content; --chat-template-kwargs sets its template's variables, e.g. enable_thinking)")

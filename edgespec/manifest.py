@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError, ManifestError, TokenizerMismatchError, big_integer, parse_reason
+from .errors import BundleError, ManifestError, TokenizerMismatchError, big_integer, parse_reason, shown
 from .integrity import check_files, sha256_file  # noqa: F401  (the file checks, re-exported)
 
 SCHEMA_VERSION = 1
@@ -36,6 +36,33 @@ def kv_row_width(kv_dtype: str, head_dim: int) -> int:
 def kv_row_head(kv_dtype: str, width: int) -> int:
     """The head size whose rows are ``width`` elements (``kv_row_width``'s inverse)."""
     return width * 8 // 9 if kv_dtype == "int8" else width
+
+
+# the model's recommended sampling (Manifest.sampling_defaults): the generation options its authors' files name
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def check_sampling_defaults(d: Any, where: str) -> dict:
+    """``d`` as sampling defaults: an object of SAMPLING_KEYS' options, each a number in its option's range (top_k
+    an integer); ManifestError otherwise."""
+    if not isinstance(d, dict):
+        raise ManifestError(f"{where} must be an object of sampling options")
+    out = {}
+    for k, v in d.items():
+        if k not in SAMPLING_KEYS:
+            raise ManifestError(f"{where}: {shown(k, 60)} is not a sampling option ({', '.join(SAMPLING_KEYS)})")
+        if not _is(v, int if k == "top_k" else float):
+            raise ManifestError(f"{where}.{k} must be {'an integer' if k == 'top_k' else 'a number'}, got "
+                                f"{type(v).__name__}")
+        out[k] = int(v) if k == "top_k" else float(v)
+    from .decoder import GenerationConfig  # (decoder reads this module: imported when a manifest names defaults)
+    from .errors import ConfigError
+
+    try:
+        GenerationConfig(**out)
+    except ConfigError as e:
+        raise ManifestError(f"{where}: {e}") from None
+    return out
 
 
 PAGE = 4096  # bytes of a memory page (x86-64 and aarch64 Linux defaults)
@@ -723,6 +750,9 @@ class Manifest:
     # page lists its weight files' sha256); {} before session 55, or where the source's files were not found
     source_files: dict[str, dict[str, dict]] = field(default_factory=dict)
     assistant: AssistantSpec | None = None  # a multi-token-prediction assistant (Gemma 4's), drafting as ``mtp``
+    # the sampling the model's authors recommend (its generation_config.json where it samples, a GGUF file's
+    # general.sampling.* keys): option -> value, SAMPLING_KEYS' options only; {} where the source names none
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     @property
     def max_context(self) -> int:
@@ -770,7 +800,9 @@ class Manifest:
                                                                 or {}, "tokenizer").items()},
                 source_files=_source_files(_opt(dict, "manifest", raw, "source_files") or {}, mpath),
                 assistant=AssistantSpec.from_dict(models["assistant"], root) if models.get("assistant") is not None
-                else None)
+                else None,
+                sampling_defaults=check_sampling_defaults(raw["sampling_defaults"], "manifest.sampling_defaults")
+                if raw.get("sampling_defaults") is not None else {})
         if drafter is not None:
             check_pair(target, drafter)
         if m.assistant is not None:
@@ -789,6 +821,7 @@ class Manifest:
                 "tool_versions": dict(self.tool_versions),
                 "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id, "add_bos": self.add_bos,
                 "chat_template": self.chat_template,
+                **({"sampling_defaults": dict(self.sampling_defaults)} if self.sampling_defaults else {}),
                 "tokenizer": {"dir": _rel(self.root, self.tokenizer_dir), "vocab_size": self.tokenizer_vocab_size,
                               **({"special_past_vocab": self.tokenizer_special_past}
                                  if self.tokenizer_special_past else {}),

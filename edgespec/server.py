@@ -557,6 +557,8 @@ class Server:
         ext = {"max_tokens": min(p[3] for p in prepared),
                "max_tokens_clamped": req.max_tokens is not None and any(req.max_tokens > p[2] for p in prepared),
                "temperature": kw.get("temperature", self.engine.defaults.temperature),
+               **{k: kw.get(k, getattr(self.engine.defaults, k)) for k in ("top_p", "top_k", "min_p",
+                                                                           "repetition_penalty")},
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])
@@ -1147,12 +1149,14 @@ def check_origins(origins) -> list[str]:
 
 
 def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | None = None,
-               draft_tokens: int | None = None, temperature: float | None = 1.0,
+               draft_tokens: int | None = None, temperature: float | str | None = "model",
                allow_origins=(), api_key: str | None = None, chat_template_kwargs: dict | None = None,
                reasoning_format: str = "auto") -> Starlette:
     """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens``/``temperature``
-    are the server's defaults (``temperature`` 1, OpenAI's; None: the engine's, greedy); a request's
-    own fields and ``edgespec`` object override them. ``allow_origins``: web pages of these origins (``*``:
+    are the server's defaults (``temperature`` "model": the model's recommended, ``engine.sampling_defaults``, else 1,
+    OpenAI's; None: the engine's, greedy where the model recommends none); a request's own fields and ``edgespec``
+    object override them, and the engine's defaults (the model's recommended top_p, top_k, min_p, repetition
+    penalty) stand for what neither names. ``allow_origins``: web pages of these origins (``*``:
     any) may call the server from a browser (CORS headers, preflights answered); none by default. ``api_key``:
     every request but /health must carry it as a bearer token (KeyGuard). ``chat_template_kwargs``: variables for
     every chat's template, under a request's own (``{"enable_thinking": False}``); ``reasoning_format``: ``auto``
@@ -1162,6 +1166,10 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     api_key = check_api_key(api_key)
     from .template import check_template_kwargs
 
+    if temperature == "model":
+        temperature = engine.sampling_defaults.get("temperature", 1.0)
+    elif isinstance(temperature, str):
+        raise ConfigError(f"temperature must be a number, None or 'model', got {temperature!r}")
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
                                                 "temperature": temperature},
                  template_kwargs=check_template_kwargs(chat_template_kwargs, "--chat-template-kwargs"),

@@ -11,8 +11,10 @@ accepted and ignored; a field OpenAI's API does not have (and that is not one of
 name them) is refused as OpenAI refuses it, so that a sampling option of another server (``typical_p``, ...)
 never passes unnoticed.
 
-``temperature``: absent means the server's default, which is OpenAI's (1) unless ``edgespec serve
---temperature`` set another; the response's ``edgespec.temperature`` is the value used.
+``temperature``: absent means the server's default: ``edgespec serve --temperature``, else the model's
+recommended (its bundle's ``sampling_defaults``), else OpenAI's (1); the response's ``edgespec.temperature`` is
+the value used. ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` absent are the model's recommended
+(off where it names none; ``serve --no-model-sampling``: off), reported likewise.
 
 ``max_tokens`` (or ``max_completion_tokens``): an integer >= 1; absent means "until the context
 is full". A value larger than the room the prompt leaves in the context is clamped to that room
@@ -318,7 +320,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
         if v:
             opts[key] = v
     v = _number(body, "repetition_penalty", MIN_REPETITION_PENALTY, 10.0)  # vLLM's and llama.cpp's extension
-    if v is not None and v != 1.0:
+    if v is not None:  # (1, off, sent: over the model's recommended penalty, which serve takes by default)
         opts["repetition_penalty"] = v
     lb = body.get("logit_bias")
     if lb is not None:
@@ -1092,7 +1094,7 @@ def response_object(rid: str, model: str, created: int, req: GenRequest, *, outp
            "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
            "temperature": (ext or {}).get("temperature", req.options.get("temperature")),
            "text": r.get("text", {"format": {"type": "text"}}), "tool_choice": r.get("tool_choice", "auto"),
-           "tools": r.get("tools", []), "top_p": req.options.get("top_p", 1.0), "truncation": "disabled",
+           "tools": r.get("tools", []), "top_p": (ext or {}).get("top_p", req.options.get("top_p", 1.0)), "truncation": "disabled",
            "usage": response_usage(use) if use is not None else None, "user": r.get("user"),
            "metadata": r.get("metadata", {})}
     if ext is not None:

@@ -970,6 +970,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             tokenizer_vocab_size=tvocab,
             tokenizer_files=tok_files,
             assistant=extra.get("assistant"),
+            sampling_defaults=_sampling_defaults(tsrc, progress.log),
             # (special tokens past the target's vocabulary: Gemma 3 1B's <image_soft_token>; source.check_vocabulary)
             tokenizer_special_past=special_ids_past(ttok.backend_tokenizer, models["target"].vocab_size) or 0,
         )
@@ -1047,6 +1048,92 @@ def _chat_template(tok, display: str) -> str | None:
     if t is not None and not isinstance(t, str):
         raise ExportError(f"{display}: its tokenizer's chat template is a {type(t).__name__}, not text")
     return t
+
+
+# a GGUF file's copy of the model's recommended sampling (llama.cpp's converter writes it from generation_config.json)
+_GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                  "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+                  "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata(path: Path, keys) -> dict:
+    """The scalar values of ``keys`` in a GGUF file's metadata, read from its header alone (gguf's GGUFReader maps
+    every tensor first: 8.7 s for the Qwen 1.5B's file); ValueError for a file that is not GGUF (version 2 or 3)."""
+    import struct
+
+    keys, out = set(keys), {}
+    with open(path, "rb") as f:
+        def take(fmt):
+            n = struct.calcsize(fmt)
+            b = f.read(n)
+            if len(b) != n:
+                raise ValueError("the file ends inside its metadata")
+            return struct.unpack(fmt, b)[0]
+
+        def skip(kind):
+            if kind == 8:
+                f.seek(take("<Q"), 1)
+            elif kind == 9:
+                inner, count = take("<I"), take("<Q")
+                if inner in _GGUF_SCALARS:
+                    f.seek(count * struct.calcsize(_GGUF_SCALARS[inner]), 1)
+                else:
+                    for _ in range(count):
+                        skip(inner)
+            elif kind in _GGUF_SCALARS:
+                f.seek(struct.calcsize(_GGUF_SCALARS[kind]), 1)
+            else:
+                raise ValueError(f"unknown metadata type {kind}")
+
+        if f.read(4) != b"GGUF" or take("<I") not in (2, 3):
+            raise ValueError("not a GGUF file of version 2 or 3")
+        take("<Q")  # tensors
+        for _ in range(take("<Q")):
+            key = f.read(take("<Q")).decode("utf-8", "replace")
+            kind = take("<I")
+            if key in keys and kind in _GGUF_SCALARS:
+                out[key] = take(_GGUF_SCALARS[kind])
+            else:
+                skip(kind)
+            if len(out) == len(keys):
+                break
+    return out
+
+
+def _sampling_defaults(src: Source, log) -> dict:
+    """The sampling the model's authors recommend (``Manifest.sampling_defaults``): a Hugging Face model's
+    generation_config.json options where it samples (``do_sample`` true: transformers' generate samples then, and
+    vLLM and llama.cpp's converter read the same keys), a GGUF file's ``general.sampling.*`` keys. An option out of
+    its range is left out, logged; {} where the source names none or its file cannot be read."""
+    from edgespec.errors import ManifestError
+    from edgespec.manifest import SAMPLING_KEYS, check_sampling_defaults
+
+    try:
+        if src.kind == "gguf":
+            raw = {_GGUF_SAMPLING[k]: v for k, v in gguf_metadata(src.path, _GGUF_SAMPLING).items()}
+        else:
+            from transformers.utils import cached_file
+
+            name, kw = src.from_pretrained_args()
+            path = cached_file(name, "generation_config.json", _raise_exceptions_for_missing_entries=False,
+                               _raise_exceptions_for_connection_errors=False, **kw)
+            d = json.loads(Path(path).read_text(encoding="utf-8")) if path else {}
+            raw = {k: d[k] for k in SAMPLING_KEYS if d.get(k) is not None} if d.get("do_sample") is True else {}
+    except Exception:  # noqa: BLE001 - no recommendation read: none recorded (the file's other reads say what is wrong)
+        return {}
+    out = {}
+    for k, v in raw.items():
+        try:
+            out.update(check_sampling_defaults({k: v}, f"{src.display}'s recommended sampling"))
+        except ManifestError as e:
+            log(f"  {e}: left out")
+    if out:
+        log("  the model's recommended sampling, the defaults of serve, chat and generate: "
+            + ", ".join(f"{k} {v:g}" for k, v in out.items()))
+    return out
 
 
 def _eos_ids(tok, src: Source) -> list[int]:
