@@ -506,6 +506,13 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         grammar_for(response_format)  # a bad schema refused before the model loads
     if prompt == "-":
         prompt = _read_stdin()
+    from .api import _stops
+    from .tokenizer import _check_text
+
+    _check_text(prompt, "the prompt")  # (a command line that is not UTF-8, and a bad --stop, before the model loads)
+    if suffix is not None:
+        _check_text(suffix, "the suffix")
+    _stops(list(stop) if stop else None)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
     src = [{"role": "user", "content": prompt}] if as_chat else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -607,6 +614,9 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
         raise ConfigError(f"--window {errors.shown(window)} is no context: give one of at most the bundle's context")
     if max_windows is not None and max_windows < 1:
         raise ConfigError(f"--max-windows must be >= 1, got {max_windows}")
+    if max_context is not None and 0 < max_context < window:  # (perplexity's own words, before the model loads)
+        raise ConfigError(f"the window ({window} tokens) is larger than the context ({max_context}); pass a smaller "
+                          "window or a larger --max-context")
     text = "\n\n".join(read_document(f, what="text file", error=ConfigError) for f in files)
     import warnings
 
@@ -749,7 +759,8 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
-    _check_options(draft_tokens=draft_tokens)
+    _check_options(draft_tokens=draft_tokens, temperature=temperature)  # (click's range takes 5e-7, which no request
+    # that leaves its temperature out could then be sampled at)
     _documents_note(drafter, "a request's drafter suffix or auto")
     if api_key_file is not None:
         if api_key is not None:
@@ -1151,6 +1162,10 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     from .bench import _parse_drafter
 
     wants_model = any(_parse_drafter(n)[0] in ("model", "mtp", "auto") for n in names)  # (auto@8 too)
+    from .manifest import load_manifest
+
+    load_manifest(bundle)  # (a bundle that is none refused before the report's folder is made, ...
+    _check_writable(out_dir)  # ... and a folder it cannot write before the models load: 13 s on the Qwen pair)
     # (no prompt cache: the report's memory is compared with the plan, which leaves it out)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model, prompt_cache_mb=0)
     if eng.decoder.drafters.get("model") is None and any(_parse_drafter(n)[0] == "model" for n in names):
@@ -1159,7 +1174,6 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
             raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
                               "named to compare with none")
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
-    _check_writable(out_dir)  # before the bench runs, not after (and only once the bundle has loaded)
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     try:

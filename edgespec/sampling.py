@@ -296,7 +296,9 @@ def _min_p(x: np.ndarray, sp: SamplingParams) -> Dist:
         return d if keep.all() else Dist(n, d.idx[keep], d.w[keep])
     m = _finite_max(x)
     gap = math.log(1.0 / sp.min_p) * sp.temperature  # (min_p 1: 0, the ties of the maximum)
-    thr = np.float32(float(m) - gap - 1e-6 * (abs(float(m)) + gap) - 1e-30)  # a little below: float32's rounding
+    # a little below the cut: float32's rounding of it, and exp's of a weight a hair under 1 (a temperature of 1e6)
+    thr = float(m) - gap - 1e-6 * (abs(float(m)) + gap) - 1e-12 * sp.temperature - 1e-30
+    thr = np.float32(thr) if x.dtype != np.float64 else thr
     near = np.flatnonzero(x >= thr)
     w = np.exp((x[near].astype(np.float64) - float(m)) * (1.0 / sp.temperature))
     keep = w >= sp.min_p

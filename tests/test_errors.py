@@ -584,9 +584,26 @@ def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd
     assert msg.startswith(f"error: {name} must be"), msg
 
 
-def test_serve_refuses_a_bad_draft_length_before_the_model_loads(tmp_path):
-    msg = one_line_error(run("serve", tmp_path / "no-bundle", "--draft-tokens", "99", "--port", "0"), 2)
-    assert msg.startswith("error: draft_tokens must be"), msg
+@pytest.mark.parametrize("args, words", [
+    (["serve", "{b}", "--draft-tokens", "99", "--port", "0"], "draft_tokens must be"),
+    (["serve", "{b}", "--temperature", "5e-7", "--port", "0"], "temperature must be 0 (greedy) or at least"),
+    (["generate", "{b}", "-p", "a\udcff"], "the prompt is not valid UTF-8"),
+    (["generate", "{b}", "-p", "a", "--stop", "\udcff"], "is not valid UTF-8 text"),
+    (["generate", "{b}", "-p", "a", "--suffix", "\udcff"], "the suffix is not valid UTF-8"),
+    (["perplexity", "{b}", "{readme}", "--max-context", "100"], "the window (512 tokens) is larger than the context"),
+    (["bench", "{b}", "--out", "{file}"], "cannot write the report"),
+])
+def test_more_bad_options_are_refused_before_the_model_loads(tiny_bundle, tmp_path, monkeypatch, args, words):
+    """(session 63, a review) each of these loaded the model (3-13 s on the Qwen pair) before its error; serve's
+    --temperature 5e-7 started the server, which then refused every request that left its temperature out."""
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("edgespec.api.load", no_load)
+    (tmp_path / "afile").write_text("x")
+    values = {"b": tiny_bundle, "readme": Path(__file__).parent.parent / "README.md", "file": tmp_path / "afile"}
+    msg = one_line_error(run(*[a.format(**values) for a in args]), 2)
+    assert words in msg, msg
 
 
 def test_min_p_one_samples_the_greedy_reply(tiny_bundle):
