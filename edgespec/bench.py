@@ -278,11 +278,13 @@ def _profile(settings: dict) -> str:
 
 def _mode(settings: dict) -> str:
     t = settings.get("temperature") or 0.0
+    rp = settings.get("repetition_penalty") or 1.0
+    penalty = f", repetition penalty {rp}" if rp != 1.0 else ""
     if not t:
-        return "greedy"
-    mp = settings.get("min_p") or 0.0
-    return (f"sampled (temperature {t}, top-p {settings.get('top_p', 1.0)}" + (f", min-p {mp}" if mp else "")
-            + ": exactness not checked)")
+        return "greedy" + (f" ({penalty[2:]})" if penalty else "")
+    extra = "".join(f", {name} {settings[k]}" for k, name in (("top_k", "top-k"), ("min_p", "min-p"))
+                    if settings.get(k))
+    return f"sampled (temperature {t}, top-p {settings.get('top_p', 1.0)}{extra}{penalty}: exactness not checked)"
 
 
 def _device(engine) -> dict:
@@ -372,19 +374,17 @@ class RunnerStates:
         self.saved[name] = (self.dec.policy, getattr(self.model, "_calib", None))
 
 
-# the options a bench run states none of: off, whatever the model recommends (Engine.sampling_defaults), so that its
-# "greedy" is plain greedy decoding, as the anchors' runs are
-PLAIN = {"top_k": 0, "repetition_penalty": 1.0}
-
-
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
-              temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0,
-              draft_tokens: int | None = None, external: dict[str, External] | None = None,
+              temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0, top_k: int = 0,
+              repetition_penalty: float = 1.0, draft_tokens: int | None = None, external: dict[str, External] | None = None,
               in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
     """Every runner on every prompt (turn by turn), one engine, each runner from its own state. ``in_process``: the
     external runners that load their models into this process (the report's peak memory is then not edgespec's
     alone). Ctrl-C or an error mid-run (a prompt's, an external runner's) propagates with the runs done so far as the
-    exception's ``report`` (``Report.stopped`` says why)."""
+    exception's ``report`` (``Report.stopped`` says why). Every sampling option is passed, whatever the model
+    recommends (``Engine.sampling_defaults``): a run's "greedy" is plain greedy decoding, as the anchors' are."""
+    sampling = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "top_k": top_k,
+                "repetition_penalty": repetition_penalty}
     parse_drafters(drafters)
     parsed = {d: _parse_drafter(d, draft_tokens) for d in drafters}
     external = dict(external or {})
@@ -396,7 +396,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     pool = onnx_lm._shared_pool
     threads = pool if pool is not None and pool >= 0 else getattr(engine.decoder.target, "threads", None)
     rep = Report(str(engine.manifest.root), _device(engine),
-                 {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "min_p": min_p,
+                 {"max_new_tokens": max_new_tokens, **sampling,
                   "drafters": order + list(external), "draft_tokens": draft_tokens,
                   "prompts": len(prompts), "threads": threads, "profile": getattr(engine.profile, "name", None),
                   "max_draft_tokens": engine.defaults.max_draft_tokens}, plan=engine.plan.to_dict())
@@ -443,11 +443,10 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
             name, k, bound = parsed.get(d, ("none", None, None))
             engine.reset()
             list(engine.stream_ids(tok.encode("Hello, world. Hello, world."), max_new_tokens=8, drafter=name,
-                                   draft_tokens=k, max_draft_tokens=bound, temperature=temperature, top_p=top_p,
-                                   min_p=min_p, **PLAIN))
+                                   draft_tokens=k, max_draft_tokens=bound, **sampling))
         with mem:
             _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
-                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, min_p=min_p)
+                           max_new_tokens=max_new_tokens, sampling=sampling)
     except BaseException as e:  # Ctrl-C, an error of a prompt's, an external runner's crash
         rep.stopped = ("interrupted" if isinstance(e, KeyboardInterrupt) else
                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
@@ -464,8 +463,8 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     return rep
 
 
-def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log, *, max_new_tokens, temperature,
-                   top_p, min_p) -> None:
+def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log, *, max_new_tokens,
+                   sampling) -> None:
     """run_bench's runs, appended to ``rep.runs`` as they finish."""
     tok = engine.tokenizer
     has_template = bool(engine.manifest.chat_template)
@@ -488,14 +487,13 @@ def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, l
                 out: list[int] = []
                 st = None
                 name, k, bound = parsed.get(d, ("none", None, None))
-                for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                     top_p=top_p, min_p=min_p, **PLAIN, drafter=name, draft_tokens=k,
-                                                     max_draft_tokens=bound):
+                for _, toks, st, _ in engine.stream_ids(ids, max_new_tokens=max_new_tokens, **sampling, drafter=name,
+                                                     draft_tokens=k, max_draft_tokens=bound):
                     out.extend(toks)
                 states.leave(d)
                 if d == "none":
                     ref, reply_ids = out, out
-                exact = None if d == "none" or temperature else out == ref
+                exact = None if d == "none" or sampling["temperature"] else out == ref
                 rep.runs.append(Run(q["question_id"], q["category"], ti, d, st.new_tokens, st.ttft_ms, st.decode_s,
                                     st.tokens_per_second,
                                     1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,

@@ -1089,7 +1089,9 @@ def info(bundle, verify, as_json):
                        f"difference {a.validated:.3g}")
 
 
-def _check_writable(out_dir) -> None:
+def _check_writable(out_dir, make: bool = True) -> None:
+    """The report's folder can be written (``make``: made, and a file made and removed there); without ``make``
+    nothing is made: the folder, or its nearest existing parent, must be a folder this process may write."""
     import tempfile
 
     from .errors import ConfigError
@@ -1098,6 +1100,15 @@ def _check_writable(out_dir) -> None:
 
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # ("File exists", from makedirs, said nothing)
         raise ConfigError(f"cannot write the report to {out_dir}: it is a file; --out names a folder")
+    if not make:
+        near = os.path.abspath(out_dir)
+        while not os.path.lexists(near) and os.path.dirname(near) != near:
+            near = os.path.dirname(near)
+        if not os.path.isdir(near):
+            raise ConfigError(f"cannot write the report to {out_dir}: {near} is not a folder")
+        if not os.access(near, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write the report to {out_dir}: {near} is not writable")
+        return
     try:
         os.makedirs(out_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=out_dir).close()
@@ -1164,8 +1175,8 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     wants_model = any(_parse_drafter(n)[0] in ("model", "mtp", "auto") for n in names)  # (auto@8 too)
     from .manifest import load_manifest
 
-    load_manifest(bundle)  # (a bundle that is none refused before the report's folder is made, ...
-    _check_writable(out_dir)  # ... and a folder it cannot write before the models load: 13 s on the Qwen pair)
+    load_manifest(bundle)  # (a bundle that is none refused first, then a folder the report cannot go to: before
+    _check_writable(out_dir, make=False)  # the models load, 13 s on the Qwen pair; made once they have loaded)
     # (no prompt cache: the report's memory is compared with the plan, which leaves it out)
     eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=wants_model, prompt_cache_mb=0)
     if eng.decoder.drafters.get("model") is None and any(_parse_drafter(n)[0] == "model" for n in names):
@@ -1174,6 +1185,7 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
             raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
                               "named to compare with none")
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
+    _check_writable(out_dir)  # before the bench runs, not after
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     try:

@@ -86,6 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs (no exactness check, no anchors)")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", default=None)
@@ -105,7 +107,10 @@ def main(argv=None) -> int:
     from edgespec.errors import ConfigError
     from edgespec.sampling import SamplingParams
     try:  # (before the models load)
-        SamplingParams(args.temperature, 0, args.top_p, args.min_p)
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p)
+        from edgespec.decoder import GenerationConfig
+
+        GenerationConfig(repetition_penalty=args.repetition_penalty)
     except ConfigError as e:
         ap.error(str(e))
     sampled = args.temperature > 0
@@ -174,7 +179,8 @@ def main(argv=None) -> int:
         try:
             # (genai's models live in this process: the report's peak memory says it holds theirs too)
             rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
-                            temperature=args.temperature, top_p=args.top_p, min_p=args.min_p,
+                            temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k,
+                            repetition_penalty=args.repetition_penalty,
                             in_process=[n for n in external if n.startswith("genai")])
         except BaseException as e:  # Ctrl-C, llama-server gone: the runs done are written, marked as stopped early
             write_partial_report(getattr(e, "report", None), args.out)
