@@ -19,6 +19,7 @@ import numbers
 import operator
 import os
 import threading
+import types
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -387,7 +388,7 @@ class Engine:
         self.profile = profile
         self.providers = providers
         # the model's recommended sampling, the defaults of the options a generation leaves out (load's model_sampling)
-        self.sampling_defaults = dict(manifest.sampling_defaults) if model_sampling else {}
+        self.sampling_defaults = types.MappingProxyType(dict(manifest.sampling_defaults) if model_sampling else {})
         self.defaults = GenerationConfig(drafter=plan.default_drafter, max_draft_tokens=profile.max_draft_tokens,
                                          draft_tokens=profile.draft_tokens, **self.sampling_defaults)
         self._local = threading.local()  # each thread's last generation's stats

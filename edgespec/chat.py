@@ -37,8 +37,8 @@ commands:
   /reset             start a new conversation (the system prompt is kept)
   /stats             statistics of the last reply: speed, acceptance, time split
   /set               show the generation settings
-  /set NAME VALUE    change one: temperature, top_p, top_k, min_p, max_new_tokens, seed (a number or none),
-                     draft_tokens (a number, or auto), drafter ({drafters})
+  /set NAME VALUE    change one: temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens,
+                     seed (a number or none), draft_tokens (a number, or auto), drafter ({drafters})
   /save FILE         write the whole conversation's messages to FILE as JSON
   /load FILE         continue a conversation /save wrote (its messages replace this one's)
   /exit              leave (so does Ctrl-D)
@@ -88,6 +88,7 @@ SETTINGS: dict[str, Callable[[str], object]] = {
     "top_p": _number(float),
     "top_k": _number(int),
     "min_p": _number(float),
+    "repetition_penalty": _number(float),
     "max_new_tokens": _number(int),
     "seed": _optional_int("none"),
     "draft_tokens": _optional_int("auto"),

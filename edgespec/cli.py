@@ -784,10 +784,10 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
-                              f"time, up to {queue_size} waiting; default temperature {temperature:g}"
-                              + "".join(f", {k} {v:g}" for k, v in eng.sampling_defaults.items() if k != "temperature")
-                              + (" (the model's recommended: --no-model-sampling for none)" if eng.sampling_defaults
-                                 else "") + "; "
+                              f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
+                              + ("the model's recommended sampling " + ", ".join(
+                                  f"{k} {v:g}" for k, v in eng.sampling_defaults.items())
+                                 + " (--no-model-sampling for none); " if eng.sampling_defaults else "")
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none" if mem
                                  else "no memory of replies")

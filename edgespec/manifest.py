@@ -801,7 +801,7 @@ class Manifest:
                 source_files=_source_files(_opt(dict, "manifest", raw, "source_files") or {}, mpath),
                 assistant=AssistantSpec.from_dict(models["assistant"], root) if models.get("assistant") is not None
                 else None,
-                sampling_defaults=check_sampling_defaults(raw["sampling_defaults"], "manifest.sampling_defaults")
+                sampling_defaults=check_sampling_defaults(raw["sampling_defaults"], f"{mpath}: sampling_defaults")
                 if raw.get("sampling_defaults") is not None else {})
         if drafter is not None:
             check_pair(target, drafter)

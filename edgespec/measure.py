@@ -133,7 +133,7 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     # are set aside; and this prefills the same prompt twice)
     load_kw.setdefault("prompt_cache_mb", 0)
     load_kw.setdefault("memory", False)  # (its filler prompt and reply are no output of the user's to remember)
-    engine = load(bundle, **load_kw)
+    engine = load(bundle, **{"model_sampling": False, **load_kw})  # (greedy: what a plan measures, not the model's)
     gpu = engine.providers.device == "cuda"
     samples.append(sample("after load", gpu))
     n = prompt_length(engine.max_context, prompt_tokens, new_tokens)

@@ -1108,12 +1108,16 @@ def _sampling_defaults(src: Source, log) -> dict:
     generation_config.json options where it samples (``do_sample`` true: transformers' generate samples then, and
     vLLM and llama.cpp's converter read the same keys), a GGUF file's ``general.sampling.*`` keys. An option out of
     its range is left out, logged; {} where the source names none or its file cannot be read."""
+    import numpy as np
+
     from edgespec.errors import ManifestError
     from edgespec.manifest import SAMPLING_KEYS, check_sampling_defaults
 
     try:
         if src.kind == "gguf":
-            raw = {_GGUF_SAMPLING[k]: v for k, v in gguf_metadata(src.path, _GGUF_SAMPLING).items()}
+            # (float32 numbers there: 0.6 is 0.6000000238418579, written as the shortest text that is that float32)
+            raw = {_GGUF_SAMPLING[k]: float(str(np.float32(v))) if isinstance(v, float) else v
+                   for k, v in gguf_metadata(src.path, _GGUF_SAMPLING).items()}
         else:
             from transformers.utils import cached_file
 
@@ -1122,6 +1126,8 @@ def _sampling_defaults(src: Source, log) -> dict:
                                _raise_exceptions_for_connection_errors=False, **kw)
             d = json.loads(Path(path).read_text(encoding="utf-8")) if path else {}
             raw = {k: d[k] for k in SAMPLING_KEYS if d.get(k) is not None} if d.get("do_sample") is True else {}
+            if raw or d.get("do_sample") is True:  # (sampling with no temperature named: transformers' 1, as Gemma 3's)
+                raw.setdefault("temperature", 1.0)
     except Exception:  # noqa: BLE001 - no recommendation read: none recorded (the file's other reads say what is wrong)
         return {}
     out = {}

@@ -79,8 +79,8 @@ def main(argv=None) -> int:
     from edgespec.errors import EdgespecError
 
     try:
-        ea, eb = (edgespec.load(args.a, memory=False, prompt_cache_mb=0),
-                  edgespec.load(args.b, memory=False, prompt_cache_mb=0))
+        ea, eb = (edgespec.load(args.a, model_sampling=False, memory=False, prompt_cache_mb=0),
+                  edgespec.load(args.b, model_sampling=False, memory=False, prompt_cache_mb=0))
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ def measure(bundles: list[str], widths: list[int], reps: int = 30, context: int 
     """Per bundle, milliseconds: ``target N`` for each width N, and ``drafter step`` where it has one."""
     import edgespec
 
-    engines = [edgespec.load(b, memory=False, max_context=max(512, context + max(widths) + 8)) for b in bundles]
+    engines = [edgespec.load(b, model_sampling=False, memory=False, max_context=max(512, context + max(widths) + 8)) for b in bundles]
     runs = []
     for eng in engines:
         target = eng.decoder.target

@@ -18,7 +18,7 @@ if len(sys.argv) < 2 or sys.argv[1] not in ("forward", "reversed"):
 bundle = sys.argv[2] if len(sys.argv) > 2 else str(ROOT / "bundles" / "qwen-coder-b128-v64k-xk")
 sys.path.insert(0, str(ROOT))
 import edgespec  # noqa: E402
-eng = edgespec.load(bundle, memory=False)
+eng = edgespec.load(bundle, model_sampling=False, memory=False)
 eng.generate("Hello", max_new_tokens=8, drafter="none")
 dec = eng.decoder
 runners = ["none", "prompt-lookup", "suffix", "auto"]

@@ -59,8 +59,8 @@ def main(argv=None) -> int:
           f"outside session.run (sampled) | same tokens as genai |")
     print("|---|---|---|---|---|---|---|---|---|")
     for b in args.bundles:
-        eng = edgespec.load(b, use_drafter=False, threads=args.threads, prompt_cache_mb=0)
-        one_token = edgespec.load(b, use_drafter=False, threads=args.threads, min_width=1,  # the policy off
+        eng = edgespec.load(b, model_sampling=False, use_drafter=False, threads=args.threads, prompt_cache_mb=0)
+        one_token = edgespec.load(b, model_sampling=False, use_drafter=False, threads=args.threads, min_width=1,  # the policy off
                                   prompt_cache_mb=0)
         ids = eng.encode([{"role": "user", "content": PROMPT}]) if eng.manifest.chat_template else eng.encode(PROMPT)
         # onnxruntime-genai runs the bundle's own graph; an exact-kernels bundle uses edgespec's operator

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     try:
         prompts = read_prompts(args.prompts, per_category=args.per_category)
-        engines = {x: edgespec.load(args.bundle, threads=args.threads, memory=False, prompt_cache_mb=0) for x in "AB"}
+        engines = {x: edgespec.load(args.bundle, model_sampling=False, threads=args.threads, memory=False, prompt_cache_mb=0) for x in "AB"}
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -52,7 +52,7 @@ def coverage(bundle: Path, sizes: list[int], per_category: int | None, max_new: 
 
     from edgespec_export.head import select_head_ids
 
-    eng = edgespec.load(bundle, memory=False)
+    eng = edgespec.load(bundle, model_sampling=False, memory=False)
     m = eng.manifest
     tj = json.loads((m.tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
 

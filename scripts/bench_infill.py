@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     cases = cases[:args.limit]
     drafters = [d for d in args.drafters.split(",") if d]
     try:
-        eng = edgespec.load(args.bundle, threads=args.threads, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, threads=args.threads, memory=False)
         eng.infill_stops()  # a model without FIM tokens: refused before any run
         for d in drafters:
             eng.config(drafter=d)

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         for d in names:
             GenerationConfig(drafter=d, max_draft_tokens=args.max_draft, max_new_tokens=args.max_new_tokens)
         qs = read_prompts(args.prompts)
-        eng = edgespec.load(args.bundle, provider=args.provider, memory=False, prompt_cache_mb=0)
+        eng = edgespec.load(args.bundle, model_sampling=False, provider=args.provider, memory=False, prompt_cache_mb=0)
         tok, lm = eng.tokenizer, eng.decoder.target
         for p in range(args.passes):
             for d in names:

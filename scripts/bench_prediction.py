@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             print(f"error: no task is called {args.only}", file=sys.stderr)
             return 2
     try:
-        eng = edgespec.load(args.bundle, memory=False, prompt_cache_mb=0, threads=args.threads)
+        eng = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0, threads=args.threads)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

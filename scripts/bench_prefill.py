@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     import edgespec
     from edgespec.native import cpu_supported, isa
 
-    eng = edgespec.load(args.bundle, threads=args.threads, memory=False, max_context=args.tokens + 64,
+    eng = edgespec.load(args.bundle, model_sampling=False, threads=args.threads, memory=False, max_context=args.tokens + 64,
                         prompt_cache_mb=0)  # the computation, never a restore
     target = eng.decoder.target
     ids = eng.tokenizer.encode((ROOT / "README.md").read_text(encoding="utf-8"))[: args.tokens]

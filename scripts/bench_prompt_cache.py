@@ -86,7 +86,7 @@ def after_restart(args, doc: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "prompt-cache.npz"
         msgs = [{"role": "user", "content": doc}]
-        with edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb, prompt_cache_file=f) as e:
+        with edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=args.prompt_cache_mb, prompt_cache_file=f) as e:
             msgs += [{"role": "assistant", "content": e.generate(msgs, **kw).text},
                      {"role": "user", "content": FOLLOW_UPS[0]}]
         size = f.stat().st_size  # (the chat kept from the live cache at close)
@@ -95,7 +95,7 @@ def after_restart(args, doc: str) -> dict:
         for run, mode in enumerate(("file", "none", "none", "file")):
             mode = f"{mode}{run // 2 + 1}"
             t0 = time.perf_counter()
-            with edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb,
+            with edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=args.prompt_cache_mb,
                                prompt_cache_file=f if mode.startswith("file") else None) as e:
                 load_s = time.perf_counter() - t0
                 r = e.generate(msgs, **kw)
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         print(f"error: {args.prompts} has no prompts", file=sys.stderr)
         return 2
     try:
-        eng = edgespec.load(args.bundle, memory=False, prompt_cache_mb=args.prompt_cache_mb)
+        eng = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=args.prompt_cache_mb)
         eng.config(drafter=args.drafter)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     for flag, v in (("--profile", args.profile), ("--max-context", args.max_context), ("--threads", args.threads)):
         if v is not None:
             extra += [flag, str(v)]
-    eng = edgespec.load(args.bundle, profile=args.profile, max_context=args.max_context, threads=args.threads)
+    eng = edgespec.load(args.bundle, model_sampling=False, profile=args.profile, max_context=args.max_context, threads=args.threads)
     model = Path(args.bundle).resolve().name
     prompts = first_turns(args.per_category)
     with tempfile.TemporaryDirectory() as tmp:

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
                      "rewritten from")
     # no memory of earlier runs (every runner sees a prompt fresh) and no prompt cache (its memory is not in the
     # plan the report compares with; scripts/bench_prompt_cache.py measures it)
-    eng = edgespec.load(bundle, threads=args.threads, memory=False, prompt_cache_mb=0)
+    eng = edgespec.load(bundle, model_sampling=False, threads=args.threads, memory=False, prompt_cache_mb=0)
     has_model = eng.decoder.drafters.get("model") is not None
     if not has_model:
         names = [n for n in names if not n.startswith("model")]

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     tasks = [json.loads(line) for line in (DATA / "tool_tasks.jsonl").read_text().splitlines() if line.strip()]
     drafters = [d for d in args.drafters.split(",") if d]
     try:
-        eng = edgespec.load(args.bundle, threads=args.threads, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, threads=args.threads, memory=False)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -249,7 +249,7 @@ def run(args) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store.npz"
-        eng = edgespec.load(args.bundle, threads=args.threads, memory=store, documents=[MANUAL],
+        eng = edgespec.load(args.bundle, model_sampling=False, threads=args.threads, memory=store, documents=[MANUAL],
                             prompt_cache_mb=0)  # (decoding as in earlier sessions: bench_prompt_cache.py has it)
         if "model" not in eng.decoder.drafters:
             drafters = [d for d in drafters if d != "model"]

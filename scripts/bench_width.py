@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import edgespec
 
-    eng = edgespec.load(args.bundle, provider=args.provider, threads=args.threads, memory=False,
+    eng = edgespec.load(args.bundle, model_sampling=False, provider=args.provider, threads=args.threads, memory=False,
                         max_context=max(512, args.context + max(args.widths) + 8), prompt_cache_mb=0)
     target = eng.decoder.target
     vocab = min(eng.manifest.target.vocab_size, 32000)

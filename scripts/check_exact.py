@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         for d, b in runs:
             GenerationConfig(max_new_tokens=args.max_new_tokens, drafter=d, max_draft_tokens=b)  # checked here
         qs = read_prompts(args.prompts)
-        eng = edgespec.load(args.bundle, provider=args.provider, memory=False, min_width=args.min_width,
+        eng = edgespec.load(args.bundle, model_sampling=False, provider=args.provider, memory=False, min_width=args.min_width,
                             prompt_cache_mb=0)
         lm = eng.decoder.target
         print(f"width policy: at least {lm.min_width}, a multiple of {lm.width_multiple}, "

@@ -282,7 +282,7 @@ def _prompt_ids(bundle: Path) -> tuple[list[int], object | None]:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         import edgespec
 
-        engine = edgespec.load(bundle, use_drafter=False)
+        engine = edgespec.load(bundle, model_sampling=False, use_drafter=False)
         return engine.encode([{"role": "user", "content": _PROMPT}]), engine
     return [1, 504, 3458, 282, 4649, 314, 253, 14840], None
 

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     rows, gguf = [], None
     try:
         for b in args.bundles:
-            eng = edgespec.load(b, max_context=args.window, threads=args.threads, use_drafter=False, memory=False,
+            eng = edgespec.load(b, model_sampling=False, max_context=args.window, threads=args.threads, use_drafter=False, memory=False,
                                 prompt_cache_mb=0)
             gguf = gguf or eng.manifest.sources.get("target")
             r = perplexity(eng, eng.tokenizer.encode(text, parse_special=False), args.window, args.max_windows)

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
 
     try:
         prompts = prompts_of(args.prompts)
-        eng = edgespec.load(args.bundle, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, memory=False)
         model = eng.decoder.drafters.get("model")
         if model is None:
             raise EdgespecError(f"{args.bundle} has no drafter model to probe")

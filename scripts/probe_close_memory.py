@@ -26,7 +26,7 @@ def cycles(bundle: str, n: int, close: bool) -> None:
         return rss_now() >> 20
 
     for i in range(n):
-        eng = edgespec.load(bundle, memory=False)
+        eng = edgespec.load(bundle, model_sampling=False, memory=False)
         list(eng.stream_ids(eng.tokenizer.encode("Hello there, how are you?"), max_new_tokens=8))
         loaded = rss_mib()
         if close:

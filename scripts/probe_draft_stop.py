@@ -68,7 +68,7 @@ def teacher_forced(eng, prompts, temperature: float, tokens: int):
 def collect(bundle: str, temperature: float, tokens: int, limit: int | None = None) -> np.ndarray:
     """Rows (prompt index, acceptance, drafter top probability, acceptance of the drafter's argmax as a
     point-mass draft) over every output position (greedy, the last equals the second)."""
-    eng = edgespec.load(bundle, memory=False)
+    eng = edgespec.load(bundle, model_sampling=False, memory=False)
     md = eng.decoder.drafters.get("model")
     head, vocab = (md.head_ids if md is not None else None), eng.decoder.vocab
     t = temperature if temperature > 0 else 1.0

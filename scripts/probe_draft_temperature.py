@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     from edgespec.errors import EdgespecError
 
     try:
-        eng = edgespec.load(args.bundle, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, memory=False)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ def probe(bundle: str, reps: int = 30, sweep_mib: int = 1024) -> dict[str, float
     import edgespec
     from edgespec.errors import ConfigError
 
-    eng = edgespec.load(bundle, memory=False, max_context=1024)
+    eng = edgespec.load(bundle, model_sampling=False, memory=False, max_context=1024)
     if "model" not in eng.decoder.drafters:
         raise ConfigError(f"{bundle}: no drafter model is loaded")
     target, drafter = eng.decoder.target, eng.decoder.drafters["model"].lm

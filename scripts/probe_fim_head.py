@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     cases = [json.loads(line) for line in Path(args.cases).read_text(encoding="utf-8").splitlines() if line.strip()]
     cases = cases[:args.limit]
     try:
-        eng = edgespec.load(args.bundle, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, memory=False)
         eng.infill_stops()
         for d in args.drafters.split(","):
             eng.config(drafter=d)

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     try:
         prompts = prompts_of(args.prompts)
-        eng = edgespec.load(args.bundle, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, memory=False)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import edgespec
 
-    e = edgespec.load(args.bundle, memory=False, prompt_cache_mb=0)
+    e = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0)
     tasks = [json.loads(line) for line in TASKS.read_text().splitlines() if line.strip()]
     pd = e.decoder.drafters["prediction"]
     e.generate("Hello", max_new_tokens=8)

@@ -58,7 +58,7 @@ def given(p: np.ndarray, q: np.ndarray, x1: int) -> tuple[float, float]:
 def collect(bundle: str, temperature: float, tokens: int, limit: int | None) -> np.ndarray:
     """Rows (prompt, acceptance, drafter's top probability at T = 1, rescued; then for one x1 drawn from q:
     rejected, rescued, q(x1), the largest q of another token, q's second-largest)."""
-    eng = edgespec.load(bundle, memory=False)
+    eng = edgespec.load(bundle, model_sampling=False, memory=False)
     md = eng.decoder.drafters["model"]
     head, vocab = md.head_ids, eng.decoder.vocab
     rng = np.random.default_rng(0)

@@ -28,7 +28,7 @@ def probe(bundle: str, tokens: int = 64, temperature: float = 0.7, top_p: float 
     import edgespec
     from edgespec import sampling, verify
 
-    eng = edgespec.load(bundle, use_drafter=False, threads=threads, memory=False)
+    eng = edgespec.load(bundle, model_sampling=False, use_drafter=False, threads=threads, memory=False)
     ids = eng.encode([{"role": "user", "content": PROMPT}]) if eng.manifest.chat_template else eng.encode(PROMPT)
     sp = sampling.SamplingParams(temperature=temperature, top_p=top_p)
     real = sampling.distribution

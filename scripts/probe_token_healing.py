@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     try:
         cases = [json.loads(line) for line in Path(args.cases).read_text(encoding="utf-8").splitlines() if line.strip()]
-        eng = edgespec.load(args.bundle, threads=args.threads, memory=False)
+        eng = edgespec.load(args.bundle, model_sampling=False, threads=args.threads, memory=False)
         eng.infill_stops()
         eng.config(drafter=args.drafter)
     except (OSError, ValueError, EdgespecError) as e:

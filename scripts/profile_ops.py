@@ -52,7 +52,7 @@ def _profile(bundle: str, role: str, context: int, calls: int, top: int, prof_di
 
     ort.SessionOptions = Profiled
     try:
-        eng = edgespec.load(bundle, memory=False, max_context=context + 8)
+        eng = edgespec.load(bundle, model_sampling=False, memory=False, max_context=context + 8)
     finally:
         ort.SessionOptions = real
     if role == "target":

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     calls: dict[str, collections.Counter] = {"target": collections.Counter(), "drafter": collections.Counter()}
     timing = {"on": False}
     with tempfile.TemporaryDirectory() as tmp:
-        eng = edgespec.load(args.bundle, threads=None, memory=Path(tmp) / "store.npz", documents=[bt.MANUAL])
+        eng = edgespec.load(args.bundle, model_sampling=False, threads=None, memory=Path(tmp) / "store.npz", documents=[bt.MANUAL])
         models = {"target": eng.decoder.target}
         if "model" in eng.decoder.drafters:
             models["drafter"] = eng.decoder.drafters["model"].lm

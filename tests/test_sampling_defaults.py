@@ -53,7 +53,7 @@ def test_the_manifests_field_is_checked():
 
 def test_a_bundle_with_a_bad_recommendation_is_refused_in_one_line(tiny_bundle, copy_bundle):
     b = _with_defaults(copy_bundle, tiny_bundle, {"temperature": "hot"})
-    with pytest.raises(ManifestError, match="sampling_defaults.temperature must be a number"):
+    with pytest.raises(ManifestError, match=f"{MANIFEST_NAME}: sampling_defaults.temperature must be a number"):
         edgespec.load(b)
     r = CliRunner().invoke(main, ["info", str(b)])
     lines = [ln for ln in r.output.splitlines() if ln]
@@ -97,7 +97,7 @@ def test_generate_and_chat_take_it_and_info_shows_it(tiny_bundle, copy_bundle):
 def test_serve_takes_it_for_what_a_request_leaves_out(tiny_bundle, copy_bundle):
     """A request without temperature gets the model's (not OpenAI's 1), without top_k the model's; what it sends
     wins (repetition_penalty 1 included, which turns the model's penalty off); the response reports each value."""
-    from test_server import _InProcess
+    from test_server import _InProcess, http
 
     b = _with_defaults(copy_bundle, tiny_bundle, {"temperature": 0.5, "top_k": 1, "repetition_penalty": 1.3})
     eng = edgespec.load(b)
@@ -112,6 +112,10 @@ def test_serve_takes_it_for_what_a_request_leaves_out(tiny_bundle, copy_bundle):
                                  extra_body={"top_k": 0, "repetition_penalty": 1.0})
         ext = r.model_extra["edgespec"]
         assert (ext["temperature"], ext["top_k"], ext["repetition_penalty"]) == (1.0, 0, 1.0), ext
+        status, r = http(s.url + "/v1/responses", {"input": PROMPT, "max_output_tokens": 2})
+        assert status == 200 and (r["temperature"], r["top_p"]) == (0.5, 1.0), r  # (the model names no top_p)
+        status, r = http(s.url + "/v1/responses", {"input": PROMPT, "max_output_tokens": 2, "top_p": 0.7})
+        assert status == 200 and r["top_p"] == 0.7, r
     with _InProcess(eng, "m", temperature=0.9) as s:  # serve --temperature: over the model's
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         assert c.completions.create(model="m", prompt=PROMPT, max_tokens=2).model_extra["edgespec"][
@@ -131,6 +135,9 @@ def test_export_reads_generation_config_and_gguf_keys(tiny_dirs, tmp_path):
     got = _sampling_defaults(Source(str(src), "hf-dir", src), logged.append)
     assert got == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05}
     assert any("min_p must be in [0, 1]" in line and "left out" in line for line in logged), logged
+    (src / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_k": 64, "top_p": 0.95}))
+    assert _sampling_defaults(Source(str(src), "hf-dir", src), logged.append) == {  # (Gemma 3's: sampled at 1)
+        "temperature": 1.0, "top_k": 64, "top_p": 0.95}
     (src / "generation_config.json").write_text(json.dumps({**gc, "do_sample": False}))
     assert _sampling_defaults(Source(str(src), "hf-dir", src), logged.append) == {}  # greedy recommended: none
     (src / "generation_config.json").unlink()
@@ -143,6 +150,8 @@ def test_export_reads_generation_config_and_gguf_keys(tiny_dirs, tmp_path):
     w.add_string("general.name", "x" * 300)
     w.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])
     w.add_array("tokenizer.ggml.scores", [0.5, 0.25, 0.125])
+    w.add_array("general.nested", [[1, 2], [3]])
+    w.add_array("general.sampling.min_p", [0.1])  # (a key of ours holding no number: not taken)
     w.add_float32("general.sampling.temp", 0.7)
     w.add_uint32("general.sampling.top_k", 40)
     w.add_float32("general.sampling.top_p", 0.95)
@@ -156,9 +165,10 @@ def test_export_reads_generation_config_and_gguf_keys(tiny_dirs, tmp_path):
     fields = gguf.GGUFReader(str(path)).fields
     keys = ["general.sampling.temp", "general.sampling.top_k", "general.sampling.top_p",
             "general.sampling.penalty_repeat", "general.sampling.penalty_last_n", "general.sampling.min_p"]
-    assert gguf_metadata(path, keys) == {k: fields[k].contents() for k in keys if k in fields}
+    assert gguf_metadata(path, keys) == {k: fields[k].contents() for k in keys  # (its scalars: min_p's array left)
+                                         if k in fields and not isinstance(fields[k].contents(), list)}
     got = _sampling_defaults(Source(str(path), "gguf", path), logged.append)
-    assert got == pytest.approx({"temperature": 0.7, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1})
+    assert got == {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}  # (float32's text)
     with pytest.raises(ValueError, match="not a GGUF file"):
         gguf_metadata(src / "config.json", keys)
 
@@ -173,3 +183,27 @@ def test_an_export_keeps_it(tiny_dirs, tmp_path):
     out = export_bundle(str(src), tmp_path / "b", target_precision="fp32", quality=False)
     assert edgespec.load(out).sampling_defaults == {"temperature": 0.6, "top_p": 0.9}
     assert json.loads((out / MANIFEST_NAME).read_text())["sampling_defaults"] == {"temperature": 0.6, "top_p": 0.9}
+
+
+def test_serve_takes_the_models_temperature_and_exact_kernels_keeps_it(tiny_bundle, tiny_int4_bundle, copy_bundle,
+                                                                      tmp_path):
+    """The command line's serve (no --temperature): a request without one gets the model's; the banner says so.
+    An exact-kernels rewrite keeps the recommendation."""
+    from test_server import _start_server, http
+
+    from export.kernels import apply_to_bundle
+
+    b = _with_defaults(copy_bundle, tiny_bundle, {"temperature": 0.4, "top_p": 0.9})
+    xk = tmp_path / "xk"
+    apply_to_bundle(_with_defaults(copy_bundle, tiny_int4_bundle, {"temperature": 0.4, "top_p": 0.9}), xk,
+                    log=lambda *a: None)
+    assert edgespec.load(xk).sampling_defaults == {"temperature": 0.4, "top_p": 0.9}
+    log = tmp_path / "serve.log"
+    proc, url = _start_server(b, log)
+    try:
+        status, r = http(url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        assert status == 200 and (r["edgespec"]["temperature"], r["edgespec"]["top_p"]) == (0.4, 0.9), r
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert "the model's recommended sampling temperature 0.4, top_p 0.9" in log.read_text()

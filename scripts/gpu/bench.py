@@ -125,7 +125,7 @@ def shaped(bundle: str, reps: int, cuda_graphs: bool | None = None) -> dict:
 
     res: dict = {"bundle": bundle, "cuda_graphs_asked": cuda_graphs}
     t = time.perf_counter()
-    eng = edgespec.load(bundle, provider=PROVIDER, memory=False, max_context=4096, cuda_graphs=cuda_graphs)
+    eng = edgespec.load(bundle, model_sampling=False, provider=PROVIDER, memory=False, max_context=4096, cuda_graphs=cuda_graphs)
     res["load_s"] = round(time.perf_counter() - t, 2)
     res["memory_after_load"] = gpu_used_mib()
     target, model = eng.decoder.target, eng.decoder.drafters.get("model")
@@ -207,7 +207,7 @@ def placement(bundle: str, drafter_cpu: str | None, reps: int) -> dict:
     from bench_width import time_widths
 
     res: dict = {}
-    eng = edgespec.load(bundle, provider=PROVIDER, drafter_provider="cpu", memory=False, max_context=4096)
+    eng = edgespec.load(bundle, model_sampling=False, provider=PROVIDER, drafter_provider="cpu", memory=False, max_context=4096)
     model = eng.decoder.drafters["model"]
     res["devices"] = dict(eng.plan.devices)
     res["drafter_cuda_layout_on_cpu_step_ms"] = {w: round(s * 1e3, 3) for w, s in time_widths(
@@ -215,7 +215,7 @@ def placement(bundle: str, drafter_cpu: str | None, reps: int) -> dict:
     res["speed"] = speed_table(eng, ["none", "model", "auto"], reps=1)
     del eng
     if drafter_cpu:
-        d = edgespec.load(drafter_cpu, provider="cpu", memory=False, use_drafter=False, max_context=1024)
+        d = edgespec.load(drafter_cpu, model_sampling=False, provider="cpu", memory=False, use_drafter=False, max_context=1024)
         res["drafter_cpu_layout_on_cpu"] = {"bundle": drafter_cpu, "width_policy": [
             d.decoder.target.min_width, d.decoder.target.width_multiple], "step_ms": {
             w: round(s * 1e3, 3) for w, s in time_widths(d.decoder.target, [1, 2, 4], 256, reps, 32000).items()}}
@@ -233,7 +233,7 @@ def smol(cuda_bundle: str, cpu_bundle: str | None, n: int = 64) -> dict:
                                    ("cpu-layout on cpu", cpu_bundle, "cpu")):
         if bundle is None:
             continue
-        eng = edgespec.load(bundle, provider=provider, memory=False, max_context=1024)
+        eng = edgespec.load(bundle, model_sampling=False, provider=provider, memory=False, max_context=1024)
         runs[name] = [gen(eng, p, n, "none")[0] for p in prompts]
         del eng
     ref = runs["cuda-layout on cuda"]
@@ -333,7 +333,7 @@ def drafter_logits(bundle: str, reps: int) -> dict:
     import edgespec
     from bench_width import time_widths
 
-    eng = edgespec.load(bundle, provider=PROVIDER, memory=False, use_drafter=False, max_context=1024)
+    eng = edgespec.load(bundle, model_sampling=False, provider=PROVIDER, memory=False, use_drafter=False, max_context=1024)
     lm = eng.decoder.target
     lm.min_width, lm.width_multiple = 1, 1
     out = {"bundle": bundle, "device_argmax": lm.device_argmax, "vocab": lm.spec.vocab_size}
@@ -370,7 +370,7 @@ def exactness(bundle: str) -> dict:
 LOAD = r"""
 import sys, time, edgespec
 t = time.perf_counter()
-edgespec.load(sys.argv[1], provider=sys.argv[2], memory=False, max_context=4096)
+edgespec.load(sys.argv[1], model_sampling=False, provider=sys.argv[2], memory=False, max_context=4096)
 print(round(time.perf_counter() - t, 3))
 """
 
@@ -391,7 +391,7 @@ def overlap(bundle: str, reps: int) -> dict:
                         '"kSameAsRequested"\ndo_copy_in_default_stream = "0"\n')
         variants.append(("own_stream_copies", str(prof)))
     for name, profile in variants:
-        eng = edgespec.load(bundle, profile=profile, provider=PROVIDER, memory=False, max_context=1024,
+        eng = edgespec.load(bundle, model_sampling=False, profile=profile, provider=PROVIDER, memory=False, max_context=1024,
                             prompt_cache_mb=0)
         target, lm = eng.decoder.target, eng.decoder.drafters["model"].lm
         c = min(256, target.max_context - 16, lm.max_context - 16)  # the tiny test bundles hold 256

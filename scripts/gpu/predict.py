@@ -189,7 +189,7 @@ def live(bundle: str, gpu: dict, drafter_step_ms: float | None, out_dir: Path, m
     import edgespec
     from edgespec.bench import read_prompts, run_bench, write_report
 
-    eng = edgespec.load(bundle, memory=False, use_drafter=use_drafter)
+    eng = edgespec.load(bundle, model_sampling=False, memory=False, use_drafter=use_drafter)
     if verified_width:  # the GPU's bound on verify calls (its width probe), in place of this CPU's own
         eng.decoder.target.verified_width = verified_width
     cost = gpu_priced_cost_model(gpu, drafter_step_ms)
