@@ -111,10 +111,11 @@ def load(bundle: str | os.PathLike, *, profile=None, provider: str | None = None
     from this file (if it exists and this engine wrote it: the same bundle, onnxruntime, CPU and kernels;
     another engine's is ignored with a warning) and written back when the engine closes or the process
     exits, so a restarted server keeps its long system prompts and documents computed. Off by default:
-    the rows are the conversations' contents. ``model_sampling``: the sampling the model's authors recommend
-    (``Manifest.sampling_defaults``: its generation_config.json where it samples, a GGUF file's general.sampling.*
-    keys) is the engine's default for the options a generation leaves out (``Engine.sampling_defaults``), as
-    transformers and vLLM take it; False: greedy decoding and no cut or penalty unless a generation asks.
+    the rows are the conversations' contents. ``model_sampling`` (default True): the sampling the model's authors
+    recommend (``Manifest.sampling_defaults``: its generation_config.json where it samples, a GGUF file's
+    general.sampling.* keys) is the engine's default for the options a generation leaves out
+    (``Engine.sampling_defaults``), as transformers and vLLM take it; False: greedy decoding and no cut or penalty
+    unless a generation asks.
     """
     from .placement import requested_providers
     from .planner import plan as make_plan
@@ -832,7 +833,8 @@ class Engine:
                  parse_special: bool = True, tools: Sequence[dict] | None = None, tool_choice=None,
                  parallel_tool_calls: bool = True, suffix: str | None = None, token_healing: bool = False,
                  **kw) -> Result:
-        """Generate a reply. Keyword options: max_new_tokens, temperature, top_k, top_p, min_p, seed,
+        """Generate a reply. Keyword options (one left out: ``self.defaults``, the model's recommended sampling where
+        its bundle names one, else greedy decoding): max_new_tokens, temperature, top_k, top_p, min_p, seed,
         drafter (model|prompt-lookup|suffix|prediction|mtp|auto|none), draft_tokens, max_draft_tokens, stop
         (strings), prediction (text or token ids the reply is expected mostly to repeat: drafted from,
         never changing the reply; see prediction.py), parse_special (a plain prompt's special-token text

@@ -125,7 +125,7 @@ def open_for_bench(bundle, drafters: Sequence[str], prompts: str | os.PathLike, 
     from .api import load
 
     qs = read_prompts(prompts, limit=limit)
-    eng = load(bundle, threads=threads, memory=False, max_context=max_context)
+    eng = load(bundle, threads=threads, memory=False, max_context=max_context, model_sampling=False)
     for d in drafters:
         eng.config(drafter=d)
     eng.generate("Hello", max_new_tokens=8, drafter="none")  # warm-up
@@ -279,12 +279,12 @@ def _profile(settings: dict) -> str:
 def _mode(settings: dict) -> str:
     t = settings.get("temperature") or 0.0
     rp = settings.get("repetition_penalty") or 1.0
-    penalty = f", repetition penalty {rp}" if rp != 1.0 else ""
+    penalty = [f"repetition penalty {rp}"] if rp != 1.0 else []
     if not t:
-        return "greedy" + (f" ({penalty[2:]})" if penalty else "")
-    extra = "".join(f", {name} {settings[k]}" for k, name in (("top_k", "top-k"), ("min_p", "min-p"))
-                    if settings.get(k))
-    return f"sampled (temperature {t}, top-p {settings.get('top_p', 1.0)}{extra}{penalty}: exactness not checked)"
+        return "greedy" + (f" ({penalty[0]})" if penalty else "")
+    parts = [f"temperature {t}", f"top-p {settings.get('top_p', 1.0)}"]
+    parts += [f"{name} {settings[k]}" for k, name in (("top_k", "top-k"), ("min_p", "min-p")) if settings.get(k)]
+    return f"sampled ({', '.join(parts + penalty)}: exactness not checked)"
 
 
 def _device(engine) -> dict:
@@ -375,8 +375,9 @@ class RunnerStates:
 
 
 def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_tokens: int = 128,
-              temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0, top_k: int = 0,
-              repetition_penalty: float = 1.0, draft_tokens: int | None = None, external: dict[str, External] | None = None,
+              temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0,
+              top_k: int = 0, repetition_penalty: float = 1.0, draft_tokens: int | None = None,
+              external: dict[str, External] | None = None,
               in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
     """Every runner on every prompt (turn by turn), one engine, each runner from its own state. ``in_process``: the
     external runners that load their models into this process (the report's peak memory is then not edgespec's

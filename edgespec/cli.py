@@ -14,6 +14,7 @@ from .cli_placement import drafter_provider_opt, placement_options
 from .decoder import MAX_LOGPROBS, GenerationConfig
 from .drafters import drafter_choices
 from .errors import EdgespecError, ProviderError, parse_reason
+from .manifest import sampling_text
 from .cli_info import report_lines
 from .providers import PROVIDER_NAMES
 
@@ -313,14 +314,15 @@ def penalty_options() -> dict:
 _model_sampling_opt = click.option(
     "--model-sampling/--no-model-sampling", default=True, show_default=True, expose_value=False,
     callback=lambda ctx, param, value: ctx.meta.__setitem__("edgespec_model_sampling", value),
-    help="Take the sampling options left out from the model's recommendation (its generation_config.json, the "
-         "bundle's sampling_defaults: `edgespec info` shows them); off: greedy decoding, no cut, no penalty.")
+    help="Take the sampling options left out from the model's recommendation (its generation_config.json or GGUF "
+         "keys, the bundle's sampling_defaults: `edgespec info` shows them); off: none of them (generate and chat: "
+         "greedy decoding; serve: OpenAI's temperature 1), no cut, no penalty.")
 
 
 def _check_options(**options) -> None:
-    """A command's generation options refused (ConfigError) before the model loads, not after (the drafter is a
-    choice click checks; its pairings are the command's to check; an option left out, None, is the engine's
-    default)."""
+    """Refuse a command's generation options (ConfigError) before the model loads; None is an option left out (the
+    engine's default, the model's recommendation included). --drafter is a click.Choice; its pairings with
+    --draft-tokens, --prediction and --documents are checked by the command."""
     GenerationConfig(**{k: v for k, v in options.items() if v is not None})
 
 
@@ -785,9 +787,8 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
                               f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
-                              + ("the model's recommended sampling " + ", ".join(
-                                  f"{k} {v:g}" for k, v in eng.sampling_defaults.items())
-                                 + " (--no-model-sampling for none); " if eng.sampling_defaults else "")
+                              + (f"the model's recommended sampling {sampling_text(eng.sampling_defaults)} "
+                                 "(--no-model-sampling for none); " if eng.sampling_defaults else "")
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none" if mem
                                  else "no memory of replies")
@@ -996,7 +997,7 @@ def info(bundle, verify, as_json):
                + vocab)
     if m.sampling_defaults:
         click.echo("  recommended sampling (the defaults of generate, chat and serve; --no-model-sampling for none): "
-                   + ", ".join(f"{k} {v:g}" for k, v in m.sampling_defaults.items()))
+                   + sampling_text(m.sampling_defaults))
     if _thinks(m):
         click.echo("  a thinking model: <think> and </think> are tokens of its own (serve gives the block apart as "
                    "reasoning_content; --chat-template-kwargs sets its template's variables, e.g. enable_thinking)")

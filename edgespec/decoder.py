@@ -34,8 +34,8 @@ from .width import padded_width
 
 
 _TYPES = {"max_new_tokens": Integral, "temperature": Real, "top_k": Integral, "top_p": Real, "min_p": Real,
-          "seed": Integral,
-          "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral, "logprobs": Integral,
+          "seed": Integral, "drafter": str, "draft_tokens": Integral, "max_draft_tokens": Integral,
+          "logprobs": Integral,
           "presence_penalty": Real, "frequency_penalty": Real, "repetition_penalty": Real}
 _OPTIONAL = ("seed", "draft_tokens", "logprobs")
 MAX_LOGPROBS = 20  # the most likely alternatives a token's logprob can come with (OpenAI's bound)

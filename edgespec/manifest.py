@@ -42,6 +42,11 @@ def kv_row_head(kv_dtype: str, width: int) -> int:
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+def sampling_text(d: dict) -> str:
+    """Sampling options as a line shows them: ``temperature 0.7, top_p 0.8``."""
+    return ", ".join(f"{k} {v:g}" for k, v in d.items())
+
+
 def check_sampling_defaults(d: Any, where: str) -> dict:
     """``d`` as sampling defaults: an object of SAMPLING_KEYS' options, each a number in its option's range (top_k
     an integer); ManifestError otherwise."""
@@ -752,7 +757,7 @@ class Manifest:
     assistant: AssistantSpec | None = None  # a multi-token-prediction assistant (Gemma 4's), drafting as ``mtp``
     # the sampling the model's authors recommend (its generation_config.json where it samples, a GGUF file's
     # general.sampling.* keys): option -> value, SAMPLING_KEYS' options only; {} where the source names none
-    sampling_defaults: dict[str, float] = field(default_factory=dict)
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def max_context(self) -> int:

@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from . import server_protocol as P
 from .errors import ConfigError, ContextOverflowError, EdgespecError, Interrupted
+from .manifest import SAMPLING_KEYS
 from .reasoning import ReasoningSplitter, reasoning_tokens, split_whole, starts_inside, think_tags
 from .server_metrics import Metrics, RequestCounter
 
@@ -556,9 +557,7 @@ class Server:
         # (a completion's prompts each have their room: the least of them, and clamped if any prompt's was)
         ext = {"max_tokens": min(p[3] for p in prepared),
                "max_tokens_clamped": req.max_tokens is not None and any(req.max_tokens > p[2] for p in prepared),
-               "temperature": kw.get("temperature", self.engine.defaults.temperature),
-               **{k: kw.get(k, getattr(self.engine.defaults, k)) for k in ("top_p", "top_k", "min_p",
-                                                                           "repetition_penalty")},
+               **{k: kw.get(k, getattr(self.engine.defaults, k)) for k in SAMPLING_KEYS},  # (as used)
                "drafter_policy": kw.get("drafter", "profile default"), "draft_tokens": kw.get("draft_tokens")}
         if req.stream:
             run = _Choices(generation, choices_n, [len(x[0]) for x in prepared])

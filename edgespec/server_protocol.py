@@ -511,7 +511,8 @@ def parse_responses(body: dict, model_id: str) -> GenRequest:
         raise bad("'input' holds no message", "input")
     chat = {"messages": msgs}
     for key in ("model", "stream", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "user",
-                "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+                "prompt_cache_options",
                 "safety_identifier", "parallel_tool_calls", "stream_options", "edgespec", "chat_template_kwargs"):
         if key in body:
             chat[key] = body[key]
@@ -1094,7 +1095,8 @@ def response_object(rid: str, model: str, created: int, req: GenRequest, *, outp
            "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
            "temperature": (ext or {}).get("temperature", req.options.get("temperature")),
            "text": r.get("text", {"format": {"type": "text"}}), "tool_choice": r.get("tool_choice", "auto"),
-           "tools": r.get("tools", []), "top_p": (ext or {}).get("top_p", req.options.get("top_p", 1.0)), "truncation": "disabled",
+           "tools": r.get("tools", []), "top_p": (ext or {}).get("top_p", req.options.get("top_p", 1.0)),
+           "truncation": "disabled",
            "usage": response_usage(use) if use is not None else None, "user": r.get("user"),
            "metadata": r.get("metadata", {})}
     if ext is not None:

@@ -1064,6 +1064,8 @@ def gguf_metadata(path: Path, keys) -> dict:
     every tensor first: 8.7 s for the Qwen 1.5B's file); ValueError for a file that is not GGUF (version 2 or 3)."""
     import struct
 
+    import numpy as np
+
     keys, out = set(keys), {}
     with open(path, "rb") as f:
         def take(fmt):
@@ -1096,6 +1098,8 @@ def gguf_metadata(path: Path, keys) -> dict:
             kind = take("<I")
             if key in keys and kind in _GGUF_SCALARS:
                 out[key] = take(_GGUF_SCALARS[kind])
+                if kind == 6:  # a float32: 0.6 is 0.6000000238418579, kept as the shortest text of that float32
+                    out[key] = float(str(np.float32(out[key])))
             else:
                 skip(kind)
             if len(out) == len(keys):
@@ -1108,16 +1112,12 @@ def _sampling_defaults(src: Source, log) -> dict:
     generation_config.json options where it samples (``do_sample`` true: transformers' generate samples then, and
     vLLM and llama.cpp's converter read the same keys), a GGUF file's ``general.sampling.*`` keys. An option out of
     its range is left out, logged; {} where the source names none or its file cannot be read."""
-    import numpy as np
-
     from edgespec.errors import ManifestError
-    from edgespec.manifest import SAMPLING_KEYS, check_sampling_defaults
+    from edgespec.manifest import SAMPLING_KEYS, check_sampling_defaults, sampling_text
 
     try:
         if src.kind == "gguf":
-            # (float32 numbers there: 0.6 is 0.6000000238418579, written as the shortest text that is that float32)
-            raw = {_GGUF_SAMPLING[k]: float(str(np.float32(v))) if isinstance(v, float) else v
-                   for k, v in gguf_metadata(src.path, _GGUF_SAMPLING).items()}
+            raw = {_GGUF_SAMPLING[k]: v for k, v in gguf_metadata(src.path, _GGUF_SAMPLING).items()}
         else:
             from transformers.utils import cached_file
 
@@ -1125,9 +1125,10 @@ def _sampling_defaults(src: Source, log) -> dict:
             path = cached_file(name, "generation_config.json", _raise_exceptions_for_missing_entries=False,
                                _raise_exceptions_for_connection_errors=False, **kw)
             d = json.loads(Path(path).read_text(encoding="utf-8")) if path else {}
-            raw = {k: d[k] for k in SAMPLING_KEYS if d.get(k) is not None} if d.get("do_sample") is True else {}
-            if raw or d.get("do_sample") is True:  # (sampling with no temperature named: transformers' 1, as Gemma 3's)
-                raw.setdefault("temperature", 1.0)
+            raw = {}
+            if d.get("do_sample") is True:  # (a temperature it does not name: transformers' 1, as Gemma 3's; its
+                # default top-k of 50 is not taken, as vLLM takes none: a cut the file does not name)
+                raw = {"temperature": 1.0, **{k: d[k] for k in SAMPLING_KEYS if d.get(k) is not None}}
     except Exception:  # noqa: BLE001 - no recommendation read: none recorded (the file's other reads say what is wrong)
         return {}
     out = {}
@@ -1137,8 +1138,7 @@ def _sampling_defaults(src: Source, log) -> dict:
         except ManifestError as e:
             log(f"  {e}: left out")
     if out:
-        log("  the model's recommended sampling, the defaults of serve, chat and generate: "
-            + ", ".join(f"{k} {v:g}" for k, v in out.items()))
+        log(f"  the model's recommended sampling, the defaults of serve, chat and generate: {sampling_text(out)}")
     return out
 
 

@@ -85,9 +85,10 @@ def main(argv=None) -> int:
     ap.add_argument("--llamacpp-drafter", default=None, help="drafter GGUF (default: the manifest's source)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs (no exactness check, no anchors)")
     ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--min-p", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0, help="sampled runs: min-p (0: off)")
+    ap.add_argument("--top-k", type=int, default=0, help="sampled runs: top-k (0: off)")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="1: off; another value runs edgespec alone (the anchors take none)")
     ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", default=None)
@@ -104,18 +105,19 @@ def main(argv=None) -> int:
     names = [d.strip() for d in args.drafters.split(",") if d.strip()]
     if args.passes < 1:
         ap.error(f"--passes must be >= 1, got {args.passes}")
+    from edgespec.decoder import GenerationConfig
     from edgespec.errors import ConfigError
-    from edgespec.sampling import SamplingParams
-    try:  # (before the models load)
-        SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p)
-        from edgespec.decoder import GenerationConfig
 
-        GenerationConfig(repetition_penalty=args.repetition_penalty)
+    try:  # (before the models load)
+        GenerationConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                         repetition_penalty=args.repetition_penalty)
     except ConfigError as e:
         ap.error(str(e))
-    sampled = args.temperature > 0
+    # (sampled, or greedy under a penalty: the anchors' runs get neither, so there is nothing to compare them with)
+    sampled = args.temperature > 0 or args.repetition_penalty != 1.0
     if sampled and args.llamacpp:  # (its runs are greedy: nothing to compare a sampled run with)
-        ap.error("--llamacpp runs greedy decoding only: leave out --temperature, or --llamacpp")
+        ap.error("--llamacpp runs plain greedy decoding only: leave out --temperature and --repetition-penalty, "
+                 "or --llamacpp")
     # (each of these ended in a traceback once the model, and genai, had loaded; a review)
     if not 1 <= args.genai_k <= MAX_DRAFT_TOKENS:
         ap.error(f"--genai-k must be in 1..{MAX_DRAFT_TOKENS} (onnxruntime-genai's bound), got {args.genai_k}")

@@ -26,27 +26,34 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import edgespec
     from edgespec.bench import read_prompts
+    from edgespec.drafters import drafter_choices
 
-    prompts = {p["question_id"]: p for p in read_prompts(None, None, None, None)}
+    prompts = {p["question_id"]: p for p in read_prompts()}
     wanted = [q.strip() for q in args.prompts.split(",") if q.strip()]
     unknown = [q for q in wanted if q not in prompts]
     if unknown:
         ap.error(f"no such prompt id: {', '.join(unknown)} (the shipped set has {', '.join(prompts)})")
-    eng = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0)
-    tok = eng.tokenizer
-    for p in range(args.passes):
-        for qid in wanted:
-            ids = tok.encode_chat([{"role": "user", "content": prompts[qid]["turns"][0]}])
-            for d in [x.strip() for x in args.drafters.split(",") if x.strip()]:
-                eng.reset()
-                st = None
-                for _, _, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, temperature=0.0,
-                                                  drafter=d):
-                    pass
-                print(f"pass {p + 1} {qid} {d:14s} {st.tokens_per_second:6.1f} tok/s  target calls "
-                      f"{st.target_calls:3d}  drafter {st.draft_s:.3f} s  rounds {dict(st.rounds_by_drafter)}  "
-                      f"kept {dict(st.accepted_by_drafter)}", flush=True)
-    eng.close()
+    drafters = [x.strip() for x in args.drafters.split(",") if x.strip()]
+    bad = [d for d in drafters if d not in drafter_choices()]
+    if bad:  # (before the models load)
+        ap.error(f"no such drafter: {', '.join(bad)} (one of {', '.join(drafter_choices())})")
+    try:
+        with edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0) as eng:
+            for p in range(args.passes):
+                for qid in wanted:
+                    ids = eng.tokenizer.encode_chat([{"role": "user", "content": prompts[qid]["turns"][0]}])
+                    for d in drafters:
+                        eng.reset()
+                        st = None
+                        for _, _, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, temperature=0.0,
+                                                          drafter=d):
+                            pass
+                        print(f"pass {p + 1} {qid} {d:14s} {st.tokens_per_second:6.1f} tok/s  target calls "
+                              f"{st.target_calls:3d}  drafter {st.draft_s:.3f} s  rounds {dict(st.rounds_by_drafter)}"
+                              f"  kept {dict(st.accepted_by_drafter)}", flush=True)
+    except edgespec.EdgespecError as e:
+        print(f"probe_policy_rounds.py: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -2145,7 +2145,7 @@ def _alt_runs(vocab, prompt, n_tokens, sp, runs, k, noise=1.0):
     (4, 3, SamplingParams(1.3, top_p=0.8), 2, 1.0),
     (3, 4, SamplingParams(1.0), 3, 1.0),
     (3, 4, SamplingParams(1.0), None, 1.0),  # adaptive: the draft ends on the drafter's confidence
-    (4, 3, SamplingParams(1.0, min_p=0.3), 2, 2.0),
+    (4, 3, SamplingParams(1.0, min_p=0.3), 2, 2.0),  # (min-p leaves fewer alternates to keep: ~280 of 6,000 runs)
 ])
 def test_sampled_alternates_follow_the_target_distribution(vocab, n_tokens, sp, k, noise, monkeypatch):
     """Sampled rounds with an alternate drawn from q without the draft token beside each draft token
@@ -2155,7 +2155,7 @@ def test_sampled_alternates_follow_the_target_distribution(vocab, n_tokens, sp, 
     prompt, runs = [1, 2, 1, 2, 1], 6000
     exact = _exact_sequence_probs(FakeLM(vocab, seed=7, sharpness=1.0), prompt, n_tokens, sp)
     counts, verified, kept = _alt_runs(vocab, prompt, n_tokens, sp, runs, k, noise)
-    assert kept > runs // 40 and verified > kept
+    assert kept > runs // (40 if sp.min_p else 20) and verified > kept
     stat, df = _chi2(counts, exact, runs)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
 

@@ -165,8 +165,11 @@ def test_export_reads_generation_config_and_gguf_keys(tiny_dirs, tmp_path):
     fields = gguf.GGUFReader(str(path)).fields
     keys = ["general.sampling.temp", "general.sampling.top_k", "general.sampling.top_p",
             "general.sampling.penalty_repeat", "general.sampling.penalty_last_n", "general.sampling.min_p"]
-    assert gguf_metadata(path, keys) == {k: fields[k].contents() for k in keys  # (its scalars: min_p's array left)
-                                         if k in fields and not isinstance(fields[k].contents(), list)}
+    theirs = {k: fields[k].contents() for k in keys  # (its scalars: min_p's array left out)
+              if k in fields and not isinstance(fields[k].contents(), list)}
+    ours = gguf_metadata(path, keys)
+    assert ours.keys() == theirs.keys() and all(np.float32(ours[k]) == np.float32(theirs[k]) for k in ours)
+    assert ours["general.sampling.temp"] == 0.7 and ours["general.sampling.top_k"] == 40  # (float32's shortest text)
     got = _sampling_defaults(Source(str(path), "gguf", path), logged.append)
     assert got == {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}  # (float32's text)
     with pytest.raises(ValueError, match="not a GGUF file"):

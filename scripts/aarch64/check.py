@@ -142,7 +142,7 @@ def verify(src: Path, bundle: str | None) -> int:
     if bundle:
         import edgespec
 
-        eng = edgespec.load(bundle, memory=False, threads=1)
+        eng = edgespec.load(bundle, memory=False, threads=1, model_sampling=False)
         prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n        if i % 15 == 0:\n"
         plain = eng.generate(prompt, max_new_tokens=24, drafter="none", ignore_eos=True).token_ids
         for d in [d for d in ("prompt-lookup", "model") if d in eng.decoder.drafters]:
