@@ -725,6 +725,11 @@ class _OneLineUsage(click.Command):
 @click.option("--temperature", type=click.FloatRange(0, 2), default=None, callback=_finite_option,
               help="For requests that send none (default: the model's recommended, else OpenAI's 1); 0 makes greedy "
                    "decoding the default.")
+@click.option("--top-p", type=float, default=None, help="For requests that send none (default: the model's "
+              "recommended, else 1); likewise --top-k (0: off), --min-p (0: off), --repetition-penalty (1: off).")
+@click.option("--top-k", type=int, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--repetition-penalty", type=float, default=None)
 @_model_sampling_opt
 @click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
               help="An origin (http://localhost:3000, chrome-extension://ID, tauri://localhost, null) whose pages "
@@ -743,11 +748,12 @@ class _OneLineUsage(click.Command):
 @_prompt_cache_opts
 @_engine_options(prediction=False)
 @memory_opts()
-def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, api_key_file, drafter, draft_tokens,
-          max_context, threads, profile, provider, reasoning_format, template_kwargs):
+def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repetition_penalty, allow_origins, api_key,
+          api_key_file, drafter, draft_tokens, max_context, threads, profile, provider, reasoning_format,
+          template_kwargs):
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/responses, /v1/completions,
     /v1/models, /health, /metrics). One generation runs at a time; the others wait in a queue.
-    --drafter, --draft-tokens and --temperature are the defaults a request can override. The suffix
+    --drafter, --draft-tokens and the sampling options are the defaults a request can override. The suffix
     drafter remembers every reply on disk to draft from for later requests (--no-memory: nothing is kept)."""
     from pathlib import Path
 
@@ -761,8 +767,10 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
-    _check_options(draft_tokens=draft_tokens, temperature=temperature)  # (click's range takes 5e-7, which no request
-    # that leaves its temperature out could then be sampled at)
+    # (click's range takes a temperature of 5e-7, which no request that leaves its temperature out could be sampled at)
+    sampling = {k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p),
+                                  ("repetition_penalty", repetition_penalty)) if v is not None}
+    _check_options(draft_tokens=draft_tokens, temperature=temperature, **sampling)
     _documents_note(drafter, "a request's drafter suffix or auto")
     if api_key_file is not None:
         if api_key is not None:
@@ -779,14 +787,16 @@ def serve(bundle, host, port, queue_size, temperature, allow_origins, api_key, a
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
-                         temperature="model" if temperature is None else temperature, allow_origins=allow_origins,
+                         temperature="model" if temperature is None else temperature, sampling=sampling,
+                         allow_origins=allow_origins,
                          api_key=api_key, chat_template_kwargs=template_kwargs, reasoning_format=reasoning_format)
         temperature = app.state.server.defaults.get("temperature", eng.defaults.temperature)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
         kept = f" ({pcs['entries']} kept from {pc_file})" if pcs and pc_file else ""
         run(app, sock, banner=f"(model '{model_id}', context {eng.max_context} tokens, one generation at a "
-                              f"time, up to {queue_size} waiting; default temperature {temperature:g}; "
+                              f"time, up to {queue_size} waiting; default temperature {temperature:g}"
+                              + (f", {sampling_text(sampling)}" if sampling else "") + "; "
                               + (f"the model's recommended sampling {sampling_text(eng.sampling_defaults)} "
                                  "(--no-model-sampling for none); " if eng.sampling_defaults else "")
                               + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")

@@ -587,6 +587,8 @@ def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd
 @pytest.mark.parametrize("args, words", [
     (["serve", "{b}", "--draft-tokens", "99", "--port", "0"], "draft_tokens must be"),
     (["serve", "{b}", "--temperature", "5e-7", "--port", "0"], "temperature must be 0 (greedy) or at least"),
+    (["serve", "{b}", "--min-p", "2", "--port", "0"], "min_p must be in"),
+    (["serve", "{b}", "--repetition-penalty", "0", "--port", "0"], "repetition_penalty must be in"),
     (["generate", "{b}", "-p", "a\udcff"], "the prompt is not valid UTF-8"),
     (["generate", "{b}", "-p", "a", "--stop", "\udcff"], "is not valid UTF-8 text"),
     (["generate", "{b}", "-p", "a", "--suffix", "\udcff"], "the suffix is not valid UTF-8"),

@@ -202,11 +202,36 @@ def test_serve_takes_the_models_temperature_and_exact_kernels_keeps_it(tiny_bund
                     log=lambda *a: None)
     assert edgespec.load(xk).sampling_defaults == {"temperature": 0.4, "top_p": 0.9}
     log = tmp_path / "serve.log"
-    proc, url = _start_server(b, log)
+    proc, url = _start_server(b, log, "--min-p", "0.05")
     try:
         status, r = http(url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
         assert status == 200 and (r["edgespec"]["temperature"], r["edgespec"]["top_p"]) == (0.4, 0.9), r
+        assert r["edgespec"]["min_p"] == 0.05, r  # (serve --min-p)
     finally:
         proc.terminate()
         proc.wait(30)
-    assert "the model's recommended sampling temperature 0.4, top_p 0.9" in log.read_text()
+    assert "default temperature 0.4, min_p 0.05; the model's recommended sampling temperature 0.4, top_p 0.9" \
+        in log.read_text()
+
+
+def test_serve_sets_its_own_defaults(tiny_bundle):
+    """serve --top-p/--top-k/--min-p/--repetition-penalty (create_app's ``sampling``): the defaults of requests that
+    send none, over the model's; min-p 1 at temperature 1 samples the greedy reply, a request's own min-p 0 does
+    not."""
+    from test_server import _InProcess
+
+    eng = edgespec.load(tiny_bundle)
+    greedy = eng.generate(PROMPT, max_new_tokens=16).text
+    with _InProcess(eng, "m", temperature=1.0, sampling={"min_p": 1.0, "top_k": 5}) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        r = c.completions.create(model="m", prompt=PROMPT, max_tokens=16, seed=4)
+        assert r.choices[0].text == greedy and r.model_extra["edgespec"]["min_p"] == 1.0
+        assert r.model_extra["edgespec"]["top_k"] == 5
+        r = c.completions.create(model="m", prompt=PROMPT, max_tokens=16, seed=4, extra_body={"min_p": 0})
+        assert r.choices[0].text != greedy and r.model_extra["edgespec"]["min_p"] == 0
+    from edgespec.server import create_app
+
+    for bad, words in (({"min_p": 2.0}, "min_p must be in"), ({"temperature": 0.5}, "its own argument"),
+                       ({"typical_p": 0.5}, "not typical_p")):
+        with pytest.raises(edgespec.ConfigError, match=words):
+            create_app(eng, "m", sampling=bad)
