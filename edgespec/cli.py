@@ -767,9 +767,9 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
-    # (click's range takes a temperature of 5e-7, which no request that leaves its temperature out could be sampled at)
     sampling = {k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p),
                                   ("repetition_penalty", repetition_penalty)) if v is not None}
+    # (the temperature too: click's range takes 5e-7, which no request that leaves its temperature out is sampled at)
     _check_options(draft_tokens=draft_tokens, temperature=temperature, **sampling)
     _documents_note(drafter, "a request's drafter suffix or auto")
     if api_key_file is not None:
@@ -788,8 +788,8 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
                          temperature="model" if temperature is None else temperature, sampling=sampling,
-                         allow_origins=allow_origins,
-                         api_key=api_key, chat_template_kwargs=template_kwargs, reasoning_format=reasoning_format)
+                         allow_origins=allow_origins, api_key=api_key, chat_template_kwargs=template_kwargs,
+                         reasoning_format=reasoning_format)
         temperature = app.state.server.defaults.get("temperature", eng.defaults.temperature)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -291,7 +291,7 @@ def _min_p(x: np.ndarray, sp: SamplingParams) -> Dist:
     (widened by float32's rounding of the threshold), which are all the cut can keep."""
     n = x.shape[0]
     if (sp.top_k and sp.top_k < n) or sp.top_p < 1.0:
-        d = distribution(x, SamplingParams(sp.temperature, sp.top_k, sp.top_p))
+        d = distribution(x, replace(sp, min_p=0.0))
         keep = d.w >= sp.min_p * float(d.w.max())
         return d if keep.all() else Dist(n, d.idx[keep], d.w[keep])
     m = _finite_max(x)

@@ -1156,8 +1156,8 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     are the server's defaults (``temperature`` "model": the model's recommended, ``engine.sampling_defaults``, else 1,
     OpenAI's; None: the engine's, greedy where the model recommends none), and ``sampling`` (top_p, top_k, min_p,
     repetition_penalty: ``serve --top-p`` ...); a request's own fields and ``edgespec`` object override them, and the
-    engine's defaults (the model's recommended top_p, top_k, min_p, repetition penalty) stand for what none names. ``allow_origins``: web pages of these origins (``*``:
-    any) may call the server from a browser (CORS headers, preflights answered); none by default. ``api_key``:
+    engine's defaults (the model's recommended top_p, top_k, min_p, repetition penalty) stand for what none names.
+    ``allow_origins``: web pages of these origins (``*``: any) may call the server from a browser (CORS headers, preflights answered); none by default. ``api_key``:
     every request but /health must carry it as a bearer token (KeyGuard). ``chat_template_kwargs``: variables for
     every chat's template, under a request's own (``{"enable_thinking": False}``); ``reasoning_format``: ``auto``
     gives a thinking model's ``<think>`` block apart (``reasoning_content``, a Responses ``reasoning`` item),
@@ -1170,11 +1170,11 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
         temperature = engine.sampling_defaults.get("temperature", 1.0)
     elif isinstance(temperature, str):
         raise ConfigError(f"temperature must be a number, None or 'model', got {temperature!r}")
-    sampling = dict(sampling or {})
-    unknown = set(sampling) - set(SAMPLING_KEYS) - {"temperature"}
-    if unknown or "temperature" in sampling:
-        raise ConfigError(f"sampling takes {', '.join(k for k in SAMPLING_KEYS if k != 'temperature')} (the "
-                          f"temperature is its own argument), not {', '.join(sorted(map(str, unknown or sampling)))}")
+    sampling, takes = dict(sampling or {}), [k for k in SAMPLING_KEYS if k != "temperature"]
+    bad = sorted(str(k) for k in sampling if k not in takes)
+    if bad:
+        raise ConfigError(f"sampling takes {', '.join(takes)} (the temperature is its own argument), not "
+                          f"{', '.join(bad)}")
     engine.config(**sampling)  # (a bad value now, not on every request)
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
                                                 "temperature": temperature, **sampling},
