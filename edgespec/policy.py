@@ -354,6 +354,15 @@ class RoundPolicy:
         # the argmax when greedy: what greedy decoding learned overstates what sampling will accept)
         self.learned: dict[str, Acceptance] = {}
         self.learned_sampled: dict[str, Acceptance] = {}
+        # a costly drafter's estimates from the generations that asked for free drafters beside it (``auto``), apart
+        # from those that asked for it alone (``--drafter model``, in ``learned``): beside them it drafts only the
+        # rounds their copies do not cover, the hard ones, and what it keeps there says little of what it keeps on
+        # every round (session 64: after a few ``auto`` summaries whose left-over rounds it lost, ``--drafter
+        # model`` priced its first tokens at those rounds' 0.23, never read the prompt and drafted nothing for a
+        # generation; a drafter that must read the context first is never probed, so it learned nothing either).
+        # The other way, what it keeps alone overstates what it keeps on ``auto``'s left-over rounds.
+        self.learned_mixed: dict[str, Acceptance] = {}
+        self.learned_mixed_sampled: dict[str, Acceptance] = {}
         self.carry = carry  # how many rounds' weight the learned estimate has in a new generation
         # a learned estimate no generation has updated for a while counts for less, by half every
         # ``stale_half_life`` generations, in favour of the offer's prior: a drafter that must read the
@@ -364,6 +373,7 @@ class RoundPolicy:
         self.cost = self.measured  # what the current generation uses
         self.acceptance: dict[str, Acceptance] = {}  # this generation's estimates
         self._carried = self.learned  # where they start from and what they teach (none: reproducible)
+        self._carried_costly = self.learned  # ... the costly drafters' (_carried, or the mixed ones: begin)
         self._timed = True
         self.probe_every = probe_every
         self._want: list[Drafter] = []  # the drafters the generation asked for, in order
@@ -430,9 +440,10 @@ class RoundPolicy:
         # so a drafter good on one kind of request is not trusted on the next kind for long
         self.acceptance = {}
         if reproducible:
-            self.cost, self._carried = CostModel(), {}
+            self.cost, self._carried, mixed = CostModel(), {}, {}
         else:
             self.cost, self._carried = self.measured, self.learned_sampled if sampled else self.learned
+            mixed = self.learned_mixed_sampled if sampled else self.learned_mixed
         if drafter == "none":
             self._want = []
         else:
@@ -444,6 +455,7 @@ class RoundPolicy:
         self._free = [d for d in drafters.values() if not d.has_cost] if self._want else []
         self._idle = {d.name: 0 for d in self._want if d.has_cost}
         self._mixed = bool(self._idle) and any(not d.has_cost for d in self._want)
+        self._carried_costly = mixed if self._mixed else self._carried
         self._started = set()
         self._shadow = []
         self.cost.min_width, self.cost.width_multiple = min_width, width_multiple
@@ -454,13 +466,14 @@ class RoundPolicy:
                 d.records = d in self._want  # auto): one that fills spare slots under model or prompt-lookup does not
         return self._want + [d for d in self._free if d not in self._want]
 
-    def estimate(self, offer: Offer) -> Acceptance:
+    def estimate(self, offer: Offer, costly: bool = False) -> Acceptance:
         """This generation's estimate for ``offer.key``: the offer's prior the first time the key
-        is seen, later what earlier generations learned, scaled to ``carry`` rounds of weight."""
+        is seen, later what earlier generations learned, scaled to ``carry`` rounds of weight
+        (``costly``: a costly drafter's offer, learned apart where free drafters were asked beside it)."""
         est = self.acceptance.get(offer.key)
         if est is None:
             prior = offer.prior
-            old = self._carried.get(offer.key) if offer.carry else None
+            old = (self._carried_costly if costly else self._carried).get(offer.key) if offer.carry else None
             if old is not None:
                 a = old.alpha
                 idle = self._generation - 1 - old.generation  # earlier generations that did not learn it
@@ -471,16 +484,17 @@ class RoundPolicy:
             est = self.acceptance[offer.key] = Acceptance(*prior)
         return est
 
-    def _update(self, key: str, n_accepted: int, k: int) -> None:
+    def _update(self, key: str, n_accepted: int, k: int, costly: bool = False) -> None:
         """A round's outcome (or a free guess scored): into this generation's estimate and the
-        learned one."""
+        learned one (``costly``: of a costly drafter, see ``estimate``)."""
         est = self.acceptance.get(key)
         if est is not None:
             est.update(n_accepted, k)
         if self._timed:  # not a reproducible generation: teach the generations to come
-            old = self._carried.get(key)
+            store = self._carried_costly if costly else self._carried
+            old = store.get(key)
             if old is None:
-                old = self._carried[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
+                old = store[key] = Acceptance(*(est.prior_accept, est.prior_reject) if est else ())
             old.update(n_accepted, k)
             old.generation = self._generation
 
@@ -493,7 +507,8 @@ class RoundPolicy:
             return NO_DRAFT
         best, best_rate = NO_DRAFT, self.cost.rate(0.0, 0, False)
         # every offer with this generation's estimate for it (made here if new: a peek's key is read below)
-        offers = [(d, o, self.estimate(o)) for d in self._want for o in (d.offer(ctx, kmax),) if o is not None]
+        offers = [(d, o, self.estimate(o, d.has_cost)) for d in self._want for o in (d.offer(ctx, kmax),)
+                  if o is not None]
         # the free drafters' guesses: scored on what the target emits where they are not drafted
         # (shadows), and the likeliest one a hint that a costly drafter checks in its first call
         peeks: dict[int, tuple[list[int], str]] = {}
@@ -532,7 +547,7 @@ class RoundPolicy:
             if d.has_cost and offer.dynamic and fixed is None:
                 # a round that ends on the drafter's confidence: its first token kept as its first tokens were
                 # (FIRST_KEY), the later ones at alpha; whether it drafts at all is priced so too
-                first = self.estimate(replace(offer, key=offer.key + FIRST_KEY)).alpha
+                first = self.estimate(replace(offer, key=offer.key + FIRST_KEY), True).alpha
                 k1, r = self.cost.best_k(alpha, offer.max_tokens, True, d.name, sv, extra, first=first)
                 if k == 0:  # (on the estimate alone no draft pays: its stop prices a token at the draft's own rate)
                     rate = r
@@ -567,9 +582,9 @@ class RoundPolicy:
                 if d is not best.drafter and self._idle.get(d.name, 0) >= self.probe_every:
                     offer = d.offer(ctx, 1)
                     if offer is not None and not offer.upfront:  # a probe is one cheap step, not a prefill
-                        self.estimate(offer)
+                        self.estimate(offer, d.has_cost)
                         if d.has_cost and offer.dynamic:
-                            self.estimate(replace(offer, key=offer.key + FIRST_KEY))
+                            self.estimate(replace(offer, key=offer.key + FIRST_KEY), True)
                         return Choice(d, 1, offer.key, probe=True)
         if best.k == 0 and self.cost.padded(1) > 1:
             fill, fill_alpha = NO_DRAFT, -1.0
@@ -765,10 +780,11 @@ class RoundPolicy:
                 self.cost.observe_catchup(catchup[0], catchup[1], name)
                 self._read_at[name] = self._generation
         if tokens:
-            self._update(choice.key, n_accepted, len(tokens))
-            if (choice.stop is not None or choice.probe) and choice.drafter is not None and choice.drafter.has_cost:
-                self._update(choice.key + FIRST_KEY, min(n_accepted, 1), 1)  # (its first token: choose)
-            if choice.drafter is not None and choice.drafter.has_cost:
+            costly = choice.drafter is not None and choice.drafter.has_cost
+            self._update(choice.key, n_accepted, len(tokens), costly)
+            if (choice.stop is not None or choice.probe) and costly:
+                self._update(choice.key + FIRST_KEY, min(n_accepted, 1), 1, True)  # (its first token: choose)
+            if costly:
                 self._started.add(choice.drafter.name)
         if self._timed and choice.drafter is not None and step_s is not None:
             self.cost.observe_draft(step_s, choice.drafter.name)

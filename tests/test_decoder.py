@@ -2378,9 +2378,10 @@ def test_a_confident_drafts_first_token_is_priced_at_what_first_tokens_were():
     assert not back[0] and any(back), back
 
 
-def _first_priced(alpha_kept: float, first_kept: float, probe_every: int = 64) -> RoundPolicy:
+def _first_priced(alpha_kept: float, first_kept: float, probe_every: int = 64, mixed: bool = False) -> RoundPolicy:
     """A policy whose earlier generations taught the model drafter ``alpha_kept`` of its tokens and
-    ``first_kept`` of its first ones (100 rounds each); target calls 1 s + 0.3 s a token, a step 0.3 s."""
+    ``first_kept`` of its first ones (100 rounds each; ``mixed``: in generations that asked for free drafters
+    beside it); target calls 1 s + 0.3 s a token, a step 0.3 s."""
     from edgespec.policy import FIRST_KEY, Acceptance
 
     pol = RoundPolicy(probe_every=probe_every)
@@ -2388,8 +2389,8 @@ def _first_priced(alpha_kept: float, first_kept: float, probe_every: int = 64) -
         pol.measured.observe_target(w, 1.0 + 0.3 * (w - 1))
     pol.measured.observe_draft(0.3, "model")
     for key, kept in (("model", alpha_kept), ("model" + FIRST_KEY, first_kept)):
-        pol.learned[key] = Acceptance(prior_accept=0, prior_reject=0, accepted=100 * kept,
-                                      rejected=100 * (1 - kept), generation=1)
+        (pol.learned_mixed if mixed else pol.learned)[key] = Acceptance(
+            prior_accept=0, prior_reject=0, accepted=100 * kept, rejected=100 * (1 - kept), generation=1)
     pol._generation = 1
     return pol
 
@@ -2416,12 +2417,97 @@ def test_a_confident_drafters_first_token_price_decides_whether_it_drafts():
     pol.begin("auto", {d.name: d}, 1)
     assert pol.cost.best_k(pol.learned["model"].alpha, 4, True)[0] == 0
     assert pol.choose(ctx, 60, None, 4).drafter is d
-    pol = _first_priced(0.8, 0.3)
+    pol = _first_priced(0.8, 0.3, mixed=True)
     f = _PoorFree()
     pol.begin("auto", {d.name: d, f.name: f}, 1)
     for _ in range(10):
         assert pol.choose(ctx, 60, None, 4) == NO_DRAFT
     assert pol._costly_rounds == 0
+
+
+class _Reader:
+    """A costly drafter whose drafts end on its confidence and that reads the context before its first draft of a
+    generation (the model drafter's offer: never probed before it has read)."""
+
+    name, has_cost = "model", True
+    read = False
+
+    def offer(self, ctx, kmax):
+        return Offer(self.name, min(kmax, 6), prior=(1.5, 0.5), dynamic=True, upfront=0 if self.read else 100)
+
+
+class _Sometimes:
+    """A free drafter with a copy to offer in two rounds of three, always kept; none in the third."""
+
+    name, has_cost = "lookup", False
+    on = True
+
+    def offer(self, ctx, kmax):
+        return Offer("lookup/1", min(kmax, 4), prior=(1.2, 0.8)) if self.on else None
+
+
+def _mixed_generations(pol, m, f, n, model_kept, sampled=False):
+    """``n`` generations of ``auto`` (40 rounds): the free drafter's copies always kept, the model drafter's first
+    token kept where ``model_kept`` says (the rounds the copies leave it). Returns the rounds the model drafted."""
+    from edgespec.kv import TokenBuffer
+
+    ctx = TokenBuffer(list(range(1, 10)), capacity=4096)
+    used = 0
+    for _ in range(n):
+        m.read = False
+        pol.begin("auto", {m.name: m, f.name: f}, 1, sampled=sampled)
+        for i in range(40):
+            f.on = i % 3 != 0
+            c = pol.choose(ctx, 200, None, 6)
+            if c.drafter is m:
+                catchup = None if m.read else (100, 30.0)
+                m.read, used = True, used + 1
+                pol.observe(c, [5], int(model_kept), 0.3, 2, 1.1, catchup=catchup)
+            elif c.drafter is f:
+                pol.observe(c, [5] * c.k, c.k, None, c.k + 1, 1 + 0.1 * c.k)
+            else:
+                pol.observe(c, [], 0, None, 1, 1.0)
+    f.on = True
+    return used
+
+
+def _reading_policy() -> RoundPolicy:
+    pol = RoundPolicy()
+    for w in range(1, 9):
+        pol.measured.observe_target(w, 1.0 + 0.1 * (w - 1))
+    pol.measured.observe_draft(0.3, "model")
+    return pol
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_what_a_costly_drafter_keeps_beside_free_ones_does_not_price_it_alone(sampled):
+    """(session 64) Beside free drafters (``auto``) a costly drafter drafts only the rounds their copies leave, the
+    hard ones: after such generations lost its drafts there, ``--drafter model`` on the same engine priced its first
+    tokens at those rounds' rate, never read the prompt (a drafter that must read first is never probed) and drafted
+    nothing for a whole generation (seen once in session 63's probe). Learned apart, it starts from what it keeps
+    alone (here, its prior) and drafts; and the other way, what it kept alone does not make ``auto`` try it again
+    on the left-over rounds at once."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.policy import FIRST_KEY, Choice
+
+    pol, m, f = _reading_policy(), _Reader(), _Sometimes()
+    ctx = TokenBuffer(list(range(1, 10)), capacity=4096)
+    assert _mixed_generations(pol, m, f, 6, model_kept=False, sampled=sampled) > 0  # (from its prior, auto tried it)
+    m.read = False
+    pol.begin("model", {m.name: m, f.name: f}, 1, sampled=sampled)
+    c = pol.choose(ctx, 200, None, 6)
+    assert c.drafter is m  # (it drafted nothing here before)
+    low = (pol.learned_mixed_sampled if sampled else pol.learned_mixed)["model" + FIRST_KEY].alpha
+    assert low < 0.3
+    # alone, every draft kept: a high estimate of its own, while auto's stays what auto's rounds taught
+    for _ in range(10):
+        m.read = True
+        pol.observe(Choice(m, 6, "model", stop=0.5), [5] * 6, 6, 0.3, 7, 1.6)
+    alone = pol.learned_sampled if sampled else pol.learned
+    assert alone["model" + FIRST_KEY].alpha > 0.9
+    mixed = pol.learned_mixed_sampled if sampled else pol.learned_mixed
+    assert mixed["model" + FIRST_KEY].alpha == pytest.approx(low)
+    assert "model" not in (pol.learned if sampled else pol.learned_sampled)  # (greedy and sampled apart too)
 
 
 def test_a_probe_of_a_confident_drafter_teaches_its_first_token_estimate():
