@@ -313,6 +313,40 @@ def test_width_curve_script_on_a_tiny_bundle(tiny_int4_bundle, tmp_path, capsys)
         bench_width.main([str(tiny_int4_bundle), "--widths", "0-2"])
 
 
+def test_replay_policy_prices_the_rounds_the_same_every_run(tiny_bundle, tmp_path, capsys):
+    """scripts/replay_policy.py (session 64: a timing-free A/B of the round policy): the policy's costs frozen at the
+    given prices, every call of the target and the drafter while decoding priced at them, so two runs give the same
+    figures; plain decoding's time is its calls at the one-token price (and the round's Python time); every output
+    checked against plain decoding."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import replay_policy
+
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.json"
+        assert replay_policy.main([str(tiny_bundle), "--categories", "code", "--per-category", "1",
+                                   "--max-new-tokens", "40", "--drafters", "none,model,auto", "--read-ms", "0.02",
+                                   "--target-ms", '{"1": 10, "4": 10, "8": 20}', "--step-ms", "3",
+                                   "--round-ms", "0.5", "--json", str(out)]) == 0
+        runs.append(json.loads(out.read_text()))
+    assert runs[0] == runs[1]
+    rows = {r["drafter"]: r for r in runs[0]}
+    assert all(r["exact"] for r in runs[0] if r["drafter"] != "none")
+    none = rows["none"]  # (one call a round, of one token unless a free draft fills a second: 10 ms either way)
+    assert none["drafter_calls"] == 0 and none["target_calls"] == none["rounds_run"] > 0
+    assert none["ms"] == pytest.approx(10.5 * none["target_calls"])
+    assert rows["model"]["drafter_calls"] > 0
+    assert "| code |" in capsys.readouterr().out
+    assert replay_policy.target_price({1: 10.0, 4: 10.0, 8: 20.0})(6) == pytest.approx(15.0)
+    assert replay_policy.target_price({1: 10.0, 4: 10.0, 8: 20.0})(10) == pytest.approx(25.0)
+    with pytest.raises(SystemExit):
+        replay_policy.main([str(tiny_bundle), "--drafters", "nonesuch"])
+
+
 def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bundle, capsys):
     """scripts/probe_width_ops.py finds the first node whose output for a shared position differs
     between a one-token call and a wider one (docs/how-it-works.md, Exactness); on the CPU EP's INT4 graph the

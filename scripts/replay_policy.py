@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""The round policy's choices priced at fixed costs: a timing-free A/B of the policy on the real models.
+
+On this project's VM a run's speed varies by +-25% between processes and drifts by the hour, and the round policy's
+choices follow the timings it measures, so a change to the policy worth a few percent on one category cannot be seen
+in a benchmark (docs/bench/sessions.md, sessions 57 and 63). Here the policy's cost model is frozen at given prices
+(the target's call by width, the drafter's one-token step, its reads of the context; README "Benchmarks" measured
+them on this machine), the real models run greedy (so the rounds depend on the tokens alone: every run of this
+script chooses the same), and every call the target and the drafter make while decoding is priced at those costs:
+the time is the sum of the prices, the same from run to run and whatever else the machine runs. Every output is
+checked against plain greedy decoding.
+
+    python scripts/replay_policy.py bundles/qwen-coder-b128-v64k-xk --categories summarization,chat \\
+        --drafters none,suffix,prompt-lookup,model,auto
+
+A price list, not a measurement: the Python time of a round (``--round-ms``) is one figure, the free drafters cost
+nothing, and the figures are only as right as the prices (defaults: session 57's Zen 5, the Qwen 1.5B/0.5B pair at a
+64-token context). Use it to compare policies; measure the winner with bench_spec.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# session 57 (README "Benchmarks", this machine): target call ms by width at a 64-token context, the 0.5B drafter's step
+TARGET_MS = {1: 16.6, 2: 15.6, 3: 15.6, 4: 16.7, 5: 17.8, 6: 19.2, 8: 25.9, 12: 39.1, 16: 45.1}
+STEP_MS = 5.1
+READ_MS_PER_TOKEN = 0.45  # the drafter's prefill, a token (a call of n > HINT_ROWS rows: a step + n of these)
+HINT_ROWS = 16  # a drafter call of 2..16 rows (a hint checked, a catch-up of a few tokens): a step + 0.08 a row
+
+
+def target_price(prices: dict[int, float]):
+    """ms of a target call of width w: the price list, interpolated (extrapolated past its widest on its last slope)."""
+    ws = sorted(prices)
+
+    def at(w: int) -> float:
+        if w in prices:
+            return prices[w]
+        lo = max([x for x in ws if x < w], default=ws[0])
+        hi = min([x for x in ws if x > w], default=None)
+        if hi is None:
+            a, b = ws[-2], ws[-1]
+            return prices[b] + (w - b) * (prices[b] - prices[a]) / (b - a)
+        return prices[lo] + (w - lo) * (prices[hi] - prices[lo]) / (hi - lo)
+
+    return at
+
+
+def drafter_price(step_ms: float, read_ms: float):
+    def at(rows: int) -> float:
+        if rows <= 1:
+            return step_ms
+        if rows <= HINT_ROWS:
+            return step_ms * (1 + 0.08 * (rows - 1))
+        return step_ms + read_ms * rows
+
+    return at
+
+
+def frozen_cost_model(target_ms, step_ms: float, read_ms: float):
+    """edgespec's CostModel holding these prices, deaf to this machine's timings (the free drafters' tiny costs too:
+    they are priced at nothing here)."""
+    from edgespec.policy import CostModel
+
+    class Frozen(CostModel):
+        def observe_target(self, width, seconds):
+            pass
+
+        def observe_draft(self, step_seconds, drafter="model"):
+            pass
+
+        def observe_catchup(self, tokens, seconds, drafter="model"):
+            pass
+
+    cost = Frozen()
+    cost.target = {w: ms / 1e3 for w, ms in target_ms.items()}
+    cost.draft_steps["model"] = step_ms / 1e3
+    cost.catchup["model"] = (step_ms / 1e3, read_ms / 1e3)
+    return cost
+
+
+class Meter:
+    """Counts an LM's calls while ``on`` (the rounds of a generation, not its prompt's prefill) and prices them."""
+
+    def __init__(self, lm, price):
+        self.price, self.on, self.ms, self.calls = price, False, 0.0, 0
+        run = lm._run
+
+        def counted(ids, past, *a, **kw):
+            if self.on:
+                self.ms += self.price(len(ids))
+                self.calls += 1
+            return run(ids, past, *a, **kw)
+
+        lm._run = counted
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle")
+    ap.add_argument("--prompts", default=None, help="a prompt file (default: the shipped set)")
+    ap.add_argument("--categories", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--per-category", type=int, default=None)
+    ap.add_argument("--drafters", default="none,suffix,prompt-lookup,model,auto")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--target-ms", default=None, help='a JSON object of ms by width (default: session 57\'s)')
+    ap.add_argument("--step-ms", type=float, default=STEP_MS)
+    ap.add_argument("--read-ms", type=float, default=READ_MS_PER_TOKEN, help="the drafter's read, ms a token")
+    ap.add_argument("--round-ms", type=float, default=0.3, help="Python time of a round (the loop, the policy)")
+    ap.add_argument("--fresh", action="store_true", help="a new engine per drafter (default: one engine, "
+                    "the drafters one after another per prompt, learning carried as in a server)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    import edgespec
+    from edgespec.bench import read_prompts
+    from edgespec.drafters import drafter_choices
+
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    bad = [d for d in drafters if d not in drafter_choices()]
+    if bad:
+        ap.error(f"no such drafter: {', '.join(bad)}")
+    target_ms = ({int(k): float(v) for k, v in json.loads(args.target_ms).items()} if args.target_ms else TARGET_MS)
+    if len(target_ms) < 2 or 1 not in target_ms:
+        ap.error("--target-ms needs width 1 and at least one more")
+    cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    try:
+        prompts = read_prompts(args.prompts, categories=cats, per_category=args.per_category)
+    except edgespec.EdgespecError as e:
+        ap.error(str(e))
+    tprice, dprice = target_price(target_ms), drafter_price(args.step_ms, args.read_ms)
+    rows, engines = [], {}
+
+    def engine(key):
+        if key not in engines:
+            eng = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0)
+            eng.decoder.policy.measured = eng.decoder.policy.cost = frozen_cost_model(target_ms, args.step_ms,
+                                                                                      args.read_ms)
+            meters = [Meter(eng.decoder.target, tprice)]
+            if "model" in eng.decoder.drafters:
+                meters.append(Meter(eng.decoder.drafters["model"].lm, dprice))
+            policy, choose = eng.decoder.policy, eng.decoder.policy.choose
+            rounds = [0]
+
+            def counted(*a, **kw):  # a round begins: the prompt is read, its calls are priced from here
+                for m in meters:
+                    m.on = True
+                rounds[0] += 1
+                return choose(*a, **kw)
+
+            policy.choose = counted
+            engines[key] = (eng, meters, rounds)
+        return engines[key]
+
+    try:
+        for p in prompts:
+            msgs = [{"role": "user", "content": p["turns"][0]}]
+            want = None
+            for d in drafters:
+                eng, meters, rounds = engine(d if args.fresh else "one")
+                ids = eng.tokenizer.encode_chat(msgs)
+                eng.reset()
+                out, st, rounds[0] = [], None, 0
+                for m in meters:
+                    m.ms, m.calls, m.on = 0.0, 0, False
+                for _, new, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, temperature=0.0,
+                                                    drafter=d):
+                    out.extend(new)
+                for m in meters:
+                    m.on = False
+                ms = sum(m.ms for m in meters) + args.round_ms * rounds[0]
+                if want is None:
+                    want = out if d == "none" else None
+                exact = None if want is None else out == want
+                rows.append(dict(qid=p["question_id"], category=p["category"], drafter=d, tokens=len(out),
+                                 ms=ms, rounds_run=rounds[0], target_calls=meters[0].calls,
+                                 drafter_calls=sum(m.calls for m in meters[1:]),
+                                 rounds=dict(st.rounds_by_drafter), kept=dict(st.accepted_by_drafter), exact=exact))
+                r = rows[-1]
+                print(f"{r['qid']:14s} {d:14s} {1e3 * r['tokens'] / ms:6.1f} tok/s (priced)  calls {r['target_calls']:3d}"
+                      f" + {r['drafter_calls']:3d}  kept {r['kept']}  {'' if exact is None else 'exact' if exact else 'DIFFERS'}",
+                      flush=True)
+    except edgespec.EdgespecError as e:
+        print(f"replay_policy.py: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        for eng, _, _ in engines.values():
+            eng.close()
+    print("\n| category | " + " | ".join(drafters) + " |")
+    print("|---|" + "---:|" * len(drafters))
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        cells = []
+        for d in drafters:
+            rs = [r for r in rows if r["category"] == cat and r["drafter"] == d]
+            cells.append(f"{1e3 * sum(r['tokens'] for r in rs) / sum(r['ms'] for r in rs):.1f}")
+        print(f"| {cat} | " + " | ".join(cells) + " |")
+    cells = []
+    for d in drafters:
+        rs = [r for r in rows if r["drafter"] == d]
+        cells.append(f"{1e3 * sum(r['tokens'] for r in rs) / sum(r['ms'] for r in rs):.1f}")
+    print("| all | " + " | ".join(cells) + " |")
+    bad = [f"{r['qid']} {r['drafter']}" for r in rows if r["exact"] is False]
+    if bad:
+        print(f"outputs differ from greedy decoding: {', '.join(bad)}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
