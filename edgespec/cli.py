@@ -319,6 +319,12 @@ _model_sampling_opt = click.option(
          "greedy decoding; serve: OpenAI's temperature 1), no cut, no penalty.")
 
 
+def _budget_text(n: int) -> str:
+    """A prompt cache's budget in bytes as the banner shows it: MiB, or KiB under one (a tiny model's cache; "0 MiB"
+    read as no cache at all)."""
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 - 2**19 else f"{max(1, round(n / 2**10))} KiB"
+
+
 def _check_options(**options) -> None:
     """Refuse a command's generation options (ConfigError) before the model loads; None is an option left out (the
     engine's default, the model's recommendation included). --drafter is a click.Choice; its pairings with
@@ -799,7 +805,7 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
                               + (f", {sampling_text(sampling)}" if sampling else "") + "; "
                               + (f"the model's recommended sampling {sampling_text(eng.sampling_defaults)} "
                                  "(--no-model-sampling for none); " if eng.sampling_defaults else "")
-                              + (f"prompt cache {pcs['budget'] / 2**20:.0f} MiB{kept}; " if pcs else "no prompt cache; ")
+                              + (f"prompt cache {_budget_text(pcs['budget'])}{kept}; " if pcs else "no prompt cache; ")
                               + (f"replies remembered for drafting in {mem}, --no-memory to keep none" if mem
                                  else "no memory of replies")
                               + (f"; browser pages of {', '.join(allow_origins)} may call it" if allow_origins

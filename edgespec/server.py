@@ -1193,10 +1193,12 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     middleware = [Middleware(RequestCounter, metrics=srv.metrics), Middleware(OriginGuard, origins=origins)]
     if api_key is not None:  # (inside the counter: refusals are counted; a preflight passes to CORS)
         middleware.append(Middleware(KeyGuard, key=api_key))
-    if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET and POST only
+    if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET, POST and DELETE
         from starlette.middleware.cors import CORSMiddleware
 
-        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+        # (DELETE: OpenAI's client deletes a stored response so; a page's preflight for it was refused, and its
+        # DELETE never reached the route's answer, a 404: nothing is stored)
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
                                         allow_headers=["*"], max_age=600))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={P.APIError: _on_api_error, HTTPException: _on_http_error,

@@ -1292,6 +1292,12 @@ def test_allowed_origins_may_call_from_a_browser_and_others_may_not(engine, mode
         assert status == 200 and h["access-control-allow-origin"] == page
         status, h = _raw(s.url + "/v1/models", headers={"Origin": page})
         assert status == 200 and h["access-control-allow-origin"] == page
+        # (session 64) a page's DELETE of a stored response (OpenAI's client's responses.delete) gets past its
+        # preflight to the route's answer: a 404, nothing is stored, with the CORS header the page reads it by
+        status, h = _raw(s.url + "/v1/responses/resp_1", "OPTIONS", {**pre, "Access-Control-Request-Method": "DELETE"})
+        assert status == 200 and "DELETE" in h["access-control-allow-methods"]
+        status, h = _raw(s.url + "/v1/responses/resp_1", "DELETE", {"Origin": page})
+        assert status == 404 and h["access-control-allow-origin"] == page
         status, h = _raw(s.url + "/v1/chat/completions", "OPTIONS", {**pre, "Origin": "http://evil.example"})
         assert status == 400 and "access-control-allow-origin" not in h
         status, h = _raw(s.url + "/v1/models", headers={"Origin": "http://evil.example"})
@@ -1749,3 +1755,12 @@ def test_two_servers_binding_one_port_at_once_the_second_is_refused():
             pass
     finally:
         first.close()
+
+
+def test_the_banner_shows_a_small_prompt_cache_in_kib():
+    """(session 64, a review) A tiny model's prompt cache budget (under 0.5 MiB) showed as "prompt cache 0 MiB" in
+    serve's banner, which reads as no cache; it works (responses report restored tokens): KiB under one MiB."""
+    from edgespec.cli import _budget_text
+
+    assert _budget_text(300 * 2**10) == "300 KiB" and _budget_text(100) == "1 KiB"
+    assert _budget_text(2**20) == "1 MiB" and _budget_text(1536 * 2**20) == "1536 MiB"
