@@ -332,7 +332,9 @@ class ChatRepl:
         arg = arg.strip()
         if name in ("exit", "quit"):
             return False
-        if name == "help":
+        if arg and name in ("help", "reset", "stats"):  # ("/reset now" reset without a word about the "now")
+            self._error(f"/{name} takes nothing after it (got {arg[:40]!r})")
+        elif name == "help":
             self._out(HELP.replace("{drafters}", ", ".join(self._drafter_names())) + "\n")  # (this engine's)
         elif name == "reset":
             self.session.reset()

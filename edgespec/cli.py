@@ -61,6 +61,25 @@ class _Group(click.Group):
     no permission, a stdout that cannot be written: 1; a closed pipe quietly). Anything else is a
     bug and keeps its traceback; ``EDGESPEC_DEBUG=1`` keeps every traceback."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        """The top-level --help and --version print while the arguments are parsed, before ``invoke``: a stdout
+        that cannot be written (a full disk, a closed pipe) is one line (quiet for the pipe) there too."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except OSError as e:
+            if os.environ.get("EDGESPEC_DEBUG") or e.errno not in _ACTIONABLE | {errno.EPIPE}:
+                raise
+            if e.errno != errno.EPIPE:
+                try:
+                    sys.stderr.write(f"error: cannot write the output: {e.strerror or e}\n")
+                except (OSError, ValueError):
+                    pass
+            try:  # (what stdout still holds would fail again at exit)
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            sys.exit(1)
+
     def invoke(self, ctx):
         import warnings
 
@@ -106,7 +125,12 @@ class _Group(click.Group):
                 # Ctrl-C inside an import: onnxruntime's module made it "ImportError: initialization failed", a
                 # traceback (session 54, a review)
                 _fail(ctx, "interrupted", 130)
-            if "No space left on device" not in str(e) or os.environ.get("EDGESPEC_DEBUG"):
+            if os.environ.get("EDGESPEC_DEBUG"):
+                raise
+            if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # (Path.resolve() before
+                # Python 3.13, where a path no check names meets a link that leads back to itself)
+                _fail(ctx, f"a symbolic link leads back to itself (a loop): {str(e)[len('Symlink loop from '):]}", 1)
+            if "No space left on device" not in str(e):
                 raise
             _fail(ctx, f"no space left on device ({type(e).__name__}: {str(e).splitlines()[0][:200]})", 1)
         finally:
@@ -174,7 +198,7 @@ _NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # (click 8.2
 # what the system refuses that the user can fix: no space or quota, read-only, permissions, I/O, a
 # missing or wrong path, an existing file, a cross-device move
 _ACTIONABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
-               errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EXDEV, errno.ENAMETOOLONG, errno.EMFILE}
+               errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EXDEV, errno.ENAMETOOLONG, errno.EMFILE, errno.ELOOP}
 
 
 def _is_copy_error(e: OSError) -> bool:
@@ -599,8 +623,9 @@ def _read_stdin() -> str:
 @main.command("perplexity")
 @click.argument("bundle", type=click.Path())  # (no EDGESPEC_BUNDLE: FILES follow it, a file would be taken for it)
 @click.argument("files", nargs=-1, required=True, type=click.Path())
-@click.option("--window", type=int, default=512, show_default=True,
-              help="Tokens a window; the second half of each is scored (llama-perplexity's rule).")
+@click.option("--window", type=int, default=None,
+              help="Tokens a window; the second half of each is scored (llama-perplexity's rule). [default: 512, or "
+                   "the context where that is smaller]")
 @click.option("--max-windows", type=int, default=None, help="Score at most this many windows.")
 @click.option("--max-context", type=int, default=None)
 @click.option("--threads", type=int, default=None)
@@ -616,6 +641,9 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
     from .perplexity import MIN_WINDOW, perplexity
     from .suffix import read_document
 
+    given = window is not None
+    if not given:  # llama-perplexity's 512, within a smaller context (a small bundle's, --max-context's)
+        window = 512 if max_context is None or max_context <= 0 else max(MIN_WINDOW, min(512, max_context))
     if window < MIN_WINDOW:  # checked before the model loads, as the files are
         raise ConfigError(f"--window must be >= {MIN_WINDOW} tokens, got {window}")
     if window.bit_length() > 62:  # (load() named max_context, which the window stands for there)
@@ -633,6 +661,8 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
             warnings.filterwarnings("ignore", message="asked for a context of")
         eng = load(bundle, profile=profile, provider=provider, max_context=window if max_context is None
                    else max_context, threads=threads, use_drafter=False, memory=False, prompt_cache_mb=0)
+    if max_context is None and eng.max_context < window and not given and eng.max_context >= MIN_WINDOW:
+        window = eng.max_context  # (the default window, within this bundle's context)
     if max_context is None and eng.max_context < window:
         ctx_tokens = eng.max_context
         eng.close()

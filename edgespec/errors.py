@@ -115,6 +115,24 @@ def shown(v, limit: int = 200) -> str:
         return f"a {type(v).__name__} holding an integer too long to write"
 
 
+def resolved(path, error: type = None):
+    """``Path(path).resolve()``, a symbolic link that leads back to itself an ``error`` (default ``BundleError``)
+    naming the path: Python up to 3.12 raises a RuntimeError for one, 3.13 on an OSError (ELOOP), both tracebacks
+    where a command ends on a one-line error (session 64, a review: ``ln -s b b; edgespec info b``)."""
+    import errno
+    from pathlib import Path
+
+    try:
+        return Path(path).resolve()
+    except RuntimeError as e:
+        if "loop" not in str(e).lower():
+            raise
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    raise (error or BundleError)(f"{path} is a symbolic link that leads back to itself (a loop)") from None
+
+
 class Interrupted(EdgespecError):
     """A prefill or a prompt's scoring stopped between its calls because its ``interrupt`` said so (the server's
     client left, or the server is stopping); what the cache holds stays valid."""

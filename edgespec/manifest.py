@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleError, ManifestError, TokenizerMismatchError, big_integer, parse_reason, shown
+from .errors import BundleError, ManifestError, TokenizerMismatchError, big_integer, parse_reason, resolved, shown
 from .integrity import check_files, sha256_file  # noqa: F401  (the file checks, re-exported)
 
 SCHEMA_VERSION = 1
@@ -121,8 +121,8 @@ def _opt(kind: Any, where: str, d: dict, key: str) -> Any:
 def _inside(root: Path, rel: str, where: str) -> Path:
     if "\x00" in rel:  # (Path.resolve raises an untyped ValueError on it)
         raise ManifestError(f"{where}: {rel!r} holds a NUL character: not a path")
-    p = (root / rel).resolve()
-    if os.path.commonpath([str(p), str(root.resolve())]) != str(root.resolve()):
+    p, top = resolved(root / rel), resolved(root)
+    if os.path.commonpath([str(p), str(top)]) != str(top):
         raise BundleError(f"{where}: {rel!r} points outside the bundle directory")
     return p
 
@@ -837,7 +837,7 @@ class Manifest:
 def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = False) -> Manifest:
     root = Path(bundle)
     if not root.exists():
-        raise BundleError(f"no such bundle: {root}" + _left_aside(root.resolve()))  # (beside what a link names)
+        raise BundleError(f"no such bundle: {root}" + _left_aside(resolved(root)))  # (beside what a link names)
     if not root.is_dir():
         raise BundleError(f"{root} is not a bundle directory")
     mpath = root / MANIFEST_NAME

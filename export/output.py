@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from edgespec.errors import ExportError
+from edgespec.errors import resolved as resolved_path
 from edgespec.manifest import MANIFEST_NAME
 
 
@@ -19,11 +20,14 @@ def check_output(out: str | os.PathLike, force: bool, inputs: list[str | None]) 
     and only if it is a bundle (a directory with an edgespec manifest) that is not a symlink, not
     the current directory or one above it, and holds none of the export's inputs."""
     given = Path(out).expanduser()
-    resolved = given.resolve()
+    resolved = resolved_path(given, ExportError)
     restore_stale_old(resolved)
     if not (given.exists() or given.is_symlink()):
         _probe(resolved)
         return resolved
+    if given.is_symlink() and not resolved.exists():  # (a link to nothing: "<its target> exists" was false)
+        raise ExportError(f"{given} is a symlink to {resolved}, which does not exist; give the bundle directory "
+                          "to write itself")
     if not force:
         raise ExportError(f"{resolved} exists; pass --force to replace it (an existing bundle only)")
     if given.is_symlink():

@@ -210,6 +210,20 @@ def test_piped_save_and_reset(tiny_bundle, tmp_path):
     assert r.stdout.count("tok/s") == 1 and "prompt:" in r.stdout
 
 
+def test_commands_that_take_nothing_refuse_what_follows_them(tiny_bundle, tmp_path):
+    """(session 64, a review) "/reset now" reset the conversation and "/help extra" printed the list without a word
+    about what followed them: refused now, the conversation kept (piped input then exits 1)."""
+    saved = tmp_path / "s.json"
+    r = _piped(tiny_bundle, f"hello there\n/reset now\n/help extra\n/stats please\n/save {saved}\n",
+               "--max-new-tokens", "6", "--no-memory")
+    assert r.returncode == 1
+    assert _errors(r.stderr) == ["error: /reset takes nothing after it (got 'now')",
+                                      "error: /help takes nothing after it (got 'extra')",
+                                      "error: /stats takes nothing after it (got 'please')"]
+    assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["hello there"]  # (not reset)
+    assert "[new conversation]" not in r.stdout and "commands:" not in r.stdout
+
+
 def test_save_after_dropped_exchanges_writes_the_whole_conversation(tiny_bundle, tmp_path):
     """(session 55) A chat that outgrew its context dropped its oldest exchanges, and /save wrote only what the
     model still saw: the conversation's beginning was lost. /save writes them all; /load of that file continues

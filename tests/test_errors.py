@@ -592,7 +592,8 @@ def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd
     (["generate", "{b}", "-p", "a\udcff"], "the prompt is not valid UTF-8"),
     (["generate", "{b}", "-p", "a", "--stop", "\udcff"], "is not valid UTF-8 text"),
     (["generate", "{b}", "-p", "a", "--suffix", "\udcff"], "the suffix is not valid UTF-8"),
-    (["perplexity", "{b}", "{readme}", "--max-context", "100"], "the window (512 tokens) is larger than the context"),
+    (["perplexity", "{b}", "{readme}", "--window", "512", "--max-context", "100"],
+     "the window (512 tokens) is larger than the context"),
     (["bench", "{b}", "--out", "{file}"], "cannot write the report"),
 ])
 def test_more_bad_options_are_refused_before_the_model_loads(tiny_bundle, tmp_path, monkeypatch, args, words):

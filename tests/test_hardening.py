@@ -283,6 +283,49 @@ def test_tokenizer_symlinked_out_of_the_bundle(tiny_bundle, copy_bundle, tmp_pat
     one_line_error(run("info", b), 2)
 
 
+def test_symlink_loops_are_one_line_errors(tiny_bundle, copy_bundle, tmp_path, tiny_dirs):
+    """(session 64, a review) A symbolic link that leads back to itself, as the bundle or inside it (a model file, the
+    tokenizer folder), or as an export's output, ended in a traceback (Path.resolve's RuntimeError before Python
+    3.13, an OSError ELOOP from 3.13): a typed one-line error now. An export to a link to nothing said that its
+    missing target "exists"."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for cmd in (["info", loop], ["plan", loop], ["generate", loop, "-p", "hi"], ["memory", "show", loop]):
+        msg = one_line_error(run(*cmd), 2)
+        assert "leads back to itself" in msg, msg
+    with pytest.raises(BundleError, match="leads back to itself"):
+        edgespec.load(loop)
+    b = copy_bundle(tiny_bundle)
+    model = next((b / "target").glob("*.onnx"))
+    model.unlink()
+    model.symlink_to(model.name)
+    assert "leads back to itself" in one_line_error(run("info", b), 2)
+    with pytest.raises(BundleError, match="leads back to itself"):
+        edgespec.load(b)
+    msg = one_line_error(run("export", tiny_dirs["qwen2"], "-o", loop, "--force"), 6)
+    assert "leads back to itself" in msg, msg
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nothing")
+    msg = one_line_error(run("export", tiny_dirs["qwen2"], "-o", dangling), 6)
+    assert "which does not exist" in msg and not (tmp_path / "nothing").exists(), msg
+    # a loop no check names (a path the CLI resolves itself): the command's safety net, not a traceback
+    r = run("perplexity", tiny_bundle, loop)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+
+
+def test_top_level_help_and_version_on_a_stdout_that_cannot_be_written():
+    """(session 64, a review) --help and --version print while click parses the arguments, before the commands'
+    error handling: a full disk under stdout was a traceback; one line and exit 1 now."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    for opt in ("--version", "--help"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "edgespec.cli", opt], stdout=full, stderr=subprocess.PIPE,
+                               text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.strip() == "error: cannot write the output: No space left on device", \
+            r.stderr
+
+
 def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     bos = json.loads((b / "edgespec.json").read_text())["bos_token_id"]
@@ -933,6 +976,12 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
     assert "--window 4096 is larger than the context" in msg and "give --window 256 or less" in msg
     msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--window", str(10**20)), 2)
     assert msg.startswith("error: --window 100000000000000000000 is no context"), msg  # (said max_context)
+    # (session 64, a review) the default window, 512, within a smaller context: the bundle's 256 (it was refused
+    # unless --window was given), --max-context's
+    r = run("perplexity", tiny_bundle, tmp_path / "t.txt")
+    assert r.exit_code == 0 and "windows of 256," in r.output, r.output
+    r = run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "64")
+    assert r.exit_code == 0 and "windows of 64," in r.output, r.output
 
 
 def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundle, tmp_path):
