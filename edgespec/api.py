@@ -51,6 +51,10 @@ class Result:
     # with ``logprobs=N``: one dict per returned token ({token_id, token, bytes, logprob, offset, top_logprobs},
     # ``Engine.logprob_entry``), else None
     logprobs: list[dict] | None = None
+    # a thinking model's reply that began inside a ``<think>`` block its chat template opened (DeepSeek-R1's, a
+    # template asked to think): ``text`` then has the block's end and no start, and
+    # ``split_reasoning(text, inside=result.reasoning_open)`` takes it apart (session 64)
+    reasoning_open: bool = False
 
 
 class Delta(NamedTuple):
@@ -497,6 +501,12 @@ class Engine:
         cfg = GenerationConfig(**vals)
         self.decoder.check_drafter(cfg.drafter)  # e.g. no drafter model loaded
         self.decoder.check_ids([t for t, _ in cfg.logit_bias], "logit_bias")
+        # (session 64, a review) within the model's rows, an id no token has: the padding rows past the tokenizer's
+        # tokens (Qwen2.5's 151,665 of 151,936), which a bias of +100 made the reply ("[PAD151900]" over and over)
+        pad = next((t for t, _ in cfg.logit_bias if self.tokenizer.is_padding(t)), None)
+        if pad is not None:
+            raise ConfigError(f"logit_bias holds token id {pad}, which no token of this model's tokenizer has (a "
+                              f"padding row of the model's {self.decoder.vocab})")
         self.decoder.check_prediction(cfg.prediction)
         self.decoder.check_ids(cfg.stop_token_ids, "stop_token_ids")
         return cfg
@@ -854,7 +864,7 @@ class Engine:
                 raise ConfigError("tools need chat messages, not a fill-in-the-middle prompt" if suffix is not None
                                   else "token healing needs a plain prompt, not tools")
             ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw, template_kwargs)
-            return self._collect(self.stream_ids(ids, stop=stop, **kw))
+            return self._collect(self.stream_ids(ids, stop=stop, **kw), ids)
         held = kw.get("grammar") is not None or kw.get("response_format") not in (None, {"type": "text"})
         if tools is not None and kw.get("response_format") is not None:  # a malformed format refused as such first
             from .constrain import grammar_for
@@ -865,12 +875,12 @@ class Engine:
             kw["grammar"] = treq.grammar
         ids = self.encode(prompt_or_messages, parse_special, fit=True, tools=treq, template_kwargs=template_kwargs)
         if treq is None or not treq.parses:
-            return self._collect(self.stream_ids(ids, stop=stop, **kw))
+            return self._collect(self.stream_ids(ids, stop=stop, **kw), ids)
         if kw.get("logprobs") is not None:
             raise ConfigError("logprobs cannot be combined with tools the reply may call (its calls are taken out "
                               "of the text); send tool_choice 'none' or no logprobs")
         tags = self.think_tags()
-        result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops(tags is not None), **kw))
+        result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops(tags is not None), **kw), ids)
         cut = 0  # a thinking model's block stays as it is: the calls are read from the answer after it
         if tags is not None and not treq.forced:
             from .reasoning import answer_start, starts_inside
@@ -909,7 +919,9 @@ class Engine:
         ids = self._encode_healed(prompt_or_messages, parse_special, suffix, token_healing, kw, template_kwargs)
         return _texts(self.stream_ids(ids, stop=stop, **kw))
 
-    def _collect(self, it) -> Result:
+    def _collect(self, it, prompt=None) -> Result:
+        """The ``Result`` of a generation's ``Delta``s; ``prompt``: its prompt's ids (or a callable giving them once
+        ``it`` has run), which say whether a thinking model's reply began inside its block."""
         parts, ids, stats, lps = [], [], None, None
         for delta, toks, st, lp in it:
             parts.append(delta)
@@ -922,7 +934,13 @@ class Engine:
         if lps is not None:  # one entry a returned token (a stop string's tokens are left out of both)
             lps = lps[:len(ids)]
         d = stats.to_dict() if stats else {}
-        return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps)
+        inside, tags = False, self.think_tags() if prompt is not None else None
+        if tags is not None:
+            from .reasoning import starts_inside
+
+            inside = starts_inside(prompt() if callable(prompt) else prompt, tags)
+        return Result("".join(parts), ids, d, stats.finish_reason if stats else None, logprobs=lps,
+                      reasoning_open=inside)
 
     def think_tags(self) -> tuple[int, int] | None:
         """The ids of ``<think>`` and ``</think>`` where this is a thinking model (reasoning.think_tags), else None."""
@@ -1148,7 +1166,7 @@ class ChatSession:
         before, dropped_before, earlier_before = list(self.messages), self.dropped, len(self.earlier)
         self.messages.append({"role": "user", "content": text})
         try:
-            ids = self._fit(kw.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
+            ids = self._prompt_ids = self._fit(kw.get("max_new_tokens") or self.engine.defaults.max_new_tokens)
         except BaseException:  # ContextOverflowError, or Ctrl-C while encoding: the turn never happened
             self.messages[:], self.dropped = before, dropped_before
             del self.earlier[earlier_before:]
@@ -1193,7 +1211,7 @@ class ChatSession:
 
         _check_text(text, "the message")
         self.engine.config(stop=stop, **kw)  # (a bad option refused before the turn: max_new_tokens="5" a TypeError)
-        return self.engine._collect(self._turn(text, stop, kw))
+        return self.engine._collect(self._turn(text, stop, kw), lambda: self._prompt_ids)
 
 
 def _stops(stop) -> list[str]:

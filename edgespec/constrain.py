@@ -174,7 +174,10 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
         if isinstance(choice, dict) and f["name"] != choice["name"]:
             continue
         i = len(alts)
-        schema = f.get("parameters") or {"type": "object"} if f.get("strict") else {"type": "object"}
+        # a strict function without parameters takes none (OpenAI: "omitting parameters defines a function with an
+        # empty parameter list"): its arguments are {} (they were any object: {"cccc": "}}"} from a tiny model)
+        schema = (f.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}) \
+            if f.get("strict") else {"type": "object"}
         check_schema_numbers(schema, f"tools[{i}].function.parameters")  # (tools.check_tools does too)
         alts.append(f"call_{i}")
         opening = json.dumps('{"name": ' + json.dumps(f["name"]) + ', "arguments": ')  # a Lark string

@@ -140,6 +140,13 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def is_padding(self, i: int) -> bool:
+        """Whether id ``i`` is no token of the model's: none at that id (a Hugging Face tokenizer under a head
+        with more rows), or llama.cpp's converter's filler ``[PAD<i>]`` (a GGUF's vocabulary padded to the
+        head's rows: Qwen2.5's 151,665 tokens to 151,936)."""
+        t = self._tok.id_to_token(int(i))
+        return t is None or t == f"[PAD{int(i)}]"
+
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 

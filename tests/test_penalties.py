@@ -180,6 +180,24 @@ def test_on_an_exported_model_a_bias_forces_a_token_and_ids_are_checked(tiny_bun
                                        frequency_penalty=2.0).token_ids
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         eng.generate("hello", max_new_tokens=2, logit_bias={10**6: 1.0})
+    # (session 64, a review) a row of the model no token of the tokenizer has (a padding row: Qwen2.5 has 271 past
+    # its tokens; tests/test_qwen.py on the real one) is refused: a positive bias made the reply that row's name
+    last = eng.decoder.vocab - 1
+    from types import SimpleNamespace
+
+    from edgespec.tokenizer import Tokenizer
+
+    real = eng.tokenizer._tok
+    for pad in (None, f"[PAD{last}]"):  # (none there, or llama.cpp's converter's filler in a GGUF's vocabulary)
+        padded = SimpleNamespace(_tok=SimpleNamespace(id_to_token=lambda i, pad=pad: pad if i == last
+                                                      else real.id_to_token(i)))
+        assert Tokenizer.is_padding(padded, last) and not Tokenizer.is_padding(padded, t)
+    assert not eng.tokenizer.is_padding(last)
+    eng.tokenizer.is_padding = lambda i: i == last
+    with pytest.raises(ConfigError, match=f"logit_bias holds token id {last}, which no token of this model's"):
+        eng.generate("hello", max_new_tokens=2, logit_bias={last: 100.0})
+    del eng.tokenizer.is_padding
+    assert eng.generate("hello", max_new_tokens=2, logit_bias={last: 100.0}).token_ids == [last, last]
 
 
 def test_the_cli_takes_penalties_and_refuses_bad_ones_before_loading(tiny_bundle):

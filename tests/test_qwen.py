@@ -214,3 +214,19 @@ def test_qwen_logprobs_equal_plain_decodings_and_the_scored_text(name):
     _, entries = eng.score(prompt + ref.token_ids, logprobs=5)
     assert [e["logprob"] for e in entries[len(prompt):]] == [e["logprob"] for e in ref.logprobs]  # (measured: equal)
     assert [e["top_logprobs"][0]["token_id"] for e in entries[len(prompt):]] == ref.token_ids
+
+
+@pytest.mark.real
+def test_qwen_logit_bias_refuses_the_models_padding_rows():
+    """(session 64, a review) Qwen2.5's head has 151,936 rows, its tokenizer 151,665 tokens: a bias of +100 on a
+    padding row made the reply "[PAD151900]" over and over. Refused as an id no token has; a real token still
+    takes a bias."""
+    bundle = BUNDLES / "qwen-coder-b128-v64k-xk"
+    if not (bundle / "edgespec.json").is_file():
+        pytest.skip(f"no Qwen bundle at {bundle}: export it as the README's 'Real models' section says")
+    eng = edgespec.load(bundle, max_context=256, memory=False, use_drafter=False)
+    with pytest.raises(edgespec.ConfigError, match="which no token of this model's tokenizer has"):
+        eng.generate("Hi", max_new_tokens=2, logit_bias={151900: 100})
+    t = eng.tokenizer.encode(" cat", add_special=False)[-1]
+    assert eng.generate("Hi", max_new_tokens=2, logit_bias={t: 100}).token_ids == [t, t]
+    eng.close()

@@ -97,11 +97,18 @@ def test_the_engine_thinks_unless_told_not_to(think_engine):
         assert off.text == "Hello there!", d
     assert "".join(think_engine.stream([HELLO], max_new_tokens=40, chat_template_kwargs={"enable_thinking": False})) \
         == "Hello there!"
+    assert r.reasoning_open is False
     r = think_engine.generate([WHY_SHORT], max_new_tokens=40, chat_template_kwargs={"opened": True})
     assert r.text == "Light scatters.\n</think>\n\nBlue light scatters most."
     assert edgespec.split_reasoning(r.text, inside=True) == ("Light scatters.", "Blue light scatters most.")
+    # (session 64, a review) the Result says the reply began inside the block the template opened
+    assert r.reasoning_open is True
+    assert edgespec.split_reasoning(r.text, inside=r.reasoning_open) == ("Light scatters.", "Blue light scatters most.")
+    s = think_engine.chat(template_kwargs={"opened": True})
+    assert s.send(WHY_SHORT["content"], max_new_tokens=40).reasoning_open is True
     s = think_engine.chat(template_kwargs={"enable_thinking": False})
     assert "".join(s.stream("Hello", max_new_tokens=40)) == "Hello there!"
+    assert s.send("Hello", max_new_tokens=40).reasoning_open is False
     with pytest.raises(ConfigError, match="need chat messages"):
         think_engine.generate("Hello", chat_template_kwargs={"enable_thinking": False})
     with pytest.raises(ConfigError, match="renderer's own"):

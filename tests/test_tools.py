@@ -640,6 +640,16 @@ def test_a_forced_call_is_a_call(tool_engine):
     assert r.tool_calls == [] and r.text.startswith("{")
 
 
+def test_a_strict_function_without_parameters_is_called_with_none(tool_engine):
+    """(session 64, a review) OpenAI reads a function without `parameters` as one of no parameters: a strict one's
+    forced call had any object for arguments ({"cccccccccccccc": "}}"} from the tiny model); {} now, each drafter."""
+    noargs = [{"type": "function", "function": {"name": "noargs", "strict": True}}]
+    calls = [tool_engine.generate([HELLO], tools=noargs, tool_choice="required", max_new_tokens=40, temperature=0,
+                                  parallel_tool_calls=False, drafter=d).tool_calls for d in ("none", "auto")]
+    assert [[(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in cs] for cs in calls] == \
+        [[("noargs", {})]] * 2
+
+
 def test_a_strict_calls_whitespace_is_bounded_and_a_self_referring_schema_refused(tool_engine):
     """A strict call's arguments take response_format's whitespace (at most one space between tokens: unbounded,
     a two-field function under `required` got spaces and line breaks until max_tokens, and no call), and a
