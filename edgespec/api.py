@@ -224,8 +224,13 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         why = ("the target runs on a GPU" if not target.cache.host else
                "its size is 0 (prompt_cache_mb, or what the memory plan leaves)")
         raise ConfigError(f"a prompt cache file needs a prompt cache, and this engine has none: {why}")
+    from .errors import resolved
+
     named = os.fspath(path)
     path = Path(path).expanduser()
+    if path.is_symlink():  # written where the link points (a temporary file and a rename replaced the link itself
+        # by a file of its own: a cache linked onto a kept volume stopped being saved there; session 64, a review)
+        path = resolved(path, ConfigError)
     if path.is_dir() or str(named).endswith(("/", os.sep)):  # ("newdir/" names a directory, not a file)
         raise ConfigError(f"the prompt cache file {named} is a directory; name a file")
     if path.exists() and not path.is_file():  # a device or a pipe: no prompt cache, and /dev/zero never ends
@@ -234,7 +239,8 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
     # conversations, which a server's close would then lose
     # (folders missing on the way are made at close: the nearest one there is must take them)
     parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
-    if parent.is_dir() and not _writable_dir(parent):
+    read_only = parent.is_dir() and not _writable_dir(parent)
+    if read_only and not path.is_file():
         raise ConfigError(f"the prompt cache file {path} cannot be written: {parent} takes no new files "
                           "(no permission, or a read-only file system)")
     unhashed = sorted(rel for rel, meta in manifest.target.files.items() if not meta.get("sha256"))
@@ -243,7 +249,8 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
                           f"{unhashed[0]} has none: export the bundle again, or run without --prompt-cache-file")
     key = engine_key(manifest, manifest.target, target.cache, session_options,
                      widths=(target.min_width, target.width_multiple))
-    remove_stale_temporaries(path)  # (what a write killed midway left)
+    if not read_only:
+        remove_stale_temporaries(path)  # (what a write killed midway left)
     from .memory import KeptStoreError
 
     try:
@@ -252,6 +259,11 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         # at close, that edgespec's conversations lost; the memory store keeps such a file too: session 55, a review)
         warnings.warn(f"{e}: it is left as it is, and this engine keeps its conversations in memory only",
                       stacklevel=3)
+        return None
+    if read_only:  # (a cache made once and shipped on a read-only image: read, never written; session 64, a review)
+        warnings.warn(f"the prompt cache {path} is " + ("read" if why is None else f"not read ({why})") +
+                      f" and will not be saved: {parent} takes no new files (no permission, or a read-only file "
+                      "system)", stacklevel=3)
         return None
     if why:
         warnings.warn(f"the prompt cache {path} was not read: {why}; this engine replaces it when it closes "

@@ -485,6 +485,34 @@ def test_a_prompt_cache_file_of_another_engine_is_ignored_and_a_foreign_file_ref
         eng.close()  # a place it cannot be written: said at close, not raised
 
 
+def test_a_prompt_cache_file_through_a_link_and_on_a_read_only_place(tiny_bundle, tmp_path, monkeypatch):
+    """(session 64, a review) A --prompt-cache-file that is a symbolic link was replaced by a file of its own at close
+    (a temporary file renamed over the link): the cache it pointed to, on a kept volume, stopped being saved. It is
+    written where the link points now. And a file in a place that takes no new files (a cache made once, shipped on
+    a read-only image) was refused at load: it is read, with a warning that it will not be saved."""
+    from edgespec import api
+
+    vol, links = tmp_path / "vol", tmp_path / "links"
+    vol.mkdir()
+    links.mkdir()
+    link = links / "pc.npz"
+    link.symlink_to(vol / "real.npz")
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=link, memory=False)
+    a1 = eng.generate(_chat([DOC_A]), max_new_tokens=6, drafter="none")
+    eng.close()
+    assert link.is_symlink() and (vol / "real.npz").is_file()
+    before = (vol / "real.npz").stat().st_mtime_ns
+    monkeypatch.setattr(api, "_writable_dir", lambda d: Path(d) != vol)
+    with pytest.warns(UserWarning, match=r"real.npz is read and will not be saved: .*vol takes no new files"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=link, memory=False)
+    follow = eng.generate(_chat([DOC_A, a1.text, "and then?"]), max_new_tokens=6, drafter="none")
+    assert follow.stats["restored_prompt_tokens"] > 0  # (read)
+    eng.close()
+    assert (vol / "real.npz").stat().st_mtime_ns == before and link.is_symlink()  # (not written)
+    with pytest.raises(ConfigError, match="cannot be written: .*vol takes no new files"):  # (nothing to read)
+        edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=vol / "new.npz", memory=False)
+
+
 def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path):
     """(session 46) a broken deflate stream (zlib.error), nested JSON in the header (RecursionError), an encrypted or
     unknown-method member escaped as tracebacks where the README promises a StoreError at start; a count of True
