@@ -540,6 +540,12 @@ def check_report_files(out_dir: str | os.PathLike) -> None:
         if os.path.lexists(path) and not path.is_file():
             raise ConfigError(f"cannot write the report to {path}: it is "
                               + ("a folder" if path.is_dir() else "no regular file"))
+    # a report.json or report.md a bench did not write (a folder of one's own notes) is not replaced (session 64, a
+    # review: both were, as an interrupted run's partial report)
+    js, md = Path(out_dir) / "report.json", Path(out_dir) / "report.md"
+    if (js.is_file() or md.is_file()) and not _bench_report(js):
+        raise ConfigError(f"{js if js.is_file() else md} is not a report of edgespec bench; it is not replaced: "
+                          "give another --out folder")
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -555,16 +561,22 @@ def _write_whole(path: Path, text: str) -> None:
         raise
 
 
+def _bench_report(path: Path) -> dict | None:
+    """The report a bench wrote to ``path`` (its JSON: an object with a list of runs), else None."""
+    try:
+        if not path.is_file() or path.stat().st_size > 256 << 20:
+            return None
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return d if isinstance(d, dict) and isinstance(d.get("runs"), list) else None
+
+
 def _complete_report(path: Path, more_than: int | None = None) -> bool:
     """Whether ``path`` holds a bench's report that ran to its end (no ``stopped``), or with ``more_than``, one
     that stopped after more runs than that."""
-    try:
-        if not path.is_file() or path.stat().st_size > 256 << 20:
-            return False
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    if not isinstance(d, dict) or not isinstance(d.get("runs"), list):
+    d = _bench_report(path)
+    if d is None:
         return False
     return not d.get("stopped") or (more_than is not None and len(d["runs"]) > more_than)
 
@@ -598,6 +610,9 @@ def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, st
         made = {f.name for f in files}  # drafters; session 56, a review)
         for name in REPORT_FILES:
             if name.endswith(".png") and name not in made:
+                (out / name).unlink(missing_ok=True)
+        if _bench_report(out / "report.partial.json") is not None:  # (an earlier interrupted run's, beside a whole
+            for name in ("report.partial.json", "report.partial.md"):  # report now: stale; session 64, a review)
                 (out / name).unlink(missing_ok=True)
     return files
 

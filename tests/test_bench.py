@@ -131,7 +131,7 @@ def test_a_report_that_cannot_be_written_is_still_printed(tiny_bundle, tmp_path,
 
     out = tmp_path / "o"
     out.mkdir()
-    (out / "report.json").write_text('{"earlier": true}')
+    (out / "report.json").write_text('{"earlier": true, "runs": []}')  # (an earlier bench's)
 
     def full(self, *a, **k):
         if self.name.startswith(".report.md"):
@@ -145,7 +145,7 @@ def test_a_report_that_cannot_be_written_is_still_printed(tiny_bundle, tmp_path,
     assert r.exit_code == 1 and "No space left on device" in r.stderr.strip().splitlines()[-1], r.stderr
     assert "prompt-lookup" in r.stdout  # the results, printed before the files were written
     assert (out / "report.md").exists() is False and sorted(p.name for p in out.iterdir()) == ["report.json"]
-    assert json.loads((out / "report.json").read_text()) != {"earlier": True}  # that one was written, whole
+    assert "earlier" not in json.loads((out / "report.json").read_text())  # that one was written, whole
 
 
 def test_a_report_is_written_when_stdout_cannot_take_it(tiny_bundle, tmp_path):
@@ -286,6 +286,23 @@ def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_ru
     (tmp_path / "again" / "time_split.png").write_bytes(b"old")
     write_report(rep, tmp_path / "again", plots=False)
     assert not (tmp_path / "again" / "time_split.png").exists()
+    # (session 64, a review) ... and an earlier interrupted run's report.partial.* beside it (they were left)
+    assert not (tmp_path / "again" / "report.partial.json").exists()
+    assert not (tmp_path / "again" / "report.partial.md").exists()
+    # a report.json or report.md a bench did not write is refused before a run (both were replaced)
+    from edgespec.bench import check_report_files
+
+    check_report_files(tmp_path / "again")  # (a bench's own: taken)
+    check_report_files(tmp_path / "nothing-yet")
+    for mine in ({"report.json": '{"mine": 1}'}, {"report.md": "my notes"},
+                 {"report.md": "my notes", "report.json": "not json"}):
+        notes = tmp_path / f"notes{len(mine)}{sorted(mine)[0]}"
+        notes.mkdir()
+        for name, text in mine.items():
+            (notes / name).write_text(text)
+        with pytest.raises(ConfigError, match="is not a report of edgespec bench; it is not replaced"):
+            check_report_files(notes)
+        assert all((notes / name).read_text() == text for name, text in mine.items())
     rep = run_bench(eng, prompts[:1], ["suffix"], max_new_tokens=4, in_process=["genai-ar"], log=lambda s: None)
     assert "the process's: genai-ar loaded into it too" in rep.markdown()
 
