@@ -71,8 +71,10 @@ def show(bundle, as_json):
 
     m = load_manifest(bundle, check=False)
     path = store_path(m)
+    from .memory import other_stores
+
     info = {"path": str(path), "exists": path.exists(), "sequences": 0, "tokens": 0, "recallable": 0,
-            "file_bytes": 0, "error": None}
+            "file_bytes": 0, "error": None, "other_stores": len(other_stores(m))}
     kept = False
     if path.exists():
         info["file_bytes"] = path.stat().st_size
@@ -98,14 +100,38 @@ def show(bundle, as_json):
         click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, "
                    f"{info['file_bytes'] / 1024:.1f} KiB on disk; {info['recallable']} recallable by a prompt "
                    f"that repeats theirs")
+    _others(m)
 
 
 @memory.command("clear")
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
-def clear(bundle):
-    """Delete BUNDLE's memory of earlier outputs (and any store set aside as corrupt)."""
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path(), required=False)
+@click.option("--all", "everything", is_flag=True,
+              help="Every bundle's memory under the memory folder (and this bundle's from before a rewrite).")
+def clear(bundle, everything):
+    """Delete BUNDLE's memory of earlier outputs (and any store set aside as corrupt); --all: every bundle's."""
+    from .errors import ConfigError
     from .manifest import load_manifest
-    from .memory import clear_store
+    from .memory import clear_all_stores, clear_store, memory_root
 
-    gone = clear_store(load_manifest(bundle, check=False))
+    if everything:
+        if bundle is not None:
+            raise ConfigError("memory clear takes a bundle or --all, not both")
+        gone = clear_all_stores()
+        click.echo(f"deleted {len(gone)} file(s) under {memory_root()}" + "".join(f"\n  {p}" for p in gone))
+        return
+    if bundle is None:
+        raise ConfigError("memory clear needs a bundle (or --all for every bundle's memory)")
+    m = load_manifest(bundle, check=False)
+    gone = clear_store(m)
     click.echo(f"deleted {len(gone)} file(s)" + "".join(f"\n  {p}" for p in gone))
+    _others(m)
+
+
+def _others(m) -> None:
+    """A line naming the other stores there are (other bundles', or this one's from before a rewrite)."""
+    from .memory import memory_root, other_stores
+
+    others = other_stores(m)
+    if others:
+        click.echo(f"  {len(others)} other store(s) under {memory_root()} (other bundles', or this bundle's from "
+                   "before it was rewritten): 'edgespec memory clear --all' deletes them")

@@ -269,7 +269,7 @@ class MemoryStore:
         for forever)."""
         if self.path is None:
             return
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what a user generated is theirs
+        _private_dirs(self.path.parent)  # what a user generated is theirs
         with self._lock, _locked(_lock_path(self.path), wait):
             now = _file_stamp(self.path)
             if now != self._stamp:
@@ -564,9 +564,47 @@ def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = 
     return store
 
 
+def _private_dirs(d: Path) -> None:
+    """``d`` and every folder missing on the way made 0700 (``mkdir(parents=True)`` makes the ones above the last
+    with the umask's mode: ``memory/`` listed every bundle's fingerprint to other users; session 64, a review)."""
+    missing = []
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for m in reversed(missing):
+        m.mkdir(mode=0o700, exist_ok=True)
+
+
 def clear_store(manifest) -> list[Path]:
     """Delete the bundle's memory store (and set-aside files); returns what was deleted."""
     return _delete_files(store_path(manifest), warn=True)
+
+
+def other_stores(manifest=None) -> list[Path]:
+    """The store files under ``memory_root()`` other than ``manifest``'s (all of them with None): other bundles', or
+    this bundle's from before it was rewritten (``exact-kernels``, ``drafter-vocab``, ``export --force``: the store
+    is named by the target's files' hashes), which no bundle's ``memory clear`` reaches (session 64, a review)."""
+    root = memory_root()
+    mine = store_path(manifest) if manifest is not None else None
+    try:
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    out = []
+    for d in folders:
+        p = d / STORE_FILE
+        if p != mine and (p.is_file() or any(q.name.startswith(f"{STORE_FILE}.bad-") for q in d.iterdir())):
+            out.append(p)
+    return out
+
+
+def clear_all_stores() -> list[Path]:
+    """Delete every bundle's memory store under ``memory_root()`` (and their set-aside files); returns what was
+    deleted."""
+    gone: list[Path] = []
+    for p in other_stores():
+        gone += _delete_files(p, warn=True)
+    return gone
 
 
 def _delete_files(path: Path, warn: bool = False) -> list[Path]:

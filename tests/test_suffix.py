@@ -194,6 +194,47 @@ def test_two_stores_on_one_file_merge_and_a_clear_is_not_undone(tiny_bundle, tmp
     assert len(read_store(p, fp, None)) == 1
 
 
+def test_memory_clear_all_reaches_a_store_from_before_a_rewrite(tiny_bundle, copy_bundle, tmp_path, monkeypatch):
+    """(session 64, a review) A bundle's store is named by its target's files' hashes: once the bundle was rewritten
+    (exact-kernels, drafter-vocab, export --force), `memory show` said "empty" and `memory clear` deleted nothing,
+    and the replies kept before stayed on disk where no command reached them. `show` and `clear` name the other
+    stores there are, `memory clear --all` deletes every one; the memory folders are made 0700 (memory/ was 0755)."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.manifest import load_manifest
+    from edgespec.memory import store_path
+
+    root = tmp_path / "priv" / "memory"
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(root))
+    b = copy_bundle(tiny_bundle)
+    eng = edgespec.load(b)
+    eng.generate("my secret: the password is hunter2", max_new_tokens=6, drafter="suffix", ignore_eos=True)
+    eng.close()
+    old = store_path(load_manifest(b))
+    assert old.is_file()
+    assert all((d.stat().st_mode & 0o777) == 0o700 for d in (root.parent, root, old.parent))
+    m = _json.loads((b / "edgespec.json").read_text())  # a rewrite: other hashes for the target's files
+    for meta in m["models"]["target"]["files"].values():
+        meta["sha256"] = "0" * 64
+    (b / "edgespec.json").write_text(_json.dumps(m))
+    assert store_path(load_manifest(b, check=False)) != old
+    r = CliRunner().invoke(main, ["memory", "show", str(b)])
+    assert r.exit_code == 0 and "empty" in r.output and "1 other store(s)" in r.output and "--all" in r.output
+    r = CliRunner().invoke(main, ["memory", "clear", str(b)])
+    assert r.exit_code == 0 and "deleted 0 file(s)" in r.output and "1 other store(s)" in r.output and old.is_file()
+    r = CliRunner().invoke(main, ["memory", "clear", "--all"])
+    assert r.exit_code == 0 and "deleted 1 file(s)" in r.output and not old.exists(), r.output
+    r = CliRunner().invoke(main, ["memory", "show", str(b)])
+    assert "other store" not in r.output
+    for args, words in ((["memory", "clear"], "needs a bundle"), (["memory", "clear", str(b), "--all"], "not both")):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {r.output.split('error: ')[1].strip()}"]
+        assert words in r.output
+
+
 @pytest.mark.parametrize("content, what", [
     (b"", "corrupt"), (b"not a zip at all", "corrupt"), (b"PK\x03\x04 truncated", "corrupt"),
 ])
