@@ -1,4 +1,4 @@
 """``python -m edgespec``: the ``edgespec`` command."""
-from .cli import main
+from ._launch import main
 
 main(prog_name="edgespec")  # (its messages name the command as users type it)

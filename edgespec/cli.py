@@ -125,6 +125,11 @@ class _Group(click.Group):
                 # Ctrl-C inside an import: onnxruntime's module made it "ImportError: initialization failed", a
                 # traceback (session 54, a review)
                 _fail(ctx, "interrupted", 130)
+            out = sys.modules.get("edgespec_export.output")
+            if out is not None and getattr(out, "terminated", False) and not os.environ.get("EDGESPEC_DEBUG"):
+                # SIGTERM during an export or a rewrite, its Terminated raised inside numpy's or onnxruntime's code
+                # and come out as their error (session 64, a review: two tracebacks in ~30 timed runs)
+                _fail(ctx, "terminated", 143)
             if os.environ.get("EDGESPEC_DEBUG"):
                 raise
             if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # (Path.resolve() before

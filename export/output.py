@@ -298,6 +298,9 @@ class Terminated(SystemExit):
     """SIGTERM during an export: unwinds like Ctrl-C, so the partial bundle is removed."""
 
 
+terminated = False  # a SIGTERM came during an export (terminate_cleanly)
+
+
 @contextmanager
 def terminate_cleanly():
     """SIGTERM raises ``Terminated`` (exit status 143) in the main thread while the export runs."""
@@ -308,6 +311,9 @@ def terminate_cleanly():
     def handler(signum, frame):
         from .build import RUNNING
 
+        global terminated
+        terminated = True  # (raised inside numpy's or onnxruntime's C code, the exception may come out as theirs:
+        # "TypeError: expected str, ..." from tofile, "ImportError: initialization failed"; the CLI reads this)
         for proc in list(RUNNING):  # the model builder, a process of its own, stops too
             proc.kill()
         raise Terminated(128 + signal.SIGTERM)

@@ -1077,6 +1077,47 @@ def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
     assert run("info", str(tiny_bundle)).exit_code == 1  # (not a Ctrl-C: still the bug it is)
 
 
+def test_ctrl_c_while_the_command_loads_is_an_interruption(monkeypatch, capsys):
+    """(session 64, a review) The `edgespec` script imported the CLI (click, numpy: ~0.3 s) before its error handling:
+    a Ctrl-C then was a KeyboardInterrupt traceback. Its entry point (edgespec._launch) makes it "interrupted", 130.
+    (The script itself, as pip wrote it from pyproject.toml, and `python -m edgespec` are that entry point.)"""
+    import types
+
+    from edgespec import _launch
+
+    class Loading(types.ModuleType):
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "edgespec.cli", Loading("edgespec.cli"))
+    with pytest.raises(SystemExit) as e:
+        _launch.main()
+    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    toml = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'edgespec = "edgespec._launch:main"' in toml
+
+
+def test_a_sigterm_that_comes_out_as_a_librarys_error_is_terminated(tiny_bundle, monkeypatch):
+    """(session 64, a review) An export's or a rewrite's SIGTERM raises Terminated from its handler; landing inside
+    numpy's or onnxruntime's C code it came out as their error ("TypeError: expected str, bytes or os.PathLike
+    object, not BufferedWriter" from tofile, "ImportError: initialization failed"): a traceback, twice in ~30 timed
+    runs. The handler's flag makes it "terminated", 143."""
+    import edgespec.manifest as M
+    import edgespec_export.output as O
+
+    def swallowed(*a, **k):
+        O.terminated = True  # (what the handler sets before it raises)
+        raise TypeError("expected str, bytes or os.PathLike object, not BufferedWriter")
+
+    monkeypatch.setattr(O, "terminated", False)
+    monkeypatch.setattr(M, "load_manifest", swallowed)
+    r = run("info", str(tiny_bundle))
+    assert r.exit_code == 143 and r.output.strip().splitlines() == ["error: terminated"], r.output
+    monkeypatch.setattr(O, "terminated", False)
+    monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(TypeError("a real one")))
+    assert run("info", str(tiny_bundle)).exit_code == 1  # (no SIGTERM: still the bug it is)
+
+
 def test_a_sigterm_while_the_replaced_bundle_is_removed_ends_the_export_as_done(tiny_dirs, tiny_llama_bundle,
                                                                                 tmp_path):
     """(session 54, the diff's review) The replaced bundle is removed once the new one is in place, outside the
