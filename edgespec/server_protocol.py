@@ -712,10 +712,17 @@ def _prediction(v) -> str | None:
     return _text(content, "prediction.content")
 
 
-def _text_parts(content: list, where: str) -> list[str]:
-    """The texts of an array of content parts, each ``{"type": "text", "text": ...}`` (400 otherwise)."""
+def _text_parts(content: list, where: str, refusal: bool = False) -> list[str]:
+    """The texts of an array of content parts, each ``{"type": "text", "text": ...}`` (400 otherwise); with
+    ``refusal`` (an assistant's message) ``{"type": "refusal", "refusal": ...}`` too: what it said, as OpenAI's
+    replies give it and clients send the history back (it was a 400; session 64, a review)."""
     parts = []
     for j, p in enumerate(content):
+        if refusal and isinstance(p, dict) and p.get("type") == "refusal":
+            if not isinstance(p.get("refusal"), str):
+                raise bad(f"{where}[{j}].refusal must be a string, got {_kind(p.get('refusal'))}", where)
+            parts.append(p["refusal"])
+            continue
         if isinstance(p, dict) and p.get("type") == "text" and not isinstance(p.get("text"), str):
             raise bad(f"{where}[{j}].text must be a string, got {_kind(p.get('text'))}", where)
         if not (isinstance(p, dict) and p.get("type") == "text"):
@@ -745,7 +752,7 @@ def _message(m, i: int) -> dict:
         raise bad(f"{where}: only assistant messages carry 'tool_calls'", f"{where}.tool_calls")
     content = m.get("content")
     if isinstance(content, list):
-        content = "\n".join(_text_parts(content, f"{where}.content"))
+        content = "\n".join(_text_parts(content, f"{where}.content", refusal=role == "assistant"))
     if content is None and calls:
         content = ""  # an assistant's message that is only calls
     if not isinstance(content, str):

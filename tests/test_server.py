@@ -1764,3 +1764,21 @@ def test_the_banner_shows_a_small_prompt_cache_in_kib():
 
     assert _budget_text(300 * 2**10) == "300 KiB" and _budget_text(100) == "1 KiB"
     assert _budget_text(2**20) == "1 MiB" and _budget_text(1536 * 2**20) == "1536 MiB"
+
+
+def test_an_assistants_refusal_part_is_what_it_said():
+    """(session 64, a review) OpenAI's replies give a refusal as a content part {"type": "refusal", "refusal": ...},
+    and clients send the history back so: an assistant message with one was a 400. Its text is the message's
+    content; elsewhere (a user's) it is still refused, and a refusal that is no string is told so."""
+    from edgespec import server_protocol as P
+
+    said = P._message({"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}, 1)
+    assert said == {"role": "assistant", "content": "I can't help with that."}
+    both = P._message({"role": "assistant", "content": [{"type": "text", "text": "Well."},
+                                                         {"type": "refusal", "refusal": "No."}]}, 1)
+    assert both["content"] == "Well.\nNo."
+    for m, words in (({"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}, "only text parts"),
+                     ({"role": "assistant", "content": [{"type": "refusal", "refusal": 3}]}, "refusal must be a string")):
+        with pytest.raises(P.APIError, match=words) as e:
+            P._message(m, 0)
+        assert e.value.status == 400
