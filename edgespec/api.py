@@ -515,7 +515,8 @@ class Engine:
         self.decoder.check_ids([t for t, _ in cfg.logit_bias], "logit_bias")
         # (session 64, a review) within the model's rows, an id no token has: the padding rows past the tokenizer's
         # tokens (Qwen2.5's 151,665 of 151,936), which a bias of +100 made the reply ("[PAD151900]" over and over)
-        pad = next((t for t, _ in cfg.logit_bias if self.tokenizer.is_padding(t)), None)
+        pad = next((t for t, b in cfg.logit_bias if b > 0 and self.tokenizer.is_padding(t)), None)  # (a ban is
+        # harmless, and clients ban every id past the tokenizer's so)
         if pad is not None:
             raise ConfigError(f"logit_bias holds token id {pad}, which no token of this model's tokenizer has (a "
                               f"padding row of the model's {self.decoder.vocab})")

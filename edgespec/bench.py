@@ -543,9 +543,11 @@ def check_report_files(out_dir: str | os.PathLike) -> None:
     # a report.json or report.md a bench did not write (a folder of one's own notes) is not replaced (session 64, a
     # review: both were, as an interrupted run's partial report)
     js, md = Path(out_dir) / "report.json", Path(out_dir) / "report.md"
-    if (js.is_file() or md.is_file()) and not _bench_report(js):
-        raise ConfigError(f"{js if js.is_file() else md} is not a report of edgespec bench; it is not replaced: "
-                          "give another --out folder")
+    foreign = js if js.is_file() and not _bench_report(js) else md if md.is_file() and not _bench_markdown(md) \
+        else None
+    if foreign is not None:
+        raise ConfigError(f"{foreign} is not a report of edgespec bench; it is not replaced: give another --out "
+                          "folder")
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -559,6 +561,15 @@ def _write_whole(path: Path, text: str) -> None:
         if isinstance(e, OSError):  # (named by the file it was for, not the temporary one)
             raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def _bench_markdown(path: Path) -> bool:
+    """Whether ``path`` begins as a bench's markdown report does (``Report.markdown``: "# edgespec bench")."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(17) == b"# edgespec bench:"
+    except OSError:
+        return False
 
 
 def _bench_report(path: Path) -> dict | None:
@@ -611,8 +622,9 @@ def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, st
         for name in REPORT_FILES:
             if name.endswith(".png") and name not in made:
                 (out / name).unlink(missing_ok=True)
-        if _bench_report(out / "report.partial.json") is not None:  # (an earlier interrupted run's, beside a whole
-            for name in ("report.partial.json", "report.partial.md"):  # report now: stale; session 64, a review)
+        if not rep.stopped and _bench_report(out / "report.partial.json") is not None:  # (an earlier interrupted
+            # run's, beside a whole report now: stale; session 64, a review; a stopped run's keeps another's)
+            for name in ("report.partial.json", "report.partial.md"):
                 (out / name).unlink(missing_ok=True)
     return files
 

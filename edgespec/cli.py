@@ -95,6 +95,8 @@ class _Group(click.Group):
             sys.stdout.flush()  # a full disk under a redirected stdout is met here, not at exit
             return out
         except EdgespecError as e:
+            if _sigterm():  # (an export's SIGTERM that a library's code turned into an error edgespec wraps)
+                _fail(ctx, "terminated", 143)
             _fail(ctx, str(e), e.exit_code)
         except _NO_ARGS_HELP:
             raise  # `edgespec memory` alone: its help, as click shows it (click before 8.2 exits without an error)
@@ -113,6 +115,8 @@ class _Group(click.Group):
         except OSError as e:
             if os.environ.get("EDGESPEC_DEBUG"):
                 raise
+            if _sigterm():
+                _fail(ctx, "terminated", 143)
             if getattr(e, "edgespec_stdout", False):
                 if e.errno == errno.EPIPE:  # `edgespec generate ... | head`: the reader has gone
                     _fail(ctx, "", 1, quiet=True)
@@ -125,8 +129,7 @@ class _Group(click.Group):
                 # Ctrl-C inside an import: onnxruntime's module made it "ImportError: initialization failed", a
                 # traceback (session 54, a review)
                 _fail(ctx, "interrupted", 130)
-            out = sys.modules.get("edgespec_export.output")
-            if out is not None and getattr(out, "terminated", False) and not os.environ.get("EDGESPEC_DEBUG"):
+            if _sigterm() and not os.environ.get("EDGESPEC_DEBUG"):
                 # SIGTERM during an export or a rewrite, its Terminated raised inside numpy's or onnxruntime's code
                 # and come out as their error (session 64, a review: two tracebacks in ~30 timed runs)
                 _fail(ctx, "terminated", 143)
@@ -144,6 +147,12 @@ class _Group(click.Group):
                 logger.removeHandler(notices)
             if isinstance(sys.stdout, _Stdout):
                 sys.stdout = sys.stdout.stream
+
+
+def _sigterm() -> bool:
+    """Whether a SIGTERM came during this command's export or rewrite (``edgespec_export.output.terminated``)."""
+    out = sys.modules.get("edgespec_export.output")
+    return out is not None and getattr(out, "terminated", False)
 
 
 def _interrupted(e: BaseException) -> bool:
@@ -351,7 +360,7 @@ _model_sampling_opt = click.option(
 def _budget_text(n: int) -> str:
     """A prompt cache's budget in bytes as the banner shows it: MiB, or KiB under one (a tiny model's cache; "0 MiB"
     read as no cache at all)."""
-    return f"{n / 2**20:.0f} MiB" if n >= 2**20 - 2**19 else f"{max(1, round(n / 2**10))} KiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{max(1, round(n / 2**10))} KiB"
 
 
 def _check_options(**options) -> None:
@@ -666,8 +675,8 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
             warnings.filterwarnings("ignore", message="asked for a context of")
         eng = load(bundle, profile=profile, provider=provider, max_context=window if max_context is None
                    else max_context, threads=threads, use_drafter=False, memory=False, prompt_cache_mb=0)
-    if max_context is None and eng.max_context < window and not given and eng.max_context >= MIN_WINDOW:
-        window = eng.max_context  # (the default window, within this bundle's context)
+    if not given and eng.max_context < window and eng.max_context >= MIN_WINDOW:
+        window = eng.max_context  # (the default window, within the context the bundle runs with here)
     if max_context is None and eng.max_context < window:
         ctx_tokens = eng.max_context
         eng.close()

@@ -114,7 +114,8 @@ def clear(bundle, everything):
     from .memory import clear_all_stores, clear_store, memory_root
 
     if everything:
-        if bundle is not None:
+        given = click.get_current_context().get_parameter_source("bundle") == click.core.ParameterSource.COMMANDLINE
+        if bundle is not None and given:  # ($EDGESPEC_BUNDLE set is no bundle given: --all is every one)
             raise ConfigError("memory clear takes a bundle or --all, not both")
         gone = clear_all_stores()
         click.echo(f"deleted {len(gone)} file(s) under {memory_root()}" + "".join(f"\n  {p}" for p in gone))

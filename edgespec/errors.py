@@ -117,19 +117,29 @@ def shown(v, limit: int = 200) -> str:
 
 def resolved(path, error: type = None):
     """``Path(path).resolve()``, a symbolic link that leads back to itself an ``error`` (default ``BundleError``)
-    naming the path: Python up to 3.12 raises a RuntimeError for one, 3.13 on an OSError (ELOOP), both tracebacks
-    where a command ends on a one-line error (session 64, a review: ``ln -s b b; edgespec info b``)."""
+    naming the path: Python up to 3.12 raises a RuntimeError for one (a traceback where a command ends on a one-line
+    error; session 64, a review: ``ln -s b b; edgespec info b``), 3.13 on returns the path as it is, which then
+    fails where it is opened: the loop is asked of the system (ELOOP) either way."""
     import errno
+    import os
     from pathlib import Path
 
     try:
-        return Path(path).resolve()
+        out = Path(path).resolve()
     except RuntimeError as e:
         if "loop" not in str(e).lower():
             raise
     except OSError as e:
         if e.errno != errno.ELOOP:
             raise
+    else:
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                return out
+        else:
+            return out
     raise (error or BundleError)(f"{path} is a symbolic link that leads back to itself (a loop)") from None
 
 

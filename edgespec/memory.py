@@ -584,17 +584,24 @@ def other_stores(manifest=None) -> list[Path]:
     """The store files under ``memory_root()`` other than ``manifest``'s (all of them with None): other bundles', or
     this bundle's from before it was rewritten (``exact-kernels``, ``drafter-vocab``, ``export --force``: the store
     is named by the target's files' hashes), which no bundle's ``memory clear`` reaches (session 64, a review)."""
+    import re
+
     root = memory_root()
     mine = store_path(manifest) if manifest is not None else None
-    try:
-        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    try:  # (only the folders edgespec names: a memory folder set to a shared one holds others' store.npz too)
+        folders = sorted(p for p in root.iterdir() if re.fullmatch(r"[0-9a-f]{20}", p.name))
     except OSError:
         return []
     out = []
     for d in folders:
         p = d / STORE_FILE
-        if p != mine and (p.is_file() or any(q.name.startswith(f"{STORE_FILE}.bad-") for q in d.iterdir())):
-            out.append(p)
+        try:
+            if d.is_symlink() or not d.is_dir() or p == mine:
+                continue
+            if p.is_file() or any(q.name.startswith(f"{STORE_FILE}.bad-") for q in d.iterdir()):
+                out.append(p)
+        except OSError:  # (a folder this user cannot read: none of theirs to list)
+            continue
     return out
 
 

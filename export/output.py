@@ -308,6 +308,9 @@ def terminate_cleanly():
         yield
         return
 
+    global terminated
+    terminated = False  # (this export's: an earlier one's in a long-lived process is not)
+
     def handler(signum, frame):
         from .build import RUNNING
 

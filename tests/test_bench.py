@@ -293,6 +293,10 @@ def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_ru
     from edgespec.bench import check_report_files
 
     check_report_files(tmp_path / "again")  # (a bench's own: taken)
+    (tmp_path / "again" / "report.md").write_text("my notes beside a bench's report.json")
+    with pytest.raises(ConfigError, match="report.md is not a report of edgespec bench"):
+        check_report_files(tmp_path / "again")
+    write_report(rep, tmp_path / "again", plots=False)
     check_report_files(tmp_path / "nothing-yet")
     for mine in ({"report.json": '{"mine": 1}'}, {"report.md": "my notes"},
                  {"report.md": "my notes", "report.json": "not json"}):

@@ -982,6 +982,8 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
     assert r.exit_code == 0 and "windows of 256," in r.output, r.output
     r = run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "64")
     assert r.exit_code == 0 and "windows of 64," in r.output, r.output
+    r = run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "4096")  # (above the bundle's 256)
+    assert r.exit_code == 0 and "windows of 256," in r.output, r.output
 
 
 def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundle, tmp_path):
@@ -1116,6 +1118,16 @@ def test_a_sigterm_that_comes_out_as_a_librarys_error_is_terminated(tiny_bundle,
     monkeypatch.setattr(O, "terminated", False)
     monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(TypeError("a real one")))
     assert run("info", str(tiny_bundle)).exit_code == 1  # (no SIGTERM: still the bug it is)
+
+    def wrapped(*a, **k):  # (one edgespec wraps: "ExportError: cannot read the graph")
+        O.terminated = True
+        raise ExportError("cannot read the graph: initialization failed")
+
+    monkeypatch.setattr(M, "load_manifest", wrapped)
+    r = run("info", str(tiny_bundle))
+    assert r.exit_code == 143 and r.output.strip().splitlines() == ["error: terminated"], r.output
+    with O.terminate_cleanly():  # (an export begins afresh: an earlier one's SIGTERM is not this one's)
+        assert O.terminated is False
 
 
 def test_a_sigterm_while_the_replaced_bundle_is_removed_ends_the_export_as_done(tiny_dirs, tiny_llama_bundle,

@@ -196,6 +196,8 @@ def test_on_an_exported_model_a_bias_forces_a_token_and_ids_are_checked(tiny_bun
     eng.tokenizer.is_padding = lambda i: i == last
     with pytest.raises(ConfigError, match=f"logit_bias holds token id {last}, which no token of this model's"):
         eng.generate("hello", max_new_tokens=2, logit_bias={last: 100.0})
+    # a ban is harmless, and clients ban every id past the tokenizer's so: taken
+    assert last not in eng.generate("hello", max_new_tokens=4, logit_bias={last: -100.0}).token_ids
     del eng.tokenizer.is_padding
     assert eng.generate("hello", max_new_tokens=2, logit_bias={last: 100.0}).token_ids == [last, last]
 

@@ -1763,6 +1763,7 @@ def test_the_banner_shows_a_small_prompt_cache_in_kib():
     from edgespec.cli import _budget_text
 
     assert _budget_text(300 * 2**10) == "300 KiB" and _budget_text(100) == "1 KiB"
+    assert _budget_text(2**19) == "512 KiB" and _budget_text(2**20 - 1) == "1024 KiB"  # (0.5 MiB rounded to "0")
     assert _budget_text(2**20) == "1 MiB" and _budget_text(1536 * 2**20) == "1536 MiB"
 
 

@@ -225,8 +225,14 @@ def test_memory_clear_all_reaches_a_store_from_before_a_rewrite(tiny_bundle, cop
     assert r.exit_code == 0 and "empty" in r.output and "1 other store(s)" in r.output and "--all" in r.output
     r = CliRunner().invoke(main, ["memory", "clear", str(b)])
     assert r.exit_code == 0 and "deleted 0 file(s)" in r.output and "1 other store(s)" in r.output and old.is_file()
+    mine = root / "myproject" / "store.npz"  # (a folder edgespec did not name: not a store of its)
+    mine.parent.mkdir()
+    mine.write_bytes(b"mine")
+    monkeypatch.setenv("EDGESPEC_BUNDLE", str(b))  # (a bundle from the environment is no bundle given: --all)
     r = CliRunner().invoke(main, ["memory", "clear", "--all"])
     assert r.exit_code == 0 and "deleted 1 file(s)" in r.output and not old.exists(), r.output
+    assert mine.read_bytes() == b"mine" and sorted(p.name for p in mine.parent.iterdir()) == ["store.npz"]
+    monkeypatch.delenv("EDGESPEC_BUNDLE")
     r = CliRunner().invoke(main, ["memory", "show", str(b)])
     assert "other store" not in r.output
     for args, words in ((["memory", "clear"], "needs a bundle"), (["memory", "clear", str(b), "--all"], "not both")):
