@@ -83,6 +83,9 @@ class _Group(click.Group):
     def invoke(self, ctx):
         import warnings
 
+        out = sys.modules.get("edgespec_export.output")
+        if out is not None:  # (a command of its own: an earlier one's SIGTERM in this process is not this one's)
+            out.terminated = False
         shown, stdout = warnings.showwarning, sys.stdout
         warnings.showwarning = _one_line_warning
         sys.stdout = _Stdout(stdout)  # its write errors say they are stdout's

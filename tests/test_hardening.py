@@ -1128,6 +1128,14 @@ def test_a_sigterm_that_comes_out_as_a_librarys_error_is_terminated(tiny_bundle,
     assert r.exit_code == 143 and r.output.strip().splitlines() == ["error: terminated"], r.output
     with O.terminate_cleanly():  # (an export begins afresh: an earlier one's SIGTERM is not this one's)
         assert O.terminated is False
+    # nor is a command's: one in this process after a SIGTERM that another took (the fresh clone's CI: a test's
+    # SIGTERM made every later command's error in the process "terminated")
+    monkeypatch.undo()  # (the real load_manifest)
+    O.terminated = True
+    try:
+        assert "no such bundle" in one_line_error(run("info", "/nonexistent-bundle"), 2)
+    finally:
+        O.terminated = False
 
 
 def test_a_sigterm_while_the_replaced_bundle_is_removed_ends_the_export_as_done(tiny_dirs, tiny_llama_bundle,
