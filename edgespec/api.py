@@ -896,9 +896,9 @@ class Engine:
         result = self._collect(self.stream_ids(ids, stop=_stops(stop) + treq.stops(tags is not None), **kw), ids)
         cut = 0  # a thinking model's block stays as it is: the calls are read from the answer after it
         if tags is not None and not treq.forced:
-            from .reasoning import answer_start, starts_inside
+            from .reasoning import answer_start
 
-            cut = answer_start(result.text, starts_inside(ids, tags))
+            cut = answer_start(result.text, result.reasoning_open)
         answer, calls = treq.parse(result.text[cut:])
         result.text = result.text[:cut] + answer
         result.tool_calls = [c.openai() for c in calls]

@@ -83,9 +83,9 @@ class _Group(click.Group):
     def invoke(self, ctx):
         import warnings
 
-        out = sys.modules.get("edgespec_export.output")
-        if out is not None:  # (a command of its own: an earlier one's SIGTERM in this process is not this one's)
-            out.terminated = False
+        exporting = sys.modules.get("edgespec_export.output")
+        if exporting is not None:  # (a command of its own: an earlier one's SIGTERM in this process is not this one's)
+            exporting.terminated = False
         shown, stdout = warnings.showwarning, sys.stdout
         warnings.showwarning = _one_line_warning
         sys.stdout = _Stdout(stdout)  # its write errors say they are stdout's
@@ -128,16 +128,16 @@ class _Group(click.Group):
                 raise
             _fail(ctx, _os_message(e), 1)
         except Exception as e:  # a library's own error for a full disk (safetensors, protobuf, ...)
-            if _interrupted(e) and not os.environ.get("EDGESPEC_DEBUG"):
+            if os.environ.get("EDGESPEC_DEBUG"):
+                raise
+            if _interrupted(e):
                 # Ctrl-C inside an import: onnxruntime's module made it "ImportError: initialization failed", a
                 # traceback (session 54, a review)
                 _fail(ctx, "interrupted", 130)
-            if _sigterm() and not os.environ.get("EDGESPEC_DEBUG"):
+            if _sigterm():
                 # SIGTERM during an export or a rewrite, its Terminated raised inside numpy's or onnxruntime's code
                 # and come out as their error (session 64, a review: two tracebacks in ~30 timed runs)
                 _fail(ctx, "terminated", 143)
-            if os.environ.get("EDGESPEC_DEBUG"):
-                raise
             if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # (Path.resolve() before
                 # Python 3.13, where a path no check names meets a link that leads back to itself)
                 _fail(ctx, f"a symbolic link leads back to itself (a loop): {str(e)[len('Symlink loop from '):]}", 1)

@@ -67,14 +67,13 @@ def show(bundle, as_json):
     """Where BUNDLE's memory is kept and what it holds."""
     from .errors import StoreError
     from .manifest import load_manifest
-    from .memory import KeptStoreError, bundle_fingerprint, read_store_signed, store_path
+    from .memory import KeptStoreError, bundle_fingerprint, other_stores, read_store_signed, store_path
 
     m = load_manifest(bundle, check=False)
     path = store_path(m)
-    from .memory import other_stores
-
+    others = other_stores(m)
     info = {"path": str(path), "exists": path.exists(), "sequences": 0, "tokens": 0, "recallable": 0,
-            "file_bytes": 0, "error": None, "other_stores": len(other_stores(m))}
+            "file_bytes": 0, "error": None, "other_stores": len(others)}
     kept = False
     if path.exists():
         info["file_bytes"] = path.stat().st_size
@@ -100,7 +99,7 @@ def show(bundle, as_json):
         click.echo(f"  {info['sequences']} outputs, {info['tokens']} tokens, "
                    f"{info['file_bytes'] / 1024:.1f} KiB on disk; {info['recallable']} recallable by a prompt "
                    f"that repeats theirs")
-    _others(m)
+    _others(others)
 
 
 @memory.command("clear")
@@ -111,7 +110,7 @@ def clear(bundle, everything):
     """Delete BUNDLE's memory of earlier outputs (and any store set aside as corrupt); --all: every bundle's."""
     from .errors import ConfigError
     from .manifest import load_manifest
-    from .memory import clear_all_stores, clear_store, memory_root
+    from .memory import clear_all_stores, clear_store, memory_root, other_stores
 
     if everything:
         given = click.get_current_context().get_parameter_source("bundle") == click.core.ParameterSource.COMMANDLINE
@@ -125,14 +124,14 @@ def clear(bundle, everything):
     m = load_manifest(bundle, check=False)
     gone = clear_store(m)
     click.echo(f"deleted {len(gone)} file(s)" + "".join(f"\n  {p}" for p in gone))
-    _others(m)
+    _others(other_stores(m))
 
 
-def _others(m) -> None:
-    """A line naming the other stores there are (other bundles', or this one's from before a rewrite)."""
-    from .memory import memory_root, other_stores
+def _others(others: list) -> None:
+    """A line naming the other stores there are (``memory.other_stores``: other bundles', or this one's from before
+    a rewrite)."""
+    from .memory import memory_root
 
-    others = other_stores(m)
     if others:
         click.echo(f"  {len(others)} other store(s) under {memory_root()} (other bundles', or this bundle's from "
                    "before it was rewritten): 'edgespec memory clear --all' deletes them")

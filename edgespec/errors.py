@@ -126,21 +126,23 @@ def resolved(path, error: type = None):
 
     try:
         out = Path(path).resolve()
-    except RuntimeError as e:
+    except RuntimeError as e:  # (before 3.13)
         if "loop" not in str(e).lower():
             raise
+        out = None
     except OSError as e:
         if e.errno != errno.ELOOP:
             raise
-    else:
+        out = None
+    if out is not None:
         try:
-            os.stat(path)
+            os.stat(path)  # (3.13 on: resolve() gives a loop back as it is; only ELOOP counts here)
         except OSError as e:
-            if e.errno != errno.ELOOP:
-                return out
-        else:
-            return out
-    raise (error or BundleError)(f"{path} is a symbolic link that leads back to itself (a loop)") from None
+            if e.errno == errno.ELOOP:
+                out = None
+    if out is None:
+        raise (error or BundleError)(f"{path} is a symbolic link that leads back to itself (a loop)") from None
+    return out
 
 
 class Interrupted(EdgespecError):
