@@ -66,6 +66,13 @@ class ExportError(EdgespecError):
     exit_code = 6
 
 
+class NoSpaceError(ExportError):
+    """An export or a bundle's rewrite met a full disk (or quota): exit 1, as the system's other refusals a user can
+    act on; nothing was written and a bundle rewritten in place is unchanged."""
+
+    exit_code = 1
+
+
 class ChatTemplateError(ConfigError):
     """The chat template failed to render or went over its limits (time, size, nesting)."""
 

@@ -15,8 +15,8 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, default_drafter_precision, sha256_file, write_manifest)
 
-from .output import (check_output, missing_parents, prepare_stage, publish, remove_parents, remove_replaced,
-                     terminate_cleanly)
+from .output import (check_output, full_disk, missing_parents, no_space, prepare_stage, publish, remove_parents,
+                     remove_replaced, terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
 from .conv import INPUT_NAME as CONV_INPUT
 from .source import (Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve,
@@ -994,13 +994,16 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
             apply_to_bundle(stage, None, log=progress.log, kv_dtype=kv_dtype)
             manifest = load_manifest(stage)
         replaced = publish(stage, out, force, [target, drafter])
-    except BaseException:
+    except BaseException as e:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
             for junk in stage.parent.iterdir():  # (the exact-kernels rewrite's own stage, or its old copy)
                 if junk.name.startswith(f".{stage.name}.") and junk.is_dir() and not junk.is_symlink():
                     shutil.rmtree(junk, ignore_errors=True)
         remove_parents(made)
+        if stage is not None and isinstance(e, Exception) and no_space(e):  # (onnx's and protobuf's writes name no path)
+            raise full_disk(e, f"the bundle {out}", stage.parent, "nothing was written"
+                            + (" (the bundle there is as it was)" if out.exists() else "")) from e
         raise
     finally:
         guard.__exit__(None, None, None)

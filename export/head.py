@@ -535,8 +535,8 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     """Rewrite the bundle ``src`` in place (``out`` None) or into the new bundle ``out``, atomically:
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
-    from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, remove_parents,
-                         remove_replaced, remove_tree, terminate_cleanly)
+    from .output import (check_not_mount, check_output, full_disk, missing_parents, no_space, prepare_stage, publish,
+                         remove_parents, remove_replaced, remove_tree, terminate_cleanly)
 
     if out is not None and Path(out).expanduser().resolve() == src.resolve():
         out = None  # (-o naming the bundle itself: its in-place rewrite, as without -o; it was refused twice, the first
@@ -562,9 +562,12 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
             write_manifest(m)
             _keep_modes(src.resolve(), stage)
             replaced = publish(stage, dest, force, None if in_place else [str(src)])
-        except BaseException:
+        except BaseException as e:
             remove_tree(stage)
             remove_parents(made)
+            if isinstance(e, Exception) and no_space(e):  # (onnx's and protobuf's writes name no path)
+                raise full_disk(e, f"the rewrite of {src}", dest.parent,
+                                "the bundle is unchanged" if in_place else "nothing was written") from e
             raise
     remove_replaced(replaced)  # (done once published: outside the SIGTERM guard)
     if inside:

@@ -10,7 +10,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from edgespec.errors import ExportError
+from edgespec.errors import ExportError, NoSpaceError
 from edgespec.errors import resolved as resolved_path
 from edgespec.manifest import MANIFEST_NAME
 
@@ -214,6 +214,33 @@ def prepare_stage(out: Path) -> Path:
     except OSError as e:
         raise ExportError(f"cannot write the bundle at {out}: {e.strerror or e}") from None
     return stage
+
+
+def no_space(e: BaseException) -> bool:
+    """Whether ``e`` (or what it wraps) is a full disk or quota: an OSError's errno, or a library's own error saying so
+    (onnx's and protobuf's writes, safetensors': their messages carry the system's words, no path)."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def full_disk(e: BaseException, what: str, where: Path, kept: str) -> NoSpaceError:
+    """The one-line error for a full disk met while writing ``what`` into the folder ``where`` (the stage's: the
+    library that failed named none), ``kept`` saying what stayed as it was."""
+    free = ""
+    try:
+        free = f", {shutil.disk_usage(where).free / (1 << 20):,.0f} MiB free there now"
+    except OSError:
+        pass
+    return NoSpaceError(f"no space left on device while writing {what} in {where}{free}: {kept}")
 
 
 def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None] | None = None) -> Path | None:

@@ -10,6 +10,11 @@ script chooses the same), and every call the target and the drafter make while d
 the time is the sum of the prices, the same from run to run and whatever else the machine runs. Every output is
 checked against plain greedy decoding.
 
+Sampled decoding (``--temperature T --seeds N``): each prompt is decoded N times a drafter, seeds 0..N-1. A sampled
+reply depends on the rounds (the draws a round makes), so the drafters' replies differ, each following the target's
+distribution, and so do their lengths: the figures are tokens over priced time summed over the seeds, still the same
+every run. No exactness check there (bench_spec.py's and the tests' statistical checks cover the distribution).
+
     python scripts/replay_policy.py bundles/qwen-coder-b128-v64k-xk --categories summarization,chat \\
         --drafters none,suffix,prompt-lookup,model,auto
 
@@ -113,8 +118,18 @@ def main(argv=None) -> int:
     ap.add_argument("--round-ms", type=float, default=0.3, help="Python time of a round (the loop, the policy)")
     ap.add_argument("--fresh", action="store_true", help="a new engine per drafter (default: one engine, "
                     "the drafters one after another per prompt, learning carried as in a server)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (checked exact); > 0: sampled")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--seeds", type=int, default=1, help="sampled: replies a prompt and drafter, seeds 0..N-1")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.temperature < 0 or args.seeds < 1:
+        ap.error("--temperature must be >= 0 and --seeds >= 1")
+    sampled = args.temperature > 0
+    seeds = range(args.seeds if sampled else 1)
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, min_p=args.min_p) if sampled else \
+        dict(temperature=0.0)
     import edgespec
     from edgespec.bench import read_prompts
     from edgespec.drafters import drafter_choices
@@ -158,31 +173,33 @@ def main(argv=None) -> int:
     try:
         for p in prompts:
             msgs = [{"role": "user", "content": p["turns"][0]}]
-            want = None
-            for d in drafters:
-                eng, meters, rounds = engine(d if args.fresh else "one")
-                ids = eng.tokenizer.encode_chat(msgs)
-                eng.reset()
-                out, st, rounds[0] = [], None, 0
-                for m in meters:
-                    m.ms, m.calls, m.on = 0.0, 0, False
-                for _, new, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, temperature=0.0,
-                                                    drafter=d):
-                    out.extend(new)
-                for m in meters:
-                    m.on = False
-                ms = sum(m.ms for m in meters) + args.round_ms * rounds[0]
-                if want is None:
-                    want = out if d == "none" else None
-                exact = None if want is None else out == want
-                rows.append(dict(qid=p["question_id"], category=p["category"], drafter=d, tokens=len(out),
-                                 ms=ms, rounds_run=rounds[0], target_calls=meters[0].calls,
-                                 drafter_calls=sum(m.calls for m in meters[1:]),
-                                 rounds=dict(st.rounds_by_drafter), kept=dict(st.accepted_by_drafter), exact=exact))
-                r = rows[-1]
-                print(f"{r['qid']:14s} {d:14s} {1e3 * r['tokens'] / ms:6.1f} tok/s (priced)  calls {r['target_calls']:3d}"
-                      f" + {r['drafter_calls']:3d}  kept {r['kept']}  {'' if exact is None else 'exact' if exact else 'DIFFERS'}",
-                      flush=True)
+            for seed in seeds:
+                want = None
+                for d in drafters:
+                    eng, meters, rounds = engine(d if args.fresh else "one")
+                    ids = eng.tokenizer.encode_chat(msgs)
+                    eng.reset()
+                    out, st, rounds[0] = [], None, 0
+                    for m in meters:
+                        m.ms, m.calls, m.on = 0.0, 0, False
+                    kw = dict(sampling, seed=seed) if sampled else sampling
+                    for _, new, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d, **kw):
+                        out.extend(new)
+                    for m in meters:
+                        m.on = False
+                    ms = sum(m.ms for m in meters) + args.round_ms * rounds[0]
+                    if want is None and not sampled:
+                        want = out if d == "none" else None
+                    exact = None if want is None else out == want
+                    rows.append(dict(qid=p["question_id"], category=p["category"], drafter=d, seed=seed,
+                                     tokens=len(out), ms=ms, rounds_run=rounds[0], target_calls=meters[0].calls,
+                                     drafter_calls=sum(m.calls for m in meters[1:]),
+                                     rounds=dict(st.rounds_by_drafter), kept=dict(st.accepted_by_drafter), exact=exact))
+                    r = rows[-1]
+                    tag = f" s{seed}" if sampled else ""
+                    print(f"{r['qid'] + tag:14s} {d:14s} {1e3 * r['tokens'] / ms:6.1f} tok/s (priced)  calls "
+                          f"{r['target_calls']:3d} + {r['drafter_calls']:3d}  kept {r['kept']}  "
+                          f"{'' if exact is None else 'exact' if exact else 'DIFFERS'}", flush=True)
     except edgespec.EdgespecError as e:
         print(f"replay_policy.py: error: {e}", file=sys.stderr)
         return 2

@@ -366,6 +366,19 @@ def test_replay_policy_prices_the_rounds_the_same_every_run(tiny_bundle, tmp_pat
     assert replay_policy.target_price({1: 10.0, 4: 10.0, 8: 20.0})(10) == pytest.approx(25.0)
     with pytest.raises(SystemExit):
         replay_policy.main([str(tiny_bundle), "--drafters", "nonesuch"])
+    # sampled (session 65): seeds 0..N-1 a prompt and drafter, the same figures every run, no exactness check
+    sampled = []
+    for i in range(2):
+        out = tmp_path / f"s{i}.json"
+        assert replay_policy.main([str(tiny_bundle), "--categories", "code", "--per-category", "1",
+                                   "--max-new-tokens", "24", "--drafters", "none,model", "--temperature", "1.0",
+                                   "--seeds", "2", "--json", str(out)]) == 0
+        sampled.append(json.loads(out.read_text()))
+    assert sampled[0] == sampled[1]
+    assert [(r["drafter"], r["seed"]) for r in sampled[0]] == [("none", 0), ("model", 0), ("none", 1), ("model", 1)]
+    assert all(r["exact"] is None for r in sampled[0])
+    with pytest.raises(SystemExit):
+        replay_policy.main([str(tiny_bundle), "--temperature", "-1"])
 
 
 def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bundle, capsys):

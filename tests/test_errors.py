@@ -418,9 +418,37 @@ def test_a_full_disk_while_copying_a_bundle(tiny_int4_bundle, tmp_path, monkeypa
     monkeypatch.setattr(shutil, "copy2", full)
     before = sorted(p.name for p in tmp_path.iterdir())
     msg = one_line_error(run("exact-kernels", tiny_int4_bundle, "-o", tmp_path / "xk"), 1)
-    assert "No space left on device" in msg and "cannot copy" in msg
+    assert msg.startswith(f"error: no space left on device while writing the rewrite of {tiny_int4_bundle} in "
+                          f"{tmp_path}") and msg.endswith(": nothing was written"), msg
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no partial bundle left behind
     assert edgespec.load(tiny_int4_bundle).generate("hi", max_new_tokens=2).text is not None  # source intact
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_full_disk_during_a_rewrite_names_the_folder(tiny_int4_bundle, copy_bundle, tmp_path, monkeypatch, in_place):
+    """A write on a full disk (Python's file write, onnx's) says so and names no path: the error names the rewrite,
+    the folder it was written in and what stayed as it was, and no stage is left behind (session 64 noticed the bare
+    message)."""
+    import errno
+
+    import edgespec_export.head
+
+    bundle = copy_bundle(tiny_int4_bundle)
+    before = {p.relative_to(bundle): p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    around = sorted(p.name for p in bundle.parent.iterdir())
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")  # (as a file's write raises it: no filename)
+
+    monkeypatch.setattr(edgespec_export.head, "_write", full)
+    args = ("exact-kernels", bundle) if in_place else ("exact-kernels", bundle, "-o", tmp_path / "xk")
+    msg = one_line_error(run(*args), 1)
+    assert msg.startswith("error: no space left on device while writing the rewrite of ") and str(bundle) in msg, msg
+    assert f" in {bundle.parent}" in msg or f" in {tmp_path}" in msg, msg
+    assert msg.endswith("the bundle is unchanged" if in_place else "nothing was written"), msg
+    assert {p.relative_to(bundle): p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in bundle.parent.iterdir()) == around  # no stage left
+    assert not (tmp_path / "xk").exists()
 
 
 def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):

@@ -1,6 +1,7 @@
 """The export stage: round trips, validation figures, refusal of bad inputs, atomic writes."""
 from __future__ import annotations
 
+import errno
 import json
 import re
 from pathlib import Path
@@ -285,6 +286,18 @@ def test_failed_export_leaves_nothing(tiny_dirs, tmp_path, monkeypatch):
     monkeypatch.setattr(bundle_mod, "run_builder", boom)
     with pytest.raises(ExportError, match="simulated"):
         bundle_mod.export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", target_precision="fp32", quality=False)
+    assert list(tmp_path.iterdir()) == []
+
+    def full(*a, **k):  # a file's write on a full disk: OSError 28 naming no file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bundle_mod, "run_builder", full)
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["qwen2"]), "-o", str(tmp_path / "b"),
+                                  "--target-precision", "fp32", "--no-quality"])
+    last = r.output.strip().splitlines()[-1]
+    assert r.exit_code == 1 and last.startswith(f"error: no space left on device while writing the bundle "
+                                                f"{tmp_path / 'b'} in {tmp_path}"), r.output
+    assert last.endswith(": nothing was written"), last
     assert list(tmp_path.iterdir()) == []
 
 
