@@ -450,6 +450,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
                            max_new_tokens=max_new_tokens, sampling=sampling)
     except BaseException as e:  # Ctrl-C, an error of a prompt's, an external runner's crash
         rep.stopped = ("interrupted" if isinstance(e, KeyboardInterrupt) else
+                       "terminated" if type(e).__name__ == "Terminated" else  # (the CLI's SIGTERM or SIGHUP)
                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
         e.report = rep  # (the caller writes what was measured: a run of hours is not lost at its last prompt)
         raise

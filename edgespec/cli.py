@@ -16,6 +16,7 @@ from .drafters import drafter_choices
 from .errors import EdgespecError, ProviderError, parse_reason
 from .manifest import sampling_text
 from .cli_info import report_lines
+from .cli_export import NonEmptyPath
 from .providers import PROVIDER_NAMES
 
 MiB = 1 << 20
@@ -100,6 +101,10 @@ class _Group(click.Group):
         except EdgespecError as e:
             if _sigterm():  # (an export's SIGTERM that a library's code turned into an error edgespec wraps)
                 _fail(ctx, "terminated", 143)
+            from .errors import ProfileError
+
+            if isinstance(e, ProfileError) and "edgespec.profile_env" in ctx.meta:  # (a profile the user did not type)
+                _fail(ctx, f"{e} (the profile $EDGESPEC_PROFILE names)", e.exit_code)
             _fail(ctx, str(e), e.exit_code)
         except _NO_ARGS_HELP:
             raise  # `edgespec memory` alone: its help, as click shows it (click before 8.2 exits without an error)
@@ -293,7 +298,14 @@ def _engine(bundle, profile, provider, max_context, threads, use_drafter=True, p
                 **placement_options())  # --drafter-provider
 
 
-_profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE",
+def _profile_source(ctx, param, value):
+    """--profile's value; one from $EDGESPEC_PROFILE is marked so, for its error to say where it came from."""
+    if value is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT:
+        ctx.meta["edgespec.profile_env"] = value
+    return value
+
+
+_profile_opt = click.option("--profile", default=None, envvar="EDGESPEC_PROFILE", callback=_profile_source,
                             help="Memory profile name or .toml path (env EDGESPEC_PROFILE).")
 _provider_opt = click.option("--provider", type=click.Choice(PROVIDER_NAMES), default=None,
                              help="Execution provider (overrides the profile; an error if it cannot run).")
@@ -396,7 +408,7 @@ def _prompt_cache_opts(f):
     back for ``load``."""
     wrapper = load_params(f, "prompt_cache_mb", "prompt_cache_file")
     wrapper = click.option(
-        "--prompt-cache-file", type=click.Path(dir_okay=False), default=None,
+        "--prompt-cache-file", type=NonEmptyPath(dir_okay=False, what="a file"), default=None,
         help="Keep the prompt cache in this file between runs: read at start (if this bundle, onnxruntime and CPU "
              "wrote it), written at exit. Off by default: it holds the conversations' contents.")(wrapper)
     return click.option(
@@ -467,7 +479,7 @@ _template_kwargs_opt = click.option(
 
 
 @main.command()
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
 @click.option("--chat/--raw", "as_chat", default=False, help="Wrap the prompt in the chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -480,10 +492,10 @@ _template_kwargs_opt = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
 @click.option("--no-parse-special", is_flag=True,
               help="Read special-token text in a raw prompt (<|im_end|>) as text, not as the token (--chat always does).")
-@click.option("--prediction", "prediction_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--prediction", "prediction_file", type=NonEmptyPath(dir_okay=False, what="a file"), default=None,
               help="A text file the reply is expected mostly to repeat (the file an edit rewrites): drafted from, "
                    "the reply unchanged by it.")
-@click.option("--json-schema", "schema_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--json-schema", "schema_file", type=NonEmptyPath(dir_okay=False, what="a file"), default=None,
               help="Hold the reply to this JSON Schema (a file holding the schema, or a whole response_format "
                    "object of type json_schema; structured outputs, needs llguidance).")
 @click.option("--json-object", is_flag=True, help="Hold the reply to a JSON object (structured outputs).")
@@ -621,25 +633,32 @@ def _documents_note(drafter, switch: str) -> None:
 STDIN_LIMIT = 64 << 20  # bytes of a prompt read from stdin
 
 
-def _read_stdin() -> str:
-    """The prompt piped in: UTF-8 text of at most STDIN_LIMIT bytes."""
+def _read_stdin(what: str = "prompt") -> str:
+    """The ``what`` piped in (a prompt; perplexity's text, its file ``-``): UTF-8 text of at most STDIN_LIMIT bytes."""
     from .errors import ConfigError, ContextOverflowError
 
     if sys.stdin is None:  # (`<&-`)
-        raise ConfigError("no prompt on stdin: it is closed")
+        raise ConfigError(f"no {what} on stdin: it is closed")
     data = sys.stdin.buffer.read(STDIN_LIMIT + 1)
     if len(data) > STDIN_LIMIT:
-        raise ContextOverflowError(f"the prompt on stdin is larger than {STDIN_LIMIT >> 20} MiB")
+        raise ContextOverflowError(f"the {what} on stdin is larger than {STDIN_LIMIT >> 20} MiB")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"the prompt on stdin is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") \
+        raise ConfigError(f"the {what} on stdin is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") \
             from None
 
 
+def _isatty(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):  # (a closed stream)
+        return False
+
+
 @main.command("perplexity")
-@click.argument("bundle", type=click.Path())  # (no EDGESPEC_BUNDLE: FILES follow it, a file would be taken for it)
-@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.argument("bundle", type=NonEmptyPath())  # (no EDGESPEC_BUNDLE: FILES follow it, a file would be taken for it)
+@click.argument("files", nargs=-1, required=True, type=NonEmptyPath(what="a file"))
 @click.option("--window", type=int, default=None,
               help="Tokens a window; the second half of each is scored (llama-perplexity's rule). [default: 512, or "
                    "the context where that is smaller]")
@@ -649,6 +668,7 @@ def _read_stdin() -> str:
 @_profile_opt
 @_provider_opt
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_ends_on_hangup
 def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, profile, provider, as_json):
     """The target's perplexity on the text of FILES (UTF-8, joined by blank lines): how well the quantized
     model predicts it, to compare exports."""
@@ -668,9 +688,13 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
     if max_windows is not None and max_windows < 1:
         raise ConfigError(f"--max-windows must be >= 1, got {max_windows}")
     if max_context is not None and 0 < max_context < window:  # (perplexity's own words, before the model loads)
-        raise ConfigError(f"the window ({window} tokens) is larger than the context ({max_context}); pass a smaller "
-                          "window or a larger --max-context")
-    text = "\n\n".join(read_document(f, what="text file", error=ConfigError) for f in files)
+        raise ConfigError(f"the window ({window} tokens) is larger than the context ({max_context}); pass "
+                          + (f"--window {max_context} or less, or " if max_context >= MIN_WINDOW else "")
+                          + f"a --max-context of at least {window}")
+    if sum(f == "-" for f in files) > 1:
+        raise ConfigError("'-' (the standard input) is named more than once")
+    text = "\n\n".join(_read_stdin("text") if f == "-" else read_document(f, what="text file", error=ConfigError)
+                         for f in files)
     import warnings
 
     with warnings.catch_warnings():  # (a bundle whose context is below the window: said below, as one error)
@@ -689,10 +713,16 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 
     shown = []
 
+    live = _isatty(sys.stderr)  # (a log gets a line a window's tenth, not one line of \r-joined figures)
+
     def progress(done, total, ppl):
-        if not as_json:
+        if as_json:
+            return
+        if live:
             click.echo(f"\r[{done}/{total}] perplexity {ppl:.4f}", nl=False, err=True)
             shown[:] = [True]
+        elif done == total or done % -(-total // 10) == 0:
+            click.echo(f"[{done}/{total}] perplexity {ppl:.4f}", err=True)
 
     try:
         r = perplexity(eng, ids, window, max_windows, progress)
@@ -702,7 +732,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
     if as_json:
         _echo_json({"bundle": str(bundle), **r.to_dict()})  # (a broken export's inf perplexity: null, not Infinity)
     else:
-        click.echo(f"perplexity {r.perplexity:.4f} over {r.tokens} tokens ({r.windows} windows of {r.window}, "
+        click.echo(f"perplexity {r.perplexity:.4f} over {r.tokens} tokens ({r.windows} window{'s' * (r.windows != 1)} of {r.window}, "
                    f"the second half of each scored; the text has {r.text_tokens} tokens), "
                    f"{r.seconds:.1f} s ({r.tokens_per_second:.0f} tokens/s read)")
     eng.close()
@@ -710,7 +740,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
 
 # -- chat -----------------------------------------------------------------------------------
 @main.command()
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest reply.")
 @_sampling_opts
@@ -768,7 +798,7 @@ class _OneLineUsage(click.Command):
 
 
 @main.command(cls=_OneLineUsage)
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; any other than 127.0.0.1/::1 exposes the server beyond this machine.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
@@ -792,7 +822,7 @@ class _OneLineUsage(click.Command):
               help="Require this key as 'Authorization: Bearer KEY' (an OpenAI client's api_key) on every request "
                    "but /health; others get 401. Prefer the environment variable or --api-key-file: a command "
                    "line is visible to every user of the machine.")
-@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+@click.option("--api-key-file", type=NonEmptyPath(dir_okay=False, what="a file"), default=None,
               help="Read the API key from this file's first line.")
 @click.option("--reasoning-format", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: a thinking model's <think> block (Qwen3, DeepSeek-R1's distills) comes apart from the answer, "
@@ -919,7 +949,7 @@ def profiles(as_json):
 
 
 @main.command("plan", cls=_OneLineUsage)
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @_profile_opt
 @click.option("--max-context", type=int, default=None, help="Context to plan for (default: the profile's).")
 @_provider_opt
@@ -931,6 +961,7 @@ def profiles(as_json):
               help="With --measure: prefill this many tokens instead of filling the context.")
 @click.option("--json", "as_json", is_flag=True)
 @drafter_provider_opt
+@_ends_on_hangup
 def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measure_tokens, as_json):
     """Show how a profile's memory budget is spent on BUNDLE, or why it does not fit."""
     from .manifest import load_manifest
@@ -1015,7 +1046,7 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
 
 # -- info -----------------------------------------------------------------------------------
 @main.command()
-@click.argument("bundle", type=click.Path())
+@click.argument("bundle", type=NonEmptyPath())
 @click.option("--verify", is_flag=True, help="Hash every file against the manifest and open the models as generate "
               "does (a graph whose names or layers are not the manifest's is an error).")
 @click.option("--json", "as_json", is_flag=True)
@@ -1198,8 +1229,8 @@ def _template_state(source) -> str:
 
 # -- bench ----------------------------------------------------------------------------------
 @main.command()
-@click.argument("bundle", type=click.Path())
-@click.option("--prompts", "prompts_file", type=click.Path(), default=None,
+@click.argument("bundle", type=NonEmptyPath())
+@click.option("--prompts", "prompts_file", type=NonEmptyPath(what="a file"), default=None,
               help="Spec-Bench question.jsonl (question_id, category, turns); default: the shipped set.")
 @click.option("--drafters", default="model,prompt-lookup,auto,none", show_default=True,
               help="Comma-separated drafters to compare (none is always run as the baseline); "
@@ -1214,9 +1245,10 @@ def _template_state(source) -> str:
 @_profile_opt
 @_provider_opt
 @drafter_provider_opt
-@click.option("--out", "out_dir", type=click.Path(), default="reports/bench", show_default=True)
+@click.option("--out", "out_dir", type=NonEmptyPath(), default="reports/bench", show_default=True)
 @click.option("--no-plots", is_flag=True)
 @memory_opts(default_memory=False)
+@_ends_on_hangup
 def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_new_tokens, draft_tokens, max_context,
           threads, profile, provider, out_dir, no_plots):
     """Profile BUNDLE: speed, speedup, acceptance, time split and memory, per category and drafter."""
@@ -1249,13 +1281,19 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
             raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
                               "named to compare with none")
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
+    made = not os.path.lexists(out_dir)
     _check_writable(out_dir)  # before the bench runs, not after
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     try:
         rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
-    except BaseException as e:  # Ctrl-C or an error mid-run: the runs done are written (the report says it stopped)
-        write_partial_report(getattr(e, "report", None), out_dir)
+    except BaseException as e:  # Ctrl-C, SIGTERM or an error mid-run: the runs done are written (the report says it
+        write_partial_report(getattr(e, "report", None), out_dir)  # stopped), and a folder it made for none removed
+        if made:
+            try:
+                os.rmdir(out_dir)  # (only if empty)
+            except OSError:
+                pass
         raise
     try:
         click.echo(rep.markdown())  # first: a report that cannot be written is not lost

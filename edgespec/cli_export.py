@@ -15,11 +15,16 @@ _KV_HELP = ("the KV cache's type under edgespec's attention: float16 halves its 
 
 class NonEmptyPath(click.Path):
     """A path that is not empty: "" is the current folder to the file system, and an unset shell variable
-    (`drafter-vocab "$B" 200`) rewrote the bundle the shell stood in (session 55, a review)."""
+    (`drafter-vocab "$B" 200`) rewrote the bundle the shell stood in (session 55, a review; `generate ""` ran the
+    bundle in the current folder, session 65). ``what``: what the message asks for (a folder, a file)."""
+
+    def __init__(self, *a, what: str = "a folder", **kw):
+        super().__init__(*a, **kw)
+        self.what = what
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and not value.strip():
-            self.fail("is empty (an unset shell variable?); name a folder", param, ctx)
+            self.fail(f"is empty (an unset shell variable?); name {self.what}", param, ctx)
         return super().convert(value, param, ctx)
 
 
@@ -64,7 +69,7 @@ class NonEmptyPath(click.Path):
 @click.option("--drafter-vocab", type=int, default=0, show_default=True,
               help="Cut the drafter's lm_head to this many tokens (special tokens, then BPE merge order); "
                    "0 keeps the full head. 'edgespec drafter-vocab' applies it to an exported bundle.")
-@click.option("--drafter-vocab-corpus", multiple=True, type=click.Path(),
+@click.option("--drafter-vocab-corpus", multiple=True, type=NonEmptyPath(what="a file or folder"),
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable).")
 @click.option("--exact-kernels", is_flag=True,
               help="Rewrite the INT4 bundle to edgespec's width-invariant kernel (as 'edgespec exact-kernels') before "
@@ -148,7 +153,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
 @click.option("-o", "--output", "output", default=None, type=NonEmptyPath(),
               help="Write the result as a new bundle here (the unchanged files copied); "
                    "default: rewrite BUNDLE in place.")
-@click.option("--corpus", multiple=True, type=click.Path(),
+@click.option("--corpus", multiple=True, type=NonEmptyPath(what="a file or folder"),
               help="Rank the kept tokens by their frequency in these text files or directories (repeatable); "
                    "default: BPE merge order.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --output.")

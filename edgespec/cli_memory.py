@@ -5,6 +5,8 @@ import functools
 
 import click
 
+from .cli_export import NonEmptyPath
+
 MiB = 1 << 20
 
 
@@ -27,7 +29,7 @@ def memory_opts(default_memory: bool = True):
 
     def deco(f):
         wrapper = load_params(f, "documents", "use_memory")
-        wrapper = click.option("--documents", multiple=True, type=click.Path(),
+        wrapper = click.option("--documents", multiple=True, type=NonEmptyPath(what="a file or folder"),
                                help="A text file the suffix drafter drafts quotes from (repeatable).")(wrapper)
         flag = "--memory/--no-memory"
         help_ = ("Keep earlier outputs of this bundle to draft from (--no-memory: nothing is read or stored)."
@@ -61,7 +63,7 @@ def memory():
 
 
 @memory.command("show")
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path())
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @click.option("--json", "as_json", is_flag=True)
 def show(bundle, as_json):
     """Where BUNDLE's memory is kept and what it holds."""
@@ -103,7 +105,7 @@ def show(bundle, as_json):
 
 
 @memory.command("clear")
-@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=click.Path(), required=False)
+@click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath(), required=False)
 @click.option("--all", "everything", is_flag=True,
               help="Every bundle's memory under the memory folder (and this bundle's from before a rewrite).")
 def clear(bundle, everything):

@@ -69,8 +69,8 @@ def perplexity(engine, ids: Sequence[int], window: int = 512, max_windows: int |
     n = len(ids) // window
     if n == 0:
         raise ConfigError(f"the text has {len(ids)} tokens; a window needs {window} " + (
-            "(pass a smaller window)" if len(ids) >= MIN_WINDOW else f"(the smallest window is {MIN_WINDOW}: a "
-                                                                     "longer text is needed)"))
+            f"(pass a window of {len(ids)} tokens or less)" if len(ids) >= MIN_WINDOW
+            else f"(the smallest window is {MIN_WINDOW}: a longer text is needed)"))
     if max_windows is not None:
         n = min(n, max_windows)
     first = window // 2

@@ -1114,3 +1114,42 @@ def test_bench_spec_closes_llama_servers_whatever_ends_the_run(tiny_bundle, tmp_
     with pytest.raises(RuntimeError, match="exited"):
         llamacpp_baseline.llamacpp_runners("t.gguf", None, threads=2, ctx=64)
     assert len(started) == 1 and started[0].closed
+
+
+def test_bench_stopped_by_sigterm_keeps_its_runs_and_a_failed_one_leaves_no_folder(tiny_bundle, tmp_path, monkeypatch):
+    """Session 65, a review: `timeout`, CI or a closed ssh session (SIGTERM, SIGHUP) ended bench at once, exit 143
+    without a word, its finished runs lost and an empty --out folder left; Ctrl-C wrote them. Now both write the
+    runs done and say the bench was terminated; a bench that fails before a run removes the folder it made."""
+    import os
+    import signal
+
+    import edgespec.bench as bench_mod
+    from edgespec.cli import main
+
+    real = bench_mod._bench_prompts
+
+    def term_after_two(engine, prompts, order, parsed, external, rep, states, sfx, log, **kw):
+        def log2(line):
+            log(line)
+            if len(rep.runs) >= 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        return real(engine, prompts, order, parsed, external, rep, states, sfx, log2, **kw)
+
+    monkeypatch.setattr(bench_mod, "_bench_prompts", term_after_two)
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "3", "--max-new-tokens", "4", "--drafters",
+                                  "prompt-lookup", "--no-plots", "--out", str(out)])
+    assert r.exit_code == 143 and r.output.strip().splitlines()[-1] == "error: terminated", r.output
+    saved = json.loads((out / "report.json").read_text())
+    assert len(saved["runs"]) >= 2 and saved["stopped"] == "terminated"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # (the command's handler taken away again)
+    monkeypatch.setattr(bench_mod, "_bench_prompts", real)
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "2", "--max-new-tokens", "4", "--drafters",
+                                  "prompt-lookup", "--no-plots", "--max-context", "16", "--out", str(tmp_path / "o5")])
+    assert r.exit_code == 3 and "no prompt fits" in r.output, r.output
+    assert not (tmp_path / "o5").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made stays
+    r = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--limit", "2", "--max-new-tokens", "4", "--drafters",
+                                  "prompt-lookup", "--no-plots", "--max-context", "16", "--out", str(tmp_path / "mine")])
+    assert r.exit_code == 3 and (tmp_path / "mine").is_dir()

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import re
 import time
 from pathlib import Path
 
@@ -984,6 +985,21 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
     assert r.exit_code == 0 and "windows of 64," in r.output, r.output
     r = run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "4096")  # (above the bundle's 256)
     assert r.exit_code == 0 and "windows of 256," in r.output, r.output
+    # (session 65, a review) '-' reads the text from stdin, as generate's -p -; the progress is a line a tenth of the
+    # windows where stderr is no terminal (a log had one line of \r-joined figures); the messages give a value
+    r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), "-", "--window", "16"],
+                           input="some text to score " * 40)
+    assert r.exit_code == 0 and "windows of 16," in r.output and "\r" not in r.output, r.output
+    assert r.output.count("] perplexity ") <= 11, r.output
+    msg = one_line_error(run("perplexity", tiny_bundle, "-", "-"), 2)
+    assert "'-' (the standard input) is named more than once" in msg
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "8"), 2)
+    assert msg.endswith("pass a --max-context of at least 16"), msg
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "32", "--window", "64"), 2)
+    assert msg.endswith("pass --window 32 or less, or a --max-context of at least 64"), msg
+    (tmp_path / "s.txt").write_text("some text to score " * 10)
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "s.txt", "--window", "256"), 2)
+    assert re.search(r"a window needs 256 \(pass a window of \d+ tokens or less\)$", msg), msg
 
 
 def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundle, tmp_path):
@@ -1161,3 +1177,13 @@ print("done", sorted(os.listdir({str(tmp_path)!r})))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "done ['b']", (r.returncode, r.stdout, r.stderr[-2000:])
     assert (tmp_path / "b" / "edgespec.json").read_text() != (tiny_llama_bundle / "edgespec.json").read_text()
+
+
+def test_a_bad_profile_from_the_environment_says_so(tiny_bundle):
+    """(session 65, a review) EDGESPEC_PROFILE=nope said "unknown profile 'nope'" and nothing of where it came from."""
+    r = CliRunner().invoke(main, ["plan", str(tiny_bundle)], env={"EDGESPEC_PROFILE": "nope"})
+    msg = one_line_error(r, 2)
+    assert "unknown profile 'nope'" in msg and msg.endswith("(the profile $EDGESPEC_PROFILE names)"), msg
+    r = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--profile", "nope2"], env={"EDGESPEC_PROFILE": "nope"})
+    msg = one_line_error(r, 2)
+    assert "unknown profile 'nope2'" in msg and "EDGESPEC_PROFILE" not in msg, msg

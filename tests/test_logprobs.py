@@ -267,7 +267,7 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
                      ({"window": 32, "max_windows": 0}, "windows must be")):
         with pytest.raises(ConfigError, match=msg):
             perplexity(eng, ids, **bad)
-    with pytest.raises(ConfigError, match=r"a window needs 32 \(pass a smaller window\)"):
+    with pytest.raises(ConfigError, match=r"a window needs 32 \(pass a window of 20 tokens or less\)"):
         perplexity(eng, ids[:20], window=32)
     # (session 46) the advice fits the case: a text under the smallest window; a context the bundle cannot widen
     with pytest.raises(ConfigError, match="the smallest window is 16: a longer text is needed"):

@@ -191,6 +191,24 @@ def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch
         except FileNotFoundError as e:  # subprocess cannot start it: must not escape untyped
             pytest.fail(f"untyped error: {e}")
     assert not list((tmp_path / "cache").glob("*.so"))
+    # (session 65, a review) a compiler that fails without a word: its status, not "failed: ?"
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(ProviderError, match=r"failed: false exited with status 1 and said nothing$"):
+        native.library_path()
+    assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob(".build-*"))
+
+
+def test_a_mistyped_kernel_path_is_refused(monkeypatch):
+    """(session 65, a review) EDGESPEC_Q4_ISA=AVX2 (the kernel compares the values as written) took the default path
+    without a word; now a typed error naming the values."""
+    import edgespec.native as native
+
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", "AVX2")
+    with pytest.raises(ProviderError, match=r"EDGESPEC_Q4_ISA must be avx2, avx512 or portable \(or unset\), got 'AVX2'"):
+        native.library_path()
+    for ok in native.Q4_ISA_VALUES:
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", ok)
+        assert native.library_path()
 
 
 def test_no_home_directory_and_a_compiler_command_line(tmp_path, monkeypatch):

@@ -68,6 +68,9 @@ def cpu_supported() -> str | None:
     return None
 
 
+Q4_ISA_VALUES = ("avx2", "avx512", "portable")  # what EDGESPEC_Q4_ISA may say (q4gemm.cpp's choose_paths)
+
+
 def isa() -> str:
     """The kernel path this CPU takes, as the built library reports it (the same function picks the path
     at registration): 'avx2', 'avx512-vnni', 'avx512-vnni+amx' (AMX-INT8 tile multiplies for calls of
@@ -96,6 +99,9 @@ def cheap_rows(path: str) -> bool:
 def library_path() -> str:
     """The built library (compiled once per source version into ``cache_dir()``)."""
     global _cached
+    forced = os.environ.get("EDGESPEC_Q4_ISA")
+    if forced and forced not in Q4_ISA_VALUES:  # (the kernel compares them as written: a typo took the default path)
+        raise ProviderError(f"EDGESPEC_Q4_ISA must be avx2, avx512 or portable (or unset), got {forced[:40]!r}")
     if _cached and os.path.exists(_cached):
         return _cached
     why = cpu_supported()
@@ -189,8 +195,11 @@ def _build(source: Path, stem: str, what: str) -> str:
             except (OSError, subprocess.TimeoutExpired) as e:  # (CXX="ccache g++": a command line, as make takes it)
                 raise ProviderError(f"building {what} failed: cannot run {shlex.join(cxx)} ({e})"[:300]) from None
             if r.returncode != 0:
-                last = [ln for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.splitlines() or ["?"]
-                raise ProviderError(f"building {what} failed: {last[0][:200]}")
+                said = [ln for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.splitlines()
+                said = said or [ln for ln in r.stdout.splitlines() if ln.strip()]
+                why = said[0][:200] if said else (f"{shlex.join(cxx)} exited with status {r.returncode} and said "
+                                                  "nothing")[:250]
+                raise ProviderError(f"building {what} failed: {why}")
             with open(tmp, "rb+") as f:  # (on the disk before it is renamed: a crash leaves the old name or all of it)
                 digest = hashlib.sha256(f.read()).hexdigest()
                 os.fsync(f.fileno())
