@@ -617,7 +617,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     if st and st.finish_reason == "context":
         click.echo(f"note: the reply stopped because the context ({eng.max_context} tokens) is full", err=True)
     if st:
-        click.echo(f"[{st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms, "
+        click.echo(f"[{st.new_tokens} token{'s' * (st.new_tokens != 1)}, {st.tokens_per_second:.1f} tok/s, prefill {st.prefill_ms:.0f} ms, "
                    f"acceptance {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call]", err=True)
     eng.close()
 

@@ -149,7 +149,7 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
 
 @click.command("drafter-vocab")
 @click.argument("bundle", type=NonEmptyPath())
-@click.argument("n", type=int)
+@click.argument("n", type=click.IntRange(min=1))
 @click.option("-o", "--output", "output", default=None, type=NonEmptyPath(),
               help="Write the result as a new bundle here (the unchanged files copied); "
                    "default: rewrite BUNDLE in place.")

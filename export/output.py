@@ -237,7 +237,9 @@ def full_disk(e: BaseException, what: str, where: Path, kept: str) -> NoSpaceErr
     library that failed named none), ``kept`` saying what stayed as it was."""
     free = ""
     try:
-        free = f", {shutil.disk_usage(where).free / (1 << 20):,.0f} MiB free there now"
+        left = shutil.disk_usage(where).free
+        free = (f", {left / (1 << 20):,.0f} MiB free there now" if left >= 1 << 20 else
+                f", {left / 1024:,.0f} KiB free there now")
     except OSError:
         pass
     return NoSpaceError(f"no space left on device while writing {what} in {where}{free}: {kept}")
