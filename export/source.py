@@ -364,6 +364,8 @@ def _hub_error(src: Source, e: Exception) -> ExportError:
     status = getattr(getattr(e, "response", None), "status_code", None)
     if type(e).__name__ in ("RepositoryNotFoundError", "GatedRepoError") or status in (401, 403, 404):
         why = "no such model on the hub, or it is private or gated (log in with `hf auth login`)"
+    elif hub_offline():  # (HF_HUB_OFFLINE=1: nothing is asked of the network; a model not in the cache is missing)
+        why = "offline mode is set (HF_HUB_OFFLINE) and the model is not in the local cache"
     else:
         why = "no network here?"
     # (a mistyped local path such as models/typo looks like a hub id: say it is no local path either)

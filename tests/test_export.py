@@ -199,6 +199,12 @@ def test_hub_id_without_network_fails_at_once(tmp_path, monkeypatch):
     assert "no network here?" in r.output and not (tmp_path / "b").exists()
     # (session 49, a review) a mistyped local path looks like a hub id: the error says it is no local path either
     assert "no local file or directory someorg/somemodel either" in r.output
+    # (session 65, a review) offline by setting: it says so, not "no network here?", and asks nothing of the hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked.clear()
+    r = CliRunner().invoke(main, ["export", "someorg/somemodel", "-o", str(tmp_path / "b")])
+    assert r.exit_code == 6 and "offline mode is set (HF_HUB_OFFLINE)" in r.output, r.output
+    assert asked == [] and "no network here?" not in r.output and not (tmp_path / "b").exists()
 
 
 def test_a_hub_drafter_without_network_fails_at_once(tiny_dirs, tmp_path, monkeypatch):
