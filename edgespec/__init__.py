@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from .errors import (BudgetError, BundleError, BusyError, ChatTemplateError, ClosedError, ConfigError,
                      ContextOverflowError, CpuFallbackError, DocumentError, EdgespecError, ExportError, Interrupted,
-                     ManifestError, ProfileError, ProviderError, StoreError, TokenizerMismatchError)
+                     ManifestError, NoSpaceError, ProfileError, ProviderError, StoreError, TokenizerMismatchError)
 
 __version__ = "0.1.0"
 
 __all__ = ["load", "Engine", "Result", "GenerationConfig", "EdgespecError", "BundleError", "ManifestError",
            "TokenizerMismatchError", "ContextOverflowError", "BudgetError", "ProfileError", "ProviderError",
            "ConfigError", "BusyError", "ClosedError", "ChatTemplateError", "DocumentError", "StoreError",
-           "ExportError", "CpuFallbackError", "Interrupted", "split_reasoning", "__version__"]
+           "ExportError", "NoSpaceError", "CpuFallbackError", "Interrupted", "split_reasoning", "__version__"]
 
 
 def __getattr__(name):

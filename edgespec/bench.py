@@ -603,11 +603,13 @@ def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None
     partial = _complete_report(Path(out_dir) / "report.json", more_than=len(rep.runs))
     try:
         files = write_report(rep, out_dir, plots=False, stem="report.partial" if partial else "report")
+        said = f"wrote the {len(rep.runs)} runs done (stopped early: {rep.stopped}) to " + ", ".join(map(str, files))
     except (OSError, ValueError) as e:
-        print(f"warning: the {len(rep.runs)} runs done were not written: {e}", file=sys.stderr)
-        return
-    print(f"wrote the {len(rep.runs)} runs done (stopped early: {rep.stopped}) to " + ", ".join(map(str, files)),
-          file=sys.stderr)
+        said = f"warning: the {len(rep.runs)} runs done were not written: {e}"
+    try:  # (after SIGHUP the terminal is gone: its EIO must not replace the error that stopped the bench)
+        print(said, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, stem: str = "report") -> list[Path]:

@@ -1281,7 +1281,10 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
             raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
                               "named to compare with none")
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
-    made = not os.path.lexists(out_dir)
+    made, up = [], os.path.abspath(out_dir)  # the folders --out makes (removed again if no run is written)
+    while not os.path.lexists(up) and os.path.dirname(up) != up:
+        made.append(up)
+        up = os.path.dirname(up)
     _check_writable(out_dir)  # before the bench runs, not after
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
@@ -1289,11 +1292,11 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
         rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
     except BaseException as e:  # Ctrl-C, SIGTERM or an error mid-run: the runs done are written (the report says it
         write_partial_report(getattr(e, "report", None), out_dir)  # stopped), and a folder it made for none removed
-        if made:
+        for folder in made:  # (deepest first; only if empty)
             try:
-                os.rmdir(out_dir)  # (only if empty)
+                os.rmdir(folder)
             except OSError:
-                pass
+                break
         raise
     try:
         click.echo(rep.markdown())  # first: a report that cannot be written is not lost

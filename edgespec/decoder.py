@@ -26,7 +26,7 @@ from .errors import BusyError, ClosedError, ConfigError, ContextOverflowError, E
 from .kv import TokenBuffer
 from .lm import CausalLM, native_work
 from .penalties import Penalizer
-from .policy import RoundPolicy
+from .policy import RoundPolicy, cost_priors
 from .sampling import SamplingParams, chosen, distribution, greedy_choice
 from .verify import (alternate_dist, greedy_accept, greedy_accept_choice, rejection_sample,
                      rejection_sample_alternates)
@@ -428,7 +428,9 @@ class Decoder:
         if "prediction" not in self.drafters:  # free, and idle without a prediction: always there
             self.drafters["prediction"] = PredictionDrafter()
         # alternates on where the target's extra verify rows are cheap (edgespec's AVX-512 paths), off elsewhere
-        self.policy = RoundPolicy(use_alternates=bool(getattr(target, "cheap_rows", False)))
+        model = self.drafters.get("model")
+        self.policy = RoundPolicy(use_alternates=bool(getattr(target, "cheap_rows", False)),
+                                  **cost_priors(target, getattr(model, "lm", None)))
         for w, seconds in sorted((target.width_seconds or {}).items()):  # the width probe's calls, timed
             self.policy.measured.observe_target(w, seconds)
         self.lock = GenerationLock()

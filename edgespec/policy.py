@@ -37,6 +37,9 @@ ALT_PREMIUM_EMA = 0.2  # RoundPolicy.alt_premium's weight of a new sample
 # a call (ema 0.3). (A read's line is fitted to reads of many lengths, and a stalled read's cost goes stale:
 # RoundPolicy.catchup_trust.)
 STALL_CLIP = 2.0
+# the cost model's priors before anything is measured (``cost_priors`` fits them to a target and drafter): a verified
+# token at PRIOR_SLOPE of a one-token call, a drafter step at PRIOR_STEP of one
+PRIOR_SLOPE, PRIOR_STEP = 0.15, 0.4
 LENGTHS_KEPT = 32  # the recent generations' lengths RoundPolicy.horizon reads (older ones weigh < 1e-4 of the newest)
 
 
@@ -78,7 +81,13 @@ class CostModel:
 
     ema: float = 0.3
     stall_clip: float = STALL_CLIP  # a call counts at most this many times the estimate it updates
-    prior_slope: float = 0.15  # extra cost per extra verified token, as a fraction of a 1-token call
+    prior_slope: float = PRIOR_SLOPE  # extra cost per extra verified token, as a fraction of a 1-token call
+    # the model drafter's step before one is measured, as a fraction of a 1-token call (another drafter's: PRIOR_STEP)
+    prior_step_ratio: float = PRIOR_STEP
+    # past this width (0: none) each more verified token costs ``prior_steep`` of a call, not ``prior_slope``: a
+    # kernel whose extra rows hide under the weights' reads up to a few rows, compute-bound past them
+    prior_knee: int = 0
+    prior_steep: float = 0.0
     target: dict[int, float] = field(default_factory=dict)
     draft_steps: dict[str, float] = field(default_factory=dict)  # drafter name -> seconds a step
     # drafter name -> (seconds a read, seconds a context token) of reading the context before drafting
@@ -113,7 +122,8 @@ class CostModel:
         """``[None, target_cost(1), ..., target_cost(top)]`` (at least), cached. Rebuilt after every
         measured call (each round): the padded widths are kept per width policy and the line is
         fitted once (on a GPU's ~1 ms rounds the rebuild was a visible share of the policy's time)."""
-        policy = (self.min_width, self.width_multiple, self.prior_slope, id(self.target))
+        policy = (self.min_width, self.width_multiple, self.prior_slope, self.prior_knee, self.prior_steep,
+                  id(self.target))
         c = self._costs
         if c is None or self._costs_policy != policy:
             c, self._costs_policy = [None], policy
@@ -177,13 +187,15 @@ class CostModel:
         return max(tokens, 0) * max(self.prior_catchup, self.marginal()) * self.step_cost(drafter)
 
     def step_cost(self, drafter: str = "model") -> float:
-        """Seconds a step of ``drafter``: as measured, before that 0.4 of a one-token target call."""
+        """Seconds a step of ``drafter``: as measured, before that ``prior_step``."""
         step = self.draft_steps.get(drafter)
-        return self.prior_step() if step is None else step
+        return self.prior_step(drafter) if step is None else step
 
-    def prior_step(self) -> float:
-        """What a drafter step is expected to cost before one is measured: 0.4 of a one-token target call."""
-        return 0.4 * self.target_cost(1)
+    def prior_step(self, drafter: str = "model") -> float:
+        """What a step of ``drafter`` is expected to cost before one is measured, as a share of a one-token target
+        call: the model drafter's ``prior_step_ratio`` (PRIOR_STEP unless the decoder knows better: ``cost_priors``),
+        any other's PRIOR_STEP."""
+        return (self.prior_step_ratio if drafter == "model" else PRIOR_STEP) * self.target_cost(1)
 
     def marginal(self) -> float:
         """One more token in a target call, as a fraction of a one-token call, from the measured
@@ -200,14 +212,24 @@ class CostModel:
     def target_cost(self, width: int) -> float:
         return self._priced(self.padded(width))
 
+    def _prior(self, width: int) -> float:
+        """A call of ``width`` tokens before any is measured, in one-token calls: ``prior_slope`` a token, past
+        ``prior_knee`` (where set) ``prior_steep`` a token."""
+        if self.prior_knee and width > self.prior_knee:
+            return 1.0 + self.prior_slope * (self.prior_knee - 1) + self.prior_steep * (width - self.prior_knee)
+        return 1.0 + self.prior_slope * (width - 1)
+
     def _priced(self, width: int) -> float:
         """The cost of a call that runs ``width`` tokens (already padded): as measured, else on the
-        line fitted to what was, else the prior."""
+        line fitted to what was (one width measured: the prior's shape, scaled to it), else the prior."""
         v = self.target.get(width)
         if v is not None:
             return v
         if not self.target:
-            return 1.0 + self.prior_slope * (width - 1)
+            return self._prior(width)
+        if len(self.target) == 1:
+            (w0, c0), = self.target.items()
+            return c0 * self._prior(width) / self._prior(w0)
         slope, icpt, floor = self._line()
         return max(icpt + slope * width, floor)
 
@@ -220,8 +242,8 @@ class CostModel:
             if len(widths) >= 2:
                 slope, icpt = _least_squares(widths, costs)
                 self._fit = (max(slope, 0.0), icpt, min(costs))
-            else:
-                base = costs[0] / (1 + self.prior_slope * (widths[0] - 1))
+            else:  # (one width: the prior's slope through it; _priced follows the prior's whole shape there)
+                base = costs[0] / self._prior(int(widths[0]))
                 self._fit = (base * self.prior_slope, base * (1 - self.prior_slope), 0.0)
         return self._fit
 
@@ -263,6 +285,47 @@ class CostModel:
         if upfront_s <= 0 or rate <= 0:
             return rate
         return horizon / (upfront_s + horizon / rate)
+
+
+# the cost priors where the target's verify rows are cheap (edgespec's INT4 kernels on an AVX-512 CPU: ``cheap_rows``):
+# a verified token at 0.06 of a one-token call (the Qwen 1.5B on session 57's Zen 5: widths 1-6 within 1.16x of a
+# one-token call at a 64-token context, 1.39x at 1,500; 8 tokens 1.56x-2.0x), and a drafter step at its weights'
+# share of the target's (decoding reads every weight once a token) plus a tenth for the call's own overhead
+CHEAP_ROWS_SLOPE = 0.06
+CHEAP_ROWS_KNEE, CHEAP_ROWS_STEEP = 6, 0.2  # ... and past 6 tokens 0.2 a token (8: 1.7x, 12: 2.5x; measured 1.56-2.0x
+# and 2.36-2.88x at 64 and 1,500 positions)
+STEP_OVERHEAD = 1.1
+STEP_RATIO_RANGE = (0.1, 0.6)
+
+
+def cost_priors(target, drafter_lm=None) -> dict:
+    """The cost model's priors for ``target`` and the model drafter's LM (RoundPolicy's ``prior_slope``,
+    ``prior_knee``, ``prior_steep`` and ``prior_step_ratio``): CostModel's defaults (PRIOR_SLOPE and PRIOR_STEP, a
+    guess for any CPU, no knee) unless the target's verify rows are cheap (``cheap_rows``: edgespec's kernels on an
+    AVX-512 CPU, which is memory-bound there and a call's cost follows the bytes of weights it reads): then a
+    verified token at CHEAP_ROWS_SLOPE up to CHEAP_ROWS_KNEE tokens and CHEAP_ROWS_STEEP past them, and, where the
+    model drafter runs on the CPU too, its step at its weights over the target's (without their token tables, read
+    a row a token), times STEP_OVERHEAD. What a seeded sampled generation prices every round at (it measures
+    nothing: session 65 found the defaults kept the Qwen 0.5B drafter out of most seeded T = 1 generations on this
+    Zen 5, where its step is 0.31 of a call and 4 verified tokens cost one)."""
+    out = dict(prior_slope=PRIOR_SLOPE, prior_step_ratio=PRIOR_STEP)
+    if not getattr(target, "cheap_rows", False):
+        return out
+    out.update(prior_slope=CHEAP_ROWS_SLOPE, prior_knee=CHEAP_ROWS_KNEE, prior_steep=CHEAP_ROWS_STEEP)
+    if getattr(drafter_lm, "device", "cpu") != "cpu":  # (a drafter on a GPU: its step is no share of the bytes)
+        return out
+    t, d = getattr(target, "spec", None), getattr(drafter_lm, "spec", None)
+
+    def streamed(spec) -> float:
+        return float(spec.gpu_weight_bytes - (getattr(spec, "embedding_bytes", 0) or 0))
+
+    try:
+        ratio = streamed(d) / streamed(t)
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return out
+    if ratio > 0 and math.isfinite(ratio):
+        out["prior_step_ratio"] = min(max(ratio * STEP_OVERHEAD, STEP_RATIO_RANGE[0]), STEP_RATIO_RANGE[1])
+    return out
 
 
 def _least_squares(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -347,8 +410,22 @@ class RoundPolicy:
     generations (they describe the device and the models, not one prompt)."""
 
     def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0,
-                 share_prior: float = 1.0, use_alternates: bool = False):
-        self.measured = CostModel()  # what this device's calls took, across generations
+                 share_prior: float = 1.0, use_alternates: bool = False, prior_slope: float = PRIOR_SLOPE,
+                 prior_step_ratio: float = PRIOR_STEP, prior_knee: int = 0, prior_steep: float = 0.0):
+        # the cost model's priors (a verified token's and the model drafter's step's share of a one-token call):
+        # what a reproducible (seeded sampled) generation prices every round at, and any generation before a
+        # measurement; ``cost_priors`` fits them to a target and drafter
+        for name, v in (("prior_slope", prior_slope), ("prior_step_ratio", prior_step_ratio),
+                        ("prior_steep", prior_steep)):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= 4.0):
+                raise ValueError(f"{name} must be a number in 0..4, got {v!r}")
+        if isinstance(prior_knee, bool) or not isinstance(prior_knee, int) or prior_knee < 0:
+            raise ValueError(f"prior_knee must be a width >= 0 (0: none), got {prior_knee!r}")
+        if prior_knee and prior_steep < prior_slope:
+            raise ValueError(f"prior_steep ({prior_steep}) must be at least prior_slope ({prior_slope}) past a knee")
+        self.priors = dict(prior_slope=float(prior_slope), prior_step_ratio=float(prior_step_ratio),
+                           prior_knee=prior_knee, prior_steep=float(prior_steep))
+        self.measured = CostModel(**self.priors)  # what this device's calls took, across generations
         # acceptance estimates, across generations: greedy ones and sampled ones apart (a point-mass
         # draft token is accepted with the target's probability of it when sampling, only where it is
         # the argmax when greedy: what greedy decoding learned overstates what sampling will accept)
@@ -440,7 +517,7 @@ class RoundPolicy:
         # so a drafter good on one kind of request is not trusted on the next kind for long
         self.acceptance = {}
         if reproducible:
-            self.cost, self._carried, mixed = CostModel(), {}, {}
+            self.cost, self._carried, mixed = CostModel(**self.priors), {}, {}
         else:
             self.cost, self._carried = self.measured, self.learned_sampled if sampled else self.learned
             mixed = self.learned_mixed_sampled if sampled else self.learned_mixed
@@ -597,13 +674,14 @@ class RoundPolicy:
         return best
 
     def _relax_steps(self) -> None:
-        """A drafter's measured step cost above the prior (0.4 of a target call) that the last generation did
+        """A drafter's measured step cost above the prior (``CostModel.prior_step``) that the last generation did
         not renew moves half the way to it. A drafter priced out by its step cost drafts no more steps, so none
         is measured again: a slow spell of the drafter alone (or stalls past the clip, ``CostModel.stall_clip``)
         would keep it out of the process; relaxed, it drafts again once the prior says it pays, and that step
         re-measures the cost. (An estimate below the prior never keeps a drafter out by its cost: kept.)"""
-        steps, prior = self.measured.draft_steps, self.measured.prior_step()
+        steps = self.measured.draft_steps
         for name, at in self._stepped_at.items():
+            prior = self.measured.prior_step(name)
             if at < self._generation - 1 and steps.get(name, 0.0) > prior:
                 steps[name] = 0.5 * (steps[name] + prior)
 

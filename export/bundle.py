@@ -15,7 +15,7 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, default_drafter_precision, sha256_file, write_manifest)
 
-from .output import (check_output, full_disk, missing_parents, no_space, prepare_stage, publish, remove_parents,
+from .output import (check_output, missing_parents, prepare_stage, publish, raise_if_full, remove_parents,
                      remove_replaced, terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
 from .conv import INPUT_NAME as CONV_INPUT
@@ -1001,9 +1001,9 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
                 if junk.name.startswith(f".{stage.name}.") and junk.is_dir() and not junk.is_symlink():
                     shutil.rmtree(junk, ignore_errors=True)
         remove_parents(made)
-        if stage is not None and isinstance(e, Exception) and no_space(e):  # (onnx's and protobuf's writes name no path)
-            raise full_disk(e, f"the bundle {out}", stage.parent, "nothing was written"
-                            + (" (the bundle there is as it was)" if out.exists() else "")) from e
+        if stage is not None:  # (onnx's and protobuf's writes name no path)
+            raise_if_full(e, f"the bundle {out}", stage.parent,
+                          "nothing was written" + (" (the bundle there is as it was)" if out.exists() else ""))
         raise
     finally:
         guard.__exit__(None, None, None)

@@ -535,7 +535,7 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     """Rewrite the bundle ``src`` in place (``out`` None) or into the new bundle ``out``, atomically:
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
-    from .output import (check_not_mount, check_output, full_disk, missing_parents, no_space, prepare_stage, publish,
+    from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, raise_if_full,
                          remove_parents, remove_replaced, remove_tree, terminate_cleanly)
 
     if out is not None and Path(out).expanduser().resolve() == src.resolve():
@@ -565,9 +565,8 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
         except BaseException as e:
             remove_tree(stage)
             remove_parents(made)
-            if isinstance(e, Exception) and no_space(e):  # (onnx's and protobuf's writes name no path)
-                raise full_disk(e, f"the rewrite of {src}", dest.parent,
-                                "the bundle is unchanged" if in_place else "nothing was written") from e
+            raise_if_full(e, f"the rewrite of {src}", dest.parent,  # (onnx's and protobuf's writes name no path)
+                          "the bundle is unchanged" if in_place else "nothing was written")
             raise
     remove_replaced(replaced)  # (done once published: outside the SIGTERM guard)
     if inside:

@@ -216,33 +216,47 @@ def prepare_stage(out: Path) -> Path:
     return stage
 
 
-def no_space(e: BaseException) -> bool:
-    """Whether ``e`` (or what it wraps) is a full disk or quota: an OSError's errno, or a library's own error saying so
-    (onnx's and protobuf's writes, safetensors': their messages carry the system's words, no path)."""
+def _full_disk_error(e: BaseException) -> BaseException | None:
+    """The error in ``e``'s chain (``e`` itself, what it was raised from, what it was raised during, unless that was
+    suppressed: ``raise ... from None``) that says the disk or quota is full: an OSError's errno, a NoSpaceError (a
+    nested rewrite's), or a library's own error in the system's words (onnx's and protobuf's writes, safetensors':
+    no path); None where there is none."""
     import errno
 
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
+        if isinstance(e, NoSpaceError) or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)):
+            return e
         if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+            return e
+        e = e.__cause__ if e.__cause__ is not None or e.__suppress_context__ else e.__context__
+    return None
 
 
-def full_disk(e: BaseException, what: str, where: Path, kept: str) -> NoSpaceError:
-    """The one-line error for a full disk met while writing ``what`` into the folder ``where`` (the stage's: the
-    library that failed named none), ``kept`` saying what stayed as it was."""
+def raise_if_full(e: BaseException, what: str, where: Path, kept: str) -> None:
+    """Raise the one-line NoSpaceError for ``e`` where it is a full disk met while writing ``what`` into the folder
+    ``where`` (the stage's: the library that failed named none; a file the error names is said too), ``kept`` saying
+    what stayed as it was; return where it is not one (or not an Exception: Ctrl-C, SIGTERM)."""
+    if not isinstance(e, Exception):
+        return
+    cause = _full_disk_error(e)
+    if cause is None:
+        return
+    named = getattr(cause, "filename", None)
+    if named is not None and not str(named).startswith(str(where)):  # (a cache's disk, not the bundle's)
+        raise NoSpaceError(f"no space left on device while writing {what}: {named}: {kept}") from e
+    near = Path(where)
+    while not near.exists() and near.parent != near:  # (its folders made for it are gone again by now)
+        near = near.parent
     free = ""
     try:
-        left = shutil.disk_usage(where).free
+        left = shutil.disk_usage(near).free
         free = (f", {left / (1 << 20):,.0f} MiB free there now" if left >= 1 << 20 else
                 f", {left / 1024:,.0f} KiB free there now")
     except OSError:
         pass
-    return NoSpaceError(f"no space left on device while writing {what} in {where}{free}: {kept}")
+    raise NoSpaceError(f"no space left on device while writing {what} in {where}{free}: {kept}") from e
 
 
 def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None] | None = None) -> Path | None:

@@ -13,7 +13,10 @@ checked against plain greedy decoding.
 Sampled decoding (``--temperature T --seeds N``): each prompt is decoded N times a drafter, seeds 0..N-1. A sampled
 reply depends on the rounds (the draws a round makes), so the drafters' replies differ, each following the target's
 distribution, and so do their lengths: the figures are tokens over priced time summed over the seeds, still the same
-every run. No exactness check there (bench_spec.py's and the tests' statistical checks cover the distribution).
+every run. No exactness check there (bench_spec.py's and the tests' statistical checks cover the distribution). A
+seeded generation is reproducible: its policy prices every round at the cost model's priors (edgespec.policy's
+``cost_priors``: this bundle's, on this CPU's kernel path), never at measured or frozen costs, so the price list sets
+what the calls cost, not what the policy chooses (an AVX2 machine replays the default priors' choices).
 
     python scripts/replay_policy.py bundles/qwen-coder-b128-v64k-xk --categories summarization,chat \\
         --drafters none,suffix,prompt-lookup,model,auto
@@ -120,6 +123,7 @@ def main(argv=None) -> int:
                     "the drafters one after another per prompt, learning carried as in a server)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (checked exact); > 0: sampled")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--seeds", type=int, default=1, help="sampled: replies a prompt and drafter, seeds 0..N-1")
     ap.add_argument("--json", type=Path, default=None)
@@ -127,8 +131,10 @@ def main(argv=None) -> int:
     if args.temperature < 0 or args.seeds < 1:
         ap.error("--temperature must be >= 0 and --seeds >= 1")
     sampled = args.temperature > 0
+    if not sampled and (args.seeds != 1 or args.top_p != 1.0 or args.top_k or args.min_p):
+        ap.error("--seeds, --top-p, --top-k and --min-p are for sampled runs: give --temperature above 0")
     seeds = range(args.seeds if sampled else 1)
-    sampling = dict(temperature=args.temperature, top_p=args.top_p, min_p=args.min_p) if sampled else \
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p) if sampled else \
         dict(temperature=0.0)
     import edgespec
     from edgespec.bench import read_prompts

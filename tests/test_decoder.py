@@ -2198,9 +2198,12 @@ def test_seeded_sampled_generations_with_alternates_are_reproducible():
     target = AltFakeLM(vocab, seed=5, sharpness=1.5)
     dl = FakeLM(vocab, table=target.table + np.random.default_rng(4).normal(0, 0.8, target.table.shape))
     dec = Decoder(target, (), drafters=[ModelDrafter(dl, vocab)])
-    kw = dict(max_new_tokens=40, temperature=0.8, seed=11, drafter="model", draft_tokens=3)
-    st = Stats()
-    first, _ = run(dec, prompt, st, **kw)
+    for seed in range(11, 41):  # (a seed whose generation keeps an alternate: which one depends on the priors)
+        kw = dict(max_new_tokens=40, temperature=0.8, seed=seed, drafter="model", draft_tokens=3)
+        st = Stats()
+        first, _ = run(dec, prompt, st, **kw)
+        if st.alternates_kept:
+            break
     assert st.alternates > 0 and st.alternates_kept > 0
     dec.policy.alt_premium = 1e9  # what an unseeded generation would price alternates out with
     dec.policy._alt_calibs[True][:] = [0.0, 50.0]
@@ -2557,3 +2560,64 @@ def test_costs_ignore_a_clock_reading_that_is_not_a_duration(bad):
     d = _Confident()
     pol.begin("auto", {d.name: d}, 1)
     pol.choose(TokenBuffer([1, 2], capacity=64), 10, None, 4)  # no ZeroDivisionError
+
+
+def test_cost_priors_follow_the_bytes_where_verify_rows_are_cheap():
+    """Session 65: a seeded sampled generation prices every round at the cost model's priors (it measures nothing),
+    and the defaults (a verified token 0.15 of a call, a drafter step 0.4: a guess for any CPU) kept the
+    Qwen 0.5B drafter out of most seeded T = 1 generations on the Zen 5, where its step is 0.31 of a call and four
+    verified tokens cost one. Where the target's verify rows are cheap (edgespec's kernels on AVX-512) the priors
+    are that regime's: a verified token at 0.06 and a step at the drafter's streamed weights over the target's."""
+    from types import SimpleNamespace as NS
+
+    from edgespec.policy import (CHEAP_ROWS_KNEE, CHEAP_ROWS_SLOPE, CHEAP_ROWS_STEEP, STEP_OVERHEAD, CostModel,
+                                 cost_priors)
+
+    def lm(cheap, weights, table):
+        return NS(cheap_rows=cheap, spec=NS(gpu_weight_bytes=weights, embedding_bytes=table))
+
+    assert cost_priors(lm(False, 1000, 100), lm(False, 300, 100)) == dict(prior_slope=0.15, prior_step_ratio=0.4)
+    assert cost_priors(object()) == dict(prior_slope=0.15, prior_step_ratio=0.4)  # (a scripted LM: the defaults)
+    got = cost_priors(lm(True, 1000, 100), lm(False, 300, 120))
+    assert got == dict(prior_slope=CHEAP_ROWS_SLOPE, prior_step_ratio=pytest.approx(180 / 900 * STEP_OVERHEAD),
+                       prior_knee=CHEAP_ROWS_KNEE, prior_steep=CHEAP_ROWS_STEEP)
+    # the prior's cost by width: flat to the knee, steep past it (what a seeded generation prices a wide call at)
+    cm = CostModel(prior_slope=0.06, prior_knee=6, prior_steep=0.2)
+    assert [round(cm.target_cost(w), 2) for w in (1, 4, 6, 8, 12)] == [1.0, 1.18, 1.3, 1.7, 2.5]
+    assert CostModel().target_cost(8) == pytest.approx(1 + 0.15 * 7)  # (no knee: the one slope)
+    assert cost_priors(lm(True, 1000, 100), None)["prior_step_ratio"] == 0.4  # no model drafter: its default
+    assert cost_priors(lm(True, 1000, 100), lm(False, 5000, 0))["prior_step_ratio"] == 0.6  # clipped
+    assert cost_priors(lm(True, 1000, 100), lm(False, 101, 100))["prior_step_ratio"] == 0.1
+
+    # a reproducible generation's cost model holds them, and prices a one-token draft kept half the time (a
+    # seeded T = 1 round's first token) as worth drafting where the defaults priced it out
+    drafters = {"model": _Oracle("model", True, lambda i: i % 5)}
+    for priors, drafts in ((dict(prior_slope=0.15, prior_step_ratio=0.4), False),
+                           (dict(prior_slope=CHEAP_ROWS_SLOPE, prior_step_ratio=0.3), True)):
+        pol = RoundPolicy(**priors)
+        pol.begin("model", drafters, 1, reproducible=True, sampled=True)
+        assert isinstance(pol.cost, CostModel) and pol.cost is not pol.measured
+        assert pol.cost.prior_slope == priors["prior_slope"]
+        assert pol.cost.prior_step() == pytest.approx(priors["prior_step_ratio"] * pol.cost.target_cost(1))
+        assert pol.measured.prior_step_ratio == priors["prior_step_ratio"]
+        assert (pol.cost.best_k(0.6, 4, True, first=0.5)[0] > 0) is drafts
+    with pytest.raises(ValueError, match="prior_step_ratio"):
+        RoundPolicy(prior_step_ratio=float("nan"))
+    with pytest.raises(ValueError, match="prior_slope"):
+        RoundPolicy(prior_slope=-1)
+    with pytest.raises(ValueError, match="prior_knee"):
+        RoundPolicy(prior_knee=2.5)
+    with pytest.raises(ValueError, match="prior_slope"):
+        RoundPolicy(prior_slope=True)
+    with pytest.raises(ValueError, match="prior_steep .* must be at least prior_slope"):
+        RoundPolicy(prior_knee=4, prior_steep=0.0)
+    # one width measured (no width probe: a context too small for it): the prior's shape scaled to it, the knee kept
+    one = CostModel(prior_slope=0.06, prior_knee=6, prior_steep=0.2)
+    one.observe_target(1, 0.02)
+    assert one.target_cost(12) == pytest.approx(0.02 * 2.5) and one.target_cost(4) == pytest.approx(0.02 * 1.18)
+    # the step prior is the model drafter's; another costly drafter's (mtp) keeps the default
+    cm = CostModel(prior_step_ratio=0.25)
+    assert cm.prior_step("model") == pytest.approx(0.25) and cm.prior_step("mtp") == pytest.approx(0.4)
+    assert cm.step_cost("mtp") == pytest.approx(0.4)
+    dev = NS(device="cuda", spec=NS(gpu_weight_bytes=300, embedding_bytes=120))  # a drafter on a GPU: no bytes' share
+    assert cost_priors(lm(True, 1000, 100), dev)["prior_step_ratio"] == 0.4

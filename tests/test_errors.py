@@ -451,6 +451,47 @@ def test_a_full_disk_during_a_rewrite_names_the_folder(tiny_int4_bundle, copy_bu
     assert not (tmp_path / "xk").exists()
 
 
+def test_a_full_disk_is_found_in_an_error_s_chain_and_a_file_it_names_is_said(tmp_path):
+    """(session 65, the diff's review) what counts as a full disk: the errno (ENOSPC, EDQUOT), a library's message, a
+    nested rewrite's NoSpaceError, through causes and contexts (a cycle ends), not through a context suppressed with
+    ``from None`` (a hub download's full cache, wrapped so, was blamed on the bundle's folder); an error naming a
+    file elsewhere (a cache's disk) names that file, not the folder the bundle is written in."""
+    import errno
+
+    from edgespec.errors import NoSpaceError
+    from edgespec_export.output import _full_disk_error, raise_if_full
+
+    assert _full_disk_error(OSError(errno.EDQUOT, "Disk quota exceeded")) is not None
+    assert _full_disk_error(ValueError("IoError: No space left on device")) is not None
+    assert _full_disk_error(NoSpaceError("no space left on device while writing x")) is not None
+    assert _full_disk_error(OSError(errno.EACCES, "Permission denied")) is None
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as e:
+        assert _full_disk_error(e) is not None
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/cache/hub/blob")
+        except OSError:
+            raise RuntimeError("cannot fetch the model") from None
+    except RuntimeError as e:
+        assert _full_disk_error(e) is None  # (from None: not this error's cause)
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a  # (a cycle)
+    assert _full_disk_error(a) is None
+    raise_if_full(KeyboardInterrupt(), "x", tmp_path, "kept")  # (not an Exception: returns)
+    raise_if_full(ValueError("other"), "x", tmp_path, "kept")
+    with pytest.raises(NoSpaceError, match=r"^no space left on device while writing the bundle b: /cache/hub/blob: "
+                                            r"nothing was written$"):
+        raise_if_full(OSError(errno.ENOSPC, "No space left on device", "/cache/hub/blob"), "the bundle b", tmp_path,
+                      "nothing was written")
+    with pytest.raises(NoSpaceError, match=rf"in {tmp_path / 'gone' / 'deeper'}, [\d,]+ [MK]iB free there now: kept$"):
+        raise_if_full(OSError(errno.ENOSPC, "No space left on device"), "x", tmp_path / "gone" / "deeper", "kept")
+
+
 def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
     import edgespec.api
 
@@ -594,7 +635,7 @@ def test_load_takes_numpy_integers_none_memory_and_iterables_of_documents(tiny_b
 def test_every_typed_error_is_reachable_from_the_package(tiny_llama_bundle):
     import edgespec.errors as E
 
-    for name in ("ChatTemplateError", "DocumentError", "StoreError", "ExportError", "CpuFallbackError"):
+    for name in ("ChatTemplateError", "DocumentError", "StoreError", "ExportError", "NoSpaceError", "CpuFallbackError"):
         assert getattr(edgespec, name) is getattr(E, name) and name in edgespec.__all__
     assert "quality: not measured (exported with --no-quality)" in run("info", tiny_llama_bundle).output
 

@@ -1013,6 +1013,18 @@ def test_model_drafter_lists_its_second_choices_without_changing_its_draft(tiny_
     from edgespec.native import isa
 
     assert eng.decoder.policy.use_alternates == eng.decoder.target.cheap_rows == isa().startswith("avx512")
+    # (session 65) the cost priors of that regime reach the policy: a flat verify to a knee, the model drafter's step
+    # from the bundle's bytes (the wiring: ModelDrafter.lm, the specs' weight and token-table bytes)
+    from edgespec.policy import CHEAP_ROWS_KNEE, PRIOR_STEP, STEP_OVERHEAD
+
+    priors = eng.decoder.policy.priors
+    if eng.decoder.target.cheap_rows:
+        t, d = eng.manifest.target, eng.manifest.drafter
+        ratio = (d.gpu_weight_bytes - d.embedding_bytes) / (t.gpu_weight_bytes - t.embedding_bytes) * STEP_OVERHEAD
+        assert priors["prior_knee"] == CHEAP_ROWS_KNEE
+        assert priors["prior_step_ratio"] == pytest.approx(min(max(ratio, 0.1), 0.6)) != PRIOR_STEP
+    else:
+        assert priors["prior_knee"] == 0 and priors["prior_step_ratio"] == PRIOR_STEP
     eng.decoder.policy.use_alternates = True
     for p in PROMPTS:
         eng.reset()

@@ -195,8 +195,8 @@ def _build(source: Path, stem: str, what: str) -> str:
             except (OSError, subprocess.TimeoutExpired) as e:  # (CXX="ccache g++": a command line, as make takes it)
                 raise ProviderError(f"building {what} failed: cannot run {shlex.join(cxx)} ({e})"[:300]) from None
             if r.returncode != 0:
-                said = [ln for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.splitlines()
-                said = said or [ln for ln in r.stdout.splitlines() if ln.strip()]
+                said = [ln for ln in r.stderr.splitlines() if "error" in ln] or [
+                    ln for ln in r.stderr.splitlines() + r.stdout.splitlines() if ln.strip()]
                 why = said[0][:200] if said else (f"{shlex.join(cxx)} exited with status {r.returncode} and said "
                                                   "nothing")[:250]
                 raise ProviderError(f"building {what} failed: {why}")
