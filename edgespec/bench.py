@@ -378,14 +378,18 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
               temperature: float = 0.0, top_p: float = 1.0, min_p: float = 0.0,
               top_k: int = 0, repetition_penalty: float = 1.0, draft_tokens: int | None = None,
               external: dict[str, External] | None = None,
-              in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+              in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True),
+              seed: int | None = None) -> Report:
     """Every runner on every prompt (turn by turn), one engine, each runner from its own state. ``in_process``: the
     external runners that load their models into this process (the report's peak memory is then not edgespec's
     alone). Ctrl-C or an error mid-run (a prompt's, an external runner's) propagates with the runs done so far as the
     exception's ``report`` (``Report.stopped`` says why). Every sampling option is passed, whatever the model
-    recommends (``Engine.sampling_defaults``): a run's "greedy" is plain greedy decoding, as the anchors' are."""
+    recommends (``Engine.sampling_defaults``): a run's "greedy" is plain greedy decoding, as the anchors' are.
+    ``seed``: every sampled generation seeded so (reproducible: the round policy prices rounds at its priors)."""
     sampling = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "top_k": top_k,
                 "repetition_penalty": repetition_penalty}
+    if seed is not None:
+        sampling["seed"] = seed
     parse_drafters(drafters)
     parsed = {d: _parse_drafter(d, draft_tokens) for d in drafters}
     external = dict(external or {})

@@ -87,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0, help="sampled runs: min-p (0: off)")
     ap.add_argument("--top-k", type=int, default=0, help="sampled runs: top-k (0: off)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="sampled runs: seed every generation (a reproducible one: the round policy's priors)")
     ap.add_argument("--repetition-penalty", type=float, default=1.0,
                     help="1: off; another value runs edgespec alone (the anchors take none)")
     ap.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (default: the shipped set)")
@@ -108,9 +110,11 @@ def main(argv=None) -> int:
     from edgespec.decoder import GenerationConfig
     from edgespec.errors import ConfigError
 
+    if args.seed is not None and args.temperature <= 0:
+        ap.error("--seed seeds sampled runs: give --temperature above 0")
     try:  # (before the models load)
         GenerationConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                         repetition_penalty=args.repetition_penalty)
+                         repetition_penalty=args.repetition_penalty, seed=args.seed)
     except ConfigError as e:
         ap.error(str(e))
     # (sampled, or greedy under a penalty: the anchors' runs get neither, so there is nothing to compare them with)
@@ -182,7 +186,7 @@ def main(argv=None) -> int:
             # (genai's models live in this process: the report's peak memory says it holds theirs too)
             rep = run_bench(eng, prompts, names, max_new_tokens=args.max_new_tokens, external=external,
                             temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k,
-                            repetition_penalty=args.repetition_penalty,
+                            repetition_penalty=args.repetition_penalty, seed=args.seed,
                             in_process=[n for n in external if n.startswith("genai")])
         except BaseException as e:  # Ctrl-C, llama-server gone: the runs done are written, marked as stopped early
             write_partial_report(getattr(e, "report", None), args.out)

@@ -603,6 +603,17 @@ def test_bench_spec_passes_repeat_the_prompt_set_under_new_names(tiny_bundle, tm
     assert len(ids) == 2 and ids[1] == ids[0] + "#2"
     with pytest.raises(SystemExit):
         bench_spec.main([str(tiny_bundle), "--passes", "0", "--no-genai"])
+    # --seed (session 65): every sampled generation seeded, so a run's replies repeat; refused without sampling
+    seeded = []
+    for i in range(2):
+        assert bench_spec.main([str(tiny_bundle), "--drafters", "model", "--no-genai", "--categories", "code",
+                                "--max-new-tokens", "12", "--temperature", "1.0", "--seed", "7", "--no-plots",
+                                "--out", str(tmp_path / f"s{i}")]) == 0
+        seeded.append([(r["drafter"], r["new_tokens"], r["drafted"], r["accepted"], r["rounds"])
+                       for r in json.loads((tmp_path / f"s{i}" / "report.json").read_text())["runs"]])
+    assert seeded[0] == seeded[1] and any(d == "model" and n > 0 for d, n, *_ in seeded[0])
+    with pytest.raises(SystemExit):
+        bench_spec.main([str(tiny_bundle), "--seed", "7", "--no-genai"])
 
 
 def test_probe_close_memory_runs_both_ways(tiny_bundle):
