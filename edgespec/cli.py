@@ -481,7 +481,7 @@ _template_kwargs_opt = click.option(
 @main.command()
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
-@click.option("--chat/--raw", "as_chat", default=False, help="Wrap the prompt in the chat template.")
+@click.option("--chat/--raw", "as_chat", default=False, help="Wrap the prompt in the chat template (default: --raw, the prompt as it is).")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @_sampling_opts
 @_penalty_opts

@@ -842,6 +842,8 @@ def load_manifest(bundle: str | os.PathLike, check: bool = True, deep: bool = Fa
         raise BundleError(f"{root} is not a bundle directory")
     mpath = root / MANIFEST_NAME
     if not mpath.is_file():
+        if mpath.is_dir():  # (said as missing before: session 65, a review)
+            raise BundleError(f"{root} is not an edgespec bundle ({mpath} is a folder, not its manifest)")
         raise BundleError(f"{root} is not an edgespec bundle (no {MANIFEST_NAME}); make one with 'edgespec export'")
     try:
         with open(mpath, "rb") as f:

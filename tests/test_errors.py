@@ -36,6 +36,8 @@ def test_directory_that_is_no_bundle(tmp_path):
     with pytest.raises(edgespec.BundleError, match="not an edgespec bundle"):
         edgespec.load(tmp_path)
     one_line_error(run("info", tmp_path), 2)
+    (tmp_path / "edgespec.json").mkdir()  # (session 65, a review: said as missing)
+    assert "edgespec.json is a folder, not its manifest" in one_line_error(run("info", tmp_path), 2)
 
 
 def test_corrupt_manifest(tiny_bundle, copy_bundle):
