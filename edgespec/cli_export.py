@@ -105,6 +105,10 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
     drafter_precision = drafter_precision or default_drafter_precision(drafter_device or device)
     if drafter is not None and not drafter.strip():  # (an empty variable in a script: exported without a drafter)
         raise click.UsageError("--drafter is empty: give the drafter model (an HF directory, .gguf file or hub id)")
+    if drafter is not None and _same_model(target, drafter):  # (session 65, a review: exported without a word)
+        click.echo("note: the drafter is the target itself: a draft step would cost what a target call does, so the "
+                   "model drafter never pays (without --drafter, prompt lookup and the suffix drafter still draft)",
+                   err=True)
     for flag, differs in (("--drafter-block-size", drafter_block_size != 32 or "drafter_block_size" in given),
                           ("--drafter-quant-algo", drafter_quant_algo != "rtn" or "drafter_quant_algo" in given)):
         if differs and not (drafter and drafter_precision in ("int4", "int8")):
@@ -145,6 +149,19 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
                    "Qwen 1.5B Q4_K_M: +0.7% over llama.cpp's on the same file, against +5.7% at block 128; README, "
                    "'Perplexity')", err=True)
     click.echo(str(out))
+
+
+def _same_model(target: str, drafter: str) -> bool:
+    """Whether the two sources name one model: the same file or folder (through links), or the same hub id."""
+    import os
+
+    a, b = os.path.expanduser(target), os.path.expanduser(drafter)
+    if os.path.exists(a) and os.path.exists(b):
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            return False
+    return a.strip().rstrip("/") == b.strip().rstrip("/")
 
 
 @click.command("drafter-vocab")

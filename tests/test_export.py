@@ -257,6 +257,16 @@ def test_output_under_a_file_is_refused_before_anything_runs(tiny_dirs, tmp_path
     r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "-o", str(tmp_path / "afile.txt" / "sub")])
     assert r.exit_code == 6 and f"{tmp_path / 'afile.txt'} is a file, not a directory" in r.output, r.output
     assert (tmp_path / "afile.txt").read_text() == "x"
+    assert "drafter is the target itself" not in r.output
+    # (session 65, a review) a drafter that is the target itself (here through a link) is said to be pointless
+    (tmp_path / "same").symlink_to(tiny_dirs["llama"])
+    r = CliRunner().invoke(main, ["export", str(tiny_dirs["llama"]), "--drafter", str(tmp_path / "same"), "-o",
+                                  str(tmp_path / "afile.txt" / "sub")])
+    assert r.exit_code == 6 and r.output.startswith("note: the drafter is the target itself"), r.output
+    from edgespec.cli_export import _same_model
+
+    assert _same_model("org/model", "org/model/") and not _same_model("org/model", "org/other")
+    assert not _same_model(str(tiny_dirs["llama"]), str(tiny_dirs["qwen2"]))
 
 
 @pytest.mark.parametrize("opt", [["--drafter-precision", "int8"], ["--drafter-device", "cuda"]])
