@@ -909,7 +909,9 @@ def stats_summary(st) -> dict:
             "tokens_per_target_call": round(float(g("tokens_per_target_call", 0.0)), 4),
             "rounds_by_drafter": dict(g("rounds_by_drafter", {}) or {}), "ttft_ms": round(float(g("ttft_ms", 0.0)), 3),
             "tokens_per_second": round(float(g("tokens_per_second", 0.0)), 3), "finish_reason": g("finish_reason", None),
-            "completion_tokens": g("new_tokens")}  # the server sets the returned text's count
+            "completion_tokens": g("new_tokens"),  # the server sets the returned text's count
+            # token healing's re-spelled text (the Python API's stats["healed"]; session 65, a review): where it healed
+            **({"healed": g("healed", "")} if g("healed", "") else {})}
 
 
 def engine_error(e: BaseException, grammar_param: str | None = None) -> APIError:

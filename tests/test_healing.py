@@ -215,6 +215,9 @@ def test_the_cli_and_the_server_take_token_healing(smol_int4, tmp_path):
         r = client.completions.create(model=smol_int4.name, prompt=prompt, max_tokens=10,
                                       extra_body={"edgespec": {"token_healing": True}})
         assert r.choices[0].text == ref.text
+        assert r.model_extra["edgespec"]["healed"] == ref.stats["healed"] != ""  # (session 65: as the API's stats)
+        plain = client.completions.create(model=smol_int4.name, prompt=prompt, max_tokens=4)
+        assert "healed" not in plain.model_extra["edgespec"]
         streamed = "".join(c.choices[0].text for c in client.completions.create(
             model=smol_int4.name, prompt=prompt, max_tokens=10, stream=True,
             extra_body={"edgespec": {"token_healing": True}}))
