@@ -23,7 +23,10 @@ what the calls cost, not what the policy chooses (an AVX2 machine replays the de
 
 A price list, not a measurement: the Python time of a round (``--round-ms``) is one figure, the free drafters cost
 nothing, and the figures are only as right as the prices (defaults: session 57's Zen 5, the Qwen 1.5B/0.5B pair at a
-64-token context). Use it to compare policies; measure the winner with bench_spec.py.
+64-token context). One timing is left in: the premium an alternate adds to a call (``RoundPolicy.alt_premium``) is
+learned from the real call's time, so greedy figures move by a few tenths of a percent with how busy the machine is
+(session 65: `auto` 97.3 to 97.7 priced tok/s over one afternoon's runs of the same code); pricing it at nothing
+verified alternates everywhere and priced 77 (the premium stands for real work the price list leaves out). Use it to compare policies; measure the winner with bench_spec.py.
 """
 from __future__ import annotations
 
