@@ -1184,9 +1184,10 @@ def info(bundle, verify, as_json):
                        f"difference {a.validated:.3g}")
 
 
-def _check_writable(out_dir, make: bool = True) -> None:
+def _check_writable(out_dir, make: bool = True) -> list[str]:
     """The report's folder can be written (``make``: made, and a file made and removed there); without ``make``
-    nothing is made: the folder, or its nearest existing parent, must be a folder this process may write."""
+    nothing is made: the folder, or its nearest existing parent, must be a folder this process may write. Returns
+    the folders it made, the deepest first (what a bench that writes no run removes again)."""
     import tempfile
 
     from .errors import ConfigError
@@ -1195,21 +1196,23 @@ def _check_writable(out_dir, make: bool = True) -> None:
 
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # ("File exists", from makedirs, said nothing)
         raise ConfigError(f"cannot write the report to {out_dir}: it is a file; --out names a folder")
+    missing, near = [], os.path.abspath(out_dir)  # (the folders not there yet, the deepest first; the nearest one that is)
+    while not os.path.lexists(near) and os.path.dirname(near) != near:
+        missing.append(near)
+        near = os.path.dirname(near)
     if not make:
-        near = os.path.abspath(out_dir)
-        while not os.path.lexists(near) and os.path.dirname(near) != near:
-            near = os.path.dirname(near)
         if not os.path.isdir(near):
             raise ConfigError(f"cannot write the report to {out_dir}: {near} is not a folder")
         if not os.access(near, os.W_OK | os.X_OK):
             raise ConfigError(f"cannot write the report to {out_dir}: {near} is not writable")
-        return
+        return []
     try:
         os.makedirs(out_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=out_dir).close()
     except OSError as e:
         raise ConfigError(f"cannot write the report to {out_dir}: {e.strerror or e}") from None
     check_report_files(out_dir)
+    return missing
 
 
 def _template_state(source) -> str:
@@ -1281,11 +1284,7 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
             raise ConfigError("--drafters model: this bundle/plan has no drafter model, and no other drafter is "
                               "named to compare with none")
         click.echo("note: this bundle/plan has no drafter model; skipping --drafters model", err=True)
-    made, up = [], os.path.abspath(out_dir)  # the folders --out makes (removed again if no run is written)
-    while not os.path.lexists(up) and os.path.dirname(up) != up:
-        made.append(up)
-        up = os.path.dirname(up)
-    _check_writable(out_dir)  # before the bench runs, not after
+    made = _check_writable(out_dir)  # before the bench runs, not after (what it made: removed if no run is written)
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     try:

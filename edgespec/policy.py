@@ -234,17 +234,14 @@ class CostModel:
         return max(icpt + slope * width, floor)
 
     def _line(self) -> tuple[float, float, float]:
-        """(slope, intercept, floor) of the target's cost by width, fitted to what was measured;
-        refitted only when a measurement changed (choose() prices many widths a round)."""
+        """(slope, intercept, floor) of the target's cost by width, fitted to what was measured (two widths or
+        more: with one, ``_priced`` scales the prior's shape to it); refitted only when a measurement changed
+        (choose() prices many widths a round)."""
         if self._fit is None:  # (plain floats: numpy's arrays cost more than the fit at these sizes)
             widths = [float(w) for w in sorted(self.target)]
             costs = [float(self.target[int(w)]) for w in widths]
-            if len(widths) >= 2:
-                slope, icpt = _least_squares(widths, costs)
-                self._fit = (max(slope, 0.0), icpt, min(costs))
-            else:  # (one width: the prior's slope through it; _priced follows the prior's whole shape there)
-                base = costs[0] / self._prior(int(widths[0]))
-                self._fit = (base * self.prior_slope, base * (1 - self.prior_slope), 0.0)
+            slope, icpt = _least_squares(widths, costs)
+            self._fit = (max(slope, 0.0), icpt, min(costs))
         return self._fit
 
     @staticmethod
