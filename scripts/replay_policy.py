@@ -17,6 +17,11 @@ every run. No exactness check there (bench_spec.py's and the tests' statistical 
 seeded generation is reproducible: its policy prices every round at the cost model's priors (edgespec.policy's
 ``cost_priors``: this bundle's, on this CPU's kernel path), never at measured or frozen costs, so the price list sets
 what the calls cost, not what the policy chooses (an AVX2 machine replays the default priors' choices).
+``--unseeded-policy`` replays what an unseeded sampled generation (the server's default) chooses: the draws still
+seeded, the policy prices rounds at the frozen prices and carries what it learns to the next generation, as in a
+server; a price list of a slower machine (``--target-ms``, ``--step-ms``, ``--read-ms``) shows where its choices
+depend on the costs (session 66: at 24 ms a call, 1.3x for a draft's verify and a 7.5 ms step, the model drafter
+sat out some generations after a few rejected drafts; probing it through a catch-up did not pay).
 
     python scripts/replay_policy.py bundles/qwen-coder-b128-v64k-xk --categories summarization,chat \\
         --drafters none,suffix,prompt-lookup,model,auto
@@ -129,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--seeds", type=int, default=1, help="sampled: replies a prompt and drafter, seeds 0..N-1")
+    ap.add_argument("--unseeded-policy", action="store_true",
+                    help="sampled: the policy an unseeded generation runs (it learns from the frozen prices and "
+                         "carries what it learns to the next generation, as in a server), the draws still seeded")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.temperature < 0 or args.seeds < 1:
@@ -136,6 +144,8 @@ def main(argv=None) -> int:
     sampled = args.temperature > 0
     if not sampled and (args.seeds != 1 or args.top_p != 1.0 or args.top_k or args.min_p):
         ap.error("--seeds, --top-p, --top-k and --min-p are for sampled runs: give --temperature above 0")
+    if args.unseeded_policy and not sampled:
+        ap.error("--unseeded-policy is for sampled runs: give --temperature above 0")
     seeds = range(args.seeds if sampled else 1)
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p) if sampled else \
         dict(temperature=0.0)
@@ -176,6 +186,9 @@ def main(argv=None) -> int:
                 return choose(*a, **kw)
 
             policy.choose = counted
+            if args.unseeded_policy:  # the seed drives the draws alone: the policy learns, as an unseeded one does
+                begin = policy.begin
+                policy.begin = lambda *a, **kw: begin(*a, **dict(kw, reproducible=False))
             engines[key] = (eng, meters, rounds)
         return engines[key]
 

@@ -377,6 +377,29 @@ def test_replay_policy_prices_the_rounds_the_same_every_run(tiny_bundle, tmp_pat
     assert sampled[0] == sampled[1]
     assert [(r["drafter"], r["seed"]) for r in sampled[0]] == [("none", 0), ("model", 0), ("none", 1), ("model", 1)]
     assert all(r["exact"] is None for r in sampled[0])
+    # --unseeded-policy (session 66): the draws seeded, the policy an unseeded generation's (it learns from the
+    # frozen prices and carries what it learns), still the same figures every run
+    from edgespec.policy import RoundPolicy
+
+    begin, seen, unseeded = RoundPolicy.begin, [], []
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("reproducible"))
+        return begin(self, *a, **kw)
+
+    RoundPolicy.begin = spy
+    try:
+        for i in range(2):
+            out = tmp_path / f"u{i}.json"
+            assert replay_policy.main([str(tiny_bundle), "--categories", "code", "--per-category", "1",
+                                       "--max-new-tokens", "24", "--drafters", "model", "--temperature", "1.0",
+                                       "--seeds", "2", "--unseeded-policy", "--json", str(out)]) == 0
+            unseeded.append(json.loads(out.read_text()))
+    finally:
+        RoundPolicy.begin = begin
+    assert unseeded[0] == unseeded[1] and seen == [False] * 4
+    with pytest.raises(SystemExit):
+        replay_policy.main([str(tiny_bundle), "--unseeded-policy"])  # (greedy generations are never seeded)
     with pytest.raises(SystemExit):
         replay_policy.main([str(tiny_bundle), "--temperature", "-1"])
     with pytest.raises(SystemExit):
