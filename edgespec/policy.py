@@ -31,6 +31,12 @@ ALT_PRIOR = 4.0
 ALT_DECAY = 0.98
 ALT_SCALE = (0.25, 2.0)
 ALT_PREMIUM_EMA = 0.2  # RoundPolicy.alt_premium's weight of a new sample
+# ... which counts at most this share of a one-token call (an alternate is one row whose attention reads the keys a
+# second time: ~0.1-1 ms of a 16-25 ms call on the Qwen 1.5B at 64-1,000 positions, session 66). A process's first
+# call with alternates took 2x its width's price on the Zen 5 (11 ms an alternate), and a premium that prices
+# alternates out is never measured again: one such sample turned them off for the process (session 66); so is a
+# premium the last generation did not renew halved (RoundPolicy._relax_premium)
+ALT_PREMIUM_MAX = 0.25
 # a drafter step or target call counts at most this many times the estimate it updates: a stall (the OS,
 # another process, a VM's host) of one drafter step at ~100x its cost otherwise priced the drafter out, and
 # with no step drafted none was measured again (session 32); a real slow-down still moves an estimate up 1.3x
@@ -488,6 +494,7 @@ class RoundPolicy:
         # pass of its own over the keys: ~0.8 ms a call at 300 positions on the Qwen 1.5B, growing with the
         # context), an average over this process's calls with alternates (None: none measured yet, 0 assumed)
         self.alt_premium: float | None = None
+        self._premium_at = 0  # the generation of its last sample
 
     def begin(self, drafter: str, drafters: dict[str, Drafter], min_width: int,
               reproducible: bool = False, width_multiple: int = 1, sampled: bool = False,
@@ -507,6 +514,7 @@ class RoundPolicy:
         self._rounds = self._costly_rounds = 0
         self._generation += 1
         self._relax_steps()
+        self._relax_premium()
         self._timed = not reproducible
         self._alt_calib = self._alt_calibs[bool(sampled)]
         # acceptance is judged per generation: each estimate starts from what earlier generations
@@ -682,6 +690,14 @@ class RoundPolicy:
             if at < self._generation - 1 and steps.get(name, 0.0) > prior:
                 steps[name] = 0.5 * (steps[name] + prior)
 
+    def _relax_premium(self) -> None:
+        """An alternate's premium (``alt_premium``) the last generation did not renew is halved: a premium that
+        prices alternates out is never measured again (no call has them), so one slow call (the process's first
+        with alternates, a stall) would keep them out of the process; halved, they are verified again once they
+        pay at it, and those calls re-measure it."""
+        if self.alt_premium and self._premium_at < self._generation - 1:
+            self.alt_premium *= 0.5
+
     def catchup_trust(self, drafter: str) -> float:
         """How far this generation trusts ``drafter``'s measured catch-up cost over the prior: fully
         in the generation after the read that measured it, then half as much every
@@ -821,8 +837,10 @@ class RoundPolicy:
         """The alternates ``alternates`` chose were verified: one was kept or none; ``count`` of them
         in a call of ``width`` rows that took ``seconds`` (what it took beyond a call of causal rows of
         that width, per alternate, is ``alt_premium``'s sample)."""
-        if self._timed and count > 0 and width > 0:
-            extra = max(0.0, seconds - self.cost.target_cost(width)) / count
+        if self._timed and count > 0 and width > 0 and math.isfinite(seconds):
+            extra = min(max(0.0, seconds - self.cost.target_cost(width)) / count,
+                        ALT_PREMIUM_MAX * self.cost.target_cost(1))
+            self._premium_at = self._generation
             old = self.alt_premium
             self.alt_premium = extra if old is None else (1 - ALT_PREMIUM_EMA) * old + ALT_PREMIUM_EMA * extra
         expected = self._alt_pending

@@ -21,17 +21,20 @@ what the calls cost, not what the policy chooses (an AVX2 machine replays the de
 seeded, the policy prices rounds at the frozen prices and carries what it learns to the next generation, as in a
 server; a price list of a slower machine (``--target-ms``, ``--step-ms``, ``--read-ms``) shows where its choices
 depend on the costs (session 66: at 24 ms a call, 1.3x for a draft's verify and a 7.5 ms step, the model drafter
-sat out some generations after a few rejected drafts; probing it through a catch-up did not pay).
+sat out some generations after a few rejected drafts; probing it through a catch-up did not pay there, in a
+replay that still priced alternates' calls twice).
 
     python scripts/replay_policy.py bundles/qwen-coder-b128-v64k-xk --categories summarization,chat \\
         --drafters none,suffix,prompt-lookup,model,auto
 
 A price list, not a measurement: the Python time of a round (``--round-ms``) is one figure, the free drafters cost
 nothing, and the figures are only as right as the prices (defaults: session 57's Zen 5, the Qwen 1.5B/0.5B pair at a
-64-token context). One timing is left in: the premium an alternate adds to a call (``RoundPolicy.alt_premium``) is
-learned from the real call's time, so greedy figures move by a few tenths of a percent with how busy the machine is
-(session 65: `auto` 97.3 to 97.7 priced tok/s over one afternoon's runs of the same code); pricing it at nothing
-verified alternates everywhere and priced 77 (the premium stands for real work the price list leaves out). Use it to compare policies; measure the winner with bench_spec.py.
+64-token context). Nothing is timed (since session 66): the premium an alternate adds to a call
+(``RoundPolicy.alt_premium``, learned from real calls' times beyond the cost model's price of their width) is frozen
+at ``--alt-ms`` too; learned, it followed how busy the machine was (`auto` 97.3 to 97.7 priced tok/s over one
+afternoon, 86.6 beside a helper's export). Before session 66 each target call with alternates was priced twice (the
+target's ``_run`` calls itself for an argmax through the copied logits, and both were counted), which priced
+alternates out of the replays' figures. Use it to compare policies; measure the winner with bench_spec.py.
 """
 from __future__ import annotations
 
@@ -45,6 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # session 57 (README "Benchmarks", this machine): target call ms by width at a 64-token context, the 0.5B drafter's step
 TARGET_MS = {1: 16.6, 2: 15.6, 3: 15.6, 4: 16.7, 5: 17.8, 6: 19.2, 8: 25.9, 12: 39.1, 16: 45.1}
 STEP_MS = 5.1
+# what an alternate adds to a target call beyond a causal row of that width (its attention is a pass of its own over
+# the keys): RoundPolicy.alt_premium as learned on an idle machine (session 66)
+ALT_MS = 0.8
 READ_MS_PER_TOKEN = 0.45  # the drafter's prefill, a token (a call of n > HINT_ROWS rows: a step + n of these)
 HINT_ROWS = 16  # a drafter call of 2..16 rows (a hint checked, a catch-up of a few tokens): a step + 0.08 a row
 
@@ -100,17 +106,28 @@ def frozen_cost_model(target_ms, step_ms: float, read_ms: float):
 
 
 class Meter:
-    """Counts an LM's calls while ``on`` (the rounds of a generation, not its prompt's prefill) and prices them."""
+    """Counts an LM's calls while ``on`` (the rounds of a generation, not its prompt's prefill) and prices them: a
+    call of n rows at ``price(n)``, and each alternate among them (a row at a position another row has too:
+    ``positions``) ``alt_ms`` more."""
 
-    def __init__(self, lm, price):
-        self.price, self.on, self.ms, self.calls = price, False, 0.0, 0
-        run = lm._run
+    def __init__(self, lm, price, alt_ms: float = 0.0):
+        self.price, self.on, self.ms, self.calls, self.alt_ms = price, False, 0.0, 0, alt_ms
+        run, depth = lm._run, [0]
 
         def counted(ids, past, *a, **kw):
-            if self.on:
+            # (a call's own inner call, OnnxLM._run's argmax through the copied logits, is the same call: before
+            # session 66 each call with alternates was priced twice so)
+            if self.on and not depth[0]:
                 self.ms += self.price(len(ids))
+                positions = kw.get("positions")
+                if positions is not None:
+                    self.ms += self.alt_ms * (len(ids) - len({int(x) for x in positions}))
                 self.calls += 1
-            return run(ids, past, *a, **kw)
+            depth[0] += 1
+            try:
+                return run(ids, past, *a, **kw)
+            finally:
+                depth[0] -= 1
 
         lm._run = counted
 
@@ -127,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--step-ms", type=float, default=STEP_MS)
     ap.add_argument("--read-ms", type=float, default=READ_MS_PER_TOKEN, help="the drafter's read, ms a token")
     ap.add_argument("--round-ms", type=float, default=0.3, help="Python time of a round (the loop, the policy)")
+    ap.add_argument("--alt-ms", type=float, default=ALT_MS, help="what an alternate adds to a call beyond a causal "
+                    "row of that width (the policy's premium, frozen there too)")
     ap.add_argument("--fresh", action="store_true", help="a new engine per drafter (default: one engine, "
                     "the drafters one after another per prompt, learning carried as in a server)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (checked exact); > 0: sampled")
@@ -173,7 +192,7 @@ def main(argv=None) -> int:
             eng = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0)
             eng.decoder.policy.measured = eng.decoder.policy.cost = frozen_cost_model(target_ms, args.step_ms,
                                                                                       args.read_ms)
-            meters = [Meter(eng.decoder.target, tprice)]
+            meters = [Meter(eng.decoder.target, tprice, args.alt_ms)]
             if "model" in eng.decoder.drafters:
                 meters.append(Meter(eng.decoder.drafters["model"].lm, dprice))
             policy, choose = eng.decoder.policy, eng.decoder.policy.choose
@@ -186,6 +205,11 @@ def main(argv=None) -> int:
                 return choose(*a, **kw)
 
             policy.choose = counted
+            # an alternate's premium (RoundPolicy.alt_premium, learned from real calls' times beyond the cost model's
+            # price of their width) frozen at the price list's: learned, it followed how busy the machine was
+            policy.alt_premium = args.alt_ms / 1e3
+            observe_alternates = policy.observe_alternates
+            policy.observe_alternates = lambda kept, *a, **kw: observe_alternates(kept)
             if args.unseeded_policy:  # the seed drives the draws alone: the policy learns, as an unseeded one does
                 begin = policy.begin
                 policy.begin = lambda *a, **kw: begin(*a, **dict(kw, reproducible=False))

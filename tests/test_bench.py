@@ -362,6 +362,15 @@ def test_replay_policy_prices_the_rounds_the_same_every_run(tiny_bundle, tmp_pat
     assert none["ms"] == pytest.approx(10.5 * none["target_calls"])
     assert rows["model"]["drafter_calls"] > 0
     assert "| code |" in capsys.readouterr().out
+    class Recursing:  # (OnnxLM._run's argmax through the copied logits calls _run again: one call, priced once)
+        def _run(self, ids, past, argmax=False, positions=None):
+            return self._run(ids, past, positions=positions) if argmax else ids
+
+    lm = Recursing()
+    meter = replay_policy.Meter(lm, lambda n: 10.0 * n, alt_ms=1.0)
+    meter.on = True
+    lm._run([1, 2, 3, 4], 0, argmax=True, positions=[0, 1, 2, 1])  # 3 causal rows and an alternate
+    assert meter.calls == 1 and meter.ms == pytest.approx(41.0)
     assert replay_policy.target_price({1: 10.0, 4: 10.0, 8: 20.0})(6) == pytest.approx(15.0)
     assert replay_policy.target_price({1: 10.0, 4: 10.0, 8: 20.0})(10) == pytest.approx(25.0)
     with pytest.raises(SystemExit):

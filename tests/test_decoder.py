@@ -2111,6 +2111,34 @@ def test_calls_with_alternates_teach_their_premium_not_the_costs_by_width():
     assert p.alternates(2, alts, room=8, draft_s=0.01) == []
 
 
+def test_an_alternates_premium_from_one_slow_call_does_not_turn_them_off_for_good():
+    """A premium sample counts at most ALT_PREMIUM_MAX of a one-token call, and a premium no call of the last
+    generation renewed is halved: on the Zen 5 (session 66) a process's first call with alternates took twice its
+    width's price, its 11 ms an alternate priced them out, and with none verified none was measured again (the
+    process ran without them)."""
+    from edgespec.policy import ALT_PREMIUM_MAX
+
+    p = RoundPolicy()
+    for w, s in {1: 0.020, 2: 0.020, 3: 0.0201, 4: 0.0202, 5: 0.0203}.items():
+        p.measured.observe_target(w, s)
+    alts = [(0, 11, 0.9, 0.05), (1, 12, 0.5, 0.30)]
+    p.begin("none", {}, 1)
+    assert p.alternates(2, alts, room=8, draft_s=0.01) == [(1, 12), (0, 11)]
+    p.observe_alternates(False, 2, 5, 0.0203 + 2 * 0.011)  # the slow first call: 11 ms an alternate
+    assert p.alt_premium == pytest.approx(ALT_PREMIUM_MAX * 0.020)  # (clipped: 5 ms)
+    p.observe_alternates(False, 2, 5, float("nan"))  # (a clock's NaN teaches nothing)
+    assert p.alt_premium == pytest.approx(ALT_PREMIUM_MAX * 0.020)
+    assert p.alternates(2, alts, room=8, draft_s=0.01) == []  # priced out: no call measures it again ...
+    p.begin("none", {}, 1)  # (the generation that measured it)
+    assert p.alt_premium == pytest.approx(0.005) and p.alternates(2, alts, room=8, draft_s=0.01) == []
+    p.begin("none", {}, 1)  # ... a generation without a sample: halved, and they pay again
+    assert p.alt_premium == pytest.approx(0.0025)
+    assert p.alternates(2, alts, room=8, draft_s=0.01) == [(1, 12)]
+    p.observe_alternates(False, 1, 4, 0.0202 + 0.0002)  # the next call re-measures it (0.2 ms)
+    p.begin("none", {}, 1)
+    assert p.alt_premium == pytest.approx(0.8 * 0.0025 + 0.2 * 0.0002)  # (renewed: not halved)
+
+
 def _everywhere(monkeypatch):
     """The round policy verifies an alternate beside every draft token (as many as fit)."""
     monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:room])
