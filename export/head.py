@@ -53,9 +53,12 @@ def required_ids(tokenizer_json: dict, eos_ids: Sequence[int] = (), bos_id: int 
 
 
 def select_head_ids(tokenizer_json: dict, n: int, *, eos_ids: Sequence[int] = (), bos_id: int | None = None,
-                    vocab_size: int | None = None, ranked: Sequence[int] = ()) -> np.ndarray:
+                    vocab_size: int | None = None, ranked: Sequence[int] = (), what: str = "--drafter-vocab",
+                    keep_full: str = "to keep the full head, export without --drafter-vocab") -> np.ndarray:
     """The ``n`` token ids a reduced head keeps, sorted (int32): the required tokens, then
-    ``ranked`` (most wanted first), then the remaining ids in id order (BPE merge order)."""
+    ``ranked`` (most wanted first), then the remaining ids in id order (BPE merge order). ``what`` names ``n`` in
+    an error, ``keep_full`` says what to do where ``n`` cuts nothing (export's option by default; the
+    ``drafter-vocab`` command's own words there)."""
     model = tokenizer_json.get("model") or {}
     vocab = model.get("vocab") or {}
     ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
@@ -68,12 +71,12 @@ def select_head_ids(tokenizer_json: dict, n: int, *, eos_ids: Sequence[int] = ()
     if vocab_size is not None:
         total = min(total, int(vocab_size))
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-        raise ExportError(f"--drafter-vocab must be a positive number of tokens, got {n!r}")
+        raise ExportError(f"{what} must be a positive number of tokens, got {n!r}")
     if n >= total:
-        raise ExportError(f"--drafter-vocab {n} is not smaller than the vocabulary ({total} tokens): nothing to cut "
-                          "(to keep the full head, export without --drafter-vocab)")
+        raise ExportError(f"{what} {n} is not smaller than the vocabulary ({total} tokens): nothing to cut "
+                          f"({keep_full})")
     if n < len(req):
-        raise ExportError(f"--drafter-vocab {n} is smaller than the {len(req)} special tokens every head keeps "
+        raise ExportError(f"{what} {n} is smaller than the {len(req)} special tokens every head keeps "
                           "(added tokens, eos, bos)")
     if any(not 0 <= r < total for r in req):
         raise ExportError(f"a special token id is outside the vocabulary of {total}")
@@ -422,8 +425,8 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
         past = int((ids >= d.vocab_size).sum())
         ids = ids[ids < d.vocab_size]
         if len(ids) >= d.vocab_size:
-            raise ExportError(f"--drafter-vocab {len(ids) + past}: the drafter has only {d.vocab_size:,} ids, all of "
-                              "them kept; nothing to cut (export without --drafter-vocab)")
+            raise ExportError(f"{len(ids) + past} tokens to keep: the drafter has only {d.vocab_size:,} ids, all of "
+                              "them kept; nothing to cut (its full head needs no cut)")
         if log:
             log(f"    drafter: {past} kept ids are past its {d.vocab_size:,}-token vocabulary: left out")
     rel_model = Path(manifest.relative(d.path))
@@ -526,7 +529,9 @@ def _reduce_bundle(bundle, n, out, corpus, ranked, force, log) -> Path:
     if corpus:
         ranked = corpus_ranking(manifest.tokenizer_dir / "tokenizer.json", corpus)
     ids = select_head_ids(tj, n, eos_ids=manifest.eos_token_ids, bos_id=manifest.bos_token_id,
-                          vocab_size=min(manifest.target.vocab_size, manifest.drafter.vocab_size), ranked=ranked)
+                          vocab_size=min(manifest.target.vocab_size, manifest.drafter.vocab_size), ranked=ranked,
+                          what="N =", keep_full="the drafter's head has no more tokens: the bundle needs no cut; a "
+                          "smaller N cuts it")
     source = head_source(corpus) if not ranked or corpus else "special tokens, then a given ranking, then BPE merge order"
     return staged_rewrite(src, out, force, lambda stage: reduce_in_stage(stage, manifest, ids, log=log, source=source))
 

@@ -334,7 +334,9 @@ def test_bad_sizes_are_typed_errors_and_cli_exit_codes(tiny_bundle, tmp_path, n,
         assert r.exit_code == 2 and f"Invalid value for 'N': {n} is not in the range x>=1" in r.output, r.output
     else:
         assert r.exit_code == ExportError.exit_code, r.output
-        assert msg in r.output
+        assert msg in r.output and f"N = {n} " in r.output
+        # (the command's words, not export's option: session 66, a review)
+        assert "--drafter-vocab" not in r.output and "export" not in r.output
     assert r.output.count("\n") == 1 and r.output.startswith("error: ")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
@@ -368,7 +370,7 @@ def test_select_head_ids_order():
     assert select_head_ids(tj, 5).tolist() == [0, 1, 2, 10, 11]
     assert select_head_ids(tj, 5, ranked=[9, 7, 7, 3]).tolist() == [3, 7, 9, 10, 11]
     assert select_head_ids(tj, 4, eos_ids=[5]).tolist() == [0, 5, 10, 11]
-    with pytest.raises(ExportError, match="not smaller than the vocabulary"):
+    with pytest.raises(ExportError, match="--drafter-vocab 12 is not smaller than the vocabulary .* export without"):
         select_head_ids(tj, 12)
 
 
