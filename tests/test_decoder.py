@@ -1504,6 +1504,29 @@ def _first_tokens(p_row, q_row, sp, runs, seed=0):
     return out
 
 
+def test_a_draft_token_its_drafter_could_not_draw_is_never_accepted(wide_tail):
+    """u < p(x) / q(x) with q(x) = 0 is no test at all (a ratio past every u): a token outside the proposal's
+    support (a drafter's q that does not match its draw, a token removed from q) is rejected, never let through
+    on p alone; a mutation test (session 67) found nothing checked it: dense q, a top-k q and a TailDist's
+    removed token."""
+    from edgespec.sampling import Dist, TailDist, distribution
+    from edgespec.verify import _accepts
+
+    rng = np.random.default_rng(0)
+    p = distribution(np.array([0.0, 0.5, 1.0, 0.2], dtype=np.float32), SamplingParams(1.0))
+    dense_q = Dist(4, None, np.array([1.0, 0.0, 2.0, 1.0]))
+    sparse_q = Dist(4, np.array([0, 2]), np.array([1.0, 3.0]))
+    assert p.prob(1) > 0.2 and dense_q.prob(1) == 0 and sparse_q.prob(1) == 0
+    assert not any(_accepts(p, q, 1, rng) for q in (dense_q, sparse_q) for _ in range(200))
+    assert sum(_accepts(p, dense_q, 2, rng) for _ in range(200)) > 50  # (a token q draws: accepted at times)
+    row = _tail_row()
+    tail_q = distribution(row, SamplingParams(1.0)).without(10)  # a tail token removed
+    assert isinstance(tail_q, TailDist) and tail_q.prob_bounds(10) == (0.0, 0.0)
+    tail_p = distribution(row, SamplingParams(1.0))
+    assert tail_p.exact().prob(10) > 0
+    assert not any(_accepts(tail_p, tail_q, 10, rng) for _ in range(200))
+
+
 @pytest.mark.parametrize("drafter", ["model", "point mass"])
 def test_rejection_with_tail_dists_follows_the_target(wide_tail, drafter):
     sp = SamplingParams(1.0)
