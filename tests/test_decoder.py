@@ -377,6 +377,18 @@ def test_sampling_transform_top_k_top_p():
     np.testing.assert_allclose(p, [0.625, 0.375, 0, 0])
     p = probs(logits, SamplingParams(1.0, top_p=0.81))[0]
     np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+    # top-k, then top-p over the k tokens' own mass: of 0.95, 0.8 is 0.842 before the third token, past 0.83 (top-p
+    # over the whole mass, 0.8 before it, would keep it; a mutation test, session 67, found the total unchecked)
+    p = probs(logits, SamplingParams(1.0, top_k=3, top_p=0.83))[0]
+    np.testing.assert_allclose(p, [0.625, 0.375, 0, 0])
+    p = probs(logits, SamplingParams(1.0, top_k=3, top_p=0.85))[0]
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+    rng = np.random.default_rng(0)  # and the cut against the full sort's on many small rows
+    for _ in range(400):
+        row = rng.normal(0.0, 2.0, 12).astype(np.float32)
+        sp = SamplingParams(float(rng.uniform(0.3, 2.0)), top_k=int(rng.integers(2, 12)),
+                            top_p=float(rng.uniform(0.05, 0.99)))
+        np.testing.assert_allclose(probs(row, sp), _reference_probs(row, sp), rtol=1e-6, atol=1e-12, err_msg=str(sp))
 
 
 def test_sampling_transform_min_p():
