@@ -71,7 +71,7 @@ def select_head_ids(tokenizer_json: dict, n: int, *, eos_ids: Sequence[int] = ()
     if vocab_size is not None:
         total = min(total, int(vocab_size))
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-        raise ExportError(f"{what} must be a positive number of tokens, got {n!r}")
+        raise ExportError(f"{what.rstrip(' =')} must be a positive number of tokens, got {n!r}")
     if n >= total:
         raise ExportError(f"{what} {n} is not smaller than the vocabulary ({total} tokens): nothing to cut "
                           f"({keep_full})")
@@ -426,7 +426,7 @@ def reduce_in_stage(stage: Path, manifest: Manifest, ids: np.ndarray, log=None, 
         ids = ids[ids < d.vocab_size]
         if len(ids) >= d.vocab_size:
             raise ExportError(f"{len(ids) + past} tokens to keep: the drafter has only {d.vocab_size:,} ids, all of "
-                              "them kept; nothing to cut (its full head needs no cut)")
+                              "them kept; nothing to cut (export without --drafter-vocab)")
         if log:
             log(f"    drafter: {past} kept ids are past its {d.vocab_size:,}-token vocabulary: left out")
     rel_model = Path(manifest.relative(d.path))

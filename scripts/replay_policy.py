@@ -202,6 +202,7 @@ def main(argv=None) -> int:
                 for m in meters:
                     m.on = True
                 rounds[0] += 1
+                at_choose[0] = sum(m.ms for m in meters[1:])
                 return choose(*a, **kw)
 
             policy.choose = counted
@@ -210,6 +211,19 @@ def main(argv=None) -> int:
             policy.alt_premium = args.alt_ms / 1e3
             observe_alternates = policy.observe_alternates
             policy.observe_alternates = lambda kept, *a, **kw: observe_alternates(kept)
+            # (and never halved: a premium no call renews relaxes at each generation's begin, _relax_premium, which
+            # took session 66's frozen one to 0.05 ms by the fifth generation, a review of session 67 found)
+            policy._relax_premium = lambda: None
+            # which alternates a round verifies weighs the round's drafting time (the decoder's clock from the
+            # choice to the verify call): the priced time instead, the drafter's calls since the round began and
+            # the round's own
+            alternates, at_choose = policy.alternates, [0.0]
+
+            def priced_alternates(k, alts, room, draft_s):
+                drafted = sum(m.ms for m in meters[1:]) - at_choose[0] + args.round_ms
+                return alternates(k, alts, room, drafted / 1e3)
+
+            policy.alternates = priced_alternates
             if args.unseeded_policy:  # the seed drives the draws alone: the policy learns, as an unseeded one does
                 begin = policy.begin
                 policy.begin = lambda *a, **kw: begin(*a, **dict(kw, reproducible=False))

@@ -327,8 +327,10 @@ def test_a_rewrite_of_a_read_only_bundle_and_a_failed_one_leave_nothing(tiny_bun
 def test_bad_sizes_are_typed_errors_and_cli_exit_codes(tiny_bundle, tmp_path, n, msg):
     from edgespec_export.head import apply_to_bundle
 
-    with pytest.raises(ExportError, match=msg):
+    with pytest.raises(ExportError, match=msg) as e:
         apply_to_bundle(tiny_bundle, n, tmp_path / "x")
+    if n <= 0:  # (the API's message: "N = must be ..." in session 66, a review found)
+        assert str(e.value) == f"N must be a positive number of tokens, got {n}"
     r = CliRunner().invoke(cli, ["drafter-vocab", "-o", str(tmp_path / "y"), str(tiny_bundle), "--", str(n)])
     if n <= 0:  # (session 65, a review: the CLI's N is a usage error, named as typed; it said "--drafter-vocab")
         assert r.exit_code == 2 and f"Invalid value for 'N': {n} is not in the range x>=1" in r.output, r.output

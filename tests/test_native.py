@@ -2466,3 +2466,48 @@ def test_exact_kernels_leaves_a_cuda_layout_drafter_as_it_is(tiny_dirs, tmp_path
     eng = edgespec.load(out, memory=False)
     plain = eng.generate("def add(a, b):", max_new_tokens=16, drafter="none", ignore_eos=True).token_ids
     assert eng.generate("def add(a, b):", max_new_tokens=16, drafter="model", ignore_eos=True).token_ids == plain
+
+
+def test_the_replay_is_timing_free_on_a_target_that_verifies_alternates(tiny_xk, monkeypatch, tmp_path):
+    """scripts/replay_policy.py where the target verifies alternates (session 67, a review of session 66's
+    replay): the premium frozen at --alt-ms stays there (a premium no call renews was halved at each generation's
+    begin, 0.8 -> 0.05 ms by the fifth), and which alternates a round verifies weighs the priced drafting time,
+    not the decoder's clock: a clock a thousand times slower changes nothing."""
+    import sys
+    from pathlib import Path
+
+    from edgespec import decoder as decoder_mod
+    from edgespec.policy import RoundPolicy
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import replay_policy
+
+    init, alternates = RoundPolicy.__init__, RoundPolicy.alternates
+    monkeypatch.setattr(RoundPolicy, "__init__", lambda self, *a, **kw: init(self, *a, **dict(kw, use_alternates=True)))
+    seen: list[tuple[float, float]] = []
+
+    def spy(self, k, alts, room, draft_s):
+        seen.append((round(draft_s, 9), self.alt_premium))
+        return alternates(self, k, alts, room, draft_s)
+
+    monkeypatch.setattr(RoundPolicy, "alternates", spy)
+    dinit = decoder_mod.Decoder.__init__
+    runs, calls = [], []
+    for tick in (1e-4, 0.1):  # seconds a clock reading advances
+        t = [0.0]
+
+        def clock(tick=tick):
+            t[0] += tick
+            return t[0]
+
+        monkeypatch.setattr(decoder_mod.Decoder, "__init__", lambda self, *a, **kw: dinit(self, *a, **dict(kw, clock=clock)))
+        seen.clear()
+        out = tmp_path / f"r{tick}.json"
+        assert replay_policy.main([str(tiny_xk), "--categories", "code,chat", "--per-category", "1",
+                                   "--max-new-tokens", "30", "--drafters", "model,auto", "--alt-ms", "0.8",
+                                   "--json", str(out)]) == 0
+        runs.append(json.loads(out.read_text()))
+        calls.append(list(seen))
+    assert len(calls[0]) > 4 and calls[0] == calls[1]
+    assert {premium for _, premium in calls[0]} == {0.8e-3}
+    assert runs[0] == runs[1] and all(r["exact"] for r in runs[0] if r["exact"] is not None)
