@@ -549,6 +549,26 @@ def test_top_p_undecided_near_the_cut_takes_the_exact_pass(top_p_path, monkeypat
     np.testing.assert_allclose(d.dense(), _reference_probs(row, sp), rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("tail_logit, second_kept", [(-30.0, False), (-8.0, True)])
+def test_top_p_whose_likeliest_tokens_hold_the_cut_between_the_totals_bounds_takes_the_exact_pass(
+        top_p_path, monkeypatch, tail_logit, second_kept):
+    """Weights 1 and 0.25 hold top-p 0.65 of any total the left-out tokens allow (under 1.75 with eps widened to
+    0.5), so the cut is among them; but whether the second is kept (1 < 0.65 x total) depends on the tail: below
+    the total's bounds the cut keeps one token, above them two. Neither path may decide on one bound (a mutation
+    test, session 67: the numpy path cutting at the lower bound went unnoticed); the exact pass keeps the
+    second token only where 998 tokens at e^-8 (0.33) weigh it in."""
+    from edgespec import sampling
+
+    n = 1000
+    row = np.full(n, tail_logit, dtype=np.float32)
+    row[0], row[1] = 0.0, np.float32(np.log(0.25))
+    monkeypatch.setattr(sampling, "_TAIL_EPS", (0.5,))
+    sp = SamplingParams(1.0, top_p=0.65)
+    d = sampling.distribution(row, sp)
+    assert d.idx.tolist() == ([0, 1] if second_kept else [0])
+    np.testing.assert_allclose(d.dense(), _reference_probs(row, sp), rtol=1e-6, atol=1e-12)
+
+
 def test_views_of_one_logits_buffer_keep_greedy_speculation_exact():
     """The loop reads each call's logits before the model's next call (forward(copy=False)): with
     models that hand out views of one buffer, speculative output still equals autoregressive."""
