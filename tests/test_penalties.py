@@ -240,3 +240,42 @@ def test_bench_penalties_runs_on_a_tiny_bundle(tiny_bundle, tmp_path):
     r = subprocess.run([sys.executable, str(script), str(tiny_bundle), "--drafters", "model"], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 2 and "must start with none" in r.stderr
+
+
+@pytest.mark.parametrize("pen", SETTINGS)
+def test_logprobs_stay_the_models_own_under_penalties(pen):
+    """A reply's logprobs are the target's log-softmax before the penalties and the bias (as vLLM's and OpenAI's
+    ``logprobs``): the penalties change which tokens come, not what the model said of them. A mutation test
+    (session 67) found nothing checked it: the processing written into the logits' own buffer gave penalized
+    logprobs and every test passed."""
+    dec = make()
+    for d in ("none", "model", "auto"):
+        out, lps = [], []
+        for step in dec.generate(PROMPT, GenerationConfig(max_new_tokens=12, logprobs=1, drafter=d, **pen)):
+            out += step.tokens
+            lps += step.logprobs
+        assert [t.token for t in lps] == out and len(out) == 12
+        for j, t in enumerate(lps):
+            x = np.asarray(dec.target.logits_for(PROMPT + out[:j]), dtype=np.float64)
+            want = x[t.token] - x.max() - np.log(np.exp(x - x.max()).sum())
+            assert t.logprob == pytest.approx(want, abs=1e-4), (d, j, pen)
+
+
+@pytest.mark.parametrize("pen", SETTINGS)
+def test_greedy_output_with_penalties_on_a_target_that_verifies_alternates(pen):
+    """Rounds verify no alternates under penalties (an alternate's row has no penalized logits of its own): on a
+    target that verifies alternates (tiny.AltFakeLM, alternates on), greedy output with penalties is still the
+    reference's. A mutation test (session 67): the decoder's ``pen is None`` left out of its alternates condition
+    changed 28 of 30 replies, and no test used such a target with penalties."""
+    from tiny import AltFakeLM
+
+    target = AltFakeLM(8, 512, seed=0)
+    dl = FakeLM(8, 512, table=target.table + 0.5 * np.random.default_rng(100).normal(size=target.table.shape))
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, 8), PromptLookupDrafter()])
+    assert dec.policy.use_alternates
+    for prompt in (PROMPT, [3, 3, 0, 1], [2, 2, 5, 7, 1]):
+        ref = reference_greedy(target, prompt, 30, **pen)
+        for d in ("model", "auto"):
+            st = edgespec.decoder.Stats()
+            got, _ = run(dec, prompt, st, max_new_tokens=30, drafter=d, draft_tokens=3, **pen)
+            assert got == ref and st.alternates == 0, (prompt, d, pen)
