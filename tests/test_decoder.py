@@ -575,6 +575,19 @@ def test_top_p_whose_likeliest_tokens_hold_the_cut_between_the_totals_bounds_tak
     np.testing.assert_allclose(d.dense(), _reference_probs(row, sp), rtol=1e-6, atol=1e-12)
 
 
+def test_top_p_just_past_the_likeliest_token_keeps_the_next_of_a_flat_tail(top_p_path):
+    """One token of weight 1 and 15,999 tied at 0.5 / 15,999: top-p 0.66668 of 1.5 is just past the first, so the
+    cut keeps it and the first of the ties (vocabulary order). The likeliest tokens alone hold top-p of the total's
+    lower bound but not of its upper one: a path that decides there on the lower bound keeps one token (a mutation
+    test, session 67: numpy's path so went unnoticed)."""
+    row = np.full(16000, np.log(0.5 / 15999), dtype=np.float32)
+    row[0] = 0.0
+    sp = SamplingParams(1.0, top_p=0.66668)
+    d = distribution(row, sp)
+    assert d.idx.tolist() == [0, 1]
+    np.testing.assert_allclose(d.dense(), _reference_probs(row, sp), rtol=1e-6, atol=1e-12)
+
+
 def test_views_of_one_logits_buffer_keep_greedy_speculation_exact():
     """The loop reads each call's logits before the model's next call (forward(copy=False)): with
     models that hand out views of one buffer, speculative output still equals autoregressive."""
@@ -2247,6 +2260,39 @@ def test_sampled_alternates_follow_the_target_distribution(vocab, n_tokens, sp, 
     assert kept > runs // (40 if sp.min_p else 20) and verified > kept
     stat, df = _chi2(counts, exact, runs)
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+def test_sampled_alternates_beside_some_draft_tokens_follow_the_target_distribution(monkeypatch):
+    """An alternate beside the first draft token only: a rejection at a later token has none and takes the
+    residual as a round without alternates does (verify.rejection_sample_alternates' other path). A mutation test
+    (session 67): that path sampling p itself went unnoticed, every other test putting an alternate everywhere."""
+    monkeypatch.setattr(RoundPolicy, "alternates", lambda self, k, alts, room, s: [(i, t) for i, t, _, _ in alts][:1])
+    sp, prompt, runs = SamplingParams(1.0), [1, 2, 1, 2, 1], 6000
+    exact = _exact_sequence_probs(FakeLM(3, seed=7, sharpness=1.0), prompt, 4, sp)
+    counts, verified, kept = _alt_runs(3, prompt, 4, sp, runs, 3, 2.0)
+    assert kept > runs // 20 and verified > kept
+    stat, df = _chi2(counts, exact, runs)
+    assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+def test_greedy_alternates_keep_plain_decodings_output(monkeypatch):
+    """Greedy rounds with an alternate beside every draft token on a target that verifies them (tiny.AltFakeLM),
+    a noisy model drafter: every output is plain greedy decoding's token for token, alternates kept often. A
+    mutation test (session 67): an alternate kept at the wrong position (its token the target's next, anywhere
+    in the draft) changed 2 outputs of 20 and no test on fake models caught it."""
+    _everywhere(monkeypatch)
+    kept = 0
+    for seed in range(20):
+        target = AltFakeLM(6, seed=seed, sharpness=1.0)
+        dl = FakeLM(6, table=target.table + np.random.default_rng(seed + 50).normal(0, 1.5, target.table.shape))
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6)])
+        prompt = [1, 2, 3, 1, 2]
+        ref, _ = run(dec, prompt, max_new_tokens=24, drafter="none")
+        st = Stats()
+        got, _ = run(dec, prompt, st, max_new_tokens=24, drafter="model", draft_tokens=4)
+        assert got == ref, seed
+        kept += st.alternates_kept
+    assert kept > 20
 
 
 NOISE = 3.0
