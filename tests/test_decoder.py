@@ -2756,3 +2756,20 @@ def test_cost_priors_follow_the_bytes_where_verify_rows_are_cheap():
     assert cm.step_cost("mtp") == pytest.approx(0.4)
     dev = NS(device="cuda", spec=NS(gpu_weight_bytes=300, embedding_bytes=120))  # a drafter on a GPU: no bytes' share
     assert cost_priors(lm(True, 1000, 100), dev)["prior_step_ratio"] == 0.4
+
+
+@pytest.mark.parametrize("drafter", ["none", "model"])
+def test_a_generation_that_ends_at_its_first_token_is_one_step_and_one_target_call(drafter):
+    """max_new_tokens 1, or a prompt one token short of the window: the first token is the reply, its Step says
+    why it ended (length, context) and no round follows (a mutation test, session 67: either bound off by one
+    gave the same tokens, an empty second Step and a second target call, and no test noticed)."""
+    for kw, prompt, reason in ((dict(max_new_tokens=1), [1, 2, 3], "length"),
+                               (dict(max_new_tokens=10), list(range(1, 6)) * 6 + [1], "context")):
+        dec = make(max_context=32)
+        calls = []
+        run_ = dec.target._run
+        dec.target._run = lambda *a, **k: calls.append(1) or run_(*a, **k)
+        steps = list(dec.generate(prompt, GenerationConfig(drafter=drafter, **kw)))
+        assert len(prompt) == 31 or reason == "length"
+        assert [(len(s.tokens), s.finish_reason) for s in steps] == [(1, reason)], (kw, steps)
+        assert len(calls) == 1, (kw, len(calls))
