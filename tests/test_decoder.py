@@ -2773,3 +2773,44 @@ def test_a_generation_that_ends_at_its_first_token_is_one_step_and_one_target_ca
         assert len(prompt) == 31 or reason == "length"
         assert [(len(s.tokens), s.finish_reason) for s in steps] == [(1, reason)], (kw, steps)
         assert len(calls) == 1, (kw, len(calls))
+
+
+def test_the_model_drafter_keeps_every_token_the_target_accepted():
+    """After a round the drafter's cache holds the context it drafted from and the draft tokens it fed that the
+    target kept, so the next draft reads only what the target emitted past them; its calibration learned the
+    kept count. Telling it one token fewer was kept (a mutation test's survivor, session 67) gave the same
+    output, a longer catch-up every round and a calibration learned low."""
+    from edgespec.drafters import learn_calibration
+
+    vocab = 8
+    target = FakeLM(vocab, seed=4, sharpness=3.0)
+    lm = FakeLM(vocab, seed=4, sharpness=3.0)
+    lm.table = target.table + np.random.default_rng(6).normal(0, 2.0, target.table.shape)
+    md = ModelDrafter(lm, vocab)
+    rounds = []
+    draft, accept = md.draft, md.accept
+
+    def spy_draft(ctx, k, *a, **kw):
+        d = draft(ctx, k, *a, **kw)
+        rounds.append(dict(ctx=ctx.tolist(), judge=md._judge, fed=md._fed_drafts, tokens=list(d.tokens)))
+        return d
+
+    def spy_accept(n, bonus):
+        accept(n, bonus)
+        r = rounds[-1]
+        r["n"], r["held"] = n, list(lm.cache.ids[: lm.length])
+
+    md.draft, md.accept = spy_draft, spy_accept
+    want = [list(md._calib[True]), list(md._calib[False])]
+    got, _ = run(Decoder(target, (), drafters=[md]), [1, 2, 3], max_new_tokens=80, drafter="model")
+    ref, _ = run(Decoder(FakeLM(vocab, seed=4, sharpness=3.0), ()), [1, 2, 3], max_new_tokens=80, drafter="none")
+    assert got == ref
+    assert len(rounds) > 5 and sum(r["n"] for r in rounds) > 20
+    assert any(0 < r["n"] <= r["fed"] for r in rounds)  # fed draft tokens kept
+    for r in rounds:
+        assert r["held"] == (r["ctx"] + r["tokens"][: min(r["n"], r["fed"])])[md._base:]
+    judged = [(r["judge"], r["n"]) for r in rounds if r["judge"] is not None]
+    assert len(judged) > 5
+    for (greedy, confs), n in judged:  # the sums replayed from the kept counts
+        learn_calibration(want[0 if greedy else 1], confs, n)
+    assert md._calib[True] == pytest.approx(want[0], rel=1e-12) and md._calib[False] == want[1]
