@@ -2783,10 +2783,11 @@ def test_the_model_drafter_keeps_every_token_the_target_accepted():
     from edgespec.drafters import learn_calibration
 
     vocab = 8
-    target = FakeLM(vocab, seed=4, sharpness=3.0)
-    lm = FakeLM(vocab, seed=4, sharpness=3.0)
-    lm.table = target.table + np.random.default_rng(6).normal(0, 2.0, target.table.shape)
-    md = ModelDrafter(lm, vocab)
+    clock = SimClock()  # (the choices depend on the simulated costs alone, not on the machine's timings)
+    target = FakeLM(vocab, seed=4, sharpness=3.0, delay=(0.016, 0.0005), clock=clock)
+    lm = FakeLM(vocab, table=target.table + np.random.default_rng(6).normal(0, 2.0, target.table.shape),
+                delay=(0.002, 0.0), clock=clock)
+    md = ModelDrafter(lm, vocab, clock=clock)
     rounds = []
     draft, accept = md.draft, md.accept
 
@@ -2802,7 +2803,7 @@ def test_the_model_drafter_keeps_every_token_the_target_accepted():
 
     md.draft, md.accept = spy_draft, spy_accept
     want = [list(md._calib[True]), list(md._calib[False])]
-    got, _ = run(Decoder(target, (), drafters=[md]), [1, 2, 3], max_new_tokens=80, drafter="model")
+    got, _ = run(Decoder(target, (), drafters=[md], clock=clock), [1, 2, 3], max_new_tokens=80, drafter="model")
     ref, _ = run(Decoder(FakeLM(vocab, seed=4, sharpness=3.0), ()), [1, 2, 3], max_new_tokens=80, drafter="none")
     assert got == ref
     assert len(rounds) > 5 and sum(r["n"] for r in rounds) > 20
