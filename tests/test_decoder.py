@@ -2815,3 +2815,60 @@ def test_the_model_drafter_keeps_every_token_the_target_accepted():
     for (greedy, confs), n in judged:  # the sums replayed from the kept counts
         learn_calibration(want[0 if greedy else 1], confs, n)
     assert md._calib[True] == pytest.approx(want[0], rel=1e-12) and md._calib[False] == want[1]
+
+
+# -- edgespec/drafters.py -------------------------------------------------------------------------------------------
+def test_ids_past_the_drafters_embedding_are_fed_as_0_from_its_size_on():
+    """(drafters.py fed_ids: ``a >= vocab`` / ``a < vocab``) a drafter with ``vocab`` embedding rows reads ids
+    0..vocab - 1; the id ``vocab`` itself (Qwen2.5 7B's first padding id past the 0.5B drafter's 151,936) is past
+    them too: fed unmapped, the drafter's Gather reads out of bounds (an onnxruntime error mid-generation)."""
+    from edgespec.drafters import fed_ids
+
+    assert fed_ids([0, 5, 6, 7], 6) == [0, 5, 0, 0]
+    out = fed_ids(np.array([6, 2], dtype=np.int64), 6)
+    assert isinstance(out, np.ndarray) and out.tolist() == [0, 2]
+    ids = [0, 5]
+    assert fed_ids(ids, 6) is ids and fed_ids([9], None) == [9]  # none past: itself
+
+
+def test_a_seeded_sampled_generation_reads_the_drafters_window_into_an_emptied_cache(tiny_bundle, monkeypatch):
+    """(drafters.py ModelDrafter.draft: ``... or not self.history``) a reproducible generation reuses none of the
+    drafter cache's rows an earlier call computed, even where its window starts where the last one's did (a prompt
+    within the read window: base 0 both times): on onnxruntime's kernels a row's bits depend on the call that
+    computed it, so q and the seeded draws would depend on what ran before."""
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, max_context=256, memory=False)
+    md = eng.decoder.drafters["model"]
+    P = np.random.default_rng(0).integers(3, 300, size=60).tolist()
+    kw = dict(max_new_tokens=12, temperature=1.0, drafter="model", draft_tokens=4, ignore_eos=True)
+    eng._collect(eng.stream_ids(P[:40], seed=1, **kw))  # the drafter's cache: P[:40] and a reply
+    resets = []
+    real = md.lm.reset
+    monkeypatch.setattr(md.lm, "reset", lambda: (resets.append(1), real())[1])
+    eng._collect(eng.stream_ids(P, seed=2, **kw))
+    assert resets  # the window read into an emptied cache
+    resets.clear()
+    eng._collect(eng.stream_ids(P[:40], max_new_tokens=12, temperature=0.0, drafter="model", draft_tokens=4,
+                                ignore_eos=True))
+    assert not resets  # (greedy: the prefix the cache shares is kept)
+
+
+def test_a_model_drafters_offer_leaves_its_draft_room_in_its_own_cache():
+    """(drafters.py ModelDrafter.offer: ``max_context - (len(ctx) - base) + 1``) the cache holds the context from
+    base on and the draft's first k - 1 tokens: near its end the offer is what still fits, and drafting it fits."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import SamplingParams
+
+    from tiny import FakeLM
+
+    for n in (28, 30, 31, 32):
+        md = ModelDrafter(FakeLM(8, max_context=32, seed=2), 8)
+        ctx = TokenBuffer(np.random.default_rng(n).integers(0, 8, size=n).tolist())
+        md.begin(ctx.tolist())
+        o = md.offer(ctx, 8)
+        room = 32 - n + 1
+        assert (o.max_tokens if o is not None else 0) == min(8, room), n
+        if o is not None:
+            d = md.draft(ctx, o.max_tokens, SamplingParams(), np.random.default_rng(0))
+            assert len(d.tokens) == o.max_tokens and md.lm.length <= 32

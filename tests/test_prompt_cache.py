@@ -692,3 +692,88 @@ def test_two_engines_on_one_prompt_cache_file_keep_each_others_conversations(tin
     d = edgespec.load(tiny_bundle, **kw)
     assert d.prompt_cache_stats()["entries"] == 2  # (c's rewrite merged nothing twice)
     d.close()
+
+
+# -- edgespec/prompt_cache.py ---------------------------------------------------------------------------------------
+def test_a_prompt_a_kept_sequence_holds_whole_is_restored_but_its_last_position():
+    """(prompt_cache.py before_prefill: ``m = min(m, len(ids) - 1)``) a prefill must feed at least one token to get
+    logits: a prompt that a kept sequence holds whole (the same question asked again after another chat) gets all but
+    its last position back. Restoring all of it left the prefill nothing to feed (a crash: no logits)."""
+    c = FakeCache()
+    pc = PromptCache(budget=1 << 20, min_tokens=4)
+    a = list(range(100, 140))
+    c.fill(a)
+    want = c.rows(29)
+    assert pc.save(c)
+    c.fill(list(range(200, 230)))  # another conversation
+    assert pc.before_prefill(c, a[:30], 0) == 29
+    assert c.ids.tolist() == a[:29]
+    for got, w in zip(c.rows(29), want):
+        np.testing.assert_array_equal(got, w)
+
+
+def test_the_same_chat_asked_again_after_another_is_restored_and_replies_the_same(tiny_bundle):
+    kw = dict(max_new_tokens=12, temperature=0.0, drafter="none")
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=64, memory=False)
+    first = eng.generate(_chat([DOC_A]), **kw)
+    eng.generate(_chat([DOC_B]), **kw)  # DOC_A's prompt and reply kept
+    again = eng.generate(_chat([DOC_A]), **kw)  # a prompt the kept sequence holds whole
+    assert again.stats["restored_prompt_tokens"] > 0
+    assert again.token_ids == first.token_ids
+
+
+def test_a_prompt_cache_file_is_keyed_by_the_session_options(tiny_bundle, tmp_path):
+    """(prompt_cache.py engine_key: ``"session_options"``) onnxruntime's session options (a profile's
+    ``[session_options]``) may change the kernels a row is computed by: a file written under other options is
+    another engine's, ignored, as one of another width policy or kernels path is."""
+    from edgespec.prompt_cache import engine_key
+
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, memory=False)
+    m, cache = eng.manifest, eng.decoder.target.cache
+    opts = {"session.intra_op.allow_spinning": "0"}
+    assert engine_key(m, m.target, cache, opts) == engine_key(m, m.target, cache, dict(opts))
+    assert engine_key(m, m.target, cache, opts) != engine_key(m, m.target, cache, {})
+    eng.close()
+    f = tmp_path / "cache.npz"
+    with edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False) as eng:
+        eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+        eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="none")
+    prof = tmp_path / "p.toml"
+    prof.write_text('memory_budget_mb = 1024\n[session_options]\n"session.intra_op.allow_spinning" = "0"\n')
+    with pytest.warns(UserWarning, match="another engine .*session_options"):
+        eng = edgespec.load(tiny_bundle, profile=prof, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    assert eng.prompt_cache_stats()["entries"] == 0
+    eng.close()
+
+
+@pytest.mark.parametrize("version", [0, None, "1"])
+def test_a_prompt_cache_file_of_another_format_version_is_not_read(tmp_path, version):
+    """(prompt_cache.py read_file: ``if v != VERSION``) a file of an older version of the format (or one whose
+    version is no count) is not read: (0, why), its rows never restored."""
+    import io
+    import json
+    import zipfile
+
+    from edgespec.prompt_cache import read_file, write_file
+
+    c = FakeCache(L=64)
+    pc = PromptCache(budget=1 << 20, min_tokens=4)
+    c.fill(list(range(100, 140)))
+    pc.save(c)
+    key = {"buffers": len(c.host), "kv_heads": 2, "head_dim": 4, "dtype": "float16"}
+    f = tmp_path / "c.npz"
+    write_file(pc, f, key)
+    assert read_file(PromptCache(1 << 20, 4), f, key) == (1, None)
+    with zipfile.ZipFile(f) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    meta = json.loads(bytes(np.load(io.BytesIO(members["meta.npy"]))).decode())
+    meta["version"] = version
+    buf = io.BytesIO()
+    np.save(buf, np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    members["meta.npy"] = buf.getvalue()
+    with zipfile.ZipFile(f, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+    other = PromptCache(1 << 20, 4)
+    n, why = read_file(other, f, key)
+    assert n == 0 and "version" in why and len(other) == 0

@@ -1066,3 +1066,35 @@ def test_an_engine_left_open_at_exit_waits_for_another_processs_save(tiny_bundle
         os.close(fd)
     assert child.wait(timeout=120) == 0
     assert len(read_store(store, None, None)) == 1
+
+
+# -- edgespec/suffix.py ---------------------------------------------------------------------------------------------
+def test_a_seeded_sampled_generation_is_still_recorded_for_later_ones(tiny_bundle, tmp_path):
+    """(suffix.py SuffixDrafter._sync: ``if self.records``) a seeded sampled generation does not read the memory
+    (history off) but is recorded for later generations, as the module says."""
+    eng = edgespec.load(tiny_bundle, max_context=256, memory=tmp_path / "mem.npz")
+    eng.generate("The quick brown fox", max_new_tokens=16, temperature=0.9, seed=11, drafter="suffix",
+                 ignore_eos=True)
+    assert eng.memory_stats()["memory_sequences"] == 1
+    eng.generate("def hello(world):", max_new_tokens=16, temperature=0.0, drafter="suffix", ignore_eos=True)
+    assert eng.memory_stats()["memory_sequences"] == 2
+    eng.close()
+
+
+def test_the_documents_limit_counts_every_call_and_takes_exactly_the_limit():
+    """(suffix.py SuffixDrafter.add_documents: ``document_tokens += n`` and ``> max_document_tokens``) the limit
+    is on all of an engine's documents ("at most N are indexed"): a second call counts the first's tokens (the
+    index would otherwise grow without bound, a call at a time), and documents of exactly N tokens are taken."""
+    from edgespec.errors import DocumentError
+    from edgespec.suffix import SuffixDrafter
+
+    d = SuffixDrafter(None, max_document_tokens=10)
+    assert d.add_documents([[1, 2, 3, 4, 5, 6]]) == 6
+    with pytest.raises(DocumentError, match="at most 10"):
+        d.add_documents([[7, 8, 9, 10, 11]])
+    assert d.document_tokens == 6
+    assert d.add_documents([[7, 8], [9, 10]]) == 4 and d.document_tokens == 10  # exactly the limit
+    with pytest.raises(DocumentError):
+        d.add_documents([[1]])
+    d.clear_documents()
+    assert d.add_documents([list(range(10))]) == 10
