@@ -475,3 +475,79 @@ def test_chat_encoding_with_stripping_tokens_trimmed_offsets_and_whitespace_toke
             assert tok.encode_chat(msgs) == ref.encode(tok.render_chat(msgs), add_special_tokens=False).ids, content
     plain = [{"role": "user", "content": "hi\n\n"}]  # (no special text: the plain path, trimmed)
     assert tok.encode_chat(plain) == tok._tok.encode(tok.render_chat(plain), add_special_tokens=False).ids
+
+
+# ---- a mutation test's survivors (session 68): each test fails with the bug its docstring names
+
+
+@pytest.mark.parametrize("ch", ["\U0001F600", "\u0915"], ids=["emoji-F0", "devanagari-E0"])
+def test_a_character_whose_lead_byte_is_f0_or_e0_cut_in_byte_tokens_is_left_out(tmp_path, ch):
+    """(mutants T16, T15: ``0xF0 <= b`` as ``0xF0 < b``, ``0xE0 <= b`` as ``0xE0 < b`` in ``_incomplete_utf8``) Every
+    emoji's UTF-8 starts with 0xF0 and U+0800..U+0FFF's (Devanagari, Bengali, Thai...) with 0xE0; the tests cut only
+    characters led by 0xC3, 0xE2 and 0xE4. Misread, a reply cut inside one ended in U+FFFDs, streamed and whole."""
+    from test_runtime import _sentencepiece_style
+
+    tok = _sentencepiece_style(tmp_path / "sp")
+    ids = tok.encode("ab" + ch + "x", add_special=False)
+    pieces = [tok.id_to_token(i) for i in ids]
+    at = next(i for i, p in enumerate(pieces) if p.startswith("<0x"))
+    n = len(ch.encode("utf-8"))
+    assert pieces[at:at + n] == [f"<0x{b:02X}>" for b in ch.encode("utf-8")], pieces
+    for k in range(at + 1, at + n):  # cut inside the character
+        assert tok.ends_mid_character(ids[:k]) and tok.finished_text(ids[:k]) == "ab"
+        dec = tok.stream_decoder()
+        assert "".join([dec.push([i]) for i in ids[:k]] + [dec.flush()]) == "ab"
+    assert tok.finished_text(ids[:at + n]) == "ab" + ch and not tok.ends_mid_character(ids[:at + n])
+
+
+def test_a_stop_after_a_character_in_byte_tokens_keeps_its_ids_after_a_prompts_context(tmp_path):
+    """(mutant T09: ``StreamDecoder.text_len`` with a context counting ``decode``'s U+FFFD, not ``finished_text``)
+    test_runtime checks ``_ids_up_to`` without a context only; a reply decoded after its prompt's last ids (every
+    generation since session 55) kept, before a stop string "x", only 中's first byte token: the reply's token_ids
+    ended inside a character."""
+    import types
+
+    from edgespec.api import Engine
+    from test_runtime import _sentencepiece_style
+
+    tok = _sentencepiece_style(tmp_path / "sp")
+    prompt = tok.encode("yx", add_special=False)
+    ctx = tok.text_context(prompt)
+    assert ctx
+    ids = tok.encode("xab\u4e2dxy", add_special=False)[2:]  # the reply "ab中xy", spelled mid-text
+    pieces = [tok.id_to_token(i) for i in ids]
+    assert pieces == ["a", "b", "<0xE4>", "<0xB8>", "<0xAD>", "x", "y"], pieces
+    dec = tok.stream_decoder(prompt)
+    assert "".join(dec.push([i]) for i in ids) + dec.flush() == "ab\u4e2dxy"
+    fake = types.SimpleNamespace(tokenizer=tok)
+    assert Engine._ids_up_to(fake, ids, len("ab\u4e2d"), ctx) == ids[:5]
+
+
+def test_a_prompt_ending_inside_a_character_gives_no_context(tmp_path):
+    """(mutant T11: ``text_context`` keeping a tail whose text ends in U+FFFD) A prompt whose last ids begin a
+    character gives its reply no context (Tokenizer.text_context); kept, the reply's first bytes, which finish that
+    character, were sliced off as the prompt's: the reply "\\ufffd\\ufffdy" came out as "y"."""
+    from test_runtime import _sentencepiece_style
+
+    tok = _sentencepiece_style(tmp_path / "sp")
+    whole = tok.encode("xa\u4e2dy", add_special=False)
+    at = [tok.id_to_token(i) for i in whole].index("<0xE4>")
+    prompt, reply = whole[:at + 1], whole[at + 1:]
+    assert tok.text_context(prompt) == ()
+    dec = tok.stream_decoder(prompt)
+    out = dec.push(reply) + dec.flush()
+    assert out == tok.decode(reply) and out.endswith("y") and len(out) == 3
+
+
+def test_a_character_cut_before_a_special_token_is_still_left_out(tmp_path):
+    """(mutant T19: ``continue`` as ``break`` past a special id in ``_unfinished_bytes``) Decoding leaves special
+    tokens out, so a reply whose last text token begins a character and that ends at one (its end of sequence) ends
+    inside that character: left out, as at a token limit. Every test's cut ends on a byte token."""
+    from test_runtime import _sentencepiece_style
+
+    tok = _sentencepiece_style(tmp_path / "sp")
+    ids = tok.encode("ab\u4e2d", add_special=False)[:-2] + [tok.token_to_id("</s>")]
+    assert [tok.id_to_token(i) for i in ids][-2:] == ["<0xE4>", "</s>"]
+    assert tok.ends_mid_character(ids) and tok.finished_text(ids) == "ab"
+    dec = tok.stream_decoder()
+    assert "".join(dec.push([i]) for i in ids) + dec.flush() == "ab"

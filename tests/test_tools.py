@@ -776,3 +776,139 @@ def test_the_responses_api_calls_tools_and_reads_their_outputs(tool_bundle, tmp_
         assert r.output_text == "Hello! Ask me about the weather."
     finally:
         _stop(proc, tmp_path / "server.log")
+
+
+# ---- a mutation test's survivors (session 68): each test fails with the bug its docstring names
+
+
+def test_every_call_of_a_reply_has_an_id_of_its_own():
+    """(mutant P03: ToolCall's default id a constant) Two calls in one reply shared an id: a client answers each call
+    by its tool_call_id, and the second result would be taken for the first's."""
+    _, calls = parse_tool_calls(CALL + "\n" + CALL.replace("Paris", "Rome"), NAMES)
+    ids = [c.openai()["id"] for c in calls]
+    assert len(ids) == 2 and len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+    _, again = parse_tool_calls(CALL, NAMES)
+    assert again[0].id not in ids  # (and none repeats across replies)
+
+
+def test_an_empty_list_in_a_block_is_no_call_and_stays_content():
+    """(mutant P07: ``obj if isinstance(obj, list) and obj`` without ``and obj``) A block holding ``[]`` was read as
+    zero calls and vanished from the reply: nothing the model wrote may be lost."""
+    for reply in ("<tool_call>[]</tool_call>", "Sure.\n<tool_call>\n[]\n</tool_call>", "```json\n[]\n```"):
+        assert parse_tool_calls(reply, NAMES) == (reply, [])
+        p = ToolCallParser(NAMES)
+        events = [e for ch in reply for e in p.feed(ch)] + p.finish()
+        assert "".join(v for k, v in events if k == "content") == reply and not p.calls
+
+
+def test_a_call_whose_arguments_are_under_parameters_keeps_them():
+    """(mutant P10: ``c.get("arguments", {})``) Models that write ``"parameters"`` for the arguments (as a fenced call
+    of Qwen2.5-Coder may) got a call with ``{}``: the arguments were lost without a word."""
+    for reply in ('<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>',
+                  '```json\n{"name": "get_weather", "parameters": {"city": "Oslo"}}\n```'):
+        content, calls = parse_tool_calls(reply, NAMES)
+        assert content == "" and calls_of(calls) == [("get_weather", {"city": "Paris" if "Paris" in reply else "Oslo"})]
+
+
+def test_a_bare_object_with_more_keys_than_a_call_is_no_call():
+    """(mutant P17: ``set(obj) != _BARE_KEYS`` as ``not _BARE_KEYS <= set(obj)``) A bare reply is a call only where it
+    holds its name and arguments and nothing else (tools.py's ``_bare_calls``): an object with one key more, JSON the
+    model was asked for, was taken for a call and the user's answer lost."""
+    for reply in ('{"name": "get_weather", "arguments": {"city": "Paris"}, "note": "from the docs"}',
+                  '{"name": "get_weather", "arguments": {}, "description": "Weather of a city"}'):
+        assert parse_tool_calls(reply, NAMES) == (reply, [])
+
+
+def test_whitespace_before_a_call_is_left_out_with_content_on_both_sides():
+    """(mutant P24: ``self._space = ""`` dropped in ``_close``) Whitespace around calls is left out (ToolCallParser):
+    the line break held before a call was given out after it, "Before.\\n\\nAfter.". No PARSE case has content on both
+    sides of a call."""
+    reply = "Before.\n" + CALL + "\nAfter."
+    content, calls = parse_tool_calls(reply, NAMES)
+    assert content == "Before.\nAfter." and calls_of(calls) == [("get_weather", {"city": "Paris"})]
+    p = ToolCallParser(NAMES)
+    events = [e for ch in reply for e in p.feed(ch)] + p.finish()
+    assert "".join(v for k, v in events if k == "content") == "Before.\nAfter." and len(p.calls) == 1
+
+
+def test_a_closer_after_an_escaped_quote_in_an_argument_does_not_end_the_call():
+    """(mutant P28: the backslash escape ignored in ``_closer_at``) PARSE's case has ``\\"`` only after the closer
+    inside the string; an argument quoting the tag, ``"say \\"</tool_call>\\" now"``, had its call cut at the tag
+    and the whole block given out as content, the call lost."""
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "say \\"</tool_call>\\" now"}}\n</tool_call>'
+    content, calls = parse_tool_calls(reply, NAMES)
+    assert content == "" and calls_of(calls) == [("get_weather", {"city": 'say "</tool_call>" now'})]
+    p = ToolCallParser(NAMES)
+    events = [e for ch in reply for e in p.feed(ch)] + p.finish()
+    assert [k for k, _ in events] == ["call"]
+
+
+def test_a_block_with_an_empty_name_is_no_call():
+    """(mutant P08: ``or not c["name"]`` dropped in ``_as_calls``) A ``<tool_call>`` block's name is not checked against
+    the tools (any function the model names is a call), so only this test kept ``"name": ""`` from reaching a client
+    as a call of no function; the block is content, as any malformed one."""
+    reply = '<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>'
+    assert parse_tool_calls(reply, NAMES) == (reply, [])
+
+
+def test_a_reply_naming_no_tool_streams_once_its_name_is_whole():
+    """(mutant P15: ``_call_shaped`` returning True for any whole name) JSON that names no tool, ``{"name": "Alice"``,
+    was held as a possible bare call to the reply's end (streaming stopped: the whole reply came at once); the test
+    of a name that shows only covers a name cut before its closing quote."""
+    p = ToolCallParser(NAMES)
+    assert p.feed('{"name": "Alice"') == [("content", '{"name": "Alice"')]
+    assert p.feed(', "age": 3}') == [("content", ', "age": 3}')] and p.finish() == []
+
+
+def test_arguments_keep_their_characters_as_written():
+    """(mutant P12: ``ensure_ascii=True``) A call's arguments are the UTF-8 text the model wrote (as OpenAI gives
+    them), not ASCII escapes: a client that shows or compares the text saw ``Z\\u00fcrich``."""
+    _, calls = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich"}}</tool_call>', NAMES)
+    assert calls[0].arguments == '{"city": "Zürich"}'
+
+
+def test_without_tools_a_fenced_json_block_is_content():
+    """(mutant P19: the fenced blocks read without ``names``) A fenced block is a call only where it names one of the
+    tools; ``parse_tool_calls`` without names (no tools) read any fenced ``{"name": ...}`` as a call."""
+    reply = '```json\n{"name": "f", "arguments": {}}\n```'
+    assert parse_tool_calls(reply) == (reply, [])
+
+
+def _byte_level_grammars(tmp_path):
+    """A byte-level tokenizer (GPT-2's alphabet, no merges) with Qwen2.5's call markup as added tokens, and its
+    ``Grammars``: (tokenizer, grammars, ids of </s>, <tool_call>, </tool_call>)."""
+    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers
+
+    from edgespec.constrain import Grammars
+    from edgespec.tokenizer import Tokenizer
+
+    pytest.importorskip("llguidance")
+    hf = HF(models.BPE(vocab={c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<s>", "</s>")])
+    hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<tool_call>", "</tool_call>")])
+    (tmp_path / "t").mkdir()
+    hf.save(str(tmp_path / "t" / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "t")
+    ids = tuple(tok.token_to_id(t) for t in ("</s>", "<tool_call>", "</tool_call>"))
+    return tok, Grammars(tok._tok.to_str(), tok.vocab_size, [ids[0]], text_encode=tok.encode_text_piece), ids
+
+
+def test_a_forced_call_of_a_function_that_is_not_strict_takes_any_object(tmp_path):
+    """(mutant C09: ``if f.get("strict")`` as ``if True`` in ``tool_call_grammar``) A forced call's arguments are any
+    JSON object unless its function is strict (tool_call_grammar's docstring, tools.py): held to the parameters, a
+    reply OpenAI's rules allow was forbidden. The tiny tool model's forced calls fit the parameters anyway."""
+    from edgespec.constrain import tool_call_grammar
+
+    tok, gr, (eos, op, cl) = _byte_level_grammars(tmp_path)
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+    reply = [op] + tok.encode_text_piece('\n{"name": "get_weather", "arguments": {"town": 1}}\n') + [cl]
+    for choice in ("required", {"name": "get_weather"}):
+        c = gr.constraint(tool_call_grammar(tools, choice, True, op, cl))
+        assert c.m.validate_tokens(reply) == len(reply), choice
+    strict = [{"type": "function", "function": {"name": "get_weather", "parameters": params, "strict": True}}]
+    c = gr.constraint(tool_call_grammar(strict, "required", True, op, cl))
+    assert c.m.validate_tokens(reply) < len(reply)  # (strict: held to them)
