@@ -2872,3 +2872,47 @@ def test_a_model_drafters_offer_leaves_its_draft_room_in_its_own_cache():
         if o is not None:
             d = md.draft(ctx, o.max_tokens, SamplingParams(), np.random.default_rng(0))
             assert len(d.tokens) == o.max_tokens and md.lm.length <= 32
+
+
+def test_prompt_lookup_refuses_a_zero_length_ngram():
+    """(drafters.py PromptLookupDrafter: ``1 <= min_ngram``) an n-gram of no tokens matches everywhere: a draft of
+    whatever followed the context's last position, keyed as a match. Refused, as a max below the min is."""
+    for lo, hi in ((0, 3), (-1, 2), (3, 2)):
+        with pytest.raises(ValueError, match="min_ngram"):
+            PromptLookupDrafter(min_ngram=lo, max_ngram=hi)
+    assert PromptLookupDrafter(min_ngram=1, max_ngram=1).min_ngram == 1
+
+
+def test_a_hint_is_fed_within_the_drafters_embedding_on_every_path():
+    """(drafters.py ModelDrafter.draft: ``lm.forward(self._fit(hint))``) a free drafter's hint may hold an id past the
+    drafter's embedding (a padding id the target wrote, Qwen2.5 7B's 152,064 against the 0.5B's 151,936): fed with the
+    first step after a first read, or with a catch-up, it goes in as 0, as context tokens do; fed as it is, the
+    drafter's Gather reads out of bounds (an onnxruntime error mid-generation). The draft is the one without a hint."""
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import SamplingParams
+
+    from tiny import FakeLM
+
+    class Bounded(FakeLM):  # the drafter's embedding: 8 rows
+        def _run(self, ids, past):
+            assert all(0 <= int(t) < self.vocab for t in ids), f"id past the drafter's embedding: {list(ids)}"
+            self.fed = getattr(self, "fed", []) + [[int(t) for t in ids]]
+            return super()._run(ids, past)
+
+    greedy, rng = SamplingParams(), np.random.default_rng(0)
+    ctx = TokenBuffer([1, 9, 2, 8, 3, 4])  # (the target's vocabulary: 10)
+    plain = ModelDrafter(Bounded(8, seed=3), 10, in_vocab=8)
+    plain.begin(ctx.tolist())
+    want = plain.draft(ctx, 4, greedy, rng).tokens
+    md = ModelDrafter(Bounded(8, seed=3), 10, in_vocab=8)
+    md.begin(ctx.tolist())
+    first = md.draft(ctx, 4, greedy, rng, hint=[want[0], 9, 8])  # a first read: the hint goes in with the first step
+    assert first.tokens == want and [want[0], 0, 0] in md.lm.fed  # (the hint's call)
+    md.accept(1, 9)
+    ctx = TokenBuffer(ctx.tolist() + [want[0], 9])
+    nxt = ModelDrafter(Bounded(8, seed=3), 10, in_vocab=8)
+    nxt.begin(ctx.tolist())
+    want = nxt.draft(ctx, 3, greedy, rng).tokens
+    md.lm.fed = []
+    assert md.draft(ctx, 3, greedy, rng, hint=[want[0], 8]).tokens == want  # the catch-up's call with its hint
+    assert md.lm.fed[0][-2:] == [want[0], 0]

@@ -163,6 +163,59 @@ def test_greedy_draft_maps_back_to_token_ids():
         assert a == b and set(a) <= set(kept.tolist())
 
 
+class _NoRepeat:
+    """A structured output's constraint (constrain.Constraint's protocol) over 16 ids: tokens of ``ALLOWED`` only,
+    never the last one again."""
+
+    ALLOWED = (1, 3, 5, 9, 12, 14)
+
+    def __init__(self):
+        self.pushed = []
+
+    def mask(self):
+        last = self.pushed[-1] if self.pushed else None
+        return np.array([t in self.ALLOWED and t != last for t in range(16)])
+
+    def push(self, t):
+        assert self.mask()[t], (self.pushed, t)  # a draft never holds a token the grammar forbids
+        self.pushed.append(t)
+        return True
+
+    def pop(self):
+        self.pushed = []
+
+
+def test_a_reduced_head_drafts_within_the_grammar():
+    """(drafters.py ModelDrafter.draft: ``allowed[head]``) under a grammar, the reduced head's logits are masked by
+    what the grammar allows of its kept ids (column j is id head[j]): the draft is what the full head drafts under
+    the same grammar with every other id masked out; read at the first N ids instead, it drafts forbidden tokens."""
+    from edgespec.kv import TokenBuffer
+
+    kept = np.array([0, 1, 4, 5, 9, 11, 12, 14])
+    target = FakeLM(16, seed=2)
+    full_table = target.table + np.random.default_rng(5).normal(0, 0.5, target.table.shape)
+    masked = np.full_like(full_table, -1e9)
+    masked[:, kept] = full_table[:, kept]
+    red = ModelDrafter(FakeLM(16, table=full_table[:, kept]), 16, head_ids=kept)
+    ref = ModelDrafter(FakeLM(16, table=masked), 16)
+    rng = np.random.default_rng(0)
+    lengths = []
+    for seed in range(20):
+        prompt = np.random.default_rng(seed).integers(0, 16, size=6).tolist()
+        ctx = TokenBuffer(prompt)
+        for sp in (SamplingParams(), SamplingParams(1.0)):
+            for d in (red, ref):
+                d.reset()
+                d.begin(prompt)
+            a = red.draft(ctx, 4, sp, np.random.default_rng(seed), grammar=_NoRepeat()).tokens
+            b = ref.draft(ctx, 4, sp, np.random.default_rng(seed), grammar=_NoRepeat()).tokens
+            if sp.greedy:
+                assert a == b
+            assert set(a) <= set(_NoRepeat.ALLOWED) and all(x != y for x, y in zip(a, a[1:])), a
+            lengths.append(len(a))
+    assert sum(lengths) > 60
+
+
 # -- sampling stays exact: q is the reduced head's distribution, zero outside the kept set ---------
 VOCAB, KEPT = 4, np.array([0, 2, 3])
 

@@ -1098,3 +1098,19 @@ def test_the_documents_limit_counts_every_call_and_takes_exactly_the_limit():
         d.add_documents([[1]])
     d.clear_documents()
     assert d.add_documents([list(range(10))]) == 10
+
+
+def test_a_remembered_reply_keeps_only_the_prompt_s_last_tokens_before_it():
+    """(suffix.py _Recorder.add: ``seq[max(0, prompt_len - orders):]``) a reply is stored after the prompt's last
+    ``orders`` tokens (a later draft matches from a prompt's end), not after the whole prompt: a long prompt stored
+    whole would fill the store's cap with prompts, evicting replies."""
+    store = MemoryStore(None, "t", 1000)
+    d = SuffixDrafter(store)
+    prompt = chat(list(range(10, 60)))  # 62 tokens
+    d.remember([70, 71, 72], prompt=prompt)
+    assert store.seqs[-1].tolist() == prompt[-d.orders:] + [70, 71, 72]
+    assert store.tokens == d.orders + 3
+    d.remember([80, 81], prompt=[5, 6])  # a prompt shorter than that: whole
+    assert store.seqs[-1].tolist() == [5, 6, 80, 81]
+    d.begin(chat(list(range(10, 60))))
+    assert draft(d, prompt, 3).tokens == [70, 71, 72]  # (recalled from the prompt's end)
