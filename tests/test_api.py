@@ -104,6 +104,51 @@ def test_nested_stop_strings_cut_where_plain_decoding_cuts(engine):
     assert differ >= 3
 
 
+def test_a_stream_holds_back_all_but_the_last_character_of_a_stop_string(engine):
+    """(api.py _deltas: ``hold = max(len(s)) - 1``) one token a round, a stream holds back the tail that may begin a
+    stop string: up to one character short of the longest. Where a token boundary falls one character before a stop
+    string's end, everything before the boundary but the stop's start went out; held back one character less, the
+    stop's first character was sent, then the stop found: the stream's text is longer than the reply's."""
+    prompt = "def hello(world):"
+    full = engine.generate(prompt, max_new_tokens=40, drafter="none", ignore_eos=True)
+    dec = engine.tokenizer.decode
+    cases = 0
+    for i in range(4, len(full.token_ids)):
+        end = len(dec(full.token_ids[:i]))  # a boundary: the stop's last character comes with the next token
+        for n in (3, 4):
+            stop = full.text[end - n + 1: end + 1]
+            if (len(stop) != n or "\ufffd" in stop or full.text.find(stop) != end - n + 1
+                    or not dec(full.token_ids[:i + 1]).startswith(full.text[:end + 1])):
+                continue
+            streamed = "".join(engine.stream(prompt, max_new_tokens=40, drafter="none", ignore_eos=True, stop=[stop]))
+            assert streamed == full.text[:end - n + 1], (stop, streamed[-10:])
+            cases += 1
+        if cases >= 6:
+            break
+    assert cases >= 3, full.text
+
+
+def test_two_stop_strings_ending_on_one_token_cut_at_the_earlier_start(engine):
+    """(api.py _find_stop: ``i < best``) two stop strings that end on the same character (``"abcd"`` and ``"cd"``)
+    complete on the same token: the reply is cut where the one that starts first starts, whichever order they are
+    given in, as plain decoding and every drafter cut it."""
+    prompt = "hello world the cat sat on the mat"
+    full = engine.generate(prompt, max_new_tokens=40, drafter="none", ignore_eos=True).text
+    found = 0
+    for i in range(len(full) // 3, len(full) - 5):
+        long, short = full[i:i + 5], full[i + 3:i + 5]
+        if "\ufffd" in long or full.find(long) != i or full.find(short) != i + 3:
+            continue
+        for stops in ([long, short], [short, long]):
+            for d in ("none", "prompt-lookup"):
+                r = engine.generate(prompt, max_new_tokens=40, drafter=d, ignore_eos=True, stop=stops)
+                assert r.text == full[:i] and r.finish_reason == "stop", (stops, d, r.text[-10:])
+        found += 1
+        if found >= 3:
+            break
+    assert found >= 2, full
+
+
 def test_a_stream_refuses_at_the_call_and_a_refusal_keeps_the_last_stats(engine):
     """(session 45, a review) The decoder's checks ran at a stream's first next(): a prompt too long for the context
     (802 tokens of few characters), an empty prompt, a prediction longer than the context and a grammar that does

@@ -368,3 +368,87 @@ def test_the_lazy_grammar_s_states_around_thinking():
     con = LazyConstraint(new, TRIGGER, 10, eos=(9,))  # not a thinking model: the tags are any tokens
     con.consume([THINK, TRIGGER])
     assert len(opened) == 3
+
+
+class _Block:
+    """A tool call's fake matcher (llguidance's LLMatcher protocol as LazyConstraint uses it): any token until CLOSE,
+    which ends the call."""
+
+    CLOSE = 7
+
+    def __init__(self, seen=()):
+        self.seen = list(seen)
+
+    def validate_tokens(self, tokens):
+        return 0 if self.is_stopped() else 1
+
+    def consume_token(self, t):
+        self.seen.append(t)
+        return True
+
+    def is_error(self):
+        return False
+
+    def is_stopped(self):
+        return bool(self.seen) and self.seen[-1] == self.CLOSE
+
+    def deep_copy(self):
+        return _Block(self.seen)
+
+
+def test_a_lazy_grammar_closes_its_block_and_opens_the_next_one():
+    """(constrain.py LazyConstraint._advance: ``None if m.is_stopped()``) a block ends where its call closes: the
+    text after it is free and the next trigger opens a new block (parallel calls); a block never closed held the
+    rest of the reply to a stopped matcher (the second call and any text refused). And a draft's pushes advance a
+    copy: the kept matcher is where the kept tokens left it after ``pop``."""
+    from edgespec.constrain import LazyConstraint
+    from edgespec.errors import EdgespecError
+
+    opened = []
+
+    def new():
+        opened.append(_Block())
+        return opened[-1]
+
+    TRIGGER = 5
+    con = LazyConstraint(new, TRIGGER, 10, eos=(9,))
+    con.consume([4, TRIGGER, 3, 3, _Block.CLOSE])
+    assert con.m is None and opened[0].seen == [3, 3, _Block.CLOSE]
+    con.consume([4, 2, TRIGGER, 3])  # text after the call, then a second call
+    assert len(opened) == 2 and con.m is opened[1] and opened[1].seen == [3]
+    kept = con.m
+    assert con.push(3) and con.push(_Block.CLOSE) and con.push(4) and con.push(TRIGGER)
+    con.pop()
+    assert con.m is kept and kept.seen == [3] and len(opened) == 3  # (the draft's trigger opened a block of its own)
+    con.consume([_Block.CLOSE])
+    assert con.m is None
+    bad = LazyConstraint(new, TRIGGER, 10, eos=(9,))
+    bad.consume([TRIGGER])
+    bad.m.seen.append(_Block.CLOSE)  # (a matcher that stopped, not yet seen so: the next token is refused)
+    with pytest.raises(EdgespecError, match="outside the tool call's grammar"):
+        bad.consume([4])
+
+
+def test_white_space_before_a_thinking_model_s_block_still_opens_it(think_engine):
+    """(constrain.py Grammars.constraint: ``blank=self.blank_ids()``) a thinking model's reply that begins with a line
+    break and then <think> thinks (reasoning.answer_start strips the white space): a <tool_call> it writes there opens
+    no block of the strict call's grammar, as one without the line break; the engine's lazy grammar knows the
+    white-space ids."""
+    from edgespec.constrain import _THINKING, tool_call_grammar
+    from edgespec.tools import CLOSE, OPEN
+
+    tok = think_engine.tokenizer
+    strict = [{"type": "function", "function": {**WEATHER[0]["function"], "strict": True}}]
+    lazy = tool_call_grammar(strict, "auto", True, tok.token_to_id(OPEN), tok.token_to_id(CLOSE))
+    prompt = think_engine.encode([ASK], tools=think_engine.tool_request(WEATHER))
+    thought = tok.encode("\n<think>\nI need the <tool_call> tool.", add_special=False)
+    assert thought[1] == tok.token_to_id("<think>") and tok.token_to_id(OPEN) in thought
+    for ids in (thought, thought[1:]):
+        con = think_engine.decoder.constraints(lazy)
+        con.start(prompt)
+        con.consume(ids)
+        assert con.m is _THINKING, tok.decode(ids)
+    con = think_engine.decoder.constraints(lazy)
+    con.start(prompt)
+    con.consume(tok.encode("\nx <tool_call>", add_special=False))  # text first: no thinking, the trigger opens a block
+    assert con.m is not None and not isinstance(con.m, str)

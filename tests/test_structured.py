@@ -516,3 +516,16 @@ def test_a_strict_tools_integers_past_json_s_and_llguidance_s_limits_are_refused
     assert check_tools([{"type": "function", "function": {"name": "f", "strict": True, "parameters": ok}}])
     assert isinstance(_failure("lexer error: too many expressions constructed", "the grammar"), ConfigError)
     assert type(_failure("something else", "the grammar")) is EdgespecError
+
+
+def test_a_json_schema_without_its_schema_takes_any_json_value(tiny_bundle):
+    """(constrain.py grammar_for: ``js.get("schema", {})``) a json_schema format with no ``schema`` is the empty
+    schema: any JSON value (an array, a string, a number), where json_object takes objects only."""
+    eng = edgespec.load(tiny_bundle, memory=False)
+    anything = grammar_for({"type": "json_schema", "json_schema": {"name": "any"}})
+    objects = grammar_for({"type": "json_object"})
+    for text in ('[1, 2]', '"a b"', '3.5', '{"a": [true]}'):
+        ids = eng.tokenizer.encode(text, add_special=False)
+        assert eng.decoder.constraints(anything).masks(ids)[1] == len(ids), text
+        n = eng.decoder.constraints(objects).masks(ids)[1]
+        assert n == len(ids) if text.startswith("{") else n < len(ids), text
