@@ -266,11 +266,11 @@ def test_drafter_runs_one_token_steps_and_stays_exact(tiny_fp8_bundle):
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_smollm2_prompt_lookup_exact(precision, request):
     """SmolLM2's drafts equal its plain decoding; the fp32 graph (~3x the int4's time a token) at the adaptive
-    draft length and on the code and list prompts only (the fixed lengths 1 and 4 and the other prompts are the
-    int4's to check: 21 s of the suite's time, then 10 s)."""
+    draft length and on the code prompt only (the fixed lengths 1 and 4 and the other prompts are the int4's to
+    check: 21 s of the suite's time, then 10 s with two prompts; 24 s with two on session 70's AVX2 VM)."""
     eng = edgespec.load(request.getfixturevalue(f"smol_{precision}"), max_context=1024)
     lengths = (None,) if precision == "fp32" else (None, 1, 4)
-    for p in PROMPTS[:2] if precision == "fp32" else PROMPTS:
+    for p in PROMPTS[:1] if precision == "fp32" else PROMPTS:
         _assert_all_equal(_greedy_all(eng, p, 32, ("none", "prompt-lookup", "auto"), lengths), p)
 
 

@@ -1210,12 +1210,15 @@ def test_smollm2_exact_kernels_one_token_calls_and_exact(smol_int4, tmp_path, kv
     eng = edgespec.load(out)
     assert eng.decoder.target.spec.kv_dtype == kv_dtype
     assert (eng.decoder.target.min_width, eng.decoder.target.width_multiple) == (1, 1)
-    for p in ("def fibonacci(n):", "Summarize: the meeting moved to Tuesday at ten, floor three."):
+    # (float32 caches: the code prompt at the adaptive length only, the float16 ones every prompt and length: 12 s
+    # each on session 70's AVX2 VM before, the suite over its 20 minutes there)
+    prompts = ("def fibonacci(n):", "Summarize: the meeting moved to Tuesday at ten, floor three.")
+    for p in prompts[:1] if kv_dtype == "float32" else prompts:
         msgs = [{"role": "user", "content": p}]
         eng.reset()
         ref = eng.generate(msgs, max_new_tokens=40, drafter="none").token_ids
         for d in ("prompt-lookup", "suffix", "auto"):
-            for k in (None, 1, 3):
+            for k in (None,) if kv_dtype == "float32" else (None, 1, 3):
                 eng.reset()
                 assert eng.generate(msgs, max_new_tokens=40, drafter=d, draft_tokens=k).token_ids == ref, (p, d, k)
 
