@@ -65,10 +65,13 @@ _tempdirs: list[str] = []
 
 
 @atexit.register
-def _cleanup() -> None:
+def release() -> None:
+    """Drop the cached models and remove their views (done at exit). A view's hard links stay until then, and
+    onnx refuses to load external data that has several ("a potential hardlink attack"): a process that goes on
+    to read the bundles with onnx (the export tools, another test) calls this first."""
     _models.clear()
-    for d in _tempdirs:
-        shutil.rmtree(d, ignore_errors=True)
+    while _tempdirs:
+        shutil.rmtree(_tempdirs.pop(), ignore_errors=True)
 
 
 def model_dir(path: str | os.PathLike) -> Path:
