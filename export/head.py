@@ -511,7 +511,7 @@ def apply_to_bundle(bundle: str | os.PathLike, n: int, out: str | os.PathLike | 
     into place), one rewrite of a bundle at a time (``output.rewriting``)."""
     from .output import rewriting
 
-    with rewriting(bundle):
+    with rewriting(bundle, out):
         return _reduce_bundle(bundle, n, out, corpus, ranked, force, log)
 
 

@@ -1084,7 +1084,7 @@ def apply_to_bundle(bundle: str | os.PathLike, out: str | os.PathLike | None = N
     ExportError. One rewrite of a bundle at a time (``output.rewriting``)."""
     from .output import rewriting
 
-    with rewriting(bundle):
+    with rewriting(bundle, out):
         return _rewrite_bundle(bundle, out, force, log, own_attention, kv_dtype)
 
 

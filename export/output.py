@@ -66,13 +66,18 @@ def restore_stale_old(out: Path) -> Path | None:
 
 
 @contextmanager
-def rewriting(bundle: str | os.PathLike):
-    """Held while ``bundle`` is rewritten (drafter-vocab, exact-kernels): a bundle that a rewrite stopped between
-    publish's two renames left aside is put back first, and an exclusive lock on the bundle's folder refuses a
-    second rewrite of it at once (two ran together, both exited 0, and one's result was lost, or the later one
-    wrote its old manifest over the other's files: a bundle that no longer loaded; session 55, a review). Where
-    the system has no ``flock``, no lock."""
+def rewriting(bundle: str | os.PathLike, out: str | os.PathLike | None = None):
+    """Held while ``bundle`` is rewritten (drafter-vocab, exact-kernels) in place (``out`` None or the bundle
+    itself) or into the new bundle ``out``: a bundle that a rewrite stopped between publish's two renames left
+    aside is put back first, and a lock on the bundle's folder refuses at once what would clash. In place the lock
+    is exclusive: a second rewrite of the bundle is refused (two ran together, both exited 0, and one's result was
+    lost, or the later one wrote its old manifest over the other's files: a bundle that no longer loaded; session
+    55, a review), and so is one while another rewrite copies the bundle elsewhere. Into a new bundle it is shared:
+    the source is only read, so several such rewrites of one bundle run at once (each was refused, session 71),
+    and an in-place rewrite of it waits for none of them but is refused. Where the system has no ``flock``, no
+    lock."""
     path = Path(bundle).expanduser()
+    in_place = out is None or Path(out).expanduser().resolve() == path.resolve()
     restore_stale_old(path.resolve())
     try:
         import fcntl
@@ -86,13 +91,14 @@ def rewriting(bundle: str | os.PathLike):
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX if in_place else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except OSError as e:
             import errno
 
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ExportError(f"{path} is being rewritten by another edgespec process; run this again once it "
-                                  "is done") from None
+                doing = "rewritten or copied by another edgespec rewrite" if in_place else "rewritten in place by "\
+                    "another edgespec process"
+                raise ExportError(f"{path} is being {doing}; run this again once it is done") from None
             # (a file system without flock on folders, NFS's EBADF or ENOLCK: no lock, as where there is no fcntl)
         yield
     finally:

@@ -571,9 +571,21 @@ def test_one_rewrite_of_a_bundle_at_a_time_and_a_stopped_ones_copy_is_put_back(t
     fd = os.open(b, os.O_RDONLY | os.O_DIRECTORY)  # another process's rewrite, as its lock holds the folder
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        for rewrite in (lambda: apply_to_bundle(b, 256), lambda: exact_kernels(b)):
-            with pytest.raises(ExportError, match="is being rewritten by another edgespec process"):
+        for rewrite in (lambda: apply_to_bundle(b, 256), lambda: exact_kernels(b),
+                        lambda: exact_kernels(b, b / ".." / b.name)):  # (-o naming the bundle: in place)
+            with pytest.raises(ExportError, match="is being rewritten or copied by another edgespec rewrite"):
                 rewrite()
+        for rewrite in (lambda: apply_to_bundle(b, 256, b.parent / "copy1"), lambda: exact_kernels(b, b.parent / "c")):
+            with pytest.raises(ExportError, match="is being rewritten in place by another edgespec process"):
+                rewrite()  # (into a new bundle while one rewrites it in place)
+        assert (b / "edgespec.json").read_text() == before and not (b.parent / "copy1").exists()
+        # (session 71) another rewrite reading the bundle into a new one (a shared lock): rewrites into new bundles
+        # run beside it (each was refused); one in place is refused
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        with pytest.raises(ExportError, match="is being rewritten or copied by another edgespec rewrite"):
+            apply_to_bundle(b, 256)
+        assert load_manifest(apply_to_bundle(b, 256, b.parent / "copy1"), deep=True).drafter.head_size == 256
+        assert load_manifest(exact_kernels(b, b.parent / "copy2"), deep=True).target.path.is_file()
         assert (b / "edgespec.json").read_text() == before
     finally:
         os.close(fd)
