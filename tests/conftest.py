@@ -83,11 +83,28 @@ def exact_kernels_decode_exactly(bundle, out, log_has: str, **kw):
     return out
 
 
-def _export(tmp_path_factory, name, target, **kw):
+def _export(tmp_path_factory, name, target, shared=False, **kw):
+    """``target`` exported into a temporary bundle ``name``. ``shared``: under pytest-xdist (the README's test
+    command runs two workers), one export for all the workers, the first to ask making it while the others wait
+    (SmolLM2's three took ~2 minutes of each worker's time). Tests read session bundles and copy them to change them
+    (``copy_bundle``); the tiny ones stay one per worker, as test_export's onnxruntime-genai check hard-links one's
+    files for a while, which onnx refuses to load meanwhile."""
     from edgespec_export import export_bundle
 
-    out = tmp_path_factory.mktemp("bundles") / name
-    return export_bundle(str(target), out, quality=kw.pop("quality", False), **kw)
+    quality = kw.pop("quality", False)
+    if not (shared and os.environ.get("PYTEST_XDIST_WORKER")):
+        return export_bundle(str(target), tmp_path_factory.mktemp("bundles") / name, quality=quality, **kw)
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent / "shared-bundles"  # (the run's folder, above each worker's)
+    root.mkdir(exist_ok=True)
+    out, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():  # (a worker that failed to export it left no .done: the next one tries again)
+            export_bundle(str(target), out, quality=quality, force=out.exists(), **kw)
+            done.touch()
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +137,7 @@ def _smol(tmp_path_factory, precision):
     if (pre / "edgespec.json").is_file():  # (an exported bundle needs no GGUF: the GPU run may carry one alone)
         return pre
     need(SMOL_GGUF, "SmolLM2-135M")
-    return _export(tmp_path_factory, f"smollm2-{precision}", SMOL_GGUF, target_precision=precision,
+    return _export(tmp_path_factory, f"smollm2-{precision}", SMOL_GGUF, shared=True, target_precision=precision,
                    max_context=2048)
 
 
@@ -158,5 +175,5 @@ def smol_cuda(tmp_path_factory):
     if (pre / "edgespec.json").is_file():
         return pre
     need(SMOL_GGUF, "SmolLM2-135M")
-    return _export(tmp_path_factory, "smollm2-int4-cuda", SMOL_GGUF, target_precision="int4", max_context=2048,
-                   device="cuda", quality=True)
+    return _export(tmp_path_factory, "smollm2-int4-cuda", SMOL_GGUF, shared=True, target_precision="int4",
+                   max_context=2048, device="cuda", quality=True)

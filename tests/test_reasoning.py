@@ -452,3 +452,45 @@ def test_white_space_before_a_thinking_model_s_block_still_opens_it(think_engine
     con.start(prompt)
     con.consume(tok.encode("\nx <tool_call>", add_special=False))  # text first: no thinking, the trigger opens a block
     assert con.m is not None and not isinstance(con.m, str)
+
+
+def _split_by_definition(text: str, inside: bool) -> tuple[str | None, str]:
+    """The split as reasoning.py's docstring defines it, on the whole text: a block opened by the reply (white space,
+    then <think>) or by the template (``inside``) runs to the first </think>; its thinking stripped of the white
+    space inside the tags, the answer of what follows the block's end; a reply with no block is all answer."""
+    if inside:
+        body = text
+    else:
+        s = text.lstrip()
+        if not s.startswith("<think>"):
+            return None, text
+        body = s[len("<think>"):]
+    at = body.find("</think>")
+    if at < 0:
+        return body.strip(), ""
+    return body[:at].strip(), body[at + len("</think>"):].lstrip()
+
+
+def test_the_streamed_split_is_the_whole_texts_for_any_text_and_any_pieces():
+    """(session 71) Texts made of the tags, their prefixes, white space and words, cut into pieces one character
+    each and at random: what the splitter gives as they stream joins to the split by definition of the whole text
+    (the held-back tails of a possible tag or of white space, the tags' ends falling across pieces)."""
+    bits = ["<think>", "</think>", "<th", "</thi", "</", "<", ">", " ", "\n", "\t", "a", "bc", "think", "/", "é"]
+    rng = random.Random(71)
+    for _ in range(1500):
+        text = "".join(rng.choice(bits) for _ in range(rng.randint(0, 12)))
+        for inside in (False, True):
+            want = _split_by_definition(text, inside)
+            assert split_reasoning(text, inside) == want, (text, inside)
+            for step in (lambda: 1, lambda: rng.randint(1, 6)):
+                sp, parts, i = ReasoningSplitter(inside), {"reasoning": [], "content": []}, 0
+                while i < len(text):
+                    n = step()
+                    for kind, t in sp.feed(text[i:i + n]):
+                        parts[kind].append(t)
+                    i += n
+                for kind, t in sp.finish():
+                    parts[kind].append(t)
+                got = ("".join(parts["reasoning"]) if sp.opened else None, "".join(parts["content"]))
+                assert got == want and all(parts["reasoning"] + parts["content"]), (text, inside)  # (no empty delta)
+                assert sp.closed == (want[0] is not None and "</think>" in (text if inside else text.lstrip()[7:]))
