@@ -51,6 +51,36 @@ def test_masks_are_the_tokens_that_spell_the_rest():
     assert c.done and c.masks([4, 4])[1] == 2
 
 
+def test_a_constraints_rows_pushes_and_end_follow_the_bytes_of_each_token():
+    """(session 71, a mutation test) Rows after tokens of several bytes, pushes that add up and a pop that takes
+    them all back, the end reached exactly, and a tokenizer's special tokens never healing (each went unchecked)."""
+    h = Healer(TABLE)
+    c = HealConstraint(h, b"abba")
+    allowed, n = c.masks([1, 3, 0])  # "ab", "ba": spelled, then anything
+    assert n == 3 and (allowed[1] == brute(TABLE, b"ba")).all() and allowed[2].all() and allowed[3].all()
+    c.push(0)
+    c.push(2)  # "a" then "b": two bytes pushed
+    assert (c.mask() == brute(TABLE, b"ba")).all()
+    c.pop()
+    assert (c.mask() == brute(TABLE, b"abba")).all()
+    c.consume([1, 2])
+    assert not c.done and (c.mask() == brute(TABLE, b"a")).all()
+    c.consume([0])  # the fourth byte of four
+    assert c.done and c.mask().all()
+
+    class Tok:  # (Healer.of reads these three)
+        def special_ids_texts(self):
+            return {"<s>"}
+
+        def token_to_id(self, t):
+            return {"<s>": 2}[t]
+
+        def token_bytes(self, i):
+            return [b"a", b"ab", b"<s>", b"<"][i]
+
+    assert Healer.of(Tok(), 4).mask(b"<").tolist() == [False, False, False, True]
+
+
 def _healing_decoder(vocab=6, seed=0):
     dec = make(vocab=vocab, seed=seed)
     dec.healer = lambda: Healer(TABLE)
