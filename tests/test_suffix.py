@@ -1114,3 +1114,21 @@ def test_a_remembered_reply_keeps_only_the_prompt_s_last_tokens_before_it():
     assert store.seqs[-1].tolist() == [5, 6, 80, 81]
     d.begin(chat(list(range(10, 60))))
     assert draft(d, prompt, 3).tokens == [70, 71, 72]  # (recalled from the prompt's end)
+
+
+def test_a_signature_reads_the_prompts_last_tokens_and_keys_refuse_ids_past_their_bits():
+    """(session 71, a mutation test of ngram.py) A prompt's signature is its last SIGNATURE_TOKENS tokens' 4-grams
+    (a chat prompt ends with its request; a long system prompt before it does not make two requests alike), and
+    sequence keys refuse a token id past the 24 bits a key gives it (it would spill into the context's bits)."""
+    from edgespec.ngram import MAX_TOKEN, SIGNATURE_TOKENS, prompt_signature, sequence_keys
+
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 1000, SIGNATURE_TOKENS + 300)
+    sig = prompt_signature(prompt)
+    assert np.array_equal(sig, prompt_signature(prompt[-SIGNATURE_TOKENS:]))
+    assert len(sig) < len(prompt_signature(prompt, last=len(prompt)))
+    assert len(prompt_signature(prompt[:3])) == 0 and len(prompt_signature(prompt[:4])) == 1
+    for bad in (MAX_TOKEN, -1):
+        with pytest.raises(ValueError, match="token ids must be in"):
+            sequence_keys([np.array([1, 2, bad])])
+    assert len(sequence_keys([np.array([1, 2, MAX_TOKEN - 1])])) == 3
