@@ -1132,3 +1132,30 @@ def test_a_signature_reads_the_prompts_last_tokens_and_keys_refuse_ids_past_thei
         with pytest.raises(ValueError, match="token ids must be in"):
             sequence_keys([np.array([1, 2, bad])])
     assert len(sequence_keys([np.array([1, 2, MAX_TOKEN - 1])])) == 3
+
+
+def test_a_stores_cap_counts_and_a_delete_are_kept_to_the_token(tmp_path):
+    """(session 71, a mutation test of memory.py) The evicted count is of sequences (memory_evicted), a store
+    filled to exactly its cap reloads whole, a cap under one token is refused, and a deleted store's file stays
+    deleted through the drafter's save at exit (it wrote an empty store back)."""
+    store = MemoryStore(None, "t", 50, cap_tokens=10)
+    for s in ([1, 2, 3], [4, 5, 6], [7, 8, 9, 10]):
+        store.add(s)
+    store.add([11, 12, 13, 14, 15, 16])  # 10 + 6 > 10: the first two go (3 + 6 + 4 would pass the cap)
+    assert store.evicted == 2 and store.tokens == 10 and [s.tolist() for s in store.seqs] == [[7, 8, 9, 10],
+                                                                                               list(range(11, 17))]
+    path = tmp_path / "store.npz"
+    full = MemoryStore(path, "t", 50, cap_tokens=10)
+    full.add([1, 2, 3, 4, 5])
+    full.add([6, 7, 8, 9, 10])
+    full.save()
+    again = MemoryStore(path, "t", 50, cap_tokens=10)
+    again.load()
+    assert again.tokens == 10 and len(again) == 2
+    for cap in (0, -1):
+        with pytest.raises(StoreError, match="memory cap must be >= 1 token"):
+            MemoryStore(None, "t", 50, cap_tokens=cap)
+    again.delete()
+    assert not path.exists()
+    SuffixDrafter(again).flush()  # (what the engine's close, its finalizer and exit do)
+    assert not path.exists()
