@@ -134,9 +134,14 @@ def _kind(v) -> str:
             dict: "an object"}.get(type(v), type(v).__name__)
 
 
+def _is_minus_one(v) -> bool:
+    return v == -1 and not isinstance(v, bool)
+
+
 def _seed(body: dict) -> int | None:
-    """``seed``: 0..2**63-1, or -1 for none (llama.cpp's server's "random", which its front-ends send)."""
-    if body.get("seed") == -1 and not isinstance(body.get("seed"), bool):
+    """``seed``: 0..2**63-1, or -1 for none (llama.cpp's server's "random", which its front-ends send). (``top_k``
+    -1 is vLLM's "off", as 0 here: clients written for vLLM send it.)"""
+    if _is_minus_one(body.get("seed")):
         return None
     return _int(body, "seed", 0, 2**63 - 1)
 
@@ -307,7 +312,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     opts = req.options
     for key, value in (("temperature", _number(body, "temperature", 0.0, 2.0)),
                        ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
-                       ("top_k", _int(body, "top_k", 0, 2**31 - 1)),
+                       ("top_k", 0 if _is_minus_one(body.get("top_k")) else _int(body, "top_k", 0, 2**31 - 1)),
                        ("min_p", _number(body, "min_p", 0.0, 1.0)),
                        ("seed", _seed(body))):
         if value is not None:
@@ -567,6 +572,10 @@ def _input_item(item, where: str, msgs: list[dict], origin: list[str]) -> str | 
                               "invalid_type")
                 texts.append(text)
             content = "\n".join(texts)  # (as the chat endpoint joins text parts)
+        if item.get("role") == "tool":  # (a chat role: it was refused for a tool_call_id named as call_id, a field a
+            # message item does not have; a call's output is a function_call_output item)
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got 'tool' (a call's output is a "
+                      "function_call_output item)", f"{where}.role")
         msgs.append({"role": item.get("role"), "content": content})
         origin.append(where)
     elif t == "function_call":

@@ -647,6 +647,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("responses", {"input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens", None),
     ("responses", {"input": "hi", "messages": []}, 400, "messages", "unknown_parameter"),
     ("responses", {"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type", "unsupported_value"),
+    ("responses", {"input": [{"role": "tool", "content": "x"}]}, 400, "input[0].role", None),  # (session 71, a
+    # review: it asked for a call_id, which a message item has no place for)
     ("responses", {"input": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]}, 400,
      "input[1].role", None),
     ("responses", {"instructions": "be terse", "input": [{"role": "user", "content": 5}]}, 400, "input[0].content",
@@ -708,7 +710,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p", None),
-    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": -1}, 400, "top_k", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": -2}, 400, "top_k", None),  # (-1: vLLM's off)
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": True}, 400, "top_k", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "seed": -3}, 400, "seed", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, 400, "max_tokens", None),
@@ -1784,3 +1787,18 @@ def test_an_assistants_refusal_part_is_what_it_said():
         with pytest.raises(P.APIError, match=words) as e:
             P._message(m, 0)
         assert e.value.status == 400
+
+
+def test_top_k_minus_one_is_off_as_vllm_takes_it():
+    """(session 71, a review) vLLM's top_k -1 ("consider all tokens", its older default) was refused: clients written
+    for vLLM send it. It is 0 here, off; -2 and a bool are refused."""
+    from edgespec.server_protocol import APIError, parse_chat, parse_completion, parse_responses
+
+    msgs = [{"role": "user", "content": "hi"}]
+    assert parse_chat({"messages": msgs, "top_k": -1}, "m").options["top_k"] == 0
+    assert parse_completion({"prompt": "a", "top_k": -1.0}, "m").options["top_k"] == 0
+    assert parse_responses({"input": "hi", "top_k": -1}, "m").options["top_k"] == 0
+    assert parse_chat({"messages": msgs, "top_k": 5}, "m").options["top_k"] == 5
+    for bad in (-2, True, "x"):
+        with pytest.raises(APIError, match="top_k"):
+            parse_chat({"messages": msgs, "top_k": bad}, "m")
