@@ -135,12 +135,12 @@ def _kind(v) -> str:
 
 
 def _is_minus_one(v) -> bool:
+    """-1 (or -1.0), not a bool: ``seed`` -1 is llama.cpp's server's "random", ``top_k`` -1 vLLM's "off"."""
     return v == -1 and not isinstance(v, bool)
 
 
 def _seed(body: dict) -> int | None:
-    """``seed``: 0..2**63-1, or -1 for none (llama.cpp's server's "random", which its front-ends send). (``top_k``
-    -1 is vLLM's "off", as 0 here: clients written for vLLM send it.)"""
+    """``seed``: 0..2**63-1, or -1 for none (llama.cpp's server's "random", which its front-ends send)."""
     if _is_minus_one(body.get("seed")):
         return None
     return _int(body, "seed", 0, 2**63 - 1)

@@ -541,12 +541,12 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
     from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, raise_if_full,
-                         remove_parents, remove_replaced, remove_tree, terminate_cleanly)
+                         remove_parents, remove_replaced, remove_tree, rewrites_in_place, terminate_cleanly)
 
-    if out is not None and Path(out).expanduser().resolve() == src.resolve():
-        out = None  # (-o naming the bundle itself: its in-place rewrite, as without -o; it was refused twice, the first
-        # refusal advising the --force the second refused)
-    in_place = out is None
+    in_place = rewrites_in_place(src, out)  # (-o naming the bundle itself: its in-place rewrite, as without -o; it
+    # was refused twice, the first refusal advising the --force the second refused)
+    if in_place:
+        out = None
     if not in_place and src.resolve() in Path(out).expanduser().resolve().parents:  # (before anything is made)
         raise ExportError(f"{Path(out).expanduser().resolve()} is inside the bundle {src}; write the new bundle "
                           "elsewhere")

@@ -65,6 +65,11 @@ def restore_stale_old(out: Path) -> Path | None:
     return None
 
 
+def rewrites_in_place(bundle: str | os.PathLike, out: str | os.PathLike | None) -> bool:
+    """Whether a rewrite of ``bundle`` into ``out`` is one in place: no ``out``, or ``out`` naming the bundle."""
+    return out is None or Path(out).expanduser().resolve() == Path(bundle).expanduser().resolve()
+
+
 @contextmanager
 def rewriting(bundle: str | os.PathLike, out: str | os.PathLike | None = None):
     """Held while ``bundle`` is rewritten (drafter-vocab, exact-kernels) in place (``out`` None or the bundle
@@ -77,7 +82,7 @@ def rewriting(bundle: str | os.PathLike, out: str | os.PathLike | None = None):
     and an in-place rewrite of it waits for none of them but is refused. Where the system has no ``flock``, no
     lock."""
     path = Path(bundle).expanduser()
-    in_place = out is None or Path(out).expanduser().resolve() == path.resolve()
+    exclusive = rewrites_in_place(path, out)
     restore_stale_old(path.resolve())
     try:
         import fcntl
@@ -91,12 +96,12 @@ def rewriting(bundle: str | os.PathLike, out: str | os.PathLike | None = None):
         return
     try:
         try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if in_place else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except OSError as e:
             import errno
 
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                doing = "rewritten or copied by another edgespec rewrite" if in_place else "rewritten in place by "\
+                doing = "rewritten or copied by another edgespec rewrite" if exclusive else "rewritten in place by "\
                     "another edgespec process"
                 raise ExportError(f"{path} is being {doing}; run this again once it is done") from None
             # (a file system without flock on folders, NFS's EBADF or ENOLCK: no lock, as where there is no fcntl)
