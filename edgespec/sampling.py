@@ -54,14 +54,17 @@ class SamplingParams:
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
         if not 0 <= self.top_k < 2**31:
             raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {shown(self.top_k)}")
-        if not 0 < self.top_p <= 1:  # also refuses nan
-            raise ConfigError(f"top_p must be in (0, 1], got {shown(self.top_p)}")
+        # (top_p 0: a nucleus of no mass keeps the most likely token alone, greedy decoding: OpenAI's API and
+        # llama.cpp take 0 so, vLLM refuses it; refused here until session 72, and OpenAI clients send it)
+        if not 0 <= self.top_p <= 1:  # also refuses nan
+            raise ConfigError(f"top_p must be in [0, 1] (0: the most likely token alone), got {shown(self.top_p)}")
         if not 0 <= self.min_p <= 1:  # also refuses nan
             raise ConfigError(f"min_p must be in [0, 1] (0 is off), got {shown(self.min_p)}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or top_p 0 (the most likely token alone at any temperature): the target's argmax."""
+        return self.temperature == 0 or self.top_p == 0
 
 
 class Dist:

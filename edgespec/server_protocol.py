@@ -162,7 +162,7 @@ def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None, whe
     return v
 
 
-def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
     v = body.get(key)
     if v is None:
         return None
@@ -171,9 +171,9 @@ def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -
     try:
         v = float(v)
     except OverflowError:  # an integer too large for a float
-        raise bad(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]", key) from None
-    if not math.isfinite(v) or v > hi or (v <= lo if lo_open else v < lo):
-        raise bad(f"'{key}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}", key)
+        raise bad(f"'{key}' must be in [{lo:g}, {hi:g}]", key) from None
+    if not math.isfinite(v) or v > hi or v < lo:
+        raise bad(f"'{key}' must be in [{lo:g}, {hi:g}], got {v}", key)
     return float(v)
 
 
@@ -311,7 +311,7 @@ def _common(body: dict, kind: str, model_id: str) -> GenRequest:
     req.stop = _stop(body.get("stop"))
     opts = req.options
     for key, value in (("temperature", _number(body, "temperature", 0.0, 2.0)),
-                       ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
+                       ("top_p", _number(body, "top_p", 0.0, 1.0)),  # (0: greedy, as OpenAI takes it)
                        ("top_k", 0 if _is_minus_one(body.get("top_k")) else _int(body, "top_k", 0, 2**31 - 1)),
                        ("min_p", _number(body, "min_p", 0.0, 1.0)),
                        ("seed", _seed(body))):

@@ -1457,6 +1457,32 @@ def test_seed_reproduces_on_a_real_bundle(tiny_bundle):
     assert all(len(v) == 1 for v in outs.values()), {k: len(v) for k, v in outs.items()}
 
 
+def test_top_p_zero_is_greedy_decoding_at_any_temperature(tiny_bundle):
+    """(session 72) top_p 0 keeps the most likely token alone (OpenAI's API and llama.cpp take it so): greedy
+    decoding, the exact path (argmax, greedy acceptance) whatever the temperature, seed or drafter; outside [0, 1]
+    still refused."""
+    import edgespec
+    from edgespec.sampling import SamplingParams
+
+    assert SamplingParams(1.0, top_p=0.0).greedy and SamplingParams(0.0).greedy
+    assert not SamplingParams(1.0, top_p=1e-6).greedy
+    for bad in (-1e-9, 1.01, float("nan")):
+        with pytest.raises(ConfigError, match="top_p"):
+            SamplingParams(1.0, top_p=bad)
+    eng = edgespec.load(tiny_bundle, max_context=256)
+    prompt = "The quick brown fox"
+    want = eng.generate(prompt, max_new_tokens=30, temperature=0.0, drafter="none", ignore_eos=True).token_ids
+    sampled = set()
+    for drafter in ("none", "model", "prompt-lookup", "auto"):
+        for seed, t in ((1, 0.8), (2, 1.5), (None, 1.0)):
+            r = eng.generate(prompt, max_new_tokens=30, temperature=t, top_p=0.0, seed=seed, drafter=drafter,
+                             ignore_eos=True)
+            assert r.token_ids == want, (drafter, seed, t)
+        sampled.add(tuple(eng.generate(prompt, max_new_tokens=30, temperature=1.5, seed=3, drafter=drafter,
+                                       ignore_eos=True).token_ids))
+    assert sampled - {tuple(want)}, "sampling at T 1.5 gave the greedy reply: the check above says nothing"
+
+
 # -- temperature alone over a large vocabulary: TailDist ---------------------------------------
 
 def _tail_row(n=5000):

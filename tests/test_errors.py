@@ -354,7 +354,7 @@ def test_prompt_longer_than_context(tiny_bundle):
 def test_bad_generation_options(tiny_bundle):
     eng = edgespec.load(tiny_bundle)
     with pytest.raises(edgespec.ConfigError):
-        eng.generate("hi", top_p=0)
+        eng.generate("hi", top_p=-0.5)
     with pytest.raises(edgespec.ConfigError):
         eng.generate("hi", temperature=-1)
     with pytest.raises(edgespec.ConfigError, match="unknown generation option"):

@@ -45,7 +45,7 @@ def test_the_manifests_field_is_checked():
         "temperature": 0.7, "top_k": 20, "top_p": 0.8, "min_p": 0.05, "repetition_penalty": 1.05}
     for bad, msg in (({"temperature": -1}, "temperature must be"), ({"top_k": 1.5}, "top_k must be an integer"),
                      ({"typical_p": 0.9}, "'typical_p' is not a sampling option"), ({"top_p": True}, "a number"),
-                     ({"top_p": 0}, "top_p must be in"), ({"repetition_penalty": 0}, "repetition_penalty must be"),
+                     ({"top_p": -0.1}, "top_p must be in"), ({"repetition_penalty": 0}, "repetition_penalty must be"),
                      ([0.7], "must be an object")):
         with pytest.raises(ManifestError, match=msg):
             check_sampling_defaults(bad, "manifest.sampling_defaults")

@@ -708,7 +708,7 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": 2.5}, 400, "temperature", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": -0.1}, 400, "temperature", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature", None),
-    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": -0.1}, 400, "top_p", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": -2}, 400, "top_k", None),  # (-1: vLLM's off)
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_k": True}, 400, "top_k", None),
@@ -1787,6 +1787,40 @@ def test_an_assistants_refusal_part_is_what_it_said():
         with pytest.raises(P.APIError, match=words) as e:
             P._message(m, 0)
         assert e.value.status == 400
+
+
+def test_top_p_zero_is_greedy_as_openai_takes_it(server):
+    """(session 72) top_p 0 was refused (a 400; vLLM refuses it too), but OpenAI's API and llama.cpp take it, and
+    clients send it for a deterministic reply: a nucleus of no mass keeps the most likely token alone. Through the
+    three endpoints' parsers, and served (SmolLM2): at temperature 1 with top_p 0 the reply is the greedy one,
+    whatever the seed, on the completions, chat and Responses endpoints."""
+    from edgespec.server_protocol import APIError, parse_chat, parse_completion, parse_responses
+
+    msgs = [{"role": "user", "content": "hi"}]
+    assert parse_chat({"messages": msgs, "top_p": 0}, "m").options["top_p"] == 0.0
+    assert parse_completion({"prompt": "a", "top_p": 0.0}, "m").options["top_p"] == 0.0
+    assert parse_responses({"input": "hi", "top_p": 0}, "m").options["top_p"] == 0.0
+    for bad in (-0.1, 1.5, True):
+        with pytest.raises(APIError, match="top_p"):
+            parse_chat({"messages": msgs, "top_p": bad}, "m")
+    body = {"prompt": "The three primary colours are", "max_tokens": 24}
+    status, greedy = http(server + "/v1/completions", dict(body, temperature=0))
+    assert status == 200, greedy
+    want = greedy["choices"][0]["text"]
+    sampled = set()
+    for seed in (1, 2, 3):
+        status, r = http(server + "/v1/completions", dict(body, temperature=1.0, top_p=0, seed=seed))
+        assert status == 200 and r["choices"][0]["text"] == want, (seed, r)
+        status, r = http(server + "/v1/completions", dict(body, temperature=1.0, seed=seed))
+        sampled.add(r["choices"][0]["text"])
+    assert sampled - {want}, "temperature 1 alone gave the greedy text at every seed: the check above says nothing"
+    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 16}
+    status, g = http(server + "/v1/chat/completions", dict(chat, temperature=0))
+    status2, r = http(server + "/v1/chat/completions", dict(chat, temperature=1.5, top_p=0, seed=7))
+    assert status == status2 == 200 and r["choices"][0]["message"]["content"] == g["choices"][0]["message"]["content"]
+    status, r = http(server + "/v1/responses", {"input": "Name a colour.", "max_output_tokens": 16, "temperature": 1.5,
+                                                "top_p": 0, "seed": 7})
+    assert status == 200 and r["output"][0]["content"][0]["text"] == g["choices"][0]["message"]["content"], r
 
 
 def test_top_k_minus_one_is_off_as_vllm_takes_it():
