@@ -197,6 +197,49 @@ def test_width_probe_falls_back_and_warns_when_arithmetic_does_not_reproduce(cap
     assert "computed twice gives different logits" in caplog.text
 
 
+def test_the_cpu_fallback_keeps_one_token_calls_off_onnxruntimes_one_row_path(caplog):
+    """(session 72, a mutation test: the CPU rule could have become the GPU's (1, 1) unseen) Where the probe cannot
+    measure on the CPU (arithmetic that does not reproduce, or a window too small to probe), calls carry at least
+    two tokens: onnxruntime's one-token GEMV paths differ from its wider calls' (width_policy's docstring)."""
+    from edgespec.width import width_policy
+
+    assert width_policy("cpu") == (2, 1) and width_policy("cuda") == (1, 1)
+    with caplog.at_level("WARNING", logger="edgespec"):
+        assert measure_width(_FakeKernel(lambda w, i: 0.0, noisy=True, device="cpu", kernels="onnxruntime")) == (2, 1)
+    k = _FakeKernel(lambda w, i: 0.0, device="cpu", kernels="onnxruntime")
+    k.max_context = 17
+    assert measure_width(k) == (2, 1) and k.verified_width == 9
+
+
+@pytest.mark.parametrize("stalls", [1, 2])
+def test_the_probe_keeps_the_faster_of_its_two_two_token_calls(stalls):
+    """(session 72, a mutation test) ``lm.width_seconds`` seeds the round policy's verify costs; the 2-token call is
+    made twice (the reproducibility check) and the faster time kept, so a stall in either (the process's first call
+    of that width, the OS) does not price two-token rounds out. The first or the second 2-token call stalls 0.3 s."""
+    import time as _time
+
+    class Stalling(_FakeKernel):
+        def forward(self, ids):
+            if len(ids) == 2:
+                self.twos = getattr(self, "twos", 0) + 1
+                if self.twos == stalls:
+                    _time.sleep(0.3)
+            return super().forward(ids)
+
+    k = Stalling(lambda w, i: 0.0, device="cpu")
+    measure_width(k)
+    assert k.twos == 2 and k.width_seconds[2] < 0.1, k.width_seconds
+    assert set(k.width_seconds) >= {1, 2, 3, 4}
+
+
+def test_the_probe_leaves_the_models_width_policy_as_it_found_it():
+    """(session 72, a mutation test) The probe calls at every width under (1, 1) and puts the model's policy back."""
+    k = _FakeKernel(lambda w, i: 0.5 if w == 1 else 0.0, device="cpu")
+    k.min_width, k.width_multiple = 4, 2
+    assert measure_width(k) == (2, 1) and (k.min_width, k.width_multiple) == (4, 2)
+    assert k.widths >= {1, 2, 3}
+
+
 class _DeviceArgmax(_FakeKernel):
     """A model with a device argmax (``forward_argmax`` computed apart from the logits): ``pick``
     maps a call's logits to the indices it returns."""
