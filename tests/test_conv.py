@@ -112,6 +112,9 @@ def test_a_prefix_out_of_the_states_reach_is_read_again(lfm2, monkeypatch):
     shorter = PROMPT + " nine"
     n = len(eng.tokenizer.encode(PROMPT))
     assert not target.cache.reachable(n - 2) and target.cache.reachable(target.length)
+    # ... and every one of the last CONV_KEEP positions is (session 72, a mutation test: calls dropped a call early)
+    conv = target.cache.conv
+    assert all(conv.reachable(conv.pos - j) for j in range(5)), (conv.pos, [seg[0] for seg in conv._segments])
     got = eng.generate(shorter, max_new_tokens=20, drafter="prompt-lookup", ignore_eos=True)
     assert got.stats["reused_prompt_tokens"] == 0
     fresh = edgespec.load(lfm2["fp32"], memory=False)
@@ -348,6 +351,16 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     straight = [cl.past.copy() for cl in lm.cache.conv.layers]
     assert len(rolled) == 2 and all(np.array_equal(a, b) for a, b in zip(rolled, straight))
     # (a review: each layer checked here, the last one too, whose error no later layer would show)
+    # a rollback across two calls forgets the later call's positions (session 72, a mutation test: kept, a later
+    # prompt sharing the new tokens up to one of them would have read the old tokens' states there)
+    lm.reset()
+    lm.prefill(ids[:10])
+    lm.forward(ids[10:12])
+    lm.forward(ids[12:16])
+    lm.rewind(5)
+    lm.cache.conv.seek(11)
+    assert lm.cache.conv.reachable(11) and lm.cache.conv.reachable(10)
+    assert not any(lm.cache.conv.reachable(p) for p in range(12, 17))
 
 
 @pytest.fixture(scope="module")

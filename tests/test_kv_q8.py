@@ -418,3 +418,27 @@ def test_the_cli_takes_int8_and_refuses_it_in_one_line(head32, tiny_int4_bundle,
     p = tmp_path / "p.toml"
     p.write_text('memory_budget_mb = 1000\nkv_dtype = "int8"\n')
     assert load_profile(p).kv_dtype == "int8"
+
+
+# -- kv.py's token records (session 72, a mutation test of edgespec/kv.py) ------------------------------------------
+
+def test_a_token_buffer_grows_by_more_than_its_size_at_once_and_refuses_a_longer_truncate():
+    """A TokenBuffer extended by more ids than twice its capacity in one call (a long prompt into a fresh buffer)
+    grows to hold them all; truncating past its length is refused (it would have claimed stale ids), and a cache's
+    rewind past its length names the rewind."""
+    from edgespec.kv import TokenBuffer, TokenCache
+
+    b = TokenBuffer(capacity=4)
+    b.extend(range(3))
+    b.extend(range(100, 120))  # 23 ids: more than 2 x 4
+    assert len(b) == 23 and b.tolist() == [0, 1, 2, *range(100, 120)] and b[-1] == 119
+    with pytest.raises(ValueError, match="cannot truncate 23 ids to 24"):
+        b.truncate(24)
+    b.truncate(2)
+    assert b.tolist() == [0, 1] and b.common_prefix([0, 1, 5]) == 2
+    c = TokenCache(16)
+    c.ids.extend([7, 8, 9])
+    with pytest.raises(ValueError, match="cannot rewind 4 of 3 positions"):
+        c.rewind(4)
+    c.rewind(3)
+    assert c.length == 0

@@ -884,6 +884,11 @@ def test_decoding_keeps_alternates_exactly_and_a_planted_slot_bug_is_caught(tiny
             r = eng.generate(prompt, max_new_tokens=30, drafter="model", draft_tokens=3)
             assert r.token_ids == ref, prompt
             assert r.stats["alternates_kept"] > 3 and r.stats["alternates"] > r.stats["alternates_kept"]
+            # the target's cache records the ids whose keys it holds, each kept alternate's among them (a record
+            # left at the rejected draft token would let a later prompt with that token reuse the alternate's
+            # keys: session 72, a mutation test of kv.py)
+            held = eng.decoder.target.cache.ids.tolist()
+            assert held == (ids + r.token_ids)[: len(held)] and len(held) >= len(ids) + len(ref) - 1, prompt
             with monkeypatch.context() as mp:
                 mp.setattr(type(eng.decoder.target), "keep_alternate", lambda self, row, pos: None)
                 eng.reset()
