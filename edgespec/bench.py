@@ -204,7 +204,7 @@ class Report:
                     "other_s": round(sum(r.other_s for r in rs), 4),
                     # (None where no run was judged: sampled, or a runner that is its own reference; `none`, greedy,
                     # is the reference itself)
-                    "exact": (True if d == "none" and not self.settings.get("temperature")
+                    "exact": (True if d == "none" and not _sampled(self.settings)
                               else None if all(r.exact is None for r in rs) else all(r.exact is not False for r in rs)),
                     "runs": len(rs),
                 }
@@ -240,7 +240,7 @@ class Report:
                 lines.append(f"| {c} | {d} | {f(v['tokens_per_second'], 1)} | {f(v['speedup'])}× | "
                              f"{f(v['acceptance_rate'])} | {f(v['mean_accepted_length'])} | "
                              f"{f(v['tokens_per_target_call'])} | {f(v['ttft_ms'], 0)} | {f(v['tpot_ms'], 1)} | "
-                             f"{'–' if self.settings.get('temperature') or d in unjudged or v['exact'] is None else '✓' if v['exact'] else '✗'} |")
+                             f"{'–' if _sampled(self.settings) or d in unjudged or v['exact'] is None else '✓' if v['exact'] else '✗'} |")
         lines += ["", "tok/s: new tokens after the first over decode time; speedup: against `none` (edgespec's exact "
                       "autoregressive decoding) in this run; exact: the same tokens as `none` (genai's and llama.cpp's rows: as their own autoregressive run, `genai-ar` or `llama-ar`)."]
         if self.left_out:
@@ -276,11 +276,20 @@ def _profile(settings: dict) -> str:
     return f"profile {settings['profile']} · " if settings.get("profile") else ""
 
 
+def _sampled(settings: dict) -> bool:
+    """Whether a run's sampling options sample (``SamplingParams.greedy`` says: temperature 0, or top_p 0, the most
+    likely token alone, are greedy decoding, judged exact against plain decoding)."""
+    from .sampling import SamplingParams
+
+    top_p = settings.get("top_p")
+    return not SamplingParams(settings.get("temperature") or 0.0, top_p=1.0 if top_p is None else top_p).greedy
+
+
 def _mode(settings: dict) -> str:
     t = settings.get("temperature") or 0.0
     rp = settings.get("repetition_penalty") or 1.0
     penalty = [f"repetition penalty {rp}"] if rp != 1.0 else []
-    if not t:
+    if not _sampled(settings):
         return "greedy" + (f" ({penalty[0]})" if penalty else "")
     parts = [f"temperature {t}", f"top-p {settings.get('top_p', 1.0)}"]
     parts += [f"{name} {settings[k]}" for k, name in (("top_k", "top-k"), ("min_p", "min-p")) if settings.get(k)]
@@ -499,7 +508,7 @@ def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, l
                 states.leave(d)
                 if d == "none":
                     ref, reply_ids = out, out
-                exact = None if d == "none" or sampling["temperature"] else out == ref
+                exact = None if d == "none" or _sampled(sampling) else out == ref
                 rep.runs.append(Run(q["question_id"], q["category"], ti, d, st.new_tokens, st.ttft_ms, st.decode_s,
                                     st.tokens_per_second,
                                     1000 * st.decode_s / max(1, st.new_tokens - 1), st.drafted, st.accepted,

@@ -192,6 +192,25 @@ def test_a_draft_bound_runner_drafts_at_most_that_many(tiny_bundle):
     assert m["calls"] > 0 and m["tokens"] > m["calls"] and m["call_s"] > 0
 
 
+def test_a_bench_at_top_p_0_is_greedy_and_judged_exact(tiny_bundle):
+    """(session 72) top_p 0 is greedy decoding at any temperature (SamplingParams.greedy): a bench run so is judged
+    exact against plain decoding and labelled greedy, not "sampled: exactness not checked"."""
+    from edgespec import load
+    from edgespec.bench import run_bench
+
+    eng = load(tiny_bundle)
+    prompts = [{"question_id": "rep", "category": "code", "turns": ["one two three one two three " * 3]}]
+    rep = run_bench(eng, prompts, ["prompt-lookup"], max_new_tokens=12, temperature=0.9, top_p=0.0,
+                    log=lambda s: None)
+    assert {r.drafter: r.exact for r in rep.runs} == {"none": None, "prompt-lookup": True}
+    md = rep.markdown()
+    assert "· greedy ·" in md and "exactness not checked" not in md and "✓" in md
+    rep = run_bench(eng, prompts, ["prompt-lookup"], max_new_tokens=12, temperature=0.9, top_p=0.5, seed=1,
+                    log=lambda s: None)
+    assert {r.drafter: r.exact for r in rep.runs} == {"none": None, "prompt-lookup": None}
+    assert "exactness not checked" in rep.markdown()
+
+
 def test_external_runners_are_checked_against_their_reference(tiny_bundle):
     """A runner beside edgespec's (scripts/bench_spec.py puts onnxruntime-genai there) is judged
     exact against edgespec's `none`, or against the runner it names as its reference."""
