@@ -210,6 +210,8 @@ def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.{os.getpid()}-", dir=entry.parent))
         shutil.copytree(hf_dir, tmp, dirs_exist_ok=True)
         (tmp / "COMPLETE").write_text(_copy_record(path, tmp))
+        if gguf_cached(path) is not None:  # another export of the file kept its copy meanwhile: that one stays
+            return  # (deleting it would pull it from under an export reading it now)
         if entry.exists():  # an incomplete entry left by an interrupted copy, or one that could not be read back
             shutil.rmtree(entry)
         tmp.rename(entry)

@@ -15,10 +15,10 @@ QWEN_D = MODELS / "qwen2.5-coder-0.5b-instruct.gguf"
 BUNDLES = Path(os.environ.get("EDGESPEC_BUNDLES", ROOT / "bundles"))
 
 
-def _env_dir(tmp_path_factory, var: str, name: str):
-    """``var`` names a fresh temporary directory for the session, then what it named before."""
+def _env_dir(tmp_path_factory, var: str, name: str, folder: Path | None = None):
+    """``var`` names a fresh temporary directory for the session (or ``folder``), then what it named before."""
     old = os.environ.get(var)
-    os.environ[var] = str(tmp_path_factory.mktemp(name))
+    os.environ[var] = str(folder if folder is not None else tmp_path_factory.mktemp(name))
     yield
     if old is None:
         os.environ.pop(var, None)
@@ -36,8 +36,14 @@ def _memory_dir(tmp_path_factory):
 def _gguf_cache(tmp_path_factory):
     """Exports of a GGUF file (SmolLM2's, five times a run) share its Hugging Face copy, read out of the
     file once (EDGESPEC_GGUF_CACHE, README's export section); test_runtime's comparison with transformers
-    reads the file itself."""
-    yield from _env_dir(tmp_path_factory, "EDGESPEC_GGUF_CACHE", "gguf-cache")
+    reads the file itself. Under pytest-xdist the workers share one folder, the run's (as they share the SmolLM2
+    bundles, ``_export``): one worker's per-worker cache missed the copy the other kept, where that one had exported
+    the shared bundle, and each worker read the file again (CI, session 72's submission)."""
+    folder = None
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "gguf-cache"  # (the run's folder, above each worker's)
+        folder.mkdir(exist_ok=True)
+    yield from _env_dir(tmp_path_factory, "EDGESPEC_GGUF_CACHE", "gguf-cache", folder)
 
 
 def need(path: Path, what: str):
@@ -83,6 +89,36 @@ def exact_kernels_decode_exactly(bundle, out, log_has: str, **kw):
     return out
 
 
+def export_log(bundle: Path) -> Path:
+    """Where ``_export`` kept what the export of ``bundle`` said (its steps and warnings), beside it."""
+    return bundle.with_name(bundle.name + ".log")
+
+
+class _Tee:
+    """An export's progress stream: stderr (pytest shows it with a failure) and a file (``export_log``)."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "w")
+
+    def write(self, text: str) -> int:
+        import sys
+
+        sys.stderr.write(text)
+        return self.file.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+        self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
 def _export(tmp_path_factory, name, target, shared=False, **kw):
     """``target`` exported into a temporary bundle ``name``. ``shared``: under pytest-xdist (the README's test
     command runs two workers), one export for all the workers, the first to ask making it while the others wait
@@ -93,7 +129,9 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
 
     quality = kw.pop("quality", False)
     if not (shared and os.environ.get("PYTEST_XDIST_WORKER")):
-        return export_bundle(str(target), tmp_path_factory.mktemp("bundles") / name, quality=quality, **kw)
+        out = tmp_path_factory.mktemp("bundles") / name
+        with _Tee(export_log(out)) as stream:
+            return export_bundle(str(target), out, quality=quality, stream=stream, **kw)
     import fcntl
 
     root = tmp_path_factory.getbasetemp().parent / "shared-bundles"  # (the run's folder, above each worker's)
@@ -102,7 +140,8 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():  # (a worker that failed to export it left no .done: the next one tries again)
-            export_bundle(str(target), out, quality=quality, force=out.exists(), **kw)
+            with _Tee(export_log(out)) as stream:
+                export_bundle(str(target), out, quality=quality, force=out.exists(), stream=stream, **kw)
             done.touch()
     return out
 

@@ -811,6 +811,35 @@ def test_a_gguf_files_copy_is_kept_by_its_content_and_only_whole(tmp_path, monke
     assert len(said) == 1 and "cannot keep the GGUF's Hugging Face copy" in said[0]
 
 
+def test_a_copy_kept_meanwhile_by_another_export_stays(tmp_path, monkeypatch):
+    """Two exports of one GGUF file at once (the suite's two workers share one cache since session 73): both find
+    no copy, both write one; the second to finish deleted the first's complete copy to put its own in place, under an
+    export that may be reading it. Now the copy kept first stays, the second's is dropped, nothing is left beside."""
+    import edgespec_export.source as source
+    from edgespec_export.source import gguf_cached, keep_gguf_copy
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d, text in ((first, "first"), (second, "second")):
+        d.mkdir()
+        (d / "config.json").write_text(text)
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(tmp_path / "cache"))
+    record = source._copy_record
+
+    def other_export_finishes_first(path, entry):
+        if entry.name.count("."):  # (the second's temporary folder: the first keeps its copy meanwhile)
+            monkeypatch.setattr(source, "_copy_record", record)
+            keep_gguf_copy(gguf, first)
+        return record(path, entry)
+
+    monkeypatch.setattr(source, "_copy_record", other_export_finishes_first)
+    keep_gguf_copy(gguf, second)
+    kept = gguf_cached(gguf)
+    assert kept is not None and (kept / "config.json").read_text() == "first"
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # (the second's folder removed)
+
+
 def _one_line_error(r, code: int = 6) -> str:
     """The CLI's error line of a failed export ``r``: exit ``code``, no traceback, one ``error:`` line."""
     assert r.exit_code == code and "Traceback" not in r.output, r.output[-3000:]
