@@ -148,7 +148,7 @@ def main(argv=None) -> int:
                     "row of that width (the policy's premium, frozen there too)")
     ap.add_argument("--fresh", action="store_true", help="a new engine per drafter (default: one engine, "
                     "the drafters one after another per prompt, learning carried as in a server)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (checked exact); > 0: sampled")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (checked exact); > 0: sampled, unless --top-p 0 (greedy, checked exact)")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--min-p", type=float, default=0.0)
@@ -158,16 +158,22 @@ def main(argv=None) -> int:
                          "carries what it learns to the next generation, as in a server), the draws still seeded")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.temperature < 0 or args.seeds < 1:
-        ap.error("--temperature must be >= 0 and --seeds >= 1")
-    sampled = args.temperature > 0
-    if not sampled and (args.seeds != 1 or args.top_p != 1.0 or args.top_k or args.min_p):
-        ap.error("--seeds, --top-p, --top-k and --min-p are for sampled runs: give --temperature above 0")
-    if args.unseeded_policy and not sampled:
-        ap.error("--unseeded-policy is for sampled runs: give --temperature above 0")
+    from edgespec.errors import ConfigError
+    from edgespec.sampling import SamplingParams
+
+    if args.seeds < 1:
+        ap.error("--seeds must be >= 1")
+    try:  # (what a generation refuses, refused so; top_p 0 at any temperature is greedy decoding, as there)
+        sampled = not SamplingParams(args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p).greedy
+    except ConfigError as e:
+        ap.error(str(e))
+    if args.temperature == 0 and (args.top_p != 1.0 or args.top_k or args.min_p):
+        ap.error("--top-p, --top-k and --min-p are for sampled runs: give --temperature above 0")
+    if not sampled and (args.seeds != 1 or args.unseeded_policy):
+        ap.error("--seeds and --unseeded-policy are for sampled runs: give --temperature above 0 and --top-p above 0")
     seeds = range(args.seeds if sampled else 1)
-    sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p) if sampled else \
-        dict(temperature=0.0)
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p) \
+        if args.temperature > 0 else dict(temperature=0.0)  # (top_p 0: greedy, the engine's to see as such)
     import edgespec
     from edgespec.bench import read_prompts
     from edgespec.drafters import drafter_choices

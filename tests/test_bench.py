@@ -432,6 +432,18 @@ def test_replay_policy_prices_the_rounds_the_same_every_run(tiny_bundle, tmp_pat
         replay_policy.main([str(tiny_bundle), "--temperature", "-1"])
     with pytest.raises(SystemExit):
         replay_policy.main([str(tiny_bundle), "--seeds", "3"])  # (greedy: one reply a prompt)
+    # (session 73) top_p 0 at a temperature above 0 is greedy decoding (SamplingParams.greedy, session 72): one
+    # reply a prompt, checked exact against plain decoding, not a sampled run left unchecked
+    out = tmp_path / "p0.json"
+    assert replay_policy.main([str(tiny_bundle), "--categories", "code", "--per-category", "1", "--max-new-tokens",
+                               "24", "--drafters", "none,model", "--temperature", "0.7", "--top-p", "0",
+                               "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["drafter"] for r in rows] == ["none", "model"] and rows[1]["exact"] is True
+    for bad in (["--temperature", "0.7", "--top-p", "0", "--seeds", "2"], ["--temperature", "0.7", "--top-p", "1.5"],
+                ["--top-p", "0"]):
+        with pytest.raises(SystemExit):
+            replay_policy.main([str(tiny_bundle), *bad])
 
 
 def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bundle, capsys):
