@@ -157,6 +157,33 @@ def test_edgespec_attention_keeps_no_scores():
     assert working_bytes(m, 256, with_drafter=False, context=4096) == QWEN_WORK_256 + 4096 * 12_288
 
 
+def test_working_memory_of_skipped_logits_alternates_padding_and_argmax():
+    """(session 73, a mutation test of planner.py) working_bytes' terms that no test pinned: a model computing its
+    last position's logits only (io.logits_skip) holds a verify call's rows at most, MAX_DRAFT + 4, and MAX_DRAFT
+    more where it verifies alternates (io.row_positions); a graph whose attention reads a padded KV buffer
+    (attention_pad) scores the padding's columns too; a target's argmax buffers are a GPU's only."""
+    from edgespec.onnx_lm import ARGMAX_ROWS
+    from edgespec.profiles import MAX_DRAFT
+
+    t = qwen_pair().target
+    vocab, chunk = t.vocab_size, 256
+    skip = replace(t, io=replace(_IO, logits_skip="logits_skip"))
+    rows = lambda spec: working_bytes(_manifest(spec), chunk, with_drafter=False)  # noqa: E731
+    # (the chunk's logits rows, in the arena and their float32 copy: 2 x rows x vocab x 4)
+    assert rows(t) - rows(skip) == 2 * (chunk - (MAX_DRAFT + 4)) * vocab * 4
+    alternates = replace(t, io=replace(_IO, logits_skip="logits_skip", row_positions="row_positions"))
+    assert rows(alternates) - rows(skip) == 2 * MAX_DRAFT * vocab * 4
+    padded = replace(t, attention_pad=32)  # (12 heads, a chunk of 256 rows, 32 more columns each)
+    assert (working_bytes(_manifest(padded), chunk, with_drafter=False, context=4096)
+            - working_bytes(_manifest(t), chunk, with_drafter=False, context=4096)) == 256 * 12 * 32 * 4
+    top = replace(t, io=replace(_IO, argmax="argmax"))
+    on_cpu, on_gpu = {"target": True}, {"target": False}
+    assert working_bytes(_manifest(top), chunk, False, 4096, on_cpu) == working_bytes(_manifest(t), chunk, False, 4096,
+                                                                                      on_cpu)
+    assert (working_bytes(_manifest(top), chunk, False, 4096, on_gpu)
+            - working_bytes(_manifest(t), chunk, False, 4096, on_gpu)) == ARGMAX_ROWS * vocab * 10
+
+
 def test_attention_heads_come_from_the_manifest_when_recorded():
     t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
     assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4
