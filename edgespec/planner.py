@@ -48,6 +48,10 @@ INDEX_CONTEXT_TOKEN_BYTES = 1700
 INDEX_STORE_TOKEN_BYTES = 4 + 8 * 12
 
 
+# the plan's cut where the model drafter does not fit (plan --json's "cuts"; `edgespec plan` prints it)
+DRAFTER_DROPPED = "model drafter dropped (prompt lookup instead)"
+
+
 def index_bytes(manifest: Manifest, context: int) -> int:
     """The suffix drafter's indexes at ``context`` tokens (INDEX_CONTEXT_TOKEN_BYTES): 0 for a vocabulary
     too large for them (the engine then has no suffix drafter)."""
@@ -163,11 +167,12 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
     where each model runs, so how its weights are counted and whether the CUDA runtime allowance
     is; each KV cache is counted in its graph's dtype. ``keep_drafter``: a plan without the model
     drafter is a ``BudgetError`` (a placement asked for explicitly must fit). Where the budget cuts the context of
-    float16 caches that int8 ones (``exact-kernels --kv-dtype int8``) would hold more of, a warning says how much."""
+    float16 caches that int8 ones (``exact-kernels --kv-dtype int8``) would hold more of, a warning says how much; where
+    it drops the model drafter that int8 caches would keep, a warning says so."""
     kw = dict(max_context=max_context, use_drafter=use_drafter, providers=providers,
               drafter_providers=drafter_providers, keep_drafter=keep_drafter)
     p = _plan(manifest, profile, **kw)
-    if p.gpu or not any(c.startswith("context ") for c in p.cuts):
+    if p.gpu or not any(c.startswith(("context ", DRAFTER_DROPPED)) for c in p.cuts):
         return p
     q8 = _int8_twin(manifest)
     if q8 is not None:
@@ -175,10 +180,15 @@ def plan(manifest: Manifest, profile: Profile, *, max_context: int | None = None
             alt = _plan(q8, profile, **kw)
         except BudgetError:
             return p
-        if alt.context > p.context and alt.drafter == p.drafter:
+        how = "(edgespec exact-kernels BUNDLE -o OUT --kv-dtype int8: 0.56x float16's bytes)"
+        if alt.drafter == p.drafter and alt.context > p.context:
             p = replace(p, warnings=p.warnings + (
                 f"the budget cuts the context to {p.context} tokens; int8 KV caches would hold about {alt.context} "
-                "(edgespec exact-kernels BUNDLE -o OUT --kv-dtype int8: 0.56x float16's bytes)",))
+                f"{how}",))
+        elif alt.drafter == "model" and p.drafter == "none":  # (session 73: contexts with and without it not compared)
+            p = replace(p, warnings=p.warnings + (
+                f"the budget drops the model drafter; int8 KV caches would keep it, at a context of about "
+                f"{alt.context} tokens {how}",))
     return p
 
 
@@ -323,7 +333,7 @@ def _plan(manifest: Manifest, profile: Profile, *, max_context: int | None = Non
     if want_drafter:
         ctx = fit_context(False)
         if ctx is not None:
-            cuts.append("model drafter dropped (prompt lookup instead)")
+            cuts.append(DRAFTER_DROPPED)
             if ctx < wanted(False)[0]:
                 cuts.insert(0, f"context {wanted(False)[0]} -> {ctx} tokens")
             return finish(build(ctx, False))

@@ -184,6 +184,54 @@ def test_working_memory_of_skipped_logits_alternates_padding_and_argmax():
             - working_bytes(_manifest(t), chunk, False, 4096, on_gpu)) == ARGMAX_ROWS * vocab * 10
 
 
+def test_the_int8_hint_is_for_edgespec_kernels_float16_caches_on_the_cpu_layout_alone():
+    """(session 73, a mutation test of planner.py) The plan's int8 hint (the context int8 KV caches would hold) plans
+    the bundle as `exact-kernels --kv-dtype int8` would write it (_int8_twin): each model of edgespec's kernels with
+    float16 caches of heads a multiple of 32 wide on the cpu layout gets int8 caches, a drafter that cannot keeps its
+    own; a target that cannot (onnxruntime's attention, caches float32 or int8 already, the cuda layout, 80-wide
+    heads) or a bundle with an assistant gets no hint."""
+    from edgespec.planner import _int8_twin
+
+    m = qwen_pair(kv_dtype="float16")
+    xk = lambda spec, **kw: replace(spec, kernels="edgespec-q4", **kw)  # noqa: E731
+    good = _manifest(xk(m.target), xk(m.drafter))
+    twin = _int8_twin(good)
+    assert twin.target.kv_dtype == twin.drafter.kv_dtype == "int8"
+    assert twin.target.kv_bytes(4096) < good.target.kv_bytes(4096)
+    assert _int8_twin(_manifest(xk(m.target), m.drafter)).drafter == m.drafter  # (onnxruntime's: kept)
+    for bad in (dict(kernels="onnxruntime"), dict(kv_dtype="float32"), dict(kv_dtype="int8"), dict(layout="cuda"),
+                dict(head_dim=80)):
+        assert _int8_twin(_manifest(replace(xk(m.target), **bad), xk(m.drafter))) is None, bad
+    assert _int8_twin(replace(good, assistant=object())) is None
+
+
+def test_a_drafter_dropped_that_int8_caches_would_keep_is_said():
+    """(session 73) A budget that drops the model drafter of float16 caches that int8 ones would keep said nothing
+    (the int8 hint compared contexts, and the drafter-less plan's is the longer): a warning says int8 caches would
+    keep it and at what context, the int8 bundle's own plan's; none where int8 caches would drop it too."""
+    from edgespec.planner import _int8_twin, _plan
+
+    m = qwen_pair(kv_dtype="float16")
+    xk = lambda spec: replace(spec, kernels="edgespec-q4")  # noqa: E731
+    bundle = _manifest(xk(m.target), xk(m.drafter))
+    prof = cpu_profile(2550, max_context=32768, min_context=8192, prompt_cache_mb=0)
+    p = plan(bundle, prof)
+    assert p.drafter == "none" and "model drafter dropped (prompt lookup instead)" in p.cuts
+    said = [w for w in p.warnings if "int8" in w]
+    q8 = _plan(_int8_twin(bundle), prof)
+    assert q8.drafter == "model" and 8192 <= q8.context < p.context
+    assert said == [f"the budget drops the model drafter; int8 KV caches would keep it, at a context of about "
+                    f"{q8.context} tokens (edgespec exact-kernels BUNDLE -o OUT --kv-dtype int8: 0.56x float16's "
+                    f"bytes)"], p.warnings
+    # the target alone fitting its whole context: the drafter's hint all the same
+    whole = plan(bundle, cpu_profile(2550, max_context=16384, min_context=8192, prompt_cache_mb=0))
+    assert whole.cuts == ("model drafter dropped (prompt lookup instead)",) and len(whole.warnings) == 1
+    tight = cpu_profile(2300, max_context=32768, min_context=8192, prompt_cache_mb=0)  # (int8 drops it too)
+    assert _plan(_int8_twin(bundle), tight).drafter == "none"
+    assert plan(bundle, tight).drafter == "none" and not [w for w in plan(bundle, tight).warnings
+                                                          if "drafter" in w]
+
+
 def test_attention_heads_come_from_the_manifest_when_recorded():
     t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
     assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4
