@@ -232,6 +232,29 @@ def test_a_drafter_dropped_that_int8_caches_would_keep_is_said():
                                                           if "drafter" in w]
 
 
+def test_an_assistant_is_planned_beside_a_cpu_target_alone_and_drafts_by_default_where_asked():
+    """(session 73, a mutation test of planner.py) A bundle's mtp assistant (no drafter model) is planned where a
+    drafter model would be, beside a target on the CPU only (mtp.py runs it there): a profile whose drafter is
+    `model` or `mtp` drafts with it by default, `auto` stays `auto`; on a GPU target, or without a drafter, it is
+    neither planned nor the default (prompt lookup)."""
+    from edgespec.manifest import AssistantSpec
+
+    t = qwen_pair().target
+    a = AssistantSpec(path=Path("/nonexistent/assistant.onnx"), architecture="synthetic", precision="fp32",
+                      hidden_size=256, target_hidden_size=t.hidden_size, vocab_size=t.vocab_size, num_layers=4,
+                      sources={"full_attention": 0}, sliding_window=512, files={}, bytes_on_disk=80_000_000)
+    m = replace(_manifest(t), assistant=a)
+    for drafter, default in (("model", "mtp"), ("mtp", "mtp"), ("auto", "auto")):
+        p = plan(m, cpu_profile(4096, max_context=4096, drafter=drafter))
+        assert p.weights["assistant"] == 80_000_000 and p.devices["assistant"] == "cpu", drafter
+        assert p.default_drafter == default and p.drafter == "none", drafter
+    gpu = plan(m, Profile(name="g", memory_budget_mb=8192, providers=("cuda", "cpu"), max_context=4096,
+                          drafter="model"))
+    assert "assistant" not in gpu.weights and gpu.default_drafter == "prompt-lookup"
+    off = plan(m, cpu_profile(4096, max_context=4096, drafter="model"), use_drafter=False)
+    assert "assistant" not in off.weights and off.default_drafter == "prompt-lookup"
+
+
 def test_attention_heads_come_from_the_manifest_when_recorded():
     t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
     assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4
