@@ -255,6 +255,23 @@ def test_an_assistant_is_planned_beside_a_cpu_target_alone_and_drafts_by_default
     assert "assistant" not in off.weights and off.default_drafter == "prompt-lookup"
 
 
+def test_a_prompt_cache_asked_past_what_the_plan_leaves_is_cut_to_it():
+    """(session 73, a mutation test of planner.py) A profile's prompt_cache_mb larger than what the rest of the plan
+    leaves of the budget, yet within the budget, is cut to what is left, and the cut and a warning say so (only a
+    size past the whole budget was tested)."""
+    m = _manifest(qwen_pair().target)
+    p = plan(m, cpu_profile(4096, max_context=4096, prompt_cache_mb=0))
+    left = p.budget - p.total
+    want = left // MiB + 10
+    assert want * MiB < p.budget
+    q = plan(m, cpu_profile(4096, max_context=4096, prompt_cache_mb=want))
+    assert q.prompt_cache == left and q.total + q.prompt_cache == q.budget
+    assert q.cuts == (f"prompt cache {want} -> {left / MiB:.0f} MiB",)
+    assert q.warnings == (f"asked for a prompt cache of {want} MiB; the budget leaves {left / MiB:.0f} MiB for it",)
+    fits = plan(m, cpu_profile(4096, max_context=4096, prompt_cache_mb=want - 20))
+    assert fits.prompt_cache == (want - 20) * MiB and not fits.cuts and not fits.warnings
+
+
 def test_attention_heads_come_from_the_manifest_when_recorded():
     t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
     assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4
