@@ -272,6 +272,18 @@ def test_a_prompt_cache_asked_past_what_the_plan_leaves_is_cut_to_it():
     assert fits.prompt_cache == (want - 20) * MiB and not fits.cuts and not fits.warnings
 
 
+def test_a_cpu_target_keeps_its_prompt_cache_with_its_drafter_on_a_gpu():
+    """(session 73, a mutation test of planner.py) The prompt cache copies the target's CPU caches: a target on the
+    CPU keeps one when its drafter model runs on a GPU (the plan's GPU allowance and all), a target on a GPU none."""
+    m = qwen_pair(max_context=4096)
+    prof = cpu_profile(8192, max_context=4096)
+    split = plan(m, prof, providers=["cpu"], drafter_providers=["cuda"])
+    assert split.gpu and split.devices == {"target": "cpu", "drafter": "gpu"}
+    assert split.prompt_cache == 4 * split.kv["target"]  # (PROMPT_CACHE_CONTEXTS full contexts: room enough)
+    other = plan(m, prof, providers=["cuda"], drafter_providers=["cpu"])
+    assert other.devices == {"target": "gpu", "drafter": "cpu"} and other.prompt_cache == 0
+
+
 def test_attention_heads_come_from_the_manifest_when_recorded():
     t = replace(smollm2(), num_attention_heads=12)  # hidden // head_dim would say 9
     assert working_bytes(_manifest(t), 256, with_drafter=False, context=1000) == SMOL_WORK_256 + 1000 * 256 * 12 * 4
