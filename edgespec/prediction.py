@@ -46,7 +46,7 @@ class PredictionDrafter(LookupDrafter):
         self._anchor = 0  # where the reply left the prediction last (a rejoin prefers the nearest after it)
         self._left: tuple[int, int] | None = None  # (reply position, prediction position) where it left
         self._skipping = False  # the last alignment was a skip (prediction/skip): a guess, not a place reached
-        self._cache: tuple[int, int, list[int], str] | None = None  # (ctx length, k, tokens, key)
+        self._cache: tuple[int, int | None, str] | None = None  # (ctx length, its place in the prediction, key)
 
     @classmethod
     def build(cls, env: LoadEnv) -> "PredictionDrafter":
@@ -93,14 +93,13 @@ class PredictionDrafter(LookupDrafter):
         if k <= 0 or not P.size:
             return [], ""
         c = self._cache
-        if c is not None and c[0] == len(ctx) and c[1] >= k:
-            return c[2][:k], c[3]
-        j, key = self.align(ctx)
+        if c is not None and c[0] == len(ctx):  # (the place found at this length, however many tokens asked for: a
+            j, key = c[1], c[2]  # second alignment there, for more tokens, called the rejoin's place a sync)
+        else:
+            j, key = self.align(ctx)
+            self._cache = (len(ctx), j, key)
         tokens = P[j: j + k].tolist() if j is not None else []
-        if not tokens:
-            key = ""
-        self._cache = (len(ctx), k, tokens, key)
-        return tokens, key
+        return (tokens, key) if tokens else ([], "")
 
     def align(self, ctx: TokenBuffer) -> tuple[int | None, str]:
         """(the prediction's position of the reply's next token, the key saying how it was found), or

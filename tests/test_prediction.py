@@ -87,6 +87,135 @@ def test_a_rejoin_takes_the_longest_match_then_the_nearest_after_the_place_left(
     assert d3.align(ctx3) == (4, "prediction/2")
 
 
+def test_offers_price_each_way_of_finding_the_place_and_are_never_carried():
+    """(session 73, a mutation test of prediction.py) Each offer's key says how the place was found, with its prior:
+    the reply in step (start, sync) 3:1, a guess after a replaced token (skip) 1:1, a rejoin on an n-token match
+    (0.5 + 0.5 n):1; none is carried to the next request (a prediction's worth is the request's). At most the
+    drafter's max_draft tokens, however many the round asks for, asked for less first and more then at one length."""
+    prompt = [90]
+    pred = list(range(10, 30))
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + pred[:3], capacity=64)
+    seen = []
+
+    def offer(k=4):
+        o = d.offer(ctx, k)
+        seen.append((o.key, o.prior, o.carry))
+        return o
+
+    offer()
+    ctx.extend([13])
+    offer()
+    ctx.extend([99])  # 14 replaced
+    offer()
+    d.skip_span = 0
+    ctx.extend([42, 16, 17, 18])  # rejoined on three tokens
+    offer()
+    assert seen == [("prediction/start", (3.0, 1.0), False), ("prediction/sync", (3.0, 1.0), False),
+                    ("prediction/skip", (1.0, 1.0), False), ("prediction/3", (2.0, 1.0), False)]
+    assert d.peek(ctx, 2) == ([19, 20], "prediction/3")  # (less first, then more, at one length)
+    assert d.peek(ctx, 5) == ([19, 20, 21, 22, 23], "prediction/3")
+    short = PredictionDrafter(max_draft=3)
+    short.set_prediction(pred)
+    short.begin(prompt)
+    assert short.peek(TokenBuffer(prompt + pred[:2], capacity=64), 8) == ([12, 13, 14], "prediction/start")
+
+
+def test_a_context_cut_back_is_aligned_afresh():
+    """(session 73) A context shorter than at the last alignment (cut back and grown by other tokens) is no sync
+    from the old place: the old place's arithmetic claimed the new tokens matched."""
+    prompt = [90]
+    d = _drafter([1, 2, 3, 4, 5, 6, 7], prompt)
+    ctx = TokenBuffer(prompt + [1, 2, 3, 4], capacity=64)
+    assert d.align(ctx) == (4, "prediction/start")
+    ctx.truncate(3)
+    ctx.extend([9])  # [90, 1, 2, 9]: left the prediction at its 3
+    assert d.align(ctx) == (None, "")
+    ctx.truncate(3)
+    assert d.align(ctx) == (2, "prediction/start")
+
+
+def test_leaving_after_drafted_tokens_were_kept_guesses_and_rejoins_from_the_token_left():
+    """(session 73) A round that kept some drafted tokens and then a token of its own leaves the prediction at that
+    token, not where the round began: the guess resumes after the token it replaced, and a rejoin prefers a match
+    at or after it (both were tested only for a reply leaving at a round's first token)."""
+    #       0  1  2  3  4  5  6  7  8  9
+    pred = [1, 2, 3, 4, 5, 6, 3, 4, 7, 8]
+    prompt = [90]
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + [1], capacity=64)
+    assert d.align(ctx) == (1, "prediction/start")
+    ctx.extend([2, 3, 4, 5, 6, 50])  # five drafted tokens kept, then 50 for the prediction's 3 (position 6)
+    assert d.align(ctx) == (7, "prediction/skip")  # a guess: on after the 3 it replaced
+    d = _drafter(pred, prompt)
+    d.skip_span = 0
+    assert d.align(TokenBuffer(prompt + [1], capacity=64)) == (1, "prediction/start")
+    ctx = TokenBuffer(prompt + [1, 2, 3, 4, 5, 6, 50], capacity=64)
+    assert d.align(ctx) == (None, "")
+    ctx.extend([3, 4])  # [3, 4] ends at 4 and at 8: the one at or after the place left (6)
+    assert d.peek(ctx, 2) == ([7, 8], "prediction/2")
+    #        0  1  2  3  4  5  6  7  8  9 10
+    pred2 = [1, 2, 3, 4, 5, 6, 7, 8, 3, 4, 9]
+    d = _drafter(pred2, prompt)
+    d.skip_span = 0
+    assert d.align(TokenBuffer(prompt + [1], capacity=64)) == (1, "prediction/start")
+    ctx = TokenBuffer(prompt + [1, 2, 3, 4, 50], capacity=64)  # 50 for the 5 at 4
+    assert d.align(ctx) == (None, "")
+    ctx.extend([3, 4])  # ends at 4 (the place left itself: the 5 drafted again) and at 10
+    assert d.peek(ctx, 2) == ([5, 6], "prediction/2")
+    #        0  1  2  3  4  5  6  7  8  9 10
+    pred3 = [3, 4, 7, 3, 4, 8, 1, 2, 5, 6, 9]
+    d = _drafter(pred3, prompt)
+    d.skip_span = 0
+    ctx = TokenBuffer(prompt + pred3[:8], capacity=64)
+    assert d.align(ctx) == (8, "prediction/start")
+    ctx.extend([50])  # left at 8
+    assert d.align(ctx) == (None, "")
+    ctx.extend([3, 4])  # ends at 2 and 5, both before the place left: the nearest before it
+    assert d.peek(ctx, 2) == ([8, 1], "prediction/2")
+    d.begin(prompt)  # a new generation: no place left yet, the first match after the prediction's start
+    assert d.peek(TokenBuffer(prompt + [50, 3, 4], capacity=64), 2) == ([7, 3], "prediction/2")
+
+
+def test_a_guess_lasts_skip_span_tokens_and_takes_the_longest_resumption():
+    """(session 73) The guess after a replaced token holds while the reply has written at most SKIP_SPAN tokens
+    since it left, and where the reply's new tokens end with the prediction's after the token replaced, it resumes
+    after the longest such run (a repeated token: the shortest put it one back)."""
+    from edgespec.prediction import SKIP_SPAN
+
+    prompt = [90]
+    pred = list(range(10, 30))
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + pred[:4], capacity=64)
+    assert d.align(ctx) == (4, "prediction/start")
+    ctx.extend([99])  # 14 replaced: the reply's token at context position 5
+    for written in range(1, SKIP_SPAN + 1):
+        assert d.align(ctx) == (5, "prediction/skip"), written
+        ctx.extend([60 + written])
+    assert len(ctx) - 5 == SKIP_SPAN + 1 and d.align(ctx) == (None, "")
+    #       0   1   2   3  4  5   6   7
+    pred = [10, 11, 12, 20, 5, 5, 13, 14]
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + [10, 11, 12], capacity=64)
+    assert d.align(ctx) == (3, "prediction/start")
+    ctx.extend([99])  # 20 replaced
+    assert d.align(ctx) == (4, "prediction/skip")
+    ctx.extend([98, 5, 5])
+    assert d.peek(ctx, 2) == ([13, 14], "prediction/sync")
+
+
+def test_a_rejoins_match_is_the_run_of_tokens_that_end_the_context():
+    """(session 73) A rejoin's match length counts the tokens matching back from the context's end up to the first
+    that does not: a token matching farther back does not make a match longer (the nearer one wins)."""
+    #       0   1   2   3   4   5   6   7   8   9
+    pred = [30, 31, 40, 41, 32, 50, 33, 40, 41, 34]
+    prompt = [90]
+    d = _drafter(pred, prompt)
+    d.skip_span = 0
+    ctx = TokenBuffer(prompt + [50, 60, 40, 41], capacity=64)  # [40, 41] ends at 4 and 9; 50 matches at 5, 60 not
+    assert d.align(ctx) == (4, "prediction/2")
+
+
 def test_no_prediction_offers_nothing_and_a_new_generation_forgets_the_last_one():
     d = _drafter([], [1])
     ctx = TokenBuffer([1, 2, 3], capacity=16)
@@ -329,6 +458,9 @@ def test_the_usage_counts_walk_the_reply_through_the_prediction():
     assert prediction_usage(pred, pred[:5] + pred[9:]) == (16, 4)  # four deleted
     assert prediction_usage(pred, [1, 2, 3]) == (0, 20)
     assert prediction_usage([], [1, 2]) == (0, 0)
+    # (session 73, a mutation test) a prediction token the walk used is not matched again: the reply token offered it
+    # stays free for the rejoin after (a deleted token: six of seven used, not five)
+    assert prediction_usage([3, 0, 3, 1, 0, 1, 0], [3, 0, 3, 0, 1, 0, 1, 2]) == (6, 1)
     got = prediction_usage(pred * 2, pred)  # never more than the reply's tokens
     assert got == (20, 20)
 
