@@ -95,21 +95,20 @@ def export_log(bundle: Path) -> Path:
 
 
 class _Tee:
-    """An export's progress stream: stderr (pytest shows it with a failure) and a file (``export_log``)."""
+    """An export's progress stream: the test's own (``stream``; default stderr, which pytest shows with a failure) and
+    a file (``export_log``)."""
 
-    def __init__(self, path: Path):
-        self.file = open(path, "w")
-
-    def write(self, text: str) -> int:
+    def __init__(self, path: Path, stream=None):
         import sys
 
-        sys.stderr.write(text)
+        self.file, self.stream = open(path, "w"), stream or sys.stderr
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
         return self.file.write(text)
 
     def flush(self) -> None:
-        import sys
-
-        sys.stderr.flush()
+        self.stream.flush()
         self.file.flush()
 
     def __enter__(self):
@@ -130,7 +129,7 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
     quality = kw.pop("quality", False)
     if not (shared and os.environ.get("PYTEST_XDIST_WORKER")):
         out = tmp_path_factory.mktemp("bundles") / name
-        with _Tee(export_log(out)) as stream:
+        with _Tee(export_log(out), kw.pop("stream", None)) as stream:
             return export_bundle(str(target), out, quality=quality, stream=stream, **kw)
     import fcntl
 
@@ -140,7 +139,7 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():  # (a worker that failed to export it left no .done: the next one tries again)
-            with _Tee(export_log(out)) as stream:
+            with _Tee(export_log(out), kw.pop("stream", None)) as stream:
                 export_bundle(str(target), out, quality=quality, force=out.exists(), stream=stream, **kw)
             done.touch()
     return out
