@@ -92,11 +92,22 @@ def gguf_cached(path: Path) -> Path | None:
     entry = gguf_cache_entry(path)
     if entry is None or entry in _UNREADABLE or not (entry / "COMPLETE").is_file():
         return None
-    why = _copy_mismatch(entry)
+    try:
+        why = _copy_mismatch(entry)
+    except _Unchecked as e:  # (session 73, a review) an error of the moment deleted a good copy, another export's
+        import sys  # reading it maybe: now the file is read instead and the copy stays for the next export
+
+        print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} cannot be checked now ({e}); "
+              "reading the GGUF file itself", file=sys.stderr, flush=True)
+        return None
     if why is not None:
         _drop_copy(path, entry, why)
         return None
     return entry
+
+
+class _Unchecked(OSError):
+    """A kept copy that an error of the machine, not of the copy, kept from being checked against its record."""
 
 
 # cache entries this process could not read back (``_unreadable_copy``): not read again, whether or not they could
@@ -170,8 +181,10 @@ def _copy_mismatch(entry: Path) -> str | None:
             with open(have[name], "rb") as h:
                 if hashlib.file_digest(h, "sha256").hexdigest() != files[name]:
                     return f"{name} changed after it was kept: its sha256 is not the one recorded"
-    except OSError as e:  # (deleted meanwhile by another export that found it damaged, unreadable files)
+    except FileNotFoundError as e:  # (deleted meanwhile by another export that found it damaged)
         return f"{e.strerror or e}"
+    except OSError as e:  # (the machine's: too many open files, an I/O error) unchecked, so not used; not deleted
+        raise _Unchecked(f"{e.strerror or e}") from None
     _VERIFIED[entry] = stats
     return None
 

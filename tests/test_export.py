@@ -840,6 +840,43 @@ def test_a_copy_kept_meanwhile_by_another_export_stays(tmp_path, monkeypatch):
     assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # (the second's folder removed)
 
 
+def test_a_kept_copy_that_cannot_be_checked_now_is_left_for_the_next_export(tmp_path, monkeypatch, capsys):
+    """(session 73, a review) An error of the machine while a kept copy is checked against its record (too many open
+    files, an I/O error) made it a damaged copy: deleted, under another export reading it maybe (the suite's workers
+    share one cache). Now the file is read instead, said on one line, and the copy stays: checked again next time."""
+    import errno
+    import hashlib
+
+    import edgespec_export.source as source
+    from edgespec_export.source import gguf_cached, keep_gguf_copy
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    monkeypatch.setenv("EDGESPEC_GGUF_CACHE", str(tmp_path / "cache"))
+    keep_gguf_copy(gguf, hf)
+    entry = gguf_cached(gguf)
+    assert entry is not None
+    monkeypatch.setattr(source, "_VERIFIED", {})  # (a process that has not checked it yet)
+    real = hashlib.file_digest
+
+    def busy(*a, **kw):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(hashlib, "file_digest", busy)
+    capsys.readouterr()
+    assert gguf_cached(gguf) is None
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(said) == 1 and "cannot be checked now (Too many open files)" in said[0], said
+    assert (entry / "COMPLETE").is_file() and entry not in source._UNREADABLE
+    monkeypatch.setattr(hashlib, "file_digest", real)
+    assert gguf_cached(gguf) == entry
+    (entry / "config.json").unlink()  # a file gone: the copy is damaged, as before
+    assert gguf_cached(gguf) is None and not entry.exists()
+
+
 def _one_line_error(r, code: int = 6) -> str:
     """The CLI's error line of a failed export ``r``: exit ``code``, no traceback, one ``error:`` line."""
     assert r.exit_code == code and "Traceback" not in r.output, r.output[-3000:]

@@ -1786,6 +1786,7 @@ def test_a_drafter_runs_once_at_load_so_its_first_draft_is_not_timed_with_the_fi
     # call priced as a one-token one, a cheap step (a probe that saw wide calls as dear drafted nothing, no read)
     cost = eng.decoder.policy.measured
     cost.target = {w: 0.01 for w in cost.target}
+    cost._fit = cost._costs = None  # (the line fitted to the probe's times, and the prices cached from it)
     cost.draft_steps["model"] = 0.0005
     out = eng.generate("Hello there", max_new_tokens=12, drafter="model")
     assert out.token_ids == eng.generate("Hello there", max_new_tokens=12, drafter="none").token_ids

@@ -226,6 +226,7 @@ def test_a_drafter_dropped_that_int8_caches_would_keep_is_said():
     # the target alone fitting its whole context: the drafter's hint all the same
     whole = plan(bundle, cpu_profile(2550, max_context=16384, min_context=8192, prompt_cache_mb=0))
     assert whole.cuts == ("model drafter dropped (prompt lookup instead)",) and len(whole.warnings) == 1
+    assert whole.warnings[0].startswith("the budget drops the model drafter; int8 KV caches would keep it")
     tight = cpu_profile(2300, max_context=32768, min_context=8192, prompt_cache_mb=0)  # (int8 drops it too)
     assert _plan(_int8_twin(bundle), tight).drafter == "none"
     assert plan(bundle, tight).drafter == "none" and not [w for w in plan(bundle, tight).warnings
