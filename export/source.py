@@ -95,10 +95,7 @@ def gguf_cached(path: Path) -> Path | None:
     try:
         why = _copy_mismatch(entry)
     except _Unchecked as e:  # (session 73, a review) an error of the moment deleted a good copy, another export's
-        import sys  # reading it maybe: now the file is read instead and the copy stays for the next export
-
-        print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} cannot be checked now ({e}); "
-              "reading the GGUF file itself", file=sys.stderr, flush=True)
+        _say_copy(path, entry, f"cannot be checked now ({e})")  # reading it maybe: now the copy stays for the next
         return None
     if why is not None:
         _drop_copy(path, entry, why)
@@ -192,8 +189,6 @@ def _copy_mismatch(entry: Path) -> str | None:
 def _drop_copy(path: Path, entry: Path, why: str) -> None:
     """Say on one line that the kept copy ``entry`` of the GGUF file ``path`` cannot be used (``why``), delete it
     where it can be, and never read it again in this process (``_UNREADABLE``): the caller reads the file itself."""
-    import sys
-
     _UNREADABLE.add(entry)
     _VERIFIED.pop(entry, None)
     try:
@@ -201,8 +196,15 @@ def _drop_copy(path: Path, entry: Path, why: str) -> None:
         done = "deleted"
     except OSError as d:
         done = f"not deleted ({d.strerror or d})"
-    print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} cannot be used ({why[:160]}); "
-          f"{done}; reading the GGUF file itself", file=sys.stderr, flush=True)
+    _say_copy(path, entry, f"cannot be used ({why[:160]}); {done}")
+
+
+def _say_copy(path: Path, entry: Path, what: str) -> None:
+    """The one line that says why the kept copy ``entry`` of ``path`` is not read (``what``): the file is."""
+    import sys
+
+    print(f"    warning: the kept Hugging Face copy of {path.name} in {entry} {what}; reading the GGUF file itself",
+          file=sys.stderr, flush=True)
 
 
 def keep_gguf_copy(path: Path, hf_dir: Path, log=None) -> None:

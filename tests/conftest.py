@@ -127,10 +127,10 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
     files for a while, which onnx refuses to load meanwhile."""
     from edgespec_export import export_bundle
 
-    quality = kw.pop("quality", False)
+    quality, said = kw.pop("quality", False), kw.pop("stream", None)
     if not (shared and os.environ.get("PYTEST_XDIST_WORKER")):
         out = tmp_path_factory.mktemp("bundles") / name
-        with _Tee(export_log(out), kw.pop("stream", None)) as stream:
+        with _Tee(export_log(out), said) as stream:
             return export_bundle(str(target), out, quality=quality, stream=stream, **kw)
     import fcntl
 
@@ -140,7 +140,7 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():  # (a worker that failed to export it left no .done: the next one tries again)
-            with _Tee(export_log(out), kw.pop("stream", None)) as stream:
+            with _Tee(export_log(out), said) as stream:
                 export_bundle(str(target), out, quality=quality, force=out.exists(), stream=stream, **kw)
             done.touch()
     return out

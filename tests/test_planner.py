@@ -69,6 +69,11 @@ def qwen_pair(max_context=32768, kv_dtype="float32"):
     return _manifest(target, drafter)
 
 
+def _own_kernels(spec):
+    """``spec`` rewritten to edgespec's kernels (exact-kernels), which int8 KV caches need."""
+    return replace(spec, kernels="edgespec-q4")
+
+
 def cpu_profile(budget_mb, **kw):
     return Profile(name="test", memory_budget_mb=budget_mb, providers=("cpu",), **kw)
 
@@ -193,7 +198,7 @@ def test_the_int8_hint_is_for_edgespec_kernels_float16_caches_on_the_cpu_layout_
     from edgespec.planner import _int8_twin
 
     m = qwen_pair(kv_dtype="float16")
-    xk = lambda spec, **kw: replace(spec, kernels="edgespec-q4", **kw)  # noqa: E731
+    xk = _own_kernels
     good = _manifest(xk(m.target), xk(m.drafter))
     twin = _int8_twin(good)
     assert twin.target.kv_dtype == twin.drafter.kv_dtype == "int8"
@@ -212,7 +217,7 @@ def test_a_drafter_dropped_that_int8_caches_would_keep_is_said():
     from edgespec.planner import _int8_twin, _plan
 
     m = qwen_pair(kv_dtype="float16")
-    xk = lambda spec: replace(spec, kernels="edgespec-q4")  # noqa: E731
+    xk = _own_kernels
     bundle = _manifest(xk(m.target), xk(m.drafter))
     prof = cpu_profile(2550, max_context=32768, min_context=8192, prompt_cache_mb=0)
     p = plan(bundle, prof)

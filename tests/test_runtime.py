@@ -145,7 +145,10 @@ def _why_no_copy(gguf, said: str) -> str:
              f"beside it: {sorted(p.name for p in entry.parent.iterdir()) if entry.parent.is_dir() else None}",
              f"free on its disk: {shutil.disk_usage(entry.parent if entry.parent.exists() else '/').free >> 20} MiB"]
     if (entry / "COMPLETE").is_file():
-        lines.append(f"its record: {source._copy_mismatch(entry)}")
+        try:
+            lines.append(f"its record: {source._copy_mismatch(entry)}")
+        except OSError as e:  # (_Unchecked: the machine's error, itself the finding)
+            lines.append(f"its record: not checked ({e})")
     return "\n".join([*lines, "the export said:", said[-3000:]])
 
 
