@@ -844,6 +844,37 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
         "type": "json_schema", "name": "x", "schema": {
             "type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}}}}, 400,
      "text.format", None),
+    # (session 74, a mutation test of server_protocol.py: each refusal below was accepted by a mutant no test saw)
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": float("nan")}, 400, "temperature",
+     None),  # (JSON's NaN, which Python's parser reads: it passed every bound compared)
+    ("completions", {"prompt": "hi", "max_tokens": 4.5}, 400, "max_tokens", None),  # (4.0 is 4; 4.5 no integer)
+    ("completions", {"prompt": "hi", "best_of": 2}, 400, "best_of", "unsupported_parameter"),
+    ("completions", {"prompt": "hi", "best_of": True}, 400, "best_of", "unsupported_parameter"),  # (True == 1)
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "metadata": {"k": "v" * 513}}, 400, "metadata", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}}, 400,
+     "stream_options", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "max_completion_tokens": 6}, 400,
+     "max_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"token_healing": True}}, 400,
+     "edgespec.token_healing", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"drafter": "eagle"}}, 400,
+     "edgespec.drafter", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"draft_tokens": 65}}, 400,
+     "edgespec.draft_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {str(i): 1 for i in range(1025)}}, 400,
+     "logit_bias", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 100.5}}, 400, "logit_bias", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stop": [str(i) for i in range(17)]}, 400, "stop", None),
+    ("chat", {"messages": []}, 400, "messages", "invalid_type"),
+    ("responses", {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "x": float("nan")}}]}, 400, "tools[0].parameters.x", None),  # (echoed: a 500 after the reply)
+    ("responses", {"input": "hi", "text": {"verbosity": "high"}}, 400, "text.verbosity", "unsupported_parameter"),
+    ("responses", {"input": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools[0]",
+     "invalid_value"),  # (a chat-shaped tool sent to the Responses endpoint)
+    ("chat", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "code", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[1].tool_calls[0]", "invalid_type"),
+    ("completions", {"prompt": "hi", "echo": True, "edgespec": {"token_healing": True}}, 400, "echo", None),
 ]
 
 
@@ -1836,3 +1867,126 @@ def test_top_k_minus_one_is_off_as_vllm_takes_it():
     for bad in (-2, True, "x"):
         with pytest.raises(APIError, match="top_k"):
             parse_chat({"messages": msgs, "top_k": bad}, "m")
+
+
+def test_what_the_parser_keeps_of_fields_it_accepts():
+    """(session 74, a mutation test of server_protocol.py) What an accepted field becomes, where no served test
+    looked: each check below failed with a mutant of the parser that every other test passed."""
+    from edgespec import server_protocol as P
+
+    msgs = [{"role": "user", "content": "hi"}]
+    # an error's message and param are bounded at their limits, not beyond (a 5,000-character echo came back whole)
+    for n, cut in ((P.MAX_ERROR_CHARS, False), (P.MAX_ERROR_CHARS + 1, True)):
+        e = P.error_body("m" * n, param="p" * (P.MAX_PARAM_CHARS + cut))["error"]
+        assert len(e["message"]) == P.MAX_ERROR_CHARS and e["message"].endswith("…") == cut, n
+        assert len(e["param"]) == P.MAX_PARAM_CHARS and e["param"].endswith("…") == cut, n
+    # seed -1 is llama.cpp's "random": no seed at all (a mutant's seed 0 made every such reply the same)
+    assert "seed" not in P.parse_chat({"messages": msgs, "seed": -1}, "m").options
+    assert P.parse_chat({"messages": msgs, "seed": 0}, "m").options["seed"] == 0
+    # negative penalties (OpenAI's -2..0: repeat more) reach the engine as positive ones do; 0 is none
+    opts = P.parse_chat({"messages": msgs, "presence_penalty": -1.5, "frequency_penalty": -0.5}, "m").options
+    assert opts["presence_penalty"] == -1.5 and opts["frequency_penalty"] == -0.5
+    assert "presence_penalty" not in P.parse_chat({"messages": msgs, "presence_penalty": 0}, "m").options
+    # edgespec.draft_tokens 0 is plain decoding, taken (max_draft_tokens starts at 1)
+    assert P.parse_chat({"messages": msgs, "edgespec": {"draft_tokens": 0}}, "m").options["draft_tokens"] == 0
+    with pytest.raises(P.APIError, match="max_draft_tokens"):
+        P.parse_chat({"messages": msgs, "edgespec": {"max_draft_tokens": 0}}, "m")
+    # an empty stop string stops nothing: dropped, the others kept
+    assert P.parse_chat({"messages": msgs, "stop": ["", "\n\n"]}, "m").stop == ["\n\n"]
+    assert P.parse_completion({"prompt": "a", "stop": ""}, "m").stop == []
+    # the Responses API: empty instructions add no system message (the template's default one stays), an absent
+    # parallel_tool_calls is echoed true (OpenAI's default), false only where sent false
+    assert P.parse_responses({"input": "hi", "instructions": ""}, "m").messages == msgs
+    assert P.parse_responses({"input": "hi"}, "m").responses["parallel_tool_calls"] is True
+    assert P.parse_responses({"input": "hi", "parallel_tool_calls": False}, "m").responses["parallel_tool_calls"] is False
+    # text.format: text is plain text (no grammar), json_object and json_schema the chat's response_format; a
+    # reasoning item's summary (another model's, not its thinking) is left out, its reasoning_text parts kept
+    assert P.parse_responses({"input": "hi", "text": {"format": {"type": "text"}}}, "m").response_format is None
+    assert P.parse_responses({"input": "hi", "text": {"format": {"type": "json_object"}}}, "m").response_format == {
+        "type": "json_object"}
+    said = [{"type": "reasoning", "summary": [], "content": [{"type": "summary_text", "text": "S"},
+                                                              {"type": "reasoning_text", "text": "T"}]},
+            {"role": "assistant", "content": "A"}, {"role": "user", "content": "B"}]
+    assert P.parse_responses({"input": said}, "m").messages[0] == {"role": "assistant", "content": "A",
+                                                                   "reasoning_content": "T"}
+    # a Responses error's message names the Responses fields, not the chat's it was checked as
+    with pytest.raises(P.APIError) as e:
+        P.parse_responses({"input": "hi", "text": {"format": {"type": "text", "x": 1}}}, "m")
+    assert e.value.param == "text.format" and "'text.format' of type text" in e.value.message, e.value.message
+    assert "response_format" not in e.value.message
+    with pytest.raises(P.APIError) as e:
+        P.parse_responses({"input": "hi", "max_output_tokens": 0}, "m")
+    assert e.value.message == "'max_output_tokens' must be >= 1, got 0", e.value.message
+    # a thinking model's block given back is an assistant's: a user's reasoning_content never reaches the template
+    assert P.parse_chat({"messages": [{"role": "user", "content": "hi", "reasoning_content": "x"}]}, "m").messages == msgs
+    # fill in the middle needs a text prompt; /tokenize's add_special_tokens is kept, and its chat_template_kwargs go
+    # with messages only
+    with pytest.raises(P.APIError, match="needs the prompt as text") as e:
+        P.parse_completion({"prompt": [1, 2, 3], "suffix": "x"}, "m")
+    assert e.value.param == "suffix"
+    assert P.parse_tokenize({"prompt": "a", "add_special_tokens": False}, "m").add_special is False
+    assert P.parse_tokenize({"prompt": "a", "add_special": False}, "m").add_special is False
+    assert P.parse_tokenize({"prompt": "a"}, "m").add_special is True
+    with pytest.raises(P.APIError, match="go with 'messages'") as e:
+        P.parse_tokenize({"prompt": "a", "chat_template_kwargs": {"enable_thinking": False}}, "m")
+    assert e.value.param == "chat_template_kwargs"
+
+
+def test_engine_errors_and_stats_as_the_client_sees_them():
+    """(session 74, a mutation test) An engine error met mid-generation, by type: a full context is a 400
+    context_length_exceeded, a busy engine a 503, a reply's grammar failing a 400 naming the request's field, any
+    other a 500 with one line; the statistics read by name from the engine's Stats."""
+    from types import SimpleNamespace
+
+    from edgespec import server_protocol as P
+    from edgespec.errors import BusyError, ConfigError, ContextOverflowError, EdgespecError
+
+    for err, status, code, param in (
+            (ContextOverflowError("the context is full\nmore"), 400, "context_length_exceeded", None),
+            (BusyError("busy"), 503, "busy", None),
+            (ConfigError("the reply's grammar cannot go on"), 400, "invalid_value", "response_format"),
+            (ConfigError("top_k must be >= 0"), 400, "invalid_value", None),
+            (EdgespecError("x"), 500, "EdgespecError", None),
+            (ValueError("boom"), 500, "internal_error", None)):
+        e = P.engine_error(err, "response_format")
+        assert (e.status, e.code, e.param) == (status, code, param), err
+        assert "\n" not in e.message
+    st = SimpleNamespace(prompt_tokens=9, new_tokens=7, drafted=12, accepted=5, target_calls=3,
+                         acceptance_rate=5 / 12, tokens_per_target_call=7 / 3, rounds_by_drafter={"suffix": 2})
+    got = P.stats_summary(st)
+    assert (got["drafted_tokens"], got["accepted_tokens"], got["target_calls"], got["new_tokens"]) == (12, 5, 3, 7)
+    assert got["acceptance_rate"] == round(5 / 12, 4) and got["rounds_by_drafter"] == {"suffix": 2}
+
+
+def test_logprobs_and_response_objects_as_json_carries_them():
+    """(session 74, a mutation test) The response side's shapes no served test pinned: a logprob JSON can carry
+    (-inf, a token the model gave no chance, is OpenAI's -9999.0, where json.dumps wrote -Infinity, which strict
+    parsers refuse; NaN is null), a completion's top_logprobs with the chosen token among them, and the Responses
+    object's status, incomplete_details and top_p."""
+    import json as _json
+
+    from edgespec import server_protocol as P
+
+    assert P.json_logprob(float("-inf")) == -9999.0 and P.json_logprob(-1.5) == -1.5
+    assert P.json_logprob(float("nan")) is None and P.json_logprob(None) is None
+    entries = [{"token": "a", "logprob": float("-inf"), "bytes": [97], "offset": 0,
+                "top_logprobs": [{"token": "b", "logprob": -0.1, "bytes": [98]}]}]
+    body = P.logprobs_body("completion", entries)
+    assert body["top_logprobs"] == [{"b": -0.1, "a": -9999.0}] and body["token_logprobs"] == [-9999.0]
+    _json.loads(_json.dumps(body), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    chat = P.logprobs_body("chat", entries)["content"][0]
+    assert chat["logprob"] == -9999.0 and chat["top_logprobs"][0]["logprob"] == -0.1
+    # a thinking model's empty block adds no field; a completion chunk's absent text is "" (typed clients read a str)
+    msg = P.chat_response("r", "m", 0, "hi", "eos", {}, {}, reasoning="")["choices"][0]["message"]
+    assert "reasoning_content" not in msg and msg["content"] == "hi"
+    assert P.chat_response("r", "m", 0, "hi", "eos", {}, {}, reasoning="T")["choices"][0]["message"][
+        "reasoning_content"] == "T"
+    assert P.chunk("completion", "r", "m", 0, reason="length")["choices"][0]["text"] == ""
+    # a Responses reply ended by the model or a stop string is completed; cut short, incomplete, and says why
+    req = P.parse_responses({"input": "hi", "tools": [{"type": "function", "name": "f"}]}, "m")
+    assert req.responses["tools"] == [{"type": "function", "name": "f"}]  # (echoed as sent)
+    for reason, status in (("eos", "completed"), ("stop", "completed"), ("length", "incomplete")):
+        obj = P.response_object("resp_1", "m", 0, req, output=[], engine_reason=reason)
+        assert obj["status"] == status, reason
+        assert obj["incomplete_details"] == ({"reason": "max_output_tokens"} if status == "incomplete" else None)
+    assert obj["tools"] == [{"type": "function", "name": "f"}]
