@@ -1930,6 +1930,16 @@ def test_what_the_parser_keeps_of_fields_it_accepts():
     with pytest.raises(P.APIError, match="go with 'messages'") as e:
         P.parse_tokenize({"prompt": "a", "chat_template_kwargs": {"enable_thinking": False}}, "m")
     assert e.value.param == "chat_template_kwargs"
+    # refused by the parser, before the request is queued (served, the engine's own check answers the same 400 after
+    # the requests ahead of it: the BAD table cannot tell the two apart)
+    for extra, param in (({"temperature": float("nan")}, "temperature"), ({"logit_bias": {"5": 100.5}}, "logit_bias"),
+                         ({"edgespec": {"drafter": "eagle"}}, "edgespec.drafter"),
+                         ({"edgespec": {"draft_tokens": 65}}, "edgespec.draft_tokens")):
+        with pytest.raises(P.APIError) as e:
+            P.parse_chat({"messages": msgs, **extra}, "m")
+        assert e.value.param == param, extra
+    with pytest.raises(P.APIError, match="no 'function' object"):  # (told what a Responses tool looks like)
+        P.parse_responses({"input": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "m")
 
 
 def test_engine_errors_and_stats_as_the_client_sees_them():
