@@ -344,9 +344,9 @@ def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
 @pytest.mark.parametrize("source, match", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "longer than"),
     ("{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}", "longer than"),
-    ("{{ 'x' * 300000000 }}", "exceeds the limit"),
+    ("{{ 'x' * 300000000 }}", "a repeated string"),
     ("{{ range(10**9) | length }}", "range"),
-    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nested|recursion"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nested calls"),  # (its own limit, before Python's)
     ("{{ 'x' | center(10**9) }}", "width"),
     ("{{ 'x'.ljust(10**9) }}", "width"),
     ("{% set ns = namespace(s='xx') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "concat"),
@@ -367,6 +367,16 @@ def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     ("{% set a = ((9 ** 64) ** 64) ** 60 %}{% set b = a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a"
      " * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a %}x", "product"),  # (99 s of C before)
     ("{{ [1] | tojson(separators=(',' * 1000, ':')) }}", "separators"),
+    # (session 74, a mutation test of template.py: each passed a mutant of its limit that every other test passed)
+    ("{{ '{:5000000}'.format('x') | length }}", "format width"),  # (7 digits: the case above has 8)
+    ("{{ range(1048577) | length }}", "range"),  # (the limit's first item past it; range(10**9) was the case)
+    ("{{ ('x' * 100000).replace('', 'y' * 100) | length }}", "str.replace"),  # (an empty old: between every char)
+    ("{{ ('x' * 100000) | replace('', 'y' * 100) | length }}", "the replace filter"),
+    ("{{ ('y' * 100000).join(['a'] * 100) | length }}", "str.join"),  # (the separator's size, times the items)
+    ("{{ (['a'] * 100) | join('y' * 100000) | length }}", "the join filter"),
+    ("{{ 2 ** 65 }}", "exponent"),
+    ("{{ strftime_now('%Y' * 40) }}", "strftime_now"),
+    ("{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}", "output"),  # (each piece within the limit, 2 MB out)
 ])
 def test_template_limits(source, match):
     from edgespec.template import ChatTemplate
@@ -391,6 +401,11 @@ def test_template_limits(source, match):
     ("{{ messages[0] | tojson(separators=(',', ':'), sort_keys=True) }}", '{"content":"hi","role":"user"}'),
     ("{{ strftime_now('%Y') | length }}", "4"),
     ("{{ 3 ** 3 }}", "27"),
+    ("{{ range(1048576) | length }}", "1048576"),  # (the size limit itself is within it)
+    # (session 74) a macro called 100 times, one after the other: nested calls are counted, not calls (a mutant
+    # that never counted a return refused any template past 64 calls; tool-calling templates call macros in loops)
+    ("{% macro f(x) %}{{ x % 10 }}{% endmacro %}{% for i in range(100) %}{{ f(i) }}{% endfor %}",
+     "0123456789" * 10),
     # transformers' generation tag (SmolLM3's template: every chat on such a bundle was "does not parse")
     ("{% for m in messages %}{% generation %}{% set x = m.content %}{{ x }}{% endgeneration %};{% endfor %}",
      "hi;yo;"),
