@@ -1875,7 +1875,8 @@ def test_what_the_parser_keeps_of_fields_it_accepts():
     from edgespec import server_protocol as P
 
     msgs = [{"role": "user", "content": "hi"}]
-    # an error's message and param are bounded at their limits, not beyond (a 5,000-character echo came back whole)
+    # an error's message and param are bounded at their limits, not beyond (a threshold moved a hundredfold passed the
+    # served test's 100,000-character model name)
     for n, cut in ((P.MAX_ERROR_CHARS, False), (P.MAX_ERROR_CHARS + 1, True)):
         e = P.error_body("m" * n, param="p" * (P.MAX_PARAM_CHARS + cut))["error"]
         assert len(e["message"]) == P.MAX_ERROR_CHARS and e["message"].endswith("…") == cut, n
@@ -1971,10 +1972,8 @@ def test_engine_errors_and_stats_as_the_client_sees_them():
 def test_logprobs_and_response_objects_as_json_carries_them():
     """(session 74, a mutation test) The response side's shapes no served test pinned: a logprob JSON can carry
     (-inf, a token the model gave no chance, is OpenAI's -9999.0, where json.dumps wrote -Infinity, which strict
-    parsers refuse; NaN is null), a completion's top_logprobs with the chosen token among them, and the Responses
-    object's status, incomplete_details and top_p."""
-    import json as _json
-
+    parsers refuse; NaN is null), a completion's top_logprobs with the chosen token among them, an empty reasoning
+    block, a completion chunk's absent text, and the Responses object's status, incomplete_details and tools."""
     from edgespec import server_protocol as P
 
     assert P.json_logprob(float("-inf")) == -9999.0 and P.json_logprob(-1.5) == -1.5
@@ -1983,7 +1982,7 @@ def test_logprobs_and_response_objects_as_json_carries_them():
                 "top_logprobs": [{"token": "b", "logprob": -0.1, "bytes": [98]}]}]
     body = P.logprobs_body("completion", entries)
     assert body["top_logprobs"] == [{"b": -0.1, "a": -9999.0}] and body["token_logprobs"] == [-9999.0]
-    _json.loads(_json.dumps(body), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    json.loads(json.dumps(body), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     chat = P.logprobs_body("chat", entries)["content"][0]
     assert chat["logprob"] == -9999.0 and chat["top_logprobs"][0]["logprob"] == -0.1
     # a thinking model's empty block adds no field; a completion chunk's absent text is "" (typed clients read a str)
