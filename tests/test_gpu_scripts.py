@@ -354,6 +354,21 @@ def test_bench_overlap_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
         assert c["verify_ms"] > 0 and c["draft_ms"] > 0 and c["both_ms"] > 0
 
 
+def test_bench_threads_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
+    """bench.py's threads section (session 75: onnxruntime keeps captured CUDA graphs per thread) times
+    generations on the loading thread, on fresh threads and on one device thread of their own; on
+    the CPU EP (a dry run) every figure is there and every output equals greedy decoding."""
+    import bench
+
+    out = tmp_path / "run.json"
+    assert bench.main(["--provider", "cpu", "--sections", "threads", "--smol-cuda", str(tiny_cuda_bundle),
+                       "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["threads"]
+    assert res["exact"] is True
+    assert len(res["loading_thread_s"]) == 3 and len(res["fresh_thread_s"]) == len(res["one_device_thread_s"]) == 6
+    assert all(t > 0 for k in ("loading_thread_s", "fresh_thread_s", "one_device_thread_s") for t in res[k])
+
+
 def test_probe_overlap_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):
     """scripts/gpu/probe_overlap.py (session 29, for the next GPU window): plain onnxruntime sessions of
     the target and the drafter with fixed bindings (the logits skip at 0), timed alone and from two

@@ -33,6 +33,12 @@ records its error and the next one runs): written to ``--json`` after every sect
   whether a drafter can draft the next round while the target verifies this one (pipelined
   drafting), with onnxruntime's copies on the default stream and, with a profile setting
   ``do_copy_in_default_stream = 0``, on each session's own.
+- ``threads``: SmolLM2 (``--smol-cuda``), one engine: greedy generations with prompt lookup on the
+  thread that loaded it, each on a fresh thread (as ``edgespec serve`` ran them before session 75),
+  and, with a second engine, its load and every generation on one thread of their own: seconds per
+  generation, the process's GPU memory after each phase, every output equal to greedy decoding.
+  onnxruntime's CUDA EP keeps a session's captured graphs in the calling thread's context and
+  captures again in every new thread.
 - ``probe_overlap``: ``probe_overlap.py`` on the shaped pair: the same question with plain onnxruntime
   (fixed device buffers, no copies; graphs on and off; onnxruntime's streams and torch's).
 """
@@ -449,6 +455,59 @@ def overlap(bundle: str, reps: int) -> dict:
     return res
 
 
+def threads(bundle: str, n: int = 64, fresh: int = 6) -> dict:
+    """Generation time by the thread it runs on (the ``threads`` section)."""
+    import gc
+    import threading
+
+    import edgespec
+
+    def on_thread(fn):
+        box: dict = {}
+
+        def body():
+            try:
+                box["r"] = fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                box["e"] = e
+        th = threading.Thread(target=body)
+        th.start()
+        th.join()
+        if "e" in box:
+            raise box["e"]
+        return box["r"]
+
+    def timed(eng):
+        t = time.perf_counter()
+        toks, _ = gen(eng, PROMPTS[0], n, "prompt-lookup")
+        return toks, round(time.perf_counter() - t, 4)
+
+    out: dict = {"bundle": bundle, "tokens": n}
+    eng = edgespec.load(bundle, provider=PROVIDER)
+    ref = gen(eng, PROMPTS[0], n, "none")[0]
+    runs = [timed(eng) for _ in range(3)]
+    out["loading_thread_s"] = [t for _, t in runs]
+    out["memory_after_loading_thread"] = gpu_used_mib()
+    fresh_runs = [on_thread(lambda: timed(eng)) for _ in range(fresh)]
+    out["fresh_thread_s"] = [t for _, t in fresh_runs]
+    out["memory_after_fresh_threads"] = gpu_used_mib()
+    runs += fresh_runs
+    del eng
+    gc.collect()
+    out["memory_after_first_engine_freed"] = gpu_used_mib()
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as device:  # one thread, kept: the load and every generation
+        eng = device.submit(edgespec.load, bundle, provider=PROVIDER).result()
+        one = [device.submit(timed, eng).result() for _ in range(fresh)]
+        out["one_device_thread_s"] = [t for _, t in one]
+        out["memory_after_one_device_thread"] = gpu_used_mib()
+        runs += one
+        del eng
+    out["exact"] = all(toks == ref for toks, _ in runs)
+    return out
+
+
 def load_times(bundle: str) -> dict:
     """Seconds to load the bundle in a fresh process, with an empty cache directory (files hashed,
     placements checked: three sessions per GPU model), then all cached, then with only the
@@ -516,6 +575,7 @@ def main(argv=None) -> int:
         else {"skipped": "no --drafter-cuda bundle"},
         "exactness": lambda: exactness(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
         "overlap": lambda: overlap(args.shaped, args.reps) if args.shaped else {"skipped": "no --shaped bundle"},
+        "threads": lambda: threads(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
         "probe_overlap": lambda: probe_overlap(args.shaped, out.parent) if args.shaped
         else {"skipped": "no --shaped bundle"},
     }
