@@ -864,15 +864,26 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
         api_key = lines[0].strip() if lines else ""
     check_api_key(api_key)
     sock = bind(host, port)  # a busy port or an unknown host is refused before the model loads
+    from .device_thread import DeviceThread
+
+    # the engine loads, and every generation runs, on this one thread: onnxruntime's CUDA EP keeps a context per
+    # calling thread (its handles, the CUDA graphs captured at load), built again for every new thread
+    device = DeviceThread()
+    ctx = click.get_current_context()
+
+    def load_on_device():
+        with ctx.scope(cleanup=False):  # (click's context is per thread: --no-memory, --prompt-cache-file... are in it)
+            return _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
+
     eng = None
     try:
-        eng = _engine(bundle, profile, provider, max_context, threads, use_drafter=model_wanted(drafter))
+        eng = device.call(load_on_device)
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,
                          temperature="model" if temperature is None else temperature, sampling=sampling,
                          allow_origins=allow_origins, api_key=api_key, chat_template_kwargs=template_kwargs,
-                         reasoning_format=reasoning_format)
+                         reasoning_format=reasoning_format, device=device)
         temperature = app.state.server.defaults.get("temperature", eng.defaults.temperature)
         mem = eng.memory_stats().get("memory_path")
         pcs, pc_file = eng.prompt_cache_stats(), prompt_cache_options().get("prompt_cache_file")
@@ -890,6 +901,7 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
                               + ("; an API key required)" if api_key is not None else ")"))
     except BaseException:  # (closing must not hide why the server stopped)
         sock.close()
+        device.close(timeout=0)
         if eng is not None:
             try:
                 eng.close()
@@ -897,6 +909,7 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
                 click.echo(f"warning: closing the engine failed too: {e}", err=True)
         raise
     sock.close()
+    device.close(timeout=0)
     eng.close()  # the suffix drafter's memory and the prompt cache file written
 
 

@@ -26,6 +26,7 @@ capture), the next captures the graph and every later one replays it. Calls wide
 """
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -36,6 +37,7 @@ from .providers import log
 # vocabulary the 16 widths hold 40 MiB in all); wider calls run as usual
 GRAPH_MAX_WIDTH = 16
 GRAPH_OPTION = "enable_cuda_graph"
+_other_thread_warned = False  # the warning of a call on another thread than the capture's: given once a process
 
 
 def graph_logits_bytes(vocab: int, dtype_bytes: int = 2) -> int:
@@ -102,6 +104,8 @@ class GraphCalls:
         # widths whose replay computed other logits than an ordinary run (check_replays): ordinary runs
         self.excluded: set[int] = set()
         self.plain_only = False  # every call an ordinary run (check_replays' reference)
+        self.capture_thread: int | None = None  # the thread its first graph was captured on
+        self.other_thread_warned = False
 
     def _set_mask(self, valid: int) -> None:
         if valid != self._valid:
@@ -158,12 +162,16 @@ class GraphCalls:
         if self.plain_only or n in self.excluded:
             self.session.run_with_iobinding(b, self._plain)
         elif n in self.captured:
+            if threading.get_ident() != self.capture_thread and not self.other_thread_warned:
+                self._warn_other_thread()
             self.session.run_with_iobinding(b, self._run_options(n))
             self.replays += 1
         elif n in self.seen and not self.refused:
             try:
                 self.session.run_with_iobinding(b, self._run_options(n))
                 self.captured.add(n)
+                if self.capture_thread is None:
+                    self.capture_thread = threading.get_ident()
             except Exception as e:  # noqa: BLE001 - onnxruntime's own: a kernel that cannot be captured
                 # ordinary runs from now on, with the same static bindings (the same arithmetic)
                 self.refused = f"{str(e).splitlines()[0][:200]}"
@@ -176,6 +184,17 @@ class GraphCalls:
         if argmax:
             return self.argmax.numpy().reshape(-1)[:n].astype(np.int64, copy=False)
         return logits.numpy().reshape(n, -1).astype(np.float32, copy=False)
+
+
+    def _warn_other_thread(self) -> None:
+        global _other_thread_warned
+        self.other_thread_warned = True
+        if self.device == "cuda" and not _other_thread_warned:  # (once a process: the target's and drafter's alike)
+            _other_thread_warned = True
+            log.warning("this model's CUDA graphs were captured on another thread, and onnxruntime keeps them per "
+                        "thread: it captures them again on this one (on an H200 a generation on a new thread took "
+                        "3-7x as long, and each thread kept 77 MiB of GPU memory while the engine lived); call an "
+                        "engine from one thread, the one that loaded it (edgespec serve does)")
 
 
 # where check_replays compares replays with ordinary runs: at the prefix and a few positions past

@@ -4,13 +4,16 @@ One engine, one generation at a time: on one small device a second concurrent ge
 share the same memory bandwidth and cores (and a second KV cache), so requests wait their turn in a
 bounded FIFO queue; past ``queue_size`` waiting requests the answer is 429 with ``Retry-After``.
 
-Each generation runs on its own worker thread, which starts ``Engine.stream_ids``, consumes it
-to the end and closes it (a stream belongs to the thread that started it); its text deltas reach
-the event loop through an asyncio queue. A client that disconnects (streamed or not) sets the
+Every generation runs on one long-lived worker thread (``DeviceThread``; ``edgespec serve`` loads the
+engine on it too), which starts ``Engine.stream_ids``, consumes it to the end and closes it (a stream
+belongs to the thread that started it); its text deltas reach the event loop through an asyncio queue.
+One thread, not one per generation: onnxruntime's CUDA EP keeps a context per calling thread (its
+cuBLAS handles and captured CUDA graphs), and a thread per generation cost 0.2-0.4 s and 77 MiB of GPU
+memory each on an H200, never given back (device_thread.py). A client that disconnects (streamed or not) sets the
 generation's cancel flag: the worker stops after the round in progress and closes the stream,
 which frees the engine for the next request. On SIGINT/SIGTERM the server stops taking requests,
 stops every generation after its round in progress (its client gets a 503 ``server_shutdown``
-error, streamed or not), waits for the worker threads and exits 0. The engine reuses the KV cache of the previous
+error, streamed or not), waits for the worker thread's generation and exits 0. The engine reuses the KV cache of the previous
 prompt when a new prompt extends it (the next turn of the same conversation), so only new tokens
 are prefilled; ``usage.prompt_tokens_details.cached_tokens`` counts the reused ones.
 
@@ -27,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import Future, wait
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -37,6 +41,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from . import server_protocol as P
+from .device_thread import DeviceThread
 from .errors import ConfigError, ContextOverflowError, EdgespecError, Interrupted
 from .manifest import SAMPLING_KEYS
 from .reasoning import ReasoningSplitter, reasoning_tokens, split_whole, starts_inside, think_tags
@@ -48,14 +53,18 @@ log = logging.getLogger("edgespec.server")
 class Scheduler:
     """One generation at a time, at most ``queue_size`` waiting behind it (FIFO)."""
 
-    def __init__(self, engine, queue_size: int, metrics: Metrics):
+    def __init__(self, engine, queue_size: int, metrics: Metrics, device: DeviceThread | None = None):
+        """``device``: the thread every generation runs on (the one that loaded the engine, best); None: one
+        of the scheduler's own, started here."""
         self.engine, self.queue_size, self.metrics = engine, queue_size, metrics
+        self._own_device = device is None  # (a thread of its own: closed with the scheduler)
+        self.device = device if device is not None else DeviceThread()
         self.lock = asyncio.Lock()
         self.waiting = 0
         self.busy = False
         self.closing = False  # shutting down: no new generation starts
         self.active: set[Generation] = set()  # admitted and not yet finished
-        self.threads: set[threading.Thread] = set()  # worker threads still running
+        self.running: set[Future] = set()  # generations given to the device thread and not yet done
 
     def shutdown(self) -> None:
         """Stop every generation, queued or running, after its round in progress."""
@@ -64,12 +73,15 @@ class Scheduler:
             g.cancel(shutdown=True)
 
     def join(self, timeout: float) -> bool:
-        """Wait for the worker threads (each stops after its round in progress); False if one is still running."""
-        deadline = time.monotonic() + timeout
-        threads = list(self.threads)
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
+        """Wait for the generations on the device thread (each stops after its round in progress); False if one
+        is still running."""
+        _, pending = wait(list(self.running), timeout=max(0.0, timeout))
+        return not pending
+
+    def close(self) -> None:
+        """After ``join``: the device thread ends, where the scheduler started it (a caller's stays)."""
+        if self._own_device:
+            self.device.close(timeout=0)
 
     def admit(self) -> None:
         if self.closing:
@@ -104,7 +116,7 @@ class Generation:
         if sched.closing:  # a request's next choice made after shutdown began: the client gets the 503
             self._cancel.set()
         self._queued = True  # counted in sched.waiting until it has the engine or gives up
-        self._started = False  # a worker thread runs it
+        self._started = False  # the device thread runs it
         self._stopped = False  # the worker broke off on the cancel flag (its reply is not whole)
         self.shutdown = sched.closing
         self.queue_ms = 0.0
@@ -146,15 +158,14 @@ class Generation:
         sched.busy = True
         self.queue_ms = (time.perf_counter() - t0) * 1000
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
-        worker = threading.Thread(target=self._work, args=(loop, q), name="edgespec-generation", daemon=True)
         self._started = True
-        sched.threads.add(worker)
         try:
-            worker.start()
+            job = sched.device.submit(self._work, loop, q)
         except BaseException:
-            sched.threads.discard(worker)
-            self._finished(q, None, RuntimeError("cannot start a worker thread"), False)
+            self._finished(q, None, RuntimeError("the worker thread is closed"), False)
             raise
+        sched.running.add(job)
+        job.add_done_callback(sched.running.discard)
         while True:
             item = await q.get()
             if item[0] == "delta":  # deltas that piled up while the client was slow go out as one
@@ -170,7 +181,7 @@ class Generation:
                 return
 
     def _work(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> None:
-        """The worker thread: starts, consumes and closes the engine's stream."""
+        """On the device thread: starts, consumes and closes the engine's stream."""
         last, gen, err = None, None, None
         engine, text, out = self.sched.engine, [], []
         shift, scored, score_calls = 0, False, 0
@@ -252,8 +263,6 @@ class Generation:
                 loop.call_soon_threadsafe(self._finished, q, summary, err, self._cancel.is_set())
             except RuntimeError:  # the loop is gone: the server is shutting down
                 pass
-            finally:
-                self.sched.threads.discard(threading.current_thread())
 
     def _finished(self, q: asyncio.Queue, summary: dict | None, err: BaseException | None, cancelled: bool) -> None:
         """On the event loop, once the worker is done: free the engine, count, tell the consumer."""
@@ -322,7 +331,7 @@ class Server:
     """The routes' state: the engine, its scheduler and the metrics."""
 
     def __init__(self, engine, model_id: str, queue_size: int = 16, defaults: dict | None = None,
-                 template_kwargs: dict | None = None, reasoning_format: str = "auto"):
+                 template_kwargs: dict | None = None, reasoning_format: str = "auto", device: DeviceThread | None = None):
         self.engine, self.model_id = engine, model_id
         self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
         self.template_kwargs = template_kwargs or {}  # every chat's, under a request's own chat_template_kwargs
@@ -331,7 +340,7 @@ class Server:
         # a thinking model's <think> block apart from the answer (reasoning.py); None: the text as it comes
         self.think = think_tags(engine.tokenizer) if reasoning_format == "auto" else None
         self.metrics = Metrics(self._gauges)
-        self.sched = Scheduler(engine, queue_size, self.metrics)
+        self.sched = Scheduler(engine, queue_size, self.metrics, device)
         self.created = P.now()
 
     def _template_kwargs(self, req) -> dict | None:
@@ -1151,7 +1160,7 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
                draft_tokens: int | None = None, temperature: float | str | None = "model",
                sampling: dict | None = None,
                allow_origins=(), api_key: str | None = None, chat_template_kwargs: dict | None = None,
-               reasoning_format: str = "auto") -> Starlette:
+               reasoning_format: str = "auto", device: DeviceThread | None = None) -> Starlette:
     """The ASGI app over ``engine`` (an ``edgespec.Engine``). ``drafter``/``draft_tokens``/``temperature``
     are the server's defaults (``temperature`` "model": the model's recommended, ``engine.sampling_defaults``, else 1,
     OpenAI's; None: the engine's, greedy where the model recommends none), and ``sampling`` (top_p, top_k, min_p,
@@ -1161,7 +1170,9 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     every request but /health must carry it as a bearer token (KeyGuard). ``chat_template_kwargs``: variables for
     every chat's template, under a request's own (``{"enable_thinking": False}``); ``reasoning_format``: ``auto``
     gives a thinking model's ``<think>`` block apart (``reasoning_content``, a Responses ``reasoning`` item),
-    ``none`` leaves it in the text."""
+    ``none`` leaves it in the text. ``device``: the thread every generation runs on, best the one that loaded
+    ``engine`` (``DeviceThread.call(edgespec.load, ...)``: onnxruntime's CUDA EP keeps its captured graphs and
+    handles per thread); None: a thread of the scheduler's own."""
     origins = check_origins(allow_origins)
     api_key = check_api_key(api_key)
     from .template import check_template_kwargs
@@ -1179,7 +1190,7 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     srv = Server(engine, model_id, queue_size, {"drafter": drafter, "draft_tokens": draft_tokens,
                                                 "temperature": temperature, **sampling},
                  template_kwargs=check_template_kwargs(chat_template_kwargs, "--chat-template-kwargs"),
-                 reasoning_format=reasoning_format)
+                 reasoning_format=reasoning_format, device=device)
     routes = [Route("/v1/chat/completions", srv.chat, methods=["POST"]),
               Route("/v1/responses", srv.responses, methods=["POST"]),
               Route("/v1/responses/{rid:path}", srv.stored_response, methods=["GET", "POST", "DELETE"]),
@@ -1234,7 +1245,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str = "info") -> None:
     """Serve ``app`` on ``sock`` until SIGINT/SIGTERM, then stop cleanly: no new requests, every
-    generation stopped after its round in progress (its client told so), the worker threads joined.
+    generation stopped after its round in progress (its client told so), the worker thread's generation waited for.
     A second Ctrl-C stops waiting for open connections."""
     import contextlib
     import signal
@@ -1312,6 +1323,7 @@ def run(app: Starlette, sock: socket.socket, *, banner: str = "", log_level: str
             print("edgespec: a generation did not stop in 120 s; exiting without it", file=sys.stderr, flush=True)
             sys.stderr.flush()
             os._exit(1)  # not through the interpreter's exit, which would abort under a thread inside onnxruntime
+        sched.close()
     except KeyboardInterrupt:  # a Ctrl-C while the workers were joined
         print("edgespec: stopped (interrupted)", file=sys.stderr, flush=True)
         os._exit(130)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -674,6 +675,45 @@ def test_graph_calls_bind_static_buffers(tiny_cuda_bundle):
     assert g._mask_host.sum() == lm.length and not g._mask_host[0, lm.length:].any()
     with pytest.raises(ValueError):
         g.run([1] * (GRAPH_MAX_WIDTH + 1), 0, False)
+
+
+def test_graph_calls_notice_a_call_from_another_thread(tiny_cuda_bundle, caplog):
+    """onnxruntime keeps a session's CUDA graphs per calling thread (device_thread.py): a replay asked for on another
+    thread than the capture's is noticed (on CUDA a warning, once a process, says to call an engine from one
+    thread); calls on the capture's thread are not. On the CPU EP nothing is logged."""
+    import logging
+
+    import edgespec.graphs as graphs
+    from edgespec.onnx_lm import ARGMAX_ROWS
+
+    eng = edgespec.load(tiny_cuda_bundle, max_context=128, use_drafter=False)
+    lm = eng.decoder.target
+    dtype, vocab = lm._logits_type
+    g = graphs.GraphCalls(lm.session, lm._binding, lm.spec.io, max_context=lm.max_context, vocab=vocab,
+                          logits_dtype=dtype, argmax_name=lm._argmax_name, argmax_rows=ARGMAX_ROWS, device="cpu",
+                          skip_name=lm._skip_name)
+    lm.graphs, lm._plain_run = g, g.plain
+    lm.min_width, lm.width_multiple = 1, 1
+    lm.reset()
+    for i in range(4):  # first call ordinary, the second captures, then replays: all on this thread
+        lm.forward([5 + i, 6 + i])
+    assert g.captured == {2} and g.capture_thread == threading.get_ident() and not g.other_thread_warned
+    with caplog.at_level(logging.WARNING):
+        t = threading.Thread(target=lm.forward, args=([9, 10],))
+        t.start()
+        t.join()
+        assert g.other_thread_warned
+        assert "another thread" not in caplog.text  # (the CPU EP keeps no graphs)
+        g.other_thread_warned = False
+        g.device = "cuda"  # (the message only: no call is made)
+        before = graphs._other_thread_warned
+        try:
+            graphs._other_thread_warned = False
+            g._warn_other_thread()
+            g._warn_other_thread()
+        finally:
+            graphs._other_thread_warned = before
+    assert caplog.text.count("captured on another thread") == 1 and "one thread" in caplog.text
 
 
 def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):

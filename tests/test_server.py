@@ -393,7 +393,10 @@ def test_a_choice_made_after_shutdown_began_gets_the_503():
 
     out = asyncio.run(events())
     assert len(out) == 1 and out[0][0] == "error" and out[0][1].status == 503
-    assert sched.threads == set() and not sched.busy
+    assert sched.running == set() and not sched.busy
+    sched.close()
+    sched.device.thread.join(5)
+    assert not sched.device.thread.is_alive()
 
 
 @pytest.mark.parametrize("extra", ['"metadata": {"k": "\\ud800"}', '"metadata": {"\\ud800": "v"}', '"user": "\\ud800"',
@@ -1251,8 +1254,8 @@ class _InProcess:
 
         self.sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.srv = uvicorn.Server(uvicorn.Config(create_app(engine, model_id, **kw), log_level="warning",
-                                                 lifespan="off"))
+        self.app = create_app(engine, model_id, **kw)
+        self.srv = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.srv.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self):
@@ -1265,6 +1268,85 @@ class _InProcess:
         self.thread.join(timeout=15)
         self.sock.close()
         assert not self.thread.is_alive()
+        sched = self.app.state.server.sched
+        assert sched.join(15)
+        sched.close()  # (as ``run`` does: the scheduler's own device thread ends)
+
+
+def test_every_generation_runs_on_one_thread(engine, model_id, monkeypatch):
+    """onnxruntime's CUDA EP keeps a context per calling thread (its handles and captured CUDA graphs): a thread per
+    generation cost 3-7x the time and 77 MiB of GPU memory each on an H200 (device_thread.py). Every generation,
+    streamed or not, runs on the scheduler's one device thread; it ends with the server."""
+    seen = []
+    real = engine.stream_ids
+
+    def recording(*a, **kw):
+        seen.append(threading.current_thread())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine, "stream_ids", recording)
+    with _InProcess(engine, model_id, temperature=0) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        for i in range(3):
+            assert c.completions.create(model=model_id, prompt=f"{i}, {i + 1},", max_tokens=3).choices[0].text
+        chunks = c.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=3, stream=True)
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        device = s.app.state.server.sched.device.thread
+    assert len(seen) == 4 and set(seen) == {device} and device is not threading.main_thread()
+    device.join(5)  # (closed with the server: it ends)
+    assert not device.is_alive()
+
+
+def test_device_thread_runs_jobs_in_order_on_itself():
+    """``DeviceThread``: jobs run one after the other on its one thread, results and exceptions reach the caller,
+    ``call`` from the thread itself runs at once (no deadlock), and once closed it takes nothing more."""
+    from edgespec.device_thread import DeviceThread
+
+    d = DeviceThread(name="test-device")
+    order = []
+    futs = [d.submit(lambda i=i: (order.append(i), threading.current_thread())[1]) for i in range(20)]
+    assert {f.result(5) for f in futs} == {d.thread} and order == list(range(20))
+    with pytest.raises(ZeroDivisionError):
+        d.call(lambda: 1 / 0)
+    assert d.call(lambda: d.call(lambda: 7)) == 7  # (a job that calls the thread it runs on)
+    assert d.close(timeout=5) and d.closed and not d.thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        d.submit(print)
+    assert d.close(timeout=5)  # (twice: nothing more)
+
+
+def test_serve_loads_the_engine_on_the_thread_that_generates(smol_int4, monkeypatch):
+    """``edgespec serve`` loads the engine on the device thread its generations run on, so the CUDA graphs the
+    load captures and checks (graphs.check_replays) are the ones replayed; the thread ends with the server."""
+    from click.testing import CliRunner
+
+    import edgespec.cli as cli
+    import edgespec.server as server
+
+    loaded_on, served = [], {}
+    real_engine = cli._engine
+
+    def engine_recorded(*a, **kw):
+        loaded_on.append(threading.current_thread())
+        return real_engine(*a, **kw)
+
+    def run_recorded(app, sock, **kw):  # (instead of uvicorn: the app as it would be served)
+        served["device"] = app.state.server.sched.device
+        served["memory"] = app.state.server.engine.memory_stats().get("memory_path")
+        served["prompt_cache"] = app.state.server.engine.prompt_cache_stats()
+
+    monkeypatch.setattr(cli, "_engine", engine_recorded)
+    monkeypatch.setattr(server, "run", run_recorded)
+    r = CliRunner().invoke(main, ["serve", str(smol_int4), "--port", "0", "--no-memory", "--prompt-cache-mb", "0"])
+    assert r.exit_code == 0, r.output
+    # the command's options reach the load on the other thread (click's context is per thread: they were lost)
+    assert served["memory"] is None and not served["prompt_cache"]
+    device = served["device"]
+    assert loaded_on == [device.thread] and device.thread is not threading.main_thread()
+    assert device.closed
+    device.thread.join(5)
+    assert not device.thread.is_alive()
 
 
 def test_default_temperature_is_openais(engine, model_id):
