@@ -63,6 +63,8 @@ def run_summary(path: Path) -> dict:
                                            "drafter_cpu_layout_on_cpu": p.get("drafter_cpu_layout_on_cpu")}
     if "overlap" in d:  # session 29: the verify call and the drafter's steps from two threads at once
         out["overlap"] = d["overlap"]
+    if "threads" in d:  # session 75: generations on the loading thread, on fresh threads, on one device thread
+        out["threads"] = d["threads"]
     if "probe_overlap" in d:  # the same with plain onnxruntime (probe_overlap.py)
         out["probe_overlap"] = {k: v for k, v in d["probe_overlap"].items() if k != "tail"}
     ex = d.get("exactness", {})
