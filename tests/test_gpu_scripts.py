@@ -369,6 +369,21 @@ def test_bench_threads_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
     assert all(t > 0 for k in ("loading_thread_s", "fresh_thread_s", "one_device_thread_s") for t in res[k])
 
 
+def test_bench_serve_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
+    """bench.py's serve section (session 75) starts ``edgespec serve`` in a process of its own and sends the same
+    greedy chat request 8 times: on the CPU EP (a dry run) every request answered with the same text, the seconds of
+    each there, and the server stopped cleanly (exit 0)."""
+    import bench
+
+    out = tmp_path / "run.json"
+    assert bench.main(["--provider", "cpu", "--sections", "serve", "--smol-cuda", str(tiny_cuda_bundle),
+                       "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["serve"]
+    assert "error" not in res, res
+    assert len(res["seconds"]) == 8 and all(t > 0 for t in res["seconds"]) and res["same_text"] is True
+    assert res["rc"] == 0 and "--provider cpu" in res["command"]
+
+
 def test_probe_overlap_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):
     """scripts/gpu/probe_overlap.py (session 29, for the next GPU window): plain onnxruntime sessions of
     the target and the drafter with fixed bindings (the logits skip at 0), timed alone and from two
@@ -477,6 +492,8 @@ def test_an_xz_pack_installs_as_the_wheels_would(tmp_path, capsys):
     _wheel(w, "onnxruntime", "onnxruntime", fake.format("cpu").encode(), "9.0")
     _wheel(w, "onnxruntime_genai", "onnxruntime_genai", b"G = 1\n", "0.18.0")
     _wheel(w, "gguf", "gguf", b"F = 1\n", "0.19.0")
+    _wheel(w, "starlette", "starlette", b"S = 1\n", "1.10.0")  # (edgespec serve's, session 75: in the builder's)
+    _wheel(w, "uvicorn", "uvicorn", b"U = 1\n", "0.55.0")
     tok = tmp_path / "tok"
     tok.mkdir()
     (tok / "tokenizer.json").write_text('{"t": "' + os.urandom(3000).hex() + '"}')
@@ -497,6 +514,9 @@ def test_an_xz_pack_installs_as_the_wheels_would(tmp_path, capsys):
     site = stage / "site"
     assert (site / "onnxruntime_gpu-9.0.dist-info" / "RECORD").is_file()
     assert (site / "onnxruntime_genai" / "__init__.py").read_bytes() == b"G = 1\n"
+    assert (site / "starlette" / "__init__.py").read_bytes() == b"S = 1\n"
+    assert (site / "uvicorn" / "__init__.py").read_bytes() == b"U = 1\n"
+    assert {"starlette==1.10.0", "uvicorn==0.55.0"} <= set(pack.WHEELS)  # (what a real pack downloads)
     assert not (site / "onnxruntime-9.0.dist-info").exists()
     stripped = (site / "onnxruntime" / "capi" / "libonnxruntime_providers_cuda.so").read_bytes()
     assert len(stripped) == len(lib) and b"H200" * 100 in stripped and stripped != lib

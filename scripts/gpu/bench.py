@@ -39,6 +39,11 @@ records its error and the next one runs): written to ``--json`` after every sect
   generation, the process's GPU memory after each phase, every output equal to greedy decoding.
   onnxruntime's CUDA EP keeps a session's captured graphs in the calling thread's context and
   captures again in every new thread.
+- ``serve``: ``edgespec serve --provider P`` on SmolLM2 (``--smol-cuda``) in a process of its own, the same chat
+  request sent 8 times one after the other (temperature 0, 64 tokens): seconds a request and the server process's
+  GPU memory after each (nvidia-smi, by its pid), every reply the same text. Since session 75 the server loads and
+  generates on one thread: the first request pays the graphs' captures at its widths, later ones nothing, and the
+  memory stays flat (a thread per request took 0.2-0.5 s more each and 77 MiB each, the ``threads`` section).
 - ``probe_overlap``: ``probe_overlap.py`` on the shaped pair: the same question with plain onnxruntime
   (fixed device buffers, no copies; graphs on and off; onnxruntime's streams and torch's).
 """
@@ -73,13 +78,13 @@ def sh(cmd: list[str], timeout: float = 120) -> tuple[int, str]:
         return -1, f"{type(e).__name__}: {e}"
 
 
-def gpu_used_mib() -> dict:
-    """This process's GPU memory and the device's, from nvidia-smi (MiB)."""
+def gpu_used_mib(pid: int | None = None) -> dict:
+    """This process's (or ``pid``'s) GPU memory and the device's, from nvidia-smi (MiB)."""
     rc, out = sh(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
     mine = None
     for line in out.splitlines() if rc == 0 else []:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(os.getpid()):
+        if len(parts) == 2 and parts[0] == str(pid or os.getpid()):
             mine = int(parts[1])
     rc, out = sh(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"])
     dev = int(out.splitlines()[0]) if rc == 0 and out else None
@@ -508,6 +513,50 @@ def threads(bundle: str, n: int = 64, fresh: int = 6) -> dict:
     return out
 
 
+def serve(bundle: str, n: int = 8, tokens: int = 64) -> dict:
+    """The ``serve`` section."""
+    import re
+    import signal
+    import urllib.request
+
+    log = Path(tempfile.mkdtemp(prefix="edgespec-serve-")) / "server.log"
+    cmd = [sys.executable, "-m", "edgespec", "serve", bundle, "--provider", PROVIDER, "--port", "0", "--no-memory",
+           "--temperature", "0", "--prompt-cache-mb", "0"]
+    out: dict = {"command": " ".join(cmd[1:]), "tokens": tokens}
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=str(ROOT))
+    try:
+        url, deadline = None, time.monotonic() + 180
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            m = re.search(r"serving on (http://\S+/v1)", log.read_text())
+            url = m.group(1) if m else None
+            time.sleep(0.2)
+        if url is None:
+            return {**out, "error": f"the server did not start: {log.read_text()[-800:]}"}
+        model = Path(bundle).resolve().name
+        body = json.dumps({"model": model, "max_tokens": tokens, "temperature": 0,
+                           "messages": [{"role": "user", "content": PROMPTS[0]}]}).encode()
+        secs, mem, texts = [], [], []
+        for _ in range(n):
+            req = urllib.request.Request(url + "/chat/completions", body, {"Content-Type": "application/json"})
+            t = time.perf_counter()
+            with urllib.request.urlopen(req, timeout=120) as r:
+                reply = json.loads(r.read())
+            secs.append(round(time.perf_counter() - t, 4))
+            texts.append(reply["choices"][0]["message"]["content"])
+            mem.append(gpu_used_mib(proc.pid)["process_mib"])
+        out.update(seconds=secs, process_mib=mem, same_text=len(set(texts)) == 1, text=texts[0][:200])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out["rc"] = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out["rc"] = "killed"
+    out["log_tail"] = log.read_text()[-600:]
+    return out
+
+
 def load_times(bundle: str) -> dict:
     """Seconds to load the bundle in a fresh process, with an empty cache directory (files hashed,
     placements checked: three sessions per GPU model), then all cached, then with only the
@@ -576,6 +625,7 @@ def main(argv=None) -> int:
         "exactness": lambda: exactness(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
         "overlap": lambda: overlap(args.shaped, args.reps) if args.shaped else {"skipped": "no --shaped bundle"},
         "threads": lambda: threads(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
+        "serve": lambda: serve(args.smol_cuda) if args.smol_cuda else {"skipped": "no --smol-cuda"},
         "probe_overlap": lambda: probe_overlap(args.shaped, out.parent) if args.shaped
         else {"skipped": "no --shaped bundle"},
     }

@@ -16,8 +16,8 @@ Here (a connected machine):
         # where it and the tree come to more than 64 MiB
 
     python scripts/gpu/pack.py pack --tokenizer bundles/qwen-coder-b128/tokenizer --xz --keep-arch 90 --out .gpu
-        # (session 54) 3 transfers instead of 7: the wheels' trees xz-compressed (builder.tar.xz: genai, gguf and
-        # the tokenizer; ortgpu.tar.xz: onnxruntime-gpu, which serves genai's builder too, so the CPU onnxruntime
+        # (session 54) 3 transfers instead of 7: the wheels' trees xz-compressed (builder.tar.xz: genai, gguf,
+        # starlette and uvicorn (edgespec serve) and the tokenizer; ortgpu.tar.xz: onnxruntime-gpu, which serves genai's builder too, so the CPU onnxruntime
         # wheel stays here; SmolLM2's GGUF as its .tar.xz), and with --keep-arch 90 the GPU code of every other
         # architecture in onnxruntime's CUDA library zeroed (an H100/H200 runs sm_90's: 244 -> 66.5 MiB); a pack
         # made with --xz alone (194 MiB of onnxruntime-gpu) is the fallback where the stripped library fails
@@ -60,8 +60,10 @@ MANIFEST = "MANIFEST.json"
 # What the GPU run needs that its machine does not have (KINDS.md in the device library: it has
 # torch, transformers, onnx and onnxruntime 1.30 CPU, no onnxruntime-gpu, genai or gguf).
 # onnxruntime (CPU) 1.31.1 too: genai 0.18 needs onnxruntime >= 1.31, and with it in the first batch
-# the export (install.sh's builder site) starts while onnxruntime-gpu is still travelling
-WHEELS = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai==0.18.0", "gguf==0.19.0", "onnxruntime==1.31.1")
+# the export (install.sh's builder site) starts while onnxruntime-gpu is still travelling; starlette and uvicorn
+# (session 75): edgespec serve, for bench.py's serve section (their own needs, anyio, click and h11, are there)
+WHEELS = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai==0.18.0", "gguf==0.19.0", "onnxruntime==1.31.1",
+          "starlette==1.10.0", "uvicorn==0.55.0")
 PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64",
                  "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
@@ -327,12 +329,12 @@ def unpack(archive: Path, site: Path, files: Path) -> int:
 
 def compact_files(wheels: list[Path], tokenizer: Path | None, smol: Path | None, work: Path,
                   arch: int | None) -> list[tuple[str, Path]]:
-    """The --xz pack's files: builder.tar.xz (genai, gguf, the tokenizer), ortgpu.tar.xz (onnxruntime-gpu; the CPU
+    """The --xz pack's files: builder.tar.xz (genai, gguf, starlette, uvicorn, the tokenizer), ortgpu.tar.xz (onnxruntime-gpu; the CPU
     onnxruntime wheel left out: onnxruntime-gpu is an onnxruntime >= 1.31 too, what genai 0.18's builder needs),
     SMOL.tar.xz; other wheels each their own .tar.xz."""
     pick = lambda pat: [w for w in wheels if re.match(pat, w.name)]  # noqa: E731
     gpu = pick(r"onnxruntime_gpu-")
-    builder = pick(r"onnxruntime_genai-|gguf-")
+    builder = pick(r"onnxruntime_genai-|gguf-|starlette-|uvicorn-")
     rest = [w for w in wheels if w not in gpu and w not in builder and not re.match(r"onnxruntime-\d", w.name)]
     toks = [(f"qwen-tokenizer/{f}", tokenizer / f) for f in ("tokenizer.json", "tokenizer_config.json")] \
         if tokenizer is not None else []
