@@ -797,6 +797,24 @@ class _OneLineUsage(click.Command):
             raise ConfigError(f"{e.format_message()} (see 'edgespec {info_name} --help')") from None
 
 
+def _loaded(load):
+    """The engine ``serve`` loads on its device thread (a future). A Ctrl-C while it loads ends the process at once
+    with the one line (exit 130), not through the interpreter's exit: that, under a thread still inside onnxruntime's
+    session construction, can abort ("terminate called without an active exception", exit 134; a review of session
+    75, seen with a scratch script; a GPU's load takes seconds)."""
+    try:
+        return load.result()
+    except KeyboardInterrupt:
+        if load.done():
+            raise
+        try:
+            click.echo("error: interrupted", err=True)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(130)
+
+
 @main.command(cls=_OneLineUsage)
 @click.argument("bundle", envvar="EDGESPEC_BUNDLE", type=NonEmptyPath())
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -877,7 +895,7 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
 
     eng = None
     try:
-        eng = device.call(load_on_device)
+        eng = _loaded(device.submit(load_on_device))
         eng.config(drafter=drafter, draft_tokens=draft_tokens)  # bad defaults now, not on every request
         model_id = Path(bundle).resolve().name
         app = create_app(eng, model_id, queue_size=queue_size, drafter=drafter, draft_tokens=draft_tokens,

@@ -104,7 +104,8 @@ class GraphCalls:
         # widths whose replay computed other logits than an ordinary run (check_replays): ordinary runs
         self.excluded: set[int] = set()
         self.plain_only = False  # every call an ordinary run (check_replays' reference)
-        self.capture_thread: int | None = None  # the thread its first graph was captured on
+        # the thread its first graph was captured on (the object: an ended thread's id is given to later ones)
+        self.capture_thread: threading.Thread | None = None
         self.other_thread_warned = False
 
     def _set_mask(self, valid: int) -> None:
@@ -162,7 +163,7 @@ class GraphCalls:
         if self.plain_only or n in self.excluded:
             self.session.run_with_iobinding(b, self._plain)
         elif n in self.captured:
-            if threading.get_ident() != self.capture_thread and not self.other_thread_warned:
+            if threading.current_thread() is not self.capture_thread and not self.other_thread_warned:
                 self._warn_other_thread()
             self.session.run_with_iobinding(b, self._run_options(n))
             self.replays += 1
@@ -171,7 +172,7 @@ class GraphCalls:
                 self.session.run_with_iobinding(b, self._run_options(n))
                 self.captured.add(n)
                 if self.capture_thread is None:
-                    self.capture_thread = threading.get_ident()
+                    self.capture_thread = threading.current_thread()
             except Exception as e:  # noqa: BLE001 - onnxruntime's own: a kernel that cannot be captured
                 # ordinary runs from now on, with the same static bindings (the same arithmetic)
                 self.refused = f"{str(e).splitlines()[0][:200]}"

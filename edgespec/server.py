@@ -94,6 +94,17 @@ class Scheduler:
                          headers={"Retry-After": "1"})
 
 
+def _job_done(sched: Scheduler):
+    """A generation's future, done: no longer running; an exception that left ``_work`` logged (a thread of its own
+    printed it through ``threading.excepthook``; a future keeps it unread)."""
+    def done(job) -> None:
+        sched.running.discard(job)
+        e = None if job.cancelled() else job.exception()
+        if e is not None:
+            log.error("a generation's worker failed", exc_info=e)
+    return done
+
+
 def shutting_down() -> P.APIError:
     return P.APIError(503, "the server is shutting down", type="server_error", code="server_shutdown")
 
@@ -165,7 +176,7 @@ class Generation:
             self._finished(q, None, RuntimeError("the worker thread is closed"), False)
             raise
         sched.running.add(job)
-        job.add_done_callback(sched.running.discard)
+        job.add_done_callback(_job_done(sched))
         while True:
             item = await q.get()
             if item[0] == "delta":  # deltas that piled up while the client was slow go out as one
@@ -187,12 +198,14 @@ class Generation:
         shift, scored, score_calls = 0, False, 0
         if self._cancel.is_set():  # the client left (or the server began to stop) before this choice began
             self._stopped = True
-        # a long prefill (or a prompt's scoring) stops between its calls once the client leaves or the server stops
-        lms = [engine.decoder.target, *(getattr(d, "lm", None) for d in engine.decoder.drafters.values())]
-        lms = [m for m in lms if m is not None]
-        for m in lms:
-            m.interrupt = self._cancel.is_set
+        lms: list = []
         try:
+            # a long prefill (or a prompt's scoring) stops between its calls once the client leaves or the server
+            # stops (inside the try: an engine that fails here, closed say, is the client's error, and frees the turn)
+            lms = [engine.decoder.target, *(getattr(d, "lm", None) for d in engine.decoder.drafters.values())]
+            lms = [m for m in lms if m is not None]
+            for m in lms:
+                m.interrupt = self._cancel.is_set
             if self.echo and not self._stopped:  # the prompt first: with logprobs, scored (under the engine's turn, as a generation)
                 top = self.kw.get("logprobs")
                 if top is not None:
@@ -1172,7 +1185,8 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     gives a thinking model's ``<think>`` block apart (``reasoning_content``, a Responses ``reasoning`` item),
     ``none`` leaves it in the text. ``device``: the thread every generation runs on, best the one that loaded
     ``engine`` (``DeviceThread.call(edgespec.load, ...)``: onnxruntime's CUDA EP keeps its captured graphs and
-    handles per thread); None: a thread of the scheduler's own."""
+    handles per thread); None: a thread of the scheduler's own, which ``run`` closes (an app served some other way
+    keeps it, idle, until the process ends)."""
     origins = check_origins(allow_origins)
     api_key = check_api_key(api_key)
     from .template import check_template_kwargs

@@ -697,7 +697,7 @@ def test_graph_calls_notice_a_call_from_another_thread(tiny_cuda_bundle, caplog)
     lm.reset()
     for i in range(4):  # first call ordinary, the second captures, then replays: all on this thread
         lm.forward([5 + i, 6 + i])
-    assert g.captured == {2} and g.capture_thread == threading.get_ident() and not g.other_thread_warned
+    assert g.captured == {2} and g.capture_thread is threading.current_thread() and not g.other_thread_warned
     with caplog.at_level(logging.WARNING):
         t = threading.Thread(target=lm.forward, args=([9, 10],))
         t.start()

@@ -1298,6 +1298,67 @@ def test_every_generation_runs_on_one_thread(engine, model_id, monkeypatch):
     assert not device.is_alive()
 
 
+def test_a_ctrl_c_while_serve_loads_exits_at_once_with_one_line(smol_int4):
+    """A Ctrl-C while ``serve`` loads the engine on its device thread: the one line and exit 130 at once, without the
+    interpreter's exit (which, under a thread inside onnxruntime's session construction, can abort: exit 134, a
+    review). Here the load is held in Python for a minute; an atexit hook would print if the interpreter's exit ran."""
+    code = ("import atexit, threading, time, sys\n"
+            "import edgespec.cli as cli\n"
+            "atexit.register(lambda: print('ATEXIT', file=sys.stderr, flush=True))\n"
+            "def slow(*a, **k):\n"
+            "    print('LOADING', file=sys.stderr, flush=True)\n"
+            "    time.sleep(60)\n"
+            "cli._engine = slow\n"
+            "cli.main(['serve', sys.argv[1], '--port', '0', '--no-memory'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(smol_int4)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stderr.readline()
+        while line and "LOADING" not in line:
+            line = proc.stderr.readline()
+        assert "LOADING" in line
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert rc == 130 and took < 10, (rc, took, err)
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"], err
+
+
+def test_a_generation_that_fails_before_its_stream_is_an_error_and_frees_the_turn():
+    """A generation whose engine fails before its stream begins (closed, say): the client gets the engine's error and
+    the next generation its turn (the lines before ``_work``'s try left the lock held, the server wedged, and on the
+    device thread nothing said so: a review of session 75)."""
+    import asyncio
+
+    from edgespec.errors import ClosedError
+    from edgespec.server import Generation, Scheduler
+    from edgespec.server_metrics import Metrics
+
+    class Gone:
+        @property
+        def decoder(self):
+            raise ClosedError("the engine is closed")
+
+    sched = Scheduler(Gone(), 4, Metrics(dict))
+
+    async def both():
+        out = []
+        for _ in range(2):
+            out.append([e async for e in Generation(sched, [1, 2], [], {"max_new_tokens": 4}).events()])
+        return out
+
+    for events in asyncio.run(asyncio.wait_for(both(), 30)):
+        assert len(events) == 1 and events[0][0] == "error" and isinstance(events[0][1], ClosedError)
+    assert sched.join(5) and sched.running == set() and not sched.busy and not sched.lock.locked()
+    sched.close()
+
+
 def test_device_thread_runs_jobs_in_order_on_itself():
     """``DeviceThread``: jobs run one after the other on its one thread, results and exceptions reach the caller,
     ``call`` from the thread itself runs at once (no deadlock), and once closed it takes nothing more."""

@@ -547,7 +547,7 @@ def serve(bundle: str, n: int = 8, tokens: int = 64) -> dict:
             mem.append(gpu_used_mib(proc.pid)["process_mib"])
         out.update(seconds=secs, process_mib=mem, same_text=len(set(texts)) == 1, text=texts[0][:200])
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # (not SIGINT: a shell's background job starts with SIGINT ignored)
         try:
             out["rc"] = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
