@@ -186,7 +186,6 @@ class GraphCalls:
             return self.argmax.numpy().reshape(-1)[:n].astype(np.int64, copy=False)
         return logits.numpy().reshape(n, -1).astype(np.float32, copy=False)
 
-
     def _warn_other_thread(self) -> None:
         global _other_thread_warned
         self.other_thread_warned = True

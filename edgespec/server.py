@@ -8,14 +8,14 @@ Every generation runs on one long-lived worker thread (``DeviceThread``; ``edges
 engine on it too), which starts ``Engine.stream_ids``, consumes it to the end and closes it (a stream
 belongs to the thread that started it); its text deltas reach the event loop through an asyncio queue.
 One thread, not one per generation: onnxruntime's CUDA EP keeps a context per calling thread (its
-cuBLAS handles and captured CUDA graphs), and a thread per generation cost 0.2-0.4 s and 77 MiB of GPU
-memory each on an H200, never given back (device_thread.py). A client that disconnects (streamed or not) sets the
-generation's cancel flag: the worker stops after the round in progress and closes the stream,
+cuBLAS handles and captured CUDA graphs), and on an H200 a generation on a new thread took 3-7x as long, and
+each such thread kept 77 MiB of GPU memory while the engine lived (device_thread.py). A client that disconnects (streamed or not)
+sets the generation's cancel flag: the worker stops after the round in progress and closes the stream,
 which frees the engine for the next request. On SIGINT/SIGTERM the server stops taking requests,
 stops every generation after its round in progress (its client gets a 503 ``server_shutdown``
-error, streamed or not), waits for the worker thread's generation and exits 0. The engine reuses the KV cache of the previous
-prompt when a new prompt extends it (the next turn of the same conversation), so only new tokens
-are prefilled; ``usage.prompt_tokens_details.cached_tokens`` counts the reused ones.
+error, streamed or not), waits for the worker thread's generation and exits 0. The engine reuses the KV
+cache of the previous prompt when a new prompt extends it (the next turn of the same conversation), so only
+new tokens are prefilled; ``usage.prompt_tokens_details.cached_tokens`` counts the reused ones.
 
 Needs the ``serve`` extra (``pip install '.[serve]'`` in the checkout); nothing here is imported by
 ``import edgespec``.
@@ -344,7 +344,8 @@ class Server:
     """The routes' state: the engine, its scheduler and the metrics."""
 
     def __init__(self, engine, model_id: str, queue_size: int = 16, defaults: dict | None = None,
-                 template_kwargs: dict | None = None, reasoning_format: str = "auto", device: DeviceThread | None = None):
+                 template_kwargs: dict | None = None, reasoning_format: str = "auto",
+                 device: DeviceThread | None = None):
         self.engine, self.model_id = engine, model_id
         self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
         self.template_kwargs = template_kwargs or {}  # every chat's, under a request's own chat_template_kwargs

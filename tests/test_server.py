@@ -1310,8 +1310,8 @@ def test_a_ctrl_c_while_serve_loads_exits_at_once_with_one_line(smol_int4):
             "    time.sleep(60)\n"
             "cli._engine = slow\n"
             "cli.main(['serve', sys.argv[1], '--port', '0', '--no-memory'])\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(smol_int4)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(smol_int4)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stderr.readline()
         while line and "LOADING" not in line:

@@ -388,10 +388,8 @@ print(round(time.perf_counter() - t, 3))
 
 def overlap(bundle: str, reps: int) -> dict:
     """The target's verify call (on this thread) and the drafter's steps (on a worker thread) alone and concurrently."""
-    import queue
-    import threading
-
     import edgespec
+    from edgespec.device_thread import DeviceThread
 
     res: dict = {"bundle": bundle}
     variants = [("default", None)]
@@ -421,25 +419,15 @@ def overlap(bundle: str, reps: int) -> dict:
                 lm.forward(ids[c + i:c + i + 1])
             lm.rewind(n)
 
-        jobs: queue.Queue = queue.Queue()
-        done: queue.Queue = queue.Queue()
-
-        def worker():
-            while (n := jobs.get()) is not None:
-                draft(n)
-                done.put(n)
-
-        th = threading.Thread(target=worker, daemon=True)
-        th.start()
+        worker = DeviceThread(name="drafter")  # the drafter's steps, alone or beside the target's call
 
         def draft_there(n):  # the drafter's steps on the worker thread, alone
-            jobs.put(n)
-            done.get()
+            worker.call(draft, n)
 
         def both(w, n):
-            jobs.put(n)
+            drafting = worker.submit(draft, n)
             verify(w)
-            done.get()
+            drafting.result()
 
         def med(fn, *a):
             fn(*a)  # warm-up: a width's first calls allocate and capture
@@ -461,8 +449,7 @@ def overlap(bundle: str, reps: int) -> dict:
                 tv, td, tb = med(verify, w), med(draft_there, n), med(both, w, n)
                 table[f"w{w}_n{n}"] = {"verify_ms": tv, "draft_ms": td, "both_ms": tb,
                                        "hidden": round((tv + td - tb) / min(tv, td), 3)}
-        jobs.put(None)
-        th.join()
+        worker.close()
         res[name] = table
         eng.close()
     return res
@@ -471,24 +458,16 @@ def overlap(bundle: str, reps: int) -> dict:
 def threads(bundle: str, n: int = 64, fresh: int = 6) -> dict:
     """Generation time by the thread it runs on (the ``threads`` section)."""
     import gc
-    import threading
 
     import edgespec
+    from edgespec.device_thread import DeviceThread
 
-    def on_thread(fn):
-        box: dict = {}
-
-        def body():
-            try:
-                box["r"] = fn()
-            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                box["e"] = e
-        th = threading.Thread(target=body)
-        th.start()
-        th.join()
-        if "e" in box:
-            raise box["e"]
-        return box["r"]
+    def on_fresh_thread(fn):
+        fresh_thread = DeviceThread(name="fresh")
+        try:
+            return fresh_thread.call(fn)
+        finally:
+            fresh_thread.close()
 
     def timed(eng):
         t = time.perf_counter()
@@ -501,22 +480,23 @@ def threads(bundle: str, n: int = 64, fresh: int = 6) -> dict:
     runs = [timed(eng) for _ in range(3)]
     out["loading_thread_s"] = [t for _, t in runs]
     out["memory_after_loading_thread"] = gpu_used_mib()
-    fresh_runs = [on_thread(lambda: timed(eng)) for _ in range(fresh)]
+    fresh_runs = [on_fresh_thread(lambda: timed(eng)) for _ in range(fresh)]
     out["fresh_thread_s"] = [t for _, t in fresh_runs]
     out["memory_after_fresh_threads"] = gpu_used_mib()
     runs += fresh_runs
     del eng
     gc.collect()
     out["memory_after_first_engine_freed"] = gpu_used_mib()
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=1) as device:  # one thread, kept: the load and every generation
-        eng = device.submit(edgespec.load, bundle, provider=PROVIDER).result()
-        one = [device.submit(timed, eng).result() for _ in range(fresh)]
+    device = DeviceThread()  # one thread, kept: the load and every generation (as edgespec serve runs them)
+    try:
+        eng = device.call(edgespec.load, bundle, provider=PROVIDER)
+        one = [device.call(timed, eng) for _ in range(fresh)]
         out["one_device_thread_s"] = [t for _, t in one]
         out["memory_after_one_device_thread"] = gpu_used_mib()
         runs += one
         del eng
+    finally:
+        device.close()
     out["exact"] = all(toks == ref for toks, _ in runs)
     return out
 

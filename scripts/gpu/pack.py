@@ -17,11 +17,11 @@ Here (a connected machine):
 
     python scripts/gpu/pack.py pack --tokenizer bundles/qwen-coder-b128/tokenizer --xz --keep-arch 90 --out .gpu
         # (session 54) 3 transfers instead of 7: the wheels' trees xz-compressed (builder.tar.xz: genai, gguf,
-        # starlette and uvicorn (edgespec serve) and the tokenizer; ortgpu.tar.xz: onnxruntime-gpu, which serves genai's builder too, so the CPU onnxruntime
-        # wheel stays here; SmolLM2's GGUF as its .tar.xz), and with --keep-arch 90 the GPU code of every other
-        # architecture in onnxruntime's CUDA library zeroed (an H100/H200 runs sm_90's: 244 -> 66.5 MiB); a pack
-        # made with --xz alone (194 MiB of onnxruntime-gpu) is the fallback where the stripped library fails
-        # scripts/gpu/smoke_cuda.py
+        # starlette and uvicorn (edgespec serve) and the tokenizer; ortgpu.tar.xz: onnxruntime-gpu, which serves
+        # genai's builder too, so the CPU onnxruntime wheel stays here; SmolLM2's GGUF as its .tar.xz), and with
+        # --keep-arch 90 the GPU code of every other architecture in onnxruntime's CUDA library zeroed (an H100/H200
+        # runs sm_90's: 244 -> 66.5 MiB); a pack made with --xz alone (194 MiB of onnxruntime-gpu) is the fallback
+        # where the stripped library fails scripts/gpu/smoke_cuda.py
 
 There, one batch per call (the batch folder arrives in the working tree):
 
@@ -329,9 +329,9 @@ def unpack(archive: Path, site: Path, files: Path) -> int:
 
 def compact_files(wheels: list[Path], tokenizer: Path | None, smol: Path | None, work: Path,
                   arch: int | None) -> list[tuple[str, Path]]:
-    """The --xz pack's files: builder.tar.xz (genai, gguf, starlette, uvicorn, the tokenizer), ortgpu.tar.xz (onnxruntime-gpu; the CPU
-    onnxruntime wheel left out: onnxruntime-gpu is an onnxruntime >= 1.31 too, what genai 0.18's builder needs),
-    SMOL.tar.xz; other wheels each their own .tar.xz."""
+    """The --xz pack's files: builder.tar.xz (genai, gguf, starlette, uvicorn, the tokenizer), ortgpu.tar.xz
+    (onnxruntime-gpu; the CPU onnxruntime wheel left out: onnxruntime-gpu is an onnxruntime >= 1.31 too, what genai
+    0.18's builder needs), SMOL.tar.xz; other wheels each their own .tar.xz."""
     pick = lambda pat: [w for w in wheels if re.match(pat, w.name)]  # noqa: E731
     gpu = pick(r"onnxruntime_gpu-")
     builder = pick(r"onnxruntime_genai-|gguf-|starlette-|uvicorn-")
