@@ -6,6 +6,15 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (the README's test command: two workers on CI's two cores) each worker's torch and OpenBLAS
+# take the cores a worker has. OpenMP's threads otherwise number the machine's cores and wait for each other
+# spinning: SmolLM2's quality report took 5 s alone, 27 s beside two busy processes (12 s with one thread), and the
+# suite's exports with a report 66-76 s (38-48 s with this; session 76, docs/bench/sessions.md). Read when torch
+# and numpy's BLAS load, so set here, before any test imports them; a value set outside is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("EDGESPEC_MODELS", Path.home() / ".cache" / "edgespec" / "models"))
 SMOL_GGUF = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
