@@ -282,6 +282,10 @@ def test_tokenizer_symlinked_out_of_the_bundle(tiny_bundle, copy_bundle, tmp_pat
     with pytest.raises(BundleError, match="outside the bundle"):
         edgespec.load(b)
     one_line_error(run("info", b), 2)
+    # (session 76, a mutation test) a bundle from before tokenizer hashes: no table to check it by, its own check
+    _edit(b, lambda m: m["tokenizer"].pop("files"))
+    with pytest.raises(BundleError, match="tokenizer/tokenizer.json points outside the bundle"):
+        edgespec.load(b)
 
 
 def test_symlink_loops_are_one_line_errors(tiny_bundle, copy_bundle, tmp_path, tiny_dirs):
@@ -339,6 +343,76 @@ def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     with pytest.raises(BundleError, match="the tokenizer has 1000000 ids"):
         edgespec.load(b)
 
+
+
+def test_token_ids_at_the_vocabularys_edge(tiny_bundle, copy_bundle):
+    """(session 76, a mutation test of integrity.py) The last id in the graph's vocabulary is taken, the first
+    past it refused: an end token equal to the vocabulary's size (``<=`` for ``<``) was taken before."""
+    b = copy_bundle(tiny_bundle)
+    n = json.loads((b / "edgespec.json").read_text())["models"]["target"]["vocab_size"]
+    _edit(b, lambda m: m.update(eos_token_ids=[n]))
+    assert f"eos_token_ids {n} is outside the target's vocabulary (0..{n - 1})" in \
+        one_line_error(run("generate", b, "-p", "hi"), 2)
+    _edit(b, lambda m: m.update(eos_token_ids=[n - 1]))
+    assert edgespec.load(b, memory=False).manifest.eos_token_ids == (n - 1,)
+
+
+@pytest.mark.parametrize("change", [-1, 1])
+def test_a_file_of_another_size_is_refused_by_its_size(tiny_bundle, copy_bundle, cache_dir, change, monkeypatch):
+    """(session 76, a mutation test) A truncated or extended weights file is refused on its size, before any
+    hashing (a refusal of only the longer ones, or none, left it to the sha256, which reads a real model's GBs)."""
+    from edgespec import integrity
+
+    b = copy_bundle(tiny_bundle)
+    p = b / "target" / "model.onnx.data"
+    n = p.stat().st_size
+    with open(p, "r+b") as f:
+        f.truncate(n + change)
+    hashed = []
+    real = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda q: hashed.append(Path(q).name) or real(q))
+    with pytest.raises(BundleError, match=f"target/model.onnx.data has {n + change} bytes, manifest says {n}"):
+        edgespec.load(b)
+    assert "model.onnx.data" not in hashed
+
+
+def test_a_weights_file_linked_out_of_the_bundle_is_refused(tiny_bundle, copy_bundle, cache_dir, tmp_path):
+    """(session 76, a mutation test) A model file that is a symbolic link out of the bundle is refused even when
+    what it leads to is the same bytes (the tokenizer's link out was tested, a graph's or its weights' not): the
+    files checked are the bundle's own, not ones that can change outside it after the check. (The manifest's
+    reading refuses it first; integrity.py's own check is a second line.)"""
+    b = copy_bundle(tiny_bundle)
+    p = b / "target" / "model.onnx.data"
+    outside = tmp_path / "elsewhere.data"
+    shutil.move(p, outside)
+    p.symlink_to(outside)
+    with pytest.raises(BundleError, match="'target/model.onnx.data' points outside the bundle directory"):
+        edgespec.load(b)
+    assert "points outside" in one_line_error(run("info", b, "--verify"), 2)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"target/model.onnx.data": [', "\udcff"])
+def test_a_stamp_cache_of_another_shape_is_learned_again(tiny_bundle, copy_bundle, cache_dir, big_limit_zero, text):
+    """(session 76, a mutation test) A verified-files record that is JSON but no object (a list, written by hand
+    or another version), or no JSON (a write cut short), is set aside: the files are hashed again, no traceback."""
+    b = copy_bundle(tiny_bundle)
+    edgespec.load(b, memory=False)
+    (stamp,) = (cache_dir / "verified").glob("*.json")
+    stamp.write_bytes(text.encode("utf-8", "surrogateescape"))
+    big_limit_zero.clear()
+    edgespec.load(b, memory=False)
+    assert "model.onnx.data" in big_limit_zero
+    assert isinstance(json.loads(stamp.read_text()), dict)
+
+
+def test_a_stamp_is_for_the_hash_it_checked(tiny_bundle, copy_bundle, cache_dir, big_limit_zero):
+    """(session 76, a mutation test) A file stamped as matching one sha256 is hashed again when the manifest asks
+    for another (an edited or replaced manifest beside the same files): the stamp does not vouch for it."""
+    b = copy_bundle(tiny_bundle)
+    edgespec.load(b, memory=False)
+    _edit(b, lambda m: m["models"]["target"]["files"]["target/model.onnx.data"].update(sha256="0" * 64))
+    with pytest.raises(BundleError, match="model.onnx.data does not match its sha256"):
+        edgespec.load(b, memory=False)
 
 # -- 4. the chat template is limited ------------------------------------------------------------
 @pytest.mark.parametrize("source, match", [
@@ -498,6 +572,28 @@ def test_external_data_outside_the_bundle_is_refused_before_onnxruntime(tiny_bun
         edgespec.load(b)
     assert "outside the bundle" in one_line_error(run("generate", b, "-p", "hi"), 2)
 
+
+
+def test_every_external_data_name_is_read_whatever_its_length(tiny_bundle, copy_bundle, cache_dir):
+    """(session 76, a mutation test) The graph's external-data names are read from its bytes: every one of them,
+    not the first alone, and names of 128 bytes and more, whose length takes two bytes (the test above rewrites
+    the one name in place, 15 bytes): the last weight's name leading out of the bundle is refused."""
+    import onnx
+
+    from edgespec.integrity import external_locations, sha256_file
+
+    b = copy_bundle(tiny_bundle)
+    p = b / "target" / "model.onnx"
+    g = onnx.load(str(p), load_external_data=False)
+    far = "../../" + "x" * 140 + ".data"
+    last = [t for t in g.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL][-1]
+    next(e for e in last.external_data if e.key == "location").value = far
+    onnx.save(g, str(p))
+    assert external_locations(p) == sorted(["model.onnx.data", far])
+    _edit(b, lambda m: m["models"]["target"]["files"]["target/model.onnx"].update(sha256=sha256_file(p),
+                                                                                   bytes=p.stat().st_size))
+    with pytest.raises(BundleError, match="external data '../../x+.data' points outside the bundle"):
+        edgespec.load(b)
 
 # -- 6. invalid UTF-8 ------------------------------------------------------------------------------
 def test_invalid_utf8_prompt(tiny_bundle):
