@@ -1377,6 +1377,30 @@ def test_device_thread_runs_jobs_in_order_on_itself():
     assert d.close(timeout=5)  # (twice: nothing more)
 
 
+def test_device_thread_outlives_a_cancelled_job_and_a_job_that_raises_any_exception():
+    """(session 76, a mutation test) A job cancelled while it waits is not run, and the thread goes on to the next
+    (running it anyway, its result set on a cancelled future ended the thread: every later job waited forever); a
+    job that raises KeyboardInterrupt or SystemExit gives it to its caller, and the thread goes on (``except
+    Exception`` ended the thread and left that caller waiting)."""
+    from edgespec.device_thread import DeviceThread
+
+    d = DeviceThread(name="test-device-2")
+    gate, ran = threading.Event(), []
+    first = d.submit(gate.wait, 5)
+    cancelled = d.submit(ran.append, "cancelled")
+    assert cancelled.cancel()
+    gate.set()
+    assert first.result(5) is True and d.submit(lambda: 3).result(5) == 3 and ran == []
+    for exc in (KeyboardInterrupt, SystemExit):
+        def boom(exc=exc):
+            raise exc()
+
+        with pytest.raises(exc):
+            d.submit(boom).result(5)
+        assert d.submit(lambda: 4).result(5) == 4 and d.thread.is_alive()
+    assert d.close(timeout=5)
+
+
 def test_serve_loads_the_engine_on_the_thread_that_generates(smol_int4, monkeypatch):
     """``edgespec serve`` loads the engine on the device thread its generations run on, so the CUDA graphs the
     load captures and checks (graphs.check_replays) are the ones replayed; the thread ends with the server."""
