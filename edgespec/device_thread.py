@@ -38,13 +38,16 @@ class DeviceThread:
             fut, fn, args, kw = job
             if not fut.set_running_or_notify_cancel():
                 continue
+            result = None
             try:
                 result = fn(*args, **kw)
             except BaseException as e:  # noqa: BLE001 - the caller's, through its future
                 fut.set_exception(e)
             else:
                 fut.set_result(result)
-            del job, fut, fn, args, kw  # (nothing of a finished job kept alive while the thread waits)
+            # (nothing of a finished job kept alive while the thread waits: its result neither, which it was
+            # until session 77, a generation's until the next request)
+            del job, fut, fn, args, kw, result
 
     @property
     def closed(self) -> bool:

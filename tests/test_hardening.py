@@ -356,6 +356,22 @@ def test_token_ids_at_the_vocabularys_edge(tiny_bundle, copy_bundle):
     assert edgespec.load(b, memory=False).manifest.eos_token_ids == (n - 1,)
 
 
+def test_token_ids_outside_the_drafters_vocabulary(tiny_bundle, copy_bundle):
+    """(session 77, I32 of session 76's mutation test) The end and start tokens are checked against the drafter's
+    vocabulary too, not only the target's: a manifest whose drafter vocabulary stops at the end token is refused
+    by name, one line, exit 2 (checking the target's alone passed it)."""
+    b = copy_bundle(tiny_bundle)
+    man = json.loads((b / "edgespec.json").read_text())
+    eos, bos = man["eos_token_ids"][0], man["bos_token_id"]
+    assert man["models"]["drafter"]["vocab_size"] > eos > 1 and (bos is None or bos < eos - 1)
+    _edit(b, lambda m: m["models"]["drafter"].update(vocab_size=eos))
+    assert f"eos_token_ids {eos} is outside the drafter's vocabulary (0..{eos - 1})" in \
+        one_line_error(run("generate", b, "-p", "hi"), 2)
+    _edit(b, lambda m: m.update(bos_token_id=eos, eos_token_ids=[eos - 1]))
+    with pytest.raises(BundleError, match=f"bos_token_id {eos} is outside the drafter's vocabulary"):
+        edgespec.load(b, memory=False)
+
+
 @pytest.mark.parametrize("change", [-1, 1])
 def test_a_file_of_another_size_is_refused_by_its_size(tiny_bundle, copy_bundle, cache_dir, big_limit_zero, change):
     """(session 76, a mutation test) A truncated or extended weights file is refused on its size, before any

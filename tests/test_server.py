@@ -1401,6 +1401,60 @@ def test_device_thread_outlives_a_cancelled_job_and_a_job_that_raises_any_except
     assert d.close(timeout=5)
 
 
+def test_device_thread_close_reports_a_running_job_and_keeps_nothing_of_a_finished_one():
+    """(session 77, a mutation test) ``close`` says False while a job still runs and True once it ended (it said
+    True either way with ``return True``); a job may close the thread it runs on (joining itself raised
+    RuntimeError); nothing of a finished job (its function, arguments, result) stays alive while the thread
+    waits for the next (the loop's last job did, a generation's arrays until the next request)."""
+    import gc
+    import weakref
+
+    from edgespec.device_thread import DeviceThread
+
+    d = DeviceThread(name="test-device-3")
+    gate = threading.Event()
+    running = d.submit(gate.wait, 5)
+    assert d.close(timeout=0.2) is False and d.thread.is_alive() and d.closed
+    gate.set()
+    assert running.result(5) is True and d.close(timeout=5) is True and not d.thread.is_alive()
+
+    d = DeviceThread(name="test-device-4")
+    assert d.call(lambda: d.close()) is False  # (from the thread itself: it is running this very job)
+    d.thread.join(5)
+    assert not d.thread.is_alive() and d.close(timeout=5)
+
+    class Big:
+        pass
+
+    d = DeviceThread(name="test-device-5")
+    arg, out = Big(), []
+    refs = [weakref.ref(arg)]
+    fut = d.submit(lambda a: out.append(weakref.ref(r := Big())) or r, arg)
+    got_big = isinstance(fut.result(5), Big)  # (not inside an assert: pytest's rewrite keeps what it evaluates)
+    assert got_big
+    refs += out
+    del arg, out, fut
+    for _ in range(100):  # (the thread drops them after it set the result: a moment later)
+        gc.collect()
+        if all(r() is None for r in refs):
+            break
+        time.sleep(0.02)
+    assert [r() for r in refs] == [None, None]
+    assert d.close(timeout=5)
+
+
+def test_device_thread_does_not_hold_the_process_at_exit(tmp_path):
+    """(session 77, a mutation test) A daemon thread: a process whose device thread is still running a job (a
+    generation that does not stop) exits when its main thread ends (a non-daemon thread held it forever)."""
+    script = tmp_path / "stuck.py"
+    script.write_text("import threading\nfrom edgespec.device_thread import DeviceThread\n"
+                      "d = DeviceThread()\nd.submit(threading.Event().wait)\nprint('main done', flush=True)\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "main done", r.stderr[-500:]
+
+
 def test_serve_loads_the_engine_on_the_thread_that_generates(smol_int4, monkeypatch):
     """``edgespec serve`` loads the engine on the device thread its generations run on, so the CUDA graphs the
     load captures and checks (graphs.check_replays) are the ones replayed; the thread ends with the server."""
