@@ -252,9 +252,13 @@ def test_an_int8_bundle_decodes_speculatively_as_it_decodes_plainly(head32):
 
     assert any("4 KV caches int8" in line for line in head32["logs"]), head32["logs"]
     m = json.loads((head32["q8"] / "edgespec.json").read_text())["models"]
+    f16 = json.loads((head32["f16"] / "edgespec.json").read_text())["models"]
     for role in ("target", "drafter"):
         assert m[role]["kv_dtype"] == "int8" and m[role]["operators"]["DecodeAttentionQ8"] == 2, role
         assert "DecodeAttentionF16" not in m[role]["operators"]
+        # (session 77) the kernel features are the float16 rewrite's: the int8 rows' width read back as their head
+        # size (export/kernels.py, kv_row_head) must not change what the graph is said to need
+        assert m[role].get("kernel_features", []) == f16[role].get("kernel_features", []), role
     eng = edgespec.load(head32["q8"], memory=False)
     spec = eng.manifest.target
     assert spec.kv_bytes_per_token == 2 * 2 * 2 * (32 + 4)  # layers x (key, value) x kv heads x a row's bytes

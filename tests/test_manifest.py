@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import main
-from edgespec.errors import ManifestError, TokenizerMismatchError
+from edgespec.errors import BundleError, ManifestError, TokenizerMismatchError
 from edgespec.manifest import (Manifest, ModelIO, ModelSpec, Quality, Quantization, Validation, load_manifest,
                                write_manifest)
 
@@ -105,7 +105,11 @@ def test_round_trip_with_every_field(tmp_path):
                         mean_kl=0.002, greedy_match_tokens=(3, 24), greedy_match_of=24, tokens=300),
         params=777, num_attention_heads=4, operators={"DequantizeLinear": 7, "MatMul": 7},
         cpu_resident_bytes=5000, embedding_bytes=6400, embedding_row_bytes=64, kv_layers=((1, 8), (2, 16), (1, 8)),
-        kv_sources=(0, 1, 0))
+        kv_sources=(0, 1, 0),
+        # (session 77, a mutation test: each of these was dropped from to_dict unnoticed)
+        head_ids=(tmp_path / "target" / "model.onnx").resolve(), head_size=40, head_source="a test",
+        kernels="edgespec-q4", kernel_features=("attention-window",), attention_pad=1, attention_window=16,
+        kernels_check={"max_abs_logit_diff": 0.5, "logit_scale": 20.0, "top1_agreement": 0.98, "positions": 45})
     assert ModelSpec.from_dict(spec.to_dict(tmp_path), tmp_path, "target") == spec
     # (float16 caches; layer 2 uses layer 0's buffer)
     assert spec.kv_shape(1) == (2, 16) and spec.kv_source(2) == 0 and spec.kv_bytes_per_token == 2 * (8 + 32) * 2
@@ -113,7 +117,8 @@ def test_round_trip_with_every_field(tmp_path):
     m = Manifest(root=tmp_path, name="all", target=spec, drafter=drafter, eos_token_ids=(5,), bos_token_id=None,
                  add_bos=True, chat_template=None, tokenizer_dir=(tmp_path / "tok").resolve(),
                  tool_versions={"onnx": "1.17"}, created="2026-01-01T00:00:00Z", sources={"target": "t"},
-                 tokenizer_vocab_size=99, source_files={"target": {"t.gguf": {"bytes": 7, "sha256": "a" * 64}}})
+                 tokenizer_vocab_size=99, source_files={"target": {"t.gguf": {"bytes": 7, "sha256": "a" * 64}}},
+                 tokenizer_special_past=2, sampling_defaults={"temperature": 0.7, "top_k": 20})
     d = m.to_dict()
     assert json.loads(json.dumps(d)) == d  # plain JSON
     assert Manifest.from_dict(d, tmp_path) == m
@@ -166,6 +171,9 @@ def test_info_reads_what_export_records(tiny_bundle):
     assert json.loads(CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"]).output) == m.to_dict()
 
 
+KCHECK = {"max_abs_logit_diff": 0.5, "logit_scale": 20.0, "top1_agreement": 0.98, "positions": 45}
+
+
 @pytest.mark.parametrize("path, value, match", [
     (("models", "target", "quant", "block_size"), "32", r"models\.target\.quant\.block_size"),
     (("models", "target", "quant", "symmetric"), 1, r"models\.target\.quant\.symmetric"),
@@ -197,6 +205,30 @@ def test_info_reads_what_export_records(tiny_bundle):
     (("models", "target", "kv_layers"), "wide", r"models\.target\.kv_layers must be"),
     (("models", "target", "kv_sources"), [0, 0, 1], r"models\.target\.kv_sources must be \d+ layer indices"),
     (("models", "target", "kv_sources"), [1, 1], r"models\.target\.kv_sources must be"),
+    # (session 77, a mutation test of manifest.py: each row below loaded with its check taken out)
+    (("models", "target", "quant"), [1], r"models\.target\.quant must be an object"),
+    (("models", "target", "conv_layers"), [[0, 4, 3], [0, 4, 3]], r"conv_layers must be .*each layer once"),
+    (("models", "target", "conv_layers"), [[2, 4, 3]], r"conv_layers must be .*below 2"),
+    (("models", "target", "conv_layers"), [[0, 4, 3]], r"has conv_layers but its io names no past_conv"),
+    (("models", "target", "kernels"), "cuda-q4", r"models\.target\.kernels 'cuda-q4' is not one of"),
+    (("models", "target", "kernels_check"), dict(KCHECK, max_abs_logit_diff=float("inf")),
+     r"kernels_check\.max_abs_logit_diff must be a finite number >= 0, got inf"),
+    (("models", "target", "kernels_check"), dict(KCHECK, top1_agreement=-0.5),
+     r"kernels_check\.top1_agreement must be a finite number >= 0, got -0\.5"),
+    (("models",), {}, r"no target model"),
+    (("schema_version",), 2, r"schema_version 2 is not supported"),
+    (("eos_token_ids",), [2, "7"], r"eos_token_ids must be a list of integers"),
+    (("eos_token_ids",), [2, True], r"eos_token_ids must be a list of integers"),
+    (("models", "drafter"), {}, r"models\.drafter lacks 'path'"),  # ({} or 0 is not "no drafter")
+    (("models", "drafter"), 0, r"models\.drafter must be an object"),
+    (("models", "target", "path"), "target/model\x00.onnx", r"holds a NUL character: not a path"),
+    (("models", "target", "files", "target/model.onnx", "bytes"), "1000", r"files\['target/model\.onnx'\] needs 'bytes'"),
+    (("source_files",), {"target": {"m.gguf": {"bytes": -1, "sha256": "0" * 64}}}, r"needs 'bytes' \(a count\)"),
+    (("models", "target", "head_dim"), 0, r"models\.target\.head_dim must be positive, got 0"),
+    (("models", "target", "kv_layers"), [[1, 16], [0, 16]], r"models\.target\.kv_layers must be 2 pairs"),
+    (("models", "target", "head_size"), 5, r"models\.target\.head_size without head_ids"),
+    (("models", "target", "io", "past_key"), "past.%d.%s", r"io\.past_key must contain one %d"),
+    (("models", "target", "io", "present_value"), "present_%%d", r"io\.present_value must contain one %d"),
 ])
 def test_bad_fields_are_named(tmp_path, path, value, match):
     raw = copy.deepcopy(OLD)
@@ -206,6 +238,44 @@ def test_bad_fields_are_named(tmp_path, path, value, match):
     d[path[-1]] = value
     with pytest.raises(ManifestError, match=match):
         Manifest.from_dict(raw, tmp_path)
+
+
+@pytest.mark.parametrize("edits, match", [
+    # (session 77, a mutation test of manifest.py) what one field alone cannot say
+    ({"num_layers": 3, "kv_sources": [0, 0, 1]}, r"kv_sources must be 3 layer indices, each the layer itself or an "
+                                                 r"earlier one with its own KV cache"),  # (layer 1 has none of its own)
+    ({"kv_layers": [[1, 16], [2, 16]], "kv_sources": [0, 0]}, r"kv_sources must be .*of the same shape"),
+    ({"head_ids": "target/model.onnx", "head_size": 300}, r"models\.target\.head_size must be in 1\.\.299, got 300"),
+    ({"head_ids": "target/head_ids.npy", "head_size": 10}, r"head_ids 'target/head_ids\.npy' is not one of its files"),
+    ({"kv_dtype": "int8", "layout": "cuda", "head_dim": 32}, r"kv_dtype int8 needs the cpu layout"),
+])
+def test_bad_field_combinations_are_named(tmp_path, edits, match):
+    raw = copy.deepcopy(OLD)
+    raw["models"]["target"].update(edits)
+    with pytest.raises(ManifestError, match=match):
+        Manifest.from_dict(raw, tmp_path)
+
+
+def test_what_a_manifest_leaves_out_reads_as_before(tmp_path):
+    """(session 77, a mutation test) Fields older bundles lack: a float16 KV cache without a layout was the CUDA
+    layout's; a model or tokenizer path out of the bundle, and a bundle path that is a file, not a directory, are
+    refused by name."""
+    raw = copy.deepcopy(OLD)
+    raw["models"]["target"]["kv_dtype"] = "float16"
+    m = Manifest.from_dict(raw, tmp_path)
+    assert (m.target.layout, m.drafter.layout) == ("cuda", "cpu")
+    for where in ("path", "tokenizer"):  # (a path out of the bundle: refused where the manifest is read)
+        bad = copy.deepcopy(raw)
+        if where == "path":
+            bad["models"]["target"]["path"] = "../elsewhere/model.onnx"
+        else:
+            bad["tokenizer"]["dir"] = "../../tokenizer"
+        with pytest.raises(BundleError, match=r"'\.\./.*' points outside the bundle directory"):
+            Manifest.from_dict(bad, tmp_path)
+    f = tmp_path / "a-file"
+    f.write_text("{}")
+    with pytest.raises(BundleError, match="a-file is not a bundle directory"):
+        load_manifest(f)
 
 
 def test_missing_report_fields_are_none(tmp_path):
@@ -258,3 +328,67 @@ def test_a_bundle_whose_tables_leave_files_unhashed_is_checked_or_says_so(tiny_b
     (b2 / "edgespec.json").write_text(json.dumps(raw))
     with pytest.raises(BundleError, match="KV dtype bfloat16 is not supported"):
         edgespec.load(b2, memory=False)
+
+
+def test_head_ids_are_checked_at_their_edges(tmp_path):
+    """(session 77, a mutation test) A reduced head's ids file: the vocabulary's last id is taken, the vocabulary's
+    size refused, and so are a repeated id and a count other than ``head_size`` (the tamper test's ids were out of
+    order, which none of these three changes let through)."""
+    import numpy as np
+
+    raw = copy.deepcopy(OLD)
+    t = raw["models"]["target"]
+    t["files"]["target/head_ids.npy"] = {"bytes": 1}
+    t.update(head_ids="target/head_ids.npy", head_size=3)
+    spec = Manifest.from_dict(raw, tmp_path).target
+    (tmp_path / "target").mkdir()
+    for ids, ok in (([0, 5, 299], True), ([0, 5, 300], False), ([0, 5, 5], False), ([0, 5], False),
+                    ([0, 5, 9, 11], False), ([-1, 5, 9], False)):
+        np.save(tmp_path / "target" / "head_ids.npy", np.array(ids, dtype=np.int32))
+        if ok:
+            assert spec.load_head_ids(300).tolist() == ids
+        else:
+            with pytest.raises(BundleError, match="target's head ids head_ids.npy are not 3 sorted, unique token ids "
+                                                  "below 300"):
+                spec.load_head_ids(300)
+
+
+def test_the_weights_memory_on_the_cpu_counts_the_embedding_rows_a_context_can_read(tmp_path):
+    """(session 77, a mutation test) On the CPU EP the weights take what was measured at export plus a row and a page
+    of the mapped embedding table per distinct token, at most one row per vocabulary entry and never more than the
+    table: neither bound was tested."""
+    raw = copy.deepcopy(OLD)
+    raw["models"]["target"].update(vocab_size=3, cpu_resident_bytes=5000, embedding_row_bytes=64,
+                                   embedding_bytes=10 ** 9)
+    t = Manifest.from_dict(raw, tmp_path).target
+    assert t.weight_bytes(False, 2) == 5000 + 2 * (64 + 4096)
+    assert t.weight_bytes(False, 10) == 5000 + 3 * (64 + 4096)  # (3 tokens in the vocabulary)
+    assert t.weight_bytes(True, 10) == 11000  # (a GPU: every initializer, resident_bytes)
+    raw["models"]["target"].update(embedding_bytes=1000)
+    assert Manifest.from_dict(raw, tmp_path).target.weight_bytes(False, 2) == 5000 + 1000
+
+
+def test_an_int8_rows_width_and_its_head_size_are_each_others_inverse():
+    """(session 77, a mutation test) export/kernels.py reads an int8 cache's head size back from its rows' width (D
+    numbers and D / 32 float32 scales): ``kv_row_head`` must undo ``kv_row_width`` (9/8 for 8/9 went unseen)."""
+    from edgespec.manifest import KV_DTYPES, kv_row_head, kv_row_width
+
+    for dtype in KV_DTYPES:
+        for head in (32, 64, 96, 128, 256):
+            width = kv_row_width(dtype, head)
+            assert width == (head + head // 32 * 4 if dtype == "int8" else head)
+            assert kv_row_head(dtype, width) == head, (dtype, head)
+
+
+def test_a_manifest_past_its_size_limit_is_refused_unread(tmp_path):
+    """(session 77, a mutation test) A manifest is a few KiB: one of 16 MiB is still read, one byte more is refused
+    by its size (the limit was untested; ``> limit + 1`` let the first byte past it through to the JSON parser)."""
+    from edgespec.manifest import _MANIFEST_LIMIT, MANIFEST_NAME
+
+    p = tmp_path / MANIFEST_NAME
+    p.write_bytes(b"{}" + b" " * (_MANIFEST_LIMIT - 2))
+    with pytest.raises(ManifestError, match="manifest lacks 'schema_version'"):
+        load_manifest(tmp_path)
+    p.write_bytes(b"{}" + b" " * (_MANIFEST_LIMIT - 1))
+    with pytest.raises(ManifestError, match=r"edgespec\.json is larger than 16 MiB: not a manifest"):
+        load_manifest(tmp_path)

@@ -293,7 +293,14 @@ def _edit_manifest(bundle, tmp_path, edit):
     (lambda r: r["models"]["assistant"].update(target_hidden_size=65), "hidden size 65"),
     (lambda r: r["models"]["assistant"].pop("sources"), "lacks 'sources'"),
     (lambda r: r["models"]["assistant"]["sources"].update(sliding_attention=4), "keeps no cache of its own"),
-], ids=["layer-out-of-range", "no-hidden-output", "other-hidden-size", "no-sources", "a-shared-layer"])
+    # (session 77, a mutation test of manifest.py: each loaded with its check taken out)
+    (lambda r: r["models"]["assistant"]["sources"].update(full_attention=r["models"]["target"]["num_layers"]),
+     "attends target layer \\d+ \\(full_attention\\), the target has"),
+    (lambda r: r["models"]["assistant"]["sources"].update(full_attention=-1), "sources must map a layer kind"),
+    (lambda r: r["models"]["assistant"].update(sliding_window=-1), "assistant's sizes must be positive"),
+    (lambda r: r["models"]["assistant"].update(vocab_size=7), "hidden size \\d+ and 7 tokens"),
+], ids=["layer-out-of-range", "no-hidden-output", "other-hidden-size", "no-sources", "a-shared-layer",
+        "the-layer-count", "a-negative-layer", "a-negative-window", "other-vocabulary"])
 def test_a_broken_assistant_entry_is_one_line(fp32_bundle, tmp_path, edit, message):
     from edgespec.errors import EdgespecError
     from edgespec.manifest import load_manifest
