@@ -597,6 +597,12 @@ def test_unknown_key_is_named(tmp_path):
     ('session_options = { "" = "1" }', "session_options"),
     ("description = 3", "description"),
     ("source = false", "source"),
+    # (session 77, a mutation test of profiles.py: each loaded with its bound taken out)
+    (f"memory_budget_mb = {(1 << 30) + 1}", "memory_budget_mb"),
+    ("prefill_chunk = 0", "prefill_chunk"),
+    ("max_draft_tokens = 65", "max_draft_tokens"),
+    ("provider_options = { cuda = { device_id = [0] } }", "provider_options.cuda.device_id"),
+    ('session_options = { "session.x" = [1] }', "session_options"),
 ])
 def test_bad_values_name_the_key(tmp_path, line, key):
     text = line + "\n" if line.startswith("memory_budget_mb") else f"memory_budget_mb = 100\n{line}\n"
@@ -1090,3 +1096,26 @@ def test_the_planners_floor_is_never_one_token():
         except BudgetError:
             continue
         assert p.context >= 2, (budget, p.context)
+
+
+def test_a_profiles_defaults_its_first_folder_and_the_machines_memory(tmp_path, monkeypatch):
+    """(session 77, a mutation test of profiles.py) A budget of 0 is three quarters of this machine's memory, and 8
+    GiB's three quarters where the platform has no ``os.sysconf``; of two profile folders with a profile of one name,
+    the first folder's is listed (the project's ``profiles/`` before the packaged copy)."""
+    import edgespec.profiles as profiles_mod
+
+    monkeypatch.setattr(profiles_mod, "_physical_memory", lambda: 16 << 30)
+    assert Profile(name="x", memory_budget_mb=0).budget_bytes == 12 << 30
+    assert Profile(name="x", memory_budget_mb=100).budget_bytes == 100 * MiB
+    monkeypatch.undo()
+    monkeypatch.delattr(os, "sysconf")
+    assert profiles_mod._physical_memory() == 8 << 30
+    monkeypatch.undo()
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    _write(first, "memory_budget_mb = 100\n", name="same.toml")
+    _write(second, "memory_budget_mb = 200\n", name="same.toml")
+    _write(second, "memory_budget_mb = 300\n", name="other.toml")
+    monkeypatch.setattr(profiles_mod, "profile_dirs", lambda: [first, second])
+    assert {p.name: p.memory_budget_mb for p in list_profiles()} == {"same": 100, "other": 300}
+    assert resolve_profile("same").memory_budget_mb == 100
