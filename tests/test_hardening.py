@@ -998,8 +998,11 @@ def test_stream_ids_refuses_ids_outside_the_vocabulary(tiny_bundle):
             eng.stream_ids(ids, max_new_tokens=2)
     assert eng.generate("hello", max_new_tokens=2).token_ids  # nothing broken
     ids = eng.encode("hello")
-    a = [d.ids for d in eng.stream_ids(iter(ids), max_new_tokens=3)]  # an iterator: read once, whole
-    assert a == [d.ids for d in eng.stream_ids(ids, max_new_tokens=3)]
+    # an iterator: read once, whole (the tokens compared, not how they were grouped: the round policy, which times its
+    # calls, may verify a draft in one generation and not in the other: a fresh clone's suite saw [[360], [360], [101]]
+    # against [[360], [360, 101]], session 77)
+    a = [t for d in eng.stream_ids(iter(ids), max_new_tokens=3) for t in d.ids]
+    assert a == [t for d in eng.stream_ids(ids, max_new_tokens=3) for t in d.ids] and len(a) == 3
 
 
 def test_documents_from_the_api_are_texts_and_paths(tiny_bundle, tmp_path):
