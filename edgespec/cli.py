@@ -802,9 +802,8 @@ def _loaded(load):
     with the one line (exit 130), not through the interpreter's exit: that, under a thread still inside onnxruntime's
     session construction, can abort ("terminate called without an active exception", exit 134; a review of session
     75, seen with a scratch script; a GPU's load takes seconds). The wait is timed, a tenth of a second at a time:
-    a wait without a timeout is one lock acquire, which a Ctrl-C ends only where the kernel hands the signal to the
-    main thread; handed to the loading thread, the main one slept on until the load ended (session 77: once in a
-    fresh clone's suite, a Ctrl-C unanswered for 30 s of a 60 s load; not seen again in 45 runs)."""
+    a wait without a timeout is one lock acquire, which a signal handled on another thread does not end: a SIGINT to
+    the loading thread left the main one asleep until the load ended (session 77, tested with ``pthread_kill``)."""
     try:
         while True:
             try:
