@@ -62,6 +62,9 @@ OLD = {
     },
 }
 
+# a kernels_check record as exact-kernels writes it
+KCHECK = {"max_abs_logit_diff": 0.5, "logit_scale": 20.0, "top1_agreement": 0.98, "positions": 45}
+
 
 def test_a_manifest_of_the_previous_version_loads(tmp_path):
     m = Manifest.from_dict(copy.deepcopy(OLD), tmp_path)
@@ -109,7 +112,7 @@ def test_round_trip_with_every_field(tmp_path):
         # (session 77, a mutation test: each of these was dropped from to_dict unnoticed)
         head_ids=(tmp_path / "target" / "model.onnx").resolve(), head_size=40, head_source="a test",
         kernels="edgespec-q4", kernel_features=("attention-window",), attention_pad=1, attention_window=16,
-        kernels_check={"max_abs_logit_diff": 0.5, "logit_scale": 20.0, "top1_agreement": 0.98, "positions": 45})
+        kernels_check=dict(KCHECK))
     assert ModelSpec.from_dict(spec.to_dict(tmp_path), tmp_path, "target") == spec
     # (float16 caches; layer 2 uses layer 0's buffer)
     assert spec.kv_shape(1) == (2, 16) and spec.kv_source(2) == 0 and spec.kv_bytes_per_token == 2 * (8 + 32) * 2
@@ -169,9 +172,6 @@ def test_info_reads_what_export_records(tiny_bundle):
     assert f"over {m.target.validation.positions} positions" in r.output
     assert f"over {m.drafter.quality.agreement_tokens} tokens" in r.output
     assert json.loads(CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"]).output) == m.to_dict()
-
-
-KCHECK = {"max_abs_logit_diff": 0.5, "logit_scale": 20.0, "top1_agreement": 0.98, "positions": 45}
 
 
 @pytest.mark.parametrize("path, value, match", [
@@ -264,12 +264,11 @@ def test_what_a_manifest_leaves_out_reads_as_before(tmp_path):
     raw["models"]["target"]["kv_dtype"] = "float16"
     m = Manifest.from_dict(raw, tmp_path)
     assert (m.target.layout, m.drafter.layout) == ("cuda", "cpu")
-    for where in ("path", "tokenizer"):  # (a path out of the bundle: refused where the manifest is read)
+    # (a path out of the bundle: refused where the manifest is read)
+    for edit in (lambda r: r["models"]["target"].update(path="../elsewhere/model.onnx"),
+                 lambda r: r["tokenizer"].update(dir="../../tokenizer")):
         bad = copy.deepcopy(raw)
-        if where == "path":
-            bad["models"]["target"]["path"] = "../elsewhere/model.onnx"
-        else:
-            bad["tokenizer"]["dir"] = "../../tokenizer"
+        edit(bad)
         with pytest.raises(BundleError, match=r"'\.\./.*' points outside the bundle directory"):
             Manifest.from_dict(bad, tmp_path)
     f = tmp_path / "a-file"

@@ -1112,7 +1112,8 @@ def test_a_profiles_defaults_its_first_folder_and_the_machines_memory(tmp_path, 
     assert profiles_mod._physical_memory() == 8 << 30
     monkeypatch.undo()
     first, second = tmp_path / "a", tmp_path / "b"
-    first.mkdir(), second.mkdir()
+    first.mkdir()
+    second.mkdir()
     _write(first, "memory_budget_mb = 100\n", name="same.toml")
     _write(second, "memory_budget_mb = 200\n", name="same.toml")
     _write(second, "memory_budget_mb = 300\n", name="other.toml")
