@@ -763,6 +763,71 @@ def test_cost_model_prefers_no_draft_when_acceptance_is_low():
     assert cm.best_k(0.5, 8, draft_cost=False)[0] >= 1  # free drafting pays earlier
 
 
+def test_the_cost_line_is_refitted_and_the_priced_widths_renewed_after_each_measurement():
+    """(session 78, mutants Q5 and Q6) An unmeasured width is priced on the line fitted to the measured ones, and
+    ``best_k`` reads the widths priced once (``costs``): both kept until a measurement or the width policy
+    changes. A line not refitted after a new measurement, or prices kept across a change of ``min_width``, priced
+    rounds at a target the device no longer has."""
+    cm = CostModel()
+    cm.observe_target(1, 0.050)
+    cm.observe_target(2, 0.052)
+    assert cm.target_cost(6) == pytest.approx(0.060)  # on the line through widths 1 and 2
+    cm.observe_target(4, 0.110)  # the rows past 2 turn out dear: the line refitted
+    slope, icpt = np.polyfit([1, 2, 4], [0.050, 0.052, 0.110], 1)
+    assert cm.target_cost(6) == pytest.approx(icpt + 6 * slope)
+    for k in range(4):  # best_k's cached prices are rate's (which prices each width afresh)
+        assert cm.costs(5)[k + 1] == pytest.approx(cm.target_cost(k + 1))
+    cm.min_width = 4  # the width policy changes: every call computes 4 positions at least
+    assert cm.costs(5)[1] == pytest.approx(0.110) and cm.costs(5)[2] == pytest.approx(0.110)
+    k, r = cm.best_k(0.0, 4, False)
+    assert (k, r) == (0, pytest.approx(1 / 0.110))  # no draft, and priced at a 4-wide call
+    cm.min_width, cm.width_multiple = 1, 2
+    assert cm.costs(5)[1] == pytest.approx(0.052) and cm.costs(5)[3] == pytest.approx(0.110)
+
+
+def test_an_unmeasured_width_is_priced_no_cheaper_than_the_cheapest_call_and_no_row_below_zero():
+    """(session 78, mutants Q17 and Q18) Timings are noisy: a wider call can be measured cheaper than a narrower
+    one, and a steep line through two far-apart widths crosses zero before width 1. The fitted line's slope is
+    clipped at 0 (one more row never saves time: ``marginal`` and the catch-ups and stop thresholds it prices
+    stay >= 0) and a price is never below the cheapest measured call (never negative, which made a rate negative
+    and ``best_k`` pick nonsense)."""
+    noisy = CostModel()
+    noisy.observe_target(1, 0.050)
+    noisy.observe_target(2, 0.040)  # (a stall in the one-token call)
+    assert noisy.marginal() == 0.0
+    assert noisy.target_cost(8) >= noisy.target_cost(2)
+    steep = CostModel()
+    steep.observe_target(4, 0.020)
+    steep.observe_target(8, 0.100)  # the line: -0.06 + 0.02 a row, below zero at width 1 and 2
+    assert steep.target_cost(1) == pytest.approx(0.020) and steep.target_cost(2) == pytest.approx(0.020)
+    k, r = steep.best_k(0.5, 2, False)
+    assert r > 0 and k == 2  # free rows up to the measured width: the longest draft pays most
+    assert steep.rate(0.5, 0, False) == pytest.approx(1 / 0.020)
+
+
+def test_a_round_without_a_draft_pays_for_no_hint():
+    """(session 78, mutant Q21) A hint's extra rows are paid by the costly drafter's first call; a round that
+    drafts nothing has no such call: ``rate`` prices k = 0 without them, as ``best_k``'s baseline does."""
+    cm = CostModel()
+    cm.observe_target(1, 0.050)
+    cm.observe_draft(0.020)
+    assert cm.rate(0.8, 0, True, extra=0.5) == pytest.approx(1 / 0.050) == cm.rate(0.8, 0, True)
+    assert cm.rate(0.8, 2, True, extra=0.5) < cm.rate(0.8, 2, True)  # (with a draft it costs half a step)
+    assert cm.best_k(0.01, 4, True, extra=0.5) == (0, pytest.approx(cm.rate(0.01, 0, True, extra=0.5)))
+
+
+def test_a_read_of_no_tokens_costs_nothing_once_reads_are_measured():
+    """(session 78, mutant Q11) The catch-up line's fixed cost is a read's: with nothing to read there is no
+    read (a drafter that is caught up drafts at once), measured or not."""
+    cm = CostModel()
+    cm.observe_draft(0.010)
+    for n, s in ((10, 0.012), (100, 0.060), (200, 0.110)):
+        cm.observe_catchup(n, s)
+    assert cm.catchup["model"][0] > 0.0  # a fixed cost a read
+    assert cm.upfront_cost(0) == 0.0 and cm.upfront_cost(0, trust=0.5) == 0.0
+    assert cm.upfront_cost(1) == pytest.approx(sum(cm.catchup["model"]))
+
+
 def test_auto_drops_a_drafter_that_never_agrees():
     # the model drafter always disagrees; the target cycles, so prompt lookup pays: auto picks it
     target = FakeLM(8, seed=1)
@@ -1007,6 +1072,11 @@ def test_the_horizon_follows_how_long_generations_run():
     assert pol.horizon(9) == 10
     pol.begin("auto", drafters, 1, reproducible=True)  # never what earlier generations did
     assert pol.horizon(99) == 100
+    for _ in range(5):
+        pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    pol.begin("auto", drafters, 1)  # nor, for those after it, what it did (session 78, mutant Q37): a reproducible
+    # generation teaches nothing (its length no more than its acceptance or costs); the lengths 24, 20, 20, 20
+    assert pol.horizon(99) == pytest.approx((24 + 20 * (0.7 + 0.7 ** 2 + 0.7 ** 3)) / (1 + 0.7 + 0.7 ** 2 + 0.7 ** 3))
 
 
 def test_the_horizon_reads_the_generations_that_ran_longer():
@@ -1047,6 +1117,21 @@ class _Oracle:
 
     def peek(self, ctx, k):
         return [self.guess(ctx)], self.name
+
+
+def test_plain_decoding_begins_no_drafter_not_even_to_fill_a_wide_calls_spare_position():
+    """(session 78, mutant Q41) ``none`` is plain decoding: no drafter is begun (a suffix drafter's or prompt
+    lookup's index of the prompt is work for nothing) even where the target computes two positions a call, which
+    a named costly drafter's generation fills with a free drafter's guess (those are begun beside it)."""
+    from edgespec.kv import TokenBuffer
+
+    copy, model = _Oracle("copy", False, lambda i: i % 5), _Oracle("model", True, lambda i: i % 5)
+    drafters = {"copy": copy, "model": model}
+    pol = RoundPolicy()
+    assert pol.begin("none", drafters, 2) == []
+    assert pol.choose(TokenBuffer([1, 2, 3], capacity=64), 10, None, 4) is NO_DRAFT
+    assert pol.begin("model", drafters, 2) == [model, copy]
+    assert pol.begin("auto", drafters, 2) == [copy, model]
 
 
 def _policy_rounds(pol, drafters, rounds, model_right):
@@ -2772,6 +2857,14 @@ def test_cost_priors_follow_the_bytes_where_verify_rows_are_cheap():
         RoundPolicy(prior_slope=True)
     with pytest.raises(ValueError, match="prior_steep .* must be at least prior_slope"):
         RoundPolicy(prior_knee=4, prior_steep=0.0)
+    # (session 78, mutants Q34 and Q35) a share of a call past 4 is no prior (a typo's 15 for 0.15); a knee past
+    # which rows cost what they did before it is a straight line, and allowed
+    for name in ("prior_slope", "prior_step_ratio", "prior_steep"):
+        with pytest.raises(ValueError, match=f"{name} must be a number in 0..4"):
+            RoundPolicy(**{name: 4.5})
+    assert RoundPolicy(prior_slope=4.0, prior_knee=4, prior_steep=4.0).measured.target_cost(8) == pytest.approx(29.0)
+    straight = RoundPolicy(prior_slope=0.2, prior_knee=4, prior_steep=0.2).measured
+    assert straight.target_cost(9) == pytest.approx(1.0 + 0.2 * 8)
     # one width measured (no width probe: a context too small for it): the prior's shape scaled to it, the knee kept
     one = CostModel(prior_slope=0.06, prior_knee=6, prior_steep=0.2)
     one.observe_target(1, 0.02)
