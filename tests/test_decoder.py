@@ -766,8 +766,8 @@ def test_cost_model_prefers_no_draft_when_acceptance_is_low():
 def test_the_cost_line_is_refitted_and_the_priced_widths_renewed_after_each_measurement():
     """(session 78, mutants Q5 and Q6) An unmeasured width is priced on the line fitted to the measured ones, and
     ``best_k`` reads the widths priced once (``costs``): both kept until a measurement or the width policy
-    changes. A line not refitted after a new measurement, or prices kept across a change of ``min_width``, priced
-    rounds at a target the device no longer has."""
+    changes. A line not refitted after a new measurement, or prices kept across a change of ``min_width``, would
+    price rounds at a target the device no longer has."""
     cm = CostModel()
     cm.observe_target(1, 0.050)
     cm.observe_target(2, 0.052)
@@ -789,8 +789,8 @@ def test_an_unmeasured_width_is_priced_no_cheaper_than_the_cheapest_call_and_no_
     """(session 78, mutants Q17 and Q18) Timings are noisy: a wider call can be measured cheaper than a narrower
     one, and a steep line through two far-apart widths crosses zero before width 1. The fitted line's slope is
     clipped at 0 (one more row never saves time: ``marginal`` and the catch-ups and stop thresholds it prices
-    stay >= 0) and a price is never below the cheapest measured call (never negative, which made a rate negative
-    and ``best_k`` pick nonsense)."""
+    stay >= 0) and a price is never below the cheapest measured call (never negative, which would make a rate
+    negative and ``best_k`` pick nonsense)."""
     noisy = CostModel()
     noisy.observe_target(1, 0.050)
     noisy.observe_target(2, 0.040)  # (a stall in the one-token call)
