@@ -1065,10 +1065,18 @@ def test_the_horizon_follows_how_long_generations_run():
     assert pol.horizon(99) == 19
     for _ in range(3):
         pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
-    assert pol.horizon(99) == 16  # (at least 16 more)
-    for _ in range(20):
+    assert pol.horizon(99) == 16
+    for _ in range(6):
         pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
-    assert pol.horizon(99) == 24  # past every recent length (20): as many again as it has produced
+    assert pol.horizon(99) == 16  # 10 tokens left of the recent lengths, but at least 16 more (session 79, Q74)
+    for _ in range(10):
+        pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    # at every recent length (20), none of them ran past this point: as many again as it has produced (a length
+    # that ended here is not one that goes on for 0 more tokens: session 79, mutant Q73)
+    assert pol.horizon(99) == 20
+    for _ in range(4):
+        pol.observe(NO_DRAFT, [], 0, None, 1, 0.01)
+    assert pol.horizon(99) == 24  # past every recent length: as many again as it has produced
     assert pol.horizon(9) == 10
     pol.begin("auto", drafters, 1, reproducible=True)  # never what earlier generations did
     assert pol.horizon(99) == 100
@@ -1421,6 +1429,202 @@ def test_a_stale_learned_estimate_relaxes_toward_the_prior():
     # the next generation starts from what was learned; each later one that skipped it, closer to the prior
     assert seen[0] == pytest.approx(low) and low < seen[1] < seen[2] < seen[3] < prior
     assert seen[1] - low == pytest.approx((prior - low) * (1 - 0.5 ** (1 / 2.0)), rel=1e-6)
+
+
+# -- session 79: the rest of policy.py's mutation test (docs/bench/mutation_s78.md) --------------
+
+class _Dynamic:
+    """A costly drafter that ends its draft on its confidence (as the model drafter does), checks a free drafter's
+    guess in its first call where ``takes_hint``, and must read ``behind`` context tokens first (0: none)."""
+
+    name, has_cost = "model", True
+
+    def __init__(self, takes_hint=False, behind=0, dynamic=True):
+        self.takes_hint, self.behind, self.dynamic = takes_hint, behind, dynamic
+
+    def offer(self, ctx, kmax):
+        return Offer(self.name, kmax, prior=(1.5, 0.5), upfront=self.behind, dynamic=self.dynamic)
+
+
+def test_a_free_drafter_that_drafts_a_round_is_not_scored_again_as_a_shadow():
+    """(session 79, mutant Q57) A free drafter's guess is scored once a round: by the round's outcome where it
+    drafted, on what the target emitted (a shadow) where another drafter did. Scored twice, the free drafter that
+    wins the rounds would count each of them double and its estimate would move twice as fast as the others'."""
+    from edgespec.kv import TokenBuffer
+
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    a, b = _Oracle("a", False, nxt), _Oracle("b", False, nxt)
+    pol = RoundPolicy()
+    pol.begin("auto", {"a": a, "b": b}, 1)
+    ctx = TokenBuffer([1, 2, 3], capacity=64)
+    for _ in range(5):
+        c = pol.choose(ctx, 8, None, 1)
+        assert c.drafter is a  # (two equal offers: the earlier)
+        pol.observe(c, [a.guess(ctx)], 1, None, 2, 0.01)
+        ctx.extend([nxt(len(ctx)), nxt(len(ctx) + 1)])
+    pol.choose(ctx, 8, None, 1)  # (scores the last round's shadow)
+    assert pol.acceptance["a"].samples == 5 and pol.acceptance["b"].samples == 5
+
+
+def test_a_costly_drafter_left_unused_is_probed_every_probe_every_rounds_and_its_count_restarts():
+    """(session 79, mutants Q59, Q91) A costly drafter that no round chose drafts one token after ``probe_every``
+    rounds left unused (its estimate would otherwise never recover), and the count starts again from that round: a
+    probe every ``probe_every`` + 1 rounds, not one a round once the first is due, nor one round late."""
+    from edgespec.kv import TokenBuffer
+
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    copy, model = _Oracle("copy", False, nxt), _Oracle("model", True, nxt)
+    pol = RoundPolicy(probe_every=4)
+    pol.measured.observe_target(2, 1.12)
+    pol.measured.observe_draft(0.3, "model")
+    pol.begin("auto", {"copy": copy, "model": model}, 1)
+    ctx, probes = TokenBuffer([1, 2, 3], capacity=256), []
+    for i in range(15):
+        c = pol.choose(ctx, 8, None, 1)
+        assert c.drafter is (model if c.probe else copy)
+        probes += [i] if c.probe else []
+        pol.observe(c, [c.drafter.guess(ctx)], 1, 0.3 if c.probe else None, 2, 1.12)
+        ctx.extend([nxt(len(ctx)), nxt(len(ctx) + 1)])
+    assert probes == [4, 9, 14]
+
+
+def test_a_wide_calls_spare_position_takes_the_likeliest_free_guess():
+    """(session 79, mutant Q62) Where the target computes two positions a call anyway (``min_width`` 2) and the
+    drafter asked for (``--drafter model``) drafts nothing this round, the spare position takes a free drafter's
+    one-token guess: the one most likely kept, whatever the drafters' order; with one position a call, none."""
+    from edgespec.kv import TokenBuffer
+
+    class Silent:
+        name, has_cost = "model", True
+
+        def offer(self, ctx, kmax):
+            return None
+
+    low, high, model = _Copy(1, 0.3, name="low"), _Copy(1, 0.8, name="high"), Silent()
+    ctx = TokenBuffer([1, 2, 3], capacity=64)
+    pol = RoundPolicy()
+    for order in ((low, high), (high, low)):
+        pol.begin("model", {**{d.name: d for d in order}, "model": model}, 2)
+        c = pol.choose(ctx, 8, None, 4)
+        assert (c.drafter, c.k, c.key) == (high, 1, "high")
+    pol.begin("model", {"low": low, "high": high, "model": model}, 1)
+    assert pol.choose(ctx, 8, None, 4) is NO_DRAFT
+
+
+def test_the_stop_threshold_is_bounded_and_a_hints_scaled_by_what_a_verified_position_costs():
+    """(session 79, mutants Q58, Q70, Q72) A dynamic draft goes on while its confidence P > (c + m) x rate / alpha
+    (``stop_threshold``: c a drafter step, m one more verified position), kept within 0.05..0.95. Through a hint
+    the drafter agrees with, one more token costs m alone (its logits came with the hint): the threshold there,
+    ``Choice.hint_stop``, is the stop's times m / (c + m) (``hinted_share``)."""
+    from edgespec.kv import TokenBuffer
+
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    pol = RoundPolicy()
+    pol.measured.observe_target(1, 1.0)
+    pol.measured.observe_target(2, 1.1)  # m = 0.1 s
+    pol.measured.observe_draft(0.2, "model")  # c = 0.2 s
+    copy, model = _Oracle("copy", False, nxt), _Dynamic(takes_hint=True)
+    pol.begin("auto", {"copy": copy, "model": model}, 1)
+    assert pol.stop_threshold(0.75, 1.5, "model") == pytest.approx(0.3 * 1.5 / 0.75)
+    assert pol.stop_threshold(0.75, 10.0, "model") == 0.95 and pol.stop_threshold(0.75, 0.01, "model") == 0.05
+    assert pol.hinted_share("model") == pytest.approx(0.1 / 0.3)
+    ctx = TokenBuffer([1, 2, 3], capacity=64)
+    c = pol.choose(ctx, 8, None, 4)
+    assert c.drafter is model and c.hint == (copy.guess(ctx),)  # the copy's one-token guess, checked in its call
+    assert 0.05 < c.stop < 0.95
+    assert c.hint_stop == pytest.approx(c.stop / 3)
+
+
+def test_a_dynamic_draft_that_pays_by_its_first_token_alone_stops_at_that_drafts_rate():
+    """(session 79, mutant Q53) Where a costly drafter's estimate (its tokens past the first) alone would draft
+    nothing but its first tokens' (FIRST_KEY) makes a draft pay, the stop threshold values a kept token at that
+    draft's rate, not plain decoding's. (Where the two rates differ the threshold is seldom below its bound: here
+    a one-token call much cheaper than the wider ones, whose rows past the second are nearly free.)"""
+    from edgespec.kv import TokenBuffer
+    from edgespec.policy import Acceptance
+
+    pol = RoundPolicy()
+    for w, s in {1: 1.0, 2: 1.3, 3: 1.31, 4: 1.32, 5: 1.33}.items():
+        pol.measured.observe_target(w, s)
+    pol.measured.observe_draft(0.05, "model")
+    model = _Dynamic()
+    pol.begin("model", {"model": model}, 1)
+    pol.acceptance["model"], pol.acceptance["model@1"] = Acceptance(0.3, 0.7), Acceptance(0.95, 0.05)
+    assert pol.cost.best_k(0.3, 4, True, "model")[0] == 0
+    k1, r1 = pol.cost.best_k(0.3, 4, True, "model", first=0.95)
+    c = pol.choose(TokenBuffer([1, 2, 3], capacity=64), 8, None, 4)
+    assert c.drafter is model and k1 > 0
+    assert c.stop == pytest.approx(pol.stop_threshold(0.3, r1, "model")) and c.stop < 0.9
+
+
+def test_a_costly_drafter_that_has_drafted_is_judged_on_its_estimate_when_it_must_read_again():
+    """(session 79, mutant Q90) A costly drafter is judged at no less than its prior before its first draft of a
+    generation only (one that must read the context first would otherwise never learn what it is worth there):
+    once it drafted, a read it needs again (the free drafters drafted the rounds since) is priced at what its
+    rounds kept. Wrong every round, it stops within a few (floored at its prior for good, it would draft them all)."""
+    from edgespec.kv import TokenBuffer
+
+    pol = RoundPolicy()
+    pol.measured.observe_target(1, 1.0)
+    pol.measured.observe_target(2, 1.12)
+    pol.measured.observe_draft(0.3, "model")
+    pol.measured.observe_catchup(5, 0.01, "model")
+    model = _Dynamic(behind=5, dynamic=False)
+    pol.begin("model", {"model": model}, 1)
+    ctx, drafted = TokenBuffer([1, 2, 3], capacity=256), 0
+    for _ in range(20):
+        c = pol.choose(ctx, 60, None, 1)
+        if c.drafter is model:
+            drafted += 1
+            pol.observe(c, [99], 0, 0.3, 2, 1.12, catchup=(5, 0.01))
+        else:
+            pol.observe(c, [], 0, None, 1, 1.0)
+        ctx.extend([7])
+    assert 1 <= drafted <= 3, drafted
+
+
+def test_a_reproducible_generation_prices_alternates_at_the_prior_step_whatever_its_drafting_took():
+    """(session 79, mutant Q81) A seeded sampled generation's choices depend on its own tokens alone: which
+    alternates it verifies is priced at the prior's drafter steps, never at the seconds its drafting took (those
+    price a timed generation's)."""
+    p = RoundPolicy()
+    alts = [(0, 11, 0.9, 0.05), (1, 12, 0.5, 0.30)]
+    p.begin("none", {}, 1, reproducible=True)
+    assert p.alternates(2, alts, room=8, draft_s=0.0) == p.alternates(2, alts, room=8, draft_s=100.0) == [(1, 12)]
+    p.begin("none", {}, 1)
+    assert p.alternates(2, alts, room=8, draft_s=100.0) == [(1, 12), (0, 11)]
+
+
+def test_the_alternates_calibration_settles_at_how_much_more_often_they_are_kept():
+    """(session 79, mutant Q82) An alternate kept 1.5 times as often as the drafter's second-choice probability
+    says: the calibration (``alternate_scale``) settles at 1.5. It compares what was kept with what the raw
+    probabilities expected (compared with the scaled expectation instead, it would settle at the square root)."""
+    p = RoundPolicy()
+    for w in range(1, 9):
+        p.measured.observe_target(w, 0.02)
+    alts = [(0, 11, 0.9, 0.2)]
+    for i in range(600):
+        assert p.alternates(1, alts, room=1, draft_s=0.01) == [(0, 11)]
+        p.observe_alternates(i % 10 in (0, 3, 6))  # kept 0.3 of the time, said 0.2
+    assert p.alternate_scale() == pytest.approx(1.5, rel=0.08)
+
+
+def test_a_kept_alternate_counts_in_the_generations_length():
+    """(session 79, mutant Q84) A round whose alternate the target kept produced one token more: the horizon the
+    next generation reads counts it (ten rounds of a drafted token rejected, its alternate kept, and the bonus:
+    20 tokens, not 10)."""
+    from edgespec.kv import TokenBuffer
+
+    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    pol, drafters = RoundPolicy(), {"copy": _Oracle("copy", False, nxt)}
+    pol.begin("auto", drafters, 1)
+    ctx = TokenBuffer([1, 2, 3], capacity=64)
+    for _ in range(10):
+        c = pol.choose(ctx, 50, None, 1)
+        pol.observe_alternates(True)
+        pol.observe(c, [99], 0, None, 3, 0.01, alternates=1)
+    pol.begin("auto", drafters, 1)
+    assert pol.horizon(99) == 20
 
 
 # -- a new drafter is one class and a registration ------------------------------------------
