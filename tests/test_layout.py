@@ -282,10 +282,15 @@ def test_smollm2_cuda_layout_on_the_cpu_ep_is_exact_on_real_text(smol_cuda):
 
 
 # -- nothing silently on the CPU ------------------------------------------------------------------------
-def test_no_cpu_fallback_is_refused_for_real_by_onnxruntime(tiny_cuda_bundle):
+def test_no_cpu_fallback_is_refused_for_real_by_onnxruntime(tiny_cuda_bundle, monkeypatch, tmp_path):
     """The real onnxruntime refusal, on this CPU-only machine: no GPU provider, so every node would
-    fall to the CPU; the session is refused and the error names what runs where."""
+    fall to the CPU; the session is refused and the error names what runs where. The verbose log that named the
+    nodes is not left in the temporary folder (session 79, mutant L46)."""
+    import tempfile
+
     import onnxruntime as ort
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def options():
         so = ort.SessionOptions()
@@ -297,6 +302,7 @@ def test_no_cpu_fallback_is_refused_for_real_by_onnxruntime(tiny_cuda_bundle):
         placement.open_on_gpu(path, options, [(CPU, {})], "target")
     assert "onnxruntime would run all of them on the CPU" in str(e.value) and "\n" not in str(e.value)
     assert isinstance(e.value, ProviderError) and e.value.exit_code == 5
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_placement_verdict_is_remembered(monkeypatch, tmp_path):
@@ -340,6 +346,12 @@ def test_placement_verdict_is_remembered(monkeypatch, tmp_path):
     fake.calls.clear()
     open_session(str(model), choice, role="target")
     assert fake.calls == checked
+    # (session 79, mutant L14) a verdict other than the mask's (another version's, or an edit) is not taken for it
+    cache = tmp_path / "cache" / "placements.json"
+    cache.write_text(json.dumps({k: "gpu-only" for k in json.loads(cache.read_text())}))
+    fake.calls.clear()
+    open_session(str(model), choice, role="target")
+    assert fake.calls == checked
     fake.refused = mask + [("GroupQueryAttention", "/model/layers.0/attn/GroupQueryAttention")]
     other = tmp_path / "other.onnx"
     other.write_bytes(b"graph")
@@ -367,6 +379,11 @@ def test_a_graph_all_on_the_gpu_is_kept_at_the_sessions_log_level(monkeypatch, t
     placement.open_on_gpu(str(model), options, [(CUDA, {})], "target")
     assert fake.calls == [([CUDA], "1"), ([CUDA], "")]
     assert [so.log_severity_level for so in fake.options] == [4, 3]
+    # (session 79, mutant L20) with onnxruntime's log asked for, the strict attempt is at the session's level: kept
+    monkeypatch.setenv("EDGESPEC_ORT_LOG", "1")
+    fake.calls.clear()
+    placement.open_on_gpu(str(model), options, [(CUDA, {})], "target")
+    assert fake.calls == [([CUDA], "1")]
 
 
 def test_placement_log_is_parsed():
@@ -383,6 +400,8 @@ def test_placement_log_is_parsed():
         "2026 [V:onnxruntime:, session_state.cc:1605 VerifyEachNodeIsAssignedToAnEp]   Gather "
         "(/model/attn_mask_reformat/attn_mask_subgraph/Gather)",
         "2026 [W:onnxruntime:, session_state.cc:1610 VerifyEachNodeIsAssignedToAnEp] Some nodes were not assigned",
+        # (session 79, mutant L39) the verbose log's later lines are not placements, whatever they hold
+        "2026 [V:onnxruntime:, session_state.cc:196 CreateGraphInfo] SaveMLValueNameIndexMapping (3 values)",
     ])
     p = placement.parse_placements(log)
     assert p[CUDA] == [("MatMulNBits", "/model/layers.0/attn/qkv_proj/MatMulNBits"), ("MemcpyToHost", "Memcpy")]
@@ -900,3 +919,101 @@ def test_a_gpu_model_without_the_logits_skip_is_told_to_re_export(tiny_cuda_bund
     assert msg and "re-export" in msg and "target" in msg and msg in caplog.text
     assert warn_if_no_skip(old, "cpu") is None
     assert warn_if_no_skip(m.target, "cuda") is None
+
+
+def test_only_a_cuda_layout_graph_on_the_cpu_ep_is_warned_slow(tiny_bundle, caplog):
+    """(session 79, mutants L3, L8, L9) A cuda-layout (float16) graph on the CPU EP is told to re-export for the CPU;
+    the same graph on a GPU, or a cpu-layout graph on the CPU, is not. No provider asked: the CPU serves it."""
+    m = load_manifest(tiny_bundle)
+    cuda = replace(m.target, layout="cuda")
+    with caplog.at_level("WARNING", logger="edgespec"):
+        msg = placement.warn_if_slow(cuda, "cpu")
+    assert msg and "cuda layout" in msg and "--device cpu" in msg and msg in caplog.text
+    assert placement.warn_if_slow(cuda, "cuda") is None
+    assert placement.warn_if_slow(m.target, "cpu") is None
+    assert placement.serve_layout(m.target, [], explicit=False) == ["cpu"]
+    assert placement.serve_layout(cuda, [], explicit=True) == ["cpu"]
+
+
+def _open_faked(monkeypatch, tmp_path, session_providers, placements, strict_error=None):
+    """placement.open_on_gpu of a graph on [CUDA] with onnxruntime faked: the strict session raises ``strict_error``
+    (default: onnxruntime's refusal of a CPU fallback); the verbose one runs on ``session_providers`` and logs
+    ``placements``. Returns (what open_on_gpu returned or raised, the sessions' (providers, no-fallback flag))."""
+    import onnxruntime as ort
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+
+    def session(path, so, providers=(), provider_options=()):
+        try:
+            flag = so.get_session_config_entry(placement.NO_CPU_FALLBACK)
+        except RuntimeError:
+            flag = ""
+        calls.append((list(providers), flag))
+        if flag == "1":
+            raise strict_error or RuntimeError("graph nodes are assigned to the default CPU EP, but fallback to CPU "
+                                               "EP has been explicitly disabled by the user.")
+        return type("S", (), {"get_providers": lambda s: list(providers)})()
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setattr(placement, "_placements", lambda path, mk, provs: (
+        type("S", (), {"get_providers": lambda s: list(session_providers)})(), placements))
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"graph")
+    try:
+        return placement.open_on_gpu(str(model), ort.SessionOptions, [(CUDA, {})], "target"), calls
+    except Exception as e:  # noqa: BLE001 - what it raised, for the test to look at
+        return e, calls
+
+
+def test_open_on_gpu_passes_on_what_it_cannot_judge(monkeypatch, tmp_path):
+    """(session 79, mutants L19, L21, L22, L24) open_on_gpu judges a placement only where onnxruntime refused the
+    fallback and the GPU provider started:
+    - the strict session's other errors (a GPU out of memory) are raised as onnxruntime gave them, not read as a
+      fallback;
+    - where the provider could not start at all (every node on the CPU, the CPU EP alone running), the session is
+      opened plainly: OnnxLM says the provider did not start (or refuses a named one), more to the point than a
+      list of every node;
+    - only the nodes whose names begin with the builder's mask subgraph are accepted on the CPU, not a node whose
+      name holds that path further in."""
+    oom = RuntimeError("CUDA failure 2: out of memory")
+    got, calls = _open_faked(monkeypatch, tmp_path, [CUDA, CPU], {CPU: None}, strict_error=oom)
+    assert got is oom and calls == [([CUDA], "1")]
+    got, calls = _open_faked(monkeypatch, tmp_path, [CPU], {CPU: None})
+    assert not isinstance(got, Exception) and calls == [([CUDA], "1"), ([CUDA, CPU], "")]
+    got, _ = _open_faked(monkeypatch, tmp_path, [CUDA, CPU], {CUDA: [("MatMulNBits", "m")], CPU: [
+        ("Gather", placement.SHAPE_SUBGRAPH + "Gather"), ("Cast", "/wrapper" + placement.SHAPE_SUBGRAPH + "Cast")]})
+    assert isinstance(got, CpuFallbackError) and "1 nodes" in str(got) and "Cast x1" in str(got)
+
+
+def test_a_fallback_refusal_names_the_commonest_ops_first_and_says_what_the_log_did_not():
+    """(session 79, mutants L34, L35, L37, L38) fallback_message: the ops on the CPU by count, the commonest first,
+    and the first node as an example; where the log named none (or the CPU EP's entry was missing from it), it says
+    so instead of listing nothing (or failing on an empty list)."""
+    nodes = [("Cast", "/model/c0"), ("GroupQueryAttention", "/model/layers.0/attn"),
+             ("GroupQueryAttention", "/model/layers.1/attn")]
+    msg = placement.fallback_message("target", nodes, CUDA)
+    assert "3 nodes" in msg and "(GroupQueryAttention x2, Cast x1; e.g. '/model/c0')" in msg
+    for unnamed in (placement.fallback_message("target", [], CUDA),
+                    placement.fallback_message("target", nodes, CUDA, known=False)):
+        assert "which ones, onnxruntime's log did not say" in unnamed and "\n" not in unnamed
+
+
+def test_placement_verdicts_are_kept_per_onnxruntime_and_providers_and_bounded(monkeypatch, tmp_path):
+    """(session 79, mutants L29, L30, L32, L33) A verdict holds for one graph file on one list of GPU providers
+    under one onnxruntime (another version may place nodes elsewhere; TensorRT takes other nodes than CUDA), and
+    the cache keeps the newest 256."""
+    import onnxruntime as ort
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"graph")
+    key = placement._verdict_key(str(model), [(CUDA, {})])
+    assert key == placement._verdict_key(str(model), [(CUDA, {"device_id": 0})])  # (options: not the placement's)
+    assert key != placement._verdict_key(str(model), [(TENSORRT, {}), (CUDA, {})])
+    monkeypatch.setattr(ort, "__version__", ort.__version__ + ".other")
+    assert key != placement._verdict_key(str(model), [(CUDA, {})])
+    assert placement._verdict_key(str(tmp_path / "missing.onnx"), [(CUDA, {})]) is None
+    for i in range(300):
+        placement._remember(f"k{i}", placement.MASK_ONLY)
+    assert list(placement._verdicts()) == [f"k{i}" for i in range(44, 300)]

@@ -1046,6 +1046,56 @@ def test_a_profile_s_gpu_drafter_placement_stays_where_the_gpu_is(tiny_cuda_bund
     assert (target, drafter, named) == (["cpu"], ["cpu"], False)
 
 
+def test_requested_providers_plan_here_with_what_runs_and_elsewhere_with_what_was_asked(tiny_cuda_bundle, monkeypatch):
+    """(session 79, mutants L48, L49, L51, L53) On a CPU-only onnxruntime, load()'s plan (``here``) takes the
+    profile's providers this onnxruntime has (a GPU profile: the CPU), and `edgespec plan` without --measure keeps
+    them, the profile's drafter placement and a named provider included (it may plan for another machine); a named
+    drafter provider wins over the profile's."""
+    from edgespec import placement, providers
+
+    have = ["CPUExecutionProvider"]
+    monkeypatch.setattr(providers, "available_providers", lambda: have)
+    monkeypatch.setattr(placement, "available_providers", lambda: have)
+    m = load_manifest(tiny_cuda_bundle)
+    prof = replace(DEFAULT_PROFILE, providers=("cuda", "cpu"), drafter_provider="cuda")
+    assert placement.requested_providers(m, prof, here=True, warn=False) == (["cpu"], ["cpu"], False)
+    assert placement.requested_providers(m, prof) == (["cuda", "cpu"], ["cuda"], True)
+    assert placement.requested_providers(m, prof, provider="cuda") == (["cuda"], ["cuda"], True)
+    with pytest.raises(ProviderError):  # here, a named provider this onnxruntime lacks is an error
+        placement.requested_providers(m, prof, provider="cuda", here=True)
+    assert placement.requested_providers(m, prof, drafter_provider="cpu") == (["cuda", "cpu"], ["cpu"], True)
+
+def test_requested_providers_check_each_graphs_layout_as_its_provider_was_asked(tiny_bundle, monkeypatch, caplog):
+    """(session 79, mutants L57-L60, L63) Each model's providers are checked against its graph's layout: a cpu-layout
+    graph is refused a GPU provider the user named (the drafter's too when it follows a named --provider), and
+    diverted to the CPU with a warning when the GPU came from a profile. The drafter is checked only where it will
+    be loaded (asked for, and the profile's drafter one that uses it). ``warn`` false leaves choose()'s warning of
+    a missing provider to the load that follows."""
+    from edgespec import placement, providers
+
+    have = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(providers, "available_providers", lambda: have)
+    monkeypatch.setattr(placement, "available_providers", lambda: have)
+    m = load_manifest(tiny_bundle)  # both graphs in the cpu layout
+    mixed = replace(m, target=replace(m.target, layout="cuda", kv_dtype="float16"))
+    prof = replace(DEFAULT_PROFILE, providers=("cuda", "cpu"))
+    with caplog.at_level("WARNING", logger="edgespec"):
+        assert placement.requested_providers(m, prof, here=True) == (["cpu"], ["cpu"], False)
+    assert "runs on the CPU instead" in caplog.text
+    with pytest.raises(ProviderError, match="the target graph has the cpu layout"):
+        placement.requested_providers(m, prof, provider="cuda")
+    with pytest.raises(ProviderError, match="the drafter graph has the cpu layout.*--drafter-provider cpu"):
+        placement.requested_providers(mixed, prof, provider="cuda")
+    assert placement.requested_providers(mixed, prof, provider="cuda", use_drafter=False) == (["cuda"], ["cuda"],
+                                                                                            False)
+    assert placement.requested_providers(mixed, replace(prof, drafter="prompt-lookup"), provider="cuda") == (
+        ["cuda"], ["cuda"], False)
+    have[:] = ["CPUExecutionProvider"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgespec"):
+        placement.requested_providers(m, prof, here=True, warn=False)
+    assert "not in this onnxruntime" not in caplog.text and "cuda" not in caplog.text.lower()
+
 def test_a_profile_path_under_home_and_numpy_thread_counts(tmp_path, monkeypatch):
     import numpy as np
 
