@@ -53,9 +53,10 @@ class MtpDrafter:
         names = {i.name for i in session.get_inputs()}
         kinds = list(spec.sources)
         want = set(INPUTS) | {f"{w}_{k}" for k in kinds for w in ("key", "value")}
-        if names != want or {o.name for o in session.get_outputs()} != set(OUTPUTS):
-            raise BundleError(f"the assistant graph's inputs and outputs are not an assistant's ({sorted(names)}); "
-                              "the bundle is inconsistent")
+        outs = {o.name for o in session.get_outputs()}
+        if names != want or outs != set(OUTPUTS):  # (each list named: an output's name was missing from the message)
+            raise BundleError(f"the assistant graph's inputs and outputs are not an assistant's (inputs "
+                              f"{sorted(names)}, outputs {sorted(outs)}); the bundle is inconsistent")
         self._b = session.io_binding()
         dims = {i.name: i.shape for i in session.get_inputs()}
         for kind in kinds:  # the target's own buffers, which it writes in place: bound once

@@ -517,9 +517,11 @@ def test_mtp_drafts_for_an_image_text_target(pair):
         assert tokens == _reference_draft(target, asst, ctx, len(tokens))[0], (len(ctx), tokens)
 
 
-def test_an_assistant_graph_with_other_inputs_is_refused_at_load(fp32_bundle, tmp_path):
-    """An assistant graph whose inputs are not the runtime's (a bundle written by another edgespec, its files and
-    manifest consistent): refused at load in one line, not a failure at the first draft."""
+@pytest.mark.parametrize("side, old, new", [("input", "length", "total_length"),
+                                             ("output", "next_hidden", "hidden_out")])  # (session 79, mutant T1)
+def test_an_assistant_graph_with_other_inputs_is_refused_at_load(fp32_bundle, tmp_path, side, old, new):
+    """An assistant graph whose inputs or outputs are not the runtime's (a bundle written by another edgespec, its
+    files and manifest consistent): refused at load in one line, not a failure at the first draft."""
     import json
 
     import onnx
@@ -531,18 +533,19 @@ def test_an_assistant_graph_with_other_inputs_is_refused_at_load(fp32_bundle, tm
     b = _edit_manifest(fp32_bundle, tmp_path, lambda r: None)
     path = b / "assistant" / GRAPH_NAME
     m = onnx.load(str(path), load_external_data=False)
-    for i in m.graph.input:
-        if i.name == "length":
-            i.name = "total_length"
+    for i in getattr(m.graph, side):
+        if i.name == old:
+            i.name = new
     for node in m.graph.node:
-        node.input[:] = ["total_length" if n == "length" else n for n in node.input]
+        names = getattr(node, side)
+        names[:] = [new if n == old else n for n in names]
     onnx.save(m, str(path))
     raw = json.loads((b / "edgespec.json").read_text())
     raw["models"]["assistant"]["files"] = assistant_files(b)
     (b / "edgespec.json").write_text(json.dumps(raw))
     with pytest.raises(BundleError, match="inputs and outputs are not an assistant's") as e:
         edgespec.load(b, memory=False)
-    assert "total_length" in str(e.value) and "\n" not in str(e.value)
+    assert new in str(e.value) and "\n" not in str(e.value)
     edgespec.load(b, memory=False, use_drafter=False)  # (the target alone still runs)
 
 
@@ -612,3 +615,139 @@ def test_a_profile_may_name_mtp(fp32_bundle, tiny_bundle, tmp_path):
     assert edgespec.load(tiny_bundle, memory=False, profile=profile("mtp")).plan.default_drafter == "prompt-lookup"
     with pytest.raises(ProfileError, match="drafter = 'prediction' is not auto, model, mtp, prompt-lookup, suffix or none"):
         edgespec.load(tiny_bundle, memory=False, profile=profile("prediction"))
+
+
+def test_the_assistant_offers_only_from_the_targets_newest_state_and_counts_its_steps(fp32_bundle, monkeypatch):
+    """(session 79, mutants T14-T17, T22-T24) The assistant offers a draft, one that ends on its confidence (the
+    round policy then sets its stop), only where the hidden state it holds is the target's newest (no target call
+    since it was handed over) and the target holds the context before its last token; a draft of nothing is no offer.
+    Each step counts in its ``lm`` counters, as a model drafter's calls do in the decoder's stats."""
+    import itertools
+
+    import edgespec
+    from edgespec import mtp
+    from edgespec.kv import TokenBuffer
+    from edgespec.sampling import SamplingParams
+
+    eng = edgespec.load(fp32_bundle, memory=False)
+    d, target = eng.decoder.drafters["mtp"], eng.decoder.target
+    ids = eng.tokenizer.encode(PROMPT)
+    target.prefill(ids[:-1])
+    d.observe_hidden(-1)
+    ctx = TokenBuffer(ids)
+    offer = d.offer(ctx, 3)
+    assert offer is not None and offer.max_tokens == 3 and offer.dynamic
+    assert d.offer(ctx, 0) is None
+    assert d.offer(TokenBuffer(ids + [ids[-1]]), 3) is None  # the target does not hold the context before its last
+    clock = itertools.count()
+    monkeypatch.setattr(mtp.time, "perf_counter", lambda: float(next(clock)))  # (each step: 1 s)
+    calls, run, secs = d.lm.calls, d.lm.tokens_run, d.lm.call_seconds
+    draft = d.draft(ctx, 3, SamplingParams(0.0), np.random.default_rng(0), stop=0.0)
+    assert len(draft.tokens) == 3
+    assert (d.lm.calls - calls, d.lm.tokens_run - run, d.lm.call_seconds - secs) == (3, 3, 3.0)
+    monkeypatch.undo()
+    target.forward([ids[-1]])  # a target call whose hidden state was not handed over
+    assert d.offer(TokenBuffer(ids + [7]), 3) is None  # (the target holds the context before the last token again)
+
+
+def test_an_assistant_run_that_fails_is_a_one_line_bundle_error(fp32_bundle, monkeypatch):
+    """(session 79, mutant T21) onnxruntime's own error in an assistant step is a BundleError whose one line keeps
+    onnxruntime's first line, not an untyped traceback."""
+    import edgespec
+    from edgespec.errors import BundleError
+
+    eng = edgespec.load(fp32_bundle, memory=False)
+    d = eng.decoder.drafters["mtp"]
+
+    def fail(binding):
+        raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code\nmore detail")
+
+    monkeypatch.setattr(d.session, "run_with_iobinding", fail)
+    with pytest.raises(BundleError, match="the assistant failed to run: .*RUNTIME_EXCEPTION") as e:
+        d.step(1, d._hidden, 0)
+    assert "\n" not in str(e.value) and "more detail" not in str(e.value)
+
+
+def test_an_assistant_beside_a_target_on_a_gpu_is_left_out_with_a_warning(fp32_bundle):
+    """(session 79, mutant T9) The assistant reads the target's hidden state on the host: where the target's cache
+    lives on a GPU it is not loaded (a warning says why) rather than drafting from buffers it cannot read."""
+    from types import SimpleNamespace
+
+    from edgespec.manifest import load_manifest
+    from edgespec.mtp import MtpDrafter
+
+    m = load_manifest(fp32_bundle)
+    gpu_target = SimpleNamespace(cache=SimpleNamespace(host=False), device="cuda", keeps_hidden=lambda: True)
+    env = SimpleNamespace(manifest=m, target=gpu_target, plan=SimpleNamespace(weights={"assistant": 1}))
+    with pytest.warns(UserWarning, match="drafts on the CPU only for now: not loaded \\(the target runs on cuda\\)"):
+        assert MtpDrafter.build(env) is None
+
+
+def _scripted(eng, monkeypatch, tops, vocab=5000, tail=-30.0):
+    """The engine's mtp drafter, ready to draft at the prompt (the target prefilled, its hidden state handed over),
+    its steps scripted: step i returns a row of ``vocab`` logits whose top token (i + 1) has softmax probability
+    ``tops[i]``, written into one buffer each step overwrites (as the graph's bound output is). Returns (drafter,
+    context, the rows as they were returned)."""
+    from edgespec.kv import TokenBuffer
+
+    d = eng.decoder.drafters["mtp"]
+    ids = eng.tokenizer.encode(PROMPT)
+    eng.decoder.target.prefill(ids[:-1])
+    d.observe_hidden(-1)
+    rows = []
+    for i, p in enumerate(tops):
+        row = np.full(vocab, tail, dtype=np.float32) + np.float32(0.01 * i) * np.arange(vocab, dtype=np.float32) / vocab
+        row[:8] = 0.0  # (a few near tokens beside the top one)
+        row[i + 1] = 0.0
+        rest = float(np.exp(row.astype(np.float64)).sum() - 1.0)
+        row[i + 1] = np.float32(np.log(p * rest / (1.0 - p)))
+        rows.append(row)
+    buf, nxt, it = np.empty(vocab, dtype=np.float32), np.zeros((1, d.spec.target_hidden_size), np.float32), iter(rows)
+
+    def step(token, hidden, position):
+        buf[:] = next(it)
+        return buf, nxt
+
+    monkeypatch.setattr(d, "step", step)
+    return d, TokenBuffer(ids), rows
+
+
+def test_an_mtp_draft_stops_on_its_calibrated_confidence_and_keeps_each_steps_q(fp32_bundle, monkeypatch):
+    """(session 79, mutants T28, T29, T31, T35-T37) With scripted steps: a dynamic draft ends where the product of
+    its calibrated top probabilities, each clipped at 1, falls below the stop (lam 0.5: after one token sure at 0.9;
+    lam 1.5: a 0.8 token counts as sure, not as 1.2 that would carry the draft past a 0.3 one). A sampled draft's q
+    of each step stays that step's, over a vocabulary large enough for a lazy tail (the graph's buffer is the next
+    step's). Only a dynamic draft in a generation with history teaches the calibration; a step's time is the draft's
+    over its tokens."""
+    import edgespec
+    from edgespec.sampling import SamplingParams, distribution
+
+    eng = edgespec.load(fp32_bundle, memory=False)
+    greedy, rng = SamplingParams(0.0), np.random.default_rng(0)
+    for lam, tops, want in ((0.5, [0.9] * 4, 1), (1.5, [0.8, 0.3, 0.9, 0.9], 2), (1.0, [0.9] * 4, 4)):
+        d, ctx, _ = _scripted(eng, monkeypatch, tops)
+        monkeypatch.setattr(d, "calibration", lambda g, lam=lam: lam)
+        assert d.draft(ctx, 4, greedy, rng, stop=0.5).tokens == list(range(1, want + 1)), lam
+        monkeypatch.undo()
+    sp = SamplingParams(1.0)
+    d, ctx, rows = _scripted(eng, monkeypatch, [0.5] * 4)
+    draft = d.draft(ctx, 4, sp, rng, stop=0.0)
+    assert len(draft.probs) == 4
+    for q, row in zip(draft.probs, rows):
+        ref = distribution(row.copy(), sp).exact()
+        got = q.exact()
+        for t in (0, 9, 4999):  # a near token and two of the tail
+            assert got.prob(t) == pytest.approx(ref.prob(t), rel=1e-4, abs=0)  # (the tail weighs ~1e-14)
+    monkeypatch.undo()
+    for stop, history, teaches in ((None, True, False), (0.0, False, False), (0.0, True, True)):
+        d, ctx, _ = _scripted(eng, monkeypatch, [0.9] * 4)
+        d.history = history
+        ticks = iter([10.0, 16.0])
+        monkeypatch.setattr(d, "clock", lambda: next(ticks))
+        before = [list(c) for c in d._calib.values()]
+        draft = d.draft(ctx, 3, greedy, rng, stop=stop)
+        d.accept(0, 1)
+        assert ([list(c) for c in d._calib.values()] != before) == teaches, (stop, history)
+        assert draft.step_s == pytest.approx(6.0 / len(draft.tokens))
+        d.history = True
+        monkeypatch.undo()
