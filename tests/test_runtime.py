@@ -575,3 +575,21 @@ def test_a_character_cut_before_a_special_token_is_still_left_out(tmp_path):
     assert tok.ends_mid_character(ids) and tok.finished_text(ids) == "ab"
     dec = tok.stream_decoder()
     assert "".join(dec.push([i]) for i in ids) + dec.flush() == "ab"
+
+
+def test_a_context_past_the_exported_one_is_refused_and_position_ids_the_graph_lacks_are_left_out(tiny_bundle):
+    """(session 79, mutation test of onnx_lm.py: O1, O5) A model opened for one position more than its graph was
+    exported for is refused (ContextOverflowError), not left to fail at its last position. The manifest's position
+    ids are fed only where the graph has them: a name the graph lacks is left out (binding it failed inside
+    onnxruntime at the first call). (A logits skip the graph lacks is refused at load with the other names.)"""
+    from dataclasses import replace
+
+    from edgespec.errors import ContextOverflowError
+
+    spec = load_manifest(tiny_bundle).target
+    with pytest.raises(ContextOverflowError, match="exceeds the exported maximum"):
+        OnnxLM(spec, spec.max_context + 1, choose(["cpu"]), min_width=1)
+    plain = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)
+    odd = replace(spec, io=replace(spec.io, position_ids="no_such_positions"))
+    lm = OnnxLM(odd, 64, choose(["cpu"]), min_width=1)
+    assert np.array_equal(lm.forward([1, 2, 3]), plain.forward([1, 2, 3]))
