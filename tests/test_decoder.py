@@ -1108,6 +1108,11 @@ def test_the_horizon_reads_the_generations_that_ran_longer():
     assert isinstance(pol._lengths, deque) and pol._lengths.maxlen is not None  # a bounded memory
 
 
+def _next_token(i: int) -> int:
+    """The scripted target's token at position ``i`` (the policy tests' stand-in for what the target emits)."""
+    return 10 + (i * 7) % 50
+
+
 class _Oracle:
     """A drafter for RoundPolicy alone: proposes the target's next token (``right``) or another one."""
 
@@ -1167,7 +1172,7 @@ def test_auto_stops_trusting_a_drafter_within_a_generation_where_it_stops_agreei
     drafter right on every round of one request (a document it copies) and wrong on every round of
     the next is dropped within a few rounds there, not after the ~20 a running average over all
     generations needs to forget (the model drafter, right 4 rounds in 5, takes over)."""
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     free, model = _Oracle("copy", False, nxt), _Oracle("model", True, nxt)
     pol = RoundPolicy()
     pol.measured.observe_target(2, 1.12)
@@ -1188,7 +1193,7 @@ def test_greedy_and_sampled_generations_learn_acceptance_apart():
     way round; each regime carries its own into its next generation."""
     from edgespec.kv import TokenBuffer
 
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     free = _Oracle("copy", False, nxt)
     pol = RoundPolicy()
     pol.measured.observe_target(2, 1.12)
@@ -1231,7 +1236,7 @@ def _catch_up_generation(pol, d, right, rounds=40, read=None):
     is observed to take (None: not observed)."""
     from edgespec.kv import TokenBuffer
 
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     pol.begin("auto", {d.name: d}, 1)
     d.started = False
     ctx, used = TokenBuffer([1, 2, 3], capacity=4096), 0
@@ -1452,7 +1457,7 @@ def test_a_free_drafter_that_drafts_a_round_is_not_scored_again_as_a_shadow():
     wins the rounds would count each of them double and its estimate would move twice as fast as the others'."""
     from edgespec.kv import TokenBuffer
 
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     a, b = _Oracle("a", False, nxt), _Oracle("b", False, nxt)
     pol = RoundPolicy()
     pol.begin("auto", {"a": a, "b": b}, 1)
@@ -1472,7 +1477,7 @@ def test_a_costly_drafter_left_unused_is_probed_every_probe_every_rounds_and_its
     probe every ``probe_every`` + 1 rounds, not one a round once the first is due, nor one round late."""
     from edgespec.kv import TokenBuffer
 
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     copy, model = _Oracle("copy", False, nxt), _Oracle("model", True, nxt)
     pol = RoundPolicy(probe_every=4)
     pol.measured.observe_target(2, 1.12)
@@ -1518,7 +1523,7 @@ def test_the_stop_threshold_is_bounded_and_a_hints_scaled_by_what_a_verified_pos
     ``Choice.hint_stop``, is the stop's times m / (c + m) (``hinted_share``)."""
     from edgespec.kv import TokenBuffer
 
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     pol = RoundPolicy()
     pol.measured.observe_target(1, 1.0)
     pol.measured.observe_target(2, 1.1)  # m = 0.1 s
@@ -1615,7 +1620,7 @@ def test_a_kept_alternate_counts_in_the_generations_length():
     20 tokens, not 10)."""
     from edgespec.kv import TokenBuffer
 
-    nxt = lambda i: 10 + (i * 7) % 50  # noqa: E731
+    nxt = _next_token
     pol, drafters = RoundPolicy(), {"copy": _Oracle("copy", False, nxt)}
     pol.begin("auto", drafters, 1)
     ctx = TokenBuffer([1, 2, 3], capacity=64)

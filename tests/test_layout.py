@@ -414,8 +414,9 @@ class _FakeOrt:
     """onnxruntime's InferenceSession, faked: a CUDA provider that does not take the nodes in
     ``refused`` (onnxruntime refuses the no-fallback session then)."""
 
-    def __init__(self, refused):
+    def __init__(self, refused, strict_error=None):
         self.refused, self.calls, self.options = refused, [], []
+        self.strict_error = strict_error  # raised by the no-fallback attempt instead (another onnxruntime error)
 
     def session(self, path, so, providers=(), provider_options=()):
         try:
@@ -426,6 +427,8 @@ class _FakeOrt:
         self.options.append(so)
         if flag == "1" and CPU in providers:
             raise RuntimeError("Conflicting session configuration: explicitly added the CPU EP")
+        if flag == "1" and self.strict_error is not None:
+            raise self.strict_error
         if flag == "1" and self.refused:
             raise RuntimeError("This session contains graph nodes that are assigned to the default CPU EP, but "
                                "fallback to CPU EP has been explicitly disabled by the user.")
@@ -942,28 +945,16 @@ def _open_faked(monkeypatch, tmp_path, session_providers, placements, strict_err
     import onnxruntime as ort
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
-    calls = []
-
-    def session(path, so, providers=(), provider_options=()):
-        try:
-            flag = so.get_session_config_entry(placement.NO_CPU_FALLBACK)
-        except RuntimeError:
-            flag = ""
-        calls.append((list(providers), flag))
-        if flag == "1":
-            raise strict_error or RuntimeError("graph nodes are assigned to the default CPU EP, but fallback to CPU "
-                                               "EP has been explicitly disabled by the user.")
-        return type("S", (), {"get_providers": lambda s: list(providers)})()
-
-    monkeypatch.setattr(ort, "InferenceSession", session)
+    fake = _FakeOrt([("Unnamed", "n")], strict_error)  # (a refused node: the strict attempt is refused)
+    monkeypatch.setattr(ort, "InferenceSession", fake.session)
     monkeypatch.setattr(placement, "_placements", lambda path, mk, provs: (
         type("S", (), {"get_providers": lambda s: list(session_providers)})(), placements))
     model = tmp_path / "model.onnx"
     model.write_bytes(b"graph")
     try:
-        return placement.open_on_gpu(str(model), ort.SessionOptions, [(CUDA, {})], "target"), calls
+        return placement.open_on_gpu(str(model), ort.SessionOptions, [(CUDA, {})], "target"), fake.calls
     except Exception as e:  # noqa: BLE001 - what it raised, for the test to look at
-        return e, calls
+        return e, fake.calls
 
 
 def test_open_on_gpu_passes_on_what_it_cannot_judge(monkeypatch, tmp_path):

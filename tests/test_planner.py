@@ -1065,6 +1065,7 @@ def test_requested_providers_plan_here_with_what_runs_and_elsewhere_with_what_wa
         placement.requested_providers(m, prof, provider="cuda", here=True)
     assert placement.requested_providers(m, prof, drafter_provider="cpu") == (["cuda", "cpu"], ["cpu"], True)
 
+
 def test_requested_providers_check_each_graphs_layout_as_its_provider_was_asked(tiny_bundle, monkeypatch, caplog):
     """(session 79, mutants L57-L60, L63) Each model's providers are checked against its graph's layout: a cpu-layout
     graph is refused a GPU provider the user named (the drafter's too when it follows a named --provider), and
@@ -1095,6 +1096,7 @@ def test_requested_providers_check_each_graphs_layout_as_its_provider_was_asked(
     with caplog.at_level("WARNING", logger="edgespec"):
         placement.requested_providers(m, prof, here=True, warn=False)
     assert "not in this onnxruntime" not in caplog.text and "cuda" not in caplog.text.lower()
+
 
 def test_a_profile_path_under_home_and_numpy_thread_counts(tmp_path, monkeypatch):
     import numpy as np
