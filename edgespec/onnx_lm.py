@@ -161,10 +161,10 @@ class OnnxLM(CausalLM):
 
     def _run(self, ids: Sequence[int], past: int, argmax: bool = False, skip: int = 0, positions=None) -> np.ndarray:
         n = len(ids)
-        if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
-            return greedy_choice(self._run(ids, past, positions=positions))
         if skip and (argmax or self._skip_name is None or not 0 < skip < n):
             raise ValueError(f"{self.spec.role}: cannot skip the logits of {skip} of {n} positions here")
+        if argmax and (n > ARGMAX_ROWS or self._argmax_name is None):  # numpy's argmax of the copied logits
+            return greedy_choice(self._run(ids, past, positions=positions))
         g = self.graphs
         if g is not None and n <= GRAPH_MAX_WIDTH and not skip:
             t0 = time.perf_counter()

@@ -593,3 +593,58 @@ def test_a_context_past_the_exported_one_is_refused_and_position_ids_the_graph_l
     odd = replace(spec, io=replace(spec.io, position_ids="no_such_positions"))
     lm = OnnxLM(odd, 64, choose(["cpu"]), min_width=1)
     assert np.array_equal(lm.forward([1, 2, 3]), plain.forward([1, 2, 3]))
+
+
+def test_a_chunk_of_nothing_is_one_token_and_a_drafter_is_warmed_at_load(tiny_bundle, monkeypatch):
+    """(session 80, mutation test of onnx_lm.py: O3, O13) A prefill chunk of 0 is read as 1 (a prefill of 0-token
+    chunks never ended). A drafter opened with its width policy given (no probe) makes one short call at load, so
+    that onnxruntime's first-call costs are not timed as its first catch-up (session 19: `auto` stopped drafting
+    code); the model is then empty, its counters at zero."""
+    spec = load_manifest(tiny_bundle).drafter
+    ids = [5, 9, 13, 17, 21]
+    whole = OnnxLM(spec, 64, choose(["cpu"]), min_width=1).prefill(ids)
+    one = OnnxLM(spec, 64, choose(["cpu"]), min_width=1, prefill_chunk=0)
+    assert one.prefill_chunk == 1 and np.allclose(one.prefill(ids), whole, atol=FP32_TOL)
+    assert one.calls == len(ids)
+    seen, real = [], OnnxLM.forward
+
+    def forward(self, ids, **kw):
+        seen.append(list(ids))
+        return real(self, ids, **kw)
+
+    monkeypatch.setattr(OnnxLM, "forward", forward)
+    lm = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)
+    assert seen == [[0, 0]] and lm.length == 0 and (lm.calls, lm.tokens_run, lm.call_seconds) == (0, 0, 0.0)
+    OnnxLM(spec, 1, choose(["cpu"]), min_width=1)  # (no room for two tokens: no warm-up call)
+    assert seen == [[0, 0]]
+
+
+def test_a_drafters_catch_up_is_one_call_where_a_targets_last_token_goes_alone(tiny_bundle):
+    """(session 80, O11) A target bounded to the widths its probe verified feeds a prefill's last token in a call
+    of its own (lm.feed: the first reply token then comes from the logits a repeated prompt computes); a drafter,
+    whose arithmetic never reaches the output, feeds a catch-up in one call."""
+    m = load_manifest(tiny_bundle)
+    ids = [5, 9, 13, 17, 21]
+    for spec, calls in ((m.target, 2), (m.drafter, 1)):
+        lm = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)
+        assert lm.split_last is (spec.role == "target")
+        lm.feed(ids)
+        assert lm.calls == calls, spec.role
+
+
+def test_a_call_the_graph_cannot_make_is_refused_before_it_runs(tiny_bundle):
+    """(session 80, O16, O17, O20, O44) ``_run``'s contract (lm.py): the logits of ``skip`` of ``n`` positions
+    are skipped only where the graph takes a logits skip, never all of them, never in an argmax call; rows'
+    positions only where the graph takes them. Each other call is a ValueError before the graph runs."""
+    spec = load_manifest(tiny_bundle).target
+    lm = OnnxLM(spec, 64, choose(["cpu"]), min_width=1)
+    assert lm.skips_logits and lm._rows_name is None
+    lm.forward([3, 4])
+    before = lm.forward([5, 6, 7]).copy()
+    lm.rewind(3)
+    ran = lm.run_seconds
+    for kw in ({"skip": 3}, {"skip": 4}, {"skip": 1, "argmax": True}, {"positions": [0, 1, 2]}):
+        with pytest.raises(ValueError, match="cannot skip|takes no rows' positions"):
+            lm._run([5, 6, 7], 2, **kw)
+        assert lm.run_seconds == ran, kw
+    assert np.allclose(lm._run([5, 6, 7], 2, skip=2), before[2:], atol=FP32_TOL)
