@@ -751,3 +751,45 @@ def test_an_mtp_draft_stops_on_its_calibrated_confidence_and_keeps_each_steps_q(
         assert draft.step_s == pytest.approx(6.0 / len(draft.tokens))
         d.history = True
         monkeypatch.undo()
+
+
+def test_the_targets_hidden_states_are_its_rows_and_kept_as_copies(fp32_bundle, monkeypatch):
+    """(session 80, mutation test of onnx_lm.py: O24-O27) A target with a hidden-state output binds it once asked
+    (``keeps_hidden``), on the CPU only: not where its cache is on a device or its calls replay CUDA graphs (neither
+    binds it). ``hidden_of`` gives a row of the last call's returned rows, counted from either end, as a copy the
+    next call leaves alone; a row past them is an IndexError, not another row's state. A call wider than the kept
+    buffer grows it: row 39 of a 40-token call is the state a one-token call at position 39 computes."""
+    from edgespec.manifest import load_manifest
+    from edgespec.onnx_lm import OWN_LOGITS_MAX_WIDTH, OnnxLM
+    from edgespec.providers import choose
+
+    spec = load_manifest(fp32_bundle).target
+    lm = OnnxLM(spec, 128, choose(["cpu"]), min_width=1)
+    with pytest.raises(IndexError, match="no hidden state of row 0"):
+        lm.hidden_of(0)
+    with monkeypatch.context() as mp:
+        mp.setattr(lm, "graphs", object())
+        assert not lm.keeps_hidden()
+        mp.setattr(lm.cache, "host", [])
+        mp.setattr(lm, "graphs", None)
+        assert not lm.keeps_hidden()
+    assert not lm._keep_hidden and lm.keeps_hidden()
+    ids = [(7 * i + 3) % (spec.vocab_size - 3) + 3 for i in range(OWN_LOGITS_MAX_WIDTH + 8)]
+    n = len(ids)
+    lm.forward(ids[:2])  # (the buffer made for the first call's rows, then grown)
+    lm.reset()
+    lm.forward(ids)
+    last = lm.hidden_of(-1)
+    assert last.shape == (spec.hidden_size,) and np.array_equal(lm.hidden_of(n - 1), last)
+    for row in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"no hidden state of row {row} \\(the last call returned {n} rows\\)"):
+            lm.hidden_of(row)
+    lm.rewind(1)
+    lm.forward(ids[-1:])
+    assert np.allclose(lm.hidden_of(0), last, atol=1e-4)  # (position 39 alone, as in the wide call)
+    one = lm.hidden_of(0)
+    kept = one.copy()
+    lm.forward([5])
+    assert np.array_equal(one, kept) and not np.allclose(lm.hidden_of(-1), kept)
+    with pytest.raises(IndexError):
+        lm.hidden_of(1)
