@@ -122,6 +122,7 @@ def test_cuda_target_argmax_output(tiny_cuda_bundle):
     target.forward(ids[:16])
     for w in (1, 2, 3, 5, 9, 33):
         logits = target.forward(ids[16: 16 + w])
+        assert logits.dtype == np.float32  # (the graph's float16 logits: cast, read from the kept buffer or not)
         target.rewind(w)
         top = target.forward_argmax(ids[16: 16 + w])
         target.rewind(w)
@@ -830,8 +831,83 @@ def test_a_session_that_refuses_graph_capture_opens_without(tiny_cuda_bundle, mo
         s = open_session(path, ProviderChoice([(CPU, {"enable_cuda_graph": "1", "x": 1})], ["cpu"]))
     assert s is not None and "cannot capture CUDA graphs" in caplog.text
     assert seen == [[{"enable_cuda_graph": "1", "x": 1}], [{"x": 1}]]  # the retry keeps the other options
-    with pytest.raises(EdgespecError, match="^cannot open model .*: something else$"):
+    with pytest.raises(EdgespecError, match="^cannot open model .*: something else$") as e:
         open_session(path, ProviderChoice([(CPU, {"boom": 1})], ["cpu"]))
+    assert type(e.value) is EdgespecError  # (not the bundle's fault: no BundleError; session 80, O35)
+
+
+def test_how_a_session_is_opened_and_why_it_was_not(tiny_cuda_bundle, monkeypatch, caplog):
+    """(session 80, mutation test of onnx_lm.py: O30, O32, O34, O39) A profile's boolean session config entry
+    reaches onnxruntime as 1 or 0 (its parser's), others as written; a thread count is said not to apply only where
+    one was asked for and the process-wide pool has another; onnxruntime's message is cut to its first 300
+    characters; a message about graph capture from a session that did not ask for graphs is an error, not retried
+    without them."""
+    import warnings
+
+    import onnxruntime as ort
+
+    from edgespec import onnx_lm
+    from edgespec.errors import EdgespecError
+    from edgespec.onnx_lm import open_session
+
+    real, made = ort.InferenceSession, []
+
+    def entry(so, key):
+        try:
+            return so.get_session_config_entry(key)
+        except Exception:  # (onnxruntime's: no such entry)
+            return None
+
+    def fake(path, so=None, providers=None, provider_options=None, **kw):
+        made.append(so)
+        if entry(so, "edgespec.test.fail") == "long":
+            raise RuntimeError("x" * 1000 + "\nsecond line")
+        if entry(so, "edgespec.test.fail") == "graph":
+            raise RuntimeError("cannot use the graph capture feature")
+        return real(path, so, providers=providers)
+
+    monkeypatch.setattr(ort, "InferenceSession", fake)
+    monkeypatch.setattr(onnx_lm, "shared_thread_pool", lambda threads: 2)
+    path, cpu = load_manifest(tiny_cuda_bundle).target.path, ProviderChoice([(CPU, {})], ["cpu"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for threads in (0, 2):
+            open_session(path, cpu, threads=threads, session_options={"edgespec.test.on": True,
+                                                                      "edgespec.test.off": False,
+                                                                      "edgespec.test.n": 7})
+    so = made[-1]
+    assert [entry(so, f"edgespec.test.{k}") for k in ("on", "off", "n")] == ["1", "0", "7"]
+    with pytest.warns(UserWarning, match="already has 2 threads; threads=3 is not applied"):
+        open_session(path, cpu, threads=3)
+    with pytest.raises(EdgespecError) as e:
+        open_session(path, cpu, role="target", session_options={"edgespec.test.fail": "long"})
+    assert str(e.value) == f"cannot open target model {path.name}: {'x' * 300}..." and type(e.value) is EdgespecError
+    made.clear()
+    with caplog.at_level("WARNING", logger="edgespec"), pytest.raises(EdgespecError, match="graph capture"):
+        open_session(path, cpu, session_options={"edgespec.test.fail": "graph"})
+    assert len(made) == 1 and "cannot capture CUDA graphs" not in caplog.text
+
+
+def test_a_gpu_provider_that_did_not_start_is_said_or_refused(caplog):
+    """(session 80, O42, O43) onnxruntime runs a GPU provider that cannot start on the CPU by itself: a provider the
+    user named is then a ProviderError, one chosen by default a warning and a CPU cache; a GPU provider that runs
+    (CUDA, TensorRT) keeps the cache on the device."""
+    from edgespec.onnx_lm import _check_running
+
+    for explicit in (True, False):
+        choice = ProviderChoice([(CUDA, {}), (CPU, {})], ["cuda"], explicit=explicit)
+        if explicit:
+            with pytest.raises(ProviderError, match="target: CUDAExecutionProvider is in this onnxruntime build but "
+                                                    "could not start .*; CPUExecutionProvider runs"):
+                _check_running([CPU], choice, "target")
+        else:
+            with caplog.at_level("WARNING", logger="edgespec"):
+                assert _check_running([CPU], choice, "target") == "cpu"
+            assert "could not start" in caplog.text
+        assert _check_running([CUDA, CPU], choice, "target") == "cuda"
+    trt = ProviderChoice([(TENSORRT, {}), (CUDA, {}), (CPU, {})], ["tensorrt"], explicit=True)
+    assert _check_running([TENSORRT, CUDA, CPU], trt, "target") == "cuda"
+    assert _check_running([CPU], ProviderChoice([(CPU, {})], ["cpu"]), "drafter") == "cpu"
 
 
 @pytest.mark.parametrize("fixture", ["tiny_cuda_bundle", "tiny_int4_bundle", "tiny_bundle", "tiny_fp8_bundle"])
