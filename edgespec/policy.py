@@ -412,6 +412,10 @@ class RoundPolicy:
     """Chooses each round's drafter and draft length; learns costs and acceptance across
     generations (they describe the device and the models, not one prompt)."""
 
+    # whether a hint is priced into a model drafter's round where it must read the context first (its first draft of
+    # a generation): the rule predates hints at a first read (c63203e); scripts/ab_hint_first_read.py times both
+    hint_first_reads = False
+
     def __init__(self, probe_every: int = 64, carry: float = 4.0, stale_half_life: float = 2.0,
                  share_prior: float = 1.0, use_alternates: bool = False, prior_slope: float = PRIOR_SLOPE,
                  prior_step_ratio: float = PRIOR_STEP, prior_knee: int = 0, prior_steep: float = 0.0):
@@ -619,7 +623,8 @@ class RoundPolicy:
                 # Not its first token's estimate (FIRST_KEY): floored too, it read prompts its rounds
                 # did not repay (session 52); an estimate no generation renews relaxes to the prior
                 alpha = max(alpha, offer.prior_alpha)
-            hinted = bool(hint) and d.has_cost and getattr(d, "takes_hint", False) and not offer.upfront
+            hinted = bool(hint) and d.has_cost and getattr(d, "takes_hint", False) and (
+                self.hint_first_reads or not offer.upfront)
             sv, extra = (saved, HINT_CALL_COST + HINT_ROW_COST * h) if hinted else (0.0, 0.0)
             if fixed is not None:
                 k, r = offer.max_tokens, self.cost.rate(alpha, offer.max_tokens, d.has_cost, d.name, sv, extra)

@@ -1540,6 +1540,32 @@ def test_the_stop_threshold_is_bounded_and_a_hints_scaled_by_what_a_verified_pos
     assert c.hint_stop == pytest.approx(c.stop / 3)
 
 
+def test_a_hint_is_not_priced_into_a_round_that_reads_first_unless_asked():
+    """(session 80, mutant Q52 of mutation_s78.md) Where the model drafter must read the context before drafting (its
+    first round of a generation), the hint still goes in with its first step (c63203e), but the round is priced as
+    an unhinted one: its stop threshold is the one with no free drafter at all. ``hint_first_reads`` (the A/B's
+    handle, scripts/ab_hint_first_read.py: session 80, `auto` 1.003x over three passes of 28 prompts) prices it as
+    a caught-up drafter's hinted round."""
+    from edgespec.kv import TokenBuffer
+
+    def choose(behind, free=True, priced=False):
+        pol = RoundPolicy()
+        pol.hint_first_reads = priced
+        pol.measured.observe_target(1, 1.0)
+        pol.measured.observe_target(2, 1.1)
+        pol.measured.observe_draft(0.2, "model")
+        model = _Dynamic(takes_hint=True, behind=behind)
+        pol.begin("auto", {"copy": _Oracle("copy", False, _next_token), "model": model} if free else {"model": model}, 1)
+        c = pol.choose(TokenBuffer([1, 2, 3], capacity=64), 8, None, 4)
+        assert c.drafter is model and c.k == 4
+        return c
+
+    reads, caught_up = choose(2), choose(0)
+    assert reads.hint == caught_up.hint == (_next_token(3),)
+    assert reads.stop == pytest.approx(choose(2, free=False).stop) and reads.stop < caught_up.stop
+    assert choose(2, priced=True).stop == pytest.approx(caught_up.stop)
+
+
 def test_a_dynamic_draft_that_pays_by_its_first_token_alone_stops_at_that_drafts_rate():
     """(session 79, mutant Q53) Where a costly drafter's estimate (its tokens past the first) alone would draft
     nothing but its first tokens' (FIRST_KEY) makes a draft pay, the stop threshold values a kept token at that
