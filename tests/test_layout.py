@@ -696,8 +696,100 @@ def test_graph_calls_bind_static_buffers(tiny_cuda_bundle):
     lm.rewind(5)
     lm.forward(ids[lm.length: lm.length + 1])
     assert g._mask_host.sum() == lm.length and not g._mask_host[0, lm.length:].any()
-    with pytest.raises(ValueError):
-        g.run([1] * (GRAPH_MAX_WIDTH + 1), 0, False)
+    for n in (0, GRAPH_MAX_WIDTH + 1):  # (session 80, G9: not numpy's error at the kept ids buffer)
+        with pytest.raises(ValueError, match=f"a graph call takes 1..{GRAPH_MAX_WIDTH} tokens, got {n}"):
+            g.run([1] * n, 0, False)
+
+
+def test_what_graph_mode_is_read_from_and_what_its_buffers_take():
+    """(session 80, mutation test of graphs.py: G1, G3) A session is in graph mode where its CUDA options say
+    ``enable_cuda_graph`` is on, as onnxruntime writes it or as a profile does (1, true, True); not where they say
+    0 or nothing, nor for a session without provider options. The planner's term for the per-width logits buffers
+    is one buffer of each width 1..GRAPH_MAX_WIDTH: 136 rows of the vocabulary."""
+    from types import SimpleNamespace
+
+    from edgespec.graphs import GRAPH_MAX_WIDTH, graph_logits_bytes, session_has_graphs
+
+    def session(opts):
+        return SimpleNamespace(get_provider_options=lambda: {"CUDAExecutionProvider": opts})
+
+    assert all(session_has_graphs(session({"enable_cuda_graph": v})) for v in ("1", "true", "True", 1, True))
+    assert not any(session_has_graphs(session(o)) for o in ({"enable_cuda_graph": "0"}, {"enable_cuda_graph": "False"},
+                                                            {}))
+    assert not session_has_graphs(SimpleNamespace())
+    assert GRAPH_MAX_WIDTH == 16 and graph_logits_bytes(151_936) == 136 * 151_936 * 2
+    assert graph_logits_bytes(1000, 4) == 136 * 1000 * 4
+
+
+def test_a_graph_calls_positions_and_inputs_are_in_place_before_it_runs():
+    """(session 80, mutation test of graphs.py: G10, G13) A graph with position ids (Gemma 4's) binds the call's
+    positions, past..past + n - 1, from one kept buffer; every input's in-place copy is synchronized before the run
+    (on a GPU the copies are asynchronous: a replay would read the last call's ids). onnxruntime faked: a binding
+    that records its calls."""
+    from types import SimpleNamespace
+
+    from edgespec.graphs import GraphCalls
+
+    log = []
+
+    class Binding:
+        def __getattr__(self, name):
+            return lambda *a, **kw: log.append((name, a))
+
+    class Session:
+        def run_with_iobinding(self, b, ro=None):
+            log.append(("run", ro.get_run_config_entry("gpu_graph_id")))
+
+    io = SimpleNamespace(input_ids="ids", attention_mask="mask", position_ids="pos", logits="logits")
+    g = GraphCalls(Session(), Binding(), io, max_context=64, vocab=8, logits_dtype=np.float32, argmax_name=None,
+                   argmax_rows=32, has_positions=True, device="cpu")
+    for past, n in ((10, 3), (13, 1), (20, 3), (7, 3)):
+        log.clear()
+        g.run([5] * n, past, False)
+        assert g._pos_host[0, :n].tolist() == list(range(past, past + n)) and g._mask_host.sum() == past + n
+        pos = [a for name, a in log if name == "bind_input" and a[0] == "pos"]
+        assert len(pos) == 1 and pos[0][4] == [1, n] and pos[0][5] == g.pos.data_ptr()
+        names = [name for name, _ in log]
+        assert names.index("synchronize_inputs") < names.index("run") and names.count("run") == 1
+    assert g.captured == {3} and g.replays == 1 and g.seen == {1, 3}
+    # (G19) the capture thread is the first capture's, whichever thread captures later widths
+    t = threading.Thread(target=lambda: [g.run([5, 6], 30, False) for _ in range(2)])
+    t.start()
+    t.join()
+    assert g.captured == {2, 3} and g.capture_thread is threading.current_thread()
+
+
+def test_a_graph_onnxruntime_cannot_capture_leaves_ordinary_runs(caplog):
+    """(session 80, G18, G20) Where onnxruntime refuses a capture (a kernel it cannot capture), that call is run
+    again as an ordinary run (its logits computed all the same), a warning says why, and every later call of any
+    width is an ordinary run: no capture is tried again."""
+    from types import SimpleNamespace
+
+    from edgespec.graphs import GraphCalls
+
+    ran = []
+
+    class Session:
+        def run_with_iobinding(self, b, ro=None):
+            gid = ro.get_run_config_entry("gpu_graph_id")
+            if gid != "-1":
+                ran.append(("refused", gid))
+                raise RuntimeError("CUDA graph capture is not supported for this kernel\nmore")
+            ran.append(("ran", gid))
+
+    binding = SimpleNamespace(bind_input=lambda *a: None, bind_output=lambda *a: None, bind_cpu_input=lambda *a: None,
+                              bind_ortvalue_input=lambda *a: None, bind_ortvalue_output=lambda *a: None,
+                              synchronize_inputs=lambda: None)
+    io = SimpleNamespace(input_ids="ids", attention_mask="mask", position_ids=None, logits="logits")
+    g = GraphCalls(Session(), binding, io, max_context=64, vocab=8, logits_dtype=np.float32, argmax_name=None,
+                   argmax_rows=32, device="cpu")
+    with caplog.at_level("WARNING", logger="edgespec"):
+        for w in (2, 2, 2, 1, 1, 1):
+            g.run([5] * w, 10, False)
+    assert ran == [("ran", "-1"), ("refused", "2"), ("ran", "-1"), ("ran", "-1"), ("ran", "-1"), ("ran", "-1"),
+                   ("ran", "-1")]
+    assert g.refused == "CUDA graph capture is not supported for this kernel" and not g.captured and not g.replays
+    assert caplog.text.count("could not capture a CUDA graph of 2 tokens") == 1
 
 
 def test_graph_calls_notice_a_call_from_another_thread(tiny_cuda_bundle, caplog):
@@ -766,7 +858,11 @@ def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
             # width 3 parts everywhere; width 5 only where the call starts 9 positions past the prefix
             if w in g.captured and (w == 3 or (w == 5 and g._valid == 16 + 9 + 5)):
                 buf = g.logits[w].numpy()
-                buf[0, 0, 0] += 0.5
+                if w == 3:
+                    buf[0, 0, 0] += 0.5
+                else:  # (one unit in the last place of a small logit: equal is bit for bit; session 80, G28)
+                    j = np.abs(buf[0, 0]).argmin()
+                    buf[0, 0, j] = np.nextafter(buf[0, 0, j], np.inf, dtype=buf.dtype)
                 g.logits[w].update_inplace(buf)
 
     g = holder["g"] = GraphCalls(Planted(), lm._binding, lm.spec.io, max_context=lm.max_context, vocab=vocab,
@@ -788,6 +884,10 @@ def test_graph_replays_that_differ_run_ordinary_calls(tiny_cuda_bundle):
     lm.reset()
     measure_width(lm)  # the probe finds them again
     assert g.excluded == {3, 5}
+    # (session 80, G25) ids for widths up to 8 only past the last check's start: those widths are checked, no wider
+    for kept in (g.excluded, g.captured, g.seen):
+        kept.clear()
+    assert check_replays(lm, ids[:16 + 9 + 8 + 1], 16) == {3, 5} and g.captured == set(range(1, 9))
 
 
 def test_cuda_graphs_switch_on_the_cpu(tiny_cuda_bundle):
