@@ -10,9 +10,7 @@ verified and kept, and each arm's premium as it went.
 """
 from __future__ import annotations
 
-import argparse
 import collections
-import copy
 import sys
 import types
 from pathlib import Path
@@ -39,25 +37,13 @@ def old_premium(policy) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundle", nargs="?", default=str(ROOT / "bundles" / "qwen-coder-b128-v64k-xk"))
-    ap.add_argument("--prompts", default=str(ROOT / "scripts" / "data" / "more_prompts.jsonl"))
-    ap.add_argument("--repeat", type=int, default=1, help="passes over the prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    args = ap.parse_args(argv)
-    import edgespec
-    from edgespec.bench import read_prompts
+    from _policy_ab import policy_arms
 
-    qs = read_prompts(args.prompts)
-    eng = edgespec.load(args.bundle, model_sampling=False, memory=False)
-    eng.generate("Hello", max_new_tokens=8, drafter="none")
+    args, qs, eng, arms = policy_arms(__doc__, argv)
     dec = eng.decoder
     if not dec.policy.use_alternates:
         print("this target verifies no alternates here: nothing to compare", file=sys.stderr)
         return 2
-    memo = {id(d): d for d in dec.drafters.values()}
-    memo[id(dec.target)] = dec.target
-    arms = {a: copy.deepcopy(dec.policy, dict(memo)) for a in ("old", "new")}
     old_premium(arms["old"])
     secs, toks = collections.Counter(), collections.Counter()
     alts, kept = collections.Counter(), collections.Counter()

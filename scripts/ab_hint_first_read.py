@@ -11,9 +11,7 @@ rounds.
 """
 from __future__ import annotations
 
-import argparse
 import collections
-import copy
 import sys
 from pathlib import Path
 
@@ -22,22 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundle", nargs="?", default=str(ROOT / "bundles" / "qwen-coder-b128-v64k-xk"))
-    ap.add_argument("--prompts", default=str(ROOT / "scripts" / "data" / "more_prompts.jsonl"))
-    ap.add_argument("--repeat", type=int, default=1, help="passes over the prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    args = ap.parse_args(argv)
-    import edgespec
-    from edgespec.bench import read_prompts
+    from _policy_ab import policy_arms
 
-    qs = read_prompts(args.prompts)
-    eng = edgespec.load(args.bundle, model_sampling=False, memory=False)
-    eng.generate("Hello", max_new_tokens=8, drafter="none")
+    args, qs, eng, arms = policy_arms(__doc__, argv)
     dec = eng.decoder
-    memo = {id(d): d for d in dec.drafters.values()}
-    memo[id(dec.target)] = dec.target
-    arms = {a: copy.deepcopy(dec.policy, dict(memo)) for a in ("old", "new")}
     arms["new"].hint_first_reads = True
     secs, toks, model = collections.Counter(), collections.Counter(), collections.Counter()
     cat_secs, cat_toks = collections.Counter(), collections.Counter()
