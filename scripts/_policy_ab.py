@@ -29,3 +29,24 @@ def policy_arms(doc: str, argv, names=("old", "new")):
     memo = {id(d): d for d in dec.drafters.values()}
     memo[id(dec.target)] = dec.target
     return args, prompts, eng, {a: copy.deepcopy(dec.policy, dict(memo)) for a in names}
+
+
+def rounds(args, prompts, eng, arms):
+    """Each prompt's generations, one per arm (its policy swapped in, the engine reset; `auto` greedy), the arms'
+    order swapped every prompt so that the machine's drift falls on both: yields ``(prompt, {arm: result})``. Exits
+    with 1 where the arms' outputs differ (greedy output is the target's, whatever the policy)."""
+    import sys
+
+    names = list(arms)
+    for rep in range(args.repeat):
+        for qi, q in enumerate(prompts):
+            out = {}
+            for arm in (names if (qi + rep) % 2 == 0 else names[::-1]):
+                eng.decoder.policy = arms[arm]
+                eng.reset()
+                out[arm] = eng.generate([{"role": "user", "content": q["turns"][0]}],
+                                        max_new_tokens=args.max_new_tokens, drafter="auto", temperature=0.0)
+            if len({tuple(r.token_ids) for r in out.values()}) > 1:
+                print(f"{q['question_id']}: the arms' outputs differ", file=sys.stderr)
+                raise SystemExit(1)
+            yield q, out

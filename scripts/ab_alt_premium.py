@@ -37,7 +37,7 @@ def old_premium(policy) -> None:
 
 
 def main(argv=None) -> int:
-    from _policy_ab import policy_arms
+    from _policy_ab import policy_arms, rounds
 
     args, qs, eng, arms = policy_arms(__doc__, argv)
     dec = eng.decoder
@@ -48,29 +48,18 @@ def main(argv=None) -> int:
     secs, toks = collections.Counter(), collections.Counter()
     alts, kept = collections.Counter(), collections.Counter()
     trail = collections.defaultdict(list)
-    for rep in range(args.repeat):
-        for qi, q in enumerate(qs):
-            order = ("old", "new") if (qi + rep) % 2 == 0 else ("new", "old")
-            out = {}
-            for arm in order:
-                dec.policy = arms[arm]
-                eng.reset()
-                r = eng.generate([{"role": "user", "content": q["turns"][0]}], max_new_tokens=args.max_new_tokens,
-                                 drafter="auto", temperature=0.0)
-                out[arm] = r.token_ids
-                s = r.stats
-                secs[arm] += s["total_s"] - s["ttft_ms"] / 1000
-                toks[arm] += s["new_tokens"] - 1
-                alts[arm] += s.get("alternates", 0)
-                kept[arm] += s.get("alternates_kept", 0)
-                p = arms[arm].alt_premium
-                trail[arm].append(None if p is None else round(p * 1e3, 2))
-            if out["old"] != out["new"]:
-                print(f"{q['question_id']}: the arms' outputs differ", file=sys.stderr)
-                return 1
-            print(f"{q['question_id']:12s} " + "  ".join(
-                f"{a} {toks[a] / secs[a]:5.1f} tok/s, alternates {alts[a]} kept {kept[a]}, premium "
-                f"{trail[a][-1]} ms" for a in ("old", "new")), flush=True)
+    for q, out in rounds(args, qs, eng, arms):
+        for arm, r in out.items():
+            s = r.stats
+            secs[arm] += s["total_s"] - s["ttft_ms"] / 1000
+            toks[arm] += s["new_tokens"] - 1
+            alts[arm] += s.get("alternates", 0)
+            kept[arm] += s.get("alternates_kept", 0)
+            p = arms[arm].alt_premium
+            trail[arm].append(None if p is None else round(p * 1e3, 2))
+        print(f"{q['question_id']:12s} " + "  ".join(
+            f"{a} {toks[a] / secs[a]:5.1f} tok/s, alternates {alts[a]} kept {kept[a]}, premium "
+            f"{trail[a][-1]} ms" for a in ("old", "new")), flush=True)
     print(f"\nnew/old decode speed {toks['new'] / secs['new'] / (toks['old'] / secs['old']):.3f} "
           f"({toks['old'] / secs['old']:.1f} -> {toks['new'] / secs['new']:.1f} tok/s); alternates verified "
           f"{alts['old']} -> {alts['new']}, kept {kept['old']} -> {kept['new']}")

@@ -20,36 +20,24 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
-    from _policy_ab import policy_arms
+    from _policy_ab import policy_arms, rounds
 
     args, qs, eng, arms = policy_arms(__doc__, argv)
-    dec = eng.decoder
     arms["new"].hint_first_reads = True
     secs, toks, model = collections.Counter(), collections.Counter(), collections.Counter()
     cat_secs, cat_toks = collections.Counter(), collections.Counter()
-    for rep in range(args.repeat):
-        for qi, q in enumerate(qs):
-            order = ("old", "new") if (qi + rep) % 2 == 0 else ("new", "old")
-            out = {}
-            for arm in order:
-                dec.policy = arms[arm]
-                eng.reset()
-                r = eng.generate([{"role": "user", "content": q["turns"][0]}], max_new_tokens=args.max_new_tokens,
-                                 drafter="auto", temperature=0.0)
-                out[arm] = r.token_ids
-                s = r.stats
-                t, n = s["total_s"] - s["ttft_ms"] / 1000, s["new_tokens"] - 1
-                secs[arm] += t
-                toks[arm] += n
-                cat = q.get("category", "?")
-                cat_secs[arm, cat] += t
-                cat_toks[arm, cat] += n
-                model[arm] += (s.get("rounds_by_drafter") or {}).get("model", 0)
-            if out["old"] != out["new"]:
-                print(f"{q['question_id']}: the arms' outputs differ", file=sys.stderr)
-                return 1
-            print(f"{q['question_id']:12s} " + "  ".join(
-                f"{a} {toks[a] / secs[a]:5.1f} tok/s (model rounds {model[a]})" for a in ("old", "new")), flush=True)
+    for q, out in rounds(args, qs, eng, arms):
+        for arm, r in out.items():
+            s = r.stats
+            t, n = s["total_s"] - s["ttft_ms"] / 1000, s["new_tokens"] - 1
+            secs[arm] += t
+            toks[arm] += n
+            cat = q.get("category", "?")
+            cat_secs[arm, cat] += t
+            cat_toks[arm, cat] += n
+            model[arm] += (s.get("rounds_by_drafter") or {}).get("model", 0)
+        print(f"{q['question_id']:12s} " + "  ".join(
+            f"{a} {toks[a] / secs[a]:5.1f} tok/s (model rounds {model[a]})" for a in ("old", "new")), flush=True)
     for cat in sorted({c for _, c in cat_secs}):
         o, n = (cat_toks[a, cat] / cat_secs[a, cat] for a in ("old", "new"))
         print(f"{cat:14s} old {o:5.1f}  new {n:5.1f} tok/s  new/old {n / o:.3f}")
