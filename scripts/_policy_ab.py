@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +36,6 @@ def rounds(args, prompts, eng, arms):
     """Each prompt's generations, one per arm (its policy swapped in, the engine reset; `auto` greedy), the arms'
     order swapped every prompt so that the machine's drift falls on both: yields ``(prompt, {arm: result})``. Exits
     with 1 where the arms' outputs differ (greedy output is the target's, whatever the policy)."""
-    import sys
-
     names = list(arms)
     for rep in range(args.repeat):
         for qi, q in enumerate(prompts):

@@ -411,6 +411,14 @@ def test_placement_log_is_parsed():
                                       "on [CPUExecutionProvider]. Number of nodes: 37") == {CPU: None}
 
 
+def _config_entry(so, key: str) -> str | None:
+    """A session config entry of onnxruntime's ``SessionOptions``, None where it is not set (onnxruntime raises)."""
+    try:
+        return so.get_session_config_entry(key)
+    except RuntimeError:
+        return None
+
+
 class _FakeOrt:
     """onnxruntime's InferenceSession, faked: a CUDA provider that does not take the nodes in
     ``refused`` (onnxruntime refuses the no-fallback session then)."""
@@ -420,10 +428,7 @@ class _FakeOrt:
         self.strict_error = strict_error  # raised by the no-fallback attempt instead (another onnxruntime error)
 
     def session(self, path, so, providers=(), provider_options=()):
-        try:
-            flag = so.get_session_config_entry(placement.NO_CPU_FALLBACK)
-        except RuntimeError:  # not set
-            flag = ""
+        flag = _config_entry(so, placement.NO_CPU_FALLBACK) or ""
         self.calls.append((list(providers), flag))
         self.options.append(so)
         if flag == "1" and CPU in providers:
@@ -721,11 +726,9 @@ def test_what_graph_mode_is_read_from_and_what_its_buffers_take():
     assert graph_logits_bytes(1000, 4) == 136 * 1000 * 4
 
 
-def test_a_graph_calls_positions_and_inputs_are_in_place_before_it_runs():
-    """(session 80, mutation test of graphs.py: G10, G13) A graph with position ids (Gemma 4's) binds the call's
-    positions, past..past + n - 1, from one kept buffer; every input's in-place copy is synchronized before the run
-    (on a GPU the copies are asynchronous: a replay would read the last call's ids). onnxruntime faked: a binding
-    that records its calls."""
+def _faked_graph_calls(session, has_positions=False):
+    """A ``GraphCalls`` on the CPU whose onnxruntime binding is faked: it records each call's name and arguments in
+    the returned list (``session`` records its runs as it likes)."""
     from types import SimpleNamespace
 
     from edgespec.graphs import GraphCalls
@@ -736,13 +739,22 @@ def test_a_graph_calls_positions_and_inputs_are_in_place_before_it_runs():
         def __getattr__(self, name):
             return lambda *a, **kw: log.append((name, a))
 
+    io = SimpleNamespace(input_ids="ids", attention_mask="mask", position_ids="pos" if has_positions else None,
+                         logits="logits")
+    return GraphCalls(session, Binding(), io, max_context=64, vocab=8, logits_dtype=np.float32, argmax_name=None,
+                      argmax_rows=32, has_positions=has_positions, device="cpu"), log
+
+
+def test_a_graph_calls_positions_and_inputs_are_in_place_before_it_runs():
+    """(session 80, mutation test of graphs.py: G10, G13) A graph with position ids (Gemma 4's) binds the call's
+    positions, past..past + n - 1, from one kept buffer; every input's in-place copy is synchronized before the run
+    (on a GPU the copies are asynchronous: a replay would read the last call's ids). onnxruntime faked: a binding
+    that records its calls."""
     class Session:
         def run_with_iobinding(self, b, ro=None):
             log.append(("run", ro.get_run_config_entry("gpu_graph_id")))
 
-    io = SimpleNamespace(input_ids="ids", attention_mask="mask", position_ids="pos", logits="logits")
-    g = GraphCalls(Session(), Binding(), io, max_context=64, vocab=8, logits_dtype=np.float32, argmax_name=None,
-                   argmax_rows=32, has_positions=True, device="cpu")
+    g, log = _faked_graph_calls(Session(), has_positions=True)
     for past, n in ((10, 3), (13, 1), (20, 3), (7, 3)):
         log.clear()
         g.run([5] * n, past, False)
@@ -763,10 +775,6 @@ def test_a_graph_onnxruntime_cannot_capture_leaves_ordinary_runs(caplog):
     """(session 80, G18, G20) Where onnxruntime refuses a capture (a kernel it cannot capture), that call is run
     again as an ordinary run (its logits computed all the same), a warning says why, and every later call of any
     width is an ordinary run: no capture is tried again."""
-    from types import SimpleNamespace
-
-    from edgespec.graphs import GraphCalls
-
     ran = []
 
     class Session:
@@ -777,12 +785,7 @@ def test_a_graph_onnxruntime_cannot_capture_leaves_ordinary_runs(caplog):
                 raise RuntimeError("CUDA graph capture is not supported for this kernel\nmore")
             ran.append(("ran", gid))
 
-    binding = SimpleNamespace(bind_input=lambda *a: None, bind_output=lambda *a: None, bind_cpu_input=lambda *a: None,
-                              bind_ortvalue_input=lambda *a: None, bind_ortvalue_output=lambda *a: None,
-                              synchronize_inputs=lambda: None)
-    io = SimpleNamespace(input_ids="ids", attention_mask="mask", position_ids=None, logits="logits")
-    g = GraphCalls(Session(), binding, io, max_context=64, vocab=8, logits_dtype=np.float32, argmax_name=None,
-                   argmax_rows=32, device="cpu")
+    g, _ = _faked_graph_calls(Session())
     with caplog.at_level("WARNING", logger="edgespec"):
         for w in (2, 2, 2, 1, 1, 1):
             g.run([5] * w, 10, False)
@@ -952,17 +955,11 @@ def test_how_a_session_is_opened_and_why_it_was_not(tiny_cuda_bundle, monkeypatc
 
     real, made = ort.InferenceSession, []
 
-    def entry(so, key):
-        try:
-            return so.get_session_config_entry(key)
-        except Exception:  # (onnxruntime's: no such entry)
-            return None
-
     def fake(path, so=None, providers=None, provider_options=None, **kw):
         made.append(so)
-        if entry(so, "edgespec.test.fail") == "long":
+        if _config_entry(so, "edgespec.test.fail") == "long":
             raise RuntimeError("x" * 1000 + "\nsecond line")
-        if entry(so, "edgespec.test.fail") == "graph":
+        if _config_entry(so, "edgespec.test.fail") == "graph":
             raise RuntimeError("cannot use the graph capture feature")
         return real(path, so, providers=providers)
 
@@ -976,7 +973,7 @@ def test_how_a_session_is_opened_and_why_it_was_not(tiny_cuda_bundle, monkeypatc
                                                                       "edgespec.test.off": False,
                                                                       "edgespec.test.n": 7})
     so = made[-1]
-    assert [entry(so, f"edgespec.test.{k}") for k in ("on", "off", "n")] == ["1", "0", "7"]
+    assert [_config_entry(so, f"edgespec.test.{k}") for k in ("on", "off", "n")] == ["1", "0", "7"]
     with pytest.warns(UserWarning, match="already has 2 threads; threads=3 is not applied"):
         open_session(path, cpu, threads=3)
     with pytest.raises(EdgespecError) as e:
