@@ -115,6 +115,12 @@ def test_a_prefix_out_of_the_states_reach_is_read_again(lfm2, monkeypatch):
     # ... and every one of the last CONV_KEEP positions is (session 72, a mutation test: calls dropped a call early)
     conv = target.cache.conv
     assert all(conv.reachable(conv.pos - j) for j in range(5)), (conv.pos, [seg[0] for seg in conv._segments])
+    # ... and no further (session 81, a mutation test: a call more was kept), which a seek there names in one line
+    assert conv.reachable_from() == conv.pos - 4 and not conv.reachable(conv.pos - 5)
+    from edgespec.errors import BundleError
+
+    with pytest.raises(BundleError, match=f"reach back to position {conv.pos - 4}, not {conv.pos - 5}:"):
+        conv.seek(conv.pos - 5)
     got = eng.generate(shorter, max_new_tokens=20, drafter="prompt-lookup", ignore_eos=True)
     assert got.stats["reused_prompt_tokens"] == 0
     fresh = edgespec.load(lfm2["fp32"], memory=False)
@@ -361,6 +367,103 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     lm.cache.conv.seek(11)
     assert lm.cache.conv.reachable(11) and lm.cache.conv.reachable(10)
     assert not any(lm.cache.conv.reachable(p) for p in range(12, 17))
+
+
+def _states(conv) -> list[np.ndarray]:
+    return [cl.past.copy() for cl in conv.layers]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_snapshot_covers_the_last_kept_positions_and_owns_its_bytes(lfm2, monkeypatch):
+    """(session 81, a mutation test of ConvStates) What the prompt cache relies on at a snapshot's edges: it covers
+    exactly the last CONV_KEEP positions, and none past the kept calls (nor, with no call kept, any position but the
+    current one); a cut or a restore outside it is refused; its byte count, which the budget adds, is its arrays', and
+    a cut one's arrays are their own (a view kept its whole base alive, past the budget); and one taken with no call
+    kept is a copy, which the next call does not write over."""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    monkeypatch.setattr(manifest, "CONV_KEEP", 6)
+    eng = edgespec.load(lfm2["fp32"], prompt_cache_mb=0, memory=False)
+    lm = eng.decoder.target
+    conv = lm.cache.conv
+    eng.generate(PROMPT, max_new_tokens=16, drafter="none", ignore_eos=True)
+    p, n = conv.pos, lm.length  # (the last token's call ran: the cache holds one position less)
+    assert conv.snapshot(p + 1) is None
+    assert (conv.snapshot(p).start, conv.snapshot(p).end) == (p - 6, p)
+    snap = conv.snapshot(n)
+    assert (snap.start, snap.end) == (p - 6, n)
+    assert snap.nbytes == sum(4 * cl.channels * (cl.past.shape[2] + n - p + 6) for cl in conv.layers)
+    cut = snap.cut(n - 2)
+    assert cut.end == n - 2 and all(x.flags.owndata for x in cut.inputs)
+    assert snap.cut(snap.start - 1) is None and snap.cut(n + 1) is None
+    with pytest.raises(ValueError, match="cannot restore position"):
+        conv.restore(snap, n + 1)
+    lm.rewind(n - snap.start)
+    conv.restore(snap, snap.start)  # (no call kept now: the states at snap.start only)
+    assert conv.snapshot(snap.start + 1) is None and conv.snapshot(snap.start - 1) is None
+    bare, at_start = conv.snapshot(snap.start), _states(conv)
+    assert (bare.start, bare.end) == (snap.start, snap.start)
+    lm.forward(eng.tokenizer.encode(" nine ten"))
+    assert not _same(_states(conv), at_start)
+    conv.restore(bare, bare.start)
+    assert _same(_states(conv), at_start)
+
+
+def test_a_rollback_interrupted_between_layers_claims_no_position(lfm2, monkeypatch):
+    """(session 81, a mutation test) Ctrl-C while a rollback writes the layers' states one by one: they claim no
+    position until every layer is written, so going on from where the model was sets them all again (claimed, the
+    model went on with its first layer's state rolled back and the second's not)."""
+    import edgespec
+
+    eng = edgespec.load(lfm2["fp32"], memory=False)
+    lm = eng.decoder.target
+    conv = lm.cache.conv
+    ids = eng.tokenizer.encode(PROMPT)
+    lm.prefill(ids[:10])
+    lm.forward(ids[10:16])
+    at16, real, calls = _states(conv), np.concatenate, []
+
+    def interrupted(*a, **kw):  # (the second layer's state)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(np, "concatenate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        conv.seek(12)
+    monkeypatch.undo()
+    assert len(calls) == 2 and not np.array_equal(conv.layers[0].past, at16[0])  # (the first layer was written)
+    conv.seek(16)
+    assert _same(_states(conv), at16)
+
+
+def test_a_call_after_the_conv_buffers_grew_is_rolled_back_from_its_own_inputs(lfm2, monkeypatch):
+    """(session 81, a mutation test) A call of a width seen before the buffers grew writes its conv inputs where they
+    are kept from: into the new buffer, not the old one's view (kept, the rollback into it read the wide call's).
+    The same calls with buffers wide enough from the start are the reference."""
+    import edgespec
+    import edgespec.manifest as manifest
+
+    states = []
+    for call, grown in ((8, 20), (64, 64)):
+        monkeypatch.setattr(manifest, "CONV_CALL", call)
+        eng = edgespec.load(lfm2["fp32"], memory=False)
+        lm = eng.decoder.target
+        ids = eng.tokenizer.encode(PROMPT + " " + PROMPT)
+        lm.forward(ids[:2])  # (a call of 2: its view of the buffers made)
+        lm.forward(ids[2:22])  # (of 20: the buffers grow past the 16 of the calls at load)
+        lm.forward(ids[22:24])
+        lm.forward(ids[24:26])
+        lm.rewind(3)
+        lm.cache.conv.seek(23)
+        assert lm.cache.conv.max_call == grown
+        states.append(_states(lm.cache.conv))
+    assert _same(*states)
 
 
 @pytest.fixture(scope="module")
