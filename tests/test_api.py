@@ -1,6 +1,7 @@
 """The Python API: the README's example, messages, stop strings, threads, typed errors, chat sessions."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -380,6 +381,24 @@ def test_a_failed_turn_keeps_the_exchanges_dropped_to_fit_it(tiny_bundle):
     assert chat.dropped >= 1
 
 
+def test_a_chat_drops_only_what_it_must_an_exchange_at_a_time(tiny_bundle):
+    """(session 81, a mutation test of ChatSession._fit) A history whose prompt and the reply's room fill the context
+    exactly is kept whole; one a token over drops its oldest exchange up to the next question: an unpaired greeting
+    alone, not the first question with it (two messages at a time left the history starting with an answer)."""
+    eng = edgespec.load(tiny_bundle, max_context=128)
+    history = [{"role": "assistant", "content": "Hello! Ask me anything."},
+               {"role": "user", "content": "the quick brown fox"}, {"role": "assistant", "content": "jumps over"}]
+    new = {"role": "user", "content": "and then the fox?"}
+    room = 128 - len(eng.encode(history + [new]))
+    assert 8 <= room <= 64, room  # (a turn keeps at most half the context for its reply)
+    for extra, dropped in ((0, 0), (1, 1)):
+        chat = eng.chat()
+        chat.messages, chat.reserve = list(history), room + extra
+        chat.send(new["content"], max_new_tokens=room + extra)
+        assert chat.dropped == dropped and chat.earlier == history[:dropped], extra
+        assert chat.messages[:4 - dropped] == history[dropped:] + [new], extra
+
+
 def test_abandoned_streams_release_the_engine(engine):
     expected = engine.generate("The quick brown fox", max_new_tokens=20)
     # closed after the first delta
@@ -694,11 +713,17 @@ def test_a_stop_string_that_is_a_special_tokens_text_ends_as_a_stop(engine):
         r = engine.generate("hello world", max_new_tokens=10, drafter=d, stop=[special], logit_bias={sid: 100},
                             logprobs=1)
         assert (r.finish_reason, r.token_ids, r.text, r.logprobs) == ("stop", [], "", []), d
-        streamed = [t for delta in engine.stream_ids(engine.encode("hello world"), max_new_tokens=10, drafter=d,
-                                                      stop=[special], logit_bias={sid: 100}) for t in delta.ids]
-        assert streamed == [] and engine.last_stats.finish_reason == "stop"
+        deltas = list(engine.stream_ids(engine.encode("hello world"), max_new_tokens=10, drafter=d, stop=[special],
+                                        logit_bias={sid: 100}, logprobs=1))
+        # (session 81, a mutation test: the streamed logprobs kept the stop token's entry, which generate() cut off)
+        assert [t for delta in deltas for t in delta.ids] == [] and engine.last_stats.finish_reason == "stop"
+        assert [e for delta in deltas for e in delta.logprobs or []] == []
     eos = engine.manifest.eos_token_ids[0]
     r = engine.generate("hello world", max_new_tokens=10, logit_bias={eos: 100})
+    assert (r.finish_reason, r.token_ids) == ("eos", [eos])
+    # ... a stop string naming it too (session 81, a mutation test: said 'stop', its token left out)
+    eos_text = next(t for t in tok.special_ids_texts() if tok.token_to_id(t) == eos)
+    r = engine.generate("hello world", max_new_tokens=10, logit_bias={eos: 100}, stop=[eos_text])
     assert (r.finish_reason, r.token_ids) == ("eos", [eos])
 
 
@@ -974,3 +999,18 @@ def test_fitting_the_context_never_drops_the_new_message(tiny_bundle):
     assert chat.earlier == hist and chat.dropped == 2  # the greeting, then the story's exchange
     seen = eng.tokenizer.decode(eng.decoder.target.cache.ids.view().tolist()[: eng.last_stats.prompt_tokens])
     assert "what now" in seen
+
+
+def test_a_conversation_too_long_by_its_template_kwargs_is_refused_before_it_is_rendered(engine):
+    """(session 81, a mutation test; the rule of session 50's eefa2ab) With ``fit`` the size bound counts the text a
+    template may write: the messages' content, their tool calls and reasoning, and the template kwargs (as JSON). A
+    conversation over the context by its kwargs alone is a ContextOverflowError before the template runs, whether
+    or not this template writes them (counted, the bound never waits on a render of up to 64 Ki characters)."""
+    from edgespec.errors import ContextOverflowError
+
+    m = [{"role": "user", "content": "hi"}]
+    big = {"note": "y" * 60_000}
+    assert engine.tokenizer.min_tokens(json.dumps(big)) > engine.max_context
+    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
+        engine.encode(m, fit=True, template_kwargs=big)
+    assert engine.encode(m, template_kwargs=big) == engine.encode(m)  # (unfitted: this template leaves it out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -186,6 +187,16 @@ def test_the_engine_backs_off_the_cursors_token_and_returns_the_text_after_it(sm
     assert s.text == r.text[:r.text.index(stop)] and s.finish_reason == "stop"
     assert eng.tokenizer.decode(s.token_ids).startswith(need.decode() + s.text)
     assert [e["token_id"] for e in s.logprobs] == s.token_ids
+    # ... a stop string inside a later word: the ids are the fewest that spell what healing re-spelled and the text
+    # (session 81, a mutation test: cut without the healed characters, they missed the token the stop string begins
+    # in, which the one above, 3 characters in, did not show)
+    word = re.search(r" [A-Za-z]{5,}", r.text[8:])
+    stop = r.text[8 + word.start() + 2: 8 + word.start() + 5]
+    s = eng.generate(prompt, max_new_tokens=12, token_healing=True, stop=[stop])
+    spelled = need.decode() + s.text
+    assert s.finish_reason == "stop" and len(s.text) >= 8, (r.text, s.text)
+    assert eng.tokenizer.decode(s.token_ids).startswith(spelled)
+    assert not eng.tokenizer.decode(s.token_ids[:-1]).startswith(spelled)
     # nothing to heal: a prompt of one token, a special token last
     one = eng.tokenizer.encode("Hi")
     assert eng.heal(one[-1:]) == (one[-1:], b"")

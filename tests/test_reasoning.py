@@ -314,6 +314,23 @@ def test_one_call_asked_for_is_read_from_the_answer_when_the_thinking_names_its_
     assert split_reasoning(one.text)[0] == "A </tool_call> is how a call ends."
 
 
+def test_a_call_written_inside_the_thinking_is_thought_not_a_call(think_engine, monkeypatch):
+    """(session 81, a mutation test: the calls were read from the whole reply, its thinking too) A whole call block
+    the model writes while it thinks stays in the thinking: the reply's calls are its answer's."""
+    from test_logprobs import _scripted
+
+    reply = ('<think>\nMaybe <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call> '
+             'first.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+             '</tool_call>')
+    ids = think_engine.tokenizer.encode(reply, add_special=False)
+    target = think_engine.decoder.target
+    _scripted(think_engine, monkeypatch, [[t] for t in ids])
+    think_engine.decoder.target = target  # (the prompt fitted to its context)
+    r = think_engine.generate([ASK], tools=WEATHER)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in r.tool_calls] == ["Paris"], r.text
+    assert '"city": "Oslo"' in split_reasoning(r.text)[0]
+
+
 def test_a_strict_call_s_grammar_waits_for_the_answer(think_engine):
     """In tool_choice auto a strict function's grammar opens at the model's <tool_call>; inside the thinking that
     token opens nothing (calls are read from the answer): the model's thinking names <tool_call>, and with the

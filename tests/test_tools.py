@@ -323,7 +323,7 @@ def test_tool_choice_and_parallel_calls(tool_engine):
         return r.text, [json.loads(c["function"]["arguments"])["city"] for c in r.tool_calls], r.stats["new_tokens"]
 
     assert run([ASK], tool_choice="none")[:2] == ("I cannot see the weather.", [])  # not told of the tools
-    # a forced start of the call: the model writes the rest
+    # a forced call (held to a grammar where llguidance is installed; the forced start without it: below)
     assert run([ASK], tool_choice="required")[:2] == ("", ["Paris"])
     assert run([ASK], tool_choice={"type": "function", "function": {"name": "get_weather"}})[:2] == ("", ["Paris"])
     both, one = run([ASK_TWO]), run([ASK_TWO], parallel_tool_calls=False)
@@ -333,6 +333,25 @@ def test_tool_choice_and_parallel_calls(tool_engine):
         next(tool_engine.stream([ASK], tools=WEATHER))
     with pytest.raises(ConfigError, match="tools need chat messages"):
         tool_engine.generate("Weather in Paris?", tools=WEATHER)
+
+
+def test_a_forced_call_without_llguidance_is_a_forced_start_of_the_reply(tool_engine, monkeypatch):
+    """Without llguidance a forced call holds no grammar: the prompt ends with the call's opening (``prefix``: the
+    block and the name), which the model continues and the parser reads first (session 81, a mutation test: with
+    llguidance installed no test took this path, and the opening left out of the prompt went unseen)."""
+    import edgespec.constrain as constrain
+
+    def missing():
+        raise ConfigError("llguidance is not installed")
+
+    monkeypatch.setattr(constrain, "_llguidance", missing)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        req = tool_engine.tool_request(WEATHER, choice)
+        assert req.grammar is None and req.prefix.startswith("<tool_call>")
+        assert tool_engine.tokenizer.decode(tool_engine.encode([ASK], tools=req), skip_special=False).endswith(
+            req.prefix)
+        r = tool_engine.generate([ASK], tools=WEATHER, tool_choice=choice, max_new_tokens=80, temperature=0)
+        assert (r.text, [json.loads(c["function"]["arguments"])["city"] for c in r.tool_calls]) == ("", ["Paris"])
 
 
 def _scripted(eng, monkeypatch, reply: str, per: int = 3):
