@@ -579,3 +579,189 @@ def test_control_characters_of_a_reply_are_shown_not_acted_on_in_a_terminal(tiny
     piped = subprocess.run(args, capture_output=True, env=_env(), cwd=ROOT, timeout=START_S).stdout
     assert any(b < 32 and b not in b"\t\n\r" for b in piped)  # (the tiny model writes control characters)
     assert not any(b < 32 and b not in b"\t\n\r" for b in raw), raw
+
+
+def _repl(eng, script: str, **kw):
+    """A piped chat run in this process: (the ChatRepl, its exit code, stdout, stderr)."""
+    import io
+
+    from edgespec.chat import ChatRepl
+
+    out, err = kw.pop("stdout", None) or io.StringIO(), io.StringIO()
+    repl = ChatRepl(eng, stdin=io.StringIO(script), stdout=out, stderr=err, **kw)
+    code = repl.run()
+    return repl, code, out.getvalue() if isinstance(out, io.StringIO) else "", err.getvalue()
+
+
+def test_lines_and_blocks_at_the_line_limit(tiny_bundle):
+    """(session 81, a mutation test of chat.py's reading) A line of exactly the limit is taken; one far over it (more
+    than the 1 MiB a skip reads at a time) is one error, its rest skipped to its newline; a block's size counts its
+    newlines, and a block over the limit is an error (its message dropped, not sent empty without a word); a block
+    of blank lines sends nothing."""
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    exact, far = "a" * 63 + "b", "y" * (64 + (3 << 20))
+    block = '"""\n' + "0123456789\n" * 6 + '"""\n'  # (60 bytes of text, 66 with its newlines)
+    script = f"{exact}\n{far}\nhello\n{block}" + '"""\n\n   \n"""\n' + "bye\n"
+    repl, code, _, err = _repl(eng, script, options={"max_new_tokens": 2}, line_limit=64)
+    assert code == 1 and _errors(err) == ["error: a line is longer than 64 bytes: skipped up to the next newline",
+                                          "error: a message is longer than 64 bytes: dropped"], err
+    assert [m["content"] for m in repl.session.messages if m["role"] == "user"] == [exact, "hello", "bye"]
+
+
+def test_ctrl_c_in_a_reply_keeps_the_history_alternating(tiny_bundle):
+    """(session 81, a mutation test) Ctrl-C while a reply is written out: the reply is kept as far as it got, once
+    (the stream is closed before the history is looked at; left to the garbage collector, the turn recorded its
+    reply after the repair had added one: user, assistant, assistant, which the template refuses)."""
+    import io
+
+    import edgespec
+
+    class Interrupted(io.StringIO):
+        def write(self, s):
+            if not getattr(self, "done", False) and s.strip():
+                self.done = True
+                super().write(s)
+                raise KeyboardInterrupt
+            return super().write(s)
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    repl, code, _, err = _repl(eng, "hello\nand then?\n", options={"max_new_tokens": 8, "drafter": "none"},
+                               stdout=Interrupted())
+    assert code == 0 and "[stopped]" in err, err
+    assert [m["role"] for m in repl.session.messages] == ["user", "assistant"] * 2, repl.session.messages
+
+
+def test_set_reads_its_words_in_any_case_and_start_keeps_exactly_the_room_it_needs(tiny_bundle):
+    """(session 81, a mutation test) ``/set seed NONE`` and ``/set draft_tokens Auto`` are the words; a system
+    prompt that leaves exactly the reply's room and a one-word question is taken, one token more is refused."""
+    import edgespec
+    from edgespec.errors import ContextOverflowError
+
+    eng = edgespec.load(tiny_bundle, memory=False, max_context=128)
+    _, code, out, err = _repl(eng, "/set seed NONE\n/set draft_tokens Auto\n")
+    assert code == 0 and "seed = None\ndraft_tokens = auto\n" in out, err
+    system = "You are terse."
+    while len(eng.encode([{"role": "system", "content": system}, {"role": "user", "content": "hi"}])) < 80:
+        system += " Be kind."
+    room = 128 - len(eng.encode([{"role": "system", "content": system}, {"role": "user", "content": "hi"}]))
+    assert 8 <= room < 64, room  # (within half the context: the room a turn keeps is its max_new_tokens)
+    _repl(eng, "", system=system, options={"max_new_tokens": room})
+    with pytest.raises(ContextOverflowError, match="each reply keeps"):
+        _repl(eng, "", system=system, options={"max_new_tokens": room + 1})
+
+
+def test_ctrl_c_while_piped_input_is_read_leaves_with_130(tiny_bundle):
+    """(session 81, a mutation test) SIGINT while a piped chat waits for its next line: it leaves quietly with 130,
+    the shell's code for a Ctrl-C, not 0 (success)."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "chat", str(tiny_bundle), "--max-new-tokens", "2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=ROOT)
+    try:
+        proc.stdin.write("hello\n")
+        proc.stdin.flush()
+        proc.stdout.readline()  # (the reply, or its first line: the rest of 2 tokens takes milliseconds)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, proc.stderr.read()[-2000:]
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_the_stats_lines_count_the_prompt_s_new_and_restored_tokens():
+    """(session 81, a mutation test) The line after a reply counts the prompt's tokens prefilled (not the whole
+    prompt), and /stats says how many of the reused ones the prompt cache restored."""
+    from edgespec.chat import report, summary
+    from edgespec.decoder import Stats
+
+    st = Stats(prompt_tokens=40, reused_prompt_tokens=30, restored_prompt_tokens=12, new_tokens=5)
+    assert "(10 new prompt tokens, 30 reused)" in summary(st)
+    assert "prompt: 40 tokens, 30 reused from the cached conversation (12 of them from the prompt cache)" in report(st)
+    assert "prompt cache" not in report(Stats(prompt_tokens=40, reused_prompt_tokens=30))
+
+
+def test_a_failed_save_leaves_no_temporary_file_and_save_load_take_only_what_save_writes(tiny_bundle, tmp_path,
+                                                                                         monkeypatch):
+    """(session 81, a mutation test) A /save whose last step fails removes the file it was writing beside the
+    target; a JSON list of messages with more than a role and a content (an API's export, with names or tool calls)
+    is not what /save writes, so /save will not overwrite it and /load refuses it."""
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    other = tmp_path / "export.json"
+    other.write_text(json.dumps([{"role": "user", "content": "hi", "name": "ann"}]))
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    _, code, _, err = _repl(eng, f"/save {tmp_path / 'c.json'}\n/save {other}\n/load {other}\n")
+    monkeypatch.undo()
+    assert code == 1 and _errors(err) == [
+        f"error: cannot write {tmp_path / 'c.json'}: No space left on device",
+        f"error: {other} exists and is not a conversation /save wrote; give another name",
+        f"error: {other} is not a conversation /save wrote (a JSON list of {{role, content}} messages)"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export.json"]
+
+
+def test_a_load_takes_the_files_system_prompt_for_a_reset_too(tiny_bundle, tmp_path):
+    """(session 81, a mutation test) /load replaces the system prompt with the file's: a /reset after it starts
+    the loaded conversation's system prompt again, not the one the chat began with."""
+    import edgespec
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    saved, after = tmp_path / "c.json", tmp_path / "after.json"
+    saved.write_text(json.dumps([{"role": "system", "content": "Answer in French."},
+                                 {"role": "user", "content": "hi"}, {"role": "assistant", "content": "salut"}]))
+    _, code, _, err = _repl(eng, f"/load {saved}\n/reset\n/save {after}\n", system="Answer in English.")
+    assert code == 0, err
+    assert json.loads(after.read_text()) == [{"role": "system", "content": "Answer in French."}]
+
+
+def test_ctrl_c_inside_a_block_drops_its_message_and_the_chat_goes_on(tiny_bundle):
+    """(session 81, a mutation test) Ctrl-C while a block of lines is typed drops that block, says so, and the chat
+    reads on."""
+    import io
+
+    import edgespec
+
+    class Keys(io.StringIO):
+        def readline(self, *a):
+            line = super().readline(*a)
+            if line == "CTRL-C\n":
+                raise KeyboardInterrupt
+            return line
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    from edgespec.chat import ChatRepl
+
+    err = io.StringIO()
+    repl = ChatRepl(eng, options={"max_new_tokens": 2}, stdin=Keys('"""\nhalf a\nCTRL-C\nhello\n'),
+                    stdout=io.StringIO(), stderr=err)
+    assert repl.run() == 0 and err.getvalue() == "[message dropped]\n", err.getvalue()
+    assert [m["content"] for m in repl.session.messages if m["role"] == "user"] == ["hello"]
+
+
+def test_a_reply_s_control_characters_are_shown_in_a_terminal_chat(tiny_bundle):
+    """(session 81, a mutation test: `generate` in a terminal was tested, the chat's own output was not) Where the
+    chat writes to a terminal, a reply's ESC is shown as ^[; piped, it is as the model wrote it."""
+    import io
+
+    import edgespec
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    esc = eng.tokenizer.encode("\x1b", add_special=False)
+    assert len(esc) == 1
+    opts = {"max_new_tokens": 2, "logit_bias": {esc[0]: 100.0}, "drafter": "none"}
+    _, _, shown, _ = _repl(eng, "hello\n", options=opts, stdout=Tty())
+    _, _, raw, _ = _repl(eng, "hello\n", options=opts)
+    assert (shown, raw) == ("^[^[\n", "\x1b\x1b\n")
