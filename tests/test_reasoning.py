@@ -294,19 +294,24 @@ def test_a_thinking_agent_s_call_is_read_from_its_answer(think_engine, think_bun
         _stop(proc, tmp_path / "server.log")
 
 
+def _script(eng, monkeypatch, reply: str) -> None:
+    """``eng``'s decoder replaced by one that writes ``reply`` a token a round (its target kept: the prompt fitted to
+    its context)."""
+    from test_logprobs import _scripted
+
+    target = eng.decoder.target
+    _scripted(eng, monkeypatch, [[t] for t in eng.tokenizer.encode(reply, add_special=False)])
+    eng.decoder.target = target
+
+
 def test_one_call_asked_for_is_read_from_the_answer_when_the_thinking_names_its_end_tag(think_engine, monkeypatch):
     """(session 46, a review) parallel_tool_calls false ended the reply at the first </tool_call>, which a thinking
     model may write while it thinks: the reply stopped mid-thought, with no call. The thinking keeps the tag now,
     and the answer's first call is the one call."""
-    from test_logprobs import _scripted
-
     reply = ('<think>\nA </tool_call> is how a call ends.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
              '"arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": '
              '{"city": "Rome"}}\n</tool_call>')
-    ids = think_engine.tokenizer.encode(reply, add_special=False)
-    target = think_engine.decoder.target
-    _scripted(think_engine, monkeypatch, [[t] for t in ids])
-    think_engine.decoder.target = target  # (the prompt fitted to its context)
+    _script(think_engine, monkeypatch, reply)
     both = think_engine.generate([ASK], tools=WEATHER)
     one = think_engine.generate([ASK], tools=WEATHER, parallel_tool_calls=False)
     assert [json.loads(c["function"]["arguments"])["city"] for c in both.tool_calls] == ["Paris", "Rome"]
@@ -317,15 +322,10 @@ def test_one_call_asked_for_is_read_from_the_answer_when_the_thinking_names_its_
 def test_a_call_written_inside_the_thinking_is_thought_not_a_call(think_engine, monkeypatch):
     """(session 81, a mutation test: the calls were read from the whole reply, its thinking too) A whole call block
     the model writes while it thinks stays in the thinking: the reply's calls are its answer's."""
-    from test_logprobs import _scripted
-
     reply = ('<think>\nMaybe <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call> '
              'first.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
              '</tool_call>')
-    ids = think_engine.tokenizer.encode(reply, add_special=False)
-    target = think_engine.decoder.target
-    _scripted(think_engine, monkeypatch, [[t] for t in ids])
-    think_engine.decoder.target = target  # (the prompt fitted to its context)
+    _script(think_engine, monkeypatch, reply)
     r = think_engine.generate([ASK], tools=WEATHER)
     assert [json.loads(c["function"]["arguments"])["city"] for c in r.tool_calls] == ["Paris"], r.text
     assert '"city": "Oslo"' in split_reasoning(r.text)[0]
