@@ -2,6 +2,7 @@
 Ctrl-D; and with piped input. Every wait is bounded."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -581,14 +582,23 @@ def test_control_characters_of_a_reply_are_shown_not_acted_on_in_a_terminal(tiny
     assert not any(b < 32 and b not in b"\t\n\r" for b in raw), raw
 
 
-def _repl(eng, script: str, **kw):
-    """A piped chat run in this process: (the ChatRepl, its exit code, stdout, stderr)."""
-    import io
+class _Keys(io.StringIO):
+    """Piped input in which a line ``CTRL-C`` is a Ctrl-C at that read."""
 
+    def readline(self, *a):
+        line = super().readline(*a)
+        if line == "CTRL-C\n":
+            raise KeyboardInterrupt
+        return line
+
+
+def _repl(eng, script: str, **kw):
+    """A piped chat run in this process (``script`` its input, a line ``CTRL-C`` a Ctrl-C): (the ChatRepl, its exit
+    code, stdout, stderr)."""
     from edgespec.chat import ChatRepl
 
     out, err = kw.pop("stdout", None) or io.StringIO(), io.StringIO()
-    repl = ChatRepl(eng, stdin=io.StringIO(script), stdout=out, stderr=err, **kw)
+    repl = ChatRepl(eng, stdin=_Keys(script), stdout=out, stderr=err, **kw)
     code = repl.run()
     return repl, code, out.getvalue() if isinstance(out, io.StringIO) else "", err.getvalue()
 
@@ -614,8 +624,6 @@ def test_ctrl_c_in_a_reply_keeps_the_history_alternating(tiny_bundle):
     """(session 81, a mutation test) Ctrl-C while a reply is written out: the reply is kept as far as it got, once
     (the stream is closed before the history is looked at; left to the garbage collector, the turn recorded its
     reply after the repair had added one: user, assistant, assistant, which the template refuses)."""
-    import io
-
     import edgespec
 
     class Interrupted(io.StringIO):
@@ -642,10 +650,14 @@ def test_set_reads_its_words_in_any_case_and_start_keeps_exactly_the_room_it_nee
     eng = edgespec.load(tiny_bundle, memory=False, max_context=128)
     _, code, out, err = _repl(eng, "/set seed NONE\n/set draft_tokens Auto\n")
     assert code == 0 and "seed = None\ndraft_tokens = auto\n" in out, err
+
+    def start(system):  # (the tokens of the system prompt and a one-word question: what the start checks)
+        return len(eng.encode([{"role": "system", "content": system}, {"role": "user", "content": "hi"}]))
+
     system = "You are terse."
-    while len(eng.encode([{"role": "system", "content": system}, {"role": "user", "content": "hi"}])) < 80:
+    while start(system) < 80:
         system += " Be kind."
-    room = 128 - len(eng.encode([{"role": "system", "content": system}, {"role": "user", "content": "hi"}]))
+    room = 128 - start(system)
     assert 8 <= room < 64, room  # (within half the context: the room a turn keeps is its max_new_tokens)
     _repl(eng, "", system=system, options={"max_new_tokens": room})
     with pytest.raises(ContextOverflowError, match="each reply keeps"):
@@ -657,24 +669,11 @@ def test_ctrl_c_while_piped_input_is_read_leaves_with_130(tiny_bundle):
     the shell's code for a Ctrl-C, not 0 (success), and reads no further. (The KeyboardInterrupt is raised by the
     input here: a real SIGINT may be taken by another of the process's threads while the main one blocks in read(),
     which a fresh clone's run showed once; docs/bench/mutation_s81.md.)"""
-    import io
-
     import edgespec
 
-    class Keys(io.StringIO):
-        def readline(self, *a):
-            line = super().readline(*a)
-            if line == "CTRL-C\n":
-                raise KeyboardInterrupt
-            return line
-
     eng = edgespec.load(tiny_bundle, memory=False)
-    from edgespec.chat import ChatRepl
-
-    err = io.StringIO()
-    repl = ChatRepl(eng, options={"max_new_tokens": 2}, stdin=Keys("hello\nCTRL-C\nbye\n"), stdout=io.StringIO(),
-                    stderr=err)
-    assert repl.run() == 130 and err.getvalue() == "", err.getvalue()
+    repl, code, _, err = _repl(eng, "hello\nCTRL-C\nbye\n", options={"max_new_tokens": 2})
+    assert code == 130 and err == "", err
     assert [m["content"] for m in repl.session.messages if m["role"] == "user"] == ["hello"]
 
 
@@ -731,32 +730,17 @@ def test_a_load_takes_the_files_system_prompt_for_a_reset_too(tiny_bundle, tmp_p
 def test_ctrl_c_inside_a_block_drops_its_message_and_the_chat_goes_on(tiny_bundle):
     """(session 81, a mutation test) Ctrl-C while a block of lines is typed drops that block, says so, and the chat
     reads on."""
-    import io
-
     import edgespec
 
-    class Keys(io.StringIO):
-        def readline(self, *a):
-            line = super().readline(*a)
-            if line == "CTRL-C\n":
-                raise KeyboardInterrupt
-            return line
-
     eng = edgespec.load(tiny_bundle, memory=False)
-    from edgespec.chat import ChatRepl
-
-    err = io.StringIO()
-    repl = ChatRepl(eng, options={"max_new_tokens": 2}, stdin=Keys('"""\nhalf a\nCTRL-C\nhello\n'),
-                    stdout=io.StringIO(), stderr=err)
-    assert repl.run() == 0 and err.getvalue() == "[message dropped]\n", err.getvalue()
+    repl, code, _, err = _repl(eng, '"""\nhalf a\nCTRL-C\nhello\n', options={"max_new_tokens": 2})
+    assert code == 0 and err == "[message dropped]\n", err
     assert [m["content"] for m in repl.session.messages if m["role"] == "user"] == ["hello"]
 
 
 def test_a_reply_s_control_characters_are_shown_in_a_terminal_chat(tiny_bundle):
     """(session 81, a mutation test: `generate` in a terminal was tested, the chat's own output was not) Where the
     chat writes to a terminal, a reply's ESC is shown as ^[; piped, it is as the model wrote it."""
-    import io
-
     import edgespec
 
     class Tty(io.StringIO):

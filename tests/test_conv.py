@@ -29,6 +29,15 @@ def lfm2(tmp_path_factory):
     return {"pair": pair, "fp32": fp32, "target": target, "root": root}
 
 
+def _states(conv) -> list[np.ndarray]:
+    """Each conv layer's state buffer (a copy)."""
+    return [cl.past.copy() for cl in conv.layers]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 def _plain_and(eng, prompt, drafters, tokens=48, **kw):
     ar = eng.generate(prompt, max_new_tokens=tokens, drafter="none", ignore_eos=True, **kw)
     for d in drafters:
@@ -294,17 +303,17 @@ def test_a_snapshot_restores_every_position_it_covers(lfm2, monkeypatch, new):
     want = {}
     for p in range(snap.end, snap.start - 1, -1):
         rc.seek(p)
-        want[p] = [cl.past.copy() for cl in rc.layers]
+        want[p] = _states(rc)
     other = "alpha beta gamma delta epsilon zeta"
     eng.generate(other, max_new_tokens=8, drafter="none", ignore_eos=True)
     for p in range(snap.start, snap.end + 1):
         conv.restore(snap, p)
-        assert conv.pos == p and all(np.array_equal(cl.past, w) for cl, w in zip(conv.layers, want[p])), p
+        assert conv.pos == p and _same(_states(conv), want[p]), p
     eng.generate(other, max_new_tokens=8, drafter="none", ignore_eos=True)
     conv.restore(snap, snap.end)
     for p in range(snap.end, snap.start - 1, -1):
         conv.seek(p)
-        assert all(np.array_equal(cl.past, w) for cl, w in zip(conv.layers, want[p])), ("seek back", p)
+        assert _same(_states(conv), want[p]), ("seek back", p)
     with pytest.raises(ValueError, match="cannot restore position"):
         conv.restore(snap, snap.start - 1)
 
@@ -350,12 +359,11 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     lm.forward(ids[10:16])
     lm.rewind(4)
     lm.cache.conv.seek(12)  # (what the next call does first: every layer's state set to position 12's)
-    rolled = [cl.past.copy() for cl in lm.cache.conv.layers]
+    rolled = _states(lm.cache.conv)
     lm.reset()
     lm.prefill(ids[:10])
     lm.forward(ids[10:12])
-    straight = [cl.past.copy() for cl in lm.cache.conv.layers]
-    assert len(rolled) == 2 and all(np.array_equal(a, b) for a, b in zip(rolled, straight))
+    assert len(rolled) == 2 and _same(rolled, _states(lm.cache.conv))
     # (a review: each layer checked here, the last one too, whose error no later layer would show)
     # a rollback across two calls forgets the later call's positions (session 72, a mutation test: kept, a later
     # prompt sharing the new tokens up to one of them would have read the old tokens' states there)
@@ -367,14 +375,6 @@ def test_the_state_after_a_rollback_is_the_one_a_shorter_call_writes(lfm2):
     lm.cache.conv.seek(11)
     assert lm.cache.conv.reachable(11) and lm.cache.conv.reachable(10)
     assert not any(lm.cache.conv.reachable(p) for p in range(12, 17))
-
-
-def _states(conv) -> list[np.ndarray]:
-    return [cl.past.copy() for cl in conv.layers]
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def test_a_snapshot_covers_the_last_kept_positions_and_owns_its_bytes(lfm2, monkeypatch):
@@ -393,7 +393,8 @@ def test_a_snapshot_covers_the_last_kept_positions_and_owns_its_bytes(lfm2, monk
     eng.generate(PROMPT, max_new_tokens=16, drafter="none", ignore_eos=True)
     p, n = conv.pos, lm.length  # (the last token's call ran: the cache holds one position less)
     assert conv.snapshot(p + 1) is None
-    assert (conv.snapshot(p).start, conv.snapshot(p).end) == (p - 6, p)
+    whole = conv.snapshot(p)
+    assert (whole.start, whole.end) == (p - 6, p)
     snap = conv.snapshot(n)
     assert (snap.start, snap.end) == (p - 6, n)
     assert snap.nbytes == sum(4 * cl.channels * (cl.past.shape[2] + n - p + 6) for cl in conv.layers)
