@@ -26,6 +26,7 @@ import threading
 import numpy as np
 
 from .errors import ConfigError, EdgespecError, big_integer
+from .lm import native_work
 from .tools import NAME
 
 _MAX_SCHEMA = 1 << 20  # characters of a schema's JSON
@@ -123,7 +124,11 @@ def _compiled(grammar: str, llg) -> tuple[str, str]:
 
 def _deep(fn):
     """``fn()`` on a thread with a ``_COMPILE_STACK`` stack (llguidance's recursive compile of a schema), its
-    exception raised here; on this thread where no such thread can be started."""
+    exception raised here; on this thread where no such thread can be started. The compile releases the GIL: it is
+    native work the exit waits for (lm.native_work), listed by this thread while it waits for the compile's; the
+    compile's thread, wanting the GIL back once the interpreter's finalization had begun, was ended by CPython with
+    pthread_exit, whose unwinding through llguidance's Rust frames crashed the process (SIGSEGV, session 82: an
+    app's daemon thread starting a structured reply as the app exited; CI met it 1 run in ~25)."""
     out: dict = {}
 
     def run():
@@ -132,17 +137,18 @@ def _deep(fn):
         except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
             out["error"] = e
 
-    try:
-        with _stack_lock:  # (the size is the process's for the threads started next: set and put back at once)
-            old = threading.stack_size(_COMPILE_STACK)
-            try:
-                t = threading.Thread(target=run, name="edgespec-grammar", daemon=True)
-                t.start()
-            finally:
-                threading.stack_size(old)
-    except (ValueError, RuntimeError):  # (a platform without the setting, or no thread to be had)
-        return fn()
-    t.join()
+    with native_work(run):
+        try:
+            with _stack_lock:  # (the size is the process's for the threads started next: set and put back at once)
+                old = threading.stack_size(_COMPILE_STACK)
+                try:
+                    t = threading.Thread(target=run, name="edgespec-grammar", daemon=True)
+                    t.start()
+                finally:
+                    threading.stack_size(old)
+        except (ValueError, RuntimeError):  # (a platform without the setting, or no thread to be had)
+            return fn()
+        t.join()
     if "error" in out:
         raise out["error"]
     return out["value"]
@@ -228,6 +234,12 @@ class Grammars:
         self._lock = threading.Lock()
 
     def constraint(self, grammar: str) -> "Constraint":
+        """The constraint of one generation (its grammar compiled, checked, and its first mask computed: llguidance's
+        native work, the GIL released, which the exit waits for as for a model call, see ``_deep``)."""
+        with native_work(self):
+            return self._constraint(grammar)
+
+    def _constraint(self, grammar: str) -> "Constraint":
         llg = _llguidance()
         with self._lock:
             if self._tok is None:

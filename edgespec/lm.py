@@ -51,8 +51,12 @@ def native_work(owner):
     _RUNNING.add(owner)  # (listed first, then the flag read: the exit sees this work, or this work sees the exit)
     mine.append(owner)
     try:
-        if _EXITING:  # (a daemon thread, at exit: parked, the GIL released, until the process ends; raising here
-            for o in mine:  # printed its traceback at every such exit)
+        # (a daemon thread, at exit: parked, the GIL released, until the process ends; raising here printed its
+        # traceback at every such exit. The main thread runs the exit itself, no finalization ends it: an atexit
+        # function that generates (one registered before edgespec's import runs after edgespec's) was parked for
+        # ever, the process hung)
+        if _EXITING and threading.current_thread() is not threading.main_thread():
+            for o in mine:
                 _RUNNING.discard(o)
             threading.Event().wait()
         yield

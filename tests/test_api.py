@@ -753,6 +753,62 @@ print("exiting", flush=True)
     assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, r.stderr[-2000:]
 
 
+def test_exit_while_a_daemon_thread_compiles_a_reply_s_grammar_is_clean(smol_int4):
+    """(session 82, CI: the test above crashed 1 run in ~25 with SIGSEGV) A generation's grammar compiles before its
+    first step, on a thread of its own (constrain._deep), llguidance's Rust with the GIL released, and the exit did
+    not wait for it: the compile's thread, ending inside the interpreter's finalization, was ended with pthread_exit
+    through llguidance's frames (a core dump's stack). Here the exit begins as a compile starts (llguidance's
+    matcher watched, a ~40 ms schema), and the finalization is made long, so a compile left running ends inside it."""
+    code = """
+import sys, threading, time
+import edgespec, llguidance
+e = edgespec.load(sys.argv[1], memory=False)
+props = {f"p{i}": {"type": "string", "pattern": "[a-z]{1,%d}x[0-9]{2,9}" % (i % 30 + 1)} for i in range(1000)}
+rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": props,
+                                                                     "required": list(props)}}}
+real, armed, compiling = llguidance.LLMatcher, threading.Event(), threading.Event()
+class Watched:  # llguidance's matcher as it is, its start told
+    def __getattr__(self, k):
+        return getattr(real, k)
+    def __call__(self, *a, **kw):
+        if armed.is_set():
+            compiling.set()
+        return real(*a, **kw)
+llguidance.LLMatcher = Watched()
+class Slow:  # (cleared with __main__'s globals, inside the finalization)
+    def __del__(self):
+        time.sleep(1.0)
+slow = Slow()
+def worker():
+    while True:
+        for _ in e.stream("Once upon a time", max_new_tokens=1, response_format=rf):
+            armed.set()
+threading.Thread(target=worker, daemon=True).start()
+assert compiling.wait(60)
+print("exiting", flush=True)
+"""
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "exiting" in r.stdout, (r.returncode, r.stderr[-2000:])
+
+
+def test_an_atexit_function_that_generates_runs_its_generation(tiny_bundle):
+    """(session 82) At exit no native work starts on a daemon thread (it is parked until the process ends, see the
+    tests above), but the main thread runs the exit itself: an atexit function that generates (registered before
+    the engine's load, so it runs after edgespec's own) was parked, and the process hung."""
+    code = """
+import atexit, sys
+import edgespec
+def last():
+    r = e.generate("hello", max_new_tokens=3, ignore_eos=True)
+    print("generated", len(r.token_ids), flush=True)
+atexit.register(last)
+e = edgespec.load(sys.argv[1], memory=False)
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(tiny_bundle)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "generated 3" in r.stdout, (r.returncode, r.stderr[-2000:])
+
+
 def test_a_child_forked_by_a_stream_s_owner_while_another_thread_steps_it_is_closed(tiny_bundle, monkeypatch):
     """(session 48, the second diff review) The forking thread had read the stream (an owner), another thread was in
     its step: the child kept an engine it could neither use nor close (BusyError on both)."""
