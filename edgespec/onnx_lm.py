@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import BundleError, ConfigError, ContextOverflowError, EdgespecError, ProviderError
 from .kv import KVCache
-from .lm import CausalLM
+from .lm import CausalLM, native_work
 from .manifest import ModelSpec
 from .providers import GPU_PROVIDERS, ProviderChoice, log
 from .placement import open_on_gpu, warn_if_no_skip, warn_if_slow
@@ -345,10 +345,14 @@ def open_session(path, providers: ProviderChoice, *, threads: int = 0, session_o
         return so
 
     def attempt(provs):
-        if providers.primary in GPU_PROVIDERS:
-            return open_on_gpu(path, options, provs, role, allow_fallback=allow_cpu_fallback)
-        return ort.InferenceSession(str(path), options(), providers=[p for p, _ in provs],
-                                    provider_options=[o for _, o in provs])
+        # (onnxruntime builds a session with the GIL released: native work the exit waits for, lm.native_work; a
+        # daemon thread loading an engine as the app exited was ended inside it, "terminate called without an active
+        # exception", SIGABRT: session 82)
+        with native_work(attempt):
+            if providers.primary in GPU_PROVIDERS:
+                return open_on_gpu(path, options, provs, role, allow_fallback=allow_cpu_fallback)
+            return ort.InferenceSession(str(path), options(), providers=[p for p, _ in provs],
+                                        provider_options=[o for _, o in provs])
 
     try:
         try:

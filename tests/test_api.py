@@ -792,6 +792,39 @@ print("exiting", flush=True)
         assert r.returncode == 0 and "exiting" in r.stdout, (r.returncode, r.stderr[-2000:])
 
 
+def test_exit_while_a_daemon_thread_loads_an_engine_is_clean(smol_int4):
+    """(session 82) onnxruntime builds a session with the GIL released, and the exit did not wait for it: a daemon
+    thread loading an engine as the app exited was ended inside the build ("terminate called without an active
+    exception", SIGABRT; 1 exit in ~18 at a random time). Here the exit begins as a session's build starts, and the
+    finalization is made long, so a build left running ends inside it."""
+    code = """
+import sys, threading, time
+import edgespec, onnxruntime
+armed, building = threading.Event(), threading.Event()
+class Watched(onnxruntime.InferenceSession):  # onnxruntime's session as it is, its build's start told
+    def __init__(self, *a, **kw):
+        if armed.is_set():
+            building.set()
+        super().__init__(*a, **kw)
+onnxruntime.InferenceSession = Watched
+class Slow:  # (cleared with __main__'s globals, inside the finalization)
+    def __del__(self):
+        time.sleep(1.5)
+slow = Slow()
+def worker():
+    while True:
+        edgespec.load(sys.argv[1], memory=False).close()
+        armed.set()
+threading.Thread(target=worker, daemon=True).start()
+assert building.wait(120)
+print("exiting", flush=True)
+"""
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, (
+            r.returncode, r.stderr[-2000:])
+
+
 def test_an_atexit_function_that_generates_runs_its_generation(tiny_bundle):
     """(session 82) At exit no native work starts on a daemon thread (it is parked until the process ends, see the
     tests above), but the main thread runs the exit itself: an atexit function that generates (registered before
