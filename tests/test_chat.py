@@ -667,14 +667,38 @@ def test_set_reads_its_words_in_any_case_and_start_keeps_exactly_the_room_it_nee
 def test_ctrl_c_while_piped_input_is_read_leaves_with_130(tiny_bundle):
     """(session 81, a mutation test) Ctrl-C while a piped chat waits for its next line: it leaves quietly with 130,
     the shell's code for a Ctrl-C, not 0 (success), and reads no further. (The KeyboardInterrupt is raised by the
-    input here: a real SIGINT may be taken by another of the process's threads while the main one blocks in read(),
-    which a fresh clone's run showed once; docs/bench/mutation_s81.md.)"""
+    input here; the next test sends a real SIGINT.)"""
     import edgespec
 
     eng = edgespec.load(tiny_bundle, memory=False)
     repl, code, _, err = _repl(eng, "hello\nCTRL-C\nbye\n", options={"max_new_tokens": 2})
     assert code == 130 and err == "", err
     assert [m["content"] for m in repl.session.messages if m["role"] == "user"] == ["hello"]
+
+
+def test_a_real_sigint_to_a_piped_chat_waiting_for_a_line_leaves_with_130(tiny_bundle):
+    """(session 82) The process's SIGINT, its reply printed, while it blocks reading the pipe: exit 130 at once. A
+    fresh clone's run saw such a chat hang once (session 81): its suite ran as a background job (`cmd &`), whose
+    children start with SIGINT ignored, as a shell's background job should, and Python then installs no Ctrl-C
+    handler; the child here starts with SIGINT's default, as a command typed at a terminal."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "chat", str(tiny_bundle), "--max-new-tokens", "2"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        p.stdin.write(b"hello\n")
+        p.stdin.flush()
+        ready, _, _ = select.select([p.stdout], [], [], START_S)
+        assert ready and p.stdout.readline().endswith(b"\n")  # the reply, then the next read
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        code = p.wait(timeout=30)
+        err = p.stderr.read().decode()
+    finally:
+        p.kill()
+        p.wait()
+    assert code == 130 and "Traceback" not in err, (code, err[-2000:])
 
 
 def test_the_stats_lines_count_the_prompt_s_new_and_restored_tokens():
