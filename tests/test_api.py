@@ -987,6 +987,7 @@ def test_bad_arguments_everywhere_in_the_api_are_typed_and_change_nothing(engine
     calls = [lambda: edgespec.load(tiny_bundle, max_ctx=64), lambda: engine.chat(sytem="x"),
              lambda: engine.score("hi", top_logprobs=2), lambda: engine.encode("x", True, False, None, None, 1, 2),
              lambda: engine.chat(system=5), lambda: edgespec.split_reasoning(None),
+             lambda: edgespec.split_reasoning("<think>a</think>b", inside=1),  # (session 82, a mutation test)
              lambda: engine.chat().stream("hi", stop=5), lambda: engine.chat().stream("hi", prediction=[5] * 300),
              lambda: engine.generate("hi", stop_token_ids=[-1]), lambda: engine.score("hi", logprobs=huge),
              lambda: engine.stream_ids([huge]), lambda: edgespec.load(tiny_bundle, threads=huge),

@@ -11,7 +11,7 @@ import pytest
 
 import edgespec
 from edgespec.errors import ConfigError
-from edgespec.reasoning import ReasoningSplitter, split_reasoning, starts_inside
+from edgespec.reasoning import ReasoningSplitter, answer_start, split_reasoning, starts_inside
 from tiny import ASK, HELLO, WEATHER, WHY, WHY_SHORT
 
 CASES = [  # (reply, starts inside, (reasoning, content))
@@ -218,7 +218,7 @@ def test_the_server_gives_the_thinking_apart(think_bundle, tmp_path):
 
 
 def test_tags_a_decoder_leaves_out_are_no_tags_and_answers_start_after_the_block():
-    from edgespec.reasoning import answer_start, think_tags
+    from edgespec.reasoning import think_tags
 
     class Tok:
         def __init__(self, special):
@@ -234,6 +234,8 @@ def test_tags_a_decoder_leaves_out_are_no_tags_and_answers_start_after_the_block
     assert answer_start("<think>a</think>\\nB") == len("<think>a</think>")
     assert answer_start("B <think>") == 0 and answer_start("a</think>B", inside=True) == len("a</think>")
     assert answer_start("<think>cut") == len("<think>cut")
+    # (session 82, a mutation test: white space before the reply's <think> read as no block, the answer at 0)
+    assert answer_start("\n <think>a</think>B") == len("\n <think>a</think>")
 
 
 def test_a_chat_session_keeps_the_answer_and_kwargs_hold_no_special_text(think_engine):
@@ -499,6 +501,9 @@ def test_the_streamed_split_is_the_whole_texts_for_any_text_and_any_pieces():
         for inside in (False, True):
             want = _split_by_definition(text, inside)
             assert split_reasoning(text, inside) == want, (text, inside)
+            # where a tools reply's answer is read from (api.py): past the block's end, or 0 where there is none
+            cut = answer_start(text, inside)
+            assert (text[cut:].lstrip() if want[0] is not None else text[cut:]) == want[1], (text, inside, cut)
             for step in (lambda: 1, lambda: rng.randint(1, 6)):
                 sp, parts, i = ReasoningSplitter(inside), {"reasoning": [], "content": []}, 0
                 while i < len(text):
