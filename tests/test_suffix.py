@@ -45,6 +45,33 @@ def test_live_index_and_table_agree_on_the_longest_match():
         keys = context_keys(s[: int(rng.integers(1, 200))].tolist())
         a, b = table.best(keys), live.best(keys)
         assert a[0] == b[0] and a[2] == b[2]  # same order, same top count (ties may pick another token)
+        # ... and with a shortest order asked for (session 82, a mutation test: the table's order counted from 1,
+        # not from min_order, which the suffix drafter asks for when only a longer match can win)
+        mo = int(rng.integers(1, 10))
+        a, b = table.best(keys, mo), live.best(keys, mo)
+        assert (a is None) == (b is None) and (a is None or (a[0] >= mo and a[0] == b[0] and a[2] == b[2]))
+
+
+def test_a_two_token_sequence_counts_its_one_pair_and_the_indexes_say_their_size():
+    """(session 82, a mutation test) The shortest sequence a store keeps (two tokens) holds one (context, next) pair;
+    the table's bytes are its keys' and counts' (12 a pair), and the live index's rough size is within 2x of what
+    Python allocates for it (tracemalloc), the figure the drafter's statistics report."""
+    import tracemalloc
+
+    table = NgramTable()
+    table.add([np.array([5, 6]), np.array([7])])
+    assert len(table) == 1 and table.best(context_keys([5])) == (1, 6, 1) and table.nbytes == 12
+    rng = np.random.default_rng(82)
+    for vocab in (30, 5000):
+        toks = rng.integers(0, vocab, size=5000).tolist()
+        tracemalloc.start()
+        try:
+            live = LiveIndex()
+            live.extend(toks)
+            used = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert 0.5 < live.nbytes / used < 2, (vocab, live.nbytes, used)
 
 
 def test_most_frequent_continuation_of_the_longest_match():
