@@ -221,6 +221,36 @@ def test_two_stores_on_one_file_merge_and_a_clear_is_not_undone(tiny_bundle, tmp
     assert len(read_store(p, fp, None)) == 1
 
 
+def test_a_merge_keeps_every_new_sequence_the_cap_kept_and_an_unreadable_file_keeps_the_older_ones(tmp_path):
+    """(session 82, a mutation test) A save merging another process's file takes this store's new sequences that
+    its cap kept, all of them, where more were added than kept (the count of those added went past the deque's
+    length: the slice began from the end). A file that no longer reads as a store (another program wrote over it)
+    is replaced by this store's view: the sequences it had loaded, then its new ones (not the new ones alone).
+    And a store just loaded has nothing to save: a drafter's save at close leaves the file as it is."""
+    from edgespec.memory import read_store
+
+    path = tmp_path / "store.npz"
+    a, b = MemoryStore(path, "fp", 100, cap_tokens=9), MemoryStore(path, "fp", 100, cap_tokens=9)
+    a.save()  # (a has read the file as it was: empty)
+    for seq in ([1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12], [13, 14, 15]):
+        a.add(seq)  # five added, the cap keeps three
+    b.add([20, 21])
+    b.save()  # another process's write
+    a.save()
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[7, 8, 9], [10, 11, 12], [13, 14, 15]]
+    # an unreadable file: this store's view, its older sequences kept
+    c = MemoryStore(path, "fp", 100, cap_tokens=9)
+    c.load()
+    assert not c.dirty
+    stamp = path.stat().st_mtime_ns
+    SuffixDrafter(memory=c).flush()  # nothing new: not written
+    assert path.stat().st_mtime_ns == stamp
+    c.add([30, 31])
+    path.write_bytes(b"not a zip file, longer than before")
+    c.save()
+    assert [s.tolist() for s in read_store(path, "fp", 100)] == [[10, 11, 12], [13, 14, 15], [30, 31]]
+
+
 def test_memory_clear_all_reaches_a_store_from_before_a_rewrite(tiny_bundle, copy_bundle, tmp_path, monkeypatch):
     """(session 64, a review) A bundle's store is named by its target's files' hashes: once the bundle was rewritten
     (exact-kernels, drafter-vocab, export --force), `memory show` said "empty" and `memory clear` deleted nothing,
