@@ -221,12 +221,14 @@ def test_two_stores_on_one_file_merge_and_a_clear_is_not_undone(tiny_bundle, tmp
     assert len(read_store(p, fp, None)) == 1
 
 
-def test_a_merge_keeps_every_new_sequence_the_cap_kept_and_an_unreadable_file_keeps_the_older_ones(tmp_path):
+def test_a_merge_keeps_every_new_sequence_the_cap_kept_and_an_unreadable_file_keeps_the_older_ones(tmp_path,
+                                                                                                   monkeypatch):
     """(session 82, a mutation test) A save merging another process's file takes this store's new sequences that
     its cap kept, all of them, where more were added than kept (the count of those added went past the deque's
     length: the slice began from the end). A file that no longer reads as a store (another program wrote over it)
     is replaced by this store's view: the sequences it had loaded, then its new ones (not the new ones alone).
-    And a store just loaded has nothing to save: a drafter's save at close leaves the file as it is."""
+    And a store just loaded has nothing to save: a drafter's save at close leaves the file as it is; one whose merged
+    write failed still has (the next save writes it)."""
     from edgespec.memory import read_store
 
     path = tmp_path / "store.npz"
@@ -249,6 +251,20 @@ def test_a_merge_keeps_every_new_sequence_the_cap_kept_and_an_unreadable_file_ke
     path.write_bytes(b"not a zip file, longer than before")
     c.save()
     assert [s.tolist() for s in read_store(path, "fp", 100)] == [[10, 11, 12], [13, 14, 15], [30, 31]]
+    # a merge whose write fails (a full disk) leaves the store to be saved: the drafter's next save writes it
+    b.add([40, 41])
+    b.save()  # (the file changed since c wrote it: c's next save merges)
+    c.add([50, 51])
+
+    def full(f, **arrays):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "savez", full)
+        with pytest.raises(OSError):
+            c.save()
+    SuffixDrafter(memory=c).flush()
+    assert [s.tolist() for s in read_store(path, "fp", 100)][-2:] == [[40, 41], [50, 51]]
 
 
 def test_memory_clear_all_reaches_a_store_from_before_a_rewrite(tiny_bundle, copy_bundle, tmp_path, monkeypatch):
