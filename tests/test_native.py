@@ -1830,6 +1830,14 @@ def test_a_prefill_computes_only_its_last_positions_logits_with_the_same_numbers
             run([1, 2], part.length, skip=2)
         with pytest.raises(ValueError, match="first must be"):
             part.forward_from([1, 2], 2)
+        # (session 82, a mutation test) under a width policy the lm_head's rows are a width the policy allows: a
+        # chunk's last position comes from rows of its narrowest width, whatever the chunk's
+        wide = OnnxLM(spec, 64, choose(["cpu"]), min_width=4)
+        wide.prefill_chunk = 8
+        seen.clear()
+        run4 = wide._run
+        wide._run = lambda i, p, *a, **kw: seen.append((len(i), kw.get("skip", 0))) or run4(i, p, *a, **kw)
+        assert np.array_equal(wide.prefill(ids), every[-1]) and seen == [(8, 4), (8, 4), (5, 1)]
 
     from dataclasses import replace
 

@@ -103,6 +103,11 @@ def test_forward_past_context_is_typed_error(tiny_bundle):
     lm.forward(list(range(3, 15)))
     with pytest.raises(edgespec.ContextOverflowError):
         lm.forward([3, 4, 5, 6, 7])
+    # (session 82, a mutation test) a call of no token is refused before it runs, and changes nothing
+    for call in (lambda: lm.forward([]), lambda: lm.forward_argmax([]), lambda: lm.prefill([])):
+        with pytest.raises(ValueError, match="at least one token"):
+            call()
+    assert lm.length == 12 and lm.tokens == list(range(3, 15))
 
 
 def _hf_greedy(model, ids, n, eos):
