@@ -2771,6 +2771,7 @@ def test_the_width_policy_pads_the_calls_at_the_context_end_too():
     t = FakeLM(6, 3, min_width=4)
     assert t.forward([1]).shape[0] == 1 and t.last_width == 3 and t.length == 1
     assert t.forward([2, 3]).shape[0] == 2 and t.last_width == 3 and t.length == 3  # (1 back)
+    assert t.tokens_run == 6  # (what the calls computed, the pad and the position computed again included)
     for seed in range(40):
         ctx = 5 + seed % 3
         ref = run(_ended(seed, ctx, 6, (), min_width=4, noisy_below=4), [1], max_new_tokens=50, drafter="none")
