@@ -753,43 +753,58 @@ print("exiting", flush=True)
     assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, r.stderr[-2000:]
 
 
+# The exit begins as a daemon thread's native work starts (``started``, set by a watched library call once ``armed``),
+# and a ``__del__`` cleared with __main__'s globals sleeps inside the interpreter's finalization, so that work, left
+# running by an exit that did not wait for it, ends inside the finalization (where CPython ends its thread with
+# pthread_exit, unwinding through the library's native frames). Run twice.
+_EXIT_AS_WORK_STARTS = """
+class Slow:
+    def __del__(self):
+        time.sleep({sleep})
+slow = Slow()
+def worker():
+    while True:
+{body}
+threading.Thread(target=worker, daemon=True).start()
+assert started.wait({wait})
+print("exiting", flush=True)
+"""
+
+
+def _exits_cleanly_as_work_starts(bundle, prelude: str, body: str, sleep: float, wait: int) -> None:
+    code = prelude + _EXIT_AS_WORK_STARTS.format(body=body, sleep=sleep, wait=wait)
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code, str(bundle)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, (
+            r.returncode, r.stderr[-2000:])
+
+
 def test_exit_while_a_daemon_thread_compiles_a_reply_s_grammar_is_clean(smol_int4):
     """(session 82, CI: the test above crashed 1 run in ~25 with SIGSEGV) A generation's grammar compiles before its
     first step, on a thread of its own (constrain._deep), llguidance's Rust with the GIL released, and the exit did
     not wait for it: the compile's thread, ending inside the interpreter's finalization, was ended with pthread_exit
     through llguidance's frames (a core dump's stack). Here the exit begins as a compile starts (llguidance's
     matcher watched, a ~40 ms schema), and the finalization is made long, so a compile left running ends inside it."""
-    code = """
+    prelude = """
 import sys, threading, time
 import edgespec, llguidance
 e = edgespec.load(sys.argv[1], memory=False)
 props = {f"p{i}": {"type": "string", "pattern": "[a-z]{1,%d}x[0-9]{2,9}" % (i % 30 + 1)} for i in range(1000)}
 rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": props,
                                                                      "required": list(props)}}}
-real, armed, compiling = llguidance.LLMatcher, threading.Event(), threading.Event()
+real, armed, started = llguidance.LLMatcher, threading.Event(), threading.Event()
 class Watched:  # llguidance's matcher as it is, its start told
     def __getattr__(self, k):
         return getattr(real, k)
     def __call__(self, *a, **kw):
         if armed.is_set():
-            compiling.set()
+            started.set()
         return real(*a, **kw)
 llguidance.LLMatcher = Watched()
-class Slow:  # (cleared with __main__'s globals, inside the finalization)
-    def __del__(self):
-        time.sleep(1.0)
-slow = Slow()
-def worker():
-    while True:
-        for _ in e.stream("Once upon a time", max_new_tokens=1, response_format=rf):
-            armed.set()
-threading.Thread(target=worker, daemon=True).start()
-assert compiling.wait(60)
-print("exiting", flush=True)
 """
-    for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0 and "exiting" in r.stdout, (r.returncode, r.stderr[-2000:])
+    body = """        for _ in e.stream("Once upon a time", max_new_tokens=1, response_format=rf):
+            armed.set()"""
+    _exits_cleanly_as_work_starts(smol_int4, prelude, body, sleep=1.0, wait=60)
 
 
 def test_exit_while_a_daemon_thread_loads_an_engine_is_clean(smol_int4):
@@ -797,32 +812,20 @@ def test_exit_while_a_daemon_thread_loads_an_engine_is_clean(smol_int4):
     thread loading an engine as the app exited was ended inside the build ("terminate called without an active
     exception", SIGABRT; 1 exit in ~18 at a random time). Here the exit begins as a session's build starts, and the
     finalization is made long, so a build left running ends inside it."""
-    code = """
+    prelude = """
 import sys, threading, time
 import edgespec, onnxruntime
-armed, building = threading.Event(), threading.Event()
+armed, started = threading.Event(), threading.Event()
 class Watched(onnxruntime.InferenceSession):  # onnxruntime's session as it is, its build's start told
     def __init__(self, *a, **kw):
         if armed.is_set():
-            building.set()
+            started.set()
         super().__init__(*a, **kw)
 onnxruntime.InferenceSession = Watched
-class Slow:  # (cleared with __main__'s globals, inside the finalization)
-    def __del__(self):
-        time.sleep(1.5)
-slow = Slow()
-def worker():
-    while True:
-        edgespec.load(sys.argv[1], memory=False).close()
-        armed.set()
-threading.Thread(target=worker, daemon=True).start()
-assert building.wait(120)
-print("exiting", flush=True)
 """
-    for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", code, str(smol_int4)], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0 and "exiting" in r.stdout and "terminate called" not in r.stderr, (
-            r.returncode, r.stderr[-2000:])
+    body = """        edgespec.load(sys.argv[1], memory=False).close()
+        armed.set()"""
+    _exits_cleanly_as_work_starts(smol_int4, prelude, body, sleep=1.5, wait=120)
 
 
 def test_an_atexit_function_that_generates_runs_its_generation(tiny_bundle):
