@@ -701,6 +701,78 @@ def test_aliases_share_options_and_duplicates_drop():
     assert c.options("trt") == {"trt_fp16_enable": True}
 
 
+def test_provider_names_in_any_case_and_options_under_either_name():
+    """(session 83, mutants P1-P3, P5, P7, P8, P12) A provider's name is read in any case; TensorRT keeps its cache
+    on the device as CUDA does; options may be keyed by onnxruntime's name, the CPU's options follow it where it
+    closes the list, and a choice's options are its own (a profile's dict is not shared); no provider asked is the
+    CPU."""
+    from edgespec.providers import canonical, is_gpu, short_name
+
+    assert canonical("CUDA") == CUDA and short_name("TensorRT") == "tensorrt" and short_name("Cpu") == "cpu"
+    assert is_gpu("CUDA") and is_gpu("TRT") and is_gpu(TENSORRT) and not is_gpu("CPU")
+    assert choose(["tensorrt"], available=[TENSORRT, CUDA, CPU]).device == "cuda"
+    assert choose(["cpu"], available=[TENSORRT, CUDA, CPU]).device == "cpu"
+    opts = {CUDA: {"device_id": 1}, "cpu": {"arena": 0}}
+    c = choose(["cuda"], opts, available=[CUDA, CPU])
+    assert c.providers == [(CUDA, {"device_id": 1}), (CPU, {"arena": 0})]
+    c.options("cuda")["device_id"] = 7
+    assert opts[CUDA] == {"device_id": 1}
+    c = choose([], available=[CUDA, CPU])
+    assert c.requested == ["cpu"] and c.providers == [(CPU, {})] and c.warnings == []
+
+
+def test_a_choice_s_warnings_are_kept_when_not_logged_and_a_missing_cpu_is_refused_when_named(caplog):
+    """(session 83, mutants P9, P10, P14, P16) ``warn=False`` logs nothing and keeps the warning in the choice; a
+    build without the CPU provider (none ships so, but a name must not slip through) refuses ``--provider cpu``
+    without telling the user to install onnxruntime-gpu, and a missing CPU alone asks for no GPU package."""
+    with caplog.at_level("WARNING", logger="edgespec"):
+        c = choose(["cuda", "cpu"], available=[CPU], warn=False)
+    assert caplog.text == "" and len(c.warnings) == 1 and "lacks cuda" in c.warnings[0]
+    with pytest.raises(ProviderError, match="'cpu' was asked for") as e:
+        choose(["cpu"], explicit=True, available=[CUDA])
+    assert "onnxruntime-gpu" not in str(e.value)
+    c = choose(["cpu"], available=[CUDA], warn=False)
+    assert "lacks cpu" in c.warnings[0] and "onnxruntime-gpu" not in c.warnings[0]
+
+
+def test_load_options_keep_the_choice_and_ignore_a_room_of_nothing(tmp_path, caplog):
+    """(session 83, mutants P20, P21, P24, P30) ``with_load_options`` keeps what was asked, the warnings and whether
+    the user named the provider (a named provider that cannot start is then an error, not a warning); a plan
+    that leaves no room (0 or less) sets no arena limit and no workspace; a profile's workspace equal to the
+    room is kept without a word."""
+    c = choose(["tensorrt", "cuda"], {"tensorrt": {"trt_max_workspace_size": 1 << 30}}, explicit=True,
+               available=[TENSORRT, CUDA, CPU])
+    with caplog.at_level("WARNING", logger="edgespec"):
+        out = with_load_options(c, bundle_root=tmp_path, gpu_mem_limit=-5, trt_workspace=1 << 30)
+    assert out.explicit and out.requested == ["tensorrt", "cuda"] and out.warnings == c.warnings
+    assert "gpu_mem_limit" not in out.options("cuda") and out.options("tensorrt")["trt_max_workspace_size"] == 1 << 30
+    assert "workspace cut" not in caplog.text
+    out = with_load_options(choose(["tensorrt"], available=[TENSORRT, CPU]), bundle_root=tmp_path, trt_workspace=-1)
+    assert "trt_max_workspace_size" not in out.options("tensorrt") and not out.explicit
+    missing = choose(["cuda"], available=[CPU], warn=False)
+    assert with_load_options(missing, bundle_root=tmp_path).warnings == missing.warnings != []
+
+
+def test_a_named_gpu_provider_that_cannot_start_is_refused_by_load(tiny_cuda_bundle, monkeypatch, caplog):
+    """(session 83, mutant P30) A build that lists CUDA which then cannot start (onnxruntime runs the CPU instead): a
+    provider the user named is a ProviderError from ``load``; one a profile chose is a warning, and the engine
+    runs on the CPU."""
+    import edgespec
+    from edgespec import placement, providers
+
+    have = [CUDA, CPU]
+    monkeypatch.setattr(providers, "available_providers", lambda: have)
+    monkeypatch.setattr(placement, "available_providers", lambda: have)
+    with pytest.raises(ProviderError, match="CUDAExecutionProvider is in this onnxruntime build but could not start"):
+        edgespec.load(tiny_cuda_bundle, provider="cuda", memory=False)
+    with caplog.at_level("WARNING", logger="edgespec"):
+        eng = edgespec.load(tiny_cuda_bundle, profile=replace(DEFAULT_PROFILE, providers=("cuda", "cpu")),
+                            memory=False, use_drafter=False)
+    assert "could not start" in caplog.text
+    assert len(eng.generate("hi", max_new_tokens=3, ignore_eos=True).token_ids) == 3
+    eng.close()
+
+
 def test_load_options_trt_cache_workspace_and_gpu_mem_limit(tmp_path, caplog):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
