@@ -1367,6 +1367,117 @@ def test_a_generation_that_fails_before_its_stream_is_an_error_and_frees_the_tur
     sched.close()
 
 
+def _samples(text: str) -> dict:
+    """``/metrics``' text as {name{labels}: value}, every sample line checked to be of the exposition format."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert re.fullmatch(r"# (HELP|TYPE) edgespec_\w+ .+", line), line
+            continue
+        m = re.fullmatch(r'(edgespec_\w+(?:\{\w+="[^"]*"(?:,\w+="[^"]*")*\})?) (\S+)', line)
+        assert m, line
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_metrics_count_each_generation_request_and_gauge_exactly(monkeypatch):
+    """(session 83, mutants M1-M33 of server_metrics.py) ``Metrics.render`` from known generations and requests:
+    every counter and gauge exact, the reasons (an error before a cancel, no reason given: unknown), the seconds
+    (milliseconds in, seconds out; decode time after the first token), the rates, the fixed set of endpoint labels,
+    label-less samples without braces, the text ending in a newline; the memory read from /proc with the peak
+    falling back to ru_maxrss."""
+    import edgespec.server_metrics as sm
+
+    g = {"queue_depth": 2, "queue_capacity": 8, "generation_running": 1, "max_context": 4096,
+         "prompt_cache": {"bytes": 10, "budget": 100, "entries": 3, "evictions": 4}}
+    m = sm.Metrics(lambda: g)
+    m.generation({"finish_reason": "stop", "prompt_tokens": 10, "reused_prompt_tokens": 4, "restored_prompt_tokens": 2,
+                  "new_tokens": 5, "drafted_tokens": 8, "accepted_tokens": 6, "target_calls": 2,
+                  "accepted_prediction_tokens": 1, "rejected_prediction_tokens": 3, "ttft_ms": 250,
+                  "tokens_per_second": 8.0}, 1500, cancelled=False, failed=False)
+    m.generation({"finish_reason": "length", "prompt_tokens": 3, "new_tokens": 1, "target_calls": 1, "ttft_ms": 100,
+                  "tokens_per_second": 50.0}, 500, cancelled=False, failed=False)
+    m.generation(None, 250, cancelled=True, failed=False)
+    m.generation({"finish_reason": "stop"}, 0, cancelled=True, failed=True)
+    m.generation({}, 0, cancelled=False, failed=False)
+    m.generation({"finish_reason": "stop", "new_tokens": 0, "tokens_per_second": 10.0}, 0, cancelled=False,
+                 failed=False)  # (no token: no decode time, not minus a tenth of a second)
+    m.add("tool_calls", 3)
+    m.add("constrained_generations")
+    for path, status in (("/v1/models/abc", 200), ("/secret/path", 404), ("/health", 200), ("/health", 200),
+                         ("/v1/chat/completions", 499)):
+        m.request(path, status)
+    m.rejected = 2
+    monkeypatch.setattr(sm, "proc_status", lambda: {"VmRSS": 5 << 20, "VmHWM": 7 << 20})
+    monkeypatch.setattr(sm, "peak_rss", lambda: 99 << 20)
+    text = m.render()
+    assert text.endswith("\n") and not text.endswith("\n\n")
+    s = _samples(text)
+    want = {
+        'edgespec_requests_total{endpoint="/v1/models/{id}",status="200"}': 1,
+        'edgespec_requests_total{endpoint="other",status="404"}': 1,
+        'edgespec_requests_total{endpoint="/health",status="200"}': 2,
+        'edgespec_requests_total{endpoint="/v1/chat/completions",status="499"}': 1,
+        "edgespec_rejected_requests_total": 2,
+        'edgespec_generations_total{reason="stop"}': 2, 'edgespec_generations_total{reason="length"}': 1,
+        'edgespec_generations_total{reason="cancelled"}': 1, 'edgespec_generations_total{reason="error"}': 1,
+        'edgespec_generations_total{reason="unknown"}': 1,
+        "edgespec_prompt_tokens_total": 13, "edgespec_reused_prompt_tokens_total": 4,
+        "edgespec_restored_prompt_tokens_total": 2, "edgespec_new_tokens_total": 6, "edgespec_drafted_tokens_total": 8,
+        "edgespec_accepted_tokens_total": 6, "edgespec_target_calls_total": 3,
+        "edgespec_accepted_prediction_tokens_total": 1, "edgespec_rejected_prediction_tokens_total": 3,
+        "edgespec_tool_calls_total": 3, "edgespec_constrained_generations_total": 1,
+        "edgespec_acceptance_rate": 0.75, "edgespec_tokens_per_target_call": 2.0,
+        "edgespec_queue_seconds_total": 2.25, "edgespec_ttft_seconds_total": 0.35,
+        "edgespec_decode_seconds_total": 0.5,  # (5 - 1) / 8; a one-token reply has no decode time
+        "edgespec_queue_depth": 2, "edgespec_queue_capacity": 8, "edgespec_generation_running": 1,
+        "edgespec_max_context_tokens": 4096, "edgespec_prompt_cache_bytes": 10,
+        "edgespec_prompt_cache_budget_bytes": 100, "edgespec_prompt_cache_entries": 3,
+        "edgespec_prompt_cache_evictions_total": 4,
+        "edgespec_resident_memory_bytes": 5 << 20, "edgespec_peak_resident_memory_bytes": 7 << 20}
+    assert s == pytest.approx(want), {k: (s.get(k), v) for k, v in want.items() if s.get(k) != pytest.approx(v)}
+    # nothing drafted or called yet: the rates are 0; no /proc: no resident figure, the peak from ru_maxrss
+    g["prompt_cache"] = None
+    monkeypatch.setattr(sm, "proc_status", lambda: {})
+    s = _samples(sm.Metrics(lambda: g).render())
+    assert s["edgespec_acceptance_rate"] == 0 and s["edgespec_tokens_per_target_call"] == 0
+    assert "edgespec_resident_memory_bytes" not in s and s["edgespec_peak_resident_memory_bytes"] == 99 << 20
+    assert not any(k.startswith("edgespec_prompt_cache") for k in s)
+
+
+def test_the_request_counter_counts_the_status_sent_and_a_failure_as_500():
+    """(session 83, mutants M27-M30) The ASGI middleware counts a request by the status its response started with,
+    a request whose app raised before any response as a 500 (and the error still raised), and no lifespan event."""
+    import asyncio
+
+    from edgespec.server_metrics import Metrics, RequestCounter
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/boom":
+            raise RuntimeError("boom")
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "status": 200})
+
+    m = Metrics(dict)
+    counted = RequestCounter(app, m)
+    sent = []
+
+    async def send(message):
+        sent.append(message["type"])
+
+    async def run():
+        await counted({"type": "lifespan"}, None, send)
+        await counted({"type": "http", "path": "/tokenize"}, None, send)
+        with pytest.raises(RuntimeError, match="boom"):
+            await counted({"type": "http", "path": "/boom"}, None, send)
+
+    asyncio.run(run())
+    assert dict(m.requests) == {("/tokenize", 404): 1, ("other", 500): 1}
+    assert sent == ["http.response.start", "http.response.body"]
+
+
 def test_device_thread_runs_jobs_in_order_on_itself():
     """``DeviceThread``: jobs run one after the other on its one thread, results and exceptions reach the caller,
     ``call`` from the thread itself runs at once (no deadlock), and once closed it takes nothing more."""
