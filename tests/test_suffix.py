@@ -1232,3 +1232,80 @@ def test_a_stores_cap_counts_and_a_delete_are_kept_to_the_token(tmp_path):
     assert not path.exists()
     SuffixDrafter(again).flush()  # (what the engine's close, its finalizer and exit do)
     assert not path.exists()
+
+
+def test_memory_show_counts_what_the_store_holds_and_names_a_corrupt_one_to_be_set_aside(tiny_bundle, tmp_path,
+                                                                                         monkeypatch):
+    """(session 83, mutants C7-C11, C17 of cli_memory.py) ``memory show --json`` gives the store's sequences, their
+    tokens, how many have a prompt's signature (recallable), the file's bytes and the other stores; a corrupt store is
+    the one the next load sets aside (not "left as it is", which is a newer edgespec's); ``clear --all`` lists what it
+    deleted."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.manifest import load_manifest
+    from edgespec.memory import bundle_fingerprint, store_path
+    from edgespec.ngram import prompt_signature
+
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    m = load_manifest(tiny_bundle, check=False)
+    path = store_path(m)
+    path.parent.mkdir(parents=True)
+    st = MemoryStore(path, bundle_fingerprint(m), m.target.vocab_size)
+    st.add([1, 2, 3, 4, 5], prompt_signature([7, 8, 9, 10, 11, 12, 13, 14]))
+    st.add([6, 7])  # (no prompt: not recallable)
+    st.save()
+    other = tmp_path / "memory" / "0123456789abcdef0123" / "store.npz"  # another bundle's
+    other.parent.mkdir()
+    other.write_bytes(path.read_bytes())
+    r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {"path": str(path), "exists": True, "sequences": 2, "tokens": 7, "recallable": 1,
+                                    "file_bytes": path.stat().st_size, "error": None, "other_stores": 1}
+    path.write_bytes(b"not a store")
+    r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])
+    assert r.exit_code == 0 and "unreadable" in r.output and "the next load sets it aside" in r.output, r.output
+    assert "left as it is" not in r.output
+    r = CliRunner().invoke(main, ["memory", "clear", "--all"])
+    assert r.exit_code == 0 and "deleted 2 file(s)" in r.output and str(path) in r.output and str(other) in r.output
+
+
+@pytest.mark.parametrize("args, want", [
+    (["generate", "{b}", "-p", "hi", "--drafter", "prompt-lookup"], {"use_drafter": False, "memory": True}),
+    (["generate", "{b}", "-p", "hi", "--drafter", "suffix", "--no-memory"], {"use_drafter": False, "memory": False}),
+    (["generate", "{b}", "-p", "hi", "--drafter", "model"], {"use_drafter": True}),
+    (["generate", "{b}", "-p", "hi", "--documents", "{d1}", "--documents", "{d2}"],
+     {"use_drafter": True, "documents": ["{d1}", "{d2}"]}),
+    (["bench", "{b}", "--drafters", "suffix"], {"memory": False}),
+    (["bench", "{b}", "--drafters", "suffix", "--memory"], {"memory": True}),
+], ids=["prompt-lookup", "suffix", "model", "two-documents", "bench", "bench-memory"])
+def test_the_cli_loads_what_its_drafter_and_memory_options_ask(args, want, tiny_bundle, tmp_path, monkeypatch):
+    """(session 83, mutants C2-C4, C6) What a command passes to ``load``: no drafter model for prompt-lookup and
+    suffix, every --documents file, the memory on by default (off by default for bench, where results would depend on
+    earlier runs)."""
+    import edgespec.api
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    docs = {"{d1}": tmp_path / "a.txt", "{d2}": tmp_path / "b.txt"}
+    for p in docs.values():
+        p.write_text("text")
+    subst = {"{b}": str(tiny_bundle), **{k: str(v) for k, v in docs.items()}}
+    seen = {}
+
+    class Loaded(Exception):
+        pass
+
+    def load(*a, **kw):
+        seen.update(kw)
+        raise Loaded
+
+    monkeypatch.setattr(edgespec.api, "load", load)
+    monkeypatch.chdir(tmp_path)  # (bench's report folder)
+    r = CliRunner().invoke(main, [subst.get(a, a) for a in args])
+    assert isinstance(r.exception, Loaded), r.output
+    for k, v in want.items():
+        v = [subst[x] for x in v] if k == "documents" else v
+        got = seen.get(k, True if k == "memory" else None)  # (memory left out: load's default, on)
+        assert (list(map(str, got)) if k == "documents" else got) == v, (k, seen)
