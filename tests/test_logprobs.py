@@ -263,13 +263,23 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
         nll += [-x[0] for x in reference(tiny_bundle, win[:17], win[17:], 0)]
     assert abs(r.nll - np.mean(nll)) < ATOL and abs(r.perplexity - np.exp(np.mean(nll))) < 1e-3 * r.perplexity
     assert perplexity(eng, ids, window=32).windows == len(ids) // 32
-    for bad, msg in (({"window": 8}, "window must be"), ({"window": 4096}, "larger than the context"),
+    # (session 83, mutants X1, X2, X9, X14, X15) the text's tokens, the rate of tokens read (each window's every
+    # token), more windows asked than the text has, the progress after each window
+    assert r.text_tokens == len(ids) and r.to_dict()["tokens_per_second"] == round(3 * 32 / r.seconds, 2)
+    done = []
+    few = perplexity(eng, ids[:70], window=32, max_windows=5, progress=lambda *a: done.append(a))
+    assert few.windows == 2 and few.tokens == 30 and few.text_tokens == 70
+    assert [d[:2] for d in done] == [(1, 2), (2, 2)] and done[-1][2] == pytest.approx(few.perplexity)
+    for bad, msg in (({"window": 8}, "window must be"), ({"window": True}, "window must be"),
+                     ({"window": 4096}, "larger than the context"),
                      ({"window": 32, "max_windows": 0}, "windows must be")):
         with pytest.raises(ConfigError, match=msg):
             perplexity(eng, ids, **bad)
     with pytest.raises(ConfigError, match=r"a window needs 32 \(pass a window of 20 tokens or less\)"):
         perplexity(eng, ids[:20], window=32)
     # (session 46) the advice fits the case: a text under the smallest window; a context the bundle cannot widen
+    with pytest.raises(ConfigError, match=r"pass a window of 16 tokens or less"):  # (X10: the smallest is enough)
+        perplexity(eng, ids[:16], window=32)
     with pytest.raises(ConfigError, match="the smallest window is 16: a longer text is needed"):
         perplexity(eng, ids[:10], window=16)
     with pytest.raises(ConfigError, match=f"the bundle's context is {eng.manifest.max_context}"):
