@@ -818,6 +818,38 @@ def test_memory_reports_say_what_is_mapped_from_files(tmp_path):
     assert here is None or here > 0  # this process maps its libraries
 
 
+def test_this_process_s_memory_figures_agree_with_proc(tmp_path, monkeypatch):
+    """(session 83, mutants E1-E3, E5, E7 of measure.py) The peak (ru_maxrss, KiB made bytes) agrees with /proc's
+    VmHWM, the resident set now (statm's resident pages, not its virtual size) with VmRSS; a sample's high-water mark
+    is VmHWM (above VmRSS once a large array was freed); a /proc line whose figure is no number is skipped; the high
+    water is /proc's where it has one, else the peak."""
+    import edgespec.measure as ms
+
+    big = np.ones(256 << 20, np.uint8)  # 256 MiB touched, then freed: the high-water mark stays
+    del big
+    st = ms.proc_status()
+    assert abs(ms.peak_rss() / st["VmHWM"] - 1) < 0.1, (ms.peak_rss(), st)
+    assert abs(ms.rss_now() / ms.proc_status()["VmRSS"] - 1) < 0.1
+    s = ms.sample("now")
+    assert s.vm_hwm >= st["VmHWM"] and s.vm_hwm - s.rss > 128 << 20 and s.peak_rss > 0 and s.gpu is None
+    f = tmp_path / "status"
+    f.write_text("VmHWM:\t  ? kB\nVmRSS:\t\nRssFile:\t 3 kB\n")
+    assert ms.proc_status(f) == {"RssFile": 3 * 1024}
+    monkeypatch.setattr(ms, "proc_status", lambda: {"VmHWM": 5 << 20})
+    assert ms.high_water_rss() == 5 << 20
+    monkeypatch.setattr(ms, "proc_status", lambda: {})
+    assert ms.high_water_rss() == ms.peak_rss()
+
+
+def test_the_measured_prompt_fits_the_context_beside_the_decoded_tokens():
+    """(session 83, mutants E9, E10) ``prompt_length``: what fills the context beside the decoded tokens by default, a
+    prompt asked for kept where it fits and cut where it does not, and at least one token."""
+    from edgespec.measure import prompt_length
+
+    assert prompt_length(256) == 223 and prompt_length(256, 10) == 10 and prompt_length(256, 1000) == 223
+    assert prompt_length(20) == 1 and prompt_length(20, 5) == 1 and prompt_length(256, 1000, 8) == 247
+
+
 @pytest.mark.real
 def test_bench_traffic_runs_the_workload_and_reports_exact_outputs_and_memory(smol_int4, tmp_path, capsys):
     """scripts/bench_traffic.py (issue #17's workload: README, Drafters that remember) on SmolLM2, one prompt a

@@ -961,14 +961,25 @@ def test_cli_plan_measure(tiny_bundle, tmp_path):
     assert "after decoding 19 tokens" in r.stdout
 
 
-def test_measure_fills_the_model_drafters_context_too(tiny_bundle):
+def test_measure_fills_the_model_drafters_context_too(tiny_bundle, monkeypatch):
     """The plan budgets the drafter's KV cache at full context; the model drafter reads the context
     only at its first draft, so the measurement drafts with it rather than leave that to auto."""
+    import edgespec.api
+    from edgespec.drafters import DRAFT_READ_WINDOW
     from edgespec.measure import measure
 
+    asked, real = {}, edgespec.api.load
+    monkeypatch.setattr(edgespec.api, "load", lambda b, **kw: asked.update(kw) or real(b, **kw))
     engine, samples = measure(tiny_bundle, new_tokens=8, max_context=256)
     assert samples[-1].stage == "after decoding 8 tokens"
     assert engine.decoder.drafters["model"].lm.length >= 256 - 8 - 1
+    # (session 83, mutants E11-E13, E19) greedy, no prompt cache, no memory of the filler, unless asked; the
+    # drafter's read window back as it was
+    assert asked == {"model_sampling": False, "prompt_cache_mb": 0, "memory": False, "max_context": 256}
+    assert DRAFT_READ_WINDOW is not None and engine.decoder.drafters["model"].read_window == DRAFT_READ_WINDOW
+    engine.close()
+    measure(tiny_bundle, new_tokens=2, max_context=64, memory=True, model_sampling=True)[0].close()
+    assert asked == {"model_sampling": True, "prompt_cache_mb": 0, "memory": True, "max_context": 64}
 
 
 @pytest.mark.real
