@@ -978,6 +978,7 @@ def test_measure_fills_the_model_drafters_context_too(tiny_bundle, monkeypatch):
     assert asked == {"model_sampling": False, "prompt_cache_mb": 0, "memory": False, "max_context": 256}
     assert DRAFT_READ_WINDOW is not None and engine.decoder.drafters["model"].read_window == DRAFT_READ_WINDOW
     engine.close()
+    asked.clear()
     measure(tiny_bundle, new_tokens=2, max_context=64, memory=True, model_sampling=True)[0].close()
     assert asked == {"model_sampling": True, "prompt_cache_mb": 0, "memory": True, "max_context": 64}
 

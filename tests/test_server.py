@@ -101,11 +101,23 @@ def http(url: str, body=None, method: str | None = None, timeout: float = 30) ->
         return status, raw.decode()
 
 
+def _samples(text: str) -> dict:
+    """``/metrics``' text as {name{labels}: value}, every sample line checked to be of the exposition format."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert re.fullmatch(r"# (HELP|TYPE) edgespec_\w+ .+", line), line
+            continue
+        m = re.fullmatch(r'(edgespec_\w+(?:\{\w+="[^"]*"(?:,\w+="[^"]*")*\})?) (\S+)', line)
+        assert m, line
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
 def metric(url: str, name: str, **labels) -> float:
-    _, text = http(url + "/metrics")
+    """One sample of the server's ``/metrics`` (0 where it has none)."""
     lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    m = re.search(rf"^edgespec_{name}{re.escape('{' + lab + '}') if lab else ''} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return _samples(http(url + "/metrics")[1]).get(f"edgespec_{name}" + (f"{{{lab}}}" if lab else ""), 0.0)
 
 
 def wait_until(cond, timeout=20.0, what="condition"):
@@ -1365,19 +1377,6 @@ def test_a_generation_that_fails_before_its_stream_is_an_error_and_frees_the_tur
         assert len(events) == 1 and events[0][0] == "error" and isinstance(events[0][1], ClosedError)
     assert sched.join(5) and sched.running == set() and not sched.busy and not sched.lock.locked()
     sched.close()
-
-
-def _samples(text: str) -> dict:
-    """``/metrics``' text as {name{labels}: value}, every sample line checked to be of the exposition format."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            assert re.fullmatch(r"# (HELP|TYPE) edgespec_\w+ .+", line), line
-            continue
-        m = re.fullmatch(r'(edgespec_\w+(?:\{\w+="[^"]*"(?:,\w+="[^"]*")*\})?) (\S+)', line)
-        assert m, line
-        out[m.group(1)] = float(m.group(2))
-    return out
 
 
 def test_metrics_count_each_generation_request_and_gauge_exactly(monkeypatch):

@@ -1306,6 +1306,7 @@ def test_the_cli_loads_what_its_drafter_and_memory_options_ask(args, want, tiny_
     r = CliRunner().invoke(main, [subst.get(a, a) for a in args])
     assert isinstance(r.exception, Loaded), r.output
     for k, v in want.items():
-        v = [subst[x] for x in v] if k == "documents" else v
         got = seen.get(k, True if k == "memory" else None)  # (memory left out: load's default, on)
-        assert (list(map(str, got)) if k == "documents" else got) == v, (k, seen)
+        if k == "documents":
+            got, v = [str(p) for p in got], [subst[x] for x in v]
+        assert got == v, (k, seen)
