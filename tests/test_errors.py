@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -426,6 +427,25 @@ def test_a_full_disk_while_copying_a_bundle(tiny_int4_bundle, tmp_path, monkeypa
     assert edgespec.load(tiny_int4_bundle).generate("hi", max_new_tokens=2).text is not None  # source intact
 
 
+def test_files_that_cannot_be_copied_are_named_in_one_line(tiny_int4_bundle, tmp_path, monkeypatch):
+    """(session 84, a mutation test of cli.py) copytree gathers each file it could not copy into one shutil.Error
+    (no errno): the command says the first file, why, and how many more, in one line. Untested before: without the
+    check for that error it was a traceback, and the count of the others could go unsaid."""
+    import errno
+    import shutil
+
+    def refused(src, dst, *a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", src)
+
+    monkeypatch.setattr(shutil, "copy2", refused)
+    msg = one_line_error(run("exact-kernels", tiny_int4_bundle, "-o", tmp_path / "xk"), 1)
+    n = sum(1 for p in tiny_int4_bundle.rglob("*") if p.is_file())
+    m = re.fullmatch(rf"error: cannot copy {re.escape(str(tiny_int4_bundle))}/(\S+) to \S+: Permission denied "
+                     rf"\(and {n - 1} more files\)", msg)
+    assert m and (tiny_int4_bundle / m.group(1)).is_file(), msg
+    assert not (tmp_path / "xk").exists()
+
+
 @pytest.mark.parametrize("in_place", [True, False])
 def test_a_full_disk_during_a_rewrite_names_the_folder(tiny_int4_bundle, copy_bundle, tmp_path, monkeypatch, in_place):
     """A write on a full disk (Python's file write, onnx's) says so and names no path: the error names the rewrite,
@@ -505,6 +525,14 @@ def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
 
     monkeypatch.setattr(edgespec.api, "load", boom)
     assert "no space left on device" in one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1)
+    # (session 84, a mutation test) a long message of many lines: its first line, cut at 200 characters
+    said = "write failed: No space left on device " + "x" * 300
+    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(SafetensorError(said + "\nmore")))
+    assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == \
+        f"error: no space left on device (SafetensorError: {said[:200]})"
+    # ... and only the system's words for it: "No space left" of something else is a bug, its traceback
+    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(SafetensorError("No space left")))
+    assert isinstance(run("generate", tiny_bundle, "-p", "hi").exception, SafetensorError)
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: 1 / 0)  # any other failure is a bug: its traceback
     r = run("generate", tiny_bundle, "-p", "hi")
     assert isinstance(r.exception, ZeroDivisionError)

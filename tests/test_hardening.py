@@ -331,6 +331,28 @@ def test_top_level_help_and_version_on_a_stdout_that_cannot_be_written():
             r.stderr
 
 
+def _closed_pipe_run(args):
+    """``python -m edgespec.cli ARGS`` with stdout a pipe whose reader has gone (`edgespec ... | head`)."""
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)
+    try:
+        return subprocess.run([sys.executable, "-m", "edgespec.cli", *map(str, args)], stdout=w_fd,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w_fd)
+
+
+def test_a_reader_that_has_gone_ends_the_command_quietly(tiny_bundle):
+    """(session 84, a mutation test of cli.py) A closed pipe under stdout (`edgespec generate ... | head`, the reader
+    done) ends the command with exit 1 and no error line: the user closed it. No test had written to one: the quiet
+    exit could have said "error: cannot write the output: Broken pipe", in the top-level --help too."""
+    for opt in ("--help", "--version"):
+        r = _closed_pipe_run([opt])
+        assert r.returncode == 1 and r.stderr == "", (opt, r.returncode, r.stderr)
+    r = _closed_pipe_run(["generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "4", "--no-memory"])
+    assert r.returncode == 1 and r.stderr == "", (r.returncode, r.stderr)  # (met at the reply's first echo)
+
+
 def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     bos = json.loads((b / "edgespec.json").read_text())["bos_token_id"]

@@ -36,7 +36,8 @@ MUTANTS = [
 ("K34", F, '    if template_kwargs and not as_chat:\n', '    if False:\n'),
 ("K35", F, '    if token_healing and (schema_file is not None or json_object):', '    if token_healing and schema_file is not None:'),
 ("K36", F, '    if logprobs is not None and not as_json:', '    if logprobs and not as_json:'),
-("K37", F, '    if drafter == "none" and draft_tokens is not None:', '    if False:'),
+("K37", F, '    if drafter == "none" and draft_tokens is not None:\n        raise', '    if False:\n        raise'),
+("K37b", F, '    if drafter == "none" and draft_tokens is not None:  # (generate', '    if False:  # (generate'),
 ("K38", F, '    if drafter == "prediction" and prediction_file is None:', '    if False:'),
 ("K39", F, '    if drafter == "none" and prediction_file is not None:', '    if False:'),
 ("K40", F, '    if drafter not in (None, "auto", "suffix") and click.get_current_context().params.get("documents"):\n        raise', '    if drafter not in (None, "auto", "suffix", "model") and click.get_current_context().params.get("documents"):\n        raise'),
@@ -52,6 +53,6 @@ MUTANTS = [
 ("K50", F, '    if sum(f == "-" for f in files) > 1:', '    if False:'),
 ("K51", F, '    if not given and eng.max_context < window and eng.max_context >= MIN_WINDOW:', '    if eng.max_context < window and eng.max_context >= MIN_WINDOW:'),
 ("K52", F, '        elif done == total or done % -(-total // 10) == 0:', '        elif done == total:'),
-("K53", F, '            if wrote:\n                try:\n                    click.echo()', '            if True:\n                try:\n                    click.echo()'),
+("K53", F, '        if wrote:\n            try:\n                click.echo()', '        if True:\n            try:\n                click.echo()'),
 ("K54", F, 'if st and st.finish_reason == "context":', 'if st and st.finish_reason == "length":'),
 ]
