@@ -353,6 +353,44 @@ def test_a_reader_that_has_gone_ends_the_command_quietly(tiny_bundle):
     assert r.returncode == 1 and r.stderr == "", (r.returncode, r.stderr)  # (met at the reply's first echo)
 
 
+def test_a_hangup_ignored_by_nohup_stays_ignored_and_the_handlers_go_back(tiny_bundle, monkeypatch):
+    """(session 84, a mutation test of cli.py) A command that holds an engine ends on SIGTERM and SIGHUP (their
+    handlers raise), but a signal already ignored (``nohup edgespec generate ...``: SIGHUP) stays ignored while it
+    runs, and the handlers it set go back after it. Untested before: taking SIGHUP over in every case ended a nohup
+    run when its terminal closed, with exit 129."""
+    import edgespec.api
+
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # (a runner's own handler: the command keeps it)
+        pytest.skip("SIGTERM has a handler in this process")
+    seen, real = {}, edgespec.api.load
+
+    def load(*a, **k):
+        seen.update(hup=signal.getsignal(signal.SIGHUP), term=signal.getsignal(signal.SIGTERM))
+        os.kill(os.getpid(), signal.SIGHUP)  # the terminal closed
+        return real(*a, **k)
+
+    monkeypatch.setattr(edgespec.api, "load", load)
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        r = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "3", "--no-memory")
+        assert r.exit_code == 0, r.output
+        assert seen["hup"] == signal.SIG_IGN and callable(seen["term"]), seen
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+
+def test_a_command_run_in_process_gives_back_the_stdout_it_found(tiny_bundle, capsys):
+    """(session 84, a mutation test of cli.py) While a command runs, sys.stdout is wrapped (its errors are said as
+    the output's); a caller that runs ``main`` in its own process (not click's test runner, which swaps stdout
+    itself) gets its own stdout back after the command, not the wrapper."""
+    before = sys.stdout
+    main.main(["info", str(tiny_bundle)], standalone_mode=False)
+    assert sys.stdout is before
+    assert "target" in capsys.readouterr().out  # (info printed through the wrapper into the caller's stdout)
+
+
 def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     bos = json.loads((b / "edgespec.json").read_text())["bos_token_id"]
@@ -1240,6 +1278,16 @@ def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
     assert r.exit_code == 130 and r.output.strip().endswith("interrupted"), r.output
     monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(ImportError("a real one")))
     assert run("info", str(tiny_bundle)).exit_code == 1  # (not a Ctrl-C: still the bug it is)
+
+    def cleanup_failed(*a, **k):  # (session 84, a mutation test) an error raised while a Ctrl-C was handled: its context
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("cleanup failed")
+
+    monkeypatch.setattr(M, "load_manifest", cleanup_failed)
+    r = run("info", str(tiny_bundle))
+    assert r.exit_code == 130 and r.output.strip().endswith("interrupted"), r.output
 
 
 def test_ctrl_c_while_the_command_loads_is_an_interruption(monkeypatch, capsys):
