@@ -101,6 +101,17 @@ def test_an_output_encoding_without_the_report_s_characters(tiny_bundle):
     assert r.exit_code == 0 and "validation vs torch: ? max |?logit|" in r.output, (r.output, r.exception)
 
 
+def test_characters_the_output_encoding_has_are_kept_beside_the_ones_it_lacks(tiny_bundle, tmp_path):
+    """(session 84, a mutation test of cli.py) Only the characters the stdout's encoding lacks become '?': a latin-1
+    stdout keeps the accents of a bundle's folder name (replacing by ASCII's table made them '?' too)."""
+    import shutil
+
+    b = tmp_path / "modèle ✓"
+    shutil.copytree(tiny_bundle, b)
+    r = CliRunner(charset="latin-1").invoke(main, ["info", str(b)])
+    assert r.exit_code == 0 and f"bundle {tmp_path}/modèle ? " in r.output, (r.output, r.exception)
+
+
 def test_manifest_with_wrong_schema(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     m = json.loads((b / "edgespec.json").read_text())
@@ -536,6 +547,56 @@ def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: 1 / 0)  # any other failure is a bug: its traceback
     r = run("generate", tiny_bundle, "-p", "hi")
     assert isinstance(r.exception, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO", "ENOENT", "EISDIR", "ENOTDIR",
+                                  "EEXIST", "EXDEV", "ENAMETOOLONG", "EMFILE", "ELOOP"])
+def test_what_the_system_refuses_that_a_user_can_act_on_is_one_line(tiny_bundle, monkeypatch, code):
+    """(session 84, a mutation test of cli.py) An OSError the user can act on (a full disk or quota, a read-only
+    disk, permissions, a path too long, too many open files, a loop of links, ...) is its reason and the file it
+    names, in one line, exit 1; without a file, the reason alone. Any other OSError is a bug: its traceback. Only a
+    few of these errors had a test: dropping a read-only disk or a name too long from them went unseen."""
+    import errno
+    import os
+
+    import edgespec.api
+
+    n = getattr(errno, code)
+    raised = [OSError(n, os.strerror(n), "/some/file")]
+    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(raised[0]))
+    assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == f"error: {os.strerror(n)}: /some/file"
+    raised[0] = OSError(n, os.strerror(n))
+    assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == f"error: {os.strerror(n)}"
+    if code == "ENOSPC":  # (one case for the others)
+        raised[0] = OSError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+        r = run("generate", tiny_bundle, "-p", "hi")
+        assert isinstance(r.exception, OSError) and r.exception.errno == errno.ECONNRESET
+
+
+def test_an_error_or_warning_of_many_lines_is_said_in_its_first(tiny_bundle, monkeypatch):
+    """(session 84, a mutation test of cli.py) The CLI says an error in one line, its message's first; a warning
+    too (Python's own printed its source line after it); an empty one still says what it is."""
+    import warnings
+
+    import edgespec.api
+
+    raised = [edgespec.ConfigError("the first line\nthe second")]
+    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(raised[0]))
+    assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 2) == "error: the first line"
+    raised[0] = edgespec.ConfigError("")
+    assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 2) == "error: failed"
+
+    def warn(*a, **k):
+        warnings.warn("a warning\nits detail")
+        warnings.warn("", DeprecationWarning)
+        raise edgespec.ConfigError("stop")
+
+    monkeypatch.setattr(edgespec.api, "load", warn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        r = run("generate", tiny_bundle, "-p", "hi")
+    assert r.exit_code == 2 and r.output.splitlines() == ["warning: a warning", "warning: DeprecationWarning",
+                                                          "error: stop"], r.output
 
 
 def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):

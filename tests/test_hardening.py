@@ -391,6 +391,24 @@ def test_a_command_run_in_process_gives_back_the_stdout_it_found(tiny_bundle, ca
     assert "target" in capsys.readouterr().out  # (info printed through the wrapper into the caller's stdout)
 
 
+def test_the_command_s_stdout_is_a_terminal_where_its_stream_is():
+    """(session 84, a mutation test of cli.py) While a command runs, sys.stdout is the CLI's wrapper, which a reply
+    asks whether it is a terminal (a reply's escape sequences are shown there, not acted on): it answers as its
+    stream does, and a closed stdout (``>&-``) is no terminal."""
+    import pty
+
+    from edgespec.cli import _Stdout
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "w", closefd=False) as tty:
+            assert _Stdout(tty).isatty()
+        assert not _Stdout(io.StringIO()).isatty() and not _Stdout(None).isatty()
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 def test_token_ids_outside_the_vocabulary(tiny_bundle, copy_bundle):
     b = copy_bundle(tiny_bundle)
     bos = json.loads((b / "edgespec.json").read_text())["bos_token_id"]
