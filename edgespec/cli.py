@@ -351,13 +351,11 @@ def penalty_options() -> dict:
     out = {k: p[k] for k in ("presence_penalty", "frequency_penalty", "repetition_penalty") if p.get(k) is not None}
     bias = []
     for item in p.get("logit_bias") or ():
-        tok, sep, val = item.partition("=")
+        tok, _, val = item.partition("=")  # (no "=": val is "", which float refuses)
         try:
             bias.append((int(tok), float(val)))
         except ValueError:
             raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
-        if not sep:
-            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}")
     if bias:
         out["logit_bias"] = tuple(bias)
     GenerationConfig(**out)  # refused before the model loads

@@ -599,6 +599,32 @@ def test_an_error_or_warning_of_many_lines_is_said_in_its_first(tiny_bundle, mon
                                                           "error: stop"], r.output
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--chat", "--token-healing"], "--token-healing backs off a raw prompt's last token: it cannot be used with --chat"),
+    (["--chat-template-kwargs", '{"enable_thinking": false}'], "--chat-template-kwargs are variables of the chat "
+                                                                "template: they need --chat"),
+    (["--token-healing", "--json-object"], "--token-healing cannot be combined with --json-schema or --json-object"),
+    (["--token-healing", "--json-schema", "{schema}"], "--token-healing cannot be combined with --json-schema"),
+    (["--logprobs", "0"], "--logprobs is printed with --json"),
+    (["--drafter", "prediction"], "--drafter prediction drafts from a predicted output: give it with --prediction"),
+    (["--json-schema", "{schema}", "--json-object"], "--json-schema and --json-object: give one of them"),
+    (["--json-schema", "{object}"], "holds a json_object response_format: use --json-object for it"),
+    (["--json-schema", "{bad}"], "response_format's schema cannot be used: Invalid type: frobnicate"),
+])
+def test_generate_s_options_that_do_not_go_together_are_refused_before_the_model_loads(tiny_bundle, tmp_path,
+                                                                                        monkeypatch, args, said):
+    """(session 84, a mutation test of cli.py) Each pairing of generate's options that cannot work is one line, exit
+    2, before the model loads (a bad schema too); most had no test (taking --logprobs 0 as no --logprobs, say)."""
+    import edgespec.api
+
+    files = {"{schema}": {"type": "object"}, "{object}": {"type": "json_object"}, "{bad}": {"type": "frobnicate"}}
+    for name, schema in files.items():
+        (tmp_path / f"{name[1:-1]}.json").write_text(json.dumps(schema))
+    args = [str(tmp_path / f"{a[1:-1]}.json") if a in files else a for a in args]
+    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert said in one_line_error(run("generate", tiny_bundle, "-p", "hi", *args), 2)
+
+
 def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):
     import os
     import signal

@@ -686,7 +686,8 @@ def test_every_external_data_name_is_read_whatever_its_length(tiny_bundle, copy_
 
 # -- 6. invalid UTF-8 ------------------------------------------------------------------------------
 def test_invalid_utf8_prompt(tiny_bundle):
-    assert "not UTF-8" in one_line_error(run("generate", tiny_bundle, "-p", "-", input=b"Hello \xff\xfe"), 2)
+    assert one_line_error(run("generate", tiny_bundle, "-p", "-", input=b"Hello \xff\xfe"), 2) == \
+        "error: the prompt on stdin is not UTF-8 text (byte 0xff at offset 6)"  # (which byte, and where)
     assert "not valid UTF-8" in one_line_error(run("generate", tiny_bundle, "-p", "\udcff"), 2)
     eng = edgespec.load(tiny_bundle)
     with pytest.raises(ConfigError, match="UTF-8"):
@@ -733,6 +734,19 @@ def test_huge_prompt_refused_before_tokenizing(tiny_bundle):
     assert time.perf_counter() - t0 < 5
     r = run("generate", tiny_bundle, "-p", "-", input=("word " * 2_000_000).encode())
     assert "context" in one_line_error(r, 3)
+
+
+def test_a_prompt_on_stdin_is_taken_up_to_the_limit_and_refused_past_it(tiny_bundle, monkeypatch):
+    """(session 84, a mutation test of cli.py) stdin is read up to STDIN_LIMIT bytes (64 MiB; 10 here): a prompt of
+    the limit is taken, one byte more is refused in one line (exit 3) before anything is tokenized. Untested: a
+    check one byte off let every prompt through (the read stops one byte past the limit)."""
+    import edgespec.cli
+
+    monkeypatch.setattr(edgespec.cli, "STDIN_LIMIT", 10)
+    r = run("generate", tiny_bundle, "-p", "-", "--max-new-tokens", "2", "--no-memory", input=b"0123456789")
+    assert r.exit_code == 0, r.output
+    assert "on stdin is larger than" in one_line_error(
+        run("generate", tiny_bundle, "-p", "-", "--max-new-tokens", "2", "--no-memory", input=b"0123456789A"), 3)
 
 
 # -- 11. tracebacks that remained ---------------------------------------------------------------------
