@@ -625,6 +625,34 @@ def test_generate_s_options_that_do_not_go_together_are_refused_before_the_model
     assert said in one_line_error(run("generate", tiny_bundle, "-p", "hi", *args), 2)
 
 
+def test_an_error_mid_reply_starts_its_own_line_and_a_full_context_is_said(tiny_bundle, monkeypatch):
+    """(session 84, a mutation test of cli.py) An error while a reply streams ends the partial reply's line, so that
+    "error: ..." starts one; before any text, no empty line comes first. A reply that stopped because the context
+    is full says so (generate's note had no test)."""
+    from edgespec.api import Engine
+
+    def failing(text):
+        def stream(self, *a, **k):
+            if text:
+                yield text
+            raise edgespec.ConfigError("boom")
+        return stream
+
+    with monkeypatch.context() as m:
+        m.setattr(Engine, "stream", failing(""))
+        r = run("generate", tiny_bundle, "-p", "hi", "--no-memory")
+        assert r.exit_code == 2 and r.output == "error: boom\n", repr(r.output)
+        m.setattr(Engine, "stream", failing("partial"))
+        r = run("generate", tiny_bundle, "-p", "hi", "--no-memory")
+        assert r.exit_code == 2 and r.output == "partial\nerror: boom\n", repr(r.output)
+    eos = json.loads((tiny_bundle / "edgespec.json").read_text())["eos_token_ids"]
+    bias = [a for e in eos for a in ("--logit-bias", f"{e}=-100")]  # (no end: the reply runs to the context's)
+    r = run("generate", tiny_bundle, "-p", "hi", "--max-context", "32", "--max-new-tokens", "100", "--no-memory",
+            "--drafter", "none", *bias)
+    assert r.exit_code == 0 and "note: the reply stopped because the context (32 tokens) is full" in r.output, \
+        r.output
+
+
 def test_a_full_stdout_and_ctrl_c(tiny_bundle, smol_int4):
     import os
     import signal

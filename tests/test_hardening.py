@@ -1208,6 +1208,13 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
                            input="some text to score " * 40)
     assert r.exit_code == 0 and "windows of 16," in r.output and "\r" not in r.output, r.output
     assert r.output.count("] perplexity ") <= 11, r.output
+    # (session 84, a mutation test) a line at each tenth of the windows and at the last, not the last alone
+    done = [tuple(map(int, m)) for m in re.findall(r"^\[(\d+)/(\d+)\] perplexity ", r.output, re.M)]
+    total = done[-1][1]
+    step = -(-total // 10)
+    assert total >= 10 and [d for d, _ in done] == sorted({*range(step, total + 1, step), total}), done
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-windows", "0"), 2)
+    assert msg == "error: --max-windows must be >= 1, got 0", msg
     msg = one_line_error(run("perplexity", tiny_bundle, "-", "-"), 2)
     assert "'-' (the standard input) is named more than once" in msg
     msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--max-context", "8"), 2)
