@@ -541,7 +541,7 @@ def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(SafetensorError(said + "\nmore")))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == \
         f"error: no space left on device (SafetensorError: {said[:200]})"
-    # ... and only the system's words for it: "No space left" of something else is a bug, its traceback
+    # ... a message without the whole "No space left on device" is a bug, its traceback
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(SafetensorError("No space left")))
     assert isinstance(run("generate", tiny_bundle, "-p", "hi").exception, SafetensorError)
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: 1 / 0)  # any other failure is a bug: its traceback
@@ -595,8 +595,9 @@ def test_an_error_or_warning_of_many_lines_is_said_in_its_first(tiny_bundle, mon
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         r = run("generate", tiny_bundle, "-p", "hi")
-    assert r.exit_code == 2 and r.output.splitlines() == ["warning: a warning", "warning: DeprecationWarning",
-                                                          "error: stop"], r.output
+    lines = r.output.splitlines()  # (a library's own warning may come too)
+    assert r.exit_code == 2 and lines[-1] == "error: stop" and "its detail" not in r.output, r.output
+    assert lines.index("warning: a warning") < lines.index("warning: DeprecationWarning"), r.output
 
 
 @pytest.mark.parametrize("args, said", [
@@ -609,7 +610,7 @@ def test_an_error_or_warning_of_many_lines_is_said_in_its_first(tiny_bundle, mon
     (["--drafter", "prediction"], "--drafter prediction drafts from a predicted output: give it with --prediction"),
     (["--json-schema", "{schema}", "--json-object"], "--json-schema and --json-object: give one of them"),
     (["--json-schema", "{object}"], "holds a json_object response_format: use --json-object for it"),
-    (["--json-schema", "{bad}"], "response_format's schema cannot be used: Invalid type: frobnicate"),
+    (["--json-schema", "{bad}"], "response_format's schema cannot be used"),  # (the why: llguidance's words)
 ])
 def test_generate_s_options_that_do_not_go_together_are_refused_before_the_model_loads(tiny_bundle, tmp_path,
                                                                                         monkeypatch, args, said):

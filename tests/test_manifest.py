@@ -163,8 +163,8 @@ def test_export_records_the_source_files_sha256(tiny_bundle, tiny_dirs):
 
 def test_info_s_report_lines_say_every_field_and_what_is_missing():
     """(session 84, a mutation test of cli_info.py) `info`'s validation and quality lines, field by field: a failed
-    validation's ✗, the worst phase's |Δlogit|, the tolerance, the weights not mapped, a negative perplexity
-    change's sign, a drafter agreement of 0 (shown, not taken for missing), and each report that lacks a field said
+    validation's ✗, the worst phase's |Δlogit|, the tolerance, the weights not mapped, a perplexity change's sign
+    (+0.0 too), a drafter agreement of 0 (shown, not taken for missing), and each report that lacks a field said
     as incomplete rather than printed as None. The tiny bundles' reports had no such values: 11 of 15 mutants
     lived."""
     from edgespec.cli_info import report_lines
@@ -188,9 +188,9 @@ def test_info_s_report_lines_say_every_field_and_what_is_missing():
     assert report_lines(v, q) == ["validation vs torch: ✓ (details missing from the manifest)",
                                   "weights vs torch: 0 matrices, worst relative difference not a number",
                                   "quality: (report incomplete in the manifest)"]
-    q = Quality(perplexity_torch=10.4, perplexity=10.1, perplexity_delta=-0.3, top1_agreement=0.9, mean_kl=0.01,
+    q = Quality(perplexity_torch=10.4, perplexity=10.4, perplexity_delta=0.0, top1_agreement=0.9, mean_kl=0.01,
                 greedy_match_tokens=(8,), greedy_match_of=8)
-    assert report_lines(Validation(), q) == ["quality: perplexity 10.4 -> 10.1 (Δ -0.3), top-1 0.9, KL 0.01, "
+    assert report_lines(Validation(), q) == ["quality: perplexity 10.4 -> 10.4 (Δ +0.0), top-1 0.9, KL 0.01, "
                                              "greedy match [8]/8"]
 
 
