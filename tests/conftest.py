@@ -199,6 +199,34 @@ def smol_int4(tmp_path_factory):
     return _smol(tmp_path_factory, "int4")
 
 
+def raising(exc: BaseException):
+    """A stand-in for a function (``edgespec.api.load``, ...) that raises ``exc`` whatever it is called with."""
+    def fn(*a, **k):
+        raise exc
+
+    return fn
+
+
+class LoadCalled(Exception):
+    """Raised by ``cli_load_args``' stand-in for ``edgespec.api.load``: the command stops where it would load."""
+
+
+@pytest.fixture
+def cli_load_args(monkeypatch):
+    """The keywords a CLI command passes to ``edgespec.api.load``: a dict its stand-in fills before it raises
+    ``LoadCalled``."""
+    import edgespec.api
+
+    seen = {}
+
+    def load(*a, **kw):
+        seen.update(kw)
+        raise LoadCalled
+
+    monkeypatch.setattr(edgespec.api, "load", load)
+    return seen
+
+
 @pytest.fixture
 def copy_bundle(tmp_path):
     def _copy(src: Path) -> Path:

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import edgespec
+from conftest import raising
 from edgespec.cli import main
 
 
@@ -538,11 +539,11 @@ def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
     assert "no space left on device" in one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1)
     # (session 84, a mutation test) a long message of many lines: its first line, cut at 200 characters
     said = "write failed: No space left on device " + "x" * 300
-    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(SafetensorError(said + "\nmore")))
+    monkeypatch.setattr(edgespec.api, "load", raising(SafetensorError(said + "\nmore")))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == \
         f"error: no space left on device (SafetensorError: {said[:200]})"
     # ... a message without the whole "No space left on device" is a bug, its traceback
-    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(SafetensorError("No space left")))
+    monkeypatch.setattr(edgespec.api, "load", raising(SafetensorError("No space left")))
     assert isinstance(run("generate", tiny_bundle, "-p", "hi").exception, SafetensorError)
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: 1 / 0)  # any other failure is a bug: its traceback
     r = run("generate", tiny_bundle, "-p", "hi")
@@ -562,13 +563,12 @@ def test_what_the_system_refuses_that_a_user_can_act_on_is_one_line(tiny_bundle,
     import edgespec.api
 
     n = getattr(errno, code)
-    raised = [OSError(n, os.strerror(n), "/some/file")]
-    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(raised[0]))
+    monkeypatch.setattr(edgespec.api, "load", raising(OSError(n, os.strerror(n), "/some/file")))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == f"error: {os.strerror(n)}: /some/file"
-    raised[0] = OSError(n, os.strerror(n))
+    monkeypatch.setattr(edgespec.api, "load", raising(OSError(n, os.strerror(n))))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == f"error: {os.strerror(n)}"
     if code == "ENOSPC":  # (one case for the others)
-        raised[0] = OSError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+        monkeypatch.setattr(edgespec.api, "load", raising(OSError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))))
         r = run("generate", tiny_bundle, "-p", "hi")
         assert isinstance(r.exception, OSError) and r.exception.errno == errno.ECONNRESET
 
@@ -580,10 +580,9 @@ def test_an_error_or_warning_of_many_lines_is_said_in_its_first(tiny_bundle, mon
 
     import edgespec.api
 
-    raised = [edgespec.ConfigError("the first line\nthe second")]
-    monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: (_ for _ in ()).throw(raised[0]))
+    monkeypatch.setattr(edgespec.api, "load", raising(edgespec.ConfigError("the first line\nthe second")))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 2) == "error: the first line"
-    raised[0] = edgespec.ConfigError("")
+    monkeypatch.setattr(edgespec.api, "load", raising(edgespec.ConfigError("")))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 2) == "error: failed"
 
     def warn(*a, **k):

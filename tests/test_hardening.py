@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import edgespec
+from conftest import raising
 from edgespec.cli import main
 from edgespec.errors import BundleError, ChatTemplateError, ConfigError, ExportError, ManifestError, ProfileError
 
@@ -1320,7 +1321,7 @@ def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
     monkeypatch.setattr(M, "load_manifest", init_failed)
     r = run("info", str(tiny_bundle))
     assert r.exit_code == 130 and r.output.strip().endswith("interrupted"), r.output
-    monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(ImportError("a real one")))
+    monkeypatch.setattr(M, "load_manifest", raising(ImportError("a real one")))
     assert run("info", str(tiny_bundle)).exit_code == 1  # (not a Ctrl-C: still the bug it is)
 
     def cleanup_failed(*a, **k):  # (session 84, a mutation test) an error raised while a Ctrl-C was handled: its context
@@ -1371,7 +1372,7 @@ def test_a_sigterm_that_comes_out_as_a_librarys_error_is_terminated(tiny_bundle,
     r = run("info", str(tiny_bundle))
     assert r.exit_code == 143 and r.output.strip().splitlines() == ["error: terminated"], r.output
     monkeypatch.setattr(O, "terminated", False)
-    monkeypatch.setattr(M, "load_manifest", lambda *a, **k: (_ for _ in ()).throw(TypeError("a real one")))
+    monkeypatch.setattr(M, "load_manifest", raising(TypeError("a real one")))
     assert run("info", str(tiny_bundle)).exit_code == 1  # (no SIGTERM: still the bug it is)
 
     def wrapped(*a, **k):  # (one edgespec wraps: "ExportError: cannot read the graph")

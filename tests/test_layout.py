@@ -911,26 +911,16 @@ def test_cuda_graphs_switch_on_the_cpu(tiny_cuda_bundle):
     ([], {}), (["--cuda-graphs"], {"cuda_graphs": True}), (["--no-cuda-graphs"], {"cuda_graphs": False}),
     (["--drafter-provider", "cpu", "--no-cuda-graphs"], {"drafter_provider": "cpu", "cuda_graphs": False}),
 ])
-def test_the_cli_passes_its_placement_options_to_load(tiny_cuda_bundle, monkeypatch, flags, want):
+def test_the_cli_passes_its_placement_options_to_load(tiny_cuda_bundle, cli_load_args, flags, want):
     """(session 84, a mutation test of cli_placement.py) What generate passes to ``load`` for --drafter-provider and
     --cuda-graphs: nothing where they are left out (the profile's enable_cuda_graph decides), each as given
     otherwise. On the CPU either way decodes the same, so no test saw --no-cuda-graphs dropped, or a default that
     overrode the profile's."""
-    import edgespec.api
+    from conftest import LoadCalled
 
-    seen = {}
-
-    class Loaded(Exception):
-        pass
-
-    def load(*a, **kw):
-        seen.update(kw)
-        raise Loaded
-
-    monkeypatch.setattr(edgespec.api, "load", load)
     r = CliRunner().invoke(main, ["generate", str(tiny_cuda_bundle), "-p", "hi", *flags])
-    assert isinstance(r.exception, Loaded), r.output
-    assert {k: seen[k] for k in ("drafter_provider", "cuda_graphs") if k in seen} == want
+    assert isinstance(r.exception, LoadCalled), r.output
+    assert {k: cli_load_args[k] for k in ("drafter_provider", "cuda_graphs") if k in cli_load_args} == want
 
 
 def test_a_session_that_refuses_graph_capture_opens_without(tiny_cuda_bundle, monkeypatch, caplog):

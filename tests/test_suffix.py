@@ -1279,12 +1279,13 @@ def test_memory_show_counts_what_the_store_holds_and_names_a_corrupt_one_to_be_s
     (["bench", "{b}", "--drafters", "suffix"], {"memory": False}),
     (["bench", "{b}", "--drafters", "suffix", "--memory"], {"memory": True}),
 ], ids=["prompt-lookup", "suffix", "model", "two-documents", "bench", "bench-memory"])
-def test_the_cli_loads_what_its_drafter_and_memory_options_ask(args, want, tiny_bundle, tmp_path, monkeypatch):
+def test_the_cli_loads_what_its_drafter_and_memory_options_ask(args, want, tiny_bundle, tmp_path, monkeypatch,
+                                                               cli_load_args):
     """(session 83, mutants C2-C4, C6) What a command passes to ``load``: no drafter model for prompt-lookup and
     suffix, every --documents file, the memory on by default (off by default for bench, where results would depend on
     earlier runs)."""
-    import edgespec.api
     from click.testing import CliRunner
+    from conftest import LoadCalled
 
     from edgespec.cli import main
 
@@ -1292,19 +1293,10 @@ def test_the_cli_loads_what_its_drafter_and_memory_options_ask(args, want, tiny_
     for p in docs.values():
         p.write_text("text")
     subst = {"{b}": str(tiny_bundle), **{k: str(v) for k, v in docs.items()}}
-    seen = {}
-
-    class Loaded(Exception):
-        pass
-
-    def load(*a, **kw):
-        seen.update(kw)
-        raise Loaded
-
-    monkeypatch.setattr(edgespec.api, "load", load)
+    seen = cli_load_args
     monkeypatch.chdir(tmp_path)  # (bench's report folder)
     r = CliRunner().invoke(main, [subst.get(a, a) for a in args])
-    assert isinstance(r.exception, Loaded), r.output
+    assert isinstance(r.exception, LoadCalled), r.output
     for k, v in want.items():
         got = seen.get(k, True if k == "memory" else None)  # (memory left out: load's default, on)
         if k == "documents":
