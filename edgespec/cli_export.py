@@ -129,9 +129,9 @@ def export(target, drafter, output, target_precision, drafter_precision, max_con
                                "KV cache is float32, the cuda layout's float16")
     try:
         dq = QuantOptions(block_size=drafter_block_size, accuracy_level=4, algorithm=drafter_quant_algo)
-    except ExportError as e:  # (its messages name the target's options: these are the drafter's)
-        raise ExportError(str(e).replace("--block-size", "--drafter-block-size").replace(
-            "--quant-algo", "--drafter-quant-algo")) from None
+    except ExportError as e:  # (its message names the target's option: this is the drafter's; the drafter's
+        # --quant-algo choices and fixed accuracy level leave --block-size the only one it can name)
+        raise ExportError(str(e).replace("--block-size", "--drafter-block-size")) from None
     out = export_bundle(target, output, drafter=drafter, target_precision=target_precision,
                         drafter_precision=drafter_precision, max_context=max_context, quant=q, drafter_quant=dq,
                         force=force, quality=not no_quality, device=device, drafter_device=drafter_device,

@@ -414,6 +414,8 @@ def test_precisions_round_trip(tiny_dirs, tmp_path, target, drafter, extra):
     assert r.exit_code == 0, r.output
     m = load_manifest(out, deep=True)
     assert m.target.precision == target and m.target.validation.passed, m.target.validation
+    # (the bound each precision is validated under: fp16's logits within 0.5 of torch's, the quantized ones none)
+    assert m.target.validation.tolerance == {"fp16": 0.5}.get(target), m.target.validation
     ops = _ops(out)
     if target == "fp8":
         assert ops["DequantizeLinear"] == ops["fp8_initializers"] > 0 and m.target.quant.block_size == 16
@@ -1576,3 +1578,402 @@ def test_the_quality_score_is_the_float64_log_softmaxes(tmp_path):
     assert abs(s["kl"] / want[2] - 1) < 1e-6 and s["tokens"] == 55
     same = score(iter([(ids, ref, ref) for ids, ref, _ in pairs]))
     assert abs(same["kl"]) < 1e-9 and same["perplexity"] == same["perplexity_ref"] and same["top1"] == 1.0
+
+
+# (session 85, mutation tests of cli_export.py) What each option of the three build commands becomes where the build
+# takes it, and the notes the command adds. The builds are stubbed: the command's own part is tested (the exports
+# themselves are tested above).
+@pytest.fixture
+def export_calls(tmp_path, monkeypatch):
+    """``edgespec export`` with its build stubbed: ``(result, kwargs)``, the keyword arguments export_bundle got."""
+    import edgespec_export
+
+    def invoke(*args, target=None):
+        got = {}
+
+        def fake(target, output, **kw):
+            got.update(kw, target=target, output=output)
+            return Path(output)
+
+        monkeypatch.setattr(edgespec_export, "export_bundle", fake)
+        r = CliRunner().invoke(main, ["export", str(target or tmp_path / "t"), "-o", str(tmp_path / "b"), *args])
+        return r, got
+    return invoke
+
+
+def test_export_gives_the_build_each_option_as_given(export_calls, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("x")
+    r, got = export_calls("--drafter", str(tmp_path / "d"), "--drafter-precision", "int4", "--drafter-device", "cpu",
+                          "--max-context", "64", "--block-size", "64", "--drafter-block-size", "128",
+                          "--drafter-quant-algo", "k_quant", "--symmetric", "--no-quantize-lm-head",
+                          "--float-embeddings", "--drafter-vocab", "100", "--drafter-vocab-corpus", str(corpus),
+                          "--exact-kernels", "--kv-dtype", "int8", "--no-quality", "--force")
+    assert r.exit_code == 0 and r.output.strip() == str(tmp_path / "b"), r.output
+    q, dq = got.pop("quant"), got.pop("drafter_quant")
+    assert got == {"target": str(tmp_path / "t"), "output": str(tmp_path / "b"), "drafter": str(tmp_path / "d"),
+                   "target_precision": "int4", "drafter_precision": "int4", "max_context": 64, "force": True,
+                   "quality": False, "device": "cpu", "drafter_device": "cpu", "drafter_vocab": 100,
+                   "drafter_vocab_corpus": (str(corpus),), "exact_kernels": True, "kv_dtype": "int8"}
+    assert (q.block_size, q.symmetric, q.quantize_lm_head, q.quantize_embeddings, q.algorithm, q.accuracy_level) == \
+        (64, True, False, False, "rtn", 4)
+    assert (dq.block_size, dq.algorithm, dq.accuracy_level) == (128, "k_quant", 4)
+    # the defaults: asymmetric not asked for (the layout's choice), the lm_head quantized, quality measured, no force
+    r, got = export_calls()
+    assert r.exit_code == 0, r.output
+    q = got["quant"]
+    assert (got["target_precision"], got["quality"], got["force"], got["max_context"], got["drafter"]) == \
+        ("int4", True, False, None, None)
+    assert (q.symmetric, q.quantize_lm_head, q.quantize_embeddings, q.accuracy_level, q.fp8_scheme) == \
+        (None, True, None, 4, "channel")
+    # and the others: asymmetric, int4 tables, another accuracy level, an int8 drafter's block size, FP8's scheme
+    r, got = export_calls("--asymmetric", "--quantize-embeddings", "--accuracy-level", "3", "--drafter",
+                          str(tmp_path / "d"), "--drafter-precision", "int8", "--drafter-block-size", "64")
+    assert r.exit_code == 0, r.output
+    assert (got["quant"].symmetric, got["quant"].quantize_embeddings, got["quant"].accuracy_level) == (False, True, 3)
+    assert got["drafter_precision"] == "int8" and got["drafter_quant"].block_size == 64
+    r, got = export_calls("--target-precision", "fp8", "--fp8-scheme", "block", "--block-size", "16")
+    assert r.exit_code == 0 and (got["quant"].fp8_scheme, got["quant"].block_size) == ("block", 16), r.output
+
+
+
+@pytest.mark.parametrize("args", [["--target-precision", "int8"], ["--device", "cuda"], ["--accuracy-level", "3"]])
+def test_export_exact_kernels_is_refused_where_they_cannot_run(export_calls, args):
+    """edgespec's kernels read int4 blocks in the cpu layout computed as accuracy level 4 does (int8 activations):
+    another precision, layout or level is a usage error before the build, not a bundle its rewrite then refuses."""
+    r, got = export_calls("--exact-kernels", *args)
+    assert r.exit_code == 2 and "--exact-kernels applies to an int4 target in the cpu layout at accuracy level 4" \
+        in r.output and not got, r.output
+
+
+@pytest.mark.parametrize("args, note", [
+    (["--quant-algo", "hqq"], "the hqq blocks' float zero points"),
+    (["--drafter", "D", "--drafter-precision", "int4", "--drafter-quant-algo", "hqq"], "the hqq blocks'"),
+    (["--quant-algo", "q4_k", "--drafter", "D", "--drafter-precision", "int4", "--drafter-quant-algo", "hqq"],
+     "the q4_k and hqq blocks'"),
+    (["--quant-algo", "hqq", "--exact-kernels"], None),
+    (["--quant-algo", "k_quant"], None),
+])
+def test_export_says_where_float_zero_points_run_slowly(export_calls, tmp_path, args, note):
+    r, _ = export_calls(*[str(tmp_path / "d") if a == "D" else a for a in args])
+    assert r.exit_code == 0, r.output
+    said = [line for line in r.output.splitlines() if "zero points in float" in line]
+    if note is None:
+        assert said == [], r.output
+    else:
+        assert len(said) == 1 and said[0].startswith(f"note: onnxruntime computes {note}"), r.output
+        assert "run 'edgespec exact-kernels' on this bundle" in said[0]
+
+
+def test_export_refuses_a_blank_drafter_and_names_what_an_empty_corpus_path_should_be(export_calls, tmp_path):
+    r, got = export_calls("--drafter", "  ")
+    assert r.exit_code == 2 and "--drafter is empty" in r.output and not got, r.output
+    r, got = export_calls("--drafter", str(tmp_path / "d"), "--drafter-vocab", "8", "--drafter-vocab-corpus", "")
+    assert r.exit_code == 2 and "is empty (an unset shell variable?); name a file or folder" in r.output, r.output
+    assert not got
+
+
+def test_same_model_follows_home_hard_links_and_blank_ends(tmp_path, monkeypatch):
+    import os
+
+    from edgespec.cli_export import _same_model
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m.gguf").write_bytes(b"x")
+    os.link(tmp_path / "m.gguf", tmp_path / "hard.gguf")
+    (tmp_path / "other.gguf").write_bytes(b"x")
+    assert _same_model("~/m.gguf", str(tmp_path / "m.gguf"))  # (a shell leaves "~" in --drafter=~/...)
+    assert _same_model(str(tmp_path / "hard.gguf"), str(tmp_path / "m.gguf"))  # one file, two names
+    assert not _same_model(str(tmp_path / "other.gguf"), str(tmp_path / "m.gguf"))
+    assert _same_model(" org/model ", "org/model")
+    # a file that cannot be compared (gone between the two looks) is not the same model
+    monkeypatch.setattr(os.path, "samefile", lambda a, b: (_ for _ in ()).throw(FileNotFoundError(2, "gone")))
+    assert not _same_model(str(tmp_path / "m.gguf"), str(tmp_path / "m.gguf"))
+
+
+@pytest.mark.parametrize("command, module", [("drafter-vocab", "head"), ("exact-kernels", "kernels")])
+def test_the_rewrites_give_their_options_to_the_rewrite(tmp_path, monkeypatch, command, module):
+    import importlib
+
+    mod = importlib.import_module(f"edgespec_export.{module}")
+    calls = []
+    monkeypatch.setattr(mod, "apply_to_bundle", lambda *a, **kw: calls.append((a, kw)) or Path(a[0]))
+    b, out = str(tmp_path / "b"), str(tmp_path / "o")
+    if command == "drafter-vocab":
+        corpus = tmp_path / "c.txt"
+        corpus.write_text("x")
+        r = CliRunner().invoke(main, [command, b, "16", "-o", out, "--force", "--corpus", str(corpus)])
+        assert r.exit_code == 0, r.output
+        (a, kw), = calls
+        assert a == (b, 16, out) and kw["corpus"] == (str(corpus),) and kw["force"] is True
+        r = CliRunner().invoke(main, [command, b, "0"])
+        assert r.exit_code == 2 and "0 is not in the range x>=1" in r.output and len(calls) == 1, r.output
+    else:
+        r = CliRunner().invoke(main, [command, b, "-o", out, "--force", "--onnxruntime-attention", "--kv-dtype",
+                                      "float32"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(main, [command, b])
+        assert r.exit_code == 0, r.output
+        assert [(a, kw["force"], kw["own_attention"], kw["kv_dtype"]) for a, kw in calls] == \
+            [((b, out), True, False, "float32"), ((b, None), False, True, None)]
+    r = CliRunner().invoke(main, [command, b, *(["16"] if command == "drafter-vocab" else []), "--force"])
+    assert r.exit_code == 2 and "--force replaces an existing bundle at --output" in r.output
+    assert len(calls) in (1, 2) and len(calls) == (1 if command == "drafter-vocab" else 2)
+
+
+# (session 85, mutation tests of export/validate.py) Each check of the export's validation fails the graph on its
+# own, and each figure is recorded and said as measured. Planted in torch's logits (``torch_logits``), the graph's
+# calls or the weight check's findings; the untouched graph passes.
+@pytest.fixture
+def qwen2_torch(tiny_dirs):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen2"], dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]))
+
+
+def _validate(model, tok, spec, precision):
+    from edgespec_export.validate import validate
+
+    lines = []
+    return validate(model, tok, spec, precision, lines.append), lines
+
+
+def _line(lines, text):
+    return next(x.strip() for x in lines if text in x)
+
+
+def _planted_reference(monkeypatch, plant):
+    """torch's logits of each validation text with ``plant(logits)`` applied (in place) first."""
+    import edgespec_export.validate as V
+
+    real = V.torch_logits
+
+    def planted(model, ids):
+        out = np.array(real(model, ids))
+        plant(out)
+        return out
+
+    monkeypatch.setattr(V, "torch_logits", planted)
+
+
+def test_validation_bounds_a_float_graph_by_its_tolerance_and_its_agreement(qwen2_torch, tiny_bundle, monkeypatch):
+    import edgespec_export.validate as V
+
+    model, tok = qwen2_torch
+    spec = load_manifest(tiny_bundle).target
+    v, lines = _validate(model, tok, spec, "fp32")
+    assert v.passed and v.tolerance == 0.01 and v.positions > 100, v
+    assert _line(lines, "top-1 agreement").endswith("(needs >= 0.99; |Δlogit| tolerance 0.01)"), lines
+
+    def shifted(out):  # one row 0.05 off, its top token the same: only the tolerance sees it
+        out[2] += 0.05
+
+    _planted_reference(monkeypatch, shifted)
+    v, lines = _validate(model, tok, spec, "fp32")
+    assert not v.passed and v.top1_agreement == 1.0 and 0.04 < v.max_abs_logit_diff["prefill"] < 0.06, v
+    assert _line(lines, "prefill  max").startswith("✗") and _line(lines, "decode   max").startswith("✓"), lines
+
+    # the agreement bound of a float graph, 0.99, on its own (the tolerance lifted): every 20th row another top token
+    monkeypatch.setattr(V, "TOLERANCE", {"fp32": 1e9})
+
+    def flipped(out):
+        for i in range(3, len(out), 20):
+            out[i, out[i].argmin()] = out[i].max() + 1
+
+    _planted_reference(monkeypatch, flipped)
+    v, lines = _validate(model, tok, spec, "fp32")
+    assert not v.passed and 0.9 < v.top1_agreement < 0.99, v
+    assert _line(lines, "top-1 agreement").startswith("✗"), lines
+
+
+def test_validation_bounds_a_quantized_graph_by_its_agreement_and_finite_logits(qwen2_torch, tiny_int4_bundle,
+                                                                              monkeypatch):
+    import edgespec_export.validate as V
+
+    model, tok = qwen2_torch
+    spec = load_manifest(tiny_int4_bundle).target
+    v, lines = _validate(model, tok, spec, "int4")
+    assert v.passed and v.tolerance is None and all(np.isfinite(list(v.max_abs_logit_diff.values()))), v
+    assert _line(lines, "top-1 agreement").endswith("(needs >= 0.6)"), lines
+    assert all(_line(lines, f"{p:8s} max").startswith("✓") for p in ("prefill", "decode", "verify", "rewind")), lines
+
+    def nan_row(out):  # torch's: a quantized graph has no tolerance, and a row may disagree
+        out[1] = np.nan
+
+    _planted_reference(monkeypatch, nan_row)
+    v, lines = _validate(model, tok, spec, "int4")
+    assert not v.passed and v.top1_agreement >= 0.6 and v.max_abs_logit_diff["prefill"] == float("inf"), v
+    assert _line(lines, "prefill  max").startswith("✗") and _line(lines, "verify   max").startswith("✓"), lines
+
+    monkeypatch.undo()
+    def half_flipped(out):  # half the rows another top token: under 0.6
+        for i in range(0, len(out), 2):
+            out[i, out[i].argmin()] = out[i].max() + 1
+
+    _planted_reference(monkeypatch, half_flipped)
+    v, lines = _validate(model, tok, spec, "int4")
+    assert not v.passed and v.top1_agreement < 0.6, v
+    assert _line(lines, "top-1 agreement").startswith("✗"), lines
+
+
+def test_validation_fails_a_graph_whose_one_call_prefill_alone_is_not_a_number(qwen2_torch, tiny_int4_bundle,
+                                                                             monkeypatch):
+    """The phases' rows are compared with the same graph's one-call prefill of the text: a NaN there only (no row
+    against torch's) is a difference no figure keeps (Python's max keeps the one before it)."""
+    from edgespec.onnx_lm import OnnxLM
+
+    model, tok = qwen2_torch
+    spec = load_manifest(tiny_int4_bundle).target
+    real_forward, real_rewind = OnnxLM.forward, OnnxLM.rewind
+
+    def rewind(self, n):
+        self.after_rewind = 2 if n == 3 else 0  # (the validation's rewind: its decode, then the one-call prefill)
+        real_rewind(self, n)
+
+    def forward(self, ids, **kw):
+        out = np.array(real_forward(self, ids, **kw))
+        self.after_rewind = getattr(self, "after_rewind", 0) - 1
+        if self.after_rewind == 0:
+            assert self.length == len(ids)
+            out[0] = np.nan
+        return out
+
+    monkeypatch.setattr(OnnxLM, "rewind", rewind)
+    monkeypatch.setattr(OnnxLM, "forward", forward)
+    v, lines = _validate(model, tok, spec, "int4")
+    assert not v.passed and all(np.isfinite(list(v.max_abs_logit_diff.values()))), v
+    own = _line(lines, "own one-call prefill")
+    assert own.startswith("✗") and "max |Δlogit| = inf (tolerance 0.001)" in own, lines
+
+
+def test_validation_reads_the_argmax_output_of_each_row(qwen2_torch, tiny_cuda_bundle, monkeypatch):
+    from edgespec.onnx_lm import OnnxLM
+
+    model, tok = qwen2_torch
+    spec = load_manifest(tiny_cuda_bundle).target
+    real_call = OnnxLM._call
+
+    def fourth_off(self, ids, argmax, *a, **k):  # the argmax output wrong at the fourth row only
+        out = np.array(real_call(self, ids, argmax, *a, **k))
+        if argmax and out.size > 3:
+            out.reshape(-1)[3] += 1
+        return out
+
+    monkeypatch.setattr(OnnxLM, "_call", fourth_off)
+    v, lines = _validate(model, tok, spec, "int4")
+    assert not v.passed and _line(lines, "argmax output equals").startswith("✗"), lines
+
+
+def test_validation_says_the_weight_checks_findings(qwen2_torch, tiny_int4_bundle, monkeypatch):
+    import edgespec_export.validate as V
+    from edgespec_export.weights import WeightCheck
+
+    model, tok = qwen2_torch
+    spec = load_manifest(tiny_int4_bundle).target
+    failed = [(f"/n{i}", f"t{i}.weight", 1.0 + i, 0.5) for i in range(4)]  # (three said, and one more)
+    monkeypatch.setattr(V, "check_weights", lambda *a: WeightCheck(checked=7, unmapped=["a", "b", "c"],
+                                                                  worst=float("inf"), failed=failed))
+    v, lines = _validate(model, tok, spec, "int4")
+    assert not v.passed and v.weights_checked == 7 and v.weights_unmapped == 3 and v.weight_error is None, v
+    assert _line(lines, "weights against torch's") == ("✗ weights against torch's: 7 matrices, the worst relative "
+                                                       "difference inf (none); 3 not mapped to a torch parameter (a, "
+                                                       "b, ...)"), lines
+    assert [x.strip() for x in lines if x.startswith("      ✗")] == [
+        "✗ /n0 against t0.weight: 1 (bound 0.5)", "✗ /n1 against t1.weight: 2 (bound 0.5)",
+        "✗ /n2 against t2.weight: 3 (bound 0.5)", "✗ and 1 more"], lines
+    monkeypatch.setattr(V, "check_weights", lambda *a: WeightCheck(checked=7, unmapped=["a", "b"], worst=0.125,
+                                                                  worst_name="/m"))
+    v, lines = _validate(model, tok, spec, "int4")
+    assert v.passed and v.weight_error == 0.125 and v.weights_unmapped == 2, v
+    assert _line(lines, "weights against torch's").endswith("0.125 (/m); 2 not mapped to a torch parameter (a, b)")
+
+
+def test_validation_of_a_short_context_and_a_tokenizer_of_few_tokens(qwen2_torch, tiny_int4_bundle):
+    """A bundle's context shorter than the 48 tokens a text is cut to (--max-context 24), and a tokenizer that makes
+    fewer than 10 tokens of a text (its tokens repeated to 12): both validated as any other."""
+    import dataclasses
+
+    model, tok = qwen2_torch
+    spec = load_manifest(tiny_int4_bundle).target
+    v, _ = _validate(model, tok, dataclasses.replace(spec, max_context=24), "int4")
+    assert v.passed and v.positions == 3 * (24 + 3), v
+
+    def few(text, add_special_tokens=False):
+        return {"input_ids": tok(text, add_special_tokens=add_special_tokens)["input_ids"][:5]}
+
+    v, _ = _validate(model, few, spec, "int4")
+    assert v.passed and v.positions == 3 * (12 + 3), v
+
+
+@pytest.mark.parametrize("args", [["export", "T", "-o", "B"], ["drafter-vocab", "B", "16"], ["exact-kernels", "B"]])
+def test_the_build_commands_without_the_export_stage_say_how_to_install_it(tmp_path, monkeypatch, args):
+    """A runtime-only install (no export extra): the command says what is missing and how to install it, in one
+    line, exit 1; nothing is written."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "edgespec_export" or m.startswith("edgespec_export.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "edgespec_export", None)  # (an import of it raises ImportError)
+    r = CliRunner().invoke(main, [str(tmp_path / a) if a in ("T", "B") else a for a in args])
+    assert r.exit_code == 1 and re.fullmatch(r"Error: the export stage is not installed \(edgespec_export(\.\w+)?\); "
+                                             r"pip install -e '\.\[export\]'", r.output.strip()), r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+# (session 85, mutation tests of export/quality.py) The quality record's figures are the score of the graph's and
+# torch's logits of the texts as the context holds them, and the drafter's agreement is counted within the drafter's
+# context; checked on a bundle's context cut short (16 tokens: the texts cut, the continuations 8 tokens).
+def test_the_quality_record_is_the_score_of_the_texts_the_context_holds(qwen2_torch, tiny_int4_bundle):
+    import dataclasses
+    import types
+
+    import torch
+
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+    from edgespec_export.quality import TEXTS, QualityRun, score
+
+    model, tok = qwen2_torch
+    spec = dataclasses.replace(load_manifest(tiny_int4_bundle).target, max_context=16)
+    lines = []
+    q = QualityRun(tok, "int4")("target", model, spec, types.SimpleNamespace(log=lines.append))
+    lm, pairs = OnnxLM(spec, 16, choose(["cpu"]), min_width=1), []
+    for text in TEXTS:
+        ids = tok(text, add_special_tokens=False)["input_ids"][:16]
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0].float().numpy()
+        lm.reset()
+        pairs.append((ids, ref, lm.forward(ids)))
+    s = score(iter(pairs))
+    assert (q.tokens, q.perplexity_torch, q.perplexity, q.perplexity_delta, q.top1_agreement, q.mean_kl) == \
+        (15 * len(TEXTS), round(s["perplexity_ref"], 4), round(s["perplexity"], 4),
+         round(s["perplexity"] - s["perplexity_ref"], 4), round(s["top1"], 4), round(s["kl"], 6)), (q, s)
+    assert q.greedy_match_of == 8 and all(0 <= m <= 8 for m in q.greedy_match_tokens), q
+    assert f"greedy match {list(q.greedy_match_tokens)}/8" in lines[0], lines
+
+
+def test_the_drafters_agreement_is_counted_within_the_drafters_context(tiny_bundle):
+    import dataclasses
+
+    from edgespec_export.quality import TEXTS, drafter_agreement
+
+    from edgespec.tokenizer import Tokenizer
+
+    m = load_manifest(tiny_bundle)
+    tok = Tokenizer.of(m)
+    lines = []
+    q = drafter_agreement(m.target, dataclasses.replace(m.drafter, max_context=40),
+                          lambda text, room: tok.encode(text, add_special=False)[:room], lines.append)
+    # each of the four texts: its first 20 tokens (half the context), then 20 of the target's greedy tokens
+    assert q.agreement_tokens == 4 * 20 and len(TEXTS) >= 4, q
+    assert lines == [f"    drafter agrees with the exported target on {round(q.greedy_agreement_with_target * 80)}/80 "
+                     f"greedy tokens ({q.greedy_agreement_with_target:.2f})"], lines
+
+
+def test_a_figure_that_is_no_number_is_recorded_as_none():
+    from edgespec_export.quality import _finite
+
+    assert _finite(float("inf"), 4) is None and _finite(float("nan"), 4) is None and _finite(-float("inf"), 4) is None
+    assert _finite(np.float32(1.23456), 2) == 1.23 and isinstance(_finite(np.float32(2.5), 4), float)
