@@ -228,6 +228,29 @@ def cli_load_args(monkeypatch):
 
 
 @pytest.fixture
+def export_calls(tmp_path, monkeypatch):
+    """``edgespec export`` with its build stubbed: ``invoke(*args, target=None)`` runs it on ``target`` (default
+    ``tmp_path/"t"``) with ``-o tmp_path/"b"`` and returns ``(result, got)``: the CLI's result and the arguments
+    ``export_bundle`` got (its keywords, ``target`` and ``output``; empty where the command stopped before it)."""
+    import edgespec_export
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    def invoke(*args, target=None):
+        got = {}
+
+        def fake(target, output, **kw):
+            got.update(kw, target=target, output=output)
+            return Path(output)
+
+        monkeypatch.setattr(edgespec_export, "export_bundle", fake)
+        r = CliRunner().invoke(main, ["export", str(target or tmp_path / "t"), "-o", str(tmp_path / "b"), *args])
+        return r, got
+    return invoke
+
+
+@pytest.fixture
 def copy_bundle(tmp_path):
     def _copy(src: Path) -> Path:
         dst = tmp_path / src.name

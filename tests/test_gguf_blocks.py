@@ -487,20 +487,16 @@ def test_gguf_blocks_refuse_a_tensor_of_another_shape_and_a_graph_without_projec
                                             ("m.gguf", ["--quant-algo", "gguf"], False),
                                             ("m.gguf", ["--target-precision", "fp32"], False),
                                             ("m.gguf", ["--device", "cuda"], False)])
-def test_a_gguf_rounded_again_says_that_its_blocks_could_be_kept(name, args, says, tmp_path, monkeypatch):
+def test_a_gguf_rounded_again_says_that_its_blocks_could_be_kept(name, args, says, tmp_path, export_calls):
     """A .gguf target exported int4 by RTN (or k_quant) for the cpu layout: once the bundle is written, a note
     says the file's own blocks could be kept (--quant-algo gguf), on stderr, the bundle's path still the last line
     of stdout; not for gguf itself, other precisions or the cuda layout. (The export is stubbed: the CLI's
     path to it is what is tested.)"""
-    import edgespec_export
-
     fake = tmp_path / name
     fake.write_bytes(b"GGUF")
-    out = tmp_path / "out"
-    monkeypatch.setattr(edgespec_export, "export_bundle", lambda *a, **kw: out)
-    r = CliRunner().invoke(main, ["export", str(fake), "-o", str(out), *args])
+    r, _ = export_calls(*args, target=fake)
     assert r.exit_code == 0, r.output
-    assert r.stdout.strip().splitlines()[-1] == str(out)
+    assert r.stdout.strip().splitlines()[-1] == str(tmp_path / "b")
     assert ("--quant-algo gguf --exact-kernels keeps the file's own 4-bit blocks" in r.stderr) is says, r.stderr
     if says:  # (the rounding it names: the one asked for, at the block size asked for)
         algo = args[1] if args else "rtn"
