@@ -313,17 +313,73 @@ def test_head_ids_that_disagree_with_the_graph_are_refused(tiny_bundle, tmp_path
         edgespec.load(out, max_context=128)
 
 
-def test_in_place_rewrite(tiny_fp8_bundle, copy_bundle):
+def test_in_place_rewrite(tiny_fp8_bundle, copy_bundle, monkeypatch):
+    import os.path as osp
+
     from edgespec_export.head import apply_to_bundle
 
     b = copy_bundle(tiny_fp8_bundle)
+    before = {p.relative_to(b): p.read_bytes() for p in b.rglob("*") if p.is_file()}
+    real = osp.ismount  # (session 86: a bundle that is a mount point cannot be replaced: refused before the rewrite)
+    monkeypatch.setattr(osp, "ismount", lambda p: str(p) == str(b.resolve()) or real(p))
+    with pytest.raises(ExportError, match="is a mount point, which cannot be replaced"):
+        apply_to_bundle(b, 256)
+    assert {p.relative_to(b): p.read_bytes() for p in b.rglob("*") if p.is_file()} == before
+    assert [p.name for p in b.parent.iterdir()] == [b.name]
+    monkeypatch.undo()
     assert apply_to_bundle(b, 256) == b.resolve()
     m = load_manifest(b, deep=True)
     assert m.drafter.head_size == 256 and m.name == tiny_fp8_bundle.name
+    assert [p.name for p in b.parent.iterdir()] == [b.name]  # (the replaced tree removed, no stage left)
     with pytest.raises(ExportError, match="already reduced to 256 tokens"):
         apply_to_bundle(b, 128)
     eng = edgespec.load(b, max_context=256)
     _assert_all_equal(_greedy_all(eng, PROMPTS[0], 30), PROMPTS[0])
+
+def test_a_rewrite_through_a_link_names_the_new_bundle_and_its_head_source(tiny_bundle, tmp_path):
+    """(session 86, mutation tests of head.py) A bundle named through a symbolic link is rewritten into a new bundle
+    whose graphs are its own; the new bundle takes its folder's name; the manifest says how the kept tokens were
+    chosen (merge order, or a given ranking); a corpus and a ranking together are refused."""
+    from edgespec_export.head import apply_to_bundle
+
+    link = tmp_path / "link"
+    link.symlink_to(tiny_bundle, target_is_directory=True)
+    out = _reduce(link, tmp_path, name="given")
+    m = load_manifest(out, deep=True)
+    assert m.name == "given" and load_manifest(tiny_bundle).name == tiny_bundle.name
+    for spec in (m.target, m.drafter):
+        assert spec.path.is_relative_to(out.resolve()), spec.path
+    assert m.drafter.head_ids.is_relative_to(out.resolve())
+    assert m.drafter.head_source == "special tokens, then a given ranking, then BPE merge order"
+    merge = load_manifest(_reduce(tiny_bundle, tmp_path, name="merge", ranked=()))
+    assert merge.drafter.head_source == "special tokens, then BPE merge order (token id)"
+    (tmp_path / "c.txt").write_text("some text")
+    with pytest.raises(ExportError, match="give a corpus or a ranking of token ids, not both"):
+        apply_to_bundle(tiny_bundle, 100, tmp_path / "x", corpus=[tmp_path / "c.txt"], ranked=[5, 6])
+    assert not (tmp_path / "x").exists()
+
+def test_a_drafter_with_fewer_rows_than_its_target_keeps_n_of_its_own(tmp_path_factory):
+    """(session 86, mutation tests of head.py) A drafter with fewer rows than its target, the tokenizer's added token
+    past the drafter's rows (Gemma 3 1B drafting for a larger Gemma 3): drafter-vocab keeps N tokens the drafter has
+    (choosing among the target's rows, one kept id fell past the drafter's and the head came out one short)."""
+    from conftest import _export
+    from edgespec_export.head import apply_to_bundle
+    from tiny import make_model, make_tokenizer
+
+    root = tmp_path_factory.mktemp("fewer")
+    tok = make_tokenizer()
+    drafter = make_model(root / "drafter", "qwen2", seed=3, tokenizer=tok)  # (372 rows)
+    target = make_model(root / "target", "qwen2", seed=1, tokenizer=tok, vocab_size=380)  # (Qwen's padding rows)
+    tok.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})  # (id 372: past the drafter's rows)
+    for d in (drafter, target):
+        tok.save_pretrained(d)
+    src = _export(tmp_path_factory, "fewer-rows", target, drafter=str(drafter), target_precision="fp32",
+                  drafter_precision="fp32", max_context=128)
+    m = load_manifest(src)
+    assert (m.target.vocab_size, m.drafter.vocab_size, m.tokenizer_vocab_size) == (380, 372, 373)
+    out = apply_to_bundle(src, 100, root / "cut")
+    ids = load_manifest(out, deep=True).drafter.load_head_ids(380)
+    assert len(ids) == 100 and ids[-1] < 372 and m.eos_token_ids[0] in ids
 
 
 def test_a_rewrite_of_a_read_only_bundle_and_a_failed_one_leave_nothing(tiny_bundle, tiny_int4_bundle, tmp_path,
@@ -429,6 +485,35 @@ def test_select_head_ids_order():
         select_head_ids(tj, 12)
 
 
+def test_select_head_ids_keeps_bos_eos_and_cuts_to_the_models_rows():
+    """(session 86, mutation tests of head.py) bos is kept; a ranking's ids outside the vocabulary, repeats and its
+    tail past N are left out; the rest follows id order on a vocabulary with gaps too; an added token past the model's
+    rows (Gemma 3 1B's <image_soft_token>) is left out, an eos there refused; N is checked against the rows."""
+    from edgespec_export.head import select_head_ids
+
+    tj = {"model": {"vocab": {f"t{i}": i for i in range(10)}},
+          "added_tokens": [{"id": 10, "content": "<a>"}, {"id": 11, "content": "<b>"}]}
+    assert select_head_ids(tj, 4, bos_id=5).tolist() == [0, 5, 10, 11]
+    assert select_head_ids(tj, 5, ranked=[99, -3, 4]).tolist() == [0, 1, 4, 10, 11]
+    assert select_head_ids(tj, 4, ranked=[9, 8, 7, 6, 5]).tolist() == [8, 9, 10, 11]
+    assert select_head_ids(tj, 4, vocab_size=11).tolist() == [0, 1, 2, 10]  # (11 is past the rows: left out)
+    with pytest.raises(ExportError, match="not smaller than the vocabulary \\(11 tokens\\)"):
+        select_head_ids(tj, 11, vocab_size=11)
+    with pytest.raises(ExportError, match="not smaller than the vocabulary \\(8 tokens\\)"):  # (8 and 9: past the rows)
+        select_head_ids({"model": {"vocab": {f"t{i}": i for i in range(10)}}}, 8, vocab_size=8)
+    with pytest.raises(ExportError, match="a special token id is outside the vocabulary of 12"):
+        select_head_ids(tj, 4, eos_ids=[12], vocab_size=12)
+    with pytest.raises(ExportError, match="a special token id is outside the vocabulary of 12"):
+        select_head_ids(tj, 4, eos_ids=[-1])
+    with pytest.raises(ExportError, match="must be a positive number of tokens, got True"):
+        select_head_ids({"model": {"vocab": {"a": 0, "b": 1}}}, True)
+    sparse = {"model": {"vocab": {f"t{i}": i for i in (1, 2, 3, 32)}}}  # (a set of these ints iterates 32 first)
+    assert select_head_ids(sparse, 2).tolist() == [1, 2]
+    gaps = {"model": {"vocab": {f"t{i}": i for i in (*range(6), 9, 10)}}}
+    with pytest.raises(ExportError, match="only 6 tokens to keep, fewer than --drafter-vocab 7"):
+        select_head_ids(gaps, 7, vocab_size=8)  # (9 and 10 are past the model's 8 rows)
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_qwen_reduced_head_exact(tmp_path):
@@ -485,10 +570,244 @@ def test_corpus_ranking_keeps_the_corpus_tokens(tiny_bundle, tmp_path):
     from edgespec_export.head import _utf8_prefix
 
     assert _utf8_prefix("aé€".encode()[:-1]) == "aé" and _utf8_prefix(b"abc") == "abc"  # a split character
+    assert _utf8_prefix("a😀".encode()[:-1]) == "a"  # (three bytes of a four-byte character)
     with pytest.raises(UnicodeDecodeError):  # latin-1 inside is not forgiven
         _utf8_prefix("café au lait".encode("latin-1"))
     r = CliRunner().invoke(cli, ["export", str(tiny_bundle), "-o", str(tmp_path / "w"), "--drafter-vocab-corpus", "x"])
     assert r.exit_code == ExportError.exit_code and "applies with --drafter-vocab N" in r.output
+
+
+def test_corpus_files_takes_text_files_and_readmes_sorted_once(tmp_path):
+    """(session 86, mutation tests of head.py) A corpus folder gives its .py/.md/.rst/.txt files and its READMEs (of
+    any suffix), recursively, sorted; a file named twice (or also inside a named folder) is read once."""
+    from edgespec_export.head import corpus_files
+
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    for name in ("z.py", "b.md", "sub/c.rst", "a.txt", "README", "sub/README.en", "e.bin", "notes"):
+        (d / name).write_text("x")
+    want = sorted(d / n for n in ("z.py", "b.md", "sub/c.rst", "a.txt", "README", "sub/README.en"))
+    assert corpus_files([d]) == want
+    assert corpus_files([d / "z.py", d / "a.txt", d / "z.py"]) == [d / "a.txt", d / "z.py"]
+    assert corpus_files([d / "notes", d]) == sorted([*want, d / "notes"])  # (a file named: taken, any suffix)
+
+
+def test_corpus_ranking_counts_by_frequency_in_batches_within_the_budget(tmp_path, monkeypatch):
+    """(session 86, mutation tests of head.py) The ranking is by count, most frequent first (ties by id), of the tokens
+    the text makes without the tokenizer's added bos (a post-processor that adds one: Llama's); texts are tokenized
+    256 at a time (a large corpus is never held whole); reading stops at the byte budget, a character it splits left
+    out."""
+    import collections
+
+    import tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    from edgespec_export.head import corpus_ranking
+    from tiny import make_tokenizer
+
+    hf = make_tokenizer()
+    bos = hf.convert_tokens_to_ids("<|endoftext|>")
+    hf.backend_tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A",
+                                                             special_tokens=[("<|endoftext|>", bos)])
+    tj = tmp_path / "tokenizer.json"
+    hf.backend_tokenizer.save(str(tj))
+    real = tokenizers.Tokenizer.from_file(str(tj))
+    assert real.encode("a b").ids[0] == bos
+
+    def ranking(texts):
+        c = collections.Counter(t for x in texts for t in real.encode(x, add_special_tokens=False).ids)
+        return sorted(c, key=lambda t: (-c[t], t))
+
+    batches, Real = [], tokenizers.Tokenizer
+
+    class Counting:  # (records the batches the ranking tokenizes)
+        @staticmethod
+        def from_file(path):
+            tok = Real.from_file(path)
+
+            class Batches:
+                def get_vocab_size(self, with_added_tokens=True):
+                    return tok.get_vocab_size(with_added_tokens=with_added_tokens)
+
+                def encode_batch(self, texts, **kw):
+                    batches.append(len(texts))
+                    return tok.encode_batch(texts, **kw)
+            return Batches()
+
+    monkeypatch.setattr(tokenizers, "Tokenizer", Counting)
+    d = tmp_path / "texts"
+    d.mkdir()
+    texts = [f"def f{i}(x):\n    return x * {i % 7} + {'y' * (i % 5)}\n" for i in range(300)]
+    for i, t in enumerate(texts):
+        (d / f"f{i:03}.py").write_text(t)
+    ranked = corpus_ranking(tj, [d])
+    assert ranked == ranking(texts) and bos not in ranked
+    assert [b for b in batches if b] == [256, 44]
+    (tmp_path / "cut.txt").write_text("zz éq")  # 3 + 2 + 1 bytes: a budget of 4 splits the é
+    assert corpus_ranking(tj, [tmp_path / "cut.txt"], max_bytes=4) == ranking(["zz "])
+    assert corpus_ranking(tj, [tmp_path / "cut.txt"], max_bytes=5) == ranking(["zz é"])
+    assert corpus_ranking(tj, [tmp_path / "cut.txt", d], max_bytes=6) == ranking(["zz éq"])  # (the folder not read)
+
+def _head_graph(folder, *, bias=None, w_dims=None, producer="Cast", nbits=False):
+    """A drafter-like graph by hand: logits = Cast(MatMul(x, W) + bias) ([B, 16] @ [16, 64]; with ``nbits``, a 4-bit
+    MatMulNBits with zero points and its own bias input), W and a table only an If node's branch reads in external
+    data ``weights.bin`` (not the ``model.onnx.data`` a rewrite writes), a small inline constant, a value_info for the
+    MatMul's output. (The table is read two subgraphs down: an If in an If's branch.)"""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 64)).astype(np.float32), "side"),
+             numpy_helper.from_array(np.array([2.0], np.float32), "small"),
+             numpy_helper.from_array(np.array(True), "cond")]
+    if nbits:  # (one block of 16 per row: B [64, 1, 8], a scale and a zero point per row)
+        inits += [numpy_helper.from_array(a, name) for a, name in (
+            (rng.integers(0, 256, (64, 1, 8), dtype=np.uint8), "B"), (rng.random(64).astype(np.float32), "S"),
+            (rng.integers(0, 256, 64, dtype=np.uint8), "Z"), (rng.standard_normal(64).astype(np.float32), "nb_bias"))]
+        nodes = [helper.make_node("MatMulNBits", ["x", "B", "S", "Z", "", "nb_bias"], ["mm"], domain="com.microsoft",
+                                  K=16, N=64, bits=4, block_size=16)]
+    else:
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_dims or (16, 64)).astype(np.float32), "W"))
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    last = "mm"
+    if bias is not None:
+        inits.append(numpy_helper.from_array(np.asarray(bias, np.float32), "b"))
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["biased"]))
+        last = "biased"
+    if producer == "Cast":
+        nodes.append(helper.make_node("Cast", [last], ["logits"], to=TensorProto.FLOAT))
+    else:  # (an op the head cannot be cut through)
+        nodes.append(helper.make_node(producer, [last], ["logits"], domain="com.edgespec"))
+    inner = helper.make_graph([helper.make_node("Identity", ["side"], ["side_out_i"])], "inner", [],
+                              [helper.make_tensor_value_info("side_out_i", TensorProto.FLOAT, [4, 64])])
+    branch = helper.make_graph([helper.make_node("If", ["cond"], ["side_out_b"], then_branch=inner, else_branch=inner)],
+                               "branch", [], [helper.make_tensor_value_info("side_out_b", TensorProto.FLOAT, [4, 64])])
+    nodes += [helper.make_node("If", ["cond"], ["side_out"], then_branch=branch, else_branch=branch),
+              helper.make_node("Mul", ["x", "small"], ["doubled"])]
+    inits.sort(key=lambda i: i.name == "side")  # (last in the data file)
+    g = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 16])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 64]),
+                           helper.make_tensor_value_info("side_out", TensorProto.FLOAT, [4, 64]),
+                           helper.make_tensor_value_info("doubled", TensorProto.FLOAT, ["B", 16])], inits,
+                          value_info=[helper.make_tensor_value_info("mm", TensorProto.FLOAT, ["B", 64])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=8)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(m, str(folder / "model.onnx"), save_as_external_data=True, location="weights.bin", size_threshold=512)
+    return folder / "model.onnx"
+
+
+def _run_graph(path):
+    import onnxruntime as ort
+
+    from edgespec.onnx_lm import shared_thread_pool
+
+    shared_thread_pool(None)  # (the process-wide pool every edgespec session runs on, made once)
+    so = ort.SessionOptions()
+    so.use_per_session_threads = False
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+@pytest.mark.parametrize("bias, nbits", [(None, False), (np.linspace(-1, 1, 64), False), ([0.5], False),
+                                         (None, True)])  # none, one per token, one for all; MatMulNBits' own
+def test_reduce_head_on_a_graph_by_hand(tmp_path, bias, nbits):
+    """(session 86, mutation tests of head.py) reduce_head through a bias Add and a Cast: the logits are the full head's
+    columns at the kept ids (a bias of one value for all tokens kept whole; MatMulNBits' rows, scales, zero points and
+    bias input cut); the logits output and no stale value_info say N; the old weights are dropped, a table only a
+    subgraph reads is kept, a small constant stays inline; every tensor moves to ``model.onnx.data`` and the old data
+    file goes, no temporary file is left."""
+    import onnx
+
+    from edgespec_export.head import reduce_head
+
+    path = _head_graph(tmp_path, bias=bias, nbits=nbits)
+    full = _run_graph(path)
+    ids = np.array([0, 3, 17, 40, 63])
+    assert reduce_head(path, ids) == 64
+    cut = _run_graph(path)
+    np.testing.assert_allclose(cut[0], full[0][:, ids], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(cut[1], full[1])
+    np.testing.assert_array_equal(cut[2], full[2])
+    m = onnx.load(str(path), load_external_data=False)
+    logits = next(o for o in m.graph.output if o.name == "logits")
+    assert logits.type.tensor_type.shape.dim[-1].dim_value == 5
+    assert not [v.name for v in m.graph.value_info]
+    inits = {t.name: t for t in m.graph.initializer}
+    head = {"B.head5", "S.head5", "Z.head5", "nb_bias.head5"} if nbits else {"W.head5"}
+    assert set(inits) == head | {"side", "small", "cond"} | ({"b.head5"} if bias is not None and len(bias) > 1
+                                                             else {"b"} if bias is not None else set())
+    assert inits["small"].data_location != onnx.TensorProto.EXTERNAL and inits["small"].raw_data
+    assert {e.value for t in inits.values() for e in t.external_data if e.key == "location"} == {"model.onnx.data"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+
+
+def test_reduce_head_refuses_what_it_cannot_cut_and_leaves_the_graph(tmp_path):
+    """(session 86, mutation tests of head.py) ids not sorted, unique and inside the head; a weight that is not
+    [hidden, vocab]; logits from an op that is no lm_head (exact-kernels' MatMulQ4: the order to apply them in);
+    external data shorter than a tensor's shape: ExportErrors, the graph's files as they were, no temporary file
+    left."""
+    from edgespec_export.head import reduce_head
+
+    path = _head_graph(tmp_path / "a")
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    for ids in ([1, 1, 2], [3, 2], [-1, 2], [5, 64], []):
+        with pytest.raises(ExportError, match="sorted, unique and inside the head's 64 tokens"):
+            reduce_head(path, np.array(ids, dtype=np.int64))
+    with pytest.raises(ExportError, match="no constant \\[hidden, vocab\\] weight"):
+        reduce_head(_head_graph(tmp_path / "b", w_dims=(1, 8, 64)), np.array([1, 2]))
+    with pytest.raises(ExportError, match="logits come from MatMulQ4, not a MatMulNBits.*apply drafter-vocab to the "
+                                          "bundle before exact-kernels"):
+        reduce_head(_head_graph(tmp_path / "c", producer="MatMulQ4"), np.array([1, 2]))
+    with pytest.raises(ExportError, match="logits come from Softmax, not a MatMulNBits/MatMul lm_head: cannot reduce "
+                                          "its vocabulary$"):
+        reduce_head(_head_graph(tmp_path / "d", producer="Softmax"), np.array([1, 2]))
+    data = path.parent / "weights.bin"
+    short = before["weights.bin"][:-100]  # (W first, then the table only the subgraph reads: that one ends early)
+    data.write_bytes(short)
+    with pytest.raises(ExportError, match="side: its external data ends early"):
+        reduce_head(path, np.array([1, 2]))
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == {**before, "weights.bin": short}
+    data.write_bytes(before["weights.bin"][:1000])  # (W itself cut short)
+    with pytest.raises(ExportError, match="W: its external data is shorter than its shape says"):
+        reduce_head(path, np.array([1, 2]))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx", "weights.bin"]
+
+def test_reduce_in_stage_checks_the_vocabularies_and_records_what_it_measured(tiny_bundle, tmp_path, monkeypatch):
+    """(session 86, mutation tests of head.py) On an export's stage: a kept id past the target's vocabulary is refused;
+    ids past a drafter with fewer rows than the target (Gemma 3 1B's) are left out, and said, unless that keeps every
+    row; a head whose width is not the manifest's drafter vocabulary is refused; the sizes measured after the cut are
+    the ones recorded; the head's source is the one given."""
+    import shutil
+    from dataclasses import replace
+
+    from edgespec_export import bundle as B
+    from edgespec_export.head import reduce_in_stage
+
+    stage, other = (shutil.copytree(tiny_bundle, tmp_path / n) for n in ("stage", "other"))
+    m = load_manifest(stage)
+    assert m.target.vocab_size == m.drafter.vocab_size == 372
+    with pytest.raises(ExportError, match="a kept id is outside the target's vocabulary"):
+        reduce_in_stage(stage, m, np.array([0, 5, 372]))
+    wide = replace(m, target=replace(m.target, vocab_size=400))  # (a target with 28 rows more than its drafter)
+    with pytest.raises(ExportError, match="374 tokens to keep: the drafter has only 372 ids, all of them kept"):
+        reduce_in_stage(stage, wide, np.array([*range(372), 380, 390]))
+    with pytest.raises(ExportError, match="the drafter's lm_head has 372 outputs but the manifest says vocab 371"):
+        o = load_manifest(other)
+        reduce_in_stage(other, replace(o, drafter=replace(o.drafter, vocab_size=371)), np.array([0, 5, 9]))
+    monkeypatch.setattr(B, "measured_sizes", lambda root, role, entry, log=None: {
+        "embedding_bytes": 1234, "embedding_row_bytes": 56, "cpu_resident_bytes": 7890})
+    logs = []
+    ids = np.array([0, 1, 2, 3, 371, 380, 390])
+    no_agreement = replace(m.drafter.quality, greedy_agreement_with_target=None)
+    wide = replace(wide, drafter=replace(m.drafter, quality=no_agreement))
+    # (no agreement to measure again: that loads the target, whose graph has not the 400 rows said here)
+    out = reduce_in_stage(stage, wide, ids, log=logs.append, source="a test's ids")
+    d = out.drafter
+    assert d.head_size == 5 and d.load_head_ids(372).tolist() == [0, 1, 2, 3, 371]
+    assert (d.embedding_bytes, d.embedding_row_bytes, d.cpu_resident_bytes) == (1234, 56, 7890)
+    assert d.head_source == "a test's ids"
+    assert any("2 kept ids are past its 372-token vocabulary: left out" in line for line in logs), logs
 
 
 def test_tied_drafter_shares_its_table_with_the_embedding_and_keeps_it(tmp_path_factory, tiny_dirs):

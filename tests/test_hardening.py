@@ -1427,3 +1427,270 @@ def test_a_bad_profile_from_the_environment_says_so(tiny_bundle):
     r = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--profile", "nope2"], env={"EDGESPEC_PROFILE": "nope"})
     msg = one_line_error(r, 2)
     assert "unknown profile 'nope2'" in msg and "EDGESPEC_PROFILE" not in msg, msg
+
+
+# -- session 86, a mutation test of export/output.py: what its other tests let go unseen -----------
+def _dead_pid() -> int:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
+def test_check_output_refuses_a_link_to_nothing_a_folder_above_the_working_one_and_the_input_itself(tmp_path,
+                                                                                                   monkeypatch):
+    """(session 86, a mutation test of output.py) Untested before: a link to nothing at -o taken as a free place (the
+    bundle then written where the link points), -o a folder above the working one (only the working folder itself was
+    tried), an input that is the bundle itself (only one inside it), a file on the way to -o said so, and the probe's
+    folder left behind."""
+    from edgespec.manifest import MANIFEST_NAME
+    from edgespec_export.output import check_output
+
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    for force in (False, True):
+        with pytest.raises(ExportError, match=r"link is a symlink to .*nowhere, which does not exist; give the"):
+            check_output(tmp_path / "link", force, [])
+    b = tmp_path / "b"
+    (b / "sub").mkdir(parents=True)
+    (b / MANIFEST_NAME).write_text("{}")
+    monkeypatch.chdir(b / "sub")
+    with pytest.raises(ExportError, match="is the current directory or contains it; --force will not replace it"):
+        check_output(b, True, [])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ExportError, match="holds the export's input"):
+        check_output(b, True, [str(b)])
+    assert check_output(b, True, [str(tmp_path / "elsewhere"), None]) == b.resolve()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ExportError, match=r"cannot write the bundle at .*: .*/f is a file, not a directory"):
+        check_output(tmp_path / "f" / "x" / "y", False, [])
+    new = tmp_path / "new" / "deeper"
+    assert check_output(new, False, []) == new.resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "f", "link"]  # (the probe left nothing, made nothing)
+
+
+def test_the_newest_whole_old_bundle_of_a_dead_process_is_put_back_and_no_other(tiny_llama_bundle, tmp_path):
+    """(session 86, a mutation test of output.py) restore_stale_old was tried with one old copy, of a dead process:
+    putting back a running process's (its publish is between its renames), a link named so (moved into place, the
+    bundle would be a link to elsewhere), or the oldest of several copies instead of the newest went unseen, and so
+    did its answer."""
+    from edgespec_export.output import restore_stale_old
+
+    out = tmp_path / "keep"
+    live = tmp_path / f".keep.old-{os.getppid()}"
+    shutil.copytree(tiny_llama_bundle, live)
+    assert restore_stale_old(out) is None and live.is_dir() and not out.exists()
+    shutil.rmtree(live)
+    link = tmp_path / f".keep.old-{_dead_pid()}"
+    link.symlink_to(tiny_llama_bundle)
+    assert restore_stale_old(out) is None and link.is_symlink() and not out.exists()
+    link.unlink()
+    older, newer = (tmp_path / f".keep.old-{_dead_pid()}" for _ in range(2))
+    for d, t in ((older, 1_500_000_000), (newer, 1_600_000_000)):
+        shutil.copytree(tiny_llama_bundle, d)
+        (d / "which").write_text(d.name)
+        os.utime(d, (t, t))
+    assert restore_stale_old(out) == out and (out / "which").read_text() == newer.name and older.is_dir()
+
+
+def test_a_mount_point_with_a_space_in_its_path_and_a_mountinfo_that_cannot_be_read(tmp_path, monkeypatch):
+    """(session 86, a mutation test of output.py) /proc/self/mountinfo writes a space in a path as \\040: unread so,
+    such a bind mount went unseen; and where the file cannot be read, no folder is taken for a mount point."""
+    import builtins
+
+    from edgespec_export import output as O
+
+    vol = tmp_path / "my vol"
+    vol.mkdir()
+    mountinfo = tmp_path / "mountinfo"
+    escaped = str(vol).replace(" ", "\\040")
+    mountinfo.write_text(f"36 35 98:0 /x {escaped} rw,noatime master:1 - ext3 /dev/root rw\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: real_open(mountinfo if f == "/proc/self/mountinfo" else f,
+                                                                       *a, **k))
+    with pytest.raises(ExportError, match="my vol is a mount point"):
+        O.check_not_mount(vol)
+
+    def unreadable(f, *a, **k):
+        if f == "/proc/self/mountinfo":
+            raise PermissionError(13, "Permission denied", f)
+        return real_open(f, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", unreadable)
+    assert not O._in_mountinfo(vol)
+    O.check_not_mount(vol)
+
+
+def test_prepare_stage_clears_a_dead_exports_partial_and_its_own_leftover(tmp_path):
+    """(session 86, a mutation test of output.py) The export's own removal of dead exports' partial bundles, and of
+    this process's own stage left by an earlier export in it, had no test."""
+    from edgespec_export.output import prepare_stage
+
+    stale = tmp_path / f".b.partial-{_dead_pid()}"
+    (stale / "target").mkdir(parents=True)
+    own = tmp_path / f".b.partial-{os.getpid()}"
+    own.mkdir()
+    (own / "left").write_text("x")
+    assert prepare_stage(tmp_path / "b") == own and not any(own.iterdir()) and not stale.exists()
+    deep = tmp_path / "x" / "y" / "b"
+    assert prepare_stage(deep) == deep.parent / f".b.partial-{os.getpid()}" and deep.parent.is_dir()
+
+
+def test_a_full_disk_in_a_librarys_words_the_space_left_and_a_ctrl_c_met_during_one(tmp_path, monkeypatch):
+    """(session 86, a mutation test of output.py) A library's "Disk quota exceeded" (only its "No space left on
+    device" was tried), the free space said in MiB from 1 MiB and in KiB below (the test's pattern took either), and
+    a Ctrl-C or SIGTERM during a full disk's error (raised while it was handled: the ENOSPC in its context) stays
+    what it is."""
+    import errno
+    import types
+
+    from edgespec.errors import NoSpaceError
+    from edgespec_export.output import Terminated, _full_disk_error, raise_if_full
+
+    assert _full_disk_error(RuntimeError("write failed: Disk quota exceeded")) is not None
+    for stop in (KeyboardInterrupt(), Terminated(143)):
+        try:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:
+                raise stop
+        except BaseException as e:
+            assert _full_disk_error(e) is not None
+            raise_if_full(e, "x", tmp_path, "kept")  # (returns: the caller raises it again)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    for free, said in ((5 * 2**20 + 7, "5 MiB"), (2**20, "1 MiB"), (3000, "3 KiB"), (2048 * 2**20, "2,048 MiB")):
+        monkeypatch.setattr(shutil, "disk_usage", lambda p, free=free: types.SimpleNamespace(free=free))
+        with pytest.raises(NoSpaceError, match=rf"^no space left on device while writing x in "
+                                               rf"{re.escape(str(tmp_path))}, {said} free there now: kept$"):
+            raise_if_full(full, "x", tmp_path, "kept")
+
+
+def test_publish_puts_the_old_bundle_back_where_the_new_one_is_not_put_in_place(tmp_path, monkeypatch):
+    """(session 86, a mutation test of output.py) The old bundle moved aside is put back where the new one's rename
+    fails (a stage gone) or a SIGTERM comes between the two renames: both untested, as was the new bundle refused
+    where something appeared at an in-place rewrite's path (here a link to nothing)."""
+    from edgespec.manifest import MANIFEST_NAME
+    from edgespec_export.output import Terminated, publish
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MANIFEST_NAME).write_text("old")
+    with pytest.raises(ExportError, match=r"cannot put the bundle in place at .*out: No such file or directory"):
+        publish(tmp_path / ".out.partial-1", out)
+    assert (out / MANIFEST_NAME).read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / MANIFEST_NAME).write_text("new")
+    real = Path.rename
+
+    def stopped(self, target):
+        if self == stage:
+            raise Terminated(143)  # (the SIGTERM handler's, right after the first rename)
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", stopped)
+    with pytest.raises(Terminated):
+        publish(stage, out)
+    monkeypatch.undo()
+    assert (out / MANIFEST_NAME).read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out", "stage"]
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ExportError, match="link appeared while the export ran; the new bundle is not written"):
+        publish(stage, link)
+    assert link.is_symlink() and (stage / MANIFEST_NAME).read_text() == "new"
+
+
+def _in_a_thread(fn) -> list:
+    import threading
+
+    raised = []
+
+    def go():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001
+            raised.append(e)
+
+    t = threading.Thread(target=go)
+    t.start()
+    t.join()
+    return raised
+
+
+def test_the_sigterm_guards_give_their_handler_back_and_run_outside_the_main_thread(tmp_path, monkeypatch):
+    """(session 86, a mutation test of output.py) remove_replaced's guard left SIGTERM ignored for the rest of the
+    process unseen; it and terminate_cleanly run in another thread (a server's export), where Python refuses to set
+    a handler; the handler stops the model builder's processes and says a SIGTERM came (``terminated``). None of it
+    had a test."""
+    from edgespec_export import build
+    from edgespec_export import output as O
+
+    mine = lambda *a: None  # noqa: E731
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        old = tmp_path / "old"
+        (old / "target").mkdir(parents=True)
+        O.remove_replaced(old)
+        assert not old.exists() and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    (old / "target").mkdir(parents=True)
+    assert _in_a_thread(lambda: O.remove_replaced(old)) == [] and not old.exists()
+
+    def guarded():
+        with O.terminate_cleanly():
+            pass
+
+    assert _in_a_thread(guarded) == []
+
+    class Builder:
+        killed = False
+
+        def kill(self):
+            self.killed = True
+
+    proc = Builder()
+    monkeypatch.setattr(build, "RUNNING", {proc})
+    monkeypatch.setattr(O, "terminated", False)
+    with pytest.raises(O.Terminated) as e:
+        with O.terminate_cleanly():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # (the handler raises before this ends)
+    assert e.value.code == 143 and O.terminated is True and proc.killed
+
+
+def test_another_users_partial_is_left_and_a_missing_graph_is_the_systems_error(tmp_path, monkeypatch):
+    """(session 86, a mutation test of output.py) A process that cannot be signalled (another user's) is running: its
+    partial bundle stays; a link named as a dead one's partial is neither followed nor listed as removed. load_graph
+    turns what is no graph into an ExportError of one line, but a file that cannot be opened stays the OSError it is
+    (the CLI says the system's reason and the file). None of it had a test."""
+    from edgespec_export.output import _alive, load_graph, remove_stale
+
+    theirs = tmp_path / ".b.partial-4242"
+    theirs.mkdir()
+    monkeypatch.setattr(os, "kill", raising(PermissionError(1, "Operation not permitted")))
+    assert _alive(4242) and remove_stale(tmp_path, "b") == [] and theirs.is_dir()
+    monkeypatch.undo()
+    shutil.rmtree(theirs)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "a").write_text("x")
+    link = tmp_path / f".b.partial-{_dead_pid()}"  # (a link named so: nothing removed, and none said to be)
+    link.symlink_to(tmp_path / "kept")
+    assert remove_stale(tmp_path, "b") == [] and (tmp_path / "kept" / "a").is_file()
+    with pytest.raises(FileNotFoundError):
+        load_graph(tmp_path / "none.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\xff\xff garbage\nsecond line\n" * 3)
+    with pytest.raises(ExportError, match=r"^cannot read the graph .*bad\.onnx: \w+: [^\n]*$"):
+        load_graph(tmp_path / "bad.onnx")
+
+
+def test_a_rewrite_of_no_bundle_or_of_a_file_says_so(tmp_path):
+    """(session 86, a mutation test of output.py) The rewrite's lock opens the bundle's folder first; where there is
+    none (or a file), the lock is skipped and the manifest's reading says so (exit 2). Only "not 0, one line" was
+    tested: the system's "No such file or directory" (exit 1) went unseen."""
+    (tmp_path / "afile").write_text("x")
+    for args in (["exact-kernels", tmp_path / "missing"], ["drafter-vocab", tmp_path / "missing", "8"],
+                 ["exact-kernels", tmp_path / "afile", "-o", tmp_path / "out"],
+                 ["drafter-vocab", tmp_path / "afile", "8"]):
+        msg = one_line_error(run(*args), 2)
+        assert msg.startswith(f"error: no such bundle: {tmp_path / 'missing'}") if "missing" in str(args[1]) else \
+            msg == f"error: {tmp_path / 'afile'} is not a bundle directory", msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
