@@ -207,6 +207,34 @@ def raising(exc: BaseException):
     return fn
 
 
+def dead_pid() -> int:
+    """The pid of a process that has ended (the owner of a stale partial bundle or old copy)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
+def pool_session_options():
+    """onnxruntime session options on the process-wide thread pool every edgespec session runs on (made here if no
+    engine made it yet): once that pool exists, a session of a test's own with per-session threads is refused."""
+    import onnxruntime as ort
+
+    from edgespec.onnx_lm import shared_thread_pool
+
+    shared_thread_pool(None)
+    so = ort.SessionOptions()
+    so.use_per_session_threads = False
+    return so
+
+
+def file_bytes(root: Path) -> dict:
+    """Every file under ``root``, its path relative to ``root`` -> its bytes: a tree compared before and after."""
+    return {p.relative_to(root): p.read_bytes() for p in Path(root).rglob("*") if p.is_file()}
+
+
 class LoadCalled(Exception):
     """Raised by ``cli_load_args``' stand-in for ``edgespec.api.load``: the command stops where it would load."""
 

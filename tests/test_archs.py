@@ -1488,11 +1488,9 @@ def test_rotary_nodes_fold_into_the_attention_only_where_the_table_covers_the_he
     feeds.update(seqlens_k=np.array([past + S - 1], np.int32), total_len=np.array(past + S, np.int32),
                  position_ids=np.arange(past, past + S, dtype=np.int64)[None])
 
-    from edgespec.onnx_lm import shared_thread_pool
+    from conftest import pool_session_options
 
-    shared_thread_pool(None)  # (the process-wide pool every edgespec session runs on, made once)
-    so = ort.SessionOptions()
-    so.use_per_session_threads = False
+    so = pool_session_options()
 
     def run(model):
         return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)

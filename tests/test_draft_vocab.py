@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import edgespec
-from conftest import BUNDLES
+from conftest import BUNDLES, dead_pid, file_bytes, pool_session_options
 from edgespec.cli import main as cli
 from edgespec.decoder import Decoder
 from edgespec.drafters import ModelDrafter
@@ -319,12 +319,12 @@ def test_in_place_rewrite(tiny_fp8_bundle, copy_bundle, monkeypatch):
     from edgespec_export.head import apply_to_bundle
 
     b = copy_bundle(tiny_fp8_bundle)
-    before = {p.relative_to(b): p.read_bytes() for p in b.rglob("*") if p.is_file()}
+    before = file_bytes(b)
     real = osp.ismount  # (session 86: a bundle that is a mount point cannot be replaced: refused before the rewrite)
     monkeypatch.setattr(osp, "ismount", lambda p: str(p) == str(b.resolve()) or real(p))
     with pytest.raises(ExportError, match="is a mount point, which cannot be replaced"):
         apply_to_bundle(b, 256)
-    assert {p.relative_to(b): p.read_bytes() for p in b.rglob("*") if p.is_file()} == before
+    assert file_bytes(b) == before
     assert [p.name for p in b.parent.iterdir()] == [b.name]
     monkeypatch.undo()
     assert apply_to_bundle(b, 256) == b.resolve()
@@ -335,6 +335,7 @@ def test_in_place_rewrite(tiny_fp8_bundle, copy_bundle, monkeypatch):
         apply_to_bundle(b, 128)
     eng = edgespec.load(b, max_context=256)
     _assert_all_equal(_greedy_all(eng, PROMPTS[0], 30), PROMPTS[0])
+
 
 def test_a_rewrite_through_a_link_names_the_new_bundle_and_its_head_source(tiny_bundle, tmp_path):
     """(session 86, mutation tests of head.py) A bundle named through a symbolic link is rewritten into a new bundle
@@ -357,6 +358,7 @@ def test_a_rewrite_through_a_link_names_the_new_bundle_and_its_head_source(tiny_
     with pytest.raises(ExportError, match="give a corpus or a ranking of token ids, not both"):
         apply_to_bundle(tiny_bundle, 100, tmp_path / "x", corpus=[tmp_path / "c.txt"], ranked=[5, 6])
     assert not (tmp_path / "x").exists()
+
 
 def test_a_drafter_with_fewer_rows_than_its_target_keeps_n_of_its_own(tmp_path_factory):
     """(session 86, mutation tests of head.py) A drafter with fewer rows than its target, the tokenizer's added token
@@ -648,6 +650,7 @@ def test_corpus_ranking_counts_by_frequency_in_batches_within_the_budget(tmp_pat
     assert corpus_ranking(tj, [tmp_path / "cut.txt"], max_bytes=5) == ranking(["zz é"])
     assert corpus_ranking(tj, [tmp_path / "cut.txt", d], max_bytes=6) == ranking(["zz éq"])  # (the folder not read)
 
+
 def _head_graph(folder, *, bias=None, w_dims=None, producer="Cast", nbits=False):
     """A drafter-like graph by hand: logits = Cast(MatMul(x, W) + bias) ([B, 16] @ [16, 64]; with ``nbits``, a 4-bit
     MatMulNBits with zero points and its own bias input), W and a table only an If node's branch reads in external
@@ -700,13 +703,9 @@ def _head_graph(folder, *, bias=None, w_dims=None, producer="Cast", nbits=False)
 def _run_graph(path):
     import onnxruntime as ort
 
-    from edgespec.onnx_lm import shared_thread_pool
-
-    shared_thread_pool(None)  # (the process-wide pool every edgespec session runs on, made once)
-    so = ort.SessionOptions()
-    so.use_per_session_threads = False
     x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    session = ort.InferenceSession(str(path), pool_session_options(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
 
 
 @pytest.mark.parametrize("bias, nbits", [(None, False), (np.linspace(-1, 1, 64), False), ([0.5], False),
@@ -773,6 +772,7 @@ def test_reduce_head_refuses_what_it_cannot_cut_and_leaves_the_graph(tmp_path):
         reduce_head(path, np.array([1, 2]))
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx", "weights.bin"]
 
+
 def test_reduce_in_stage_checks_the_vocabularies_and_records_what_it_measured(tiny_bundle, tmp_path, monkeypatch):
     """(session 86, mutation tests of head.py) On an export's stage: a kept id past the target's vocabulary is refused;
     ids past a drafter with fewer rows than the target (Gemma 3 1B's) are left out, and said, unless that keeps every
@@ -792,8 +792,8 @@ def test_reduce_in_stage_checks_the_vocabularies_and_records_what_it_measured(ti
     wide = replace(m, target=replace(m.target, vocab_size=400))  # (a target with 28 rows more than its drafter)
     with pytest.raises(ExportError, match="374 tokens to keep: the drafter has only 372 ids, all of them kept"):
         reduce_in_stage(stage, wide, np.array([*range(372), 380, 390]))
+    o = load_manifest(other)
     with pytest.raises(ExportError, match="the drafter's lm_head has 372 outputs but the manifest says vocab 371"):
-        o = load_manifest(other)
         reduce_in_stage(other, replace(o, drafter=replace(o.drafter, vocab_size=371)), np.array([0, 5, 9]))
     monkeypatch.setattr(B, "measured_sizes", lambda root, role, entry, log=None: {
         "embedding_bytes": 1234, "embedding_row_bytes": 56, "cpu_resident_bytes": 7890})
@@ -878,8 +878,6 @@ def test_one_rewrite_of_a_bundle_at_a_time_and_a_stopped_ones_copy_is_put_back(t
     two renames left the bundle only as .NAME.old-PID: load says so, and the next rewrite puts it back first."""
     import fcntl
     import os
-    import subprocess
-    import sys
 
     from edgespec.errors import BundleError
     from edgespec_export.head import apply_to_bundle
@@ -908,15 +906,14 @@ def test_one_rewrite_of_a_bundle_at_a_time_and_a_stopped_ones_copy_is_put_back(t
         assert (b / "edgespec.json").read_text() == before
     finally:
         os.close(fd)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    aside = b.parent / f".{b.name}.old-{dead.pid}"
+    dead = dead_pid()
+    aside = b.parent / f".{b.name}.old-{dead}"
     b.rename(aside)  # (killed between the two renames: the old bundle's only copy)
-    with pytest.raises(BundleError, match=rf"no such bundle: .*\(\.{b.name}\.old-{dead.pid} beside it"):
+    with pytest.raises(BundleError, match=rf"no such bundle: .*\(\.{b.name}\.old-{dead} beside it"):
         load_manifest(b)
     link = b.parent.parent / "link"  # (reached through a link: the hint looks beside what it names)
     link.symlink_to(b)
-    with pytest.raises(BundleError, match=rf"\(\.{b.name}\.old-{dead.pid} beside it"):
+    with pytest.raises(BundleError, match=rf"\(\.{b.name}\.old-{dead} beside it"):
         load_manifest(link)
     assert apply_to_bundle(b, 256) == b.resolve() and not aside.exists()
     assert load_manifest(b, deep=True).drafter.head_size == 256

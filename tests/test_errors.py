@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import edgespec
-from conftest import raising
+from conftest import file_bytes, raising
 from edgespec.cli import main
 
 
@@ -468,7 +468,7 @@ def test_a_full_disk_during_a_rewrite_names_the_folder(tiny_int4_bundle, copy_bu
     import edgespec_export.head
 
     bundle = copy_bundle(tiny_int4_bundle)
-    before = {p.relative_to(bundle): p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    before = file_bytes(bundle)
     around = sorted(p.name for p in bundle.parent.iterdir())
 
     def full(*a, **k):
@@ -480,7 +480,7 @@ def test_a_full_disk_during_a_rewrite_names_the_folder(tiny_int4_bundle, copy_bu
     assert msg.startswith("error: no space left on device while writing the rewrite of ") and str(bundle) in msg, msg
     assert f" in {bundle.parent}" in msg or f" in {tmp_path}" in msg, msg
     assert msg.endswith("the bundle is unchanged" if in_place else "nothing was written"), msg
-    assert {p.relative_to(bundle): p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before
+    assert file_bytes(bundle) == before
     assert sorted(p.name for p in bundle.parent.iterdir()) == around  # no stage left
     assert not (tmp_path / "xk").exists()
 

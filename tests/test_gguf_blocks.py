@@ -81,12 +81,10 @@ def test_matmulnbits_arrays_hold_the_blocks_and_onnxruntime_computes_them():
                           [numpy_helper.from_array(a, n) for a, n in ((b, "B"), (s, "S"), (z, "Z"))])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     x = np.random.default_rng(4).normal(size=(3, K)).astype(np.float32)
-    from edgespec.onnx_lm import shared_thread_pool
+    from conftest import pool_session_options
 
-    shared_thread_pool(None)  # (the process-wide pool every edgespec session runs on, made once)
-    so = ort.SessionOptions()
-    so.use_per_session_threads = False
-    y = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"A": x})[0]
+    y = ort.InferenceSession(model.SerializeToString(), pool_session_options(),
+                             providers=["CPUExecutionProvider"]).run(None, {"A": x})[0]
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     assert np.abs(y - want).max() < 1e-4 * np.abs(want).max()
 

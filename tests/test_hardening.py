@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import edgespec
-from conftest import raising
+from conftest import dead_pid, raising
 from edgespec.cli import main
 from edgespec.errors import BundleError, ChatTemplateError, ConfigError, ExportError, ManifestError, ProfileError
 
@@ -110,17 +110,16 @@ def test_export_into_an_unwritable_place(tiny_dirs):
 def test_stale_partials_of_dead_processes_are_removed(tmp_path):
     from edgespec_export.output import remove_stale
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = tmp_path / f".b.partial-{dead.pid}"
+    dead = dead_pid()
+    stale = tmp_path / f".b.partial-{dead}"
     live = tmp_path / f".b.partial-{os.getppid()}"
-    other = tmp_path / f".c.partial-{dead.pid}"
+    other = tmp_path / f".c.partial-{dead}"
     for d in (stale, live, other):
         d.mkdir()
     assert remove_stale(tmp_path, "b") == [stale]
     assert live.exists() and other.exists() and not stale.exists()
     # (session 45) what an --exact-kernels rewrite of a stage leaves beside it when its process is killed outright
-    nested = [tmp_path / f"..b.partial-{dead.pid}.{kind}-{dead.pid}" for kind in ("partial", "old")]
+    nested = [tmp_path / f"..b.partial-{dead}.{kind}-{dead}" for kind in ("partial", "old")]
     for d in nested:
         d.mkdir()
     assert sorted(remove_stale(tmp_path, "b")) == sorted(nested) and live.exists() and other.exists()
@@ -138,9 +137,7 @@ def test_a_killed_publishs_old_bundle_is_put_back_and_a_mount_point_refused(tiny
 
     from edgespec_export.output import publish, remove_stale
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    old = tmp_path / f".keep.old-{dead.pid}"
+    old = tmp_path / f".keep.old-{dead_pid()}"
     shutil.copytree(tiny_llama_bundle, old)
     msg = one_line_error(run("export", tiny_dirs["llama"], "-o", str(tmp_path / "keep"),
                              "--target-precision", "fp32"), 6)
@@ -1430,12 +1427,6 @@ def test_a_bad_profile_from_the_environment_says_so(tiny_bundle):
 
 
 # -- session 86, a mutation test of export/output.py: what its other tests let go unseen -----------
-def _dead_pid() -> int:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    return dead.pid
-
-
 def test_check_output_refuses_a_link_to_nothing_a_folder_above_the_working_one_and_the_input_itself(tmp_path,
                                                                                                    monkeypatch):
     """(session 86, a mutation test of output.py) Untested before: a link to nothing at -o taken as a free place (the
@@ -1479,11 +1470,11 @@ def test_the_newest_whole_old_bundle_of_a_dead_process_is_put_back_and_no_other(
     shutil.copytree(tiny_llama_bundle, live)
     assert restore_stale_old(out) is None and live.is_dir() and not out.exists()
     shutil.rmtree(live)
-    link = tmp_path / f".keep.old-{_dead_pid()}"
+    link = tmp_path / f".keep.old-{dead_pid()}"
     link.symlink_to(tiny_llama_bundle)
     assert restore_stale_old(out) is None and link.is_symlink() and not out.exists()
     link.unlink()
-    older, newer = (tmp_path / f".keep.old-{_dead_pid()}" for _ in range(2))
+    older, newer = (tmp_path / f".keep.old-{dead_pid()}" for _ in range(2))
     for d, t in ((older, 1_500_000_000), (newer, 1_600_000_000)):
         shutil.copytree(tiny_llama_bundle, d)
         (d / "which").write_text(d.name)
@@ -1524,7 +1515,7 @@ def test_prepare_stage_clears_a_dead_exports_partial_and_its_own_leftover(tmp_pa
     this process's own stage left by an earlier export in it, had no test."""
     from edgespec_export.output import prepare_stage
 
-    stale = tmp_path / f".b.partial-{_dead_pid()}"
+    stale = tmp_path / f".b.partial-{dead_pid()}"
     (stale / "target").mkdir(parents=True)
     own = tmp_path / f".b.partial-{os.getpid()}"
     own.mkdir()
@@ -1672,7 +1663,7 @@ def test_another_users_partial_is_left_and_a_missing_graph_is_the_systems_error(
     shutil.rmtree(theirs)
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "a").write_text("x")
-    link = tmp_path / f".b.partial-{_dead_pid()}"  # (a link named so: nothing removed, and none said to be)
+    link = tmp_path / f".b.partial-{dead_pid()}"  # (a link named so: nothing removed, and none said to be)
     link.symlink_to(tmp_path / "kept")
     assert remove_stale(tmp_path, "b") == [] and (tmp_path / "kept" / "a").is_file()
     with pytest.raises(FileNotFoundError):

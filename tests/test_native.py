@@ -60,12 +60,10 @@ def _graph(K, N, block, op, zero_points=True, seed=0, batch=False):
 def _session(model):
     import onnxruntime as ort
 
+    from conftest import pool_session_options
     from edgespec.native import library_path
-    from edgespec.onnx_lm import shared_thread_pool
 
-    shared_thread_pool(None)  # the process-wide pool every edgespec session runs on (made once)
-    so = ort.SessionOptions()
-    so.use_per_session_threads = False
+    so = pool_session_options()
     so.register_custom_ops_library(library_path())
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
@@ -1709,8 +1707,8 @@ def _session_from_file(model, d, monkeypatch, huge: str | None):
     import onnx
     import onnxruntime as ort
 
+    from conftest import pool_session_options
     from edgespec.native import library_path
-    from edgespec.onnx_lm import shared_thread_pool
 
     d.mkdir()
     model = onnx.ModelProto.FromString(model.SerializeToString())  # onnx.save moves the weights out of its argument
@@ -1719,9 +1717,7 @@ def _session_from_file(model, d, monkeypatch, huge: str | None):
         monkeypatch.delenv("EDGESPEC_Q4_HUGEPAGES", raising=False)
     else:
         monkeypatch.setenv("EDGESPEC_Q4_HUGEPAGES", huge)
-    shared_thread_pool(None)
-    so = ort.SessionOptions()
-    so.use_per_session_threads = False
+    so = pool_session_options()
     so.register_custom_ops_library(library_path())
     return ort.InferenceSession(str(d / "m.onnx"), so, providers=["CPUExecutionProvider"]), d / "m.onnx.data"
 
