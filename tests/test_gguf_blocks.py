@@ -126,6 +126,13 @@ def test_projection_names_map_to_gguf_tensors():
     assert gguf_tensors_of("/lm_head/MatMul_Q4", t) == ["token_embd.weight"]  # (tied: no output.weight)
     assert gguf_tensors_of("/model/layers.4/mlp/down_proj/MatMul_Q4", t) is None
     assert gguf_tensors_of("/model/layers.3/attn/rotary/MatMul", t) is None
+    # (an untied model: the head is output.weight, never the embedding table; session 87, mutation_s87.md)
+    assert gguf_tensors_of("/lm_head/MatMul_Q4", {**t, "output.weight": None}) == ["output.weight"]
+    assert gguf_tensors_of("/lm_head/MatMul_Q4", {"output.weight": None}) == ["output.weight"]
+    assert gguf_tensors_of("/lm_head/MatMul_Q4", {"blk.0.ffn_up.weight": None}) is None
+    t["blk.3.ffn_gate.weight"] = t["blk.3.ffn_up.weight"] = None  # (a fused gate_up: gate's rows first)
+    assert gguf_tensors_of("/model/layers.3/mlp/gate_up_proj/MatMul_Q4", t) == ["blk.3.ffn_gate.weight",
+                                                                                 "blk.3.ffn_up.weight"]
 
 
 @pytest.mark.parametrize("args,why", [
@@ -499,3 +506,114 @@ def test_a_gguf_rounded_again_says_that_its_blocks_could_be_kept(name, args, say
     if says:  # (the rounding it names: the one asked for, at the block size asked for)
         algo = args[1] if args else "rtn"
         assert f"note: the GGUF's weights were dequantized and rounded again ({algo}, block 32)" in r.stderr
+
+
+class _ReaderTensor:
+    """A ``gguf.GGUFReader`` tensor as tensor_quant reads it: ``shape`` [K, N] (the inner dimension first),
+    ``tensor_type``, the raw ``data``."""
+
+    def __init__(self, kind: str, N: int, K: int, raw: np.ndarray):
+        from gguf.constants import GGMLQuantizationType
+
+        self.shape, self.tensor_type, self.data = [K, N], GGMLQuantizationType[kind], raw
+
+
+@pytest.mark.parametrize("kind,per_block,kept", [("Q4_0", 32, True), ("Q4_1", 32, True), ("Q4_K", 256, True),
+                                                  ("Q6_K", 256, False)])
+def test_tensor_quant_keeps_the_4bit_types_and_rounds_q6k_to_4bit_blocks_with_minimums(kind, per_block, kept):
+    """tensor_quant (session 87, from the mutation test: docs/bench/mutation_s87.md): a Q4_0, Q4_1 or Q4_K tensor
+    keeps its own blocks, the file's weights exactly; a Q6_K tensor (6-bit integers, 16 to a block, an offset) is
+    rounded to 4-bit blocks of 32 with a minimum (Q4_K's, K a multiple of 256), which the MatMulNBits arrays need:
+    never passed on as 6-bit integers."""
+    from gguf.quants import dequantize
+
+    from edgespec_export import gguf_blocks as gb
+
+    N, K = 8, 512
+    raw = _blocks(kind, N * K // per_block, seed=11)
+    want = dequantize(raw, _ReaderTensor(kind, N, K, raw).tensor_type).reshape(N, K).astype(np.float32)
+    kq = gb.tensor_quant(_ReaderTensor(kind, N, K, raw.reshape(-1)))
+    assert kq.shape == (N, K) and kq.bits == 4 and kq.block == 32 and kq.minimum is not None and kq.q.max() <= 15
+    assert (kq.kind in gb.KEPT) == kept and kq.kind == (kind if kept else "k4"), kq.kind
+    got = kq.dequantize()
+    if kept:
+        assert np.array_equal(got, want)
+    else:  # (4 bits against 6: within the rounding of 4-bit blocks)
+        assert 0 < np.linalg.norm(got - want) / np.linalg.norm(want) < 0.12
+    b, s, z = gb.matmulnbits_arrays(kq)
+    assert b.shape == (N, K // 32, 16) and s.shape == z.shape == (N * K // 32,)
+
+
+def test_six_bit_bytes_are_llamacpps_not_the_multiples_of_the_rounded_d():
+    """six_bit_bytes gives each of a super-block's 8 scales the byte ``nearest_int(63 / max * v)`` as
+    quantize_row_q4_K_ref does (the transcription above), not ``rint(v / d)`` with d's float16 rounding, which
+    differs for some values (planted here: thousands of super-blocks, some of which differ)."""
+    from edgespec_export import gguf_blocks as gb
+
+    f = np.float32
+    v = (np.random.default_rng(4).random((4000, 8)) * 0.01).astype(f)
+    d, byte = gb.six_bit_bytes(v)
+    for i in range(0, len(v), 37):  # (the C code's statements, a super-block at a time)
+        top = max([f(0)] + list(v[i]))
+        inv = f(63) / top if top > 0 else f(0)
+        assert d[i] == f(np.float16(top / f(63)))
+        assert list(byte[i]) == [min(int(np.rint(inv * x)), 63) for x in v[i]], i
+    inv = f(63) / v.max(-1)
+    assert np.array_equal(byte, np.minimum(np.rint(inv[:, None] * v), 63))
+    assert (np.rint(v / d[:, None]) != byte).any()  # (the two codes differ: the test tells them apart)
+    d0, b0 = gb.six_bit_bytes(np.zeros((1, 8), f))
+    assert d0[0] == 0 and not b0.any()
+
+
+@pytest.mark.parametrize("fails", ["no library", "no function"])
+def test_k4_blocks_fit_in_numpy_when_the_quantizer_does_not_load(fails, monkeypatch, tmp_path):
+    """As without a compiler (above): where the built file is no library (ctypes' OSError) or a library without the
+    function (AttributeError), native_q4k is None and k4_blocks fits in numpy, never a traceback."""
+    import ctypes.util
+
+    from edgespec_export import gguf_blocks as gb
+
+    not_a_library = tmp_path / "libedgespec_kquant.so"
+    not_a_library.write_bytes(b"not an ELF file")
+
+    def build(*a, **k):
+        return not_a_library if fails == "no library" else ctypes.util.find_library("m") or "libm.so.6"
+
+    monkeypatch.setattr(gb, "_native", [])
+    monkeypatch.setattr("edgespec.native._build", build)
+    assert gb.native_q4k() is None
+    w = _k4_rows()
+    kq, kn = gb.k4_blocks(w), gb.k4_blocks(w, native=False)
+    assert all(np.array_equal(getattr(kq, f), getattr(kn, f)) for f in ("q", "scale", "minimum"))
+
+
+def test_k4_blocks_numpy_path_writes_llamacpps_scale_bytes():
+    """k4_blocks in numpy (``fit=False``: each block's own range, no native fit) codes each super-block's 8 scales and
+    minimums with six_bit_bytes, llama.cpp's ``nearest_int(63 / max * v)`` under a float16 ``d``: the scales and
+    minimums it writes are ``d * byte`` of those, on rows where ``rint(v / d)`` would give other bytes."""
+    from edgespec_export import gguf_blocks as gb
+
+    f = np.float32
+    w = (np.random.default_rng(21).normal(size=(256, 256)) * 0.02).astype(f)
+    kq = gb.k4_blocks(w, fit=False)
+    b = w.reshape(256, 8, 32)
+    lo = np.minimum(b.min(-1), 0)
+    differ = 0
+    for got, v in ((kq.scale, ((b.max(-1) - lo) / f(15)).astype(f)), (kq.minimum, (-lo).astype(f))):
+        top = v.max(-1)
+        d = (top / f(63)).astype(np.float16).astype(f)
+        byte = np.minimum(np.rint((f(63) / top)[:, None] * v), 63)
+        assert np.array_equal(got, d[:, None] * byte)
+        differ += int((np.rint(v / d[:, None]) != byte).sum())
+    assert differ > 0  # (the other code would have written other scales here)
+
+
+def test_four_bit_blocks_choose_q4k_by_the_inner_size():
+    """four_bit_blocks rounds a matrix as Q4_K (k4_blocks) where its inner size K (the blocks' axis) is a multiple
+    of 256, else as min-max blocks of 32, whatever the number of rows N."""
+    from edgespec_export import gguf_blocks as gb
+
+    rng = np.random.default_rng(2)
+    for (N, K), kind in (((8, 512), "k4"), ((256, 96), "min-max"), ((96, 256), "k4"), ((512, 288), "min-max")):
+        kq = gb.four_bit_blocks(rng.normal(size=(N, K)).astype(np.float32))
+        assert kq.kind == kind and kq.shape == (N, K) and kq.scale.shape == (N, K // 32), (N, K, kq.kind)
