@@ -175,6 +175,12 @@ def test_gguf_algo_leaves_weights_not_of_whole_blocks_as_the_builder_made_them(t
     said = [line for line in log.getvalue().splitlines() if "MatMulNBits from the GGUF's blocks" in line]
     assert len(said) == 1 and "left as the builder made them" in said[0], log.getvalue()[-2000:]
     assert not said[0].strip().startswith("0 ")  # (the down projection's 128 inputs: whole blocks, taken)
+    # (a float file: every tensor taken is of another type, rounded to 4-bit blocks, none kept as stored)
+    import re
+
+    nodes, kept, rounded = (int(x) for x in re.search(r"(\d+) MatMulNBits from the GGUF's blocks: (\d+) tensors as "
+                                                      r"stored, (\d+) of other types rounded", said[0]).groups())
+    assert nodes >= 1 and kept == 0 and rounded == nodes, said[0]
     eng = load(b)
     assert len(eng.generate("hello", max_new_tokens=4, drafter="none", ignore_eos=True).token_ids) == 4
 
@@ -480,6 +486,12 @@ def test_gguf_blocks_refuse_a_tensor_of_another_shape_and_a_graph_without_projec
     before = (work / "model.onnx").read_bytes()
     monkeypatch.setattr(gb, "gguf_tensors_of", lambda name, tensors: ["blk.0.attn_k.weight"])  # 192 x 576
     with pytest.raises(ExportError, match=r"is 192 x 576, the graph's weights"):
+        gb.apply_to_graph(work / "model.onnx", SMOL_GGUF, "llama", 9, 3)
+    # (the same rows, another inner size: ffn_down, 576 x 1536, for o_proj's 576 x 576; session 87)
+    monkeypatch.setattr(gb, "gguf_tensors_of",
+                        lambda name, tensors: ["blk.0.ffn_down.weight"] if "/o_proj/" in name else None)
+    with pytest.raises(ExportError, match=r"o_proj/MatMul\S*: the GGUF's blk.0.ffn_down.weight is 576 x 1536, the "
+                                          r"graph's weights 576 x 576"):
         gb.apply_to_graph(work / "model.onnx", SMOL_GGUF, "llama", 9, 3)
     monkeypatch.setattr(gb, "gguf_tensors_of", lambda name, tensors: None)
     with pytest.raises(ExportError, match="no MatMulNBits the GGUF's tensors map to"):
