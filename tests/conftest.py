@@ -230,6 +230,45 @@ def pool_session_options():
     return so
 
 
+def q4k_like(N, K, seed):
+    """Blocks of 32 as Q4_K stores them: per super-block of 8 a float16 d and dmin, per block 6-bit bytes
+    (each super-block's largest 63), scale d x sc, minimum dmin x m; returns B, scales, float zero points
+    (MatMulNBits' minimum / scale) and the exact minimums."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    nb = K // 32
+    d = (rng.random((N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32)
+    dmin = (rng.random((N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32)
+    sc = rng.integers(1, 64, size=(N, nb // 8, 8))
+    m = rng.integers(0, 64, size=(N, nb // 8, 8))
+    sc[:, :, 3] = 63
+    m[:, :, 5] = 63
+    scale = (d * sc.astype(np.float32)).reshape(N, nb)
+    minimum = (dmin * m.astype(np.float32)).reshape(N, nb)
+    b = rng.integers(0, 256, size=(N, nb, 16), dtype=np.uint8)
+    return b, scale.reshape(-1), (minimum / scale).reshape(-1).astype(np.float32), minimum
+
+
+def q4_node_model(K, N, arrays, name: str = ""):
+    """One MatMulQ4 node (named ``name``) over ``arrays`` in its input slots (1: B, 2: scales, 3: zero points,
+    5: minimums, 6: k-quant scales; None: absent), as exact-kernels' rewrite writes it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    slots = {1: "B", 2: "S", 3: "Z", 5: "M", 6: "KS"}
+    ins, inits = ["A"] + [""] * 6, []
+    for slot, arr in zip((1, 2, 3, 5, 6), arrays):
+        if arr is not None:
+            ins[slot] = slots[slot]
+            inits.append(numpy_helper.from_array(arr, slots[slot]))
+    while not ins[-1]:
+        ins.pop()
+    node = helper.make_node("MatMulQ4", ins, ["Y"], name=name, domain="edgespec", K=K, N=N, bits=4, block_size=32)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgespec", 1)])
+
+
 def file_bytes(root: Path) -> dict:
     """Every file under ``root``, its path relative to ``root`` -> its bytes: a tree compared before and after."""
     return {p.relative_to(root): p.read_bytes() for p in Path(root).rglob("*") if p.is_file()}

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import q4_node_model, q4k_like
 
 import edgespec
 from edgespec.errors import ProviderError
@@ -1736,10 +1737,10 @@ def test_kernel_copies_mapped_weights_and_drops_the_file_pages_with_the_same_res
     else:
         from edgespec_export.kernels import pack_q4
 
-        b, scale, zp, _ = _q4k_like(2048, 1536, seed=11)
+        b, scale, zp, _ = q4k_like(2048, 1536, seed=11)
         arrs = pack_q4(b, scale, zp, 1536, 2048, 32, kquant=fmt == "kquant")
         assert len(arrs) == (5 if fmt == "kquant" else 4)
-        model = _q4_node_model(1536, 2048, arrs)
+        model = q4_node_model(1536, 2048, arrs)
     weights_kib = 1536 * 2048 // 2 // 1024
     x = np.random.default_rng(3).normal(size=(5, 1536)).astype(np.float32)
     plain, plain_file = _session_from_file(model, tmp_path / "plain", monkeypatch, "0")
@@ -2162,43 +2163,6 @@ def test_alternates_come_back_once_token_healing_has_spelled_its_text(tiny_xk, m
         eng.decoder.policy.use_alternates = False
 
 
-def _q4k_like(N, K, seed):
-    """Blocks of 32 as Q4_K stores them: per super-block of 8 a float16 d and dmin, per block 6-bit bytes
-    (each super-block's largest 63), scale d x sc, minimum dmin x m; returns B, scales, float zero points
-    (MatMulNBits' minimum / scale) and the exact minimums."""
-    rng = np.random.default_rng(seed)
-    nb = K // 32
-    d = (rng.random((N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32)
-    dmin = (rng.random((N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32)
-    sc = rng.integers(1, 64, size=(N, nb // 8, 8))
-    m = rng.integers(0, 64, size=(N, nb // 8, 8))
-    sc[:, :, 3] = 63
-    m[:, :, 5] = 63
-    scale = (d * sc.astype(np.float32)).reshape(N, nb)
-    minimum = (dmin * m.astype(np.float32)).reshape(N, nb)
-    b = rng.integers(0, 256, size=(N, nb, 16), dtype=np.uint8)
-    return b, scale.reshape(-1), (minimum / scale).reshape(-1).astype(np.float32), minimum
-
-
-def _q4_node_model(K, N, arrays):
-    """One MatMulQ4 node over ``arrays`` in its input slots (1: B, 2: scales, 3: zero points, 5: minimums,
-    6: k-quant scales; None: absent)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    slots = {1: "B", 2: "S", 3: "Z", 5: "M", 6: "KS"}
-    ins, inits = ["A"] + [""] * 6, []
-    for slot, arr in zip((1, 2, 3, 5, 6), arrays):
-        if arr is not None:
-            ins[slot] = slots[slot]
-            inits.append(numpy_helper.from_array(arr, slots[slot]))
-    while not ins[-1]:
-        ins.pop()
-    node = helper.make_node("MatMulQ4", ins, ["Y"], domain="edgespec", K=K, N=N, bits=4, block_size=32)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgespec", 1)])
-
-
 @pytest.mark.parametrize("isa", ["this-cpu", "avx512", "avx2", "portable"])
 def test_kquant_scales_compute_the_float_formats_bits_at_every_width(isa, monkeypatch):
     """Q4_K's scale bytes (input 6: per block 6-bit scale and minimum, per super-block float d and dmin) give
@@ -2212,15 +2176,15 @@ def test_kquant_scales_compute_the_float_formats_bits_at_every_width(isa, monkey
             pytest.skip("no AVX-512 VNNI on this CPU")
         monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
     K, N = 512, 70
-    b, scale, zp, minimum = _q4k_like(N, K, seed=7)
+    b, scale, zp, minimum = q4k_like(N, K, seed=7)
     arrs = pack_q4(b, scale, zp, K, N, 32)
     assert len(arrs) == 5 and arrs[3] is None and arrs[4].dtype == np.uint8  # B, d/dmin, -, -, bytes
     flt = pack_q4(b, scale, zp, K, N, 32, kquant=False)
     tiles, nb = -(-N // TILE), K // 32
     exact = np.concatenate([minimum, np.zeros((tiles * TILE - N, nb), np.float32)])
     exact = np.ascontiguousarray(exact.reshape(tiles, TILE, nb).transpose(0, 2, 1))
-    ks = _session(_q4_node_model(K, N, arrs))
-    fl = _session(_q4_node_model(K, N, [flt[0], flt[1], None, exact, None]))
+    ks = _session(q4_node_model(K, N, arrs))
+    fl = _session(q4_node_model(K, N, [flt[0], flt[1], None, exact, None]))
     x = np.random.default_rng(8).normal(size=(20, K)).astype(np.float32)
     want = fl.run(None, {"A": x})[0]
     assert np.array_equal(ks.run(None, {"A": x})[0], want)
@@ -2248,7 +2212,7 @@ def test_kernel_refuses_minimums_and_kquant_scales_of_the_wrong_size():
     from edgespec_export.kernels import pack_q4
 
     K, N = 512, 40
-    b, scale, zp, _ = _q4k_like(N, K, seed=12)
+    b, scale, zp, _ = q4k_like(N, K, seed=12)
     x = np.zeros((2, K), np.float32)
     flt = pack_q4(b, scale, zp, K, N, 32, kquant=False)
     ks = pack_q4(b, scale, zp, K, N, 32)
@@ -2257,12 +2221,12 @@ def test_kernel_refuses_minimums_and_kquant_scales_of_the_wrong_size():
                         ([ks[0], ks[1], None, flt[3], ks[4]], "no float minimums"),
                         ([ks[0], ks[1][:, :-1], None, None, ks[4]], "B or scales do not have the size")):
         with pytest.raises(Exception, match=why):
-            _session(_q4_node_model(K, N, arrays)).run(None, {"A": x})
+            _session(q4_node_model(K, N, arrays)).run(None, {"A": x})
     nb8 = pack_q4(b[:, :12], scale.reshape(N, 16)[:, :12].ravel(), zp.reshape(N, 16)[:, :12].ravel(), 384, N, 32,
                   kquant=False)  # 12 blocks: no whole super-blocks
     fake = np.zeros((nb8[0].shape[0], 12, 2, 16), np.uint8)
     with pytest.raises(Exception, match="super-blocks of 8 blocks"):
-        _session(_q4_node_model(384, N, [nb8[0], nb8[1], None, None, fake])).run(None, {"A": np.zeros((1, 384), np.float32)})
+        _session(q4_node_model(384, N, [nb8[0], nb8[1], None, None, fake])).run(None, {"A": np.zeros((1, 384), np.float32)})
 
 
 def test_alternates_are_on_by_default_where_verify_rows_are_cheap(tiny_xk, tiny_int4_bundle, monkeypatch):
@@ -2326,8 +2290,8 @@ def test_the_portable_path_computes_the_x86_paths_matmul_bits(monkeypatch):
                (1536, 300, 32, "float"))]
     models += [_fused_graph(256, 48, 128, seed=2), _fused_graph(96, 37, 32, "float", seed=3),
                _fused_graph(96, 37, 32, False, seed=4, swiglu=False)]
-    b, scale, zp, _ = _q4k_like(70, 512, seed=7)
-    models.append(_q4_node_model(512, 70, pack_q4(b, scale, zp, 512, 70, 32)))
+    b, scale, zp, _ = q4k_like(70, 512, seed=7)
+    models.append(q4_node_model(512, 70, pack_q4(b, scale, zp, 512, 70, 32)))
     for model in models:
         K = model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value
         x = rng.normal(size=(20, K)).astype(np.float32)

@@ -481,32 +481,19 @@ def test_find_prefers_the_part_and_leaves_an_ambiguous_name_unmapped():
 
 # --- check_rewrite against the source graph ----------------------------------------------------------------------
 
-def _q4k_blocks(N, K, seed):
-    """Blocks of 32 as Q4_K stores them (per super-block of 8 a float16 d and dmin, 6-bit bytes with each
-    super-block's largest 63, scales d x sc and minimums dmin x m, the two bytes unalike): B, scales, float zero
-    points (minimum / scale)."""
-    rng = _rng(seed)
-    nb = K // 32
-    d, dmin = ((rng.random((2, N, nb // 8, 1)) * 0.01 + 0.001).astype(np.float16).astype(np.float32))
-    sc, m = rng.integers(1, 64, size=(N, nb // 8, 8)), rng.integers(0, 64, size=(N, nb // 8, 8))
-    sc[:, :, 3] = m[:, :, 5] = 63
-    scale, minimum = (d * sc).reshape(N, nb).astype(np.float32), (dmin * m).reshape(N, nb).astype(np.float32)
-    b = rng.integers(0, 256, size=(N, nb, 16), dtype=np.uint8)
-    return b, scale.reshape(-1), (minimum / scale).reshape(-1).astype(np.float32)
-
-
 def _rewrite_pair(tmp_path, how, change=None, rename=None):
     """A source graph of one MatMulNBits (``how``: "q4k" Q4_K's blocks, "minimum" float minimums that are not,
     "zero-points" packed ones, "none") and its rewrite as exact-kernels packs it; ``change(arrays)`` plants a fault
     in the packed arrays."""
     from onnx import helper, numpy_helper
 
-    from edgespec_export.kernels import OP, pack_q4
+    from conftest import q4_node_model, q4k_like
+    from edgespec_export.kernels import pack_q4
 
     K, N, name = 256, 40, "/model/layers.0/mlp/down_proj/MatMul_Q4"
     w = _rng(5).normal(size=(N, K)).astype(np.float32)
     if how == "q4k":
-        b, s, z = _q4k_blocks(N, K, 6)
+        b, s, z, _ = q4k_like(N, K, 6)
     else:
         b, s, z = _blocks(w, 4, {"minimum": "float", "zero-points": "packed", "none": None}[how])
         if how == "minimum":
@@ -518,17 +505,8 @@ def _rewrite_pair(tmp_path, how, change=None, rename=None):
     arrays = pack_q4(b, s, z, K, N, 32)
     assert len(arrays) == {"q4k": 5, "minimum": 4}.get(how, 3)
     arrays = change(arrays) if change else arrays
-    slots = dict(zip((1, 2, 3, 5, 6), ("QB", "QS", "QZ", "QM", "QK")))
-    ins, inits = ["A"] + [""] * 6, []
-    for slot, arr in zip((1, 2, 3, 5, 6), arrays):
-        if arr is not None:
-            ins[slot] = slots[slot]
-            inits.append(numpy_helper.from_array(arr, slots[slot]))
-    while not ins[-1]:
-        ins.pop()
-    new = helper.make_node(OP, ins, ["Y"], name=rename or name, domain="edgespec", K=K, N=N, bits=4, block_size=32)
     return (_save(_model_of([src], src_inits, ["A"]), tmp_path / "src" / "model.onnx"),
-            _save(_model_of([new], inits, ["A"]), tmp_path / "new" / "model.onnx", external=True))
+            _save(q4_node_model(K, N, arrays, rename or name), tmp_path / "new" / "model.onnx", external=True))
 
 
 @pytest.mark.parametrize("how", ["q4k", "minimum", "zero-points", "none"])
