@@ -344,9 +344,12 @@ def test_an_assistant_export_it_cannot_make_is_refused_in_one_line(pair, tiny_di
     from edgespec.cli import main
 
     other = _assistant(tmp_path / "other", pair["tok"], backbone=48)
+    fewer = _assistant(tmp_path / "fewer", pair["tok"], vocab_size=len(pair["tok"]) - 10)  # (session 87: smaller too)
     a = str(pair["assistant"])
     for target, drafter, extra, message in (
             (pair["target"], str(other), [], "trained with a target of hidden size 48"),
+            (pair["target"], str(fewer), [], f"the assistant's vocabulary ({len(pair['tok']) - 10}) is not the "
+                                              f"target's ({len(pair['tok'])})"),
             (tiny_dirs["qwen2"], a, [], "drafts for Gemma 4 targets"),
             (pair["target"], a, ["--drafter-vocab", "64"], "--drafter-vocab applies to a model drafter"),
             (pair["target"], a, ["--drafter-precision", "fp16"], "exports at --drafter-precision fp32, int8, int4"),

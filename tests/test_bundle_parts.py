@@ -1,0 +1,183 @@
+"""export/bundle.py's small parts on inputs built by hand: what the manifest records of a graph's KV cache (its
+dtype, per-layer shapes, shared buffers) and embedding tables, and of a tokenizer (bos, EOS ids, how two differ), and
+the line a GPU plan prints. The real exports' records are in test_export, test_archs and test_layout; these are the
+cases those exports do not have (session 87, from the mutation test of bundle.py: docs/bench/mutation_s87.md)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+KEYS = "past_key_values.%d.key"
+
+
+def _graph(inputs=(), nodes=(), inits=()):
+    from onnx import helper
+
+    return helper.make_graph(list(nodes), "g", list(inputs), [], list(inits))
+
+
+def _cache(i, heads, width, elem=1, kind="key"):
+    from onnx import helper
+
+    return helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", elem, ["batch", heads, "past", width])
+
+
+def test_the_kv_dtype_is_the_caches_element_type(tmp_path):
+    """float32, float16, bfloat16 and int8 caches are recorded as such; a graph with no past_key_values input is no
+    KV-cache graph: an ExportError naming it."""
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import _kv_dtype
+
+    for elem, name in ((1, "float32"), (10, "float16"), (16, "bfloat16"), (3, "int8")):
+        assert _kv_dtype(_graph([_cache(0, 2, 8, elem)]), tmp_path / "m.onnx") == name
+    with pytest.raises(ExportError, match="m.onnx has no past_key_values inputs"):
+        _kv_dtype(_graph(), tmp_path / "m.onnx")
+
+
+def test_kv_layers_are_recorded_where_some_layer_differs():
+    """Per layer (kv heads, head size) from its cache input's dims 1 and 3, recorded only where some layer differs
+    from the config's (Gemma 4's global layers): layer 2 of 4 with 1 head of 128 here; a layer without a fixed size
+    or without an input takes the config's; all alike, nothing."""
+    from onnx import helper
+
+    from edgespec_export.bundle import _kv_layers
+
+    inputs = [_cache(0, 4, 64), _cache(1, 4, 64), _cache(2, 1, 128),
+              helper.make_tensor_value_info("past_key_values.3.key", 1, ["batch", "heads", "past", "width"])]
+    assert _kv_layers(_graph(inputs), KEYS, 5, 4, 64) == ((4, 64), (4, 64), (1, 128), (4, 64), (4, 64))
+    assert _kv_layers(_graph(inputs[:2]), KEYS, 2, 4, 64) == ()
+    assert _kv_layers(_graph([_cache(0, 2, 64), _cache(1, 2, 64)]), KEYS, 2, 4, 64) == ((2, 64), (2, 64))
+
+
+def test_kv_sources_name_the_earlier_layer_whose_keys_a_layer_reads():
+    """Gemma 4's shared key-value layers: an attention node whose key and value are an earlier layer's writes the
+    rows that layer writes, so its buffer is that layer's (layers 3 and 4 read layer 1's here, by their past key
+    inputs); every layer its own: ()."""
+    from onnx import helper
+
+    from edgespec_export.bundle import _kv_sources
+
+    def gqa(i, kv):
+        return helper.make_node("GroupQueryAttention", [f"q{i}", f"k{kv}", f"v{kv}", KEYS % i,
+                                                        f"past_key_values.{i}.value"], [f"o{i}"], domain="com.microsoft")
+
+    nodes = [gqa(0, 0), gqa(1, 1), gqa(2, 2), gqa(3, 1), gqa(4, 1)]
+    assert _kv_sources(_graph(nodes=nodes), KEYS, 5) == (0, 1, 2, 1, 1)
+    assert _kv_sources(_graph(nodes=nodes[:3]), KEYS, 3) == ()
+
+
+def test_embedding_tables_count_the_float_tables_only_a_gather_reads(tmp_path):
+    """The bytes of the float tables (float32, float16, bfloat16) read only as a Gather's data, and of one row of
+    each summed: a table the head's MatMul reads too (tied), an int8 table, a 1-D one and a Gather's indices are
+    not counted."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.bundle import embedding_tables
+
+    inits = [numpy_helper.from_array(np.zeros((10, 6), np.float32), "emb32"),
+             numpy_helper.from_array(np.zeros((12, 4), np.float16), "emb16"),
+             helper.make_tensor("embbf", TensorProto.BFLOAT16, [5, 8], np.zeros(40, np.uint16).tobytes(), raw=True),
+             numpy_helper.from_array(np.zeros((7, 6), np.float32), "tied"),
+             numpy_helper.from_array(np.zeros((9, 3), np.int8), "emb8"),
+             numpy_helper.from_array(np.zeros(11, np.float32), "flat"),
+             numpy_helper.from_array(np.zeros((3, 2), np.float32), "index_table")]
+    nodes = [helper.make_node("Gather", [t, "ids"], [t + "_rows"]) for t in ("emb32", "emb16", "embbf", "tied", "emb8",
+                                                                            "flat")]
+    nodes += [helper.make_node("MatMul", ["h", "tied"], ["logits"]),
+              helper.make_node("Gather", ["x", "index_table"], ["picked"])]
+    onnx.save(helper.make_model(_graph(nodes=nodes, inits=inits)), str(tmp_path / "model.onnx"))
+    assert embedding_tables(tmp_path / "model.onnx") == (10 * 6 * 4 + 12 * 4 * 2 + 5 * 8 * 2, 6 * 4 + 4 * 2 + 8 * 2)
+
+
+def test_add_bos_needs_the_flag_and_an_id():
+    """A tokenizer adds bos only where it says so and has a bos id: the flag without an id (a config naming
+    add_bos_token for a vocabulary with no bos) adds none; an id without the flag (Qwen's) adds none."""
+    from edgespec_export.bundle import _add_bos
+
+    assert _add_bos(SimpleNamespace(add_bos_token=True, bos_token_id=1))
+    assert not _add_bos(SimpleNamespace(add_bos_token=True, bos_token_id=None))
+    assert not _add_bos(SimpleNamespace(add_bos_token=False, bos_token_id=1))
+    assert not _add_bos(SimpleNamespace(bos_token_id=1))
+
+
+def test_eos_ids_take_every_id_the_generation_config_names(tmp_path):
+    """A Hugging Face folder's generation_config.json with several EOS ids (Llama 3's [128001, 128008, 128009]): the
+    bundle stops at each, with the tokenizer's own; a single id is taken as well; none at all, the tokenizer's."""
+    import json
+
+    from edgespec_export.bundle import _eos_ids
+    from edgespec_export.source import Source
+
+    tok = SimpleNamespace(eos_token_id=2)
+    src = Source(str(tmp_path), "hf-dir", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 7, 2]}))
+    assert _eos_ids(tok, src) == [2, 7, 9]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 11}))
+    assert _eos_ids(tok, src) == [2, 11]
+    (tmp_path / "generation_config.json").unlink()
+    assert _eos_ids(tok, src) == [2]
+
+
+def test_tokenizer_diff_says_how_two_tokenizers_differ():
+    """The drafter's tokenizer against the target's: vocabulary sizes, tokens at other ids (the same tokens, two
+    swapped), the BPE merges, or else the special tokens or normalization."""
+    from edgespec_export.bundle import _tokenizer_diff
+
+    a = {"model": {"vocab": {"a": 0, "b": 1, "c": 2}, "merges": ["a b"]}}
+    cases = [({"model": {"vocab": {"a": 0, "b": 1}}}, "vocabulary sizes 3 vs 2"),
+             ({"model": {"vocab": {"a": 0, "b": 2, "c": 1}, "merges": ["a b"]}}, "2 tokens map to other ids (e.g. 'b')"),
+             ({"model": {"vocab": {"a": 0, "b": 1, "c": 2}, "merges": ["b c"]}}, "the BPE merges differ"),
+             ({"model": {"vocab": {"a": 0, "b": 1, "c": 2}, "merges": ["a b"]}, "normalizer": {}},
+              "special tokens or normalization differ")]
+    for b, what in cases:
+        assert _tokenizer_diff(a, b, "t.json", "d.json") == ("the drafter's tokenizer differs from the target's "
+                                                             f"(t.json vs d.json): {what}")
+
+
+def test_the_gpu_plan_line_gives_the_weights_in_mib_and_the_kv_cache_per_token(tiny_bundle):
+    """device_memory_line (export's log, ``edgespec info``): a spec's weights as stored in MiB and its KV cache per
+    token in KiB and at its context in MiB, in the graph's type."""
+    from dataclasses import replace
+
+    from edgespec.manifest import load_manifest
+    from edgespec_export.bundle import device_memory_line
+
+    spec = replace(load_manifest(tiny_bundle).target, gpu_weight_bytes=3 << 20)
+    line = device_memory_line(spec)
+    kib = spec.kv_bytes_per_token / 1024
+    assert line.startswith(f"target ({spec.layout} layout): 3.0 MiB of weights on a GPU provider's device + KV "
+                           f"{spec.kv_dtype} {kib:.1f} KiB/token"), line
+    assert f"({spec.kv_bytes(spec.max_context) / (1 << 20):.1f} MiB at its {spec.max_context:,}-token context)" in line
+
+
+@pytest.mark.parametrize("kw", [dict(target_precision="int4", quant_acc=1), dict(target_precision="int4", quant_acc=0),
+                                dict(target_precision="fp32", quant_acc=4),
+                                dict(target_precision="int4", quant_acc=4, device="cuda")])
+def test_the_python_api_refuses_exact_kernels_it_cannot_build(kw, tiny_dirs, tmp_path):
+    """``export_bundle(..., exact_kernels=True)`` (the Python API: the CLI refuses the same on its own) at an
+    accuracy level other than 4, for a target that is not int4, or in the cuda layout: an ExportError before
+    anything is built or written."""
+    from edgespec.errors import ExportError
+    from edgespec_export import export_bundle
+    from edgespec_export.build import QuantOptions
+
+    kw = dict(kw)
+    quant = QuantOptions(accuracy_level=kw.pop("quant_acc"))
+    with pytest.raises(ExportError, match="--exact-kernels applies to an int4 target in the cpu layout at accuracy "
+                                          "level 4"):
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", exact_kernels=True, quant=quant, **kw)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_int4_bundles_gpu_weights_are_its_files_as_stored(tiny_int4_bundle):
+    """The weights a GPU provider holds are the graph's initializers as stored (int4 blocks, not float32 params):
+    the manifest's ``gpu_weight_bytes`` is the model files' bytes, well under 4 bytes a parameter."""
+    from edgespec.manifest import load_manifest
+
+    spec = load_manifest(tiny_int4_bundle).target
+    assert spec.gpu_weight_bytes == spec.bytes_on_disk == sum(f["bytes"] for f in spec.files.values())
+    assert spec.gpu_weight_bytes < spec.params * 4 * 0.6, (spec.gpu_weight_bytes, spec.params)
