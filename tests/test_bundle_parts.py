@@ -181,3 +181,63 @@ def test_an_int4_bundles_gpu_weights_are_its_files_as_stored(tiny_int4_bundle):
     spec = load_manifest(tiny_int4_bundle).target
     assert spec.gpu_weight_bytes == spec.bytes_on_disk == sum(f["bytes"] for f in spec.files.values())
     assert spec.gpu_weight_bytes < spec.params * 4 * 0.6, (spec.gpu_weight_bytes, spec.params)
+
+
+def test_the_quantization_record_says_what_the_graph_has():
+    """_record: the options' record, corrected by the graph (session 49): a shared int4 table (GatherBlockQuantized)
+    is quantized embeddings whatever was asked; a float table (a plain Gather) is not; blocks with minimums (gguf,
+    hqq, q4_k) are not symmetric even where the tied table's forced symmetry said so."""
+    from edgespec_export.build import QuantOptions
+    from edgespec_export.bundle import _record
+
+    mm = {"MatMulNBits": 12, "GroupQueryAttention": 2}
+    assert not _record(QuantOptions(), {**mm, "Gather": 1}).quantize_embeddings
+    assert _record(QuantOptions(), {**mm, "GatherBlockQuantized": 1}).quantize_embeddings
+    assert _record(QuantOptions(symmetric=True), mm).symmetric
+    for algo in ("gguf", "hqq", "q4_k"):
+        r = _record(QuantOptions(algorithm=algo, symmetric=True), mm)
+        assert r.symmetric is False and r.algorithm == algo
+
+
+def test_a_gguf_targets_eos_ids_are_its_own_and_llamacpps_end_of_generation_tokens(tmp_path):
+    """A GGUF target's EOS ids: the file's one EOS id and the special tokens llama.cpp also ends a generation at
+    (Qwen's <|im_end|> and <|endoftext|>, Llama 3's <|eot_id|>, Phi-3's <|end|>, Gemma's <end_of_turn>), never
+    another special token (<|im_start|>) or a plain token of the same text."""
+    from edgespec_export.bundle import _eos_ids
+    from edgespec_export.source import Source
+
+    names = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|im_start|>", "<|eom_id|>"]
+    added = {100 + i: SimpleNamespace(content=n, special=True) for i, n in enumerate(names)}
+    added[200] = SimpleNamespace(content="<|end|>", special=False)
+    tok = SimpleNamespace(eos_token_id=5, added_tokens_decoder=added)
+    got = _eos_ids(tok, Source(str(tmp_path / "m.gguf"), "gguf", tmp_path / "m.gguf"))
+    assert got == [5, 100, 101, 102, 103, 104, 106], got
+
+
+def test_a_bundle_whose_layers_share_one_cache_shape_records_no_kv_layers(tiny_int4_bundle):
+    """Grouped-query attention (fewer KV heads than query heads), every layer alike: the manifest's ``kv_layers`` is
+    empty (the config's KV heads and head size for all), not each layer's shape against the query heads."""
+    from edgespec.manifest import load_manifest
+
+    spec = load_manifest(tiny_int4_bundle).target
+    assert spec.num_kv_heads < spec.num_attention_heads and spec.kv_layers == () and spec.kv_sources == (), spec
+
+
+def test_a_quantized_graph_that_fails_its_validation_is_not_written(tiny_dirs, tmp_path, monkeypatch):
+    """An INT4 target whose validation fails (here a weight check planted to fail, as a layer holding another's
+    weights does: test_export's test_validation_fails_a_graph_whose_layers_hold_each_others_weights) is an
+    ExportError after the validation's lines, the bundle not written: a quantized graph is refused like a float one."""
+    import dataclasses
+    import io
+
+    import edgespec_export.validate as V
+    from edgespec.errors import ExportError
+    from edgespec_export import export_bundle
+
+    real = V.check_weights
+    monkeypatch.setattr(V, "check_weights", lambda *a: dataclasses.replace(
+        real(*a), failed=[("/model/layers.0/mlp/down_proj/MatMul_Q4", "layers.1.mlp.down_proj", 1.4, 0.5)]))
+    said = io.StringIO()
+    with pytest.raises(ExportError, match="target: the ONNX graph does not match torch"):
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", target_precision="int4", quality=False, stream=said)
+    assert "✗" in said.getvalue() and list(tmp_path.iterdir()) == [], said.getvalue()[-1500:]
