@@ -241,3 +241,26 @@ def test_a_quantized_graph_that_fails_its_validation_is_not_written(tiny_dirs, t
     with pytest.raises(ExportError, match="target: the ONNX graph does not match torch"):
         export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", target_precision="int4", quality=False, stream=said)
     assert "✗" in said.getvalue() and list(tmp_path.iterdir()) == [], said.getvalue()[-1500:]
+
+
+def test_a_drafter_tokenizer_of_the_same_size_with_other_ids_is_refused(tiny_dirs, tmp_path):
+    """The drafter's tokenizer with the target's vocabulary size but two tokens' ids swapped drafts other tokens
+    than it means: refused before the build, saying how they differ, nothing written (sizes that differ:
+    test_export's test_mismatched_tokenizers_refused)."""
+    import json
+    import shutil
+
+    from edgespec.errors import ExportError
+    from edgespec_export import export_bundle
+
+    d = tmp_path / "drafter"
+    shutil.copytree(tiny_dirs["drafter"], d)
+    tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[40:42]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (d / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    with pytest.raises(ExportError, match=r"the drafter's tokenizer differs from the target's .*: 2 tokens map to "
+                                          r"other ids"):
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", drafter=str(d), target_precision="fp32", quality=False)
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.partial*"))
