@@ -264,3 +264,18 @@ def test_a_drafter_tokenizer_of_the_same_size_with_other_ids_is_refused(tiny_dir
                                           r"other ids"):
         export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", drafter=str(d), target_precision="fp32", quality=False)
     assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.partial*"))
+
+
+def test_int8_kv_caches_check_the_heads_own_size():
+    """``--kv-dtype int8`` keeps a scale per 32 lanes: a config's own ``head_dim`` decides (Gemma's and Qwen3's differ
+    from hidden / heads), else hidden / heads; a head of 48 lanes is refused, naming it; 64 and 128 pass."""
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import _check_int8_heads
+
+    src = SimpleNamespace(display="m")
+    _check_int8_heads(SimpleNamespace(num_attention_heads=8, hidden_size=512, head_dim=None), src)  # (64)
+    _check_int8_heads(SimpleNamespace(num_attention_heads=8, hidden_size=384, head_dim=128), src)  # (not 48)
+    for cfg, lanes in ((SimpleNamespace(num_attention_heads=8, hidden_size=512, head_dim=48), 48),
+                       (SimpleNamespace(num_attention_heads=8, hidden_size=384), 48)):
+        with pytest.raises(ExportError, match=f"m: its heads of {lanes} lanes cannot keep int8 KV caches"):
+            _check_int8_heads(cfg, src)
