@@ -279,3 +279,23 @@ def test_int8_kv_caches_check_the_heads_own_size():
                        (SimpleNamespace(num_attention_heads=8, hidden_size=384), 48)):
         with pytest.raises(ExportError, match=f"m: its heads of {lanes} lanes cannot keep int8 KV caches"):
             _check_int8_heads(cfg, src)
+
+
+def test_layers_other_than_attention_and_state_beside_the_kv_cache_are_refused():
+    """A config with linear-attention layers (Qwen3.5's) or Mamba layers (Granite 4's) has state a rejected draft
+    cannot roll back: refused, naming the kinds; attention of every kind passes. A built graph keeping one other
+    state input beside its KV cache (a quantized cache's scales, say) is refused too, naming it."""
+    from edgespec.errors import ExportError
+    from edgespec_export.bundle import _check_attention_only, _check_state_inputs
+
+    ok = ["full_attention", "sliding_attention", "chunked_attention", "attention"]
+    _check_attention_only(SimpleNamespace(model_type="llama4_text", layer_types=ok), "target")
+    for kinds, named in ((["full_attention", "linear_attention"], "linear_attention"),
+                         (["attention", "mamba", "linear_attention"], "linear_attention, mamba")):
+        with pytest.raises(ExportError, match=f"target: qwen3_next has {named} layers"):
+            _check_attention_only(SimpleNamespace(model_type="qwen3_next", layer_types=kinds), "target")
+    kv = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
+    _check_state_inputs({"inputs": dict(kv)}, "drafter")
+    _check_state_inputs({"inputs": {**kv, "past_conv_names": "past_conv.%d"}}, "drafter")  # (LFM2's: export/conv.py)
+    with pytest.raises(ExportError, match=r"drafter: the built graph keeps state beside its KV cache \(past_scales.%d\)"):
+        _check_state_inputs({"inputs": {**kv, "past_scale_names": "past_scales.%d"}}, "drafter")
