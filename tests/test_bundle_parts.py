@@ -299,3 +299,35 @@ def test_layers_other_than_attention_and_state_beside_the_kv_cache_are_refused()
     _check_state_inputs({"inputs": {**kv, "past_conv_names": "past_conv.%d"}}, "drafter")  # (LFM2's: export/conv.py)
     with pytest.raises(ExportError, match=r"drafter: the built graph keeps state beside its KV cache \(past_scales.%d\)"):
         _check_state_inputs({"inputs": {**kv, "past_scale_names": "past_scales.%d"}}, "drafter")
+
+
+def test_a_drafters_gguf_algorithm_is_checked_against_the_drafters_own_file(tiny_dirs, tmp_path):
+    """``--drafter-quant-algo gguf`` keeps the drafter's GGUF blocks: a drafter that is a Hugging Face folder is
+    refused (the target being a .gguf file does not make the drafter one), before anything is built or written."""
+    from tiny import make_model, write_gguf
+
+    from edgespec.errors import ExportError
+    from edgespec_export import export_bundle
+    from edgespec_export.build import QuantOptions
+
+    target = write_gguf(make_model(tmp_path / "q3", "qwen3", seed=5), tmp_path / "t.gguf")
+    with pytest.raises(ExportError, match="--drafter-quant-algo gguf keeps a GGUF file's own 4-bit blocks: the drafter "
+                                          "is not a .gguf file"):
+        export_bundle(str(target), tmp_path / "b", drafter=str(tiny_dirs["drafter"]), drafter_precision="int4",
+                      drafter_quant=QuantOptions(algorithm="gguf"), quality=False)
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_manifests_operators_are_the_graphs_counts(tiny_cuda_bundle):
+    """The manifest's ``operators`` (``edgespec info``; the planner and the width policy read them) are the graph's
+    counts of the ops it lists, the cuda layout's quantized embedding table (GatherBlockQuantized) among them."""
+    import collections
+
+    import onnx
+
+    from edgespec.manifest import load_manifest
+
+    spec = load_manifest(tiny_cuda_bundle).target
+    ops = collections.Counter(n.op_type for n in onnx.load(str(spec.path), load_external_data=False).graph.node)
+    listed = ("MatMulNBits", "GroupQueryAttention", "MatMul", "DequantizeLinear", "GatherBlockQuantized", "Gather")
+    assert ops["GatherBlockQuantized"] and spec.operators == {k: ops[k] for k in sorted(listed) if ops[k]}, spec.operators
