@@ -206,3 +206,41 @@ def _quant_algo(algo, **kw):
     from edgespec_export.build import QuantOptions
 
     return QuantOptions(algorithm=algo, **kw)
+
+
+def test_the_node_quantizer_stamps_the_accuracy_level_once_and_q4k_refuses_other_blocks(monkeypatch):
+    """(session 87, from the mutation test of hqq_builder.py: docs/bench/mutation_s87.md) The builder's quantizer
+    with HQQ: each MatMul it quantizes gets the builder's accuracy level (onnxruntime's HQQ stamps none), a node that
+    has one keeps its own and no second, none is stamped for level None; the node quantizer is HQQ's (chunked)
+    unless EDGESPEC_QUANT_ALGO says q4_k; q4_k's refuses blocks other than 32 along K, and both an embedding table
+    (the export refuses --quantize-embeddings with them first: test_hqq_and_q4k_refuse_what_they_cannot_make)."""
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    import edgespec_export.hqq_builder as hb
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32), "W")
+    had = helper.make_node("MatMulNBits", ["x", "B", "S"], ["z"], domain="com.microsoft", K=64, N=16, bits=4,
+                           block_size=32, accuracy_level=1)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"), had], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z")],
+                          [w, numpy_helper.from_array(np.zeros((16, 2, 16), np.uint8), "B"),
+                           numpy_helper.from_array(np.ones(32, np.float32), "S")])
+    monkeypatch.delenv("EDGESPEC_QUANT_ALGO", raising=False)
+    for level, want in ((4, [4, 1]), (None, [None, 1])):
+        q = hb.HQQMatMulNBitsQuantizer(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), bits=4,
+                                       block_size=32, accuracy_level=level)
+        assert type(q.node_quantizer) is hb.ChunkedHQQ
+        q.process()
+        nodes = [n for n in q.model.model.graph.node if n.op_type == "MatMulNBits"]
+        levels = [[a.i for a in n.attribute if a.name == "accuracy_level"] for n in nodes]
+        assert len(nodes) == 2 and levels == [[x] if x is not None else [] for x in want], levels
+    monkeypatch.setenv("EDGESPEC_QUANT_ALGO", "q4_k")
+    q = hb.HQQMatMulNBitsQuantizer(helper.make_model(g), bits=4, block_size=32, accuracy_level=4)
+    assert type(q.node_quantizer) is hb.Q4KQuantizer
+    with pytest.raises(SystemExit, match="writes 4-bit blocks of 32 along K: got bits 4, block 128, K 256"):
+        q.node_quantizer.quantize_internal(torch.zeros(8, 256), group_size=128)
+    # (the builder asking for its embedding table too: GatherBlockQuantized takes no float zero points)
+    with pytest.raises(SystemExit, match="no --quantize-embeddings with them"):
+        hb.HQQMatMulNBitsQuantizer(helper.make_model(g), bits=4, block_size=32, op_types_to_quantize=("MatMul", "Gather"))
