@@ -154,10 +154,9 @@ def test_the_gpu_plan_line_gives_the_weights_in_mib_and_the_kv_cache_per_token(t
     assert f"({spec.kv_bytes(spec.max_context) / (1 << 20):.1f} MiB at its {spec.max_context:,}-token context)" in line
 
 
-@pytest.mark.parametrize("kw", [dict(target_precision="int4", quant_acc=1), dict(target_precision="int4", quant_acc=0),
-                                dict(target_precision="fp32", quant_acc=4),
-                                dict(target_precision="int4", quant_acc=4, device="cuda")])
-def test_the_python_api_refuses_exact_kernels_it_cannot_build(kw, tiny_dirs, tmp_path):
+@pytest.mark.parametrize("precision,accuracy,device", [("int4", 1, "cpu"), ("int4", 0, "cpu"), ("fp32", 4, "cpu"),
+                                                         ("int4", 4, "cuda")])
+def test_the_python_api_refuses_exact_kernels_it_cannot_build(precision, accuracy, device, tiny_dirs, tmp_path):
     """``export_bundle(..., exact_kernels=True)`` (the Python API: the CLI refuses the same on its own) at an
     accuracy level other than 4, for a target that is not int4, or in the cuda layout: an ExportError before
     anything is built or written."""
@@ -165,11 +164,10 @@ def test_the_python_api_refuses_exact_kernels_it_cannot_build(kw, tiny_dirs, tmp
     from edgespec_export import export_bundle
     from edgespec_export.build import QuantOptions
 
-    kw = dict(kw)
-    quant = QuantOptions(accuracy_level=kw.pop("quant_acc"))
     with pytest.raises(ExportError, match="--exact-kernels applies to an int4 target in the cpu layout at accuracy "
                                           "level 4"):
-        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", exact_kernels=True, quant=quant, **kw)
+        export_bundle(str(tiny_dirs["qwen2"]), tmp_path / "b", exact_kernels=True, target_precision=precision,
+                      quant=QuantOptions(accuracy_level=accuracy), device=device)
     assert list(tmp_path.iterdir()) == []
 
 

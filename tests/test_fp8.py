@@ -108,7 +108,7 @@ def test_the_rewrite_computes_the_fp8_weights_it_records(scheme, dtype, tmp_path
         assert floored.any() == (dtype == np.float16 and name == "W2")
 
 
-def test_float16_scales_are_rounded_up_never_down(tmp_path):
+def test_float16_scales_are_rounded_up_never_down():
     """In the cuda layout the scales are float16: each is rounded up from amax / 448 (at least float16's smallest
     normal), so no weight divided by it passes 448 and is clipped; columns whose float32 scale float16 rounds down
     half the time are all within range."""

@@ -139,12 +139,15 @@ def _layout(kind, tmp_path):
         model = _model_of([node], inits, ["I"])
         feeds, transpose = {"I": np.arange(N, dtype=np.int64)}, False
     elif kind.startswith("fp8"):  # FP8's DequantizeLinear -> MatMul: one scale, per output channel, blocked along K
+        from edgespec_export.fp8 import quantize_weight
+
         wk = w.T  # [K, N]
-        scale = {"fp8-one": np.float32(0.01), "fp8-channel": (np.abs(wk).max(0) / 400).astype(np.float32),
-                 "fp8-block": (np.abs(np.pad(wk, ((0, 24), (0, 0)))).reshape(2, BLOCK, N).max(1) / 400
-                               ).astype(np.float32)}[kind]
-        q = (wk / (np.repeat(scale, BLOCK, 0)[:K] if np.ndim(scale) == 2 else scale)).astype(ml_dtypes.float8_e4m3fn)
-        t = helper.make_tensor("Q", TensorProto.FLOAT8E4M3FN, [K, N], q.view(np.uint8).tobytes(), raw=True)
+        if kind == "fp8-one":
+            scale = np.float32(0.01)
+            q = (wk / scale).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        else:  # (the export's own quantizer: per channel, or blocks of 32 along K)
+            q, scale = quantize_weight(wk, kind.removeprefix("fp8-"), BLOCK)
+        t = helper.make_tensor("Q", TensorProto.FLOAT8E4M3FN, [K, N], q.tobytes(), raw=True)
         attrs = {"axis": 0, "block_size": BLOCK} if np.ndim(scale) == 2 else ({"axis": 1} if np.ndim(scale) else {})
         dq = helper.make_node("DequantizeLinear", ["Q", "QS"], ["Wt"], name="dq", **attrs)
         node = helper.make_node("MatMul", ["A", "Wt"], ["Y"], name="mm")
@@ -268,8 +271,9 @@ def _graph_of(model, tmp_path, change=None, name="model.onnx"):
     (packed zero points on k), o_proj at 8 bits, gate and up float32 MatMuls, down_proj FP8 blocks; the head at 4
     bits and the embedding table gathered from the head's blocks (a tied table: a Reshape, padded to whole blocks);
     a rotary cache Gather and a MatMul of no parameter. ``change(name, w) -> w`` plants a fault in a matrix."""
-    import ml_dtypes
     from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.fp8 import quantize_weight
 
     change = change or (lambda name, w: w)
     nodes, inits = [], []
@@ -281,14 +285,11 @@ def _graph_of(model, tmp_path, change=None, name="model.onnx"):
         elif how == "float32":
             more = [numpy_helper.from_array(np.ascontiguousarray(w.T), prefix + "_W")]
             node = helper.make_node("MatMul", ["A", prefix + "_W"], [prefix + "_Y"], name=name)
-        else:  # fp8, blocks of 32 along K
+        else:  # fp8, blocks of 32 along K (the export's own quantizer)
             wk = np.ascontiguousarray(w.T)
-            K, N = wk.shape
-            nb = -(-K // BLOCK)
-            s = (np.abs(np.pad(wk, ((0, nb * BLOCK - K), (0, 0)))).reshape(nb, BLOCK, N).max(1) / 400 + 1e-8)
-            q = (wk / np.repeat(s, BLOCK, 0)[:K]).astype(ml_dtypes.float8_e4m3fn)
-            more = [helper.make_tensor(prefix + "_Q", TensorProto.FLOAT8E4M3FN, [K, N], q.view(np.uint8).tobytes(),
-                                       raw=True), numpy_helper.from_array(s.astype(np.float32), prefix + "_QS")]
+            q, s = quantize_weight(wk, "block", BLOCK)
+            more = [helper.make_tensor(prefix + "_Q", TensorProto.FLOAT8E4M3FN, list(wk.shape), q.tobytes(), raw=True),
+                    numpy_helper.from_array(s, prefix + "_QS")]
             nodes.append(helper.make_node("DequantizeLinear", [prefix + "_Q", prefix + "_QS"], [prefix + "_Wt"],
                                           axis=0, block_size=BLOCK))
             node = helper.make_node("MatMul", ["A", prefix + "_Wt"], [prefix + "_Y"], name=name)
