@@ -138,11 +138,11 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, precision: str, qu
     quantized = 0
     failing = False  # past a traceback's first line: the rest is the builder's failure, said in one line at the end
     try:
-        while True:
+        done = False
+        while not done:
             chunk = proc.read()
-            if not chunk:
-                break
-            buf += chunk
+            done = not chunk  # (at the end, a last line without its newline is a line too)
+            buf += chunk if chunk else b"\n"
             *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
             for raw in lines:
                 line = raw.decode("utf-8", "replace").strip()

@@ -12,20 +12,27 @@ PROMPT = "def hello(world):\n    return world + 1\nThe quick brown fox"
 REPEAT = "one two three four five six seven eight nine ten " * 3 + "one two three"
 
 
-def _assistant(d, tok, *, ordered: bool = False, backbone: int = 64, seed: int = 1, **extra):
-    """A tiny assistant for the tiny E2B-like target (test_archs._gemma4's "e2b": heads of 16 lanes, global ones of
-    32, one KV head, a window of 8): a sliding and a full layer of width 32."""
-    import torch
+def _assistant_config(vocab: int, *, ordered: bool = False, backbone: int = 64, **extra):
+    """The config of a tiny assistant for the tiny E2B-like target (test_archs._gemma4's "e2b": heads of 16 lanes,
+    global ones of 32, one KV head, a window of 8): a sliding and a full layer of width 32."""
     import transformers
 
-    kw = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    kw = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=1, head_dim=16, global_head_dim=32, max_position_embeddings=512, sliding_window=8,
               layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
               vocab_size_per_layer_input=0, num_kv_shared_layers=2)
     kw.update(extra)
-    cfg = transformers.Gemma4AssistantConfig(text_config=transformers.Gemma4TextConfig(**kw),
-                                             backbone_hidden_size=backbone, use_ordered_embeddings=ordered,
-                                             num_centroids=4, centroid_intermediate_top_k=2)
+    return transformers.Gemma4AssistantConfig(text_config=transformers.Gemma4TextConfig(**kw),
+                                              backbone_hidden_size=backbone, use_ordered_embeddings=ordered,
+                                              num_centroids=4, centroid_intermediate_top_k=2)
+
+
+def _assistant(d, tok, *, ordered: bool = False, backbone: int = 64, seed: int = 1, **extra):
+    """A tiny assistant (``_assistant_config``'s) with random weights, saved at ``d``."""
+    import torch
+    import transformers
+
+    cfg = _assistant_config(len(tok), ordered=ordered, backbone=backbone, **extra)
     torch.manual_seed(seed)
     m = transformers.Gemma4AssistantForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -457,6 +464,124 @@ def test_the_pair_check_refuses_a_target_that_is_no_gemma4(pair, tiny_dirs, monk
     real, local = Source.from_pretrained_args, str(pair["assistant"])  # (the hub's copy: a local folder here)
     monkeypatch.setattr(Source, "from_pretrained_args", lambda self: (local, {}) if self.kind == "hub" else real(self))
     assert _is_assistant(hub) and not _is_assistant(Source(str(tiny_dirs["llama"]), "hf-dir", tiny_dirs["llama"]))
+
+
+def test_the_assistant_attends_the_last_layer_of_each_kind_that_stores_its_cache():
+    """``store_layers``: transformers' ``kv_sharing_modes`` "store" layers where the config names them; without
+    them, the last layer of each kind before the shared ones (``num_kv_shared_layers``), or of all layers."""
+    from types import SimpleNamespace
+
+    from edgespec_export.mtp import store_layers
+
+    s, f = "sliding_attention", "full_attention"
+    kinds = [s, s, f, s, s, f]
+    assert store_layers(SimpleNamespace(layer_types=kinds, kv_sharing_modes=[None, None, "store", "store", "reuse",
+                                                                             "reuse"])) == {f: 2, s: 3}
+    assert store_layers(SimpleNamespace(layer_types=kinds, num_kv_shared_layers=2)) == {s: 3, f: 2}
+    assert store_layers(SimpleNamespace(layer_types=kinds, num_kv_shared_layers=0)) == {s: 4, f: 5}
+    assert store_layers(SimpleNamespace(layer_types=kinds, kv_sharing_modes=[None] * 6)) == {s: 4, f: 5}
+    # (transformers' own: the tiny E2B-like target's, its last two layers sharing)
+    import transformers
+
+    cfg = transformers.Gemma4TextConfig(layer_types=kinds, num_hidden_layers=6, num_kv_shared_layers=2)
+    assert store_layers(cfg) == {s: 3, f: 2}
+
+
+def test_the_pair_check_refuses_an_assistant_that_does_not_fit_its_target(pair):
+    """``check_pair`` on its own (the export checks some of these earlier, from the configs on disk; a target read
+    from a GGUF or the hub reaches this check only): the kinds the assistant attends, in its layers' order and only
+    those, and one ExportError for each misfit."""
+    import copy
+
+    import transformers
+
+    from edgespec.errors import ExportError
+    from edgespec_export.mtp import check_pair
+
+    t = transformers.AutoConfig.from_pretrained(str(pair["target"]))
+    n = int(t.vocab_size)
+    kv = {i: (1, 32 if k == "full_attention" else 16) for i, k in enumerate(t.layer_types)}
+    assert list(check_pair(_assistant_config(n), t, kv).items()) == [("sliding_attention", 3), ("full_attention", 2)]
+    rev = _assistant_config(n, layer_types=["full_attention", "sliding_attention", "full_attention"], num_hidden_layers=3,
+                            num_kv_shared_layers=3)
+    assert list(check_pair(rev, t, kv).items()) == [("full_attention", 2), ("sliding_attention", 3)]
+    full = _assistant_config(n, layer_types=["full_attention"], num_hidden_layers=1, num_kv_shared_layers=1)
+    assert check_pair(full, t, kv) == {"full_attention": 2}
+
+    other = copy.deepcopy(t)
+    other.model_type = "qwen3"
+    chunked = _assistant_config(n)
+    chunked.text_config.layer_types = ["sliding_attention", "chunked_attention"]
+    for a, target, cache, message in (
+            (_assistant_config(n), other, kv, "drafts for Gemma 4 targets; the target is qwen3"),
+            (_assistant_config(n, backbone=48), t, kv, "trained with a target of hidden size 48, the target's is 64"),
+            (_assistant_config(n - 10), t, kv, f"the assistant's vocabulary \\({n - 10}\\) is not the target's \\({n}\\)"),
+            (_assistant_config(n + 10), t, kv, f"the assistant's vocabulary \\({n + 10}\\) is not the target's"),
+            (chunked, t, kv, "layer 1 attends a chunked_attention layer, which the target has none of"),
+            (_assistant_config(n), t, {**kv, 3: (1, 8)},
+             "layer 0 \\(sliding_attention\\) reads 1 kv heads of 16 lanes, the target's layer 3 caches 1 of 8"),
+            (_assistant_config(n), t, {**kv, 2: (2, 32)},
+             "layer 1 \\(full_attention\\) reads 1 kv heads of 32 lanes, the target's layer 2 caches 2 of 32"),
+            (_assistant_config(n, hidden_activation="silu"), t, kv, "activation 'silu' is not supported"),
+            (_assistant_config(n, attn_logit_softcapping=50.0), t, kv, "attn_logit_softcapping is not supported")):
+        with pytest.raises(ExportError, match=message):
+            check_pair(a, target, cache)
+    for act in ("gelu_pytorch_tanh", "gelu_new", "gelu_fast"):
+        check_pair(_assistant_config(n, hidden_activation=act), t, kv)
+
+
+@pytest.mark.parametrize("case", ["two-kv-heads", "rope-scaling", "embed-scale", "layer-scalars", "centroid-head"])
+def test_the_assistant_graph_is_transformers_step_on_any_caches_it_is_given(tmp_path, case):
+    """``build_assistant``'s graph alone (no exported target: random caches, hidden rows and an embedding table)
+    against transformers' step on the same inputs, at positions before, at and past the window, reading a row of
+    several: what the tiny pair's graph test cannot see there (one KV head, rotary scaling 1, layer scalars 1,
+    Gemma's default embedding scale): two KV heads of two query heads each, a rotary scaling (yarn's), a given
+    embedding scale, layer scalars, the centroid head with two KV heads."""
+    import onnxruntime as ort
+    import torch
+    import transformers
+
+    from conftest import pool_session_options
+    from edgespec_export.mtp import build_assistant, reference_step
+
+    vocab, hb, kinds = 96, 64, ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    heads = 1 if case in ("rope-scaling", "embed-scale", "layer-scalars") else 2
+    cfg = _assistant_config(vocab, ordered=case == "centroid-head", num_key_value_heads=heads)
+    torch.manual_seed(5)
+    m = transformers.Gemma4AssistantForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, prm in m.named_parameters():
+            if "norm" in name:
+                prm.copy_(1.0 + 0.5 * torch.randn_like(prm))
+        if case == "layer-scalars":
+            for i, layer in enumerate(m.model.layers):
+                layer.layer_scalar.fill_(0.5 + i)
+    if case == "rope-scaling":
+        m.model.rotary_emb.full_attention_attention_scaling = 1.3
+        m.model.rotary_emb.sliding_attention_attention_scaling = 0.8
+    target = transformers.Gemma4TextConfig(hidden_size=hb, vocab_size=vocab, layer_types=kinds, num_hidden_layers=6,
+                                           num_kv_shared_layers=2)
+    target_kv = {i: (heads, 32 if k == "full_attention" else 16) for i, k in enumerate(kinds)}
+    table = torch.randn(vocab, hb)
+    scale = 3.0 if case == "embed-scale" else hb ** 0.5
+    g = build_assistant(m, target, target_kv, "float32", tmp_path, table_dtype="float32", target_embed=table,
+                        embed_scale=3.0 if case == "embed-scale" else None)
+    sess = ort.InferenceSession(str(g.path), pool_session_options(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    cache = {k: tuple(rng.standard_normal((1, heads, 24, d)).astype(np.float32) for _ in "kv")
+             for k, d in (("sliding_attention", 16), ("full_attention", 32))}
+    hidden = rng.standard_normal((1, 3, hb)).astype(np.float32)
+    for p, row in ((2, 0), (9, 2), (20, 1)):
+        tok = int(rng.integers(vocab))
+        feeds = {"token": np.array([tok], np.int64), "hidden": hidden, "row": np.array([row], np.int64),
+                 "position": np.array([p], np.int64), "length": np.array([p], np.int64),
+                 **{f"{w}_{k}": kv[i] for k, kv in cache.items() for i, w in enumerate(("key", "value"))}}
+        got_l, got_h = sess.run(None, feeds)
+        want_l, want_h = reference_step(m, table, scale, tok, hidden[0, row], p,
+                                        {k: tuple(torch.from_numpy(a) for a in kv) for k, kv in cache.items()}, p)
+        np.testing.assert_allclose(got_l[0], want_l, atol=1e-4 * np.abs(want_l).max())
+        np.testing.assert_allclose(got_h[0], want_h, atol=1e-4 * np.abs(want_h).max())
+        assert int(np.argmax(got_l[0])) == int(np.argmax(want_l))
 
 
 def test_mtp_drafts_stop_and_calibrate_as_the_model_drafter_s(fp32_bundle):
