@@ -192,7 +192,7 @@ def _drop_copy(path: Path, entry: Path, why: str) -> None:
     _UNREADABLE.add(entry)
     _VERIFIED.pop(entry, None)
     try:
-        drop_gguf_copy(path)
+        drop_gguf_copy(entry)
         done = "deleted"
     except OSError as d:
         done = f"not deleted ({d.strerror or d})"
@@ -258,19 +258,18 @@ def _remove_stale_copies(entry: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def drop_gguf_copy(path: Path) -> Path | None:
-    """Delete the cached copy of the GGUF file ``path`` (one that could not be read back: damaged after it was
-    kept); its COMPLETE marker first, so that no export that has not looked yet reads it. Returns the entry, or
-    None where there was none; OSError where it cannot be deleted. (An export of the same file already building
-    from the copy, in another process, then fails with a missing file: the copy was damaged anyway.)"""
+def drop_gguf_copy(entry: Path) -> None:
+    """Delete the kept copy at ``entry`` (one that could not be read back: damaged after it was kept); its COMPLETE
+    marker first, so that no export that has not looked yet reads it; OSError where it cannot be deleted. The entry
+    checked, not one worked out again from the GGUF file (session 88: a file removed or rewritten meanwhile left the
+    damaged copy, said "not deleted" for the file's sake, or deleted another). (An export of the same file already
+    building from the copy, in another process, then fails with a missing file: the copy was damaged anyway.)"""
     import shutil
 
-    entry = gguf_cache_entry(path)
-    if entry is None or not entry.exists():
-        return None
+    if not entry.exists():
+        return
     (entry / "COMPLETE").unlink(missing_ok=True)
     shutil.rmtree(entry)
-    return entry
 
 
 # what a failed load of a kept copy says of the machine, not of the copy: raised as they are
