@@ -530,23 +530,29 @@ def test_the_pair_check_refuses_an_assistant_that_does_not_fit_its_target(pair):
         check_pair(_assistant_config(n, hidden_activation=act), t, kv)
 
 
-@pytest.mark.parametrize("case", ["two-kv-heads", "rope-scaling", "embed-scale", "layer-scalars", "centroid-head"])
+@pytest.mark.parametrize("case", ["two-kv-heads", "rope-scaling", "embed-scale", "layer-scalars", "centroid-head",
+                                  "untied-head"])
 def test_the_assistant_graph_is_transformers_step_on_any_caches_it_is_given(tmp_path, case):
     """``build_assistant``'s graph alone (no exported target: random caches, hidden rows and an embedding table)
     against transformers' step on the same inputs, at positions before, at and past the window, reading a row of
     several: what the tiny pair's graph test cannot see there (one KV head, rotary scaling 1, layer scalars 1,
-    Gemma's default embedding scale): two KV heads of two query heads each, a rotary scaling (yarn's), a given
-    embedding scale, layer scalars, the centroid head with two KV heads."""
+    Gemma's default embedding scale, a head tied to the table): two KV heads of three query heads each, a rotary
+    scaling (yarn's), a given embedding scale, layer scalars, the centroid head with two KV heads, a head of its
+    own."""
     import onnxruntime as ort
     import torch
     import transformers
 
     from conftest import pool_session_options
+    from edgespec.errors import ExportError
     from edgespec_export.mtp import build_assistant, reference_step
 
     vocab, hb, kinds = 96, 64, ["sliding_attention", "sliding_attention", "full_attention"] * 2
     heads = 1 if case in ("rope-scaling", "embed-scale", "layer-scalars") else 2
-    cfg = _assistant_config(vocab, ordered=case == "centroid-head", num_key_value_heads=heads)
+    cfg = _assistant_config(vocab, ordered=case == "centroid-head", num_key_value_heads=heads,
+                            num_attention_heads=6 if case == "two-kv-heads" else 4,
+                            tie_word_embeddings=case != "untied-head")
+    cfg.tie_word_embeddings = case != "untied-head"
     torch.manual_seed(5)
     m = transformers.Gemma4AssistantForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -564,8 +570,14 @@ def test_the_assistant_graph_is_transformers_step_on_any_caches_it_is_given(tmp_
     target_kv = {i: (heads, 32 if k == "full_attention" else 16) for i, k in enumerate(kinds)}
     table = torch.randn(vocab, hb)
     scale = 3.0 if case == "embed-scale" else hb ** 0.5
+    if case == "untied-head":
+        assert m.lm_head.weight.data_ptr() != m.model.embed_tokens.weight.data_ptr()
     g = build_assistant(m, target, target_kv, "float32", tmp_path, table_dtype="float32", target_embed=table,
                         embed_scale=3.0 if case == "embed-scale" else None)
+    for kv_dtype, embed, message in (("int8", table, "reads float16 or float32 KV caches, the target's are int8"),
+                                     ("float16", None, "needs the target's input embedding")):
+        with pytest.raises(ExportError, match=message):
+            build_assistant(m, target, target_kv, kv_dtype, tmp_path / "no", target_embed=embed)
     sess = ort.InferenceSession(str(g.path), pool_session_options(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     cache = {k: tuple(rng.standard_normal((1, heads, 24, d)).astype(np.float32) for _ in "kv")
@@ -582,6 +594,115 @@ def test_the_assistant_graph_is_transformers_step_on_any_caches_it_is_given(tmp_
         np.testing.assert_allclose(got_l[0], want_l, atol=1e-4 * np.abs(want_l).max())
         np.testing.assert_allclose(got_h[0], want_h, atol=1e-4 * np.abs(want_h).max())
         assert int(np.argmax(got_l[0])) == int(np.argmax(want_l))
+
+
+def _edited_graph(g, out_dir, edit):
+    """A copy of the assistant graph ``g`` with ``edit(name, array)`` applied to its initializers (None: kept)."""
+    import dataclasses
+
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(g.path))
+    for i, t in enumerate(m.graph.initializer):
+        new = edit(t.name, numpy_helper.to_array(t))
+        if new is not None:
+            m.graph.initializer[i].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(new), t.name))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / g.path.name
+    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data")
+    return dataclasses.replace(g, path=path)
+
+
+def test_the_assistants_check_fails_a_graph_off_past_its_window_in_its_head_or_its_hidden_output(pair, fp32_bundle,
+                                                                                                    tmp_path):
+    """Planted bugs ``validate_assistant`` must refuse: a sliding layer attending one row more than its window (seen
+    only at the positions past the window: a short prompt's check reads them too), logits 2% off (under any
+    tolerance meant for rounding, over 1e-3), the next hidden state 2% off (the logits unchanged). The graph and
+    its record: the parameters counted with the table's copy, the table's type."""
+    from edgespec.errors import ExportError
+    from edgespec.manifest import load_manifest
+    from edgespec_export import mtp
+
+    tspec = load_manifest(fp32_bundle).target
+    target = _torch(pair["target"], "Gemma4ForCausalLM")
+    asst = _torch(pair["assistant"], "Gemma4AssistantForCausalLM")
+    kv = {i: tspec.kv_shape(i) for i in range(tspec.num_layers)}
+    emb = target.get_input_embeddings().weight
+    g = mtp.build_assistant(asst, target.config, kv, tspec.kv_dtype, tmp_path / "g", target_embed=emb)
+    sd = asst.state_dict()
+    assert g.table_dtype == "float16" and g.params == sum(v.numel() for v in sd.values()) + emb.numel()
+    g32 = mtp.build_assistant(asst, target.config, kv, tspec.kv_dtype, tmp_path / "g32", table_dtype="float32",
+                              target_embed=emb)
+    assert g32.table_dtype == "float32"
+    ids = list(np.random.default_rng(2).integers(0, len(pair["tok"]), 12))  # (the window is 8)
+    assert mtp.validate_assistant(g, asst, target, tspec, ids) < 1e-5  # (the table's float16 rounding is the graph's)
+    for stem, edit, where in (
+            ("win", lambda a: a + 1, "position (9|10|11)"),
+            ("lm_head", lambda a: a * 1.02, "position"),
+            ("post_projection", lambda a: a * 1.02, "position")):
+        bad = _edited_graph(g, tmp_path / stem, lambda name, a: edit(a) if name.startswith(stem + "_") else None)
+        with pytest.raises(ExportError, match=f"does not match transformers' assistant at {where}"):
+            mtp.validate_assistant(bad, asst, target, tspec, ids)
+
+    # a quantized graph's comparison with its float one: the agreement of every position's argmax, the largest
+    # difference relative to the logits' scale
+    state = mtp.runtime_state(tspec, ids, g.sources)
+    assert mtp.compare_assistants(g.path, g, ids, state) == (1.0, 0.0)
+    scaled = _edited_graph(g, tmp_path / "scaled", lambda name, a: a * 1.02 if name.startswith("lm_head_") else None)
+    agree, worst = mtp.compare_assistants(g.path, scaled, ids, state)
+    assert agree == 1.0 and worst == pytest.approx(0.02, rel=1e-3)
+    flipped = _edited_graph(g, tmp_path / "flipped", lambda name, a: -a if name.startswith("lm_head_") else None)
+    agree, worst = mtp.compare_assistants(g.path, flipped, ids, state)
+    assert agree < 0.5 and worst == pytest.approx(2.0, rel=1e-3)
+    with pytest.raises(ExportError, match="the assistant's check reads 300 tokens, the target's context holds 256"):
+        mtp.runtime_state(tspec, list(range(300)), g.sources)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_quantized_assistant_has_the_bits_and_accuracy_level_asked_for(pair, fp32_bundle, tmp_path, bits):
+    """``quantize_assistant``: every weight matrix a MatMulNBits of the bits, block and accuracy level asked for
+    (the count returned), the tables left as they are, the root logger's level as it was (the quantizer's lines
+    silenced while it runs); ``retype_kv`` changes the cache inputs' type only where it differs, keys and values."""
+    import dataclasses
+    import logging
+
+    import onnx
+
+    from edgespec.manifest import load_manifest
+    from edgespec_export import mtp
+
+    tspec = load_manifest(fp32_bundle).target
+    target = _torch(pair["target"], "Gemma4ForCausalLM")
+    asst = _torch(pair["assistant"], "Gemma4AssistantForCausalLM")
+    kv = {i: tspec.kv_shape(i) for i in range(tspec.num_layers)}
+    g = mtp.build_assistant(asst, target.config, kv, "float32", tmp_path / "f",
+                            target_embed=target.get_input_embeddings().weight)
+    before = sum(n.op_type == "MatMul" for n in onnx.load(str(g.path), load_external_data=False).graph.node)
+    q = dataclasses.replace(g, path=tmp_path / "q" / mtp.GRAPH_NAME)
+    q.path.parent.mkdir()
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        n = mtp.quantize_assistant(g.path, q, bits, block_size=16, accuracy_level=1)
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(level)
+    m = onnx.load(str(q.path), load_external_data=False)
+    nodes = [x for x in m.graph.node if x.op_type == "MatMulNBits"]
+    # (the MatMuls with a constant weight: projections, layer matrices, the head; Q times K and the softmax times V stay)
+    assert n == len(nodes) == before - sum(x.op_type == "MatMul" for x in m.graph.node) and n >= 2 + 2 * 5 + 1
+    for x in nodes:
+        attrs = {a.name: a.i for a in x.attribute}
+        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (bits, 16, 1), attrs
+    assert {x.op_type for x in m.graph.node if x.input and x.input[0].startswith("target_embed")} == {"Gather"}
+
+    assert not mtp.retype_kv(q.path, "float32")
+    assert mtp.retype_kv(q.path, "float16") and not mtp.retype_kv(q.path, "float16")
+    types = {i.name: i.type.tensor_type.elem_type for i in onnx.load(str(q.path), load_external_data=False).graph.input}
+    assert {k for k, t in types.items() if t == onnx.TensorProto.FLOAT16} == {
+        f"{w}_{k}" for w in ("key", "value") for k in ("sliding_attention", "full_attention")}
 
 
 def test_mtp_drafts_stop_and_calibrate_as_the_model_drafter_s(fp32_bundle):
