@@ -827,8 +827,8 @@ def _per_position_rope(g, name: str) -> int:
         if any(x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or y.shape[0] <= s for x, y in zip(short, long_)):
             raise ExportError(f"{name}: the rotary caches of {n.name!r} are not short and long tables of "
                               "the same width")
-        for name, x, y in zip(n.output, short, long_):
-            g.initializer.append(numpy_helper.from_array(np.concatenate([x, y[s:]]).astype(y.dtype), name))
+        for out, x, y in zip(n.output, short, long_):  # (not ``name``: a later If's refusal names the file)
+            g.initializer.append(numpy_helper.from_array(np.concatenate([x, y[s:]]).astype(y.dtype), out))
         drop.add(id(n))
         cond = n.input[0]
         done += 1

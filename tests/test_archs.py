@@ -531,6 +531,17 @@ def test_a_rotary_choice_that_is_not_two_tables_is_refused():
                           ([np.ones((256, 4), np.float32), long_], "not short and long tables of the same width")):
         with pytest.raises(ExportError, match=f"model.onnx: the rotary caches.*/model/rope/If.*{why}"):
             _per_position_rope(graph(then_out, [short, short]), "model.onnx")
+    # (session 88) a good choice, then a bad one: the refusal still names the file (the good one's tables' loop
+    # named its last table "sin_cache" with the file's variable)
+    g = graph([long_, long_], [short, short])
+    bad = graph([long_, "computed"], [short, short])
+    for n in bad.node:
+        n.output[:] = [o.replace("_cache", "_2") for o in n.output]
+        n.input[:] = [i.replace("_cache", "_2") for i in n.input]
+        n.name = n.name + "2"
+    g.node.extend(bad.node)
+    with pytest.raises(ExportError, match="^model.onnx: the rotary caches' choice '/model/rope/If2' is not two sets"):
+        _per_position_rope(g, "model.onnx")
 
 
 def test_rope_type_alias_gives_the_builder_the_field_it_reads():
