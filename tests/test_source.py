@@ -67,3 +67,71 @@ def test_a_source_is_a_gguf_file_a_model_folder_or_a_hub_id(tmp_path):
                           (tmp_path / "missing", "no such model")):
         with pytest.raises(ExportError, match=message):
             resolve(str(spec))
+
+
+def test_a_folders_hidden_files_are_not_its_source_even_where_named_as_weights(tmp_path):
+    """``source_files`` of a model folder leaves hidden files out, those named as the files the export reads too:
+    macOS's AppleDouble ``._model.safetensors`` beside the weights copied from a Mac, an editor's ``.config.json``."""
+    from edgespec_export.source import Source, source_files
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(bytes(8))
+    for hidden in ("._model.safetensors", ".config.json", ".tokenizer.model", "._pytorch_model.bin"):
+        (tmp_path / hidden).write_bytes(b"\x00\x05\x16\x07")
+    assert sorted(source_files(Source(str(tmp_path), "hf-dir", tmp_path))) == ["config.json", "model.safetensors"]
+
+
+def test_a_yarn_gguf_s_betas_and_original_context_reach_the_config(tmp_path, monkeypatch):
+    """``_gguf_config`` of a YaRN GGUF: the factor, the original context and llama.cpp's ``yarn_beta_fast`` and
+    ``yarn_beta_slow`` (transformers' ``beta_fast`` 32 and ``beta_slow`` 1 by default: the exported rotary another
+    where a file's differ) in the config's rotary parameters, each under its own name."""
+    import gguf
+
+    import tiny
+    from edgespec_export.source import Source, _gguf_config
+
+    hf = tiny.make_model(tmp_path / "hf", "qwen2", seed=3, head_dim=16)
+    header = gguf.GGUFWriter.write_header_to_file
+
+    def with_yarn(self, *a, **k):
+        self.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        self.add_rope_scaling_factor(4.0)
+        self.add_rope_scaling_orig_ctx_len(64)
+        self.add_rope_scaling_yarn_beta_fast(24.0)
+        self.add_rope_scaling_yarn_beta_slow(2.0)
+        return header(self, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_yarn)
+    path = tiny.write_gguf(hf, tmp_path / "m.gguf", arch="qwen2")
+    name, kw = Source(str(path), "gguf", path).from_pretrained_args()
+    rope = _gguf_config(path, name, kw)["config"].rope_parameters
+    assert {k: rope[k] for k in ("rope_type", "factor", "original_max_position_embeddings", "beta_fast",
+                                 "beta_slow")} == {"rope_type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 64, "beta_fast": 24.0,
+                                                   "beta_slow": 2.0}
+
+
+def test_a_vocabulary_padded_past_its_tokenizer_is_not_a_missing_tokenizer(tmp_path):
+    """``check_vocabulary``: a model's vocabulary padded past its tokenizer's (Qwen2.5's 151,936 rows for 151,665
+    tokens) down to twice the tokenizer's is taken; under half of it, the tokenizer is refused (transformers' one-token
+    tokenizer of a folder without tokenizer files), naming the missing files where the folder has none."""
+    from edgespec.errors import ExportError
+    from edgespec_export.source import Source, check_vocabulary
+
+    class Tok:
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+    (tmp_path / "config.json").write_text("{}")
+    src = Source(str(tmp_path), "hf-dir", tmp_path)
+    for n in (128, 127, 100, 64):
+        check_vocabulary(Tok(n), 128, src)
+    with pytest.raises(ExportError, match=r"has 63 tokens for a model of 128 \(its config's vocab_size\): no tokenizer "
+                                          r"files \(tokenizer.json, tokenizer.model, vocab.json, tokenizer_config.json\)"):
+        check_vocabulary(Tok(63), 128, src)
+    (tmp_path / "vocab.json").write_text("{}")
+    with pytest.raises(ExportError, match=r"has 1 token for a model of 151,936 \(its config's vocab_size\); give"):
+        check_vocabulary(Tok(1), 151936, src)
