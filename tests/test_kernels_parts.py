@@ -57,3 +57,79 @@ def test_kquant_scales_take_minimums_only_within_float_rounding_of_q4ks():
         ss, mm = s.copy(), minimum.copy()
         (ss if neg_s else mm)[1, 1] *= -1
         assert kquant_scales(ss, mm) is None
+
+
+def _swiglu(variant=""):
+    """The builder's SwiGLU, ``Mul(Mul(gate, Sigmoid(gate)), up)`` over two 4-bit MatMulNBits, or a variant that
+    must not be fused; (graph, initializers)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    gate = _mnb(N=16 if variant == "other-shape" else 8, name="gate", inputs=("x", "Bg", "Sg", "Zg"))
+    gate.output[:] = ["g"]
+    up = _mnb(name="up", inputs=("y" if variant == "other-input" else "x", "Bu", "Su")
+              + (() if variant == "zero-points" else ("Zu",)))
+    up.output[:] = ["u"]
+    nodes = [gate, up, helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["g", "s"], ["gs"]), helper.make_node("Mul", ["gs", "u"], ["out"])]
+    outputs = ["out"]
+    if variant == "up-read":
+        nodes.append(helper.make_node("Relu", ["u"], ["r"]))
+        outputs.append("r")
+    if variant == "gate-output":
+        outputs.append("g")
+    if variant == "sigmoid-of-other":
+        nodes[3] = helper.make_node("Mul", ["g", "g"], ["gs"])
+        nodes.append(helper.make_node("Identity", ["s"], ["si"]))
+        outputs.append("si")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, 64]) for v in "xy"],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
+    inits = {k: numpy_helper.from_array(np.zeros(4, np.uint8), k) for k in ("Bg", "Sg", "Zg", "Bu", "Su", "Zu")}
+    if variant == "float-zero-points":  # (the gate's a minimum per block, the up projection's bytes)
+        inits["Zg"] = numpy_helper.from_array(np.zeros(4, np.float32), "Zg")
+    return g, inits
+
+
+@pytest.mark.parametrize("variant", ["", "other-input", "other-shape", "zero-points", "float-zero-points", "up-read",
+                                     "gate-output", "sigmoid-of-other"])
+def test_swiglu_is_fused_only_where_its_intermediates_are_its_own(variant):
+    """``swiglu_patterns`` finds the builder's SwiGLU; not where the gate and up projections read other inputs or
+    have other shapes, one has zero points and the other none or of another kind, or a value it would compute away is read elsewhere
+    (the up projection's output, the gate's as a graph output, the sigmoid's)."""
+    from edgespec_export.kernels import swiglu_patterns
+
+    g, inits = _swiglu(variant)
+    found = swiglu_patterns(g, inits)
+    if variant:
+        assert found == [], variant
+    else:
+        (gate, up, sig, m1, m2), = found
+        assert (gate.name, up.name, sig.op_type, m1.output[0], m2.output[0]) == ("gate", "up", "Sigmoid", "gs", "out")
+
+
+@pytest.mark.parametrize("variant", ["", "bias-first", "read-elsewhere", "bias-of-other-size", "float16-bias",
+                                     "bias-computed", "8-bit"])
+def test_a_bias_is_fused_only_into_a_matmul_it_alone_reads(variant):
+    """``bias_patterns``: a 4-bit MatMulNBits read only by an Add of a float32 initializer of its N values (either
+    side of the Add); not where the product is read elsewhere too (it would be lost, biased), the bias is of another
+    size or type or not an initializer, or the MatMulNBits is not the kernel's."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.kernels import bias_patterns
+
+    mm = _mnb(bits=8 if variant == "8-bit" else 4, inputs=("x", "B", "S"))
+    n = 4 if variant == "bias-of-other-size" else 8
+    bias = numpy_helper.from_array(np.ones(n, np.float16 if variant == "float16-bias" else np.float32), "bias")
+    add = helper.make_node("Add", ["bias", "Y"] if variant == "bias-first" else ["Y", "bias"], ["out"])
+    nodes, outputs = [mm, add], ["out"]
+    if variant == "read-elsewhere":
+        nodes.append(helper.make_node("Relu", ["Y"], ["r"]))
+        outputs.append("r")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
+    inits = {"B": 1, "S": 1} | ({} if variant == "bias-computed" else {"bias": bias})
+    found = bias_patterns(g, inits)
+    if variant in ("", "bias-first"):
+        assert found == [(mm, add, "bias")]
+    else:
+        assert found == [], variant
