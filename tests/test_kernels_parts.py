@@ -133,3 +133,31 @@ def test_a_bias_is_fused_only_into_a_matmul_it_alone_reads(variant):
         assert found == [(mm, add, "bias")]
     else:
         assert found == [], variant
+
+
+@pytest.mark.parametrize("q8", [False, True])
+def test_caches_made_float16_or_int8_change_type_width_and_operator(q8):
+    """``_half_caches``: each attention node's past inputs and present outputs become float16, or int8 with rows
+    of D + D / 8 (the numbers and a float32 scale per 32 lanes) where the graph gives D as a number (the builder
+    names it: kept), the node the operator of that type, and the old type's shape notes dropped."""
+    from onnx import TensorProto, helper
+
+    from edgespec_export.kernels import ATTENTION_OP, ATTENTION_OP_F16, ATTENTION_OP_Q8, DOMAIN, _half_caches
+
+    node = helper.make_node(ATTENTION_OP, ["q", "pk", "pv"], ["o", "k", "v"], domain=DOMAIN)
+    dims = {"pk": [1, 2, "past", 64], "pv": [1, 2, "past", "head"], "k": [1, 2, "total", 64], "v": [1, 2, "total", 64]}
+    g = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims.get(n, [1, 8])) for n in ("q", "pk", "pv")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims.get(n, [1, 8])) for n in ("o", "k", "v")],
+        value_info=[helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 2, "total", 64]),
+                    helper.make_tensor_value_info("q_norm", TensorProto.FLOAT, [1, 8])])
+    assert _half_caches(g, [node], q8=q8) == 2
+    assert node.op_type == (ATTENTION_OP_Q8 if q8 else ATTENTION_OP_F16)
+    want = TensorProto.INT8 if q8 else TensorProto.FLOAT16
+    shapes = {v.name: (v.type.tensor_type.elem_type, [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim])
+              for v in list(g.input) + list(g.output)}
+    width = 72 if q8 else 64
+    assert shapes == {"q": (TensorProto.FLOAT, [1, 8]), "o": (TensorProto.FLOAT, [1, 8]),
+                      "pk": (want, [1, 2, "past", width]), "pv": (want, [1, 2, "past", "head"]),
+                      "k": (want, [1, 2, "total", width]), "v": (want, [1, 2, "total", width])}
+    assert [v.name for v in g.value_info] == ["q_norm"]
