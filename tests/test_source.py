@@ -135,3 +135,35 @@ def test_a_vocabulary_padded_past_its_tokenizer_is_not_a_missing_tokenizer(tmp_p
     (tmp_path / "vocab.json").write_text("{}")
     with pytest.raises(ExportError, match=r"has 1 token for a model of 151,936 \(its config's vocab_size\); give"):
         check_vocabulary(Tok(1), 151936, src)
+
+
+def test_the_family_mends_are_llamacpps_reading_of_each_familys_gguf():
+    """``_family_mends`` on its own (test_archs' GGUF exports reach it at tiny sizes only): Gemma 2's and 3's
+    attention scale by the width over the heads at the 27Bs' layer counts (46 and 62, each its own family's), else
+    the head's width; Gemma 2's default caps (50 on the scores, 30 on the logits: llama.cpp's) or the file's; Gemma
+    3's final cap (none unless the file has one) and local rotary base (10,000 unless the file's); a Llama file's
+    biases, the ones it lacks beside them zero."""
+    from edgespec_export.source import _family_mends
+
+    def mends(arch, names=(), **meta):
+        return _family_mends(arch, lambda k: meta.get(k.replace(".", "_")), set(names))
+
+    big2 = dict(block_count=46, embedding_length=4608, attention_head_count=32, attention_key_length=128)
+    assert mends("gemma2", **big2) == {"query_pre_attn_scalar": 144, "attn_logit_softcapping": 50.0,
+                                       "final_logit_softcapping": 30.0}
+    assert mends("gemma2", **{**big2, "block_count": 62})["query_pre_attn_scalar"] == 128
+    assert mends("gemma2", **big2, attn_logit_softcapping=40, final_logit_softcapping=20.0) == {
+        "query_pre_attn_scalar": 144, "attn_logit_softcapping": 40.0, "final_logit_softcapping": 20.0}
+    big3 = dict(block_count=62, embedding_length=5376, attention_head_count=32, attention_key_length=128)
+    assert mends("gemma3", **big3) == {"query_pre_attn_scalar": 168, "final_logit_softcapping": None,
+                                       "sliding_rope_theta": 10000.0}
+    assert mends("gemma3", **{**big3, "block_count": 46})["query_pre_attn_scalar"] == 128
+    got = mends("gemma3", **big3, final_logit_softcapping=30, rope_freq_base_swa=20000.0)
+    assert (got["final_logit_softcapping"], got["sliding_rope_theta"]) == (30.0, 20000.0)
+    assert "query_pre_attn_scalar" not in mends("gemma3", block_count=26)  # (the sizes unread: transformers' own)
+    assert mends("llama", names={"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"}) == {
+        "attention_bias": True, "zero_biases": ("self_attn.o_proj.bias",)}
+    assert mends("llama", names={"blk.0.ffn_down.bias"}) == {
+        "mlp_bias": True, "zero_biases": ("mlp.gate_proj.bias", "mlp.up_proj.bias")}
+    assert mends("llama", names={"blk.1.attn_q.bias", "blk.0.attn_q.weight"}) == {}
+    assert mends("qwen2", **big2) == {}
