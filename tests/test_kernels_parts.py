@@ -161,3 +161,75 @@ def test_caches_made_float16_or_int8_change_type_width_and_operator(q8):
                       "pk": (want, [1, 2, "past", width]), "pv": (want, [1, 2, "past", "head"]),
                       "k": (want, [1, 2, "total", width]), "v": (want, [1, 2, "total", width])}
     assert [v.name for v in g.value_info] == ["q_norm"]
+
+
+def _gqa(window=-1, softcap=0.0, interleaved=0, rotary_lanes=32, **extra):
+    """The builder's CPU GroupQueryAttention (packed QKV, its rotary tables as initializers) and its initializers."""
+    from onnx import TensorProto, helper
+
+    attrs = dict(num_heads=8, kv_num_heads=2, scale=0.125, do_rotary=1, local_window_size=window, softcap=softcap,
+                 rotary_interleaved=interleaved)
+    attrs.update(extra)
+    n = helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin", "", ""],
+                         ["o", "k", "v"], domain="com.microsoft", **attrs)
+    inits = {t: helper.make_tensor(t, TensorProto.FLOAT, [16, rotary_lanes], [0.0] * 16 * rotary_lanes)
+             for t in ("cos", "sin")}
+    return n, inits
+
+
+def test_edgespec_attention_keeps_the_window_the_cap_and_the_heads_it_replaces():
+    """``_own_attention``: the builder's attention becomes ``edgespec.DecodeAttention`` over (packed QKV, past key,
+    past value, lengths, cos, sin) with its heads, KV heads, scale, and Gemma 2/3's sliding window and score cap and
+    an interleaved rotary where the node has them; where it is not what the op computes (unpacked QKV, no rotary, a
+    window of 0, an infinite cap, a smooth softmax, computed tables, a head size not a multiple of 8 or narrower than
+    the rotary), it is left as it is."""
+    from onnx import helper
+
+    from edgespec_export.kernels import ATTENTION_OP, DOMAIN, _own_attention
+
+    n, inits = _gqa(window=4096, softcap=50.0, interleaved=1)
+    assert _own_attention(n, inits, head_dim=64)
+    assert (n.op_type, n.domain, list(n.input)) == (ATTENTION_OP, DOMAIN, ["qkv", "pk", "pv", "seqlens", "cos", "sin"])
+    assert {a.name: helper.get_attribute_value(a) for a in n.attribute} == {
+        "num_heads": 8, "kv_num_heads": 2, "scale": 0.125, "local_window_size": 4096, "softcap": 50.0,
+        "rotary_interleaved": 1}
+    n, inits = _gqa()
+    assert _own_attention(n, inits, head_dim=None)
+    assert {a.name for a in n.attribute} == {"num_heads", "kv_num_heads", "scale"}
+    assert _own_attention(*_gqa(rotary_lanes=16), head_dim=64)  # (a partial rotary: its first lanes)
+    for node, inits, head in ((*_gqa(rotary_lanes=40), 64), (*_gqa(), 60), (*_gqa(window=0), None),
+                              (*_gqa(softcap=float("inf")), None), (*_gqa(smooth_softmax=1), None),
+                              (*_gqa(do_rotary=0), None), (_gqa()[0], {}, None)):
+        before = node.SerializeToString()
+        assert not _own_attention(node, inits, head_dim=head)
+        assert node.SerializeToString() == before
+    unpacked, inits = _gqa()
+    unpacked.input[1] = "k_in"
+    assert not _own_attention(unpacked, inits)
+
+
+def test_kernel_features_are_what_each_attention_node_needs():
+    """``kernel_features``: a window, a cap, an interleaved rotary, a rotary narrower than the node's head (its
+    cache's width where the graph gives it, an int8 cache's rows read as their head size); whole-head rotaries of
+    float16 and int8 caches need nothing new."""
+    from onnx import TensorProto, helper
+
+    from edgespec_export.kernels import ATTENTION_OP, ATTENTION_OP_F16, ATTENTION_OP_Q8, _own_attention, kernel_features
+
+    def graph(op=ATTENTION_OP, width=64, lanes=32, **kw):
+        n, inits = _gqa(rotary_lanes=lanes, **kw)
+        assert _own_attention(n, inits)
+        n.op_type = op
+        return helper.make_graph([n], "g", [helper.make_tensor_value_info("pk", TensorProto.FLOAT, [1, 2, "p", width])],
+                                 [], list(inits.values()))
+
+    assert kernel_features(graph(), 64) == []
+    assert kernel_features(graph(ATTENTION_OP_F16), 64) == []
+    assert kernel_features(graph(ATTENTION_OP_Q8, width=72), 64) == []  # (64 numbers and their scales a row)
+    assert kernel_features(graph(ATTENTION_OP_Q8, width=72, lanes=24), 64) == ["attention-partial-rotary"]
+    assert kernel_features(graph(width=128), 64) == ["attention-partial-rotary"]  # (Gemma 4's wider global heads)
+    assert kernel_features(graph(ATTENTION_OP_F16, window=512, softcap=50.0, interleaved=1), 64) == [
+        "attention-interleaved-rotary", "attention-softcap", "attention-window"]
+    other = graph()
+    other.node[0].domain = "com.microsoft"
+    assert kernel_features(other, 64) == []
