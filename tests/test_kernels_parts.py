@@ -233,3 +233,45 @@ def test_kernel_features_are_what_each_attention_node_needs():
     other = graph()
     other.node[0].domain = "com.microsoft"
     assert kernel_features(other, 64) == []
+
+
+@pytest.mark.parametrize("kind", ["q4_k", "float-minimums"])
+def test_a_rewrite_of_float_zero_points_puts_the_minimums_and_scale_bytes_in_their_slots(tmp_path, kind):
+    """``rewrite_graph`` of a MatMulNBits with float zero points (``--quant-algo gguf``, ``hqq``, ``q4_k``): the
+    kernel's node takes the exact minimums at input 5, or where the scales are Q4_K's its scale bytes at input 6 (and
+    d and dmin at 2), none at 3 or 4 (4 is a bias's), and computes what onnxruntime's MatMulNBits computes of the same
+    blocks, to its int8 activations' rounding."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import pool_session_options
+    from edgespec.native import library_path
+    from edgespec_export.kernels import rewrite_graph
+
+    K, N = 256, 24
+    b, scale, zp, _ = q4k_like(N, K, seed=5)
+    if kind == "float-minimums":  # (minimums no Q4_K byte gives: hqq's)
+        zp = zp * np.random.default_rng(6).uniform(0.5, 1.5, size=zp.shape).astype(np.float32)
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scale, "S"), numpy_helper.from_array(zp, "Z")]
+    node = helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], name="m", domain="com.microsoft", K=K, N=N,
+                            bits=4, block_size=32, accuracy_level=4)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "model.onnx"
+    onnx.save(m, str(path))
+    x = np.random.default_rng(7).normal(size=(5, K)).astype(np.float32)
+    so = pool_session_options()
+    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"A": x})[0]
+    assert rewrite_graph(path, pad_attention=False)["matmuls"] == 1
+    out = onnx.load(str(path))
+    (q4,) = out.graph.node
+    slots = list(q4.input) + [""] * (7 - len(q4.input))
+    assert q4.op_type == "MatMulQ4" and slots[1] and slots[2] and not slots[3] and not slots[4]
+    assert (bool(slots[5]), bool(slots[6])) == ((False, True) if kind == "q4_k" else (True, False))
+    so = pool_session_options()
+    so.register_custom_ops_library(library_path())
+    got = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"A": x})[0]
+    # (onnxruntime computes float zero points in float; the kernel, at accuracy level 4, with int8 activations)
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
