@@ -275,3 +275,37 @@ def test_a_rewrite_of_float_zero_points_puts_the_minimums_and_scale_bytes_in_the
     got = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"A": x})[0]
     # (onnxruntime computes float zero points in float; the kernel, at accuracy level 4, with int8 activations)
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+
+
+def test_the_rewrites_comparison_counts_the_share_of_positions_that_agree(monkeypatch):
+    """``compare_with_source``: both graphs read the same tokens (as many as both contexts hold, in two calls), and
+    the record is the largest logit difference, the source's scale and the share of positions whose argmax agrees
+    (a layout bug agrees almost nowhere; one position that agrees is not agreement)."""
+    from types import SimpleNamespace
+
+    import edgespec.onnx_lm
+    from edgespec_export.kernels import compare_with_source
+
+    calls = []
+
+    class FakeLM:
+        def __init__(self, spec, context, providers, min_width=None):
+            self.spec, self.width_seconds = spec, None
+            calls.append((spec.name, context, min_width))
+
+        def forward(self, ids):
+            calls.append((self.spec.name, list(ids)))
+            return self.spec.logits[ids]
+
+    monkeypatch.setattr(edgespec.onnx_lm, "OnnxLM", FakeLM)
+    logits = np.eye(8, dtype=np.float32) * 3.0  # (token i's row: argmax i)
+    other = logits.copy()
+    other[[1, 4, 5], :] = np.roll(other[[1, 4, 5], :], 1, axis=1)  # (three of the tokens' argmax moved)
+    other[2, 2] = 2.5
+    source = SimpleNamespace(name="source", max_context=16, attention_pad=0, logits=logits)
+    rewritten = SimpleNamespace(name="rewritten", max_context=10, attention_pad=4, logits=other)
+    got = compare_with_source(source, rewritten, list(range(8)))
+    assert got == {"max_abs_logit_diff": 3.0, "logit_scale": 3.0, "top1_agreement": 0.5, "positions": 6,
+                   "width_policy": None}
+    assert calls == [("source", 16, 1), ("source", [0, 1, 2]), ("source", [3, 4, 5]),
+                     ("rewritten", 6, None), ("rewritten", [0, 1, 2]), ("rewritten", [3, 4, 5])]
