@@ -309,3 +309,30 @@ def test_the_rewrites_comparison_counts_the_share_of_positions_that_agree(monkey
                    "width_policy": None}
     assert calls == [("source", 16, 1), ("source", [0, 1, 2]), ("source", [3, 4, 5]),
                      ("rewritten", 6, None), ("rewritten", [0, 1, 2]), ("rewritten", [3, 4, 5])]
+
+
+def test_a_rewritten_bundle_records_the_matmuls_it_kept_and_drops_genais_config(tiny_int4_bundle, tmp_path,
+                                                                                   monkeypatch):
+    """``apply_to_bundle``: onnxruntime-genai's config goes (genai cannot run edgespec's operators), and the manifest's
+    operators count what the graph holds: the kernel's MatMulQ4 nodes and the MatMulNBits it left to onnxruntime
+    (here the head, planted: what the kernel does not take, an 8-bit head for one), so the runtime does not take the
+    graph for one that computes a row alike at every width."""
+    from collections import Counter
+
+    import onnx
+
+    import edgespec_export.kernels as kernels
+    from edgespec.manifest import load_manifest
+    from edgespec.width import width_invariant_spec
+
+    assert (tiny_int4_bundle / "target" / "genai_config.json").exists()
+    real = kernels._q4_attrs
+    monkeypatch.setattr(kernels, "_q4_attrs",
+                        lambda node, inits: None if node is not None and "lm_head" in node.name else real(node, inits))
+    out = kernels.apply_to_bundle(tiny_int4_bundle, tmp_path / "xk")
+    spec = load_manifest(out).target
+    ops = Counter(n.op_type for n in onnx.load(str(spec.path), load_external_data=False).graph.node)
+    assert ops["MatMulNBits"] == 1 and ops["MatMulQ4"] >= 4
+    assert (spec.operators["MatMulNBits"], spec.operators["MatMulQ4"]) == (1, ops["MatMulQ4"])
+    assert spec.kernels == "edgespec-q4" and not width_invariant_spec(spec)
+    assert not (out / "target" / "genai_config.json").exists()
