@@ -7,6 +7,11 @@ import numpy as np
 import pytest
 from conftest import q4k_like
 
+from edgespec.native import cpu_supported
+
+# (the tests that run edgespec's kernels: skipped where test_native is, a CPU they do not run on)
+native = pytest.mark.skipif(cpu_supported() is not None, reason=f"{cpu_supported()}")
+
 
 def _mnb(K=64, N=8, bits=4, block=32, inputs=("A", "B", "S", "Z"), name="m"):
     from onnx import helper
@@ -235,6 +240,7 @@ def test_kernel_features_are_what_each_attention_node_needs():
     assert kernel_features(other, 64) == []
 
 
+@native
 @pytest.mark.parametrize("kind", ["q4_k", "float-minimums"])
 def test_a_rewrite_of_float_zero_points_puts_the_minimums_and_scale_bytes_in_their_slots(tmp_path, kind):
     """``rewrite_graph`` of a MatMulNBits with float zero points (``--quant-algo gguf``, ``hqq``, ``q4_k``): the
@@ -246,8 +252,8 @@ def test_a_rewrite_of_float_zero_points_puts_the_minimums_and_scale_bytes_in_the
     from onnx import TensorProto, helper, numpy_helper
 
     from conftest import pool_session_options
-    from edgespec.native import library_path
     from edgespec_export.kernels import rewrite_graph
+    from test_native import _session
 
     K, N = 256, 24
     b, scale, zp, _ = q4k_like(N, K, seed=5)
@@ -270,9 +276,7 @@ def test_a_rewrite_of_float_zero_points_puts_the_minimums_and_scale_bytes_in_the
     slots = list(q4.input) + [""] * (7 - len(q4.input))
     assert q4.op_type == "MatMulQ4" and slots[1] and slots[2] and not slots[3] and not slots[4]
     assert (bool(slots[5]), bool(slots[6])) == ((False, True) if kind == "q4_k" else (True, False))
-    so = pool_session_options()
-    so.register_custom_ops_library(library_path())
-    got = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"A": x})[0]
+    got = _session(out).run(None, {"A": x})[0]
     # (onnxruntime computes float zero points in float; the kernel, at accuracy level 4, with int8 activations)
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
 
@@ -311,6 +315,7 @@ def test_the_rewrites_comparison_counts_the_share_of_positions_that_agree(monkey
                      ("rewritten", 6, None), ("rewritten", [0, 1, 2]), ("rewritten", [3, 4, 5])]
 
 
+@native
 def test_a_rewritten_bundle_records_the_matmuls_it_kept_and_drops_genais_config(tiny_int4_bundle, tmp_path,
                                                                                    monkeypatch):
     """``apply_to_bundle``: onnxruntime-genai's config goes (genai cannot run edgespec's operators), and the manifest's

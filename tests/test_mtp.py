@@ -27,12 +27,11 @@ def _assistant_config(vocab: int, *, ordered: bool = False, backbone: int = 64, 
                                               num_centroids=4, centroid_intermediate_top_k=2)
 
 
-def _assistant(d, tok, *, ordered: bool = False, backbone: int = 64, seed: int = 1, **extra):
-    """A tiny assistant (``_assistant_config``'s) with random weights, saved at ``d``."""
+def _assistant_model(cfg, seed: int):
+    """A tiny assistant of config ``cfg`` with random weights (in memory)."""
     import torch
     import transformers
 
-    cfg = _assistant_config(len(tok), ordered=ordered, backbone=backbone, **extra)
     torch.manual_seed(seed)
     m = transformers.Gemma4AssistantForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -40,9 +39,14 @@ def _assistant(d, tok, *, ordered: bool = False, backbone: int = 64, seed: int =
             if "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn_like(p))
         m.lm_head.weight.mul_(8.0)  # (confident drafts: the confidence stop then lets drafts run)
-        if ordered:
-            m.masked_embedding.token_ordering.copy_(torch.randperm(len(tok)))
-    m.save_pretrained(d)
+        if cfg.use_ordered_embeddings:
+            m.masked_embedding.token_ordering.copy_(torch.randperm(int(cfg.text_config.vocab_size)))
+    return m
+
+
+def _assistant(d, tok, *, ordered: bool = False, backbone: int = 64, seed: int = 1, **extra):
+    """A tiny assistant (``_assistant_config``'s) with random weights, saved at ``d``."""
+    _assistant_model(_assistant_config(len(tok), ordered=ordered, backbone=backbone, **extra), seed).save_pretrained(d)
     return d
 
 
@@ -553,13 +557,9 @@ def test_the_assistant_graph_is_transformers_step_on_any_caches_it_is_given(tmp_
                             num_attention_heads=6 if case == "two-kv-heads" else 4,
                             tie_word_embeddings=case != "untied-head")
     cfg.tie_word_embeddings = case != "untied-head"
-    torch.manual_seed(5)
-    m = transformers.Gemma4AssistantForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, prm in m.named_parameters():
-            if "norm" in name:
-                prm.copy_(1.0 + 0.5 * torch.randn_like(prm))
-        if case == "layer-scalars":
+    m = _assistant_model(cfg, seed=5)
+    if case == "layer-scalars":
+        with torch.no_grad():
             for i, layer in enumerate(m.model.layers):
                 layer.layer_scalar.fill_(0.5 + i)
     if case == "rope-scaling":
