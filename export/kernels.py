@@ -961,6 +961,8 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
         g.node.extend(kept_nodes)
     _whole_caches(g)  # (a bundle exported before session 41's fix: no window-sized cache layout)
     done["rope_per_position"] = _per_position_rope(g, model_path.name)  # (a LongRoPE bundle exported before session 42)
+    if done["rope_per_position"]:  # (its caches are initializers now, which edgespec's attention must find)
+        inits.update({t.name: t for t in g.initializer})
     if own_attention or pad_attention:  # separate query, key and value inputs: one packed input
         done["rotary_folded"] = _fold_rotary(g, head_dim)
         done["packed_qkv"] = _pack_qkv(g)

@@ -657,6 +657,9 @@ def test_longrope_exports_and_decodes_exactly_across_its_original_context(tmp_pa
                for dr in ("prompt-lookup", "suffix"))
     out = exact_kernels_decode_exactly(old, tmp_path_factory.mktemp("xk") / "phi3-longrope-old-xk",
                                        "rotary caches made one, per position")
+    # (session 89) and its attention is edgespec's, as the new export's: the caches made one are found as tables
+    ops = {n.op_type for n in onnx.load(str(out / "target" / "model.onnx"), load_external_data=False).graph.node}
+    assert "GroupQueryAttention" not in ops and any(op.startswith("DecodeAttention") for op in ops), ops
     _greedy_exact(out, 120, ("prompt-lookup", "suffix", "auto"))
 
 
