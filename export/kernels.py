@@ -717,8 +717,10 @@ def settle_graph(model_file: Path, capacity: int) -> tuple[int, int]:
 # Rows a rotary table keeps past the bundle's context (trim_rotary_tables): positions never reach the context's end
 # (the KV buffer holds max_context), a margin all the same
 ROTARY_SPARE_ROWS = 64
-# where a rotary table is read: (op type, input index) of its cos and sin inputs
-_ROTARY_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}
+# where a rotary table is read: (domain, op type) -> the input indices of its cos and sin inputs (ONNX's own
+# RotaryEmbedding, opset 23, takes them before the positions; onnxruntime's contrib one after)
+_ROTARY_INPUTS = {("com.microsoft", "GroupQueryAttention"): (7, 8), ("com.microsoft", "RotaryEmbedding"): (2, 3),
+                  ("", "RotaryEmbedding"): (1, 2)}
 
 
 def trim_rotary_tables(g, rows: int) -> int:
@@ -732,7 +734,7 @@ def trim_rotary_tables(g, rows: int) -> int:
 
     readers: dict[str, set] = {}
     for n in g.node:
-        slots = _ROTARY_INPUTS.get(n.op_type) if n.domain in ("com.microsoft", "") else None
+        slots = _ROTARY_INPUTS.get(("" if n.domain == "ai.onnx" else n.domain, n.op_type))
         for i, name in enumerate(n.input):
             if name:
                 readers.setdefault(name, set()).add(slots is not None and i in slots)

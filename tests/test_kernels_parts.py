@@ -341,3 +341,35 @@ def test_a_rewritten_bundle_records_the_matmuls_it_kept_and_drops_genais_config(
     assert (spec.operators["MatMulNBits"], spec.operators["MatMulQ4"]) == (1, ops["MatMulQ4"])
     assert spec.kernels == "edgespec-q4" and not width_invariant_spec(spec)
     assert not (out / "target" / "genai_config.json").exists()
+
+
+@pytest.mark.parametrize("reader", ["gqa", "contrib", "onnx", "ai.onnx", "other-slot", "also-gathered"])
+def test_rotary_tables_are_cut_where_every_reader_takes_them_as_its_cos_and_sin(reader):
+    """(session 89) ``trim_rotary_tables`` cuts a table to the rows asked where every node reading it takes it as
+    its cos or sin cache: GroupQueryAttention's inputs 7 and 8, onnxruntime's RotaryEmbedding's 2 and 3, ONNX's own
+    RotaryEmbedding's (opset 23) 1 and 2 (read at 2 and 3 before, so left whole). A table read at other inputs, or
+    by a Gather besides, is left whole."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.kernels import trim_rotary_tables
+
+    cos, sin = (numpy_helper.from_array(np.full((100, 4), v, np.float32), n) for v, n in ((1.0, "cos"), (0.5, "sin")))
+    domain, op, slots = {"gqa": ("com.microsoft", "GroupQueryAttention", (7, 8)),
+                         "contrib": ("com.microsoft", "RotaryEmbedding", (2, 3)),
+                         "onnx": ("", "RotaryEmbedding", (1, 2)), "ai.onnx": ("ai.onnx", "RotaryEmbedding", (1, 2)),
+                         "other-slot": ("", "RotaryEmbedding", (3, 4)),
+                         "also-gathered": ("com.microsoft", "RotaryEmbedding", (2, 3))}[reader]
+    inputs = ["x"] * (max(slots) + 1)
+    inputs[slots[0]], inputs[slots[1]] = "cos", "sin"
+    nodes = [helper.make_node(op, inputs, ["y"], domain=domain)]
+    if reader == "also-gathered":
+        nodes.append(helper.make_node("Gather", ["cos", "x"], ["z"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [cos, sin])
+    cut = trim_rotary_tables(g, 40)
+    whole = {"other-slot": {"cos", "sin"}, "also-gathered": {"cos"}}.get(reader, set())
+    assert cut == 2 - len(whole)
+    for t in g.initializer:
+        rows = 100 if t.name in whole else 40
+        assert list(t.dims) == [rows, 4] and numpy_helper.to_array(t).shape == (rows, 4), (t.name, reader)
+    assert (numpy_helper.to_array(g.initializer[1]) == 0.5).all()
