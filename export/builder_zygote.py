@@ -43,15 +43,19 @@ _IMPORT_TIME = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR"
                 "TRANSFORMERS_", "LD_", "CUDA", "NVIDIA_")
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the one that started it ends (best effort; elsewhere nothing)."""
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when the one that started it (``parent``, its pid) ends (best effort; elsewhere
+    nothing). A parent that ended before the signal was asked for (between the fork and here) sent none: this
+    process ends now, as it would have."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
-            pass
+            return
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 # -- the zygote ------------------------------------------------------------------------------------------------------
@@ -92,13 +96,14 @@ def _receive(sock: socket.socket):
     return json.loads(payload), fds[0]
 
 
-def _child(req: dict, out_fd: int, sock: socket.socket) -> None:
-    """In the forked child: the module run as ``python -m`` runs it, output to ``out_fd``. Never returns."""
+def _child(req: dict, out_fd: int, sock: socket.socket, parent: int) -> None:
+    """In the forked child of zygote ``parent`` (its pid): the module run as ``python -m`` runs it, output to
+    ``out_fd``. Never returns."""
     code = 1
     interrupted = False
     try:
         sock.close()
-        _die_with_parent()
+        _die_with_parent(parent)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.dup2(out_fd, 1)
@@ -164,9 +169,10 @@ def main() -> None:
         if got is None:
             return
         req, out_fd = got
+        me = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _child(req, out_fd, sock)
+            _child(req, out_fd, sock, me)
         os.close(out_fd)
         try:
             _say(sock, pid=pid)
@@ -269,7 +275,11 @@ class Forked:
         self._release = release  # the zygote's lock, let go once the build's end is read
         self.returncode = None
         self.pid = None
-        r, w = os.pipe()
+        try:
+            r, w = os.pipe()
+        except BaseException:  # (no pipe, out of descriptors: nothing was sent, the zygote serves the next build)
+            release()
+            raise
         self._r = r
         try:
             payload = json.dumps({"module": module, "argv": args, "env": dict(os.environ, **env),

@@ -243,3 +243,62 @@ def test_a_zygote_killed_before_it_said_ready_is_replaced_not_given_up(probe_pat
     monkeypatch.setattr(build, "PRELOAD", ("json",))
     proc = build.start_builder("zygote_probe", [], {})
     assert isinstance(proc, build.Forked) and _run(proc)[0] == 0 and build._ZYGOTE[0] is not z
+
+
+def test_a_build_with_no_pipe_runs_alone_and_the_zygote_serves_the_next(own_zygote, monkeypatch):
+    """(session 89, a review) No pipe for a forked build's output (out of descriptors): that build runs as a
+    process of its own, nothing sent to the zygote, and the zygote's lock is let go, so the next build is forked
+    again (the lock was held for good: every later build of the process alone)."""
+    real, failed = os.pipe, []
+
+    def pipe():  # (the first pipe asked for fails: Forked's; Alone's Popen gets its own)
+        if not failed:
+            failed.append(True)
+            raise OSError(24, "Too many open files")
+        return real()
+
+    monkeypatch.setattr(build.os, "pipe", pipe)
+    proc = build.start_builder("zygote_probe", [], {})
+    rc, out = _run(proc)
+    assert failed and isinstance(proc, build.Alone) and rc == 0 and json.loads(out)["ppid"] == os.getpid()
+    assert not build._LOCK.locked() and build._ZYGOTE == [own_zygote]
+    proc = build.start_builder("zygote_probe", [], {})
+    rc, out = _run(proc)
+    assert isinstance(proc, build.Forked) and rc == 0 and json.loads(out)["ppid"] == own_zygote.proc.pid
+
+
+@pytest.mark.parametrize("parent", ["alive", "gone"])
+def test_a_build_forked_after_its_zygote_ended_ends_at_once(probe_path, parent):
+    """(session 89, a review) A forked build asks to be killed when its zygote ends (Linux's PR_SET_PDEATHSIG);
+    a zygote that ended between the fork and that request sent no signal, so the build checks that its parent is
+    still the zygote that forked it and ends (SIGKILL) where it is not, before running anything. Here the test
+    process forks the child as a zygote would, naming itself (alive) or another process (gone) as the zygote."""
+    import socket
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the death signal is Linux's")
+    r, w = os.pipe()
+    ours, theirs = socket.socketpair()
+    req = {"module": "zygote_probe", "argv": [], "env": dict(os.environ), "cwd": str(probe_path)}
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # (the child: none of pytest's exit handlers, which would stop this process's zygotes, and the
+        import atexit  # interpreter's own streams, on descriptors 1 and 2, not pytest's capture)
+
+        atexit._clear()
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        os.close(r)
+        build._child(req, w, theirs, me if parent == "alive" else 1)
+    os.close(w)
+    ours.close()
+    theirs.close()
+    out = b""
+    while chunk := os.read(r, 4096):
+        out += chunk
+    os.close(r)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if parent == "alive":
+        assert code == 0 and out and json.loads(out)["ppid"] == me, (code, out)
+    else:
+        assert code == -signal.SIGKILL and out == b""
