@@ -29,8 +29,33 @@ if sys.argv[1:2] == ["kbd"]:
     raise KeyboardInterrupt
 if sys.argv[1:2] == ["raise"]:
     raise ValueError("a bug in the probe")
+if sys.argv[1:2] == ["bare-exit"]:
+    print("exiting", flush=True)
+    raise SystemExit
+if sys.argv[1:2] == ["atexit"]:
+    import atexit
+    atexit.register(lambda: print("atexit ran"))
+if sys.argv[1:2] == ["complain"]:
+    print("to stderr", file=sys.stderr, flush=True)
+
+
+def sockets():
+    import stat
+    fds = os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []
+    n = 0
+    for fd in fds:
+        try:
+            n += stat.S_ISSOCK(os.fstat(int(fd)).st_mode)
+        except OSError:
+            pass
+    return n
+
+
+import signal
 print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": os.environ.get("PROBE_VAR"),
-                  "ppid": os.getppid(), "builder": "builders.base" in sys.modules}))
+                  "ppid": os.getppid(), "builder": "builders.base" in sys.modules, "file": sys.argv[0],
+                  "path0": sys.path[0], "main": sys.modules["__main__"].__file__, "stale": os.environ.get("STALE_VAR"),
+                  "sockets": sockets(), "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
 '''
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the zygote forks (POSIX)")
@@ -46,6 +71,7 @@ def probe_path(tmp_path_factory):
     (mods / "poison" / "onnxruntime_genai.py").write_text("raise ImportError('poisoned for a test')\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", str(mods))
+        mp.delenv("PYTHONUNBUFFERED", raising=False)  # (the builds' output buffered, as a plain run's is: flushed at the end)
         build._stop()
         yield mods
         build._stop()
@@ -80,8 +106,10 @@ def test_builds_fork_from_one_zygote_with_this_processs_environment_now(probe_pa
     rc, out = _run(proc)
     assert isinstance(proc, build.Forked) and rc == 0, out
     got = json.loads(out)
+    probe = str(probe_path / "zygote_probe.py")
     assert got == {"argv": ["a", "b c"], "cwd": str(here), "env": "set after the zygote started",
-                   "ppid": own_zygote.proc.pid, "builder": True}
+                   "ppid": own_zygote.proc.pid, "builder": True, "file": probe, "path0": str(here), "main": probe,
+                   "stale": None, "sockets": 0, "sigint": True}
     rc, out = _run(build.start_builder("zygote_probe", ["x"], {"PROBE_VAR": "given"}))
     assert rc == 0 and json.loads(out)["env"] == "given" and json.loads(out)["ppid"] == own_zygote.proc.pid
     assert build._ZYGOTE == [own_zygote]  # the same zygote served both
@@ -189,12 +217,16 @@ def test_an_interrupt_while_a_build_starts_or_ends_drops_that_zygote_and_later_b
     assert _run(build.start_builder("zygote_probe", ["ends", "4"], {}))[0] == 4
 
 
-def test_a_changed_import_time_variable_gets_a_fresh_zygote(own_zygote, monkeypatch):
-    other = str(int(os.environ.get("OMP_NUM_THREADS", "0")) + 1)  # (the suite's workers set one: conftest.py)
-    monkeypatch.setenv("OMP_NUM_THREADS", other)
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "PYTHONPATH"])
+def test_a_changed_import_time_variable_gets_a_fresh_zygote(own_zygote, monkeypatch, name):
+    if name == "OMP_NUM_THREADS":
+        other = str(int(os.environ.get("OMP_NUM_THREADS", "0")) + 1)  # (the suite's workers set one: conftest.py)
+    else:
+        other = os.environ["PYTHONPATH"] + os.pathsep + os.path.dirname(os.environ["PYTHONPATH"])
+    monkeypatch.setenv(name, other)
     rc, out = _run(build.start_builder("zygote_probe", [], {}))
     assert rc == 0 and json.loads(out)["ppid"] != own_zygote.proc.pid and build._ZYGOTE[0] is not own_zygote
-    assert build._ZYGOTE[0].env["OMP_NUM_THREADS"] == other
+    assert build._ZYGOTE[0].env[name] == other
 
 
 def test_a_zygote_that_cannot_serve_is_asked_once(probe_path, monkeypatch):
@@ -202,11 +234,13 @@ def test_a_zygote_that_cannot_serve_is_asked_once(probe_path, monkeypatch):
     each would wait for its imports first (a review: 6-7 s a build, slower than before the zygote)."""
     monkeypatch.setenv("PYTHONPATH", str(probe_path) + os.pathsep + str(probe_path / "poison"))
     monkeypatch.setattr(build, "_UNAVAILABLE", [])
+    started = []
+    monkeypatch.setattr(build, "Zygote", lambda real=build.Zygote: started.append(real()) or started[-1])
     t0 = time.monotonic()
     for _ in range(3):
         proc = build.start_builder("zygote_probe", [], {})
         assert _run(proc)[0] == 0
-    assert isinstance(proc, build.Alone) and build._UNAVAILABLE and not build._ZYGOTE
+    assert isinstance(proc, build.Alone) and build._UNAVAILABLE and not build._ZYGOTE and len(started) == 1
     assert time.monotonic() - t0 < 60
 
 
@@ -302,3 +336,130 @@ def test_a_build_forked_after_its_zygote_ended_ends_at_once(probe_path, parent):
         assert code == 0 and out and json.loads(out)["ppid"] == me, (code, out)
     else:
         assert code == -signal.SIGKILL and out == b""
+
+
+def test_a_forked_build_sees_what_a_process_of_its_own_sees(own_zygote, monkeypatch, tmp_path):
+    """(session 89) A build forked by the zygote runs as ``python -m`` would run it alone: its module file as
+    argv[0] and ``__main__``, its directory first on sys.path, no variable the zygote had and this process no longer
+    has, none of the zygote's sockets, Ctrl-C raising KeyboardInterrupt (a zygote ignores it), its at-exit handlers
+    run and its buffered output flushed at its end, and ``sys.exit()`` ending 0. Compared with ``Alone``'s run of
+    the same probe, which is that fresh process."""
+    monkeypatch.setenv("STALE_VAR", "the zygote's")  # (not an import-time variable: the same zygote serves)
+    build._stop()
+    build.prestart_builder()
+    z = build._ZYGOTE[0]
+    monkeypatch.delenv("STALE_VAR")
+    monkeypatch.chdir(tmp_path)
+    forked, alone = build.start_builder("zygote_probe", ["atexit"], {}), build.Alone("zygote_probe", ["atexit"], {})
+    (rc, out), (arc, aout) = _run(forked), _run(alone)
+    assert isinstance(forked, build.Forked) and rc == 0 and arc == 0, (out, aout)
+    got, want = json.loads(out.splitlines()[0]), json.loads(aout.splitlines()[0])
+    assert got.pop("ppid") == z.proc.pid and want.pop("ppid") == os.getpid()
+    assert got.pop("sigint") is True  # (Alone's depends on what this process ignores)
+    want.pop("sigint")
+    assert got == want and got["stale"] is None and got["path0"] == str(tmp_path) and got["sockets"] == 0, (got, want)
+    assert out.splitlines()[1:] == aout.splitlines()[1:] == ["atexit ran"]
+    rc, out = _run(build.start_builder("zygote_probe", ["bare-exit"], {}))
+    assert (rc, out) == (0, "exiting\n")
+
+
+def test_a_process_of_its_own_gets_its_arguments_environment_and_stderr_and_is_killed(probe_path, monkeypatch):
+    """(session 89) ``Alone``, where no zygote serves: the builder's arguments, ``env`` over this process's
+    environment, stderr with stdout; no end until it ended, ``kill`` ends it, and its pipe closed after ``wait``."""
+    monkeypatch.setenv("PROBE_VAR", "this process's")
+    proc = build.Alone("zygote_probe", ["a", "b c"], {"PROBE_VAR": "given"})
+    rc, out = _run(proc)
+    assert rc == 0 and json.loads(out)["argv"] == ["a", "b c"] and json.loads(out)["env"] == "given"
+    assert proc._p.stdout.closed
+    rc, out = _run(build.Alone("zygote_probe", ["complain"], {}))  # (PYTHONPATH from this process: it imports)
+    assert rc == 0 and out.startswith("to stderr\n") and json.loads(out.splitlines()[1])["env"] == "this process's"
+    proc = build.Alone("zygote_probe", ["sleep"], {})
+    assert proc.read().startswith(b"sleeping") and proc.returncode is None
+    proc.kill()
+    assert _run(proc)[0] == -signal.SIGKILL and proc.returncode == -signal.SIGKILL
+
+
+def test_the_zygote_outlives_ctrl_c_and_ends_at_its_sockets_end_or_when_killed(own_zygote):
+    """(session 89) A terminal's Ctrl-C reaches the whole process group: the zygote ignores it and serves the next
+    build. Closed, it ends by itself at its socket's end (exit 0); closed with ``kill`` (and at this process's exit,
+    ``_stop``) it is killed, its build with it."""
+    os.kill(own_zygote.proc.pid, signal.SIGINT)
+    time.sleep(0.3)
+    rc, out = _run(build.start_builder("zygote_probe", [], {}))
+    assert own_zygote.proc.poll() is None and rc == 0 and json.loads(out)["ppid"] == own_zygote.proc.pid
+    own_zygote.close()
+    assert own_zygote.proc.returncode == 0 and own_zygote._lines.closed and not build._ZYGOTE
+    build.prestart_builder()
+    z = build._ZYGOTE[0]
+    assert z.usable()
+    build._stop()
+    assert z.proc.returncode == -signal.SIGKILL and not build._ZYGOTE
+
+
+def test_a_build_ends_with_its_killed_zygote(own_zygote):
+    """(session 89) A zygote killed (SIGKILL: nothing of it runs) takes its running build with it (Linux's death
+    signal): the build's pipe, which only the build holds, ends at once, not when the build would have."""
+    import select
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the death signal is Linux's")
+    proc = build.start_builder("zygote_probe", ["sleep"], {})
+    assert isinstance(proc, build.Forked) and proc.read().startswith(b"sleeping")
+    own_zygote.proc.kill()
+    ready, _, _ = select.select([proc._r], [], [], 20)
+    assert ready and proc.read() == b""  # (the build's end: its only write end closed)
+    assert proc.wait() == 1  # (its end unknown: the zygote that would have said it is gone)
+
+
+def test_replies_are_read_whole_and_must_be_the_one_due(own_zygote):
+    """(session 89) ``_exact`` reads a message that arrives in pieces whole, and None where the other end closes
+    first; ``Zygote.reply`` refuses a reply that is not the one due (ValueError: the zygote is then dropped)."""
+    import io
+    import socket
+
+    a, b = socket.socketpair()
+    t = threading.Timer(0.2, lambda: b.sendall(b"defgh"))
+    b.sendall(b"abc")
+    t.start()
+    assert build._exact(a, 8) == b"abcdefgh"
+    b.sendall(b"zw")
+    assert build._exact(a, 4, b"xy") == b"xyzw"  # (the bytes read already count)
+    b.sendall(b"z")
+    b.close()
+    assert build._exact(a, 4, b"xy") is None
+    a.close()
+    z = object.__new__(build.Zygote)
+    z._lines = io.BytesIO(b'{"pid": 5}\n{"other": 1}\n[1]\n{"exit": "0"}\n')
+    assert z.reply("pid") == 5
+    for _ in range(3):
+        with pytest.raises(ValueError, match="where 'exit' was due"):
+            z.reply("exit")
+    with pytest.raises(ConnectionError):
+        z.reply("exit")
+
+
+def test_an_ended_build_is_not_signalled_or_asked_again(own_zygote, monkeypatch):
+    """(session 89) Once a forked build's end was read, its pid may be another process's (the zygote reaped it):
+    ``kill`` sends nothing; a second ``wait`` says the same end without reading another reply (which would be the
+    next build's)."""
+    proc = build.start_builder("zygote_probe", ["ends", "3"], {})
+    assert _run(proc)[0] == 3
+    sent = []
+    monkeypatch.setattr(build.os, "kill", lambda *a: sent.append(a))
+    proc.kill()
+    monkeypatch.setattr(own_zygote, "reply", lambda key: pytest.fail(f"asked the zygote for {key!r} again"))
+    assert proc.wait() == 3 and not sent
+
+
+def test_starting_the_zygote_early_never_waits_for_a_running_build(own_zygote):
+    """(session 89) ``prestart_builder`` (an export's first step) while a build runs through the zygote does
+    nothing at once; it does not wait for that build's end (an export beside a running one would stall)."""
+    proc = build.start_builder("zygote_probe", ["sleep"], {})
+    assert isinstance(proc, build.Forked) and proc.read().startswith(b"sleeping")
+    t = threading.Thread(target=build.prestart_builder, daemon=True)
+    t.start()
+    t.join(10)
+    alive = t.is_alive()
+    proc.kill()
+    assert _run(proc)[0] == -signal.SIGKILL and not alive
