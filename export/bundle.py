@@ -426,6 +426,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     model = load_model(src, log=progress.log)
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
+        progress.total += 1  # (the float32 copy's step, which the total left out: _model_steps)
     cfg = model.config
     _check_config(cfg, src, role)
     if kv_int8:  # (exact-kernels --kv-dtype int8 after the build: refused now, not after minutes of it)
@@ -439,7 +440,7 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
         progress.log(f"    {role}: a max context of {max_context:,} (--max-context) is past the model's {model_ctx:,} "
                      f"tokens; the bundle holds {model_ctx:,}")
-    if src.kind == "hf-dir" and not any(src.path.glob("*.gguf")):
+    if src.kind == "hf-dir" and not _copy_for_builder(src):
         build_input = src.path
     elif kept is not None:  # read from it just now: the builder reads it too
         build_input = kept
@@ -789,6 +790,20 @@ def _check_float_zero_points(quant: QuantOptions, src, precision: str, device: s
         raise ExportError(f"{flag} {quant.algorithm} {what}: {why}")
 
 
+def _copy_for_builder(src: Source) -> bool:
+    """Whether the builder reads a float32 Hugging Face copy of ``src`` (``_export_one``): a GGUF without a kept copy,
+    a hub model, a folder holding a GGUF; a folder of safetensors is read as it is."""
+    if src.kind == "hf-dir":
+        return any(src.path.glob("*.gguf"))
+    return not (src.kind == "gguf" and gguf_cached(src.path) is not None)
+
+
+def _model_steps(src: Source) -> int:
+    """The progress steps of one model's ``_export_one``: loading, the builder's copy where it needs one, the build,
+    the validation."""
+    return 3 + _copy_for_builder(src)
+
+
 def export_bundle(target: str, out: str | os.PathLike, **kw) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out`` (``_export_bundle``), a GGUF file's reads
     sharing one parse of it (``source.gguf_reads_once``: its tokenizer's and its model's)."""
@@ -878,8 +893,8 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     if dsrc:
         _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo",
                                  "drafter")
-    steps = (1 + 4 + (4 if dsrc else 0) + 2 + (1 if quality else 0) + (1 if drafter_vocab else 0)
-             + (1 if exact_kernels else 0))
+    steps = (1 + _model_steps(tsrc) + (_model_steps(dsrc) if dsrc else 0) + 2 + (1 if drafter_vocab else 0)
+             + (1 if exact_kernels else 0))  # (the quality report's lines go with each model's validation)
     progress = Progress(steps, stream)
     # SIGTERM unwinds through the cleanup below, as Ctrl-C does (from here: during the tokenizers' read, ~9 s for a
     # GGUF's, it ended the process with no line and the builder's helper went on importing; session 54, a review)

@@ -128,6 +128,15 @@ class _Tee:
         self.file.close()
 
 
+def check_steps(said: str) -> None:
+    """An export's progress lines ("[i/N ...s] ...") count 1..N, each once, under one total N (session 89: a folder's
+    export ended at [9/12], the total counting a float32 copy it does not write and a quality step that is none)."""
+    import re
+
+    steps = [tuple(map(int, m)) for m in re.findall(r"^\[(\d+)/(\d+) +[\d.]+s\] ", said, re.M)]
+    assert steps and steps == [(i + 1, steps[-1][1]) for i in range(steps[-1][1])], steps
+
+
 def _export(tmp_path_factory, name, target, shared=False, **kw):
     """``target`` exported into a temporary bundle ``name``. ``shared``: under pytest-xdist (the README's test
     command runs two workers), one export for all the workers, the first to ask making it while the others wait
@@ -140,7 +149,9 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
     if not (shared and os.environ.get("PYTEST_XDIST_WORKER")):
         out = tmp_path_factory.mktemp("bundles") / name
         with _Tee(export_log(out), said) as stream:
-            return export_bundle(str(target), out, quality=quality, stream=stream, **kw)
+            made = export_bundle(str(target), out, quality=quality, stream=stream, **kw)
+        check_steps(export_log(out).read_text())
+        return made
     import fcntl
 
     root = tmp_path_factory.getbasetemp().parent / "shared-bundles"  # (the run's folder, above each worker's)
@@ -151,6 +162,7 @@ def _export(tmp_path_factory, name, target, shared=False, **kw):
         if not done.exists():  # (a worker that failed to export it left no .done: the next one tries again)
             with _Tee(export_log(out), said) as stream:
                 export_bundle(str(target), out, quality=quality, force=out.exists(), stream=stream, **kw)
+            check_steps(export_log(out).read_text())
             done.touch()
     return out
 
