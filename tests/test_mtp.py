@@ -366,6 +366,10 @@ def test_an_assistant_export_it_cannot_make_is_refused_in_one_line(pair, tiny_di
             (pair["target"], a, ["--drafter-precision", "fp16"], "exports at --drafter-precision fp32, int8, int4"),
             (pair["target"], a, ["--drafter-precision", "int4", "--drafter-quant-algo", "hqq"],
              "--drafter-quant-algo hqq does not apply"),
+            (pair["target"], a, ["--drafter-precision", "int4", "--drafter-quant-algo", "k_quant"],
+             "--drafter-quant-algo k_quant does not apply"),  # (session 89: only hqq was refused by a test)
+            (pair["target"], a, ["--drafter-device", "cuda", "--drafter-precision", "int4"],
+             "export it with --device cpu"),  # (session 89: the drafter's layout too)
             (pair["target"], a, ["--device", "cuda", "--target-precision", "int4"], "export it with --device cpu"),
             (pair["target"], a, ["--target-precision", "int4", "--exact-kernels", "--kv-dtype", "int8"],
              "--kv-dtype int8 does not apply with it")):

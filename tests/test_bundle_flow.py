@@ -1,0 +1,141 @@
+"""(session 89) export/bundle.py's export flow as the Python API reaches it (``export_bundle``), up to the builds:
+what it refuses before reading or writing anything (the CLI has its own checks, which stop most of these first),
+and what each model's build is asked for. The builds themselves are stood in for (``_export_one`` records its
+arguments and stops the export), so these take a second; test_export, test_layout and test_mtp export for real.
+Mutation-tested (docs/bench/mutation_s89.md)."""
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from edgespec.errors import ExportError
+
+
+class _Stop(Exception):
+    """The stand-in build's end of the export."""
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """``_export_one`` recording (role, precision, quant, device, its keywords) and stopping the export at the last
+    model asked for (``builds.stop_at``: "target" or "drafter"); no builder's zygote started."""
+    from edgespec_export import bundle
+
+    calls: list = []
+
+    def export_one(role, src, tok, stage, precision, quant, max_context, fp, progress, quality_fn=None,
+                   device="cpu", **kw):
+        calls.append((role, precision, quant, device, kw))
+        if role == stop_at[0]:
+            raise _Stop(role)
+        return object()
+
+    stop_at = ["target"]
+    monkeypatch.setattr(bundle, "_export_one", export_one)
+    monkeypatch.setattr(bundle, "prestart_builder", lambda: None)
+    calls_obj = type("Builds", (), {"calls": calls, "stop_at": stop_at})
+    return calls_obj
+
+
+def _export(target, out, **kw):
+    from edgespec_export import export_bundle
+
+    return export_bundle(str(target), out, quality=False, **kw)
+
+
+def test_the_drafters_options_are_its_own(tiny_dirs, tmp_path, builds):
+    """The drafter is built at its own precision, layout and quantization: its default precision that of its own
+    layout (fp16 in the cuda layout, which has no fp32: the target's cpu layout gave fp32, refused), and its
+    default quantization accuracy level 4 whatever the target's options (it was the target's block size)."""
+    from edgespec_export.build import QuantOptions
+
+    builds.stop_at[0] = "drafter"
+    with pytest.raises(_Stop):
+        _export(tiny_dirs["qwen2"], tmp_path / "b", drafter=str(tiny_dirs["drafter"]), drafter_device="cuda",
+                target_precision="int4", quant=QuantOptions(block_size=128))
+    (trole, tprec, tquant, tdev, _), (drole, dprec, dquant, ddev, _) = builds.calls
+    assert (trole, tprec, tquant.block_size, tdev) == ("target", "int4", 128, "cpu")
+    assert (drole, dprec, ddev) == ("drafter", "fp16", "cuda") and dquant == QuantOptions(accuracy_level=4)
+    builds.calls.clear()
+    with pytest.raises(_Stop):
+        _export(tiny_dirs["qwen2"], tmp_path / "b", drafter=str(tiny_dirs["drafter"]), drafter_precision="int4",
+                drafter_quant=QuantOptions(block_size=64, accuracy_level=4))
+    assert builds.calls[1][1] == "int4" and builds.calls[1][2].block_size == 64 and builds.calls[1][3] == "cpu"
+
+
+@pytest.mark.parametrize("case", ["corpus-alone", "short-context", "kv-dtype", "fp32-block-size", "holds-drafter",
+                                  "tokenizers-differ"])
+def test_the_api_refuses_what_the_cli_refuses_before_any_build(tiny_dirs, tmp_path, builds, case):
+    """The Python API refuses in one ExportError, before any build and leaving nothing at ``out``, what the CLI's own
+    checks stop first: a corpus without --drafter-vocab (with a drafter too), a context under 16 tokens, a KV dtype
+    exact-kernels has not, an option the target's precision does not use, an output holding the drafter, and a
+    drafter with another tokenizer (after the export's SIGTERM handler was put in: it is taken out again)."""
+    from edgespec_export.build import QuantOptions
+
+    out = tmp_path / "b"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n")
+    kw = {"drafter": str(tiny_dirs["drafter"])}
+    if case == "corpus-alone":
+        kw["drafter_vocab_corpus"], message = [str(corpus)], "--drafter-vocab-corpus applies with --drafter-vocab N"
+    elif case == "short-context":
+        kw["max_context"], message = 15, "--max-context must be at least 16, got 15"
+    elif case == "kv-dtype":
+        kw.update(exact_kernels=True, kv_dtype="bfloat16", target_precision="int4")
+        message = "bfloat16"
+    elif case == "fp32-block-size":
+        kw.update(target_precision="fp32", quant=QuantOptions(block_size=64))
+        message = "--block-size applies to int4/int8/fp8 targets, not fp32"
+    elif case == "holds-drafter":
+        import shutil
+
+        out.mkdir()
+        (out / "edgespec.json").write_text("{}")
+        shutil.copytree(tiny_dirs["drafter"], out / "drafter")
+        kw.update(drafter=str(out / "drafter"), force=True)
+        message = "holds the export's input"
+    else:
+        kw["drafter"], message = str(tiny_dirs["other"]), "tokenizer"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(ExportError) as e:
+        _export(tiny_dirs["qwen2"], out, **kw)
+    assert message in str(e.value) and "\n" not in str(e.value).strip(), str(e.value)
+    assert not builds.calls and signal.getsignal(signal.SIGTERM) is before
+    assert not out.exists() or case == "holds-drafter" and (out / "drafter" / "config.json").is_file()
+
+
+def test_the_assistant_checks_read_a_folder_as_it_is(tmp_path):
+    """``_is_assistant``: a folder whose config.json is no JSON is no assistant (the drafter's own path then says
+    why); ``_config_vocab``: an image-text folder's vocabulary is its text config's; ``_check_config_early``: Gemma 4
+    with experts is refused where its text config says so (the image-text 26B-A4B's top level does not)."""
+    import transformers
+
+    from edgespec_export.bundle import _check_config_early, _config_vocab, _is_assistant
+    from edgespec_export.source import Source, resolve
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    src = Source(str(bad), "hf-dir", bad)  # (resolve refuses such a folder itself; a config changed since, not)
+    (bad / "config.json").write_text("{not json")
+    assert _is_assistant(src) is False
+    (bad / "config.json").write_text(json.dumps(["gemma4_assistant"]))
+    assert _is_assistant(src) is False
+    (bad / "config.json").write_text(json.dumps({"model_type": "gemma4_assistant"}))
+    assert _is_assistant(src) is True
+
+    text = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, global_head_dim=16, layer_types=["sliding_attention",
+                                                                                    "full_attention"])
+    it = tmp_path / "image-text"
+    transformers.Gemma4Config(text_config=transformers.Gemma4TextConfig(**text)).save_pretrained(it)
+    (it / "model.safetensors").write_bytes(b"")
+    assert _config_vocab(resolve(str(it))) == 300
+    _check_config_early(resolve(str(it)), "target")
+    moe = tmp_path / "image-text-moe"
+    transformers.Gemma4Config(text_config=transformers.Gemma4TextConfig(
+        **text, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)).save_pretrained(moe)
+    (moe / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ExportError, match="Gemma 4 with experts"):
+        _check_config_early(resolve(str(moe)), "target")
