@@ -139,3 +139,53 @@ def test_the_assistant_checks_read_a_folder_as_it_is(tmp_path):
     (moe / "model.safetensors").write_bytes(b"")
     with pytest.raises(ExportError, match="Gemma 4 with experts"):
         _check_config_early(resolve(str(moe)), "target")
+
+
+@pytest.mark.slow
+def test_a_pairs_bundle_holds_what_its_sources_say_and_nothing_of_the_build(tiny_dirs, tmp_path, monkeypatch):
+    """(a real export of the tiny fp32 pair from folders, ~20 s) The bundle's recommended sampling is the target's
+    (the drafter's generation config says another), its EOS ids are the target's generation config's, a plain
+    token among them kept by --drafter-vocab's head; its tokenizer_config.json carries the chat template the manifest
+    does; each model's folder holds its graph, data and genai_config.json only, and nothing the build left (its
+    float32 copies, the builder's cache) is published. Its progress counts its steps, 1 to N."""
+    import io
+    import shutil
+
+    from conftest import check_steps
+    from edgespec_export import bundle
+
+    from edgespec.manifest import load_manifest
+
+    real = bundle.run_builder
+
+    def run_builder(hf_dir, out_dir, cache_dir, *a, **kw):  # (the builder's cache, kept where it downloaded into it)
+        made = real(hf_dir, out_dir, cache_dir, *a, **kw)
+        cache_dir.mkdir(exist_ok=True)
+        (cache_dir / "downloaded").write_text("a file the builder fetched")
+        return made
+
+    monkeypatch.setattr(bundle, "run_builder", run_builder)
+    t, d = tmp_path / "t", tmp_path / "d"
+    shutil.copytree(tiny_dirs["qwen2"], t)
+    shutil.copytree(tiny_dirs["drafter"], d)
+    tok = json.loads((t / "tokenizer.json").read_text())
+    plain = max(tok["model"]["vocab"].values())  # (a BPE merge, the last: no special token, past the head's first N)
+    eos = json.loads((t / "config.json").read_text())["eos_token_id"]
+    (t / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, plain], "temperature": 0.6,
+                                                          "do_sample": True}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "temperature": 1.3, "top_p": 0.5,
+                                                          "do_sample": True}))
+    said = io.StringIO()
+    out = _export(t, tmp_path / "b", drafter=str(d), target_precision="fp32", drafter_precision="fp32",
+                  drafter_vocab=200, max_context=64, stream=said)
+    check_steps(said.getvalue())  # (a folder's models have no float32 copy to write)
+    m = load_manifest(out)
+    assert m.sampling_defaults == {"temperature": 0.6}, m.sampling_defaults
+    assert plain in m.eos_token_ids and eos in m.eos_token_ids
+    assert plain in set(m.drafter.load_head_ids(m.tokenizer_vocab_size).tolist())
+    cfg = json.loads((out / "tokenizer" / "tokenizer_config.json").read_text())
+    assert m.chat_template and cfg["chat_template"] == m.chat_template
+    assert sorted(p.name for p in out.iterdir()) == ["drafter", "edgespec.json", "target", "tokenizer"]
+    for role, want in (("target", {"model.onnx", "model.onnx.data", "genai_config.json"}),
+                       ("drafter", {"model.onnx", "model.onnx.data", "head_ids.npy"})):  # (a cut head: no genai config)
+        assert {p.name for p in (out / role).iterdir()} == want, role
