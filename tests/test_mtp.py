@@ -1046,3 +1046,32 @@ def test_the_targets_hidden_states_are_its_rows_and_kept_as_copies(fp32_bundle, 
     assert np.array_equal(one, kept) and not np.allclose(lm.hidden_of(-1), kept)
     with pytest.raises(IndexError):
         lm.hidden_of(1)
+
+
+def test_an_int8_assistant_beside_an_int4_target_records_what_it_was_built_as(pair, tmp_path):
+    """(session 89) The assistant is built as its own options say, not the target's, and recorded so: int8 weight
+    matrices (not 4-bit) at the drafter's block size, "int8" in the manifest beside an int4 target, its copy of the
+    target's table float16 (an int4 target's; fp32's is float32) counted at the target's width, its centroid head
+    and its check's figure; the manifest names it the assistant, in sources and source_files."""
+    import onnx
+
+    from edgespec.manifest import load_manifest
+    from edgespec_export import export_bundle
+    from edgespec_export.build import QuantOptions
+
+    ordered = _assistant(tmp_path / "ordered", pair["tok"], ordered=True, seed=2)
+    out = export_bundle(str(pair["int4"]), tmp_path / "b", drafter=str(ordered), target_precision="int4",
+                        drafter_precision="int8", drafter_quant=QuantOptions(block_size=16, accuracy_level=4),
+                        max_context=256, quality=False)
+    m = load_manifest(out)
+    a = m.assistant
+    assert a.precision == "int8" and m.target.precision == "int4" and a.ordered and 0 < a.validated < 1e-3, a
+    assert a.embedding_bytes == a.vocab_size * a.target_hidden_size * 2 and a.target_hidden_size != a.hidden_size
+    g = onnx.load(str(a.path), load_external_data=False).graph
+    tables = [t for t in g.initializer if t.name.startswith("target_embed")]
+    assert tables and {t.data_type for t in tables} == {onnx.TensorProto.FLOAT16}
+    nodes = [n for n in g.node if n.op_type == "MatMulNBits"]
+    assert nodes and all({x.name: x.i for x in n.attribute}["bits"] == 8 and
+                         {x.name: x.i for x in n.attribute}["block_size"] == 16 for n in nodes)
+    assert m.sources == {"target": str(pair["int4"]), "assistant": str(ordered)}
+    assert set(m.source_files) == {"target", "assistant"} and m.source_files["assistant"]
