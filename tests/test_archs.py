@@ -169,6 +169,24 @@ def test_exaone4_exports_and_takes_the_exact_kernels(tmp_path_factory, extra, ow
     assert {a[0] for a in _attention_attrs(out)} == {"DecodeAttentionF16"} and x.io.row_positions
 
 
+@pytest.mark.parametrize("arch, extra", [
+    ("exaone4", {"layers": 4, "sliding_window": 8, "sliding_window_pattern": 2}),  # (layers 1 and 3 global, NoPE)
+    ("smollm3", {"layers": 4, "no_rope_layers": [1, 0, 1, 1]})], ids=["exaone4", "smollm3"])
+def test_a_layer_without_rotary_mid_model_leaves_the_next_layers_rotated(tmp_path_factory, arch, extra):
+    """(session 89) The layers after a NoPE layer (EXAONE 4's global ones, SmolLM3's every fourth) are rotated again:
+    the builder's rotary is taken off for that layer only. The tiny models of the tests above have their one NoPE
+    layer last, where a rotary never put back shows nothing; here it is the second of four, and the float32 graph is
+    torch's (random norms)."""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    d = _random_norms(make_model(tmp_path_factory.mktemp("hf") / f"{arch}-mid", arch, seed=3, **extra))
+    f = _export(tmp_path_factory, f"{arch}-mid-fp32", d, target_precision="fp32", max_context=256)
+    v = load_manifest(f).target.validation
+    assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
+
+
 def test_an_image_text_model_whose_decoder_is_not_built_is_refused_at_once(tmp_path_factory):
     """(the session's review) The image-text fallback (Ministral 3) took any composite config: Qwen2.5-VL was loaded,
     built and failed in validation blaming the manifest. Only the decoders the builder builds fall back; another is
@@ -501,6 +519,25 @@ def test_flat_rope_leaves_a_flat_config_alone():
     assert nested.rope_local_base_freq == 1e4
 
 
+def test_flat_rope_gives_the_builder_each_kinds_theta_and_scaling():
+    """(session 89) A per-kind rotary without ``rope_type`` (the default's) gets "default", which the builder reads;
+    the local layers' theta is ``rope_local_base_freq``, their scaling (``linear`` only: another kind's factor is not
+    a linear one) the one their cache is made at, 1 where they have none."""
+    from types import SimpleNamespace
+
+    from edgespec_export import builder_shim
+    from edgespec_export.builder_shim import flat_rope
+
+    for local, factor in (({"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}, 4.0),
+                          ({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}, 1.0),
+                          ({"rope_theta": 1e4}, 1.0)):
+        cfg = SimpleNamespace(rope_parameters={"full_attention": {"rope_theta": 1e6}, "sliding_attention": local})
+        assert flat_rope(cfg)
+        assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6} and cfg.rope_theta == 1e6
+        assert cfg.rope_local_base_freq == 1e4 and builder_shim._LOCAL["factor"] == factor, local
+    builder_shim._LOCAL["factor"] = 1.0
+
+
 def test_a_rotary_choice_that_is_not_two_tables_is_refused():
     """``_per_position_rope`` makes LongRoPE's two constant tables one; an ``If`` feeding the attention's rotary that
     computes its tables, or whose tables are not a short and a long one of one width, is an ExportError naming the
@@ -554,6 +591,20 @@ def test_rope_type_alias_gives_the_builder_the_field_it_reads():
     assert not rope_type_alias(cfg)  # (once)
     assert not rope_type_alias(SimpleNamespace(rope_parameters={"type": "su"}))
     assert not rope_type_alias(SimpleNamespace())
+    bare = SimpleNamespace(rope_parameters={"rope_theta": 1e4})  # (session 89: no kind named, nothing to alias)
+    assert not rope_type_alias(bare) and bare.rope_parameters == {"rope_theta": 1e4}
+
+
+def test_the_builder_patch_runs_in_a_fresh_process():
+    """(session 89) ``patch`` in a process that has imported nothing of the builder (a build started alone, where no
+    zygote serves): it puts the builder's folder on sys.path itself (its modules import as top-level ``builders``)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from edgespec_export import builder_shim; builder_shim.patch(); "
+                        "import builders.gemma as g; print(g.Gemma3Model._edgespec_flat_rope)"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
 
 
 def _weights_all_checked(bundle):
@@ -1401,6 +1452,12 @@ def test_gemma4_text_decoders_are_torch_s(tmp_path_factory, kind, image_text):
     shared = kind == "e2b"
     assert t.kv_sources == ((0, 1, 2, 3, 3, 2) if shared else ())
     assert t.kv_bytes_per_token == 2 * 4 * ((4 - shared) * t.num_kv_heads * 32 + (2 - shared) * 64)
+    # (session 89) a float32 graph's tables are float32, E2B's per-layer one too (float16 there moved the logits by
+    # ~1e-5, under the bound above)
+    import onnx
+
+    g = onnx.load(str(t.path), load_external_data=False).graph
+    assert not [i.name for i in g.initializer if i.data_type == onnx.TensorProto.FLOAT16]
     _greedy_exact(f, 40, ("prompt-lookup", "suffix"))
 
 
