@@ -189,3 +189,30 @@ def test_a_pairs_bundle_holds_what_its_sources_say_and_nothing_of_the_build(tiny
     for role, want in (("target", {"model.onnx", "model.onnx.data", "genai_config.json"}),
                        ("drafter", {"model.onnx", "model.onnx.data", "head_ids.npy"})):  # (a cut head: no genai config)
         assert {p.name for p in (out / role).iterdir()} == want, role
+
+
+@pytest.mark.slow
+def test_an_exact_kernels_export_takes_its_kv_dtype_and_an_untied_model_its_zero_points(tmp_path):
+    """(a real export of a tiny INT4 target, ~20 s) ``--exact-kernels --kv-dtype int8`` in the export itself: the
+    rewrite gets the dtype asked for (its default is float16), and the device lines printed at the end are the
+    rewritten bundle's (KV int8, not the builder's float32). The tiny target's embeddings are untied: its zero
+    points, asked for, are kept (the symmetric fallback is for a tied table, which the builder shares)."""
+    import io
+
+    from edgespec_export.build import QuantOptions
+
+    from edgespec.manifest import load_manifest
+
+    from tiny import make_model
+
+    said = io.StringIO()
+    d = make_model(tmp_path / "q", "qwen2", seed=5, heads=2, kv_heads=1)  # (heads of 32 lanes: int8 caches' groups)
+    assert json.loads((d / "config.json").read_text())["tie_word_embeddings"] is False
+    out = _export(d, tmp_path / "b", target_precision="int4", max_context=64, exact_kernels=True,
+                  kv_dtype="int8", quant=QuantOptions(symmetric=False), stream=said)
+    m = load_manifest(out)
+    assert m.target.kv_dtype == "int8" and m.target.quant.symmetric is False, m.target.quant
+    lines = said.getvalue().splitlines()
+    assert not any("tied embeddings" in line for line in lines)
+    gpu = [line for line in lines if "on a GPU provider's device" in line]
+    assert len(gpu) == 1 and "KV int8" in gpu[0], gpu
