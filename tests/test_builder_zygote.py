@@ -379,10 +379,16 @@ def test_a_process_of_its_own_gets_its_arguments_environment_and_stderr_and_is_k
     assert _run(proc)[0] == -signal.SIGKILL and proc.returncode == -signal.SIGKILL
 
 
-def test_the_zygote_outlives_ctrl_c_and_ends_at_its_sockets_end_or_when_killed(own_zygote):
+def test_the_zygote_outlives_ctrl_c_and_ends_at_its_sockets_end_or_when_killed(probe_path, monkeypatch, ctrl_c):
     """(session 89) A terminal's Ctrl-C reaches the whole process group: the zygote ignores it and serves the next
     build. Closed, it ends by itself at its socket's end (exit 0); closed with ``kill`` (and at this process's exit,
-    ``_stop``) it is killed, its build with it."""
+    ``_stop``) it is killed, its build with it. (The zygote is started while this process handles SIGINT: one
+    started by a background job inherits SIGINT ignored, whatever it does itself.)"""
+    monkeypatch.setattr(build, "PRELOAD", ("json",))
+    build._stop()
+    build.prestart_builder()
+    own_zygote = build._ZYGOTE[0]
+    assert own_zygote.usable()
     os.kill(own_zygote.proc.pid, signal.SIGINT)
     time.sleep(0.3)
     rc, out = _run(build.start_builder("zygote_probe", [], {}))
