@@ -216,3 +216,54 @@ def test_an_exact_kernels_export_takes_its_kv_dtype_and_an_untied_model_its_zero
     assert not any("tied embeddings" in line for line in lines)
     gpu = [line for line in lines if "on a GPU provider's device" in line]
     assert len(gpu) == 1 and "KV int8" in gpu[0], gpu
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["appeared", "unreadable"])
+def test_an_export_publishes_only_a_manifest_that_reads_back_over_nothing_made_meanwhile(tiny_dirs, tmp_path,
+                                                                                         monkeypatch, case):
+    """(a real export of the tiny fp32 target, ~10 s) A folder made at ``-o`` while the export ran (another
+    program's, the user's) is not moved aside and deleted: the export fails in one line and it stays as it was. A
+    manifest that would not read back (here: a recommended temperature the schema refuses) is not published: the
+    runtime could not load the bundle."""
+    from edgespec_export import bundle
+
+    out = tmp_path / "b"
+    if case == "appeared":
+        real = bundle._export_one
+
+        def export_one(*a, **kw):
+            spec = real(*a, **kw)
+            out.mkdir()
+            (out / "precious.txt").write_text("not the export's")
+            return spec
+
+        monkeypatch.setattr(bundle, "_export_one", export_one)
+        message = "appeared while the export ran"
+    else:
+        monkeypatch.setattr(bundle, "_sampling_defaults", lambda src, log: {"temperature": -1.0})
+        message = "temperature"
+    from edgespec.errors import ManifestError
+
+    with pytest.raises((ExportError, ManifestError), match=message):  # (the read-back's own error: the schema's)
+        _export(tiny_dirs["qwen2"], out, target_precision="fp32", max_context=64)
+    if case == "appeared":
+        assert [p.name for p in out.iterdir()] == ["precious.txt"]
+    else:
+        assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".b.")]  # (no stage left beside it)
+
+
+@pytest.mark.slow
+def test_an_image_text_checkpoint_holds_its_decoders_context(tmp_path):
+    """(a real export of a tiny image-text Gemma 4, ~20 s) Without --max-context the bundle holds the context its
+    text config declares (512 here): the composite's top level declares none, and 4,096 was taken."""
+    from test_archs import _gemma4
+
+    from edgespec.manifest import load_manifest
+
+    d = _gemma4(tmp_path / "g", "e2b", plain=True, image_text=True)
+    cfg = json.loads((d / "config.json").read_text())
+    assert "max_position_embeddings" not in cfg and cfg["text_config"]["max_position_embeddings"] == 512
+    m = load_manifest(_export(d, tmp_path / "b", target_precision="fp32"))
+    assert m.target.max_context == 512
