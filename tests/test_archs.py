@@ -1785,3 +1785,17 @@ def test_real_checkpoint_structure_exports_as_torch(tmp_path_factory, name):
     _weights_all_checked(f)
     v = load_manifest(f).target.validation
     assert v.passed and max(v.max_abs_logit_diff.values()) < 1e-3, v
+
+
+def test_gemma4_e2b_in_the_cuda_layout_is_exact_on_the_cpu_ep(tmp_path_factory):
+    """(session 89) A tiny E2B exported in the cuda layout (float16 activations, INT4 weights, export/
+    builder_gemma4.py's per-layer blocks between the builder's float32 residual terms), validated against torch and,
+    run on the CPU EP, greedy speculative output equal to plain decoding. No test built Gemma 4 in this layout
+    before. (No GPU ran it: issue #13.)"""
+    from edgespec.manifest import load_manifest
+
+    d = _gemma4(tmp_path_factory.mktemp("hf") / "gemma4-e2b-cuda", "e2b", plain=True)
+    b = _export(tmp_path_factory, "gemma4-e2b-cuda", d, target_precision="int4", max_context=256, device="cuda")
+    t = load_manifest(b).target
+    assert t.layout == "cuda" and t.validation.passed, t.validation
+    _greedy_exact(b, 32, ("prompt-lookup",))
