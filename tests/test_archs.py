@@ -1799,3 +1799,18 @@ def test_gemma4_e2b_in_the_cuda_layout_is_exact_on_the_cpu_ep(tmp_path_factory):
     t = load_manifest(b).target
     assert t.layout == "cuda" and t.validation.passed, t.validation
     _greedy_exact(b, 32, ("prompt-lookup",))
+
+
+def test_olmo2_in_the_cuda_layout_keeps_its_whole_projection_norms(tmp_path_factory):
+    """(session 89) OLMo 2 in the cuda layout (float16): the builder fuses per-head query and key norms into
+    GroupQueryAttention there, which OLMo 2's norms over the whole projection are not; export/builder_shim.py keeps
+    them unfused. Validated against torch (random norm weights) and exact on the CPU EP. (No GPU ran it: #13.)"""
+    from tiny import make_model
+
+    from edgespec.manifest import load_manifest
+
+    r = _random_norms(make_model(tmp_path_factory.mktemp("hf") / "olmo2-cuda", "olmo2", seed=9))
+    b = _export(tmp_path_factory, "olmo2-cuda", r, target_precision="fp16", max_context=256, device="cuda")
+    t = load_manifest(b).target
+    assert t.layout == "cuda" and t.validation.passed, t.validation
+    _greedy_exact(b, 32, ("prompt-lookup",))
