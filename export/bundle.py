@@ -415,9 +415,11 @@ def _check_config(cfg, src: Source, role: str) -> None:
 def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant: QuantOptions,
                 max_context: int | None, fingerprint: str, progress: Progress, quality_fn=None,
                 device: str = "cpu", assistant: Source | None = None, extra: dict | None = None,
-                assistant_opts: dict | None = None, kv_int8: bool = False) -> ModelSpec:
+                assistant_opts: dict | None = None, kv_int8: bool = False, counted_copy: bool | None = None) -> ModelSpec:
     """One model of the bundle, built, described and validated. ``assistant`` (the target's): a multi-token-prediction
-    assistant to build beside it (the target graph then gives its hidden states), its spec put in ``extra``."""
+    assistant to build beside it (the target graph then gives its hidden states), its spec put in ``extra``.
+    ``counted_copy``: whether ``progress``'s total counted a float32 copy's step (``_copy_for_builder`` then); a GGUF
+    copy kept or dropped since (another export's, or one that cannot be read back) moves the total by that step."""
     import torch  # noqa: F401  (export-time only)
 
     hf_dir = stage / f"_hf_{role}"
@@ -426,7 +428,6 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     model = load_model(src, log=progress.log)
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
-        progress.total += 1  # (the float32 copy's step, which the total left out: _model_steps)
     cfg = model.config
     _check_config(cfg, src, role)
     if kv_int8:  # (exact-kernels --kv-dtype int8 after the build: refused now, not after minutes of it)
@@ -440,7 +441,11 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
         progress.log(f"    {role}: a max context of {max_context:,} (--max-context) is past the model's {model_ctx:,} "
                      f"tokens; the bundle holds {model_ctx:,}")
-    if src.kind == "hf-dir" and not _copy_for_builder(src):
+    folder = src.kind == "hf-dir" and not _copy_for_builder(src)
+    writes_copy = not folder and kept is None
+    if counted_copy is not None and writes_copy != counted_copy:  # (the steps still end at [N/N])
+        progress.total += 1 if writes_copy else -1
+    if folder:
         build_input = src.path
     elif kept is not None:  # read from it just now: the builder reads it too
         build_input = kept
@@ -798,12 +803,6 @@ def _copy_for_builder(src: Source) -> bool:
     return not (src.kind == "gguf" and gguf_cached(src.path) is not None)
 
 
-def _model_steps(src: Source) -> int:
-    """The progress steps of one model's ``_export_one``: loading, the builder's copy where it needs one, the build,
-    the validation."""
-    return 3 + _copy_for_builder(src)
-
-
 def export_bundle(target: str, out: str | os.PathLike, **kw) -> Path:
     """Export TARGET (and DRAFTER) into a bundle directory at ``out`` (``_export_bundle``), a GGUF file's reads
     sharing one parse of it (``source.gguf_reads_once``: its tokenizer's and its model's)."""
@@ -893,8 +892,11 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     if dsrc:
         _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo",
                                  "drafter")
-    steps = (1 + _model_steps(tsrc) + (_model_steps(dsrc) if dsrc else 0) + 2 + (1 if drafter_vocab else 0)
-             + (1 if exact_kernels else 0))  # (the quality report's lines go with each model's validation)
+    # each model: loading, the builder's float32 copy where it needs one, the build, the validation (the quality
+    # report's lines go with the validation's)
+    copies = {"target": _copy_for_builder(tsrc), "drafter": dsrc is not None and _copy_for_builder(dsrc)}
+    steps = (1 + 3 + copies["target"] + (3 + copies["drafter"] if dsrc else 0) + 2 + (1 if drafter_vocab else 0)
+             + (1 if exact_kernels else 0))
     progress = Progress(steps, stream)
     # SIGTERM unwinds through the cleanup below, as Ctrl-C does (from here: during the tokenizers' read, ~9 s for a
     # GGUF's, it ended the process with no line and the builder's helper went on importing; session 54, a review)
@@ -944,10 +946,12 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
                                         progress, quality_fn, device, assistant=asrc, extra=extra,
                                         assistant_opts={"assistant_precision": drafter_precision,
                                                         "quant": drafter_quant},
-                                        kv_int8=exact_kernels and kv_dtype == "int8")}
+                                        kv_int8=exact_kernels and kv_dtype == "int8",
+                                        counted_copy=copies["target"])}
         if dsrc:
             models["drafter"] = _export_one("drafter", dsrc, dtok, stage, drafter_precision, drafter_quant,
-                                            max_context, dfp, progress, quality_fn, drafter_device)
+                                            max_context, dfp, progress, quality_fn, drafter_device,
+                                            counted_copy=copies["drafter"])
             if quality_fn is not None:
                 models["drafter"] = replace(models["drafter"], quality=quality_fn.drafter_agreement(
                     models["target"], models["drafter"], progress))

@@ -270,9 +270,10 @@ def test_an_image_text_checkpoint_holds_its_decoders_context(tmp_path):
 
 
 def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_dirs, tmp_path, monkeypatch):
-    """A GGUF with a kept copy (EDGESPEC_GGUF_CACHE) is counted three steps (no float32 copy to write); a copy that
+    """(session 89) A GGUF with a kept copy (EDGESPEC_GGUF_CACHE) is counted three steps (no float32 copy to write); a copy that
     cannot be read back is dropped and the file read, and the float32 copy's step then written is added to the
-    total from there on, so the steps still end at [N/N]. (A stand-in file: transformers hands the tiny model for ``gguf_file``,
+    total from there on, so the steps still end at [N/N]; a copy kept since the count (another export's) takes the
+    step off. (A stand-in file: transformers hands the tiny model for ``gguf_file``,
     as in test_export's test of damaged copies; the build itself is stood in for.)"""
     import io
     import shutil
@@ -294,27 +295,36 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
         return real(str(tiny) if gguf_file is not None else name, *args, **kw)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", load)
-    assert bundle._model_steps(src) == 4  # (no copy kept yet: one is written for the builder)
+    assert bundle._copy_for_builder(src)  # (no copy kept yet: one is written for the builder)
     entry = gguf_cache_entry(gguf)
     keep_gguf_copy(gguf, tiny)
     weights = next(entry.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])  # (damaged after it was kept, its record as it is now)
     (entry / "COMPLETE").write_text(_copy_record(gguf, entry))
-    assert gguf_cached(gguf) == entry and bundle._model_steps(src) == 3
+    assert gguf_cached(gguf) == entry and not bundle._copy_for_builder(src)
 
     def run_builder(*a, **kw):
         raise _Stop("the build")
 
     monkeypatch.setattr(bundle, "run_builder", run_builder)
     said = io.StringIO()
-    progress = bundle.Progress(bundle._model_steps(src), said)
+    progress = bundle.Progress(3, said)  # (loading, the build, the validation: the kept copy's)
     stage = tmp_path / "stage"
     stage.mkdir()
     tok = AutoTokenizer.from_pretrained(str(tiny))
     with pytest.raises(_Stop):
-        bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress)
+        bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress, counted_copy=False)
     steps = [line.split("]")[0] for line in said.getvalue().splitlines() if line.startswith("[")]
     # (counted three at the start, four once the copy is found unreadable: the steps after say so)
     assert [s.split()[0] for s in steps] == ["[1/3", "[2/4", "[3/4"], said.getvalue()
     assert "writing a float32 Hugging Face copy" in said.getvalue()
+    # the other way: counted with a copy to write (none kept then), and one kept since (here: the one just written)
     shutil.rmtree(stage)
+    stage.mkdir()
+    assert gguf_cached(gguf) is not None
+    said = io.StringIO()
+    progress = bundle.Progress(4, said)
+    with pytest.raises(_Stop):
+        bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress, counted_copy=True)
+    steps = [line.split("]")[0] for line in said.getvalue().splitlines() if line.startswith("[")]
+    assert [s.split()[0] for s in steps] == ["[1/4", "[2/3"], said.getvalue()

@@ -73,7 +73,7 @@ MUTANTS = [
 # E25 the assistant at the target's precision, not --drafter-precision (test_mtp::test_a_quantized_assistant_that_disagrees_with_its_float_graph_is_not_written: slow)
 ("E25", E, '{"assistant_precision": drafter_precision,', '{"assistant_precision": target_precision,'),
 # E26 --exact-kernels --kv-dtype int8's head check skipped before the build (test_kv_q8::test_a_drafter_whose_heads_cannot_be_int8_keeps_float16_caches: slow)
-("E26", E, 'kv_int8=exact_kernels and kv_dtype == "int8")}', "kv_int8=False)}"),
+("E26", E, 'kv_int8=exact_kernels and kv_dtype == "int8",', "kv_int8=False,"),
 # E27 the drafter's agreement with the target not measured (quality on) (test_export::test_round_trip_manifest: slow)
 ("E27", E, '            if quality_fn is not None:\n                models["drafter"]',
            '            if quality_fn is None:\n                models["drafter"]'),
@@ -185,8 +185,10 @@ MUTANTS = [
 # E73 Gemma 4's experts refused only where the top-level config says so (an image-text 26B-A4B built) (no test found: test_archs::test_gemma4_with_experts_is_refused_in_one_line exports a plain config)
 ("E73", E, 'getattr(t, "enable_moe_block", False)', 'getattr(cfg, "enable_moe_block", False)'),
 # ---- session 89's progress count (after bug 1 below was fixed) ----
-# E74 _model_steps: four steps a model again (a folder's has no float32 copy: the export ends short of [N/N]) (conftest.check_steps: every test export)
-("E74", E, "    return 3 + _copy_for_builder(src)", "    return 4"),
-# E75 _export_one: a kept GGUF copy that could not be read back adds no step (its float32 copy's step past the total) (no test found: a damaged kept copy is tested by test_source on its own)
-("E75", E, "        progress.total += 1  # (the float32 copy's step, which the total left out: _model_steps)\n", ""),
+# E74 _export_bundle: four steps a model again (a folder's has no float32 copy: the export ends short of [N/N]) (conftest.check_steps: every test export)
+("E74", E, 'steps = (1 + 3 + copies["target"] + (3 + copies["drafter"] if dsrc else 0)', 'steps = (1 + 4 + (4 if dsrc else 0)'),
+# E75 _export_one: a GGUF copy kept or dropped since the count moves no step (the steps past or short of the total) (test_bundle_flow::test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step)
+("E75", E, "    if counted_copy is not None and writes_copy != counted_copy:  # (the steps still end at [N/N])\n        progress.total += 1 if writes_copy else -1\n", ""),
+# E76 _export_one: only a dropped copy moves the total (one kept since the count leaves a step too many) (test_bundle_flow::test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step)
+("E76", E, "progress.total += 1 if writes_copy else -1", "progress.total += 1"),
 ]
