@@ -168,6 +168,9 @@ def test_a_pairs_bundle_holds_what_its_sources_say_and_nothing_of_the_build(tiny
     t, d = tmp_path / "t", tmp_path / "d"
     shutil.copytree(tiny_dirs["qwen2"], t)
     shutil.copytree(tiny_dirs["drafter"], d)
+    # (the target's folder holds a .gguf too, a download of both: built from a float32 copy of the model as
+    # transformers read it, as the builder handed the folder takes the GGUF file for the model; this one is none)
+    (t / "model-q4.gguf").write_bytes(b"GGUF" + bytes(64))
     tok = json.loads((t / "tokenizer.json").read_text())
     plain = max(tok["model"]["vocab"].values())  # (a BPE merge, the last: no special token, past the head's first N)
     eos = json.loads((t / "config.json").read_text())["eos_token_id"]
@@ -178,7 +181,9 @@ def test_a_pairs_bundle_holds_what_its_sources_say_and_nothing_of_the_build(tiny
     said = io.StringIO()
     out = _export(t, tmp_path / "b", drafter=str(d), target_precision="fp32", drafter_precision="fp32",
                   drafter_vocab=200, max_context=64, stream=said)
-    check_steps(said.getvalue())  # (a folder's models have no float32 copy to write)
+    check_steps(said.getvalue())  # (the drafter's folder has no float32 copy to write, the target's has)
+    copies = [line for line in said.getvalue().splitlines() if "writing a float32 Hugging Face copy" in line]
+    assert len(copies) == 1 and "] target: writing" in copies[0], copies
     m = load_manifest(out)
     assert m.sampling_defaults == {"temperature": 0.6}, m.sampling_defaults
     assert plain in m.eos_token_ids and eos in m.eos_token_ids
@@ -328,3 +333,4 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
         bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress, counted_copy=True)
     steps = [line.split("]")[0] for line in said.getvalue().splitlines() if line.startswith("[")]
     assert [s.split()[0] for s in steps] == ["[1/4", "[2/3"], said.getvalue()
+

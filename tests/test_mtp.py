@@ -1075,3 +1075,28 @@ def test_an_int8_assistant_beside_an_int4_target_records_what_it_was_built_as(pa
                          {x.name: x.i for x in n.attribute}["block_size"] == 16 for n in nodes)
     assert m.sources == {"target": str(pair["int4"]), "assistant": str(ordered)}
     assert set(m.source_files) == {"target", "assistant"} and m.source_files["assistant"]
+
+
+def test_an_assistant_attending_other_layers_than_the_targets_shared_caches_is_not_written(pair, tmp_path,
+                                                                                            monkeypatch):
+    """(session 89) The target's shared layers (E2B's last two read layers 3 and 2's caches) and the assistant's
+    sources, found separately, must name the same layers; planted: the assistant's graph attending another sliding
+    layer (1), refused before its check runs, nothing written."""
+    import dataclasses
+
+    from edgespec.errors import ExportError
+    from edgespec_export import export_bundle, mtp
+
+    real = mtp.build_assistant
+
+    def build_assistant(*a, **kw):
+        g = real(*a, **kw)
+        assert g.sources["sliding_attention"] == 3
+        return dataclasses.replace(g, sources={**g.sources, "sliding_attention": 1})
+
+    monkeypatch.setattr(mtp, "build_assistant", build_assistant)
+    with pytest.raises(ExportError, match="sliding_attention layers share layer 3's cache, the assistant would attend "
+                                          "layer 1's: not written"):
+        export_bundle(str(pair["target"]), tmp_path / "b", drafter=str(pair["assistant"]), target_precision="fp32",
+                      max_context=256, quality=False)
+    assert not (tmp_path / "b").exists()
