@@ -262,7 +262,8 @@ def test_an_export_publishes_only_a_manifest_that_reads_back_over_nothing_made_m
 @pytest.mark.slow
 def test_an_image_text_checkpoint_holds_its_decoders_context(tmp_path):
     """(a real export of a tiny image-text Gemma 4, ~20 s) Without --max-context the bundle holds the context its
-    text config declares (512 here): the composite's top level declares none, and 4,096 was taken."""
+    text config declares (512 here): the composite's top level declares none, and 4,096 was taken. A target's
+    tokenizer is checked against the text config's vocabulary too."""
     from test_archs import _gemma4
 
     from edgespec.manifest import load_manifest
@@ -272,6 +273,15 @@ def test_an_image_text_checkpoint_holds_its_decoders_context(tmp_path):
     assert "max_position_embeddings" not in cfg and cfg["text_config"]["max_position_embeddings"] == 512
     m = load_manifest(_export(d, tmp_path / "b", target_precision="fp32"))
     assert m.target.max_context == 512
+    # and a target's tokenizer with ids past its text config's vocabulary (8 plain tokens without a row) is refused
+    # before the build (the top level has no vocab_size: the check was skipped)
+    from tiny import make_tokenizer
+
+    short = _gemma4(tmp_path / "s", "dense", plain=True, image_text=True, vocab_size=len(make_tokenizer()) - 8)
+    assert "vocab_size" not in json.loads((short / "config.json").read_text())
+    with pytest.raises(ExportError, match=f"vocabulary of {len(make_tokenizer()) - 8}"):
+        _export(short, tmp_path / "bs", target_precision="fp32")
+    assert not (tmp_path / "bs").exists()
 
 
 def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_dirs, tmp_path, monkeypatch):
