@@ -424,10 +424,22 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
 
     hf_dir = stage / f"_hf_{role}"
     kept = gguf_cached(src.path) if src.kind == "gguf" else None
+    folder = src.kind == "hf-dir" and not _copy_for_builder(src)
+
+    def recount(writes_copy: bool) -> None:
+        """The total moved by the copy's step where a copy was kept or dropped since it was counted (another
+        export's; one that cannot be read back): the steps still end at [N/N]."""
+        nonlocal counted_copy
+        if counted_copy is not None and writes_copy != counted_copy:
+            progress.total += 1 if writes_copy else -1
+            counted_copy = writes_copy
+
+    recount(not folder and kept is None)  # (before this model's first line)
     progress.step(f"{role}: loading {src.display} into torch (float32)" + (f" (its copy kept in {kept})" if kept else ""))
     model = load_model(src, log=progress.log)
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
+        recount(not folder)
     cfg = model.config
     _check_config(cfg, src, role)
     if kv_int8:  # (exact-kernels --kv-dtype int8 after the build: refused now, not after minutes of it)
@@ -441,10 +453,6 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     if max_context and max_context > model_ctx:  # (said, not silently dropped: plan and perplexity say so too)
         progress.log(f"    {role}: a max context of {max_context:,} (--max-context) is past the model's {model_ctx:,} "
                      f"tokens; the bundle holds {model_ctx:,}")
-    folder = src.kind == "hf-dir" and not _copy_for_builder(src)
-    writes_copy = not folder and kept is None
-    if counted_copy is not None and writes_copy != counted_copy:  # (the steps still end at [N/N])
-        progress.total += 1 if writes_copy else -1
     if folder:
         build_input = src.path
     elif kept is not None:  # read from it just now: the builder reads it too
@@ -892,18 +900,19 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
     if dsrc:
         _check_float_zero_points(drafter_quant, dsrc, drafter_precision, drafter_device, "--drafter-quant-algo",
                                  "drafter")
-    # each model: loading, the builder's float32 copy where it needs one, the build, the validation (the quality
-    # report's lines go with the validation's)
-    copies = {"target": _copy_for_builder(tsrc), "drafter": dsrc is not None and _copy_for_builder(dsrc)}
-    steps = (1 + 3 + copies["target"] + (3 + copies["drafter"] if dsrc else 0) + 2 + (1 if drafter_vocab else 0)
-             + (1 if exact_kernels else 0))
-    progress = Progress(steps, stream)
     # SIGTERM unwinds through the cleanup below, as Ctrl-C does (from here: during the tokenizers' read, ~9 s for a
     # GGUF's, it ended the process with no line and the builder's helper went on importing; session 54, a review)
     guard = terminate_cleanly()
     guard.__enter__()
     try:
         prestart_builder()  # (its imports run beside the reading of the model below)
+        # each model: loading, the builder's float32 copy where it needs one, the build, the validation (the quality
+        # report's lines go with the validation's). (A GGUF's kept copy is checked against its record here, once for
+        # the export: a few seconds for a 1.5B's.)
+        copies = {"target": _copy_for_builder(tsrc), "drafter": dsrc is not None and _copy_for_builder(dsrc)}
+        steps = (1 + 3 + copies["target"] + (3 + copies["drafter"] if dsrc else 0) + 2 + (1 if drafter_vocab else 0)
+                 + (1 if exact_kernels else 0))
+        progress = Progress(steps, stream)
         progress.step(f"reading tokenizers ({tsrc.display}{', ' + dsrc.display if dsrc else ''})")
         ttok, tdata, (tfp, tvocab) = load_tokenizer(tsrc)
         chat_template = _chat_template(ttok, tsrc.display)

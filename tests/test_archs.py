@@ -501,7 +501,7 @@ def test_flat_rope_leaves_a_flat_config_alone():
     assert nested.rope_local_base_freq == 1e4
 
 
-def test_flat_rope_gives_the_builder_each_kinds_theta_and_scaling():
+def test_flat_rope_gives_the_builder_each_kinds_theta_and_scaling(monkeypatch):
     """(session 89) A per-kind rotary without ``rope_type`` (the default's) gets "default", which the builder reads;
     the local layers' theta is ``rope_local_base_freq``, their scaling (``linear`` only: another kind's factor is not
     a linear one) the one their cache is made at, 1 where they have none."""
@@ -510,6 +510,7 @@ def test_flat_rope_gives_the_builder_each_kinds_theta_and_scaling():
     from edgespec_export import builder_shim
     from edgespec_export.builder_shim import flat_rope
 
+    monkeypatch.setitem(builder_shim._LOCAL, "factor", 1.0)  # (put back after, whatever fails)
     for local, factor in (({"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}, 4.0),
                           ({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}, 1.0),
                           ({"rope_theta": 1e4}, 1.0)):
@@ -517,7 +518,6 @@ def test_flat_rope_gives_the_builder_each_kinds_theta_and_scaling():
         assert flat_rope(cfg)
         assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6} and cfg.rope_theta == 1e6
         assert cfg.rope_local_base_freq == 1e4 and builder_shim._LOCAL["factor"] == factor, local
-    builder_shim._LOCAL["factor"] = 1.0
 
 
 def test_a_rotary_choice_that_is_not_two_tables_is_refused():

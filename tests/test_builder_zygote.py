@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import dead_pid
 from edgespec_export import builder_zygote as build
 
 PROBE = '''
@@ -306,7 +307,7 @@ def test_a_build_forked_after_its_zygote_ended_ends_at_once(probe_path, parent):
     """(session 89, a review) A forked build asks to be killed when its zygote ends (Linux's PR_SET_PDEATHSIG);
     a zygote that ended between the fork and that request sent no signal, so the build checks that its parent is
     still the zygote that forked it and ends (SIGKILL) where it is not, before running anything. Here the test
-    process forks the child as a zygote would, naming itself (alive) or another process (gone) as the zygote."""
+    process forks the child as a zygote would, naming itself (alive) or a process that ended (gone) as the zygote."""
     import socket
     import sys
 
@@ -316,6 +317,7 @@ def test_a_build_forked_after_its_zygote_ended_ends_at_once(probe_path, parent):
     ours, theirs = socket.socketpair()
     req = {"module": "zygote_probe", "argv": [], "env": dict(os.environ), "cwd": str(probe_path)}
     me = os.getpid()
+    gone = dead_pid()  # (a zygote that ended: not this child's parent, even where the test runs as pid 1)
     pid = os.fork()
     if pid == 0:  # (the child: none of pytest's exit handlers, which would stop this process's zygotes, and the
         import atexit  # interpreter's own streams, on descriptors 1 and 2, not pytest's capture)
@@ -323,7 +325,7 @@ def test_a_build_forked_after_its_zygote_ended_ends_at_once(probe_path, parent):
         atexit._clear()
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         os.close(r)
-        build._child(req, w, theirs, me if parent == "alive" else 1)
+        build._child(req, w, theirs, me if parent == "alive" else gone)
     os.close(w)
     ours.close()
     theirs.close()
