@@ -570,6 +570,47 @@ def test_a_graph_whose_convolutions_are_not_the_builder_s_is_refused(tmp_path):
     assert "conv_input.0" in {o.name for o in onnx.load(str(path)).graph.output}
 
 
+def test_conv_inputs_are_exposed_per_layer_once_with_the_channels_shape(tmp_path):
+    """(session 89) ``expose_conv_inputs`` on two conv layers (3, then 1, in node order) beside an input whose name
+    only contains the state pattern: each layer's input an output ``conv_input.N`` of [batch, channels, positions]
+    (the state's channels, not its length), the records sorted by layer, the decoy not taken for a layer; a second
+    pass adds no output twice; a state input no conv node reads is refused."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgespec.errors import ExportError
+    from edgespec_export.conv import expose_conv_inputs
+
+    def graph(path, layers=(3, 1), unread=()):
+        ins, nodes, outs, inits = [], [], [], []
+        for layer in layers:
+            ins.append(helper.make_tensor_value_info(f"x{layer}", TensorProto.FLOAT, ["batch_size", 48, "s"]))
+            ins.append(helper.make_tensor_value_info(f"past.{layer}.conv", TensorProto.FLOAT, ["batch_size", 48, 2]))
+            inits.append(helper.make_tensor(f"w{layer}", TensorProto.FLOAT, [48, 1, 3], [0.0] * 144))
+            nodes.append(helper.make_node("CausalConvWithState", [f"x{layer}", f"w{layer}", "", f"past.{layer}.conv"],
+                                          [f"y{layer}", f"present.{layer}.conv"], domain="com.microsoft"))
+            outs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"y{layer}",
+                                                                                        f"present.{layer}.conv")]
+        for name in ("cache.past.2.conv", *unread):  # (the decoy: the pattern inside another name)
+            ins.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch_size", 48, 2]))
+        onnx.save(helper.make_model(helper.make_graph(nodes, "g", ins, outs, inits)), str(path))
+        return path
+
+    path = graph(tmp_path / "m.onnx")
+    assert expose_conv_inputs(path, "past.%d.conv") == ((1, 48, 2), (3, 48, 2))
+    assert expose_conv_inputs(path, "past.%d.conv") == ((1, 48, 2), (3, 48, 2))  # (a second pass)
+    g = onnx.load(str(path)).graph
+    exposed = [o for o in g.output if o.name.startswith("conv_input.")]
+    assert sorted(o.name for o in exposed) == ["conv_input.1", "conv_input.3"]
+    for o in exposed:
+        assert [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] == ["batch_size", 48,
+                                                                                    "sequence_length"]
+    reads = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity"}
+    assert reads == {"conv_input.1": "x1", "conv_input.3": "x3"}
+    with pytest.raises(ExportError, match="3 conv state inputs and 2 CausalConvWithState nodes"):
+        expose_conv_inputs(graph(tmp_path / "u.onnx", unread=("past.5.conv",)), "past.%d.conv")
+
+
 def test_an_lfm2_gguf_exports_as_its_folder_does(lfm2, tmp_path):
     """An LFM2 GGUF (llama.cpp's layout: KV heads per layer, 0 for a convolution; kernels [channels, length]) exports
     as its folder: the same conv layers, the same greedy tokens at fp32, speculative output equal to plain."""
