@@ -161,13 +161,15 @@ def test_argmax_output_refuses_a_graph_without_logits_or_with_one_already(tmp_pa
     # which bounds the device's float32 copy of a long prefill's logits), numpy's first index among equal values;
     # its declared shape keeps the logits' batch dimension
     import onnxruntime as ort
+    from conftest import pool_session_options
 
     from edgespec.onnx_lm import ARGMAX_ROWS
 
     assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == [
         "b", f"min(sequence_length, {ARGMAX_ROWS})"]
     x = np.random.default_rng(0).integers(-4, 4, size=(2, 40, 8)).astype(np.float16)  # (ties within a row)
-    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["argmax"], {"x": x})[0]
+    sess = ort.InferenceSession(str(path), pool_session_options(), providers=["CPUExecutionProvider"])
+    got = sess.run(["argmax"], {"x": x})[0]
     assert got.dtype == np.int64 and got.shape == (2, ARGMAX_ROWS)
     assert np.array_equal(got, np.argmax(x[:, :ARGMAX_ROWS].astype(np.float32), axis=-1))
 
