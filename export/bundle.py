@@ -425,21 +425,14 @@ def _export_one(role: str, src: Source, tok, stage: Path, precision: str, quant:
     hf_dir = stage / f"_hf_{role}"
     kept = gguf_cached(src.path) if src.kind == "gguf" else None
     folder = src.kind == "hf-dir" and not _copy_for_builder(src)
-
-    def recount(writes_copy: bool) -> None:
-        """The total moved by the copy's step where a copy was kept or dropped since it was counted (another
-        export's; one that cannot be read back): the steps still end at [N/N]."""
-        nonlocal counted_copy
-        if counted_copy is not None and writes_copy != counted_copy:
-            progress.total += 1 if writes_copy else -1
-            counted_copy = writes_copy
-
-    recount(not folder and kept is None)  # (before this model's first line)
+    if counted_copy is not None:  # (a copy kept or dropped since the count: its step, before this model's 1st line)
+        progress.total += (not folder and kept is None) - counted_copy
     progress.step(f"{role}: loading {src.display} into torch (float32)" + (f" (its copy kept in {kept})" if kept else ""))
     model = load_model(src, log=progress.log)
     if kept is not None and gguf_cached(src.path) is None:  # it could not be read back: dropped, the file read
         kept = None
-        recount(not folder)
+        if counted_copy is not None:  # (its float32 copy's step, which the total has not counted now)
+            progress.total += 1
     cfg = model.config
     _check_config(cfg, src, role)
     if kv_int8:  # (exact-kernels --kv-dtype int8 after the build: refused now, not after minutes of it)

@@ -128,14 +128,19 @@ class _Tee:
         self.file.close()
 
 
+def progress_steps(said: str) -> list[tuple[int, int]]:
+    """(i, N) of each of an export's progress lines ("[i/N ...s] ...") in ``said``."""
+    import re
+
+    return [tuple(map(int, m)) for m in re.findall(r"^\[(\d+)/(\d+) +[\d.]+s\] ", said, re.M)]
+
+
 def check_steps(said: str) -> None:
     """An export's progress lines ("[i/N ...s] ...") count 1..N, each once, and end at [N/N] (session 89: a folder's
     export ended at [9/12], the total counting a float32 copy it does not write and a quality step that is none).
     The total may change on the way: a GGUF's kept copy made or dropped by another export (the suite's workers share
     one cache) since it was counted moves it by that copy's step."""
-    import re
-
-    steps = [tuple(map(int, m)) for m in re.findall(r"^\[(\d+)/(\d+) +[\d.]+s\] ", said, re.M)]
+    steps = progress_steps(said)
     assert steps and [i for i, _ in steps] == list(range(1, len(steps) + 1)) and steps[-1][1] == len(steps), steps
 
 

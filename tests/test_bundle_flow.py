@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,8 +36,7 @@ def builds(monkeypatch):
     stop_at = ["target"]
     monkeypatch.setattr(bundle, "_export_one", export_one)
     monkeypatch.setattr(bundle, "prestart_builder", lambda: None)
-    calls_obj = type("Builds", (), {"calls": calls, "stop_at": stop_at})
-    return calls_obj
+    return SimpleNamespace(calls=calls, stop_at=stop_at)
 
 
 def _export(target, out, **kw):
@@ -293,6 +293,7 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
     import io
     import shutil
 
+    from conftest import progress_steps
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from edgespec_export import bundle
@@ -329,9 +330,8 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
     tok = AutoTokenizer.from_pretrained(str(tiny))
     with pytest.raises(_Stop):
         bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress, counted_copy=False)
-    steps = [line.split("]")[0] for line in said.getvalue().splitlines() if line.startswith("[")]
     # (counted three at the start, four once the copy is found unreadable: the steps after say so)
-    assert [s.split()[0] for s in steps] == ["[1/3", "[2/4", "[3/4"], said.getvalue()
+    assert progress_steps(said.getvalue()) == [(1, 3), (2, 4), (3, 4)], said.getvalue()
     assert "writing a float32 Hugging Face copy" in said.getvalue()
     # the other way: counted with a copy to write (none kept then), and one kept since (here: the one just written)
     shutil.rmtree(stage)
@@ -341,6 +341,5 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
     progress = bundle.Progress(4, said)
     with pytest.raises(_Stop):
         bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress, counted_copy=True)
-    steps = [line.split("]")[0] for line in said.getvalue().splitlines() if line.startswith("[")]
-    assert [s.split()[0] for s in steps] == ["[1/3", "[2/3"], said.getvalue()  # (taken off before its first line)
+    assert progress_steps(said.getvalue()) == [(1, 3), (2, 3)], said.getvalue()  # (taken off before its first line)
 

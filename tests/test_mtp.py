@@ -1071,8 +1071,8 @@ def test_an_int8_assistant_beside_an_int4_target_records_what_it_was_built_as(pa
     tables = [t for t in g.initializer if t.name.startswith("target_embed")]
     assert tables and {t.data_type for t in tables} == {onnx.TensorProto.FLOAT16}
     nodes = [n for n in g.node if n.op_type == "MatMulNBits"]
-    assert nodes and all({x.name: x.i for x in n.attribute}["bits"] == 8 and
-                         {x.name: x.i for x in n.attribute}["block_size"] == 16 for n in nodes)
+    attrs = [{x.name: x.i for x in n.attribute} for n in nodes]
+    assert attrs and all(a["bits"] == 8 and a["block_size"] == 16 for a in attrs), attrs
     assert m.sources == {"target": str(pair["int4"]), "assistant": str(ordered)}
     assert set(m.source_files) == {"target", "assistant"} and m.source_files["assistant"]
 
