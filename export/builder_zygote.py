@@ -130,20 +130,22 @@ def _child(req: dict, out_fd: int, sock: socket.socket, parent: int) -> None:
     except KeyboardInterrupt:  # (a fresh process ends by SIGINT: its status says so)
         import traceback
 
+        interrupted = True  # (first: the traceback's write may fail, its reader gone)
         traceback.print_exc()
-        interrupted = True
     except BaseException:
         import traceback
 
         traceback.print_exc()
     finally:
         try:
-            atexit._run_exitfuncs()  # (what the interpreter's exit runs; os._exit below does not)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            if interrupted:
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGINT)
+            try:
+                atexit._run_exitfuncs()  # (what the interpreter's exit runs; os._exit below does not)
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:  # (a flush that failed, its reader gone: the build still ends by its SIGINT)
+                if interrupted:
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGINT)
         finally:
             os._exit(code)
 
@@ -275,6 +277,8 @@ class Forked:
         self._release = release  # the zygote's lock, let go once the build's end is read
         self.returncode = None
         self.pid = None
+        self._pidfd = None  # the build's process as a descriptor, where Linux gives one (``kill``)
+        self._reaped = False  # it ended and the zygote reaped it before this process could ask for its descriptor
         try:
             r, w = os.pipe()
         except BaseException:  # (no pipe, out of descriptors: nothing was sent, the zygote serves the next build)
@@ -289,6 +293,7 @@ class Forked:
             os.close(w)
             w = None
             self.pid = zygote.reply("pid")
+            self._open_pidfd()
         except BaseException:  # (sent or not: this zygote's replies cannot be trusted now)
             if w is not None:
                 os.close(w)
@@ -298,33 +303,50 @@ class Forked:
     def read(self) -> bytes:
         return os.read(self._r, 4096)
 
+    def _open_pidfd(self) -> None:
+        """The build's pidfd (Linux 5.3 on): a signal sent through it reaches that process or none, never another
+        that was given its pid after the zygote reaped it (between the build's end and this process reading the
+        zygote's reply of it, a ``kill`` by pid could). Without one, ``kill`` signals the pid."""
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:  # (ended and reaped already: there is nothing to signal)
+            self._reaped = True
+        except (AttributeError, OSError):  # (not Linux, an old kernel, no descriptor left)
+            pass
+
     def kill(self) -> None:
-        if self.returncode is None and self.pid is not None:
-            try:
+        if self.returncode is not None or self.pid is None or self._reaped:
+            return
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
                 os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        except ProcessLookupError:
+            pass
 
     def wait(self) -> int:
         if self.returncode is None:
+            code, keep = -signal.SIGKILL, False  # (interrupted while waiting: the zygote and the build are killed)
             try:
                 code = self._z.reply("exit")
+                keep = True
             except (OSError, ValueError):  # the zygote was killed: its child's end is unknown, a failure
-                self._end(1)
-            except BaseException:  # (interrupted while waiting: the zygote and the build are killed)
-                self._end(-signal.SIGKILL)
-                raise
-            else:
-                self._end(code, keep=True)
+                code = 1
+            finally:  # (an interrupt right after the reply ends the build too: the lock is let go either way)
+                self._end(code, keep=keep)
         return self.returncode
 
     def _end(self, code, keep: bool = False) -> None:
         """Once: the pipe closed, the zygote's lock let go; the zygote killed unless ``keep``."""
         if self._r is None:
             return
-        self.returncode = code
+        self.returncode = code  # (first: a ``kill`` from a signal handler from now on sends nothing)
         os.close(self._r)
         self._r = None
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         try:
             if not keep:
                 self._z.close(kill=True)

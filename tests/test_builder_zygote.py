@@ -28,6 +28,10 @@ if sys.argv[1:2] == ["fail"]:
     raise SystemExit("the probe failed on purpose")
 if sys.argv[1:2] == ["kbd"]:
     raise KeyboardInterrupt
+if sys.argv[1:2] == ["kbd-late"]:  # (output left in the buffer, then Ctrl-C once its reader is gone)
+    sys.stdout.write("x" * 100)
+    time.sleep(1)
+    raise KeyboardInterrupt
 if sys.argv[1:2] == ["raise"]:
     raise ValueError("a bug in the probe")
 if sys.argv[1:2] == ["bare-exit"]:
@@ -471,3 +475,97 @@ def test_starting_the_zygote_early_never_waits_for_a_running_build(own_zygote):
     alive = t.is_alive()
     proc.kill()
     assert _run(proc)[0] == -signal.SIGKILL and not alive
+
+
+def test_ctrl_c_right_after_a_builds_end_was_read_lets_the_zygote_go(own_zygote, ctrl_c):
+    """(session 90, session 89's report) An interrupt landing after the zygote's reply of a build's end was read
+    but before the build was wound up left the zygote's lock held for good (every later build of the process
+    alone) and its pipe open. The interrupt is raised here by a trace function at the first line ``wait`` runs
+    after the reply: the build ends with its own code, the zygote is dropped (its replies are not trusted past an
+    interrupt) and the next build is forked by a fresh one."""
+    import sys
+
+    proc = build.start_builder("zygote_probe", ["ends", "3"], {})
+    while proc.read():
+        pass
+    replied, fired = [], []
+    real = own_zygote.reply
+    own_zygote.reply = lambda key: (real(key), replied.append(key))[0]
+
+    def local(frame, event, arg):
+        if event == "line" and replied and not fired:
+            fired.append(frame.f_lineno)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is build.Forked.wait.__code__ else None
+
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            proc.wait()
+    finally:
+        sys.settrace(old)
+    assert replied == ["exit"] and fired
+    assert not build._LOCK.locked() and proc._r is None and proc.returncode == 3 and not build._ZYGOTE
+    proc = build.start_builder("zygote_probe", ["ends", "4"], {})
+    assert isinstance(proc, build.Forked) and _run(proc)[0] == 4
+
+
+def test_a_build_interrupted_after_its_reader_left_still_ends_by_sigint(own_zygote):
+    """(session 90, session 89's report) A forked build that ends by Ctrl-C ends by SIGINT, as a fresh process
+    would, even where writing its traceback and flushing its output fail because the exporting process stopped
+    reading (they raised BrokenPipeError and the build ended 1)."""
+    proc = build.start_builder("zygote_probe", ["kbd-late"], {})
+    os.close(proc._r)  # (no reader left: the build's writes fail)
+    proc._r = os.open(os.devnull, os.O_RDONLY)  # (what the build's end closes)
+    assert proc.wait() == -signal.SIGINT
+
+
+def _reply_arrived(zygote, timeout: float = 10) -> bool:
+    import select
+
+    return bool(select.select([zygote.sock], [], [], timeout)[0])
+
+
+def test_a_build_reaped_before_its_end_was_read_is_not_signalled(own_zygote, monkeypatch):
+    """(session 90, session 89's report) Between a build's end (the zygote reaps it and replies) and this process
+    reading that reply, ``kill`` signalled the build's pid, which Linux may have given to another process by then.
+    It now signals through the build's pidfd, which reaches that process or none; where a build was reaped before
+    its pidfd could be opened, nothing is sent."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("pidfds are Linux's (5.3 on)")
+    sent = []
+    real_kill = os.kill
+    monkeypatch.setattr(build.os, "kill", lambda pid, sig: (sent.append(pid), real_kill(pid, sig)))
+    proc = build.start_builder("zygote_probe", ["ends", "3"], {})
+    while proc.read():
+        pass
+    assert _reply_arrived(own_zygote)  # (the build ended and was reaped; its end not read yet)
+    proc.kill()
+    assert proc.wait() == 3 and not sent
+
+    def reaped(pid):
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(build.os, "pidfd_open", reaped)
+    proc = build.start_builder("zygote_probe", ["ends", "5"], {})
+    proc.kill()
+    assert _run(proc)[0] == 5 and not sent
+
+
+@pytest.mark.parametrize("pidfd", ["pidfd", "pid"])
+def test_a_running_build_is_killed_through_its_pidfd_or_its_pid(own_zygote, monkeypatch, pidfd):
+    """(session 90) ``kill`` of a running build ends it by SIGKILL, through its pidfd, or by its pid where the
+    system gives no pidfd (not Linux, an old kernel)."""
+    if pidfd == "pid":
+        monkeypatch.delattr(build.os, "pidfd_open", raising=False)
+    elif not hasattr(os, "pidfd_open"):
+        pytest.skip("pidfds are Linux's (5.3 on)")
+    proc = build.start_builder("zygote_probe", ["sleep"], {})
+    assert isinstance(proc, build.Forked) and proc.read().startswith(b"sleeping")
+    assert (proc._pidfd is not None) == (pidfd == "pidfd")
+    proc.kill()
+    assert _run(proc)[0] == -signal.SIGKILL and proc._pidfd is None and build._ZYGOTE == [own_zygote]
