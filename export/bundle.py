@@ -711,14 +711,18 @@ def _check_assistant_early(tsrc: Source, asrc: Source) -> None:
 
 
 def _config_vocab(src: Source) -> int | None:
-    """The vocabulary of a local folder's model as its config says (a tokenizer may hold special ids past it:
-    Gemma 3 1B's); None where it cannot be read here (a GGUF's, a hub model's)."""
-    if src.kind != "hf-dir":
+    """The rows of a model's vocabulary as its config says, which bound ``--drafter-vocab``'s head (a tokenizer may
+    hold special ids past them: Gemma 3 1B's ``<image_soft_token>``): a folder's or a hub model's (a hub model's was
+    not read before session 90: its head could take an id without a row); None for a GGUF file, whose tokenizer is
+    its list of tokens, one a row (llama.cpp's converter drops the ids past the rows; reading the file's fields
+    here took 5-11 s), and where the config cannot be read (the model's reading says why later)."""
+    if src.kind == "gguf":
         return None
     try:
         from transformers import AutoConfig
 
-        v = getattr(text_config(AutoConfig.from_pretrained(str(src.path))), "vocab_size", None)
+        name, kw = src.from_pretrained_args()
+        v = getattr(text_config(AutoConfig.from_pretrained(name, **kw)), "vocab_size", None)
     except Exception:  # noqa: BLE001 - read later, with its own error
         return None
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

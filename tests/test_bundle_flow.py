@@ -343,3 +343,45 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
         bundle._export_one("target", src, tok, stage, "fp32", QuantOptions(), 64, "fp", progress, counted_copy=True)
     assert progress_steps(said.getvalue()) == [(1, 3), (2, 3)], said.getvalue()  # (taken off before its first line)
 
+
+
+def test_a_hub_targets_head_is_bounded_by_its_models_rows(tiny_dirs, tmp_path, builds, monkeypatch):
+    """(session 90, session 89's report) ``--drafter-vocab``'s head keeps ids the target has rows for: a hub
+    target's rows are its config's (read from the hub's cache), not its tokenizer's length, which may hold a special
+    id past them (Gemma 3 1B's ``<image_soft_token>``). A hub target's config was not read: the head was bounded by
+    the tokenizer, and could take an id the model has no row for."""
+    import shutil
+
+    import huggingface_hub.constants
+    from transformers import AutoTokenizer
+
+    from edgespec_export import head
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--edgespec-test--tiny"
+    snap = repo / "snapshots" / commit
+    shutil.copytree(tiny_dirs["qwen2"], snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    rows = json.loads((snap / "config.json").read_text())["vocab_size"]
+    tok = AutoTokenizer.from_pretrained(snap)
+    assert len(tok) == rows
+    tok.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})  # (its id: rows, past them)
+    tok.save_pretrained(snap)
+    drafter = shutil.copytree(tiny_dirs["drafter"], tmp_path / "drafter")
+    tok.save_pretrained(drafter)  # (the same tokenizer as the target's)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    seen = []
+    real = head.select_head_ids
+
+    def select(*a, vocab_size=None, **kw):
+        seen.append(vocab_size)
+        return real(*a, vocab_size=vocab_size, **kw)
+
+    monkeypatch.setattr(head, "select_head_ids", select)
+    with pytest.raises(_Stop):
+        _export("edgespec-test/tiny", tmp_path / "b", drafter=str(drafter), drafter_vocab=100,
+                target_precision="fp32")
+    assert seen == [rows] and builds.calls[0][0] == "target"
+    assert rows not in real(json.loads(tok.backend_tokenizer.to_str()), 100, vocab_size=seen[0]).tolist()
