@@ -8,6 +8,7 @@ autoregressive output, with every drafter, on tiny random models and on SmolLM2.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -428,7 +429,8 @@ def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_widt
             feeds["total"] = np.array(at + q.shape[1], np.int32)
         return sess.run(None, feeds)
 
-    full = run(ours, qkv, past)
+    with _attention_takes_its_path(D):
+        full = run(ours, qkv, past)
     ref = run(theirs, qkv, past, gqa=True)
     assert np.abs(full[0] - ref[0]).max() < 2e-4 * max(1.0, np.abs(ref[0]).max())
     t = past + 9
@@ -521,8 +523,9 @@ def test_decode_attention_f16_rounds_each_new_key_once_and_rows_do_not_depend_on
     def run(sess, q, at, k, v):
         return sess.run(None, {"qkv": q, "pk": k, "pv": v, "seqlens": np.array([at + q.shape[1] - 1], np.int32)})
 
-    full = run(half, qkv, past, k16.copy(), v16.copy())
-    ref32 = run(single, qkv, past, cache_k.copy(), cache_v.copy())
+    with _attention_takes_its_path(D):
+        full = run(half, qkv, past, k16.copy(), v16.copy())
+        ref32 = run(single, qkv, past, cache_k.copy(), cache_v.copy())
     t = past + 9
     assert full[1].dtype == np.float16 and full[2].dtype == np.float16 and full[0].dtype == np.float32
     assert np.array_equal(full[1][:, :, :past], k16[:, :, :past]) and np.array_equal(full[2][:, :, :past], v16[:, :, :past])
@@ -601,7 +604,8 @@ def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH
     assert np.array_equal(chain[0], same[0])
     assert np.array_equal(chain[1][:, :, :t], same[1][:, :, :t]) and np.array_equal(chain[2][:, :, :t], same[2][:, :, :t])
     rel = [0, 1, 2, 3, 4, 1, 3, 4]  # rows 5..7: alternates at positions 1, 3 and 4
-    got = run(posd, qkv, past, rel)
+    with _attention_takes_its_path(D):
+        got = run(posd, qkv, past, rel)
     assert np.array_equal(got[0][:, :5], chain[0])
     assert np.array_equal(got[1][:, :, :t], chain[1][:, :, :t]) and np.array_equal(got[2][:, :, :t], chain[2][:, :, :t])
     for i in range(5, 8):
@@ -1622,6 +1626,32 @@ def _amx_calls() -> int:
     fn = ctypes.CDLL(library_path()).edgespec_q4_amx_calls
     fn.restype = ctypes.c_uint64
     return int(fn())
+
+
+def _attn_calls() -> list[int]:
+    """Attention calls by the path they took in this process: AVX2's 8 lanes, AVX-512's 16, the portable path
+    (q4gemm.cpp's edgespec_attn_calls, session 90: a path that was never taken compared equal to itself)."""
+    import ctypes
+
+    from edgespec.native import library_path
+
+    fn = ctypes.CDLL(library_path()).edgespec_attn_calls
+    fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.c_int]
+    return [int(fn(i)) for i in range(3)]
+
+
+@contextlib.contextmanager
+def _attention_takes_its_path(D: int):
+    """Within: every attention call took the path the kernel path named now (EDGESPEC_Q4_ISA as set) gives a head
+    of D lanes: the portable one, AVX-512's 16 lanes where D is a multiple of 16, else AVX2's 8."""
+    from edgespec.native import isa
+
+    path = isa()
+    want = 2 if path.startswith("portable") else 1 if path.startswith("avx512") and D % 16 == 0 else 0
+    before = _attn_calls()
+    yield
+    ran = [a - b for a, b in zip(_attn_calls(), before)]
+    assert ran[want] > 0 and sum(ran) == ran[want], (path, D, ran)
 
 
 def _amx_min_rows(block: int) -> int:

@@ -131,6 +131,9 @@ std::atomic<bool> g_amx{false};     // and whether calls of amx_min_rows rows or
 std::atomic<bool> g_hugepages{true};  // whether kernels copy their weights onto 2 MiB pages (own_weights)
 std::atomic<bool> g_attn_quads{true};  // DecodeAttention's AVX-512 path: four queries a tile (false: pairs, the same bits)
 std::atomic<uint64_t> g_amx_calls{0};  // MatMulQ4 calls that took an AMX path (edgespec_q4_amx_calls: tests)
+// attention calls by the path they took: 0 AVX2's 8 lanes, 1 AVX-512's 16, 2 the portable one (edgespec_attn_calls:
+// the tests check that the path they compare ran; static storage: zeros)
+std::atomic<uint64_t> g_attn_calls[3];
 
 // the AMX path needs a compiler that knows its instructions (GCC 11, clang 12): an older one (Ubuntu 20.04's GCC 9,
 // RHEL 8's GCC 8) builds the library without it, the AVX-512 VNNI path then taking those calls (the same bits);
@@ -2412,6 +2415,7 @@ OrtStatus* attend(const Attn* a, OrtKernelContext* ctx, const OrtValue* const* i
   float* out = static_cast<float*>(data_of(O));
   const float scale = a->scale != 0.f ? a->scale : 1.0f / std::sqrt(float(D));
   const bool wide = a->avx512 && D % 16 == 0;
+  g_attn_calls[a->portable ? 2 : wide ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
   thread_local std::vector<AttnCall<T>> calls;
   calls.clear();
   calls.push_back(AttnCall<T>{a, m, D, L, past, qkv, cs, sn, K, V, out, scale, wide});
@@ -2592,6 +2596,12 @@ extern "C" __attribute__((visibility("default"))) const char* edgespec_q4_path()
 // How many MatMulQ4 calls took an AMX path in this process (the tests check that a path they compare ran).
 extern "C" __attribute__((visibility("default"))) uint64_t edgespec_q4_amx_calls() {
   return g_amx_calls.load(std::memory_order_relaxed);
+}
+
+// How many attention calls took each path in this process (0: AVX2's 8 lanes, 1: AVX-512's 16 lanes, 2: the portable
+// path; 0 for another number): the tests check that the path they compare ran.
+extern "C" __attribute__((visibility("default"))) uint64_t edgespec_attn_calls(int path) {
+  return path >= 0 && path < 3 ? g_attn_calls[path].load(std::memory_order_relaxed) : 0;
 }
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
