@@ -207,7 +207,7 @@ def test_q8_refuses_a_head_size_or_cache_rows_it_cannot_hold():
     """A head size that is no multiple of 32, or caches whose rows are not D + D / 8 bytes: one error naming the
     op, before anything is read or written."""
     H, KVH, L = 4, 2, 16
-    for D, width in ((48, 54), (32, 32), (32, 40)):
+    for D, width in ((48, 54), (48, 52), (32, 32), (32, 40)):  # ((48, 52): rows of D + D / 32 x 4 bytes, session 90)
         g = _attention_graph("DecodeAttentionQ8", H, KVH, D, L, 20)
         for v in list(g.graph.input[1:3]) + list(g.graph.output[1:3]):
             v.type.tensor_type.shape.dim[3].dim_value = width

@@ -443,6 +443,25 @@ def test_decode_attention_matches_onnxruntime_and_rows_do_not_depend_on_the_widt
     assert np.array_equal(run(ours, qkv[:, 4:], past + 4)[0], full[0][:, 4:])
 
 
+@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+def test_decode_attention_takes_its_scale_attribute(isa, monkeypatch):
+    """(session 90, a mutation test) A scale other than 0 (Gemma 2-4's 1; Granite's multiplier) scales the scores as
+    onnxruntime's op does; every other test passes 0 (1 / sqrt(D)), and an op ignoring its scale passed them."""
+    if isa != "this-cpu":
+        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    H, KVH, D, L, P, past = 4, 2, 32, 64, 80, 21
+    cache_k, cache_v, qkv = _attention_inputs(H, KVH, D, L, past, 3, seed=7)
+    feeds = {"qkv": qkv, "pk": cache_k, "pv": cache_v, "seqlens": np.array([past + 2], np.int32)}
+    outs = []
+    for scale in (1.0, 0.05):
+        ours = _session(_attention_graph("DecodeAttention", H, KVH, D, L, P, scale=scale)).run(None, feeds)[0]
+        theirs = _session(_attention_graph("GroupQueryAttention", H, KVH, D, L, P, scale=scale)).run(
+            None, {**feeds, "total": np.array(past + 3, np.int32)})[0]
+        assert np.abs(ours - theirs).max() < 2e-4 * max(1.0, np.abs(theirs).max()), scale
+        outs.append(ours)
+    assert np.abs(outs[0] - outs[1]).max() > 0.1  # (the two scales' attention differs: the check above can fail)
+
+
 @pytest.mark.parametrize("H,KVH,D", [(12, 2, 128), (14, 2, 64), (3, 1, 16), (5, 1, 32)])
 def test_decode_attention_in_fours_computes_the_bits_of_pairs(H, KVH, D, monkeypatch):
     """On the AVX-512 path queries go four to a key tile (EDGESPEC_ATTN_QUADS=0: in pairs, as before
@@ -614,7 +633,8 @@ def test_decode_attention_alternates_compute_the_bits_of_a_one_token_call(H, KVH
         assert np.array_equal(got[0][:, i], one[0][:, 0]), i
         assert np.array_equal(got[1][:, :, past + i], one[1][:, :, past + p]), i
         assert np.array_equal(got[2][:, :, past + i], one[2][:, :, past + p]), i
-    for bad in ([0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 1, 9], [0, 1, 2, 3, 4, -1, 1, 2]):
+    # (session 90: [.., 1, 5, 2], an alternate at the first position past the causal rows, 5, was taken)
+    for bad in ([0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 1, 9], [0, 1, 2, 3, 4, -1, 1, 2], [0, 1, 2, 3, 4, 1, 5, 2]):
         with pytest.raises(Exception, match="positions"):
             run(posd, qkv[:, :len(bad)] if len(bad) == 8 else qkv, past, bad)
 
