@@ -168,12 +168,14 @@ def test_kernel_takes_batched_inputs_and_an_empty_call():
 def test_kernel_refuses_bad_attributes_and_shapes_with_an_error():
     import onnxruntime as ort  # noqa: F401
 
-    bad = _graph(96, 16, 32, "MatMulQ4")
-    for a in bad.graph.node[0].attribute:
-        if a.name == "block_size":
-            a.i = 36  # K is no multiple of it
-    with pytest.raises(Exception, match="MatMulQ4"):
-        _session(bad).run(None, {"A": np.zeros((1, 96), np.float32)})
+    for block in (36, 64):  # no multiple of 8; a multiple of 8 that K (96) is no multiple of (session 90: only the
+        bad = _graph(96, 16, 32, "MatMulQ4")  # first was tried, and a kernel taking the second was refused later, by
+        for a in bad.graph.node[0].attribute:  # its weights' size)
+            if a.name == "block_size":
+                a.i = block
+        with pytest.raises(Exception, match="MatMulQ4: needs bits=4, a block_size that is a multiple of 8 and K a "
+                                            "multiple of it"):
+            _session(bad).run(None, {"A": np.zeros((1, 96), np.float32)})
     s = _session(_graph(96, 16, 32, "MatMulQ4"))
     with pytest.raises(Exception, match="MatMulQ4|dimension|shape|Invalid"):
         s.run(None, {"A": np.zeros((1, 64), np.float32)})
