@@ -179,6 +179,14 @@ def test_kernel_refuses_bad_attributes_and_shapes_with_an_error():
     s = _session(_graph(96, 16, 32, "MatMulQ4"))
     with pytest.raises(Exception, match="MatMulQ4|dimension|shape|Invalid"):
         s.run(None, {"A": np.zeros((1, 64), np.float32)})
+    # (session 90) zero points one short of the tiled layout's (no test gave any: they were read past their end)
+    from onnx import numpy_helper
+
+    bad = _graph(96, 16, 32, "MatMulQ4")
+    z = next(i for i in bad.graph.initializer if i.name == "Z")
+    z.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(z)[:-1].copy(), "Z"))
+    with pytest.raises(Exception, match="MatMulQ4: zero points do not have the size K, N and block_size say"):
+        _session(bad).run(None, {"A": np.zeros((1, 96), np.float32)})
 
 
 def test_library_build_without_a_compiler_is_a_typed_error(tmp_path, monkeypatch):
@@ -2057,6 +2065,15 @@ def test_kernel_epilogue_refuses_bad_attributes_and_inputs_with_an_error():
         if a.name == "swiglu":
             a.i = 2
     with pytest.raises(Exception, match="swiglu is 0 or 1"):
+        _session(m).run(None, {"A": np.zeros((1, 64), np.float32)})
+    # (session 90) a SwiGLU kernel given a bias (of N values: no test gave one, and it was taken, then left unused)
+    m = _fused_graph(64, 16, 32)
+    m.graph.initializer.append(numpy_helper.from_array(np.zeros(16, np.float32), "bias"))
+    fused = next(n for n in m.graph.node if any(a.name == "swiglu" and a.i == 1 for a in n.attribute))
+    ins = list(fused.input) + [""] * (4 - len(fused.input))
+    del fused.input[:]
+    fused.input.extend(ins[:4] + ["bias"] + ins[5:])
+    with pytest.raises(Exception, match="bias has N values, and a SwiGLU kernel takes none"):
         _session(m).run(None, {"A": np.zeros((1, 64), np.float32)})
     m = _fused_graph(64, 16, 32, swiglu=False)
     b = next(i for i in m.graph.initializer if i.name == "bias")
