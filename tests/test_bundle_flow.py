@@ -344,7 +344,6 @@ def test_a_kept_gguf_copy_that_cannot_be_read_adds_its_float32_copys_step(tiny_d
     assert progress_steps(said.getvalue()) == [(1, 3), (2, 3)], said.getvalue()  # (taken off before its first line)
 
 
-
 def test_a_hub_targets_head_is_bounded_by_its_models_rows(tiny_dirs, tmp_path, builds, monkeypatch):
     """(session 90, session 89's report) ``--drafter-vocab``'s head keeps ids the target has rows for: a hub
     target's rows are its config's (read from the hub's cache), not its tokenizer's length, which may hold a special
