@@ -15,8 +15,8 @@ from edgespec.errors import ExportError
 from edgespec.manifest import (DRAFTER_PRECISIONS, LAYOUTS, TARGET_PRECISIONS, Manifest, ModelIO, ModelSpec,
                                Quantization, default_drafter_precision, sha256_file, write_manifest)
 
-from .output import (check_output, missing_parents, prepare_stage, publish, raise_if_full, remove_parents,
-                     remove_replaced, terminate_cleanly)
+from .output import (check_output, missing_parents, prepare_stage, publish, raise_if_full, raise_if_terminated,
+                     remove_parents, remove_replaced, terminate_cleanly)
 from .build import FLOAT_ZERO_POINTS, SWAPPED, QuantOptions, builder_args, prestart_builder, run_builder
 from .conv import INPUT_NAME as CONV_INPUT
 from .source import (Source, check_vocabulary, gguf_cached, keep_gguf_copy, load_model, load_tokenizer, resolve,
@@ -30,10 +30,12 @@ class Progress:
         self.total, self.i, self.t0, self.stream = total, 0, time.perf_counter(), stream or sys.stderr
 
     def step(self, what: str) -> None:
+        raise_if_terminated()  # (an export's SIGTERM whose exception a finalizer dropped ends it here)
         self.i += 1
         print(f"[{self.i}/{self.total} {time.perf_counter() - self.t0:6.1f}s] {what}", file=self.stream, flush=True)
 
     def log(self, line: str) -> None:
+        raise_if_terminated()
         print(line, file=self.stream, flush=True)
 
 
@@ -1009,6 +1011,7 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         Manifest.from_dict(manifest.to_dict(), stage)
         for junk in stage.glob("_*"):
             shutil.rmtree(junk, ignore_errors=True)
+        raise_if_terminated()
         write_manifest(manifest)
         if exact_kernels:  # in place on the stage (its own stage beside it), then published as any export
             from edgespec.manifest import load_manifest

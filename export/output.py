@@ -278,6 +278,7 @@ def publish(stage: Path, out: Path, force: bool = True, inputs: list[str | None]
     without ``force``) is not replaced (session 49, a review: it was moved aside and deleted, files and all)."""
     import errno
 
+    raise_if_terminated()  # (a SIGTERM whose exception was lost: nothing is published)
     if inputs is not None and (out.exists() or out.is_symlink()):
         try:
             check_output(out, force, inputs)
@@ -353,6 +354,17 @@ class Terminated(SystemExit):
 
 
 terminated = False  # a SIGTERM came during an export (terminate_cleanly)
+_guarded = 0  # terminate_cleanly blocks open in the main thread (raise_if_terminated acts inside one only)
+
+
+def raise_if_terminated() -> None:
+    """``Terminated`` again where the handler's was lost: a handler that Python runs inside a finalizer (a
+    ``__del__``, a weakref callback, the garbage collector's) has its exception printed as "Exception ignored in"
+    and dropped, and the export went on to its end and published the bundle (a probable cause of CI's failure on
+    session 90's submission: a test's export went on into its 60-s manifest write after its SIGTERM). Called at
+    each step, at each line of its log, before the manifest and before the publish."""
+    if terminated and _guarded:
+        raise Terminated(128 + signal.SIGTERM)
 
 
 @contextmanager
@@ -375,10 +387,13 @@ def terminate_cleanly():
             proc.kill()
         raise Terminated(128 + signal.SIGTERM)
 
+    global _guarded
     old = signal.signal(signal.SIGTERM, handler)
+    _guarded += 1
     try:
         yield
     finally:
+        _guarded -= 1
         signal.signal(signal.SIGTERM, old)
 
 

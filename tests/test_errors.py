@@ -743,6 +743,46 @@ def test_sigterm_during_an_in_place_rewrite_leaves_no_partial(tiny_int4_bundle, 
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
+class _DropsASigterm:
+    """A SIGTERM to this process while a finalizer runs: Python runs the handler inside it and drops what it raises
+    ("Exception ignored in ..."), as it does in a weakref callback or the garbage collector's."""
+
+    def __del__(self):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # (the handler runs, and raises, at one of these lines)
+            pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the dropped exception)
+def test_a_sigterm_dropped_by_a_finalizer_still_ends_a_rewrite(tiny_int4_bundle, copy_bundle, tmp_path):
+    """(session 91) The handler's Terminated, raised inside a finalizer, was dropped: the rewrite went on and
+    published. The flag it set is read again before the manifest is written and before the publish."""
+    import signal
+
+    from edgespec.manifest import load_manifest
+    from edgespec_export import output as O
+    from edgespec_export.head import staged_rewrite
+
+    b = copy_bundle(tiny_int4_bundle)
+    out = tmp_path / "out"
+
+    def build(stage):
+        _DropsASigterm()  # (made and dropped at once: its __del__ runs here)
+        assert O.terminated  # (the handler ran: only its exception was lost)
+        return load_manifest(stage)
+
+    with pytest.raises(O.Terminated) as e:
+        staged_rewrite(b, out, False, build)
+    assert e.value.code == 143 and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [b.name]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # outside an export the flag (which the CLI reads afterwards) stops nothing
+    O.raise_if_terminated()
+    O.terminated = False
+
+
 def test_a_context_above_the_bundles_is_said_not_silently_cut(tiny_bundle):
     with pytest.warns(UserWarning, match="asked for a context of 1000000 tokens; this bundle allows"):
         eng = edgespec.load(tiny_bundle, max_context=10**6, memory=False)

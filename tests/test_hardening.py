@@ -210,8 +210,51 @@ def test_sigterm_during_export_leaves_nothing(tmp_path, tiny_dirs):
     time.sleep(1.0)
     assert proc.poll() is None, "the export ended before the signal: the test would prove nothing"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 128 + signal.SIGTERM
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:  # (what it said is the only clue: CI met this once, session 90's submission)
+        proc.kill()
+        pytest.fail(f"the export went on 60 s after its SIGTERM; it said: {proc.communicate()[1][-3000:]}")
+    assert proc.returncode == 128 + signal.SIGTERM
     assert proc.stderr.read().strip().endswith("error: terminated")
+    assert not list(tmp_path.glob(".b.*")) and not out.exists()
+
+
+DROPPED_SIGTERM = """
+import os, signal, sys
+import edgespec_export.bundle as b
+read = b.load_tokenizer
+
+class Drops:  # a SIGTERM while a finalizer runs: Python drops the exception its handler raises there
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):
+            pass
+
+def load_tokenizer(src):
+    Drops()
+    return read(src)
+
+b.load_tokenizer = load_tokenizer
+from edgespec.cli import main
+sys.argv[0] = "edgespec"
+main()
+"""
+
+
+def test_a_sigterm_dropped_by_a_finalizer_still_ends_the_export(tmp_path, tiny_dirs):
+    """(session 91) The handler's Terminated, raised inside a finalizer, was printed as "Exception ignored" and
+    dropped: the export went on to its end and published the bundle. (A probable cause of CI's one failure of the
+    test above: its export, signalled, ran on into the 60-s manifest write.) The flag the handler sets is read again
+    at each step."""
+    out = tmp_path / "b"
+    r = subprocess.run([sys.executable, "-c", DROPPED_SIGTERM, "export", str(tiny_dirs["qwen2"]), "-o", str(out),
+                        "--target-precision", "fp32", "--no-quality"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+    assert "Exception ignored" in r.stderr  # (the finalizer did drop it: the test proves what it says)
+    assert r.stderr.strip().endswith("error: terminated")
+    assert "[2/" not in r.stderr  # (ended at the next step, before the target's load)
     assert not list(tmp_path.glob(".b.*")) and not out.exists()
 
 
