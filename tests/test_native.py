@@ -91,7 +91,23 @@ def _dequant_reference(model, x):
     return x.astype(np.float64) @ w.T
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+# the matrix kernel's paths a test runs: the CPU's own, and each narrower one. "avx512" (VNNI without AMX, what a Zen 4
+# or 5 takes) runs where it is not the CPU's own path, on an AMX CPU: there "this-cpu" takes AMX from 4 rows, and
+# the VNNI path's wider passes had only one bitwise comparison with AVX2's (session 91)
+Q4_PATHS = ["this-cpu", "avx512", "avx2", "portable"]
+
+
+def _take_path(isa, monkeypatch):
+    """EDGESPEC_Q4_ISA set to ``isa`` (left unset for "this-cpu"); "avx512" skipped where the CPU's own path is it
+    (no AMX, or no permission for its tiles: "this-cpu" ran it) or where the CPU has no AVX-512 VNNI."""
+    if isa == "this-cpu":
+        return
+    if isa == "avx512" and _isa_of_cpu() != "avx512-vnni+amx":
+        pytest.skip(f"the AVX-512 VNNI path alone: this CPU's own path is {_isa_of_cpu()}, which 'this-cpu' ran")
+    monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+
+
+@pytest.mark.parametrize("isa", Q4_PATHS)
 @pytest.mark.parametrize("K,N,block,zp", [(256, 48, 128, True), (96, 37, 32, True), (128, 70, 64, False),
                                           (1536, 300, 128, True), (256, 37, 32, "float"), (1536, 300, 32, "float"),
                                           (1536, 300, 128, "float"), (256, 37, 64, "float")])  # (HQQ's blocks)
@@ -99,8 +115,7 @@ def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, bl
     """Against the float64 reference and MatMulNBits, and each row the same bits at widths 1 to 17 (the
     AVX2 path takes rows in passes of up to 8, the AVX-512 one of up to 8, AMX in chunks of 16) and
     wherever it sits in the call; on the path this CPU takes and on the AVX2 one."""
-    if isa != "this-cpu":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    _take_path(isa, monkeypatch)
     x = np.random.default_rng(1).normal(size=(17, K)).astype(np.float32)
     ours = _session(_graph(K, N, block, "MatMulQ4", zp))
     ref_model = _graph(K, N, block, "MatMulNBits", zp)
@@ -118,14 +133,13 @@ def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, bl
         assert np.array_equal(ours.run(None, {"A": x[start:start + 9]})[0], y[start:start + 9])
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+@pytest.mark.parametrize("isa", Q4_PATHS)
 def test_a_block_too_small_to_scale_counts_as_zeros(isa, monkeypatch):
     """(session 54; a review in session 53) A block whose largest magnitude is below ~3.7e-37 has no finite 127 /
     amax: its values were multiplied by inf and quantized to -127 (a 0 to NaN, then -127), so a row of such values
     came out as the weights' sum with the sign flipped. Such a block quantizes to zeros now, on every path: the
     row gives the bits of the same row with that block zeroed."""
-    if isa != "this-cpu":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    _take_path(isa, monkeypatch)
     x = np.random.default_rng(4).normal(size=(4, 96)).astype(np.float32)
     s = _session(_graph(96, 37, 32, "MatMulQ4"))
     x[1, :] = 1e-38
@@ -139,13 +153,12 @@ def test_a_block_too_small_to_scale_counts_as_zeros(isa, monkeypatch):
     assert (y[1] == 0).all() and np.isfinite(y).all()
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+@pytest.mark.parametrize("isa", Q4_PATHS)
 def test_a_nan_in_a_row_makes_that_row_nan(isa, monkeypatch):
     """(session 48, a review) The int8 quantization's block maximum skipped a NaN: a row of NaN (an overflow, then
     RMSNorm) came out as zeros, and decoding went on past the logits' NaN check. A block holding a NaN makes its row
     NaN now, on every path, and the other rows keep their bits."""
-    if isa != "this-cpu":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    _take_path(isa, monkeypatch)
     x = np.random.default_rng(3).normal(size=(5, 96)).astype(np.float32)
     s = _session(_graph(96, 37, 32, "MatMulQ4"))
     clean = s.run(None, {"A": x})[0]
@@ -1544,7 +1557,7 @@ def test_the_library_names_the_path_it_takes(monkeypatch):
     assert native.isa() == "portable" and not native.cheap_rows("portable")
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+@pytest.mark.parametrize("isa", Q4_PATHS)
 def test_kernel_int16_partial_sums_do_not_saturate(isa, monkeypatch):
     """The AVX2 path sums u8 x s8 products in int16 over four 8-byte groups before widening: with
     every weight 15, zero point 0 and every activation at +-127 (the largest partial sums there are),
@@ -1553,8 +1566,7 @@ def test_kernel_int16_partial_sums_do_not_saturate(isa, monkeypatch):
     this ran on the path of the CPU only, and on the AVX-512 Xeon the AVX2 path's batches were never checked)."""
     from onnx import numpy_helper
 
-    if isa != "this-cpu":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    _take_path(isa, monkeypatch)
     K, N, block = 256, 32, 128
     model = _graph(K, N, block, "MatMulQ4", zero_points=True)
     inits = {i.name: i for i in model.graph.initializer}
@@ -1574,13 +1586,12 @@ def test_kernel_int16_partial_sums_do_not_saturate(isa, monkeypatch):
         np.testing.assert_allclose(y[2], 0.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("isa", ["this-cpu", "avx2", "portable"])
+@pytest.mark.parametrize("isa", Q4_PATHS)
 def test_kernel_block_of_five_groups_matches_the_reference(isa, monkeypatch):
     """A block of 40 (five 8-byte groups: one batch of four and a batch of one on the AVX2 path), on each path
     (session 90: on the AVX-512 Xeon it ran the VNNI and AMX paths only, and AVX2's last batch left out of a
     block's dots passed)."""
-    if isa != "this-cpu":
-        monkeypatch.setenv("EDGESPEC_Q4_ISA", isa)
+    _take_path(isa, monkeypatch)
     K, N, block = 120, 21, 40
     model = _graph(K, N, block, "MatMulQ4", zero_points=True, seed=3)
     x = np.random.default_rng(4).normal(size=(5, K)).astype(np.float32)
