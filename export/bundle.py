@@ -1011,7 +1011,6 @@ def _export_bundle(target: str, out: str | os.PathLike, *, drafter: str | None =
         Manifest.from_dict(manifest.to_dict(), stage)
         for junk in stage.glob("_*"):
             shutil.rmtree(junk, ignore_errors=True)
-        raise_if_terminated()
         write_manifest(manifest)
         if exact_kernels:  # in place on the stage (its own stage beside it), then published as any export
             from edgespec.manifest import load_manifest

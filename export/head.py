@@ -541,8 +541,7 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
     a copy in a stage directory beside the result, ``build(stage)`` changes it and returns its
     manifest, which is checked to read back, written, and the stage renamed into place."""
     from .output import (check_not_mount, check_output, missing_parents, prepare_stage, publish, raise_if_full,
-                         raise_if_terminated, remove_parents, remove_replaced, remove_tree, rewrites_in_place,
-                         terminate_cleanly)
+                         remove_parents, remove_replaced, remove_tree, rewrites_in_place, terminate_cleanly)
 
     in_place = rewrites_in_place(src, out)  # (-o naming the bundle itself: its in-place rewrite, as without -o; it
     # was refused twice, the first refusal advising the --force the second refused)
@@ -565,7 +564,6 @@ def staged_rewrite(src: Path, out: str | os.PathLike | None, force: bool, build)
             if not in_place:
                 m = replace(m, name=dest.name)
             Manifest.from_dict(m.to_dict(), stage)  # what is written reads back
-            raise_if_terminated()
             write_manifest(m)
             _keep_modes(src.resolve(), stage)
             replaced = publish(stage, dest, force, None if in_place else [str(src)])

@@ -362,7 +362,7 @@ def raise_if_terminated() -> None:
     ``__del__``, a weakref callback, the garbage collector's) has its exception printed as "Exception ignored in"
     and dropped, and the export went on to its end and published the bundle (a probable cause of CI's failure on
     session 90's submission: a test's export went on into its 60-s manifest write after its SIGTERM). Called at
-    each step, at each line of its log, before the manifest and before the publish."""
+    an export's every step and line of its log, and before any publish (an export's or a staged rewrite's)."""
     if terminated and _guarded:
         raise Terminated(128 + signal.SIGTERM)
 

@@ -759,7 +759,7 @@ class _DropsASigterm:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the dropped exception)
 def test_a_sigterm_dropped_by_a_finalizer_still_ends_a_rewrite(tiny_int4_bundle, copy_bundle, tmp_path):
     """(session 91) The handler's Terminated, raised inside a finalizer, was dropped: the rewrite went on and
-    published. The flag it set is read again before the manifest is written and before the publish."""
+    published. The flag it set is read again before the publish."""
     import signal
 
     from edgespec.manifest import load_manifest

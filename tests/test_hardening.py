@@ -258,6 +258,28 @@ def test_a_sigterm_dropped_by_a_finalizer_still_ends_the_export(tmp_path, tiny_d
     assert not list(tmp_path.glob(".b.*")) and not out.exists()
 
 
+def test_an_exports_log_line_after_a_dropped_sigterm_ends_it(monkeypatch):
+    """(session 91) Between two steps (a build of minutes), the flag is read at each line of the export's log; outside
+    an export's SIGTERM guard (after its publish: it is done) the flag stops nothing."""
+    from edgespec_export import output as O
+    from edgespec_export.bundle import Progress
+
+    out = io.StringIO()
+    p = Progress(3, out)
+    monkeypatch.setattr(O, "terminated", False)
+    with O.terminate_cleanly():
+        p.log("a line")
+        O.terminated = True  # (as the handler leaves it when a finalizer dropped its exception)
+        with pytest.raises(O.Terminated) as e:
+            p.log("    builder: Reading layer 3")
+        assert e.value.code == 143
+        with pytest.raises(O.Terminated):
+            p.step("the next step")
+    O.terminated = True  # (the guard's end does not clear it: the CLI reads it afterwards)
+    p.log("bundle written: b")
+    assert out.getvalue().splitlines() == ["a line", "bundle written: b"]
+
+
 # -- 2. special tokens typed by a user ----------------------------------------------------------
 def test_chat_content_is_text_not_control_tokens(tiny_bundle):
     eng = edgespec.load(tiny_bundle)
