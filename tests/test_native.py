@@ -114,7 +114,7 @@ def _take_path(isa, monkeypatch):
 def test_kernel_matches_matmulnbits_and_rows_do_not_depend_on_the_width(K, N, block, zp, isa, monkeypatch):
     """Against the float64 reference and MatMulNBits, and each row the same bits at widths 1 to 17 (the
     AVX2 path takes rows in passes of up to 8, the AVX-512 one of up to 8, AMX in chunks of 16) and
-    wherever it sits in the call; on the path this CPU takes and on the AVX2 one."""
+    wherever it sits in the call; on the path this CPU takes and on each narrower one (Q4_PATHS)."""
     _take_path(isa, monkeypatch)
     x = np.random.default_rng(1).normal(size=(17, K)).astype(np.float32)
     ours = _session(_graph(K, N, block, "MatMulQ4", zp))
