@@ -102,8 +102,10 @@ class ChatRepl:
 
     def __init__(self, engine, *, system: str | None = None, options: dict | None = None,
                  show_stats: bool = False, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 stderr: TextIO | None = None, line_limit: int = LINE_LIMIT, template_kwargs: dict | None = None):
+                 stderr: TextIO | None = None, line_limit: int = LINE_LIMIT, template_kwargs: dict | None = None,
+                 between: Callable[[], None] | None = None):
         self.engine = engine
+        self.between = between or (lambda: None)  # called at each token of a reply and before each line is read
         self.line_limit = line_limit
         self._skipping = False  # piped: the rest of a line too long is still to be skipped
         self.options = self._checked({k: v for k, v in (options or {}).items() if v is not None})
@@ -236,6 +238,7 @@ class ChatRepl:
             self._note(f"edgespec chat: {name}, {self.engine.max_context} tokens of context. "
                        f"/help lists commands; Ctrl-D leaves.")
         while True:
+            self.between()
             try:
                 line = self._read()
             except KeyboardInterrupt:  # Ctrl-C while piped input is read: leave quietly
@@ -291,6 +294,7 @@ class ChatRepl:
                     self._notice_dropped(dropped)  # before the reply, where it is read
                 parts.append(delta)
                 self._out(delta)
+                self.between()
         except KeyboardInterrupt:
             stopped = True
         except EdgespecError as e:

@@ -27,6 +27,18 @@ class Terminated(SystemExit):
     as at the end of its input (a prompt cache file written), where the signal's default ended the process at once."""
 
 
+_HUNG_UP: list[int] = []  # the signal the running command's handler raised Terminated for (_ends_on_hangup)
+
+
+def raise_if_hung_up() -> None:
+    """``Terminated`` again where the handler's was dropped: Python runs a signal handler wherever the main thread is,
+    and inside a finalizer (a ``__del__``, a weakref callback) the exception is printed as "Exception ignored in" and
+    lost, and the command went on to its end (session 91; the export's twin is edgespec_export.output's). Read at
+    each token of a reply in ``generate`` and ``chat`` and before chat's next line."""
+    if _HUNG_UP:
+        raise Terminated(128 + _HUNG_UP[0])
+
+
 def _ends_on_hangup(fn):
     """``fn`` (a command) with SIGTERM and SIGHUP raising ``Terminated`` (exit 128 + the signal) while it runs."""
     import functools
@@ -40,17 +52,20 @@ def _ends_on_hangup(fn):
             return fn(*args, **kw)
 
         def handler(signum, frame):
+            _HUNG_UP[:] = [signum]
             raise Terminated(128 + signum)
 
         old = {}
         for sig in sigs:
             if signal.getsignal(sig) == signal.SIG_DFL:  # (one set already, nohup's SIG_IGN: left as it is)
                 old[sig] = signal.signal(sig, handler)
+        _HUNG_UP.clear()  # (this command's: an earlier one's in this process is not)
         try:
             return fn(*args, **kw)
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
+            _HUNG_UP.clear()
 
     return run
 
@@ -603,6 +618,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
         for delta in eng.stream(src, stop=stop, **kw):
             click.echo(terminal_safe(delta) if tty else delta, nl=False)
             wrote = wrote or bool(delta)
+            raise_if_hung_up()
     except BaseException:  # Ctrl-C, SIGTERM, an error mid-reply: the partial reply's line ends before "error: ..."
         if wrote:
             try:
@@ -776,7 +792,7 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, min_p, 
         sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 is refused, not fatal
     try:
         code = run_chat(eng, system=system, options=options, show_stats=show_stats, line_limit=STDIN_LIMIT,
-                        template_kwargs=template_kwargs)
+                        template_kwargs=template_kwargs, between=raise_if_hung_up)
     finally:
         eng.close()  # (a prompt cache file written now, its warnings as every other)
     ctx.exit(code)

@@ -280,6 +280,67 @@ def test_an_exports_log_line_after_a_dropped_sigterm_ends_it(monkeypatch):
     assert out.getvalue().splitlines() == ["a line", "bundle written: b"]
 
 
+DROPPED_HANGUP = """
+import os, signal, sys
+from edgespec.api import Engine
+ids = Engine.stream_ids
+
+class Drops:  # a SIGTERM while a finalizer runs: Python drops the exception its handler raises there
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):
+            pass
+
+drawn = []  # the deltas each reply's consumer drew
+
+def stream_ids(self, *a, **k):
+    after = os.environ.get("DROP_AFTER_THE_REPLY") == "1"
+    drawn.append(0)
+    for i, d in enumerate(ids(self, *a, **k)):
+        if i == 0 and not after:
+            Drops()
+        drawn[-1] += 1
+        yield d
+    if after:
+        Drops()
+
+import atexit
+atexit.register(lambda: print(f"drawn {drawn}", file=sys.stderr))
+
+Engine.stream_ids = stream_ids
+from edgespec.cli import main
+sys.argv[0] = "edgespec"
+main()
+"""
+
+
+@pytest.mark.parametrize("command,after", [("generate", False), ("chat", False), ("chat", True)])
+def test_a_sigterm_dropped_by_a_finalizer_still_ends_generate_and_chat(tiny_bundle, command, after):
+    """(session 91) The engine commands' handler raises Terminated too, and a finalizer dropped it: the reply went
+    on to its end, and chat read and answered its next line, exit 0. The flag is read at each token of a reply and
+    before chat's next line (``after``: dropped after a reply's last token)."""
+    args = (["generate", str(tiny_bundle), "-p", "hi"] if command == "generate" else ["chat", str(tiny_bundle)])
+    # (stdin left open after the first line: a chat that missed the signal waits for the next one for ever)
+    proc = subprocess.Popen([sys.executable, "-c", DROPPED_HANGUP, *args, "--max-new-tokens", "40"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, DROP_AFTER_THE_REPLY=str(int(after))))
+    proc.stdin.write("hello\n")
+    proc.stdin.flush()
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{command} went on 120 s after its SIGTERM; it said: {proc.communicate()[1][-2000:]}")
+    finally:
+        proc.stdin.close()
+    err = proc.stderr.read()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-2000:])
+    assert "Exception ignored" in err  # (the finalizer did drop it)
+    *said, drawn = err.strip().splitlines()
+    assert said[-1] == "error: terminated"
+    # one reply; dropped at its first token, it stopped there (a whole reply of 40 tokens has several deltas)
+    assert (drawn == "drawn [1]") if not after else re.fullmatch(r"drawn \[\d+\]", drawn), drawn
+
 # -- 2. special tokens typed by a user ----------------------------------------------------------
 def test_chat_content_is_text_not_control_tokens(tiny_bundle):
     eng = edgespec.load(tiny_bundle)
