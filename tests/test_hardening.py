@@ -220,26 +220,31 @@ def test_sigterm_during_export_leaves_nothing(tmp_path, tiny_dirs):
     assert not list(tmp_path.glob(".b.*")) and not out.exists()
 
 
-DROPPED_SIGTERM = """
+# a script that runs the CLI (its arguments) with a SIGTERM dropped by a finalizer where ``Drops()`` is made
+DROPS = """
 import os, signal, sys
-import edgespec_export.bundle as b
-read = b.load_tokenizer
 
 class Drops:  # a SIGTERM while a finalizer runs: Python drops the exception its handler raises there
     def __del__(self):
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(10_000):
             pass
+"""
+RUN_CLI = """
+from edgespec.cli import main
+sys.argv[0] = "edgespec"
+main()
+"""
+DROPPED_SIGTERM = DROPS + """
+import edgespec_export.bundle as b
+read = b.load_tokenizer
 
 def load_tokenizer(src):
     Drops()
     return read(src)
 
 b.load_tokenizer = load_tokenizer
-from edgespec.cli import main
-sys.argv[0] = "edgespec"
-main()
-"""
+""" + RUN_CLI
 
 
 def test_a_sigterm_dropped_by_a_finalizer_still_ends_the_export(tmp_path, tiny_dirs):
@@ -280,16 +285,9 @@ def test_an_exports_log_line_after_a_dropped_sigterm_ends_it(monkeypatch):
     assert out.getvalue().splitlines() == ["a line", "bundle written: b"]
 
 
-DROPPED_HANGUP = """
-import os, signal, sys
+DROPPED_HANGUP = DROPS + """
 from edgespec.api import Engine
 ids = Engine.stream_ids
-
-class Drops:  # a SIGTERM while a finalizer runs: Python drops the exception its handler raises there
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(10_000):
-            pass
 
 drawn = []  # the deltas each reply's consumer drew
 
@@ -308,10 +306,7 @@ import atexit
 atexit.register(lambda: print(f"drawn {drawn}", file=sys.stderr))
 
 Engine.stream_ids = stream_ids
-from edgespec.cli import main
-sys.argv[0] = "edgespec"
-main()
-"""
+""" + RUN_CLI
 
 
 @pytest.mark.parametrize("command,after", [("generate", False), ("chat", False), ("chat", True)])
