@@ -312,7 +312,7 @@ Engine.stream_ids = stream_ids
 @pytest.mark.parametrize("command,after", [("generate", False), ("chat", False), ("chat", True)])
 def test_a_sigterm_dropped_by_a_finalizer_still_ends_generate_and_chat(tiny_bundle, command, after):
     """(session 91) The engine commands' handler raises Terminated too, and a finalizer dropped it: the reply went
-    on to its end, and chat read and answered its next line, exit 0. The flag is read at each token of a reply and
+    on to its end, and a chat then waited on its input for good. The flag is read at each token of a reply and
     before chat's next line (``after``: dropped after a reply's last token)."""
     args = (["generate", str(tiny_bundle), "-p", "hi"] if command == "generate" else ["chat", str(tiny_bundle)])
     # (stdin left open after the first line: a chat that missed the signal waits for the next one for ever)
@@ -335,6 +335,7 @@ def test_a_sigterm_dropped_by_a_finalizer_still_ends_generate_and_chat(tiny_bund
     assert said[-1] == "error: terminated"
     # one reply; dropped at its first token, it stopped there (a whole reply of 40 tokens has several deltas)
     assert (drawn == "drawn [1]") if not after else re.fullmatch(r"drawn \[\d+\]", drawn), drawn
+
 
 # -- 2. special tokens typed by a user ----------------------------------------------------------
 def test_chat_content_is_text_not_control_tokens(tiny_bundle):
