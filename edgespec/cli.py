@@ -59,13 +59,13 @@ def _ends_on_hangup(fn):
         for sig in sigs:
             if signal.getsignal(sig) == signal.SIG_DFL:  # (one set already, nohup's SIG_IGN: left as it is)
                 old[sig] = signal.signal(sig, handler)
-        _HUNG_UP.clear()  # (this command's: an earlier one's in this process is not)
         try:
             return fn(*args, **kw)
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
-            _HUNG_UP.clear()
+            if old:  # (what this command's handler set: the next command's starts clear)
+                _HUNG_UP.clear()
 
     return run
 
