@@ -388,13 +388,15 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
               top_k: int = 0, repetition_penalty: float = 1.0, draft_tokens: int | None = None,
               external: dict[str, External] | None = None,
               in_process: Sequence[str] = (), log=lambda s: print(s, file=sys.stderr, flush=True),
-              seed: int | None = None) -> Report:
+              seed: int | None = None, between: Callable[[], None] | None = None) -> Report:
     """Every runner on every prompt (turn by turn), one engine, each runner from its own state. ``in_process``: the
     external runners that load their models into this process (the report's peak memory is then not edgespec's
     alone). Ctrl-C or an error mid-run (a prompt's, an external runner's) propagates with the runs done so far as the
     exception's ``report`` (``Report.stopped`` says why). Every sampling option is passed, whatever the model
     recommends (``Engine.sampling_defaults``): a run's "greedy" is plain greedy decoding, as the anchors' are.
-    ``seed``: every sampled generation seeded so (reproducible: the round policy prices rounds at its priors)."""
+    ``seed``: every sampled generation seeded so (reproducible: the round policy prices rounds at its priors).
+    ``between()``: called after each of edgespec's runs, warm-ups too (the CLI's check for a signal whose exception a finalizer
+    dropped); what it raises stops the bench as Ctrl-C does."""
     sampling = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "top_k": top_k,
                 "repetition_penalty": repetition_penalty}
     if seed is not None:
@@ -458,9 +460,11 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
             engine.reset()
             list(engine.stream_ids(tok.encode("Hello, world. Hello, world."), max_new_tokens=8, drafter=name,
                                    draft_tokens=k, max_draft_tokens=bound, **sampling))
+            if between is not None:
+                between()
         with mem:
             _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log,
-                           max_new_tokens=max_new_tokens, sampling=sampling)
+                           max_new_tokens=max_new_tokens, sampling=sampling, between=between)
     except BaseException as e:  # Ctrl-C, an error of a prompt's, an external runner's crash
         rep.stopped = ("interrupted" if isinstance(e, KeyboardInterrupt) else
                        "terminated" if type(e).__name__ == "Terminated" else  # (the CLI's SIGTERM or SIGHUP)
@@ -479,7 +483,7 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
 
 
 def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, log, *, max_new_tokens,
-                   sampling) -> None:
+                   sampling, between=None) -> None:
     """run_bench's runs, appended to ``rep.runs`` as they finish."""
     tok = engine.tokenizer
     has_template = bool(engine.manifest.chat_template)
@@ -518,6 +522,8 @@ def _bench_prompts(engine, prompts, order, parsed, external, rep, states, sfx, l
                 log(f"  [{qi + 1}/{len(prompts)}] {q['question_id']} turn {ti + 1} {d:13s} "
                     f"{st.tokens_per_second:6.1f} tok/s  acc {st.acceptance_rate:.2f}"
                     + ("" if exact in (None, True) else "  MISMATCH vs autoregressive"))
+                if between is not None:
+                    between()
             outputs = {"none": ref}
             for name, fn in external.items():
                 x = fn(list(ids), max_new_tokens)

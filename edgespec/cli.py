@@ -34,7 +34,8 @@ def raise_if_hung_up() -> None:
     """``Terminated`` again where the handler's was dropped: Python runs a signal handler wherever the main thread is,
     and inside a finalizer (a ``__del__``, a weakref callback) the exception is printed as "Exception ignored in" and
     lost, and the command went on to its end (session 91; the export's twin is edgespec_export.output's). Read at
-    each token of a reply in ``generate`` and ``chat`` and before chat's next line."""
+    each token of a reply in ``generate`` and ``chat`` and before chat's next line, at each window of
+    ``perplexity``, before the prefill and at each token of ``plan --measure`` and after each run of ``bench`` (session 92)."""
     if _HUNG_UP:
         raise Terminated(128 + _HUNG_UP[0])
 
@@ -730,6 +731,7 @@ def perplexity_cmd(bundle, files, window, max_windows, max_context, threads, pro
     live = _isatty(sys.stderr)  # (a log gets a line a window's tenth, not one line of \r-joined figures)
 
     def progress(done, total, ppl):
+        raise_if_hung_up()  # (a window a second or more: a long text's run of minutes ends at the next one)
         if as_json:
             return
         if live:
@@ -1054,8 +1056,10 @@ def plan_cmd(bundle, profile, max_context, provider, no_drafter, measure, measur
                                  if measure_tokens > n else "") if measure_tokens
                 else f"the context ({p.context} tokens: {room} prefilled, {decoded} decoded)")
         click.echo(f"measuring: loading, prefilling {what}, decoding {decoded} ...", err=True)
-        _, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,
-                                    max_context=max_context, use_drafter=not no_drafter, **placement_options())
+        measured, samples = measure_engine(bundle, prompt_tokens=measure_tokens, profile=prof, provider=provider,
+                                           max_context=max_context, use_drafter=not no_drafter,
+                                           between=raise_if_hung_up, **placement_options())
+        measured.close()  # (its figures are taken; it was left to the process's exit)
     if as_json:
         out = {"bundle": str(m.root), "profile": prof.name, "plan": p.to_dict()}
         if samples is not None:
@@ -1340,7 +1344,8 @@ def bench(bundle, prompts_file, drafters, categories, limit, per_category, max_n
     click.echo(f"bench: {len(prompts)} prompts x {len(set(names) | {'none'})} drafters, "
                f"{max_new_tokens} new tokens each", err=True)
     try:
-        rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens)
+        rep = run_bench(eng, prompts, names, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+                        between=raise_if_hung_up)
     except BaseException as e:  # Ctrl-C, SIGTERM or an error mid-run: the runs done are written (the report says it
         write_partial_report(getattr(e, "report", None), out_dir)  # stopped), and a folder it made for none removed
         for folder in made:  # (deepest first; only if empty)

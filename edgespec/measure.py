@@ -119,12 +119,14 @@ def prompt_length(context: int, prompt_tokens: int | None = None, new_tokens: in
     return max(1, min(prompt_tokens, room) if prompt_tokens else room)
 
 
-def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, **load_kw):
+def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, between=None, **load_kw):
     """Load ``bundle`` with ``edgespec.load(**load_kw)``, prefill a prompt of ``prompt_tokens``
     tokens (default: enough to fill the context with the decoded tokens, the case the plan budgets
     for: KV pages become resident only when written) and decode ``new_tokens`` greedily
     (end-of-sequence ignored, so all of them are decoded; with the model drafter, when loaded, so
     that it reads the whole context too), sampling memory after each stage.
+    ``between()``: called before the prefill and after each decoded token (the CLI's check for a signal whose
+    exception a finalizer dropped); what it raises, as any failure here, closes the engine and propagates.
     Returns ``(engine, samples)``."""
     from .api import load
 
@@ -134,37 +136,43 @@ def measure(bundle, *, prompt_tokens: int | None = None, new_tokens: int = 32, *
     load_kw.setdefault("prompt_cache_mb", 0)
     load_kw.setdefault("memory", False)  # (its filler prompt and reply are no output of the user's to remember)
     engine = load(bundle, **{"model_sampling": False, **load_kw})  # (greedy: what a plan measures, not the model's)
-    gpu = engine.providers.device == "cuda"
-    samples.append(sample("after load", gpu))
-    n = prompt_length(engine.max_context, prompt_tokens, new_tokens)
-    reps = 1
-    ids = engine.encode(_FILLER)
-    while len(ids) < n and reps < 1024:  # grow the text until it is long enough
-        reps *= 2
-        ids = engine.encode(_FILLER * reps)
-    ids = ids[:n]
-    engine.decoder.prefill(ids)
-    samples.append(sample(f"after prefill ({len(ids)} tokens)", gpu))
-    decoded = 0
-    # the drafter at full context too, as the plan budgets it: a model drafter reads the context at
-    # its first draft, and in a few tokens `auto` may never start it (its KV pages never written);
-    # it reads the whole context here, not its read window (a long chat can fill its cache as much)
-    model = engine.decoder.drafters.get("model")
-    drafting = {"drafter": "model", "draft_tokens": 2} if model is not None else {}
-    window = getattr(model, "read_window", None)
-    if model is not None:
-        model.read_window = None
     try:
-        for _, toks, _, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
-                                            **drafting):
-            decoded += len(toks)
-    finally:
+        gpu = engine.providers.device == "cuda"
+        samples.append(sample("after load", gpu))
+        n = prompt_length(engine.max_context, prompt_tokens, new_tokens)
+        reps = 1
+        ids = engine.encode(_FILLER)
+        while len(ids) < n and reps < 1024:  # grow the text until it is long enough
+            reps *= 2
+            ids = engine.encode(_FILLER * reps)
+        ids = ids[:n]
+        if between is not None:
+            between()
+        engine.decoder.prefill(ids)  # (a full context's, minutes on a CPU: what its load dropped ends before it)
+        samples.append(sample(f"after prefill ({len(ids)} tokens)", gpu))
+        decoded = 0
+        # the drafter at full context too, as the plan budgets it: a model drafter reads the context at
+        # its first draft, and in a few tokens `auto` may never start it (its KV pages never written);
+        # it reads the whole context here, not its read window (a long chat can fill its cache as much)
+        model = engine.decoder.drafters.get("model")
+        drafting = {"drafter": "model", "draft_tokens": 2} if model is not None else {}
+        window = getattr(model, "read_window", None)
         if model is not None:
-            model.read_window = window
-    samples.append(sample(f"after decoding {decoded} tokens", gpu))
+            model.read_window = None
+        try:
+            for _, toks, _, _ in engine.stream_ids(ids, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                                                **drafting):
+                decoded += len(toks)
+                if between is not None:
+                    between()
+        finally:
+            if model is not None:
+                model.read_window = window
+        samples.append(sample(f"after decoding {decoded} tokens", gpu))
+    except BaseException:
+        engine.close()
+        raise
     return engine, samples
-
-
 
 
 def _footprint_here(root: str, role: str) -> int:

@@ -295,7 +295,7 @@ def stream_ids(self, *a, **k):
     after = os.environ.get("DROP_AFTER_THE_REPLY") == "1"
     drawn.append(0)
     for i, d in enumerate(ids(self, *a, **k)):
-        if i == 0 and not after:
+        if i == 0 and not after and len(drawn) == int(os.environ.get("DROP_IN_STREAM", "1")):
             Drops()
         drawn[-1] += 1
         yield d
@@ -306,6 +306,27 @@ import atexit
 atexit.register(lambda: print(f"drawn {drawn}", file=sys.stderr))
 
 Engine.stream_ids = stream_ids
+
+from edgespec.decoder import Decoder
+score = Decoder.score
+
+def scored(self, *a, **k):  # (perplexity's windows: the first drops it)
+    drawn.append(1)
+    if len(drawn) == 1:
+        Drops()
+    return score(self, *a, **k)
+
+Decoder.score = scored
+
+if os.environ.get("DROP_IN_LOAD") == "1":
+    import edgespec.api
+    load = edgespec.api.load
+
+    def loaded(*a, **k):
+        Drops()
+        return load(*a, **k)
+
+    edgespec.api.load = loaded
 """ + RUN_CLI
 
 
@@ -335,6 +356,37 @@ def test_a_sigterm_dropped_by_a_finalizer_still_ends_generate_and_chat(tiny_bund
     assert said[-1] == "error: terminated"
     # one reply; dropped at its first token, it stopped there (a whole reply of 40 tokens has several deltas)
     assert (drawn == "drawn [1]") if not after else re.fullmatch(r"drawn \[\d+\]", drawn), drawn
+
+
+@pytest.mark.parametrize("command", ["perplexity", "plan --measure", "plan --measure, in its load", "bench"])
+def test_a_sigterm_dropped_by_a_finalizer_still_ends_perplexity_plan_and_bench(tiny_bundle, tmp_path, command):
+    """(session 92) The commands that hold an engine for minutes went on to their end too, then printed their
+    figures and exited 0: ``perplexity`` (its windows), ``plan --measure`` (its prefill of a whole context, its
+    decode) and ``bench`` (its runs) read the flag at each window, before the prefill and at each token, and after
+    each run. Dropped at the first window, the first decoded token (or in the load: nothing decoded), the first
+    measured run (after a warm-up run of each runner)."""
+    text = tmp_path / "t.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    args = {"perplexity": ["perplexity", str(tiny_bundle), str(text), "--window", "16"],
+            "plan --measure": ["plan", str(tiny_bundle), "--measure"],
+            "plan --measure, in its load": ["plan", str(tiny_bundle), "--measure"],
+            "bench": ["bench", str(tiny_bundle), "--limit", "2", "--max-new-tokens", "8", "--drafters", "suffix",
+                      "--no-plots", "--out", str(tmp_path / "o")]}[command]
+    r = subprocess.run([sys.executable, "-c", DROPPED_HANGUP, *args], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
+                       env=dict(os.environ, DROP_IN_LOAD=str(int(command.endswith("load"))),
+                                DROP_IN_STREAM="3" if command == "bench" else "1"))
+    assert r.returncode == 128 + signal.SIGTERM, (r.returncode, r.stderr[-2000:])
+    assert "Exception ignored" in r.stderr  # (the finalizer did drop it)
+    *said, drawn = r.stderr.strip().splitlines()
+    assert said[-1] == "error: terminated", said[-3:]
+    # one window scored, one token decoded (none), two warm-up runs and the measured run's first token (a bench
+    # drains each stream: its first measured run ends, is logged, then the bench stops); nothing printed
+    assert drawn == {"bench": drawn, "plan --measure, in its load": "drawn []"}.get(command, "drawn [1]"), drawn
+    assert command != "bench" or re.fullmatch(r"drawn \[\d+, \d+, \d+\]", drawn), drawn
+    if command == "bench":  # (the run done is written, the report saying it stopped)
+        assert "[1/2] " in r.stderr and "[2/2]" not in r.stderr and "terminated" in (tmp_path / "o" / "report.md").read_text()
+    assert not r.stdout.strip(), r.stdout[-500:]
 
 
 # -- 2. special tokens typed by a user ----------------------------------------------------------
