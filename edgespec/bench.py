@@ -568,6 +568,20 @@ def check_report_files(out_dir: str | os.PathLike) -> None:
     if foreign is not None:
         raise ConfigError(f"{foreign} is not a report of edgespec bench; it is not replaced: give another --out "
                           "folder")
+    # nor a plot's name in a folder with no report of a bench's (session 92, a review: a user's memory.png there was
+    # overwritten by the plot, or deleted as a stale plot with --no-plots)
+    plots = _foreign_plots(Path(out_dir))
+    if plots:
+        raise ConfigError(f"{Path(out_dir) / plots[0]} is no plot of edgespec bench (no report of one beside it); it "
+                          "is not replaced: give another --out folder")
+
+
+def _foreign_plots(out: Path) -> list[str]:
+    """The plot names of ``REPORT_FILES`` in ``out`` that no bench wrote: all there are where ``out`` holds no report
+    of a bench's (``report.json`` or an interrupted run's ``report.partial.json``), else none."""
+    if _bench_report(out / "report.json") is not None or _bench_report(out / "report.partial.json") is not None:
+        return []
+    return [n for n in REPORT_FILES if n.endswith(".png") and os.path.lexists(out / n)]
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -634,15 +648,19 @@ def write_partial_report(rep: Report | None, out_dir: str | os.PathLike) -> None
 def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, stem: str = "report") -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    theirs = set(_foreign_plots(out)) if stem == "report" else set()  # (before this report is beside them)
     files = [out / f"{stem}.json", out / f"{stem}.md"]
     _write_whole(files[0], json.dumps(rep.to_json(), indent=1))
     _write_whole(files[1], rep.markdown())
     if plots:
-        files += _plots(rep, out)
+        files += _plots(rep, out, skip=theirs)
+    if theirs:  # (the command line refused such a folder before the bench: check_report_files)
+        print(f"note: {', '.join(sorted(theirs))} in {out} are no plots of edgespec bench: left as they are"
+              + (", not plotted" if plots else ""), file=sys.stderr)
     if stem == "report":  # (an earlier run's plots beside this report were another run's: another bundle, other
         made = {f.name for f in files}  # drafters; session 56, a review)
         for name in REPORT_FILES:
-            if name.endswith(".png") and name not in made:
+            if name.endswith(".png") and name not in made and name not in theirs:
                 (out / name).unlink(missing_ok=True)
         if not rep.stopped and _bench_report(out / "report.partial.json") is not None:  # (an earlier interrupted
             # run's, beside a whole report now: stale; session 64, a review; a stopped run's keeps another's)
@@ -651,7 +669,8 @@ def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, st
     return files
 
 
-def _plots(rep: Report, out: Path) -> list[Path]:
+def _plots(rep: Report, out: Path, skip: set[str] = frozenset()) -> list[Path]:
+    """The report's plots written to ``out``, but for the names in ``skip`` (files there that are not a bench's)."""
     try:
         import matplotlib
 
@@ -664,6 +683,13 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     cats = [c for c in s if c != "all"]
     drafters = list(dict.fromkeys(r.drafter for r in rep.runs))
     files = []
+
+    def save(fig, path: Path) -> None:
+        if path.name in skip:
+            plt.close(fig)
+        else:
+            files.append(_save_figure(fig, path))
+
     fig, ax = plt.subplots(figsize=(9, 4))
     w = 0.8 / max(1, len(drafters))
     for i, d in enumerate(drafters):
@@ -673,7 +699,7 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_ylabel("tokens/s")
     ax.set_title("Decode speed by category and drafter")
     ax.legend()
-    files.append(_save(fig, out / "tokens_per_second.png"))
+    save(fig, out / "tokens_per_second.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for d in drafters:
@@ -693,7 +719,7 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_title("Acceptance by draft position")
     if ax.get_legend_handles_labels()[0]:  # (no runner drafted: matplotlib's warning about an empty legend, said
         ax.legend()                        # to the user, who cannot act on it)
-    files.append(_save(fig, out / "acceptance_by_position.png"))
+    save(fig, out / "acceptance_by_position.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     parts = ("draft_s", "target_s", "other_s")
@@ -705,7 +731,7 @@ def _plots(rep: Report, out: Path) -> list[Path]:
     ax.set_ylabel("seconds (all prompts)")
     ax.set_title("Time split: drafter / target / other")
     ax.legend()
-    files.append(_save(fig, out / "time_split.png"))
+    save(fig, out / "time_split.png")
 
     m = rep.memory
     if m.get("samples"):
@@ -718,11 +744,11 @@ def _plots(rep: Report, out: Path) -> list[Path]:
         ax.set_ylabel("MiB")
         ax.set_title("Memory over time")
         ax.legend()
-        files.append(_save(fig, out / "memory.png"))
+        save(fig, out / "memory.png")
     return files
 
 
-def _save(fig, path: Path) -> Path:
+def _save_figure(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()

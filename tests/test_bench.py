@@ -249,7 +249,7 @@ def test_external_runners_are_checked_against_their_reference(tiny_bundle):
     assert rows["none"] == "✓"  # (the reference, greedy: not ✗ for having no run judged)
 
 
-def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_runs(tiny_bundle, tmp_path):
+def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_runs(tiny_bundle, tmp_path, capsys):
     """(session 49, a review) With the suffix drafter's memory on (`bench --memory`), each runner's reply was recorded
     at its end and recalled by the next runner on that prompt as a perfect repeat (`auto` after `suffix` 4.09x, alone
     1.07x): now one reference reply a turn is remembered once every runner has run it. And a bench stopped by Ctrl-C
@@ -326,6 +326,27 @@ def test_bench_runners_do_not_recall_each_other_and_a_stopped_bench_keeps_its_ru
         with pytest.raises(ConfigError, match="is not a report of edgespec bench; it is not replaced"):
             check_report_files(notes)
         assert all((notes / name).read_text() == text for name, text in mine.items())
+    # (session 92, a review) nor a plot's name in a folder with no report of a bench's: a user's memory.png was
+    # deleted as a stale plot (--no-plots) or overwritten; refused before a run, and left as it is by a report
+    # written there all the same (scripts/bench_spec.py runs no check), with plots or without
+    for plots in (False, True):
+        pics = tmp_path / f"pics{plots}"
+        pics.mkdir()
+        (pics / "memory.png").write_bytes(b"my picture")
+        (pics / "time_split.png").write_bytes(b"mine too")
+        with pytest.raises(ConfigError, match=r"time_split.png is no plot of edgespec bench \(no report of one beside "
+                                              r"it\); it is not replaced"):
+            check_report_files(pics)
+        capsys.readouterr()
+        files = write_report(rep, pics, plots=plots)
+        assert (pics / "memory.png").read_bytes() == b"my picture" and (pics / "time_split.png").read_bytes() == b"mine too"
+        assert pics / "memory.png" not in files and pics / "time_split.png" not in files
+        assert "memory.png, time_split.png in " in capsys.readouterr().err
+        assert (pics / "report.json").is_file()
+        if plots:  # (the bench's other plots written beside them)
+            assert (pics / "tokens_per_second.png").is_file() and pics / "tokens_per_second.png" in files
+        # a report now beside them: they count as a bench's, a later report's to replace or take away
+        check_report_files(pics)
     rep = run_bench(eng, prompts[:1], ["suffix"], max_new_tokens=4, in_process=["genai-ar"], log=lambda s: None)
     assert "the process's: genai-ar loaded into it too" in rep.markdown()
 
