@@ -73,7 +73,7 @@ def _ends_on_hangup(fn):
 
 class _Group(click.Group):
     """Every failure of a command as one ``error:`` line on stderr and an exit code: edgespec's
-    typed errors (their codes), usage errors (2), Ctrl-C (130), SIGTERM during an export (143), and
+    typed errors (their codes), usage errors (2), Ctrl-C (130), SIGTERM or SIGHUP during an export (143, 129), and
     what the system refuses that a user can act on (a full disk, a read-only or missing directory,
     no permission, a stdout that cannot be written: 1; a closed pipe quietly). Anything else is a
     bug and keeps its traceback; ``EDGESPEC_DEBUG=1`` keeps every traceback."""
@@ -116,7 +116,7 @@ class _Group(click.Group):
             return out
         except EdgespecError as e:
             if _sigterm():  # (an export's SIGTERM that a library's code turned into an error edgespec wraps)
-                _fail(ctx, "terminated", 143)
+                _fail(ctx, "terminated", _sigterm())
             from .errors import ProfileError
 
             if isinstance(e, ProfileError) and "edgespec.profile_env" in ctx.meta:  # (a profile the user did not type)
@@ -133,14 +133,14 @@ class _Group(click.Group):
         except (KeyboardInterrupt, click.exceptions.Abort):
             _fail(ctx, "interrupted", 130)
         except SystemExit as e:
-            if type(e).__name__ != "Terminated":  # export's SIGTERM (edgespec_export.output.Terminated)
+            if type(e).__name__ != "Terminated":  # export's SIGTERM or SIGHUP (edgespec_export.output.Terminated)
                 raise
             _fail(ctx, "terminated", e.code if isinstance(e.code, int) else 143)
         except OSError as e:
             if os.environ.get("EDGESPEC_DEBUG"):
                 raise
             if _sigterm():
-                _fail(ctx, "terminated", 143)
+                _fail(ctx, "terminated", _sigterm())
             if getattr(e, "edgespec_stdout", False):
                 if e.errno == errno.EPIPE:  # `edgespec generate ... | head`: the reader has gone
                     _fail(ctx, "", 1, quiet=True)
@@ -158,7 +158,7 @@ class _Group(click.Group):
             if _sigterm():
                 # SIGTERM during an export or a rewrite, its Terminated raised inside numpy's or onnxruntime's code
                 # and come out as their error (session 64, a review: two tracebacks in ~30 timed runs)
-                _fail(ctx, "terminated", 143)
+                _fail(ctx, "terminated", _sigterm())
             if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # (Path.resolve() before
                 # Python 3.13, where a path no check names meets a link that leads back to itself)
                 _fail(ctx, f"a symbolic link leads back to itself (a loop): {str(e)[len('Symlink loop from '):]}", 1)
@@ -173,10 +173,13 @@ class _Group(click.Group):
                 sys.stdout = sys.stdout.stream
 
 
-def _sigterm() -> bool:
-    """Whether a SIGTERM came during this command's export or rewrite (``edgespec_export.output.terminated``)."""
+def _sigterm() -> int:
+    """The exit status of a SIGTERM or SIGHUP that came during this command's export or rewrite (128 + the signal,
+    ``edgespec_export.output.terminated`` and ``signum``); 0 where none did."""
     out = sys.modules.get("edgespec_export.output")
-    return out is not None and getattr(out, "terminated", False)
+    if out is None or not getattr(out, "terminated", False):
+        return 0
+    return 128 + getattr(out, "signum", 15)
 
 
 def _interrupted(e: BaseException) -> bool:

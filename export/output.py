@@ -1,4 +1,4 @@
-"""Where an export may write: what ``--force`` may replace, stale partial bundles, SIGTERM."""
+"""Where an export may write: what ``--force`` may replace, stale partial bundles, SIGTERM and SIGHUP."""
 from __future__ import annotations
 
 import os
@@ -314,11 +314,13 @@ def remove_replaced(path: Path | None) -> None:
     if threading.current_thread() is not threading.main_thread():
         remove_tree(path)
         return
-    before = signal.signal(signal.SIGTERM, lambda *a: None)
+    before = {sig: signal.signal(sig, lambda *a: None) for sig in SIGNALS
+              if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN}
     try:
         remove_tree(path)
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for sig, h in before.items():
+            signal.signal(sig, h)
 
 
 def _alive(pid: int) -> bool:
@@ -350,10 +352,16 @@ def remove_stale(parent: Path, name: str) -> list[Path]:
 
 
 class Terminated(SystemExit):
-    """SIGTERM during an export: unwinds like Ctrl-C, so the partial bundle is removed."""
+    """SIGTERM (or SIGHUP: the terminal closed) during an export: unwinds like Ctrl-C, so the partial bundle is
+    removed; exit status 128 + the signal."""
 
 
-terminated = False  # a SIGTERM came during an export (terminate_cleanly)
+# the signals an export ends on: SIGTERM, and SIGHUP where there is one (a closed terminal or ssh session: its default
+# ended the process at once and left the partial bundle, a copy of the bundle's size, until the next export to the
+# same place; session 92, a review)
+SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+terminated = False  # one of them came during an export (terminate_cleanly)
+signum = signal.SIGTERM  # ... which (the exit status is 128 + it)
 _guarded = 0  # terminate_cleanly blocks open in the main thread (raise_if_terminated acts inside one only)
 
 
@@ -364,12 +372,13 @@ def raise_if_terminated() -> None:
     session 90's submission: a test's export went on into its 60-s manifest write after its SIGTERM). Called at
     an export's every step and line of its log, and before any publish (an export's or a staged rewrite's)."""
     if terminated and _guarded:
-        raise Terminated(128 + signal.SIGTERM)
+        raise Terminated(128 + signum)
 
 
 @contextmanager
 def terminate_cleanly():
-    """SIGTERM raises ``Terminated`` (exit status 143) in the main thread while the export runs."""
+    """SIGTERM, and SIGHUP unless it is ignored (``nohup``: the export goes on, as asked), raise ``Terminated``
+    (exit status 128 + the signal) in the main thread while the export runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -377,24 +386,27 @@ def terminate_cleanly():
     global terminated
     terminated = False  # (this export's: an earlier one's in a long-lived process is not)
 
-    def handler(signum, frame):
+    def handler(sig, frame):
         from .build import RUNNING
 
-        global terminated
-        terminated = True  # (raised inside numpy's or onnxruntime's C code, the exception may come out as theirs:
-        # "TypeError: expected str, ..." from tofile, "ImportError: initialization failed"; the CLI reads this)
+        global terminated, signum
+        # (raised inside numpy's or onnxruntime's C code, the exception may come out as theirs: "TypeError: expected
+        # str, ..." from tofile, "ImportError: initialization failed"; the CLI reads this)
+        terminated, signum = True, sig
         for proc in list(RUNNING):  # the model builder, a process of its own, stops too
             proc.kill()
-        raise Terminated(128 + signal.SIGTERM)
+        raise Terminated(128 + sig)
 
     global _guarded
-    old = signal.signal(signal.SIGTERM, handler)
+    old = {sig: signal.signal(sig, handler) for sig in SIGNALS
+           if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN}
     _guarded += 1
     try:
         yield
     finally:
         _guarded -= 1
-        signal.signal(signal.SIGTERM, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def load_graph(model_path):
