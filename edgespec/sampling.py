@@ -25,7 +25,7 @@ import numpy as np
 from . import native
 from .errors import BundleError, ConfigError, shown
 
-MIN_TEMPERATURE = 1e-6  # a positive temperature below this is refused (use 0: greedy)
+MIN_TEMPERATURE = 1e-6  # a positive temperature below this is greedy decoding (1/T would overflow float32's range)
 _BLOCK = 1024  # tokens per block when sampling from a dense distribution
 _TAIL_EPS = (1e-3, 1e-7)  # top-p: the most the tokens left out may weigh together (the maximum weighs 1)
 _NATIVE_CAP = 8192  # kept tokens the native top-p returns at most (more: numpy's path)
@@ -50,8 +50,10 @@ class SamplingParams:
             finite = False
         if not (finite and self.temperature >= 0):
             raise ConfigError(f"temperature must be a finite number >= 0, got {shown(self.temperature, 40)}")
-        if 0 < self.temperature < MIN_TEMPERATURE:  # 1/T would overflow float32's range
-            raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # (1/T would overflow float32's range: refused until session 92,
+            # and evaluation tools send 1e-7 for "greedy", as OpenAI's API takes any value in 0..2 and vLLM decodes
+            # greedily below 1e-5)
+            object.__setattr__(self, "temperature", 0.0)
         if not 0 <= self.top_k < 2**31:
             raise ConfigError(f"top_k must be in 0..2**31-1 (0 is off), got {shown(self.top_k)}")
         # (top_p 0: a nucleus of no mass keeps the most likely token alone, greedy decoding: OpenAI's API and

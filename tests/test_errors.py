@@ -379,11 +379,27 @@ def test_bad_generation_options(tiny_bundle):
     (("--seed", "-1"), "seed must be in"),
     (("--temperature", "nan"), "temperature must be a finite number"),
     (("--temperature", "inf"), "temperature must be a finite number"),
-    (("--temperature", "1e-9"), "temperature must be 0 (greedy) or at least"),  # 1/T overflows float32
     (("--max-context", "-5"), "max_context must be a positive"),
 ])
 def test_bad_numbers_on_the_command_line(tiny_bundle, args, match):
     assert match in one_line_error(run("generate", tiny_bundle, "-p", "hi", *args), 2)
+
+
+def test_a_temperature_too_small_to_sample_at_is_greedy_decoding(tiny_bundle):
+    """(session 92, a review) A positive temperature below 1e-6 (1/T overflows float32) was refused; evaluation tools
+    send 1e-7 for "greedy" (OpenAI's API takes any value in 0..2, vLLM decodes greedily below 1e-5): it is greedy
+    decoding now, seeded or not, the same tokens as temperature 0."""
+    from edgespec.sampling import MIN_TEMPERATURE, SamplingParams
+
+    for t in (1e-9, 5e-7, MIN_TEMPERATURE / 2):
+        sp = SamplingParams(t, top_p=0.9)
+        assert sp.greedy and sp.temperature == 0.0
+    assert not SamplingParams(MIN_TEMPERATURE).greedy and SamplingParams(MIN_TEMPERATURE).temperature == MIN_TEMPERATURE
+    greedy = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "12", "--no-memory", "--json")
+    tiny = run("generate", tiny_bundle, "-p", "hi", "--max-new-tokens", "12", "--no-memory", "--json",
+               "--temperature", "1e-9", "--seed", "3")
+    assert greedy.exit_code == tiny.exit_code == 0, tiny.output
+    assert json.loads(tiny.stdout)["token_ids"] == json.loads(greedy.stdout)["token_ids"]
 
 
 def test_profile_path_that_is_a_directory(tiny_bundle, tmp_path):
@@ -840,7 +856,7 @@ def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd
 
 @pytest.mark.parametrize("args, words", [
     (["serve", "{b}", "--draft-tokens", "99", "--port", "0"], "draft_tokens must be"),
-    (["serve", "{b}", "--temperature", "5e-7", "--port", "0"], "temperature must be 0 (greedy) or at least"),
+    (["serve", "{b}", "--temperature", "3", "--port", "0"], "is not in the range 0<=x<=2"),
     (["serve", "{b}", "--min-p", "2", "--port", "0"], "min_p must be in"),
     (["serve", "{b}", "--repetition-penalty", "0", "--port", "0"], "repetition_penalty must be in"),
     (["generate", "{b}", "-p", "a\udcff"], "the prompt is not valid UTF-8"),
@@ -852,7 +868,8 @@ def test_a_bad_generation_option_is_refused_before_the_model_loads(tmp_path, cmd
 ])
 def test_more_bad_options_are_refused_before_the_model_loads(tiny_bundle, tmp_path, monkeypatch, args, words):
     """(session 63, a review) each of these loaded the model (3-13 s on the Qwen pair) before its error; serve's
-    --temperature 5e-7 started the server, which then refused every request that left its temperature out."""
+    --temperature 5e-7 started the server, which then refused every request that left its temperature out (since
+    session 92 such a temperature is greedy decoding)."""
     def no_load(*a, **k):
         raise AssertionError("the model was loaded")
 
