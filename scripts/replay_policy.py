@@ -156,6 +156,11 @@ def main(argv=None) -> int:
     ap.add_argument("--unseeded-policy", action="store_true",
                     help="sampled: the policy an unseeded generation runs (it learns from the frozen prices and "
                          "carries what it learns to the next generation, as in a server), the draws still seeded")
+    ap.add_argument("--traffic", action="store_true",
+                    help="scripts/bench_traffic.py's workload instead of a prompt file: repeated and paraphrased "
+                         "requests, a code-editing session, questions over a manual, in order, with its memory (each "
+                         "request's plain reply remembered) and documents; greedy, one engine")
+    ap.add_argument("--limit", type=int, default=None, help="--traffic: only the first N shipped prompts")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     from edgespec.errors import ConfigError
@@ -171,6 +176,11 @@ def main(argv=None) -> int:
         ap.error("--top-p, --top-k and --min-p are for sampled runs: give --temperature above 0")
     if not sampled and (args.seeds != 1 or args.unseeded_policy):
         ap.error("--seeds and --unseeded-policy are for sampled runs: give --temperature above 0 and --top-p above 0")
+    if args.traffic and (sampled or args.fresh or args.prompts or args.categories or args.per_category):
+        ap.error("--traffic replays its own workload, greedy, on one engine: no --prompts, --categories, "
+                 "--per-category, --fresh or sampling with it")
+    if args.limit is not None and (not args.traffic or args.limit < 1):
+        ap.error("--limit is --traffic's, at least 1")
     seeds = range(args.seeds if sampled else 1)
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p) \
         if args.temperature > 0 else dict(temperature=0.0)  # (top_p 0: greedy, the engine's to see as such)
@@ -182,20 +192,30 @@ def main(argv=None) -> int:
     bad = [d for d in drafters if d not in drafter_choices()]
     if bad:
         ap.error(f"no such drafter: {', '.join(bad)}")
+    if args.traffic:  # (plain decoding first: its reply is each request's reference, the one remembered)
+        drafters = ["none", *[d for d in drafters if d != "none"]]
     target_ms = ({int(k): float(v) for k, v in json.loads(args.target_ms).items()} if args.target_ms else TARGET_MS)
     if len(target_ms) < 2 or 1 not in target_ms:
         ap.error("--target-ms needs width 1 and at least one more")
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     try:
-        prompts = read_prompts(args.prompts, categories=cats, per_category=args.per_category)
+        prompts = [] if args.traffic else read_prompts(args.prompts, categories=cats, per_category=args.per_category)
     except edgespec.EdgespecError as e:
         ap.error(str(e))
+    load_kw = dict(memory=False)
+    if args.traffic:
+        import tempfile
+
+        import bench_traffic
+
+        tmp = tempfile.TemporaryDirectory()
+        load_kw = dict(memory=Path(tmp.name) / "store.npz", documents=[bench_traffic.MANUAL])
     tprice, dprice = target_price(target_ms), drafter_price(args.step_ms, args.read_ms)
     rows, engines = [], {}
 
     def engine(key):
         if key not in engines:
-            eng = edgespec.load(args.bundle, model_sampling=False, memory=False, prompt_cache_mb=0)
+            eng = edgespec.load(args.bundle, model_sampling=False, prompt_cache_mb=0, **load_kw)
             eng.decoder.policy.measured = eng.decoder.policy.cost = frozen_cost_model(target_ms, args.step_ms,
                                                                                       args.read_ms)
             meters = [Meter(eng.decoder.target, tprice, args.alt_ms)]
@@ -236,42 +256,62 @@ def main(argv=None) -> int:
             engines[key] = (eng, meters, rounds)
         return engines[key]
 
+    def replay(qid, category, msgs, seed):
+        """Every drafter on ``msgs``, each priced; plain decoding's reply (the first drafter's where it is ``none``,
+        greedy)."""
+        want = None
+        for d in drafters:
+            eng, meters, rounds = engine(d if args.fresh else "one")
+            ids = eng.tokenizer.encode_chat(msgs)
+            eng.reset()
+            out, st, rounds[0] = [], None, 0
+            for m in meters:
+                m.ms, m.calls, m.on = 0.0, 0, False
+            kw = dict(sampling, seed=seed) if sampled else sampling
+            for _, new, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d, **kw):
+                out.extend(new)
+            for m in meters:
+                m.on = False
+            ms = sum(m.ms for m in meters) + args.round_ms * rounds[0]
+            if want is None and not sampled:
+                want = out if d == "none" else None
+            exact = None if want is None else out == want
+            rows.append(dict(qid=qid, category=category, drafter=d, seed=seed,
+                             tokens=len(out), ms=ms, rounds_run=rounds[0], target_calls=meters[0].calls,
+                             drafter_calls=sum(m.calls for m in meters[1:]),
+                             rounds=dict(st.rounds_by_drafter), kept=dict(st.accepted_by_drafter), exact=exact))
+            r = rows[-1]
+            tag = f" s{seed}" if sampled else ""
+            print(f"{r['qid'] + tag:14s} {d:14s} {1e3 * r['tokens'] / ms:6.1f} tok/s (priced)  calls "
+                  f"{r['target_calls']:3d} + {r['drafter_calls']:3d}  kept {r['kept']}  "
+                  f"{'' if exact is None else 'exact' if exact else 'DIFFERS'}", flush=True)
+        return want
+
     try:
         for p in prompts:
-            msgs = [{"role": "user", "content": p["turns"][0]}]
             for seed in seeds:
-                want = None
-                for d in drafters:
-                    eng, meters, rounds = engine(d if args.fresh else "one")
-                    ids = eng.tokenizer.encode_chat(msgs)
-                    eng.reset()
-                    out, st, rounds[0] = [], None, 0
-                    for m in meters:
-                        m.ms, m.calls, m.on = 0.0, 0, False
-                    kw = dict(sampling, seed=seed) if sampled else sampling
-                    for _, new, st, _ in eng.stream_ids(ids, max_new_tokens=args.max_new_tokens, drafter=d, **kw):
-                        out.extend(new)
-                    for m in meters:
-                        m.on = False
-                    ms = sum(m.ms for m in meters) + args.round_ms * rounds[0]
-                    if want is None and not sampled:
-                        want = out if d == "none" else None
-                    exact = None if want is None else out == want
-                    rows.append(dict(qid=p["question_id"], category=p["category"], drafter=d, seed=seed,
-                                     tokens=len(out), ms=ms, rounds_run=rounds[0], target_calls=meters[0].calls,
-                                     drafter_calls=sum(m.calls for m in meters[1:]),
-                                     rounds=dict(st.rounds_by_drafter), kept=dict(st.accepted_by_drafter), exact=exact))
-                    r = rows[-1]
-                    tag = f" s{seed}" if sampled else ""
-                    print(f"{r['qid'] + tag:14s} {d:14s} {1e3 * r['tokens'] / ms:6.1f} tok/s (priced)  calls "
-                          f"{r['target_calls']:3d} + {r['drafter_calls']:3d}  kept {r['kept']}  "
-                          f"{'' if exact is None else 'exact' if exact else 'DIFFERS'}", flush=True)
+                replay(p["question_id"], p["category"], [{"role": "user", "content": p["turns"][0]}], seed)
+        if args.traffic:  # (bench_traffic.run_traffic's order and memory: the drafters of a request see the same)
+            eng = engine("one")[0]
+            sfx = eng.decoder.drafters["suffix"]
+            sfx.recording = False  # (each request's plain reply is remembered below, as a generation records itself)
+            session: list[dict] = []
+            for cat, qid, msgs in bench_traffic.workload(args.limit):
+                if msgs is None:  # the code-editing session's next turn, after the replies before it
+                    session.append({"role": "user", "content": bench_traffic.CODE_TURNS[int(qid.split("-")[1]) - 1]})
+                    msgs = session
+                ref = replay(qid, cat, msgs, 0)
+                sfx.remember(ref, prompt=eng.tokenizer.encode_chat(msgs))
+                if cat == "code-edit":
+                    session.append({"role": "assistant", "content": eng.tokenizer.decode(ref)})
     except edgespec.EdgespecError as e:
         print(f"replay_policy.py: error: {e}", file=sys.stderr)
         return 2
     finally:
         for eng, _, _ in engines.values():
             eng.close()
+        if args.traffic:
+            tmp.cleanup()
     print("\n| category | " + " | ".join(drafters) + " |")
     print("|---|" + "---:|" * len(drafters))
     for cat in dict.fromkeys(r["category"] for r in rows):

@@ -467,6 +467,39 @@ def test_replay_policy_prices_the_rounds_the_same_every_run(tiny_bundle, tmp_pat
             replay_policy.main([str(tiny_bundle), *bad])
 
 
+def test_replay_policy_replays_the_traffic_workload(smol_int4, tmp_path):
+    """(session 92) ``replay_policy.py --traffic``: scripts/bench_traffic.py's workload (repeated requests, the
+    code-editing session, questions over the manual) priced at fixed costs, with its memory (each request's plain
+    reply remembered) and documents: the same figures every run, plain decoding first whatever the order asked,
+    every output exact; a request asked again word for word is recalled from the memory."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import replay_policy
+
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"t{i}.json"
+        assert replay_policy.main([str(smol_int4), "--traffic", "--limit", "1", "--drafters", "suffix",
+                                   "--max-new-tokens", "8", "--json", str(out)]) == 0
+        runs.append(json.loads(out.read_text()))
+    assert runs[0] == runs[1]
+    rows = runs[0]
+    assert [r["drafter"] for r in rows[:2]] == ["none", "suffix"] and len(rows) == 2 * (3 + 4 + 8)
+    assert list(dict.fromkeys(r["category"] for r in rows)) == ["repeat-first", "repeat-again", "repeat-same",
+                                                                  "code-edit", "rag"]
+    assert all(r["exact"] for r in rows if r["drafter"] == "suffix")
+    same = {r["drafter"]: r for r in rows if r["category"] == "repeat-same"}
+    # (its reply recalled whole: one round drafts the rest of it; from the prompt alone it took 6 calls)
+    assert same["suffix"]["target_calls"] <= 2 < same["none"]["target_calls"], same
+    for bad in (["--traffic", "--categories", "code"], ["--traffic", "--temperature", "0.7"], ["--traffic", "--fresh"],
+                ["--limit", "1"], ["--traffic", "--limit", "0"]):
+        with pytest.raises(SystemExit):
+            replay_policy.main([str(smol_int4), *bad])
+
+
 def test_probe_width_ops_names_the_operator_behind_the_width_policy(tiny_int4_bundle, capsys):
     """scripts/probe_width_ops.py finds the first node whose output for a shared position differs
     between a one-token call and a wider one (docs/how-it-works.md, Exactness); on the CPU EP's INT4 graph the
