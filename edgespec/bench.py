@@ -395,8 +395,8 @@ def run_bench(engine, prompts: list[dict], drafters: Sequence[str], *, max_new_t
     exception's ``report`` (``Report.stopped`` says why). Every sampling option is passed, whatever the model
     recommends (``Engine.sampling_defaults``): a run's "greedy" is plain greedy decoding, as the anchors' are.
     ``seed``: every sampled generation seeded so (reproducible: the round policy prices rounds at its priors).
-    ``between()``: called after each of edgespec's runs, warm-ups too (the CLI's check for a signal whose exception a finalizer
-    dropped); what it raises stops the bench as Ctrl-C does."""
+    ``between()``: called after each of edgespec's runs, warm-ups too (the CLI's check for a signal whose exception a
+    finalizer dropped); what it raises stops the bench as Ctrl-C does."""
     sampling = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "top_k": top_k,
                 "repetition_penalty": repetition_penalty}
     if seed is not None:

@@ -35,7 +35,8 @@ def raise_if_hung_up() -> None:
     and inside a finalizer (a ``__del__``, a weakref callback) the exception is printed as "Exception ignored in" and
     lost, and the command went on to its end (session 91; the export's twin is edgespec_export.output's). Read at
     each token of a reply in ``generate`` and ``chat`` and before chat's next line, at each window of
-    ``perplexity``, before the prefill and at each token of ``plan --measure`` and after each run of ``bench`` (session 92)."""
+    ``perplexity``, before the prefill and at each token of ``plan --measure`` and after each run of ``bench``
+    (session 92)."""
     if _HUNG_UP:
         raise Terminated(128 + _HUNG_UP[0])
 
