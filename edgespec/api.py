@@ -227,7 +227,9 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
     from .errors import resolved
 
     named = os.fspath(path)
-    path = Path(path).expanduser()
+    # (absolute: written at close, read again at reset; a relative path followed the process's working directory
+    # there, and an app that changed it overwrote or deleted a file of that name elsewhere; session 92, a review)
+    path = Path(path).expanduser().absolute()
     if path.is_symlink():  # written where the link points (a temporary file and a rename replaced the link itself
         # by a file of its own: a cache linked onto a kept volume stopped being saved there; session 64, a review)
         path = resolved(path, ConfigError)
@@ -240,6 +242,9 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
     # (folders missing on the way are made at close: the nearest one there is must take them)
     parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     read_only = parent.is_dir() and not _writable_dir(parent)
+    # a file made read-only (a kiosk's prepared cache, chmod a-w) is read and kept as it is, as on a read-only image
+    # (it was replaced at close, as a 0600 file of this user's; session 92, a review)
+    kept = path.is_file() and not (path.stat().st_mode & 0o222 and os.access(path, os.W_OK))
     if read_only and not path.is_file():
         raise ConfigError(f"the prompt cache file {path} cannot be written: {parent} takes no new files "
                           "(no permission, or a read-only file system)")
@@ -260,10 +265,10 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         warnings.warn(f"{e}: it is left as it is, and this engine keeps its conversations in memory only",
                       stacklevel=3)
         return None
-    if read_only:  # (a cache made once and shipped on a read-only image: read, never written; session 64, a review)
+    if read_only or kept:  # (a cache made once and shipped on a read-only image: read, never written; session 64)
         warnings.warn(f"the prompt cache {path} is " + ("read" if why is None else f"not read ({why})") +
-                      f" and will not be saved: {parent} takes no new files (no permission, or a read-only file "
-                      "system)", stacklevel=3)
+                      " and will not be saved: " + ("the file is read-only" if kept else f"{parent} takes no new "
+                                                    "files (no permission, or a read-only file system)"), stacklevel=3)
         return None
     if why:
         warnings.warn(f"the prompt cache {path} was not read: {why}; this engine replaces it when it closes "

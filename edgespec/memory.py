@@ -25,9 +25,10 @@ import re
 import stat
 import tempfile
 import threading
-import weakref
 import time
+import tokenize  # (numpy has it loaded already: DAMAGED's TokenError)
 import warnings
+import weakref
 import zipfile
 import zlib
 from collections import deque
@@ -55,8 +56,8 @@ MAX_STORE_BYTES = 1 << 30  # what a store file may have (one of the default cap 
 def memory_root() -> Path:
     """``$EDGESPEC_MEMORY_DIR``, else ``$EDGESPEC_CACHE_DIR/memory`` (default ``~/.cache/edgespec``)."""
     env = os.environ.get("EDGESPEC_MEMORY_DIR")
-    if env:
-        return Path(env)
+    if env:  # (absolute: a store opened now is saved at exit, whatever the working directory is then)
+        return Path(env).expanduser().absolute()
     return cache_root() / "memory"
 
 
@@ -75,6 +76,17 @@ def store_path(manifest) -> Path:
     return memory_root() / bundle_fingerprint(manifest) / STORE_FILE
 
 
+def _store_file(path) -> Path:
+    """Where a store named ``path`` is read and saved: an absolute path (saved at exit: a relative one followed the
+    working directory there, and an app that changed it overwrote a file of that name elsewhere), through a symbolic
+    link to the file it names (a temporary file and a rename replaced the link itself, and a store linked onto a
+    kept volume stopped being saved there; session 92, a review: the prompt cache's since session 64)."""
+    from .errors import resolved
+
+    p = Path(path).expanduser().absolute()
+    return resolved(p, StoreError) if p.is_symlink() else p
+
+
 class MemoryStore:
     """Earlier outputs as token sequences and their n-gram table, at most ``cap_tokens`` tokens."""
 
@@ -82,7 +94,7 @@ class MemoryStore:
                  cap_tokens: int = DEFAULT_CAP_TOKENS):
         if cap_tokens < 1:
             raise StoreError(f"memory cap must be >= 1 token, got {cap_tokens}")
-        self.path = Path(path) if path is not None else None
+        self.path = _store_file(path) if path is not None else None
         self.fingerprint = fingerprint
         self.vocab_size = vocab_size
         self.cap_tokens = cap_tokens
@@ -433,8 +445,10 @@ except ImportError:  # (a Python built without lzma: zipfile cannot read such me
 # read): zipfile's errors, a broken deflate (or lzma) stream's, an unsupported compression method's or an encrypted
 # member's (NotImplementedError and RuntimeError; RecursionError, nested JSON, is one too), a short member's
 # (IndexError); the memory store and the prompt cache say such a file is corrupt, never a traceback
+# (and numpy's reading of a damaged array header: SyntaxError, then tokenize's TokenError from its second parse, a
+# traceback until session 92)
 DAMAGED = (ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, zlib.error, LZMAError,
-           RuntimeError, MemoryError)
+           RuntimeError, MemoryError, SyntaxError, tokenize.TokenError)
 
 
 class KeptStoreError(StoreError):

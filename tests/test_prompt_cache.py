@@ -513,11 +513,70 @@ def test_a_prompt_cache_file_through_a_link_and_on_a_read_only_place(tiny_bundle
         edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=vol / "new.npz", memory=False)
 
 
+def test_state_files_named_relative_stay_where_they_were_named_and_read_only_ones_are_kept(tiny_bundle, tmp_path,
+                                                                                           monkeypatch):
+    """(session 92, a review) A relative prompt cache file or memory store followed the working directory: an app
+    that changed it after load() overwrote a file of that name there at close (deleted it at reset, for the prompt
+    cache), and saved its memory over a user's file. They stay where they were named. A memory store through a
+    symbolic link is saved where it points (the link was replaced by a file). A prompt cache file made read-only
+    (chmod a-w: a kiosk's prepared cache) is read and kept as it is, with a warning (it was replaced at close, 0600);
+    one rewritten keeps its mode (a shared 0644 file became 0600)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    for name in ("pc.npz", "notes.npz"):
+        (b / name).write_text("the user's own file")
+    monkeypatch.chdir(a)
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file="pc.npz", memory="notes.npz")
+    eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="suffix")
+    monkeypatch.chdir(b)
+    eng.generate(_chat([DOC_B]), max_new_tokens=4, drafter="suffix")  # (its reply saved to the memory)
+    eng.close()
+    assert all((b / n).read_text() == "the user's own file" for n in ("pc.npz", "notes.npz"))
+    assert (a / "pc.npz").stat().st_size > 0 and (a / "notes.npz").stat().st_size > 0
+    monkeypatch.chdir(a)
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file="pc.npz", memory=False)
+    monkeypatch.chdir(b)
+    eng.reset()  # (the file it read is removed only where it was named)
+    eng.close()
+    assert (b / "pc.npz").read_text() == "the user's own file"
+    # a memory store through a link
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    link = b / "linked.npz"
+    link.symlink_to(vol / "real.npz")
+    eng = edgespec.load(tiny_bundle, memory=link)
+    eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="suffix")
+    eng.close()
+    assert link.is_symlink() and (vol / "real.npz").is_file() and (vol / "real.npz").stat().st_size > 0
+    # read-only, and a mode kept
+    f = a / "pc.npz"
+    assert not f.exists()  # (the reset above removed it, there)
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    eng.generate(_chat([DOC_A]), max_new_tokens=4, drafter="none")
+    eng.close()
+    f.chmod(0o444)
+    data = f.read_bytes()
+    with pytest.warns(UserWarning, match=r"pc.npz is read and will not be saved: the file is read-only"):
+        eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    follow = eng.generate(_chat([DOC_A, "and then?"]), max_new_tokens=4, drafter="none")
+    eng.generate(_chat(["something else " * 6]), max_new_tokens=4, drafter="none")
+    eng.close()
+    assert follow.stats["restored_prompt_tokens"] > 0 and f.read_bytes() == data and f.stat().st_mode & 0o777 == 0o444
+    f.chmod(0o644)
+    eng = edgespec.load(tiny_bundle, prompt_cache_mb=16, prompt_cache_file=f, memory=False)
+    eng.generate(_chat(["something else " * 6]), max_new_tokens=4, drafter="none")
+    eng.close()
+    assert f.read_bytes() != data and f.stat().st_mode & 0o777 == 0o644
+
+
 def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path):
     """(session 46) a broken deflate stream (zlib.error), nested JSON in the header (RecursionError), an encrypted or
     unknown-method member escaped as tracebacks where the README promises a StoreError at start; a count of True
     passed as an entry length."""
     import io
+    import tokenize
+    import zipfile
 
     from tiny import damaged_zips
 
@@ -534,7 +593,18 @@ def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path
                "rows_0": np.zeros((4, 2, 20, 16), np.float32)}
     plain = io.BytesIO()
     np.savez(plain, **{**members, "meta": meta([True])})
-    for how, data in [*damaged_zips(members).items(), ("a length True", plain.getvalue())]:
+    header = io.BytesIO()  # (session 92, a review: numpy's second parse of a broken array header raised tokenize's
+    with zipfile.ZipFile(header, "w") as z:  # TokenError, a traceback at start and at close; the zip's CRC fits it)
+        for name, a in members.items():
+            npy = io.BytesIO()
+            np.lib.format.write_array(npy, a)
+            z.writestr(f"{name}.npy", npy.getvalue().replace(b"'shape': (20,), }", b"'shape': (20,(, }"))
+    broken = header.getvalue()
+    with zipfile.ZipFile(io.BytesIO(broken)) as z, z.open("ids_0.npy") as m, pytest.raises(tokenize.TokenError):
+        np.lib.format.read_magic(m)
+        np.lib.format.read_array_header_1_0(m)  # (what the unfixed read let through)
+    for how, data in [*damaged_zips(members).items(), ("a length True", plain.getvalue()),
+                      ("an array header", broken)]:
         f = tmp_path / "cache.npz"
         f.write_bytes(data)
         with pytest.raises(StoreError, match="prompt cache .*(unreadable|unusable)"):
