@@ -461,7 +461,8 @@ class ChatRepl:
         if "\0" in path:
             self._error(f"cannot write {shown}: a file name cannot hold a NUL byte")
             return
-        if os.path.lexists(path) and not _is_conversation(path):
+        # (a link to no file yet is written through, as a link to one is: it was refused as "exists"; session 92)
+        if os.path.exists(path) and not _is_conversation(path):
             self._error(f"{shown} exists and is not a conversation /save wrote; give another name")
             return
         # whole or not at all (a full disk leaves the file as it was): written beside it under a short

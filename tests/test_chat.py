@@ -333,6 +333,13 @@ def test_save_keeps_the_files_mode_and_writes_through_a_link(tiny_bundle, tmp_pa
     assert link.is_symlink() and len(json.loads(real.read_text())) == 4 and (real.stat().st_mode & 0o777) == 0o640
     assert (private.stat().st_mode & 0o777) == 0o600
     assert sorted(os.listdir(tmp_path)) == ["link.json", "p.json", "real.json"]
+    # (session 92, a review) a link to no file yet is written through too: it was refused as a file that "exists"
+    dangling = tmp_path / "later.json"
+    dangling.symlink_to(tmp_path / "new.json")
+    r = _piped(tiny_bundle, f"hello\n/save {dangling}\n", "--max-new-tokens", "3")
+    assert r.returncode == 0 and not _errors(r.stderr), r.stderr
+    assert dangling.is_symlink() and json.loads((tmp_path / "new.json").read_text())[0]["content"] == "hello"
+    assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o600
 
 
 LINE_LIMIT = 64 << 20  # the CLI's STDIN_LIMIT: bytes of one line
