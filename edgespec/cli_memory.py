@@ -118,8 +118,13 @@ def clear(bundle, everything):
         given = click.get_current_context().get_parameter_source("bundle") == click.core.ParameterSource.COMMANDLINE
         if bundle is not None and given:  # ($EDGESPEC_BUNDLE set is no bundle given: --all is every one)
             raise ConfigError("memory clear takes a bundle or --all, not both")
-        gone = clear_all_stores()
+        failed: list[OSError] = []
+        gone = clear_all_stores(failed)
         click.echo(f"deleted {len(gone)} file(s) under {memory_root()}" + "".join(f"\n  {p}" for p in gone))
+        if failed:  # (the others deleted all the same, and said above): the first one's error, exit 1
+            e = failed[0]
+            more = f" (and {len(failed) - 1} more store(s) not deleted)" if len(failed) > 1 else ""
+            raise OSError(e.errno, f"{e.strerror or e}{more}", e.filename)
         return
     if bundle is None:
         raise ConfigError("memory clear needs a bundle (or --all for every bundle's memory)")

@@ -619,12 +619,22 @@ def other_stores(manifest=None) -> list[Path]:
     return out
 
 
-def clear_all_stores() -> list[Path]:
+def clear_all_stores(failed: list[OSError] | None = None) -> list[Path]:
     """Delete every bundle's memory store under ``memory_root()`` (and their set-aside files); returns what was
-    deleted."""
+    deleted. A store that cannot be deleted (no permission: another user's) is appended to ``failed`` and the others
+    are deleted all the same (it stopped at the first, the rest kept and what it had deleted unsaid; session 92, a
+    review); without ``failed`` its error is raised after them."""
     gone: list[Path] = []
+    errors: list[OSError] = []
     for p in other_stores():
-        gone += _delete_files(p, warn=True)
+        try:
+            gone += _delete_files(p, warn=True)
+        except OSError as e:
+            errors.append(e)
+    if failed is not None:
+        failed += errors
+    elif errors:
+        raise errors[0]
     return gone
 
 
