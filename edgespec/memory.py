@@ -551,7 +551,11 @@ def open_store(path: Path, fingerprint: str, vocab_size: int, cap_tokens: int = 
     with a warning) and the store starts empty, so a bad file never stops a generation. Without
     ``set_aside`` (a path the caller named) such a file is a ``StoreError`` and stays as it is:
     it may be anything of the user's."""
+    from .prompt_cache import remove_stale_temporaries
+
     store = MemoryStore(path, fingerprint, vocab_size, cap_tokens)
+    # what a save killed midway left (they stayed until `memory clear`; session 92, a review), as the prompt cache does
+    remove_stale_temporaries(store.path)
     try:
         store.load()
     except KeptStoreError as e:  # (it may be good: another user's, a newer edgespec's; never renamed or overwritten)

@@ -349,6 +349,28 @@ def test_a_damaged_store_is_set_aside_not_a_traceback(tmp_path, how):
     assert not path.exists()
 
 
+def test_what_a_killed_save_left_is_removed_when_the_store_opens_again(tmp_path):
+    """(session 92, a review) A save killed midway leaves its temporary file (``.store.npz.*.tmp``, the store's
+    size); it stayed until `memory clear`. Opened again, the store removes those older than an hour (a save in
+    progress in another process is left alone), as the prompt cache does."""
+    import os
+    import time
+
+    path = tmp_path / "store.npz"
+    store = open_store(path, "fp", 100)
+    store.add([1, 2, 3])
+    store.save()
+    old, fresh, other = (tmp_path / ".store.npz.abc.tmp", tmp_path / ".store.npz.def.tmp",
+                         tmp_path / ".notes.npz.abc.tmp")
+    for f in (old, fresh, other):
+        f.write_bytes(b"x" * 100)
+    hours_ago = time.time() - 7200
+    os.utime(old, (hours_ago, hours_ago))
+    os.utime(other, (hours_ago, hours_ago))
+    assert [s.tolist() for s in open_store(path, "fp", 100).seqs] == [[1, 2, 3]]
+    assert not old.exists() and fresh.exists() and other.exists()
+
+
 def test_a_named_memory_path_that_is_no_store_is_refused_and_left_alone(tiny_bundle, tmp_path):
     """load(memory=PATH) on a file of the user's: an error, the file untouched (not set aside)."""
     import edgespec
