@@ -323,7 +323,7 @@ def _write_file(pc: PromptCache, path, key: dict) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:  # (the mode of the file it replaces: one shared with a service's user became 0600; session 92, a review)
-            os.chmod(fd, path.stat().st_mode & 0o7777)
+            os.chmod(tmp, path.stat().st_mode & 0o777)
         except FileNotFoundError:  # (a new file: mkstemp's 0600)
             pass
         with os.fdopen(fd, "wb") as f:
