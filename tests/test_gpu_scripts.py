@@ -369,12 +369,18 @@ def test_bench_threads_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
     assert all(t > 0 for k in ("loading_thread_s", "fresh_thread_s", "one_device_thread_s") for t in res[k])
 
 
-def test_bench_serve_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
+def test_bench_serve_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, monkeypatch):
     """bench.py's serve section (session 75) starts ``edgespec serve`` in a process of its own and sends the same
     greedy chat request 8 times: on the CPU EP (a dry run) every request answered with the same text, the seconds of
-    each there, and the server stopped cleanly (exit 0)."""
+    each there, and the server stopped cleanly (exit 0). Its log's folder is removed after (session 92: one was left
+    in /tmp at every run), its tail kept in the result."""
+    import tempfile
+
     import bench
 
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     out = tmp_path / "run.json"
     assert bench.main(["--provider", "cpu", "--sections", "serve", "--smol-cuda", str(tiny_cuda_bundle),
                        "--json", str(out)]) == 0
@@ -382,6 +388,7 @@ def test_bench_serve_section_on_the_cpu_ep(tiny_cuda_bundle, tmp_path):
     assert "error" not in res, res
     assert len(res["seconds"]) == 8 and all(t > 0 for t in res["seconds"]) and res["same_text"] is True
     assert res["rc"] == 0 and "--provider cpu" in res["command"]
+    assert "edgespec: stopped" in res["log_tail"] and not list(temp.glob("edgespec-serve-*"))
 
 
 def test_probe_overlap_on_the_cpu_ep(tiny_cuda_bundle, tmp_path, capsys):

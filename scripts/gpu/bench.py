@@ -502,12 +502,20 @@ def threads(bundle: str, n: int = 64, fresh: int = 6) -> dict:
 
 
 def serve(bundle: str, n: int = 8, tokens: int = 64) -> dict:
-    """The ``serve`` section."""
+    """The ``serve`` section (its server's log in a temporary folder, removed after: its tail is in the result; one
+    was left in /tmp at every run, a test's too; session 92)."""
+    folder = Path(tempfile.mkdtemp(prefix="edgespec-serve-"))
+    try:
+        return _serve(bundle, n, tokens, folder / "server.log")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve(bundle: str, n: int, tokens: int, log: Path) -> dict:
     import re
     import signal
     import urllib.request
 
-    log = Path(tempfile.mkdtemp(prefix="edgespec-serve-")) / "server.log"
     cmd = [sys.executable, "-m", "edgespec", "serve", bundle, "--provider", PROVIDER, "--port", "0", "--no-memory",
            "--temperature", "0", "--prompt-cache-mb", "0"]
     out: dict = {"command": " ".join(cmd[1:]), "tokens": tokens}
