@@ -224,15 +224,10 @@ def _open_prompt_cache_file(path, manifest, target, the_plan, session_options) -
         why = ("the target runs on a GPU" if not target.cache.host else
                "its size is 0 (prompt_cache_mb, or what the memory plan leaves)")
         raise ConfigError(f"a prompt cache file needs a prompt cache, and this engine has none: {why}")
-    from .errors import resolved
+    from .errors import state_path
 
     named = os.fspath(path)
-    # (absolute: written at close, read again at reset; a relative path followed the process's working directory
-    # there, and an app that changed it overwrote or deleted a file of that name elsewhere; session 92, a review)
-    path = Path(path).expanduser().absolute()
-    if path.is_symlink():  # written where the link points (a temporary file and a rename replaced the link itself
-        # by a file of its own: a cache linked onto a kept volume stopped being saved there; session 64, a review)
-        path = resolved(path, ConfigError)
+    path = state_path(path, ConfigError)  # (absolute, through a link: written at close, removed at reset)
     if path.is_dir() or str(named).endswith(("/", os.sep)):  # ("newdir/" names a directory, not a file)
         raise ConfigError(f"the prompt cache file {named} is a directory; name a file")
     if path.exists() and not path.is_file():  # a device or a pipe: no prompt cache, and /dev/zero never ends

@@ -116,8 +116,8 @@ class _Group(click.Group):
             sys.stdout.flush()  # a full disk under a redirected stdout is met here, not at exit
             return out
         except EdgespecError as e:
-            if _sigterm():  # (an export's SIGTERM that a library's code turned into an error edgespec wraps)
-                _fail(ctx, "terminated", _sigterm())
+            if code := _sigterm():  # (an export's SIGTERM that a library's code turned into an error edgespec wraps)
+                _fail(ctx, "terminated", code)
             from .errors import ProfileError
 
             if isinstance(e, ProfileError) and "edgespec.profile_env" in ctx.meta:  # (a profile the user did not type)
@@ -140,8 +140,8 @@ class _Group(click.Group):
         except OSError as e:
             if os.environ.get("EDGESPEC_DEBUG"):
                 raise
-            if _sigterm():
-                _fail(ctx, "terminated", _sigterm())
+            if code := _sigterm():
+                _fail(ctx, "terminated", code)
             if getattr(e, "edgespec_stdout", False):
                 if e.errno == errno.EPIPE:  # `edgespec generate ... | head`: the reader has gone
                     _fail(ctx, "", 1, quiet=True)
@@ -156,10 +156,10 @@ class _Group(click.Group):
                 # Ctrl-C inside an import: onnxruntime's module made it "ImportError: initialization failed", a
                 # traceback (session 54, a review)
                 _fail(ctx, "interrupted", 130)
-            if _sigterm():
+            if code := _sigterm():
                 # SIGTERM during an export or a rewrite, its Terminated raised inside numpy's or onnxruntime's code
                 # and come out as their error (session 64, a review: two tracebacks in ~30 timed runs)
-                _fail(ctx, "terminated", _sigterm())
+                _fail(ctx, "terminated", code)
             if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # (Path.resolve() before
                 # Python 3.13, where a path no check names meets a link that leads back to itself)
                 _fail(ctx, f"a symbolic link leads back to itself (a loop): {str(e)[len('Symlink loop from '):]}", 1)

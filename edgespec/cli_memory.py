@@ -118,8 +118,7 @@ def clear(bundle, everything):
         given = click.get_current_context().get_parameter_source("bundle") == click.core.ParameterSource.COMMANDLINE
         if bundle is not None and given:  # ($EDGESPEC_BUNDLE set is no bundle given: --all is every one)
             raise ConfigError("memory clear takes a bundle or --all, not both")
-        failed: list[OSError] = []
-        gone = clear_all_stores(failed)
+        gone, failed = clear_all_stores()
         click.echo(f"deleted {len(gone)} file(s) under {memory_root()}" + "".join(f"\n  {p}" for p in gone))
         if failed:  # (the others deleted all the same, and said above): the first one's error, exit 1
             e = failed[0]

@@ -152,6 +152,18 @@ def resolved(path, error: type = None):
     return out
 
 
+def state_path(path, error: type = None):
+    """Where a state file named ``path`` (a prompt cache file, a memory store: read now, written later) is read and
+    written: an absolute path (a relative one followed the process's working directory to the write, and an app that
+    changed it overwrote or deleted a file of that name elsewhere; session 92, a review), through a symbolic link the
+    file it names (a temporary file and a rename replaced the link itself: a state file linked onto a kept volume
+    stopped being saved there; session 64), a loop an ``error`` (``resolved``)."""
+    from pathlib import Path
+
+    p = Path(path).expanduser().absolute()
+    return resolved(p, error) if p.is_symlink() else p
+
+
 class Interrupted(EdgespecError):
     """A prefill or a prompt's scoring stopped between its calls because its ``interrupt`` said so (the server's
     client left, or the server is stopping); what the cache holds stays valid."""

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import StoreError
+from .errors import StoreError, state_path
 from .integrity import cache_root
 from .ngram import MAX_TOKEN, NgramTable
 
@@ -76,17 +76,6 @@ def store_path(manifest) -> Path:
     return memory_root() / bundle_fingerprint(manifest) / STORE_FILE
 
 
-def _store_file(path) -> Path:
-    """Where a store named ``path`` is read and saved: an absolute path (saved at exit: a relative one followed the
-    working directory there, and an app that changed it overwrote a file of that name elsewhere), through a symbolic
-    link to the file it names (a temporary file and a rename replaced the link itself, and a store linked onto a
-    kept volume stopped being saved there; session 92, a review: the prompt cache's since session 64)."""
-    from .errors import resolved
-
-    p = Path(path).expanduser().absolute()
-    return resolved(p, StoreError) if p.is_symlink() else p
-
-
 class MemoryStore:
     """Earlier outputs as token sequences and their n-gram table, at most ``cap_tokens`` tokens."""
 
@@ -94,7 +83,8 @@ class MemoryStore:
                  cap_tokens: int = DEFAULT_CAP_TOKENS):
         if cap_tokens < 1:
             raise StoreError(f"memory cap must be >= 1 token, got {cap_tokens}")
-        self.path = _store_file(path) if path is not None else None
+        # (absolute, through a link: saved at each generation's end and at exit; session 92, a review)
+        self.path = state_path(path, StoreError) if path is not None else None
         self.fingerprint = fingerprint
         self.vocab_size = vocab_size
         self.cap_tokens = cap_tokens
@@ -623,23 +613,18 @@ def other_stores(manifest=None) -> list[Path]:
     return out
 
 
-def clear_all_stores(failed: list[OSError] | None = None) -> list[Path]:
+def clear_all_stores() -> tuple[list[Path], list[OSError]]:
     """Delete every bundle's memory store under ``memory_root()`` (and their set-aside files); returns what was
-    deleted. A store that cannot be deleted (no permission: another user's) is appended to ``failed`` and the others
-    are deleted all the same (it stopped at the first, the rest kept and what it had deleted unsaid; session 92, a
-    review); without ``failed`` its error is raised after them."""
+    deleted and the errors of the stores that could not be (no permission: another user's), the others deleted all
+    the same (it stopped at the first, the rest kept and what it had deleted unsaid; session 92, a review)."""
     gone: list[Path] = []
-    errors: list[OSError] = []
+    failed: list[OSError] = []
     for p in other_stores():
         try:
             gone += _delete_files(p, warn=True)
         except OSError as e:
-            errors.append(e)
-    if failed is not None:
-        failed += errors
-    elif errors:
-        raise errors[0]
-    return gone
+            failed.append(e)
+    return gone, failed
 
 
 def _delete_files(path: Path, warn: bool = False) -> list[Path]:

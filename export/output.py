@@ -314,13 +314,11 @@ def remove_replaced(path: Path | None) -> None:
     if threading.current_thread() is not threading.main_thread():
         remove_tree(path)
         return
-    before = {sig: signal.signal(sig, lambda *a: None) for sig in SIGNALS
-              if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN}
+    before = _take_signals(lambda *a: None)
     try:
         remove_tree(path)
     finally:
-        for sig, h in before.items():
-            signal.signal(sig, h)
+        _give_back(before)
 
 
 def _alive(pid: int) -> bool:
@@ -398,15 +396,25 @@ def terminate_cleanly():
         raise Terminated(128 + sig)
 
     global _guarded
-    old = {sig: signal.signal(sig, handler) for sig in SIGNALS
-           if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN}
+    old = _take_signals(handler)
     _guarded += 1
     try:
         yield
     finally:
         _guarded -= 1
-        for sig, h in old.items():
-            signal.signal(sig, h)
+        _give_back(old)
+
+
+def _take_signals(handler) -> dict:
+    """``handler`` for ``SIGNALS`` (SIGHUP left as it is where it is ignored: ``nohup``); the handlers it replaced."""
+    return {sig: signal.signal(sig, handler) for sig in SIGNALS
+            if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN}
+
+
+def _give_back(old: dict) -> None:
+    """The handlers ``_take_signals`` replaced, back."""
+    for sig, h in old.items():
+        signal.signal(sig, h)
 
 
 def load_graph(model_path):
