@@ -5,6 +5,7 @@ import errno
 import json
 import logging
 import os
+import re
 import sys
 
 import click
@@ -101,6 +102,7 @@ class _Group(click.Group):
     def invoke(self, ctx):
         import warnings
 
+        ctx.meta["edgespec.typed"] = [*getattr(ctx, "_protected_args", ()), *ctx.args]  # (for _fail's messages)
         exporting = sys.modules.get("edgespec_export.output")
         if exporting is not None:  # (a command of its own: an earlier one's SIGTERM in this process is not this one's)
             exporting.terminated = False
@@ -282,6 +284,23 @@ def _os_message(e: OSError) -> str:
     return f"{what}: {e.filename}" if e.filename is not None else what
 
 
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # (where str.splitlines() breaks a line)
+
+
+def _escaped_names(ctx, message: str) -> str:
+    """``message`` with each name the user gave (an argument, an option's value, an ``EDGESPEC_*`` variable) that
+    holds a line break written with the break escaped (``\\n``): the message is one line, its first, and a path such
+    as ``$'a\\nb'`` cut there lost the rest of itself (session 93; a library's multi-line text, which some errors
+    wrap, still ends at its first line). A name is matched by its parts between slashes that hold a break, as a
+    resolved path holds them too."""
+    typed = [*ctx.meta.get("edgespec.typed", ()), *(v for k, v in os.environ.items() if k.startswith("EDGESPEC_"))]
+    parts = {part for arg in typed for value in str(arg).split("=", 1)[-1:] + [str(arg)]
+             for part in re.split(r"[/\\]", value) if any(c in part for c in _BREAKS)}
+    for part in sorted(parts, key=len, reverse=True):
+        message = message.replace(part, part.translate({ord(c): repr(c)[1:-1] for c in _BREAKS}))
+    return message
+
+
 def _fail(ctx, message: str, code: int, quiet: bool = False):
     try:
         sys.stdout.flush()
@@ -292,6 +311,7 @@ def _fail(ctx, message: str, code: int, quiet: bool = False):
             pass
     if not quiet:
         try:
+            message = _escaped_names(ctx, message)
             click.echo(f"error: {message.splitlines()[0] if message else 'failed'}", err=True)
         except (OSError, ValueError):  # (no stderr to say it on: a terminal closed under a chat, SIGHUP)
             pass

@@ -891,3 +891,20 @@ def test_min_p_one_samples_the_greedy_reply(tiny_bundle):
         r = run(*base, "--temperature", "1", "--seed", "3", "--min-p", "1", "--drafter", drafter)
         assert r.exit_code == 0, r.output
         assert json.loads(r.output)["token_ids"] == greedy, drafter
+
+
+def test_a_path_with_a_line_break_is_named_whole_in_the_one_line(tmp_path, tiny_bundle, monkeypatch):
+    """(session 92's review, fixed in session 93) an error names a path the user gave with its line breaks escaped:
+    the message is its first line, and ``$'a\\nb'`` cut at the break lost the rest of the name. Breaks in an argument,
+    in an option's ``--name=value``, and in an ``EDGESPEC_*`` variable."""
+    bad = tmp_path / "no\nsuch\u2028bundle"
+    msg = one_line_error(run("info", bad), 2)
+    assert msg == f"error: no such bundle: {tmp_path}/no\\nsuch\\u2028bundle", msg
+    assert msg.endswith("no\\nsuch\\u2028bundle") and "\n" not in msg
+    folder = tmp_path / "f"
+    folder.write_text("a file where a folder is wanted")
+    msg = one_line_error(run("generate", tiny_bundle, "-p", "hi", f"--prompt-cache-file={folder}/c\rd/e"))
+    assert "c\\rd/e" in msg, msg
+    monkeypatch.setenv("EDGESPEC_PROFILE", str(tmp_path / "p\x0bq.toml"))
+    msg = one_line_error(run("generate", tiny_bundle, "-p", "hi"))
+    assert "p\\x0bq.toml" in msg and "$EDGESPEC_PROFILE" in msg, msg
