@@ -499,6 +499,8 @@ class Engine:
         if unknown:
             raise ConfigError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         _stops(kw.pop("stop", None))
+        if kw.get("drafter") == "none" and kw.get("draft_tokens") is not None:  # (the CLI's rule; session 93)
+            raise ConfigError("draft_tokens with drafter 'none': nothing is drafted; give one of them")
         if "response_format" in kw:  # structured outputs: OpenAI's format as an llguidance grammar (constrain.py)
             from .constrain import grammar_for
 

@@ -915,6 +915,8 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
+    if drafter == "none" and draft_tokens is not None:  # (generate's rule and words; a request may still set both)
+        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
     sampling = {k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p),
                                   ("repetition_penalty", repetition_penalty)) if v is not None}
     # (the temperature too: click's range takes 5e-7, which no request that leaves its temperature out is sampled at)

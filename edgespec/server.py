@@ -511,6 +511,11 @@ class Server:
         ids, heal, room, max_new = prepared[0]
         score_only = req.max_tokens == 0  # echo with max_tokens 0: the prompt's logprobs, nothing generated
         kw = {**self.defaults, **req.options, "max_new_tokens": max(max_new, 1)}
+        if kw.get("drafter") == "none" and not {"drafter", "draft_tokens"} <= req.options.keys():
+            # a draft length the request did not ask for beside its drafter 'none' (the server's default), or a
+            # request's beside the server's --drafter none: nothing is drafted, as with a prediction; a request
+            # that sends both is refused, as the API refuses them
+            kw.pop("draft_tokens", None)
         if heal:
             kw["heal"] = heal
         ctx = self.engine.max_context

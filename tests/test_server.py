@@ -752,6 +752,8 @@ BAD = [  # (endpoint, body, status, param or None, code or None)
      "edgespec.drafter", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"draft_tokens": 99}}, 400,
      "edgespec.draft_tokens", None),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"drafter": "none", "draft_tokens": 3}},
+     400, "edgespec.draft_tokens", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_p": 1.5}, 400, "min_p", None),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_p": "0.1"}, 400, "min_p", None),
     ("completions", {"prompt": "hi", "min_p": -0.5}, 400, "min_p", None),
@@ -1285,6 +1287,23 @@ class _InProcess:
         sched.close()  # (as ``run`` does: the scheduler's own device thread ends)
 
 
+def test_a_draft_length_beside_drafter_none_from_the_other_side_is_left_out(engine, model_id):
+    """(session 93) the API refuses draft_tokens beside drafter 'none' in one call, as the CLI does, and so does a
+    request that sends both (the table above); where one of them is the server's default (--draft-tokens 3 and a
+    request's drafter 'none', or --drafter none and a request's draft_tokens) nothing is drafted and the request is
+    served, as a prediction beside drafter 'none' is."""
+    with pytest.raises(edgespec.ConfigError, match="draft_tokens with drafter 'none'"):
+        engine.generate("hi", drafter="none", draft_tokens=3, max_new_tokens=2)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+    for defaults, ext in (({"draft_tokens": 3}, {"drafter": "none"}), ({"drafter": "none"}, {"draft_tokens": 3})):
+        with _InProcess(engine, model_id, **defaults) as s:
+            status, out = http(s.url + "/v1/chat/completions", {**body, "edgespec": ext})
+            assert status == 200, out
+            assert set(out["edgespec"]["rounds_by_drafter"]) <= {"none"}, out["edgespec"]  # (nothing drafted)
+            status, out = http(s.url + "/v1/chat/completions", {**body, "edgespec": {**ext, **defaults}})
+            assert status == 400 and out["error"]["param"] == "edgespec.draft_tokens", out
+
+
 def test_every_generation_runs_on_one_thread(engine, model_id, monkeypatch):
     """onnxruntime's CUDA EP keeps a context per calling thread (its handles and captured CUDA graphs): a thread per
     generation cost 3-7x the time and 77 MiB of GPU memory each on an H200 (device_thread.py). Every generation,
@@ -1804,6 +1823,8 @@ def test_serve_cli_errors(smol_int4, tmp_path):
         assert "cannot listen on 127.0.0.1" in msg
     assert "cannot listen on" in _one_line_error(["serve", smol_int4, "--host", "no-such-host.invalid"])
     assert "draft_tokens" in _one_line_error(["serve", smol_int4, "--port", "0", "--draft-tokens", "99"])
+    assert "--drafter none" in _one_line_error(["serve", smol_int4, "--port", "0", "--drafter", "none",
+                                                "--draft-tokens", "3"])
     assert "allowed origin" in _one_line_error(["serve", smol_int4, "--port", "0", "--allow-origin", "localhost:3000"])
     assert "8 to 512 printable" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key", "short"])
     assert "no such API key file" in _one_line_error(["serve", smol_int4, "--port", "0", "--api-key-file",
