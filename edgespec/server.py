@@ -1224,12 +1224,14 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     middleware = [Middleware(RequestCounter, metrics=srv.metrics), Middleware(OriginGuard, origins=origins)]
     if api_key is not None:  # (inside the counter: refusals are counted; a preflight passes to CORS)
         middleware.append(Middleware(KeyGuard, key=api_key))
-    if origins:  # outermost: a preflight (OPTIONS) is answered before the routes, which take GET, POST and DELETE
+    if origins:  # a preflight (OPTIONS) is answered before the routes, which take GET, POST and DELETE; inside the
+        # counter and the origin guard: a disallowed origin's preflight is the guard's JSON 403, counted, as its other
+        # requests are (it was starlette's plain-text 400 "Disallowed CORS origin" until session 93)
         from starlette.middleware.cors import CORSMiddleware
 
         # (DELETE: OpenAI's client deletes a stored response so; a page's preflight for it was refused, and its
         # DELETE never reached the route's answer, a 404: nothing is stored)
-        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
+        middleware.insert(2, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
                                         allow_headers=["*"], max_age=600))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={P.APIError: _on_api_error, HTTPException: _on_http_error,
