@@ -632,7 +632,11 @@ def _delete_files(path: Path, warn: bool = False) -> list[Path]:
     (``<name>.bad-<time>``) and a killed save's temporary files (``.<name>.*.tmp``); returns what was deleted.
     Under the saves' lock (a save in progress finishes first, and one after sees the file gone), which stays:
     unlinked, a save waiting on it and a later one locked two different files, and one overwrote the other. A
-    directory of such a name is not a file edgespec wrote: never deleted with its contents (``warn``: said)."""
+    directory of such a name is not a file edgespec wrote: never deleted with its contents (``warn``: said). A store
+    that is a symbolic link (a store kept on another volume) is the file it names, as the saves read it: that file
+    goes, under the saves' lock beside it, and the link stays for the next save (the link went and the file stayed,
+    and the next save wrote a new file in the link's place; session 93)."""
+    path = state_path(path, StoreError)
     d, name = path.parent, path.name
     gone: list[Path] = []
     if not d.is_dir():

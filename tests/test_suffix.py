@@ -221,6 +221,35 @@ def test_two_stores_on_one_file_merge_and_a_clear_is_not_undone(tiny_bundle, tmp
     assert len(read_store(p, fp, None)) == 1
 
 
+def test_memory_clear_of_a_store_kept_through_a_link_empties_the_file_it_names(tiny_bundle, tmp_path, monkeypatch):
+    """(session 92's review, fixed in session 93) a store that is a symbolic link (kept on another volume) is saved
+    where the link points; `memory clear` (and --all) removed the link and left that file, and the next save wrote a
+    new file in the link's place. It deletes the file the link names, under the saves' lock there, and the link
+    stays: the next save is written through it again."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    from edgespec.manifest import load_manifest
+    from edgespec.memory import bundle_fingerprint, store_path
+
+    monkeypatch.setenv("EDGESPEC_MEMORY_DIR", str(tmp_path / "memory"))
+    m = load_manifest(tiny_bundle)
+    p, fp = store_path(m), bundle_fingerprint(m)
+    p.parent.mkdir(parents=True)
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    p.symlink_to(vol / "kept.npz")
+    for args in (["memory", "clear", str(tiny_bundle)], ["memory", "clear", "--all"]):
+        eng = edgespec.load(tiny_bundle)
+        eng.generate("def hello(world):", max_new_tokens=8, drafter="suffix", ignore_eos=True)
+        eng.close()
+        assert p.is_symlink() and len(read_store(vol / "kept.npz", fp, None)) == 1
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0 and str(vol / "kept.npz") in r.output, (args, r.output)
+        assert p.is_symlink() and not (vol / "kept.npz").exists(), args
+    assert [q.name for q in p.parent.iterdir()] == ["store.npz"]  # (the link alone: its lock is beside the file)
+
+
 def test_a_merge_keeps_every_new_sequence_the_cap_kept_and_an_unreadable_file_keeps_the_older_ones(tmp_path,
                                                                                                    monkeypatch):
     """(session 82, a mutation test) A save merging another process's file takes this store's new sequences that
