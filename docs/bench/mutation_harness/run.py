@@ -26,7 +26,7 @@ for mid, path, old, new in muts:
         open(path, "w").write(src)
     tail = [l for l in r.stdout.splitlines() if l.strip()][-1:] 
     status = "CAUGHT" if r.returncode == 1 else ("SURVIVED" if r.returncode == 0 else f"rc={r.returncode}")
-    first_fail = next((l for l in r.stdout.splitlines() if l.startswith("FAILED") or l.startswith("ERROR")), "")
+    first_fail = next((l for l in r.stdout.splitlines() if l.startswith("FAILED tests") or l.startswith("ERROR tests")), "")
     line = f"{mid}: {status} {time.time()-t:.0f}s {tail[0] if tail else ''} {first_fail[:150]}"
     print(line, flush=True)
     with open(os.environ.get("MUT_RESULTS", "/tmp/mutw/results.txt"), "a") as f: f.write(line + "\n")
