@@ -360,8 +360,9 @@ class ChatRepl:
         """``options`` if the engine takes them, else ``ConfigError``; ``key``: the one /set changed."""
         if options.get("drafter") is not None:
             self._check_drafter(options["drafter"])
-        cfg = self.engine.config(**options)  # raises ConfigError on a bad value
-        if cfg.drafter == "none" and options.get("draft_tokens") is not None:  # (generate's rule)
+        drafter = options.get("drafter") or self.engine.defaults.drafter
+        if drafter == "none" and options.get("draft_tokens") is not None:  # (generate's rule; before the engine's own
+            # refusal of the pair, which names no /set)
             if key == "drafter":
                 raise ConfigError(f"drafter: none drafts nothing, but draft_tokens is {options['draft_tokens']}; "
                                   f"/set draft_tokens auto first")
@@ -370,6 +371,7 @@ class ChatRepl:
                                   f", so nothing is drafted; /set drafter first")
             raise ConfigError(f"draft_tokens with drafter none{'' if 'drafter' in options else ' (the default)'}: "
                               f"nothing is drafted; give one of them")
+        self.engine.config(**options)  # raises ConfigError on a bad value
         return options
 
     def _drafter_names(self) -> list[str]:
