@@ -39,7 +39,8 @@ def _same(a, b) -> bool:
 
 
 def _plain_and(eng, prompt, drafters, tokens=48, **kw):
-    ar = eng.generate(prompt, max_new_tokens=tokens, drafter="none", ignore_eos=True, **kw)
+    plain = {k: v for k, v in kw.items() if k != "draft_tokens"}  # (refused beside drafter none since session 93)
+    ar = eng.generate(prompt, max_new_tokens=tokens, drafter="none", ignore_eos=True, **plain)
     for d in drafters:
         got = eng.generate(prompt, max_new_tokens=tokens, drafter=d, ignore_eos=True, **kw)
         assert got.token_ids == ar.token_ids, (d, kw)
