@@ -187,7 +187,7 @@ def test_a_responses_stream_failing_on_the_request_is_invalid_prompt(engine, mod
         assert evs[-1].type == "response.failed" and evs[-1].response.error.code == "invalid_prompt"
 
 
-def test_a_prediction_of_the_context_plus_one(engine, model_id):  # SV33
+def test_a_prediction_of_the_context_plus_one(engine, model_id):  # SV33 (equivalent: the engine refuses it too)
     word = " hello"
     enc = lambda t: engine.tokenizer.encode(t, add_special=False, parse_special=False)  # noqa: E731
     b = len(enc(word * 101)) - len(enc(word * 100))
