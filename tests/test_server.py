@@ -1691,6 +1691,11 @@ def test_allowed_origins_may_call_from_a_browser_and_others_may_not(engine, mode
         assert status == 200 and "DELETE" in h["access-control-allow-methods"]
         status, h = _raw(s.url + "/v1/responses/resp_1", "DELETE", {"Origin": page})
         assert status == 404 and h["access-control-allow-origin"] == page
+        # (session 93) a preflight for a method the server does not take: a JSON 400, with the CORS headers
+        status, h, out = _raw(s.url + "/v1/models", "OPTIONS", {**pre, "Access-Control-Request-Method": "PUT"},
+                              read=True)
+        assert status == 400 and h["access-control-allow-origin"] == page and "json" in h["content-type"], out
+        assert json.loads(out)["error"]["code"] == "cors_not_allowed" and "method" in out, out
         # (session 93) another origin's preflight is the JSON 403 its requests get, counted (starlette's text 400)
         counted = dict(endpoint="/v1/chat/completions", status="403")
         before = metric(s.url, "requests_total", **counted)
