@@ -36,6 +36,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -1055,27 +1056,20 @@ class _AsciiJSON(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def _cors(origins: list[str]):
-    """starlette's ``CORSMiddleware`` for ``origins``, its refusal of a preflight (a method the server does not take,
-    a private-network request) the JSON 400 every other error is (``cors_not_allowed``), with the CORS headers it had;
-    it was starlette's plain text "Disallowed CORS method" (session 93)."""
-    from starlette.middleware.cors import CORSMiddleware
+class _JsonCORS(CORSMiddleware):
+    """starlette's ``CORSMiddleware``, its refusal of a preflight (a method the server does not take, a private-network
+    request) the JSON 400 every other error is (``cors_not_allowed``), with the CORS headers it had; it was starlette's
+    plain text "Disallowed CORS method" (session 93)."""
 
-    class JsonCORS(CORSMiddleware):
-        def preflight_response(self, request_headers):
-            r = super().preflight_response(request_headers)
-            if r.status_code != 400:
-                return r
-            what = bytes(r.body).decode("ascii", "replace").removeprefix("Disallowed CORS ")
-            headers = {k: v for k, v in r.headers.items() if k.lower() not in ("content-length", "content-type")}
-            return _AsciiJSON(P.error_body(f"this server does not take the preflight's {what} (it takes the methods "
-                                           "GET, POST and DELETE, any header)", code="cors_not_allowed"),
-                              status_code=400, headers=headers)
-
-    # (DELETE: OpenAI's client deletes a stored response so; a page's preflight for it was refused, and its DELETE
-    # never reached the route's answer, a 404: nothing is stored)
-    return Middleware(JsonCORS, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
-                      max_age=600)
+    def preflight_response(self, request_headers):
+        r = super().preflight_response(request_headers)
+        if r.status_code != 400:
+            return r
+        what = bytes(r.body).decode("ascii", "replace").removeprefix("Disallowed CORS ")
+        headers = {k: v for k, v in r.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return _AsciiJSON(P.error_body(f"this server does not take the preflight's {what} (it takes the methods "
+                                       f"{', '.join(self.allow_methods)}, any header)", code="cors_not_allowed"),
+                          status_code=400, headers=headers)
 
 
 async def _on_api_error(request: Request, e: P.APIError) -> Response:
@@ -1250,7 +1244,10 @@ def create_app(engine, model_id: str, *, queue_size: int = 16, drafter: str | No
     if origins:  # a preflight (OPTIONS) is answered before the routes, which take GET, POST and DELETE; inside the
         # counter and the origin guard: a disallowed origin's preflight is the guard's JSON 403, counted, as its other
         # requests are (it was starlette's plain-text 400 "Disallowed CORS origin" until session 93)
-        middleware.insert(2, _cors(origins))
+        # (DELETE: OpenAI's client deletes a stored response so; a page's preflight for it was refused, and its
+        # DELETE never reached the route's answer, a 404: nothing is stored)
+        middleware.insert(2, Middleware(_JsonCORS, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
+                                        allow_headers=["*"], max_age=600))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={P.APIError: _on_api_error, HTTPException: _on_http_error,
                                         Exception: _on_crash})

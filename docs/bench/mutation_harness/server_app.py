@@ -83,7 +83,7 @@ MUTANTS = [
     ("SV65", F, "hmac.compare_digest(token.strip(), self.key)", "self.key.startswith(token.strip())"),  # a prefix of the key (or an empty one) accepted
     ("SV66", F, '            o = _origin_key(o.removesuffix("/"))', '            o = o.removesuffix("/")'),  # --allow-origin not normalized (HTTP://X:80)
     # -- create_app / run --------------------------------------------------------------------------------------------
-    ("SV67", F, "        middleware.insert(2, _cors(origins))", "        middleware.insert(0, _cors(origins))"),  # CORS outside the origin guard: a bad origin's preflight is starlette's 400
+    ("SV67", F, "        middleware.insert(2, Middleware(_JsonCORS", "        middleware.insert(0, Middleware(_JsonCORS"),  # CORS outside the origin guard: a bad origin's preflight is starlette's 400
     ("SV68", F, '            sched.shutdown()  # the generations end first', "            pass  # the generations end first"),  # a stop waits for generations to run to the end
     ("SV69", F, "                    elif now - since > SEND_STALL_S:", "                    elif False:"),  # a client reading nothing holds a stop
     ("SV70", F, "for sig in (signal.SIGINT, signal.SIGTERM)}", "for sig in (signal.SIGINT,)}"),  # SIGTERM: uvicorn's handler, which re-raises (exit not 0)
