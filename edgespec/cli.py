@@ -416,6 +416,15 @@ def _budget_text(n: int) -> str:
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{max(1, round(n / 2**10))} KiB"
 
 
+def _check_drafted(drafter, draft_tokens) -> None:
+    """``--draft-tokens`` beside ``--drafter none`` refused, in generate, chat and serve alike (serve's requests may
+    still name both: the server's rule, server.py)."""
+    from .errors import ConfigError
+
+    if drafter == "none" and draft_tokens is not None:
+        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+
+
 def _check_options(**options) -> None:
     """Refuse a command's generation options (ConfigError) before the model loads; None is an option left out (the
     engine's default, the model's recommendation included). --drafter is a click.Choice; its pairings with
@@ -570,8 +579,7 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     penalties = penalty_options()
     _check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                    seed=seed, draft_tokens=draft_tokens, logprobs=logprobs, **penalties)
-    if drafter == "none" and draft_tokens is not None:
-        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+    _check_drafted(drafter, draft_tokens)  # (before the model loads)
     if drafter == "prediction" and prediction_file is None:
         raise ConfigError("--drafter prediction drafts from a predicted output: give it with --prediction FILE")
     if drafter == "none" and prediction_file is not None:
@@ -801,10 +809,8 @@ def chat(ctx, bundle, system, max_new_tokens, temperature, top_k, top_p, min_p, 
     most 64 MiB; a longer one is refused and skipped); piped input that met an error exits 1.
     """
     from .chat import run_chat
-    from .errors import ConfigError
 
-    if drafter == "none" and draft_tokens is not None:  # (generate's rule and words; before the model loads)
-        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+    _check_drafted(drafter, draft_tokens)  # (before the model loads)
     _documents_note(drafter, "/set drafter suffix or auto")
     penalties = penalty_options()
     _check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -915,8 +921,7 @@ def serve(bundle, host, port, queue_size, temperature, top_p, top_k, min_p, repe
     from .server import check_api_key, check_origins
 
     check_origins(allow_origins)  # (before the port and the model)
-    if drafter == "none" and draft_tokens is not None:  # (generate's rule and words; a request may still set both)
-        raise ConfigError("--draft-tokens with --drafter none: nothing is drafted; give one of them")
+    _check_drafted(drafter, draft_tokens)  # (before the model loads)
     sampling = {k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p),
                                   ("repetition_penalty", repetition_penalty)) if v is not None}
     # (the temperature too: click's range takes 5e-7, which no request that leaves its temperature out is sampled at)
