@@ -2082,21 +2082,26 @@ def _rewrite_stream(engine, monkeypatch, rewrite):
     monkeypatch.setattr(engine, "stream_ids", stream_ids)
 
 
-def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_id, monkeypatch):
-    from edgespec.errors import BundleError
+@pytest.mark.parametrize("error, code, ours", [("BundleError", "server_error", "BundleError"),
+                                               ("ConfigError", "invalid_prompt", "invalid_value")])
+def test_a_responses_stream_that_fails_ends_with_response_failed(engine, model_id, monkeypatch, error, code, ours):
+    """A failure mid-stream ends with response.failed, its error's code the kind of failure: the server's (a model
+    that failed to run) or the request's (a grammar that cannot go on: SV52 of the mutation test, session 93)."""
+    from edgespec import errors
 
     def failing(inner):
-        for _ in range(3):
+        for _ in range(3 if error == "BundleError" else 2):
             yield next(inner)
-        raise BundleError("the target model failed to run (planted)")
+        raise getattr(errors, error)("the target model failed to run (planted)" if error == "BundleError"
+                                     else "the reply's grammar cannot go on (planted)")
 
     _rewrite_stream(engine, monkeypatch, failing)
     with _InProcess(engine, model_id, temperature=0) as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         events = list(c.responses.create(model=model_id, input="Count to ten.", max_output_tokens=30, stream=True))
         assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
-        assert events[-1].response.error.code == "server_error" and "planted" in events[-1].response.error.message
-        assert events[-1].response.model_extra["edgespec"]["error_code"] == "BundleError"
+        assert events[-1].response.error.code == code and "planted" in events[-1].response.error.message
+        assert events[-1].response.model_extra["edgespec"]["error_code"] == ours
         assert events[0].type == "response.created"
         assert http(s.url + "/health")[1]["busy"] is False
         # (session 53, a review) the text streamed before the failure: its item closed, incomplete, in the output

@@ -172,21 +172,6 @@ def _gens(url):
                                             re.M))
 
 
-def test_a_responses_stream_failing_on_the_request_is_invalid_prompt(engine, model_id, monkeypatch):  # SV52
-    from edgespec.errors import ConfigError
-
-    def failing(inner):
-        for _ in range(2):
-            yield next(inner)
-        raise ConfigError("the reply's grammar cannot go on (planted)")
-
-    _rewrite_stream(engine, monkeypatch, failing)
-    with _InProcess(engine, model_id, temperature=0) as s:
-        evs = list(_client(s.url).responses.create(model=model_id, input="Count to ten.", max_output_tokens=30,
-                                                   stream=True))
-        assert evs[-1].type == "response.failed" and evs[-1].response.error.code == "invalid_prompt"
-
-
 def test_a_prediction_of_the_context_plus_one(engine, model_id):  # SV33 (equivalent: the engine refuses it too)
     word = " hello"
     enc = lambda t: engine.tokenizer.encode(t, add_special=False, parse_special=False)  # noqa: E731
