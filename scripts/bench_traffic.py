@@ -153,19 +153,34 @@ def _sum_dicts(ds) -> dict:
     return out
 
 
-def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None, log,
-                keep_caches: bool = False) -> tuple[list[dict], list]:
+def each_request(eng, limit: int | None, serve, done=None) -> None:
+    """The workload's requests in order, as ``run_traffic`` and ``replay_policy.py --traffic`` run them:
+    ``serve(n, total, category, id, messages, ids)`` returns the request's plain reply (its reference), which is
+    remembered with its prompt (the suffix drafter records nothing itself) and, in the code-editing session, is the
+    assistant's turn before the next; then ``done(n)``."""
     sfx = eng.decoder.drafters["suffix"]
     sfx.recording = False  # one reference output per request is added below
-    tok = eng.tokenizer
-    runs, store_growth = [], []
     session: list[dict] = []
     items = workload(limit)
     for n, (cat, qid, messages) in enumerate(items, 1):
-        if messages is None:
+        if messages is None:  # the code-editing session's next turn, after the replies before it
             session.append({"role": "user", "content": CODE_TURNS[int(qid.split("-")[1]) - 1]})
             messages = session
-        ids = tok.encode_chat(messages)
+        ids = eng.tokenizer.encode_chat(messages)
+        ref = serve(n, len(items), cat, qid, messages, ids)
+        sfx.remember(ref, prompt=ids)
+        if cat == "code-edit":
+            session.append({"role": "assistant", "content": eng.tokenizer.decode(ref)})
+        if done is not None:
+            done(n)
+
+
+def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None, log,
+                keep_caches: bool = False) -> tuple[list[dict], list]:
+    sfx = eng.decoder.drafters["suffix"]
+    runs, store_growth = [], []
+
+    def serve(n, total, cat, qid, messages, ids):
         ref = None
         for d in ["none", *drafters]:
             if not keep_caches:  # every run from empty caches: the drafter reads each prompt whole
@@ -184,13 +199,15 @@ def run_traffic(eng, drafters: list[str], max_new_tokens: int, limit: int | None
                          "accepted_by_drafter": dict(st.accepted_by_drafter),
                          "exact": None if d == "none" else out == ref,
                          "recalled": [] if d == "none" else list(sfx.recall_scores)})
-            log(f"  [{n}/{len(items)}] {cat:12s} {qid:18s} {d:13s} {st.tokens_per_second:6.1f} tok/s "
+            log(f"  [{n}/{total}] {cat:12s} {qid:18s} {d:13s} {st.tokens_per_second:6.1f} tok/s "
                 f"acc {st.acceptance_rate:.2f}" + ("" if d == "none" or out == ref else "  MISMATCH"))
-        sfx.remember(ref, prompt=ids)
-        if cat == "code-edit":
-            session.append({"role": "assistant", "content": tok.decode(ref)})
+        return ref
+
+    def done(n):
         s = sfx.stats()
         store_growth.append((n, s["memory_tokens"], s["memory_bytes"]))
+
+    each_request(eng, limit, serve, done)
     return runs, store_growth
 
 

@@ -292,18 +292,8 @@ def main(argv=None) -> int:
             for seed in seeds:
                 replay(p["question_id"], p["category"], [{"role": "user", "content": p["turns"][0]}], seed)
         if args.traffic:  # (bench_traffic.run_traffic's order and memory: the drafters of a request see the same)
-            eng = engine("one")[0]
-            sfx = eng.decoder.drafters["suffix"]
-            sfx.recording = False  # (each request's plain reply is remembered below, as a generation records itself)
-            session: list[dict] = []
-            for cat, qid, msgs in bench_traffic.workload(args.limit):
-                if msgs is None:  # the code-editing session's next turn, after the replies before it
-                    session.append({"role": "user", "content": bench_traffic.CODE_TURNS[int(qid.split("-")[1]) - 1]})
-                    msgs = session
-                ref = replay(qid, cat, msgs, 0)
-                sfx.remember(ref, prompt=eng.tokenizer.encode_chat(msgs))
-                if cat == "code-edit":
-                    session.append({"role": "assistant", "content": eng.tokenizer.decode(ref)})
+            bench_traffic.each_request(engine("one")[0], args.limit,
+                                       lambda n, total, cat, qid, msgs, ids: replay(qid, cat, msgs, 0))
     except edgespec.EdgespecError as e:
         print(f"replay_policy.py: error: {e}", file=sys.stderr)
         return 2
