@@ -603,6 +603,9 @@ def test_unknown_key_is_named(tmp_path):
     ("max_draft_tokens = 65", "max_draft_tokens"),
     ("provider_options = { cuda = { device_id = [0] } }", "provider_options.cuda.device_id"),
     ('session_options = { "session.x" = [1] }', "session_options"),
+    # (session 94, a second mutation test of profiles.py: each passed with its bound or its set widened)
+    ("max_context = 16777217", "max_context"),
+    ('kv_dtype = "bfloat16"', "kv_dtype"),
 ])
 def test_bad_values_name_the_key(tmp_path, line, key):
     text = line + "\n" if line.startswith("memory_budget_mb") else f"memory_budget_mb = 100\n{line}\n"
@@ -638,6 +641,36 @@ def test_a_broken_profile_file_leaves_the_others_listed(tmp_path, monkeypatch, c
         resolve_profile("mine")
 
 
+def test_a_broken_profile_hides_no_later_folders_profile_of_its_name(tmp_path, monkeypatch, caplog):
+    """(session 94, a mutation test) The first folder's file of a name is the profile of that name (resolve_profile
+    reads it); when it is broken, the list leaves the name out rather than showing a later folder's file of that name,
+    which the name does not resolve to."""
+    import edgespec.profiles as profiles_mod
+
+    first, later = tmp_path / "repo", tmp_path / "packaged"
+    first.mkdir(), later.mkdir()
+    _write(first, 'memory_budget_mb = "lots"\n', name="edge.toml")
+    _write(later, "memory_budget_mb = 100\n", name="edge.toml")
+    _write(later, "memory_budget_mb = 200\n", name="other.toml")
+    monkeypatch.setattr(profiles_mod, "profile_dirs", lambda: [first, later])
+    with caplog.at_level("WARNING", logger="edgespec"):
+        assert [(p.name, p.memory_budget_mb) for p in list_profiles()] == [("other", 200)]
+    with pytest.raises(ProfileError, match="edge.toml: memory_budget_mb"):
+        resolve_profile("edge")
+
+
+def test_a_profile_made_in_python_with_a_provider_that_is_none_is_a_profile_error():
+    """(session 94, a mutation test) A provider name onnxruntime does not know, in a ``Profile`` made in Python, is
+    named as a file's is (a ``ProfileError``), not the provider table's own ``ProviderError``."""
+    from edgespec.errors import ProviderError
+
+    for kw, key in ((dict(providers=("gpu",)), "providers"), (dict(drafter_provider="NPUExecutionProvider"),
+                                                             "drafter_provider")):
+        with pytest.raises(ProfileError) as e:
+            resolve_profile(replace(DEFAULT_PROFILE, **kw))
+        assert not isinstance(e.value, ProviderError) and key in str(e.value)
+
+
 def test_max_context_must_be_positive():
     from edgespec.errors import ConfigError
 
@@ -651,6 +684,9 @@ def test_profile_file_errors(tmp_path):
         load_profile(_write(tmp_path, "max_context = 100\n"))
     with pytest.raises(ProfileError, match=r"min_context \(600\) is larger than max_context \(512\)"):
         load_profile(_write(tmp_path, "memory_budget_mb = 1\nmax_context = 512\nmin_context = 600\n"))
+    with pytest.raises(ProfileError, match=r"min_context \(513\) is larger than max_context \(512\)"):
+        load_profile(_write(tmp_path, "memory_budget_mb = 1\nmax_context = 512\nmin_context = 513\n"))
+    assert load_profile(_write(tmp_path, "memory_budget_mb = 1\nmax_context = 512\nmin_context = 512\n")).min_context == 512
     with pytest.raises(ProfileError, match="no such profile file"):
         load_profile(tmp_path / "absent.toml")
     with pytest.raises(ProfileError, match="not valid TOML"):
