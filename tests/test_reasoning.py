@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import edgespec
@@ -446,6 +447,38 @@ def test_a_lazy_grammar_closes_its_block_and_opens_the_next_one():
     bad.m.seen.append(_Block.CLOSE)  # (a matcher that stopped, not yet seen so: the next token is refused)
     with pytest.raises(EdgespecError, match="outside the tool call's grammar"):
         bad.consume([4])
+
+
+class _MaskedBlock(_Block):
+    """A ``_Block`` whose mask allows CLOSE alone (llguidance's ``unsafe_compute_mask_ptr``: bits by token id)."""
+
+    def unsafe_compute_mask_ptr(self, ptr, nbytes):
+        import ctypes
+
+        words = (ctypes.c_int32 * (nbytes // 4)).from_address(ptr)
+        for i in range(nbytes // 4):
+            words[i] = 0
+        words[self.CLOSE // 32] = 1 << (self.CLOSE % 32)
+
+    def deep_copy(self):
+        return _MaskedBlock(self.seen)
+
+
+def test_a_drafters_mask_follows_its_own_draft_through_a_lazy_grammar():
+    """(session 94, a mutation test of constrain.py: LazyConstraint.mask) a model drafter drafting under a lazy grammar
+    (strict tool calls in ``auto``) gets the mask after its own pushed tokens: inside the block its draft opened, that
+    block's mask; after ``pop``, the kept state's again (it got the kept state's all along: drafts into a call went
+    unmasked, to be cut at verify)."""
+    from edgespec.constrain import LazyConstraint
+
+    TRIGGER = 5
+    con = LazyConstraint(lambda: _MaskedBlock(), TRIGGER, 10, eos=(9,))
+    con.consume([4])
+    assert con.mask().all()
+    assert con.push(4) and con.mask().all() and con.push(TRIGGER)
+    assert np.flatnonzero(con.mask()).tolist() == [_Block.CLOSE]
+    con.pop()
+    assert con.mask().all() and con.m is None
 
 
 def test_white_space_before_a_thinking_model_s_block_still_opens_it(think_engine):

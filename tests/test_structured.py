@@ -202,6 +202,7 @@ FORMAT_ERRORS = [
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "must be a JSON Schema object"),
     ({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}, "strict must be"),
     ({"type": "json_schema", "json_schema": {"name": "x", "format": 1}}, "unknown field 'format'"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schemas": {}}}, "unknown field 'schemas'"),  # (a typo)
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}, "objectx"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": float("inf")}}}, "not JSON"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-"}}},
@@ -214,13 +215,19 @@ FORMAT_ERRORS = [
         "type": "integer", "minimum": 10 ** 20, "maximum": 10 ** 20 + 5}}}, r"past \+-\(2\*\*53 - 1\)"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "properties": {"a": {"const": 12345678901234567890123}}}}}, r"schema\.properties\.a\.const: the integer"),
+    # (session 94, a mutation test of constrain.py) the first integer past the bound, and a schema past its size
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "integer", "maximum": 2 ** 53}}}, r"schema\.maximum: the integer 9007199254740992 is past"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "description": "x" * (1 << 20)}}},
+     r"has 1048\d{3} characters; at most 1048576"),
 ]
 
 
 @pytest.mark.parametrize("fmt, message", FORMAT_ERRORS, ids=[str(i) for i in range(len(FORMAT_ERRORS))])
 def test_a_malformed_response_format_is_a_config_error(fmt, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as e:
         grammar_for(fmt)
+    assert "\n" not in str(e.value)  # (one line: llguidance's messages span several)
 
 
 _CHAIN = """
@@ -314,6 +321,34 @@ def test_a_grammar_given_as_an_option_with_a_bad_trigger_is_a_config_error(tiny_
     for trigger in ("abc", "-1", str(10**6), ""):
         with pytest.raises(ConfigError, match="trigger must be a token id"):
             eng.generate("hi", max_new_tokens=4, grammar=f'{LAZY}{trigger}:start: "x"')
+    # (session 94, a mutation test) a lazy grammar that does not compile is refused before the reply, not at the
+    # first block its trigger opens (if the reply has one)
+    with pytest.raises(ConfigError, match='unknown name: "nonsense"'):
+        eng.generate("hi", max_new_tokens=4, grammar=f"{LAZY}5:start: nonsense")
+
+
+def test_special_tokens_are_no_text_of_a_grammar_and_a_grammar_of_no_token_is_refused(tiny_bundle):
+    """(session 94, a mutation test of constrain.py) llguidance reads the added tokens as special, so a grammar's text
+    (a JSON string) is never written with one: the reply's text leaves special tokens out, and would lose it. And a
+    grammar whose only first token is an id past the model's rows (a tokenizer's special id past the vocabulary, as
+    Gemma 3's) allows no first token: refused before the reply (it was a failure at the first verify call)."""
+    import edgespec
+    from edgespec.constrain import Grammars
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+    tok = eng.tokenizer
+    specials = sorted(tok.special_ids())
+    assert specials
+    con = eng.decoder.constraints(grammar_for({"type": "json_schema", "json_schema": {
+        "name": "s", "schema": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}}))
+    con.consume(tok.encode('{"a": "', add_special=False))
+    mask = con.mask()
+    assert mask[tok.encode("x", add_special=False)[0]] and not mask[specials].any()
+    vocab = eng.decoder.vocab
+    rows = Grammars(tok._tok.to_str(), vocab - 1, eng.manifest.eos_token_ids, tokens=vocab)
+    with pytest.raises(ConfigError, match="allows no first token"):
+        rows.constraint(f"start: <[{vocab - 1}]>")
+    assert rows.constraint(f"start: <[{vocab - 2}]>").mask()[vocab - 2]
 
 
 def test_json_schema_replies_of_a_tiny_model_under_every_drafter(tiny_bundle):

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 
 import edgespec
@@ -720,6 +721,37 @@ def test_a_newline_after_a_forced_call_may_end_the_reply(tool_engine):
             con.consume(newline)
             mask = con.mask()
             assert mask[eos] and mask[ids[0]]  # after the newline: the end, or another call
+
+
+def test_a_forced_calls_grammar_holds_the_name_and_the_number_of_calls(tool_engine):
+    """(session 94, a mutation test of constrain.py) ``tool_choice`` naming a function holds the call to that function
+    (another of the tools is no call of the grammar), and ``parallel_tool_calls: false`` to one call (nothing after it
+    but the end of the reply, where a parallel reply may write another after a newline)."""
+    from edgespec.constrain import tool_call_grammar
+    from edgespec.tools import CLOSE, OPEN
+
+    tok = tool_engine.tokenizer
+    ids = tok.token_to_id(OPEN), tok.token_to_id(CLOSE)
+    eos = tool_engine.manifest.eos_token_ids[0]
+    tools = [*WEATHER, {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+
+    def block(name):
+        return [ids[0], *tok.encode('\n{"name": "%s", "arguments": {}}\n' % name, add_special=False), ids[1]]
+
+    named = {"name": "get_weather"}  # (as check_tool_choice gives it)
+    for choice, name, whole in ((named, "get_weather", True), (named, "get_time", False), ("required", "get_time", True)):
+        draft = block(name)
+        _, n = tool_engine.decoder.constraints(tool_call_grammar(tools, choice, True, *ids)).masks(draft)
+        assert (n == len(draft)) == whole, (choice, name, n)
+    newline = tok.encode("\n", add_special=False)
+    two = block("get_time") + newline + block("get_weather")
+    for parallel in (True, False):
+        con = tool_engine.decoder.constraints(tool_call_grammar(tools, "required", parallel, *ids))
+        _, n = con.masks(two)
+        assert n == (len(two) if parallel else len(block("get_time"))), (parallel, n)
+        if not parallel:
+            con.consume(block("get_time"))
+            assert np.flatnonzero(con.mask()).tolist() == [eos]
 
 
 def test_without_call_tokens_a_forced_call_is_a_forced_start_and_strict_is_refused():
