@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.errors import ConfigError
 from edgespec.tools import check_tool_choice, check_tool_messages, check_tools, parse_tool_calls, tool_request
-from tiny import TOOLS_TEMPLATE
+from tiny import CORPUS, TOOLS_TEMPLATE
 
 NAMES = ["get_weather"]
 
@@ -223,8 +223,6 @@ def test_a_template_that_names_tools_but_writes_no_tool_call_blocks_refuses_them
 
 
 # == tokenizer.py ==================================================================================================
-from tiny import CORPUS  # noqa: E402
-
 CHAT = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}[{{ eos_token }}]")
 
