@@ -291,7 +291,7 @@ def main(argv=None) -> int:
         for p in prompts:
             for seed in seeds:
                 replay(p["question_id"], p["category"], [{"role": "user", "content": p["turns"][0]}], seed)
-        if args.traffic:  # (bench_traffic.each_request: run_traffic's order and memory, the drafters of a request see the same)
+        if args.traffic:  # (bench_traffic.each_request: run_traffic's order and memory; a request's drafters see alike)
             bench_traffic.each_request(engine("one")[0], args.limit,
                                        lambda n, total, cat, qid, msgs, ids: replay(qid, cat, msgs, 0))
     except edgespec.EdgespecError as e:
