@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.errors import ConfigError
 from edgespec.tools import check_tool_choice, check_tool_messages, check_tools, parse_tool_calls, tool_request
-from tiny import CORPUS, TOOLS_TEMPLATE
+from tiny import CORPUS, STRICT, TOOLS_TEMPLATE, WEATHER
 
 NAMES = ["get_weather"]
 
@@ -179,9 +179,6 @@ def test_an_unclosed_call_ended_by_a_fence_leaves_no_fence():
 
 
 # -- tools: ToolRequest ----------------------------------------------------------------------------------------------
-WEATHER = [fn("get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})]
-STRICT = [fn("get_weather", strict=True, parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                                                      "required": ["city"], "additionalProperties": False})]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
