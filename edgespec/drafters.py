@@ -664,7 +664,7 @@ def _rescue(q: Dist, tok: int) -> float:
     chance of a rejection rescued by the alternate best of the figures tried (correlation 0.50, against
     0.43 for 1 - q(tok) and for q's second largest; scripts/probe_sampled_alternates.py, session 39)."""
     w = q.w
-    if w.shape[0] < 2:
+    if w.shape[0] == 0:  # (one token: 0 where it is tok; a TailDist's tail token: that one near token's share)
         return 0.0
     at = tok if q.idx is None else int(np.searchsorted(q.idx, tok))  # (a tail token of a TailDist: none of w's)
     j = int(np.argmax(w))

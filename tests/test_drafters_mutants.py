@@ -344,3 +344,20 @@ def test_a_confidence_stop_counts_no_token_surer_than_certain():
     ctx = TokenBuffer([5, 0], capacity=64)
     md.begin(ctx.tolist())
     assert md.draft(ctx, 8, GREEDY, np.random.default_rng(0), stop=0.5).tokens == [1, 2, 3]
+
+
+def test_a_tail_tokens_alternate_is_priced_at_the_one_near_tokens_share():
+    """(session 95's review of DR-survivors) ``_rescue`` on a TailDist with one near token and a draft token from its
+    tail: the largest probability q gives another token is that near token's, not 0 (a one-token distribution whose
+    token is the draft's own still prices its alternate at 0)."""
+    from edgespec.drafters import _rescue
+    from edgespec.sampling import Dist, TailDist, distribution
+
+    row = np.full(5000, -20.0, dtype=np.float32)
+    row[3] = 0.0
+    q = distribution(row, SamplingParams(1.0))
+    assert isinstance(q, TailDist) and q.idx.tolist() == [3]
+    assert _rescue(q, 4000) == pytest.approx(1.0 / q.total) and q.total == 1.0
+    assert _rescue(q, 3) == 0.0
+    one = Dist(8, np.array([5]), np.array([2.0]))
+    assert _rescue(one, 5) == 0.0 and _rescue(one, 6) == 1.0
