@@ -88,7 +88,8 @@ MUTANTS = [
     ("DR64", F, "    if not row.flags.writeable:\n        row = row.copy()\n", ""),  # a read-only row written
     ("DR65", F, "    finally:\n        row[j] = best\n", "    finally:\n        pass\n"),  # the row left with -inf at its best
     ("DR66", F, "    return j2, top * float(np.exp(np.float32(row[j2]) - np.float32(best)))", "    return j2, float(np.exp(np.float32(row[j2]) - np.float32(best)))"),  # the second's probability relative to the top, not absolute
-    ("DR67", F, "    if w.shape[0] < 2:\n        return 0.0\n", ""),  # a one-weight tail distribution's alternate priced at its top
+    ("DR67", F, "    if w.shape[0] == 0:", "    if w.shape[0] < 2:"),  # (rewritten after session 95's fix of _rescue, which DR67 first
+    # removed: speed only then) a TailDist's tail token's alternate priced at 0, not its one near token's share
     ("DR68", F, "    if j != at or (q.idx is not None and (at >= q.idx.shape[0] or q.idx[at] != tok)):", "    if j != at:"),  # a tail token taken for the top kept one
     ("DR69", F, "    return max(float(w[:j].max(initial=0.0)), float(w[j + 1:].max(initial=0.0))) / q.total", "    return float(w[j + 1:].max(initial=0.0)) / q.total"),  # the second largest looked for after the top only
     ("DR70", F, "    return 1.0 / float(np.exp(logits - m, dtype=np.float32).sum())", "    return 1.0 / float(np.exp(2 * (logits - m), dtype=np.float32).sum())"),  # the top probability at temperature 0.5
