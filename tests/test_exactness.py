@@ -103,6 +103,10 @@ class _FakeKernel:
     (lambda w, i: 0.5 if (w % 2 and i == w - 1) else 0.0, (2, 2)),
     (lambda w, i: 0.0 if w <= 4 else 0.5, (5, 1)),  # a small-M kernel up to 4 rows: 1..4 disagree with 5..9
     (lambda w, i: float(w), (9, 1)),  # every width its own: only the widest probed call agrees with itself
+    # (session 95, a mutation test: WD6 dropped the candidates (4, 2) and (4, 4) and took (6, 1)) even widths from 4
+    # agree, and 9 with them: "at least 4, even" is the cheapest policy all its calls agree under
+    (lambda w, i: 0.0 if w in (4, 6, 8, 9) else 0.5 + w, (4, 2)),
+    (lambda w, i: 0.0 if w in (4, 8) else 0.5 + w, (4, 4)),  # only 4 and 8: multiples of 4
 ])
 def test_width_probe_picks_the_cheapest_policy_all_allowed_calls_agree_under(path, want):
     k = _FakeKernel(path, device="cpu")
@@ -136,6 +140,9 @@ def test_onnxruntime_cpu_kernels_are_probed_at_every_width_they_get(path, want, 
     # of its block) is probed and bounded as onnxruntime's kernels are: it was trusted at every width
     kept = _FakeKernel(path, device="cpu", kernels="edgespec-q4", operators={"MatMulQ4": 8, "MatMulNBits": 1})
     assert measure_width(kept) == want and kept.verified_width == verified
+    # (session 95, WD3) and so is one that kept a plain MatMul (MLAS splits its rows between threads too)
+    kept = _FakeKernel(path, device="cpu", kernels="edgespec-q4", operators={"MatMulQ4": 8, "MatMul": 1})
+    assert measure_width(kept) == want and kept.verified_width == verified
 
 
 def test_onnxruntime_cpu_kernels_never_get_one_token_calls():
@@ -152,6 +159,17 @@ def test_gpu_model_too_small_to_probe_keeps_to_the_old_probes_widest_call():
     k = _FakeKernel(lambda w, i: 0.0)
     k.max_context = 17  # room for the prefix and one token: nothing to compare
     assert measure_width(k) == (1, 1) and k.verified_width == 9
+
+
+def test_a_window_one_token_short_of_the_probe_takes_the_fallback_policy():
+    """(session 95, WD9) the probe needs its 16-token prefix and its widest call (9 tokens on edgespec's kernels):
+    a window of 24 holds one token fewer, so the CPU's fallback policy stands, (2, 1), where the probe would have
+    found (1, 1) by writing past the window; a window of 25 is probed."""
+    k = _FakeKernel(lambda w, i: 0.0, device="cpu")
+    k.max_context = 24
+    assert measure_width(k) == (2, 1) and getattr(k, "widths", set()) == set()
+    k.max_context = 25
+    assert measure_width(k) == (1, 1) and max(k.widths) == 16
 
 
 def test_gpu_probe_compares_one_token_steps_at_every_position():
