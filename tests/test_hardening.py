@@ -725,6 +725,21 @@ def test_a_stamp_is_for_the_hash_it_checked(tiny_bundle, copy_bundle, cache_dir,
     ("{{ 2 ** 65 }}", "exponent"),
     ("{{ strftime_now('%Y' * 40) }}", "strftime_now"),
     ("{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}", "output"),  # (each piece within the limit, 2 MB out)
+    # (session 95, a second mutation test of template.py: each built its result past the size limit with its mutant
+    # planted, `| length` keeping the output's own limit from refusing it afterwards)
+    # TP8: a list's size counts: two million items refused before they are built, not only 2 MB of text
+    ("{{ ([0] * 2000000) | length }}", "a repeated string or list"),
+    # TP19: the count on the left of `*`, as `n * 'x'` is written too
+    ("{{ (2000000 * 'x') | length }}", "a repeated string or list"),
+    # TP11: the width methods beyond center and ljust
+    ("{{ 'x'.zfill(2097152) | length }}", "str.zfill width"),
+    ("{{ '\\t'.expandtabs(2097152) | length }}", "str.expandtabs width"),
+    # TP24: two strings within the limit whose concatenation is not (the sum, not the larger)
+    ("{{ (('x' * 600000) + ('y' * 600000)) | length }}", "a concatenation"),
+    # TP36: the indent filter's width
+    ("{{ 'a\\nb' | indent(2097152) | length }}", "the indent filter's width"),
+    # TP39: tojson's indent given as a string
+    ("{{ [[1]] | tojson(indent=' ' * 65) }}", "tojson indent"),
 ])
 def test_template_limits(source, match):
     from edgespec.template import ChatTemplate
@@ -757,6 +772,31 @@ def test_template_limits(source, match):
     # transformers' generation tag (SmolLM3's template: every chat on such a bundle was "does not parse")
     ("{% for m in messages %}{% generation %}{% set x = m.content %}{{ x }}{% endgeneration %};{% endfor %}",
      "hi;yo;"),
+    # (session 95, a second mutation test of template.py: each refused, or rendered otherwise than transformers, with
+    # its mutant planted)
+    # TP13: a replacement that shrinks or keeps the text's size is within the limit (800,000 characters stay so)
+    ("{{ ('ab' * 400000).replace('ab', 'c') | length }}", "400000"),
+    ("{{ ('ab' * 400000).replace('ab', 'cd') | length }}", "800000"),
+    # TP14: str.join of a generator (map's) reads it once, for its size, and joins what it read
+    ("{{ ' / '.join(messages | map(attribute='content')) }}", "hi / yo"),
+    # TP20: a product of two integers is bounded by the sum of their bits (2**4096 squared: 8,193 bits)
+    ("{% set a = (2 ** 64) ** 64 %}{{ (a * a).bit_length() }}", "8193"),
+    # TP31: {% break %} and {% continue %} (jinja2's loopcontrols; tool-calling templates use them)
+    ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}", "hi"),
+    ("{% for m in messages %}{% if m.role == 'user' %}{% continue %}{% endif %}{{ m.content }}{% endfor %}", "yo"),
+    # TP29, TP30: transformers renders with trim_blocks and lstrip_blocks: a block tag's own line leaves no newline
+    # or indentation in the prompt
+    ("{% for m in messages %}\n{{ m.content }}\n{% endfor %}", "hi\nyo\n"),
+    ("{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}",
+     "[hi]\n"),
+    # TP37: transformers' tojson keeps non-ASCII text as it is
+    ("{{ {'city': 'Zürich', 'greeting': '你好'} | tojson }}", '{"city": "Zürich", "greeting": "你好"}'),
+    # TP38: and takes its arguments in its order: ensure_ascii first
+    ("{{ ['é'] | tojson(True) }}", '["\\u00e9"]'),
+    # TP54: only the template's own calls count toward the nesting limit (30 nested macros, each a few of
+    # jinja2's frames deep)
+    ("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n % 10 }}{% endmacro %}{{ f(30) }}",
+     "0123456789" * 3 + "0"),
 ])
 def test_template_formats_within_the_limits_render(source, out):
     """(a first version of session 44's width checks refused JSON with a nested object in %- and str.format

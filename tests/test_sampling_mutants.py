@@ -8,6 +8,7 @@ import pytest
 
 from edgespec.sampling import Dist, SamplingParams, TailDist, distribution
 from edgespec.verify import alternate_dist, rejection_sample
+from test_decoder import _tail_row
 
 
 def test_a_token_past_the_vocabulary_has_probability_zero():
@@ -106,10 +107,9 @@ def test_acceptance_decided_on_bounds_equals_the_exact_rule_draw_for_draw(monkey
     from edgespec import sampling
     from edgespec.verify import _accepts
 
-    monkeypatch.setattr(sampling, "_DENSE_EPS", 3.0)
+    monkeypatch.setattr(sampling, "_DENSE_EPS", 3.0)  # (test_decoder's wide_tail)
     sp = SamplingParams(1.0)
-    row_q = np.full(5000, -9.0, dtype=np.float32)
-    row_q[:4] = [0.0, -1.0, -2.0, -3.0]
+    row_q = _tail_row()
     row_p = row_q.copy()
     row_p[:4] = [-1.5, 0.0, 0.0, -0.5]
     q_tail, p_tail = distribution(row_q, sp), distribution(row_p, sp)
