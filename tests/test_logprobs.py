@@ -141,6 +141,13 @@ def test_token_logprobs_ranks_and_normalizes():
     assert np.isclose(b.logprob, -np.log(3)) and [i for i, _ in b.top] == [1, 2, 3]
     assert token_logprobs(rows, [0], 0)[0].top == ()
     assert len(token_logprobs(rows[:1], [0], 9)[0].top) == 4  # at most the vocabulary
+    # (session 96, DC27, DC28) many ties, and ties across the cut: the lower ids, past numpy's small-array sorts
+    # (a plain argsort kept the ids' order on short rows only; argpartition picked any of the tied ones at the cut)
+    many = np.random.default_rng(0).integers(0, 2, 300).astype(np.float32)
+    many[::37] = 2  # (a few above the ~150 tied at the cut)
+    for x in (many, np.repeat(np.float32([0, 1]), [5, 59])):
+        want = sorted(range(len(x)), key=lambda j: (-x[j], j))[:MAX_LOGPROBS]
+        assert [i for i, _ in token_logprobs(x[None], [0], MAX_LOGPROBS)[0].top] == want
 
 
 @pytest.mark.parametrize("bad", [-1, MAX_LOGPROBS + 1, "3", True, 2.0])

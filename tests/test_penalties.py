@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import edgespec
-from edgespec.decoder import Decoder, GenerationConfig
+from edgespec.decoder import MAX_HEAL, Decoder, GenerationConfig
 from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import ConfigError
+from edgespec.prediction import MAX_PREDICTION
 from edgespec.sampling import SamplingParams, probs
 from test_decoder import _chi2, _chi2_crit, make, run, suffix_drafter
 from tiny import FakeLM, split_runs
@@ -149,8 +150,16 @@ def test_the_statistical_test_catches_later_rows_penalized_with_the_first_draft_
     (dict(logit_bias=[(5, 100), (5, 100)]), "logit_bias lists token 5 twice"),
     (dict(logit_bias={5: 10**400}), "logit_bias of token 5 must be in -100..100"),
     (dict(presence_penalty=10**400), "presence_penalty must be in -2..2"),
-    (dict(temperature=10**400), "temperature must be a finite number >= 0, got an integer of 1,329 bits")])  # (untyped before 43)
-def test_bad_penalties_are_refused(kw, msg):
+    (dict(temperature=10**400), "temperature must be a finite number >= 0, got an integer of 1,329 bits"),  # (untyped before 43)
+    # (session 96, decoder_mut.py) one past the other bounds, and the options that do not go together
+    (dict(logit_bias=[(True, 1.0)]), "logit_bias must map token ids"),
+    (dict(seed=2**63), "seed must be in"),
+    (dict(heal=b"x" * (MAX_HEAL + 1)), "heal holds"),
+    (dict(prediction=(1,) * (MAX_PREDICTION + 1)), "at most"),
+    (dict(heal=b"x", grammar="start: /a/"), "token healing cannot be combined"),
+    (dict(grammar="start: /a/", ignore_eos=True), "ignore_eos cannot be used with a response format"),
+    (dict(drafter="prediction"), "drafter 'prediction' needs a prediction")])
+def test_bad_penalties_and_options_are_refused(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         GenerationConfig(**kw)
 
