@@ -585,8 +585,8 @@ def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path
 
     key = {"buffers": 4, "kv_heads": 2, "head_dim": 16, "dtype": "float32"}
 
-    def meta(lengths):
-        m = json.dumps({"format": FORMAT, "version": VERSION, "key": key, "lengths": lengths}).encode()
+    def meta(lengths, **more):
+        m = json.dumps({"format": FORMAT, "version": VERSION, "key": key, "lengths": lengths, **more}).encode()
         return np.frombuffer(m, np.uint8)
 
     members = {"meta": meta([20]), "ids_0": np.arange(20, dtype=np.int64),
@@ -600,11 +600,30 @@ def test_a_damaged_prompt_cache_file_is_a_store_error_and_left_as_it_is(tmp_path
             np.lib.format.write_array(npy, a)
             z.writestr(f"{name}.npy", npy.getvalue().replace(b"'shape': (20,), }", b"'shape': (20,(, }"))
     broken = header.getvalue()
+    truncated = io.BytesIO()  # (prompt_cache_mut.py PC67: ids_0's header says 20 ids and 19 follow; the CRC fits)
+    with zipfile.ZipFile(truncated, "w") as z:
+        for name, a in members.items():
+            npy = io.BytesIO()
+            np.lib.format.write_array(npy, a)
+            z.writestr(f"{name}.npy", npy.getvalue()[:-8] if name == "ids_0" else npy.getvalue())
+
+    def npz(**changed):
+        buf = io.BytesIO()
+        np.savez(buf, **{**members, **changed})
+        return buf.getvalue()
+
+    # (prompt_cache_mut.py PC65-PC67, PC70, PC71) each of these was read: rows in another order, ids cut
+    # short or read from a longer member, a header of megabytes, another format's file
+    unread = {"a Fortran-order member": npz(rows_0=np.asfortranarray(members["rows_0"])),
+              "a member of another shape": npz(ids_0=np.arange(21, dtype=np.int64)),
+              "a truncated member": truncated.getvalue(),
+              "a header past 1 MiB": npz(meta=meta([20], pad=" " * (1 << 20))),
+              "another format": npz(meta=meta([20], format="numpy"))}
     with zipfile.ZipFile(io.BytesIO(broken)) as z, z.open("ids_0.npy") as m, pytest.raises(tokenize.TokenError):
         np.lib.format.read_magic(m)
         np.lib.format.read_array_header_1_0(m)  # (what the unfixed read let through)
     for how, data in [*damaged_zips(members).items(), ("a length True", plain.getvalue()),
-                      ("an array header", broken)]:
+                      ("an array header", broken), *unread.items()]:
         f = tmp_path / "cache.npz"
         f.write_bytes(data)
         with pytest.raises(StoreError, match="prompt cache .*(unreadable|unusable)"):
