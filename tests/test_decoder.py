@@ -118,14 +118,18 @@ def test_the_decoder_verifies_no_wider_than_the_probe_checked():
     assert drift >= 10 and widest > 5  # the planted kernel matters where nothing bounds the calls
     # the bound caps each draft (adaptive and fixed), not the generation's budget, which the round
     # policy's horizon reads (a costly drafter's catch-up is amortized over the tokens still to come)
-    d = make(seed=1)
-    d.target.verified_width = 5
-    seen, choose = [], d.policy.choose
-    d.policy.choose = lambda ctx, kcap, fixed, max_draft: seen.append((kcap, fixed, max_draft)) or choose(
-        ctx, kcap, fixed, max_draft)
-    run(d, [1, 2, 3], max_new_tokens=40, drafter="auto", max_draft_tokens=12)
-    run(d, [1, 2, 3], max_new_tokens=40, drafter="prompt-lookup", draft_tokens=9)
-    assert max(k for k, _, _ in seen) > 20 and all(m <= 4 and (f is None or f <= 4) for _, f, m in seen)
+    # (session 96, a mutation test: DC74) calls padded to an even width are bounded by their padded width: 5 tokens
+    # pad to 6, so 3 drafts at most
+    for multiple, most in ((1, 4), (2, 3)):
+        d = make(seed=1)
+        d.target.verified_width, d.target.width_multiple = 5, multiple
+        seen, choose = [], d.policy.choose
+        d.policy.choose = lambda ctx, kcap, fixed, max_draft, seen=seen, choose=choose: seen.append(
+            (kcap, fixed, max_draft)) or choose(ctx, kcap, fixed, max_draft)
+        run(d, [1, 2, 3], max_new_tokens=40, drafter="auto", max_draft_tokens=12)
+        run(d, [1, 2, 3], max_new_tokens=40, drafter="prompt-lookup", draft_tokens=9)
+        assert max(k for k, _, _ in seen) > 20 and all(m <= most and (f is None or f <= most) for _, f, m in seen)
+        assert any(m == most for _, _, m in seen)
     # a bound below the policy's narrowest call (two tokens): no drafts at all, the output greedy's
     d = make(seed=2, min_width=2)
     d.target.verified_width = 1

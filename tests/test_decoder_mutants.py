@@ -1,19 +1,23 @@
 """Gaps a second mutation test of ``edgespec/decoder.py`` found (docs/bench/mutation_harness/decoder_mut.py, DC1-DC92):
 ``GenerationConfig``'s bounds taken at their edge (one past each: cases of ``test_penalties.py``'s
-``test_bad_penalties_and_options_are_refused``), the forms of its sequences it converts,
-``Stats``' derived figures, and the decoder's own checks. No model: a config is checked on its own, ``Stats`` is filled
-by hand, and the decoder runs on ``tiny.AltFakeLM``'s scripted targets."""
+``test_bad_penalties_and_options_are_refused``) and the forms of its sequences it converts; ``Stats``' derived figures
+and ``target_run_s``; the decoder's drafters, its refusals at their edges, a lazy grammar told the prompt, alternates
+near the end of the window, a drafter's MemoryError at a generation's end; the generation lock's orphan test and a
+forked child's list of native work. No model: configs and ``Stats`` on their own, the decoder on ``tiny``'s scripted
+targets."""
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
 from edgespec.decoder import MAX_HEAL, MAX_LOGPROBS, MIN_REPETITION_PENALTY, Decoder, GenerationConfig, Stats
-from edgespec.drafters import PromptLookupDrafter
+from edgespec.drafters import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import ConfigError, ContextOverflowError
 from edgespec.prediction import MAX_PREDICTION
 from edgespec.profiles import MAX_DRAFT
-from test_decoder import make, suffix_drafter
+from test_decoder import _everywhere, make, run, suffix_drafter
 from tiny import AltFakeLM, FakeLM, SimClock
 
 
@@ -110,3 +114,102 @@ def test_a_generations_run_time_is_its_own_and_a_drafter_out_of_memory_at_its_en
             out = [t for s in dec.generate([1, 2, 3], GenerationConfig(max_new_tokens=6, drafter="none"), st)
                    for t in s.tokens]
         assert len(out) == 6 and st.target_run_s == pytest.approx(st.decode_s) and st.decode_s == pytest.approx(0.055)
+
+
+def test_alternates_stop_at_the_window(monkeypatch):
+    """DC81: a round near the end of the window verifies only the alternates its room holds after the draft (an
+    alternate beside every draft token, as many as fit): the output is plain greedy decoding's up to the full window,
+    where a room counted without the draft put alternates past it."""
+    _everywhere(monkeypatch)
+    for seed in range(4):
+        target = AltFakeLM(6, max_context=24, seed=seed, sharpness=1.0)
+        dl = FakeLM(6, max_context=24, table=target.table + np.random.default_rng(seed + 50).normal(0, 1.5,
+                                                                                                   target.table.shape))
+        dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6)])
+        ref = run(dec, [1, 2, 3, 1, 2], max_new_tokens=40, drafter="none")
+        st = Stats()
+        assert run(dec, [1, 2, 3, 1, 2], st, max_new_tokens=40, drafter="model", draft_tokens=4) == ref
+        assert ref[1] == "context" and st.alternates > 0
+
+
+def test_a_lazy_grammar_is_told_the_prompt_and_a_live_thread_s_lock_is_not_orphaned():
+    """DC61, DC42: a lazy grammar (a tool call's, on a thinking model) learns from the prompt whether the reply starts
+    inside a thinking block the template opened; a generation lock held by a live thread that has not read a stream
+    yet is not taken for an orphaned stream's (a wait behind it warned of one)."""
+    from edgespec.constrain import _THINKING, LazyConstraint
+    from edgespec.decoder import GenerationLock
+
+    THINK, END = 1, 2
+    dec = make(vocab=12)
+    dec.constraints = lambda grammar: LazyConstraint(object, 5, 12, eos=(9,), think=(THINK, END))
+    assert dec.prepare([3, THINK], GenerationConfig(grammar="lazy"))[2].m is _THINKING
+    assert dec.prepare([3], GenerationConfig(grammar="lazy"))[2].m is not _THINKING
+
+    lock, got, release = GenerationLock(), threading.Event(), threading.Event()
+
+    def hold():
+        with lock.hold():
+            got.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert got.wait(30) and not lock.orphaned()
+    finally:
+        release.set()
+        t.join()
+
+
+def test_a_forked_child_forgets_the_parents_native_work_in_progress():
+    """DC43: a child forked while a thread of the parent ran a model's call (listed in ``lm._RUNNING``) starts with
+    none listed: its exit waited for that call, which never ends in the child, for ``EXIT_WAIT_S`` (10 s)."""
+    import os
+
+    from edgespec import lm
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    lm._RUNNING.add(owner)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if len(lm._RUNNING) == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        lm._RUNNING.discard(owner)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_round_cut_short_after_its_verify_call_leaves_the_target_as_the_round_found_it(monkeypatch):
+    """DC86: an interrupt (Ctrl-C) between a round's verify call and its rewinds: the target is put back to what it
+    held when the round began (the prompt and the reply but its last token), not left holding the draft's rows and
+    its alternates' (computed beside the draft's positions and listed after them: a later prompt reaching those slots
+    read them as its own)."""
+    import edgespec.decoder as decoder_mod
+
+    _everywhere(monkeypatch)
+    target = AltFakeLM(6, seed=3, sharpness=1.0)
+    dl = FakeLM(6, table=target.table + np.random.default_rng(53).normal(0, 1.5, target.table.shape))
+    dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6)])
+    real, calls, held = decoder_mod.greedy_accept_choice, [], []
+
+    def cut(draft, top):
+        calls.append(len(draft))
+        if len(calls) == 3:
+            held.append(target.length)
+            raise KeyboardInterrupt
+        return real(draft, top)
+
+    monkeypatch.setattr(decoder_mod, "greedy_accept_choice", cut)
+    prompt, out = [1, 2, 3, 1, 2], []
+    with pytest.raises(KeyboardInterrupt):
+        for s in dec.generate(prompt, GenerationConfig(max_new_tokens=40, drafter="model", draft_tokens=4)):
+            out += s.tokens
+    assert calls[-1] == 4 and held[0] > len(prompt) + len(out) + 4  # (the draft and its alternates were written)
+    assert target.tokens == prompt + out[:-1]

@@ -240,9 +240,10 @@ def test_bad_prompts_to_score_are_refused(tiny_bundle):
                           ({"a": 1}, ConfigError, "text or a list of token ids"), ([1, True], ConfigError, "text or")):
         with pytest.raises(err, match=msg):
             eng.score(bad, logprobs=0)
-    for top in (99, -1, None, 2.5, True, "2"):
+    for top in (99, -1, None, 2.5, True, "2", MAX_LOGPROBS + 1):
         with pytest.raises(ConfigError, match="logprobs must be"):
             eng.score("hi", logprobs=top)
+    assert len(eng.score("hi there", logprobs=MAX_LOGPROBS)[1][-1]["top_logprobs"]) == MAX_LOGPROBS  # (DC56: the bound)
 
 
 def test_scoring_keeps_the_conversation_it_overwrites_in_the_prompt_cache(tiny_bundle):

@@ -82,7 +82,7 @@ MUTANTS = [
     ("DC67", D, "    st.reused_prompt_tokens, st.restored_prompt_tokens = target.last_reused, target.last_restored", "    st.reused_prompt_tokens = target.last_reused"),  # restored not counted
     ("DC68", D, "            if getattr(con, \"done\", False):  # healed: nothing is held from here\n                con = None", "            pass"),  # a healed reply held on
     ("DC69", D, "    first_lp = token_logprobs(np.asarray(raw_last)[None", "    first_lp = token_logprobs(np.asarray(last)[None"),  # the first logprob penalized
-    ("DC70", D, '    self.drafters["prediction"].set_prediction(predicted)', '    if predicted:\n        self.drafters["prediction"].set_prediction(predicted)'),  # a prediction outlives its request
+    ("DC70", D, '    self.drafters["prediction"].set_prediction(predicted)', '    if predicted:\n            self.drafters["prediction"].set_prediction(predicted)'),  # a prediction outlives its request
     ("DC71", D, "reproducible=cfg.seed is not None and not sp.greedy,", "reproducible=False,"),  # seeded sampling timing-driven
     ("DC72", D, "    plain_greedy = sp.greedy and not want_lp and pen is None", "    plain_greedy = sp.greedy and pen is None"),  # argmax path with logprobs
     ("DC73", D, "                       default=1) - 1", "                       default=1)"),  # one draft past the verified width
