@@ -213,3 +213,22 @@ def test_a_round_cut_short_after_its_verify_call_leaves_the_target_as_the_round_
             out += s.tokens
     assert calls[-1] == 4 and held[0] > len(prompt) + len(out) + 4  # (the draft and its alternates were written)
     assert target.tokens == prompt + out[:-1]
+
+
+def test_rounds_that_drafted_nothing_are_the_none_drafters():
+    """DC88, DC90: a round whose draft is empty (plain decoding, or a draft a grammar forbade from its first token)
+    counts in ``rounds_by_drafter`` as "none" and in no drafter's figures: ``rounds`` are the rounds that drafted."""
+    class NothingDrafted:  # (a grammar that allows every token but no draft token: each draft is cut to nothing)
+        def masks(self, tokens):
+            return np.ones((len(tokens) + 1, 8), dtype=bool), 0
+
+        def consume(self, tokens):
+            pass
+
+    for kw in (dict(drafter="none"), dict(drafter="prompt-lookup", draft_tokens=3, grammar="nothing drafted")):
+        dec = make(seed=5)
+        dec.constraints = lambda grammar: NothingDrafted()
+        st = Stats()
+        out, _ = run(dec, [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], st, max_new_tokens=30, **kw)
+        assert len(out) == 30 and st.rounds_by_drafter == {"none": 29} and st.target_calls == 30, (kw, st)
+        assert st.rounds == st.drafted == 0 and st.drafted_by_drafter == {} and st.mean_accepted_length == 0
