@@ -2,12 +2,9 @@
 ``GenerationConfig``'s bounds taken at their edge (one past each: cases of ``test_penalties.py``'s
 ``test_bad_penalties_and_options_are_refused``) and the forms of its sequences it converts; ``Stats``' derived figures
 and ``target_run_s``; the decoder's drafters, its refusals at their edges, a lazy grammar told the prompt, alternates
-near the end of the window, a drafter's MemoryError at a generation's end; the generation lock's orphan test and a
-forked child's list of native work. No model: configs and ``Stats`` on their own, the decoder on ``tiny``'s scripted
-targets."""
+near the end of the window, a round cut short, a drafter's MemoryError at a generation's end; a forked child's list
+of native work. No model: configs and ``Stats`` on their own, the decoder on ``tiny``'s scripted targets."""
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
@@ -132,33 +129,17 @@ def test_alternates_stop_at_the_window(monkeypatch):
         assert ref[1] == "context" and st.alternates > 0
 
 
-def test_a_lazy_grammar_is_told_the_prompt_and_a_live_thread_s_lock_is_not_orphaned():
-    """DC61, DC42: a lazy grammar (a tool call's, on a thinking model) learns from the prompt whether the reply starts
-    inside a thinking block the template opened; a generation lock held by a live thread that has not read a stream
-    yet is not taken for an orphaned stream's (a wait behind it warned of one)."""
+def test_a_lazy_grammar_is_told_the_prompt():
+    """DC61: a lazy grammar (a tool call's, on a thinking model) learns from the prompt whether the reply starts inside
+    a thinking block the template opened. (DC42, the lock's orphan test, is a line of ``test_prompt_cache.py``'s
+    ``test_the_generation_lock_is_taken_at_exit_only_if_free``.)"""
     from edgespec.constrain import _THINKING, LazyConstraint
-    from edgespec.decoder import GenerationLock
 
     THINK, END = 1, 2
     dec = make(vocab=12)
     dec.constraints = lambda grammar: LazyConstraint(object, 5, 12, eos=(9,), think=(THINK, END))
     assert dec.prepare([3, THINK], GenerationConfig(grammar="lazy"))[2].m is _THINKING
     assert dec.prepare([3], GenerationConfig(grammar="lazy"))[2].m is not _THINKING
-
-    lock, got, release = GenerationLock(), threading.Event(), threading.Event()
-
-    def hold():
-        with lock.hold():
-            got.set()
-            release.wait(30)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert got.wait(30) and not lock.orphaned()
-    finally:
-        release.set()
-        t.join()
 
 
 def test_a_forked_child_forgets_the_parents_native_work_in_progress():

@@ -16,12 +16,15 @@ from edgespec.prompt_cache import PromptCache
 
 
 class FakeCache:
-    """What the prompt cache reads of a KVCache: ``host`` buffers [1, kv_heads, L, D], ``ids``, ``length``."""
+    """What the prompt cache reads of a KVCache: ``host`` buffers [1, kv_heads, L, D] (``shapes``: each buffer's
+    (kv_heads, D), where they differ), ``ids``, ``length``, ``max_len`` and ``conv`` (a model's convolution states)."""
 
-    def __init__(self, layers=2, kvh=2, L=64, D=4):
-        self.host = [np.zeros((1, kvh, L, D), np.float16) for _ in range(2 * layers)]
+    def __init__(self, layers=2, kvh=2, L=64, D=4, shapes=None, conv=None):
+        shapes = shapes or ((kvh, D),) * (2 * layers)
+        self.host = [np.zeros((1, h, L, d), np.float16) for h, d in shapes]
         self.ids = TokenBuffer(capacity=L)
         self.max_len = L
+        self.conv = conv
 
     @property
     def length(self):
@@ -34,6 +37,7 @@ class FakeCache:
         for j, a in enumerate(self.host):
             for p, t in enumerate(ids):
                 a[0, :, p] = (t * 7 + p + j) % 251
+        return self
 
     def rows(self, n):
         return [a[0, :, :n].copy() for a in self.host]
@@ -733,6 +737,7 @@ def test_the_generation_lock_is_taken_at_exit_only_if_free():
     running.wait(10)
     with lock.held_if_free() as free:
         assert not free
+    assert not lock.orphaned()  # (session 96, DC42: held by a live thread that read no stream: no orphan to warn of)
     done.set()
     t.join(10)
     with lock.held_if_free() as free:

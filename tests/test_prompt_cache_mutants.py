@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from edgespec.errors import StoreError
-from edgespec.kv import ConvSnapshot, TokenBuffer
+from edgespec.kv import ConvSnapshot
 from edgespec.prompt_cache import PromptCache, engine_key, read_file, remove_stale_temporaries, write_file
+from test_prompt_cache import FakeCache  # (shapes=, conv=: its buffers of other shapes, a model's conv states)
 
 KEY = {"buffers": 4, "kv_heads": 2, "head_dim": 4, "dtype": "float16"}
 PER = 4 * 2 * 4 * 2 + 8  # a position's bytes in an entry: 4 buffers of [2 heads, 4] float16, and its id
@@ -50,32 +51,6 @@ class FakeConv:
 
 
 SNAP = 3 * 2 * 4  # a snapshot's states' bytes (its inputs: 12 bytes a position past its start)
-
-
-class FakeCache:
-    """A KVCache's ``host`` buffers [1, heads, L, D] (float16), ``ids``, ``length``, ``max_len`` and ``conv``; each
-    row's values a function of its position, id and buffer."""
-
-    def __init__(self, L=64, shapes=((2, 4),) * 4, conv=None):
-        self.host = [np.zeros((1, h, L, d), np.float16) for h, d in shapes]
-        self.ids = TokenBuffer(capacity=L)
-        self.max_len = L
-        self.conv = conv
-
-    @property
-    def length(self):
-        return len(self.ids)
-
-    def fill(self, ids):
-        self.ids.truncate(0)
-        self.ids.extend(ids)
-        for j, a in enumerate(self.host):
-            for p, t in enumerate(ids):
-                a[0, :, p] = (t * 7 + p + j) % 251
-        return self
-
-    def rows(self, n):
-        return [a[0, :, :n].copy() for a in self.host]
 
 
 def _seq(s, n):
