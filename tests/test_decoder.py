@@ -1374,6 +1374,8 @@ def test_choose_counts_the_rounds_a_caught_up_costly_drafter_wins():
     assert pol.costly_share() == pytest.approx(11 / 21)
     with pytest.raises(ValueError):
         RoundPolicy(share_prior=0)
+    with pytest.raises(ValueError):  # (mutant PO22)
+        RoundPolicy(share_prior=float("inf"))
 
 
 def test_costly_share_is_the_rounds_won_with_a_prior_and_starts_afresh_each_generation():
@@ -2507,7 +2509,7 @@ def test_alternates_are_taken_where_their_expected_token_pays_for_the_wider_call
         p.alternates(2, alts, room=8, draft_s=0.01)
         p.observe_alternates(False)
     assert p.alternate_scale() == 0.25
-    for bad in (2, 0.5, "yes", None):
+    for bad in (2, 0.5, 1.0, "yes", None):  # (1.0: == True, yet no flag; mutant PO23)
         with pytest.raises(ValueError, match="use_alternates"):
             RoundPolicy(use_alternates=bad)
     assert RoundPolicy(use_alternates=0).use_alternates is False and RoundPolicy(use_alternates=1).use_alternates

@@ -1,4 +1,4 @@
-"""Mutants of edgespec/policy.py (session 95's helper): a second pass after sessions 78-79's Q1-Q94, aimed at what
+"""Mutants of edgespec/policy.py (a helper of session 96): a second pass after sessions 78-79's Q1-Q94, aimed at what
 their table names no test for: Acceptance's update and forgetting, the stall clip and the sample check, the catch-up
 line (_affine, observe_catchup's window, upfront_cost's trust), prior_upfront, cost_priors' ratio and bounds,
 RoundPolicy's argument checks, begin's stores (sampled / mixed / reproducible), the stale estimate's relaxation,
