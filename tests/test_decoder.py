@@ -2625,6 +2625,14 @@ def test_sampled_alternates_beside_some_draft_tokens_follow_the_target_distribut
     assert stat < _chi2_crit(df), f"chi2 {stat:.1f} with {df} dof"
 
 
+def _alt_decoder(seed: int, max_context: int = 512) -> Decoder:
+    """A decoder over a target that verifies alternates (tiny.AltFakeLM, 6 tokens) and a model drafter whose
+    table is the target's with noise (1.5): drafts often wrong, alternates often kept."""
+    target = AltFakeLM(6, max_context=max_context, seed=seed, sharpness=1.0)
+    noise = np.random.default_rng(seed + 50).normal(0, 1.5, target.table.shape)
+    return Decoder(target, (), drafters=[ModelDrafter(FakeLM(6, max_context, table=target.table + noise), 6)])
+
+
 def test_greedy_alternates_keep_plain_decodings_output(monkeypatch):
     """Greedy rounds with an alternate beside every draft token on a target that verifies them (tiny.AltFakeLM),
     a noisy model drafter: every output is plain greedy decoding's token for token, alternates kept often. A
@@ -2633,9 +2641,7 @@ def test_greedy_alternates_keep_plain_decodings_output(monkeypatch):
     _everywhere(monkeypatch)
     kept = 0
     for seed in range(20):
-        target = AltFakeLM(6, seed=seed, sharpness=1.0)
-        dl = FakeLM(6, table=target.table + np.random.default_rng(seed + 50).normal(0, 1.5, target.table.shape))
-        dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6)])
+        dec = _alt_decoder(seed)
         prompt = [1, 2, 3, 1, 2]
         ref, _ = run(dec, prompt, max_new_tokens=24, drafter="none")
         st = Stats()

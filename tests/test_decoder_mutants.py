@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from edgespec.decoder import MAX_HEAL, MAX_LOGPROBS, MIN_REPETITION_PENALTY, Decoder, GenerationConfig, Stats
-from edgespec.drafters import ModelDrafter, PromptLookupDrafter
+from edgespec.drafters import PromptLookupDrafter
 from edgespec.errors import ConfigError, ContextOverflowError
 from edgespec.prediction import MAX_PREDICTION
 from edgespec.profiles import MAX_DRAFT
-from test_decoder import _everywhere, make, run, suffix_drafter
+from test_decoder import _alt_decoder, _everywhere, make, run, suffix_drafter
 from tiny import AltFakeLM, FakeLM, SimClock
 
 
@@ -119,10 +119,7 @@ def test_alternates_stop_at_the_window(monkeypatch):
     where a room counted without the draft put alternates past it."""
     _everywhere(monkeypatch)
     for seed in range(4):
-        target = AltFakeLM(6, max_context=24, seed=seed, sharpness=1.0)
-        dl = FakeLM(6, max_context=24, table=target.table + np.random.default_rng(seed + 50).normal(0, 1.5,
-                                                                                                   target.table.shape))
-        dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6)])
+        dec = _alt_decoder(seed, max_context=24)
         ref = run(dec, [1, 2, 3, 1, 2], max_new_tokens=40, drafter="none")
         st = Stats()
         assert run(dec, [1, 2, 3, 1, 2], st, max_new_tokens=40, drafter="model", draft_tokens=4) == ref
@@ -175,9 +172,8 @@ def test_a_round_cut_short_after_its_verify_call_leaves_the_target_as_the_round_
     import edgespec.decoder as decoder_mod
 
     _everywhere(monkeypatch)
-    target = AltFakeLM(6, seed=3, sharpness=1.0)
-    dl = FakeLM(6, table=target.table + np.random.default_rng(53).normal(0, 1.5, target.table.shape))
-    dec = Decoder(target, (), drafters=[ModelDrafter(dl, 6)])
+    dec = _alt_decoder(3)
+    target = dec.target
     real, calls, held = decoder_mod.greedy_accept_choice, [], []
 
     def cut(draft, top):

@@ -19,6 +19,7 @@ from edgespec.policy import (
     hint_length,
     hint_saved,
 )
+from test_decoder import _Dynamic
 
 
 def test_a_cost_set_to_zero_outside_the_model_is_replaced_by_the_next_sample():
@@ -70,16 +71,9 @@ class _Peeker:
         return list(self.tokens[:k]), self.name
 
 
-class _Hinted:
-    name, has_cost, takes_hint = "model", True, True
-
-    def offer(self, ctx, kmax):
-        return Offer(self.name, kmax, prior=(9.0, 1.0))
-
-
 def test_of_two_equally_likely_guesses_the_longer_is_the_hint():
     """(PO32) Where two free drafters' guesses are estimated alike, the longer one is the hint."""
-    short, long_, model = _Peeker("a", [5]), _Peeker("b", [5, 6, 7, 8]), _Hinted()
+    short, long_, model = _Peeker("a", [5]), _Peeker("b", [5, 6, 7, 8]), _Dynamic(takes_hint=True)
     pol = RoundPolicy()
     pol.measured.observe_target(1, 1.0)
     pol.measured.observe_target(2, 1.05)
