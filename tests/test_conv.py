@@ -490,7 +490,8 @@ def test_exact_kernels_take_lfm2(lfm2_xk):
 
 
 def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
-    """The cuda layout and a GPU provider (the states are set on the host): each refused in one line; a manifest whose conv layers are malformed too."""
+    """The cuda layout and a GPU provider (the states are set on the host): each refused in one line; a manifest whose conv layers are malformed too,
+    or whose io names conv states the graph lacks (at load)."""
     import json
     import shutil
 
@@ -536,6 +537,15 @@ def test_what_a_conv_model_cannot_do_is_one_line(lfm2, tmp_path, capsys):
         with pytest.raises(ManifestError, match=match) as e:
             load_manifest(b)
         assert "\n" not in str(e.value)
+    from dataclasses import replace
+
+    from edgespec.onnx_lm import OnnxLM
+    from edgespec.providers import choose
+
+    spec = load_manifest(lfm2["fp32"]).target
+    for name in ("past_conv", "conv_input"):  # (session 97, ON66, ON67) conv states' names the graph lacks: at load
+        with pytest.raises(BundleError, match=r"^the target graph has no 'no_such\.\d+' \(and \d+ more names\) that"):
+            OnnxLM(replace(spec, io=replace(spec.io, **{name: "no_such.%d"})), 64, choose(["cpu"]), min_width=1)
 
 
 def test_a_graph_whose_convolutions_are_not_the_builder_s_is_refused(tmp_path):

@@ -952,7 +952,7 @@ def test_a_session_that_refuses_graph_capture_opens_without(tiny_cuda_bundle, mo
     def fake(path, so=None, providers=None, provider_options=None, **kw):
         opts = provider_options or [{}]
         seen.append([dict(o) for o in opts])
-        if any(o.get("enable_cuda_graph") == "1" for o in opts):
+        if any(str(o.get("enable_cuda_graph")) in ("1", "True") for o in opts):
             raise RuntimeError("This session cannot use the graph capture feature as requested by the user  "
                                "as all compute graph nodes have not been partitioned to the CUDAExecutionProvider")
         if any(o.get("boom") for o in opts):
@@ -965,6 +965,9 @@ def test_a_session_that_refuses_graph_capture_opens_without(tiny_cuda_bundle, mo
         s = open_session(path, ProviderChoice([(CPU, {"enable_cuda_graph": "1", "x": 1})], ["cpu"]))
     assert s is not None and "cannot capture CUDA graphs" in caplog.text
     assert seen == [[{"enable_cuda_graph": "1", "x": 1}], [{"x": 1}]]  # the retry keeps the other options
+    seen.clear()
+    open_session(path, ProviderChoice([(CPU, {"enable_cuda_graph": "True"})], ["cpu"]))  # (session 97, ON59: as asked)
+    assert seen == [[{"enable_cuda_graph": "True"}], [{}]]
     with pytest.raises(EdgespecError, match="^cannot open model .*: something else$") as e:
         open_session(path, ProviderChoice([(CPU, {"boom": 1})], ["cpu"]))
     assert type(e.value) is EdgespecError  # (not the bundle's fault: no BundleError; session 80, O35)
@@ -981,10 +984,15 @@ def test_how_a_session_is_opened_and_why_it_was_not(tiny_cuda_bundle, monkeypatc
     import onnxruntime as ort
 
     from edgespec import onnx_lm
-    from edgespec.errors import EdgespecError
+    from edgespec.errors import BundleError, EdgespecError
     from edgespec.onnx_lm import open_session
 
     real, made = ort.InferenceSession, []
+    fails = {"empty": RuntimeError(""),
+             "nofile": RuntimeError("[ONNXRuntimeError] : 3 : NO_SUCHFILE : Load model from m.onnx failed:File doesn't "
+                                    "exist"),
+             "protobuf": RuntimeError("[ONNXRuntimeError] : 7 : invalid_protobuf : Load model from m.onnx failed:"
+                                      "protobuf parsing failed.")}
 
     def fake(path, so=None, providers=None, provider_options=None, **kw):
         made.append(so)
@@ -992,6 +1000,8 @@ def test_how_a_session_is_opened_and_why_it_was_not(tiny_cuda_bundle, monkeypatc
             raise RuntimeError("x" * 1000 + "\nsecond line")
         if _config_entry(so, "edgespec.test.fail") == "graph":
             raise RuntimeError("cannot use the graph capture feature")
+        if _config_entry(so, "edgespec.test.fail") in fails:
+            raise fails[_config_entry(so, "edgespec.test.fail")]
         return real(path, so, providers=providers)
 
     monkeypatch.setattr(ort, "InferenceSession", fake)
@@ -1010,6 +1020,14 @@ def test_how_a_session_is_opened_and_why_it_was_not(tiny_cuda_bundle, monkeypatc
     with pytest.raises(EdgespecError) as e:
         open_session(path, cpu, role="target", session_options={"edgespec.test.fail": "long"})
     assert str(e.value) == f"cannot open target model {path.name}: {'x' * 300}..." and type(e.value) is EdgespecError
+    # (session 97, ON53, ON55, ON56) a message of nothing is named by its type; a file onnxruntime cannot find, or a
+    # graph it cannot parse however its message is cased, is the bundle's (BundleError, exit code 2)
+    for fail, kind, said in (("empty", EdgespecError, "RuntimeError"), ("nofile", BundleError, "File doesn't exist"),
+                             ("protobuf", BundleError, "protobuf parsing failed.")):
+        with pytest.raises(EdgespecError) as e:
+            open_session(path, cpu, role="target", session_options={"edgespec.test.fail": fail})
+        assert type(e.value) is kind and str(e.value).startswith(f"cannot open target model {path.name}: ") and \
+            str(e.value).endswith(said), (fail, str(e.value))
     made.clear()
     with caplog.at_level("WARNING", logger="edgespec"), pytest.raises(EdgespecError, match="graph capture"):
         open_session(path, cpu, session_options={"edgespec.test.fail": "graph"})

@@ -1037,6 +1037,10 @@ def test_the_targets_hidden_states_are_its_rows_and_kept_as_copies(fp32_bundle, 
     for row in (n, -n - 1):
         with pytest.raises(IndexError, match=f"no hidden state of row {row} \\(the last call returned {n} rows\\)"):
             lm.hidden_of(row)
+    lm.reset()
+    assert lm.skips_logits
+    lm.forward_from(ids, n - 1)  # (session 97, ON32) a call skipping all but its last row's logits: that row's state
+    assert np.allclose(lm.hidden_of(0), last, atol=1e-4) and np.array_equal(lm.hidden_of(-1), lm.hidden_of(0))
     lm.rewind(1)
     lm.forward(ids[-1:])
     assert np.allclose(lm.hidden_of(0), last, atol=1e-4)  # (position 39 alone, as in the wide call)

@@ -816,6 +816,11 @@ def test_exact_kernels_bundle_decodes_one_token_a_call_and_stays_exact(tiny_xk, 
     t = eng.decoder.target
     assert (t.min_width, t.width_multiple) == (1, 1)  # measured at load: one-token calls agree
     assert t.max_context == edgespec.load(tiny_int4_bundle).decoder.target.max_context  # no pad slot
+    # (session 97, ON17) unbounded and unsplit, probed or given its width policy: these kernels compute a row alike
+    # at every width, so no verify bound is set, a prefill's last token is not fed alone, alternates stay on
+    given = edgespec.load(tiny_xk, min_width=1).decoder.target
+    for lm in (t, given):
+        assert (lm.verified_width, lm.split_last, lm.verifies_alternates) == (None, False, True)
     from test_exactness import PROMPTS, _assert_all_equal, _greedy_all
 
     for p in PROMPTS:

@@ -363,24 +363,34 @@ def test_an_onnxruntime_without_a_process_wide_pool_gives_each_session_its_own(t
     """onnxruntime 1.22 (edgespec's oldest; a Jetson's wheels lag behind) has no set_global_thread_pool_sizes nor
     SessionOptions.use_per_session_threads: sessions then open with a pool each, not spinning (before session 43
     every session failed to open there: "no attribute 'use_per_session_threads'"), and decode as ever. (A fresh
-    process: onnxruntime's global pool, once made, refuses sessions with their own.)"""
+    process: onnxruntime's global pool, once made, refuses sessions with their own.) (Session 97, ON44, ON46, ON48:
+    no warning that the thread count is not applied, spinning off, every graph optimization.)"""
     import subprocess
     import sys
 
     code = f"""
+import warnings
 import onnxruntime as ort
 del ort.set_global_thread_pool_sizes
-seen, real = [], ort.SessionOptions
+seen, entries, real = [], [], ort.SessionOptions
 class Old(real):  # as 1.22's: no such attribute to set
     def __setattr__(self, k, v):
         if k == "use_per_session_threads":
             raise AttributeError(k)
         seen.append((k, v))
         super().__setattr__(k, v)
+    def add_session_config_entry(self, k, v):
+        entries.append((k, v))
+        super().add_session_config_entry(k, v)
 ort.SessionOptions = Old
 import edgespec, edgespec.onnx_lm as ol
-eng = edgespec.load({str(tiny_bundle)!r}, threads=2, memory=False)
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    eng = edgespec.load({str(tiny_bundle)!r}, threads=2, memory=False)
+assert not [w for w in said if "not applied" in str(w.message)], [str(w.message) for w in said]
 assert ol.shared_thread_pool(2) == ol.NO_GLOBAL_POOL and ("intra_op_num_threads", 2) in seen, seen
+assert ("graph_optimization_level", ort.GraphOptimizationLevel.ORT_ENABLE_ALL) in seen, seen
+assert ("session.intra_op.allow_spinning", "0") in entries, entries
 r = eng.generate("def add(a, b):", max_new_tokens=12, drafter="model", ignore_eos=True)
 assert r.token_ids == eng.generate("def add(a, b):", max_new_tokens=12, drafter="none", ignore_eos=True).token_ids
 print("ok", len(r.token_ids))
