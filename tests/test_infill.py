@@ -342,3 +342,12 @@ def test_token_healing_backs_off_the_last_token_before_the_gap(fim_engine, fim_b
                         "--max-new-tokens", "30", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "| on |" in out.read_text() and "| off |" in out.read_text()
+
+
+def test_a_fill_in_the_middle_prompt_too_long_by_its_suffix_is_refused_before_it_is_tokenized(fim_engine):
+    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP52: the suffix of a fill-in-the-middle prompt counts towards encode's size bound (it was left out: a short
+    prefix with a suffix far too long for the context was tokenized whole before the decoder refused it)."""
+    from edgespec.errors import ContextOverflowError
+
+    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
+        fim_engine.generate("def f(", suffix="word " * (fim_engine.max_context * 64), max_new_tokens=2)

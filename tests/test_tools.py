@@ -963,3 +963,27 @@ def test_a_forced_call_of_a_function_that_is_not_strict_takes_any_object(tmp_pat
     strict = [{"type": "function", "function": {"name": "get_weather", "parameters": params, "strict": True}}]
     c = gr.constraint(tool_call_grammar(strict, "required", True, op, cl))
     assert c.m.validate_tokens(reply) < len(reply)  # (strict: held to them)
+
+
+def test_tools_take_a_text_response_format_and_refuse_logprobs_of_0(tool_engine):
+    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP71: response_format {"type": "text"} holds the reply to nothing, so it goes with tools the reply may call
+    (it was refused as a format that leaves no room for a call); AP72: logprobs=0 asks for each token's logprob, which
+    tools the reply may call refuse as logprobs=1 (0 was taken, the entries of the calls' tokens given)."""
+    kw = dict(tools=WEATHER, max_new_tokens=60, temperature=0)
+    plain = tool_engine.generate([ASK], **kw)
+    texted = tool_engine.generate([ASK], response_format={"type": "text"}, **kw)
+    assert (texted.text, texted.token_ids) == (plain.text, plain.token_ids)
+    assert [c["function"]["name"] for c in texted.tool_calls] == ["get_weather"]
+    with pytest.raises(ConfigError, match="logprobs cannot be combined with tools"):
+        tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=8, logprobs=0)
+
+
+def test_a_prompt_too_long_by_its_tools_is_refused_before_it_is_rendered(tool_engine):
+    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP51: the tools the template renders count towards encode's size bound (they were left out: a prompt too long
+    by its tools alone was rendered and tokenized first)."""
+    from edgespec.errors import ContextOverflowError
+
+    long = [{"type": "function", "function": {**WEATHER[0]["function"],
+                                              "description": "word " * (tool_engine.max_context * 64)}}]
+    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
+        tool_engine.generate([ASK], tools=long, max_new_tokens=2)
