@@ -562,6 +562,7 @@ def test_control_characters_of_a_reply_are_shown_not_acted_on_in_a_terminal(tiny
     from edgespec.chat import terminal_safe
 
     assert terminal_safe("a\x1b[2Jb\tc\nd\re\x07f\x9bg\x7f") == "a^[[2Jb\tc\nd\re^Gf\\x9bg^?"
+    assert terminal_safe("\x80\x9f\xa0") == "\\x80\\x9f\xa0"  # (session 97, CH3: the C1 range's two ends, and past it)
     master, slave = pty.openpty()
     args = [sys.executable, "-m", "edgespec.cli", "generate", str(tiny_bundle), "-p", "hello", "--max-new-tokens",
             "96", "--drafter", "none"]
@@ -718,6 +719,9 @@ def test_the_stats_lines_count_the_prompt_s_new_and_restored_tokens():
     assert "(10 new prompt tokens, 30 reused)" in summary(st)
     assert "prompt: 40 tokens, 30 reused from the cached conversation (12 of them from the prompt cache)" in report(st)
     assert "prompt cache" not in report(Stats(prompt_tokens=40, reused_prompt_tokens=30))
+    # (session 97, CH56, CH57) a reply with no finish reason (stopped by Ctrl-C) and no drafting rounds
+    assert "finish: stopped" in report(st) and "rounds by drafter: -" in report(st)
+    assert "finish: length" in report(Stats(finish_reason="length", rounds_by_drafter={"model": 2}))
 
 
 def test_a_failed_save_leaves_no_temporary_file_and_save_load_take_only_what_save_writes(tiny_bundle, tmp_path,
@@ -785,3 +789,97 @@ def test_a_reply_s_control_characters_are_shown_in_a_terminal_chat(tiny_bundle):
     _, _, shown, _ = _repl(eng, "hello\n", options=opts, stdout=Tty())
     _, _, raw, _ = _repl(eng, "hello\n", options=opts)
     assert (shown, raw) == ("^[^[\n", "\x1b\x1b\n")
+
+
+def test_what_a_chat_reads_from_and_writes_to_and_the_words_that_end_it(tiny_bundle, tmp_path):
+    """(session 97, a second mutation test of chat.py: CH6, CH8, CH9, CH32, CH35, CH42, CH44)
+    - A stream that says it is a terminal but is not the process's stdin is read as piped input, not through
+      ``input()`` (which reads the process's own stdin); a stdout whose ``isatty`` fails (closed) is no terminal.
+    - ``/quit`` leaves as ``/exit`` does.
+    - /load refuses messages whose content is not text, and the loaded conversation has dropped nothing yet; a file
+      name's control characters are shown escaped in its error; JSON nested too deep for Python is no conversation.
+    - A line's limit of 1 MiB is said in MiB; a terminal's chat that met errors exits 0; a reply that fails after its
+      first words ends their line before the error is said.
+    - draft_tokens with the profile's default drafter none is refused, naming the default.
+    - Options given as None are left to the engine's defaults."""
+    import edgespec
+    from edgespec.chat import ChatRepl
+    from edgespec.errors import EdgespecError
+    from test_hardening import _profile
+
+    eng = edgespec.load(tiny_bundle, memory=False)
+
+    class Tty(_Keys):
+        def isatty(self):
+            return True
+
+    class Closed(io.StringIO):
+        def isatty(self):
+            raise ValueError("I/O operation on closed file")
+
+    repl, code, _, err = _repl(eng, "hello\n/quit\nnot sent\n", options={"max_new_tokens": 2, "temperature": None},
+                               stdout=Closed())
+    assert (code, repl.interactive, repl._tty, err) == (0, False, False, "")
+    assert repl.options == {"max_new_tokens": 2}
+    assert [m["content"] for m in repl.session.messages if m["role"] == "user"] == ["hello"]
+    repl = ChatRepl(eng, stdin=Tty("hi\n"), stdout=io.StringIO(), stderr=io.StringIO(), options={"max_new_tokens": 2})
+    assert not repl.interactive and repl.run() == 0 and repl.session.messages[0]["content"] == "hi"
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"role": "user", "content": ["a", "list"]}, {"role": "assistant", "content": "x"}]))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]))
+    err = io.StringIO()
+    repl = ChatRepl(eng, stdin=_Keys(f"/load {listed}\n/load {good}\n"), stdout=io.StringIO(), stderr=err)
+    repl.session.dropped = 3  # (as a long chat's)
+    assert repl.run() == 1 and _errors(err.getvalue()) == [
+        f"error: {listed} is not a conversation /save wrote (a JSON list of {{role, content}} messages)"]
+    assert repl.session.messages[1]["content"] == "hello" and repl.session.dropped == 0
+    _, _, _, err = _repl(eng, f"/load {tmp_path}/no\x1b[2Jsuch.json\n")  # (CH50: a name's controls shown escaped)
+    assert _errors(err) == [f"error: cannot read {ascii(f'{tmp_path}/no' + chr(27) + '[2Jsuch.json')}: no such file"]
+    deep = tmp_path / "deep.json"  # (CH53: JSON nested past Python's recursion limit is no conversation either)
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _, _, _, err = _repl(eng, f"/load {deep}\n")
+    assert _errors(err) == [f"error: {deep} is not a conversation /save wrote (a JSON list of {{role, content}} "
+                            "messages)"], err
+    _, _, _, err = _repl(eng, "x" * ((1 << 20) + 1) + "\n", line_limit=1 << 20)  # (CH20: the limit said in MiB)
+    assert _errors(err) == ["error: a line is longer than 1 MiB: skipped up to the next newline"], err
+    repl.failed, repl.interactive = 1, True  # (CH21: a terminal's chat that met errors exits 0; piped, 1)
+    assert repl._exit_code() == 0
+    out, err = io.StringIO(), io.StringIO()  # (CH28: a reply that fails after its first words ends their line)
+    repl = ChatRepl(eng, stdin=_Keys("hi\n"), stdout=out, stderr=err)
+
+    def failing(text, **kw):
+        yield "partial"
+        raise EdgespecError("the model failed")
+
+    repl.session.stream = failing
+    assert repl.run() == 1 and out.getvalue() == "partial\n" and _errors(err.getvalue()) == ["error: the model failed"]
+    none = edgespec.load(tiny_bundle, memory=False, profile=_profile(tmp_path, 'drafter = "none"\n'))
+    assert none.defaults.drafter == "none"
+    _, code, _, err = _repl(none, "/set draft_tokens 3\n")
+    assert code == 1 and _errors(err) == ["error: draft_tokens: the drafter is none (the default), so nothing is "
+                                          "drafted; /set drafter first"], err
+
+
+def test_ctrl_c_s_handler_is_set_where_sigint_was_ignored_and_put_back(monkeypatch):
+    """(session 97, CH58, CH59) A chat started with SIGINT ignored (a script's background job) takes Ctrl-C again
+    while it runs, and the ignoring is put back after (the REPL used as a library); from another thread than the main
+    one nothing is set (signal's rule: it raised ValueError there)."""
+    import signal
+    import threading
+
+    from edgespec.chat import _catch_ctrl_c
+
+    monkeypatch.setattr(signal, "getsignal", lambda n: signal.SIG_IGN)  # (the handler itself is left as it is)
+    set_to = []
+    monkeypatch.setattr(signal, "signal", lambda n, h: set_to.append(h))
+    restore = _catch_ctrl_c()
+    assert set_to == [signal.default_int_handler]
+    restore()
+    assert set_to == [signal.default_int_handler, signal.SIG_IGN]
+    got = []
+    t = threading.Thread(target=lambda: got.append(_catch_ctrl_c()))
+    t.start()
+    t.join()
+    assert got == [None] and len(set_to) == 2
+
