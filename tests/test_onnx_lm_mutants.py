@@ -1,7 +1,8 @@
 """Gaps a second mutation test of ``edgespec/onnx_lm.py`` found (docs/bench/mutation_harness/onnx_lm_mut2.py,
 ON1-ON79): what a model is set to do at load (the verify bound of a width policy given, a hidden-state output the
-graph lacks, the no-skip warning on a GPU device), a CUDA graph replay's failure and its time, how a session is
-opened. The tiny bundles of conftest; a GPU device is faked where a test needs one (the cache's buffers made on the
+graph lacks, the no-skip warning on a GPU device, inputs the manifest names and the graph lacks, a logits output
+without a static vocabulary axis), a CUDA graph replay's failure and its time, the process-wide thread pool. The tiny
+bundles of conftest; a GPU device is faked where a test needs one (the cache's buffers made on the
 host by a patched ``OrtValue``)."""
 from __future__ import annotations
 
