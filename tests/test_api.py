@@ -1107,3 +1107,11 @@ def test_a_conversation_too_long_by_its_template_kwargs_is_refused_before_it_is_
     with pytest.raises(ContextOverflowError, match="the prompt has at least"):
         engine.encode(m, fit=True, template_kwargs=big)
     assert engine.encode(m, template_kwargs=big) == engine.encode(m)  # (unfitted: this template leaves it out)
+    # (session 97, a mutation test, AP33, AP34) an earlier answer's reasoning or calls' arguments alone: counted too
+    huge = "word " * (engine.max_context * 64)
+    for extra in ({"reasoning_content": huge}, {"tool_calls": [{"type": "function",
+                                                                 "function": {"name": "f", "arguments": huge}}]}):
+        history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", **extra},
+                   {"role": "user", "content": "and?"}]
+        with pytest.raises(ContextOverflowError, match="the prompt has at least"):
+            engine.encode(history, fit=True)

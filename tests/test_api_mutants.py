@@ -3,7 +3,7 @@ in docs/bench/mutation_s97_api.md): the refusals of load's arguments, the prompt
 close, heal's argument, and the options of generate, stream and chat sessions. On the tiny bundle the other API tests
 use (``test_api.py``'s ``engine``, or an engine of the test's own where it closes it or needs a prompt cache file).
 The gaps of tools, thinking and fill-in-the-middle prompts are tested in test_tools.py, test_reasoning.py and
-test_infill.py, on their tiny models."""
+test_infill.py, on their tiny models; an earlier answer's reasoning and calls in encode's size bound in test_api.py."""
 from __future__ import annotations
 
 import warnings
@@ -112,23 +112,6 @@ def test_a_stream_yields_no_empty_deltas(engine):  # noqa: F811
     assert parts and all(parts)
     assert "".join(parts) == engine.generate("Once upon a time", stop=["never written here"], **kw).text
     assert all(engine.chat().stream("hello there", stop=["never written here"], **kw))
-
-
-@pytest.mark.parametrize("where", ["reasoning_content", "arguments"])
-def test_a_history_too_long_by_its_reasoning_or_calls_is_refused_before_it_is_rendered(engine, where):  # noqa: F811
-    """AP33, AP34: an earlier answer's reasoning and its calls' arguments are text the template may write, so they
-    count towards encode's size bound (they were left out: a history too long by them alone was rendered)."""
-    from edgespec.errors import ContextOverflowError
-
-    huge = "word " * (engine.max_context * 64)
-    answer = {"role": "assistant", "content": "ok"}
-    if where == "reasoning_content":
-        answer["reasoning_content"] = huge
-    else:
-        answer["tool_calls"] = [{"type": "function", "function": {"name": "f", "arguments": huge}}]
-    messages = [{"role": "user", "content": "hi"}, answer, {"role": "user", "content": "and?"}]
-    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
-        engine.encode(messages, fit=True)
 
 
 def test_draft_tokens_0_with_no_drafter_is_refused(engine):  # noqa: F811

@@ -138,6 +138,12 @@ def test_a_suffix_is_refused_where_it_cannot_be_honoured(fim_engine, tiny_bundle
         fim_engine.generate("x", suffix=3)
     with pytest.raises(ConfigError, match="stop_token_ids must be a sequence of token ids"):
         fim_engine.generate("x", suffix="y", stop_token_ids="x")
+    from edgespec.errors import ContextOverflowError
+
+    # (session 97, a mutation test of api.py, AP52) the suffix counts towards encode's size bound: a short prefix with
+    # a suffix far too long for the context was tokenized whole before the decoder refused it
+    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
+        fim_engine.generate("def f(", suffix="word " * (fim_engine.max_context * 64), max_new_tokens=2)
     eng = edgespec.load(tiny_bundle, memory=False)  # a vocabulary without FIM tokens
     assert eng.tokenizer.fim() is None
     for call in (lambda: eng.generate("def f():", suffix="\n"), lambda: list(eng.stream("def f():", suffix=""))):
@@ -342,12 +348,3 @@ def test_token_healing_backs_off_the_last_token_before_the_gap(fim_engine, fim_b
                         "--max-new-tokens", "30", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "| on |" in out.read_text() and "| off |" in out.read_text()
-
-
-def test_a_fill_in_the_middle_prompt_too_long_by_its_suffix_is_refused_before_it_is_tokenized(fim_engine):
-    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP52: the suffix of a fill-in-the-middle prompt counts towards encode's size bound (it was left out: a short
-    prefix with a suffix far too long for the context was tokenized whole before the decoder refused it)."""
-    from edgespec.errors import ContextOverflowError
-
-    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
-        fim_engine.generate("def f(", suffix="word " * (fim_engine.max_context * 64), max_new_tokens=2)

@@ -310,7 +310,8 @@ def _script(eng, monkeypatch, reply: str) -> None:
 def test_one_call_asked_for_is_read_from_the_answer_when_the_thinking_names_its_end_tag(think_engine, monkeypatch):
     """(session 46, a review) parallel_tool_calls false ended the reply at the first </tool_call>, which a thinking
     model may write while it thinks: the reply stopped mid-thought, with no call. The thinking keeps the tag now,
-    and the answer's first call is the one call."""
+    and the answer's first call is the one call; a whole call block in the thinking too (session 97, a mutation test
+    of api.py, AP73: its stop string counted in the thinking, the reply ended mid-thought)."""
     reply = ('<think>\nA </tool_call> is how a call ends.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
              '"arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": '
              '{"city": "Rome"}}\n</tool_call>')
@@ -320,6 +321,11 @@ def test_one_call_asked_for_is_read_from_the_answer_when_the_thinking_names_its_
     assert [json.loads(c["function"]["arguments"])["city"] for c in both.tool_calls] == ["Paris", "Rome"]
     assert [json.loads(c["function"]["arguments"])["city"] for c in one.tool_calls] == ["Paris"], one.text
     assert split_reasoning(one.text)[0] == "A </tool_call> is how a call ends."
+    _script(think_engine, monkeypatch, reply.replace("A </tool_call> is how a call ends.", 'Maybe <tool_call>\n{"name": '
+                                                     '"get_weather", "arguments": {"city": "Oslo"}}\n</tool_call> first.'))
+    one = think_engine.generate([ASK], tools=WEATHER, parallel_tool_calls=False)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in one.tool_calls] == ["Paris"], one.text
+    assert '"city": "Oslo"' in split_reasoning(one.text)[0]
 
 
 def test_a_call_written_inside_the_thinking_is_thought_not_a_call(think_engine, monkeypatch):
@@ -549,18 +555,3 @@ def test_the_streamed_split_is_the_whole_texts_for_any_text_and_any_pieces():
                 got = ("".join(parts["reasoning"]) if sp.opened else None, "".join(parts["content"]))
                 assert got == want and all(parts["reasoning"] + parts["content"]), (text, inside)  # (no empty delta)
                 assert sp.closed == (want[0] is not None and "</think>" in (text if inside else text.lstrip()[7:]))
-
-
-def test_one_call_asked_for_of_a_thinking_model_is_not_cut_at_a_call_it_thought_of(think_engine, monkeypatch):
-    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP73: with parallel_tool_calls false a thinking model's reply is not stopped at the end of the first call block,
-    which it may write whole while it thinks (its stop string counts in the thinking too): the reply ended mid-thought,
-    with no call. (test_reasoning's case has a lone closing tag in the thinking, which closes no call.)"""
-    import json
-
-    reply = ('<think>\nMaybe <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call> '
-             'first.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-             '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
-    _script(think_engine, monkeypatch, reply)
-    one = think_engine.generate([ASK], tools=WEATHER, parallel_tool_calls=False)
-    assert [json.loads(c["function"]["arguments"])["city"] for c in one.tool_calls] == ["Paris"], one.text
-    assert '"city": "Oslo"' in edgespec.split_reasoning(one.text)[0]

@@ -529,8 +529,9 @@ def test_special_token_text_in_tools_and_calls_stays_text(tool_engine):
 
 
 def test_logprobs_with_tools_the_reply_may_call_are_refused(tool_engine):
-    with pytest.raises(ConfigError, match="logprobs cannot be combined with tools"):
-        tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=8, logprobs=1)
+    for n in (0, 1):  # (0 asks for each token's logprob too: session 97, AP72, it was taken)
+        with pytest.raises(ConfigError, match="logprobs cannot be combined with tools"):
+            tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=8, logprobs=n)
     r = tool_engine.generate([HELLO], tools=WEATHER, tool_choice="none", max_new_tokens=8, logprobs=1)
     assert [e["token_id"] for e in r.logprobs] == r.token_ids  # no call to take out: logprobs as for any reply
     # (and the server: test_the_server_calls_tools_streamed_or_not, a 400 with param "logprobs")
@@ -965,22 +966,21 @@ def test_a_forced_call_of_a_function_that_is_not_strict_takes_any_object(tmp_pat
     assert c.m.validate_tokens(reply) < len(reply)  # (strict: held to them)
 
 
-def test_tools_take_a_text_response_format_and_refuse_logprobs_of_0(tool_engine):
-    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP71: response_format {"type": "text"} holds the reply to nothing, so it goes with tools the reply may call
-    (it was refused as a format that leaves no room for a call); AP72: logprobs=0 asks for each token's logprob, which
-    tools the reply may call refuse as logprobs=1 (0 was taken, the entries of the calls' tokens given)."""
+def test_tools_take_a_text_response_format(tool_engine):
+    """(session 97, a mutation test of api.py, AP71: docs/bench/mutation_s97_api.md) response_format {"type": "text"}
+    holds the reply to nothing, so it goes with tools the reply may call (it was refused as a format that leaves no
+    room for a call)."""
     kw = dict(tools=WEATHER, max_new_tokens=60, temperature=0)
     plain = tool_engine.generate([ASK], **kw)
     texted = tool_engine.generate([ASK], response_format={"type": "text"}, **kw)
     assert (texted.text, texted.token_ids) == (plain.text, plain.token_ids)
     assert [c["function"]["name"] for c in texted.tool_calls] == ["get_weather"]
-    with pytest.raises(ConfigError, match="logprobs cannot be combined with tools"):
-        tool_engine.generate([ASK], tools=WEATHER, max_new_tokens=8, logprobs=0)
 
 
 def test_a_prompt_too_long_by_its_tools_is_refused_before_it_is_rendered(tool_engine):
-    """(session 97, mutation test of api.py: docs/bench/mutation_s97_api.md) AP51: the tools the template renders count towards encode's size bound (they were left out: a prompt too long
-    by its tools alone was rendered and tokenized first)."""
+    """(session 97, a mutation test of api.py, AP51: docs/bench/mutation_s97_api.md) The tools the template renders
+    count towards encode's size bound (they were left out: a prompt too long by its tools alone was rendered and
+    tokenized first)."""
     from edgespec.errors import ContextOverflowError
 
     long = [{"type": "function", "function": {**WEATHER[0]["function"],
