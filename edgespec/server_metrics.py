@@ -41,8 +41,11 @@ class Metrics:
 
     def request(self, endpoint: str, status: int) -> None:
         with self._lock:
-            label = endpoint if endpoint in ENDPOINTS else "/v1/models/{id}" if endpoint.startswith(
-                "/v1/models/") else "other"  # a fixed set: a client's path never becomes a label
+            # a fixed set: a client's path never becomes a label (a model's page and the stored-response routes,
+            # which answer 404 as edgespec stores none, each have one; session 98: the latter were "other")
+            label = endpoint if endpoint in ENDPOINTS else next(
+                (f"{root}/{{id}}" for root in ("/v1/models", "/v1/responses") if endpoint.startswith(root + "/")),
+                "other")
             self.requests[(label, status)] += 1
 
     def generation(self, s: dict | None, queue_ms: float, *, cancelled: bool, failed: bool) -> None:
