@@ -1,0 +1,368 @@
+"""The wire format's gaps a second mutation test of edgespec/server_protocol.py found (session 98,
+docs/bench/mutation_s98.md): each test fails with its planted bug (the mutant ids of
+docs/bench/mutation_harness/server_protocol_mut2.py in its comment) and passes on the code as it is. The parser is
+pure functions over dicts: no server, no model."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from edgespec import server_protocol as P
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def refused(parse, body: dict, param=None, code: str | None = None, match: str | None = None):
+    """``parse(body)`` is a 400 naming ``param`` (``...``: any), and ``code`` and a message matching ``match`` where
+    given."""
+    with pytest.raises(P.APIError) as e:
+        parse(body, "m")
+    err = e.value  # (its message, not str(err): a Responses request's errors are reworded in err.message)
+    assert match is None or re.search(match, err.message), (match, err.message)
+    assert err.status == 400 and "\n" not in err.message, err.message
+    assert param is ... or err.param == param, (err.param, err.message)
+    if code is not None:
+        assert err.code == code, (err.code, err.message)
+    return err
+
+
+def test_a_responses_request_s_sampling_fields_reach_the_engine():  # SP81, SP82
+    """The Responses API's seed, top_k, min_p, repetition_penalty and edgespec options are the chat's: a seeded
+    Responses request was sampled unseeded, its drafter ignored."""
+    req = P.parse_responses({"input": "hi", "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+                             "seed": 5, "repetition_penalty": 1.1,
+                             "edgespec": {"drafter": "none", "draft_tokens": 0}}, "m")
+    assert req.options == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 5,
+                           "repetition_penalty": 1.1, "drafter": "none", "draft_tokens": 0}
+
+
+def test_a_body_that_is_no_json_is_told_so_and_a_huge_number_likewise():  # SP5
+    """Broken JSON is "not valid JSON" with the parser's reason; an integer past Python's digit limit is "a number
+    too large to read" (both ``invalid_json``): a mutant read every broken body as the second."""
+    for raw, words in ((b'{"messages": [', "is not valid JSON: Expecting value"),
+                       (b'{bad', "is not valid JSON: Expecting property name"),
+                       (b'{"max_tokens": ' + b"9" * 5000 + b"}", "has a number too large to read: Exceeds the limit")):
+        with pytest.raises(P.APIError) as e:
+            P.parse_body(raw)
+        assert (e.value.status, e.value.code) == (400, "invalid_json") and words in e.value.message, e.value.message
+
+
+def test_a_boolean_where_a_number_goes_is_called_a_boolean():  # SP8
+    err = refused(P.parse_chat, {"messages": MSGS, "max_tokens": True}, "max_tokens")
+    assert err.message == "'max_tokens' must be an integer, got a boolean", err.message
+    err = refused(P.parse_chat, {"messages": MSGS, "temperature": False}, "temperature")
+    assert err.message == "'temperature' must be a number, got a boolean", err.message
+
+
+def test_integer_fields_at_both_ends_of_their_range():  # SP10, SP11, SP12, SP15
+    """seed 0..2**63-1 (or -1, none): 2**63 and -2 are refused; an integer sent as 4.0 is 4; each upper bound itself
+    is taken (n 16, top_logprobs 20, a completion's logprobs 20, edgespec.draft_tokens 64)."""
+    assert P.parse_chat({"messages": MSGS, "seed": 2**63 - 1}, "m").options["seed"] == 2**63 - 1
+    refused(P.parse_chat, {"messages": MSGS, "seed": 2**63}, "seed", match=r"in 0\.\.9223372036854775807, got")
+    refused(P.parse_chat, {"messages": MSGS, "seed": -2}, "seed", match="got -2")
+    req = P.parse_chat({"messages": MSGS, "max_tokens": 4.0, "n": 2.0}, "m")
+    assert (req.max_tokens, req.n) == (4, 2) and type(req.max_tokens) is int
+    req = P.parse_chat({"messages": MSGS, "n": P.MAX_N, "logprobs": True, "top_logprobs": 20,
+                        "edgespec": {"draft_tokens": 64}}, "m")
+    assert (req.n, req.options["logprobs"], req.options["draft_tokens"]) == (P.MAX_N, 20, 64)
+    assert P.parse_completion({"prompt": "a", "logprobs": 20}, "m").options["logprobs"] == 20
+
+
+def test_a_responses_request_s_echoed_tool_choice_is_checked():  # SP84
+    """A Responses request's tool_choice is echoed in its response as sent: a lone surrogate in it is refused before
+    the generation (it failed the reply's JSON after it: a 500)."""
+    refused(P.parse_responses, {"input": "hi", "tool_choice": "\ud800"}, "tool_choice", match="unpaired UTF-16")
+
+
+def test_a_responses_object_s_defaults_are_openai_s():  # SP85, SP86, SP87, SP156-SP160
+    """Fields a Responses request left out are echoed as OpenAI's API gives them (typed clients read them):
+    tool_choice "auto", metadata {}, text.format {"type": "text"}, no tools, parallel tool calls on; an object made
+    with no engine reason is completed; the temperature and top_p echoed are the ones used (the response's
+    edgespec statistics: the server's default where the request named none); a stream's items are added empty."""
+    req = P.parse_responses({"input": "hi"}, "m")
+    obj = P.response_object("resp_1", "m", 0, req, output=[])
+    assert {k: obj[k] for k in ("tool_choice", "metadata", "text", "tools", "parallel_tool_calls", "instructions",
+                                "user", "max_output_tokens", "status", "incomplete_details")} == {
+        "tool_choice": "auto", "metadata": {}, "text": {"format": {"type": "text"}}, "tools": [],
+        "parallel_tool_calls": True, "instructions": None, "user": None, "max_output_tokens": None,
+        "status": "completed", "incomplete_details": None}
+    assert (obj["temperature"], obj["top_p"]) == (None, 1.0)
+    obj = P.response_object("resp_1", "m", 0, req, output=[], ext={"temperature": 0.7, "top_p": 0.9})
+    assert (obj["temperature"], obj["top_p"]) == (0.7, 0.9)
+    req = P.parse_responses({"input": "hi", "temperature": 0.3, "top_p": 0.5}, "m")
+    obj = P.response_object("r", "m", 0, req, output=[])
+    assert (obj["temperature"], obj["top_p"]) == (0.3, 0.5)
+    assert P.message_item("msg_1", None, "in_progress")["content"] == []
+    assert P.reasoning_item("rs_1", None, "in_progress")["content"] == []
+    assert P.message_item("msg_1", "", "completed")["content"][0]["text"] == ""
+
+
+def test_finish_reasons_as_openai_names_them():  # SP161
+    """The engine's "stop" (a stop string) and "eos" are OpenAI's "stop" ("tool_calls" where the reply made calls);
+    anything else (max_tokens, a full context) is "length"; none yet (a stream's chunk) is null."""
+    assert [P.finish_reason(r) for r in ("eos", "stop", "length", "context", None)] == [
+        "stop", "stop", "length", "length", None]
+    assert P.finish_reason("stop", calls=True) == P.finish_reason("eos", calls=True) == "tool_calls"
+
+
+def test_a_responses_message_s_refusal_part_is_what_it_said():  # SP88, SP89
+    """An output message given back with a refusal part (as OpenAI's replies give one) reads as its text, the parts
+    joined by newlines as the chat endpoint joins them."""
+    req = P.parse_responses({"input": [{"role": "user", "content": "Q"}, {"type": "message", "role": "assistant",
+                                        "content": [{"type": "output_text", "text": "Well."},
+                                                    {"type": "refusal", "refusal": "No."}]}]}, "m")
+    assert req.messages[1] == {"role": "assistant", "content": "Well.\nNo."}
+
+
+def test_an_integer_out_of_range_is_quoted_whole_unless_it_is_huge():  # SP17
+    err = refused(P.parse_chat, {"messages": MSGS, "n": 1000}, "n")
+    assert err.message == f"'n' must be in 1..{P.MAX_N}, got 1000", err.message
+    err = refused(P.parse_chat, {"messages": MSGS, "n": 10**39}, "n")
+    assert err.message.endswith("got 100000000000... (40 digits)"), err.message
+    err = refused(P.parse_chat, {"messages": MSGS, "max_tokens": -(10**39)}, "max_tokens")
+    assert err.message.endswith("got -10000000000... (40 digits)"), err.message
+
+
+def test_a_call_output_s_text_parts_are_joined_by_newlines():  # SP95
+    req = P.parse_responses({"input": [
+        {"role": "user", "content": "Q"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "a"},
+                                                                    {"type": "input_text", "text": "b"}]}]}, "m")
+    assert req.messages[-1] == {"role": "tool", "tool_call_id": "c1", "content": "a\nb"}
+
+
+def test_number_fields_take_their_upper_bounds():  # SP20
+    opts = P.parse_chat({"messages": MSGS, "temperature": 2.0, "top_p": 1, "min_p": 1.0, "presence_penalty": 2,
+                         "frequency_penalty": 2.0, "repetition_penalty": 10}, "m").options
+    assert (opts["temperature"], opts["top_p"], opts["min_p"], opts["presence_penalty"], opts["frequency_penalty"],
+            opts["repetition_penalty"]) == (2.0, 1.0, 1.0, 2.0, 2.0, 10.0)
+
+
+def test_a_null_boolean_is_false():  # SP21
+    """JSON's null for a boolean field is its default, false: ``stream: null`` is no stream (a mutant streamed)."""
+    req = P.parse_completion({"prompt": "a", "stream": None, "echo": None}, "m")
+    assert (req.stream, req.echo) == (False, False)
+    assert P.parse_tokenize({"prompt": "a", "with_pieces": None}, "m").with_pieces is False
+
+
+def _nested(depth: int, leaf, wrap):
+    out = leaf
+    for _ in range(depth):
+        out = wrap(out)
+    return out
+
+
+def test_what_a_responses_request_echoes_is_bounded_and_named():  # SP23, SP24, SP25, SP26
+    """Fields the response echoes as sent are checked before the generation: a lone surrogate in a value or a key,
+    and nesting past 64 levels (objects or arrays) are refused, the error's param the field itself (unquoted)."""
+    refused(P.parse_responses, {"input": "hi", "user": "\ud800"}, "user", match="'user' holds an unpaired")
+    tool = lambda params: {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": params}]}  # noqa: E731
+    refused(P.parse_responses, tool({"\ud800": 1}), "tools[0].parameters", match="unpaired UTF-16")
+    deepest = max(d for d in range(40, 80) if _ok(tool(_nested(d, 1, lambda x: {"x": x}))))
+    assert deepest == 62, deepest  # (its innermost value 64 levels below 'tools': 65 are refused)
+    err = refused(P.parse_responses, tool(_nested(deepest + 1, 1, lambda x: {"x": x})), ..., match="nested too deeply")
+    assert err.param.startswith("tools[0].parameters.x.x"), err.param
+    assert _ok(tool({"enum": _nested(deepest - 1, 1, lambda x: [x])}))
+    refused(P.parse_responses, tool({"enum": _nested(deepest, 1, lambda x: [x])}), ..., match="nested too deeply")
+
+
+def _ok(body) -> bool:
+    try:
+        P.parse_responses(body, "m")
+        return True
+    except P.APIError as e:
+        assert "nested too deeply" in e.message, e.message
+        return False
+
+
+def test_a_chat_s_verbosity_other_than_medium_is_refused():  # SP28
+    refused(P.parse_chat, {"messages": MSGS, "verbosity": "high"}, "verbosity", "unsupported_parameter")
+    assert P.parse_chat({"messages": MSGS, "verbosity": "medium"}, "m").messages == MSGS
+
+
+def test_a_reasoning_item_s_parts_and_its_broken_text():  # SP97, SP98
+    """A reasoning item's reasoning_text parts are its thinking, joined as they are; a lone surrogate in them is
+    refused naming that item (a mutant's error named the assistant message after it)."""
+    said = [{"type": "reasoning", "content": [{"type": "reasoning_text", "text": "A"},
+                                              {"type": "reasoning_text", "text": "B"}]},
+            {"role": "assistant", "content": "X"}]
+    assert P.parse_responses({"input": said}, "m").messages[0]["reasoning_content"] == "AB"
+    said[0]["content"][1]["text"] = "\ud800"
+    refused(P.parse_responses, {"input": said}, "input[0].content", match="input\\[0\\].content holds an unpaired")
+
+
+def test_a_responses_text_field_s_shapes():  # SP99, SP103, SP105
+    """A message's {"type": "text"} part is text (as the chat's); ``text`` must be an object (a string is told so, not
+    read as its characters' names); verbosity "medium", OpenAI's default, asks for nothing."""
+    req = P.parse_responses({"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                             "text": {"verbosity": "medium"}}, "m")
+    assert req.messages == MSGS and req.response_format is None
+    refused(P.parse_responses, {"input": "hi", "text": "plain"}, "text", "invalid_type",
+            match="'text' must be an object")
+
+
+def test_fields_openai_has_that_edgespec_refuses_or_ignores():  # SP29, SP30, SP31, SP35
+    """Audio output is refused (text alone passes); OpenAI's safety_identifier changes nothing here, accepted; a
+    completion's ``echo`` sent to the chat endpoint is an unknown field there; metadata values are strings."""
+    refused(P.parse_chat, {"messages": MSGS, "modalities": ["text", "audio"]}, "modalities", "unsupported_parameter")
+    assert P.parse_chat({"messages": MSGS, "modalities": ["text"], "safety_identifier": "u1"}, "m").messages == MSGS
+    refused(P.parse_chat, {"messages": MSGS, "echo": True}, "echo", "unknown_parameter")
+    refused(P.parse_chat, {"messages": MSGS, "metadata": {"k": 5}}, "metadata", "invalid_type",
+            match="'metadata.k' must be a string, got an integer")
+
+
+def test_unknown_fields_are_all_named():  # SP37
+    err = refused(P.parse_chat, {"messages": MSGS, "foo": 1, "bar": 2}, "bar", "unknown_parameter")
+    assert err.message == ("unrecognized request argument supplied: bar (/v1/chat/completions does not take it; "
+                           "nor foo)"), err.message
+
+
+def test_stream_options_include_obfuscation_is_a_boolean_that_asks_nothing():  # SP40
+    req = P.parse_chat({"messages": MSGS, "stream": True,
+                        "stream_options": {"include_usage": True, "include_obfuscation": False}}, "m")
+    assert req.stream and req.include_usage
+    refused(P.parse_chat, {"messages": MSGS, "stream": True, "stream_options": {"include_obfuscation": "no"}},
+            "stream_options.include_obfuscation", match="must be a boolean, got a string")
+
+
+def test_sampling_fields_past_their_bounds():  # SP44, SP45, SP46
+    """top_p and min_p at most 1, top_k at most 2**31-1 (the engine's int32): one step past each is refused, the
+    bound itself taken."""
+    assert P.parse_chat({"messages": MSGS, "top_k": 2**31 - 1}, "m").options["top_k"] == 2**31 - 1
+    refused(P.parse_chat, {"messages": MSGS, "top_k": 2**31}, "top_k", match=r"in 0\.\.2147483647")
+    for key in ("top_p", "min_p"):
+        refused(P.parse_chat, {"messages": MSGS, key: 1.01}, key, match=r"must be in \[0, 1\], got 1\.01")
+
+
+def test_a_prediction_s_type_and_parts():  # SP115, SP117
+    """A prediction needs its type "content" (a missing one is told so); its text parts are joined as they are (no
+    separator: the prediction is one text the reply is expected to repeat)."""
+    refused(P.parse_chat, {"messages": MSGS, "prediction": {"content": "x"}}, "prediction.type",
+            match="must be \"content\", got None")
+    req = P.parse_chat({"messages": MSGS, "prediction": {"type": "content", "content": [
+        {"type": "text", "text": "def f():"}, {"type": "text", "text": "\n    return 1"}]}}, "m")
+    assert req.options["prediction"] == "def f():\n    return 1"
+
+
+def test_an_assistant_s_reasoning_content_that_is_no_string_is_a_400():  # SP124
+    refused(P.parse_chat, {"messages": [*MSGS, {"role": "assistant", "content": "A", "reasoning_content": 5}]},
+            "messages[1].reasoning_content", "invalid_type", match="must be a string, got an integer")
+
+
+def test_a_completion_s_empty_token_prompt_is_refused():  # SP129
+    for prompt in ([], [[]], [[1, 2], []]):
+        refused(P.parse_completion, {"prompt": prompt}, "prompt", "invalid_type", match="'prompt' must be a string")
+
+
+def test_repetition_penalty_at_most_ten():  # SP51
+    assert P.parse_chat({"messages": MSGS, "repetition_penalty": 10.0}, "m").options["repetition_penalty"] == 10.0
+    refused(P.parse_chat, {"messages": MSGS, "repetition_penalty": 10.5}, "repetition_penalty")
+
+
+def test_a_chat_s_logprobs_and_top_logprobs():  # SP54, SP55
+    """``logprobs: true`` alone returns each token's logprob with no alternatives (top 0); ``top_logprobs`` with
+    ``logprobs: false`` asks for what it turns off: refused, as OpenAI refuses it."""
+    assert P.parse_chat({"messages": MSGS, "logprobs": True}, "m").options["logprobs"] == 0
+    assert "logprobs" not in P.parse_chat({"messages": MSGS, "logprobs": False}, "m").options
+    for lp in (False, None):
+        refused(P.parse_chat, {"messages": MSGS, "logprobs": lp, "top_logprobs": 3}, "top_logprobs",
+                match="needs 'logprobs': true")
+
+
+def test_token_healing_is_a_boolean():  # SP59
+    refused(P.parse_completion, {"prompt": "a", "edgespec": {"token_healing": 1}}, "edgespec.token_healing",
+            match="must be a boolean, got an integer")
+
+
+def test_a_completion_s_prompts_of_token_ids_and_their_count():  # SP130, SP131
+    """Token ids are integers, not booleans (``true`` is no token); a request holds up to 16 prompts."""
+    refused(P.parse_completion, {"prompt": [True, 5]}, "prompt", "invalid_type")
+    req = P.parse_completion({"prompt": ["a"] * P.MAX_PROMPTS}, "m")
+    assert len(req.prompts) == P.MAX_PROMPTS
+    refused(P.parse_completion, {"prompt": ["a"] * (P.MAX_PROMPTS + 1)}, "prompt", match="at most 16 prompts")
+
+
+def test_tokenize_s_missing_text_and_its_generation_prompt():  # SP137, SP138, SP139
+    """/tokenize with nothing to tokenize is a 400 saying what to send (a mutant's IndexError was a 500); a chat's
+    generation prompt is added unless add_generation_prompt is false."""
+    refused(P.parse_tokenize, {}, "prompt", "missing_required_parameter", match="send one of 'prompt'")
+    refused(P.parse_tokenize, {"prompt": "a", "content": "b"}, "prompt", "invalid_value")
+    assert P.parse_tokenize({"messages": MSGS}, "m").add_generation_prompt is True
+    assert P.parse_tokenize({"messages": MSGS, "add_generation_prompt": None}, "m").add_generation_prompt is True
+    assert P.parse_tokenize({"messages": MSGS, "add_generation_prompt": False}, "m").add_generation_prompt is False
+
+
+def test_logit_bias_and_stop_at_their_bounds():  # SP61, SP63, SP65, SP66
+    """A bias of exactly -100 or 100 and 1,024 biased tokens are taken, as are 16 stop strings; a negative token id
+    is no token id."""
+    lb = P.parse_chat({"messages": MSGS, "logit_bias": {"5": -100, "6": 100}}, "m").options["logit_bias"]
+    assert lb == ((5, -100.0), (6, 100.0))
+    many = {str(i): 1 for i in range(P.MAX_LOGIT_BIAS)}
+    assert len(P.parse_chat({"messages": MSGS, "logit_bias": many}, "m").options["logit_bias"]) == P.MAX_LOGIT_BIAS
+    refused(P.parse_chat, {"messages": MSGS, "logit_bias": {"-5": 1}}, "logit_bias", match="got '-5'")
+    stops = [f"s{i}" for i in range(P.MAX_STOP)]
+    assert P.parse_chat({"messages": MSGS, "stop": stops}, "m").stop == stops
+
+
+def test_responses_fields_that_ask_for_nothing_pass():  # SP70, SP72, SP73, SP74
+    """The values of fields edgespec does not do that ask for nothing (what OpenAI's SDKs send by default) pass:
+    include of the encrypted reasoning, background false, top_logprobs 0; instructions that are no string are told
+    so by their own name."""
+    req = P.parse_responses({"input": "hi", "include": ["reasoning.encrypted_content"], "background": False,
+                             "top_logprobs": 0, "truncation": "disabled", "reasoning": {"effort": None}}, "m")
+    assert req.messages == MSGS
+    refused(P.parse_responses, {"input": "hi", "instructions": 5}, "instructions", "invalid_type",
+            match="^'instructions' must be a string, got an integer$")
+
+
+def test_tokenize_and_detokenize_refuse_what_is_no_text_or_no_token():  # SP140, SP141, SP143, SP144, SP145
+    refused(P.parse_tokenize, {"messages": MSGS, "add_generation_prompt": "no"}, "add_generation_prompt",
+            match="must be a boolean")
+    refused(P.parse_tokenize, {"prompt": "a", "add_special_tokens": True, "add_special": False}, "add_special_tokens",
+            match="differ")
+    assert P.parse_tokenize({"prompt": "a", "add_special_tokens": False, "add_special": False}, "m").add_special is False
+    refused(P.parse_tokenize, {"content": 5}, "content", match="'content' must be a string, got an integer")
+    refused(P.parse_detokenize, {"tokens": [True, 5]}, "tokens", "invalid_type")
+    refused(P.parse_detokenize, {}, "tokens", "missing_required_parameter")
+    assert P.parse_detokenize({"tokens": [1, 2]}, "m") == [1, 2]
+
+
+def test_stats_usage_and_logprobs_shapes():  # SP146, SP148, SP152, SP153, SP154, SP155
+    """The statistics' reused and restored prompt tokens are each their own; "healed" appears only where the prompt
+    was healed; a thinking reply's reasoning tokens are counted even when 0, and carried into the Responses usage; an
+    echoed prompt's first token (nothing before it) has no top_logprobs; a reply that is only calls has content
+    null."""
+    from types import SimpleNamespace
+
+    got = P.stats_summary(SimpleNamespace(reused_prompt_tokens=5, restored_prompt_tokens=2))
+    assert (got["reused_prompt_tokens"], got["restored_prompt_tokens"]) == (5, 2) and "healed" not in got
+    assert P.stats_summary(SimpleNamespace(healed="ab"))["healed"] == "ab"
+    assert P.usage(3, 4, 0, reasoning=0)["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert "completion_tokens_details" not in P.usage(3, 4, 0)
+    assert P.response_usage(P.usage(3, 4, 1, reasoning=2))["output_tokens_details"] == {"reasoning_tokens": 2}
+    entries = [{"token": "a", "logprob": None, "bytes": [97], "offset": 0, "top_logprobs": []},
+               {"token": "b", "logprob": -1.0, "bytes": [98], "offset": 1,
+                "top_logprobs": [{"token": "c", "logprob": -0.5, "bytes": [99]}]}]
+    assert P.logprobs_body("completion", entries)["top_logprobs"] == [None, {"c": -0.5, "b": -1.0}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msg = P.chat_response("r", "m", 0, "", "eos", {}, {}, tool_calls=[call])["choices"][0]
+    assert msg["message"]["content"] is None and msg["finish_reason"] == "tool_calls"
+
+
+def test_which_assistant_turn_a_reasoning_item_s_thinking_goes_to():  # SP77, SP79, SP80
+    """Reasoning items before an assistant turn are its thinking, joined by newlines; a turn keeps the thinking
+    that came before it when a later reasoning item precedes a call joined to it; a thought followed by a user's
+    message belongs to no turn (it is not carried to the next assistant message)."""
+    r = lambda t: {"type": "reasoning", "content": [{"type": "reasoning_text", "text": t}]}  # noqa: E731
+    said = lambda t: {"role": "assistant", "content": t}  # noqa: E731
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    msgs = P.parse_responses({"input": [{"role": "user", "content": "Q"}, r("A"), r("B"), said("X")]}, "m").messages
+    assert msgs[1] == {"role": "assistant", "content": "X", "reasoning_content": "A\nB"}
+    msgs = P.parse_responses({"input": [{"role": "user", "content": "Q"}, r("A"), said("X"), r("B"), call]},
+                             "m").messages
+    assert msgs[1]["reasoning_content"] == "A" and msgs[1]["tool_calls"][0]["id"] == "c1"
+    msgs = P.parse_responses({"input": [{"role": "user", "content": "Q"}, r("A"), {"role": "user", "content": "Q2"},
+                                        said("X")]}, "m").messages
+    assert msgs[2] == {"role": "assistant", "content": "X"}
