@@ -1425,6 +1425,14 @@ def test_metrics_count_each_generation_request_and_gauge_exactly(monkeypatch):
     for path, status in (("/v1/models/abc", 200), ("/secret/path", 404), ("/health", 200), ("/health", 200),
                          ("/v1/chat/completions", 499)):
         m.request(path, status)
+    # (session 98, SM1 and SM3-SM5 of a second pass: every routed path its own label, a stored response's page
+    # /v1/responses/{id} too; a path that only begins like one is "other")
+    served = ("/v1/completions", "/v1/responses", "/v1/models", "/metrics", "/tokenize", "/detokenize")
+    for path in served:
+        m.request(path, 200)
+    for path in ("/v1/models/x/y", "/v1/modelsabc", "/v1/models-list", "/metricsx", "/v1/responses/resp_1",
+                 "/v1/responses/resp_1/cancel", "/v1/responsesx"):
+        m.request(path, 404)
     m.rejected = 2
     monkeypatch.setattr(sm, "proc_status", lambda: {"VmRSS": 5 << 20, "VmHWM": 7 << 20})
     monkeypatch.setattr(sm, "peak_rss", lambda: 99 << 20)
@@ -1433,7 +1441,10 @@ def test_metrics_count_each_generation_request_and_gauge_exactly(monkeypatch):
     s = _samples(text)
     want = {
         'edgespec_requests_total{endpoint="/v1/models/{id}",status="200"}': 1,
-        'edgespec_requests_total{endpoint="other",status="404"}': 1,
+        'edgespec_requests_total{endpoint="other",status="404"}': 5,
+        **{f'edgespec_requests_total{{endpoint="{p}",status="200"}}': 1 for p in served},
+        'edgespec_requests_total{endpoint="/v1/models/{id}",status="404"}': 1,
+        'edgespec_requests_total{endpoint="/v1/responses/{id}",status="404"}': 2,
         'edgespec_requests_total{endpoint="/health",status="200"}': 2,
         'edgespec_requests_total{endpoint="/v1/chat/completions",status="499"}': 1,
         "edgespec_rejected_requests_total": 2,
@@ -1465,12 +1476,15 @@ def test_metrics_count_each_generation_request_and_gauge_exactly(monkeypatch):
 
 def test_the_request_counter_counts_the_status_sent_and_a_failure_as_500():
     """(session 83, mutants M27-M30) The ASGI middleware counts a request by the status its response started with,
-    a request whose app raised before any response as a 500 (and the error still raised), and no lifespan event."""
+    a request whose app raised before any response as a 500 (and the error still raised), and no lifespan event nor
+    websocket (a client trying an upgrade: no response start, it would read as a 500; session 98, SM21)."""
     import asyncio
 
     from edgespec.server_metrics import Metrics, RequestCounter
 
     async def app(scope, receive, send):
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1000})
         if scope["type"] != "http":
             return
         if scope["path"] == "/boom":
@@ -1487,13 +1501,14 @@ def test_the_request_counter_counts_the_status_sent_and_a_failure_as_500():
 
     async def run():
         await counted({"type": "lifespan"}, None, send)
+        await counted({"type": "websocket", "path": "/v1/chat/completions"}, None, send)
         await counted({"type": "http", "path": "/tokenize"}, None, send)
         with pytest.raises(RuntimeError, match="boom"):
             await counted({"type": "http", "path": "/boom"}, None, send)
 
     asyncio.run(run())
     assert dict(m.requests) == {("/tokenize", 404): 1, ("other", 500): 1}
-    assert sent == ["http.response.start", "http.response.body"]
+    assert sent == ["websocket.close", "http.response.start", "http.response.body"]
 
 
 def test_device_thread_runs_jobs_in_order_on_itself():

@@ -349,20 +349,3 @@ def test_stats_usage_and_logprobs_shapes():  # SP146, SP148, SP152, SP153, SP154
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     msg = P.chat_response("r", "m", 0, "", "eos", {}, {}, tool_calls=[call])["choices"][0]
     assert msg["message"]["content"] is None and msg["finish_reason"] == "tool_calls"
-
-
-def test_which_assistant_turn_a_reasoning_item_s_thinking_goes_to():  # SP77, SP79, SP80
-    """Reasoning items before an assistant turn are its thinking, joined by newlines; a turn keeps the thinking
-    that came before it when a later reasoning item precedes a call joined to it; a thought followed by a user's
-    message belongs to no turn (it is not carried to the next assistant message)."""
-    r = lambda t: {"type": "reasoning", "content": [{"type": "reasoning_text", "text": t}]}  # noqa: E731
-    said = lambda t: {"role": "assistant", "content": t}  # noqa: E731
-    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
-    msgs = P.parse_responses({"input": [{"role": "user", "content": "Q"}, r("A"), r("B"), said("X")]}, "m").messages
-    assert msgs[1] == {"role": "assistant", "content": "X", "reasoning_content": "A\nB"}
-    msgs = P.parse_responses({"input": [{"role": "user", "content": "Q"}, r("A"), said("X"), r("B"), call]},
-                             "m").messages
-    assert msgs[1]["reasoning_content"] == "A" and msgs[1]["tool_calls"][0]["id"] == "c1"
-    msgs = P.parse_responses({"input": [{"role": "user", "content": "Q"}, r("A"), {"role": "user", "content": "Q2"},
-                                        said("X")]}, "m").messages
-    assert msgs[2] == {"role": "assistant", "content": "X"}

@@ -31,24 +31,6 @@ _GAUGES = {"queue_depth": 0, "queue_capacity": 4, "generation_running": 0, "max_
            "prompt_cache": {"bytes": 1, "budget": 2, "entries": 1, "evictions": 0}}
 
 
-def test_each_served_endpoint_is_a_label_of_its_own_and_a_lookalike_path_is_other():
-    """SM1, SM3-SM5: every path ``edgespec serve`` routes is counted under its own endpoint label, a model's page under
-    ``/v1/models/{id}``, the stored-response routes under ``/v1/responses/{id}`` (session 98: they were ``other``); a
-    client's path that only begins like ``/v1/models`` is ``other`` (no label per path)."""
-    from edgespec.server_metrics import Metrics
-
-    m = Metrics(lambda: _GAUGES)
-    served = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
-              "/tokenize", "/detokenize")
-    for path in served:
-        m.request(path, 200)
-    for path in ("/v1/models/abc", "/v1/models/x/y", "/v1/modelsabc", "/v1/models-list", "/metricsx",
-                 "/v1/responses/resp_1", "/v1/responses/resp_1/cancel", "/v1/responsesx"):
-        m.request(path, 404)
-    assert dict(m.requests) == {**{(p, 200): 1 for p in served}, ("/v1/models/{id}", 404): 2,
-                                ("/v1/responses/{id}", 404): 2, ("other", 404): 4}
-
-
 def test_metrics_are_typed_counter_or_gauge_as_prometheus_reads_them():
     """SM13-SM16: each ``*_total`` sample is typed a counter (a rate() over it needs that), every other one a gauge,
     and each sample has its TYPE."""
@@ -94,28 +76,6 @@ def test_a_generation_whose_stats_lack_a_reason_or_a_rate_is_counted_without_err
     assert samples['edgespec_generations_total{reason="eos"}'] == 1
     assert not any("None" in k for k in samples)
     assert samples["edgespec_decode_seconds_total"] == 0 and samples["edgespec_new_tokens_total"] == 9
-
-
-def test_the_request_counter_leaves_a_websocket_uncounted():
-    """SM21: a websocket's scope (a client trying an upgrade) is passed to the app and not counted as an HTTP request
-    (it has no response start: it would read as a 500)."""
-    import asyncio
-
-    from edgespec.server_metrics import Metrics, RequestCounter
-
-    seen = []
-
-    async def app(scope, receive, send):
-        seen.append(scope["type"])
-        await send({"type": "websocket.close", "code": 1000})
-
-    m = Metrics(dict)
-
-    async def send(message):
-        pass
-
-    asyncio.run(RequestCounter(app, m)({"type": "websocket", "path": "/v1/chat/completions"}, None, send))
-    assert seen == ["websocket"] and dict(m.requests) == {}
 
 
 # -- integrity.py (IN) -----------------------------------------------------------------------------------------------

@@ -485,7 +485,7 @@ def test_a_malformed_response_format_with_tools_is_refused_as_malformed(tool_eng
 def test_a_responses_reasoning_item_is_the_thinking_of_the_turn_after_it():
     """(session 53, a review) A reasoning item this server gave out (its reasoning_text), sent back as input (as the
     Agents SDK does between tool steps), was dropped: the chat endpoint keeps the same thinking (reasoning_content)
-    for the template. Another model's (a summary only) is still left out."""
+    for the template. Another model's (a summary only) is still left out. Which turn a thought goes to, below."""
     from edgespec import server_protocol as P
 
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
@@ -502,6 +502,17 @@ def test_a_responses_reasoning_item_is_the_thinking_of_the_turn_after_it():
         assert [m.get("reasoning_content") for m in msgs] == [None, None if at is None else own["content"][0]["text"],
                                                              None]
         assert msgs[1]["tool_calls"][0]["id"] == "call_1"
+    # (session 98, SP77, SP79, SP80 of a second mutation pass) reasoning items before a turn are its thinking, joined
+    # by newlines; a turn keeps the thinking before it when a later item precedes a call joined to it; a thought
+    # followed by a user's message belongs to no turn (not carried to the next assistant message)
+    r = lambda t: {"type": "reasoning", "content": [{"type": "reasoning_text", "text": t}]}  # noqa: E731
+    ask, x = {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "X"}
+    msgs = P.parse_responses({"input": [ask, r("A"), r("B"), x]}, "m").messages
+    assert msgs[1] == {**x, "reasoning_content": "A\nB"}
+    msgs = P.parse_responses({"input": [ask, r("A"), x, r("B"), call]}, "m").messages
+    assert msgs[1]["reasoning_content"] == "A" and msgs[1]["tool_calls"][0]["id"] == "call_1"
+    msgs = P.parse_responses({"input": [ask, r("A"), {"role": "user", "content": "Q2"}, x]}, "m").messages
+    assert msgs[2] == x
 
 
 def test_special_token_text_in_tools_and_calls_stays_text(tool_engine):
