@@ -2206,6 +2206,11 @@ def test_an_assistants_refusal_part_is_what_it_said():
     both = P._message({"role": "assistant", "content": [{"type": "text", "text": "Well."},
                                                          {"type": "refusal", "refusal": "No."}]}, 1)
     assert both["content"] == "Well.\nNo."
+    # (session 98, SP88, SP89) the same from /v1/responses: an output message given back with a refusal part
+    req = P.parse_responses({"input": [{"role": "user", "content": "Q"}, {"type": "message", "role": "assistant",
+                                        "content": [{"type": "output_text", "text": "Well."},
+                                                    {"type": "refusal", "refusal": "No."}]}]}, "m")
+    assert req.messages[1] == {"role": "assistant", "content": "Well.\nNo."}
     for m, words in (({"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}, "only text parts"),
                      ({"role": "assistant", "content": [{"type": "refusal", "refusal": 3}]}, "refusal must be a string")):
         with pytest.raises(P.APIError, match=words) as e:
@@ -2257,7 +2262,8 @@ def test_top_k_minus_one_is_off_as_vllm_takes_it():
     assert parse_completion({"prompt": "a", "top_k": -1.0}, "m").options["top_k"] == 0
     assert parse_responses({"input": "hi", "top_k": -1}, "m").options["top_k"] == 0
     assert parse_chat({"messages": msgs, "top_k": 5}, "m").options["top_k"] == 5
-    for bad in (-2, True, "x"):
+    assert parse_chat({"messages": msgs, "top_k": 2**31 - 1}, "m").options["top_k"] == 2**31 - 1  # (the engine's int32)
+    for bad in (-2, True, "x", 2**31):  # (2**31: session 98, SP45)
         with pytest.raises(APIError, match="top_k"):
             parse_chat({"messages": msgs, "top_k": bad}, "m")
 
