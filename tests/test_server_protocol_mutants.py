@@ -1,7 +1,8 @@
 """The wire format's gaps a second mutation test of edgespec/server_protocol.py found (session 98,
 docs/bench/mutation_s98.md): each test fails with its planted bug (the mutant ids of
 docs/bench/mutation_harness/server_protocol_mut2.py in its comment) and passes on the code as it is. The parser is
-pure functions over dicts: no server, no model."""
+pure functions over dicts: no server, no model. Five gaps are cases of their twins instead: SP45 in test_server.py's
+top_k test, SP88 and SP89 in its refusal-part test, SP77, SP79 and SP80 in test_tools.py's reasoning-item test."""
 from __future__ import annotations
 
 import re
