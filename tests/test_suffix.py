@@ -1287,7 +1287,7 @@ def test_a_stores_cap_counts_and_a_delete_are_kept_to_the_token(tmp_path):
 
 def test_memory_show_counts_what_the_store_holds_and_names_a_corrupt_one_to_be_set_aside(tiny_bundle, tmp_path,
                                                                                          monkeypatch):
-    """(session 83, mutants C7-C11, C17 of cli_memory.py) ``memory show --json`` gives the store's sequences, their
+    """(session 83, mutants C7-C11, C17 of cli_memory.py; session 98, CM10, CM14) ``memory show --json`` gives the store's sequences, their
     tokens, how many have a prompt's signature (recallable), the file's bytes and the other stores; a corrupt store is
     the one the next load sets aside (not "left as it is", which is a newer edgespec's); ``clear --all`` lists what it
     deleted."""
@@ -1313,6 +1313,9 @@ def test_memory_show_counts_what_the_store_holds_and_names_a_corrupt_one_to_be_s
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == {"path": str(path), "exists": True, "sequences": 2, "tokens": 7, "recallable": 1,
                                     "file_bytes": path.stat().st_size, "error": None, "other_stores": 1}
+    r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])  # (session 98, CM10: its size in KiB)
+    assert r.exit_code == 0 and (f"2 outputs, 7 tokens, {path.stat().st_size / 1024:.1f} KiB on disk; 1 recallable"
+                                 in r.output) and "1 other store(s)" in r.output, r.output
     path.write_bytes(b"not a store")
     r = CliRunner().invoke(main, ["memory", "show", str(tiny_bundle)])
     assert r.exit_code == 0 and "unreadable" in r.output and "the next load sets it aside" in r.output, r.output
@@ -1339,6 +1342,15 @@ def test_memory_show_counts_what_the_store_holds_and_names_a_corrupt_one_to_be_s
     assert r.exit_code == 1 and "deleted 2 file(s)" in r.output and str(stores[2]) in r.output, r.output
     assert r.stderr.strip().splitlines() == [f"error: Permission denied: {stores[0]}"], r.stderr
     assert stores[0].exists() and not stores[1].exists() and not stores[2].exists()
+    # (session 98, CM14) two left: the error names the first and counts the other
+    stores[1].parent.mkdir(exist_ok=True)
+    stores[1].write_bytes(b"a store")
+    monkeypatch.setattr(M, "_delete_files", lambda p, warn=False: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", str(p))))
+    r = CliRunner().invoke(main, ["memory", "clear", "--all"])
+    assert r.exit_code == 1 and "deleted 0 file(s)" in r.output, r.output
+    assert r.stderr.strip().splitlines() == [
+        f"error: Permission denied (and 1 more store(s) not deleted): {stores[0]}"], r.stderr
 
 
 @pytest.mark.parametrize("args, want", [
