@@ -218,6 +218,25 @@ def smol_int4(tmp_path_factory):
     return _smol(tmp_path_factory, "int4")
 
 
+def exposition(text: str) -> tuple[dict, dict]:
+    """``/metrics``' text as ({name{labels}: value}, {metric: its TYPE}), every line checked to be of the Prometheus
+    text format (a TYPE counter or gauge, a HELP, or a sample)."""
+    import re
+
+    samples, types = {}, {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            m = re.fullmatch(r"# TYPE (edgespec_\w+) (counter|gauge)", line)
+            assert m or re.fullmatch(r"# HELP edgespec_\w+ .+", line), line
+            if m:
+                types[m.group(1)] = m.group(2)
+            continue
+        m = re.fullmatch(r'(edgespec_\w+(?:\{\w+="[^"]*"(?:,\w+="[^"]*")*\})?) (\S+)', line)
+        assert m, line
+        samples[m.group(1)] = float(m.group(2))
+    return samples, types
+
+
 def raising(exc: BaseException):
     """A stand-in for a function (``edgespec.api.load``, ...) that raises ``exc`` whatever it is called with."""
     def fn(*a, **k):

@@ -29,6 +29,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 import edgespec  # noqa: E402
+from conftest import exposition  # noqa: E402
 from edgespec.cli import main  # noqa: E402
 
 CONTEXT = 512  # small, so that over-long prompts are cheap to prefill
@@ -102,16 +103,8 @@ def http(url: str, body=None, method: str | None = None, timeout: float = 30) ->
 
 
 def _samples(text: str) -> dict:
-    """``/metrics``' text as {name{labels}: value}, every sample line checked to be of the exposition format."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            assert re.fullmatch(r"# (HELP|TYPE) edgespec_\w+ .+", line), line
-            continue
-        m = re.fullmatch(r'(edgespec_\w+(?:\{\w+="[^"]*"(?:,\w+="[^"]*")*\})?) (\S+)', line)
-        assert m, line
-        out[m.group(1)] = float(m.group(2))
-    return out
+    """``/metrics``' text as {name{labels}: value}, every line checked to be of the exposition format."""
+    return exposition(text)[0]
 
 
 def metric(url: str, name: str, **labels) -> float:

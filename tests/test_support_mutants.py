@@ -5,28 +5,12 @@ manifest-shaped object of their own, the provider tests fake the build's provide
 ``Metrics`` from known stats."""
 from __future__ import annotations
 
-import re
-
 import pytest
+
+from conftest import exposition
 
 
 # -- server_metrics.py (SM) ------------------------------------------------------------------------------------------
-def _exposition(text: str) -> tuple[dict, dict]:
-    """``/metrics``' text as ({sample: value}, {metric: its TYPE}), each line checked to be of the text format."""
-    samples, types = {}, {}
-    for line in text.splitlines():
-        m = re.fullmatch(r"# TYPE (edgespec_\w+) (counter|gauge)", line)
-        if m:
-            types[m.group(1)] = m.group(2)
-            continue
-        if line.startswith("# HELP "):
-            continue
-        m = re.fullmatch(r'(edgespec_\w+(?:\{\w+="[^"]*"(?:,\w+="[^"]*")*\})?) (\S+)', line)
-        assert m, line
-        samples[m.group(1)] = float(m.group(2))
-    return samples, types
-
-
 _GAUGES = {"queue_depth": 0, "queue_capacity": 4, "generation_running": 0, "max_context": 256,
            "prompt_cache": {"bytes": 1, "budget": 2, "entries": 1, "evictions": 0}}
 
@@ -40,7 +24,7 @@ def test_metrics_are_typed_counter_or_gauge_as_prometheus_reads_them():
     m.generation({"finish_reason": "stop", "new_tokens": 3, "drafted_tokens": 2, "accepted_tokens": 1,
                   "target_calls": 2, "ttft_ms": 5, "tokens_per_second": 10.0}, 1.0, cancelled=False, failed=False)
     m.request("/health", 200)
-    samples, types = _exposition(m.render())
+    samples, types = exposition(m.render())
     names = {s.split("{")[0] for s in samples}
     assert names <= set(types), names - set(types)
     want = {n: "counter" if n.endswith("_total") else "gauge" for n in names}
@@ -56,7 +40,7 @@ def test_the_rates_keep_six_places():
     m = Metrics(lambda: {**_GAUGES, "prompt_cache": None})
     m.generation({"finish_reason": "stop", "new_tokens": 7, "drafted_tokens": 3, "accepted_tokens": 2,
                   "target_calls": 3}, 0.0, cancelled=False, failed=False)
-    samples, _ = _exposition(m.render())
+    samples, _ = exposition(m.render())
     assert samples["edgespec_acceptance_rate"] == 0.666667
     assert samples["edgespec_tokens_per_target_call"] == 2.333333
 
@@ -71,7 +55,7 @@ def test_a_generation_whose_stats_lack_a_reason_or_a_rate_is_counted_without_err
     m.generation({"finish_reason": None, "new_tokens": 4, "tokens_per_second": 0.0, "ttft_ms": 0.0}, 0.0,
                  cancelled=False, failed=False)
     m.generation({"finish_reason": "eos", "new_tokens": 5}, 0.0, cancelled=False, failed=False)
-    samples, _ = _exposition(m.render())
+    samples, _ = exposition(m.render())
     assert samples['edgespec_generations_total{reason="unknown"}'] == 1
     assert samples['edgespec_generations_total{reason="eos"}'] == 1
     assert not any("None" in k for k in samples)
