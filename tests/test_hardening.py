@@ -504,10 +504,13 @@ def test_top_level_help_and_version_on_a_stdout_that_cannot_be_written():
     error handling: a full disk under stdout was a traceback; one line and exit 1 now."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
-    for opt in ("--version", "--help"):
+    # (session 99, CL11) a command's output too, met where its buffer is flushed (stdout buffered, as it is unless
+    # PYTHONUNBUFFERED is set: this machine sets it, and then the write itself fails)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for opt in ("--version", "--help", "profiles"):
         with open("/dev/full", "w") as full:
             r = subprocess.run([sys.executable, "-m", "edgespec.cli", opt], stdout=full, stderr=subprocess.PIPE,
-                               text=True, timeout=120)
+                               text=True, timeout=120, env=env)
         assert r.returncode == 1 and r.stderr.strip() == "error: cannot write the output: No space left on device", \
             r.stderr
 
@@ -1452,6 +1455,44 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
     assert re.search(r"a window needs 256 \(pass a window of \d+ tokens or less\)$", msg), msg
 
 
+def test_perplexity_reports_what_it_read_and_its_progress(tiny_bundle, tmp_path, monkeypatch, cli_load_args):
+    """(session 99, a second mutation pass of cli.py: CL53, CL56, CL57, CL59-CL64) perplexity's bounds and reports:
+    a window of 2**62 refused as no context before the model loads; a window loads that context, not the bundle's;
+    a --max-context the bundle lacks is warned of; the text's special-token text read as text; --json's object
+    names the bundle and its stderr stays empty; one window is "1 window"; on a terminal the progress is one line
+    rewritten (\\r) and ended before the result."""
+    from conftest import LoadCalled
+    import edgespec.api
+    import edgespec.cli
+
+    (tmp_path / "t.txt").write_text("some text to score " * 40)
+    msg = one_line_error(run("perplexity", tiny_bundle, tmp_path / "t.txt", "--window", str(2**62)), 2)
+    assert msg.startswith(f"error: --window {2**62} is no context"), msg  # (CL53: 2**62 passed to load)
+    assert "max_context" not in cli_load_args
+    r = run("perplexity", tiny_bundle, tmp_path / "t.txt", "--window", "16")
+    assert isinstance(r.exception, LoadCalled) and cli_load_args["max_context"] == 16, cli_load_args  # (CL57)
+    monkeypatch.undo()  # (the real load from here on)
+    r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(tmp_path / "t.txt"), "--max-context", "4096"])
+    assert r.exit_code == 0 and r.stderr.startswith("warning: asked for a context of 4096 tokens"), r.stderr  # (CL56)
+    special = "<|im_end|> some text<|im_end|>\n" * 30  # (CL59: each special's text is several tokens, not one)
+    (tmp_path / "s.txt").write_text(special)
+    r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(tmp_path / "s.txt"), "--window", "16", "--json"])
+    eng = edgespec.load(tiny_bundle, memory=False)
+    want = len(eng.tokenizer.encode(special, parse_special=False))
+    assert want > len(eng.tokenizer.encode(special, parse_special=True))
+    out = json.loads(r.stdout)
+    assert r.exit_code == 0 and r.stderr == "" and out["text_tokens"] == want, (r.stderr, out)  # (CL60: progress)
+    assert out["bundle"] == str(tiny_bundle), out  # (CL62)
+    r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(tmp_path / "t.txt"), "--window", "16",
+                                  "--max-windows", "1"])
+    assert r.exit_code == 0 and "(1 window of 16," in r.stdout, r.stdout  # (CL63)
+    monkeypatch.setattr(edgespec.cli, "_isatty", lambda stream: True)  # (CL61, CL64: stderr a terminal)
+    r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(tmp_path / "t.txt"), "--window", "16",
+                                  "--max-windows", "3"])
+    assert r.exit_code == 0 and r.stderr.startswith("\r[1/3] perplexity "), r.stderr
+    assert r.stderr.count("\r") == 3 and r.stderr.endswith("\n") and r.stderr.count("\n") == 1, r.stderr
+
+
 def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundle, tmp_path):
     """(session 48, a review) --json wrote characters as they are: a cp1252 stdout (a Windows redirect) made the ones
     it lacks '?', JSON that read back as other text. Where stdout is not UTF-8 they are \\u escapes now."""
@@ -1553,6 +1594,15 @@ def test_ctrl_c_inside_an_import_is_an_interruption(tiny_bundle, monkeypatch):
     monkeypatch.setattr(M, "load_manifest", cleanup_failed)
     r = run("info", str(tiny_bundle))
     assert r.exit_code == 130 and r.output.strip().endswith("interrupted"), r.output
+
+    def looped(*a, **k):  # (session 99, CL9) a chain of errors that leads back to itself: walked once, not forever
+        a, b = ValueError("a"), ValueError("b")
+        a.__context__, b.__context__ = b, a
+        raise a
+
+    monkeypatch.setattr(M, "load_manifest", looped)
+    r = run("info", str(tiny_bundle))
+    assert r.exit_code == 1 and isinstance(r.exception, ValueError), r.output  # (a bug: its traceback)
 
 
 def test_ctrl_c_while_the_command_loads_is_an_interruption(monkeypatch, capsys):
