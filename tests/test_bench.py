@@ -144,6 +144,7 @@ def test_a_report_that_cannot_be_written_is_still_printed(tiny_bundle, tmp_path,
                                   "prompt-lookup", "--no-plots", "--out", str(out)])
     assert r.exit_code == 1 and "No space left on device" in r.stderr.strip().splitlines()[-1], r.stderr
     assert "prompt-lookup" in r.stdout  # the results, printed before the files were written
+    assert r.stderr.startswith("bench: 1 prompts x 2 drafters, 3 new tokens each\n"), r.stderr  # (CL153: none too)
     assert (out / "report.md").exists() is False and sorted(p.name for p in out.iterdir()) == ["report.json"]
     assert "earlier" not in json.loads((out / "report.json").read_text())  # that one was written, whole
 
@@ -1237,6 +1238,47 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
         (tmp_path / "plots").mkdir()
         made = _plots(Report("b", {}, {}, runs), tmp_path / "plots")
     assert tmp_path / "plots" / "acceptance_by_position.png" in made
+
+
+def test_bench_checks_its_drafters_bound_and_report_folder_before_loading(tiny_bundle, tmp_path, cli_load_args,
+                                                                          monkeypatch):
+    """(session 99, a second mutation pass of cli.py: CL137-CL140, CL142, CL145, CL148) Before the models load:
+    --drafters' names are taken with spaces around them, --draft-tokens up to its bound, and a --out that cannot be
+    made is refused: one under a file or a link to nothing (named), in a folder this process may not enter; once
+    they have loaded, a folder where no file can be made."""
+    import errno
+    import os
+
+    from conftest import LoadCalled
+    from edgespec.cli import _check_writable
+    from edgespec.profiles import MAX_DRAFT
+
+    def bench(*args):
+        return CliRunner().invoke(main, ["bench", str(tiny_bundle), "--no-plots", "--limit", "1", *map(str, args)])
+
+    r = bench("--drafters", "prompt-lookup, none", "--draft-tokens", MAX_DRAFT, "--out", tmp_path / "r")
+    assert isinstance(r.exception, LoadCalled), r.output
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    for near in (tmp_path / "file", tmp_path / "dangling"):
+        r = bench("--out", near / "sub")
+        assert r.exit_code == 2 and r.stderr == f"error: cannot write the report to {near / 'sub'}: {near} is not a " \
+            "folder\n", r.output
+    real = os.access  # (root may enter any folder: the check's own question is answered no)
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if str(p) == str(tmp_path) and
+                        mode == os.W_OK | os.X_OK else real(p, mode, **k))
+    r = bench("--out", tmp_path / "new")
+    assert r.stderr == f"error: cannot write the report to {tmp_path / 'new'}: {tmp_path} is not writable\n", r.output
+    monkeypatch.setattr(os, "access", real)
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    with pytest.raises(ConfigError, match=r"cannot write the report to .*/made: Read-only file system$"):
+        _check_writable(str(tmp_path / "made"))
 
 
 def test_bench_spec_closes_llama_servers_whatever_ends_the_run(tiny_bundle, tmp_path, monkeypatch):

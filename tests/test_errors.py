@@ -567,6 +567,10 @@ def test_a_library_error_for_a_full_disk(tiny_bundle, monkeypatch):
     monkeypatch.setattr(edgespec.api, "load", raising(RuntimeError("Symlink loop from '/x/loop'")))
     assert one_line_error(run("generate", tiny_bundle, "-p", "hi"), 1) == \
         "error: a symbolic link leads back to itself (a loop): '/x/loop'"
+    import shutil  # (session 99, CL14) a copy error that lists no file is no copy error: a bug, its traceback
+
+    monkeypatch.setattr(edgespec.api, "load", raising(shutil.Error([])))
+    assert type(run("generate", tiny_bundle, "-p", "hi").exception) is shutil.Error
     monkeypatch.setattr(edgespec.api, "load", lambda *a, **k: 1 / 0)  # any other failure is a bug: its traceback
     r = run("generate", tiny_bundle, "-p", "hi")
     assert isinstance(r.exception, ZeroDivisionError)
@@ -914,3 +918,14 @@ def test_a_path_with_a_line_break_is_named_whole_in_the_one_line(tmp_path, tiny_
     monkeypatch.setenv("EDGESPEC_PROFILE", str(tmp_path / "p\x0bq.toml"))
     msg = one_line_error(run("generate", tiny_bundle, "-p", "hi"))
     assert "p\\x0bq.toml" in msg and "$EDGESPEC_PROFILE" in msg, msg
+    # (session 99, CL20) an option's value without a slash before its break (a relative path): matched as the value,
+    # not only as the whole "--name=value"
+    monkeypatch.delenv("EDGESPEC_PROFILE")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g\rh").write_text("a file where a folder is wanted")
+    msg = one_line_error(run("generate", tiny_bundle, "-p", "hi", "--prompt-cache-file=g\rh/e"))
+    assert "g\\rh/e" in msg, msg
+    # (CL21) one name inside another (a variable's "a\nb" in the bundle's "a\nb\nc"): the longer escaped whole
+    monkeypatch.setenv("EDGESPEC_NOTE", "a\nb")
+    msg = one_line_error(run("info", tmp_path / "a\nb\nc"), 2)
+    assert msg == f"error: no such bundle: {tmp_path}/a\\nb\\nc", msg

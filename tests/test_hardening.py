@@ -1403,7 +1403,7 @@ def test_unwritable_verified_stamps_are_said_once(tiny_bundle, tmp_path, monkeyp
     assert not [w for w in got if "verified files" in str(w.message)]
 
 
-def test_the_runtime_notices_are_warning_lines(tiny_bundle, tmp_path):
+def test_the_runtime_notices_are_warning_lines(tiny_bundle, tmp_path, monkeypatch):
     """A placement notice (a cpu-layout graph under a GPU profile) is a 'warning:' line, as warnings are."""
     p = tmp_path / "trt.toml"
     p.write_text('memory_budget_mb = 1000\nproviders = ["tensorrt"]\n')
@@ -1412,6 +1412,18 @@ def test_the_runtime_notices_are_warning_lines(tiny_bundle, tmp_path):
     assert r.returncode == 0, r.stderr
     notes = [ln for ln in r.stderr.splitlines() if "runs on the CPU instead" in ln]
     assert len(notes) == 2 and all(ln.startswith("warning: the ") for ln in notes), r.stderr
+    # (session 99, CL16) a record's level is its line's first word: an error (a server's) is an "error:" line
+    import logging
+
+    import edgespec.api
+
+    def logs(*a, **k):
+        logging.getLogger("edgespec.server").error("a request failed")
+        raise ConfigError("stopped here")
+
+    monkeypatch.setattr(edgespec.api, "load", logs)
+    r = run("generate", tiny_bundle, "-p", "hi")
+    assert r.exit_code == 2 and r.stderr.splitlines() == ["error: a request failed", "error: stopped here"], r.stderr
 
 
 def test_perplexity_context_options(tiny_bundle, tmp_path):
@@ -1508,6 +1520,7 @@ def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundl
                            timeout=120, env={**os.environ, "PYTHONIOENCODING": enc})
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout.decode(enc))["name"] == "modèle 日本 ✓", enc
+        assert ("modèle 日本 ✓".encode() in p.stdout) == (enc == "utf-8"), p.stdout  # (session 99, CL95: as they are)
 
 
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "model"])
