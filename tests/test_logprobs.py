@@ -441,3 +441,6 @@ def test_perplexity_json_of_a_broken_export_is_json(tiny_bundle, tmp_path, monke
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert out["perplexity"] is None and out["nll"] == 5000.0
+    from edgespec.cli import _finite  # (session 99, CL97: a tuple's too, as a list)
+
+    assert _finite({"a": (1.5, float("inf"), [float("nan")])}) == {"a": [1.5, None, [None]]}

@@ -929,7 +929,7 @@ def _cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def test_cli_profiles():
+def test_cli_profiles(monkeypatch):
     r = _cli("profiles")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
@@ -939,6 +939,22 @@ def test_cli_profiles():
     assert "5120 MiB" in r.stdout and "tensorrt,cuda,cpu" in r.stdout
     data = json.loads(_cli("profiles", "--json").stdout)
     assert SHIPPED <= {p["name"] for p in data}
+    # (session 99, CL94, CL98, CL99) the columns line up under the header whatever a row's width; a profile with no
+    # budget has 3/4 of the RAM; --json lists each profile's providers
+    import dataclasses
+
+    import edgespec.profiles
+
+    wide = dataclasses.replace(DEFAULT_PROFILE, name="a-profile-with-a-long-name", providers=("cuda", "cpu"))
+    monkeypatch.setattr(edgespec.profiles, "list_profiles", lambda: [DEFAULT_PROFILE, wide])
+    lines = _cli("profiles").stdout.splitlines()
+    assert len(lines) == 3 and lines[1].startswith("default ") and "3/4 of RAM" in lines[1], lines
+    for col in ("budget", "providers", "max context", "drafter", "description"):
+        at = lines[0].index(col)
+        assert all(line[at - 2:at] == "  " and line[at] != " " for line in lines[1:]), (col, lines)
+    data = json.loads(_cli("profiles", "--json").stdout)
+    assert [(p["name"], p["providers"], p["memory_budget_mb"]) for p in data] == \
+        [("default", ["cpu"], 0), ("a-profile-with-a-long-name", ["cuda", "cpu"], 0)], data
 
 
 def test_cli_plan(tiny_bundle):
@@ -955,6 +971,7 @@ def test_cli_plan(tiny_bundle):
     assert d["context"] == ctx
     assert d["kv"]["target"] == 2 * t.num_layers * t.num_kv_heads * t.head_dim * 4 * ctx
     assert d["budget"] == 5120 * MiB and d["runtime"] == RUNTIME
+    assert f"of 5120 MiB ({100 * d['total'] / d['budget']:.0f}%)" in r.stdout, r.stdout  # (session 99, CL106)
     r = _cli("plan", tiny_bundle, "--profile", "cpu-8gb", "--max-context", "64", "--no-drafter", "--json")
     d = json.loads(r.stdout)["plan"]
     assert d["context"] == 64 and "drafter" not in d["kv"]
@@ -1086,6 +1103,7 @@ def test_a_gpu_profile_on_a_cpu_only_onnxruntime_plans_what_runs(tiny_cuda_bundl
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--profile", "rtx4090-24gb", "--measure",
                                   "--measure-tokens", "8"])
     assert r.exit_code == 0 and r.stderr.count("this onnxruntime build lacks") == 1, r.output  # (it was said twice)
+    assert "prefilling 8 tokens, decoding 32 ..." in r.stderr, r.stderr  # (session 99, CL103: all 8 asked fit)
     # (session 57) --provider cuda plans for that machine as the profile's providers do (it exited 5); where the
     # plan is this machine's (--measure, generate) it is still the error
     r = CliRunner().invoke(main, ["plan", str(tiny_cuda_bundle), "--provider", "cuda"])
