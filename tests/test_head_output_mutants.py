@@ -264,7 +264,8 @@ def test_where_the_bundle_cannot_be_written_is_an_export_error_and_a_kept_parent
 def test_a_full_disk_in_a_cycle_a_quota_a_nested_rewrite_and_a_file_in_the_bundles_folder(tmp_path):
     """O2_16 (an error chain that loops: the search never ended), O2_17 (EDQUOT by its errno alone), O2_18 (a nested
     rewrite's NoSpaceError: its words are not the system's), O2_20 (a file the error names inside the folder being
-    written: said as the folder and its free space, not as another disk's file)."""
+    written: said as the folder and its free space, not as another disk's file), O2_21 (another disk's file, a
+    cache's, not said)."""
     import errno
 
     from edgespec.errors import NoSpaceError
@@ -280,6 +281,9 @@ def test_a_full_disk_in_a_cycle_a_quota_a_nested_rewrite_and_a_file_in_the_bundl
     with pytest.raises(NoSpaceError, match=rf"^no space left on device while writing w in {tmp_path}, [\d,]+ [MK]iB "
                                            r"free there now: kept$"):
         raise_if_full(inside, "w", tmp_path, "kept")
+    cache = OSError(errno.ENOSPC, "No space left on device", "/var/cache/x.bin")  # (another disk's file)
+    with pytest.raises(NoSpaceError, match=r"^no space left on device while writing w: /var/cache/x\.bin: kept$"):
+        raise_if_full(cache, "w", tmp_path, "kept")
 
 
 def test_publish_says_a_link_to_nothing_that_appeared_at_a_new_bundles_place(tmp_path):

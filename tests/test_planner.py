@@ -957,7 +957,7 @@ def test_cli_profiles(monkeypatch):
         [("default", ["cpu"], 0), ("a-profile-with-a-long-name", ["cuda", "cpu"], 0)], data
 
 
-def test_cli_plan(tiny_bundle):
+def test_cli_plan(tiny_bundle, tmp_path):
     m = load_manifest(tiny_bundle)
     ctx = min(4096, m.target.max_context, m.drafter.max_context)  # cpu-8gb asks for 4096
     r = _cli("plan", tiny_bundle, "--profile", "cpu-8gb")
@@ -972,6 +972,15 @@ def test_cli_plan(tiny_bundle):
     assert d["kv"]["target"] == 2 * t.num_layers * t.num_kv_heads * t.head_dim * 4 * ctx
     assert d["budget"] == 5120 * MiB and d["runtime"] == RUNTIME
     assert f"of 5120 MiB ({100 * d['total'] / d['budget']:.0f}%)" in r.stdout, r.stdout  # (session 99, CL106)
+    # (session 99, CL107-CL109, CL111) one device: no placement line; a CPU plan with no prompt cache says no GPU
+    # note; no drafter asked for: not loaded; a plan's warnings are lines of their own
+    assert "placement:" not in r.stdout, r.stdout
+    prof = _write(tmp_path, 'memory_budget_mb = 1024\nprompt_cache_mb = 0\nkv_dtype = "int8"\n', "p.toml")
+    r = _cli("plan", tiny_bundle, "--profile", prof, "--no-drafter")
+    assert r.exit_code == 0 and "drafter model: not loaded;" in r.stdout, r.output
+    cache = [line for line in r.stdout.splitlines() if "prompt cache (at most" in line]
+    assert len(cache) == 1 and cache[0].endswith(" 0.0 MiB"), cache
+    assert f"warning: profile asks for a int8 KV cache; this bundle's graphs use {m.target.kv_dtype}\n" in r.stdout
     r = _cli("plan", tiny_bundle, "--profile", "cpu-8gb", "--max-context", "64", "--no-drafter", "--json")
     d = json.loads(r.stdout)["plan"]
     assert d["context"] == 64 and "drafter" not in d["kv"]
@@ -1008,6 +1017,7 @@ def test_cli_plan_measure(tiny_bundle, tmp_path):
                           "--measure"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "measured peak resident" in out.stdout and "after decoding 32 tokens" in out.stdout
+    assert "note: on a discrete GPU" not in out.stdout, out.stdout  # (session 99, CL113: the CPU's)
     # (session 46) a context of 20 tokens holds 19 decoded after a one-token prompt: the note said 32
     r = CliRunner().invoke(main, ["plan", str(tiny_bundle), "--profile", str(prof), "--measure", "--max-context", "20"])
     assert r.exit_code == 0 and "(20 tokens: 1 prefilled, 19 decoded), decoding 19" in r.stderr, r.output
