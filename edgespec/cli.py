@@ -649,7 +649,9 @@ def generate(bundle, prompt, as_chat, max_new_tokens, temperature, top_k, top_p,
     wrote = False
     try:
         for delta in eng.stream(src, stop=stop, **kw):
-            click.echo(terminal_safe(delta) if tty else delta, nl=False)
+            # (color=True: click strips what reads as an ANSI sequence from text that goes to no terminal; a piped
+            # reply is the reply as decoded, as --json's text and chat's are: session 99, a mutation test)
+            click.echo(terminal_safe(delta) if tty else delta, nl=False, color=True)
             wrote = wrote or bool(delta)
             raise_if_hung_up()
     except BaseException:  # Ctrl-C, SIGTERM, an error mid-reply: the partial reply's line ends before "error: ..."

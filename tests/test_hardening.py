@@ -538,6 +538,50 @@ def test_a_reader_that_has_gone_ends_the_command_quietly(tiny_bundle):
     assert r.returncode == 1 and r.stderr == "", (r.returncode, r.stderr)  # (met at the reply's first echo)
 
 
+def test_generate_prints_the_reply_as_a_terminal_or_a_pipe_takes_it(tmp_path, monkeypatch):
+    """(session 99, a second mutation pass of cli.py: CL44-CL49) generate's reply, from an engine stand-in: on a
+    terminal its control characters shown, not acted on; into a pipe as it is; ended by a newline, then the
+    statistics line on stderr ("1 token"); a failure before the first piece prints no empty line before the error,
+    and one after it ends the reply's line first."""
+    from types import SimpleNamespace
+
+    import edgespec.cli as C
+    from edgespec.chat import terminal_safe
+
+    class Engine:
+        max_context = 64
+        last_stats = SimpleNamespace(new_tokens=1, tokens_per_second=12.0, prefill_ms=3.0, acceptance_rate=0.5,
+                                     tokens_per_target_call=1.0, finish_reason="stop")
+
+        def __init__(self, pieces, fail=None):
+            self.pieces, self.fail = pieces, fail
+
+        def stream(self, src, stop=None, **kw):
+            yield from self.pieces
+            if self.fail is not None:
+                raise self.fail
+
+        def close(self):
+            pass
+
+    def generate(engine):
+        monkeypatch.setattr(C, "_engine", lambda *a, **k: engine)
+        return CliRunner().invoke(main, ["generate", str(tmp_path), "-p", "hi"])
+
+    said = "red \x1b[31mtext\x1b[0m"
+    r = generate(Engine([said[:5], said[5:]]))  # (CliRunner's stdout: no terminal)
+    assert r.exit_code == 0 and r.stdout == said + "\n", repr(r.stdout)
+    assert r.stderr == "[1 token, 12.0 tok/s, prefill 3 ms, acceptance 0.50, 1.00 tokens/target call]\n", r.stderr
+    monkeypatch.setattr(C._Stdout, "isatty", lambda self: True)
+    r = generate(Engine([said]))
+    assert r.exit_code == 0 and r.stdout == terminal_safe(said) + "\n" and "\x1b" not in r.stdout, repr(r.stdout)
+    monkeypatch.setattr(C._Stdout, "isatty", lambda self: False)
+    r = generate(Engine([""], fail=ConfigError("stopped")))  # (an empty piece is nothing written)
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr == "error: stopped\n", (r.stdout, r.stderr)
+    r = generate(Engine(["", "part"], fail=ConfigError("stopped")))
+    assert r.exit_code == 2 and r.stdout == "part\n" and r.stderr == "error: stopped\n", (r.stdout, r.stderr)
+
+
 def test_a_hangup_ignored_by_nohup_stays_ignored_and_the_handlers_go_back(tiny_bundle, monkeypatch):
     """(session 84, a mutation test of cli.py) A command that holds an engine ends on SIGTERM and SIGHUP (their
     handlers raise), but a signal already ignored (``nohup edgespec generate ...``: SIGHUP) stays ignored while it
