@@ -469,6 +469,49 @@ def test_tokenizer_symlinked_out_of_the_bundle(tiny_bundle, copy_bundle, tmp_pat
         edgespec.load(b)
 
 
+def test_info_describes_what_a_manifest_records(tiny_bundle, copy_bundle):
+    """(session 99, a second mutation pass of cli.py: CL117-CL119, CL121-CL124, CL133-CL135) info's lines
+    for what the tiny bundle's manifest does not record, written into a copy's: a source file of exactly 1 MiB
+    listed by its hash and the smaller ones counted; tokens past the model's rows; per-layer KV shapes (one layer
+    each: "1 layer") and layers that share an earlier one's cache; no attention-head count; a resident size of 0;
+    no chat template, one that does not parse, one that takes tools."""
+    b = copy_bundle(tiny_bundle)
+
+    def info(fn):
+        _edit(b, fn)
+        r = run("info", b)
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    def big_source(m):
+        name = next(iter(m["source_files"]["target"]))
+        m["source_files"]["target"][name]["bytes"] = 1 << 20
+
+    said = info(big_source)
+    small = len(json.loads((b / "edgespec.json").read_text())["source_files"]["target"]) - 1
+    assert "(1,048,576 bytes) sha256 " in said and f"  target source: {small} smaller file(s) hashed too (info --json " \
+        "lists them)" in said, said
+
+    def layers(m):
+        t = m["models"]["target"]
+        t["kv_sources"] = [0, 0]
+        del t["num_attention_heads"]
+        t["cpu_resident_bytes"] = 0
+        m["tokenizer"]["special_past_vocab"] = 3
+
+    said = info(layers)
+    assert "    2 layers, 2 KV heads x 16 (1 layers use an earlier layer's KV cache), vocab" in said, said
+    assert ", 0.0 MiB resident once opened on the CPU EP" in said and "(3 special past the model's rows" in said, said
+    said = info(lambda m: (m["models"]["target"].pop("kv_sources"),
+                           m["models"]["target"].__setitem__("kv_layers", [[2, 16], [1, 32]])))
+    assert "    2 layers, KV heads x head size per layer 2 x 16 (1 layer), 1 x 32 (1 layer), vocab" in said, said
+    for template, state in (("", "no"), ("{% for m in messages %}", "yes, but "),
+                            ("{% if tools %}<tool_call>{% endif %}{{ messages[0]['content'] }}",
+                             "yes, with tool calls (<tool_call>)")):
+        said = info(lambda m: m.__setitem__("chat_template", template))
+        assert f"chat template: {state}" in said and "chat template: yes, but the bundle" not in said, said
+
+
 def test_symlink_loops_are_one_line_errors(tiny_bundle, copy_bundle, tmp_path, tiny_dirs):
     """(session 64, a review) A symbolic link that leads back to itself, as the bundle or inside it (a model file, the
     tokenizer folder), or as an export's output, ended in a traceback (Path.resolve's RuntimeError before Python

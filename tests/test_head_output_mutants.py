@@ -164,8 +164,8 @@ def test_reduce_head_reads_at_offsets_keeps_an_output_initializer_and_moves_larg
 
 
 def test_reduce_head_refuses_logits_of_a_graph_input_an_add_of_two_values_and_ids_of_two_axes(tmp_path):
-    """H2_25 (logits that no node computes: an AttributeError, not the refusal), H2_26 (an Add of two computed values
-    taken for a bias Add: a StopIteration), H2_27 (ids of two axes: numpy's ambiguous truth value)."""
+    """H2_25 (logits that no node computes: an AttributeError, not the refusal), H2_27 (ids of two axes: numpy's
+    ambiguous truth value). (An Add of two computed values, no bias, is refused too: H2_26's case, equivalent.)"""
     from edgespec_export.head import reduce_head
 
     path = _graph(tmp_path / "a")
@@ -265,7 +265,7 @@ def test_a_full_disk_in_a_cycle_a_quota_a_nested_rewrite_and_a_file_in_the_bundl
     """O2_16 (an error chain that loops: the search never ended), O2_17 (EDQUOT by its errno alone), O2_18 (a nested
     rewrite's NoSpaceError: its words are not the system's), O2_20 (a file the error names inside the folder being
     written: said as the folder and its free space, not as another disk's file), O2_21 (another disk's file, a
-    cache's, not said)."""
+    cache's, not said), O2_22 (the free space of a folder gone again: not said, not the nearest one's)."""
     import errno
 
     from edgespec.errors import NoSpaceError
@@ -281,6 +281,9 @@ def test_a_full_disk_in_a_cycle_a_quota_a_nested_rewrite_and_a_file_in_the_bundl
     with pytest.raises(NoSpaceError, match=rf"^no space left on device while writing w in {tmp_path}, [\d,]+ [MK]iB "
                                            r"free there now: kept$"):
         raise_if_full(inside, "w", tmp_path, "kept")
+    gone = tmp_path / "made" / "for it"  # (folders the failed export made, removed again: the free space is said
+    with pytest.raises(NoSpaceError, match=r"made/for it, [\d,]+ [MK]iB free there now: kept$"):  # of the nearest)
+        raise_if_full(OSError(errno.ENOSPC, "No space left on device"), "w", gone, "kept")
     cache = OSError(errno.ENOSPC, "No space left on device", "/var/cache/x.bin")  # (another disk's file)
     with pytest.raises(NoSpaceError, match=r"^no space left on device while writing w: /var/cache/x\.bin: kept$"):
         raise_if_full(cache, "w", tmp_path, "kept")
@@ -388,6 +391,8 @@ def test_reduce_in_stage_leaves_out_ids_past_the_drafters_rows_and_reroots_what_
     assert d.head_source == "given" and d.cpu_resident_bytes == 7
     assert out.target.path == stage / "target" / "model.onnx" and out.tokenizer_dir == stage / "tokenizer"
     assert out.root == stage and not (stage / "drafter" / "genai_config.json").exists()
+    stage, m = _stage(tmp_path / "edge")  # (the last kept id is the drafter's row count itself: left out)
+    assert reduce_in_stage(stage, m, np.array([0, 5, 64])).drafter.head_size == 2
 
 
 def test_head_source_names_every_corpus_path():
@@ -468,8 +473,8 @@ def test_a_new_bundle_over_a_folder_holding_the_source_is_refused_and_what_appea
     _bundle(outer)
     src = outer / "models" / "b"
     raw = _bundle(src)
-    with pytest.raises(ExportError, match="outer holds the export's input .*b; --force will not replace it"):
-        staged_rewrite(src, outer, True, _build(raw))
+    with pytest.raises(ExportError, match="outer holds the export's input .*b; --force will not replace it$"):
+        staged_rewrite(src, outer, True, _build(raw))  # (refused before the build: not "appeared while it ran")
     load_manifest(src)
     out = tmp_path / "new"
     with pytest.raises(ExportError, match="new exists; pass --force .*appeared while the export ran"):
@@ -610,3 +615,20 @@ def test_drafter_vocab_keeps_the_manifests_eos_and_bos_and_refuses_a_reduced_hea
     with pytest.raises(ExportError, match=f"^the drafter's head in {r} is already reduced to 3 tokens; apply"):
         head.apply_to_bundle(r, 3, tmp_path / "y")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "r"]
+
+
+def test_terminate_cleanly_gives_the_handlers_back(monkeypatch):
+    """O2_42: the handlers the guard replaced were not put back: every SIGTERM after an export raised Terminated."""
+    import signal
+
+    from edgespec_export import output as O
+
+    monkeypatch.setattr(O, "terminated", False)
+    mine = lambda *a: None  # noqa: E731
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        with O.terminate_cleanly():
+            assert signal.getsignal(signal.SIGTERM) is not mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
