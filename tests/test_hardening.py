@@ -581,48 +581,86 @@ def test_a_reader_that_has_gone_ends_the_command_quietly(tiny_bundle):
     assert r.returncode == 1 and r.stderr == "", (r.returncode, r.stderr)  # (met at the reply's first echo)
 
 
-def test_generate_prints_the_reply_as_a_terminal_or_a_pipe_takes_it(tmp_path, monkeypatch):
+class _Replies:
+    """An engine stand-in for generate's own lines (cli.py's second mutation pass, session 99): ``stream`` yields
+    ``pieces`` then raises ``fail``; ``generate`` returns ``result``; the keywords each got are kept."""
+
+    max_context = 64
+
+    def __init__(self, pieces=(), fail=None, result=None):
+        from types import SimpleNamespace
+
+        self.pieces, self.fail, self.result, self.got, self.closed = pieces, fail, result, {}, False
+        self.last_stats = SimpleNamespace(new_tokens=1, tokens_per_second=12.0, prefill_ms=3.0, acceptance_rate=0.5,
+                                          tokens_per_target_call=1.0, finish_reason="stop")
+
+    def stream(self, src, stop=None, **kw):
+        self.got = {"src": src, **kw}
+        yield from self.pieces
+        if self.fail is not None:
+            raise self.fail
+
+    def generate(self, src, stop=None, **kw):
+        self.got = {"src": src, **kw}
+        return self.result
+
+    def close(self):
+        self.closed = True
+
+
+def _generate_with(engine, monkeypatch, *args):
+    import edgespec.cli as C
+
+    monkeypatch.setattr(C, "_engine", lambda *a, **k: engine)
+    return CliRunner().invoke(main, ["generate", "b", *map(str, args)])
+
+
+def test_generate_prints_the_reply_as_a_terminal_or_a_pipe_takes_it(monkeypatch):
     """(session 99, a second mutation pass of cli.py: CL44-CL49) generate's reply, from an engine stand-in: on a
     terminal its control characters shown, not acted on; into a pipe as it is; ended by a newline, then the
     statistics line on stderr ("1 token"); a failure before the first piece prints no empty line before the error,
     and one after it ends the reply's line first."""
-    from types import SimpleNamespace
-
     import edgespec.cli as C
     from edgespec.chat import terminal_safe
 
-    class Engine:
-        max_context = 64
-        last_stats = SimpleNamespace(new_tokens=1, tokens_per_second=12.0, prefill_ms=3.0, acceptance_rate=0.5,
-                                     tokens_per_target_call=1.0, finish_reason="stop")
-
-        def __init__(self, pieces, fail=None):
-            self.pieces, self.fail = pieces, fail
-
-        def stream(self, src, stop=None, **kw):
-            yield from self.pieces
-            if self.fail is not None:
-                raise self.fail
-
-        def close(self):
-            pass
-
-    def generate(engine):
-        monkeypatch.setattr(C, "_engine", lambda *a, **k: engine)
-        return CliRunner().invoke(main, ["generate", str(tmp_path), "-p", "hi"])
-
     said = "red \x1b[31mtext\x1b[0m"
-    r = generate(Engine([said[:5], said[5:]]))  # (CliRunner's stdout: no terminal)
+    r = _generate_with(_Replies([said[:5], said[5:]]), monkeypatch, "-p", "hi")  # (CliRunner's stdout: no terminal)
     assert r.exit_code == 0 and r.stdout == said + "\n", repr(r.stdout)
     assert r.stderr == "[1 token, 12.0 tok/s, prefill 3 ms, acceptance 0.50, 1.00 tokens/target call]\n", r.stderr
     monkeypatch.setattr(C._Stdout, "isatty", lambda self: True)
-    r = generate(Engine([said]))
+    r = _generate_with(_Replies([said]), monkeypatch, "-p", "hi")
     assert r.exit_code == 0 and r.stdout == terminal_safe(said) + "\n" and "\x1b" not in r.stdout, repr(r.stdout)
     monkeypatch.setattr(C._Stdout, "isatty", lambda self: False)
-    r = generate(Engine([""], fail=ConfigError("stopped")))  # (an empty piece is nothing written)
+    r = _generate_with(_Replies([""], fail=ConfigError("stopped")), monkeypatch, "-p", "hi")  # (nothing written)
     assert r.exit_code == 2 and r.stdout == "" and r.stderr == "error: stopped\n", (r.stdout, r.stderr)
-    r = generate(Engine(["", "part"], fail=ConfigError("stopped")))
+    r = _generate_with(_Replies(["", "part"], fail=ConfigError("stopped")), monkeypatch, "-p", "hi")
     assert r.exit_code == 2 and r.stdout == "part\n" and r.stderr == "error: stopped\n", (r.stdout, r.stderr)
+
+
+def test_generate_passes_its_options_and_prints_json_whole(tmp_path, monkeypatch):
+    """(session 99, a second mutation pass of cli.py: CL36, CL38-CL43) what generate hands the engine (the special
+    tokens' text read as text, token healing, the template's variables, a whole response_format object from
+    --json-schema's file) and what --json prints: the finish reason, -inf log-probabilities as OpenAI's -9999.0 among
+    the top ones too, and the engine closed after it (its prompt cache file written then)."""
+    from types import SimpleNamespace
+
+    eng = _Replies(["x"])
+    r = _generate_with(eng, monkeypatch, "-p", "a<|im_end|>", "--no-parse-special", "--token-healing")
+    assert r.exit_code == 0 and eng.got["parse_special"] is False and eng.got["token_healing"] is True, eng.got
+    r = _generate_with(eng, monkeypatch, "-p", "hi", "--chat", "--chat-template-kwargs", '{"enable_thinking": false}')
+    assert r.exit_code == 0 and eng.got["chat_template_kwargs"] == {"enable_thinking": False}, eng.got
+    fmt = {"type": "json_schema", "json_schema": {"name": "point", "schema": {"type": "object"}}}
+    (tmp_path / "fmt.json").write_text(json.dumps(fmt))
+    r = _generate_with(eng, monkeypatch, "-p", "hi", "--json-schema", tmp_path / "fmt.json")
+    assert r.exit_code == 0 and eng.got["response_format"] == fmt, eng.got
+    inf = float("-inf")
+    eng = _Replies(result=SimpleNamespace(text="x", token_ids=[5], finish_reason="length", stats={"n": 1}, logprobs=[
+        {"token": "x", "logprob": inf, "top_logprobs": [{"token": "x", "logprob": inf}]}]))
+    r = _generate_with(eng, monkeypatch, "-p", "hi", "--json", "--logprobs", "1")
+    assert r.exit_code == 0 and eng.closed, r.output
+    assert json.loads(r.stdout) == {"text": "x", "token_ids": [5], "finish_reason": "length", "stats": {"n": 1},
+                                    "logprobs": [{"token": "x", "logprob": -9999.0,
+                                                  "top_logprobs": [{"token": "x", "logprob": -9999.0}]}]}, r.stdout
 
 
 def test_a_hangup_ignored_by_nohup_stays_ignored_and_the_handlers_go_back(tiny_bundle, monkeypatch):
