@@ -261,6 +261,7 @@ def test_where_the_bundle_cannot_be_written_is_an_export_error_and_a_kept_parent
         check_output(tmp_path / "new", False, [])
 
 
+@pytest.mark.timeout(30)  # (O2_16: the loop never ends)
 def test_a_full_disk_in_a_cycle_a_quota_a_nested_rewrite_and_a_file_in_the_bundles_folder(tmp_path):
     """O2_16 (an error chain that loops: the search never ended), O2_17 (EDQUOT by its errno alone), O2_18 (a nested
     rewrite's NoSpaceError: its words are not the system's), O2_20 (a file the error names inside the folder being
