@@ -1242,10 +1242,11 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
 
 def test_bench_checks_its_drafters_bound_and_report_folder_before_loading(tiny_bundle, tmp_path, cli_load_args,
                                                                           monkeypatch):
-    """(session 99, a second mutation pass of cli.py: CL137-CL140, CL142, CL145, CL148) Before the models load:
-    --drafters' names are taken with spaces around them, --draft-tokens up to its bound, and a --out that cannot be
-    made is refused: one under a file or a link to nothing (named), in a folder this process may not enter; once
-    they have loaded, a folder where no file can be made."""
+    """(session 99, a second mutation pass of cli.py: CL24, CL25, CL137-CL140, CL142, CL145, CL148) Before the models
+    load: --drafters' names are taken with spaces around them, --draft-tokens up to its bound (then they load with no
+    prompt cache and --drafter-provider's), and a --out that cannot be made is refused: one under a file or a link
+    to nothing (named), in a folder this process may not enter; once they have loaded, a folder where no file can
+    be made."""
     import errno
     import os
 
@@ -1256,8 +1257,12 @@ def test_bench_checks_its_drafters_bound_and_report_folder_before_loading(tiny_b
     def bench(*args):
         return CliRunner().invoke(main, ["bench", str(tiny_bundle), "--no-plots", "--limit", "1", *map(str, args)])
 
-    r = bench("--drafters", "prompt-lookup, none", "--draft-tokens", MAX_DRAFT, "--out", tmp_path / "r")
+    r = bench("--drafters", "prompt-lookup, none", "--draft-tokens", MAX_DRAFT, "--out", tmp_path / "r",
+              "--drafter-provider", "cpu")
     assert isinstance(r.exception, LoadCalled), r.output
+    # (CL24, CL25) loaded with no prompt cache (the report's memory is compared with the plan, which leaves it out)
+    # and the drafter's provider
+    assert cli_load_args["prompt_cache_mb"] == 0 and cli_load_args["drafter_provider"] == "cpu", cli_load_args
     (tmp_path / "file").write_text("")
     (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
     for near in (tmp_path / "file", tmp_path / "dangling"):
