@@ -470,11 +470,12 @@ def test_tokenizer_symlinked_out_of_the_bundle(tiny_bundle, copy_bundle, tmp_pat
 
 
 def test_info_describes_what_a_manifest_records(tiny_bundle, copy_bundle):
-    """(session 99, a second mutation pass of cli.py: CL117-CL119, CL121-CL124, CL133) info's lines
+    """(session 99, a second mutation pass of cli.py: CL117-CL119, CL121-CL126, CL128, CL129, CL133) info's lines
     for what the tiny bundle's manifest does not record, written into a copy's: a source file of exactly 1 MiB
     listed by its hash and the smaller ones counted; tokens past the model's rows; per-layer KV shapes (one layer
     each: "1 layer") and layers that share an earlier one's cache; no attention-head count; a resident size of 0;
-    an empty chat template, which is none."""
+    edgespec's kernels with a padded attention and a prefill's last-position logits, FP8's note, a reduced head
+    whose source is not recorded; an empty chat template, which is none."""
     b = copy_bundle(tiny_bundle)
 
     def info(fn):
@@ -505,6 +506,17 @@ def test_info_describes_what_a_manifest_records(tiny_bundle, copy_bundle):
     said = info(lambda m: (m["models"]["target"].pop("kv_sources"),
                            m["models"]["target"].__setitem__("kv_layers", [[2, 16], [1, 32]])))
     assert "    2 layers, KV heads x head size per layer 2 x 16 (1 layer), 1 x 32 (1 layer), vocab" in said, said
+    def kernels(m):
+        t, d = m["models"]["target"], m["models"]["drafter"]
+        t.update(kernels="edgespec-q4", attention_pad=1, precision="fp8")
+        t["io"]["logits_skip"] = "last_only"
+        d.update(head_ids=next(iter(d["files"])), head_size=10)
+
+    said = info(kernels)
+    assert "; attention padded by 1 query row)" in said and "input 'last_only'" in said, said
+    assert "note: FP8 weights are laid out for TensorRT" in said, said
+    ids = next(iter(json.loads((b / "edgespec.json").read_text())["models"]["drafter"]["files"]))
+    assert f"computes 10 of 372 tokens ({ids}; source not recorded)" in said, said
     said = info(lambda m: m.__setitem__("chat_template", ""))  # (an empty one is none: test_errors and test_tools
     assert "  chat template: no  " in said, said  # have one that does not parse and one that calls tools)
 
