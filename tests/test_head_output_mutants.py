@@ -88,8 +88,8 @@ def test_a_corpus_file_that_ends_inside_a_character_at_the_budget_is_skipped_and
 def _graph(folder, *, nbits=False, logits_from="mm"):
     """logits = Cast(x @ W) ([B, 16] @ [16, 64]; with ``nbits`` a 4-bit MatMulNBits with a bias input and no zero
     points), and two more outputs: ``pad``, an initializer that is itself a graph output (stored before W in the
-    external data file ``w.bin``), and ``doubled`` ([B, 16]). ``logits_from="add"``: logits = mm + x @ W2, an Add of two computed
-    values (no bias)."""
+    external data file ``w.bin``), and ``doubled`` ([B, 16]). ``logits_from="add"``: logits = mm + x @ W2, an Add of
+    two computed values (no bias)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -264,7 +264,7 @@ def test_mtp_decodes_exactly_on_quantized_bundles(pair, kind, tmp_path_factory):
         assert got.token_ids == again.token_ids and len(got.token_ids) == 32
 
 
-def test_an_assistant_bundle_says_what_it_holds(fp32_bundle):
+def test_an_assistant_bundle_says_what_it_holds(fp32_bundle, tmp_path):
     """``info`` lists the assistant (the layers it attends, its validation), ``plan`` counts its weights, and the
     manifest round-trips it."""
     from click.testing import CliRunner
@@ -281,6 +281,13 @@ def test_an_assistant_bundle_says_what_it_holds(fp32_bundle):
     assert r.exit_code == 0, r.output
     assert "assistant: Gemma4AssistantForCausalLM fp32, drafter 'mtp'" in r.output and "layer 3 (sliding)" in r.output
     assert "'hidden_states'" in r.output
+    # (session 99, CL130-CL132) its sliding layers' rows (the window and the row itself), an ordered (centroid)
+    # head, and a validation of exactly 0 still said
+    b = _edit_manifest(fp32_bundle, tmp_path, lambda raw: raw["models"]["assistant"].update(
+        sliding_window=7, ordered=True, validated=0.0))
+    r = CliRunner().invoke(main, ["info", str(b)])
+    assert r.exit_code == 0 and ", sliding layers the last 8 rows; the centroid head\n" in r.stdout, r.output
+    assert "on the target's own state: ✓ relative difference 0\n" in r.stdout, r.output
     r = CliRunner().invoke(main, ["plan", str(fp32_bundle)])
     assert r.exit_code == 0 and "weights assistant" in r.output and "assistant (mtp): loaded" in r.output, r.output
 
