@@ -879,3 +879,40 @@ def test_ctrl_c_s_handler_is_set_where_sigint_was_ignored_and_put_back(monkeypat
     t.join()
     assert got == [None] and len(set_to) == 2
 
+
+
+def test_chat_command_hands_the_repl_its_options(tmp_path, monkeypatch):
+    """(session 99, a second mutation pass of cli.py: CL65-CL72) What `edgespec chat` sets up around the REPL, with
+    an engine and a REPL stand-in: --draft-tokens checked before the model loads; --documents beside a drafter that
+    does not read them noted; a reply's characters the terminal cannot show made '?', a piped line that is not UTF-8
+    kept to be refused; the line limit and the template's variables handed on; the REPL's exit code the command's;
+    the engine closed after it (its prompt cache file written then)."""
+    from click.testing import CliRunner
+
+    import edgespec.chat
+    import edgespec.cli as C
+
+    class Engine:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    eng, seen = Engine(), {}
+
+    def repl(engine, **kw):
+        seen.update(kw, stdout_errors=sys.stdout.errors, stdin_errors=sys.stdin.errors)
+        return 3
+
+    monkeypatch.setattr(C, "_engine", lambda *a, **k: eng)
+    monkeypatch.setattr(edgespec.chat, "run_chat", repl)
+    r = CliRunner().invoke(C.main, ["chat", "b", "--draft-tokens", "65"])
+    assert r.exit_code == 2 and "draft_tokens" in r.stderr and not seen, r.output
+    (tmp_path / "doc.txt").write_text("a document")
+    r = CliRunner().invoke(C.main, ["chat", "b", "--documents", str(tmp_path / "doc.txt"), "--drafter", "prompt-lookup",
+                                    "--chat-template-kwargs", '{"enable_thinking": false}'])
+    assert r.exit_code == 3 and eng.closed, r.output
+    assert r.stderr == "note: --documents are drafted from by the suffix drafter only; --drafter prompt-lookup does " \
+        "not read them (/set drafter suffix or auto does)\n", r.stderr
+    assert seen["line_limit"] == C.STDIN_LIMIT and seen["template_kwargs"] == {"enable_thinking": False}, seen
+    assert (seen["stdout_errors"], seen["stdin_errors"]) == ("replace", "surrogateescape"), seen
