@@ -1856,6 +1856,90 @@ def test_serve_cli_errors(smol_int4, tmp_path):
                                                   "--api-key-file", tmp_path / "key"])
 
 
+def test_serve_hands_the_app_its_options_and_says_them(tmp_path, monkeypatch):
+    """(session 99, a second mutation pass of cli.py: CL74, CL76, CL78, CL81, CL83-CL93) What `edgespec serve` hands
+    the app and says in its banner, with the engine, the socket, the app and uvicorn stood in: a load slower than
+    the wait's tenth of a second waited for; --top-k 0 kept (off, not "left out"); the temperature left out is the
+    model's; the template's variables, the reasoning format, the key file's line stripped; the engine's defaults
+    set once; the model's name that of the folder even given as "."; the banner's sampling, prompt cache entries,
+    origins and key; the engine closed after the server stops, and a failing close said after what stopped it."""
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    import edgespec.cli as C
+    import edgespec.server as S
+
+    class Engine:
+        max_context, sampling_defaults = 64, {}
+        defaults = SimpleNamespace(temperature=0.7)
+
+        def __init__(self):
+            self.configured, self.closed = None, False
+
+        def config(self, **kw):
+            self.configured = kw
+
+        def memory_stats(self):
+            return {}
+
+        def prompt_cache_stats(self):
+            return {"entries": 2, "budget": 3 << 20}
+
+        def close(self):
+            self.closed = True
+            if fail_close:
+                raise RuntimeError("close failed")
+
+    class Sock:
+        def close(self):
+            pass
+
+    eng, got, fail_close = Engine(), {}, False
+
+    def load(*a, **k):
+        time.sleep(0.3)  # (longer than _loaded's wait of a tenth of a second)
+        return eng
+
+    def create_app(engine, model_id, **kw):
+        got.update(kw, model_id=model_id)
+        return SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(defaults={})))
+
+    def run(app, sock, banner=""):
+        got["banner"] = banner
+        if fail_close:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(C, "_engine", load)
+    monkeypatch.setattr(S, "bind", lambda host, port: Sock())
+    monkeypatch.setattr(S, "create_app", create_app)
+    monkeypatch.setattr(S, "run", run)
+    (tmp_path / "model").mkdir()
+    monkeypatch.chdir(tmp_path / "model")
+    (tmp_path / "doc.txt").write_text("a document")
+    (tmp_path / "key").write_text("  a-good-long-key  \n")
+    r = CliRunner().invoke(main, ["serve", ".", "--top-k", "0", "--drafter", "prompt-lookup", "--draft-tokens", "3",
+                                  "--documents", str(tmp_path / "doc.txt"), "--api-key-file", str(tmp_path / "key"),
+                                  "--allow-origin", "http://localhost:3000", "--reasoning-format", "none",
+                                  "--chat-template-kwargs", '{"enable_thinking": false}',
+                                  "--prompt-cache-file", str(tmp_path / "pc")])
+    assert r.exit_code == 0 and eng.closed, r.output
+    assert r.stderr == "note: --documents are drafted from by the suffix drafter only; --drafter prompt-lookup does " \
+        "not read them (a request's drafter suffix or auto does)\n", r.stderr
+    assert eng.configured == {"drafter": "prompt-lookup", "draft_tokens": 3}
+    assert (got["model_id"], got["sampling"], got["temperature"], got["api_key"], got["reasoning_format"],
+            got["chat_template_kwargs"]) == ("model", {"top_k": 0}, "model", "a-good-long-key", "none",
+                                             {"enable_thinking": False}), got
+    assert got["banner"] == (f"(model 'model', context 64 tokens, one generation at a time, up to 16 waiting; default "
+                             f"temperature 0.7, top_k 0; prompt cache 3 MiB (2 kept from {tmp_path / 'pc'}); no memory "
+                             "of replies; browser pages of http://localhost:3000 may call it; an API key required)"), \
+        got["banner"]
+    fail_close = True  # (the server stopped by Ctrl-C, then the engine's close fails too)
+    r = CliRunner().invoke(main, ["serve", ".", "--no-memory"])
+    assert r.exit_code == 130 and r.stderr == "warning: closing the engine failed too: close failed\nerror: " \
+        "interrupted\n", r.output
+
+
 def test_runtime_import_pulls_no_server_stack():
     code = ("import sys, edgespec, edgespec.api, edgespec.cli; "
             "bad = [m for m in ('starlette', 'uvicorn', 'openai', 'torch') if m in sys.modules]; "
