@@ -490,8 +490,8 @@ def test_info_describes_what_a_manifest_records(tiny_bundle, copy_bundle):
 
     said = info(big_source)
     small = len(json.loads((b / "edgespec.json").read_text())["source_files"]["target"]) - 1
-    assert "(1,048,576 bytes) sha256 " in said and f"  target source: {small} smaller file(s) hashed too (info --json " \
-        "lists them)" in said, said
+    assert "(1,048,576 bytes) sha256 " in said, said
+    assert f"  target source: {small} smaller file(s) hashed too (info --json lists them)" in said, said
 
     def layers(m):
         t = m["models"]["target"]
@@ -647,17 +647,25 @@ def test_generate_prints_the_reply_as_a_terminal_or_a_pipe_takes_it(monkeypatch)
 
 
 def test_generate_passes_its_options_and_prints_json_whole(tmp_path, monkeypatch):
-    """(session 99, a second mutation pass of cli.py: CL36, CL38-CL43) what generate hands the engine (the special
-    tokens' text read as text, token healing, the template's variables, a whole response_format object from
-    --json-schema's file) and what --json prints: the finish reason, -inf log-probabilities as OpenAI's -9999.0 among
-    the top ones too, and the engine closed after it (its prompt cache file written then)."""
+    """(session 99, a second mutation pass of cli.py: CL28, CL33, CL34, CL36, CL38-CL43) what generate hands the
+    engine (the special tokens' text read as text, token healing, the template's variables, a logit bias's
+    fraction, a whole response_format object from --json-schema's file; variables nested too deeply refused as not
+    JSON; --logprobs' bound before the model loads) and what --json prints: the finish reason, -inf
+    log-probabilities as OpenAI's -9999.0 among the top ones too, and the engine closed after it (its prompt cache
+    file written then)."""
     from types import SimpleNamespace
 
     eng = _Replies(["x"])
     r = _generate_with(eng, monkeypatch, "-p", "a<|im_end|>", "--no-parse-special", "--token-healing")
     assert r.exit_code == 0 and eng.got["parse_special"] is False and eng.got["token_healing"] is True, eng.got
-    r = _generate_with(eng, monkeypatch, "-p", "hi", "--chat", "--chat-template-kwargs", '{"enable_thinking": false}')
+    r = _generate_with(eng, monkeypatch, "-p", "hi", "--chat", "--chat-template-kwargs", '{"enable_thinking": false}',
+                       "--logit-bias", "5=0.5")
     assert r.exit_code == 0 and eng.got["chat_template_kwargs"] == {"enable_thinking": False}, eng.got
+    assert eng.got["logit_bias"] == ((5, 0.5),), eng.got  # (CL28: a fraction kept)
+    r = _generate_with(eng, monkeypatch, "-p", "hi", "--chat", "--chat-template-kwargs", "[" * 100000)  # (CL33)
+    assert r.exit_code == 2 and r.stderr.startswith("error: --chat-template-kwargs is not JSON: "), r.output
+    r = _generate_with(eng := _Replies(), monkeypatch, "-p", "hi", "--json", "--logprobs", "21")  # (CL34: before
+    assert r.exit_code == 2 and "logprobs must be" in r.stderr and eng.got == {}, r.output  # the model loads)
     fmt = {"type": "json_schema", "json_schema": {"name": "point", "schema": {"type": "object"}}}
     (tmp_path / "fmt.json").write_text(json.dumps(fmt))
     r = _generate_with(eng, monkeypatch, "-p", "hi", "--json-schema", tmp_path / "fmt.json")

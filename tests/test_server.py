@@ -1857,12 +1857,13 @@ def test_serve_cli_errors(smol_int4, tmp_path):
 
 
 def test_serve_hands_the_app_its_options_and_says_them(tmp_path, monkeypatch):
-    """(session 99, a second mutation pass of cli.py: CL74, CL76, CL78, CL81, CL83-CL93) What `edgespec serve` hands
+    """(session 99, a second mutation pass of cli.py: CL73-CL76, CL78, CL81-CL93) What `edgespec serve` hands
     the app and says in its banner, with the engine, the socket, the app and uvicorn stood in: a load slower than
     the wait's tenth of a second waited for; --top-k 0 kept (off, not "left out"); the temperature left out is the
     model's; the template's variables, the reasoning format, the key file's line stripped; the engine's defaults
     set once; the model's name that of the folder even given as "."; the banner's sampling, prompt cache entries,
-    origins and key; the engine closed after the server stops, and a failing close said after what stopped it."""
+    origins and key; a bad origin or key and a usage error refused before the port is taken; the engine closed after
+    the server stops, and a failing close said after what stopped it."""
     from types import SimpleNamespace
 
     from click.testing import CliRunner
@@ -1934,6 +1935,12 @@ def test_serve_hands_the_app_its_options_and_says_them(tmp_path, monkeypatch):
                              f"temperature 0.7, top_k 0; prompt cache 3 MiB (2 kept from {tmp_path / 'pc'}); no memory "
                              "of replies; browser pages of http://localhost:3000 may call it; an API key required)"), \
         got["banner"]
+    bound = []  # (CL73, CL75, CL82) refused before the port is taken and the model loads, with the --help to see
+    monkeypatch.setattr(S, "bind", lambda host, port: bound.append(port) or Sock())
+    for args, said in ((["--allow-origin", "localhost:3000"], "allowed origin"), (["--api-key", "short"], "8 to 512"),
+                       (["--port", "eighty"], "(see 'edgespec serve --help')")):
+        r = CliRunner().invoke(main, ["serve", ".", *args])
+        assert r.exit_code == 2 and said in r.stderr and not bound, (r.output, bound)
     fail_close = True  # (the server stopped by Ctrl-C, then the engine's close fails too)
     r = CliRunner().invoke(main, ["serve", ".", "--no-memory"])
     assert r.exit_code == 130 and r.stderr == "warning: closing the engine failed too: close failed\nerror: " \
