@@ -882,9 +882,9 @@ def test_ctrl_c_s_handler_is_set_where_sigint_was_ignored_and_put_back(monkeypat
 
 
 def test_chat_command_hands_the_repl_its_options(tmp_path, monkeypatch):
-    """(session 99, a second mutation pass of cli.py: CL65-CL72) What `edgespec chat` sets up around the REPL, with
-    an engine and a REPL stand-in: --draft-tokens checked before the model loads; --documents beside a drafter that
-    does not read them noted; a reply's characters the terminal cannot show made '?', a piped line that is not UTF-8
+    """(session 99, a second mutation pass of cli.py: CL50, CL65-CL72) What `edgespec chat` sets up around the REPL,
+    with an engine and a REPL stand-in: --draft-tokens checked before the model loads; --documents beside a drafter
+    that does not read them noted (not beside the suffix drafter, which does); a reply's characters the terminal cannot show made '?', a piped line that is not UTF-8
     kept to be refused; the line limit and the template's variables handed on; the REPL's exit code the command's;
     the engine closed after it (its prompt cache file written then)."""
     from click.testing import CliRunner
@@ -915,4 +915,6 @@ def test_chat_command_hands_the_repl_its_options(tmp_path, monkeypatch):
     assert r.stderr == "note: --documents are drafted from by the suffix drafter only; --drafter prompt-lookup does " \
         "not read them (/set drafter suffix or auto does)\n", r.stderr
     assert seen["line_limit"] == C.STDIN_LIMIT and seen["template_kwargs"] == {"enable_thinking": False}, seen
+    r = CliRunner().invoke(C.main, ["chat", "b", "--documents", str(tmp_path / "doc.txt"), "--drafter", "suffix"])
+    assert r.exit_code == 3 and r.stderr == "", r.stderr  # (CL50: the suffix drafter reads them: no note)
     assert (seen["stdout_errors"], seen["stdin_errors"]) == ("replace", "surrogateescape"), seen
