@@ -1610,11 +1610,11 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
 
 
 def test_perplexity_reports_what_it_read_and_its_progress(tiny_bundle, tmp_path, monkeypatch, cli_load_args):
-    """(session 99, a second mutation pass of cli.py: CL53, CL56, CL57, CL59-CL64) perplexity's bounds and reports:
-    a window of 2**62 refused as no context before the model loads; a window loads that context, not the bundle's;
+    """(session 99, a second mutation pass of cli.py: CL52, CL53, CL56, CL57, CL59-CL64) perplexity's bounds and
+    reports: a window of 2**62 refused as no context before the model loads; a window loads that context, not the bundle's;
     a --max-context the bundle lacks is warned of; the text's special-token text read as text; --json's object
-    names the bundle and its stderr stays empty; one window is "1 window"; on a terminal the progress is one line
-    rewritten (\\r) and ended before the result."""
+    names the bundle and its stderr stays empty; one window is "1 window"; a closed stderr is no terminal; on a
+    terminal the progress is one line rewritten (\\r) and ended before the result."""
     from conftest import LoadCalled
     import edgespec.api
     import edgespec.cli
@@ -1640,6 +1640,9 @@ def test_perplexity_reports_what_it_read_and_its_progress(tiny_bundle, tmp_path,
     r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(tmp_path / "t.txt"), "--window", "16",
                                   "--max-windows", "1"])
     assert r.exit_code == 0 and "(1 window of 16," in r.stdout, r.stdout  # (CL63)
+    closed = open(os.devnull, "w")
+    closed.close()
+    assert edgespec.cli._isatty(closed) is False and edgespec.cli._isatty(None) is False  # (CL52: no terminal)
     monkeypatch.setattr(edgespec.cli, "_isatty", lambda stream: True)  # (CL61, CL64: stderr a terminal)
     r = CliRunner().invoke(main, ["perplexity", str(tiny_bundle), str(tmp_path / "t.txt"), "--window", "16",
                                   "--max-windows", "3"])
