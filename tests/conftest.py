@@ -312,6 +312,19 @@ def file_bytes(root: Path) -> dict:
     return {p.relative_to(root): p.read_bytes() for p in Path(root).rglob("*") if p.is_file()}
 
 
+# A manifest's model entry by hand, for bundles written without an export (test_fuzz, test_head_output_mutants): a
+# qwen2 INT4 graph's names and sizes; a test adds its files, validation and quality
+MANIFEST_IO = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+               "past_key": "past_key_values.%d.key", "past_value": "past_key_values.%d.value",
+               "present_key": "present.%d.key", "present_value": "present.%d.value", "logits": "logits"}
+MANIFEST_MODEL = {"path": "target/model.onnx", "architecture": "qwen2", "precision": "int4", "layout": "cpu",
+                  "quant": {"block_size": 32, "symmetric": False}, "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+                  "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 400, "max_context": 256,
+                  "kv_dtype": "float32", "io": MANIFEST_IO, "tokenizer_sha256": "ab" * 32, "gpu_weight_bytes": 10,
+                  "params": 1000, "operators": {"MatMulNBits": 14}, "cpu_resident_bytes": 100, "embedding_bytes": 0,
+                  "embedding_row_bytes": 0}
+
+
 class LoadCalled(Exception):
     """Raised by ``cli_load_args``' stand-in for ``edgespec.api.load``: the command stops where it would load."""
 

@@ -12,6 +12,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from conftest import MANIFEST_MODEL  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
 from edgespec.manifest import Manifest, load_manifest  # noqa: E402
 from edgespec.profiles import _check, load_profile  # noqa: E402
@@ -20,16 +21,8 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 pytestmark = pytest.mark.timeout(300)
 
-IO = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-      "past_key": "past_key_values.%d.key", "past_value": "past_key_values.%d.value",
-      "present_key": "present.%d.key", "present_value": "present.%d.value", "logits": "logits"}
-MODEL = {"path": "target/model.onnx", "architecture": "qwen2", "precision": "int4", "layout": "cpu",
-         "quant": {"block_size": 32, "symmetric": False}, "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-         "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 400, "max_context": 256, "kv_dtype": "float32",
-         "io": IO, "tokenizer_sha256": "ab" * 32,
-         "files": {"target/model.onnx": {"bytes": 10, "sha256": "cd" * 32}}, "gpu_weight_bytes": 10,
-         "params": 1000, "operators": {"MatMulNBits": 14}, "cpu_resident_bytes": 100, "embedding_bytes": 0,
-         "embedding_row_bytes": 0, "validation": {"passed": True, "max_abs_logit_diff": {"prefill": 0.1}},
+MODEL = {**MANIFEST_MODEL, "files": {"target/model.onnx": {"bytes": 10, "sha256": "cd" * 32}},
+         "validation": {"passed": True, "max_abs_logit_diff": {"prefill": 0.1}},
          "quality": {"perplexity": 3.0, "greedy_match_tokens": [1, 2]}}
 MANIFEST = {"schema_version": 1, "name": "fuzz", "created": "2026-01-01T00:00:00Z", "sources": {"target": "x"},
             "tool_versions": {"edgespec": "0"}, "eos_token_ids": [2], "bos_token_id": 0, "add_bos": False,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import MANIFEST_MODEL
 from edgespec.errors import ExportError
 
 # -- select_head_ids -------------------------------------------------------------------------------------------
@@ -407,16 +408,6 @@ def test_head_source_names_every_corpus_path():
 
 # -- staged_rewrite on a bundle by hand ----------------------------------------------------------------------------
 
-_IO = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-       "past_key": "past_key_values.%d.key", "past_value": "past_key_values.%d.value",
-       "present_key": "present.%d.key", "present_value": "present.%d.value", "logits": "logits"}
-_MODEL = {"path": "target/model.onnx", "architecture": "qwen2", "precision": "int4", "layout": "cpu",
-          "quant": {"block_size": 32, "symmetric": False}, "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-          "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 400, "max_context": 256, "kv_dtype": "float32",
-          "io": _IO, "tokenizer_sha256": "ab" * 32, "gpu_weight_bytes": 10, "params": 1000,
-          "operators": {"MatMulNBits": 14}, "cpu_resident_bytes": 100, "embedding_bytes": 0, "embedding_row_bytes": 0}
-
-
 def _bundle(folder, tokenizer=b"{}", head_ids=None):
     """A bundle by hand: a manifest that loads (its files' sizes and hashes right) over files that are no models;
     returns the manifest's dict (a staged rewrite's ``build`` writes it as the stage's). ``head_ids``: the drafter's
@@ -438,7 +429,7 @@ def _bundle(folder, tokenizer=b"{}", head_ids=None):
            "chat_template": "{{ messages }}",
            "tokenizer": {"dir": "tokenizer", "vocab_size": 400,
                          "files": {"tokenizer/tokenizer.json": put("tokenizer/tokenizer.json", tokenizer)}},
-           "models": {role: {**copy.deepcopy(_MODEL), "path": f"{role}/model.onnx",
+           "models": {role: {**copy.deepcopy(MANIFEST_MODEL), "path": f"{role}/model.onnx",
                              "files": {f"{role}/model.onnx": put(f"{role}/model.onnx", role.encode() * 3)}}
                       for role in ("target", "drafter")}}
     if head_ids is not None:
