@@ -1249,6 +1249,7 @@ def test_bench_checks_its_drafters_bound_and_report_folder_before_loading(tiny_b
     be made."""
     import errno
     import os
+    import tempfile
 
     from conftest import LoadCalled
     from edgespec.cli import _check_writable
@@ -1278,8 +1279,6 @@ def test_bench_checks_its_drafters_bound_and_report_folder_before_loading(tiny_b
 
     def read_only(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system")
-
-    import tempfile
 
     monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
     with pytest.raises(ConfigError, match=r"cannot write the report to .*/made: Read-only file system$"):

@@ -884,9 +884,10 @@ def test_ctrl_c_s_handler_is_set_where_sigint_was_ignored_and_put_back(monkeypat
 def test_chat_command_hands_the_repl_its_options(tmp_path, monkeypatch):
     """(session 99, a second mutation pass of cli.py: CL50, CL65-CL72) What `edgespec chat` sets up around the REPL,
     with an engine and a REPL stand-in: --draft-tokens checked before the model loads; --documents beside a drafter
-    that does not read them noted (not beside the suffix drafter, which does); a reply's characters the terminal cannot show made '?', a piped line that is not UTF-8
-    kept to be refused; the line limit and the template's variables handed on; the REPL's exit code the command's;
-    the engine closed after it (its prompt cache file written then)."""
+    that does not read them noted (not beside the suffix drafter, which does); a reply's characters the terminal
+    cannot show made '?', a piped line that is not UTF-8 kept to be refused; the line limit and the template's
+    variables handed on; the REPL's exit code the command's; the engine closed after it (its prompt cache file
+    written then)."""
     from click.testing import CliRunner
 
     import edgespec.chat

@@ -506,6 +506,7 @@ def test_info_describes_what_a_manifest_records(tiny_bundle, copy_bundle):
     said = info(lambda m: (m["models"]["target"].pop("kv_sources"),
                            m["models"]["target"].__setitem__("kv_layers", [[2, 16], [1, 32]])))
     assert "    2 layers, KV heads x head size per layer 2 x 16 (1 layer), 1 x 32 (1 layer), vocab" in said, said
+
     def kernels(m):
         t, d = m["models"]["target"], m["models"]["drafter"]
         t.update(kernels="edgespec-q4", attention_pad=1, precision="fp8")
@@ -1611,9 +1612,9 @@ def test_perplexity_context_options(tiny_bundle, tmp_path):
 
 def test_perplexity_reports_what_it_read_and_its_progress(tiny_bundle, tmp_path, monkeypatch, cli_load_args):
     """(session 99, a second mutation pass of cli.py: CL52, CL53, CL56, CL57, CL59-CL64) perplexity's bounds and
-    reports: a window of 2**62 refused as no context before the model loads; a window loads that context, not the bundle's;
-    a --max-context the bundle lacks is warned of; the text's special-token text read as text; --json's object
-    names the bundle and its stderr stays empty; one window is "1 window"; a closed stderr is no terminal; on a
+    reports: a window of 2**62 refused as no context before the model loads; a window loads that context, not the
+    bundle's; a --max-context the bundle lacks is warned of; the text's special-token text read as text; --json's
+    object names the bundle and its stderr stays empty; one window is "1 window"; a closed stderr is no terminal; on a
     terminal the progress is one line rewritten (\\r) and ended before the result."""
     from conftest import LoadCalled
     import edgespec.api
@@ -1634,6 +1635,7 @@ def test_perplexity_reports_what_it_read_and_its_progress(tiny_bundle, tmp_path,
     eng = edgespec.load(tiny_bundle, memory=False)
     want = len(eng.tokenizer.encode(special, parse_special=False))
     assert want > len(eng.tokenizer.encode(special, parse_special=True))
+    eng.close()
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and r.stderr == "" and out["text_tokens"] == want, (r.stderr, out)  # (CL60: progress)
     assert out["bundle"] == str(tiny_bundle), out  # (CL62)
@@ -1665,7 +1667,7 @@ def test_json_output_reads_back_as_the_text_under_any_stdout_encoding(tiny_bundl
                            timeout=120, env={**os.environ, "PYTHONIOENCODING": enc})
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout.decode(enc))["name"] == "modèle 日本 ✓", enc
-        assert ("modèle 日本 ✓".encode() in p.stdout) == (enc == "utf-8"), p.stdout  # (session 99, CL95: as they are)
+        assert ("modèle 日本 ✓".encode() in p.stdout) == (enc == "utf-8"), p.stdout  # (session 99, CL95: as is)
 
 
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "model"])
