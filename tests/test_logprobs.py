@@ -8,9 +8,11 @@ rows equal a one-token call's (the width policy: tests/test_exactness.py), so th
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -263,7 +265,9 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
     eng = edgespec.load(tiny_bundle, memory=False)
     text = " ".join(PROMPTS * 12)
     ids = eng.tokenizer.encode(text, parse_special=False)
+    t0 = time.perf_counter()
     r = perplexity(eng, ids, window=32, max_windows=3)
+    assert 0 < r.seconds <= time.perf_counter() - t0  # (session 100, PX26, PX27) the call's own time
     assert (r.windows, r.tokens, r.window) == (3, 45, 32)
     nll = []
     for w in range(3):  # each window read from its start, positions 17..31 scored (llama-perplexity's)
@@ -278,9 +282,13 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
     few = perplexity(eng, ids[:70], window=32, max_windows=5, progress=lambda *a: done.append(a))
     assert few.windows == 2 and few.tokens == 30 and few.text_tokens == 70
     assert [d[:2] for d in done] == [(1, 2), (2, 2)] and done[-1][2] == pytest.approx(few.perplexity)
+    # (session 100, PX1, PX2) a run timed at no time reads no rate, not a ZeroDivisionError or a made-up one
+    assert dataclasses.replace(few, seconds=0.0).tokens_per_second == 0.0
     for bad, msg in (({"window": 8}, "window must be"), ({"window": True}, "window must be"),
-                     ({"window": 4096}, "larger than the context"),
-                     ({"window": 32, "max_windows": 0}, "windows must be")):
+                     ({"window": 32.0}, "window must be"), ({"window": 4096}, "larger than the context"),
+                     ({"window": 32, "max_windows": 0}, "windows must be"),
+                     ({"window": 32, "max_windows": True}, "windows must be"),  # (session 100, PX6, PX12, PX13)
+                     ({"window": 32, "max_windows": 2.5}, "windows must be")):
         with pytest.raises(ConfigError, match=msg):
             perplexity(eng, ids, **bad)
     with pytest.raises(ConfigError, match=r"a window needs 32 \(pass a window of 20 tokens or less\)"):
@@ -297,6 +305,8 @@ def test_perplexity_is_the_scored_halves_of_its_windows(tiny_bundle, tmp_path):
         perplexity(small, ids, window=128)
     with pytest.raises(ConfigError, match=f"smaller window \\(the bundle's context is {eng.manifest.max_context}\\)"):
         perplexity(small, ids, window=eng.manifest.max_context + 1)  # (no --max-context helps: session 56)
+    with pytest.raises(ConfigError, match=f"larger --max-context \\(up to the bundle's {eng.manifest.max_context}"):
+        perplexity(small, ids, window=eng.manifest.max_context)  # (session 100, PX9: the whole context helps)
     # a model that adds a BOS token: it stands first in every window, as llama-perplexity puts it
     seen = []
     real = eng.decoder.score
