@@ -201,7 +201,7 @@ def tool_call_grammar(tools: list[dict], choice, parallel: bool, open_id: int, c
         # (a newline after a call may end the reply too: as the only way out, a model that writes one after
         # every call, as chat templates do between calls, was made to open another: Qwen2.5-Coder-1.5B called
         # get_weather for Paris, then London and Berlin, until its token budget ran out)
-        head = f"start: block" + (' ("\\n" block)* "\\n"?' if parallel else "") + f"\nblock: {block}"
+        head = "start: block" + (' ("\\n" block)* "\\n"?' if parallel else "") + f"\nblock: {block}"
     grammar = "\n".join([head, "call: " + " | ".join(alts)] + rules) + "\n"
     g = _deep(lambda: _llguidance().LLMatcher.grammar_from_lark(grammar))
     return LAZY + f"{open_id}:" + g if choice == "auto" else g

@@ -509,7 +509,6 @@ def read_file(pc: PromptCache, path, key: dict) -> tuple[int, str | None]:
 def remove_stale_temporaries(path, older_than_s: float = 3600.0) -> int:
     """Delete temporary files an interrupted write left beside ``path`` (``.<name>.*.tmp``, older than an
     hour: a write in progress in another process is left alone); returns how many."""
-    import os
     import time
     from pathlib import Path
 

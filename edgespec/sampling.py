@@ -314,7 +314,6 @@ def _top_k(x: np.ndarray, m, k: int) -> np.ndarray:
     """The tokens at or above the k-th largest logit (ties at it all kept), found by a partial
     selection among the tokens near the maximum: those within a widening logit gap of it, until
     they are at least k (every token at or above the k-th value is then among them)."""
-    n = x.shape[0]
     near = None
     for gap in (4.0, 16.0, 64.0):
         cand = np.flatnonzero(x >= m - gap)

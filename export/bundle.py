@@ -225,7 +225,7 @@ def _check_attention_only(cfg, role: str) -> None:
     if str(getattr(cfg, "model_type", "")).startswith("gemma4") and "assistant" in str(cfg.model_type):
         from .mtp import ASSISTANT_TYPE
 
-        how = (f"export it as the --drafter of its Gemma 4 target" if cfg.model_type == ASSISTANT_TYPE else
+        how = ("export it as the --drafter of its Gemma 4 target" if cfg.model_type == ASSISTANT_TYPE else
                "not currently supported")
         raise ExportError(f"{role}: {cfg.model_type} (Gemma 4's multi-token-prediction assistant) drafts from its "
                           f"target's hidden states and KV cache: {how}")

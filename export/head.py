@@ -226,7 +226,6 @@ def reduce_head(model_path: str | os.PathLike, ids: np.ndarray, logits: str = "l
     its ``logits`` have one column per id of ``ids`` (sorted, unique), in that order. Writes new
     files and renames them over the old names (a hard-linked bundle copy keeps its original).
     Returns the full vocabulary the head had."""
-    import onnx
     from onnx import helper
 
     model_path = Path(model_path)

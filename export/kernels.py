@@ -205,7 +205,7 @@ def bias_patterns(g, inits: dict) -> list[tuple]:
     """(matmul, add) node pairs where a 4-bit MatMulNBits' output is read only by an ``Add`` of a float32
     initializer of N values (the qkv projection's bias): ``MatMulQ4`` adds it as it stores (the same
     float addition, so the same bits)."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     made = {o: n for n in g.node for o in n.output}
     readers = _consumers(g)
@@ -854,7 +854,6 @@ def rewrite_graph(model_path: Path, pad_attention: bool, own_attention: bool = T
     an ExportError where the graph does not allow it); auto: float16 where the graph allows it, else
     float32 (``why_not_half`` in the counts says why). ``row_positions``: edgespec's attention nodes
     take the rows' positions (``_row_positions``), so that a call can verify alternates."""
-    import onnx
     from onnx import TensorProto, helper
 
     from .head import _read, _tensor, _write

@@ -5,8 +5,8 @@ threads, 128 and 512 cached positions, 1 and 5 new tokens (docs/bench/profile_op
 
     python scripts/bench_gqa.py
 """
-import sys, time
-import numpy as np, onnx, onnxruntime as ort
+import time
+import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper
 N, NK, H, MAXS = 14, 2, 64, 4096
 D = (N + 2 * NK) * H

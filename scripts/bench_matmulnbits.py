@@ -22,7 +22,6 @@ SHAPES = [("qkv_proj", 1536, 2048), ("o_proj", 1536, 1536), ("gate_proj/up_proj"
 
 
 def graph(K: int, N: int, block: int, accuracy: int) -> bytes:
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     nb = (K + block - 1) // block

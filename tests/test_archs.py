@@ -754,7 +754,6 @@ def test_a_drafter_with_fewer_ids_than_its_target_drafts_exactly(tmp_path_factor
     The drafter reads ids past its vocabulary as 0 and its logits stand for ids 0..its size - 1 (q zero past them,
     so the rejection rule stays exact): greedy output equal to plain decoding's, the model drafter's tokens kept,
     sampled generations run with alternates."""
-    import numpy as np
     import torch
     import transformers
     from transformers import AutoModelForCausalLM

@@ -198,7 +198,6 @@ def test_a_reduced_head_drafts_within_the_grammar():
     masked[:, kept] = full_table[:, kept]
     red = ModelDrafter(FakeLM(16, table=full_table[:, kept]), 16, head_ids=kept)
     ref = ModelDrafter(FakeLM(16, table=masked), 16)
-    rng = np.random.default_rng(0)
     lengths = []
     for seed in range(20):
         prompt = np.random.default_rng(seed).integers(0, 16, size=6).tolist()

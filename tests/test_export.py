@@ -1757,8 +1757,6 @@ def test_validation_bounds_a_float_graph_by_its_tolerance_and_its_agreement(qwen
 
 def test_validation_bounds_a_quantized_graph_by_its_agreement_and_finite_logits(qwen2_torch, tiny_int4_bundle,
                                                                               monkeypatch):
-    import edgespec_export.validate as V
-
     model, tok = qwen2_torch
     spec = load_manifest(tiny_int4_bundle).target
     v, lines = _validate(model, tok, spec, "int4")

@@ -354,7 +354,6 @@ def _attention_graph(op, H, KVH, D, L, P, seed=0, scale=0.0, positions=False, wi
     given (fewer: a partial rotary, Phi-4-mini's and Phi-2's)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(seed)
     R = D // 2 if rot is None else rot
     ang = np.arange(P)[:, None] * (10000.0 ** (-np.arange(R) / R))[None, :]
     inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
