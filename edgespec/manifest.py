@@ -288,18 +288,16 @@ class ModelIO:
                  ("input_ids", "attention_mask", "past_key", "past_value", "present_key", "present_value", "logits")}
         for k in ("past_key", "past_value", "present_key", "present_value"):
             _layer_pattern(names[k], f"{where}.{k}")
-        pos, top, skip, rows = d.get("position_ids"), d.get("argmax"), d.get("logits_skip"), d.get("row_positions")
-        hid = d.get("hidden")
+        # (the optional names: a string, or null or absent where the graph has no such input or output; session 100,
+        # a mutation test: another type was read as absent, where every bad field is named)
+        pos, top, skip, rows, hid = (_opt(str, where, d, k) for k in ("position_ids", "argmax", "logits_skip",
+                                                                       "row_positions", "hidden"))
         conv = {k: _layer_pattern(d[k], f"{where}.{k}") for k in ("past_conv", "present_conv", "conv_input")
                 if d.get(k) is not None}
         if conv and len(conv) != 3:
             raise ManifestError(f"manifest: {where} names {', '.join(sorted(conv))} but not all of past_conv, "
                                 "present_conv and conv_input")
-        return cls(position_ids=pos if isinstance(pos, str) else None, argmax=top if isinstance(top, str) else None,
-                   **conv,
-                   logits_skip=skip if isinstance(skip, str) else None,
-                   row_positions=rows if isinstance(rows, str) else None, hidden=hid if isinstance(hid, str) else None,
-                   **names)
+        return cls(position_ids=pos, argmax=top, logits_skip=skip, row_positions=rows, hidden=hid, **conv, **names)
 
 
 def _layer_pattern(v, where: str) -> str:
@@ -484,7 +482,8 @@ class ModelSpec:
             embedding_bytes=_opt_count(d, "embedding_bytes", where) or 0,
             embedding_row_bytes=_opt_count(d, "embedding_row_bytes", where) or 0, layout=layout,
             head_ids=head_ids, head_size=head_size, head_source=_opt(str, where, d, "head_source"),
-            kernels=_kernels(d, where), kernel_features=_kernel_features(d, where), attention_pad=_opt_count(d, "attention_pad", where) or 0,
+            kernels=_kernels(d, where), kernel_features=_kernel_features(d, where),
+            attention_pad=_opt_count(d, "attention_pad", where) or 0,
             attention_window=_opt_count(d, "attention_window", where) or 0,
             kernels_check=_kernels_check(d, where), kv_layers=(kvl := _kv_layers(d, where, dims["num_layers"])),
             kv_sources=_kv_sources(d, where, dims["num_layers"], kvl),
@@ -505,8 +504,10 @@ class ModelSpec:
             "quant": self.quant.to_dict(), "num_layers": self.num_layers, "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
             "vocab_size": self.vocab_size, "max_context": self.max_context, "kv_dtype": self.kv_dtype,
-            "io": {k: v for k, v in asdict(self.io).items() if k not in ("argmax", "logits_skip", "row_positions", "hidden",
-                                                                        "past_conv", "present_conv", "conv_input") or v}, "tokenizer_sha256": self.tokenizer_sha256,
+            "io": {k: v for k, v in asdict(self.io).items()
+                   if k not in ("argmax", "logits_skip", "row_positions", "hidden", "past_conv", "present_conv",
+                                "conv_input") or v},
+            "tokenizer_sha256": self.tokenizer_sha256,
             "files": {k: dict(v) for k, v in self.files.items()}, "gpu_weight_bytes": self.gpu_weight_bytes,
             "params": self.params, "operators": dict(self.operators), "cpu_resident_bytes": self.cpu_resident_bytes,
             "embedding_bytes": self.embedding_bytes, "embedding_row_bytes": self.embedding_row_bytes,
@@ -779,7 +780,8 @@ class Manifest:
         _check_magnitudes(raw, mpath)
         version = _req(raw, "schema_version", int, "manifest")
         if version != SCHEMA_VERSION:
-            raise ManifestError(f"{mpath}: schema_version {version} is not supported (this edgespec reads {SCHEMA_VERSION})")
+            raise ManifestError(f"{mpath}: schema_version {version} is not supported (this edgespec reads "
+                                f"{SCHEMA_VERSION})")
         models = _req(raw, "models", dict, "manifest")
         if "target" not in models:
             raise ManifestError(f"{mpath}: no target model")
@@ -867,7 +869,8 @@ def _left_aside(root: Path) -> str:
     """A hint where the missing bundle ``root`` has a copy beside it that an export or rewrite stopped between its
     two renames left (``.<name>.old-<pid>``; the next export or rewrite of it puts it back)."""
     try:
-        aside = sorted(p.name for p in root.parent.iterdir() if re.fullmatch(rf"\.{re.escape(root.name)}\.old-\d+", p.name))
+        aside = sorted(p.name for p in root.parent.iterdir()
+                       if re.fullmatch(rf"\.{re.escape(root.name)}\.old-\d+", p.name))
     except OSError:
         return ""
     return (f" ({aside[-1]} beside it is the bundle as a stopped rewrite left it: rename it back, or run the rewrite "
@@ -884,8 +887,9 @@ def write_manifest(m: Manifest) -> Path:
 
 
 def check_pair(target: ModelSpec, drafter: ModelSpec) -> None:
-    if target.tokenizer_sha256 != drafter.tokenizer_sha256:
-        raise TokenizerMismatchError(
-            f"target and drafter tokenizers differ (sha256 {target.tokenizer_sha256[:12]} vs "
-            f"{drafter.tokenizer_sha256[:12]}); a drafter must share the target's tokenizer"
-        )
+    a, b = target.tokenizer_sha256, drafter.tokenizer_sha256
+    if a != b:
+        # (12 digits, or up to the first that differs: two shown alike read as the same tokenizer; session 100)
+        n = max(12, 1 + next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+        raise TokenizerMismatchError(f"target and drafter tokenizers differ (sha256 {a[:n]} vs {b[:n]}); a drafter "
+                                     "must share the target's tokenizer")

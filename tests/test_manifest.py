@@ -262,6 +262,19 @@ def test_info_reads_what_export_records(tiny_bundle):
     (("models", "target", "head_size"), 5, r"models\.target\.head_size without head_ids"),
     (("models", "target", "io", "past_key"), "past.%d.%s", r"io\.past_key must contain one %d"),
     (("models", "target", "io", "present_value"), "present_%%d", r"io\.present_value must contain one %d"),
+    # (session 100, a second mutation test of manifest.py: each row below loaded, or raised an untyped error, with its
+    # check taken out)
+    (("source_files",), {"target": {"m.gguf": {"bytes": 5, "sha256": "0" * 65}}}, r"source_files\['target'\]"),
+    (("models", "target", "quant"), "", r"models\.target\.quant must be an object"),
+    (("models", "target", "io", "position_ids"), 5, r"models\.target\.io\.position_ids has the wrong type \(int\)"),
+    (("models", "target", "io", "row_positions"), ["r"], r"models\.target\.io\.row_positions has the wrong type"),
+    (("models", "target", "conv_layers"), [[0, 4, 0]], r"conv_layers must be \[layer, channels, state length\]"),
+    (("models", "target", "conv_layers"), [], r"conv_layers must be \[layer, channels, state length\]"),
+    (("models", "target", "kv_layers"), [[1, 16, 2], [1, 16, 2]], r"models\.target\.kv_layers must be 2 pairs"),
+    (("models", "target", "kv_layers"), [[True, 16], [1, 16]], r"models\.target\.kv_layers must be 2 pairs"),
+    (("models", "target", "kv_sources"), [0, True], r"models\.target\.kv_sources must be 2 layer indices"),
+    (("models", "target", "kernel_features"), [1], r"kernel_features must be a list of strings"),
+    (("chat_template",), 5, r"manifest\.chat_template has the wrong type"),
 ])
 def test_bad_fields_are_named(tmp_path, path, value, match):
     raw = copy.deepcopy(OLD)
@@ -281,6 +294,10 @@ def test_bad_fields_are_named(tmp_path, path, value, match):
     ({"head_ids": "target/model.onnx", "head_size": 300}, r"models\.target\.head_size must be in 1\.\.299, got 300"),
     ({"head_ids": "target/head_ids.npy", "head_size": 10}, r"head_ids 'target/head_ids\.npy' is not one of its files"),
     ({"kv_dtype": "int8", "layout": "cuda", "head_dim": 32}, r"kv_dtype int8 needs the cpu layout"),
+    # (session 100, a second mutation test) an int8 cache of 16-lane heads (a scale per 32 lanes), a head of no ids
+    ({"kv_dtype": "int8", "head_dim": 16}, r"int8 needs the cpu layout and head sizes that are multiples of 32 "
+                                           r"\(layout cpu, head sizes \[16\]\)"),
+    ({"head_ids": "target/model.onnx", "head_size": 0}, r"models\.target\.head_size must be in 1\.\.299, got 0"),
 ])
 def test_bad_field_combinations_are_named(tmp_path, edits, match):
     raw = copy.deepcopy(OLD)
@@ -323,6 +340,11 @@ def test_a_pair_with_two_tokenizers_is_refused(tmp_path):
     raw = copy.deepcopy(OLD)
     raw["models"]["drafter"]["tokenizer_sha256"] = "99" * 32
     with pytest.raises(TokenizerMismatchError):
+        Manifest.from_dict(raw, tmp_path)
+    # (session 100, MF69) hashes that differ past the 12 digits the message shows: refused, and shown up to the
+    # first digit that differs
+    raw["models"]["drafter"]["tokenizer_sha256"] = "ab" * 31 + "ac"
+    with pytest.raises(TokenizerMismatchError, match=r"sha256 " + "ab" * 31 + "ab vs " + "ab" * 31 + r"ac\)"):
         Manifest.from_dict(raw, tmp_path)
 
 
@@ -375,14 +397,20 @@ def test_head_ids_are_checked_at_their_edges(tmp_path):
     spec = Manifest.from_dict(raw, tmp_path).target
     (tmp_path / "target").mkdir()
     for ids, ok in (([0, 5, 299], True), ([0, 5, 300], False), ([0, 5, 5], False), ([0, 5], False),
-                    ([0, 5, 9, 11], False), ([-1, 5, 9], False)):
-        np.save(tmp_path / "target" / "head_ids.npy", np.array(ids, dtype=np.int32))
+                    ([0, 5, 9, 11], False), ([-1, 5, 9], False),
+                    # (session 100, MF38, MF39) a column of ids, ids as floats
+                    (np.array([[0], [5], [9]], dtype=np.int32), False), (np.array([0, 5, 9], np.float32), False)):
+        np.save(tmp_path / "target" / "head_ids.npy", ids if isinstance(ids, np.ndarray) else
+                np.array(ids, dtype=np.int32))
         if ok:
             assert spec.load_head_ids(300).tolist() == ids
         else:
             with pytest.raises(BundleError, match="target's head ids head_ids.npy are not 3 sorted, unique token ids "
                                                   "below 300"):
                 spec.load_head_ids(300)
+    (tmp_path / "target" / "head_ids.npy").write_bytes(b"")  # (MF40: numpy's EOFError, an untyped traceback)
+    with pytest.raises(BundleError, match=r"target's head ids head_ids\.npy are unreadable"):
+        spec.load_head_ids(300)
 
 
 def test_the_weights_memory_on_the_cpu_counts_the_embedding_rows_a_context_can_read(tmp_path):
@@ -398,6 +426,8 @@ def test_the_weights_memory_on_the_cpu_counts_the_embedding_rows_a_context_can_r
     assert t.weight_bytes(True, 10) == 11000  # (a GPU: every initializer, resident_bytes)
     raw["models"]["target"].update(embedding_bytes=1000)
     assert Manifest.from_dict(raw, tmp_path).target.weight_bytes(False, 2) == 5000 + 1000
+    raw["models"]["target"].update(embedding_row_bytes=0)  # (session 100, MF25: no row size recorded, no rows)
+    assert Manifest.from_dict(raw, tmp_path).target.weight_bytes(False, 2) == 5000
 
 
 def test_an_int8_rows_width_and_its_head_size_are_each_others_inverse():
@@ -424,3 +454,68 @@ def test_a_manifest_past_its_size_limit_is_refused_unread(tmp_path):
     p.write_bytes(b"{}" + b" " * (_MANIFEST_LIMIT - 1))
     with pytest.raises(ManifestError, match=r"edgespec\.json is larger than 16 MiB: not a manifest"):
         load_manifest(tmp_path)
+
+
+def test_what_a_manifest_says_is_read_as_it_says(tmp_path, monkeypatch):
+    """(session 100, a second mutation test of manifest.py) Values at the edge of what a field allows are read as they
+    are written: an empty source file, a GPU figure of 0 beside an older bundle's key, the kernel features once each
+    and sorted, the kernels' check's positions as an integer; sampling options shown as compactly as ``:g`` shows
+    them; a manifest whose write fails midway leaves the old one whole."""
+    from edgespec.manifest import sampling_text
+
+    raw = copy.deepcopy(OLD)
+    raw["source_files"] = {"target": {"empty.txt": {"bytes": 0, "sha256": "0" * 64}}}  # (MF11)
+    raw["models"]["target"].update(gpu_weight_bytes=0, kernels="edgespec-q4", kernels_check=dict(KCHECK),
+                                   kernel_features=["attention-window", "attention-softcap", "attention-window"])
+    m = Manifest.from_dict(raw, tmp_path)
+    t = m.target
+    assert m.source_files["target"]["empty.txt"]["bytes"] == 0
+    assert t.gpu_weight_bytes == 0  # (MF34: not resident_bytes' 11000)
+    assert t.kernel_features == ("attention-softcap", "attention-window")  # (MF49)
+    assert type(t.kernels_check["positions"]) is int and type(t.kernels_check["logit_scale"]) is float  # (MF50)
+    assert sampling_text({"temperature": 0.1 + 0.2, "top_k": 20, "min_p": 1.0}) == \
+        "temperature 0.3, top_k 20, min_p 1"  # (MF2)
+    write_manifest(m)
+    before = (tmp_path / "edgespec.json").read_bytes()
+
+    def torn(self, text, *a, **kw):  # a write that ends midway (a full disk)
+        with open(self, "w") as f:
+            f.write(text[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError, match="No space left"):
+        write_manifest(m)  # (MF68: written in place, the manifest was left torn)
+    assert (tmp_path / "edgespec.json").read_bytes() == before
+
+
+def test_the_conv_states_figure_bounds_what_the_states_hold_at_their_worst(tmp_path):
+    """(session 100, a second mutation test of manifest.py) ``conv_state_bytes``, the planner's figure for LFM2's
+    convolution states, against what ``kv.ConvStates`` holds after calls of several widths (a state and the inputs
+    kept of each): never more than the figure, and at its worst within 1% of it. The head sizes that decide an int8
+    cache are those of the layers that keep one."""
+    from edgespec.kv import ConvStates
+    from edgespec.manifest import CONV_CALL
+
+    raw = copy.deepcopy(OLD)
+    raw["models"]["target"].update(num_layers=3, conv_layers=[[0, 8, 3], [2, 16, 5]],
+                                   kv_layers=[[1, 8], [1, 32], [1, 8]],
+                                   io=dict(_IO, past_conv="conv.%d", present_conv="conv_out.%d", conv_input="cin.%d"))
+    spec = Manifest.from_dict(raw, tmp_path).target
+    assert spec.kv_head_sizes == (32,) and spec.heads_take_int8  # (MF29: layer 1 alone keeps a cache)
+    assert [spec.has_kv(i) for i in range(3)] == [False, True, False]
+
+    def held(cs):
+        return (sum(cl.past.nbytes + cl.present.nbytes + cl.inputs.nbytes for cl in cs.layers)
+                + sum(a.nbytes for _, before, inputs in cs._segments for a in (*before, *inputs)))
+
+    # one-token calls, drafts of 3, prefills of the widest call, and the worst: a prefill, then one-token calls (the
+    # prefill's inputs kept until 256 positions follow it)
+    for widths in ([1] * 600, [3] * 300, [CONV_CALL] * 4, [CONV_CALL] + [1] * 300):
+        cs, pos, most = ConvStates(spec), 0, 0
+        for n in widths:
+            cs.after_call(pos, n)
+            pos += n
+            most = max(most, held(cs))
+        assert most <= spec.conv_state_bytes, widths[:2]
+    assert most > 0.99 * spec.conv_state_bytes  # (MF23: the second call's worth was that prefill's)

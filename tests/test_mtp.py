@@ -317,8 +317,13 @@ def _edit_manifest(bundle, tmp_path, edit):
     (lambda r: r["models"]["assistant"]["sources"].update(full_attention=-1), "sources must map a layer kind"),
     (lambda r: r["models"]["assistant"].update(sliding_window=-1), "assistant's sizes must be positive"),
     (lambda r: r["models"]["assistant"].update(vocab_size=7), "hidden size \\d+ and 7 tokens"),
+    # (session 100, a second mutation test of manifest.py: MF52, MF53, MF57)
+    (lambda r: r["models"]["assistant"].update(hidden_size=0), "assistant's sizes must be positive"),
+    (lambda r: r["models"]["assistant"].update(sources={}), "sources must map a layer kind to a target layer"),
+    (lambda r: r["models"]["assistant"].update(ordered="no"), r"models\.assistant\.ordered has the wrong type"),
 ], ids=["layer-out-of-range", "no-hidden-output", "other-hidden-size", "no-sources", "a-shared-layer",
-        "the-layer-count", "a-negative-layer", "a-negative-window", "other-vocabulary"])
+        "the-layer-count", "a-negative-layer", "a-negative-window", "other-vocabulary", "a-zero-hidden-size",
+        "an-empty-sources", "an-ordered-string"])
 def test_a_broken_assistant_entry_is_one_line(fp32_bundle, tmp_path, edit, message):
     from edgespec.errors import EdgespecError
     from edgespec.manifest import load_manifest
@@ -327,6 +332,21 @@ def test_a_broken_assistant_entry_is_one_line(fp32_bundle, tmp_path, edit, messa
     with pytest.raises(EdgespecError, match=message) as e:
         load_manifest(b)
     assert "\n" not in str(e.value)
+
+
+def test_the_assistants_weights_on_the_cpu_leave_out_its_mapped_embedding_copy(fp32_bundle):
+    """(session 100, a second mutation test of manifest.py: MF54, MF55) The planner's figure for the assistant's
+    weights: all of its files on a GPU; on the CPU its copy of the target's embedding table stays mapped from the
+    file (a row read a step), so it is left out, and a manifest whose table is larger than the files reads 0."""
+    import dataclasses
+
+    from edgespec.manifest import load_manifest
+
+    a = load_manifest(fp32_bundle).assistant
+    assert 0 < a.embedding_bytes < a.bytes_on_disk
+    assert a.weight_bytes(True) == a.bytes_on_disk
+    assert a.weight_bytes(False) == a.bytes_on_disk - a.embedding_bytes
+    assert dataclasses.replace(a, embedding_bytes=a.bytes_on_disk + 1).weight_bytes(False) == 0
 
 
 def test_a_changed_assistant_file_is_refused(fp32_bundle, tmp_path):
