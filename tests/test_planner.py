@@ -276,6 +276,11 @@ def test_a_prompt_cache_asked_past_what_the_plan_leaves_is_cut_to_it():
     assert q.warnings == (f"asked for a prompt cache of {want} MiB; the budget leaves {left / MiB:.0f} MiB for it",)
     fits = plan(m, cpu_profile(4096, max_context=4096, prompt_cache_mb=want - 20))
     assert fits.prompt_cache == (want - 20) * MiB and not fits.cuts and not fits.warnings
+    # (session 100, PL59) a prompt cache of exactly what the plan leaves is no cut
+    from edgespec.planner import prompt_cache_bytes
+
+    exact = replace(p, budget=p.total + 5 * MiB)
+    assert prompt_cache_bytes(exact, cpu_profile(4096, prompt_cache_mb=5)) == (5 * MiB, None, None)
 
 
 def test_a_cpu_target_keeps_its_prompt_cache_with_its_drafter_on_a_gpu():
@@ -522,6 +527,9 @@ def test_the_suffix_drafters_indexes_are_planned_as_measured(tokens):
     assert ("suffix drafter's indexes (context, memory store)", p.indexes) in p.rows()
     huge = _manifest(_spec("target", 30, 3, 64, 576, (1 << 24) + 1, 540_000_000, 8192))
     assert index_bytes(huge, 4096) == 0 and plan(huge, cpu_profile(65536, max_context=4096)).indexes == 0
+    # (session 100, PL1) the largest vocabulary the suffix drafter takes (ids below 2**24) is planned with it
+    largest = _manifest(_spec("target", 30, 3, 64, 576, 1 << 24, 540_000_000, 8192))
+    assert index_bytes(largest, 4096) == STORE + INDEX_TOKEN * 4096
 
 
 # -- profiles --------------------------------------------------------------------------------------
@@ -1320,3 +1328,70 @@ def test_a_profiles_defaults_its_first_folder_and_the_machines_memory(tmp_path, 
     monkeypatch.setattr(profiles_mod, "profile_dirs", lambda: [first, second])
     assert {p.name: p.memory_budget_mb for p in list_profiles()} == {"same": 100, "other": 300}
     assert resolve_profile("same").memory_budget_mb == 100
+
+
+def test_an_assistants_working_memory_is_counted_where_it_is_loaded():
+    """(session 100, a second mutation test of planner.py: PL18-PL22) The mtp assistant's working memory (mtp.py, on
+    the CPU): its logits three times over (kept, and the centroid head's intermediates), and per layer kind the
+    attended rows of the target's caches sliced and cast to float32 (keys transposed too: three copies of K and V),
+    up to the context's rows of the widest cache by its elements, and its hidden-state inputs; nothing where the plan
+    does not load it (a target on a GPU)."""
+    from edgespec.manifest import AssistantSpec
+
+    t = replace(qwen_pair().target, num_layers=3, kv_layers=((2, 128), (4, 64), (1, 128)))
+    a = AssistantSpec(path=Path("/nonexistent/assistant.onnx"), architecture="synthetic", precision="fp32",
+                      hidden_size=256, target_hidden_size=t.hidden_size, vocab_size=t.vocab_size, num_layers=4,
+                      sources={"sliding_attention": 1, "full_attention": 2}, sliding_window=512, files={},
+                      bytes_on_disk=80_000_000)
+    alone, m, ctx = _manifest(t), replace(_manifest(t), assistant=a), 4096
+    loaded = {"target": True, "assistant": True}
+    # (the widest of layers 1 and 2 by elements: layer 1's 4 x 64 = 256, not layer 2's wider heads, 1 x 128)
+    extra = t.vocab_size * 4 * 3 + 3 * 2 * 2 * ctx * 256 * 4 + t.hidden_size * 4 * 4
+    assert working_bytes(m, 256, False, ctx, loaded) - working_bytes(alone, 256, False, ctx, loaded) == extra
+    # a plan that runs the target on a GPU loads no assistant: its on_cpu names none
+    on_gpu = {"target": False}
+    assert working_bytes(m, 256, False, ctx, on_gpu) == working_bytes(alone, 256, False, ctx, on_gpu)
+    assert working_bytes(m, 256, False, ctx) > working_bytes(alone, 256, False, ctx)  # (no placement: all loaded)
+
+
+def test_the_int8_hint_says_only_what_int8_caches_would_change():
+    """(session 100, a second mutation test of planner.py: PL25-PL27) Where int8 caches would hold the same context (a
+    step of 64 tokens not reached) the int8 hint says nothing; where int8 caches would keep a drafter the budget
+    drops, at a longer context than the plan's without it, it says it would keep the drafter (not only that the
+    context grows)."""
+    m = qwen_pair(kv_dtype="float16")
+    pair = _manifest(_own_kernels(m.target), _own_kernels(m.drafter))
+    same = plan(pair, cpu_profile(2000, max_context=32768, min_context=2, prompt_cache_mb=0))
+    assert same.drafter == "model" and same.cuts == ("context 32768 -> 192 tokens",) and not same.warnings
+    big = qwen_pair(max_context=262144, kv_dtype="float16")
+    own = _manifest(replace(_own_kernels(big.target), operators={"DecodeAttentionF16": 28}),
+                    replace(_own_kernels(big.drafter), operators={"DecodeAttentionF16": 24}))
+    p = plan(own, cpu_profile(5500, max_context=262144, min_context=131072, prompt_cache_mb=0))
+    assert p.drafter == "none" and p.context == 139840
+    assert p.warnings == ("the budget drops the model drafter; int8 KV caches would keep it, at a context of about "
+                          "143808 tokens (edgespec exact-kernels BUNDLE -o OUT --kv-dtype int8: 0.56x float16's "
+                          "bytes)",)
+
+
+def test_refusals_and_cuts_name_the_plan_they_refuse_or_cut():
+    """(session 100, a second mutation test of planner.py: PL52, PL53, PL61, PL62) A placement that must keep a
+    drafter names what target and drafter need at the minimum context (not at the context asked for); keep_drafter
+    on a bundle with no drafter is the plain refusal; a drafter of a shorter context dropped still says the target's
+    context cut; the refusal without a drafter names the target's own floor, where the drafter's context is below
+    it."""
+    m = qwen_pair(max_context=32768)
+    prof = cpu_profile(2048, max_context=32768, min_context=1024)
+    with pytest.raises(BudgetError) as e:
+        plan(m, prof, keep_drafter=True)
+    least = plan(m, cpu_profile(65536, max_context=1024))
+    assert least.drafter == "model" and least.context == 1024
+    assert f"at the minimum context of 1024 tokens need {least.total / MiB:.0f} MiB" in str(e.value)
+    with pytest.raises(BudgetError, match=r"cannot hold this bundle: at the minimum context of 1024 tokens"):
+        plan(_manifest(m.target), cpu_profile(100, max_context=32768, min_context=1024), keep_drafter=True)
+    short = _manifest(m.target, replace(m.drafter, max_context=4096))
+    p = plan(short, cpu_profile(2048, max_context=32768, min_context=4096, prompt_cache_mb=0))
+    assert p.drafter == "none" and 4096 < p.context < 32768
+    assert p.cuts == (f"context 32768 -> {p.context} tokens", "model drafter dropped (prompt lookup instead)")
+    tiny = _manifest(m.target, replace(m.drafter, max_context=512))
+    with pytest.raises(BudgetError, match=r"at the minimum context of 4096 tokens without a drafter"):
+        plan(tiny, cpu_profile(1000, max_context=32768, min_context=4096))
