@@ -216,6 +216,45 @@ def test_a_rejoins_match_is_the_run_of_tokens_that_end_the_context():
     assert d.align(ctx) == (4, "prediction/2")
 
 
+def test_the_places_at_the_predictions_end_and_past_it():
+    """(session 100, a second mutation test of prediction.py) A reply that is the whole prediction is at its end
+    (nothing to draft), not rejoined at an earlier copy of its last tokens (PD15); a reply that ran past the end left
+    it there, so a rejoin prefers the match nearest before the end, not the nearest after where it last was (PD13);
+    a rejoin's match is counted up to MAX_MATCH tokens (PD21, PD22); a place left before the reply came back to the
+    prediction's head is forgotten (PD16); a new prediction forgets the old one's place (PD31)."""
+    from edgespec.prediction import MAX_MATCH
+
+    prompt = [90]
+    d = _drafter([1, 2, 3, 1, 2], prompt)
+    ctx = TokenBuffer(prompt + [1, 2, 3, 1, 2], capacity=64)
+    assert d.align(ctx) == (5, "prediction/start") and d.offer(ctx, 4) is None
+    #       0  1  2  3  4  5  6  7  8  9
+    pred = [1, 2, 3, 7, 8, 4, 5, 7, 8, 6]
+    d = _drafter(pred, prompt)
+    d.skip_span = 0
+    ctx = TokenBuffer(prompt + [1], capacity=64)
+    assert d.align(ctx) == (1, "prediction/start")
+    ctx.extend(pred[1:] + [7, 8])  # the whole prediction, then [7, 8]: at 3 and at 7, both before its end
+    assert d.align(ctx) == (9, "prediction/2")
+    pred = list(range(10, 30))
+    d = _drafter(pred, prompt)
+    ctx = TokenBuffer(prompt + [99] + pred[3:3 + MAX_MATCH + 2], capacity=64)
+    assert d.align(ctx) == (3 + MAX_MATCH + 2, f"prediction/{MAX_MATCH}")
+    d = _drafter([1, 2, 3, 4, 5, 6, 7], prompt)
+    ctx = TokenBuffer(prompt + [1, 2, 3], capacity=64)
+    assert d.align(ctx) == (3, "prediction/start")
+    ctx.extend([9])
+    assert d.align(ctx) == (4, "prediction/skip")  # (left at its 4)
+    ctx.truncate(2)
+    assert d.align(ctx) == (1, "prediction/start")
+    ctx.truncate(1)  # (the prompt alone: no place, and no guess from the place left before)
+    assert d.align(ctx) == (None, "")
+    ctx = TokenBuffer(prompt + [1], capacity=64)
+    assert d.peek(ctx, 3) == ([2, 3, 4], "prediction/start")
+    d.set_prediction([5, 1, 8, 8])  # (at the same context length: the new prediction's place, which it has not)
+    assert d.peek(ctx, 3) == ([], "")
+
+
 def test_no_prediction_offers_nothing_and_a_new_generation_forgets_the_last_one():
     d = _drafter([], [1])
     ctx = TokenBuffer([1, 2, 3], capacity=16)
