@@ -450,6 +450,15 @@ def test_the_server_gives_calls_and_text_alike_streamed_or_not(tool_engine, monk
             streamed = state.current_completion_snapshot.choices[0].message
             assert whole.content == streamed.content == content, reply
             assert len(whole.tool_calls or []) == len(streamed.tool_calls or []) == calls, reply
+        # (session 100, SR60, SR52) tool_choice none: a call's text stays text; one call asked for: the reply ends
+        # at the first call's closer
+        scripted.reply = call
+        none = c.chat.completions.create(**chat, tool_choice="none").choices[0].message
+        assert none.content == call and not none.tool_calls
+        scripted.reply = call + "\n" + call.replace("Paris", "Rome")
+        one = c.chat.completions.create(**chat, parallel_tool_calls=False)
+        assert [json.loads(t.function.arguments)["city"] for t in one.choices[0].message.tool_calls] == ["Paris"]
+        assert one.usage.completion_tokens < len(tool_engine.tokenizer.encode(call, add_special=False)) + 6
 
 
 def test_error_messages_of_tools_name_the_request_not_edgespec():
