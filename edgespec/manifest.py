@@ -881,8 +881,12 @@ def write_manifest(m: Manifest) -> Path:
     """Write ``m.to_dict()`` to ``m.root/edgespec.json``, replacing it atomically."""
     path = m.root / MANIFEST_NAME
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(m.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(m.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:  # (a full disk, an interrupt: the old manifest stays whole and nothing is left beside it)
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -460,7 +460,7 @@ def test_what_a_manifest_says_is_read_as_it_says(tmp_path, monkeypatch):
     """(session 100, a second mutation test of manifest.py) Values at the edge of what a field allows are read as they
     are written: an empty source file, a GPU figure of 0 beside an older bundle's key, the kernel features once each
     and sorted, the kernels' check's positions as an integer; sampling options shown as compactly as ``:g`` shows
-    them; a manifest whose write fails midway leaves the old one whole."""
+    them; a manifest whose write fails midway leaves the old one whole and no temporary file."""
     from edgespec.manifest import sampling_text
 
     raw = copy.deepcopy(OLD)
@@ -487,6 +487,7 @@ def test_what_a_manifest_says_is_read_as_it_says(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         write_manifest(m)  # (MF68: written in place, the manifest was left torn)
     assert (tmp_path / "edgespec.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edgespec.json"]  # (the torn temporary file removed)
 
 
 def test_the_conv_states_figure_bounds_what_the_states_hold_at_their_worst(tmp_path):
