@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from .drafters import drafter_choices
 from .profiles import MAX_DRAFT
 from .errors import ConfigError, ContextOverflowError, parse_reason
+from .integrity import write_whole
 from .measure import file_rss, high_water_rss, rss_now
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
@@ -584,19 +585,6 @@ def _foreign_plots(out: Path) -> list[str]:
     return [n for n in REPORT_FILES if n.endswith(".png") and os.path.lexists(out / n)]
 
 
-def _write_whole(path: Path, text: str) -> None:
-    """``text`` into ``path`` whole or not at all: a full disk leaves an earlier report as it was."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):  # (named by the file it was for, not the temporary one)
-            raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
-        raise
-
-
 def _bench_markdown(path: Path) -> bool:
     """Whether ``path`` begins as a bench's markdown report does (``Report.markdown``: "# edgespec bench")."""
     try:
@@ -650,8 +638,8 @@ def write_report(rep: Report, out_dir: str | os.PathLike, plots: bool = True, st
     out.mkdir(parents=True, exist_ok=True)
     theirs = set(_foreign_plots(out)) if stem == "report" else set()  # (before this report is beside them)
     files = [out / f"{stem}.json", out / f"{stem}.md"]
-    _write_whole(files[0], json.dumps(rep.to_json(), indent=1))
-    _write_whole(files[1], rep.markdown())
+    write_whole(files[0], json.dumps(rep.to_json(), indent=1))
+    write_whole(files[1], rep.markdown())
     if plots:
         files += _plots(rep, out, skip=theirs)
     if theirs:  # (the command line refused such a folder before the bench: check_report_files)

@@ -61,6 +61,20 @@ def read_json_cache(path: Path) -> dict:
         return {}
 
 
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary file renamed over it): a full disk or an interrupt
+    leaves what was there as it was, and no temporary file beside it; an OSError names ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # (named by the file it was for, not the temporary one)
+            raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
+        raise
+
+
 def write_json_cache(path: Path, data: dict) -> str | None:
     """Atomically, best effort: an unwritable cache only means learning it again next time. Returns why it
     could not be written (None: written)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BundleError, ManifestError, TokenizerMismatchError, big_integer, parse_reason, resolved, shown
-from .integrity import check_files, sha256_file  # noqa: F401  (the file checks, re-exported)
+from .integrity import check_files, sha256_file, write_whole  # noqa: F401  (the file checks, re-exported)
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "edgespec.json"
@@ -878,15 +878,9 @@ def _left_aside(root: Path) -> str:
 
 
 def write_manifest(m: Manifest) -> Path:
-    """Write ``m.to_dict()`` to ``m.root/edgespec.json``, replacing it atomically."""
+    """Write ``m.to_dict()`` to ``m.root/edgespec.json``, replacing it atomically (``write_whole``)."""
     path = m.root / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    try:
-        tmp.write_text(json.dumps(m.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-        tmp.replace(path)
-    except BaseException:  # (a full disk, an interrupt: the old manifest stays whole and nothing is left beside it)
-        tmp.unlink(missing_ok=True)
-        raise
+    write_whole(path, json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
     return path
 
 
@@ -894,6 +888,6 @@ def check_pair(target: ModelSpec, drafter: ModelSpec) -> None:
     a, b = target.tokenizer_sha256, drafter.tokenizer_sha256
     if a != b:
         # (12 digits, or up to the first that differs: two shown alike read as the same tokenizer; session 100)
-        n = max(12, 1 + next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+        n = max(12, len(os.path.commonprefix([a, b])) + 1)
         raise TokenizerMismatchError(f"target and drafter tokenizers differ (sha256 {a[:n]} vs {b[:n]}); a drafter "
                                      "must share the target's tokenizer")

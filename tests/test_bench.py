@@ -1209,7 +1209,7 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
     naming a temporary file. Refused before it runs, the file named; a write that fails later names its file too."""
     from click.testing import CliRunner
 
-    from edgespec.bench import _write_whole
+    from edgespec.integrity import write_whole
     from edgespec.cli import main
 
     (tmp_path / "rep" / "report.json").mkdir(parents=True)
@@ -1218,7 +1218,7 @@ def test_a_report_file_name_that_is_a_folder_is_refused_before_the_bench(tiny_bu
     assert r.exit_code == 2 and "bench:" not in r.stderr, r.output  # (before the bench's first line)
     assert r.stderr.strip() == f"error: cannot write the report to {tmp_path / 'rep' / 'report.json'}: it is a folder"
     with pytest.raises(OSError, match=r"cannot write .*report\.json: Is a directory"):
-        _write_whole(tmp_path / "rep" / "report.json", "{}")
+        write_whole(tmp_path / "rep" / "report.json", "{}")
     assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".")]  # (no temporary file left)
     # (session 57) --out a file: "File exists" said nothing; the file is left as it was
     (tmp_path / "notes.txt").write_text("mine")
