@@ -69,6 +69,15 @@ def qwen_pair(max_context=32768, kv_dtype="float32"):
     return _manifest(target, drafter)
 
 
+def _assistant(target, sources):
+    """A synthetic mtp assistant of 80 MB for ``target``, attending its layers ``sources`` names."""
+    from edgespec.manifest import AssistantSpec
+
+    return AssistantSpec(path=Path("/nonexistent/assistant.onnx"), architecture="synthetic", precision="fp32",
+                         hidden_size=256, target_hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                         num_layers=4, sources=sources, sliding_window=512, files={}, bytes_on_disk=80_000_000)
+
+
 def _own_kernels(spec):
     """``spec`` rewritten to edgespec's kernels (exact-kernels), which int8 KV caches need."""
     return replace(spec, kernels="edgespec-q4")
@@ -243,12 +252,8 @@ def test_an_assistant_is_planned_beside_a_cpu_target_alone_and_drafts_by_default
     drafter model would be, beside a target on the CPU only (mtp.py runs it there): a profile whose drafter is
     `model` or `mtp` drafts with it by default, `auto` stays `auto`; on a GPU target, or without a drafter, it is
     neither planned nor the default (prompt lookup)."""
-    from edgespec.manifest import AssistantSpec
-
     t = qwen_pair().target
-    a = AssistantSpec(path=Path("/nonexistent/assistant.onnx"), architecture="synthetic", precision="fp32",
-                      hidden_size=256, target_hidden_size=t.hidden_size, vocab_size=t.vocab_size, num_layers=4,
-                      sources={"full_attention": 0}, sliding_window=512, files={}, bytes_on_disk=80_000_000)
+    a = _assistant(t, {"full_attention": 0})
     m = replace(_manifest(t), assistant=a)
     for drafter, default in (("model", "mtp"), ("mtp", "mtp"), ("auto", "auto")):
         p = plan(m, cpu_profile(4096, max_context=4096, drafter=drafter))
@@ -1336,13 +1341,8 @@ def test_an_assistants_working_memory_is_counted_where_it_is_loaded():
     attended rows of the target's caches sliced and cast to float32 (keys transposed too: three copies of K and V),
     up to the context's rows of the widest cache by its elements, and its hidden-state inputs; nothing where the plan
     does not load it (a target on a GPU)."""
-    from edgespec.manifest import AssistantSpec
-
     t = replace(qwen_pair().target, num_layers=3, kv_layers=((2, 128), (4, 64), (1, 128)))
-    a = AssistantSpec(path=Path("/nonexistent/assistant.onnx"), architecture="synthetic", precision="fp32",
-                      hidden_size=256, target_hidden_size=t.hidden_size, vocab_size=t.vocab_size, num_layers=4,
-                      sources={"sliding_attention": 1, "full_attention": 2}, sliding_window=512, files={},
-                      bytes_on_disk=80_000_000)
+    a = _assistant(t, {"sliding_attention": 1, "full_attention": 2})
     alone, m, ctx = _manifest(t), replace(_manifest(t), assistant=a), 4096
     loaded = {"target": True, "assistant": True}
     # (the widest of layers 1 and 2 by elements: layer 1's 4 x 64 = 256, not layer 2's wider heads, 1 x 128)
